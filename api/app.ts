@@ -1,0 +1,31 @@
+import Koa from 'koa';
+import Router from '@koa/router';
+import type { Services } from '../domain/services.ts';
+import { errorHandler } from './middleware/errors.ts';
+import { requestId } from './middleware/request-id.ts';
+import { mount, type Route } from './route.ts';
+import { buildOpenApi } from './openapi.ts';
+import { taskRoutes } from './routes/task.ts';
+import { authRoutes } from './routes/auth.ts';
+import { internalRoutes } from './routes/internal.ts';
+import { defineRoute } from './route.ts';
+import { FreeObject } from './schemas/common.ts';
+
+export const allRoutes: Route[] = [...internalRoutes, ...authRoutes, ...taskRoutes];
+
+export function createApp(services: Services): Koa {
+  const app = new Koa({ proxy: true });
+  const openapi = buildOpenApi(allRoutes, { version: process.env.npm_package_version ?? '0.1.0', serverUrl: services.cfg.PUBLIC_URL });
+  const openapiRoute = defineRoute({
+    method: 'get', path: '/api/openapi.json', operationId: 'openapi', tag: '_internal', scope: null,
+    summary: 'This OpenAPI 3.1 document', responses: { 200: FreeObject },
+  }, async () => openapi);
+  const router = new Router();
+  mount(router, [...allRoutes, openapiRoute], services);
+  app.use(requestId(services.log));
+  app.use(errorHandler());
+  app.use(router.routes());
+  app.use(router.allowedMethods());
+  app.on('error', (err) => services.log.debug({ err: { message: (err as Error).message } }, 'koa error'));
+  return app;
+}

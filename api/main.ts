@@ -1,0 +1,37 @@
+// The `web` process: the HTTP API.
+import { loadConfig, ConfigError } from '../domain/config.ts';
+import { createServices } from '../domain/services.ts';
+import { bootstrap } from '../domain/bootstrap.ts';
+import { createApp } from './app.ts';
+
+let cfg;
+try {
+  cfg = loadConfig();
+} catch (e) {
+  if (e instanceof ConfigError) { console.error(e.message); process.exit(2); }
+  throw e;
+}
+const services = createServices(cfg, 'api');
+await bootstrap(services);
+services.outbox.startSweeper();
+const app = createApp(services);
+const server = app.listen(cfg.PORT, cfg.HOST, () => {
+  const addr = server.address();
+  const port = typeof addr === 'object' && addr ? addr.port : cfg.PORT;
+  services.log.info({ port, url: `http://${cfg.HOST}:${port}` }, 'api listening');
+});
+server.keepAliveTimeout = 65_000;
+
+let stopping = false;
+async function shutdown(signal: string) {
+  if (stopping) return;
+  stopping = true;
+  services.log.info({ signal }, 'api shutting down');
+  server.close();
+  server.closeIdleConnections();
+  setTimeout(() => server.closeAllConnections(), 5000).unref();
+  await services.close();
+  process.exit(0);
+}
+process.on('SIGTERM', () => void shutdown('SIGTERM'));
+process.on('SIGINT', () => void shutdown('SIGINT'));

@@ -1,0 +1,42 @@
+import type { Middleware } from 'koa';
+import { Forbidden, Unauthenticated } from '../../domain/errors.ts';
+import { hasScope, resolveApiKey, type Principal, type Scope } from '../../domain/api-keys.ts';
+import { touchLastUsed } from '../../db/api-keys.ts';
+import type { Services } from '../../domain/services.ts';
+
+export type { Principal, Scope };
+
+const TOUCH_EVERY_MS = 60_000;
+const lastTouched = new Map<string, number>();
+
+export function bearerToken(header: string | undefined): string | undefined {
+  const m = /^Bearer\s+(\S+)\s*$/i.exec(header ?? '');
+  return m?.[1];
+}
+
+export function authenticate(services: Services): Middleware {
+  return async (ctx, next) => {
+    if (!ctx.state.principal) {
+      const header = ctx.get('Authorization');
+      const token = bearerToken(header);
+      if (!token) throw new Unauthenticated(header ? 'Authorization header must be "Bearer <api key>"' : 'Missing API key: send Authorization: Bearer <api key>');
+      const principal = await resolveApiKey(services.db, token, services.cfg.ADMIN_API_KEY);
+      if (!principal) throw new Unauthenticated('Unknown or revoked API key');
+      ctx.state.principal = principal;
+      // last_used_at is advisory: written at most once a minute per key and process.
+      const now = Date.now();
+      if (!principal.id.startsWith('env:') && (lastTouched.get(principal.id) ?? 0) < now - TOUCH_EVERY_MS) {
+        lastTouched.set(principal.id, now);
+        touchLastUsed(services.db, principal.id).catch((err) => services.log.warn({ err }, 'could not record key use'));
+      }
+    }
+    await next();
+  };
+}
+
+export function requireScope(scope: Scope): Middleware {
+  return async (ctx, next) => {
+    if (!hasScope(ctx.state.principal as Principal, scope)) throw new Forbidden(scope);
+    await next();
+  };
+}

@@ -1,0 +1,34 @@
+import type { Middleware } from 'koa';
+import { AppError } from '../../domain/errors.ts';
+
+// The one place where errors become HTTP responses with the Error body.
+export function errorHandler(): Middleware {
+  return async (ctx, next) => {
+    try {
+      await next();
+      if (ctx.status === 405 && !ctx.body) {
+        throw new AppError(405, 'method_not_allowed', `Method ${ctx.method} is not allowed on ${ctx.path}`, { allow: ctx.response.get('Allow') });
+      }
+      if (ctx.status === 404 && !ctx.body) throw new AppError(404, 'not_found', `No route for ${ctx.method} ${ctx.path}`, { resource: 'route', id: ctx.path });
+    } catch (err) {
+      const e = toAppError(err);
+      if (e.status >= 500) ctx.state.log?.error({ err }, 'request failed');
+      ctx.status = e.status;
+      for (const [k, v] of Object.entries(e.headers)) ctx.set(k, v);
+      ctx.body = { message: e.message, data: { code: e.code, ...e.data } };
+    }
+  };
+}
+
+function toAppError(err: unknown): AppError {
+  if (err instanceof AppError) return err;
+  const e = err as { status?: number; expose?: boolean; message?: string; code?: string };
+  // Connection failures of Postgres or Redis mean the service is unavailable, not broken.
+  if (e?.code === 'ECONNREFUSED' || e?.code === '57P01' || e?.code === 'ETIMEDOUT' || /Knex: Timeout acquiring a connection/.test(e?.message ?? '')) {
+    return new AppError(503, 'unavailable', 'A backing service is unavailable; retry shortly', {}, { 'Retry-After': '5' });
+  }
+  if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && e.expose) {
+    return new AppError(e.status, e.status === 413 ? 'payload_too_large' : 'invalid_request', e.message ?? 'Bad request');
+  }
+  return new AppError(500, 'internal', 'Internal server error');
+}

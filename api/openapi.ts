@@ -1,0 +1,57 @@
+import type { TSchema } from '@sinclair/typebox';
+import type { Route } from './route.ts';
+
+type Json = Record<string, unknown>;
+
+// Shapes with an $id become named components; everything else is inlined.
+function collect(schema: unknown, components: Record<string, Json>): unknown {
+  if (Array.isArray(schema)) return schema.map((s) => collect(s, components));
+  if (!schema || typeof schema !== 'object') return schema;
+  const out: Json = {};
+  for (const [k, v] of Object.entries(schema)) if (k !== '$id') out[k] = collect(v, components);
+  const id = (schema as Json).$id;
+  if (typeof id === 'string') {
+    components[id] = out;
+    return { $ref: `#/components/schemas/${id}` };
+  }
+  return out;
+}
+
+export function buildOpenApi(routes: Route[], info: { version: string; serverUrl: string }): Json {
+  const components: Record<string, Json> = {};
+  const paths: Record<string, Json> = {};
+  for (const { spec } of routes) {
+    const path = spec.path.replace(/:([A-Za-z0-9_]+)/g, '{$1}');
+    const parameters: Json[] = [];
+    for (const [where, schema] of [['path', spec.params], ['query', spec.query]] as const) {
+      if (!schema) continue;
+      const required = new Set((schema as { required?: string[] }).required ?? []);
+      for (const [name, prop] of Object.entries((schema as { properties: Record<string, TSchema> }).properties)) {
+        parameters.push({ name, in: where, required: where === 'path' || required.has(name), schema: collect(prop, components) });
+      }
+    }
+    const responses: Json = {};
+    for (const [status, schema] of Object.entries(spec.responses)) {
+      responses[status] = schema
+        ? { description: status.startsWith('2') ? 'Success' : 'Error', content: { 'application/json': { schema: collect(schema, components) } } }
+        : { description: 'No content' };
+    }
+    const op: Json = {
+      operationId: spec.operationId,
+      summary: spec.summary,
+      tags: [spec.tag, 'v1'],
+      ...(parameters.length ? { parameters } : {}),
+      ...(spec.body ? { requestBody: { required: true, content: { 'application/json': { schema: collect(spec.body, components) } } } } : {}),
+      responses,
+      ...(spec.scope ? { security: [{ bearer: [] }], 'x-required-scope': spec.scope } : { security: [] }),
+    };
+    paths[path] = { ...(paths[path] ?? {}), [spec.method]: op };
+  }
+  return {
+    openapi: '3.1.0',
+    info: { title: 'taskbridge', version: info.version, description: 'Agent tasks, secrets, encryption keys, provider bridge and A2A.' },
+    servers: [{ url: info.serverUrl }],
+    paths,
+    components: { schemas: components, securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'API key' } } },
+  };
+}

@@ -1,0 +1,113 @@
+// One declaration per endpoint: its schemas validate the request and feed the OpenAPI document.
+import type { Static, TObject, TSchema } from '@sinclair/typebox';
+import type { Router, RouterMiddleware } from '@koa/router';
+import type { Context } from 'koa';
+import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
+import addFormats from 'ajv-formats';
+import { InvalidRequest, type FieldError } from '../domain/errors.ts';
+import type { Services } from '../domain/services.ts';
+import { authenticate, requireScope, type Principal, type Scope } from './middleware/auth.ts';
+import { readJsonBody } from './middleware/body.ts';
+
+export type Method = 'get' | 'post' | 'put' | 'patch' | 'delete';
+
+export interface RouteSpec<P extends TObject | undefined, Q extends TObject | undefined, B extends TSchema | undefined> {
+  method: Method;
+  path: string; // Koa style, e.g. /api/task/v1/:task_id
+  operationId: string;
+  tag: string;
+  summary: string;
+  scope: Scope | null; // null: public route
+  params?: P;
+  query?: Q;
+  body?: B;
+  responses: Record<number, TSchema | null>;
+}
+
+type In<T> = T extends TSchema ? Static<T> : undefined;
+export interface Request<P, Q, B> {
+  params: In<P>;
+  query: In<Q>;
+  body: In<B>;
+  principal: Principal | null;
+  ctx: Context;
+  services: Services;
+}
+
+export interface Route {
+  spec: RouteSpec<TObject | undefined, TObject | undefined, TSchema | undefined>;
+  handler: (req: Request<unknown, unknown, unknown>) => Promise<unknown>;
+}
+
+export function defineRoute<P extends TObject | undefined = undefined, Q extends TObject | undefined = undefined, B extends TSchema | undefined = undefined>(
+  spec: RouteSpec<P, Q, B>,
+  handler: (req: Request<P, Q, B>) => Promise<unknown>,
+): Route {
+  return { spec, handler } as unknown as Route;
+}
+
+const bodyAjv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false }));
+const paramAjv = addFormats.default(new Ajv({ allErrors: true, coerceTypes: true, useDefaults: true, strict: false }));
+
+function describe(e: ErrorObject): FieldError & { key: string } {
+  const base = e.instancePath.split('/').slice(1).join('.');
+  const join = (p: string) => (base ? `${base}.${p}` : p);
+  switch (e.keyword) {
+    case 'required': {
+      const p = join((e.params as { missingProperty: string }).missingProperty);
+      return { key: p, path: p, message: 'is required' };
+    }
+    case 'additionalProperties': {
+      const p = join((e.params as { additionalProperty: string }).additionalProperty);
+      return { key: p, path: p, message: 'is not an allowed member' };
+    }
+    case 'discriminator':
+      return { key: join('type'), path: join('type'), message: 'must be one of text-part, data-part, file-part' };
+    default:
+      return { key: `${base}:${e.keyword}`, path: base, message: e.message ?? 'is invalid' };
+  }
+}
+
+function check(validate: ValidateFunction, value: unknown, where: string): void {
+  if (validate(value)) return;
+  const seen = new Set<string>();
+  const errors: FieldError[] = [];
+  for (const e of validate.errors ?? []) {
+    const d = describe(e);
+    if (seen.has(d.key)) continue;
+    seen.add(d.key);
+    const path = d.path ? `${where}.${d.path}` : where;
+    errors.push({ path, message: d.message });
+  }
+  const first = errors[0];
+  throw new InvalidRequest(`Invalid ${where}: ${first.path} ${first.message}`, errors);
+}
+
+export function mount(router: Router, routes: Route[], services: Services): void {
+  for (const { spec, handler } of routes) {
+    const vParams = spec.params && paramAjv.compile(spec.params);
+    const vQuery = spec.query && paramAjv.compile(spec.query);
+    const vBody = spec.body && bodyAjv.compile(spec.body);
+    const okStatus = Number(Object.keys(spec.responses).find((s) => s.startsWith('2')) ?? 200);
+    const stack: RouterMiddleware[] = [];
+    if (spec.scope) stack.push(authenticate(services), requireScope(spec.scope));
+    stack.push(async (ctx: Context) => {
+      const params = { ...ctx.params };
+      if (vParams) check(vParams, params, 'path');
+      const query = { ...ctx.query } as Record<string, unknown>;
+      if (vQuery) check(vQuery, query, 'query');
+      let body: unknown;
+      if (vBody) {
+        body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
+        if (body === undefined) throw new InvalidRequest('A JSON request body is required', [{ path: 'body', message: 'is required' }]);
+        check(vBody, body, 'body');
+      }
+      const result = await handler({ params, query, body, principal: ctx.state.principal ?? null, ctx, services } as unknown as Request<unknown, unknown, unknown>);
+      if (ctx.body === undefined || ctx.body === null) {
+        ctx.status = ctx.status === 404 ? okStatus : ctx.status;
+        if (result !== undefined) ctx.body = result;
+      }
+    });
+    router.register(spec.path, [spec.method.toUpperCase()], stack, { name: spec.operationId });
+  }
+}

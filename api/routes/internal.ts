@@ -1,0 +1,61 @@
+import { Type } from '@sinclair/typebox';
+import { defineRoute } from '../route.ts';
+import { ErrorBody, FreeObject } from '../schemas/common.ts';
+import { publicConfig } from '../../domain/config.ts';
+import { QUEUE_NAMES } from '../../queues/names.ts';
+import { Unavailable } from '../../domain/errors.ts';
+
+const tag = '_internal';
+const withTimeout = <T>(p: Promise<T>, ms: number) =>
+  Promise.race([p, new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`no answer in ${ms} ms`)), ms).unref())]);
+
+export const internalRoutes = [
+  defineRoute({
+    method: 'get', path: '/_internal/v1/health', operationId: 'health', tag, scope: null,
+    summary: 'Liveness: 200 while the process runs',
+    responses: { 200: Type.Object({ status: Type.Literal('ok') }) },
+  }, async () => ({ status: 'ok' as const })),
+
+  defineRoute({
+    method: 'get', path: '/_internal/v1/ready', operationId: 'ready', tag, scope: null,
+    summary: 'Readiness: 200 when Postgres and Redis answer, else 503 naming what failed',
+    responses: { 200: Type.Object({ status: Type.Literal('ready'), checks: FreeObject }), 503: ErrorBody },
+  }, async ({ services }) => {
+    const [pg, redis] = await Promise.allSettled([
+      withTimeout(services.db.raw('select 1'), 2000),
+      withTimeout(services.redis.ping(), 2000),
+    ]);
+    const failed = [...(pg.status === 'rejected' ? ['postgres'] : []), ...(redis.status === 'rejected' ? ['redis'] : [])];
+    if (failed.length) {
+      const e = new Unavailable(`Not ready: ${failed.join(' and ')} unreachable`);
+      Object.assign(e.data, { failed });
+      throw e;
+    }
+    return { status: 'ready' as const, checks: { postgres: 'ok', redis: 'ok' } };
+  }),
+
+  defineRoute({
+    method: 'get', path: '/_internal/v1/runtime_config', operationId: 'runtime-config', tag, scope: 'internal',
+    summary: 'The effective configuration, without secrets',
+    responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody },
+  }, async ({ services }) => ({
+    version: process.env.npm_package_version ?? '0.1.0',
+    queues: QUEUE_NAMES,
+    config: publicConfig(services.cfg),
+  })),
+
+  defineRoute({
+    method: 'get', path: '/_internal/v1/queues', operationId: 'queue-stats', tag, scope: 'internal',
+    summary: 'Per queue: job counts and the age of the oldest waiting job',
+    responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody },
+  }, async ({ services }) => {
+    const out: Record<string, unknown> = {};
+    for (const name of QUEUE_NAMES) {
+      const q = services.queues[name];
+      const counts = await q.getJobCounts('waiting', 'active', 'delayed', 'completed', 'failed');
+      const [oldest] = await q.getJobs(['waiting'], 0, 0, true);
+      out[name] = { ...counts, oldest_waiting_age_ms: oldest ? Date.now() - oldest.timestamp : null };
+    }
+    return { queues: out };
+  }),
+];

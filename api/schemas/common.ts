@@ -1,0 +1,28 @@
+import { Type, type TSchema } from '@sinclair/typebox';
+
+export const Uuid = Type.String({ format: 'uuid', description: 'UUID' });
+export const Timestamp = Type.String({ format: 'date-time', description: 'RFC 3339, UTC, millisecond precision' });
+export const FreeObject = Type.Record(Type.String(), Type.Unknown(), { description: 'free-form object' });
+
+export const ErrorBody = Type.Object({
+  message: Type.String(),
+  data: Type.Optional(Type.Object({ code: Type.String() }, { additionalProperties: true })),
+}, { $id: 'Error' });
+
+export const Success = Type.Object({ success: Type.Boolean() });
+
+export const PageQuery = {
+  page_size: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 50 })),
+  next_page_token: Type.Optional(Type.String({ minLength: 1, maxLength: 2048 })),
+};
+
+export const RequiredPageQuery = {
+  page_size: Type.Integer({ minimum: 1, maximum: 1000 }),
+  next_page_token: Type.Optional(Type.String({ minLength: 1, maxLength: 2048 })),
+};
+
+export function Paginated<T extends TSchema>(item: T, member = 'items') {
+  return Type.Object({ [member]: Type.Array(item), next_page_token: Type.Optional(Type.String()) });
+}
+
+export const Body = <T extends Parameters<typeof Type.Object>[0]>(props: T) => Type.Object(props, { additionalProperties: false });

@@ -1,0 +1,31 @@
+import type { Tx } from './knex.ts';
+
+export interface ApiKeyRow { id: string; name: string; scopes: string[]; key_hash: Buffer; created_at: Date; last_used_at: Date | null; revoked_at: Date | null }
+const PUBLIC_COLUMNS = ['id', 'name', 'scopes', 'created_at', 'last_used_at'] as const;
+
+export async function insertApiKey(db: Tx, row: { id: string; name: string; scopes: string[]; key_hash: Buffer }) {
+  const [out] = await db('api_keys').insert(row).returning(['id', 'name', 'scopes', 'created_at']);
+  return out as { id: string; name: string; scopes: string[]; created_at: Date };
+}
+
+export async function findActiveByHash(db: Tx, hash: Buffer): Promise<ApiKeyRow | undefined> {
+  return db('api_keys').where({ key_hash: hash }).whereNull('revoked_at').first();
+}
+
+export async function listActive(db: Tx) {
+  return db('api_keys').select(PUBLIC_COLUMNS).whereNull('revoked_at').orderBy([{ column: 'created_at', order: 'desc' }, { column: 'id', order: 'desc' }]);
+}
+
+export async function revokeApiKey(db: Tx, id: string): Promise<boolean> {
+  const n = await db('api_keys').where({ id }).whereNull('revoked_at').update({ revoked_at: db.fn.now() });
+  return n > 0;
+}
+
+export async function touchLastUsed(db: Tx, id: string): Promise<void> {
+  await db('api_keys').where({ id }).update({ last_used_at: db.fn.now() });
+}
+
+export async function countActive(db: Tx): Promise<number> {
+  const [{ n }] = await db('api_keys').whereNull('revoked_at').count({ n: '*' });
+  return Number(n);
+}

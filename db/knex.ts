@@ -1,0 +1,21 @@
+import knexFactory, { type Knex } from 'knex';
+import pg from 'pg';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+// int8 counts come back as numbers, not strings; counts here stay far below 2^53.
+pg.types.setTypeParser(pg.types.builtins.INT8, (v: string) => Number(v));
+
+export type Db = Knex;
+export type Tx = Knex | Knex.Transaction;
+
+export const migrationsDir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'migrations');
+
+export function createDb(url: string, pool = { min: 0, max: 20 }): Knex {
+  return knexFactory({ client: 'pg', connection: url, pool, acquireConnectionTimeout: 10000 });
+}
+
+export async function migrateLatest(db: Knex): Promise<string[]> {
+  const [, applied] = await db.migrate.latest({ directory: migrationsDir, loadExtensions: ['.ts'] });
+  return applied as string[];
+}

@@ -1,0 +1,39 @@
+import type { Tx } from './knex.ts';
+import { keysetPage, type Page } from './pagination.ts';
+import type { Message } from '../api/schemas/task.ts';
+
+export interface MessageRow extends Message { seq: number }
+
+const COLUMNS = ['id', 'seq', 'task_id', 'role', 'parts', 'reference_task_ids', 'metadata', 'created_at'];
+const strip = ({ seq: _seq, ...m }: MessageRow) => m as Message;
+
+export async function insertMessage(db: Tx, m: Message): Promise<MessageRow> {
+  const [out] = await db('messages').insert({ ...m, parts: JSON.stringify(m.parts) }).returning(COLUMNS);
+  return out;
+}
+
+export async function getMessage(db: Tx, id: string): Promise<Message | undefined> {
+  const row = await db('messages').select(COLUMNS).where({ id }).first();
+  return row && strip(row);
+}
+
+export async function getMessageRow(db: Tx, id: string): Promise<MessageRow | undefined> {
+  return db('messages').select(COLUMNS).where({ id }).first();
+}
+
+export async function listMessages(db: Tx, taskId: string, pageSize: number, token?: string): Promise<Page<Message>> {
+  const q = db('messages').select(COLUMNS).where({ task_id: taskId });
+  const page = await keysetPage<MessageRow>(q, { columns: ['seq'], kinds: ['int'], direction: 'asc', cursorOf: (r) => [r.seq] }, pageSize, token);
+  return { ...page, items: page.items.map(strip) };
+}
+
+// The newest messages of a task, oldest first: the history an agent sees.
+export async function recentMessages(db: Tx, taskId: string, limit: number): Promise<MessageRow[]> {
+  const rows = await db('messages').select(COLUMNS).where({ task_id: taskId }).orderBy('seq', 'desc').limit(limit);
+  return rows.reverse();
+}
+
+export async function hasAgentMessageAfter(db: Tx, taskId: string, seq: number): Promise<boolean> {
+  const row = await db('messages').where({ task_id: taskId, role: 'agent' }).where('seq', '>', seq).first('id');
+  return !!row;
+}

@@ -1,0 +1,31 @@
+import { randomUUID } from 'node:crypto';
+import type { JobsOptions } from 'bullmq';
+import type { Tx } from './knex.ts';
+import type { JobPayloads, QueueName } from '../queues/names.ts';
+
+export interface OutboxRow { id: string; queue: QueueName; name: string; payload: Record<string, unknown>; options: JobsOptions }
+
+export async function addOutbox<Q extends QueueName>(db: Tx, queue: Q, name: string, payload: JobPayloads[Q], options: JobsOptions = {}): Promise<string> {
+  const id = randomUUID();
+  await db('outbox').insert({ id, queue, name, payload, options });
+  return id;
+}
+
+export async function getOutbox(db: Tx, ids: string[]): Promise<OutboxRow[]> {
+  return db('outbox').whereIn('id', ids).orderBy('created_at');
+}
+
+// Rows the immediate relay did not take (Redis down, process died); locked so sweepers in
+// several processes do not send the same rows at once.
+export async function lockStaleOutbox(db: Tx, olderThanMs: number, limit: number): Promise<OutboxRow[]> {
+  return db('outbox')
+    .where('created_at', '<', db.raw(`now() - make_interval(secs => ?)`, [olderThanMs / 1000]))
+    .orderBy('created_at')
+    .limit(limit)
+    .forUpdate()
+    .skipLocked();
+}
+
+export async function deleteOutbox(db: Tx, ids: string[]): Promise<void> {
+  if (ids.length) await db('outbox').whereIn('id', ids).delete();
+}

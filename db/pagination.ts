@@ -1,0 +1,60 @@
+import type { Knex } from 'knex';
+import { InvalidRequest } from '../domain/errors.ts';
+
+export interface Page<T> { items: T[]; next_page_token?: string }
+
+type KeyKind = 'timestamp' | 'uuid' | 'int' | 'text';
+export interface Keyset<Row> {
+  columns: string[]; // qualified column names, all ordered in `direction`
+  kinds: KeyKind[];
+  direction: 'asc' | 'desc';
+  cursorOf: (row: Row) => unknown[];
+}
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+function checkKind(kind: KeyKind, v: unknown): boolean {
+  switch (kind) {
+    case 'timestamp': return typeof v === 'string' && !Number.isNaN(Date.parse(v));
+    case 'uuid': return typeof v === 'string' && UUID.test(v);
+    case 'int': return Number.isSafeInteger(v);
+    case 'text': return typeof v === 'string';
+  }
+}
+
+export function decodeToken(token: string, kinds: KeyKind[]): unknown[] {
+  const bad = () => new InvalidRequest('next_page_token is not a valid page token', [{ path: 'next_page_token', message: 'not a token returned by this list' }]);
+  let values: unknown;
+  try {
+    values = JSON.parse(Buffer.from(token, 'base64url').toString('utf8'));
+  } catch {
+    throw bad();
+  }
+  if (!Array.isArray(values) || values.length !== kinds.length || !values.every((v, i) => checkKind(kinds[i], v))) throw bad();
+  return values;
+}
+
+export function encodeToken(values: unknown[]): string {
+  return Buffer.from(JSON.stringify(values.map((v) => (v instanceof Date ? v.toISOString() : v)))).toString('base64url');
+}
+
+// Keyset pagination: rows strictly after the cursor in the list's order, one extra row to
+// learn whether another page exists.
+export async function keysetPage<Row>(
+  query: Knex.QueryBuilder,
+  keyset: Keyset<Row>,
+  pageSize: number,
+  token: string | undefined,
+): Promise<Page<Row>> {
+  const { columns, direction } = keyset;
+  if (token !== undefined) {
+    const values = decodeToken(token, keyset.kinds);
+    const op = direction === 'desc' ? '<' : '>';
+    query.whereRaw(`(${columns.map(() => '??').join(', ')}) ${op} (${values.map(() => '?').join(', ')})`, [...columns, ...(values as Knex.Value[])]);
+  }
+  for (const c of columns) query.orderBy(c, direction);
+  const rows = (await query.limit(pageSize + 1)) as Row[];
+  if (rows.length <= pageSize) return { items: rows };
+  const items = rows.slice(0, pageSize);
+  return { items, next_page_token: encodeToken(keyset.cursorOf(items[items.length - 1])) };
+}

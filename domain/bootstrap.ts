@@ -1,0 +1,22 @@
+// First-start work shared by every process kind: idempotent, serialised by an advisory lock so
+// several processes starting together do it once.
+import fs from 'node:fs';
+import path from 'node:path';
+import type { Services } from './services.ts';
+import { countActive } from '../db/api-keys.ts';
+import { createApiKey } from './api-keys.ts';
+
+const BOOTSTRAP_LOCK = 7_311_201;
+
+export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promise<void> {
+  await s.db.transaction(async (trx) => {
+    await trx.raw('select pg_advisory_xact_lock(?)', [BOOTSTRAP_LOCK]);
+    if (!s.cfg.ADMIN_API_KEY && (await countActive(trx)) === 0) {
+      const created = await createApiKey(trx, 'bootstrap admin', ['admin']);
+      const file = path.join(s.cfg.DATA_DIR, 'admin-api-key');
+      fs.mkdirSync(s.cfg.DATA_DIR, { recursive: true });
+      fs.writeFileSync(file, created.key + '\n', { mode: 0o600 });
+      s.log.warn({ file }, 'created the first admin API key; it is stored in this file, readable only by its owner');
+    }
+  });
+}

@@ -1,0 +1,76 @@
+import path from 'node:path';
+import { Type, type Static } from '@sinclair/typebox';
+import { Ajv } from 'ajv';
+
+// Every setting the processes read, validated once at start. Env names are the upper-case keys.
+const ConfigSchema = Type.Object({
+  NODE_ENV: Type.Union([Type.Literal('development'), Type.Literal('production'), Type.Literal('test')], { default: 'development' }),
+  PORT: Type.Integer({ minimum: 0, maximum: 65535, default: 3000 }),
+  HOST: Type.String({ default: '127.0.0.1' }),
+  PUBLIC_URL: Type.Optional(Type.String({ pattern: '^https?://[^\\s]+$' })),
+  DATABASE_URL: Type.String({ pattern: '^postgres(ql)?://' }),
+  REDIS_URL: Type.String({ pattern: '^rediss?://' }),
+  DATA_DIR: Type.String({ default: '.data', minLength: 1 }),
+  KEYS_DIR: Type.Optional(Type.String({ minLength: 1 })),
+  ADMIN_API_KEY: Type.Optional(Type.String({ minLength: 16 })),
+  LOG_LEVEL: Type.Union(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'].map((l) => Type.Literal(l)), { default: 'info' }),
+  BODY_LIMIT_BYTES: Type.Integer({ minimum: 1024, default: 1024 * 1024 }),
+  QUEUE_PREFIX: Type.String({ default: '{taskbridge}', minLength: 1 }),
+  AGENT_KIND: Type.Union([Type.Literal('demo'), Type.Literal('module'), Type.Literal('remote')], { default: 'demo' }),
+  AGENT_MODULE: Type.Optional(Type.String({ minLength: 1 })),
+  AGENT_REMOTE_URL: Type.Optional(Type.String({ pattern: '^https?://' })),
+  AGENT_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 3 }),
+  AGENT_BACKOFF_MS: Type.Integer({ minimum: 0, default: 1000 }),
+  AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 50 }),
+  KEY_JOB_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 64, default: 2 }),
+  DEK_MIGRATION_BATCH: Type.Integer({ minimum: 1, maximum: 100000, default: 2000 }),
+  // How long a killed worker's job stays locked before another worker takes it over.
+  WORKER_LOCK_MS: Type.Integer({ minimum: 500, default: 30000 }),
+  WORKER_STALLED_CHECK_MS: Type.Integer({ minimum: 200, default: 15000 }),
+  OUTBOX_SWEEP_MS: Type.Integer({ minimum: 50, default: 2000 }),
+  A2A_BLOCKING_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 30000 }),
+  PUSH_ALLOW_PRIVATE: Type.Boolean({ default: false }),
+  DEK_CACHE_TTL_MS: Type.Integer({ minimum: 0, default: 300000 }),
+  AWS_KMS_ENDPOINT: Type.Optional(Type.String({ pattern: '^https?://' })),
+  AGENT_NAME: Type.String({ default: 'taskbridge' }),
+  AGENT_DESCRIPTION: Type.String({ default: 'Runs agent tasks and manages the secrets, keys and providers they need.' }),
+  AGENT_SKILLS_JSON: Type.Optional(Type.String()),
+});
+
+export type Config = Static<typeof ConfigSchema> & { KEYS_DIR: string; PUBLIC_URL: string };
+
+export class ConfigError extends Error {}
+
+const ajv = new Ajv({ coerceTypes: true, useDefaults: true, allErrors: true });
+const validate = ajv.compile(ConfigSchema);
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const raw: Record<string, unknown> = {};
+  for (const key of Object.keys(ConfigSchema.properties)) {
+    const value = env[key];
+    if (value !== undefined && value !== '') raw[key] = value;
+  }
+  if (!validate(raw)) {
+    const lines = (validate.errors ?? []).map((e) => {
+      const name = e.instancePath.replace(/^\//, '') || (e.params as { missingProperty?: string }).missingProperty || '(config)';
+      return `  ${name}: ${e.message}`;
+    });
+    throw new ConfigError(`Invalid configuration:\n${[...new Set(lines)].join('\n')}`);
+  }
+  const cfg = raw as Static<typeof ConfigSchema>;
+  if (cfg.AGENT_KIND === 'module' && !cfg.AGENT_MODULE) throw new ConfigError('Invalid configuration:\n  AGENT_MODULE: required when AGENT_KIND=module');
+  if (cfg.AGENT_KIND === 'remote' && !cfg.AGENT_REMOTE_URL) throw new ConfigError('Invalid configuration:\n  AGENT_REMOTE_URL: required when AGENT_KIND=remote');
+  const dataDir = path.resolve(cfg.DATA_DIR);
+  return {
+    ...cfg,
+    DATA_DIR: dataDir,
+    KEYS_DIR: path.resolve(cfg.KEYS_DIR ?? path.join(dataDir, 'keys')),
+    PUBLIC_URL: (cfg.PUBLIC_URL ?? `http://localhost:${cfg.PORT}`).replace(/\/+$/, ''),
+  };
+}
+
+// What /_internal/v1/runtime_config may show: nothing that grants access.
+export function publicConfig(cfg: Config): Record<string, unknown> {
+  const hidden = new Set(['ADMIN_API_KEY', 'DATABASE_URL', 'REDIS_URL']);
+  return Object.fromEntries(Object.entries(cfg).filter(([k]) => !hidden.has(k)));
+}

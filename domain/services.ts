@@ -1,0 +1,42 @@
+// The composition root shared by the API and worker processes: every handle a domain function
+// may need, created once per process from the validated config.
+import type { Knex } from 'knex';
+import type { Redis } from 'ioredis';
+import type { Config } from './config.ts';
+import { createLogger, type Logger } from './logger.ts';
+import { createDb } from '../db/knex.ts';
+import { createRedis } from '../queues/connection.ts';
+import { EventBus } from '../queues/events.ts';
+import { createQueues, OutboxRelay, type Queues } from '../queues/outbox-relay.ts';
+
+export interface Services {
+  cfg: Config;
+  log: Logger;
+  db: Knex;
+  redis: Redis;
+  queues: Queues;
+  outbox: OutboxRelay;
+  bus: EventBus;
+  close(): Promise<void>;
+}
+
+export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log: Logger = createLogger(cfg.LOG_LEVEL, role)): Services {
+  const db = createDb(cfg.DATABASE_URL, { min: 0, max: role === 'cli' ? 2 : 20 });
+  const redis = createRedis(cfg.REDIS_URL, 'producer');
+  const sub = createRedis(cfg.REDIS_URL, 'subscriber');
+  for (const r of [redis, sub]) r.on('error', (err) => log.debug({ err: { message: err.message } }, 'redis connection error'));
+  const queues = createQueues(cfg, redis);
+  for (const q of Object.values(queues)) q.on('error', (err) => log.debug({ err: { message: err.message } }, 'queue error'));
+  const outbox = new OutboxRelay(db, queues, log, cfg.OUTBOX_SWEEP_MS);
+  const bus = new EventBus(redis, sub, cfg.QUEUE_PREFIX, log);
+  return {
+    cfg, log, db, redis, queues, outbox, bus,
+    async close() {
+      outbox.stop();
+      await Promise.allSettled(Object.values(queues).map((q) => q.close()));
+      redis.disconnect();
+      sub.disconnect();
+      await db.destroy();
+    },
+  };
+}

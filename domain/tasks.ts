@@ -1,0 +1,111 @@
+// Task rules: creation, messages, status transitions and their timeline entries. Used by the
+// REST API, the A2A handler and the agent runtime alike.
+import { randomUUID } from 'node:crypto';
+import type { Knex } from 'knex';
+import * as tasks from '../db/tasks.ts';
+import * as messages from '../db/messages.ts';
+import * as timeline from '../db/timeline.ts';
+import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineItem } from '../api/schemas/task.ts';
+import { Conflict, NotFound } from './errors.ts';
+import { assertTransition, isInterrupted, isTerminal, type TaskState } from './task-states.ts';
+import { inTransaction, type UnitOfWork, type UowServices } from './unit-of-work.ts';
+
+export const TASK_EVENTS = 'task-events';
+export const TASK_CANCELED = 'task-canceled';
+export const MESSAGES_IN_TASK = 100;
+
+type Tx = Knex | Knex.Transaction;
+
+async function appendTimeline(uow: UnitOfWork, taskId: string, payload: TimelineItem['event_payload'], at: Date): Promise<timeline.TimelineRow> {
+  const row = await timeline.insertTimelineItem(uow.trx, { id: randomUUID(), task_id: taskId, event_payload: payload, created_at: at.toISOString() });
+  uow.publish(TASK_EVENTS, { task_id: taskId, seq: row.seq });
+  return row;
+}
+
+export async function appendMessage(uow: UnitOfWork, taskId: string, req: CreateMessageRequest, at = new Date()) {
+  const message = await messages.insertMessage(uow.trx, {
+    id: randomUUID(), task_id: taskId, role: req.role, parts: req.parts,
+    reference_task_ids: req.reference_task_ids ?? [], metadata: req.metadata ?? {}, created_at: at.toISOString(),
+  });
+  const { seq: _seq, ...plain } = message;
+  const item = await appendTimeline(uow, taskId, { type: 'message', message: plain as Message }, at);
+  return { message: plain as Message, seq: message.seq, timelineItem: item };
+}
+
+export async function appendArtifact(uow: UnitOfWork, taskId: string, artifact: Record<string, unknown>, at = new Date()) {
+  return appendTimeline(uow, taskId, { type: 'artifact-update', artifact }, at);
+}
+
+async function lockTask(trx: Tx, id: string): Promise<tasks.TaskRow> {
+  const task = await tasks.getTask(trx, id, true);
+  if (!task) throw new NotFound('task', id);
+  return task;
+}
+
+export async function enqueueRun(uow: UnitOfWork, taskId: string, messageId: string): Promise<void> {
+  await uow.enqueue('agent-tasks', 'run', { task_id: taskId, message_id: messageId });
+}
+
+// Changes a locked task's status inside the caller's transaction; the status message (if any)
+// is stored first so the status can point at it.
+export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: TaskState, message?: CreateMessageRequest): Promise<Task> {
+  assertTransition(task.status, to);
+  const at = new Date();
+  const msg = message ? await appendMessage(uow, task.id, message, at) : undefined;
+  const updated = await tasks.setTaskStatus(uow.trx, task.id, to, msg?.message.id ?? null, at);
+  await appendTimeline(uow, task.id, { type: 'task-status-update', status: to, status_message_id: msg?.message.id ?? undefined }, at);
+  if (to === 'canceled') uow.publish(TASK_CANCELED, { task_id: task.id });
+  return tasks.toTask(updated);
+}
+
+export async function createTask(s: UowServices, req: CreateTaskRequest) {
+  return inTransaction(s, async (uow) => createTaskIn(uow, req));
+}
+
+export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, id: string = randomUUID()) {
+  const at = new Date();
+  const contextId = req.context_id ?? randomUUID();
+  await tasks.ensureContext(uow.trx, contextId, at);
+  const row = await tasks.insertTask(uow.trx, {
+    id, context_id: contextId, status: 'submitted', status_timestamp: at, status_message_id: null,
+    metadata: req.metadata ?? {}, created_at: at, updated_at: at,
+  });
+  await appendTimeline(uow, id, { type: 'task-status-update', status: 'submitted' }, at);
+  const { message } = await appendMessage(uow, id, req.message, at);
+  if (req.message.role === 'user') await enqueueRun(uow, id, message.id);
+  return { task: tasks.toTask(row), message };
+}
+
+export async function addMessage(s: UowServices, taskId: string, req: CreateMessageRequest) {
+  return inTransaction(s, async (uow) => {
+    const task = await lockTask(uow.trx, taskId);
+    if (isTerminal(task.status)) throw new Conflict(`Task '${taskId}' is ${task.status} and accepts no more messages`, { status: task.status });
+    const { message, timelineItem } = await appendMessage(uow, taskId, req);
+    if (req.role === 'user' && isInterrupted(task.status)) await enqueueRun(uow, taskId, message.id);
+    const { seq: _seq, ...timeline_item } = timelineItem;
+    return { message, timeline_item, task: tasks.toTask(task) };
+  });
+}
+
+export async function updateStatus(s: UowServices, taskId: string, to: TaskState, message?: CreateMessageRequest): Promise<Task> {
+  return inTransaction(s, async (uow) => changeStatus(uow, await lockTask(uow.trx, taskId), to, message));
+}
+
+export async function getTaskWithMessages(db: Tx, taskId: string) {
+  const task = await tasks.getTask(db, taskId);
+  if (!task) throw new NotFound('task', taskId);
+  const page = await messages.listMessages(db, taskId, MESSAGES_IN_TASK);
+  const statusMessage = task.status_message_id ? await messages.getMessage(db, task.status_message_id) : undefined;
+  return {
+    task: tasks.toTask(task),
+    messages: page.items,
+    ...(page.next_page_token ? { messages_next_page_token: page.next_page_token } : {}),
+    ...(statusMessage ? { status_message: statusMessage } : {}),
+  };
+}
+
+export async function requireTask(db: Tx, taskId: string): Promise<tasks.TaskRow> {
+  const task = await tasks.getTask(db, taskId);
+  if (!task) throw new NotFound('task', taskId);
+  return task;
+}

@@ -1,0 +1,37 @@
+import type { Knex } from 'knex';
+import type { JobsOptions } from 'bullmq';
+import { addOutbox } from '../db/outbox.ts';
+import type { JobPayloads, QueueName } from '../queues/names.ts';
+import type { Services } from './services.ts';
+
+// A transaction plus what must happen only once it has committed: jobs handed to the outbox
+// relay and wake-up notes published to other processes.
+export interface UnitOfWork {
+  trx: Knex.Transaction;
+  enqueue<Q extends QueueName>(queue: Q, name: string, payload: JobPayloads[Q], options?: JobsOptions): Promise<string>;
+  publish(channel: string, message: Record<string, unknown>): void;
+}
+
+export type UowServices = Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>;
+
+export async function inTransaction<T>(s: UowServices, fn: (uow: UnitOfWork) => Promise<T>): Promise<T> {
+  const jobs: string[] = [];
+  const notes: [string, Record<string, unknown>][] = [];
+  const result = await s.db.transaction(async (trx) => {
+    const uow: UnitOfWork = {
+      trx,
+      async enqueue(queue, name, payload, options) {
+        const id = await addOutbox(trx, queue, name, payload, options);
+        jobs.push(id);
+        return id;
+      },
+      publish(channel, message) { notes.push([channel, message]); },
+    };
+    return fn(uow);
+  });
+  if (jobs.length) s.outbox.kick(jobs);
+  for (const [channel, message] of notes) {
+    s.bus.publish(channel, message).catch((err) => s.log.debug({ err: { message: (err as Error).message }, channel }, 'event note not published'));
+  }
+  return result;
+}

@@ -1,0 +1,27 @@
+import type { JobsOptions } from 'bullmq';
+import type { Config } from '../domain/config.ts';
+
+export const QUEUE_NAMES = ['agent-tasks', 'key-jobs', 'credential-refresh', 'push-notifications'] as const;
+export type QueueName = (typeof QUEUE_NAMES)[number];
+
+// Job payloads carry ids only: never secrets, tokens or key material.
+export interface JobPayloads {
+  'agent-tasks': { task_id: string; message_id: string };
+  'key-jobs': { job_id: string };
+  'credential-refresh': { credential_id: string };
+  'push-notifications': { task_id: string; config_id: string; timeline_seq: number };
+}
+
+export function defaultJobOptions(cfg: Config, queue: QueueName): JobsOptions {
+  const common: JobsOptions = { removeOnComplete: { count: 1000, age: 3600 }, removeOnFail: { count: 10000, age: 7 * 86400 } };
+  switch (queue) {
+    case 'agent-tasks':
+      return { ...common, attempts: cfg.AGENT_ATTEMPTS, backoff: { type: 'exponential', delay: cfg.AGENT_BACKOFF_MS } };
+    case 'key-jobs':
+      return { ...common, attempts: 20, backoff: { type: 'exponential', delay: 1000 } };
+    case 'credential-refresh':
+      return { ...common, attempts: 5, backoff: { type: 'exponential', delay: 2000 } };
+    case 'push-notifications':
+      return { ...common, attempts: 8, backoff: { type: 'exponential', delay: 500 } };
+  }
+}

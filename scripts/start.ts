@@ -1,0 +1,66 @@
+// `npm start`: the whole service on one machine. Starts a local Postgres and Redis under
+// DATA_DIR when DATABASE_URL / REDIS_URL are unset, migrates, then runs the API and a worker.
+import { spawn, type ChildProcess } from 'node:child_process';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { startPostgres, startRedis, type LocalService } from './local-services.ts';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const dataDir = path.resolve(process.env.DATA_DIR || '.data');
+const say = (msg: string) => console.error(`[start] ${msg}`);
+const env: NodeJS.ProcessEnv = { ...process.env, DATA_DIR: dataDir };
+const services: LocalService[] = [];
+const children: ChildProcess[] = [];
+let stopping = false;
+
+async function stopAll(code: number): Promise<never> {
+  if (!stopping) {
+    stopping = true;
+    say('stopping...');
+    await Promise.all(children.map((c) => new Promise<void>((resolve) => {
+      if (c.exitCode !== null || c.signalCode !== null) return resolve();
+      const t = setTimeout(() => c.kill('SIGKILL'), 15000);
+      c.once('exit', () => { clearTimeout(t); resolve(); });
+      c.kill('SIGTERM');
+    })));
+    for (const s of services.reverse()) await s.stop().catch(() => undefined);
+    say('stopped');
+  }
+  process.exit(code);
+}
+process.on('SIGINT', () => void stopAll(0));
+process.on('SIGTERM', () => void stopAll(0));
+
+function run(name: string, file: string, wait = false): Promise<number> | ChildProcess {
+  const child = spawn(process.execPath, ['--import', 'tsx', path.join(root, file)], { env, stdio: 'inherit' });
+  if (wait) return new Promise((resolve) => child.on('exit', (code) => resolve(code ?? 1)));
+  children.push(child);
+  child.on('exit', (code, signal) => {
+    if (stopping) return;
+    say(`${name} exited (${signal ?? code}); stopping everything`);
+    void stopAll(1);
+  });
+  return child;
+}
+
+try {
+  if (!env.DATABASE_URL) {
+    const pg = await startPostgres({ dataDir, log: say });
+    services.push(pg);
+    env.DATABASE_URL = pg.url;
+    say(`local Postgres on ${pg.url} (data in ${dataDir}/postgres)`);
+  }
+  if (!env.REDIS_URL) {
+    const redis = await startRedis({ dataDir, log: say });
+    services.push(redis);
+    env.REDIS_URL = redis.url;
+    say(`local Redis on ${redis.url} (data in ${dataDir}/redis)`);
+  }
+  const code = await run('migrate', 'db/migrate.ts', true);
+  if (code !== 0) throw new Error(`migrations failed (exit ${code})`);
+  run('api', 'api/main.ts');
+  run('worker', 'workers/main.ts');
+} catch (err) {
+  say((err as Error).message);
+  await stopAll(1);
+}

@@ -1,0 +1,21 @@
+// The built-in demo agent: echoes the user's text. Directives in the text exercise the runtime:
+//   [input]       ask for more input (input-required); the next user message continues the task
+//   [sleep N]     work for N ms first (observes cancellation)
+//   [fail]        throw, so the runtime retries and finally fails the task
+//   [artifact]    also emit an artifact holding the echoed text
+import { setTimeout as sleep } from 'node:timers/promises';
+import { textOf, type AgentHandler } from './types.ts';
+
+export const demoAgent: AgentHandler = async (ctx) => {
+  const text = textOf(ctx.message);
+  const wait = /\[sleep (\d{1,7})\]/.exec(text);
+  if (wait) {
+    await ctx.setStatus('working', `Working for ${wait[1]} ms`);
+    await sleep(Number(wait[1]), undefined, { signal: ctx.signal });
+  }
+  if (text.includes('[fail]')) throw new Error('the demo agent was asked to fail ([fail] directive)');
+  if (text.includes('[input]')) return { status: 'input-required', message: 'I need more input: what should I echo next?' };
+  if (text.includes('[artifact]')) await ctx.emitArtifact({ name: 'echo', parts: [{ kind: 'text', text }] });
+  const turns = ctx.history.filter((m) => m.role === 'user').length;
+  return { status: 'completed', message: turns > 1 ? `Echo (turn ${turns}): ${text}` : `Echo: ${text}` };
+};

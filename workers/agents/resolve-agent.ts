@@ -1,0 +1,25 @@
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+import type { Config } from '../../domain/config.ts';
+import { demoAgent } from './demo.ts';
+import type { AgentHandler } from './types.ts';
+
+// Picks the agent the configuration names: the demo agent, or a module exporting a handler
+// (default export or `handler`).
+export async function resolveAgent(cfg: Config): Promise<AgentHandler> {
+  switch (cfg.AGENT_KIND) {
+    case 'demo':
+      return demoAgent;
+    case 'module': {
+      const file = path.resolve(cfg.AGENT_MODULE!);
+      const mod = await import(pathToFileURL(file).href);
+      const handler = mod.default ?? mod.handler;
+      if (typeof handler !== 'function') throw new Error(`AGENT_MODULE ${file} exports no handler function (default export or "handler")`);
+      return handler as AgentHandler;
+    }
+    case 'remote': {
+      const { remoteAgent } = await import('./remote-a2a.ts');
+      return remoteAgent(cfg.AGENT_REMOTE_URL!);
+    }
+  }
+}

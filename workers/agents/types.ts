@@ -1,0 +1,37 @@
+// The contract between the agent runtime and an agent: the built-in demo agent, an agent module
+// named by AGENT_MODULE, or the remote A2A bridge all implement AgentHandler.
+import type { Message, MessagePart, Task } from '../../api/schemas/task.ts';
+
+export type Reply = string | MessagePart[];
+
+export interface AgentContext {
+  task: Task;
+  /** Messages of the task, oldest first, including `message`. */
+  history: Message[];
+  /** The user message this run answers. */
+  message: Message;
+  /** Fires when the task is canceled or the worker shuts down. */
+  signal: AbortSignal;
+  /** Adds an agent message to the task now (progress while working). */
+  reply(reply: Reply): Promise<Message>;
+  /** Moves the task to working (with an optional progress message). */
+  setStatus(status: 'working', message?: Reply): Promise<void>;
+  /** Stores an artifact on the task (A2A Artifact shape: artifactId, name?, parts). */
+  emitArtifact(artifact: { artifactId?: string; name?: string; description?: string; parts: unknown[]; metadata?: Record<string, unknown> }): Promise<void>;
+  /** Decrypts a stored secret by key. */
+  readSecret(key: string): Promise<string>;
+  log: { info(obj: object, msg?: string): void; warn(obj: object, msg?: string): void };
+}
+
+export interface AgentResult {
+  /** Final state of this run; defaults to completed. */
+  status?: 'completed' | 'input-required' | 'auth-required' | 'failed' | 'rejected';
+  /** Message stored with the final status. */
+  message?: Reply;
+}
+
+export type AgentHandler = (ctx: AgentContext) => Promise<AgentResult | void>;
+
+export function textOf(message: Message): string {
+  return message.parts.map((p) => (p.type === 'text-part' ? p.text : '')).filter(Boolean).join('\n');
+}

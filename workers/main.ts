@@ -1,0 +1,70 @@
+// The `worker` process: BullMQ workers for every queue, with graceful shutdown.
+import { Worker, type Job } from 'bullmq';
+import { loadConfig, ConfigError } from '../domain/config.ts';
+import { createServices } from '../domain/services.ts';
+import { bootstrap } from '../domain/bootstrap.ts';
+import { createRedis } from '../queues/connection.ts';
+import { TASK_CANCELED, updateStatus } from '../domain/tasks.ts';
+import { createAgentTaskProcessor } from './run-agent-task.ts';
+import { CancelRegistry } from './cancel-registry.ts';
+import { resolveAgent } from './agents/resolve-agent.ts';
+import type { JobPayloads } from '../queues/names.ts';
+
+let cfg;
+try {
+  cfg = loadConfig();
+} catch (e) {
+  if (e instanceof ConfigError) { console.error(e.message); process.exit(2); }
+  throw e;
+}
+const services = createServices(cfg, 'worker');
+const { log } = services;
+await bootstrap(services);
+services.outbox.startSweeper();
+
+const cancels = new CancelRegistry();
+await services.bus.subscribe(TASK_CANCELED, (msg) => {
+  if (typeof msg.task_id === 'string' && cancels.cancel(msg.task_id)) log.info({ task_id: msg.task_id }, 'agent run aborted: task canceled');
+});
+
+const agent = await resolveAgent(cfg);
+const readSecret = async (key: string): Promise<string> => {
+  throw new Error(`secret '${key}' cannot be read: the secret store is not available in this build`);
+};
+const connection = createRedis(cfg.REDIS_URL, 'worker');
+connection.on('error', (err) => log.debug({ err: { message: err.message } }, 'redis connection error'));
+const common = { connection, prefix: cfg.QUEUE_PREFIX, lockDuration: cfg.WORKER_LOCK_MS, stalledInterval: cfg.WORKER_STALLED_CHECK_MS, maxStalledCount: 5 };
+
+const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', createAgentTaskProcessor(services, agent, cancels, readSecret), {
+  ...common,
+  concurrency: cfg.AGENT_CONCURRENCY,
+});
+// A job that stalled too often never reaches the processor's own final-attempt handling.
+agentWorker.on('failed', (job: Job<JobPayloads['agent-tasks']> | undefined, err) => {
+  if (!job || !/stalled/i.test(err.message)) return;
+  updateStatus(services, job.data.task_id, 'failed', { role: 'agent', parts: [{ type: 'text-part', text: `The agent run was lost repeatedly: ${err.message}` }] })
+    .catch(() => undefined);
+});
+
+const workers = [agentWorker];
+for (const w of workers) w.on('error', (err) => log.warn({ err: { message: err.message }, queue: w.name }, 'worker error'));
+log.info({ queues: workers.map((w) => w.name), agent: cfg.AGENT_KIND }, 'worker started');
+
+let stopping = false;
+async function shutdown(signal: string) {
+  if (stopping) return;
+  stopping = true;
+  log.info({ signal }, 'worker shutting down: finishing active jobs');
+  const grace = setTimeout(() => {
+    // Jobs still running are aborted; their locks lapse and another worker takes them over.
+    cancels.abortAll('worker shutting down');
+  }, 10_000);
+  grace.unref();
+  await Promise.allSettled(workers.map((w) => w.close()));
+  clearTimeout(grace);
+  connection.disconnect();
+  await services.close();
+  process.exit(0);
+}
+process.on('SIGTERM', () => void shutdown('SIGTERM'));
+process.on('SIGINT', () => void shutdown('SIGINT'));
