@@ -1,0 +1,36 @@
+// `npm test`: starts a throwaway Postgres (fsync off) and Redis, migrates, runs mocha against
+// them, then stops them. Extra arguments go to mocha (e.g. `npm test -- test/task-api.test.ts`).
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { startPostgres, startRedis } from './local-services.ts';
+import { createDb, migrateLatest } from '../db/knex.ts';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-test-'));
+fs.chmodSync(dataDir, 0o755);
+const say = (m: string) => console.error(`[test] ${m}`);
+
+const pg = await startPostgres({ dataDir, ephemeral: true, log: say });
+const redis = await startRedis({ dataDir, ephemeral: true, log: say });
+say(`Postgres ${pg.url}, Redis ${redis.url}, data in ${dataDir}`);
+const db = createDb(pg.url, { min: 0, max: 1 });
+await migrateLatest(db);
+await db.destroy();
+
+const mocha = path.join(root, 'node_modules', 'mocha', 'bin', 'mocha.js');
+const child = spawn(process.execPath, [mocha, ...process.argv.slice(2)], {
+  cwd: root,
+  stdio: 'inherit',
+  env: { ...process.env, DATABASE_URL: pg.url, REDIS_URL: redis.url, REDIS_PORT: String(redis.port), TEST_DATA_DIR: dataDir, NODE_ENV: 'test' },
+});
+const stop = () => child.kill('SIGTERM');
+process.on('SIGINT', stop);
+process.on('SIGTERM', stop);
+const code: number = await new Promise((resolve) => child.on('exit', (c, sig) => resolve(c ?? (sig ? 1 : 0))));
+await redis.stop();
+await pg.stop();
+fs.rmSync(dataDir, { recursive: true, force: true });
+process.exit(code);

@@ -1,0 +1,166 @@
+// Starts real API and worker processes against the test Postgres and Redis, and talks to them
+// over HTTP like any client.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { createDb, type Db } from '../../db/knex.ts';
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+export const ADMIN_KEY = 'test-admin-key-0123456789abcdef';
+
+export function requireEnv(name: string): string {
+  const v = process.env[name];
+  if (!v) throw new Error(`${name} is not set: run the tests with "npm test"`);
+  return v;
+}
+
+export function testEnv(overrides: Record<string, string | undefined> = {}): Record<string, string> {
+  const dataDir = path.join(requireEnv('TEST_DATA_DIR'), `stack-${randomUUID().slice(0, 8)}`);
+  fs.mkdirSync(dataDir, { recursive: true });
+  const env: Record<string, string | undefined> = {
+    ...process.env,
+    NODE_ENV: 'test',
+    DATABASE_URL: requireEnv('DATABASE_URL'),
+    REDIS_URL: requireEnv('REDIS_URL'),
+    ADMIN_API_KEY: ADMIN_KEY,
+    DATA_DIR: dataDir,
+    QUEUE_PREFIX: `{tb-${randomUUID().slice(0, 8)}}`,
+    LOG_LEVEL: 'info',
+    PORT: '0',
+    WORKER_LOCK_MS: '2000',
+    WORKER_STALLED_CHECK_MS: '1000',
+    AGENT_BACKOFF_MS: '100',
+    OUTBOX_SWEEP_MS: '300',
+    A2A_BLOCKING_TIMEOUT_MS: '10000',
+    ...overrides,
+  };
+  return Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined)) as Record<string, string>;
+}
+
+export interface Proc {
+  child: ChildProcess;
+  logs: string[];
+  stop(): Promise<void>;
+  kill(signal?: NodeJS.Signals): Promise<void>;
+}
+
+function spawnProc(file: string, env: Record<string, string>, readyLine: RegExp, timeoutMs = 30000): Promise<Proc & { ready: string }> {
+  const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, file)], { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const logs: string[] = [];
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  const kill = async (signal: NodeJS.Signals = 'SIGKILL') => {
+    if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+    await exited;
+  };
+  const stop = async () => {
+    const t = setTimeout(() => child.kill('SIGKILL'), 15000);
+    await kill('SIGTERM');
+    clearTimeout(t);
+  };
+  return new Promise((resolve, reject) => {
+    let buf = '';
+    let done = false;
+    const onData = (b: Buffer) => {
+      buf += b.toString();
+      let i;
+      while ((i = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, i);
+        buf = buf.slice(i + 1);
+        logs.push(line);
+        if (process.env.TEST_VERBOSE) console.error(`[${path.basename(file)}] ${line}`);
+        if (!done && readyLine.test(line)) {
+          done = true;
+          resolve({ child, logs, stop, kill, ready: line });
+        }
+      }
+    };
+    child.stdout!.on('data', onData);
+    child.stderr!.on('data', onData);
+    child.once('exit', (code) => {
+      if (!done) { done = true; reject(new Error(`${file} exited with ${code} before it was ready:\n${logs.slice(-20).join('\n')}`)); }
+    });
+    setTimeout(() => {
+      if (!done) { done = true; child.kill('SIGKILL'); reject(new Error(`${file} not ready in ${timeoutMs} ms:\n${logs.slice(-20).join('\n')}`)); }
+    }, timeoutMs).unref();
+  });
+}
+
+export async function startApi(env: Record<string, string>): Promise<Proc & { url: string }> {
+  const p = await spawnProc('api/main.ts', env, /"msg":"api listening"/);
+  const port = JSON.parse(p.ready).port as number;
+  return { ...p, url: `http://127.0.0.1:${port}` };
+}
+
+export async function startWorker(env: Record<string, string>): Promise<Proc> {
+  return spawnProc('workers/main.ts', env, /"msg":"worker started"/);
+}
+
+export interface Response<T = any> { status: number; body: T; headers: Headers; text: string }
+
+export class Client {
+  constructor(readonly baseUrl: string, public key: string | undefined = ADMIN_KEY) {}
+
+  async request<T = any>(method: string, url: string, body?: unknown, init: { headers?: Record<string, string>; raw?: string } = {}): Promise<Response<T>> {
+    const headers: Record<string, string> = { ...(this.key ? { authorization: `Bearer ${this.key}` } : {}), ...init.headers };
+    let payload: string | undefined = init.raw;
+    if (body !== undefined) {
+      payload = JSON.stringify(body);
+      headers['content-type'] ??= 'application/json';
+    }
+    const res = await fetch(this.baseUrl + url, { method, headers, body: payload });
+    const text = await res.text();
+    let parsed: unknown = text;
+    try { parsed = text ? JSON.parse(text) : undefined; } catch { /* not JSON */ }
+    return { status: res.status, body: parsed as T, headers: res.headers, text };
+  }
+
+  get<T = any>(url: string) { return this.request<T>('GET', url); }
+  post<T = any>(url: string, body?: unknown) { return this.request<T>('POST', url, body); }
+  put<T = any>(url: string, body?: unknown) { return this.request<T>('PUT', url, body); }
+  patch<T = any>(url: string, body?: unknown) { return this.request<T>('PATCH', url, body); }
+  delete<T = any>(url: string) { return this.request<T>('DELETE', url); }
+  as(key: string | undefined): Client { return new Client(this.baseUrl, key); }
+}
+
+export interface Stack { env: Record<string, string>; api: Proc & { url: string }; workers: Proc[]; client: Client; stop(): Promise<void> }
+
+export async function startStack(overrides: Record<string, string | undefined> = {}, opts: { workers?: number } = {}): Promise<Stack> {
+  const env = testEnv(overrides);
+  const [api, ...workers] = await Promise.all([startApi(env), ...Array.from({ length: opts.workers ?? 1 }, () => startWorker(env))]);
+  const stack: Stack = {
+    env, api, workers, client: new Client(api.url),
+    async stop() { await Promise.all([api.stop(), ...stack.workers.map((w) => w.stop())]); },
+  };
+  return stack;
+}
+
+let sharedDb: Db | undefined;
+export function testDb(): Db {
+  sharedDb ??= createDb(requireEnv('DATABASE_URL'), { min: 0, max: 5 });
+  return sharedDb;
+}
+
+// Empties every table (but the migrations') so a test file starts from a known state.
+export async function resetDb(): Promise<void> {
+  const db = testDb();
+  const { rows } = await db.raw(`select tablename from pg_tables where schemaname = 'public' and tablename not like 'knex_migrations%'`);
+  if (rows.length) await db.raw(`truncate ${rows.map((r: { tablename: string }) => `"${r.tablename}"`).join(', ')} cascade`);
+}
+
+export async function waitFor<T>(fn: () => Promise<T | undefined | null | false>, what: string, timeoutMs = 20000, everyMs = 50): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await fn();
+      if (v) return v;
+    } catch (e) { last = e; }
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${(last as Error).message}` : ''}`);
+    await sleep(everyMs);
+  }
+}
+
+export const textMessage = (text: string, role: 'user' | 'agent' = 'user') => ({ role, parts: [{ type: 'text-part', text }] });
