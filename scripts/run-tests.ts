@@ -21,7 +21,9 @@ await migrateLatest(db);
 await db.destroy();
 
 const mocha = path.join(root, 'node_modules', 'mocha', 'bin', 'mocha.js');
-const child = spawn(process.execPath, [mocha, ...process.argv.slice(2)], {
+const args = process.argv.slice(2);
+const hasSpec = args.some((a) => !a.startsWith('-'));
+const child = spawn(process.execPath, [mocha, ...args, ...(hasSpec ? [] : ['test/**/*.test.ts'])], {
   cwd: root,
   stdio: 'inherit',
   env: { ...process.env, DATABASE_URL: pg.url, REDIS_URL: redis.url, REDIS_PORT: String(redis.port), TEST_DATA_DIR: dataDir, NODE_ENV: 'test' },
