@@ -5,14 +5,10 @@ import type { JobPayloads, QueueName } from '../queues/names.ts';
 
 export interface OutboxRow { id: string; queue: QueueName; name: string; payload: Record<string, unknown>; options: JobsOptions }
 
-export async function addOutbox<Q extends QueueName>(db: Tx, queue: Q, name: string, payload: JobPayloads[Q], options: JobsOptions = {}): Promise<string> {
-  const id = randomUUID();
-  await db('outbox').insert({ id, queue, name, payload, options });
-  return id;
-}
-
-export async function getOutbox(db: Tx, ids: string[]): Promise<OutboxRow[]> {
-  return db('outbox').whereIn('id', ids).orderBy('created_at');
+export async function addOutbox<Q extends QueueName>(db: Tx, queue: Q, name: string, payload: JobPayloads[Q], options: JobsOptions = {}): Promise<OutboxRow> {
+  const row: OutboxRow = { id: randomUUID(), queue, name, payload: payload as unknown as Record<string, unknown>, options };
+  await db('outbox').insert(row);
+  return row;
 }
 
 // Rows the immediate relay did not take (Redis down, process died); locked so sweepers in

@@ -1,6 +1,6 @@
 import type { Knex } from 'knex';
 import type { JobsOptions } from 'bullmq';
-import { addOutbox } from '../db/outbox.ts';
+import { addOutbox, type OutboxRow } from '../db/outbox.ts';
 import type { JobPayloads, QueueName } from '../queues/names.ts';
 import type { Services } from './services.ts';
 
@@ -15,15 +15,15 @@ export interface UnitOfWork {
 export type UowServices = Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>;
 
 export async function inTransaction<T>(s: UowServices, fn: (uow: UnitOfWork) => Promise<T>): Promise<T> {
-  const jobs: string[] = [];
+  const jobs: OutboxRow[] = [];
   const notes: [string, Record<string, unknown>][] = [];
   const result = await s.db.transaction(async (trx) => {
     const uow: UnitOfWork = {
       trx,
       async enqueue(queue, name, payload, options) {
-        const id = await addOutbox(trx, queue, name, payload, options);
-        jobs.push(id);
-        return id;
+        const row = await addOutbox(trx, queue, name, payload, options);
+        jobs.push(row);
+        return row.id;
       },
       publish(channel, message) { notes.push([channel, message]); },
     };

@@ -3,7 +3,7 @@ import type { Redis } from 'ioredis';
 import type { Knex } from 'knex';
 import type { Config } from '../domain/config.ts';
 import type { Logger } from '../domain/logger.ts';
-import { deleteOutbox, getOutbox, lockStaleOutbox, type OutboxRow } from '../db/outbox.ts';
+import { deleteOutbox, lockStaleOutbox, type OutboxRow } from '../db/outbox.ts';
 import { defaultJobOptions, QUEUE_NAMES, type QueueName } from './names.ts';
 
 export type Queues = Record<QueueName, Queue>;
@@ -15,10 +15,13 @@ export function createQueues(cfg: Config, connection: Redis): Queues {
 }
 
 // Moves outbox rows into BullMQ. The job id is the outbox id, so a row sent twice (crash
-// between add and delete) is still one job.
+// between add and delete) is still one job. Rows committed in the same tick are sent together:
+// one addBulk per queue and one DELETE, which keeps intake cheap under load.
 export class OutboxRelay {
   private timer?: NodeJS.Timeout;
   private sweeping = false;
+  private pending: OutboxRow[] = [];
+  private flushScheduled = false;
 
   constructor(private readonly db: Knex, private readonly queues: Queues, private readonly log: Logger, private readonly sweepMs: number) {}
 
@@ -31,16 +34,18 @@ export class OutboxRelay {
   }
 
   // Called right after the transaction that wrote the rows has committed.
-  async send(ids: string[]): Promise<void> {
-    if (!ids.length) return;
-    const rows = await getOutbox(this.db, ids);
-    if (!rows.length) return;
-    await this.addJobs(rows);
-    await deleteOutbox(this.db, rows.map((r) => r.id));
-  }
-
-  kick(ids: string[]): void {
-    this.send(ids).catch((err) => this.log.warn({ err: { message: (err as Error).message }, count: ids.length }, 'outbox relay deferred to sweeper'));
+  kick(rows: OutboxRow[]): void {
+    this.pending.push(...rows);
+    if (this.flushScheduled) return;
+    this.flushScheduled = true;
+    setImmediate(() => {
+      const batch = this.pending;
+      this.pending = [];
+      this.flushScheduled = false;
+      this.addJobs(batch)
+        .then(() => deleteOutbox(this.db, batch.map((r) => r.id)))
+        .catch((err) => this.log.warn({ err: { message: (err as Error).message }, count: batch.length }, 'outbox relay deferred to sweeper'));
+    });
   }
 
   async sweep(): Promise<number> {
