@@ -1,0 +1,49 @@
+// JSON-RPC 2.0 / A2A v0.3 errors. Domain code throws these (or the generic AppErrors, which
+// toJsonRpcError maps); api/routes/a2a.ts turns them into error responses with HTTP 200.
+import { AppError } from '../errors.ts';
+
+export const JSONRPC = {
+  PARSE_ERROR: -32700,
+  INVALID_REQUEST: -32600,
+  METHOD_NOT_FOUND: -32601,
+  INVALID_PARAMS: -32602,
+  INTERNAL: -32603,
+  TASK_NOT_FOUND: -32001,
+  TASK_NOT_CANCELABLE: -32002,
+  PUSH_NOT_SUPPORTED: -32003,
+  UNSUPPORTED_OPERATION: -32004,
+} as const;
+
+export interface JsonRpcErrorObject { code: number; message: string; data?: unknown }
+
+export class A2AError extends Error {
+  constructor(readonly code: number, message: string, readonly data?: unknown) {
+    super(message);
+    this.name = 'A2AError';
+  }
+
+  toJSON(): JsonRpcErrorObject {
+    return { code: this.code, message: this.message, ...(this.data !== undefined ? { data: this.data } : {}) };
+  }
+}
+
+export class TaskNotFoundError extends A2AError {
+  constructor(taskId: string) { super(JSONRPC.TASK_NOT_FOUND, `Task not found: ${taskId}`, { taskId }); }
+}
+export class TaskNotCancelableError extends A2AError {
+  constructor(taskId: string, state: string) { super(JSONRPC.TASK_NOT_CANCELABLE, `Task not cancelable: ${taskId} is already ${state}`, { taskId, state }); }
+}
+export const invalidParams = (message: string, data?: unknown) => new A2AError(JSONRPC.INVALID_PARAMS, message, data);
+export const invalidRequest = (message: string, data?: unknown) => new A2AError(JSONRPC.INVALID_REQUEST, message, data);
+
+// Any thrown value as a JSON-RPC error object; unexpected ones become -32603 without details.
+export function toJsonRpcError(err: unknown): JsonRpcErrorObject {
+  if (err instanceof A2AError) return err.toJSON();
+  if (err instanceof AppError) {
+    if (err.status === 404 && err.data.resource === 'task') return new TaskNotFoundError(String(err.data.id)).toJSON();
+    if (err.status === 400) return invalidParams(err.message, err.data.errors ? { errors: err.data.errors } : undefined).toJSON();
+    if (err.status === 409) return invalidRequest(err.message, err.data).toJSON();
+    if (err.status === 503) return { code: JSONRPC.INTERNAL, message: err.message };
+  }
+  return { code: JSONRPC.INTERNAL, message: 'Internal error' };
+}
