@@ -2,6 +2,7 @@
 import { loadConfig, ConfigError } from '../domain/config.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
+import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createApp } from './app.ts';
 
 let cfg;
@@ -13,6 +14,7 @@ try {
 }
 const services = createServices(cfg, 'api');
 await bootstrap(services);
+await startKeyringInvalidation(services);
 services.outbox.startSweeper();
 const app = createApp(services);
 const server = app.listen(cfg.PORT, cfg.HOST, () => {

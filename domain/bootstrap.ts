@@ -5,6 +5,7 @@ import path from 'node:path';
 import type { Services } from './services.ts';
 import { countActive } from '../db/api-keys.ts';
 import { createApiKey } from './api-keys.ts';
+import { bootstrapKeys } from './crypto/key-management.ts';
 
 const BOOTSTRAP_LOCK = 7_311_201;
 
@@ -18,5 +19,6 @@ export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promis
       fs.writeFileSync(file, created.key + '\n', { mode: 0o600 });
       s.log.warn({ file }, 'created the first admin API key; it is stored in this file, readable only by its owner');
     }
+    if (await bootstrapKeys(s, trx)) s.log.info({ keys_dir: s.cfg.KEYS_DIR }, 'created the first local envelope key and the DEK aliased "default"');
   });
 }

@@ -3,6 +3,7 @@ import { Worker, type Job } from 'bullmq';
 import { loadConfig, ConfigError } from '../domain/config.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
+import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createRedis } from '../queues/connection.ts';
 import { TASK_CANCELED, updateStatus } from '../domain/tasks.ts';
 import { createAgentTaskProcessor } from './run-agent-task.ts';
@@ -20,6 +21,7 @@ try {
 const services = createServices(cfg, 'worker');
 const { log } = services;
 await bootstrap(services);
+await startKeyringInvalidation(services);
 services.outbox.startSweeper();
 
 const cancels = new CancelRegistry();

@@ -1,0 +1,92 @@
+import type { Tx } from './knex.ts';
+import { keysetPage, type Page } from './pagination.ts';
+
+export interface DekRow { id: string; envelope_key_id: string; encrypted_dek: string; created_at: Date; updated_at: Date }
+export type DekListRow = Omit<DekRow, 'encrypted_dek'>;
+export interface AliasRow { alias: string; dek_id: string; created_at: Date; updated_at: Date }
+
+export async function insertDek(db: Tx, row: { id: string; envelope_key_id: string; encrypted_dek: string }): Promise<DekRow | undefined> {
+  const [out] = await db('deks').insert(row).onConflict('id').ignore().returning('*');
+  return out as DekRow | undefined;
+}
+
+// Bulk insert for seeding large key sets (bench, tests): one statement per call.
+export async function insertDeks(db: Tx, rows: { id: string; envelope_key_id: string; encrypted_dek: string }[]): Promise<void> {
+  if (rows.length) await db.raw(
+    `insert into deks (id, envelope_key_id, encrypted_dek) select * from unnest(?::text[], ?::text[], ?::text[])`,
+    [rows.map((r) => r.id), rows.map((r) => r.envelope_key_id), rows.map((r) => r.encrypted_dek)],
+  );
+}
+
+export async function getDek(db: Tx, id: string): Promise<DekRow | undefined> {
+  return db('deks').where({ id }).first();
+}
+
+export async function listDeksOf(db: Tx, envelopeKeyId: string, pageSize: number, token?: string): Promise<Page<DekListRow>> {
+  const q = db('deks').select('id', 'envelope_key_id', 'created_at', 'updated_at').where({ envelope_key_id: envelopeKeyId });
+  return keysetPage<DekListRow>(q, {
+    columns: ['created_at', 'id'], kinds: ['timestamp', 'text'], direction: 'desc',
+    cursorOf: (r) => [r.created_at, r.id],
+  }, pageSize, token);
+}
+
+// Compare-and-set re-wrap of one DEK: only applies while it is still under `fromEnvelope`.
+export async function rewrapDek(db: Tx, id: string, fromEnvelope: string, toEnvelope: string, encryptedDek: string): Promise<DekRow | undefined> {
+  const [out] = await db('deks').where({ id, envelope_key_id: fromEnvelope })
+    .update({ envelope_key_id: toEnvelope, encrypted_dek: encryptedDek, updated_at: db.fn.now() }).returning('*');
+  return out as DekRow | undefined;
+}
+
+// The next DEKs of an envelope after `afterId`, in id order (the bulk migration's walk).
+export async function deksAfter(db: Tx, envelopeKeyId: string, afterId: string | null, limit: number): Promise<{ id: string; encrypted_dek: string }[]> {
+  const q = db('deks').select('id', 'encrypted_dek').where({ envelope_key_id: envelopeKeyId }).orderBy('id').limit(limit);
+  if (afterId !== null) q.where('id', '>', afterId);
+  return q;
+}
+
+export async function countDeksAfter(db: Tx, envelopeKeyId: string, afterId: string | null): Promise<number> {
+  const q = db('deks').where({ envelope_key_id: envelopeKeyId });
+  if (afterId !== null) q.where('id', '>', afterId);
+  const [{ n }] = await q.count({ n: '*' });
+  return Number(n);
+}
+
+// Batched compare-and-set re-wrap: a DEK no longer under `fromEnvelope` is left alone, so a
+// repeated batch never wraps twice. Returns the ids actually re-wrapped.
+export async function rewrapDeks(db: Tx, fromEnvelope: string, toEnvelope: string, ids: string[], wrapped: string[]): Promise<string[]> {
+  if (!ids.length) return [];
+  const res = await db.raw(
+    `update deks set envelope_key_id = ?, encrypted_dek = v.w, updated_at = now()
+       from unnest(?::text[], ?::text[]) as v(id, w)
+      where deks.id = v.id and deks.envelope_key_id = ?
+      returning deks.id`,
+    [toEnvelope, ids, wrapped, fromEnvelope],
+  );
+  return (res.rows as { id: string }[]).map((r) => r.id);
+}
+
+export async function insertAlias(db: Tx, alias: string, dekId: string): Promise<AliasRow | undefined> {
+  const [out] = await db('dek_aliases').insert({ alias, dek_id: dekId }).onConflict('alias').ignore().returning('*');
+  return out as AliasRow | undefined;
+}
+
+export async function getAlias(db: Tx, alias: string): Promise<AliasRow | undefined> {
+  return db('dek_aliases').where({ alias }).first();
+}
+
+export async function updateAlias(db: Tx, alias: string, dekId: string): Promise<AliasRow | undefined> {
+  const [out] = await db('dek_aliases').where({ alias }).update({ dek_id: dekId, updated_at: db.fn.now() }).returning('*');
+  return out as AliasRow | undefined;
+}
+
+export async function deleteAlias(db: Tx, alias: string): Promise<boolean> {
+  return (await db('dek_aliases').where({ alias }).delete()) > 0;
+}
+
+// Whether secrets still name the alias. The secrets table belongs to a later migration; before
+// it exists nothing can use an alias.
+export async function aliasInUseBySecrets(db: Tx, alias: string): Promise<boolean> {
+  const res = await db.raw(`select to_regclass('secrets') is not null as present`);
+  if (!res.rows[0].present) return false;
+  return Boolean(await db('secrets').where({ dek_alias: alias }).first(db.raw('1')));
+}

@@ -1,0 +1,39 @@
+import type { Tx } from './knex.ts';
+
+export type EnvelopeKeyType = 'local' | 'aws_kms';
+export interface EnvelopeKeyRow {
+  id: string;
+  type: EnvelopeKeyType;
+  file_name: string | null;
+  arn: string | null;
+  region: string | null;
+  created_at: Date;
+}
+
+export async function insertEnvelopeKey(db: Tx, row: Omit<EnvelopeKeyRow, 'created_at'>): Promise<EnvelopeKeyRow | undefined> {
+  const [out] = await db('envelope_keys').insert(row).onConflict('id').ignore().returning('*');
+  return out as EnvelopeKeyRow | undefined;
+}
+
+export async function getEnvelopeKey(db: Tx, id: string): Promise<EnvelopeKeyRow | undefined> {
+  return db('envelope_keys').where({ id }).first();
+}
+
+export async function listEnvelopeKeys(db: Tx): Promise<EnvelopeKeyRow[]> {
+  return db('envelope_keys').orderBy([{ column: 'created_at', order: 'desc' }, { column: 'id', order: 'desc' }]);
+}
+
+export async function countDeksOf(db: Tx, envelopeKeyId: string): Promise<number> {
+  const [{ n }] = await db('deks').where({ envelope_key_id: envelopeKeyId }).count({ n: '*' });
+  return Number(n);
+}
+
+// Deletes only while no DEK uses the key; the row lock keeps a DEK insert from racing in.
+export async function deleteUnusedEnvelopeKey(db: Tx, id: string): Promise<'deleted' | 'missing' | 'in_use'> {
+  const row = await db('envelope_keys').where({ id }).forUpdate().first();
+  if (!row) return 'missing';
+  const used = await db('deks').where({ envelope_key_id: id }).first('id');
+  if (used) return 'in_use';
+  await db('envelope_keys').where({ id }).delete();
+  return 'deleted';
+}

@@ -1,0 +1,67 @@
+import type { Tx } from './knex.ts';
+
+const MAX_ERRORS = 1000;
+
+export type KeyJobStatus = 'queued' | 'running' | 'completed' | 'failed' | 'canceled';
+export interface KeyJobError { id: string; message: string }
+export interface KeyJobRow {
+  id: string;
+  kind: string;
+  status: KeyJobStatus;
+  total: number;
+  done: number;
+  failed: number;
+  errors: KeyJobError[];
+  params: Record<string, unknown>;
+  source_envelope_key_id: string | null;
+  cursor: string | null;
+  created_at: Date;
+  started_at: Date | null;
+  finished_at: Date | null;
+}
+
+// Inserts a queued job; for a kind with a one-running-per-source index, returns undefined when
+// one is already queued or running for that source.
+export async function insertKeyJob(db: Tx, row: { id: string; kind: string; params: Record<string, unknown>; source_envelope_key_id?: string; total?: number }): Promise<KeyJobRow | undefined> {
+  const [out] = await db('key_jobs').insert({ ...row, status: 'queued' })
+    .onConflict(db.raw(`(source_envelope_key_id) where kind = 'migrate-deks' and status in ('queued', 'running')`)).ignore()
+    .returning('*');
+  return out as KeyJobRow | undefined;
+}
+
+export async function getKeyJob(db: Tx, id: string): Promise<KeyJobRow | undefined> {
+  return db('key_jobs').where({ id }).first();
+}
+
+export async function lockKeyJob(db: Tx, id: string): Promise<KeyJobRow | undefined> {
+  return db('key_jobs').where({ id }).forUpdate().first();
+}
+
+export async function findActiveMigration(db: Tx, sourceEnvelopeKeyId: string): Promise<KeyJobRow | undefined> {
+  return db('key_jobs').where({ kind: 'migrate-deks', source_envelope_key_id: sourceEnvelopeKeyId }).whereIn('status', ['queued', 'running']).first();
+}
+
+export async function markKeyJobRunning(db: Tx, id: string, total: number): Promise<void> {
+  await db('key_jobs').where({ id }).update({ status: 'running', total, started_at: db.raw('coalesce(started_at, now())') });
+}
+
+export async function recordKeyJobProgress(db: Tx, id: string, p: { done: number; failed: number; total: number; cursor: string | null; errors: KeyJobError[] }): Promise<void> {
+  await db('key_jobs').where({ id }).update({
+    done: db.raw('done + ?', [p.done]),
+    failed: db.raw('failed + ?', [p.failed]),
+    total: db.raw('total + ?', [p.total]),
+    cursor: p.cursor,
+    // Errors are kept per DEK up to a bound; `failed` still counts every one.
+    errors: p.errors.length
+      ? db.raw(`case when jsonb_array_length(errors) < ? then errors || ?::jsonb else errors end`, [MAX_ERRORS, JSON.stringify(p.errors)])
+      : db.raw('errors'),
+  });
+}
+
+export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<void> {
+  await db('key_jobs').where({ id }).update({
+    status,
+    finished_at: db.fn.now(),
+    ...(error ? { errors: db.raw(`errors || ?::jsonb`, [JSON.stringify([error])]) } : {}),
+  });
+}

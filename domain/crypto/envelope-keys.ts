@@ -1,0 +1,153 @@
+// Envelope keys (KEKs) wrap DEKs. Local keys are 32 random bytes in a file under KEYS_DIR; KMS
+// keys wrap through AWS KMS. Wrapped formats: local = base64(nonce ‖ AES-256-GCM ct ‖ tag),
+// KMS = base64 of the KMS ciphertext blob.
+import fs from 'node:fs';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { KMSClient, EncryptCommand, DecryptCommand, GenerateDataKeyCommand } from '@aws-sdk/client-kms';
+import { AppError, InvalidRequest, Upstream } from '../errors.ts';
+import type { EnvelopeKeyRow } from '../../db/envelope-keys.ts';
+import { DecryptError, fromBase64, KEY_BYTES, openBase64, sealBase64 } from './aes-gcm.ts';
+
+export interface KeyWrapper {
+  wrap(dek: Buffer): Promise<string>;
+  unwrap(wrapped: string): Promise<Buffer>;
+  generate(): Promise<{ plain: Buffer; wrapped: string }>;
+}
+
+// A configured key that cannot be used (file gone, wrong size): a server-side fault.
+export class KeyUnusable extends AppError {
+  constructor(message: string) {
+    super(500, 'internal', message);
+  }
+}
+
+const FILE_NAME = /^[A-Za-z0-9_.-]{1,255}$/;
+
+export function checkFileName(name: string): void {
+  if (!FILE_NAME.test(name) || name.includes('..') || name === '.') {
+    throw new InvalidRequest(`file_name '${name}' is not a plain file name`, [
+      { path: 'body.file_name', message: 'must be 1..255 characters of [A-Za-z0-9_.-] without ".."' },
+    ]);
+  }
+}
+
+function keyPath(keysDir: string, name: string): string {
+  checkFileName(name);
+  return path.join(keysDir, name);
+}
+
+// Creates the key file (0600) or adopts an existing one of the right size, e.g. a restored key.
+export function createLocalKeyFile(keysDir: string, name: string): void {
+  const file = keyPath(keysDir, name);
+  fs.mkdirSync(keysDir, { recursive: true, mode: 0o700 });
+  let fd: number;
+  try {
+    fd = fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    const st = fs.lstatSync(file);
+    if (!st.isFile() || st.size !== KEY_BYTES) {
+      throw new InvalidRequest(`key file '${name}' already exists and is not a ${KEY_BYTES}-byte key`, [
+        { path: 'body.file_name', message: `names an existing file that is not a ${KEY_BYTES}-byte key` },
+      ]);
+    }
+    return;
+  }
+  try {
+    fs.writeSync(fd, randomBytes(KEY_BYTES));
+    fs.fsyncSync(fd);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+// Reads a key file; never creates one.
+export function readLocalKeyFile(keysDir: string, name: string): Buffer {
+  const file = keyPath(keysDir, name);
+  let data: Buffer;
+  try {
+    const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
+    try { data = fs.readFileSync(fd); } finally { fs.closeSync(fd); }
+  } catch (err) {
+    throw new KeyUnusable(`local envelope key '${name}' cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+  }
+  if (data.length !== KEY_BYTES) throw new KeyUnusable(`local envelope key '${name}' is ${data.length} bytes, not ${KEY_BYTES}`);
+  return data;
+}
+
+export function localWrapper(kek: Buffer): KeyWrapper & { wrapSync(dek: Buffer): string; unwrapSync(wrapped: string): Buffer } {
+  const unwrapSync = (wrapped: string) => {
+    const dek = openBase64(kek, wrapped, 'encrypted DEK');
+    if (dek.length !== KEY_BYTES) throw new DecryptError(`encrypted DEK unwraps to ${dek.length} bytes, not ${KEY_BYTES}`);
+    return dek;
+  };
+  const wrapSync = (dek: Buffer) => sealBase64(kek, dek);
+  return {
+    wrapSync,
+    unwrapSync,
+    async wrap(dek) { return wrapSync(dek); },
+    async unwrap(wrapped) { return unwrapSync(wrapped); },
+    async generate() {
+      const plain = randomBytes(KEY_BYTES);
+      return { plain, wrapped: wrapSync(plain) };
+    },
+  };
+}
+
+const KMS_ARN = /^arn:aws(?:-[a-z]+)*:kms:([a-z]{2}(?:-[a-z]+)+-\d+):(\d{12}):(?:key\/[A-Za-z0-9-]{1,128}|alias\/[A-Za-z0-9/_-]{1,250})$/;
+
+export function checkKmsArn(arn: string, region: string): void {
+  const m = KMS_ARN.exec(arn);
+  if (!m) throw new InvalidRequest(`arn '${arn}' is not a KMS key or alias ARN`, [{ path: 'body.arn', message: 'must be arn:aws:kms:<region>:<account>:key/<id> or …:alias/<name>' }]);
+  if (m[1] !== region) throw new InvalidRequest(`region '${region}' does not match the ARN's region '${m[1]}'`, [{ path: 'body.region', message: `must be ${m[1]}, the ARN's region` }]);
+}
+
+const kmsClients = new Map<string, KMSClient>();
+function kmsClient(region: string, endpoint: string | undefined): KMSClient {
+  const k = `${region} ${endpoint ?? ''}`;
+  let c = kmsClients.get(k);
+  if (!c) {
+    c = new KMSClient({ region, ...(endpoint ? { endpoint } : {}), maxAttempts: 3 });
+    kmsClients.set(k, c);
+  }
+  return c;
+}
+
+// KMS failures: a ciphertext KMS rejects is the caller's bad value; anything else is upstream.
+function kmsError(err: unknown, op: string): Error {
+  const e = err as { name?: string; message?: string };
+  if (e.name === 'InvalidCiphertextException' || e.name === 'IncorrectKeyException') return new DecryptError('encrypted DEK does not unwrap with this KMS key');
+  return new Upstream(`AWS KMS ${op} failed: ${e.name ?? 'error'}`, { upstream: 'aws_kms' });
+}
+
+export function kmsWrapper(arn: string, region: string, endpoint: string | undefined): KeyWrapper {
+  const client = kmsClient(region, endpoint);
+  return {
+    async wrap(dek) {
+      let out;
+      try { out = await client.send(new EncryptCommand({ KeyId: arn, Plaintext: dek })); } catch (err) { throw kmsError(err, 'Encrypt'); }
+      if (!out.CiphertextBlob) throw new Upstream('AWS KMS Encrypt returned no ciphertext', { upstream: 'aws_kms' });
+      return Buffer.from(out.CiphertextBlob).toString('base64');
+    },
+    async unwrap(wrapped) {
+      const blob = fromBase64(wrapped, 'encrypted DEK');
+      if (!blob.length) throw new DecryptError('encrypted DEK is empty');
+      let out;
+      try { out = await client.send(new DecryptCommand({ KeyId: arn, CiphertextBlob: blob })); } catch (err) { throw kmsError(err, 'Decrypt'); }
+      if (!out.Plaintext || out.Plaintext.length !== KEY_BYTES) throw new DecryptError(`encrypted DEK does not unwrap to a ${KEY_BYTES}-byte key`);
+      return Buffer.from(out.Plaintext);
+    },
+    async generate() {
+      let out;
+      try { out = await client.send(new GenerateDataKeyCommand({ KeyId: arn, KeySpec: 'AES_256' })); } catch (err) { throw kmsError(err, 'GenerateDataKey'); }
+      if (!out.Plaintext || !out.CiphertextBlob) throw new Upstream('AWS KMS GenerateDataKey returned no key', { upstream: 'aws_kms' });
+      return { plain: Buffer.from(out.Plaintext), wrapped: Buffer.from(out.CiphertextBlob).toString('base64') };
+    },
+  };
+}
+
+export function wrapperForRow(row: EnvelopeKeyRow, keysDir: string, kmsEndpoint: string | undefined): KeyWrapper {
+  if (row.type === 'local') return localWrapper(readLocalKeyFile(keysDir, row.file_name!));
+  return kmsWrapper(row.arn!, row.region!, kmsEndpoint);
+}

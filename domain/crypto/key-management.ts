@@ -1,0 +1,116 @@
+// Envelope key, DEK and alias operations behind the encryption API (and first-start bootstrap).
+import type { Knex } from 'knex';
+import type { Services } from '../services.ts';
+import type { Tx } from '../../db/knex.ts';
+import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
+import {
+  countDeksOf, deleteUnusedEnvelopeKey, getEnvelopeKey, insertEnvelopeKey, listEnvelopeKeys, type EnvelopeKeyRow,
+} from '../../db/envelope-keys.ts';
+import {
+  aliasInUseBySecrets, deleteAlias, getAlias, getDek, insertAlias, listDeksOf, rewrapDek, type AliasRow, type DekRow,
+} from '../../db/deks.ts';
+import { checkFileName, checkKmsArn, createLocalKeyFile } from './envelope-keys.ts';
+import { createDek, envelopeKeyRow, forgetWrapper, invalidateAfterCommit, invalidateKeyring, repointAlias, wrapperFor } from '../keyring.ts';
+
+export type EnvelopeKeyInput = { type: 'local'; file_name: string } | { type: 'aws_kms'; arn: string; region: string };
+type S = Pick<Services, 'db' | 'cfg' | 'bus'>;
+
+export const DEFAULT_ALIAS = 'default';
+const BOOTSTRAP_KEY_FILE = 'default-envelope.key';
+
+export async function createEnvelopeKey(s: Pick<Services, 'db' | 'cfg'>, input: EnvelopeKeyInput, trx?: Tx): Promise<EnvelopeKeyRow> {
+  const db = trx ?? s.db;
+  let row: Omit<EnvelopeKeyRow, 'created_at'>;
+  if (input.type === 'local') {
+    checkFileName(input.file_name);
+    if (await getEnvelopeKey(db, input.file_name)) throw new Conflict(`envelope key '${input.file_name}' already exists`, { resource: 'envelope_key', id: input.file_name });
+    createLocalKeyFile(s.cfg.KEYS_DIR, input.file_name);
+    row = { id: input.file_name, type: 'local', file_name: input.file_name, arn: null, region: null };
+  } else {
+    checkKmsArn(input.arn, input.region);
+    row = { id: input.arn, type: 'aws_kms', file_name: null, arn: input.arn, region: input.region };
+  }
+  const out = await insertEnvelopeKey(db, row);
+  if (!out) throw new Conflict(`envelope key '${row.id}' already exists`, { resource: 'envelope_key', id: row.id });
+  return out;
+}
+
+export async function getEnvelopeKeyWithCount(db: Tx, id: string): Promise<EnvelopeKeyRow & { dek_count: number }> {
+  const row = await envelopeKeyRow(db, id);
+  return { ...row, dek_count: await countDeksOf(db, id) };
+}
+
+export { listEnvelopeKeys };
+
+export async function deleteEnvelopeKey(s: S, id: string): Promise<void> {
+  const outcome = await s.db.transaction((trx) => deleteUnusedEnvelopeKey(trx, id));
+  if (outcome === 'missing') throw new NotFound('envelope_key', id);
+  if (outcome === 'in_use') throw new Conflict(`envelope key '${id}' still wraps DEKs; migrate them first`, { resource: 'envelope_key', id });
+  forgetWrapper(id);
+  await invalidateKeyring(s.bus, { all: true });
+}
+
+export async function createDekUnder(s: S, envelopeId: string, opts: { id?: string; encryptedDek?: string }): Promise<DekRow> {
+  return createDek(s, envelopeId, undefined, opts);
+}
+
+export async function listDeks(db: Tx, envelopeId: string, pageSize: number, token?: string) {
+  await envelopeKeyRow(db, envelopeId);
+  return listDeksOf(db, envelopeId, pageSize, token);
+}
+
+// Re-wraps one DEK under another envelope key in place: same id, same aliases, same plaintext.
+export async function migrateDek(s: S, envelopeId: string, dekId: string, targetId: string): Promise<DekRow> {
+  return s.db.transaction(async (trx) => {
+    const dek = await getDek(trx, dekId);
+    if (!dek || dek.envelope_key_id !== envelopeId) throw new NotFound('dek', dekId);
+    await envelopeKeyRow(trx, targetId);
+    if (targetId === envelopeId) throw new InvalidRequest('the DEK is already under this envelope key', [{ path: 'body.to_envelope_encryption_key_id', message: 'must differ from the current envelope key' }]);
+    const plain = await (await wrapperFor(s, envelopeId, trx)).unwrap(dek.encrypted_dek);
+    const wrapped = await (await wrapperFor(s, targetId, trx)).wrap(plain);
+    const out = await rewrapDek(trx, dekId, envelopeId, targetId, wrapped);
+    if (!out) throw new Conflict(`DEK '${dekId}' was migrated concurrently`, { resource: 'dek', id: dekId });
+    invalidateAfterCommit(trx, { dek_ids: [dekId] }, s.bus);
+    return out;
+  });
+}
+
+export async function createAlias(s: S, alias: string, dekId: string): Promise<AliasRow> {
+  if (!(await getDek(s.db, dekId))) throw new NotFound('dek', dekId);
+  const row = await insertAlias(s.db, alias, dekId);
+  if (!row) throw new Conflict(`alias '${alias}' already exists`, { resource: 'dek_alias', id: alias });
+  return row;
+}
+
+// An alias name first, then a DEK id.
+export async function getDekByAliasOrId(db: Tx, aliasOrId: string): Promise<DekRow> {
+  const alias = await getAlias(db, aliasOrId);
+  const dek = await getDek(db, alias ? alias.dek_id : aliasOrId);
+  if (!dek) throw new NotFound('dek_alias', aliasOrId);
+  return dek;
+}
+
+export async function updateAliasTarget(s: S, alias: string, dekId: string): Promise<AliasRow> {
+  return s.db.transaction((trx) => repointAlias(trx, alias, dekId));
+}
+
+export async function removeAlias(s: S, alias: string): Promise<void> {
+  await s.db.transaction(async (trx) => {
+    const row = await trx('dek_aliases').where({ alias }).forUpdate().first();
+    if (!row) throw new NotFound('dek_alias', alias);
+    if (await aliasInUseBySecrets(trx, alias)) throw new Conflict(`alias '${alias}' is still used by secrets`, { resource: 'dek_alias', id: alias });
+    await deleteAlias(trx, alias);
+    invalidateAfterCommit(trx, { dek_ids: [(row as AliasRow).dek_id] }, s.bus);
+  });
+}
+
+// First start of a fresh installation: a local envelope key and a DEK aliased `default`, so
+// secrets work with no other step. Runs inside bootstrap's locked transaction.
+export async function bootstrapKeys(s: Pick<Services, 'db' | 'cfg'>, trx: Knex.Transaction): Promise<boolean> {
+  const [{ n }] = await trx('envelope_keys').count({ n: '*' });
+  if (Number(n) > 0) return false;
+  const kek = await createEnvelopeKey(s, { type: 'local', file_name: BOOTSTRAP_KEY_FILE }, trx);
+  const dek = await createDek(s, kek.id, trx);
+  await insertAlias(trx, DEFAULT_ALIAS, dek.id);
+  return true;
+}

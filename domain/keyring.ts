@@ -1,0 +1,136 @@
+// The keyring: envelope keys, DEKs and aliases as the rest of the service uses them. Unwrapped
+// DEKs are cached per process for DEK_CACHE_TTL_MS; alias changes and DEK migrations invalidate
+// the caches of every process through the event bus.
+import { randomUUID } from 'node:crypto';
+import type { Knex } from 'knex';
+import type { Services } from './services.ts';
+import type { Tx } from '../db/knex.ts';
+import type { EventBus } from '../queues/events.ts';
+import { Conflict, InvalidRequest, NotFound } from './errors.ts';
+import { getEnvelopeKey, type EnvelopeKeyRow } from '../db/envelope-keys.ts';
+import { getAlias, getDek, insertDek, updateAlias, type AliasRow, type DekRow } from '../db/deks.ts';
+import { DecryptError, KEY_BYTES, openBase64, sealBase64 } from './crypto/aes-gcm.ts';
+import { wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
+import { TtlCache } from './crypto/ttl-cache.ts';
+
+export { DecryptError };
+export type KeyringServices = Pick<Services, 'db' | 'cfg' | 'bus'>;
+
+const KEYRING_INVALIDATE = 'keyring-invalidate';
+let ttlMs = 300_000;
+const dekCache = new TtlCache<Buffer>(() => ttlMs);
+const wrapperCache = new TtlCache<KeyWrapper>(() => ttlMs, 1000);
+let processBus: EventBus | undefined;
+
+// What a note may say: drop these DEKs, or drop everything (envelope keys changed).
+export interface Invalidation { dek_ids?: string[]; all?: boolean }
+
+function applyInvalidation(msg: Invalidation): void {
+  if (Array.isArray(msg.dek_ids) && !msg.all) {
+    for (const id of msg.dek_ids) if (typeof id === 'string') dekCache.delete(id);
+    return;
+  }
+  dekCache.clear();
+  wrapperCache.clear();
+}
+
+// Called once per process at start: takes the cache lifetime from config and listens for
+// invalidations from other processes.
+export async function startKeyringInvalidation(s: Pick<Services, 'bus' | 'cfg'>): Promise<void> {
+  ttlMs = s.cfg.DEK_CACHE_TTL_MS;
+  processBus = s.bus;
+  await s.bus.subscribe(KEYRING_INVALIDATE, (msg) => applyInvalidation(msg as Invalidation));
+}
+
+export async function invalidateKeyring(bus: EventBus | undefined, msg: Invalidation): Promise<void> {
+  applyInvalidation(msg);
+  await (bus ?? processBus)?.publish(KEYRING_INVALIDATE, msg as Record<string, unknown>);
+}
+
+// Invalidates once `trx` has committed (nothing to do if it rolls back).
+export function invalidateAfterCommit(trx: Knex.Transaction, msg: Invalidation, bus?: EventBus): void {
+  trx.executionPromise.then(() => invalidateKeyring(bus, msg), () => undefined).catch(() => undefined);
+}
+
+export async function envelopeKeyRow(db: Tx, envelopeId: string): Promise<EnvelopeKeyRow> {
+  const row = await getEnvelopeKey(db, envelopeId);
+  if (!row) throw new NotFound('envelope_key', envelopeId);
+  return row;
+}
+
+export async function wrapperFor(s: Pick<Services, 'db' | 'cfg'>, envelopeId: string, trx?: Tx): Promise<KeyWrapper> {
+  const cached = wrapperCache.get(envelopeId);
+  if (cached) return cached;
+  const w = wrapperForRow(await envelopeKeyRow(trx ?? s.db, envelopeId), s.cfg.KEYS_DIR, s.cfg.AWS_KMS_ENDPOINT);
+  wrapperCache.set(envelopeId, w);
+  return w;
+}
+
+export function forgetWrapper(envelopeId: string): void {
+  wrapperCache.delete(envelopeId);
+}
+
+async function dekKey(s: Pick<Services, 'db' | 'cfg'>, dekId: string, trx?: Tx): Promise<Buffer> {
+  const cached = dekCache.get(dekId);
+  if (cached) return cached;
+  const row = await getDek(trx ?? s.db, dekId);
+  if (!row) throw new NotFound('dek', dekId);
+  const key = await (await wrapperFor(s, row.envelope_key_id, trx)).unwrap(row.encrypted_dek);
+  dekCache.set(dekId, key);
+  return key;
+}
+
+export async function encryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, plaintext: string, trx?: Tx): Promise<string> {
+  return sealBase64(await dekKey(s, dekId, trx), Buffer.from(plaintext, 'utf8'));
+}
+
+export async function decryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, trx?: Tx): Promise<string> {
+  return openBase64(await dekKey(s, dekId, trx), ciphertext, 'encrypted value').toString('utf8');
+}
+
+export async function resolveAlias(db: Tx, alias: string): Promise<string> {
+  const row = await getAlias(db, alias);
+  if (!row) throw new NotFound('dek_alias', alias);
+  return row.dek_id;
+}
+
+export async function encryptWithAlias(s: KeyringServices, alias: string, plaintext: string, trx?: Tx): Promise<{ dekId: string; ciphertext: string }> {
+  const dekId = await resolveAlias(trx ?? s.db, alias);
+  return { dekId, ciphertext: await encryptWithDek(s, dekId, plaintext, trx) };
+}
+
+// A new DEK under an envelope key: generated, or imported from `encryptedDek`, which must
+// unwrap with that key.
+export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: string, trx?: Tx, opts: { id?: string; encryptedDek?: string } = {}): Promise<DekRow> {
+  const db = trx ?? s.db;
+  const wrapper = await wrapperFor(s, envelopeId, db);
+  let plain: Buffer;
+  let wrapped: string;
+  if (opts.encryptedDek !== undefined) {
+    wrapped = opts.encryptedDek;
+    try {
+      plain = await wrapper.unwrap(wrapped);
+    } catch (err) {
+      if (err instanceof DecryptError) throw new InvalidRequest(`encrypted DEK does not unwrap with envelope key '${envelopeId}'`, [{ path: 'body.encrypted_dek', message: 'does not unwrap with this envelope key' }]);
+      throw err;
+    }
+    if (plain.length !== KEY_BYTES) throw new InvalidRequest(`encrypted DEK is not a ${KEY_BYTES}-byte key`);
+  } else {
+    ({ plain, wrapped } = await wrapper.generate());
+  }
+  const id = opts.id ?? randomUUID();
+  const row = await insertDek(db, { id, envelope_key_id: envelopeId, encrypted_dek: wrapped });
+  if (!row) throw new Conflict(`DEK '${id}' already exists`, { resource: 'dek', id });
+  dekCache.set(id, plain);
+  return row;
+}
+
+// Points an alias at another DEK inside `trx`; every process drops its cached view on commit.
+export async function repointAlias(trx: Knex.Transaction, alias: string, dekId: string): Promise<AliasRow> {
+  if (!(await getDek(trx, dekId))) throw new NotFound('dek', dekId);
+  const before = await getAlias(trx, alias);
+  const row = await updateAlias(trx, alias, dekId);
+  if (!before || !row) throw new NotFound('dek_alias', alias);
+  invalidateAfterCommit(trx, { dek_ids: [before.dek_id, dekId] });
+  return row;
+}

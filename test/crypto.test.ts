@@ -1,0 +1,115 @@
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { createDecipheriv, createCipheriv, randomBytes } from 'node:crypto';
+import { loadConfig } from '../domain/config.ts';
+import { createServices, type Services } from '../domain/services.ts';
+import { DecryptError, openBase64, sealBase64 } from '../domain/crypto/aes-gcm.ts';
+import { createLocalKeyFile, KeyUnusable, localWrapper, readLocalKeyFile } from '../domain/crypto/envelope-keys.ts';
+import { createEnvelopeKey, bootstrapKeys } from '../domain/crypto/key-management.ts';
+import { createDek, decryptWithDek, encryptWithAlias, encryptWithDek, repointAlias, resolveAlias, startKeyringInvalidation } from '../domain/keyring.ts';
+import { insertAlias } from '../db/deks.ts';
+import { AppError, InvalidRequest, NotFound } from '../domain/errors.ts';
+import { resetDb, testEnv } from './helpers/stack.ts';
+
+// The wire format written out by hand from its description: base64(nonce 12 ‖ ct ‖ tag 16).
+function plainOpen(key: Buffer, b64: string): Buffer {
+  const raw = Buffer.from(b64, 'base64');
+  const d = createDecipheriv('aes-256-gcm', key, raw.subarray(0, 12));
+  d.setAuthTag(raw.subarray(raw.length - 16));
+  return Buffer.concat([d.update(raw.subarray(12, raw.length - 16)), d.final()]);
+}
+function plainSeal(key: Buffer, data: Buffer): string {
+  const nonce = randomBytes(12);
+  const c = createCipheriv('aes-256-gcm', key, nonce);
+  const ct = Buffer.concat([c.update(data), c.final()]);
+  return Buffer.concat([nonce, ct, c.getAuthTag()]).toString('base64');
+}
+
+describe('crypto: AES-256-GCM formats and local envelope keys', () => {
+  it('round-trips values and rejects a wrong key, a tampered value and bad base64', () => {
+    const key = randomBytes(32);
+    const sealed = sealBase64(key, Buffer.from('héllo'));
+    assert.equal(openBase64(key, sealed, 'v').toString(), 'héllo');
+    assert.throws(() => openBase64(randomBytes(32), sealed, 'v'), DecryptError);
+    const raw = Buffer.from(sealed, 'base64');
+    raw[14] ^= 1;
+    assert.throws(() => openBase64(key, raw.toString('base64'), 'v'), DecryptError);
+    assert.throws(() => openBase64(key, 'not*base64', 'v'), DecryptError);
+    assert.throws(() => openBase64(key, 'AAAA', 'v'), DecryptError);
+    assert.ok(new DecryptError('x') instanceof InvalidRequest);
+  });
+
+  it('wraps DEKs compatibly with a plain AES-256-GCM implementation of the format', async () => {
+    const kek = randomBytes(32);
+    const w = localWrapper(kek);
+    const { plain, wrapped } = await w.generate();
+    assert.equal(Buffer.from(wrapped, 'base64').length, 12 + 32 + 16);
+    assert.deepEqual(plainOpen(kek, wrapped), plain);
+    const foreign = randomBytes(32);
+    assert.deepEqual(await w.unwrap(plainSeal(kek, foreign)), foreign);
+    await assert.rejects(w.unwrap(plainSeal(kek, randomBytes(16))), DecryptError);
+  });
+
+  it('creates key files 0600, adopts a 32-byte file, rejects traversal and wrong sizes, never creates on read', () => {
+    const dir = path.join(process.env.TEST_DATA_DIR!, 'keys-unit');
+    createLocalKeyFile(dir, 'a.key');
+    const st = fs.statSync(path.join(dir, 'a.key'));
+    assert.equal(st.size, 32);
+    assert.equal(st.mode & 0o777, 0o600);
+    const before = readLocalKeyFile(dir, 'a.key');
+    createLocalKeyFile(dir, 'a.key');
+    assert.deepEqual(readLocalKeyFile(dir, 'a.key'), before);
+    for (const bad of ['../x', '..', '.', 'a/b', 'a..b', '', 'x'.repeat(256), 'a\0b']) {
+      assert.throws(() => createLocalKeyFile(dir, bad), InvalidRequest, bad);
+      assert.throws(() => readLocalKeyFile(dir, bad), InvalidRequest, bad);
+    }
+    fs.writeFileSync(path.join(dir, 'short.key'), randomBytes(16));
+    assert.throws(() => createLocalKeyFile(dir, 'short.key'), InvalidRequest);
+    assert.throws(() => readLocalKeyFile(dir, 'short.key'), KeyUnusable);
+    assert.throws(() => readLocalKeyFile(dir, 'missing.key'), KeyUnusable);
+    assert.equal(fs.existsSync(path.join(dir, 'missing.key')), false);
+  });
+});
+
+describe('keyring: DEKs, aliases and value encryption against Postgres', () => {
+  let s: Services;
+  before(async () => {
+    await resetDb();
+    s = createServices(loadConfig(testEnv({ LOG_LEVEL: 'silent' })), 'cli');
+    await startKeyringInvalidation(s);
+  });
+  after(async () => s?.close());
+
+  it('bootstraps a local envelope key and the default alias once', async () => {
+    assert.equal(await s.db.transaction((trx) => bootstrapKeys(s, trx)), true);
+    assert.equal(await s.db.transaction((trx) => bootstrapKeys(s, trx)), false);
+    const { dekId, ciphertext } = await encryptWithAlias(s, 'default', 'first secret');
+    assert.equal(await resolveAlias(s.db, 'default'), dekId);
+    assert.equal(await decryptWithDek(s, dekId, ciphertext), 'first secret');
+  });
+
+  it('encrypts with DEKs, repoints aliases, and reports unknown names', async () => {
+    const kek = await createEnvelopeKey(s, { type: 'local', file_name: 'keyring-test.key' });
+    const a = await createDek(s, kek.id);
+    const b = await createDek(s, kek.id, undefined, { id: 'dek-b' });
+    await insertAlias(s.db, 'app', a.id);
+    const one = await encryptWithAlias(s, 'app', 'v1');
+    assert.equal(one.dekId, a.id);
+    await s.db.transaction((trx) => repointAlias(trx, 'app', b.id));
+    const two = await encryptWithAlias(s, 'app', 'v2');
+    assert.equal(two.dekId, 'dek-b');
+    assert.equal(await decryptWithDek(s, a.id, one.ciphertext), 'v1');
+    assert.equal(await decryptWithDek(s, b.id, two.ciphertext), 'v2');
+    await assert.rejects(decryptWithDek(s, b.id, one.ciphertext), DecryptError);
+    await assert.rejects(encryptWithAlias(s, 'nope', 'x'), (e: unknown) => e instanceof NotFound && e.data.resource === 'dek_alias');
+    await assert.rejects(encryptWithDek(s, 'nope', 'x'), NotFound);
+    await assert.rejects(s.db.transaction((trx) => repointAlias(trx, 'nope', b.id)), NotFound);
+    await assert.rejects(s.db.transaction((trx) => repointAlias(trx, 'app', 'nope')), NotFound);
+    // An imported DEK must unwrap under its envelope key.
+    const imported = await createDek(s, kek.id, undefined, { encryptedDek: a.encrypted_dek });
+    assert.notEqual(imported.id, a.id);
+    await assert.rejects(createDek(s, kek.id, undefined, { encryptedDek: sealBase64(randomBytes(32), randomBytes(32)) }), InvalidRequest);
+    await assert.rejects(createDek(s, kek.id, undefined, { id: 'dek-b' }), (e: unknown) => e instanceof AppError && e.status === 409);
+  });
+});
