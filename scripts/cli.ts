@@ -1,0 +1,143 @@
+// `npm run cli -- keys create|list|revoke`: API key management from the command line. It only
+// needs Postgres, so it works while Redis (or the whole service) is down.
+import fs from 'node:fs';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { loadConfig, ConfigError } from '../domain/config.ts';
+import { createDb } from '../db/knex.ts';
+import { listActive } from '../db/api-keys.ts';
+import { AppError } from '../domain/errors.ts';
+import { createApiKey, revokeApiKey, SCOPES, type Scope } from '../domain/api-keys.ts';
+
+const USAGE = `Usage: npm run cli -- <command>
+
+Commands:
+  keys create --name <name> --scopes <scope,scope,...> [--json]
+                          create an API key; the key is printed once, only now
+  keys list [--json]      list active API keys (never the keys themselves)
+  keys revoke <id>        revoke an API key
+
+Scopes: ${SCOPES.join(', ')}
+Database: DATABASE_URL, or else the local Postgres that \`npm start\` runs under DATA_DIR (default .data).`;
+
+class UsageError extends Error {}
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+// `npm start` runs Postgres on a free port; its pid file (line 4) names that port.
+function localDatabaseUrl(dataDir: string): string | undefined {
+  const pidFile = path.join(path.resolve(dataDir), 'postgres', 'postmaster.pid');
+  if (!fs.existsSync(pidFile)) return undefined;
+  const port = Number(fs.readFileSync(pidFile, 'utf8').split('\n')[3]);
+  return Number.isInteger(port) && port > 0 ? `postgres://postgres@127.0.0.1:${port}/taskbridge` : undefined;
+}
+
+type Args =
+  | { help: true }
+  | { command: 'create'; name: string; scopes: Scope[]; json: boolean }
+  | { command: 'list'; json: boolean }
+  | { command: 'revoke'; id: string };
+
+function parse(argv: string[]): Args {
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: { name: { type: 'string' }, scopes: { type: 'string' }, json: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false } },
+    });
+  } catch (e) {
+    throw new UsageError((e as Error).message);
+  }
+  const { values, positionals } = parsed;
+  const [group, command, ...rest] = positionals;
+  if (values.help && !group) return { help: true as const };
+  if (group !== 'keys') throw new UsageError(group ? `Unknown command '${group}'` : 'No command given');
+  const allowed: Record<string, string[]> = { create: ['name', 'scopes', 'json'], list: ['json'], revoke: [] };
+  if (!command || !allowed[command]) throw new UsageError(command ? `Unknown keys command '${command}'` : 'keys needs a command: create, list or revoke');
+  for (const opt of ['name', 'scopes', 'json'] as const) {
+    if (values[opt] !== undefined && values[opt] !== false && !allowed[command].includes(opt)) throw new UsageError(`keys ${command} does not take --${opt}`);
+  }
+  if (command === 'create') {
+    if (rest.length) throw new UsageError(`Unexpected argument '${rest[0]}'`);
+    const name = values.name?.trim();
+    if (!name) throw new UsageError('keys create needs --name <name>');
+    if (name.length > 200) throw new UsageError('--name must be at most 200 characters');
+    if (!values.scopes) throw new UsageError('keys create needs --scopes <scope,scope,...>');
+    const scopes = values.scopes.split(',').map((s) => s.trim()).filter(Boolean);
+    const unknown = scopes.filter((s) => !(SCOPES as readonly string[]).includes(s));
+    if (unknown.length) throw new UsageError(`Unknown scope(s): ${unknown.join(', ')}`);
+    if (!scopes.length) throw new UsageError('--scopes needs at least one scope');
+    return { command: 'create', name, scopes: scopes as Scope[], json: values.json };
+  }
+  if (command === 'list') {
+    if (rest.length) throw new UsageError(`Unexpected argument '${rest[0]}'`);
+    return { command: 'list', json: values.json };
+  }
+  if (rest.length !== 1) throw new UsageError('keys revoke needs exactly one key id');
+  if (!UUID.test(rest[0])) throw new UsageError(`'${rest[0]}' is not a key id (a UUID)`);
+  return { command: 'revoke', id: rest[0] };
+}
+
+const iso = (d: Date | null) => (d ? d.toISOString() : '-');
+
+async function main(argv: string[]): Promise<number> {
+  let args: Args;
+  try {
+    args = parse(argv);
+  } catch (e) {
+    if (!(e instanceof UsageError)) throw e;
+    console.error(`Error: ${e.message}\n\n${USAGE}`);
+    return 2;
+  }
+  if ('help' in args) {
+    console.log(USAGE);
+    return 0;
+  }
+  const env = { ...process.env };
+  env.DATABASE_URL ||= localDatabaseUrl(env.DATA_DIR || '.data');
+  if (!env.DATABASE_URL) {
+    console.error('Error: DATABASE_URL is not set and no local Postgres from `npm start` is running under DATA_DIR.');
+    return 2;
+  }
+  // The CLI never connects to Redis; the config module requires its URL for the processes that do.
+  env.REDIS_URL ||= 'redis://redis-not-used-by-the-cli.invalid';
+  const cfg = loadConfig(env);
+  const db = createDb(cfg.DATABASE_URL, { min: 0, max: 1 });
+  try {
+    if (args.command === 'create') {
+      const k = await createApiKey(db, args.name, args.scopes);
+      if (args.json) console.log(JSON.stringify({ ...k, created_at: iso(k.created_at) }));
+      else console.log(`id:         ${k.id}\nname:       ${k.name}\nscopes:     ${k.scopes.join(',')}\ncreated_at: ${iso(k.created_at)}\nkey:        ${k.key}\n\nThe key is shown only now: store it. Use it as "Authorization: Bearer <key>".`);
+    } else if (args.command === 'list') {
+      const keys = await listActive(db);
+      if (args.json) console.log(JSON.stringify(keys.map((k) => ({ ...k, created_at: iso(k.created_at), last_used_at: k.last_used_at ? iso(k.last_used_at) : null }))));
+      else if (!keys.length) console.log('No active API keys.');
+      else for (const k of keys) console.log(`${k.id}  ${k.name}  scopes=${k.scopes.join(',')}  created=${iso(k.created_at)}  last_used=${iso(k.last_used_at)}`);
+    } else {
+      await revokeApiKey(db, args.id);
+      console.log(`Revoked API key ${args.id}.`);
+    }
+    return 0;
+  } catch (e) {
+    if (e instanceof AppError) {
+      console.error(`Error: ${e.message}`);
+      return 1;
+    }
+    throw e;
+  } finally {
+    await db.destroy();
+  }
+}
+
+try {
+  process.exitCode = await main(process.argv.slice(2));
+} catch (e) {
+  if (e instanceof ConfigError) {
+    console.error(e.message);
+    process.exitCode = 2;
+  } else {
+    console.error(`Error: ${(e as Error).message}`);
+    process.exitCode = 1;
+  }
+}

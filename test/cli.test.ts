@@ -1,0 +1,100 @@
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { ROOT, requireEnv, resetDb, testDb, startStack, type Stack } from './helpers/stack.ts';
+
+interface Run { code: number | null; stdout: string; stderr: string }
+
+// Runs the CLI exactly as the README says (`npm run cli -- ...`), without Redis in its env.
+function cli(args: string[], env: Record<string, string | undefined> = {}): Promise<Run> {
+  const full: Record<string, string | undefined> = { ...process.env, DATABASE_URL: requireEnv('DATABASE_URL'), REDIS_URL: undefined, ADMIN_API_KEY: undefined, ...env };
+  return new Promise((resolve, reject) => {
+    const child = spawn('npm', ['run', '--silent', 'cli', '--', ...args], { cwd: ROOT, env: full as NodeJS.ProcessEnv, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (b) => { stdout += b; });
+    child.stderr.on('data', (b) => { stderr += b; });
+    child.on('error', reject);
+    child.on('exit', (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+describe('key management CLI (npm run cli -- keys ...)', () => {
+  let stack: Stack;
+  before(async () => {
+    await resetDb();
+    stack = await startStack({}, { workers: 0 });
+  });
+  after(async () => stack?.stop());
+
+  it('creates a key that is printed once and works against the API with its scopes', async () => {
+    const r = await cli(['keys', 'create', '--name', 'ci reader', '--scopes', 'task:read,task:write']);
+    assert.equal(r.code, 0, r.stderr);
+    const key = /^key:\s+(\S+)$/m.exec(r.stdout)?.[1];
+    const id = /^id:\s+(\S+)$/m.exec(r.stdout)?.[1];
+    assert.ok(key && id, r.stdout);
+    assert.match(r.stdout, /^scopes:\s+task:read,task:write$/m);
+    assert.equal(r.stdout.split(key).length - 1, 1, 'the key appears exactly once');
+
+    const asKey = stack.client.as(key);
+    assert.equal((await asKey.get('/api/task/v1')).status, 200);
+    assert.equal((await asKey.get('/api/auth/v1/api-key')).status, 403);
+
+    const listed = await cli(['keys', 'list']);
+    assert.equal(listed.code, 0, listed.stderr);
+    assert.ok(listed.stdout.includes(id) && listed.stdout.includes('ci reader'), listed.stdout);
+    assert.ok(!listed.stdout.includes(key) && !listed.stderr.includes(key), 'list never shows the key');
+
+    const revoked = await cli(['keys', 'revoke', id]);
+    assert.equal(revoked.code, 0, revoked.stderr);
+    assert.equal((await asKey.get('/api/task/v1')).status, 401);
+    const after = await cli(['keys', 'list']);
+    assert.ok(!after.stdout.includes(id), 'a revoked key is no longer listed');
+
+    const again = await cli(['keys', 'revoke', id]);
+    assert.equal(again.code, 1);
+    assert.match(again.stderr, /not found/);
+  });
+
+  it('prints JSON with --json, and the API lists keys the CLI created', async () => {
+    const r = await cli(['keys', 'create', '--name', 'json key', '--scopes', 'a2a', '--json']);
+    assert.equal(r.code, 0, r.stderr);
+    const created = JSON.parse(r.stdout);
+    assert.deepEqual(Object.keys(created).sort(), ['created_at', 'id', 'key', 'name', 'scopes']);
+    assert.deepEqual(created.scopes, ['a2a']);
+    const list = await cli(['keys', 'list', '--json']);
+    const items = JSON.parse(list.stdout) as Array<Record<string, unknown>>;
+    const mine = items.find((k) => k.id === created.id);
+    assert.deepEqual(mine && Object.keys(mine).sort(), ['created_at', 'id', 'last_used_at', 'name', 'scopes']);
+    const api = await stack.client.get('/api/auth/v1/api-key');
+    assert.ok(api.body.items.some((k: { id: string }) => k.id === created.id));
+  });
+
+  const usageCases: [string, string[], RegExp][] = [
+    ['no command', [], /No command given/],
+    ['an unknown command', ['users', 'list'], /Unknown command 'users'/],
+    ['an unknown keys command', ['keys', 'rotate'], /Unknown keys command 'rotate'/],
+    ['create without --name', ['keys', 'create', '--scopes', 'a2a'], /needs --name/],
+    ['create without --scopes', ['keys', 'create', '--name', 'x'], /needs --scopes/],
+    ['an unknown scope', ['keys', 'create', '--name', 'x', '--scopes', 'task:read,root'], /Unknown scope\(s\): root/],
+    ['an unknown option', ['keys', 'list', '--all'], /Unknown option '--all'/],
+    ['an option of another command', ['keys', 'list', '--name', 'x'], /does not take --name/],
+    ['revoke without an id', ['keys', 'revoke'], /exactly one key id/],
+    ['revoke with a non-UUID id', ['keys', 'revoke', 'abc'], /'abc' is not a key id/],
+  ];
+  for (const [what, args, message] of usageCases) {
+    it(`exits 2 with a usage message for ${what}, creating nothing`, async () => {
+      const before = await testDb()('api_keys').count({ n: '*' });
+      const r = await cli(args);
+      assert.equal(r.code, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, message);
+      assert.match(r.stderr, /Usage: npm run cli -- <command>/);
+      assert.deepEqual(await testDb()('api_keys').count({ n: '*' }), before);
+    });
+  }
+
+  it('explains a bad DATABASE_URL through the config module (exit 2)', async () => {
+    const r = await cli(['keys', 'list'], { DATABASE_URL: 'mysql://nope' });
+    assert.equal(r.code, 2);
+    assert.match(r.stderr, /DATABASE_URL/);
+  });
+});
