@@ -5,8 +5,12 @@ import type { JobPayloads, QueueName } from '../queues/names.ts';
 
 export interface OutboxRow { id: string; queue: QueueName; name: string; payload: Record<string, unknown>; options: JobsOptions }
 
+export function newOutboxRow<Q extends QueueName>(queue: Q, name: string, payload: JobPayloads[Q], options: JobsOptions = {}): OutboxRow {
+  return { id: randomUUID(), queue, name, payload: payload as unknown as Record<string, unknown>, options };
+}
+
 export async function addOutbox<Q extends QueueName>(db: Tx, queue: Q, name: string, payload: JobPayloads[Q], options: JobsOptions = {}): Promise<OutboxRow> {
-  const row: OutboxRow = { id: randomUUID(), queue, name, payload: payload as unknown as Record<string, unknown>, options };
+  const row = newOutboxRow(queue, name, payload, options);
   await db('outbox').insert(row);
   return row;
 }

@@ -1,6 +1,7 @@
 import type { Tx } from './knex.ts';
 import { keysetPage, type Page } from './pagination.ts';
-import type { ContextInfo, Task } from '../api/schemas/task.ts';
+import type { OutboxRow } from './outbox.ts';
+import type { ContextInfo, Message, Task, TimelineItem } from '../api/schemas/task.ts';
 import type { TaskState } from '../domain/task-states.ts';
 
 export interface TaskRow {
@@ -40,4 +41,40 @@ export async function listTasks(db: Tx, filter: { status?: string; context_id?: 
 export async function listContexts(db: Tx, pageSize: number, token?: string): Promise<Page<ContextInfo>> {
   const q = db('contexts').select({ context_id: 'id', created_at: 'created_at' });
   return keysetPage<ContextInfo>(q, { columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r) => [r.created_at, r.context_id] }, pageSize, token);
+}
+
+// A new task with its context, first message, timeline and (optionally) its run job, written by
+// ONE statement: task intake is the hottest write path, and every round trip counts there.
+export async function insertTaskBundle(
+  db: Tx,
+  b: { task: TaskRow; message: Message; timeline: TimelineItem[]; outbox?: OutboxRow },
+): Promise<{ messageSeq: number; timelineSeqs: number[] }> {
+  const { task: t, message: m } = b;
+  const bindings: unknown[] = [
+    t.context_id, t.created_at,
+    t.id, t.context_id, t.status, t.status_timestamp, t.status_message_id, JSON.stringify(t.metadata), t.created_at, t.updated_at,
+    m.id, m.task_id, m.role, JSON.stringify(m.parts), m.reference_task_ids, JSON.stringify(m.metadata), m.created_at,
+  ];
+  const timelineValues = b.timeline.map((i) => {
+    bindings.push(i.id, i.task_id, JSON.stringify(i.event_payload), i.created_at);
+    return '(?, ?, ?::jsonb, ?)';
+  });
+  let outboxCte = '';
+  if (b.outbox) {
+    const o = b.outbox;
+    bindings.push(o.id, o.queue, o.name, JSON.stringify(o.payload), JSON.stringify(o.options));
+    outboxCte = ', o as (insert into outbox (id, queue, name, payload, options) values (?, ?, ?, ?::jsonb, ?::jsonb))';
+  }
+  const { rows } = await db.raw(
+    `with c as (insert into contexts (id, created_at) values (?, ?) on conflict (id) do nothing),
+      t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at)
+            values (?, ?, ?, ?, ?, ?::jsonb, ?, ?)),
+      m as (insert into messages (id, task_id, role, parts, reference_task_ids, metadata, created_at)
+            values (?, ?, ?, ?::jsonb, ?::uuid[], ?::jsonb, ?) returning seq),
+      tl as (insert into timeline_items (id, task_id, event_payload, created_at) values ${timelineValues.join(', ')} returning seq)
+      ${outboxCte}
+    select (select seq from m) as message_seq, (select array_agg(seq order by seq) from tl) as timeline_seqs`,
+    bindings as never[],
+  );
+  return { messageSeq: Number(rows[0].message_seq), timelineSeqs: (rows[0].timeline_seqs as (string | number)[]).map(Number) };
 }

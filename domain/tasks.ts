@@ -8,7 +8,8 @@ import * as timeline from '../db/timeline.ts';
 import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineItem } from '../api/schemas/task.ts';
 import { Conflict, NotFound } from './errors.ts';
 import { assertTransition, isInterrupted, isTerminal, type TaskState } from './task-states.ts';
-import { inTransaction, type UnitOfWork, type UowServices } from './unit-of-work.ts';
+import { afterCommit, inTransaction, type UnitOfWork, type UowServices } from './unit-of-work.ts';
+import { newOutboxRow } from '../db/outbox.ts';
 
 export const TASK_EVENTS = 'task-events';
 export const TASK_CANCELED = 'task-canceled';
@@ -58,22 +59,41 @@ export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: Tas
   return tasks.toTask(updated);
 }
 
-export async function createTask(s: UowServices, req: CreateTaskRequest) {
-  return inTransaction(s, async (uow) => createTaskIn(uow, req));
+// Builds a new task's rows in memory so they can be written by one statement.
+function newTaskBundle(req: CreateTaskRequest, id: string) {
+  const at = new Date();
+  const iso = at.toISOString();
+  const task: tasks.TaskRow = {
+    id, context_id: req.context_id ?? randomUUID(), status: 'submitted', status_timestamp: at, status_message_id: null,
+    metadata: req.metadata ?? {}, created_at: at, updated_at: at,
+  };
+  const message: Message = {
+    id: randomUUID(), task_id: id, role: req.message.role, parts: req.message.parts,
+    reference_task_ids: req.message.reference_task_ids ?? [], metadata: req.message.metadata ?? {}, created_at: iso,
+  };
+  const timeline: TimelineItem[] = [
+    { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'task-status-update', status: 'submitted' } },
+    { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'message', message } },
+  ];
+  const outbox = req.message.role === 'user' ? newOutboxRow('agent-tasks', 'run', { task_id: id, message_id: message.id }) : undefined;
+  return { task, message, timeline, outbox };
 }
 
+// Creating a task is a single atomic statement, so it needs no explicit transaction.
+export async function createTask(s: UowServices, req: CreateTaskRequest, id: string = randomUUID()) {
+  const bundle = newTaskBundle(req, id);
+  const { timelineSeqs } = await tasks.insertTaskBundle(s.db, bundle);
+  afterCommit(s, bundle.outbox ? [bundle.outbox] : [], timelineSeqs.map((seq) => [TASK_EVENTS, { task_id: id, seq }]));
+  return { task: tasks.toTask(bundle.task), message: bundle.message };
+}
+
+// The same, inside a caller's larger transaction.
 export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, id: string = randomUUID()) {
-  const at = new Date();
-  const contextId = req.context_id ?? randomUUID();
-  await tasks.ensureContext(uow.trx, contextId, at);
-  const row = await tasks.insertTask(uow.trx, {
-    id, context_id: contextId, status: 'submitted', status_timestamp: at, status_message_id: null,
-    metadata: req.metadata ?? {}, created_at: at, updated_at: at,
-  });
-  await appendTimeline(uow, id, { type: 'task-status-update', status: 'submitted' }, at);
-  const { message } = await appendMessage(uow, id, req.message, at);
-  if (req.message.role === 'user') await enqueueRun(uow, id, message.id);
-  return { task: tasks.toTask(row), message };
+  const bundle = newTaskBundle(req, id);
+  const { timelineSeqs } = await tasks.insertTaskBundle(uow.trx, bundle);
+  if (bundle.outbox) uow.track(bundle.outbox);
+  for (const seq of timelineSeqs) uow.publish(TASK_EVENTS, { task_id: id, seq });
+  return { task: tasks.toTask(bundle.task), message: bundle.message };
 }
 
 export async function addMessage(s: UowServices, taskId: string, req: CreateMessageRequest) {

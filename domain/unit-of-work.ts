@@ -10,6 +10,8 @@ export interface UnitOfWork {
   trx: Knex.Transaction;
   enqueue<Q extends QueueName>(queue: Q, name: string, payload: JobPayloads[Q], options?: JobsOptions): Promise<string>;
   publish(channel: string, message: Record<string, unknown>): void;
+  /** Registers an outbox row written by some other statement of this transaction. */
+  track(row: OutboxRow): void;
 }
 
 export type UowServices = Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>;
@@ -26,12 +28,17 @@ export async function inTransaction<T>(s: UowServices, fn: (uow: UnitOfWork) => 
         return row.id;
       },
       publish(channel, message) { notes.push([channel, message]); },
+      track(row) { jobs.push(row); },
     };
     return fn(uow);
   });
+  afterCommit(s, jobs, notes);
+  return result;
+}
+
+export function afterCommit(s: UowServices, jobs: OutboxRow[], notes: [string, Record<string, unknown>][]): void {
   if (jobs.length) s.outbox.kick(jobs);
   for (const [channel, message] of notes) {
     s.bus.publish(channel, message).catch((err) => s.log.debug({ err: { message: (err as Error).message }, channel }, 'event note not published'));
   }
-  return result;
 }
