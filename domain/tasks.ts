@@ -93,7 +93,7 @@ export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, id: 
   const { timelineSeqs } = await tasks.insertTaskBundle(uow.trx, bundle);
   if (bundle.outbox) uow.track(bundle.outbox);
   for (const seq of timelineSeqs) uow.publish(TASK_EVENTS, { task_id: id, seq });
-  return { task: tasks.toTask(bundle.task), message: bundle.message };
+  return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs) };
 }
 
 export async function addMessage(s: UowServices, taskId: string, req: CreateMessageRequest) {
@@ -102,8 +102,9 @@ export async function addMessage(s: UowServices, taskId: string, req: CreateMess
     if (isTerminal(task.status)) throw new Conflict(`Task '${taskId}' is ${task.status} and accepts no more messages`, { status: task.status });
     const { message, timelineItem } = await appendMessage(uow, taskId, req);
     if (req.role === 'user' && isInterrupted(task.status)) await enqueueRun(uow, taskId, message.id);
-    const { seq: _seq, ...timeline_item } = timelineItem;
-    return { message, timeline_item, task: tasks.toTask(task) };
+    const { seq, ...timeline_item } = timelineItem;
+    // seq: where a follower of the task's timeline continues from (api/a2a streams).
+    return { message, timeline_item, task: tasks.toTask(task), seq };
   });
 }
 
