@@ -1,0 +1,66 @@
+import type { Tx } from './knex.ts';
+import type { TimelineRow } from './timeline.ts';
+
+export interface PushAuthentication { schemes: string[]; credentials?: string }
+
+export interface PushConfigRow {
+  task_id: string; id: string; url: string; token: string | null; authentication: PushAuthentication | null;
+  delivered_seq: number; created_at: Date; updated_at: Date;
+}
+
+// Creates or replaces a task's config. A new config starts after the task's current timeline, so
+// only later updates are pushed; replacing one keeps its delivery position.
+export async function upsertPushConfig(db: Tx, row: Pick<PushConfigRow, 'task_id' | 'id' | 'url' | 'token' | 'authentication'>): Promise<PushConfigRow> {
+  const now = new Date();
+  const [out] = await db('push_configs')
+    .insert({
+      ...row,
+      authentication: row.authentication === null ? null : JSON.stringify(row.authentication),
+      delivered_seq: db.raw('coalesce((select max(seq) from timeline_items where task_id = ?), 0)', [row.task_id]),
+      created_at: now,
+      updated_at: now,
+    })
+    .onConflict(['task_id', 'id'])
+    .merge(['url', 'token', 'authentication', 'updated_at'])
+    .returning('*');
+  return out;
+}
+
+export async function getPushConfig(db: Tx, taskId: string, id?: string): Promise<PushConfigRow | undefined> {
+  const q = db('push_configs').where({ task_id: taskId });
+  if (id !== undefined) q.where({ id });
+  return q.orderBy([{ column: 'created_at', order: 'asc' }, { column: 'id', order: 'asc' }]).first();
+}
+
+export async function listPushConfigs(db: Tx, taskId: string): Promise<PushConfigRow[]> {
+  return db('push_configs').where({ task_id: taskId }).orderBy([{ column: 'created_at', order: 'asc' }, { column: 'id', order: 'asc' }]);
+}
+
+export async function deletePushConfig(db: Tx, taskId: string, id: string): Promise<boolean> {
+  return (await db('push_configs').where({ task_id: taskId, id }).delete()) > 0;
+}
+
+// The ids of a task's configs: what a status change fans out to (usually none).
+export async function pushConfigIds(db: Tx, taskId: string): Promise<string[]> {
+  return (await db('push_configs').select('id').where({ task_id: taskId })).map((r: { id: string }) => r.id);
+}
+
+// Locks one config for the duration of a delivery run so deliveries to it never overlap.
+export async function lockPushConfig(trx: Tx, taskId: string, id: string): Promise<PushConfigRow | undefined> {
+  return trx('push_configs').where({ task_id: taskId, id }).forUpdate().first();
+}
+
+export async function setDeliveredSeq(db: Tx, taskId: string, id: string, seq: number): Promise<void> {
+  await db('push_configs').where({ task_id: taskId, id }).update({ delivered_seq: db.raw('greatest(delivered_seq, ?)', [seq]) });
+}
+
+// Status updates of a task after a timeline position, oldest first: what a webhook has not seen.
+export async function statusItemsAfter(db: Tx, taskId: string, afterSeq: number, limit: number): Promise<TimelineRow[]> {
+  return db('timeline_items')
+    .select('id', 'seq', 'task_id', 'event_payload', 'created_at')
+    .where({ task_id: taskId })
+    .where('seq', '>', afterSeq)
+    .whereRaw(`event_payload->>'type' = 'task-status-update'`)
+    .orderBy('seq', 'asc')
+    .limit(limit);
+}

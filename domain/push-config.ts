@@ -1,0 +1,104 @@
+// A2A push notification configs of a task: stored in Postgres; the token and the authentication
+// credentials are kept for delivery only and never returned.
+import { randomUUID } from 'node:crypto';
+import type { Knex } from 'knex';
+import type { Tx } from '../db/knex.ts';
+import * as repo from '../db/push-configs.ts';
+import * as tasks from '../db/tasks.ts';
+import type { Config } from './config.ts';
+import { InvalidRequest, NotFound } from './errors.ts';
+import { assertWebhookUrl } from './webhook-url.ts';
+
+// Advertised in the agent card: deliveries run through the push-notifications queue.
+export const PUSH_NOTIFICATIONS_SUPPORTED = true;
+
+export interface PushConfigInput {
+  id?: string;
+  url: string;
+  token?: string;
+  authentication?: { schemes: string[]; credentials?: string };
+}
+
+/** A stored config as it may be shown: no token, no credentials. */
+export interface PushConfig {
+  id: string;
+  task_id: string;
+  url: string;
+  authentication?: { schemes: string[] };
+  created_at: Date;
+  updated_at: Date;
+}
+
+const MAX_ID = 256;
+const MAX_URL = 2048;
+const MAX_TOKEN = 4096;
+
+const shown = (r: repo.PushConfigRow): PushConfig => ({
+  id: r.id,
+  task_id: r.task_id,
+  url: r.url,
+  ...(r.authentication ? { authentication: { schemes: r.authentication.schemes } } : {}),
+  created_at: r.created_at,
+  updated_at: r.updated_at,
+});
+
+function checkInput(input: PushConfigInput): void {
+  if (input.id !== undefined && (typeof input.id !== 'string' || input.id.length < 1 || input.id.length > MAX_ID)) {
+    throw new InvalidRequest(`Push notification config id must be a string of 1 to ${MAX_ID} characters`);
+  }
+  if (typeof input.url !== 'string' || input.url.length > MAX_URL) throw new InvalidRequest(`Push notification URL must be a string of at most ${MAX_URL} characters`);
+  if (input.token !== undefined && (typeof input.token !== 'string' || input.token.length > MAX_TOKEN)) {
+    throw new InvalidRequest(`Push notification token must be a string of at most ${MAX_TOKEN} characters`);
+  }
+  const auth = input.authentication;
+  if (auth !== undefined) {
+    const schemesOk = Array.isArray(auth?.schemes) && auth.schemes.length > 0 && auth.schemes.every((s) => typeof s === 'string' && /^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$/.test(s));
+    if (!schemesOk) throw new InvalidRequest('Push notification authentication.schemes must be a non-empty list of HTTP auth scheme names');
+    if (auth.credentials !== undefined && (typeof auth.credentials !== 'string' || auth.credentials.length > MAX_TOKEN || /[\r\n]/.test(auth.credentials))) {
+      throw new InvalidRequest('Push notification authentication.credentials must be a single-line string');
+    }
+  }
+}
+
+async function requireTask(db: Tx, taskId: string, lock: boolean): Promise<void> {
+  if (!(await tasks.getTask(db, taskId, lock))) throw new NotFound('task', taskId);
+}
+
+const inTrx = <T>(db: Tx, fn: (trx: Knex.Transaction) => Promise<T>): Promise<T> =>
+  (db as Knex.Transaction).isTransaction ? fn(db as Knex.Transaction) : (db as Knex).transaction(fn);
+
+// Creates a config (or replaces the one with the same id). The task row is locked so the new
+// config's starting point is consistent with concurrent status changes.
+export async function setPushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Pick<Config, 'PUSH_ALLOW_PRIVATE'>): Promise<PushConfig> {
+  checkInput(input);
+  await assertWebhookUrl(input.url, cfg.PUSH_ALLOW_PRIVATE);
+  return inTrx(db, async (trx) => {
+    await requireTask(trx, taskId, true);
+    const row = await repo.upsertPushConfig(trx, {
+      task_id: taskId,
+      id: input.id ?? randomUUID(),
+      url: input.url,
+      token: input.token ?? null,
+      authentication: input.authentication ? { schemes: input.authentication.schemes, ...(input.authentication.credentials !== undefined ? { credentials: input.authentication.credentials } : {}) } : null,
+    });
+    return shown(row);
+  });
+}
+
+/** One config of a task: the named one, or the first one set when no id is given. */
+export async function getPushConfig(db: Tx, taskId: string, configId?: string): Promise<PushConfig> {
+  await requireTask(db, taskId, false);
+  const row = await repo.getPushConfig(db, taskId, configId);
+  if (!row) throw new NotFound('push notification config', configId ?? `(any of task ${taskId})`);
+  return shown(row);
+}
+
+export async function listPushConfigs(db: Tx, taskId: string): Promise<PushConfig[]> {
+  await requireTask(db, taskId, false);
+  return (await repo.listPushConfigs(db, taskId)).map(shown);
+}
+
+export async function deletePushConfig(db: Tx, taskId: string, configId: string): Promise<void> {
+  await requireTask(db, taskId, false);
+  if (!(await repo.deletePushConfig(db, taskId, configId))) throw new NotFound('push notification config', configId);
+}

@@ -1,0 +1,78 @@
+// Webhook URL policy for push notifications: http(s) only, no credentials in the URL, and no
+// private, loopback or link-local targets unless PUSH_ALLOW_PRIVATE allows them. The same check
+// runs at delivery time inside the connection's DNS lookup, so a name that later resolves to an
+// internal address (DNS rebinding) is still refused.
+import dns from 'node:dns';
+import net from 'node:net';
+import { InvalidRequest } from './errors.ts';
+
+const blocked = new net.BlockList();
+for (const [net4, prefix] of [
+  ['0.0.0.0', 8], ['10.0.0.0', 8], ['100.64.0.0', 10], ['127.0.0.0', 8], ['169.254.0.0', 16], ['172.16.0.0', 12],
+  ['192.0.0.0', 24], ['192.168.0.0', 16], ['198.18.0.0', 15], ['224.0.0.0', 4], ['240.0.0.0', 4],
+] as const) blocked.addSubnet(net4, prefix, 'ipv4');
+for (const [net6, prefix] of [['::', 128], ['::1', 128], ['fc00::', 7], ['fe80::', 10], ['ff00::', 8], ['64:ff9b::', 96]] as const) blocked.addSubnet(net6, prefix, 'ipv6');
+
+export function isPrivateAddress(ip: string): boolean {
+  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(ip);
+  if (mapped) return blocked.check(mapped[1], 'ipv4');
+  const family = net.isIP(ip);
+  if (family === 0) return true;
+  return blocked.check(ip, family === 4 ? 'ipv4' : 'ipv6');
+}
+
+const hostOf = (url: URL) => url.hostname.replace(/^\[(.*)\]$/, '$1');
+
+async function resolve(host: string): Promise<string[]> {
+  if (net.isIP(host)) return [host];
+  const found = await dns.promises.lookup(host, { all: true, verbatim: true });
+  return found.map((a) => a.address);
+}
+
+export async function assertWebhookUrl(raw: string, allowPrivate: boolean): Promise<URL> {
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw new InvalidRequest(`Push notification URL '${raw.slice(0, 200)}' is not an absolute URL`);
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+    throw new InvalidRequest(`Push notification URL must use http or https, not '${url.protocol.replace(/:$/, '')}'`);
+  }
+  if (url.username || url.password) {
+    throw new InvalidRequest('Push notification URL must not contain credentials: pass them as the token or authentication instead');
+  }
+  if (allowPrivate) return url;
+  const host = hostOf(url);
+  let addresses: string[];
+  try {
+    addresses = await resolve(host);
+  } catch {
+    throw new InvalidRequest(`Push notification URL host '${host}' cannot be resolved`);
+  }
+  const internal = addresses.find(isPrivateAddress);
+  if (internal !== undefined) {
+    throw new InvalidRequest(
+      `Push notification URL host '${host}' resolves to a private, loopback or link-local address (${internal}); such targets need PUSH_ALLOW_PRIVATE=true`,
+    );
+  }
+  return url;
+}
+
+type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | dns.LookupAddress[], family?: number) => void;
+
+// A dns.lookup replacement for http(s).request that refuses internal addresses at connect time.
+export function guardedLookup(allowPrivate: boolean) {
+  return (hostname: string, options: dns.LookupOptions, callback: LookupCallback): void => {
+    dns.lookup(hostname, { ...options, all: true }, (err, addresses) => {
+      if (err) return callback(err, []);
+      const list = addresses as dns.LookupAddress[];
+      const bad = allowPrivate ? undefined : list.find((a) => isPrivateAddress(a.address));
+      if (bad) {
+        return callback(Object.assign(new Error(`webhook host '${hostname}' resolves to an internal address (${bad.address})`), { code: 'EPRIVATE' }), []);
+      }
+      if (options.all) return callback(null, list);
+      callback(null, list[0].address, list[0].family);
+    });
+  };
+}
