@@ -8,10 +8,11 @@ import { buildOpenApi } from './openapi.ts';
 import { taskRoutes } from './routes/task.ts';
 import { authRoutes } from './routes/auth.ts';
 import { internalRoutes } from './routes/internal.ts';
+import { encryptionRoutes } from './routes/encryption.ts';
 import { defineRoute } from './route.ts';
 import { FreeObject } from './schemas/common.ts';
 
-export const allRoutes: Route[] = [...internalRoutes, ...authRoutes, ...taskRoutes];
+export const allRoutes: Route[] = [...internalRoutes, ...authRoutes, ...taskRoutes, ...encryptionRoutes];
 
 export function createApp(services: Services): Koa {
   const app = new Koa({ proxy: true });

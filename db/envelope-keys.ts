@@ -1,4 +1,5 @@
 import type { Tx } from './knex.ts';
+import { keysetPage, type Page } from './pagination.ts';
 
 export type EnvelopeKeyType = 'local' | 'aws_kms';
 export interface EnvelopeKeyRow {
@@ -19,8 +20,11 @@ export async function getEnvelopeKey(db: Tx, id: string): Promise<EnvelopeKeyRow
   return db('envelope_keys').where({ id }).first();
 }
 
-export async function listEnvelopeKeys(db: Tx): Promise<EnvelopeKeyRow[]> {
-  return db('envelope_keys').orderBy([{ column: 'created_at', order: 'desc' }, { column: 'id', order: 'desc' }]);
+export async function listEnvelopeKeys(db: Tx, pageSize: number, token?: string): Promise<Page<EnvelopeKeyRow>> {
+  return keysetPage<EnvelopeKeyRow>(db('envelope_keys'), {
+    columns: ['created_at', 'id'], kinds: ['timestamp', 'text'], direction: 'desc',
+    cursorOf: (r) => [r.created_at, r.id],
+  }, pageSize, token);
 }
 
 export async function countDeksOf(db: Tx, envelopeKeyId: string): Promise<number> {

@@ -7,6 +7,7 @@ import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createRedis } from '../queues/connection.ts';
 import { TASK_CANCELED, updateStatus } from '../domain/tasks.ts';
 import { createAgentTaskProcessor } from './run-agent-task.ts';
+import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
 import { CancelRegistry } from './cancel-registry.ts';
 import { resolveAgent } from './agents/resolve-agent.ts';
 import type { JobPayloads } from '../queues/names.ts';
@@ -48,7 +49,13 @@ agentWorker.on('failed', (job: Job<JobPayloads['agent-tasks']> | undefined, err)
     .catch(() => undefined);
 });
 
-const workers = [agentWorker];
+const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', createKeyJobsProcessor(services), {
+  ...common,
+  concurrency: cfg.KEY_JOB_CONCURRENCY,
+});
+keyJobsWorker.on('failed', onKeyJobFailed(services));
+
+const workers = [agentWorker, keyJobsWorker];
 for (const w of workers) w.on('error', (err) => log.warn({ err: { message: err.message }, queue: w.name }, 'worker error'));
 log.info({ queues: workers.map((w) => w.name), agent: cfg.AGENT_KIND }, 'worker started');
 

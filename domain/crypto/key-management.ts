@@ -12,23 +12,36 @@ import {
 import { checkFileName, checkKmsArn, createLocalKeyFile } from './envelope-keys.ts';
 import { createDek, envelopeKeyRow, forgetWrapper, invalidateAfterCommit, invalidateKeyring, repointAlias, wrapperFor } from '../keyring.ts';
 
-export type EnvelopeKeyInput = { type: 'local'; file_name: string } | { type: 'aws_kms'; arn: string; region: string };
+export interface EnvelopeKeyInput { type: 'local' | 'aws_kms'; file_name?: string; arn?: string; region?: string }
 type S = Pick<Services, 'db' | 'cfg' | 'bus'>;
 
 export const DEFAULT_ALIAS = 'default';
 const BOOTSTRAP_KEY_FILE = 'default-envelope.key';
 
+// Which members each kind takes: local keys a file name, KMS keys an ARN and its region.
+function checkMembers(input: EnvelopeKeyInput): void {
+  const wanted = input.type === 'local' ? ['file_name'] : ['arn', 'region'];
+  const errors = (['file_name', 'arn', 'region'] as const).flatMap((k) => {
+    if (wanted.includes(k) && input[k] === undefined) return [{ path: `body.${k}`, message: `is required for type ${input.type}` }];
+    if (!wanted.includes(k) && input[k] !== undefined) return [{ path: `body.${k}`, message: `is not allowed for type ${input.type}` }];
+    return [];
+  });
+  if (errors.length) throw new InvalidRequest(`Invalid body: ${errors[0].path} ${errors[0].message}`, errors);
+}
+
 export async function createEnvelopeKey(s: Pick<Services, 'db' | 'cfg'>, input: EnvelopeKeyInput, trx?: Tx): Promise<EnvelopeKeyRow> {
   const db = trx ?? s.db;
+  checkMembers(input);
   let row: Omit<EnvelopeKeyRow, 'created_at'>;
   if (input.type === 'local') {
-    checkFileName(input.file_name);
-    if (await getEnvelopeKey(db, input.file_name)) throw new Conflict(`envelope key '${input.file_name}' already exists`, { resource: 'envelope_key', id: input.file_name });
-    createLocalKeyFile(s.cfg.KEYS_DIR, input.file_name);
-    row = { id: input.file_name, type: 'local', file_name: input.file_name, arn: null, region: null };
+    const fileName = input.file_name!;
+    checkFileName(fileName);
+    if (await getEnvelopeKey(db, fileName)) throw new Conflict(`envelope key '${fileName}' already exists`, { resource: 'envelope_key', id: fileName });
+    createLocalKeyFile(s.cfg.KEYS_DIR, fileName);
+    row = { id: fileName, type: 'local', file_name: fileName, arn: null, region: null };
   } else {
-    checkKmsArn(input.arn, input.region);
-    row = { id: input.arn, type: 'aws_kms', file_name: null, arn: input.arn, region: input.region };
+    checkKmsArn(input.arn!, input.region!);
+    row = { id: input.arn!, type: 'aws_kms', file_name: null, arn: input.arn!, region: input.region! };
   }
   const out = await insertEnvelopeKey(db, row);
   if (!out) throw new Conflict(`envelope key '${row.id}' already exists`, { resource: 'envelope_key', id: row.id });

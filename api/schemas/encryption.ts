@@ -1,0 +1,92 @@
+import { Type } from '@sinclair/typebox';
+import { Body, FreeObject, Timestamp, Uuid } from './common.ts';
+import type { EnvelopeKeyRow } from '../../db/envelope-keys.ts';
+import type { AliasRow, DekListRow, DekRow } from '../../db/deks.ts';
+import type { KeyJobRow } from '../../db/key-jobs.ts';
+
+export const FileName = Type.String({ pattern: '^[A-Za-z0-9_.-]{1,255}$', description: 'plain file name under KEYS_DIR (no separators, no "..")' });
+export const DekId = Type.String({ pattern: '^[A-Za-z0-9_.:-]{1,200}$', description: 'DEK id: a UUID unless given at creation' });
+export const AliasName = Type.String({ pattern: '^[A-Za-z0-9_.:-]{1,128}$' });
+export const EnvelopeId = Type.String({ minLength: 1, maxLength: 2048, description: 'file_name of a local key, ARN of a KMS key (URL-encoded in paths)' });
+const WrappedDek = Type.String({ minLength: 1, maxLength: 16384, description: 'base64 wrapped DEK' });
+
+export const EnvelopeKey = Type.Object({
+  id: Type.String(),
+  type: Type.Union([Type.Literal('local'), Type.Literal('aws_kms')]),
+  file_name: Type.Optional(Type.String()),
+  arn: Type.Optional(Type.String()),
+  region: Type.Optional(Type.String()),
+  created_at: Timestamp,
+}, { $id: 'EnvelopeEncryptionKey' });
+export const EnvelopeKeyWithCount = Type.Intersect([EnvelopeKey, Type.Object({ dek_count: Type.Integer() })]);
+
+// One shape for both kinds; which members a kind needs is checked by the domain.
+export const CreateEnvelopeKeyRequest = Body({
+  type: Type.Union([Type.Literal('local'), Type.Literal('aws_kms')]),
+  file_name: Type.Optional(FileName),
+  arn: Type.Optional(Type.String({ minLength: 1, maxLength: 2048 })),
+  region: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
+});
+
+export const DataEncryptionKey = Type.Object({
+  id: Type.String(),
+  envelope_encryption_key_id: EnvelopeKey,
+  encrypted_data_encryption_key: Type.String(),
+  created_at: Timestamp,
+  updated_at: Timestamp,
+}, { $id: 'DataEncryptionKey' });
+export const DekListItem = Type.Object({
+  id: Type.String(),
+  envelope_encryption_key_id: Type.String(),
+  created_at: Timestamp,
+  updated_at: Timestamp,
+}, { $id: 'DataEncryptionKeyListItem' });
+
+export const CreateDekRequest = Body({ id: Type.Optional(DekId), encrypted_dek: Type.Optional(WrappedDek) });
+export const ImportDekRequest = Body({ id: Type.Optional(DekId), encrypted_data_encryption_key: WrappedDek });
+export const MigrateRequest = Body({ to_envelope_encryption_key_id: EnvelopeId });
+
+export const Alias = Type.Object({ alias: Type.String(), data_encryption_key_id: Type.String(), created_at: Timestamp, updated_at: Timestamp }, { $id: 'DataEncryptionKeyAlias' });
+export const CreateAliasRequest = Body({ dek_id: DekId, alias: AliasName });
+export const UpdateAliasRequest = Body({ new_dek_id: DekId });
+
+export const KeyJob = Type.Object({
+  id: Uuid,
+  kind: Type.String(),
+  status: Type.Union(['queued', 'running', 'completed', 'failed', 'canceled'].map((s) => Type.Literal(s))),
+  total: Type.Integer(),
+  done: Type.Integer(),
+  failed: Type.Integer(),
+  errors: Type.Array(Type.Object({ id: Type.String(), message: Type.String() })),
+  params: FreeObject,
+  created_at: Timestamp,
+  started_at: Type.Optional(Timestamp),
+  finished_at: Type.Optional(Timestamp),
+}, { $id: 'Job' });
+
+const iso = (d: Date) => d.toISOString();
+
+export function toEnvelopeKey(r: EnvelopeKeyRow) {
+  return {
+    id: r.id, type: r.type,
+    ...(r.file_name !== null ? { file_name: r.file_name } : {}),
+    ...(r.arn !== null ? { arn: r.arn, region: r.region! } : {}),
+    created_at: iso(r.created_at),
+  };
+}
+
+export const toDek = (r: DekRow, envelope: EnvelopeKeyRow) => ({
+  id: r.id, envelope_encryption_key_id: toEnvelopeKey(envelope), encrypted_data_encryption_key: r.encrypted_dek,
+  created_at: iso(r.created_at), updated_at: iso(r.updated_at),
+});
+
+export const toDekListItem = (r: DekListRow) => ({ id: r.id, envelope_encryption_key_id: r.envelope_key_id, created_at: iso(r.created_at), updated_at: iso(r.updated_at) });
+
+export const toAlias = (r: AliasRow) => ({ alias: r.alias, data_encryption_key_id: r.dek_id, created_at: iso(r.created_at), updated_at: iso(r.updated_at) });
+
+export const toKeyJob = (r: KeyJobRow) => ({
+  id: r.id, kind: r.kind, status: r.status, total: r.total, done: r.done, failed: r.failed, errors: r.errors, params: r.params,
+  created_at: iso(r.created_at),
+  ...(r.started_at ? { started_at: iso(r.started_at) } : {}),
+  ...(r.finished_at ? { finished_at: iso(r.finished_at) } : {}),
+});

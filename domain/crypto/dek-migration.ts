@@ -1,0 +1,137 @@
+// Bulk re-wrap of every DEK under one envelope key ("migrate-all"): a key_jobs row tracks
+// progress and a cursor (last DEK id handled); workers run it in batches. Each batch is one
+// transaction that locks the job row, re-wraps with a compare-and-set UPDATE and advances the
+// cursor, so a job resumed after a crash at any point continues exactly where it committed.
+import { randomUUID } from 'node:crypto';
+import type { Services } from '../services.ts';
+import type { Tx } from '../../db/knex.ts';
+import { InvalidRequest, NotFound } from '../errors.ts';
+import { inTransaction } from '../unit-of-work.ts';
+import { countDeksAfter, deksAfter, rewrapDeks } from '../../db/deks.ts';
+import {
+  findActiveMigration, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress,
+  type KeyJobError, type KeyJobRow,
+} from '../../db/key-jobs.ts';
+import { DecryptError } from './aes-gcm.ts';
+import { envelopeKeyRow, wrapperFor } from '../keyring.ts';
+import type { KeyWrapper } from './envelope-keys.ts';
+
+export const MIGRATE_DEKS = 'migrate-deks';
+const KMS_PARALLEL = 16;
+
+export async function startMigrateAll(
+  s: Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>, sourceId: string, targetId: string,
+): Promise<{ job: KeyJobRow; created: boolean }> {
+  await envelopeKeyRow(s.db, sourceId);
+  await envelopeKeyRow(s.db, targetId);
+  if (sourceId === targetId) throw new InvalidRequest('source and target envelope keys are the same', [{ path: 'body.to_envelope_encryption_key_id', message: 'must differ from the source envelope key' }]);
+  for (;;) {
+    const out = await inTransaction(s, async (uow) => {
+      const total = await countDeksAfter(uow.trx, sourceId, null);
+      const job = await insertKeyJob(uow.trx, {
+        id: randomUUID(), kind: MIGRATE_DEKS, source_envelope_key_id: sourceId, total,
+        params: { from_envelope_encryption_key_id: sourceId, to_envelope_encryption_key_id: targetId },
+      });
+      if (job) {
+        await uow.enqueue('key-jobs', MIGRATE_DEKS, { job_id: job.id });
+        return { job, created: true };
+      }
+      const running = await findActiveMigration(uow.trx, sourceId);
+      return running && { job: running, created: false };
+    });
+    // The running job can finish between the insert and the lookup; then start a new one.
+    if (out) return out;
+  }
+}
+
+export async function getJob(db: Tx, id: string): Promise<KeyJobRow> {
+  const job = await getKeyJob(db, id);
+  if (!job) throw new NotFound('job', id);
+  return job;
+}
+
+export interface RewrapResult { ids: string[]; wrapped: string[]; errors: KeyJobError[] }
+
+// Unwraps under `from` and wraps under `to`. A DEK that does not unwrap is an error of that DEK;
+// any other failure (KMS down, key file gone) fails the whole batch so it is retried.
+export async function rewrapAll(from: KeyWrapper, to: KeyWrapper, rows: { id: string; encrypted_dek: string }[]): Promise<RewrapResult> {
+  const out: RewrapResult = { ids: [], wrapped: [], errors: [] };
+  const one = async (r: { id: string; encrypted_dek: string }) => {
+    let plain: Buffer;
+    try {
+      plain = await from.unwrap(r.encrypted_dek);
+    } catch (err) {
+      if (err instanceof DecryptError) return { id: r.id, error: err.message };
+      throw err;
+    }
+    return { id: r.id, wrapped: await to.wrap(plain) };
+  };
+  const collect = (res: { id: string; wrapped?: string; error?: string }) => {
+    if (res.wrapped !== undefined) { out.ids.push(res.id); out.wrapped.push(res.wrapped); } else out.errors.push({ id: res.id, message: res.error! });
+  };
+  if ('unwrapSync' in from && 'wrapSync' in to) {
+    // Local to local: plain synchronous crypto, no promise per DEK.
+    const f = from as KeyWrapper & { unwrapSync(w: string): Buffer };
+    const t = to as KeyWrapper & { wrapSync(d: Buffer): string };
+    for (const r of rows) {
+      let plain: Buffer;
+      try {
+        plain = f.unwrapSync(r.encrypted_dek);
+      } catch (err) {
+        if (!(err instanceof DecryptError)) throw err;
+        out.errors.push({ id: r.id, message: err.message });
+        continue;
+      }
+      out.ids.push(r.id);
+      out.wrapped.push(t.wrapSync(plain));
+    }
+    return out;
+  }
+  for (let i = 0; i < rows.length; i += KMS_PARALLEL) (await Promise.all(rows.slice(i, i + KMS_PARALLEL).map(one))).forEach(collect);
+  return out;
+}
+
+// Marks the job running and recounts what is left, so a resumed job reports a true total.
+export async function beginMigrateAll(s: Pick<Services, 'db'>, jobId: string): Promise<KeyJobRow | undefined> {
+  return s.db.transaction(async (trx) => {
+    const job = await lockKeyJob(trx, jobId);
+    if (!job || (job.status !== 'queued' && job.status !== 'running')) return undefined;
+    const left = await countDeksAfter(trx, job.source_envelope_key_id!, job.cursor);
+    await markKeyJobRunning(trx, jobId, job.done + job.failed + left);
+    return getKeyJob(trx, jobId);
+  });
+}
+
+// One batch of a running job; returns the job row after it, with `finished` once nothing is left.
+export async function migrateNextBatch(s: Pick<Services, 'db' | 'cfg'>, jobId: string, batchSize: number): Promise<{ job: KeyJobRow; finished: boolean }> {
+  return s.db.transaction(async (trx) => {
+    const job = await lockKeyJob(trx, jobId);
+    if (!job) throw new NotFound('job', jobId);
+    if (job.status !== 'running') return { job, finished: true };
+    const source = job.source_envelope_key_id!;
+    const target = String(job.params.to_envelope_encryption_key_id);
+    const rows = await deksAfter(trx, source, job.cursor, batchSize);
+    if (!rows.length) {
+      await finishKeyJob(trx, jobId, 'completed');
+      return { job: (await getKeyJob(trx, jobId))!, finished: true };
+    }
+    const res = await rewrapAll(await wrapperFor(s, source, trx), await wrapperFor(s, target, trx), rows);
+    const updated = await rewrapDeks(trx, source, target, res.ids, res.wrapped);
+    await recordKeyJobProgress(trx, jobId, {
+      done: updated.length,
+      failed: res.errors.length,
+      // DEKs that left the source meanwhile (single migrations) are no longer part of the job.
+      total: updated.length - res.ids.length,
+      cursor: rows[rows.length - 1].id,
+      errors: res.errors,
+    });
+    return { job: (await getKeyJob(trx, jobId))!, finished: false };
+  });
+}
+
+export async function failKeyJob(s: Pick<Services, 'db'>, jobId: string, message: string): Promise<void> {
+  await s.db.transaction(async (trx) => {
+    const job = await lockKeyJob(trx, jobId);
+    if (job && (job.status === 'queued' || job.status === 'running')) await finishKeyJob(trx, jobId, 'failed', { id: jobId, message });
+  });
+}

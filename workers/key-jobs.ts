@@ -1,0 +1,28 @@
+// The key-jobs queue carries several kinds of key work; each job name has its processor here.
+import { UnrecoverableError, type Job } from 'bullmq';
+import type { Services } from '../domain/services.ts';
+import type { JobPayloads } from '../queues/names.ts';
+import { createMigrateDeksProcessor } from './migrate-deks.ts';
+import { failKeyJob } from '../domain/crypto/dek-migration.ts';
+
+export type KeyJobProcessor = (job: Job<JobPayloads['key-jobs']>) => Promise<unknown>;
+
+export function createKeyJobsProcessor(services: Services): KeyJobProcessor {
+  const processors: Record<string, KeyJobProcessor> = {
+    'migrate-deks': createMigrateDeksProcessor(services),
+  };
+  return async (job) => {
+    const processor = processors[job.name];
+    if (!processor) throw new UnrecoverableError(`no processor for key job '${job.name}'`);
+    return processor(job);
+  };
+}
+
+// A job that stalled too often (its worker killed repeatedly) never reaches its processor's own
+// failure handling; its key_jobs row is closed here.
+export function onKeyJobFailed(services: Services) {
+  return (job: Job<JobPayloads['key-jobs']> | undefined, err: Error): void => {
+    if (!job || !/stalled/i.test(err.message)) return;
+    failKeyJob(services, job.data.job_id, err.message).catch(() => undefined);
+  };
+}

@@ -1,0 +1,42 @@
+// Processor of 'migrate-deks' jobs on the key-jobs queue: re-wraps every DEK of an envelope key
+// in batches (domain/crypto/dek-migration.ts), reporting progress in the key_jobs row and the
+// BullMQ job. Safe to run again after a crash: the job row's cursor says where to go on.
+import { UnrecoverableError, type Job } from 'bullmq';
+import type { Services } from '../domain/services.ts';
+import type { JobPayloads } from '../queues/names.ts';
+import { AppError } from '../domain/errors.ts';
+import { beginMigrateAll, failKeyJob, migrateNextBatch } from '../domain/crypto/dek-migration.ts';
+import { invalidateKeyring } from '../domain/keyring.ts';
+
+export function createMigrateDeksProcessor(services: Services) {
+  const { log, cfg } = services;
+  return async (job: Job<JobPayloads['key-jobs']>): Promise<void> => {
+    const jobId = job.data.job_id;
+    try {
+      const started = await beginMigrateAll(services, jobId);
+      if (!started) return;
+      log.info({ job_id: jobId, total: started.total, done: started.done }, 'DEK migration running');
+      for (;;) {
+        const { job: row, finished } = await migrateNextBatch(services, jobId, cfg.DEK_MIGRATION_BATCH);
+        await job.updateProgress({ total: row.total, done: row.done, failed: row.failed });
+        if (finished) {
+          log.info({ job_id: jobId, status: row.status, done: row.done, failed: row.failed }, 'DEK migration finished');
+          break;
+        }
+      }
+      await invalidateKeyring(services.bus, { all: true });
+    } catch (err) {
+      const message = err instanceof Error ? err.message : String(err);
+      // A missing envelope key or an unusable key file does not heal by retrying.
+      const permanent = err instanceof AppError && (err.status === 404 || err.status === 500);
+      const lastAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
+      if (permanent || lastAttempt) {
+        await failKeyJob(services, jobId, message);
+        log.error({ job_id: jobId, err: { message } }, 'DEK migration failed');
+        throw new UnrecoverableError(message);
+      }
+      log.warn({ job_id: jobId, err: { message } }, 'DEK migration batch failed; will retry');
+      throw err;
+    }
+  };
+}
