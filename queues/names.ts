@@ -22,6 +22,6 @@ export function defaultJobOptions(cfg: Config, queue: QueueName): JobsOptions {
     case 'credential-refresh':
       return { ...common, attempts: 5, backoff: { type: 'exponential', delay: 2000 } };
     case 'push-notifications':
-      return { ...common, attempts: 8, backoff: { type: 'exponential', delay: 500 } };
+      return { ...common, attempts: cfg.PUSH_ATTEMPTS, backoff: { type: 'exponential', delay: cfg.PUSH_BACKOFF_MS } };
   }
 }
