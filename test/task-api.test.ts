@@ -1,0 +1,500 @@
+// The task API (SPEC.md section 3) through HTTP, against a stack without workers so tasks stay
+// where the test puts them.
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import { resetDb, startStack, testDb, textMessage, type Response, type Stack } from './helpers/stack.ts';
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+const ISO_MS = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
+const TASK_KEYS = ['context_id', 'created_at', 'id', 'metadata', 'status', 'status_message_id', 'status_timestamp', 'updated_at'];
+const MESSAGE_KEYS = ['created_at', 'id', 'metadata', 'parts', 'reference_task_ids', 'role', 'task_id'];
+const TIMELINE_KEYS = ['created_at', 'event_payload', 'id', 'task_id'];
+
+const keys = (o: object) => Object.keys(o).sort();
+
+function assertTask(t: any, expect: Partial<Record<string, unknown>> = {}) {
+  assert.deepEqual(keys(t), TASK_KEYS);
+  assert.match(t.id, UUID);
+  assert.match(t.context_id, UUID);
+  for (const k of ['status_timestamp', 'created_at', 'updated_at']) assert.match(t[k], ISO_MS, k);
+  assert.equal(typeof t.metadata, 'object');
+  for (const [k, v] of Object.entries(expect)) assert.deepEqual(t[k], v, k);
+}
+
+function assertMessage(m: any, expect: Partial<Record<string, unknown>> = {}) {
+  assert.deepEqual(keys(m), MESSAGE_KEYS);
+  assert.match(m.id, UUID);
+  assert.match(m.task_id, UUID);
+  assert.match(m.created_at, ISO_MS);
+  assert.ok(Array.isArray(m.parts) && Array.isArray(m.reference_task_ids));
+  for (const [k, v] of Object.entries(expect)) assert.deepEqual(m[k], v, k);
+}
+
+function assertTimelineItem(i: any, taskId: string) {
+  assert.deepEqual(keys(i), TIMELINE_KEYS);
+  assert.match(i.id, UUID);
+  assert.equal(i.task_id, taskId);
+  assert.match(i.created_at, ISO_MS);
+}
+
+function assertError(r: Response, status: number, code: string) {
+  assert.equal(r.status, status, r.text);
+  assert.equal(typeof r.body.message, 'string');
+  assert.ok(r.body.message.length > 0);
+  assert.equal(r.body.data.code, code, r.text);
+}
+
+const noToken = (r: Response) => assert.ok(!('next_page_token' in r.body), `next_page_token must be absent: ${r.text}`);
+
+describe('task API', () => {
+  let stack: Stack;
+  const create = async (body: Record<string, unknown> = { message: textMessage('hi') }) => {
+    const r = await stack.client.post('/api/task/v1', body);
+    assert.equal(r.status, 201, r.text);
+    return r.body as { task: any; message: any };
+  };
+  const put = (id: string, body: unknown) => stack.client.put(`/api/task/v1/${id}`, body);
+  const counts = async () => {
+    const db = testDb();
+    const [[t], [m], [i]] = await Promise.all(['tasks', 'messages', 'timeline_items'].map((table) => db(table).count({ n: '*' })));
+    return [t.n, m.n, i.n];
+  };
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack({}, { workers: 0 });
+  });
+  after(async () => stack?.stop());
+
+  describe('POST /api/task/v1 (create)', () => {
+    it('answers 201 {task, message} shaped as the seed, task submitted, with a new context', async () => {
+      const r = await stack.client.post('/api/task/v1', { message: { ...textMessage('hello'), metadata: { a: 1 } }, metadata: { origin: 'test', nested: { x: [1] } } });
+      assert.equal(r.status, 201);
+      assert.deepEqual(keys(r.body), ['message', 'task']);
+      const { task, message } = r.body;
+      assertTask(task, { status: 'submitted', status_message_id: null, metadata: { origin: 'test', nested: { x: [1] } } });
+      assert.equal(task.status_timestamp, task.created_at);
+      assertMessage(message, { task_id: task.id, role: 'user', parts: [{ type: 'text-part', text: 'hello' }], reference_task_ids: [], metadata: { a: 1 } });
+    });
+
+    it('uses a given context_id, and stores text, data and file parts as sent', async () => {
+      const contextId = randomUUID();
+      const ref = (await create()).task.id;
+      const parts = [
+        { type: 'text-part', text: 'see data', metadata: { lang: 'en' } },
+        { type: 'data-part', data: { amount: 12.5, items: ['a', 'b'], deep: { ok: true } } },
+        { type: 'file-part', file: { name: 'a.txt', mime_type: 'text/plain', bytes: Buffer.from('hello').toString('base64') } },
+        { type: 'file-part', file: { uri: 'https://example.com/b.pdf' } },
+      ];
+      const { task, message } = await create({ context_id: contextId, message: { role: 'user', parts, reference_task_ids: [ref] } });
+      assert.equal(task.context_id, contextId);
+      assertMessage(message, { parts, reference_task_ids: [ref], metadata: {} });
+      const second = await create({ context_id: contextId, message: textMessage('again') });
+      assert.equal(second.task.context_id, contextId);
+      const got = await stack.client.get(`/api/task/v1/${task.id}`);
+      assert.deepEqual(got.body.messages[0].parts, parts);
+    });
+
+    const bad: [string, unknown, string][] = [
+      ['no message', {}, 'body.message'],
+      ['an unknown top-level member', { message: textMessage('x'), priority: 1 }, 'body.priority'],
+      ['an unknown member in the message', { message: { ...textMessage('x'), sender: 'me' } }, 'body.message.sender'],
+      ['an unknown member in a part', { message: { role: 'user', parts: [{ type: 'text-part', text: 'x', lang: 'en' }] } }, 'body.message.parts.0.lang'],
+      ['a part of an unknown type', { message: { role: 'user', parts: [{ type: 'image-part', url: 'x' }] } }, 'body.message.parts.0.type'],
+      ['a part without a type', { message: { role: 'user', parts: [{ text: 'x' }] } }, 'body.message.parts.0.type'],
+      ['a text part without text', { message: { role: 'user', parts: [{ type: 'text-part' }] } }, 'body.message.parts.0.text'],
+      ['a data part whose data is not an object', { message: { role: 'user', parts: [{ type: 'data-part', data: 'x' }] } }, 'body.message.parts.0.data'],
+      ['a file part with bad base64', { message: { role: 'user', parts: [{ type: 'file-part', file: { bytes: 'not base64!' } }] } }, 'body.message.parts.0.file.bytes'],
+      ['a file part with an empty file', { message: { role: 'user', parts: [{ type: 'file-part', file: {} }] } }, 'body.message.parts.0.file'],
+      ['no parts', { message: { role: 'user', parts: [] } }, 'body.message.parts'],
+      ['an unknown role', { message: { role: 'system', parts: [{ type: 'text-part', text: 'x' }] } }, 'body.message.role'],
+      ['a missing role', { message: { parts: [{ type: 'text-part', text: 'x' }] } }, 'body.message.role'],
+      ['a non-UUID context_id', { context_id: 'ctx-1', message: textMessage('x') }, 'body.context_id'],
+      ['a non-UUID reference_task_id', { message: { ...textMessage('x'), reference_task_ids: ['t1'] } }, 'body.message.reference_task_ids.0'],
+      ['metadata that is not an object', { message: textMessage('x'), metadata: [1] }, 'body.metadata'],
+      ['a body that is an array', [textMessage('x')], 'body'],
+    ];
+    for (const [what, body, path] of bad) {
+      it(`answers 400 naming ${path} for ${what}, and stores nothing`, async () => {
+        const before = await counts();
+        const r = await stack.client.post('/api/task/v1', body);
+        assertError(r, 400, 'invalid_request');
+        assert.ok(r.body.data.errors.some((e: { path: string }) => e.path === path), `expected an error at ${path}: ${r.text}`);
+        assert.deepEqual(await counts(), before);
+      });
+    }
+
+    it('answers 400 for a missing body', async () => {
+      const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': 'application/json' } });
+      assertError(r, 400, 'invalid_request');
+    });
+  });
+
+  describe('GET /api/task/v1/{task_id}', () => {
+    it('returns {task, messages} oldest first, without status_message or token when there is none', async () => {
+      const { task, message } = await create({ message: textMessage('first') });
+      const second = await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage('second'));
+      const r = await stack.client.get(`/api/task/v1/${task.id}`);
+      assert.equal(r.status, 200);
+      assert.deepEqual(keys(r.body), ['messages', 'task']);
+      assertTask(r.body.task, { id: task.id, status: 'submitted' });
+      assert.deepEqual(r.body.messages, [message, second.body.message]);
+    });
+
+    it('carries status_message after a status change with a message', async () => {
+      const { task } = await create();
+      const r = await put(task.id, { status: 'working', message: textMessage('on it', 'agent') });
+      const got = await stack.client.get(`/api/task/v1/${task.id}`);
+      assert.deepEqual(keys(got.body), ['messages', 'status_message', 'task']);
+      assertMessage(got.body.status_message, { role: 'agent', parts: [{ type: 'text-part', text: 'on it' }] });
+      assert.equal(got.body.task.status_message_id, got.body.status_message.id);
+      assert.deepEqual(got.body.task, r.body);
+    });
+
+    it('returns the first 100 messages and messages_next_page_token, which GET .../message continues', async () => {
+      const { task, message } = await create({ message: textMessage('m0') });
+      for (let i = 1; i <= 101; i++) assert.equal((await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage(`m${i}`))).status, 201);
+      const r = await stack.client.get(`/api/task/v1/${task.id}`);
+      assert.equal(r.body.messages.length, 100);
+      assert.equal(r.body.messages[0].id, message.id);
+      assert.equal(typeof r.body.messages_next_page_token, 'string');
+      const rest = await stack.client.get(`/api/task/v1/${task.id}/message?next_page_token=${r.body.messages_next_page_token}`);
+      assert.equal(rest.status, 200);
+      assert.deepEqual(rest.body.items.map((m: any) => m.parts[0].text), ['m100', 'm101']);
+      noToken(rest);
+    });
+
+    it('answers 404 with resource and id for an unknown task, 400 for a non-UUID id', async () => {
+      const id = randomUUID();
+      const r = await stack.client.get(`/api/task/v1/${id}`);
+      assertError(r, 404, 'not_found');
+      assert.equal(r.body.data.resource, 'task');
+      assert.equal(r.body.data.id, id);
+      const bad = await stack.client.get('/api/task/v1/not-a-uuid');
+      assertError(bad, 400, 'invalid_request');
+      assert.equal(bad.body.data.errors[0].path, 'path.task_id');
+    });
+  });
+
+  describe('PUT /api/task/v1/{task_id} (status)', () => {
+    it('changes the status, answers the Task, and appends one task-status-update', async () => {
+      const { task } = await create();
+      const r = await put(task.id, { status: 'working' });
+      assert.equal(r.status, 200);
+      assertTask(r.body, { id: task.id, status: 'working', status_message_id: null });
+      assert.ok(r.body.status_timestamp >= task.status_timestamp);
+      const tl = await stack.client.get(`/api/task/v1/${task.id}/timeline`);
+      assertTimelineItem(tl.body.items[0], task.id);
+      assert.deepEqual(tl.body.items[0].event_payload, { type: 'task-status-update', status: 'working' });
+    });
+
+    it('stores a status message first and links it as status_message_id', async () => {
+      const { task } = await create();
+      await put(task.id, { status: 'working' });
+      const r = await put(task.id, { status: 'input-required', message: textMessage('which colour?', 'agent') });
+      assert.equal(r.status, 200);
+      assert.match(r.body.status_message_id, UUID);
+      const tl = await stack.client.get(`/api/task/v1/${task.id}/timeline`);
+      const [statusItem, messageItem] = tl.body.items;
+      assert.deepEqual(statusItem.event_payload, { type: 'task-status-update', status: 'input-required', status_message_id: r.body.status_message_id });
+      assert.equal(messageItem.event_payload.type, 'message');
+      assert.equal(messageItem.event_payload.message.id, r.body.status_message_id);
+    });
+
+    it('allows every transition the spec lists', async () => {
+      const paths = [
+        ['working', 'working', 'input-required', 'working', 'auth-required', 'working', 'completed'],
+        ['working', 'failed'], ['working', 'canceled'], ['canceled'], ['rejected'], ['failed'],
+        ['working', 'input-required', 'canceled'], ['working', 'auth-required', 'failed'],
+      ];
+      for (const steps of paths) {
+        const { task } = await create();
+        for (const status of steps) {
+          const r = await put(task.id, { status });
+          assert.equal(r.status, 200, `${steps.join('>')} at ${status}: ${r.text}`);
+          assert.equal(r.body.status, status);
+        }
+      }
+    });
+
+    const illegal: [string[], string][] = [
+      [[], 'completed'], [[], 'submitted'], [[], 'input-required'], [[], 'unknown'],
+      [['working'], 'submitted'], [['working'], 'rejected'],
+      [['working', 'input-required'], 'completed'], [['working', 'input-required'], 'input-required'],
+      [['working', 'completed'], 'working'], [['canceled'], 'canceled'], [['rejected'], 'working'],
+    ];
+    for (const [steps, to] of illegal) {
+      const from = steps.at(-1) ?? 'submitted';
+      it(`answers 409 with data {from: ${from}, to: ${to}} and changes nothing`, async () => {
+        const { task } = await create();
+        for (const s of steps) assert.equal((await put(task.id, { status: s })).status, 200);
+        const before = await stack.client.get(`/api/task/v1/${task.id}`);
+        const beforeCounts = await counts();
+        const r = await put(task.id, { status: to, message: textMessage('nope', 'agent') });
+        assertError(r, 409, 'conflict');
+        assert.equal(r.body.data.from, from);
+        assert.equal(r.body.data.to, to);
+        assert.deepEqual((await stack.client.get(`/api/task/v1/${task.id}`)).body, before.body);
+        assert.deepEqual(await counts(), beforeCounts);
+      });
+    }
+
+    it('answers 404 for an unknown task, 400 for a bad status, unknown member or non-UUID id', async () => {
+      assertError(await put(randomUUID(), { status: 'working' }), 404, 'not_found');
+      const { task } = await create();
+      const badStatus = await put(task.id, { status: 'done' });
+      assertError(badStatus, 400, 'invalid_request');
+      assert.equal(badStatus.body.data.errors[0].path, 'body.status');
+      assertError(await put(task.id, { status: 'working', force: true }), 400, 'invalid_request');
+      assertError(await put(task.id, {}), 400, 'invalid_request');
+      assertError(await put(task.id, { status: 'working', message: { role: 'agent', parts: [{ type: 'bogus' }] } }), 400, 'invalid_request');
+      assertError(await put('123', { status: 'working' }), 400, 'invalid_request');
+      assert.equal((await stack.client.get(`/api/task/v1/${task.id}`)).body.task.status, 'submitted');
+    });
+  });
+
+  describe('POST /api/task/v1/{task_id}/message', () => {
+    it('answers 201 {message, timeline_item} for user and agent messages', async () => {
+      const { task } = await create();
+      for (const role of ['user', 'agent'] as const) {
+        const r = await stack.client.post(`/api/task/v1/${task.id}/message`, { role, parts: [{ type: 'data-part', data: { role } }], metadata: { k: role } });
+        assert.equal(r.status, 201);
+        assert.deepEqual(keys(r.body), ['message', 'timeline_item']);
+        assertMessage(r.body.message, { task_id: task.id, role, parts: [{ type: 'data-part', data: { role } }], metadata: { k: role }, reference_task_ids: [] });
+        assertTimelineItem(r.body.timeline_item, task.id);
+        assert.deepEqual(r.body.timeline_item.event_payload, { type: 'message', message: r.body.message });
+      }
+      // Messages do not change the status.
+      assert.equal((await stack.client.get(`/api/task/v1/${task.id}`)).body.task.status, 'submitted');
+    });
+
+    it('answers 409 for a task in a terminal state, and stores nothing', async () => {
+      for (const steps of [['working', 'completed'], ['canceled'], ['rejected'], ['failed']]) {
+        const { task } = await create();
+        for (const s of steps) await put(task.id, { status: s });
+        const before = await counts();
+        const r = await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage('late'));
+        assertError(r, 409, 'conflict');
+        assert.deepEqual(await counts(), before);
+      }
+    });
+
+    it('answers 404 for an unknown task and 400 for bad bodies or ids', async () => {
+      assertError(await stack.client.post(`/api/task/v1/${randomUUID()}/message`, textMessage('x')), 404, 'not_found');
+      const { task } = await create();
+      const before = await counts();
+      for (const body of [{}, { role: 'user' }, { role: 'user', parts: [{ type: 'text-part', text: 'x' }], extra: 1 }, { role: 'robot', parts: [{ type: 'text-part', text: 'x' }] }, { role: 'user', parts: [{ type: 'video-part' }] }]) {
+        assertError(await stack.client.post(`/api/task/v1/${task.id}/message`, body), 400, 'invalid_request');
+      }
+      assertError(await stack.client.post('/api/task/v1/nope/message', textMessage('x')), 400, 'invalid_request');
+      assert.deepEqual(await counts(), before);
+    });
+  });
+
+  describe('GET /api/task/v1/{task_id}/timeline', () => {
+    it('lists status, message and artifact items newest first, or oldest first with order=asc', async () => {
+      const { task, message } = await create();
+      await put(task.id, { status: 'working' });
+      const desc = await stack.client.get(`/api/task/v1/${task.id}/timeline`);
+      assert.equal(desc.status, 200);
+      assert.deepEqual(keys(desc.body), ['items']);
+      for (const i of desc.body.items) assertTimelineItem(i, task.id);
+      const payloads = desc.body.items.map((i: any) => i.event_payload);
+      assert.deepEqual(payloads, [
+        { type: 'task-status-update', status: 'working' },
+        { type: 'message', message },
+        { type: 'task-status-update', status: 'submitted' },
+      ]);
+      const asc = await stack.client.get(`/api/task/v1/${task.id}/timeline?order=asc`);
+      assert.deepEqual(asc.body.items, [...desc.body.items].reverse());
+    });
+
+    it('answers 404 for an unknown task, 400 for a bad order or id', async () => {
+      assertError(await stack.client.get(`/api/task/v1/${randomUUID()}/timeline`), 404, 'not_found');
+      const { task } = await create();
+      assertError(await stack.client.get(`/api/task/v1/${task.id}/timeline?order=sideways`), 400, 'invalid_request');
+      assertError(await stack.client.get('/api/task/v1/x/timeline'), 400, 'invalid_request');
+    });
+  });
+
+  describe('GET /api/task/v1/{task_id}/message', () => {
+    it('lists messages oldest first; 404 for an unknown task', async () => {
+      const { task, message } = await create();
+      const m2 = await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage('two', 'agent'));
+      const r = await stack.client.get(`/api/task/v1/${task.id}/message`);
+      assert.equal(r.status, 200);
+      assert.deepEqual(r.body, { items: [message, m2.body.message] });
+      assertError(await stack.client.get(`/api/task/v1/${randomUUID()}/message`), 404, 'not_found');
+    });
+  });
+
+  describe('lists and pagination', () => {
+    before(resetDb);
+
+    it('list-contexts requires page_size', async () => {
+      const r = await stack.client.get('/api/task/v1/context');
+      assertError(r, 400, 'invalid_request');
+      assert.equal(r.body.data.errors[0].path, 'query.page_size');
+    });
+
+    const lists = ['/api/task/v1/context', '/api/task/v1', `/api/task/v1/context/${randomUUID()}/task`];
+    for (const list of lists) {
+      for (const size of ['0', '1001', '1.5', 'ten', '-1', '']) {
+        it(`${list} answers 400 for page_size=${size}`, async () => {
+          const r = await stack.client.get(`${list}?page_size=${size}`);
+          assertError(r, 400, 'invalid_request');
+          assert.equal(r.body.data.errors[0].path, 'query.page_size');
+        });
+      }
+      it(`${list} answers 400 for page tokens it did not issue`, async () => {
+        const foreign = [
+          'garbage!', 'bm90IGpzb24', Buffer.from('[1]').toString('base64url'), Buffer.from('{"a":1}').toString('base64url'),
+          Buffer.from('["2026-01-01T00:00:00.000Z","not-a-uuid"]').toString('base64url'),
+          Buffer.from('["yesterday","00000000-0000-4000-8000-000000000000"]').toString('base64url'),
+        ];
+        for (const token of foreign) {
+          const r = await stack.client.get(`${list}?page_size=5&next_page_token=${encodeURIComponent(token)}`);
+          assertError(r, 400, 'invalid_request');
+        }
+      });
+    }
+
+    it('message and timeline lists answer 400 for tokens of another list and bad page sizes', async () => {
+      const { task } = await create();
+      const token = Buffer.from('["2026-01-01T00:00:00.000Z","00000000-0000-4000-8000-000000000000"]').toString('base64url');
+      for (const what of ['message', 'timeline']) {
+        assertError(await stack.client.get(`/api/task/v1/${task.id}/${what}?next_page_token=${token}`), 400, 'invalid_request');
+        assertError(await stack.client.get(`/api/task/v1/${task.id}/${what}?page_size=0`), 400, 'invalid_request');
+        assertError(await stack.client.get(`/api/task/v1/${task.id}/${what}?page_size=1001`), 400, 'invalid_request');
+      }
+    });
+
+    // Pages through a list, running `between` after each page; checks each row comes once,
+    // in order, and that the last page has no next_page_token.
+    async function pageThrough(url: string, size: number, idOf: (item: any) => string, between: () => Promise<void>) {
+      const seen: any[] = [];
+      let token: string | undefined;
+      let pages = 0;
+      for (;;) {
+        const sep = url.includes('?') ? '&' : '?';
+        const r = await stack.client.get(`${url}${sep}page_size=${size}${token ? `&next_page_token=${token}` : ''}`);
+        assert.equal(r.status, 200, r.text);
+        assert.ok(r.body.items.length <= size);
+        seen.push(...r.body.items);
+        pages++;
+        if (!('next_page_token' in r.body)) break;
+        assert.equal(typeof r.body.next_page_token, 'string');
+        assert.equal(r.body.items.length, size);
+        token = r.body.next_page_token;
+        await between();
+      }
+      const ids = seen.map(idOf);
+      assert.equal(new Set(ids).size, ids.length, 'no row twice');
+      return { seen, ids, pages };
+    }
+
+    it('list-contexts returns each context once with its first task\'s created_at, across pages with inserts between', async () => {
+      await resetDb();
+      const shared = await create();
+      const sharedCtx = shared.task.context_id;
+      await create({ context_id: sharedCtx, message: textMessage('second in context') });
+      await create({ context_id: sharedCtx, message: textMessage('third in context') });
+      const originals = [sharedCtx];
+      for (let i = 0; i < 7; i++) originals.push((await create()).task.context_id);
+      const { seen, ids, pages } = await pageThrough('/api/task/v1/context', 3, (c) => c.context_id, async () => {
+        await create();
+        await create({ context_id: sharedCtx, message: textMessage('more') });
+      });
+      assert.ok(pages >= 3);
+      for (const c of seen) assert.deepEqual(keys(c), ['context_id', 'created_at']);
+      for (const id of originals) assert.ok(ids.includes(id), `context ${id} skipped`);
+      assert.equal(seen.find((c) => c.context_id === sharedCtx).created_at, shared.task.created_at);
+      const order = seen.map((c) => [c.created_at, c.context_id].join(' '));
+      assert.deepEqual(order, [...order].sort().reverse(), 'newest first');
+    });
+
+    it('list-tasks pages newest first across 3+ pages with inserts between, without duplicates or skips', async () => {
+      const originals: string[] = [];
+      for (let i = 0; i < 8; i++) originals.push((await create()).task.id);
+      const before = (await stack.client.get('/api/task/v1?page_size=1000')).body.items.map((t: any) => t.id);
+      const { seen, ids, pages } = await pageThrough('/api/task/v1', 4, (t) => t.id, async () => { await create(); });
+      assert.ok(pages >= 3);
+      for (const t of seen) assertTask(t);
+      for (const id of before) assert.ok(ids.includes(id), `task ${id} skipped`);
+      const order = seen.map((t) => [t.created_at, t.id].join(' '));
+      assert.deepEqual(order, [...order].sort().reverse(), 'newest first');
+    });
+
+    it('list-tasks filters by status and context_id, defaults page_size to 50, and rejects bad filters', async () => {
+      const ctx = randomUUID();
+      const a = await create({ context_id: ctx, message: textMessage('a') });
+      const b = await create({ context_id: ctx, message: textMessage('b') });
+      await put(a.task.id, { status: 'canceled' });
+      const byCtx = await stack.client.get(`/api/task/v1?context_id=${ctx}`);
+      assert.deepEqual(byCtx.body.items.map((t: any) => t.id), [b.task.id, a.task.id]);
+      noToken(byCtx);
+      const canceled = await stack.client.get(`/api/task/v1?status=canceled&context_id=${ctx}`);
+      assert.deepEqual(canceled.body.items.map((t: any) => t.id), [a.task.id]);
+      const allCanceled = await stack.client.get('/api/task/v1?status=canceled');
+      assert.ok(allCanceled.body.items.every((t: any) => t.status === 'canceled'));
+      assert.ok(allCanceled.body.items.length >= 1);
+      assertError(await stack.client.get('/api/task/v1?status=done'), 400, 'invalid_request');
+      assertError(await stack.client.get('/api/task/v1?context_id=nope'), 400, 'invalid_request');
+
+      let total = (await stack.client.get('/api/task/v1?page_size=1000')).body.items.length;
+      for (; total <= 50; total++) await create();
+      const page = await stack.client.get('/api/task/v1');
+      assert.equal(page.body.items.length, 50);
+      assert.equal(typeof page.body.next_page_token, 'string');
+    });
+
+    it('tasks of a context: pages with inserts between; an exactly full last page has no token; unknown context is empty', async () => {
+      const ctx = randomUUID();
+      for (let i = 0; i < 9; i++) await create({ context_id: ctx, message: textMessage(`t${i}`) });
+      const before = (await stack.client.get(`/api/task/v1/context/${ctx}/task?page_size=1000`)).body.items.map((t: any) => t.id);
+      assert.equal(before.length, 9);
+      const { ids, pages } = await pageThrough(`/api/task/v1/context/${ctx}/task`, 3, (t) => t.id, async () => { await create({ context_id: ctx, message: textMessage('new') }); });
+      assert.ok(pages >= 3);
+      for (const id of before) assert.ok(ids.includes(id));
+
+      const exact = randomUUID();
+      for (let i = 0; i < 3; i++) await create({ context_id: exact, message: textMessage(`e${i}`) });
+      const full = await stack.client.get(`/api/task/v1/context/${exact}/task?page_size=3`);
+      assert.equal(full.body.items.length, 3);
+      noToken(full);
+
+      const empty = await stack.client.get(`/api/task/v1/context/${randomUUID()}/task`);
+      assert.equal(empty.status, 200);
+      assert.deepEqual(empty.body, { items: [] });
+      assertError(await stack.client.get('/api/task/v1/context/nope/task'), 400, 'invalid_request');
+    });
+
+    it('messages page oldest first across 3+ pages; messages added between pages come at the end', async () => {
+      const { task } = await create({ message: textMessage('0') });
+      for (let i = 1; i < 8; i++) await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage(String(i)));
+      let n = 8;
+      const { seen, pages } = await pageThrough(`/api/task/v1/${task.id}/message`, 3, (m) => m.id, async () => {
+        await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage(String(n++)));
+      });
+      assert.ok(pages >= 3);
+      for (const m of seen) assertMessage(m, { task_id: task.id });
+      assert.deepEqual(seen.map((m) => m.parts[0].text), Array.from({ length: n }, (_, i) => String(i)));
+    });
+
+    it('the timeline pages both ways across 3+ pages with items added between pages', async () => {
+      const { task } = await create({ message: textMessage('0') });
+      for (let i = 1; i < 8; i++) await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage(String(i)));
+      const before = (await stack.client.get(`/api/task/v1/${task.id}/timeline?page_size=1000`)).body.items.map((i: any) => i.id);
+      const add = async () => { await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage('more')); };
+      const desc = await pageThrough(`/api/task/v1/${task.id}/timeline`, 3, (i) => i.id, add);
+      assert.ok(desc.pages >= 3);
+      assert.deepEqual(desc.ids, before, 'newest first: later items belong before the first page');
+      const beforeAsc = (await stack.client.get(`/api/task/v1/${task.id}/timeline?order=asc&page_size=1000`)).body.items.map((i: any) => i.id);
+      const asc = await pageThrough(`/api/task/v1/${task.id}/timeline?order=asc`, 3, (i) => i.id, add);
+      assert.ok(asc.pages >= 3);
+      assert.deepEqual(asc.ids.slice(0, beforeAsc.length), beforeAsc);
+      const all = (await stack.client.get(`/api/task/v1/${task.id}/timeline?order=asc&page_size=1000`)).body.items.map((i: any) => i.id);
+      assert.deepEqual(asc.ids, all, 'oldest first: items added between pages come at the end');
+    });
+  });
+});
