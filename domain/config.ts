@@ -24,6 +24,8 @@ const ConfigSchema = Type.Object({
   AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 50 }),
   KEY_JOB_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 64, default: 2 }),
   DEK_MIGRATION_BATCH: Type.Integer({ minimum: 1, maximum: 100000, default: 2000 }),
+  // Secrets re-encrypted per transaction when an alias is rotated.
+  ALIAS_ROTATION_BATCH: Type.Integer({ minimum: 1, maximum: 100000, default: 500 }),
   // How long a killed worker's job stays locked before another worker takes it over.
   WORKER_LOCK_MS: Type.Integer({ minimum: 500, default: 30000 }),
   WORKER_STALLED_CHECK_MS: Type.Integer({ minimum: 200, default: 15000 }),
