@@ -5,12 +5,13 @@ import { createDecipheriv, createCipheriv, randomBytes } from 'node:crypto';
 import { loadConfig } from '../domain/config.ts';
 import { createServices, type Services } from '../domain/services.ts';
 import { DecryptError, openBase64, sealBase64 } from '../domain/crypto/aes-gcm.ts';
-import { createLocalKeyFile, KeyUnusable, localWrapper, readLocalKeyFile } from '../domain/crypto/envelope-keys.ts';
+import { checkKmsArn, createLocalKeyFile, KeyUnusable, kmsWrapper, localWrapper, readLocalKeyFile } from '../domain/crypto/envelope-keys.ts';
 import { createEnvelopeKey, bootstrapKeys } from '../domain/crypto/key-management.ts';
 import { createDek, decryptWithDek, encryptWithAlias, encryptWithDek, repointAlias, resolveAlias, startKeyringInvalidation } from '../domain/keyring.ts';
 import { insertAlias } from '../db/deks.ts';
-import { AppError, InvalidRequest, NotFound } from '../domain/errors.ts';
+import { AppError, InvalidRequest, NotFound, Upstream } from '../domain/errors.ts';
 import { resetDb, testEnv } from './helpers/stack.ts';
+import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
 
 // The wire format written out by hand from its description: base64(nonce 12 ‖ ct ‖ tag 16).
 function plainOpen(key: Buffer, b64: string): Buffer {
@@ -111,5 +112,45 @@ describe('keyring: DEKs, aliases and value encryption against Postgres', () => {
     assert.notEqual(imported.id, a.id);
     await assert.rejects(createDek(s, kek.id, undefined, { encryptedDek: sealBase64(randomBytes(32), randomBytes(32)) }), InvalidRequest);
     await assert.rejects(createDek(s, kek.id, undefined, { id: 'dek-b' }), (e: unknown) => e instanceof AppError && e.status === 409);
+  });
+});
+
+describe('crypto: AWS KMS envelope keys through the real SDK against a local KMS endpoint', () => {
+  const arn = 'arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab';
+  const other = 'arn:aws:kms:eu-west-1:123456789012:alias/other';
+  let kms: KmsServer;
+  before(async () => {
+    process.env.AWS_ACCESS_KEY_ID = 'AKIDLOCALTEST';
+    process.env.AWS_SECRET_ACCESS_KEY = 'local-test-secret';
+    kms = await startKmsServer([arn, other]);
+  });
+  after(async () => kms?.close());
+
+  it('generates, wraps and unwraps DEKs with GenerateDataKey, Encrypt and Decrypt', async () => {
+    const w = kmsWrapper(arn, 'eu-west-1', kms.url);
+    const { plain, wrapped } = await w.generate();
+    assert.equal(plain.length, 32);
+    assert.deepEqual(await w.unwrap(wrapped), plain);
+    const mine = randomBytes(32);
+    assert.deepEqual(await w.unwrap(await w.wrap(mine)), mine);
+    assert.deepEqual(kms.calls.map((c) => c.op), ['GenerateDataKey', 'Decrypt', 'Encrypt', 'Decrypt']);
+    assert.ok(kms.calls.every((c) => c.keyId === arn));
+  });
+
+  it('maps a foreign or corrupt ciphertext to DecryptError and other KMS failures to Upstream', async () => {
+    const w = kmsWrapper(arn, 'eu-west-1', kms.url);
+    const foreign = await kmsWrapper(other, 'eu-west-1', kms.url).wrap(randomBytes(32));
+    await assert.rejects(w.unwrap(foreign), DecryptError);
+    await assert.rejects(w.unwrap(Buffer.from('garbage').toString('base64')), DecryptError);
+    await assert.rejects(w.unwrap('**'), DecryptError);
+    const missing = 'arn:aws:kms:eu-west-1:123456789012:key/ffffffff-0000-0000-0000-000000000000';
+    await assert.rejects(kmsWrapper(missing, 'eu-west-1', kms.url).generate(), Upstream);
+  });
+
+  it('accepts only KMS key or alias ARNs whose region matches', () => {
+    checkKmsArn(arn, 'eu-west-1');
+    checkKmsArn(other, 'eu-west-1');
+    assert.throws(() => checkKmsArn(arn, 'us-east-1'), InvalidRequest);
+    for (const bad of ['arn:aws:s3:::bucket', 'arn:aws:kms:eu-west-1:123:key/x', 'key/abc', `${arn}/../x`]) assert.throws(() => checkKmsArn(bad, 'eu-west-1'), InvalidRequest, bad);
   });
 });

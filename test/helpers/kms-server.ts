@@ -1,0 +1,77 @@
+// A local AWS KMS stand-in speaking the KMS JSON protocol (POST /, X-Amz-Target:
+// TrentService.<Op>, application/x-amz-json-1.1) for the calls the real SDK makes: Encrypt,
+// Decrypt, GenerateDataKey. Ciphertext blobs name their key, as real KMS blobs do.
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
+
+export interface KmsServer { url: string; calls: { op: string; keyId?: string }[]; close(): Promise<void> }
+
+export async function startKmsServer(keyArns: string[]): Promise<KmsServer> {
+  const keys = new Map(keyArns.map((arn) => [arn, randomBytes(32)]));
+  const calls: { op: string; keyId?: string }[] = [];
+
+  const seal = (arn: string, plain: Buffer) => {
+    const nonce = randomBytes(12);
+    const c = createCipheriv('aes-256-gcm', keys.get(arn)!, nonce);
+    const ct = Buffer.concat([c.update(plain), c.final()]);
+    const name = Buffer.from(arn);
+    return Buffer.concat([Buffer.from([name.length >> 8, name.length & 255]), name, nonce, ct, c.getAuthTag()]);
+  };
+  const open = (blob: Buffer): { arn: string; plain: Buffer } | undefined => {
+    if (blob.length < 2) return undefined;
+    const n = blob.readUInt16BE(0);
+    const arn = blob.subarray(2, 2 + n).toString();
+    const key = keys.get(arn);
+    const rest = blob.subarray(2 + n);
+    if (!key || rest.length < 28) return undefined;
+    try {
+      const d = createDecipheriv('aes-256-gcm', key, rest.subarray(0, 12));
+      d.setAuthTag(rest.subarray(rest.length - 16));
+      return { arn, plain: Buffer.concat([d.update(rest.subarray(12, rest.length - 16)), d.final()]) };
+    } catch {
+      return undefined;
+    }
+  };
+
+  const server = http.createServer((req, res) => {
+    let raw = '';
+    req.on('data', (c) => { raw += c; });
+    req.on('end', () => {
+      const reply = (status: number, body: object) => {
+        res.writeHead(status, { 'content-type': 'application/x-amz-json-1.1' });
+        res.end(JSON.stringify(body));
+      };
+      const fail = (type: string, message: string) => reply(400, { __type: type, message });
+      const target = String(req.headers['x-amz-target'] ?? '');
+      if (req.method !== 'POST' || !String(req.headers['content-type']).startsWith('application/x-amz-json-1.1') || !target.startsWith('TrentService.')) {
+        return fail('UnknownOperationException', 'not a KMS JSON request');
+      }
+      if (!/^AWS4-HMAC-SHA256 Credential=/.test(String(req.headers.authorization ?? ''))) return fail('UnrecognizedClientException', 'unsigned request');
+      let body: Record<string, string>;
+      try { body = JSON.parse(raw); } catch { return fail('SerializationException', 'bad JSON'); }
+      const op = target.slice('TrentService.'.length);
+      calls.push({ op, keyId: body.KeyId });
+      if (op === 'Encrypt' || op === 'GenerateDataKey') {
+        if (!keys.has(body.KeyId)) return fail('NotFoundException', `key ${body.KeyId} not found`);
+        const plain = op === 'Encrypt' ? Buffer.from(body.Plaintext, 'base64') : randomBytes(body.KeySpec === 'AES_128' ? 16 : 32);
+        const out = { CiphertextBlob: seal(body.KeyId, plain).toString('base64'), KeyId: body.KeyId, EncryptionAlgorithm: 'SYMMETRIC_DEFAULT' };
+        return reply(200, op === 'Encrypt' ? out : { ...out, Plaintext: plain.toString('base64') });
+      }
+      if (op === 'Decrypt') {
+        const opened = open(Buffer.from(body.CiphertextBlob ?? '', 'base64'));
+        if (!opened) return fail('InvalidCiphertextException', 'ciphertext does not decrypt');
+        if (body.KeyId && body.KeyId !== opened.arn) return fail('IncorrectKeyException', 'ciphertext was made under another key');
+        return reply(200, { Plaintext: opened.plain.toString('base64'), KeyId: opened.arn, EncryptionAlgorithm: 'SYMMETRIC_DEFAULT' });
+      }
+      return fail('UnknownOperationException', `operation ${op} not implemented here`);
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    calls,
+    close: () => new Promise<void>((resolve) => { server.closeAllConnections(); server.close(() => resolve()); }),
+  };
+}
