@@ -1,6 +1,7 @@
 import path from 'node:path';
 import { Type, type Static } from '@sinclair/typebox';
 import { Ajv } from 'ajv';
+import { parseSkills } from './a2a/skills.ts';
 
 // Every setting the processes read, validated once at start. Env names are the upper-case keys.
 const ConfigSchema = Type.Object({
@@ -66,6 +67,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const cfg = raw as Static<typeof ConfigSchema>;
   if (cfg.AGENT_KIND === 'module' && !cfg.AGENT_MODULE) throw new ConfigError('Invalid configuration:\n  AGENT_MODULE: required when AGENT_KIND=module');
   if (cfg.AGENT_KIND === 'remote' && !cfg.AGENT_REMOTE_URL) throw new ConfigError('Invalid configuration:\n  AGENT_REMOTE_URL: required when AGENT_KIND=remote');
+  try { parseSkills(cfg.AGENT_SKILLS_JSON); } catch (e) { throw new ConfigError(`Invalid configuration:\n  AGENT_SKILLS_JSON: ${(e as Error).message}`); }
   const dataDir = path.resolve(cfg.DATA_DIR);
   return {
     ...cfg,

@@ -3,7 +3,7 @@ import type { Task as A2ATask } from '@a2a-js/sdk';
 import type { Tx } from '../../db/knex.ts';
 import * as tasks from '../../db/tasks.ts';
 import * as messages from '../../db/messages.ts';
-import { listArtifactItems } from '../../db/task-artifacts.ts';
+import { listArtifactItems } from '../../db/timeline-views.ts';
 import { TaskNotFoundError } from './errors.ts';
 import { artifactsFromTimeline, toA2ATask } from './mapping.ts';
 

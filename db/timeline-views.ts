@@ -1,0 +1,14 @@
+// Narrow reads of the timeline for the A2A views of a task.
+import type { Tx } from './knex.ts';
+import type { TimelineItem } from '../api/schemas/task.ts';
+
+// The artifact-update items of a task, oldest first: the source of A2A Task.artifacts.
+export async function listArtifactItems(db: Tx, taskId: string): Promise<Pick<TimelineItem, 'event_payload'>[]> {
+  return db('timeline_items').select('event_payload').where({ task_id: taskId }).whereRaw(`event_payload->>'type' = 'artifact-update'`).orderBy('seq', 'asc');
+}
+
+// The newest timeline seq of a task (0 if none): a follower continues after it.
+export async function lastTimelineSeq(db: Tx, taskId: string): Promise<number> {
+  const row = await db('timeline_items').where({ task_id: taskId }).max({ seq: 'seq' }).first();
+  return Number(row?.seq ?? 0);
+}

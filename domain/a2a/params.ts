@@ -1,0 +1,116 @@
+// Schemas of the JSON-RPC envelope and of each A2A v0.3 method's params, compiled once with ajv.
+// Objects allow unknown members (A2A is extended by adding fields), but every known member is
+// checked as strictly as the REST API checks the same data (api/schemas/task.ts).
+import { Type, type Static, type TSchema } from '@sinclair/typebox';
+import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
+import addFormats from 'ajv-formats';
+import { A2AError, JSONRPC } from './errors.ts';
+
+const Metadata = Type.Record(Type.String(), Type.Unknown());
+const meta = { metadata: Type.Optional(Metadata) };
+
+const TextPart = Type.Object({ kind: Type.Literal('text'), text: Type.String(), ...meta });
+const DataPart = Type.Object({ kind: Type.Literal('data'), data: Metadata, ...meta });
+const FileBody = Type.Object({
+  name: Type.Optional(Type.String()),
+  mimeType: Type.Optional(Type.String()),
+  bytes: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9+/]*={0,2}$' })),
+  uri: Type.Optional(Type.String({ format: 'uri' })),
+});
+const FilePart = Type.Object({
+  kind: Type.Literal('file'),
+  // exactly one of bytes / uri, as A2A's FileWithBytes | FileWithUri says
+  file: Type.Unsafe<Static<typeof FileBody>>({ ...FileBody, oneOf: [{ required: ['bytes'] }, { required: ['uri'] }] }),
+  ...meta,
+});
+const Part = Type.Unsafe<Static<typeof TextPart> | Static<typeof DataPart> | Static<typeof FilePart>>({
+  type: 'object',
+  required: ['kind'],
+  oneOf: [TextPart, DataPart, FilePart],
+  discriminator: { propertyName: 'kind' },
+});
+
+const Message = Type.Object({
+  kind: Type.Literal('message'),
+  messageId: Type.String({ minLength: 1, maxLength: 256 }),
+  role: Type.Literal('user', { description: 'a client sends user messages' }),
+  parts: Type.Array(Part, { minItems: 1, maxItems: 1000 }),
+  taskId: Type.Optional(Type.String({ minLength: 1 })),
+  contextId: Type.Optional(Type.String({ format: 'uuid' })),
+  referenceTaskIds: Type.Optional(Type.Array(Type.String({ format: 'uuid' }), { maxItems: 100 })),
+  extensions: Type.Optional(Type.Array(Type.String())),
+  ...meta,
+});
+
+export const PushNotificationConfig = Type.Object({
+  url: Type.String({ minLength: 1 }),
+  id: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
+  token: Type.Optional(Type.String()),
+  authentication: Type.Optional(Type.Object({ schemes: Type.Array(Type.String(), { minItems: 1 }), credentials: Type.Optional(Type.String()) })),
+});
+
+const HistoryLength = Type.Integer({ minimum: 0, maximum: 100000 });
+
+export const MessageSendParams = Type.Object({
+  message: Message,
+  configuration: Type.Optional(Type.Object({
+    acceptedOutputModes: Type.Optional(Type.Array(Type.String())),
+    blocking: Type.Optional(Type.Boolean()),
+    historyLength: Type.Optional(HistoryLength),
+    pushNotificationConfig: Type.Optional(PushNotificationConfig),
+  })),
+  ...meta,
+});
+export type MessageSendParams = Static<typeof MessageSendParams>;
+
+const TaskId = Type.String({ minLength: 1, maxLength: 256 });
+export const TaskQueryParams = Type.Object({ id: TaskId, historyLength: Type.Optional(HistoryLength), ...meta });
+export type TaskQueryParams = Static<typeof TaskQueryParams>;
+export const TaskIdParams = Type.Object({ id: TaskId, ...meta });
+export type TaskIdParams = Static<typeof TaskIdParams>;
+export const SetPushConfigParams = Type.Object({ taskId: TaskId, pushNotificationConfig: PushNotificationConfig });
+export type SetPushConfigParams = Static<typeof SetPushConfigParams>;
+export const GetPushConfigParams = Type.Object({ id: TaskId, pushNotificationConfigId: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })), ...meta });
+export type GetPushConfigParams = Static<typeof GetPushConfigParams>;
+export const DeletePushConfigParams = Type.Object({ id: TaskId, pushNotificationConfigId: Type.String({ minLength: 1, maxLength: 256 }), ...meta });
+export type DeletePushConfigParams = Static<typeof DeletePushConfigParams>;
+export const NoParams = Type.Union([Type.Object({}), Type.Null()]);
+
+export const Envelope = Type.Object({
+  jsonrpc: Type.Literal('2.0'),
+  id: Type.Union([Type.String(), Type.Number(), Type.Null()]),
+  method: Type.String(),
+  params: Type.Optional(Type.Unknown()),
+});
+
+const ajv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false }));
+
+function where(e: ErrorObject): string {
+  const segs = e.instancePath.split('/').slice(1).map((s) => (/^\d+$/.test(s) ? `[${s}]` : `.${s}`));
+  const base = `params${segs.join('')}`;
+  if (e.keyword === 'required') return `${base}.${(e.params as { missingProperty: string }).missingProperty}`;
+  return base;
+}
+
+function describe(e: ErrorObject): string {
+  switch (e.keyword) {
+    case 'required': return 'is required';
+    case 'discriminator': return 'kind must be one of text, data, file';
+    case 'const': return `must be ${JSON.stringify((e.params as { allowedValue: unknown }).allowedValue)}`;
+    case 'oneOf': return e.instancePath.endsWith('/file') ? 'must have exactly one of bytes or uri' : 'matches none of the allowed shapes';
+    default: return e.message ?? 'is invalid';
+  }
+}
+
+export interface Validator<T> { (value: unknown): T }
+
+// A validator that returns the value typed or throws -32602 naming the first bad field.
+export function validator<T extends TSchema>(schema: T): Validator<Static<T>> {
+  const validate: ValidateFunction = ajv.compile(schema);
+  return (value) => {
+    if (validate(value)) return value as Static<T>;
+    const errors = (validate.errors ?? []).filter((e) => !(e.keyword === 'oneOf' && !e.instancePath.endsWith('/file')) || validate.errors!.length === 1);
+    const list = [...new Map((errors.length ? errors : validate.errors ?? []).map((e) => [`${where(e)} ${describe(e)}`, { path: where(e), message: describe(e) }])).values()];
+    throw new A2AError(JSONRPC.INVALID_PARAMS, `Invalid params: ${list[0].path} ${list[0].message}`, { errors: list });
+  };
+}

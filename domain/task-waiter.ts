@@ -1,0 +1,69 @@
+// Wakes API-side followers of a task's timeline (A2A streams, blocking message/send) when
+// workers write to it. One Redis subscription per process feeds every follower; the notes only
+// say "look again": followers re-read Postgres, so a lost note costs latency, never an event.
+import type { EventBus } from '../queues/events.ts';
+import { TASK_EVENTS } from './tasks.ts';
+
+export interface TaskFollow {
+  /**
+   * Resolves once a note for the task arrived since the previous call (at once if one already
+   * did), after `timeoutMs`, or when `signal` aborts.
+   */
+  wait(timeoutMs: number, signal?: AbortSignal): Promise<void>;
+  close(): void;
+}
+
+export class TaskWaiter {
+  private follows = new Map<string, Set<{ pending: boolean; wake?: () => void }>>();
+  private started?: Promise<unknown>;
+
+  constructor(private readonly bus: EventBus) {}
+
+  private start(): Promise<unknown> {
+    this.started ??= this.bus.subscribe(TASK_EVENTS, (msg) => {
+      const set = typeof msg.task_id === 'string' ? this.follows.get(msg.task_id) : undefined;
+      if (!set) return;
+      for (const f of set) {
+        f.pending = true;
+        f.wake?.();
+      }
+    }).catch((err) => {
+      this.started = undefined; // retried by the next follower; meanwhile followers poll
+      throw err;
+    });
+    return this.started;
+  }
+
+  /** Starts following a task; register before reading the timeline so no note is missed. */
+  async follow(taskId: string): Promise<TaskFollow> {
+    await this.start().catch(() => undefined);
+    const entry: { pending: boolean; wake?: () => void } = { pending: false };
+    let set = this.follows.get(taskId);
+    if (!set) this.follows.set(taskId, (set = new Set()));
+    set.add(entry);
+    return {
+      wait: (timeoutMs, signal) => {
+        if (entry.pending || signal?.aborted) {
+          entry.pending = false;
+          return Promise.resolve();
+        }
+        return new Promise<void>((resolve) => {
+          const done = () => {
+            clearTimeout(timer);
+            signal?.removeEventListener('abort', done);
+            entry.wake = undefined;
+            entry.pending = false;
+            resolve();
+          };
+          const timer = setTimeout(done, Math.max(0, timeoutMs));
+          signal?.addEventListener('abort', done, { once: true });
+          entry.wake = done;
+        });
+      },
+      close: () => {
+        set!.delete(entry);
+        if (set!.size === 0 && this.follows.get(taskId) === set) this.follows.delete(taskId);
+      },
+    };
+  }
+}
