@@ -25,6 +25,8 @@ const ConfigSchema = Type.Object({
   AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 50 }),
   KEY_JOB_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 64, default: 2 }),
   DEK_MIGRATION_BATCH: Type.Integer({ minimum: 1, maximum: 100000, default: 2000 }),
+  // Pause between bulk DEK migration batches, to bound the load a migration puts on Postgres.
+  DEK_MIGRATION_PAUSE_MS: Type.Integer({ minimum: 0, maximum: 60000, default: 0 }),
   // Secrets re-encrypted per transaction when an alias is rotated.
   ALIAS_ROTATION_BATCH: Type.Integer({ minimum: 1, maximum: 100000, default: 500 }),
   // How long a killed worker's job stays locked before another worker takes it over.

@@ -1,6 +1,7 @@
 // Processor of 'migrate-deks' jobs on the key-jobs queue: re-wraps every DEK of an envelope key
 // in batches (domain/crypto/dek-migration.ts), reporting progress in the key_jobs row and the
 // BullMQ job. Safe to run again after a crash: the job row's cursor says where to go on.
+import { setTimeout as sleep } from 'node:timers/promises';
 import { UnrecoverableError, type Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
@@ -23,6 +24,7 @@ export function createMigrateDeksProcessor(services: Services) {
           log.info({ job_id: jobId, status: row.status, done: row.done, failed: row.failed }, 'DEK migration finished');
           break;
         }
+        if (cfg.DEK_MIGRATION_PAUSE_MS) await sleep(cfg.DEK_MIGRATION_PAUSE_MS);
       }
       await invalidateKeyring(services.bus, { all: true });
     } catch (err) {
