@@ -9,10 +9,12 @@ import { taskRoutes } from './routes/task.ts';
 import { authRoutes } from './routes/auth.ts';
 import { internalRoutes } from './routes/internal.ts';
 import { encryptionRoutes } from './routes/encryption.ts';
+import { secretRoutes } from './routes/secret.ts';
+import { rotationRoutes } from './routes/rotation.ts';
 import { defineRoute } from './route.ts';
 import { FreeObject } from './schemas/common.ts';
 
-export const allRoutes: Route[] = [...internalRoutes, ...authRoutes, ...taskRoutes, ...encryptionRoutes];
+export const allRoutes: Route[] = [...internalRoutes, ...authRoutes, ...taskRoutes, ...encryptionRoutes, ...rotationRoutes, ...secretRoutes];
 
 export function createApp(services: Services): Koa {
   const app = new Koa({ proxy: true });

@@ -3,6 +3,7 @@ import { UnrecoverableError, type Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import { createMigrateDeksProcessor } from './migrate-deks.ts';
+import { createRotateAliasProcessor } from './rotate-alias.ts';
 import { failKeyJob } from '../domain/crypto/dek-migration.ts';
 
 export type KeyJobProcessor = (job: Job<JobPayloads['key-jobs']>) => Promise<unknown>;
@@ -10,6 +11,7 @@ export type KeyJobProcessor = (job: Job<JobPayloads['key-jobs']>) => Promise<unk
 export function createKeyJobsProcessor(services: Services): KeyJobProcessor {
   const processors: Record<string, KeyJobProcessor> = {
     'migrate-deks': createMigrateDeksProcessor(services),
+    'rotate-alias': createRotateAliasProcessor(services),
   };
   return async (job) => {
     const processor = processors[job.name];

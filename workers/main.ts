@@ -8,6 +8,7 @@ import { createRedis } from '../queues/connection.ts';
 import { TASK_CANCELED, updateStatus } from '../domain/tasks.ts';
 import { createAgentTaskProcessor } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
+import { readSecretValue } from '../domain/secrets.ts';
 import { CancelRegistry } from './cancel-registry.ts';
 import { resolveAgent } from './agents/resolve-agent.ts';
 import type { JobPayloads } from '../queues/names.ts';
@@ -31,9 +32,7 @@ await services.bus.subscribe(TASK_CANCELED, (msg) => {
 });
 
 const agent = await resolveAgent(cfg);
-const readSecret = async (key: string): Promise<string> => {
-  throw new Error(`secret '${key}' cannot be read: the secret store is not available in this build`);
-};
+const readSecret = (key: string): Promise<string> => readSecretValue(services, key);
 const connection = createRedis(cfg.REDIS_URL, 'worker');
 connection.on('error', (err) => log.debug({ err: { message: err.message } }, 'redis connection error'));
 const common = { connection, prefix: cfg.QUEUE_PREFIX, lockDuration: cfg.WORKER_LOCK_MS, stalledInterval: cfg.WORKER_STALLED_CHECK_MS, maxStalledCount: 5 };

@@ -1,0 +1,42 @@
+import { Type, type Static } from '@sinclair/typebox';
+import { Body, Timestamp, Uuid } from './common.ts';
+import { AliasName } from './encryption.ts';
+
+export const SecretKey = Type.String({
+  minLength: 1, maxLength: 256, pattern: '^[A-Za-z0-9_./-]+$',
+  description: 'Key name: 1..256 of A-Z a-z 0-9 _ . - /. In a path, encode "/" as %2F.',
+});
+
+const common = {
+  id: Uuid,
+  key: SecretKey,
+  dek_alias: AliasName,
+  created_at: Timestamp,
+  updated_at: Timestamp,
+};
+
+export const Secret = Type.Object({ ...common, encrypted_secret: Type.String({ description: 'base64(nonce ‖ AES-256-GCM ciphertext ‖ tag) under the DEK' }) }, { $id: 'Secret' });
+export type Secret = Static<typeof Secret>;
+
+export const DecryptedSecret = Type.Object({ ...common, decrypted_value: Type.String() }, { $id: 'DecryptedSecret' });
+export type DecryptedSecret = Static<typeof DecryptedSecret>;
+
+export const CreateSecretRequest = Body({
+  key: SecretKey,
+  raw_value: Type.String(),
+  dek_alias: Type.Optional(AliasName),
+});
+
+export const ImportSecretRequest = Body({
+  key: SecretKey,
+  encrypted_value: Type.String({ description: 'A value encrypted with the DEK the alias names, in the format of encrypted_secret' }),
+  dek_alias: AliasName,
+});
+
+export const UpdateSecretRequest = Body({
+  raw_value: Type.String(),
+  dek_alias: Type.Optional(AliasName),
+});
+
+export const SecretIdParams = Type.Object({ secret_id: Uuid });
+export const SecretKeyParams = Type.Object({ key: SecretKey });

@@ -1,0 +1,104 @@
+import type { Knex } from 'knex';
+import type { Tx } from './knex.ts';
+import { keysetPage, type Page } from './pagination.ts';
+import type { AliasRow } from './deks.ts';
+import type { KeyJobRow } from './key-jobs.ts';
+
+export interface SecretRow {
+  id: string;
+  key: string;
+  encrypted_secret: string;
+  dek_id: string;
+  dek_alias: string;
+  created_at: Date;
+  updated_at: Date;
+}
+
+export type SecretWrite = Pick<SecretRow, 'encrypted_secret' | 'dek_id' | 'dek_alias'>;
+
+// Returns undefined when the key is already taken.
+export async function insertSecret(db: Tx, row: SecretWrite & { id: string; key: string }): Promise<SecretRow | undefined> {
+  const [out] = await db('secrets').insert(row).onConflict('key').ignore().returning('*');
+  return out as SecretRow | undefined;
+}
+
+export async function getSecret(db: Tx, id: string): Promise<SecretRow | undefined> {
+  return db('secrets').where({ id }).first();
+}
+
+export async function getSecretByKey(db: Tx, key: string): Promise<SecretRow | undefined> {
+  return db('secrets').where({ key }).first();
+}
+
+export async function listSecrets(db: Tx, pageSize: number, token?: string): Promise<Page<SecretRow>> {
+  return keysetPage<SecretRow>(db('secrets').select('*'), {
+    columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc',
+    cursorOf: (r) => [r.created_at, r.id],
+  }, pageSize, token);
+}
+
+export async function updateSecret(db: Tx, id: string, write: SecretWrite): Promise<SecretRow | undefined> {
+  const [out] = await db('secrets').where({ id }).update({ ...write, updated_at: db.fn.now() }).returning('*');
+  return out as SecretRow | undefined;
+}
+
+export async function deleteSecret(db: Tx, id: string): Promise<boolean> {
+  return (await db('secrets').where({ id }).delete()) > 0;
+}
+
+// --- alias rotation ---------------------------------------------------------------------------
+
+export interface RotationCandidate { id: string; dek_id: string; encrypted_secret: string }
+
+// The next secrets of `alias` not yet under `newDekId`, after `afterId` in id order, last
+// written before or since a time (a rotation's walk and its final sweep).
+export async function secretsToRotate(
+  db: Tx, alias: string, newDekId: string, afterId: string | null, limit: number, written: { before: Date } | { since: Date },
+): Promise<RotationCandidate[]> {
+  const q = db('secrets').select('id', 'dek_id', 'encrypted_secret')
+    .where({ dek_alias: alias }).whereNot({ dek_id: newDekId }).orderBy('id').limit(limit);
+  if (afterId !== null) q.where('id', '>', afterId);
+  if ('before' in written) q.where('updated_at', '<', written.before);
+  else q.where('updated_at', '>=', written.since);
+  return q;
+}
+
+export async function countSecretsToRotate(db: Tx, alias: string, newDekId: string): Promise<number> {
+  const [{ n }] = await db('secrets').where({ dek_alias: alias }).whereNot({ dek_id: newDekId }).count({ n: '*' });
+  return Number(n);
+}
+
+// Batched compare-and-set: a secret is rewritten only if it still holds exactly the ciphertext
+// that was re-encrypted (same DEK, same alias), so a concurrent PUT is never overwritten with
+// the old value. Returns the ids actually rewritten.
+export async function reencryptSecrets(
+  db: Tx, alias: string, newDekId: string,
+  rows: { id: string; old_dek_id: string; old_ciphertext: string; ciphertext: string }[],
+): Promise<string[]> {
+  if (!rows.length) return [];
+  const res = await db.raw(
+    `update secrets set encrypted_secret = v.c, dek_id = ?, updated_at = now()
+       from unnest(?::uuid[], ?::text[], ?::text[], ?::text[]) as v(id, old_dek, old_c, c)
+      where secrets.id = v.id and secrets.dek_id = v.old_dek and secrets.encrypted_secret = v.old_c
+        and secrets.dek_alias = ?
+      returning secrets.id`,
+    [newDekId, rows.map((r) => r.id), rows.map((r) => r.old_dek_id), rows.map((r) => r.old_ciphertext), rows.map((r) => r.ciphertext), alias],
+  );
+  return (res.rows as { id: string }[]).map((r) => r.id);
+}
+
+// Locks an alias row for the rest of `trx`: serialises rotation requests for one alias and
+// keeps the alias from moving while a rotation repoints it.
+export async function lockAlias(trx: Knex.Transaction, alias: string): Promise<AliasRow | undefined> {
+  return trx('dek_aliases').where({ alias }).forUpdate().first();
+}
+
+export async function findActiveRotation(db: Tx, alias: string): Promise<KeyJobRow | undefined> {
+  return db('key_jobs').where({ kind: 'rotate-alias' }).whereRaw(`params->>'alias' = ?`, [alias])
+    .whereIn('status', ['queued', 'running']).first();
+}
+
+// Rotation state lives in the job row's params (new DEK, phase); a phase change restarts the walk.
+export async function setRotationState(db: Tx, jobId: string, params: Record<string, unknown>, resetCursor = false): Promise<void> {
+  await db('key_jobs').where({ id: jobId }).update({ params: JSON.stringify(params), ...(resetCursor ? { cursor: null } : {}) });
+}

@@ -1,0 +1,97 @@
+// Secrets: values encrypted with the DEK their alias names at write time. Each secret keeps the
+// id of the DEK that encrypted it, so reads never depend on where an alias points right now.
+import { randomUUID } from 'node:crypto';
+import type { Services } from './services.ts';
+import { Conflict, InvalidRequest, NotFound } from './errors.ts';
+import { DecryptError, decryptWithDek, encryptWithAlias, resolveAlias, type KeyringServices } from './keyring.ts';
+import { DEFAULT_ALIAS } from './crypto/key-management.ts';
+import * as repo from '../db/secrets.ts';
+import type { SecretRow } from '../db/secrets.ts';
+import type { Page } from '../db/pagination.ts';
+import type { DecryptedSecret, Secret } from '../api/schemas/secret.ts';
+
+type ReadServices = Pick<Services, 'db' | 'cfg'>;
+
+// Dates serialise to RFC 3339 with milliseconds; dek_id stays internal.
+export function toSecret(r: SecretRow): Secret {
+  return { id: r.id, key: r.key, encrypted_secret: r.encrypted_secret, dek_alias: r.dek_alias, created_at: r.created_at, updated_at: r.updated_at } as unknown as Secret;
+}
+
+const duplicate = (key: string) => new Conflict(`A secret with key '${key}' already exists`, { resource: 'secret', key });
+
+export async function createSecret(s: KeyringServices, input: { key: string; raw_value: string; dek_alias?: string }): Promise<Secret> {
+  const alias = input.dek_alias ?? DEFAULT_ALIAS;
+  const { dekId, ciphertext } = await encryptWithAlias(s, alias, input.raw_value);
+  const row = await repo.insertSecret(s.db, { id: randomUUID(), key: input.key, encrypted_secret: ciphertext, dek_id: dekId, dek_alias: alias });
+  if (!row) throw duplicate(input.key);
+  return toSecret(row);
+}
+
+// An imported value must already be encrypted with the DEK the alias names: it is checked by
+// decrypting it, so a value nobody can read is never stored.
+export async function importSecret(s: KeyringServices, input: { key: string; encrypted_value: string; dek_alias: string }): Promise<Secret> {
+  const dekId = await resolveAlias(s.db, input.dek_alias);
+  try {
+    await decryptWithDek(s, dekId, input.encrypted_value);
+  } catch (err) {
+    if (err instanceof DecryptError) {
+      throw new InvalidRequest(`encrypted_value does not decrypt with the DEK aliased '${input.dek_alias}'`, [{ path: 'body.encrypted_value', message: 'does not decrypt with this DEK' }]);
+    }
+    throw err;
+  }
+  const row = await repo.insertSecret(s.db, { id: randomUUID(), key: input.key, encrypted_secret: input.encrypted_value, dek_id: dekId, dek_alias: input.dek_alias });
+  if (!row) throw duplicate(input.key);
+  return toSecret(row);
+}
+
+export async function listSecrets(db: Services['db'], pageSize: number, token?: string): Promise<{ secrets: Secret[]; next_page_token?: string }> {
+  const page = await repo.listSecrets(db, pageSize, token);
+  return withMember(page, page.items.map(toSecret));
+}
+
+export async function listDecryptedSecrets(s: ReadServices, pageSize: number, token?: string): Promise<{ secrets: DecryptedSecret[]; next_page_token?: string }> {
+  const page = await repo.listSecrets(s.db, pageSize, token);
+  const secrets = await Promise.all(page.items.map(async (r) => {
+    const { encrypted_secret: _, ...rest } = toSecret(r);
+    return { ...rest, decrypted_value: await decryptWithDek(s, r.dek_id, r.encrypted_secret) } as DecryptedSecret;
+  }));
+  return withMember(page, secrets);
+}
+
+function withMember<T>(page: Page<unknown>, secrets: T[]): { secrets: T[]; next_page_token?: string } {
+  return page.next_page_token ? { secrets, next_page_token: page.next_page_token } : { secrets };
+}
+
+export async function getSecret(db: Services['db'], id: string): Promise<Secret> {
+  const row = await repo.getSecret(db, id);
+  if (!row) throw new NotFound('secret', id);
+  return toSecret(row);
+}
+
+export async function getSecretByKey(db: Services['db'], key: string): Promise<Secret> {
+  const row = await repo.getSecretByKey(db, key);
+  if (!row) throw new NotFound('secret', key);
+  return toSecret(row);
+}
+
+// A new value, encrypted under the given alias or else the one the secret already uses.
+export async function updateSecret(s: KeyringServices, id: string, input: { raw_value: string; dek_alias?: string }): Promise<Secret> {
+  const existing = await repo.getSecret(s.db, id);
+  if (!existing) throw new NotFound('secret', id);
+  const alias = input.dek_alias ?? existing.dek_alias;
+  const { dekId, ciphertext } = await encryptWithAlias(s, alias, input.raw_value);
+  const row = await repo.updateSecret(s.db, id, { encrypted_secret: ciphertext, dek_id: dekId, dek_alias: alias });
+  if (!row) throw new NotFound('secret', id);
+  return toSecret(row);
+}
+
+export async function deleteSecret(db: Services['db'], id: string): Promise<void> {
+  if (!(await repo.deleteSecret(db, id))) throw new NotFound('secret', id);
+}
+
+// What an agent's ctx.readSecret returns: the plaintext of the secret stored under `key`.
+export async function readSecretValue(s: ReadServices, key: string): Promise<string> {
+  const row = await repo.getSecretByKey(s.db, key);
+  if (!row) throw new NotFound('secret', key);
+  return decryptWithDek(s, row.dek_id, row.encrypted_secret);
+}

@@ -1,0 +1,45 @@
+// Processor of 'rotate-alias' jobs on the key-jobs queue (domain/alias-rotation.ts): new DEK,
+// re-encrypt the alias's secrets in batches, repoint the alias, sweep what was written meanwhile.
+// Safe to run again after a crash: every step is committed with the job row's state.
+// (Credentials will join the re-encryption once the bridge stores them.)
+import { UnrecoverableError, type Job } from 'bullmq';
+import type { Services } from '../domain/services.ts';
+import type { JobPayloads } from '../queues/names.ts';
+import { failKeyJob } from '../domain/crypto/dek-migration.ts';
+import { beginAliasRotation, finishAliasRotation, isPermanentRotationError, repointRotatedAlias, rotateNextBatch } from '../domain/alias-rotation.ts';
+
+export function createRotateAliasProcessor(services: Services) {
+  const { log, cfg } = services;
+  return async (job: Job<JobPayloads['key-jobs']>): Promise<void> => {
+    const jobId = job.data.job_id;
+    const runPhase = async () => {
+      for (;;) {
+        const { job: row, phaseDone } = await rotateNextBatch(services, jobId, cfg.ALIAS_ROTATION_BATCH);
+        await job.updateProgress({ total: row.total, done: row.done, failed: row.failed });
+        if (phaseDone) return;
+      }
+    };
+    try {
+      const started = await beginAliasRotation(services, jobId);
+      if (!started) return;
+      log.info({ job_id: jobId, alias: started.params.alias, new_dek_id: started.params.new_dek_id, total: started.total, done: started.done }, 'alias rotation running');
+      if (started.params.phase !== 'sweep') {
+        await runPhase();
+        await repointRotatedAlias(services, jobId);
+      }
+      await runPhase();
+      const done = await finishAliasRotation(services, jobId);
+      log.info({ job_id: jobId, status: done.status, done: done.done, failed: done.failed }, 'alias rotation finished');
+    } catch (err) {
+      const message = err instanceof Error ? err.message : String(err);
+      const lastAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
+      if (isPermanentRotationError(err) || lastAttempt) {
+        await failKeyJob(services, jobId, message);
+        log.error({ job_id: jobId, err: { message } }, 'alias rotation failed');
+        throw new UnrecoverableError(message);
+      }
+      log.warn({ job_id: jobId, err: { message } }, 'alias rotation step failed; will retry');
+      throw err;
+    }
+  };
+}
