@@ -29,6 +29,8 @@ const ConfigSchema = Type.Object({
   DEK_MIGRATION_PAUSE_MS: Type.Integer({ minimum: 0, maximum: 60000, default: 0 }),
   // Secrets re-encrypted per transaction when an alias is rotated.
   ALIAS_ROTATION_BATCH: Type.Integer({ minimum: 1, maximum: 100000, default: 500 }),
+  // Pause between alias rotation batches, to bound the load a rotation puts on Postgres.
+  ALIAS_ROTATION_PAUSE_MS: Type.Integer({ minimum: 0, maximum: 60000, default: 0 }),
   // How long a killed worker's job stays locked before another worker takes it over.
   WORKER_LOCK_MS: Type.Integer({ minimum: 500, default: 30000 }),
   WORKER_STALLED_CHECK_MS: Type.Integer({ minimum: 200, default: 15000 }),

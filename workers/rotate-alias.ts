@@ -2,6 +2,7 @@
 // re-encrypt the alias's secrets in batches, repoint the alias, sweep what was written meanwhile.
 // Safe to run again after a crash: every step is committed with the job row's state.
 // (Credentials will join the re-encryption once the bridge stores them.)
+import { setTimeout as sleep } from 'node:timers/promises';
 import { UnrecoverableError, type Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
@@ -17,6 +18,7 @@ export function createRotateAliasProcessor(services: Services) {
         const { job: row, phaseDone } = await rotateNextBatch(services, jobId, cfg.ALIAS_ROTATION_BATCH);
         await job.updateProgress({ total: row.total, done: row.done, failed: row.failed });
         if (phaseDone) return;
+        if (cfg.ALIAS_ROTATION_PAUSE_MS) await sleep(cfg.ALIAS_ROTATION_PAUSE_MS);
       }
     };
     try {
