@@ -78,3 +78,69 @@ export async function insertTaskBundle(
   );
   return { messageSeq: Number(rows[0].message_seq), timelineSeqs: (rows[0].timeline_seqs as (string | number)[]).map(Number) };
 }
+
+const parseTaskJson = (j: Record<string, unknown>): TaskRow => ({
+  ...(j as unknown as TaskRow),
+  status_timestamp: new Date(j.status_timestamp as string),
+  created_at: new Date(j.created_at as string),
+  updated_at: new Date(j.updated_at as string),
+});
+
+// A status change in one statement: the task moves to `to` only if it is still in one of
+// `from` (the compare-and-set that replaces a row lock), and only then are the status message
+// and the timeline items written. Returns no task when the compare-and-set did not match.
+export async function applyStatusChange(
+  db: Tx,
+  c: { taskId: string; to: TaskState; from: readonly TaskState[]; at: Date; message?: Message; timeline: TimelineItem[] },
+): Promise<{ task?: TaskRow; timelineSeqs: number[] }> {
+  const bindings: unknown[] = [c.to, c.message?.id ?? null, c.at, c.at, c.taskId, [...c.from]];
+  let messageCte = '';
+  if (c.message) {
+    const m = c.message;
+    bindings.push(m.id, m.task_id, m.role, JSON.stringify(m.parts), m.reference_task_ids, JSON.stringify(m.metadata), m.created_at);
+    messageCte = `, m as (insert into messages (id, task_id, role, parts, reference_task_ids, metadata, created_at)
+        select ?, ?, ?, ?::jsonb, ?::uuid[], ?::jsonb, ? from u)`;
+  }
+  const values = c.timeline.map((i) => {
+    bindings.push(i.id, i.task_id, JSON.stringify(i.event_payload), i.created_at);
+    return '(?::uuid, ?::uuid, ?::jsonb, ?::timestamptz, ' + bindings.length + ')';
+  });
+  const { rows } = await db.raw(
+    `with u as (update tasks set status = ?, status_message_id = ?, status_timestamp = ?, updated_at = ?
+                where id = ? and status = any(?::text[]) returning *)
+      ${messageCte},
+      tl as (insert into timeline_items (id, task_id, event_payload, created_at)
+             select v.id, v.task_id, v.p, v.c from (values ${values.join(', ')}) v(id, task_id, p, c, o)
+             where exists (select 1 from u) order by v.o returning seq)
+    select (select row_to_json(u) from u) as task, (select array_agg(seq order by seq) from tl) as timeline_seqs`,
+    bindings as never[],
+  );
+  const row = rows[0];
+  if (!row.task) return { timelineSeqs: [] };
+  return { task: parseTaskJson(row.task), timelineSeqs: (row.timeline_seqs as (string | number)[]).map(Number) };
+}
+
+// Everything an agent run needs to decide whether and how to run, in one round trip: the task,
+// the trigger message, whether an agent message already answered it, and recent history.
+export async function loadRunState(db: Tx, taskId: string, messageId: string, historyLimit: number) {
+  const { rows } = await db.raw(
+    `select row_to_json(t) as task,
+       (select row_to_json(m) from messages m where m.id = :mid and m.task_id = t.id) as trigger,
+       exists (select 1 from messages a where a.task_id = t.id and a.role = 'agent'
+               and a.seq > (select seq from messages where id = :mid)) as answered,
+       (select coalesce(json_agg(h order by h.seq), '[]') from
+          (select id, seq, task_id, role, parts, reference_task_ids, metadata, created_at
+             from messages where task_id = t.id order by seq desc limit :lim) h) as history
+     from tasks t where t.id = :tid`,
+    { tid: taskId, mid: messageId, lim: historyLimit },
+  );
+  const r = rows[0];
+  if (!r) return undefined;
+  const toMessage = (m: Record<string, unknown>): Message & { seq: number } => ({ ...(m as unknown as Message), seq: Number(m.seq), created_at: new Date(m.created_at as string).toISOString() });
+  return {
+    task: parseTaskJson(r.task),
+    trigger: r.trigger ? toMessage(r.trigger) : undefined,
+    answered: r.answered as boolean,
+    history: (r.history as Record<string, unknown>[]).map(toMessage),
+  };
+}

@@ -18,6 +18,11 @@ const ALLOWED: Record<TaskState, readonly TaskState[]> = {
   unknown: [],
 };
 
+// The states from which `to` may be entered.
+export function allowedFrom(to: TaskState): TaskState[] {
+  return TASK_STATES.filter((from) => ALLOWED[from].includes(to));
+}
+
 export const isTerminal = (s: TaskState) => TERMINAL_STATES.includes(s);
 export const isInterrupted = (s: TaskState) => INTERRUPTED_STATES.includes(s);
 

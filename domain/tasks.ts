@@ -47,16 +47,33 @@ export async function enqueueRun(uow: UnitOfWork, taskId: string, messageId: str
   await uow.enqueue('agent-tasks', 'run', { task_id: taskId, message_id: messageId });
 }
 
-// Changes a locked task's status inside the caller's transaction; the status message (if any)
-// is stored first so the status can point at it.
+// Every status change of every task passes here: one statement that moves the task to `to`
+// only if it is still in one of `from`, writes the status message and the timeline items.
+// Returns null when the task was no longer in `from` (nothing was written).
+export async function changeStatusIf(uow: UnitOfWork, taskId: string, to: TaskState, from: readonly TaskState[], message?: CreateMessageRequest): Promise<Task | null> {
+  const at = new Date();
+  const iso = at.toISOString();
+  const msg: Message | undefined = message && {
+    id: randomUUID(), task_id: taskId, role: message.role, parts: message.parts,
+    reference_task_ids: message.reference_task_ids ?? [], metadata: message.metadata ?? {}, created_at: iso,
+  };
+  const items: TimelineItem[] = [];
+  if (msg) items.push({ id: randomUUID(), task_id: taskId, created_at: iso, event_payload: { type: 'message', message: msg } });
+  items.push({ id: randomUUID(), task_id: taskId, created_at: iso, event_payload: { type: 'task-status-update', status: to, ...(msg ? { status_message_id: msg.id } : {}) } });
+  const { task, timelineSeqs } = await tasks.applyStatusChange(uow.trx, { taskId, to, from, at, message: msg, timeline: items });
+  if (!task) return null;
+  // One wake-up per change is enough: followers read the timeline from their last seq.
+  uow.publish(TASK_EVENTS, { task_id: taskId, seq: Math.max(...timelineSeqs) });
+  if (to === 'canceled') uow.publish(TASK_CANCELED, { task_id: taskId });
+  return tasks.toTask(task);
+}
+
+// Changes the status of a task the caller has read (and usually locked) in this transaction.
 export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: TaskState, message?: CreateMessageRequest): Promise<Task> {
   assertTransition(task.status, to);
-  const at = new Date();
-  const msg = message ? await appendMessage(uow, task.id, message, at) : undefined;
-  const updated = await tasks.setTaskStatus(uow.trx, task.id, to, msg?.message.id ?? null, at);
-  await appendTimeline(uow, task.id, { type: 'task-status-update', status: to, status_message_id: msg?.message.id ?? undefined }, at);
-  if (to === 'canceled') uow.publish(TASK_CANCELED, { task_id: task.id });
-  return tasks.toTask(updated);
+  const changed = await changeStatusIf(uow, task.id, to, [task.status], message);
+  if (!changed) throw new Conflict(`Task '${task.id}' changed status concurrently; retry`, { to });
+  return changed;
 }
 
 // Builds a new task's rows in memory so they can be written by one statement.
@@ -83,7 +100,7 @@ function newTaskBundle(req: CreateTaskRequest, id: string) {
 export async function createTask(s: UowServices, req: CreateTaskRequest, id: string = randomUUID()) {
   const bundle = newTaskBundle(req, id);
   const { timelineSeqs } = await tasks.insertTaskBundle(s.db, bundle);
-  afterCommit(s, bundle.outbox ? [bundle.outbox] : [], timelineSeqs.map((seq) => [TASK_EVENTS, { task_id: id, seq }]));
+  afterCommit(s, bundle.outbox ? [bundle.outbox] : [], [[TASK_EVENTS, { task_id: id, seq: Math.max(...timelineSeqs) }]]);
   return { task: tasks.toTask(bundle.task), message: bundle.message };
 }
 
@@ -92,7 +109,7 @@ export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, id: 
   const bundle = newTaskBundle(req, id);
   const { timelineSeqs } = await tasks.insertTaskBundle(uow.trx, bundle);
   if (bundle.outbox) uow.track(bundle.outbox);
-  for (const seq of timelineSeqs) uow.publish(TASK_EVENTS, { task_id: id, seq });
+  uow.publish(TASK_EVENTS, { task_id: id, seq: Math.max(...timelineSeqs) });
   return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs) };
 }
 

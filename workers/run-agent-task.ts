@@ -5,15 +5,17 @@ import { randomUUID } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
-import * as messages from '../db/messages.ts';
-import { appendArtifact, appendMessage, changeStatus } from '../domain/tasks.ts';
-import { inTransaction } from '../domain/unit-of-work.ts';
-import { isTerminal } from '../domain/task-states.ts';
+import { appendArtifact, appendMessage, changeStatus, changeStatusIf } from '../domain/tasks.ts';
+import { inStatement, inTransaction } from '../domain/unit-of-work.ts';
+import { allowedFrom, INTERRUPTED_STATES, isTerminal, type TaskState } from '../domain/task-states.ts';
 import type { MessagePart } from '../api/schemas/task.ts';
 import type { AgentContext, AgentHandler, Reply } from './agents/types.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 
 const HISTORY = 200;
+const START_FROM: TaskState[] = ['submitted', ...INTERRUPTED_STATES];
+// A run's final status applies only while the task is still active.
+const activeFrom = (to: TaskState) => allowedFrom(to).filter((s) => !isTerminal(s));
 const toParts = (r: Reply): MessagePart[] => (typeof r === 'string' ? [{ type: 'text-part', text: r }] : r);
 
 export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry, readSecret: (key: string) => Promise<string>) {
@@ -21,23 +23,21 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
 
   return async function runAgentTask(job: Job<JobPayloads['agent-tasks']>): Promise<string> {
     const { task_id: taskId, message_id: messageId } = job.data;
-    const task = await tasks.getTask(db, taskId);
-    if (!task) return 'task gone';
-    if (isTerminal(task.status)) return `task already ${task.status}`;
-    const trigger = await messages.getMessageRow(db, messageId);
-    if (!trigger) return 'message gone';
-    if (await messages.hasAgentMessageAfter(db, taskId, trigger.seq)) return 'already answered';
+    const state = await tasks.loadRunState(db, taskId, messageId, HISTORY);
+    if (!state) return 'task gone';
+    if (isTerminal(state.task.status)) return `task already ${state.task.status}`;
+    if (!state.trigger) return 'message gone';
+    if (state.answered) return 'already answered';
 
-    const started = await inTransaction(services, async (uow) => {
-      const locked = (await tasks.getTask(uow.trx, taskId, true))!;
-      if (isTerminal(locked.status)) return null;
-      return locked.status === 'working' ? tasks.toTask(locked) : changeStatus(uow, locked, 'working');
-    });
-    if (!started) return 'task ended before start';
+    // A re-run after a crash finds the task already working and carries on.
+    const started = state.task.status === 'working'
+      ? tasks.toTask(state.task)
+      : await inStatement(services, (uow) => changeStatusIf(uow, taskId, 'working', START_FROM));
+    if (!started) return 'task changed before start';
 
     const controller = cancels.register(taskId);
-    const history = (await messages.recentMessages(db, taskId, HISTORY)).map(({ seq: _s, ...m }) => m);
-    const { seq: _seq, ...message } = trigger;
+    const history = state.history.map(({ seq: _s, ...m }) => m);
+    const { seq: _seq, ...message } = state.trigger;
 
     // Writes from inside a run are skipped once the task has ended (e.g. canceled meanwhile).
     const whileActive = <T>(fn: (uow: Parameters<Parameters<typeof inTransaction>[1]>[0], task: tasks.TaskRow) => Promise<T>) =>
@@ -67,24 +67,17 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       const result = (await agent(ctx)) ?? {};
       const final = result.status ?? 'completed';
       const reply = result.message === undefined ? undefined : { role: 'agent' as const, parts: toParts(result.message) };
-      const outcome = await inTransaction(services, async (uow) => {
-        const locked = (await tasks.getTask(uow.trx, taskId, true))!;
-        if (isTerminal(locked.status)) return `task ${locked.status} during run`;
-        await changeStatus(uow, locked, final, reply ?? { role: 'agent', parts: [{ type: 'text-part', text: `Task ${final}` }] });
-        return final;
-      });
-      return outcome;
+      const done = await inStatement(services, (uow) =>
+        changeStatusIf(uow, taskId, final, activeFrom(final), reply ?? { role: 'agent', parts: [{ type: 'text-part', text: `Task ${final}` }] }));
+      return done ? final : 'task ended during run';
     } catch (err) {
       if (controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) throw err;
       if (controller.signal.aborted || (err as { taskEnded?: boolean }).taskEnded) return 'aborted: task ended';
       const attempts = job.opts.attempts ?? 1;
       if (job.attemptsMade + 1 < attempts) throw err;
       const reason = (err as Error)?.message ?? String(err);
-      await inTransaction(services, async (uow) => {
-        const locked = (await tasks.getTask(uow.trx, taskId, true))!;
-        if (isTerminal(locked.status)) return;
-        await changeStatus(uow, locked, 'failed', { role: 'agent', parts: [{ type: 'text-part', text: `The agent failed after ${attempts} attempt(s): ${reason}` }] });
-      });
+      await inStatement(services, (uow) => changeStatusIf(uow, taskId, 'failed', activeFrom('failed'),
+        { role: 'agent', parts: [{ type: 'text-part', text: `The agent failed after ${attempts} attempt(s): ${reason}` }] }));
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');
       return 'failed';
     } finally {
