@@ -1,0 +1,222 @@
+// API keys and scopes (SPEC.md section 2) through HTTP. Route coverage comes from `allRoutes`,
+// so routes added later are checked without touching this file.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { randomUUID } from 'node:crypto';
+import { allRoutes } from '../api/app.ts';
+import { SCOPES, type Scope } from '../domain/api-keys.ts';
+import { ADMIN_KEY, Client, resetDb, startStack, testDb, waitFor, type Response, type Stack } from './helpers/stack.ts';
+
+const DUMMY = '00000000-0000-4000-8000-000000000000';
+const urlOf = (p: string) => p.replace(/:([A-Za-z0-9_]+)/g, DUMMY);
+const scoped = allRoutes.filter((r) => r.spec.scope !== null);
+const publicRoutes = allRoutes.filter((r) => r.spec.scope === null);
+
+function call(client: Client, method: string, url: string, headers: Record<string, string> = {}): Promise<Response> {
+  const hasBody = ['POST', 'PUT', 'PATCH'].includes(method);
+  return client.request(method, url, hasBody ? {} : undefined, { headers });
+}
+
+function assertAuthError(r: Response, status: 401 | 403, what: string) {
+  assert.equal(r.status, status, `${what}: ${r.text}`);
+  assert.equal(r.body?.data?.code, status === 401 ? 'unauthenticated' : 'forbidden', `${what}: ${r.text}`);
+  assert.equal(typeof r.body.message, 'string');
+  if (status === 401) assert.match(r.headers.get('www-authenticate') ?? '', /^Bearer/, what);
+}
+
+describe('authentication and scopes', () => {
+  let stack: Stack;
+  let admin: Client;
+  const createKey = async (scopes: string[], name = `key ${scopes.join(' ')}`) => {
+    const r = await admin.post('/api/auth/v1/api-key', { name, scopes });
+    assert.equal(r.status, 201, r.text);
+    return r.body as { id: string; name: string; scopes: Scope[]; key: string; created_at: string };
+  };
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack({}, { workers: 0 });
+    admin = stack.client;
+  });
+  after(async () => stack?.stop());
+
+  it('covers every route: allRoutes has scoped routes for each tag it mounts', () => {
+    assert.ok(scoped.length >= 10, `only ${scoped.length} scoped routes`);
+    for (const r of scoped) assert.ok((SCOPES as readonly string[]).includes(r.spec.scope!), `${r.spec.operationId}: unknown scope ${r.spec.scope}`);
+  });
+
+  describe('every non-public route', () => {
+    let revokedKey: string;
+    let countsBefore: unknown;
+    const counts = async () => Promise.all(['tasks', 'api_keys', 'messages'].map((t) => testDb()(t).count({ n: '*' })));
+
+    before(async () => {
+      const k = await createKey(['admin'], 'to revoke');
+      assert.equal((await admin.delete(`/api/auth/v1/api-key/${k.id}`)).status, 200);
+      revokedKey = k.key;
+      countsBefore = await counts();
+    });
+
+    for (const { spec } of scoped) {
+      const method = spec.method.toUpperCase();
+      const url = urlOf(spec.path);
+      it(`${method} ${spec.path} (${spec.operationId}) answers 401 without a usable key`, async () => {
+        // as('') sends no Authorization header (as(undefined) falls back to the admin key).
+        const anon = admin.as('');
+        assertAuthError(await call(anon, method, url), 401, 'no key');
+        assertAuthError(await call(anon, method, url, { authorization: `Basic ${Buffer.from(`x:${ADMIN_KEY}`).toString('base64')}` }), 401, 'basic scheme');
+        assertAuthError(await call(anon, method, url, { authorization: 'Bearer' }), 401, 'empty bearer');
+        assertAuthError(await call(admin.as(`tb_${randomUUID()}`), method, url), 401, 'unknown key');
+        assertAuthError(await call(admin.as(revokedKey), method, url), 401, 'revoked key');
+      });
+
+      it(`${method} ${spec.path} answers 403 to a key with every other scope but not '${spec.scope}'`, async () => {
+        const others = SCOPES.filter((s) => s !== spec.scope && s !== 'admin');
+        const k = await createKey(others);
+        const r = await call(admin.as(k.key), method, url);
+        assertAuthError(r, 403, `without ${spec.scope}`);
+        assert.equal(r.body.data.required_scope, spec.scope);
+        if (spec.scope !== 'admin') {
+          const allowed = await call(admin.as((await createKey([spec.scope!])).key), method, url);
+          assert.ok(![401, 403].includes(allowed.status), `with ${spec.scope}: ${allowed.text}`);
+        }
+      });
+    }
+
+    it('changed nothing for the requests it refused (beyond the keys this test created)', async () => {
+      const [tasks, , messages] = await counts();
+      const [tasksBefore, , messagesBefore] = countsBefore as typeof tasks[];
+      assert.deepEqual([tasks, messages], [tasksBefore, messagesBefore]);
+    });
+  });
+
+  it('public routes answer without a key', async () => {
+    assert.ok(publicRoutes.some((r) => r.spec.path === '/_internal/v1/health'));
+    const anon = admin.as('');
+    for (const { spec } of publicRoutes) {
+      const r = await call(anon, spec.method.toUpperCase(), urlOf(spec.path));
+      assert.ok(![401, 403].includes(r.status), `${spec.operationId}: ${r.status} ${r.text}`);
+    }
+    assert.equal((await anon.get('/api/openapi.json')).status, 200);
+    assert.deepEqual((await anon.get('/_internal/v1/health')).body, { status: 'ok' });
+  });
+
+  describe('key management', () => {
+    it('creates a key: 201 {id, name, scopes, key, created_at}, the key only here, random and usable', async () => {
+      const r = await admin.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['task:read', 'task:read', 'a2a'] });
+      assert.equal(r.status, 201);
+      assert.deepEqual(Object.keys(r.body).sort(), ['created_at', 'id', 'key', 'name', 'scopes']);
+      assert.match(r.body.id, /^[0-9a-f-]{36}$/);
+      assert.deepEqual(r.body.scopes, ['task:read', 'a2a']);
+      assert.match(r.body.created_at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+      // At least 256 bits of randomness: 43 base64url characters after the prefix.
+      assert.match(r.body.key, /^tb_[A-Za-z0-9_-]{43,}$/);
+      const other = await createKey(['task:read']);
+      assert.notEqual(other.key, r.body.key);
+
+      const reader = admin.as(r.body.key);
+      assert.equal((await reader.get('/api/task/v1')).status, 200);
+      const write = await reader.post('/api/task/v1', { message: { role: 'user', parts: [{ type: 'text-part', text: 'x' }] } });
+      assertAuthError(write, 403, 'task:write');
+      assert.equal(write.body.data.required_scope, 'task:write');
+
+      // Stored only as a hash; never in the list, the database or the logs.
+      const list = await admin.get('/api/auth/v1/api-key');
+      assert.ok(!list.text.includes(r.body.key));
+      const row = await testDb()('api_keys').where({ id: r.body.id }).first();
+      assert.ok(!JSON.stringify(row).includes(r.body.key) && !Object.values(row).some((v) => Buffer.isBuffer(v) && v.toString().includes(r.body.key)));
+      assert.ok(!stack.api.logs.some((l) => l.includes(r.body.key)), 'key in the API logs');
+    });
+
+    it('lists active keys without the keys, newest first, and records last_used_at', async () => {
+      const k = await createKey(['task:read'], 'used later');
+      const list = await admin.get('/api/auth/v1/api-key');
+      assert.equal(list.status, 200);
+      assert.deepEqual(Object.keys(list.body), ['items']);
+      const mine = list.body.items.find((i: { id: string }) => i.id === k.id);
+      assert.deepEqual(mine, { id: k.id, name: 'used later', scopes: ['task:read'], created_at: k.created_at, last_used_at: null });
+      for (const item of list.body.items) assert.deepEqual(Object.keys(item).sort(), ['created_at', 'id', 'last_used_at', 'name', 'scopes']);
+      const order = list.body.items.map((i: { created_at: string; id: string }) => `${i.created_at} ${i.id}`);
+      assert.deepEqual(order, [...order].sort().reverse());
+
+      const started = Date.now();
+      assert.equal((await admin.as(k.key).get('/api/task/v1')).status, 200);
+      const used = await waitFor(async () => {
+        const items = (await admin.get('/api/auth/v1/api-key')).body.items;
+        return items.find((i: { id: string; last_used_at: string | null }) => i.id === k.id && i.last_used_at);
+      }, 'last_used_at to be recorded');
+      assert.ok(Date.parse(used.last_used_at) >= started - 5000);
+    });
+
+    it('revokes a key: 200 {success: true}, then 401 for it, gone from the list, 404 the second time', async () => {
+      const k = await createKey(['task:read']);
+      const client = admin.as(k.key);
+      assert.equal((await client.get('/api/task/v1')).status, 200);
+      const r = await admin.delete(`/api/auth/v1/api-key/${k.id}`);
+      assert.equal(r.status, 200);
+      assert.deepEqual(r.body, { success: true });
+      assertAuthError(await client.get('/api/task/v1'), 401, 'revoked');
+      assert.ok(!(await admin.get('/api/auth/v1/api-key')).body.items.some((i: { id: string }) => i.id === k.id));
+      const again = await admin.delete(`/api/auth/v1/api-key/${k.id}`);
+      assert.equal(again.status, 404);
+      assert.equal(again.body.data.code, 'not_found');
+      assert.equal((await admin.delete(`/api/auth/v1/api-key/${randomUUID()}`)).status, 404);
+      assert.equal((await admin.delete('/api/auth/v1/api-key/not-a-uuid')).status, 400);
+    });
+
+    it('a key with scope admin can do everything, including managing keys', async () => {
+      const k = await createKey(['admin']);
+      const c = admin.as(k.key);
+      assert.equal((await c.get('/_internal/v1/runtime_config')).status, 200);
+      const made = await c.post('/api/auth/v1/api-key', { name: 'made by admin key', scopes: ['internal'] });
+      assert.equal(made.status, 201);
+      assert.equal((await c.delete(`/api/auth/v1/api-key/${made.body.id}`)).status, 200);
+    });
+
+    const badBodies: [string, unknown][] = [
+      ['no name', { scopes: ['task:read'] }],
+      ['an empty name', { name: '', scopes: ['task:read'] }],
+      ['no scopes', { name: 'x' }],
+      ['empty scopes', { name: 'x', scopes: [] }],
+      ['an unknown scope', { name: 'x', scopes: ['task:read', 'root'] }],
+      ['an unknown member', { name: 'x', scopes: ['task:read'], key: 'chosen' }],
+      ['scopes as a string', { name: 'x', scopes: 'task:read' }],
+    ];
+    for (const [what, body] of badBodies) {
+      it(`refuses to create a key with ${what} (400), creating nothing`, async () => {
+        const [before] = await testDb()('api_keys').count({ n: '*' });
+        const r = await admin.post('/api/auth/v1/api-key', body);
+        assert.equal(r.status, 400, r.text);
+        assert.equal(r.body.data.code, 'invalid_request');
+        assert.ok(r.body.data.errors.length >= 1);
+        assert.deepEqual((await testDb()('api_keys').count({ n: '*' }))[0], before);
+      });
+    }
+  });
+
+  describe('bootstrap admin key (no ADMIN_API_KEY, no keys yet)', () => {
+    let boot: Stack | undefined;
+    after(async () => boot?.stop());
+
+    it('creates one admin key on first start, in an owner-only file under DATA_DIR, and not another on restart', async () => {
+      await resetDb();
+      boot = await startStack({ ADMIN_API_KEY: undefined }, { workers: 0 });
+      const file = path.join(boot.env.DATA_DIR, 'admin-api-key');
+      assert.equal(fs.statSync(file).mode & 0o777, 0o600);
+      const key = fs.readFileSync(file, 'utf8').trim();
+      const c = boot.client.as(key);
+      assert.equal((await c.get('/api/auth/v1/api-key')).status, 200);
+      assert.equal((await boot.client.get('/api/task/v1')).status, 401, 'ADMIN_API_KEY is not configured here');
+      assert.ok(!boot.api.logs.some((l) => l.includes(key)), 'the key itself is never logged');
+      assert.ok(boot.api.logs.some((l) => l.includes(file)), 'the log says where the key is');
+      await boot.stop();
+
+      boot = await startStack({ ADMIN_API_KEY: undefined, DATA_DIR: boot.env.DATA_DIR }, { workers: 0 });
+      assert.equal(fs.readFileSync(file, 'utf8').trim(), key);
+      const items = (await boot.client.as(key).get('/api/auth/v1/api-key')).body.items;
+      assert.equal(items.length, 1);
+      assert.deepEqual(items[0].scopes, ['admin']);
+    });
+  });
+});
