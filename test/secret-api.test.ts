@@ -1,0 +1,265 @@
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { createCipheriv, randomBytes, randomUUID } from 'node:crypto';
+import { resetDb, startStack, testDb, type Client, type Stack } from './helpers/stack.ts';
+
+const S = '/api/secret/v1';
+const E = '/api/encryption/v1';
+
+// AES-256-GCM in the documented format, written here from the description: base64(nonce 12 ‖ ciphertext ‖ tag 16).
+function seal(key: Buffer, plain: Buffer): string {
+  const nonce = randomBytes(12);
+  const c = createCipheriv('aes-256-gcm', key, nonce);
+  return Buffer.concat([nonce, c.update(plain), c.final(), c.getAuthTag()]).toString('base64');
+}
+
+describe('secret API', () => {
+  let stack: Stack;
+  let c: Client;
+  const values: string[] = []; // every raw value sent, to look for in logs
+  const value = () => {
+    const v = `sv-${randomUUID()}`;
+    values.push(v);
+    return v;
+  };
+  const keyWith = async (scopes: string[]) => (await c.post('/api/auth/v1/api-key', { name: scopes.join(' '), scopes })).body.key as string;
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack({}, { workers: 0 });
+    c = stack.client;
+  });
+  after(async () => stack?.stop());
+
+  it('creates a secret under the default alias and never returns its value', async () => {
+    const raw = value();
+    const r = await c.post(S, { key: 'db.password', raw_value: raw });
+    assert.equal(r.status, 201);
+    assert.deepEqual(Object.keys(r.body).sort(), ['created_at', 'dek_alias', 'encrypted_secret', 'id', 'key', 'updated_at']);
+    assert.equal(r.body.key, 'db.password');
+    assert.equal(r.body.dek_alias, 'default');
+    assert.match(r.body.created_at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+    assert.ok(!r.text.includes(raw));
+    const row = await testDb()('secrets').where({ id: r.body.id }).first();
+    const alias = await testDb()('dek_aliases').where({ alias: 'default' }).first();
+    assert.equal(row.dek_id, alias.dek_id);
+    assert.ok(!row.encrypted_secret.includes(raw));
+  });
+
+  it('rejects duplicate keys (409), unknown aliases (404) and bad bodies (400) without storing anything', async () => {
+    const count = async () => Number((await testDb()('secrets').count({ n: '*' }))[0].n);
+    const before = await count();
+    const dup = await c.post(S, { key: 'db.password', raw_value: value() });
+    assert.equal(dup.status, 409);
+    assert.equal(dup.body.data.code, 'conflict');
+    const unknown = await c.post(S, { key: 'other', raw_value: value(), dek_alias: 'no-such-alias' });
+    assert.equal(unknown.status, 404);
+    assert.equal(unknown.body.data.resource, 'dek_alias');
+    const bad: [unknown, string][] = [
+      [{ key: 'has space', raw_value: 'x' }, 'body.key'],
+      [{ key: 'x'.repeat(257), raw_value: 'x' }, 'body.key'],
+      [{ key: '', raw_value: 'x' }, 'body.key'],
+      [{ key: 'ünï', raw_value: 'x' }, 'body.key'],
+      [{ key: 'ok' }, 'body.raw_value'],
+      [{ key: 'ok', raw_value: 42 }, 'body.raw_value'],
+      [{ key: 'ok', raw_value: 'x', extra: true }, 'body.extra'],
+      [{ key: 'ok', raw_value: 'x', dek_alias: 'bad alias' }, 'body.dek_alias'],
+    ];
+    for (const [body, where] of bad) {
+      const r = await c.post(S, body);
+      assert.equal(r.status, 400, JSON.stringify(body));
+      assert.equal(r.body.data.code, 'invalid_request');
+      assert.ok(r.body.data.errors.some((e: { path: string }) => e.path === where), `${JSON.stringify(body)}: ${JSON.stringify(r.body.data.errors)}`);
+    }
+    assert.equal((await c.request('POST', S, undefined, { raw: '{"key": ', headers: { 'content-type': 'application/json' } })).status, 400);
+    assert.equal(await count(), before);
+  });
+
+  it('accepts keys of 256 chars with / . - _ and gets them by key (slash encoded as %2F) and by id', async () => {
+    const long = 'k'.repeat(256);
+    assert.equal((await c.post(S, { key: long, raw_value: value() })).status, 201);
+    const created = await c.post(S, { key: 'team/stripe.api-key_live', raw_value: value() });
+    assert.equal(created.status, 201);
+    const byKey = await c.get(`${S}/key/${encodeURIComponent('team/stripe.api-key_live')}`);
+    assert.equal(byKey.status, 200);
+    assert.deepEqual(byKey.body, created.body);
+    assert.equal((await c.get(`${S}/key/${long}`)).body.key, long);
+    const byId = await c.get(`${S}/${created.body.id}`);
+    assert.equal(byId.status, 200);
+    assert.deepEqual(byId.body, created.body);
+
+    assert.equal((await c.get(`${S}/key/missing.key`)).status, 404);
+    assert.equal((await c.get(`${S}/key/${'k'.repeat(257)}`)).status, 400);
+    assert.equal((await c.get(`${S}/key/bad%20key`)).status, 400);
+    assert.equal((await c.get(`${S}/${randomUUID()}`)).status, 404);
+    const notUuid = await c.get(`${S}/not-a-uuid`);
+    assert.equal(notUuid.status, 400);
+    assert.equal(notUuid.body.data.errors[0].path, 'path.secret_id');
+  });
+
+  it('lists secrets in the `secrets` member with keyset pagination, encrypted only', async () => {
+    for (let i = 0; i < 5; i++) assert.equal((await c.post(S, { key: `page.${i}`, raw_value: value() })).status, 201);
+    const total = Number((await testDb()('secrets').count({ n: '*' }))[0].n);
+    const seen: string[] = [];
+    let token: string | undefined;
+    let pages = 0;
+    do {
+      const r = await c.get(`${S}?page_size=2${token ? `&next_page_token=${token}` : ''}`);
+      assert.equal(r.status, 200);
+      assert.deepEqual(Object.keys(r.body).filter((k) => k !== 'next_page_token'), ['secrets']);
+      for (const s of r.body.secrets) {
+        assert.ok(!('decrypted_value' in s) && !('raw_value' in s));
+        seen.push(s.id);
+      }
+      for (const v of values) assert.ok(!r.text.includes(v));
+      token = r.body.next_page_token;
+      pages++;
+    } while (token);
+    assert.equal(seen.length, total);
+    assert.equal(new Set(seen).size, total);
+    assert.equal(pages, Math.ceil(total / 2));
+    const last = await c.get(`${S}?page_size=1000`);
+    assert.ok(!('next_page_token' in last.body));
+    assert.equal(last.body.secrets[0].key, 'page.4'); // newest first
+    assert.equal((await c.get(`${S}?next_page_token=garbage`)).status, 400);
+    assert.equal((await c.get(`${S}?page_size=0`)).status, 400);
+    assert.equal((await c.get(`${S}?page_size=1001`)).status, 400);
+  });
+
+  it('list-decrypted returns the values and needs secret:decrypt', async () => {
+    const raw = value();
+    const created = await c.post(S, { key: 'decrypt.me', raw_value: raw });
+    const r = await c.get(`${S}/list-decrypted?page_size=1000`);
+    assert.equal(r.status, 200);
+    const item = r.body.secrets.find((s: { id: string }) => s.id === created.body.id);
+    assert.deepEqual(Object.keys(item).sort(), ['created_at', 'decrypted_value', 'dek_alias', 'id', 'key', 'updated_at']);
+    assert.equal(item.decrypted_value, raw);
+    const paged = await c.get(`${S}/list-decrypted?page_size=1`);
+    assert.equal(paged.body.secrets.length, 1);
+    assert.ok(paged.body.next_page_token);
+
+    const reader = c.as(await keyWith(['secret:read', 'secret:write']));
+    const denied = await reader.get(`${S}/list-decrypted`);
+    assert.equal(denied.status, 403);
+    assert.equal(denied.body.data.required_scope, 'secret:decrypt');
+    assert.equal((await reader.get(S)).status, 200);
+    const decrypter = c.as(await keyWith(['secret:decrypt']));
+    assert.equal((await decrypter.get(`${S}/list-decrypted`)).status, 200);
+    assert.equal((await decrypter.get(S)).status, 403);
+  });
+
+  it('needs a key (401) and the right scope (403) on every route', async () => {
+    const id = randomUUID();
+    const routes: [string, string, unknown?][] = [
+      ['POST', S, { key: 'k', raw_value: 'v' }], ['POST', `${S}/import`, { key: 'k', encrypted_value: 'AAAA', dek_alias: 'default' }],
+      ['GET', S], ['GET', `${S}/list-decrypted`], ['GET', `${S}/key/k`], ['GET', `${S}/${id}`],
+      ['PUT', `${S}/${id}`, { raw_value: 'v' }], ['DELETE', `${S}/${id}`],
+    ];
+    const none = c.as(''); // undefined would fall back to the admin key
+    const taskOnly = c.as(await keyWith(['task:read', 'task:write']));
+    for (const [method, url, body] of routes) {
+      assert.equal((await none.request(method, url, body)).status, 401, `${method} ${url}`);
+      assert.equal((await taskOnly.request(method, url, body)).status, 403, `${method} ${url}`);
+    }
+    const readOnly = c.as(await keyWith(['secret:read']));
+    assert.equal((await readOnly.post(S, { key: 'ro', raw_value: 'v' })).status, 403);
+    assert.equal((await readOnly.delete(`${S}/${id}`)).status, 403);
+  });
+
+  it('updates a value (re-encrypted, optionally under another alias) and rejects bad updates', async () => {
+    const created = await c.post(S, { key: 'rotating.value', raw_value: value() });
+    const id = created.body.id;
+    const next = value();
+    const r = await c.put(`${S}/${id}`, { raw_value: next });
+    assert.equal(r.status, 200);
+    assert.equal(r.body.dek_alias, 'default');
+    assert.notEqual(r.body.encrypted_secret, created.body.encrypted_secret);
+    assert.ok(Date.parse(r.body.updated_at) >= Date.parse(created.body.updated_at));
+    assert.ok(!r.text.includes(next));
+    const decrypted = async () => (await c.get(`${S}/list-decrypted?page_size=1000`)).body.secrets.find((s: { id: string }) => s.id === id).decrypted_value;
+    assert.equal(await decrypted(), next);
+
+    // A second DEK under the bootstrap envelope key, aliased `other`.
+    const envelope = (await c.get(`${E}/dek/alias/default`)).body.envelope_encryption_key_id.id;
+    const dek = await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, {});
+    assert.equal(dek.status, 201);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: dek.body.id, alias: 'other' })).status, 201);
+    const third = value();
+    const moved = await c.put(`${S}/${id}`, { raw_value: third, dek_alias: 'other' });
+    assert.equal(moved.status, 200);
+    assert.equal(moved.body.dek_alias, 'other');
+    assert.equal((await testDb()('secrets').where({ id }).first()).dek_id, dek.body.id);
+    assert.equal(await decrypted(), third);
+
+    const before = await testDb()('secrets').where({ id }).first();
+    assert.equal((await c.put(`${S}/${randomUUID()}`, { raw_value: 'x' })).status, 404);
+    assert.equal((await c.put(`${S}/${id}`, { raw_value: 'x', dek_alias: 'no-such-alias' })).status, 404);
+    assert.equal((await c.put(`${S}/not-a-uuid`, { raw_value: 'x' })).status, 400);
+    assert.equal((await c.put(`${S}/${id}`, { raw_value: 'x', key: 'renamed' })).status, 400);
+    assert.equal((await c.put(`${S}/${id}`, {})).status, 400);
+    assert.deepEqual(await testDb()('secrets').where({ id }).first(), before);
+  });
+
+  it('deletes a secret once ({success: true}), then 404', async () => {
+    const created = await c.post(S, { key: 'short.lived', raw_value: value() });
+    const r = await c.delete(`${S}/${created.body.id}`);
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.body, { success: true });
+    assert.equal((await c.get(`${S}/${created.body.id}`)).status, 404);
+    assert.equal((await c.delete(`${S}/${created.body.id}`)).status, 404);
+    assert.equal((await c.delete(`${S}/not-a-uuid`)).status, 400);
+    // The key is free again.
+    assert.equal((await c.post(S, { key: 'short.lived', raw_value: value() })).status, 201);
+  });
+
+  it('imports a value encrypted elsewhere with the DEK, and rejects one that does not decrypt with it', async () => {
+    // A DEK whose key material the test knows, wrapped with the bootstrap envelope key file.
+    const envelope = (await c.get(`${E}/dek/alias/default`)).body.envelope_encryption_key_id;
+    const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', envelope.file_name));
+    const dekKey = randomBytes(32);
+    const dek = await c.post(`${E}/envelope/${encodeURIComponent(envelope.id)}/dek/import`, { encrypted_data_encryption_key: seal(kek, dekKey) });
+    assert.equal(dek.status, 201);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: dek.body.id, alias: 'known' })).status, 201);
+
+    const raw = value();
+    const encrypted = seal(dekKey, Buffer.from(raw));
+    const r = await c.post(`${S}/import`, { key: 'imported.value', encrypted_value: encrypted, dek_alias: 'known' });
+    assert.equal(r.status, 201);
+    assert.equal(r.body.encrypted_secret, encrypted);
+    assert.equal(r.body.dek_alias, 'known');
+    const listed = (await c.get(`${S}/list-decrypted?page_size=1000`)).body.secrets.find((s: { id: string }) => s.id === r.body.id);
+    assert.equal(listed.decrypted_value, raw);
+
+    // An exported secret re-imports under its alias.
+    const exported = (await c.get(`${S}/key/db.password`)).body;
+    assert.equal((await c.post(`${S}/import`, { key: 'db.password.copy', encrypted_value: exported.encrypted_secret, dek_alias: 'default' })).status, 201);
+
+    const count = async () => Number((await testDb()('secrets').count({ n: '*' }))[0].n);
+    const before = await count();
+    for (const bad of [seal(randomBytes(32), Buffer.from('x')), encrypted.slice(0, -4) + 'AAAA', 'not base64!', 'AAAA', '']) {
+      const res = await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: bad, dek_alias: 'known' });
+      assert.equal(res.status, 400, bad);
+      assert.equal(res.body.data.errors[0].path, 'body.encrypted_value');
+    }
+    // Encrypted with the DEK of `known`, but named under `default`.
+    assert.equal((await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: encrypted, dek_alias: 'default' })).status, 400);
+    assert.equal((await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: encrypted, dek_alias: 'nope' })).status, 404);
+    assert.equal((await c.post(`${S}/import`, { key: 'imported.value', encrypted_value: encrypted, dek_alias: 'known' })).status, 409);
+    assert.equal((await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: encrypted })).status, 400);
+    assert.equal((await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: encrypted, dek_alias: 'known', raw_value: 'x' })).status, 400);
+    assert.equal(await count(), before);
+  });
+
+  it('an alias in use by secrets cannot be deleted (409)', async () => {
+    const r = await c.delete(`${E}/dek/alias/known`);
+    assert.equal(r.status, 409);
+  });
+
+  it('never writes a secret value to the API log', async () => {
+    assert.ok(values.length > 10);
+    const logs = stack.api.logs.join('\n');
+    assert.ok(logs.includes('"path":"/api/secret/v1"'), 'requests are logged');
+    for (const v of values) assert.ok(!logs.includes(v), 'a raw value appears in the API log');
+  });
+});
