@@ -4,6 +4,7 @@ import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createApp } from './app.ts';
+import { API_KEY_REVOKED, forgetApiKey } from './middleware/auth.ts';
 
 let cfg;
 try {
@@ -15,6 +16,7 @@ try {
 const services = createServices(cfg, 'api');
 await bootstrap(services);
 await startKeyringInvalidation(services);
+await services.bus.subscribe(API_KEY_REVOKED, (msg) => { if (typeof msg.id === 'string') forgetApiKey(msg.id); });
 services.outbox.startSweeper();
 const app = createApp(services);
 const server = app.listen(cfg.PORT, cfg.HOST, () => {

@@ -9,6 +9,30 @@ export type { Principal, Scope };
 const TOUCH_EVERY_MS = 60_000;
 const lastTouched = new Map<string, number>();
 
+// Resolved keys are cached briefly so a request costs no key lookup; revocation removes entries
+// at once in this process and, through the bus note below, in every other API process.
+export const API_KEY_REVOKED = 'api-key-revoked';
+const CACHE_TTL_MS = 10_000;
+const CACHE_MAX = 10_000;
+const cache = new Map<string, { principal: Principal; expires: number }>();
+
+export function forgetApiKey(id: string): void {
+  for (const [token, entry] of cache) if (entry.principal.id === id) cache.delete(token);
+}
+
+async function resolveCached(services: Services, token: string): Promise<Principal | null> {
+  const hit = cache.get(token);
+  if (hit && hit.expires > Date.now()) return hit.principal;
+  const principal = await resolveApiKey(services.db, token, services.cfg.ADMIN_API_KEY);
+  if (principal) {
+    if (cache.size >= CACHE_MAX) cache.clear();
+    cache.set(token, { principal, expires: Date.now() + CACHE_TTL_MS });
+  } else {
+    cache.delete(token);
+  }
+  return principal;
+}
+
 export function bearerToken(header: string | undefined): string | undefined {
   const m = /^Bearer\s+(\S+)\s*$/i.exec(header ?? '');
   return m?.[1];
@@ -20,7 +44,7 @@ export function authenticate(services: Services): Middleware {
       const header = ctx.get('Authorization');
       const token = bearerToken(header);
       if (!token) throw new Unauthenticated(header ? 'Authorization header must be "Bearer <api key>"' : 'Missing API key: send Authorization: Bearer <api key>');
-      const principal = await resolveApiKey(services.db, token, services.cfg.ADMIN_API_KEY);
+      const principal = await resolveCached(services, token);
       if (!principal) throw new Unauthenticated('Unknown or revoked API key');
       ctx.state.principal = principal;
       // last_used_at is advisory: written at most once a minute per key and process.
