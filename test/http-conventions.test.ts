@@ -1,0 +1,155 @@
+// HTTP conventions of SPEC.md section 1, enforced in middleware for every route.
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import { resetDb, startStack, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
+
+const LIMIT = 4096;
+
+function assertError(r: Response, status: number, code: string) {
+  assert.equal(r.status, status, r.text);
+  assert.match(r.headers.get('content-type') ?? '', /^application\/json/);
+  assert.equal(typeof r.body.message, 'string');
+  assert.ok(r.body.message.length > 0);
+  assert.equal(r.body.data.code, code, r.text);
+}
+
+// A raw request, for what fetch will not send (chunked bodies, undecodable paths).
+function raw(url: string, opts: { method: string; path: string; headers?: Record<string, string>; chunks?: string[] }): Promise<{ status: number; body: any; headers: http.IncomingHttpHeaders }> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const req = http.request({ hostname, port, method: opts.method, path: opts.path, headers: opts.headers }, (res) => {
+      let text = '';
+      res.on('data', (b) => { text += b; });
+      res.on('end', () => resolve({ status: res.statusCode!, body: text ? JSON.parse(text) : undefined, headers: res.headers }));
+    });
+    req.on('error', reject);
+    for (const c of opts.chunks ?? []) req.write(c);
+    req.end();
+  });
+}
+
+describe('HTTP conventions', () => {
+  let stack: Stack;
+  const taskCount = async () => (await testDb()('tasks').count({ n: '*' }))[0].n;
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ BODY_LIMIT_BYTES: String(LIMIT) }, { workers: 0 });
+  });
+  after(async () => stack?.stop());
+
+  it('answers 415 for a body that is not application/json, storing nothing', async () => {
+    const before = await taskCount();
+    const body = JSON.stringify({ message: textMessage('x') });
+    for (const type of ['text/plain', 'application/x-www-form-urlencoded', 'application/jsonx']) {
+      const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': type }, raw: body });
+      assertError(r, 415, 'unsupported_media_type');
+    }
+    const none = await raw(stack.api.url, { method: 'POST', path: '/api/task/v1', headers: { authorization: `Bearer ${stack.client.key}`, 'content-length': String(body.length) }, chunks: [body] });
+    assert.equal(none.status, 415);
+    assert.equal(await taskCount(), before);
+  });
+
+  it('accepts application/json with a charset and +json types', async () => {
+    for (const type of ['application/json; charset=utf-8', 'application/vnd.api+json']) {
+      const r = await stack.client.request('POST', '/api/task/v1', { message: textMessage('typed') }, { headers: { 'content-type': type } });
+      assert.equal(r.status, 201, `${type}: ${r.text}`);
+    }
+  });
+
+  it('answers 413 for a body over BODY_LIMIT_BYTES, with or without Content-Length, storing nothing', async () => {
+    const before = await taskCount();
+    const big = { message: textMessage('x'.repeat(LIMIT)) };
+    const r = await stack.client.post('/api/task/v1', big);
+    assertError(r, 413, 'payload_too_large');
+    assert.equal(r.body.data.limit, LIMIT);
+    const chunked = await raw(stack.api.url, {
+      method: 'POST', path: '/api/task/v1',
+      headers: { authorization: `Bearer ${stack.client.key}`, 'content-type': 'application/json', 'transfer-encoding': 'chunked' },
+      chunks: JSON.stringify(big).match(/.{1,1000}/g)!,
+    });
+    assert.equal(chunked.status, 413);
+    assert.equal(chunked.body.data.code, 'payload_too_large');
+    // Just under the limit is fine.
+    const fits = await stack.client.post('/api/task/v1', { message: textMessage('y'.repeat(LIMIT - 200)) });
+    assert.equal(fits.status, 201, fits.text);
+    assert.equal(await taskCount(), before + 1);
+  });
+
+  it('answers 400 for a body that is not valid JSON or is JSON null', async () => {
+    const before = await taskCount();
+    for (const body of ['{"message":', '{message: 1}', 'nul', '\u0000', 'null', '"text"', '42']) {
+      const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': 'application/json' }, raw: body });
+      assertError(r, 400, 'invalid_request');
+    }
+    assert.equal(await taskCount(), before);
+  });
+
+  it('answers 404 with the Error body for unknown routes, with and without a key', async () => {
+    for (const path of ['/nope', '/api/task/v2', '/api/task/v1/00000000-0000-4000-8000-000000000000/unknown', '/api']) {
+      const r = await stack.client.get(path);
+      assertError(r, 404, 'not_found');
+      assertError(await stack.client.as('').get(path), 404, 'not_found');
+    }
+  });
+
+  it('answers 405 with an Allow header for a known path and a wrong method', async () => {
+    const r = await stack.client.delete('/api/task/v1');
+    assertError(r, 405, 'method_not_allowed');
+    const allow = (r.headers.get('allow') ?? '').split(/,\s*/).sort();
+    assert.ok(allow.includes('GET') && allow.includes('POST'), `Allow: ${allow}`);
+    assert.ok(!allow.includes('DELETE'));
+    const health = await stack.client.post('/_internal/v1/health', {});
+    assertError(health, 405, 'method_not_allowed');
+    assert.match(health.headers.get('allow') ?? '', /GET/);
+  });
+
+  it('echoes a valid X-Request-Id, mints one otherwise, on successes and errors, and logs it', async () => {
+    const mine = 'trace-abc.123:XYZ';
+    const ok = await stack.client.request('GET', '/_internal/v1/health', undefined, { headers: { 'x-request-id': mine } });
+    assert.equal(ok.headers.get('x-request-id'), mine);
+    const err = await stack.client.request('GET', '/nope', undefined, { headers: { 'x-request-id': mine } });
+    assert.equal(err.headers.get('x-request-id'), mine);
+    for (const bad of ['has space', 'x'.repeat(129), 'semi;colon', '<script>']) {
+      const r = await stack.client.request('GET', '/_internal/v1/health', undefined, { headers: { 'x-request-id': bad } });
+      const id = r.headers.get('x-request-id') ?? '';
+      assert.notEqual(id, bad);
+      assert.match(id, /^[0-9a-f-]{36}$/);
+    }
+    const minted = (await stack.client.get('/api/task/v1/00000000-0000-4000-8000-000000000000')).headers.get('x-request-id');
+    assert.match(minted ?? '', /^[0-9a-f-]{36}$/);
+    const other = (await stack.client.get('/_internal/v1/health')).headers.get('x-request-id');
+    assert.notEqual(other, minted);
+    await waitFor(async () => stack.api.logs.some((l) => l.includes(`"req_id":"${mine}"`)) && stack.api.logs.some((l) => l.includes(`"req_id":"${minted}"`)), 'request ids in the API log');
+  });
+
+  it('never answers 500 to odd requests: undecodable paths, repeated or odd query parameters', async () => {
+    const auth = { authorization: `Bearer ${stack.client.key}` };
+    for (const path of ['/api/task/v1/%E0%A4%A', '/api/task/v1/%ZZ/timeline', '/%']) {
+      const r = await raw(stack.api.url, { method: 'GET', path, headers: auth });
+      assert.ok(r.status >= 400 && r.status < 500, `${path}: ${r.status}`);
+      assert.equal(typeof r.body?.data?.code, 'string', path);
+    }
+    for (const q of ['page_size=1&page_size=2', 'next_page_token=a&next_page_token=b', 'status=submitted&status=failed', `next_page_token=${'A'.repeat(5000)}`]) {
+      const r = await stack.client.get(`/api/task/v1?${q}`);
+      assertError(r, 400, 'invalid_request');
+    }
+    const ctx = await stack.client.get('/api/task/v1/context?page_size=1&page_size=1');
+    assertError(ctx, 400, 'invalid_request');
+  });
+
+  it('every error body has the shape {message, data: {code}}', async () => {
+    const cases: [Promise<Response>, number][] = [
+      [stack.client.as('').get('/api/task/v1'), 401],
+      [stack.client.get('/api/task/v1/context'), 400],
+      [stack.client.get('/api/task/v1/00000000-0000-4000-8000-000000000000'), 404],
+    ];
+    for (const [p, status] of cases) {
+      const r = await p;
+      assert.equal(r.status, status);
+      assert.equal(typeof r.body.message, 'string');
+      assert.equal(typeof r.body.data.code, 'string');
+      assert.deepEqual(Object.keys(r.body).sort(), ['data', 'message']);
+    }
+  });
+});
