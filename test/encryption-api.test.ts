@@ -1,0 +1,279 @@
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { createDecipheriv, createCipheriv, randomBytes } from 'node:crypto';
+import { resetDb, startStack, testDb, type Stack } from './helpers/stack.ts';
+import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
+import { kmsWrapper } from '../domain/crypto/envelope-keys.ts';
+
+const E = '/api/encryption/v1';
+const ARN = 'arn:aws:kms:eu-west-1:111122223333:key/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0';
+const enc = encodeURIComponent;
+
+function unwrapLocal(kek: Buffer, b64: string): Buffer {
+  const raw = Buffer.from(b64, 'base64');
+  const d = createDecipheriv('aes-256-gcm', kek, raw.subarray(0, 12));
+  d.setAuthTag(raw.subarray(raw.length - 16));
+  return Buffer.concat([d.update(raw.subarray(12, raw.length - 16)), d.final()]);
+}
+function wrapLocal(kek: Buffer, dek: Buffer): string {
+  const nonce = randomBytes(12);
+  const c = createCipheriv('aes-256-gcm', kek, nonce);
+  return Buffer.concat([nonce, c.update(dek), c.final(), c.getAuthTag()]).toString('base64');
+}
+
+describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () => {
+  let stack: Stack;
+  let kms: KmsServer;
+  let keysDir: string;
+  const kek = (name: string) => fs.readFileSync(path.join(keysDir, name));
+
+  before(async () => {
+    await resetDb();
+    process.env.AWS_ACCESS_KEY_ID = 'AKIDLOCALTEST';
+    process.env.AWS_SECRET_ACCESS_KEY = 'local-test-secret';
+    kms = await startKmsServer([ARN]);
+    stack = await startStack({ AWS_KMS_ENDPOINT: kms.url, AWS_ACCESS_KEY_ID: 'AKIDLOCALTEST', AWS_SECRET_ACCESS_KEY: 'local-test-secret' });
+    keysDir = path.join(stack.env.DATA_DIR, 'keys');
+  });
+  after(async () => {
+    await stack?.stop();
+    await kms?.close();
+  });
+
+  it('bootstraps a local envelope key (file 0600) and a DEK aliased default', async () => {
+    const r = await stack.client.get(`${E}/dek/alias/default`);
+    assert.equal(r.status, 200);
+    assert.equal(r.body.envelope_encryption_key_id.type, 'local');
+    const file = path.join(keysDir, r.body.envelope_encryption_key_id.file_name);
+    assert.equal(fs.statSync(file).mode & 0o777, 0o600);
+    assert.equal(unwrapLocal(fs.readFileSync(file), r.body.encrypted_data_encryption_key).length, 32);
+  });
+
+  it('creates, lists, gets and rejects bad envelope keys', async () => {
+    const c = stack.client;
+    const a = await c.post(`${E}/envelope`, { type: 'local', file_name: 'alpha.key' });
+    assert.equal(a.status, 201);
+    assert.deepEqual(Object.keys(a.body).sort(), ['created_at', 'file_name', 'id', 'type']);
+    assert.equal(a.body.id, 'alpha.key');
+    assert.equal(kek('alpha.key').length, 32);
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'alpha.key' })).status, 409);
+    for (const bad of ['../escape', '..', 'a/b', 'x\\y', '', '.']) {
+      const r = await c.post(`${E}/envelope`, { type: 'local', file_name: bad });
+      assert.equal(r.status, 400, bad);
+      assert.equal(r.body.data.code, 'invalid_request');
+    }
+    assert.equal(fs.existsSync(path.join(keysDir, '..', 'escape')), false);
+    fs.writeFileSync(path.join(keysDir, 'short.key'), randomBytes(31));
+    const short = await c.post(`${E}/envelope`, { type: 'local', file_name: 'short.key' });
+    assert.equal(short.status, 400);
+    assert.match(short.body.message, /32-byte/);
+    fs.writeFileSync(path.join(keysDir, 'restored.key'), randomBytes(32), { mode: 0o600 });
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'restored.key' })).status, 201);
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local' })).body.data.errors[0].path, 'body.file_name');
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'b.key', arn: ARN })).status, 400);
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'b.key', extra: 1 })).status, 400);
+    assert.equal((await c.post(`${E}/envelope`, { type: 'pgp', file_name: 'b.key' })).status, 400);
+    assert.equal(fs.existsSync(path.join(keysDir, 'b.key')), false);
+
+    const k = await c.post(`${E}/envelope`, { type: 'aws_kms', arn: ARN, region: 'eu-west-1' });
+    assert.equal(k.status, 201);
+    assert.deepEqual({ id: k.body.id, type: k.body.type, region: k.body.region }, { id: ARN, type: 'aws_kms', region: 'eu-west-1' });
+    assert.equal((await c.post(`${E}/envelope`, { type: 'aws_kms', arn: ARN, region: 'eu-west-1' })).status, 409);
+    assert.equal((await c.post(`${E}/envelope`, { type: 'aws_kms', arn: ARN, region: 'us-east-1' })).status, 400);
+    assert.equal((await c.post(`${E}/envelope`, { type: 'aws_kms', arn: 'arn:aws:iam::111122223333:role/x', region: 'eu-west-1' })).status, 400);
+    assert.equal((await c.post(`${E}/envelope`, { type: 'aws_kms', arn: ARN })).status, 400);
+
+    const list = await c.get(`${E}/envelope?page_size=2`);
+    assert.equal(list.status, 200);
+    assert.equal(list.body.items.length, 2);
+    const rest = await c.get(`${E}/envelope?page_size=100&next_page_token=${list.body.next_page_token}`);
+    assert.equal(rest.body.next_page_token, undefined);
+    assert.deepEqual([...list.body.items, ...rest.body.items].map((e: any) => e.id).sort(), ['alpha.key', ARN, 'default-envelope.key', 'restored.key'].sort());
+    assert.equal((await c.get(`${E}/envelope?next_page_token=bogus`)).status, 400);
+
+    const one = await c.get(`${E}/envelope/${enc(ARN)}`);
+    assert.equal(one.status, 200);
+    assert.equal(one.body.dek_count, 0);
+    assert.equal((await c.get(`${E}/envelope/nope.key`)).status, 404);
+  });
+
+  it('creates, imports and lists DEKs; a wrapped DEK must unwrap', async () => {
+    const c = stack.client;
+    const gen = await c.post(`${E}/envelope/alpha.key/dek`, {});
+    assert.equal(gen.status, 201);
+    assert.equal(gen.body.envelope_encryption_key_id.id, 'alpha.key');
+    assert.equal(unwrapLocal(kek('alpha.key'), gen.body.encrypted_data_encryption_key).length, 32);
+
+    const mine = randomBytes(32);
+    const given = await c.post(`${E}/envelope/alpha.key/dek`, { id: 'given-dek', encrypted_dek: wrapLocal(kek('alpha.key'), mine) });
+    assert.equal(given.status, 201);
+    assert.equal(given.body.id, 'given-dek');
+    assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { id: 'given-dek' })).status, 409);
+    assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { encrypted_dek: wrapLocal(randomBytes(32), mine) })).status, 400);
+    assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { encrypted_dek: 'not base64!' })).status, 400);
+    assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { encrypted_dek: wrapLocal(kek('alpha.key'), randomBytes(16)) })).status, 400);
+    assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { id: 'bad id!' })).status, 400);
+    assert.equal((await c.post(`${E}/envelope/nope.key/dek`, {})).status, 404);
+
+    const imp = await c.post(`${E}/envelope/alpha.key/dek/import`, { id: 'imported-dek', encrypted_data_encryption_key: wrapLocal(kek('alpha.key'), randomBytes(32)) });
+    assert.equal(imp.status, 201);
+    assert.equal((await c.post(`${E}/envelope/alpha.key/dek/import`, { encrypted_data_encryption_key: wrapLocal(kek('restored.key'), randomBytes(32)) })).status, 400);
+    assert.equal((await c.post(`${E}/envelope/alpha.key/dek/import`, {})).status, 400);
+    assert.equal((await c.post(`${E}/envelope/nope.key/dek/import`, { encrypted_data_encryption_key: 'AAAA' })).status, 404);
+
+    const viaKms = await c.post(`${E}/envelope/${enc(ARN)}/dek`, { id: 'kms-dek' });
+    assert.equal(viaKms.status, 201);
+    const w = kmsWrapper(ARN, 'eu-west-1', kms.url);
+    assert.equal((await w.unwrap(viaKms.body.encrypted_data_encryption_key)).length, 32);
+    assert.equal((await c.post(`${E}/envelope/${enc(ARN)}/dek/import`, { encrypted_data_encryption_key: Buffer.from('junk').toString('base64') })).status, 400);
+
+    const page = await c.get(`${E}/envelope/alpha.key/dek?page_size=2`);
+    assert.equal(page.status, 200);
+    assert.equal(page.body.items.length, 2);
+    assert.ok(page.body.next_page_token);
+    for (const item of page.body.items) assert.deepEqual(Object.keys(item).sort(), ['created_at', 'envelope_encryption_key_id', 'id', 'updated_at']);
+    const all = await c.get(`${E}/envelope/alpha.key/dek?page_size=100`);
+    assert.deepEqual(all.body.items.map((d: any) => d.id).sort(), [gen.body.id, 'given-dek', 'imported-dek'].sort());
+    assert.equal((await c.get(`${E}/envelope/nope.key/dek`)).status, 404);
+    assert.equal((await c.get(`${E}/envelope/alpha.key`)).body.dek_count, 3);
+  });
+
+  it('manages aliases: create, get by alias then id, update, delete', async () => {
+    const c = stack.client;
+    const created = await c.post(`${E}/dek/alias`, { dek_id: 'given-dek', alias: 'payments' });
+    assert.equal(created.status, 201);
+    assert.equal(created.body.data_encryption_key_id, 'given-dek');
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'imported-dek', alias: 'payments' })).status, 409);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'no-such-dek', alias: 'other' })).status, 404);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'given-dek', alias: 'has space' })).status, 400);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'given-dek' })).status, 400);
+
+    assert.equal((await c.get(`${E}/dek/alias/payments`)).body.id, 'given-dek');
+    const byId = await c.get(`${E}/dek/alias/imported-dek`);
+    assert.equal(byId.status, 200);
+    assert.equal(byId.body.envelope_encryption_key_id.id, 'alpha.key');
+    // An alias named like a DEK id wins over the DEK id.
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'given-dek', alias: 'imported-dek' })).status, 201);
+    assert.equal((await c.get(`${E}/dek/alias/imported-dek`)).body.id, 'given-dek');
+    assert.equal((await c.get(`${E}/dek/alias/nothing`)).status, 404);
+
+    const upd = await c.put(`${E}/dek/alias/payments`, { new_dek_id: 'kms-dek' });
+    assert.equal(upd.status, 200);
+    assert.equal(upd.body.data_encryption_key_id, 'kms-dek');
+    assert.equal((await c.get(`${E}/dek/alias/payments`)).body.envelope_encryption_key_id.type, 'aws_kms');
+    assert.equal((await c.put(`${E}/dek/alias/nothing`, { new_dek_id: 'kms-dek' })).status, 404);
+    assert.equal((await c.put(`${E}/dek/alias/payments`, { new_dek_id: 'no-such-dek' })).status, 404);
+    assert.equal((await c.put(`${E}/dek/alias/payments`, {})).status, 400);
+
+    assert.equal((await c.delete(`${E}/dek/alias/imported-dek`)).status, 200);
+    assert.equal((await c.delete(`${E}/dek/alias/imported-dek`)).status, 404);
+    assert.equal((await c.get(`${E}/dek/alias/imported-dek`)).body.id, 'imported-dek');
+  });
+
+  it('refuses to delete an alias while secrets use it', async function () {
+    const c = stack.client;
+    const s = await c.post('/api/secret/v1', { key: 'alias-user', raw_value: 'v', dek_alias: 'payments' });
+    if (s.status === 404 && s.body?.data?.resource === 'route') this.skip();
+    assert.equal(s.status, 201);
+    const r = await c.delete(`${E}/dek/alias/payments`);
+    assert.equal(r.status, 409);
+    assert.equal(r.body.data.code, 'conflict');
+    assert.equal((await c.get(`${E}/dek/alias/payments`)).status, 200);
+  });
+
+  it('migrates one DEK in place (local to local, local to KMS and back) with compare-and-set', async () => {
+    const c = stack.client;
+    const before = unwrapLocal(kek('alpha.key'), (await c.get(`${E}/dek/alias/given-dek`)).body.encrypted_data_encryption_key);
+    const m = await c.post(`${E}/envelope/alpha.key/dek/given-dek/migrate`, { to_envelope_encryption_key_id: 'restored.key' });
+    assert.equal(m.status, 200);
+    assert.deepEqual({ id: m.body.id, env: m.body.envelope_encryption_key_id }, { id: 'given-dek', env: 'restored.key' });
+    const after = await c.get(`${E}/dek/alias/given-dek`);
+    assert.deepEqual(unwrapLocal(kek('restored.key'), after.body.encrypted_data_encryption_key), before);
+    // The old envelope no longer holds it: a repeat is 404, never a second wrap.
+    assert.equal((await c.post(`${E}/envelope/alpha.key/dek/given-dek/migrate`, { to_envelope_encryption_key_id: 'restored.key' })).status, 404);
+    assert.equal((await c.post(`${E}/envelope/restored.key/dek/given-dek/migrate`, { to_envelope_encryption_key_id: 'restored.key' })).status, 400);
+    assert.equal((await c.post(`${E}/envelope/restored.key/dek/given-dek/migrate`, { to_envelope_encryption_key_id: 'nope.key' })).status, 404);
+    assert.equal((await c.post(`${E}/envelope/restored.key/dek/no-such/migrate`, { to_envelope_encryption_key_id: 'alpha.key' })).status, 404);
+    assert.equal((await c.post(`${E}/envelope/restored.key/dek/given-dek/migrate`, {})).status, 400);
+
+    const toKms = await c.post(`${E}/envelope/restored.key/dek/given-dek/migrate`, { to_envelope_encryption_key_id: ARN });
+    assert.equal(toKms.status, 200);
+    const w = kmsWrapper(ARN, 'eu-west-1', kms.url);
+    assert.deepEqual(await w.unwrap((await c.get(`${E}/dek/alias/given-dek`)).body.encrypted_data_encryption_key), before);
+    const back = await c.post(`${E}/envelope/${enc(ARN)}/dek/given-dek/migrate`, { to_envelope_encryption_key_id: 'alpha.key' });
+    assert.equal(back.status, 200);
+    assert.deepEqual(unwrapLocal(kek('alpha.key'), (await c.get(`${E}/dek/alias/given-dek`)).body.encrypted_data_encryption_key), before);
+
+    // Two concurrent migrations of one DEK: exactly one applies, the DEK stays valid.
+    const race = await Promise.all(['restored.key', ARN].map((to) => c.post(`${E}/envelope/alpha.key/dek/given-dek/migrate`, { to_envelope_encryption_key_id: to })));
+    const statuses = race.map((r) => r.status).sort();
+    assert.equal(statuses[0], 200);
+    assert.ok([404, 409].includes(statuses[1]), `loser answered ${statuses[1]}`);
+    const final = (await c.get(`${E}/dek/alias/given-dek`)).body;
+    const plain = final.envelope_encryption_key_id.id === ARN ? await w.unwrap(final.encrypted_data_encryption_key) : unwrapLocal(kek('restored.key'), final.encrypted_data_encryption_key);
+    assert.deepEqual(plain, before);
+  });
+
+  it('runs migrate-all as a job and reports it; deletes envelope keys only when unused', async () => {
+    const c = stack.client;
+    assert.equal((await c.delete(`${E}/envelope/alpha.key`)).status, 409);
+    const plains = new Map<string, Buffer>();
+    for (const d of (await c.get(`${E}/envelope/alpha.key/dek?page_size=100`)).body.items) {
+      plains.set(d.id, unwrapLocal(kek('alpha.key'), (await c.get(`${E}/dek/alias/${d.id}`)).body.encrypted_data_encryption_key));
+    }
+    assert.equal((await c.post(`${E}/envelope/alpha.key/migrate`, { to_envelope_encryption_key_id: 'alpha.key' })).status, 400);
+    assert.equal((await c.post(`${E}/envelope/alpha.key/migrate`, { to_envelope_encryption_key_id: 'nope.key' })).status, 404);
+    assert.equal((await c.post(`${E}/envelope/nope.key/migrate`, { to_envelope_encryption_key_id: 'alpha.key' })).status, 404);
+    const started = await c.post(`${E}/envelope/alpha.key/migrate`, { to_envelope_encryption_key_id: 'restored.key' });
+    assert.equal(started.status, 202);
+    assert.equal(started.body.kind, 'migrate-deks');
+    assert.equal(started.body.total, plains.size);
+    assert.deepEqual(started.body.params, { from_envelope_encryption_key_id: 'alpha.key', to_envelope_encryption_key_id: 'restored.key' });
+    let job: any;
+    for (let i = 0; i < 400; i++) {
+      job = (await c.get(`${E}/job/${started.body.id}`)).body;
+      if (job.status === 'completed') break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.equal(job.status, 'completed');
+    assert.deepEqual({ total: job.total, done: job.done, failed: job.failed, errors: job.errors }, { total: plains.size, done: plains.size, failed: 0, errors: [] });
+    assert.ok(job.started_at && job.finished_at);
+    for (const [id, plain] of plains) {
+      const d = (await c.get(`${E}/dek/alias/${id}`)).body;
+      assert.equal(d.envelope_encryption_key_id.id, 'restored.key');
+      assert.deepEqual(unwrapLocal(kek('restored.key'), d.encrypted_data_encryption_key), plain);
+    }
+    assert.equal((await c.get(`${E}/job/00000000-0000-4000-8000-000000000000`)).status, 404);
+    assert.equal((await c.get(`${E}/job/not-a-uuid`)).status, 400);
+
+    assert.equal((await c.delete(`${E}/envelope/alpha.key`)).status, 200);
+    assert.equal((await c.delete(`${E}/envelope/alpha.key`)).status, 404);
+    assert.equal(fs.existsSync(path.join(keysDir, 'alpha.key')), true);
+    const rows = await testDb()('envelope_keys').where({ id: 'alpha.key' });
+    assert.equal(rows.length, 0);
+  });
+
+  it('needs encryption:read to read and encryption:write to change', async () => {
+    const c = stack.client;
+    const key = await c.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['encryption:read'] });
+    assert.equal(key.status, 201);
+    const reader = c.as(key.body.key);
+    assert.equal((await reader.get(`${E}/envelope`)).status, 200);
+    assert.equal((await reader.get(`${E}/dek/alias/default`)).status, 200);
+    assert.equal((await reader.post(`${E}/envelope`, { type: 'local', file_name: 'r.key' })).status, 403);
+    assert.equal((await reader.post(`${E}/dek/alias`, { dek_id: 'kms-dek', alias: 'r' })).status, 403);
+    assert.equal((await reader.delete(`${E}/envelope/restored.key`)).status, 403);
+    assert.equal((await c.as('').get(`${E}/envelope`)).status, 401);
+    assert.equal(fs.existsSync(path.join(keysDir, 'r.key')), false);
+  });
+
+  it('describes every encryption route in the OpenAPI document', async () => {
+    const doc = (await stack.client.get('/api/openapi.json')).body;
+    const paths = Object.keys(doc.paths).filter((p) => p.startsWith(E));
+    for (const p of ['/envelope', '/envelope/{envelope_id}', '/envelope/{envelope_id}/dek', '/envelope/{envelope_id}/dek/import',
+      '/envelope/{envelope_id}/dek/{dek_id}/migrate', '/envelope/{envelope_id}/migrate', '/job/{job_id}', '/dek/alias', '/dek/alias/{alias}']) {
+      assert.ok(paths.includes(E + p), p);
+    }
+  });
+});
