@@ -11,10 +11,13 @@ import { internalRoutes } from './routes/internal.ts';
 import { encryptionRoutes } from './routes/encryption.ts';
 import { secretRoutes } from './routes/secret.ts';
 import { rotationRoutes } from './routes/rotation.ts';
+import { a2aRoutes } from './routes/a2a.ts';
 import { defineRoute } from './route.ts';
-import { FreeObject } from './schemas/common.ts';
+import { ErrorBody, FreeObject } from './schemas/common.ts';
+import { Type } from '@sinclair/typebox';
+import { createMetrics } from './metrics.ts';
 
-export const allRoutes: Route[] = [...internalRoutes, ...authRoutes, ...taskRoutes, ...encryptionRoutes, ...rotationRoutes, ...secretRoutes];
+export const allRoutes: Route[] = [...internalRoutes, ...authRoutes, ...taskRoutes, ...encryptionRoutes, ...rotationRoutes, ...secretRoutes, ...a2aRoutes];
 
 export function createApp(services: Services): Koa {
   const app = new Koa({ proxy: true });
@@ -23,9 +26,18 @@ export function createApp(services: Services): Koa {
     method: 'get', path: '/api/openapi.json', operationId: 'openapi', tag: '_internal', scope: null,
     summary: 'This OpenAPI 3.1 document', responses: { 200: FreeObject },
   }, async () => openapi);
+  const metrics = createMetrics(services);
+  const metricsRoute = defineRoute({
+    method: 'get', path: '/metrics', operationId: 'metrics', tag: '_internal', scope: 'internal',
+    summary: 'Prometheus metrics', responses: { 200: Type.String(), 401: ErrorBody, 403: ErrorBody },
+  }, async ({ ctx }) => {
+    ctx.type = metrics.registry.contentType;
+    ctx.body = await metrics.registry.metrics();
+  });
   const router = new Router();
-  mount(router, [...allRoutes, openapiRoute], services);
+  mount(router, [...allRoutes, openapiRoute, metricsRoute], services);
   app.use(requestId(services.log));
+  app.use(metrics.middleware);
   app.use(errorHandler());
   app.use(router.routes());
   app.use(router.allowedMethods());

@@ -41,6 +41,8 @@ export function toJsonRpcError(err: unknown): JsonRpcErrorObject {
   if (err instanceof A2AError) return err.toJSON();
   if (err instanceof AppError) {
     if (err.status === 404 && err.data.resource === 'task') return new TaskNotFoundError(String(err.data.id)).toJSON();
+    // Anything else a client named that does not exist (a push config id) is a bad parameter.
+    if (err.status === 404) return invalidParams(err.message, { resource: err.data.resource, id: err.data.id }).toJSON();
     if (err.status === 400) return invalidParams(err.message, err.data.errors ? { errors: err.data.errors } : undefined).toJSON();
     if (err.status === 409) return invalidRequest(err.message, err.data).toJSON();
     if (err.status === 503) return { code: JSONRPC.INTERNAL, message: err.message };

@@ -1,0 +1,43 @@
+// Writes an A2A stream as Server-Sent Events: one JSON-RPC response per `data:` line, closed
+// right after the last event. A client that goes away ends the writing, never the task.
+import type { Context } from 'koa';
+import type { Logger } from '../domain/logger.ts';
+import { errorResponse, type RpcId } from '../domain/a2a/jsonrpc.ts';
+import type { TaskStream } from '../domain/a2a/methods.ts';
+
+// Comment lines keep idle proxies from closing a stream that waits on a slow agent.
+const KEEPALIVE_MS = 15_000;
+
+export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log: Logger): Promise<void> {
+  const res = ctx.res;
+  ctx.respond = false;
+  ctx.status = 200;
+  res.writeHead(200, { 'Content-Type': 'text/event-stream', 'Cache-Control': 'no-cache', Connection: 'keep-alive', 'X-Accel-Buffering': 'no' });
+  let closed = false;
+  const onClose = () => { closed = true; };
+  res.once('close', onClose);
+  const keepalive = setInterval(() => { if (!closed) res.write(': keep-alive\n\n'); }, KEEPALIVE_MS);
+  const send = async (payload: unknown) => {
+    if (closed) return;
+    if (!res.write(`data: ${JSON.stringify(payload)}\n\n`)) {
+      await new Promise<void>((resolve) => {
+        const done = () => { res.off('drain', done); res.off('close', done); resolve(); };
+        res.on('drain', done);
+        res.on('close', done);
+      });
+    }
+  };
+  try {
+    for await (const result of stream) {
+      if (closed) break;
+      await send({ jsonrpc: '2.0', id, result });
+    }
+  } catch (err) {
+    log.error({ err }, 'a2a stream failed');
+    await send(errorResponse(id, err));
+  } finally {
+    clearInterval(keepalive);
+    res.off('close', onClose);
+    res.end();
+  }
+}

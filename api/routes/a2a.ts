@@ -1,0 +1,69 @@
+// A2A v0.3: the JSON-RPC endpoint and the agent card. Method logic lives in domain/a2a/.
+import type { Context } from 'koa';
+import { defineRoute } from '../route.ts';
+import { ErrorBody, FreeObject } from '../schemas/common.ts';
+import { readJsonBody } from '../middleware/body.ts';
+import { InvalidRequest } from '../../domain/errors.ts';
+import type { Services } from '../../domain/services.ts';
+import { TaskWaiter } from '../../domain/task-waiter.ts';
+import { A2A_PATH, agentCard } from '../../domain/a2a/agent-card.ts';
+import { dispatch, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
+import { writeSse } from '../a2a-sse.ts';
+
+const tag = 'a2a';
+
+// One Redis subscription per process serves every stream and blocking call.
+const waiters = new WeakMap<Services, TaskWaiter>();
+const waiterOf = (s: Services) => {
+  let w = waiters.get(s);
+  if (!w) waiters.set(s, (w = new TaskWaiter(s.bus)));
+  return w;
+};
+
+// Aborts when the client disconnects before the response is complete.
+function clientGone(ctx: Context): AbortSignal {
+  const ac = new AbortController();
+  ctx.res.once('close', () => { if (!ctx.res.writableFinished) ac.abort(); });
+  return ac.signal;
+}
+
+const cardRoute = (path: string, operationId: string) => defineRoute({
+  method: 'get', path, operationId, tag, scope: null,
+  summary: 'The A2A agent card (public)',
+  responses: { 200: FreeObject },
+}, async ({ services }) => agentCard(services.cfg));
+
+export const a2aRoutes = [
+  defineRoute({
+    method: 'post', path: A2A_PATH, operationId: 'a2a-jsonrpc', tag, scope: 'a2a',
+    summary: 'A2A v0.3 JSON-RPC 2.0: message/send, message/stream (SSE), tasks/get, tasks/cancel, tasks/resubscribe (SSE), tasks/pushNotificationConfig/*, agent/getAuthenticatedExtendedCard',
+    responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody, 413: ErrorBody, 415: ErrorBody },
+  }, async ({ ctx, services }) => {
+    let body: unknown;
+    try {
+      body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
+    } catch (err) {
+      if (!(err instanceof InvalidRequest)) throw err;
+      body = PARSE_ERROR;
+    }
+    ctx.status = 200;
+    if (body === undefined || body === PARSE_ERROR) {
+      ctx.body = PARSE_ERROR;
+      return;
+    }
+    const log = ctx.state.log ?? services.log;
+    const outcome = await dispatch({ services, waiter: waiterOf(services), signal: clientGone(ctx) }, body, log);
+    if ('response' in outcome) ctx.body = outcome.response;
+    else await writeSse(ctx, outcome.id, outcome.stream, log);
+  }),
+
+  cardRoute(`${A2A_PATH}/.well-known/agent.json`, 'a2a-agent-card-legacy'),
+  cardRoute(`${A2A_PATH}/.well-known/agent-card.json`, 'a2a-agent-card'),
+  cardRoute('/.well-known/agent-card.json', 'agent-card'),
+
+  defineRoute({
+    method: 'get', path: `${A2A_PATH}/agent/authenticatedExtendedCard`, operationId: 'a2a-extended-agent-card', tag, scope: 'a2a',
+    summary: 'The extended A2A agent card, for authenticated callers',
+    responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody },
+  }, async ({ services }) => agentCard(services.cfg, { extended: true })),
+];

@@ -1,0 +1,78 @@
+// A task's timeline as A2A stream events. Postgres is the source: the follower re-reads the
+// timeline after every wake-up note (domain/task-waiter.ts) and on a slow poll, so events
+// arrive once each, in timeline order, whatever happens to the notes.
+import type { Message as A2AMessage, TaskArtifactUpdateEvent, TaskStatusUpdateEvent } from '@a2a-js/sdk';
+import type { Tx } from '../../db/knex.ts';
+import { timelineSince, type TimelineRow } from '../../db/timeline.ts';
+import * as messages from '../../db/messages.ts';
+import type { Message } from '../../api/schemas/task.ts';
+import { isInterrupted, isTerminal, type TaskState } from '../task-states.ts';
+import type { TaskFollow } from '../task-waiter.ts';
+import { toA2AArtifact, toA2AMessage } from './mapping.ts';
+
+export type StreamEvent = TaskStatusUpdateEvent | TaskArtifactUpdateEvent | A2AMessage;
+
+// A missed note delays an event by at most this long.
+const POLL_MS = 2000;
+const PAGE = 500;
+
+/** The state a stream ends on: terminal, or waiting for the client (interrupted). */
+export const isFinalState = (s: TaskState) => isTerminal(s) || isInterrupted(s);
+
+export function statusEvent(taskId: string, contextId: string, state: TaskState, timestamp: string, message?: A2AMessage): TaskStatusUpdateEvent {
+  return {
+    kind: 'status-update', taskId, contextId, final: isFinalState(state),
+    status: { state, timestamp, ...(message ? { message } : {}) },
+  };
+}
+
+async function toEvents(db: Tx, taskId: string, contextId: string, rows: TimelineRow[]): Promise<StreamEvent[]> {
+  const seen = new Map<string, Message>();
+  const statusMessageIds = new Set<string>();
+  for (const { event_payload: e } of rows) {
+    if (e.type === 'message') seen.set(e.message.id, e.message);
+    if (e.type === 'task-status-update' && e.status_message_id) statusMessageIds.add(e.status_message_id);
+  }
+  const out: StreamEvent[] = [];
+  for (const row of rows) {
+    const e = row.event_payload;
+    const at = new Date(row.created_at).toISOString();
+    if (e.type === 'message') {
+      // A status message travels inside its status-update event, not twice.
+      if (!statusMessageIds.has(e.message.id)) out.push(toA2AMessage(e.message, contextId));
+    } else if (e.type === 'artifact-update') {
+      const { append, lastChunk, ...artifact } = e.artifact as Record<string, unknown> & { append?: boolean; lastChunk?: boolean };
+      out.push({
+        kind: 'artifact-update', taskId, contextId, artifact: toA2AArtifact(artifact),
+        ...(append !== undefined ? { append } : {}), ...(lastChunk !== undefined ? { lastChunk } : {}),
+      });
+    } else {
+      const id = e.status_message_id;
+      const msg = id ? seen.get(id) ?? (await messages.getMessage(db, id)) : undefined;
+      out.push(statusEvent(taskId, contextId, e.status, at, msg ? toA2AMessage(msg, contextId) : undefined));
+    }
+  }
+  return out;
+}
+
+/**
+ * Yields the task's events after `afterSeq` until a final status-update (which is yielded) or
+ * until `signal` aborts. `follow` must have been registered before `afterSeq` was read.
+ */
+export async function* followTimeline(
+  db: Tx, follow: TaskFollow, task: { id: string; contextId: string }, afterSeq: number, signal: AbortSignal,
+): AsyncGenerator<StreamEvent> {
+  let after = afterSeq;
+  while (!signal.aborted) {
+    const rows = await timelineSince(db, task.id, after, PAGE);
+    if (rows.length) {
+      after = rows[rows.length - 1].seq;
+      for (const event of await toEvents(db, task.id, task.contextId, rows)) {
+        yield event;
+        if (event.kind === 'status-update' && event.final) return;
+      }
+      if (rows.length === PAGE) continue; // a full page may have more behind it
+    }
+    await follow.wait(POLL_MS, signal);
+  }
+}

@@ -1,0 +1,62 @@
+// JSON-RPC 2.0 dispatch for A2A v0.3: envelope checks, method lookup, params validation, and
+// every failure as an error object with the request id echoed (null only when unreadable).
+import type { Logger } from '../logger.ts';
+import { A2AError, JSONRPC, toJsonRpcError, type JsonRpcErrorObject } from './errors.ts';
+import * as m from './methods.ts';
+import * as p from './params.ts';
+
+export type RpcId = string | number | null;
+export type RpcResponse = { jsonrpc: '2.0'; id: RpcId; result: unknown } | { jsonrpc: '2.0'; id: RpcId; error: JsonRpcErrorObject };
+export type RpcOutcome = { response: RpcResponse } | { id: RpcId; stream: m.TaskStream };
+
+interface Method {
+  validate: p.Validator<unknown>;
+  run(call: m.A2ACall, params: unknown): Promise<unknown>;
+  stream?: true;
+}
+
+const method = <T>(validate: p.Validator<T>, run: (call: m.A2ACall, params: T) => Promise<unknown>, stream?: true): Method =>
+  ({ validate, run: run as Method['run'], stream });
+
+const METHODS: Record<string, Method> = {
+  'message/send': method(p.validator(p.MessageSendParams), m.sendMessage),
+  'message/stream': method(p.validator(p.MessageSendParams), m.streamMessage, true),
+  'tasks/get': method(p.validator(p.TaskQueryParams), m.getTask),
+  'tasks/cancel': method(p.validator(p.TaskIdParams), m.cancelTask),
+  'tasks/resubscribe': method(p.validator(p.TaskIdParams), m.resubscribe, true),
+  'tasks/pushNotificationConfig/set': method(p.validator(p.SetPushConfigParams), m.setPushConfig),
+  'tasks/pushNotificationConfig/get': method(p.validator(p.GetPushConfigParams), m.getPushConfig),
+  'tasks/pushNotificationConfig/list': method(p.validator(p.TaskIdParams), m.listPushConfigs),
+  'tasks/pushNotificationConfig/delete': method(p.validator(p.DeletePushConfigParams), m.deletePushConfig),
+  'agent/getAuthenticatedExtendedCard': method(p.validator(p.NoParams), (call) => m.extendedCard(call)),
+};
+
+export const PARSE_ERROR: RpcResponse = { jsonrpc: '2.0', id: null, error: { code: JSONRPC.PARSE_ERROR, message: 'Parse error: the request body is not valid JSON' } };
+
+export const errorResponse = (id: RpcId, err: unknown): RpcResponse => ({ jsonrpc: '2.0', id, error: toJsonRpcError(err) });
+
+const isId = (v: unknown): v is RpcId => typeof v === 'string' || typeof v === 'number' || v === null;
+
+export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Promise<RpcOutcome> {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
+    const why = Array.isArray(body) ? 'batch requests are not supported' : 'the request must be a JSON object';
+    return { response: errorResponse(null, new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: ${why}`)) };
+  }
+  const req = body as Record<string, unknown>;
+  const id: RpcId = isId(req.id) ? req.id : null;
+  try {
+    if (req.jsonrpc !== '2.0') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: jsonrpc must be "2.0"');
+    if (!('id' in req)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id is required (notifications are not supported)');
+    if (!isId(req.id)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id must be a string, a number or null');
+    if (typeof req.method !== 'string') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');
+    const target = Object.hasOwn(METHODS, req.method) ? METHODS[req.method] : undefined;
+    if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${req.method.slice(0, 100)}`);
+    const params = target.validate(req.params === undefined && req.method === 'agent/getAuthenticatedExtendedCard' ? null : req.params);
+    const result = await target.run(call, params);
+    if (target.stream) return { id, stream: result as m.TaskStream };
+    return { response: { jsonrpc: '2.0', id, result } };
+  } catch (err) {
+    if (!(err instanceof A2AError) && toJsonRpcError(err).code === JSONRPC.INTERNAL) log.error({ err, method: req.method }, 'a2a method failed');
+    return { response: errorResponse(id, err) };
+  }
+}

@@ -1,0 +1,202 @@
+// The A2A v0.3 methods over our task domain. Params arrive validated (params.ts); everything a
+// client can name is checked here before it reaches SQL, so no input can become a 500.
+import { randomUUID } from 'node:crypto';
+import type { AgentCard, Message as A2AMessage, Task as A2ATask, TaskPushNotificationConfig } from '@a2a-js/sdk';
+import type { Services } from '../services.ts';
+import * as tasksRepo from '../../db/tasks.ts';
+import { lastTimelineSeq } from '../../db/timeline-views.ts';
+import { addMessage, createTask, createTaskIn, updateStatus } from '../tasks.ts';
+import { inTransaction } from '../unit-of-work.ts';
+import { Conflict } from '../errors.ts';
+import { isTerminal } from '../task-states.ts';
+import type { TaskWaiter } from '../task-waiter.ts';
+import * as push from '../push-config.ts';
+import { agentCard } from './agent-card.ts';
+import { A2AError, JSONRPC, TaskNotCancelableError, TaskNotFoundError, invalidParams, invalidRequest } from './errors.ts';
+import { followTimeline, isFinalState, statusEvent, type StreamEvent } from './events.ts';
+import { fromA2AMessage, toA2ATask } from './mapping.ts';
+import { loadA2ATask } from './task-view.ts';
+import type { DeletePushConfigParams, GetPushConfigParams, MessageSendParams, SetPushConfigParams, TaskIdParams, TaskQueryParams } from './params.ts';
+
+export interface A2ACall {
+  services: Services;
+  waiter: TaskWaiter;
+  /** Aborts when the client goes away: waiting stops, the task carries on. */
+  signal: AbortSignal;
+}
+
+export type TaskStream = AsyncGenerator<A2ATask | StreamEvent>;
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+// Our task ids are UUIDs: any other id names no task (and must not reach a uuid column).
+function taskIdOf(id: string): string {
+  if (!UUID.test(id)) throw new TaskNotFoundError(id);
+  return id.toLowerCase();
+}
+
+async function requireTaskRow(call: A2ACall, id: string): Promise<tasksRepo.TaskRow> {
+  const row = await tasksRepo.getTask(call.services.db, taskIdOf(id));
+  if (!row) throw new TaskNotFoundError(id);
+  return row;
+}
+
+function requirePushSupport(): void {
+  if (!push.PUSH_NOTIFICATIONS_SUPPORTED) throw new A2AError(JSONRPC.PUSH_NOT_SUPPORTED, 'Push notifications are not supported');
+}
+
+// Stores the message (new task, or continuation of `message.taskId`) and reports where the
+// timeline stood right after it, plus the created task when there was no re-read.
+async function accept(call: A2ACall, params: MessageSendParams, opts: { newId: string; needSeq: boolean }) {
+  const { services } = call;
+  const message = fromA2AMessage(params.message as A2AMessage); // validated: exactly one of bytes or uri
+  const pushConfig = params.configuration?.pushNotificationConfig;
+  if (pushConfig) requirePushSupport();
+
+  if (params.message.taskId !== undefined) {
+    const row = await requireTaskRow(call, params.message.taskId);
+    if (params.message.contextId !== undefined && params.message.contextId.toLowerCase() !== row.context_id) {
+      throw invalidParams(`Invalid params: params.message.contextId '${params.message.contextId}' is not the context of task ${row.id}`);
+    }
+    if (isTerminal(row.status)) throw invalidRequest(`Task ${row.id} is ${row.status}: a terminal task accepts no more messages`, { taskId: row.id, state: row.status });
+    if (pushConfig) await push.setPushConfig(services.db, row.id, pushConfig, services.cfg);
+    const added = await addMessage(services, row.id, message);
+    return { id: row.id, contextId: row.context_id, seq: added.seq };
+  }
+
+  const id = opts.newId;
+  const req = { context_id: params.message.contextId?.toLowerCase(), message };
+  if (!pushConfig && !opts.needSeq) {
+    // The hot path (non-blocking intake): one statement, no re-read.
+    const created = await createTask(services, req, id);
+    return { id, contextId: created.task.context_id, seq: 0, created };
+  }
+  const created = await inTransaction(services, async (uow) => {
+    const c = await createTaskIn(uow, req, id);
+    if (pushConfig) await push.setPushConfig(uow.trx, id, pushConfig, services.cfg);
+    return c;
+  });
+  return { id, contextId: created.task.context_id, seq: created.lastSeq, created };
+}
+
+export async function sendMessage(call: A2ACall, params: MessageSendParams): Promise<A2ATask> {
+  const { services, waiter } = call;
+  const historyLength = params.configuration?.historyLength;
+  const id = params.message.taskId !== undefined ? taskIdOf(params.message.taskId) : randomUUID();
+  if (params.configuration?.blocking === false) {
+    const accepted = await accept(call, params, { newId: id, needSeq: false });
+    if (accepted.created) return toA2ATask(accepted.created.task, { messages: [accepted.created.message], historyLength });
+    return loadA2ATask(services.db, accepted.id, historyLength);
+  }
+  // Blocking: follow the task until it is terminal or waits for input, or the bounded wait ends.
+  const deadline = AbortSignal.any([call.signal, AbortSignal.timeout(services.cfg.A2A_BLOCKING_TIMEOUT_MS)]);
+  const follow = await waiter.follow(id);
+  try {
+    const accepted = await accept(call, params, { newId: id, needSeq: true });
+    for await (const _event of followTimeline(services.db, follow, accepted, accepted.seq, deadline)) { /* drain to the final event */ }
+    return await loadA2ATask(services.db, accepted.id, historyLength);
+  } finally {
+    follow.close();
+  }
+}
+
+export async function streamMessage(call: A2ACall, params: MessageSendParams): Promise<TaskStream> {
+  const { services, waiter } = call;
+  const historyLength = params.configuration?.historyLength;
+  const id = params.message.taskId !== undefined ? taskIdOf(params.message.taskId) : randomUUID();
+  const follow = await waiter.follow(id);
+  try {
+    const accepted = await accept(call, params, { newId: id, needSeq: true });
+    const snapshot = accepted.created
+      ? toA2ATask(accepted.created.task, { messages: [accepted.created.message], historyLength })
+      : await loadA2ATask(services.db, accepted.id, historyLength);
+    return (async function* () {
+      try {
+        yield snapshot;
+        yield* followTimeline(services.db, follow, accepted, accepted.seq, call.signal);
+      } finally {
+        follow.close();
+      }
+    })();
+  } catch (err) {
+    follow.close();
+    throw err;
+  }
+}
+
+export async function resubscribe(call: A2ACall, params: TaskIdParams): Promise<TaskStream> {
+  const { services, waiter } = call;
+  const id = taskIdOf(params.id);
+  const follow = await waiter.follow(id);
+  try {
+    // The snapshot and the seq it covers are read in one consistent view.
+    const { row, snapshot, seq } = await services.db.transaction(async (trx) => {
+      const r = await tasksRepo.getTask(trx, id);
+      if (!r) throw new TaskNotFoundError(params.id);
+      return { row: r, snapshot: await loadA2ATask(trx, id, undefined, r), seq: await lastTimelineSeq(trx, id) };
+    }, { isolationLevel: 'repeatable read', readOnly: true });
+    const task = { id, contextId: row.context_id };
+    return (async function* () {
+      try {
+        yield snapshot;
+        if (isFinalState(row.status)) {
+          yield statusEvent(id, row.context_id, row.status, snapshot.status.timestamp!, snapshot.status.message);
+          return;
+        }
+        yield* followTimeline(services.db, follow, task, seq, call.signal);
+      } finally {
+        follow.close();
+      }
+    })();
+  } catch (err) {
+    follow.close();
+    throw err;
+  }
+}
+
+export async function getTask(call: A2ACall, params: TaskQueryParams): Promise<A2ATask> {
+  return loadA2ATask(call.services.db, taskIdOf(params.id), params.historyLength);
+}
+
+export async function cancelTask(call: A2ACall, params: TaskIdParams): Promise<A2ATask> {
+  const row = await requireTaskRow(call, params.id);
+  if (isTerminal(row.status)) throw new TaskNotCancelableError(row.id, row.status);
+  try {
+    // Publishes TASK_CANCELED: the worker running the agent aborts its signal.
+    await updateStatus(call.services, row.id, 'canceled');
+  } catch (err) {
+    if (!(err instanceof Conflict)) throw err;
+    const now = await requireTaskRow(call, row.id);
+    throw new TaskNotCancelableError(row.id, now.status);
+  }
+  return loadA2ATask(call.services.db, row.id);
+}
+
+function toA2APushConfig(c: push.PushConfig): TaskPushNotificationConfig {
+  return { taskId: c.task_id, pushNotificationConfig: { id: c.id, url: c.url, ...(c.authentication ? { authentication: c.authentication } : {}) } };
+}
+
+export async function setPushConfig(call: A2ACall, params: SetPushConfigParams): Promise<TaskPushNotificationConfig> {
+  requirePushSupport();
+  return toA2APushConfig(await push.setPushConfig(call.services.db, taskIdOf(params.taskId), params.pushNotificationConfig, call.services.cfg));
+}
+
+export async function getPushConfig(call: A2ACall, params: GetPushConfigParams): Promise<TaskPushNotificationConfig> {
+  requirePushSupport();
+  return toA2APushConfig(await push.getPushConfig(call.services.db, taskIdOf(params.id), params.pushNotificationConfigId));
+}
+
+export async function listPushConfigs(call: A2ACall, params: TaskIdParams): Promise<TaskPushNotificationConfig[]> {
+  requirePushSupport();
+  return (await push.listPushConfigs(call.services.db, taskIdOf(params.id))).map(toA2APushConfig);
+}
+
+export async function deletePushConfig(call: A2ACall, params: DeletePushConfigParams): Promise<null> {
+  requirePushSupport();
+  await push.deletePushConfig(call.services.db, taskIdOf(params.id), params.pushNotificationConfigId);
+  return null;
+}
+
+export async function extendedCard(call: A2ACall): Promise<AgentCard> {
+  return agentCard(call.services.cfg, { extended: true });
+}
