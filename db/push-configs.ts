@@ -1,6 +1,9 @@
 import type { Tx } from './knex.ts';
 import type { TimelineRow } from './timeline.ts';
 
+// Channel of the NOTIFY sent for each delivery job the fan-out trigger writes to the outbox.
+export const PUSH_DELIVERIES_CHANNEL = 'push_deliveries';
+
 export interface PushAuthentication { schemes: string[]; credentials?: string }
 
 export interface PushConfigRow {
@@ -40,14 +43,10 @@ export async function deletePushConfig(db: Tx, taskId: string, id: string): Prom
   return (await db('push_configs').where({ task_id: taskId, id }).delete()) > 0;
 }
 
-// The ids of a task's configs: what a status change fans out to (usually none).
-export async function pushConfigIds(db: Tx, taskId: string): Promise<string[]> {
-  return (await db('push_configs').select('id').where({ task_id: taskId })).map((r: { id: string }) => r.id);
-}
-
-// Locks one config for the duration of a delivery run so deliveries to it never overlap.
+// Locks one config for the duration of a delivery run so deliveries to it never overlap;
+// undefined when another run holds it (or it is gone).
 export async function lockPushConfig(trx: Tx, taskId: string, id: string): Promise<PushConfigRow | undefined> {
-  return trx('push_configs').where({ task_id: taskId, id }).forUpdate().first();
+  return trx('push_configs').where({ task_id: taskId, id }).forUpdate().skipLocked().first();
 }
 
 export async function setDeliveredSeq(db: Tx, taskId: string, id: string, seq: number): Promise<void> {
@@ -63,4 +62,15 @@ export async function statusItemsAfter(db: Tx, taskId: string, afterSeq: number,
     .whereRaw(`event_payload->>'type' = 'task-status-update'`)
     .orderBy('seq', 'asc')
     .limit(limit);
+}
+
+// A task's messages and artifact updates as they stood at a timeline position: what a pushed
+// snapshot of the task at that status shows. Messages: the newest `historyLimit`, oldest first.
+export async function timelineAt(db: Tx, taskId: string, uptoSeq: number, historyLimit: number): Promise<{ messages: TimelineRow[]; artifacts: TimelineRow[] }> {
+  const base = () => db('timeline_items').select('id', 'seq', 'task_id', 'event_payload', 'created_at').where({ task_id: taskId }).where('seq', '<=', uptoSeq);
+  const [messages, artifacts] = await Promise.all([
+    base().whereRaw(`event_payload->>'type' = 'message'`).orderBy('seq', 'desc').limit(historyLimit),
+    base().whereRaw(`event_payload->>'type' = 'artifact-update'`).orderBy('seq', 'asc'),
+  ]);
+  return { messages: messages.reverse(), artifacts };
 }

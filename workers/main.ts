@@ -8,6 +8,7 @@ import { createRedis } from '../queues/connection.ts';
 import { TASK_CANCELED, updateStatus } from '../domain/tasks.ts';
 import { createAgentTaskProcessor } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
+import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
 import { readSecretValue } from '../domain/secrets.ts';
 import { CancelRegistry } from './cancel-registry.ts';
 import { resolveAgent } from './agents/resolve-agent.ts';
@@ -54,7 +55,13 @@ const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', createKeyJ
 });
 keyJobsWorker.on('failed', onKeyJobFailed(services));
 
-const workers = [agentWorker, keyJobsWorker];
+const pushWorker = new Worker<JobPayloads['push-notifications']>('push-notifications', createPushDeliveryProcessor(services), {
+  ...common,
+  concurrency: cfg.PUSH_CONCURRENCY,
+});
+const pushListener = await listenForPushDeliveries(services);
+
+const workers = [agentWorker, keyJobsWorker, pushWorker];
 for (const w of workers) w.on('error', (err) => log.warn({ err: { message: err.message }, queue: w.name }, 'worker error'));
 log.info({ queues: workers.map((w) => w.name), agent: cfg.AGENT_KIND }, 'worker started');
 
@@ -70,6 +77,7 @@ async function shutdown(signal: string) {
   grace.unref();
   await Promise.allSettled(workers.map((w) => w.close()));
   clearTimeout(grace);
+  await pushListener.close();
   connection.disconnect();
   await services.close();
   process.exit(0);

@@ -1,0 +1,120 @@
+// Push notification delivery. Every status update of a task with push configs gets one delivery
+// job per config, written to the outbox by the statement that stores the update (the trigger in
+// db/migrations/0004_push_notifications.ts). A delivery run POSTs every not-yet-delivered status
+// update of its config in timeline order, so a webhook sees the task's states in the order they
+// happened; a failed update holds back later ones until it succeeds or is given up.
+import http from 'node:http';
+import https from 'node:https';
+import net from 'node:net';
+import type { Task as A2ATask } from '@a2a-js/sdk';
+import type { Knex } from 'knex';
+import * as repo from '../db/push-configs.ts';
+import * as tasks from '../db/tasks.ts';
+import type { TimelineRow } from '../db/timeline.ts';
+import type { Message } from '../api/schemas/task.ts';
+import type { Config } from './config.ts';
+import type { Logger } from './logger.ts';
+import { artifactsFromTimeline, toA2ATask } from './a2a/mapping.ts';
+import { guardedLookup, isPrivateAddress } from './webhook-url.ts';
+
+const HISTORY_IN_NOTIFICATION = 100;
+const ITEMS_PER_RUN = 100;
+
+// The task as it stood right after one status update.
+export async function notificationBody(db: Knex | Knex.Transaction, task: tasks.TaskRow, item: TimelineRow): Promise<A2ATask> {
+  const status = item.event_payload as { type: 'task-status-update'; status: tasks.TaskRow['status']; status_message_id?: string };
+  const { messages, artifacts } = await repo.timelineAt(db, task.id, item.seq, HISTORY_IN_NOTIFICATION);
+  const history = messages.map((m) => (m.event_payload as { message: Message }).message);
+  const at: tasks.TaskRow = { ...task, status: status.status, status_message_id: status.status_message_id ?? null, status_timestamp: new Date(item.created_at) };
+  return toA2ATask(at, { messages: history, artifacts: artifactsFromTimeline(artifacts) });
+}
+
+export class DeliveryError extends Error {}
+
+// One POST of a notification. Internal targets are refused at connect time (see webhook-url.ts).
+export function postNotification(
+  url: string,
+  body: unknown,
+  headers: Record<string, string>,
+  opts: { allowPrivate: boolean; timeoutMs: number },
+): Promise<number> {
+  const target = new URL(url);
+  const host = target.hostname.replace(/^\[(.*)\]$/, '$1');
+  if (!opts.allowPrivate && net.isIP(host) && isPrivateAddress(host)) {
+    return Promise.reject(new DeliveryError(`webhook address ${host} is internal and PUSH_ALLOW_PRIVATE is off`));
+  }
+  const payload = Buffer.from(JSON.stringify(body));
+  const send = target.protocol === 'https:' ? https.request : http.request;
+  return new Promise((resolve, reject) => {
+    const req = send(target, {
+      method: 'POST',
+      lookup: guardedLookup(opts.allowPrivate) as never,
+      timeout: opts.timeoutMs,
+      headers: { 'content-type': 'application/json', 'content-length': String(payload.length), 'user-agent': 'taskbridge-push/1', ...headers },
+    }, (res) => {
+      res.resume();
+      res.on('end', () => {
+        const code = res.statusCode ?? 0;
+        if (code >= 200 && code < 300) resolve(code);
+        else reject(new DeliveryError(`webhook answered HTTP ${code}`));
+      });
+      res.on('error', (err) => reject(new DeliveryError(`webhook response failed: ${err.message}`)));
+    });
+    req.on('timeout', () => req.destroy(new Error(`no answer within ${opts.timeoutMs} ms`)));
+    req.on('error', (err) => reject(new DeliveryError(`webhook unreachable: ${err.message}`)));
+    req.end(payload);
+  });
+}
+
+function authHeaders(cfg: repo.PushConfigRow): Record<string, string> {
+  const headers: Record<string, string> = {};
+  if (cfg.token) headers['x-a2a-notification-token'] = cfg.token;
+  const auth = cfg.authentication;
+  if (auth?.credentials) headers.authorization = `${auth.schemes[0]} ${auth.credentials}`;
+  return headers;
+}
+
+export interface DeliveryJob { task_id: string; config_id: string; timeline_seq: number }
+export type DeliveryOutcome = 'delivered' | 'nothing to deliver' | 'config gone' | 'busy';
+
+interface DeliveryDeps { db: Knex; cfg: Config; log: Logger }
+
+/**
+ * Delivers the pending status updates of one config, oldest first, under a row lock so runs for
+ * the same config never overlap ('busy': another run holds it; try again shortly). The job is
+ * responsible for updates up to its own timeline_seq: a failure there is thrown for a retry, or,
+ * on the final attempt, the update is given up so later ones can flow. A failure on a later
+ * update ends the run quietly: that update's own job retries it.
+ */
+export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, finalAttempt: boolean): Promise<DeliveryOutcome> {
+  const { db, cfg, log } = deps;
+  let failure: Error | undefined;
+  const outcome = await db.transaction(async (trx): Promise<DeliveryOutcome> => {
+    const exists = await repo.getPushConfig(trx, job.task_id, job.config_id);
+    if (!exists) return 'config gone';
+    const config = await repo.lockPushConfig(trx, job.task_id, job.config_id);
+    if (!config) return 'busy';
+    if (config.delivered_seq >= job.timeline_seq) return 'nothing to deliver';
+    const task = await tasks.getTask(trx, job.task_id);
+    if (!task) return 'config gone';
+    const items = await repo.statusItemsAfter(trx, job.task_id, config.delivered_seq, ITEMS_PER_RUN);
+    const headers = authHeaders(config);
+    for (const item of items) {
+      try {
+        await postNotification(config.url, await notificationBody(trx, task, item), headers, { allowPrivate: cfg.PUSH_ALLOW_PRIVATE, timeoutMs: cfg.PUSH_TIMEOUT_MS });
+      } catch (err) {
+        const reason = (err as Error).message;
+        if (item.seq > job.timeline_seq) break;
+        if (!finalAttempt) {
+          failure = new DeliveryError(`push delivery of task ${job.task_id} update ${item.seq} failed: ${reason}`);
+          break;
+        }
+        log.warn({ task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(config.url).host, reason }, 'push notification given up');
+      }
+      await repo.setDeliveredSeq(trx, job.task_id, job.config_id, item.seq);
+    }
+    return 'delivered';
+  });
+  if (failure) throw failure;
+  return outcome;
+}

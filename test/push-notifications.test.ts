@@ -1,0 +1,210 @@
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { resetDb, startStack, testDb, waitFor, textMessage, type Stack } from './helpers/stack.ts';
+import { deletePushConfig, getPushConfig, listPushConfigs, setPushConfig } from '../domain/push-config.ts';
+import { AppError } from '../domain/errors.ts';
+
+interface Received { token: string | undefined; authorization: string | undefined; body: any }
+
+// A local webhook receiver; `answer` picks the HTTP status for each request (after recording it).
+async function startReceiver(answer: (r: Received, all: Received[]) => number = () => 200) {
+  const all: Received[] = [];
+  const server = http.createServer((req, res) => {
+    let raw = '';
+    req.on('data', (c) => (raw += c));
+    req.on('end', () => {
+      const r: Received = { token: req.headers['x-a2a-notification-token'] as string | undefined, authorization: req.headers.authorization, body: JSON.parse(raw) };
+      all.push(r);
+      res.writeHead(answer(r, all)).end();
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/hook`;
+  return { url, all, close: () => new Promise<void>((resolve) => server.close(() => resolve())) };
+}
+
+const allowPrivate = { PUSH_ALLOW_PRIVATE: true };
+const denyPrivate = { PUSH_ALLOW_PRIVATE: false };
+
+// Rejects with the status and message of the AppError `fn` throws.
+async function rejection(fn: () => Promise<unknown>): Promise<{ status: number; message: string }> {
+  try {
+    await fn();
+  } catch (e) {
+    assert.ok(e instanceof AppError, `expected an AppError, got ${(e as Error).message}`);
+    return { status: e.status, message: e.message };
+  }
+  assert.fail('expected a rejection');
+}
+
+describe('push notifications', () => {
+  let stack: Stack;
+  const receivers: { close(): Promise<void> }[] = [];
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_ATTEMPTS: '4', PUSH_BACKOFF_MS: '100' });
+  });
+  after(async () => {
+    await Promise.all(receivers.map((r) => r.close()));
+    await stack?.stop();
+  });
+
+  // A task that no agent runs (its first message is an agent message): the test drives its status.
+  async function idleTask(): Promise<string> {
+    const created = await stack.client.post('/api/task/v1', { message: textMessage('driven by the test', 'agent') });
+    assert.equal(created.status, 201);
+    return created.body.task.id;
+  }
+  const setStatus = async (id: string, status: string, text?: string) => {
+    const r = await stack.client.put(`/api/task/v1/${id}`, { status, ...(text ? { message: textMessage(text, 'agent') } : {}) });
+    assert.equal(r.status, 200, r.text);
+  };
+  const states = (list: Received[], taskId: string) => list.filter((r) => r.body.id === taskId).map((r) => r.body.status.state);
+
+  it('delivers every status update in order, with the token, as the A2A Task', async () => {
+    const rx = await startReceiver();
+    receivers.push(rx);
+    const id = await idleTask();
+    await setPushConfig(testDb(), id, { url: rx.url, token: 'tok-in-order-123' }, allowPrivate);
+    await setStatus(id, 'working');
+    await setStatus(id, 'input-required', 'need more');
+    await setStatus(id, 'working');
+    await setStatus(id, 'completed', 'all done');
+    await waitFor(async () => rx.all.length >= 4, 'four notifications');
+    assert.deepEqual(states(rx.all, id), ['working', 'input-required', 'working', 'completed']);
+    for (const r of rx.all) assert.equal(r.token, 'tok-in-order-123');
+    const last = rx.all[3].body;
+    assert.equal(last.kind, 'task');
+    assert.equal(typeof last.contextId, 'string');
+    assert.equal(last.status.message.parts[0].text, 'all done');
+    assert.match(last.status.timestamp, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+    assert.equal(rx.all[1].body.status.message.parts[0].text, 'need more');
+  });
+
+  it('pushes the updates of a task run by the agent', async () => {
+    const rx = await startReceiver();
+    receivers.push(rx);
+    // The agent waits for its [sleep] first, so the config is in place before it finishes.
+    const created = await stack.client.post('/api/task/v1', { message: textMessage('[sleep 1500] pushed') });
+    const id = created.body.task.id;
+    await setPushConfig(testDb(), id, { url: rx.url, token: 'tok-agent' }, allowPrivate);
+    await waitFor(async () => states(rx.all, id).includes('completed'), 'the completed notification');
+    const seen = states(rx.all, id);
+    assert.equal(seen.at(-1), 'completed');
+    assert.ok(seen.slice(0, -1).every((s) => s === 'working'), `only working before completed: ${seen}`);
+    assert.equal(rx.all.at(-1)!.body.status.message.parts[0].text, 'Echo: [sleep 1500] pushed');
+  });
+
+  it('retries a receiver that fails twice until it gets the update', async () => {
+    const rx = await startReceiver((_r, all) => (all.length <= 2 ? 500 : 200));
+    receivers.push(rx);
+    const id = await idleTask();
+    await setPushConfig(testDb(), id, { url: rx.url, token: 'tok-retry' }, allowPrivate);
+    await setStatus(id, 'working');
+    await setStatus(id, 'completed');
+    await waitFor(async () => states(rx.all, id).includes('completed'), 'the completed notification');
+    // The first update was tried three times before it got through; the second only then.
+    assert.deepEqual(states(rx.all, id), ['working', 'working', 'working', 'completed']);
+  });
+
+  it('gives up an update that keeps failing, then delivers the later ones', async () => {
+    const rx = await startReceiver((r) => (r.body.status.state === 'working' ? 503 : 200));
+    receivers.push(rx);
+    const id = await idleTask();
+    await setPushConfig(testDb(), id, { url: rx.url }, allowPrivate);
+    await setStatus(id, 'working');
+    await setStatus(id, 'failed', 'broken');
+    await waitFor(async () => states(rx.all, id).includes('failed'), 'the failed notification', 30000);
+    // PUSH_ATTEMPTS=4: the working update was tried at least four times (the later update's job
+    // retries it too), and nothing overtook it.
+    const seen = states(rx.all, id);
+    assert.equal(seen.at(-1), 'failed');
+    assert.ok(seen.length >= 5 && seen.slice(0, -1).every((s) => s === 'working'), `working retried before failed: ${seen}`);
+    await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('push notification given up') && l.includes(id)), 'the give-up log line');
+  });
+
+  it('sends authentication credentials and never shows or logs the token', async () => {
+    const rx = await startReceiver();
+    receivers.push(rx);
+    const id = await idleTask();
+    const token = 'secret-token-5f1c2e9a';
+    const credentials = 'secret-credential-77aa';
+    const set = await setPushConfig(testDb(), id, { id: 'mine', url: rx.url, token, authentication: { schemes: ['Bearer'], credentials } }, allowPrivate);
+    assert.deepEqual({ id: set.id, url: set.url, authentication: set.authentication }, { id: 'mine', url: rx.url, authentication: { schemes: ['Bearer'] } });
+    const got = await getPushConfig(testDb(), id, 'mine');
+    const first = await getPushConfig(testDb(), id);
+    const list = await listPushConfigs(testDb(), id);
+    for (const shown of [set, got, first, list]) {
+      const json = JSON.stringify(shown);
+      assert.ok(!json.includes(token) && !json.includes(credentials), `token or credentials shown: ${json}`);
+    }
+    assert.equal(list.length, 1);
+    await setStatus(id, 'working');
+    await waitFor(async () => rx.all.some((r) => r.body.id === id), 'a notification');
+    const r = rx.all.find((x) => x.body.id === id)!;
+    assert.equal(r.token, token);
+    assert.equal(r.authorization, `Bearer ${credentials}`);
+    const logs = [...stack.api.logs, ...stack.workers.flatMap((w) => w.logs)].join('\n');
+    assert.ok(!logs.includes(token) && !logs.includes(credentials), 'a token or credential reached the logs');
+  });
+
+  it('replaces a config with the same id, and deletes configs', async () => {
+    const id = await idleTask();
+    await setPushConfig(testDb(), id, { id: 'a', url: 'http://127.0.0.1:9/one' }, allowPrivate);
+    await setPushConfig(testDb(), id, { id: 'a', url: 'http://127.0.0.1:9/two' }, allowPrivate);
+    await setPushConfig(testDb(), id, { url: 'http://127.0.0.1:9/three' }, allowPrivate);
+    const list = await listPushConfigs(testDb(), id);
+    assert.equal(list.length, 2);
+    assert.equal(list.find((c) => c.id === 'a')!.url, 'http://127.0.0.1:9/two');
+    await deletePushConfig(testDb(), id, 'a');
+    assert.equal((await listPushConfigs(testDb(), id)).length, 1);
+    const gone = await rejection(() => deletePushConfig(testDb(), id, 'a'));
+    assert.equal(gone.status, 404);
+    assert.equal((await rejection(() => getPushConfig(testDb(), id, 'a'))).status, 404);
+  });
+
+  it('answers 404 for configs of an unknown task', async () => {
+    const unknown = '00000000-0000-4000-8000-000000000000';
+    for (const call of [
+      () => setPushConfig(testDb(), unknown, { url: 'http://127.0.0.1:9/' }, allowPrivate),
+      () => getPushConfig(testDb(), unknown),
+      () => listPushConfigs(testDb(), unknown),
+      () => deletePushConfig(testDb(), unknown, 'x'),
+    ]) {
+      const r = await rejection(call);
+      assert.equal(r.status, 404);
+      assert.match(r.message, /task '00000000-0000-4000-8000-000000000000' not found/);
+    }
+  });
+
+  it('rejects bad webhook URLs with specific messages and stores nothing', async () => {
+    const id = await idleTask();
+    const cases: [string, RegExp][] = [
+      ['not a url', /is not an absolute URL/],
+      ['ftp://example.com/hook', /must use http or https, not 'ftp'/],
+      ['file:///etc/passwd', /must use http or https, not 'file'/],
+      ['http://user:pw@example.com/hook', /must not contain credentials/],
+      ['http://127.0.0.1:8080/hook', /resolves to a private, loopback or link-local address \(127\.0\.0\.1\)/],
+      ['http://10.1.2.3/hook', /private, loopback or link-local address \(10\.1\.2\.3\)/],
+      ['http://192.168.0.10/hook', /private/],
+      ['http://169.254.169.254/latest/meta-data', /link-local address \(169\.254\.169\.254\)/],
+      ['http://[::1]:8080/hook', /\(::1\)/],
+      ['http://[::ffff:127.0.0.1]/hook', /private, loopback/],
+      ['http://localhost:8080/hook', /host 'localhost' resolves to a private/],
+      ['http://no-such-host.invalid/hook', /cannot be resolved/],
+    ];
+    for (const [url, message] of cases) {
+      const r = await rejection(() => setPushConfig(testDb(), id, { url }, denyPrivate));
+      assert.equal(r.status, 400, url);
+      assert.match(r.message, message, url);
+    }
+    for (const input of [{ url: 'http://127.0.0.1/', id: '' }, { url: 'http://127.0.0.1/', authentication: { schemes: [] } }, { url: 'http://127.0.0.1/', authentication: { schemes: ['Bearer'], credentials: 'a\r\nX-Evil: 1' } }]) {
+      assert.equal((await rejection(() => setPushConfig(testDb(), id, input, allowPrivate))).status, 400);
+    }
+    assert.deepEqual(await listPushConfigs(testDb(), id), []);
+    // Private targets pass when the configuration allows them.
+    const ok = await setPushConfig(testDb(), id, { url: 'http://127.0.0.1:8080/hook' }, allowPrivate);
+    assert.equal(ok.url, 'http://127.0.0.1:8080/hook');
+  });
+});
