@@ -122,7 +122,11 @@ export class Client {
   put<T = any>(url: string, body?: unknown) { return this.request<T>('PUT', url, body); }
   patch<T = any>(url: string, body?: unknown) { return this.request<T>('PATCH', url, body); }
   delete<T = any>(url: string) { return this.request<T>('DELETE', url); }
-  as(key: string | undefined): Client { return new Client(this.baseUrl, key); }
+  as(key: string | undefined): Client {
+    const c = new Client(this.baseUrl);
+    c.key = key; // undefined means no Authorization header, not the admin default
+    return c;
+  }
 }
 
 export interface Stack { env: Record<string, string>; api: Proc & { url: string }; workers: Proc[]; client: Client; stop(): Promise<void> }

@@ -1,0 +1,49 @@
+// Prometheus metrics of an API process: HTTP latency by route and status, plus queue depths and
+// the outbox backlog read at scrape time (they are shared state, the same from any process).
+import type { Middleware } from 'koa';
+import { Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { Services } from '../domain/services.ts';
+import { QUEUE_NAMES } from '../queues/names.ts';
+
+export function createMetrics(services: Services) {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  const http = new Histogram({
+    name: 'taskbridge_http_request_duration_seconds',
+    help: 'HTTP request latency by route and status',
+    labelNames: ['method', 'route', 'status'],
+    buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10],
+    registers: [registry],
+  });
+  new Gauge({
+    name: 'taskbridge_queue_jobs',
+    help: 'BullMQ jobs per queue and state',
+    labelNames: ['queue', 'state'],
+    registers: [registry],
+    async collect() {
+      for (const name of QUEUE_NAMES) {
+        const counts = await services.queues[name].getJobCounts('waiting', 'active', 'delayed', 'completed', 'failed');
+        for (const [state, n] of Object.entries(counts)) this.set({ queue: name, state }, n);
+      }
+    },
+  });
+  new Gauge({
+    name: 'taskbridge_outbox_pending',
+    help: 'Jobs committed to the outbox and not yet handed to Redis',
+    registers: [registry],
+    async collect() {
+      const [{ n }] = await services.db('outbox').count({ n: '*' });
+      this.set(Number(n));
+    },
+  });
+
+  const middleware: Middleware = async (ctx, next) => {
+    const end = http.startTimer();
+    try {
+      await next();
+    } finally {
+      end({ method: ctx.method, route: (ctx as { _matchedRoute?: string })._matchedRoute ?? 'unmatched', status: String(ctx.status) });
+    }
+  };
+  return { registry, middleware };
+}
