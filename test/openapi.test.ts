@@ -1,0 +1,90 @@
+// GET /api/openapi.json: a valid OpenAPI 3.1 document covering every route, whose schemas are
+// the ones responses actually follow.
+import assert from 'node:assert/strict';
+import { Validator } from '@seriousme/openapi-schema-validator';
+import { Ajv } from 'ajv';
+import addFormats from 'ajv-formats';
+import { allRoutes } from '../api/app.ts';
+import { resetDb, startStack, textMessage, type Response, type Stack } from './helpers/stack.ts';
+
+describe('OpenAPI document', () => {
+  let stack: Stack;
+  let doc: any;
+  before(async () => {
+    await resetDb();
+    stack = await startStack({}, { workers: 0 });
+    const r = await stack.client.as('').get('/api/openapi.json');
+    assert.equal(r.status, 200);
+    doc = r.body;
+  });
+  after(async () => stack?.stop());
+
+  it('validates as OpenAPI 3.1', async () => {
+    const validator = new Validator();
+    const res = await validator.validate(structuredClone(doc));
+    assert.ok(res.valid, JSON.stringify(res.errors, null, 2)?.slice(0, 4000));
+    assert.equal(validator.version, '3.1');
+    assert.equal(doc.openapi, '3.1.0');
+  });
+
+  it('describes every route in allRoutes with its method, operationId, parameters and security', () => {
+    const ids = new Set<string>();
+    for (const { spec } of allRoutes) {
+      const path = spec.path.replace(/:([A-Za-z0-9_]+)/g, '{$1}');
+      const op = doc.paths[path]?.[spec.method];
+      assert.ok(op, `${spec.method.toUpperCase()} ${path} missing`);
+      assert.equal(op.operationId, spec.operationId);
+      assert.ok(!ids.has(spec.operationId), `duplicate operationId ${spec.operationId}`);
+      ids.add(spec.operationId);
+      for (const name of spec.path.match(/:([A-Za-z0-9_]+)/g) ?? []) {
+        assert.ok(op.parameters?.some((p: any) => p.in === 'path' && p.name === name.slice(1) && p.required), `${spec.operationId}: path parameter ${name}`);
+      }
+      if (spec.scope) assert.deepEqual(op.security, [{ bearer: [] }], spec.operationId);
+      else assert.deepEqual(op.security, [], spec.operationId);
+      assert.equal(!!op.requestBody, !!spec.body, `${spec.operationId}: requestBody`);
+    }
+    const documented = Object.values(doc.paths).reduce((n: number, p: any) => n + Object.keys(p).length, 0);
+    assert.equal(documented, allRoutes.length, 'no operation the API does not mount');
+  });
+
+  it('every $ref points at a component that exists', () => {
+    const refs = JSON.stringify(doc).match(/"\$ref":"[^"]+"/g) ?? [];
+    assert.ok(refs.length > 0);
+    for (const ref of new Set(refs)) {
+      const name = /#\/components\/schemas\/(.+)"$/.exec(ref)?.[1];
+      assert.ok(name && doc.components.schemas[name], `dangling ${ref}`);
+    }
+  });
+
+  it('task responses and errors follow the documented schemas', async () => {
+    const ajv = addFormats.default(new Ajv({ strict: false, discriminator: true }));
+    ajv.addSchema(doc, 'openapi');
+    const check = (r: Response, path: string, method: string) => {
+      const schema = doc.paths[path][method].responses[String(r.status)]?.content?.['application/json']?.schema;
+      assert.ok(schema, `${method} ${path} does not document status ${r.status}`);
+      // Resolve component refs against the served document.
+      const rebased = JSON.parse(JSON.stringify(schema).replace(/"#\/components/g, '"openapi#/components'));
+      const validate = ajv.compile(rebased);
+      assert.ok(validate(r.body), `${method} ${path} ${r.status}: ${ajv.errorsText(validate.errors)}\n${r.text}`);
+    };
+    const c = stack.client;
+    const created = await c.post('/api/task/v1', { message: { role: 'user', parts: [{ type: 'text-part', text: 'a' }, { type: 'data-part', data: { x: 1 } }, { type: 'file-part', file: { uri: 'https://example.com/f' } }] } });
+    check(created, '/api/task/v1', 'post');
+    const id = created.body.task.id;
+    await c.put(`/api/task/v1/${id}`, { status: 'working', message: textMessage('working', 'agent') });
+    check(await c.post(`/api/task/v1/${id}/message`, textMessage('more')), '/api/task/v1/{task_id}/message', 'post');
+    check(await c.get(`/api/task/v1/${id}`), '/api/task/v1/{task_id}', 'get');
+    check(await c.get(`/api/task/v1/${id}/timeline`), '/api/task/v1/{task_id}/timeline', 'get');
+    check(await c.get(`/api/task/v1/${id}/message`), '/api/task/v1/{task_id}/message', 'get');
+    check(await c.get('/api/task/v1?page_size=1'), '/api/task/v1', 'get');
+    check(await c.get('/api/task/v1/context?page_size=5'), '/api/task/v1/context', 'get');
+    check(await c.put(`/api/task/v1/${id}`, { status: 'completed' }), '/api/task/v1/{task_id}', 'put');
+    check(await c.put(`/api/task/v1/${id}`, { status: 'working' }), '/api/task/v1/{task_id}', 'put');
+    check(await c.get('/api/task/v1/00000000-0000-4000-8000-000000000000'), '/api/task/v1/{task_id}', 'get');
+    check(await c.get('/api/task/v1/context'), '/api/task/v1/context', 'get');
+    check(await c.as('').get('/api/task/v1'), '/api/task/v1', 'get');
+    check(await c.post('/api/auth/v1/api-key', { name: 'doc', scopes: ['task:read'] }), '/api/auth/v1/api-key', 'post');
+    check(await c.get('/api/auth/v1/api-key'), '/api/auth/v1/api-key', 'get');
+    check(await c.get('/_internal/v1/ready'), '/_internal/v1/ready', 'get');
+  });
+});
