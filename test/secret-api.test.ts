@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { createCipheriv, randomBytes, randomUUID } from 'node:crypto';
-import { resetDb, startStack, testDb, type Client, type Stack } from './helpers/stack.ts';
+import { ROOT, resetDb, startStack, testDb, textMessage, waitFor, type Client, type Stack } from './helpers/stack.ts';
 
 const S = '/api/secret/v1';
 const E = '/api/encryption/v1';
@@ -261,5 +261,36 @@ describe('secret API', () => {
     const logs = stack.api.logs.join('\n');
     assert.ok(logs.includes('"path":"/api/secret/v1"'), 'requests are logged');
     for (const v of values) assert.ok(!logs.includes(v), 'a raw value appears in the API log');
+  });
+});
+
+describe('secrets for agents: ctx.readSecret in an agent module', () => {
+  let stack: Stack;
+  before(async () => {
+    // A fresh database: this stack has its own key directory, which bootstrap fills.
+    await resetDb();
+    stack = await startStack({ AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test', 'fixtures', 'secret-agent.ts') });
+  });
+  after(async () => stack?.stop());
+
+  const runTask = async (text: string) => {
+    const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
+    assert.equal(created.status, 201);
+    return waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${created.body.task.id}`);
+      return ['completed', 'failed'].includes(r.body.task.status) && r.body;
+    }, 'the agent run to finish');
+  };
+
+  it('decrypts a stored secret for the agent, and reports a missing one', async () => {
+    const raw = `agent-visible-${randomUUID()}`;
+    assert.equal((await stack.client.post(S, { key: 'agents/openai.key', raw_value: raw })).status, 201);
+    const done = await runTask('agents/openai.key');
+    assert.equal(done.task.status, 'completed');
+    assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: `secret agents/openai.key has ${raw.length} characters` }]);
+    const missing = await runTask('agents/missing.key');
+    assert.equal(missing.task.status, 'failed');
+    assert.match(missing.status_message.parts[0].text, /secret 'agents\/missing.key' not found/);
+    for (const p of [stack.api, ...stack.workers]) assert.ok(!p.logs.join('\n').includes(raw));
   });
 });
