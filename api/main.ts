@@ -1,18 +1,12 @@
 // The `web` process: the HTTP API.
-import { loadConfig, ConfigError } from '../domain/config.ts';
+import { loadConfigOrExit } from '../domain/config.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createApp } from './app.ts';
 import { API_KEY_REVOKED, forgetApiKey } from './middleware/auth.ts';
 
-let cfg;
-try {
-  cfg = loadConfig();
-} catch (e) {
-  if (e instanceof ConfigError) { console.error(e.message); process.exit(2); }
-  throw e;
-}
+const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'api');
 await bootstrap(services);
 await startKeyringInvalidation(services);

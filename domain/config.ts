@@ -81,6 +81,19 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   };
 }
 
+// Process entry points: a bad configuration ends the process with the list of problems.
+export function loadConfigOrExit(): Config {
+  try {
+    return loadConfig();
+  } catch (e) {
+    if (e instanceof ConfigError) {
+      console.error(e.message);
+      process.exit(2);
+    }
+    throw e;
+  }
+}
+
 // What /_internal/v1/runtime_config may show: nothing that grants access.
 export function publicConfig(cfg: Config): Record<string, unknown> {
   const hidden = new Set(['ADMIN_API_KEY', 'DATABASE_URL', 'REDIS_URL']);

@@ -1,6 +1,6 @@
 // The `worker` process: BullMQ workers for every queue, with graceful shutdown.
 import { Worker, type Job } from 'bullmq';
-import { loadConfig, ConfigError } from '../domain/config.ts';
+import { loadConfigOrExit } from '../domain/config.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
@@ -14,13 +14,7 @@ import { CancelRegistry } from './cancel-registry.ts';
 import { resolveAgent } from './agents/resolve-agent.ts';
 import type { JobPayloads } from '../queues/names.ts';
 
-let cfg;
-try {
-  cfg = loadConfig();
-} catch (e) {
-  if (e instanceof ConfigError) { console.error(e.message); process.exit(2); }
-  throw e;
-}
+const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'worker');
 const { log } = services;
 await bootstrap(services);
