@@ -109,8 +109,12 @@ export function validator<T extends TSchema>(schema: T): Validator<Static<T>> {
   const validate: ValidateFunction = ajv.compile(schema);
   return (value) => {
     if (validate(value)) return value as Static<T>;
-    const errors = (validate.errors ?? []).filter((e) => !(e.keyword === 'oneOf' && !e.instancePath.endsWith('/file')) || validate.errors!.length === 1);
-    const list = [...new Map((errors.length ? errors : validate.errors ?? []).map((e) => [`${where(e)} ${describe(e)}`, { path: where(e), message: describe(e) }])).values()];
+    const all = validate.errors ?? [];
+    // A file with neither or both of bytes/uri fails the oneOf and its branches' `required`:
+    // report the oneOf alone, it says what to fix.
+    const fileShape = new Set(all.filter((e) => e.keyword === 'oneOf' && e.instancePath.endsWith('/file')).map((e) => e.instancePath));
+    const errors = all.filter((e) => !(e.keyword === 'required' && fileShape.has(e.instancePath)));
+    const list = [...new Map(errors.map((e) => [`${where(e)} ${describe(e)}`, { path: where(e), message: describe(e) }])).values()];
     throw new A2AError(JSONRPC.INVALID_PARAMS, `Invalid params: ${list[0].path} ${list[0].message}`, { errors: list });
   };
 }

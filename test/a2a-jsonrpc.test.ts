@@ -1,0 +1,238 @@
+// The A2A v0.3 JSON-RPC endpoint over raw HTTP: the compatibility kit's mandatory checks
+// (error cases with ids echoed, card fields, continuing a task, unknown task ids) and junk params.
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import { ADMIN_KEY, resetDb, startStack, type Stack } from './helpers/stack.ts';
+
+const A2A = '/api/a2a/v1';
+const userMessage = (text: string, extra: Record<string, unknown> = {}) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
+
+describe('A2A JSON-RPC endpoint', () => {
+  let stack: Stack;
+  let nextId = 1;
+  const raw = async (payload: string, headers: Record<string, string> = {}) => {
+    const res = await fetch(stack.api.url + A2A, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', ...headers }, body: payload });
+    const text = await res.text();
+    return { status: res.status, body: JSON.parse(text), headers: res.headers };
+  };
+  const rpc = async (method: string, params?: unknown, id: unknown = nextId++) => raw(JSON.stringify({ jsonrpc: '2.0', id, method, ...(params === undefined ? {} : { params }) }));
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ PUBLIC_URL: 'https://agents.example.com', AGENT_NAME: 'test-agent', AGENT_SKILLS_JSON: JSON.stringify([{ id: 'echo', name: 'Echo', description: 'Echoes', tags: ['echo'] }]) });
+  });
+  after(async () => stack?.stop());
+
+  describe('envelope errors (HTTP 200, id echoed)', () => {
+    it('bad JSON is -32700 with id null', async () => {
+      const r = await raw('{"jsonrpc": "2.0", "id": 1, "method": ');
+      assert.equal(r.status, 200);
+      assert.equal(r.body.jsonrpc, '2.0');
+      assert.equal(r.body.id, null);
+      assert.equal(r.body.error.code, -32700);
+    });
+
+    it('an empty body is -32700', async () => {
+      const r = await raw('');
+      assert.equal(r.status, 200);
+      assert.equal(r.body.error.code, -32700);
+    });
+
+    it('missing or wrong jsonrpc is -32600 with the id echoed', async () => {
+      let r = await raw(JSON.stringify({ id: 'abc', method: 'tasks/get', params: { id: randomUUID() } }));
+      assert.equal(r.status, 200);
+      assert.deepEqual([r.body.id, r.body.error.code], ['abc', -32600]);
+      r = await raw(JSON.stringify({ jsonrpc: '1.0', id: 7, method: 'tasks/get', params: { id: randomUUID() } }));
+      assert.deepEqual([r.body.id, r.body.error.code], [7, -32600]);
+    });
+
+    it('a non-object request, a batch, a bad id type, a missing method are -32600', async () => {
+      for (const payload of ['"hello"', '42', '[]', JSON.stringify([{ jsonrpc: '2.0', id: 1, method: 'tasks/get' }]), JSON.stringify({ jsonrpc: '2.0', id: { x: 1 }, method: 'tasks/get' }), JSON.stringify({ jsonrpc: '2.0', id: 3 }), JSON.stringify({ jsonrpc: '2.0', id: 4, method: 5 })]) {
+        const r = await raw(payload);
+        assert.equal(r.status, 200, payload);
+        assert.equal(r.body.error.code, -32600, payload);
+      }
+      const r = await raw(JSON.stringify({ jsonrpc: '2.0', id: 3 }));
+      assert.equal(r.body.id, 3);
+    });
+
+    it('unknown methods are -32601, with string, number and null ids echoed', async () => {
+      for (const id of ['req-1', 42, null, 0, '']) {
+        const r = await rpc('tasks/explode', {}, id);
+        assert.equal(r.status, 200);
+        assert.equal(r.body.error.code, -32601);
+        assert.strictEqual(r.body.id, id);
+      }
+      const proto = await rpc('__proto__', {});
+      assert.equal(proto.body.error.code, -32601);
+    });
+
+    it('bad params are -32602 naming the field', async () => {
+      const cases: [string, unknown, RegExp][] = [
+        ['message/send', undefined, /params must be object/],
+        ['message/send', [], /params/],
+        ['message/send', {}, /params\.message is required/],
+        ['message/send', { message: { ...userMessage('x'), parts: [] } }, /params\.message\.parts/],
+        ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'video', url: 'x' }] } }, /kind must be one of text, data, file/],
+        ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'text' }] } }, /params\.message\.parts\[0\]\.text is required/],
+        ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'file', file: { name: 'a' } }] } }, /exactly one of bytes or uri/],
+        ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'data', data: 'nope' }] } }, /params\.message\.parts\[0\]\.data/],
+        ['message/send', { message: userMessage('x', { role: 'agent' }) }, /params\.message\.role/],
+        ['message/send', { message: userMessage('x', { contextId: 'not-a-uuid' }) }, /params\.message\.contextId/],
+        ['message/send', { message: userMessage('x'), configuration: { historyLength: -1 } }, /historyLength/],
+        ['message/send', { message: userMessage('x'), configuration: { blocking: 'yes' } }, /blocking/],
+        ['tasks/get', { id: 5 }, /params\.id/],
+        ['tasks/get', { id: randomUUID(), historyLength: 'all' }, /historyLength/],
+        ['tasks/cancel', null, /params/],
+        ['tasks/pushNotificationConfig/set', { taskId: randomUUID() }, /pushNotificationConfig is required/],
+      ];
+      for (const [method, params, pattern] of cases) {
+        const id = `bad-${nextId++}`;
+        const r = await rpc(method, params, id);
+        assert.equal(r.status, 200);
+        assert.equal(r.body.id, id);
+        assert.equal(r.body.error?.code, -32602, `${method} ${JSON.stringify(params)}: ${JSON.stringify(r.body)}`);
+        assert.match(r.body.error.message, pattern);
+      }
+    });
+
+    it('junk params never crash the handler', async () => {
+      const junk: unknown[] = [null, 0, 'x', true, [], [1, 2], { id: null }, { id: {} }, { id: 'x'.repeat(10000) }, { message: null }, { message: { parts: 'x' } },
+        { message: { kind: 'message', messageId: 1, role: 'user', parts: [{}] } }, { taskId: [], pushNotificationConfig: { url: 5 } }, { id: '../../etc/passwd' }, { id: "'; drop table tasks; --" }];
+      for (const method of ['message/send', 'message/stream', 'tasks/get', 'tasks/cancel', 'tasks/resubscribe', 'tasks/pushNotificationConfig/set', 'tasks/pushNotificationConfig/get', 'tasks/pushNotificationConfig/list', 'tasks/pushNotificationConfig/delete', 'agent/getAuthenticatedExtendedCard']) {
+        for (const params of junk) {
+          const r = await rpc(method, params, 'j');
+          assert.equal(r.status, 200, `${method} ${JSON.stringify(params)}`);
+          assert.equal(r.body.id, 'j');
+          assert.ok(r.body.error || r.body.result !== undefined);
+          if (r.body.error) assert.ok([-32602, -32001].includes(r.body.error.code), `${method} ${JSON.stringify(params)} -> ${JSON.stringify(r.body.error)}`);
+        }
+      }
+      assert.equal((await stack.client.get('/_internal/v1/health')).status, 200);
+      assert.ok(!stack.api.logs.some((l) => /"level":50/.test(l)), 'no error logged');
+    });
+
+    it('needs a bearer key with the a2a scope (HTTP 401 without one)', async () => {
+      const r = await fetch(stack.api.url + A2A, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: randomUUID() } }) });
+      assert.equal(r.status, 401);
+    });
+  });
+
+  describe('agent card', () => {
+    it('is served the same at all three paths, without a key, with the required fields', async () => {
+      const paths = [`${A2A}/.well-known/agent.json`, `${A2A}/.well-known/agent-card.json`, '/.well-known/agent-card.json'];
+      const cards = await Promise.all(paths.map((p) => stack.client.as(undefined).get(p)));
+      for (const c of cards) assert.equal(c.status, 200);
+      assert.deepEqual(cards[1].body, cards[0].body);
+      assert.deepEqual(cards[2].body, cards[0].body);
+      const card = cards[0].body;
+      assert.equal(card.protocolVersion, '0.3.0');
+      assert.equal(card.name, 'test-agent');
+      assert.equal(typeof card.description, 'string');
+      assert.match(card.version, /^\d+\.\d+\.\d+/);
+      assert.equal(card.url, 'https://agents.example.com/api/a2a/v1');
+      assert.equal(card.preferredTransport, 'JSONRPC');
+      assert.deepEqual(card.skills, [{ id: 'echo', name: 'Echo', description: 'Echoes', tags: ['echo'] }]);
+      assert.equal(card.capabilities.streaming, true);
+      assert.equal(typeof card.capabilities.pushNotifications, 'boolean');
+      assert.deepEqual(card.securitySchemes.bearer, { ...card.securitySchemes.bearer, type: 'http', scheme: 'bearer' });
+      assert.deepEqual(card.security, [{ bearer: [] }]);
+      assert.equal(card.supportsAuthenticatedExtendedCard, true);
+      assert.ok(Array.isArray(card.defaultInputModes) && Array.isArray(card.defaultOutputModes));
+    });
+
+    it('the extended card needs a key, over HTTP and JSON-RPC', async () => {
+      assert.equal((await stack.client.as(undefined).get(`${A2A}/agent/authenticatedExtendedCard`)).status, 401);
+      const http = await stack.client.get(`${A2A}/agent/authenticatedExtendedCard`);
+      assert.equal(http.status, 200);
+      assert.equal(http.body.name, 'test-agent');
+      const r = await rpc('agent/getAuthenticatedExtendedCard');
+      assert.deepEqual(r.body.result, http.body);
+    });
+  });
+
+  describe('tasks', () => {
+    it('unknown task ids are -32001 for get, cancel, resubscribe, continuation and push configs', async () => {
+      for (const id of [randomUUID(), 'no-such-task']) {
+        for (const [method, params] of [
+          ['tasks/get', { id }], ['tasks/cancel', { id }], ['tasks/resubscribe', { id }],
+          ['message/send', { message: userMessage('hi', { taskId: id }) }],
+          ['message/stream', { message: userMessage('hi', { taskId: id }) }],
+          ['tasks/pushNotificationConfig/list', { id }],
+        ] as const) {
+          const r = await rpc(method, params, 'u');
+          assert.equal(r.status, 200);
+          assert.match(r.headers.get('content-type') ?? '', /application\/json/);
+          assert.equal(r.body.id, 'u');
+          assert.equal(r.body.error?.code, -32001, `${method} ${id}: ${JSON.stringify(r.body)}`);
+        }
+      }
+    });
+
+    it('message/send blocks until the task completes and returns it in A2A shape', async () => {
+      const r = await rpc('message/send', { message: userMessage('hello a2a') });
+      const task = r.body.result;
+      assert.equal(task.kind, 'task');
+      assert.equal(task.status.state, 'completed');
+      assert.match(task.status.timestamp, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+      assert.equal(task.status.message.role, 'agent');
+      assert.deepEqual(task.status.message.parts, [{ kind: 'text', text: 'Echo: hello a2a' }]);
+      assert.deepEqual(task.history.map((m: any) => [m.kind, m.role, m.taskId, m.contextId]), [['message', 'user', task.id, task.contextId], ['message', 'agent', task.id, task.contextId]]);
+    });
+
+    it('message/send with blocking false returns the submitted task at once; historyLength is honoured', async () => {
+      const contextId = randomUUID();
+      const r = await rpc('message/send', { message: userMessage('quick', { contextId }), configuration: { blocking: false, historyLength: 0 } });
+      const task = r.body.result;
+      assert.equal(task.status.state, 'submitted');
+      assert.equal(task.contextId, contextId);
+      assert.deepEqual(task.history, []);
+      const done = await rpc('message/send', { message: userMessage('[artifact] art', { contextId }) });
+      assert.equal(done.body.result.status.state, 'completed');
+      assert.equal(done.body.result.contextId, contextId);
+      assert.equal(done.body.result.artifacts.length, 1);
+      assert.deepEqual(done.body.result.artifacts[0].parts, [{ kind: 'text', text: '[artifact] art' }]);
+      const one = await rpc('tasks/get', { id: done.body.result.id, historyLength: 1 });
+      assert.equal(one.body.result.history.length, 1);
+      assert.equal(one.body.result.history[0].role, 'agent');
+      assert.equal(one.body.result.artifacts.length, 1);
+      const all = await rpc('tasks/get', { id: done.body.result.id });
+      assert.equal(all.body.result.history.length, 2);
+    });
+
+    it('continuing a task: [input] returns input-required, the follow-up completes the same task', async () => {
+      const first = (await rpc('message/send', { message: userMessage('[input] start') })).body.result;
+      assert.equal(first.status.state, 'input-required');
+      const second = (await rpc('message/send', { message: userMessage('more', { taskId: first.id, contextId: first.contextId }) })).body.result;
+      assert.equal(second.id, first.id);
+      assert.equal(second.status.state, 'completed');
+      assert.deepEqual(second.status.message.parts, [{ kind: 'text', text: 'Echo (turn 2): more' }]);
+      assert.equal(second.history.filter((m: any) => m.role === 'user').length, 2);
+      const again = await rpc('message/send', { message: userMessage('too late', { taskId: first.id }) });
+      assert.equal(again.body.error.code, -32600);
+      const wrongContext = await rpc('message/send', { message: userMessage('x', { taskId: first.id, contextId: randomUUID() }) });
+      assert.equal(wrongContext.body.error.code, -32602);
+    });
+
+    it('a blocking send answers with the task as it stands after the bounded wait', async () => {
+      const short = await startStack({ A2A_BLOCKING_TIMEOUT_MS: '300' }, { workers: 0 });
+      try {
+        const res = await short.client.post(A2A, { jsonrpc: '2.0', id: 1, method: 'message/send', params: { message: userMessage('nobody runs this') } });
+        assert.equal(res.body.result.status.state, 'submitted');
+      } finally {
+        await short.stop();
+      }
+    });
+
+    it('tasks/cancel cancels a working task; canceling again is -32002', async () => {
+      const task = (await rpc('message/send', { message: userMessage('[sleep 60000] slow'), configuration: { blocking: false } })).body.result;
+      const canceled = await rpc('tasks/cancel', { id: task.id });
+      assert.equal(canceled.body.result.status.state, 'canceled');
+      const again = await rpc('tasks/cancel', { id: task.id });
+      assert.equal(again.body.error.code, -32002);
+      assert.equal(again.body.id, nextId - 1);
+      const got = await rpc('tasks/get', { id: task.id });
+      assert.equal(got.body.result.status.state, 'canceled');
+    });
+  });
+});
