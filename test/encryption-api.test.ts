@@ -254,6 +254,33 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal(rows.length, 0);
   });
 
+  it('migrate-all to a KMS key records DEKs that do not unwrap as per-DEK errors and finishes the rest', async () => {
+    const c = stack.client;
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'mixed.key' })).status, 201);
+    const good = await Promise.all([1, 2, 3].map((i) => c.post(`${E}/envelope/mixed.key/dek`, { id: `mixed-${i}` })));
+    const plains = good.map((g) => unwrapLocal(kek('mixed.key'), g.body.encrypted_data_encryption_key));
+    await testDb()('deks').insert({ id: 'mixed-corrupt', envelope_key_id: 'mixed.key', encrypted_dek: wrapLocal(randomBytes(32), randomBytes(32)) });
+    const started = await c.post(`${E}/envelope/mixed.key/migrate`, { to_envelope_encryption_key_id: ARN });
+    assert.equal(started.status, 202);
+    let job: any;
+    for (let i = 0; i < 400 && job?.status !== 'completed'; i++) {
+      await new Promise((r) => setTimeout(r, 50));
+      job = (await c.get(`${E}/job/${started.body.id}`)).body;
+    }
+    assert.equal(job.status, 'completed');
+    assert.deepEqual({ total: job.total, done: job.done, failed: job.failed }, { total: 4, done: 3, failed: 1 });
+    assert.equal(job.errors.length, 1);
+    assert.equal(job.errors[0].id, 'mixed-corrupt');
+    assert.match(job.errors[0].message, /does not decrypt/);
+    const w = kmsWrapper(ARN, 'eu-west-1', kms.url);
+    for (const [i, plain] of plains.entries()) {
+      const d = (await c.get(`${E}/dek/alias/mixed-${i + 1}`)).body;
+      assert.equal(d.envelope_encryption_key_id.id, ARN);
+      assert.deepEqual(await w.unwrap(d.encrypted_data_encryption_key), plain);
+    }
+    assert.equal((await c.get(`${E}/dek/alias/mixed-corrupt`)).body.envelope_encryption_key_id.id, 'mixed.key');
+  });
+
   it('needs encryption:read to read and encryption:write to change', async () => {
     const c = stack.client;
     const key = await c.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['encryption:read'] });
