@@ -1,0 +1,153 @@
+// A2A streaming over raw SSE: message/stream and tasks/resubscribe deliver the task snapshot,
+// then every timeline event in order, `final: true` on the last, and close; several subscribers
+// all get every event; a closed stream does not cancel the task.
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import { ADMIN_KEY, resetDb, startStack, waitFor, type Stack } from './helpers/stack.ts';
+
+const A2A = '/api/a2a/v1';
+const userMessage = (text: string, extra: Record<string, unknown> = {}) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
+
+interface Sse { status: number; contentType: string; events: any[]; ended: boolean }
+
+// Reads an SSE response to its end (or until `stopAfter` events, then aborts the request).
+async function sse(url: string, method: string, params: unknown, opts: { id?: unknown; stopAfter?: number } = {}): Promise<Sse> {
+  const ac = new AbortController();
+  const res = await fetch(url + A2A, {
+    method: 'POST', signal: ac.signal,
+    headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', accept: 'text/event-stream' },
+    body: JSON.stringify({ jsonrpc: '2.0', id: opts.id ?? 'stream-1', method, params }),
+  });
+  const out: Sse = { status: res.status, contentType: res.headers.get('content-type') ?? '', events: [], ended: false };
+  if (!out.contentType.startsWith('text/event-stream')) {
+    out.events.push(await res.json());
+    out.ended = true;
+    return out;
+  }
+  const decoder = new TextDecoder();
+  let buf = '';
+  try {
+    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+      buf += decoder.decode(chunk, { stream: true });
+      let i;
+      while ((i = buf.indexOf('\n\n')) >= 0) {
+        const block = buf.slice(0, i);
+        buf = buf.slice(i + 2);
+        const data = block.split('\n').filter((l) => l.startsWith('data: ')).map((l) => l.slice(6)).join('\n');
+        if (data) out.events.push(JSON.parse(data));
+        if (opts.stopAfter && out.events.length >= opts.stopAfter) {
+          ac.abort();
+          return out;
+        }
+      }
+    }
+    out.ended = true;
+  } catch (err) {
+    if ((err as Error).name !== 'AbortError') throw err;
+  }
+  return out;
+}
+
+describe('A2A streaming (SSE)', () => {
+  let stack: Stack;
+  const rpc = (method: string, params: unknown) => stack.client.post(A2A, { jsonrpc: '2.0', id: 1, method, params });
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack();
+  });
+  after(async () => stack?.stop());
+
+  it('message/stream: snapshot, status, message and artifact events in order, final last, then closed', async () => {
+    const s = await sse(stack.api.url, 'message/stream', { message: userMessage('[sleep 200] [artifact] streamed') }, { id: 99 });
+    assert.equal(s.status, 200);
+    assert.match(s.contentType, /^text\/event-stream/);
+    assert.ok(s.ended, 'the server closed the stream');
+    for (const e of s.events) {
+      assert.equal(e.jsonrpc, '2.0');
+      assert.equal(e.id, 99);
+    }
+    const results = s.events.map((e) => e.result);
+    const [snapshot, ...rest] = results;
+    assert.equal(snapshot.kind, 'task');
+    assert.equal(snapshot.status.state, 'submitted');
+    assert.deepEqual(snapshot.history.map((m: any) => m.role), ['user']);
+    for (const e of rest) {
+      assert.equal(e.taskId, snapshot.id);
+      assert.equal(e.contextId, snapshot.contextId);
+    }
+    const shape = rest.map((e: any) => (e.kind === 'status-update' ? `status:${e.status.state}` : e.kind));
+    assert.deepEqual(shape, ['status:working', 'status:working', 'artifact-update', 'status:completed']);
+    assert.equal(rest[1].status.message.parts[0].text, 'Working for 200 ms');
+    assert.deepEqual(rest[2].artifact.parts, [{ kind: 'text', text: '[sleep 200] [artifact] streamed' }]);
+    const last = rest.at(-1);
+    assert.equal(last.final, true);
+    assert.deepEqual(last.status.message.parts, [{ kind: 'text', text: 'Echo: [sleep 200] [artifact] streamed' }]);
+    assert.ok(rest.slice(0, -1).every((e: any) => e.kind !== 'status-update' || e.final === false));
+  });
+
+  it('ends with final on input-required, and a follow-up stream continues the same task', async () => {
+    const first = await sse(stack.api.url, 'message/stream', { message: userMessage('[input] ask me') });
+    const last = first.events.at(-1).result;
+    assert.equal(last.status.state, 'input-required');
+    assert.equal(last.final, true);
+    assert.ok(first.ended);
+    const taskId = first.events[0].result.id;
+    const second = await sse(stack.api.url, 'message/stream', { message: userMessage('answer', { taskId }) });
+    assert.equal(second.events[0].result.id, taskId);
+    assert.equal(second.events[0].result.status.state, 'input-required');
+    const states = second.events.slice(1).filter((e) => e.result.kind === 'status-update').map((e) => e.result.status.state);
+    assert.deepEqual(states, ['working', 'completed']);
+    assert.ok(second.ended);
+  });
+
+  it('several subscribers (resubscribe) get every event; closing one never cancels the task', async () => {
+    const task = (await rpc('message/send', { message: userMessage('[sleep 1500] [artifact] shared'), configuration: { blocking: false } })).body.result;
+    const [a, b, dropped] = await Promise.all([
+      sse(stack.api.url, 'tasks/resubscribe', { id: task.id }),
+      sse(stack.api.url, 'tasks/resubscribe', { id: task.id }),
+      sse(stack.api.url, 'tasks/resubscribe', { id: task.id }, { stopAfter: 1 }),
+    ]);
+    assert.equal(dropped.events.length, 1);
+    for (const s of [a, b]) {
+      assert.ok(s.ended);
+      assert.equal(s.events[0].result.kind, 'task');
+      const last = s.events.at(-1).result;
+      assert.equal(last.kind, 'status-update');
+      assert.equal(last.status.state, 'completed');
+      assert.equal(last.final, true);
+      assert.ok(s.events.some((e) => e.result.kind === 'artifact-update'));
+    }
+    // Both saw the same events after their snapshots, from where each snapshot stood.
+    const tail = (s: Sse) => s.events.slice(1).map((e) => JSON.stringify(e.result));
+    const shorter = tail(a).length <= tail(b).length ? tail(a) : tail(b);
+    const longer = shorter === tail(a) ? tail(b) : tail(a);
+    assert.deepEqual(longer.slice(longer.length - shorter.length), shorter);
+    const got = await rpc('tasks/get', { id: task.id });
+    assert.equal(got.body.result.status.state, 'completed');
+  });
+
+  it('a client that drops a message/stream leaves the task running to completion', async () => {
+    const s = await sse(stack.api.url, 'message/stream', { message: userMessage('[sleep 800] keep going') }, { stopAfter: 1 });
+    const id = s.events[0].result.id;
+    await waitFor(async () => (await rpc('tasks/get', { id })).body.result.status.state === 'completed', 'task completes without its stream');
+  });
+
+  it('resubscribe to a finished task: snapshot then one final status-update, closed', async () => {
+    const done = (await rpc('message/send', { message: userMessage('finish first') })).body.result;
+    assert.equal(done.status.state, 'completed');
+    const s = await sse(stack.api.url, 'tasks/resubscribe', { id: done.id });
+    assert.ok(s.ended);
+    assert.deepEqual(s.events.map((e) => e.result.kind), ['task', 'status-update']);
+    assert.equal(s.events[1].result.final, true);
+    assert.equal(s.events[1].result.status.state, 'completed');
+  });
+
+  it('stream errors before the stream starts are plain JSON-RPC errors', async () => {
+    const s = await sse(stack.api.url, 'tasks/resubscribe', { id: randomUUID() }, { id: 'r' });
+    assert.match(s.contentType, /application\/json/);
+    assert.deepEqual([s.events[0].id, s.events[0].error.code], ['r', -32001]);
+    const bad = await sse(stack.api.url, 'message/stream', { message: { kind: 'message' } }, { id: 'b' });
+    assert.deepEqual([bad.events[0].id, bad.events[0].error.code], ['b', -32602]);
+  });
+});
