@@ -1,10 +1,14 @@
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
+import { once } from 'node:events';
 import path from 'node:path';
 import { createDecipheriv, createCipheriv, randomBytes } from 'node:crypto';
-import { resetDb, startStack, testDb, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, testDb, waitFor, type Stack } from './helpers/stack.ts';
 import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
 import { kmsWrapper } from '../domain/crypto/envelope-keys.ts';
+import { invalidateKeyring } from '../domain/keyring.ts';
+import { loadConfig } from '../domain/config.ts';
+import { createServices } from '../domain/services.ts';
 
 const E = '/api/encryption/v1';
 const ARN = 'arn:aws:kms:eu-west-1:111122223333:key/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0';
@@ -279,6 +283,67 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
       assert.deepEqual(await w.unwrap(d.encrypted_data_encryption_key), plain);
     }
     assert.equal((await c.get(`${E}/dek/alias/mixed-corrupt`)).body.envelope_encryption_key_id.id, 'mixed.key');
+  });
+
+  it('fails a migrate-all job at once when the source key file is gone, leaving its DEKs untouched', async () => {
+    const c = stack.client;
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'lost.key' })).status, 201);
+    const dek = await c.post(`${E}/envelope/lost.key/dek`, { id: 'lost-dek' });
+    assert.equal(dek.status, 201);
+    fs.rmSync(path.join(keysDir, 'lost.key'));
+    const started = await c.post(`${E}/envelope/lost.key/migrate`, { to_envelope_encryption_key_id: 'restored.key' });
+    assert.equal(started.status, 202);
+    let job: any;
+    for (let i = 0; i < 400 && !['failed', 'completed'].includes(job?.status); i++) {
+      await new Promise((r) => setTimeout(r, 50));
+      job = (await c.get(`${E}/job/${started.body.id}`)).body;
+    }
+    assert.equal(job.status, 'failed');
+    assert.match(job.errors[0].message, /lost\.key.*cannot be read/);
+    const row = await testDb()('deks').where({ id: 'lost-dek' }).first();
+    assert.deepEqual({ env: row.envelope_key_id, wrapped: row.encrypted_dek }, { env: 'lost.key', wrapped: dek.body.encrypted_data_encryption_key });
+    assert.equal(fs.existsSync(path.join(keysDir, 'lost.key')), false);
+  });
+
+  it('drops a cached DEK in the API process when another process invalidates it', async function () {
+    const invalidateFromAnotherProcess = async (dekId: string) => {
+      const s = createServices(loadConfig({ ...stack.env, LOG_LEVEL: 'silent' }), 'cli');
+      try {
+        if (s.redis.status !== 'ready') await once(s.redis, 'ready');
+        await invalidateKeyring(s.bus, { dek_ids: [dekId] });
+      } finally {
+        await s.close();
+      }
+    };
+    const c = stack.client;
+    const probe = await c.post('/api/secret/v1', { key: 'cache-probe-1', raw_value: 'one', dek_alias: 'default' });
+    if (probe.status === 404 && probe.body?.data?.resource === 'route') this.skip();
+    assert.equal(probe.status, 201);
+    const dekId = (await c.get(`${E}/dek/alias/default`)).body.id;
+    const kekName = (await c.get(`${E}/dek/alias/default`)).body.envelope_encryption_key_id.id;
+    const oldRow = await testDb()('deks').where({ id: dekId }).first();
+    const oldPlain = unwrapLocal(kek(kekName), oldRow.encrypted_dek);
+    const newPlain = randomBytes(32);
+    // Swap the stored key behind the service's back: only its cache still knows the old one.
+    await testDb()('deks').where({ id: dekId }).update({ encrypted_dek: wrapLocal(kek(kekName), newPlain) });
+    const valueOf = async (key: string, plain: Buffer) => {
+      const row = await testDb()('secrets').where({ key }).first();
+      try { return unwrapLocal(plain, row.encrypted_secret).toString(); } catch { return undefined; }
+    };
+    try {
+      assert.equal((await c.post('/api/secret/v1', { key: 'cache-probe-2', raw_value: 'two', dek_alias: 'default' })).status, 201);
+      assert.equal(await valueOf('cache-probe-2', oldPlain), 'two', 'the API used its cached DEK');
+      await invalidateFromAnotherProcess(dekId);
+      await waitFor(async () => {
+        const key = `cache-probe-${randomBytes(4).toString('hex')}`;
+        assert.equal((await c.post('/api/secret/v1', { key, raw_value: 'three', dek_alias: 'default' })).status, 201);
+        return (await valueOf(key, newPlain)) === 'three';
+      }, 'the API to drop its cached DEK', 10000, 100);
+    } finally {
+      await testDb()('secrets').where('key', 'like', 'cache-probe-%').delete();
+      await testDb()('deks').where({ id: dekId }).update({ encrypted_dek: oldRow.encrypted_dek });
+      await invalidateFromAnotherProcess(dekId);
+    }
   });
 
   it('needs encryption:read to read and encryption:write to change', async () => {
