@@ -1,0 +1,211 @@
+// The service driven by the real A2A clients: @a2a-js/sdk 0.3.x natively and the 1.x client in
+// its v0.3 compatibility mode (legacyCompat). Card discovery, blocking and non-blocking send,
+// get with historyLength, cancel (and not-cancelable after), streams, resubscribe, push config CRUD.
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import net from 'node:net';
+import type { Message, Task, TaskStatusUpdateEvent } from '@a2a-js/sdk';
+import * as v03 from '@a2a-js/sdk/client';
+import * as v1 from 'a2a-sdk-v1/client';
+import { Role, TaskState, type Part as V1Part } from 'a2a-sdk-v1';
+import { ADMIN_KEY, resetDb, startStack, type Stack } from './helpers/stack.ts';
+
+// Both clients take a fetch implementation: this one adds our bearer key.
+const authFetch: typeof fetch = (input, init) => {
+  const headers = new Headers(init?.headers);
+  headers.set('authorization', `Bearer ${ADMIN_KEY}`);
+  return fetch(input, { ...init, headers });
+};
+
+// The card's url must be where the API listens, so the port is chosen before the start.
+async function freePort(): Promise<number> {
+  const srv = net.createServer();
+  await new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve));
+  const { port } = srv.address() as net.AddressInfo;
+  await new Promise((resolve) => srv.close(resolve));
+  return port;
+}
+
+const userMessage = (text: string, extra: Partial<Message> = {}): Message => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
+const textOf = (m?: Message) => (m?.parts ?? []).map((p) => (p.kind === 'text' ? p.text : '')).join('');
+
+describe('A2A with the real SDK clients', () => {
+  let stack: Stack;
+  let baseUrl: string;
+
+  before(async () => {
+    await resetDb();
+    const port = await freePort();
+    baseUrl = `http://127.0.0.1:${port}`;
+    stack = await startStack({ PORT: String(port), PUBLIC_URL: baseUrl, PUSH_ALLOW_PRIVATE: 'true' });
+  });
+  after(async () => stack?.stop());
+
+  describe('@a2a-js/sdk 0.3.x client', () => {
+    let client: v03.Client;
+
+    before(async () => {
+      const factory = new v03.ClientFactory(v03.ClientFactoryOptions.createFrom(v03.ClientFactoryOptions.default, {
+        transports: [new v03.JsonRpcTransportFactory({ fetchImpl: authFetch })],
+        cardResolver: new v03.DefaultAgentCardResolver({ fetchImpl: authFetch }),
+      }));
+      client = await factory.createFromUrl(baseUrl);
+    });
+
+    it('discovers the card at /.well-known/agent-card.json', async () => {
+      const card = await client.getAgentCard();
+      assert.equal(card.url, `${baseUrl}/api/a2a/v1`);
+      assert.equal(card.protocolVersion, '0.3.0');
+      assert.equal(card.capabilities.streaming, true);
+      const legacy = await v03.A2AClient.fromCardUrl(`${baseUrl}/api/a2a/v1/.well-known/agent.json`, { fetchImpl: authFetch });
+      const task = await legacy.getTask({ id: randomUUID() });
+      assert.equal((task as { error?: { code: number } }).error?.code, -32001);
+    });
+
+    it('sends blocking (completed) and non-blocking (submitted), and gets with historyLength', async () => {
+      const done = await client.sendMessage({ message: userMessage('sdk hello') }) as Task;
+      assert.equal(done.kind, 'task');
+      assert.equal(done.status.state, 'completed');
+      assert.equal(textOf(done.status.message), 'Echo: sdk hello');
+
+      const quick = await client.sendMessage({ message: userMessage('sdk quick'), configuration: { blocking: false } }) as Task;
+      assert.equal(quick.status.state, 'submitted');
+
+      const got = await client.getTask({ id: done.id, historyLength: 1 });
+      assert.equal(got.history?.length, 1);
+      assert.equal(got.history?.[0].role, 'agent');
+      assert.equal((await client.getTask({ id: done.id })).history?.length, 2);
+    });
+
+    it('continues an input-required task with a follow-up', async () => {
+      const first = await client.sendMessage({ message: userMessage('[input] multi') }) as Task;
+      assert.equal(first.status.state, 'input-required');
+      const second = await client.sendMessage({ message: userMessage('turn two', { taskId: first.id, contextId: first.contextId }) }) as Task;
+      assert.equal(second.id, first.id);
+      assert.equal(second.status.state, 'completed');
+      assert.equal(textOf(second.status.message), 'Echo (turn 2): turn two');
+    });
+
+    it('cancels a running task; a second cancel is TaskNotCancelable', async () => {
+      const task = await client.sendMessage({ message: userMessage('[sleep 60000] long'), configuration: { blocking: false } }) as Task;
+      const canceled = await client.cancelTask({ id: task.id });
+      assert.equal(canceled.status.state, 'canceled');
+      await assert.rejects(client.cancelTask({ id: task.id }), v03.TaskNotCancelableError);
+      await assert.rejects(client.getTask({ id: randomUUID() }), v03.TaskNotFoundError);
+    });
+
+    it('streams to the end and resubscribes', async () => {
+      const events = [];
+      for await (const e of client.sendMessageStream({ message: userMessage('[sleep 300] [artifact] sdk stream') })) events.push(e);
+      assert.equal(events[0].kind, 'task');
+      const last = events.at(-1) as TaskStatusUpdateEvent;
+      assert.equal(last.kind, 'status-update');
+      assert.equal(last.final, true);
+      assert.equal(last.status.state, 'completed');
+      assert.ok(events.some((e) => e.kind === 'artifact-update'));
+
+      const running = await client.sendMessage({ message: userMessage('[sleep 800] resub'), configuration: { blocking: false } }) as Task;
+      const again = [];
+      for await (const e of client.resubscribeTask({ id: running.id })) again.push(e);
+      assert.equal(again[0].kind, 'task');
+      assert.equal((again.at(-1) as TaskStatusUpdateEvent).status.state, 'completed');
+    });
+
+    it('push notification configs: set, get, list, delete (token never returned)', async () => {
+      const task = await client.sendMessage({ message: userMessage('[input] push') }) as Task;
+      const set = await client.setTaskPushNotificationConfig({ taskId: task.id, pushNotificationConfig: { id: 'hook-1', url: 'http://127.0.0.1:9/hook', token: 'secret-token' } });
+      assert.equal(set.pushNotificationConfig.id, 'hook-1');
+      assert.equal(set.pushNotificationConfig.token, undefined);
+      const got = await client.getTaskPushNotificationConfig({ id: task.id, pushNotificationConfigId: 'hook-1' } as never);
+      assert.equal(got.pushNotificationConfig.url, 'http://127.0.0.1:9/hook');
+      assert.equal(got.pushNotificationConfig.token, undefined);
+      const list = await client.listTaskPushNotificationConfig({ id: task.id });
+      assert.deepEqual(list.map((c) => c.pushNotificationConfig.id), ['hook-1']);
+      await client.deleteTaskPushNotificationConfig({ id: task.id, pushNotificationConfigId: 'hook-1' });
+      assert.deepEqual(await client.listTaskPushNotificationConfig({ id: task.id }), []);
+    });
+  });
+
+  describe('@a2a-js/sdk 1.x client in v0.3 compatibility mode', () => {
+    let client: v1.Client;
+    const text = (value: string): V1Part => ({ content: { $case: 'text', value }, metadata: undefined, filename: '', mediaType: '' });
+    const v1Message = (value: string, ids: { taskId?: string; contextId?: string } = {}) => ({
+      messageId: randomUUID(), role: Role.ROLE_USER, parts: [text(value)], contextId: ids.contextId ?? '', taskId: ids.taskId ?? '',
+      metadata: undefined, extensions: [], referenceTaskIds: [],
+    });
+    const send = (value: string, opts: { taskId?: string; contextId?: string; returnImmediately?: boolean } = {}) => client.sendMessage({
+      tenant: '', metadata: undefined, message: v1Message(value, opts),
+      configuration: { acceptedOutputModes: [], taskPushNotificationConfig: undefined, returnImmediately: opts.returnImmediately ?? false },
+    });
+    const asTask = (r: unknown) => r as { id: string; contextId: string; status?: { state: TaskState; message?: { parts: V1Part[] } }; history: unknown[] };
+    const v1Text = (parts?: V1Part[]) => (parts ?? []).map((p) => (p.content?.$case === 'text' ? p.content.value : '')).join('');
+
+    before(async () => {
+      const factory = new v1.ClientFactory({
+        transports: [new v1.JsonRpcTransportFactory({ fetchImpl: authFetch, legacyCompat: { enabled: true } })],
+        cardResolver: new v1.DefaultAgentCardResolver({ fetchImpl: authFetch, legacyCompat: { enabled: true } }),
+      });
+      client = await factory.createFromUrl(baseUrl);
+    });
+
+    it('discovers the v0.3 card and picks the compat transport', async () => {
+      const card = await client.getAgentCard();
+      assert.equal(card.name, 'taskbridge');
+      assert.match(client.protocolVersion, /^0\.3/);
+    });
+
+    it('sends blocking and non-blocking, gets with historyLength', async () => {
+      const done = asTask(await send('v1 hello'));
+      assert.equal(done.status?.state, TaskState.TASK_STATE_COMPLETED);
+      assert.equal(v1Text(done.status?.message?.parts), 'Echo: v1 hello');
+      const quick = asTask(await send('v1 quick', { returnImmediately: true }));
+      assert.equal(quick.status?.state, TaskState.TASK_STATE_SUBMITTED);
+      const got = await client.getTask({ tenant: '', id: done.id, historyLength: 1 });
+      assert.equal(got.history.length, 1);
+    });
+
+    it('continues an input-required task', async () => {
+      const first = asTask(await send('[input] v1 multi'));
+      assert.equal(first.status?.state, TaskState.TASK_STATE_INPUT_REQUIRED);
+      const second = asTask(await send('v1 turn two', { taskId: first.id, contextId: first.contextId }));
+      assert.equal(second.id, first.id);
+      assert.equal(second.status?.state, TaskState.TASK_STATE_COMPLETED);
+    });
+
+    it('cancels, and a second cancel fails as not cancelable', async () => {
+      const task = asTask(await send('[sleep 60000] v1 long', { returnImmediately: true }));
+      const canceled = await client.cancelTask({ tenant: '', id: task.id, metadata: undefined });
+      assert.equal(canceled.status?.state, TaskState.TASK_STATE_CANCELED);
+      await assert.rejects(client.cancelTask({ tenant: '', id: task.id, metadata: undefined }), (err: Error) => /cancel/i.test(err.message) || err.name.includes('NotCancelable'));
+    });
+
+    it('streams to the end and resubscribes', async () => {
+      const kinds: string[] = [];
+      for await (const e of client.sendMessageStream({
+        tenant: '', metadata: undefined, message: v1Message('[sleep 300] [artifact] v1 stream'),
+        configuration: { acceptedOutputModes: [], taskPushNotificationConfig: undefined, returnImmediately: false },
+      })) kinds.push(e.payload?.$case ?? 'none');
+      assert.equal(kinds[0], 'task');
+      assert.equal(kinds.at(-1), 'statusUpdate');
+      assert.ok(kinds.includes('artifactUpdate'));
+
+      const running = asTask(await send('[sleep 800] v1 resub', { returnImmediately: true }));
+      let last: unknown;
+      for await (const e of client.resubscribeTask({ tenant: '', id: running.id })) last = e.payload;
+      assert.equal((last as { $case: string; value: { status: { state: TaskState } } }).value.status.state, TaskState.TASK_STATE_COMPLETED);
+    });
+
+    it('push notification configs: create, get, list, delete', async () => {
+      const task = asTask(await send('[input] v1 push'));
+      const created = await client.createTaskPushNotificationConfig({ tenant: '', id: 'v1-hook', taskId: task.id, url: 'http://127.0.0.1:9/v1', token: 'v1-secret', authentication: undefined });
+      assert.equal(created.id, 'v1-hook');
+      assert.equal(created.token, '');
+      const got = await client.getTaskPushNotificationConfig({ tenant: '', taskId: task.id, id: 'v1-hook' });
+      assert.equal(got.url, 'http://127.0.0.1:9/v1');
+      const list = await client.listTaskPushNotificationConfig({ tenant: '', taskId: task.id, pageSize: 10, pageToken: '' });
+      assert.deepEqual(list.configs.map((c) => c.id), ['v1-hook']);
+      await client.deleteTaskPushNotificationConfig({ tenant: '', taskId: task.id, id: 'v1-hook' });
+      assert.equal((await client.listTaskPushNotificationConfig({ tenant: '', taskId: task.id, pageSize: 10, pageToken: '' })).configs.length, 0);
+    });
+  });
+});
