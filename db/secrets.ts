@@ -16,10 +16,19 @@ export interface SecretRow {
 
 export type SecretWrite = Pick<SecretRow, 'encrypted_secret' | 'dek_id' | 'dek_alias'>;
 
+// Secret writes stamp updated_at with the statement's clock, not the transaction start, so a
+// write is never dated before a rotation that began while it waited (see domain/alias-rotation.ts).
+
 // Returns undefined when the key is already taken.
 export async function insertSecret(db: Tx, row: SecretWrite & { id: string; key: string }): Promise<SecretRow | undefined> {
-  const [out] = await db('secrets').insert(row).onConflict('key').ignore().returning('*');
-  return out as SecretRow | undefined;
+  const res = await db.raw(
+    `insert into secrets (id, key, encrypted_secret, dek_id, dek_alias, created_at, updated_at)
+     select ?, ?, ?, ?, ?, t, t from (select clock_timestamp() as t) as c
+     on conflict (key) do nothing
+     returning *`,
+    [row.id, row.key, row.encrypted_secret, row.dek_id, row.dek_alias],
+  );
+  return res.rows[0] as SecretRow | undefined;
 }
 
 export async function getSecret(db: Tx, id: string): Promise<SecretRow | undefined> {
@@ -38,7 +47,7 @@ export async function listSecrets(db: Tx, pageSize: number, token?: string): Pro
 }
 
 export async function updateSecret(db: Tx, id: string, write: SecretWrite): Promise<SecretRow | undefined> {
-  const [out] = await db('secrets').where({ id }).update({ ...write, updated_at: db.fn.now() }).returning('*');
+  const [out] = await db('secrets').where({ id }).update({ ...write, updated_at: db.raw('clock_timestamp()') }).returning('*');
   return out as SecretRow | undefined;
 }
 
@@ -88,9 +97,16 @@ export async function reencryptSecrets(
 }
 
 // Locks an alias row for the rest of `trx`: serialises rotation requests for one alias and
-// keeps the alias from moving while a rotation repoints it.
+// keeps the alias from moving while a rotation starts or repoints it.
 export async function lockAlias(trx: Knex.Transaction, alias: string): Promise<AliasRow | undefined> {
   return trx('dek_aliases').where({ alias }).forUpdate().first();
+}
+
+// The DEK an alias names, held (FOR SHARE) until `trx` ends: a secret written under the alias
+// commits before the alias can move, so a rotation never misses a write made with the old DEK.
+export async function aliasDekForWrite(trx: Knex.Transaction, alias: string): Promise<string | undefined> {
+  const row = await trx('dek_aliases').where({ alias }).forShare().first('dek_id');
+  return row?.dek_id;
 }
 
 export async function findActiveRotation(db: Tx, alias: string): Promise<KeyJobRow | undefined> {

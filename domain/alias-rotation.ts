@@ -6,7 +6,11 @@
 //
 // Phases: 'walk' re-encrypts, in id order, the secrets last written before the job started;
 // after the repoint, 'sweep' takes those written since (created or updated concurrently, still
-// under the old DEK), so nothing written during the rotation is left behind.
+// under the old DEK). Nothing written during the rotation is left behind: a secret write holds
+// its alias FOR SHARE from reading the DEK to commit and stamps updated_at with clock_timestamp(),
+// while the start and the repoint lock the alias FOR UPDATE. So every write dated before
+// started_at has committed before the walk begins, and every write with the old DEK has committed
+// before the sweep begins; later writes already use the new DEK.
 import { randomUUID } from 'node:crypto';
 import type { Services } from './services.ts';
 import { AppError, Conflict, NotFound } from './errors.ts';

@@ -1,9 +1,10 @@
 // Secrets: values encrypted with the DEK their alias names at write time. Each secret keeps the
 // id of the DEK that encrypted it, so reads never depend on where an alias points right now.
 import { randomUUID } from 'node:crypto';
+import type { Knex } from 'knex';
 import type { Services } from './services.ts';
 import { Conflict, InvalidRequest, NotFound } from './errors.ts';
-import { DecryptError, decryptWithDek, encryptWithAlias, resolveAlias, type KeyringServices } from './keyring.ts';
+import { DecryptError, decryptWithDek, encryptWithDek, type KeyringServices } from './keyring.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
 import * as repo from '../db/secrets.ts';
 import type { SecretRow } from '../db/secrets.ts';
@@ -19,10 +20,21 @@ export function toSecret(r: SecretRow): Secret {
 
 const duplicate = (key: string) => new Conflict(`A secret with key '${key}' already exists`, { resource: 'secret', key });
 
+// Runs a write in a transaction that holds the alias (shared) from reading its DEK to commit.
+async function underAlias<T>(s: KeyringServices, alias: string, write: (trx: Knex.Transaction, dekId: string) => Promise<T>): Promise<T> {
+  return s.db.transaction(async (trx) => {
+    const dekId = await repo.aliasDekForWrite(trx, alias);
+    if (!dekId) throw new NotFound('dek_alias', alias);
+    return write(trx, dekId);
+  });
+}
+
 export async function createSecret(s: KeyringServices, input: { key: string; raw_value: string; dek_alias?: string }): Promise<Secret> {
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
-  const { dekId, ciphertext } = await encryptWithAlias(s, alias, input.raw_value);
-  const row = await repo.insertSecret(s.db, { id: randomUUID(), key: input.key, encrypted_secret: ciphertext, dek_id: dekId, dek_alias: alias });
+  const row = await underAlias(s, alias, async (trx, dekId) => {
+    const ciphertext = await encryptWithDek(s, dekId, input.raw_value, trx);
+    return repo.insertSecret(trx, { id: randomUUID(), key: input.key, encrypted_secret: ciphertext, dek_id: dekId, dek_alias: alias });
+  });
   if (!row) throw duplicate(input.key);
   return toSecret(row);
 }
@@ -30,16 +42,17 @@ export async function createSecret(s: KeyringServices, input: { key: string; raw
 // An imported value must already be encrypted with the DEK the alias names: it is checked by
 // decrypting it, so a value nobody can read is never stored.
 export async function importSecret(s: KeyringServices, input: { key: string; encrypted_value: string; dek_alias: string }): Promise<Secret> {
-  const dekId = await resolveAlias(s.db, input.dek_alias);
-  try {
-    await decryptWithDek(s, dekId, input.encrypted_value);
-  } catch (err) {
-    if (err instanceof DecryptError) {
-      throw new InvalidRequest(`encrypted_value does not decrypt with the DEK aliased '${input.dek_alias}'`, [{ path: 'body.encrypted_value', message: 'does not decrypt with this DEK' }]);
+  const row = await underAlias(s, input.dek_alias, async (trx, dekId) => {
+    try {
+      await decryptWithDek(s, dekId, input.encrypted_value, trx);
+    } catch (err) {
+      if (err instanceof DecryptError) {
+        throw new InvalidRequest(`encrypted_value does not decrypt with the DEK aliased '${input.dek_alias}'`, [{ path: 'body.encrypted_value', message: 'does not decrypt with this DEK' }]);
+      }
+      throw err;
     }
-    throw err;
-  }
-  const row = await repo.insertSecret(s.db, { id: randomUUID(), key: input.key, encrypted_secret: input.encrypted_value, dek_id: dekId, dek_alias: input.dek_alias });
+    return repo.insertSecret(trx, { id: randomUUID(), key: input.key, encrypted_secret: input.encrypted_value, dek_id: dekId, dek_alias: input.dek_alias });
+  });
   if (!row) throw duplicate(input.key);
   return toSecret(row);
 }
@@ -79,8 +92,10 @@ export async function updateSecret(s: KeyringServices, id: string, input: { raw_
   const existing = await repo.getSecret(s.db, id);
   if (!existing) throw new NotFound('secret', id);
   const alias = input.dek_alias ?? existing.dek_alias;
-  const { dekId, ciphertext } = await encryptWithAlias(s, alias, input.raw_value);
-  const row = await repo.updateSecret(s.db, id, { encrypted_secret: ciphertext, dek_id: dekId, dek_alias: alias });
+  const row = await underAlias(s, alias, async (trx, dekId) => {
+    const ciphertext = await encryptWithDek(s, dekId, input.raw_value, trx);
+    return repo.updateSecret(trx, id, { encrypted_secret: ciphertext, dek_id: dekId, dek_alias: alias });
+  });
   if (!row) throw new NotFound('secret', id);
   return toSecret(row);
 }

@@ -1,0 +1,212 @@
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import { Redis } from 'ioredis';
+import { resetDb, startStack, startWorker, testDb, waitFor, type Client, type Proc, type Stack } from './helpers/stack.ts';
+
+const S = '/api/secret/v1';
+const E = '/api/encryption/v1';
+const ALIAS = 'rot';
+const READ_KEYS = 240; // secrets only read during the rotation
+const WRITE_KEYS = 20; // secrets updated during the rotation
+
+describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, readers unaffected', () => {
+  let stack: Stack;
+  let c: Client;
+  const allProcs: Proc[] = []; // killed workers too, for the log check
+  const expected = new Map<string, string>(); // key -> current raw value
+  const everValue = new Set<string>(); // every raw value ever sent
+  const ids = new Map<string, string>(); // key -> id
+  const value = () => {
+    const v = `rv-${randomUUID()}`;
+    everValue.add(v);
+    return v;
+  };
+  const job = async (id: string) => (await c.get(`${E}/job/${id}`)).body;
+  const waitJob = (id: string, what = 'the rotation job to complete') =>
+    waitFor(async () => { const j = await job(id); return ['completed', 'failed'].includes(j.status) && j; }, what, 60000, 100);
+  const aliasDek = async (alias: string) => (await testDb()('dek_aliases').where({ alias }).first()).dek_id as string;
+
+  async function createSecret(key: string, alias: string) {
+    const raw = value();
+    const r = await c.post(S, { key, raw_value: raw, dek_alias: alias });
+    assert.equal(r.status, 201);
+    expected.set(key, raw);
+    ids.set(key, r.body.id);
+  }
+
+  async function decryptedAll(): Promise<Map<string, string>> {
+    const out = new Map<string, string>();
+    let token: string | undefined;
+    do {
+      const r = await c.get(`${S}/list-decrypted?page_size=100${token ? `&next_page_token=${token}` : ''}`);
+      assert.equal(r.status, 200);
+      for (const s of r.body.secrets) out.set(s.key, s.decrypted_value);
+      token = r.body.next_page_token;
+    } while (token);
+    return out;
+  }
+
+  before(async () => {
+    await resetDb();
+    // Small batches with a pause, so the rotation spans many transactions while clients work.
+    stack = await startStack({ ALIAS_ROTATION_BATCH: '20', ALIAS_ROTATION_PAUSE_MS: '40' }, { workers: 0 });
+    c = stack.client;
+    const envelope = (await c.get(`${E}/dek/alias/default`)).body.envelope_encryption_key_id.id;
+    const dek = await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, {});
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: dek.body.id, alias: ALIAS })).status, 201);
+    const keys = [...Array.from({ length: READ_KEYS }, (_, i) => `r/${i}`), ...Array.from({ length: WRITE_KEYS }, (_, i) => `w/${i}`)];
+    for (let i = 0; i < keys.length; i += 20) await Promise.all(keys.slice(i, i + 20).map((k) => createSecret(k, ALIAS)));
+    for (let i = 0; i < 5; i++) await createSecret(`default/${i}`, 'default');
+  });
+  after(async () => stack?.stop());
+
+  it('answers 404/400/401/403 for bad rotation requests', async () => {
+    assert.equal((await c.post(`${E}/dek/alias/no-such-alias/rotate`)).status, 404);
+    assert.equal((await c.post(`${E}/dek/alias/bad%20alias/rotate`)).status, 400);
+    assert.equal((await c.as('').post(`${E}/dek/alias/${ALIAS}/rotate`)).status, 401);
+    const key = (await c.post('/api/auth/v1/api-key', { name: 'secrets only', scopes: ['secret:write', 'encryption:read'] })).body.key;
+    assert.equal((await c.as(key).post(`${E}/dek/alias/${ALIAS}/rotate`)).status, 403);
+    assert.equal(Number((await testDb()('key_jobs').count({ n: '*' }))[0].n), 0);
+  });
+
+  let jobId: string;
+  it('answers 202 with a queued job, and 200 with the same job while it is queued', async () => {
+    const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
+    assert.equal(r.status, 202);
+    assert.equal(r.body.kind, 'rotate-alias');
+    assert.equal(r.body.status, 'queued');
+    assert.deepEqual(r.body.params, { alias: ALIAS });
+    jobId = r.body.id;
+    const again = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
+    assert.equal(again.status, 200);
+    assert.equal(again.body.id, jobId);
+  });
+
+  it('re-encrypts every secret of the alias while reads and writes go on, then repoints the alias', async () => {
+    const oldDek = await aliasDek(ALIAS);
+    const defaultRows = await testDb()('secrets').where({ dek_alias: 'default' }).orderBy('id');
+    const failures: string[] = [];
+    let reads = 0;
+    let stop = false;
+    const readKeys = [...expected.keys()].filter((k) => k.startsWith('r/'));
+    const reader = async () => {
+      while (!stop) {
+        const k = readKeys[reads % readKeys.length];
+        const [one, list] = await Promise.all([c.get(`${S}/key/${encodeURIComponent(k)}`), c.get(`${S}/list-decrypted?page_size=300`)]);
+        reads++;
+        if (one.status !== 200) failures.push(`GET key ${k}: ${one.status}`);
+        if (list.status !== 200) { failures.push(`list-decrypted: ${list.status} ${list.text}`); continue; }
+        for (const s of list.body.secrets) {
+          if (s.key.startsWith('r/') && s.decrypted_value !== expected.get(s.key)) failures.push(`${s.key} decrypted to a wrong value`);
+          if (!everValue.has(s.decrypted_value)) failures.push(`${s.key} decrypted to an unknown value`);
+        }
+      }
+    };
+    let writes = 0;
+    const writer = async () => {
+      while (!stop) {
+        const k = `w/${writes % WRITE_KEYS}`;
+        const raw = value();
+        const r = await c.put(`${S}/${ids.get(k)}`, { raw_value: raw });
+        if (r.status !== 200) failures.push(`PUT ${k}: ${r.status}`);
+        else expected.set(k, raw);
+        if (writes % 10 === 0) await createSecret(`n/${writes}`, ALIAS);
+        writes++;
+      }
+    };
+    const loops = [reader(), reader(), writer()];
+    const worker = await startWorker(stack.env);
+    stack.workers.push(worker);
+    allProcs.push(worker);
+    let sawRunning = false;
+    const done = await waitFor(async () => {
+      const j = await job(jobId);
+      if (j.status === 'running' && j.done < j.total) sawRunning = true;
+      return ['completed', 'failed'].includes(j.status) && j;
+    }, 'the rotation job to complete', 60000, 50);
+    stop = true;
+    await Promise.all(loops);
+
+    assert.deepEqual(failures, []);
+    assert.ok(reads > 0 && writes > 0);
+    assert.ok(sawRunning, 'the job was observed mid-way');
+    assert.equal(done.status, 'completed');
+    assert.equal(done.failed, 0);
+    assert.deepEqual(done.errors, []);
+    assert.ok(done.done >= READ_KEYS + WRITE_KEYS);
+    assert.ok(done.started_at && done.finished_at);
+    const newDek = done.params.new_dek_id;
+    assert.equal(done.params.from_dek_id, oldDek);
+    assert.notEqual(newDek, oldDek);
+
+    // The alias names the new DEK, under the same envelope key; the old DEK still exists.
+    const aliasNow = (await c.get(`${E}/dek/alias/${ALIAS}`)).body;
+    assert.equal(aliasNow.id, newDek);
+    const deks = await testDb()('deks').whereIn('id', [oldDek, newDek]);
+    assert.equal(deks.length, 2);
+    assert.equal(deks[0].envelope_key_id, deks[1].envelope_key_id);
+    // Every secret of the alias (including those written during the rotation) uses the new DEK.
+    const rows = await testDb()('secrets').where({ dek_alias: ALIAS });
+    assert.equal(rows.length, READ_KEYS + WRITE_KEYS + Math.ceil(writes / 10));
+    assert.deepEqual(rows.filter((r) => r.dek_id !== newDek).map((r) => r.key), []);
+    // Secrets of other aliases are untouched.
+    assert.deepEqual(await testDb()('secrets').where({ dek_alias: 'default' }).orderBy('id'), defaultRows);
+    // Every secret decrypts to its latest value.
+    const all = await decryptedAll();
+    assert.equal(all.size, expected.size);
+    for (const [k, v] of expected) assert.equal(all.get(k), v, k);
+  });
+
+  it('finishes after the worker is killed mid-rotation, with one new DEK', async () => {
+    const deksBefore = Number((await testDb()('deks').count({ n: '*' }))[0].n);
+    const oldDek = await aliasDek(ALIAS);
+    // The previous job is finished, so this is a new one.
+    const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
+    assert.equal(r.status, 202);
+    assert.notEqual(r.body.id, jobId);
+    await waitFor(async () => { const j = await job(r.body.id); return j.status === 'running' && j.done >= 40; }, 'the rotation to get going');
+    await stack.workers[0].kill('SIGKILL');
+    const mid = await job(r.body.id);
+    assert.equal(mid.status, 'running');
+    assert.ok(mid.done < mid.total, `killed after ${mid.done} of ${mid.total}`);
+    assert.equal(await aliasDek(ALIAS), oldDek, 'not yet repointed');
+
+    const worker = await startWorker(stack.env);
+    stack.workers[0] = worker;
+    allProcs.push(worker);
+    const done = await waitJob(r.body.id, 'the resumed rotation to complete');
+    assert.equal(done.status, 'completed');
+    assert.equal(done.failed, 0);
+    assert.equal(done.done, done.total);
+    assert.equal(done.total, expected.size - 5);
+    assert.equal(Number((await testDb()('deks').count({ n: '*' }))[0].n), deksBefore + 1);
+    assert.equal(await aliasDek(ALIAS), done.params.new_dek_id);
+    assert.deepEqual((await testDb()('secrets').where({ dek_alias: ALIAS }).whereNot({ dek_id: done.params.new_dek_id })).length, 0);
+    const all = await decryptedAll();
+    for (const [k, v] of expected) assert.equal(all.get(k), v, k);
+  });
+
+  it('keeps every secret value out of logs and out of the BullMQ job hashes', async () => {
+    const redis = new Redis(stack.env.REDIS_URL);
+    try {
+      const keys: string[] = [];
+      let cursor = '0';
+      do {
+        const [next, batch] = await redis.scan(cursor, 'MATCH', `${stack.env.QUEUE_PREFIX}:*`, 'COUNT', 1000);
+        keys.push(...batch);
+        cursor = next;
+      } while (cursor !== '0');
+      const jobHashes: string[] = [];
+      for (const k of keys) if ((await redis.type(k)) === 'hash' && k.includes(':key-jobs:')) jobHashes.push(k);
+      assert.ok(jobHashes.some((k) => /:key-jobs:[0-9a-f-]{36}$/.test(k)), `rotation job hashes exist: ${jobHashes.join(', ')}`);
+      const stored = (await Promise.all(jobHashes.map((k) => redis.hgetall(k)))).map((h) => JSON.stringify(h)).join('\n');
+      assert.match(stored, /job_id/);
+      for (const v of everValue) assert.ok(!stored.includes(v), 'a secret value is stored in a job hash');
+    } finally {
+      redis.disconnect();
+    }
+    const logs = [stack.api, ...allProcs].map((p) => p.logs.join('\n')).join('\n');
+    assert.match(logs, /alias rotation finished/);
+    for (const v of everValue) assert.ok(!logs.includes(v), 'a secret value appears in a log');
+  });
+});
