@@ -3,7 +3,7 @@
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
 import type { Services } from './services.ts';
-import { Conflict, InvalidRequest, NotFound } from './errors.ts';
+import { AppError, Conflict, InvalidRequest, NotFound } from './errors.ts';
 import { DecryptError, decryptWithDek, encryptWithDek, type KeyringServices } from './keyring.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
 import * as repo from '../db/secrets.ts';
@@ -66,7 +66,7 @@ export async function listDecryptedSecrets(s: ReadServices, pageSize: number, to
   const page = await repo.listSecrets(s.db, pageSize, token);
   const secrets = await Promise.all(page.items.map(async (r) => {
     const { encrypted_secret: _, ...rest } = toSecret(r);
-    return { ...rest, decrypted_value: await decryptWithDek(s, r.dek_id, r.encrypted_secret) } as DecryptedSecret;
+    return { ...rest, decrypted_value: await decryptStored(s, r) } as DecryptedSecret;
   }));
   return withMember(page, secrets);
 }
@@ -108,5 +108,15 @@ export async function deleteSecret(db: Services['db'], id: string): Promise<void
 export async function readSecretValue(s: ReadServices, key: string): Promise<string> {
   const row = await repo.getSecretByKey(s.db, key);
   if (!row) throw new NotFound('secret', key);
-  return decryptWithDek(s, row.dek_id, row.encrypted_secret);
+  return decryptStored(s, row);
+}
+
+// A stored value that does not decrypt is damage on our side, not a bad request.
+async function decryptStored(s: ReadServices, row: SecretRow): Promise<string> {
+  try {
+    return await decryptWithDek(s, row.dek_id, row.encrypted_secret);
+  } catch (err) {
+    if (err instanceof DecryptError) throw new AppError(500, 'internal', `secret '${row.key}' does not decrypt with its DEK '${row.dek_id}'`);
+    throw err;
+  }
 }

@@ -186,6 +186,22 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     for (const [k, v] of expected) assert.equal(all.get(k), v, k);
   });
 
+  it('fails the job and leaves the alias alone when the alias is moved during the rotation', async () => {
+    const envelope = (await c.get(`${E}/dek/alias/${ALIAS}`)).body.envelope_encryption_key_id.id;
+    const elsewhere = (await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, {})).body.id;
+    const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
+    assert.equal(r.status, 202);
+    await waitFor(async () => { const j = await job(r.body.id); return j.status === 'running' && j.done >= 20; }, 'the rotation to get going');
+    assert.equal((await c.put(`${E}/dek/alias/${ALIAS}`, { new_dek_id: elsewhere })).status, 200);
+    const done = await waitJob(r.body.id, 'the rotation to fail');
+    assert.equal(done.status, 'failed');
+    assert.match(done.errors.at(-1).message, /was pointed at DEK .* during the rotation/);
+    assert.equal(await aliasDek(ALIAS), elsewhere);
+    // Secrets re-encrypted before the failure and those not reached both still read.
+    const all = await decryptedAll();
+    for (const [k, v] of expected) assert.equal(all.get(k), v, k);
+  });
+
   it('keeps every secret value out of logs and out of the BullMQ job hashes', async () => {
     const redis = new Redis(stack.env.REDIS_URL);
     try {

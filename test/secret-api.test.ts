@@ -256,6 +256,17 @@ describe('secret API', () => {
     assert.equal(r.status, 409);
   });
 
+  it('reports a stored value that no longer decrypts as a server fault naming the key, not the value', async () => {
+    const created = await c.post(S, { key: 'damaged', raw_value: value() });
+    await testDb()('secrets').where({ id: created.body.id }).update({ encrypted_secret: seal(randomBytes(32), Buffer.from('x')) });
+    const r = await c.get(`${S}/list-decrypted?page_size=1000`);
+    assert.equal(r.status, 500);
+    assert.equal(r.body.data.code, 'internal');
+    assert.match(r.body.message, /secret 'damaged' does not decrypt/);
+    assert.equal((await c.delete(`${S}/${created.body.id}`)).status, 200);
+    assert.equal((await c.get(`${S}/list-decrypted?page_size=1000`)).status, 200);
+  });
+
   it('never writes a secret value to the API log', async () => {
     assert.ok(values.length > 10);
     const logs = stack.api.logs.join('\n');
