@@ -32,8 +32,3 @@ export async function recentMessages(db: Tx, taskId: string, limit: number): Pro
   const rows = await db('messages').select(COLUMNS).where({ task_id: taskId }).orderBy('seq', 'desc').limit(limit);
   return rows.reverse();
 }
-
-export async function hasAgentMessageAfter(db: Tx, taskId: string, seq: number): Promise<boolean> {
-  const row = await db('messages').where({ task_id: taskId, role: 'agent' }).where('seq', '>', seq).first('id');
-  return !!row;
-}

@@ -126,8 +126,11 @@ export async function loadRunState(db: Tx, taskId: string, messageId: string, hi
   const { rows } = await db.raw(
     `select row_to_json(t) as task,
        (select row_to_json(m) from messages m where m.id = :mid and m.task_id = t.id) as trigger,
-       exists (select 1 from messages a where a.task_id = t.id and a.role = 'agent'
-               and a.seq > (select seq from messages where id = :mid)) as answered,
+       -- Answered: the run for this message already ended by interrupting the task (input-required
+       -- or auth-required after the message). Progress messages of a run that died do not count.
+       exists (select 1 from messages tr where tr.id = :mid and t.status in ('input-required', 'auth-required')
+               and coalesce((select sm.seq from messages sm where sm.id = t.status_message_id) > tr.seq,
+                            t.status_timestamp > tr.created_at)) as answered,
        (select coalesce(json_agg(h order by h.seq), '[]') from
           (select id, seq, task_id, role, parts, reference_task_ids, metadata, created_at
              from messages where task_id = t.id order by seq desc limit :lim) h) as history

@@ -1,0 +1,103 @@
+// The job pipeline under faults: Redis away while tasks are created, a worker killed mid-run.
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
+import { requireEnv, resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+
+async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs = 60000) {
+  return waitFor(async () => {
+    const r = await stack.client.get(`/api/task/v1/${id}`);
+    return r.body.task?.status === status && r.body;
+  }, `task ${id} to be ${status}`, timeoutMs, 200);
+}
+
+describe('job pipeline under faults', function () {
+  this.timeout(180000);
+  before(resetDb);
+
+  describe('Redis stopped while tasks are created', () => {
+    let redis: LocalService | undefined;
+    let stack: Stack | undefined;
+    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'faults-redis');
+    let port: number;
+
+    before(async () => {
+      port = await freePort();
+      redis = await startRedis({ dataDir, ephemeral: true, port });
+      stack = await startStack({ REDIS_URL: redis.url }, { workers: 1 });
+    });
+    after(async () => {
+      await stack?.stop();
+      await redis?.stop();
+    });
+
+    it('accepts tasks (201) while Redis is down, and completes all of them once it is back', async () => {
+      const s = stack!;
+      const warm = await s.client.post('/api/task/v1', { message: textMessage('before the outage') });
+      await waitForStatus(s, warm.body.task.id, 'completed');
+
+      await redis!.stop();
+      redis = undefined;
+      const ready = await waitFor(async () => {
+        const r = await s.client.get('/_internal/v1/ready');
+        return r.status === 503 && r;
+      }, 'ready to report Redis down');
+      assert.equal(ready.body.data.code, 'unavailable');
+      assert.deepEqual(ready.body.data.failed, ['redis']);
+
+      const ids: string[] = [];
+      for (let i = 0; i < 5; i++) {
+        const r = await s.client.post('/api/task/v1', { message: textMessage(`during the outage ${i}`) });
+        assert.equal(r.status, 201, r.text);
+        ids.push(r.body.task.id);
+      }
+      // The jobs wait in the outbox, written with the tasks.
+      const waiting = await testDb()('outbox').whereRaw(`payload->>'task_id' = any(?)`, [ids]).count({ n: '*' });
+      assert.equal(waiting[0].n, 5);
+      for (const id of ids) assert.equal((await s.client.get(`/api/task/v1/${id}`)).body.task.status, 'submitted');
+
+      redis = await startRedis({ dataDir, ephemeral: true, port });
+      for (const [i, id] of ids.entries()) {
+        const done = await waitForStatus(s, id, 'completed');
+        assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: `Echo: during the outage ${i}` }]);
+      }
+      assert.equal((await s.client.get('/_internal/v1/ready')).status, 200);
+      const left = await testDb()('outbox').whereRaw(`payload->>'task_id' = any(?)`, [ids]).count({ n: '*' });
+      assert.equal(left[0].n, 0);
+    });
+  });
+
+  describe('a worker killed with SIGKILL during an agent run', () => {
+    let stack: Stack | undefined;
+    before(async () => {
+      stack = await startStack({}, { workers: 1 });
+    });
+    after(async () => stack?.stop());
+
+    it('loses no task: another worker takes the job over and completes it once', async () => {
+      const s = stack!;
+      const r = await s.client.post('/api/task/v1', { message: textMessage('[sleep 3000] hi') });
+      assert.equal(r.status, 201);
+      const id = r.body.task.id;
+      // The agent is running once it has reported its progress message.
+      await waitFor(async () => {
+        const t = (await s.client.get(`/api/task/v1/${id}`)).body;
+        return t.task.status === 'working' && t.status_message?.parts[0].text === 'Working for 3000 ms';
+      }, 'the agent to be running');
+      await s.workers[0].kill('SIGKILL');
+      assert.equal(s.workers[0].child.signalCode, 'SIGKILL');
+      s.workers.push(await startWorker(s.env));
+
+      const done = await waitForStatus(s, id, 'completed');
+      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: [sleep 3000] hi' }]);
+      const tl = await s.client.get(`/api/task/v1/${id}/timeline?order=asc`);
+      const statuses = tl.body.items.filter((i: any) => i.event_payload.type === 'task-status-update').map((i: any) => i.event_payload.status);
+      assert.equal(statuses.filter((st: string) => st === 'completed').length, 1);
+      assert.equal(statuses[0], 'submitted');
+      assert.equal(statuses.at(-1), 'completed');
+      assert.ok(statuses.slice(1, -1).every((st: string) => st === 'working'), statuses.join(','));
+      const agentReplies = done.messages.filter((m: any) => m.role === 'agent' && m.parts[0].text.startsWith('Echo'));
+      assert.equal(agentReplies.length, 1);
+    });
+  });
+});
