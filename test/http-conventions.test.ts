@@ -30,7 +30,7 @@ function raw(url: string, opts: { method: string; path: string; headers?: Record
 
 describe('HTTP conventions', () => {
   let stack: Stack;
-  const taskCount = async () => (await testDb()('tasks').count({ n: '*' }))[0].n;
+  const taskCount = async () => Number((await testDb()('tasks').count({ n: '*' }))[0].n);
 
   before(async () => {
     await resetDb();
