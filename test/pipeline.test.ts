@@ -1,11 +1,25 @@
+// Task execution through the whole pipeline: API -> outbox -> BullMQ -> a real worker process.
 import assert from 'node:assert/strict';
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
 import { resetDb, startStack, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
-describe('job pipeline: task execution through a real worker', () => {
+const ATTEMPTS = 3;
+
+describe('job pipeline: task execution through a real worker', function () {
+  this.timeout(120000);
   let stack: Stack;
+  const get = async (id: string) => (await stack.client.get(`/api/task/v1/${id}`)).body;
+  const waitForStatus = (id: string, status: string) =>
+    waitFor(async () => { const t = await get(id); return t.task.status === status && t; }, `task ${id} to be ${status}`, 60000, 100);
+  const statusesOf = async (id: string) => {
+    const tl = await stack.client.get(`/api/task/v1/${id}/timeline?order=asc`);
+    return tl.body.items.filter((i: any) => i.event_payload.type === 'task-status-update').map((i: any) => i.event_payload.status);
+  };
+
   before(async () => {
     await resetDb();
-    stack = await startStack();
+    stack = await startStack({ AGENT_ATTEMPTS: String(ATTEMPTS) });
   });
   after(async () => stack?.stop());
 
@@ -13,14 +27,70 @@ describe('job pipeline: task execution through a real worker', () => {
     const created = await stack.client.post('/api/task/v1', { message: textMessage('hello pipeline') });
     assert.equal(created.status, 201);
     const id = created.body.task.id;
-    const done = await waitFor(async () => {
-      const r = await stack.client.get(`/api/task/v1/${id}`);
-      return r.body.task.status === 'completed' && r.body;
-    }, 'task completion');
+    const done = await waitForStatus(id, 'completed');
     assert.equal(done.status_message.role, 'agent');
     assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: hello pipeline' }]);
+    assert.deepEqual(await statusesOf(id), ['submitted', 'working', 'completed']);
+  });
+
+  it('retries a failing agent AGENT_ATTEMPTS times, then fails the task with a message saying why', async () => {
+    const created = await stack.client.post('/api/task/v1', { message: textMessage('[fail] please') });
+    const id = created.body.task.id;
+    const failed = await waitForStatus(id, 'failed');
+    assert.equal(failed.status_message.role, 'agent');
+    const why = failed.status_message.parts[0].text;
+    assert.match(why, new RegExp(`failed after ${ATTEMPTS} attempt\\(s\\)`));
+    assert.match(why, /asked to fail/);
+    assert.deepEqual(await statusesOf(id), ['submitted', 'working', 'failed']);
+
+    // The queue ran the job ATTEMPTS times.
+    const connection = new Redis(stack.env.REDIS_URL, { maxRetriesPerRequest: null });
+    const queue = new Queue('agent-tasks', { connection, prefix: stack.env.QUEUE_PREFIX });
+    try {
+      const jobs = await queue.getJobs(['completed', 'failed']);
+      const job = jobs.find((j) => j?.data.task_id === id);
+      assert.ok(job, 'the job of the task');
+      assert.equal(job.attemptsStarted, ATTEMPTS);
+    } finally {
+      await queue.close();
+      connection.disconnect();
+    }
+  });
+
+  it('multi-turn through REST: [input] -> input-required, a user message continues it to completed', async () => {
+    const created = await stack.client.post('/api/task/v1', { message: textMessage('[input] start') });
+    const id = created.body.task.id;
+    const asked = await waitForStatus(id, 'input-required');
+    assert.deepEqual(asked.status_message.parts, [{ type: 'text-part', text: 'I need more input: what should I echo next?' }]);
+
+    const sent = await stack.client.post(`/api/task/v1/${id}/message`, textMessage('the answer'));
+    assert.equal(sent.status, 201);
+    const done = await waitForStatus(id, 'completed');
+    assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo (turn 2): the answer' }]);
+    assert.deepEqual(await statusesOf(id), ['submitted', 'working', 'input-required', 'working', 'completed']);
+    assert.deepEqual(done.messages.map((m: any) => m.role), ['user', 'agent', 'user', 'agent']);
+  });
+
+  it('stores an artifact the agent emits as an artifact-update timeline item', async () => {
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('[artifact] keep this') })).body.task.id;
+    await waitForStatus(id, 'completed');
     const tl = await stack.client.get(`/api/task/v1/${id}/timeline?order=asc`);
-    const statuses = tl.body.items.filter((i: any) => i.event_payload.type === 'task-status-update').map((i: any) => i.event_payload.status);
-    assert.deepEqual(statuses, ['submitted', 'working', 'completed']);
+    const artifacts = tl.body.items.filter((i: any) => i.event_payload.type === 'artifact-update');
+    assert.equal(artifacts.length, 1);
+    assert.equal(artifacts[0].event_payload.artifact.name, 'echo');
+    assert.deepEqual(artifacts[0].event_payload.artifact.parts, [{ kind: 'text', text: '[artifact] keep this' }]);
+  });
+
+  it('cancel during a run aborts the agent and the task stays canceled', async () => {
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('[sleep 60000] long') })).body.task.id;
+    await waitFor(async () => (await get(id)).status_message?.parts[0].text === 'Working for 60000 ms', 'the agent to be running');
+    const r = await stack.client.put(`/api/task/v1/${id}`, { status: 'canceled' });
+    assert.equal(r.status, 200);
+    await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('agent run aborted: task canceled') && l.includes(id)), 'the worker to abort the run');
+    // The aborted run wrote nothing after the cancel.
+    const after = await get(id);
+    assert.equal(after.task.status, 'canceled');
+    assert.deepEqual((await statusesOf(id)).slice(-1), ['canceled']);
+    assert.ok(!after.messages.some((m: any) => m.parts[0].text?.startsWith('Echo')));
   });
 });
