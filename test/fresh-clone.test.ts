@@ -1,0 +1,143 @@
+// The README's first command from a fresh clone: `npm ci && npm start` brings up Postgres, Redis,
+// the API and a worker; SIGTERM stops every one of them; a second start finds the data again.
+// It clones the committed HEAD, so it checks what a user would get.
+import assert from 'node:assert/strict';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { freePort } from '../scripts/local-services.ts';
+import { Client, ROOT, textMessage, waitFor } from './helpers/stack.ts';
+
+// Every process below `pid`, read from /proc: pid -> [start time, command line].
+function descendants(pid: number): Map<number, [string, string]> {
+  const children = new Map<number, number[]>();
+  const info = new Map<number, [string, string]>();
+  for (const entry of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = fs.readFileSync(`/proc/${entry}/stat`, 'utf8');
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      const ppid = Number(fields[1]);
+      children.set(ppid, [...(children.get(ppid) ?? []), Number(entry)]);
+      info.set(Number(entry), [fields[19], fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8').replace(/\0/g, ' ').trim()]);
+    } catch { /* exited meanwhile */ }
+  }
+  const out = new Map<number, [string, string]>();
+  const walk = (p: number) => {
+    for (const c of children.get(p) ?? []) {
+      out.set(c, info.get(c)!);
+      walk(c);
+    }
+  };
+  walk(pid);
+  return out;
+}
+
+// Alive and the same process (not a recycled pid), and not a zombie.
+function stillRunning(pid: number, startTime: string): boolean {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return fields[19] === startTime && fields[0] !== 'Z';
+  } catch {
+    return false;
+  }
+}
+
+interface Started { child: ChildProcess; output: string[]; exited: Promise<number | null> }
+
+function npmStart(cwd: string, env: NodeJS.ProcessEnv): Started {
+  const child = spawn('npm', ['start'], { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const output: string[] = [];
+  const collect = (b: Buffer) => { output.push(...b.toString().split('\n').filter(Boolean)); };
+  child.stdout!.on('data', collect);
+  child.stderr!.on('data', collect);
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  return { child, output, exited };
+}
+
+describe('fresh clone: npm ci && npm start', function () {
+  this.timeout(15 * 60_000);
+  const work = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-clone-'));
+  // Postgres runs as the postgres user when we are root: it must be able to reach the data dir.
+  fs.chmodSync(work, 0o755);
+  const repo = path.join(work, 'repo');
+  const dataDir = path.join(work, 'data');
+  const env: NodeJS.ProcessEnv = Object.fromEntries(Object.entries(process.env).filter(([k]) =>
+    !['DATABASE_URL', 'REDIS_URL', 'REDIS_PORT', 'ADMIN_API_KEY', 'TEST_DATA_DIR', 'NODE_ENV', 'INIT_CWD', 'PORT', 'DATA_DIR'].includes(k) && !k.startsWith('npm_')));
+  const running: Started[] = [];
+  let taskId: string;
+
+  const diag = (s: Started) => s.output.slice(-40).join('\n');
+
+  async function startAndWait(port: number): Promise<{ s: Started; client: Client; procs: Map<number, [string, string]> }> {
+    const s = npmStart(repo, { ...env, PORT: String(port), DATA_DIR: dataDir });
+    running.push(s);
+    const anon = new Client(`http://127.0.0.1:${port}`, '');
+    await waitFor(async () => {
+      if (s.child.exitCode !== null) throw new Error(`npm start exited with ${s.child.exitCode}:\n${diag(s)}`);
+      return (await anon.get('/_internal/v1/ready')).status === 200;
+    }, `GET /_internal/v1/ready = 200 from npm start\n${diag(s)}`, 180_000, 250).catch((e) => { throw new Error(`${e.message}\n${diag(s)}`); });
+    const key = fs.readFileSync(path.join(dataDir, 'admin-api-key'), 'utf8').trim();
+    return { s, client: new Client(anon.baseUrl, key), procs: descendants(s.child.pid!) };
+  }
+
+  async function stopAndCheck(s: Started, procs: Map<number, [string, string]>) {
+    const cmds = [...procs.values()].map(([, cmd]) => cmd);
+    for (const [what, re] of [['postgres', /postgres/], ['redis', /redis-server/], ['api', /api\/main\.ts/], ['worker', /workers\/main\.ts/]] as const) {
+      assert.ok(cmds.some((c) => re.test(c)), `no ${what} process under npm start:\n${cmds.join('\n')}`);
+    }
+    s.child.kill('SIGTERM');
+    const code = await Promise.race([s.exited, new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 60_000).unref())]);
+    assert.notEqual(code, 'timeout', `npm start did not exit within 60 s of SIGTERM:\n${diag(s)}`);
+    await waitFor(async () => [...procs].every(([pid, [start]]) => !stillRunning(pid, start)), 'every child of npm start to exit', 30_000, 200)
+      .catch(() => {
+        const left = [...procs].filter(([pid, [start]]) => stillRunning(pid, start)).map(([pid, [, cmd]]) => `${pid} ${cmd}`);
+        throw new Error(`still running after SIGTERM:\n${left.join('\n')}\n${diag(s)}`);
+      });
+  }
+
+  after(async () => {
+    for (const s of running) {
+      if (s.child.exitCode === null && s.child.signalCode === null) {
+        const procs = descendants(s.child.pid!);
+        s.child.kill('SIGTERM');
+        await Promise.race([s.exited, new Promise((r) => setTimeout(r, 30_000).unref())]);
+        for (const [pid, [start]] of procs) if (stillRunning(pid, start)) process.kill(pid, 'SIGKILL');
+      }
+    }
+    fs.rmSync(work, { recursive: true, force: true });
+  });
+
+  it('clones HEAD and installs with npm ci', () => {
+    execFileSync('git', ['clone', '--quiet', ROOT, repo], { stdio: 'pipe' });
+    execFileSync('npm', ['ci', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error'], { cwd: repo, env, stdio: 'pipe', timeout: 10 * 60_000 });
+    assert.ok(fs.existsSync(path.join(repo, 'node_modules', '.bin', 'tsx')));
+  });
+
+  it('npm start serves /_internal/v1/ready, runs a task to completed, and SIGTERM stops every child', async () => {
+    assert.ok(fs.existsSync(path.join(repo, 'node_modules')), 'needs the install step');
+    const { s, client, procs } = await startAndWait(await freePort());
+    assert.equal(fs.statSync(path.join(dataDir, 'admin-api-key')).mode & 0o777, 0o600);
+    const created = await client.post('/api/task/v1', { message: textMessage('from a fresh clone') });
+    assert.equal(created.status, 201, created.text);
+    taskId = created.body.task.id;
+    const done = await waitFor(async () => {
+      const t = (await client.get(`/api/task/v1/${taskId}`)).body;
+      return t.task.status === 'completed' && t;
+    }, 'the task to complete', 60_000, 200);
+    assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: from a fresh clone' }]);
+    await stopAndCheck(s, procs);
+  });
+
+  it('a second npm start on the same DATA_DIR finds the task again', async () => {
+    assert.ok(taskId, 'needs the first start');
+    const { s, client, procs } = await startAndWait(await freePort());
+    const r = await client.get(`/api/task/v1/${taskId}`);
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.body.task.status, 'completed');
+    assert.equal((await client.get('/api/auth/v1/api-key')).body.items.length, 1, 'the bootstrap key is created once');
+    await stopAndCheck(s, procs);
+  });
+});
