@@ -5,12 +5,13 @@ import { bootstrap } from '../domain/bootstrap.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createApp } from './app.ts';
 import { API_KEY_REVOKED, forgetApiKey } from './middleware/auth.ts';
+import { listenPg } from '../db/pg-listener.ts';
 
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'api');
 await bootstrap(services);
 await startKeyringInvalidation(services);
-await services.bus.subscribe(API_KEY_REVOKED, (msg) => { if (typeof msg.id === 'string') forgetApiKey(msg.id); });
+const keyRevocations = await listenPg(cfg.DATABASE_URL, { [API_KEY_REVOKED]: forgetApiKey }, services.log);
 services.outbox.startSweeper();
 const app = createApp(services);
 const server = app.listen(cfg.PORT, cfg.HOST, () => {
@@ -28,6 +29,7 @@ async function shutdown(signal: string) {
   server.close();
   server.closeIdleConnections();
   setTimeout(() => server.closeAllConnections(), 5000).unref();
+  await keyRevocations.close();
   await services.close();
   process.exit(0);
 }

@@ -9,9 +9,10 @@ export type { Principal, Scope };
 const TOUCH_EVERY_MS = 60_000;
 const lastTouched = new Map<string, number>();
 
-// Resolved keys are cached briefly so a request costs no key lookup; revocation removes entries
-// at once in this process and, through the bus note below, in every other API process.
-export const API_KEY_REVOKED = 'api-key-revoked';
+// Resolved keys are cached briefly so a request costs no key lookup; a revocation removes them
+// at once in this process and, through a Postgres notification sent by a trigger on api_keys
+// (db/migrations/0005), in every API process, whoever revoked the key.
+export const API_KEY_REVOKED = 'api_key_revoked';
 const CACHE_TTL_MS = 10_000;
 const CACHE_MAX = 10_000;
 const cache = new Map<string, { principal: Principal; expires: number }>();

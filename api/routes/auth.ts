@@ -3,7 +3,7 @@ import { defineRoute } from '../route.ts';
 import { Body, ErrorBody, Success, Timestamp, Uuid } from '../schemas/common.ts';
 import { createApiKey, revokeApiKey, SCOPES } from '../../domain/api-keys.ts';
 import { listActive } from '../../db/api-keys.ts';
-import { API_KEY_REVOKED, forgetApiKey } from '../middleware/auth.ts';
+import { forgetApiKey } from '../middleware/auth.ts';
 
 const tag = 'auth';
 const ScopeSchema = Type.Union(SCOPES.map((s) => Type.Literal(s)));
@@ -32,7 +32,6 @@ export const authRoutes = [
   }, async ({ params, services }) => {
     await revokeApiKey(services.db, params.id);
     forgetApiKey(params.id);
-    await services.bus.publish(API_KEY_REVOKED, { id: params.id }).catch(() => undefined);
     return { success: true };
   }),
 ];

@@ -1,0 +1,47 @@
+import pg from 'pg';
+import type { Logger } from '../domain/logger.ts';
+
+const RECONNECT_MS = 1000;
+
+// A dedicated connection that LISTENs on Postgres channels and reconnects when it is lost.
+// Notifications sent while it was away are missed, so callers use it for wake-ups and cache
+// invalidation that also have a time bound, never as the only record of anything.
+export async function listenPg(url: string, channels: Record<string, (payload: string) => void>, log: Logger): Promise<{ close(): Promise<void> }> {
+  let client: pg.Client | undefined;
+  let closed = false;
+  const connect = async (): Promise<void> => {
+    const c = new pg.Client({ connectionString: url });
+    c.on('notification', (n) => {
+      const handler = channels[n.channel];
+      if (!handler) return;
+      try {
+        handler(n.payload ?? '');
+      } catch (err) {
+        log.warn({ err: { message: (err as Error).message }, channel: n.channel }, 'notification handler failed');
+      }
+    });
+    let lost = false;
+    const onLost = (why: string) => {
+      if (lost || closed) return;
+      lost = true;
+      log.warn({ why, channels: Object.keys(channels) }, 'Postgres listener lost its connection; reconnecting');
+      c.end().catch(() => undefined);
+      reconnect();
+    };
+    c.on('error', (err) => onLost(err.message));
+    c.on('end', () => onLost('connection ended'));
+    await c.connect();
+    for (const channel of Object.keys(channels)) await c.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
+    client = c;
+  };
+  const reconnect = (): void => {
+    if (!closed) setTimeout(() => void connect().catch(reconnect), RECONNECT_MS).unref();
+  };
+  await connect();
+  return {
+    async close() {
+      closed = true;
+      await client?.end().catch(() => undefined);
+    },
+  };
+}
