@@ -17,15 +17,20 @@ const CACHE_TTL_MS = 10_000;
 const CACHE_MAX = 10_000;
 const cache = new Map<string, { principal: Principal; expires: number }>();
 
+let revocations = 0;
+
 export function forgetApiKey(id: string): void {
+  revocations++;
   for (const [token, entry] of cache) if (entry.principal.id === id) cache.delete(token);
 }
 
 async function resolveCached(services: Services, token: string): Promise<Principal | null> {
   const hit = cache.get(token);
   if (hit && hit.expires > Date.now()) return hit.principal;
+  const generation = revocations;
   const principal = await resolveApiKey(services.db, token, services.cfg.ADMIN_API_KEY);
-  if (principal) {
+  // A revocation that arrived during the lookup may concern this key: do not cache that answer.
+  if (principal && generation === revocations) {
     if (cache.size >= CACHE_MAX) cache.clear();
     cache.set(token, { principal, expires: Date.now() + CACHE_TTL_MS });
   } else {
