@@ -45,8 +45,9 @@ function requirePushSupport(): void {
   if (!push.PUSH_NOTIFICATIONS_SUPPORTED) throw new A2AError(JSONRPC.PUSH_NOT_SUPPORTED, 'Push notifications are not supported');
 }
 
-// Stores the message (new task, or continuation of `message.taskId`) and reports where the
-// timeline stood right after it, plus the created task when there was no re-read.
+// Stores the message (new task, or continuation of `message.taskId`) and reports the task, the
+// timeline seq a follower continues after (0 for a new task unless `needSeq`: one statement less),
+// and the created rows for a new task.
 async function accept(call: A2ACall, params: MessageSendParams, opts: { newId: string; needSeq: boolean }) {
   const { services } = call;
   const message = fromA2AMessage(params.message as A2AMessage); // validated: exactly one of bytes or uri
@@ -92,7 +93,8 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
   const deadline = AbortSignal.any([call.signal, AbortSignal.timeout(services.cfg.A2A_BLOCKING_TIMEOUT_MS)]);
   const follow = await waiter.follow(id);
   try {
-    const accepted = await accept(call, params, { newId: id, needSeq: true });
+    // A new task is followed from its start: its first rows are read once, nothing is lost.
+    const accepted = await accept(call, params, { newId: id, needSeq: false });
     for await (const _event of followTimeline(services.db, follow, accepted, accepted.seq, deadline)) { /* drain to the final event */ }
     return await loadA2ATask(services.db, accepted.id, historyLength);
   } finally {
