@@ -16,6 +16,7 @@ import { defineRoute } from './route.ts';
 import { ErrorBody, FreeObject } from './schemas/common.ts';
 import { Type } from '@sinclair/typebox';
 import { createMetrics } from './metrics.ts';
+import { queueDashboard } from './queue-dashboard.ts';
 
 export const allRoutes: Route[] = [...internalRoutes, ...authRoutes, ...taskRoutes, ...encryptionRoutes, ...rotationRoutes, ...secretRoutes, ...a2aRoutes];
 
@@ -39,6 +40,7 @@ export function createApp(services: Services): Koa {
   app.use(requestId(services.log));
   app.use(metrics.middleware);
   app.use(errorHandler());
+  app.use(queueDashboard(services));
   app.use(router.routes());
   app.use(router.allowedMethods());
   app.on('error', (err) => services.log.debug({ err: { message: (err as Error).message } }, 'koa error'));

@@ -24,7 +24,7 @@ export function forgetApiKey(id: string): void {
   for (const [token, entry] of cache) if (entry.principal.id === id) cache.delete(token);
 }
 
-async function resolveCached(services: Services, token: string): Promise<Principal | null> {
+export async function resolveCached(services: Services, token: string): Promise<Principal | null> {
   const hit = cache.get(token);
   if (hit && hit.expires > Date.now()) return hit.principal;
   const generation = revocations;

@@ -1,0 +1,39 @@
+// The standard BullMQ dashboard (bull-board) at /admin/queues, for the people who watch the
+// queues. Browsers cannot send bearer tokens, so it takes HTTP basic auth: any user name, an API
+// key with scope admin as the password.
+import type { Middleware } from 'koa';
+import { createBullBoard } from '@bull-board/api';
+import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
+import { KoaAdapter } from '@bull-board/koa';
+import type { Services } from '../domain/services.ts';
+import { hasScope } from '../domain/api-keys.ts';
+import { resolveCached } from './middleware/auth.ts';
+
+export const DASHBOARD_PATH = '/admin/queues';
+
+function basicPassword(header: string): string | undefined {
+  const m = /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(header);
+  if (!m) return undefined;
+  const decoded = Buffer.from(m[1], 'base64').toString('utf8');
+  const colon = decoded.indexOf(':');
+  return colon >= 0 ? decoded.slice(colon + 1) : undefined;
+}
+
+export function queueDashboard(services: Services): Middleware {
+  const adapter = new KoaAdapter();
+  adapter.setBasePath(DASHBOARD_PATH);
+  createBullBoard({ queues: Object.values(services.queues).map((q) => new BullMQAdapter(q)), serverAdapter: adapter });
+  const board = adapter.registerPlugin() as unknown as Middleware;
+  return async (ctx, next) => {
+    if (ctx.path !== DASHBOARD_PATH && !ctx.path.startsWith(`${DASHBOARD_PATH}/`)) return next();
+    const password = basicPassword(ctx.get('Authorization'));
+    const principal = password ? await resolveCached(services, password) : null;
+    if (!principal || !hasScope(principal, 'admin')) {
+      ctx.status = 401;
+      ctx.set('WWW-Authenticate', 'Basic realm="taskbridge queues", charset="UTF-8"');
+      ctx.body = { message: 'The queue dashboard needs an admin API key as the basic-auth password', data: { code: 'unauthenticated' } };
+      return;
+    }
+    await board(ctx, next);
+  };
+}

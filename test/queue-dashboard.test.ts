@@ -1,0 +1,34 @@
+import assert from 'node:assert/strict';
+import { ADMIN_KEY, resetDb, startStack, type Stack } from './helpers/stack.ts';
+
+const basic = (password: string) => `Basic ${Buffer.from(`ops:${password}`).toString('base64')}`;
+
+describe('queue dashboard at /admin/queues', () => {
+  let stack: Stack;
+  before(async () => {
+    await resetDb();
+    stack = await startStack({}, { workers: 0 });
+  });
+  after(async () => stack?.stop());
+
+  it('asks browsers for basic auth and refuses keys without scope admin', async () => {
+    const anon = await fetch(`${stack.api.url}/admin/queues`);
+    assert.equal(anon.status, 401);
+    assert.match(anon.headers.get('www-authenticate') ?? '', /^Basic realm=/);
+    const reader = await stack.client.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['internal'] });
+    const denied = await fetch(`${stack.api.url}/admin/queues`, { headers: { authorization: basic(reader.body.key) } });
+    assert.equal(denied.status, 401);
+    const wrong = await fetch(`${stack.api.url}/admin/queues`, { headers: { authorization: basic('not-a-key') } });
+    assert.equal(wrong.status, 401);
+  });
+
+  it('serves the dashboard and its queue API to an admin key', async () => {
+    const page = await fetch(`${stack.api.url}/admin/queues`, { headers: { authorization: basic(ADMIN_KEY) } });
+    assert.equal(page.status, 200);
+    assert.match(await page.text(), /<html/i);
+    const api = await fetch(`${stack.api.url}/admin/queues/api/queues`, { headers: { authorization: basic(ADMIN_KEY) } });
+    assert.equal(api.status, 200);
+    const body = await api.json() as { queues: { name: string }[] };
+    assert.deepEqual(body.queues.map((q) => q.name).sort(), ['agent-tasks', 'credential-refresh', 'key-jobs', 'push-notifications']);
+  });
+});
