@@ -69,6 +69,12 @@ describe('crypto: AES-256-GCM formats and local envelope keys', () => {
     assert.throws(() => createLocalKeyFile(dir, 'short.key'), InvalidRequest);
     assert.throws(() => readLocalKeyFile(dir, 'short.key'), KeyUnusable);
     assert.throws(() => readLocalKeyFile(dir, 'missing.key'), KeyUnusable);
+    // A symlink in the keys directory is not adopted nor followed, even to a 32-byte file.
+    fs.writeFileSync(path.join(process.env.TEST_DATA_DIR!, 'outside.key'), randomBytes(32));
+    fs.symlinkSync(path.join(process.env.TEST_DATA_DIR!, 'outside.key'), path.join(dir, 'link.key'));
+    assert.throws(() => createLocalKeyFile(dir, 'link.key'), InvalidRequest);
+    assert.throws(() => readLocalKeyFile(dir, 'link.key'), KeyUnusable);
+    assert.deepEqual(fs.readdirSync(dir).filter((f) => f.endsWith('.tmp')), []);
     assert.equal(fs.existsSync(path.join(dir, 'missing.key')), false);
   });
 });

@@ -62,6 +62,9 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal(a.body.id, 'alpha.key');
     assert.equal(kek('alpha.key').length, 32);
     assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'alpha.key' })).status, 409);
+    const racing = await Promise.all([1, 2, 3].map(() => c.post(`${E}/envelope`, { type: 'local', file_name: 'race.key' })));
+    assert.deepEqual(racing.map((r) => r.status).sort(), [201, 409, 409]);
+    assert.equal(kek('race.key').length, 32);
     for (const bad of ['../escape', '..', 'a/b', 'x\\y', '', '.']) {
       const r = await c.post(`${E}/envelope`, { type: 'local', file_name: bad });
       assert.equal(r.status, 400, bad);
@@ -93,7 +96,7 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal(list.body.items.length, 2);
     const rest = await c.get(`${E}/envelope?page_size=100&next_page_token=${list.body.next_page_token}`);
     assert.equal(rest.body.next_page_token, undefined);
-    assert.deepEqual([...list.body.items, ...rest.body.items].map((e: any) => e.id).sort(), ['alpha.key', ARN, 'default-envelope.key', 'restored.key'].sort());
+    assert.deepEqual([...list.body.items, ...rest.body.items].map((e: any) => e.id).sort(), ['alpha.key', ARN, 'default-envelope.key', 'race.key', 'restored.key'].sort());
     assert.equal((await c.get(`${E}/envelope?next_page_token=bogus`)).status, 400);
 
     const one = await c.get(`${E}/envelope/${enc(ARN)}`);

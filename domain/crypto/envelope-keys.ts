@@ -38,12 +38,21 @@ function keyPath(keysDir: string, name: string): string {
 }
 
 // Creates the key file (0600) or adopts an existing one of the right size, e.g. a restored key.
+// The key is written to a temporary file and linked into place, so a key file is never seen
+// half-written and two creators cannot both win.
 export function createLocalKeyFile(keysDir: string, name: string): void {
   const file = keyPath(keysDir, name);
   fs.mkdirSync(keysDir, { recursive: true, mode: 0o700 });
-  let fd: number;
+  const tmp = path.join(keysDir, `.new-key-${randomBytes(8).toString('hex')}.tmp`);
+  const fd = fs.openSync(tmp, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);
   try {
-    fd = fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);
+    fs.writeSync(fd, randomBytes(KEY_BYTES));
+    fs.fsyncSync(fd);
+  } finally {
+    fs.closeSync(fd);
+  }
+  try {
+    fs.linkSync(tmp, file);
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
     const st = fs.lstatSync(file);
@@ -52,13 +61,8 @@ export function createLocalKeyFile(keysDir: string, name: string): void {
         { path: 'body.file_name', message: `names an existing file that is not a ${KEY_BYTES}-byte key` },
       ]);
     }
-    return;
-  }
-  try {
-    fs.writeSync(fd, randomBytes(KEY_BYTES));
-    fs.fsyncSync(fd);
   } finally {
-    fs.closeSync(fd);
+    fs.rmSync(tmp, { force: true });
   }
 }
 
