@@ -1,7 +1,179 @@
-import type { AgentHandler } from './types.ts';
+// AGENT_KIND=remote: the agent is another A2A server. Each local task is mirrored by one remote
+// task (kept across turns in remote_agent_tasks): the user's message is forwarded with the
+// @a2a-js/sdk 0.3 client, the remote task is streamed (or polled when the remote cannot stream),
+// and its messages, working updates and artifacts are copied into the local task; the run ends
+// with the remote task's final or interrupted state. Canceling the local task cancels the remote one.
+//
+// AGENT_REMOTE_URL is the remote agent's base URL (its card is read from
+// <url>/.well-known/agent-card.json) or the full URL of its agent card (ending in .json).
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { Knex } from 'knex';
+import type {
+  Artifact, Message as A2AMessage, Part, Task as A2ATask, TaskArtifactUpdateEvent, TaskState as A2AState, TaskStatus, TaskStatusUpdateEvent,
+} from '@a2a-js/sdk';
+import { ClientFactory, type Client } from '@a2a-js/sdk/client';
+import { loadConfig } from '../../domain/config.ts';
+import { createDb } from '../../db/knex.ts';
+import { getRemoteAgentTask, saveRemoteAgentTask } from '../../db/remote-agent-tasks.ts';
+import { fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
+import type { MessagePart } from '../../api/schemas/task.ts';
+import type { AgentContext, AgentHandler, AgentResult } from './types.ts';
 
-// Placeholder until the A2A bridge lands: configuring AGENT_KIND=remote fails at start with a
-// clear message instead of at the first task.
+const FINAL_STATES: Partial<Record<A2AState, NonNullable<AgentResult['status']>>> = {
+  completed: 'completed',
+  failed: 'failed',
+  rejected: 'rejected',
+  'input-required': 'input-required',
+  'auth-required': 'auth-required',
+};
+const POLL_MIN_MS = 100;
+const POLL_MAX_MS = 2000;
+const CANCEL_TIMEOUT_MS = 5000;
+
+const isEnd = (state: A2AState) => state in FINAL_STATES || state === 'canceled' || state === 'unknown';
+const partsOf = (parts: Part[] | undefined): MessagePart[] => (parts ?? []).map(fromA2APart);
+
+// The run's result for a remote status that ends it; its message is left out when it was
+// already mirrored as a reply.
+function resultOf(status: TaskStatus, withMessage: boolean): AgentResult {
+  const message = withMessage && status.message?.parts.length ? partsOf(status.message.parts) : undefined;
+  const mapped = FINAL_STATES[status.state];
+  if (mapped) return { status: mapped, ...(message ? { message } : {}) };
+  return { status: 'failed', message: message ?? `The remote agent ended its task as '${status.state}'` };
+}
+
+function cardLocation(url: string): [string, string | undefined] {
+  return /\.json$/i.test(new URL(url).pathname) ? [url, ''] : [url, undefined];
+}
+
+// The database handle of the worker process running this agent (resolveAgent hands agents only
+// their URL), opened on first use.
+let db: Knex | undefined;
+const store = () => (db ??= createDb(loadConfig().DATABASE_URL, { min: 0, max: 4 }));
+
 export function remoteAgent(url: string): AgentHandler {
-  throw new Error(`AGENT_KIND=remote (${url}) is not supported yet`);
+  const [base, cardPath] = cardLocation(url);
+  let client: Promise<Client> | undefined;
+  const connect = () => {
+    client ??= new ClientFactory().createFromUrl(base, cardPath).catch((err: Error) => {
+      client = undefined;
+      throw new Error(`the remote agent card at ${url} could not be read: ${err.message}`);
+    });
+    return client;
+  };
+
+  return async function remoteA2AAgent(ctx: AgentContext): Promise<AgentResult> {
+    const remote = await connect();
+    const known = await getRemoteAgentTask(store(), ctx.task.id);
+    const mirror = new Mirror(ctx, known?.remote_task_id);
+    const message: A2AMessage = {
+      kind: 'message',
+      role: 'user',
+      messageId: ctx.message.id,
+      parts: ctx.message.parts.map(toA2APart),
+      ...(known ? { taskId: known.remote_task_id, ...(known.remote_context_id ? { contextId: known.remote_context_id } : {}) } : {}),
+    };
+    const link = new AbortController();
+    const onAbort = () => link.abort(ctx.signal.reason);
+    ctx.signal.addEventListener('abort', onAbort, { once: true });
+    try {
+      for await (const event of remote.sendMessageStream({ message, configuration: { blocking: false } }, { signal: link.signal })) {
+        const done = await mirror.apply(event);
+        if (done) return done;
+      }
+      // The stream ended before the remote task did, or the remote cannot stream: the client then
+      // sent a non-blocking message/send, so the remote task's id is known at once and it can be
+      // followed (and canceled) while it runs.
+      if (!mirror.remoteTaskId) throw new Error('the remote agent answered without a message or a task');
+      for (let wait = POLL_MIN_MS; ; wait = Math.min(wait * 2, POLL_MAX_MS)) {
+        await sleep(wait, undefined, { signal: link.signal });
+        const done = await mirror.apply(await remote.getTask({ id: mirror.remoteTaskId }, { signal: link.signal }));
+        if (done) return done;
+      }
+    } catch (err) {
+      if (ctx.signal.aborted && mirror.remoteTaskId) await cancelRemote(remote, mirror.remoteTaskId, ctx);
+      throw err;
+    } finally {
+      ctx.signal.removeEventListener('abort', onAbort);
+    }
+  };
+}
+
+async function cancelRemote(remote: Client, remoteTaskId: string, ctx: AgentContext): Promise<void> {
+  try {
+    await remote.cancelTask({ id: remoteTaskId }, { signal: AbortSignal.timeout(CANCEL_TIMEOUT_MS) });
+    ctx.log.info({ remote_task_id: remoteTaskId }, 'remote task canceled');
+  } catch (err) {
+    ctx.log.warn({ remote_task_id: remoteTaskId, reason: (err as Error).message }, 'remote task could not be canceled');
+  }
+}
+
+type StreamEvent = A2AMessage | A2ATask | TaskStatusUpdateEvent | TaskArtifactUpdateEvent;
+
+// Copies what the remote reports into the local task, once each: messages by id, artifacts by
+// their content. Returns the run's result once the remote task has ended or is interrupted.
+class Mirror {
+  private readonly seenMessages = new Set<string>();
+  private readonly seenArtifacts = new Map<string, string>();
+
+  constructor(private readonly ctx: AgentContext, public remoteTaskId: string | undefined) {
+    this.seenMessages.add(ctx.message.id);
+  }
+
+  private async track(taskId: string, contextId: string | undefined): Promise<void> {
+    if (this.remoteTaskId === taskId) return;
+    this.remoteTaskId = taskId;
+    await saveRemoteAgentTask(store(), { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null });
+  }
+
+  private async message(m: A2AMessage): Promise<void> {
+    if (m.role !== 'agent' || this.seenMessages.has(m.messageId)) return;
+    this.seenMessages.add(m.messageId);
+    await this.ctx.reply(partsOf(m.parts));
+  }
+
+  private async artifact(a: Artifact & { append?: boolean; lastChunk?: boolean }): Promise<void> {
+    const body = JSON.stringify(a);
+    if (!a.append && this.seenArtifacts.get(a.artifactId) === body) return;
+    this.seenArtifacts.set(a.artifactId, body);
+    await this.ctx.emitArtifact(a);
+  }
+
+  private async status(status: TaskStatus): Promise<AgentResult | undefined> {
+    const fresh = !!status.message && !this.seenMessages.has(status.message.messageId);
+    if (status.message) this.seenMessages.add(status.message.messageId);
+    if (isEnd(status.state)) return resultOf(status, fresh);
+    if (status.state === 'working' && fresh && status.message?.parts.length) await this.ctx.setStatus('working', partsOf(status.message.parts));
+    return undefined;
+  }
+
+  async apply(event: StreamEvent): Promise<AgentResult | undefined> {
+    switch (event.kind) {
+      case 'message': {
+        const m = event;
+        // A message that belongs to no task is the remote's whole answer.
+        if (!m.taskId && !this.remoteTaskId) return { status: 'completed', message: partsOf(m.parts) };
+        if (m.taskId) await this.track(m.taskId, m.contextId);
+        await this.message(m);
+        return undefined;
+      }
+      case 'task': {
+        const t = event;
+        await this.track(t.id, t.contextId);
+        const finalId = t.status.message?.messageId;
+        for (const m of t.history ?? []) if (m.messageId !== finalId) await this.message(m);
+        for (const a of t.artifacts ?? []) await this.artifact(a);
+        return this.status(t.status);
+      }
+      case 'status-update': {
+        await this.track(event.taskId, event.contextId);
+        return this.status(event.status);
+      }
+      case 'artifact-update': {
+        await this.track(event.taskId, event.contextId);
+        await this.artifact({ ...event.artifact, ...(event.append ? { append: true } : {}), ...(event.lastChunk ? { lastChunk: true } : {}) });
+        return undefined;
+      }
+    }
+  }
 }

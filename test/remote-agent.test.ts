@@ -1,0 +1,155 @@
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import express from 'express';
+import type { AgentCard, Message, TaskState } from '@a2a-js/sdk';
+import { DefaultRequestHandler, InMemoryTaskStore, type AgentExecutor, type ExecutionEventBus, type RequestContext } from '@a2a-js/sdk/server';
+import { agentCardHandler, jsonRpcHandler, UserBuilder } from '@a2a-js/sdk/server/express';
+import { resetDb, startStack, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+
+const textOf = (m: Message) => m.parts.map((p) => (p.kind === 'text' ? p.text : '')).join('');
+const agentMessage = (taskId: string, contextId: string, text: string): Message => ({
+  kind: 'message', role: 'agent', messageId: randomUUID(), taskId, contextId, parts: [{ kind: 'text', text }],
+});
+
+// The remote agent: says it is thinking (a working update with a message), emits an artifact,
+// then finishes. "[ask]" makes it ask
+// for input first; "[hang]" makes it work until canceled; a follow-up turn says which turn it is.
+class RemoteExecutor implements AgentExecutor {
+  readonly received: { taskId: string; text: string; continued: boolean }[] = [];
+  readonly canceled = new Set<string>();
+  private readonly hanging = new Map<string, () => void>();
+
+  async execute(rc: RequestContext, bus: ExecutionEventBus): Promise<void> {
+    const { taskId, contextId, userMessage, task } = rc;
+    const text = textOf(userMessage);
+    this.received.push({ taskId, text, continued: !!task });
+    const status = (state: TaskState, message?: string, final = false) =>
+      bus.publish({ kind: 'status-update', taskId, contextId, final, status: { state, timestamp: new Date().toISOString(), ...(message ? { message: agentMessage(taskId, contextId, message) } : {}) } });
+    if (!task) bus.publish({ kind: 'task', id: taskId, contextId, status: { state: 'submitted', timestamp: new Date().toISOString() }, history: [userMessage] });
+    status('working', `thinking about ${text}`);
+    if (text.includes('[hang]')) {
+      await new Promise<void>((resolve) => this.hanging.set(taskId, resolve));
+      bus.finished();
+      return;
+    }
+    if (text.includes('[ask]')) {
+      status('input-required', 'Which colour?', true);
+      bus.finished();
+      return;
+    }
+    bus.publish({ kind: 'artifact-update', taskId, contextId, artifact: { artifactId: 'report', name: 'report', parts: [{ kind: 'text', text: `report on ${text}` }] } });
+    status('completed', task ? `Remote turn 2: ${text}` : `Remote echo: ${text}`, true);
+    bus.finished();
+  }
+
+  async cancelTask(taskId: string, bus: ExecutionEventBus): Promise<void> {
+    this.canceled.add(taskId);
+    bus.publish({ kind: 'status-update', taskId, contextId: '', final: true, status: { state: 'canceled', timestamp: new Date().toISOString() } });
+    this.hanging.get(taskId)?.();
+    bus.finished();
+  }
+}
+
+async function startRemoteAgent(executor: AgentExecutor, streaming: boolean): Promise<{ url: string; server: Server }> {
+  const app = express();
+  const server = await new Promise<Server>((resolve) => {
+    const s = app.listen(0, '127.0.0.1', () => resolve(s));
+  });
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const card: AgentCard = {
+    name: 'remote test agent', description: 'replies, emits an artifact and finishes', version: '1.0.0', protocolVersion: '0.3.0',
+    url: `${url}/rpc`, preferredTransport: 'JSONRPC', capabilities: { streaming }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
+  };
+  const handler = new DefaultRequestHandler(card, new InMemoryTaskStore(), executor);
+  app.use('/.well-known/agent-card.json', agentCardHandler({ agentCardProvider: handler }));
+  app.use('/rpc', jsonRpcHandler({ requestHandler: handler, userBuilder: UserBuilder.noAuthentication }));
+  return { url, server };
+}
+
+for (const streaming of [true, false]) {
+  describe(`remote A2A agent (${streaming ? 'streaming' : 'non-streaming, polled'} remote)`, () => {
+    let stack: Stack;
+    let remote: { url: string; server: Server };
+    const executor = new RemoteExecutor();
+    before(async () => {
+      await resetDb();
+      remote = await startRemoteAgent(executor, streaming);
+      stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url });
+    });
+    after(async () => {
+      await stack?.stop();
+      remote?.server.closeAllConnections();
+      await new Promise((resolve) => remote?.server.close(resolve));
+    });
+
+    const finished = (id: string, status: string) =>
+      waitFor(async () => {
+        const r = await stack.client.get(`/api/task/v1/${id}`);
+        return r.body.task.status === status && r.body;
+      }, `task ${id} ${status}`, 30000);
+    const timeline = async (id: string) => (await stack.client.get(`/api/task/v1/${id}/timeline?order=asc&page_size=100`)).body.items.map((i: any) => i.event_payload);
+
+    it("mirrors the remote task's reply, status and artifact into the local task", async () => {
+      const created = await stack.client.post('/api/task/v1', { message: textMessage('hello remote') });
+      assert.equal(created.status, 201);
+      const id = created.body.task.id;
+      const done = await finished(id, 'completed');
+      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Remote echo: hello remote' }]);
+      const texts = done.messages.map((m: any) => `${m.role}: ${m.parts[0].text}`);
+      const events = await timeline(id);
+      const statuses = events.filter((e: any) => e.type === 'task-status-update').map((e: any) => e.status);
+      assert.equal(statuses[0], 'submitted');
+      assert.equal(statuses.at(-1), 'completed');
+      assert.ok(statuses.slice(1, -1).every((s: string) => s === 'working'), statuses.join(','));
+      const artifacts = events.filter((e: any) => e.type === 'artifact-update').map((e: any) => e.artifact);
+      assert.deepEqual(artifacts.map((a: any) => [a.artifactId, a.name, a.parts[0].text]), [['report', 'report', 'report on hello remote']]);
+      if (streaming) assert.ok(texts.includes('agent: thinking about hello remote'), texts.join(' | '));
+      const a2a = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id } });
+      assert.equal(a2a.body.result?.artifacts?.[0]?.artifactId, 'report', a2a.text);
+    });
+
+    it('continues the same remote task when the user answers an input request', async () => {
+      const created = await stack.client.post('/api/task/v1', { message: textMessage('paint it [ask]') });
+      const id = created.body.task.id;
+      const asked = await finished(id, 'input-required');
+      assert.equal(asked.status_message.parts[0].text, 'Which colour?');
+      const follow = await stack.client.post(`/api/task/v1/${id}/message`, textMessage('blue'));
+      assert.equal(follow.status, 201);
+      const done = await finished(id, 'completed');
+      assert.equal(done.status_message.parts[0].text, 'Remote turn 2: blue');
+      const turns = executor.received.filter((r) => r.text === 'paint it [ask]' || r.text === 'blue');
+      assert.equal(turns.length, 2);
+      assert.equal(turns[1].taskId, turns[0].taskId, 'the follow-up went to the same remote task');
+      assert.equal(turns[1].continued, true);
+    });
+
+    it('cancels the remote task when the local task is canceled', async () => {
+      const created = await stack.client.post('/api/task/v1', { message: textMessage('long job [hang]') });
+      const id = created.body.task.id;
+      const started = await waitFor(async () => executor.received.find((r) => r.text === 'long job [hang]'), 'the remote run to start');
+      await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'working', 'local working');
+      const canceled = await stack.client.put(`/api/task/v1/${id}`, { status: 'canceled' });
+      assert.equal(canceled.status, 200);
+      await waitFor(async () => executor.canceled.has(started.taskId), 'the remote cancel');
+      const after = await stack.client.get(`/api/task/v1/${id}`);
+      assert.equal(after.body.task.status, 'canceled');
+    });
+
+    if (streaming) it('fails the local task with the reason when the remote agent is unreachable', async () => {
+      const other = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: 'http://127.0.0.1:9', AGENT_ATTEMPTS: '2' });
+      try {
+        const created = await other.client.post('/api/task/v1', { message: textMessage('anyone there?') });
+        const id = created.body.task.id;
+        const failed = await waitFor(async () => {
+          const r = await other.client.get(`/api/task/v1/${id}`);
+          return r.body.task.status === 'failed' && r.body;
+        }, 'the task to fail', 30000);
+        assert.match(failed.status_message.parts[0].text, /remote agent card at http:\/\/127\.0\.0\.1:9 could not be read/);
+      } finally {
+        await other.stop();
+      }
+    });
+  });
+}
