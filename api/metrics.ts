@@ -1,9 +1,10 @@
-// Prometheus metrics of an API process: HTTP latency by route and status, plus queue depths and
-// the outbox backlog read at scrape time (they are shared state, the same from any process).
+// Prometheus metrics of an API process: HTTP latency by route and status, plus queue depths, the
+// outbox backlog and key job progress read at scrape time (they are shared state, the same from any process).
 import type { Middleware } from 'koa';
 import { Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Services } from '../domain/services.ts';
 import { QUEUE_NAMES } from '../queues/names.ts';
+import { listActiveKeyJobs } from '../db/key-jobs.ts';
 
 export function createMetrics(services: Services) {
   const registry = new Registry();
@@ -34,6 +35,19 @@ export function createMetrics(services: Services) {
     async collect() {
       const [{ n }] = await services.db('outbox').count({ n: '*' });
       this.set(Number(n));
+    },
+  });
+
+  new Gauge({
+    name: 'taskbridge_key_job_items',
+    help: 'Items of key jobs under way (DEK migrations, alias rotations): total, done and failed',
+    labelNames: ['job_id', 'kind', 'count'],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      for (const j of await listActiveKeyJobs(services.db)) {
+        for (const count of ['total', 'done', 'failed'] as const) this.set({ job_id: j.id, kind: j.kind, count }, j[count]);
+      }
     },
   });
 

@@ -65,3 +65,8 @@ export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'fa
     ...(error ? { errors: db.raw(`errors || ?::jsonb`, [JSON.stringify([error])]) } : {}),
   });
 }
+
+// Progress of the key jobs still under way, for metrics.
+export async function listActiveKeyJobs(db: Tx): Promise<Pick<KeyJobRow, 'id' | 'kind' | 'status' | 'total' | 'done' | 'failed'>[]> {
+  return db('key_jobs').select('id', 'kind', 'status', 'total', 'done', 'failed').whereIn('status', ['queued', 'running']);
+}

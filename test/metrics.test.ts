@@ -28,4 +28,13 @@ describe('GET /metrics', () => {
     assert.match(res.text, /taskbridge_queue_jobs\{queue="agent-tasks",state="waiting"\} 1/);
     assert.match(res.text, /taskbridge_outbox_pending 0/);
   });
+
+  it('reports the progress of key jobs under way', async () => {
+    const target = await stack.client.post('/api/encryption/v1/envelope', { type: 'local', file_name: 'metrics-target.key' });
+    assert.equal(target.status, 201);
+    const job = await stack.client.post('/api/encryption/v1/envelope/default-envelope.key/migrate', { to_envelope_encryption_key_id: 'metrics-target.key' });
+    assert.equal(job.status, 202);
+    const res = await stack.client.get('/metrics');
+    assert.match(res.text, new RegExp(`taskbridge_key_job_items\\{job_id="${job.body.id}",kind="migrate-deks",count="done"\\} 0`));
+  });
 });
