@@ -7,6 +7,7 @@ import net from 'node:net';
 import type { Message, Task, TaskStatusUpdateEvent } from '@a2a-js/sdk';
 import * as v03 from '@a2a-js/sdk/client';
 import * as v1 from 'a2a-sdk-v1/client';
+import * as v1errors from 'a2a-sdk-v1/errors';
 import { Role, TaskState, type Part as V1Part } from 'a2a-sdk-v1';
 import { ADMIN_KEY, resetDb, startStack, type Stack } from './helpers/stack.ts';
 
@@ -172,11 +173,12 @@ describe('A2A with the real SDK clients', () => {
       assert.equal(second.status?.state, TaskState.TASK_STATE_COMPLETED);
     });
 
-    it('cancels, and a second cancel fails as not cancelable', async () => {
+    it('cancels; a second cancel is TaskNotCancelable, an unknown id TaskNotFound', async () => {
       const task = asTask(await send('[sleep 60000] v1 long', { returnImmediately: true }));
       const canceled = await client.cancelTask({ tenant: '', id: task.id, metadata: undefined });
       assert.equal(canceled.status?.state, TaskState.TASK_STATE_CANCELED);
-      await assert.rejects(client.cancelTask({ tenant: '', id: task.id, metadata: undefined }), (err: Error) => /cancel/i.test(err.message) || err.name.includes('NotCancelable'));
+      await assert.rejects(client.cancelTask({ tenant: '', id: task.id, metadata: undefined }), v1errors.TaskNotCancelableError);
+      await assert.rejects(client.getTask({ tenant: '', id: randomUUID() }), v1errors.TaskNotFoundError);
     });
 
     it('streams to the end and resubscribes', async () => {
