@@ -75,10 +75,9 @@ describe('fresh clone: npm ci && npm start', function () {
     const s = npmStart(repo, { ...env, PORT: String(port), DATA_DIR: dataDir });
     running.push(s);
     const anon = new Client(`http://127.0.0.1:${port}`, '');
-    await waitFor(async () => {
-      if (s.child.exitCode !== null) throw new Error(`npm start exited with ${s.child.exitCode}:\n${diag(s)}`);
-      return (await anon.get('/_internal/v1/ready')).status === 200;
-    }, `GET /_internal/v1/ready = 200 from npm start\n${diag(s)}`, 180_000, 250).catch((e) => { throw new Error(`${e.message}\n${diag(s)}`); });
+    const outcome = await waitFor(async () => (s.child.exitCode !== null ? 'exited' : (await anon.get('/_internal/v1/ready')).status === 200 && 'ready'),
+      'GET /_internal/v1/ready = 200 from npm start', 180_000, 250).catch((e) => { throw new Error(`${e.message}\n${diag(s)}`); });
+    assert.equal(outcome, 'ready', `npm start exited with ${s.child.exitCode}:\n${diag(s)}`);
     const key = fs.readFileSync(path.join(dataDir, 'admin-api-key'), 'utf8').trim();
     return { s, client: new Client(anon.baseUrl, key), procs: descendants(s.child.pid!) };
   }
@@ -90,7 +89,7 @@ describe('fresh clone: npm ci && npm start', function () {
     }
     s.child.kill('SIGTERM');
     const code = await Promise.race([s.exited, new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 60_000).unref())]);
-    assert.notEqual(code, 'timeout', `npm start did not exit within 60 s of SIGTERM:\n${diag(s)}`);
+    assert.equal(code, 0, `npm start did not exit cleanly within 60 s of SIGTERM (${code}):\n${diag(s)}`);
     await waitFor(async () => [...procs].every(([pid, [start]]) => !stillRunning(pid, start)), 'every child of npm start to exit', 30_000, 200)
       .catch(() => {
         const left = [...procs].filter(([pid, [start]]) => stillRunning(pid, start)).map(([pid, [, cmd]]) => `${pid} ${cmd}`);
