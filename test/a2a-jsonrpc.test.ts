@@ -224,6 +224,15 @@ describe('A2A JSON-RPC endpoint', () => {
       }
     });
 
+    it('an inline push config that is refused refuses the whole send: no task is created', async () => {
+      const count = async () => (await stack.client.get('/api/task/v1?page_size=1000')).body.items.length;
+      const before = await count();
+      const r = await rpc('message/send', { message: userMessage('with push'), configuration: { blocking: false, pushNotificationConfig: { url: 'http://127.0.0.1:9/hook', token: 'tok-123' } } });
+      assert.equal(r.body.error?.code, -32602, JSON.stringify(r.body));
+      assert.doesNotMatch(JSON.stringify(r.body), /tok-123/);
+      assert.equal(await count(), before);
+    });
+
     it('tasks/cancel cancels a working task; canceling again is -32002', async () => {
       const task = (await rpc('message/send', { message: userMessage('[sleep 60000] slow'), configuration: { blocking: false } })).body.result;
       const canceled = await rpc('tasks/cancel', { id: task.id });

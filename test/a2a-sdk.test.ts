@@ -112,7 +112,7 @@ describe('A2A with the real SDK clients', () => {
       assert.equal((again.at(-1) as TaskStatusUpdateEvent).status.state, 'completed');
     });
 
-    it('push notification configs: set, get, list, delete (token never returned)', async () => {
+    it('push notification configs: set, get, list, delete, inline with message/send (token never returned)', async () => {
       const task = await client.sendMessage({ message: userMessage('[input] push') }) as Task;
       const set = await client.setTaskPushNotificationConfig({ taskId: task.id, pushNotificationConfig: { id: 'hook-1', url: 'http://127.0.0.1:9/hook', token: 'secret-token' } });
       assert.equal(set.pushNotificationConfig.id, 'hook-1');
@@ -124,6 +124,10 @@ describe('A2A with the real SDK clients', () => {
       assert.deepEqual(list.map((c) => c.pushNotificationConfig.id), ['hook-1']);
       await client.deleteTaskPushNotificationConfig({ id: task.id, pushNotificationConfigId: 'hook-1' });
       assert.deepEqual(await client.listTaskPushNotificationConfig({ id: task.id }), []);
+
+      const inline = await client.sendMessage({ message: userMessage('[input] inline push'), configuration: { pushNotificationConfig: { id: 'inline', url: 'http://127.0.0.1:9/inline', token: 'inline-token' } } }) as Task;
+      const configs = await client.listTaskPushNotificationConfig({ id: inline.id });
+      assert.deepEqual(configs.map((c) => [c.pushNotificationConfig.id, c.pushNotificationConfig.url, c.pushNotificationConfig.token]), [['inline', 'http://127.0.0.1:9/inline', undefined]]);
     });
   });
 
