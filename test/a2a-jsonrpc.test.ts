@@ -112,6 +112,14 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.ok(!stack.api.logs.some((l) => /"level":50/.test(l)), 'no error logged');
     });
 
+    it('params nested too deeply are -32602, not an internal error', async () => {
+      const deep = '['.repeat(5000) + ']'.repeat(5000);
+      const r = await raw(`{"jsonrpc":"2.0","id":"deep","method":"message/send","params":{"message":{"kind":"message","messageId":"m","role":"user","parts":[{"kind":"data","data":{"x":${deep}}}]}}}`);
+      assert.equal(r.status, 200);
+      assert.deepEqual([r.body.id, r.body.error.code], ['deep', -32602]);
+      assert.match(r.body.error.message, /nested more than 64 levels/);
+    });
+
     it('needs a bearer key with the a2a scope (HTTP 401 without one)', async () => {
       const r = await fetch(stack.api.url + A2A, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: randomUUID() } }) });
       assert.equal(r.status, 401);
