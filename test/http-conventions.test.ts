@@ -85,6 +85,31 @@ describe('HTTP conventions', () => {
     assert.equal(await taskCount(), before);
   });
 
+  it('answers 400 for JSON that cannot be stored: NUL characters, unpaired surrogates, nesting deeper than 64 levels', async () => {
+    const before = await taskCount();
+    const task = (text: string, metadata = '{}') => `{"message":{"role":"user","parts":[{"type":"text-part","text":${text}}]},"metadata":${metadata}}`;
+    const cases: [string, string][] = [
+      [task('"a\\u0000b"'), 'body.message.parts.0.text'],
+      [task('"\\ud800"'), 'body.message.parts.0.text'],
+      [task('"\\udc00x"'), 'body.message.parts.0.text'],
+      [task('"x"', '{"k\\u0000":1}'), 'body.metadata'],
+      [task('"x"', `${'{"a":'.repeat(70)}1${'}'.repeat(70)}`), 'body.metadata'],
+      [task('"x"', `{"deep":${'['.repeat(1500)}${']'.repeat(1500)}}`), 'body.metadata.deep'],
+    ];
+    for (const [body, path] of cases) {
+      const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': 'application/json' }, raw: body });
+      assertError(r, 400, 'invalid_request');
+      assert.ok(r.body.data.errors[0].path.startsWith(path), r.text.slice(0, 300));
+    }
+    // A paired surrogate (an emoji) and nesting within the limit are fine.
+    const ok = await stack.client.request('POST', '/api/task/v1', undefined, {
+      headers: { 'content-type': 'application/json' }, raw: task('"\\ud83d\\ude00 ok"', `${'{"a":'.repeat(40)}1${'}'.repeat(40)}`),
+    });
+    assert.equal(ok.status, 201, ok.text);
+    assert.equal(ok.body.message.parts[0].text, '\u{1F600} ok');
+    assert.equal(await taskCount(), before + 1);
+  });
+
   it('answers 404 with the Error body for unknown routes, with and without a key', async () => {
     for (const path of ['/nope', '/api/task/v2', '/api/task/v1/00000000-0000-4000-8000-000000000000/unknown', '/api']) {
       const r = await stack.client.get(path);

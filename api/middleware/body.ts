@@ -1,5 +1,5 @@
 import type { Context } from 'koa';
-import { AppError, InvalidRequest } from '../../domain/errors.ts';
+import { AppError, InvalidRequest, type FieldError } from '../../domain/errors.ts';
 
 const JSON_TYPE = /^application\/([a-z0-9.+-]*\+)?json\s*(;|$)/i;
 
@@ -28,9 +28,35 @@ export async function readJsonBody(ctx: Context, limit: number): Promise<unknown
     chunks.push(chunk as Buffer);
   }
   if (size === 0) return undefined;
+  let value: unknown;
   try {
-    return JSON.parse(Buffer.concat(chunks).toString('utf8'));
+    value = JSON.parse(Buffer.concat(chunks).toString('utf8'));
   } catch (e) {
     throw new InvalidRequest(`Request body is not valid JSON: ${(e as Error).message}`, [{ path: 'body', message: 'is not valid JSON' }]);
   }
+  const problem = unstorable(value);
+  if (problem) throw new InvalidRequest(`Invalid body: ${problem.path} ${problem.message}`, [problem]);
+  return value;
+}
+
+export const MAX_JSON_DEPTH = 64;
+// NUL characters and unpaired surrogates are valid JSON that Postgres refuses to store (text and
+// jsonb), and very deep nesting overflows the stack of JSON.stringify: all would end as a 500.
+const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+function unstorable(value: unknown): FieldError | undefined {
+  const stack: [unknown, string, number][] = [[value, 'body', 0]];
+  while (stack.length) {
+    const [v, path, depth] = stack.pop()!;
+    if (typeof v === 'string') {
+      if (UNSTORABLE.test(v)) return { path, message: 'contains a NUL character or an unpaired surrogate' };
+    } else if (v !== null && typeof v === 'object') {
+      if (depth >= MAX_JSON_DEPTH) return { path, message: `nests deeper than ${MAX_JSON_DEPTH} levels` };
+      for (const [k, child] of Object.entries(v)) {
+        if (UNSTORABLE.test(k)) return { path, message: 'has a member name with a NUL character or an unpaired surrogate' };
+        stack.push([child, `${path}.${k}`, depth + 1]);
+      }
+    }
+  }
+  return undefined;
 }
