@@ -112,12 +112,23 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.ok(!stack.api.logs.some((l) => /"level":50/.test(l)), 'no error logged');
     });
 
-    it('params nested too deeply are -32602, not an internal error', async () => {
+    // The body reader refuses these before the envelope is read, so the id cannot be echoed.
+    it('params that cannot be stored (deep nesting, NUL, lone surrogates) are -32602, not internal errors', async () => {
       const deep = '['.repeat(5000) + ']'.repeat(5000);
-      const r = await raw(`{"jsonrpc":"2.0","id":"deep","method":"message/send","params":{"message":{"kind":"message","messageId":"m","role":"user","parts":[{"kind":"data","data":{"x":${deep}}}]}}}`);
-      assert.equal(r.status, 200);
-      assert.deepEqual([r.body.id, r.body.error.code], ['deep', -32602]);
-      assert.match(r.body.error.message, /nested more than 64 levels/);
+      const send = (part: string) => raw(`{"jsonrpc":"2.0","id":"s","method":"message/send","params":{"message":{"kind":"message","messageId":"m","role":"user","parts":[${part}]},"configuration":{"blocking":false}}}`);
+      for (const [part, pattern] of [
+        [`{"kind":"data","data":{"x":${deep}}}`, /^Invalid params: params\.message\.parts\.0\.data\.x.* nests deeper than 64 levels/],
+        ['{"kind":"text","text":"a\\u0000b"}', /^Invalid params: params\.message\.parts\.0\.text contains a NUL character/],
+        ['{"kind":"data","data":{"k\\u0000":1}}', /NUL character/],
+        ['{"kind":"text","text":"\\ud800"}', /unpaired surrogate/],
+      ] as const) {
+        const r = await send(part);
+        assert.equal(r.status, 200);
+        assert.deepEqual([r.body.id, r.body.error?.code], [null, -32602], part.slice(0, 80));
+        assert.match(r.body.error.message, pattern);
+      }
+      const ok = await send('{"kind":"text","text":"emoji \\ud83d\\ude00 ok"}');
+      assert.equal(ok.body.result.history[0].parts[0].text, 'emoji \u{1F600} ok');
     });
 
     it('needs a bearer key with the a2a scope (HTTP 401 without one)', async () => {

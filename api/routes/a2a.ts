@@ -3,11 +3,12 @@ import type { Context } from 'koa';
 import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { readJsonBody } from '../middleware/body.ts';
-import { InvalidRequest } from '../../domain/errors.ts';
+import { InvalidRequest, type FieldError } from '../../domain/errors.ts';
+import { A2AError, JSONRPC } from '../../domain/a2a/errors.ts';
 import type { Services } from '../../domain/services.ts';
 import { TaskWaiter } from '../../domain/task-waiter.ts';
 import { A2A_PATH, agentCard } from '../../domain/a2a/agent-card.ts';
-import { dispatch, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
+import { dispatch, errorResponse, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
 import { writeSse } from '../a2a-sse.ts';
 
 const tag = 'a2a';
@@ -27,6 +28,14 @@ function clientGone(ctx: Context): AbortSignal {
   return ac.signal;
 }
 
+function refusedBody(err: InvalidRequest) {
+  const first = (err.data.errors as FieldError[] | undefined)?.[0];
+  if (!first || first.message === 'is not valid JSON') return PARSE_ERROR;
+  const code = first.path.startsWith('body.params') ? JSONRPC.INVALID_PARAMS : JSONRPC.INVALID_REQUEST;
+  const where = first.path.replace(/^body\.?/, '') || 'the request';
+  return errorResponse(null, new A2AError(code, `Invalid ${code === JSONRPC.INVALID_PARAMS ? 'params' : 'request'}: ${where} ${first.message}`));
+}
+
 const cardRoute = (path: string, operationId: string) => defineRoute({
   method: 'get', path, operationId, tag, scope: null,
   summary: 'The A2A agent card (public)',
@@ -44,10 +53,14 @@ export const a2aRoutes = [
       body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
     } catch (err) {
       if (!(err instanceof InvalidRequest)) throw err;
-      body = PARSE_ERROR;
+      // Not JSON: -32700. JSON the reader refuses to store (NUL, lone surrogates, deep nesting):
+      // -32602 or -32600 by where it sits; the reader keeps no value, so the id stays null.
+      ctx.status = 200;
+      ctx.body = refusedBody(err);
+      return;
     }
     ctx.status = 200;
-    if (body === undefined || body === PARSE_ERROR) {
+    if (body === undefined) {
       ctx.body = PARSE_ERROR;
       return;
     }

@@ -37,19 +37,6 @@ export const errorResponse = (id: RpcId, err: unknown): RpcResponse => ({ jsonrp
 
 const isId = (v: unknown): v is RpcId => typeof v === 'string' || typeof v === 'number' || v === null;
 
-// Deeper values would overflow the stack when serialised for storage: refuse them up front.
-const MAX_DEPTH = 64;
-function tooDeep(value: unknown): boolean {
-  const stack: [unknown, number][] = [[value, 1]];
-  while (stack.length) {
-    const [v, depth] = stack.pop()!;
-    if (v === null || typeof v !== 'object') continue;
-    if (depth > MAX_DEPTH) return true;
-    for (const child of Object.values(v)) if (child !== null && typeof child === 'object') stack.push([child, depth + 1]);
-  }
-  return false;
-}
-
 export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Promise<RpcOutcome> {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) {
     const why = Array.isArray(body) ? 'batch requests are not supported' : 'the request must be a JSON object';
@@ -64,7 +51,6 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Pro
     if (typeof req.method !== 'string') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');
     const target = Object.hasOwn(METHODS, req.method) ? METHODS[req.method] : undefined;
     if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${req.method.slice(0, 100)}`);
-    if (tooDeep(req.params)) throw new A2AError(JSONRPC.INVALID_PARAMS, `Invalid params: nested more than ${MAX_DEPTH} levels deep`);
     const params = target.validate(req.params === undefined && req.method === 'agent/getAuthenticatedExtendedCard' ? null : req.params);
     const result = await target.run(call, params);
     if (target.stream) return { id, stream: result as m.TaskStream };
