@@ -3,7 +3,7 @@
 // all get every event; a closed stream does not cancel the task.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { ADMIN_KEY, resetDb, startStack, waitFor, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, Client, resetDb, startApi, startStack, waitFor, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string, extra: Record<string, unknown> = {}) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
@@ -141,6 +141,23 @@ describe('A2A streaming (SSE)', () => {
     assert.deepEqual(s.events.map((e) => e.result.kind), ['task', 'status-update']);
     assert.equal(s.events[1].result.final, true);
     assert.equal(s.events[1].result.status.state, 'completed');
+  });
+
+  it('a stream on one API process sees a cancel made through another, and ends on it', async () => {
+    const other = await startApi(stack.env);
+    try {
+      const task = (await rpc('message/send', { message: userMessage('[sleep 60000] cancel me elsewhere'), configuration: { blocking: false } })).body.result;
+      const streamed = sse(stack.api.url, 'tasks/resubscribe', { id: task.id });
+      await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.state === 'working', 'the task to start');
+      const canceled = await new Client(other.url).post(A2A, { jsonrpc: '2.0', id: 2, method: 'tasks/cancel', params: { id: task.id } });
+      assert.equal(canceled.body.result.status.state, 'canceled');
+      const s = await streamed;
+      assert.ok(s.ended);
+      const last = s.events.at(-1).result;
+      assert.deepEqual([last.kind, last.status.state, last.final], ['status-update', 'canceled', true]);
+    } finally {
+      await other.stop();
+    }
   });
 
   it('stream errors before the stream starts are plain JSON-RPC errors', async () => {
