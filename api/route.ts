@@ -7,7 +7,7 @@ import addFormats from 'ajv-formats';
 import { InvalidRequest, type FieldError } from '../domain/errors.ts';
 import type { Services } from '../domain/services.ts';
 import { authenticate, requireScope, type Principal, type Scope } from './middleware/auth.ts';
-import { assertStorable, readJsonBody } from './middleware/body.ts';
+import { readJsonBody } from './middleware/body.ts';
 
 export type Method = 'get' | 'post' | 'put' | 'patch' | 'delete';
 
@@ -100,7 +100,6 @@ export function mount(router: Router, routes: Route[], services: Services): void
       if (vBody) {
         body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
         if (body === undefined) throw new InvalidRequest('A JSON request body is required', [{ path: 'body', message: 'is required' }]);
-        assertStorable(body);
         check(vBody, body, 'body');
       }
       const result = await handler({ params, query, body, principal: ctx.state.principal ?? null, ctx, services } as unknown as Request<unknown, unknown, unknown>);

@@ -28,23 +28,21 @@ export async function readJsonBody(ctx: Context, limit: number): Promise<unknown
     chunks.push(chunk as Buffer);
   }
   if (size === 0) return undefined;
+  let value: unknown;
   try {
-    return JSON.parse(Buffer.concat(chunks).toString('utf8'));
+    value = JSON.parse(Buffer.concat(chunks).toString('utf8'));
   } catch (e) {
     throw new InvalidRequest(`Request body is not valid JSON: ${(e as Error).message}`, [{ path: 'body', message: 'is not valid JSON' }]);
   }
+  const problem = unstorable(value);
+  if (problem) throw new InvalidRequest(`Invalid body: ${problem.path} ${problem.message}`, [problem]);
+  return value;
 }
 
 const MAX_JSON_DEPTH = 64;
-// For bodies of schema-validated routes: NUL characters and unpaired surrogates are valid JSON that
-// Postgres refuses to store (text and jsonb), and very deep nesting overflows the stack of
-// JSON.stringify; all would end as a 500.
+// NUL characters and unpaired surrogates are valid JSON that Postgres refuses to store (text and
+// jsonb), and very deep nesting overflows the stack of JSON.stringify: all would end as a 500.
 const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
-
-export function assertStorable(value: unknown): void {
-  const problem = unstorable(value);
-  if (problem) throw new InvalidRequest(`Invalid body: ${problem.path} ${problem.message}`, [problem]);
-}
 
 function unstorable(value: unknown): FieldError | undefined {
   const stack: [unknown, string, number][] = [[value, 'body', 0]];
