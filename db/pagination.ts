@@ -12,13 +12,16 @@ export interface Keyset<Row> {
 }
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+// Only the form encodeToken writes: Date.parse also takes '1', '2026-02-30' or year +275760,
+// which Postgres refuses (a 500 for a forged token); likewise NUL characters in text keys.
+const TIMESTAMP = /^[1-9]\d{3}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
 
 function checkKind(kind: KeyKind, v: unknown): boolean {
   switch (kind) {
-    case 'timestamp': return typeof v === 'string' && !Number.isNaN(Date.parse(v));
+    case 'timestamp': return typeof v === 'string' && TIMESTAMP.test(v) && new Date(v).toISOString() === v;
     case 'uuid': return typeof v === 'string' && UUID.test(v);
     case 'int': return Number.isSafeInteger(v);
-    case 'text': return typeof v === 'string';
+    case 'text': return typeof v === 'string' && !v.includes('\u0000');
   }
 }
 

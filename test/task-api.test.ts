@@ -351,6 +351,9 @@ describe('task API', () => {
           'garbage!', 'bm90IGpzb24', Buffer.from('[1]').toString('base64url'), Buffer.from('{"a":1}').toString('base64url'),
           Buffer.from('["2026-01-01T00:00:00.000Z","not-a-uuid"]').toString('base64url'),
           Buffer.from('["yesterday","00000000-0000-4000-8000-000000000000"]').toString('base64url'),
+          // Forged timestamps Date.parse accepts but Postgres does not.
+          ...['1', '2026', '2026-02-30T00:00:00.000Z', '+275760-09-13T00:00:00.000Z', '0000-01-01T00:00:00.000Z', 'Tue, 01 Jan 2030 00:00:00 GMT']
+            .map((t) => Buffer.from(JSON.stringify([t, '00000000-0000-4000-8000-000000000000'])).toString('base64url')),
         ];
         for (const token of foreign) {
           const r = await stack.client.get(`${list}?page_size=5&next_page_token=${encodeURIComponent(token)}`);
