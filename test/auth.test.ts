@@ -62,7 +62,7 @@ describe('authentication and scopes', () => {
       const method = spec.method.toUpperCase();
       const url = urlOf(spec.path);
       it(`${method} ${spec.path} (${spec.operationId}) answers 401 without a usable key`, async () => {
-        // as('') sends no Authorization header (as(undefined) falls back to the admin key).
+        // An empty key sends no Authorization header.
         const anon = admin.as('');
         assertAuthError(await call(anon, method, url), 401, 'no key');
         assertAuthError(await call(anon, method, url, { authorization: `Basic ${Buffer.from(`x:${ADMIN_KEY}`).toString('base64')}` }), 401, 'basic scheme');
