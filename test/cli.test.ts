@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { ROOT, requireEnv, resetDb, testDb, startStack, type Stack } from './helpers/stack.ts';
+import { ROOT, requireEnv, resetDb, testDb, startStack, waitFor, type Stack } from './helpers/stack.ts';
 
 interface Run { code: number | null; stdout: string; stderr: string }
 
@@ -46,7 +46,8 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
 
     const revoked = await cli(['keys', 'revoke', id]);
     assert.equal(revoked.code, 0, revoked.stderr);
-    assert.equal((await asKey.get('/api/task/v1')).status, 401);
+    // The API caches keys; the revocation reaches it through a Postgres notification.
+    await waitFor(async () => (await asKey.get('/api/task/v1')).status === 401, 'the API to refuse the revoked key');
     const after = await cli(['keys', 'list']);
     assert.ok(!after.stdout.includes(id), 'a revoked key is no longer listed');
 
