@@ -102,6 +102,13 @@ describe('authentication and scopes', () => {
     assert.deepEqual((await anon.get('/_internal/v1/health')).body, { status: 'ok' });
   });
 
+  it('runtime_config (scope internal) shows the configuration without the admin key or service URLs', async () => {
+    const r = await admin.get('/_internal/v1/runtime_config');
+    assert.equal(r.status, 200);
+    assert.equal(r.body.config.BODY_LIMIT_BYTES, 1024 * 1024);
+    for (const secret of [ADMIN_KEY, stack.env.DATABASE_URL, stack.env.REDIS_URL]) assert.ok(!r.text.includes(secret), 'a secret in runtime_config');
+  });
+
   describe('key management', () => {
     it('creates a key: 201 {id, name, scopes, key, created_at}, the key only here, random and usable', async () => {
       const r = await admin.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['task:read', 'task:read', 'a2a'] });
