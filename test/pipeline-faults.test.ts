@@ -1,7 +1,8 @@
 // The job pipeline under faults: Redis away while tasks are created, a worker killed mid-run.
 import assert from 'node:assert/strict';
 import path from 'node:path';
-import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
+import { freePort, startPostgres, startRedis, type LocalService } from '../scripts/local-services.ts';
+import { createDb, migrateLatest } from '../db/knex.ts';
 import { requireEnv, resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs = 60000) {
@@ -64,6 +65,55 @@ describe('job pipeline under faults', function () {
       assert.equal((await s.client.get('/_internal/v1/ready')).status, 200);
       const left = await testDb()('outbox').whereRaw(`payload->>'task_id' = any(?)`, [ids]).count({ n: '*' });
       assert.equal(left[0].n, 0);
+    });
+  });
+
+  describe('Postgres restarted', () => {
+    let pg: LocalService | undefined;
+    let stack: Stack | undefined;
+    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'faults-postgres');
+    let port: number;
+
+    before(async () => {
+      port = await freePort();
+      pg = await startPostgres({ dataDir, ephemeral: true, port });
+      const db = createDb(pg.url, { min: 0, max: 1 });
+      await migrateLatest(db);
+      await db.destroy();
+      stack = await startStack({ DATABASE_URL: pg.url }, { workers: 1 });
+    });
+    after(async () => {
+      await stack?.stop();
+      await pg?.stop();
+    });
+
+    it('answers 503 (never 500) while Postgres is down, then recovers without a restart of API or worker', async () => {
+      const s = stack!;
+      const first = await s.client.post('/api/task/v1', { message: textMessage('before') });
+      await waitForStatus(s, first.body.task.id, 'completed');
+
+      await pg!.stop();
+      pg = undefined;
+      const ready = await s.client.get('/_internal/v1/ready');
+      assert.equal(ready.status, 503);
+      assert.deepEqual(ready.body.data.failed, ['postgres']);
+      for (const r of [await s.client.get(`/api/task/v1/${first.body.task.id}`), await s.client.post('/api/task/v1', { message: textMessage('during') })]) {
+        assert.equal(r.status, 503, r.text);
+        assert.equal(r.body.data.code, 'unavailable');
+        assert.equal(r.headers.get('retry-after'), '5');
+      }
+
+      pg = await startPostgres({ dataDir, ephemeral: true, port });
+      await waitFor(async () => (await s.client.get('/_internal/v1/ready')).status === 200, 'ready again');
+      const got = await waitFor(async () => {
+        const r = await s.client.get(`/api/task/v1/${first.body.task.id}`);
+        return r.status === 200 && r;
+      }, 'reads to work again');
+      assert.equal(got.body.task.status, 'completed');
+      const after = await s.client.post('/api/task/v1', { message: textMessage('after the restart') });
+      assert.equal(after.status, 201, after.text);
+      const done = await waitForStatus(s, after.body.task.id, 'completed');
+      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: after the restart' }]);
     });
   });
 
