@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
-import { resetDb, startStack, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 const ATTEMPTS = 3;
 
@@ -69,6 +69,29 @@ describe('job pipeline: task execution through a real worker', function () {
     assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo (turn 2): the answer' }]);
     assert.deepEqual(await statusesOf(id), ['submitted', 'working', 'input-required', 'working', 'completed']);
     assert.deepEqual(done.messages.map((m: any) => m.role), ['user', 'agent', 'user', 'agent']);
+  });
+
+  it('an agent message to an interrupted task is recorded only: no continuation is enqueued', async () => {
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('[input] wait') })).body.task.id;
+    await waitForStatus(id, 'input-required');
+    const sent = await stack.client.post(`/api/task/v1/${id}/message`, textMessage('a note from another agent', 'agent'));
+    assert.equal(sent.status, 201);
+    const messageId = sent.body.message.id;
+    // The relay adds the job before deleting its outbox row, so a job for this message would be
+    // in the outbox now or in the queue right after.
+    const inOutbox = await testDb()('outbox').whereRaw(`payload->>'message_id' = ?`, [messageId]).count({ n: '*' });
+    const connection = new Redis(stack.env.REDIS_URL, { maxRetriesPerRequest: null });
+    const queue = new Queue('agent-tasks', { connection, prefix: stack.env.QUEUE_PREFIX });
+    try {
+      const jobs = await queue.getJobs(['waiting', 'active', 'delayed', 'completed', 'failed', 'prioritized']);
+      assert.ok(jobs.some((j) => j?.data.task_id === id), 'the first run of the task is in the queue');
+      assert.equal(Number(inOutbox[0].n), 0);
+      assert.ok(!jobs.some((j) => j?.data.message_id === messageId), 'no job for the agent message');
+    } finally {
+      await queue.close();
+      connection.disconnect();
+    }
+    assert.equal((await get(id)).task.status, 'input-required');
   });
 
   it('stores an artifact the agent emits as an artifact-update timeline item', async () => {
