@@ -1,8 +1,11 @@
 // Wakes API-side followers of a task's timeline (A2A streams, blocking message/send) when
 // workers write to it. One Redis subscription per process feeds every follower; the notes only
 // say "look again": followers re-read Postgres, so a lost note costs latency, never an event.
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { EventBus } from '../queues/events.ts';
 import { TASK_EVENTS } from './tasks.ts';
+
+const SUBSCRIBE_WAIT_MS = 1000;
 
 export interface TaskFollow {
   /**
@@ -16,6 +19,7 @@ export interface TaskFollow {
 export class TaskWaiter {
   private follows = new Map<string, Set<{ pending: boolean; wake?: () => void }>>();
   private started?: Promise<unknown>;
+  private subscribed = false;
 
   constructor(private readonly bus: EventBus) {}
 
@@ -27,7 +31,7 @@ export class TaskWaiter {
         f.pending = true;
         f.wake?.();
       }
-    }).catch((err) => {
+    }).then(() => { this.subscribed = true; }, (err) => {
       this.started = undefined; // retried by the next follower; meanwhile followers poll
       throw err;
     });
@@ -36,7 +40,8 @@ export class TaskWaiter {
 
   /** Starts following a task; register before reading the timeline so no note is missed. */
   async follow(taskId: string): Promise<TaskFollow> {
-    await this.start().catch(() => undefined);
+    // With Redis away the subscription waits for it; followers do not: they poll meanwhile.
+    if (!this.subscribed) await Promise.race([this.start().catch(() => undefined), sleep(SUBSCRIBE_WAIT_MS, undefined, { ref: false })]);
     const entry: { pending: boolean; wake?: () => void } = { pending: false };
     let set = this.follows.get(taskId);
     if (!set) this.follows.set(taskId, (set = new Set()));

@@ -3,12 +3,12 @@
 // get with historyLength, cancel (and not-cancelable after), streams, resubscribe, push config CRUD.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import net from 'node:net';
 import type { Message, Task, TaskStatusUpdateEvent } from '@a2a-js/sdk';
 import * as v03 from '@a2a-js/sdk/client';
 import * as v1 from 'a2a-sdk-v1/client';
 import * as v1errors from 'a2a-sdk-v1/errors';
 import { Role, TaskState, type Part as V1Part } from 'a2a-sdk-v1';
+import { freePort } from '../scripts/local-services.ts';
 import { ADMIN_KEY, resetDb, startStack, type Stack } from './helpers/stack.ts';
 
 // Both clients take a fetch implementation: this one adds our bearer key.
@@ -17,15 +17,6 @@ const authFetch: typeof fetch = (input, init) => {
   headers.set('authorization', `Bearer ${ADMIN_KEY}`);
   return fetch(input, { ...init, headers });
 };
-
-// The card's url must be where the API listens, so the port is chosen before the start.
-async function freePort(): Promise<number> {
-  const srv = net.createServer();
-  await new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve));
-  const { port } = srv.address() as net.AddressInfo;
-  await new Promise((resolve) => srv.close(resolve));
-  return port;
-}
 
 const userMessage = (text: string, extra: Partial<Message> = {}): Message => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
 const textOf = (m?: Message) => (m?.parts ?? []).map((p) => (p.kind === 'text' ? p.text : '')).join('');
@@ -36,6 +27,7 @@ describe('A2A with the real SDK clients', () => {
 
   before(async () => {
     await resetDb();
+    // The card's url must be where the API listens, so the port is chosen before the start.
     const port = await freePort();
     baseUrl = `http://127.0.0.1:${port}`;
     stack = await startStack({ PORT: String(port), PUBLIC_URL: baseUrl, PUSH_ALLOW_PRIVATE: 'true' });

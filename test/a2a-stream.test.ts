@@ -3,6 +3,8 @@
 // all get every event; a closed stream does not cancel the task.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
+import path from 'node:path';
+import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { ADMIN_KEY, Client, resetDb, startApi, startStack, waitFor, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
@@ -168,3 +170,37 @@ describe('A2A streaming (SSE)', () => {
     assert.deepEqual([bad.events[0].id, bad.events[0].error.code], ['b', -32602]);
   });
 });
+
+describe('A2A blocking send and streams while Redis is away', function () {
+  this.timeout(120000);
+  let redis: LocalService | undefined;
+  let stack: Stack | undefined;
+  const dataDir = path.join(process.env.TEST_DATA_DIR!, 'a2a-redis-away');
+  let port: number;
+
+  before(async () => {
+    await resetDb();
+    port = await freePort();
+    redis = await startRedis({ dataDir, ephemeral: true, port });
+    stack = await startStack({ REDIS_URL: redis.url, A2A_BLOCKING_TIMEOUT_MS: '1500' });
+  });
+  after(async () => {
+    await stack?.stop();
+    await redis?.stop();
+  });
+
+  it('answers a blocking send after the bounded wait, and a stream opened meanwhile ends once Redis is back', async () => {
+    await redis!.stop();
+    redis = undefined;
+    const rpc = (method: string, params: unknown) => stack!.client.post(A2A, { jsonrpc: '2.0', id: 1, method, params });
+    const blocked = await rpc('message/send', { message: userMessage('while redis is away') });
+    assert.equal(blocked.body.result.status.state, 'submitted');
+    const streamed = sse(stack!.api.url, 'message/stream', { message: userMessage('stream while redis is away') });
+    redis = await startRedis({ dataDir, ephemeral: true, port });
+    const s = await streamed;
+    assert.ok(s.ended);
+    assert.deepEqual([s.events.at(-1).result.status.state, s.events.at(-1).result.final], ['completed', true]);
+    await waitFor(async () => (await rpc('tasks/get', { id: blocked.body.result.id })).body.result.status.state === 'completed', 'the first task to complete', 60000);
+  });
+});
+
