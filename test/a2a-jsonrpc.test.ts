@@ -199,6 +199,26 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.deepEqual(task.history.map((m: any) => [m.kind, m.role, m.taskId, m.contextId]), [['message', 'user', task.id, task.contextId], ['message', 'agent', task.id, task.contextId]]);
     });
 
+    it('maps every part kind, metadata and referenceTaskIds one to one', async () => {
+      const ref = randomUUID();
+      const parts = [
+        { kind: 'text', text: 'all parts', metadata: { lang: 'en' } },
+        { kind: 'data', data: { n: 1, nested: { ok: true } } },
+        { kind: 'file', file: { name: 'a.txt', mimeType: 'text/plain', bytes: Buffer.from('hello').toString('base64') } },
+        { kind: 'file', file: { uri: 'https://files.example.com/b.pdf', mimeType: 'application/pdf' } },
+      ];
+      const sent = (await rpc('message/send', { message: userMessage('', { parts, referenceTaskIds: [ref], metadata: { source: 'test' } }), configuration: { blocking: false } })).body.result;
+      const got = (await rpc('tasks/get', { id: sent.id })).body.result;
+      const first = got.history[0];
+      assert.deepEqual(first.parts, parts);
+      assert.deepEqual(first.referenceTaskIds, [ref]);
+      assert.deepEqual(first.metadata, { source: 'test' });
+      assert.deepEqual([first.kind, first.role, first.taskId, first.contextId], ['message', 'user', sent.id, sent.contextId]);
+      const rest = await stack.client.get(`/api/task/v1/${sent.id}`);
+      assert.deepEqual(rest.body.messages[0].parts.map((p: any) => p.type), ['text-part', 'data-part', 'file-part', 'file-part']);
+      assert.deepEqual(rest.body.messages[0].parts[2].file, { name: 'a.txt', mime_type: 'text/plain', bytes: 'aGVsbG8=' });
+    });
+
     it('message/send with blocking false returns the submitted task at once; historyLength is honoured', async () => {
       const contextId = randomUUID();
       const r = await rpc('message/send', { message: userMessage('quick', { contextId }), configuration: { blocking: false, historyLength: 0 } });
