@@ -117,6 +117,48 @@ describe('job pipeline under faults', function () {
     });
   });
 
+  describe('a worker stopped with SIGTERM during an agent run', () => {
+    let stack: Stack | undefined;
+    // One attempt only: handing a run back at shutdown must not use one up.
+    before(async () => {
+      stack = await startStack({ AGENT_ATTEMPTS: '1' }, { workers: 1 });
+    });
+    after(async () => stack?.stop());
+
+    const running = (s: Stack, id: string, ms: number) => waitFor(async () => {
+      const t = (await s.client.get(`/api/task/v1/${id}`)).body;
+      return t.task.status === 'working' && t.status_message?.parts[0].text === `Working for ${ms} ms`;
+    }, 'the agent to be running');
+
+    it('finishes a short run before it exits (exit code 0)', async () => {
+      const s = stack!;
+      const id = (await s.client.post('/api/task/v1', { message: textMessage('[sleep 1500] short') })).body.task.id;
+      await running(s, id, 1500);
+      const worker = s.workers.shift()!;
+      await worker.kill('SIGTERM');
+      assert.equal(worker.child.exitCode, 0);
+      assert.ok(worker.logs.some((l) => l.includes('worker shutting down')));
+      // No other worker exists: the stopping worker completed the run itself.
+      const t = (await s.client.get(`/api/task/v1/${id}`)).body;
+      assert.equal(t.task.status, 'completed');
+      assert.deepEqual(t.status_message.parts, [{ type: 'text-part', text: 'Echo: [sleep 1500] short' }]);
+    });
+
+    it('hands a long run back after its grace period; another worker completes it', async () => {
+      const s = stack!;
+      s.workers.push(await startWorker(s.env));
+      const id = (await s.client.post('/api/task/v1', { message: textMessage('[sleep 14000] long') })).body.task.id;
+      await running(s, id, 14000);
+      const worker = s.workers.shift()!;
+      const exited = worker.kill('SIGTERM');
+      s.workers.push(await startWorker(s.env));
+      await exited;
+      assert.equal(worker.child.exitCode, 0);
+      const done = await waitForStatus(s, id, 'completed', 90000);
+      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: [sleep 14000] long' }]);
+    });
+  });
+
   describe('a worker killed with SIGKILL during an agent run', () => {
     let stack: Stack | undefined;
     before(async () => {

@@ -1,6 +1,6 @@
 // Processor of the agent-tasks queue: runs (or continues) one task's agent. Every step is safe
 // to repeat: a job re-run after a crash skips work already committed.
-import type { Job } from 'bullmq';
+import { WaitingError, type Job } from 'bullmq';
 import { randomUUID } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
@@ -21,7 +21,7 @@ const toParts = (r: Reply): MessagePart[] => (typeof r === 'string' ? [{ type: '
 export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry, readSecret: (key: string) => Promise<string>) {
   const { db, log } = services;
 
-  return async function runAgentTask(job: Job<JobPayloads['agent-tasks']>): Promise<string> {
+  return async function runAgentTask(job: Job<JobPayloads['agent-tasks']>, token?: string): Promise<string> {
     const { task_id: taskId, message_id: messageId } = job.data;
     const state = await tasks.loadRunState(db, taskId, messageId, HISTORY);
     if (!state) return 'task gone';
@@ -71,7 +71,11 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         changeStatusIf(uow, taskId, final, activeFrom(final), reply ?? { role: 'agent', parts: [{ type: 'text-part', text: `Task ${final}` }] }));
       return done ? final : 'task ended during run';
     } catch (err) {
-      if (controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) throw err;
+      if (controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) {
+        // Handed back to the queue at once without using up an attempt: the run did not fail.
+        await job.moveToWait(token);
+        throw new WaitingError();
+      }
       if (controller.signal.aborted || (err as { taskEnded?: boolean }).taskEnded) return 'aborted: task ended';
       const attempts = job.opts.attempts ?? 1;
       if (job.attemptsMade + 1 < attempts) throw err;
