@@ -65,11 +65,31 @@ function asPostgresUser(cmd: string, args: string[]): [string, string[]] {
   return isRoot ? ['setpriv', ['--reuid=postgres', '--regid=postgres', '--init-groups', '--', cmd, ...args]] : [cmd, args];
 }
 
+// As root, Postgres runs as the postgres user, which must be able to enter every directory above
+// its data; a repository under /root (mode 0700) is the usual case where it cannot.
+function assertReachableByPostgres(dataDir: string): void {
+  if (!isRoot) return;
+  const chain: string[] = [];
+  for (let d = path.resolve(dataDir); ; d = path.dirname(d)) {
+    chain.unshift(d);
+    if (d === path.dirname(d)) break;
+  }
+  const blocked = chain.find((d) => {
+    const [cmd, args] = asPostgresUser('test', ['-x', d]);
+    return spawnSync(cmd, args).status !== 0;
+  });
+  if (blocked) {
+    throw new Error(`Postgres runs as the "postgres" user (this process is root) and cannot enter ${blocked}. `
+      + `Use a DATA_DIR that user can reach (e.g. DATA_DIR=/var/lib/taskbridge) or allow it: chmod o+x ${blocked}`);
+  }
+}
+
 export async function startPostgres(opts: Options): Promise<LocalService> {
   const bin = findPgBin();
   if (!bin) return startEmbeddedPostgres(opts);
   const dir = path.resolve(opts.dataDir, 'postgres');
   fs.mkdirSync(opts.dataDir, { recursive: true });
+  assertReachableByPostgres(opts.dataDir);
   if (!fs.existsSync(path.join(dir, 'PG_VERSION'))) {
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     if (isRoot) execFileSync('chown', ['-R', 'postgres:postgres', dir]);

@@ -130,6 +130,16 @@ describe('fresh clone: npm ci && npm start', function () {
     await stopAndCheck(s, procs);
   });
 
+  it('as root, npm start with a DATA_DIR the postgres user cannot reach exits 1 saying what to do', async function () {
+    if (process.getuid?.() !== 0) this.skip();
+    const locked = fs.mkdtempSync(path.join(work, 'locked-'));
+    fs.chmodSync(locked, 0o700);
+    const s = npmStart(repo, { ...env, PORT: String(await freePort()), DATA_DIR: path.join(locked, 'data') });
+    running.push(s);
+    assert.equal(await s.exited, 1, diag(s));
+    assert.match(s.output.join('\n'), new RegExp(`cannot enter ${locked}.*chmod o\\+x ${locked}`));
+  });
+
   it('a second npm start on the same DATA_DIR finds the task again', async () => {
     assert.ok(taskId, 'needs the first start');
     const { s, client, procs } = await startAndWait(await freePort());
