@@ -164,6 +164,14 @@ describe('task API', () => {
       noToken(rest);
     });
 
+    it('has no messages_next_page_token with exactly 100 messages', async () => {
+      const { task } = await create({ message: textMessage('m0') });
+      for (let i = 1; i < 100; i++) assert.equal((await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage(`m${i}`))).status, 201);
+      const r = await stack.client.get(`/api/task/v1/${task.id}`);
+      assert.equal(r.body.messages.length, 100);
+      assert.deepEqual(keys(r.body), ['messages', 'task']);
+    });
+
     it('answers 404 with resource and id for an unknown task, 400 for a non-UUID id', async () => {
       const id = randomUUID();
       const r = await stack.client.get(`/api/task/v1/${id}`);
@@ -181,8 +189,9 @@ describe('task API', () => {
       const { task } = await create();
       const r = await put(task.id, { status: 'working' });
       assert.equal(r.status, 200);
-      assertTask(r.body, { id: task.id, status: 'working', status_message_id: null });
+      assertTask(r.body, { id: task.id, status: 'working', status_message_id: null, created_at: task.created_at });
       assert.ok(r.body.status_timestamp >= task.status_timestamp);
+      assert.equal(r.body.updated_at, r.body.status_timestamp);
       const tl = await stack.client.get(`/api/task/v1/${task.id}/timeline`);
       assertTimelineItem(tl.body.items[0], task.id);
       assert.deepEqual(tl.body.items[0].event_payload, { type: 'task-status-update', status: 'working' });
