@@ -45,6 +45,10 @@ describe('job pipeline under faults', function () {
       }, 'ready to report Redis down');
       assert.equal(ready.body.data.code, 'unavailable');
       assert.deepEqual(ready.body.data.failed, ['redis']);
+      const queues = await s.client.get('/_internal/v1/queues');
+      assert.equal(queues.status, 503, queues.text);
+      assert.equal(queues.body.data.code, 'unavailable');
+      assert.equal(queues.headers.get('retry-after'), '5');
 
       const ids: string[] = [];
       for (let i = 0; i < 5; i++) {

@@ -22,9 +22,11 @@ export function errorHandler(): Middleware {
 
 function toAppError(err: unknown): AppError {
   if (err instanceof AppError) return err;
-  const e = err as { status?: number; expose?: boolean; message?: string; code?: string };
-  // Connection failures of Postgres or Redis mean the service is unavailable, not broken.
-  if (e?.code === 'ECONNREFUSED' || e?.code === '57P01' || e?.code === 'ETIMEDOUT' || /Knex: Timeout acquiring a connection/.test(e?.message ?? '')) {
+  const e = err as { status?: number; expose?: boolean; message?: string; code?: string; name?: string };
+  // Connection failures of Postgres or Redis mean the service is unavailable, not broken. ioredis
+  // producers fail fast without a code ("Stream isn't writeable ...", "Connection is closed.").
+  if (e?.code === 'ECONNREFUSED' || e?.code === '57P01' || e?.code === 'ETIMEDOUT' || e?.name === 'MaxRetriesPerRequestError'
+    || /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly/.test(e?.message ?? '')) {
     return new AppError(503, 'unavailable', 'A backing service is unavailable; retry shortly', {}, { 'Retry-After': '5' });
   }
   if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && e.expose) {
