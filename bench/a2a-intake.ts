@@ -1,0 +1,229 @@
+// `npm run bench:a2a`: A2A task intake. Starts a real stack (local Postgres with normal
+// durability, Redis with AOF, the API and one worker process running the demo echo agent) and,
+// in the same run, the reference in-memory A2A server built from @a2a-js/sdk's server classes
+// with an equivalent echo executor (bench/reference-a2a-server.ts). Against both it measures:
+//   1. load: BENCH_CONNECTIONS (32) clients sending non-blocking message/send for BENCH_SECONDS
+//      (10) after a short warm-up: tasks accepted/s, tasks completed/s, start latency under load;
+//   2. idle: BENCH_IDLE_TASKS (200) single sends, one at a time: enqueue-to-start latency
+//      (ours: task created_at -> first 'working' timeline item; reference: request arrival ->
+//      executor start) p50/p99,
+// and prints the figures, their ratios and the targets (> 1,000 accepted/s, p50 < 5 ms,
+// >= 0.5 of the reference). BENCH_LOG_LEVEL (info: the default, which logs every request) sets our processes' log level.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes, randomUUID } from 'node:crypto';
+import fs from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { startPostgres, startRedis } from '../scripts/local-services.ts';
+import { createDb, migrateLatest } from '../db/knex.ts';
+
+const SECONDS = Number(process.env.BENCH_SECONDS ?? 10);
+const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
+const IDLE_TASKS = Number(process.env.BENCH_IDLE_TASKS ?? 200);
+const WARMUP_SECONDS = 2;
+const TARGET_ACCEPTED = 1000;
+const TARGET_P50_MS = 5;
+const TARGET_RATIO = 0.5;
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-bench-a2a-'));
+fs.chmodSync(dataDir, 0o755);
+const say = (m: string) => console.error(`[bench] ${m}`);
+
+const pg = await startPostgres({ dataDir, log: say });
+const redis = await startRedis({ dataDir, log: say });
+const adminKey = randomBytes(32).toString('hex');
+const env: NodeJS.ProcessEnv = {
+  ...process.env, NODE_ENV: 'production', DATABASE_URL: pg.url, REDIS_URL: redis.url, DATA_DIR: path.join(dataDir, 'app'),
+  ADMIN_API_KEY: adminKey, PORT: '0', LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? 'info', AGENT_KIND: 'demo',
+};
+const db = createDb(pg.url, { min: 0, max: 4 });
+await migrateLatest(db);
+
+const children: ChildProcess[] = [];
+function spawnReady(file: string, ready: RegExp): Promise<string> {
+  const child = spawn(process.execPath, ['--import', 'tsx', path.join(root, file)], { cwd: root, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  return new Promise((resolve, reject) => {
+    let buf = '';
+    let done = false;
+    const onData = (b: Buffer) => {
+      buf = (buf + b.toString()).slice(-20000);
+      const line = !done && buf.split('\n').find((l) => ready.test(l));
+      if (line) {
+        done = true;
+        resolve(line);
+      }
+    };
+    child.stdout!.on('data', onData);
+    child.stderr!.on('data', onData);
+    child.once('exit', (code) => {
+      if (!done) reject(new Error(`${file} exited with ${code}:\n${buf.slice(-2000)}`));
+    });
+  });
+}
+
+async function cleanup() {
+  for (const c of children) c.kill('SIGTERM');
+  await Promise.all(children.map((c) => (c.exitCode !== null ? undefined : new Promise((r) => c.once('exit', r)))));
+  await db.destroy();
+  await redis.stop();
+  await pg.stop();
+  fs.rmSync(dataDir, { recursive: true, force: true });
+}
+
+interface Target { name: string; url: string; headers: Record<string, string> }
+
+const agent = new http.Agent({ keepAlive: true, maxSockets: CONNECTIONS });
+function post(target: Target, body: string): Promise<{ status: number; json: any }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(target.url, { method: 'POST', agent, headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...target.headers } }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        try {
+          resolve({ status: res.statusCode ?? 0, json: JSON.parse(Buffer.concat(chunks).toString()) });
+        } catch (err) {
+          reject(err);
+        }
+      });
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+let rpcId = 0;
+const sendBody = (text: string) => JSON.stringify({
+  jsonrpc: '2.0', id: ++rpcId, method: 'message/send',
+  params: { message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text }] }, configuration: { blocking: false } },
+});
+
+// CONNECTIONS clients, each sending the next message as soon as the previous one is answered.
+async function load(target: Target, seconds: number): Promise<{ taskIds: string[]; errors: number; elapsedMs: number; firstError?: string }> {
+  const taskIds: string[] = [];
+  let errors = 0;
+  let firstError: string | undefined;
+  const started = performance.now();
+  const deadline = started + seconds * 1000;
+  await Promise.all(Array.from({ length: CONNECTIONS }, async (_, c) => {
+    for (let i = 0; performance.now() < deadline; i++) {
+      try {
+        const { status, json } = await post(target, sendBody(`bench ${c}.${i}`));
+        if (status === 200 && json?.result?.kind === 'task') taskIds.push(json.result.id);
+        else {
+          errors += 1;
+          firstError ??= `HTTP ${status} ${JSON.stringify(json).slice(0, 300)}`;
+        }
+      } catch (err) {
+        errors += 1;
+        firstError ??= (err as Error).message;
+      }
+    }
+  }));
+  return { taskIds, errors, elapsedMs: performance.now() - started, firstError };
+}
+
+const pct = (sorted: number[], p: number) => (sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] : NaN);
+const sortNum = (a: number[]) => [...a].sort((x, y) => x - y);
+
+// Ours: start latency and completion from Postgres, for the given tasks.
+async function ourFigures(taskIds: string[], timeoutMs = 180_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const { rows } = await db.raw(`select count(*)::int as n from tasks where id = any(?::uuid[]) and status in ('completed', 'failed', 'canceled', 'rejected')`, [taskIds]);
+    if (rows[0].n >= taskIds.length) break;
+    if (Date.now() > deadline) throw new Error(`only ${rows[0].n} of ${taskIds.length} tasks finished in ${timeoutMs} ms`);
+    await sleep(200);
+  }
+  const { rows: lat } = await db.raw(
+    `select extract(epoch from (w.at - t.created_at)) * 1000 as ms
+       from tasks t
+       join lateral (select min(ti.created_at) as at from timeline_items ti
+                     where ti.task_id = t.id and ti.event_payload->>'type' = 'task-status-update' and ti.event_payload->>'status' = 'working') w on true
+      where t.id = any(?::uuid[])`, [taskIds]);
+  const { rows: win } = await db.raw(
+    `select count(*) filter (where status = 'completed')::int as completed,
+            extract(epoch from (max(status_timestamp) - min(created_at))) * 1000 as window_ms
+       from tasks where id = any(?::uuid[])`, [taskIds]);
+  return { latencies: sortNum(lat.map((r: { ms: string }) => Number(r.ms))), completed: win[0].completed as number, windowMs: Number(win[0].window_ms) };
+}
+
+async function referenceStats(base: string) {
+  const res = await fetch(`${base}stats`);
+  return (await res.json()) as { completed: number; first_arrival: number; last_completed: number; start_latencies_ms: number[] };
+}
+
+async function idle(target: Target): Promise<string[]> {
+  const ids: string[] = [];
+  for (let i = 0; i < IDLE_TASKS; i++) {
+    const { json } = await post(target, sendBody(`idle ${i}`));
+    if (json?.result?.kind === 'task') ids.push(json.result.id);
+    await sleep(10);
+  }
+  return ids;
+}
+
+try {
+  const [apiLine, , refLine] = await Promise.all([
+    spawnReady('api/main.ts', /"msg":"api listening"/),
+    spawnReady('workers/main.ts', /"msg":"worker started"/),
+    spawnReady('bench/reference-a2a-server.ts', /"msg":"reference listening"/),
+  ]);
+  const ours: Target = { name: 'taskbridge', url: `http://127.0.0.1:${JSON.parse(apiLine).port}/api/a2a/v1`, headers: { authorization: `Bearer ${adminKey}` } };
+  const refBase = `http://127.0.0.1:${JSON.parse(refLine).port}/`;
+  const reference: Target = { name: 'reference', url: refBase, headers: {} };
+
+  say(`warming up both servers (${WARMUP_SECONDS} s each)`);
+  await load(ours, WARMUP_SECONDS);
+  await load(reference, WARMUP_SECONDS);
+  await sleep(1000);
+
+  say(`load: ${CONNECTIONS} connections for ${SECONDS} s against taskbridge`);
+  const ourLoad = await load(ours, SECONDS);
+  if (!ourLoad.taskIds.length) throw new Error(`taskbridge accepted no task: ${ourLoad.firstError}`);
+  say(`waiting for the ${ourLoad.taskIds.length} accepted tasks to complete`);
+  const ourDone = await ourFigures(ourLoad.taskIds);
+
+  say(`load: ${CONNECTIONS} connections for ${SECONDS} s against the reference`);
+  await fetch(`${refBase}stats/reset`, { method: 'POST' });
+  const refLoad = await load(reference, SECONDS);
+  await sleep(500);
+  const refDone = await referenceStats(refBase);
+
+  say(`idle: ${IDLE_TASKS} single sends against each`);
+  const ourIdle = await ourFigures(await idle(ours));
+  await fetch(`${refBase}stats/reset`, { method: 'POST' });
+  await idle(reference);
+  const refIdle = sortNum((await referenceStats(refBase)).start_latencies_ms);
+
+  const ourAccepted = ourLoad.taskIds.length / (ourLoad.elapsedMs / 1000);
+  const refAccepted = refLoad.taskIds.length / (refLoad.elapsedMs / 1000);
+  const ourCompleted = ourDone.completed / (ourDone.windowMs / 1000);
+  const refCompleted = refDone.completed / ((refDone.last_completed - refDone.first_arrival) / 1000);
+  const refLoadLat = sortNum(refDone.start_latencies_ms);
+  const row = (label: string, a: number, b: number, unit: string, ratio = true) =>
+    console.log(`  ${label.padEnd(28)}${a.toFixed(unit === 'ms' ? 2 : 0).padStart(12)}${b.toFixed(unit === 'ms' ? 2 : 0).padStart(12)}  ${unit.padEnd(7)}${ratio ? (a / b).toFixed(2).padStart(6) : ''}`);
+
+  console.log(`\nA2A intake: non-blocking message/send, ${CONNECTIONS} connections, ${SECONDS} s, ${os.cpus().length} CPUs, demo echo agent, 1 API + 1 worker process`);
+  console.log(`  ${''.padEnd(28)}${'taskbridge'.padStart(12)}${'reference'.padStart(12)}  ${'unit'.padEnd(7)} ratio`);
+  row('tasks accepted', ourLoad.taskIds.length, refLoad.taskIds.length, 'tasks', false);
+  row('send errors', ourLoad.errors, refLoad.errors, 'errors', false);
+  row('accepted', ourAccepted, refAccepted, 'tasks/s');
+  row('completed', ourCompleted, refCompleted, 'tasks/s');
+  row('start latency p50, load', pct(ourDone.latencies, 50), pct(refLoadLat, 50), 'ms', false);
+  row('start latency p99, load', pct(ourDone.latencies, 99), pct(refLoadLat, 99), 'ms', false);
+  row('start latency p50, idle', pct(ourIdle.latencies, 50), pct(refIdle, 50), 'ms', false);
+  row('start latency p99, idle', pct(ourIdle.latencies, 99), pct(refIdle, 99), 'ms', false);
+  if (ourLoad.firstError) console.log(`  first taskbridge error: ${ourLoad.firstError}`);
+  if (refLoad.firstError) console.log(`  first reference error: ${refLoad.firstError}`);
+  const verdict = (ok: boolean) => (ok ? 'met' : 'NOT met');
+  console.log(`  targets: accepted > ${TARGET_ACCEPTED}/s ${verdict(ourAccepted > TARGET_ACCEPTED)}; idle start p50 < ${TARGET_P50_MS} ms ${verdict(pct(ourIdle.latencies, 50) < TARGET_P50_MS)}; ` +
+    `accepted ratio >= ${TARGET_RATIO} ${verdict(ourAccepted / refAccepted >= TARGET_RATIO)}; completed ratio >= ${TARGET_RATIO} ${verdict(ourCompleted / refCompleted >= TARGET_RATIO)}`);
+} finally {
+  agent.destroy();
+  await cleanup();
+}
