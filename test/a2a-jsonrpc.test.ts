@@ -112,8 +112,7 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.ok(!stack.api.logs.some((l) => /"level":50/.test(l)), 'no error logged');
     });
 
-    // The body reader refuses these before the envelope is read, so the id cannot be echoed.
-    it('params that cannot be stored (deep nesting, NUL, lone surrogates) are -32602, not internal errors', async () => {
+    it('params that cannot be stored (deep nesting, NUL, lone surrogates) are -32602 with the id echoed, not internal errors', async () => {
       const deep = '['.repeat(5000) + ']'.repeat(5000);
       const send = (part: string) => raw(`{"jsonrpc":"2.0","id":"s","method":"message/send","params":{"message":{"kind":"message","messageId":"m","role":"user","parts":[${part}]},"configuration":{"blocking":false}}}`);
       for (const [part, pattern] of [
@@ -124,7 +123,7 @@ describe('A2A JSON-RPC endpoint', () => {
       ] as const) {
         const r = await send(part);
         assert.equal(r.status, 200);
-        assert.deepEqual([r.body.id, r.body.error?.code], [null, -32602], part.slice(0, 80));
+        assert.deepEqual([r.body.id, r.body.error?.code], ['s', -32602], part.slice(0, 80));
         assert.match(r.body.error.message, pattern);
       }
       const ok = await send('{"kind":"text","text":"emoji \\ud83d\\ude00 ok"}');

@@ -3,8 +3,9 @@ import { AppError, InvalidRequest, type FieldError } from '../../domain/errors.t
 
 const JSON_TYPE = /^application\/([a-z0-9.+-]*\+)?json\s*(;|$)/i;
 
-// Reads and parses a JSON body; undefined when the request has none.
-export async function readJsonBody(ctx: Context, limit: number): Promise<unknown> {
+// Reads and parses a JSON body; undefined when the request has none. Unless told otherwise it
+// also refuses values that could not be stored (see findUnstorable).
+export async function readJsonBody(ctx: Context, limit: number, opts: { checkStorable?: boolean } = {}): Promise<unknown> {
   const req = ctx.req;
   const length = req.headers['content-length'];
   if (length === undefined && req.headers['transfer-encoding'] === undefined) return undefined;
@@ -34,7 +35,7 @@ export async function readJsonBody(ctx: Context, limit: number): Promise<unknown
   } catch (e) {
     throw new InvalidRequest(`Request body is not valid JSON: ${(e as Error).message}`, [{ path: 'body', message: 'is not valid JSON' }]);
   }
-  const problem = unstorable(value);
+  const problem = opts.checkStorable === false ? undefined : findUnstorable(value);
   if (problem) throw new InvalidRequest(`Invalid body: ${problem.path} ${problem.message}`, [problem]);
   return value;
 }
@@ -44,7 +45,7 @@ const MAX_JSON_DEPTH = 64;
 // jsonb), and very deep nesting overflows the stack of JSON.stringify: all would end as a 500.
 const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
-function unstorable(value: unknown): FieldError | undefined {
+export function findUnstorable(value: unknown): FieldError | undefined {
   const stack: [unknown, string, number][] = [[value, 'body', 0]];
   while (stack.length) {
     const [v, path, depth] = stack.pop()!;

@@ -2,7 +2,7 @@
 import type { Context } from 'koa';
 import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
-import { readJsonBody } from '../middleware/body.ts';
+import { findUnstorable, readJsonBody } from '../middleware/body.ts';
 import { InvalidRequest, type FieldError } from '../../domain/errors.ts';
 import { A2AError, JSONRPC } from '../../domain/a2a/errors.ts';
 import type { Services } from '../../domain/services.ts';
@@ -28,12 +28,14 @@ function clientGone(ctx: Context): AbortSignal {
   return ac.signal;
 }
 
-function refusedBody(err: InvalidRequest) {
-  const first = (err.data.errors as FieldError[] | undefined)?.[0];
-  if (!first || first.message === 'is not valid JSON') return PARSE_ERROR;
-  const code = first.path.startsWith('body.params') ? JSONRPC.INVALID_PARAMS : JSONRPC.INVALID_REQUEST;
-  const where = first.path.replace(/^body\.?/, '') || 'the request';
-  return errorResponse(null, new A2AError(code, `Invalid ${code === JSONRPC.INVALID_PARAMS ? 'params' : 'request'}: ${where} ${first.message}`));
+// JSON that could not be stored (NUL, lone surrogates, deep nesting) is refused before any method
+// runs: -32602 inside params, else -32600, with the request id echoed when it can be read.
+function refusedBody(body: unknown, problem: FieldError) {
+  const req = (typeof body === 'object' && body !== null && !Array.isArray(body) ? body : {}) as Record<string, unknown>;
+  const id = typeof req.id === 'string' || typeof req.id === 'number' ? req.id : null;
+  const code = problem.path.startsWith('body.params') ? JSONRPC.INVALID_PARAMS : JSONRPC.INVALID_REQUEST;
+  const where = problem.path.replace(/^body\.?/, '') || 'the request';
+  return errorResponse(id, new A2AError(code, `Invalid ${code === JSONRPC.INVALID_PARAMS ? 'params' : 'request'}: ${where} ${problem.message}`));
 }
 
 const cardRoute = (path: string, operationId: string) => defineRoute({
@@ -50,18 +52,19 @@ export const a2aRoutes = [
   }, async ({ ctx, services }) => {
     let body: unknown;
     try {
-      body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
+      body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES, { checkStorable: false });
     } catch (err) {
       if (!(err instanceof InvalidRequest)) throw err;
-      // Not JSON: -32700. JSON the reader refuses to store (NUL, lone surrogates, deep nesting):
-      // -32602 or -32600 by where it sits; the reader keeps no value, so the id stays null.
-      ctx.status = 200;
-      ctx.body = refusedBody(err);
-      return;
+      body = undefined;
     }
     ctx.status = 200;
     if (body === undefined) {
       ctx.body = PARSE_ERROR;
+      return;
+    }
+    const problem = findUnstorable(body);
+    if (problem) {
+      ctx.body = refusedBody(body, problem);
       return;
     }
     const log = ctx.state.log ?? services.log;
