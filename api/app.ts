@@ -12,13 +12,14 @@ import { encryptionRoutes } from './routes/encryption.ts';
 import { secretRoutes } from './routes/secret.ts';
 import { rotationRoutes } from './routes/rotation.ts';
 import { a2aRoutes } from './routes/a2a.ts';
+import { a2aDefinitionRoutes } from './routes/a2a-definition.ts';
 import { defineRoute } from './route.ts';
 import { ErrorBody, FreeObject } from './schemas/common.ts';
 import { Type } from '@sinclair/typebox';
 import { createMetrics } from './metrics.ts';
 import { queueDashboard } from './queue-dashboard.ts';
 
-export const allRoutes: Route[] = [...internalRoutes, ...authRoutes, ...taskRoutes, ...encryptionRoutes, ...rotationRoutes, ...secretRoutes, ...a2aRoutes];
+export const allRoutes: Route[] = [...internalRoutes, ...authRoutes, ...taskRoutes, ...encryptionRoutes, ...rotationRoutes, ...secretRoutes, ...a2aRoutes, ...a2aDefinitionRoutes];
 
 export function createApp(services: Services): Koa {
   const app = new Koa({ proxy: true });

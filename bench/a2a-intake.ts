@@ -8,7 +8,8 @@
 //      (ours: task created_at -> first 'working' timeline item; reference: request arrival ->
 //      executor start) p50/p99,
 // and prints the figures, their ratios and the targets (> 1,000 accepted/s, p50 < 5 ms,
-// >= 0.5 of the reference). BENCH_LOG_LEVEL (info: the default, which logs every request) sets our processes' log level.
+// >= 0.5 of the reference). BENCH_LOG_LEVEL (info: the default, which logs every request) sets our processes' log level;
+// BENCH_PROFILE_DIR=dir writes V8 CPU profiles of every spawned process there (open in Chrome DevTools).
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes, randomUUID } from 'node:crypto';
 import fs from 'node:fs';
@@ -45,7 +46,8 @@ await migrateLatest(db);
 
 const children: ChildProcess[] = [];
 function spawnReady(file: string, ready: RegExp): Promise<string> {
-  const child = spawn(process.execPath, ['--import', 'tsx', path.join(root, file)], { cwd: root, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const profile = process.env.BENCH_PROFILE_DIR ? ['--cpu-prof', `--cpu-prof-dir=${path.resolve(process.env.BENCH_PROFILE_DIR)}`] : [];
+  const child = spawn(process.execPath, [...profile, '--import', 'tsx', path.join(root, file)], { cwd: root, env, stdio: ['ignore', 'pipe', 'pipe'] });
   children.push(child);
   return new Promise((resolve, reject) => {
     let buf = '';

@@ -1,0 +1,44 @@
+import { Type, type Static } from '@sinclair/typebox';
+import { FreeObject, Timestamp } from './common.ts';
+
+// GET /api/a2a/v1/definition. Key material appears only wrapped (DEKs under their envelope key)
+// and secret values only encrypted (with the DEK named by data_encryption_key_id); each part
+// maps onto an import endpoint of a fresh installation.
+export const DefinitionDek = Type.Object({
+  id: Type.String(),
+  encrypted_data_encryption_key: Type.String({ description: 'base64, wrapped by the envelope key' }),
+  aliases: Type.Array(Type.String()),
+  created_at: Timestamp,
+  updated_at: Timestamp,
+});
+
+export const DefinitionEnvelopeKey = Type.Object({
+  id: Type.String(),
+  type: Type.Union([Type.Literal('local'), Type.Literal('aws_kms')]),
+  file_name: Type.Optional(Type.String()),
+  arn: Type.Optional(Type.String()),
+  region: Type.Optional(Type.String()),
+  created_at: Timestamp,
+  data_encryption_keys: Type.Array(DefinitionDek),
+});
+
+export const DefinitionSecret = Type.Object({
+  id: Type.String(),
+  key: Type.String(),
+  encrypted_value: Type.String({ description: 'base64 AES-256-GCM, encrypted with data_encryption_key_id' }),
+  dek_alias: Type.String(),
+  data_encryption_key_id: Type.String(),
+  created_at: Timestamp,
+  updated_at: Timestamp,
+});
+
+export const Definition = Type.Object({
+  format: Type.Literal('taskbridge-definition/v1'),
+  exported_at: Timestamp,
+  agent_card: FreeObject,
+  envelope_keys: Type.Array(DefinitionEnvelopeKey),
+  secrets: Type.Array(DefinitionSecret),
+  providers: Type.Array(FreeObject),
+}, { $id: 'Definition' });
+
+export type Definition = Static<typeof Definition>;

@@ -1,0 +1,38 @@
+// Read-only queries behind the definition export (domain/definition.ts). Each table group is read
+// only when its migration has run, so the export works on a schema that predates it.
+import type { Tx } from './knex.ts';
+
+export interface EnvelopeKeyExportRow { id: string; type: string; file_name: string | null; arn: string | null; region: string | null; created_at: Date }
+export interface DekExportRow { id: string; envelope_key_id: string; encrypted_dek: string; aliases: string[]; created_at: Date; updated_at: Date }
+export interface SecretExportRow { id: string; key: string; encrypted_secret: string; dek_id: string; dek_alias: string; created_at: Date; updated_at: Date }
+
+async function presentTables(db: Tx, names: string[]): Promise<Set<string>> {
+  const { rows } = await db.raw(`select name from unnest(?::text[]) as name where to_regclass('public.' || name) is not null`, [names]);
+  return new Set(rows.map((r: { name: string }) => r.name));
+}
+
+export async function definitionRows(db: Tx): Promise<{ envelopeKeys: EnvelopeKeyExportRow[]; deks: DekExportRow[]; secrets: SecretExportRow[] }> {
+  const present = await presentTables(db, ['envelope_keys', 'deks', 'dek_aliases', 'secrets']);
+  const hasKeys = present.has('envelope_keys') && present.has('deks') && present.has('dek_aliases');
+  const hasSecrets = present.has('secrets');
+  const envelopeKeys: EnvelopeKeyExportRow[] = hasKeys
+    ? await db('envelope_keys').select('id', 'type', 'file_name', 'arn', 'region', 'created_at').orderBy([{ column: 'created_at' }, { column: 'id' }])
+    : [];
+  // The DEKs the configuration needs: those an alias points at or a secret is encrypted with.
+  const deks: DekExportRow[] = hasKeys
+    ? (await db.raw(
+      `select d.id, d.envelope_key_id, d.encrypted_dek, d.created_at, d.updated_at,
+              coalesce(array_agg(a.alias order by a.alias) filter (where a.alias is not null), '{}') as aliases
+         from deks d
+         left join dek_aliases a on a.dek_id = d.id
+        where exists (select 1 from dek_aliases x where x.dek_id = d.id)
+              ${hasSecrets ? 'or exists (select 1 from secrets s where s.dek_id = d.id)' : ''}
+        group by d.id
+        order by d.envelope_key_id, d.created_at, d.id`,
+    )).rows
+    : [];
+  const secrets: SecretExportRow[] = hasSecrets
+    ? await db('secrets').select('id', 'key', 'encrypted_secret', 'dek_id', 'dek_alias', 'created_at', 'updated_at').orderBy([{ column: 'key' }])
+    : [];
+  return { envelopeKeys, deks, secrets };
+}
