@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import path from 'node:path';
 import { ROOT, requireEnv, resetDb, testDb, startStack, waitFor, type Stack } from './helpers/stack.ts';
 
 interface Run { code: number | null; stdout: string; stderr: string }
@@ -92,6 +93,12 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
       assert.deepEqual(await testDb()('api_keys').count({ n: '*' }), before);
     });
   }
+
+  it('says how to point it at a database when DATABASE_URL is unset and no local Postgres runs (exit 2)', async () => {
+    const r = await cli(['keys', 'list'], { DATABASE_URL: undefined, DATA_DIR: path.join(requireEnv('TEST_DATA_DIR'), 'no-postgres-here') });
+    assert.equal(r.code, 2);
+    assert.match(r.stderr, /DATABASE_URL is not set and no local Postgres/);
+  });
 
   it('explains a bad DATABASE_URL through the config module (exit 2)', async () => {
     const r = await cli(['keys', 'list'], { DATABASE_URL: 'mysql://nope' });

@@ -147,6 +147,13 @@ describe('fresh clone: npm ci && npm start', function () {
     assert.equal(r.status, 200, r.text);
     assert.equal(r.body.task.status, 'completed');
     assert.equal((await client.get('/api/auth/v1/api-key')).body.items.length, 1, 'the bootstrap key is created once');
+
+    // Without DATABASE_URL the key CLI finds the Postgres this npm start runs under DATA_DIR.
+    const out = execFileSync('npm', ['run', '--silent', 'cli', '--', 'keys', 'create', '--name', 'from the cli', '--scopes', 'task:read'],
+      { cwd: repo, env: { ...env, DATA_DIR: dataDir }, encoding: 'utf8' });
+    const key = /^key:\s+(\S+)$/m.exec(out)?.[1];
+    assert.ok(key, out);
+    assert.equal((await client.as(key).get(`/api/task/v1/${taskId}`)).status, 200);
     await stopAndCheck(s, procs);
   });
 });
