@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import http from 'node:http';
+import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { resetDb, startStack, testDb, waitFor, textMessage, type Stack } from './helpers/stack.ts';
 import { deletePushConfig, getPushConfig, listPushConfigs, setPushConfig } from '../domain/push-config.ts';
@@ -82,18 +83,47 @@ describe('push notifications', () => {
     assert.equal(rx.all[1].body.status.message.parts[0].text, 'need more');
   });
 
-  it('pushes the updates of a task run by the agent', async () => {
+  const rpc = async (method: string, params: unknown) => {
+    const r = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: method, method, params });
+    assert.equal(r.status, 200, r.text);
+    return r.body;
+  };
+
+  it('delivers the updates of a task sent with an inline config over A2A message/send', async () => {
     const rx = await startReceiver();
     receivers.push(rx);
-    // The agent waits for its [sleep] first, so the config is in place before it finishes.
-    const created = await stack.client.post('/api/task/v1', { message: textMessage('[sleep 1500] pushed') });
-    const id = created.body.task.id;
-    await setPushConfig(testDb(), id, { url: rx.url, token: 'tok-agent' }, allowPrivate);
+    const sent = await rpc('message/send', {
+      message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text: 'push me [artifact]' }] },
+      configuration: { blocking: false, pushNotificationConfig: { url: rx.url, token: 'tok-inline' } },
+    });
+    const id = sent.result.id;
     await waitFor(async () => states(rx.all, id).includes('completed'), 'the completed notification');
-    const seen = states(rx.all, id);
-    assert.equal(seen.at(-1), 'completed');
-    assert.ok(seen.slice(0, -1).every((s) => s === 'working'), `only working before completed: ${seen}`);
-    assert.equal(rx.all.at(-1)!.body.status.message.parts[0].text, 'Echo: [sleep 1500] pushed');
+    assert.deepEqual(states(rx.all, id), ['working', 'completed']);
+    assert.ok(rx.all.every((r) => r.token === 'tok-inline'));
+    const last = rx.all.find((r) => r.body.id === id && r.body.status.state === 'completed')!.body;
+    assert.equal(last.status.message.parts[0].text, 'Echo: push me [artifact]');
+    assert.equal(last.artifacts?.[0]?.parts?.[0]?.text, 'push me [artifact]');
+    assert.equal(last.history.at(0).parts[0].text, 'push me [artifact]');
+  });
+
+  it('manages configs over A2A tasks/pushNotificationConfig/* without ever returning the token', async () => {
+    const id = await idleTask();
+    const token = 'tok-jsonrpc-9d2e41';
+    const set = await rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { id: 'hook', url: 'http://127.0.0.1:9/hook', token } });
+    assert.deepEqual(set.result, { taskId: id, pushNotificationConfig: { id: 'hook', url: 'http://127.0.0.1:9/hook' } });
+    const got = await rpc('tasks/pushNotificationConfig/get', { id, pushNotificationConfigId: 'hook' });
+    assert.equal(got.result.pushNotificationConfig.url, 'http://127.0.0.1:9/hook');
+    const list = await rpc('tasks/pushNotificationConfig/list', { id });
+    assert.equal(list.result.length, 1);
+    for (const body of [set, got, list]) assert.ok(!JSON.stringify(body).includes(token), JSON.stringify(body));
+    const del = await rpc('tasks/pushNotificationConfig/delete', { id, pushNotificationConfigId: 'hook' });
+    assert.equal(del.error, undefined, JSON.stringify(del));
+    assert.deepEqual((await rpc('tasks/pushNotificationConfig/list', { id })).result, []);
+    const bad = await rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { url: 'gopher://example.com/' } });
+    assert.equal(bad.error.code, -32602);
+    assert.match(bad.error.message, /must use http or https, not 'gopher'/);
+    const unknown = await rpc('tasks/pushNotificationConfig/list', { id: randomUUID() });
+    assert.equal(unknown.error.code, -32001);
   });
 
   it('retries a receiver that fails twice until it gets the update', async () => {
