@@ -52,13 +52,11 @@ export function postNotification(
       timeout: opts.timeoutMs,
       headers: { 'content-type': 'application/json', 'content-length': String(payload.length), 'user-agent': 'taskbridge-push/1', ...headers },
     }, (res) => {
-      res.resume();
-      res.on('end', () => {
-        const code = res.statusCode ?? 0;
-        if (code >= 200 && code < 300) resolve(code);
-        else reject(new DeliveryError(`webhook answered HTTP ${code}`));
-      });
-      res.on('error', (err) => reject(new DeliveryError(`webhook response failed: ${err.message}`)));
+      // Only the status matters; the body is not read, so a webhook cannot hold the run with it.
+      const code = res.statusCode ?? 0;
+      res.destroy();
+      if (code >= 200 && code < 300) resolve(code);
+      else reject(new DeliveryError(`webhook answered HTTP ${code}`));
     });
     req.on('timeout', () => req.destroy(new Error(`no answer within ${opts.timeoutMs} ms`)));
     req.on('error', (err) => reject(new DeliveryError(`webhook unreachable: ${err.message}`)));

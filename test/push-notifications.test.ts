@@ -5,6 +5,7 @@ import type { AddressInfo } from 'node:net';
 import { resetDb, startStack, testDb, waitFor, textMessage, type Stack } from './helpers/stack.ts';
 import { deletePushConfig, getPushConfig, listPushConfigs, setPushConfig } from '../domain/push-config.ts';
 import { AppError } from '../domain/errors.ts';
+import { postNotification } from '../domain/push-delivery.ts';
 
 interface Received { token: string | undefined; authorization: string | undefined; body: any }
 
@@ -206,6 +207,19 @@ describe('push notifications', () => {
       assert.equal(r.status, 404);
       assert.match(r.message, /task '00000000-0000-4000-8000-000000000000' not found/);
     }
+  });
+
+  it('refuses internal addresses again when connecting, unless allowed', async () => {
+    const rx = await startReceiver();
+    receivers.push(rx);
+    const opts = { allowPrivate: false, timeoutMs: 5000 };
+    const port = new URL(rx.url).port;
+    await assert.rejects(postNotification(rx.url, { kind: 'task' }, {}, opts), /webhook address 127\.0\.0\.1 is internal/);
+    // A name is checked by the connection's own DNS lookup (a later re-resolution cannot slip past).
+    await assert.rejects(postNotification(`http://localhost:${port}/hook`, { kind: 'task' }, {}, opts), /resolves to an internal address/);
+    assert.equal(rx.all.length, 0);
+    assert.equal(await postNotification(`http://localhost:${port}/hook`, { kind: 'task' }, {}, { ...opts, allowPrivate: true }), 200);
+    assert.equal(rx.all.length, 1);
   });
 
   it('rejects bad webhook URLs with specific messages and stores nothing', async () => {
