@@ -18,7 +18,10 @@ import { artifactsFromTimeline, toA2ATask } from './a2a/mapping.ts';
 import { guardedLookup, isPrivateAddress } from './webhook-url.ts';
 
 const HISTORY_IN_NOTIFICATION = 100;
-const ITEMS_PER_RUN = 100;
+// A run holds its config's row lock (and a transaction) while it posts, so it is kept short:
+// after this many updates, or once this much time has passed, it hands over to a fresh run.
+const ITEMS_PER_RUN = 20;
+const RUN_BUDGET_MS = 15_000;
 
 // The task as it stood right after one status update.
 export async function notificationBody(db: Knex | Knex.Transaction, task: tasks.TaskRow, item: TimelineRow): Promise<A2ATask> {
@@ -73,7 +76,7 @@ function authHeaders(cfg: repo.PushConfigRow): Record<string, string> {
 }
 
 export interface DeliveryJob { task_id: string; config_id: string; timeline_seq: number }
-export type DeliveryOutcome = 'delivered' | 'nothing to deliver' | 'config gone' | 'busy';
+export type DeliveryOutcome = 'delivered' | 'nothing to deliver' | 'config gone' | 'busy' | 'more';
 
 interface DeliveryDeps { db: Knex; cfg: Config; log: Logger }
 
@@ -82,7 +85,8 @@ interface DeliveryDeps { db: Knex; cfg: Config; log: Logger }
  * the same config never overlap ('busy': another run holds it; try again shortly). The job is
  * responsible for updates up to its own timeline_seq: a failure there is thrown for a retry, or,
  * on the final attempt, the update is given up so later ones can flow. A failure on a later
- * update ends the run quietly: that update's own job retries it.
+ * update ends the run quietly: that update's own job retries it. 'more': the run stopped at its
+ * budget before reaching its own update; run the job again.
  */
 export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, finalAttempt: boolean): Promise<DeliveryOutcome> {
   const { db, cfg, log } = deps;
@@ -97,7 +101,14 @@ export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, final
     if (!task) return 'config gone';
     const items = await repo.statusItemsAfter(trx, job.task_id, config.delivered_seq, ITEMS_PER_RUN);
     const headers = authHeaders(config);
+    const started = Date.now();
+    let reached = config.delivered_seq;
+    let cut = items.length === ITEMS_PER_RUN;
     for (const item of items) {
+      if (Date.now() - started > RUN_BUDGET_MS) {
+        cut = true;
+        break;
+      }
       try {
         await postNotification(config.url, await notificationBody(trx, task, item), headers, { allowPrivate: cfg.PUSH_ALLOW_PRIVATE, timeoutMs: cfg.PUSH_TIMEOUT_MS });
       } catch (err) {
@@ -110,8 +121,9 @@ export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, final
         log.warn({ task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(config.url).host, reason }, 'push notification given up');
       }
       await repo.setDeliveredSeq(trx, job.task_id, job.config_id, item.seq);
+      reached = item.seq;
     }
-    return 'delivered';
+    return cut && !failure && reached < job.timeline_seq ? 'more' : 'delivered';
   });
   if (failure) throw failure;
   return outcome;

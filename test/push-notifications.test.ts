@@ -10,7 +10,7 @@ import { postNotification } from '../domain/push-delivery.ts';
 interface Received { token: string | undefined; authorization: string | undefined; body: any }
 
 // A local webhook receiver; `answer` picks the HTTP status for each request (after recording it).
-async function startReceiver(answer: (r: Received, all: Received[]) => number = () => 200) {
+async function startReceiver(answer: (r: Received, all: Received[]) => number | Promise<number> = () => 200) {
   const all: Received[] = [];
   const server = http.createServer((req, res) => {
     let raw = '';
@@ -18,7 +18,7 @@ async function startReceiver(answer: (r: Received, all: Received[]) => number = 
     req.on('end', () => {
       const r: Received = { token: req.headers['x-a2a-notification-token'] as string | undefined, authorization: req.headers.authorization, body: JSON.parse(raw) };
       all.push(r);
-      res.writeHead(answer(r, all)).end();
+      void Promise.resolve(answer(r, all)).then((status) => res.writeHead(status).end());
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -125,6 +125,27 @@ describe('push notifications', () => {
     assert.match(bad.error.message, /must use http or https, not 'gopher'/);
     const unknown = await rpc('tasks/pushNotificationConfig/list', { id: randomUUID() });
     assert.equal(unknown.error.code, -32001);
+  });
+
+  it('delivers a long series of updates in order across several delivery runs', async () => {
+    // The first update is held at the receiver until all the others exist, so one backlog of
+    // more updates than a run takes has to be worked off.
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    const rx = await startReceiver(async (_r, all) => {
+      if (all.length === 1) await held;
+      return 200;
+    });
+    receivers.push(rx);
+    const id = await idleTask();
+    await setPushConfig(testDb(), id, { url: rx.url }, allowPrivate);
+    const texts = Array.from({ length: 45 }, (_, i) => `step ${i}`);
+    for (const t of texts) await setStatus(id, 'working', t);
+    release();
+    await setStatus(id, 'completed', 'finished');
+    await waitFor(async () => states(rx.all, id).includes('completed'), 'the completed notification', 30000);
+    const seen = rx.all.filter((r) => r.body.id === id).map((r) => r.body.status.message.parts[0].text);
+    assert.deepEqual(seen, [...texts, 'finished']);
   });
 
   it('retries a receiver that fails twice until it gets the update', async () => {

@@ -9,8 +9,8 @@ import type { JobPayloads } from '../queues/names.ts';
 import { deliverPending } from '../domain/push-delivery.ts';
 import { PUSH_DELIVERIES_CHANNEL } from '../db/push-configs.ts';
 
-// A run that finds the config locked by another run comes back after this long, without
-// spending an attempt.
+// A run that finds the config locked by another run comes back after this long, and one that
+// stopped at its budget comes back at once, neither spending an attempt.
 const BUSY_DELAY_MS = 200;
 const RECONNECT_MS = 1000;
 
@@ -18,8 +18,8 @@ export function createPushDeliveryProcessor(services: Services) {
   return async function deliverPush(job: Job<JobPayloads['push-notifications']>, token?: string): Promise<string> {
     const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
     const outcome = await deliverPending(services, job.data, finalAttempt);
-    if (outcome === 'busy') {
-      await job.moveToDelayed(Date.now() + BUSY_DELAY_MS, token);
+    if (outcome === 'busy' || outcome === 'more') {
+      await job.moveToDelayed(Date.now() + (outcome === 'busy' ? BUSY_DELAY_MS : 0), token);
       throw new DelayedError();
     }
     return outcome;
