@@ -20,6 +20,8 @@ const ConfigSchema = Type.Object({
   AGENT_KIND: Type.Union([Type.Literal('demo'), Type.Literal('module'), Type.Literal('remote')], { default: 'demo' }),
   AGENT_MODULE: Type.Optional(Type.String({ minLength: 1 })),
   AGENT_REMOTE_URL: Type.Optional(Type.String({ pattern: '^https?://' })),
+  // Sent as `Authorization: Bearer <key>` to the remote A2A agent (card and calls).
+  AGENT_REMOTE_API_KEY: Type.Optional(Type.String({ minLength: 1 })),
   AGENT_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 3 }),
   AGENT_BACKOFF_MS: Type.Integer({ minimum: 0, default: 1000 }),
   AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 50 }),
@@ -96,6 +98,6 @@ export function loadConfigOrExit(): Config {
 
 // What /_internal/v1/runtime_config may show: nothing that grants access.
 export function publicConfig(cfg: Config): Record<string, unknown> {
-  const hidden = new Set(['ADMIN_API_KEY', 'DATABASE_URL', 'REDIS_URL']);
+  const hidden = new Set(['ADMIN_API_KEY', 'DATABASE_URL', 'REDIS_URL', 'AGENT_REMOTE_API_KEY']);
   return Object.fromEntries(Object.entries(cfg).filter(([k]) => !hidden.has(k)));
 }

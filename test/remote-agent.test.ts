@@ -52,8 +52,17 @@ class RemoteExecutor implements AgentExecutor {
   }
 }
 
-async function startRemoteAgent(executor: AgentExecutor, streaming: boolean): Promise<{ url: string; server: Server }> {
+const REMOTE_KEY = 'remote-api-key-3f9a71c2';
+
+// The remote answers 401 to any request without REMOTE_KEY as its bearer token.
+async function startRemoteAgent(executor: AgentExecutor, streaming: boolean): Promise<{ url: string; server: Server; refused: string[] }> {
   const app = express();
+  const refused: string[] = [];
+  app.use((req, res, next) => {
+    if (req.headers.authorization === `Bearer ${REMOTE_KEY}`) return next();
+    refused.push(`${req.method} ${req.path}`);
+    res.status(401).json({ error: 'unauthenticated' });
+  });
   const server = await new Promise<Server>((resolve) => {
     const s = app.listen(0, '127.0.0.1', () => resolve(s));
   });
@@ -65,18 +74,18 @@ async function startRemoteAgent(executor: AgentExecutor, streaming: boolean): Pr
   const handler = new DefaultRequestHandler(card, new InMemoryTaskStore(), executor);
   app.use('/.well-known/agent-card.json', agentCardHandler({ agentCardProvider: handler }));
   app.use('/rpc', jsonRpcHandler({ requestHandler: handler, userBuilder: UserBuilder.noAuthentication }));
-  return { url, server };
+  return { url, server, refused };
 }
 
 for (const streaming of [true, false]) {
   describe(`remote A2A agent (${streaming ? 'streaming' : 'non-streaming, polled'} remote)`, () => {
     let stack: Stack;
-    let remote: { url: string; server: Server };
+    let remote: { url: string; server: Server; refused: string[] };
     const executor = new RemoteExecutor();
     before(async () => {
       await resetDb();
       remote = await startRemoteAgent(executor, streaming);
-      stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url });
+      stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY });
     });
     after(async () => {
       await stack?.stop();
@@ -108,6 +117,10 @@ for (const streaming of [true, false]) {
       if (streaming) assert.ok(texts.includes('agent: thinking about hello remote'), texts.join(' | '));
       const a2a = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id } });
       assert.equal(a2a.body.result?.artifacts?.[0]?.artifactId, 'report', a2a.text);
+      // Every call carried the remote's API key, and the key is in no log line.
+      assert.deepEqual(remote.refused, []);
+      const logs = [...stack.api.logs, ...stack.workers.flatMap((w) => w.logs)].join('\n');
+      assert.ok(!logs.includes(REMOTE_KEY));
     });
 
     it('continues the same remote task when the user answers an input request', async () => {

@@ -5,13 +5,16 @@
 // with the remote task's final or interrupted state. Canceling the local task cancels the remote one.
 //
 // AGENT_REMOTE_URL is the remote agent's base URL (its card is read from
-// <url>/.well-known/agent-card.json) or the full URL of its agent card (ending in .json).
+// <url>/.well-known/agent-card.json) or the full URL of its agent card (ending in .json);
+// AGENT_REMOTE_API_KEY, when set, is sent as a bearer token with every request to it.
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Knex } from 'knex';
 import type {
   Artifact, Message as A2AMessage, Part, Task as A2ATask, TaskArtifactUpdateEvent, TaskState as A2AState, TaskStatus, TaskStatusUpdateEvent,
 } from '@a2a-js/sdk';
-import { ClientFactory, type Client } from '@a2a-js/sdk/client';
+import {
+  ClientFactory, ClientFactoryOptions, DefaultAgentCardResolver, JsonRpcTransportFactory, RestTransportFactory, type Client,
+} from '@a2a-js/sdk/client';
 import { loadConfig } from '../../domain/config.ts';
 import { createDb } from '../../db/knex.ts';
 import { getRemoteAgentTask, saveRemoteAgentTask } from '../../db/remote-agent-tasks.ts';
@@ -46,16 +49,36 @@ function cardLocation(url: string): [string, string | undefined] {
   return /\.json$/i.test(new URL(url).pathname) ? [url, ''] : [url, undefined];
 }
 
-// The database handle of the worker process running this agent (resolveAgent hands agents only
-// their URL), opened on first use.
-let db: Knex | undefined;
-const store = () => (db ??= createDb(loadConfig().DATABASE_URL, { min: 0, max: 4 }));
+// What this agent needs beyond its URL (resolveAgent hands agents only that): the database of
+// the worker process, for the remote task ids, and the remote's API key. Read on first use.
+let local: { db: Knex; apiKey?: string } | undefined;
+function settings() {
+  if (!local) {
+    const cfg = loadConfig();
+    local = { db: createDb(cfg.DATABASE_URL, { min: 0, max: 4 }), apiKey: cfg.AGENT_REMOTE_API_KEY };
+  }
+  return local;
+}
+const store = () => settings().db;
+
+function clientFactory(apiKey: string | undefined): ClientFactory {
+  if (!apiKey) return new ClientFactory();
+  const fetchImpl: typeof fetch = (input, init) => {
+    const headers = new Headers(init?.headers);
+    headers.set('authorization', `Bearer ${apiKey}`);
+    return fetch(input, { ...init, headers });
+  };
+  return new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
+    transports: [new JsonRpcTransportFactory({ fetchImpl }), new RestTransportFactory({ fetchImpl })],
+    cardResolver: new DefaultAgentCardResolver({ fetchImpl }),
+  }));
+}
 
 export function remoteAgent(url: string): AgentHandler {
   const [base, cardPath] = cardLocation(url);
   let client: Promise<Client> | undefined;
   const connect = () => {
-    client ??= new ClientFactory().createFromUrl(base, cardPath).catch((err: Error) => {
+    client ??= clientFactory(settings().apiKey).createFromUrl(base, cardPath).catch((err: Error) => {
       client = undefined;
       throw new Error(`the remote agent card at ${url} could not be read: ${err.message}`);
     });
