@@ -14,7 +14,7 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 });
 
 // The remote agent: says it is thinking (a working update with a message), emits an artifact,
-// then finishes. "[ask]" makes it ask
+// then finishes. "[direct]" makes it answer with a plain message and no task. "[ask]" makes it ask
 // for input first; "[hang]" makes it work until canceled; a follow-up turn says which turn it is.
 class RemoteExecutor implements AgentExecutor {
   readonly received: { taskId: string; text: string; continued: boolean }[] = [];
@@ -25,6 +25,12 @@ class RemoteExecutor implements AgentExecutor {
     const { taskId, contextId, userMessage, task } = rc;
     const text = textOf(userMessage);
     this.received.push({ taskId, text, continued: !!task });
+    if (text.includes('[direct]')) {
+      // A plain message instead of a task: the remote's whole answer.
+      bus.publish({ kind: 'message', role: 'agent', messageId: randomUUID(), contextId, parts: [{ kind: 'text', text: `Direct answer to ${text}` }] });
+      bus.finished();
+      return;
+    }
     const status = (state: TaskState, message?: string, final = false) =>
       bus.publish({ kind: 'status-update', taskId, contextId, final, status: { state, timestamp: new Date().toISOString(), ...(message ? { message: agentMessage(taskId, contextId, message) } : {}) } });
     if (!task) bus.publish({ kind: 'task', id: taskId, contextId, status: { state: 'submitted', timestamp: new Date().toISOString() }, history: [userMessage] });
@@ -121,6 +127,12 @@ for (const streaming of [true, false]) {
       assert.deepEqual(remote.refused, []);
       const logs = [...stack.api.logs, ...stack.workers.flatMap((w) => w.logs)].join('\n');
       assert.ok(!logs.includes(REMOTE_KEY));
+    });
+
+    it('completes the local task with a remote answer that is a plain message', async () => {
+      const created = await stack.client.post('/api/task/v1', { message: textMessage('quick one [direct]') });
+      const done = await finished(created.body.task.id, 'completed');
+      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Direct answer to quick one [direct]' }]);
     });
 
     it('continues the same remote task when the user answers an input request', async () => {
