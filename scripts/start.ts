@@ -12,11 +12,14 @@ const env: NodeJS.ProcessEnv = { ...process.env, DATA_DIR: dataDir };
 const services: LocalService[] = [];
 const children: ChildProcess[] = [];
 let stopping = false;
+let startup: Promise<void> = Promise.resolve();
 
 async function stopAll(code: number): Promise<never> {
   if (!stopping) {
     stopping = true;
     say('stopping...');
+    // A signal during startup: let the step under way finish so what it started is stopped too.
+    await startup.catch(() => undefined);
     await Promise.all(children.map((c) => new Promise<void>((resolve) => {
       if (c.exitCode !== null || c.signalCode !== null) return resolve();
       const t = setTimeout(() => c.kill('SIGKILL'), 15000);
@@ -43,24 +46,29 @@ function run(name: string, file: string, wait = false): Promise<number> | ChildP
   return child;
 }
 
-try {
+// Each step checks `stopping`, so a signal during startup starts nothing more.
+startup = (async () => {
   if (!env.DATABASE_URL) {
     const pg = await startPostgres({ dataDir, log: say });
     services.push(pg);
     env.DATABASE_URL = pg.url;
     say(`local Postgres on ${pg.url} (data in ${dataDir}/postgres)`);
   }
+  if (stopping) return;
   if (!env.REDIS_URL) {
     const redis = await startRedis({ dataDir, log: say });
     services.push(redis);
     env.REDIS_URL = redis.url;
     say(`local Redis on ${redis.url} (data in ${dataDir}/redis)`);
   }
+  if (stopping) return;
   const code = await run('migrate', 'db/migrate.ts', true);
   if (code !== 0) throw new Error(`migrations failed (exit ${code})`);
+  if (stopping) return;
   run('api', 'api/main.ts');
   run('worker', 'workers/main.ts');
-} catch (err) {
+})();
+startup.catch(async (err) => {
   say((err as Error).message);
-  await stopAll(1);
-}
+  if (!stopping) await stopAll(1);
+});

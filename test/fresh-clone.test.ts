@@ -26,7 +26,8 @@ function descendants(pid: number): Map<number, [string, string]> {
   const out = new Map<number, [string, string]>();
   const walk = (p: number) => {
     for (const c of children.get(p) ?? []) {
-      out.set(c, info.get(c)!);
+      const i = info.get(c);
+      if (i) out.set(c, i);
       walk(c);
     }
   };
@@ -138,6 +139,33 @@ describe('fresh clone: npm ci && npm start', function () {
     running.push(s);
     assert.equal(await s.exited, 1, diag(s));
     assert.match(s.output.join('\n'), new RegExp(`cannot enter ${locked}.*chmod o\\+x ${locked}`));
+  });
+
+  it('SIGTERM during startup stops whatever was already started', async () => {
+    const otherData = fs.mkdtempSync(path.join(work, 'early-'));
+    fs.chmodSync(otherData, 0o755);
+    const s = npmStart(repo, { ...env, PORT: String(await freePort()), DATA_DIR: otherData });
+    running.push(s);
+    // Every process seen below npm start, until it exits: one started late would be missed by a
+    // single snapshot.
+    const seen = new Map<number, [string, string]>();
+    const watch = setInterval(() => { for (const [pid, v] of descendants(s.child.pid!)) seen.set(pid, v); }, 10);
+    try {
+      // The moment the postgres server process exists, before it answers.
+      await waitFor(async () => s.child.exitCode === null && [...seen.values()].some(([, cmd]) => /bin\/postgres -D/.test(cmd)), 'Postgres to be starting', 120_000, 10);
+      s.child.kill('SIGTERM');
+      const code = await Promise.race([s.exited, new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 90_000).unref())]);
+      assert.notEqual(code, 'timeout', diag(s));
+    } finally {
+      clearInterval(watch);
+    }
+    assert.ok([...seen.values()].some(([, cmd]) => /postgres/.test(cmd)));
+    await waitFor(async () => [...seen].every(([pid, [start]]) => !stillRunning(pid, start)), 'every process to exit', 30_000, 200)
+      .catch(() => {
+        const left = [...seen].filter(([pid, [start]]) => stillRunning(pid, start)).map(([pid, [, cmd]]) => `${pid} ${cmd}`);
+        for (const [pid, [start]] of seen) if (stillRunning(pid, start)) process.kill(pid, 'SIGKILL');
+        throw new Error(`still running after SIGTERM during startup:\n${left.join('\n')}\n${diag(s)}`);
+      });
   });
 
   it('a second npm start on the same DATA_DIR finds the task again', async () => {
