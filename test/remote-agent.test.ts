@@ -144,6 +144,10 @@ for (const streaming of [true, false]) {
       assert.equal(follow.status, 201);
       const done = await finished(id, 'completed');
       assert.equal(done.status_message.parts[0].text, 'Remote turn 2: blue');
+      // What the first turn mirrored is not mirrored again by the second.
+      const texts = done.messages.map((m: any) => m.parts[0].text);
+      assert.equal(texts.filter((t: string) => t === 'Which colour?').length, 1, texts.join(' | '));
+      assert.ok(texts.filter((t: string) => t === 'thinking about paint it [ask]').length <= 1, texts.join(' | '));
       const turns = executor.received.filter((r) => r.text === 'paint it [ask]' || r.text === 'blue');
       assert.equal(turns.length, 2);
       assert.equal(turns[1].taskId, turns[0].taskId, 'the follow-up went to the same remote task');

@@ -17,7 +17,7 @@ import {
 } from '@a2a-js/sdk/client';
 import { loadConfig } from '../../domain/config.ts';
 import { createDb } from '../../db/knex.ts';
-import { getRemoteAgentTask, saveRemoteAgentTask } from '../../db/remote-agent-tasks.ts';
+import { getRemoteAgentTask, saveRemoteAgentTask, type RemoteAgentTaskRow } from '../../db/remote-agent-tasks.ts';
 import { fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import type { MessagePart } from '../../api/schemas/task.ts';
 import type { AgentContext, AgentHandler, AgentResult } from './types.ts';
@@ -29,6 +29,9 @@ const FINAL_STATES: Partial<Record<A2AState, NonNullable<AgentResult['status']>>
   'input-required': 'input-required',
   'auth-required': 'auth-required',
 };
+const INTERRUPTED = { 'input-required': true, 'auth-required': true };
+// How much of a remote task's history a later turn reads to know what was mirrored already.
+const SEEN_HISTORY = 1000;
 const POLL_MIN_MS = 100;
 const POLL_MAX_MS = 2000;
 const CANCEL_TIMEOUT_MS = 5000;
@@ -89,19 +92,19 @@ export function remoteAgent(url: string): AgentHandler {
     const remote = await connect();
     const known = await getRemoteAgentTask(store(), ctx.task.id);
     const mirror = new Mirror(ctx, known?.remote_task_id);
-    const message: A2AMessage = {
-      kind: 'message',
-      role: 'user',
-      messageId: ctx.message.id,
-      parts: ctx.message.parts.map(toA2APart),
-      ...(known ? { taskId: known.remote_task_id, ...(known.remote_context_id ? { contextId: known.remote_context_id } : {}) } : {}),
-    };
     const link = new AbortController();
     const onAbort = () => link.abort(ctx.signal.reason);
+    if (ctx.signal.aborted) onAbort();
     ctx.signal.addEventListener('abort', onAbort, { once: true });
     try {
-      for await (const event of remote.sendMessageStream({ message, configuration: { blocking: false } }, { signal: link.signal })) {
-        const done = await mirror.apply(event);
+      // A later turn: what the remote task already shows was mirrored by earlier runs. A remote
+      // task still running means this run is a retry after the message was sent: follow it.
+      const current = known ? await remote.getTask({ id: known.remote_task_id, historyLength: SEEN_HISTORY }, { signal: link.signal }) : undefined;
+      if (current && isEnd(current.status.state) && !(current.status.state in INTERRUPTED)) return resultOf(current.status, true);
+      if (current) mirror.seen(current);
+      const running = current && (current.status.state === 'submitted' || current.status.state === 'working');
+      if (!running) {
+        const done = await send(remote, mirror, ctx, known, link.signal);
         if (done) return done;
       }
       // The stream ended before the remote task did, or the remote cannot stream: the client then
@@ -114,12 +117,30 @@ export function remoteAgent(url: string): AgentHandler {
         if (done) return done;
       }
     } catch (err) {
-      if (ctx.signal.aborted && mirror.remoteTaskId) await cancelRemote(remote, mirror.remoteTaskId, ctx);
+      // A worker shutting down hands the run to another worker, which follows the same remote task.
+      const shutdown = (ctx.signal.reason as { shutdown?: boolean } | undefined)?.shutdown;
+      if (ctx.signal.aborted && !shutdown && mirror.remoteTaskId) await cancelRemote(remote, mirror.remoteTaskId, ctx);
       throw err;
     } finally {
       ctx.signal.removeEventListener('abort', onAbort);
     }
   };
+}
+
+// Forwards the user's message and mirrors the remote's stream; the run's result if it ended.
+async function send(remote: Client, mirror: Mirror, ctx: AgentContext, known: RemoteAgentTaskRow | undefined, signal: AbortSignal): Promise<AgentResult | undefined> {
+  const message: A2AMessage = {
+    kind: 'message',
+    role: 'user',
+    messageId: ctx.message.id,
+    parts: ctx.message.parts.map(toA2APart),
+    ...(known ? { taskId: known.remote_task_id, ...(known.remote_context_id ? { contextId: known.remote_context_id } : {}) } : {}),
+  };
+  for await (const event of remote.sendMessageStream({ message, configuration: { blocking: false } }, { signal })) {
+    const done = await mirror.apply(event);
+    if (done) return done;
+  }
+  return undefined;
 }
 
 async function cancelRemote(remote: Client, remoteTaskId: string, ctx: AgentContext): Promise<void> {
@@ -141,6 +162,13 @@ class Mirror {
 
   constructor(private readonly ctx: AgentContext, public remoteTaskId: string | undefined) {
     this.seenMessages.add(ctx.message.id);
+  }
+
+  /** Marks everything a remote task already shows as mirrored. */
+  seen(task: A2ATask): void {
+    for (const m of task.history ?? []) this.seenMessages.add(m.messageId);
+    if (task.status.message) this.seenMessages.add(task.status.message.messageId);
+    for (const a of task.artifacts ?? []) this.seenArtifacts.set(a.artifactId, JSON.stringify(a));
   }
 
   private async track(taskId: string, contextId: string | undefined): Promise<void> {
