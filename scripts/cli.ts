@@ -51,7 +51,7 @@ function parse(argv: string[]): Args {
   }
   const { values, positionals } = parsed;
   const [group, command, ...rest] = positionals;
-  if (values.help && !group) return { help: true as const };
+  if (values.help) return { help: true };
   if (group !== 'keys') throw new UsageError(group ? `Unknown command '${group}'` : 'No command given');
   const allowed: Record<string, string[]> = { create: ['name', 'scopes', 'json'], list: ['json'], revoke: [] };
   if (!command || !allowed[command]) throw new UsageError(command ? `Unknown keys command '${command}'` : 'keys needs a command: create, list or revoke');

@@ -71,6 +71,14 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     assert.ok(api.body.items.some((k: { id: string }) => k.id === created.id));
   });
 
+  it('prints the usage with --help (exit 0)', async () => {
+    for (const args of [['--help'], ['keys', 'create', '-h']]) {
+      const r = await cli(args);
+      assert.equal(r.code, 0, r.stderr);
+      assert.match(r.stdout, /keys create --name <name> --scopes <scope,scope,...>/);
+    }
+  });
+
   const usageCases: [string, string[], RegExp][] = [
     ['no command', [], /No command given/],
     ['an unknown command', ['users', 'list'], /Unknown command 'users'/],
