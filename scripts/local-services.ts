@@ -1,6 +1,7 @@
 // Starts a real Postgres and a real Redis as child processes under a data directory, for
 // `npm start` without DATABASE_URL/REDIS_URL and for the test suite.
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
@@ -66,30 +67,39 @@ function asPostgresUser(cmd: string, args: string[]): [string, string[]] {
 }
 
 // As root, Postgres runs as the postgres user, which must be able to enter every directory above
-// its data; a repository under /root (mode 0700) is the usual case where it cannot.
-function assertReachableByPostgres(dataDir: string): void {
-  if (!isRoot) return;
+// its data; a repository under /root (mode 0700) is the usual case where it cannot. Then the
+// cluster lives under /var/lib/taskbridge instead, in a folder named after the DATA_DIR, so the
+// same DATA_DIR finds the same data on every start.
+function blockedForPostgres(dir: string): string | undefined {
+  if (!isRoot) return undefined;
   const chain: string[] = [];
-  for (let d = path.resolve(dataDir); ; d = path.dirname(d)) {
+  for (let d = path.resolve(dir); ; d = path.dirname(d)) {
     chain.unshift(d);
     if (d === path.dirname(d)) break;
   }
-  const blocked = chain.find((d) => {
+  return chain.find((d) => {
     const [cmd, args] = asPostgresUser('test', ['-x', d]);
     return spawnSync(cmd, args).status !== 0;
   });
-  if (blocked) {
-    throw new Error(`Postgres runs as the "postgres" user (this process is root) and cannot enter ${blocked}. `
-      + `Use a DATA_DIR that user can reach (e.g. DATA_DIR=/var/lib/taskbridge) or allow it: chmod o+x ${blocked}`);
-  }
+}
+
+export const ROOT_FALLBACK_DIR = '/var/lib/taskbridge';
+
+function postgresDir(dataDir: string, log: (line: string) => void): string {
+  const wanted = path.resolve(dataDir, 'postgres');
+  const blocked = blockedForPostgres(dataDir);
+  if (!blocked) return wanted;
+  const dir = path.join(ROOT_FALLBACK_DIR, `postgres-${createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 16)}`);
+  fs.mkdirSync(ROOT_FALLBACK_DIR, { recursive: true, mode: 0o755 });
+  log(`the postgres user cannot enter ${blocked}, so the local Postgres data for ${path.resolve(dataDir)} lives in ${dir}`);
+  return dir;
 }
 
 export async function startPostgres(opts: Options): Promise<LocalService> {
   const bin = findPgBin();
   if (!bin) return startEmbeddedPostgres(opts);
-  const dir = path.resolve(opts.dataDir, 'postgres');
   fs.mkdirSync(opts.dataDir, { recursive: true });
-  assertReachableByPostgres(opts.dataDir);
+  const dir = postgresDir(opts.dataDir, opts.log ?? console.error);
   if (!fs.existsSync(path.join(dir, 'PG_VERSION'))) {
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     if (isRoot) execFileSync('chown', ['-R', 'postgres:postgres', dir]);

@@ -6,7 +6,7 @@ import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { freePort } from '../scripts/local-services.ts';
+import { freePort, ROOT_FALLBACK_DIR } from '../scripts/local-services.ts';
 import { Client, ROOT, textMessage, waitFor } from './helpers/stack.ts';
 
 // Every process below `pid`, read from /proc: pid -> [start time, command line].
@@ -131,14 +131,24 @@ describe('fresh clone: npm ci && npm start', function () {
     await stopAndCheck(s, procs);
   });
 
-  it('as root, npm start with a DATA_DIR the postgres user cannot reach exits 1 saying what to do', async function () {
+  it('as root, npm start with a DATA_DIR the postgres user cannot reach keeps Postgres data under /var/lib/taskbridge', async function () {
     if (process.getuid?.() !== 0) this.skip();
     const locked = fs.mkdtempSync(path.join(work, 'locked-'));
     fs.chmodSync(locked, 0o700);
-    const s = npmStart(repo, { ...env, PORT: String(await freePort()), DATA_DIR: path.join(locked, 'data') });
+    const lockedData = path.join(locked, 'data');
+    const port = await freePort();
+    const s = npmStart(repo, { ...env, PORT: String(port), DATA_DIR: lockedData });
     running.push(s);
-    assert.equal(await s.exited, 1, diag(s));
-    assert.match(s.output.join('\n'), new RegExp(`cannot enter ${locked}.*chmod o\\+x ${locked}`));
+    const anon = new Client(`http://127.0.0.1:${port}`, '');
+    await waitFor(async () => (s.child.exitCode !== null ? 'exited' : (await anon.get('/_internal/v1/ready')).status === 200), 'ready', 180_000, 250)
+      .catch((e) => { throw new Error(`${e.message}\n${diag(s)}`); });
+    assert.equal(s.child.exitCode, null, diag(s));
+    const line = s.output.find((l) => l.includes(`cannot enter ${locked}`));
+    const pgDir = /lives in (\S+)$/.exec(line ?? '')?.[1];
+    assert.ok(pgDir?.startsWith(`${ROOT_FALLBACK_DIR}/postgres-`), diag(s));
+    assert.ok(fs.existsSync(path.join(pgDir!, 'PG_VERSION')));
+    await stopAndCheck(s, descendants(s.child.pid!));
+    fs.rmSync(pgDir!, { recursive: true, force: true });
   });
 
   it('SIGTERM during startup stops whatever was already started', async () => {
