@@ -14,32 +14,32 @@ import { rotationRoutes } from './routes/rotation.ts';
 import { a2aRoutes } from './routes/a2a.ts';
 import { a2aDefinitionRoutes } from './routes/a2a-definition.ts';
 import { defineRoute } from './route.ts';
-import { ErrorBody, FreeObject } from './schemas/common.ts';
-import { Type } from '@sinclair/typebox';
-import { createMetrics } from './metrics.ts';
+import { FreeObject } from './schemas/common.ts';
+import { metricsMiddleware, metricsRoutes } from './metrics.ts';
 import { queueDashboard } from './queue-dashboard.ts';
 
-export const allRoutes: Route[] = [...internalRoutes, ...authRoutes, ...taskRoutes, ...encryptionRoutes, ...rotationRoutes, ...secretRoutes, ...a2aRoutes, ...a2aDefinitionRoutes];
+// The document describes allRoutes, itself included: built on first request, once per process.
+const openapiDocs = new WeakMap<Services, Record<string, unknown>>();
+const openapiRoute = defineRoute({
+  method: 'get', path: '/api/openapi.json', operationId: 'openapi', tag: '_internal', scope: null,
+  summary: 'This OpenAPI 3.1 document', responses: { 200: FreeObject },
+}, async ({ services }) => {
+  let doc = openapiDocs.get(services);
+  if (!doc) openapiDocs.set(services, (doc = buildOpenApi(allRoutes, { version: process.env.npm_package_version ?? '0.1.0', serverUrl: services.cfg.PUBLIC_URL })));
+  return doc;
+});
+
+export const allRoutes: Route[] = [
+  ...internalRoutes, ...metricsRoutes, openapiRoute, ...authRoutes, ...taskRoutes, ...encryptionRoutes, ...rotationRoutes,
+  ...secretRoutes, ...a2aRoutes, ...a2aDefinitionRoutes,
+];
 
 export function createApp(services: Services): Koa {
   const app = new Koa({ proxy: true });
-  const openapi = buildOpenApi(allRoutes, { version: process.env.npm_package_version ?? '0.1.0', serverUrl: services.cfg.PUBLIC_URL });
-  const openapiRoute = defineRoute({
-    method: 'get', path: '/api/openapi.json', operationId: 'openapi', tag: '_internal', scope: null,
-    summary: 'This OpenAPI 3.1 document', responses: { 200: FreeObject },
-  }, async () => openapi);
-  const metrics = createMetrics(services);
-  const metricsRoute = defineRoute({
-    method: 'get', path: '/metrics', operationId: 'metrics', tag: '_internal', scope: 'internal',
-    summary: 'Prometheus metrics', responses: { 200: Type.String(), 401: ErrorBody, 403: ErrorBody },
-  }, async ({ ctx }) => {
-    ctx.type = metrics.registry.contentType;
-    ctx.body = await metrics.registry.metrics();
-  });
   const router = new Router();
-  mount(router, [...allRoutes, openapiRoute, metricsRoute], services);
+  mount(router, allRoutes, services);
   app.use(requestId(services.log));
-  app.use(metrics.middleware);
+  app.use(metricsMiddleware(services));
   app.use(errorHandler());
   app.use(queueDashboard(services));
   app.use(router.routes());

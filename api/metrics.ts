@@ -1,12 +1,15 @@
 // Prometheus metrics of an API process: HTTP latency by route and status, plus queue depths, the
 // outbox backlog and key job progress read at scrape time (they are shared state, the same from any process).
 import type { Middleware } from 'koa';
+import { Type } from '@sinclair/typebox';
+import { defineRoute } from './route.ts';
+import { ErrorBody } from './schemas/common.ts';
 import { Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Services } from '../domain/services.ts';
 import { QUEUE_NAMES } from '../queues/names.ts';
 import { listActiveKeyJobs } from '../db/key-jobs.ts';
 
-export function createMetrics(services: Services) {
+function createMetrics(services: Services) {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry });
   const http = new Histogram({
@@ -61,3 +64,24 @@ export function createMetrics(services: Services) {
   };
   return { registry, middleware };
 }
+
+// One registry per process (per Services), shared by the middleware and the route.
+const registries = new WeakMap<Services, ReturnType<typeof createMetrics>>();
+function metricsOf(services: Services) {
+  let m = registries.get(services);
+  if (!m) registries.set(services, (m = createMetrics(services)));
+  return m;
+}
+
+export const metricsMiddleware = (services: Services): Middleware => metricsOf(services).middleware;
+
+export const metricsRoutes = [
+  defineRoute({
+    method: 'get', path: '/metrics', operationId: 'metrics', tag: '_internal', scope: 'internal',
+    summary: 'Prometheus metrics', responseType: 'text/plain', responses: { 200: Type.String(), 401: ErrorBody, 403: ErrorBody },
+  }, async ({ ctx, services }) => {
+    const { registry } = metricsOf(services);
+    ctx.type = registry.contentType;
+    ctx.body = await registry.metrics();
+  }),
+];

@@ -33,7 +33,7 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
     const responses: Json = {};
     for (const [status, schema] of Object.entries(spec.responses)) {
       responses[status] = schema
-        ? { description: status.startsWith('2') ? 'Success' : 'Error', content: { 'application/json': { schema: collect(schema, components) } } }
+        ? { description: status.startsWith('2') ? 'Success' : 'Error', content: { [status.startsWith('2') ? spec.responseType ?? 'application/json' : 'application/json']: { schema: collect(schema, components) } } }
         : { description: 'No content' };
     }
     const op: Json = {

@@ -22,6 +22,7 @@ export interface RouteSpec<P extends TObject | undefined, Q extends TObject | un
   query?: Q;
   body?: B;
   responses: Record<number, TSchema | null>;
+  responseType?: string; // media type of the success body; application/json when absent
 }
 
 type In<T> = T extends TSchema ? Static<T> : undefined;
