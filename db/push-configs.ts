@@ -4,16 +4,17 @@ import type { TimelineRow } from './timeline.ts';
 // Channel of the NOTIFY sent for each delivery job the fan-out trigger writes to the outbox.
 export const PUSH_DELIVERIES_CHANNEL = 'push_deliveries';
 
-export interface PushAuthentication { schemes: string[]; credentials?: string }
-
 export interface PushConfigRow {
-  task_id: string; id: string; url: string; token: string | null; authentication: PushAuthentication | null;
-  delivered_seq: number; created_at: Date; updated_at: Date;
+  task_id: string; id: string; url: string; authentication: { schemes: string[] } | null;
+  encrypted_secrets: string | null; secrets_dek_id: string | null; delivered_seq: number; created_at: Date; updated_at: Date;
 }
 
 // Creates or replaces a task's config. A new config starts after the task's current timeline, so
 // only later updates are pushed; replacing one keeps its delivery position.
-export async function upsertPushConfig(db: Tx, row: Pick<PushConfigRow, 'task_id' | 'id' | 'url' | 'token' | 'authentication'>): Promise<PushConfigRow> {
+export async function upsertPushConfig(
+  db: Tx,
+  row: Pick<PushConfigRow, 'task_id' | 'id' | 'url' | 'authentication' | 'encrypted_secrets' | 'secrets_dek_id'>,
+): Promise<PushConfigRow> {
   const now = new Date();
   const [out] = await db('push_configs')
     .insert({
@@ -24,7 +25,7 @@ export async function upsertPushConfig(db: Tx, row: Pick<PushConfigRow, 'task_id
       updated_at: now,
     })
     .onConflict(['task_id', 'id'])
-    .merge(['url', 'token', 'authentication', 'updated_at'])
+    .merge(['url', 'authentication', 'encrypted_secrets', 'secrets_dek_id', 'updated_at'])
     .returning('*');
   return out;
 }

@@ -1,5 +1,6 @@
-// A2A push notification configs of a task: stored in Postgres; the token and the authentication
-// credentials are kept for delivery only and never returned.
+// A2A push notification configs of a task, stored in Postgres. The token and the authentication
+// credentials are kept for delivery only: encrypted with the DEK aliased "default" and never
+// returned.
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
 import type { Tx } from '../db/knex.ts';
@@ -8,6 +9,8 @@ import * as tasks from '../db/tasks.ts';
 import type { Config } from './config.ts';
 import { InvalidRequest, NotFound } from './errors.ts';
 import { assertWebhookUrl } from './webhook-url.ts';
+import { decryptWithDek, encryptWithDek, resolveAlias } from './keyring.ts';
+import { DEFAULT_ALIAS } from './crypto/key-management.ts';
 
 // Advertised in the agent card: deliveries run through the push-notifications queue.
 export const PUSH_NOTIFICATIONS_SUPPORTED = true;
@@ -47,8 +50,8 @@ function checkInput(input: PushConfigInput): void {
     throw new InvalidRequest(`Push notification config id must be a string of 1 to ${MAX_ID} characters`);
   }
   if (typeof input.url !== 'string' || input.url.length > MAX_URL) throw new InvalidRequest(`Push notification URL must be a string of at most ${MAX_URL} characters`);
-  if (input.token !== undefined && (typeof input.token !== 'string' || input.token.length > MAX_TOKEN)) {
-    throw new InvalidRequest(`Push notification token must be a string of at most ${MAX_TOKEN} characters`);
+  if (input.token !== undefined && (typeof input.token !== 'string' || input.token.length > MAX_TOKEN || /[\r\n]/.test(input.token))) {
+    throw new InvalidRequest(`Push notification token must be a single-line string of at most ${MAX_TOKEN} characters`);
   }
   const auth = input.authentication;
   if (auth !== undefined) {
@@ -69,20 +72,34 @@ const inTrx = <T>(db: Tx, fn: (trx: Knex.Transaction) => Promise<T>): Promise<T>
 
 // Creates a config (or replaces the one with the same id). The task row is locked so the new
 // config's starting point is consistent with concurrent status changes.
-export async function setPushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Pick<Config, 'PUSH_ALLOW_PRIVATE'>): Promise<PushConfig> {
+export async function setPushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config): Promise<PushConfig> {
   checkInput(input);
   await assertWebhookUrl(input.url, cfg.PUSH_ALLOW_PRIVATE);
+  const secrets: PushSecrets = {
+    ...(input.token !== undefined ? { token: input.token } : {}),
+    ...(input.authentication?.credentials !== undefined ? { credentials: input.authentication.credentials } : {}),
+  };
   return inTrx(db, async (trx) => {
     await requireTask(trx, taskId, true);
+    const dekId = Object.keys(secrets).length ? await resolveAlias(trx, DEFAULT_ALIAS) : null;
     const row = await repo.upsertPushConfig(trx, {
       task_id: taskId,
       id: input.id ?? randomUUID(),
       url: input.url,
-      token: input.token ?? null,
-      authentication: input.authentication ? { schemes: input.authentication.schemes, ...(input.authentication.credentials !== undefined ? { credentials: input.authentication.credentials } : {}) } : null,
+      authentication: input.authentication ? { schemes: input.authentication.schemes } : null,
+      encrypted_secrets: dekId ? await encryptWithDek({ db: trx, cfg }, dekId, JSON.stringify(secrets), trx) : null,
+      secrets_dek_id: dekId,
     });
     return shown(row);
   });
+}
+
+export interface PushSecrets { token?: string; credentials?: string }
+
+// For delivery only: the config's token and credentials in clear.
+export async function pushSecrets(s: { db: Knex; cfg: Config }, row: repo.PushConfigRow): Promise<PushSecrets> {
+  if (!row.encrypted_secrets || !row.secrets_dek_id) return {};
+  return JSON.parse(await decryptWithDek(s, row.secrets_dek_id, row.encrypted_secrets)) as PushSecrets;
 }
 
 /** One config of a task: the named one, or the first one set when no id is given. */

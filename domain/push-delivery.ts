@@ -16,6 +16,7 @@ import type { Config } from './config.ts';
 import type { Logger } from './logger.ts';
 import { artifactsFromTimeline, toA2ATask } from './a2a/mapping.ts';
 import { guardedLookup, isPrivateAddress } from './webhook-url.ts';
+import { pushSecrets } from './push-config.ts';
 
 const HISTORY_IN_NOTIFICATION = 100;
 // A run holds its config's row lock (and a transaction) while it posts, so it is kept short:
@@ -67,11 +68,11 @@ export function postNotification(
   });
 }
 
-function authHeaders(cfg: repo.PushConfigRow): Record<string, string> {
+async function authHeaders(deps: DeliveryDeps, config: repo.PushConfigRow): Promise<Record<string, string>> {
+  const { token, credentials } = await pushSecrets(deps, config);
   const headers: Record<string, string> = {};
-  if (cfg.token) headers['x-a2a-notification-token'] = cfg.token;
-  const auth = cfg.authentication;
-  if (auth?.credentials) headers.authorization = `${auth.schemes[0]} ${auth.credentials}`;
+  if (token) headers['x-a2a-notification-token'] = token;
+  if (credentials && config.authentication) headers.authorization = `${config.authentication.schemes[0]} ${credentials}`;
   return headers;
 }
 
@@ -100,7 +101,7 @@ export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, final
     const task = await tasks.getTask(trx, job.task_id);
     if (!task) return 'config gone';
     const items = await repo.statusItemsAfter(trx, job.task_id, config.delivered_seq, ITEMS_PER_RUN);
-    const headers = authHeaders(config);
+    const headers = await authHeaders(deps, config);
     const started = Date.now();
     let reached = config.delivered_seq;
     let cut = items.length === ITEMS_PER_RUN;

@@ -5,6 +5,7 @@ import type { AddressInfo } from 'node:net';
 import { resetDb, startStack, testDb, waitFor, textMessage, type Stack } from './helpers/stack.ts';
 import { deletePushConfig, getPushConfig, listPushConfigs, setPushConfig } from '../domain/push-config.ts';
 import { AppError } from '../domain/errors.ts';
+import { loadConfig, type Config } from '../domain/config.ts';
 import { postNotification } from '../domain/push-delivery.ts';
 
 interface Received { token: string | undefined; authorization: string | undefined; body: any }
@@ -26,8 +27,6 @@ async function startReceiver(answer: (r: Received, all: Received[]) => number | 
   return { url, all, close: () => new Promise<void>((resolve) => server.close(() => resolve())) };
 }
 
-const allowPrivate = { PUSH_ALLOW_PRIVATE: true };
-const denyPrivate = { PUSH_ALLOW_PRIVATE: false };
 
 // Rejects with the status and message of the AppError `fn` throws.
 async function rejection(fn: () => Promise<unknown>): Promise<{ status: number; message: string }> {
@@ -42,10 +41,16 @@ async function rejection(fn: () => Promise<unknown>): Promise<{ status: number; 
 
 describe('push notifications', () => {
   let stack: Stack;
+  let allowPrivate: Config;
+  let denyPrivate: Config;
   const receivers: { close(): Promise<void> }[] = [];
   before(async () => {
     await resetDb();
     stack = await startStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_ATTEMPTS: '4', PUSH_BACKOFF_MS: '100' });
+    // The stack's own configuration (its keys directory holds the envelope key of the DEK that
+    // encrypts tokens), for calling the domain functions directly.
+    allowPrivate = loadConfig(stack.env);
+    denyPrivate = { ...allowPrivate, PUSH_ALLOW_PRIVATE: false };
   });
   after(async () => {
     await Promise.all(receivers.map((r) => r.close()));
@@ -176,7 +181,7 @@ describe('push notifications', () => {
     await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('push notification given up') && l.includes(id)), 'the give-up log line');
   });
 
-  it('sends authentication credentials and never shows or logs the token', async () => {
+  it('sends authentication credentials and never shows, stores in clear or logs the token', async () => {
     const rx = await startReceiver();
     receivers.push(rx);
     const id = await idleTask();
@@ -192,6 +197,8 @@ describe('push notifications', () => {
       assert.ok(!json.includes(token) && !json.includes(credentials), `token or credentials shown: ${json}`);
     }
     assert.equal(list.length, 1);
+    const stored = JSON.stringify(await testDb()('push_configs').where({ task_id: id }));
+    assert.ok(!stored.includes(token) && !stored.includes(credentials), `stored in clear: ${stored}`);
     await setStatus(id, 'working');
     await waitFor(async () => rx.all.some((r) => r.body.id === id), 'a notification');
     const r = rx.all.find((x) => x.body.id === id)!;

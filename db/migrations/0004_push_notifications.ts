@@ -3,15 +3,17 @@ import type { Knex } from 'knex';
 const ts = (t: Knex.CreateTableBuilder, name: string) => t.timestamp(name, { useTz: true, precision: 3 });
 
 export async function up(knex: Knex): Promise<void> {
-  // A2A push notification configs. Ids are client-chosen strings (A2A), unique per task.
-  // delivered_seq is the last timeline seq delivered (or given up) to this webhook: deliveries
-  // go out strictly in timeline order after it.
+  // A2A push notification configs. Ids are client-chosen strings (A2A), unique per task. The
+  // token and authentication credentials are stored only encrypted (a JSON object sealed with the
+  // DEK secrets_dek_id); `authentication` keeps the schemes. delivered_seq is the last timeline seq
+  // delivered (or given up) to this webhook: deliveries go out strictly in timeline order after it.
   await knex.schema.createTable('push_configs', (t) => {
     t.uuid('task_id').notNullable().references('tasks.id').onDelete('CASCADE');
     t.text('id').notNullable();
     t.text('url').notNullable();
-    t.text('token');
     t.jsonb('authentication');
+    t.text('encrypted_secrets');
+    t.text('secrets_dek_id').references('deks.id').onDelete('RESTRICT');
     t.bigInteger('delivered_seq').notNullable().defaultTo(0);
     ts(t, 'created_at').notNullable().defaultTo(knex.fn.now());
     ts(t, 'updated_at').notNullable().defaultTo(knex.fn.now());
