@@ -47,8 +47,9 @@ describe('push notifications', () => {
   before(async () => {
     await resetDb();
     stack = await startStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_ATTEMPTS: '4', PUSH_BACKOFF_MS: '100' });
-    // The stack's own configuration (its keys directory holds the envelope key of the DEK that
-    // encrypts tokens), for calling the domain functions directly.
+    // The stack's configuration, for calling the domain functions directly. Configs with a token
+    // are set through the API: encrypting needs the stack's keys, and this process's key caches
+    // outlive the stacks of other test files.
     allowPrivate = loadConfig(stack.env);
     denyPrivate = { ...allowPrivate, PUSH_ALLOW_PRIVATE: false };
   });
@@ -67,13 +68,23 @@ describe('push notifications', () => {
     const r = await stack.client.put(`/api/task/v1/${id}`, { status, ...(text ? { message: textMessage(text, 'agent') } : {}) });
     assert.equal(r.status, 200, r.text);
   };
+  const rpc = async (method: string, params: unknown) => {
+    const r = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: method, method, params });
+    assert.equal(r.status, 200, r.text);
+    return r.body;
+  };
+  const setConfig = async (taskId: string, pushNotificationConfig: Record<string, unknown>) => {
+    const r = await rpc('tasks/pushNotificationConfig/set', { taskId, pushNotificationConfig });
+    assert.equal(r.error, undefined, JSON.stringify(r.error));
+    return r.result;
+  };
   const states = (list: Received[], taskId: string) => list.filter((r) => r.body.id === taskId).map((r) => r.body.status.state);
 
   it('delivers every status update in order, with the token, as the A2A Task', async () => {
     const rx = await startReceiver();
     receivers.push(rx);
     const id = await idleTask();
-    await setPushConfig(testDb(), id, { url: rx.url, token: 'tok-in-order-123' }, allowPrivate);
+    await setConfig(id, { url: rx.url, token: 'tok-in-order-123' });
     await setStatus(id, 'working');
     await setStatus(id, 'input-required', 'need more');
     await setStatus(id, 'working');
@@ -89,11 +100,6 @@ describe('push notifications', () => {
     assert.equal(rx.all[1].body.status.message.parts[0].text, 'need more');
   });
 
-  const rpc = async (method: string, params: unknown) => {
-    const r = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: method, method, params });
-    assert.equal(r.status, 200, r.text);
-    return r.body;
-  };
 
   it('delivers the updates of a task sent with an inline config over A2A message/send', async () => {
     const rx = await startReceiver();
@@ -157,7 +163,7 @@ describe('push notifications', () => {
     const rx = await startReceiver((_r, all) => (all.length <= 2 ? 500 : 200));
     receivers.push(rx);
     const id = await idleTask();
-    await setPushConfig(testDb(), id, { url: rx.url, token: 'tok-retry' }, allowPrivate);
+    await setConfig(id, { url: rx.url, token: 'tok-retry' });
     await setStatus(id, 'working');
     await setStatus(id, 'completed');
     await waitFor(async () => states(rx.all, id).includes('completed'), 'the completed notification');
@@ -187,8 +193,8 @@ describe('push notifications', () => {
     const id = await idleTask();
     const token = 'secret-token-5f1c2e9a';
     const credentials = 'secret-credential-77aa';
-    const set = await setPushConfig(testDb(), id, { id: 'mine', url: rx.url, token, authentication: { schemes: ['Bearer'], credentials } }, allowPrivate);
-    assert.deepEqual({ id: set.id, url: set.url, authentication: set.authentication }, { id: 'mine', url: rx.url, authentication: { schemes: ['Bearer'] } });
+    const set = await setConfig(id, { id: 'mine', url: rx.url, token, authentication: { schemes: ['Bearer'], credentials } });
+    assert.deepEqual(set, { taskId: id, pushNotificationConfig: { id: 'mine', url: rx.url, authentication: { schemes: ['Bearer'] } } });
     const got = await getPushConfig(testDb(), id, 'mine');
     const first = await getPushConfig(testDb(), id);
     const list = await listPushConfigs(testDb(), id);
