@@ -26,7 +26,7 @@ await services.bus.subscribe(TASK_CANCELED, (msg) => {
   if (typeof msg.task_id === 'string' && cancels.cancel(msg.task_id)) log.info({ task_id: msg.task_id }, 'agent run aborted: task canceled');
 });
 
-const agent = await resolveAgent(cfg);
+const agent = await resolveAgent(services);
 const readSecret = (key: string): Promise<string> => readSecretValue(services, key);
 const connection = createRedis(cfg.REDIS_URL, 'worker');
 connection.on('error', (err) => log.debug({ err: { message: err.message } }, 'redis connection error'));

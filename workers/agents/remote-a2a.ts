@@ -15,8 +15,6 @@ import type {
 import {
   ClientFactory, ClientFactoryOptions, DefaultAgentCardResolver, JsonRpcTransportFactory, RestTransportFactory, type Client,
 } from '@a2a-js/sdk/client';
-import { loadConfig } from '../../domain/config.ts';
-import { createDb } from '../../db/knex.ts';
 import { getRemoteAgentTask, saveRemoteAgentTask, type RemoteAgentTaskRow } from '../../db/remote-agent-tasks.ts';
 import { fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import type { MessagePart } from '../../api/schemas/task.ts';
@@ -52,18 +50,6 @@ function cardLocation(url: string): [string, string | undefined] {
   return /\.json$/i.test(new URL(url).pathname) ? [url, ''] : [url, undefined];
 }
 
-// What this agent needs beyond its URL (resolveAgent hands agents only that): the database of
-// the worker process, for the remote task ids, and the remote's API key. Read on first use.
-let local: { db: Knex; apiKey?: string } | undefined;
-function settings() {
-  if (!local) {
-    const cfg = loadConfig();
-    local = { db: createDb(cfg.DATABASE_URL, { min: 0, max: 4 }), apiKey: cfg.AGENT_REMOTE_API_KEY };
-  }
-  return local;
-}
-const store = () => settings().db;
-
 function clientFactory(apiKey: string | undefined): ClientFactory {
   if (!apiKey) return new ClientFactory();
   const fetchImpl: typeof fetch = (input, init) => {
@@ -77,11 +63,18 @@ function clientFactory(apiKey: string | undefined): ClientFactory {
   }));
 }
 
-export function remoteAgent(url: string): AgentHandler {
+export interface RemoteAgentOptions {
+  url: string;
+  apiKey?: string;
+  /** The worker's database: the remote task ids of local tasks live there. */
+  db: Knex;
+}
+
+export function remoteAgent({ url, apiKey, db }: RemoteAgentOptions): AgentHandler {
   const [base, cardPath] = cardLocation(url);
   let client: Promise<Client> | undefined;
   const connect = () => {
-    client ??= clientFactory(settings().apiKey).createFromUrl(base, cardPath).catch((err: Error) => {
+    client ??= clientFactory(apiKey).createFromUrl(base, cardPath).catch((err: Error) => {
       client = undefined;
       throw new Error(`the remote agent card at ${url} could not be read: ${err.message}`);
     });
@@ -90,8 +83,8 @@ export function remoteAgent(url: string): AgentHandler {
 
   return async function remoteA2AAgent(ctx: AgentContext): Promise<AgentResult> {
     const remote = await connect();
-    const known = await getRemoteAgentTask(store(), ctx.task.id);
-    const mirror = new Mirror(ctx, known?.remote_task_id);
+    const known = await getRemoteAgentTask(db, ctx.task.id);
+    const mirror = new Mirror(ctx, db, known?.remote_task_id);
     const link = new AbortController();
     const onAbort = () => link.abort(ctx.signal.reason);
     if (ctx.signal.aborted) onAbort();
@@ -160,7 +153,7 @@ class Mirror {
   private readonly seenMessages = new Set<string>();
   private readonly seenArtifacts = new Map<string, string>();
 
-  constructor(private readonly ctx: AgentContext, public remoteTaskId: string | undefined) {
+  constructor(private readonly ctx: AgentContext, private readonly db: Knex, public remoteTaskId: string | undefined) {
     this.seenMessages.add(ctx.message.id);
   }
 
@@ -174,7 +167,7 @@ class Mirror {
   private async track(taskId: string, contextId: string | undefined): Promise<void> {
     if (this.remoteTaskId === taskId) return;
     this.remoteTaskId = taskId;
-    await saveRemoteAgentTask(store(), { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null });
+    await saveRemoteAgentTask(this.db, { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null });
   }
 
   private async message(m: A2AMessage): Promise<void> {

@@ -1,12 +1,12 @@
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
-import type { Config } from '../../domain/config.ts';
+import type { Services } from '../../domain/services.ts';
 import { demoAgent } from './demo.ts';
 import type { AgentHandler } from './types.ts';
 
 // Picks the agent the configuration names: the demo agent, or a module exporting a handler
 // (default export or `handler`).
-export async function resolveAgent(cfg: Config): Promise<AgentHandler> {
+export async function resolveAgent({ cfg, db }: Services): Promise<AgentHandler> {
   switch (cfg.AGENT_KIND) {
     case 'demo':
       return demoAgent;
@@ -19,7 +19,7 @@ export async function resolveAgent(cfg: Config): Promise<AgentHandler> {
     }
     case 'remote': {
       const { remoteAgent } = await import('./remote-a2a.ts');
-      return remoteAgent(cfg.AGENT_REMOTE_URL!);
+      return remoteAgent({ url: cfg.AGENT_REMOTE_URL!, apiKey: cfg.AGENT_REMOTE_API_KEY, db });
     }
   }
 }
