@@ -18,7 +18,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { startPostgres, startRedis } from '../scripts/local-services.ts';
+import { Queue } from 'bullmq';
+import { freePort, startPostgres, startRedis } from '../scripts/local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 10);
@@ -39,32 +40,32 @@ const redis = await startRedis({ dataDir, log: say });
 const adminKey = randomBytes(32).toString('hex');
 const env: NodeJS.ProcessEnv = {
   ...process.env, NODE_ENV: 'production', DATABASE_URL: pg.url, REDIS_URL: redis.url, DATA_DIR: path.join(dataDir, 'app'),
-  ADMIN_API_KEY: adminKey, PORT: '0', LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? 'info', AGENT_KIND: 'demo',
+  ADMIN_API_KEY: adminKey, QUEUE_PREFIX: 'bench', LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? 'info', AGENT_KIND: 'demo',
 };
 const db = createDb(pg.url, { min: 0, max: 4 });
 await migrateLatest(db);
 
 const children: ChildProcess[] = [];
-function spawnReady(file: string, ready: RegExp): Promise<string> {
+// Spawns a process; `ready` resolves once `isReady` holds (polled), and rejects if it exits first.
+function spawnReady(file: string, extraEnv: NodeJS.ProcessEnv, isReady: () => Promise<unknown>): Promise<void> {
   const profile = process.env.BENCH_PROFILE_DIR ? ['--cpu-prof', `--cpu-prof-dir=${path.resolve(process.env.BENCH_PROFILE_DIR)}`] : [];
-  const child = spawn(process.execPath, [...profile, '--import', 'tsx', path.join(root, file)], { cwd: root, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [...profile, '--import', 'tsx', path.join(root, file)], { cwd: root, env: { ...env, ...extraEnv }, stdio: ['ignore', 'pipe', 'pipe'] });
   children.push(child);
+  let tail = '';
+  // Drained so a chatty log level cannot stall the child on a full pipe.
+  const keep = (b: Buffer) => { tail = (tail + b.toString()).slice(-4000); };
+  child.stdout!.on('data', keep);
+  child.stderr!.on('data', keep);
   return new Promise((resolve, reject) => {
-    let buf = '';
-    let done = false;
-    const onData = (b: Buffer) => {
-      buf = (buf + b.toString()).slice(-20000);
-      const line = !done && buf.split('\n').find((l) => ready.test(l));
-      if (line) {
-        done = true;
-        resolve(line);
+    const onExit = (code: number | null) => reject(new Error(`${file} exited with ${code}:\n${tail.slice(-2000)}`));
+    child.once('exit', onExit);
+    const poll = async () => {
+      for (;;) {
+        if (await isReady().then(Boolean, () => false)) return;
+        await sleep(100);
       }
     };
-    child.stdout!.on('data', onData);
-    child.stderr!.on('data', onData);
-    child.once('exit', (code) => {
-      if (!done) reject(new Error(`${file} exited with ${code}:\n${buf.slice(-2000)}`));
-    });
+    void poll().then(() => { child.off('exit', onExit); resolve(); });
   });
 }
 
@@ -170,13 +171,17 @@ async function idle(target: Target): Promise<string[]> {
 }
 
 try {
-  const [apiLine, , refLine] = await Promise.all([
-    spawnReady('api/main.ts', /"msg":"api listening"/),
-    spawnReady('workers/main.ts', /"msg":"worker started"/),
-    spawnReady('bench/reference-a2a-server.ts', /"msg":"reference listening"/),
+  const [apiPort, refPort] = [await freePort(), await freePort()];
+  const agentQueue = new Queue('agent-tasks', { prefix: 'bench', connection: { host: '127.0.0.1', port: redis.port, maxRetriesPerRequest: null } });
+  const answers = (url: string) => async () => (await fetch(url)).ok;
+  await Promise.all([
+    spawnReady('api/main.ts', { PORT: String(apiPort) }, answers(`http://127.0.0.1:${apiPort}/_internal/v1/ready`)),
+    spawnReady('workers/main.ts', {}, async () => (await agentQueue.getWorkersCount()) > 0),
+    spawnReady('bench/reference-a2a-server.ts', { PORT: String(refPort) }, answers(`http://127.0.0.1:${refPort}/stats`)),
   ]);
-  const ours: Target = { name: 'taskbridge', url: `http://127.0.0.1:${JSON.parse(apiLine).port}/api/a2a/v1`, headers: { authorization: `Bearer ${adminKey}` } };
-  const refBase = `http://127.0.0.1:${JSON.parse(refLine).port}/`;
+  await agentQueue.close();
+  const ours: Target = { name: 'taskbridge', url: `http://127.0.0.1:${apiPort}/api/a2a/v1`, headers: { authorization: `Bearer ${adminKey}` } };
+  const refBase = `http://127.0.0.1:${refPort}/`;
   const reference: Target = { name: 'reference', url: refBase, headers: {} };
 
   say(`warming up both servers (${WARMUP_SECONDS} s each)`);

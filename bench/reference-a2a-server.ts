@@ -1,7 +1,8 @@
 // The reference for bench/a2a-intake.ts: an in-memory A2A v0.3 server built only from
 // @a2a-js/sdk's server classes (DefaultRequestHandler, InMemoryTaskStore, the express JSON-RPC
 // handler) with an echo executor equivalent to our demo agent (working, then completed with the
-// echoed text). Nothing is durable. Prints `{"msg":"reference listening","port":N}` when ready;
+// echoed text). Nothing is durable. Listens on PORT (any free port when unset) and prints
+// `{"msg":"reference listening","port":N}` when ready;
 // GET /stats reports what the executor saw.
 import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
@@ -42,7 +43,7 @@ class EchoExecutor implements AgentExecutor {
 
 const app = express();
 const server = await new Promise<ReturnType<typeof app.listen>>((resolve) => {
-  const s = app.listen(0, '127.0.0.1', () => resolve(s));
+  const s = app.listen(Number(process.env.PORT ?? 0), '127.0.0.1', () => resolve(s));
 });
 const port = (server.address() as AddressInfo).port;
 const card: AgentCard = {
