@@ -12,7 +12,8 @@ export type Tx = Knex | Knex.Transaction;
 export const migrationsDir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'migrations');
 
 export function createDb(url: string, pool = { min: 0, max: 20 }): Knex {
-  return knexFactory({ client: 'pg', connection: url, pool, acquireConnectionTimeout: 10000 });
+  // As an object: knex's own URL parsing cannot read a socket path (?host=/dir), pg's can.
+  return knexFactory({ client: 'pg', connection: { connectionString: url }, pool, acquireConnectionTimeout: 10000 });
 }
 
 export async function migrateLatest(db: Knex): Promise<string[]> {
