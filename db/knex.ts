@@ -20,3 +20,10 @@ export async function migrateLatest(db: Knex): Promise<string[]> {
   const [, applied] = await db.migrate.latest({ directory: migrationsDir, loadExtensions: ['.ts'] });
   return applied as string[];
 }
+
+// A named (server-side prepared) statement: Postgres parses it once per connection and can reuse
+// its plan, which matters on the hot paths (task intake, status changes, run state) where planning
+// cost more than executing. `name` must identify `sql` exactly: one name per statement shape.
+export function prepared(db: Tx, name: string, sql: string, bindings: readonly unknown[] | Record<string, unknown>) {
+  return db.raw(sql, bindings as never).options({ name });
+}

@@ -1,4 +1,4 @@
-import type { Tx } from './knex.ts';
+import { prepared, type Tx } from './knex.ts';
 import { keysetPage, type Page } from './pagination.ts';
 import type { OutboxRow } from './outbox.ts';
 import type { ContextInfo, Message, Task, TimelineItem } from '../api/schemas/task.ts';
@@ -65,7 +65,7 @@ export async function insertTaskBundle(
     bindings.push(o.id, o.queue, o.name, JSON.stringify(o.payload), JSON.stringify(o.options));
     outboxCte = ', o as (insert into outbox (id, queue, name, payload, options) values (?, ?, ?, ?::jsonb, ?::jsonb))';
   }
-  const { rows } = await db.raw(
+  const { rows } = await prepared(db, `task-bundle:${b.timeline.length}:${b.outbox ? 1 : 0}`,
     `with c as (insert into contexts (id, created_at) values (?, ?) on conflict (id) do nothing),
       t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at)
             values (?, ?, ?, ?, ?, ?::jsonb, ?, ?)),
@@ -105,7 +105,7 @@ export async function applyStatusChange(
     bindings.push(i.id, i.task_id, JSON.stringify(i.event_payload), i.created_at);
     return '(?::uuid, ?::uuid, ?::jsonb, ?::timestamptz, ' + bindings.length + ')';
   });
-  const { rows } = await db.raw(
+  const { rows } = await prepared(db, `status-change:${c.message ? 1 : 0}:${c.timeline.length}`,
     `with u as (update tasks set status = ?, status_message_id = ?, status_timestamp = ?, updated_at = ?
                 where id = ? and status = any(?::text[]) returning *)
       ${messageCte},
@@ -123,7 +123,7 @@ export async function applyStatusChange(
 // Everything an agent run needs to decide whether and how to run, in one round trip: the task,
 // the trigger message, whether an agent message already answered it, and recent history.
 export async function loadRunState(db: Tx, taskId: string, messageId: string, historyLimit: number) {
-  const { rows } = await db.raw(
+  const { rows } = await prepared(db, 'load-run-state',
     `select row_to_json(t) as task,
        (select row_to_json(m) from messages m where m.id = :mid and m.task_id = t.id) as trigger,
        -- Answered: the run for this message already ended by interrupting the task (input-required
