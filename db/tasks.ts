@@ -43,40 +43,41 @@ export async function listContexts(db: Tx, pageSize: number, token?: string): Pr
   return keysetPage<ContextInfo>(q, { columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r) => [r.created_at, r.context_id] }, pageSize, token);
 }
 
-// A new task with its context, first message, timeline and (optionally) its run job, written by
-// ONE statement: task intake is the hottest write path, and every round trip counts there.
-export async function insertTaskBundle(
-  db: Tx,
-  b: { task: TaskRow; message: Message; timeline: TimelineItem[]; outbox?: OutboxRow },
-): Promise<{ messageSeq: number; timelineSeqs: number[] }> {
-  const { task: t, message: m } = b;
-  const bindings: unknown[] = [
-    t.context_id, t.created_at,
-    t.id, t.context_id, t.status, t.status_timestamp, t.status_message_id, JSON.stringify(t.metadata), t.created_at, t.updated_at,
-    m.id, m.task_id, m.role, JSON.stringify(m.parts), m.reference_task_ids, JSON.stringify(m.metadata), m.created_at,
-  ];
-  const timelineValues = b.timeline.map((i) => {
-    bindings.push(i.id, i.task_id, JSON.stringify(i.event_payload), i.created_at);
-    return '(?, ?, ?::jsonb, ?)';
-  });
-  let outboxCte = '';
-  if (b.outbox) {
-    const o = b.outbox;
-    bindings.push(o.id, o.queue, o.name, JSON.stringify(o.payload), JSON.stringify(o.options));
-    outboxCte = ', o as (insert into outbox (id, queue, name, payload, options) values (?, ?, ?, ?::jsonb, ?::jsonb))';
-  }
-  const { rows } = await prepared(db, `task-bundle:${b.timeline.length}:${b.outbox ? 1 : 0}`,
-    `with c as (insert into contexts (id, created_at) values (?, ?) on conflict (id) do nothing),
+export interface TaskBundle { task: TaskRow; message: Message; timeline: TimelineItem[]; outbox?: OutboxRow }
+
+// New tasks with their contexts, first messages, timelines and (optionally) run jobs, written by
+// ONE statement whatever their number: task intake is the hottest write path, and concurrent
+// intakes are coalesced into one such statement (db/task-bundle-writer.ts). The bundles travel
+// as one jsonb parameter so the statement text, and its prepared plan, never change.
+// Returns, per bundle in order, the seqs of its timeline items.
+export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<number[][]> {
+  const input = bundles.map(({ task: t, message: m, timeline, outbox: o }, i) => ({
+    i, id: t.id, context_id: t.context_id, status: t.status, at: t.created_at, metadata: t.metadata,
+    m_id: m.id, role: m.role, parts: m.parts, refs: m.reference_task_ids, m_metadata: m.metadata,
+    tl: timeline.map((item) => ({ id: item.id, p: item.event_payload })),
+    o_id: o?.id, o_queue: o?.queue, o_name: o?.name, o_payload: o?.payload, o_options: o?.options,
+  }));
+  const { rows } = await prepared(db, 'task-bundles',
+    `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb,
+                   m_id uuid, role text, parts jsonb, refs uuid[], m_metadata jsonb, tl jsonb,
+                   o_id uuid, o_queue text, o_name text, o_payload jsonb, o_options jsonb)),
+      c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from b order by context_id, at
+            on conflict (id) do nothing),
       t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at)
-            values (?, ?, ?, ?, ?, ?::jsonb, ?, ?)),
+            select id, context_id, status, at, null, metadata, at, at from b),
       m as (insert into messages (id, task_id, role, parts, reference_task_ids, metadata, created_at)
-            values (?, ?, ?, ?::jsonb, ?::uuid[], ?::jsonb, ?) returning seq),
-      tl as (insert into timeline_items (id, task_id, event_payload, created_at) values ${timelineValues.join(', ')} returning seq)
-      ${outboxCte}
-    select (select seq from m) as message_seq, (select array_agg(seq order by seq) from tl) as timeline_seqs`,
-    bindings as never[],
+            select m_id, id, role, parts, refs, m_metadata, at from b order by i),
+      tl as (insert into timeline_items (id, task_id, event_payload, created_at)
+             select (e.item->>'id')::uuid, b.id, e.item->'p', b.at
+               from b cross join lateral jsonb_array_elements(b.tl) with ordinality as e(item, n)
+              order by b.i, e.n
+             returning task_id, seq),
+      o as (insert into outbox (id, queue, name, payload, options)
+            select o_id, o_queue, o_name, o_payload, o_options from b where o_id is not null)
+    select b.i, (select array_agg(seq order by seq) from tl where tl.task_id = b.id) as seqs from b order by b.i`,
+    [JSON.stringify(input)],
   );
-  return { messageSeq: Number(rows[0].message_seq), timelineSeqs: (rows[0].timeline_seqs as (string | number)[]).map(Number) };
+  return rows.map((r: { seqs: (string | number)[] }) => r.seqs.map(Number));
 }
 
 const parseTaskJson = (j: Record<string, unknown>): TaskRow => ({

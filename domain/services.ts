@@ -5,6 +5,7 @@ import type { Redis } from 'ioredis';
 import type { Config } from './config.ts';
 import { createLogger, type Logger } from './logger.ts';
 import { createDb } from '../db/knex.ts';
+import { TaskBundleWriter } from '../db/task-bundle-writer.ts';
 import { createRedis } from '../queues/connection.ts';
 import { EventBus } from '../queues/events.ts';
 import { createQueues, OutboxRelay, type Queues } from '../queues/outbox-relay.ts';
@@ -17,6 +18,8 @@ export interface Services {
   queues: Queues;
   outbox: OutboxRelay;
   bus: EventBus;
+  /** Task intake: concurrent creations coalesced into multi-row statements. */
+  taskWriter: TaskBundleWriter;
   close(): Promise<void>;
 }
 
@@ -30,7 +33,7 @@ export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log:
   const outbox = new OutboxRelay(db, queues, log, cfg.OUTBOX_SWEEP_MS);
   const bus = new EventBus(redis, sub, cfg.QUEUE_PREFIX, log);
   return {
-    cfg, log, db, redis, queues, outbox, bus,
+    cfg, log, db, redis, queues, outbox, bus, taskWriter: new TaskBundleWriter(db),
     async close() {
       outbox.stop();
       await Promise.allSettled(Object.values(queues).map((q) => q.close()));

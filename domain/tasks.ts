@@ -10,6 +10,7 @@ import { Conflict, NotFound } from './errors.ts';
 import { assertTransition, isInterrupted, isTerminal, type TaskState } from './task-states.ts';
 import { afterCommit, inTransaction, type UnitOfWork, type UowServices } from './unit-of-work.ts';
 import { newOutboxRow } from '../db/outbox.ts';
+import type { Services } from './services.ts';
 
 export const TASK_EVENTS = 'task-events';
 export const TASK_CANCELED = 'task-canceled';
@@ -77,7 +78,7 @@ export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: Tas
 }
 
 // Builds a new task's rows in memory so they can be written by one statement.
-function newTaskBundle(req: CreateTaskRequest, id: string) {
+function newTaskBundle(req: CreateTaskRequest, id: string): tasks.TaskBundle {
   const at = new Date();
   const iso = at.toISOString();
   const task: tasks.TaskRow = {
@@ -96,10 +97,11 @@ function newTaskBundle(req: CreateTaskRequest, id: string) {
   return { task, message, timeline, outbox };
 }
 
-// Creating a task is a single atomic statement, so it needs no explicit transaction.
-export async function createTask(s: UowServices, req: CreateTaskRequest, id: string = randomUUID()) {
+// Creating a task is a single atomic statement (shared with concurrent intakes), so it needs no
+// explicit transaction.
+export async function createTask(s: UowServices & Pick<Services, 'taskWriter'>, req: CreateTaskRequest, id: string = randomUUID()) {
   const bundle = newTaskBundle(req, id);
-  const { timelineSeqs } = await tasks.insertTaskBundle(s.db, bundle);
+  const timelineSeqs = await s.taskWriter.write(bundle);
   afterCommit(s, bundle.outbox ? [bundle.outbox] : [], [[TASK_EVENTS, { task_id: id, seq: Math.max(...timelineSeqs) }]]);
   return { task: tasks.toTask(bundle.task), message: bundle.message };
 }
@@ -107,7 +109,7 @@ export async function createTask(s: UowServices, req: CreateTaskRequest, id: str
 // The same, inside a caller's larger transaction.
 export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, id: string = randomUUID()) {
   const bundle = newTaskBundle(req, id);
-  const { timelineSeqs } = await tasks.insertTaskBundle(uow.trx, bundle);
+  const [timelineSeqs] = await tasks.insertTaskBundles(uow.trx, [bundle]);
   if (bundle.outbox) uow.track(bundle.outbox);
   uow.publish(TASK_EVENTS, { task_id: id, seq: Math.max(...timelineSeqs) });
   return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs) };

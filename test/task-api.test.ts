@@ -95,6 +95,27 @@ describe('task API', () => {
       assert.deepEqual(got.body.messages[0].parts, parts);
     });
 
+    it('keeps concurrent creations apart (they are written together): own message, own timeline, a shared new context once', async () => {
+      const shared = randomUUID();
+      const bodies = Array.from({ length: 60 }, (_, i) => ({ ...(i % 3 === 0 ? { context_id: shared } : {}), message: textMessage(`concurrent ${i}`), metadata: { i } }));
+      const created = await Promise.all(bodies.map((b) => create(b)));
+      assert.equal(new Set(created.map((c) => c.task.id)).size, 60);
+      await Promise.all(created.map(async ({ task, message }, i) => {
+        assert.deepEqual(task.metadata, { i });
+        assert.equal(task.context_id === shared, i % 3 === 0);
+        assertMessage(message, { task_id: task.id, parts: [{ type: 'text-part', text: `concurrent ${i}` }] });
+        const got = await stack.client.get(`/api/task/v1/${task.id}`);
+        assert.deepEqual(got.body.messages, [message]);
+        const timeline = await stack.client.get(`/api/task/v1/${task.id}/timeline?order=asc`);
+        assert.deepEqual(timeline.body.items.map((x: any) => x.event_payload), [{ type: 'task-status-update', status: 'submitted' }, { type: 'message', message }]);
+      }));
+      const [{ n }] = await testDb()('contexts').where({ id: shared }).count({ n: '*' });
+      assert.equal(n, 1);
+      const ofShared = await stack.client.get(`/api/task/v1/context/${shared}/task?page_size=100`);
+      assert.equal(ofShared.status, 200, ofShared.text);
+      assert.equal(ofShared.body.items.length, 20);
+    });
+
     const bad: [string, unknown, string][] = [
       ['no message', {}, 'body.message'],
       ['an unknown top-level member', { message: textMessage('x'), priority: 1 }, 'body.priority'],

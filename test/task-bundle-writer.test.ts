@@ -1,0 +1,52 @@
+// db/task-bundle-writer.ts against the real database: intakes that share a statement succeed or
+// fail alone.
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import { resetDb, testDb } from './helpers/stack.ts';
+import { TaskBundleWriter } from '../db/task-bundle-writer.ts';
+import type { TaskBundle } from '../db/tasks.ts';
+
+function bundle(text: string, id: string = randomUUID()): TaskBundle {
+  const at = new Date();
+  const iso = at.toISOString();
+  const message = { id: randomUUID(), task_id: id, role: 'user' as const, parts: [{ type: 'text-part' as const, text }], reference_task_ids: [], metadata: {}, created_at: iso };
+  return {
+    task: { id, context_id: randomUUID(), status: 'submitted', status_timestamp: at, status_message_id: null, metadata: {}, created_at: at, updated_at: at },
+    message,
+    timeline: [
+      { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'task-status-update', status: 'submitted' } },
+      { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'message', message } },
+    ],
+  };
+}
+
+describe('task bundle writer', () => {
+  before(resetDb);
+
+  it('writes bundles queued behind a running statement together, each with its own timeline seqs in order', async () => {
+    const writer = new TaskBundleWriter(testDb(), 100, 1);
+    const bundles = Array.from({ length: 20 }, (_, i) => bundle(`b${i}`));
+    const seqs = await Promise.all(bundles.map((b) => writer.write(b)));
+    for (const [i, b] of bundles.entries()) {
+      assert.equal(seqs[i].length, 2);
+      assert.ok(seqs[i][0] < seqs[i][1]);
+      const items = await testDb()('timeline_items').where({ task_id: b.task.id }).orderBy('seq');
+      assert.deepEqual(items.map((r) => Number(r.seq)), seqs[i]);
+      assert.deepEqual(items.map((r) => r.event_payload.type), ['task-status-update', 'message']);
+    }
+  });
+
+  it('fails only the bad bundle of a batch: the others are written', async () => {
+    const writer = new TaskBundleWriter(testDb(), 100, 1);
+    const first = bundle('first');
+    await writer.write(first);
+    const blocker = writer.write(bundle('runs alone'));
+    // Queued behind `blocker`, these three go into one statement, which the duplicate task id fails.
+    const results = await Promise.allSettled([writer.write(bundle('ok 1')), writer.write(bundle('duplicate', first.task.id)), writer.write(bundle('ok 2'))]);
+    await blocker;
+    assert.deepEqual(results.map((r) => r.status), ['fulfilled', 'rejected', 'fulfilled']);
+    assert.match(String((results[1] as PromiseRejectedResult).reason), /duplicate key/);
+    const texts = (await testDb()('messages').select('parts')).map((r) => r.parts[0].text).sort();
+    assert.deepEqual(texts, ['first', 'ok 1', 'ok 2', 'runs alone'].concat(Array.from({ length: 20 }, (_, i) => `b${i}`)).sort());
+  });
+});
