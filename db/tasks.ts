@@ -47,7 +47,7 @@ export interface TaskBundle { task: TaskRow; message: Message; timeline: Timelin
 
 // New tasks with their contexts, first messages, timelines and (optionally) run jobs, written by
 // ONE statement whatever their number: task intake is the hottest write path, and concurrent
-// intakes are coalesced into one such statement (db/task-bundle-writer.ts). The bundles travel
+// intakes are coalesced into one such statement (db/statement-batcher.ts). The bundles travel
 // as one jsonb parameter so the statement text, and its prepared plan, never change.
 // Returns, per bundle in order, the seqs of its timeline items.
 export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<number[][]> {
@@ -87,38 +87,41 @@ const parseTaskJson = (j: Record<string, unknown>): TaskRow => ({
   updated_at: new Date(j.updated_at as string),
 });
 
-// A status change in one statement: the task moves to `to` only if it is still in one of
-// `from` (the compare-and-set that replaces a row lock), and only then are the status message
-// and the timeline items written. Returns no task when the compare-and-set did not match.
-export async function applyStatusChange(
-  db: Tx,
-  c: { taskId: string; to: TaskState; from: readonly TaskState[]; at: Date; message?: Message; timeline: TimelineItem[] },
-): Promise<{ task?: TaskRow; timelineSeqs: number[] }> {
-  const bindings: unknown[] = [c.to, c.message?.id ?? null, c.at, c.at, c.taskId, [...c.from]];
-  let messageCte = '';
-  if (c.message) {
-    const m = c.message;
-    bindings.push(m.id, m.task_id, m.role, JSON.stringify(m.parts), m.reference_task_ids, JSON.stringify(m.metadata), m.created_at);
-    messageCte = `, m as (insert into messages (id, task_id, role, parts, reference_task_ids, metadata, created_at)
-        select ?, ?, ?, ?::jsonb, ?::uuid[], ?::jsonb, ? from u)`;
-  }
-  const values = c.timeline.map((i) => {
-    bindings.push(i.id, i.task_id, JSON.stringify(i.event_payload), i.created_at);
-    return '(?::uuid, ?::uuid, ?::jsonb, ?::timestamptz, ' + bindings.length + ')';
-  });
-  const { rows } = await prepared(db, `status-change:${c.message ? 1 : 0}:${c.timeline.length}`,
-    `with u as (update tasks set status = ?, status_message_id = ?, status_timestamp = ?, updated_at = ?
-                where id = ? and status = any(?::text[]) returning *)
-      ${messageCte},
+export interface StatusChange { taskId: string; to: TaskState; from: readonly TaskState[]; at: Date; message?: Message; timeline: TimelineItem[] }
+export interface StatusChangeResult { task?: TaskRow; timelineSeqs: number[] }
+
+// Status changes in one statement: each task moves to `to` only if it is still in one of
+// `from` (the compare-and-set that replaces a row lock), and only then are its status message
+// and timeline items written. A change whose compare-and-set did not match gets no task.
+// The changes travel as one jsonb parameter (see insertTaskBundles). No two may name one task.
+export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[]): Promise<StatusChangeResult[]> {
+  const input = changes.map((c, i) => ({
+    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null,
+    tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at })),
+  }));
+  const { rows } = await prepared(db, 'status-changes',
+    `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, tl jsonb)),
+      u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at, updated_at = b.at
+              from b
+             -- The id list keeps the plan on the primary key whatever row count the planner guesses for b.
+             where t.id = any(array(select task_id from b)) and t.id = b.task_id and t.status = any(b."from")
+             returning t.*),
+      m as (insert into messages (id, task_id, role, parts, reference_task_ids, metadata, created_at)
+            select (b.msg->>'id')::uuid, b.task_id, b.msg->>'role', b.msg->'parts',
+                   array(select jsonb_array_elements_text(b.msg->'reference_task_ids'))::uuid[], b.msg->'metadata', (b.msg->>'created_at')::timestamptz
+              from b join u on u.id = b.task_id where b.msg is not null order by b.i),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
-             select v.id, v.task_id, v.p, v.c from (values ${values.join(', ')}) v(id, task_id, p, c, o)
-             where exists (select 1 from u) order by v.o returning seq)
-    select (select row_to_json(u) from u) as task, (select array_agg(seq order by seq) from tl) as timeline_seqs`,
-    bindings as never[],
+             select (e.item->>'id')::uuid, b.task_id, e.item->'p', (e.item->>'c')::timestamptz
+               from b join u on u.id = b.task_id cross join lateral jsonb_array_elements(b.tl) with ordinality as e(item, n)
+              order by b.i, e.n
+             returning task_id, seq)
+    select (select row_to_json(u) from u where u.id = b.task_id) as task,
+           (select array_agg(seq order by seq) from tl where tl.task_id = b.task_id) as seqs
+      from b order by b.i`,
+    [JSON.stringify(input)],
   );
-  const row = rows[0];
-  if (!row.task) return { timelineSeqs: [] };
-  return { task: parseTaskJson(row.task), timelineSeqs: (row.timeline_seqs as (string | number)[]).map(Number) };
+  return rows.map((r: { task: Record<string, unknown> | null; seqs: (string | number)[] | null }) =>
+    (r.task ? { task: parseTaskJson(r.task), timelineSeqs: r.seqs!.map(Number) } : { timelineSeqs: [] }));
 }
 
 // Everything an agent run needs to decide whether and how to run, in one round trip: the task,

@@ -5,7 +5,8 @@ import type { Redis } from 'ioredis';
 import type { Config } from './config.ts';
 import { createLogger, type Logger } from './logger.ts';
 import { createDb } from '../db/knex.ts';
-import { TaskBundleWriter } from '../db/task-bundle-writer.ts';
+import { StatementBatcher } from '../db/statement-batcher.ts';
+import { applyStatusChanges, insertTaskBundles, type StatusChange, type StatusChangeResult, type TaskBundle } from '../db/tasks.ts';
 import { createRedis } from '../queues/connection.ts';
 import { EventBus } from '../queues/events.ts';
 import { createQueues, OutboxRelay, type Queues } from '../queues/outbox-relay.ts';
@@ -19,7 +20,9 @@ export interface Services {
   outbox: OutboxRelay;
   bus: EventBus;
   /** Task intake: concurrent creations coalesced into multi-row statements. */
-  taskWriter: TaskBundleWriter;
+  taskWriter: StatementBatcher<TaskBundle, number[]>;
+  /** Single-statement status changes (the agent runtime's), coalesced the same way; one task per statement at most once. */
+  statusWriter: StatementBatcher<StatusChange, StatusChangeResult>;
   close(): Promise<void>;
 }
 
@@ -33,7 +36,9 @@ export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log:
   const outbox = new OutboxRelay(db, queues, log, cfg.OUTBOX_SWEEP_MS);
   const bus = new EventBus(redis, sub, cfg.QUEUE_PREFIX, log);
   return {
-    cfg, log, db, redis, queues, outbox, bus, taskWriter: new TaskBundleWriter(db),
+    cfg, log, db, redis, queues, outbox, bus,
+    taskWriter: new StatementBatcher((bundles) => insertTaskBundles(db, bundles)),
+    statusWriter: new StatementBatcher((changes) => applyStatusChanges(db, changes), { key: (c) => c.taskId }),
     async close() {
       outbox.stop();
       await Promise.allSettled(Object.values(queues).map((q) => q.close()));

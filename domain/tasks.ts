@@ -61,7 +61,7 @@ export async function changeStatusIf(uow: UnitOfWork, taskId: string, to: TaskSt
   const items: TimelineItem[] = [];
   if (msg) items.push({ id: randomUUID(), task_id: taskId, created_at: iso, event_payload: { type: 'message', message: msg } });
   items.push({ id: randomUUID(), task_id: taskId, created_at: iso, event_payload: { type: 'task-status-update', status: to, ...(msg ? { status_message_id: msg.id } : {}) } });
-  const { task, timelineSeqs } = await tasks.applyStatusChange(uow.trx, { taskId, to, from, at, message: msg, timeline: items });
+  const { task, timelineSeqs } = await uow.applyStatusChange({ taskId, to, from, at, message: msg, timeline: items });
   if (!task) return null;
   // One wake-up per change is enough: followers read the timeline from their last seq.
   uow.publish(TASK_EVENTS, { task_id: taskId, seq: Math.max(...timelineSeqs) });

@@ -1,6 +1,7 @@
 import type { Knex } from 'knex';
 import type { JobsOptions } from 'bullmq';
 import { addOutbox, type OutboxRow } from '../db/outbox.ts';
+import { applyStatusChanges, type StatusChange, type StatusChangeResult } from '../db/tasks.ts';
 import type { JobPayloads, QueueName } from '../queues/names.ts';
 import type { Services } from './services.ts';
 
@@ -12,6 +13,8 @@ export interface UnitOfWork {
   publish(channel: string, message: Record<string, unknown>): void;
   /** Registers an outbox row written by some other statement of this transaction. */
   track(row: OutboxRow): void;
+  /** Applies a status change (db/tasks.ts applyStatusChanges) as part of this unit. */
+  applyStatusChange(change: StatusChange): Promise<StatusChangeResult>;
 }
 
 export type UowServices = Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>;
@@ -29,6 +32,7 @@ export async function inTransaction<T>(s: UowServices, fn: (uow: UnitOfWork) => 
       },
       publish(channel, message) { notes.push([channel, message]); },
       track(row) { jobs.push(row); },
+      async applyStatusChange(change) { return (await applyStatusChanges(trx, [change]))[0]; },
     };
     return fn(uow);
   });
@@ -37,8 +41,9 @@ export async function inTransaction<T>(s: UowServices, fn: (uow: UnitOfWork) => 
 }
 
 // For work that is ONE statement (atomic by itself): the same after-commit handling without the
-// BEGIN/COMMIT round trips. Hot paths of the agent runtime use it.
-export async function inStatement<T>(s: UowServices, fn: (uow: UnitOfWork) => Promise<T>): Promise<T> {
+// BEGIN/COMMIT round trips, and status changes share statements with concurrent ones
+// (services.statusWriter). Hot paths of the agent runtime use it.
+export async function inStatement<T>(s: UowServices & Pick<Services, 'statusWriter'>, fn: (uow: UnitOfWork) => Promise<T>): Promise<T> {
   const jobs: OutboxRow[] = [];
   const notes: [string, Record<string, unknown>][] = [];
   const uow: UnitOfWork = {
@@ -50,6 +55,7 @@ export async function inStatement<T>(s: UowServices, fn: (uow: UnitOfWork) => Pr
     },
     publish(channel, message) { notes.push([channel, message]); },
     track(row) { jobs.push(row); },
+    applyStatusChange: (change) => s.statusWriter.write(change),
   };
   const result = await fn(uow);
   afterCommit(s, jobs, notes);
