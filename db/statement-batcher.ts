@@ -24,7 +24,7 @@ export class StatementBatcher<I, O> {
   }
 
   /** Resolves with the item's result once its statement has committed. */
-  write(item: I): Promise<O> {
+  execute(item: I): Promise<O> {
     return new Promise((resolve, reject) => {
       this.queue.push({ item, resolve, reject });
       this.drain();

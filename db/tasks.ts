@@ -1,4 +1,6 @@
+import type { Knex } from 'knex';
 import { prepared, type Tx } from './knex.ts';
+import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, type Page } from './pagination.ts';
 import type { OutboxRow } from './outbox.ts';
 import type { ContextInfo, Message, Task, TimelineItem } from '../api/schemas/task.ts';
@@ -124,30 +126,45 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
     (r.task ? { task: parseTaskJson(r.task), timelineSeqs: r.seqs!.map(Number) } : { timelineSeqs: [] }));
 }
 
-// Everything an agent run needs to decide whether and how to run, in one round trip: the task,
-// the trigger message, whether an agent message already answered it, and recent history.
-export async function loadRunState(db: Tx, taskId: string, messageId: string, historyLimit: number) {
-  const { rows } = await prepared(db, 'load-run-state',
+export interface RunStateQuery { taskId: string; messageId: string; historyLimit: number }
+export interface RunState { task: TaskRow; trigger?: Message & { seq: number }; answered: boolean; history: (Message & { seq: number })[] }
+
+// Everything an agent run needs to decide whether and how to run, for several runs in one round
+// trip (coalesced like the writes): the task, the trigger message, whether an agent message
+// already answered it, and recent history. No task: undefined.
+export async function loadRunStates(db: Tx, queries: readonly RunStateQuery[]): Promise<(RunState | undefined)[]> {
+  const input = queries.map((q, i) => ({ i, task_id: q.taskId, message_id: q.messageId, lim: q.historyLimit }));
+  const { rows } = await prepared(db, 'load-run-states',
     `select row_to_json(t) as task,
-       (select row_to_json(m) from messages m where m.id = :mid and m.task_id = t.id) as trigger,
+       (select row_to_json(m) from messages m where m.id = b.message_id and m.task_id = t.id) as trigger,
        -- Answered: the run for this message already ended by interrupting the task (input-required
        -- or auth-required after the message). Progress messages of a run that died do not count.
-       exists (select 1 from messages tr where tr.id = :mid and t.status in ('input-required', 'auth-required')
+       exists (select 1 from messages tr where tr.id = b.message_id and t.status in ('input-required', 'auth-required')
                and coalesce((select sm.seq from messages sm where sm.id = t.status_message_id) > tr.seq,
                             t.status_timestamp > tr.created_at)) as answered,
        (select coalesce(json_agg(h order by h.seq), '[]') from
           (select id, seq, task_id, role, parts, reference_task_ids, metadata, created_at
-             from messages where task_id = t.id order by seq desc limit :lim) h) as history
-     from tasks t where t.id = :tid`,
-    { tid: taskId, mid: messageId, lim: historyLimit },
+             from messages where task_id = t.id order by seq desc limit b.lim) h) as history
+     from jsonb_to_recordset(?::jsonb) as b(i int, task_id uuid, message_id uuid, lim int)
+     -- lateral: one primary-key probe per query whatever row count the planner guesses for b
+     left join lateral (select * from tasks where id = b.task_id) t on true
+     order by b.i`,
+    [JSON.stringify(input)],
   );
-  const r = rows[0];
-  if (!r) return undefined;
   const toMessage = (m: Record<string, unknown>): Message & { seq: number } => ({ ...(m as unknown as Message), seq: Number(m.seq), created_at: new Date(m.created_at as string).toISOString() });
+  return rows.map((r: { task: Record<string, unknown> | null; trigger: Record<string, unknown> | null; answered: boolean; history: Record<string, unknown>[] }) => (r.task
+    ? { task: parseTaskJson(r.task), trigger: r.trigger ? toMessage(r.trigger) : undefined, answered: r.answered, history: r.history.map(toMessage) }
+    : undefined));
+}
+
+// The hot task statements of a process, each coalescing concurrent calls (db/statement-batcher.ts)
+// into one multi-row statement.
+export function createTaskStatements(db: Knex) {
   return {
-    task: parseTaskJson(r.task),
-    trigger: r.trigger ? toMessage(r.trigger) : undefined,
-    answered: r.answered as boolean,
-    history: (r.history as Record<string, unknown>[]).map(toMessage),
+    insertTaskBundle: new StatementBatcher((bundles: TaskBundle[]) => insertTaskBundles(db, bundles)),
+    // A task's changes never share a statement: one UPDATE cannot apply two of them.
+    applyStatusChange: new StatementBatcher((changes: StatusChange[]) => applyStatusChanges(db, changes), { key: (c) => c.taskId }),
+    loadRunState: new StatementBatcher((queries: RunStateQuery[]) => loadRunStates(db, queries)),
   };
 }
+export type TaskStatements = ReturnType<typeof createTaskStatements>;

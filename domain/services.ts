@@ -5,8 +5,7 @@ import type { Redis } from 'ioredis';
 import type { Config } from './config.ts';
 import { createLogger, type Logger } from './logger.ts';
 import { createDb } from '../db/knex.ts';
-import { StatementBatcher } from '../db/statement-batcher.ts';
-import { applyStatusChanges, insertTaskBundles, type StatusChange, type StatusChangeResult, type TaskBundle } from '../db/tasks.ts';
+import { createTaskStatements, type TaskStatements } from '../db/tasks.ts';
 import { createRedis } from '../queues/connection.ts';
 import { EventBus } from '../queues/events.ts';
 import { createQueues, OutboxRelay, type Queues } from '../queues/outbox-relay.ts';
@@ -19,10 +18,8 @@ export interface Services {
   queues: Queues;
   outbox: OutboxRelay;
   bus: EventBus;
-  /** Task intake: concurrent creations coalesced into multi-row statements. */
-  taskWriter: StatementBatcher<TaskBundle, number[]>;
-  /** Single-statement status changes (the agent runtime's), coalesced the same way; one task per statement at most once. */
-  statusWriter: StatementBatcher<StatusChange, StatusChangeResult>;
+  /** Task intake, the agent runtime's status changes and run states: concurrent calls share statements. */
+  taskStatements: TaskStatements;
   close(): Promise<void>;
 }
 
@@ -37,8 +34,7 @@ export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log:
   const bus = new EventBus(redis, sub, cfg.QUEUE_PREFIX, log);
   return {
     cfg, log, db, redis, queues, outbox, bus,
-    taskWriter: new StatementBatcher((bundles) => insertTaskBundles(db, bundles)),
-    statusWriter: new StatementBatcher((changes) => applyStatusChanges(db, changes), { key: (c) => c.taskId }),
+    taskStatements: createTaskStatements(db),
     async close() {
       outbox.stop();
       await Promise.allSettled(Object.values(queues).map((q) => q.close()));

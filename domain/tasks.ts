@@ -99,9 +99,9 @@ function newTaskBundle(req: CreateTaskRequest, id: string): tasks.TaskBundle {
 
 // Creating a task is a single atomic statement (shared with concurrent intakes), so it needs no
 // explicit transaction.
-export async function createTask(s: UowServices & Pick<Services, 'taskWriter'>, req: CreateTaskRequest, id: string = randomUUID()) {
+export async function createTask(s: UowServices & Pick<Services, 'taskStatements'>, req: CreateTaskRequest, id: string = randomUUID()) {
   const bundle = newTaskBundle(req, id);
-  const timelineSeqs = await s.taskWriter.write(bundle);
+  const timelineSeqs = await s.taskStatements.insertTaskBundle.execute(bundle);
   afterCommit(s, bundle.outbox ? [bundle.outbox] : [], [[TASK_EVENTS, { task_id: id, seq: Math.max(...timelineSeqs) }]]);
   return { task: tasks.toTask(bundle.task), message: bundle.message };
 }

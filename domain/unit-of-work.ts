@@ -42,8 +42,8 @@ export async function inTransaction<T>(s: UowServices, fn: (uow: UnitOfWork) => 
 
 // For work that is ONE statement (atomic by itself): the same after-commit handling without the
 // BEGIN/COMMIT round trips, and status changes share statements with concurrent ones
-// (services.statusWriter). Hot paths of the agent runtime use it.
-export async function inStatement<T>(s: UowServices & Pick<Services, 'statusWriter'>, fn: (uow: UnitOfWork) => Promise<T>): Promise<T> {
+// (services.taskStatements). Hot paths of the agent runtime use it.
+export async function inStatement<T>(s: UowServices & Pick<Services, 'taskStatements'>, fn: (uow: UnitOfWork) => Promise<T>): Promise<T> {
   const jobs: OutboxRow[] = [];
   const notes: [string, Record<string, unknown>][] = [];
   const uow: UnitOfWork = {
@@ -55,7 +55,7 @@ export async function inStatement<T>(s: UowServices & Pick<Services, 'statusWrit
     },
     publish(channel, message) { notes.push([channel, message]); },
     track(row) { jobs.push(row); },
-    applyStatusChange: (change) => s.statusWriter.write(change),
+    applyStatusChange: (change) => s.taskStatements.applyStatusChange.execute(change),
   };
   const result = await fn(uow);
   afterCommit(s, jobs, notes);

@@ -26,7 +26,7 @@ describe('statement batcher (task intake)', () => {
   it('writes bundles queued behind a running statement together, each with its own timeline seqs in order', async () => {
     const writer = new StatementBatcher((b: TaskBundle[]) => insertTaskBundles(testDb(), b), { maxInFlight: 1 });
     const bundles = Array.from({ length: 20 }, (_, i) => bundle(`b${i}`));
-    const seqs = await Promise.all(bundles.map((b) => writer.write(b)));
+    const seqs = await Promise.all(bundles.map((b) => writer.execute(b)));
     for (const [i, b] of bundles.entries()) {
       assert.equal(seqs[i].length, 2);
       assert.ok(seqs[i][0] < seqs[i][1]);
@@ -39,10 +39,10 @@ describe('statement batcher (task intake)', () => {
   it('fails only the bad bundle of a batch: the others are written', async () => {
     const writer = new StatementBatcher((b: TaskBundle[]) => insertTaskBundles(testDb(), b), { maxInFlight: 1 });
     const first = bundle('first');
-    await writer.write(first);
-    const blocker = writer.write(bundle('runs alone'));
+    await writer.execute(first);
+    const blocker = writer.execute(bundle('runs alone'));
     // Queued behind `blocker`, these three go into one statement, which the duplicate task id fails.
-    const results = await Promise.allSettled([writer.write(bundle('ok 1')), writer.write(bundle('duplicate', first.task.id)), writer.write(bundle('ok 2'))]);
+    const results = await Promise.allSettled([writer.execute(bundle('ok 1')), writer.execute(bundle('duplicate', first.task.id)), writer.execute(bundle('ok 2'))]);
     await blocker;
     assert.deepEqual(results.map((r) => r.status), ['fulfilled', 'rejected', 'fulfilled']);
     assert.match(String((results[1] as PromiseRejectedResult).reason), /duplicate key/);
@@ -59,7 +59,7 @@ describe('statement batcher (rules)', () => {
       await new Promise((r) => setTimeout(r, 5));
       return items.map((i) => i.toUpperCase());
     }, { maxInFlight: 1, key: (i) => i[0] });
-    const out = await Promise.all(['a1', 'b1', 'a2', 'c1', 'a3', 'b2'].map((i) => batcher.write(i)));
+    const out = await Promise.all(['a1', 'b1', 'a2', 'c1', 'a3', 'b2'].map((i) => batcher.execute(i)));
     assert.deepEqual(out, ['A1', 'B1', 'A2', 'C1', 'A3', 'B2']);
     assert.deepEqual(batches, [['a1'], ['b1', 'a2', 'c1'], ['a3', 'b2']]);
   });
@@ -67,7 +67,7 @@ describe('statement batcher (rules)', () => {
   it('caps a statement at maxBatch items', async () => {
     const sizes: number[] = [];
     const batcher = new StatementBatcher(async (items: number[]) => { sizes.push(items.length); await new Promise((r) => setTimeout(r, 5)); return items; }, { maxInFlight: 1, maxBatch: 4 });
-    await Promise.all(Array.from({ length: 10 }, (_, i) => batcher.write(i)));
+    await Promise.all(Array.from({ length: 10 }, (_, i) => batcher.execute(i)));
     assert.deepEqual(sizes, [1, 4, 4, 1]);
   });
 });

@@ -19,11 +19,11 @@ const activeFrom = (to: TaskState) => allowedFrom(to).filter((s) => !isTerminal(
 const toParts = (r: Reply): MessagePart[] => (typeof r === 'string' ? [{ type: 'text-part', text: r }] : r);
 
 export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry, readSecret: (key: string) => Promise<string>) {
-  const { db, log } = services;
+  const { log } = services;
 
   return async function runAgentTask(job: Job<JobPayloads['agent-tasks']>, token?: string): Promise<string> {
     const { task_id: taskId, message_id: messageId } = job.data;
-    const state = await tasks.loadRunState(db, taskId, messageId, HISTORY);
+    const state = await services.taskStatements.loadRunState.execute({ taskId, messageId, historyLimit: HISTORY });
     if (!state) return 'task gone';
     if (isTerminal(state.task.status)) return `task already ${state.task.status}`;
     if (!state.trigger) return 'message gone';
