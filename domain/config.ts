@@ -38,6 +38,10 @@ const ConfigSchema = Type.Object({
   WORKER_STALLED_CHECK_MS: Type.Integer({ minimum: 200, default: 15000 }),
   OUTBOX_SWEEP_MS: Type.Integer({ minimum: 50, default: 2000 }),
   A2A_BLOCKING_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 30000 }),
+  // Capabilities the agent card advertises. Switched off, message/stream and tasks/resubscribe
+  // answer -32004 (unsupported operation) and push notification configs -32003.
+  A2A_STREAMING: Type.Boolean({ default: true }),
+  A2A_PUSH_NOTIFICATIONS: Type.Boolean({ default: true }),
   PUSH_ALLOW_PRIVATE: Type.Boolean({ default: false }),
   PUSH_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 8 }),
   PUSH_BACKOFF_MS: Type.Integer({ minimum: 0, default: 500 }),

@@ -12,9 +12,6 @@ import { assertWebhookUrl } from './webhook-url.ts';
 import { decryptWithDek, encryptWithDek, resolveAlias } from './keyring.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
 
-// Advertised in the agent card: deliveries run through the push-notifications queue.
-export const PUSH_NOTIFICATIONS_SUPPORTED = true;
-
 export interface PushConfigInput {
   id?: string;
   url: string;

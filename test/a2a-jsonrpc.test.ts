@@ -2,7 +2,7 @@
 // (error cases with ids echoed, card fields, continuing a task, unknown task ids) and junk params.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { ADMIN_KEY, resetDb, startStack, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, resetDb, startStack, testDb, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string, extra: Record<string, unknown> = {}) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
@@ -281,5 +281,61 @@ describe('A2A JSON-RPC endpoint', () => {
       const got = await rpc('tasks/get', { id: task.id });
       assert.equal(got.body.result.status.state, 'canceled');
     });
+  });
+});
+
+describe('A2A JSON-RPC with streaming and push notifications switched off', () => {
+  let stack: Stack;
+  let nextId = 1;
+  const rpc = async (method: string, params: unknown): Promise<any> => {
+    const res = await fetch(stack.api.url + A2A, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, body: JSON.stringify({ jsonrpc: '2.0', id: `c${nextId}`, method, params }) });
+    assert.equal(res.status, 200);
+    assert.match(res.headers.get('content-type') ?? '', /application\/json/);
+    const body: any = await res.json();
+    assert.equal(body.id, `c${nextId++}`);
+    return body;
+  };
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ A2A_STREAMING: 'false', A2A_PUSH_NOTIFICATIONS: 'false' });
+  });
+  after(async () => stack?.stop());
+
+  it('the card says so', async () => {
+    const card: any = await (await fetch(`${stack.api.url}/.well-known/agent-card.json`)).json();
+    assert.deepEqual(card.capabilities, { streaming: false, pushNotifications: false, stateTransitionHistory: false });
+  });
+
+  it('message/stream and tasks/resubscribe are -32004 (JSON, not SSE), and the stream request creates no task', async () => {
+    const r = await rpc('message/stream', { message: userMessage('hi') });
+    assert.equal(r.error.code, -32004, JSON.stringify(r));
+    assert.match(r.error.message, /message\/stream/);
+    const sent = await rpc('message/send', { message: userMessage('hi'), configuration: { blocking: false } });
+    assert.equal(sent.result.kind, 'task');
+    const again = await rpc('tasks/resubscribe', { id: sent.result.id });
+    assert.equal(again.error.code, -32004);
+    const [{ n }] = await testDb()('tasks').count({ n: '*' });
+    assert.equal(n, 1);
+  });
+
+  it('push config methods and an inline push config are -32003, storing nothing', async () => {
+    const sent = await rpc('message/send', { message: userMessage('hi'), configuration: { blocking: false } });
+    const taskId = sent.result.id;
+    const config = { url: 'https://hooks.example.com/a2a', token: 'tok-123' };
+    for (const [method, params] of [
+      ['tasks/pushNotificationConfig/set', { taskId, pushNotificationConfig: config }],
+      ['tasks/pushNotificationConfig/get', { id: taskId }],
+      ['tasks/pushNotificationConfig/list', { id: taskId }],
+      ['tasks/pushNotificationConfig/delete', { id: taskId, pushNotificationConfigId: 'x' }],
+      ['message/send', { message: userMessage('with push'), configuration: { blocking: false, pushNotificationConfig: config } }],
+    ] as const) {
+      const r = await rpc(method, params);
+      assert.equal(r.error?.code, -32003, `${method}: ${JSON.stringify(r)}`);
+    }
+    const [{ n }] = await testDb()('push_configs').count({ n: '*' });
+    assert.equal(n, 0);
+    const texts = (await testDb()('messages').select('parts')).map((m) => m.parts[0].text);
+    assert.ok(!texts.includes('with push'));
   });
 });

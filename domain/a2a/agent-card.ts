@@ -2,7 +2,6 @@
 import fs from 'node:fs';
 import type { AgentCard } from '@a2a-js/sdk';
 import type { Config } from '../config.ts';
-import { PUSH_NOTIFICATIONS_SUPPORTED } from '../push-config.ts';
 import { parseSkills } from './skills.ts';
 
 export const A2A_PATH = '/api/a2a/v1';
@@ -21,7 +20,7 @@ function build(cfg: Config): { card: AgentCard; extended: AgentCard } {
     url,
     preferredTransport: 'JSONRPC',
     additionalInterfaces: [{ url, transport: 'JSONRPC' }],
-    capabilities: { streaming: true, pushNotifications: PUSH_NOTIFICATIONS_SUPPORTED, stateTransitionHistory: false },
+    capabilities: { streaming: cfg.A2A_STREAMING, pushNotifications: cfg.A2A_PUSH_NOTIFICATIONS, stateTransitionHistory: false },
     defaultInputModes: ['text/plain', 'application/json'],
     defaultOutputModes: ['text/plain', 'application/json'],
     skills: parseSkills(cfg.AGENT_SKILLS_JSON),

@@ -41,8 +41,12 @@ async function requireTaskRow(call: A2ACall, id: string): Promise<tasksRepo.Task
   return row;
 }
 
-function requirePushSupport(): void {
-  if (!push.PUSH_NOTIFICATIONS_SUPPORTED) throw new A2AError(JSONRPC.PUSH_NOT_SUPPORTED, 'Push notifications are not supported');
+function requirePushSupport(call: A2ACall): void {
+  if (!call.services.cfg.A2A_PUSH_NOTIFICATIONS) throw new A2AError(JSONRPC.PUSH_NOT_SUPPORTED, 'Push notifications are not supported by this agent');
+}
+
+function requireStreaming(call: A2ACall, method: string): void {
+  if (!call.services.cfg.A2A_STREAMING) throw new A2AError(JSONRPC.UNSUPPORTED_OPERATION, `Unsupported operation: ${method} needs streaming, which this agent does not offer`);
 }
 
 // Stores the message (new task, or continuation of `message.taskId`) and reports the task, the
@@ -52,7 +56,7 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: { newId: s
   const { services } = call;
   const message = fromA2AMessage(params.message as A2AMessage); // validated: exactly one of bytes or uri
   const pushConfig = params.configuration?.pushNotificationConfig;
-  if (pushConfig) requirePushSupport();
+  if (pushConfig) requirePushSupport(call);
 
   if (params.message.taskId !== undefined) {
     const row = await requireTaskRow(call, params.message.taskId);
@@ -103,6 +107,7 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
 }
 
 export async function streamMessage(call: A2ACall, params: MessageSendParams): Promise<TaskStream> {
+  requireStreaming(call, 'message/stream');
   const { services, waiter } = call;
   const historyLength = params.configuration?.historyLength;
   const id = params.message.taskId !== undefined ? taskIdOf(params.message.taskId) : randomUUID();
@@ -127,6 +132,7 @@ export async function streamMessage(call: A2ACall, params: MessageSendParams): P
 }
 
 export async function resubscribe(call: A2ACall, params: TaskIdParams): Promise<TaskStream> {
+  requireStreaming(call, 'tasks/resubscribe');
   const { services, waiter } = call;
   const id = taskIdOf(params.id);
   const follow = await waiter.follow(id);
@@ -179,22 +185,22 @@ function toA2APushConfig(c: push.PushConfig): TaskPushNotificationConfig {
 }
 
 export async function setPushConfig(call: A2ACall, params: SetPushConfigParams): Promise<TaskPushNotificationConfig> {
-  requirePushSupport();
+  requirePushSupport(call);
   return toA2APushConfig(await push.setPushConfig(call.services.db, taskIdOf(params.taskId), params.pushNotificationConfig, call.services.cfg));
 }
 
 export async function getPushConfig(call: A2ACall, params: GetPushConfigParams): Promise<TaskPushNotificationConfig> {
-  requirePushSupport();
+  requirePushSupport(call);
   return toA2APushConfig(await push.getPushConfig(call.services.db, taskIdOf(params.id), params.pushNotificationConfigId));
 }
 
 export async function listPushConfigs(call: A2ACall, params: TaskIdParams): Promise<TaskPushNotificationConfig[]> {
-  requirePushSupport();
+  requirePushSupport(call);
   return (await push.listPushConfigs(call.services.db, taskIdOf(params.id))).map(toA2APushConfig);
 }
 
 export async function deletePushConfig(call: A2ACall, params: DeletePushConfigParams): Promise<null> {
-  requirePushSupport();
+  requirePushSupport(call);
   await push.deletePushConfig(call.services.db, taskIdOf(params.id), params.pushNotificationConfigId);
   return null;
 }
