@@ -98,11 +98,12 @@ function newTaskBundle(req: CreateTaskRequest, id: string): tasks.TaskBundle {
 }
 
 // Creating a task is a single atomic statement (shared with concurrent intakes), so it needs no
-// explicit transaction.
+// explicit transaction. No TASK_EVENTS note: nobody can follow a task before its id is known, and
+// followers read the timeline from Postgres before they wait for notes.
 export async function createTask(s: UowServices & Pick<Services, 'taskStatements'>, req: CreateTaskRequest, id: string = randomUUID()) {
   const bundle = newTaskBundle(req, id);
-  const timelineSeqs = await s.taskStatements.insertTaskBundle.execute(bundle);
-  afterCommit(s, bundle.outbox ? [bundle.outbox] : [], [[TASK_EVENTS, { task_id: id, seq: Math.max(...timelineSeqs) }]]);
+  await s.taskStatements.insertTaskBundle.execute(bundle);
+  afterCommit(s, bundle.outbox ? [bundle.outbox] : [], []);
   return { task: tasks.toTask(bundle.task), message: bundle.message };
 }
 
@@ -111,7 +112,6 @@ export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, id: 
   const bundle = newTaskBundle(req, id);
   const [timelineSeqs] = await tasks.insertTaskBundles(uow.trx, [bundle]);
   if (bundle.outbox) uow.track(bundle.outbox);
-  uow.publish(TASK_EVENTS, { task_id: id, seq: Math.max(...timelineSeqs) });
   return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs) };
 }
 
