@@ -66,6 +66,12 @@ export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'fa
   });
 }
 
+// Queued or running jobs created at least `olderThanMs` ago: candidates for recovery.
+export async function listUnfinishedKeyJobs(db: Tx, olderThanMs: number): Promise<Pick<KeyJobRow, 'id' | 'kind'>[]> {
+  return db('key_jobs').select('id', 'kind').whereIn('status', ['queued', 'running'])
+    .where('created_at', '<', db.raw(`now() - make_interval(secs => ?)`, [olderThanMs / 1000]));
+}
+
 // Progress of the key jobs still under way, for metrics.
 export async function listActiveKeyJobs(db: Tx): Promise<Pick<KeyJobRow, 'id' | 'kind' | 'status' | 'total' | 'done' | 'failed'>[]> {
   return db('key_jobs').select('id', 'kind', 'status', 'total', 'done', 'failed').whereIn('status', ['queued', 'running']);

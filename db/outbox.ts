@@ -29,3 +29,8 @@ export async function lockStaleOutbox(db: Tx, olderThanMs: number, limit: number
 export async function deleteOutbox(db: Tx, ids: string[]): Promise<void> {
   if (ids.length) await db('outbox').whereIn('id', ids).delete();
 }
+
+// Payloads of the rows for one queue that the relay has not sent yet.
+export async function pendingOutboxPayloads(db: Tx, queue: QueueName): Promise<Record<string, unknown>[]> {
+  return (await db('outbox').select('payload').where({ queue })).map((r: { payload: Record<string, unknown> }) => r.payload);
+}

@@ -1,0 +1,73 @@
+// A key job whose queue job Redis lost (here: the stack's key-jobs keys deleted) is found by a
+// worker's recovery pass, enqueued again and finished.
+import assert from 'node:assert/strict';
+import { Redis } from 'ioredis';
+import { resetDb, startStack, startWorker, testDb, waitFor, type Proc, type Stack } from './helpers/stack.ts';
+
+const E = '/api/encryption/v1';
+
+describe('key job recovery', () => {
+  let stack: Stack;
+  let redis: Redis;
+  let worker: Proc;
+  const recoveryLogs = () => worker.logs.filter((l) => l.includes('key job had no queue job'));
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ KEY_JOB_RECOVERY_MS: '300' }, { workers: 0 });
+    redis = new Redis(process.env.REDIS_URL!);
+  });
+  after(async () => {
+    redis?.disconnect();
+    await stack?.stop();
+  });
+
+  it('re-enqueues a migration whose queue job was lost, once, and it completes', async () => {
+    const c = stack.client;
+    for (const f of ['src.key', 'dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    const deks: string[] = [];
+    for (let i = 0; i < 20; i++) {
+      const r = await c.post(`${E}/envelope/src.key/dek`, {});
+      assert.equal(r.status, 201, r.text);
+      deks.push(r.body.id);
+    }
+    const started = await c.post(`${E}/envelope/src.key/migrate`, { to_envelope_encryption_key_id: 'dst.key' });
+    assert.equal(started.status, 202);
+    const jobId = started.body.id;
+
+    // The relay has handed the job to BullMQ; then Redis loses it.
+    await waitFor(async () => Number((await testDb()('outbox').where({ queue: 'key-jobs' }).count({ n: '*' }))[0].n) === 0, 'outbox relayed');
+    const keys = await redis.keys(`${stack.env.QUEUE_PREFIX}:key-jobs:*`);
+    assert.ok(keys.length > 0, 'the queue job exists before the loss');
+    await redis.del(...keys);
+
+    // A worker started now finds it lost and runs it (slowly: small batches with pauses, so that
+    // recovery passes run while the job does).
+    worker = await startWorker({ ...stack.env, DEK_MIGRATION_BATCH: '2', DEK_MIGRATION_PAUSE_MS: '100' });
+    stack.workers.push(worker);
+    const done = await waitFor(async () => {
+      const r = await c.get(`${E}/job/${jobId}`);
+      return r.body.status === 'completed' && r.body;
+    }, 'the recovered job to complete', 20000, 100);
+    assert.equal(done.done, 20);
+    assert.equal(done.failed, 0);
+    for (const id of deks) assert.equal((await testDb()('deks').where({ id }).first()).envelope_key_id, 'dst.key');
+    const recoveries = recoveryLogs();
+    assert.equal(recoveries.length, 1, recoveries.join('\n'));
+    assert.ok(recoveries[0].includes(jobId));
+
+    // Finished jobs are left alone by later passes.
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.equal(recoveryLogs().length, 1);
+  });
+
+  it('leaves alone a job that a queue job carries, through several recovery passes', async () => {
+    const c = stack.client;
+    const started = await c.post(`${E}/envelope/dst.key/migrate`, { to_envelope_encryption_key_id: 'src.key' });
+    assert.equal(started.status, 202);
+    const t0 = Date.now();
+    await waitFor(async () => (await c.get(`${E}/job/${started.body.id}`)).body.status === 'completed', 'the migration back', 20000, 100);
+    assert.ok(Date.now() - t0 > 900, 'the job ran across several recovery passes');
+    assert.equal(recoveryLogs().length, 1);
+  });
+});

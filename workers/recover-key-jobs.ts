@@ -1,0 +1,34 @@
+// Key jobs whose queue job is gone (Redis lost data: a failover, a flush, no persistence) would
+// stay queued or running for ever and block new migrations of their envelope key. Every worker
+// looks for them now and then and enqueues them again. The processors resume from the job row, so
+// a second run is harmless, and the fixed job id keeps several workers from adding more than one.
+import type { Services } from '../domain/services.ts';
+import { listUnfinishedKeyJobs } from '../db/key-jobs.ts';
+import { pendingOutboxPayloads } from '../db/outbox.ts';
+
+const LIVE_STATES = ['active', 'waiting', 'delayed', 'prioritized', 'waiting-children'] as const;
+
+/** Enqueues again the unfinished key jobs at least `olderThanMs` old that no queue job carries; returns their ids. */
+export async function recoverLostKeyJobs(services: Services, olderThanMs: number): Promise<string[]> {
+  const rows = await listUnfinishedKeyJobs(services.db, olderThanMs);
+  if (!rows.length) return [];
+  const queue = services.queues['key-jobs'];
+  const carried = new Set<unknown>((await queue.getJobs([...LIVE_STATES])).map((j) => j?.data?.job_id));
+  // Rows the outbox relay has not sent yet (Redis down) are on their way.
+  for (const payload of await pendingOutboxPayloads(services.db, 'key-jobs')) carried.add(payload.job_id);
+  const lost = rows.filter((r) => !carried.has(r.id));
+  for (const r of lost) {
+    await queue.add(r.kind, { job_id: r.id }, { jobId: `recovered-${r.id}` });
+    services.log.warn({ job_id: r.id, kind: r.kind }, 'key job had no queue job: enqueued again');
+  }
+  return lost.map((r) => r.id);
+}
+
+export function startKeyJobRecovery(services: Services): () => void {
+  const every = services.cfg.KEY_JOB_RECOVERY_MS;
+  const timer = setInterval(() => {
+    recoverLostKeyJobs(services, every).catch((err) => services.log.warn({ err: { message: (err as Error).message } }, 'key job recovery failed; will retry'));
+  }, every);
+  timer.unref();
+  return () => clearInterval(timer);
+}
