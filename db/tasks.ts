@@ -51,6 +51,7 @@ export interface TaskBundle { task: TaskRow; message: Message; timeline: Timelin
 // ONE statement whatever their number: task intake is the hottest write path, and concurrent
 // intakes are coalesced into one such statement (db/statement-batcher.ts). The bundles travel
 // as one jsonb parameter so the statement text, and its prepared plan, never change.
+// All of a bundle's rows are stamped with its task's created_at (newTaskBundle makes one instant).
 // Returns, per bundle in order, the seqs of its timeline items.
 export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<number[][]> {
   const input = bundles.map(({ task: t, message: m, timeline, outbox: o }, i) => ({
@@ -100,7 +101,9 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
   const input = changes.map((c, i) => ({
     i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null,
     tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at })),
-  }));
+  }))
+    // Rows are locked in input order: in id order, concurrent batches cannot deadlock each other.
+    .sort((a, b) => (a.task_id < b.task_id ? -1 : a.task_id > b.task_id ? 1 : 0));
   const { rows } = await prepared(db, 'status-changes',
     `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, tl jsonb)),
       u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at, updated_at = b.at
@@ -123,7 +126,7 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
     [JSON.stringify(input)],
   );
   return rows.map((r: { task: Record<string, unknown> | null; seqs: (string | number)[] | null }) =>
-    (r.task ? { task: parseTaskJson(r.task), timelineSeqs: r.seqs!.map(Number) } : { timelineSeqs: [] }));
+    (r.task ? { task: parseTaskJson(r.task), timelineSeqs: (r.seqs ?? []).map(Number) } : { timelineSeqs: [] }));
 }
 
 export interface RunStateQuery { taskId: string; messageId: string; historyLimit: number }
@@ -160,10 +163,12 @@ export async function loadRunStates(db: Tx, queries: readonly RunStateQuery[]): 
 // The hot task statements of a process, each coalescing concurrent calls (db/statement-batcher.ts)
 // into one multi-row statement.
 export function createTaskStatements(db: Knex) {
+  // Messages dominate the size of a statement's jsonb parameter (a bundle carries its message twice).
+  const messageBytes = (m?: Message) => (m ? 2 * JSON.stringify(m.parts).length : 0);
   return {
-    insertTaskBundle: new StatementBatcher((bundles: TaskBundle[]) => insertTaskBundles(db, bundles)),
-    // A task's changes never share a statement: one UPDATE cannot apply two of them.
-    applyStatusChange: new StatementBatcher((changes: StatusChange[]) => applyStatusChanges(db, changes), { key: (c) => c.taskId }),
+    insertTaskBundle: new StatementBatcher((bundles: TaskBundle[]) => insertTaskBundles(db, bundles), { size: (b) => messageBytes(b.message) }),
+    // A task's changes are never written at the same time: one UPDATE cannot apply two of them.
+    applyStatusChange: new StatementBatcher((changes: StatusChange[]) => applyStatusChanges(db, changes), { key: (c) => c.taskId, size: (c) => messageBytes(c.message) }),
     loadRunState: new StatementBatcher((queries: RunStateQuery[]) => loadRunStates(db, queries)),
   };
 }

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { resetDb, testDb } from './helpers/stack.ts';
 import { StatementBatcher } from '../db/statement-batcher.ts';
-import { insertTaskBundles, type TaskBundle } from '../db/tasks.ts';
+import { applyStatusChanges, insertTaskBundles, type TaskBundle } from '../db/tasks.ts';
 
 function bundle(text: string, id: string = randomUUID()): TaskBundle {
   const at = new Date();
@@ -51,23 +51,93 @@ describe('statement batcher (task intake)', () => {
   });
 });
 
+describe('batched status changes', () => {
+  it('two statements changing the same tasks in opposite orders do not deadlock', async () => {
+    const bundles = Array.from({ length: 20 }, (_, i) => bundle(`d${i}`));
+    await insertTaskBundles(testDb(), bundles);
+    const change = (taskId: string) => ({
+      taskId, to: 'working' as const, from: ['submitted', 'working'] as const, at: new Date(),
+      timeline: [{ id: randomUUID(), task_id: taskId, created_at: new Date().toISOString(), event_payload: { type: 'task-status-update' as const, status: 'working' as const } }],
+    });
+    const ids = bundles.map((b) => b.task.id);
+    for (let round = 0; round < 10; round++) {
+      const [a, b] = await Promise.all([applyStatusChanges(testDb(), ids.map(change)), applyStatusChanges(testDb(), [...ids].reverse().map(change))]);
+      assert.ok([...a, ...b].every((r) => r.task?.status === 'working'));
+    }
+    const items = await testDb()('timeline_items').whereIn('task_id', ids).where('event_payload', '@>', JSON.stringify({ status: 'working' })).count({ n: '*' });
+    assert.equal(Number(items[0].n), 20 * 2 * 10);
+  });
+});
+
 describe('statement batcher (rules)', () => {
-  it('never puts two items with the same key in one statement, and keeps each key\'s items in order', async () => {
+  const pause = (ms = 5) => new Promise((r) => setTimeout(r, ms));
+  const dataError = Object.assign(new Error('duplicate key value violates unique constraint'), { code: '23505' });
+
+  it('never writes two items with the same key at the same time, and keeps each key\'s items in order', async () => {
     const batches: string[][] = [];
+    const running = new Set<string>();
     const batcher = new StatementBatcher(async (items: string[]) => {
+      for (const i of items) {
+        assert.ok(!running.has(i[0]), `${i[0]} written twice at once`);
+        running.add(i[0]);
+      }
       batches.push(items);
-      await new Promise((r) => setTimeout(r, 5));
+      await pause();
+      for (const i of items) running.delete(i[0]);
       return items.map((i) => i.toUpperCase());
-    }, { maxInFlight: 1, key: (i) => i[0] });
+    }, { maxInFlight: 2, key: (i) => i[0] });
     const out = await Promise.all(['a1', 'b1', 'a2', 'c1', 'a3', 'b2'].map((i) => batcher.execute(i)));
     assert.deepEqual(out, ['A1', 'B1', 'A2', 'C1', 'A3', 'B2']);
-    assert.deepEqual(batches, [['a1'], ['b1', 'a2', 'c1'], ['a3', 'b2']]);
+    const order = batches.flat();
+    for (const k of 'abc') assert.deepEqual(order.filter((i) => i[0] === k), ['a1', 'b1', 'a2', 'c1', 'a3', 'b2'].filter((i) => i[0] === k));
+    assert.deepEqual(batches[0], ['a1']);
+    assert.deepEqual(batches[1], ['b1']);
   });
 
-  it('caps a statement at maxBatch items', async () => {
-    const sizes: number[] = [];
-    const batcher = new StatementBatcher(async (items: number[]) => { sizes.push(items.length); await new Promise((r) => setTimeout(r, 5)); return items; }, { maxInFlight: 1, maxBatch: 4 });
-    await Promise.all(Array.from({ length: 10 }, (_, i) => batcher.execute(i)));
-    assert.deepEqual(sizes, [1, 4, 4, 1]);
+  it('caps a statement at maxBatch items and at maxBatchBytes (but always takes one item)', async () => {
+    const sizes: number[][] = [];
+    const batcher = new StatementBatcher(async (items: number[]) => { sizes.push(items); await pause(); return items; }, { maxInFlight: 1, maxBatch: 4, size: (n) => n, maxBatchBytes: 10 });
+    await Promise.all([1, 1, 1, 1, 1, 1, 8, 3, 20, 1].map((i) => batcher.execute(i)));
+    assert.deepEqual(sizes, [[1], [1, 1, 1, 1], [1, 8], [3], [20], [1]]);
+  });
+
+  it('retries alone only on a data error (one bad item); other errors fail the batch without re-running it', async () => {
+    let calls = 0;
+    const batcher = new StatementBatcher(async (items: string[]) => {
+      calls += 1;
+      await pause();
+      if (items.includes('bad')) throw dataError;
+      if (items.includes('down')) throw Object.assign(new Error('Connection terminated unexpectedly'), { code: 'ECONNRESET' });
+      return items;
+    }, { maxInFlight: 1 });
+    await batcher.execute('first');
+    const first = batcher.execute('runs alone');
+    const mixed = await Promise.allSettled(['ok 1', 'bad', 'ok 2'].map((i) => batcher.execute(i)));
+    await first;
+    assert.deepEqual(mixed.map((r) => r.status), ['fulfilled', 'rejected', 'fulfilled']);
+    calls = 0;
+    const blocker = batcher.execute('runs alone');
+    const down = await Promise.allSettled(['x', 'down', 'y'].map((i) => batcher.execute(i)));
+    await blocker;
+    assert.deepEqual(down.map((r) => r.status), ['rejected', 'rejected', 'rejected']);
+    assert.equal(calls, 2, 'the failed batch ran once');
+  });
+
+  it('fails every item of a batch whose statement returns the wrong number of results', async () => {
+    const batcher = new StatementBatcher(async (items: number[]) => items.slice(1), { maxInFlight: 1 });
+    await assert.rejects(batcher.execute(1), /0 results for 1 items/);
+  });
+
+  it('refuses with 503 when too many items wait, and items that waited too long', async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => { release = r; });
+    const batcher = new StatementBatcher(async (items: number[]) => { await gate; return items; }, { maxInFlight: 1, maxQueued: 2, queueTimeoutMs: 50 });
+    const running = batcher.execute(0);
+    const waiting = [batcher.execute(1), batcher.execute(2)];
+    await assert.rejects(batcher.execute(3), (err: { status?: number }) => err.status === 503);
+    await pause(80);
+    release();
+    assert.equal(await running, 0);
+    for (const w of waiting) await assert.rejects(w, (err: { status?: number }) => err.status === 503);
   });
 });

@@ -13,9 +13,10 @@ export async function recoverLostKeyJobs(services: Services, olderThanMs: number
   const rows = await listUnfinishedKeyJobs(services.db, olderThanMs);
   if (!rows.length) return [];
   const queue = services.queues['key-jobs'];
-  const carried = new Set<unknown>((await queue.getJobs([...LIVE_STATES])).map((j) => j?.data?.job_id));
-  // Rows the outbox relay has not sent yet (Redis down) are on their way.
-  for (const payload of await pendingOutboxPayloads(services.db, 'key-jobs')) carried.add(payload.job_id);
+  // Rows the outbox relay has not sent yet (Redis down) are on their way. Read before the queue:
+  // a row relayed in between is then seen in the queue.
+  const carried = new Set<unknown>((await pendingOutboxPayloads(services.db, 'key-jobs')).map((p) => p.job_id));
+  for (const j of await queue.getJobs([...LIVE_STATES])) carried.add(j?.data?.job_id);
   const lost = rows.filter((r) => !carried.has(r.id));
   for (const r of lost) {
     await queue.add(r.kind, { job_id: r.id }, { jobId: `recovered-${r.id}` });
