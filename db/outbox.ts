@@ -5,8 +5,11 @@ import type { JobPayloads, QueueName } from '../queues/names.ts';
 
 export interface OutboxRow { id: string; queue: QueueName; name: string; payload: Record<string, unknown>; options: JobsOptions }
 
+// The row id becomes the BullMQ job id. A job id given in the options (a UUID) is used for both, so
+// the job can be found from what it is about (agent runs: the trigger message id).
 export function newOutboxRow<Q extends QueueName>(queue: Q, name: string, payload: JobPayloads[Q], options: JobsOptions = {}): OutboxRow {
-  return { id: randomUUID(), queue, name, payload: payload as unknown as Record<string, unknown>, options };
+  const { jobId, ...rest } = options;
+  return { id: jobId ?? randomUUID(), queue, name, payload: payload as unknown as Record<string, unknown>, options: rest };
 }
 
 export async function addOutbox<Q extends QueueName>(db: Tx, queue: Q, name: string, payload: JobPayloads[Q], options: JobsOptions = {}): Promise<OutboxRow> {
@@ -33,4 +36,10 @@ export async function deleteOutbox(db: Tx, ids: string[]): Promise<void> {
 // Payloads of the rows for one queue that the relay has not sent yet.
 export async function pendingOutboxPayloads(db: Tx, queue: QueueName): Promise<Record<string, unknown>[]> {
   return (await db('outbox').select('payload').where({ queue })).map((r: { payload: Record<string, unknown> }) => r.payload);
+}
+
+// Which of these outbox rows the relay has not sent yet.
+export async function pendingOutboxIds(db: Tx, ids: string[]): Promise<Set<string>> {
+  if (!ids.length) return new Set();
+  return new Set((await db('outbox').select('id').whereIn('id', ids)).map((r: { id: string }) => r.id));
 }

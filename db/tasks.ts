@@ -160,6 +160,24 @@ export async function loadRunStates(db: Tx, queries: readonly RunStateQuery[]): 
     : undefined));
 }
 
+export interface UnstartedRun { task_id: string; message_id: string; created_at: Date }
+
+// Tasks still submitted at least `olderThanMs` after creation, with the user message that should
+// have started their run, in (created_at, id) order after `after`: candidates for run recovery.
+export async function listUnstartedRuns(db: Tx, olderThanMs: number, after: { created_at: Date; task_id: string } | undefined, limit: number): Promise<UnstartedRun[]> {
+  const { rows } = await db.raw(
+    `select t.id as task_id, t.created_at, m.id as message_id
+       from tasks t
+       join lateral (select id from messages where task_id = t.id and role = 'user' order by seq limit 1) m on true
+      where t.status = 'submitted' and t.created_at < now() - make_interval(secs => ?)
+        and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
+      order by t.created_at, t.id
+      limit ?`,
+    [olderThanMs / 1000, after?.created_at ?? new Date(0), after?.task_id ?? '00000000-0000-0000-0000-000000000000', limit],
+  );
+  return rows;
+}
+
 // The hot task statements of a process, each coalescing concurrent calls (db/statement-batcher.ts)
 // into one multi-row statement.
 export function createTaskStatements(db: Knex) {

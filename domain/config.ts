@@ -26,8 +26,9 @@ const ConfigSchema = Type.Object({
   AGENT_BACKOFF_MS: Type.Integer({ minimum: 0, default: 1000 }),
   AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 50 }),
   KEY_JOB_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 64, default: 2 }),
-  // How often workers look for unfinished key jobs whose queue job was lost, and how old they must be.
-  KEY_JOB_RECOVERY_MS: Type.Integer({ minimum: 100, default: 60000 }),
+  // How often workers look for work whose queue job Redis lost (key jobs, agent runs of submitted
+  // tasks), and how old it must be.
+  JOB_RECOVERY_MS: Type.Integer({ minimum: 100, default: 60000 }),
   DEK_MIGRATION_BATCH: Type.Integer({ minimum: 1, maximum: 100000, default: 2000 }),
   // Pause between bulk DEK migration batches, to bound the load a migration puts on Postgres.
   DEK_MIGRATION_PAUSE_MS: Type.Integer({ minimum: 0, maximum: 60000, default: 0 }),

@@ -44,8 +44,9 @@ async function lockTask(trx: Tx, id: string): Promise<tasks.TaskRow> {
   return task;
 }
 
+// An agent run's job id is its trigger message id: one run per message, findable by recovery.
 export async function enqueueRun(uow: UnitOfWork, taskId: string, messageId: string): Promise<void> {
-  await uow.enqueue('agent-tasks', 'run', { task_id: taskId, message_id: messageId });
+  await uow.enqueue('agent-tasks', 'run', { task_id: taskId, message_id: messageId }, { jobId: messageId });
 }
 
 // Every status change of every task passes here: one statement that moves the task to `to`
@@ -93,7 +94,7 @@ function newTaskBundle(req: CreateTaskRequest, id: string): tasks.TaskBundle {
     { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'task-status-update', status: 'submitted' } },
     { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'message', message } },
   ];
-  const outbox = req.message.role === 'user' ? newOutboxRow('agent-tasks', 'run', { task_id: id, message_id: message.id }) : undefined;
+  const outbox = req.message.role === 'user' ? newOutboxRow('agent-tasks', 'run', { task_id: id, message_id: message.id }, { jobId: message.id }) : undefined;
   return { task, message, timeline, outbox };
 }
 

@@ -24,12 +24,3 @@ export async function recoverLostKeyJobs(services: Services, olderThanMs: number
   }
   return lost.map((r) => r.id);
 }
-
-export function startKeyJobRecovery(services: Services): () => void {
-  const every = services.cfg.KEY_JOB_RECOVERY_MS;
-  const timer = setInterval(() => {
-    recoverLostKeyJobs(services, every).catch((err) => services.log.warn({ err: { message: (err as Error).message } }, 'key job recovery failed; will retry'));
-  }, every);
-  timer.unref();
-  return () => clearInterval(timer);
-}

@@ -1,5 +1,5 @@
-// A key job whose queue job Redis lost (here: the stack's key-jobs keys deleted) is found by a
-// worker's recovery pass, enqueued again and finished.
+// Work whose queue job Redis lost (here: the stack's queue keys deleted) is found by a worker's
+// recovery pass, enqueued again and finished: key jobs, and agent runs of submitted tasks.
 import assert from 'node:assert/strict';
 import { Redis } from 'ioredis';
 import { resetDb, startStack, startWorker, testDb, waitFor, type Proc, type Stack } from './helpers/stack.ts';
@@ -14,7 +14,7 @@ describe('key job recovery', () => {
 
   before(async () => {
     await resetDb();
-    stack = await startStack({ KEY_JOB_RECOVERY_MS: '300' }, { workers: 0 });
+    stack = await startStack({ JOB_RECOVERY_MS: '300' }, { workers: 0 });
     redis = new Redis(process.env.REDIS_URL!);
   });
   after(async () => {
@@ -69,5 +69,51 @@ describe('key job recovery', () => {
     await waitFor(async () => (await c.get(`${E}/job/${started.body.id}`)).body.status === 'completed', 'the migration back', 20000, 100);
     assert.ok(Date.now() - t0 > 900, 'the job ran across several recovery passes');
     assert.equal(recoveryLogs().length, 1);
+  });
+});
+
+describe('agent run recovery', () => {
+  let stack: Stack;
+  let redis: Redis;
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ JOB_RECOVERY_MS: '300' }, { workers: 0 });
+    redis = new Redis(process.env.REDIS_URL!);
+  });
+  after(async () => {
+    redis?.disconnect();
+    await stack?.stop();
+  });
+
+  it('runs submitted tasks whose run job was lost, each once; a task without a user message stays as it is', async () => {
+    const c = stack.client;
+    const ids: string[] = [];
+    for (const text of ['one', 'two', 'three']) {
+      const r = await c.post('/api/task/v1', { message: { role: 'user', parts: [{ type: 'text-part', text }] } });
+      assert.equal(r.status, 201);
+      ids.push(r.body.task.id);
+    }
+    const agentOnly = await c.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'a note' }] } });
+    await waitFor(async () => Number((await testDb()('outbox').where({ queue: 'agent-tasks' }).count({ n: '*' }))[0].n) === 0, 'outbox relayed');
+    const keys = await redis.keys(`${stack.env.QUEUE_PREFIX}:agent-tasks:*`);
+    assert.ok(keys.length > 0);
+    await redis.del(...keys);
+
+    const worker = await startWorker(stack.env);
+    stack.workers.push(worker);
+    for (const id of ids) {
+      await waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.task.status === 'completed', `task ${id} to complete`, 20000, 100);
+      const timeline = await c.get(`/api/task/v1/${id}/timeline?order=asc`);
+      assert.deepEqual(timeline.body.items.filter((i: any) => i.event_payload.type === 'task-status-update').map((i: any) => i.event_payload.status), ['submitted', 'working', 'completed']);
+    }
+    // A task created now runs from its own job; later passes add nothing.
+    const fresh = await c.post('/api/task/v1', { message: { role: 'user', parts: [{ type: 'text-part', text: 'fresh' }] } });
+    await waitFor(async () => (await c.get(`/api/task/v1/${fresh.body.task.id}`)).body.task.status === 'completed', 'the fresh task');
+    await new Promise((r) => setTimeout(r, 1000));
+    const recovered = worker.logs.filter((l) => l.includes('agent run had no queue job'));
+    assert.equal(recovered.length, 3, recovered.join('\n'));
+    for (const id of ids) assert.ok(recovered.some((l) => l.includes(id)));
+    assert.equal((await c.get(`/api/task/v1/${agentOnly.body.task.id}`)).body.task.status, 'submitted');
   });
 });
