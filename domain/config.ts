@@ -24,7 +24,7 @@ const ConfigSchema = Type.Object({
   AGENT_REMOTE_API_KEY: Type.Optional(Type.String({ minLength: 1 })),
   AGENT_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 3 }),
   AGENT_BACKOFF_MS: Type.Integer({ minimum: 0, default: 1000 }),
-  AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 50 }),
+  AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 200 }),
   KEY_JOB_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 64, default: 2 }),
   // How often workers look for work whose queue job Redis lost (key jobs, agent runs of submitted
   // tasks), and how old it must be.
