@@ -129,34 +129,65 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
     (r.task ? { task: parseTaskJson(r.task), timelineSeqs: (r.seqs ?? []).map(Number) } : { timelineSeqs: [] }));
 }
 
-export interface RunStateQuery { taskId: string; messageId: string; historyLimit: number }
-export interface RunState { task: TaskRow; trigger?: Message & { seq: number }; answered: boolean; history: (Message & { seq: number })[] }
+export interface RunStart { taskId: string; messageId: string; historyLimit: number; at: Date; timelineItemId: string }
+export interface RunState {
+  /** The task: after the move to working when `started`, else as it was. */
+  task: TaskRow;
+  /** Whether this statement moved the task to working (with the timeline item at `seq`). */
+  started: boolean;
+  seq?: number;
+  trigger?: Message & { seq: number };
+  answered: boolean;
+  history: (Message & { seq: number })[];
+}
 
-// Everything an agent run needs to decide whether and how to run, for several runs in one round
-// trip (coalesced like the writes): the task, the trigger message, whether an agent message
-// already answered it, and recent history. No task: undefined.
-export async function loadRunStates(db: Tx, queries: readonly RunStateQuery[]): Promise<(RunState | undefined)[]> {
-  const input = queries.map((q, i) => ({ i, task_id: q.taskId, message_id: q.messageId, lim: q.historyLimit }));
-  const { rows } = await prepared(db, 'load-run-states',
-    `select row_to_json(t) as task,
-       (select row_to_json(m) from messages m where m.id = b.message_id and m.task_id = t.id) as trigger,
-       -- Answered: the run for this message already ended by interrupting the task (input-required
-       -- or auth-required after the message). Progress messages of a run that died do not count.
-       exists (select 1 from messages tr where tr.id = b.message_id and t.status in ('input-required', 'auth-required')
-               and coalesce((select sm.seq from messages sm where sm.id = t.status_message_id) > tr.seq,
-                            t.status_timestamp > tr.created_at)) as answered,
-       (select coalesce(json_agg(h order by h.seq), '[]') from
-          (select id, seq, task_id, role, parts, reference_task_ids, metadata, created_at
-             from messages where task_id = t.id order by seq desc limit b.lim) h) as history
-     from jsonb_to_recordset(?::jsonb) as b(i int, task_id uuid, message_id uuid, lim int)
-     -- lateral: one primary-key probe per query whatever row count the planner guesses for b
-     left join lateral (select * from tasks where id = b.task_id) t on true
-     order by b.i`,
+// Starts agent runs, several in one round trip (coalesced like the writes): each task moves to
+// working, with its timeline item, only if it is submitted or interrupted, its trigger message
+// exists and no agent message answered that message yet (the run for it already ended by
+// interrupting the task: input-required or auth-required after the message; progress messages of
+// a run that died do not count). Whatever happened, the run gets the task, the trigger, whether it
+// was answered and recent history to decide and work with. No task: undefined.
+export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(RunState | undefined)[]> {
+  const input = runs.map((r, i) => ({ i, task_id: r.taskId, message_id: r.messageId, lim: r.historyLimit, at: r.at, item_id: r.timelineItemId }))
+    // Rows are locked in input order: in id order, concurrent batches cannot deadlock each other.
+    .sort((a, b) => (a.task_id < b.task_id ? -1 : a.task_id > b.task_id ? 1 : 0));
+  const { rows } = await prepared(db, 'begin-runs',
+    `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, task_id uuid, message_id uuid, lim int, at timestamptz, item_id uuid)),
+      s as (select b.*, t.status, row_to_json(t) as task,
+                   (select row_to_json(m) from messages m where m.id = b.message_id and m.task_id = t.id) as trigger,
+                   exists (select 1 from messages tr where tr.id = b.message_id and t.status in ('input-required', 'auth-required')
+                           and coalesce((select sm.seq from messages sm where sm.id = t.status_message_id) > tr.seq,
+                                        t.status_timestamp > tr.created_at)) as answered
+              from b
+              -- lateral: one primary-key probe per run whatever row count the planner guesses for b
+              left join lateral (select * from tasks where id = b.task_id) t on true),
+      u as (update tasks t set status = 'working', status_message_id = null, status_timestamp = s.at, updated_at = s.at
+              from s
+             where t.id = any(array(select task_id from s where status in ('submitted', 'input-required', 'auth-required')
+                                                          and trigger is not null and not answered))
+               -- a task changed since s was read keeps its new state
+               and t.id = s.task_id and t.status = s.status
+            returning t.*),
+      tl as (insert into timeline_items (id, task_id, event_payload, created_at)
+             select s.item_id, s.task_id, jsonb_build_object('type', 'task-status-update', 'status', 'working'), s.at
+               from s join u on u.id = s.task_id order by s.task_id
+             returning task_id, seq)
+    select coalesce((select row_to_json(u) from u where u.id = s.task_id), s.task) as task,
+           exists (select 1 from u where u.id = s.task_id) as started,
+           (select seq from tl where tl.task_id = s.task_id) as seq,
+           s.trigger, s.answered,
+           (select coalesce(json_agg(h order by h.seq), '[]') from
+              (select id, seq, task_id, role, parts, reference_task_ids, metadata, created_at
+                 from messages where task_id = s.task_id order by seq desc limit s.lim) h) as history
+      from s order by s.i`,
     [JSON.stringify(input)],
   );
   const toMessage = (m: Record<string, unknown>): Message & { seq: number } => ({ ...(m as unknown as Message), seq: Number(m.seq), created_at: new Date(m.created_at as string).toISOString() });
-  return rows.map((r: { task: Record<string, unknown> | null; trigger: Record<string, unknown> | null; answered: boolean; history: Record<string, unknown>[] }) => (r.task
-    ? { task: parseTaskJson(r.task), trigger: r.trigger ? toMessage(r.trigger) : undefined, answered: r.answered, history: r.history.map(toMessage) }
+  return rows.map((r: { task: Record<string, unknown> | null; started: boolean; seq: string | number | null; trigger: Record<string, unknown> | null; answered: boolean; history: Record<string, unknown>[] }) => (r.task
+    ? {
+      task: parseTaskJson(r.task), started: r.started, ...(r.seq !== null ? { seq: Number(r.seq) } : {}),
+      trigger: r.trigger ? toMessage(r.trigger) : undefined, answered: r.answered, history: r.history.map(toMessage),
+    }
     : undefined));
 }
 
@@ -187,7 +218,7 @@ export function createTaskStatements(db: Knex) {
     insertTaskBundle: new StatementBatcher((bundles: TaskBundle[]) => insertTaskBundles(db, bundles), { size: (b) => messageBytes(b.message) }),
     // A task's changes are never written at the same time: one UPDATE cannot apply two of them.
     applyStatusChange: new StatementBatcher((changes: StatusChange[]) => applyStatusChanges(db, changes), { key: (c) => c.taskId, size: (c) => messageBytes(c.message) }),
-    loadRunState: new StatementBatcher((queries: RunStateQuery[]) => loadRunStates(db, queries)),
+    beginRun: new StatementBatcher((runs: RunStart[]) => beginRuns(db, runs), { key: (r) => r.taskId }),
   };
 }
 export type TaskStatements = ReturnType<typeof createTaskStatements>;

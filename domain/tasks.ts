@@ -70,6 +70,14 @@ export async function changeStatusIf(uow: UnitOfWork, taskId: string, to: TaskSt
   return tasks.toTask(task);
 }
 
+// Starts an agent run for `messageId` (db/tasks.ts beginRuns): the task moves to working if it may,
+// in one statement shared with concurrent starts; the run decides from what comes back.
+export async function beginRun(s: UowServices & Pick<Services, 'taskStatements'>, taskId: string, messageId: string, historyLimit: number) {
+  const state = await s.taskStatements.beginRun.execute({ taskId, messageId, historyLimit, at: new Date(), timelineItemId: randomUUID() });
+  if (state?.started) afterCommit(s, [], [[TASK_EVENTS, { task_id: taskId, seq: state.seq }]]);
+  return state;
+}
+
 // Changes the status of a task the caller has read (and usually locked) in this transaction.
 export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: TaskState, message?: CreateMessageRequest): Promise<Task> {
   assertTransition(task.status, to);

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { resetDb, testDb } from './helpers/stack.ts';
 import { StatementBatcher } from '../db/statement-batcher.ts';
-import { applyStatusChanges, insertTaskBundles, type TaskBundle } from '../db/tasks.ts';
+import { applyStatusChanges, beginRuns, insertTaskBundles, type TaskBundle } from '../db/tasks.ts';
 
 function bundle(text: string, id: string = randomUUID()): TaskBundle {
   const at = new Date();
@@ -51,7 +51,36 @@ describe('statement batcher (task intake)', () => {
   });
 });
 
-describe('batched status changes', () => {
+describe('batched task statements', () => {
+  const statusItem = (taskId: string, status: 'working' | 'canceled' | 'input-required') =>
+    ({ id: randomUUID(), task_id: taskId, created_at: new Date().toISOString(), event_payload: { type: 'task-status-update' as const, status } });
+  const start = (b?: TaskBundle) => ({ taskId: b?.task.id ?? randomUUID(), messageId: b?.message.id ?? randomUUID(), historyLimit: 10, at: new Date(), timelineItemId: randomUUID() });
+
+  it('beginRuns starts a submitted task once and reports, without changing them, terminal, answered and unknown tasks', async () => {
+    const [a, canceled, asked] = [bundle('run a'), bundle('canceled'), bundle('asked')];
+    await insertTaskBundles(testDb(), [a, canceled, asked]);
+    const reply = { id: randomUUID(), task_id: asked.task.id, role: 'agent' as const, parts: [{ type: 'text-part' as const, text: 'which one?' }], reference_task_ids: [], metadata: {}, created_at: new Date(Date.now() + 5).toISOString() };
+    await applyStatusChanges(testDb(), [
+      { taskId: canceled.task.id, to: 'canceled', from: ['submitted'], at: new Date(), timeline: [statusItem(canceled.task.id, 'canceled')] },
+      { taskId: asked.task.id, to: 'input-required', from: ['submitted'], at: new Date(Date.now() + 5), message: reply, timeline: [statusItem(asked.task.id, 'input-required')] },
+    ]);
+    const [ra, rc, rq, unknown] = await beginRuns(testDb(), [start(a), start(canceled), start(asked), start()]);
+    assert.equal(ra?.started, true);
+    assert.equal(ra?.task.status, 'working');
+    assert.equal(ra?.trigger?.id, a.message.id);
+    assert.deepEqual(ra?.history.map((m) => m.id), [a.message.id]);
+    const items = await testDb()('timeline_items').where({ task_id: a.task.id }).orderBy('seq');
+    assert.deepEqual(items.map((i) => i.event_payload), [{ type: 'task-status-update', status: 'submitted' }, { type: 'message', message: a.message }, { type: 'task-status-update', status: 'working' }]);
+    assert.equal(Number(items[2].seq), ra?.seq);
+    assert.deepEqual([rc?.started, rc?.task.status], [false, 'canceled']);
+    assert.deepEqual([rq?.started, rq?.answered, rq?.task.status], [false, true, 'input-required']);
+    assert.equal(unknown, undefined);
+    // A second start of the same run (a re-run after a crash) finds it working and writes nothing.
+    const [again] = await beginRuns(testDb(), [start(a)]);
+    assert.deepEqual([again?.started, again?.task.status], [false, 'working']);
+    assert.equal(Number((await testDb()('timeline_items').where({ task_id: a.task.id }).count({ n: '*' }))[0].n), 3);
+  });
+
   it('two statements changing the same tasks in opposite orders do not deadlock', async () => {
     const bundles = Array.from({ length: 20 }, (_, i) => bundle(`d${i}`));
     await insertTaskBundles(testDb(), bundles);

@@ -5,15 +5,14 @@ import { randomUUID } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
-import { appendArtifact, appendMessage, changeStatus, changeStatusIf } from '../domain/tasks.ts';
+import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf } from '../domain/tasks.ts';
 import { inStatement, inTransaction } from '../domain/unit-of-work.ts';
-import { allowedFrom, INTERRUPTED_STATES, isTerminal, type TaskState } from '../domain/task-states.ts';
+import { allowedFrom, isTerminal, type TaskState } from '../domain/task-states.ts';
 import type { MessagePart } from '../api/schemas/task.ts';
 import type { AgentContext, AgentHandler, Reply } from './agents/types.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 
 const HISTORY = 200;
-const START_FROM: TaskState[] = ['submitted', ...INTERRUPTED_STATES];
 // A run's final status applies only while the task is still active.
 const activeFrom = (to: TaskState) => allowedFrom(to).filter((s) => !isTerminal(s));
 const toParts = (r: Reply): MessagePart[] => (typeof r === 'string' ? [{ type: 'text-part', text: r }] : r);
@@ -23,17 +22,16 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
 
   return async function runAgentTask(job: Job<JobPayloads['agent-tasks']>, token?: string): Promise<string> {
     const { task_id: taskId, message_id: messageId } = job.data;
-    const state = await services.taskStatements.loadRunState.execute({ taskId, messageId, historyLimit: HISTORY });
+    const state = await beginRun(services, taskId, messageId, HISTORY);
     if (!state) return 'task gone';
-    if (isTerminal(state.task.status)) return `task already ${state.task.status}`;
+    if (!state.started) {
+      if (isTerminal(state.task.status)) return `task already ${state.task.status}`;
+      if (state.answered) return 'already answered';
+      // A re-run after a crash finds the task already working and carries on.
+      if (state.task.status !== 'working') return 'task changed before start';
+    }
     if (!state.trigger) return 'message gone';
-    if (state.answered) return 'already answered';
-
-    // A re-run after a crash finds the task already working and carries on.
-    const started = state.task.status === 'working'
-      ? tasks.toTask(state.task)
-      : await inStatement(services, (uow) => changeStatusIf(uow, taskId, 'working', START_FROM));
-    if (!started) return 'task changed before start';
+    const started = tasks.toTask(state.task);
 
     const controller = cancels.register(taskId);
     const history = state.history.map(({ seq: _s, ...m }) => m);
