@@ -1,5 +1,6 @@
 import type { TSchema } from '@sinclair/typebox';
 import type { Route } from './route.ts';
+import { ErrorBody } from './schemas/common.ts';
 
 type Json = Record<string, unknown>;
 
@@ -31,7 +32,8 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
       }
     }
     const responses: Json = {};
-    for (const [status, schema] of Object.entries(spec.responses)) {
+    // Every authenticated route may answer 429 (api/middleware/rate-limit.ts).
+    for (const [status, schema] of Object.entries(spec.scope ? { ...spec.responses, 429: ErrorBody } : spec.responses)) {
       responses[status] = schema
         ? { description: status.startsWith('2') ? 'Success' : 'Error', content: { [status.startsWith('2') ? spec.responseType ?? 'application/json' : 'application/json']: { schema: collect(schema, components) } } }
         : { description: 'No content' };

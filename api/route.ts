@@ -8,6 +8,7 @@ import { InvalidRequest, type FieldError } from '../domain/errors.ts';
 import type { Services } from '../domain/services.ts';
 import { authenticate, requireScope, type Principal, type Scope } from './middleware/auth.ts';
 import { readJsonBody } from './middleware/body.ts';
+import { rateLimit } from './middleware/rate-limit.ts';
 
 export type Method = 'get' | 'post' | 'put' | 'patch' | 'delete';
 
@@ -91,7 +92,7 @@ export function mount(router: Router, routes: Route[], services: Services): void
     const vBody = spec.body && bodyAjv.compile(spec.body);
     const okStatus = Number(Object.keys(spec.responses).find((s) => s.startsWith('2')) ?? 200);
     const stack: RouterMiddleware[] = [];
-    if (spec.scope) stack.push(authenticate(services), requireScope(spec.scope));
+    if (spec.scope) stack.push(authenticate(services), rateLimit(services), requireScope(spec.scope));
     stack.push(async (ctx: Context) => {
       const params = { ...ctx.params };
       if (vParams) check(vParams, params, 'path');

@@ -54,6 +54,12 @@ export class Upstream extends AppError {
     super(502, 'bad_gateway', message, data);
   }
 }
+export class RateLimited extends AppError {
+  constructor(retryAfterMs: number) {
+    const seconds = Math.max(1, Math.ceil(retryAfterMs / 1000));
+    super(429, 'rate_limited', `Too many requests for this API key; retry in ${seconds} s`, { retry_after_ms: retryAfterMs }, { 'Retry-After': String(seconds) });
+  }
+}
 export class Unavailable extends AppError {
   constructor(message: string) {
     super(503, 'unavailable', message, {}, { 'Retry-After': '5' });
