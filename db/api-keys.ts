@@ -25,7 +25,8 @@ export async function touchLastUsed(db: Tx, id: string): Promise<void> {
   await db('api_keys').where({ id }).update({ last_used_at: db.fn.now() });
 }
 
-export async function countActive(db: Tx): Promise<number> {
-  const [{ n }] = await db('api_keys').whereNull('revoked_at').count({ n: '*' });
+// Every key ever created, revoked ones too.
+export async function countKeys(db: Tx): Promise<number> {
+  const [{ n }] = await db('api_keys').count({ n: '*' });
   return Number(n);
 }

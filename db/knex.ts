@@ -13,7 +13,9 @@ export const migrationsDir = path.join(path.dirname(fileURLToPath(import.meta.ur
 
 export function createDb(url: string, pool = { min: 0, max: 20 }): Knex {
   // As an object: knex's own URL parsing cannot read a socket path (?host=/dir), pg's can.
-  return knexFactory({ client: 'pg', connection: { connectionString: url }, pool, acquireConnectionTimeout: 10000 });
+  // compileSqlOnError off: a failed query's error names its SQL with placeholders, never the values
+  // (which can be ciphertexts, wrapped keys or other tasks' messages in a batched statement).
+  return knexFactory({ client: 'pg', connection: { connectionString: url }, pool, acquireConnectionTimeout: 10000, compileSqlOnError: false });
 }
 
 export async function migrateLatest(db: Knex): Promise<string[]> {

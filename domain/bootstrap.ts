@@ -3,7 +3,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Services } from './services.ts';
-import { countActive } from '../db/api-keys.ts';
+import { countKeys } from '../db/api-keys.ts';
 import { createApiKey } from './api-keys.ts';
 import { bootstrapKeys } from './crypto/key-management.ts';
 
@@ -12,11 +12,19 @@ const BOOTSTRAP_LOCK = 7_311_201;
 export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promise<void> {
   await s.db.transaction(async (trx) => {
     await trx.raw('select pg_advisory_xact_lock(?)', [BOOTSTRAP_LOCK]);
-    if (!s.cfg.ADMIN_API_KEY && (await countActive(trx)) === 0) {
+    // Only on a fresh installation: revoking every key must not mint a new one at the next start.
+    if (!s.cfg.ADMIN_API_KEY && (await countKeys(trx)) === 0) {
       const created = await createApiKey(trx, 'bootstrap admin', ['admin']);
       const file = path.join(s.cfg.DATA_DIR, 'admin-api-key');
-      fs.mkdirSync(s.cfg.DATA_DIR, { recursive: true });
-      fs.writeFileSync(file, created.key + '\n', { mode: 0o600 });
+      fs.mkdirSync(s.cfg.DATA_DIR, { recursive: true, mode: 0o700 });
+      // Never through a symlink; an existing file is made owner-only too.
+      const fd = fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_TRUNC | fs.constants.O_NOFOLLOW, 0o600);
+      try {
+        fs.fchmodSync(fd, 0o600);
+        fs.writeSync(fd, created.key + '\n');
+      } finally {
+        fs.closeSync(fd);
+      }
       s.log.warn({ file }, 'created the first admin API key; it is stored in this file, readable only by its owner');
     }
     if (await bootstrapKeys(s, trx)) s.log.info({ keys_dir: s.cfg.KEYS_DIR }, 'created the first local envelope key and the DEK aliased "default"');

@@ -11,7 +11,11 @@ for (const [net4, prefix] of [
   ['0.0.0.0', 8], ['10.0.0.0', 8], ['100.64.0.0', 10], ['127.0.0.0', 8], ['169.254.0.0', 16], ['172.16.0.0', 12],
   ['192.0.0.0', 24], ['192.168.0.0', 16], ['198.18.0.0', 15], ['224.0.0.0', 4], ['240.0.0.0', 4],
 ] as const) blocked.addSubnet(net4, prefix, 'ipv4');
-for (const [net6, prefix] of [['::', 128], ['::1', 128], ['fc00::', 7], ['fe80::', 10], ['ff00::', 8], ['64:ff9b::', 96]] as const) blocked.addSubnet(net6, prefix, 'ipv6');
+// IPv6: unspecified, loopback and IPv4-compatible (::/96), discard-only, unique-local, link- and
+// site-local, multicast, and the ranges that embed IPv4 addresses (NAT64, 6to4).
+for (const [net6, prefix] of [
+  ['::', 96], ['100::', 64], ['fc00::', 7], ['fe80::', 10], ['fec0::', 10], ['ff00::', 8], ['64:ff9b::', 96], ['64:ff9b:1::', 48], ['2002::', 16],
+] as const) blocked.addSubnet(net6, prefix, 'ipv6');
 
 export function isPrivateAddress(ip: string): boolean {
   const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(ip);
@@ -52,8 +56,10 @@ export async function assertWebhookUrl(raw: string, allowPrivate: boolean): Prom
   }
   const internal = addresses.find(isPrivateAddress);
   if (internal !== undefined) {
+    // The address is named only when the caller wrote it: what a name resolves to inside stays inside.
+    const shown = net.isIP(host) ? ` (${internal})` : '';
     throw new InvalidRequest(
-      `Push notification URL host '${host}' resolves to a private, loopback or link-local address (${internal}); such targets need PUSH_ALLOW_PRIVATE=true`,
+      `Push notification URL host '${host}' resolves to a private, loopback or link-local address${shown}; such targets need PUSH_ALLOW_PRIVATE=true`,
     );
   }
   return url;

@@ -52,7 +52,9 @@ startup = (async () => {
     const pg = await startPostgres({ dataDir, log: say });
     services.push(pg);
     env.DATABASE_URL = pg.url;
-    say(`local Postgres on ${pg.url} (data in ${dataDir}/postgres)`);
+    const shown = new URL(pg.url);
+    if (shown.password) shown.password = '***';
+    say(`local Postgres on ${shown} (data in ${dataDir}/postgres)`);
   }
   if (stopping) return;
   if (!env.REDIS_URL) {

@@ -224,6 +224,52 @@ describe('authentication and scopes', () => {
       const items = (await boot.client.as(key).get('/api/auth/v1/api-key')).body.items;
       assert.equal(items.length, 1);
       assert.deepEqual(items[0].scopes, ['admin']);
+      await boot.stop();
+
+      // With every key revoked, a restart mints no new admin key.
+      await testDb()('api_keys').update({ revoked_at: new Date() });
+      boot = await startStack({ ADMIN_API_KEY: undefined, DATA_DIR: boot.env.DATA_DIR }, { workers: 0 });
+      assert.equal(fs.readFileSync(file, 'utf8').trim(), key);
+      assert.equal(Number((await testDb()('api_keys').count({ n: '*' }))[0].n), 1);
+      assert.equal((await boot.client.as(key).get('/api/task/v1')).status, 401);
     });
+  });
+});
+
+describe('per-key rate limit', () => {
+  let stack: Stack;
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ RATE_LIMIT_PER_SECOND: '5' }, { workers: 0 });
+  });
+  after(async () => stack?.stop());
+
+  it('answers 429 rate_limited with Retry-After beyond the limit, creating nothing for refused requests; other keys keep their own budget', async () => {
+    const other = await stack.client.post('/api/auth/v1/api-key', { name: 'other', scopes: ['task:read'] });
+    assert.equal(other.status, 201);
+    const results = await Promise.all(Array.from({ length: 20 }, (_, i) => stack.client.post('/api/task/v1', { message: { role: 'user', parts: [{ type: 'text-part', text: `burst ${i}` }] } })));
+    const created = results.filter((r) => r.status === 201);
+    const limited = results.filter((r) => r.status === 429);
+    assert.equal(created.length + limited.length, 20, results.map((r) => r.status).join(','));
+    assert.ok(limited.length >= 10, `at most two one-second windows' worth pass: ${created.length} created`);
+    for (const r of limited) {
+      assert.equal(r.body.data.code, 'rate_limited');
+      assert.match(r.body.message, /retry in \d+ s/);
+      assert.match(r.headers.get('retry-after') ?? '', /^[1-9]\d*$/);
+    }
+    const [{ n }] = await testDb()('tasks').count({ n: '*' });
+    assert.equal(Number(n), created.length);
+    // Another key is counted on its own.
+    assert.equal((await stack.client.as(other.body.key).get('/api/task/v1')).status, 200);
+    // Once the window has passed the first key is served again.
+    await new Promise((r) => setTimeout(r, 1100));
+    assert.equal((await stack.client.get('/api/task/v1')).status, 200);
+  });
+
+  it('is described in the OpenAPI document for authenticated routes', async () => {
+    const doc = (await stack.client.get('/api/openapi.json')).body;
+    assert.ok(doc.paths['/api/task/v1'].post.responses['429']);
+    assert.ok(!doc.paths['/_internal/v1/health'].get.responses['429']);
   });
 });

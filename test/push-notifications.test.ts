@@ -269,6 +269,9 @@ describe('push notifications', () => {
       ['http://169.254.169.254/latest/meta-data', /link-local address \(169\.254\.169\.254\)/],
       ['http://[::1]:8080/hook', /\(::1\)/],
       ['http://[::ffff:127.0.0.1]/hook', /private, loopback/],
+      ['http://[::127.0.0.1]/hook', /private, loopback/],
+      ['http://[2002:7f00:1::]/hook', /private, loopback/],
+      ['http://[64:ff9b:1::a00:1]/hook', /private, loopback/],
       ['http://localhost:8080/hook', /host 'localhost' resolves to a private/],
       ['http://no-such-host.invalid/hook', /cannot be resolved/],
     ];
@@ -277,6 +280,8 @@ describe('push notifications', () => {
       assert.equal(r.status, 400, url);
       assert.match(r.message, message, url);
     }
+    // What a name resolves to inside is not told to the caller.
+    assert.doesNotMatch((await rejection(() => setPushConfig(testDb(), id, { url: 'http://localhost:8080/hook' }, denyPrivate))).message, /127\.0\.0\.1|::1/);
     for (const input of [{ url: 'http://127.0.0.1/', id: '' }, { url: 'http://127.0.0.1/', authentication: { schemes: [] } }, { url: 'http://127.0.0.1/', authentication: { schemes: ['Bearer'], credentials: 'a\r\nX-Evil: 1' } }]) {
       assert.equal((await rejection(() => setPushConfig(testDb(), id, input, allowPrivate))).status, 400);
     }
