@@ -65,3 +65,23 @@ export class Unavailable extends AppError {
     super(503, 'unavailable', message, {}, { 'Retry-After': '5' });
   }
 }
+
+// A write that lost a race is a conflict the client may retry, not a bug: a row it refers to was
+// deleted meanwhile (23503), the same identity was created meanwhile (23505), or a lock conflict
+// (40001, 40P01). Other errors: undefined.
+export function raceConflict(err: unknown): Conflict | undefined {
+  const code = (err as { code?: unknown })?.code;
+  if (code === '23503') return new Conflict('Something this request refers to was changed or deleted meanwhile; retry or check it');
+  if (code === '23505') return new Conflict('A resource with this identity was created meanwhile');
+  if (code === '40001' || code === '40P01') return new Conflict('A concurrent change conflicted with this request; retry');
+  return undefined;
+}
+
+// What may be told to API users about a failure (task status messages, key job errors): the
+// error's own message, except for database errors, whose text names our SQL: those say only
+// their SQLSTATE (the worker log has the rest).
+export function publicReason(err: unknown): string {
+  const e = err as { message?: unknown; code?: unknown; severity?: unknown };
+  if (typeof e?.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code) && typeof e.severity === 'string') return `a database error (SQLSTATE ${e.code})`;
+  return typeof e?.message === 'string' ? e.message : String(err);
+}

@@ -101,7 +101,7 @@ export async function encryptWithAlias(s: KeyringServices, alias: string, plaint
 
 // A new DEK under an envelope key: generated, or imported from `encryptedDek`, which must
 // unwrap with that key.
-export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: string, trx?: Tx, opts: { id?: string; encryptedDek?: string } = {}): Promise<DekRow> {
+export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: string, trx?: Tx, opts: { id?: string; encryptedDek?: string; encryptedDekField?: string } = {}): Promise<DekRow> {
   const db = trx ?? s.db;
   const wrapper = await wrapperFor(s, envelopeId, db);
   let plain: Buffer;
@@ -111,7 +111,7 @@ export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: str
     try {
       plain = await wrapper.unwrap(wrapped);
     } catch (err) {
-      if (err instanceof DecryptError) throw new InvalidRequest(`encrypted DEK does not unwrap with envelope key '${envelopeId}'`, [{ path: 'body.encrypted_dek', message: 'does not unwrap with this envelope key' }]);
+      if (err instanceof DecryptError) throw new InvalidRequest(`encrypted DEK does not unwrap with envelope key '${envelopeId}'`, [{ path: `body.${opts.encryptedDekField ?? 'encrypted_dek'}`, message: 'does not unwrap with this envelope key' }]);
       throw err;
     }
     if (plain.length !== KEY_BYTES) throw new InvalidRequest(`encrypted DEK is not a ${KEY_BYTES}-byte key`);

@@ -32,6 +32,7 @@ export interface PushConfig {
 const MAX_ID = 256;
 const MAX_URL = 2048;
 const MAX_TOKEN = 4096;
+const HEADER_SAFE = /^[\x20-\x7e]+$/;
 
 const shown = (r: repo.PushConfigRow): PushConfig => ({
   id: r.id,
@@ -47,15 +48,15 @@ function checkInput(input: PushConfigInput): void {
     throw new InvalidRequest(`Push notification config id must be a string of 1 to ${MAX_ID} characters`);
   }
   if (typeof input.url !== 'string' || input.url.length > MAX_URL) throw new InvalidRequest(`Push notification URL must be a string of at most ${MAX_URL} characters`);
-  if (input.token !== undefined && (typeof input.token !== 'string' || input.token.length > MAX_TOKEN || /[\r\n]/.test(input.token))) {
-    throw new InvalidRequest(`Push notification token must be a single-line string of at most ${MAX_TOKEN} characters`);
+  if (input.token !== undefined && (typeof input.token !== 'string' || input.token.length > MAX_TOKEN || !HEADER_SAFE.test(input.token))) {
+    throw new InvalidRequest(`Push notification token must be 1 to ${MAX_TOKEN} printable ASCII characters (it is sent as a header)`);
   }
   const auth = input.authentication;
   if (auth !== undefined) {
     const schemesOk = Array.isArray(auth?.schemes) && auth.schemes.length > 0 && auth.schemes.every((s) => typeof s === 'string' && /^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$/.test(s));
     if (!schemesOk) throw new InvalidRequest('Push notification authentication.schemes must be a non-empty list of HTTP auth scheme names');
-    if (auth.credentials !== undefined && (typeof auth.credentials !== 'string' || auth.credentials.length > MAX_TOKEN || /[\r\n]/.test(auth.credentials))) {
-      throw new InvalidRequest('Push notification authentication.credentials must be a single-line string');
+    if (auth.credentials !== undefined && (typeof auth.credentials !== 'string' || auth.credentials.length > MAX_TOKEN || !HEADER_SAFE.test(auth.credentials))) {
+      throw new InvalidRequest('Push notification authentication.credentials must be printable ASCII characters (they are sent as a header)');
     }
   }
 }

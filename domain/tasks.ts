@@ -91,12 +91,13 @@ function newTaskBundle(req: CreateTaskRequest, id: string): tasks.TaskBundle {
   const at = new Date();
   const iso = at.toISOString();
   const task: tasks.TaskRow = {
-    id, context_id: req.context_id ?? randomUUID(), status: 'submitted', status_timestamp: at, status_message_id: null,
+    // Ids as Postgres returns them (lower case), so the answer matches later reads.
+    id, context_id: (req.context_id ?? randomUUID()).toLowerCase(), status: 'submitted', status_timestamp: at, status_message_id: null,
     metadata: req.metadata ?? {}, created_at: at, updated_at: at,
   };
   const message: Message = {
     id: randomUUID(), task_id: id, role: req.message.role, parts: req.message.parts,
-    reference_task_ids: req.message.reference_task_ids ?? [], metadata: req.message.metadata ?? {}, created_at: iso,
+    reference_task_ids: (req.message.reference_task_ids ?? []).map((r) => r.toLowerCase()), metadata: req.message.metadata ?? {}, created_at: iso,
   };
   const timeline: TimelineItem[] = [
     { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'task-status-update', status: 'submitted' } },

@@ -125,7 +125,9 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
 
     const imp = await c.post(`${E}/envelope/alpha.key/dek/import`, { id: 'imported-dek', encrypted_data_encryption_key: wrapLocal(kek('alpha.key'), randomBytes(32)) });
     assert.equal(imp.status, 201);
-    assert.equal((await c.post(`${E}/envelope/alpha.key/dek/import`, { encrypted_data_encryption_key: wrapLocal(kek('restored.key'), randomBytes(32)) })).status, 400);
+    const notMine = await c.post(`${E}/envelope/alpha.key/dek/import`, { encrypted_data_encryption_key: wrapLocal(kek('restored.key'), randomBytes(32)) });
+    assert.equal(notMine.status, 400);
+    assert.deepEqual(notMine.body.data.errors.map((e: { path: string }) => e.path), ['body.encrypted_data_encryption_key']);
     assert.equal((await c.post(`${E}/envelope/alpha.key/dek/import`, {})).status, 400);
     assert.equal((await c.post(`${E}/envelope/nope.key/dek/import`, { encrypted_data_encryption_key: 'AAAA' })).status, 404);
 
@@ -369,6 +371,26 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     for (const p of ['/envelope', '/envelope/{envelope_id}', '/envelope/{envelope_id}/dek', '/envelope/{envelope_id}/dek/import',
       '/envelope/{envelope_id}/dek/{dek_id}/migrate', '/envelope/{envelope_id}/migrate', '/job/{job_id}', '/dek/alias', '/dek/alias/{alias}']) {
       assert.ok(paths.includes(E + p), p);
+    }
+  });
+
+  it('answers 400, not 500, for control characters in envelope ids and alias lookups', async () => {
+    const c = stack.client;
+    for (const [method, url] of [['GET', `${E}/envelope/%00`], ['DELETE', `${E}/envelope/%00`], ['GET', `${E}/envelope/a%00b/dek`], ['POST', `${E}/envelope/a%00b/dek`], ['POST', `${E}/envelope/%01/migrate`], ['GET', `${E}/dek/alias/%00`]] as const) {
+      const r = await c.request(method, url, method === 'POST' ? {} : undefined);
+      assert.equal(r.status, 400, `${method} ${url}: ${r.text}`);
+      assert.equal(r.body.data.code, 'invalid_request');
+    }
+  });
+
+  it('a DEK created while its envelope key is deleted gets 404 or 409, never 500', async () => {
+    const c = stack.client;
+    for (let i = 0; i < 10; i++) {
+      const name = `race-${i}.key`;
+      assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: name })).status, 201);
+      const [created, deleted] = await Promise.all([c.post(`${E}/envelope/${name}/dek`, {}), c.delete(`${E}/envelope/${name}`)]);
+      assert.ok([201, 404, 409].includes(created.status), `create: ${created.status} ${created.text}`);
+      assert.ok([200, 409].includes(deleted.status), `delete: ${deleted.status} ${deleted.text}`);
     }
   });
 });

@@ -282,7 +282,8 @@ describe('push notifications', () => {
     }
     // What a name resolves to inside is not told to the caller.
     assert.doesNotMatch((await rejection(() => setPushConfig(testDb(), id, { url: 'http://localhost:8080/hook' }, denyPrivate))).message, /127\.0\.0\.1|::1/);
-    for (const input of [{ url: 'http://127.0.0.1/', id: '' }, { url: 'http://127.0.0.1/', authentication: { schemes: [] } }, { url: 'http://127.0.0.1/', authentication: { schemes: ['Bearer'], credentials: 'a\r\nX-Evil: 1' } }]) {
+    for (const input of [{ url: 'http://127.0.0.1/', id: '' }, { url: 'http://127.0.0.1/', authentication: { schemes: [] } }, { url: 'http://127.0.0.1/', authentication: { schemes: ['Bearer'], credentials: 'a\r\nX-Evil: 1' } },
+      { url: 'http://127.0.0.1/', token: 'tok\u0001' }, { url: 'http://127.0.0.1/', token: 'tok\u{1F4A5}' }, { url: 'http://127.0.0.1/', authentication: { schemes: ['Bearer'], credentials: 'a\u0007b' } }]) {
       assert.equal((await rejection(() => setPushConfig(testDb(), id, input, allowPrivate))).status, 400);
     }
     assert.deepEqual(await listPushConfigs(testDb(), id), []);

@@ -31,4 +31,10 @@ describe('queue dashboard at /admin/queues', () => {
     const body = await api.json() as { queues: { name: string }[] };
     assert.deepEqual(body.queues.map((q) => q.name).sort(), ['agent-tasks', 'credential-refresh', 'key-jobs', 'push-notifications']);
   });
+
+  it('answers 400 to a dashboard request whose JSON does not parse', async () => {
+    const r = await fetch(`${stack.api.url}/admin/queues/api/queues/agent-tasks/add`, { method: 'POST', headers: { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' }, body: '{' });
+    assert.equal(r.status, 400, await r.clone().text());
+    assert.equal(((await r.json()) as { data: { code: string } }).data.code, 'invalid_request');
+  });
 });

@@ -134,6 +134,9 @@ describe('task API', () => {
       ['a non-UUID reference_task_id', { message: { ...textMessage('x'), reference_task_ids: ['t1'] } }, 'body.message.reference_task_ids.0'],
       ['metadata that is not an object', { message: textMessage('x'), metadata: [1] }, 'body.metadata'],
       ['a body that is an array', [textMessage('x')], 'body'],
+      ['a urn:uuid context_id', { context_id: 'urn:uuid:00000000-0000-4000-8000-000000000000', message: textMessage('x') }, 'body.context_id'],
+      ['a file part with only a name', { message: { role: 'user', parts: [{ type: 'file-part', file: { name: 'a.txt' } }] } }, 'body.message.parts.0.file'],
+      ['a file part with both bytes and uri', { message: { role: 'user', parts: [{ type: 'file-part', file: { bytes: 'aGk=', uri: 'https://example.com/a' } }] } }, 'body.message.parts.0.file'],
     ];
     for (const [what, body, path] of bad) {
       it(`answers 400 naming ${path} for ${what}, and stores nothing`, async () => {
@@ -144,6 +147,22 @@ describe('task API', () => {
         assert.deepEqual(await counts(), before);
       });
     }
+
+    it('answers ids in the lower case later reads use', async () => {
+      const ctx = randomUUID().toUpperCase();
+      const ref = (await create()).task.id.toUpperCase();
+      const { task, message } = await create({ context_id: ctx, message: { ...textMessage('x'), reference_task_ids: [ref] } });
+      assert.equal(task.context_id, ctx.toLowerCase());
+      assert.deepEqual(message.reference_task_ids, [ref.toLowerCase()]);
+      assert.deepEqual((await stack.client.get(`/api/task/v1/${task.id}`)).body.messages[0], message);
+    });
+
+    it('answers 400 for urn:uuid ids in paths and queries', async () => {
+      const urn = 'urn:uuid:00000000-0000-4000-8000-000000000000';
+      for (const url of [`/api/task/v1/${urn}`, `/api/task/v1/${urn}/timeline`, `/api/task/v1/context/${urn}/task`, `/api/task/v1?context_id=${urn}`, `/api/secret/v1/${urn}`, `/api/encryption/v1/job/${urn}`]) {
+        assertError(await stack.client.get(url), 400, 'invalid_request');
+      }
+    });
 
     it('answers 400 for a missing body', async () => {
       const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': 'application/json' } });

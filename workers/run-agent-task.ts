@@ -3,6 +3,7 @@
 import { WaitingError, type Job } from 'bullmq';
 import { randomUUID } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
+import { publicReason } from '../domain/errors.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf } from '../domain/tasks.ts';
@@ -77,7 +78,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       if (controller.signal.aborted || (err as { taskEnded?: boolean }).taskEnded) return 'aborted: task ended';
       const attempts = job.opts.attempts ?? 1;
       if (job.attemptsMade + 1 < attempts) throw err;
-      const reason = (err as Error)?.message ?? String(err);
+      const reason = publicReason(err);
       await inStatement(services, (uow) => changeStatusIf(uow, taskId, 'failed', activeFrom('failed'),
         { role: 'agent', parts: [{ type: 'text-part', text: `The agent failed after ${attempts} attempt(s): ${reason}` }] }));
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');

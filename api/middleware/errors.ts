@@ -1,5 +1,5 @@
 import type { Middleware } from 'koa';
-import { AppError } from '../../domain/errors.ts';
+import { AppError, raceConflict } from '../../domain/errors.ts';
 
 // The one place where errors become HTTP responses with the Error body.
 export function errorHandler(): Middleware {
@@ -22,6 +22,8 @@ export function errorHandler(): Middleware {
 
 function toAppError(err: unknown): AppError {
   if (err instanceof AppError) return err;
+  const race = raceConflict(err);
+  if (race) return race;
   const e = err as { status?: number; expose?: boolean; message?: string; code?: string; name?: string };
   // Connection failures of Postgres or Redis mean the service is unavailable, not broken. ioredis
   // producers fail fast without a code ("Stream isn't writeable ...", "Connection is closed.").
@@ -29,7 +31,8 @@ function toAppError(err: unknown): AppError {
     || /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly/.test(e?.message ?? '')) {
     return new AppError(503, 'unavailable', 'A backing service is unavailable; retry shortly', {}, { 'Retry-After': '5' });
   }
-  if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && e.expose) {
+  // Client errors of libraries (koa's, and co-body's unparsable JSON in the queue dashboard).
+  if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && (e.expose || err instanceof SyntaxError)) {
     return new AppError(e.status, e.status === 413 ? 'payload_too_large' : 'invalid_request', e.message ?? 'Bad request');
   }
   return new AppError(500, 'internal', 'Internal server error');

@@ -3,7 +3,7 @@ import { defineRoute } from '../route.ts';
 import { ErrorBody, Paginated, PageQuery, Success, Uuid } from '../schemas/common.ts';
 import {
   Alias, AliasName, CreateAliasRequest, CreateDekRequest, CreateEnvelopeKeyRequest, DataEncryptionKey, DekId, DekListItem,
-  EnvelopeId, EnvelopeKey, EnvelopeKeyWithCount, ImportDekRequest, KeyJob, MigrateRequest, UpdateAliasRequest,
+  EnvelopeId, EnvelopeKey, EnvelopeKeyWithCount, ImportDekRequest, KeyJob, MigrateRequest, NoControlChars, UpdateAliasRequest,
   toAlias, toDek, toDekListItem, toEnvelopeKey, toKeyJob,
 } from '../schemas/encryption.ts';
 import * as keys from '../../domain/crypto/key-management.ts';
@@ -71,7 +71,7 @@ export const encryptionRoutes = [
     body: ImportDekRequest,
     responses: { 201: DataEncryptionKey, ...errors, 409: ErrorBody },
   }, async ({ params, body, services }) => {
-    const dek = await keys.createDekUnder(services, params.envelope_id, { id: body.id, encryptedDek: body.encrypted_data_encryption_key });
+    const dek = await keys.createDekUnder(services, params.envelope_id, { id: body.id, encryptedDek: body.encrypted_data_encryption_key, encryptedDekField: 'encrypted_data_encryption_key' });
     return toDek(dek, await envelopeKeyRow(services.db, dek.envelope_key_id));
   }),
 
@@ -123,7 +123,7 @@ export const encryptionRoutes = [
   defineRoute({
     method: 'get', path: `${base}/dek/alias/:alias`, operationId: 'get-dek-by-alias', tag, scope: 'encryption:read',
     summary: 'Get a DEK by alias, or else by DEK id',
-    params: Type.Object({ alias: Type.String({ minLength: 1, maxLength: 200 }) }),
+    params: Type.Object({ alias: Type.String({ minLength: 1, maxLength: 200, pattern: NoControlChars }) }),
     responses: { 200: DataEncryptionKey, ...errors },
   }, async ({ params, services }) => {
     const dek = await keys.getDekByAliasOrId(services.db, params.alias);

@@ -1,6 +1,7 @@
 import { Type, type TSchema } from '@sinclair/typebox';
 
-export const Uuid = Type.String({ format: 'uuid', description: 'UUID' });
+// The pattern too: ajv-formats' uuid format also accepts 'urn:uuid:...', which Postgres refuses.
+export const Uuid = Type.String({ format: 'uuid', pattern: '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$', description: 'UUID' });
 export const Timestamp = Type.String({ format: 'date-time', description: 'RFC 3339, UTC, millisecond precision' });
 export const FreeObject = Type.Record(Type.String(), Type.Unknown(), { description: 'free-form object' });
 

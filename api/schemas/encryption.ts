@@ -7,7 +7,8 @@ import type { KeyJobRow } from '../../db/key-jobs.ts';
 export const FileName = Type.String({ pattern: '^[A-Za-z0-9_.-]{1,255}$', description: 'plain file name under KEYS_DIR (no separators, no "..")' });
 export const DekId = Type.String({ pattern: '^[A-Za-z0-9_.:-]{1,200}$', description: 'DEK id: a UUID unless given at creation' });
 export const AliasName = Type.String({ pattern: '^[A-Za-z0-9_.:-]{1,128}$' });
-export const EnvelopeId = Type.String({ minLength: 1, maxLength: 2048, description: 'file_name of a local key, ARN of a KMS key (URL-encoded in paths)' });
+export const NoControlChars = '^[^\\u0000-\\u001f\\u007f]+$';
+export const EnvelopeId = Type.String({ minLength: 1, maxLength: 2048, pattern: NoControlChars, description: 'file_name of a local key, ARN of a KMS key (URL-encoded in paths)' });
 const WrappedDek = Type.String({ minLength: 1, maxLength: 16384, description: 'base64 wrapped DEK' });
 
 export const EnvelopeKey = Type.Object({

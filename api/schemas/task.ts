@@ -10,7 +10,7 @@ const FileContent = Type.Object({
   mime_type: Type.Optional(Type.String()),
   bytes: Type.Optional(Type.String({ contentEncoding: 'base64', pattern: '^[A-Za-z0-9+/]*={0,2}$' })),
   uri: Type.Optional(Type.String({ format: 'uri' })),
-}, { additionalProperties: false, minProperties: 1 });
+}, { additionalProperties: false, oneOf: [{ required: ['bytes'] }, { required: ['uri'] }], description: 'exactly one of bytes or uri' });
 export const FilePart = Type.Object({ type: Type.Literal('file-part'), file: FileContent, ...meta }, { additionalProperties: false });
 // oneOf + discriminator so a bad part reports the problem of its own type, not of all three.
 export const MessagePart = Type.Unsafe<Static<typeof TextPart> | Static<typeof DataPart> | Static<typeof FilePart>>({

@@ -1,6 +1,6 @@
 // JSON-RPC 2.0 / A2A v0.3 errors. Domain code throws these (or the generic AppErrors, which
 // toJsonRpcError maps); api/routes/a2a.ts turns them into error responses with HTTP 200.
-import { AppError } from '../errors.ts';
+import { AppError, raceConflict } from '../errors.ts';
 
 export const JSONRPC = {
   PARSE_ERROR: -32700,
@@ -39,6 +39,8 @@ export const invalidRequest = (message: string, data?: unknown) => new A2AError(
 // Any thrown value as a JSON-RPC error object; unexpected ones become -32603 without details.
 export function toJsonRpcError(err: unknown): JsonRpcErrorObject {
   if (err instanceof A2AError) return err.toJSON();
+  const race = raceConflict(err);
+  if (race) return invalidRequest(race.message).toJSON();
   if (err instanceof AppError) {
     if (err.status === 404 && err.data.resource === 'task') return new TaskNotFoundError(String(err.data.id)).toJSON();
     // Anything else a client named that does not exist (a push config id) is a bad parameter.

@@ -94,7 +94,11 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
     return loadA2ATask(services.db, accepted.id, historyLength);
   }
   // Blocking: follow the task until it is terminal or waits for input, or the bounded wait ends.
-  const deadline = AbortSignal.any([call.signal, AbortSignal.timeout(services.cfg.A2A_BLOCKING_TIMEOUT_MS)]);
+  // An explicit timer: on Node 20 an AbortSignal.timeout held only by AbortSignal.any can be
+  // garbage-collected and never fire (nodejs/node#57736).
+  const timeout = new AbortController();
+  const timer = setTimeout(() => timeout.abort(), services.cfg.A2A_BLOCKING_TIMEOUT_MS);
+  const deadline = AbortSignal.any([call.signal, timeout.signal]);
   const follow = await waiter.follow(id);
   try {
     // A new task is followed from its start: its first rows are read once, nothing is lost.
@@ -102,6 +106,7 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
     for await (const _event of followTimeline(services.db, follow, accepted, accepted.seq, deadline)) { /* drain to the final event */ }
     return await loadA2ATask(services.db, accepted.id, historyLength);
   } finally {
+    clearTimeout(timer);
     follow.close();
   }
 }

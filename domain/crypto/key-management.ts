@@ -63,7 +63,7 @@ export async function deleteEnvelopeKey(s: S, id: string): Promise<void> {
   await invalidateKeyring(s.bus, { all: true });
 }
 
-export async function createDekUnder(s: S, envelopeId: string, opts: { id?: string; encryptedDek?: string }): Promise<DekRow> {
+export async function createDekUnder(s: S, envelopeId: string, opts: { id?: string; encryptedDek?: string; encryptedDekField?: string }): Promise<DekRow> {
   return createDek(s, envelopeId, undefined, opts);
 }
 
