@@ -28,7 +28,12 @@ export function queueDashboard(services: Services): Middleware {
     if (ctx.path !== DASHBOARD_PATH && !ctx.path.startsWith(`${DASHBOARD_PATH}/`)) return next();
     const password = basicPassword(ctx.get('Authorization'));
     const principal = password ? await resolveCached(services, password) : null;
-    if (!principal || !hasScope(principal, 'admin')) {
+    if (principal && !hasScope(principal, 'admin')) {
+      ctx.status = 403;
+      ctx.body = { message: 'The queue dashboard needs an API key with scope admin', data: { code: 'forbidden', scope: 'admin' } };
+      return;
+    }
+    if (!principal) {
       ctx.status = 401;
       ctx.set('WWW-Authenticate', 'Basic realm="taskbridge queues", charset="UTF-8"');
       ctx.body = { message: 'The queue dashboard needs an admin API key as the basic-auth password', data: { code: 'unauthenticated' } };

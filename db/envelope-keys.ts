@@ -33,11 +33,20 @@ export async function countDeksOf(db: Tx, envelopeKeyId: string): Promise<number
 }
 
 // Deletes only while no DEK uses the key; the row lock keeps a DEK insert from racing in.
-export async function deleteUnusedEnvelopeKey(db: Tx, id: string): Promise<'deleted' | 'missing' | 'in_use'> {
+// Locked FOR SHARE until the transaction ends: a key a new migration targets cannot be deleted
+// meanwhile (deleteUnusedEnvelopeKey locks FOR UPDATE).
+export async function lockEnvelopeKeyShared(db: Tx, id: string): Promise<EnvelopeKeyRow | undefined> {
+  return db('envelope_keys').where({ id }).forShare().first();
+}
+
+export async function deleteUnusedEnvelopeKey(db: Tx, id: string): Promise<'deleted' | 'missing' | 'in_use' | 'migration_target'> {
   const row = await db('envelope_keys').where({ id }).forUpdate().first();
   if (!row) return 'missing';
   const used = await db('deks').where({ envelope_key_id: id }).first('id');
   if (used) return 'in_use';
+  const target = await db('key_jobs').where({ kind: 'migrate-deks' }).whereIn('status', ['queued', 'running'])
+    .whereRaw(`params->>'to_envelope_encryption_key_id' = ?`, [id]).first('id');
+  if (target) return 'migration_target';
   await db('envelope_keys').where({ id }).delete();
   return 'deleted';
 }

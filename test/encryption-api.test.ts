@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import { once } from 'node:events';
 import path from 'node:path';
-import { createDecipheriv, createCipheriv, randomBytes } from 'node:crypto';
+import { createDecipheriv, createCipheriv, randomBytes, randomUUID } from 'node:crypto';
 import { resetDb, startStack, testDb, waitFor, type Stack } from './helpers/stack.ts';
 import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
 import { kmsWrapper } from '../domain/crypto/envelope-keys.ts';
@@ -392,5 +392,19 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
       assert.ok([201, 404, 409].includes(created.status), `create: ${created.status} ${created.text}`);
       assert.ok([200, 409].includes(deleted.status), `delete: ${deleted.status} ${deleted.text}`);
     }
+  });
+
+  it('refuses (409) to delete an envelope key that a queued or running migration targets', async () => {
+    const c = stack.client;
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'target-only.key' })).status, 201);
+    const [job] = await testDb()('key_jobs').insert({
+      id: randomUUID(), kind: 'migrate-deks', status: 'queued', source_envelope_key_id: 'some-source.key',
+      params: { from_envelope_encryption_key_id: 'some-source.key', to_envelope_encryption_key_id: 'target-only.key' },
+    }).returning('id');
+    const refused = await c.delete(`${E}/envelope/target-only.key`);
+    assert.equal(refused.status, 409, refused.text);
+    assert.match(refused.body.message, /target of a running DEK migration/);
+    await testDb()('key_jobs').where({ id: job.id }).update({ status: 'completed' });
+    assert.equal((await c.delete(`${E}/envelope/target-only.key`)).status, 200);
   });
 });

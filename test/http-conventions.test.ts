@@ -129,6 +129,12 @@ describe('HTTP conventions', () => {
     assert.match(health.headers.get('allow') ?? '', /GET/);
   });
 
+  it('answers 501 with the Error body for a method the service does not implement at all', async () => {
+    const r = await stack.client.request('PROPFIND', '/api/task/v1');
+    assertError(r, 501, 'not_implemented');
+    assert.match(r.body.message, /PROPFIND/);
+  });
+
   it('echoes a valid X-Request-Id, mints one otherwise, on successes and errors, and logs it', async () => {
     const mine = 'trace-abc.123:XYZ';
     const ok = await stack.client.request('GET', '/_internal/v1/health', undefined, { headers: { 'x-request-id': mine } });

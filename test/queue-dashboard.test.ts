@@ -17,7 +17,7 @@ describe('queue dashboard at /admin/queues', () => {
     assert.match(anon.headers.get('www-authenticate') ?? '', /^Basic realm=/);
     const reader = await stack.client.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['internal'] });
     const denied = await fetch(`${stack.api.url}/admin/queues`, { headers: { authorization: basic(reader.body.key) } });
-    assert.equal(denied.status, 401);
+    assert.equal(denied.status, 403);
     const wrong = await fetch(`${stack.api.url}/admin/queues`, { headers: { authorization: basic('not-a-key') } });
     assert.equal(wrong.status, 401);
   });

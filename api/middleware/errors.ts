@@ -10,6 +10,7 @@ export function errorHandler(): Middleware {
         throw new AppError(405, 'method_not_allowed', `Method ${ctx.method} is not allowed on ${ctx.path}`, { allow: ctx.response.get('Allow') });
       }
       if (ctx.status === 404 && !ctx.body) throw new AppError(404, 'not_found', `No route for ${ctx.method} ${ctx.path}`, { resource: 'route', id: ctx.path });
+      if (ctx.status === 501 && !ctx.body) throw new AppError(501, 'not_implemented', `Method ${ctx.method} is not supported`);
     } catch (err) {
       const e = toAppError(err);
       if (e.status >= 500) ctx.state.log?.error({ err }, 'request failed');
@@ -25,6 +26,8 @@ function toAppError(err: unknown): AppError {
   const race = raceConflict(err);
   if (race) return race;
   const e = err as { status?: number; expose?: boolean; message?: string; code?: string; name?: string };
+  // The client went away mid-body: nothing to answer, and not our failure.
+  if (e?.code === 'ECONNRESET' && e.message === 'aborted') return new AppError(400, 'invalid_request', 'The request was aborted before its body arrived');
   // Connection failures of Postgres or Redis mean the service is unavailable, not broken. ioredis
   // producers fail fast without a code ("Stream isn't writeable ...", "Connection is closed.").
   if (e?.code === 'ECONNREFUSED' || e?.code === '57P01' || e?.code === 'ETIMEDOUT' || e?.name === 'MaxRetriesPerRequestError'

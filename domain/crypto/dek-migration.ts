@@ -8,6 +8,7 @@ import type { Tx } from '../../db/knex.ts';
 import { InvalidRequest, NotFound } from '../errors.ts';
 import { inTransaction } from '../unit-of-work.ts';
 import { countDeksAfter, deksAfter, rewrapDeks } from '../../db/deks.ts';
+import { lockEnvelopeKeyShared } from '../../db/envelope-keys.ts';
 import {
   findActiveMigration, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress,
   type KeyJobError, type KeyJobRow,
@@ -27,6 +28,7 @@ export async function startMigrateAll(
   if (sourceId === targetId) throw new InvalidRequest('source and target envelope keys are the same', [{ path: 'body.to_envelope_encryption_key_id', message: 'must differ from the source envelope key' }]);
   for (;;) {
     const out = await inTransaction(s, async (uow) => {
+      if (!(await lockEnvelopeKeyShared(uow.trx, targetId))) throw new NotFound('envelope_key', targetId);
       const total = await countDeksAfter(uow.trx, sourceId, null);
       const job = await insertKeyJob(uow.trx, {
         id: randomUUID(), kind: MIGRATE_DEKS, source_envelope_key_id: sourceId, total,

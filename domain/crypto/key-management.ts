@@ -59,6 +59,7 @@ export async function deleteEnvelopeKey(s: S, id: string): Promise<void> {
   const outcome = await s.db.transaction((trx) => deleteUnusedEnvelopeKey(trx, id));
   if (outcome === 'missing') throw new NotFound('envelope_key', id);
   if (outcome === 'in_use') throw new Conflict(`envelope key '${id}' still wraps DEKs; migrate them first`, { resource: 'envelope_key', id });
+  if (outcome === 'migration_target') throw new Conflict(`envelope key '${id}' is the target of a running DEK migration`, { resource: 'envelope_key', id });
   forgetWrapper(id);
   await invalidateKeyring(s.bus, { all: true });
 }
