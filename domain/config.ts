@@ -16,7 +16,7 @@ const ConfigSchema = Type.Object({
   ADMIN_API_KEY: Type.Optional(Type.String({ minLength: 16 })),
   LOG_LEVEL: Type.Union(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'].map((l) => Type.Literal(l)), { default: 'info' }),
   BODY_LIMIT_BYTES: Type.Integer({ minimum: 1024, default: 1024 * 1024 }),
-  // Requests per API key per second, counted across all API processes in Redis; 0 turns it off.
+  // Requests per API key per second in each API process; 0 turns it off.
   RATE_LIMIT_PER_SECOND: Type.Integer({ minimum: 0, default: 1000 }),
   QUEUE_PREFIX: Type.String({ default: '{taskbridge}', minLength: 1 }),
   AGENT_KIND: Type.Union([Type.Literal('demo'), Type.Literal('module'), Type.Literal('remote')], { default: 'demo' }),
