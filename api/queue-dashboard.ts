@@ -7,6 +7,7 @@ import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { KoaAdapter } from '@bull-board/koa';
 import type { Services } from '../domain/services.ts';
 import { hasScope } from '../domain/api-keys.ts';
+import { Forbidden } from '../domain/errors.ts';
 import { resolveCached } from './middleware/auth.ts';
 
 export const DASHBOARD_PATH = '/admin/queues';
@@ -28,11 +29,7 @@ export function queueDashboard(services: Services): Middleware {
     if (ctx.path !== DASHBOARD_PATH && !ctx.path.startsWith(`${DASHBOARD_PATH}/`)) return next();
     const password = basicPassword(ctx.get('Authorization'));
     const principal = password ? await resolveCached(services, password) : null;
-    if (principal && !hasScope(principal, 'admin')) {
-      ctx.status = 403;
-      ctx.body = { message: 'The queue dashboard needs an API key with scope admin', data: { code: 'forbidden', scope: 'admin' } };
-      return;
-    }
+    if (principal && !hasScope(principal, 'admin')) throw new Forbidden('admin');
     if (!principal) {
       ctx.status = 401;
       ctx.set('WWW-Authenticate', 'Basic realm="taskbridge queues", charset="UTF-8"');

@@ -83,6 +83,10 @@ export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]):
   return rows.map((r: { seqs: (string | number)[] }) => r.seqs.map(Number));
 }
 
+// Batched statements lock task rows in input order: sorted by task id, concurrent batches cannot
+// deadlock each other. (Results still come back in the callers' order, by `i`.)
+const byTaskId = (a: { task_id: string }, b: { task_id: string }) => (a.task_id < b.task_id ? -1 : a.task_id > b.task_id ? 1 : 0);
+
 const parseTaskJson = (j: Record<string, unknown>): TaskRow => ({
   ...(j as unknown as TaskRow),
   status_timestamp: new Date(j.status_timestamp as string),
@@ -102,8 +106,7 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
     i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null,
     tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at })),
   }))
-    // Rows are locked in input order: in id order, concurrent batches cannot deadlock each other.
-    .sort((a, b) => (a.task_id < b.task_id ? -1 : a.task_id > b.task_id ? 1 : 0));
+    .sort(byTaskId);
   const { rows } = await prepared(db, 'status-changes',
     `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, tl jsonb)),
       u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at, updated_at = b.at
@@ -129,7 +132,7 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
     (r.task ? { task: parseTaskJson(r.task), timelineSeqs: (r.seqs ?? []).map(Number) } : { timelineSeqs: [] }));
 }
 
-export interface RunStart { taskId: string; messageId: string; historyLimit: number; at: Date; timelineItemId: string }
+export interface RunStart { taskId: string; messageId: string; historyLimit: number; at: Date; from: readonly TaskState[]; timelineItem: TimelineItem }
 export interface RunState {
   /** The task: after the move to working when `started`, else as it was. */
   task: TaskRow;
@@ -142,17 +145,16 @@ export interface RunState {
 }
 
 // Starts agent runs, several in one round trip (coalesced like the writes): each task moves to
-// working, with its timeline item, only if it is submitted or interrupted, its trigger message
+// working, with its timeline item, only if it is in one of `from`, its trigger message
 // exists and no agent message answered that message yet (the run for it already ended by
 // interrupting the task: input-required or auth-required after the message; progress messages of
 // a run that died do not count). Whatever happened, the run gets the task, the trigger, whether it
 // was answered and recent history to decide and work with. No task: undefined.
 export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(RunState | undefined)[]> {
-  const input = runs.map((r, i) => ({ i, task_id: r.taskId, message_id: r.messageId, lim: r.historyLimit, at: r.at, item_id: r.timelineItemId }))
-    // Rows are locked in input order: in id order, concurrent batches cannot deadlock each other.
-    .sort((a, b) => (a.task_id < b.task_id ? -1 : a.task_id > b.task_id ? 1 : 0));
+  const input = runs.map((r, i) => ({ i, task_id: r.taskId, message_id: r.messageId, lim: r.historyLimit, at: r.at, from: r.from, item: { id: r.timelineItem.id, p: r.timelineItem.event_payload } }))
+    .sort(byTaskId);
   const { rows } = await prepared(db, 'begin-runs',
-    `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, task_id uuid, message_id uuid, lim int, at timestamptz, item_id uuid)),
+    `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, task_id uuid, message_id uuid, lim int, at timestamptz, "from" text[], item jsonb)),
       s as (select b.*, t.status, row_to_json(t) as task,
                    (select row_to_json(m) from messages m where m.id = b.message_id and m.task_id = t.id) as trigger,
                    exists (select 1 from messages tr where tr.id = b.message_id and t.status in ('input-required', 'auth-required')
@@ -163,13 +165,12 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
               left join lateral (select * from tasks where id = b.task_id) t on true),
       u as (update tasks t set status = 'working', status_message_id = null, status_timestamp = s.at, updated_at = s.at
               from s
-             where t.id = any(array(select task_id from s where status in ('submitted', 'input-required', 'auth-required')
-                                                          and trigger is not null and not answered))
+             where t.id = any(array(select task_id from s where status = any("from") and trigger is not null and not answered))
                -- a task changed since s was read keeps its new state
                and t.id = s.task_id and t.status = s.status
             returning t.*),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
-             select s.item_id, s.task_id, jsonb_build_object('type', 'task-status-update', 'status', 'working'), s.at
+             select (s.item->>'id')::uuid, s.task_id, s.item->'p', s.at
                from s join u on u.id = s.task_id order by s.task_id
              returning task_id, seq)
     select coalesce((select row_to_json(u) from u where u.id = s.task_id), s.task) as task,

@@ -7,7 +7,7 @@ import * as messages from '../db/messages.ts';
 import * as timeline from '../db/timeline.ts';
 import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineItem } from '../api/schemas/task.ts';
 import { Conflict, NotFound } from './errors.ts';
-import { assertTransition, isInterrupted, isTerminal, type TaskState } from './task-states.ts';
+import { assertTransition, INTERRUPTED_STATES, isInterrupted, isTerminal, type TaskState } from './task-states.ts';
 import { afterCommit, inTransaction, type UnitOfWork, type UowServices } from './unit-of-work.ts';
 import { newOutboxRow } from '../db/outbox.ts';
 import type { Services } from './services.ts';
@@ -44,9 +44,11 @@ async function lockTask(trx: Tx, id: string): Promise<tasks.TaskRow> {
   return task;
 }
 
-// An agent run's job id is its trigger message id: one run per message, findable by recovery.
+// An agent run's job: its id is the trigger message id, one run per message, findable by recovery.
+const runJob = (taskId: string, messageId: string) => ['agent-tasks', 'run', { task_id: taskId, message_id: messageId }, { jobId: messageId }] as const;
+
 export async function enqueueRun(uow: UnitOfWork, taskId: string, messageId: string): Promise<void> {
-  await uow.enqueue('agent-tasks', 'run', { task_id: taskId, message_id: messageId }, { jobId: messageId });
+  await uow.enqueue(...runJob(taskId, messageId));
 }
 
 // Every status change of every task passes here: one statement that moves the task to `to`
@@ -70,10 +72,15 @@ export async function changeStatusIf(uow: UnitOfWork, taskId: string, to: TaskSt
   return tasks.toTask(task);
 }
 
+// A run may start a task that is new or waits for input.
+const RUN_STARTS_FROM: readonly TaskState[] = ['submitted', ...INTERRUPTED_STATES];
+
 // Starts an agent run for `messageId` (db/tasks.ts beginRuns): the task moves to working if it may,
 // in one statement shared with concurrent starts; the run decides from what comes back.
 export async function beginRun(s: UowServices & Pick<Services, 'taskStatements'>, taskId: string, messageId: string, historyLimit: number) {
-  const state = await s.taskStatements.beginRun.execute({ taskId, messageId, historyLimit, at: new Date(), timelineItemId: randomUUID() });
+  const at = new Date();
+  const timelineItem: TimelineItem = { id: randomUUID(), task_id: taskId, created_at: at.toISOString(), event_payload: { type: 'task-status-update', status: 'working' } };
+  const state = await s.taskStatements.beginRun.execute({ taskId, messageId, historyLimit, at, from: RUN_STARTS_FROM, timelineItem });
   if (state?.started) afterCommit(s, [], [[TASK_EVENTS, { task_id: taskId, seq: state.seq }]]);
   return state;
 }
@@ -103,7 +110,7 @@ function newTaskBundle(req: CreateTaskRequest, id: string): tasks.TaskBundle {
     { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'task-status-update', status: 'submitted' } },
     { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'message', message } },
   ];
-  const outbox = req.message.role === 'user' ? newOutboxRow('agent-tasks', 'run', { task_id: id, message_id: message.id }, { jobId: message.id }) : undefined;
+  const outbox = req.message.role === 'user' ? newOutboxRow(...runJob(id, message.id)) : undefined;
   return { task, message, timeline, outbox };
 }
 

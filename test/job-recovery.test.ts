@@ -6,24 +6,39 @@ import { resetDb, startStack, startWorker, testDb, waitFor, type Proc, type Stac
 
 const E = '/api/encryption/v1';
 
-describe('key job recovery', () => {
-  let stack: Stack;
+// A stack without workers (each test starts its own, with recovery passes every 300 ms), and a way
+// to make Redis lose a queue's jobs once the outbox relay has handed them over.
+function recoveryStack() {
+  const env = { JOB_RECOVERY_MS: '300' };
   let redis: Redis;
-  let worker: Proc;
-  const recoveryLogs = () => worker.logs.filter((l) => l.includes('key job had no queue job'));
-
+  const ctx = {
+    stack: undefined as unknown as Stack,
+    async loseJobs(queue: string) {
+      await waitFor(async () => Number((await testDb()('outbox').where({ queue }).count({ n: '*' }))[0].n) === 0, 'outbox relayed');
+      const keys = await redis.keys(`${ctx.stack.env.QUEUE_PREFIX}:${queue}:*`);
+      assert.ok(keys.length > 0, 'the queue jobs exist before the loss');
+      await redis.del(...keys);
+    },
+  };
   before(async () => {
     await resetDb();
-    stack = await startStack({ JOB_RECOVERY_MS: '300' }, { workers: 0 });
+    ctx.stack = await startStack(env, { workers: 0 });
     redis = new Redis(process.env.REDIS_URL!);
   });
   after(async () => {
     redis?.disconnect();
-    await stack?.stop();
+    await ctx.stack?.stop();
   });
+  return ctx;
+}
+
+describe('key job recovery', () => {
+  const ctx = recoveryStack();
+  let worker: Proc;
+  const recoveryLogs = () => worker.logs.filter((l) => l.includes('key job had no queue job'));
 
   it('re-enqueues a migration whose queue job was lost, once, and it completes', async () => {
-    const c = stack.client;
+    const c = ctx.stack.client;
     for (const f of ['src.key', 'dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
     const deks: string[] = [];
     for (let i = 0; i < 20; i++) {
@@ -36,15 +51,12 @@ describe('key job recovery', () => {
     const jobId = started.body.id;
 
     // The relay has handed the job to BullMQ; then Redis loses it.
-    await waitFor(async () => Number((await testDb()('outbox').where({ queue: 'key-jobs' }).count({ n: '*' }))[0].n) === 0, 'outbox relayed');
-    const keys = await redis.keys(`${stack.env.QUEUE_PREFIX}:key-jobs:*`);
-    assert.ok(keys.length > 0, 'the queue job exists before the loss');
-    await redis.del(...keys);
+    await ctx.loseJobs('key-jobs');
 
     // A worker started now finds it lost and runs it (slowly: small batches with pauses, so that
     // recovery passes run while the job does).
-    worker = await startWorker({ ...stack.env, DEK_MIGRATION_BATCH: '2', DEK_MIGRATION_PAUSE_MS: '100' });
-    stack.workers.push(worker);
+    worker = await startWorker({ ...ctx.stack.env, DEK_MIGRATION_BATCH: '2', DEK_MIGRATION_PAUSE_MS: '100' });
+    ctx.stack.workers.push(worker);
     const done = await waitFor(async () => {
       const r = await c.get(`${E}/job/${jobId}`);
       return r.body.status === 'completed' && r.body;
@@ -62,7 +74,7 @@ describe('key job recovery', () => {
   });
 
   it('leaves alone a job that a queue job carries, through several recovery passes', async () => {
-    const c = stack.client;
+    const c = ctx.stack.client;
     const started = await c.post(`${E}/envelope/dst.key/migrate`, { to_envelope_encryption_key_id: 'src.key' });
     assert.equal(started.status, 202);
     const t0 = Date.now();
@@ -73,21 +85,10 @@ describe('key job recovery', () => {
 });
 
 describe('agent run recovery', () => {
-  let stack: Stack;
-  let redis: Redis;
-
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ JOB_RECOVERY_MS: '300' }, { workers: 0 });
-    redis = new Redis(process.env.REDIS_URL!);
-  });
-  after(async () => {
-    redis?.disconnect();
-    await stack?.stop();
-  });
+  const ctx = recoveryStack();
 
   it('runs submitted tasks whose run job was lost, each once; a task without a user message stays as it is', async () => {
-    const c = stack.client;
+    const c = ctx.stack.client;
     const ids: string[] = [];
     for (const text of ['one', 'two', 'three']) {
       const r = await c.post('/api/task/v1', { message: { role: 'user', parts: [{ type: 'text-part', text }] } });
@@ -95,13 +96,10 @@ describe('agent run recovery', () => {
       ids.push(r.body.task.id);
     }
     const agentOnly = await c.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'a note' }] } });
-    await waitFor(async () => Number((await testDb()('outbox').where({ queue: 'agent-tasks' }).count({ n: '*' }))[0].n) === 0, 'outbox relayed');
-    const keys = await redis.keys(`${stack.env.QUEUE_PREFIX}:agent-tasks:*`);
-    assert.ok(keys.length > 0);
-    await redis.del(...keys);
+    await ctx.loseJobs('agent-tasks');
 
-    const worker = await startWorker(stack.env);
-    stack.workers.push(worker);
+    const worker = await startWorker(ctx.stack.env);
+    ctx.stack.workers.push(worker);
     for (const id of ids) {
       await waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.task.status === 'completed', `task ${id} to complete`, 20000, 100);
       const timeline = await c.get(`/api/task/v1/${id}/timeline?order=asc`);

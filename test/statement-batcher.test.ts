@@ -54,7 +54,10 @@ describe('statement batcher (task intake)', () => {
 describe('batched task statements', () => {
   const statusItem = (taskId: string, status: 'working' | 'canceled' | 'input-required') =>
     ({ id: randomUUID(), task_id: taskId, created_at: new Date().toISOString(), event_payload: { type: 'task-status-update' as const, status } });
-  const start = (b?: TaskBundle) => ({ taskId: b?.task.id ?? randomUUID(), messageId: b?.message.id ?? randomUUID(), historyLimit: 10, at: new Date(), timelineItemId: randomUUID() });
+  const start = (b?: TaskBundle) => {
+    const taskId = b?.task.id ?? randomUUID();
+    return { taskId, messageId: b?.message.id ?? randomUUID(), historyLimit: 10, at: new Date(), from: ['submitted', 'input-required', 'auth-required'] as const, timelineItem: statusItem(taskId, 'working') };
+  };
 
   it('beginRuns starts a submitted task once and reports, without changing them, terminal, answered and unknown tasks', async () => {
     const [a, canceled, asked] = [bundle('run a'), bundle('canceled'), bundle('asked')];

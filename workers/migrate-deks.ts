@@ -2,11 +2,12 @@
 // in batches (domain/crypto/dek-migration.ts), reporting progress in the key_jobs row and the
 // BullMQ job. Safe to run again after a crash: the job row's cursor says where to go on.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { UnrecoverableError, type Job } from 'bullmq';
+import type { Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
-import { AppError, publicReason } from '../domain/errors.ts';
-import { beginMigrateAll, failKeyJob, migrateNextBatch } from '../domain/crypto/dek-migration.ts';
+import { AppError } from '../domain/errors.ts';
+import { failOrRetryKeyJob } from './key-job-failure.ts';
+import { beginMigrateAll, migrateNextBatch } from '../domain/crypto/dek-migration.ts';
 import { invalidateKeyring } from '../domain/keyring.ts';
 
 export function createMigrateDeksProcessor(services: Services) {
@@ -28,19 +29,8 @@ export function createMigrateDeksProcessor(services: Services) {
       }
       await invalidateKeyring(services.bus, { all: true });
     } catch (err) {
-      const message = publicReason(err);
-      // The log keeps the whole text (SQL without values); the job row gets what users may see.
-      const detail = err instanceof Error ? err.message : String(err);
       // A missing envelope key or an unusable key file does not heal by retrying.
-      const permanent = err instanceof AppError && (err.status === 404 || err.status === 500);
-      const lastAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
-      if (permanent || lastAttempt) {
-        await failKeyJob(services, jobId, message);
-        log.error({ job_id: jobId, err: { message: detail } }, 'DEK migration failed');
-        throw new UnrecoverableError(message);
-      }
-      log.warn({ job_id: jobId, err: { message: detail } }, 'DEK migration batch failed; will retry');
-      throw err;
+      await failOrRetryKeyJob(services, job, err, err instanceof AppError && (err.status === 404 || err.status === 500), 'DEK migration');
     }
   };
 }

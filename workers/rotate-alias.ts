@@ -3,11 +3,10 @@
 // Safe to run again after a crash: every step is committed with the job row's state.
 // (Credentials will join the re-encryption once the bridge stores them.)
 import { setTimeout as sleep } from 'node:timers/promises';
-import { UnrecoverableError, type Job } from 'bullmq';
+import type { Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
-import { publicReason } from '../domain/errors.ts';
+import { failOrRetryKeyJob } from './key-job-failure.ts';
 import type { JobPayloads } from '../queues/names.ts';
-import { failKeyJob } from '../domain/crypto/dek-migration.ts';
 import { beginAliasRotation, finishAliasRotation, isPermanentRotationError, repointRotatedAlias, rotateNextBatch } from '../domain/alias-rotation.ts';
 
 export function createRotateAliasProcessor(services: Services) {
@@ -34,17 +33,7 @@ export function createRotateAliasProcessor(services: Services) {
       const done = await finishAliasRotation(services, jobId);
       log.info({ job_id: jobId, status: done.status, done: done.done, failed: done.failed }, 'alias rotation finished');
     } catch (err) {
-      const message = publicReason(err);
-      // The log keeps the whole text (SQL without values); the job row gets what users may see.
-      const detail = err instanceof Error ? err.message : String(err);
-      const lastAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
-      if (isPermanentRotationError(err) || lastAttempt) {
-        await failKeyJob(services, jobId, message);
-        log.error({ job_id: jobId, err: { message: detail } }, 'alias rotation failed');
-        throw new UnrecoverableError(message);
-      }
-      log.warn({ job_id: jobId, err: { message: detail } }, 'alias rotation step failed; will retry');
-      throw err;
+      await failOrRetryKeyJob(services, job, err, isPermanentRotationError(err), 'alias rotation');
     }
   };
 }

@@ -1,9 +1,9 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, Paginated, PageQuery, Success, Uuid } from '../schemas/common.ts';
+import { ErrorBody, NoControlChars, Paginated, PageQuery, Success, Uuid } from '../schemas/common.ts';
 import {
   Alias, AliasName, CreateAliasRequest, CreateDekRequest, CreateEnvelopeKeyRequest, DataEncryptionKey, DekId, DekListItem,
-  EnvelopeId, EnvelopeKey, EnvelopeKeyWithCount, ImportDekRequest, KeyJob, MigrateRequest, NoControlChars, UpdateAliasRequest,
+  EnvelopeId, EnvelopeKey, EnvelopeKeyWithCount, ImportDekRequest, KeyJob, MigrateRequest, UpdateAliasRequest,
   toAlias, toDek, toDekListItem, toEnvelopeKey, toKeyJob,
 } from '../schemas/encryption.ts';
 import * as keys from '../../domain/crypto/key-management.ts';

@@ -2,6 +2,8 @@ import { Type, type TSchema } from '@sinclair/typebox';
 
 // The pattern too: ajv-formats' uuid format also accepts 'urn:uuid:...', which Postgres refuses.
 export const Uuid = Type.String({ format: 'uuid', pattern: '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$', description: 'UUID' });
+// A pattern for free-form strings that reach SQL or paths: no control characters (Postgres refuses NUL).
+export const NoControlChars = '^[^\\u0000-\\u001f\\u007f]+$';
 export const Timestamp = Type.String({ format: 'date-time', description: 'RFC 3339, UTC, millisecond precision' });
 export const FreeObject = Type.Record(Type.String(), Type.Unknown(), { description: 'free-form object' });
 

@@ -1,5 +1,5 @@
 import { Type } from '@sinclair/typebox';
-import { Body, FreeObject, Timestamp, Uuid } from './common.ts';
+import { Body, FreeObject, NoControlChars, Timestamp, Uuid } from './common.ts';
 import type { EnvelopeKeyRow } from '../../db/envelope-keys.ts';
 import type { AliasRow, DekListRow, DekRow } from '../../db/deks.ts';
 import type { KeyJobRow } from '../../db/key-jobs.ts';
@@ -7,7 +7,6 @@ import type { KeyJobRow } from '../../db/key-jobs.ts';
 export const FileName = Type.String({ pattern: '^[A-Za-z0-9_.-]{1,255}$', description: 'plain file name under KEYS_DIR (no separators, no "..")' });
 export const DekId = Type.String({ pattern: '^[A-Za-z0-9_.:-]{1,200}$', description: 'DEK id: a UUID unless given at creation' });
 export const AliasName = Type.String({ pattern: '^[A-Za-z0-9_.:-]{1,128}$' });
-export const NoControlChars = '^[^\\u0000-\\u001f\\u007f]+$';
 export const EnvelopeId = Type.String({ minLength: 1, maxLength: 2048, pattern: NoControlChars, description: 'file_name of a local key, ARN of a KMS key (URL-encoded in paths)' });
 const WrappedDek = Type.String({ minLength: 1, maxLength: 16384, description: 'base64 wrapped DEK' });
 

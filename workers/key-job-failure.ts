@@ -1,0 +1,21 @@
+// How a key job processor (migrate-deks, rotate-alias) ends on an error: retried by BullMQ while
+// attempts remain and the error can heal, else the key_jobs row is failed with what users may see
+// (publicReason) and BullMQ is told not to retry. The log keeps the whole text (SQL without values).
+import { UnrecoverableError, type Job } from 'bullmq';
+import type { Services } from '../domain/services.ts';
+import type { JobPayloads } from '../queues/names.ts';
+import { publicReason } from '../domain/errors.ts';
+import { failKeyJob } from '../domain/crypto/dek-migration.ts';
+
+export async function failOrRetryKeyJob(services: Services, job: Job<JobPayloads['key-jobs']>, err: unknown, permanent: boolean, what: string): Promise<never> {
+  const jobId = job.data.job_id;
+  const message = publicReason(err);
+  const detail = err instanceof Error ? err.message : String(err);
+  if (permanent || job.attemptsMade + 1 >= (job.opts.attempts ?? 1)) {
+    await failKeyJob(services, jobId, message);
+    services.log.error({ job_id: jobId, err: { message: detail } }, `${what} failed`);
+    throw new UnrecoverableError(message);
+  }
+  services.log.warn({ job_id: jobId, err: { message: detail } }, `${what} step failed; will retry`);
+  throw err;
+}
