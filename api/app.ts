@@ -13,6 +13,7 @@ import { secretRoutes } from './routes/secret.ts';
 import { rotationRoutes } from './routes/rotation.ts';
 import { a2aRoutes } from './routes/a2a.ts';
 import { a2aDefinitionRoutes } from './routes/a2a-definition.ts';
+import { bridgeRoutes } from './routes/bridge.ts';
 import { defineRoute } from './route.ts';
 import { FreeObject } from './schemas/common.ts';
 import { metricsMiddleware, metricsRoutes } from './metrics.ts';
@@ -31,7 +32,7 @@ const openapiRoute = defineRoute({
 
 export const allRoutes: Route[] = [
   ...internalRoutes, ...metricsRoutes, openapiRoute, ...authRoutes, ...taskRoutes, ...encryptionRoutes, ...rotationRoutes,
-  ...secretRoutes, ...a2aRoutes, ...a2aDefinitionRoutes,
+  ...secretRoutes, ...bridgeRoutes, ...a2aRoutes, ...a2aDefinitionRoutes,
 ];
 
 export function createApp(services: Services): Koa {

@@ -52,6 +52,12 @@ const ConfigSchema = Type.Object({
   PUSH_BACKOFF_MS: Type.Integer({ minimum: 0, default: 500 }),
   PUSH_TIMEOUT_MS: Type.Integer({ minimum: 100, default: 10000 }),
   PUSH_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 10 }),
+  // Provider API base URLs (self-hosted or test servers), the time a provider call may take, and
+  // whether credential URLs (token_uri) may point at private, loopback or link-local addresses.
+  STRIPE_API_BASE_URL: Type.String({ default: 'https://api.stripe.com', pattern: '^https?://[^\\s]+$' }),
+  GOOGLE_MAIL_API_BASE_URL: Type.String({ default: 'https://gmail.googleapis.com', pattern: '^https?://[^\\s]+$' }),
+  BRIDGE_TIMEOUT_MS: Type.Integer({ minimum: 100, default: 15000 }),
+  BRIDGE_ALLOW_PRIVATE: Type.Boolean({ default: false }),
   DEK_CACHE_TTL_MS: Type.Integer({ minimum: 0, default: 300000 }),
   AWS_KMS_ENDPOINT: Type.Optional(Type.String({ pattern: '^https?://' })),
   AGENT_NAME: Type.String({ default: 'taskbridge' }),

@@ -33,18 +33,19 @@ async function resolve(host: string): Promise<string[]> {
   return found.map((a) => a.address);
 }
 
-export async function assertWebhookUrl(raw: string, allowPrivate: boolean): Promise<URL> {
+// `what` names the URL in errors and `setting` the switch that allows internal targets.
+export async function assertWebhookUrl(raw: string, allowPrivate: boolean, what = 'Push notification URL', setting = 'PUSH_ALLOW_PRIVATE'): Promise<URL> {
   let url: URL;
   try {
     url = new URL(raw);
   } catch {
-    throw new InvalidRequest(`Push notification URL '${raw.slice(0, 200)}' is not an absolute URL`);
+    throw new InvalidRequest(`${what} '${raw.slice(0, 200)}' is not an absolute URL`);
   }
   if (url.protocol !== 'http:' && url.protocol !== 'https:') {
-    throw new InvalidRequest(`Push notification URL must use http or https, not '${url.protocol.replace(/:$/, '')}'`);
+    throw new InvalidRequest(`${what} must use http or https, not '${url.protocol.replace(/:$/, '')}'`);
   }
   if (url.username || url.password) {
-    throw new InvalidRequest('Push notification URL must not contain credentials: pass them as the token or authentication instead');
+    throw new InvalidRequest(`${what} must not contain credentials: pass them as the token or authentication instead`);
   }
   if (allowPrivate) return url;
   const host = hostOf(url);
@@ -52,14 +53,14 @@ export async function assertWebhookUrl(raw: string, allowPrivate: boolean): Prom
   try {
     addresses = await resolve(host);
   } catch {
-    throw new InvalidRequest(`Push notification URL host '${host}' cannot be resolved`);
+    throw new InvalidRequest(`${what} host '${host}' cannot be resolved`);
   }
   const internal = addresses.find(isPrivateAddress);
   if (internal !== undefined) {
     // The address is named only when the caller wrote it: what a name resolves to inside stays inside.
     const shown = net.isIP(host) ? ` (${internal})` : '';
     throw new InvalidRequest(
-      `Push notification URL host '${host}' resolves to a private, loopback or link-local address${shown}; such targets need PUSH_ALLOW_PRIVATE=true`,
+      `${what} host '${host}' resolves to a private, loopback or link-local address${shown}; such targets need ${setting}=true`,
     );
   }
   return url;

@@ -10,7 +10,6 @@ import { createAgentTaskProcessor } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
 import { startJobRecovery } from './job-recovery.ts';
 import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
-import { readSecretValue } from '../domain/secrets.ts';
 import { CancelRegistry } from './cancel-registry.ts';
 import { resolveAgent } from './agents/resolve-agent.ts';
 import type { JobPayloads } from '../queues/names.ts';
@@ -28,12 +27,11 @@ await services.bus.subscribe(TASK_CANCELED, (msg) => {
 });
 
 const agent = await resolveAgent(services);
-const readSecret = (key: string): Promise<string> => readSecretValue(services, key);
 const connection = createRedis(cfg.REDIS_URL, 'worker');
 connection.on('error', (err) => log.debug({ err: { message: err.message } }, 'redis connection error'));
 const common = { connection, prefix: cfg.QUEUE_PREFIX, lockDuration: cfg.WORKER_LOCK_MS, stalledInterval: cfg.WORKER_STALLED_CHECK_MS, maxStalledCount: 5 };
 
-const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', createAgentTaskProcessor(services, agent, cancels, readSecret), {
+const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', createAgentTaskProcessor(services, agent, cancels), {
   ...common,
   concurrency: cfg.AGENT_CONCURRENCY,
 });

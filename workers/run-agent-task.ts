@@ -12,13 +12,15 @@ import { allowedFrom, isTerminal, type TaskState } from '../domain/task-states.t
 import type { MessagePart } from '../api/schemas/task.ts';
 import type { AgentContext, AgentHandler, Reply } from './agents/types.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
+import { readSecretValue } from '../domain/secrets.ts';
+import { invokeFunction } from '../domain/bridge/functions.ts';
 
 const HISTORY = 200;
 // A run's final status applies only while the task is still active.
 const activeFrom = (to: TaskState) => allowedFrom(to).filter((s) => !isTerminal(s));
 const toParts = (r: Reply): MessagePart[] => (typeof r === 'string' ? [{ type: 'text-part', text: r }] : r);
 
-export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry, readSecret: (key: string) => Promise<string>) {
+export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry) {
   const { log } = services;
 
   return async function runAgentTask(job: Job<JobPayloads['agent-tasks']>, token?: string): Promise<string> {
@@ -58,7 +60,8 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       emitArtifact: async (artifact) => {
         await whileActive((uow) => appendArtifact(uow, taskId, { artifactId: artifact.artifactId ?? randomUUID(), ...artifact }));
       },
-      readSecret,
+      readSecret: (key) => readSecretValue(services, key),
+      invokeFunction: (providerInstanceId, functionTypeId, params) => invokeFunction(services, providerInstanceId, functionTypeId, params),
       log: log.child({ task_id: taskId }),
     };
 

@@ -1,6 +1,7 @@
 // The contract between the agent runtime and an agent: the built-in demo agent, an agent module
 // named by AGENT_MODULE, or the remote A2A bridge all implement AgentHandler.
 import type { Message, MessagePart, Task } from '../../api/schemas/task.ts';
+import type { InvokeResult } from '../../api/schemas/bridge.ts';
 
 export type Reply = string | MessagePart[];
 
@@ -20,6 +21,12 @@ export interface AgentContext {
   emitArtifact(artifact: { artifactId?: string; name?: string; description?: string; parts: unknown[]; metadata?: Record<string, unknown> }): Promise<void>;
   /** Decrypts a stored secret by key. */
   readSecret(key: string): Promise<string>;
+  /**
+   * Invokes a function enabled on a bridge provider instance, as POST .../invoke does: resolves to
+   * `{type: 'success', ...output}` or `{type: 'error', message}` (the provider refused); throws for
+   * bad params, a function not enabled, an instance not active or an unreachable provider.
+   */
+  invokeFunction(providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>): Promise<InvokeResult>;
   log: { info(obj: object, msg?: string): void; warn(obj: object, msg?: string): void };
 }
 

@@ -1,0 +1,146 @@
+// Bridge shapes (seed: ProviderInstance, FunctionInstance, *Controller, Credential; SPEC.md section 7).
+import { Type, type Static } from '@sinclair/typebox';
+import { Body, FreeObject, NoControlChars, Timestamp, Uuid } from './common.ts';
+import { AliasName } from './encryption.ts';
+
+export const ProviderInstanceId = Type.String({ pattern: '^[A-Za-z0-9_-]{1,64}$', description: '1..64 of A-Z a-z 0-9 _ -' });
+export const ControllerTypeId = Type.String({ pattern: '^[a-z0-9_]{1,64}$' });
+export const ProviderStatus = Type.Union(['brokering_initiated', 'active', 'disabled', 'refresh_failed'].map((s) => Type.Literal(s)));
+export type ProviderStatus = Static<typeof ProviderStatus>;
+
+export const ReturnAddress = Type.Object({
+  type: Type.Literal('url'),
+  url: Type.String({ pattern: '^https?://[^\\s]+$', maxLength: 2048 }),
+}, { additionalProperties: false });
+
+export const FunctionController = Type.Object({
+  type_id: Type.String(),
+  name: Type.String(),
+  documentation: Type.String(),
+  categories: Type.Array(Type.String()),
+  parameters: FreeObject,
+  output: FreeObject,
+}, { $id: 'FunctionController' });
+export type FunctionController = Static<typeof FunctionController>;
+
+export const CredentialController = Type.Object({
+  type_id: Type.String(),
+  name: Type.String(),
+  documentation: Type.String(),
+  requires_brokering: Type.Boolean(),
+  requires_resource_server_credential_refreshing: Type.Boolean(),
+  requires_user_credential_refreshing: Type.Boolean(),
+  configuration_schema: Type.Object({ resource_server: FreeObject, user_credential: FreeObject }),
+}, { $id: 'CredentialController' });
+export type CredentialController = Static<typeof CredentialController>;
+
+export const ProviderController = Type.Object({
+  type_id: Type.String(),
+  name: Type.String(),
+  documentation: Type.String(),
+  categories: Type.Array(Type.String()),
+  credential_controllers: Type.Array(CredentialController),
+  functions: Type.Array(FunctionController),
+}, { $id: 'ProviderController' });
+export type ProviderController = Static<typeof ProviderController>;
+
+export const Credential = Type.Object({
+  id: Uuid,
+  type_id: Type.String({ description: 'the credential controller' }),
+  dek_alias: AliasName,
+  metadata: FreeObject,
+  value: Type.Unknown({ description: 'the configuration; sensitive members only as ciphertext under the DEK' }),
+  next_rotation_time: Type.Optional(Timestamp),
+  created_at: Timestamp,
+  updated_at: Timestamp,
+}, { $id: 'Credential' });
+export type Credential = Static<typeof Credential>;
+
+export const FunctionInstance = Type.Object({
+  function_controller_type_id: Type.String(),
+  provider_controller_type_id: Type.String(),
+  provider_instance_id: Type.String(),
+  controller: FunctionController,
+  created_at: Timestamp,
+  updated_at: Timestamp,
+}, { $id: 'FunctionInstance' });
+export type FunctionInstance = Static<typeof FunctionInstance>;
+
+const instanceFields = {
+  id: ProviderInstanceId,
+  display_name: Type.String(),
+  provider_controller_type_id: Type.String(),
+  credential_controller_type_id: Type.String(),
+  status: ProviderStatus,
+  resource_server_credential_id: Type.Optional(Uuid),
+  user_credential_id: Type.Optional(Uuid),
+  return_on_successful_brokering: Type.Optional(ReturnAddress),
+  created_at: Timestamp,
+  updated_at: Timestamp,
+};
+export const ProviderInstance = Type.Object(instanceFields, { $id: 'ProviderInstance' });
+export type ProviderInstance = Static<typeof ProviderInstance>;
+
+// As listed and fetched one by one: with its controllers, enabled functions and credentials.
+export const ProviderInstanceDetail = Type.Object({
+  ...instanceFields,
+  controller: ProviderController,
+  credential_controller: CredentialController,
+  functions: Type.Array(FunctionInstance),
+  resource_server_credential: Type.Optional(Credential),
+  user_credential: Type.Optional(Credential),
+}, { $id: 'ProviderInstanceDetail' });
+export type ProviderInstanceDetail = Static<typeof ProviderInstanceDetail>;
+
+export const GroupedByFunction = Type.Object({
+  function_controller: FunctionController,
+  provider_controller: ProviderController,
+  provider_instances: Type.Array(Type.Object({
+    provider_instance: ProviderInstance,
+    resource_server_credential: Type.Optional(Credential),
+    user_credential: Type.Optional(Credential),
+  })),
+});
+
+export const InvokeResult = Type.Union([
+  Type.Object({ type: Type.Literal('success') }, { additionalProperties: true }),
+  Type.Object({ type: Type.Literal('error'), message: Type.String() }),
+], { $id: 'InvokeResult' });
+export type InvokeResult = { type: 'success'; [k: string]: unknown } | { type: 'error'; message: string };
+
+export const ControllerParams = Type.Object({ provider_controller_type_id: ControllerTypeId, credential_controller_type_id: ControllerTypeId });
+export const ProviderParams = Type.Object({ provider_instance_id: ProviderInstanceId });
+export const FunctionParams = Type.Object({ provider_instance_id: ProviderInstanceId, function_controller_type_id: ControllerTypeId });
+
+export const CreateCredentialRequest = Body({
+  value: FreeObject,
+  metadata: Type.Optional(FreeObject),
+  dek_alias: Type.Optional(AliasName),
+});
+export type CreateCredentialRequest = Static<typeof CreateCredentialRequest>;
+
+export const CreateProviderInstanceRequest = Body({
+  provider_instance_id: Type.Optional(ProviderInstanceId),
+  display_name: Type.String({ minLength: 1, maxLength: 256, pattern: NoControlChars }),
+  resource_server_credential_id: Type.Optional(Uuid),
+  user_credential_id: Type.Optional(Uuid),
+  return_on_successful_brokering: Type.Optional(ReturnAddress),
+});
+export type CreateProviderInstanceRequest = Static<typeof CreateProviderInstanceRequest>;
+
+export const UpdateProviderInstanceRequest = Body({
+  display_name: Type.Optional(Type.String({ minLength: 1, maxLength: 256, pattern: NoControlChars })),
+  status: Type.Optional(Type.Union([Type.Literal('active'), Type.Literal('disabled')])),
+});
+export type UpdateProviderInstanceRequest = Static<typeof UpdateProviderInstanceRequest>;
+
+export const InvokeFunctionRequest = Body({ params: FreeObject });
+
+export const ProviderListQuery = {
+  status: Type.Optional(ProviderStatus),
+  provider_controller_type_id: Type.Optional(ControllerTypeId),
+};
+export const GroupedListQuery = {
+  provider_controller_type_id: Type.Optional(ControllerTypeId),
+  function_category: Type.Optional(Type.String({ minLength: 1, maxLength: 64, pattern: NoControlChars })),
+};

@@ -1,0 +1,132 @@
+// Bridge tables: credentials, provider instances and their enabled functions.
+import type { Knex } from 'knex';
+import type { Tx } from './knex.ts';
+import { keysetPage, type Page } from './pagination.ts';
+
+export type CredentialKind = 'resource_server' | 'user';
+
+export interface CredentialRow {
+  id: string;
+  kind: CredentialKind;
+  provider_controller_type_id: string;
+  type_id: string;
+  value: Record<string, unknown>;
+  metadata: Record<string, unknown>;
+  dek_id: string;
+  dek_alias: string;
+  next_rotation_time: Date | null;
+  created_at: Date;
+  updated_at: Date;
+}
+
+export interface ProviderInstanceRow {
+  id: string;
+  display_name: string;
+  provider_controller_type_id: string;
+  credential_controller_type_id: string;
+  status: string;
+  resource_server_credential_id: string | null;
+  user_credential_id: string | null;
+  return_on_successful_brokering: { type: 'url'; url: string } | null;
+  created_at: Date;
+  updated_at: Date;
+}
+
+export interface FunctionInstanceRow {
+  provider_instance_id: string;
+  function_controller_type_id: string;
+  provider_controller_type_id: string;
+  created_at: Date;
+  updated_at: Date;
+}
+
+export async function insertCredential(db: Tx, row: Omit<CredentialRow, 'created_at' | 'updated_at'>): Promise<CredentialRow> {
+  const [out] = await db('bridge_credentials').insert({ ...row, value: JSON.stringify(row.value), metadata: JSON.stringify(row.metadata) }).returning('*');
+  return out as CredentialRow;
+}
+
+export async function getCredentials(db: Tx, ids: string[]): Promise<CredentialRow[]> {
+  if (!ids.length) return [];
+  return db('bridge_credentials').whereIn('id', [...new Set(ids)]);
+}
+
+// Credentials no provider instance refers to any more (after a delete).
+export async function deleteOrphanCredentials(db: Tx, ids: string[]): Promise<void> {
+  if (!ids.length) return;
+  await db('bridge_credentials').whereIn('id', ids)
+    .whereNotExists((q) => q.select(db.raw('1')).from('provider_instances')
+      .whereRaw('provider_instances.resource_server_credential_id = bridge_credentials.id or provider_instances.user_credential_id = bridge_credentials.id'))
+    .delete();
+}
+
+// Returns undefined when the id is taken.
+export async function insertProviderInstance(db: Tx, row: Omit<ProviderInstanceRow, 'created_at' | 'updated_at'>): Promise<ProviderInstanceRow | undefined> {
+  const [out] = await db('provider_instances')
+    .insert({ ...row, return_on_successful_brokering: row.return_on_successful_brokering ? JSON.stringify(row.return_on_successful_brokering) : null })
+    .onConflict('id').ignore().returning('*');
+  return out as ProviderInstanceRow | undefined;
+}
+
+export async function getProviderInstance(db: Tx, id: string, lock?: 'share' | 'update'): Promise<ProviderInstanceRow | undefined> {
+  const q = db('provider_instances').where({ id });
+  if (lock === 'share') q.forShare();
+  if (lock === 'update') q.forUpdate();
+  return q.first();
+}
+
+export async function listProviderInstances(
+  db: Tx, filter: { status?: string; provider_controller_type_id?: string }, pageSize: number, token?: string,
+): Promise<Page<ProviderInstanceRow>> {
+  const q = db('provider_instances').select('*');
+  if (filter.status) q.where({ status: filter.status });
+  if (filter.provider_controller_type_id) q.where({ provider_controller_type_id: filter.provider_controller_type_id });
+  return keysetPage<ProviderInstanceRow>(q, {
+    columns: ['created_at', 'id'], kinds: ['timestamp', 'text'], direction: 'desc',
+    cursorOf: (r) => [r.created_at, r.id],
+  }, pageSize, token);
+}
+
+export async function updateProviderInstance(db: Tx, id: string, patch: Partial<Pick<ProviderInstanceRow, 'display_name' | 'status'>>): Promise<ProviderInstanceRow | undefined> {
+  const [out] = await db('provider_instances').where({ id }).update({ ...patch, updated_at: db.fn.now() }).returning('*');
+  return out as ProviderInstanceRow | undefined;
+}
+
+export async function deleteProviderInstance(trx: Knex.Transaction, id: string): Promise<ProviderInstanceRow | undefined> {
+  const [out] = await trx('provider_instances').where({ id }).delete().returning('*');
+  return out as ProviderInstanceRow | undefined;
+}
+
+export async function insertFunctionInstance(db: Tx, row: Omit<FunctionInstanceRow, 'created_at' | 'updated_at'>): Promise<FunctionInstanceRow | undefined> {
+  const [out] = await db('function_instances').insert(row).onConflict(['provider_instance_id', 'function_controller_type_id']).ignore().returning('*');
+  return out as FunctionInstanceRow | undefined;
+}
+
+export async function deleteFunctionInstance(db: Tx, providerInstanceId: string, functionTypeId: string): Promise<boolean> {
+  return (await db('function_instances').where({ provider_instance_id: providerInstanceId, function_controller_type_id: functionTypeId }).delete()) > 0;
+}
+
+export async function getFunctionInstance(db: Tx, providerInstanceId: string, functionTypeId: string): Promise<FunctionInstanceRow | undefined> {
+  return db('function_instances').where({ provider_instance_id: providerInstanceId, function_controller_type_id: functionTypeId }).first();
+}
+
+export async function functionInstancesOf(db: Tx, providerInstanceIds: string[]): Promise<FunctionInstanceRow[]> {
+  if (!providerInstanceIds.length) return [];
+  return db('function_instances').whereIn('provider_instance_id', providerInstanceIds).orderBy(['provider_instance_id', 'function_controller_type_id']);
+}
+
+export async function listFunctionInstances(db: Tx, filter: { provider_instance_id?: string }, pageSize: number, token?: string): Promise<Page<FunctionInstanceRow>> {
+  const q = db('function_instances').select('*');
+  if (filter.provider_instance_id) q.where({ provider_instance_id: filter.provider_instance_id });
+  return keysetPage<FunctionInstanceRow>(q, {
+    columns: ['created_at', 'provider_instance_id', 'function_controller_type_id'], kinds: ['timestamp', 'text', 'text'], direction: 'desc',
+    cursorOf: (r) => [r.created_at, r.provider_instance_id, r.function_controller_type_id],
+  }, pageSize, token);
+}
+
+// Enabled functions of one kind with their provider instances (grouped-by-function lists).
+export async function instancesWithFunction(db: Tx, providerTypeId: string, functionTypeId: string): Promise<ProviderInstanceRow[]> {
+  return db('provider_instances').join('function_instances', 'function_instances.provider_instance_id', 'provider_instances.id')
+    .where({ 'function_instances.provider_controller_type_id': providerTypeId, 'function_instances.function_controller_type_id': functionTypeId })
+    .orderBy([{ column: 'provider_instances.created_at', order: 'desc' }, { column: 'provider_instances.id', order: 'desc' }])
+    .select('provider_instances.*');
+}

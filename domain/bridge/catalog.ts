@@ -1,0 +1,71 @@
+// The built-in provider controllers, how they are served (GET /available-providers) and how
+// credential values and function params are checked against their schemas.
+import { Ajv, type ValidateFunction } from 'ajv';
+import addFormats from 'ajv-formats';
+import type { TObject } from '@sinclair/typebox';
+import { InvalidRequest, NotFound } from '../errors.ts';
+import type { CredentialController, FunctionController, ProviderController } from '../../api/schemas/bridge.ts';
+import type { CredentialControllerDef, FunctionControllerDef, ProviderControllerDef } from './types.ts';
+import { googleMail } from './providers/google-mail.ts';
+import { stripe } from './providers/stripe.ts';
+
+export const PROVIDERS: ProviderControllerDef[] = [googleMail, stripe];
+
+export function providerDef(typeId: string): ProviderControllerDef {
+  const p = PROVIDERS.find((d) => d.type_id === typeId);
+  if (!p) throw new NotFound('provider controller', typeId);
+  return p;
+}
+
+export function credentialDef(provider: ProviderControllerDef, typeId: string): CredentialControllerDef {
+  const c = provider.credentialControllers.find((d) => d.type_id === typeId);
+  if (!c) throw new NotFound(`credential controller of provider '${provider.type_id}'`, typeId);
+  return c;
+}
+
+export function functionDef(provider: ProviderControllerDef, typeId: string): FunctionControllerDef {
+  const f = provider.functions.find((d) => d.type_id === typeId);
+  if (!f) throw new NotFound(`function of provider '${provider.type_id}'`, typeId);
+  return f;
+}
+
+// Schemas are plain JSON Schema once TypeBox's symbols are dropped.
+const json = (schema: TObject) => JSON.parse(JSON.stringify(schema)) as Record<string, unknown>;
+
+export function describeFunction(f: FunctionControllerDef): FunctionController {
+  return { type_id: f.type_id, name: f.name, documentation: f.documentation, categories: f.categories, parameters: json(f.parameters), output: json(f.output) };
+}
+
+export function describeCredential(c: CredentialControllerDef): CredentialController {
+  return {
+    type_id: c.type_id, name: c.name, documentation: c.documentation, requires_brokering: c.requires_brokering,
+    requires_resource_server_credential_refreshing: c.requires_resource_server_credential_refreshing,
+    requires_user_credential_refreshing: c.requires_user_credential_refreshing,
+    configuration_schema: { resource_server: json(c.resourceServer), user_credential: c.userCredential ? json(c.userCredential) : {} },
+  };
+}
+
+export function describeProvider(p: ProviderControllerDef): ProviderController {
+  return {
+    type_id: p.type_id, name: p.name, documentation: p.documentation, categories: p.categories,
+    credential_controllers: p.credentialControllers.map(describeCredential), functions: p.functions.map(describeFunction),
+  };
+}
+
+const ajv = addFormats.default(new Ajv({ allErrors: true, strict: false }));
+const compiled = new WeakMap<TObject, ValidateFunction>();
+
+// Rejects a value that does not match `schema`, naming each offending member under `where`.
+export function checkAgainst(schema: TObject, value: unknown, where: string): void {
+  let validate = compiled.get(schema);
+  if (!validate) compiled.set(schema, (validate = ajv.compile(json(schema))));
+  if (validate(value)) return;
+  const errors = (validate.errors ?? []).map((e) => {
+    const missing = (e.params as { missingProperty?: string; additionalProperty?: string });
+    const member = missing.missingProperty ?? missing.additionalProperty;
+    const at = [where, ...e.instancePath.split('/').slice(1), ...(member ? [member] : [])].join('.');
+    const message = e.keyword === 'required' ? 'is required' : e.keyword === 'additionalProperties' ? 'is not an allowed member' : e.message ?? 'is invalid';
+    return { path: at, message };
+  });
+  throw new InvalidRequest(`Invalid ${where}: ${errors[0].path} ${errors[0].message}`, errors);
+}

@@ -1,0 +1,120 @@
+// The ways a provider instance authenticates to its provider's API (SPEC.md section 7).
+import { createPrivateKey, sign } from 'node:crypto';
+import { Type } from '@sinclair/typebox';
+import { InvalidRequest, Upstream } from '../errors.ts';
+import { assertWebhookUrl } from '../webhook-url.ts';
+import { callUpstream, refusalMessage } from './upstream.ts';
+import type { CredentialControllerDef, Plain } from './types.ts';
+
+const Str = (description: string) => Type.String({ minLength: 1, maxLength: 8192, description });
+const Scopes = Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { maxItems: 100 }));
+const Strict = { additionalProperties: false };
+
+const bearer = (token: unknown) => `Bearer ${String(token)}`;
+
+export const noAuth: CredentialControllerDef = {
+  type_id: 'no_auth',
+  name: 'No authentication',
+  documentation: 'The provider API needs no credential.',
+  requires_brokering: false,
+  requires_resource_server_credential_refreshing: false,
+  requires_user_credential_refreshing: false,
+  resourceServer: Type.Object({}, Strict),
+  userCredential: null,
+  sensitive: { resource_server: [], user: [] },
+  authorization: async () => undefined,
+};
+
+export const apiKey: CredentialControllerDef = {
+  type_id: 'api_key',
+  name: 'API key',
+  documentation: 'A secret API key sent as a bearer token. Stored only encrypted.',
+  requires_brokering: false,
+  requires_resource_server_credential_refreshing: false,
+  requires_user_credential_refreshing: false,
+  resourceServer: Type.Object({ api_key: Type.String({ minLength: 1, maxLength: 4096, pattern: '^[\\x21-\\x7e]+$', description: 'printable ASCII, no spaces' }) }, Strict),
+  userCredential: null,
+  sensitive: { resource_server: ['api_key'], user: [] },
+  authorization: async (rs) => bearer(rs!.api_key),
+};
+
+export const oauthAuthFlow: CredentialControllerDef = {
+  type_id: 'oauth_auth_flow',
+  name: 'OAuth 2.0 authorization code',
+  documentation: 'A user grants access through the provider\'s consent page; the user credential holds the tokens. Client secret and tokens are stored only encrypted.',
+  requires_brokering: true,
+  requires_resource_server_credential_refreshing: false,
+  requires_user_credential_refreshing: true,
+  resourceServer: Type.Object({
+    client_id: Str('OAuth client id'),
+    client_secret: Str('OAuth client secret'),
+    redirect_uri: Type.String({ pattern: '^https?://[^\\s]+$', maxLength: 2048 }),
+    scopes: Scopes,
+  }, Strict),
+  userCredential: Type.Object({
+    code: Type.Optional(Str('the authorization code it came from')),
+    access_token: Str('access token'),
+    refresh_token: Type.Optional(Str('refresh token')),
+    expiry_time: Type.String({ format: 'date-time' }),
+    sub: Type.Optional(Str('the user the tokens act for')),
+    scopes: Scopes,
+  }, Strict),
+  sensitive: { resource_server: ['client_secret'], user: ['code', 'access_token', 'refresh_token'] },
+  authorization: async (_rs, user) => (user ? bearer(user.access_token) : undefined),
+};
+
+const JWT_BEARER = 'urn:ietf:params:oauth:grant-type:jwt-bearer';
+const b64url = (v: unknown) => Buffer.from(typeof v === 'string' ? v : JSON.stringify(v)).toString('base64url');
+
+// RFC 7523: a JWT signed with the client's private key, exchanged at token_uri for an access token.
+async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: { timeoutMs: number; allowPrivate: boolean }): Promise<string> {
+  const tokenUri = String(rs.token_uri);
+  await assertWebhookUrl(tokenUri, opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE');
+  const now = Math.floor(Date.now() / 1000);
+  const claims: Plain = { iss: rs.client_id, aud: tokenUri, iat: now, exp: now + 3600 };
+  const scopes = rs.scopes as string[] | undefined;
+  if (scopes?.length) claims.scope = scopes.join(' ');
+  const sub = user?.sub ?? rs.sub;
+  if (sub) claims.sub = sub;
+  const unsigned = `${b64url({ alg: 'RS256', typ: 'JWT' })}.${b64url(claims)}`;
+  const assertion = `${unsigned}.${sign('sha256', Buffer.from(unsigned), String(rs.private_key)).toString('base64url')}`;
+  const answer = await callUpstream('token endpoint', tokenUri, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' },
+    body: new URLSearchParams({ grant_type: JWT_BEARER, assertion }).toString(),
+  }, opts.timeoutMs);
+  const token = (answer.body as { access_token?: unknown } | undefined)?.access_token;
+  if (answer.status >= 400 || typeof token !== 'string' || !token) {
+    throw new Upstream(`token endpoint refused the assertion: ${refusalMessage(answer)}`, { upstream: 'token endpoint', upstream_status: answer.status });
+  }
+  return token;
+}
+
+export const oauthJwtBearer: CredentialControllerDef = {
+  type_id: 'oauth2_jwt_bearer_assertion_flow',
+  name: 'OAuth 2.0 JWT bearer assertion',
+  documentation: 'A service account: each call signs a JWT (RS256) with the private key and exchanges it at token_uri for an access token. The private key is stored only encrypted.',
+  requires_brokering: false,
+  requires_resource_server_credential_refreshing: false,
+  requires_user_credential_refreshing: false,
+  resourceServer: Type.Object({
+    client_id: Str('issuer of the assertion (the service account)'),
+    private_key: Str('PEM private key (RSA)'),
+    token_uri: Type.String({ pattern: '^https?://[^\\s]+$', maxLength: 2048 }),
+    scopes: Scopes,
+    sub: Type.Optional(Str('the user to act for (domain-wide delegation)')),
+  }, Strict),
+  userCredential: null,
+  sensitive: { resource_server: ['private_key'], user: [] },
+  async check(kind, value, opts) {
+    if (kind !== 'resource_server') return;
+    try {
+      const key = createPrivateKey(String(value.private_key));
+      if (key.asymmetricKeyType !== 'rsa') throw new Error('not RSA');
+    } catch {
+      throw new InvalidRequest('value.private_key is not a PEM RSA private key', [{ path: 'body.value.private_key', message: 'must be a PEM RSA private key' }]);
+    }
+    await assertWebhookUrl(String(value.token_uri), opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE');
+  },
+  authorization: async (rs, user, opts) => bearer(await jwtBearerToken(rs!, user, opts)),
+};

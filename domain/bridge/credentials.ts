@@ -1,0 +1,60 @@
+// Credentials of provider instances: checked against their controller's schema, sensitive members
+// encrypted with the DEK their alias names, decrypted only in memory when a function is invoked.
+import { randomUUID } from 'node:crypto';
+import { InvalidRequest, NotFound } from '../errors.ts';
+import { decryptWithDek, encryptWithDek, type KeyringServices } from '../keyring.ts';
+import { DEFAULT_ALIAS } from '../crypto/key-management.ts';
+import { aliasDekForWrite } from '../../db/secrets.ts';
+import * as repo from '../../db/bridge.ts';
+import type { CredentialKind, CredentialRow } from '../../db/bridge.ts';
+import type { Credential, CreateCredentialRequest } from '../../api/schemas/bridge.ts';
+import { checkAgainst, credentialDef, providerDef } from './catalog.ts';
+import type { CredentialControllerDef, Plain } from './types.ts';
+
+// OAuth user credentials are refreshed this long before they expire (SPEC.md section 7).
+const REFRESH_AHEAD_MS = 5 * 60 * 1000;
+
+export function toCredential(r: CredentialRow): Credential {
+  return {
+    id: r.id, type_id: r.type_id, dek_alias: r.dek_alias, metadata: r.metadata, value: r.value,
+    ...(r.next_rotation_time ? { next_rotation_time: r.next_rotation_time } : {}),
+    created_at: r.created_at, updated_at: r.updated_at,
+  } as unknown as Credential;
+}
+
+const sensitiveOf = (cc: CredentialControllerDef, kind: CredentialKind) => (kind === 'user' ? cc.sensitive.user : cc.sensitive.resource_server);
+
+export async function createCredential(
+  s: KeyringServices, kind: CredentialKind, providerTypeId: string, credentialTypeId: string, input: CreateCredentialRequest,
+): Promise<Credential> {
+  const cc = credentialDef(providerDef(providerTypeId), credentialTypeId);
+  const schema = kind === 'user' ? cc.userCredential : cc.resourceServer;
+  if (!schema) throw new InvalidRequest(`Credential controller '${cc.type_id}' has no user credential`, [{ path: 'path.credential_controller_type_id', message: 'has no user credential' }]);
+  checkAgainst(schema, input.value, 'body.value');
+  await cc.check?.(kind, input.value, { allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS });
+  const alias = input.dek_alias ?? DEFAULT_ALIAS;
+  const expiry = kind === 'user' && typeof input.value.expiry_time === 'string' && cc.requires_user_credential_refreshing ? Date.parse(input.value.expiry_time) : NaN;
+  const row = await s.db.transaction(async (trx) => {
+    // Held FOR SHARE to commit, like secrets: an alias rotation never misses this write.
+    const dekId = await aliasDekForWrite(trx, alias);
+    if (!dekId) throw new NotFound('dek_alias', alias);
+    const value: Plain = { ...input.value };
+    for (const member of sensitiveOf(cc, kind)) {
+      if (value[member] !== undefined) value[member] = await encryptWithDek(s, dekId, String(value[member]), trx);
+    }
+    return repo.insertCredential(trx, {
+      id: randomUUID(), kind, provider_controller_type_id: providerTypeId, type_id: cc.type_id, value, metadata: input.metadata ?? {},
+      dek_id: dekId, dek_alias: alias, next_rotation_time: Number.isNaN(expiry) ? null : new Date(expiry - REFRESH_AHEAD_MS),
+    });
+  });
+  return toCredential(row);
+}
+
+// The credential's value with its sensitive members decrypted.
+export async function unsealCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, row: CredentialRow): Promise<Plain> {
+  const value: Plain = { ...row.value };
+  for (const member of sensitiveOf(cc, row.kind)) {
+    if (typeof value[member] === 'string') value[member] = await decryptWithDek(s, row.dek_id, value[member] as string);
+  }
+  return value;
+}

@@ -1,0 +1,99 @@
+// Function instances: a provider function enabled on a provider instance, and invoking it.
+import type { Knex } from 'knex';
+import { Conflict, NotFound } from '../errors.ts';
+import type { Services } from '../services.ts';
+import { encodeToken, decodeToken } from '../../db/pagination.ts';
+import * as repo from '../../db/bridge.ts';
+import type { FunctionInstance, InvokeResult } from '../../api/schemas/bridge.ts';
+import { PROVIDERS, checkAgainst, credentialDef, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
+import { toCredential, unsealCredential } from './credentials.ts';
+import { toFunctionInstance, toProviderInstance } from './provider-instances.ts';
+
+type InvokeServices = Pick<Services, 'db' | 'cfg' | 'log'>;
+
+export async function enableFunction(db: Knex, providerInstanceId: string, functionTypeId: string): Promise<FunctionInstance> {
+  const row = await db.transaction(async (trx) => {
+    // FOR SHARE: the instance cannot be deleted between the check and the insert.
+    const instance = await repo.getProviderInstance(trx, providerInstanceId, 'share');
+    if (!instance) throw new NotFound('provider_instance', providerInstanceId);
+    const f = functionDef(providerDef(instance.provider_controller_type_id), functionTypeId);
+    return repo.insertFunctionInstance(trx, { provider_instance_id: providerInstanceId, function_controller_type_id: f.type_id, provider_controller_type_id: instance.provider_controller_type_id });
+  });
+  if (!row) throw new Conflict(`Function '${functionTypeId}' is already enabled on provider instance '${providerInstanceId}'`, { resource: 'function_instance', id: functionTypeId });
+  return toFunctionInstance(row);
+}
+
+export async function disableFunction(db: Knex, providerInstanceId: string, functionTypeId: string): Promise<void> {
+  if (!(await repo.getProviderInstance(db, providerInstanceId))) throw new NotFound('provider_instance', providerInstanceId);
+  if (!(await repo.deleteFunctionInstance(db, providerInstanceId, functionTypeId))) {
+    throw new NotFound(`enabled function of provider instance '${providerInstanceId}'`, functionTypeId);
+  }
+}
+
+export async function listFunctionInstances(db: Knex, filter: { provider_instance_id?: string }, pageSize: number, token?: string): Promise<{ items: FunctionInstance[]; next_page_token?: string }> {
+  const page = await repo.listFunctionInstances(db, filter, pageSize, token);
+  const items = page.items.map(toFunctionInstance);
+  return page.next_page_token ? { items, next_page_token: page.next_page_token } : { items };
+}
+
+// Params are checked first (400), then that the function is enabled (404) and the instance
+// usable (409). A provider's refusal is an `error` result; an unreachable provider a 502.
+export async function invokeFunction(s: InvokeServices, providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>): Promise<InvokeResult> {
+  const instance = await repo.getProviderInstance(s.db, providerInstanceId);
+  if (!instance) throw new NotFound('provider_instance', providerInstanceId);
+  const provider = providerDef(instance.provider_controller_type_id);
+  const f = functionDef(provider, functionTypeId);
+  checkAgainst(f.parameters, params, 'body.params');
+  if (!(await repo.getFunctionInstance(s.db, providerInstanceId, functionTypeId))) {
+    throw new NotFound(`enabled function of provider instance '${providerInstanceId}'`, functionTypeId);
+  }
+  if (instance.status !== 'active') {
+    throw new Conflict(`Provider instance '${providerInstanceId}' is ${instance.status}, not active`, { resource: 'provider_instance', id: providerInstanceId, status: instance.status });
+  }
+  const cc = credentialDef(provider, instance.credential_controller_type_id);
+  const creds = await repo.getCredentials(s.db, [instance.resource_server_credential_id, instance.user_credential_id].filter((c): c is string => c !== null));
+  const plain = async (id: string | null) => {
+    const row = creds.find((c) => c.id === id);
+    return row ? unsealCredential(s, cc, row) : undefined;
+  };
+  const opts = { timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS, allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE };
+  const authorization = await cc.authorization(await plain(instance.resource_server_credential_id), await plain(instance.user_credential_id), opts);
+  const result = await f.invoke({ params, authorization, apiBase: s.cfg[provider.apiBaseSetting].replace(/\/+$/, ''), timeoutMs: opts.timeoutMs });
+  s.log.info({ provider_instance_id: providerInstanceId, function: functionTypeId, result: result.type }, 'bridge function invoked');
+  return result;
+}
+
+// One item per function of the catalog (ordered by provider, then function), with the instances
+// that enabled it. Paged over the catalog: the token is the last item's key.
+export async function listGroupedByFunction(
+  db: Knex, filter: { provider_controller_type_id?: string; function_category?: string }, pageSize: number, token?: string,
+) {
+  const after = token === undefined ? undefined : (decodeToken(token, ['text'])[0] as string);
+  const all = PROVIDERS.flatMap((p) => p.functions.map((f) => ({ p, f, key: `${p.type_id}/${f.type_id}` })))
+    .filter(({ p, f }) => (!filter.provider_controller_type_id || p.type_id === filter.provider_controller_type_id)
+      && (!filter.function_category || f.categories.includes(filter.function_category)))
+    .filter(({ key }) => after === undefined || key > after)
+    .sort((a, b) => (a.key < b.key ? -1 : 1));
+  const page = all.slice(0, pageSize);
+  const items = await Promise.all(page.map(async ({ p, f }) => {
+    const instances = await repo.instancesWithFunction(db, p.type_id, f.type_id);
+    const creds = await repo.getCredentials(db, instances.flatMap((i) => [i.resource_server_credential_id, i.user_credential_id]).filter((c): c is string => c !== null));
+    const cred = (id: string | null) => {
+      const row = creds.find((c) => c.id === id);
+      return row ? toCredential(row) : undefined;
+    };
+    return {
+      function_controller: describeFunction(f),
+      provider_controller: describeProvider(p),
+      provider_instances: instances.map((i) => {
+        const entry: Record<string, unknown> = { provider_instance: toProviderInstance(i) };
+        const rs = cred(i.resource_server_credential_id);
+        const user = cred(i.user_credential_id);
+        if (rs) entry.resource_server_credential = rs;
+        if (user) entry.user_credential = user;
+        return entry;
+      }),
+    };
+  }));
+  return all.length > pageSize ? { items, next_page_token: encodeToken([page[page.length - 1].key]) } : { items };
+}

@@ -1,0 +1,144 @@
+// Provider instances: a provider controller configured with credentials (SPEC.md section 7).
+import { randomUUID } from 'node:crypto';
+import type { Knex } from 'knex';
+import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
+import * as repo from '../../db/bridge.ts';
+import type { CredentialKind, CredentialRow, ProviderInstanceRow } from '../../db/bridge.ts';
+import type { Tx } from '../../db/knex.ts';
+import type { CreateProviderInstanceRequest, ProviderInstance, ProviderInstanceDetail, UpdateProviderInstanceRequest } from '../../api/schemas/bridge.ts';
+import { credentialDef, describeCredential, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
+import { toCredential } from './credentials.ts';
+import type { FunctionInstanceRow } from '../../db/bridge.ts';
+import type { FunctionInstance } from '../../api/schemas/bridge.ts';
+import type { CredentialControllerDef } from './types.ts';
+
+export function toProviderInstance(r: ProviderInstanceRow): ProviderInstance {
+  const out: Record<string, unknown> = {
+    id: r.id, display_name: r.display_name, provider_controller_type_id: r.provider_controller_type_id,
+    credential_controller_type_id: r.credential_controller_type_id, status: r.status,
+    created_at: r.created_at, updated_at: r.updated_at,
+  };
+  if (r.resource_server_credential_id) out.resource_server_credential_id = r.resource_server_credential_id;
+  if (r.user_credential_id) out.user_credential_id = r.user_credential_id;
+  if (r.return_on_successful_brokering) out.return_on_successful_brokering = r.return_on_successful_brokering;
+  return out as unknown as ProviderInstance;
+}
+
+export function toFunctionInstance(r: FunctionInstanceRow): FunctionInstance {
+  return {
+    function_controller_type_id: r.function_controller_type_id, provider_controller_type_id: r.provider_controller_type_id,
+    provider_instance_id: r.provider_instance_id,
+    controller: describeFunction(functionDef(providerDef(r.provider_controller_type_id), r.function_controller_type_id)),
+    created_at: r.created_at, updated_at: r.updated_at,
+  } as unknown as FunctionInstance;
+}
+
+// A resource server credential is needed unless the controller configures nothing.
+const needsResourceServer = (cc: CredentialControllerDef) => Object.keys(cc.resourceServer.properties).length > 0;
+
+// An instance is usable once it has every credential its controller needs.
+function readyStatus(cc: CredentialControllerDef, row: Pick<ProviderInstanceRow, 'user_credential_id'>): 'active' | 'brokering_initiated' {
+  return cc.requires_brokering && !row.user_credential_id ? 'brokering_initiated' : 'active';
+}
+
+async function checkCredential(db: Tx, id: string, kind: CredentialKind, providerTypeId: string, cc: CredentialControllerDef): Promise<void> {
+  const field = kind === 'user' ? 'user_credential_id' : 'resource_server_credential_id';
+  const [row] = await db('bridge_credentials').where({ id }).forShare() as CredentialRow[];
+  if (!row || row.kind !== kind) throw new NotFound(kind === 'user' ? 'user credential' : 'resource server credential', id);
+  if (row.provider_controller_type_id !== providerTypeId || row.type_id !== cc.type_id) {
+    throw new InvalidRequest(`body.${field} is a credential of ${row.provider_controller_type_id}/${row.type_id}, not ${providerTypeId}/${cc.type_id}`,
+      [{ path: `body.${field}`, message: 'belongs to another provider or credential controller' }]);
+  }
+}
+
+export async function createProviderInstance(db: Knex, providerTypeId: string, credentialTypeId: string, input: CreateProviderInstanceRequest): Promise<ProviderInstance> {
+  const cc = credentialDef(providerDef(providerTypeId), credentialTypeId);
+  if (needsResourceServer(cc) && !input.resource_server_credential_id) {
+    throw new InvalidRequest(`Credential controller '${cc.type_id}' needs resource_server_credential_id`, [{ path: 'body.resource_server_credential_id', message: 'is required' }]);
+  }
+  if (input.user_credential_id && !cc.userCredential) {
+    throw new InvalidRequest(`Credential controller '${cc.type_id}' has no user credential`, [{ path: 'body.user_credential_id', message: 'is not allowed for this credential controller' }]);
+  }
+  const id = input.provider_instance_id ?? randomUUID();
+  const row = await db.transaction(async (trx) => {
+    if (input.resource_server_credential_id) await checkCredential(trx, input.resource_server_credential_id, 'resource_server', providerTypeId, cc);
+    if (input.user_credential_id) await checkCredential(trx, input.user_credential_id, 'user', providerTypeId, cc);
+    return repo.insertProviderInstance(trx, {
+      id, display_name: input.display_name, provider_controller_type_id: providerTypeId, credential_controller_type_id: cc.type_id,
+      status: readyStatus(cc, { user_credential_id: input.user_credential_id ?? null }),
+      resource_server_credential_id: input.resource_server_credential_id ?? null, user_credential_id: input.user_credential_id ?? null,
+      return_on_successful_brokering: input.return_on_successful_brokering ?? null,
+    });
+  });
+  if (!row) throw new Conflict(`A provider instance with id '${id}' already exists`, { resource: 'provider_instance', id });
+  return toProviderInstance(row);
+}
+
+// Instances with their controllers, enabled functions and credentials (never decrypted).
+async function withDetails(db: Tx, rows: ProviderInstanceRow[]): Promise<ProviderInstanceDetail[]> {
+  const [functions, credentials] = await Promise.all([
+    repo.functionInstancesOf(db, rows.map((r) => r.id)),
+    repo.getCredentials(db, rows.flatMap((r) => [r.resource_server_credential_id, r.user_credential_id]).filter((c): c is string => c !== null)),
+  ]);
+  const byId = new Map(credentials.map((c) => [c.id, c]));
+  const cred = (id: string | null) => (id && byId.has(id) ? toCredential(byId.get(id)!) : undefined);
+  return rows.map((r) => {
+    const provider = providerDef(r.provider_controller_type_id);
+    const out: Record<string, unknown> = {
+      ...toProviderInstance(r),
+      controller: describeProvider(provider),
+      credential_controller: describeCredential(credentialDef(provider, r.credential_controller_type_id)),
+      functions: functions.filter((f) => f.provider_instance_id === r.id).map(toFunctionInstance),
+    };
+    const rs = cred(r.resource_server_credential_id);
+    const user = cred(r.user_credential_id);
+    if (rs) out.resource_server_credential = rs;
+    if (user) out.user_credential = user;
+    return out as unknown as ProviderInstanceDetail;
+  });
+}
+
+export async function listProviderInstances(
+  db: Knex, filter: { status?: string; provider_controller_type_id?: string }, pageSize: number, token?: string,
+): Promise<{ items: ProviderInstanceDetail[]; next_page_token?: string }> {
+  const page = await repo.listProviderInstances(db, filter, pageSize, token);
+  const items = await withDetails(db, page.items);
+  return page.next_page_token ? { items, next_page_token: page.next_page_token } : { items };
+}
+
+export async function getProviderInstance(db: Knex, id: string): Promise<ProviderInstanceDetail> {
+  const row = await repo.getProviderInstance(db, id);
+  if (!row) throw new NotFound('provider_instance', id);
+  return (await withDetails(db, [row]))[0];
+}
+
+// Status moves by PATCH only between usable states: an instance that still needs brokering, or
+// whose refresh gave up, becomes active through brokering, not by being told so.
+export async function updateProviderInstance(db: Knex, id: string, input: UpdateProviderInstanceRequest): Promise<ProviderInstance> {
+  const row = await db.transaction(async (trx) => {
+    const current = await repo.getProviderInstance(trx, id, 'update');
+    if (!current) throw new NotFound('provider_instance', id);
+    const patch: Partial<Pick<ProviderInstanceRow, 'display_name' | 'status'>> = {};
+    if (input.display_name !== undefined) patch.display_name = input.display_name;
+    if (input.status === 'disabled') patch.status = 'disabled';
+    if (input.status === 'active' && current.status !== 'active') {
+      const cc = credentialDef(providerDef(current.provider_controller_type_id), current.credential_controller_type_id);
+      const ready = readyStatus(cc, current);
+      if (current.status === 'refresh_failed' || ready !== 'active') {
+        throw new Conflict(`Provider instance '${id}' is ${current.status} and needs its user credential brokered before it can be active`, { resource: 'provider_instance', id, status: current.status });
+      }
+      patch.status = 'active';
+    }
+    return repo.updateProviderInstance(trx, id, patch);
+  });
+  return toProviderInstance(row!);
+}
+
+// Removes the instance, its function instances (cascade) and the credentials nothing else uses.
+export async function deleteProviderInstance(db: Knex, id: string): Promise<void> {
+  await db.transaction(async (trx) => {
+    const row = await repo.deleteProviderInstance(trx, id);
+    if (!row) throw new NotFound('provider_instance', id);
+    await repo.deleteOrphanCredentials(trx, [row.resource_server_credential_id, row.user_credential_id].filter((c): c is string => c !== null));
+  });
+}

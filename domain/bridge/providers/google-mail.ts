@@ -1,0 +1,45 @@
+// Gmail: sends a plain-text message through users.messages.send (an RFC 2822 message, base64url).
+import { Type } from '@sinclair/typebox';
+import { oauthAuthFlow, oauthJwtBearer } from '../credential-controllers.ts';
+import { callUpstream, refusalMessage } from '../upstream.ts';
+import type { ProviderControllerDef } from '../types.ts';
+
+// No CR/LF in header values: a subject or address must not be able to add headers.
+const HeaderSafe = (d: string, max: number) => Type.String({ minLength: 1, maxLength: max, pattern: '^[^\\r\\n]+$', description: d });
+
+function rfc2822(to: string, subject: string, body: string): string {
+  const encodedSubject = /^[\x20-\x7e]*$/.test(subject) ? subject : `=?UTF-8?B?${Buffer.from(subject).toString('base64')}?=`;
+  return [`To: ${to}`, `Subject: ${encodedSubject}`, 'MIME-Version: 1.0', 'Content-Type: text/plain; charset="UTF-8"', 'Content-Transfer-Encoding: 8bit', '', body].join('\r\n');
+}
+
+export const googleMail: ProviderControllerDef = {
+  type_id: 'google_mail',
+  name: 'Google Mail',
+  documentation: 'Gmail API. Authenticates as a user who granted access (OAuth authorization code) or as a service account (JWT bearer assertion).',
+  categories: ['email'],
+  credentialControllers: [oauthAuthFlow, oauthJwtBearer],
+  apiBaseSetting: 'GOOGLE_MAIL_API_BASE_URL',
+  functions: [{
+    type_id: 'google_mail_send_email',
+    name: 'Send email',
+    documentation: 'Sends a plain-text email from the authorized account.',
+    categories: ['email'],
+    parameters: Type.Object({
+      to: HeaderSafe('recipient address(es), comma separated', 2048),
+      subject: HeaderSafe('subject line', 998),
+      body: Type.String({ maxLength: 1_000_000, description: 'plain-text body' }),
+    }, { additionalProperties: false }),
+    output: Type.Object({ message_id: Type.String() }),
+    async invoke({ params, authorization, apiBase, timeoutMs }) {
+      const raw = Buffer.from(rfc2822(String(params.to), String(params.subject), String(params.body))).toString('base64url');
+      const answer = await callUpstream('google_mail', `${apiBase}/gmail/v1/users/me/messages/send`, {
+        method: 'POST',
+        headers: { authorization: authorization!, 'content-type': 'application/json', accept: 'application/json' },
+        body: JSON.stringify({ raw }),
+      }, timeoutMs);
+      if (answer.status >= 400) return { type: 'error', message: refusalMessage(answer) };
+      const id = (answer.body as { id?: unknown } | undefined)?.id;
+      return { type: 'success', message_id: String(id ?? '') };
+    },
+  }],
+};

@@ -1,0 +1,40 @@
+// Stripe: refunds through the real Refunds API (form-encoded POST /v1/refunds).
+import { Type } from '@sinclair/typebox';
+import { apiKey } from '../credential-controllers.ts';
+import { callUpstream, refusalMessage } from '../upstream.ts';
+import type { ProviderControllerDef } from '../types.ts';
+
+const Id = (d: string) => Type.String({ pattern: '^[A-Za-z0-9_]{1,255}$', description: d });
+
+export const stripe: ProviderControllerDef = {
+  type_id: 'stripe',
+  name: 'Stripe',
+  documentation: 'Payments. Authenticates with a secret API key.',
+  categories: ['payments'],
+  credentialControllers: [apiKey],
+  apiBaseSetting: 'STRIPE_API_BASE_URL',
+  functions: [{
+    type_id: 'stripe_process_refund',
+    name: 'Process refund',
+    documentation: 'Refunds a charge or payment intent, in full or the given amount (in the smallest currency unit). Returns Stripe\'s refund object.',
+    categories: ['payments'],
+    parameters: Type.Object({
+      payment_intent: Type.Optional(Id('payment intent to refund (pi_...)')),
+      charge: Type.Optional(Id('charge to refund (ch_...)')),
+      amount: Type.Optional(Type.Integer({ minimum: 1, description: 'amount to refund; the whole payment when absent' })),
+      reason: Type.Optional(Type.Union(['duplicate', 'fraudulent', 'requested_by_customer'].map((r) => Type.Literal(r)))),
+    }, { additionalProperties: false, minProperties: 1 }),
+    output: Type.Object({ id: Type.String(), object: Type.Literal('refund'), amount: Type.Integer(), status: Type.String() }, { additionalProperties: true }),
+    async invoke({ params, authorization, apiBase, timeoutMs }) {
+      const form = new URLSearchParams();
+      for (const k of ['payment_intent', 'charge', 'amount', 'reason']) if (params[k] !== undefined) form.set(k, String(params[k]));
+      const answer = await callUpstream('stripe', `${apiBase}/v1/refunds`, {
+        method: 'POST',
+        headers: { authorization: authorization!, 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' },
+        body: form.toString(),
+      }, timeoutMs);
+      if (answer.status >= 400) return { type: 'error', message: refusalMessage(answer) };
+      return { type: 'success', ...(answer.body as Record<string, unknown>) };
+    },
+  }],
+};

@@ -1,0 +1,50 @@
+// What a credential controller, a function controller and a provider controller are to the
+// bridge: descriptions (served by the catalog) plus the code that authorizes and invokes.
+import type { TObject } from '@sinclair/typebox';
+import type { InvokeResult } from '../../api/schemas/bridge.ts';
+
+/** Credential values with their sensitive members decrypted: only ever held in memory. */
+export type Plain = Record<string, unknown>;
+
+export interface UpstreamOptions { timeoutMs: number; allowPrivate: boolean }
+
+export interface CredentialControllerDef {
+  type_id: string;
+  name: string;
+  documentation: string;
+  requires_brokering: boolean;
+  requires_resource_server_credential_refreshing: boolean;
+  requires_user_credential_refreshing: boolean;
+  resourceServer: TObject;
+  /** null: this controller has no user credential. */
+  userCredential: TObject | null;
+  /** Members stored only encrypted, per credential kind. */
+  sensitive: { resource_server: string[]; user: string[] };
+  /** Checks beyond the schema (a parsable private key, an allowed URL); throws InvalidRequest. */
+  check?(kind: 'resource_server' | 'user', value: Plain, opts: UpstreamOptions): Promise<void>;
+  /** The Authorization header for the provider's API, if any. */
+  authorization(rs: Plain | undefined, user: Plain | undefined, opts: UpstreamOptions): Promise<string | undefined>;
+}
+
+export interface InvokeCall { params: Record<string, unknown>; authorization: string | undefined; apiBase: string; timeoutMs: number }
+
+export interface FunctionControllerDef {
+  type_id: string;
+  name: string;
+  documentation: string;
+  categories: string[];
+  parameters: TObject;
+  output: TObject;
+  invoke(call: InvokeCall): Promise<InvokeResult>;
+}
+
+export interface ProviderControllerDef {
+  type_id: string;
+  name: string;
+  documentation: string;
+  categories: string[];
+  credentialControllers: CredentialControllerDef[];
+  functions: FunctionControllerDef[];
+  /** The configuration setting that holds the provider's API base URL. */
+  apiBaseSetting: 'STRIPE_API_BASE_URL' | 'GOOGLE_MAIL_API_BASE_URL';
+}

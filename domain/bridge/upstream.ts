@@ -1,0 +1,35 @@
+// HTTP calls to provider APIs and token endpoints. An upstream that cannot be reached, times out
+// or fails on its side is a 502; what it answers with a 4xx is its refusal, for the caller to map.
+import { Upstream } from '../errors.ts';
+
+export interface UpstreamAnswer { status: number; body: unknown }
+
+export async function callUpstream(what: string, url: string, init: RequestInit, timeoutMs: number): Promise<UpstreamAnswer> {
+  let res: Response;
+  try {
+    res = await fetch(url, { ...init, redirect: 'manual', signal: AbortSignal.timeout(timeoutMs) });
+  } catch (err) {
+    const reason = (err as Error).name === 'TimeoutError' ? `no answer within ${timeoutMs} ms` : 'unreachable';
+    throw new Upstream(`${what}: ${reason}`, { upstream: what });
+  }
+  const text = await res.text().catch(() => '');
+  let body: unknown = text;
+  try { body = text ? JSON.parse(text) : undefined; } catch { /* not JSON: keep the text */ }
+  if (res.status >= 500 || (res.status >= 300 && res.status < 400)) {
+    throw new Upstream(`${what}: answered HTTP ${res.status}`, { upstream: what, upstream_status: res.status });
+  }
+  return { status: res.status, body };
+}
+
+// The provider's own words for a refusal, kept short: OAuth `error_description`/`error`, Stripe and
+// Google `error.message`, or the status line.
+export function refusalMessage(answer: UpstreamAnswer): string {
+  const b = answer.body as { error?: unknown; error_description?: unknown; message?: unknown } | string | undefined;
+  let msg: unknown;
+  if (b && typeof b === 'object') {
+    if (typeof b.error === 'object' && b.error) msg = (b.error as { message?: unknown }).message;
+    msg ??= b.error_description ?? (typeof b.error === 'string' ? b.error : undefined) ?? b.message;
+  }
+  const text = typeof msg === 'string' && msg ? msg : `HTTP ${answer.status}`;
+  return text.slice(0, 500);
+}

@@ -1,0 +1,333 @@
+// The bridge (SPEC.md section 7) through HTTP: catalog, credentials, provider instances, function
+// enable/disable/invoke against local stand-ins for the Stripe and Gmail APIs and an OAuth token
+// endpoint, and an agent module invoking a bridge function.
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import path from 'node:path';
+import { createPublicKey, generateKeyPairSync, randomUUID, verify } from 'node:crypto';
+import type { AddressInfo } from 'node:net';
+import { ROOT, resetDb, startStack, testDb, type Client, type Stack } from './helpers/stack.ts';
+
+const B = '/api/bridge/v1';
+const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
+const STRIPE_KEY = `sk_test_${randomUUID().replace(/-/g, '')}`;
+const ACCESS_TOKEN = `ya29.${randomUUID()}`;
+const CLIENT_SECRET = `cs-${randomUUID()}`;
+const { privateKey, publicKey } = generateKeyPairSync('rsa', { modulusLength: 2048, privateKeyEncoding: { type: 'pkcs8', format: 'pem' }, publicKeyEncoding: { type: 'spki', format: 'pem' } });
+
+interface Seen { method: string; url: string; headers: http.IncomingHttpHeaders; body: string }
+
+// Answers like the provider APIs: refunds (pi_refused is refused, pi_boom fails on Stripe's
+// side), Gmail send, and an RFC 7523 token endpoint that checks the assertion's signature.
+function startProviders(): Promise<{ server: http.Server; url: string; seen: Seen[] }> {
+  const seen: Seen[] = [];
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      seen.push({ method: req.method!, url: req.url!, headers: req.headers, body });
+      const send = (status: number, json: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(json));
+      if (req.url === '/v1/refunds') {
+        if (req.headers.authorization !== `Bearer ${STRIPE_KEY}`) return send(401, { error: { message: 'Invalid API Key provided' } });
+        const form = new URLSearchParams(body);
+        if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
+        if (form.get('payment_intent') === 'pi_boom') return send(500, { error: { message: 'internal' } });
+        return send(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
+      }
+      if (req.url === '/gmail/v1/users/me/messages/send') {
+        if (!['Bearer jwt-access', `Bearer ${ACCESS_TOKEN}`].includes(req.headers.authorization ?? '')) return send(401, { error: { message: 'Request had invalid authentication credentials.' } });
+        return send(200, { id: `msg-${seen.length}`, threadId: 't1' });
+      }
+      if (req.url === '/token') {
+        const form = new URLSearchParams(body);
+        const [h, c, sig] = (form.get('assertion') ?? '').split('.');
+        const ok = form.get('grant_type') === 'urn:ietf:params:oauth:grant-type:jwt-bearer' && sig
+          && verify('sha256', Buffer.from(`${h}.${c}`), createPublicKey(publicKey), Buffer.from(sig, 'base64url'));
+        if (!ok) return send(400, { error: 'invalid_grant', error_description: 'bad assertion' });
+        return send(200, { access_token: 'jwt-access', token_type: 'Bearer', expires_in: 3600 });
+      }
+      send(404, { error: { message: 'no such route' } });
+    });
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen })));
+}
+
+describe('bridge API', () => {
+  let stack: Stack;
+  let c: Client;
+  let providers: Awaited<ReturnType<typeof startProviders>>;
+  const lastSeen = (url: string) => [...providers.seen].reverse().find((s) => s.url === url)!;
+
+  const stripeInstance = async (id: string) => {
+    const cred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY }, metadata: { team: 'billing' } });
+    assert.equal(cred.status, 201, cred.text);
+    const inst = await c.post(avail('stripe', 'api_key'), { provider_instance_id: id, display_name: 'Stripe', resource_server_credential_id: cred.body.id });
+    assert.equal(inst.status, 201, inst.text);
+    return { cred: cred.body, inst: inst.body };
+  };
+  const invoke = (id: string, fn: string, params: unknown) => c.post(`${B}/provider/${id}/function/${fn}/invoke`, { params });
+
+  before(async () => {
+    await resetDb();
+    providers = await startProviders();
+    stack = await startStack({
+      STRIPE_API_BASE_URL: providers.url, GOOGLE_MAIL_API_BASE_URL: `${providers.url}/`, BRIDGE_ALLOW_PRIVATE: 'true',
+      AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/bridge-agent.ts'),
+    });
+    c = stack.client;
+  });
+  after(async () => {
+    await stack?.stop();
+    providers?.server.close();
+  });
+
+  it('serves the catalog: google_mail and stripe with their credential controllers and function schemas', async () => {
+    const r = await c.get(`${B}/available-providers`);
+    assert.equal(r.status, 200, r.text);
+    const byId = Object.fromEntries(r.body.items.map((p: any) => [p.type_id, p]));
+    assert.deepEqual(Object.keys(byId).sort(), ['google_mail', 'stripe']);
+    assert.deepEqual(byId.stripe.credential_controllers.map((cc: any) => cc.type_id), ['api_key']);
+    assert.deepEqual(byId.google_mail.credential_controllers.map((cc: any) => cc.type_id), ['oauth_auth_flow', 'oauth2_jwt_bearer_assertion_flow']);
+    const refund = byId.stripe.functions[0];
+    assert.equal(refund.type_id, 'stripe_process_refund');
+    assert.equal(refund.parameters.type, 'object');
+    assert.deepEqual(Object.keys(refund.parameters.properties).sort(), ['amount', 'charge', 'payment_intent', 'reason']);
+    const oauth = byId.google_mail.credential_controllers[0];
+    assert.equal(oauth.requires_brokering, true);
+    assert.deepEqual(oauth.configuration_schema.user_credential.required.sort(), ['access_token', 'expiry_time']);
+    assert.deepEqual(byId.google_mail.functions.map((f: any) => f.type_id), ['google_mail_send_email']);
+  });
+
+  it('stores credentials with sensitive members encrypted and rejects bad ones without storing anything', async () => {
+    const r = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY } });
+    assert.equal(r.status, 201, r.text);
+    assert.deepEqual(Object.keys(r.body).sort(), ['created_at', 'dek_alias', 'id', 'metadata', 'type_id', 'updated_at', 'value']);
+    assert.equal(r.body.type_id, 'api_key');
+    assert.equal(r.body.dek_alias, 'default');
+    assert.ok(!r.text.includes(STRIPE_KEY));
+    const row = await testDb()('bridge_credentials').where({ id: r.body.id }).first();
+    assert.ok(!JSON.stringify(row).includes(STRIPE_KEY), 'the raw key is not stored');
+
+    const before = await testDb()('bridge_credentials').count({ n: '*' });
+    const bad: [string, unknown, number, RegExp][] = [
+      [`${avail('stripe', 'api_key')}/credential/resource-server`, { value: {} }, 400, /body\.value\.api_key is required/],
+      [`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: 'has space' } }, 400, /body\.value\.api_key/],
+      [`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: 'k', extra: 1 } }, 400, /body\.value\.extra is not an allowed member/],
+      [`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: 'k' }, dek_alias: 'nope' }, 404, /dek_alias 'nope' not found/],
+      [`${avail('stripe', 'api_key')}/credential/user-credential`, { value: {} }, 400, /has no user credential/],
+      [`${avail('stripe', 'oauth_auth_flow')}/credential/resource-server`, { value: {} }, 404, /credential controller of provider 'stripe' 'oauth_auth_flow' not found/],
+      [`${avail('nope', 'api_key')}/credential/resource-server`, { value: {} }, 404, /provider controller 'nope' not found/],
+      [`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
+        { value: { client_id: 'svc', private_key: 'not a key', token_uri: `${providers.url}/token` } }, 400, /private_key is not a PEM RSA private key/],
+      [`${avail('google_mail', 'oauth_auth_flow')}/credential/user-credential`, { value: { access_token: 'a', expiry_time: 'tomorrow' } }, 400, /expiry_time/],
+    ];
+    for (const [url, body, status, message] of bad) {
+      const res = await c.post(url, body);
+      assert.equal(res.status, status, `${url} ${JSON.stringify(body)}: ${res.text}`);
+      assert.match(res.body.message, message);
+    }
+    assert.deepEqual(await testDb()('bridge_credentials').count({ n: '*' }), before);
+  });
+
+  it('invokes an enabled stripe refund: success, provider refusal, upstream failure, and every refusal of ours', async () => {
+    const { inst, cred } = await stripeInstance('stripe-main');
+    assert.equal(inst.status, 'active');
+    assert.equal(inst.resource_server_credential_id, cred.id);
+
+    assert.equal((await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_1' })).status, 404, 'not enabled yet');
+    const enabled = await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/enable`, {});
+    assert.equal(enabled.status, 201, enabled.text);
+    assert.equal(enabled.body.controller.type_id, 'stripe_process_refund');
+    assert.equal((await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/enable`, {})).status, 409);
+    assert.equal((await c.post(`${B}/provider/stripe-main/function/google_mail_send_email/enable`, {})).status, 404);
+    assert.equal((await c.post(`${B}/provider/nope/function/stripe_process_refund/enable`, {})).status, 404);
+
+    const ok = await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_123', amount: 500 });
+    assert.equal(ok.status, 200, ok.text);
+    assert.deepEqual(ok.body, { type: 'success', id: 're_1', object: 'refund', amount: 500, status: 'succeeded', payment_intent: 'pi_123' });
+    const sent = lastSeen('/v1/refunds');
+    assert.equal(sent.headers['content-type'], 'application/x-www-form-urlencoded');
+    assert.equal(sent.headers.authorization, `Bearer ${STRIPE_KEY}`);
+    assert.equal(sent.body, 'payment_intent=pi_123&amount=500');
+
+    const refused = await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_refused' });
+    assert.equal(refused.status, 200);
+    assert.deepEqual(refused.body, { type: 'error', message: "No such payment_intent: 'pi_refused'" });
+    const boom = await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_boom' });
+    assert.equal(boom.status, 502, boom.text);
+    assert.equal(boom.body.data.code, 'bad_gateway');
+
+    const calls = providers.seen.length;
+    for (const params of [{}, { amount: 'ten' }, { payment_intent: 'pi_1', amount: 0 }, { payment_intent: 'pi_1', surprise: true }]) {
+      const r = await invoke('stripe-main', 'stripe_process_refund', params);
+      assert.equal(r.status, 400, `${JSON.stringify(params)}: ${r.text}`);
+      assert.match(r.body.message, /body\.params/);
+    }
+    assert.equal((await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/invoke`, {})).status, 400, 'params is required');
+    assert.equal(providers.seen.length, calls, 'refused invocations never reach the provider');
+
+    assert.equal((await c.patch(`${B}/provider/stripe-main`, { status: 'disabled', display_name: 'Stripe (paused)' })).body.status, 'disabled');
+    const disabled = await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_1' });
+    assert.equal(disabled.status, 409);
+    assert.match(disabled.body.message, /is disabled, not active/);
+    assert.equal((await c.patch(`${B}/provider/stripe-main`, { status: 'active' })).body.status, 'active');
+    assert.equal((await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_1' })).body.type, 'success');
+    assert.equal((await c.patch(`${B}/provider/stripe-main`, { status: 'refresh_failed' })).status, 400);
+
+    assert.equal((await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/disable`, {})).status, 200);
+    assert.equal((await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_1' })).status, 404);
+    assert.equal((await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/disable`, {})).status, 404);
+  });
+
+  it('refuses provider instances with missing, unknown or foreign credentials and duplicate ids', async () => {
+    const { cred } = await stripeInstance('stripe-dup');
+    const cases: [string, unknown, number][] = [
+      [avail('stripe', 'api_key'), { provider_instance_id: 'stripe-dup', display_name: 'again', resource_server_credential_id: cred.id }, 409],
+      [avail('stripe', 'api_key'), { display_name: 'no credential' }, 400],
+      [avail('stripe', 'api_key'), { display_name: 'unknown', resource_server_credential_id: randomUUID() }, 404],
+      [avail('stripe', 'api_key'), { display_name: 'user cred', resource_server_credential_id: cred.id, user_credential_id: randomUUID() }, 400],
+      [avail('google_mail', 'oauth2_jwt_bearer_assertion_flow'), { display_name: 'foreign', resource_server_credential_id: cred.id }, 400],
+      [avail('stripe', 'api_key'), { provider_instance_id: 'bad id!', display_name: 'x', resource_server_credential_id: cred.id }, 400],
+    ];
+    const before = await testDb()('provider_instances').count({ n: '*' });
+    for (const [url, body, status] of cases) {
+      const r = await c.post(url, body);
+      assert.equal(r.status, status, `${JSON.stringify(body)}: ${r.text}`);
+    }
+    assert.deepEqual(await testDb()('provider_instances').count({ n: '*' }), before);
+  });
+
+  it('google_mail: an OAuth instance waits for its user credential, then sends with the access token', async () => {
+    const rs = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`,
+      { value: { client_id: 'client-1', client_secret: CLIENT_SECRET, redirect_uri: 'https://app.example/cb', scopes: ['gmail.send'] } });
+    assert.equal(rs.status, 201, rs.text);
+    assert.ok(!rs.text.includes(CLIENT_SECRET));
+    const pending = await c.post(avail('google_mail', 'oauth_auth_flow'), { provider_instance_id: 'gmail-pending', display_name: 'Gmail', resource_server_credential_id: rs.body.id });
+    assert.equal(pending.body.status, 'brokering_initiated');
+    await c.post(`${B}/provider/gmail-pending/function/google_mail_send_email/enable`, {});
+    const params = { to: 'a@example.com', subject: 'Hello', body: 'Hi there' };
+    assert.equal((await invoke('gmail-pending', 'google_mail_send_email', params)).status, 409);
+    assert.equal((await c.patch(`${B}/provider/gmail-pending`, { status: 'active' })).status, 409);
+
+    const expiry = new Date(Date.now() + 3600_000).toISOString();
+    const user = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/user-credential`,
+      { value: { access_token: ACCESS_TOKEN, refresh_token: 'rt-1', expiry_time: expiry, sub: 'a@example.com' } });
+    assert.equal(user.status, 201, user.text);
+    assert.ok(!user.text.includes(ACCESS_TOKEN));
+    assert.equal(user.body.next_rotation_time, new Date(Date.parse(expiry) - 5 * 60_000).toISOString());
+    const inst = await c.post(avail('google_mail', 'oauth_auth_flow'),
+      { provider_instance_id: 'gmail-user', display_name: 'Gmail', resource_server_credential_id: rs.body.id, user_credential_id: user.body.id });
+    assert.equal(inst.body.status, 'active');
+    await c.post(`${B}/provider/gmail-user/function/google_mail_send_email/enable`, {});
+    const sent = await invoke('gmail-user', 'google_mail_send_email', params);
+    assert.equal(sent.status, 200, sent.text);
+    assert.equal(sent.body.type, 'success');
+    assert.match(sent.body.message_id, /^msg-\d+$/);
+    const call = lastSeen('/gmail/v1/users/me/messages/send');
+    assert.equal(call.headers.authorization, `Bearer ${ACCESS_TOKEN}`);
+    const raw = Buffer.from(JSON.parse(call.body).raw, 'base64url').toString();
+    assert.match(raw, /^To: a@example\.com\r\nSubject: Hello\r\n/);
+    assert.match(raw, /\r\n\r\nHi there$/);
+
+    const injected = await invoke('gmail-user', 'google_mail_send_email', { ...params, subject: 'Hi\r\nBcc: x@evil.example' });
+    assert.equal(injected.status, 400, 'no header injection through the subject');
+  });
+
+  it('google_mail with a service account: signs a JWT, exchanges it at token_uri and sends with that token', async () => {
+    const rs = await c.post(`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
+      { value: { client_id: 'svc@example.iam', private_key: privateKey, token_uri: `${providers.url}/token`, scopes: ['gmail.send'] } });
+    assert.equal(rs.status, 201, rs.text);
+    assert.ok(!rs.text.includes('PRIVATE KEY'));
+    const inst = await c.post(avail('google_mail', 'oauth2_jwt_bearer_assertion_flow'), { provider_instance_id: 'gmail-svc', display_name: 'Gmail svc', resource_server_credential_id: rs.body.id });
+    assert.equal(inst.body.status, 'active');
+    await c.post(`${B}/provider/gmail-svc/function/google_mail_send_email/enable`, {});
+    const sent = await invoke('gmail-svc', 'google_mail_send_email', { to: 'b@example.com', subject: 'S', body: 'B' });
+    assert.equal(sent.status, 200, sent.text);
+    assert.equal(sent.body.type, 'success');
+    const token = lastSeen('/token');
+    const claims = JSON.parse(Buffer.from(new URLSearchParams(token.body).get('assertion')!.split('.')[1], 'base64url').toString());
+    assert.equal(claims.iss, 'svc@example.iam');
+    assert.equal(claims.aud, `${providers.url}/token`);
+    assert.equal(claims.scope, 'gmail.send');
+    assert.equal(lastSeen('/gmail/v1/users/me/messages/send').headers.authorization, 'Bearer jwt-access');
+  });
+
+  it('lists instances (filters, pages, details), functions and the grouping by function, never with raw secrets', async () => {
+    const all = await c.get(`${B}/provider?page_size=1000`);
+    assert.equal(all.status, 200, all.text);
+    const ids = all.body.items.map((i: any) => i.id);
+    assert.ok(ids.includes('stripe-main') && ids.includes('gmail-user'));
+    const gmail = all.body.items.find((i: any) => i.id === 'gmail-user');
+    assert.equal(gmail.controller.type_id, 'google_mail');
+    assert.equal(gmail.credential_controller.type_id, 'oauth_auth_flow');
+    assert.deepEqual(gmail.functions.map((f: any) => f.function_controller_type_id), ['google_mail_send_email']);
+    assert.equal(gmail.user_credential.id, gmail.user_credential_id);
+
+    const stripeOnly = await c.get(`${B}/provider?provider_controller_type_id=stripe&status=active`);
+    assert.ok(stripeOnly.body.items.length >= 2 && stripeOnly.body.items.every((i: any) => i.provider_controller_type_id === 'stripe' && i.status === 'active'));
+    assert.deepEqual((await c.get(`${B}/provider?status=brokering_initiated`)).body.items.map((i: any) => i.id), ['gmail-pending']);
+    assert.equal((await c.get(`${B}/provider?status=sleeping`)).status, 400);
+
+    const seen: string[] = [];
+    let token: string | undefined;
+    do {
+      const page = await c.get(`${B}/provider?page_size=2${token ? `&next_page_token=${token}` : ''}`);
+      assert.ok(page.body.items.length <= 2);
+      seen.push(...page.body.items.map((i: any) => i.id));
+      token = page.body.next_page_token;
+    } while (token);
+    assert.deepEqual(seen, ids, 'pages in order, nothing twice, nothing skipped');
+    assert.equal((await c.get(`${B}/provider?next_page_token=garbage`)).status, 400);
+
+    const fns = await c.get(`${B}/function-instances?provider_instance_id=gmail-user`);
+    assert.deepEqual(fns.body.items.map((f: any) => [f.provider_instance_id, f.function_controller_type_id]), [['gmail-user', 'google_mail_send_email']]);
+
+    const grouped = await c.get(`${B}/provider/grouped-by-function?function_category=email`);
+    assert.equal(grouped.status, 200, grouped.text);
+    assert.deepEqual(grouped.body.items.map((g: any) => g.function_controller.type_id), ['google_mail_send_email']);
+    assert.deepEqual(grouped.body.items[0].provider_instances.map((p: any) => p.provider_instance.id).sort(), ['gmail-pending', 'gmail-svc', 'gmail-user']);
+    const paged = await c.get(`${B}/provider/grouped-by-function?page_size=1`);
+    assert.equal(paged.body.items.length, 1);
+    const rest = await c.get(`${B}/provider/grouped-by-function?page_size=1&next_page_token=${paged.body.next_page_token}`);
+    assert.notEqual(rest.body.items[0].function_controller.type_id, paged.body.items[0].function_controller.type_id);
+    assert.equal(rest.body.next_page_token, undefined);
+
+    const one = await c.get(`${B}/provider/gmail-user`);
+    assert.equal(one.status, 200);
+    assert.equal(one.body.resource_server_credential.value.client_id, 'client-1');
+    assert.equal((await c.get(`${B}/provider/nope`)).status, 404);
+
+    for (const text of [all.text, grouped.text, one.text, stack.api.logs.join('\n'), ...stack.workers.map((w) => w.logs.join('\n'))]) {
+      for (const secret of [STRIPE_KEY, ACCESS_TOKEN, CLIENT_SECRET, 'rt-1', 'jwt-access', 'BEGIN PRIVATE KEY']) assert.ok(!text.includes(secret), `${secret} leaked`);
+    }
+  });
+
+  it('an agent module invokes a bridge function through ctx.invokeFunction', async () => {
+    await stripeInstance('stripe-agent');
+    await c.post(`${B}/provider/stripe-agent/function/stripe_process_refund/enable`, {});
+    const send = (call: unknown) => c.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'message/send',
+      params: { message: { kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text: JSON.stringify(call) }] } } });
+    const done = (await send({ provider_instance_id: 'stripe-agent', function_type_id: 'stripe_process_refund', params: { charge: 'ch_9', amount: 250 } })).body.result;
+    assert.equal(done.status.state, 'completed');
+    assert.deepEqual(done.status.message.parts, [{ kind: 'data', data: { result: { type: 'success', id: 're_1', object: 'refund', amount: 250, status: 'succeeded', payment_intent: null } } }]);
+    assert.equal(lastSeen('/v1/refunds').body, 'charge=ch_9&amount=250');
+
+    const refused = (await send({ provider_instance_id: 'stripe-agent', function_type_id: 'stripe_process_refund', params: { amount: -1 } })).body.result;
+    assert.equal(refused.status.state, 'failed');
+    assert.match(refused.status.message.parts[0].text, /invoke refused: Invalid body\.params/);
+  });
+
+  it('deletes an instance with its function instances and the credentials only it used', async () => {
+    const { cred } = await stripeInstance('stripe-gone');
+    await c.post(`${B}/provider/stripe-gone/function/stripe_process_refund/enable`, {});
+    const shared = await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'stripe-shares', display_name: 'shares', resource_server_credential_id: cred.id });
+    assert.equal(shared.status, 201);
+    assert.equal((await c.delete(`${B}/provider/stripe-gone`)).status, 200);
+    assert.equal((await c.get(`${B}/provider/stripe-gone`)).status, 404);
+    assert.equal((await c.delete(`${B}/provider/stripe-gone`)).status, 404);
+    assert.equal((await testDb()('function_instances').where({ provider_instance_id: 'stripe-gone' })).length, 0);
+    assert.ok(await testDb()('bridge_credentials').where({ id: cred.id }).first(), 'still used by stripe-shares');
+    assert.equal((await c.delete(`${B}/provider/stripe-shares`)).status, 200);
+    assert.equal(await testDb()('bridge_credentials').where({ id: cred.id }).first(), undefined);
+  });
+});
