@@ -46,7 +46,7 @@ function startProviders(): Promise<{ server: http.Server; url: string; seen: See
         if (!ok) return send(400, { error: 'invalid_grant', error_description: 'bad assertion' });
         return send(200, { access_token: 'jwt-access', token_type: 'Bearer', expires_in: 3600 });
       }
-      send(404, { error: { message: 'no such route' } });
+      return send(404, { error: { message: 'no such route' } });
     });
   });
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen })));

@@ -2,12 +2,12 @@
 import type { Knex } from 'knex';
 import { Conflict, NotFound } from '../errors.ts';
 import type { Services } from '../services.ts';
-import { encodeToken, decodeToken } from '../../db/pagination.ts';
+import { decodeToken, encodeToken } from '../../db/pagination.ts';
 import * as repo from '../../db/bridge.ts';
 import type { FunctionInstance, InvokeResult } from '../../api/schemas/bridge.ts';
 import { PROVIDERS, checkAgainst, credentialDef, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
-import { toCredential, unsealCredential } from './credentials.ts';
-import { toFunctionInstance, toProviderInstance } from './provider-instances.ts';
+import { unsealCredential } from './credentials.ts';
+import { credentialAttacher, toFunctionInstance, toProviderInstance } from './provider-instances.ts';
 
 type InvokeServices = Pick<Services, 'db' | 'cfg' | 'log'>;
 
@@ -77,22 +77,11 @@ export async function listGroupedByFunction(
   const page = all.slice(0, pageSize);
   const items = await Promise.all(page.map(async ({ p, f }) => {
     const instances = await repo.instancesWithFunction(db, p.type_id, f.type_id);
-    const creds = await repo.getCredentials(db, instances.flatMap((i) => [i.resource_server_credential_id, i.user_credential_id]).filter((c): c is string => c !== null));
-    const cred = (id: string | null) => {
-      const row = creds.find((c) => c.id === id);
-      return row ? toCredential(row) : undefined;
-    };
+    const attach = await credentialAttacher(db, instances);
     return {
       function_controller: describeFunction(f),
       provider_controller: describeProvider(p),
-      provider_instances: instances.map((i) => {
-        const entry: Record<string, unknown> = { provider_instance: toProviderInstance(i) };
-        const rs = cred(i.resource_server_credential_id);
-        const user = cred(i.user_credential_id);
-        if (rs) entry.resource_server_credential = rs;
-        if (user) entry.user_credential = user;
-        return entry;
-      }),
+      provider_instances: instances.map((i) => attach({ provider_instance: toProviderInstance(i) }, i)),
     };
   }));
   return all.length > pageSize ? { items, next_page_token: encodeToken([page[page.length - 1].key]) } : { items };

@@ -3,13 +3,13 @@ import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
 import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
-import type { CredentialKind, CredentialRow, ProviderInstanceRow } from '../../db/bridge.ts';
+import type { CredentialKind, CredentialRow, FunctionInstanceRow, ProviderInstanceRow } from '../../db/bridge.ts';
 import type { Tx } from '../../db/knex.ts';
-import type { CreateProviderInstanceRequest, ProviderInstance, ProviderInstanceDetail, UpdateProviderInstanceRequest } from '../../api/schemas/bridge.ts';
+import type {
+  CreateProviderInstanceRequest, FunctionInstance, ProviderInstance, ProviderInstanceDetail, UpdateProviderInstanceRequest,
+} from '../../api/schemas/bridge.ts';
 import { credentialDef, describeCredential, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
 import { toCredential } from './credentials.ts';
-import type { FunctionInstanceRow } from '../../db/bridge.ts';
-import type { FunctionInstance } from '../../api/schemas/bridge.ts';
 import type { CredentialControllerDef } from './types.ts';
 
 export function toProviderInstance(r: ProviderInstanceRow): ProviderInstance {
@@ -74,27 +74,33 @@ export async function createProviderInstance(db: Knex, providerTypeId: string, c
   return toProviderInstance(row);
 }
 
-// Instances with their controllers, enabled functions and credentials (never decrypted).
+const credentialIds = (rows: ProviderInstanceRow[]) =>
+  rows.flatMap((r) => [r.resource_server_credential_id, r.user_credential_id]).filter((c): c is string => c !== null);
+
+// Reads the credentials of these instances in one query; the function it returns adds an
+// instance's credentials (encrypted members only) to a response object.
+export async function credentialAttacher(db: Tx, rows: ProviderInstanceRow[]): Promise<(target: Record<string, unknown>, row: ProviderInstanceRow) => Record<string, unknown>> {
+  const byId = new Map((await repo.getCredentials(db, credentialIds(rows))).map((c) => [c.id, toCredential(c)]));
+  return (target, row) => {
+    const rs = row.resource_server_credential_id && byId.get(row.resource_server_credential_id);
+    const user = row.user_credential_id && byId.get(row.user_credential_id);
+    if (rs) target.resource_server_credential = rs;
+    if (user) target.user_credential = user;
+    return target;
+  };
+}
+
+// Instances with their controllers, enabled functions and credentials.
 async function withDetails(db: Tx, rows: ProviderInstanceRow[]): Promise<ProviderInstanceDetail[]> {
-  const [functions, credentials] = await Promise.all([
-    repo.functionInstancesOf(db, rows.map((r) => r.id)),
-    repo.getCredentials(db, rows.flatMap((r) => [r.resource_server_credential_id, r.user_credential_id]).filter((c): c is string => c !== null)),
-  ]);
-  const byId = new Map(credentials.map((c) => [c.id, c]));
-  const cred = (id: string | null) => (id && byId.has(id) ? toCredential(byId.get(id)!) : undefined);
+  const [functions, attach] = await Promise.all([repo.functionInstancesOf(db, rows.map((r) => r.id)), credentialAttacher(db, rows)]);
   return rows.map((r) => {
     const provider = providerDef(r.provider_controller_type_id);
-    const out: Record<string, unknown> = {
+    return attach({
       ...toProviderInstance(r),
       controller: describeProvider(provider),
       credential_controller: describeCredential(credentialDef(provider, r.credential_controller_type_id)),
       functions: functions.filter((f) => f.provider_instance_id === r.id).map(toFunctionInstance),
-    };
-    const rs = cred(r.resource_server_credential_id);
-    const user = cred(r.user_credential_id);
-    if (rs) out.resource_server_credential = rs;
-    if (user) out.user_credential = user;
-    return out as unknown as ProviderInstanceDetail;
+    }, r) as unknown as ProviderInstanceDetail;
   });
 }
 
@@ -139,6 +145,6 @@ export async function deleteProviderInstance(db: Knex, id: string): Promise<void
   await db.transaction(async (trx) => {
     const row = await repo.deleteProviderInstance(trx, id);
     if (!row) throw new NotFound('provider_instance', id);
-    await repo.deleteOrphanCredentials(trx, [row.resource_server_credential_id, row.user_credential_id].filter((c): c is string => c !== null));
+    await repo.deleteOrphanCredentials(trx, credentialIds([row]));
   });
 }
