@@ -11,10 +11,16 @@ describe('GET /api/a2a/v1/definition', () => {
   });
   after(async () => stack?.stop());
 
-  it('exports the agent card, envelope keys with wrapped DEKs by alias and encrypted secrets, never raw values', async () => {
+  it('exports the agent card, envelope keys with wrapped DEKs by alias, encrypted secrets and providers with encrypted credentials, never raw values', async () => {
     const raw = 'raw-secret-value-0b7d3c51';
     const created = await stack.client.post('/api/secret/v1', { key: 'billing/stripe', raw_value: raw });
     assert.equal(created.status, 201, created.text);
+    const apiKey = 'sk_test_definition_5f1e2d';
+    const stripe = '/api/bridge/v1/available-providers/stripe/available-credentials/api_key';
+    const cred = await stack.client.post(`${stripe}/credential/resource-server`, { value: { api_key: apiKey }, metadata: { team: 'billing' } });
+    assert.equal(cred.status, 201, cred.text);
+    assert.equal((await stack.client.post(stripe, { provider_instance_id: 'stripe-1', display_name: 'Stripe', resource_server_credential_id: cred.body.id })).status, 201);
+    assert.equal((await stack.client.post('/api/bridge/v1/provider/stripe-1/function/stripe_process_refund/enable', {})).status, 201);
 
     const res = await stack.client.get('/api/a2a/v1/definition');
     assert.equal(res.status, 200, res.text);
@@ -22,7 +28,15 @@ describe('GET /api/a2a/v1/definition', () => {
     assert.equal(def.format, 'taskbridge-definition/v1');
     assert.equal(def.agent_card.name, 'definition-test-agent');
     assert.equal(def.agent_card.protocolVersion, '0.3.0');
-    assert.deepEqual(def.providers, []);
+    assert.deepEqual(def.providers, [{
+      id: 'stripe-1', display_name: 'Stripe', provider_controller_type_id: 'stripe', credential_controller_type_id: 'api_key', status: 'active',
+      resource_server_credential: {
+        id: cred.body.id, type_id: 'api_key', dek_alias: 'default', data_encryption_key_id: def.secrets[0].data_encryption_key_id,
+        metadata: { team: 'billing' }, value: cred.body.value,
+      },
+      functions: ['stripe_process_refund'],
+    }]);
+    assert.ok(!res.text.includes(apiKey), 'the raw API key is not in the export');
 
     const secret = def.secrets.find((s: any) => s.key === 'billing/stripe');
     assert.ok(secret, 'the secret is exported');

@@ -32,13 +32,35 @@ export const DefinitionSecret = Type.Object({
   updated_at: Timestamp,
 });
 
+export const DefinitionCredential = Type.Object({
+  id: Type.String(),
+  type_id: Type.String(),
+  dek_alias: Type.String(),
+  data_encryption_key_id: Type.String(),
+  metadata: FreeObject,
+  value: FreeObject,
+  next_rotation_time: Type.Optional(Timestamp),
+}, { description: 'sensitive members of value only as ciphertext under data_encryption_key_id' });
+
+export const DefinitionProvider = Type.Object({
+  id: Type.String(),
+  display_name: Type.String(),
+  provider_controller_type_id: Type.String(),
+  credential_controller_type_id: Type.String(),
+  status: Type.String(),
+  return_on_successful_brokering: Type.Optional(FreeObject),
+  resource_server_credential: Type.Optional(DefinitionCredential),
+  user_credential: Type.Optional(DefinitionCredential),
+  functions: Type.Array(Type.String(), { description: 'enabled function controller type ids' }),
+});
+
 export const Definition = Type.Object({
   format: Type.Literal('taskbridge-definition/v1'),
   exported_at: Timestamp,
   agent_card: FreeObject,
   envelope_keys: Type.Array(DefinitionEnvelopeKey),
   secrets: Type.Array(DefinitionSecret),
-  providers: Type.Array(FreeObject),
+  providers: Type.Array(DefinitionProvider),
 }, { $id: 'Definition' });
 
 export type Definition = Static<typeof Definition>;
