@@ -123,6 +123,10 @@ export async function listFunctionInstances(db: Tx, filter: { provider_instance_
   }, pageSize, token);
 }
 
+export async function allFunctionInstances(db: Tx): Promise<FunctionInstanceRow[]> {
+  return db('function_instances').orderBy(['provider_instance_id', 'function_controller_type_id']);
+}
+
 // Enabled functions of one kind with their provider instances (grouped-by-function lists).
 export async function instancesWithFunction(db: Tx, providerTypeId: string, functionTypeId: string): Promise<ProviderInstanceRow[]> {
   return db('provider_instances').join('function_instances', 'function_instances.provider_instance_id', 'provider_instances.id')

@@ -6,6 +6,7 @@ import http from 'node:http';
 import path from 'node:path';
 import { createPublicKey, generateKeyPairSync, randomUUID, verify } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
+import { Validator } from '@seriousme/openapi-schema-validator';
 import { ROOT, resetDb, startStack, testDb, type Client, type Stack } from './helpers/stack.ts';
 
 const B = '/api/bridge/v1';
@@ -291,6 +292,14 @@ describe('bridge API', () => {
     const rest = await c.get(`${B}/provider/grouped-by-function?page_size=1&next_page_token=${paged.body.next_page_token}`);
     assert.notEqual(rest.body.items[0].function_controller.type_id, paged.body.items[0].function_controller.type_id);
     assert.equal(rest.body.next_page_token, undefined);
+
+    const doc = (await c.get(`${B}/function-instances/openapi.json`)).body;
+    const validator = new Validator();
+    const valid = await validator.validate(structuredClone(doc));
+    assert.ok(valid.valid, JSON.stringify(valid.errors)?.slice(0, 2000));
+    const gmailOp = doc.paths['/api/bridge/v1/provider/gmail-user/function/google_mail_send_email/invoke'].post;
+    assert.deepEqual(gmailOp.requestBody.content['application/json'].schema.properties.params.required.sort(), ['body', 'subject', 'to']);
+    assert.ok(!Object.keys(doc.paths).some((p) => p.includes('/stripe-main/')), 'the disabled stripe function has no operation');
 
     const one = await c.get(`${B}/provider/gmail-user`);
     assert.equal(one.status, 200);

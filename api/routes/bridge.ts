@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, Paginated, PageQuery, Success } from '../schemas/common.ts';
+import { ErrorBody, FreeObject, Paginated, PageQuery, Success } from '../schemas/common.ts';
 import {
   ControllerParams, CreateCredentialRequest, CreateProviderInstanceRequest, Credential, FunctionInstance, FunctionParams,
   GroupedByFunction, GroupedListQuery, InvokeFunctionRequest, InvokeResult, ProviderController, ProviderInstance, ProviderInstanceDetail,
@@ -10,6 +10,7 @@ import { PROVIDERS, describeProvider } from '../../domain/bridge/catalog.ts';
 import { createCredential } from '../../domain/bridge/credentials.ts';
 import * as instances from '../../domain/bridge/provider-instances.ts';
 import * as functions from '../../domain/bridge/functions.ts';
+import { functionInstancesOpenApi } from '../../domain/bridge/function-openapi.ts';
 
 const tag = 'bridge';
 const errors = { 400: ErrorBody, 401: ErrorBody, 403: ErrorBody, 404: ErrorBody };
@@ -111,4 +112,10 @@ export const bridgeRoutes = [
     query: Type.Object({ ...PageQuery, provider_instance_id: Type.Optional(ProviderInstanceId) }),
     responses: { 200: Paginated(FunctionInstance), 400: ErrorBody, 401: ErrorBody, 403: ErrorBody },
   }, async ({ query, services }) => functions.listFunctionInstances(services.db, query, query.page_size!, query.next_page_token)),
+
+  defineRoute({
+    method: 'get', path: '/api/bridge/v1/function-instances/openapi.json', operationId: 'function-instances-openapi', tag, scope: 'bridge:read',
+    summary: 'An OpenAPI 3.1 document with one invoke operation per enabled function instance',
+    responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody },
+  }, async ({ services }) => functionInstancesOpenApi(services.db, { version: process.env.npm_package_version ?? '0.1.0', serverUrl: services.cfg.PUBLIC_URL })),
 ];
