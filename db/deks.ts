@@ -83,10 +83,11 @@ export async function deleteAlias(db: Tx, alias: string): Promise<boolean> {
   return (await db('dek_aliases').where({ alias }).delete()) > 0;
 }
 
-// Whether secrets still name the alias. The secrets table belongs to a later migration; before
-// it exists nothing can use an alias.
-export async function aliasInUseBySecrets(db: Tx, alias: string): Promise<boolean> {
-  const res = await db.raw(`select to_regclass('secrets') is not null as present`);
-  if (!res.rows[0].present) return false;
-  return Boolean(await db('secrets').where({ dek_alias: alias }).first(db.raw('1')));
+// Whether secrets or bridge credentials still name the alias. Their tables belong to later
+// migrations; before they exist nothing can use an alias.
+export async function aliasInUse(db: Tx, alias: string): Promise<boolean> {
+  const res = await db.raw(`select to_regclass('secrets') is not null as secrets, to_regclass('bridge_credentials') is not null as credentials`);
+  const { secrets, credentials } = res.rows[0];
+  if (secrets && await db('secrets').where({ dek_alias: alias }).first(db.raw('1'))) return true;
+  return Boolean(credentials && await db('bridge_credentials').where({ dek_alias: alias }).first(db.raw('1')));
 }

@@ -5,7 +5,7 @@ import { pino, type Logger } from 'pino';
 const REDACT = [
   'authorization', 'req.headers.authorization', '*.authorization', 'key', '*.key', 'raw_value', '*.raw_value',
   'token', '*.token', 'access_token', '*.access_token', 'refresh_token', '*.refresh_token', 'client_secret',
-  '*.client_secret', 'password', '*.password', 'decrypted_value', '*.decrypted_value', 'plaintext', '*.plaintext',
+  '*.client_secret', 'api_key', '*.api_key', 'private_key', '*.private_key', 'assertion', '*.assertion', 'password', '*.password', 'decrypted_value', '*.decrypted_value', 'plaintext', '*.plaintext',
 ];
 
 export function createLogger(level: string, name: string): Logger {

@@ -33,6 +33,10 @@ function startProviders(): Promise<{ server: http.Server; url: string; seen: See
         const form = new URLSearchParams(body);
         if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
         if (form.get('payment_intent') === 'pi_boom') return send(500, { error: { message: 'internal' } });
+        if (form.get('payment_intent') === 'pi_cut') {
+          res.writeHead(200, { 'content-type': 'application/json' }).write('{"id": "re_');
+          return void setTimeout(() => res.destroy(), 50);
+        }
         return send(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
       }
       if (req.url === '/gmail/v1/users/me/messages/send') {
@@ -178,6 +182,46 @@ describe('bridge API', () => {
     assert.equal((await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/disable`, {})).status, 200);
     assert.equal((await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_1' })).status, 404);
     assert.equal((await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/disable`, {})).status, 404);
+  });
+
+  it('answers 502, never success, when a provider answer is cut off', async () => {
+    await stripeInstance('stripe-cut');
+    await c.post(`${B}/provider/stripe-cut/function/stripe_process_refund/enable`, {});
+    const r = await invoke('stripe-cut', 'stripe_process_refund', { payment_intent: 'pi_cut' });
+    assert.equal(r.status, 502, r.text);
+    assert.match(r.body.message, /stripe: answer cut off/);
+    const neither = await invoke('stripe-cut', 'stripe_process_refund', { reason: 'duplicate', amount: 5 });
+    assert.equal(neither.status, 400, 'a refund names a payment intent or a charge');
+  });
+
+  it('refuses credentials and instances that later steps could not use', async () => {
+    const user = (value: Record<string, unknown>) => c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/user-credential`, { value });
+    assert.equal((await user({ access_token: 'has space', expiry_time: '2030-01-01T00:00:00Z' })).status, 400, 'tokens go into a header');
+    assert.equal((await user({ access_token: 'a', expiry_time: '0000-01-01T00:00:00Z' })).status, 400);
+    const offset = await user({ access_token: 'a', expiry_time: '2030-01-01T10:00:00+01:00' });
+    assert.equal(offset.status, 201, offset.text);
+    assert.equal(offset.body.value.expiry_time, '2030-01-01T09:00:00.000Z');
+    assert.equal(offset.body.next_rotation_time, '2030-01-01T08:55:00.000Z');
+
+    const rs = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`,
+      { value: { client_id: 'client-2', client_secret: 'x', redirect_uri: 'https://app.example/cb' } });
+    const wrongKind = await c.post(avail('google_mail', 'oauth_auth_flow'), { display_name: 'swapped', resource_server_credential_id: offset.body.id });
+    assert.equal(wrongKind.status, 400, wrongKind.text);
+    assert.match(wrongKind.body.message, /is a user credential/);
+    const reserved = await c.post(avail('google_mail', 'oauth_auth_flow'), { provider_instance_id: 'grouped-by-function', display_name: 'x', resource_server_credential_id: rs.body.id });
+    assert.equal(reserved.status, 400);
+  });
+
+  it('keeps a DEK alias that credentials use from being deleted', async () => {
+    const dek = await c.post('/api/encryption/v1/envelope/default-envelope.key/dek', {});
+    assert.equal(dek.status, 201, dek.text);
+    assert.equal((await c.post('/api/encryption/v1/dek/alias', { dek_id: dek.body.id, alias: 'bridge-only' })).status, 201);
+    const cred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY }, dek_alias: 'bridge-only' });
+    assert.equal(cred.status, 201, cred.text);
+    assert.equal(cred.body.dek_alias, 'bridge-only');
+    const del = await c.delete('/api/encryption/v1/dek/alias/bridge-only');
+    assert.equal(del.status, 409, del.text);
+    assert.match(del.body.message, /bridge credentials/);
   });
 
   it('refuses provider instances with missing, unknown or foreign credentials and duplicate ids', async () => {

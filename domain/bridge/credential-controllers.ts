@@ -7,6 +7,8 @@ import { callUpstream, refusalMessage } from './upstream.ts';
 import type { CredentialControllerDef, Plain } from './types.ts';
 
 const Str = (description: string) => Type.String({ minLength: 1, maxLength: 8192, description });
+// Values sent in an Authorization header: printable ASCII, or every call would fail.
+const Token = (description: string) => Type.String({ minLength: 1, maxLength: 8192, pattern: '^[\\x21-\\x7e]+$', description: `${description} (printable ASCII)` });
 const Scopes = Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { maxItems: 100 }));
 const Strict = { additionalProperties: false };
 
@@ -52,14 +54,24 @@ export const oauthAuthFlow: CredentialControllerDef = {
     scopes: Scopes,
   }, Strict),
   userCredential: Type.Object({
-    code: Type.Optional(Str('the authorization code it came from')),
-    access_token: Str('access token'),
-    refresh_token: Type.Optional(Str('refresh token')),
+    code: Type.Optional(Token('the authorization code it came from')),
+    access_token: Token('access token'),
+    refresh_token: Type.Optional(Token('refresh token')),
     expiry_time: Type.String({ format: 'date-time' }),
     sub: Type.Optional(Str('the user the tokens act for')),
     scopes: Scopes,
   }, Strict),
   sensitive: { resource_server: ['client_secret'], user: ['code', 'access_token', 'refresh_token'] },
+  // expiry_time is stored as RFC 3339 UTC, the form every later comparison and refresh relies on.
+  async normalize(kind, value) {
+    if (kind !== 'user') return value;
+    const t = Date.parse(String(value.expiry_time));
+    const year = new Date(t).getUTCFullYear();
+    if (!Number.isFinite(t) || year < 1970 || year > 9999) {
+      throw new InvalidRequest('value.expiry_time is not a usable time (RFC 3339, years 1970..9999)', [{ path: 'body.value.expiry_time', message: 'must be an RFC 3339 time between 1970 and 9999' }]);
+    }
+    return { ...value, expiry_time: new Date(t).toISOString() };
+  },
   authorization: async (_rs, user) => (user ? bearer(user.access_token) : undefined),
 };
 
@@ -69,7 +81,11 @@ const b64url = (v: unknown) => Buffer.from(typeof v === 'string' ? v : JSON.stri
 // RFC 7523: a JWT signed with the client's private key, exchanged at token_uri for an access token.
 async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: { timeoutMs: number; allowPrivate: boolean }): Promise<string> {
   const tokenUri = String(rs.token_uri);
-  await assertWebhookUrl(tokenUri, opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE');
+  // Checked again at each call (the name may resolve elsewhere now); a refusal here is the
+  // upstream's problem, not the caller's request.
+  await assertWebhookUrl(tokenUri, opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE').catch((err: Error) => {
+    throw new Upstream(`token endpoint: ${err.message}`, { upstream: 'token endpoint' });
+  });
   const now = Math.floor(Date.now() / 1000);
   const claims: Plain = { iss: rs.client_id, aud: tokenUri, iat: now, exp: now + 3600 };
   const scopes = rs.scopes as string[] | undefined;
@@ -106,8 +122,8 @@ export const oauthJwtBearer: CredentialControllerDef = {
   }, Strict),
   userCredential: null,
   sensitive: { resource_server: ['private_key'], user: [] },
-  async check(kind, value, opts) {
-    if (kind !== 'resource_server') return;
+  async normalize(kind, value, opts) {
+    if (kind !== 'resource_server') return value;
     try {
       const key = createPrivateKey(String(value.private_key));
       if (key.asymmetricKeyType !== 'rsa') throw new Error('not RSA');
@@ -115,6 +131,7 @@ export const oauthJwtBearer: CredentialControllerDef = {
       throw new InvalidRequest('value.private_key is not a PEM RSA private key', [{ path: 'body.value.private_key', message: 'must be a PEM RSA private key' }]);
     }
     await assertWebhookUrl(String(value.token_uri), opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE');
+    return value;
   },
   authorization: async (rs, user, opts) => bearer(await jwtBearerToken(rs!, user, opts)),
 };

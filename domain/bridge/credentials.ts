@@ -31,14 +31,14 @@ export async function createCredential(
   const schema = kind === 'user' ? cc.userCredential : cc.resourceServer;
   if (!schema) throw new InvalidRequest(`Credential controller '${cc.type_id}' has no user credential`, [{ path: 'path.credential_controller_type_id', message: 'has no user credential' }]);
   checkAgainst(schema, input.value, 'body.value');
-  await cc.check?.(kind, input.value, { allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS });
+  const checked = cc.normalize ? await cc.normalize(kind, input.value, { allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS }) : input.value;
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
-  const expiry = kind === 'user' && typeof input.value.expiry_time === 'string' && cc.requires_user_credential_refreshing ? Date.parse(input.value.expiry_time) : NaN;
+  const expiry = kind === 'user' && typeof checked.expiry_time === 'string' && cc.requires_user_credential_refreshing ? Date.parse(checked.expiry_time) : NaN;
   const row = await s.db.transaction(async (trx) => {
-    // Held FOR SHARE to commit, like secrets: an alias rotation never misses this write.
+    // Held FOR SHARE to commit, like secrets, so the alias cannot move or go away meanwhile.
     const dekId = await aliasDekForWrite(trx, alias);
     if (!dekId) throw new NotFound('dek_alias', alias);
-    const value: Plain = { ...input.value };
+    const value: Plain = { ...checked };
     for (const member of sensitiveOf(cc, kind)) {
       if (value[member] !== undefined) value[member] = await encryptWithDek(s, dekId, String(value[member]), trx);
     }

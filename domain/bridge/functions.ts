@@ -53,8 +53,11 @@ export async function invokeFunction(s: InvokeServices, providerInstanceId: stri
   const cc = credentialDef(provider, instance.credential_controller_type_id);
   const creds = await repo.getCredentials(s.db, [instance.resource_server_credential_id, instance.user_credential_id].filter((c): c is string => c !== null));
   const plain = async (id: string | null) => {
+    if (id === null) return undefined;
     const row = creds.find((c) => c.id === id);
-    return row ? unsealCredential(s, cc, row) : undefined;
+    // Deleted between the two reads: the instance went with it.
+    if (!row) throw new NotFound('provider_instance', providerInstanceId);
+    return unsealCredential(s, cc, row);
   };
   const opts = { timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS, allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE };
   const authorization = await cc.authorization(await plain(instance.resource_server_credential_id), await plain(instance.user_credential_id), opts);

@@ -44,7 +44,10 @@ function readyStatus(cc: CredentialControllerDef, row: Pick<ProviderInstanceRow,
 async function checkCredential(db: Tx, id: string, kind: CredentialKind, providerTypeId: string, cc: CredentialControllerDef): Promise<void> {
   const field = kind === 'user' ? 'user_credential_id' : 'resource_server_credential_id';
   const [row] = await db('bridge_credentials').where({ id }).forShare() as CredentialRow[];
-  if (!row || row.kind !== kind) throw new NotFound(kind === 'user' ? 'user credential' : 'resource server credential', id);
+  if (!row) throw new NotFound(kind === 'user' ? 'user credential' : 'resource server credential', id);
+  if (row.kind !== kind) {
+    throw new InvalidRequest(`body.${field} is a ${row.kind === 'user' ? 'user' : 'resource server'} credential`, [{ path: `body.${field}`, message: `must be a ${kind === 'user' ? 'user' : 'resource server'} credential` }]);
+  }
   if (row.provider_controller_type_id !== providerTypeId || row.type_id !== cc.type_id) {
     throw new InvalidRequest(`body.${field} is a credential of ${row.provider_controller_type_id}/${row.type_id}, not ${providerTypeId}/${cc.type_id}`,
       [{ path: `body.${field}`, message: 'belongs to another provider or credential controller' }]);
@@ -60,6 +63,8 @@ export async function createProviderInstance(db: Knex, providerTypeId: string, c
     throw new InvalidRequest(`Credential controller '${cc.type_id}' has no user credential`, [{ path: 'body.user_credential_id', message: 'is not allowed for this credential controller' }]);
   }
   const id = input.provider_instance_id ?? randomUUID();
+  // GET /provider/grouped-by-function is routed to the list, so an instance of that id could not be read.
+  if (id === 'grouped-by-function') throw new InvalidRequest(`provider_instance_id '${id}' is reserved`, [{ path: 'body.provider_instance_id', message: 'is reserved' }]);
   const row = await db.transaction(async (trx) => {
     if (input.resource_server_credential_id) await checkCredential(trx, input.resource_server_credential_id, 'resource_server', providerTypeId, cc);
     if (input.user_credential_id) await checkCredential(trx, input.user_credential_id, 'user', providerTypeId, cc);
@@ -124,13 +129,17 @@ export async function updateProviderInstance(db: Knex, id: string, input: Update
   const row = await db.transaction(async (trx) => {
     const current = await repo.getProviderInstance(trx, id, 'update');
     if (!current) throw new NotFound('provider_instance', id);
+    // refresh_failed ends only by brokering again: disabling it would let a later PATCH revive it.
+    if (input.status && current.status === 'refresh_failed') {
+      throw new Conflict(`Provider instance '${id}' is refresh_failed: broker its user credential again`, { resource: 'provider_instance', id, status: current.status });
+    }
     const patch: Partial<Pick<ProviderInstanceRow, 'display_name' | 'status'>> = {};
     if (input.display_name !== undefined) patch.display_name = input.display_name;
     if (input.status === 'disabled') patch.status = 'disabled';
     if (input.status === 'active' && current.status !== 'active') {
       const cc = credentialDef(providerDef(current.provider_controller_type_id), current.credential_controller_type_id);
       const ready = readyStatus(cc, current);
-      if (current.status === 'refresh_failed' || ready !== 'active') {
+      if (ready !== 'active') {
         throw new Conflict(`Provider instance '${id}' is ${current.status} and needs its user credential brokered before it can be active`, { resource: 'provider_instance', id, status: current.status });
       }
       patch.status = 'active';

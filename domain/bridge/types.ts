@@ -20,8 +20,8 @@ export interface CredentialControllerDef {
   userCredential: TObject | null;
   /** Members stored only encrypted, per credential kind. */
   sensitive: { resource_server: string[]; user: string[] };
-  /** Checks beyond the schema (a parsable private key, an allowed URL); throws InvalidRequest. */
-  check?(kind: 'resource_server' | 'user', value: Plain, opts: UpstreamOptions): Promise<void>;
+  /** Checks beyond the schema (a parsable key, an allowed URL, a usable time): throws InvalidRequest, or returns the value to store. */
+  normalize?(kind: 'resource_server' | 'user', value: Plain, opts: UpstreamOptions): Promise<Plain>;
   /** The Authorization header for the provider's API, if any. */
   authorization(rs: Plain | undefined, user: Plain | undefined, opts: UpstreamOptions): Promise<string | undefined>;
 }

@@ -4,6 +4,26 @@ import { Upstream } from '../errors.ts';
 
 export interface UpstreamAnswer { status: number; body: unknown }
 
+// Larger answers are refused rather than held in memory (token_uri is client-chosen).
+const MAX_BODY_BYTES = 1024 * 1024;
+
+async function readBody(res: Response, what: string): Promise<string> {
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  try {
+    for await (const chunk of res.body ?? []) {
+      size += chunk.length;
+      if (size > MAX_BODY_BYTES) throw Object.assign(new Error('too large'), { tooLarge: true });
+      chunks.push(chunk);
+    }
+  } catch (err) {
+    await res.body?.cancel().catch(() => undefined);
+    const reason = (err as { tooLarge?: boolean }).tooLarge ? `answer larger than ${MAX_BODY_BYTES} bytes` : 'answer cut off or too slow';
+    throw new Upstream(`${what}: ${reason}`, { upstream: what, upstream_status: res.status });
+  }
+  return Buffer.concat(chunks).toString('utf8');
+}
+
 export async function callUpstream(what: string, url: string, init: RequestInit, timeoutMs: number): Promise<UpstreamAnswer> {
   let res: Response;
   try {
@@ -12,13 +32,20 @@ export async function callUpstream(what: string, url: string, init: RequestInit,
     const reason = (err as Error).name === 'TimeoutError' ? `no answer within ${timeoutMs} ms` : 'unreachable';
     throw new Upstream(`${what}: ${reason}`, { upstream: what });
   }
-  const text = await res.text().catch(() => '');
+  const text = await readBody(res, what);
   let body: unknown = text;
   try { body = text ? JSON.parse(text) : undefined; } catch { /* not JSON: keep the text */ }
   if (res.status >= 500 || (res.status >= 300 && res.status < 400)) {
     throw new Upstream(`${what}: answered HTTP ${res.status}`, { upstream: what, upstream_status: res.status });
   }
   return { status: res.status, body };
+}
+
+// A success answer must be a JSON object; anything else means we cannot tell what happened.
+export function successObject(what: string, answer: UpstreamAnswer): Record<string, unknown> {
+  const b = answer.body;
+  if (!b || typeof b !== 'object' || Array.isArray(b)) throw new Upstream(`${what}: answered HTTP ${answer.status} without a JSON object`, { upstream: what, upstream_status: answer.status });
+  return b as Record<string, unknown>;
 }
 
 // The provider's own words for a refusal, kept short: OAuth `error_description`/`error`, Stripe and

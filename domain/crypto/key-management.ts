@@ -7,7 +7,7 @@ import {
   countDeksOf, deleteUnusedEnvelopeKey, getEnvelopeKey, insertEnvelopeKey, listEnvelopeKeys, type EnvelopeKeyRow,
 } from '../../db/envelope-keys.ts';
 import {
-  aliasInUseBySecrets, deleteAlias, getAlias, getDek, insertAlias, listDeksOf, rewrapDek, type AliasRow, type DekRow,
+  aliasInUse, deleteAlias, getAlias, getDek, insertAlias, listDeksOf, rewrapDek, type AliasRow, type DekRow,
 } from '../../db/deks.ts';
 import { checkFileName, checkKmsArn, createLocalKeyFile } from './envelope-keys.ts';
 import { createDek, envelopeKeyRow, forgetWrapper, invalidateAfterCommit, invalidateKeyring, repointAlias, wrapperFor } from '../keyring.ts';
@@ -112,7 +112,7 @@ export async function removeAlias(s: S, alias: string): Promise<void> {
   await s.db.transaction(async (trx) => {
     const row = await trx('dek_aliases').where({ alias }).forUpdate().first();
     if (!row) throw new NotFound('dek_alias', alias);
-    if (await aliasInUseBySecrets(trx, alias)) throw new Conflict(`alias '${alias}' is still used by secrets`, { resource: 'dek_alias', id: alias });
+    if (await aliasInUse(trx, alias)) throw new Conflict(`alias '${alias}' is still used by secrets or bridge credentials`, { resource: 'dek_alias', id: alias });
     await deleteAlias(trx, alias);
     invalidateAfterCommit(trx, { dek_ids: [(row as AliasRow).dek_id] }, s.bus);
   });

@@ -1,7 +1,8 @@
 // Gmail: sends a plain-text message through users.messages.send (an RFC 2822 message, base64url).
 import { Type } from '@sinclair/typebox';
 import { oauthAuthFlow, oauthJwtBearer } from '../credential-controllers.ts';
-import { callUpstream, refusalMessage } from '../upstream.ts';
+import { Upstream } from '../../errors.ts';
+import { callUpstream, refusalMessage, successObject } from '../upstream.ts';
 import type { ProviderControllerDef } from '../types.ts';
 
 // No CR/LF in header values: a subject or address must not be able to add headers.
@@ -38,8 +39,9 @@ export const googleMail: ProviderControllerDef = {
         body: JSON.stringify({ raw }),
       }, timeoutMs);
       if (answer.status >= 400) return { type: 'error', message: refusalMessage(answer) };
-      const id = (answer.body as { id?: unknown } | undefined)?.id;
-      return { type: 'success', message_id: String(id ?? '') };
+      const { id } = successObject('google_mail', answer);
+      if (typeof id !== 'string' || !id) throw new Upstream(`google_mail: answered HTTP ${answer.status} without a message id`, { upstream: 'google_mail' });
+      return { type: 'success', message_id: id };
     },
   }],
 };

@@ -1,7 +1,7 @@
 // Stripe: refunds through the real Refunds API (form-encoded POST /v1/refunds).
 import { Type } from '@sinclair/typebox';
 import { apiKey } from '../credential-controllers.ts';
-import { callUpstream, refusalMessage } from '../upstream.ts';
+import { callUpstream, refusalMessage, successObject } from '../upstream.ts';
 import type { ProviderControllerDef } from '../types.ts';
 
 const Id = (d: string) => Type.String({ pattern: '^[A-Za-z0-9_]{1,255}$', description: d });
@@ -21,9 +21,9 @@ export const stripe: ProviderControllerDef = {
     parameters: Type.Object({
       payment_intent: Type.Optional(Id('payment intent to refund (pi_...)')),
       charge: Type.Optional(Id('charge to refund (ch_...)')),
-      amount: Type.Optional(Type.Integer({ minimum: 1, description: 'amount to refund; the whole payment when absent' })),
+      amount: Type.Optional(Type.Integer({ minimum: 1, maximum: 99999999, description: 'amount to refund; the whole payment when absent' })),
       reason: Type.Optional(Type.Union(['duplicate', 'fraudulent', 'requested_by_customer'].map((r) => Type.Literal(r)))),
-    }, { additionalProperties: false, minProperties: 1 }),
+    }, { additionalProperties: false, anyOf: [{ required: ['payment_intent'] }, { required: ['charge'] }] }),
     output: Type.Object({ id: Type.String(), object: Type.Literal('refund'), amount: Type.Integer(), status: Type.String() }, { additionalProperties: true }),
     async invoke({ params, authorization, apiBase, timeoutMs }) {
       const form = new URLSearchParams();
@@ -34,7 +34,7 @@ export const stripe: ProviderControllerDef = {
         body: form.toString(),
       }, timeoutMs);
       if (answer.status >= 400) return { type: 'error', message: refusalMessage(answer) };
-      return { type: 'success', ...(answer.body as Record<string, unknown>) };
+      return { ...successObject('stripe', answer), type: 'success' };
     },
   }],
 };
