@@ -29,6 +29,11 @@ export async function lockStaleOutbox(db: Tx, olderThanMs: number, limit: number
     .skipLocked();
 }
 
+// Rows of jobs the relay could not add directly; one may already be there (sent before).
+export async function insertOutbox(db: Tx, rows: OutboxRow[]): Promise<void> {
+  if (rows.length) await db('outbox').insert(rows).onConflict('id').ignore();
+}
+
 export async function deleteOutbox(db: Tx, ids: string[]): Promise<void> {
   if (ids.length) await db('outbox').whereIn('id', ids).delete();
 }

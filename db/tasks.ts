@@ -2,7 +2,6 @@ import type { Knex } from 'knex';
 import { prepared, type Tx } from './knex.ts';
 import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, type Page } from './pagination.ts';
-import type { OutboxRow } from './outbox.ts';
 import type { ContextInfo, Message, Task, TimelineItem } from '../api/schemas/task.ts';
 import type { TaskState } from '../domain/task-states.ts';
 
@@ -45,25 +44,23 @@ export async function listContexts(db: Tx, pageSize: number, token?: string): Pr
   return keysetPage<ContextInfo>(q, { columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r) => [r.created_at, r.context_id] }, pageSize, token);
 }
 
-export interface TaskBundle { task: TaskRow; message: Message; timeline: TimelineItem[]; outbox?: OutboxRow }
+export interface TaskBundle { task: TaskRow; message: Message; timeline: TimelineItem[] }
 
-// New tasks with their contexts, first messages, timelines and (optionally) run jobs, written by
+// New tasks with their contexts, first messages and timelines, written by
 // ONE statement whatever their number: task intake is the hottest write path, and concurrent
 // intakes are coalesced into one such statement (db/statement-batcher.ts). The bundles travel
 // as one jsonb parameter so the statement text, and its prepared plan, never change.
 // All of a bundle's rows are stamped with its task's created_at (newTaskBundle makes one instant).
 // Returns, per bundle in order, the seqs of its timeline items.
 export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<number[][]> {
-  const input = bundles.map(({ task: t, message: m, timeline, outbox: o }, i) => ({
+  const input = bundles.map(({ task: t, message: m, timeline }, i) => ({
     i, id: t.id, context_id: t.context_id, status: t.status, at: t.created_at, metadata: t.metadata,
     m_id: m.id, role: m.role, parts: m.parts, refs: m.reference_task_ids, m_metadata: m.metadata,
     tl: timeline.map((item) => ({ id: item.id, p: item.event_payload })),
-    o_id: o?.id, o_queue: o?.queue, o_name: o?.name, o_payload: o?.payload, o_options: o?.options,
   }));
   const { rows } = await prepared(db, 'task-bundles',
     `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb,
-                   m_id uuid, role text, parts jsonb, refs uuid[], m_metadata jsonb, tl jsonb,
-                   o_id uuid, o_queue text, o_name text, o_payload jsonb, o_options jsonb)),
+                   m_id uuid, role text, parts jsonb, refs uuid[], m_metadata jsonb, tl jsonb)),
       c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from b order by context_id, at
             on conflict (id) do nothing),
       t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at)
@@ -74,9 +71,7 @@ export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]):
              select (e.item->>'id')::uuid, b.id, e.item->'p', b.at
                from b cross join lateral jsonb_array_elements(b.tl) with ordinality as e(item, n)
               order by b.i, e.n
-             returning task_id, seq),
-      o as (insert into outbox (id, queue, name, payload, options)
-            select o_id, o_queue, o_name, o_payload, o_options from b where o_id is not null)
+             returning task_id, seq)
     select b.i, (select array_agg(seq order by seq) from tl where tl.task_id = b.id) as seqs from b order by b.i`,
     [JSON.stringify(input)],
   );

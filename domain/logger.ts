@@ -8,8 +8,12 @@ const REDACT = [
   '*.client_secret', 'api_key', '*.api_key', 'private_key', '*.private_key', 'assertion', '*.assertion', 'password', '*.password', 'decrypted_value', '*.decrypted_value', 'plaintext', '*.plaintext',
 ];
 
-export function createLogger(level: string, name: string): Logger {
-  return pino({ level, name, redact: { paths: REDACT, censor: '[redacted]' }, base: { pid: process.pid } });
+// `buffered` (API and worker processes, which log every request and run): lines written while a
+// write is under way go out together in the next one instead of one blocking write each; they are
+// flushed when the process exits (not on SIGKILL, which may cut the last few milliseconds of lines).
+export function createLogger(level: string, name: string, opts: { buffered?: boolean } = {}): Logger {
+  const options = { level, name, redact: { paths: REDACT, censor: '[redacted]' }, base: { pid: process.pid } };
+  return opts.buffered ? pino(options, pino.destination({ dest: 1, sync: false })) : pino(options);
 }
 
 export type { Logger };

@@ -23,7 +23,7 @@ export interface Services {
   close(): Promise<void>;
 }
 
-export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log: Logger = createLogger(cfg.LOG_LEVEL, role)): Services {
+export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log: Logger = createLogger(cfg.LOG_LEVEL, role, { buffered: role !== 'cli' })): Services {
   const db = createDb(cfg.DATABASE_URL, { min: 0, max: role === 'cli' ? 2 : 20 });
   const redis = createRedis(cfg.REDIS_URL, 'producer');
   const sub = createRedis(cfg.REDIS_URL, 'subscriber');

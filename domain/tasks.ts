@@ -9,7 +9,7 @@ import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineIt
 import { Conflict, NotFound } from './errors.ts';
 import { assertTransition, INTERRUPTED_STATES, isInterrupted, isTerminal, type TaskState } from './task-states.ts';
 import { afterCommit, inTransaction, type UnitOfWork, type UowServices } from './unit-of-work.ts';
-import { newOutboxRow } from '../db/outbox.ts';
+import { newOutboxRow, type OutboxRow } from '../db/outbox.ts';
 import type { Services } from './services.ts';
 
 export const TASK_EVENTS = 'task-events';
@@ -93,8 +93,10 @@ export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: Tas
   return changed;
 }
 
-// Builds a new task's rows in memory so they can be written by one statement.
-function newTaskBundle(req: CreateTaskRequest, id: string): tasks.TaskBundle {
+// Builds a new task's rows in memory so they can be written by one statement, and the job of its
+// first run (a user message starts one). That job is added right after commit without an outbox
+// row: job recovery finds a submitted task whose first message has no job (workers/recover-agent-runs.ts).
+function newTaskBundle(req: CreateTaskRequest, id: string): { bundle: tasks.TaskBundle; run?: OutboxRow } {
   const at = new Date();
   const iso = at.toISOString();
   const task: tasks.TaskRow = {
@@ -110,25 +112,25 @@ function newTaskBundle(req: CreateTaskRequest, id: string): tasks.TaskBundle {
     { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'task-status-update', status: 'submitted' } },
     { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'message', message } },
   ];
-  const outbox = req.message.role === 'user' ? newOutboxRow(...runJob(id, message.id)) : undefined;
-  return { task, message, timeline, outbox };
+  const run = req.message.role === 'user' ? newOutboxRow(...runJob(id, message.id)) : undefined;
+  return { bundle: { task, message, timeline }, run };
 }
 
 // Creating a task is a single atomic statement (shared with concurrent intakes), so it needs no
 // explicit transaction. No TASK_EVENTS note: nobody can follow a task before its id is known, and
 // followers read the timeline from Postgres before they wait for notes.
 export async function createTask(s: UowServices & Pick<Services, 'taskStatements'>, req: CreateTaskRequest, id: string = randomUUID()) {
-  const bundle = newTaskBundle(req, id);
+  const { bundle, run } = newTaskBundle(req, id);
   await s.taskStatements.insertTaskBundle.execute(bundle);
-  afterCommit(s, bundle.outbox ? [bundle.outbox] : [], []);
+  afterCommit(s, [], [], run ? [run] : []);
   return { task: tasks.toTask(bundle.task), message: bundle.message };
 }
 
 // The same, inside a caller's larger transaction.
 export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, id: string = randomUUID()) {
-  const bundle = newTaskBundle(req, id);
+  const { bundle, run } = newTaskBundle(req, id);
   const [timelineSeqs] = await tasks.insertTaskBundles(uow.trx, [bundle]);
-  if (bundle.outbox) uow.track(bundle.outbox);
+  if (run) uow.addRecoverable(run);
   return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs) };
 }
 

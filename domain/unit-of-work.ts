@@ -11,8 +11,8 @@ export interface UnitOfWork {
   trx: Knex.Transaction;
   enqueue<Q extends QueueName>(queue: Q, name: string, payload: JobPayloads[Q], options?: JobsOptions): Promise<string>;
   publish(channel: string, message: Record<string, unknown>): void;
-  /** Registers an outbox row written by some other statement of this transaction. */
-  track(row: OutboxRow): void;
+  /** A job that job recovery can rebuild from this unit's rows: added after commit without an outbox row (queues/outbox-relay.ts send). */
+  addRecoverable(row: OutboxRow): void;
   /** Applies a status change (db/tasks.ts applyStatusChanges) as part of this unit. */
   applyStatusChange(change: StatusChange): Promise<StatusChangeResult>;
 }
@@ -21,6 +21,7 @@ export type UowServices = Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>;
 
 export async function inTransaction<T>(s: UowServices, fn: (uow: UnitOfWork) => Promise<T>): Promise<T> {
   const jobs: OutboxRow[] = [];
+  const recoverable: OutboxRow[] = [];
   const notes: [string, Record<string, unknown>][] = [];
   const result = await s.db.transaction(async (trx) => {
     const uow: UnitOfWork = {
@@ -31,12 +32,12 @@ export async function inTransaction<T>(s: UowServices, fn: (uow: UnitOfWork) => 
         return row.id;
       },
       publish(channel, message) { notes.push([channel, message]); },
-      track(row) { jobs.push(row); },
+      addRecoverable(row) { recoverable.push(row); },
       async applyStatusChange(change) { return (await applyStatusChanges(trx, [change]))[0]; },
     };
     return fn(uow);
   });
-  afterCommit(s, jobs, notes);
+  afterCommit(s, jobs, notes, recoverable);
   return result;
 }
 
@@ -45,6 +46,7 @@ export async function inTransaction<T>(s: UowServices, fn: (uow: UnitOfWork) => 
 // (services.taskStatements). Hot paths of the agent runtime use it.
 export async function inStatement<T>(s: UowServices & Pick<Services, 'taskStatements'>, fn: (uow: UnitOfWork) => Promise<T>): Promise<T> {
   const jobs: OutboxRow[] = [];
+  const recoverable: OutboxRow[] = [];
   const notes: [string, Record<string, unknown>][] = [];
   const uow: UnitOfWork = {
     trx: s.db as unknown as Knex.Transaction,
@@ -54,16 +56,17 @@ export async function inStatement<T>(s: UowServices & Pick<Services, 'taskStatem
       return row.id;
     },
     publish(channel, message) { notes.push([channel, message]); },
-    track(row) { jobs.push(row); },
+    addRecoverable(row) { recoverable.push(row); },
     applyStatusChange: (change) => s.taskStatements.applyStatusChange.execute(change),
   };
   const result = await fn(uow);
-  afterCommit(s, jobs, notes);
+  afterCommit(s, jobs, notes, recoverable);
   return result;
 }
 
-export function afterCommit(s: UowServices, jobs: OutboxRow[], notes: [string, Record<string, unknown>][]): void {
+export function afterCommit(s: UowServices, jobs: OutboxRow[], notes: [string, Record<string, unknown>][], recoverable: OutboxRow[] = []): void {
   if (jobs.length) s.outbox.kick(jobs);
+  if (recoverable.length) s.outbox.send(recoverable);
   for (const [channel, message] of notes) {
     s.bus.publish(channel, message).catch((err) => s.log.debug({ err: { message: (err as Error).message }, channel }, 'event note not published'));
   }

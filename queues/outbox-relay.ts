@@ -3,7 +3,7 @@ import type { Redis } from 'ioredis';
 import type { Knex } from 'knex';
 import type { Config } from '../domain/config.ts';
 import type { Logger } from '../domain/logger.ts';
-import { deleteOutbox, lockStaleOutbox, type OutboxRow } from '../db/outbox.ts';
+import { deleteOutbox, insertOutbox, lockStaleOutbox, type OutboxRow } from '../db/outbox.ts';
 import { defaultJobOptions, QUEUE_NAMES, type QueueName } from './names.ts';
 
 export type Queues = Record<QueueName, Queue>;
@@ -15,12 +15,15 @@ export function createQueues(cfg: Config, connection: Redis): Queues {
 }
 
 // Moves outbox rows into BullMQ. The job id is the outbox id, so a row sent twice (crash
-// between add and delete) is still one job. Rows committed in the same tick are sent together:
+// between add and delete) is still one job. Jobs committed in the same tick are sent together:
 // one addBulk per queue and one DELETE, which keeps intake cheap under load.
+// Jobs that job recovery can rebuild from Postgres (first runs of submitted tasks) skip the outbox:
+// `send` adds them after commit and writes their rows only if the add fails (Redis down), for the
+// sweeper; a crash before that leaves a submitted task without a job, which recovery re-enqueues.
 export class OutboxRelay {
   private timer?: NodeJS.Timeout;
   private sweeping = false;
-  private pending: OutboxRow[] = [];
+  private pending: { row: OutboxRow; stored: boolean }[] = [];
   private flushScheduled = false;
 
   constructor(private readonly db: Knex, private readonly queues: Queues, private readonly log: Logger, private readonly sweepMs: number) {}
@@ -33,18 +36,34 @@ export class OutboxRelay {
     }
   }
 
-  // Called right after the transaction that wrote the rows has committed.
+  /** Called right after the transaction that wrote the rows to the outbox has committed. */
   kick(rows: OutboxRow[]): void {
-    this.pending.push(...rows);
+    this.schedule(rows, true);
+  }
+
+  /** Called right after the transaction that made these recoverable jobs due has committed (rows not stored). */
+  send(rows: OutboxRow[]): void {
+    this.schedule(rows, false);
+  }
+
+  private schedule(rows: OutboxRow[], stored: boolean): void {
+    for (const row of rows) this.pending.push({ row, stored });
     if (this.flushScheduled) return;
     this.flushScheduled = true;
     setImmediate(() => {
       const batch = this.pending;
       this.pending = [];
       this.flushScheduled = false;
-      this.addJobs(batch)
-        .then(() => deleteOutbox(this.db, batch.map((r) => r.id)))
-        .catch((err) => this.log.warn({ err: { message: (err as Error).message }, count: batch.length }, 'outbox relay deferred to sweeper'));
+      const rowsOf = (stored: boolean) => batch.filter((p) => p.stored === stored).map((p) => p.row);
+      this.addJobs(batch.map((p) => p.row))
+        .then(
+          () => deleteOutbox(this.db, rowsOf(true).map((r) => r.id)),
+          (err) => {
+            this.log.warn({ err: { message: (err as Error).message }, count: batch.length }, 'outbox relay deferred to sweeper');
+            return insertOutbox(this.db, rowsOf(false));
+          },
+        )
+        .catch((err) => this.log.warn({ err: { message: (err as Error).message }, count: batch.length }, 'outbox relay failed; sweeper or job recovery will send'));
     });
   }
 

@@ -56,9 +56,8 @@ describe('job pipeline under faults', function () {
         assert.equal(r.status, 201, r.text);
         ids.push(r.body.task.id);
       }
-      // The jobs wait in the outbox, written with the tasks.
-      const waiting = await testDb()('outbox').whereRaw(`payload->>'task_id' = any(?)`, [ids]).count({ n: '*' });
-      assert.equal(waiting[0].n, 5);
+      // The jobs wait in the outbox, written when adding them to Redis failed.
+      await waitFor(async () => Number((await testDb()('outbox').whereRaw(`payload->>'task_id' = any(?)`, [ids]).count({ n: '*' }))[0].n) === 5, 'the jobs in the outbox');
       for (const id of ids) assert.equal((await s.client.get(`/api/task/v1/${id}`)).body.task.status, 'submitted');
 
       redis = await startRedis({ dataDir, ephemeral: true, port });
