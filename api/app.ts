@@ -18,6 +18,7 @@ import { defineRoute } from './route.ts';
 import { FreeObject } from './schemas/common.ts';
 import { metricsMiddleware, metricsRoutes } from './metrics.ts';
 import { queueDashboard } from './queue-dashboard.ts';
+import { SERVICE_VERSION } from '../domain/version.ts';
 
 // The document describes allRoutes, itself included: built on first request, once per process.
 const openapiDocs = new WeakMap<Services, Record<string, unknown>>();
@@ -26,7 +27,7 @@ const openapiRoute = defineRoute({
   summary: 'This OpenAPI 3.1 document', responses: { 200: FreeObject },
 }, async ({ services }) => {
   let doc = openapiDocs.get(services);
-  if (!doc) openapiDocs.set(services, (doc = buildOpenApi(allRoutes, { version: process.env.npm_package_version ?? '0.1.0', serverUrl: services.cfg.PUBLIC_URL })));
+  if (!doc) openapiDocs.set(services, (doc = buildOpenApi(allRoutes, { version: SERVICE_VERSION, serverUrl: services.cfg.PUBLIC_URL })));
   return doc;
 });
 

@@ -2,9 +2,10 @@
 import type { Static, TObject, TSchema } from '@sinclair/typebox';
 import type { Router, RouterMiddleware } from '@koa/router';
 import type { Context } from 'koa';
-import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
+import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
-import { InvalidRequest, type FieldError } from '../domain/errors.ts';
+import { InvalidRequest } from '../domain/errors.ts';
+import { checkValid } from '../domain/schema-check.ts';
 import type { Services } from '../domain/services.ts';
 import { authenticate, requireScope, type Principal, type Scope } from './middleware/auth.ts';
 import { readJsonBody } from './middleware/body.ts';
@@ -51,40 +52,6 @@ export function defineRoute<P extends TObject | undefined = undefined, Q extends
 const bodyAjv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false }));
 const paramAjv = addFormats.default(new Ajv({ allErrors: true, coerceTypes: true, useDefaults: true, strict: false }));
 
-function describe(e: ErrorObject): FieldError & { key: string } {
-  const base = e.instancePath.split('/').slice(1).join('.');
-  const join = (p: string) => (base ? `${base}.${p}` : p);
-  switch (e.keyword) {
-    case 'required': {
-      const p = join((e.params as { missingProperty: string }).missingProperty);
-      return { key: p, path: p, message: 'is required' };
-    }
-    case 'additionalProperties': {
-      const p = join((e.params as { additionalProperty: string }).additionalProperty);
-      return { key: p, path: p, message: 'is not an allowed member' };
-    }
-    case 'discriminator':
-      return { key: join('type'), path: join('type'), message: 'must be one of text-part, data-part, file-part' };
-    default:
-      return { key: `${base}:${e.keyword}`, path: base, message: e.message ?? 'is invalid' };
-  }
-}
-
-function check(validate: ValidateFunction, value: unknown, where: string): void {
-  if (validate(value)) return;
-  const seen = new Set<string>();
-  const errors: FieldError[] = [];
-  for (const e of validate.errors ?? []) {
-    const d = describe(e);
-    if (seen.has(d.key)) continue;
-    seen.add(d.key);
-    const path = d.path ? `${where}.${d.path}` : where;
-    errors.push({ path, message: d.message });
-  }
-  const first = errors[0];
-  throw new InvalidRequest(`Invalid ${where}: ${first.path} ${first.message}`, errors);
-}
-
 export function mount(router: Router, routes: Route[], services: Services): void {
   for (const { spec, handler } of routes) {
     const vParams = spec.params && paramAjv.compile(spec.params);
@@ -95,14 +62,14 @@ export function mount(router: Router, routes: Route[], services: Services): void
     if (spec.scope) stack.push(authenticate(services), rateLimit(services), requireScope(spec.scope));
     stack.push(async (ctx: Context) => {
       const params = { ...ctx.params };
-      if (vParams) check(vParams, params, 'path');
+      if (vParams) checkValid(vParams, params, 'path');
       const query = { ...ctx.query } as Record<string, unknown>;
-      if (vQuery) check(vQuery, query, 'query');
+      if (vQuery) checkValid(vQuery, query, 'query');
       let body: unknown;
       if (vBody) {
         body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
         if (body === undefined) throw new InvalidRequest('A JSON request body is required', [{ path: 'body', message: 'is required' }]);
-        check(vBody, body, 'body');
+        checkValid(vBody, body, 'body');
       }
       const result = await handler({ params, query, body, principal: ctx.state.principal ?? null, ctx, services } as unknown as Request<unknown, unknown, unknown>);
       if (ctx.body === undefined || ctx.body === null) {

@@ -45,6 +45,11 @@ export async function insertCredential(db: Tx, row: Omit<CredentialRow, 'created
   return out as CredentialRow;
 }
 
+// FOR SHARE: a credential an instance is being created with cannot be deleted meanwhile.
+export async function getCredentialForShare(db: Tx, id: string): Promise<CredentialRow | undefined> {
+  return db('bridge_credentials').where({ id }).forShare().first();
+}
+
 export async function getCredentials(db: Tx, ids: string[]): Promise<CredentialRow[]> {
   if (!ids.length) return [];
   return db('bridge_credentials').whereIn('id', [...new Set(ids)]);

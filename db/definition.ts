@@ -1,15 +1,12 @@
 // Read-only queries behind the definition export (domain/definition.ts). Each table group is read
 // only when its migration has run, so the export works on a schema that predates it.
 import type { Tx } from './knex.ts';
+import type { CredentialRow, ProviderInstanceRow } from './bridge.ts';
 
 export interface EnvelopeKeyExportRow { id: string; type: string; file_name: string | null; arn: string | null; region: string | null; created_at: Date }
 export interface DekExportRow { id: string; envelope_key_id: string; encrypted_dek: string; aliases: string[]; created_at: Date; updated_at: Date }
-export interface CredentialExportRow { id: string; type_id: string; value: Record<string, unknown>; metadata: Record<string, unknown>; dek_id: string; dek_alias: string; next_rotation_time: Date | null }
-export interface ProviderExportRow {
-  id: string; display_name: string; provider_controller_type_id: string; credential_controller_type_id: string; status: string;
-  return_on_successful_brokering: Record<string, unknown> | null; resource_server_credential_id: string | null; user_credential_id: string | null;
-  functions: string[];
-}
+export type CredentialExportRow = Pick<CredentialRow, 'id' | 'type_id' | 'value' | 'metadata' | 'dek_id' | 'dek_alias' | 'next_rotation_time'>;
+export type ProviderExportRow = Omit<ProviderInstanceRow, 'created_at' | 'updated_at'> & { functions: string[] };
 export interface SecretExportRow { id: string; key: string; encrypted_secret: string; dek_id: string; dek_alias: string; created_at: Date; updated_at: Date }
 
 async function presentTables(db: Tx, names: string[]): Promise<Set<string>> {

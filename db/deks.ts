@@ -1,3 +1,4 @@
+import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
 import { keysetPage, type Page } from './pagination.ts';
 
@@ -90,4 +91,11 @@ export async function aliasInUse(db: Tx, alias: string): Promise<boolean> {
   const { secrets, credentials } = res.rows[0];
   if (secrets && await db('secrets').where({ dek_alias: alias }).first(db.raw('1'))) return true;
   return Boolean(credentials && await db('bridge_credentials').where({ dek_alias: alias }).first(db.raw('1')));
+}
+
+// The DEK an alias names, held (FOR SHARE) until `trx` ends: a value written under the alias
+// commits before the alias can move or be removed, so a rotation never misses a write made with the old DEK.
+export async function aliasDekForWrite(trx: Knex.Transaction, alias: string): Promise<string | undefined> {
+  const row = await trx('dek_aliases').where({ alias }).forShare().first('dek_id');
+  return row?.dek_id;
 }

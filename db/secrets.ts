@@ -102,13 +102,6 @@ export async function lockAlias(trx: Knex.Transaction, alias: string): Promise<A
   return trx('dek_aliases').where({ alias }).forUpdate().first();
 }
 
-// The DEK an alias names, held (FOR SHARE) until `trx` ends: a secret written under the alias
-// commits before the alias can move, so a rotation never misses a write made with the old DEK.
-export async function aliasDekForWrite(trx: Knex.Transaction, alias: string): Promise<string | undefined> {
-  const row = await trx('dek_aliases').where({ alias }).forShare().first('dek_id');
-  return row?.dek_id;
-}
-
 export async function findActiveRotation(db: Tx, alias: string): Promise<KeyJobRow | undefined> {
   return db('key_jobs').where({ kind: 'rotate-alias' }).whereRaw(`params->>'alias' = ?`, [alias])
     .whereIn('status', ['queued', 'running']).first();

@@ -8,7 +8,7 @@ import type { Tx } from '../db/knex.ts';
 import type { EventBus } from '../queues/events.ts';
 import { Conflict, InvalidRequest, NotFound } from './errors.ts';
 import { getEnvelopeKey, type EnvelopeKeyRow } from '../db/envelope-keys.ts';
-import { getAlias, getDek, insertDek, updateAlias, type AliasRow, type DekRow } from '../db/deks.ts';
+import { aliasDekForWrite, getAlias, getDek, insertDek, updateAlias, type AliasRow, type DekRow } from '../db/deks.ts';
 import { DecryptError, KEY_BYTES, openBase64, sealBase64 } from './crypto/aes-gcm.ts';
 import { wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
 import { TtlCache } from './crypto/ttl-cache.ts';
@@ -92,6 +92,15 @@ export async function resolveAlias(db: Tx, alias: string): Promise<string> {
   const row = await getAlias(db, alias);
   if (!row) throw new NotFound('dek_alias', alias);
   return row.dek_id;
+}
+
+// Runs a write in a transaction that holds the alias (shared) from reading its DEK to commit.
+export async function writeUnderAlias<T>(s: KeyringServices, alias: string, write: (trx: Knex.Transaction, dekId: string) => Promise<T>): Promise<T> {
+  return s.db.transaction(async (trx) => {
+    const dekId = await aliasDekForWrite(trx, alias);
+    if (!dekId) throw new NotFound('dek_alias', alias);
+    return write(trx, dekId);
+  });
 }
 
 export async function encryptWithAlias(s: KeyringServices, alias: string, plaintext: string, trx?: Tx): Promise<{ dekId: string; ciphertext: string }> {

@@ -8,7 +8,7 @@ import * as repo from '../db/push-configs.ts';
 import * as tasks from '../db/tasks.ts';
 import type { Config } from './config.ts';
 import { InvalidRequest, NotFound } from './errors.ts';
-import { assertWebhookUrl } from './webhook-url.ts';
+import { assertOutboundUrl } from './webhook-url.ts';
 import { decryptWithDek, encryptWithDek, resolveAlias } from './keyring.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
 
@@ -72,7 +72,7 @@ const inTrx = <T>(db: Tx, fn: (trx: Knex.Transaction) => Promise<T>): Promise<T>
 // config's starting point is consistent with concurrent status changes.
 export async function setPushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config): Promise<PushConfig> {
   checkInput(input);
-  await assertWebhookUrl(input.url, cfg.PUSH_ALLOW_PRIVATE);
+  await assertOutboundUrl(input.url, cfg.PUSH_ALLOW_PRIVATE);
   const secrets: PushSecrets = {
     ...(input.token !== undefined ? { token: input.token } : {}),
     ...(input.authentication?.credentials !== undefined ? { credentials: input.authentication.credentials } : {}),

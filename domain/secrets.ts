@@ -1,10 +1,9 @@
 // Secrets: values encrypted with the DEK their alias names at write time. Each secret keeps the
 // id of the DEK that encrypted it, so reads never depend on where an alias points right now.
 import { randomUUID } from 'node:crypto';
-import type { Knex } from 'knex';
 import type { Services } from './services.ts';
 import { AppError, Conflict, InvalidRequest, NotFound } from './errors.ts';
-import { DecryptError, decryptWithDek, encryptWithDek, type KeyringServices } from './keyring.ts';
+import { DecryptError, decryptWithDek, encryptWithDek, writeUnderAlias, type KeyringServices } from './keyring.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
 import * as repo from '../db/secrets.ts';
 import type { SecretRow } from '../db/secrets.ts';
@@ -20,18 +19,9 @@ export function toSecret(r: SecretRow): Secret {
 
 const duplicate = (key: string) => new Conflict(`A secret with key '${key}' already exists`, { resource: 'secret', key });
 
-// Runs a write in a transaction that holds the alias (shared) from reading its DEK to commit.
-async function underAlias<T>(s: KeyringServices, alias: string, write: (trx: Knex.Transaction, dekId: string) => Promise<T>): Promise<T> {
-  return s.db.transaction(async (trx) => {
-    const dekId = await repo.aliasDekForWrite(trx, alias);
-    if (!dekId) throw new NotFound('dek_alias', alias);
-    return write(trx, dekId);
-  });
-}
-
 export async function createSecret(s: KeyringServices, input: { key: string; raw_value: string; dek_alias?: string }): Promise<Secret> {
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
-  const row = await underAlias(s, alias, async (trx, dekId) => {
+  const row = await writeUnderAlias(s, alias, async (trx, dekId) => {
     const ciphertext = await encryptWithDek(s, dekId, input.raw_value, trx);
     return repo.insertSecret(trx, { id: randomUUID(), key: input.key, encrypted_secret: ciphertext, dek_id: dekId, dek_alias: alias });
   });
@@ -42,7 +32,7 @@ export async function createSecret(s: KeyringServices, input: { key: string; raw
 // An imported value must already be encrypted with the DEK the alias names: it is checked by
 // decrypting it, so a value nobody can read is never stored.
 export async function importSecret(s: KeyringServices, input: { key: string; encrypted_value: string; dek_alias: string }): Promise<Secret> {
-  const row = await underAlias(s, input.dek_alias, async (trx, dekId) => {
+  const row = await writeUnderAlias(s, input.dek_alias, async (trx, dekId) => {
     try {
       await decryptWithDek(s, dekId, input.encrypted_value, trx);
     } catch (err) {
@@ -92,7 +82,7 @@ export async function updateSecret(s: KeyringServices, id: string, input: { raw_
   const existing = await repo.getSecret(s.db, id);
   if (!existing) throw new NotFound('secret', id);
   const alias = input.dek_alias ?? existing.dek_alias;
-  const row = await underAlias(s, alias, async (trx, dekId) => {
+  const row = await writeUnderAlias(s, alias, async (trx, dekId) => {
     const ciphertext = await encryptWithDek(s, dekId, input.raw_value, trx);
     return repo.updateSecret(trx, id, { encrypted_secret: ciphertext, dek_id: dekId, dek_alias: alias });
   });

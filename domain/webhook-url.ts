@@ -34,7 +34,7 @@ async function resolve(host: string): Promise<string[]> {
 }
 
 // `what` names the URL in errors and `setting` the switch that allows internal targets.
-export async function assertWebhookUrl(raw: string, allowPrivate: boolean, what = 'Push notification URL', setting = 'PUSH_ALLOW_PRIVATE'): Promise<URL> {
+export async function assertOutboundUrl(raw: string, allowPrivate: boolean, what = 'Push notification URL', setting = 'PUSH_ALLOW_PRIVATE'): Promise<URL> {
   let url: URL;
   try {
     url = new URL(raw);

@@ -117,5 +117,5 @@ export const bridgeRoutes = [
     method: 'get', path: '/api/bridge/v1/function-instances/openapi.json', operationId: 'function-instances-openapi', tag, scope: 'bridge:read',
     summary: 'An OpenAPI 3.1 document with one invoke operation per enabled function instance',
     responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody },
-  }, async ({ services }) => functionInstancesOpenApi(services.db, { version: process.env.npm_package_version ?? '0.1.0', serverUrl: services.cfg.PUBLIC_URL })),
+  }, async ({ services }) => functionInstancesOpenApi(services.db, services.cfg.PUBLIC_URL)),
 ];

@@ -3,6 +3,7 @@ import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { publicConfig } from '../../domain/config.ts';
 import { QUEUE_NAMES } from '../../queues/names.ts';
+import { SERVICE_VERSION } from '../../domain/version.ts';
 import { Unavailable } from '../../domain/errors.ts';
 
 const tag = '_internal';
@@ -39,7 +40,7 @@ export const internalRoutes = [
     summary: 'The effective configuration, without secrets',
     responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody },
   }, async ({ services }) => ({
-    version: process.env.npm_package_version ?? '0.1.0',
+    version: SERVICE_VERSION,
     queues: QUEUE_NAMES,
     config: publicConfig(services.cfg),
   })),

@@ -44,13 +44,18 @@ export const ProviderController = Type.Object({
 }, { $id: 'ProviderController' });
 export type ProviderController = Static<typeof ProviderController>;
 
-export const Credential = Type.Object({
+// Also the definition export's credential and provider shapes (api/schemas/definition.ts).
+export const credentialFields = {
   id: Uuid,
   type_id: Type.String({ description: 'the credential controller' }),
   dek_alias: AliasName,
   metadata: FreeObject,
   value: Type.Unknown({ description: 'the configuration; sensitive members only as ciphertext under the DEK' }),
   next_rotation_time: Type.Optional(Timestamp),
+};
+
+export const Credential = Type.Object({
+  ...credentialFields,
   created_at: Timestamp,
   updated_at: Timestamp,
 }, { $id: 'Credential' });
@@ -66,7 +71,7 @@ export const FunctionInstance = Type.Object({
 }, { $id: 'FunctionInstance' });
 export type FunctionInstance = Static<typeof FunctionInstance>;
 
-const instanceFields = {
+export const providerInstanceFields = {
   id: ProviderInstanceId,
   display_name: Type.String(),
   provider_controller_type_id: Type.String(),
@@ -78,12 +83,12 @@ const instanceFields = {
   created_at: Timestamp,
   updated_at: Timestamp,
 };
-export const ProviderInstance = Type.Object(instanceFields, { $id: 'ProviderInstance' });
+export const ProviderInstance = Type.Object(providerInstanceFields, { $id: 'ProviderInstance' });
 export type ProviderInstance = Static<typeof ProviderInstance>;
 
 // As listed and fetched one by one: with its controllers, enabled functions and credentials.
 export const ProviderInstanceDetail = Type.Object({
-  ...instanceFields,
+  ...providerInstanceFields,
   controller: ProviderController,
   credential_controller: CredentialController,
   functions: Type.Array(FunctionInstance),

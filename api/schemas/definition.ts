@@ -1,5 +1,6 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { FreeObject, Timestamp } from './common.ts';
+import { credentialFields, providerInstanceFields } from './bridge.ts';
 
 // GET /api/a2a/v1/definition. Key material appears only wrapped (DEKs under their envelope key)
 // and secret values only encrypted (with the DEK named by data_encryption_key_id); each part
@@ -32,23 +33,12 @@ export const DefinitionSecret = Type.Object({
   updated_at: Timestamp,
 });
 
-export const DefinitionCredential = Type.Object({
-  id: Type.String(),
-  type_id: Type.String(),
-  dek_alias: Type.String(),
-  data_encryption_key_id: Type.String(),
-  metadata: FreeObject,
-  value: FreeObject,
-  next_rotation_time: Type.Optional(Timestamp),
-}, { description: 'sensitive members of value only as ciphertext under data_encryption_key_id' });
+export const DefinitionCredential = Type.Object({ ...credentialFields, data_encryption_key_id: Type.String() },
+  { description: 'sensitive members of value only as ciphertext under data_encryption_key_id' });
 
+const { id, display_name, provider_controller_type_id, credential_controller_type_id, status, return_on_successful_brokering } = providerInstanceFields;
 export const DefinitionProvider = Type.Object({
-  id: Type.String(),
-  display_name: Type.String(),
-  provider_controller_type_id: Type.String(),
-  credential_controller_type_id: Type.String(),
-  status: Type.String(),
-  return_on_successful_brokering: Type.Optional(FreeObject),
+  id, display_name, provider_controller_type_id, credential_controller_type_id, status, return_on_successful_brokering,
   resource_server_credential: Type.Optional(DefinitionCredential),
   user_credential: Type.Optional(DefinitionCredential),
   functions: Type.Array(Type.String(), { description: 'enabled function controller type ids' }),

@@ -1,12 +1,11 @@
 // The A2A agent card, built from configuration. Capabilities say only what works.
-import fs from 'node:fs';
 import type { AgentCard } from '@a2a-js/sdk';
 import type { Config } from '../config.ts';
 import { parseSkills } from './skills.ts';
+import { SERVICE_VERSION } from '../version.ts';
 
 export const A2A_PATH = '/api/a2a/v1';
 
-const version: string = JSON.parse(fs.readFileSync(new URL('../../package.json', import.meta.url), 'utf8')).version;
 
 const cards = new WeakMap<Config, { card: AgentCard; extended: AgentCard }>();
 
@@ -16,7 +15,7 @@ function build(cfg: Config): { card: AgentCard; extended: AgentCard } {
     protocolVersion: '0.3.0',
     name: cfg.AGENT_NAME,
     description: cfg.AGENT_DESCRIPTION,
-    version,
+    version: SERVICE_VERSION,
     url,
     preferredTransport: 'JSONRPC',
     additionalInterfaces: [{ url, transport: 'JSONRPC' }],

@@ -3,7 +3,8 @@
 import { Ajv, type ValidateFunction } from 'ajv';
 import addFormats from 'ajv-formats';
 import type { TObject } from '@sinclair/typebox';
-import { InvalidRequest, NotFound } from '../errors.ts';
+import { NotFound } from '../errors.ts';
+import { checkValid } from '../schema-check.ts';
 import type { CredentialController, FunctionController, ProviderController } from '../../api/schemas/bridge.ts';
 import type { CredentialControllerDef, FunctionControllerDef, ProviderControllerDef } from './types.ts';
 import { googleMail } from './providers/google-mail.ts';
@@ -59,13 +60,5 @@ const compiled = new WeakMap<TObject, ValidateFunction>();
 export function checkAgainst(schema: TObject, value: unknown, where: string): void {
   let validate = compiled.get(schema);
   if (!validate) compiled.set(schema, (validate = ajv.compile(json(schema))));
-  if (validate(value)) return;
-  const errors = (validate.errors ?? []).map((e) => {
-    const missing = (e.params as { missingProperty?: string; additionalProperty?: string });
-    const member = missing.missingProperty ?? missing.additionalProperty;
-    const at = [where, ...e.instancePath.split('/').slice(1), ...(member ? [member] : [])].join('.');
-    const message = e.keyword === 'required' ? 'is required' : e.keyword === 'additionalProperties' ? 'is not an allowed member' : e.message ?? 'is invalid';
-    return { path: at, message };
-  });
-  throw new InvalidRequest(`Invalid ${where}: ${errors[0].path} ${errors[0].message}`, errors);
+  checkValid(validate, value, where);
 }

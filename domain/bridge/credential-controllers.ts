@@ -2,7 +2,7 @@
 import { createPrivateKey, sign } from 'node:crypto';
 import { Type } from '@sinclair/typebox';
 import { InvalidRequest, Upstream } from '../errors.ts';
-import { assertWebhookUrl } from '../webhook-url.ts';
+import { assertOutboundUrl } from '../webhook-url.ts';
 import { callUpstream, refusalMessage } from './upstream.ts';
 import type { CredentialControllerDef, Plain } from './types.ts';
 
@@ -13,19 +13,6 @@ const Scopes = Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 2
 const Strict = { additionalProperties: false };
 
 const bearer = (token: unknown) => `Bearer ${String(token)}`;
-
-export const noAuth: CredentialControllerDef = {
-  type_id: 'no_auth',
-  name: 'No authentication',
-  documentation: 'The provider API needs no credential.',
-  requires_brokering: false,
-  requires_resource_server_credential_refreshing: false,
-  requires_user_credential_refreshing: false,
-  resourceServer: Type.Object({}, Strict),
-  userCredential: null,
-  sensitive: { resource_server: [], user: [] },
-  authorization: async () => undefined,
-};
 
 export const apiKey: CredentialControllerDef = {
   type_id: 'api_key',
@@ -83,7 +70,7 @@ async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: { timeou
   const tokenUri = String(rs.token_uri);
   // Checked again at each call (the name may resolve elsewhere now); a refusal here is the
   // upstream's problem, not the caller's request.
-  await assertWebhookUrl(tokenUri, opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE').catch((err: Error) => {
+  await assertOutboundUrl(tokenUri, opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE').catch((err: Error) => {
     throw new Upstream(`token endpoint: ${err.message}`, { upstream: 'token endpoint' });
   });
   const now = Math.floor(Date.now() / 1000);
@@ -130,7 +117,7 @@ export const oauthJwtBearer: CredentialControllerDef = {
     } catch {
       throw new InvalidRequest('value.private_key is not a PEM RSA private key', [{ path: 'body.value.private_key', message: 'must be a PEM RSA private key' }]);
     }
-    await assertWebhookUrl(String(value.token_uri), opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE');
+    await assertOutboundUrl(String(value.token_uri), opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE');
     return value;
   },
   authorization: async (rs, user, opts) => bearer(await jwtBearerToken(rs!, user, opts)),

@@ -1,10 +1,9 @@
 // Credentials of provider instances: checked against their controller's schema, sensitive members
 // encrypted with the DEK their alias names, decrypted only in memory when a function is invoked.
 import { randomUUID } from 'node:crypto';
-import { InvalidRequest, NotFound } from '../errors.ts';
-import { decryptWithDek, encryptWithDek, type KeyringServices } from '../keyring.ts';
+import { InvalidRequest } from '../errors.ts';
+import { decryptWithDek, encryptWithDek, writeUnderAlias, type KeyringServices } from '../keyring.ts';
 import { DEFAULT_ALIAS } from '../crypto/key-management.ts';
-import { aliasDekForWrite } from '../../db/secrets.ts';
 import * as repo from '../../db/bridge.ts';
 import type { CredentialKind, CredentialRow } from '../../db/bridge.ts';
 import type { Credential, CreateCredentialRequest } from '../../api/schemas/bridge.ts';
@@ -34,10 +33,7 @@ export async function createCredential(
   const checked = cc.normalize ? await cc.normalize(kind, input.value, { allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS }) : input.value;
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
   const expiry = kind === 'user' && typeof checked.expiry_time === 'string' && cc.requires_user_credential_refreshing ? Date.parse(checked.expiry_time) : NaN;
-  const row = await s.db.transaction(async (trx) => {
-    // Held FOR SHARE to commit, like secrets, so the alias cannot move or go away meanwhile.
-    const dekId = await aliasDekForWrite(trx, alias);
-    if (!dekId) throw new NotFound('dek_alias', alias);
+  const row = await writeUnderAlias(s, alias, async (trx, dekId) => {
     const value: Plain = { ...checked };
     for (const member of sensitiveOf(cc, kind)) {
       if (value[member] !== undefined) value[member] = await encryptWithDek(s, dekId, String(value[member]), trx);

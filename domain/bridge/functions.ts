@@ -7,7 +7,7 @@ import * as repo from '../../db/bridge.ts';
 import type { FunctionInstance, InvokeResult } from '../../api/schemas/bridge.ts';
 import { PROVIDERS, checkAgainst, credentialDef, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
 import { unsealCredential } from './credentials.ts';
-import { credentialAttacher, toFunctionInstance, toProviderInstance } from './provider-instances.ts';
+import { credentialAttacher, credentialIds, toFunctionInstance, toProviderInstance } from './provider-instances.ts';
 
 type InvokeServices = Pick<Services, 'db' | 'cfg' | 'log'>;
 
@@ -32,8 +32,7 @@ export async function disableFunction(db: Knex, providerInstanceId: string, func
 
 export async function listFunctionInstances(db: Knex, filter: { provider_instance_id?: string }, pageSize: number, token?: string): Promise<{ items: FunctionInstance[]; next_page_token?: string }> {
   const page = await repo.listFunctionInstances(db, filter, pageSize, token);
-  const items = page.items.map(toFunctionInstance);
-  return page.next_page_token ? { items, next_page_token: page.next_page_token } : { items };
+  return { ...page, items: page.items.map(toFunctionInstance) };
 }
 
 // Params are checked first (400), then that the function is enabled (404) and the instance
@@ -51,7 +50,7 @@ export async function invokeFunction(s: InvokeServices, providerInstanceId: stri
     throw new Conflict(`Provider instance '${providerInstanceId}' is ${instance.status}, not active`, { resource: 'provider_instance', id: providerInstanceId, status: instance.status });
   }
   const cc = credentialDef(provider, instance.credential_controller_type_id);
-  const creds = await repo.getCredentials(s.db, [instance.resource_server_credential_id, instance.user_credential_id].filter((c): c is string => c !== null));
+  const creds = await repo.getCredentials(s.db, credentialIds([instance]));
   const plain = async (id: string | null) => {
     if (id === null) return undefined;
     const row = creds.find((c) => c.id === id);

@@ -3,7 +3,7 @@ import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
 import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
-import type { CredentialKind, CredentialRow, FunctionInstanceRow, ProviderInstanceRow } from '../../db/bridge.ts';
+import type { CredentialKind, FunctionInstanceRow, ProviderInstanceRow } from '../../db/bridge.ts';
 import type { Tx } from '../../db/knex.ts';
 import type {
   CreateProviderInstanceRequest, FunctionInstance, ProviderInstance, ProviderInstanceDetail, UpdateProviderInstanceRequest,
@@ -43,7 +43,7 @@ function readyStatus(cc: CredentialControllerDef, row: Pick<ProviderInstanceRow,
 
 async function checkCredential(db: Tx, id: string, kind: CredentialKind, providerTypeId: string, cc: CredentialControllerDef): Promise<void> {
   const field = kind === 'user' ? 'user_credential_id' : 'resource_server_credential_id';
-  const [row] = await db('bridge_credentials').where({ id }).forShare() as CredentialRow[];
+  const row = await repo.getCredentialForShare(db, id);
   if (!row) throw new NotFound(kind === 'user' ? 'user credential' : 'resource server credential', id);
   if (row.kind !== kind) {
     throw new InvalidRequest(`body.${field} is a ${row.kind === 'user' ? 'user' : 'resource server'} credential`, [{ path: `body.${field}`, message: `must be a ${kind === 'user' ? 'user' : 'resource server'} credential` }]);
@@ -79,7 +79,7 @@ export async function createProviderInstance(db: Knex, providerTypeId: string, c
   return toProviderInstance(row);
 }
 
-const credentialIds = (rows: ProviderInstanceRow[]) =>
+export const credentialIds = (rows: ProviderInstanceRow[]) =>
   rows.flatMap((r) => [r.resource_server_credential_id, r.user_credential_id]).filter((c): c is string => c !== null);
 
 // Reads the credentials of these instances in one query; the function it returns adds an
@@ -113,8 +113,7 @@ export async function listProviderInstances(
   db: Knex, filter: { status?: string; provider_controller_type_id?: string }, pageSize: number, token?: string,
 ): Promise<{ items: ProviderInstanceDetail[]; next_page_token?: string }> {
   const page = await repo.listProviderInstances(db, filter, pageSize, token);
-  const items = await withDetails(db, page.items);
-  return page.next_page_token ? { items, next_page_token: page.next_page_token } : { items };
+  return { ...page, items: await withDetails(db, page.items) };
 }
 
 export async function getProviderInstance(db: Knex, id: string): Promise<ProviderInstanceDetail> {

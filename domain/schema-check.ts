@@ -1,0 +1,38 @@
+// How a value that fails its JSON Schema is refused: one InvalidRequest naming each offending
+// member once (request bodies, path and query parameters, credential values, function params).
+import type { ErrorObject, ValidateFunction } from 'ajv';
+import { InvalidRequest, type FieldError } from './errors.ts';
+
+function describe(e: ErrorObject): FieldError & { key: string } {
+  const base = e.instancePath.split('/').slice(1).join('.');
+  const join = (p: string) => (base ? `${base}.${p}` : p);
+  switch (e.keyword) {
+    case 'required': {
+      const p = join((e.params as { missingProperty: string }).missingProperty);
+      return { key: p, path: p, message: 'is required' };
+    }
+    case 'additionalProperties': {
+      const p = join((e.params as { additionalProperty: string }).additionalProperty);
+      return { key: p, path: p, message: 'is not an allowed member' };
+    }
+    case 'discriminator':
+      return { key: join('type'), path: join('type'), message: 'must be one of text-part, data-part, file-part' };
+    default:
+      return { key: `${base}:${e.keyword}`, path: base, message: e.message ?? 'is invalid' };
+  }
+}
+
+export function checkValid(validate: ValidateFunction, value: unknown, where: string): void {
+  if (validate(value)) return;
+  const seen = new Set<string>();
+  const errors: FieldError[] = [];
+  for (const e of validate.errors ?? []) {
+    const d = describe(e);
+    if (seen.has(d.key)) continue;
+    seen.add(d.key);
+    const path = d.path ? `${where}.${d.path}` : where;
+    errors.push({ path, message: d.message });
+  }
+  const first = errors[0];
+  throw new InvalidRequest(`Invalid ${where}: ${first.path} ${first.message}`, errors);
+}
