@@ -134,16 +134,20 @@ export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, id: 
   return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs) };
 }
 
+// Adds a message to a task that is not terminal, in the caller's transaction; a user message to an
+// interrupted task starts a run, which cannot begin before that transaction commits.
+export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateMessageRequest) {
+  const task = await lockTask(uow.trx, taskId);
+  if (isTerminal(task.status)) throw new Conflict(`Task '${taskId}' is ${task.status} and accepts no more messages`, { status: task.status });
+  const { message, timelineItem } = await appendMessage(uow, taskId, req);
+  if (req.role === 'user' && isInterrupted(task.status)) await enqueueRun(uow, taskId, message.id);
+  const { seq, ...timeline_item } = timelineItem;
+  // seq: where a follower of the task's timeline continues from (api/a2a streams).
+  return { message, timeline_item, task: tasks.toTask(task), seq };
+}
+
 export async function addMessage(s: UowServices, taskId: string, req: CreateMessageRequest) {
-  return inTransaction(s, async (uow) => {
-    const task = await lockTask(uow.trx, taskId);
-    if (isTerminal(task.status)) throw new Conflict(`Task '${taskId}' is ${task.status} and accepts no more messages`, { status: task.status });
-    const { message, timelineItem } = await appendMessage(uow, taskId, req);
-    if (req.role === 'user' && isInterrupted(task.status)) await enqueueRun(uow, taskId, message.id);
-    const { seq, ...timeline_item } = timelineItem;
-    // seq: where a follower of the task's timeline continues from (api/a2a streams).
-    return { message, timeline_item, task: tasks.toTask(task), seq };
-  });
+  return inTransaction(s, (uow) => addMessageIn(uow, taskId, req));
 }
 
 export async function updateStatus(s: UowServices, taskId: string, to: TaskState, message?: CreateMessageRequest): Promise<Task> {

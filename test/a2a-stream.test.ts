@@ -103,6 +103,22 @@ describe('A2A streaming (SSE)', () => {
     assert.ok(second.ended);
   });
 
+  it('a follow-up stream\'s snapshot is the task as the message found it, even when the run starts at once', async () => {
+    // Many at a time, so that runs start while their streams are being opened.
+    const ids = await Promise.all(Array.from({ length: 12 }, async (_, i) => {
+      const first = await sse(stack.api.url, 'message/stream', { message: userMessage(`[input] ask ${i}`) });
+      return first.events[0].result.id as string;
+    }));
+    const seconds = await Promise.all(ids.map((taskId, i) => sse(stack.api.url, 'message/stream', { message: userMessage(`answer ${i}`, { taskId }), configuration: { historyLength: 2 } })));
+    seconds.forEach((second, i) => {
+      const [snapshot, ...rest] = second.events.map((e) => e.result);
+      assert.equal(snapshot.id, ids[i]);
+      assert.equal(snapshot.status.state, 'input-required', `task ${i}: snapshot ${snapshot.status.state}`);
+      assert.deepEqual(snapshot.history.map((m: any) => m.parts[0].text), ['I need more input: what should I echo next?', `answer ${i}`]);
+      assert.deepEqual(rest.filter((e) => e.kind === 'status-update').map((e) => e.status.state), ['working', 'completed']);
+    });
+  });
+
   it('several subscribers (resubscribe) get every event; closing one never cancels the task', async () => {
     const task = (await rpc('message/send', { message: userMessage('[sleep 1500] [artifact] shared'), configuration: { blocking: false } })).body.result;
     const [a, b, dropped] = await Promise.all([

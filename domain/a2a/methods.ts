@@ -3,9 +3,10 @@
 import { randomUUID } from 'node:crypto';
 import type { AgentCard, Message as A2AMessage, Task as A2ATask, TaskPushNotificationConfig } from '@a2a-js/sdk';
 import type { Services } from '../services.ts';
+import type { Message, Task } from '../../api/schemas/task.ts';
 import * as tasksRepo from '../../db/tasks.ts';
 import { lastTimelineSeq } from '../../db/timeline-views.ts';
-import { addMessage, createTask, createTaskIn, updateStatus } from '../tasks.ts';
+import { addMessageIn, createTask, createTaskIn, updateStatus } from '../tasks.ts';
 import { inTransaction } from '../unit-of-work.ts';
 import { Conflict } from '../errors.ts';
 import { isTerminal } from '../task-states.ts';
@@ -51,8 +52,16 @@ function requireStreaming(call: A2ACall, method: string): void {
 
 // Stores the message (new task, or continuation of `message.taskId`) and reports the task, the
 // timeline seq a follower continues after (0 for a new task unless `needSeq`: one statement less),
-// and the created rows for a new task.
-async function accept(call: A2ACall, params: MessageSendParams, opts: { newId: string; needSeq: boolean }) {
+// the created rows for a new task, and with `snapshot` a continued task's view as of that seq.
+interface Accepted {
+  id: string;
+  contextId: string;
+  seq: number;
+  created?: { task: Task; message: Message };
+  snapshot?: A2ATask;
+}
+
+async function accept(call: A2ACall, params: MessageSendParams, opts: { newId: string; needSeq: boolean; snapshot?: boolean }): Promise<Accepted> {
   const { services } = call;
   const message = fromA2AMessage(params.message as A2AMessage); // validated: exactly one of bytes or uri
   const pushConfig = params.configuration?.pushNotificationConfig;
@@ -64,9 +73,13 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: { newId: s
       throw invalidParams(`Invalid params: params.message.contextId '${params.message.contextId}' is not the context of task ${row.id}`);
     }
     if (isTerminal(row.status)) throw invalidRequest(`Task ${row.id} is ${row.status}: a terminal task accepts no more messages`, { taskId: row.id, state: row.status });
-    if (pushConfig) await push.setPushConfig(services.db, row.id, pushConfig, services.cfg);
-    const added = await addMessage(services, row.id, message);
-    return { id: row.id, contextId: row.context_id, seq: added.seq };
+    return inTransaction(services, async (uow) => {
+      if (pushConfig) await push.setPushConfig(uow.trx, row.id, pushConfig, services.cfg);
+      const added = await addMessageIn(uow, row.id, message);
+      // Read before commit: the run this message starts cannot change the task before the snapshot.
+      const snapshot = opts.snapshot ? await loadA2ATask(uow.trx, row.id, params.configuration?.historyLength) : undefined;
+      return { id: row.id, contextId: row.context_id, seq: added.seq, snapshot };
+    });
   }
 
   const id = opts.newId;
@@ -118,10 +131,10 @@ export async function streamMessage(call: A2ACall, params: MessageSendParams): P
   const id = params.message.taskId !== undefined ? taskIdOf(params.message.taskId) : randomUUID();
   const follow = await waiter.follow(id);
   try {
-    const accepted = await accept(call, params, { newId: id, needSeq: true });
+    const accepted = await accept(call, params, { newId: id, needSeq: true, snapshot: true });
     const snapshot = accepted.created
       ? toA2ATask(accepted.created.task, { messages: [accepted.created.message], historyLength })
-      : await loadA2ATask(services.db, accepted.id, historyLength);
+      : accepted.snapshot!;
     return (async function* () {
       try {
         yield snapshot;
