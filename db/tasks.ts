@@ -102,12 +102,15 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
     tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at })),
   }))
     .sort(byTaskId);
-  const { rows } = await prepared(db, 'status-changes',
+  // Not a prepared statement: a plan cached while the table was small would scan all of it on every
+  // call for as long as the connection lives; planned each time, it probes the primary key.
+  const { rows } = await db.raw(
     `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, tl jsonb)),
       u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at, updated_at = b.at
               from b
-             -- The id list keeps the plan on the primary key whatever row count the planner guesses for b.
-             where t.id = any(array(select task_id from b)) and t.id = b.task_id and t.status = any(b."from")
+             -- The ids as a parameter keep the plan on the primary key: the planner cannot know how
+             -- many rows b has (it guesses 100) and would otherwise scan the whole table to hash-join them.
+             where t.id = any(?::uuid[]) and t.id = b.task_id and t.status = any(b."from")
              returning t.*),
       m as (insert into messages (id, task_id, role, parts, reference_task_ids, metadata, created_at)
             select (b.msg->>'id')::uuid, b.task_id, b.msg->>'role', b.msg->'parts',
@@ -121,7 +124,7 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
     select (select row_to_json(u) from u where u.id = b.task_id) as task,
            (select array_agg(seq order by seq) from tl where tl.task_id = b.task_id) as seqs
       from b order by b.i`,
-    [JSON.stringify(input)],
+    [JSON.stringify(input), input.map((c) => c.task_id)],
   );
   return rows.map((r: { task: Record<string, unknown> | null; seqs: (string | number)[] | null }) =>
     (r.task ? { task: parseTaskJson(r.task), timelineSeqs: (r.seqs ?? []).map(Number) } : { timelineSeqs: [] }));
@@ -148,7 +151,8 @@ export interface RunState {
 export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(RunState | undefined)[]> {
   const input = runs.map((r, i) => ({ i, task_id: r.taskId, message_id: r.messageId, lim: r.historyLimit, at: r.at, from: r.from, item: { id: r.timelineItem.id, p: r.timelineItem.event_payload } }))
     .sort(byTaskId);
-  const { rows } = await prepared(db, 'begin-runs',
+  // Planned each time, like applyStatusChanges.
+  const { rows } = await db.raw(
     `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, task_id uuid, message_id uuid, lim int, at timestamptz, "from" text[], item jsonb)),
       s as (select b.*, t.status, row_to_json(t) as task,
                    (select row_to_json(m) from messages m where m.id = b.message_id and m.task_id = t.id) as trigger,
@@ -156,13 +160,14 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
                            and coalesce((select sm.seq from messages sm where sm.id = t.status_message_id) > tr.seq,
                                         t.status_timestamp > tr.created_at)) as answered
               from b
-              -- lateral: one primary-key probe per run whatever row count the planner guesses for b
-              left join lateral (select * from tasks where id = b.task_id) t on true),
+              -- the ids as a parameter keep both reads of tasks on the primary key (see applyStatusChanges)
+              left join (select * from tasks where id = any(?::uuid[])) t on t.id = b.task_id),
       u as (update tasks t set status = 'working', status_message_id = null, status_timestamp = s.at, updated_at = s.at
               from s
-             where t.id = any(array(select task_id from s where status = any("from") and trigger is not null and not answered))
+             where t.id = any(?::uuid[]) and t.id = s.task_id
+               and s.status = any(s."from") and s.trigger is not null and not s.answered
                -- a task changed since s was read keeps its new state
-               and t.id = s.task_id and t.status = s.status
+               and t.status = s.status
             returning t.*),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
              select (s.item->>'id')::uuid, s.task_id, s.item->'p', s.at
@@ -176,7 +181,7 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
               (select id, seq, task_id, role, parts, reference_task_ids, metadata, created_at
                  from messages where task_id = s.task_id order by seq desc limit s.lim) h) as history
       from s order by s.i`,
-    [JSON.stringify(input)],
+    [JSON.stringify(input), input.map((r) => r.task_id), input.map((r) => r.task_id)],
   );
   const toMessage = (m: Record<string, unknown>): Message & { seq: number } => ({ ...(m as unknown as Message), seq: Number(m.seq), created_at: new Date(m.created_at as string).toISOString() });
   return rows.map((r: { task: Record<string, unknown> | null; started: boolean; seq: string | number | null; trigger: Record<string, unknown> | null; answered: boolean; history: Record<string, unknown>[] }) => (r.task
