@@ -24,8 +24,9 @@ export async function migrateLatest(db: Knex): Promise<string[]> {
 }
 
 // A named (server-side prepared) statement: Postgres parses it once per connection and can reuse
-// its plan, which matters on the hot paths (task intake, status changes, run state) where planning
-// cost more than executing. `name` must identify `sql` exactly: one name per statement shape.
+// its plan. Only for statements whose best plan does not depend on table sizes (task intake
+// inserts): a plan cached while a table was small is kept however large the table grows.
+// `name` must identify `sql` exactly: one name per statement shape.
 export function prepared(db: Tx, name: string, sql: string, bindings: readonly unknown[] | Record<string, unknown>) {
   return db.raw(sql, bindings as never).options({ name });
 }
