@@ -7,7 +7,7 @@ import path from 'node:path';
 import { createPublicKey, generateKeyPairSync, randomUUID, verify } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { Validator } from '@seriousme/openapi-schema-validator';
-import { ROOT, resetDb, startStack, testDb, type Client, type Stack } from './helpers/stack.ts';
+import { Client, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack } from './helpers/stack.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
@@ -19,7 +19,7 @@ const { privateKey, publicKey } = generateKeyPairSync('rsa', { modulusLength: 20
 interface Seen { method: string; url: string; headers: http.IncomingHttpHeaders; body: string }
 
 // Answers like the provider APIs: refunds (pi_refused is refused, pi_boom fails on Stripe's
-// side), Gmail send, and an RFC 7523 token endpoint that checks the assertion's signature.
+// side, pi_slow answers after 3 s), Gmail send, and an RFC 7523 token endpoint that checks the assertion's signature.
 function startProviders(): Promise<{ server: http.Server; url: string; seen: Seen[] }> {
   const seen: Seen[] = [];
   const server = http.createServer((req, res) => {
@@ -33,6 +33,7 @@ function startProviders(): Promise<{ server: http.Server; url: string; seen: See
         const form = new URLSearchParams(body);
         if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
         if (form.get('payment_intent') === 'pi_boom') return send(500, { error: { message: 'internal' } });
+        if (form.get('payment_intent') === 'pi_slow') return void setTimeout(() => send(200, { id: 're_late', object: 'refund' }), 3000);
         if (form.get('payment_intent') === 'pi_cut') {
           res.writeHead(200, { 'content-type': 'application/json' }).write('{"id": "re_');
           return void setTimeout(() => res.destroy(), 50);
@@ -76,7 +77,7 @@ describe('bridge API', () => {
     await resetDb();
     providers = await startProviders();
     stack = await startStack({
-      STRIPE_API_BASE_URL: providers.url, GOOGLE_MAIL_API_BASE_URL: `${providers.url}/`, BRIDGE_ALLOW_PRIVATE: 'true',
+      STRIPE_API_BASE_URL: providers.url, GOOGLE_MAIL_API_BASE_URL: `${providers.url}/`, BRIDGE_ALLOW_PRIVATE: 'true', BRIDGE_TIMEOUT_MS: '1000',
       AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/bridge-agent.ts'),
     });
     c = stack.client;
@@ -382,5 +383,50 @@ describe('bridge API', () => {
     assert.ok(await testDb()('bridge_credentials').where({ id: cred.id }).first(), 'still used by stripe-shares');
     assert.equal((await c.delete(`${B}/provider/stripe-shares`)).status, 200);
     assert.equal(await testDb()('bridge_credentials').where({ id: cred.id }).first(), undefined);
+  });
+
+  it('answers 502 when a provider does not answer within BRIDGE_TIMEOUT_MS', async () => {
+    await stripeInstance('stripe-slow');
+    await c.post(`${B}/provider/stripe-slow/function/stripe_process_refund/enable`, {});
+    const r = await invoke('stripe-slow', 'stripe_process_refund', { payment_intent: 'pi_slow' });
+    assert.equal(r.status, 502, r.text);
+    assert.match(r.body.message, /stripe: no answer within 1000 ms/);
+  });
+
+  it('answers 502 naming the token endpoint when it refuses the assertion, and sends nothing', async () => {
+    const other = generateKeyPairSync('rsa', { modulusLength: 2048, privateKeyEncoding: { type: 'pkcs8', format: 'pem' }, publicKeyEncoding: { type: 'spki', format: 'pem' } });
+    const rs = await c.post(`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
+      { value: { client_id: 'stranger@example.iam', private_key: other.privateKey, token_uri: `${providers.url}/token`, scopes: ['gmail.send'] } });
+    assert.equal(rs.status, 201, rs.text);
+    await c.post(avail('google_mail', 'oauth2_jwt_bearer_assertion_flow'), { provider_instance_id: 'gmail-stranger', display_name: 'Gmail stranger', resource_server_credential_id: rs.body.id });
+    await c.post(`${B}/provider/gmail-stranger/function/google_mail_send_email/enable`, {});
+    const sends = providers.seen.filter((x) => x.url === '/gmail/v1/users/me/messages/send').length;
+    const r = await invoke('gmail-stranger', 'google_mail_send_email', { to: 'b@example.com', subject: 'S', body: 'B' });
+    assert.equal(r.status, 502, r.text);
+    assert.match(r.body.message, /token endpoint refused the assertion: bad assertion/);
+    assert.ok(!r.text.includes('PRIVATE KEY') && !r.text.includes(lastSeen('/token').body), 'neither the key nor the assertion is echoed');
+    assert.equal(providers.seen.filter((x) => x.url === '/gmail/v1/users/me/messages/send').length, sends, 'no mail without a token');
+  });
+});
+
+describe('bridge API without BRIDGE_ALLOW_PRIVATE', () => {
+  let api: Awaited<ReturnType<typeof startApi>>;
+  before(async () => {
+    await resetDb();
+    api = await startApi(testEnv());
+  });
+  after(async () => api?.stop());
+
+  it('refuses a service-account credential whose token_uri is private, loopback or link-local, storing nothing', async () => {
+    const client = new Client(api.url);
+    for (const tokenUri of ['http://127.0.0.1:9/token', 'http://10.1.2.3/token', 'http://169.254.169.254/latest/meta-data', 'http://[::1]/token', 'http://localhost/token']) {
+      const r = await client.post(`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
+        { value: { client_id: 'svc@example.iam', private_key: privateKey, token_uri: tokenUri, scopes: ['gmail.send'] } });
+      assert.equal(r.status, 400, `${tokenUri}: ${r.text}`);
+      assert.match(r.body.message, /token_uri host .* private, loopback or link-local .* BRIDGE_ALLOW_PRIVATE=true/);
+      assert.ok(!r.text.includes('PRIVATE KEY'));
+    }
+    const { rows } = await testDb().raw('select count(*)::int as n from bridge_credentials');
+    assert.equal(rows[0].n, 0);
   });
 });
