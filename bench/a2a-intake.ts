@@ -147,30 +147,32 @@ async function ourFigures(taskIds: string[], timeoutMs = 180_000) {
     if (Date.now() > deadline) throw new Error(`only ${rows[0].n} of ${taskIds.length} tasks finished in ${timeoutMs} ms`);
     await sleep(200);
   }
-  const { rows: lat } = await db.raw(
-    `select extract(epoch from (w.at - t.created_at)) * 1000 as ms
-       from tasks t
-       join lateral (select min(ti.created_at) as at from timeline_items ti
-                     where ti.task_id = t.id and ti.event_payload->>'type' = 'task-status-update' and ti.event_payload->>'status' = 'working') w on true
-      where t.id = any(?::uuid[])`, [taskIds]);
+  const starts = await startTimes(taskIds);
   const { rows: win } = await db.raw(
     `select count(*) filter (where status = 'completed')::int as completed,
             extract(epoch from (max(status_timestamp) - min(created_at))) * 1000 as window_ms
        from tasks where id = any(?::uuid[])`, [taskIds]);
-  return { latencies: sortNum(lat.map((r: { ms: string }) => Number(r.ms))), completed: win[0].completed as number, windowMs: Number(win[0].window_ms) };
+  const latencies = starts.flatMap((r) => (r.working_at ? [r.working_at.getTime() - r.created_at.getTime()] : []));
+  return { latencies: sortNum(latencies), completed: win[0].completed as number, windowMs: Number(win[0].window_ms) };
 }
 
-// Ours, the queue's share of start latency: from the job's hand-over to BullMQ (after the task's
-// rows committed; the job id is the trigger message id) to the first 'working' timeline item.
-async function queueLatencies(queue: Queue, taskIds: string[]): Promise<number[]> {
+// Per task: its creation, its trigger message (whose id is its run's job id) and its first
+// 'working' timeline item (null if it never started).
+async function startTimes(taskIds: string[]): Promise<{ created_at: Date; message_id: string; working_at: Date | null }[]> {
   const { rows } = await db.raw(
-    `select m.id as message_id,
+    `select t.created_at, m.id as message_id,
             (select min(ti.created_at) from timeline_items ti
               where ti.task_id = t.id and ti.event_payload->>'type' = 'task-status-update' and ti.event_payload->>'status' = 'working') as working_at
        from tasks t join lateral (select id from messages where task_id = t.id and role = 'user' order by seq limit 1) m on true
       where t.id = any(?::uuid[])`, [taskIds]);
+  return rows;
+}
+
+// Ours, the queue's share of start latency: from the job's hand-over to BullMQ (after the task's
+// rows committed) to the first 'working' timeline item.
+async function queueLatencies(queue: Queue, taskIds: string[]): Promise<number[]> {
   const out: number[] = [];
-  for (const r of rows as { message_id: string; working_at: Date | null }[]) {
+  for (const r of await startTimes(taskIds)) {
     const job = await queue.getJob(r.message_id);
     if (job && r.working_at) out.push(r.working_at.getTime() - job.timestamp);
   }

@@ -151,6 +151,7 @@ export interface RunState {
 export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(RunState | undefined)[]> {
   const input = runs.map((r, i) => ({ i, task_id: r.taskId, message_id: r.messageId, lim: r.historyLimit, at: r.at, from: r.from, item: { id: r.timelineItem.id, p: r.timelineItem.event_payload } }))
     .sort(byTaskId);
+  const ids = input.map((r) => r.task_id);
   // Planned each time, like applyStatusChanges.
   const { rows } = await db.raw(
     `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, task_id uuid, message_id uuid, lim int, at timestamptz, "from" text[], item jsonb)),
@@ -181,7 +182,7 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
               (select id, seq, task_id, role, parts, reference_task_ids, metadata, created_at
                  from messages where task_id = s.task_id order by seq desc limit s.lim) h) as history
       from s order by s.i`,
-    [JSON.stringify(input), input.map((r) => r.task_id), input.map((r) => r.task_id)],
+    [JSON.stringify(input), ids, ids],
   );
   const toMessage = (m: Record<string, unknown>): Message & { seq: number } => ({ ...(m as unknown as Message), seq: Number(m.seq), created_at: new Date(m.created_at as string).toISOString() });
   return rows.map((r: { task: Record<string, unknown> | null; started: boolean; seq: string | number | null; trigger: Record<string, unknown> | null; answered: boolean; history: Record<string, unknown>[] }) => (r.task

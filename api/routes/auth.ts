@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { Body, ErrorBody, Success, Timestamp, Uuid } from '../schemas/common.ts';
+import { Body, ErrorBody, requestErrors, Success, Timestamp, Uuid } from '../schemas/common.ts';
 import { createApiKey, revokeApiKey, SCOPES } from '../../domain/api-keys.ts';
 import { listActive } from '../../db/api-keys.ts';
 import { forgetApiKey } from '../middleware/auth.ts';
@@ -8,27 +8,26 @@ import { forgetApiKey } from '../middleware/auth.ts';
 const tag = 'auth';
 const ScopeSchema = Type.Union(SCOPES.map((s) => Type.Literal(s)));
 const ApiKey = Type.Object({ id: Uuid, name: Type.String(), scopes: Type.Array(ScopeSchema), created_at: Timestamp, last_used_at: Type.Union([Timestamp, Type.Null()]) });
-const errors = { 400: ErrorBody, 401: ErrorBody, 403: ErrorBody };
 
 export const authRoutes = [
   defineRoute({
     method: 'post', path: '/api/auth/v1/api-key', operationId: 'create-api-key', tag, scope: 'admin',
     summary: 'Create an API key; the key is returned only in this response',
     body: Body({ name: Type.String({ minLength: 1, maxLength: 200 }), scopes: Type.Array(ScopeSchema, { minItems: 1 }) }),
-    responses: { 201: Type.Object({ id: Uuid, name: Type.String(), scopes: Type.Array(ScopeSchema), key: Type.String(), created_at: Timestamp }), ...errors },
+    responses: { 201: Type.Object({ id: Uuid, name: Type.String(), scopes: Type.Array(ScopeSchema), key: Type.String(), created_at: Timestamp }), ...requestErrors },
   }, async ({ body, services }) => createApiKey(services.db, body.name, body.scopes)),
 
   defineRoute({
     method: 'get', path: '/api/auth/v1/api-key', operationId: 'list-api-keys', tag, scope: 'admin',
     summary: 'List active API keys (never the keys themselves)',
-    responses: { 200: Type.Object({ items: Type.Array(ApiKey) }), ...errors },
+    responses: { 200: Type.Object({ items: Type.Array(ApiKey) }), ...requestErrors },
   }, async ({ services }) => ({ items: await listActive(services.db) })),
 
   defineRoute({
     method: 'delete', path: '/api/auth/v1/api-key/:id', operationId: 'revoke-api-key', tag, scope: 'admin',
     summary: 'Revoke an API key',
     params: Type.Object({ id: Uuid }),
-    responses: { 200: Success, ...errors, 404: ErrorBody },
+    responses: { 200: Success, ...requestErrors, 404: ErrorBody },
   }, async ({ params, services }) => {
     await revokeApiKey(services.db, params.id);
     forgetApiKey(params.id);

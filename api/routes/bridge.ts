@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, FreeObject, Paginated, PageQuery, Success } from '../schemas/common.ts';
+import { ErrorBody, FreeObject, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
 import {
   ControllerParams, CreateCredentialRequest, CreateProviderInstanceRequest, Credential, FunctionInstance, FunctionParams,
   GroupedByFunction, GroupedListQuery, InvokeFunctionRequest, InvokeResult, ProviderController, ProviderInstance, ProviderInstanceDetail,
@@ -13,7 +13,6 @@ import * as functions from '../../domain/bridge/functions.ts';
 import { functionInstancesOpenApi } from '../../domain/bridge/function-openapi.ts';
 
 const tag = 'bridge';
-const errors = { 400: ErrorBody, 401: ErrorBody, 403: ErrorBody, 404: ErrorBody };
 const available = '/api/bridge/v1/available-providers/:provider_controller_type_id/available-credentials/:credential_controller_type_id';
 const provider = '/api/bridge/v1/provider/:provider_instance_id';
 const fn = `${provider}/function/:function_controller_type_id`;
@@ -22,7 +21,7 @@ const credentialRoute = (kind: 'resource_server' | 'user', path: string, operati
   method: 'post', path, operationId, tag, scope: 'bridge:write',
   summary: `Store a ${what}: checked against the credential controller's schema, sensitive members encrypted with the DEK of dek_alias (default: default)`,
   params: ControllerParams, body: CreateCredentialRequest,
-  responses: { 201: Credential, ...errors },
+  responses: { 201: Credential, ...resourceErrors },
 }, async ({ params, body, services }) => createCredential(services, kind, params.provider_controller_type_id, params.credential_controller_type_id, body));
 
 // Fixed paths (/provider/grouped-by-function) are registered before /provider/:provider_instance_id.
@@ -31,7 +30,7 @@ export const bridgeRoutes = [
     method: 'get', path: '/api/bridge/v1/available-providers', operationId: 'list-available-providers', tag, scope: 'bridge:read',
     summary: 'The provider controllers this service knows, with their credential controllers and functions',
     query: Type.Object(PageQuery),
-    responses: { 200: Paginated(ProviderController), 400: ErrorBody, 401: ErrorBody, 403: ErrorBody },
+    responses: { 200: Paginated(ProviderController), ...requestErrors },
   }, async () => ({ items: PROVIDERS.map(describeProvider) })),
 
   credentialRoute('resource_server', `${available}/credential/resource-server`, 'create-resource-server-credential', 'resource server credential'),
@@ -41,42 +40,42 @@ export const bridgeRoutes = [
     method: 'post', path: available, operationId: 'create-provider-instance', tag, scope: 'bridge:write',
     summary: 'Create a provider instance; active when it has every credential its controller needs, else brokering_initiated',
     params: ControllerParams, body: CreateProviderInstanceRequest,
-    responses: { 201: ProviderInstance, ...errors, 409: ErrorBody },
+    responses: { 201: ProviderInstance, ...resourceErrors, 409: ErrorBody },
   }, async ({ params, body, services }) => instances.createProviderInstance(services.db, params.provider_controller_type_id, params.credential_controller_type_id, body)),
 
   defineRoute({
     method: 'get', path: '/api/bridge/v1/provider', operationId: 'list-provider-instances', tag, scope: 'bridge:read',
     summary: 'List provider instances, newest first, with controllers, enabled functions and credentials (secret members encrypted)',
     query: Type.Object({ ...PageQuery, ...ProviderListQuery }),
-    responses: { 200: Paginated(ProviderInstanceDetail), 400: ErrorBody, 401: ErrorBody, 403: ErrorBody },
+    responses: { 200: Paginated(ProviderInstanceDetail), ...requestErrors },
   }, async ({ query, services }) => instances.listProviderInstances(services.db, query, query.page_size!, query.next_page_token)),
 
   defineRoute({
     method: 'get', path: '/api/bridge/v1/provider/grouped-by-function', operationId: 'list-providers-grouped-by-function', tag, scope: 'bridge:read',
     summary: 'One item per function controller, with the provider instances that enabled it and their credentials (secret members encrypted)',
     query: Type.Object({ ...PageQuery, ...GroupedListQuery }),
-    responses: { 200: Paginated(GroupedByFunction), 400: ErrorBody, 401: ErrorBody, 403: ErrorBody },
+    responses: { 200: Paginated(GroupedByFunction), ...requestErrors },
   }, async ({ query, services }) => functions.listGroupedByFunction(services.db, query, query.page_size!, query.next_page_token)),
 
   defineRoute({
     method: 'get', path: provider, operationId: 'get-provider-instance', tag, scope: 'bridge:read',
     summary: 'A provider instance with its controllers, enabled functions and credentials (secret members encrypted)',
     params: ProviderParams,
-    responses: { 200: ProviderInstanceDetail, ...errors },
+    responses: { 200: ProviderInstanceDetail, ...resourceErrors },
   }, async ({ params, services }) => instances.getProviderInstance(services.db, params.provider_instance_id)),
 
   defineRoute({
     method: 'patch', path: provider, operationId: 'update-provider-instance', tag, scope: 'bridge:write',
     summary: 'Rename a provider instance, or set it disabled or (back to) active',
     params: ProviderParams, body: UpdateProviderInstanceRequest,
-    responses: { 200: ProviderInstance, ...errors, 409: ErrorBody },
+    responses: { 200: ProviderInstance, ...resourceErrors, 409: ErrorBody },
   }, async ({ params, body, services }) => instances.updateProviderInstance(services.db, params.provider_instance_id, body)),
 
   defineRoute({
     method: 'delete', path: provider, operationId: 'delete-provider-instance', tag, scope: 'bridge:write',
     summary: 'Delete a provider instance with its function instances and the credentials no other instance uses',
     params: ProviderParams,
-    responses: { 200: Success, ...errors },
+    responses: { 200: Success, ...resourceErrors },
   }, async ({ params, services }) => {
     await instances.deleteProviderInstance(services.db, params.provider_instance_id);
     return { success: true };
@@ -86,14 +85,14 @@ export const bridgeRoutes = [
     method: 'post', path: `${fn}/enable`, operationId: 'enable-function', tag, scope: 'bridge:write',
     summary: 'Enable a function of the provider on this instance',
     params: FunctionParams,
-    responses: { 201: FunctionInstance, ...errors, 409: ErrorBody },
+    responses: { 201: FunctionInstance, ...resourceErrors, 409: ErrorBody },
   }, async ({ params, services }) => functions.enableFunction(services.db, params.provider_instance_id, params.function_controller_type_id)),
 
   defineRoute({
     method: 'post', path: `${fn}/disable`, operationId: 'disable-function', tag, scope: 'bridge:write',
     summary: 'Disable an enabled function',
     params: FunctionParams,
-    responses: { 200: Success, ...errors },
+    responses: { 200: Success, ...resourceErrors },
   }, async ({ params, services }) => {
     await functions.disableFunction(services.db, params.provider_instance_id, params.function_controller_type_id);
     return { success: true };
@@ -103,14 +102,14 @@ export const bridgeRoutes = [
     method: 'post', path: `${fn}/invoke`, operationId: 'invoke-function', tag, scope: 'bridge:invoke',
     summary: 'Invoke an enabled function: success with its output, or error with the provider\'s refusal',
     params: FunctionParams, body: InvokeFunctionRequest,
-    responses: { 200: InvokeResult, ...errors, 409: ErrorBody, 502: ErrorBody },
+    responses: { 200: InvokeResult, ...resourceErrors, 409: ErrorBody, 502: ErrorBody },
   }, async ({ params, body, services }) => functions.invokeFunction(services, params.provider_instance_id, params.function_controller_type_id, body.params)),
 
   defineRoute({
     method: 'get', path: '/api/bridge/v1/function-instances', operationId: 'list-function-instances', tag, scope: 'bridge:read',
     summary: 'List enabled functions, newest first',
     query: Type.Object({ ...PageQuery, provider_instance_id: Type.Optional(ProviderInstanceId) }),
-    responses: { 200: Paginated(FunctionInstance), 400: ErrorBody, 401: ErrorBody, 403: ErrorBody },
+    responses: { 200: Paginated(FunctionInstance), ...requestErrors },
   }, async ({ query, services }) => functions.listFunctionInstances(services.db, query, query.page_size!, query.next_page_token)),
 
   defineRoute({

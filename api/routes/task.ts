@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, Paginated, PageQuery, RequiredPageQuery, Uuid } from '../schemas/common.ts';
+import { ErrorBody, PageQuery, Paginated, RequiredPageQuery, resourceErrors, Uuid } from '../schemas/common.ts';
 import { ContextInfo, CreateMessageRequest, CreateTaskRequest, GetTaskResponse, Message, Task, TaskStatus, TimelineItem, UpdateTaskRequest } from '../schemas/task.ts';
 import * as taskDomain from '../../domain/tasks.ts';
 import * as taskRepo from '../../db/tasks.ts';
@@ -9,14 +9,13 @@ import { listTimeline } from '../../db/timeline.ts';
 
 const tag = 'task';
 const TaskId = Type.Object({ task_id: Uuid });
-const errors = { 400: ErrorBody, 401: ErrorBody, 403: ErrorBody, 404: ErrorBody };
 
 export const taskRoutes = [
   defineRoute({
     method: 'get', path: '/api/task/v1/context', operationId: 'list-contexts', tag, scope: 'task:read',
     summary: 'List task contexts, each once, newest first',
     query: Type.Object(RequiredPageQuery),
-    responses: { 200: Paginated(ContextInfo), ...errors },
+    responses: { 200: Paginated(ContextInfo), ...resourceErrors },
   }, async ({ query, services }) => {
     const page = await taskRepo.listContexts(services.db, query.page_size, query.next_page_token);
     return page;
@@ -27,7 +26,7 @@ export const taskRoutes = [
     summary: 'List the tasks of a context, newest first',
     params: Type.Object({ context_id: Uuid }),
     query: Type.Object(PageQuery),
-    responses: { 200: Paginated(Task), ...errors },
+    responses: { 200: Paginated(Task), ...resourceErrors },
   }, async ({ params, query, services }) => {
     const page = await taskRepo.listTasks(services.db, { context_id: params.context_id }, query.page_size!, query.next_page_token);
     return { ...page, items: page.items.map(taskRepo.toTask) };
@@ -37,7 +36,7 @@ export const taskRoutes = [
     method: 'get', path: '/api/task/v1', operationId: 'list-tasks', tag, scope: 'task:read',
     summary: 'List tasks, newest first, optionally filtered by status or context',
     query: Type.Object({ ...PageQuery, status: Type.Optional(TaskStatus), context_id: Type.Optional(Uuid) }),
-    responses: { 200: Paginated(Task), ...errors },
+    responses: { 200: Paginated(Task), ...resourceErrors },
   }, async ({ query, services }) => {
     const page = await taskRepo.listTasks(services.db, { status: query.status, context_id: query.context_id }, query.page_size!, query.next_page_token);
     return { ...page, items: page.items.map(taskRepo.toTask) };
@@ -47,28 +46,28 @@ export const taskRoutes = [
     method: 'post', path: '/api/task/v1', operationId: 'create-task', tag, scope: 'task:write',
     summary: 'Create a task with its first message and enqueue its execution',
     body: CreateTaskRequest,
-    responses: { 201: Type.Object({ task: Task, message: Message }), ...errors },
+    responses: { 201: Type.Object({ task: Task, message: Message }), ...resourceErrors },
   }, async ({ body, services }) => taskDomain.createTask(services, body)),
 
   defineRoute({
     method: 'get', path: '/api/task/v1/:task_id', operationId: 'get-task', tag, scope: 'task:read',
     summary: 'Get a task with its first messages and its status message',
     params: TaskId,
-    responses: { 200: GetTaskResponse, ...errors },
+    responses: { 200: GetTaskResponse, ...resourceErrors },
   }, async ({ params, services }) => taskDomain.getTaskWithMessages(services.db, params.task_id)),
 
   defineRoute({
     method: 'put', path: '/api/task/v1/:task_id', operationId: 'update-task-status', tag, scope: 'task:write',
     summary: 'Change a task status, optionally with a status message',
     params: TaskId, body: UpdateTaskRequest,
-    responses: { 200: Task, ...errors, 409: ErrorBody },
+    responses: { 200: Task, ...resourceErrors, 409: ErrorBody },
   }, async ({ params, body, services }) => taskDomain.updateStatus(services, params.task_id, body.status, body.message)),
 
   defineRoute({
     method: 'get', path: '/api/task/v1/:task_id/message', operationId: 'list-task-messages', tag, scope: 'task:read',
     summary: 'List the messages of a task, oldest first',
     params: TaskId, query: Type.Object(PageQuery),
-    responses: { 200: Paginated(Message), ...errors },
+    responses: { 200: Paginated(Message), ...resourceErrors },
   }, async ({ params, query, services }) => {
     await taskDomain.requireTask(services.db, params.task_id);
     return listMessages(services.db, params.task_id, query.page_size!, query.next_page_token);
@@ -78,7 +77,7 @@ export const taskRoutes = [
     method: 'post', path: '/api/task/v1/:task_id/message', operationId: 'send-message', tag, scope: 'task:write',
     summary: 'Add a message to a task; a user message to an interrupted task continues it',
     params: TaskId, body: CreateMessageRequest,
-    responses: { 201: Type.Object({ message: Message, timeline_item: TimelineItem }), ...errors, 409: ErrorBody },
+    responses: { 201: Type.Object({ message: Message, timeline_item: TimelineItem }), ...resourceErrors, 409: ErrorBody },
   }, async ({ params, body, services }) => {
     const { message, timeline_item } = await taskDomain.addMessage(services, params.task_id, body);
     return { message, timeline_item };
@@ -89,7 +88,7 @@ export const taskRoutes = [
     summary: 'The timeline of a task, newest first (order=asc for oldest first)',
     params: TaskId,
     query: Type.Object({ ...PageQuery, order: Type.Optional(Type.Union([Type.Literal('asc'), Type.Literal('desc')], { default: 'desc' })) }),
-    responses: { 200: Paginated(TimelineItem), ...errors },
+    responses: { 200: Paginated(TimelineItem), ...resourceErrors },
   }, async ({ params, query, services }) => {
     await taskDomain.requireTask(services.db, params.task_id);
     return listTimeline(services.db, params.task_id, query.order ?? 'desc', query.page_size!, query.next_page_token);

@@ -13,10 +13,11 @@ export const ReturnAddress = Type.Object({
   url: Type.String({ pattern: '^https?://[^\\s]+$', maxLength: 2048 }),
 }, { additionalProperties: false });
 
+// What every controller in the catalog says of itself.
+const controllerFields = { type_id: Type.String(), name: Type.String(), documentation: Type.String() };
+
 export const FunctionController = Type.Object({
-  type_id: Type.String(),
-  name: Type.String(),
-  documentation: Type.String(),
+  ...controllerFields,
   categories: Type.Array(Type.String()),
   parameters: FreeObject,
   output: FreeObject,
@@ -24,9 +25,7 @@ export const FunctionController = Type.Object({
 export type FunctionController = Static<typeof FunctionController>;
 
 export const CredentialController = Type.Object({
-  type_id: Type.String(),
-  name: Type.String(),
-  documentation: Type.String(),
+  ...controllerFields,
   requires_brokering: Type.Boolean(),
   requires_resource_server_credential_refreshing: Type.Boolean(),
   requires_user_credential_refreshing: Type.Boolean(),
@@ -35,9 +34,7 @@ export const CredentialController = Type.Object({
 export type CredentialController = Static<typeof CredentialController>;
 
 export const ProviderController = Type.Object({
-  type_id: Type.String(),
-  name: Type.String(),
-  documentation: Type.String(),
+  ...controllerFields,
   categories: Type.Array(Type.String()),
   credential_controllers: Type.Array(CredentialController),
   functions: Type.Array(FunctionController),

@@ -12,6 +12,10 @@ export const ErrorBody = Type.Object({
   data: Type.Optional(Type.Object({ code: Type.String() }, { additionalProperties: true })),
 }, { $id: 'Error' });
 
+// The error answers every authenticated route can give, and those of routes that name a resource.
+export const requestErrors = { 400: ErrorBody, 401: ErrorBody, 403: ErrorBody };
+export const resourceErrors = { ...requestErrors, 404: ErrorBody };
+
 export const Success = Type.Object({ success: Type.Boolean() });
 
 export const PageQuery = {

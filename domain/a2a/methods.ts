@@ -51,13 +51,13 @@ function requireStreaming(call: A2ACall, method: string): void {
 }
 
 // Stores the message (new task, or continuation of `message.taskId`) and reports the task, the
-// timeline seq a follower continues after (0 for a new task unless `needSeq`: one statement less),
-// the created rows for a new task, and with `snapshot` a continued task's view as of that seq.
+// timeline seq a follower continues after (0 for a new task unless `needSeq`: one statement less)
+// and the task's view as of that seq: always for a new task (built from the rows it wrote), for a
+// continued one only with `snapshot` (one more read).
 interface Accepted {
   id: string;
   contextId: string;
   seq: number;
-  created?: { task: Task; message: Message };
   snapshot?: A2ATask;
 }
 
@@ -84,17 +84,18 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: { newId: s
 
   const id = opts.newId;
   const req = { context_id: params.message.contextId?.toLowerCase(), message };
+  const view = (c: { task: Task; message: Message }) => toA2ATask(c.task, { messages: [c.message], historyLength: params.configuration?.historyLength });
   if (!pushConfig && !opts.needSeq) {
     // The hot path (non-blocking intake): one statement, no re-read.
     const created = await createTask(services, req, id);
-    return { id, contextId: created.task.context_id, seq: 0, created };
+    return { id, contextId: created.task.context_id, seq: 0, snapshot: view(created) };
   }
   const created = await inTransaction(services, async (uow) => {
     const c = await createTaskIn(uow, req, id);
     if (pushConfig) await push.setPushConfig(uow.trx, id, pushConfig, services.cfg);
     return c;
   });
-  return { id, contextId: created.task.context_id, seq: created.lastSeq, created };
+  return { id, contextId: created.task.context_id, seq: created.lastSeq, snapshot: view(created) };
 }
 
 export async function sendMessage(call: A2ACall, params: MessageSendParams): Promise<A2ATask> {
@@ -103,8 +104,7 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
   const id = params.message.taskId !== undefined ? taskIdOf(params.message.taskId) : randomUUID();
   if (params.configuration?.blocking === false) {
     const accepted = await accept(call, params, { newId: id, needSeq: false });
-    if (accepted.created) return toA2ATask(accepted.created.task, { messages: [accepted.created.message], historyLength });
-    return loadA2ATask(services.db, accepted.id, historyLength);
+    return accepted.snapshot ?? loadA2ATask(services.db, accepted.id, historyLength);
   }
   // Blocking: follow the task until it is terminal or waits for input, or the bounded wait ends.
   // An explicit timer: on Node 20 an AbortSignal.timeout held only by AbortSignal.any can be
@@ -127,14 +127,11 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
 export async function streamMessage(call: A2ACall, params: MessageSendParams): Promise<TaskStream> {
   requireStreaming(call, 'message/stream');
   const { services, waiter } = call;
-  const historyLength = params.configuration?.historyLength;
   const id = params.message.taskId !== undefined ? taskIdOf(params.message.taskId) : randomUUID();
   const follow = await waiter.follow(id);
   try {
     const accepted = await accept(call, params, { newId: id, needSeq: true, snapshot: true });
-    const snapshot = accepted.created
-      ? toA2ATask(accepted.created.task, { messages: [accepted.created.message], historyLength })
-      : accepted.snapshot!;
+    const snapshot = accepted.snapshot!; // always set with `snapshot: true`
     return (async function* () {
       try {
         yield snapshot;
