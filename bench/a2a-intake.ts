@@ -6,7 +6,10 @@
 //      neighbour on a shared machine weighs on both sides of a round: BENCH_CONNECTIONS (32)
 //      clients sending non-blocking message/send for BENCH_SECONDS (10): tasks accepted/s, tasks
 //      completed/s, start latency under load; ratios per round, and the round with the median one;
-//   2. idle: BENCH_IDLE_TASKS (200) single sends, one at a time: enqueue-to-start latency
+//   2. burst intake: the same load against ours with the agent queue paused (nothing runs until
+//      it resumes): tasks accepted/s by the API, Postgres and Redis alone, next to the reference's
+//      median round;
+//   3. idle: BENCH_IDLE_TASKS (200) single sends, one at a time: enqueue-to-start latency
 //      (ours: task created_at -> first 'working' timeline item; reference: request arrival ->
 //      executor start) p50/p99, and ours from the job's hand-over to BullMQ to that item,
 // and prints the figures, their ratios and the targets (> 1,000 accepted/s, p50 < 5 ms,
@@ -245,6 +248,18 @@ try {
     await sleep(1000);
   }
 
+  // Burst intake: the same load with the agent queue paused, so the worker takes no CPU from the
+  // intake path. What the API, Postgres and Redis alone sustain while the workers are busy or
+  // stopped; the backlog runs once the queue resumes.
+  say(`burst: ${CONNECTIONS} connections for ${SECONDS} s against taskbridge with the agent queue paused`);
+  await agentQueue.pause();
+  const burst = await load(ours, SECONDS);
+  await agentQueue.resume();
+  sendErrors.ours += burst.errors;
+  firstErrors.ours ??= burst.firstError;
+  const burstAccepted = burst.taskIds.length / (burst.elapsedMs / 1000);
+  await ourFigures(burst.taskIds);
+
   say(`idle: ${IDLE_TASKS} single sends against each`);
   const idleIds = await idle(ours);
   const ourIdle = await ourFigures(idleIds);
@@ -276,6 +291,7 @@ try {
   });
   row('accepted, median round', midAccepted.ours.accepted, midAccepted.ref.accepted, 'tasks/s', acceptedRatio(midAccepted));
   row('completed, median round', midCompleted.ours.completed, midCompleted.ref.completed, 'tasks/s', completedRatio(midCompleted));
+  row('accepted, queue paused', burstAccepted, midAccepted.ref.accepted, 'tasks/s', burstAccepted / midAccepted.ref.accepted);
   row('start latency p50, load', pct(ourLat, 50), pct(refLat, 50), 'ms');
   row('start latency p99, load', pct(ourLat, 99), pct(refLat, 99), 'ms');
   row('start latency p50, idle', pct(ourIdle.latencies, 50), pct(refIdle, 50), 'ms');

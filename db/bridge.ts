@@ -139,3 +139,30 @@ export async function instancesWithFunction(db: Tx, providerTypeId: string, func
     .orderBy([{ column: 'provider_instances.created_at', order: 'desc' }, { column: 'provider_instances.id', order: 'desc' }])
     .select('provider_instances.*');
 }
+
+// Rotation of an alias (domain/alias-rotation.ts): its credentials not under `newDekId`, in id order after `afterId`.
+export async function credentialsToRotate(db: Tx, alias: string, newDekId: string, afterId: string | null, limit: number): Promise<CredentialRow[]> {
+  const q = db('bridge_credentials').where({ dek_alias: alias }).whereNot({ dek_id: newDekId }).orderBy('id').limit(limit);
+  if (afterId !== null) q.where('id', '>', afterId);
+  return q;
+}
+
+export async function countCredentialsToRotate(db: Tx, alias: string, newDekId: string): Promise<number> {
+  const [{ n }] = await db('bridge_credentials').where({ dek_alias: alias }).whereNot({ dek_id: newDekId }).count({ n: '*' });
+  return Number(n);
+}
+
+// Compare-and-set: a credential is rewritten only if it still holds the value that was
+// re-encrypted. Returns how many were rewritten.
+export async function reencryptCredentials(
+  db: Tx, newDekId: string, rows: { id: string; old_dek_id: string; old_value: Record<string, unknown>; value: Record<string, unknown> }[],
+): Promise<number> {
+  if (!rows.length) return 0;
+  const res = await db.raw(
+    `update bridge_credentials b set value = v.value, dek_id = ?, updated_at = now()
+       from unnest(?::uuid[], ?::text[], ?::jsonb[], ?::jsonb[]) as v(id, old_dek, old_value, value)
+      where b.id = v.id and b.dek_id = v.old_dek and b.value = v.old_value`,
+    [newDekId, rows.map((r) => r.id), rows.map((r) => r.old_dek_id), rows.map((r) => JSON.stringify(r.old_value)), rows.map((r) => JSON.stringify(r.value))],
+  );
+  return res.rowCount ?? 0;
+}

@@ -45,6 +45,10 @@ export async function markKeyJobRunning(db: Tx, id: string, total: number): Prom
   await db('key_jobs').where({ id }).update({ status: 'running', total, started_at: db.raw('coalesce(started_at, now())') });
 }
 
+export async function addKeyJobTotal(db: Tx, id: string, more: number): Promise<void> {
+  if (more) await db('key_jobs').where({ id }).update({ total: db.raw('total + ?', [more]) });
+}
+
 export async function recordKeyJobProgress(db: Tx, id: string, p: { done: number; failed: number; total: number; cursor: string | null; errors: KeyJobError[] }): Promise<void> {
   await db('key_jobs').where({ id }).update({
     done: db.raw('done + ?', [p.done]),

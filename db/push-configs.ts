@@ -75,3 +75,35 @@ export async function timelineAt(db: Tx, taskId: string, uptoSeq: number, histor
   ]);
   return { messages: messages.reverse(), artifacts };
 }
+
+// Rotation of the push alias (domain/alias-rotation.ts): configs whose secrets are not under
+// `newDekId`, in key order after `after`.
+export async function pushConfigsToRotate(
+  db: Tx, newDekId: string, after: { task_id: string; id: string } | null, limit: number,
+): Promise<Pick<PushConfigRow, 'task_id' | 'id' | 'secrets_dek_id' | 'encrypted_secrets'>[]> {
+  const q = db('push_configs').select('task_id', 'id', 'secrets_dek_id', 'encrypted_secrets')
+    .whereNotNull('encrypted_secrets').whereNot({ secrets_dek_id: newDekId })
+    .orderBy([{ column: 'task_id' }, { column: 'id' }]).limit(limit);
+  if (after) q.whereRaw('(task_id, id) > (?::uuid, ?)', [after.task_id, after.id]);
+  return q;
+}
+
+export async function countPushConfigsToRotate(db: Tx, newDekId: string): Promise<number> {
+  const [{ n }] = await db('push_configs').whereNotNull('encrypted_secrets').whereNot({ secrets_dek_id: newDekId }).count({ n: '*' });
+  return Number(n);
+}
+
+// Compare-and-set like reencryptSecrets: a config replaced meanwhile keeps its new secrets.
+// Returns how many were rewritten.
+export async function reencryptPushConfigs(
+  db: Tx, newDekId: string, rows: { task_id: string; id: string; old_dek_id: string; old_ciphertext: string; ciphertext: string }[],
+): Promise<number> {
+  if (!rows.length) return 0;
+  const res = await db.raw(
+    `update push_configs p set encrypted_secrets = v.c, secrets_dek_id = ?
+       from unnest(?::uuid[], ?::text[], ?::text[], ?::text[], ?::text[]) as v(task_id, id, old_dek, old_c, c)
+      where p.task_id = v.task_id and p.id = v.id and p.secrets_dek_id = v.old_dek and p.encrypted_secrets = v.old_c`,
+    [newDekId, rows.map((r) => r.task_id), rows.map((r) => r.id), rows.map((r) => r.old_dek_id), rows.map((r) => r.old_ciphertext), rows.map((r) => r.ciphertext)],
+  );
+  return res.rowCount ?? 0;
+}

@@ -11,18 +11,28 @@
 // while the start and the repoint lock the alias FOR UPDATE. So every write dated before
 // started_at has committed before the walk begins, and every write with the old DEK has committed
 // before the sweep begins; later writes already use the new DEK.
+// Then 'credentials' and 'push-configs' re-encrypt the alias's bridge credentials and, for the
+// push alias, the secrets of push notification configs: their writes hold the alias FOR SHARE
+// too, so after the repoint what is left under the old DEK only shrinks, and one pass each takes it.
 import { randomUUID } from 'node:crypto';
+import type { Knex } from 'knex';
 import type { Services } from './services.ts';
 import { AppError, Conflict, NotFound } from './errors.ts';
 import { inTransaction } from './unit-of-work.ts';
 import { createDek, decryptWithDek, DecryptError, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
 import { getDek } from '../db/deks.ts';
-import { finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, type KeyJobError, type KeyJobRow } from '../db/key-jobs.ts';
-import { countSecretsToRotate, findActiveRotation, lockAlias, reencryptSecrets, secretsToRotate, setRotationState } from '../db/secrets.ts';
+import { addKeyJobTotal, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, type KeyJobError, type KeyJobRow } from '../db/key-jobs.ts';
+import { countSecretsToRotate, findActiveRotation, lockAlias, reencryptSecrets, secretsToRotate, setRotationState, type RotationCandidate } from '../db/secrets.ts';
+import { countCredentialsToRotate, credentialsToRotate, reencryptCredentials, type CredentialRow } from '../db/bridge.ts';
+import { countPushConfigsToRotate, pushConfigsToRotate, reencryptPushConfigs } from '../db/push-configs.ts';
+import { credentialDef, providerDef } from './bridge/catalog.ts';
+import { sealCredential, unsealCredential } from './bridge/credentials.ts';
+import { PUSH_ALIAS } from './push-config.ts';
 
 export const ROTATE_ALIAS = 'rotate-alias';
 
-interface RotationParams { alias: string; from_dek_id?: string; new_dek_id?: string; phase?: 'walk' | 'sweep' }
+type Phase = 'walk' | 'sweep' | 'credentials' | 'push-configs';
+interface RotationParams { alias: string; from_dek_id?: string; new_dek_id?: string; phase?: Phase }
 
 // Starts a rotation, or returns the one already queued or running for the alias.
 export async function startAliasRotation(s: Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>, alias: string): Promise<{ job: KeyJobRow; created: boolean }> {
@@ -61,6 +71,67 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
   });
 }
 
+// What a rotation re-encrypts, one kind of row per phase. A batch takes the next rows after the
+// cursor (a row's `key`), re-encrypts each in memory and writes them back with a compare-and-set,
+// so a row rewritten meanwhile keeps its newer value. A row that does not decrypt is its own
+// error; any other failure fails the batch.
+interface RotationStore<R, W> {
+  /** The next rows of the phase after `cursor` (null: from the start). */
+  next(trx: Knex.Transaction, job: KeyJobRow, params: Required<RotationParams>, cursor: string | null, limit: number): Promise<R[]>;
+  count(trx: Knex.Transaction, params: Required<RotationParams>): Promise<number>;
+  key(row: R): string;
+  what(row: R): string;
+  reseal(s: KeyringServices, row: R, newDekId: string, trx: Knex.Transaction): Promise<W>;
+  /** Writes those still as read; returns how many were. */
+  write(trx: Knex.Transaction, params: Required<RotationParams>, rows: W[]): Promise<number>;
+}
+
+const secretStore: RotationStore<RotationCandidate, Parameters<typeof reencryptSecrets>[3][number]> = {
+  next: (trx, job, p, cursor, limit) =>
+    secretsToRotate(trx, p.alias, p.new_dek_id, cursor, limit, p.phase === 'sweep' ? { since: job.started_at! } : { before: job.started_at! }),
+  count: (trx, p) => countSecretsToRotate(trx, p.alias, p.new_dek_id),
+  key: (r) => r.id,
+  what: (r) => `secret does not decrypt with DEK '${r.dek_id}'`,
+  reseal: async (s, r, newDekId, trx) => ({
+    id: r.id, old_dek_id: r.dek_id, old_ciphertext: r.encrypted_secret,
+    ciphertext: await encryptWithDek(s, newDekId, await decryptWithDek(s, r.dek_id, r.encrypted_secret, trx), trx),
+  }),
+  write: async (trx, p, rows) => (await reencryptSecrets(trx, p.alias, p.new_dek_id, rows)).length,
+};
+
+const credentialStore: RotationStore<CredentialRow, Parameters<typeof reencryptCredentials>[2][number]> = {
+  next: (trx, _job, p, cursor, limit) => credentialsToRotate(trx, p.alias, p.new_dek_id, cursor, limit),
+  count: (trx, p) => countCredentialsToRotate(trx, p.alias, p.new_dek_id),
+  key: (r) => r.id,
+  what: (r) => `bridge credential does not decrypt with DEK '${r.dek_id}'`,
+  reseal: async (s, r, newDekId, trx) => {
+    const cc = credentialDef(providerDef(r.provider_controller_type_id), r.type_id);
+    const plain = await unsealCredential(s, cc, r, trx);
+    return { id: r.id, old_dek_id: r.dek_id, old_value: r.value, value: await sealCredential(s, cc, r.kind, plain, newDekId, trx) };
+  },
+  write: (trx, p, rows) => reencryptCredentials(trx, p.new_dek_id, rows),
+};
+
+type PushRow = Awaited<ReturnType<typeof pushConfigsToRotate>>[number];
+// Push configs are all sealed under one alias: other aliases have none.
+const pushConfigStore: RotationStore<PushRow, Parameters<typeof reencryptPushConfigs>[2][number]> = {
+  next: (trx, _job, p, cursor, limit) => (p.alias === PUSH_ALIAS
+    ? pushConfigsToRotate(trx, p.new_dek_id, cursor === null ? null : { task_id: cursor.slice(0, 36), id: cursor.slice(37) }, limit)
+    : Promise.resolve([])),
+  count: (trx, p) => (p.alias === PUSH_ALIAS ? countPushConfigsToRotate(trx, p.new_dek_id) : Promise.resolve(0)),
+  // A task id is a UUID, 36 characters: the config id follows the slash.
+  key: (r) => `${r.task_id}/${r.id}`,
+  what: (r) => `push notification config '${r.id}' of task ${r.task_id} does not decrypt with DEK '${r.secrets_dek_id}'`,
+  reseal: async (s, r, newDekId, trx) => ({
+    task_id: r.task_id, id: r.id, old_dek_id: r.secrets_dek_id!, old_ciphertext: r.encrypted_secrets!,
+    ciphertext: await encryptWithDek(s, newDekId, await decryptWithDek(s, r.secrets_dek_id!, r.encrypted_secrets!, trx), trx),
+  }),
+  write: (trx, p, rows) => reencryptPushConfigs(trx, p.new_dek_id, rows),
+};
+
+// Each store has its own row types; a batch only ever combines one store's functions.
+const STORES: Record<Phase, RotationStore<any, any>> = { walk: secretStore, sweep: secretStore, credentials: credentialStore, 'push-configs': pushConfigStore };
+
 // Re-encrypts one batch of the current phase; returns the job row after it and whether the
 // phase has nothing left.
 export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSize: number): Promise<{ job: KeyJobRow; phaseDone: boolean }> {
@@ -68,36 +139,52 @@ export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSi
     const job = await lockKeyJob(trx, jobId);
     if (!job) throw new NotFound('job', jobId);
     if (job.status !== 'running') return { job, phaseDone: true };
-    const { alias, new_dek_id: newDekId, phase } = job.params as unknown as Required<RotationParams>;
-    const sweep = phase === 'sweep';
-    const window = sweep ? { since: job.started_at! } : { before: job.started_at! };
-    const rows = await secretsToRotate(trx, alias, newDekId, job.cursor, batchSize, window);
+    const params = job.params as unknown as Required<RotationParams>;
+    const store = STORES[params.phase];
+    const rows = await store.next(trx, job, params, job.cursor, batchSize);
     if (!rows.length) return { job, phaseDone: true };
-    const rewritten: Parameters<typeof reencryptSecrets>[3] = [];
+    const rewritten: unknown[] = [];
     const errors: KeyJobError[] = [];
     for (const r of rows) {
-      let plain: string;
       try {
-        plain = await decryptWithDek(s, r.dek_id, r.encrypted_secret, trx);
+        rewritten.push(await store.reseal(s, r, params.new_dek_id, trx));
       } catch (err) {
-        // A value that does not decrypt is this secret's error; anything else fails the batch.
         if (!(err instanceof DecryptError)) throw err;
-        errors.push({ id: r.id, message: `secret does not decrypt with DEK '${r.dek_id}'` });
-        continue;
+        errors.push({ id: store.key(r), message: store.what(r) });
       }
-      rewritten.push({ id: r.id, old_dek_id: r.dek_id, old_ciphertext: r.encrypted_secret, ciphertext: await encryptWithDek(s, newDekId, plain, trx) });
     }
-    const updated = await reencryptSecrets(trx, alias, newDekId, rewritten);
+    const updated = await store.write(trx, params, rewritten);
     await recordKeyJobProgress(trx, jobId, {
-      done: updated.length,
+      done: updated,
       failed: errors.length,
-      // The walk's total was counted at the start: secrets it lost to concurrent writes leave it
-      // (they are written since the start, so the sweep takes them); what the sweep finds is added.
-      total: sweep ? updated.length + errors.length : updated.length - rewritten.length,
-      cursor: rows[rows.length - 1].id,
+      // A phase's rows were counted when it began: rows it lost to concurrent writes leave the
+      // total. The sweep's were not (they are written after the start): what it finds is added.
+      total: params.phase === 'sweep' ? updated + errors.length : updated - rewritten.length,
+      cursor: store.key(rows[rows.length - 1]),
       errors,
     });
     return { job: (await getKeyJob(trx, jobId))!, phaseDone: false };
+  });
+}
+
+// The phases after the repoint. Past the sweep, the alias's other rows, each kind in one pass:
+// the repoint made every later write use the new DEK, so what is left under an older one can only shrink.
+const AFTER_REPOINT: Phase[] = ['sweep', 'credentials', 'push-configs'];
+
+// Moves a repointed rotation to its next phase, counting that phase's rows into the total;
+// false when none is left.
+export async function nextRotationPhase(s: Pick<Services, 'db'>, jobId: string): Promise<boolean> {
+  return s.db.transaction(async (trx) => {
+    const job = await lockKeyJob(trx, jobId);
+    if (!isActive(job)) return false;
+    const params = job.params as unknown as Required<RotationParams>;
+    const at = AFTER_REPOINT.indexOf(params.phase);
+    const next = at < 0 ? undefined : AFTER_REPOINT[at + 1];
+    if (!next) return false;
+    const moved = { ...params, phase: next };
+    await setRotationState(trx, jobId, { ...moved }, true);
+    await addKeyJobTotal(trx, jobId, await STORES[next].count(trx, moved));
+    return true;
   });
 }
 

@@ -96,11 +96,15 @@ export async function resolveAlias(db: Tx, alias: string): Promise<string> {
 
 // Runs a write in a transaction that holds the alias (shared) from reading its DEK to commit.
 export async function writeUnderAlias<T>(s: KeyringServices, alias: string, write: (trx: Knex.Transaction, dekId: string) => Promise<T>): Promise<T> {
-  return s.db.transaction(async (trx) => {
-    const dekId = await aliasDekForWrite(trx, alias);
-    if (!dekId) throw new NotFound('dek_alias', alias);
-    return write(trx, dekId);
-  });
+  return s.db.transaction(async (trx) => write(trx, await holdAliasDek(trx, alias)));
+}
+
+// The DEK an alias names, with the alias held (shared) until `trx` ends: a rotation's repoint
+// waits for the write, so it never misses a value written with the old DEK.
+export async function holdAliasDek(trx: Knex.Transaction, alias: string): Promise<string> {
+  const dekId = await aliasDekForWrite(trx, alias);
+  if (!dekId) throw new NotFound('dek_alias', alias);
+  return dekId;
 }
 
 export async function encryptWithAlias(s: KeyringServices, alias: string, plaintext: string, trx?: Tx): Promise<{ dekId: string; ciphertext: string }> {

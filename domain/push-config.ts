@@ -9,8 +9,11 @@ import * as tasks from '../db/tasks.ts';
 import type { Config } from './config.ts';
 import { InvalidRequest, NotFound } from './errors.ts';
 import { assertOutboundUrl } from './webhook-url.ts';
-import { decryptWithDek, encryptWithDek, resolveAlias } from './keyring.ts';
+import { decryptWithDek, encryptWithDek, holdAliasDek } from './keyring.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
+
+// The alias whose DEK seals every config's secrets.
+export const PUSH_ALIAS = DEFAULT_ALIAS;
 
 export interface PushConfigInput {
   id?: string;
@@ -79,7 +82,8 @@ export async function setPushConfig(db: Tx, taskId: string, input: PushConfigInp
   };
   return inTrx(db, async (trx) => {
     await requireTask(trx, taskId, true);
-    const dekId = Object.keys(secrets).length ? await resolveAlias(trx, DEFAULT_ALIAS) : null;
+    // The alias is held to commit, so a rotation of it re-encrypts this config too (domain/alias-rotation.ts).
+    const dekId = Object.keys(secrets).length ? await holdAliasDek(trx, PUSH_ALIAS) : null;
     const row = await repo.upsertPushConfig(trx, {
       task_id: taskId,
       id: input.id ?? randomUUID(),

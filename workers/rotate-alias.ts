@@ -1,13 +1,13 @@
 // Processor of 'rotate-alias' jobs on the key-jobs queue (domain/alias-rotation.ts): new DEK,
-// re-encrypt the alias's secrets in batches, repoint the alias, sweep what was written meanwhile.
+// re-encrypt the alias's secrets in batches, repoint the alias, sweep what was written meanwhile,
+// then re-encrypt its bridge credentials and (the push alias) push notification secrets.
 // Safe to run again after a crash: every step is committed with the job row's state.
-// (Credentials will join the re-encryption once the bridge stores them.)
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import { failOrRetryKeyJob } from './key-job-failure.ts';
 import type { JobPayloads } from '../queues/names.ts';
-import { beginAliasRotation, finishAliasRotation, isPermanentRotationError, repointRotatedAlias, rotateNextBatch } from '../domain/alias-rotation.ts';
+import { beginAliasRotation, finishAliasRotation, isPermanentRotationError, nextRotationPhase, repointRotatedAlias, rotateNextBatch } from '../domain/alias-rotation.ts';
 
 export function createRotateAliasProcessor(services: Services) {
   const { log, cfg } = services;
@@ -25,11 +25,11 @@ export function createRotateAliasProcessor(services: Services) {
       const started = await beginAliasRotation(services, jobId);
       if (!started) return;
       log.info({ job_id: jobId, alias: started.params.alias, new_dek_id: started.params.new_dek_id, total: started.total, done: started.done }, 'alias rotation running');
-      if (started.params.phase !== 'sweep') {
+      if (started.params.phase === 'walk') {
         await runPhase();
         await repointRotatedAlias(services, jobId);
       }
-      await runPhase();
+      do await runPhase(); while (await nextRotationPhase(services, jobId));
       const done = await finishAliasRotation(services, jobId);
       log.info({ job_id: jobId, status: done.status, done: done.done, failed: done.failed }, 'alias rotation finished');
     } catch (err) {

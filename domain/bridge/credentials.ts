@@ -1,6 +1,7 @@
 // Credentials of provider instances: checked against their controller's schema, sensitive members
 // encrypted with the DEK their alias names, decrypted only in memory when a function is invoked.
 import { randomUUID } from 'node:crypto';
+import type { Knex } from 'knex';
 import { InvalidRequest } from '../errors.ts';
 import { decryptWithDek, encryptWithDek, writeUnderAlias, type KeyringServices } from '../keyring.ts';
 import { DEFAULT_ALIAS } from '../crypto/key-management.ts';
@@ -34,10 +35,7 @@ export async function createCredential(
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
   const expiry = kind === 'user' && typeof checked.expiry_time === 'string' && cc.requires_user_credential_refreshing ? Date.parse(checked.expiry_time) : NaN;
   const row = await writeUnderAlias(s, alias, async (trx, dekId) => {
-    const value: Plain = { ...checked };
-    for (const member of sensitiveOf(cc, kind)) {
-      if (value[member] !== undefined) value[member] = await encryptWithDek(s, dekId, String(value[member]), trx);
-    }
+    const value = await sealCredential(s, cc, kind, checked, dekId, trx);
     return repo.insertCredential(trx, {
       id: randomUUID(), kind, provider_controller_type_id: providerTypeId, type_id: cc.type_id, value, metadata: input.metadata ?? {},
       dek_id: dekId, dek_alias: alias, next_rotation_time: Number.isNaN(expiry) ? null : new Date(expiry - REFRESH_AHEAD_MS),
@@ -46,11 +44,20 @@ export async function createCredential(
   return toCredential(row);
 }
 
+// A credential value with its sensitive members encrypted under `dekId`.
+export async function sealCredential(s: KeyringServices, cc: CredentialControllerDef, kind: CredentialKind, plain: Plain, dekId: string, trx: Knex.Transaction): Promise<Plain> {
+  const value: Plain = { ...plain };
+  for (const member of sensitiveOf(cc, kind)) {
+    if (value[member] !== undefined) value[member] = await encryptWithDek(s, dekId, String(value[member]), trx);
+  }
+  return value;
+}
+
 // The credential's value with its sensitive members decrypted.
-export async function unsealCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, row: CredentialRow): Promise<Plain> {
+export async function unsealCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, row: CredentialRow, trx?: Knex.Transaction): Promise<Plain> {
   const value: Plain = { ...row.value };
   for (const member of sensitiveOf(cc, row.kind)) {
-    if (typeof value[member] === 'string') value[member] = await decryptWithDek(s, row.dek_id, value[member] as string);
+    if (typeof value[member] === 'string') value[member] = await decryptWithDek(s, row.dek_id, value[member] as string, trx);
   }
   return value;
 }
