@@ -14,6 +14,7 @@ import { rotationRoutes } from './routes/rotation.ts';
 import { a2aRoutes } from './routes/a2a.ts';
 import { a2aDefinitionRoutes } from './routes/a2a-definition.ts';
 import { bridgeRoutes } from './routes/bridge.ts';
+import { mcpRoutes } from './routes/mcp.ts';
 import { defineRoute } from './route.ts';
 import { FreeObject } from './schemas/common.ts';
 import { metricsMiddleware, metricsRoutes } from './metrics.ts';
@@ -33,7 +34,7 @@ const openapiRoute = defineRoute({
 
 export const allRoutes: Route[] = [
   ...internalRoutes, ...metricsRoutes, openapiRoute, ...authRoutes, ...taskRoutes, ...encryptionRoutes, ...rotationRoutes,
-  ...secretRoutes, ...bridgeRoutes, ...a2aRoutes, ...a2aDefinitionRoutes,
+  ...secretRoutes, ...bridgeRoutes, ...mcpRoutes, ...a2aRoutes, ...a2aDefinitionRoutes,
 ];
 
 export function createApp(services: Services): Koa {

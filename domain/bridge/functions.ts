@@ -37,12 +37,15 @@ export async function listFunctionInstances(db: Knex, filter: { provider_instanc
 
 // Params are checked first (400), then that the function is enabled (404) and the instance
 // usable (409). A provider's refusal is an `error` result; an unreachable provider a 502.
-export async function invokeFunction(s: InvokeServices, providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>): Promise<InvokeResult> {
+// `paramsPath` names the params in errors: where the caller sent them.
+export async function invokeFunction(
+  s: InvokeServices, providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>, paramsPath = 'body.params',
+): Promise<InvokeResult> {
   const instance = await repo.getProviderInstance(s.db, providerInstanceId);
   if (!instance) throw new NotFound('provider_instance', providerInstanceId);
   const provider = providerDef(instance.provider_controller_type_id);
   const f = functionDef(provider, functionTypeId);
-  checkAgainst(f.parameters, params, 'body.params');
+  checkAgainst(f.parameters, params, paramsPath);
   if (!(await repo.getFunctionInstance(s.db, providerInstanceId, functionTypeId))) {
     throw new NotFound(`enabled function of provider instance '${providerInstanceId}'`, functionTypeId);
   }

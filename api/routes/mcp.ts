@@ -1,0 +1,46 @@
+// POST /api/bridge/v1/mcp: the bridge's MCP server over Streamable HTTP, stateless (no session
+// id; GET and DELETE answer 405). The SDK's web-standard transport speaks the protocol; this
+// handler hands it the request and copies its answer into Koa. Tools: domain/bridge/mcp.ts.
+import { WebStandardStreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/webStandardStreamableHttp.js';
+import { defineRoute } from '../route.ts';
+import { ErrorBody, FreeObject } from '../schemas/common.ts';
+import { readJsonBody } from '../middleware/body.ts';
+import { InvalidRequest } from '../../domain/errors.ts';
+import { createMcpServer } from '../../domain/bridge/mcp.ts';
+
+export const MCP_PATH = '/api/bridge/v1/mcp';
+
+export const mcpRoutes = [
+  defineRoute({
+    method: 'post', path: MCP_PATH, operationId: 'bridge-mcp', tag: 'bridge', scope: 'bridge:invoke',
+    summary: 'Model Context Protocol (Streamable HTTP, stateless): tools/list and tools/call over the enabled function instances',
+    responses: { 200: FreeObject, 202: null, 400: FreeObject, 401: ErrorBody, 403: ErrorBody, 406: FreeObject, 413: ErrorBody, 415: FreeObject },
+  }, async ({ ctx, services }) => {
+    let body: unknown;
+    try {
+      body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
+    } catch (err) {
+      // Unreadable JSON is the protocol's parse error; too large or not JSON stay HTTP errors.
+      if (!(err instanceof InvalidRequest)) throw err;
+      ctx.status = 400;
+      ctx.body = { jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${err.message}` } };
+      return;
+    }
+    const headers = new Headers();
+    for (const [name, value] of Object.entries(ctx.req.headers)) {
+      if (typeof value === 'string') headers.set(name, value);
+    }
+    const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+    const server = createMcpServer(services);
+    try {
+      await server.connect(transport);
+      const answer = await transport.handleRequest(new Request(`http://mcp.invalid${ctx.originalUrl}`, { method: 'POST', headers }), { parsedBody: body });
+      ctx.status = answer.status;
+      answer.headers.forEach((value, name) => ctx.set(name, value));
+      const text = await answer.text();
+      if (text) ctx.body = text;
+    } finally {
+      await server.close();
+    }
+  }),
+];

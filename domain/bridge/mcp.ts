@@ -1,0 +1,55 @@
+// The bridge as a Model Context Protocol server: every enabled function instance is a tool named
+// `<provider_controller_type_id>.<function_controller_type_id>.<provider_instance_id>`, with the
+// function's parameter schema as its input schema; calling it invokes the function.
+// One server per HTTP request (stateless Streamable HTTP): tools are read from Postgres each time,
+// so every API process sees the same list.
+import { Server } from '@modelcontextprotocol/sdk/server/index.js';
+import { CallToolRequestSchema, ErrorCode, ListToolsRequestSchema, McpError, type CallToolResult, type Tool } from '@modelcontextprotocol/sdk/types.js';
+import type { Services } from '../services.ts';
+import { AppError, NotFound } from '../errors.ts';
+import { allFunctionInstances, getFunctionInstance, getProviderInstance, type FunctionInstanceRow } from '../../db/bridge.ts';
+import { describeFunction, functionDef, providerDef } from './catalog.ts';
+import { invokeFunction } from './functions.ts';
+import { SERVICE_VERSION } from '../version.ts';
+
+const toolName = (r: Pick<FunctionInstanceRow, 'provider_controller_type_id' | 'function_controller_type_id' | 'provider_instance_id'>) =>
+  `${r.provider_controller_type_id}.${r.function_controller_type_id}.${r.provider_instance_id}`;
+
+export async function listTools(db: Services['db']): Promise<Tool[]> {
+  return (await allFunctionInstances(db)).map((row) => {
+    const f = describeFunction(functionDef(providerDef(row.provider_controller_type_id), row.function_controller_type_id));
+    return { name: toolName(row), title: f.name, description: f.documentation, inputSchema: f.parameters as Tool['inputSchema'] };
+  });
+}
+
+const failure = (text: string): CallToolResult => ({ isError: true, content: [{ type: 'text', text }] });
+
+// A tool that does not exist is a protocol error (-32602); whatever goes wrong in calling one
+// that does (bad arguments, instance not active, provider refusal or unreachable) is a tool
+// error the model can read and act on.
+export async function callTool(services: Services, name: string, args: Record<string, unknown>): Promise<CallToolResult> {
+  const unknown = () => new McpError(ErrorCode.InvalidParams, `Unknown tool: ${name}`);
+  const [providerType, functionType, instanceId, ...rest] = name.split('.');
+  if (!instanceId || rest.length) throw unknown();
+  // Checked before the arguments: an unknown tool is that, whatever it was sent.
+  const instance = await getProviderInstance(services.db, instanceId);
+  if (instance?.provider_controller_type_id !== providerType || !(await getFunctionInstance(services.db, instanceId, functionType))) throw unknown();
+  try {
+    const result = await invokeFunction(services, instanceId, functionType, args, 'arguments');
+    if (result.type === 'error') return failure(String(result.message));
+    const { type: _type, ...output } = result as Record<string, unknown>;
+    return { structuredContent: output, content: [{ type: 'text', text: JSON.stringify(output) }] };
+  } catch (err) {
+    // Not enabled (or deleted meanwhile): no such tool.
+    if (err instanceof NotFound) throw unknown();
+    if (err instanceof AppError) return failure(err.message);
+    throw err;
+  }
+}
+
+export function createMcpServer(services: Services): Server {
+  const server = new Server({ name: 'taskbridge-bridge', version: SERVICE_VERSION }, { capabilities: { tools: {} } });
+  server.setRequestHandler(ListToolsRequestSchema, async () => ({ tools: await listTools(services.db) }));
+  server.setRequestHandler(CallToolRequestSchema, async (req) => callTool(services, req.params.name, req.params.arguments ?? {}));
+  return server;
+}

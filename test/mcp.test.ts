@@ -1,0 +1,174 @@
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import { randomUUID } from 'node:crypto';
+import type { AddressInfo } from 'node:net';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { ErrorCode, LATEST_PROTOCOL_VERSION, McpError } from '@modelcontextprotocol/sdk/types.js';
+import { ADMIN_KEY, resetDb, startStack, type Client as HttpClient, type Stack } from './helpers/stack.ts';
+
+const B = '/api/bridge/v1';
+const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
+const STRIPE_KEY = `sk_test_${randomUUID().replace(/-/g, '')}`;
+const REFUND = 'stripe.stripe_process_refund.stripe-main';
+
+// A Stripe refunds endpoint: pi_refused is refused, anything else refunded.
+function startStripe(): Promise<{ server: http.Server; url: string; seen: { authorization?: string; body: string }[] }> {
+  const seen: { authorization?: string; body: string }[] = [];
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      seen.push({ authorization: req.headers.authorization, body });
+      const form = new URLSearchParams(body);
+      const send = (status: number, json: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(json));
+      if (req.headers.authorization !== `Bearer ${STRIPE_KEY}`) return send(401, { error: { message: 'Invalid API Key provided' } });
+      if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
+      send(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
+    });
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen })));
+}
+
+describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotocol/sdk client', () => {
+  let stack: Stack;
+  let c: HttpClient;
+  let stripe: Awaited<ReturnType<typeof startStripe>>;
+  let mcpUrl: URL;
+  const clients: Client[] = [];
+
+  let lastTransport: StreamableHTTPClientTransport;
+  async function connect(key = ADMIN_KEY): Promise<Client> {
+    const client = new Client({ name: 'taskbridge-test', version: '1.0.0' });
+    lastTransport = new StreamableHTTPClientTransport(mcpUrl, { requestInit: { headers: { authorization: `Bearer ${key}` } } });
+    await client.connect(lastTransport);
+    clients.push(client);
+    return client;
+  }
+  const rawPost = (body: string, headers: Record<string, string> = {}) => fetch(mcpUrl, {
+    method: 'POST', body,
+    headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', accept: 'application/json, text/event-stream', ...headers },
+  });
+
+  before(async () => {
+    await resetDb();
+    stripe = await startStripe();
+    stack = await startStack({ STRIPE_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true' }, { workers: 0 });
+    c = stack.client;
+    mcpUrl = new URL(`${stack.api.url}${B}/mcp`);
+    for (const id of ['stripe-main', 'stripe-off']) {
+      const cred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY } });
+      assert.equal(cred.status, 201, cred.text);
+      assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: id, display_name: id, resource_server_credential_id: cred.body.id })).status, 201);
+      assert.equal((await c.post(`${B}/provider/${id}/function/stripe_process_refund/enable`, {})).status, 201);
+    }
+    assert.equal((await c.patch(`${B}/provider/stripe-off`, { status: 'disabled' })).status, 200);
+    // An instance without the function enabled: no tool.
+    const cred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY } });
+    assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'stripe-bare', display_name: 'bare', resource_server_credential_id: cred.body.id })).status, 201);
+  });
+  after(async () => {
+    await Promise.all(clients.map((cl) => cl.close()));
+    await stack?.stop();
+    stripe?.server.close();
+  });
+
+  it('negotiates the latest protocol and lists one tool per enabled function instance, with its schema', async () => {
+    const client = await connect();
+    assert.equal(LATEST_PROTOCOL_VERSION, '2025-11-25');
+    assert.equal(lastTransport.protocolVersion, LATEST_PROTOCOL_VERSION);
+    assert.equal(client.getServerVersion()?.name, 'taskbridge-bridge');
+    assert.ok(client.getServerCapabilities()?.tools);
+    const { tools } = await client.listTools();
+    assert.deepEqual(tools.map((t) => t.name).sort(), ['stripe.stripe_process_refund.stripe-main', 'stripe.stripe_process_refund.stripe-off']);
+    const refund = tools.find((t) => t.name === REFUND)!;
+    // The same schema and documentation as the function's invoke operation in the instances document.
+    const fn = (await c.get(`${B}/function-instances/openapi.json`)).body.paths[`${B}/provider/stripe-main/function/stripe_process_refund/invoke`].post;
+    assert.deepEqual(refund.inputSchema, fn.requestBody.content['application/json'].schema.properties.params);
+    assert.equal(refund.inputSchema.type, 'object');
+    assert.equal(refund.description, fn.description);
+    assert.ok(refund.description && refund.description.length > 10);
+  });
+
+  it('tools/call invokes the function: structured output, the credential decrypted only on the way out', async () => {
+    const client = await connect();
+    const before = stripe.seen.length;
+    const r = await client.callTool({ name: REFUND, arguments: { payment_intent: 'pi_mcp', amount: 700 } });
+    assert.equal(r.isError, undefined);
+    assert.deepEqual(r.structuredContent, { id: 're_1', object: 'refund', amount: 700, status: 'succeeded', payment_intent: 'pi_mcp' });
+    assert.deepEqual(JSON.parse((r.content as { text: string }[])[0].text), r.structuredContent);
+    assert.equal(stripe.seen.length, before + 1);
+    assert.equal(stripe.seen.at(-1)!.authorization, `Bearer ${STRIPE_KEY}`);
+    assert.equal(stripe.seen.at(-1)!.body, 'payment_intent=pi_mcp&amount=700');
+    assert.ok(!JSON.stringify(r).includes(STRIPE_KEY));
+  });
+
+  it('reports a refusal, bad arguments and an inactive instance as tool errors (isError) the model can read', async () => {
+    const client = await connect();
+    const text = (r: Awaited<ReturnType<Client['callTool']>>) => (r.content as { text: string }[])[0].text;
+    const refused = await client.callTool({ name: REFUND, arguments: { payment_intent: 'pi_refused' } });
+    assert.equal(refused.isError, true);
+    assert.equal(text(refused), "No such payment_intent: 'pi_refused'");
+
+    const calls = stripe.seen.length;
+    for (const [args, pattern] of [
+      [{}, /arguments\.payment_intent is required/],
+      [{ payment_intent: 'pi_1', amount: 'ten' }, /arguments\.amount/],
+      [{ payment_intent: 'pi_1', surprise: true }, /arguments\.surprise is not an allowed member/],
+    ] as const) {
+      const bad = await client.callTool({ name: REFUND, arguments: args });
+      assert.equal(bad.isError, true, JSON.stringify(args));
+      assert.match(text(bad), pattern);
+    }
+    const off = await client.callTool({ name: 'stripe.stripe_process_refund.stripe-off', arguments: { payment_intent: 'pi_1' } });
+    assert.equal(off.isError, true);
+    assert.match(text(off), /stripe-off' is disabled, not active/);
+    assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
+  });
+
+  it('answers an unknown tool with the protocol error -32602', async () => {
+    const client = await connect();
+    for (const name of ['nope', 'stripe.stripe_process_refund', 'stripe.stripe_process_refund.stripe-bare', 'stripe.stripe_process_refund.no-such',
+      'google_mail.stripe_process_refund.stripe-main', 'stripe.google_mail_send_email.stripe-main', 'stripe.stripe_process_refund.stripe-main.x']) {
+      await assert.rejects(client.callTool({ name, arguments: { payment_intent: 'pi_1' } }), (err: unknown) => {
+        assert.ok(err instanceof McpError, String(err));
+        assert.equal(err.code, ErrorCode.InvalidParams);
+        assert.match(err.message, new RegExp(`Unknown tool: ${name.replace(/\./g, '\\.')}`));
+        return true;
+      });
+    }
+  });
+
+  it('needs an API key with scope bridge:invoke (401, 403)', async () => {
+    await assert.rejects(connect('not-a-key'), /401|unauthenticated|Unauthorized/i);
+    const readOnly = (await c.post('/api/auth/v1/api-key', { name: 'bridge reader', scopes: ['bridge:read'] })).body.key;
+    await assert.rejects(connect(readOnly), /403|forbidden/i);
+    const invoker = (await c.post('/api/auth/v1/api-key', { name: 'bridge invoker', scopes: ['bridge:invoke'] })).body.key;
+    const client = await connect(invoker);
+    assert.equal((await client.listTools()).tools.length, 2);
+  });
+
+  it('speaks HTTP as the transport specifies: earlier protocol revisions, parse errors, no GET stream, no sessions', async () => {
+    const init = (version: string) => JSON.stringify({
+      jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: version, capabilities: {}, clientInfo: { name: 'raw', version: '0' } },
+    });
+    const old = await rawPost(init('2025-03-26'));
+    assert.equal(old.status, 200);
+    const oldBody = await old.json();
+    assert.equal(oldBody.result.protocolVersion, '2025-03-26');
+    assert.equal(old.headers.get('mcp-session-id'), null, 'stateless: no session id');
+
+    const broken = await rawPost('{"jsonrpc": "2.0", "id": 1, "method": ');
+    assert.equal(broken.status, 400);
+    const brokenBody = await broken.json();
+    assert.equal(brokenBody.error.code, -32700);
+    assert.equal(brokenBody.id, null);
+
+    const notAccepting = await rawPost(init('2025-11-25'), { accept: 'text/html' });
+    assert.equal(notAccepting.status, 406);
+
+    const get = await fetch(mcpUrl, { headers: { authorization: `Bearer ${ADMIN_KEY}`, accept: 'text/event-stream' } });
+    assert.equal(get.status, 405);
+    assert.equal((await fetch(mcpUrl, { method: 'DELETE', headers: { authorization: `Bearer ${ADMIN_KEY}` } })).status, 405);
+  });
+});
