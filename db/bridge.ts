@@ -64,6 +64,11 @@ export async function deleteOrphanCredentials(db: Tx, ids: string[]): Promise<vo
     .delete();
 }
 
+// A brokered (or refreshed) user credential replaces the instance's, and makes it usable.
+export async function setUserCredential(db: Tx, instanceId: string, credentialId: string): Promise<void> {
+  await db('provider_instances').where({ id: instanceId }).update({ user_credential_id: credentialId, status: 'active', updated_at: db.fn.now() });
+}
+
 // Returns undefined when the id is taken.
 export async function insertProviderInstance(db: Tx, row: Omit<ProviderInstanceRow, 'created_at' | 'updated_at'>): Promise<ProviderInstanceRow | undefined> {
   const [out] = await db('provider_instances')

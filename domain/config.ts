@@ -56,6 +56,9 @@ const ConfigSchema = Type.Object({
   // whether credential URLs (token_uri) may point at private, loopback or link-local addresses.
   STRIPE_API_BASE_URL: Type.String({ default: 'https://api.stripe.com', pattern: '^https?://[^\\s]+$' }),
   GOOGLE_MAIL_API_BASE_URL: Type.String({ default: 'https://gmail.googleapis.com', pattern: '^https?://[^\\s]+$' }),
+  // Google's OAuth endpoints for brokering user credentials (authorization code with PKCE) and refreshing them.
+  GOOGLE_OAUTH_AUTHORIZE_URL: Type.String({ default: 'https://accounts.google.com/o/oauth2/v2/auth', pattern: '^https?://[^\\s]+$' }),
+  GOOGLE_OAUTH_TOKEN_URL: Type.String({ default: 'https://oauth2.googleapis.com/token', pattern: '^https?://[^\\s]+$' }),
   BRIDGE_TIMEOUT_MS: Type.Integer({ minimum: 100, default: 15000 }),
   BRIDGE_ALLOW_PRIVATE: Type.Boolean({ default: false }),
   DEK_CACHE_TTL_MS: Type.Integer({ minimum: 0, default: 300000 }),

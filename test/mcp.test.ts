@@ -24,7 +24,7 @@ function startStripe(): Promise<{ server: http.Server; url: string; seen: { auth
       const send = (status: number, json: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(json));
       if (req.headers.authorization !== `Bearer ${STRIPE_KEY}`) return send(401, { error: { message: 'Invalid API Key provided' } });
       if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
-      send(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
+      return send(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
     });
   });
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen })));
@@ -154,13 +154,13 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     });
     const old = await rawPost(init('2025-03-26'));
     assert.equal(old.status, 200);
-    const oldBody = await old.json();
+    const oldBody = (await old.json()) as { result: { protocolVersion: string } };
     assert.equal(oldBody.result.protocolVersion, '2025-03-26');
     assert.equal(old.headers.get('mcp-session-id'), null, 'stateless: no session id');
 
     const broken = await rawPost('{"jsonrpc": "2.0", "id": 1, "method": ');
     assert.equal(broken.status, 400);
-    const brokenBody = await broken.json();
+    const brokenBody = (await broken.json()) as { id: unknown; error: { code: number } };
     assert.equal(brokenBody.error.code, -32700);
     assert.equal(brokenBody.id, null);
 

@@ -2,10 +2,11 @@ import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
 import {
-  ControllerParams, CreateCredentialRequest, CreateProviderInstanceRequest, Credential, FunctionInstance, FunctionParams,
+  BrokeredUserCredential, BrokerRequest, BrokerState, ControllerParams, CreateCredentialRequest, CreateProviderInstanceRequest, Credential, FunctionInstance, FunctionParams,
   GroupedByFunction, GroupedListQuery, InvokeFunctionRequest, InvokeResult, ProviderController, ProviderInstance, ProviderInstanceDetail,
-  ProviderInstanceId, ProviderListQuery, ProviderParams, UpdateProviderInstanceRequest,
+  OAuthCallbackQuery, ProviderInstanceId, ProviderListQuery, ProviderParams, UpdateProviderInstanceRequest,
 } from '../schemas/bridge.ts';
+import { completeBrokering, startBrokering } from '../../domain/bridge/brokering.ts';
 import { PROVIDERS, describeProvider } from '../../domain/bridge/catalog.ts';
 import { createCredential } from '../../domain/bridge/credentials.ts';
 import * as instances from '../../domain/bridge/provider-instances.ts';
@@ -35,6 +36,27 @@ export const bridgeRoutes = [
 
   credentialRoute('resource_server', `${available}/credential/resource-server`, 'create-resource-server-credential', 'resource server credential'),
   credentialRoute('user', `${available}/credential/user-credential`, 'create-user-credential', 'user credential (e.g. OAuth tokens obtained elsewhere)'),
+
+  defineRoute({
+    method: 'post', path: `${available}/credential/user-credential/broker`, operationId: 'broker-user-credential', tag, scope: 'bridge:write',
+    summary: 'Start OAuth authorization-code brokering for a provider instance: send the user to action.Redirect.url (state single use, 10 minutes; PKCE S256)',
+    params: ControllerParams, body: BrokerRequest,
+    responses: { 200: BrokerState, ...resourceErrors },
+  }, async ({ params, body, services }) => startBrokering(services, params.provider_controller_type_id, params.credential_controller_type_id, body.provider_instance_id)),
+
+  defineRoute({
+    method: 'get', path: '/api/bridge/v1/generic-oauth-callback', operationId: 'generic-oauth-callback', tag, scope: null,
+    summary: 'Where the provider sends the user back: exchanges the code, stores the user credential (encrypted), makes the instance active; '
+      + 'answers with the credential, or 303 to the instance\'s return_on_successful_brokering URL',
+    query: OAuthCallbackQuery,
+    responses: { 200: Type.Union([BrokerState, BrokeredUserCredential]), 303: null, 400: ErrorBody, 404: ErrorBody, 410: ErrorBody, 502: ErrorBody },
+  }, async ({ query, ctx, services }) => {
+    const outcome = await completeBrokering(services, query);
+    if (outcome.type === 'user_credential') return { type: 'user_credential', ...outcome.credential };
+    ctx.status = 303;
+    ctx.redirect(outcome.url);
+    return undefined;
+  }),
 
   defineRoute({
     method: 'post', path: available, operationId: 'create-provider-instance', tag, scope: 'bridge:write',

@@ -146,3 +146,33 @@ export const GroupedListQuery = {
   provider_controller_type_id: Type.Optional(ControllerTypeId),
   function_category: Type.Optional(Type.String({ minLength: 1, maxLength: 64, pattern: NoControlChars })),
 };
+
+export const BrokerRequest = Body({ provider_instance_id: ProviderInstanceId });
+
+export const BrokerState = Type.Object({
+  type: Type.Literal('broker_state'),
+  id: Uuid,
+  provider_instance_id: ProviderInstanceId,
+  provider_controller_type_id: Type.String(),
+  credential_controller_type_id: Type.String(),
+  metadata: FreeObject,
+  action: Type.Object({ Redirect: Type.Object({ url: Type.String({ description: 'the provider\'s authorize URL, to send the user to' }) }) }),
+  created_at: Timestamp,
+  updated_at: Timestamp,
+}, { $id: 'BrokerState' });
+
+// The callback's answer when brokering is complete and the instance names no return address.
+export const BrokeredUserCredential = Type.Object({
+  type: Type.Literal('user_credential'),
+  ...credentialFields,
+  created_at: Timestamp,
+  updated_at: Timestamp,
+}, { $id: 'BrokeredUserCredential' });
+
+// Providers add members of their own (Google: scope, authuser, prompt); they are ignored.
+export const OAuthCallbackQuery = Type.Object({
+  state: Type.Optional(Type.String({ maxLength: 512 })),
+  code: Type.Optional(Type.String({ maxLength: 4096 })),
+  error: Type.Optional(Type.String({ maxLength: 256 })),
+  error_description: Type.Optional(Type.String({ maxLength: 2048 })),
+});

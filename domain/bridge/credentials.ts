@@ -33,15 +33,28 @@ export async function createCredential(
   checkAgainst(schema, input.value, 'body.value');
   const checked = cc.normalize ? await cc.normalize(kind, input.value, { allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS }) : input.value;
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
-  const expiry = kind === 'user' && typeof checked.expiry_time === 'string' && cc.requires_user_credential_refreshing ? Date.parse(checked.expiry_time) : NaN;
-  const row = await writeUnderAlias(s, alias, async (trx, dekId) => {
-    const value = await sealCredential(s, cc, kind, checked, dekId, trx);
-    return repo.insertCredential(trx, {
-      id: randomUUID(), kind, provider_controller_type_id: providerTypeId, type_id: cc.type_id, value, metadata: input.metadata ?? {},
-      dek_id: dekId, dek_alias: alias, next_rotation_time: Number.isNaN(expiry) ? null : new Date(expiry - REFRESH_AHEAD_MS),
-    });
-  });
+  const row = await writeUnderAlias(s, alias, (trx, dekId) =>
+    storeCredential(s, trx, { kind, providerTypeId, cc, plain: checked, metadata: input.metadata ?? {}, dekId, alias }));
   return toCredential(row);
+}
+
+// When a user credential that expires must be refreshed: REFRESH_AHEAD_MS before its expiry_time.
+export function nextRotationTime(cc: CredentialControllerDef, kind: CredentialKind, plain: Plain): Date | null {
+  const expiry = kind === 'user' && typeof plain.expiry_time === 'string' && cc.requires_user_credential_refreshing ? Date.parse(plain.expiry_time) : NaN;
+  return Number.isNaN(expiry) ? null : new Date(expiry - REFRESH_AHEAD_MS);
+}
+
+// Stores a checked credential value in `trx`, which holds `alias` (writeUnderAlias): its sensitive
+// members sealed under the alias's DEK `dekId`.
+export async function storeCredential(
+  s: KeyringServices, trx: Knex.Transaction,
+  c: { kind: CredentialKind; providerTypeId: string; cc: CredentialControllerDef; plain: Plain; metadata: Record<string, unknown>; dekId: string; alias: string },
+): Promise<CredentialRow> {
+  return repo.insertCredential(trx, {
+    id: randomUUID(), kind: c.kind, provider_controller_type_id: c.providerTypeId, type_id: c.cc.type_id,
+    value: await sealCredential(s, c.cc, c.kind, c.plain, c.dekId, trx), metadata: c.metadata,
+    dek_id: c.dekId, dek_alias: c.alias, next_rotation_time: nextRotationTime(c.cc, c.kind, c.plain),
+  });
 }
 
 // A credential value with its sensitive members encrypted under `dekId`.

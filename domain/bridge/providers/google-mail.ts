@@ -20,6 +20,8 @@ export const googleMail: ProviderControllerDef = {
   categories: ['email'],
   credentialControllers: [oauthAuthFlow, oauthJwtBearer],
   apiBaseSetting: 'GOOGLE_MAIL_API_BASE_URL',
+  // offline + consent: Google returns a refresh token (again) on every grant.
+  oauth: { authorizeUrlSetting: 'GOOGLE_OAUTH_AUTHORIZE_URL', tokenUrlSetting: 'GOOGLE_OAUTH_TOKEN_URL', authorizeParams: { access_type: 'offline', prompt: 'consent' } },
   functions: [{
     type_id: 'google_mail_send_email',
     name: 'Send email',

@@ -1,0 +1,136 @@
+// OAuth 2.0 authorization-code brokering of user credentials (SPEC.md section 7): the broker call
+// returns the provider's authorize URL (state of 256 random bits, single use, 10 minutes; PKCE
+// S256); the provider sends the user back to the generic callback, which exchanges the code at the
+// provider's token endpoint, stores the tokens as the instance's user credential (encrypted) and
+// makes the instance active.
+import { createHash, randomBytes, randomUUID } from 'node:crypto';
+import type { Services } from '../services.ts';
+import { Gone, InvalidRequest, NotFound, Upstream } from '../errors.ts';
+import * as repo from '../../db/bridge.ts';
+import { deleteBrokerStatesExpiredBefore, insertBrokerState, takeBrokerState, type BrokerStateRow } from '../../db/broker-states.ts';
+import type { Credential } from '../../api/schemas/bridge.ts';
+import { writeUnderAlias } from '../keyring.ts';
+import { credentialDef, providerDef } from './catalog.ts';
+import { storeCredential, toCredential, unsealCredential } from './credentials.ts';
+import { callUpstream, refusalMessage, successObject } from './upstream.ts';
+import type { CredentialControllerDef, Plain, ProviderControllerDef } from './types.ts';
+
+const STATE_TTL_MS = 10 * 60 * 1000;
+// Expired states are kept this long, so a late callback learns its state expired (410), not that it never existed.
+const EXPIRED_KEPT_MS = 24 * 60 * 60 * 1000;
+const DEFAULT_TOKEN_TTL_S = 3600;
+
+type BrokerServices = Pick<Services, 'db' | 'cfg' | 'log' | 'bus'>;
+
+export interface BrokerState {
+  type: 'broker_state'; id: string; provider_instance_id: string; provider_controller_type_id: string; credential_controller_type_id: string;
+  metadata: Record<string, unknown>; action: { Redirect: { url: string } }; created_at: Date; updated_at: Date;
+}
+
+export type CallbackOutcome = { type: 'user_credential'; credential: Credential } | { type: 'redirect'; url: string };
+
+const sha256 = (v: string) => createHash('sha256').update(v).digest('hex');
+const base64url = (b: Buffer) => b.toString('base64url');
+
+function oauthOf(provider: ProviderControllerDef) {
+  if (!provider.oauth) throw new InvalidRequest(`Provider '${provider.type_id}' has no OAuth endpoints to broker with`);
+  return provider.oauth;
+}
+
+async function resourceServerCredential(s: BrokerServices, cc: CredentialControllerDef, instance: repo.ProviderInstanceRow): Promise<{ row: repo.CredentialRow; plain: Plain }> {
+  const [row] = instance.resource_server_credential_id ? await repo.getCredentials(s.db, [instance.resource_server_credential_id]) : [];
+  if (!row) throw new InvalidRequest(`Provider instance '${instance.id}' has no resource server credential (client id and secret) to broker with`);
+  return { row, plain: await unsealCredential(s, cc, row) };
+}
+
+function toBrokerState(row: BrokerStateRow, instance: repo.ProviderInstanceRow, authorizeUrl: string): BrokerState {
+  return {
+    type: 'broker_state', id: row.id, provider_instance_id: instance.id, provider_controller_type_id: instance.provider_controller_type_id,
+    credential_controller_type_id: instance.credential_controller_type_id, metadata: row.metadata,
+    action: { Redirect: { url: authorizeUrl } }, created_at: row.created_at, updated_at: row.updated_at,
+  };
+}
+
+export async function startBrokering(s: BrokerServices, providerTypeId: string, credentialTypeId: string, instanceId: string): Promise<BrokerState> {
+  const provider = providerDef(providerTypeId);
+  const cc = credentialDef(provider, credentialTypeId);
+  if (!cc.requires_brokering) throw new InvalidRequest(`Credential controller '${cc.type_id}' does not broker user credentials`);
+  const oauth = oauthOf(provider);
+  const instance = await repo.getProviderInstance(s.db, instanceId);
+  if (!instance) throw new NotFound('provider_instance', instanceId);
+  if (instance.provider_controller_type_id !== provider.type_id || instance.credential_controller_type_id !== cc.type_id) {
+    throw new InvalidRequest(`Provider instance '${instanceId}' is a ${instance.provider_controller_type_id} instance with ${instance.credential_controller_type_id}, not ${provider.type_id} with ${cc.type_id}`,
+      [{ path: 'body.provider_instance_id', message: 'belongs to another provider or credential controller' }]);
+  }
+  const { plain: rs } = await resourceServerCredential(s, cc, instance);
+  const state = base64url(randomBytes(32));
+  const verifier = base64url(randomBytes(32));
+  const url = new URL(s.cfg[oauth.authorizeUrlSetting]);
+  const scopes = (rs.scopes as string[] | undefined) ?? [];
+  for (const [k, v] of Object.entries({
+    response_type: 'code', client_id: String(rs.client_id), redirect_uri: String(rs.redirect_uri), state,
+    code_challenge: base64url(createHash('sha256').update(verifier).digest()), code_challenge_method: 'S256',
+    ...(scopes.length ? { scope: scopes.join(' ') } : {}), ...oauth.authorizeParams,
+  })) url.searchParams.set(k, v);
+  await deleteBrokerStatesExpiredBefore(s.db, new Date(Date.now() - EXPIRED_KEPT_MS));
+  const row = await insertBrokerState(s.db, {
+    id: randomUUID(), state_hash: sha256(state), provider_instance_id: instance.id, code_verifier: verifier,
+    metadata: {}, expires_at: new Date(Date.now() + STATE_TTL_MS),
+  });
+  s.log.info({ provider_instance_id: instance.id, broker_state_id: row.id }, 'oauth brokering started');
+  return toBrokerState(row, instance, url.toString());
+}
+
+// The token endpoint's answer as a user credential value.
+function userCredentialFrom(answer: Record<string, unknown>, code: string, rs: Plain): Plain {
+  if (typeof answer.access_token !== 'string' || !answer.access_token) throw new Upstream('token endpoint: answered without an access_token', { upstream: 'token endpoint' });
+  const ttl = Number(answer.expires_in);
+  const scopes = typeof answer.scope === 'string' ? answer.scope.split(' ').filter(Boolean) : (rs.scopes as string[] | undefined);
+  return {
+    code, access_token: answer.access_token,
+    ...(typeof answer.refresh_token === 'string' && answer.refresh_token ? { refresh_token: answer.refresh_token } : {}),
+    expiry_time: new Date(Date.now() + (Number.isFinite(ttl) && ttl > 0 ? ttl : DEFAULT_TOKEN_TTL_S) * 1000).toISOString(),
+    ...(scopes?.length ? { scopes } : {}),
+  };
+}
+
+export async function completeBrokering(
+  s: BrokerServices, query: { state?: string; code?: string; error?: string; error_description?: string },
+): Promise<CallbackOutcome> {
+  if (!query.state) throw new InvalidRequest('The callback has no state', [{ path: 'query.state', message: 'is required' }]);
+  const state = await takeBrokerState(s.db, sha256(query.state));
+  if (!state) throw new NotFound('broker state', '(the given state)');
+  if (state.expires_at.getTime() < Date.now()) throw new Gone('The brokering state expired: start the flow again');
+  if (query.error) {
+    const detail = query.error_description ? `: ${query.error_description}` : '';
+    throw new InvalidRequest(`The provider refused the authorization: ${query.error}${detail}`, [{ path: 'query.error', message: query.error }]);
+  }
+  if (!query.code) throw new InvalidRequest('The callback has neither a code nor an error', [{ path: 'query.code', message: 'is required' }]);
+  const instance = await repo.getProviderInstance(s.db, state.provider_instance_id);
+  if (!instance) throw new NotFound('provider_instance', state.provider_instance_id);
+  const provider = providerDef(instance.provider_controller_type_id);
+  const cc = credentialDef(provider, instance.credential_controller_type_id);
+  const { row: rsRow, plain: rs } = await resourceServerCredential(s, cc, instance);
+  const answer = await callUpstream('token endpoint', s.cfg[oauthOf(provider).tokenUrlSetting], {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' },
+    body: new URLSearchParams({
+      grant_type: 'authorization_code', code: query.code, redirect_uri: String(rs.redirect_uri),
+      client_id: String(rs.client_id), client_secret: String(rs.client_secret), code_verifier: state.code_verifier,
+    }).toString(),
+  }, s.cfg.BRIDGE_TIMEOUT_MS);
+  if (answer.status >= 400) throw new Upstream(`token endpoint refused the code: ${refusalMessage(answer)}`, { upstream: 'token endpoint', upstream_status: answer.status });
+  const plain = userCredentialFrom(successObject('token endpoint', answer), query.code, rs);
+  // The tokens are sealed under the alias of the instance's resource server credential.
+  const credential = await writeUnderAlias(s, rsRow.dek_alias, async (trx, dekId) => {
+    const current = await repo.getProviderInstance(trx, instance.id, 'update');
+    if (!current) throw new NotFound('provider_instance', instance.id);
+    const stored = await storeCredential(s, trx, { kind: 'user', providerTypeId: provider.type_id, cc, plain, metadata: {}, dekId, alias: rsRow.dek_alias });
+    await repo.setUserCredential(trx, instance.id, stored.id);
+    if (current.user_credential_id) await repo.deleteOrphanCredentials(trx, [current.user_credential_id]);
+    return stored;
+  });
+  s.log.info({ provider_instance_id: instance.id, broker_state_id: state.id }, 'oauth brokering completed');
+  const back = instance.return_on_successful_brokering;
+  return back ? { type: 'redirect', url: back.url } : { type: 'user_credential', credential: toCredential(credential) };
+}

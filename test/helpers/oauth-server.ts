@@ -1,0 +1,33 @@
+// Starts test/fixtures/oauth-server.ts as its own process (a real OAuth server, not a stub in the test).
+import { spawn } from 'node:child_process';
+import path from 'node:path';
+import { ROOT } from './stack.ts';
+
+export interface OAuthServer { url: string; revoke(token: string): Promise<void>; stop(): void }
+
+export function startOAuthServer(clientSecret: string): Promise<OAuthServer> {
+  const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'test/fixtures/oauth-server.ts')], {
+    cwd: ROOT, env: { ...process.env, OAUTH_CLIENT_SECRET: clientSecret }, stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let err = '';
+  child.stderr!.on('data', (b: Buffer) => { err = (err + b.toString()).slice(-2000); });
+  return new Promise((resolve, reject) => {
+    let out = '';
+    child.once('exit', (code) => reject(new Error(`the OAuth server exited (${code}): ${err}`)));
+    child.stdout!.on('data', (b: Buffer) => {
+      out += b.toString();
+      const line = out.split('\n').find((l) => l.startsWith('{'));
+      if (!line) return;
+      const { url } = JSON.parse(line) as { url: string };
+      child.removeAllListeners('exit');
+      resolve({
+        url,
+        async revoke(token) {
+          const r = await fetch(`${url}/admin/revoke`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ token }) });
+          if (r.status !== 204) throw new Error(`revoke answered ${r.status}`);
+        },
+        stop: () => { child.kill('SIGTERM'); },
+      });
+    });
+  });
+}

@@ -1,0 +1,224 @@
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import { randomUUID } from 'node:crypto';
+import type { AddressInfo } from 'node:net';
+import { resetDb, startStack, testDb, type Client, type Stack } from './helpers/stack.ts';
+import { startOAuthServer, type OAuthServer } from './helpers/oauth-server.ts';
+
+const B = '/api/bridge/v1';
+const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
+const BROKER = `${avail('google_mail', 'oauth_auth_flow')}/credential/user-credential/broker`;
+const CLIENT_SECRET = `cs-${randomUUID()}`;
+const SCOPE = 'https://www.googleapis.com/auth/gmail.send';
+
+// Gmail's send endpoint: records the bearer token it was called with.
+function startGmail(): Promise<{ server: http.Server; url: string; tokens: string[] }> {
+  const tokens: string[] = [];
+  const server = http.createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      tokens.push(String(req.headers.authorization ?? ''));
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ id: `msg-${tokens.length}`, threadId: 't' }));
+    });
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, tokens })));
+}
+
+const jwtPayload = (bearer: string) => JSON.parse(Buffer.from(bearer.replace(/^Bearer /, '').split('.')[1], 'base64url').toString()) as Record<string, unknown>;
+
+describe('OAuth brokering of user credentials against a real OAuth server process', () => {
+  let stack: Stack;
+  let c: Client;
+  let oauth: OAuthServer;
+  let gmail: Awaited<ReturnType<typeof startGmail>>;
+  let callbackUrl: string;
+
+  async function instance(id: string, opts: { secret?: string; returnUrl?: string } = {}) {
+    const cred = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`, {
+      value: { client_id: 'taskbridge-test-client', client_secret: opts.secret ?? CLIENT_SECRET, redirect_uri: callbackUrl, scopes: [SCOPE] },
+    });
+    assert.equal(cred.status, 201, cred.text);
+    const inst = await c.post(avail('google_mail', 'oauth_auth_flow'), {
+      provider_instance_id: id, display_name: id, resource_server_credential_id: cred.body.id,
+      ...(opts.returnUrl ? { return_on_successful_brokering: { type: 'url', url: opts.returnUrl } } : {}),
+    });
+    assert.equal(inst.status, 201, inst.text);
+    assert.equal(inst.body.status, 'brokering_initiated');
+    return inst.body;
+  }
+  const broker = async (id: string) => {
+    const r = await c.post(BROKER, { provider_instance_id: id });
+    assert.equal(r.status, 200, r.text);
+    return r.body;
+  };
+  // What the user's browser does: the provider's consent page redirects back to our callback.
+  const consent = async (authorizeUrl: string): Promise<string> => {
+    const r = await fetch(authorizeUrl, { redirect: 'manual' });
+    assert.equal(r.status, 302);
+    return r.headers.get('location')!;
+  };
+  const callback = (url: string) => fetch(url, { redirect: 'manual' });
+  const userCredentials = async () => Number((await testDb()('bridge_credentials').where({ kind: 'user' }).count({ n: '*' }))[0].n);
+
+  before(async () => {
+    await resetDb();
+    oauth = await startOAuthServer(CLIENT_SECRET);
+    gmail = await startGmail();
+    stack = await startStack({
+      GOOGLE_OAUTH_AUTHORIZE_URL: `${oauth.url}/authorize`, GOOGLE_OAUTH_TOKEN_URL: `${oauth.url}/token`,
+      GOOGLE_MAIL_API_BASE_URL: gmail.url, BRIDGE_ALLOW_PRIVATE: 'true',
+    }, { workers: 0 });
+    c = stack.client;
+    callbackUrl = `${stack.api.url}${B}/generic-oauth-callback`;
+  });
+  after(async () => {
+    await stack?.stop();
+    oauth?.stop();
+    gmail?.server.close();
+  });
+
+  it('broker answers the BrokerState: the authorize URL with state (256 bits, kept only hashed) and PKCE S256', async () => {
+    await instance('mail-a');
+    const state = await broker('mail-a');
+    assert.equal(state.type, 'broker_state');
+    assert.deepEqual([state.provider_instance_id, state.provider_controller_type_id, state.credential_controller_type_id], ['mail-a', 'google_mail', 'oauth_auth_flow']);
+    assert.deepEqual(state.metadata, {});
+    const url = new URL(state.action.Redirect.url);
+    assert.equal(`${url.origin}${url.pathname}`, `${oauth.url}/authorize`);
+    const q = Object.fromEntries(url.searchParams);
+    assert.deepEqual(
+      [q.response_type, q.client_id, q.redirect_uri, q.scope, q.code_challenge_method, q.access_type, q.prompt],
+      ['code', 'taskbridge-test-client', callbackUrl, SCOPE, 'S256', 'offline', 'consent'],
+    );
+    assert.match(q.state, /^[A-Za-z0-9_-]{43}$/);
+    assert.match(q.code_challenge, /^[A-Za-z0-9_-]{43}$/);
+    const rows = await testDb()('broker_states').select('*');
+    assert.equal(rows.length, 1);
+    assert.ok(!JSON.stringify(rows).includes(q.state), 'the state is not stored as it was sent');
+    assert.ok(!JSON.stringify(state).includes(CLIENT_SECRET));
+  });
+
+  it('the callback exchanges the code, stores the tokens encrypted, activates the instance, and functions call with the token', async () => {
+    await instance('mail-b');
+    await c.post(`${B}/provider/mail-b/function/google_mail_send_email/enable`, {});
+    const back = await consent((await broker('mail-b')).action.Redirect.url);
+    assert.ok(back.startsWith(`${callbackUrl}?`), back);
+    const r = await callback(back);
+    assert.equal(r.status, 200);
+    const body = (await r.json()) as Record<string, any>;
+    assert.equal(body.type, 'user_credential');
+    assert.equal(body.type_id, 'oauth_auth_flow');
+    assert.equal(body.dek_alias, 'default');
+    const expiry = Date.parse(body.next_rotation_time) + 5 * 60 * 1000;
+    assert.ok(Math.abs(expiry - (Date.now() + 3600 * 1000)) < 60_000, `expiry about an hour from now: ${body.next_rotation_time}`);
+
+    const inst = (await c.get(`${B}/provider/mail-b`)).body;
+    assert.equal(inst.status, 'active');
+    assert.equal(inst.user_credential_id, body.id);
+
+    const sent = await c.post(`${B}/provider/mail-b/function/google_mail_send_email/invoke`, { params: { to: 'a@example.com', subject: 'hi', body: 'hello' } });
+    assert.equal(sent.status, 200, sent.text);
+    assert.equal(sent.body.type, 'success');
+    const bearer = gmail.tokens.at(-1)!;
+    const claims = jwtPayload(bearer);
+    assert.equal(claims.iss, oauth.url, 'an access token issued by the OAuth server');
+    assert.equal(claims.sub, 'johndoe');
+    const token = bearer.replace(/^Bearer /, '');
+    const stored = await testDb()('bridge_credentials').where({ id: body.id }).first();
+    for (const member of ['access_token', 'refresh_token', 'code']) {
+      assert.equal(typeof stored.value[member], 'string', member);
+      assert.ok(!stored.value[member].startsWith('ey') && stored.value[member] !== token, `${member} stored encrypted`);
+    }
+    assert.ok(!JSON.stringify(body).includes(token) && !JSON.stringify(inst).includes(token));
+    assert.equal(await testDb()('broker_states').where({ provider_instance_id: 'mail-b' }).count({ n: '*' }).then((x) => Number(x[0].n)), 0, 'the state is used up');
+
+    // The same callback again: the state was single use.
+    const again = await callback(back);
+    assert.equal(again.status, 404);
+  });
+
+  it('brokering again replaces the user credential (the old one is deleted)', async () => {
+    const before = (await c.get(`${B}/provider/mail-b`)).body.user_credential_id;
+    const r = await callback(await consent((await broker('mail-b')).action.Redirect.url));
+    assert.equal(r.status, 200);
+    const after = (await c.get(`${B}/provider/mail-b`)).body.user_credential_id;
+    assert.notEqual(after, before);
+    assert.equal(await testDb()('bridge_credentials').where({ id: before }).first(), undefined);
+  });
+
+  it('redirects (303) to return_on_successful_brokering when the instance has one', async () => {
+    await instance('mail-c', { returnUrl: 'https://app.example.com/connected?x=1' });
+    const r = await callback(await consent((await broker('mail-c')).action.Redirect.url));
+    assert.equal(r.status, 303);
+    assert.equal(r.headers.get('location'), 'https://app.example.com/connected?x=1');
+    assert.equal((await c.get(`${B}/provider/mail-c`)).body.status, 'active');
+  });
+
+  it('answers 400 for a provider error, 404 for an unknown state, 410 for an expired one, and changes nothing', async () => {
+    await instance('mail-d');
+    const stored = await userCredentials();
+    const denied = new URL(await consent((await broker('mail-d')).action.Redirect.url));
+    denied.searchParams.delete('code');
+    denied.searchParams.set('error', 'access_denied');
+    denied.searchParams.set('error_description', 'The user denied access');
+    const d = await callback(denied.toString());
+    assert.equal(d.status, 400);
+    const dBody = (await d.json()) as { message: string };
+    assert.match(dBody.message, /access_denied: The user denied access/);
+
+    const unknown = await callback(`${callbackUrl}?state=${'A'.repeat(43)}&code=x`);
+    assert.equal(unknown.status, 404);
+    const missing = await callback(`${callbackUrl}?code=x`);
+    assert.equal(missing.status, 400);
+    assert.match(((await missing.json()) as { message: string }).message, /state/);
+
+    const back = await consent((await broker('mail-d')).action.Redirect.url);
+    await testDb()('broker_states').where({ provider_instance_id: 'mail-d' }).update({ expires_at: new Date(Date.now() - 1000) });
+    const expired = await callback(back);
+    assert.equal(expired.status, 410);
+    assert.equal((await callback(back)).status, 404, 'an expired state is used up too');
+
+    const noCode = new URL(await consent((await broker('mail-d')).action.Redirect.url));
+    noCode.searchParams.delete('code');
+    assert.equal((await callback(noCode.toString())).status, 400);
+
+    assert.equal(await userCredentials(), stored);
+    assert.equal((await c.get(`${B}/provider/mail-d`)).body.status, 'brokering_initiated');
+  });
+
+  it('answers 502 when the token endpoint refuses the code, storing nothing', async () => {
+    await instance('mail-e', { secret: 'not-the-secret' });
+    const stored = await userCredentials();
+    const r = await callback(await consent((await broker('mail-e')).action.Redirect.url));
+    assert.equal(r.status, 502);
+    const body = (await r.json()) as { message: string };
+    assert.match(body.message, /token endpoint refused the code: The client secret is not valid/);
+    assert.ok(!body.message.includes('not-the-secret'));
+    assert.equal(await userCredentials(), stored);
+    assert.equal((await c.get(`${B}/provider/mail-e`)).body.status, 'brokering_initiated');
+  });
+
+  it('refuses to broker what cannot be brokered (400, 404) and bad requests (400, 401, 403)', async () => {
+    const stripeCred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: 'sk_test_x' } });
+    assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'pay', display_name: 'pay', resource_server_credential_id: stripeCred.body.id })).status, 201);
+    const cases: [string, unknown, number, RegExp][] = [
+      [BROKER, { provider_instance_id: 'nope' }, 404, /provider_instance 'nope' not found/],
+      [BROKER, { provider_instance_id: 'pay' }, 400, /is a stripe instance with api_key, not google_mail with oauth_auth_flow/],
+      [`${avail('stripe', 'api_key')}/credential/user-credential/broker`, { provider_instance_id: 'pay' }, 400, /'api_key' does not broker/],
+      [`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/user-credential/broker`, { provider_instance_id: 'mail-a' }, 400, /does not broker/],
+      [`${avail('nope', 'oauth_auth_flow')}/credential/user-credential/broker`, { provider_instance_id: 'mail-a' }, 404, /provider controller 'nope' not found/],
+      [BROKER, {}, 400, /provider_instance_id/],
+      [BROKER, { provider_instance_id: 'bad id!' }, 400, /provider_instance_id/],
+    ];
+    const states = Number((await testDb()('broker_states').count({ n: '*' }))[0].n);
+    for (const [url, body, status, pattern] of cases) {
+      const r = await c.post(url, body);
+      assert.equal(r.status, status, `${url} ${JSON.stringify(body)}: ${r.text}`);
+      assert.match(r.body.message, pattern);
+    }
+    assert.equal((await c.as(undefined).post(BROKER, { provider_instance_id: 'mail-a' })).status, 401);
+    const reader = (await c.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['bridge:read'] })).body.key;
+    assert.equal((await c.as(reader).post(BROKER, { provider_instance_id: 'mail-a' })).status, 403);
+    assert.equal(Number((await testDb()('broker_states').count({ n: '*' }))[0].n), states, 'no state was created');
+  });
+});
