@@ -171,3 +171,32 @@ export async function reencryptCredentials(
   );
   return res.rowCount ?? 0;
 }
+
+// User credentials due for refresh (next_rotation_time passed) of instances that use them and
+// are usable or merely disabled; a refresh_failed instance waits for brokering.
+export async function dueCredentialRefreshes(db: Tx, limit: number): Promise<{ id: string; next_rotation_time: Date }[]> {
+  return db('bridge_credentials as c')
+    .join('provider_instances as p', 'p.user_credential_id', 'c.id')
+    .where('c.kind', 'user').where('c.next_rotation_time', '<=', db.fn.now()).whereIn('p.status', ['active', 'disabled'])
+    .orderBy('c.next_rotation_time').limit(limit)
+    .select('c.id', 'c.next_rotation_time');
+}
+
+export async function instanceOfUserCredential(db: Tx, credentialId: string): Promise<ProviderInstanceRow | undefined> {
+  return db('provider_instances').where({ user_credential_id: credentialId }).first();
+}
+
+// Compare-and-set: the refreshed value is written only over the value it was refreshed from.
+export async function replaceCredentialValue(
+  db: Tx, id: string, oldValue: Record<string, unknown>, next: { value: Record<string, unknown>; dek_id: string; next_rotation_time: Date | null },
+): Promise<boolean> {
+  const n = await db('bridge_credentials').where({ id }).whereRaw('value = ?::jsonb', [JSON.stringify(oldValue)])
+    .update({ value: JSON.stringify(next.value), dek_id: next.dek_id, next_rotation_time: next.next_rotation_time, updated_at: db.fn.now() });
+  return n > 0;
+}
+
+export async function setInstanceStatusOfUserCredential(db: Tx, credentialId: string, status: 'refresh_failed'): Promise<string[]> {
+  const rows = await db('provider_instances').where({ user_credential_id: credentialId }).whereIn('status', ['active', 'disabled'])
+    .update({ status, updated_at: db.fn.now() }).returning('id');
+  return rows.map((r: { id: string }) => r.id);
+}

@@ -31,6 +31,12 @@ const ConfigSchema = Type.Object({
   // How often workers look for work whose queue job Redis lost (key jobs, agent runs of submitted
   // tasks), and how old it must be.
   JOB_RECOVERY_MS: Type.Integer({ minimum: 100, default: 60000 }),
+  // OAuth user credentials: how often workers look for those due for refresh, refresh attempts
+  // (exponential backoff) before the instance becomes refresh_failed, refreshes in flight per worker.
+  CREDENTIAL_REFRESH_SCAN_MS: Type.Integer({ minimum: 100, default: 30000 }),
+  CREDENTIAL_REFRESH_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 5 }),
+  CREDENTIAL_REFRESH_BACKOFF_MS: Type.Integer({ minimum: 0, default: 2000 }),
+  CREDENTIAL_REFRESH_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 100, default: 5 }),
   DEK_MIGRATION_BATCH: Type.Integer({ minimum: 1, maximum: 100000, default: 2000 }),
   // Pause between bulk DEK migration batches, to bound the load a migration puts on Postgres.
   DEK_MIGRATION_PAUSE_MS: Type.Integer({ minimum: 0, maximum: 60000, default: 0 }),

@@ -20,7 +20,7 @@ export function defaultJobOptions(cfg: Config, queue: QueueName): JobsOptions {
     case 'key-jobs':
       return { ...common, attempts: 20, backoff: { type: 'exponential', delay: 1000 } };
     case 'credential-refresh':
-      return { ...common, attempts: 5, backoff: { type: 'exponential', delay: 2000 } };
+      return { ...common, attempts: cfg.CREDENTIAL_REFRESH_ATTEMPTS, backoff: { type: 'exponential', delay: cfg.CREDENTIAL_REFRESH_BACKOFF_MS } };
     case 'push-notifications':
       return { ...common, attempts: cfg.PUSH_ATTEMPTS, backoff: { type: 'exponential', delay: cfg.PUSH_BACKOFF_MS } };
   }

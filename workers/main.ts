@@ -11,6 +11,7 @@ import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
 import { startJobRecovery } from './job-recovery.ts';
 import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
 import { CancelRegistry } from './cancel-registry.ts';
+import { createRefreshCredentialProcessor, startRefreshScheduler } from './refresh-credential.ts';
 import { resolveAgent } from './agents/resolve-agent.ts';
 import type { JobPayloads } from '../queues/names.ts';
 
@@ -55,7 +56,13 @@ const pushWorker = new Worker<JobPayloads['push-notifications']>('push-notificat
 });
 const pushListener = await listenForPushDeliveries(services);
 
-const workers = [agentWorker, keyJobsWorker, pushWorker];
+const refreshWorker = new Worker<JobPayloads['credential-refresh']>('credential-refresh', createRefreshCredentialProcessor(services), {
+  ...common,
+  concurrency: cfg.CREDENTIAL_REFRESH_CONCURRENCY,
+});
+const stopRefreshScheduler = startRefreshScheduler(services);
+
+const workers = [agentWorker, keyJobsWorker, pushWorker, refreshWorker];
 for (const w of workers) w.on('error', (err) => log.warn({ err: { message: err.message }, queue: w.name }, 'worker error'));
 log.info({ queues: workers.map((w) => w.name), agent: cfg.AGENT_KIND }, 'worker started');
 
@@ -70,6 +77,7 @@ async function shutdown(signal: string) {
   }, 10_000);
   grace.unref();
   stopJobRecovery();
+  stopRefreshScheduler();
   await Promise.allSettled(workers.map((w) => w.close()));
   clearTimeout(grace);
   await pushListener.close();

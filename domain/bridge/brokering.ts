@@ -5,20 +5,19 @@
 // makes the instance active.
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
-import { Gone, InvalidRequest, NotFound, Upstream } from '../errors.ts';
+import { Gone, InvalidRequest, NotFound } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
 import { deleteBrokerStatesExpiredBefore, insertBrokerState, takeBrokerState, type BrokerStateRow } from '../../db/broker-states.ts';
 import type { Credential } from '../../api/schemas/bridge.ts';
 import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
 import { storeCredential, toCredential, unsealCredential } from './credentials.ts';
-import { callUpstream, refusalMessage, successObject } from './upstream.ts';
-import type { CredentialControllerDef, Plain, ProviderControllerDef } from './types.ts';
+import { oauthOf, refusal, requestToken, withTokens } from './oauth-token.ts';
+import type { CredentialControllerDef, Plain } from './types.ts';
 
 const STATE_TTL_MS = 10 * 60 * 1000;
 // Expired states are kept this long, so a late callback learns its state expired (410), not that it never existed.
 const EXPIRED_KEPT_MS = 24 * 60 * 60 * 1000;
-const DEFAULT_TOKEN_TTL_S = 3600;
 
 type BrokerServices = Pick<Services, 'db' | 'cfg' | 'log' | 'bus'>;
 
@@ -32,12 +31,7 @@ export type CallbackOutcome = { type: 'user_credential'; credential: Credential 
 const sha256 = (v: string) => createHash('sha256').update(v).digest('hex');
 const base64url = (b: Buffer) => b.toString('base64url');
 
-function oauthOf(provider: ProviderControllerDef) {
-  if (!provider.oauth) throw new InvalidRequest(`Provider '${provider.type_id}' has no OAuth endpoints to broker with`);
-  return provider.oauth;
-}
-
-async function resourceServerCredential(s: BrokerServices, cc: CredentialControllerDef, instance: repo.ProviderInstanceRow): Promise<{ row: repo.CredentialRow; plain: Plain }> {
+export async function resourceServerCredential(s: BrokerServices, cc: CredentialControllerDef, instance: repo.ProviderInstanceRow): Promise<{ row: repo.CredentialRow; plain: Plain }> {
   const [row] = instance.resource_server_credential_id ? await repo.getCredentials(s.db, [instance.resource_server_credential_id]) : [];
   if (!row) throw new InvalidRequest(`Provider instance '${instance.id}' has no resource server credential (client id and secret) to broker with`);
   return { row, plain: await unsealCredential(s, cc, row) };
@@ -81,19 +75,6 @@ export async function startBrokering(s: BrokerServices, providerTypeId: string, 
   return toBrokerState(row, instance, url.toString());
 }
 
-// The token endpoint's answer as a user credential value.
-function userCredentialFrom(answer: Record<string, unknown>, code: string, rs: Plain): Plain {
-  if (typeof answer.access_token !== 'string' || !answer.access_token) throw new Upstream('token endpoint: answered without an access_token', { upstream: 'token endpoint' });
-  const ttl = Number(answer.expires_in);
-  const scopes = typeof answer.scope === 'string' ? answer.scope.split(' ').filter(Boolean) : (rs.scopes as string[] | undefined);
-  return {
-    code, access_token: answer.access_token,
-    ...(typeof answer.refresh_token === 'string' && answer.refresh_token ? { refresh_token: answer.refresh_token } : {}),
-    expiry_time: new Date(Date.now() + (Number.isFinite(ttl) && ttl > 0 ? ttl : DEFAULT_TOKEN_TTL_S) * 1000).toISOString(),
-    ...(scopes?.length ? { scopes } : {}),
-  };
-}
-
 export async function completeBrokering(
   s: BrokerServices, query: { state?: string; code?: string; error?: string; error_description?: string },
 ): Promise<CallbackOutcome> {
@@ -111,16 +92,11 @@ export async function completeBrokering(
   const provider = providerDef(instance.provider_controller_type_id);
   const cc = credentialDef(provider, instance.credential_controller_type_id);
   const { row: rsRow, plain: rs } = await resourceServerCredential(s, cc, instance);
-  const answer = await callUpstream('token endpoint', s.cfg[oauthOf(provider).tokenUrlSetting], {
-    method: 'POST',
-    headers: { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' },
-    body: new URLSearchParams({
-      grant_type: 'authorization_code', code: query.code, redirect_uri: String(rs.redirect_uri),
-      client_id: String(rs.client_id), client_secret: String(rs.client_secret), code_verifier: state.code_verifier,
-    }).toString(),
-  }, s.cfg.BRIDGE_TIMEOUT_MS);
-  if (answer.status >= 400) throw new Upstream(`token endpoint refused the code: ${refusalMessage(answer)}`, { upstream: 'token endpoint', upstream_status: answer.status });
-  const plain = userCredentialFrom(successObject('token endpoint', answer), query.code, rs);
+  const answer = await requestToken(s.cfg, provider, rs, {
+    grant_type: 'authorization_code', code: query.code, redirect_uri: String(rs.redirect_uri), code_verifier: state.code_verifier,
+  });
+  if (answer.status >= 400) throw refusal('code', answer);
+  const plain = withTokens(answer, { code: query.code }, rs);
   // The tokens are sealed under the alias of the instance's resource server credential.
   const credential = await writeUnderAlias(s, rsRow.dek_alias, async (trx, dekId) => {
     const current = await repo.getProviderInstance(trx, instance.id, 'update');

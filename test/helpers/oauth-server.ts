@@ -3,7 +3,7 @@ import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { ROOT } from './stack.ts';
 
-export interface OAuthServer { url: string; revoke(token: string): Promise<void>; stop(): void }
+export interface OAuthServer { url: string; setMode(mode: 'ok' | 'revoked' | 'down'): Promise<void>; refreshes(): Promise<number>; stop(): void }
 
 export function startOAuthServer(clientSecret: string): Promise<OAuthServer> {
   const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'test/fixtures/oauth-server.ts')], {
@@ -22,9 +22,12 @@ export function startOAuthServer(clientSecret: string): Promise<OAuthServer> {
       child.removeAllListeners('exit');
       resolve({
         url,
-        async revoke(token) {
-          const r = await fetch(`${url}/admin/revoke`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ token }) });
-          if (r.status !== 204) throw new Error(`revoke answered ${r.status}`);
+        async setMode(mode) {
+          const r = await fetch(`${url}/admin/mode`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ mode }) });
+          if (r.status !== 204) throw new Error(`mode answered ${r.status}`);
+        },
+        async refreshes() {
+          return ((await (await fetch(`${url}/admin/stats`)).json()) as { refreshes: number }).refreshes;
         },
         stop: () => { child.kill('SIGTERM'); },
       });

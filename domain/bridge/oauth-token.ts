@@ -1,0 +1,43 @@
+// A provider's OAuth token endpoint, as brokering (authorization_code) and refresh (refresh_token)
+// call it: client_secret_post, JSON answer. Throws Upstream when it cannot be reached or fails;
+// a refusal (4xx) comes back for the caller to judge.
+import type { Config } from '../config.ts';
+import { InvalidRequest, Upstream } from '../errors.ts';
+import { callUpstream, refusalMessage, successObject, type UpstreamAnswer } from './upstream.ts';
+import type { Plain, ProviderControllerDef } from './types.ts';
+
+const DEFAULT_TOKEN_TTL_S = 3600;
+
+export function oauthOf(provider: ProviderControllerDef): NonNullable<ProviderControllerDef['oauth']> {
+  if (!provider.oauth) throw new InvalidRequest(`Provider '${provider.type_id}' has no OAuth endpoints`);
+  return provider.oauth;
+}
+
+export async function requestToken(cfg: Config, provider: ProviderControllerDef, rs: Plain, grant: Record<string, string>): Promise<UpstreamAnswer> {
+  return callUpstream('token endpoint', cfg[oauthOf(provider).tokenUrlSetting], {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' },
+    body: new URLSearchParams({ ...grant, client_id: String(rs.client_id), client_secret: String(rs.client_secret) }).toString(),
+  }, cfg.BRIDGE_TIMEOUT_MS);
+}
+
+export const isInvalidGrant = (answer: UpstreamAnswer) => (answer.body as { error?: unknown } | undefined)?.error === 'invalid_grant';
+
+export const refusal = (what: string, answer: UpstreamAnswer) =>
+  new Upstream(`token endpoint refused the ${what}: ${refusalMessage(answer)}`, { upstream: 'token endpoint', upstream_status: answer.status });
+
+// The user credential after a token answer: `previous` with the new access token and expiry, the
+// new refresh token if one came (else the previous one) and the granted scopes if named.
+export function withTokens(answer: UpstreamAnswer, previous: Plain, rs: Plain): Plain {
+  const body = successObject('token endpoint', answer);
+  if (typeof body.access_token !== 'string' || !body.access_token) throw new Upstream('token endpoint: answered without an access_token', { upstream: 'token endpoint' });
+  const ttl = Number(body.expires_in);
+  const scopes = typeof body.scope === 'string' ? body.scope.split(' ').filter(Boolean) : (previous.scopes ?? rs.scopes) as string[] | undefined;
+  const refresh = typeof body.refresh_token === 'string' && body.refresh_token ? body.refresh_token : previous.refresh_token;
+  return {
+    ...previous, access_token: body.access_token,
+    ...(refresh ? { refresh_token: refresh } : {}),
+    expiry_time: new Date(Date.now() + (Number.isFinite(ttl) && ttl > 0 ? ttl : DEFAULT_TOKEN_TTL_S) * 1000).toISOString(),
+    ...(scopes?.length ? { scopes } : {}),
+  };
+}

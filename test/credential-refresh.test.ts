@@ -1,0 +1,136 @@
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import { randomUUID } from 'node:crypto';
+import type { AddressInfo } from 'node:net';
+import { Queue } from 'bullmq';
+import { resetDb, startStack, testDb, waitFor, type Client, type Stack } from './helpers/stack.ts';
+import { startOAuthServer, type OAuthServer } from './helpers/oauth-server.ts';
+
+const B = '/api/bridge/v1';
+const avail = `${B}/available-providers/google_mail/available-credentials/oauth_auth_flow`;
+const CLIENT_SECRET = `cs-${randomUUID()}`;
+const ATTEMPTS = 3;
+
+// Gmail's send endpoint: records the bearer token it was called with.
+function startGmail(): Promise<{ server: http.Server; url: string; tokens: string[] }> {
+  const tokens: string[] = [];
+  const server = http.createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      tokens.push(String(req.headers.authorization ?? ''));
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ id: `msg-${tokens.length}` }));
+    });
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, tokens })));
+}
+
+describe('credential refresh: OAuth user credentials renewed by workers before they expire', () => {
+  let stack: Stack;
+  let c: Client;
+  let oauth: OAuthServer;
+  let gmail: Awaited<ReturnType<typeof startGmail>>;
+
+  // An instance whose user credential was brokered through the OAuth server, with send_email enabled.
+  async function brokered(id: string) {
+    const cred = await c.post(`${avail}/credential/resource-server`, {
+      value: { client_id: 'refresh-test', client_secret: CLIENT_SECRET, redirect_uri: `${stack.api.url}${B}/generic-oauth-callback` },
+    });
+    assert.equal(cred.status, 201, cred.text);
+    assert.equal((await c.post(avail, { provider_instance_id: id, display_name: id, resource_server_credential_id: cred.body.id })).status, 201);
+    await rebroker(id);
+    assert.equal((await c.post(`${B}/provider/${id}/function/google_mail_send_email/enable`, {})).status, 201);
+  }
+  async function rebroker(id: string) {
+    const state = await c.post(`${avail}/credential/user-credential/broker`, { provider_instance_id: id });
+    assert.equal(state.status, 200, state.text);
+    const consent = await fetch(state.body.action.Redirect.url, { redirect: 'manual' });
+    const done = await fetch(consent.headers.get('location')!, { redirect: 'manual' });
+    assert.equal(done.status, 200);
+  }
+  const instance = async (id: string) => (await c.get(`${B}/provider/${id}`)).body;
+  const userCredential = async (id: string) => testDb()('bridge_credentials').where({ id: (await instance(id)).user_credential_id }).first();
+  const makeDue = async (id: string) => testDb()('bridge_credentials').where({ id: (await instance(id)).user_credential_id }).update({ next_rotation_time: new Date(Date.now() - 1000) });
+  const send = (id: string) => c.post(`${B}/provider/${id}/function/google_mail_send_email/invoke`, { params: { to: 'a@example.com', subject: 's', body: 'b' } });
+
+  before(async () => {
+    await resetDb();
+    oauth = await startOAuthServer(CLIENT_SECRET);
+    gmail = await startGmail();
+    // Two workers scan every 200 ms: a due credential must still be refreshed once.
+    stack = await startStack({
+      GOOGLE_OAUTH_AUTHORIZE_URL: `${oauth.url}/authorize`, GOOGLE_OAUTH_TOKEN_URL: `${oauth.url}/token`, GOOGLE_MAIL_API_BASE_URL: gmail.url,
+      BRIDGE_ALLOW_PRIVATE: 'true', CREDENTIAL_REFRESH_SCAN_MS: '200', CREDENTIAL_REFRESH_ATTEMPTS: String(ATTEMPTS), CREDENTIAL_REFRESH_BACKOFF_MS: '50',
+    }, { workers: 2 });
+    c = stack.client;
+  });
+  after(async () => {
+    await stack?.stop();
+    oauth?.stop();
+    gmail?.server.close();
+  });
+
+  it('refreshes a credential once its next_rotation_time passes: new tokens, a new due time, one refresh for two scanning workers', async () => {
+    await brokered('mail-r');
+    assert.equal((await send('mail-r')).status, 200);
+    const before = await userCredential('mail-r');
+    assert.ok(before.next_rotation_time.getTime() > Date.now() + 50 * 60 * 1000, 'not due: no refresh yet');
+    await new Promise((r) => setTimeout(r, 600));
+    const refreshes = await oauth.refreshes();
+    assert.equal(refreshes, 0);
+
+    await makeDue('mail-r');
+    const after = await waitFor(async () => {
+      const row = await userCredential('mail-r');
+      return row.next_rotation_time.getTime() > Date.now() && row;
+    }, 'the credential to be refreshed');
+    assert.equal(after.id, before.id, 'refreshed in place');
+    assert.notEqual(after.value.access_token, before.value.access_token);
+    assert.notEqual(after.value.refresh_token, before.value.refresh_token, 'the new refresh token is kept');
+    assert.equal(typeof after.value.code, 'string', 'the code is kept (sealed again)');
+    assert.ok(after.next_rotation_time.getTime() > Date.now() + 50 * 60 * 1000);
+    await new Promise((r) => setTimeout(r, 800));
+    assert.equal(await oauth.refreshes(), 1, 'one refresh, though both workers scanned several times');
+    assert.equal((await instance('mail-r')).status, 'active');
+    assert.equal((await send('mail-r')).status, 200, 'the refreshed token works');
+
+    const queue = new Queue('credential-refresh', { prefix: stack.env.QUEUE_PREFIX, connection: { url: stack.env.REDIS_URL } });
+    const jobs = await queue.getJobs(['completed']);
+    await queue.close();
+    assert.equal(jobs.length, 1);
+    assert.deepEqual(jobs[0].data, { credential_id: before.id }, 'the job carries the id only');
+    assert.equal(jobs[0].returnvalue, 'refreshed');
+  });
+
+  it('makes the instance refresh_failed when the provider answers invalid_grant; invoking it is 409 until it is brokered again', async () => {
+    await brokered('mail-x');
+    await oauth.setMode('revoked');
+    try {
+      await makeDue('mail-x');
+      await waitFor(async () => (await instance('mail-x')).status === 'refresh_failed', 'the instance to be refresh_failed');
+    } finally {
+      await oauth.setMode('ok');
+    }
+    const refused = await send('mail-x');
+    assert.equal(refused.status, 409);
+    assert.match(refused.body.message, /refresh_failed/);
+    assert.equal((await c.patch(`${B}/provider/mail-x`, { status: 'active' })).status, 409, 'not revived by PATCH');
+    await rebroker('mail-x');
+    assert.equal((await instance('mail-x')).status, 'active');
+    assert.equal((await send('mail-x')).status, 200);
+  });
+
+  it('retries a provider that is down with backoff, then gives up: refresh_failed after the last attempt', async () => {
+    await brokered('mail-d');
+    const start = await oauth.refreshes();
+    await oauth.setMode('down');
+    try {
+      await makeDue('mail-d');
+      await waitFor(async () => (await instance('mail-d')).status === 'refresh_failed', 'the instance to be refresh_failed');
+      assert.equal(await oauth.refreshes() - start, ATTEMPTS);
+    } finally {
+      await oauth.setMode('ok');
+    }
+    const other = await instance('mail-r');
+    assert.equal(other.status, 'active', 'other instances are untouched');
+  });
+});

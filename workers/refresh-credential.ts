@@ -1,0 +1,24 @@
+// Processor of the credential-refresh queue (domain/bridge/credential-refresh.ts), and the periodic
+// pass of every worker that enqueues the credentials due for refresh.
+import type { Job } from 'bullmq';
+import type { Services } from '../domain/services.ts';
+import { enqueueDueRefreshes, refreshCredential, type RefreshOutcome } from '../domain/bridge/credential-refresh.ts';
+import type { JobPayloads } from '../queues/names.ts';
+
+export function createRefreshCredentialProcessor(services: Services) {
+  return async (job: Job<JobPayloads['credential-refresh']>): Promise<RefreshOutcome> =>
+    refreshCredential(services, job.data.credential_id, job.attemptsMade + 1 >= (job.opts.attempts ?? 1));
+}
+
+export function startRefreshScheduler(services: Services): () => void {
+  let running = false;
+  const timer = setInterval(() => {
+    if (running) return;
+    running = true;
+    enqueueDueRefreshes(services, services.queues['credential-refresh'])
+      .catch((err) => services.log.warn({ err: { message: (err as Error).message } }, 'credential refresh scan failed; will retry'))
+      .finally(() => { running = false; });
+  }, services.cfg.CREDENTIAL_REFRESH_SCAN_MS);
+  timer.unref();
+  return () => clearInterval(timer);
+}
