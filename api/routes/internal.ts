@@ -5,6 +5,7 @@ import { publicConfig } from '../../domain/config.ts';
 import { QUEUE_NAMES } from '../../queues/names.ts';
 import { SERVICE_VERSION } from '../../domain/version.ts';
 import { Unavailable } from '../../domain/errors.ts';
+import { generateBridgeClient } from '../../domain/bridge/codegen.ts';
 
 const tag = '_internal';
 const withTimeout = <T>(p: Promise<T>, ms: number) =>
@@ -59,4 +60,13 @@ export const internalRoutes = [
     }
     return { queues: out };
   }),
+
+  defineRoute({
+    method: 'post', path: '/_internal/v1/trigger_codegen', operationId: 'trigger-codegen', tag, scope: 'internal',
+    summary: 'Generate a typed TypeScript client for the enabled bridge function instances (files returned, not written)',
+    responses: {
+      200: Type.Object({ message: Type.String(), files: Type.Array(Type.Object({ path: Type.String(), content: Type.String() })) }),
+      401: ErrorBody, 403: ErrorBody,
+    },
+  }, async ({ services }) => generateBridgeClient(services.db)),
 ];
