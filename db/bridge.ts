@@ -40,9 +40,11 @@ export interface FunctionInstanceRow {
   updated_at: Date;
 }
 
-export async function insertCredential(db: Tx, row: Omit<CredentialRow, 'created_at' | 'updated_at'>): Promise<CredentialRow> {
-  const [out] = await db('bridge_credentials').insert({ ...row, value: JSON.stringify(row.value), metadata: JSON.stringify(row.metadata) }).returning('*');
-  return out as CredentialRow;
+// Undefined when the id is taken (an imported credential keeps its exported id).
+export async function insertCredential(db: Tx, row: Omit<CredentialRow, 'created_at' | 'updated_at'>): Promise<CredentialRow | undefined> {
+  const [out] = await db('bridge_credentials').insert({ ...row, value: JSON.stringify(row.value), metadata: JSON.stringify(row.metadata) })
+    .onConflict('id').ignore().returning('*');
+  return out as CredentialRow | undefined;
 }
 
 // FOR SHARE: a credential an instance is being created with cannot be deleted meanwhile.

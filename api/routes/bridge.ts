@@ -3,12 +3,12 @@ import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
 import {
   BrokeredUserCredential, BrokerRequest, BrokerState, ControllerParams, CreateCredentialRequest, CreateProviderInstanceRequest, Credential, FunctionInstance, FunctionParams,
-  GroupedByFunction, GroupedListQuery, InvokeFunctionRequest, InvokeResult, ProviderController, ProviderInstance, ProviderInstanceDetail,
+  GroupedByFunction, GroupedListQuery, ImportCredentialRequest, InvokeFunctionRequest, InvokeResult, ProviderController, ProviderInstance, ProviderInstanceDetail,
   OAuthCallbackQuery, ProviderInstanceId, ProviderListQuery, ProviderParams, UpdateProviderInstanceRequest,
 } from '../schemas/bridge.ts';
 import { completeBrokering, startBrokering } from '../../domain/bridge/brokering.ts';
 import { PROVIDERS, describeProvider } from '../../domain/bridge/catalog.ts';
-import { createCredential } from '../../domain/bridge/credentials.ts';
+import { createCredential, importCredential } from '../../domain/bridge/credentials.ts';
 import * as instances from '../../domain/bridge/provider-instances.ts';
 import * as functions from '../../domain/bridge/functions.ts';
 import { functionInstancesOpenApi } from '../../domain/bridge/function-openapi.ts';
@@ -25,6 +25,13 @@ const credentialRoute = (kind: 'resource_server' | 'user', path: string, operati
   responses: { 201: Credential, ...resourceErrors },
 }, async ({ params, body, services }) => createCredential(services, kind, params.provider_controller_type_id, params.credential_controller_type_id, body));
 
+const importRoute = (kind: 'resource_server' | 'user', path: string, operationId: string, what: string) => defineRoute({
+  method: 'post', path, operationId, tag, scope: 'bridge:write',
+  summary: `Import a ${what} exported by GET /api/a2a/v1/definition: its sensitive members must decrypt with the DEK of dek_alias (default: default); keeps the exported id when given`,
+  params: ControllerParams, body: ImportCredentialRequest,
+  responses: { 201: Credential, ...resourceErrors, 409: ErrorBody },
+}, async ({ params, body, services }) => importCredential(services, kind, params.provider_controller_type_id, params.credential_controller_type_id, body));
+
 // Fixed paths (/provider/grouped-by-function) are registered before /provider/:provider_instance_id.
 export const bridgeRoutes = [
   defineRoute({
@@ -36,6 +43,8 @@ export const bridgeRoutes = [
 
   credentialRoute('resource_server', `${available}/credential/resource-server`, 'create-resource-server-credential', 'resource server credential'),
   credentialRoute('user', `${available}/credential/user-credential`, 'create-user-credential', 'user credential (e.g. OAuth tokens obtained elsewhere)'),
+  importRoute('resource_server', `${available}/credential/resource-server/import`, 'import-resource-server-credential', 'resource server credential'),
+  importRoute('user', `${available}/credential/user-credential/import`, 'import-user-credential', 'user credential'),
 
   defineRoute({
     method: 'post', path: `${available}/credential/user-credential/broker`, operationId: 'broker-user-credential', tag, scope: 'bridge:write',

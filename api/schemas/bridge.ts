@@ -121,6 +121,14 @@ export const CreateCredentialRequest = Body({
 });
 export type CreateCredentialRequest = Static<typeof CreateCredentialRequest>;
 
+// A credential as the definition export lists it: sensitive members as ciphertexts.
+export const ImportCredentialRequest = Body({
+  id: Type.Optional(Uuid),
+  value: FreeObject,
+  metadata: Type.Optional(FreeObject),
+  dek_alias: Type.Optional(AliasName),
+});
+
 export const CreateProviderInstanceRequest = Body({
   provider_instance_id: Type.Optional(ProviderInstanceId),
   display_name: Type.String({ minLength: 1, maxLength: 256, pattern: NoControlChars }),

@@ -2,8 +2,8 @@
 // encrypted with the DEK their alias names, decrypted only in memory when a function is invoked.
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
-import { InvalidRequest } from '../errors.ts';
-import { decryptWithDek, encryptWithDek, writeUnderAlias, type KeyringServices } from '../keyring.ts';
+import { Conflict, InvalidRequest } from '../errors.ts';
+import { DecryptError, decryptWithDek, encryptWithDek, writeUnderAlias, type KeyringServices } from '../keyring.ts';
 import { DEFAULT_ALIAS } from '../crypto/key-management.ts';
 import * as repo from '../../db/bridge.ts';
 import type { CredentialKind, CredentialRow } from '../../db/bridge.ts';
@@ -28,14 +28,45 @@ export async function createCredential(
   s: KeyringServices, kind: CredentialKind, providerTypeId: string, credentialTypeId: string, input: CreateCredentialRequest,
 ): Promise<Credential> {
   const cc = credentialDef(providerDef(providerTypeId), credentialTypeId);
-  const schema = kind === 'user' ? cc.userCredential : cc.resourceServer;
-  if (!schema) throw new InvalidRequest(`Credential controller '${cc.type_id}' has no user credential`, [{ path: 'path.credential_controller_type_id', message: 'has no user credential' }]);
-  checkAgainst(schema, input.value, 'body.value');
-  const checked = cc.normalize ? await cc.normalize(kind, input.value, { allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS }) : input.value;
+  const checked = await checkedValue(s, cc, kind, input.value);
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
   const row = await writeUnderAlias(s, alias, (trx, dekId) =>
     storeCredential(s, trx, { kind, providerTypeId, cc, plain: checked, metadata: input.metadata ?? {}, dekId, alias }));
   return toCredential(row);
+}
+
+// A credential exported elsewhere (GET /api/a2a/v1/definition), its sensitive members encrypted
+// with the DEK `dek_alias` names here (imported with the same key material): each must decrypt
+// (400), the value is then checked like a new one and stored sealed anew, under its exported id
+// when given (409 when taken).
+export async function importCredential(
+  s: KeyringServices, kind: CredentialKind, providerTypeId: string, credentialTypeId: string, input: CreateCredentialRequest & { id?: string },
+): Promise<Credential> {
+  const cc = credentialDef(providerDef(providerTypeId), credentialTypeId);
+  const alias = input.dek_alias ?? DEFAULT_ALIAS;
+  const row = await writeUnderAlias(s, alias, async (trx, dekId) => {
+    const plain: Plain = { ...input.value };
+    for (const member of sensitiveOf(cc, kind)) {
+      if (plain[member] === undefined) continue;
+      try {
+        plain[member] = await decryptWithDek(s, dekId, String(plain[member]), trx);
+      } catch (err) {
+        if (!(err instanceof DecryptError)) throw err;
+        throw new InvalidRequest(`value.${member} does not decrypt with the DEK aliased '${alias}'`, [{ path: `body.value.${member}`, message: 'does not decrypt with this DEK' }]);
+      }
+    }
+    const checked = await checkedValue(s, cc, kind, plain);
+    return storeCredential(s, trx, { id: input.id, kind, providerTypeId, cc, plain: checked, metadata: input.metadata ?? {}, dekId, alias });
+  });
+  return toCredential(row);
+}
+
+// The value checked against the controller's schema for `kind` (400), then normalized.
+async function checkedValue(s: KeyringServices, cc: CredentialControllerDef, kind: CredentialKind, value: Plain): Promise<Plain> {
+  const schema = kind === 'user' ? cc.userCredential : cc.resourceServer;
+  if (!schema) throw new InvalidRequest(`Credential controller '${cc.type_id}' has no user credential`, [{ path: 'path.credential_controller_type_id', message: 'has no user credential' }]);
+  checkAgainst(schema, value, 'body.value');
+  return cc.normalize ? cc.normalize(kind, value, { allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS }) : value;
 }
 
 // When a user credential that expires must be refreshed: REFRESH_AHEAD_MS before its expiry_time.
@@ -45,16 +76,18 @@ export function nextRotationTime(cc: CredentialControllerDef, kind: CredentialKi
 }
 
 // Stores a checked credential value in `trx`, which holds `alias` (writeUnderAlias): its sensitive
-// members sealed under the alias's DEK `dekId`.
+// members sealed under the alias's DEK `dekId`. A given id that is taken is a 409.
 export async function storeCredential(
   s: KeyringServices, trx: Knex.Transaction,
-  c: { kind: CredentialKind; providerTypeId: string; cc: CredentialControllerDef; plain: Plain; metadata: Record<string, unknown>; dekId: string; alias: string },
+  c: { id?: string; kind: CredentialKind; providerTypeId: string; cc: CredentialControllerDef; plain: Plain; metadata: Record<string, unknown>; dekId: string; alias: string },
 ): Promise<CredentialRow> {
-  return repo.insertCredential(trx, {
-    id: randomUUID(), kind: c.kind, provider_controller_type_id: c.providerTypeId, type_id: c.cc.type_id,
+  const row = await repo.insertCredential(trx, {
+    id: c.id ?? randomUUID(), kind: c.kind, provider_controller_type_id: c.providerTypeId, type_id: c.cc.type_id,
     value: await sealCredential(s, c.cc, c.kind, c.plain, c.dekId, trx), metadata: c.metadata,
     dek_id: c.dekId, dek_alias: c.alias, next_rotation_time: nextRotationTime(c.cc, c.kind, c.plain),
   });
+  if (!row) throw new Conflict(`Credential '${c.id}' already exists`, { resource: 'credential', id: c.id });
+  return row;
 }
 
 // A credential value with its sensitive members encrypted under `dekId`.

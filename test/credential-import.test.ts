@@ -1,0 +1,104 @@
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import { randomUUID } from 'node:crypto';
+import type { AddressInfo } from 'node:net';
+import { resetDb, startStack, testDb, type Client, type Stack } from './helpers/stack.ts';
+
+const B = '/api/bridge/v1';
+const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
+const STRIPE_KEY = `sk_test_${randomUUID().replace(/-/g, '')}`;
+
+function startStripe(): Promise<{ server: http.Server; url: string; auth: string[] }> {
+  const auth: string[] = [];
+  const server = http.createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      auth.push(String(req.headers.authorization));
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ id: 're_imp', object: 'refund', status: 'succeeded' }));
+    });
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, auth })));
+}
+
+describe('credential import: credentials from the definition export are re-applied', () => {
+  let stack: Stack;
+  let c: Client;
+  let stripe: Awaited<ReturnType<typeof startStripe>>;
+  const credentials = async () => Number((await testDb()('bridge_credentials').count({ n: '*' }))[0].n);
+
+  before(async () => {
+    await resetDb();
+    stripe = await startStripe();
+    stack = await startStack({ STRIPE_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true' }, { workers: 0 });
+    c = stack.client;
+  });
+  after(async () => {
+    await stack?.stop();
+    stripe?.server.close();
+  });
+
+  it('exports a provider, deletes it, imports its credential under the same id, and the recreated instance calls with the same key', async () => {
+    const cred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY }, metadata: { team: 'billing' } });
+    assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'pay', display_name: 'Pay', resource_server_credential_id: cred.body.id })).status, 201);
+    const definition = (await c.get('/api/a2a/v1/definition')).body;
+    const exported = definition.providers.find((p: { id: string }) => p.id === 'pay').resource_server_credential;
+    assert.equal(exported.id, cred.body.id);
+    assert.notEqual(exported.value.api_key, STRIPE_KEY);
+
+    assert.equal((await c.delete(`${B}/provider/pay`)).status, 200);
+    assert.equal(await credentials(), 0, 'the credential went with its instance');
+
+    const imported = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`,
+      { id: exported.id, value: exported.value, metadata: exported.metadata, dek_alias: exported.dek_alias });
+    assert.equal(imported.status, 201, imported.text);
+    assert.equal(imported.body.id, exported.id);
+    assert.deepEqual(imported.body.metadata, { team: 'billing' });
+    assert.equal(typeof imported.body.value.api_key, 'string');
+    assert.ok(!imported.text.includes(STRIPE_KEY));
+
+    assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'pay', display_name: 'Pay', resource_server_credential_id: exported.id })).status, 201);
+    assert.equal((await c.post(`${B}/provider/pay/function/stripe_process_refund/enable`, {})).status, 201);
+    const r = await c.post(`${B}/provider/pay/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_1' } });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(stripe.auth.at(-1), `Bearer ${STRIPE_KEY}`);
+
+    // The same id again is a conflict.
+    const again = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, { id: exported.id, value: exported.value });
+    assert.equal(again.status, 409);
+  });
+
+  it('imports user credentials too (a new id when none is given)', async () => {
+    const rs = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`, { value: { client_id: 'c', client_secret: 's', redirect_uri: 'https://example.com/cb' } });
+    const user = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/user-credential`, { value: { access_token: 'at-123', refresh_token: 'rt-456', expiry_time: '2099-01-01T00:00:00Z' } });
+    assert.equal((await c.post(avail('google_mail', 'oauth_auth_flow'), { provider_instance_id: 'mail', display_name: 'Mail', resource_server_credential_id: rs.body.id, user_credential_id: user.body.id })).status, 201);
+    const exported = (await c.get('/api/a2a/v1/definition')).body.providers.find((p: { id: string }) => p.id === 'mail').user_credential;
+    const r = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/user-credential/import`, { value: exported.value });
+    assert.equal(r.status, 201, r.text);
+    assert.notEqual(r.body.id, exported.id);
+    assert.equal(r.body.next_rotation_time, '2098-12-31T23:55:00.000Z');
+  });
+
+  it('refuses values that do not decrypt, fail the schema, or name an unknown alias, storing nothing', async () => {
+    const sealed = (await c.get('/api/a2a/v1/definition')).body.providers.find((p: { id: string }) => p.id === 'pay').resource_server_credential.value.api_key as string;
+    const tampered = `${sealed.slice(0, -6)}AAAAAA`;
+    const url = `${avail('stripe', 'api_key')}/credential/resource-server/import`;
+    const before = await credentials();
+    const cases: [unknown, number, RegExp][] = [
+      [{ value: { api_key: tampered } }, 400, /value\.api_key does not decrypt with the DEK aliased 'default'/],
+      [{ value: { api_key: STRIPE_KEY } }, 400, /value\.api_key does not decrypt/],
+      [{ value: {} }, 400, /body\.value\.api_key is required/],
+      [{ value: { api_key: sealed, extra: 1 } }, 400, /body\.value\.extra is not an allowed member/],
+      [{ value: { api_key: sealed }, dek_alias: 'nope' }, 404, /dek_alias 'nope' not found/],
+      [{ value: { api_key: sealed }, id: 'not-a-uuid' }, 400, /body\.id/],
+    ];
+    for (const [body, status, pattern] of cases) {
+      const r = await c.post(url, body);
+      assert.equal(r.status, status, `${JSON.stringify(body)}: ${r.text}`);
+      assert.match(r.body.message, pattern);
+      assert.ok(!r.text.includes(STRIPE_KEY));
+    }
+    const reader = (await c.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['bridge:read'] })).body.key;
+    assert.equal((await c.as(reader).post(url, { value: { api_key: sealed } })).status, 403);
+    assert.equal(await credentials(), before);
+  });
+});
