@@ -1,5 +1,5 @@
 // Prometheus metrics of an API process: HTTP latency by route and status, plus queue depths, the
-// outbox backlog and key job progress read at scrape time (they are shared state, the same from any process).
+// outbox backlog, key job progress and provider instances by status read at scrape time (they are shared state, the same from any process).
 import type { Middleware } from 'koa';
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from './route.ts';
@@ -8,6 +8,7 @@ import { Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Services } from '../domain/services.ts';
 import { QUEUE_NAMES } from '../queues/names.ts';
 import { listActiveKeyJobs } from '../db/key-jobs.ts';
+import { countProviderInstancesByStatus } from '../db/bridge.ts';
 
 function createMetrics(services: Services) {
   const registry = new Registry();
@@ -51,6 +52,17 @@ function createMetrics(services: Services) {
       for (const j of await listActiveKeyJobs(services.db)) {
         for (const count of ['total', 'done', 'failed'] as const) this.set({ job_id: j.id, kind: j.kind, count }, j[count]);
       }
+    },
+  });
+
+  new Gauge({
+    name: 'taskbridge_provider_instances',
+    help: 'Bridge provider instances by status (refresh_failed: a credential refresh gave up; needs brokering again)',
+    labelNames: ['status'],
+    registers: [registry],
+    async collect() {
+      const rows = await countProviderInstancesByStatus(services.db);
+      for (const status of ['brokering_initiated', 'active', 'disabled', 'refresh_failed']) this.set({ status }, rows[status] ?? 0);
     },
   });
 

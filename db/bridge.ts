@@ -202,3 +202,8 @@ export async function setInstanceStatusOfUserCredential(db: Tx, credentialId: st
     .update({ status, updated_at: db.fn.now() }).returning('id');
   return rows.map((r: { id: string }) => r.id);
 }
+
+export async function countProviderInstancesByStatus(db: Tx): Promise<Record<string, number>> {
+  const rows: { status: string; n: string }[] = await db('provider_instances').select('status').count({ n: '*' }).groupBy('status');
+  return Object.fromEntries(rows.map((r) => [r.status, Number(r.n)]));
+}

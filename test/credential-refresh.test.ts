@@ -132,5 +132,8 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     }
     const other = await instance('mail-r');
     assert.equal(other.status, 'active', 'other instances are untouched');
+    const metrics = (await c.get('/metrics')).text;
+    assert.match(metrics, /taskbridge_provider_instances\{status="refresh_failed"\} 1\n/);
+    assert.match(metrics, /taskbridge_provider_instances\{status="active"\} 2\n/);
   });
 });
