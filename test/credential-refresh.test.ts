@@ -1,28 +1,15 @@
 import assert from 'node:assert/strict';
-import http from 'node:http';
 import { randomUUID } from 'node:crypto';
-import type { AddressInfo } from 'node:net';
 import { Queue } from 'bullmq';
 import { resetDb, startStack, testDb, waitFor, type Client, type Stack } from './helpers/stack.ts';
 import { startOAuthServer, type OAuthServer } from './helpers/oauth-server.ts';
+import { startGmail } from './helpers/gmail.ts';
 
 const B = '/api/bridge/v1';
 const avail = `${B}/available-providers/google_mail/available-credentials/oauth_auth_flow`;
 const CLIENT_SECRET = `cs-${randomUUID()}`;
 const ATTEMPTS = 3;
 
-// Gmail's send endpoint: records the bearer token it was called with.
-function startGmail(): Promise<{ server: http.Server; url: string; tokens: string[] }> {
-  const tokens: string[] = [];
-  const server = http.createServer((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      tokens.push(String(req.headers.authorization ?? ''));
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ id: `msg-${tokens.length}` }));
-    });
-  });
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, tokens })));
-}
 
 describe('credential refresh: OAuth user credentials renewed by workers before they expire', () => {
   let stack: Stack;

@@ -1,9 +1,8 @@
 import assert from 'node:assert/strict';
-import http from 'node:http';
 import { randomUUID } from 'node:crypto';
-import type { AddressInfo } from 'node:net';
 import { resetDb, startStack, testDb, type Client, type Stack } from './helpers/stack.ts';
 import { startOAuthServer, type OAuthServer } from './helpers/oauth-server.ts';
+import { startGmail } from './helpers/gmail.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
@@ -11,18 +10,6 @@ const BROKER = `${avail('google_mail', 'oauth_auth_flow')}/credential/user-crede
 const CLIENT_SECRET = `cs-${randomUUID()}`;
 const SCOPE = 'https://www.googleapis.com/auth/gmail.send';
 
-// Gmail's send endpoint: records the bearer token it was called with.
-function startGmail(): Promise<{ server: http.Server; url: string; tokens: string[] }> {
-  const tokens: string[] = [];
-  const server = http.createServer((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      tokens.push(String(req.headers.authorization ?? ''));
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ id: `msg-${tokens.length}`, threadId: 't' }));
-    });
-  });
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, tokens })));
-}
 
 const jwtPayload = (bearer: string) => JSON.parse(Buffer.from(bearer.replace(/^Bearer /, '').split('.')[1], 'base64url').toString()) as Record<string, unknown>;
 
