@@ -61,7 +61,10 @@ interface Accepted {
   snapshot?: A2ATask;
 }
 
-async function accept(call: A2ACall, params: MessageSendParams, opts: { newId: string; needSeq: boolean; snapshot?: boolean }): Promise<Accepted> {
+interface AcceptOptions { newId: string; needSeq: boolean; snapshot?: boolean }
+async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOptions & { snapshot: true }): Promise<Accepted & { snapshot: A2ATask }>;
+async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOptions): Promise<Accepted>;
+async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOptions): Promise<Accepted> {
   const { services } = call;
   const message = fromA2AMessage(params.message as A2AMessage); // validated: exactly one of bytes or uri
   const pushConfig = params.configuration?.pushNotificationConfig;
@@ -131,7 +134,7 @@ export async function streamMessage(call: A2ACall, params: MessageSendParams): P
   const follow = await waiter.follow(id);
   try {
     const accepted = await accept(call, params, { newId: id, needSeq: true, snapshot: true });
-    const snapshot = accepted.snapshot!; // always set with `snapshot: true`
+    const { snapshot } = accepted;
     return (async function* () {
       try {
         yield snapshot;
