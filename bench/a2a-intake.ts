@@ -253,8 +253,12 @@ try {
   // stopped; the backlog runs once the queue resumes.
   say(`burst: ${CONNECTIONS} connections for ${SECONDS} s against taskbridge with the agent queue paused`);
   await agentQueue.pause();
-  const burst = await load(ours, SECONDS);
-  await agentQueue.resume();
+  let burst: Awaited<ReturnType<typeof load>>;
+  try {
+    burst = await load(ours, SECONDS);
+  } finally {
+    await agentQueue.resume();
+  }
   sendErrors.ours += burst.errors;
   firstErrors.ours ??= burst.firstError;
   const burstAccepted = burst.taskIds.length / (burst.elapsedMs / 1000);

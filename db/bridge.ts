@@ -66,9 +66,12 @@ export async function deleteOrphanCredentials(db: Tx, ids: string[]): Promise<vo
     .delete();
 }
 
-// A brokered (or refreshed) user credential replaces the instance's, and makes it usable.
+// A brokered user credential replaces the instance's and makes it usable: active, unless an
+// admin disabled it (that stays their call).
 export async function setUserCredential(db: Tx, instanceId: string, credentialId: string): Promise<void> {
-  await db('provider_instances').where({ id: instanceId }).update({ user_credential_id: credentialId, status: 'active', updated_at: db.fn.now() });
+  await db('provider_instances').where({ id: instanceId }).update({
+    user_credential_id: credentialId, status: db.raw(`case when status = 'disabled' then 'disabled' else 'active' end`), updated_at: db.fn.now(),
+  });
 }
 
 // Returns undefined when the id is taken.
@@ -184,8 +187,16 @@ export async function dueCredentialRefreshes(db: Tx, limit: number): Promise<{ i
     .select('c.id', 'c.next_rotation_time');
 }
 
-export async function instanceOfUserCredential(db: Tx, credentialId: string): Promise<ProviderInstanceRow | undefined> {
-  return db('provider_instances').where({ user_credential_id: credentialId }).first();
+// A user credential with the instance that uses it (active or disabled), and whether it is due by
+// the database's clock; undefined when there is no such pair.
+export async function credentialDueForRefresh(db: Tx, credentialId: string): Promise<{ row: CredentialRow; instance: ProviderInstanceRow; due: boolean } | undefined> {
+  const row: (CredentialRow & { due: boolean }) | undefined = await db('bridge_credentials').where({ id: credentialId })
+    .first('*', db.raw('coalesce(next_rotation_time <= now(), false) as due'));
+  if (!row) return undefined;
+  const instance = await db('provider_instances').where({ user_credential_id: credentialId }).whereIn('status', ['active', 'disabled']).first();
+  if (!instance) return undefined;
+  const { due, ...credential } = row;
+  return { row: credential, instance, due };
 }
 
 // Compare-and-set: the refreshed value is written only over the value it was refreshed from.

@@ -49,6 +49,10 @@ export async function addKeyJobTotal(db: Tx, id: string, more: number): Promise<
   if (more) await db('key_jobs').where({ id }).update({ total: db.raw('total + ?', [more]) });
 }
 
+export async function settleKeyJobTotal(db: Tx, id: string): Promise<void> {
+  await db('key_jobs').where({ id }).update({ total: db.raw('done + failed') });
+}
+
 export async function recordKeyJobProgress(db: Tx, id: string, p: { done: number; failed: number; total: number; cursor: string | null; errors: KeyJobError[] }): Promise<void> {
   await db('key_jobs').where({ id }).update({
     done: db.raw('done + ?', [p.done]),

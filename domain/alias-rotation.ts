@@ -21,7 +21,7 @@ import { AppError, Conflict, NotFound } from './errors.ts';
 import { inTransaction } from './unit-of-work.ts';
 import { createDek, decryptWithDek, DecryptError, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
 import { getDek } from '../db/deks.ts';
-import { addKeyJobTotal, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, type KeyJobError, type KeyJobRow } from '../db/key-jobs.ts';
+import { addKeyJobTotal, finishKeyJob, settleKeyJobTotal, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, type KeyJobError, type KeyJobRow } from '../db/key-jobs.ts';
 import { countSecretsToRotate, findActiveRotation, lockAlias, reencryptSecrets, secretsToRotate, setRotationState, type RotationCandidate } from '../db/secrets.ts';
 import { countCredentialsToRotate, credentialsToRotate, reencryptCredentials, type CredentialRow } from '../db/bridge.ts';
 import { countPushConfigsToRotate, pushConfigsToRotate, reencryptPushConfigs } from '../db/push-configs.ts';
@@ -213,7 +213,12 @@ export async function finishAliasRotation(s: Pick<Services, 'db'>, jobId: string
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
     if (!job) throw new NotFound('job', jobId);
-    if (isActive(job)) await finishKeyJob(trx, jobId, 'completed');
+    if (isActive(job)) {
+      // Totals are counted as phases begin; rows deleted or rewritten by others before a pass
+      // reached them left the selection. What was handled is the final count.
+      await settleKeyJobTotal(trx, jobId);
+      await finishKeyJob(trx, jobId, 'completed');
+    }
     return (await getKeyJob(trx, jobId))!;
   });
 }

@@ -20,7 +20,8 @@ export function defaultJobOptions(cfg: Config, queue: QueueName): JobsOptions {
     case 'key-jobs':
       return { ...common, attempts: 20, backoff: { type: 'exponential', delay: 1000 } };
     case 'credential-refresh':
-      return { ...common, attempts: cfg.CREDENTIAL_REFRESH_ATTEMPTS, backoff: { type: 'exponential', delay: cfg.CREDENTIAL_REFRESH_BACKOFF_MS } };
+      // Removed when they end: the job id is the credential's, free again for its next due time.
+      return { removeOnComplete: true, removeOnFail: true, attempts: cfg.CREDENTIAL_REFRESH_ATTEMPTS, backoff: { type: 'exponential', delay: cfg.CREDENTIAL_REFRESH_BACKOFF_MS } };
     case 'push-notifications':
       return { ...common, attempts: cfg.PUSH_ATTEMPTS, backoff: { type: 'exponential', delay: cfg.PUSH_BACKOFF_MS } };
   }

@@ -48,8 +48,8 @@ describe('credential import: credentials from the definition export are re-appli
     assert.equal((await c.delete(`${B}/provider/pay`)).status, 200);
     assert.equal(await credentials(), 0, 'the credential went with its instance');
 
-    const imported = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`,
-      { id: exported.id, value: exported.value, metadata: exported.metadata, dek_alias: exported.dek_alias });
+    // The exported credential as it is.
+    const imported = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, exported);
     assert.equal(imported.status, 201, imported.text);
     assert.equal(imported.body.id, exported.id);
     assert.deepEqual(imported.body.metadata, { team: 'billing' });
@@ -78,18 +78,51 @@ describe('credential import: credentials from the definition export are re-appli
     assert.equal(r.body.next_rotation_time, '2098-12-31T23:55:00.000Z');
   });
 
+  it('imports what was exported before an alias rotation, with the DEK the export names', async () => {
+    const exported = (await c.get('/api/a2a/v1/definition')).body.providers.find((p: { id: string }) => p.id === 'pay').resource_server_credential;
+    // The alias moves to a new DEK, as a rotation leaves it.
+    const envelope = (await c.get('/api/encryption/v1/dek/alias/default')).body.envelope_encryption_key_id.id;
+    const dek = await c.post(`/api/encryption/v1/envelope/${encodeURIComponent(envelope)}/dek`, {});
+    assert.equal((await c.put('/api/encryption/v1/dek/alias/default', { new_dek_id: dek.body.id })).status, 200);
+    const url = `${avail('stripe', 'api_key')}/credential/resource-server/import`;
+    const { id: _id, data_encryption_key_id: oldDek, ...rest } = exported;
+    const without = await c.post(url, rest);
+    assert.equal(without.status, 400, 'the alias now names another DEK');
+    assert.match(without.body.message, /value\.api_key does not decrypt with DEK/);
+    const withDek = await c.post(url, { ...rest, data_encryption_key_id: oldDek });
+    assert.equal(withDek.status, 201, withDek.text);
+    const row = await testDb()('bridge_credentials').where({ id: withDek.body.id }).first();
+    assert.equal(row.dek_id, dek.body.id, 'sealed anew under the DEK the alias names now');
+  });
+
+  it('needs scope secret:decrypt besides bridge:write: an import puts a ciphertext to use', async () => {
+    const exported = (await c.get('/api/a2a/v1/definition')).body.providers.find((p: { id: string }) => p.id === 'pay').resource_server_credential;
+    const { id: _id, ...body } = exported;
+    const url = `${avail('stripe', 'api_key')}/credential/resource-server/import`;
+    const writer = (await c.post('/api/auth/v1/api-key', { name: 'writer', scopes: ['bridge:write'] })).body.key;
+    const refused = await c.as(writer).post(url, body);
+    assert.equal(refused.status, 403);
+    assert.match(refused.body.message, /secret:decrypt/);
+    const both = (await c.post('/api/auth/v1/api-key', { name: 'importer', scopes: ['bridge:write', 'secret:decrypt'] })).body.key;
+    assert.equal((await c.as(both).post(url, body)).status, 201);
+  });
+
   it('refuses values that do not decrypt, fail the schema, or name an unknown alias, storing nothing', async () => {
-    const sealed = (await c.get('/api/a2a/v1/definition')).body.providers.find((p: { id: string }) => p.id === 'pay').resource_server_credential.value.api_key as string;
+    const exported = (await c.get('/api/a2a/v1/definition')).body.providers.find((p: { id: string }) => p.id === 'pay').resource_server_credential;
+    const sealed = exported.value.api_key as string;
+    const dek = exported.data_encryption_key_id as string;
     const tampered = `${sealed.slice(0, -6)}AAAAAA`;
     const url = `${avail('stripe', 'api_key')}/credential/resource-server/import`;
     const before = await credentials();
     const cases: [unknown, number, RegExp][] = [
-      [{ value: { api_key: tampered } }, 400, /value\.api_key does not decrypt with the DEK aliased 'default'/],
-      [{ value: { api_key: STRIPE_KEY } }, 400, /value\.api_key does not decrypt/],
-      [{ value: {} }, 400, /body\.value\.api_key is required/],
-      [{ value: { api_key: sealed, extra: 1 } }, 400, /body\.value\.extra is not an allowed member/],
+      [{ value: { api_key: tampered }, data_encryption_key_id: dek }, 400, /value\.api_key does not decrypt with DEK '/],
+      [{ value: { api_key: STRIPE_KEY }, data_encryption_key_id: dek }, 400, /value\.api_key does not decrypt/],
+      [{ value: {}, data_encryption_key_id: dek }, 400, /body\.value\.api_key is required/],
+      [{ value: { api_key: sealed, extra: 1 }, data_encryption_key_id: dek }, 400, /body\.value\.extra is not an allowed member/],
       [{ value: { api_key: sealed }, dek_alias: 'nope' }, 404, /dek_alias 'nope' not found/],
       [{ value: { api_key: sealed }, id: 'not-a-uuid' }, 400, /body\.id/],
+      [{ value: { api_key: sealed }, type_id: 'oauth_auth_flow', data_encryption_key_id: dek }, 400, /body\.type_id 'oauth_auth_flow' is not the credential controller 'api_key'/],
+      [{ value: { api_key: sealed }, data_encryption_key_id: 'no-such-dek' }, 404, /dek 'no-such-dek' not found/],
     ];
     for (const [body, status, pattern] of cases) {
       const r = await c.post(url, body);

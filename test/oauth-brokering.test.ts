@@ -131,6 +131,12 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     const after = (await c.get(`${B}/provider/mail-b`)).body.user_credential_id;
     assert.notEqual(after, before);
     assert.equal(await testDb()('bridge_credentials').where({ id: before }).first(), undefined);
+
+    // An instance an admin disabled gets its new credential but stays disabled.
+    assert.equal((await c.patch(`${B}/provider/mail-b`, { status: 'disabled' })).status, 200);
+    assert.equal((await callback(await consent((await broker('mail-b')).action.Redirect.url))).status, 200);
+    assert.equal((await c.get(`${B}/provider/mail-b`)).body.status, 'disabled');
+    assert.equal((await c.patch(`${B}/provider/mail-b`, { status: 'active' })).status, 200);
   });
 
   it('redirects (303) to return_on_successful_brokering when the instance has one', async () => {

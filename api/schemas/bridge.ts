@@ -124,9 +124,12 @@ export type CreateCredentialRequest = Static<typeof CreateCredentialRequest>;
 // A credential as the definition export lists it: sensitive members as ciphertexts.
 export const ImportCredentialRequest = Body({
   id: Type.Optional(Uuid),
+  type_id: Type.Optional(Type.String({ description: 'the credential controller; must be the one of the path' })),
   value: FreeObject,
   metadata: Type.Optional(FreeObject),
   dek_alias: Type.Optional(AliasName),
+  data_encryption_key_id: Type.Optional(Type.String({ minLength: 1, maxLength: 256, description: 'the DEK the value is encrypted with; default: the one dek_alias names' })),
+  next_rotation_time: Type.Optional(Type.Union([Timestamp, Type.Null()], { description: 'ignored: computed from the value' })),
 });
 
 export const CreateProviderInstanceRequest = Body({

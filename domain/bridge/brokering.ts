@@ -11,9 +11,8 @@ import { deleteBrokerStatesExpiredBefore, insertBrokerState, takeBrokerState, ty
 import type { Credential } from '../../api/schemas/bridge.ts';
 import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
-import { storeCredential, toCredential, unsealCredential } from './credentials.ts';
+import { resourceServerCredential, storeCredential, toCredential } from './credentials.ts';
 import { oauthOf, refusal, requestToken, withTokens } from './oauth-token.ts';
-import type { CredentialControllerDef, Plain } from './types.ts';
 
 const STATE_TTL_MS = 10 * 60 * 1000;
 // Expired states are kept this long, so a late callback learns its state expired (410), not that it never existed.
@@ -30,12 +29,6 @@ export type CallbackOutcome = { type: 'user_credential'; credential: Credential 
 
 const sha256 = (v: string) => createHash('sha256').update(v).digest('hex');
 const base64url = (b: Buffer) => b.toString('base64url');
-
-export async function resourceServerCredential(s: BrokerServices, cc: CredentialControllerDef, instance: repo.ProviderInstanceRow): Promise<{ row: repo.CredentialRow; plain: Plain }> {
-  const [row] = instance.resource_server_credential_id ? await repo.getCredentials(s.db, [instance.resource_server_credential_id]) : [];
-  if (!row) throw new InvalidRequest(`Provider instance '${instance.id}' has no resource server credential (client id and secret) to broker with`);
-  return { row, plain: await unsealCredential(s, cc, row) };
-}
 
 function toBrokerState(row: BrokerStateRow, instance: repo.ProviderInstanceRow, authorizeUrl: string): BrokerState {
   return {

@@ -9,22 +9,22 @@ import type { Services } from '../services.ts';
 import * as repo from '../../db/bridge.ts';
 import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
-import { nextRotationTime, sealCredential, unsealCredential } from './credentials.ts';
+import { nextRotationTime, resourceServerCredential, sealCredential, unsealCredential } from './credentials.ts';
 import { isInvalidGrant, refusal, requestToken, withTokens } from './oauth-token.ts';
-import { resourceServerCredential } from './brokering.ts';
 import type { JobPayloads } from '../../queues/names.ts';
-import type { Plain } from './types.ts';
 
 type RefreshServices = Pick<Services, 'db' | 'cfg' | 'log' | 'bus'>;
 export type RefreshOutcome = 'refreshed' | 'not due' | 'gone' | 'refresh_failed';
 
 const PAGE = 500;
 
-// A job per due credential; its id names the due time, so workers scanning together add one.
+// A job per due credential, its id the credential's: while one waits or runs, workers scanning
+// together add no other (jobs of this queue are removed when they end, so the next due time can
+// have its own).
 export async function enqueueDueRefreshes(s: Pick<Services, 'db'>, queue: Queue<JobPayloads['credential-refresh']>): Promise<number> {
   const due = await repo.dueCredentialRefreshes(s.db, PAGE);
   if (due.length) {
-    await queue.addBulk(due.map((c) => ({ name: 'refresh', data: { credential_id: c.id }, opts: { jobId: `${c.id}_${c.next_rotation_time.getTime()}` } })));
+    await queue.addBulk(due.map((c) => ({ name: 'refresh', data: { credential_id: c.id }, opts: { jobId: `refresh_${c.id}` } })));
   }
   return due.length;
 }
@@ -36,31 +36,45 @@ async function giveUp(s: RefreshServices, credentialId: string, reason: string):
 }
 
 export async function refreshCredential(s: RefreshServices, credentialId: string, finalAttempt: boolean): Promise<RefreshOutcome> {
-  const [row] = await repo.getCredentials(s.db, [credentialId]);
-  const instance = row && await repo.instanceOfUserCredential(s.db, credentialId);
-  if (!row || !instance || !['active', 'disabled'].includes(instance.status)) return 'gone';
-  // Refreshed since the job was queued (its due time moved on).
-  if (!row.next_rotation_time || row.next_rotation_time.getTime() > Date.now()) return 'not due';
+  try {
+    return await refresh(s, credentialId);
+  } catch (err) {
+    // Whatever failed, the last attempt leaves the instance marked rather than silently stale.
+    if (finalAttempt) return giveUp(s, credentialId, (err as Error).message);
+    throw err;
+  }
+}
+
+async function refresh(s: RefreshServices, credentialId: string): Promise<RefreshOutcome> {
+  // Due by the database's clock, the one the scan used.
+  const due = await repo.credentialDueForRefresh(s.db, credentialId);
+  if (!due) return 'gone';
+  if (!due.due) return 'not due'; // refreshed since the job was queued
+  const { row, instance } = due;
   const provider = providerDef(instance.provider_controller_type_id);
   const cc = credentialDef(provider, instance.credential_controller_type_id);
   const user = await unsealCredential(s, cc, row);
   if (typeof user.refresh_token !== 'string') return giveUp(s, credentialId, 'the credential has no refresh token');
-  let fresh: Plain;
-  try {
-    const { plain: rs } = await resourceServerCredential(s, cc, instance);
-    const answer = await requestToken(s.cfg, provider, rs, { grant_type: 'refresh_token', refresh_token: user.refresh_token });
-    if (answer.status >= 400 && isInvalidGrant(answer)) return giveUp(s, credentialId, 'the provider answered invalid_grant');
-    if (answer.status >= 400) throw refusal('refresh token', answer);
-    fresh = withTokens(answer, user, rs);
-  } catch (err) {
-    if (finalAttempt) return giveUp(s, credentialId, (err as Error).message);
-    throw err;
+  const { plain: rs } = await resourceServerCredential(s, cc, instance);
+  const answer = await requestToken(s.cfg, provider, rs, { grant_type: 'refresh_token', refresh_token: user.refresh_token });
+  if (answer.status >= 400 && isInvalidGrant(answer)) return giveUp(s, credentialId, 'the provider answered invalid_grant');
+  if (answer.status >= 400) throw refusal('refresh token', answer);
+  const fresh = withTokens(answer, user, rs);
+  // The tokens just obtained must not be lost: the value may have been sealed anew meanwhile (an
+  // alias rotation), so the write is retried over what is there now, as long as it is still this
+  // instance's credential (brokering again replaces it with another).
+  let current: repo.CredentialRow | undefined = row;
+  for (let tries = 0; tries < 3; tries++) {
+    if (!current) return 'gone';
+    const base: repo.CredentialRow = current;
+    const written = await writeUnderAlias(s, base.dek_alias, async (trx, dekId) => repo.replaceCredentialValue(trx, base.id, base.value, {
+      value: await sealCredential(s, cc, 'user', fresh, dekId, trx), dek_id: dekId, next_rotation_time: nextRotationTime(cc, 'user', fresh),
+    }));
+    if (written) {
+      s.log.info({ credential_id: credentialId, provider_instance_id: instance.id }, 'credential refreshed');
+      return 'refreshed';
+    }
+    current = (await repo.credentialDueForRefresh(s.db, credentialId))?.row;
   }
-  const written = await writeUnderAlias(s, row.dek_alias, async (trx, dekId) => repo.replaceCredentialValue(trx, row.id, row.value, {
-    value: await sealCredential(s, cc, 'user', fresh, dekId, trx), dek_id: dekId, next_rotation_time: nextRotationTime(cc, 'user', fresh),
-  }));
-  // Replaced meanwhile (brokered again): the new credential has its own due time.
-  if (!written) return 'gone';
-  s.log.info({ credential_id: credentialId, provider_instance_id: instance.id }, 'credential refreshed');
-  return 'refreshed';
+  throw new Error('the credential kept changing while it was being refreshed');
 }

@@ -2,8 +2,9 @@
 // encrypted with the DEK their alias names, decrypted only in memory when a function is invoked.
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
-import { Conflict, InvalidRequest } from '../errors.ts';
-import { DecryptError, decryptWithDek, encryptWithDek, writeUnderAlias, type KeyringServices } from '../keyring.ts';
+import { Conflict, Forbidden, InvalidRequest } from '../errors.ts';
+import { hasScope, type Principal } from '../api-keys.ts';
+import { DecryptError, decryptWithDek, encryptWithDek, resolveAlias, writeUnderAlias, type KeyringServices } from '../keyring.ts';
 import { DEFAULT_ALIAS } from '../crypto/key-management.ts';
 import * as repo from '../../db/bridge.ts';
 import type { CredentialKind, CredentialRow } from '../../db/bridge.ts';
@@ -36,28 +37,35 @@ export async function createCredential(
 }
 
 // A credential exported elsewhere (GET /api/a2a/v1/definition), its sensitive members encrypted
-// with the DEK `dek_alias` names here (imported with the same key material): each must decrypt
-// (400), the value is then checked like a new one and stored sealed anew, under its exported id
-// when given (409 when taken).
+// with the DEK `data_encryption_key_id` names, or else the one `dek_alias` names here (imported with
+// the same key material): each must decrypt (400), the value is then checked like a new one and
+// stored sealed anew under the alias, keeping the exported id when given (409 when taken). The
+// caller must be allowed to decrypt (secret:decrypt): importing a ciphertext puts its plaintext to use.
 export async function importCredential(
-  s: KeyringServices, kind: CredentialKind, providerTypeId: string, credentialTypeId: string, input: CreateCredentialRequest & { id?: string },
+  s: KeyringServices, principal: Principal | null, kind: CredentialKind, providerTypeId: string, credentialTypeId: string,
+  input: CreateCredentialRequest & { id?: string; type_id?: string; data_encryption_key_id?: string },
 ): Promise<Credential> {
+  if (!principal || !hasScope(principal, 'secret:decrypt')) throw new Forbidden('secret:decrypt');
   const cc = credentialDef(providerDef(providerTypeId), credentialTypeId);
+  if (input.type_id !== undefined && input.type_id !== cc.type_id) {
+    throw new InvalidRequest(`body.type_id '${input.type_id}' is not the credential controller '${cc.type_id}' of the path`, [{ path: 'body.type_id', message: `must be ${cc.type_id}` }]);
+  }
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
-  const row = await writeUnderAlias(s, alias, async (trx, dekId) => {
-    const plain: Plain = { ...input.value };
-    for (const member of sensitiveOf(cc, kind)) {
-      if (plain[member] === undefined) continue;
-      try {
-        plain[member] = await decryptWithDek(s, dekId, String(plain[member]), trx);
-      } catch (err) {
-        if (!(err instanceof DecryptError)) throw err;
-        throw new InvalidRequest(`value.${member} does not decrypt with the DEK aliased '${alias}'`, [{ path: `body.value.${member}`, message: 'does not decrypt with this DEK' }]);
-      }
+  const sealedWith = input.data_encryption_key_id ?? await resolveAlias(s.db, alias);
+  const plain: Plain = { ...input.value };
+  for (const member of sensitiveOf(cc, kind)) {
+    if (plain[member] === undefined) continue;
+    try {
+      plain[member] = await decryptWithDek(s, sealedWith, String(plain[member]));
+    } catch (err) {
+      if (!(err instanceof DecryptError)) throw err;
+      throw new InvalidRequest(`value.${member} does not decrypt with DEK '${sealedWith}'`, [{ path: `body.value.${member}`, message: 'does not decrypt with this DEK' }]);
     }
-    const checked = await checkedValue(s, cc, kind, plain);
-    return storeCredential(s, trx, { id: input.id, kind, providerTypeId, cc, plain: checked, metadata: input.metadata ?? {}, dekId, alias });
-  });
+  }
+  // Checked (which may resolve names) before the alias is held: holding it blocks a rotation's repoint.
+  const checked = await checkedValue(s, cc, kind, plain);
+  const row = await writeUnderAlias(s, alias, (trx, dekId) =>
+    storeCredential(s, trx, { id: input.id, kind, providerTypeId, cc, plain: checked, metadata: input.metadata ?? {}, dekId, alias }));
   return toCredential(row);
 }
 
@@ -69,10 +77,12 @@ async function checkedValue(s: KeyringServices, cc: CredentialControllerDef, kin
   return cc.normalize ? cc.normalize(kind, value, { allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS }) : value;
 }
 
-// When a user credential that expires must be refreshed: REFRESH_AHEAD_MS before its expiry_time.
+// When a user credential that expires must be refreshed: REFRESH_AHEAD_MS before its expiry_time,
+// or halfway there for a token that lives shorter (else it would be due at once, again and again).
 export function nextRotationTime(cc: CredentialControllerDef, kind: CredentialKind, plain: Plain): Date | null {
   const expiry = kind === 'user' && typeof plain.expiry_time === 'string' && cc.requires_user_credential_refreshing ? Date.parse(plain.expiry_time) : NaN;
-  return Number.isNaN(expiry) ? null : new Date(expiry - REFRESH_AHEAD_MS);
+  if (Number.isNaN(expiry)) return null;
+  return new Date(expiry - Math.min(REFRESH_AHEAD_MS, Math.max(0, (expiry - Date.now()) / 2)));
 }
 
 // Stores a checked credential value in `trx`, which holds `alias` (writeUnderAlias): its sensitive
@@ -106,4 +116,11 @@ export async function unsealCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, c
     if (typeof value[member] === 'string') value[member] = await decryptWithDek(s, row.dek_id, value[member] as string, trx);
   }
   return value;
+}
+
+// The instance's resource server credential (client id and secret), decrypted; 400 when it has none.
+export async function resourceServerCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, instance: repo.ProviderInstanceRow): Promise<{ row: repo.CredentialRow; plain: Plain }> {
+  const [row] = instance.resource_server_credential_id ? await repo.getCredentials(s.db, [instance.resource_server_credential_id]) : [];
+  if (!row) throw new InvalidRequest(`Provider instance '${instance.id}' has no resource server credential (client id and secret)`);
+  return { row, plain: await unsealCredential(s, cc, row) };
 }

@@ -47,9 +47,21 @@ export async function callTool(services: Services, name: string, args: Record<st
   }
 }
 
+// What went wrong inside (a database error, say) is logged, not sent: the client gets -32603.
+async function guarded<T>(services: Services, what: string, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    if (err instanceof McpError) throw err;
+    services.log.warn({ err: { message: (err as Error).message }, what }, 'mcp request failed');
+    throw new McpError(ErrorCode.InternalError, 'The service could not complete the request; retry shortly');
+  }
+}
+
 export function createMcpServer(services: Services): Server {
   const server = new Server({ name: 'taskbridge-bridge', version: SERVICE_VERSION }, { capabilities: { tools: {} } });
-  server.setRequestHandler(ListToolsRequestSchema, async () => ({ tools: await listTools(services.db) }));
-  server.setRequestHandler(CallToolRequestSchema, async (req) => callTool(services, req.params.name, req.params.arguments ?? {}));
+  server.setRequestHandler(ListToolsRequestSchema, async () => guarded(services, 'tools/list', async () => ({ tools: await listTools(services.db) })));
+  server.setRequestHandler(CallToolRequestSchema, async (req) =>
+    guarded(services, 'tools/call', () => callTool(services, req.params.name, req.params.arguments ?? {})));
   return server;
 }
