@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import http from 'node:http';
 import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
-import { resetDb, startStack, testDb, textMessage, waitFor, type Client, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Client, type Stack } from './helpers/stack.ts';
 
 const E = '/api/encryption/v1';
 const B = '/api/bridge/v1';
@@ -49,7 +49,8 @@ describe('alias rotation: bridge credentials and push notification secrets are r
   before(async () => {
     await resetDb();
     upstream = await startUpstream();
-    stack = await startStack({ STRIPE_API_BASE_URL: upstream.url, BRIDGE_ALLOW_PRIVATE: 'true', PUSH_ALLOW_PRIVATE: 'true', ALIAS_ROTATION_BATCH: '3' });
+    // Small batches with a pause, so a worker can be killed in the middle of a pass.
+    stack = await startStack({ STRIPE_API_BASE_URL: upstream.url, BRIDGE_ALLOW_PRIVATE: 'true', PUSH_ALLOW_PRIVATE: 'true', ALIAS_ROTATION_BATCH: '3', ALIAS_ROTATION_PAUSE_MS: '100' });
     c = stack.client;
     for (let i = 0; i < CREDENTIALS; i++) {
       const key = `sk_test_${randomUUID().replace(/-/g, '')}`;
@@ -140,6 +141,36 @@ describe('alias rotation: bridge credentials and push notification secrets are r
     }
   });
 
+  it('resumes after the worker is killed during the push-config pass; a config set during the rotation ends under the new DEK', async () => {
+    // More configs, so the pass spans several batches.
+    for (let i = 0; i < 12; i++) {
+      const created = await c.post('/api/task/v1', { message: textMessage('more configs', 'agent') });
+      await rpc('tasks/pushNotificationConfig/set', { taskId: created.body.task.id, pushNotificationConfig: { url: `${upstream.url}/hook/x`, token: `tok-${i}` } });
+    }
+    const db = testDb();
+    const deksBefore = Number((await db('deks').count({ n: '*' }))[0].n);
+    const started = await c.post(`${E}/dek/alias/default/rotate`);
+    assert.equal(started.status, 202);
+    const job = async () => (await c.get(`${E}/job/${started.body.id}`)).body;
+    await waitFor(async () => { const j = await job(); return j.params.phase === 'push-configs' && j.status === 'running'; }, 'the push-config pass', 30000, 20);
+    const late = await c.post('/api/task/v1', { message: textMessage('late config', 'agent') });
+    await rpc('tasks/pushNotificationConfig/set', { taskId: late.body.task.id, pushNotificationConfig: { url: `${upstream.url}/hook/late`, token: 'tok-late' } });
+    await stack.workers[0].kill('SIGKILL');
+    const mid = await job();
+    assert.equal(mid.status, 'running');
+    stack.workers[0] = await startWorker(stack.env);
+
+    const done = await waitFor(async () => { const j = await job(); return ['completed', 'failed'].includes(j.status) && j; }, 'the resumed rotation', 60000, 100);
+    assert.equal(done.status, 'completed', JSON.stringify(done));
+    assert.equal(done.failed, 0);
+    assert.equal(done.done, done.total);
+    assert.equal(Number((await db('deks').count({ n: '*' }))[0].n), deksBefore + 1, 'one new DEK, though the job ran twice');
+    const newDek = done.params.new_dek_id;
+    assert.equal((await db('dek_aliases').where({ alias: 'default' }).first()).dek_id, newDek);
+    assert.deepEqual(await db('push_configs').whereNotNull('encrypted_secrets').whereNot({ secrets_dek_id: newDek }).select('task_id'), []);
+    assert.deepEqual(await db('bridge_credentials').whereNot({ dek_id: newDek }).select('id'), []);
+  });
+
   it('a second rotation re-encrypts them all again, with what was written since the first', async () => {
     const cred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: 'sk_test_after' } });
     assert.equal(cred.status, 201);
@@ -149,6 +180,6 @@ describe('alias rotation: bridge credentials and push notification secrets are r
       const j = (await c.get(`${E}/job/${started.body.id}`)).body;
       return ['completed', 'failed'].includes(j.status) && j;
     }, 'the second rotation to finish', 60000, 100);
-    assert.deepEqual([job.status, job.total, job.done, job.failed], ['completed', CREDENTIALS + 1 + CONFIGS, CREDENTIALS + 1 + CONFIGS, 0]);
+    assert.deepEqual([job.status, job.total, job.done, job.failed], ['completed', CREDENTIALS + 1 + CONFIGS + 13, CREDENTIALS + 1 + CONFIGS + 13, 0]);
   });
 });
