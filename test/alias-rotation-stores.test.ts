@@ -1,8 +1,7 @@
 import assert from 'node:assert/strict';
-import http from 'node:http';
 import { randomUUID } from 'node:crypto';
-import type { AddressInfo } from 'node:net';
 import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Client, type Stack } from './helpers/stack.ts';
+import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
 const E = '/api/encryption/v1';
 const B = '/api/bridge/v1';
@@ -10,27 +9,10 @@ const avail = (p: string, c: string) => `${B}/available-providers/${p}/available
 const CONFIGS = 7; // push configs with secrets, over several rotation batches
 const CREDENTIALS = 4;
 
-interface Seen { url: string; token?: string; authorization?: string; body: string }
-
-// One local server for both outbound paths: webhook deliveries (/hook) and Stripe refunds (/v1/refunds).
-function startUpstream(): Promise<{ server: http.Server; url: string; seen: Seen[] }> {
-  const seen: Seen[] = [];
-  const server = http.createServer((req, res) => {
-    let body = '';
-    req.on('data', (c) => (body += c));
-    req.on('end', () => {
-      seen.push({ url: req.url!, token: req.headers['x-a2a-notification-token'] as string | undefined, authorization: req.headers.authorization, body });
-      const json = req.url === '/v1/refunds' ? { id: 're_1', object: 'refund', status: 'succeeded' } : {};
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(json));
-    });
-  });
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen })));
-}
-
 describe('alias rotation: bridge credentials and push notification secrets are re-encrypted too', () => {
   let stack: Stack;
   let c: Client;
-  let upstream: Awaited<ReturnType<typeof startUpstream>>;
+  let upstream: FakeProviders;
   const stripeKeys = new Map<string, string>(); // provider instance id -> raw API key
   const tasks: { id: string; token: string; credentials: string }[] = [];
 
@@ -48,7 +30,7 @@ describe('alias rotation: bridge credentials and push notification secrets are r
 
   before(async () => {
     await resetDb();
-    upstream = await startUpstream();
+    upstream = await startFakeProviders();
     // Small batches with a pause, so a worker can be killed in the middle of a pass.
     stack = await startStack({ STRIPE_API_BASE_URL: upstream.url, BRIDGE_ALLOW_PRIVATE: 'true', PUSH_ALLOW_PRIVATE: 'true', ALIAS_ROTATION_BATCH: '3', ALIAS_ROTATION_PAUSE_MS: '100' });
     c = stack.client;
@@ -78,7 +60,7 @@ describe('alias rotation: bridge credentials and push notification secrets are r
   });
   after(async () => {
     await stack?.stop();
-    upstream?.server.close();
+    upstream?.close();
   });
 
   it('moves every credential and push config of the alias to the new DEK, counted in the job', async () => {

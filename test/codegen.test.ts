@@ -2,30 +2,14 @@ import assert from 'node:assert/strict';
 import { execFile, spawnSync } from 'node:child_process';
 import { promisify } from 'node:util';
 import fs from 'node:fs';
-import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
-import type { AddressInfo } from 'node:net';
 import { pathToFileURL } from 'node:url';
 import { ADMIN_KEY, ROOT, resetDb, startStack, type Client, type Stack } from './helpers/stack.ts';
+import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
-
-// Stripe refunds and Gmail send, answering like the providers.
-function startProviders(): Promise<{ server: http.Server; url: string }> {
-  const server = http.createServer((req, res) => {
-    let body = '';
-    req.on('data', (c) => (body += c));
-    req.on('end', () => {
-      const json = req.url === '/v1/refunds'
-        ? { id: 're_gen', object: 'refund', amount: Number(new URLSearchParams(body).get('amount')), status: 'succeeded' }
-        : { id: 'msg-gen', threadId: 't' };
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(json));
-    });
-  });
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` })));
-}
 
 // Type-checks files with the project's TypeScript in strict mode; returns the diagnostics.
 function typecheck(dir: string, files: string[]): { ok: boolean; output: string } {
@@ -37,7 +21,7 @@ function typecheck(dir: string, files: string[]): { ok: boolean; output: string 
 describe('POST /_internal/v1/trigger_codegen: a typed TypeScript client for the enabled function instances', () => {
   let stack: Stack;
   let c: Client;
-  let providers: Awaited<ReturnType<typeof startProviders>>;
+  let providers: FakeProviders;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-codegen-'));
   const write = (files: { path: string; content: string }[]) => {
     for (const f of files) {
@@ -48,14 +32,14 @@ describe('POST /_internal/v1/trigger_codegen: a typed TypeScript client for the 
 
   before(async () => {
     await resetDb();
-    providers = await startProviders();
+    providers = await startFakeProviders();
     stack = await startStack({ STRIPE_API_BASE_URL: providers.url, GOOGLE_MAIL_API_BASE_URL: providers.url, BRIDGE_ALLOW_PRIVATE: 'true' }, { workers: 0 });
     c = stack.client;
     fs.writeFileSync(path.join(dir, 'package.json'), JSON.stringify({ type: 'module' }));
   });
   after(async () => {
     await stack?.stop();
-    providers?.server.close();
+    providers?.close();
     fs.rmSync(dir, { recursive: true, force: true });
   });
 
@@ -104,7 +88,7 @@ else console.log(JSON.stringify({ refund, mail }));
     const run = await promisify(execFile)(process.execPath, ['--import', pathToFileURL(path.join(ROOT, 'node_modules/tsx/dist/loader.mjs')).href, 'use.ts'], {
       cwd: dir, encoding: 'utf8', env: { ...process.env, BASE_URL: stack.api.url, API_KEY: ADMIN_KEY },
     });
-    assert.deepEqual(JSON.parse(run.stdout.trim()), { refund: 300, mail: 'msg-gen' });
+    assert.deepEqual(JSON.parse(run.stdout.trim()), { refund: 300, mail: `msg-${providers.seen.length}` });
 
     fs.writeFileSync(path.join(dir, 'wrong.ts'), `import { BridgeClient } from './bridge-client/index.js';
 const client = new BridgeClient({ baseUrl: 'http://x', apiKey: 'k' });

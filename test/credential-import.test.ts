@@ -1,40 +1,27 @@
 import assert from 'node:assert/strict';
-import http from 'node:http';
 import { randomUUID } from 'node:crypto';
-import type { AddressInfo } from 'node:net';
 import { resetDb, startStack, testDb, type Client, type Stack } from './helpers/stack.ts';
+import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
 const STRIPE_KEY = `sk_test_${randomUUID().replace(/-/g, '')}`;
 
-function startStripe(): Promise<{ server: http.Server; url: string; auth: string[] }> {
-  const auth: string[] = [];
-  const server = http.createServer((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      auth.push(String(req.headers.authorization));
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ id: 're_imp', object: 'refund', status: 'succeeded' }));
-    });
-  });
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, auth })));
-}
-
 describe('credential import: credentials from the definition export are re-applied', () => {
   let stack: Stack;
   let c: Client;
-  let stripe: Awaited<ReturnType<typeof startStripe>>;
+  let stripe: FakeProviders;
   const credentials = async () => Number((await testDb()('bridge_credentials').count({ n: '*' }))[0].n);
 
   before(async () => {
     await resetDb();
-    stripe = await startStripe();
+    stripe = await startFakeProviders();
     stack = await startStack({ STRIPE_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true' }, { workers: 0 });
     c = stack.client;
   });
   after(async () => {
     await stack?.stop();
-    stripe?.server.close();
+    stripe?.close();
   });
 
   it('exports a provider, deletes it, imports its credential under the same id, and the recreated instance calls with the same key', async () => {
@@ -60,7 +47,7 @@ describe('credential import: credentials from the definition export are re-appli
     assert.equal((await c.post(`${B}/provider/pay/function/stripe_process_refund/enable`, {})).status, 201);
     const r = await c.post(`${B}/provider/pay/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_1' } });
     assert.equal(r.status, 200, r.text);
-    assert.equal(stripe.auth.at(-1), `Bearer ${STRIPE_KEY}`);
+    assert.equal(stripe.seen.at(-1)!.authorization, `Bearer ${STRIPE_KEY}`);
 
     // The same id again is a conflict.
     const again = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, { id: exported.id, value: exported.value });

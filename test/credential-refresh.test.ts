@@ -3,7 +3,7 @@ import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { resetDb, startStack, testDb, waitFor, type Client, type Stack } from './helpers/stack.ts';
 import { startOAuthServer, type OAuthServer } from './helpers/oauth-server.ts';
-import { startGmail } from './helpers/gmail.ts';
+import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
 const B = '/api/bridge/v1';
 const avail = `${B}/available-providers/google_mail/available-credentials/oauth_auth_flow`;
@@ -15,7 +15,7 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
   let stack: Stack;
   let c: Client;
   let oauth: OAuthServer;
-  let gmail: Awaited<ReturnType<typeof startGmail>>;
+  let gmail: FakeProviders;
 
   // An instance whose user credential was brokered through the OAuth server, with send_email enabled.
   async function brokered(id: string) {
@@ -42,7 +42,7 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
   before(async () => {
     await resetDb();
     oauth = await startOAuthServer(CLIENT_SECRET);
-    gmail = await startGmail();
+    gmail = await startFakeProviders();
     // Two workers scan every 200 ms: a due credential must still be refreshed once.
     stack = await startStack({
       GOOGLE_OAUTH_AUTHORIZE_URL: `${oauth.url}/authorize`, GOOGLE_OAUTH_TOKEN_URL: `${oauth.url}/token`, GOOGLE_MAIL_API_BASE_URL: gmail.url,
@@ -53,7 +53,7 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
   after(async () => {
     await stack?.stop();
     oauth?.stop();
-    gmail?.server.close();
+    gmail?.close();
   });
 
   it('refreshes a credential once its next_rotation_time passes: new tokens, a new due time, one refresh for two scanning workers', async () => {
@@ -79,7 +79,7 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     assert.equal(await oauth.refreshes(), 1, 'one refresh, though both workers scanned several times');
     assert.equal((await instance('mail-r')).status, 'active');
     assert.equal((await send('mail-r')).status, 200, 'the refreshed token works');
-    const token = gmail.tokens.at(-1)!.replace(/^Bearer /, '');
+    const token = gmail.seen.at(-1)!.authorization!.replace(/^Bearer /, '');
 
     // Nothing BullMQ keeps of the refresh (job removed, events stream) holds the token.
     const redis = new Redis(stack.env.REDIS_URL);

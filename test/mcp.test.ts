@@ -1,39 +1,20 @@
 import assert from 'node:assert/strict';
-import http from 'node:http';
 import { randomUUID } from 'node:crypto';
-import type { AddressInfo } from 'node:net';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { ErrorCode, LATEST_PROTOCOL_VERSION, McpError } from '@modelcontextprotocol/sdk/types.js';
 import { ADMIN_KEY, resetDb, startStack, type Client as HttpClient, type Stack } from './helpers/stack.ts';
+import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
 const STRIPE_KEY = `sk_test_${randomUUID().replace(/-/g, '')}`;
 const REFUND = 'stripe.stripe_process_refund.stripe-main';
 
-// A Stripe refunds endpoint: pi_refused is refused, anything else refunded.
-function startStripe(): Promise<{ server: http.Server; url: string; seen: { authorization?: string; body: string }[] }> {
-  const seen: { authorization?: string; body: string }[] = [];
-  const server = http.createServer((req, res) => {
-    let body = '';
-    req.on('data', (c) => (body += c));
-    req.on('end', () => {
-      seen.push({ authorization: req.headers.authorization, body });
-      const form = new URLSearchParams(body);
-      const send = (status: number, json: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(json));
-      if (req.headers.authorization !== `Bearer ${STRIPE_KEY}`) return send(401, { error: { message: 'Invalid API Key provided' } });
-      if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
-      return send(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
-    });
-  });
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen })));
-}
-
 describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotocol/sdk client', () => {
   let stack: Stack;
   let c: HttpClient;
-  let stripe: Awaited<ReturnType<typeof startStripe>>;
+  let stripe: FakeProviders;
   let mcpUrl: URL;
   const clients: Client[] = [];
 
@@ -52,7 +33,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
 
   before(async () => {
     await resetDb();
-    stripe = await startStripe();
+    stripe = await startFakeProviders({ stripeKey: STRIPE_KEY });
     stack = await startStack({ STRIPE_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true' }, { workers: 0 });
     c = stack.client;
     mcpUrl = new URL(`${stack.api.url}${B}/mcp`);
@@ -70,7 +51,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
   after(async () => {
     await Promise.all(clients.map((cl) => cl.close()));
     await stack?.stop();
-    stripe?.server.close();
+    stripe?.close();
   });
 
   it('negotiates the latest protocol and lists one tool per enabled function instance, with its schema', async () => {

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { resetDb, startStack, testDb, type Client, type Stack } from './helpers/stack.ts';
 import { startOAuthServer, type OAuthServer } from './helpers/oauth-server.ts';
-import { startGmail } from './helpers/gmail.ts';
+import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
@@ -17,7 +17,7 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
   let stack: Stack;
   let c: Client;
   let oauth: OAuthServer;
-  let gmail: Awaited<ReturnType<typeof startGmail>>;
+  let gmail: FakeProviders;
   let callbackUrl: string;
 
   async function instance(id: string, opts: { secret?: string; returnUrl?: string } = {}) {
@@ -50,7 +50,7 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
   before(async () => {
     await resetDb();
     oauth = await startOAuthServer(CLIENT_SECRET);
-    gmail = await startGmail();
+    gmail = await startFakeProviders();
     stack = await startStack({
       GOOGLE_OAUTH_AUTHORIZE_URL: `${oauth.url}/authorize`, GOOGLE_OAUTH_TOKEN_URL: `${oauth.url}/token`,
       GOOGLE_MAIL_API_BASE_URL: gmail.url, BRIDGE_ALLOW_PRIVATE: 'true',
@@ -61,7 +61,7 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
   after(async () => {
     await stack?.stop();
     oauth?.stop();
-    gmail?.server.close();
+    gmail?.close();
   });
 
   it('broker answers the BrokerState: the authorize URL with state (256 bits, kept only hashed) and PKCE S256', async () => {
@@ -106,7 +106,7 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     const sent = await c.post(`${B}/provider/mail-b/function/google_mail_send_email/invoke`, { params: { to: 'a@example.com', subject: 'hi', body: 'hello' } });
     assert.equal(sent.status, 200, sent.text);
     assert.equal(sent.body.type, 'success');
-    const bearer = gmail.tokens.at(-1)!;
+    const bearer = gmail.seen.at(-1)!.authorization!;
     const claims = jwtPayload(bearer);
     assert.equal(claims.iss, oauth.url, 'an access token issued by the OAuth server');
     assert.equal(claims.sub, 'johndoe');

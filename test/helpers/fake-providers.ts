@@ -1,0 +1,33 @@
+// Provider APIs and webhook receivers as one local server, recording every request:
+//   POST /v1/refunds                        Stripe: 401 unless the bearer is `stripeKey` (when given);
+//                                           payment_intent pi_refused is refused (400); else the refund object
+//   POST /gmail/v1/users/me/messages/send   Gmail: {id: msg-<n>}
+//   anything else                           200 {} (webhooks)
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+export interface Seen { url: string; authorization?: string; token?: string; body: string }
+export interface FakeProviders { url: string; seen: Seen[]; close(): void }
+
+export function startFakeProviders(opts: { stripeKey?: string } = {}): Promise<FakeProviders> {
+  const seen: Seen[] = [];
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      seen.push({ url: req.url!, authorization: req.headers.authorization, token: req.headers['x-a2a-notification-token'] as string | undefined, body });
+      const send = (status: number, json: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(json));
+      if (req.url === '/v1/refunds') {
+        if (opts.stripeKey && req.headers.authorization !== `Bearer ${opts.stripeKey}`) return send(401, { error: { message: 'Invalid API Key provided' } });
+        const form = new URLSearchParams(body);
+        if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
+        return send(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
+      }
+      if (req.url === '/gmail/v1/users/me/messages/send') return send(200, { id: `msg-${seen.length}`, threadId: 't' });
+      return send(200, {});
+    });
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen, close: () => server.close(),
+  })));
+}
