@@ -96,6 +96,8 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.equal(body.type, 'user_credential');
     assert.equal(body.type_id, 'oauth_auth_flow');
     assert.equal(body.dek_alias, 'default');
+    assert.equal(body.value.sub, 'johndoe', 'the user the ID token names');
+    assert.deepEqual(body.value.scopes, ['dummy'], 'the scopes the token endpoint says it granted (this mock grants "dummy")');
     const expiry = Date.parse(body.next_rotation_time) + 5 * 60 * 1000;
     assert.ok(Math.abs(expiry - (Date.now() + 3600 * 1000)) < 60_000, `expiry about an hour from now: ${body.next_rotation_time}`);
 

@@ -34,10 +34,25 @@ export function withTokens(answer: UpstreamAnswer, previous: Plain, rs: Plain): 
   const ttl = Number(body.expires_in);
   const scopes = typeof body.scope === 'string' ? body.scope.split(' ').filter(Boolean) : (previous.scopes ?? rs.scopes) as string[] | undefined;
   const refresh = typeof body.refresh_token === 'string' && body.refresh_token ? body.refresh_token : previous.refresh_token;
+  const sub = idTokenSubject(body.id_token) ?? previous.sub;
   return {
     ...previous, access_token: body.access_token,
     ...(refresh ? { refresh_token: refresh } : {}),
+    ...(sub ? { sub } : {}),
     expiry_time: new Date(Date.now() + (Number.isFinite(ttl) && ttl > 0 ? ttl : DEFAULT_TOKEN_TTL_S) * 1000).toISOString(),
     ...(scopes?.length ? { scopes } : {}),
   };
+}
+
+// The user an OpenID Connect ID token names. Its signature is not checked: it came straight from
+// the token endpoint over the connection we opened (OpenID Connect Core 3.1.3.7), and `sub` only
+// labels the credential.
+function idTokenSubject(idToken: unknown): string | undefined {
+  if (typeof idToken !== 'string') return undefined;
+  try {
+    const claims = JSON.parse(Buffer.from(idToken.split('.')[1] ?? '', 'base64url').toString('utf8')) as { sub?: unknown };
+    return typeof claims.sub === 'string' && claims.sub.length > 0 && claims.sub.length <= 8192 ? claims.sub : undefined;
+  } catch {
+    return undefined;
+  }
 }
