@@ -62,6 +62,7 @@ describe('bridge API', () => {
   let stack: Stack;
   let c: Client;
   let providers: Awaited<ReturnType<typeof startProviders>>;
+  const answers: string[] = [];
   const lastSeen = (url: string) => [...providers.seen].reverse().find((s) => s.url === url)!;
 
   const stripeInstance = async (id: string) => {
@@ -81,6 +82,13 @@ describe('bridge API', () => {
       AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/bridge-agent.ts'),
     });
     c = stack.client;
+    // Every answer this file gets, success or error, is scanned for secrets at the end.
+    const request = c.request.bind(c);
+    c.request = async (...args: Parameters<Client['request']>) => {
+      const r = await request(...args);
+      answers.push(`${args[0]} ${args[1]} ${r.status}: ${r.text}`);
+      return r;
+    };
   });
   after(async () => {
     await stack?.stop();
@@ -406,6 +414,16 @@ describe('bridge API', () => {
     assert.match(r.body.message, /token endpoint refused the assertion: bad assertion/);
     assert.ok(!r.text.includes('PRIVATE KEY') && !r.text.includes(lastSeen('/token').body), 'neither the key nor the assertion is echoed');
     assert.equal(providers.seen.filter((x) => x.url === '/gmail/v1/users/me/messages/send').length, sends, 'no mail without a token');
+  });
+
+  it('no answer, success or error, and no log line of this file held a secret', async () => {
+    assert.ok(answers.length > 100, `${answers.length} answers recorded`);
+    assert.ok(answers.some((a) => / 502: /.test(a)) && answers.some((a) => / 400: /.test(a)), 'error answers are among them');
+    const texts = [...answers, stack.api.logs.join('\n'), ...stack.workers.map((w) => w.logs.join('\n'))];
+    for (const secret of [STRIPE_KEY, ACCESS_TOKEN, CLIENT_SECRET, 'rt-1', 'jwt-access', 'BEGIN PRIVATE KEY']) {
+      const leak = texts.find((t) => t.includes(secret));
+      assert.equal(leak, undefined, `${secret} leaked in: ${leak?.slice(0, 300)}`);
+    }
   });
 });
 
