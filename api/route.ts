@@ -19,7 +19,7 @@ export interface RouteSpec<P extends TObject | undefined, Q extends TObject | un
   operationId: string;
   tag: string;
   summary: string;
-  scope: Scope | null; // null: public route
+  scope: Scope | readonly Scope[] | null; // null: public route; several: all of them are needed
   params?: P;
   query?: Q;
   body?: B;

@@ -80,7 +80,7 @@ export async function timelineAt(db: Tx, taskId: string, uptoSeq: number, histor
 // `newDekId`, in key order after `after`.
 export async function pushConfigsToRotate(
   db: Tx, newDekId: string, after: { task_id: string; id: string } | null, limit: number,
-): Promise<Pick<PushConfigRow, 'task_id' | 'id' | 'secrets_dek_id' | 'encrypted_secrets'>[]> {
+): Promise<{ task_id: string; id: string; secrets_dek_id: string; encrypted_secrets: string }[]> {
   const q = db('push_configs').select('task_id', 'id', 'secrets_dek_id', 'encrypted_secrets')
     .whereNotNull('encrypted_secrets').whereNot({ secrets_dek_id: newDekId })
     .orderBy([{ column: 'task_id' }, { column: 'id' }]).limit(limit);

@@ -86,6 +86,9 @@ interface RotationStore<R, W> {
   write(trx: Knex.Transaction, params: Required<RotationParams>, rows: W[]): Promise<number>;
 }
 
+const reencrypt = async (s: KeyringServices, fromDek: string, ciphertext: string, toDek: string, trx: Knex.Transaction) =>
+  encryptWithDek(s, toDek, await decryptWithDek(s, fromDek, ciphertext, trx), trx);
+
 const secretStore: RotationStore<RotationCandidate, Parameters<typeof reencryptSecrets>[3][number]> = {
   next: (trx, job, p, cursor, limit) =>
     secretsToRotate(trx, p.alias, p.new_dek_id, cursor, limit, p.phase === 'sweep' ? { since: job.started_at! } : { before: job.started_at! }),
@@ -94,7 +97,7 @@ const secretStore: RotationStore<RotationCandidate, Parameters<typeof reencryptS
   what: (r) => `secret does not decrypt with DEK '${r.dek_id}'`,
   reseal: async (s, r, newDekId, trx) => ({
     id: r.id, old_dek_id: r.dek_id, old_ciphertext: r.encrypted_secret,
-    ciphertext: await encryptWithDek(s, newDekId, await decryptWithDek(s, r.dek_id, r.encrypted_secret, trx), trx),
+    ciphertext: await reencrypt(s, r.dek_id, r.encrypted_secret, newDekId, trx),
   }),
   write: async (trx, p, rows) => (await reencryptSecrets(trx, p.alias, p.new_dek_id, rows)).length,
 };
@@ -123,8 +126,8 @@ const pushConfigStore: RotationStore<PushRow, Parameters<typeof reencryptPushCon
   key: (r) => `${r.task_id}/${r.id}`,
   what: (r) => `push notification config '${r.id}' of task ${r.task_id} does not decrypt with DEK '${r.secrets_dek_id}'`,
   reseal: async (s, r, newDekId, trx) => ({
-    task_id: r.task_id, id: r.id, old_dek_id: r.secrets_dek_id!, old_ciphertext: r.encrypted_secrets!,
-    ciphertext: await encryptWithDek(s, newDekId, await decryptWithDek(s, r.secrets_dek_id!, r.encrypted_secrets!, trx), trx),
+    task_id: r.task_id, id: r.id, old_dek_id: r.secrets_dek_id, old_ciphertext: r.encrypted_secrets,
+    ciphertext: await reencrypt(s, r.secrets_dek_id, r.encrypted_secrets, newDekId, trx),
   }),
   write: (trx, p, rows) => reencryptPushConfigs(trx, p.new_dek_id, rows),
 };

@@ -1,9 +1,9 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
-import { resetDb, startStack, testDb, waitFor, type Client, type Stack } from './helpers/stack.ts';
-import { startOAuthServer, type OAuthServer } from './helpers/oauth-server.ts';
-import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
+import { resetDb, testDb, waitFor, type Client, type Stack } from './helpers/stack.ts';
+import { consent, startOAuthStack, type OAuthServer, type OAuthStack } from './helpers/oauth-server.ts';
+import type { FakeProviders } from './helpers/fake-providers.ts';
 
 const B = '/api/bridge/v1';
 const avail = `${B}/available-providers/google_mail/available-credentials/oauth_auth_flow`;
@@ -16,6 +16,7 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
   let c: Client;
   let oauth: OAuthServer;
   let gmail: FakeProviders;
+  let all: OAuthStack;
 
   // An instance whose user credential was brokered through the OAuth server, with send_email enabled.
   async function brokered(id: string) {
@@ -30,8 +31,7 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
   async function rebroker(id: string) {
     const state = await c.post(`${avail}/credential/user-credential/broker`, { provider_instance_id: id });
     assert.equal(state.status, 200, state.text);
-    const consent = await fetch(state.body.action.Redirect.url, { redirect: 'manual' });
-    const done = await fetch(consent.headers.get('location')!, { redirect: 'manual' });
+    const done = await fetch(await consent(state.body.action.Redirect.url), { redirect: 'manual' });
     assert.equal(done.status, 200);
   }
   const instance = async (id: string) => (await c.get(`${B}/provider/${id}`)).body;
@@ -41,20 +41,14 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
 
   before(async () => {
     await resetDb();
-    oauth = await startOAuthServer(CLIENT_SECRET);
-    gmail = await startFakeProviders();
     // Two workers scan every 200 ms: a due credential must still be refreshed once.
-    stack = await startStack({
-      GOOGLE_OAUTH_AUTHORIZE_URL: `${oauth.url}/authorize`, GOOGLE_OAUTH_TOKEN_URL: `${oauth.url}/token`, GOOGLE_MAIL_API_BASE_URL: gmail.url,
-      BRIDGE_ALLOW_PRIVATE: 'true', CREDENTIAL_REFRESH_SCAN_MS: '200', CREDENTIAL_REFRESH_ATTEMPTS: String(ATTEMPTS), CREDENTIAL_REFRESH_BACKOFF_MS: '50',
+    all = await startOAuthStack(CLIENT_SECRET, {
+      CREDENTIAL_REFRESH_SCAN_MS: '200', CREDENTIAL_REFRESH_ATTEMPTS: String(ATTEMPTS), CREDENTIAL_REFRESH_BACKOFF_MS: '50',
     }, { workers: 2 });
+    ({ stack, oauth, providers: gmail } = all);
     c = stack.client;
   });
-  after(async () => {
-    await stack?.stop();
-    oauth?.stop();
-    gmail?.close();
-  });
+  after(async () => all?.stop());
 
   it('refreshes a credential once its next_rotation_time passes: new tokens, a new due time, one refresh for two scanning workers', async () => {
     await brokered('mail-r');

@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { resetDb, startStack, testDb, type Client, type Stack } from './helpers/stack.ts';
-import { startOAuthServer, type OAuthServer } from './helpers/oauth-server.ts';
-import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
+import { resetDb, testDb, type Client, type Stack } from './helpers/stack.ts';
+import { consent, startOAuthStack, type OAuthServer, type OAuthStack } from './helpers/oauth-server.ts';
+import type { FakeProviders } from './helpers/fake-providers.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
@@ -18,6 +18,7 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
   let c: Client;
   let oauth: OAuthServer;
   let gmail: FakeProviders;
+  let all: OAuthStack;
   let callbackUrl: string;
 
   async function instance(id: string, opts: { secret?: string; returnUrl?: string } = {}) {
@@ -38,31 +39,17 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.equal(r.status, 200, r.text);
     return r.body;
   };
-  // What the user's browser does: the provider's consent page redirects back to our callback.
-  const consent = async (authorizeUrl: string): Promise<string> => {
-    const r = await fetch(authorizeUrl, { redirect: 'manual' });
-    assert.equal(r.status, 302);
-    return r.headers.get('location')!;
-  };
   const callback = (url: string) => fetch(url, { redirect: 'manual' });
   const userCredentials = async () => Number((await testDb()('bridge_credentials').where({ kind: 'user' }).count({ n: '*' }))[0].n);
 
   before(async () => {
     await resetDb();
-    oauth = await startOAuthServer(CLIENT_SECRET);
-    gmail = await startFakeProviders();
-    stack = await startStack({
-      GOOGLE_OAUTH_AUTHORIZE_URL: `${oauth.url}/authorize`, GOOGLE_OAUTH_TOKEN_URL: `${oauth.url}/token`,
-      GOOGLE_MAIL_API_BASE_URL: gmail.url, BRIDGE_ALLOW_PRIVATE: 'true',
-    }, { workers: 0 });
+    all = await startOAuthStack(CLIENT_SECRET, {}, { workers: 0 });
+    ({ stack, oauth, providers: gmail } = all);
     c = stack.client;
     callbackUrl = `${stack.api.url}${B}/generic-oauth-callback`;
   });
-  after(async () => {
-    await stack?.stop();
-    oauth?.stop();
-    gmail?.close();
-  });
+  after(async () => all?.stop());
 
   it('broker answers the BrokerState: the authorize URL with state (256 bits, kept only hashed) and PKCE S256', async () => {
     await instance('mail-a');

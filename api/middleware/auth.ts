@@ -64,9 +64,12 @@ export function authenticate(services: Services): Middleware {
   };
 }
 
-export function requireScope(scope: Scope): Middleware {
+// Every scope listed is needed (admin holds them all); the first one missing is named.
+export function requireScope(scopes: Scope | readonly Scope[]): Middleware {
+  const needed = typeof scopes === 'string' ? [scopes] : scopes;
   return async (ctx, next) => {
-    if (!hasScope(ctx.state.principal as Principal, scope)) throw new Forbidden(scope);
+    const missing = needed.find((s) => !hasScope(ctx.state.principal as Principal, s));
+    if (missing) throw new Forbidden(missing);
     await next();
   };
 }

@@ -25,14 +25,14 @@ const credentialRoute = (kind: 'resource_server' | 'user', path: string, operati
   responses: { 201: Credential, ...resourceErrors },
 }, async ({ params, body, services }) => createCredential(services, kind, params.provider_controller_type_id, params.credential_controller_type_id, body));
 
+// secret:decrypt too: an import puts a ciphertext's plaintext to use.
 const importRoute = (kind: 'resource_server' | 'user', path: string, operationId: string, what: string) => defineRoute({
-  method: 'post', path, operationId, tag, scope: 'bridge:write',
+  method: 'post', path, operationId, tag, scope: ['bridge:write', 'secret:decrypt'],
   summary: `Import a ${what} as GET /api/a2a/v1/definition exports it: its sensitive members must decrypt with data_encryption_key_id, or the DEK of dek_alias (default: default); `
-    + 'keeps the exported id when given. Also needs scope secret:decrypt',
+    + 'keeps the exported id when given',
   params: ControllerParams, body: ImportCredentialRequest,
   responses: { 201: Credential, ...resourceErrors, 409: ErrorBody },
-}, async ({ params, body, principal, services }) =>
-  importCredential(services, principal, kind, params.provider_controller_type_id, params.credential_controller_type_id, body));
+}, async ({ params, body, services }) => importCredential(services, kind, params.provider_controller_type_id, params.credential_controller_type_id, body));
 
 // Fixed paths (/provider/grouped-by-function) are registered before /provider/:provider_instance_id.
 export const bridgeRoutes = [

@@ -171,6 +171,7 @@ export const BrokerState = Type.Object({
   created_at: Timestamp,
   updated_at: Timestamp,
 }, { $id: 'BrokerState' });
+export type BrokerState = Static<typeof BrokerState>;
 
 // The callback's answer when brokering is complete and the instance names no return address.
 export const BrokeredUserCredential = Type.Object({

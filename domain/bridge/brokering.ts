@@ -8,7 +8,7 @@ import type { Services } from '../services.ts';
 import { Gone, InvalidRequest, NotFound } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
 import { deleteBrokerStatesExpiredBefore, insertBrokerState, takeBrokerState, type BrokerStateRow } from '../../db/broker-states.ts';
-import type { Credential } from '../../api/schemas/bridge.ts';
+import type { BrokerState, Credential } from '../../api/schemas/bridge.ts';
 import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
 import { resourceServerCredential, storeCredential, toCredential } from './credentials.ts';
@@ -20,11 +20,6 @@ const EXPIRED_KEPT_MS = 24 * 60 * 60 * 1000;
 
 type BrokerServices = Pick<Services, 'db' | 'cfg' | 'log' | 'bus'>;
 
-export interface BrokerState {
-  type: 'broker_state'; id: string; provider_instance_id: string; provider_controller_type_id: string; credential_controller_type_id: string;
-  metadata: Record<string, unknown>; action: { Redirect: { url: string } }; created_at: Date; updated_at: Date;
-}
-
 export type CallbackOutcome = { type: 'user_credential'; credential: Credential } | { type: 'redirect'; url: string };
 
 const sha256 = (v: string) => createHash('sha256').update(v).digest('hex');
@@ -35,7 +30,7 @@ function toBrokerState(row: BrokerStateRow, instance: repo.ProviderInstanceRow, 
     type: 'broker_state', id: row.id, provider_instance_id: instance.id, provider_controller_type_id: instance.provider_controller_type_id,
     credential_controller_type_id: instance.credential_controller_type_id, metadata: row.metadata,
     action: { Redirect: { url: authorizeUrl } }, created_at: row.created_at, updated_at: row.updated_at,
-  };
+  } as unknown as BrokerState; // Dates serialise to RFC 3339 in the response
 }
 
 export async function startBrokering(s: BrokerServices, providerTypeId: string, credentialTypeId: string, instanceId: string): Promise<BrokerState> {

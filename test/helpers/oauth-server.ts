@@ -1,7 +1,10 @@
-// Starts test/fixtures/oauth-server.ts as its own process (a real OAuth server, not a stub in the test).
+// Starts test/fixtures/oauth-server.ts as its own process (a real OAuth server, not a stub in the test),
+// and a stack whose Google OAuth endpoints are that server's and whose Gmail is a local fake.
+import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import path from 'node:path';
-import { ROOT } from './stack.ts';
+import { ROOT, startStack, type Stack } from './stack.ts';
+import { startFakeProviders, type FakeProviders } from './fake-providers.ts';
 
 export interface OAuthServer { url: string; setMode(mode: 'ok' | 'revoked' | 'down'): Promise<void>; refreshes(): Promise<number>; stop(): void }
 
@@ -33,4 +36,30 @@ export function startOAuthServer(clientSecret: string): Promise<OAuthServer> {
       });
     });
   });
+}
+
+export interface OAuthStack { stack: Stack; oauth: OAuthServer; providers: FakeProviders; stop(): Promise<void> }
+
+export async function startOAuthStack(clientSecret: string, env: Record<string, string>, opts: { workers?: number } = {}): Promise<OAuthStack> {
+  const oauth = await startOAuthServer(clientSecret);
+  const providers = await startFakeProviders();
+  const stack = await startStack({
+    GOOGLE_OAUTH_AUTHORIZE_URL: `${oauth.url}/authorize`, GOOGLE_OAUTH_TOKEN_URL: `${oauth.url}/token`,
+    GOOGLE_MAIL_API_BASE_URL: providers.url, BRIDGE_ALLOW_PRIVATE: 'true', ...env,
+  }, opts);
+  return {
+    stack, oauth, providers,
+    async stop() {
+      await stack.stop();
+      oauth.stop();
+      providers.close();
+    },
+  };
+}
+
+// What the user's browser does at the provider's consent page: it is redirected back; the callback URL it goes to.
+export async function consent(authorizeUrl: string): Promise<string> {
+  const r = await fetch(authorizeUrl, { redirect: 'manual' });
+  assert.equal(r.status, 302);
+  return r.headers.get('location')!;
 }
