@@ -1,5 +1,5 @@
 import type { TSchema } from '@sinclair/typebox';
-import type { Route } from './route.ts';
+import { bodyRequired, type Route } from './route.ts';
 import { ErrorBody } from './schemas/common.ts';
 
 type Json = Record<string, unknown>;
@@ -43,7 +43,7 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
       summary: spec.summary,
       tags: [spec.tag, 'v1'],
       ...(parameters.length ? { parameters } : {}),
-      ...(spec.body ? { requestBody: { required: true, content: { 'application/json': { schema: collect(spec.body, components) } } } } : {}),
+      ...(spec.body ? { requestBody: { required: bodyRequired(spec.body), content: { 'application/json': { schema: collect(spec.body, components) } } } } : {}),
       responses,
       ...(spec.scope ? { security: [{ bearer: [] }], 'x-required-scope': spec.scope } : { security: [] }),
     };

@@ -52,11 +52,15 @@ export function defineRoute<P extends TObject | undefined = undefined, Q extends
 const bodyAjv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false }));
 const paramAjv = addFormats.default(new Ajv({ allErrors: true, coerceTypes: true, useDefaults: true, strict: false }));
 
+// A body whose members are all optional may be left out: a request without one means `{}`.
+export const bodyRequired = (schema: TSchema): boolean => !bodyAjv.validate(schema, {});
+
 export function mount(router: Router, routes: Route[], services: Services): void {
   for (const { spec, handler } of routes) {
     const vParams = spec.params && paramAjv.compile(spec.params);
     const vQuery = spec.query && paramAjv.compile(spec.query);
     const vBody = spec.body && bodyAjv.compile(spec.body);
+    const bodyOptional = spec.body !== undefined && !bodyRequired(spec.body);
     const okStatus = Number(Object.keys(spec.responses).find((s) => s.startsWith('2')) ?? 200);
     const stack: RouterMiddleware[] = [];
     if (spec.scope) stack.push(authenticate(services), rateLimit(services), requireScope(spec.scope));
@@ -67,7 +71,7 @@ export function mount(router: Router, routes: Route[], services: Services): void
       if (vQuery) checkValid(vQuery, query, 'query');
       let body: unknown;
       if (vBody) {
-        body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
+        body = (await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES)) ?? (bodyOptional ? {} : undefined);
         if (body === undefined) throw new InvalidRequest('A JSON request body is required', [{ path: 'body', message: 'is required' }]);
         checkValid(vBody, body, 'body');
       }

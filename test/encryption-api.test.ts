@@ -111,6 +111,10 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal(gen.status, 201);
     assert.equal(gen.body.envelope_encryption_key_id.id, 'alpha.key');
     assert.equal(unwrapLocal(kek('alpha.key'), gen.body.encrypted_data_encryption_key).length, 32);
+    // Every member is optional, so the body may be left out.
+    const bare = await c.post(`${E}/envelope/alpha.key/dek`);
+    assert.equal(bare.status, 201, bare.text);
+    assert.equal(unwrapLocal(kek('alpha.key'), bare.body.encrypted_data_encryption_key).length, 32);
 
     const mine = randomBytes(32);
     const given = await c.post(`${E}/envelope/alpha.key/dek`, { id: 'given-dek', encrypted_dek: wrapLocal(kek('alpha.key'), mine) });
@@ -143,9 +147,9 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.ok(page.body.next_page_token);
     for (const item of page.body.items) assert.deepEqual(Object.keys(item).sort(), ['created_at', 'envelope_encryption_key_id', 'id', 'updated_at']);
     const all = await c.get(`${E}/envelope/alpha.key/dek?page_size=100`);
-    assert.deepEqual(all.body.items.map((d: any) => d.id).sort(), [gen.body.id, 'given-dek', 'imported-dek'].sort());
+    assert.deepEqual(all.body.items.map((d: any) => d.id).sort(), [gen.body.id, bare.body.id, 'given-dek', 'imported-dek'].sort());
     assert.equal((await c.get(`${E}/envelope/nope.key/dek`)).status, 404);
-    assert.equal((await c.get(`${E}/envelope/alpha.key`)).body.dek_count, 3);
+    assert.equal((await c.get(`${E}/envelope/alpha.key`)).body.dek_count, 4);
   });
 
   it('manages aliases: create, get by alias then id, update, delete', async () => {

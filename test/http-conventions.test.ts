@@ -50,6 +50,16 @@ describe('HTTP conventions', () => {
     assert.equal(await taskCount(), before);
   });
 
+  it('answers 400 naming the missing body when a route needs one and none (or an empty one) is sent', async () => {
+    const before = await taskCount();
+    for (const headers of [{}, { 'content-type': 'application/json' }, { 'content-type': 'text/plain' }] as Record<string, string>[]) {
+      const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers, raw: '' });
+      assertError(r, 400, 'invalid_request');
+      assert.equal(r.body.message, 'A JSON request body is required');
+    }
+    assert.equal(await taskCount(), before);
+  });
+
   it('accepts application/json with a charset and +json types', async () => {
     for (const type of ['application/json; charset=utf-8', 'application/vnd.api+json']) {
       const r = await stack.client.request('POST', '/api/task/v1', { message: textMessage('typed') }, { headers: { 'content-type': type } });

@@ -43,6 +43,9 @@ describe('OpenAPI document', () => {
       else assert.deepEqual(op.security, [], spec.operationId);
       assert.equal(!!op.requestBody, !!spec.body, `${spec.operationId}: requestBody`);
     }
+    // Only a body whose members are all optional may be left out.
+    assert.equal(doc.paths['/api/encryption/v1/envelope/{envelope_id}/dek'].post.requestBody.required, false);
+    assert.equal(doc.paths['/api/task/v1'].post.requestBody.required, true);
     const documented = Object.values(doc.paths).reduce((n: number, p: any) => n + Object.keys(p).length, 0);
     assert.equal(documented, allRoutes.length, 'no operation the API does not mount');
   });

@@ -3,12 +3,13 @@ import { AppError, InvalidRequest, type FieldError } from '../../domain/errors.t
 
 const JSON_TYPE = /^application\/([a-z0-9.+-]*\+)?json\s*(;|$)/i;
 
-// Reads and parses a JSON body; undefined when the request has none. Unless told otherwise it
+// Reads and parses a JSON body; undefined when the request has none (or an empty one, whatever its
+// content type: fetch sends `content-length: 0` for a POST without a body). Unless told otherwise it
 // also refuses values that could not be stored (see findUnstorable).
 export async function readJsonBody(ctx: Context, limit: number, opts: { checkStorable?: boolean } = {}): Promise<unknown> {
   const req = ctx.req;
   const length = req.headers['content-length'];
-  if (length === undefined && req.headers['transfer-encoding'] === undefined) return undefined;
+  if ((length === undefined && req.headers['transfer-encoding'] === undefined) || length === '0') return undefined;
   if (length !== undefined && Number(length) > limit) {
     req.resume();
     throw new AppError(413, 'payload_too_large', `Request body exceeds the limit of ${limit} bytes`, { limit });
