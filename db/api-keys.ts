@@ -1,4 +1,5 @@
 import type { Tx } from './knex.ts';
+import { keysetPage, type Page } from './pagination.ts';
 
 export interface ApiKeyRow { id: string; name: string; scopes: string[]; key_hash: Buffer; created_at: Date; last_used_at: Date | null; revoked_at: Date | null }
 const PUBLIC_COLUMNS = ['id', 'name', 'scopes', 'created_at', 'last_used_at'] as const;
@@ -12,8 +13,9 @@ export async function findActiveByHash(db: Tx, hash: Buffer): Promise<ApiKeyRow 
   return db('api_keys').where({ key_hash: hash }).whereNull('revoked_at').first();
 }
 
-export async function listActive(db: Tx) {
-  return db('api_keys').select(PUBLIC_COLUMNS).whereNull('revoked_at').orderBy([{ column: 'created_at', order: 'desc' }, { column: 'id', order: 'desc' }]);
+export async function listActive(db: Tx, pageSize: number, token?: string): Promise<Page<Omit<ApiKeyRow, 'key_hash' | 'revoked_at'>>> {
+  return keysetPage(db('api_keys').select(PUBLIC_COLUMNS).whereNull('revoked_at'),
+    { columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r: ApiKeyRow) => [r.created_at, r.id] }, pageSize, token);
 }
 
 export async function revokeApiKey(db: Tx, id: string): Promise<boolean> {

@@ -61,3 +61,13 @@ export async function keysetPage<Row>(
   const items = rows.slice(0, pageSize);
   return { items, next_page_token: encodeToken(keyset.cursorOf(items[items.length - 1])) };
 }
+
+// The same tokens over a short list held in memory (e.g. the provider catalog), ordered by a
+// unique text key ascending.
+export function listPage<T>(items: readonly T[], keyOf: (item: T) => string, pageSize: number, token: string | undefined): Page<T> {
+  const after = token === undefined ? undefined : (decodeToken(token, ['text'])[0] as string);
+  const rest = [...items].sort((a, b) => (keyOf(a) < keyOf(b) ? -1 : 1)).filter((i) => after === undefined || keyOf(i) > after);
+  if (rest.length <= pageSize) return { items: rest };
+  const page = rest.slice(0, pageSize);
+  return { items: page, next_page_token: encodeToken([keyOf(page[page.length - 1])]) };
+}

@@ -89,7 +89,7 @@ export async function beginRun(s: UowServices & Pick<Services, 'taskStatements'>
 export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: TaskState, message?: CreateMessageRequest): Promise<Task> {
   assertTransition(task.status, to);
   const changed = await changeStatusIf(uow, task.id, to, [task.status], message);
-  if (!changed) throw new Conflict(`Task '${task.id}' changed status concurrently; retry`, { to });
+  if (!changed) throw new Conflict(`Task '${task.id}' changed status concurrently; retry`, { from: task.status, to });
   return changed;
 }
 

@@ -110,7 +110,13 @@ async function main(argv: string[]): Promise<number> {
       if (args.json) console.log(JSON.stringify({ ...k, created_at: iso(k.created_at) }));
       else console.log(`id:         ${k.id}\nname:       ${k.name}\nscopes:     ${k.scopes.join(',')}\ncreated_at: ${iso(k.created_at)}\nkey:        ${k.key}\n\nThe key is shown only now: store it. Use it as "Authorization: Bearer <key>".`);
     } else if (args.command === 'list') {
-      const keys = await listActive(db);
+      const keys = [];
+      let token: string | undefined;
+      do {
+        const page = await listActive(db, 1000, token);
+        keys.push(...page.items);
+        token = page.next_page_token;
+      } while (token);
       if (args.json) console.log(JSON.stringify(keys.map((k) => ({ ...k, created_at: iso(k.created_at), last_used_at: k.last_used_at ? iso(k.last_used_at) : null }))));
       else if (!keys.length) console.log('No active API keys.');
       else for (const k of keys) console.log(`${k.id}  ${k.name}  scopes=${k.scopes.join(',')}  created=${iso(k.created_at)}  last_used=${iso(k.last_used_at)}`);

@@ -6,7 +6,7 @@ import path from 'node:path';
 import { randomUUID } from 'node:crypto';
 import { allRoutes } from '../api/app.ts';
 import { SCOPES, type Scope } from '../domain/api-keys.ts';
-import { ADMIN_KEY, Client, resetDb, startStack, testDb, waitFor, type Response, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, assertError, Client, resetDb, startStack, testDb, waitFor, type Response, type Stack } from './helpers/stack.ts';
 
 const DUMMY = '00000000-0000-4000-8000-000000000000';
 const urlOf = (p: string) => p.replace(/:([A-Za-z0-9_]+)/g, DUMMY);
@@ -144,7 +144,7 @@ describe('authentication and scopes', () => {
 
     it('lists active keys without the keys, newest first, and records last_used_at', async () => {
       const k = await createKey(['task:read'], 'used later');
-      const list = await admin.get('/api/auth/v1/api-key');
+      const list = await admin.get('/api/auth/v1/api-key?page_size=1000');
       assert.equal(list.status, 200);
       assert.deepEqual(Object.keys(list.body), ['items']);
       const mine = list.body.items.find((i: { id: string }) => i.id === k.id);
@@ -152,6 +152,24 @@ describe('authentication and scopes', () => {
       for (const item of list.body.items) assert.deepEqual(Object.keys(item).sort(), ['created_at', 'id', 'last_used_at', 'name', 'scopes']);
       const order = list.body.items.map((i: { created_at: string; id: string }) => `${i.created_at} ${i.id}`);
       assert.deepEqual(order, [...order].sort().reverse());
+
+      // Paged like every list: page by page, the same keys in the same order, no token on the last page.
+      // More keys than a default page (50), whatever other tests created.
+      for (let n = list.body.items.length; n <= 50; n++) await createKey(['task:read'], `filler ${n}`);
+      const all = (await admin.get('/api/auth/v1/api-key?page_size=1000')).body.items.map((i: { id: string }) => i.id);
+      assert.equal((await admin.get('/api/auth/v1/api-key')).body.items.length, 50);
+      const paged: string[] = [];
+      let url = '/api/auth/v1/api-key?page_size=20';
+      for (;;) {
+        const page = await admin.get(url);
+        assert.equal(page.status, 200, page.text);
+        assert.ok(page.body.items.length <= 20);
+        paged.push(...page.body.items.map((i: { id: string }) => i.id));
+        if (!('next_page_token' in page.body)) break;
+        url = `/api/auth/v1/api-key?page_size=20&next_page_token=${page.body.next_page_token}`;
+      }
+      assert.deepEqual(paged, all);
+      for (const bad of ['page_size=0', 'page_size=1001', 'next_page_token=bogus']) assertError(await admin.get(`/api/auth/v1/api-key?${bad}`), 400, 'invalid_request');
 
       const started = Date.now();
       assert.equal((await admin.as(k.key).get('/api/task/v1')).status, 200);

@@ -110,6 +110,14 @@ describe('bridge API', () => {
     assert.equal(oauth.requires_brokering, true);
     assert.deepEqual(oauth.configuration_schema.user_credential.required.sort(), ['access_token', 'expiry_time']);
     assert.deepEqual(byId.google_mail.functions.map((f: any) => f.type_id), ['google_mail_send_email']);
+
+    // Paged in type_id order like every list.
+    const first = await c.get(`${B}/available-providers?page_size=1`);
+    assert.deepEqual(first.body.items.map((p: any) => p.type_id), ['google_mail']);
+    const second = await c.get(`${B}/available-providers?page_size=1&next_page_token=${first.body.next_page_token}`);
+    assert.deepEqual(second.body.items.map((p: any) => p.type_id), ['stripe']);
+    assert.ok(!('next_page_token' in second.body));
+    assert.equal((await c.get(`${B}/available-providers?next_page_token=bogus`)).status, 400);
   });
 
   it('stores credentials with sensitive members encrypted and rejects bad ones without storing anything', async () => {

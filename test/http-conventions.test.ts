@@ -1,17 +1,10 @@
 // HTTP conventions of SPEC.md section 1, enforced in middleware for every route.
 import assert from 'node:assert/strict';
 import http from 'node:http';
-import { resetDb, startStack, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
+import { assertError, resetDb, startStack, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
 
 const LIMIT = 4096;
 
-function assertError(r: Response, status: number, code: string) {
-  assert.equal(r.status, status, r.text);
-  assert.match(r.headers.get('content-type') ?? '', /^application\/json/);
-  assert.equal(typeof r.body.message, 'string');
-  assert.ok(r.body.message.length > 0);
-  assert.equal(r.body.data.code, code, r.text);
-}
 
 // A raw request, for what fetch will not send (chunked bodies, undecodable paths).
 function raw(url: string, opts: { method: string; path: string; headers?: Record<string, string>; chunks?: string[] }): Promise<{ status: number; body: any; headers: http.IncomingHttpHeaders }> {

@@ -2,7 +2,7 @@
 // where the test puts them.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { resetDb, startStack, testDb, textMessage, type Response, type Stack } from './helpers/stack.ts';
+import { assertError, resetDb, startStack, testDb, textMessage, type Response, type Stack } from './helpers/stack.ts';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 const ISO_MS = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
@@ -37,12 +37,6 @@ function assertTimelineItem(i: any, taskId: string) {
   assert.match(i.created_at, ISO_MS);
 }
 
-function assertError(r: Response, status: number, code: string) {
-  assert.equal(r.status, status, r.text);
-  assert.equal(typeof r.body.message, 'string');
-  assert.ok(r.body.message.length > 0);
-  assert.equal(r.body.data.code, code, r.text);
-}
 
 const noToken = (r: Response) => assert.ok(!('next_page_token' in r.body), `next_page_token must be absent: ${r.text}`);
 

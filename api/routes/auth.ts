@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { Body, ErrorBody, requestErrors, Success, Timestamp, Uuid } from '../schemas/common.ts';
+import { Body, ErrorBody, PageQuery, Paginated, requestErrors, Success, Timestamp, Uuid } from '../schemas/common.ts';
 import { createApiKey, revokeApiKey, SCOPES } from '../../domain/api-keys.ts';
 import { listActive } from '../../db/api-keys.ts';
 import { forgetApiKey } from '../middleware/auth.ts';
@@ -19,9 +19,10 @@ export const authRoutes = [
 
   defineRoute({
     method: 'get', path: '/api/auth/v1/api-key', operationId: 'list-api-keys', tag, scope: 'admin',
-    summary: 'List active API keys (never the keys themselves)',
-    responses: { 200: Type.Object({ items: Type.Array(ApiKey) }), ...requestErrors },
-  }, async ({ services }) => ({ items: await listActive(services.db) })),
+    summary: 'List active API keys, newest first (never the keys themselves)',
+    query: Type.Object(PageQuery),
+    responses: { 200: Paginated(ApiKey), ...requestErrors },
+  }, async ({ query, services }) => listActive(services.db, query.page_size!, query.next_page_token)),
 
   defineRoute({
     method: 'delete', path: '/api/auth/v1/api-key/:id', operationId: 'revoke-api-key', tag, scope: 'admin',

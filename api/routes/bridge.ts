@@ -7,7 +7,7 @@ import {
   OAuthCallbackQuery, ProviderInstanceId, ProviderListQuery, ProviderParams, UpdateProviderInstanceRequest,
 } from '../schemas/bridge.ts';
 import { completeBrokering, startBrokering } from '../../domain/bridge/brokering.ts';
-import { PROVIDERS, describeProvider } from '../../domain/bridge/catalog.ts';
+import { listProviders } from '../../domain/bridge/catalog.ts';
 import { createCredential, importCredential } from '../../domain/bridge/credentials.ts';
 import * as instances from '../../domain/bridge/provider-instances.ts';
 import * as functions from '../../domain/bridge/functions.ts';
@@ -38,10 +38,10 @@ const importRoute = (kind: 'resource_server' | 'user', path: string, operationId
 export const bridgeRoutes = [
   defineRoute({
     method: 'get', path: '/api/bridge/v1/available-providers', operationId: 'list-available-providers', tag, scope: 'bridge:read',
-    summary: 'The provider controllers this service knows, with their credential controllers and functions',
+    summary: 'The provider controllers this service knows, with their credential controllers and functions, in type_id order',
     query: Type.Object(PageQuery),
     responses: { 200: Paginated(ProviderController), ...requestErrors },
-  }, async () => ({ items: PROVIDERS.map(describeProvider) })),
+  }, async ({ query }) => listProviders(query.page_size!, query.next_page_token)),
 
   credentialRoute('resource_server', `${available}/credential/resource-server`, 'create-resource-server-credential', 'resource server credential'),
   credentialRoute('user', `${available}/credential/user-credential`, 'create-user-credential', 'user credential (e.g. OAuth tokens obtained elsewhere)'),

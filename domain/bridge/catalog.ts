@@ -4,6 +4,7 @@ import { Ajv, type ValidateFunction } from 'ajv';
 import addFormats from 'ajv-formats';
 import type { TObject } from '@sinclair/typebox';
 import { NotFound } from '../errors.ts';
+import { listPage, type Page } from '../../db/pagination.ts';
 import { checkValid } from '../schema-check.ts';
 import type { CredentialController, FunctionController, ProviderController } from '../../api/schemas/bridge.ts';
 import type { CredentialControllerDef, FunctionControllerDef, ProviderControllerDef } from './types.ts';
@@ -51,6 +52,12 @@ export function describeProvider(p: ProviderControllerDef): ProviderController {
     type_id: p.type_id, name: p.name, documentation: p.documentation, categories: p.categories,
     credential_controllers: p.credentialControllers.map(describeCredential), functions: p.functions.map(describeFunction),
   };
+}
+
+// The catalog, paged in type_id order.
+export function listProviders(pageSize: number, token?: string): Page<ProviderController> {
+  const page = listPage(PROVIDERS, (p) => p.type_id, pageSize, token);
+  return { ...page, items: page.items.map(describeProvider) };
 }
 
 const ajv = addFormats.default(new Ajv({ allErrors: true, strict: false }));

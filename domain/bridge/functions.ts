@@ -2,7 +2,7 @@
 import type { Knex } from 'knex';
 import { Conflict, NotFound } from '../errors.ts';
 import type { Services } from '../services.ts';
-import { decodeToken, encodeToken } from '../../db/pagination.ts';
+import { listPage } from '../../db/pagination.ts';
 import * as repo from '../../db/bridge.ts';
 import type { FunctionInstance, InvokeResult } from '../../api/schemas/bridge.ts';
 import { PROVIDERS, checkAgainst, credentialDef, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
@@ -73,13 +73,10 @@ export async function invokeFunction(
 export async function listGroupedByFunction(
   db: Knex, filter: { provider_controller_type_id?: string; function_category?: string }, pageSize: number, token?: string,
 ) {
-  const after = token === undefined ? undefined : (decodeToken(token, ['text'])[0] as string);
   const all = PROVIDERS.flatMap((p) => p.functions.map((f) => ({ p, f, key: `${p.type_id}/${f.type_id}` })))
     .filter(({ p, f }) => (!filter.provider_controller_type_id || p.type_id === filter.provider_controller_type_id)
-      && (!filter.function_category || f.categories.includes(filter.function_category)))
-    .filter(({ key }) => after === undefined || key > after)
-    .sort((a, b) => (a.key < b.key ? -1 : 1));
-  const page = all.slice(0, pageSize);
+      && (!filter.function_category || f.categories.includes(filter.function_category)));
+  const { items: page, next_page_token } = listPage(all, ({ key }) => key, pageSize, token);
   const items = await Promise.all(page.map(async ({ p, f }) => {
     const instances = await repo.instancesWithFunction(db, p.type_id, f.type_id);
     const attach = await credentialAttacher(db, instances);
@@ -89,5 +86,5 @@ export async function listGroupedByFunction(
       provider_instances: instances.map((i) => attach({ provider_instance: toProviderInstance(i) }, i)),
     };
   }));
-  return all.length > pageSize ? { items, next_page_token: encodeToken([page[page.length - 1].key]) } : { items };
+  return next_page_token ? { items, next_page_token } : { items };
 }

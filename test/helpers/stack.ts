@@ -1,5 +1,6 @@
 // Starts real API and worker processes against the test Postgres and Redis, and talks to them
 // over HTTP like any client.
+import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import fs from 'node:fs';
@@ -99,6 +100,15 @@ export async function startWorker(env: Record<string, string>): Promise<Proc> {
 }
 
 export interface Response<T = any> { status: number; body: T; headers: Headers; text: string }
+
+// An error answer as SPEC.md section 1 shapes it: JSON {message, data: {code}}.
+export function assertError(r: Response, status: number, code: string) {
+  assert.equal(r.status, status, r.text);
+  assert.match(r.headers.get('content-type') ?? '', /^application\/json/);
+  assert.equal(typeof r.body.message, 'string');
+  assert.ok(r.body.message.length > 0);
+  assert.equal(r.body.data.code, code, r.text);
+}
 
 export class Client {
   constructor(readonly baseUrl: string, public key: string | undefined = ADMIN_KEY) {}
