@@ -4,12 +4,18 @@ import type { Message } from '../api/schemas/task.ts';
 
 export interface MessageRow extends Message { seq: number }
 
-const COLUMNS = ['id', 'seq', 'task_id', 'role', 'parts', 'reference_task_ids', 'metadata', 'created_at'];
-const strip = ({ seq: _seq, ...m }: MessageRow) => m as Message;
+const COLUMNS = ['id', 'client_message_id', 'seq', 'task_id', 'role', 'parts', 'reference_task_ids', 'metadata', 'created_at'];
+
+// A stored message as the API shows it: client_message_id only when the sender gave one.
+export function messageFromRow<R extends { client_message_id?: string | null }>(row: R): R & { client_message_id?: string } {
+  const { client_message_id, ...rest } = row;
+  return (client_message_id == null ? rest : row) as R & { client_message_id?: string };
+}
+const strip = ({ seq: _seq, ...m }: MessageRow) => messageFromRow(m) as Message;
 
 export async function insertMessage(db: Tx, m: Message): Promise<MessageRow> {
   const [out] = await db('messages').insert({ ...m, parts: JSON.stringify(m.parts) }).returning(COLUMNS);
-  return out;
+  return messageFromRow(out);
 }
 
 export async function getMessage(db: Tx, id: string): Promise<Message | undefined> {
@@ -18,7 +24,8 @@ export async function getMessage(db: Tx, id: string): Promise<Message | undefine
 }
 
 export async function getMessageRow(db: Tx, id: string): Promise<MessageRow | undefined> {
-  return db('messages').select(COLUMNS).where({ id }).first();
+  const row = await db('messages').select(COLUMNS).where({ id }).first();
+  return row && messageFromRow(row);
 }
 
 export async function listMessages(db: Tx, taskId: string, pageSize: number, token?: string): Promise<Page<Message>> {
@@ -30,5 +37,5 @@ export async function listMessages(db: Tx, taskId: string, pageSize: number, tok
 // The newest messages of a task, oldest first: the history an agent sees.
 export async function recentMessages(db: Tx, taskId: string, limit: number): Promise<MessageRow[]> {
   const rows = await db('messages').select(COLUMNS).where({ task_id: taskId }).orderBy('seq', 'desc').limit(limit);
-  return rows.reverse();
+  return rows.reverse().map(messageFromRow);
 }

@@ -2,6 +2,7 @@ import type { Knex } from 'knex';
 import { prepared, type Tx } from './knex.ts';
 import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, type Page } from './pagination.ts';
+import { messageFromRow } from './messages.ts';
 import type { ContextInfo, Message, Task, TimelineItem } from '../api/schemas/task.ts';
 import type { TaskState } from '../domain/task-states.ts';
 
@@ -55,18 +56,18 @@ export interface TaskBundle { task: TaskRow; message: Message; timeline: Timelin
 export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<number[][]> {
   const input = bundles.map(({ task: t, message: m, timeline }, i) => ({
     i, id: t.id, context_id: t.context_id, status: t.status, at: t.created_at, metadata: t.metadata,
-    m_id: m.id, role: m.role, parts: m.parts, refs: m.reference_task_ids, m_metadata: m.metadata,
+    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, refs: m.reference_task_ids, m_metadata: m.metadata,
     tl: timeline.map((item) => ({ id: item.id, p: item.event_payload })),
   }));
   const { rows } = await prepared(db, 'task-bundles',
     `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb,
-                   m_id uuid, role text, parts jsonb, refs uuid[], m_metadata jsonb, tl jsonb)),
+                   m_id uuid, cm_id text, role text, parts jsonb, refs uuid[], m_metadata jsonb, tl jsonb)),
       c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from b order by context_id, at
             on conflict (id) do nothing),
       t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at)
             select id, context_id, status, at, null, metadata, at, at from b),
-      m as (insert into messages (id, task_id, role, parts, reference_task_ids, metadata, created_at)
-            select m_id, id, role, parts, refs, m_metadata, at from b order by i),
+      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, metadata, created_at)
+            select m_id, cm_id, id, role, parts, refs, m_metadata, at from b order by i),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
              select (e.item->>'id')::uuid, b.id, e.item->'p', b.at
                from b cross join lateral jsonb_array_elements(b.tl) with ordinality as e(item, n)
@@ -112,8 +113,8 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
              -- many rows b has (it guesses 100) and would otherwise scan the whole table to hash-join them.
              where t.id = any(?::uuid[]) and t.id = b.task_id and t.status = any(b."from")
              returning t.*),
-      m as (insert into messages (id, task_id, role, parts, reference_task_ids, metadata, created_at)
-            select (b.msg->>'id')::uuid, b.task_id, b.msg->>'role', b.msg->'parts',
+      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, metadata, created_at)
+            select (b.msg->>'id')::uuid, b.msg->>'client_message_id', b.task_id, b.msg->>'role', b.msg->'parts',
                    array(select jsonb_array_elements_text(b.msg->'reference_task_ids'))::uuid[], b.msg->'metadata', (b.msg->>'created_at')::timestamptz
               from b join u on u.id = b.task_id where b.msg is not null order by b.i),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
@@ -179,12 +180,13 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
            (select seq from tl where tl.task_id = s.task_id) as seq,
            s.trigger, s.answered,
            (select coalesce(json_agg(h order by h.seq), '[]') from
-              (select id, seq, task_id, role, parts, reference_task_ids, metadata, created_at
+              (select id, client_message_id, seq, task_id, role, parts, reference_task_ids, metadata, created_at
                  from messages where task_id = s.task_id order by seq desc limit s.lim) h) as history
       from s order by s.i`,
     [JSON.stringify(input), ids, ids],
   );
-  const toMessage = (m: Record<string, unknown>): Message & { seq: number } => ({ ...(m as unknown as Message), seq: Number(m.seq), created_at: new Date(m.created_at as string).toISOString() });
+  const toMessage = (m: Record<string, unknown>): Message & { seq: number } =>
+    messageFromRow({ ...(m as unknown as Message), seq: Number(m.seq), created_at: new Date(m.created_at as string).toISOString() });
   return rows.map((r: { task: Record<string, unknown> | null; started: boolean; seq: string | number | null; trigger: Record<string, unknown> | null; answered: boolean; history: Record<string, unknown>[] }) => (r.task
     ? {
       task: parseTaskJson(r.task), started: r.started, ...(r.seq !== null ? { seq: Number(r.seq) } : {}),

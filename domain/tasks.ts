@@ -24,11 +24,17 @@ async function appendTimeline(uow: UnitOfWork, taskId: string, payload: Timeline
   return row;
 }
 
+// A new message of a task, as it is stored and shown.
+function newMessage(taskId: string, req: CreateMessageRequest, createdAt: string): Message {
+  return {
+    id: randomUUID(), ...(req.client_message_id !== undefined ? { client_message_id: req.client_message_id } : {}), task_id: taskId,
+    role: req.role, parts: req.parts, reference_task_ids: (req.reference_task_ids ?? []).map((r) => r.toLowerCase()),
+    metadata: req.metadata ?? {}, created_at: createdAt,
+  };
+}
+
 export async function appendMessage(uow: UnitOfWork, taskId: string, req: CreateMessageRequest, at = new Date()) {
-  const message = await messages.insertMessage(uow.trx, {
-    id: randomUUID(), task_id: taskId, role: req.role, parts: req.parts,
-    reference_task_ids: req.reference_task_ids ?? [], metadata: req.metadata ?? {}, created_at: at.toISOString(),
-  });
+  const message = await messages.insertMessage(uow.trx, newMessage(taskId, req, at.toISOString()));
   const { seq: _seq, ...plain } = message;
   const item = await appendTimeline(uow, taskId, { type: 'message', message: plain as Message }, at);
   return { message: plain as Message, seq: message.seq, timelineItem: item };
@@ -57,10 +63,7 @@ export async function enqueueRun(uow: UnitOfWork, taskId: string, messageId: str
 export async function changeStatusIf(uow: UnitOfWork, taskId: string, to: TaskState, from: readonly TaskState[], message?: CreateMessageRequest): Promise<Task | null> {
   const at = new Date();
   const iso = at.toISOString();
-  const msg: Message | undefined = message && {
-    id: randomUUID(), task_id: taskId, role: message.role, parts: message.parts,
-    reference_task_ids: message.reference_task_ids ?? [], metadata: message.metadata ?? {}, created_at: iso,
-  };
+  const msg: Message | undefined = message && newMessage(taskId, message, iso);
   const items: TimelineItem[] = [];
   if (msg) items.push({ id: randomUUID(), task_id: taskId, created_at: iso, event_payload: { type: 'message', message: msg } });
   items.push({ id: randomUUID(), task_id: taskId, created_at: iso, event_payload: { type: 'task-status-update', status: to, ...(msg ? { status_message_id: msg.id } : {}) } });
@@ -104,10 +107,7 @@ function newTaskBundle(req: CreateTaskRequest, id: string): { bundle: tasks.Task
     id, context_id: (req.context_id ?? randomUUID()).toLowerCase(), status: 'submitted', status_timestamp: at, status_message_id: null,
     metadata: req.metadata ?? {}, created_at: at, updated_at: at,
   };
-  const message: Message = {
-    id: randomUUID(), task_id: id, role: req.message.role, parts: req.message.parts,
-    reference_task_ids: (req.message.reference_task_ids ?? []).map((r) => r.toLowerCase()), metadata: req.message.metadata ?? {}, created_at: iso,
-  };
+  const message = newMessage(id, req.message, iso);
   const timeline: TimelineItem[] = [
     { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'task-status-update', status: 'submitted' } },
     { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'message', message } },

@@ -70,6 +70,24 @@ describe('A2A with the real SDK clients', () => {
       assert.equal((await client.getTask({ id: done.id })).history?.length, 2);
     });
 
+    it("keeps the sender's messageId, whatever the string; the agent's messages get ids of their own", async () => {
+      const sent = userMessage('[input] ids', { messageId: 'client-msg-1' });
+      const first = await client.sendMessage({ message: sent }) as Task;
+      assert.equal(first.history?.[0].messageId, 'client-msg-1');
+      const follow = userMessage('second', { messageId: 'client-msg-1', taskId: first.id, contextId: first.contextId });
+      const events = [];
+      for await (const e of client.sendMessageStream({ message: follow })) events.push(e);
+      const done = await client.getTask({ id: first.id });
+      const ids = done.history!.map((m) => [m.role, m.messageId]);
+      assert.deepEqual(ids.filter(([role]) => role === 'user'), [['user', 'client-msg-1'], ['user', 'client-msg-1']], 'a reused id is kept too');
+      const agentIds = ids.filter(([role]) => role === 'agent').map(([, id]) => id);
+      assert.equal(agentIds.length, 2);
+      for (const id of agentIds) assert.match(id!, /^[0-9a-f-]{36}$/);
+      assert.equal(done.status.message?.messageId, agentIds[1]);
+      const streamed = events[0] as Task;
+      assert.deepEqual(streamed.history?.filter((m) => m.role === 'user').map((m) => m.messageId), ['client-msg-1', 'client-msg-1']);
+    });
+
     it('continues an input-required task with a follow-up', async () => {
       const first = await client.sendMessage({ message: userMessage('[input] multi') }) as Task;
       assert.equal(first.status.state, 'input-required');

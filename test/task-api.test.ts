@@ -87,6 +87,21 @@ describe('task API', () => {
       assert.equal(second.task.context_id, contextId);
       const got = await stack.client.get(`/api/task/v1/${task.id}`);
       assert.deepEqual(got.body.messages[0].parts, parts);
+      assert.ok(!('client_message_id' in got.body.messages[0]), 'no client_message_id unless the sender gave one');
+    });
+
+    it("keeps the sender's client_message_id on the message, its reads and its timeline item", async () => {
+      const { task, message } = await create({ message: { ...textMessage('mine'), client_message_id: 'sender-1' } });
+      assert.equal(message.client_message_id, 'sender-1');
+      assert.match(message.id, /^[0-9a-f-]{36}$/);
+      const more = await stack.client.post(`/api/task/v1/${task.id}/message`, { ...textMessage('again'), role: 'agent', client_message_id: 'sender-1' });
+      assert.equal(more.status, 201, more.text);
+      assert.equal(more.body.message.client_message_id, 'sender-1');
+      const got = await stack.client.get(`/api/task/v1/${task.id}`);
+      assert.deepEqual(got.body.messages.map((m: { client_message_id: string }) => m.client_message_id), ['sender-1', 'sender-1']);
+      const timeline = await stack.client.get(`/api/task/v1/${task.id}/timeline?order=asc`);
+      const carried = timeline.body.items.filter((i: any) => i.event_payload.type === 'message').map((i: any) => i.event_payload.message.client_message_id);
+      assert.deepEqual(carried, ['sender-1', 'sender-1']);
     });
 
     it('keeps concurrent creations apart (they are written together): own message, own timeline, a shared new context once', async () => {
@@ -125,6 +140,8 @@ describe('task API', () => {
       ['an unknown role', { message: { role: 'system', parts: [{ type: 'text-part', text: 'x' }] } }, 'body.message.role'],
       ['a missing role', { message: { parts: [{ type: 'text-part', text: 'x' }] } }, 'body.message.role'],
       ['a non-UUID context_id', { context_id: 'ctx-1', message: textMessage('x') }, 'body.context_id'],
+      ['an empty client_message_id', { message: { ...textMessage('x'), client_message_id: '' } }, 'body.message.client_message_id'],
+      ['a client_message_id over 256 characters', { message: { ...textMessage('x'), client_message_id: 'x'.repeat(257) } }, 'body.message.client_message_id'],
       ['a non-UUID reference_task_id', { message: { ...textMessage('x'), reference_task_ids: ['t1'] } }, 'body.message.reference_task_ids.0'],
       ['metadata that is not an object', { message: textMessage('x'), metadata: [1] }, 'body.metadata'],
       ['a body that is an array', [textMessage('x')], 'body'],

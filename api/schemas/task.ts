@@ -24,8 +24,12 @@ export type MessagePart = Static<typeof MessagePart>;
 export const Role = Type.Union([Type.Literal('user'), Type.Literal('agent')]);
 export const TaskStatus = Type.Union(TASK_STATES.map((s) => Type.Literal(s)));
 
+// The sender's own id for a message: any string (A2A messageId), echoed back, never used to look it up.
+const ClientMessageId = Type.String({ minLength: 1, maxLength: 256, description: "the sender's own id for the message (A2A messageId)" });
+
 export const CreateMessageRequest = Body({
   role: Role,
+  client_message_id: Type.Optional(ClientMessageId),
   parts: Type.Array(MessagePart, { minItems: 1, maxItems: 1000 }),
   reference_task_ids: Type.Optional(Type.Array(Uuid, { maxItems: 100 })),
   metadata: Type.Optional(FreeObject),
@@ -46,6 +50,7 @@ export type Task = Static<typeof Task>;
 
 export const Message = Type.Object({
   id: Uuid,
+  client_message_id: Type.Optional(ClientMessageId),
   task_id: Uuid,
   role: Role,
   parts: Type.Array(MessagePart),

@@ -46,7 +46,7 @@ export function fromA2APart(p: Part): MessagePart {
 }
 
 export function toA2AMessage(m: Message, contextId: string): A2AMessage {
-  const out: A2AMessage = { kind: 'message', messageId: m.id, role: m.role, parts: m.parts.map(toA2APart), taskId: m.task_id, contextId };
+  const out: A2AMessage = { kind: 'message', messageId: m.client_message_id ?? m.id, role: m.role, parts: m.parts.map(toA2APart), taskId: m.task_id, contextId };
   if (m.reference_task_ids?.length) out.referenceTaskIds = m.reference_task_ids;
   return withMeta(out, m.metadata);
 }
@@ -55,6 +55,7 @@ export function toA2AMessage(m: Message, contextId: string): A2AMessage {
 export function fromA2AMessage(m: A2AMessage): CreateMessageRequest {
   return {
     role: m.role,
+    client_message_id: m.messageId,
     parts: m.parts.map(fromA2APart),
     ...(m.referenceTaskIds?.length ? { reference_task_ids: m.referenceTaskIds } : {}),
     ...(m.metadata ? { metadata: m.metadata } : {}),
