@@ -1,5 +1,6 @@
 // Prometheus metrics of an API process: HTTP latency by route and status, plus queue depths, the
-// outbox backlog, key job progress and provider instances by status read at scrape time (they are shared state, the same from any process).
+// outbox backlog, key job progress and provider instances by status read at scrape time (they are shared state, the same from any process),
+// and what the workers record in Redis (queues/worker-metrics.ts): job durations and outcomes, enqueue lag, credential refreshes.
 import type { Middleware } from 'koa';
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from './route.ts';
@@ -9,6 +10,7 @@ import type { Services } from '../domain/services.ts';
 import { QUEUE_NAMES } from '../queues/names.ts';
 import { listActiveKeyJobs } from '../db/key-jobs.ts';
 import { countProviderInstancesByStatus } from '../db/bridge.ts';
+import { registerWorkerMetrics } from '../queues/worker-metrics.ts';
 
 function createMetrics(services: Services) {
   const registry = new Registry();
@@ -65,6 +67,8 @@ function createMetrics(services: Services) {
       for (const status of ['brokering_initiated', 'active', 'disabled', 'refresh_failed']) this.set({ status }, rows[status] ?? 0);
     },
   });
+
+  registerWorkerMetrics(registry, services.redis, services.cfg.QUEUE_PREFIX);
 
   const middleware: Middleware = async (ctx, next) => {
     const end = http.startTimer();

@@ -140,5 +140,14 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     const metrics = (await c.get('/metrics')).text;
     assert.match(metrics, /taskbridge_provider_instances\{status="refresh_failed"\} 1\n/);
     assert.match(metrics, /taskbridge_provider_instances\{status="active"\} 2\n/);
+    // The workers' counts of refreshes (each worker flushes to Redis once a second): every earlier
+    // test's refreshes, the failed attempts here and the two that gave up (invalid_grant earlier, and this one).
+    let seen = {};
+    await waitFor(async () => {
+      const text = (await c.get('/metrics')).text;
+      const n = (outcome: string) => Number(new RegExp(`taskbridge_credential_refreshes_total\\{outcome="${outcome}"\\} (\\d+)`).exec(text)?.[1] ?? 0);
+      seen = { refreshed: n('refreshed'), retrying: n('retrying'), gaveUp: n('refresh_failed') };
+      return n('refreshed') >= 2 && n('retrying') === ATTEMPTS - 1 && n('refresh_failed') === 2;
+    }, 'the refresh outcomes in /metrics').catch((err) => assert.fail(`${(err as Error).message}: ${JSON.stringify(seen)}`));
   });
 });

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { resetDb, startStack, textMessage, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 describe('GET /metrics', () => {
   let stack: Stack;
@@ -36,5 +36,46 @@ describe('GET /metrics', () => {
     assert.equal(job.status, 202);
     const res = await stack.client.get('/metrics');
     assert.match(res.text, new RegExp(`taskbridge_key_job_items\\{job_id="${job.body.id}",kind="migrate-deks",count="done"\\} 0`));
+  });
+});
+
+describe('GET /metrics: what the workers record', () => {
+  let stack: Stack;
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ AGENT_ATTEMPTS: '2', AGENT_BACKOFF_MS: '0' });
+  });
+  after(async () => stack?.stop());
+
+  // The value of one series, or undefined when the workers have not reported it yet.
+  const series = (text: string, name: string, labels: string) => {
+    const m = new RegExp(`^${name}\\{${labels}\\} (\\S+)$`, 'm').exec(text);
+    return m ? Number(m[1]) : undefined;
+  };
+
+  it('reports job durations by queue and outcome, with retried attempts, and the enqueue lag of first attempts', async () => {
+    const ok = await stack.client.post('/api/task/v1', { message: textMessage('measured') });
+    const failing = await stack.client.post('/api/task/v1', { message: textMessage('[fail] measured') });
+    for (const r of [ok, failing]) assert.equal(r.status, 201);
+    for (const [r, status] of [[ok, 'completed'], [failing, 'failed']] as const) {
+      await waitFor(async () => (await stack.client.get(`/api/task/v1/${r.body.task.id}`)).body.task.status === status, `task ${status}`);
+    }
+    // Workers flush what they recorded once a second.
+    const text = await waitFor(async () => {
+      const t = (await stack.client.get('/metrics')).text;
+      return series(t, 'taskbridge_job_duration_seconds_count', 'queue="agent-tasks",outcome="completed"') === 2 && t;
+    }, 'the agent jobs in /metrics');
+    // The failing task's first attempt failed and was retried; its last attempt ended the task as failed.
+    assert.equal(series(text, 'taskbridge_job_duration_seconds_count', 'queue="agent-tasks",outcome="retrying"'), 1);
+    assert.equal(series(text, 'taskbridge_job_enqueue_lag_seconds_count', 'queue="agent-tasks"'), 2, 'first attempts only');
+    assert.match(text, /# TYPE taskbridge_job_duration_seconds histogram/);
+    assert.match(text, /# TYPE taskbridge_job_enqueue_lag_seconds histogram/);
+    // Cumulative buckets: never decreasing, the last one (+Inf) equal to the count.
+    const buckets = [...text.matchAll(/^taskbridge_job_duration_seconds_bucket\{queue="agent-tasks",outcome="completed",le="([^"]+)"\} (\d+)$/gm)].map((m) => Number(m[2]));
+    assert.ok(buckets.length > 5);
+    assert.deepEqual(buckets, [...buckets].sort((a, b) => a - b));
+    assert.equal(buckets.at(-1), 2);
+    const sum = series(text, 'taskbridge_job_enqueue_lag_seconds_sum', 'queue="agent-tasks"')!;
+    assert.ok(sum >= 0 && sum < 60, `lag sum ${sum}`);
   });
 });

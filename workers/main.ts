@@ -11,8 +11,10 @@ import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
 import { startJobRecovery } from './job-recovery.ts';
 import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
 import { CancelRegistry } from './cancel-registry.ts';
-import { createRefreshCredentialProcessor, startRefreshScheduler } from './refresh-credential.ts';
+import { createRefreshCredentialProcessor, recordRefreshOutcomes, startRefreshScheduler } from './refresh-credential.ts';
 import { resolveAgent } from './agents/resolve-agent.ts';
+import { recordJobMetrics } from './record-job-metrics.ts';
+import { WorkerMetrics } from '../queues/worker-metrics.ts';
 import type { JobPayloads } from '../queues/names.ts';
 
 const cfg = loadConfigOrExit();
@@ -64,6 +66,10 @@ const stopRefreshScheduler = startRefreshScheduler(services);
 
 const workers = [agentWorker, keyJobsWorker, pushWorker, refreshWorker];
 for (const w of workers) w.on('error', (err) => log.warn({ err: { message: err.message }, queue: w.name }, 'worker error'));
+const metrics = new WorkerMetrics(services.redis, cfg.QUEUE_PREFIX);
+for (const w of workers) recordJobMetrics(w, metrics);
+recordRefreshOutcomes(refreshWorker, metrics);
+metrics.start((err) => log.debug({ err: { message: err.message } }, 'worker metrics not flushed; will retry'));
 log.info({ queues: workers.map((w) => w.name), agent: cfg.AGENT_KIND }, 'worker started');
 
 let stopping = false;
@@ -80,6 +86,7 @@ async function shutdown(signal: string) {
   stopRefreshScheduler();
   await Promise.allSettled(workers.map((w) => w.close()));
   clearTimeout(grace);
+  await metrics.stop().catch(() => undefined);
   await pushListener.close();
   connection.disconnect();
   await services.close();

@@ -1,13 +1,23 @@
 // Processor of the credential-refresh queue (domain/bridge/credential-refresh.ts), and the periodic
 // pass of every worker that enqueues the credentials due for refresh.
-import type { Job } from 'bullmq';
+import type { Job, Worker } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import { enqueueDueRefreshes, refreshCredential, type RefreshOutcome } from '../domain/bridge/credential-refresh.ts';
 import type { JobPayloads } from '../queues/names.ts';
+import type { WorkerMetrics } from '../queues/worker-metrics.ts';
 
 export function createRefreshCredentialProcessor(services: Services) {
   return async (job: Job<JobPayloads['credential-refresh']>): Promise<RefreshOutcome> =>
     refreshCredential(services, job.data.credential_id, job.attemptsMade + 1 >= (job.opts.attempts ?? 1));
+}
+
+// Counts refreshes by outcome: what the job returned, or `retrying` for an attempt that failed
+// (a job that failed for good has finished; its last attempt returned refresh_failed instead).
+export function recordRefreshOutcomes(worker: Worker<JobPayloads['credential-refresh'], RefreshOutcome>, metrics: WorkerMetrics): void {
+  worker.on('completed', (_job, outcome) => metrics.count('taskbridge_credential_refreshes_total', { outcome }));
+  worker.on('failed', (job) => {
+    if (job && !job.finishedOn) metrics.count('taskbridge_credential_refreshes_total', { outcome: 'retrying' });
+  });
 }
 
 export function startRefreshScheduler(services: Services): () => void {

@@ -1,0 +1,113 @@
+// Metrics of the work the worker processes do (job durations and outcomes, enqueue lag, credential
+// refreshes), reported by any API process's /metrics. Each worker adds what it observed to
+// counters in Redis, one hash per metric, once a second; a scrape reads the totals of all workers.
+// They are Prometheus counters and histograms: they only grow, whichever process answers.
+import type { Redis } from 'ioredis';
+import type { MetricValueWithName, Registry } from 'prom-client';
+
+const BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120, 600];
+
+export const WORKER_METRICS = {
+  taskbridge_job_duration_seconds: {
+    type: 'histogram', labels: ['queue', 'outcome'],
+    help: 'Time a worker spent on a job attempt, by queue and outcome (completed; failed: for good; retrying: the attempt failed and the job will run again)',
+  },
+  taskbridge_job_enqueue_lag_seconds: {
+    type: 'histogram', labels: ['queue'],
+    help: "Time from a job's enqueue (or the end of its delay) to the start of its first attempt",
+  },
+  taskbridge_credential_refreshes_total: {
+    type: 'counter', labels: ['outcome'],
+    help: 'Credential refresh jobs by outcome (refreshed, not due, gone, refresh_failed: gave up; retrying: an attempt failed)',
+  },
+} as const;
+type Name = keyof typeof WORKER_METRICS;
+type Histogram = { [K in Name]: (typeof WORKER_METRICS)[K]['type'] extends 'histogram' ? K : never }[Name];
+type Counter = Exclude<Name, Histogram>;
+type Labels<N extends Name> = Record<(typeof WORKER_METRICS)[N]['labels'][number], string>;
+
+const hashKey = (prefix: string, name: Name) => `${prefix}:metrics:${name}`;
+// A hash field is one series of the metric: its label values, then the part (a bucket's bound, sum or count).
+const field = (labels: Record<string, string>, part: string) => JSON.stringify([labels, part]);
+
+// Worker side: observations are added up in memory and flushed in one round trip a second.
+export class WorkerMetrics {
+  private pending = new Map<string, Map<string, number>>();
+  private timer?: NodeJS.Timeout;
+
+  constructor(private readonly redis: Redis, private readonly prefix: string, private readonly flushMs = 1000) {}
+
+  private add(name: Name, f: string, by: number) {
+    let m = this.pending.get(name);
+    if (!m) this.pending.set(name, (m = new Map()));
+    m.set(f, (m.get(f) ?? 0) + by);
+  }
+
+  observe<N extends Histogram>(name: N, labels: Labels<N>, seconds: number): void {
+    const value = Math.max(0, seconds);
+    for (const le of BUCKETS) if (value <= le) this.add(name, field(labels, String(le)), 1);
+    this.add(name, field(labels, '+Inf'), 1);
+    this.add(name, field(labels, 'sum'), value);
+    this.add(name, field(labels, 'count'), 1);
+  }
+
+  count<N extends Counter>(name: N, labels: Labels<N>): void {
+    this.add(name, field(labels, 'count'), 1);
+  }
+
+  async flush(): Promise<void> {
+    if (!this.pending.size) return;
+    const batch = this.pending;
+    this.pending = new Map();
+    const multi = this.redis.multi();
+    for (const [name, fields] of batch) {
+      const key = hashKey(this.prefix, name as Name);
+      for (const [f, by] of fields) {
+        if (Number.isInteger(by)) multi.hincrby(key, f, by);
+        else multi.hincrbyfloat(key, f, by);
+      }
+    }
+    await multi.exec();
+  }
+
+  start(onError: (err: Error) => void): void {
+    this.timer = setInterval(() => this.flush().catch(onError), this.flushMs);
+    this.timer.unref();
+  }
+
+  async stop(): Promise<void> {
+    clearInterval(this.timer);
+    await this.flush();
+  }
+}
+
+// API side: the metrics as prom-client collectors that read their hash at scrape time.
+export function registerWorkerMetrics(registry: Registry, redis: Redis, prefix: string): void {
+  for (const [name, def] of Object.entries(WORKER_METRICS) as [Name, (typeof WORKER_METRICS)[Name]][]) {
+    // prom-client formats any object with get(); its typings want a whole Metric class.
+    registry.registerMetric({
+      name, help: def.help, type: def.type,
+      async get() {
+        const stored = await redis.hgetall(hashKey(prefix, name));
+        const series = new Map<string, { labels: Record<string, string>; parts: Map<string, number> }>();
+        for (const [f, v] of Object.entries(stored)) {
+          const [labels, part] = JSON.parse(f) as [Record<string, string>, string];
+          const id = JSON.stringify(labels);
+          if (!series.has(id)) series.set(id, { labels, parts: new Map() });
+          series.get(id)!.parts.set(part, Number(v));
+        }
+        const values: MetricValueWithName<string>[] = [];
+        for (const { labels, parts } of series.values()) {
+          if (def.type === 'counter') {
+            values.push({ labels, value: parts.get('count') ?? 0 });
+            continue;
+          }
+          for (const le of [...BUCKETS.map(String), '+Inf']) values.push({ metricName: `${name}_bucket`, labels: { ...labels, le }, value: parts.get(le) ?? 0 });
+          values.push({ metricName: `${name}_sum`, labels, value: parts.get('sum') ?? 0 });
+          values.push({ metricName: `${name}_count`, labels, value: parts.get('count') ?? 0 });
+        }
+        return { name, help: def.help, type: def.type, aggregator: 'sum', values };
+      },
+    } as never);
+  }
+}

@@ -1,0 +1,24 @@
+// Feeds a worker's job events into the worker metrics (queues/worker-metrics.ts): each attempt's
+// duration and outcome, and the enqueue lag of first attempts.
+import type { Job, Worker } from 'bullmq';
+import type { WorkerMetrics } from '../queues/worker-metrics.ts';
+
+const secondsSince = (ms: number | undefined, until = Date.now()) => (ms ? (until - ms) / 1000 : 0);
+
+export function recordJobMetrics(worker: Worker, metrics: WorkerMetrics): void {
+  const queue = worker.name;
+  worker.on('active', (job: Job) => {
+    // Later attempts wait for their backoff, which is not lag.
+    if (job.attemptsStarted > 1 || !job.processedOn) return;
+    metrics.observe('taskbridge_job_enqueue_lag_seconds', { queue }, secondsSince(job.timestamp + (job.opts.delay ?? 0), job.processedOn));
+  });
+  worker.on('completed', (job: Job) => {
+    metrics.observe('taskbridge_job_duration_seconds', { queue, outcome: 'completed' }, secondsSince(job.processedOn, job.finishedOn));
+  });
+  worker.on('failed', (job: Job | undefined) => {
+    if (!job) return;
+    // Only a job that failed for good has finished.
+    const outcome = job.finishedOn ? 'failed' : 'retrying';
+    metrics.observe('taskbridge_job_duration_seconds', { queue, outcome }, secondsSince(job.processedOn, job.finishedOn ?? Date.now()));
+  });
+}
