@@ -18,6 +18,6 @@ export async function takeBrokerState(db: Tx, stateHash: string): Promise<Broker
 }
 
 // States whose flows were abandoned long ago (kept a while so a late callback still learns it expired).
-export async function deleteBrokerStatesExpiredBefore(db: Tx, before: Date): Promise<void> {
-  await db('broker_states').where('expires_at', '<', before).delete();
+export async function deleteBrokerStatesExpiredBefore(db: Tx, before: Date): Promise<number> {
+  return db('broker_states').where('expires_at', '<', before).delete();
 }

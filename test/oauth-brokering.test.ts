@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
-import { randomUUID } from 'node:crypto';
-import { resetDb, testDb, type Client, type Stack } from './helpers/stack.ts';
+import { createHash, randomUUID } from 'node:crypto';
+import { resetDb, startWorker, testDb, waitFor, type Client, type Stack } from './helpers/stack.ts';
 import { consent, startOAuthStack, type OAuthServer, type OAuthStack } from './helpers/oauth-server.ts';
 import type { FakeProviders } from './helpers/fake-providers.ts';
 
@@ -166,6 +166,23 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
 
     assert.equal(await userCredentials(), stored);
     assert.equal((await c.get(`${B}/provider/mail-d`)).body.status, 'brokering_initiated');
+  });
+
+  it('a worker purges states expired over a day ago; younger expired ones stay and still answer 410', async () => {
+    await instance('mail-p');
+    const old = await consent((await broker('mail-p')).action.Redirect.url);
+    const recent = await consent((await broker('mail-p')).action.Redirect.url);
+    // States are stored as their SHA-256.
+    const row = async (url: string) => testDb()('broker_states').where({ state_hash: createHash('sha256').update(new URL(url).searchParams.get('state')!).digest('hex') }).first();
+    const [a, b] = [await row(old), await row(recent)];
+    await testDb()('broker_states').where({ id: a.id }).update({ expires_at: new Date(Date.now() - 25 * 3600_000) });
+    await testDb()('broker_states').where({ id: b.id }).update({ expires_at: new Date(Date.now() - 23 * 3600_000) });
+    const worker = await startWorker({ ...stack.env, JOB_RECOVERY_MS: '200' });
+    stack.workers.push(worker);
+    await waitFor(async () => !(await testDb()('broker_states').where({ id: a.id }).first()), 'the old state to be purged');
+    assert.ok(await testDb()('broker_states').where({ id: b.id }).first(), 'the younger expired state stays');
+    assert.equal((await callback(old)).status, 404);
+    assert.equal((await callback(recent)).status, 410);
   });
 
   it('answers 502 when the token endpoint refuses the code, storing nothing', async () => {

@@ -8,7 +8,7 @@ import { createRedis } from '../queues/connection.ts';
 import { TASK_CANCELED, updateStatus } from '../domain/tasks.ts';
 import { createAgentTaskProcessor } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
-import { startJobRecovery } from './job-recovery.ts';
+import { startHousekeeping } from './housekeeping.ts';
 import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
 import { CancelRegistry } from './cancel-registry.ts';
 import { createRefreshCredentialProcessor, recordRefreshOutcomes, startRefreshScheduler } from './refresh-credential.ts';
@@ -50,7 +50,7 @@ const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', createKeyJ
   concurrency: cfg.KEY_JOB_CONCURRENCY,
 });
 keyJobsWorker.on('failed', onKeyJobFailed(services));
-const stopJobRecovery = startJobRecovery(services);
+const stopHousekeeping = startHousekeeping(services);
 
 const pushWorker = new Worker<JobPayloads['push-notifications']>('push-notifications', createPushDeliveryProcessor(services), {
   ...common,
@@ -82,7 +82,7 @@ async function shutdown(signal: string) {
     cancels.abortAll('worker shutting down');
   }, 10_000);
   grace.unref();
-  stopJobRecovery();
+  stopHousekeeping();
   stopRefreshScheduler();
   await Promise.allSettled(workers.map((w) => w.close()));
   clearTimeout(grace);

@@ -54,13 +54,18 @@ export async function startBrokering(s: BrokerServices, providerTypeId: string, 
     code_challenge: base64url(createHash('sha256').update(verifier).digest()), code_challenge_method: 'S256',
     ...(scopes.length ? { scope: scopes.join(' ') } : {}), ...oauth.authorizeParams,
   })) url.searchParams.set(k, v);
-  await deleteBrokerStatesExpiredBefore(s.db, new Date(Date.now() - EXPIRED_KEPT_MS));
   const row = await insertBrokerState(s.db, {
     id: randomUUID(), state_hash: sha256(state), provider_instance_id: instance.id, code_verifier: verifier,
     metadata: {}, expires_at: new Date(Date.now() + STATE_TTL_MS),
   });
   s.log.info({ provider_instance_id: instance.id, broker_state_id: row.id }, 'oauth brokering started');
   return toBrokerState(row, instance, url.toString());
+}
+
+// States of flows abandoned long ago (workers/housekeeping.ts); expired ones younger than
+// EXPIRED_KEPT_MS stay so their late callbacks still get 410.
+export async function purgeExpiredBrokerStates(s: Pick<Services, 'db'>): Promise<number> {
+  return deleteBrokerStatesExpiredBefore(s.db, new Date(Date.now() - EXPIRED_KEPT_MS));
 }
 
 export async function completeBrokering(

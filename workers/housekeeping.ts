@@ -1,15 +1,18 @@
-// Periodic recovery of work whose queue job Redis lost: key jobs (recover-key-jobs.ts) and agent
-// runs of submitted tasks (recover-agent-runs.ts). Every worker runs it; both are idempotent.
+// Periodic passes of every worker, each idempotent: recovery of work whose queue job Redis lost
+// (key jobs: recover-key-jobs.ts; agent runs of submitted tasks: recover-agent-runs.ts), and the
+// purge of OAuth brokering states abandoned long ago.
 import type { Services } from '../domain/services.ts';
 import { recoverLostKeyJobs } from './recover-key-jobs.ts';
 import { AgentRunRecovery } from './recover-agent-runs.ts';
+import { purgeExpiredBrokerStates } from '../domain/bridge/brokering.ts';
 
-export function startJobRecovery(services: Services): () => void {
+export function startHousekeeping(services: Services): () => void {
   const every = services.cfg.JOB_RECOVERY_MS;
   const agentRuns = new AgentRunRecovery(services);
   const passes: Record<string, () => Promise<unknown>> = {
     'key jobs': () => recoverLostKeyJobs(services, every),
     'agent runs': () => agentRuns.pass(every),
+    'expired broker states': () => purgeExpiredBrokerStates(services),
   };
   const running = new Set<string>();
   const timer = setInterval(() => {
@@ -17,7 +20,7 @@ export function startJobRecovery(services: Services): () => void {
       if (running.has(what)) continue;
       running.add(what);
       pass()
-        .catch((err) => services.log.warn({ err: { message: (err as Error).message }, what }, 'job recovery failed; will retry'))
+        .catch((err) => services.log.warn({ err: { message: (err as Error).message }, what }, 'housekeeping pass failed; will retry'))
         .finally(() => running.delete(what));
     }
   }, every);
