@@ -197,13 +197,14 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
 
 export interface UnstartedRun { task_id: string; message_id: string; created_at: Date }
 
-// Tasks still submitted at least `olderThanMs` after creation, with the user message that should
-// have started their run, in (created_at, id) order after `after`: candidates for run recovery.
+// Tasks still submitted at least `olderThanMs` after creation whose first message is a user
+// message (the one that should have started their run; a task opened with an agent message has no
+// run to recover, whatever came later), in (created_at, id) order after `after`: candidates for run recovery.
 export async function listUnstartedRuns(db: Tx, olderThanMs: number, after: { created_at: Date; task_id: string } | undefined, limit: number): Promise<UnstartedRun[]> {
   const { rows } = await db.raw(
     `select t.id as task_id, t.created_at, m.id as message_id
        from tasks t
-       join lateral (select id from messages where task_id = t.id and role = 'user' order by seq limit 1) m on true
+       join lateral (select id, role from messages where task_id = t.id order by seq limit 1) m on m.role = 'user'
       where t.status = 'submitted' and t.created_at < now() - make_interval(secs => ?)
         and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
       order by t.created_at, t.id

@@ -5,12 +5,13 @@
 import type { Redis } from 'ioredis';
 import type { MetricValueWithName, Registry } from 'prom-client';
 
+const MAX_PENDING_SERIES = 10_000;
 const BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120, 600];
 
 export const WORKER_METRICS = {
   taskbridge_job_duration_seconds: {
     type: 'histogram', labels: ['queue', 'outcome'],
-    help: 'Time a worker spent on a job attempt, by queue and outcome (completed; failed: for good; retrying: the attempt failed and the job will run again)',
+    help: 'Time a worker spent on a job attempt, by queue and outcome of the job (completed; failed: for good; retrying: the attempt failed and the job will run again)',
   },
   taskbridge_job_enqueue_lag_seconds: {
     type: 'histogram', labels: ['queue'],
@@ -18,7 +19,7 @@ export const WORKER_METRICS = {
   },
   taskbridge_credential_refreshes_total: {
     type: 'counter', labels: ['outcome'],
-    help: 'Credential refresh jobs by outcome (refreshed, not due, gone, refresh_failed: gave up; retrying: an attempt failed)',
+    help: 'Credential refresh jobs by outcome (refreshed, not_due, gone, refresh_failed: gave up; retrying: an attempt failed; error: the last attempt failed to record that)',
   },
 } as const;
 type Name = keyof typeof WORKER_METRICS;
@@ -30,24 +31,28 @@ const hashKey = (prefix: string, name: Name) => `${prefix}:metrics:${name}`;
 // A hash field is one series of the metric: its label values, then the part (a bucket's bound, sum or count).
 const field = (labels: Record<string, string>, part: string) => JSON.stringify([labels, part]);
 
+interface Increment { by: number; float: boolean }
+
 // Worker side: observations are added up in memory and flushed in one round trip a second.
 export class WorkerMetrics {
-  private pending = new Map<string, Map<string, number>>();
+  private pending = new Map<Name, Map<string, Increment>>();
   private timer?: NodeJS.Timeout;
 
   constructor(private readonly redis: Redis, private readonly prefix: string, private readonly flushMs = 1000) {}
 
-  private add(name: Name, f: string, by: number) {
+  private add(name: Name, f: string, by: number, float = false) {
     let m = this.pending.get(name);
     if (!m) this.pending.set(name, (m = new Map()));
-    m.set(f, (m.get(f) ?? 0) + by);
+    const inc = m.get(f);
+    if (inc) inc.by += by;
+    else m.set(f, { by, float });
   }
 
   observe<N extends Histogram>(name: N, labels: Labels<N>, seconds: number): void {
     const value = Math.max(0, seconds);
     for (const le of BUCKETS) if (value <= le) this.add(name, field(labels, String(le)), 1);
     this.add(name, field(labels, '+Inf'), 1);
-    this.add(name, field(labels, 'sum'), value);
+    this.add(name, field(labels, 'sum'), value, true);
     this.add(name, field(labels, 'count'), 1);
   }
 
@@ -55,19 +60,32 @@ export class WorkerMetrics {
     this.add(name, field(labels, 'count'), 1);
   }
 
+  // A batch Redis did not take (connection lost) is kept for the next flush, unless too many series
+  // wait already, so a blip loses nothing. Sums are floats in Redis, everything else integers.
   async flush(): Promise<void> {
     if (!this.pending.size) return;
     const batch = this.pending;
     this.pending = new Map();
     const multi = this.redis.multi();
+    let series = 0;
     for (const [name, fields] of batch) {
-      const key = hashKey(this.prefix, name as Name);
-      for (const [f, by] of fields) {
-        if (Number.isInteger(by)) multi.hincrby(key, f, by);
-        else multi.hincrbyfloat(key, f, by);
+      const key = hashKey(this.prefix, name);
+      for (const [f, { by, float }] of fields) {
+        series++;
+        if (float) multi.hincrbyfloat(key, f, by);
+        else multi.hincrby(key, f, by);
       }
     }
-    await multi.exec();
+    let results;
+    try {
+      results = await multi.exec();
+    } catch (err) {
+      if (series <= MAX_PENDING_SERIES) for (const [name, fields] of batch) for (const [f, { by, float }] of fields) this.add(name, f, by, float);
+      throw err;
+    }
+    // Inside a transaction the other increments were applied: nothing to keep.
+    const failed = results?.find(([err]) => err)?.[0];
+    if (failed) throw failed;
   }
 
   start(onError: (err: Error) => void): void {

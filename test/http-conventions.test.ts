@@ -45,9 +45,15 @@ describe('HTTP conventions', () => {
 
   it('answers 400 naming the missing body when a route needs one and none (or an empty one) is sent', async () => {
     const before = await taskCount();
-    for (const headers of [{}, { 'content-type': 'application/json' }, { 'content-type': 'text/plain' }] as Record<string, string>[]) {
+    for (const headers of [{ 'content-type': 'application/json' }, { 'content-type': 'text/plain' }]) {
       const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers, raw: '' });
       assertError(r, 400, 'invalid_request');
+      assert.equal(r.body.message, 'A JSON request body is required');
+    }
+    const auth = { authorization: `Bearer ${stack.client.key}` };
+    for (const headers of [auth, { ...auth, 'content-type': 'text/plain', 'transfer-encoding': 'chunked' }]) {
+      const r = await raw(stack.api.url, { method: 'POST', path: '/api/task/v1', headers, chunks: [] });
+      assert.equal(r.status, 400, JSON.stringify(headers));
       assert.equal(r.body.message, 'A JSON request body is required');
     }
     assert.equal(await taskCount(), before);

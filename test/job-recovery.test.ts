@@ -2,7 +2,7 @@
 // recovery pass, enqueued again and finished: key jobs, and agent runs of submitted tasks.
 import assert from 'node:assert/strict';
 import { Redis } from 'ioredis';
-import { resetDb, startStack, startWorker, testDb, waitFor, type Proc, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Proc, type Stack } from './helpers/stack.ts';
 
 const E = '/api/encryption/v1';
 
@@ -87,7 +87,7 @@ describe('key job recovery', () => {
 describe('agent run recovery', () => {
   const ctx = recoveryStack();
 
-  it('runs submitted tasks whose run job was lost, each once; a task without a user message stays as it is', async () => {
+  it('runs submitted tasks whose run job was lost, each once; a task opened by an agent message stays as it is', async () => {
     const c = ctx.stack.client;
     const ids: string[] = [];
     for (const text of ['one', 'two', 'three']) {
@@ -96,6 +96,9 @@ describe('agent run recovery', () => {
       ids.push(r.body.task.id);
     }
     const agentOnly = await c.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'a note' }] } });
+    // A user message to a task opened by an agent message does not start a run, then or on recovery.
+    const agentFirst = await c.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'opened by an agent' }] } });
+    assert.equal((await c.post(`/api/task/v1/${agentFirst.body.task.id}/message`, textMessage('and then a user'))).status, 201);
     await ctx.loseJobs('agent-tasks');
 
     const worker = await startWorker(ctx.stack.env);
@@ -112,6 +115,6 @@ describe('agent run recovery', () => {
     const recovered = worker.logs.filter((l) => l.includes('agent run had no queue job'));
     assert.equal(recovered.length, 3, recovered.join('\n'));
     for (const id of ids) assert.ok(recovered.some((l) => l.includes(id)));
-    assert.equal((await c.get(`/api/task/v1/${agentOnly.body.task.id}`)).body.task.status, 'submitted');
+    for (const t of [agentOnly, agentFirst]) assert.equal((await c.get(`/api/task/v1/${t.body.task.id}`)).body.task.status, 'submitted');
   });
 });

@@ -1,4 +1,8 @@
 import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import { Redis } from 'ioredis';
+import { Registry } from 'prom-client';
+import { registerWorkerMetrics, WorkerMetrics } from '../queues/worker-metrics.ts';
 import { resetDb, startStack, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 describe('GET /metrics', () => {
@@ -77,5 +81,47 @@ describe('GET /metrics: what the workers record', () => {
     assert.equal(buckets.at(-1), 2);
     const sum = series(text, 'taskbridge_job_enqueue_lag_seconds_sum', 'queue="agent-tasks"')!;
     assert.ok(sum >= 0 && sum < 60, `lag sum ${sum}`);
+  });
+});
+
+describe('worker metrics in Redis', () => {
+  const prefix = `wm-${randomUUID()}`;
+  let redis: Redis;
+  before(() => { redis = new Redis(process.env.REDIS_URL!, { maxRetriesPerRequest: 1 }); });
+  after(() => redis.disconnect());
+
+  const scrape = async () => {
+    const registry = new Registry();
+    registerWorkerMetrics(registry, redis, prefix);
+    return registry.metrics();
+  };
+
+  it('adds up sums across flushes whatever the values, and keeps a batch Redis did not take for the next flush', async () => {
+    const metrics = new WorkerMetrics(redis, prefix);
+    metrics.observe('taskbridge_job_enqueue_lag_seconds', { queue: 'q' }, 0.25);
+    await metrics.flush();
+    metrics.observe('taskbridge_job_enqueue_lag_seconds', { queue: 'q' }, 1);
+    metrics.count('taskbridge_credential_refreshes_total', { outcome: 'refreshed' });
+    await metrics.flush();
+    let text = await scrape();
+    assert.match(text, /^taskbridge_job_enqueue_lag_seconds_sum\{queue="q"\} 1\.25$/m);
+    assert.match(text, /^taskbridge_job_enqueue_lag_seconds_count\{queue="q"\} 2$/m);
+    assert.match(text, /^taskbridge_job_enqueue_lag_seconds_bucket\{queue="q",le="0\.5"\} 1$/m);
+    assert.match(text, /^taskbridge_credential_refreshes_total\{outcome="refreshed"\} 1$/m);
+
+    // A connection not yet up refuses commands (no offline queue), like one that just dropped.
+    const offline = new Redis(process.env.REDIS_URL!, { maxRetriesPerRequest: 0, enableOfflineQueue: false });
+    const blip = new WorkerMetrics(offline, prefix);
+    blip.observe('taskbridge_job_enqueue_lag_seconds', { queue: 'q' }, 0.5);
+    await assert.rejects(blip.flush());
+    if (offline.status !== 'ready') await new Promise((resolve) => offline.once('ready', resolve));
+    try {
+      await blip.flush();
+    } finally {
+      offline.disconnect();
+    }
+    text = await scrape();
+    assert.match(text, /^taskbridge_job_enqueue_lag_seconds_sum\{queue="q"\} 1\.75$/m);
+    assert.match(text, /^taskbridge_job_enqueue_lag_seconds_count\{queue="q"\} 3$/m);
   });
 });

@@ -177,9 +177,13 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     const [a, b] = [await row(old), await row(recent)];
     await testDb()('broker_states').where({ id: a.id }).update({ expires_at: new Date(Date.now() - 25 * 3600_000) });
     await testDb()('broker_states').where({ id: b.id }).update({ expires_at: new Date(Date.now() - 23 * 3600_000) });
+    // Its passes would take later tests' fresh work for lost: it runs for this test only.
     const worker = await startWorker({ ...stack.env, JOB_RECOVERY_MS: '200' });
-    stack.workers.push(worker);
-    await waitFor(async () => !(await testDb()('broker_states').where({ id: a.id }).first()), 'the old state to be purged');
+    try {
+      await waitFor(async () => !(await testDb()('broker_states').where({ id: a.id }).first()), 'the old state to be purged');
+    } finally {
+      await worker.stop();
+    }
     assert.ok(await testDb()('broker_states').where({ id: b.id }).first(), 'the younger expired state stays');
     assert.equal((await callback(old)).status, 404);
     assert.equal((await callback(recent)).status, 410);

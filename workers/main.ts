@@ -69,7 +69,7 @@ for (const w of workers) w.on('error', (err) => log.warn({ err: { message: err.m
 const metrics = new WorkerMetrics(services.redis, cfg.QUEUE_PREFIX);
 for (const w of workers) recordJobMetrics(w, metrics);
 recordRefreshOutcomes(refreshWorker, metrics);
-metrics.start((err) => log.debug({ err: { message: err.message } }, 'worker metrics not flushed; will retry'));
+metrics.start((err) => log.warn({ err: { message: err.message } }, 'worker metrics not flushed; will retry'));
 log.info({ queues: workers.map((w) => w.name), agent: cfg.AGENT_KIND }, 'worker started');
 
 let stopping = false;

@@ -11,12 +11,12 @@ export function createRefreshCredentialProcessor(services: Services) {
     refreshCredential(services, job.data.credential_id, job.attemptsMade + 1 >= (job.opts.attempts ?? 1));
 }
 
-// Counts refreshes by outcome: what the job returned, or `retrying` for an attempt that failed
-// (a job that failed for good has finished; its last attempt returned refresh_failed instead).
+// Counts refreshes by outcome: what the job returned (`not due` as not_due), `retrying` for an
+// attempt that failed, `error` for a last attempt that could not even mark the instance.
 export function recordRefreshOutcomes(worker: Worker<JobPayloads['credential-refresh'], RefreshOutcome>, metrics: WorkerMetrics): void {
-  worker.on('completed', (_job, outcome) => metrics.count('taskbridge_credential_refreshes_total', { outcome }));
+  worker.on('completed', (_job, outcome) => metrics.count('taskbridge_credential_refreshes_total', { outcome: outcome.replaceAll(' ', '_') }));
   worker.on('failed', (job) => {
-    if (job && !job.finishedOn) metrics.count('taskbridge_credential_refreshes_total', { outcome: 'retrying' });
+    if (job) metrics.count('taskbridge_credential_refreshes_total', { outcome: job.finishedOn ? 'error' : 'retrying' });
   });
 }
 

@@ -3,9 +3,9 @@ import { AppError, InvalidRequest, type FieldError } from '../../domain/errors.t
 
 const JSON_TYPE = /^application\/([a-z0-9.+-]*\+)?json\s*(;|$)/i;
 
-// Reads and parses a JSON body; undefined when the request has none (or an empty one, whatever its
-// content type: fetch sends `content-length: 0` for a POST without a body). Unless told otherwise it
-// also refuses values that could not be stored (see findUnstorable).
+// Reads and parses a JSON body; undefined when the request has none or an empty one, whatever its
+// content type (fetch sends `content-length: 0` and `text/plain` for a POST with an empty body).
+// Unless told otherwise it also refuses values that could not be stored (see findUnstorable).
 export async function readJsonBody(ctx: Context, limit: number, opts: { checkStorable?: boolean } = {}): Promise<unknown> {
   const req = ctx.req;
   const length = req.headers['content-length'];
@@ -15,10 +15,6 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
     throw new AppError(413, 'payload_too_large', `Request body exceeds the limit of ${limit} bytes`, { limit });
   }
   const type = req.headers['content-type'] ?? '';
-  if (!JSON_TYPE.test(type)) {
-    req.resume();
-    throw new AppError(415, 'unsupported_media_type', `Content-Type must be application/json, got '${type || 'none'}'`);
-  }
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const chunk of req) {
@@ -30,6 +26,7 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
     chunks.push(chunk as Buffer);
   }
   if (size === 0) return undefined;
+  if (!JSON_TYPE.test(type)) throw new AppError(415, 'unsupported_media_type', `Content-Type must be application/json, got '${type || 'none'}'`);
   let value: unknown;
   try {
     value = JSON.parse(Buffer.concat(chunks).toString('utf8'));
