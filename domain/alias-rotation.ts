@@ -26,7 +26,7 @@ import { countSecretsToRotate, findActiveRotation, lockAlias, reencryptSecrets, 
 import { countCredentialsToRotate, credentialsToRotate, reencryptCredentials, type CredentialRow } from '../db/bridge.ts';
 import { countPushConfigsToRotate, pushConfigsToRotate, reencryptPushConfigs } from '../db/push-configs.ts';
 import { credentialDef, providerDef } from './bridge/catalog.ts';
-import { sealCredential, unsealCredential } from './bridge/credentials.ts';
+import { openCredential, sealCredential } from './bridge/credentials.ts';
 import { PUSH_ALIAS } from './push-config.ts';
 
 export const ROTATE_ALIAS = 'rotate-alias';
@@ -109,7 +109,7 @@ const credentialStore: RotationStore<CredentialRow, Parameters<typeof reencryptC
   what: (r) => `bridge credential does not decrypt with DEK '${r.dek_id}'`,
   reseal: async (s, r, newDekId, trx) => {
     const cc = credentialDef(providerDef(r.provider_controller_type_id), r.type_id);
-    const plain = await unsealCredential(s, cc, r, trx);
+    const plain = await openCredential(s, cc, r, trx);
     return { id: r.id, old_dek_id: r.dek_id, old_value: r.value, value: await sealCredential(s, cc, r.kind, plain, newDekId, trx) };
   },
   write: (trx, p, rows) => reencryptCredentials(trx, p.new_dek_id, rows),

@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import path from 'node:path';
-import { createPublicKey, generateKeyPairSync, randomUUID, verify } from 'node:crypto';
+import { createPublicKey, generateKeyPairSync, randomBytes, randomUUID, verify } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { Validator } from '@seriousme/openapi-schema-validator';
 import { Client, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack } from './helpers/stack.ts';
@@ -399,6 +399,19 @@ describe('bridge API', () => {
     assert.ok(await testDb()('bridge_credentials').where({ id: cred.id }).first(), 'still used by stripe-shares');
     assert.equal((await c.delete(`${B}/provider/stripe-shares`)).status, 200);
     assert.equal(await testDb()('bridge_credentials').where({ id: cred.id }).first(), undefined);
+  });
+
+  it('answers 500 internal, sending nothing, when a stored credential does not decrypt (damage on our side, not a bad request)', async () => {
+    const { cred } = await stripeInstance('stripe-damaged');
+    await c.post(`${B}/provider/stripe-damaged/function/stripe_process_refund/enable`, {});
+    const row = await testDb()('bridge_credentials').where({ id: cred.id }).first();
+    await testDb()('bridge_credentials').where({ id: cred.id }).update({ value: { ...row.value, api_key: randomBytes(48).toString('base64') } });
+    const sent = providers.seen.length;
+    const r = await invoke('stripe-damaged', 'stripe_process_refund', { payment_intent: 'pi_damaged' });
+    assert.equal(r.status, 500, r.text);
+    assert.equal(r.body.data.code, 'internal');
+    assert.match(r.body.message, new RegExp(`credential '${cred.id}' does not decrypt`));
+    assert.equal(providers.seen.length, sent, 'nothing sent upstream');
   });
 
   it('answers 502 when a provider does not answer within BRIDGE_TIMEOUT_MS', async () => {

@@ -2,7 +2,7 @@
 // encrypted with the DEK their alias names, decrypted only in memory when a function is invoked.
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
-import { Conflict, InvalidRequest } from '../errors.ts';
+import { AppError, Conflict, InvalidRequest } from '../errors.ts';
 import { DecryptError, decryptWithDek, encryptWithDek, resolveAlias, writeUnderAlias, type KeyringServices } from '../keyring.ts';
 import { DEFAULT_ALIAS } from '../crypto/key-management.ts';
 import * as repo from '../../db/bridge.ts';
@@ -109,9 +109,20 @@ export function sealCredential(s: KeyringServices, cc: CredentialControllerDef, 
   return mapSensitive(cc, kind, plain, (_member, v) => encryptWithDek(s, dekId, v, trx));
 }
 
-// The credential's value with its sensitive members decrypted.
-export function unsealCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, row: CredentialRow, trx?: Knex.Transaction): Promise<Plain> {
+// The credential's value with its sensitive members decrypted (DecryptError when one does not).
+export function openCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, row: CredentialRow, trx?: Knex.Transaction): Promise<Plain> {
   return mapSensitive(cc, row.kind, row.value, (_member, v) => decryptWithDek(s, row.dek_id, v, trx));
+}
+
+// The same for using the credential: a stored value that does not decrypt is damage on our side
+// (500), not a bad request.
+export async function unsealCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, row: CredentialRow, trx?: Knex.Transaction): Promise<Plain> {
+  try {
+    return await openCredential(s, cc, row, trx);
+  } catch (err) {
+    if (err instanceof DecryptError) throw new AppError(500, 'internal', `credential '${row.id}' does not decrypt with its DEK '${row.dek_id}'`);
+    throw err;
+  }
 }
 
 // The instance's resource server credential (client id and secret), decrypted; 400 when it has none.
