@@ -10,17 +10,19 @@ export interface PushConfigRow {
 }
 
 // Creates or replaces a task's config. A new config starts after the task's current timeline, so
-// only later updates are pushed; replacing one keeps its delivery position.
+// only later updates are pushed, unless `fromStart` (a config that comes with the task's creation
+// gets its first update too); replacing one keeps its delivery position.
 export async function upsertPushConfig(
   db: Tx,
   row: Pick<PushConfigRow, 'task_id' | 'id' | 'url' | 'authentication' | 'encrypted_secrets' | 'secrets_dek_id'>,
+  fromStart = false,
 ): Promise<PushConfigRow> {
   const now = new Date();
   const [out] = await db('push_configs')
     .insert({
       ...row,
       authentication: row.authentication === null ? null : JSON.stringify(row.authentication),
-      delivered_seq: db.raw('coalesce((select max(seq) from timeline_items where task_id = ?), 0)', [row.task_id]),
+      delivered_seq: fromStart ? 0 : db.raw('coalesce((select max(seq) from timeline_items where task_id = ?), 0)', [row.task_id]),
       created_at: now,
       updated_at: now,
     })

@@ -72,8 +72,8 @@ const inTrx = <T>(db: Tx, fn: (trx: Knex.Transaction) => Promise<T>): Promise<T>
   (db as Knex.Transaction).isTransaction ? fn(db as Knex.Transaction) : (db as Knex).transaction(fn);
 
 // Creates a config (or replaces the one with the same id). The task row is locked so the new
-// config's starting point is consistent with concurrent status changes.
-export async function setPushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config): Promise<PushConfig> {
+// config's starting point is consistent with concurrent status changes. `fromStart`: see upsertPushConfig.
+export async function setPushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, fromStart = false): Promise<PushConfig> {
   checkInput(input);
   await assertOutboundUrl(input.url, cfg.PUSH_ALLOW_PRIVATE);
   const secrets: PushSecrets = {
@@ -91,7 +91,7 @@ export async function setPushConfig(db: Tx, taskId: string, input: PushConfigInp
       authentication: input.authentication ? { schemes: input.authentication.schemes } : null,
       encrypted_secrets: dekId ? await encryptWithDek({ db: trx, cfg }, dekId, JSON.stringify(secrets), trx) : null,
       secrets_dek_id: dekId,
-    });
+    }, fromStart);
     return shown(row);
   });
 }

@@ -95,7 +95,11 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
   }
   const created = await inTransaction(services, async (uow) => {
     const c = await createTaskIn(uow, req, id);
-    if (pushConfig) await push.setPushConfig(uow.trx, id, pushConfig, services.cfg);
+    if (pushConfig) {
+      // The task's first update (submitted) was written before its config existed: its delivery is enqueued here.
+      const config = await push.setPushConfig(uow.trx, id, pushConfig, services.cfg, true);
+      await uow.enqueue('push-notifications', 'deliver', { task_id: id, config_id: config.id, timeline_seq: c.lastSeq });
+    }
     return c;
   });
   return { id, contextId: created.task.context_id, seq: created.lastSeq, snapshot: view(created) };
