@@ -78,6 +78,12 @@ describe('bulk DEK migration: 2,000 DEKs, worker SIGKILLed mid-job and restarted
     const atKill = await jobRow();
     assert.equal(atKill.status, 'running');
     assert.ok(atKill.done < N, `job was still running when the worker died (done ${atKill.done})`);
+    // Another target for the same source while it runs: 409 naming the running job, no second job.
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'third.key' })).status, 201);
+    const elsewhere = await c.post(`${E}/envelope/src.key/migrate`, { to_envelope_encryption_key_id: 'third.key' });
+    assert.equal(elsewhere.status, 409, elsewhere.text);
+    assert.match(elsewhere.body.message, new RegExp(`to 'dst.key' is running \\(job ${jobId}\\)`));
+    assert.equal(Number((await testDb()('key_jobs').count({ n: '*' }))[0].n), 1);
     // Reads keep working while no worker runs.
     const mid = await c.get('/api/secret/v1/list-decrypted?page_size=1000');
     assert.equal(mid.status, 200);

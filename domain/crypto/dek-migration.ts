@@ -5,7 +5,7 @@
 import { randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
-import { InvalidRequest, NotFound } from '../errors.ts';
+import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import { inTransaction } from '../unit-of-work.ts';
 import { countDeksAfter, deksAfter, rewrapDeks } from '../../db/deks.ts';
 import { lockEnvelopeKeyShared } from '../../db/envelope-keys.ts';
@@ -39,6 +39,10 @@ export async function startMigrateAll(
         return { job, created: true };
       }
       const running = await findActiveMigration(uow.trx, sourceId);
+      const runningTo = (running?.params as { to_envelope_encryption_key_id?: string } | undefined)?.to_envelope_encryption_key_id;
+      if (running && runningTo !== targetId) {
+        throw new Conflict(`a migration of envelope key '${sourceId}' to '${runningTo}' is running (job ${running.id}); wait for it to end`, { resource: 'job', id: running.id });
+      }
       return running && { job: running, created: false };
     });
     // The running job can finish between the insert and the lookup; then start a new one.
