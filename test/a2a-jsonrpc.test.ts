@@ -236,6 +236,9 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.equal(one.body.result.artifacts.length, 1);
       const all = await rpc('tasks/get', { id: done.body.result.id });
       assert.equal(all.body.result.history.length, 2);
+      // Any count is taken (the view is capped at 1,000 messages); a negative one is not.
+      assert.equal((await rpc('tasks/get', { id: done.body.result.id, historyLength: 1_000_000 })).body.result.history.length, 2);
+      assert.equal((await rpc('tasks/get', { id: done.body.result.id, historyLength: -1 })).body.error.code, -32602);
     });
 
     it('continuing a task: [input] returns input-required, the follow-up completes the same task', async () => {

@@ -49,7 +49,8 @@ export const PushNotificationConfig = Type.Object({
   authentication: Type.Optional(Type.Object({ schemes: Type.Array(Type.String(), { minItems: 1 }), credentials: Type.Optional(Type.String()) })),
 });
 
-const HistoryLength = Type.Integer({ minimum: 0, maximum: 100000 });
+// Any count is taken; the view is capped (domain/a2a/task-view.ts HISTORY_CAP).
+const HistoryLength = Type.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER });
 
 export const MessageSendParams = Type.Object({
   message: Message,

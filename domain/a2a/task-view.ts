@@ -7,7 +7,8 @@ import { listArtifactItems } from '../../db/timeline-views.ts';
 import { TaskNotFoundError } from './errors.ts';
 import { artifactsFromTimeline, toA2ATask } from './mapping.ts';
 
-// Without historyLength the newest HISTORY_CAP messages are returned: a task's A2A view stays bounded.
+// Without historyLength, or with a larger one, the newest HISTORY_CAP messages are returned: a task's
+// A2A view stays bounded (all messages page through GET /api/task/v1/{id}/message).
 export const HISTORY_CAP = 1000;
 
 export async function loadA2ATask(db: Tx, taskId: string, historyLength?: number, row?: tasks.TaskRow): Promise<A2ATask> {
