@@ -66,6 +66,12 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     assert.equal((await c.as('').post(`${E}/dek/alias/${ALIAS}/rotate`)).status, 401);
     const key = (await c.post('/api/auth/v1/api-key', { name: 'secrets only', scopes: ['secret:write', 'encryption:read'] })).body.key;
     assert.equal((await c.as(key).post(`${E}/dek/alias/${ALIAS}/rotate`)).status, 403);
+    // It takes no input: a body with members is refused, naming the member, and so is one that is not JSON.
+    const withInput = await c.post(`${E}/dek/alias/${ALIAS}/rotate`, { new_dek_id: 'mine' });
+    assert.equal(withInput.status, 400, withInput.text);
+    assert.ok(withInput.body.data.errors.some((e: { path: string }) => e.path.includes('new_dek_id')), withInput.text);
+    const text = await c.request('POST', `${E}/dek/alias/${ALIAS}/rotate`, undefined, { headers: { 'content-type': 'text/plain' }, raw: 'garbage' });
+    assert.equal(text.status, 415);
     assert.equal(Number((await testDb()('key_jobs').count({ n: '*' }))[0].n), 0);
   });
 

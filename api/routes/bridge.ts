@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, FreeObject, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
+import { ErrorBody, FreeObject, NoInput, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
 import {
   BrokeredUserCredential, BrokerRequest, BrokerState, ControllerParams, CreateCredentialRequest, CreateProviderInstanceRequest, Credential, FunctionInstance, FunctionParams,
   GroupedByFunction, GroupedListQuery, ImportCredentialRequest, InvokeFunctionRequest, InvokeResult, ProviderController, ProviderInstance, ProviderInstanceDetail,
@@ -118,6 +118,7 @@ export const bridgeRoutes = [
     method: 'post', path: `${fn}/enable`, operationId: 'enable-function', tag, scope: 'bridge:write',
     summary: 'Enable a function of the provider on this instance',
     params: FunctionParams,
+    body: NoInput,
     responses: { 201: FunctionInstance, ...resourceErrors, 409: ErrorBody },
   }, async ({ params, services }) => functions.enableFunction(services.db, params.provider_instance_id, params.function_controller_type_id)),
 
@@ -125,6 +126,7 @@ export const bridgeRoutes = [
     method: 'post', path: `${fn}/disable`, operationId: 'disable-function', tag, scope: 'bridge:write',
     summary: 'Disable an enabled function',
     params: FunctionParams,
+    body: NoInput,
     responses: { 200: Success, ...resourceErrors },
   }, async ({ params, services }) => {
     await functions.disableFunction(services.db, params.provider_instance_id, params.function_controller_type_id);

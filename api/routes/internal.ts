@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, FreeObject } from '../schemas/common.ts';
+import { ErrorBody, FreeObject, NoInput } from '../schemas/common.ts';
 import { publicConfig } from '../../domain/config.ts';
 import { QUEUE_NAMES } from '../../queues/names.ts';
 import { SERVICE_VERSION } from '../../domain/version.ts';
@@ -64,6 +64,7 @@ export const internalRoutes = [
   defineRoute({
     method: 'post', path: '/_internal/v1/trigger_codegen', operationId: 'trigger-codegen', tag, scope: 'internal',
     summary: 'Generate a typed TypeScript client for the enabled bridge function instances (files returned, not written)',
+    body: NoInput,
     responses: {
       200: Type.Object({ message: Type.String(), files: Type.Array(Type.Object({ path: Type.String(), content: Type.String() })) }),
       401: ErrorBody, 403: ErrorBody,

@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody } from '../schemas/common.ts';
+import { ErrorBody, NoInput } from '../schemas/common.ts';
 import { AliasName, KeyJob, toKeyJob } from '../schemas/encryption.ts';
 import { startAliasRotation } from '../../domain/alias-rotation.ts';
 
@@ -9,6 +9,7 @@ export const rotationRoutes = [
     method: 'post', path: '/api/encryption/v1/dek/alias/:alias/rotate', operationId: 'rotate-dek-alias', tag: 'encryption', scope: 'encryption:write',
     summary: 'Rotate an alias: new DEK under its envelope key, re-encrypt everything using the alias, repoint it (202 job; 200 with the job already running)',
     params: Type.Object({ alias: AliasName }),
+    body: NoInput,
     responses: { 202: KeyJob, 200: KeyJob, 400: ErrorBody, 401: ErrorBody, 403: ErrorBody, 404: ErrorBody },
   }, async ({ params, services, ctx }) => {
     const { job, created } = await startAliasRotation(services, params.alias);

@@ -33,3 +33,6 @@ export function Paginated<T extends TSchema>(item: T, member = 'items') {
 }
 
 export const Body = <T extends Parameters<typeof Type.Object>[0]>(props: T) => Type.Object(props, { additionalProperties: false });
+
+// The body of an action that takes no input: none, or an empty object (anything else is refused).
+export const NoInput = Type.Object({}, { additionalProperties: false, description: 'no input: leave the body out or send {}' });
