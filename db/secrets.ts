@@ -19,12 +19,12 @@ export type SecretWrite = Pick<SecretRow, 'encrypted_secret' | 'dek_id' | 'dek_a
 // Secret writes stamp updated_at with the statement's clock, not the transaction start, so a
 // write is never dated before a rotation that began while it waited (see domain/alias-rotation.ts).
 
-// Returns undefined when the key is already taken.
+// Returns undefined when the key (or the id) is already taken.
 export async function insertSecret(db: Tx, row: SecretWrite & { id: string; key: string }): Promise<SecretRow | undefined> {
   const res = await db.raw(
     `insert into secrets (id, key, encrypted_secret, dek_id, dek_alias, created_at, updated_at)
      select ?, ?, ?, ?, ?, t, t from (select clock_timestamp() as t) as c
-     on conflict (key) do nothing
+     on conflict do nothing
      returning *`,
     [row.id, row.key, row.encrypted_secret, row.dek_id, row.dek_alias],
   );

@@ -7,6 +7,7 @@ import { DecryptError, decryptWithDek, encryptWithDek, writeUnderAlias, type Key
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
 import * as repo from '../db/secrets.ts';
 import type { SecretRow } from '../db/secrets.ts';
+import { getDek } from '../db/deks.ts';
 import type { Page } from '../db/pagination.ts';
 import type { DecryptedSecret, Secret } from '../api/schemas/secret.ts';
 
@@ -31,19 +32,26 @@ export async function createSecret(s: KeyringServices, input: { key: string; raw
 
 // An imported value must already be encrypted with the DEK the alias names: it is checked by
 // decrypting it, so a value nobody can read is never stored.
-export async function importSecret(s: KeyringServices, input: { key: string; encrypted_value: string; dek_alias: string }): Promise<Secret> {
-  const row = await writeUnderAlias(s, input.dek_alias, async (trx, dekId) => {
+// Stores a value encrypted elsewhere (e.g. an export) under the alias: encrypted with the DEK the
+// alias names, or with `data_encryption_key_id`, and it must decrypt with it. Keeps a given id.
+export async function importSecret(
+  s: KeyringServices, input: { id?: string; key: string; encrypted_value: string; dek_alias: string; data_encryption_key_id?: string },
+): Promise<Secret> {
+  const row = await writeUnderAlias(s, input.dek_alias, async (trx, aliasDekId) => {
+    const dekId = input.data_encryption_key_id ?? aliasDekId;
+    if (!(await getDek(trx, dekId))) throw new NotFound('dek', dekId);
     try {
       await decryptWithDek(s, dekId, input.encrypted_value, trx);
     } catch (err) {
       if (err instanceof DecryptError) {
-        throw new InvalidRequest(`encrypted_value does not decrypt with the DEK aliased '${input.dek_alias}'`, [{ path: 'body.encrypted_value', message: 'does not decrypt with this DEK' }]);
+        const which = input.data_encryption_key_id ? `DEK '${dekId}'` : `DEK aliased '${input.dek_alias}'`;
+        throw new InvalidRequest(`encrypted_value does not decrypt with the ${which}`, [{ path: 'body.encrypted_value', message: 'does not decrypt with this DEK' }]);
       }
       throw err;
     }
-    return repo.insertSecret(trx, { id: randomUUID(), key: input.key, encrypted_secret: input.encrypted_value, dek_id: dekId, dek_alias: input.dek_alias });
+    return repo.insertSecret(trx, { id: input.id ?? randomUUID(), key: input.key, encrypted_secret: input.encrypted_value, dek_id: dekId, dek_alias: input.dek_alias });
   });
-  if (!row) throw duplicate(input.key);
+  if (!row) throw input.id ? new Conflict(`A secret with key '${input.key}' or id '${input.id}' already exists`, { resource: 'secret', key: input.key, id: input.id }) : duplicate(input.key);
   return toSecret(row);
 }
 

@@ -248,7 +248,36 @@ describe('secret API', () => {
     assert.equal((await c.post(`${S}/import`, { key: 'imported.value', encrypted_value: encrypted, dek_alias: 'known' })).status, 409);
     assert.equal((await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: encrypted })).status, 400);
     assert.equal((await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: encrypted, dek_alias: 'known', raw_value: 'x' })).status, 400);
+    // A DEK named explicitly must exist and must decrypt the value.
+    assert.equal((await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: encrypted, dek_alias: 'default', data_encryption_key_id: 'no-such-dek' })).status, 404);
+    const wrongDek = await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: exported.encrypted_secret, dek_alias: 'default', data_encryption_key_id: dek.body.id });
+    assert.equal(wrongDek.status, 400);
+    assert.match(wrongDek.body.message, new RegExp(`DEK '${dek.body.id}'`));
     assert.equal(await count(), before);
+  });
+
+  it('re-imports a secret written with an older DEK than its alias names now, keeping its id (as an export lists it)', async () => {
+    const old = (await c.get(`${E}/dek/alias/known`)).body.id;
+    const written = await c.post(S, { key: 'before.repoint', raw_value: 'older dek', dek_alias: 'known' });
+    assert.equal(written.status, 201);
+    const envelope = (await c.get(`${E}/dek/alias/known`)).body.envelope_encryption_key_id;
+    const newer = await c.post(`${E}/envelope/${encodeURIComponent(envelope.id)}/dek`);
+    assert.equal((await c.put(`${E}/dek/alias/known`, { new_dek_id: newer.body.id })).status, 200);
+    const exported = (await c.get('/api/a2a/v1/definition')).body.secrets.find((x: { key: string }) => x.key === 'before.repoint');
+    assert.deepEqual([exported.dek_alias, exported.data_encryption_key_id], ['known', old]);
+
+    // On a fresh installation the secret would not exist yet; here it is deleted first.
+    assert.equal((await c.delete(`${S}/${written.body.id}`)).status, 200);
+    const body = { id: exported.id, key: exported.key, encrypted_value: exported.encrypted_value, dek_alias: exported.dek_alias };
+    assert.equal((await c.post(`${S}/import`, body)).status, 400, 'the alias names the newer DEK now');
+    const again = await c.post(`${S}/import`, { ...body, data_encryption_key_id: exported.data_encryption_key_id });
+    assert.equal(again.status, 201, again.text);
+    assert.deepEqual([again.body.id, again.body.dek_alias], [written.body.id, 'known']);
+    assert.equal((await testDb()('secrets').where({ id: written.body.id }).first()).dek_id, old);
+    const read = (await c.get(`${S}/list-decrypted?page_size=1000`)).body.secrets.find((x: { id: string }) => x.id === written.body.id);
+    assert.equal(read.decrypted_value, 'older dek');
+    const dup = await c.post(`${S}/import`, { ...body, key: 'other.key', data_encryption_key_id: old });
+    assert.equal(dup.status, 409, 'the id is taken');
   });
 
   it('an alias in use by secrets cannot be deleted (409)', async () => {

@@ -1,6 +1,6 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { Body, Timestamp, Uuid } from './common.ts';
-import { AliasName } from './encryption.ts';
+import { AliasName, DekId } from './encryption.ts';
 
 export const SecretKey = Type.String({
   minLength: 1, maxLength: 256, pattern: '^[A-Za-z0-9_./-]+$',
@@ -28,9 +28,13 @@ export const CreateSecretRequest = Body({
 });
 
 export const ImportSecretRequest = Body({
+  id: Type.Optional(Uuid),
   key: SecretKey,
-  encrypted_value: Type.String({ description: 'A value encrypted with the DEK the alias names, in the format of encrypted_secret' }),
+  encrypted_value: Type.String({ description: 'A value encrypted with the DEK the alias names (or data_encryption_key_id), in the format of encrypted_secret' }),
   dek_alias: AliasName,
+  // An export (GET /api/a2a/v1/definition) names the DEK a secret was written with, which may be an
+  // older one than its alias names now.
+  data_encryption_key_id: Type.Optional(DekId),
 });
 
 export const UpdateSecretRequest = Body({
