@@ -40,11 +40,3 @@ export async function recentMessages(db: Tx, taskId: string, limit: number): Pro
   return rows.reverse().map(messageFromRow);
 }
 
-// Whether a user message came to the task after its last status change (after its status message
-// when it has one).
-export async function userMessageSince(db: Tx, task: { id: string; status_message_id: string | null; status_timestamp: Date }): Promise<boolean> {
-  const q = db('messages').where({ task_id: task.id, role: 'user' });
-  if (task.status_message_id) q.where('seq', '>', db('messages').select('seq').where({ id: task.status_message_id }));
-  else q.where('created_at', '>', task.status_timestamp);
-  return (await q.first('id')) !== undefined;
-}

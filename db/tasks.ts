@@ -9,10 +9,12 @@ import type { TaskState } from '../domain/task-states.ts';
 export interface TaskRow {
   id: string; context_id: string; status: TaskState; status_timestamp: Date; status_message_id: string | null;
   metadata: Record<string, unknown>; created_at: Date; updated_at: Date;
+  /** Internal (migration 0009): the trigger message of the run that moved the task to working. */
+  run_message_id?: string | null;
 }
 
 // Dates serialise to RFC 3339 with milliseconds in JSON responses.
-export const toTask = (r: TaskRow) => r as unknown as Task;
+export const toTask = ({ run_message_id: _run, ...r }: TaskRow) => r as unknown as Task;
 
 export async function ensureContext(db: Tx, id: string, createdAt: Date): Promise<void> {
   await db('contexts').insert({ id, created_at: createdAt }).onConflict('id').ignore();
@@ -164,7 +166,8 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
               from b
               -- the ids as a parameter keep both reads of tasks on the primary key (see applyStatusChanges)
               left join (select * from tasks where id = any(?::uuid[])) t on t.id = b.task_id),
-      u as (update tasks t set status = 'working', status_message_id = null, status_timestamp = s.at, updated_at = s.at
+      u as (update tasks t set status = 'working', status_message_id = null, status_timestamp = s.at, updated_at = s.at,
+                               run_message_id = s.message_id
               from s
              where t.id = any(?::uuid[]) and t.id = s.task_id
                and s.status = any(s."from") and s.trigger is not null and not s.answered

@@ -32,24 +32,28 @@ export async function createSecret(s: KeyringServices, input: { key: string; raw
 
 // An imported value must already be encrypted with the DEK the alias names: it is checked by
 // decrypting it, so a value nobody can read is never stored.
-// Stores a value encrypted elsewhere (e.g. an export) under the alias: encrypted with the DEK the
-// alias names, or with `data_encryption_key_id`, and it must decrypt with it. Keeps a given id.
+// Stores a value encrypted elsewhere (e.g. an export) under the alias. It must decrypt with the DEK
+// the alias names, or with `data_encryption_key_id` (an export names the DEK a secret was written
+// with, which may be older); such a value is re-encrypted with the alias's DEK, as every write is
+// (an alias rotation relies on it). Keeps a given id.
 export async function importSecret(
   s: KeyringServices, input: { id?: string; key: string; encrypted_value: string; dek_alias: string; data_encryption_key_id?: string },
 ): Promise<Secret> {
-  const row = await writeUnderAlias(s, input.dek_alias, async (trx, aliasDekId) => {
-    const dekId = input.data_encryption_key_id ?? aliasDekId;
-    if (!(await getDek(trx, dekId))) throw new NotFound('dek', dekId);
+  const row = await writeUnderAlias(s, input.dek_alias, async (trx, dekId) => {
+    const sealedWith = input.data_encryption_key_id ?? dekId;
+    if (!(await getDek(trx, sealedWith))) throw new NotFound('dek', sealedWith);
+    let plain: string;
     try {
-      await decryptWithDek(s, dekId, input.encrypted_value, trx);
+      plain = await decryptWithDek(s, sealedWith, input.encrypted_value, trx);
     } catch (err) {
       if (err instanceof DecryptError) {
-        const which = input.data_encryption_key_id ? `DEK '${dekId}'` : `DEK aliased '${input.dek_alias}'`;
+        const which = input.data_encryption_key_id ? `DEK '${sealedWith}'` : `DEK aliased '${input.dek_alias}'`;
         throw new InvalidRequest(`encrypted_value does not decrypt with the ${which}`, [{ path: 'body.encrypted_value', message: 'does not decrypt with this DEK' }]);
       }
       throw err;
     }
-    return repo.insertSecret(trx, { id: input.id ?? randomUUID(), key: input.key, encrypted_secret: input.encrypted_value, dek_id: dekId, dek_alias: input.dek_alias });
+    const encrypted = sealedWith === dekId ? input.encrypted_value : await encryptWithDek(s, dekId, plain, trx);
+    return repo.insertSecret(trx, { id: input.id ?? randomUUID(), key: input.key, encrypted_secret: encrypted, dek_id: dekId, dek_alias: input.dek_alias });
   });
   if (!row) throw input.id ? new Conflict(`A secret with key '${input.key}' or id '${input.id}' already exists`, { resource: 'secret', key: input.key, id: input.id }) : duplicate(input.key);
   return toSecret(row);

@@ -135,15 +135,14 @@ export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, id: 
 }
 
 // Adds a message to a task that is not terminal, in the caller's transaction; a user message to an
-// interrupted task starts a run, which cannot begin before that transaction commits. Only the first
-// one does: a user message arriving while that run is still queued is recorded only, as it would be
-// once the run has started (one run per task at a time, which cancellation relies on).
+// interrupted task starts a run, which cannot begin before that transaction commits. Of several
+// such messages sent before a run starts, the first run to start takes the task; the others find
+// it working under another run and end (workers/run-agent-task.ts).
 export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateMessageRequest) {
   const task = await lockTask(uow.trx, taskId);
   if (isTerminal(task.status)) throw new Conflict(`Task '${taskId}' is ${task.status} and accepts no more messages`, { status: task.status });
-  const continues = req.role === 'user' && isInterrupted(task.status) && !(await messages.userMessageSince(uow.trx, task));
   const { message, timelineItem } = await appendMessage(uow, taskId, req);
-  if (continues) await enqueueRun(uow, taskId, message.id);
+  if (req.role === 'user' && isInterrupted(task.status)) await enqueueRun(uow, taskId, message.id);
   const { seq, ...timeline_item } = timelineItem;
   // seq: where a follower of the task's timeline continues from (api/a2a streams).
   return { message, timeline_item, task: tasks.toTask(task), seq };

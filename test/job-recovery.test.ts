@@ -118,3 +118,25 @@ describe('agent run recovery', () => {
     for (const t of [agentOnly, agentFirst]) assert.equal((await c.get(`/api/task/v1/${t.body.task.id}`)).body.task.status, 'submitted');
   });
 });
+
+describe('a lost continuation', () => {
+  const ctx = recoveryStack();
+
+  it('leaves the task waiting for input until the next user message, whose run continues it once', async () => {
+    const c = ctx.stack.client;
+    const id = (await c.post('/api/task/v1', { message: textMessage('opened by an agent', 'agent') })).body.task.id;
+    assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'working' })).status, 200);
+    assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'input-required', message: textMessage('what next?', 'agent') })).status, 200);
+    assert.equal((await c.post(`/api/task/v1/${id}/message`, textMessage('first answer'))).status, 201);
+    await ctx.loseJobs('agent-tasks');
+    assert.equal((await c.post(`/api/task/v1/${id}/message`, textMessage('second answer'))).status, 201);
+
+    const worker = await startWorker(ctx.stack.env);
+    ctx.stack.workers.push(worker);
+    await waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.task.status === 'completed', 'the task to complete', 20000, 100);
+    const timeline = await c.get(`/api/task/v1/${id}/timeline?order=asc`);
+    const statuses = timeline.body.items.filter((i: any) => i.event_payload.type === 'task-status-update').map((i: any) => i.event_payload.status);
+    assert.deepEqual(statuses, ['submitted', 'working', 'input-required', 'working', 'completed']);
+    assert.match((await c.get(`/api/task/v1/${id}`)).body.status_message.parts[0].text, /: second answer$/);
+  });
+});

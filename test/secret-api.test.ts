@@ -256,7 +256,7 @@ describe('secret API', () => {
     assert.equal(await count(), before);
   });
 
-  it('re-imports a secret written with an older DEK than its alias names now, keeping its id (as an export lists it)', async () => {
+  it('re-imports a secret written with an older DEK than its alias names now, keeping its id, under the DEK the alias names', async () => {
     const old = (await c.get(`${E}/dek/alias/known`)).body.id;
     const written = await c.post(S, { key: 'before.repoint', raw_value: 'older dek', dek_alias: 'known' });
     assert.equal(written.status, 201);
@@ -273,7 +273,9 @@ describe('secret API', () => {
     const again = await c.post(`${S}/import`, { ...body, data_encryption_key_id: exported.data_encryption_key_id });
     assert.equal(again.status, 201, again.text);
     assert.deepEqual([again.body.id, again.body.dek_alias], [written.body.id, 'known']);
-    assert.equal((await testDb()('secrets').where({ id: written.body.id }).first()).dek_id, old);
+    // Re-encrypted with the DEK the alias names now, as every write is.
+    assert.equal((await testDb()('secrets').where({ id: written.body.id }).first()).dek_id, newer.body.id);
+    assert.notEqual(again.body.encrypted_secret, exported.encrypted_value);
     const read = (await c.get(`${S}/list-decrypted?page_size=1000`)).body.secrets.find((x: { id: string }) => x.id === written.body.id);
     assert.equal(read.decrypted_value, 'older dek');
     const dup = await c.post(`${S}/import`, { ...body, key: 'other.key', data_encryption_key_id: old });

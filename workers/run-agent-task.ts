@@ -30,8 +30,10 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     if (!state.started) {
       if (isTerminal(state.task.status)) return `task already ${state.task.status}`;
       if (state.answered) return 'already answered';
-      // A re-run after a crash finds the task already working and carries on.
       if (state.task.status !== 'working') return 'task changed before start';
+      // A re-run after a crash finds the task working under its own run and carries on; a run for
+      // another message of the task ends (tasks from before migration 0009 name no run).
+      if (state.task.run_message_id && state.task.run_message_id !== messageId) return 'another run has the task';
     }
     if (!state.trigger) return 'message gone';
     const started = tasks.toTask(state.task);

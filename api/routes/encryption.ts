@@ -95,10 +95,10 @@ export const encryptionRoutes = [
 
   defineRoute({
     method: 'post', path: `${base}/envelope/:envelope_id/migrate`, operationId: 'migrate-all-deks', tag, scope: 'encryption:write',
-    summary: 'Re-wrap every DEK of an envelope key under another, as a background job (202; 200 with the running job if one runs)',
+    summary: 'Re-wrap every DEK of an envelope key under another, as a background job (202; 200 with the running job if one runs to the same target, 409 if it goes elsewhere)',
     params: Envelope,
     body: MigrateRequest,
-    responses: { 202: KeyJob, 200: KeyJob, ...resourceErrors },
+    responses: { 202: KeyJob, 200: KeyJob, ...resourceErrors, 409: ErrorBody },
   }, async ({ params, body, services, ctx }) => {
     const { job, created } = await startMigrateAll(services, params.envelope_id, body.to_envelope_encryption_key_id);
     ctx.status = created ? 202 : 200;

@@ -50,7 +50,7 @@ export const PushNotificationConfig = Type.Object({
 });
 
 // Any count is taken; the view is capped (domain/a2a/task-view.ts HISTORY_CAP).
-const HistoryLength = Type.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER });
+const HistoryLength = Type.Integer({ minimum: 0 });
 
 export const MessageSendParams = Type.Object({
   message: Message,
