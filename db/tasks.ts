@@ -200,15 +200,23 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
 
 export interface UnstartedRun { task_id: string; message_id: string; created_at: Date }
 
-// Tasks still submitted at least `olderThanMs` after creation whose first message is a user
-// message (the one that should have started their run; a task opened with an agent message has no
-// run to recover, whatever came later), in (created_at, id) order after `after`: candidates for run recovery.
+// Candidates for run recovery, in (created_at, id) order after `after`, with the user message that
+// should have started their run, sent at least `olderThanMs` ago:
+// - tasks still submitted whose first message is a user message (a task opened with an agent
+//   message has no run to recover, whatever came later);
+// - tasks waiting for input (input-required, auth-required) with a user message since they began
+//   to wait (after their status message; after the change when there is none): the first such one.
 export async function listUnstartedRuns(db: Tx, olderThanMs: number, after: { created_at: Date; task_id: string } | undefined, limit: number): Promise<UnstartedRun[]> {
   const { rows } = await db.raw(
     `select t.id as task_id, t.created_at, m.id as message_id
        from tasks t
-       join lateral (select id, role from messages where task_id = t.id order by seq limit 1) m on m.role = 'user'
-      where t.status = 'submitted' and t.created_at < now() - make_interval(secs => ?)
+       join lateral (select id, role, created_at from messages
+                      where task_id = t.id
+                        and (t.status = 'submitted'
+                             or (role = 'user' and coalesce(seq > (select sm.seq from messages sm where sm.id = t.status_message_id),
+                                                            created_at > t.status_timestamp)))
+                      order by seq limit 1) m on m.role = 'user'
+      where t.status in ('submitted', 'input-required', 'auth-required') and m.created_at < now() - make_interval(secs => ?)
         and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
       order by t.created_at, t.id
       limit ?`,

@@ -29,7 +29,8 @@ const ConfigSchema = Type.Object({
   AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 200 }),
   KEY_JOB_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 64, default: 2 }),
   // How often workers look for work whose queue job Redis lost (key jobs, agent runs of submitted
-  // tasks), and how old it must be; the same pass purges long-expired OAuth brokering states.
+  // tasks and of answers to waiting ones), and how old it must be; the same pass purges
+  // long-expired OAuth brokering states.
   JOB_RECOVERY_MS: Type.Integer({ minimum: 100, default: 60000 }),
   // OAuth user credentials: how often workers look for those due for refresh, refresh attempts
   // (exponential backoff) before the instance becomes refresh_failed, refreshes in flight per worker.

@@ -122,21 +122,37 @@ describe('agent run recovery', () => {
 describe('a lost continuation', () => {
   const ctx = recoveryStack();
 
-  it('leaves the task waiting for input until the next user message, whose run continues it once', async () => {
-    const c = ctx.stack.client;
+  // A task opened by an agent message, moved to input-required, then answered by the user: the
+  // answer's run job is what Redis loses.
+  async function answeredTask(c: Stack['client']) {
     const id = (await c.post('/api/task/v1', { message: textMessage('opened by an agent', 'agent') })).body.task.id;
     assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'working' })).status, 200);
     assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'input-required', message: textMessage('what next?', 'agent') })).status, 200);
     assert.equal((await c.post(`/api/task/v1/${id}/message`, textMessage('first answer'))).status, 201);
+    return id;
+  }
+  const statusesOf = async (c: Stack['client'], id: string) => (await c.get(`/api/task/v1/${id}/timeline?order=asc`)).body.items
+    .filter((i: any) => i.event_payload.type === 'task-status-update').map((i: any) => i.event_payload.status);
+
+  it('is run again by recovery: the answer that waited completes the task, once; the next message continues a task whose run was lost too', async () => {
+    const c = ctx.stack.client;
+    const alone = await answeredTask(c);
+    const followed = await answeredTask(c);
     await ctx.loseJobs('agent-tasks');
-    assert.equal((await c.post(`/api/task/v1/${id}/message`, textMessage('second answer'))).status, 201);
+    assert.equal((await c.post(`/api/task/v1/${followed}/message`, textMessage('second answer'))).status, 201);
 
     const worker = await startWorker(ctx.stack.env);
     ctx.stack.workers.push(worker);
-    await waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.task.status === 'completed', 'the task to complete', 20000, 100);
-    const timeline = await c.get(`/api/task/v1/${id}/timeline?order=asc`);
-    const statuses = timeline.body.items.filter((i: any) => i.event_payload.type === 'task-status-update').map((i: any) => i.event_payload.status);
-    assert.deepEqual(statuses, ['submitted', 'working', 'input-required', 'working', 'completed']);
-    assert.match((await c.get(`/api/task/v1/${id}`)).body.status_message.parts[0].text, /: second answer$/);
+    for (const id of [alone, followed]) {
+      await waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.task.status === 'completed', `task ${id} to complete`, 20000, 100);
+      assert.deepEqual(await statusesOf(c, id), ['submitted', 'working', 'input-required', 'working', 'completed'], 'one run');
+    }
+    assert.match((await c.get(`/api/task/v1/${alone}`)).body.status_message.parts[0].text, /: first answer$/);
+    assert.match((await c.get(`/api/task/v1/${followed}`)).body.status_message.parts[0].text, /: (first|second) answer$/);
+    const recovered = worker.logs.filter((l) => l.includes('agent run had no queue job'));
+    assert.ok(recovered.some((l) => l.includes(alone)), recovered.join('\n'));
+    // Later passes leave the finished tasks alone.
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.deepEqual(worker.logs.filter((l) => l.includes('agent run had no queue job')), recovered);
   });
 });

@@ -1,8 +1,10 @@
-// Tasks whose run job Redis lost (a failover, a flush, no persistence) would stay submitted for
-// ever. A run's job id is its trigger message id, so a worker can tell: a task still submitted
-// after a while, whose first user message has neither an unsent outbox row nor a BullMQ job, gets
-// its run enqueued again under the same id (several workers add one). A long backlog is no loss:
-// its jobs exist. Passes walk the candidates in pages, so a large backlog is checked piece by piece.
+// Tasks whose run job Redis lost (a failover, a flush, no persistence) would stay submitted, or
+// waiting for input with an answer nobody runs, for ever. A run's job id is its trigger message id,
+// so a worker can tell: a task still submitted after a while whose first user message, or a task
+// waiting for input whose first user message since has neither an unsent outbox row nor a BullMQ
+// job, gets its run enqueued again under the same id (several workers add one; a task never has
+// two runs, workers/run-agent-task.ts). A long backlog is no loss: its jobs exist. Passes walk the
+// candidates in pages, so a large backlog is checked piece by piece.
 import type { Services } from '../domain/services.ts';
 import { listUnstartedRuns, type UnstartedRun } from '../db/tasks.ts';
 import { pendingOutboxIds } from '../db/outbox.ts';
