@@ -39,4 +39,3 @@ export async function recentMessages(db: Tx, taskId: string, limit: number): Pro
   const rows = await db('messages').select(COLUMNS).where({ task_id: taskId }).orderBy('seq', 'desc').limit(limit);
   return rows.reverse().map(messageFromRow);
 }
-

@@ -88,6 +88,17 @@ export async function decryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: str
   return openBase64(await dekKey(s, dekId, trx), ciphertext, 'encrypted value').toString('utf8');
 }
 
+// A value a client encrypted elsewhere (an import): one that does not decrypt with the DEK it names
+// is a bad request naming the field, not damage on our side.
+export async function decryptImported(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, path: string, trx?: Tx): Promise<string> {
+  try {
+    return await decryptWithDek(s, dekId, ciphertext, trx);
+  } catch (err) {
+    if (!(err instanceof DecryptError)) throw err;
+    throw new InvalidRequest(`${path.replace(/^body\./, '')} does not decrypt with DEK '${dekId}'`, [{ path, message: 'does not decrypt with this DEK' }]);
+  }
+}
+
 export async function resolveAlias(db: Tx, alias: string): Promise<string> {
   const row = await getAlias(db, alias);
   if (!row) throw new NotFound('dek_alias', alias);

@@ -11,6 +11,7 @@ import { InvalidRequest, NotFound } from './errors.ts';
 import { assertOutboundUrl } from './webhook-url.ts';
 import { decryptWithDek, encryptWithDek, holdAliasDek } from './keyring.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
+import type { UnitOfWork } from './unit-of-work.ts';
 
 // The alias whose DEK seals every config's secrets.
 export const PUSH_ALIAS = DEFAULT_ALIAS;
@@ -72,8 +73,21 @@ const inTrx = <T>(db: Tx, fn: (trx: Knex.Transaction) => Promise<T>): Promise<T>
   (db as Knex.Transaction).isTransaction ? fn(db as Knex.Transaction) : (db as Knex).transaction(fn);
 
 // Creates a config (or replaces the one with the same id). The task row is locked so the new
-// config's starting point is consistent with concurrent status changes. `fromStart`: see upsertPushConfig.
-export async function setPushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, fromStart = false): Promise<PushConfig> {
+// config's starting point is consistent with concurrent status changes.
+export function setPushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config): Promise<PushConfig> {
+  return storePushConfig(db, taskId, input, cfg, false);
+}
+
+// A config that comes with a task's creation, in the same transaction: the task's first updates
+// were written before the config existed, so it starts at the task's beginning and their delivery
+// (through `throughSeq`) is enqueued here; the fan-out trigger takes the later ones.
+export async function setPushConfigOfNewTask(uow: UnitOfWork, taskId: string, input: PushConfigInput, cfg: Config, throughSeq: number): Promise<PushConfig> {
+  const config = await storePushConfig(uow.trx, taskId, input, cfg, true);
+  await uow.enqueue('push-notifications', 'deliver', { task_id: taskId, config_id: config.id, timeline_seq: throughSeq });
+  return config;
+}
+
+async function storePushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, fromStart: boolean): Promise<PushConfig> {
   checkInput(input);
   await assertOutboundUrl(input.url, cfg.PUSH_ALLOW_PRIVATE);
   const secrets: PushSecrets = {

@@ -2,12 +2,11 @@
 // id of the DEK that encrypted it, so reads never depend on where an alias points right now.
 import { randomUUID } from 'node:crypto';
 import type { Services } from './services.ts';
-import { AppError, Conflict, InvalidRequest, NotFound } from './errors.ts';
-import { DecryptError, decryptWithDek, encryptWithDek, writeUnderAlias, type KeyringServices } from './keyring.ts';
+import { AppError, Conflict, NotFound } from './errors.ts';
+import { DecryptError, decryptImported, decryptWithDek, encryptWithDek, writeUnderAlias, type KeyringServices } from './keyring.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
 import * as repo from '../db/secrets.ts';
 import type { SecretRow } from '../db/secrets.ts';
-import { getDek } from '../db/deks.ts';
 import type { Page } from '../db/pagination.ts';
 import type { DecryptedSecret, Secret } from '../api/schemas/secret.ts';
 
@@ -30,28 +29,16 @@ export async function createSecret(s: KeyringServices, input: { key: string; raw
   return toSecret(row);
 }
 
-// An imported value must already be encrypted with the DEK the alias names: it is checked by
-// decrypting it, so a value nobody can read is never stored.
 // Stores a value encrypted elsewhere (e.g. an export) under the alias. It must decrypt with the DEK
 // the alias names, or with `data_encryption_key_id` (an export names the DEK a secret was written
-// with, which may be older); such a value is re-encrypted with the alias's DEK, as every write is
-// (an alias rotation relies on it). Keeps a given id.
+// with, which may be older), so a value nobody can read is never stored; one sealed with another DEK
+// is re-encrypted with the alias's, as every write is (an alias rotation relies on it). Keeps a given id.
 export async function importSecret(
   s: KeyringServices, input: { id?: string; key: string; encrypted_value: string; dek_alias: string; data_encryption_key_id?: string },
 ): Promise<Secret> {
   const row = await writeUnderAlias(s, input.dek_alias, async (trx, dekId) => {
     const sealedWith = input.data_encryption_key_id ?? dekId;
-    if (!(await getDek(trx, sealedWith))) throw new NotFound('dek', sealedWith);
-    let plain: string;
-    try {
-      plain = await decryptWithDek(s, sealedWith, input.encrypted_value, trx);
-    } catch (err) {
-      if (err instanceof DecryptError) {
-        const which = input.data_encryption_key_id ? `DEK '${sealedWith}'` : `DEK aliased '${input.dek_alias}'`;
-        throw new InvalidRequest(`encrypted_value does not decrypt with the ${which}`, [{ path: 'body.encrypted_value', message: 'does not decrypt with this DEK' }]);
-      }
-      throw err;
-    }
+    const plain = await decryptImported(s, sealedWith, input.encrypted_value, 'body.encrypted_value', trx);
     const encrypted = sealedWith === dekId ? input.encrypted_value : await encryptWithDek(s, dekId, plain, trx);
     return repo.insertSecret(trx, { id: input.id ?? randomUUID(), key: input.key, encrypted_secret: encrypted, dek_id: dekId, dek_alias: input.dek_alias });
   });

@@ -2,7 +2,7 @@
 // recovery pass, enqueued again and finished: key jobs, and agent runs of submitted tasks.
 import assert from 'node:assert/strict';
 import { Redis } from 'ioredis';
-import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Proc, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Proc, type Stack } from './helpers/stack.ts';
 
 const E = '/api/encryption/v1';
 
@@ -105,8 +105,7 @@ describe('agent run recovery', () => {
     ctx.stack.workers.push(worker);
     for (const id of ids) {
       await waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.task.status === 'completed', `task ${id} to complete`, 20000, 100);
-      const timeline = await c.get(`/api/task/v1/${id}/timeline?order=asc`);
-      assert.deepEqual(timeline.body.items.filter((i: any) => i.event_payload.type === 'task-status-update').map((i: any) => i.event_payload.status), ['submitted', 'working', 'completed']);
+      assert.deepEqual(await statusesOf(c, id), ['submitted', 'working', 'completed']);
     }
     // A task created now runs from its own job; later passes add nothing.
     const fresh = await c.post('/api/task/v1', { message: { role: 'user', parts: [{ type: 'text-part', text: 'fresh' }] } });
@@ -131,8 +130,6 @@ describe('a lost continuation', () => {
     assert.equal((await c.post(`/api/task/v1/${id}/message`, textMessage('first answer'))).status, 201);
     return id;
   }
-  const statusesOf = async (c: Stack['client'], id: string) => (await c.get(`/api/task/v1/${id}/timeline?order=asc`)).body.items
-    .filter((i: any) => i.event_payload.type === 'task-status-update').map((i: any) => i.event_payload.status);
 
   it('is run again by recovery: the answer that waited completes the task, once; the next message continues a task whose run was lost too', async () => {
     const c = ctx.stack.client;

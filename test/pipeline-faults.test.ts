@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import { freePort, startPostgres, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
-import { requireEnv, resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { requireEnv, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs = 60000) {
   return waitFor(async () => {
@@ -185,8 +185,7 @@ describe('job pipeline under faults', function () {
 
       const done = await waitForStatus(s, id, 'completed');
       assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: [sleep 3000] hi' }]);
-      const tl = await s.client.get(`/api/task/v1/${id}/timeline?order=asc`);
-      const statuses = tl.body.items.filter((i: any) => i.event_payload.type === 'task-status-update').map((i: any) => i.event_payload.status);
+      const statuses = await statusesOf(s.client, id);
       assert.equal(statuses.filter((st: string) => st === 'completed').length, 1);
       assert.equal(statuses[0], 'submitted');
       assert.equal(statuses.at(-1), 'completed');

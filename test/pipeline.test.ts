@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
-import { resetDb, startStack, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, statusesOf, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 const ATTEMPTS = 3;
 
@@ -12,10 +12,6 @@ describe('job pipeline: task execution through a real worker', function () {
   const get = async (id: string) => (await stack.client.get(`/api/task/v1/${id}`)).body;
   const waitForStatus = (id: string, status: string) =>
     waitFor(async () => { const t = await get(id); return t.task.status === status && t; }, `task ${id} to be ${status}`, 60000, 100);
-  const statusesOf = async (id: string) => {
-    const tl = await stack.client.get(`/api/task/v1/${id}/timeline?order=asc`);
-    return tl.body.items.filter((i: any) => i.event_payload.type === 'task-status-update').map((i: any) => i.event_payload.status);
-  };
 
   before(async () => {
     await resetDb();
@@ -30,7 +26,7 @@ describe('job pipeline: task execution through a real worker', function () {
     const done = await waitForStatus(id, 'completed');
     assert.equal(done.status_message.role, 'agent');
     assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: hello pipeline' }]);
-    assert.deepEqual(await statusesOf(id), ['submitted', 'working', 'completed']);
+    assert.deepEqual(await statusesOf(stack.client, id), ['submitted', 'working', 'completed']);
   });
 
   it('retries a failing agent AGENT_ATTEMPTS times, then fails the task with a message saying why', async () => {
@@ -41,7 +37,7 @@ describe('job pipeline: task execution through a real worker', function () {
     const why = failed.status_message.parts[0].text;
     assert.match(why, new RegExp(`failed after ${ATTEMPTS} attempt\\(s\\)`));
     assert.match(why, /asked to fail/);
-    assert.deepEqual(await statusesOf(id), ['submitted', 'working', 'failed']);
+    assert.deepEqual(await statusesOf(stack.client, id), ['submitted', 'working', 'failed']);
 
     // The queue ran the job ATTEMPTS times.
     const connection = new Redis(stack.env.REDIS_URL, { maxRetriesPerRequest: null });
@@ -67,7 +63,7 @@ describe('job pipeline: task execution through a real worker', function () {
     assert.equal(sent.status, 201);
     const done = await waitForStatus(id, 'completed');
     assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo (turn 2): the answer' }]);
-    assert.deepEqual(await statusesOf(id), ['submitted', 'working', 'input-required', 'working', 'completed']);
+    assert.deepEqual(await statusesOf(stack.client, id), ['submitted', 'working', 'input-required', 'working', 'completed']);
     assert.deepEqual(done.messages.map((m: any) => m.role), ['user', 'agent', 'user', 'agent']);
   });
 
@@ -77,7 +73,7 @@ describe('job pipeline: task execution through a real worker', function () {
     const sent = await Promise.all(['[sleep 300] one', '[sleep 300] two'].map((t) => stack.client.post(`/api/task/v1/${id}/message`, textMessage(t))));
     for (const r of sent) assert.equal(r.status, 201, r.text);
     const done = await waitForStatus(id, 'completed');
-    assert.deepEqual(await statusesOf(id), ['submitted', 'working', 'input-required', 'working', 'working', 'completed'], 'one run: its progress status, then completed');
+    assert.deepEqual(await statusesOf(stack.client, id), ['submitted', 'working', 'input-required', 'working', 'working', 'completed'], 'one run: its progress status, then completed');
     const runs = done.messages.filter((m: any) => m.role === 'agent' && /^Working for/.test(m.parts[0].text));
     assert.equal(runs.length, 1);
     // The run answers the message whose run started first.
@@ -126,7 +122,7 @@ describe('job pipeline: task execution through a real worker', function () {
     // The aborted run wrote nothing after the cancel.
     const after = await get(id);
     assert.equal(after.task.status, 'canceled');
-    assert.deepEqual((await statusesOf(id)).slice(-1), ['canceled']);
+    assert.deepEqual((await statusesOf(stack.client, id)).slice(-1), ['canceled']);
     assert.ok(!after.messages.some((m: any) => m.parts[0].text?.startsWith('Echo')));
   });
 });

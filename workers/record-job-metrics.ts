@@ -5,6 +5,10 @@ import type { WorkerMetrics } from '../queues/worker-metrics.ts';
 
 const secondsSince = (ms: number | undefined, until = Date.now()) => (ms ? (until - ms) / 1000 : 0);
 
+// In a worker's 'failed' event: BullMQ sets finishedOn only on a job that failed for good, not on
+// an attempt that will be retried.
+export const failedForGood = (job: Job): boolean => !!job.finishedOn;
+
 export function recordJobMetrics(worker: Worker, metrics: WorkerMetrics): void {
   const queue = worker.name;
   worker.on('active', (job: Job) => {
@@ -17,8 +21,7 @@ export function recordJobMetrics(worker: Worker, metrics: WorkerMetrics): void {
   });
   worker.on('failed', (job: Job | undefined) => {
     if (!job) return;
-    // Only a job that failed for good has finished.
-    const outcome = job.finishedOn ? 'failed' : 'retrying';
+    const outcome = failedForGood(job) ? 'failed' : 'retrying';
     metrics.observe('taskbridge_job_duration_seconds', { queue, outcome }, secondsSince(job.processedOn, job.finishedOn ?? Date.now()));
   });
 }

@@ -5,6 +5,7 @@ import type { Services } from '../domain/services.ts';
 import { enqueueDueRefreshes, refreshCredential, type RefreshOutcome } from '../domain/bridge/credential-refresh.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import type { WorkerMetrics } from '../queues/worker-metrics.ts';
+import { failedForGood } from './record-job-metrics.ts';
 
 export function createRefreshCredentialProcessor(services: Services) {
   return async (job: Job<JobPayloads['credential-refresh']>): Promise<RefreshOutcome> =>
@@ -16,7 +17,7 @@ export function createRefreshCredentialProcessor(services: Services) {
 export function recordRefreshOutcomes(worker: Worker<JobPayloads['credential-refresh'], RefreshOutcome>, metrics: WorkerMetrics): void {
   worker.on('completed', (_job, outcome) => metrics.count('taskbridge_credential_refreshes_total', { outcome: outcome.replaceAll(' ', '_') }));
   worker.on('failed', (job) => {
-    if (job) metrics.count('taskbridge_credential_refreshes_total', { outcome: job.finishedOn ? 'error' : 'retrying' });
+    if (job) metrics.count('taskbridge_credential_refreshes_total', { outcome: failedForGood(job) ? 'error' : 'retrying' });
   });
 }
 

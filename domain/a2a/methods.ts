@@ -95,11 +95,7 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
   }
   const created = await inTransaction(services, async (uow) => {
     const c = await createTaskIn(uow, req, id);
-    if (pushConfig) {
-      // The task's first update (submitted) was written before its config existed: its delivery is enqueued here.
-      const config = await push.setPushConfig(uow.trx, id, pushConfig, services.cfg, true);
-      await uow.enqueue('push-notifications', 'deliver', { task_id: id, config_id: config.id, timeline_seq: c.lastSeq });
-    }
+    if (pushConfig) await push.setPushConfigOfNewTask(uow, id, pushConfig, services.cfg, c.lastSeq);
     return c;
   });
   return { id, contextId: created.task.context_id, seq: created.lastSeq, snapshot: view(created) };

@@ -3,7 +3,7 @@
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
 import { AppError, Conflict, InvalidRequest } from '../errors.ts';
-import { DecryptError, decryptWithDek, encryptWithDek, resolveAlias, writeUnderAlias, type KeyringServices } from '../keyring.ts';
+import { DecryptError, decryptImported, decryptWithDek, encryptWithDek, resolveAlias, writeUnderAlias, type KeyringServices } from '../keyring.ts';
 import { DEFAULT_ALIAS } from '../crypto/key-management.ts';
 import * as repo from '../../db/bridge.ts';
 import type { CredentialKind, CredentialRow } from '../../db/bridge.ts';
@@ -49,14 +49,7 @@ export async function importCredential(
   }
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
   const sealedWith = input.data_encryption_key_id ?? await resolveAlias(s.db, alias);
-  const plain = await mapSensitive(cc, kind, input.value, async (member, v) => {
-    try {
-      return await decryptWithDek(s, sealedWith, v);
-    } catch (err) {
-      if (!(err instanceof DecryptError)) throw err;
-      throw new InvalidRequest(`value.${member} does not decrypt with DEK '${sealedWith}'`, [{ path: `body.value.${member}`, message: 'does not decrypt with this DEK' }]);
-    }
-  });
+  const plain = await mapSensitive(cc, kind, input.value, (member, v) => decryptImported(s, sealedWith, v, `body.value.${member}`));
   // Checked (which may resolve names) before the alias is held: holding it blocks a rotation's repoint.
   const checked = await checkedValue(s, cc, kind, plain);
   const row = await writeUnderAlias(s, alias, (trx, dekId) =>

@@ -39,7 +39,7 @@ export async function startMigrateAll(
         return { job, created: true };
       }
       const running = await findActiveMigration(uow.trx, sourceId);
-      const runningTo = (running?.params as { to_envelope_encryption_key_id?: string } | undefined)?.to_envelope_encryption_key_id;
+      const runningTo = running && String(running.params.to_envelope_encryption_key_id);
       if (running && runningTo !== targetId) {
         throw new Conflict(`a migration of envelope key '${sourceId}' to '${runningTo}' is running (job ${running.id}); wait for it to end`, { resource: 'job', id: running.id });
       }

@@ -178,3 +178,9 @@ export async function waitFor<T>(fn: () => Promise<T | undefined | null | false>
 }
 
 export const textMessage = (text: string, role: 'user' | 'agent' = 'user') => ({ role, parts: [{ type: 'text-part', text }] });
+
+// The statuses a task went through, oldest first, read from its timeline.
+export async function statusesOf(client: Client, taskId: string): Promise<string[]> {
+  const tl = await client.get(`/api/task/v1/${taskId}/timeline?order=asc`);
+  return tl.body.items.filter((i: any) => i.event_payload.type === 'task-status-update').map((i: any) => i.event_payload.status);
+}
