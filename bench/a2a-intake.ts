@@ -8,7 +8,7 @@
 //      completed/s, start latency under load; ratios per round, and the round with the median one;
 //   2. burst intake: the same load against ours with the agent queue paused (nothing runs until
 //      it resumes): tasks accepted/s by the API, Postgres and Redis alone, next to the reference's
-//      median round;
+//      median round; then how fast the worker runs that backlog once the queue resumes;
 //   3. idle: BENCH_IDLE_TASKS (200) single sends, one at a time: enqueue-to-start latency
 //      (ours: task created_at -> first 'working' timeline item; reference: request arrival ->
 //      executor start) p50/p99, and ours from the job's hand-over to BullMQ to that item,
@@ -153,10 +153,11 @@ async function ourFigures(taskIds: string[], timeoutMs = 180_000) {
   const starts = await startTimes(taskIds);
   const { rows: win } = await db.raw(
     `select count(*) filter (where status = 'completed')::int as completed,
-            extract(epoch from (max(status_timestamp) - min(created_at))) * 1000 as window_ms
+            extract(epoch from (max(status_timestamp) - min(created_at))) * 1000 as window_ms,
+            max(status_timestamp) as last_done_at
        from tasks where id = any(?::uuid[])`, [taskIds]);
   const latencies = starts.flatMap((r) => (r.working_at ? [r.working_at.getTime() - r.created_at.getTime()] : []));
-  return { latencies: sortNum(latencies), completed: win[0].completed as number, windowMs: Number(win[0].window_ms) };
+  return { latencies: sortNum(latencies), completed: win[0].completed as number, windowMs: Number(win[0].window_ms), lastDoneAt: win[0].last_done_at as Date };
 }
 
 // Per task: its creation, its trigger message (whose id is its run's job id) and its first
@@ -254,15 +255,18 @@ try {
   say(`burst: ${CONNECTIONS} connections for ${SECONDS} s against taskbridge with the agent queue paused`);
   await agentQueue.pause();
   let burst: Awaited<ReturnType<typeof load>>;
+  let resumedAt: number;
   try {
     burst = await load(ours, SECONDS);
   } finally {
     await agentQueue.resume();
+    resumedAt = Date.now();
   }
   sendErrors.ours += burst.errors;
   firstErrors.ours ??= burst.firstError;
   const burstAccepted = burst.taskIds.length / (burst.elapsedMs / 1000);
-  await ourFigures(burst.taskIds);
+  const drained = await ourFigures(burst.taskIds);
+  const drainRate = drained.completed / ((drained.lastDoneAt.getTime() - resumedAt) / 1000);
 
   say(`idle: ${IDLE_TASKS} single sends against each`);
   const idleIds = await idle(ours);
@@ -296,6 +300,7 @@ try {
   row('accepted, median round', midAccepted.ours.accepted, midAccepted.ref.accepted, 'tasks/s', acceptedRatio(midAccepted));
   row('completed, median round', midCompleted.ours.completed, midCompleted.ref.completed, 'tasks/s', completedRatio(midCompleted));
   row('accepted, queue paused', burstAccepted, midAccepted.ref.accepted, 'tasks/s', burstAccepted / midAccepted.ref.accepted);
+  row(`backlog of ${burst.taskIds.length} run`, drainRate, NaN, 'tasks/s');
   row('start latency p50, load', pct(ourLat, 50), pct(refLat, 50), 'ms');
   row('start latency p99, load', pct(ourLat, 99), pct(refLat, 99), 'ms');
   row('start latency p50, idle', pct(ourIdle.latencies, 50), pct(refIdle, 50), 'ms');

@@ -171,8 +171,9 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
               from s
              where t.id = any(?::uuid[]) and t.id = s.task_id
                and s.status = any(s."from") and s.trigger is not null and not s.answered
-               -- a task changed since s was read keeps its new state
-               and t.status = s.status
+               -- a task changed since s was read keeps its new state. Not "=": with it the planner
+               -- probes (status, created_at, id) by status alone, reading every task of that status.
+               and t.status is not distinct from s.status
             returning t.*),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
              select (s.item->>'id')::uuid, s.task_id, s.item->'p', s.at
