@@ -1,7 +1,6 @@
 // A2A push notification configs of a task, stored in Postgres. The token and the authentication
 // credentials are kept for delivery only: encrypted with the DEK aliased "default" and never
 // returned.
-import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
 import type { Tx } from '../db/knex.ts';
 import * as repo from '../db/push-configs.ts';
@@ -100,7 +99,8 @@ async function storePushConfig(db: Tx, taskId: string, input: PushConfigInput, c
     const dekId = Object.keys(secrets).length ? await holdAliasDek(trx, PUSH_ALIAS) : null;
     const row = await repo.upsertPushConfig(trx, {
       task_id: taskId,
-      id: input.id ?? randomUUID(),
+      // Without an id a config is the task's own (the SDK's server does the same): setting it again replaces it.
+      id: input.id ?? taskId,
       url: input.url,
       authentication: input.authentication ? { schemes: input.authentication.schemes } : null,
       encrypted_secrets: dekId ? await encryptWithDek({ db: trx, cfg }, dekId, JSON.stringify(secrets), trx) : null,

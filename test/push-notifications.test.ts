@@ -139,6 +139,23 @@ describe('push notifications', () => {
     assert.equal(unknown.error.code, -32001);
   });
 
+  it('gives a config set without an id the task id, so setting it again replaces it', async () => {
+    const id = await idleTask();
+    const first = await setConfig(id, { url: 'http://127.0.0.1:9/first', token: 'tok-first' });
+    assert.deepEqual(first, { taskId: id, pushNotificationConfig: { id, url: 'http://127.0.0.1:9/first' } });
+    await setConfig(id, { url: 'http://127.0.0.1:9/second' });
+    const list = await rpc('tasks/pushNotificationConfig/list', { id });
+    assert.deepEqual(list.result, [{ taskId: id, pushNotificationConfig: { id, url: 'http://127.0.0.1:9/second' } }]);
+    assert.equal((await rpc('tasks/pushNotificationConfig/get', { id })).result.pushNotificationConfig.url, 'http://127.0.0.1:9/second');
+
+    const sent = await rpc('message/send', {
+      message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text: 'inline hook' }] },
+      configuration: { blocking: false, pushNotificationConfig: { url: 'http://127.0.0.1:9/inline' } },
+    });
+    const inline = await rpc('tasks/pushNotificationConfig/list', { id: sent.result.id });
+    assert.deepEqual(inline.result.map((c: any) => c.pushNotificationConfig.id), [sent.result.id]);
+  });
+
   it('delivers a long series of updates in order across several delivery runs', async () => {
     // The first update is held at the receiver until all the others exist, so one backlog of
     // more updates than a run takes has to be worked off.
