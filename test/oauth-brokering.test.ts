@@ -201,6 +201,39 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.equal((await c.get(`${B}/provider/mail-e`)).body.status, 'brokering_initiated');
   });
 
+  it('takes an absurd expires_in as ten years, and answers 502 for an access token no header can carry, storing nothing', async () => {
+    await instance('mail-f');
+    try {
+      await oauth.setMode('eternal');
+      const r = await callback(await consent((await broker('mail-f')).action.Redirect.url));
+      assert.equal(r.status, 200);
+      const body = (await r.json()) as Record<string, any>;
+      const expiry = Date.parse(body.next_rotation_time) + 5 * 60 * 1000;
+      assert.ok(Math.abs(expiry - (Date.now() + 10 * 365 * 86400 * 1000)) < 60_000, `expiry ten years from now: ${body.next_rotation_time}`);
+
+      await oauth.setMode('unprintable');
+      const stored = await userCredentials();
+      const bad = await callback(await consent((await broker('mail-f')).action.Redirect.url));
+      assert.equal(bad.status, 502);
+      assert.match(((await bad.json()) as { message: string }).message, /access_token that cannot be sent in an Authorization header/);
+      assert.equal(await userCredentials(), stored);
+      assert.equal((await c.get(`${B}/provider/mail-f`)).body.user_credential_id, body.id, 'the earlier credential stays');
+    } finally {
+      await oauth.setMode('ok');
+    }
+  });
+
+  it('answers HEAD on the callback with 405, leaving the state for the GET', async () => {
+    await instance('mail-g');
+    const back = await consent((await broker('mail-g')).action.Redirect.url);
+    const head = await fetch(back, { method: 'HEAD', redirect: 'manual' });
+    assert.equal(head.status, 405);
+    assert.equal(head.headers.get('allow'), 'GET');
+    assert.equal((await c.get(`${B}/provider/mail-g`)).body.status, 'brokering_initiated');
+    assert.equal((await callback(back)).status, 200);
+    assert.equal((await c.get(`${B}/provider/mail-g`)).body.status, 'active');
+  });
+
   it('refuses to broker what cannot be brokered (400, 404) and bad requests (400, 401, 403)', async () => {
     const stripeCred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: 'sk_test_x' } });
     assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'pay', display_name: 'pay', resource_server_credential_id: stripeCred.body.id })).status, 201);

@@ -8,7 +8,9 @@ import type { CredentialControllerDef, Plain } from './types.ts';
 
 const Str = (description: string) => Type.String({ minLength: 1, maxLength: 8192, description });
 // Values sent in an Authorization header: printable ASCII, or every call would fail.
-const Token = (description: string) => Type.String({ minLength: 1, maxLength: 8192, pattern: '^[\\x21-\\x7e]+$', description: `${description} (printable ASCII)` });
+export const HEADER_TOKEN_PATTERN = '^[\\x21-\\x7e]+$';
+export const MAX_TOKEN_LENGTH = 8192;
+const Token = (description: string) => Type.String({ minLength: 1, maxLength: MAX_TOKEN_LENGTH, pattern: HEADER_TOKEN_PATTERN, description: `${description} (printable ASCII)` });
 const Scopes = Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { maxItems: 100 }));
 const Strict = { additionalProperties: false };
 
@@ -21,7 +23,7 @@ export const apiKey: CredentialControllerDef = {
   requires_brokering: false,
   requires_resource_server_credential_refreshing: false,
   requires_user_credential_refreshing: false,
-  resourceServer: Type.Object({ api_key: Type.String({ minLength: 1, maxLength: 4096, pattern: '^[\\x21-\\x7e]+$', description: 'printable ASCII, no spaces' }) }, Strict),
+  resourceServer: Type.Object({ api_key: Type.String({ minLength: 1, maxLength: 4096, pattern: HEADER_TOKEN_PATTERN, description: 'printable ASCII, no spaces' }) }, Strict),
   userCredential: null,
   sensitive: { resource_server: ['api_key'], user: [] },
   authorization: async (rs) => bearer(rs!.api_key),

@@ -6,7 +6,7 @@ import path from 'node:path';
 import { ROOT, startStack, type Stack } from './stack.ts';
 import { startFakeProviders, type FakeProviders } from './fake-providers.ts';
 
-export interface OAuthServer { url: string; setMode(mode: 'ok' | 'revoked' | 'down'): Promise<void>; refreshes(): Promise<number>; stop(): void }
+export interface OAuthServer { url: string; setMode(mode: 'ok' | 'revoked' | 'down' | 'eternal' | 'unprintable'): Promise<void>; refreshes(): Promise<number>; stop(): void }
 
 export function startOAuthServer(clientSecret: string): Promise<OAuthServer> {
   const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'test/fixtures/oauth-server.ts')], {
