@@ -45,6 +45,25 @@ export async function deksAfter(db: Tx, envelopeKeyId: string, afterId: string |
   return q;
 }
 
+// DEKs under an envelope key that were created or moved there since `since`, leaving out `except`
+// (the ones a migration already failed on): what a migration's walk may have passed by.
+function deksChangedSinceQuery(db: Tx, envelopeKeyId: string, since: Date, except: string[]) {
+  const q = db('deks').where({ envelope_key_id: envelopeKeyId }).where('updated_at', '>=', since);
+  if (except.length) q.whereNotIn('id', except);
+  return q;
+}
+
+export async function deksChangedSince(db: Tx, envelopeKeyId: string, since: Date, except: string[], afterId: string | null, limit: number): Promise<{ id: string; encrypted_dek: string }[]> {
+  const q = deksChangedSinceQuery(db, envelopeKeyId, since, except).select('id', 'encrypted_dek').orderBy('id').limit(limit);
+  if (afterId !== null) q.where('id', '>', afterId);
+  return q;
+}
+
+export async function countDeksChangedSince(db: Tx, envelopeKeyId: string, since: Date, except: string[]): Promise<number> {
+  const [{ n }] = await deksChangedSinceQuery(db, envelopeKeyId, since, except).count({ n: '*' });
+  return Number(n);
+}
+
 export async function countDeksAfter(db: Tx, envelopeKeyId: string, afterId: string | null): Promise<number> {
   const q = db('deks').where({ envelope_key_id: envelopeKeyId });
   if (afterId !== null) q.where('id', '>', afterId);

@@ -39,6 +39,11 @@ export async function lockEnvelopeKeyShared(db: Tx, id: string): Promise<Envelop
   return db('envelope_keys').where({ id }).forShare().first();
 }
 
+// Exclusive: waits for every transaction writing DEKs under the key (they hold it shared) to end.
+export async function lockEnvelopeKeyExclusive(db: Tx, id: string): Promise<EnvelopeKeyRow | undefined> {
+  return db('envelope_keys').where({ id }).forUpdate().first();
+}
+
 export async function deleteUnusedEnvelopeKey(db: Tx, id: string): Promise<'deleted' | 'missing' | 'in_use' | 'migration_target'> {
   const row = await db('envelope_keys').where({ id }).forUpdate().first();
   if (!row) return 'missing';

@@ -57,13 +57,19 @@ export async function recordKeyJobProgress(db: Tx, id: string, p: { done: number
   await db('key_jobs').where({ id }).update({
     done: db.raw('done + ?', [p.done]),
     failed: db.raw('failed + ?', [p.failed]),
-    total: db.raw('total + ?', [p.total]),
+    // Never below what was handled: DEKs created under the source mid-walk were not counted at the start.
+    total: db.raw('greatest(total + ?, done + failed + ?)', [p.total, p.done + p.failed]),
     cursor: p.cursor,
     // Errors are kept per DEK up to a bound; `failed` still counts every one.
     errors: p.errors.length
       ? db.raw(`case when jsonb_array_length(errors) < ? then errors || ?::jsonb else errors end`, [MAX_ERRORS, JSON.stringify(p.errors)])
       : db.raw('errors'),
   });
+}
+
+// Starts another pass of a job over its source: the cursor back to the start, `more` rows into the total.
+export async function restartKeyJobPass(db: Tx, id: string, params: Record<string, unknown>, more: number): Promise<void> {
+  await db('key_jobs').where({ id }).update({ params, cursor: null, total: db.raw('total + ?', [more]) });
 }
 
 export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<void> {

@@ -21,7 +21,7 @@ function seal(key: Buffer, data: Buffer): string {
   return Buffer.concat([nonce, c.update(data), c.final(), c.getAuthTag()]).toString('base64');
 }
 
-describe('bulk DEK migration: 2,000 DEKs, worker SIGKILLed mid-job and restarted', () => {
+describe('bulk DEK migration', () => {
   let stack: Stack;
   let redis: Redis;
   const plains = new Map<string, Buffer>();
@@ -61,7 +61,7 @@ describe('bulk DEK migration: 2,000 DEKs, worker SIGKILLed mid-job and restarted
     await stack?.stop();
   });
 
-  it('finishes after the kill, re-wraps every DEK exactly once, and keeps every secret readable', async () => {
+  it('2,000 DEKs, worker SIGKILLed mid-job: finishes after the restart, re-wraps every DEK exactly once, and keeps every secret readable', async () => {
     const c = stack.client;
     const started = await c.post(`${E}/envelope/src.key/migrate`, { to_envelope_encryption_key_id: 'dst.key' });
     assert.equal(started.status, 202);
@@ -131,5 +131,33 @@ describe('bulk DEK migration: 2,000 DEKs, worker SIGKILLed mid-job and restarted
     const needles = [srcKek, dstKek, ...plains.values()].flatMap((b) => [b.toString('base64'), b.toString('hex')]);
     needles.push(...deks.map((d) => d.encrypted_dek), ...secretValues.values());
     for (const n of needles) assert.ok(!haystacks.includes(n), 'key material or a secret leaked into logs or job data');
+  });
+  it('also takes the DEKs created or moved under the source while it runs, whatever their ids, and ends with total = done', async () => {
+    const c = stack.client;
+    for (const f of ['mid-src.key', 'mid-dst.key', 'other.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'mid-src.key'));
+    const before = 400;
+    await insertDeks(testDb(), Array.from({ length: before }, (_, i) => ({ id: `m-${String(i).padStart(5, '0')}`, envelope_key_id: 'mid-src.key', encrypted_dek: seal(kek, randomBytes(32)) })));
+    const started = await c.post(`${E}/envelope/mid-src.key/migrate`, { to_envelope_encryption_key_id: 'mid-dst.key' });
+    assert.equal(started.status, 202);
+    const jobId = started.body.id;
+    await waitFor(async () => (await c.get(`${E}/job/${jobId}`)).body.done >= 100, 'migration under way', 30000, 5);
+
+    // Ids before the walk's cursor (which it has passed) and after it.
+    const added = ['00000-early-1', '00000-early-2', 'zzzzz-late-1', 'zzzzz-late-2'];
+    for (const id of added) assert.equal((await c.post(`${E}/envelope/mid-src.key/dek`, { id })).status, 201);
+    assert.equal((await c.post(`${E}/envelope/other.key/dek`, { id: '00000-moved-in' })).status, 201);
+    const moved = await c.post(`${E}/envelope/other.key/dek/00000-moved-in/migrate`, { to_envelope_encryption_key_id: 'mid-src.key' });
+    assert.equal(moved.status, 200, moved.text);
+
+    const finished = await waitFor(async () => {
+      const r = await c.get(`${E}/job/${jobId}`);
+      return r.body.status === 'completed' && r.body;
+    }, 'migration to complete', 90000, 100);
+    const all = before + added.length + 1;
+    assert.deepEqual({ total: finished.total, done: finished.done, failed: finished.failed }, { total: all, done: all, failed: 0 });
+    assert.equal((await c.get(`${E}/envelope/mid-src.key`)).body.dek_count, 0);
+    assert.equal((await c.get(`${E}/envelope/mid-dst.key`)).body.dek_count, all);
+    assert.equal((await c.delete(`${E}/envelope/mid-src.key`)).status, 200, 'the source holds nothing any more');
   });
 });

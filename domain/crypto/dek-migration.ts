@@ -2,16 +2,21 @@
 // progress and a cursor (last DEK id handled); workers run it in batches. Each batch is one
 // transaction that locks the job row, re-wraps with a compare-and-set UPDATE and advances the
 // cursor, so a job resumed after a crash at any point continues exactly where it committed.
+// DEKs may be created under the source (or moved there) while the job walks it in id order; those
+// with an id the walk has passed are found by sweeps: when a pass ends, with DEK writes under the
+// source held back, the DEKs written there since the job started (less those that failed) are
+// looked for, and if there are any another pass takes them. A sweep that re-wraps nothing ends the
+// job, so writes that keep coming cannot hold it open.
 import { randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
 import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import { inTransaction } from '../unit-of-work.ts';
-import { countDeksAfter, deksAfter, rewrapDeks } from '../../db/deks.ts';
-import { lockEnvelopeKeyShared } from '../../db/envelope-keys.ts';
+import { countDeksAfter, countDeksChangedSince, deksAfter, deksChangedSince, rewrapDeks } from '../../db/deks.ts';
+import { lockEnvelopeKeyExclusive, lockEnvelopeKeyShared } from '../../db/envelope-keys.ts';
 import {
   findActiveMigration, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress,
-  type KeyJobError, type KeyJobRow,
+  restartKeyJobPass, settleKeyJobTotal, type KeyJobError, type KeyJobRow,
 } from '../../db/key-jobs.ts';
 import { DecryptError } from './aes-gcm.ts';
 import { envelopeKeyRow, wrapperFor } from '../keyring.ts';
@@ -19,6 +24,8 @@ import type { KeyWrapper } from './envelope-keys.ts';
 
 export const MIGRATE_DEKS = 'migrate-deks';
 const KMS_PARALLEL = 16;
+// A DEK written by a transaction that began before the job did carries that earlier time.
+const SWEEP_MARGIN_MS = 60_000;
 
 export async function startMigrateAll(
   s: Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>, sourceId: string, targetId: string,
@@ -116,8 +123,20 @@ export async function migrateNextBatch(s: Pick<Services, 'db' | 'cfg'>, jobId: s
     if (job.status !== 'running') return { job, finished: true };
     const source = job.source_envelope_key_id!;
     const target = String(job.params.to_envelope_encryption_key_id);
-    const rows = await deksAfter(trx, source, job.cursor, batchSize);
+    const sweep = job.params.sweep as { done_at_start: number } | undefined;
+    const since = new Date(job.started_at!.getTime() - SWEEP_MARGIN_MS);
+    const failedIds = job.errors.map((e) => e.id);
+    const rows = sweep
+      ? await deksChangedSince(trx, source, since, failedIds, job.cursor, batchSize)
+      : await deksAfter(trx, source, job.cursor, batchSize);
     if (!rows.length) {
+      await lockEnvelopeKeyExclusive(trx, source);
+      const missed = !sweep || job.done > sweep.done_at_start ? await countDeksChangedSince(trx, source, since, failedIds) : 0;
+      if (missed) {
+        await restartKeyJobPass(trx, jobId, { ...job.params, sweep: { done_at_start: job.done } }, missed);
+        return { job: (await getKeyJob(trx, jobId))!, finished: false };
+      }
+      await settleKeyJobTotal(trx, jobId);
       await finishKeyJob(trx, jobId, 'completed');
       return { job: (await getKeyJob(trx, jobId))!, finished: true };
     }
