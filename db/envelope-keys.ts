@@ -39,7 +39,8 @@ export async function lockEnvelopeKeyShared(db: Tx, id: string): Promise<Envelop
   return db('envelope_keys').where({ id }).forShare().first();
 }
 
-// Exclusive: waits for every transaction writing DEKs under the key (they hold it shared) to end.
+// Exclusive: waits for every transaction writing DEKs under the key to end (the foreign key check
+// of each DEK insert or move under it holds the row FOR KEY SHARE), and holds back new ones.
 export async function lockEnvelopeKeyExclusive(db: Tx, id: string): Promise<EnvelopeKeyRow | undefined> {
   return db('envelope_keys').where({ id }).forUpdate().first();
 }
