@@ -2,7 +2,7 @@
 export type ErrorCode =
   | 'invalid_request' | 'unauthenticated' | 'forbidden' | 'not_found' | 'method_not_allowed' | 'conflict'
   | 'gone' | 'payload_too_large' | 'unsupported_media_type' | 'rate_limited' | 'internal' | 'bad_gateway'
-  | 'unavailable' | 'not_implemented';
+  | 'unavailable';
 
 export class AppError extends Error {
   constructor(

@@ -94,6 +94,15 @@ describe('HTTP conventions', () => {
     assert.equal(await taskCount(), before);
   });
 
+  it('answers 400 for a body that is not UTF-8 instead of storing replacement characters', async () => {
+    const before = await taskCount();
+    const raw = Buffer.concat([Buffer.from('{"message":{"role":"user","parts":[{"type":"text-part","text":"'), Buffer.from([0xff, 0xfe]), Buffer.from('"}]}}')]);
+    const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': 'application/json' }, raw });
+    assertError(r, 400, 'invalid_request');
+    assert.match(r.body.message, /not valid UTF-8/);
+    assert.equal(await taskCount(), before);
+  });
+
   it('answers 400 for JSON that cannot be stored: NUL characters, unpaired surrogates, nesting deeper than 64 levels', async () => {
     const before = await taskCount();
     const task = (text: string, metadata = '{}') => `{"message":{"role":"user","parts":[{"type":"text-part","text":${text}}]},"metadata":${metadata}}`;
@@ -138,10 +147,13 @@ describe('HTTP conventions', () => {
     assert.match(health.headers.get('allow') ?? '', /GET/);
   });
 
-  it('answers 501 with the Error body for a method the service does not implement at all', async () => {
+  it('answers a method no route has (PROPFIND) like any wrong method: 405 on a known path, 404 elsewhere, logged below error', async () => {
     const r = await stack.client.request('PROPFIND', '/api/task/v1');
-    assertError(r, 501, 'not_implemented');
+    assertError(r, 405, 'method_not_allowed');
     assert.match(r.body.message, /PROPFIND/);
+    assert.deepEqual((r.headers.get('allow') ?? '').split(/,\s*/).sort(), ['GET', 'HEAD', 'POST']);
+    assertError(await stack.client.request('PROPFIND', '/api/no-such-thing'), 404, 'not_found');
+    assert.ok(!stack.api.logs.some((l) => l.includes('PROPFIND') && /"level":(50|"error")/.test(l)), 'no error-level log line');
   });
 
   it('echoes a valid X-Request-Id, mints one otherwise, on successes and errors, and logs it', async () => {

@@ -2,6 +2,8 @@ import type { Context } from 'koa';
 import { AppError, InvalidRequest, type FieldError } from '../../domain/errors.ts';
 
 const JSON_TYPE = /^application\/([a-z0-9.+-]*\+)?json\s*(;|$)/i;
+// JSON is UTF-8 (RFC 8259): other bytes are refused, not turned into U+FFFD.
+const UTF8 = new TextDecoder('utf-8', { fatal: true });
 
 // Reads and parses a JSON body; undefined when the request has none or an empty one, whatever its
 // content type (fetch sends `content-length: 0` and `text/plain` for a POST with an empty body).
@@ -27,9 +29,15 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
   }
   if (size === 0) return undefined;
   if (!JSON_TYPE.test(type)) throw new AppError(415, 'unsupported_media_type', `Content-Type must be application/json, got '${type || 'none'}'`);
+  let text: string;
+  try {
+    text = UTF8.decode(Buffer.concat(chunks));
+  } catch {
+    throw new InvalidRequest('Request body is not valid UTF-8', [{ path: 'body', message: 'is not valid UTF-8' }]);
+  }
   let value: unknown;
   try {
-    value = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+    value = JSON.parse(text);
   } catch (e) {
     throw new InvalidRequest(`Request body is not valid JSON: ${(e as Error).message}`, [{ path: 'body', message: 'is not valid JSON' }]);
   }

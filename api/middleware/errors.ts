@@ -6,11 +6,12 @@ export function errorHandler(): Middleware {
   return async (ctx, next) => {
     try {
       await next();
-      if (ctx.status === 405 && !ctx.body) {
+      // The router answers 501 for a method it knows no route for at all (PROPFIND, TRACE): to a client
+      // that is a wrong method on a known path, or an unknown path, as for any other method.
+      if ((ctx.status === 405 || ctx.status === 501) && !ctx.body && ctx.response.get('Allow')) {
         throw new AppError(405, 'method_not_allowed', `Method ${ctx.method} is not allowed on ${ctx.path}`, { allow: ctx.response.get('Allow') });
       }
-      if (ctx.status === 404 && !ctx.body) throw new AppError(404, 'not_found', `No route for ${ctx.method} ${ctx.path}`, { resource: 'route', id: ctx.path });
-      if (ctx.status === 501 && !ctx.body) throw new AppError(501, 'not_implemented', `Method ${ctx.method} is not supported`);
+      if ((ctx.status === 404 || ctx.status === 501) && !ctx.body) throw new AppError(404, 'not_found', `No route for ${ctx.method} ${ctx.path}`, { resource: 'route', id: ctx.path });
     } catch (err) {
       const e = toAppError(err);
       if (e.status >= 500) ctx.state.log?.error({ err }, 'request failed');

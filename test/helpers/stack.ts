@@ -113,9 +113,9 @@ export function assertError(r: Response, status: number, code: string) {
 export class Client {
   constructor(readonly baseUrl: string, public key: string | undefined = ADMIN_KEY) {}
 
-  async request<T = any>(method: string, url: string, body?: unknown, init: { headers?: Record<string, string>; raw?: string } = {}): Promise<Response<T>> {
+  async request<T = any>(method: string, url: string, body?: unknown, init: { headers?: Record<string, string>; raw?: string | Uint8Array } = {}): Promise<Response<T>> {
     const headers: Record<string, string> = { ...(this.key ? { authorization: `Bearer ${this.key}` } : {}), ...init.headers };
-    let payload: string | undefined = init.raw;
+    let payload: string | Uint8Array | undefined = init.raw;
     if (body !== undefined) {
       payload = JSON.stringify(body);
       headers['content-type'] ??= 'application/json';
