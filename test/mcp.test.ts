@@ -120,6 +120,17 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     }
   });
 
+  it('answers tools/call params of the wrong shape with -32602, not an internal error', async () => {
+    for (const params of [{ name: 5 }, { name: 'stripe.stripe_process_refund.stripe-main', arguments: 'notobj' }, {}]) {
+      const r = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'tools/call', params }));
+      assert.equal(r.status, 200);
+      const body = (await r.json()) as { id: number; error: { code: number; message: string } };
+      assert.equal(body.id, 7);
+      assert.equal(body.error.code, ErrorCode.InvalidParams, JSON.stringify(body));
+      assert.match(body.error.message, /Invalid tools\/call request/);
+    }
+  });
+
   it('needs an API key with scope bridge:invoke (401, 403)', async () => {
     await assert.rejects(connect('not-a-key'), /401|unauthenticated|Unauthorized/i);
     const readOnly = (await c.post('/api/auth/v1/api-key', { name: 'bridge reader', scopes: ['bridge:read'] })).body.key;

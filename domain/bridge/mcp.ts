@@ -61,7 +61,12 @@ async function guarded<T>(services: Services, what: string, fn: () => Promise<T>
 export function createMcpServer(services: Services): Server {
   const server = new Server({ name: 'taskbridge-bridge', version: SERVICE_VERSION }, { capabilities: { tools: {} } });
   server.setRequestHandler(ListToolsRequestSchema, async () => guarded(services, 'tools/list', async () => ({ tools: await listTools(services.db) })));
-  server.setRequestHandler(CallToolRequestSchema, async (req) =>
-    guarded(services, 'tools/call', () => callTool(services, req.params.name, req.params.arguments ?? {})));
+  // Registered under a schema that checks the method only: with the full one the SDK's protocol layer
+  // parses the params first and answers a bad one (a numeric name, string arguments) as -32603;
+  // the Server's own tools/call check still runs and answers it -32602.
+  server.setRequestHandler(CallToolRequestSchema.pick({ method: true }).passthrough(), async (req) => {
+    const { params } = CallToolRequestSchema.parse(req);
+    return guarded(services, 'tools/call', () => callTool(services, params.name, params.arguments ?? {}));
+  });
   return server;
 }
