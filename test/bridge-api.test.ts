@@ -180,7 +180,7 @@ describe('bridge API', () => {
     assert.equal(boom.body.data.code, 'bad_gateway');
 
     const calls = providers.seen.length;
-    for (const params of [{}, { amount: 'ten' }, { payment_intent: 'pi_1', amount: 0 }, { payment_intent: 'pi_1', surprise: true }]) {
+    for (const params of [{}, { amount: 'ten' }, { payment_intent: 'pi_1', amount: 0 }, { payment_intent: 'pi_1', surprise: true }, { payment_intent: 'pi_1', charge: 'ch_1' }]) {
       const r = await invoke('stripe-main', 'stripe_process_refund', params);
       assert.equal(r.status, 400, `${JSON.stringify(params)}: ${r.text}`);
       assert.match(r.body.message, /body\.params/);

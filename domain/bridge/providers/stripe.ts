@@ -23,7 +23,7 @@ export const stripe: ProviderControllerDef = {
       charge: Type.Optional(Id('charge to refund (ch_...)')),
       amount: Type.Optional(Type.Integer({ minimum: 1, maximum: 99999999, description: 'amount to refund; the whole payment when absent' })),
       reason: Type.Optional(Type.Union(['duplicate', 'fraudulent', 'requested_by_customer'].map((r) => Type.Literal(r)))),
-    }, { additionalProperties: false, anyOf: [{ required: ['payment_intent'] }, { required: ['charge'] }] }),
+    }, { additionalProperties: false, oneOf: [{ required: ['payment_intent'] }, { required: ['charge'] }], description: 'payment_intent or charge, not both' }),
     output: Type.Object({ id: Type.String(), object: Type.Literal('refund'), amount: Type.Integer(), status: Type.String() }, { additionalProperties: true }),
     async invoke({ params, authorization, apiBase, timeoutMs }) {
       const form = new URLSearchParams();
