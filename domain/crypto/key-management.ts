@@ -112,6 +112,9 @@ export async function removeAlias(s: S, alias: string): Promise<void> {
   await s.db.transaction(async (trx) => {
     const row = await trx('dek_aliases').where({ alias }).forUpdate().first();
     if (!row) throw new NotFound('dek_alias', alias);
+    if (alias === DEFAULT_ALIAS) {
+      throw new Conflict(`alias '${DEFAULT_ALIAS}' cannot be deleted: push notification configs are sealed under it and secrets without dek_alias use it; point it at another DEK instead`, { resource: 'dek_alias', id: alias });
+    }
     if (await aliasInUse(trx, alias)) throw new Conflict(`alias '${alias}' is still used by secrets or bridge credentials`, { resource: 'dek_alias', id: alias });
     await deleteAlias(trx, alias);
     invalidateAfterCommit(trx, { dek_ids: [(row as AliasRow).dek_id] }, s.bus);
