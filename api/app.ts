@@ -3,7 +3,7 @@ import Router from '@koa/router';
 import type { Services } from '../domain/services.ts';
 import { errorHandler } from './middleware/errors.ts';
 import { requestId } from './middleware/request-id.ts';
-import { mount, type Route } from './route.ts';
+import { fixedPathMethods, mount, type Route } from './route.ts';
 import { buildOpenApi } from './openapi.ts';
 import { taskRoutes } from './routes/task.ts';
 import { authRoutes } from './routes/auth.ts';
@@ -45,6 +45,7 @@ export function createApp(services: Services): Koa {
   app.use(metricsMiddleware(services));
   app.use(errorHandler());
   app.use(queueDashboard(services));
+  app.use(fixedPathMethods(allRoutes));
   app.use(router.routes());
   app.use(router.allowedMethods());
   app.on('error', (err) => services.log.debug({ err: { message: (err as Error).message } }, 'koa error'));

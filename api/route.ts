@@ -1,10 +1,10 @@
 // One declaration per endpoint: its schemas validate the request and feed the OpenAPI document.
 import type { Static, TObject, TSchema } from '@sinclair/typebox';
 import type { Router, RouterMiddleware } from '@koa/router';
-import type { Context } from 'koa';
+import type { Context, Middleware } from 'koa';
 import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
-import { InvalidRequest } from '../domain/errors.ts';
+import { AppError, InvalidRequest } from '../domain/errors.ts';
 import { checkValid } from '../domain/schema-check.ts';
 import type { Services } from '../domain/services.ts';
 import { authenticate, requireScope, type Principal, type Scope } from './middleware/auth.ts';
@@ -54,6 +54,28 @@ const paramAjv = addFormats.default(new Ajv({ allErrors: true, coerceTypes: true
 
 // A body whose members are all optional may be left out: a request without one means `{}`.
 export const bodyRequired = (schema: TSchema): boolean => !bodyAjv.validate(schema, {});
+
+// A fixed path ('/api/secret/v1/import') also matches its parameterized siblings ('/:secret_id'):
+// a method it lacks would reach those and be refused as a bad id, or be told it may use theirs.
+// Requests to a fixed path with a method it lacks get 405 naming its own methods.
+export function fixedPathMethods(routes: Route[]): Middleware {
+  const methods = new Map<string, Set<string>>();
+  for (const { spec } of routes) {
+    if (spec.path.includes(':')) continue;
+    const set = methods.get(spec.path) ?? new Set<string>();
+    set.add(spec.method.toUpperCase());
+    if (spec.method === 'get') set.add('HEAD');
+    methods.set(spec.path, set);
+  }
+  return async (ctx, next) => {
+    const allowed = methods.get(ctx.path);
+    if (allowed && !allowed.has(ctx.method) && ctx.method !== 'OPTIONS') {
+      const allow = [...allowed].sort().join(', ');
+      throw new AppError(405, 'method_not_allowed', `Method ${ctx.method} is not allowed on ${ctx.path}`, { allow }, { Allow: allow });
+    }
+    await next();
+  };
+}
 
 export function mount(router: Router, routes: Route[], services: Services): void {
   for (const { spec, handler } of routes) {

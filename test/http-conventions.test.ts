@@ -147,6 +147,19 @@ describe('HTTP conventions', () => {
     assert.match(health.headers.get('allow') ?? '', /GET/);
   });
 
+  it('answers 405 naming only its own methods for a fixed path that a parameterized sibling also matches', async () => {
+    const cases: [string, string, string][] = [
+      ['GET', '/api/secret/v1/import', 'POST'], ['DELETE', '/api/secret/v1/import', 'POST'],
+      ['POST', '/api/secret/v1/list-decrypted', 'GET, HEAD'], ['PUT', '/api/secret/v1/list-decrypted', 'GET, HEAD'],
+      ['DELETE', '/api/task/v1/context', 'GET, HEAD'],
+    ];
+    for (const [method, path, allow] of cases) {
+      const r = await stack.client.request(method, path);
+      assertError(r, 405, 'method_not_allowed');
+      assert.equal(r.headers.get('allow'), allow, `${method} ${path}`);
+    }
+  });
+
   it('answers a method no route has (PROPFIND) like any wrong method: 405 on a known path, 404 elsewhere, logged below error', async () => {
     const r = await stack.client.request('PROPFIND', '/api/task/v1');
     assertError(r, 405, 'method_not_allowed');
