@@ -32,8 +32,15 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
       }
     }
     const responses: Json = {};
-    // Every authenticated route may answer 429 (api/middleware/rate-limit.ts).
-    for (const [status, schema] of Object.entries(spec.scope ? { ...spec.responses, 429: ErrorBody } : spec.responses)) {
+    // What the shared layers answer on any route they run for (api/route.ts, api/middleware/), listed
+    // whether or not the route names them: authentication, scope and rate limit; bad path or query
+    // parameters; a body too large, not JSON or invalid.
+    const implied = {
+      ...(spec.scope ? { 401: ErrorBody, 403: ErrorBody, 429: ErrorBody } : {}),
+      ...(spec.params || spec.query || spec.body ? { 400: ErrorBody } : {}),
+      ...(spec.body ? { 413: ErrorBody, 415: ErrorBody } : {}),
+    };
+    for (const [status, schema] of Object.entries({ ...implied, ...spec.responses })) {
       responses[status] = schema
         ? { description: status.startsWith('2') ? 'Success' : 'Error', content: { [status.startsWith('2') ? spec.responseType ?? 'application/json' : 'application/json']: { schema: collect(schema, components) } } }
         : { description: 'No content' };

@@ -42,6 +42,9 @@ describe('OpenAPI document', () => {
       if (spec.scope) assert.deepEqual(op.security, [{ bearer: [] }], spec.operationId);
       else assert.deepEqual(op.security, [], spec.operationId);
       assert.equal(!!op.requestBody, !!spec.body, `${spec.operationId}: requestBody`);
+      const statuses = Object.keys(op.responses);
+      const expected = [...(spec.scope ? ['401', '403', '429'] : []), ...(spec.body || spec.params || spec.query ? ['400'] : []), ...(spec.body ? ['413', '415'] : [])];
+      for (const status of expected) assert.ok(statuses.includes(status), `${spec.operationId}: ${status} undocumented`);
     }
     // Only a body whose members are all optional may be left out.
     assert.equal(doc.paths['/api/encryption/v1/envelope/{envelope_id}/dek'].post.requestBody.required, false);
