@@ -77,10 +77,23 @@ export function fixedPathMethods(routes: Route[]): Middleware {
   };
 }
 
+// ajv's coercion reads a string as Number() does, so '0x10', '1e2' and ' 1' would pass as integers.
+const DECIMAL = /^-?[0-9]+$/;
+function decimalCheck(schema: TObject | undefined, where: string): (values: Record<string, unknown>) => void {
+  const keys = Object.entries(schema?.properties ?? {}).filter(([, p]) => (p as { type?: unknown }).type === 'integer').map(([k]) => k);
+  return (values) => {
+    for (const k of keys) {
+      const v = values[k];
+      if (typeof v === 'string' && !DECIMAL.test(v)) throw new InvalidRequest(`Invalid ${where}: ${where}.${k} must be a decimal integer`, [{ path: `${where}.${k}`, message: 'must be a decimal integer' }]);
+    }
+  };
+}
+
 export function mount(router: Router, routes: Route[], services: Services): void {
   for (const { spec, handler } of routes) {
     const vParams = spec.params && paramAjv.compile(spec.params);
     const vQuery = spec.query && paramAjv.compile(spec.query);
+    const decimalQuery = decimalCheck(spec.query, 'query');
     const vBody = spec.body && bodyAjv.compile(spec.body);
     const bodyOptional = spec.body !== undefined && !bodyRequired(spec.body);
     const okStatus = Number(Object.keys(spec.responses).find((s) => s.startsWith('2')) ?? 200);
@@ -90,6 +103,7 @@ export function mount(router: Router, routes: Route[], services: Services): void
       const params = { ...ctx.params };
       if (vParams) checkValid(vParams, params, 'path');
       const query = { ...ctx.query } as Record<string, unknown>;
+      decimalQuery(query);
       if (vQuery) checkValid(vQuery, query, 'query');
       let body: unknown;
       if (vBody) {

@@ -399,7 +399,7 @@ describe('task API', () => {
 
     const lists = ['/api/task/v1/context', '/api/task/v1', `/api/task/v1/context/${randomUUID()}/task`];
     for (const list of lists) {
-      for (const size of ['0', '1001', '1.5', 'ten', '-1', '']) {
+      for (const size of ['0', '1001', '1.5', 'ten', '-1', '', '0x10', '1e2', '%201']) {
         it(`${list} answers 400 for page_size=${size}`, async () => {
           const r = await stack.client.get(`${list}?page_size=${size}`);
           assertError(r, 400, 'invalid_request');
