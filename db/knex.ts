@@ -11,11 +11,18 @@ export type Tx = Knex | Knex.Transaction;
 
 export const migrationsDir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'migrations');
 
-export function createDb(url: string, pool = { min: 0, max: 20 }): Knex {
+// How much longer than the server's statement_timeout the client waits for an answer: Postgres
+// cancels a slow statement itself; the client's own timeout is for a server that went silent.
+const CLIENT_TIMEOUT_GRACE_MS = 2000;
+
+export function createDb(url: string, pool = { min: 0, max: 20 }, opts: { queryTimeoutMs?: number } = {}): Knex {
+  const timeouts = opts.queryTimeoutMs ? { statement_timeout: opts.queryTimeoutMs, query_timeout: opts.queryTimeoutMs + CLIENT_TIMEOUT_GRACE_MS } : {};
   // As an object: knex's own URL parsing cannot read a socket path (?host=/dir), pg's can.
   // compileSqlOnError off: a failed query's error names its SQL with placeholders, never the values
   // (which can be ciphertexts, wrapped keys or other tasks' messages in a batched statement).
-  return knexFactory({ client: 'pg', connection: { connectionString: url }, pool, acquireConnectionTimeout: 10000, compileSqlOnError: false });
+  return knexFactory({
+    client: 'pg', connection: { connectionString: url, keepAlive: true, ...timeouts }, pool, acquireConnectionTimeout: 10000, compileSqlOnError: false,
+  });
 }
 
 export async function migrateLatest(db: Knex): Promise<string[]> {

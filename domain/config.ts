@@ -18,6 +18,9 @@ const ConfigSchema = Type.Object({
   BODY_LIMIT_BYTES: Type.Integer({ minimum: 1024, default: 1024 * 1024 }),
   // Requests per API key per second in each API process; 0 turns it off.
   RATE_LIMIT_PER_SECOND: Type.Integer({ minimum: 0, default: 1000 }),
+  // Longest a statement of the API or a worker may run (Postgres cancels it; the client gives up
+  // shortly after, should the server not answer at all): the request then gets 503. 0: no limit.
+  DB_QUERY_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 30000 }),
   QUEUE_PREFIX: Type.String({ default: '{taskbridge}', minLength: 1 }),
   AGENT_KIND: Type.Union([Type.Literal('demo'), Type.Literal('module'), Type.Literal('remote')], { default: 'demo' }),
   AGENT_MODULE: Type.Optional(Type.String({ minLength: 1 })),

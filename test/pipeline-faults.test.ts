@@ -120,6 +120,35 @@ describe('job pipeline under faults', function () {
     });
   });
 
+  describe('a statement that does not end (a lock held elsewhere)', () => {
+    let stack: Stack | undefined;
+    before(async () => {
+      stack = await startStack({ DB_QUERY_TIMEOUT_MS: '1000' }, { workers: 0 });
+    });
+    after(async () => stack?.stop());
+
+    it('answers 503 with Retry-After once DB_QUERY_TIMEOUT_MS has passed instead of hanging, and serves again once the lock goes', async () => {
+      const s = stack!;
+      const created = await s.client.post('/api/task/v1', { message: textMessage('locked out', 'agent') });
+      assert.equal(created.status, 201);
+      const locker = await testDb().transaction();
+      try {
+        await locker.raw('lock table tasks in access exclusive mode');
+        const started = Date.now();
+        const r = await s.client.get(`/api/task/v1/${created.body.task.id}`);
+        assert.equal(r.status, 503, r.text);
+        assert.equal(r.body.data.code, 'unavailable');
+        assert.equal(r.headers.get('retry-after'), '5');
+        assert.ok(Date.now() - started < 10_000, `answered after ${Date.now() - started} ms`);
+      } finally {
+        await locker.rollback();
+      }
+      const again = await s.client.get(`/api/task/v1/${created.body.task.id}`);
+      assert.equal(again.status, 200, again.text);
+      assert.ok(!s.api.logs.some((l) => l.includes('"status":500')), 'no 500');
+    });
+  });
+
   describe('a worker stopped with SIGTERM during an agent run', () => {
     let stack: Stack | undefined;
     // One attempt only: handing a run back at shutdown must not use one up.
