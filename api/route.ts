@@ -68,12 +68,17 @@ export function fixedPathMethods(routes: Route[]): Middleware {
     methods.set(spec.path, set);
   }
   return async (ctx, next) => {
-    const allowed = methods.get(ctx.path);
-    if (allowed && !allowed.has(ctx.method) && ctx.method !== 'OPTIONS') {
-      const allow = [...allowed].sort().join(', ');
-      throw new AppError(405, 'method_not_allowed', `Method ${ctx.method} is not allowed on ${ctx.path}`, { allow }, { Allow: allow });
+    // The router takes '/import/' for '/import'.
+    const allowed = methods.get(ctx.path.length > 1 ? ctx.path.replace(/\/+$/, '') : ctx.path);
+    if (!allowed || allowed.has(ctx.method)) return next();
+    const allow = [...allowed].sort().join(', ');
+    if (ctx.method === 'OPTIONS') {
+      ctx.set('Allow', allow);
+      ctx.status = 200;
+      ctx.body = '';
+      return undefined;
     }
-    await next();
+    throw new AppError(405, 'method_not_allowed', `Method ${ctx.method} is not allowed on ${ctx.path}`, { allow }, { Allow: allow });
   };
 }
 

@@ -157,7 +157,7 @@ async function ourFigures(taskIds: string[], timeoutMs = 180_000) {
             max(status_timestamp) as last_done_at
        from tasks where id = any(?::uuid[])`, [taskIds]);
   const latencies = starts.flatMap((r) => (r.working_at ? [r.working_at.getTime() - r.created_at.getTime()] : []));
-  return { latencies: sortNum(latencies), completed: win[0].completed as number, windowMs: Number(win[0].window_ms), lastDoneAt: win[0].last_done_at as Date };
+  return { latencies: sortNum(latencies), completed: win[0].completed as number, windowMs: Number(win[0].window_ms), lastDoneAt: win[0].last_done_at as Date | null };
 }
 
 // Per task: its creation, its trigger message (whose id is its run's job id) and its first
@@ -266,7 +266,7 @@ try {
   firstErrors.ours ??= burst.firstError;
   const burstAccepted = burst.taskIds.length / (burst.elapsedMs / 1000);
   const drained = await ourFigures(burst.taskIds);
-  const drainRate = drained.completed / ((drained.lastDoneAt.getTime() - resumedAt) / 1000);
+  const drainRate = drained.lastDoneAt ? drained.completed / ((drained.lastDoneAt.getTime() - resumedAt) / 1000) : NaN;
 
   say(`idle: ${IDLE_TASKS} single sends against each`);
   const idleIds = await idle(ours);

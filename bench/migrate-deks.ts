@@ -107,7 +107,7 @@ try {
   const t0 = performance.now();
   for (;;) {
     const n: number = await db.transaction(async (trx) => {
-      const rows = await deksAfter(trx, 'bench-a.key', cursor, batch);
+      const rows = await deksAfter(trx, 'bench-a.key', { after: cursor }, batch);
       if (!rows.length) return 0;
       const res = await rewrapAll(from, to, rows);
       const updated = await rewrapDeks(trx, 'bench-a.key', 'bench-b.key', res.ids, res.wrapped);

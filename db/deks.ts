@@ -39,35 +39,26 @@ export async function rewrapDek(db: Tx, id: string, fromEnvelope: string, toEnve
 }
 
 // The next DEKs of an envelope after `afterId`, in id order (the bulk migration's walk).
-export async function deksAfter(db: Tx, envelopeKeyId: string, afterId: string | null, limit: number): Promise<{ id: string; encrypted_dek: string }[]> {
-  const q = db('deks').select('id', 'encrypted_dek').where({ envelope_key_id: envelopeKeyId }).orderBy('id').limit(limit);
-  if (afterId !== null) q.where('id', '>', afterId);
-  return q;
-}
+/**
+ * Which DEKs under an envelope key a migration pass takes, in id order: those after `after` (a
+ * cursor); with `since`, only those created or moved there since then; never those in `except`.
+ */
+export interface DekFilter { after?: string | null; since?: Date; except?: string[] }
 
-// DEKs under an envelope key that were created or moved there since `since`, leaving out `except`
-// (the ones a migration already failed on): what a migration's walk may have passed by.
-function deksChangedSinceQuery(db: Tx, envelopeKeyId: string, since: Date, except: string[]) {
-  const q = db('deks').where({ envelope_key_id: envelopeKeyId }).where('updated_at', '>=', since);
-  if (except.length) q.whereNotIn('id', except);
-  return q;
-}
-
-export async function deksChangedSince(db: Tx, envelopeKeyId: string, since: Date, except: string[], afterId: string | null, limit: number): Promise<{ id: string; encrypted_dek: string }[]> {
-  const q = deksChangedSinceQuery(db, envelopeKeyId, since, except).select('id', 'encrypted_dek').orderBy('id').limit(limit);
-  if (afterId !== null) q.where('id', '>', afterId);
-  return q;
-}
-
-export async function countDeksChangedSince(db: Tx, envelopeKeyId: string, since: Date, except: string[]): Promise<number> {
-  const [{ n }] = await deksChangedSinceQuery(db, envelopeKeyId, since, except).count({ n: '*' });
-  return Number(n);
-}
-
-export async function countDeksAfter(db: Tx, envelopeKeyId: string, afterId: string | null): Promise<number> {
+function filtered(db: Tx, envelopeKeyId: string, f: DekFilter) {
   const q = db('deks').where({ envelope_key_id: envelopeKeyId });
-  if (afterId !== null) q.where('id', '>', afterId);
-  const [{ n }] = await q.count({ n: '*' });
+  if (f.after) q.where('id', '>', f.after);
+  if (f.since) q.where('updated_at', '>=', f.since);
+  if (f.except?.length) q.whereNotIn('id', f.except);
+  return q;
+}
+
+export async function deksAfter(db: Tx, envelopeKeyId: string, filter: DekFilter, limit: number): Promise<{ id: string; encrypted_dek: string }[]> {
+  return filtered(db, envelopeKeyId, filter).select('id', 'encrypted_dek').orderBy('id').limit(limit);
+}
+
+export async function countDeksAfter(db: Tx, envelopeKeyId: string, filter: DekFilter): Promise<number> {
+  const [{ n }] = await filtered(db, envelopeKeyId, filter).count({ n: '*' });
   return Number(n);
 }
 

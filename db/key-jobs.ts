@@ -41,6 +41,13 @@ export async function findActiveMigration(db: Tx, sourceEnvelopeKeyId: string): 
   return db('key_jobs').where({ kind: 'migrate-deks', source_envelope_key_id: sourceEnvelopeKeyId }).whereIn('status', ['queued', 'running']).first();
 }
 
+// A running migration that moves DEKs into `source` or out of `target`.
+export async function findCrossingMigration(db: Tx, source: string, target: string): Promise<KeyJobRow | undefined> {
+  return db('key_jobs').where({ kind: 'migrate-deks' }).whereIn('status', ['queued', 'running'])
+    .where((q) => q.whereRaw(`params->>'to_envelope_encryption_key_id' = ?`, [source]).orWhere('source_envelope_key_id', target))
+    .first();
+}
+
 export async function markKeyJobRunning(db: Tx, id: string, total: number): Promise<void> {
   await db('key_jobs').where({ id }).update({ status: 'running', total, started_at: db.raw('coalesce(started_at, now())') });
 }

@@ -136,7 +136,7 @@ describe('bulk DEK migration', () => {
     const c = stack.client;
     for (const f of ['mid-src.key', 'mid-dst.key', 'other.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
     const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'mid-src.key'));
-    const before = 400;
+    const before = 2000;
     await insertDeks(testDb(), Array.from({ length: before }, (_, i) => ({ id: `m-${String(i).padStart(5, '0')}`, envelope_key_id: 'mid-src.key', encrypted_dek: seal(kek, randomBytes(32)) })));
     const started = await c.post(`${E}/envelope/mid-src.key/migrate`, { to_envelope_encryption_key_id: 'mid-dst.key' });
     assert.equal(started.status, 202);
@@ -149,6 +149,15 @@ describe('bulk DEK migration', () => {
     assert.equal((await c.post(`${E}/envelope/other.key/dek`, { id: '00000-moved-in' })).status, 201);
     const moved = await c.post(`${E}/envelope/other.key/dek/00000-moved-in/migrate`, { to_envelope_encryption_key_id: 'mid-src.key' });
     assert.equal(moved.status, 200, moved.text);
+    const mid = await testDb()('key_jobs').where({ id: jobId }).first();
+    assert.ok(mid.status === 'running' && mid.cursor > '00000-moved-in', `the walk is still under way and past the early ids (${mid.status}, ${mid.cursor})`);
+
+    // A migration the other way, or into its source, would move the same DEKs back and forth: 409.
+    for (const [from, to] of [['mid-dst.key', 'mid-src.key'], ['other.key', 'mid-src.key'], ['mid-dst.key', 'other.key']]) {
+      const crossing = await c.post(`${E}/envelope/${from}/migrate`, { to_envelope_encryption_key_id: to });
+      assert.equal(crossing.status, 409, `${from} -> ${to}: ${crossing.text}`);
+      assert.match(crossing.body.message, new RegExp(`'mid-src.key' to 'mid-dst.key' is running \\(job ${jobId}\\)`));
+    }
 
     const finished = await waitFor(async () => {
       const r = await c.get(`${E}/job/${jobId}`);

@@ -154,9 +154,14 @@ describe('HTTP conventions', () => {
       ['DELETE', '/api/task/v1/context', 'GET, HEAD'],
     ];
     for (const [method, path, allow] of cases) {
-      const r = await stack.client.request(method, path);
-      assertError(r, 405, 'method_not_allowed');
-      assert.equal(r.headers.get('allow'), allow, `${method} ${path}`);
+      for (const p of [path, `${path}/`]) {
+        const r = await stack.client.request(method, p);
+        assertError(r, 405, 'method_not_allowed');
+        assert.equal(r.headers.get('allow'), allow, `${method} ${p}`);
+        const options = await stack.client.request('OPTIONS', p);
+        assert.equal(options.status, 200);
+        assert.equal(options.headers.get('allow'), allow, `OPTIONS ${p}`);
+      }
     }
   });
 
@@ -166,6 +171,11 @@ describe('HTTP conventions', () => {
     assert.match(r.body.message, /PROPFIND/);
     assert.deepEqual((r.headers.get('allow') ?? '').split(/,\s*/).sort(), ['GET', 'HEAD', 'POST']);
     assertError(await stack.client.request('PROPFIND', '/api/no-such-thing'), 404, 'not_found');
+    // Log lines arrive in order: once a later request's line is in, the PROPFIND ones are too.
+    const marker = `after-propfind-${Date.now()}`;
+    await stack.client.request('GET', '/_internal/v1/health', undefined, { headers: { 'x-request-id': marker } });
+    await waitFor(async () => stack.api.logs.some((l) => l.includes(marker)), 'the later request logged');
+    assert.ok(stack.api.logs.some((l) => l.includes('"method":"PROPFIND"')), 'the PROPFIND requests are in the log');
     assert.ok(!stack.api.logs.some((l) => l.includes('PROPFIND') && /"level":(50|"error")/.test(l)), 'no error-level log line');
   });
 

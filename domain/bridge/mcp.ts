@@ -65,6 +65,7 @@ export function createMcpServer(services: Services): Server {
   // parses the params first and answers a bad one (a numeric name, string arguments) as -32603;
   // the Server's own tools/call check still runs and answers it -32602.
   server.setRequestHandler(CallToolRequestSchema.pick({ method: true }).passthrough(), async (req) => {
+    // Already checked by the Server's wrapper; parsed again for its types.
     const { params } = CallToolRequestSchema.parse(req);
     return guarded(services, 'tools/call', () => callTool(services, params.name, params.arguments ?? {}));
   });

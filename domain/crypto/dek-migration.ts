@@ -4,18 +4,20 @@
 // cursor, so a job resumed after a crash at any point continues exactly where it committed.
 // DEKs may be created under the source (or moved there) while the job walks it in id order; those
 // with an id the walk has passed are found by sweeps: when a pass ends, with DEK writes under the
-// source held back, the DEKs written there since the job started (less those that failed) are
-// looked for, and if there are any another pass takes them. A sweep that re-wraps nothing ends the
-// job, so writes that keep coming cannot hold it open.
+// source held back, the job counts the DEKs written there since it started that are still there
+// (less those that failed), and if there are any, another pass takes them. Writes that keep coming
+// could keep finding some: after MAX_SWEEPS the job completes and names what it left in `errors`.
+// A migration into the source of a running one, or out of its target, is refused: the two would
+// move the same DEKs back and forth.
 import { randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
 import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import { inTransaction } from '../unit-of-work.ts';
-import { countDeksAfter, countDeksChangedSince, deksAfter, deksChangedSince, rewrapDeks } from '../../db/deks.ts';
+import { countDeksAfter, deksAfter, rewrapDeks, type DekFilter } from '../../db/deks.ts';
 import { lockEnvelopeKeyExclusive, lockEnvelopeKeyShared } from '../../db/envelope-keys.ts';
 import {
-  findActiveMigration, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress,
+  findActiveMigration, findCrossingMigration, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress,
   restartKeyJobPass, settleKeyJobTotal, type KeyJobError, type KeyJobRow,
 } from '../../db/key-jobs.ts';
 import { DecryptError } from './aes-gcm.ts';
@@ -26,6 +28,17 @@ export const MIGRATE_DEKS = 'migrate-deks';
 const KMS_PARALLEL = 16;
 // A DEK written by a transaction that began before the job did carries that earlier time.
 const SWEEP_MARGIN_MS = 60_000;
+const MAX_SWEEPS = 5;
+
+interface MigrationParams { from_envelope_encryption_key_id: string; to_envelope_encryption_key_id: string; sweep?: number }
+
+// DEKs under the source written since the job started, less those it failed on.
+const writtenDuringJob = (job: KeyJobRow): DekFilter => ({ since: new Date(job.started_at!.getTime() - SWEEP_MARGIN_MS), except: job.errors.map((e) => e.id) });
+
+// What the job's current pass takes after its cursor: the walk, every DEK; a sweep, those written during the job.
+function passFilter(job: KeyJobRow): DekFilter {
+  return (job.params as unknown as MigrationParams).sweep ? { after: job.cursor, ...writtenDuringJob(job) } : { after: job.cursor };
+}
 
 export async function startMigrateAll(
   s: Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>, sourceId: string, targetId: string,
@@ -36,7 +49,13 @@ export async function startMigrateAll(
   for (;;) {
     const out = await inTransaction(s, async (uow) => {
       if (!(await lockEnvelopeKeyShared(uow.trx, targetId))) throw new NotFound('envelope_key', targetId);
-      const total = await countDeksAfter(uow.trx, sourceId, null);
+      const crossing = await findCrossingMigration(uow.trx, sourceId, targetId);
+      if (crossing) {
+        const from = String(crossing.params.from_envelope_encryption_key_id);
+        const to = String(crossing.params.to_envelope_encryption_key_id);
+        throw new Conflict(`a migration of envelope key '${from}' to '${to}' is running (job ${crossing.id}); the two would move the same DEKs back and forth: wait for it to end`, { resource: 'job', id: crossing.id });
+      }
+      const total = await countDeksAfter(uow.trx, sourceId, {});
       const job = await insertKeyJob(uow.trx, {
         id: randomUUID(), kind: MIGRATE_DEKS, source_envelope_key_id: sourceId, total,
         params: { from_envelope_encryption_key_id: sourceId, to_envelope_encryption_key_id: targetId },
@@ -109,7 +128,7 @@ export async function beginMigrateAll(s: Pick<Services, 'db'>, jobId: string): P
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
     if (!job || (job.status !== 'queued' && job.status !== 'running')) return undefined;
-    const left = await countDeksAfter(trx, job.source_envelope_key_id!, job.cursor);
+    const left = await countDeksAfter(trx, job.source_envelope_key_id!, passFilter(job));
     await markKeyJobRunning(trx, jobId, job.done + job.failed + left);
     return getKeyJob(trx, jobId);
   });
@@ -123,23 +142,8 @@ export async function migrateNextBatch(s: Pick<Services, 'db' | 'cfg'>, jobId: s
     if (job.status !== 'running') return { job, finished: true };
     const source = job.source_envelope_key_id!;
     const target = String(job.params.to_envelope_encryption_key_id);
-    const sweep = job.params.sweep as { done_at_start: number } | undefined;
-    const since = new Date(job.started_at!.getTime() - SWEEP_MARGIN_MS);
-    const failedIds = job.errors.map((e) => e.id);
-    const rows = sweep
-      ? await deksChangedSince(trx, source, since, failedIds, job.cursor, batchSize)
-      : await deksAfter(trx, source, job.cursor, batchSize);
-    if (!rows.length) {
-      await lockEnvelopeKeyExclusive(trx, source);
-      const missed = !sweep || job.done > sweep.done_at_start ? await countDeksChangedSince(trx, source, since, failedIds) : 0;
-      if (missed) {
-        await restartKeyJobPass(trx, jobId, { ...job.params, sweep: { done_at_start: job.done } }, missed);
-        return { job: (await getKeyJob(trx, jobId))!, finished: false };
-      }
-      await settleKeyJobTotal(trx, jobId);
-      await finishKeyJob(trx, jobId, 'completed');
-      return { job: (await getKeyJob(trx, jobId))!, finished: true };
-    }
+    const rows = await deksAfter(trx, source, passFilter(job), batchSize);
+    if (!rows.length) return endPass(trx, job);
     const res = await rewrapAll(await wrapperFor(s, source, trx), await wrapperFor(s, target, trx), rows);
     const updated = await rewrapDeks(trx, source, target, res.ids, res.wrapped);
     await recordKeyJobProgress(trx, jobId, {
@@ -152,6 +156,23 @@ export async function migrateNextBatch(s: Pick<Services, 'db' | 'cfg'>, jobId: s
     });
     return { job: (await getKeyJob(trx, jobId))!, finished: false };
   });
+}
+
+// The current pass has nothing left. DEK writes under the source wait (their foreign key checks)
+// while the job counts what the walk or an earlier sweep passed by; another sweep takes those.
+async function endPass(trx: Tx, job: KeyJobRow): Promise<{ job: KeyJobRow; finished: boolean }> {
+  const source = job.source_envelope_key_id!;
+  const params = job.params as unknown as MigrationParams;
+  await lockEnvelopeKeyExclusive(trx, source);
+  const missed = await countDeksAfter(trx, source, writtenDuringJob(job));
+  if (missed && (params.sweep ?? 0) < MAX_SWEEPS) {
+    await restartKeyJobPass(trx, job.id, { ...params, sweep: (params.sweep ?? 0) + 1 }, missed);
+    return { job: (await getKeyJob(trx, job.id))!, finished: false };
+  }
+  await settleKeyJobTotal(trx, job.id);
+  const left = missed ? { id: source, message: `${missed} DEKs written under '${source}' while the job ran are still there after ${MAX_SWEEPS} sweeps: migrate it again` } : undefined;
+  await finishKeyJob(trx, job.id, 'completed', left);
+  return { job: (await getKeyJob(trx, job.id))!, finished: true };
 }
 
 export async function failKeyJob(s: Pick<Services, 'db'>, jobId: string, message: string): Promise<void> {
