@@ -77,6 +77,11 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.match(short.body.message, /32-byte/);
     fs.writeFileSync(path.join(keysDir, 'restored.key'), randomBytes(32), { mode: 0o600 });
     assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'restored.key' })).status, 201);
+    // A restored key others can read is adopted and made private.
+    fs.writeFileSync(path.join(keysDir, 'open.key'), randomBytes(32));
+    fs.chmodSync(path.join(keysDir, 'open.key'), 0o644);
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'open.key' })).status, 201);
+    assert.equal(fs.statSync(path.join(keysDir, 'open.key')).mode & 0o777, 0o600);
     assert.equal((await c.post(`${E}/envelope`, { type: 'local' })).body.data.errors[0].path, 'body.file_name');
     assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'b.key', arn: ARN })).status, 400);
     assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'b.key', extra: 1 })).status, 400);
@@ -96,7 +101,7 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal(list.body.items.length, 2);
     const rest = await c.get(`${E}/envelope?page_size=100&next_page_token=${list.body.next_page_token}`);
     assert.equal(rest.body.next_page_token, undefined);
-    assert.deepEqual([...list.body.items, ...rest.body.items].map((e: any) => e.id).sort(), ['alpha.key', ARN, 'default-envelope.key', 'race.key', 'restored.key'].sort());
+    assert.deepEqual([...list.body.items, ...rest.body.items].map((e: any) => e.id).sort(), ['alpha.key', ARN, 'default-envelope.key', 'open.key', 'race.key', 'restored.key'].sort());
     assert.equal((await c.get(`${E}/envelope?next_page_token=bogus`)).status, 400);
 
     const one = await c.get(`${E}/envelope/${enc(ARN)}`);

@@ -37,9 +37,9 @@ function keyPath(keysDir: string, name: string): string {
   return path.join(keysDir, name);
 }
 
-// Creates the key file (0600) or adopts an existing one of the right size, e.g. a restored key.
-// The key is written to a temporary file and linked into place, so a key file is never seen
-// half-written and two creators cannot both win.
+// Creates the key file (0600) or adopts an existing one of the right size, e.g. a restored key,
+// made 0600 if others could read it. The key is written to a temporary file and linked into
+// place, so a key file is never seen half-written and two creators cannot both win.
 export function createLocalKeyFile(keysDir: string, name: string): void {
   const file = keyPath(keysDir, name);
   fs.mkdirSync(keysDir, { recursive: true, mode: 0o700 });
@@ -60,6 +60,15 @@ export function createLocalKeyFile(keysDir: string, name: string): void {
       throw new InvalidRequest(`key file '${name}' already exists and is not a ${KEY_BYTES}-byte key`, [
         { path: 'body.file_name', message: `names an existing file that is not a ${KEY_BYTES}-byte key` },
       ]);
+    }
+    if (st.mode & 0o077) {
+      try {
+        fs.chmodSync(file, 0o600);
+      } catch {
+        throw new InvalidRequest(`key file '${name}' can be read by other users and this process cannot make it 0600`, [
+          { path: 'body.file_name', message: 'names a key file other users can read' },
+        ]);
+      }
     }
   } finally {
     fs.rmSync(tmp, { force: true });
