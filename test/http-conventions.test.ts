@@ -1,6 +1,7 @@
 // HTTP conventions of SPEC.md section 1, enforced in middleware for every route.
 import assert from 'node:assert/strict';
 import http from 'node:http';
+import net from 'node:net';
 import { assertError, resetDb, startStack, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
 
 const LIMIT = 4096;
@@ -92,6 +93,23 @@ describe('HTTP conventions', () => {
       assertError(r, 400, 'invalid_request');
     }
     assert.equal(await taskCount(), before);
+  });
+
+  it('answers requests the HTTP parser refuses with the Error body too (431 for oversized headers, 400 for malformed HTTP)', async () => {
+    const big = await stack.client.request('GET', `/api/task/v1?pad=${'x'.repeat(20_000)}`);
+    assert.equal(big.status, 431);
+    assert.equal(big.body.data.code, 'invalid_request');
+    assert.match(big.body.message, /headers exceed/);
+    const url = new URL(stack.api.url);
+    const raw = await new Promise<string>((resolve, reject) => {
+      const socket = net.connect(Number(url.port), url.hostname, () => socket.write('NOT HTTP AT ALL\r\n\r\n'));
+      let data = '';
+      socket.on('data', (b) => (data += b.toString()));
+      socket.on('end', () => resolve(data));
+      socket.on('error', reject);
+    });
+    assert.match(raw, /^HTTP\/1\.1 400 Bad Request\r\n/);
+    assert.deepEqual(JSON.parse(raw.slice(raw.indexOf('\r\n\r\n') + 4)), { message: 'The request is not valid HTTP', data: { code: 'invalid_request' } });
   });
 
   it('answers 400 for a body that is not UTF-8 instead of storing replacement characters', async () => {

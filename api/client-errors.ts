@@ -1,0 +1,21 @@
+// Requests Node's HTTP parser refuses (headers over its limit, malformed HTTP, too slow) never
+// reach Koa, and Node answers them without a body. These get the Error body like every other error.
+import type { Server } from 'node:http';
+import type { Duplex } from 'node:stream';
+
+const ANSWERS: Record<string, [number, string, string]> = {
+  HPE_HEADER_OVERFLOW: [431, 'Request Header Fields Too Large', 'Request headers exceed the size the server reads'],
+  ERR_HTTP_REQUEST_TIMEOUT: [408, 'Request Timeout', 'The request did not arrive in time'],
+};
+
+export function answerClientErrors(server: Server): void {
+  server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
+    if (err.code === 'ECONNRESET' || !socket.writable) {
+      socket.destroy();
+      return;
+    }
+    const [status, reason, message] = ANSWERS[err.code ?? ''] ?? [400, 'Bad Request', 'The request is not valid HTTP'];
+    const body = JSON.stringify({ message, data: { code: 'invalid_request' } });
+    socket.end(`HTTP/1.1 ${status} ${reason}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+  });
+}
