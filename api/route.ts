@@ -63,15 +63,16 @@ export function fixedPathMethods(routes: Route[]): Middleware {
   for (const { spec } of routes) {
     if (spec.path.includes(':')) continue;
     const set = methods.get(spec.path) ?? new Set<string>();
-    set.add(spec.method.toUpperCase());
+    // In the router's order (HEAD before GET), so Allow reads the same as on its own 405s.
     if (spec.method === 'get') set.add('HEAD');
+    set.add(spec.method.toUpperCase());
     methods.set(spec.path, set);
   }
   return async (ctx, next) => {
-    // The router takes '/import/' for '/import'.
-    const allowed = methods.get(ctx.path.length > 1 ? ctx.path.replace(/\/+$/, '') : ctx.path);
+    // The router takes '/import/' for '/import' (one slash, not two).
+    const allowed = methods.get(ctx.path.length > 1 ? ctx.path.replace(/\/$/, '') : ctx.path);
     if (!allowed || allowed.has(ctx.method)) return next();
-    const allow = [...allowed].sort().join(', ');
+    const allow = [...allowed].join(', ');
     if (ctx.method === 'OPTIONS') {
       ctx.set('Allow', allow);
       ctx.status = 200;

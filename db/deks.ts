@@ -41,15 +41,16 @@ export async function rewrapDek(db: Tx, id: string, fromEnvelope: string, toEnve
 // The next DEKs of an envelope after `afterId`, in id order (the bulk migration's walk).
 /**
  * Which DEKs under an envelope key a migration pass takes, in id order: those after `after` (a
- * cursor); with `since`, only those created or moved there since then; never those in `except`.
+ * cursor); with `since`, only those created or moved there since then; never those the key job
+ * `notFailedIn` failed on.
  */
-export interface DekFilter { after?: string | null; since?: Date; except?: string[] }
+export interface DekFilter { after?: string | null; since?: Date; notFailedIn?: string }
 
 function filtered(db: Tx, envelopeKeyId: string, f: DekFilter) {
   const q = db('deks').where({ envelope_key_id: envelopeKeyId });
   if (f.after) q.where('id', '>', f.after);
   if (f.since) q.where('updated_at', '>=', f.since);
-  if (f.except?.length) q.whereNotIn('id', f.except);
+  if (f.notFailedIn) q.whereNotExists(db('key_job_failures').where({ job_id: f.notFailedIn }).whereRaw('item_id = deks.id').select(db.raw('1')));
   return q;
 }
 

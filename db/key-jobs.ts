@@ -61,6 +61,9 @@ export async function settleKeyJobTotal(db: Tx, id: string): Promise<void> {
 }
 
 export async function recordKeyJobProgress(db: Tx, id: string, p: { done: number; failed: number; total: number; cursor: string | null; errors: KeyJobError[] }): Promise<void> {
+  if (p.errors.length) {
+    await db.raw('insert into key_job_failures (job_id, item_id) select ?, unnest(?::text[]) on conflict do nothing', [id, p.errors.map((e) => e.id)]);
+  }
   await db('key_jobs').where({ id }).update({
     done: db.raw('done + ?', [p.done]),
     failed: db.raw('failed + ?', [p.failed]),
@@ -74,9 +77,16 @@ export async function recordKeyJobProgress(db: Tx, id: string, p: { done: number
   });
 }
 
-// Starts another pass of a job over its source: the cursor back to the start, `more` rows into the total.
+// Starts another pass of a job over its source: the cursor back to the start; the total is what
+// was handled so far and the `more` rows the pass will take.
 export async function restartKeyJobPass(db: Tx, id: string, params: Record<string, unknown>, more: number): Promise<void> {
-  await db('key_jobs').where({ id }).update({ params, cursor: null, total: db.raw('total + ?', [more]) });
+  await db('key_jobs').where({ id }).update({ params, cursor: null, total: db.raw('done + failed + ?', [more]) });
+}
+
+// Serializes the start of bulk migrations: crossing ones (into a running one's source, out of its
+// target) are refused by a read that two concurrent starts would otherwise both pass.
+export async function lockMigrationStarts(db: Tx): Promise<void> {
+  await db.raw(`select pg_advisory_xact_lock(hashtext('taskbridge:migrate-deks:start'))`);
 }
 
 export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<void> {

@@ -169,4 +169,40 @@ describe('bulk DEK migration', () => {
     assert.equal((await c.get(`${E}/envelope/mid-dst.key`)).body.dek_count, all);
     assert.equal((await c.delete(`${E}/envelope/mid-src.key`)).status, 200, 'the source holds nothing any more');
   });
+  it('takes a failed DEK once however many fail (past the 1,000 errors it lists), and ends with total = done + failed', async () => {
+    const c = stack.client;
+    for (const f of ['bad-src.key', 'bad-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'bad-src.key'));
+    const bad = 1100;
+    const good = 50;
+    await insertDeks(testDb(), [
+      ...Array.from({ length: bad }, (_, i) => ({ id: `bad-${String(i).padStart(5, '0')}`, envelope_key_id: 'bad-src.key', encrypted_dek: seal(randomBytes(32), randomBytes(32)) })),
+      ...Array.from({ length: good }, (_, i) => ({ id: `good-${String(i).padStart(5, '0')}`, envelope_key_id: 'bad-src.key', encrypted_dek: seal(kek, randomBytes(32)) })),
+    ]);
+    const started = await c.post(`${E}/envelope/bad-src.key/migrate`, { to_envelope_encryption_key_id: 'bad-dst.key' });
+    assert.equal(started.status, 202);
+    const finished = await waitFor(async () => {
+      const r = await c.get(`${E}/job/${started.body.id}`);
+      return r.body.status === 'completed' && r.body;
+    }, 'migration to complete', 90000, 100);
+    assert.deepEqual({ total: finished.total, done: finished.done, failed: finished.failed }, { total: bad + good, done: good, failed: bad });
+    assert.equal(finished.errors.length, 1000, 'the errors listed are bounded');
+    assert.equal(finished.params.sweep, undefined, 'no sweep: the DEKs left are the failed ones');
+    assert.equal((await c.get(`${E}/envelope/bad-src.key`)).body.dek_count, bad);
+  });
+
+  it('lets only one of two opposite migrations started at the same instant run', async () => {
+    const c = stack.client;
+    for (const f of ['x.key', 'y.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    await c.post(`${E}/envelope/x.key/dek`, { id: 'xy-0' });
+    for (let round = 0; round < 5; round++) {
+      const [a, b] = await Promise.all([
+        c.post(`${E}/envelope/x.key/migrate`, { to_envelope_encryption_key_id: 'y.key' }),
+        c.post(`${E}/envelope/y.key/migrate`, { to_envelope_encryption_key_id: 'x.key' }),
+      ]);
+      assert.deepEqual([a.status, b.status].sort(), [202, 409], `round ${round}: ${a.text} / ${b.text}`);
+      const id = (a.status === 202 ? a : b).body.id;
+      await waitFor(async () => (await c.get(`${E}/job/${id}`)).body.status === 'completed', 'the one started to end', 30000, 20);
+    }
+  });
 });

@@ -168,8 +168,8 @@ describe('HTTP conventions', () => {
   it('answers 405 naming only its own methods for a fixed path that a parameterized sibling also matches', async () => {
     const cases: [string, string, string][] = [
       ['GET', '/api/secret/v1/import', 'POST'], ['DELETE', '/api/secret/v1/import', 'POST'],
-      ['POST', '/api/secret/v1/list-decrypted', 'GET, HEAD'], ['PUT', '/api/secret/v1/list-decrypted', 'GET, HEAD'],
-      ['DELETE', '/api/task/v1/context', 'GET, HEAD'],
+      ['POST', '/api/secret/v1/list-decrypted', 'HEAD, GET'], ['PUT', '/api/secret/v1/list-decrypted', 'HEAD, GET'],
+      ['DELETE', '/api/task/v1/context', 'HEAD, GET'],
     ];
     for (const [method, path, allow] of cases) {
       for (const p of [path, `${path}/`]) {

@@ -6,9 +6,9 @@
 // with an id the walk has passed are found by sweeps: when a pass ends, with DEK writes under the
 // source held back, the job counts the DEKs written there since it started that are still there
 // (less those that failed), and if there are any, another pass takes them. Writes that keep coming
-// could keep finding some: after MAX_SWEEPS the job completes and names what it left in `errors`.
-// A migration into the source of a running one, or out of its target, is refused: the two would
-// move the same DEKs back and forth.
+// could keep finding some: after MAX_SWEEPS the job fails, naming how many it left. A migration
+// into the source of a running one, or out of its target, is refused: it would move DEKs the
+// running one is moving (two opposite ones would move the same DEKs back and forth).
 import { randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
@@ -17,8 +17,8 @@ import { inTransaction } from '../unit-of-work.ts';
 import { countDeksAfter, deksAfter, rewrapDeks, type DekFilter } from '../../db/deks.ts';
 import { lockEnvelopeKeyExclusive, lockEnvelopeKeyShared } from '../../db/envelope-keys.ts';
 import {
-  findActiveMigration, findCrossingMigration, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress,
-  restartKeyJobPass, settleKeyJobTotal, type KeyJobError, type KeyJobRow,
+  findActiveMigration, findCrossingMigration, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, lockMigrationStarts, markKeyJobRunning,
+  recordKeyJobProgress, restartKeyJobPass, settleKeyJobTotal, type KeyJobError, type KeyJobRow,
 } from '../../db/key-jobs.ts';
 import { DecryptError } from './aes-gcm.ts';
 import { envelopeKeyRow, wrapperFor } from '../keyring.ts';
@@ -33,7 +33,7 @@ const MAX_SWEEPS = 5;
 interface MigrationParams { from_envelope_encryption_key_id: string; to_envelope_encryption_key_id: string; sweep?: number }
 
 // DEKs under the source written since the job started, less those it failed on.
-const writtenDuringJob = (job: KeyJobRow): DekFilter => ({ since: new Date(job.started_at!.getTime() - SWEEP_MARGIN_MS), except: job.errors.map((e) => e.id) });
+const writtenDuringJob = (job: KeyJobRow): DekFilter => ({ since: new Date(job.started_at!.getTime() - SWEEP_MARGIN_MS), notFailedIn: job.id });
 
 // What the job's current pass takes after its cursor: the walk, every DEK; a sweep, those written during the job.
 function passFilter(job: KeyJobRow): DekFilter {
@@ -49,11 +49,12 @@ export async function startMigrateAll(
   for (;;) {
     const out = await inTransaction(s, async (uow) => {
       if (!(await lockEnvelopeKeyShared(uow.trx, targetId))) throw new NotFound('envelope_key', targetId);
+      await lockMigrationStarts(uow.trx);
       const crossing = await findCrossingMigration(uow.trx, sourceId, targetId);
       if (crossing) {
         const from = String(crossing.params.from_envelope_encryption_key_id);
         const to = String(crossing.params.to_envelope_encryption_key_id);
-        throw new Conflict(`a migration of envelope key '${from}' to '${to}' is running (job ${crossing.id}); the two would move the same DEKs back and forth: wait for it to end`, { resource: 'job', id: crossing.id });
+        throw new Conflict(`a migration of envelope key '${from}' to '${to}' is running (job ${crossing.id}); one into its source or out of its target would move DEKs it is moving: wait for it to end`, { resource: 'job', id: crossing.id });
       }
       const total = await countDeksAfter(uow.trx, sourceId, {});
       const job = await insertKeyJob(uow.trx, {
@@ -170,8 +171,11 @@ async function endPass(trx: Tx, job: KeyJobRow): Promise<{ job: KeyJobRow; finis
     return { job: (await getKeyJob(trx, job.id))!, finished: false };
   }
   await settleKeyJobTotal(trx, job.id);
-  const left = missed ? { id: source, message: `${missed} DEKs written under '${source}' while the job ran are still there after ${MAX_SWEEPS} sweeps: migrate it again` } : undefined;
-  await finishKeyJob(trx, job.id, 'completed', left);
+  if (missed) {
+    await finishKeyJob(trx, job.id, 'failed', { id: job.id, message: `${missed} DEKs written under '${source}' while the job ran are still there after ${MAX_SWEEPS} sweeps: migrate it again` });
+  } else {
+    await finishKeyJob(trx, job.id, 'completed');
+  }
   return { job: (await getKeyJob(trx, job.id))!, finished: true };
 }
 

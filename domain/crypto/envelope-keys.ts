@@ -63,7 +63,9 @@ export function createLocalKeyFile(keysDir: string, name: string): void {
     }
     if (st.mode & 0o077) {
       try {
-        fs.chmodSync(file, 0o600);
+        // On the file opened without following links: the name cannot be swapped for a link meanwhile.
+        const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
+        try { fs.fchmodSync(fd, 0o600); } finally { fs.closeSync(fd); }
       } catch {
         throw new InvalidRequest(`key file '${name}' can be read by other users and this process cannot make it 0600`, [
           { path: 'body.file_name', message: 'names a key file other users can read' },
