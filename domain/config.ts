@@ -5,7 +5,6 @@ import { parseSkills } from './a2a/skills.ts';
 
 // Every setting the processes read, validated once at start. Env names are the upper-case keys.
 const ConfigSchema = Type.Object({
-  NODE_ENV: Type.Union([Type.Literal('development'), Type.Literal('production'), Type.Literal('test')], { default: 'development' }),
   PORT: Type.Integer({ minimum: 0, maximum: 65535, default: 3000 }),
   HOST: Type.String({ default: '127.0.0.1' }),
   PUBLIC_URL: Type.Optional(Type.String({ pattern: '^https?://[^\\s]+$' })),
