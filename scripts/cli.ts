@@ -1,5 +1,6 @@
-// `npm run cli -- keys create|list|revoke`: API key management from the command line. It only
-// needs Postgres, so it works while Redis (or the whole service) is down.
+// `npm run cli -- keys create|list|revoke`: API key management, and `jobs list|watch`: key jobs'
+// progress (scripts/watch-job.ts), from the command line. It only needs Postgres, so it works while
+// Redis (or the whole service) is down.
 import fs from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
@@ -8,6 +9,7 @@ import { createDb } from '../db/knex.ts';
 import { listActive } from '../db/api-keys.ts';
 import { AppError } from '../domain/errors.ts';
 import { createApiKey, revokeApiKey, SCOPES, type Scope } from '../domain/api-keys.ts';
+import { listJobs, watchJob } from './watch-job.ts';
 
 const USAGE = `Usage: npm run cli -- <command>
 
@@ -16,6 +18,8 @@ Commands:
                           create an API key; the key is printed once, only now
   keys list [--json]      list active API keys (never the keys themselves)
   keys revoke <id>        revoke an API key
+  jobs list [--json]      key jobs under way (bulk DEK migrations, alias rotations) and their counts
+  jobs watch <job id>     a key job's progress until it ends (exit 0 when it completed, 1 otherwise)
 
 Scopes: ${SCOPES.join(', ')}
 Database: DATABASE_URL, or else the local Postgres that \`npm start\` runs under DATA_DIR (default .data).`;
@@ -36,7 +40,9 @@ type Args =
   | { help: true }
   | { command: 'create'; name: string; scopes: Scope[]; json: boolean }
   | { command: 'list'; json: boolean }
-  | { command: 'revoke'; id: string };
+  | { command: 'revoke'; id: string }
+  | { command: 'jobs-list'; json: boolean }
+  | { command: 'jobs-watch'; id: string };
 
 function parse(argv: string[]): Args {
   let parsed;
@@ -52,6 +58,7 @@ function parse(argv: string[]): Args {
   const { values, positionals } = parsed;
   const [group, command, ...rest] = positionals;
   if (values.help) return { help: true };
+  if (group === 'jobs') return parseJobs(command, rest, values);
   if (group !== 'keys') throw new UsageError(group ? `Unknown command '${group}'` : 'No command given');
   const allowed: Record<string, string[]> = { create: ['name', 'scopes', 'json'], list: ['json'], revoke: [] };
   if (!command || !allowed[command]) throw new UsageError(command ? `Unknown keys command '${command}'` : 'keys needs a command: create, list or revoke');
@@ -77,6 +84,19 @@ function parse(argv: string[]): Args {
   if (rest.length !== 1) throw new UsageError('keys revoke needs exactly one key id');
   if (!UUID.test(rest[0])) throw new UsageError(`'${rest[0]}' is not a key id (a UUID)`);
   return { command: 'revoke', id: rest[0] };
+}
+
+function parseJobs(command: string | undefined, rest: string[], values: { name?: string; scopes?: string; json: boolean }): Args {
+  if (command !== 'list' && command !== 'watch') throw new UsageError(command ? `Unknown jobs command '${command}'` : 'jobs needs a command: list or watch');
+  if (values.name !== undefined || values.scopes !== undefined) throw new UsageError(`jobs ${command} takes no --${values.name !== undefined ? 'name' : 'scopes'}`);
+  if (command === 'list') {
+    if (rest.length) throw new UsageError(`Unexpected argument '${rest[0]}'`);
+    return { command: 'jobs-list', json: values.json };
+  }
+  if (values.json) throw new UsageError('jobs watch does not take --json');
+  if (rest.length !== 1) throw new UsageError('jobs watch needs exactly one job id');
+  if (!UUID.test(rest[0])) throw new UsageError(`'${rest[0]}' is not a job id (a UUID)`);
+  return { command: 'jobs-watch', id: rest[0] };
 }
 
 const iso = (d: Date | null) => (d ? d.toISOString() : '-');
@@ -120,9 +140,13 @@ async function main(argv: string[]): Promise<number> {
       if (args.json) console.log(JSON.stringify(keys.map((k) => ({ ...k, created_at: iso(k.created_at), last_used_at: k.last_used_at ? iso(k.last_used_at) : null }))));
       else if (!keys.length) console.log('No active API keys.');
       else for (const k of keys) console.log(`${k.id}  ${k.name}  scopes=${k.scopes.join(',')}  created=${iso(k.created_at)}  last_used=${iso(k.last_used_at)}`);
-    } else {
+    } else if (args.command === 'revoke') {
       await revokeApiKey(db, args.id);
       console.log(`Revoked API key ${args.id}.`);
+    } else if (args.command === 'jobs-list') {
+      await listJobs(db, args.json);
+    } else {
+      return await watchJob(db, args.id);
     }
     return 0;
   } catch (e) {

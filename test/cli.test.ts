@@ -114,3 +114,49 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     assert.match(r.stderr, /DATABASE_URL/);
   });
 });
+
+describe('key job CLI (npm run cli -- jobs ...)', () => {
+  let stack: Stack;
+  const E = '/api/encryption/v1';
+  before(async () => {
+    await resetDb();
+    // Small batches with a pause: the migration runs long enough to be watched.
+    stack = await startStack({ DEK_MIGRATION_BATCH: '10', DEK_MIGRATION_PAUSE_MS: '150' });
+  });
+  after(async () => stack?.stop());
+
+  it('lists a running migration and follows it to the end with its counts (exit 0)', async () => {
+    const c = stack.client;
+    for (const f of ['cli-src.key', 'cli-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    const n = 300;
+    for (let i = 0; i < n; i++) assert.equal((await c.post(`${E}/envelope/cli-src.key/dek`, {})).status, 201);
+    const started = await c.post(`${E}/envelope/cli-src.key/migrate`, { to_envelope_encryption_key_id: 'cli-dst.key' });
+    assert.equal(started.status, 202);
+    const id = started.body.id;
+
+    const listed = await cli(['jobs', 'list', '--json']);
+    assert.equal(listed.code, 0, listed.stderr);
+    const running = (JSON.parse(listed.stdout) as { id: string; kind: string; total: number }[]).find((j) => j.id === id);
+    assert.deepEqual(running && { kind: running.kind, total: running.total }, { kind: 'migrate-deks', total: n });
+
+    const watched = await cli(['jobs', 'watch', id]);
+    assert.equal(watched.code, 0, watched.stderr);
+    const lines = watched.stdout.trim().split('\n');
+    assert.ok(lines.length >= 3, `progress lines as the job moves:\n${watched.stdout}`);
+    assert.equal(lines.at(-1), `migrate-deks ${id} completed ${n}/${n} (${n} done, 0 failed)`);
+    const dones = lines.map((l) => Number(/ (\d+) done/.exec(l)?.[1]));
+    assert.deepEqual(dones, [...dones].sort((a, b) => a - b), 'counts only grow');
+    assert.match((await cli(['jobs', 'list'])).stdout, /No key jobs under way/);
+  });
+
+  it('exits 1 for a job that does not exist, and 2 for a bad command line', async () => {
+    const missing = await cli(['jobs', 'watch', '00000000-0000-4000-8000-000000000000']);
+    assert.equal(missing.code, 1);
+    assert.match(missing.stderr, /job .*not found/);
+    for (const [args, message] of [[['jobs', 'watch', 'abc'], /'abc' is not a job id/], [['jobs', 'watch'], /exactly one job id/], [['jobs', 'stop'], /Unknown jobs command 'stop'/], [['jobs', 'watch', '--json', 'x'], /does not take --json/]] as const) {
+      const r = await cli([...args]);
+      assert.equal(r.code, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, message);
+    }
+  });
+});

@@ -1,0 +1,46 @@
+// `npm run cli -- jobs list|watch`: key jobs (bulk DEK migrations, alias rotations) as Postgres
+// records them, so it works wherever the CLI reaches the database: what is under way, and one
+// job's progress until it ends (a bar on a terminal, a line per change otherwise).
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { Knex } from 'knex';
+import { getKeyJob, listActiveKeyJobs, type KeyJobRow } from '../db/key-jobs.ts';
+import { NotFound } from '../domain/errors.ts';
+
+const BAR_WIDTH = 30;
+const ENDED = new Set(['completed', 'failed', 'canceled']);
+
+const counts = (j: Pick<KeyJobRow, 'done' | 'failed' | 'total'>) => `${j.done + j.failed}/${j.total} (${j.done} done, ${j.failed} failed)`;
+
+export async function listJobs(db: Knex, json: boolean): Promise<void> {
+  const jobs = await listActiveKeyJobs(db);
+  if (json) console.log(JSON.stringify(jobs));
+  else if (!jobs.length) console.log('No key jobs under way.');
+  else for (const j of jobs) console.log(`${j.id}  ${j.kind}  ${j.status}  ${counts(j)}`);
+}
+
+function bar(j: KeyJobRow): string {
+  const share = j.total ? Math.min(1, (j.done + j.failed) / j.total) : j.status === 'completed' ? 1 : 0;
+  const filled = Math.round(share * BAR_WIDTH);
+  return `[${'#'.repeat(filled)}${'.'.repeat(BAR_WIDTH - filled)}] ${String(Math.floor(share * 100)).padStart(3)}%`;
+}
+
+/** Follows a job until it ends; 0 when it completed, 1 when it failed or was canceled. */
+export async function watchJob(db: Knex, id: string, opts: { intervalMs?: number; out?: NodeJS.WriteStream } = {}): Promise<number> {
+  const out = opts.out ?? process.stdout;
+  let last = '';
+  for (;;) {
+    const job = await getKeyJob(db, id);
+    if (!job) throw new NotFound('job', id);
+    const line = `${job.kind} ${job.id} ${job.status} ${counts(job)}`;
+    if (out.isTTY) out.write(`\r${bar(job)} ${line}\x1b[K`);
+    else if (line !== last) out.write(`${line}\n`);
+    last = line;
+    if (ENDED.has(job.status)) {
+      if (out.isTTY) out.write('\n');
+      for (const e of job.errors.slice(0, 10)) out.write(`  error ${e.id}: ${e.message}\n`);
+      if (job.errors.length > 10) out.write(`  ... ${job.errors.length - 10} more errors (GET /api/encryption/v1/job/${job.id})\n`);
+      return job.status === 'completed' ? 0 : 1;
+    }
+    await sleep(opts.intervalMs ?? 500);
+  }
+}
