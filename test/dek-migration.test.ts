@@ -205,4 +205,32 @@ describe('bulk DEK migration', () => {
       await waitFor(async () => (await c.get(`${E}/job/${id}`)).body.status === 'completed', 'the one started to end', 30000, 20);
     }
   });
+  it('cannot be held open by DEKs created all the time: after 5 sweeps it fails, naming how many it left', async () => {
+    const c = stack.client;
+    for (const f of ['busy-src.key', 'busy-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'busy-src.key'));
+    await insertDeks(testDb(), Array.from({ length: 200 }, (_, i) => ({ id: `busy-${String(i).padStart(5, '0')}`, envelope_key_id: 'busy-src.key', encrypted_dek: seal(kek, randomBytes(32)) })));
+    const started = await c.post(`${E}/envelope/busy-src.key/migrate`, { to_envelope_encryption_key_id: 'busy-dst.key' });
+    assert.equal(started.status, 202);
+    // Four clients create DEKs (random ids, so some fall behind the cursor) until the job ends.
+    let ended = false;
+    const creators = Array.from({ length: 4 }, async () => {
+      while (!ended) assert.equal((await c.post(`${E}/envelope/busy-src.key/dek`, {})).status, 201);
+    });
+    let finished: any;
+    try {
+      finished = await waitFor(async () => {
+        const r = await c.get(`${E}/job/${started.body.id}`);
+        return ['completed', 'failed'].includes(r.body.status) && r.body;
+      }, 'the job to end while DEKs keep coming', 60000, 50);
+    } finally {
+      ended = true;
+      await Promise.all(creators);
+    }
+    assert.equal(finished.status, 'failed');
+    assert.equal(finished.params.sweep, 5);
+    assert.match(finished.errors.at(-1).message, /^\d+ DEKs written under 'busy-src.key' while the job ran are still there after 5 sweeps: migrate it again$/);
+    assert.equal(finished.errors.at(-1).id, started.body.id);
+    assert.equal(finished.total, finished.done + finished.failed);
+  });
 });
