@@ -1,12 +1,14 @@
 // Requests Node's HTTP parser refuses (headers over its limit, malformed HTTP, too slow) never
 // reach Koa, and Node answers them without a body. These get the Error body like every other error.
-import type { Server } from 'node:http';
+import { STATUS_CODES, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
+import { AppError, InvalidRequest } from '../domain/errors.ts';
+import { errorBody } from './middleware/errors.ts';
 
-const ANSWERS: Record<string, [number, string, string, string]> = {
-  HPE_HEADER_OVERFLOW: [431, 'Request Header Fields Too Large', 'invalid_request', 'Request headers exceed the size the server reads'],
-  HPE_CHUNK_EXTENSIONS_OVERFLOW: [413, 'Payload Too Large', 'payload_too_large', 'Chunk extensions exceed the size the server reads'],
-  ERR_HTTP_REQUEST_TIMEOUT: [408, 'Request Timeout', 'invalid_request', 'The request did not arrive in time'],
+const ANSWERS: Record<string, () => AppError> = {
+  HPE_HEADER_OVERFLOW: () => new AppError(431, 'invalid_request', 'Request headers exceed the size the server reads'),
+  HPE_CHUNK_EXTENSIONS_OVERFLOW: () => new AppError(413, 'payload_too_large', 'Chunk extensions exceed the size the server reads'),
+  ERR_HTTP_REQUEST_TIMEOUT: () => new AppError(408, 'invalid_request', 'The request did not arrive in time'),
 };
 
 export function answerClientErrors(server: Server): void {
@@ -17,8 +19,8 @@ export function answerClientErrors(server: Server): void {
       socket.destroy();
       return;
     }
-    const [status, reason, code, message] = ANSWERS[err.code ?? ''] ?? [400, 'Bad Request', 'invalid_request', 'The request is not valid HTTP'];
-    const body = JSON.stringify({ message, data: { code } });
-    socket.end(`HTTP/1.1 ${status} ${reason}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`, () => socket.destroy());
+    const e = ANSWERS[err.code ?? '']?.() ?? new InvalidRequest('The request is not valid HTTP');
+    const body = JSON.stringify(errorBody(e));
+    socket.end(`HTTP/1.1 ${e.status} ${STATUS_CODES[e.status]}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`, () => socket.destroy());
   });
 }

@@ -4,7 +4,7 @@ import type { Router, RouterMiddleware } from '@koa/router';
 import type { Context, Middleware } from 'koa';
 import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
-import { AppError, InvalidRequest } from '../domain/errors.ts';
+import { InvalidRequest, MethodNotAllowed } from '../domain/errors.ts';
 import { checkValid } from '../domain/schema-check.ts';
 import type { Services } from '../domain/services.ts';
 import { authenticate, requireScope, type Principal, type Scope } from './middleware/auth.ts';
@@ -79,7 +79,7 @@ export function fixedPathMethods(routes: Route[]): Middleware {
       ctx.body = '';
       return undefined;
     }
-    throw new AppError(405, 'method_not_allowed', `Method ${ctx.method} is not allowed on ${ctx.path}`, { allow }, { Allow: allow });
+    throw new MethodNotAllowed(`Method ${ctx.method} is not allowed on ${ctx.path}`, allow);
   };
 }
 

@@ -15,7 +15,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import cliProgress from 'cli-progress';
 import { startPostgres, startRedis } from '../scripts/local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
-import { deksAfter, insertDeks, rewrapDeks } from '../db/deks.ts';
+import { deksUnder, insertDeks, rewrapDeks } from '../db/deks.ts';
 import { localWrapper, readLocalKeyFile } from '../domain/crypto/envelope-keys.ts';
 import { rewrapAll } from '../domain/crypto/dek-migration.ts';
 import { loadConfig } from '../domain/config.ts';
@@ -107,7 +107,7 @@ try {
   const t0 = performance.now();
   for (;;) {
     const n: number = await db.transaction(async (trx) => {
-      const rows = await deksAfter(trx, 'bench-a.key', { after: cursor }, batch);
+      const rows = await deksUnder(trx, 'bench-a.key', { after: cursor }, batch);
       if (!rows.length) return 0;
       const res = await rewrapAll(from, to, rows);
       const updated = await rewrapDeks(trx, 'bench-a.key', 'bench-b.key', res.ids, res.wrapped);

@@ -38,7 +38,6 @@ export async function rewrapDek(db: Tx, id: string, fromEnvelope: string, toEnve
   return out as DekRow | undefined;
 }
 
-// The next DEKs of an envelope after `afterId`, in id order (the bulk migration's walk).
 /**
  * Which DEKs under an envelope key a migration pass takes, in id order: those after `after` (a
  * cursor); with `since`, only those created or moved there since then; never those the key job
@@ -54,11 +53,11 @@ function filtered(db: Tx, envelopeKeyId: string, f: DekFilter) {
   return q;
 }
 
-export async function deksAfter(db: Tx, envelopeKeyId: string, filter: DekFilter, limit: number): Promise<{ id: string; encrypted_dek: string }[]> {
+export async function deksUnder(db: Tx, envelopeKeyId: string, filter: DekFilter, limit: number): Promise<{ id: string; encrypted_dek: string }[]> {
   return filtered(db, envelopeKeyId, filter).select('id', 'encrypted_dek').orderBy('id').limit(limit);
 }
 
-export async function countDeksAfter(db: Tx, envelopeKeyId: string, filter: DekFilter): Promise<number> {
+export async function countDeksUnder(db: Tx, envelopeKeyId: string, filter: DekFilter): Promise<number> {
   const [{ n }] = await filtered(db, envelopeKeyId, filter).count({ n: '*' });
   return Number(n);
 }

@@ -46,7 +46,7 @@ export async function lockEnvelopeKeyExclusive(db: Tx, id: string): Promise<Enve
 }
 
 export async function deleteUnusedEnvelopeKey(db: Tx, id: string): Promise<'deleted' | 'missing' | 'in_use' | 'migration_target'> {
-  const row = await db('envelope_keys').where({ id }).forUpdate().first();
+  const row = await lockEnvelopeKeyExclusive(db, id);
   if (!row) return 'missing';
   const used = await db('deks').where({ envelope_key_id: id }).first('id');
   if (used) return 'in_use';

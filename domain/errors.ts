@@ -34,6 +34,11 @@ export class Forbidden extends AppError {
     super(403, 'forbidden', `This API key lacks the scope '${scope}'`, { required_scope: scope });
   }
 }
+export class MethodNotAllowed extends AppError {
+  constructor(message: string, allow: string) {
+    super(405, 'method_not_allowed', message, { allow }, { Allow: allow });
+  }
+}
 export class NotFound extends AppError {
   constructor(resource: string, id: string) {
     super(404, 'not_found', `${resource} '${id}' not found`, { resource, id });

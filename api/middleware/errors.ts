@@ -1,5 +1,5 @@
 import type { Middleware } from 'koa';
-import { AppError, raceConflict } from '../../domain/errors.ts';
+import { AppError, MethodNotAllowed, raceConflict } from '../../domain/errors.ts';
 
 // The one place where errors become HTTP responses with the Error body.
 export function errorHandler(): Middleware {
@@ -9,7 +9,7 @@ export function errorHandler(): Middleware {
       // The router answers 501 for a method it knows no route for at all (PROPFIND, TRACE): to a client
       // that is a wrong method on a known path, or an unknown path, as for any other method.
       if ((ctx.status === 405 || ctx.status === 501) && !ctx.body && ctx.response.get('Allow')) {
-        throw new AppError(405, 'method_not_allowed', `Method ${ctx.method} is not allowed on ${ctx.path}`, { allow: ctx.response.get('Allow') });
+        throw new MethodNotAllowed(`Method ${ctx.method} is not allowed on ${ctx.path}`, ctx.response.get('Allow'));
       }
       if ((ctx.status === 404 || ctx.status === 501) && !ctx.body) throw new AppError(404, 'not_found', `No route for ${ctx.method} ${ctx.path}`, { resource: 'route', id: ctx.path });
     } catch (err) {
@@ -17,10 +17,13 @@ export function errorHandler(): Middleware {
       if (e.status >= 500) ctx.state.log?.error({ err }, 'request failed');
       ctx.status = e.status;
       for (const [k, v] of Object.entries(e.headers)) ctx.set(k, v);
-      ctx.body = { message: e.message, data: { code: e.code, ...e.data } };
+      ctx.body = errorBody(e);
     }
   };
 }
+
+// The Error body every non-2xx answer carries (also written by api/client-errors.ts).
+export const errorBody = (e: AppError) => ({ message: e.message, data: { code: e.code, ...e.data } });
 
 function toAppError(err: unknown): AppError {
   if (err instanceof AppError) return err;

@@ -6,7 +6,7 @@ import {
   GroupedByFunction, GroupedListQuery, ImportCredentialRequest, InvokeFunctionRequest, InvokeResult, ProviderController, ProviderInstance, ProviderInstanceDetail,
   OAuthCallbackQuery, ProviderInstanceId, ProviderListQuery, ProviderParams, UpdateProviderInstanceRequest,
 } from '../schemas/bridge.ts';
-import { AppError } from '../../domain/errors.ts';
+import { MethodNotAllowed } from '../../domain/errors.ts';
 import { completeBrokering, startBrokering } from '../../domain/bridge/brokering.ts';
 import { listProviders } from '../../domain/bridge/catalog.ts';
 import { createCredential, importCredential } from '../../domain/bridge/credentials.ts';
@@ -64,7 +64,7 @@ export const bridgeRoutes = [
     responses: { 200: Type.Union([BrokerState, BrokeredUserCredential]), 303: null, 400: ErrorBody, 404: ErrorBody, 405: ErrorBody, 410: ErrorBody, 502: ErrorBody },
   }, async ({ query, ctx, services }) => {
     // Koa answers HEAD with a GET route; here that would redeem the single-use state (link prefetchers send HEAD).
-    if (ctx.method === 'HEAD') throw new AppError(405, 'method_not_allowed', 'HEAD is not allowed on the OAuth callback: it would redeem the single-use state', { allow: 'GET' }, { Allow: 'GET' });
+    if (ctx.method === 'HEAD') throw new MethodNotAllowed('HEAD is not allowed on the OAuth callback: it would redeem the single-use state', 'GET');
     const outcome = await completeBrokering(services, query);
     if (outcome.type === 'user_credential') return { type: 'user_credential', ...outcome.credential };
     ctx.status = 303;

@@ -14,7 +14,7 @@ import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
 import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import { inTransaction } from '../unit-of-work.ts';
-import { countDeksAfter, deksAfter, rewrapDeks, type DekFilter } from '../../db/deks.ts';
+import { countDeksUnder, deksUnder, rewrapDeks, type DekFilter } from '../../db/deks.ts';
 import { lockEnvelopeKeyExclusive, lockEnvelopeKeyShared } from '../../db/envelope-keys.ts';
 import {
   findActiveMigration, findCrossingMigration, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, lockMigrationStarts, markKeyJobRunning,
@@ -31,13 +31,14 @@ const SWEEP_MARGIN_MS = 60_000;
 const MAX_SWEEPS = 5;
 
 interface MigrationParams { from_envelope_encryption_key_id: string; to_envelope_encryption_key_id: string; sweep?: number }
+const paramsOf = (job: KeyJobRow) => job.params as unknown as MigrationParams;
 
 // DEKs under the source written since the job started, less those it failed on.
 const writtenDuringJob = (job: KeyJobRow): DekFilter => ({ since: new Date(job.started_at!.getTime() - SWEEP_MARGIN_MS), notFailedIn: job.id });
 
 // What the job's current pass takes after its cursor: the walk, every DEK; a sweep, those written during the job.
 function passFilter(job: KeyJobRow): DekFilter {
-  return (job.params as unknown as MigrationParams).sweep ? { after: job.cursor, ...writtenDuringJob(job) } : { after: job.cursor };
+  return paramsOf(job).sweep ? { after: job.cursor, ...writtenDuringJob(job) } : { after: job.cursor };
 }
 
 export async function startMigrateAll(
@@ -52,11 +53,10 @@ export async function startMigrateAll(
       await lockMigrationStarts(uow.trx);
       const crossing = await findCrossingMigration(uow.trx, sourceId, targetId);
       if (crossing) {
-        const from = String(crossing.params.from_envelope_encryption_key_id);
-        const to = String(crossing.params.to_envelope_encryption_key_id);
+        const { from_envelope_encryption_key_id: from, to_envelope_encryption_key_id: to } = paramsOf(crossing);
         throw new Conflict(`a migration of envelope key '${from}' to '${to}' is running (job ${crossing.id}); one into its source or out of its target would move DEKs it is moving: wait for it to end`, { resource: 'job', id: crossing.id });
       }
-      const total = await countDeksAfter(uow.trx, sourceId, {});
+      const total = await countDeksUnder(uow.trx, sourceId, {});
       const job = await insertKeyJob(uow.trx, {
         id: randomUUID(), kind: MIGRATE_DEKS, source_envelope_key_id: sourceId, total,
         params: { from_envelope_encryption_key_id: sourceId, to_envelope_encryption_key_id: targetId },
@@ -66,7 +66,7 @@ export async function startMigrateAll(
         return { job, created: true };
       }
       const running = await findActiveMigration(uow.trx, sourceId);
-      const runningTo = running && String(running.params.to_envelope_encryption_key_id);
+      const runningTo = running && paramsOf(running).to_envelope_encryption_key_id;
       if (running && runningTo !== targetId) {
         throw new Conflict(`a migration of envelope key '${sourceId}' to '${runningTo}' is running (job ${running.id}); wait for it to end`, { resource: 'job', id: running.id });
       }
@@ -129,7 +129,7 @@ export async function beginMigrateAll(s: Pick<Services, 'db'>, jobId: string): P
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
     if (!job || (job.status !== 'queued' && job.status !== 'running')) return undefined;
-    const left = await countDeksAfter(trx, job.source_envelope_key_id!, passFilter(job));
+    const left = await countDeksUnder(trx, job.source_envelope_key_id!, passFilter(job));
     await markKeyJobRunning(trx, jobId, job.done + job.failed + left);
     return getKeyJob(trx, jobId);
   });
@@ -142,8 +142,8 @@ export async function migrateNextBatch(s: Pick<Services, 'db' | 'cfg'>, jobId: s
     if (!job) throw new NotFound('job', jobId);
     if (job.status !== 'running') return { job, finished: true };
     const source = job.source_envelope_key_id!;
-    const target = String(job.params.to_envelope_encryption_key_id);
-    const rows = await deksAfter(trx, source, passFilter(job), batchSize);
+    const target = paramsOf(job).to_envelope_encryption_key_id;
+    const rows = await deksUnder(trx, source, passFilter(job), batchSize);
     if (!rows.length) return endPass(trx, job);
     const res = await rewrapAll(await wrapperFor(s, source, trx), await wrapperFor(s, target, trx), rows);
     const updated = await rewrapDeks(trx, source, target, res.ids, res.wrapped);
@@ -163,9 +163,9 @@ export async function migrateNextBatch(s: Pick<Services, 'db' | 'cfg'>, jobId: s
 // while the job counts what the walk or an earlier sweep passed by; another sweep takes those.
 async function endPass(trx: Tx, job: KeyJobRow): Promise<{ job: KeyJobRow; finished: boolean }> {
   const source = job.source_envelope_key_id!;
-  const params = job.params as unknown as MigrationParams;
+  const params = paramsOf(job);
   await lockEnvelopeKeyExclusive(trx, source);
-  const missed = await countDeksAfter(trx, source, writtenDuringJob(job));
+  const missed = await countDeksUnder(trx, source, writtenDuringJob(job));
   if (missed && (params.sweep ?? 0) < MAX_SWEEPS) {
     await restartKeyJobPass(trx, job.id, { ...params, sweep: (params.sweep ?? 0) + 1 }, missed);
     return { job: (await getKeyJob(trx, job.id))!, finished: false };
