@@ -12,6 +12,15 @@ async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs
   }, `task ${id} to be ${status}`, timeoutMs, 200);
 }
 
+// The API's request log lines up to and including the one for `last`: lines come out in the order
+// the responses ended, so once that one has arrived every earlier request's line has too.
+async function requestLogsThrough(stack: Stack, last: { headers: Headers }): Promise<string[]> {
+  const id = last.headers.get('x-request-id');
+  assert.ok(id, 'the response carries X-Request-Id');
+  await waitFor(async () => stack.api.logs.some((l) => l.includes(`"req_id":"${id}"`) && l.includes('"msg":"request"')), `the log line of request ${id}`);
+  return stack.api.logs.filter((l) => l.includes('"msg":"request"'));
+}
+
 describe('job pipeline under faults', function () {
   this.timeout(180000);
   before(resetDb);
@@ -117,6 +126,9 @@ describe('job pipeline under faults', function () {
       assert.equal(after.status, 201, after.text);
       const done = await waitForStatus(s, after.body.task.id, 'completed');
       assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: after the restart' }]);
+      const logged = await requestLogsThrough(s, after);
+      assert.ok(logged.some((l) => l.includes('"status":503')), 'the outage\'s 503s are logged');
+      assert.ok(!logged.some((l) => l.includes('"status":500')), 'no 500');
     });
   });
 
@@ -145,7 +157,9 @@ describe('job pipeline under faults', function () {
       }
       const again = await s.client.get(`/api/task/v1/${created.body.task.id}`);
       assert.equal(again.status, 200, again.text);
-      assert.ok(!s.api.logs.some((l) => l.includes('"status":500')), 'no 500');
+      const logged = await requestLogsThrough(s, again);
+      assert.ok(logged.some((l) => l.includes('"status":503')), 'the 503 is logged');
+      assert.ok(!logged.some((l) => l.includes('"status":500')), 'no 500');
     });
   });
 
