@@ -7,7 +7,7 @@ import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { KoaAdapter } from '@bull-board/koa';
 import type { Services } from '../domain/services.ts';
 import { hasScope } from '../domain/api-keys.ts';
-import { Forbidden } from '../domain/errors.ts';
+import { Forbidden, Unauthenticated } from '../domain/errors.ts';
 import { resolveCached } from './middleware/auth.ts';
 
 export const DASHBOARD_PATH = '/admin/queues';
@@ -31,10 +31,7 @@ export function queueDashboard(services: Services): Middleware {
     const principal = password ? await resolveCached(services, password) : null;
     if (principal && !hasScope(principal, 'admin')) throw new Forbidden('admin');
     if (!principal) {
-      ctx.status = 401;
-      ctx.set('WWW-Authenticate', 'Basic realm="taskbridge queues", charset="UTF-8"');
-      ctx.body = { message: 'The queue dashboard needs an admin API key as the basic-auth password', data: { code: 'unauthenticated' } };
-      return;
+      throw new Unauthenticated('The queue dashboard needs an admin API key as the basic-auth password', 'Basic realm="taskbridge queues", charset="UTF-8"');
     }
     await board(ctx, next);
   };

@@ -25,8 +25,8 @@ export class InvalidRequest extends AppError {
   }
 }
 export class Unauthenticated extends AppError {
-  constructor(message = 'Missing or invalid API key') {
-    super(401, 'unauthenticated', message, {}, { 'WWW-Authenticate': 'Bearer' });
+  constructor(message = 'Missing or invalid API key', challenge = 'Bearer') {
+    super(401, 'unauthenticated', message, {}, { 'WWW-Authenticate': challenge });
   }
 }
 export class Forbidden extends AppError {

@@ -15,6 +15,7 @@ describe('queue dashboard at /admin/queues', () => {
     const anon = await fetch(`${stack.api.url}/admin/queues`);
     assert.equal(anon.status, 401);
     assert.match(anon.headers.get('www-authenticate') ?? '', /^Basic realm=/);
+    assert.deepEqual(await anon.json(), { message: 'The queue dashboard needs an admin API key as the basic-auth password', data: { code: 'unauthenticated' } });
     const reader = await stack.client.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['internal'] });
     const denied = await fetch(`${stack.api.url}/admin/queues`, { headers: { authorization: basic(reader.body.key) } });
     assert.equal(denied.status, 403);

@@ -1,5 +1,5 @@
 import type { Middleware } from 'koa';
-import { AppError, MethodNotAllowed, raceConflict } from '../../domain/errors.ts';
+import { AppError, MethodNotAllowed, raceConflict, Unavailable } from '../../domain/errors.ts';
 
 // The one place where errors become HTTP responses with the Error body.
 export function errorHandler(): Middleware {
@@ -37,7 +37,7 @@ function toAppError(err: unknown): AppError {
   // A statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on is the same.
   if (e?.code === 'ECONNREFUSED' || e?.code === '57P01' || e?.code === '57014' || e?.code === 'ETIMEDOUT' || e?.name === 'MaxRetriesPerRequestError'
     || /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly|^Query read timeout/.test(e?.message ?? '')) {
-    return new AppError(503, 'unavailable', 'A backing service is unavailable; retry shortly', {}, { 'Retry-After': '5' });
+    return new Unavailable('A backing service is unavailable; retry shortly');
   }
   // Client errors of libraries (koa's, and co-body's unparsable JSON in the queue dashboard).
   if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && (e.expose || err instanceof SyntaxError)) {
