@@ -14,6 +14,15 @@ export const migrationsDir = path.join(path.dirname(fileURLToPath(import.meta.ur
 // How much longer than the server's statement_timeout the client waits for an answer: Postgres
 // cancels a slow statement itself; the client's own timeout is for a server that went silent.
 const CLIENT_TIMEOUT_GRACE_MS = 2000;
+// A connection attempt that gets no answer is abandoned well within the pool's acquire timeout:
+// left pending, it would hold its pool slot, and the requests waiting for it, long after a
+// partition has healed.
+const CONNECT_TIMEOUT_MS = 5000;
+
+// pg keeps a statement the client gave up on (query_timeout) as the connection's active query, and
+// queues every later one behind it: from a silent server its answer never comes. A connection is
+// taken from the pool only when it is ready for a statement; one that is not is dropped.
+const readyForQuery = (connection: { readyForQuery?: boolean }) => connection.readyForQuery === true;
 
 export function createDb(url: string, pool = { min: 0, max: 20 }, opts: { queryTimeoutMs?: number } = {}): Knex {
   const timeouts = opts.queryTimeoutMs ? { statement_timeout: opts.queryTimeoutMs, query_timeout: opts.queryTimeoutMs + CLIENT_TIMEOUT_GRACE_MS } : {};
@@ -21,7 +30,8 @@ export function createDb(url: string, pool = { min: 0, max: 20 }, opts: { queryT
   // compileSqlOnError off: a failed query's error names its SQL with placeholders, never the values
   // (which can be ciphertexts, wrapped keys or other tasks' messages in a batched statement).
   return knexFactory({
-    client: 'pg', connection: { connectionString: url, keepAlive: true, ...timeouts }, pool, acquireConnectionTimeout: 10000, compileSqlOnError: false,
+    client: 'pg', connection: { connectionString: url, keepAlive: true, connectionTimeoutMillis: CONNECT_TIMEOUT_MS, ...timeouts }, pool: { ...pool, validate: readyForQuery },
+    acquireConnectionTimeout: 10000, compileSqlOnError: false,
   });
 }
 

@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import { freePort, startPostgres, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
+import { startBlackHoleProxy, type BlackHoleProxy } from './helpers/black-hole-proxy.ts';
 import { requireEnv, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs = 60000) {
@@ -128,6 +129,47 @@ describe('job pipeline under faults', function () {
       assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: after the restart' }]);
       const logged = await requestLogsThrough(s, after);
       assert.ok(logged.some((l) => l.includes('"status":503')), 'the outage\'s 503s are logged');
+      assert.ok(!logged.some((l) => l.includes('"status":500')), 'no 500');
+    });
+  });
+
+  describe('Postgres gone silent (a partition: no answers, nothing closed)', () => {
+    let stack: Stack | undefined;
+    let proxy: BlackHoleProxy | undefined;
+    before(async () => {
+      const url = new URL(requireEnv('DATABASE_URL'));
+      proxy = await startBlackHoleProxy({ host: url.hostname, port: Number(url.port) });
+      url.host = `127.0.0.1:${proxy.port}`;
+      stack = await startStack({ DATABASE_URL: url.toString(), DB_QUERY_TIMEOUT_MS: '1000' }, { workers: 0 });
+    });
+    after(async () => {
+      await stack?.stop();
+      await proxy?.close();
+    });
+
+    it('answers 503 once the client gives up on the silent connection, and drops it: every request after the partition heals is served', async () => {
+      const s = stack!;
+      const created = await s.client.post('/api/task/v1', { message: textMessage('before the partition', 'agent') });
+      assert.equal(created.status, 201, created.text);
+
+      proxy!.swallow();
+      const started = Date.now();
+      const during = await Promise.all([1, 2, 3].map(() => s.client.get(`/api/task/v1/${created.body.task.id}`)));
+      console.log(s.api.logs.filter((l) => l.includes("\"level\":50")).join("\n"));
+      for (const r of during) {
+        assert.equal(r.status, 503, r.text);
+        assert.equal(r.body.data.code, 'unavailable');
+        assert.equal(r.headers.get('retry-after'), '5');
+      }
+      assert.ok(Date.now() - started < 15_000, `answered after ${Date.now() - started} ms`);
+
+      // The statements sent into the hole never get an answer: connections that carry one must not serve again.
+      proxy!.forward();
+      for (let i = 0; i < 10; i++) {
+        const r = await s.client.get(`/api/task/v1/${created.body.task.id}`);
+        assert.equal(r.status, 200, `request ${i + 1} after the partition: ${r.text}`);
+      }
+      const logged = await requestLogsThrough(s, await s.client.get(`/api/task/v1/${created.body.task.id}`));
       assert.ok(!logged.some((l) => l.includes('"status":500')), 'no 500');
     });
   });

@@ -36,7 +36,7 @@ function toAppError(err: unknown): AppError {
   // producers fail fast without a code ("Stream isn't writeable ...", "Connection is closed.").
   // A statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on is the same.
   if (e?.code === 'ECONNREFUSED' || e?.code === '57P01' || e?.code === '57014' || e?.code === 'ETIMEDOUT' || e?.name === 'MaxRetriesPerRequestError'
-    || /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly|^Query read timeout/.test(e?.message ?? '')) {
+    || /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly|Query read timeout$|^timeout expired$/.test(e?.message ?? '')) {
     return new Unavailable('A backing service is unavailable; retry shortly');
   }
   // Client errors of libraries (koa's, and co-body's unparsable JSON in the queue dashboard).

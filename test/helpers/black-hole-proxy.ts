@@ -1,0 +1,30 @@
+// A TCP proxy that can turn into a black hole: while `swallowing`, bytes in either direction are
+// dropped, so a peer behind it goes silent without closing anything (a network partition, a frozen
+// host). Bytes dropped stay lost after `forward()`: what was in flight then never arrives.
+import net from 'node:net';
+
+export interface BlackHoleProxy { port: number; swallow(): void; forward(): void; close(): Promise<void> }
+
+export async function startBlackHoleProxy(target: { host: string; port: number }): Promise<BlackHoleProxy> {
+  let swallowing = false;
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((client) => {
+    const upstream = net.connect(target.port, target.host);
+    for (const [from, to] of [[client, upstream], [upstream, client]] as const) {
+      sockets.add(from);
+      from.on('data', (chunk) => { if (!swallowing) to.write(chunk); });
+      from.on('error', () => to.destroy());
+      from.on('close', () => { sockets.delete(from); to.destroy(); });
+    }
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    port: (server.address() as net.AddressInfo).port,
+    swallow() { swallowing = true; },
+    forward() { swallowing = false; },
+    async close() {
+      for (const s of sockets) s.destroy();
+      await new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
