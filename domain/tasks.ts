@@ -108,9 +108,11 @@ function newTaskBundle(req: CreateTaskRequest, id: string): { bundle: tasks.Task
     metadata: req.metadata ?? {}, created_at: at, updated_at: at,
   };
   const message = newMessage(id, req.message, iso);
+  // The message first, as with every status change that carries one: the task as it stood at its
+  // status item (a push notification's snapshot) holds the message it was created with.
   const timeline: TimelineItem[] = [
-    { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'task-status-update', status: 'submitted' } },
     { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'message', message } },
+    { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'task-status-update', status: 'submitted' } },
   ];
   const run = req.message.role === 'user' ? newOutboxRow(...runJob(id, message.id)) : undefined;
   return { bundle: { task, message, timeline }, run };

@@ -113,6 +113,9 @@ describe('push notifications', () => {
     // Every status change, the first (submitted, written with the config) included.
     assert.deepEqual(states(rx.all, id), ['submitted', 'working', 'completed']);
     assert.ok(rx.all.every((r) => r.token === 'tok-inline'));
+    // Each is the task as it stood at that change: at submitted it already holds the user's message.
+    const first = rx.all.find((r) => r.body.id === id && r.body.status.state === 'submitted')!.body;
+    assert.deepEqual(first.history.map((m: any) => m.parts[0].text), ['push me [artifact]']);
     const last = rx.all.find((r) => r.body.id === id && r.body.status.state === 'completed')!.body;
     assert.equal(last.status.message.parts[0].text, 'Echo: push me [artifact]');
     assert.equal(last.artifacts?.[0]?.parts?.[0]?.text, 'push me [artifact]');

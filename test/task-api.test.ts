@@ -116,7 +116,7 @@ describe('task API', () => {
         const got = await stack.client.get(`/api/task/v1/${task.id}`);
         assert.deepEqual(got.body.messages, [message]);
         const timeline = await stack.client.get(`/api/task/v1/${task.id}/timeline?order=asc`);
-        assert.deepEqual(timeline.body.items.map((x: any) => x.event_payload), [{ type: 'task-status-update', status: 'submitted' }, { type: 'message', message }]);
+        assert.deepEqual(timeline.body.items.map((x: any) => x.event_payload), [{ type: 'message', message }, { type: 'task-status-update', status: 'submitted' }]);
       }));
       const [{ n }] = await testDb()('contexts').where({ id: shared }).count({ n: '*' });
       assert.equal(n, 1);
@@ -362,8 +362,8 @@ describe('task API', () => {
       const payloads = desc.body.items.map((i: any) => i.event_payload);
       assert.deepEqual(payloads, [
         { type: 'task-status-update', status: 'working' },
-        { type: 'message', message },
         { type: 'task-status-update', status: 'submitted' },
+        { type: 'message', message },
       ]);
       const asc = await stack.client.get(`/api/task/v1/${task.id}/timeline?order=asc`);
       assert.deepEqual(asc.body.items, [...desc.body.items].reverse());
