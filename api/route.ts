@@ -113,7 +113,9 @@ export function mount(router: Router, routes: Route[], services: Services): void
       if (vQuery) checkValid(vQuery, query, 'query');
       let body: unknown;
       if (vBody) {
-        body = (await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES)) ?? (bodyOptional ? {} : undefined);
+        // No body at all stands for {} where the body is optional; a JSON null is a body, and refused.
+        body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
+        if (body === undefined && bodyOptional) body = {};
         if (body === undefined) throw new InvalidRequest('A JSON request body is required', [{ path: 'body', message: 'is required' }]);
         checkValid(vBody, body, 'body');
       }

@@ -56,6 +56,19 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.equal(r.body.id, 3);
     });
 
+    it('a number id that cannot be echoed exactly (past 2^53, or past the double range) is -32600 with id null', async () => {
+      for (const id of ['9007199254740993', '12345678901234567890', '-9007199254740993', '1e400']) {
+        const r = await raw(`{"jsonrpc":"2.0","id":${id},"method":"tasks/get","params":{"id":"${randomUUID()}"}}`);
+        assert.equal(r.status, 200);
+        assert.strictEqual(r.body.id, null, id);
+        assert.equal(r.body.error.code, -32600, id);
+        assert.match(r.body.error.message, /^Invalid request: id (must be a string, a number of at most 2\^53 - 1|is a number too large)/);
+      }
+      const largest = await raw(`{"jsonrpc":"2.0","id":9007199254740991,"method":"tasks/explode"}`);
+      assert.strictEqual(largest.body.id, Number.MAX_SAFE_INTEGER);
+      assert.equal(largest.body.error.code, -32601);
+    });
+
     it('unknown methods are -32601, with string, number and null ids echoed', async () => {
       for (const id of ['req-1', 42, null, 0, '']) {
         const r = await rpc('tasks/explode', {}, id);
@@ -81,6 +94,7 @@ describe('A2A JSON-RPC endpoint', () => {
         ['message/send', { message: userMessage('x', { contextId: 'not-a-uuid' }) }, /params\.message\.contextId/],
         ['message/send', { message: userMessage('x'), configuration: { historyLength: -1 } }, /historyLength/],
         ['message/send', { message: userMessage('x'), configuration: { blocking: 'yes' } }, /blocking/],
+        ['message/send', { message: userMessage('x', { taskId: 't'.repeat(257) }) }, /params\.message\.taskId/],
         ['tasks/get', { id: 5 }, /params\.id/],
         ['tasks/get', { id: randomUUID(), historyLength: 'all' }, /historyLength/],
         ['tasks/cancel', null, /params/],

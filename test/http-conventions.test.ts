@@ -121,7 +121,32 @@ describe('HTTP conventions', () => {
     assert.equal(await taskCount(), before);
   });
 
-  it('answers 400 for JSON that cannot be stored: NUL characters, unpaired surrogates, nesting deeper than 64 levels', async () => {
+  it('answers 400 for a JSON null body where the body is optional, doing nothing (no body at all stands for {})', async () => {
+    const dekCount = async () => Number((await testDb()('deks').count({ n: '*' }))[0].n);
+    const envelope = (await stack.client.get('/api/encryption/v1/envelope?page_size=1')).body.items[0].id;
+    const before = await dekCount();
+    const refused = await stack.client.request('POST', `/api/encryption/v1/envelope/${envelope}/dek`, undefined, { headers: { 'content-type': 'application/json' }, raw: 'null' });
+    assertError(refused, 400, 'invalid_request');
+    assert.equal(await dekCount(), before);
+    const created = await stack.client.request('POST', `/api/encryption/v1/envelope/${envelope}/dek`);
+    assert.equal(created.status, 201, created.text);
+    assert.equal(await dekCount(), before + 1);
+  });
+
+  it('answers 415 for a compressed body (Content-Encoding), storing nothing', async () => {
+    const before = await taskCount();
+    const body = JSON.stringify({ message: textMessage('x') });
+    for (const encoding of ['gzip', 'br', 'identity, gzip']) {
+      const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': 'application/json', 'content-encoding': encoding }, raw: body });
+      assertError(r, 415, 'unsupported_media_type');
+      assert.match(r.body.message, /Content-Encoding/);
+    }
+    const plain = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': 'application/json', 'content-encoding': 'identity' }, raw: body });
+    assert.equal(plain.status, 201, plain.text);
+    assert.equal(await taskCount(), before + 1);
+  });
+
+  it('answers 400 for JSON that cannot be stored: NUL characters, unpaired surrogates, nesting deeper than 64 levels, numbers past the double range', async () => {
     const before = await taskCount();
     const task = (text: string, metadata = '{}') => `{"message":{"role":"user","parts":[{"type":"text-part","text":${text}}]},"metadata":${metadata}}`;
     const cases: [string, string][] = [
@@ -131,6 +156,9 @@ describe('HTTP conventions', () => {
       [task('"x"', '{"k\\u0000":1}'), 'body.metadata'],
       [task('"x"', `${'{"a":'.repeat(70)}1${'}'.repeat(70)}`), 'body.metadata'],
       [task('"x"', `{"deep":${'['.repeat(1500)}${']'.repeat(1500)}}`), 'body.metadata.deep'],
+      // Past the double range: JSON.parse makes it Infinity, which would be stored as null.
+      [task('"x"', '{"big":1e999}'), 'body.metadata.big'],
+      [task('"x"', '{"small":-1e400}'), 'body.metadata.small'],
     ];
     for (const [body, path] of cases) {
       const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': 'application/json' }, raw: body });

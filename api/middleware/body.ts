@@ -16,6 +16,11 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
     req.resume();
     throw new AppError(413, 'payload_too_large', `Request body exceeds the limit of ${limit} bytes`, { limit });
   }
+  const encoding = req.headers['content-encoding'];
+  if (encoding !== undefined && encoding.trim().toLowerCase() !== 'identity') {
+    req.resume();
+    throw new AppError(415, 'unsupported_media_type', `Content-Encoding '${encoding.slice(0, 100)}' is not supported: send the body uncompressed`);
+  }
   const type = req.headers['content-type'] ?? '';
   const chunks: Buffer[] = [];
   let size = 0;
@@ -49,6 +54,7 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
 const MAX_JSON_DEPTH = 64;
 // NUL characters and unpaired surrogates are valid JSON that Postgres refuses to store (text and
 // jsonb), and very deep nesting overflows the stack of JSON.stringify: all would end as a 500.
+// Numbers past the double range (1e999) parse as Infinity, which JSON.stringify writes as null.
 const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
 export function findUnstorable(value: unknown): FieldError | undefined {
@@ -57,6 +63,8 @@ export function findUnstorable(value: unknown): FieldError | undefined {
     const [v, path, depth] = stack.pop()!;
     if (typeof v === 'string') {
       if (UNSTORABLE.test(v)) return { path, message: 'contains a NUL character or an unpaired surrogate' };
+    } else if (typeof v === 'number') {
+      if (!Number.isFinite(v)) return { path, message: 'is a number too large for JSON (it would be kept as null)' };
     } else if (v !== null && typeof v === 'object') {
       if (depth >= MAX_JSON_DEPTH) return { path, message: `nests deeper than ${MAX_JSON_DEPTH} levels` };
       for (const [k, child] of Object.entries(v)) {

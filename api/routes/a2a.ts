@@ -8,7 +8,7 @@ import { A2AError, JSONRPC } from '../../domain/a2a/errors.ts';
 import type { Services } from '../../domain/services.ts';
 import { TaskWaiter } from '../../domain/task-waiter.ts';
 import { A2A_PATH, agentCard } from '../../domain/a2a/agent-card.ts';
-import { dispatch, errorResponse, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
+import { dispatch, errorResponse, isId, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
 import { writeSse } from '../a2a-sse.ts';
 
 const tag = 'a2a';
@@ -32,7 +32,7 @@ function clientGone(ctx: Context): AbortSignal {
 // runs: -32602 inside params, else -32600, with the request id echoed when it can be read.
 function refusedBody(body: unknown, problem: FieldError) {
   const req = (typeof body === 'object' && body !== null && !Array.isArray(body) ? body : {}) as Record<string, unknown>;
-  const id = typeof req.id === 'string' || typeof req.id === 'number' ? req.id : null;
+  const id = isId(req.id) ? req.id : null;
   const code = problem.path.startsWith('body.params') ? JSONRPC.INVALID_PARAMS : JSONRPC.INVALID_REQUEST;
   const where = problem.path.replace(/^body\.?/, '') || 'the request';
   return errorResponse(id, new A2AError(code, `Invalid ${code === JSONRPC.INVALID_PARAMS ? 'params' : 'request'}: ${where} ${problem.message}`));

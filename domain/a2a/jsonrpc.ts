@@ -35,7 +35,9 @@ export const PARSE_ERROR: RpcResponse = { jsonrpc: '2.0', id: null, error: { cod
 
 export const errorResponse = (id: RpcId, err: unknown): RpcResponse => ({ jsonrpc: '2.0', id, error: toJsonRpcError(err) });
 
-const isId = (v: unknown): v is RpcId => typeof v === 'string' || typeof v === 'number' || v === null;
+// A number id must come back as the client wrote it: beyond 2^53 JSON.parse has already rounded it
+// (and 1e400 is Infinity), so answering it would answer another id.
+export const isId = (v: unknown): v is RpcId => typeof v === 'string' || v === null || (typeof v === 'number' && Math.abs(v) <= Number.MAX_SAFE_INTEGER);
 
 export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Promise<RpcOutcome> {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) {
@@ -47,7 +49,7 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Pro
   try {
     if (req.jsonrpc !== '2.0') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: jsonrpc must be "2.0"');
     if (!('id' in req)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id is required (notifications are not supported)');
-    if (!isId(req.id)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id must be a string, a number or null');
+    if (!isId(req.id)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id must be a string, a number of at most 2^53 - 1 in magnitude, or null');
     if (typeof req.method !== 'string') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');
     const target = Object.hasOwn(METHODS, req.method) ? METHODS[req.method] : undefined;
     if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${req.method.slice(0, 100)}`);

@@ -35,7 +35,7 @@ const Message = Type.Object({
   messageId: Type.String({ minLength: 1, maxLength: 256 }),
   role: Type.Literal('user', { description: 'a client sends user messages' }),
   parts: Type.Array(Part, { minItems: 1, maxItems: 1000 }),
-  taskId: Type.Optional(Type.String({ minLength: 1 })),
+  taskId: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
   contextId: Type.Optional(Type.String({ format: 'uuid' })),
   referenceTaskIds: Type.Optional(Type.Array(Type.String({ format: 'uuid' }), { maxItems: 100 })),
   extensions: Type.Optional(Type.Array(Type.String())),
