@@ -136,7 +136,7 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.equal((await c.get(`${B}/provider/mail-c`)).body.status, 'active');
   });
 
-  it('answers 400 for a provider error, 404 for an unknown state, 410 for an expired one, and changes nothing', async () => {
+  it('answers 400 for a provider error, 404 for an unknown state, 410 for an expired one, changing nothing; a callback with neither code nor error leaves its state usable', async () => {
     await instance('mail-d');
     const stored = await userCredentials();
     const denied = new URL(await consent((await broker('mail-d')).action.Redirect.url));
@@ -160,12 +160,21 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.equal(expired.status, 410);
     assert.equal((await callback(back)).status, 404, 'an expired state is used up too');
 
+    // Neither a code nor an error is not the provider's answer: the state stays usable.
     const noCode = new URL(await consent((await broker('mail-d')).action.Redirect.url));
-    noCode.searchParams.delete('code');
-    assert.equal((await callback(noCode.toString())).status, 400);
+    const code = noCode.searchParams.get('code')!;
+    for (const value of [null, '']) {
+      if (value === null) noCode.searchParams.delete('code');
+      else noCode.searchParams.set('code', value);
+      const r = await callback(noCode.toString());
+      assert.equal(r.status, 400);
+      assert.match(((await r.json()) as { message: string }).message, /neither a code nor an error/);
+    }
+    noCode.searchParams.set('code', code);
+    assert.equal((await callback(noCode.toString())).status, 200, 'the state is still there for the real answer');
 
-    assert.equal(await userCredentials(), stored);
-    assert.equal((await c.get(`${B}/provider/mail-d`)).body.status, 'brokering_initiated');
+    assert.equal(await userCredentials(), stored + 1);
+    assert.equal((await c.get(`${B}/provider/mail-d`)).body.status, 'active');
   });
 
   it('a worker purges states expired over a day ago; younger expired ones stay and still answer 410', async () => {

@@ -72,24 +72,27 @@ export async function completeBrokering(
   s: BrokerServices, query: { state?: string; code?: string; error?: string; error_description?: string },
 ): Promise<CallbackOutcome> {
   if (!query.state) throw new InvalidRequest('The callback has no state', [{ path: 'query.state', message: 'is required' }]);
+  // A callback that is neither answer leaves the state unused: it is not the provider's redirect.
+  const { error, code } = query;
+  const reply = error ? { error } : code ? { code } : undefined;
+  if (!reply) throw new InvalidRequest('The callback has neither a code nor an error', [{ path: 'query.code', message: 'is required' }]);
   const state = await takeBrokerState(s.db, sha256(query.state));
   if (!state) throw new NotFound('broker state', '(the given state)');
   if (state.expires_at.getTime() < Date.now()) throw new Gone('The brokering state expired: start the flow again');
-  if (query.error) {
+  if (reply.error) {
     const detail = query.error_description ? `: ${query.error_description}` : '';
-    throw new InvalidRequest(`The provider refused the authorization: ${query.error}${detail}`, [{ path: 'query.error', message: query.error }]);
+    throw new InvalidRequest(`The provider refused the authorization: ${reply.error}${detail}`, [{ path: 'query.error', message: reply.error }]);
   }
-  if (!query.code) throw new InvalidRequest('The callback has neither a code nor an error', [{ path: 'query.code', message: 'is required' }]);
   const instance = await repo.getProviderInstance(s.db, state.provider_instance_id);
   if (!instance) throw new NotFound('provider_instance', state.provider_instance_id);
   const provider = providerDef(instance.provider_controller_type_id);
   const cc = credentialDef(provider, instance.credential_controller_type_id);
   const { row: rsRow, plain: rs } = await resourceServerCredential(s, cc, instance);
   const answer = await requestToken(s.cfg, provider, rs, {
-    grant_type: 'authorization_code', code: query.code, redirect_uri: String(rs.redirect_uri), code_verifier: state.code_verifier,
+    grant_type: 'authorization_code', code: reply.code, redirect_uri: String(rs.redirect_uri), code_verifier: state.code_verifier,
   });
   if (answer.status >= 400) throw refusal('code', answer);
-  const plain = withTokens(answer, { code: query.code }, rs);
+  const plain = withTokens(answer, { code: reply.code }, rs);
   // The tokens are sealed under the alias of the instance's resource server credential.
   const credential = await writeUnderAlias(s, rsRow.dek_alias, async (trx, dekId) => {
     const current = await repo.getProviderInstance(trx, instance.id, 'update');
