@@ -74,12 +74,12 @@ export async function completeBrokering(
   if (!query.state) throw new InvalidRequest('The callback has no state', [{ path: 'query.state', message: 'is required' }]);
   // A callback that is neither answer leaves the state unused: it is not the provider's redirect.
   const { error, code } = query;
-  const reply = error ? { error } : code ? { code } : undefined;
+  const reply: { error: string } | { code: string } | undefined = error ? { error } : code ? { code } : undefined;
   if (!reply) throw new InvalidRequest('The callback has neither a code nor an error', [{ path: 'query.code', message: 'is required' }]);
   const state = await takeBrokerState(s.db, sha256(query.state));
   if (!state) throw new NotFound('broker state', '(the given state)');
   if (state.expires_at.getTime() < Date.now()) throw new Gone('The brokering state expired: start the flow again');
-  if (reply.error) {
+  if ('error' in reply) {
     const detail = query.error_description ? `: ${query.error_description}` : '';
     throw new InvalidRequest(`The provider refused the authorization: ${reply.error}${detail}`, [{ path: 'query.error', message: reply.error }]);
   }
