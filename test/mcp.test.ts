@@ -120,14 +120,23 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     }
   });
 
-  it('answers tools/call params of the wrong shape with -32602, not an internal error', async () => {
-    for (const params of [{ name: 5 }, { name: 'stripe.stripe_process_refund.stripe-main', arguments: 'notobj' }, {}]) {
-      const r = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'tools/call', params }));
-      assert.equal(r.status, 200);
+  it('answers params of the wrong shape with -32602 naming the field, for every method it serves, not an internal or parse error', async () => {
+    const cases: [string, unknown, RegExp][] = [
+      ['tools/call', { name: 5 }, /^Invalid params: params\.name: /],
+      ['tools/call', { name: 'stripe.stripe_process_refund.stripe-main', arguments: 'notobj' }, /^Invalid params: params\.arguments: /],
+      ['tools/call', {}, /^Invalid params: params\.name: /],
+      ['tools/call', 5, /^Invalid params: params: /],
+      ['tools/list', { cursor: 5 }, /^Invalid params: params\.cursor: /],
+      ['initialize', { protocolVersion: 5, capabilities: {}, clientInfo: { name: 'x', version: '1' } }, /^Invalid params: params\.protocolVersion: /],
+      ['ping', { _meta: 'x' }, /^Invalid params: params\._meta: /],
+    ];
+    for (const [method, params, pattern] of cases) {
+      const r = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 7, method, params }));
+      assert.equal(r.status, 200, `${method} ${JSON.stringify(params)}`);
       const body = (await r.json()) as { id: number; error: { code: number; message: string } };
       assert.equal(body.id, 7);
       assert.equal(body.error.code, ErrorCode.InvalidParams, JSON.stringify(body));
-      assert.match(body.error.message, /Invalid tools\/call request/);
+      assert.match(body.error.message, pattern);
     }
   });
 

@@ -6,7 +6,7 @@ import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { readJsonBody } from '../middleware/body.ts';
 import { InvalidRequest } from '../../domain/errors.ts';
-import { createMcpServer } from '../../domain/bridge/mcp.ts';
+import { createMcpServer, invalidParamsAnswer } from '../../domain/bridge/mcp.ts';
 
 export const MCP_PATH = '/api/bridge/v1/mcp';
 
@@ -24,6 +24,11 @@ export const mcpRoutes = [
       if (!(err instanceof InvalidRequest)) throw err;
       ctx.status = 400;
       ctx.body = { jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${err.message}` } };
+      return;
+    }
+    const refused = invalidParamsAnswer(body);
+    if (refused) {
+      ctx.body = refused;
       return;
     }
     const headers = new Headers();

@@ -4,7 +4,10 @@
 // One server per HTTP request (stateless Streamable HTTP): tools are read from Postgres each time,
 // so every API process sees the same list.
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
-import { CallToolRequestSchema, ErrorCode, ListToolsRequestSchema, McpError, type CallToolResult, type Tool } from '@modelcontextprotocol/sdk/types.js';
+import {
+  CallToolRequestSchema, ErrorCode, InitializeRequestSchema, ListToolsRequestSchema, McpError, PingRequestSchema,
+  type CallToolResult, type JSONRPCErrorResponse, type Tool,
+} from '@modelcontextprotocol/sdk/types.js';
 import type { Services } from '../services.ts';
 import { AppError, NotFound } from '../errors.ts';
 import { allFunctionInstances, getFunctionInstance, getProviderInstance, type FunctionInstanceRow } from '../../db/bridge.ts';
@@ -61,13 +64,23 @@ async function guarded<T>(services: Services, what: string, fn: () => Promise<T>
 export function createMcpServer(services: Services): Server {
   const server = new Server({ name: 'taskbridge-bridge', version: SERVICE_VERSION }, { capabilities: { tools: {} } });
   server.setRequestHandler(ListToolsRequestSchema, async () => guarded(services, 'tools/list', async () => ({ tools: await listTools(services.db) })));
-  // Registered under a schema that checks the method only: with the full one the SDK's protocol layer
-  // parses the params first and answers a bad one (a numeric name, string arguments) as -32603;
-  // the Server's own tools/call check still runs and answers it -32602.
-  server.setRequestHandler(CallToolRequestSchema.pick({ method: true }).passthrough(), async (req) => {
-    // Already checked by the Server's wrapper; parsed again for its types.
-    const { params } = CallToolRequestSchema.parse(req);
-    return guarded(services, 'tools/call', () => callTool(services, params.name, params.arguments ?? {}));
-  });
+  server.setRequestHandler(CallToolRequestSchema, async ({ params }) =>
+    guarded(services, 'tools/call', () => callTool(services, params.name, params.arguments ?? {})));
   return server;
+}
+
+// The requests the server answers, with the SDK's schemas for them.
+const REQUESTS = { initialize: InitializeRequestSchema, ping: PingRequestSchema, 'tools/list': ListToolsRequestSchema, 'tools/call': CallToolRequestSchema } as const;
+
+// A request to one of those methods whose params do not fit is -32602, answered here: the SDK's
+// protocol layer would answer -32603 with zod's whole report, or HTTP 400 "Parse error" when the
+// params are not an object. Undefined: the request is the SDK's to answer.
+export function invalidParamsAnswer(body: unknown): JSONRPCErrorResponse | undefined {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) return undefined;
+  const { id, method } = body as { id?: unknown; method?: unknown };
+  if (typeof method !== 'string' || !Object.hasOwn(REQUESTS, method) || (typeof id !== 'string' && typeof id !== 'number')) return undefined;
+  const parsed = REQUESTS[method as keyof typeof REQUESTS].safeParse(body);
+  if (parsed.success) return undefined;
+  const issue = parsed.error.issues[0];
+  return { jsonrpc: '2.0', id, error: { code: ErrorCode.InvalidParams, message: `Invalid params: ${issue.path.join('.') || 'params'}: ${issue.message}` } };
 }
