@@ -18,7 +18,8 @@ export function defaultJobOptions(cfg: Config, queue: QueueName): JobsOptions {
     case 'agent-tasks':
       return { ...common, attempts: cfg.AGENT_ATTEMPTS, backoff: { type: 'exponential', delay: cfg.AGENT_BACKOFF_MS } };
     case 'key-jobs':
-      return { ...common, attempts: 20, backoff: { type: 'exponential', delay: 1000 } };
+      // Ten attempts ride out about eight minutes of a key service's outage, then the job fails visibly.
+      return { ...common, attempts: 10, backoff: { type: 'exponential', delay: 1000 } };
     case 'credential-refresh':
       // Removed when they end: the job id is the credential's, free again for its next due time.
       return { removeOnComplete: true, removeOnFail: true, attempts: cfg.CREDENTIAL_REFRESH_ATTEMPTS, backoff: { type: 'exponential', delay: cfg.CREDENTIAL_REFRESH_BACKOFF_MS } };

@@ -306,6 +306,20 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal((await c.get(`${E}/dek/alias/mixed-corrupt`)).body.envelope_encryption_key_id.id, 'mixed.key');
   });
 
+  it('refuses (502) a migrate-all to a KMS key that cannot wrap, starting no job and moving nothing', async () => {
+    const c = stack.client;
+    const unknownArn = 'arn:aws:kms:eu-west-1:111122223333:key/00000000-0000-4000-8000-00000000dead';
+    assert.equal((await c.post(`${E}/envelope`, { type: 'aws_kms', arn: unknownArn, region: 'eu-west-1' })).status, 201);
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'stay.key' })).status, 201);
+    assert.equal((await c.post(`${E}/envelope/stay.key/dek`, { id: 'stay-dek' })).status, 201);
+    const jobsBefore = Number((await testDb()('key_jobs').count({ n: '*' }))[0].n);
+    const refused = await c.post(`${E}/envelope/stay.key/migrate`, { to_envelope_encryption_key_id: unknownArn });
+    assertError(refused, 502, 'bad_gateway');
+    assert.match(refused.body.message, /AWS KMS Encrypt failed: NotFoundException/);
+    assert.equal(Number((await testDb()('key_jobs').count({ n: '*' }))[0].n), jobsBefore);
+    assert.equal((await c.get(`${E}/dek/alias/stay-dek`)).body.envelope_encryption_key_id.id, 'stay.key');
+  });
+
   it('fails a migrate-all job at once when the source key file is gone, leaving its DEKs untouched', async () => {
     const c = stack.client;
     assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'lost.key' })).status, 201);

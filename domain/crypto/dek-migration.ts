@@ -9,7 +9,7 @@
 // could keep finding some: after MAX_SWEEPS the job fails, naming how many it left. A migration
 // into the source of a running one, or out of its target, is refused: it would move DEKs the
 // running one is moving (two opposite ones would move the same DEKs back and forth).
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
 import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
@@ -20,7 +20,7 @@ import {
   findActiveMigration, findCrossingMigration, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, lockMigrationStarts, markKeyJobRunning,
   recordKeyJobProgress, restartKeyJobPass, settleKeyJobTotal, type KeyJobError, type KeyJobRow,
 } from '../../db/key-jobs.ts';
-import { DecryptError } from './aes-gcm.ts';
+import { DecryptError, KEY_BYTES } from './aes-gcm.ts';
 import { envelopeKeyRow, wrapperFor } from '../keyring.ts';
 import type { KeyWrapper } from './envelope-keys.ts';
 
@@ -42,11 +42,14 @@ function passFilter(job: KeyJobRow): DekFilter {
 }
 
 export async function startMigrateAll(
-  s: Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>, sourceId: string, targetId: string,
+  s: Pick<Services, 'db' | 'cfg' | 'outbox' | 'bus' | 'log'>, sourceId: string, targetId: string,
 ): Promise<{ job: KeyJobRow; created: boolean }> {
   await envelopeKeyRow(s.db, sourceId);
   await envelopeKeyRow(s.db, targetId);
   if (sourceId === targetId) throw new InvalidRequest('source and target envelope keys are the same', [{ path: 'body.to_envelope_encryption_key_id', message: 'must differ from the source envelope key' }]);
+  // A target that cannot wrap (a KMS key that is gone or not ours) is refused now, as a single DEK's
+  // migration is (502), not found out by a job that would retry for minutes before it failed.
+  await (await wrapperFor(s, targetId)).wrap(randomBytes(KEY_BYTES));
   for (;;) {
     const out = await inTransaction(s, async (uow) => {
       if (!(await lockEnvelopeKeyShared(uow.trx, targetId))) throw new NotFound('envelope_key', targetId);
