@@ -2,7 +2,8 @@
 // right after the last event. A client that goes away ends the writing, never the task.
 import type { Context } from 'koa';
 import type { Logger } from '../domain/logger.ts';
-import { errorResponse, type RpcId } from '../domain/a2a/jsonrpc.ts';
+import type { RpcId } from '../domain/a2a/jsonrpc.ts';
+import { JSONRPC, toJsonRpcError } from '../domain/a2a/errors.ts';
 import type { TaskStream } from '../domain/a2a/methods.ts';
 
 // Comment lines keep idle proxies from closing a stream that waits on a slow agent.
@@ -33,8 +34,9 @@ export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log:
       await send({ jsonrpc: '2.0', id, result });
     }
   } catch (err) {
-    log.error({ err }, 'a2a stream failed');
-    await send(errorResponse(id, err));
+    const error = toJsonRpcError(err);
+    if (error.code === JSONRPC.INTERNAL) log.error({ err }, 'a2a stream failed');
+    await send({ jsonrpc: '2.0', id, error });
   } finally {
     clearInterval(keepalive);
     res.off('close', onClose);

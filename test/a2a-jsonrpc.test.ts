@@ -13,7 +13,9 @@ describe('A2A JSON-RPC endpoint', () => {
   const raw = async (payload: string, headers: Record<string, string> = {}) => {
     const res = await fetch(stack.api.url + A2A, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', ...headers }, body: payload });
     const text = await res.text();
-    return { status: res.status, body: JSON.parse(text), headers: res.headers };
+    // A stream refused for its task is one SSE event holding the error.
+    const json = res.headers.get('content-type')?.startsWith('text/event-stream') ? text.split('\n').find((l) => l.startsWith('data: '))?.slice(6) ?? '' : text;
+    return { status: res.status, body: JSON.parse(json), headers: res.headers };
   };
   const rpc = async (method: string, params?: unknown, id: unknown = nextId++) => raw(JSON.stringify({ jsonrpc: '2.0', id, method, ...(params === undefined ? {} : { params }) }));
 
@@ -194,7 +196,7 @@ describe('A2A JSON-RPC endpoint', () => {
         ] as const) {
           const r = await rpc(method, params, 'u');
           assert.equal(r.status, 200);
-          assert.match(r.headers.get('content-type') ?? '', /application\/json/);
+          assert.match(r.headers.get('content-type') ?? '', method === 'tasks/resubscribe' || method === 'message/stream' ? /^text\/event-stream/ : /application\/json/);
           assert.equal(r.body.id, 'u');
           assert.equal(r.body.error?.code, -32001, `${method} ${id}: ${JSON.stringify(r.body)}`);
         }

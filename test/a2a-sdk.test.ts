@@ -122,6 +122,17 @@ describe('A2A with the real SDK clients', () => {
       assert.equal((again.at(-1) as TaskStatusUpdateEvent).status.state, 'completed');
     });
 
+    it('reads a stream refused for its task (unknown, terminal) as the JSON-RPC error, not a broken transport', async () => {
+      const drain = async (events: AsyncIterable<unknown>) => { for await (const _ of events) { /* until the error */ } };
+      await assert.rejects(drain(client.resubscribeTask({ id: randomUUID() })), /Task not found: .*\(Code: -32001\)/);
+      const done = await client.sendMessage({ message: userMessage('finished') }) as Task;
+      assert.equal(done.status.state, 'completed');
+      await assert.rejects(drain(client.sendMessageStream({ message: userMessage('too late', { taskId: done.id }) })), (err: Error) => {
+        assert.match(err.message, /is completed.*\(Code: -32600\)/, String(err));
+        return true;
+      });
+    });
+
     it('push notification configs: set, get, list, delete, inline with message/send (token never returned)', async () => {
       const task = await client.sendMessage({ message: userMessage('[input] push') }) as Task;
       const set = await client.setTaskPushNotificationConfig({ taskId: task.id, pushNotificationConfig: { id: 'hook-1', url: 'http://127.0.0.1:9/hook', token: 'secret-token' } });
@@ -209,6 +220,10 @@ describe('A2A with the real SDK clients', () => {
       let last: unknown;
       for await (const e of client.resubscribeTask({ tenant: '', id: running.id })) last = e.payload;
       assert.equal((last as { $case: string; value: { status: { state: TaskState } } }).value.status.state, TaskState.TASK_STATE_COMPLETED);
+    });
+
+    it('reads a stream refused for an unknown task as the JSON-RPC error', async () => {
+      await assert.rejects((async () => { for await (const _ of client.resubscribeTask({ tenant: '', id: randomUUID() })) { /* until the error */ } })(), /Task not found: .*\(Code: -32001\)/);
     });
 
     it('push notification configs: create, get, list, delete', async () => {

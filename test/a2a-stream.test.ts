@@ -178,12 +178,19 @@ describe('A2A streaming (SSE)', () => {
     }
   });
 
-  it('stream errors before the stream starts are plain JSON-RPC errors', async () => {
+  it("a stream refused for its task is one SSE error event, then closed (as the SDK's server answers); bad params are plain JSON", async () => {
     const s = await sse(stack.api.url, 'tasks/resubscribe', { id: randomUUID() }, { id: 'r' });
-    assert.match(s.contentType, /application\/json/);
+    assert.match(s.contentType, /^text\/event-stream/);
+    assert.equal(s.events.length, 1);
     assert.deepEqual([s.events[0].id, s.events[0].error.code], ['r', -32001]);
+    assert.equal(s.ended, true);
+    const unknown = await sse(stack.api.url, 'message/stream', { message: userMessage('to nowhere', { taskId: randomUUID() }) }, { id: 'u' });
+    assert.match(unknown.contentType, /^text\/event-stream/);
+    assert.deepEqual([unknown.events.length, unknown.events[0].id, unknown.events[0].error.code], [1, 'u', -32001]);
     const bad = await sse(stack.api.url, 'message/stream', { message: { kind: 'message' } }, { id: 'b' });
+    assert.match(bad.contentType, /application\/json/);
     assert.deepEqual([bad.events[0].id, bad.events[0].error.code], ['b', -32602]);
+    assert.ok(!stack.api.logs.some((l) => l.includes('a2a stream failed')), 'refusals are not logged as failures');
   });
 });
 

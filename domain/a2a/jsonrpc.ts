@@ -37,6 +37,10 @@ export const errorResponse = (id: RpcId, err: unknown): RpcResponse => ({ jsonrp
 
 // A number id must come back as the client wrote it: beyond 2^53 JSON.parse has already rounded it
 // (and 1e400 is Infinity), so answering it would answer another id.
+async function* failed(err: unknown): m.TaskStream {
+  throw err;
+}
+
 export const isId = (v: unknown): v is RpcId => typeof v === 'string' || v === null || (typeof v === 'number' && Math.abs(v) <= Number.MAX_SAFE_INTEGER);
 
 export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Promise<RpcOutcome> {
@@ -54,9 +58,13 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Pro
     const target = Object.hasOwn(METHODS, req.method) ? METHODS[req.method] : undefined;
     if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${req.method.slice(0, 100)}`);
     const params = target.validate(req.params === undefined && req.method === 'agent/getAuthenticatedExtendedCard' ? null : req.params);
-    const result = await target.run(call, params);
-    if (target.stream) return { id, stream: result as m.TaskStream };
-    return { response: { jsonrpc: '2.0', id, result } };
+    if (!target.stream) return { response: { jsonrpc: '2.0', id, result: await target.run(call, params) } };
+    m.requireStreaming(call, req.method);
+    // As in the SDK's server: a streaming call with valid params is answered with a stream, and what
+    // goes wrong from there (an unknown or terminal task) is its one event: 0.3 clients read no other
+    // answer to these methods.
+    const stream = await target.run(call, params).catch((err: unknown) => failed(err));
+    return { id, stream: stream as m.TaskStream };
   } catch (err) {
     if (!(err instanceof A2AError) && toJsonRpcError(err).code === JSONRPC.INTERNAL) log.error({ err, method: req.method }, 'a2a method failed');
     return { response: errorResponse(id, err) };

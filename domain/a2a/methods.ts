@@ -46,7 +46,7 @@ function requirePushSupport(call: A2ACall): void {
   if (!call.services.cfg.A2A_PUSH_NOTIFICATIONS) throw new A2AError(JSONRPC.PUSH_NOT_SUPPORTED, 'Push notifications are not supported by this agent');
 }
 
-function requireStreaming(call: A2ACall, method: string): void {
+export function requireStreaming(call: A2ACall, method: string): void {
   if (!call.services.cfg.A2A_STREAMING) throw new A2AError(JSONRPC.UNSUPPORTED_OPERATION, `Unsupported operation: ${method} needs streaming, which this agent does not offer`);
 }
 
@@ -128,7 +128,6 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
 }
 
 export async function streamMessage(call: A2ACall, params: MessageSendParams): Promise<TaskStream> {
-  requireStreaming(call, 'message/stream');
   const { services, waiter } = call;
   const id = params.message.taskId !== undefined ? taskIdOf(params.message.taskId) : randomUUID();
   const follow = await waiter.follow(id);
@@ -150,7 +149,6 @@ export async function streamMessage(call: A2ACall, params: MessageSendParams): P
 }
 
 export async function resubscribe(call: A2ACall, params: TaskIdParams): Promise<TaskStream> {
-  requireStreaming(call, 'tasks/resubscribe');
   const { services, waiter } = call;
   const id = taskIdOf(params.id);
   const follow = await waiter.follow(id);
