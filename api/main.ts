@@ -2,6 +2,7 @@
 import { loadConfigOrExit } from '../domain/config.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
+import { waitForBackingServices } from '../domain/startup.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createApp } from './app.ts';
 import { answerClientErrors } from './client-errors.ts';
@@ -10,6 +11,7 @@ import { listenPg } from '../db/pg-listener.ts';
 
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'api');
+await waitForBackingServices(services);
 await bootstrap(services);
 await startKeyringInvalidation(services);
 const keyRevocations = await listenPg(cfg.DATABASE_URL, { [API_KEY_REVOKED]: forgetApiKey }, services.log);

@@ -20,6 +20,10 @@ export async function getEnvelopeKey(db: Tx, id: string): Promise<EnvelopeKeyRow
   return db('envelope_keys').where({ id }).first();
 }
 
+export async function localKeyFileNames(db: Tx): Promise<string[]> {
+  return (await db('envelope_keys').where({ type: 'local' }).select('file_name')).map((r: { file_name: string }) => r.file_name);
+}
+
 export async function listEnvelopeKeys(db: Tx, pageSize: number, token?: string): Promise<Page<EnvelopeKeyRow>> {
   return keysetPage<EnvelopeKeyRow>(db('envelope_keys'), {
     columns: ['created_at', 'id'], kinds: ['timestamp', 'text'], direction: 'desc',

@@ -24,7 +24,11 @@ const CONNECT_TIMEOUT_MS = 5000;
 // taken from the pool only when it is ready for a statement; one that is not is dropped.
 const readyForQuery = (connection: { readyForQuery?: boolean }) => connection.readyForQuery === true;
 
-export function createDb(url: string, pool = { min: 0, max: 20 }, opts: { queryTimeoutMs?: number } = {}): Knex {
+// Where knex's own warnings go: by default console.warn, with stacks, once per failed connection
+// attempt. Failures reach callers as errors anyway; these lines only help while debugging.
+export interface DbLog { debug(obj: object, msg: string): void }
+
+export function createDb(url: string, pool = { min: 0, max: 20 }, opts: { queryTimeoutMs?: number; log?: DbLog } = {}): Knex {
   const timeouts = opts.queryTimeoutMs ? { statement_timeout: opts.queryTimeoutMs, query_timeout: opts.queryTimeoutMs + CLIENT_TIMEOUT_GRACE_MS } : {};
   // As an object: knex's own URL parsing cannot read a socket path (?host=/dir), pg's can.
   // compileSqlOnError off: a failed query's error names its SQL with placeholders, never the values
@@ -32,7 +36,13 @@ export function createDb(url: string, pool = { min: 0, max: 20 }, opts: { queryT
   return knexFactory({
     client: 'pg', connection: { connectionString: url, keepAlive: true, connectionTimeoutMillis: CONNECT_TIMEOUT_MS, ...timeouts }, pool: { ...pool, validate: readyForQuery },
     acquireConnectionTimeout: 10000, compileSqlOnError: false,
+    ...(opts.log ? { log: knexLog(opts.log) } : {}),
   });
+}
+
+function knexLog(log: DbLog) {
+  const line = (level: string) => (message: unknown) => log.debug({ knex: level }, String(message).split('\n')[0]);
+  return { warn: line('warn'), error: line('error'), deprecate: line('deprecate'), debug: line('debug') };
 }
 
 export async function migrateLatest(db: Knex): Promise<string[]> {

@@ -1,7 +1,10 @@
 import path from 'node:path';
-import { Type, type Static } from '@sinclair/typebox';
-import { Ajv } from 'ajv';
+import { Type, type Static, type TObject } from '@sinclair/typebox';
+import { Ajv, type ValidateFunction } from 'ajv';
 import { parseSkills } from './a2a/skills.ts';
+
+// A string that is one of `values` (checked as an enum, so that a wrong one is told the choices).
+const oneOf = <const T extends string>(values: readonly T[], opts: { default: NoInfer<T> }) => Type.Unsafe<T>({ type: 'string', enum: values, ...opts });
 
 // Every setting the processes read, validated once at start. Env names are the upper-case keys.
 const ConfigSchema = Type.Object({
@@ -13,15 +16,17 @@ const ConfigSchema = Type.Object({
   DATA_DIR: Type.String({ default: '.data', minLength: 1 }),
   KEYS_DIR: Type.Optional(Type.String({ minLength: 1 })),
   ADMIN_API_KEY: Type.Optional(Type.String({ minLength: 16 })),
-  LOG_LEVEL: Type.Union(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'].map((l) => Type.Literal(l)), { default: 'info' }),
+  LOG_LEVEL: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], { default: 'info' }),
   BODY_LIMIT_BYTES: Type.Integer({ minimum: 1024, default: 1024 * 1024 }),
   // Requests per API key per second in each API process; 0 turns it off.
   RATE_LIMIT_PER_SECOND: Type.Integer({ minimum: 0, default: 1000 }),
   // Longest a statement of the API or a worker may run (Postgres cancels it; the client gives up
   // shortly after, should the server not answer at all): the request then gets 503. 0: no limit.
   DB_QUERY_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 30000 }),
+  // How long an api or worker process waits at start for Postgres and Redis before it exits.
+  STARTUP_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 60000 }),
   QUEUE_PREFIX: Type.String({ default: '{taskbridge}', minLength: 1 }),
-  AGENT_KIND: Type.Union([Type.Literal('demo'), Type.Literal('module'), Type.Literal('remote')], { default: 'demo' }),
+  AGENT_KIND: oneOf(['demo', 'module', 'remote'], { default: 'demo' }),
   AGENT_MODULE: Type.Optional(Type.String({ minLength: 1 })),
   AGENT_REMOTE_URL: Type.Optional(Type.String({ pattern: '^https?://' })),
   // Sent as `Authorization: Bearer <key>` to the remote A2A agent (card and calls).
@@ -49,6 +54,8 @@ const ConfigSchema = Type.Object({
   ALIAS_ROTATION_PAUSE_MS: Type.Integer({ minimum: 0, maximum: 60000, default: 0 }),
   // How long a killed worker's job stays locked before another worker takes it over.
   WORKER_LOCK_MS: Type.Integer({ minimum: 500, default: 30000 }),
+  // After SIGTERM, how long a worker lets running jobs finish before it hands agent runs back.
+  WORKER_SHUTDOWN_GRACE_MS: Type.Integer({ minimum: 0, default: 10000 }),
   WORKER_STALLED_CHECK_MS: Type.Integer({ minimum: 200, default: 15000 }),
   OUTBOX_SWEEP_MS: Type.Integer({ minimum: 50, default: 2000 }),
   A2A_BLOCKING_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 30000 }),
@@ -84,20 +91,27 @@ export class ConfigError extends Error {}
 const ajv = new Ajv({ coerceTypes: true, useDefaults: true, allErrors: true });
 const validate = ajv.compile(ConfigSchema);
 
-export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+// The settings of `schema` from the environment, coerced and defaulted, or a ConfigError listing
+// every problem by variable name.
+function readEnv<S extends TObject>(schema: S, check: ValidateFunction, env: NodeJS.ProcessEnv): Static<S> {
   const raw: Record<string, unknown> = {};
-  for (const key of Object.keys(ConfigSchema.properties)) {
+  for (const key of Object.keys(schema.properties)) {
     const value = env[key];
     if (value !== undefined && value !== '') raw[key] = value;
   }
-  if (!validate(raw)) {
-    const lines = (validate.errors ?? []).map((e) => {
+  if (!check(raw)) {
+    const lines = (check.errors ?? []).map((e) => {
       const name = e.instancePath.replace(/^\//, '') || (e.params as { missingProperty?: string }).missingProperty || '(config)';
-      return `  ${name}: ${e.message}`;
+      const allowed = (e.params as { allowedValues?: unknown[] }).allowedValues;
+      return `  ${name}: ${allowed ? `must be one of ${allowed.join(', ')}` : e.message}`;
     });
     throw new ConfigError(`Invalid configuration:\n${[...new Set(lines)].join('\n')}`);
   }
-  const cfg = raw as Static<typeof ConfigSchema>;
+  return raw as Static<S>;
+}
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const cfg = readEnv(ConfigSchema, validate, env);
   if (cfg.AGENT_KIND === 'module' && !cfg.AGENT_MODULE) throw new ConfigError('Invalid configuration:\n  AGENT_MODULE: required when AGENT_KIND=module');
   if (cfg.AGENT_KIND === 'remote' && !cfg.AGENT_REMOTE_URL) throw new ConfigError('Invalid configuration:\n  AGENT_REMOTE_URL: required when AGENT_KIND=remote');
   try { parseSkills(cfg.AGENT_SKILLS_JSON); } catch (e) { throw new ConfigError(`Invalid configuration:\n  AGENT_SKILLS_JSON: ${(e as Error).message}`); }
@@ -111,9 +125,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
 }
 
 // Process entry points: a bad configuration ends the process with the list of problems.
-export function loadConfigOrExit(): Config {
+function orExit<T>(load: () => T): T {
   try {
-    return loadConfig();
+    return load();
   } catch (e) {
     if (e instanceof ConfigError) {
       console.error(e.message);
@@ -122,6 +136,14 @@ export function loadConfigOrExit(): Config {
     throw e;
   }
 }
+
+export const loadConfigOrExit = (): Config => orExit(() => loadConfig());
+
+// What the schema migration (Procfile `release`) and the CLI read: they need Postgres only.
+const DatabaseConfigSchema = Type.Pick(ConfigSchema, ['DATABASE_URL', 'LOG_LEVEL']);
+const validateDatabase = ajv.compile(DatabaseConfigSchema);
+export const loadDatabaseConfig = (env: NodeJS.ProcessEnv = process.env) => readEnv(DatabaseConfigSchema, validateDatabase, env);
+export const loadDatabaseConfigOrExit = () => orExit(() => loadDatabaseConfig());
 
 // What /_internal/v1/runtime_config may show: nothing that grants access.
 export function publicConfig(cfg: Config): Record<string, unknown> {

@@ -7,10 +7,10 @@ import type { Services } from './services.ts';
 import type { Tx } from '../db/knex.ts';
 import type { EventBus } from '../queues/events.ts';
 import { Conflict, InvalidRequest, NotFound } from './errors.ts';
-import { getEnvelopeKey, type EnvelopeKeyRow } from '../db/envelope-keys.ts';
+import { getEnvelopeKey, localKeyFileNames, type EnvelopeKeyRow } from '../db/envelope-keys.ts';
 import { aliasDekForWrite, getAlias, getDek, insertDek, updateAlias, type AliasRow, type DekRow } from '../db/deks.ts';
 import { DecryptError, KEY_BYTES, openBase64, sealBase64 } from './crypto/aes-gcm.ts';
-import { wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
+import { readLocalKeyFile, wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
 import { TtlCache } from './crypto/ttl-cache.ts';
 
 export { DecryptError };
@@ -157,4 +157,17 @@ export async function repointAlias(trx: Knex.Transaction, alias: string, dekId: 
   if (!before || !row) throw new NotFound('dek_alias', alias);
   invalidateAfterCommit(trx, { dek_ids: [before.dek_id, dekId] });
   return row;
+}
+
+// The local envelope key files this process cannot read (readiness: a host without KEYS_DIR's
+// files cannot serve secrets).
+export async function unreadableLocalKeyFiles(s: Pick<Services, 'db' | 'cfg'>): Promise<string[]> {
+  return (await localKeyFileNames(s.db)).filter((name) => {
+    try {
+      readLocalKeyFile(s.cfg.KEYS_DIR, name);
+      return false;
+    } catch {
+      return true;
+    }
+  });
 }

@@ -4,7 +4,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { loadConfig, ConfigError } from '../domain/config.ts';
+import { loadDatabaseConfig, ConfigError } from '../domain/config.ts';
 import { createDb } from '../db/knex.ts';
 import { listActive } from '../db/api-keys.ts';
 import { AppError } from '../domain/errors.ts';
@@ -120,9 +120,7 @@ async function main(argv: string[]): Promise<number> {
     console.error('Error: DATABASE_URL is not set and no local Postgres from `npm start` is running under DATA_DIR.');
     return 2;
   }
-  // The CLI never connects to Redis; the config module requires its URL for the processes that do.
-  env.REDIS_URL ||= 'redis://redis-not-used-by-the-cli.invalid';
-  const cfg = loadConfig(env);
+  const cfg = loadDatabaseConfig(env);
   const db = createDb(cfg.DATABASE_URL, { min: 0, max: 1 });
   try {
     if (args.command === 'create') {

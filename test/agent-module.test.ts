@@ -30,7 +30,7 @@ describe('agent modules', () => {
     assert.deepEqual(task.artifacts, [{ artifactId: 'summary', name: 'summary', parts: [{ kind: 'data', data: { length: 12 } }] }]);
     const timeline = await stack.client.get(`/api/task/v1/${task.id}/timeline?order=asc`);
     assert.deepEqual(timeline.body.items.map((i: any) => i.event_payload.type),
-      ['task-status-update', 'message', 'task-status-update', 'message', 'artifact-update', 'message', 'task-status-update']);
+      ['message', 'task-status-update', 'task-status-update', 'message', 'artifact-update', 'message', 'task-status-update']);
   });
 
   it('canceling a long-running module agent aborts its signal on the worker', async () => {

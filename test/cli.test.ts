@@ -121,7 +121,7 @@ describe('key job CLI (npm run cli -- jobs ...)', () => {
   before(async () => {
     await resetDb();
     // Small batches with a pause: the migration runs long enough to be watched.
-    stack = await startStack({ DEK_MIGRATION_BATCH: '10', DEK_MIGRATION_PAUSE_MS: '150' });
+    stack = await startStack({ DEK_MIGRATION_BATCH: '10', DEK_MIGRATION_PAUSE_MS: '400' });
   });
   after(async () => stack?.stop());
 

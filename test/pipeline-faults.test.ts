@@ -209,7 +209,7 @@ describe('job pipeline under faults', function () {
     let stack: Stack | undefined;
     // One attempt only: handing a run back at shutdown must not use one up.
     before(async () => {
-      stack = await startStack({ AGENT_ATTEMPTS: '1' }, { workers: 1 });
+      stack = await startStack({ AGENT_ATTEMPTS: '1', WORKER_SHUTDOWN_GRACE_MS: '3000' }, { workers: 1 });
     });
     after(async () => stack?.stop());
 
@@ -226,24 +226,30 @@ describe('job pipeline under faults', function () {
       await worker.kill('SIGTERM');
       assert.equal(worker.child.exitCode, 0);
       assert.ok(worker.logs.some((l) => l.includes('worker shutting down')));
+      assert.ok(worker.logs.some((l) => l.includes('"msg":"worker stopped"')));
+      assert.ok(!worker.logs.some((l) => l.includes('handed back')), 'a run that ends within the grace period is not handed back');
       // No other worker exists: the stopping worker completed the run itself.
       const t = (await s.client.get(`/api/task/v1/${id}`)).body;
       assert.equal(t.task.status, 'completed');
       assert.deepEqual(t.status_message.parts, [{ type: 'text-part', text: 'Echo: [sleep 1500] short' }]);
     });
 
-    it('hands a long run back after its grace period; another worker completes it', async () => {
+    it('hands a long run back after WORKER_SHUTDOWN_GRACE_MS, saying so; another worker completes it', async () => {
       const s = stack!;
       s.workers.push(await startWorker(s.env));
-      const id = (await s.client.post('/api/task/v1', { message: textMessage('[sleep 14000] long') })).body.task.id;
-      await running(s, id, 14000);
+      const id = (await s.client.post('/api/task/v1', { message: textMessage('[sleep 7000] long') })).body.task.id;
+      await running(s, id, 7000);
       const worker = s.workers.shift()!;
       const exited = worker.kill('SIGTERM');
       s.workers.push(await startWorker(s.env));
       await exited;
       assert.equal(worker.child.exitCode, 0);
+      const handedBack = worker.logs.find((l) => l.includes('grace period over: agent runs handed back to the queue'));
+      assert.ok(handedBack, worker.logs.slice(-10).join('\n'));
+      assert.deepEqual([JSON.parse(handedBack).runs, JSON.parse(handedBack).grace_ms], [1, 3000]);
+      assert.ok(worker.logs.some((l) => l.includes('"msg":"worker stopped"')));
       const done = await waitForStatus(s, id, 'completed', 90000);
-      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: [sleep 14000] long' }]);
+      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: [sleep 7000] long' }]);
     });
   });
 

@@ -19,7 +19,9 @@ export class CancelRegistry {
   }
 
   // Shutdown aborts are marked so the run is handed back for retry instead of counted as canceled.
-  abortAll(reason: string): void {
+  /** Aborts every run; returns how many there were. */
+  abortAll(reason: string): number {
     for (const c of this.runs.values()) c.abort(Object.assign(new Error(reason), { shutdown: true }));
+    return this.runs.size;
   }
 }

@@ -3,6 +3,7 @@ import { Worker, type Job } from 'bullmq';
 import { loadConfigOrExit } from '../domain/config.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
+import { waitForBackingServices } from '../domain/startup.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createRedis } from '../queues/connection.ts';
 import { TASK_CANCELED, updateStatus } from '../domain/tasks.ts';
@@ -12,7 +13,7 @@ import { startHousekeeping } from './housekeeping.ts';
 import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
 import { CancelRegistry } from './cancel-registry.ts';
 import { createRefreshCredentialProcessor, recordRefreshOutcomes, startRefreshScheduler } from './refresh-credential.ts';
-import { resolveAgent } from './agents/resolve-agent.ts';
+import { AgentConfigError, resolveAgent } from './agents/resolve-agent.ts';
 import { recordJobMetrics } from './record-job-metrics.ts';
 import { WorkerMetrics } from '../queues/worker-metrics.ts';
 import type { JobPayloads } from '../queues/names.ts';
@@ -20,6 +21,7 @@ import type { JobPayloads } from '../queues/names.ts';
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'worker');
 const { log } = services;
+await waitForBackingServices(services);
 await bootstrap(services);
 await startKeyringInvalidation(services);
 services.outbox.startSweeper();
@@ -29,7 +31,11 @@ await services.bus.subscribe(TASK_CANCELED, (msg) => {
   if (typeof msg.task_id === 'string' && cancels.cancel(msg.task_id)) log.info({ task_id: msg.task_id }, 'agent run aborted: task canceled');
 });
 
-const agent = await resolveAgent(services);
+const agent = await resolveAgent(services).catch((err: unknown) => {
+  if (!(err instanceof AgentConfigError)) throw err;
+  log.fatal(err.message);
+  process.exit(2);
+});
 const connection = createRedis(cfg.REDIS_URL, 'worker');
 connection.on('error', (err) => log.debug({ err: { message: err.message } }, 'redis connection error'));
 const common = { connection, prefix: cfg.QUEUE_PREFIX, lockDuration: cfg.WORKER_LOCK_MS, stalledInterval: cfg.WORKER_STALLED_CHECK_MS, maxStalledCount: 5 };
@@ -78,9 +84,10 @@ async function shutdown(signal: string) {
   stopping = true;
   log.info({ signal }, 'worker shutting down: finishing active jobs');
   const grace = setTimeout(() => {
-    // Jobs still running are aborted; their locks lapse and another worker takes them over.
-    cancels.abortAll('worker shutting down');
-  }, 10_000);
+    // Agent runs still going are handed back to the queue for another worker.
+    const runs = cancels.abortAll('worker shutting down');
+    if (runs) log.warn({ runs, grace_ms: cfg.WORKER_SHUTDOWN_GRACE_MS }, 'grace period over: agent runs handed back to the queue');
+  }, cfg.WORKER_SHUTDOWN_GRACE_MS);
   grace.unref();
   stopHousekeeping();
   stopRefreshScheduler();
@@ -89,6 +96,7 @@ async function shutdown(signal: string) {
   await metrics.stop().catch(() => undefined);
   await pushListener.close();
   connection.disconnect();
+  log.info('worker stopped');
   await services.close();
   process.exit(0);
 }

@@ -6,10 +6,10 @@ import { QUEUE_NAMES } from '../../queues/names.ts';
 import { SERVICE_VERSION } from '../../domain/version.ts';
 import { Unavailable } from '../../domain/errors.ts';
 import { generateBridgeClient } from '../../domain/bridge/codegen.ts';
+import { withTimeout } from '../../domain/startup.ts';
+import { unreadableLocalKeyFiles } from '../../domain/keyring.ts';
 
 const tag = '_internal';
-const withTimeout = <T>(p: Promise<T>, ms: number) =>
-  Promise.race([p, new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`no answer in ${ms} ms`)), ms).unref())]);
 
 export const internalRoutes = [
   defineRoute({
@@ -20,20 +20,26 @@ export const internalRoutes = [
 
   defineRoute({
     method: 'get', path: '/_internal/v1/ready', operationId: 'ready', tag, scope: null,
-    summary: 'Readiness: 200 when Postgres and Redis answer, else 503 naming what failed',
+    summary: 'Readiness: 200 when Postgres and Redis answer and the local envelope key files can be read, else 503 naming what failed',
     responses: { 200: Type.Object({ status: Type.Literal('ready'), checks: FreeObject }), 503: ErrorBody },
   }, async ({ services }) => {
-    const [pg, redis] = await Promise.allSettled([
+    const [pg, redis, keys] = await Promise.allSettled([
       withTimeout(services.db.raw('select 1'), 2000),
       withTimeout(services.redis.ping(), 2000),
+      withTimeout(unreadableLocalKeyFiles(services), 2000),
     ]);
-    const failed = [...(pg.status === 'rejected' ? ['postgres'] : []), ...(redis.status === 'rejected' ? ['redis'] : [])];
+    const unreadable = keys.status === 'fulfilled' ? keys.value : [];
+    const failed = [...(pg.status === 'rejected' ? ['postgres'] : []), ...(redis.status === 'rejected' ? ['redis'] : []), ...(unreadable.length ? ['keys'] : [])];
     if (failed.length) {
-      const e = new Unavailable(`Not ready: ${failed.join(' and ')} unreachable`);
-      Object.assign(e.data, { failed });
+      const why = [
+        ...(pg.status === 'rejected' || redis.status === 'rejected' ? [`${failed.filter((f) => f !== 'keys').join(' and ')} unreachable`] : []),
+        ...(unreadable.length ? [`local envelope key files unreadable in KEYS_DIR: ${unreadable.join(', ')}`] : []),
+      ];
+      const e = new Unavailable(`Not ready: ${why.join('; ')}`);
+      Object.assign(e.data, { failed, ...(unreadable.length ? { unreadable_key_files: unreadable } : {}) });
       throw e;
     }
-    return { status: 'ready' as const, checks: { postgres: 'ok', redis: 'ok' } };
+    return { status: 'ready' as const, checks: { postgres: 'ok', redis: 'ok', keys: 'ok' } };
   }),
 
   defineRoute({

@@ -4,6 +4,9 @@ import type { Services } from '../../domain/services.ts';
 import { demoAgent } from './demo.ts';
 import type { AgentHandler } from './types.ts';
 
+// An agent the configuration names that cannot be used: the worker says why and exits.
+export class AgentConfigError extends Error {}
+
 // Picks the agent the configuration names: the demo agent, or a module exporting a handler
 // (default export or `handler`).
 export async function resolveAgent({ cfg, db }: Services): Promise<AgentHandler> {
@@ -12,9 +15,14 @@ export async function resolveAgent({ cfg, db }: Services): Promise<AgentHandler>
       return demoAgent;
     case 'module': {
       const file = path.resolve(cfg.AGENT_MODULE!);
-      const mod = await import(pathToFileURL(file).href);
+      let mod: { default?: unknown; handler?: unknown };
+      try {
+        mod = await import(pathToFileURL(file).href);
+      } catch (err) {
+        throw new AgentConfigError(`AGENT_MODULE ${file} could not be loaded: ${(err as Error).message.split('\n')[0]}`);
+      }
       const handler = mod.default ?? mod.handler;
-      if (typeof handler !== 'function') throw new Error(`AGENT_MODULE ${file} exports no handler function (default export or "handler")`);
+      if (typeof handler !== 'function') throw new AgentConfigError(`AGENT_MODULE ${file} exports no handler function (default export or "handler")`);
       return handler as AgentHandler;
     }
     case 'remote': {

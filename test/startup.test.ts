@@ -1,0 +1,100 @@
+// Starting the processes as an operator does: bad configuration, Postgres or Redis unreachable,
+// an agent module that cannot be loaded. Each ends with a line that says what to fix, never a
+// silent hang or a stack trace; the schema migration needs Postgres only.
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { freePort } from '../scripts/local-services.ts';
+import { resetDb, ROOT, startStack, testEnv, type Stack } from './helpers/stack.ts';
+
+interface Run { code: number | null; output: string }
+
+function run(file: string, env: Record<string, string | undefined>, timeoutMs = 30_000): Promise<Run> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, file)], {
+      cwd: ROOT, env: Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined)) as NodeJS.ProcessEnv,
+    });
+    let output = '';
+    child.stdout.on('data', (b) => (output += b));
+    child.stderr.on('data', (b) => (output += b));
+    const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`${file} still running after ${timeoutMs} ms:\n${output}`)); }, timeoutMs);
+    child.on('exit', (code) => { clearTimeout(timer); resolve({ code, output }); });
+  });
+}
+
+const noStack = (r: Run) => assert.doesNotMatch(r.output, /^\s+at /m, `a stack trace:\n${r.output}`);
+
+describe('process start-up', function () {
+  this.timeout(60_000);
+
+  it('refuses a bad configuration with exit code 2, naming each variable and, for a choice, the allowed values', async () => {
+    const r = await run('api/main.ts', testEnv({ LOG_LEVEL: 'verbose', AGENT_KIND: 'robot', PORT: 'abc', STARTUP_TIMEOUT_MS: '-1' }));
+    assert.equal(r.code, 2);
+    assert.match(r.output, /^Invalid configuration:$/m);
+    assert.match(r.output, /^ {2}LOG_LEVEL: must be one of fatal, error, warn, info, debug, trace, silent$/m);
+    assert.match(r.output, /^ {2}AGENT_KIND: must be one of demo, module, remote$/m);
+    assert.match(r.output, /^ {2}PORT: must be integer$/m);
+    assert.match(r.output, /^ {2}STARTUP_TIMEOUT_MS: must be >= 0$/m);
+    noStack(r);
+  });
+
+  it('migrates with DATABASE_URL alone (the release step needs no Redis)', async () => {
+    const r = await run('db/migrate.ts', testEnv({ REDIS_URL: undefined }));
+    assert.equal(r.code, 0, r.output);
+    assert.match(r.output, /schema up to date|migrations applied/);
+  });
+
+  it('waits for an unreachable Redis, saying where and which variable, then exits 1 after STARTUP_TIMEOUT_MS', async () => {
+    const port = await freePort();
+    const r = await run('api/main.ts', testEnv({ REDIS_URL: `redis://:hunter2@127.0.0.1:${port}`, STARTUP_TIMEOUT_MS: '3000' }));
+    assert.equal(r.code, 1, r.output);
+    assert.match(r.output, new RegExp(`waiting for Redis at redis://:\\*\\*\\*@127\\.0\\.0\\.1:${port} \\(REDIS_URL\\): .*ECONNREFUSED`));
+    assert.match(r.output, /Redis unreachable at .* \(REDIS_URL\) for 3000 ms: .*; giving up/);
+    assert.doesNotMatch(r.output, /hunter2/);
+    noStack(r);
+  });
+
+  it('exits 1 with one line naming DATABASE_URL when Postgres is unreachable, without a stack trace', async () => {
+    const port = await freePort();
+    const r = await run('workers/main.ts', testEnv({ DATABASE_URL: `postgres://postgres@127.0.0.1:${port}/taskbridge`, STARTUP_TIMEOUT_MS: '2000' }));
+    assert.equal(r.code, 1, r.output);
+    assert.match(r.output, /Postgres unreachable at postgres:\/\/postgres@127\.0\.0\.1:\d+\/taskbridge \(DATABASE_URL\) for 2000 ms: connect ECONNREFUSED/);
+    noStack(r);
+  });
+
+  it('a worker whose AGENT_MODULE cannot be loaded exits 2 saying so', async () => {
+    const r = await run('workers/main.ts', testEnv({ AGENT_KIND: 'module', AGENT_MODULE: '/nonexistent/agent.ts' }));
+    assert.equal(r.code, 2, r.output);
+    assert.match(r.output, /AGENT_MODULE \/nonexistent\/agent\.ts could not be loaded: Cannot find module/);
+    noStack(r);
+  });
+});
+
+describe('readiness', function () {
+  this.timeout(60_000);
+  let stack: Stack;
+  before(async () => {
+    await resetDb();
+    stack = await startStack({}, { workers: 0 });
+  });
+  after(async () => stack?.stop());
+
+  it('is 503 naming the local envelope key files this process cannot read (a host without KEYS_DIR), 200 once they are back', async () => {
+    const ready = await stack.client.get('/_internal/v1/ready');
+    assert.equal(ready.status, 200, ready.text);
+    assert.deepEqual(ready.body.checks, { postgres: 'ok', redis: 'ok', keys: 'ok' });
+    const file = path.join(stack.env.DATA_DIR, 'keys', 'default-envelope.key');
+    fs.renameSync(file, `${file}.away`);
+    try {
+      const r = await stack.client.get('/_internal/v1/ready');
+      assert.equal(r.status, 503);
+      assert.deepEqual(r.body.data.failed, ['keys']);
+      assert.deepEqual(r.body.data.unreadable_key_files, ['default-envelope.key']);
+      assert.equal(r.body.message, 'Not ready: local envelope key files unreadable in KEYS_DIR: default-envelope.key');
+    } finally {
+      fs.renameSync(`${file}.away`, file);
+    }
+    assert.equal((await stack.client.get('/_internal/v1/ready')).status, 200);
+  });
+});
