@@ -12,6 +12,16 @@ export interface JobPayloads {
   'push-notifications': { task_id: string; config_id: string; timeline_seq: number };
 }
 
+// Jobs each worker process runs at once, per queue.
+export function queueConcurrency(cfg: Config): Record<QueueName, number> {
+  return {
+    'agent-tasks': cfg.AGENT_CONCURRENCY,
+    'key-jobs': cfg.KEY_JOB_CONCURRENCY,
+    'credential-refresh': cfg.CREDENTIAL_REFRESH_CONCURRENCY,
+    'push-notifications': cfg.PUSH_CONCURRENCY,
+  };
+}
+
 export function defaultJobOptions(cfg: Config, queue: QueueName): JobsOptions {
   const common: JobsOptions = { removeOnComplete: { count: 1000, age: 3600 }, removeOnFail: { count: 10000, age: 7 * 86400 } };
   switch (queue) {

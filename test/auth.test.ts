@@ -108,10 +108,14 @@ describe('authentication and scopes', () => {
     assert.deepEqual((await anon.get('/_internal/v1/health')).body, { status: 'ok' });
   });
 
-  it('runtime_config (scope internal) shows the configuration without the admin key or service URLs', async () => {
+  it('runtime_config (scope internal) shows the configuration and each queue\'s concurrency, without the admin key or service URLs', async () => {
     const r = await admin.get('/_internal/v1/runtime_config');
     assert.equal(r.status, 200);
     assert.equal(r.body.config.BODY_LIMIT_BYTES, 1024 * 1024);
+    assert.deepEqual(r.body.queues, [
+      { name: 'agent-tasks', concurrency: 200 }, { name: 'key-jobs', concurrency: 2 },
+      { name: 'credential-refresh', concurrency: 5 }, { name: 'push-notifications', concurrency: 10 },
+    ]);
     for (const secret of [ADMIN_KEY, stack.env.DATABASE_URL, stack.env.REDIS_URL]) assert.ok(!r.text.includes(secret), 'a secret in runtime_config');
   });
 

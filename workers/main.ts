@@ -16,7 +16,7 @@ import { createRefreshCredentialProcessor, recordRefreshOutcomes, startRefreshSc
 import { AgentConfigError, resolveAgent } from './agents/resolve-agent.ts';
 import { recordJobMetrics } from './record-job-metrics.ts';
 import { WorkerMetrics } from '../queues/worker-metrics.ts';
-import type { JobPayloads } from '../queues/names.ts';
+import { queueConcurrency, type JobPayloads } from '../queues/names.ts';
 
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'worker');
@@ -38,11 +38,12 @@ const agent = await resolveAgent(services).catch((err: unknown) => {
 });
 const connection = createRedis(cfg.REDIS_URL, 'worker');
 connection.on('error', (err) => log.debug({ err: { message: err.message } }, 'redis connection error'));
+const concurrency = queueConcurrency(cfg);
 const common = { connection, prefix: cfg.QUEUE_PREFIX, lockDuration: cfg.WORKER_LOCK_MS, stalledInterval: cfg.WORKER_STALLED_CHECK_MS, maxStalledCount: 5 };
 
 const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', createAgentTaskProcessor(services, agent, cancels), {
   ...common,
-  concurrency: cfg.AGENT_CONCURRENCY,
+  concurrency: concurrency['agent-tasks'],
 });
 // A job that stalled too often never reaches the processor's own final-attempt handling.
 agentWorker.on('failed', (job: Job<JobPayloads['agent-tasks']> | undefined, err) => {
@@ -53,20 +54,20 @@ agentWorker.on('failed', (job: Job<JobPayloads['agent-tasks']> | undefined, err)
 
 const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', createKeyJobsProcessor(services), {
   ...common,
-  concurrency: cfg.KEY_JOB_CONCURRENCY,
+  concurrency: concurrency['key-jobs'],
 });
 keyJobsWorker.on('failed', onKeyJobFailed(services));
 const stopHousekeeping = startHousekeeping(services);
 
 const pushWorker = new Worker<JobPayloads['push-notifications']>('push-notifications', createPushDeliveryProcessor(services), {
   ...common,
-  concurrency: cfg.PUSH_CONCURRENCY,
+  concurrency: concurrency['push-notifications'],
 });
 const pushListener = await listenForPushDeliveries(services);
 
 const refreshWorker = new Worker<JobPayloads['credential-refresh']>('credential-refresh', createRefreshCredentialProcessor(services), {
   ...common,
-  concurrency: cfg.CREDENTIAL_REFRESH_CONCURRENCY,
+  concurrency: concurrency['credential-refresh'],
 });
 const stopRefreshScheduler = startRefreshScheduler(services);
 

@@ -2,7 +2,7 @@ import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject, NoInput } from '../schemas/common.ts';
 import { publicConfig } from '../../domain/config.ts';
-import { QUEUE_NAMES } from '../../queues/names.ts';
+import { QUEUE_NAMES, queueConcurrency } from '../../queues/names.ts';
 import { SERVICE_VERSION } from '../../domain/version.ts';
 import { Unavailable } from '../../domain/errors.ts';
 import { generateBridgeClient } from '../../domain/bridge/codegen.ts';
@@ -48,7 +48,7 @@ export const internalRoutes = [
     responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody },
   }, async ({ services }) => ({
     version: SERVICE_VERSION,
-    queues: QUEUE_NAMES,
+    queues: Object.entries(queueConcurrency(services.cfg)).map(([name, concurrency]) => ({ name, concurrency })),
     config: publicConfig(services.cfg),
   })),
 
