@@ -1,8 +1,9 @@
 // Requests Node's HTTP parser refuses (headers over its limit, malformed HTTP, too slow) never
-// reach Koa, and Node answers them without a body. These get the Error body like every other error.
+// reach Koa, and Node answers them without a body. These get the Error body like every other error,
+// as does CONNECT.
 import { STATUS_CODES, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
-import { AppError, InvalidRequest } from '../domain/errors.ts';
+import { AppError, InvalidRequest, MethodNotAllowed } from '../domain/errors.ts';
 import { errorBody } from './middleware/errors.ts';
 
 const ANSWERS: Record<string, () => AppError> = {
@@ -11,7 +12,18 @@ const ANSWERS: Record<string, () => AppError> = {
   ERR_HTTP_REQUEST_TIMEOUT: () => new AppError(408, 'invalid_request', 'The request did not arrive in time'),
 };
 
+// An error as a whole HTTP/1.1 response written on the socket, which is closed after it.
+function writeError(socket: Duplex, e: AppError): void {
+  const body = JSON.stringify(errorBody(e));
+  const headers = Object.entries(e.headers).map(([k, v]) => `${k}: ${v}\r\n`).join('');
+  socket.end(`HTTP/1.1 ${e.status} ${STATUS_CODES[e.status]}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${headers}Connection: close\r\n\r\n${body}`, () => socket.destroy());
+}
+
+// CONNECT (a proxy tunnel) never reaches Koa either; without an answer Node just drops the socket.
+const PROXY_REFUSED = () => new MethodNotAllowed('Method CONNECT is not allowed: this server is not a proxy', 'GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS');
+
 export function answerClientErrors(server: Server): void {
+  server.on('connect', (_req, socket: Duplex) => writeError(socket, PROXY_REFUSED()));
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
     // As Node's own handler: nothing is written once a response has begun on the connection.
     const response = (socket as Duplex & { _httpMessage?: { headersSent?: boolean } })._httpMessage;
@@ -19,8 +31,6 @@ export function answerClientErrors(server: Server): void {
       socket.destroy();
       return;
     }
-    const e = ANSWERS[err.code ?? '']?.() ?? new InvalidRequest('The request is not valid HTTP');
-    const body = JSON.stringify(errorBody(e));
-    socket.end(`HTTP/1.1 ${e.status} ${STATUS_CODES[e.status]}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`, () => socket.destroy());
+    writeError(socket, ANSWERS[err.code ?? '']?.() ?? new InvalidRequest('The request is not valid HTTP'));
   });
 }

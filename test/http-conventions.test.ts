@@ -225,6 +225,24 @@ describe('HTTP conventions', () => {
     assert.ok(!stack.api.logs.some((l) => l.includes('PROPFIND') && /"level":(50|"error")/.test(l)), 'no error-level log line');
   });
 
+  it('answers CONNECT (a proxy tunnel) with 405 and the Error body instead of dropping the connection', async () => {
+    const { hostname, port } = new URL(stack.api.url);
+    const r = await new Promise<{ status: number; headers: http.IncomingHttpHeaders; body: any }>((resolve, reject) => {
+      const req = http.request({ hostname, port, method: 'CONNECT', path: 'example.com:443' });
+      req.on('connect', (res, socket, head) => {
+        let text = head.toString();
+        socket.on('data', (b) => (text += b));
+        socket.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body: JSON.parse(text) }));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+    assert.equal(r.status, 405);
+    assert.match(r.headers.allow ?? '', /GET/);
+    assert.deepEqual(r.body.data.code, 'method_not_allowed');
+    assert.match(r.body.message, /CONNECT is not allowed: this server is not a proxy/);
+  });
+
   it('echoes a valid X-Request-Id, mints one otherwise, on successes and errors, and logs it', async () => {
     const mine = 'trace-abc.123:XYZ';
     const ok = await stack.client.request('GET', '/_internal/v1/health', undefined, { headers: { 'x-request-id': mine } });
