@@ -20,10 +20,10 @@ function writeError(socket: Duplex, e: AppError): void {
 }
 
 // CONNECT (a proxy tunnel) never reaches Koa either; without an answer Node just drops the socket.
-const PROXY_REFUSED = () => new MethodNotAllowed('Method CONNECT is not allowed: this server is not a proxy', 'GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS');
-
-export function answerClientErrors(server: Server): void {
-  server.on('connect', (_req, socket: Duplex) => writeError(socket, PROXY_REFUSED()));
+// `methods`: those the routes answer, for its Allow header.
+export function answerClientErrors(server: Server, methods: readonly string[]): void {
+  const allow = [...new Set([...methods.map((m) => m.toUpperCase()), 'HEAD', 'OPTIONS'])].join(', ');
+  server.on('connect', (_req, socket: Duplex) => writeError(socket, new MethodNotAllowed('Method CONNECT is not allowed: this server is not a proxy', allow)));
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
     // As Node's own handler: nothing is written once a response has begun on the connection.
     const response = (socket as Duplex & { _httpMessage?: { headersSent?: boolean } })._httpMessage;

@@ -4,7 +4,7 @@ import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
 import { waitForBackingServices } from '../domain/startup.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
-import { createApp } from './app.ts';
+import { allRoutes, createApp } from './app.ts';
 import { answerClientErrors } from './client-errors.ts';
 import { API_KEY_REVOKED, forgetApiKey } from './middleware/auth.ts';
 import { listenPg } from '../db/pg-listener.ts';
@@ -23,7 +23,7 @@ const server = app.listen(cfg.PORT, cfg.HOST, () => {
   services.log.info({ port, url: `http://${cfg.HOST}:${port}` }, 'api listening');
 });
 server.keepAliveTimeout = 65_000;
-answerClientErrors(server);
+answerClientErrors(server, allRoutes.map((r) => r.spec.method));
 
 let stopping = false;
 async function shutdown(signal: string) {

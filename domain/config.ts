@@ -23,7 +23,7 @@ const ConfigSchema = Type.Object({
   // Longest a statement of the API or a worker may run (Postgres cancels it; the client gives up
   // shortly after, should the server not answer at all): the request then gets 503. 0: no limit.
   DB_QUERY_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 30000 }),
-  // How long an api or worker process waits at start for Postgres and Redis before it exits.
+  // How long an api or worker process waits at start for Postgres and Redis before it exits; 0: no limit.
   STARTUP_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 60000 }),
   QUEUE_PREFIX: Type.String({ default: '{taskbridge}', minLength: 1 }),
   AGENT_KIND: oneOf(['demo', 'module', 'remote'], { default: 'demo' }),

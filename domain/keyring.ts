@@ -10,7 +10,7 @@ import { Conflict, InvalidRequest, NotFound } from './errors.ts';
 import { getEnvelopeKey, localKeyFileNames, type EnvelopeKeyRow } from '../db/envelope-keys.ts';
 import { aliasDekForWrite, getAlias, getDek, insertDek, updateAlias, type AliasRow, type DekRow } from '../db/deks.ts';
 import { DecryptError, KEY_BYTES, openBase64, sealBase64 } from './crypto/aes-gcm.ts';
-import { readLocalKeyFile, wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
+import { readLocalKeyFileAsync, wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
 import { TtlCache } from './crypto/ttl-cache.ts';
 
 export { DecryptError };
@@ -159,15 +159,10 @@ export async function repointAlias(trx: Knex.Transaction, alias: string, dekId: 
   return row;
 }
 
-// The local envelope key files this process cannot read (readiness: a host without KEYS_DIR's
-// files cannot serve secrets).
-export async function unreadableLocalKeyFiles(s: Pick<Services, 'db' | 'cfg'>): Promise<string[]> {
-  return (await localKeyFileNames(s.db)).filter((name) => {
-    try {
-      readLocalKeyFile(s.cfg.KEYS_DIR, name);
-      return false;
-    } catch {
-      return true;
-    }
-  });
+// How many local envelope key files there are and how many this process cannot read (readiness: a
+// host without KEYS_DIR's files cannot serve secrets).
+export async function localKeyFilesHealth(s: Pick<Services, 'db' | 'cfg'>): Promise<{ total: number; unreadable: number }> {
+  const names = await localKeyFileNames(s.db);
+  const read = await Promise.allSettled(names.map((name) => readLocalKeyFileAsync(s.cfg.KEYS_DIR, name)));
+  return { total: names.length, unreadable: read.filter((r) => r.status === 'rejected').length };
 }

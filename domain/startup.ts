@@ -1,20 +1,19 @@
 // Start-up of the api and worker processes: they wait for Postgres and Redis, saying so every few
 // seconds with the address and the variable that names it, and give up after STARTUP_TIMEOUT_MS
-// with one line saying why, instead of a silent hang (Redis) or a stack trace (Postgres).
+// (0: never) with one line saying why, instead of a silent hang (Redis) or a stack trace (Postgres).
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Services } from './services.ts';
+import { withTimeout } from './with-timeout.ts';
 
 const PROBE_TIMEOUT_MS = 2000;
 const WARN_EVERY_MS = 5000;
 
-export const withTimeout = <T>(p: Promise<T>, ms: number): Promise<T> =>
-  Promise.race([p, new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`no answer in ${ms} ms`)), ms).unref())]);
-
-// A service URL as it may be logged: without its password.
+// A service URL as it may be logged: without a password, in the user part or as a parameter.
 export function redactUrl(url: string): string {
   try {
     const u = new URL(url);
     if (u.password) u.password = '***';
+    for (const key of [...u.searchParams.keys()]) if (/pass/i.test(key)) u.searchParams.set(key, '***');
     return u.toString();
   } catch {
     return '(unparsable URL)';
@@ -22,33 +21,42 @@ export function redactUrl(url: string): string {
 }
 
 export async function waitForBackingServices(s: Pick<Services, 'cfg' | 'db' | 'redis' | 'log'>): Promise<void> {
-  const deadline = Date.now() + s.cfg.STARTUP_TIMEOUT_MS;
-  // The producer connection fails fast while it is down; why it is down comes as 'error' events.
+  const started = Date.now();
+  const limit = s.cfg.STARTUP_TIMEOUT_MS;
+  // The producer connection refuses commands until it is ready (it does not queue them), and says
+  // why it is not in 'error' events.
   let redisError: Error | undefined;
   const onRedisError = (err: Error) => { redisError = err; };
   s.redis.on('error', onRedisError);
+  const redisReady = async () => {
+    if (s.redis.status !== 'ready') throw redisError ?? new Error(`connection ${s.redis.status}`);
+    await s.redis.ping();
+  };
   const services = [
-    { name: 'Postgres', variable: 'DATABASE_URL', url: s.cfg.DATABASE_URL, probe: () => s.db.raw('select 1'), cause: (err: Error) => err },
-    { name: 'Redis', variable: 'REDIS_URL', url: s.cfg.REDIS_URL, probe: () => s.redis.ping(), cause: (err: Error) => redisError ?? err },
+    { name: 'Postgres', variable: 'DATABASE_URL', url: s.cfg.DATABASE_URL, probe: () => s.db.raw('select 1') },
+    { name: 'Redis', variable: 'REDIS_URL', url: s.cfg.REDIS_URL, probe: redisReady },
   ];
   try {
-    for (const { name, variable, url, probe, cause } of services) {
-      let warnedAt = 0;
+    for (const { name, variable, url, probe } of services) {
+      // A connection being made is not worth a warning: the first comes after WARN_EVERY_MS.
+      let warnedAt = Date.now();
+      let warned = false;
       for (;;) {
         try {
           await withTimeout(probe(), PROBE_TIMEOUT_MS);
-          if (warnedAt) s.log.info({ service: name }, `${name} reached`);
+          if (warned) s.log.info({ service: name }, `${name} reached`);
           break;
         } catch (err) {
-          const why = cause(err as Error).message;
+          const why = (err as Error).message;
           const where = { service: name, variable, url: redactUrl(url), reason: why };
-          if (Date.now() >= deadline) {
-            s.log.fatal(where, `${name} unreachable at ${where.url} (${variable}) for ${s.cfg.STARTUP_TIMEOUT_MS} ms: ${why}; giving up`);
+          if (limit && Date.now() - started >= limit) {
+            s.log.fatal(where, `${name} unreachable at ${where.url} (${variable}) for ${limit} ms: ${why}; giving up`);
             process.exit(1);
           }
           if (Date.now() - warnedAt >= WARN_EVERY_MS) {
             s.log.warn(where, `waiting for ${name} at ${where.url} (${variable}): ${why}`);
             warnedAt = Date.now();
+            warned = true;
           }
           await sleep(250);
         }

@@ -120,7 +120,8 @@ describe('key job CLI (npm run cli -- jobs ...)', () => {
   const E = '/api/encryption/v1';
   before(async () => {
     await resetDb();
-    // Small batches with a pause: the migration runs long enough to be watched.
+    // Small batches with a pause: the migration runs long enough (about 12 s) to be watched, even when
+    // the CLI's own start takes seconds on a busy machine.
     stack = await startStack({ DEK_MIGRATION_BATCH: '10', DEK_MIGRATION_PAUSE_MS: '400' });
   });
   after(async () => stack?.stop());

@@ -138,6 +138,9 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
       assert.equal(body.error.code, ErrorCode.InvalidParams, JSON.stringify(body));
       assert.match(body.error.message, pattern);
     }
+    // The transport's own refusals come first: a client that accepts no JSON gets 406 whatever its params.
+    const unacceptable = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 8, method: 'tools/list', params: { cursor: 5 } }), { accept: 'text/html' });
+    assert.equal(unacceptable.status, 406);
   });
 
   it('needs an API key with scope bridge:invoke (401, 403)', async () => {

@@ -4,22 +4,13 @@ import path from 'node:path';
 import { freePort, startPostgres, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
 import { startBlackHoleProxy, type BlackHoleProxy } from './helpers/black-hole-proxy.ts';
-import { requireEnv, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { requestLogsThrough, requireEnv, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs = 60000) {
   return waitFor(async () => {
     const r = await stack.client.get(`/api/task/v1/${id}`);
     return r.body.task?.status === status && r.body;
   }, `task ${id} to be ${status}`, timeoutMs, 200);
-}
-
-// The API's request log lines up to and including the one for `last`: lines come out in the order
-// the responses ended, so once that one has arrived every earlier request's line has too.
-async function requestLogsThrough(stack: Stack, last: { headers: Headers }): Promise<string[]> {
-  const id = last.headers.get('x-request-id');
-  assert.ok(id, 'the response carries X-Request-Id');
-  await waitFor(async () => stack.api.logs.some((l) => l.includes(`"req_id":"${id}"`) && l.includes('"msg":"request"')), `the log line of request ${id}`);
-  return stack.api.logs.filter((l) => l.includes('"msg":"request"'));
 }
 
 describe('job pipeline under faults', function () {
@@ -155,7 +146,6 @@ describe('job pipeline under faults', function () {
       proxy!.swallow();
       const started = Date.now();
       const during = await Promise.all([1, 2, 3].map(() => s.client.get(`/api/task/v1/${created.body.task.id}`)));
-      console.log(s.api.logs.filter((l) => l.includes("\"level\":50")).join("\n"));
       for (const r of during) {
         assert.equal(r.status, 503, r.text);
         assert.equal(r.body.data.code, 'unavailable');

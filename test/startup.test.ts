@@ -47,19 +47,20 @@ describe('process start-up', function () {
 
   it('waits for an unreachable Redis, saying where and which variable, then exits 1 after STARTUP_TIMEOUT_MS', async () => {
     const port = await freePort();
-    const r = await run('api/main.ts', testEnv({ REDIS_URL: `redis://:hunter2@127.0.0.1:${port}`, STARTUP_TIMEOUT_MS: '3000' }));
+    const r = await run('api/main.ts', testEnv({ REDIS_URL: `redis://:hunter2@127.0.0.1:${port}`, STARTUP_TIMEOUT_MS: '7000' }));
     assert.equal(r.code, 1, r.output);
     assert.match(r.output, new RegExp(`waiting for Redis at redis://:\\*\\*\\*@127\\.0\\.0\\.1:${port} \\(REDIS_URL\\): .*ECONNREFUSED`));
-    assert.match(r.output, /Redis unreachable at .* \(REDIS_URL\) for 3000 ms: .*; giving up/);
+    assert.match(r.output, /Redis unreachable at .* \(REDIS_URL\) for 7000 ms: .*ECONNREFUSED.*; giving up/);
     assert.doesNotMatch(r.output, /hunter2/);
     noStack(r);
   });
 
   it('exits 1 with one line naming DATABASE_URL when Postgres is unreachable, without a stack trace', async () => {
     const port = await freePort();
-    const r = await run('workers/main.ts', testEnv({ DATABASE_URL: `postgres://postgres@127.0.0.1:${port}/taskbridge`, STARTUP_TIMEOUT_MS: '2000' }));
+    const r = await run('workers/main.ts', testEnv({ DATABASE_URL: `postgres://postgres@127.0.0.1:${port}/taskbridge?password=s3cret`, STARTUP_TIMEOUT_MS: '2000' }));
     assert.equal(r.code, 1, r.output);
-    assert.match(r.output, /Postgres unreachable at postgres:\/\/postgres@127\.0\.0\.1:\d+\/taskbridge \(DATABASE_URL\) for 2000 ms: connect ECONNREFUSED/);
+    assert.match(r.output, /Postgres unreachable at postgres:\/\/postgres@127\.0\.0\.1:\d+\/taskbridge\?password=\*\*\* \(DATABASE_URL\) for 2000 ms: connect ECONNREFUSED/);
+    assert.doesNotMatch(r.output, /s3cret/);
     noStack(r);
   });
 
@@ -80,21 +81,32 @@ describe('readiness', function () {
   });
   after(async () => stack?.stop());
 
-  it('is 503 naming the local envelope key files this process cannot read (a host without KEYS_DIR), 200 once they are back', async () => {
+  it('is 503 when this process can read none of the local envelope key files (a host without KEYS_DIR); one lost file is reported but stays 200', async () => {
     const ready = await stack.client.get('/_internal/v1/ready');
     assert.equal(ready.status, 200, ready.text);
     assert.deepEqual(ready.body.checks, { postgres: 'ok', redis: 'ok', keys: 'ok' });
-    const file = path.join(stack.env.DATA_DIR, 'keys', 'default-envelope.key');
-    fs.renameSync(file, `${file}.away`);
+    assert.ok(!stack.api.logs.some((l) => l.includes('waiting for')), 'a start with Postgres and Redis up warns of nothing');
+    const keysDir = path.join(stack.env.DATA_DIR, 'keys');
+    assert.equal((await stack.client.post('/api/encryption/v1/envelope', { type: 'local', file_name: 'second.key' })).status, 201);
+    const away = (name: string) => fs.renameSync(path.join(keysDir, name), path.join(keysDir, `${name}.away`));
+    const back = (name: string) => fs.renameSync(path.join(keysDir, `${name}.away`), path.join(keysDir, name));
+    away('second.key');
     try {
-      const r = await stack.client.get('/_internal/v1/ready');
-      assert.equal(r.status, 503);
-      assert.deepEqual(r.body.data.failed, ['keys']);
-      assert.deepEqual(r.body.data.unreadable_key_files, ['default-envelope.key']);
-      assert.equal(r.body.message, 'Not ready: local envelope key files unreadable in KEYS_DIR: default-envelope.key');
+      const one = await stack.client.get('/_internal/v1/ready');
+      assert.equal(one.status, 200, one.text);
+      assert.equal(one.body.checks.keys, '1 of 2 local envelope key files unreadable');
+      away('default-envelope.key');
+      try {
+        const none = await stack.client.get('/_internal/v1/ready');
+        assert.equal(none.status, 503);
+        assert.deepEqual(none.body.data.failed, ['keys']);
+        assert.equal(none.body.message, 'Not ready: no local envelope key file in KEYS_DIR can be read');
+      } finally {
+        back('default-envelope.key');
+      }
     } finally {
-      fs.renameSync(`${file}.away`, file);
+      back('second.key');
     }
-    assert.equal((await stack.client.get('/_internal/v1/ready')).status, 200);
+    assert.deepEqual((await stack.client.get('/_internal/v1/ready')).body.checks.keys, 'ok');
   });
 });

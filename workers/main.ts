@@ -33,6 +33,7 @@ await services.bus.subscribe(TASK_CANCELED, (msg) => {
 
 const agent = await resolveAgent(services).catch((err: unknown) => {
   if (!(err instanceof AgentConfigError)) throw err;
+  log.debug({ err: err.cause }, 'agent module error');
   log.fatal(err.message);
   process.exit(2);
 });

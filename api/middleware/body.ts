@@ -19,7 +19,7 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
   const encoding = req.headers['content-encoding'];
   if (encoding !== undefined && encoding.trim().toLowerCase() !== 'identity') {
     req.resume();
-    throw new AppError(415, 'unsupported_media_type', `Content-Encoding '${encoding.slice(0, 100)}' is not supported: send the body uncompressed`);
+    throw new AppError(415, 'unsupported_media_type', `Content-Encoding '${encoding.slice(0, 100)}' is not supported: send the body uncompressed`, {}, { 'Accept-Encoding': 'identity' });
   }
   const type = req.headers['content-type'] ?? '';
   const chunks: Buffer[] = [];

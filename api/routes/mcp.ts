@@ -10,6 +10,15 @@ import { createMcpServer, invalidParamsAnswer } from '../../domain/bridge/mcp.ts
 
 export const MCP_PATH = '/api/bridge/v1/mcp';
 
+// The error code of a JSON-RPC error answer (NaN for anything else).
+function errorCodeOf(text: string): number {
+  try {
+    return Number((JSON.parse(text) as { error?: { code?: unknown } }).error?.code);
+  } catch {
+    return NaN;
+  }
+}
+
 export const mcpRoutes = [
   defineRoute({
     method: 'post', path: MCP_PATH, operationId: 'bridge-mcp', tag: 'bridge', scope: 'bridge:invoke',
@@ -26,11 +35,6 @@ export const mcpRoutes = [
       ctx.body = { jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${err.message}` } };
       return;
     }
-    const refused = invalidParamsAnswer(body);
-    if (refused) {
-      ctx.body = refused;
-      return;
-    }
     const headers = new Headers();
     for (const [name, value] of Object.entries(ctx.req.headers)) {
       if (typeof value === 'string') headers.set(name, value);
@@ -40,9 +44,16 @@ export const mcpRoutes = [
     try {
       await server.connect(transport);
       const answer = await transport.handleRequest(new Request(`http://mcp.invalid${ctx.originalUrl}`, { method: 'POST', headers }), { parsedBody: body });
+      const text = await answer.text();
+      // Bad params get the SDK's internal error (-32603, zod's whole report) or parse error (-32700,
+      // HTTP 400); they are -32602 naming the field. Its other refusals (headers) stand.
+      const refused = invalidParamsAnswer(body);
+      if (refused && [-32603, -32700].includes(errorCodeOf(text))) {
+        ctx.body = refused;
+        return;
+      }
       ctx.status = answer.status;
       answer.headers.forEach((value, name) => ctx.set(name, value));
-      const text = await answer.text();
       if (text) ctx.body = text;
     } finally {
       await server.close();

@@ -35,12 +35,13 @@ export const PARSE_ERROR: RpcResponse = { jsonrpc: '2.0', id: null, error: { cod
 
 export const errorResponse = (id: RpcId, err: unknown): RpcResponse => ({ jsonrpc: '2.0', id, error: toJsonRpcError(err) });
 
-// A number id must come back as the client wrote it: beyond 2^53 JSON.parse has already rounded it
-// (and 1e400 is Infinity), so answering it would answer another id.
+// The stream of a streaming call refused after it was accepted: its one event is the error.
 async function* failed(err: unknown): m.TaskStream {
   throw err;
 }
 
+// A number id must come back as the client wrote it: beyond 2^53 JSON.parse has already rounded it
+// (and 1e400 is Infinity), so answering it would answer another id.
 export const isId = (v: unknown): v is RpcId => typeof v === 'string' || v === null || (typeof v === 'number' && Math.abs(v) <= Number.MAX_SAFE_INTEGER);
 
 export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Promise<RpcOutcome> {

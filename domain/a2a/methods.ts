@@ -127,6 +127,7 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
   }
 }
 
+// The streaming methods: dispatch (jsonrpc.ts) has checked that streaming is on (requireStreaming).
 export async function streamMessage(call: A2ACall, params: MessageSendParams): Promise<TaskStream> {
   const { services, waiter } = call;
   const id = params.message.taskId !== undefined ? taskIdOf(params.message.taskId) : randomUUID();

@@ -72,9 +72,9 @@ export function createMcpServer(services: Services): Server {
 // The requests the server answers, with the SDK's schemas for them.
 const REQUESTS = { initialize: InitializeRequestSchema, ping: PingRequestSchema, 'tools/list': ListToolsRequestSchema, 'tools/call': CallToolRequestSchema } as const;
 
-// A request to one of those methods whose params do not fit is -32602, answered here: the SDK's
-// protocol layer would answer -32603 with zod's whole report, or HTTP 400 "Parse error" when the
-// params are not an object. Undefined: the request is the SDK's to answer.
+// The -32602 answer for a request to one of those methods whose params do not fit (the SDK's own
+// answer is -32603 with zod's whole report, or HTTP 400 "Parse error" when the params are not an
+// object). Undefined: the params fit, or the request is not one of those.
 export function invalidParamsAnswer(body: unknown): JSONRPCErrorResponse | undefined {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) return undefined;
   const { id, method } = body as { id?: unknown; method?: unknown };

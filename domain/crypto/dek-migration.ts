@@ -48,8 +48,10 @@ export async function startMigrateAll(
   await envelopeKeyRow(s.db, targetId);
   if (sourceId === targetId) throw new InvalidRequest('source and target envelope keys are the same', [{ path: 'body.to_envelope_encryption_key_id', message: 'must differ from the source envelope key' }]);
   // A target that cannot wrap (a KMS key that is gone or not ours) is refused now, as a single DEK's
-  // migration is (502), not found out by a job that would retry for minutes before it failed.
-  await (await wrapperFor(s, targetId)).wrap(randomBytes(KEY_BYTES));
+  // migration is (502), not found out by a job that would retry for minutes before it failed. Not
+  // when the same migration runs already: that request gets the running job.
+  const running = await findActiveMigration(s.db, sourceId);
+  if (!running || paramsOf(running).to_envelope_encryption_key_id !== targetId) await (await wrapperFor(s, targetId)).wrap(randomBytes(KEY_BYTES));
   for (;;) {
     const out = await inTransaction(s, async (uow) => {
       if (!(await lockEnvelopeKeyShared(uow.trx, targetId))) throw new NotFound('envelope_key', targetId);

@@ -78,6 +78,12 @@ export function createLocalKeyFile(keysDir: string, name: string): void {
 }
 
 // Reads a key file; never creates one.
+const unreadable = (name: string, err: unknown) => new KeyUnusable(`local envelope key '${name}' cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+function checkKeySize(name: string, data: Buffer): Buffer {
+  if (data.length !== KEY_BYTES) throw new KeyUnusable(`local envelope key '${name}' is ${data.length} bytes, not ${KEY_BYTES}`);
+  return data;
+}
+
 export function readLocalKeyFile(keysDir: string, name: string): Buffer {
   const file = keyPath(keysDir, name);
   let data: Buffer;
@@ -85,10 +91,22 @@ export function readLocalKeyFile(keysDir: string, name: string): Buffer {
     const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
     try { data = fs.readFileSync(fd); } finally { fs.closeSync(fd); }
   } catch (err) {
-    throw new KeyUnusable(`local envelope key '${name}' cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+    throw unreadable(name, err);
   }
-  if (data.length !== KEY_BYTES) throw new KeyUnusable(`local envelope key '${name}' is ${data.length} bytes, not ${KEY_BYTES}`);
-  return data;
+  return checkKeySize(name, data);
+}
+
+// The same without blocking the event loop (readiness probes; KEYS_DIR may be a network volume).
+export async function readLocalKeyFileAsync(keysDir: string, name: string): Promise<Buffer> {
+  const file = keyPath(keysDir, name);
+  let data: Buffer;
+  try {
+    const handle = await fs.promises.open(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
+    try { data = await handle.readFile(); } finally { await handle.close(); }
+  } catch (err) {
+    throw unreadable(name, err);
+  }
+  return checkKeySize(name, data);
 }
 
 export function localWrapper(kek: Buffer): KeyWrapper & { wrapSync(dek: Buffer): string; unwrapSync(wrapped: string): Buffer } {

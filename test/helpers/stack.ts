@@ -164,6 +164,16 @@ export async function resetDb(): Promise<void> {
   if (rows.length) await db.raw(`truncate ${rows.map((r: { tablename: string }) => `"${r.tablename}"`).join(', ')} cascade`);
 }
 
+// The API's log lines up to and including the request line of `last`: lines come out in the order
+// they were written, so once that one has arrived every earlier line has too. Request lines only
+// unless `all`.
+export async function requestLogsThrough(stack: Stack, last: { headers: Headers }, opts: { all?: boolean } = {}): Promise<string[]> {
+  const id = last.headers.get('x-request-id');
+  assert.ok(id, 'the response carries X-Request-Id');
+  await waitFor(async () => stack.api.logs.some((l) => l.includes(`"req_id":"${id}"`) && l.includes('"msg":"request"')), `the log line of request ${id}`);
+  return opts.all ? [...stack.api.logs] : stack.api.logs.filter((l) => l.includes('"msg":"request"'));
+}
+
 export async function waitFor<T>(fn: () => Promise<T | undefined | null | false>, what: string, timeoutMs = 20000, everyMs = 50): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let last: unknown;

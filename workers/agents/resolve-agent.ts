@@ -19,7 +19,7 @@ export async function resolveAgent({ cfg, db }: Services): Promise<AgentHandler>
       try {
         mod = await import(pathToFileURL(file).href);
       } catch (err) {
-        throw new AgentConfigError(`AGENT_MODULE ${file} could not be loaded: ${(err as Error).message.split('\n')[0]}`);
+        throw new AgentConfigError(`AGENT_MODULE ${file} could not be loaded: ${(err as Error).message.split('\n')[0]}`, { cause: err });
       }
       const handler = mod.default ?? mod.handler;
       if (typeof handler !== 'function') throw new AgentConfigError(`AGENT_MODULE ${file} exports no handler function (default export or "handler")`);
