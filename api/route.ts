@@ -23,6 +23,8 @@ export interface RouteSpec<P extends TObject | undefined, Q extends TObject | un
   params?: P;
   query?: Q;
   body?: B;
+  /** The handler reads the request body itself (the JSON-RPC endpoints, whose errors have their own shape). */
+  ownBody?: true;
   responses: Record<number, TSchema | null>;
   responseType?: string; // media type of the success body; application/json when absent
 }
@@ -95,6 +97,8 @@ function decimalCheck(schema: TObject | undefined, where: string): (values: Reco
   };
 }
 
+const isEmptyObject = (v: unknown) => typeof v === 'object' && v !== null && !Array.isArray(v) && Object.keys(v).length === 0;
+
 export function mount(router: Router, routes: Route[], services: Services): void {
   for (const { spec, handler } of routes) {
     const vParams = spec.params && paramAjv.compile(spec.params);
@@ -118,6 +122,13 @@ export function mount(router: Router, routes: Route[], services: Services): void
         if (body === undefined && bodyOptional) body = {};
         if (body === undefined) throw new InvalidRequest('A JSON request body is required', [{ path: 'body', message: 'is required' }]);
         checkValid(vBody, body, 'body');
+      } else if (!spec.ownBody) {
+        // A route that takes no body refuses one (section 1: unknown members are 400; not JSON, 415),
+        // except `{}`, which some clients send with every POST and which asks for nothing.
+        const unexpected = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
+        if (unexpected !== undefined && !isEmptyObject(unexpected)) {
+          throw new InvalidRequest('This operation takes no request body', [{ path: 'body', message: 'must be absent (or {})' }]);
+        }
       }
       const result = await handler({ params, query, body, principal: ctx.state.principal ?? null, ctx, services } as unknown as Request<unknown, unknown, unknown>);
       if (ctx.body === undefined || ctx.body === null) {

@@ -133,6 +133,28 @@ describe('HTTP conventions', () => {
     assert.equal(await dekCount(), before + 1);
   });
 
+  it('refuses a body where the operation takes none (415 not JSON, 400 with members), doing nothing; {} and no body are fine', async () => {
+    const secret = async (key: string) => {
+      const r = await stack.client.post('/api/secret/v1', { key, raw_value: 'v' });
+      assert.equal(r.status, 201, r.text);
+      return r.body.id as string;
+    };
+    const exists = async (id: string) => (await stack.client.get(`/api/secret/v1/${id}`)).status === 200;
+    const id = await secret('bodyless.one');
+    const text = await stack.client.request('DELETE', `/api/secret/v1/${id}`, undefined, { headers: { 'content-type': 'text/plain' }, raw: 'not json at all' });
+    assertError(text, 415, 'unsupported_media_type');
+    const members = await stack.client.request('DELETE', `/api/secret/v1/${id}`, { force: true });
+    assertError(members, 400, 'invalid_request');
+    assert.equal(members.body.message, 'This operation takes no request body');
+    const withNull = await stack.client.request('DELETE', `/api/secret/v1/${id}`, undefined, { headers: { 'content-type': 'application/json' }, raw: 'null' });
+    assertError(withNull, 400, 'invalid_request');
+    assert.ok(await exists(id), 'nothing was deleted');
+    assert.equal((await stack.client.request('DELETE', `/api/secret/v1/${id}`, {})).status, 200);
+    const other = await secret('bodyless.two');
+    assert.equal((await stack.client.request('DELETE', `/api/secret/v1/${other}`)).status, 200);
+    assert.ok(!(await exists(id)) && !(await exists(other)));
+  });
+
   it('answers 415 for a compressed body (Content-Encoding), storing nothing', async () => {
     const before = await taskCount();
     const body = JSON.stringify({ message: textMessage('x') });

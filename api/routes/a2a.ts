@@ -46,7 +46,7 @@ const cardRoute = (path: string, operationId: string) => defineRoute({
 
 export const a2aRoutes = [
   defineRoute({
-    method: 'post', path: A2A_PATH, operationId: 'a2a-jsonrpc', tag, scope: 'a2a',
+    method: 'post', path: A2A_PATH, operationId: 'a2a-jsonrpc', tag, scope: 'a2a', ownBody: true,
     summary: 'A2A v0.3 JSON-RPC 2.0: message/send, message/stream (SSE), tasks/get, tasks/cancel, tasks/resubscribe (SSE), tasks/pushNotificationConfig/*, agent/getAuthenticatedExtendedCard',
     responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody, 413: ErrorBody, 415: ErrorBody },
   }, async ({ ctx, services }) => {

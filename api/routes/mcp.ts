@@ -21,7 +21,7 @@ function errorCodeOf(text: string): number {
 
 export const mcpRoutes = [
   defineRoute({
-    method: 'post', path: MCP_PATH, operationId: 'bridge-mcp', tag: 'bridge', scope: 'bridge:invoke',
+    method: 'post', path: MCP_PATH, operationId: 'bridge-mcp', tag: 'bridge', scope: 'bridge:invoke', ownBody: true,
     summary: 'Model Context Protocol (Streamable HTTP, stateless): tools/list and tools/call over the enabled function instances',
     responses: { 200: FreeObject, 202: null, 400: FreeObject, 401: ErrorBody, 403: ErrorBody, 406: FreeObject, 413: ErrorBody, 415: FreeObject },
   }, async ({ ctx, services }) => {
