@@ -3,12 +3,12 @@
 // as does CONNECT.
 import { STATUS_CODES, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
-import { AppError, InvalidRequest, MethodNotAllowed } from '../domain/errors.ts';
+import { AppError, InvalidRequest, MethodNotAllowed, PayloadTooLarge } from '../domain/errors.ts';
 import { errorBody } from './middleware/errors.ts';
 
 const ANSWERS: Record<string, () => AppError> = {
   HPE_HEADER_OVERFLOW: () => new AppError(431, 'invalid_request', 'Request headers exceed the size the server reads'),
-  HPE_CHUNK_EXTENSIONS_OVERFLOW: () => new AppError(413, 'payload_too_large', 'Chunk extensions exceed the size the server reads'),
+  HPE_CHUNK_EXTENSIONS_OVERFLOW: () => new PayloadTooLarge('Chunk extensions exceed the size the server reads'),
   ERR_HTTP_REQUEST_TIMEOUT: () => new AppError(408, 'invalid_request', 'The request did not arrive in time'),
 };
 

@@ -115,20 +115,16 @@ export function mount(router: Router, routes: Route[], services: Services): void
       const query = { ...ctx.query } as Record<string, unknown>;
       decimalQuery(query);
       if (vQuery) checkValid(vQuery, query, 'query');
-      let body: unknown;
+      let body = spec.ownBody ? undefined : await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
       if (vBody) {
         // No body at all stands for {} where the body is optional; a JSON null is a body, and refused.
-        body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
         if (body === undefined && bodyOptional) body = {};
         if (body === undefined) throw new InvalidRequest('A JSON request body is required', [{ path: 'body', message: 'is required' }]);
         checkValid(vBody, body, 'body');
-      } else if (!spec.ownBody) {
-        // A route that takes no body refuses one (section 1: unknown members are 400; not JSON, 415),
-        // except `{}`, which some clients send with every POST and which asks for nothing.
-        const unexpected = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
-        if (unexpected !== undefined && !isEmptyObject(unexpected)) {
-          throw new InvalidRequest('This operation takes no request body', [{ path: 'body', message: 'must be absent (or {})' }]);
-        }
+      } else if (body !== undefined && !isEmptyObject(body)) {
+        // A route that takes no body refuses one (section 1: unknown members are 400; not JSON, 415
+        // above), except `{}`, which some clients send with every POST and which asks for nothing.
+        throw new InvalidRequest('This operation takes no request body', [{ path: 'body', message: 'must be absent (or {})' }]);
       }
       const result = await handler({ params, query, body, principal: ctx.state.principal ?? null, ctx, services } as unknown as Request<unknown, unknown, unknown>);
       if (ctx.body === undefined || ctx.body === null) {

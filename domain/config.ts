@@ -1,6 +1,6 @@
 import path from 'node:path';
 import { Type, type Static, type TObject } from '@sinclair/typebox';
-import { Ajv, type ValidateFunction } from 'ajv';
+import { Ajv } from 'ajv';
 import { parseSkills } from './a2a/skills.ts';
 
 // A string that is one of `values` (checked as an enum, so that a wrong one is told the choices).
@@ -89,11 +89,11 @@ export type Config = Static<typeof ConfigSchema> & { KEYS_DIR: string; PUBLIC_UR
 export class ConfigError extends Error {}
 
 const ajv = new Ajv({ coerceTypes: true, useDefaults: true, allErrors: true });
-const validate = ajv.compile(ConfigSchema);
 
 // The settings of `schema` from the environment, coerced and defaulted, or a ConfigError listing
 // every problem by variable name.
-function readEnv<S extends TObject>(schema: S, check: ValidateFunction, env: NodeJS.ProcessEnv): Static<S> {
+function readEnv<S extends TObject>(schema: S, env: NodeJS.ProcessEnv): Static<S> {
+  const check = ajv.compile(schema);
   const raw: Record<string, unknown> = {};
   for (const key of Object.keys(schema.properties)) {
     const value = env[key];
@@ -111,7 +111,7 @@ function readEnv<S extends TObject>(schema: S, check: ValidateFunction, env: Nod
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
-  const cfg = readEnv(ConfigSchema, validate, env);
+  const cfg = readEnv(ConfigSchema, env);
   if (cfg.AGENT_KIND === 'module' && !cfg.AGENT_MODULE) throw new ConfigError('Invalid configuration:\n  AGENT_MODULE: required when AGENT_KIND=module');
   if (cfg.AGENT_KIND === 'remote' && !cfg.AGENT_REMOTE_URL) throw new ConfigError('Invalid configuration:\n  AGENT_REMOTE_URL: required when AGENT_KIND=remote');
   try { parseSkills(cfg.AGENT_SKILLS_JSON); } catch (e) { throw new ConfigError(`Invalid configuration:\n  AGENT_SKILLS_JSON: ${(e as Error).message}`); }
@@ -141,8 +141,7 @@ export const loadConfigOrExit = (): Config => orExit(() => loadConfig());
 
 // What the schema migration (Procfile `release`) and the CLI read: they need Postgres only.
 const DatabaseConfigSchema = Type.Pick(ConfigSchema, ['DATABASE_URL', 'LOG_LEVEL']);
-const validateDatabase = ajv.compile(DatabaseConfigSchema);
-export const loadDatabaseConfig = (env: NodeJS.ProcessEnv = process.env) => readEnv(DatabaseConfigSchema, validateDatabase, env);
+export const loadDatabaseConfig = (env: NodeJS.ProcessEnv = process.env) => readEnv(DatabaseConfigSchema, env);
 export const loadDatabaseConfigOrExit = () => orExit(() => loadDatabaseConfig());
 
 // What /_internal/v1/runtime_config may show: nothing that grants access.

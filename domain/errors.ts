@@ -66,8 +66,18 @@ export class RateLimited extends AppError {
   }
 }
 export class Unavailable extends AppError {
-  constructor(message: string) {
-    super(503, 'unavailable', message, {}, { 'Retry-After': '5' });
+  constructor(message: string, data: Record<string, unknown> = {}) {
+    super(503, 'unavailable', message, data, { 'Retry-After': '5' });
+  }
+}
+export class PayloadTooLarge extends AppError {
+  constructor(message: string, data: Record<string, unknown> = {}) {
+    super(413, 'payload_too_large', message, data);
+  }
+}
+export class UnsupportedMediaType extends AppError {
+  constructor(message: string, headers: Record<string, string> = {}) {
+    super(415, 'unsupported_media_type', message, {}, headers);
   }
 }
 

@@ -16,4 +16,16 @@ export function createLogger(level: string, name: string, opts: { buffered?: boo
   return opts.buffered ? pino(options, pino.destination({ dest: 1, sync: false })) : pino(options);
 }
 
+// A service URL as it may be logged: without a password, in the user part or as a parameter.
+export function redactUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = '***';
+    for (const key of [...u.searchParams.keys()]) if (/pass/i.test(key)) u.searchParams.set(key, '***');
+    return u.toString();
+  } catch {
+    return '(unparsable URL)';
+  }
+}
+
 export type { Logger };

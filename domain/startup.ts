@@ -4,21 +4,10 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Services } from './services.ts';
 import { withTimeout } from './with-timeout.ts';
+import { redactUrl } from './logger.ts';
 
 const PROBE_TIMEOUT_MS = 2000;
 const WARN_EVERY_MS = 5000;
-
-// A service URL as it may be logged: without a password, in the user part or as a parameter.
-export function redactUrl(url: string): string {
-  try {
-    const u = new URL(url);
-    if (u.password) u.password = '***';
-    for (const key of [...u.searchParams.keys()]) if (/pass/i.test(key)) u.searchParams.set(key, '***');
-    return u.toString();
-  } catch {
-    return '(unparsable URL)';
-  }
-}
 
 export async function waitForBackingServices(s: Pick<Services, 'cfg' | 'db' | 'redis' | 'log'>): Promise<void> {
   const started = Date.now();

@@ -4,6 +4,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startPostgres, startRedis, type LocalService } from './local-services.ts';
+import { redactUrl } from '../domain/logger.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const dataDir = path.resolve(process.env.DATA_DIR || '.data');
@@ -52,9 +53,7 @@ startup = (async () => {
     const pg = await startPostgres({ dataDir, log: say });
     services.push(pg);
     env.DATABASE_URL = pg.url;
-    const shown = new URL(pg.url);
-    if (shown.password) shown.password = '***';
-    say(`local Postgres on ${shown} (data in ${dataDir}/postgres)`);
+    say(`local Postgres on ${redactUrl(pg.url)} (data in ${dataDir}/postgres)`);
   }
   if (stopping) return;
   if (!env.REDIS_URL) {

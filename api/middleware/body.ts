@@ -1,9 +1,11 @@
 import type { Context } from 'koa';
-import { AppError, InvalidRequest, type FieldError } from '../../domain/errors.ts';
+import { InvalidRequest, PayloadTooLarge, UnsupportedMediaType, type FieldError } from '../../domain/errors.ts';
 
 const JSON_TYPE = /^application\/([a-z0-9.+-]*\+)?json\s*(;|$)/i;
 // JSON is UTF-8 (RFC 8259): other bytes are refused, not turned into U+FFFD.
 const UTF8 = new TextDecoder('utf-8', { fatal: true });
+
+const tooLarge = (limit: number) => new PayloadTooLarge(`Request body exceeds the limit of ${limit} bytes`, { limit });
 
 // Reads and parses a JSON body; undefined when the request has none or an empty one, whatever its
 // content type (fetch sends `content-length: 0` and `text/plain` for a POST with an empty body).
@@ -14,12 +16,12 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
   if ((length === undefined && req.headers['transfer-encoding'] === undefined) || length === '0') return undefined;
   if (length !== undefined && Number(length) > limit) {
     req.resume();
-    throw new AppError(413, 'payload_too_large', `Request body exceeds the limit of ${limit} bytes`, { limit });
+    throw tooLarge(limit);
   }
   const encoding = req.headers['content-encoding'];
   if (encoding !== undefined && encoding.trim().toLowerCase() !== 'identity') {
     req.resume();
-    throw new AppError(415, 'unsupported_media_type', `Content-Encoding '${encoding.slice(0, 100)}' is not supported: send the body uncompressed`, {}, { 'Accept-Encoding': 'identity' });
+    throw new UnsupportedMediaType(`Content-Encoding '${encoding.slice(0, 100)}' is not supported: send the body uncompressed`, { 'Accept-Encoding': 'identity' });
   }
   const type = req.headers['content-type'] ?? '';
   const chunks: Buffer[] = [];
@@ -28,12 +30,12 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
     size += (chunk as Buffer).length;
     if (size > limit) {
       req.resume();
-      throw new AppError(413, 'payload_too_large', `Request body exceeds the limit of ${limit} bytes`, { limit });
+      throw tooLarge(limit);
     }
     chunks.push(chunk as Buffer);
   }
   if (size === 0) return undefined;
-  if (!JSON_TYPE.test(type)) throw new AppError(415, 'unsupported_media_type', `Content-Type must be application/json, got '${type || 'none'}'`);
+  if (!JSON_TYPE.test(type)) throw new UnsupportedMediaType(`Content-Type must be application/json, got '${type || 'none'}'`);
   let text: string;
   try {
     text = UTF8.decode(Buffer.concat(chunks));

@@ -4,10 +4,8 @@ import { ErrorBody, FreeObject, NoInput } from '../schemas/common.ts';
 import { publicConfig } from '../../domain/config.ts';
 import { QUEUE_NAMES, queueConcurrency } from '../../queues/names.ts';
 import { SERVICE_VERSION } from '../../domain/version.ts';
-import { Unavailable } from '../../domain/errors.ts';
 import { generateBridgeClient } from '../../domain/bridge/codegen.ts';
-import { withTimeout } from '../../domain/with-timeout.ts';
-import { localKeyFilesHealth } from '../../domain/keyring.ts';
+import { checkReadiness } from '../../domain/readiness.ts';
 
 const tag = '_internal';
 
@@ -22,27 +20,7 @@ export const internalRoutes = [
     method: 'get', path: '/_internal/v1/ready', operationId: 'ready', tag, scope: null,
     summary: 'Readiness: 200 when Postgres and Redis answer and this process can read its local envelope key files, else 503 naming what failed',
     responses: { 200: Type.Object({ status: Type.Literal('ready'), checks: FreeObject }), 503: ErrorBody },
-  }, async ({ services }) => {
-    const [pg, redis, keys] = await Promise.allSettled([
-      withTimeout(services.db.raw('select 1'), 2000),
-      withTimeout(services.redis.ping(), 2000),
-      withTimeout(localKeyFilesHealth(services), 2000),
-    ]);
-    const unreachable = [...(pg.status === 'rejected' ? ['postgres'] : []), ...(redis.status === 'rejected' ? ['redis'] : [])];
-    // Not one key file readable: this host lacks KEYS_DIR (a deploy mistake), and it alone is kept out
-    // of rotation. Some missing is reported but stays ready: a lost file is the same on every host,
-    // and tasks and A2A do not need it.
-    const files = keys.status === 'fulfilled' ? keys.value : undefined;
-    const noKeys = files !== undefined && files.total > 0 && files.unreadable === files.total;
-    if (unreachable.length || noKeys) {
-      const why = [...(unreachable.length ? [`${unreachable.join(' and ')} unreachable`] : []), ...(noKeys ? ['no local envelope key file in KEYS_DIR can be read'] : [])];
-      const e = new Unavailable(`Not ready: ${why.join('; ')}`);
-      Object.assign(e.data, { failed: [...unreachable, ...(noKeys ? ['keys'] : [])] });
-      throw e;
-    }
-    const keyCheck = !files ? 'unknown' : files.unreadable ? `${files.unreadable} of ${files.total} local envelope key files unreadable` : 'ok';
-    return { status: 'ready' as const, checks: { postgres: 'ok', redis: 'ok', keys: keyCheck } };
-  }),
+  }, async ({ services }) => checkReadiness(services)),
 
   defineRoute({
     method: 'get', path: '/_internal/v1/runtime_config', operationId: 'runtime-config', tag, scope: 'internal',

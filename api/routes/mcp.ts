@@ -6,18 +6,9 @@ import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { readJsonBody } from '../middleware/body.ts';
 import { InvalidRequest } from '../../domain/errors.ts';
-import { createMcpServer, invalidParamsAnswer } from '../../domain/bridge/mcp.ts';
+import { createMcpServer, paramsRefusal } from '../../domain/bridge/mcp.ts';
 
 export const MCP_PATH = '/api/bridge/v1/mcp';
-
-// The error code of a JSON-RPC error answer (NaN for anything else).
-function errorCodeOf(text: string): number {
-  try {
-    return Number((JSON.parse(text) as { error?: { code?: unknown } }).error?.code);
-  } catch {
-    return NaN;
-  }
-}
 
 export const mcpRoutes = [
   defineRoute({
@@ -45,10 +36,8 @@ export const mcpRoutes = [
       await server.connect(transport);
       const answer = await transport.handleRequest(new Request(`http://mcp.invalid${ctx.originalUrl}`, { method: 'POST', headers }), { parsedBody: body });
       const text = await answer.text();
-      // Bad params get the SDK's internal error (-32603, zod's whole report) or parse error (-32700,
-      // HTTP 400); they are -32602 naming the field. Its other refusals (headers) stand.
-      const refused = invalidParamsAnswer(body);
-      if (refused && [-32603, -32700].includes(errorCodeOf(text))) {
+      const refused = paramsRefusal(body, text);
+      if (refused) {
         ctx.body = refused;
         return;
       }

@@ -72,10 +72,24 @@ export function createMcpServer(services: Services): Server {
 // The requests the server answers, with the SDK's schemas for them.
 const REQUESTS = { initialize: InitializeRequestSchema, ping: PingRequestSchema, 'tools/list': ListToolsRequestSchema, 'tools/call': CallToolRequestSchema } as const;
 
-// The -32602 answer for a request to one of those methods whose params do not fit (the SDK's own
-// answer is -32603 with zod's whole report, or HTTP 400 "Parse error" when the params are not an
-// object). Undefined: the params fit, or the request is not one of those.
-export function invalidParamsAnswer(body: unknown): JSONRPCErrorResponse | undefined {
+// The SDK answers params that do not fit with an internal error (-32603, zod's whole report) or a
+// parse error (-32700, HTTP 400, when they are not an object). Given the request and the SDK's
+// answer (its text), the answer to send instead: -32602 naming the field. Undefined: the SDK's
+// stands (its other refusals, of headers, come before any params check).
+export function paramsRefusal(body: unknown, sdkAnswer: string): JSONRPCErrorResponse | undefined {
+  if (![ErrorCode.InternalError, ErrorCode.ParseError].includes(errorCodeOf(sdkAnswer))) return undefined;
+  return invalidParamsAnswer(body);
+}
+
+function errorCodeOf(text: string): number {
+  try {
+    return Number((JSON.parse(text) as { error?: { code?: unknown } }).error?.code);
+  } catch {
+    return NaN;
+  }
+}
+
+function invalidParamsAnswer(body: unknown): JSONRPCErrorResponse | undefined {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) return undefined;
   const { id, method } = body as { id?: unknown; method?: unknown };
   if (typeof method !== 'string' || !Object.hasOwn(REQUESTS, method) || (typeof id !== 'string' && typeof id !== 'number')) return undefined;

@@ -32,6 +32,7 @@ const MAX_SWEEPS = 5;
 
 interface MigrationParams { from_envelope_encryption_key_id: string; to_envelope_encryption_key_id: string; sweep?: number }
 const paramsOf = (job: KeyJobRow) => job.params as unknown as MigrationParams;
+const migratesTo = (job: KeyJobRow | undefined, targetId: string) => job !== undefined && paramsOf(job).to_envelope_encryption_key_id === targetId;
 
 // DEKs under the source written since the job started, less those it failed on.
 const writtenDuringJob = (job: KeyJobRow): DekFilter => ({ since: new Date(job.started_at!.getTime() - SWEEP_MARGIN_MS), notFailedIn: job.id });
@@ -50,8 +51,7 @@ export async function startMigrateAll(
   // A target that cannot wrap (a KMS key that is gone or not ours) is refused now, as a single DEK's
   // migration is (502), not found out by a job that would retry for minutes before it failed. Not
   // when the same migration runs already: that request gets the running job.
-  const running = await findActiveMigration(s.db, sourceId);
-  if (!running || paramsOf(running).to_envelope_encryption_key_id !== targetId) await (await wrapperFor(s, targetId)).wrap(randomBytes(KEY_BYTES));
+  if (!migratesTo(await findActiveMigration(s.db, sourceId), targetId)) await (await wrapperFor(s, targetId)).wrap(randomBytes(KEY_BYTES));
   for (;;) {
     const out = await inTransaction(s, async (uow) => {
       if (!(await lockEnvelopeKeyShared(uow.trx, targetId))) throw new NotFound('envelope_key', targetId);
@@ -71,9 +71,8 @@ export async function startMigrateAll(
         return { job, created: true };
       }
       const running = await findActiveMigration(uow.trx, sourceId);
-      const runningTo = running && paramsOf(running).to_envelope_encryption_key_id;
-      if (running && runningTo !== targetId) {
-        throw new Conflict(`a migration of envelope key '${sourceId}' to '${runningTo}' is running (job ${running.id}); wait for it to end`, { resource: 'job', id: running.id });
+      if (running && !migratesTo(running, targetId)) {
+        throw new Conflict(`a migration of envelope key '${sourceId}' to '${paramsOf(running).to_envelope_encryption_key_id}' is running (job ${running.id}); wait for it to end`, { resource: 'job', id: running.id });
       }
       return running && { job: running, created: false };
     });
