@@ -1,5 +1,5 @@
 import type { Knex } from 'knex';
-import { prepared, type Tx } from './knex.ts';
+import { pgQuery, type Tx } from './knex.ts';
 import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, type Page } from './pagination.ts';
 import { messageFromRow } from './messages.ts';
@@ -61,8 +61,8 @@ export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]):
     m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, refs: m.reference_task_ids, m_metadata: m.metadata,
     tl: timeline.map((item) => ({ id: item.id, p: item.event_payload })),
   }));
-  const { rows } = await prepared(db, 'task-bundles',
-    `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb,
+  const { rows } = await pgQuery<{ seqs: (string | number)[] }>(db,
+    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb,
                    m_id uuid, cm_id text, role text, parts jsonb, refs uuid[], m_metadata jsonb, tl jsonb)),
       c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from b order by context_id, at
             on conflict (id) do nothing),
@@ -76,9 +76,9 @@ export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]):
               order by b.i, e.n
              returning task_id, seq)
     select b.i, (select array_agg(seq order by seq) from tl where tl.task_id = b.id) as seqs from b order by b.i`,
-    [JSON.stringify(input)],
+    [JSON.stringify(input)], 'task-bundles',
   );
-  return rows.map((r: { seqs: (string | number)[] }) => r.seqs.map(Number));
+  return rows.map((r) => r.seqs.map(Number));
 }
 
 // Batched statements lock task rows in input order: sorted by task id, concurrent batches cannot
@@ -107,13 +107,13 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
     .sort(byTaskId);
   // Not a prepared statement: a plan cached while the table was small would scan all of it on every
   // call for as long as the connection lives; planned each time, it probes the primary key.
-  const { rows } = await db.raw(
-    `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, tl jsonb)),
+  const { rows } = await pgQuery<{ task: Record<string, unknown> | null; seqs: (string | number)[] | null }>(db,
+    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, tl jsonb)),
       u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at, updated_at = b.at
               from b
              -- The ids as a parameter keep the plan on the primary key: the planner cannot know how
              -- many rows b has (it guesses 100) and would otherwise scan the whole table to hash-join them.
-             where t.id = any(?::uuid[]) and t.id = b.task_id and t.status = any(b."from")
+             where t.id = any($2::uuid[]) and t.id = b.task_id and t.status = any(b."from")
              returning t.*),
       m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, metadata, created_at)
             select (b.msg->>'id')::uuid, b.msg->>'client_message_id', b.task_id, b.msg->>'role', b.msg->'parts',
@@ -129,7 +129,7 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
       from b order by b.i`,
     [JSON.stringify(input), input.map((c) => c.task_id)],
   );
-  return rows.map((r: { task: Record<string, unknown> | null; seqs: (string | number)[] | null }) =>
+  return rows.map((r) =>
     (r.task ? { task: parseTaskJson(r.task), timelineSeqs: (r.seqs ?? []).map(Number) } : { timelineSeqs: [] }));
 }
 
@@ -156,8 +156,8 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
     .sort(byTaskId);
   const ids = input.map((r) => r.task_id);
   // Planned each time, like applyStatusChanges.
-  const { rows } = await db.raw(
-    `with b as (select * from jsonb_to_recordset(?::jsonb) as x(i int, task_id uuid, message_id uuid, lim int, at timestamptz, "from" text[], item jsonb)),
+  const { rows } = await pgQuery<{ task: Record<string, unknown> | null; started: boolean; seq: string | number | null; trigger: Record<string, unknown> | null; answered: boolean; history: Record<string, unknown>[] }>(db,
+    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, message_id uuid, lim int, at timestamptz, "from" text[], item jsonb)),
       s as (select b.*, t.status, row_to_json(t) as task,
                    (select row_to_json(m) from messages m where m.id = b.message_id and m.task_id = t.id) as trigger,
                    exists (select 1 from messages tr where tr.id = b.message_id and t.status in ('input-required', 'auth-required')
@@ -165,11 +165,11 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
                                         t.status_timestamp > tr.created_at)) as answered
               from b
               -- the ids as a parameter keep both reads of tasks on the primary key (see applyStatusChanges)
-              left join (select * from tasks where id = any(?::uuid[])) t on t.id = b.task_id),
+              left join (select * from tasks where id = any($2::uuid[])) t on t.id = b.task_id),
       u as (update tasks t set status = 'working', status_message_id = null, status_timestamp = s.at, updated_at = s.at,
                                run_message_id = s.message_id
               from s
-             where t.id = any(?::uuid[]) and t.id = s.task_id
+             where t.id = any($2::uuid[]) and t.id = s.task_id
                and s.status = any(s."from") and s.trigger is not null and not s.answered
                -- a task changed since s was read keeps its new state. Not "=": with it the planner
                -- probes (status, created_at, id) by status alone, reading every task of that status.
@@ -187,11 +187,11 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
               (select id, client_message_id, seq, task_id, role, parts, reference_task_ids, metadata, created_at
                  from messages where task_id = s.task_id order by seq desc limit s.lim) h) as history
       from s order by s.i`,
-    [JSON.stringify(input), ids, ids],
+    [JSON.stringify(input), ids],
   );
   const toMessage = (m: Record<string, unknown>): Message & { seq: number } =>
     messageFromRow({ ...(m as unknown as Message), seq: Number(m.seq), created_at: new Date(m.created_at as string).toISOString() });
-  return rows.map((r: { task: Record<string, unknown> | null; started: boolean; seq: string | number | null; trigger: Record<string, unknown> | null; answered: boolean; history: Record<string, unknown>[] }) => (r.task
+  return rows.map((r) => (r.task
     ? {
       task: parseTaskJson(r.task), started: r.started, ...(r.seq !== null ? { seq: Number(r.seq) } : {}),
       trigger: r.trigger ? toMessage(r.trigger) : undefined, answered: r.answered, history: r.history.map(toMessage),

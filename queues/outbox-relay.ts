@@ -15,8 +15,10 @@ export function createQueues(cfg: Config, connection: Redis): Queues {
 }
 
 // Moves outbox rows into BullMQ. The job id is the outbox id, so a row sent twice (crash
-// between add and delete) is still one job. Jobs committed in the same tick are sent together:
-// one addBulk per queue and one DELETE, which keeps intake cheap under load.
+// between add and delete) is still one job. Jobs committed by one coalesced statement are sent
+// together: one addBulk per queue and one DELETE, which keeps intake cheap under load. They are
+// sent in a microtask, before the requests that made them go on to build their responses: a
+// setImmediate put about 0.6 ms of that work in front of every idle task's start.
 // Jobs that job recovery can rebuild from Postgres (first runs of submitted tasks) skip the outbox:
 // `send` adds them after commit and writes their rows only if the add fails (Redis down), for the
 // sweeper; a crash before that leaves a submitted task without a job, which recovery re-enqueues.
@@ -50,7 +52,7 @@ export class OutboxRelay {
     for (const row of rows) this.pending.push({ row, stored });
     if (this.flushScheduled) return;
     this.flushScheduled = true;
-    setImmediate(() => {
+    queueMicrotask(() => {
       const batch = this.pending;
       this.pending = [];
       this.flushScheduled = false;
