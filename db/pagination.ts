@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import type { Knex } from 'knex';
 import { InvalidRequest } from '../domain/errors.ts';
 
@@ -25,20 +26,27 @@ function checkKind(kind: KeyKind, v: unknown): boolean {
   }
 }
 
-export function decodeToken(token: string, kinds: KeyKind[]): unknown[] {
+// A token carries the list it came from: a digest of the list's query without the cursor (table,
+// filters and their values) and its order. A token of another list, another filter or the other
+// order is refused rather than read as a position in this one.
+const listDigest = (list: unknown) => createHash('sha256').update(JSON.stringify(list)).digest('base64url').slice(0, 12);
+
+function decodeToken(token: string, kinds: KeyKind[], list: string): unknown[] {
   const bad = () => new InvalidRequest('next_page_token is not a valid page token', [{ path: 'next_page_token', message: 'not a token returned by this list' }]);
-  let values: unknown;
+  let decoded: unknown;
   try {
-    values = JSON.parse(Buffer.from(token, 'base64url').toString('utf8'));
+    decoded = JSON.parse(Buffer.from(token, 'base64url').toString('utf8'));
   } catch {
     throw bad();
   }
-  if (!Array.isArray(values) || values.length !== kinds.length || !values.every((v, i) => checkKind(kinds[i], v))) throw bad();
+  if (!Array.isArray(decoded) || decoded[0] !== list) throw bad();
+  const values = decoded.slice(1);
+  if (values.length !== kinds.length || !values.every((v, i) => checkKind(kinds[i], v))) throw bad();
   return values;
 }
 
-export function encodeToken(values: unknown[]): string {
-  return Buffer.from(JSON.stringify(values.map((v) => (v instanceof Date ? v.toISOString() : v)))).toString('base64url');
+function encodeToken(list: string, values: unknown[]): string {
+  return Buffer.from(JSON.stringify([list, ...values.map((v) => (v instanceof Date ? v.toISOString() : v))])).toString('base64url');
 }
 
 // Keyset pagination: rows strictly after the cursor in the list's order, one extra row to
@@ -50,8 +58,10 @@ export async function keysetPage<Row>(
   token: string | undefined,
 ): Promise<Page<Row>> {
   const { columns, direction } = keyset;
+  const { sql, bindings } = query.toSQL();
+  const list = listDigest([sql, bindings, columns, direction]);
   if (token !== undefined) {
-    const values = decodeToken(token, keyset.kinds);
+    const values = decodeToken(token, keyset.kinds, list);
     const op = direction === 'desc' ? '<' : '>';
     query.whereRaw(`(${columns.map(() => '??').join(', ')}) ${op} (${values.map(() => '?').join(', ')})`, [...columns, ...(values as Knex.Value[])]);
   }
@@ -59,15 +69,16 @@ export async function keysetPage<Row>(
   const rows = (await query.limit(pageSize + 1)) as Row[];
   if (rows.length <= pageSize) return { items: rows };
   const items = rows.slice(0, pageSize);
-  return { items, next_page_token: encodeToken(keyset.cursorOf(items[items.length - 1])) };
+  return { items, next_page_token: encodeToken(list, keyset.cursorOf(items[items.length - 1])) };
 }
 
 // The same tokens over a short list held in memory (e.g. the provider catalog), ordered by a
-// unique text key ascending.
-export function listPage<T>(items: readonly T[], keyOf: (item: T) => string, pageSize: number, token: string | undefined): Page<T> {
-  const after = token === undefined ? undefined : (decodeToken(token, ['text'])[0] as string);
+// unique text key ascending. `name` tells the list apart from others (with its filters, if any).
+export function listPage<T>(name: string, items: readonly T[], keyOf: (item: T) => string, pageSize: number, token: string | undefined): Page<T> {
+  const list = listDigest(name);
+  const after = token === undefined ? undefined : (decodeToken(token, ['text'], list)[0] as string);
   const rest = [...items].sort((a, b) => (keyOf(a) < keyOf(b) ? -1 : 1)).filter((i) => after === undefined || keyOf(i) > after);
   if (rest.length <= pageSize) return { items: rest };
   const page = rest.slice(0, pageSize);
-  return { items: page, next_page_token: encodeToken([keyOf(page[page.length - 1])]) };
+  return { items: page, next_page_token: encodeToken(list, [keyOf(page[page.length - 1])]) };
 }

@@ -7,7 +7,7 @@ import path from 'node:path';
 import { createPublicKey, generateKeyPairSync, randomBytes, randomUUID, verify } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { Validator } from '@seriousme/openapi-schema-validator';
-import { Client, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack } from './helpers/stack.ts';
+import { assertError, Client, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack } from './helpers/stack.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
@@ -353,6 +353,10 @@ describe('bridge API', () => {
     const rest = await c.get(`${B}/provider/grouped-by-function?page_size=1&next_page_token=${paged.body.next_page_token}`);
     assert.notEqual(rest.body.items[0].function_controller.type_id, paged.body.items[0].function_controller.type_id);
     assert.equal(rest.body.next_page_token, undefined);
+    // The token belongs to this list and its filters: not the catalog, not another category.
+    for (const other of ['available-providers?page_size=1', 'provider/grouped-by-function?page_size=1&function_category=email']) {
+      assertError(await c.get(`${B}/${other}&next_page_token=${paged.body.next_page_token}`), 400, 'invalid_request');
+    }
 
     const doc = (await c.get(`${B}/function-instances/openapi.json`)).body;
     const validator = new Validator();

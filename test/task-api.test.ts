@@ -432,6 +432,42 @@ describe('task API', () => {
       }
     });
 
+    it('a page token works only on the list, filters and order that issued it', async () => {
+      const contextId = randomUUID();
+      const tasks = [];
+      for (let i = 0; i < 3; i++) tasks.push((await create({ context_id: contextId, message: textMessage(`t${i}`) })).task);
+      const [a, b] = tasks;
+      assert.equal((await stack.client.post(`/api/task/v1/${a.id}/message`, { role: 'user', parts: [{ type: 'text-part', text: 'more' }] })).status, 201);
+      const tokenOf = async (url: string) => {
+        const r = await stack.client.get(url);
+        assert.equal(r.status, 200, r.text);
+        assert.equal(typeof r.body.next_page_token, 'string', url);
+        return r.body.next_page_token as string;
+      };
+      const refused = async (url: string) => {
+        const r = await stack.client.get(url);
+        assertError(r, 400, 'invalid_request');
+        assert.equal(r.body.data.errors[0].path, 'next_page_token', url);
+      };
+
+      const tasksToken = await tokenOf('/api/task/v1?page_size=1');
+      assert.equal((await stack.client.get(`/api/task/v1?page_size=1&next_page_token=${tasksToken}`)).status, 200);
+      // Before, these lists took it as a position: same keyset shape, (created_at, id).
+      await refused(`/api/task/v1/context?page_size=1&next_page_token=${tasksToken}`);
+      await refused(`/api/task/v1/context/${contextId}/task?page_size=1&next_page_token=${tasksToken}`);
+      await refused(`/api/task/v1?page_size=1&status=submitted&next_page_token=${tasksToken}`);
+
+      const ascToken = await tokenOf(`/api/task/v1/${a.id}/timeline?order=asc&page_size=1`);
+      assert.equal((await stack.client.get(`/api/task/v1/${a.id}/timeline?order=asc&page_size=1&next_page_token=${ascToken}`)).status, 200);
+      await refused(`/api/task/v1/${a.id}/timeline?order=desc&page_size=1&next_page_token=${ascToken}`);
+      await refused(`/api/task/v1/${b.id}/timeline?order=asc&page_size=1&next_page_token=${ascToken}`);
+
+      const messagesToken = await tokenOf(`/api/task/v1/${a.id}/message?page_size=1`);
+      const next = await stack.client.get(`/api/task/v1/${a.id}/message?page_size=1&next_page_token=${messagesToken}`);
+      assert.deepEqual(next.body.items.map((m: any) => m.parts[0].text), ['more']);
+      await refused(`/api/task/v1/${b.id}/message?page_size=1&next_page_token=${messagesToken}`);
+    });
+
     // Pages through a list, running `between` after each page; checks each row comes once,
     // in order, and that the last page has no next_page_token.
     async function pageThrough(url: string, size: number, idOf: (item: any) => string, between: () => Promise<void>) {

@@ -56,7 +56,7 @@ export function describeProvider(p: ProviderControllerDef): ProviderController {
 
 // The catalog, paged in type_id order.
 export function listProviders(pageSize: number, token?: string): Page<ProviderController> {
-  const page = listPage(PROVIDERS, (p) => p.type_id, pageSize, token);
+  const page = listPage('providers', PROVIDERS, (p) => p.type_id, pageSize, token);
   return { ...page, items: page.items.map(describeProvider) };
 }
 
