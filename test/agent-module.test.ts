@@ -1,9 +1,12 @@
 // Agent modules (AGENT_KIND=module): a module's replies, artifacts and final message reach the
-// task; canceling a long-running module agent fires its abort signal on the worker.
+// task; canceling a long-running module agent fires its abort signal on the worker; what the
+// runtime does with results and calls a module should not make.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
 import { ROOT, resetDb, startStack, startWorker, testEnv, waitFor, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
@@ -17,7 +20,7 @@ describe('agent modules', () => {
   before(async () => {
     await resetDb();
     marker = path.join(process.env.TEST_DATA_DIR!, `signal-agent-${randomUUID()}.marker`);
-    stack = await startStack({ AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/signal-agent.ts'), SIGNAL_AGENT_MARKER: marker });
+    stack = await startStack({ AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/signal-agent.ts'), SIGNAL_AGENT_MARKER: marker, WORKER_SHUTDOWN_GRACE_MS: '1000' });
   });
   after(async () => stack?.stop());
 
@@ -46,6 +49,79 @@ describe('agent modules', () => {
     assert.match(text, new RegExp(`aborted task ${task.id}: task canceled`));
     const after = await rpc('tasks/get', { id: task.id });
     assert.equal(after.body.result.status.state, 'canceled');
+  });
+
+  const finalOf = async (text: string) => {
+    const task = (await rpc('message/send', { message: userMessage(text) })).body.result;
+    return { state: task.status.state as string, message: task.status.message?.parts?.[0]?.text as string, task };
+  };
+
+  it('a run may end rejected: the agent declines the task it started to look at', async () => {
+    assert.deepEqual(await finalOf('reject').then(({ state, message }) => ({ state, message })), { state: 'rejected', message: 'not a task for me' });
+  });
+
+  it('a run that returns a status it cannot end in, calls setStatus with one, or replies with parts of the wrong shape fails, saying why', async () => {
+    const cases: [string, RegExp][] = [
+      ['status working', /returned status 'working'; a run ends in one of completed, input-required, auth-required, failed, rejected/],
+      ['set completed', /setStatus takes 'working' only, not 'completed'/],
+      // A2A parts (kind) where task API parts (type) belong: before, stored as parts A2A served as [null].
+      ['a2a parts', /Invalid reply: reply\.0\.type/],
+    ];
+    for (const [text, why] of cases) {
+      const { state, message, task } = await finalOf(text);
+      assert.equal(state, 'failed', text);
+      assert.match(message, why, text);
+      assert.ok(task.history.every((m: any) => m.parts.every((p: any) => typeof p?.kind === 'string')), text);
+    }
+  });
+
+  it('artifacts emitted without an id each get one', async () => {
+    const { state, task } = await finalOf('anonymous artifacts');
+    assert.equal(state, 'completed');
+    assert.deepEqual(task.artifacts.map((a: any) => a.parts[0].text), ['first', 'second']);
+    for (const a of task.artifacts) assert.equal(typeof a.artifactId, 'string');
+  });
+
+  it('after a cancel, calls out of the run are refused, and a write left unawaited does not bring the worker down', async () => {
+    fs.rmSync(marker, { force: true });
+    const task = (await rpc('message/send', { message: userMessage('float'), configuration: { blocking: false } })).body.result;
+    await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.message?.parts?.[0]?.text === 'floating', 'the agent to start');
+    await rpc('tasks/cancel', { id: task.id });
+    const said = await waitFor(async () => fs.existsSync(marker) && fs.readFileSync(marker, 'utf8'), 'the agent to write its marker');
+    assert.match(said, /^invoke refused: task is canceled or handed back; read refused: task is canceled or handed back$/);
+    await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('unhandled promise rejection')), 'the unawaited refusal to be logged');
+    assert.equal(stack.workers[0].child.exitCode, null);
+    assert.equal((await finalOf('still here')).state, 'completed');
+    const history = (await rpc('tasks/get', { id: task.id })).body.result.history;
+    assert.ok(!history.some((m: any) => m.parts[0]?.text === 'too late'));
+  });
+
+  it('a worker shutting down hands back a run that ignores its signal once the grace period is over', async () => {
+    const [worker] = stack.workers;
+    const task = (await rpc('message/send', { message: userMessage('ignore'), configuration: { blocking: false } })).body.result;
+    await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.message?.parts?.[0]?.text === 'ignoring the signal', 'the agent to start');
+    // The agent sleeps a minute; stop() would SIGKILL after 15 s. The worker must leave by itself.
+    await worker.stop();
+    assert.equal(worker.child.signalCode, null, 'exited by itself');
+    assert.equal(worker.child.exitCode, 0);
+    assert.ok(worker.logs.some((l) => l.includes('grace period over')));
+    assert.ok(worker.logs.some((l) => l.includes('"msg":"worker stopped"')));
+    // Not completed by the leaving worker after its minute: handed back, waiting for another worker.
+    assert.equal((await rpc('tasks/get', { id: task.id })).body.result.status.state, 'working');
+    const connection = new Redis(stack.env.REDIS_URL, { maxRetriesPerRequest: null });
+    const queue = new Queue('agent-tasks', { connection, prefix: stack.env.QUEUE_PREFIX });
+    try {
+      const waiting = await queue.getJobs(['wait']);
+      assert.ok(waiting.some((j) => j?.data.task_id === task.id), 'the run is back in the queue');
+    } finally {
+      await queue.close();
+      connection.disconnect();
+    }
+  });
+
+  it('a worker starts with a CommonJS module that exports a handler by name', async () => {
+    const worker = await startWorker(testEnv({ AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/cjs-agent.cjs') }));
+    await worker.stop();
   });
 
   it('a worker refuses to start with a module that exports no handler', async () => {

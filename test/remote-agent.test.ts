@@ -72,14 +72,15 @@ async function startRemoteAgent(executor: AgentExecutor, streaming: boolean): Pr
   const server = await new Promise<Server>((resolve) => {
     const s = app.listen(0, '127.0.0.1', () => resolve(s));
   });
-  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  // Under a path, given without a trailing slash: its card is <url>/.well-known/agent-card.json.
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/agents/echo`;
   const card: AgentCard = {
     name: 'remote test agent', description: 'replies, emits an artifact and finishes', version: '1.0.0', protocolVersion: '0.3.0',
     url: `${url}/rpc`, preferredTransport: 'JSONRPC', capabilities: { streaming }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
   };
   const handler = new DefaultRequestHandler(card, new InMemoryTaskStore(), executor);
-  app.use('/.well-known/agent-card.json', agentCardHandler({ agentCardProvider: handler }));
-  app.use('/rpc', jsonRpcHandler({ requestHandler: handler, userBuilder: UserBuilder.noAuthentication }));
+  app.use('/agents/echo/.well-known/agent-card.json', agentCardHandler({ agentCardProvider: handler }));
+  app.use('/agents/echo/rpc', jsonRpcHandler({ requestHandler: handler, userBuilder: UserBuilder.noAuthentication }));
   return { url, server, refused };
 }
 

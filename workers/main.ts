@@ -7,6 +7,7 @@ import { waitForBackingServices } from '../domain/startup.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createRedis } from '../queues/connection.ts';
 import { TASK_CANCELED, updateStatus } from '../domain/tasks.ts';
+import { publicReason } from '../domain/errors.ts';
 import { createAgentTaskProcessor } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
 import { startHousekeeping } from './housekeeping.ts';
@@ -25,6 +26,10 @@ await waitForBackingServices(services);
 await bootstrap(services);
 await startKeyringInvalidation(services);
 services.outbox.startSweeper();
+
+// An agent module's promise left unawaited (a write refused after a cancel, say) must not take down
+// the process and every other run on it, as Node's default for unhandled rejections would.
+process.on('unhandledRejection', (reason) => log.warn({ reason: publicReason(reason) }, 'unhandled promise rejection (an agent call not awaited?)'));
 
 const cancels = new CancelRegistry();
 await services.bus.subscribe(TASK_CANCELED, (msg) => {

@@ -9,16 +9,33 @@ import * as tasks from '../db/tasks.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf } from '../domain/tasks.ts';
 import { inStatement, inTransaction } from '../domain/unit-of-work.ts';
 import { allowedFrom, isTerminal, type TaskState } from '../domain/task-states.ts';
-import type { MessagePart } from '../api/schemas/task.ts';
-import type { AgentContext, AgentHandler, Reply } from './agents/types.ts';
+import type { AgentContext, AgentHandler, AgentResult, Reply } from './agents/types.ts';
+import { checkArtifact, replyParts } from './agents/agent-output.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 import { readSecretValue } from '../domain/secrets.ts';
 import { invokeFunction } from '../domain/bridge/functions.ts';
 
 const HISTORY = 200;
-// A run's final status applies only while the task is still active.
-const activeFrom = (to: TaskState) => allowedFrom(to).filter((s) => !isTerminal(s));
-const toParts = (r: Reply): MessagePart[] => (typeof r === 'string' ? [{ type: 'text-part', text: r }] : r);
+const RUN_RESULTS: readonly TaskState[] = ['completed', 'input-required', 'auth-required', 'failed', 'rejected'];
+// A run's final status applies only while the task is still active. An agent may reject a task it
+// has started to look at: working -> rejected is the run's to make, though PUT may not (SPEC section 3).
+const activeFrom = (to: TaskState) => (to === 'rejected' ? ['submitted', 'working'] as TaskState[] : allowedFrom(to).filter((s) => !isTerminal(s)));
+const agentMessage = (r: Reply, where: string) => ({ role: 'agent' as const, parts: replyParts(r, where) });
+
+function finalOf(result: AgentResult | void) {
+  const status = result?.status ?? 'completed';
+  if (!RUN_RESULTS.includes(status)) throw new Error(`The agent returned status '${String(status)}'; a run ends in one of ${RUN_RESULTS.join(', ')}`);
+  const message = result?.message === undefined ? { role: 'agent' as const, parts: [{ type: 'text-part' as const, text: `Task ${status}` }] } : agentMessage(result.message, 'message');
+  return { status, message };
+}
+
+// Settles when the run is aborted (task canceled, worker shutting down), whether or not the agent
+// stops: a run that ignores its signal must not hold the job, or the worker, past a cancel or the
+// shutdown grace period.
+const abortedBy = (signal: AbortSignal) => new Promise<never>((_, reject) => {
+  if (signal.aborted) reject(signal.reason);
+  signal.addEventListener('abort', () => reject(signal.reason), { once: true });
+});
 
 export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry) {
   const { log } = services;
@@ -42,11 +59,14 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     const history = state.history.map(({ seq: _s, ...m }) => m);
     const { seq: _seq, ...message } = state.trigger;
 
+    const ended = (what: string) => Object.assign(new Error(`task is ${what}`), { taskEnded: true });
+    // Reads and calls from inside a run are refused once the run is aborted.
+    const whileRunning = <T>(fn: () => Promise<T>) => (controller.signal.aborted ? Promise.reject(ended('canceled or handed back')) : fn());
     // Writes from inside a run are skipped once the task has ended (e.g. canceled meanwhile).
     const whileActive = <T>(fn: (uow: Parameters<Parameters<typeof inTransaction>[1]>[0], task: tasks.TaskRow) => Promise<T>) =>
       inTransaction(services, async (uow) => {
         const locked = (await tasks.getTask(uow.trx, taskId, true))!;
-        if (isTerminal(locked.status)) throw Object.assign(new Error(`task is ${locked.status}`), { taskEnded: true });
+        if (isTerminal(locked.status)) throw ended(locked.status);
         return fn(uow, locked);
       });
 
@@ -55,25 +75,29 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       history,
       message,
       signal: controller.signal,
-      reply: async (r) => (await whileActive((uow) => appendMessage(uow, taskId, { role: 'agent', parts: toParts(r) }))).message,
+      reply: async (r) => {
+        const reply = agentMessage(r, 'reply');
+        return (await whileActive((uow) => appendMessage(uow, taskId, reply))).message;
+      },
       setStatus: async (status, r) => {
-        await whileActive((uow, locked) => changeStatus(uow, locked, status, r === undefined ? undefined : { role: 'agent', parts: toParts(r) }));
+        // The run's end (input-required, completed, ...) is its return value, which a status set here would pre-empt.
+        if (status !== 'working') throw new Error(`ctx.setStatus takes 'working' only, not '${String(status)}'; a run ends with its return value {status, message}`);
+        const progress = r === undefined ? undefined : agentMessage(r, 'message');
+        await whileActive((uow, locked) => changeStatus(uow, locked, status, progress));
       },
-      emitArtifact: async (artifact) => {
-        await whileActive((uow) => appendArtifact(uow, taskId, { artifactId: artifact.artifactId ?? randomUUID(), ...artifact }));
+      emitArtifact: async (input) => {
+        const artifact = checkArtifact(input);
+        await whileActive((uow) => appendArtifact(uow, taskId, { ...artifact, artifactId: artifact.artifactId ?? randomUUID() }));
       },
-      readSecret: (key) => readSecretValue(services, key),
-      invokeFunction: (providerInstanceId, functionTypeId, params) => invokeFunction(services, providerInstanceId, functionTypeId, params),
+      readSecret: (key) => whileRunning(() => readSecretValue(services, key)),
+      invokeFunction: (providerInstanceId, functionTypeId, params) => whileRunning(() => invokeFunction(services, providerInstanceId, functionTypeId, params)),
       log: log.child({ task_id: taskId }),
     };
 
     try {
-      const result = (await agent(ctx)) ?? {};
-      const final = result.status ?? 'completed';
-      const reply = result.message === undefined ? undefined : { role: 'agent' as const, parts: toParts(result.message) };
-      const done = await inStatement(services, (uow) =>
-        changeStatusIf(uow, taskId, final, activeFrom(final), reply ?? { role: 'agent', parts: [{ type: 'text-part', text: `Task ${final}` }] }));
-      return done ? final : 'task ended during run';
+      const final = finalOf(await Promise.race([agent(ctx), abortedBy(controller.signal)]));
+      const done = await inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, activeFrom(final.status), final.message));
+      return done ? final.status : 'task ended during run';
     } catch (err) {
       if (controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) {
         // Handed back to the queue at once without using up an attempt: the run did not fail.
@@ -82,8 +106,11 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       }
       if (controller.signal.aborted || (err as { taskEnded?: boolean }).taskEnded) return 'aborted: task ended';
       const attempts = job.opts.attempts ?? 1;
-      if (job.attemptsMade + 1 < attempts) throw err;
       const reason = publicReason(err);
+      if (job.attemptsMade + 1 < attempts) {
+        log.warn({ task_id: taskId, attempt: job.attemptsMade + 1, attempts, reason }, 'agent run failed; it will be retried');
+        throw err;
+      }
       await inStatement(services, (uow) => changeStatusIf(uow, taskId, 'failed', activeFrom('failed'),
         { role: 'agent', parts: [{ type: 'text-part', text: `The agent failed after ${attempts} attempt(s): ${reason}` }] }));
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');

@@ -23,7 +23,7 @@ const FilePart = Type.Object({
   file: Type.Unsafe<Static<typeof FileBody>>({ ...FileBody, oneOf: [{ required: ['bytes'] }, { required: ['uri'] }] }),
   ...meta,
 });
-const Part = Type.Unsafe<Static<typeof TextPart> | Static<typeof DataPart> | Static<typeof FilePart>>({
+export const Part = Type.Unsafe<Static<typeof TextPart> | Static<typeof DataPart> | Static<typeof FilePart>>({
   type: 'object',
   required: ['kind'],
   oneOf: [TextPart, DataPart, FilePart],

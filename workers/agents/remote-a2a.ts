@@ -46,8 +46,11 @@ function resultOf(status: TaskStatus, withMessage: boolean): AgentResult {
   return { status: 'failed', message: message ?? `The remote agent ended its task as '${status.state}'` };
 }
 
+// The card path is resolved against the base URL, which drops a last segment without a slash:
+// http://host/api/a2a/v1 would be read as http://host/api/a2a/.well-known/agent-card.json.
 function cardLocation(url: string): [string, string | undefined] {
-  return /\.json$/i.test(new URL(url).pathname) ? [url, ''] : [url, undefined];
+  if (/\.json$/i.test(new URL(url).pathname)) return [url, ''];
+  return [url.endsWith('/') ? url : `${url}/`, undefined];
 }
 
 function clientFactory(apiKey: string | undefined): ClientFactory {

@@ -15,13 +15,16 @@ export async function resolveAgent({ cfg, db }: Services): Promise<AgentHandler>
       return demoAgent;
     case 'module': {
       const file = path.resolve(cfg.AGENT_MODULE!);
-      let mod: { default?: unknown; handler?: unknown };
+      let mod: { default?: { handler?: unknown; default?: unknown } | ((...a: unknown[]) => unknown); handler?: unknown };
       try {
         mod = await import(pathToFileURL(file).href);
       } catch (err) {
-        throw new AgentConfigError(`AGENT_MODULE ${file} could not be loaded: ${(err as Error).message.split('\n')[0]}`, { cause: err });
+        // The first lines name the cause (a transform error's first line does not say where).
+        throw new AgentConfigError(`AGENT_MODULE ${file} could not be loaded: ${(err as Error).message.split('\n').slice(0, 3).join(' ').trim()}`, { cause: err });
       }
-      const handler = mod.default ?? mod.handler;
+      // ESM default or named export; CommonJS module.exports = fn, exports.handler = fn or exports.default = fn.
+      const cjs = typeof mod.default === 'object' && mod.default !== null ? mod.default : {};
+      const handler = [mod.default, mod.handler, cjs.handler, cjs.default].find((h) => typeof h === 'function');
       if (typeof handler !== 'function') throw new AgentConfigError(`AGENT_MODULE ${file} exports no handler function (default export or "handler")`);
       return handler as AgentHandler;
     }

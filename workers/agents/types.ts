@@ -2,6 +2,8 @@
 // named by AGENT_MODULE, or the remote A2A bridge all implement AgentHandler.
 import type { Message, MessagePart, Task } from '../../api/schemas/task.ts';
 import type { InvokeResult } from '../../api/schemas/bridge.ts';
+import type { Logger } from '../../domain/logger.ts';
+import type { Artifact } from './agent-output.ts';
 
 export type Reply = string | MessagePart[];
 
@@ -13,12 +15,12 @@ export interface AgentContext {
   message: Message;
   /** Fires when the task is canceled or the worker shuts down. */
   signal: AbortSignal;
-  /** Adds an agent message to the task now (progress while working). */
+  /** Adds an agent message to the task now (progress while working). Parts in the task API's shape (`type: 'text-part'`, ...). */
   reply(reply: Reply): Promise<Message>;
-  /** Moves the task to working (with an optional progress message). */
+  /** Records progress: the task stays working, with an optional progress message. Other states are the run's return value. */
   setStatus(status: 'working', message?: Reply): Promise<void>;
-  /** Stores an artifact on the task (A2A Artifact shape: artifactId, name?, parts). */
-  emitArtifact(artifact: { artifactId?: string; name?: string; description?: string; parts: unknown[]; metadata?: Record<string, unknown> }): Promise<void>;
+  /** Stores an artifact on the task (A2A Artifact shape: parts with `kind`); the same artifactId replaces, or with `append` extends, an earlier one. */
+  emitArtifact(artifact: Artifact): Promise<void>;
   /** Decrypts a stored secret by key. */
   readSecret(key: string): Promise<string>;
   /**
@@ -27,7 +29,8 @@ export interface AgentContext {
    * bad params, a function not enabled, an instance not active or an unreachable provider.
    */
   invokeFunction(providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>): Promise<InvokeResult>;
-  log: { info(obj: object, msg?: string): void; warn(obj: object, msg?: string): void };
+  /** A logger tagged with the task id (pino). */
+  log: Logger;
 }
 
 export interface AgentResult {
