@@ -20,6 +20,18 @@ export async function listenPg(url: string, channels: Record<string, (payload: s
         log.warn({ err: { message: (err as Error).message }, channel: n.channel }, 'notification handler failed');
       }
     });
+    // A failed attempt is retried by its rejection alone: when its 'error' and 'end' scheduled a
+    // retry too, every failed attempt made two, and an outage of n seconds left 2^n connections.
+    const duringConnect = () => undefined;
+    c.on('error', duringConnect);
+    try {
+      await c.connect();
+      for (const channel of Object.keys(channels)) await c.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
+    } catch (err) {
+      c.end().catch(() => undefined);
+      throw err;
+    }
+    c.off('error', duringConnect);
     let lost = false;
     const onLost = (why: string) => {
       if (lost || closed) return;
@@ -30,8 +42,6 @@ export async function listenPg(url: string, channels: Record<string, (payload: s
     };
     c.on('error', (err) => onLost(err.message));
     c.on('end', () => onLost('connection ended'));
-    await c.connect();
-    for (const channel of Object.keys(channels)) await c.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
     client = c;
   };
   const reconnect = (): void => {

@@ -1,6 +1,8 @@
 // The job pipeline under faults: Redis away while tasks are created, a worker killed mid-run.
 import assert from 'node:assert/strict';
 import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import pgClient from 'pg';
 import { freePort, startPostgres, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
 import { startBlackHoleProxy, type BlackHoleProxy } from './helpers/black-hole-proxy.ts';
@@ -107,8 +109,20 @@ describe('job pipeline under faults', function () {
         assert.equal(r.headers.get('retry-after'), '5');
       }
 
+      // Long enough for the Postgres listeners (API: key revocations, worker: push deliveries) to
+      // fail several reconnects: each failed attempt used to schedule two, 2^n connections in all.
+      await sleep(4000);
       pg = await startPostgres({ dataDir, ephemeral: true, port });
       await waitFor(async () => (await s.client.get('/_internal/v1/ready')).status === 200, 'ready again');
+      await sleep(2500);
+      const probe = new pgClient.Client(pg.url);
+      await probe.connect();
+      try {
+        const { rows } = await probe.query(`select count(*)::int as n from pg_stat_activity where query ilike 'listen %'`);
+        assert.ok(rows[0].n <= 3, `${rows[0].n} LISTEN connections after the outage`);
+      } finally {
+        await probe.end();
+      }
       const got = await waitFor(async () => {
         const r = await s.client.get(`/api/task/v1/${first.body.task.id}`);
         return r.status === 200 && r;

@@ -34,9 +34,10 @@ function toAppError(err: unknown): AppError {
   if (e?.code === 'ECONNRESET' && e.message === 'aborted') return new AppError(400, 'invalid_request', 'The request was aborted before its body arrived');
   // Connection failures of Postgres or Redis mean the service is unavailable, not broken. ioredis
   // producers fail fast without a code ("Stream isn't writeable ...", "Connection is closed.").
-  // A statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on is the same.
-  if (e?.code === 'ECONNREFUSED' || e?.code === '57P01' || e?.code === '57014' || e?.code === 'ETIMEDOUT' || e?.name === 'MaxRetriesPerRequestError'
-    || /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly|Query read timeout$|^timeout expired$/.test(e?.message ?? '')) {
+  // A statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on is the same,
+  // and so is a Postgres shutting down, restarting or full (57P01-57P03, 53300).
+  if (e?.code === 'ECONNREFUSED' || ['57P01', '57P02', '57P03', '53300', '57014'].includes(String(e?.code)) || e?.code === 'ETIMEDOUT' || e?.name === 'MaxRetriesPerRequestError'
+    || /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly|Query read timeout$|^timeout expired$|is not queryable$/.test(e?.message ?? '')) {
     return new Unavailable('A backing service is unavailable; retry shortly');
   }
   // Client errors of libraries (koa's, and co-body's unparsable JSON in the queue dashboard).
