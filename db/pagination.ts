@@ -73,12 +73,12 @@ export async function keysetPage<Row>(
 }
 
 // The same tokens over a short list held in memory (e.g. the provider catalog), ordered by a
-// unique text key ascending. `name` tells the list apart from others (with its filters, if any).
-export function listPage<T>(name: string, items: readonly T[], keyOf: (item: T) => string, pageSize: number, token: string | undefined): Page<T> {
-  const list = listDigest(name);
-  const after = token === undefined ? undefined : (decodeToken(token, ['text'], list)[0] as string);
+// unique text key ascending. `list` tells the list apart from others (its name and filters, if any).
+export function listPage<T>(list: unknown, items: readonly T[], keyOf: (item: T) => string, pageSize: number, token: string | undefined): Page<T> {
+  const digest = listDigest(list);
+  const after = token === undefined ? undefined : (decodeToken(token, ['text'], digest)[0] as string);
   const rest = [...items].sort((a, b) => (keyOf(a) < keyOf(b) ? -1 : 1)).filter((i) => after === undefined || keyOf(i) > after);
   if (rest.length <= pageSize) return { items: rest };
   const page = rest.slice(0, pageSize);
-  return { items: page, next_page_token: encodeToken(list, [keyOf(page[page.length - 1])]) };
+  return { items: page, next_page_token: encodeToken(digest, [keyOf(page[page.length - 1])]) };
 }

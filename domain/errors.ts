@@ -92,6 +92,20 @@ export function raceConflict(err: unknown): Conflict | undefined {
   return undefined;
 }
 
+// A failure of Postgres or Redis to answer: the service is unavailable, not broken. Connection
+// failures; ioredis producers fail fast without a code ("Stream isn't writeable ...", "Connection is
+// closed."); a statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on; a
+// Postgres shutting down, restarting or full (57P01-57P03, 53300). Other errors: undefined.
+const UNAVAILABLE_CODES = ['ECONNREFUSED', 'ETIMEDOUT', '57P01', '57P02', '57P03', '53300', '57014'];
+const UNAVAILABLE_MESSAGE = /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly|Query read timeout$|^timeout expired$|is not queryable$/;
+export function unavailability(err: unknown): Unavailable | undefined {
+  const e = err as { code?: unknown; name?: unknown; message?: unknown };
+  if (UNAVAILABLE_CODES.includes(String(e?.code)) || e?.name === 'MaxRetriesPerRequestError' || UNAVAILABLE_MESSAGE.test(String(e?.message ?? ''))) {
+    return new Unavailable('A backing service is unavailable; retry shortly');
+  }
+  return undefined;
+}
+
 // What may be told to API users about a failure (task status messages, key job errors): the
 // error's own message, except for database errors, whose text names our SQL: those say only
 // their SQLSTATE (the worker log has the rest).

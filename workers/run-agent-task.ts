@@ -8,7 +8,7 @@ import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf } from '../domain/tasks.ts';
 import { inStatement, inTransaction } from '../domain/unit-of-work.ts';
-import { allowedFrom, isTerminal, type TaskState } from '../domain/task-states.ts';
+import { isTerminal, RUN_RESULTS, runEndsFrom } from '../domain/task-states.ts';
 import type { AgentContext, AgentHandler, AgentResult, Reply } from './agents/types.ts';
 import { checkArtifact, replyParts } from './agents/agent-output.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
@@ -16,17 +16,12 @@ import { readSecretValue } from '../domain/secrets.ts';
 import { invokeFunction } from '../domain/bridge/functions.ts';
 
 const HISTORY = 200;
-const RUN_RESULTS: readonly TaskState[] = ['completed', 'input-required', 'auth-required', 'failed', 'rejected'];
-// A run's final status applies only while the task is still active. An agent may reject a task it
-// has started to look at: working -> rejected is the run's to make, though PUT may not (SPEC section 3).
-const activeFrom = (to: TaskState) => (to === 'rejected' ? ['submitted', 'working'] as TaskState[] : allowedFrom(to).filter((s) => !isTerminal(s)));
 const agentMessage = (r: Reply, where: string) => ({ role: 'agent' as const, parts: replyParts(r, where) });
 
 function finalOf(result: AgentResult | void) {
   const status = result?.status ?? 'completed';
   if (!RUN_RESULTS.includes(status)) throw new Error(`The agent returned status '${String(status)}'; a run ends in one of ${RUN_RESULTS.join(', ')}`);
-  const message = result?.message === undefined ? { role: 'agent' as const, parts: [{ type: 'text-part' as const, text: `Task ${status}` }] } : agentMessage(result.message, 'message');
-  return { status, message };
+  return { status, message: agentMessage(result?.message ?? `Task ${status}`, 'message') };
 }
 
 // Settles when the run is aborted (task canceled, worker shutting down), whether or not the agent
@@ -96,7 +91,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
 
     try {
       const final = finalOf(await Promise.race([agent(ctx), abortedBy(controller.signal)]));
-      const done = await inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, activeFrom(final.status), final.message));
+      const done = await inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, runEndsFrom(final.status), final.message));
       return done ? final.status : 'task ended during run';
     } catch (err) {
       if (controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) {
@@ -111,8 +106,8 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         log.warn({ task_id: taskId, attempt: job.attemptsMade + 1, attempts, reason }, 'agent run failed; it will be retried');
         throw err;
       }
-      await inStatement(services, (uow) => changeStatusIf(uow, taskId, 'failed', activeFrom('failed'),
-        { role: 'agent', parts: [{ type: 'text-part', text: `The agent failed after ${attempts} attempt(s): ${reason}` }] }));
+      await inStatement(services, (uow) => changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'),
+        agentMessage(`The agent failed after ${attempts} attempt(s): ${reason}`, 'message')));
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');
       return 'failed';
     } finally {

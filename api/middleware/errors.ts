@@ -1,5 +1,5 @@
 import type { Middleware } from 'koa';
-import { AppError, MethodNotAllowed, raceConflict, Unavailable } from '../../domain/errors.ts';
+import { AppError, MethodNotAllowed, raceConflict, unavailability } from '../../domain/errors.ts';
 
 // The one place where errors become HTTP responses with the Error body.
 export function errorHandler(): Middleware {
@@ -27,19 +27,11 @@ export const errorBody = (e: AppError) => ({ message: e.message, data: { code: e
 
 function toAppError(err: unknown): AppError {
   if (err instanceof AppError) return err;
-  const race = raceConflict(err);
-  if (race) return race;
+  const known = raceConflict(err) ?? unavailability(err);
+  if (known) return known;
   const e = err as { status?: number; expose?: boolean; message?: string; code?: string; name?: string };
   // The client went away mid-body: nothing to answer, and not our failure.
   if (e?.code === 'ECONNRESET' && e.message === 'aborted') return new AppError(400, 'invalid_request', 'The request was aborted before its body arrived');
-  // Connection failures of Postgres or Redis mean the service is unavailable, not broken. ioredis
-  // producers fail fast without a code ("Stream isn't writeable ...", "Connection is closed.").
-  // A statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on is the same,
-  // and so is a Postgres shutting down, restarting or full (57P01-57P03, 53300).
-  if (e?.code === 'ECONNREFUSED' || ['57P01', '57P02', '57P03', '53300', '57014'].includes(String(e?.code)) || e?.code === 'ETIMEDOUT' || e?.name === 'MaxRetriesPerRequestError'
-    || /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly|Query read timeout$|^timeout expired$|is not queryable$/.test(e?.message ?? '')) {
-    return new Unavailable('A backing service is unavailable; retry shortly');
-  }
   // Client errors of libraries (koa's, and co-body's unparsable JSON in the queue dashboard).
   if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && (e.expose || err instanceof SyntaxError)) {
     return new AppError(e.status, e.status === 413 ? 'payload_too_large' : 'invalid_request', e.message ?? 'Bad request');

@@ -76,7 +76,7 @@ export async function listGroupedByFunction(
   const all = PROVIDERS.flatMap((p) => p.functions.map((f) => ({ p, f, key: `${p.type_id}/${f.type_id}` })))
     .filter(({ p, f }) => (!filter.provider_controller_type_id || p.type_id === filter.provider_controller_type_id)
       && (!filter.function_category || f.categories.includes(filter.function_category)));
-  const { items: page, next_page_token } = listPage(JSON.stringify(['functions', filter.provider_controller_type_id, filter.function_category]), all, ({ key }) => key, pageSize, token);
+  const { items: page, next_page_token } = listPage(['functions', filter.provider_controller_type_id, filter.function_category], all, ({ key }) => key, pageSize, token);
   const items = await Promise.all(page.map(async ({ p, f }) => {
     const instances = await repo.instancesWithFunction(db, p.type_id, f.type_id);
     const attach = await credentialAttacher(db, instances);
