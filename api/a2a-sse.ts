@@ -3,7 +3,7 @@
 import type { Context } from 'koa';
 import type { Logger } from '../domain/logger.ts';
 import type { RpcId } from '../domain/a2a/jsonrpc.ts';
-import { JSONRPC, toJsonRpcError } from '../domain/a2a/errors.ts';
+import { logRpcError, toJsonRpcError } from '../domain/a2a/errors.ts';
 import type { TaskStream } from '../domain/a2a/methods.ts';
 
 // Comment lines keep idle proxies from closing a stream that waits on a slow agent.
@@ -35,7 +35,7 @@ export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log:
     }
   } catch (err) {
     const error = toJsonRpcError(err);
-    if (error.code === JSONRPC.INTERNAL) log.error({ err }, 'a2a stream failed');
+    logRpcError(log, err, error, {}, 'a2a stream failed');
     await send({ jsonrpc: '2.0', id, error });
   } finally {
     clearInterval(keepalive);

@@ -199,29 +199,31 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
     : undefined));
 }
 
-export interface UnstartedRun { task_id: string; message_id: string; created_at: Date }
+export interface RunToCheck { task_id: string; message_id: string; created_at: Date; status: TaskState }
 
 // Candidates for run recovery, in (created_at, id) order after `after`, with the user message that
 // should have started their run, sent at least `olderThanMs` ago:
 // - tasks still submitted whose first message is a user message (a task opened with an agent
 //   message has no run to recover, whatever came later);
 // - tasks waiting for input (input-required, auth-required) with a user message since they began
-//   to wait (after their status message; after the change when there is none): the first such one.
-export async function listUnstartedRuns(db: Tx, olderThanMs: number, after: { created_at: Date; task_id: string } | undefined, limit: number): Promise<UnstartedRun[]> {
+//   to wait (after their status message; after the change when there is none): the first such one;
+// - tasks working under a run (its message) that has not changed their status for as long.
+export async function listRunsToCheck(db: Tx, olderThanMs: number, after: { created_at: Date; task_id: string } | undefined, limit: number): Promise<RunToCheck[]> {
   const { rows } = await db.raw(
-    `select t.id as task_id, t.created_at, m.id as message_id
+    `select t.id as task_id, t.created_at, t.status, coalesce(m.id, t.run_message_id) as message_id
        from tasks t
-       join lateral (select id, role, created_at from messages
-                      where task_id = t.id
-                        and (t.status = 'submitted'
-                             or (role = 'user' and coalesce(seq > (select sm.seq from messages sm where sm.id = t.status_message_id),
-                                                            created_at > t.status_timestamp)))
-                      order by seq limit 1) m on m.role = 'user'
-      where t.status in ('submitted', 'input-required', 'auth-required') and m.created_at < now() - make_interval(secs => ?)
+       left join lateral (select id, role, created_at from messages
+                           where task_id = t.id and t.status <> 'working'
+                             and (t.status = 'submitted'
+                                  or (role = 'user' and coalesce(seq > (select sm.seq from messages sm where sm.id = t.status_message_id),
+                                                                 created_at > t.status_timestamp)))
+                           order by seq limit 1) m on true
+      where ((t.status in ('submitted', 'input-required', 'auth-required') and m.role = 'user' and m.created_at < now() - make_interval(secs => ?))
+             or (t.status = 'working' and t.run_message_id is not null and t.status_timestamp < now() - make_interval(secs => ?)))
         and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
       order by t.created_at, t.id
       limit ?`,
-    [olderThanMs / 1000, after?.created_at ?? new Date(0), after?.task_id ?? '00000000-0000-0000-0000-000000000000', limit],
+    [olderThanMs / 1000, olderThanMs / 1000, after?.created_at ?? new Date(0), after?.task_id ?? '00000000-0000-0000-0000-000000000000', limit],
   );
   return rows;
 }

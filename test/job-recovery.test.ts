@@ -2,6 +2,7 @@
 // recovery pass, enqueued again and finished: key jobs, and agent runs of submitted tasks.
 import assert from 'node:assert/strict';
 import { Redis } from 'ioredis';
+import { Queue, UnrecoverableError, Worker } from 'bullmq';
 import { resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Proc, type Stack } from './helpers/stack.ts';
 
 const E = '/api/encryption/v1';
@@ -151,5 +152,65 @@ describe('a lost continuation', () => {
     // Later passes leave the finished tasks alone.
     await new Promise((r) => setTimeout(r, 1000));
     assert.deepEqual(worker.logs.filter((l) => l.includes('agent run had no queue job')), recovered);
+  });
+});
+
+describe('a run whose job failed without ending its task', () => {
+  const ctx = recoveryStack();
+  let connection: Redis;
+  let queue: Queue;
+  before(() => {
+    connection = new Redis(process.env.REDIS_URL!, { maxRetriesPerRequest: null });
+    queue = new Queue('agent-tasks', { connection, prefix: ctx.stack.env.QUEUE_PREFIX });
+  });
+  after(async () => {
+    await queue.close();
+    connection.disconnect();
+  });
+  const stateOf = async (taskId: string) => {
+    const jobs = await queue.getJobs(['failed', 'active', 'wait', 'delayed', 'completed']);
+    const job = jobs.find((j) => j?.data.task_id === taskId);
+    return job ? queue.getJobState(job.id!) : 'missing';
+  };
+  const failedWith = async (c: Stack['client'], id: string) => {
+    await waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.task.status === 'failed', `task ${id} to fail`, 20000, 100);
+    return (await c.get(`/api/task/v1/${id}`)).body;
+  };
+
+  it('fails the task, saying so: a submitted task whose job failed before its start, and a working one whose worker died too often; a run going on is left alone', async () => {
+    const c = ctx.stack.client;
+    // A worker of another deployment that cannot write tasks: it fails every job it takes, and
+    // fails a stalled job at once (maxStalledCount 0), as happens to a job whose workers die too often.
+    const refusing = () => new Worker('agent-tasks', async () => { throw new UnrecoverableError('no database'); },
+      { connection, prefix: ctx.stack.env.QUEUE_PREFIX, stalledInterval: 300, maxStalledCount: 0 });
+    let other = refusing();
+    const submitted = (await c.post('/api/task/v1', { message: textMessage('never started') })).body.task.id;
+    await waitFor(async () => (await stateOf(submitted)) === 'failed', 'the job to fail');
+    await other.close();
+
+    const first = await startWorker(ctx.stack.env);
+    ctx.stack.workers.push(first);
+    const working = (await c.post('/api/task/v1', { message: textMessage('[sleep 60000] long') })).body.task.id;
+    await waitFor(async () => (await c.get(`/api/task/v1/${working}`)).body.status_message?.parts[0].text === 'Working for 60000 ms', 'the long run to start');
+    await first.kill('SIGKILL');
+    other = refusing();
+    await waitFor(async () => (await stateOf(working)) === 'failed', 'the stalled job to fail', 20000);
+    await other.close();
+
+    const worker = await startWorker(ctx.stack.env);
+    ctx.stack.workers.push(worker);
+    const running = (await c.post('/api/task/v1', { message: textMessage('[sleep 2500] meanwhile') })).body.task.id;
+    const never = await failedWith(c, submitted);
+    assert.deepEqual(never.status_message.parts, [{ type: 'text-part', text: 'The agent run was lost: its queue job failed without ending the task' }]);
+    assert.deepEqual(await statusesOf(c, submitted), ['submitted', 'failed']);
+    const died = await failedWith(c, working);
+    assert.match(died.status_message.parts[0].text, /^The agent run was lost: /);
+    assert.deepEqual(await statusesOf(c, working), ['submitted', 'working', 'working', 'failed']);
+    // Recovery passes every 300 ms saw the 2.5 s run working: its job is active, not failed.
+    await waitFor(async () => (await c.get(`/api/task/v1/${running}`)).body.task.status === 'completed', 'the run going on to complete', 20000, 100);
+    const logged = worker.logs.filter((l) => l.includes('agent run job had failed'));
+    assert.equal(logged.length, 2, logged.join('\n'));
+    assert.ok(logged.some((l) => l.includes(submitted) && l.includes('no database')), 'the job\'s reason is logged');
+    assert.ok(logged.some((l) => l.includes(working) && l.includes('stalled more than allowable limit')), 'the job\'s reason is logged');
   });
 });

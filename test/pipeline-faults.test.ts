@@ -3,6 +3,8 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pgClient from 'pg';
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
 import { freePort, startPostgres, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
 import { startBlackHoleProxy, type BlackHoleProxy } from './helpers/black-hole-proxy.ts';
@@ -108,6 +110,15 @@ describe('job pipeline under faults', function () {
         assert.equal(r.body.data.code, 'unavailable');
         assert.equal(r.headers.get('retry-after'), '5');
       }
+      // A2A answers in JSON-RPC, saying why.
+      const rpc = await s.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 'down', method: 'tasks/get', params: { id: first.body.task.id } });
+      assert.equal(rpc.status, 200, rpc.text);
+      assert.deepEqual(rpc.body, { jsonrpc: '2.0', id: 'down', error: { code: -32603, message: 'A backing service is unavailable; retry shortly', data: { code: 'unavailable' } } });
+      // An outage is logged at warn with its reason, not as a fault (error, with a stack).
+      const outageLogs = (await requestLogsThrough(s, rpc, { all: true })).filter((l) => l.includes('failed'));
+      assert.ok(outageLogs.some((l) => l.includes('request failed: unavailable') && l.includes('"level":40')), outageLogs.join('\n'));
+      assert.ok(outageLogs.some((l) => l.includes('a2a method failed: unavailable') && l.includes('"level":40')), outageLogs.join('\n'));
+      assert.ok(!outageLogs.some((l) => l.includes('"level":50')), outageLogs.join('\n'));
 
       // Long enough for the Postgres listeners (API: key revocations, worker: push deliveries) to
       // fail several reconnects: each failed attempt used to schedule two, 2^n connections in all.
@@ -135,6 +146,61 @@ describe('job pipeline under faults', function () {
       const logged = await requestLogsThrough(s, after);
       assert.ok(logged.some((l) => l.includes('"status":503')), 'the outage\'s 503s are logged');
       assert.ok(!logged.some((l) => l.includes('"status":500')), 'no 500');
+    });
+  });
+
+  describe('Postgres stopped while agent runs are queued and running', () => {
+    let pg: LocalService | undefined;
+    let stack: Stack | undefined;
+    let queue: Queue | undefined;
+    let connection: Redis | undefined;
+    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'faults-postgres-runs');
+    let port: number;
+
+    before(async () => {
+      port = await freePort();
+      pg = await startPostgres({ dataDir, ephemeral: true, port });
+      const db = createDb(pg.url, { min: 0, max: 1 });
+      await migrateLatest(db);
+      await db.destroy();
+      stack = await startStack({ DATABASE_URL: pg.url, AGENT_ATTEMPTS: '2' }, { workers: 1 });
+      connection = new Redis(stack.env.REDIS_URL, { maxRetriesPerRequest: null });
+      queue = new Queue('agent-tasks', { connection, prefix: stack.env.QUEUE_PREFIX });
+    });
+    after(async () => {
+      await queue?.close();
+      connection?.disconnect();
+      await stack?.stop();
+      await pg?.stop();
+    });
+
+    it('uses up no attempt: runs that meet the outage wait for Postgres, then every task completes once', async () => {
+      const s = stack!;
+      const long = (await s.client.post('/api/task/v1', { message: textMessage('[sleep 3000] long') })).body.task.id;
+      await waitFor(async () => (await s.client.get(`/api/task/v1/${long}`)).body.task.status === 'working', 'the long run to start');
+      // Jobs wait in the paused queue while Postgres goes, then meet the outage at their start; the
+      // long run meets it when it writes its end. Two attempts at 100 ms apart used to fail them all.
+      await queue!.pause();
+      const queued: string[] = [];
+      for (const text of ['one', 'two', 'three']) queued.push((await s.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id);
+      await pg!.stop();
+      pg = undefined;
+      await queue!.resume();
+      await sleep(4000);
+      pg = await startPostgres({ dataDir, ephemeral: true, port });
+
+      for (const [i, id] of queued.entries()) {
+        const done = await waitForStatus(s, id, 'completed');
+        assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: `Echo: ${['one', 'two', 'three'][i]}` }]);
+        assert.deepEqual(await statusesOf(s.client, id), ['submitted', 'working', 'completed']);
+      }
+      const done = await waitForStatus(s, long, 'completed');
+      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: [sleep 3000] long' }]);
+      const statuses = await statusesOf(s.client, long);
+      assert.deepEqual([statuses[0], statuses.at(-1), statuses.filter((st: string) => st === 'completed').length], ['submitted', 'completed', 1], statuses.join(','));
+      const paused = s.workers[0].logs.filter((l) => l.includes('the run goes back to the queue'));
+      assert.ok(paused.length > 0, 'the worker says why runs wait');
+      assert.ok(!s.workers[0].logs.some((l) => l.includes('agent run failed')), 'no attempt failed');
     });
   });
 

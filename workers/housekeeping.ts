@@ -1,5 +1,6 @@
 // Periodic passes of every worker, each idempotent: recovery of work whose queue job Redis lost
-// (key jobs: recover-key-jobs.ts; agent runs of submitted tasks and of answers to waiting ones: recover-agent-runs.ts), and the
+// (key jobs: recover-key-jobs.ts; agent runs of submitted tasks and of answers to waiting ones, and runs whose job failed
+// without ending their task: recover-agent-runs.ts), and the
 // purge of OAuth brokering states abandoned long ago.
 import type { Services } from '../domain/services.ts';
 import { recoverLostKeyJobs } from './recover-key-jobs.ts';

@@ -6,11 +6,12 @@ import { bootstrap } from '../domain/bootstrap.ts';
 import { waitForBackingServices } from '../domain/startup.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createRedis } from '../queues/connection.ts';
-import { TASK_CANCELED, updateStatus } from '../domain/tasks.ts';
+import { TASK_CANCELED } from '../domain/tasks.ts';
 import { publicReason } from '../domain/errors.ts';
 import { createAgentTaskProcessor } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
 import { startHousekeeping } from './housekeeping.ts';
+import { failLostRun } from './recover-agent-runs.ts';
 import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
 import { CancelRegistry } from './cancel-registry.ts';
 import { createRefreshCredentialProcessor, recordRefreshOutcomes, startRefreshScheduler } from './refresh-credential.ts';
@@ -50,12 +51,15 @@ const common = { connection, prefix: cfg.QUEUE_PREFIX, lockDuration: cfg.WORKER_
 const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', createAgentTaskProcessor(services, agent, cancels), {
   ...common,
   concurrency: concurrency['agent-tasks'],
+  // Never reached: BullMQ honours a queue's manual rate limit (the pause of runs during a Postgres
+  // outage, run-agent-task.ts) only on workers with a limiter.
+  limiter: { max: Number.MAX_SAFE_INTEGER, duration: 1000 },
 });
 // A job that stalled too often never reaches the processor's own final-attempt handling.
 agentWorker.on('failed', (job: Job<JobPayloads['agent-tasks']> | undefined, err) => {
   if (!job || !/stalled/i.test(err.message)) return;
-  updateStatus(services, job.data.task_id, 'failed', { role: 'agent', parts: [{ type: 'text-part', text: `The agent run was lost repeatedly: ${err.message}` }] })
-    .catch(() => undefined);
+  // Recovery (recover-agent-runs.ts) fails the task later when this cannot.
+  failLostRun(services, job.data.task_id, `its worker stopped during it too often (${err.message})`).catch(() => undefined);
 });
 
 const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', createKeyJobsProcessor(services), {

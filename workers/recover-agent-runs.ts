@@ -1,40 +1,68 @@
-// Tasks whose run job Redis lost (a failover, a flush, no persistence) would stay submitted, or
-// waiting for input with an answer nobody runs, for ever. A run's job id is its trigger message id,
-// so a worker can tell: a task still submitted after a while whose first user message, or a task
-// waiting for input whose first user message since has neither an unsent outbox row nor a BullMQ
-// job, gets its run enqueued again under the same id (several workers add one; a task never has
-// two runs, workers/run-agent-task.ts). A long backlog is no loss: its jobs exist. Passes walk the
-// candidates in pages, so a large backlog is checked piece by piece.
+// Runs nobody will finish. A run's job id is its trigger message id, so a worker can tell, for a
+// task that has not moved for a while:
+// - submitted, or waiting for input with an answer, whose run message has neither an unsent outbox
+//   row nor a BullMQ job: Redis lost the job (a failover, a flush, no persistence). The run is
+//   enqueued again under the same id (several workers add one; a task never has two runs,
+//   workers/run-agent-task.ts). A long backlog is no loss: its jobs exist.
+// - submitted, waiting with an answer, or working, whose run job has failed: the job ended without
+//   its processor's own final handling (it stalled too often, or the failure could not be written).
+//   The task fails, saying so.
+// A working task whose job is missing is left alone: its run may still be going on a worker.
+// Passes walk the candidates in pages, so a large backlog is checked piece by piece.
 import type { Services } from '../domain/services.ts';
-import { listUnstartedRuns, type UnstartedRun } from '../db/tasks.ts';
+import { listRunsToCheck, type RunToCheck } from '../db/tasks.ts';
 import { pendingOutboxIds } from '../db/outbox.ts';
+import { changeStatusIf } from '../domain/tasks.ts';
+import { inStatement } from '../domain/unit-of-work.ts';
+import { runEndsFrom } from '../domain/task-states.ts';
 
 const PAGE = 500;
+
+/** Fails the task of a run whose job ended without the run's own final handling; false when the task had ended already. */
+export async function failLostRun(services: Services, taskId: string, why: string): Promise<boolean> {
+  const failed = await inStatement(services, (uow) => changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'),
+    { role: 'agent', parts: [{ type: 'text-part', text: `The agent run was lost: ${why}` }] }));
+  return failed !== null;
+}
 
 export class AgentRunRecovery {
   private after?: { created_at: Date; task_id: string };
 
   constructor(private readonly services: Services) {}
 
-  /** Checks the next page of candidates at least `olderThanMs` old; returns the task ids whose run was enqueued again. */
+  /** Checks the next page of candidates at least `olderThanMs` old; returns the task ids whose run was enqueued again or failed. */
   async pass(olderThanMs: number): Promise<string[]> {
     const { db, queues, redis, log } = this.services;
-    const page = await listUnstartedRuns(db, olderThanMs, this.after, PAGE);
+    const page = await listRunsToCheck(db, olderThanMs, this.after, PAGE);
     // The next pass continues after this page, or starts over after the last one.
     this.after = page.length === PAGE ? page[PAGE - 1] : undefined;
     if (!page.length) return [];
     const queue = queues['agent-tasks'];
     const pending = await pendingOutboxIds(db, page.map((r) => r.message_id));
     const unsent = page.filter((r) => !pending.has(r.message_id));
-    // A job of any state has its hash at toKey(id); the queues share this Redis connection.
+    // A job of any state has its hash at toKey(id); a failed one is in the failed set. The queues share this Redis connection.
     const pipeline = redis.pipeline();
-    for (const r of unsent) pipeline.exists(queue.toKey(r.message_id));
-    const exists = (await pipeline.exec()) ?? [];
-    const lost: UnstartedRun[] = unsent.filter((_, i) => exists[i]?.[1] === 0);
-    for (const r of lost) {
-      await queue.add('run', { task_id: r.task_id, message_id: r.message_id }, { jobId: r.message_id });
-      log.warn({ task_id: r.task_id, message_id: r.message_id }, 'agent run had no queue job: enqueued again');
+    for (const r of unsent) pipeline.exists(queue.toKey(r.message_id)).zscore(queue.keys.failed, r.message_id);
+    const replies = (await pipeline.exec()) ?? [];
+    const handled: string[] = [];
+    for (const [i, r] of unsent.entries()) {
+      const [exists, failedAt] = [replies[2 * i]?.[1], replies[2 * i + 1]?.[1]];
+      if (exists === 0 && r.status !== 'working') {
+        await this.enqueueAgain(r);
+        handled.push(r.task_id);
+      } else if (exists === 1 && failedAt !== null && failedAt !== undefined) {
+        if (await failLostRun(this.services, r.task_id, 'its queue job failed without ending the task')) {
+          const job = await queue.getJob(r.message_id);
+          log.warn({ task_id: r.task_id, message_id: r.message_id, reason: job?.failedReason }, 'agent run job had failed with its task unfinished: task failed');
+          handled.push(r.task_id);
+        }
+      }
     }
-    return lost.map((r) => r.task_id);
+    return handled;
+  }
+
+  private async enqueueAgain(r: RunToCheck) {
+    await this.services.queues['agent-tasks'].add('run', { task_id: r.task_id, message_id: r.message_id }, { jobId: r.message_id });
+    this.services.log.warn({ task_id: r.task_id, message_id: r.message_id }, 'agent run had no queue job: enqueued again');
   }
 }

@@ -1,9 +1,9 @@
 // Processor of the agent-tasks queue: runs (or continues) one task's agent. Every step is safe
 // to repeat: a job re-run after a crash skips work already committed.
-import { WaitingError, type Job } from 'bullmq';
+import { RateLimitError, WaitingError, type Job } from 'bullmq';
 import { randomUUID } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
-import { publicReason } from '../domain/errors.ts';
+import { publicReason, unavailability } from '../domain/errors.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf } from '../domain/tasks.ts';
@@ -16,6 +16,8 @@ import { readSecretValue } from '../domain/secrets.ts';
 import { invokeFunction } from '../domain/bridge/functions.ts';
 
 const HISTORY = 200;
+// How long agent runs pause, on every worker, once one meets Postgres or Redis unavailable.
+const OUTAGE_PAUSE_MS = 1000;
 const agentMessage = (r: Reply, where: string) => ({ role: 'agent' as const, parts: replyParts(r, where) });
 
 function finalOf(result: AgentResult | void) {
@@ -34,10 +36,35 @@ const abortedBy = (signal: AbortSignal) => new Promise<never>((_, reject) => {
 
 export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry) {
   const { log } = services;
+  // Errors of the run's own Postgres and Redis calls saying they are unavailable. A run that meets
+  // one has not failed: it goes back to the queue without using up an attempt, or every run of an
+  // outage would fail for good. The agent's own errors (a remote agent refusing connections) are
+  // not marked: those are its failures.
+  const outages = new WeakSet<object>();
+  const ours = async <T>(call: () => Promise<T>): Promise<T> => {
+    try {
+      return await call();
+    } catch (err) {
+      if (unavailability(err) && typeof err === 'object' && err) outages.add(err);
+      throw err;
+    }
+  };
 
   return async function runAgentTask(job: Job<JobPayloads['agent-tasks']>, token?: string): Promise<string> {
+    try {
+      return await run(job, token);
+    } catch (err) {
+      if (!outages.has(err as object)) throw err;
+      log.warn({ task_id: job.data.task_id, reason: publicReason(err) }, `Postgres or Redis is unavailable: the run goes back to the queue and runs pause ${OUTAGE_PAUSE_MS} ms`);
+      // Pauses the queue on every worker; the job goes back to wait as it was.
+      await services.queues['agent-tasks'].rateLimit(OUTAGE_PAUSE_MS);
+      throw new RateLimitError();
+    }
+  };
+
+  async function run(job: Job<JobPayloads['agent-tasks']>, token?: string): Promise<string> {
     const { task_id: taskId, message_id: messageId } = job.data;
-    const state = await beginRun(services, taskId, messageId, HISTORY);
+    const state = await ours(() => beginRun(services, taskId, messageId, HISTORY));
     if (!state) return 'task gone';
     if (!state.started) {
       if (isTerminal(state.task.status)) return `task already ${state.task.status}`;
@@ -59,11 +86,11 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     const whileRunning = <T>(fn: () => Promise<T>) => (controller.signal.aborted ? Promise.reject(ended('canceled or handed back')) : fn());
     // Writes from inside a run are skipped once the task has ended (e.g. canceled meanwhile).
     const whileActive = <T>(fn: (uow: Parameters<Parameters<typeof inTransaction>[1]>[0], task: tasks.TaskRow) => Promise<T>) =>
-      inTransaction(services, async (uow) => {
+      ours(() => inTransaction(services, async (uow) => {
         const locked = (await tasks.getTask(uow.trx, taskId, true))!;
         if (isTerminal(locked.status)) throw ended(locked.status);
         return fn(uow, locked);
-      });
+      }));
 
     const ctx: AgentContext = {
       task: started,
@@ -84,16 +111,17 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         const artifact = checkArtifact(input);
         await whileActive((uow) => appendArtifact(uow, taskId, { ...artifact, artifactId: artifact.artifactId ?? randomUUID() }));
       },
-      readSecret: (key) => whileRunning(() => readSecretValue(services, key)),
+      readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, key))),
       invokeFunction: (providerInstanceId, functionTypeId, params) => whileRunning(() => invokeFunction(services, providerInstanceId, functionTypeId, params)),
       log: log.child({ task_id: taskId }),
     };
 
     try {
       const final = finalOf(await Promise.race([agent(ctx), abortedBy(controller.signal)]));
-      const done = await inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, runEndsFrom(final.status), final.message));
+      const done = await ours(() => inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, runEndsFrom(final.status), final.message)));
       return done ? final.status : 'task ended during run';
     } catch (err) {
+      if (outages.has(err as object)) throw err;
       if (controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) {
         // Handed back to the queue at once without using up an attempt: the run did not fail.
         await job.moveToWait(token);
@@ -106,12 +134,12 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         log.warn({ task_id: taskId, attempt: job.attemptsMade + 1, attempts, reason }, 'agent run failed; it will be retried');
         throw err;
       }
-      await inStatement(services, (uow) => changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'),
-        agentMessage(`The agent failed after ${attempts} attempt(s): ${reason}`, 'message')));
+      await ours(() => inStatement(services, (uow) => changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'),
+        agentMessage(`The agent failed after ${attempts} attempt(s): ${reason}`, 'message'))));
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');
       return 'failed';
     } finally {
       cancels.release(taskId, controller);
     }
-  };
+  }
 }

@@ -1,6 +1,7 @@
 // JSON-RPC 2.0 / A2A v0.3 errors. Domain code throws these (or the generic AppErrors, which
 // toJsonRpcError maps); api/routes/a2a.ts turns them into error responses with HTTP 200.
-import { AppError, raceConflict } from '../errors.ts';
+import { AppError, raceConflict, unavailability } from '../errors.ts';
+import type { Logger } from '../logger.ts';
 
 export const JSONRPC = {
   PARSE_ERROR: -32700,
@@ -36,18 +37,28 @@ export class TaskNotCancelableError extends A2AError {
 export const invalidParams = (message: string, data?: unknown) => new A2AError(JSONRPC.INVALID_PARAMS, message, data);
 export const invalidRequest = (message: string, data?: unknown) => new A2AError(JSONRPC.INVALID_REQUEST, message, data);
 
-// Any thrown value as a JSON-RPC error object; unexpected ones become -32603 without details.
+// Any thrown value as a JSON-RPC error object; unexpected ones become -32603 without details,
+// Postgres or Redis being unavailable -32603 saying so, with data.code 'unavailable' (retry later).
 export function toJsonRpcError(err: unknown): JsonRpcErrorObject {
   if (err instanceof A2AError) return err.toJSON();
   const race = raceConflict(err);
   if (race) return invalidRequest(race.message).toJSON();
+  const down = err instanceof AppError ? undefined : unavailability(err);
+  if (down) return { code: JSONRPC.INTERNAL, message: down.message, data: { code: down.code } };
   if (err instanceof AppError) {
     if (err.status === 404 && err.data.resource === 'task') return new TaskNotFoundError(String(err.data.id)).toJSON();
     // Anything else a client named that does not exist (a push config id) is a bad parameter.
     if (err.status === 404) return invalidParams(err.message, { resource: err.data.resource, id: err.data.id }).toJSON();
     if (err.status === 400) return invalidParams(err.message, err.data.errors ? { errors: err.data.errors } : undefined).toJSON();
     if (err.status === 409) return invalidRequest(err.message, err.data).toJSON();
-    if (err.status === 503) return { code: JSONRPC.INTERNAL, message: err.message };
+    if (err.status === 503) return { code: JSONRPC.INTERNAL, message: err.message, data: { code: err.code } };
   }
   return { code: JSONRPC.INTERNAL, message: 'Internal error' };
+}
+
+/** Logs a call's error when it is ours: a fault at error with its stack, an outage at warn with its reason; client errors not at all. */
+export function logRpcError(log: Logger, err: unknown, error: JsonRpcErrorObject, fields: Record<string, unknown>, msg: string): void {
+  if (err instanceof A2AError || error.code !== JSONRPC.INTERNAL) return;
+  if ((error.data as { code?: unknown } | undefined)?.code === 'unavailable') log.warn({ ...fields, reason: (err as Error)?.message }, `${msg}: unavailable`);
+  else log.error({ ...fields, err }, msg);
 }

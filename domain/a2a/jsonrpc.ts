@@ -1,7 +1,7 @@
 // JSON-RPC 2.0 dispatch for A2A v0.3: envelope checks, method lookup, params validation, and
 // every failure as an error object with the request id echoed (null only when unreadable).
 import type { Logger } from '../logger.ts';
-import { A2AError, JSONRPC, toJsonRpcError, type JsonRpcErrorObject } from './errors.ts';
+import { A2AError, JSONRPC, logRpcError, toJsonRpcError, type JsonRpcErrorObject } from './errors.ts';
 import * as m from './methods.ts';
 import * as p from './params.ts';
 
@@ -67,7 +67,8 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Pro
     const stream = await target.run(call, params).catch((err: unknown) => failed(err));
     return { id, stream: stream as m.TaskStream };
   } catch (err) {
-    if (!(err instanceof A2AError) && toJsonRpcError(err).code === JSONRPC.INTERNAL) log.error({ err, method: req.method }, 'a2a method failed');
-    return { response: errorResponse(id, err) };
+    const error = toJsonRpcError(err);
+    logRpcError(log, err, error, { method: req.method }, 'a2a method failed');
+    return { response: { jsonrpc: '2.0', id, error } };
   }
 }
