@@ -4,6 +4,8 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import fs from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
@@ -16,13 +18,28 @@ describe('agent modules', () => {
   let stack: Stack;
   let marker: string;
   const rpc = (method: string, params: unknown) => stack.client.post(A2A, { jsonrpc: '2.0', id: 1, method, params });
+  // A Stripe that holds every refund request unanswered, and notes when its caller hangs up.
+  const held: { closedAt?: number }[] = [];
+  const stripe = http.createServer((_req, res) => {
+    const call: { closedAt?: number } = {};
+    held.push(call);
+    res.on('close', () => { call.closedAt = Date.now(); });
+  });
 
   before(async () => {
     await resetDb();
+    await new Promise<void>((resolve) => stripe.listen(0, '127.0.0.1', resolve));
     marker = path.join(process.env.TEST_DATA_DIR!, `signal-agent-${randomUUID()}.marker`);
-    stack = await startStack({ AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/signal-agent.ts'), SIGNAL_AGENT_MARKER: marker, WORKER_SHUTDOWN_GRACE_MS: '1000' });
+    stack = await startStack({
+      AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/signal-agent.ts'), SIGNAL_AGENT_MARKER: marker, WORKER_SHUTDOWN_GRACE_MS: '1000',
+      STRIPE_API_BASE_URL: `http://127.0.0.1:${(stripe.address() as AddressInfo).port}`, BRIDGE_ALLOW_PRIVATE: 'true', BRIDGE_TIMEOUT_MS: '60000',
+    });
   });
-  after(async () => stack?.stop());
+  after(async () => {
+    await stack?.stop();
+    stripe.closeAllConnections();
+    stripe.close();
+  });
 
   it("a module's reply, artifact and final data message reach the task", async () => {
     const task = (await rpc('message/send', { message: userMessage('hello module') })).body.result;
@@ -75,6 +92,17 @@ describe('agent modules', () => {
     }
   });
 
+  it('a refusal no retry can mend (an unknown secret, a wrong status) fails the run at its first attempt, without repeating its replies', async () => {
+    const before = stack.workers[0].logs.length;
+    const { state, message, task } = await finalOf('missing secret');
+    assert.equal(state, 'failed');
+    assert.match(message, /^The agent failed after 1 attempt\(s\): .*no-such-secret/);
+    assert.deepEqual(task.history.filter((m: any) => m.role === 'agent' && m.parts[0].text === 'looking it up').length, 1);
+    const wrong = await finalOf('status working');
+    assert.match(wrong.message, /^The agent failed after 1 attempt\(s\): /);
+    assert.ok(!stack.workers[0].logs.slice(before).some((l) => l.includes('it will be retried')), 'no retry');
+  });
+
   it('artifacts emitted without an id each get one', async () => {
     const { state, task } = await finalOf('anonymous artifacts');
     assert.equal(state, 'completed');
@@ -94,6 +122,24 @@ describe('agent modules', () => {
     assert.equal((await finalOf('still here')).state, 'completed');
     const history = (await rpc('tasks/get', { id: task.id })).body.result.history;
     assert.ok(!history.some((m: any) => m.parts[0]?.text === 'too late'));
+  });
+
+  it('a canceled run abandons its call to a provider function: the provider sees the caller hang up', async () => {
+    const B = '/api/bridge/v1';
+    const cred = await stack.client.post(`${B}/available-providers/stripe/available-credentials/api_key/credential/resource-server`, { value: { api_key: 'sk_test_held' } });
+    assert.equal(cred.status, 201, cred.text);
+    assert.equal((await stack.client.post(`${B}/available-providers/stripe/available-credentials/api_key`, { provider_instance_id: 'stripe-held', display_name: 'Stripe', resource_server_credential_id: cred.body.id })).status, 201);
+    assert.equal((await stack.client.post(`${B}/provider/stripe-held/function/stripe_process_refund/enable`, {})).status, 201);
+    fs.rmSync(marker, { force: true });
+    const task = (await rpc('message/send', { message: userMessage('refund'), configuration: { blocking: false } })).body.result;
+    await waitFor(async () => held.length === 1, 'the refund request to reach Stripe');
+    const canceledAt = Date.now();
+    await rpc('tasks/cancel', { id: task.id });
+    const said = await waitFor(async () => fs.existsSync(marker) && fs.readFileSync(marker, 'utf8'), 'the agent to write its marker');
+    assert.equal(said, 'refund refused: stripe: call abandoned by its caller');
+    await waitFor(async () => held[0].closedAt !== undefined, 'Stripe to see the caller hang up');
+    assert.ok(held[0].closedAt! - canceledAt < 5000, `hung up ${held[0].closedAt! - canceledAt} ms after the cancel`);
+    assert.equal((await rpc('tasks/get', { id: task.id })).body.result.status.state, 'canceled');
   });
 
   it('a worker shutting down hands back a run that ignores its signal once the grace period is over', async () => {

@@ -3,7 +3,7 @@
 import { RateLimitError, WaitingError, type Job } from 'bullmq';
 import { randomUUID } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
-import { publicReason, unavailability } from '../domain/errors.ts';
+import { AppError, InvalidRequest, publicReason, unavailability } from '../domain/errors.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf } from '../domain/tasks.ts';
@@ -22,7 +22,7 @@ const agentMessage = (r: Reply, where: string) => ({ role: 'agent' as const, par
 
 function finalOf(result: AgentResult | void) {
   const status = result?.status ?? 'completed';
-  if (!RUN_RESULTS.includes(status)) throw new Error(`The agent returned status '${String(status)}'; a run ends in one of ${RUN_RESULTS.join(', ')}`);
+  if (!RUN_RESULTS.includes(status)) throw new InvalidRequest(`The agent returned status '${String(status)}'; a run ends in one of ${RUN_RESULTS.join(', ')}`);
   return { status, message: agentMessage(result?.message ?? `Task ${status}`, 'message') };
 }
 
@@ -41,11 +41,18 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
   // outage would fail for good. The agent's own errors (a remote agent refusing connections) are
   // not marked: those are its failures.
   const outages = new WeakSet<object>();
+  // The runtime refusing what a run handed it or asked for (parts of the wrong shape, a status it
+  // cannot set or end in, an unknown secret, bad function params, a function not enabled): no retry
+  // can mend that, so the run fails at once instead of repeating its work, and its replies.
+  const refusals = new WeakSet<object>();
   const ours = async <T>(call: () => Promise<T>): Promise<T> => {
     try {
       return await call();
     } catch (err) {
-      if (unavailability(err) && typeof err === 'object' && err) outages.add(err);
+      if (typeof err === 'object' && err) {
+        if (unavailability(err)) outages.add(err);
+        else if (err instanceof AppError && err.status < 500) refusals.add(err);
+      }
       throw err;
     }
   };
@@ -92,32 +99,35 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         return fn(uow, locked);
       }));
 
+    const runLog = log.child({ task_id: taskId });
     const ctx: AgentContext = {
       task: started,
       history,
       message,
       signal: controller.signal,
-      reply: async (r) => {
+      reply: (r) => ours(async () => {
         const reply = agentMessage(r, 'reply');
         return (await whileActive((uow) => appendMessage(uow, taskId, reply))).message;
-      },
-      setStatus: async (status, r) => {
+      }),
+      setStatus: (status, r) => ours(async () => {
         // The run's end (input-required, completed, ...) is its return value, which a status set here would pre-empt.
-        if (status !== 'working') throw new Error(`ctx.setStatus takes 'working' only, not '${String(status)}'; a run ends with its return value {status, message}`);
+        if (status !== 'working') throw new InvalidRequest(`ctx.setStatus takes 'working' only, not '${String(status)}'; a run ends with its return value {status, message}`);
         const progress = r === undefined ? undefined : agentMessage(r, 'message');
         await whileActive((uow, locked) => changeStatus(uow, locked, status, progress));
-      },
-      emitArtifact: async (input) => {
+      }),
+      emitArtifact: (input) => ours(async () => {
         const artifact = checkArtifact(input);
         await whileActive((uow) => appendArtifact(uow, taskId, { ...artifact, artifactId: artifact.artifactId ?? randomUUID() }));
-      },
+      }),
       readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, key))),
-      invokeFunction: (providerInstanceId, functionTypeId, params) => whileRunning(() => invokeFunction(services, providerInstanceId, functionTypeId, params)),
-      log: log.child({ task_id: taskId }),
+      invokeFunction: (providerInstanceId, functionTypeId, params) =>
+        whileRunning(() => ours(() => invokeFunction(services, providerInstanceId, functionTypeId, params, { signal: controller.signal, log: runLog }))),
+      log: runLog,
     };
 
     try {
-      const final = finalOf(await Promise.race([agent(ctx), abortedBy(controller.signal)]));
+      const result = await Promise.race([agent(ctx), abortedBy(controller.signal)]);
+      const final = await ours(async () => finalOf(result));
       const done = await ours(() => inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, runEndsFrom(final.status), final.message)));
       return done ? final.status : 'task ended during run';
     } catch (err) {
@@ -128,7 +138,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         throw new WaitingError();
       }
       if (controller.signal.aborted || (err as { taskEnded?: boolean }).taskEnded) return 'aborted: task ended';
-      const attempts = job.opts.attempts ?? 1;
+      const attempts = refusals.has(err as object) ? job.attemptsMade + 1 : (job.opts.attempts ?? 1);
       const reason = publicReason(err);
       if (job.attemptsMade + 1 < attempts) {
         log.warn({ task_id: taskId, attempt: job.attemptsMade + 1, attempts, reason }, 'agent run failed; it will be retried');

@@ -37,9 +37,11 @@ export async function listFunctionInstances(db: Knex, filter: { provider_instanc
 
 // Params are checked first (400), then that the function is enabled (404) and the instance
 // usable (409). A provider's refusal is an `error` result; an unreachable provider a 502.
-// `paramsPath` names the params in errors: where the caller sent them.
+// `paramsPath` names the params in errors: where the caller sent them; `signal` abandons the call
+// to the provider (an agent run canceled); `log` is the caller's (an agent run's names its task).
 export async function invokeFunction(
-  s: InvokeServices, providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>, paramsPath = 'body.params',
+  s: InvokeServices, providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>,
+  { paramsPath = 'body.params', signal, log = s.log }: { paramsPath?: string; signal?: AbortSignal; log?: Services['log'] } = {},
 ): Promise<InvokeResult> {
   const instance = await repo.getProviderInstance(s.db, providerInstanceId);
   if (!instance) throw new NotFound('provider_instance', providerInstanceId);
@@ -63,8 +65,8 @@ export async function invokeFunction(
   };
   const opts = { timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS, allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE };
   const authorization = await cc.authorization(await plain(instance.resource_server_credential_id), await plain(instance.user_credential_id), opts);
-  const result = await f.invoke({ params, authorization, apiBase: s.cfg[provider.apiBaseSetting].replace(/\/+$/, ''), timeoutMs: opts.timeoutMs });
-  s.log.info({ provider_instance_id: providerInstanceId, function: functionTypeId, result: result.type }, 'bridge function invoked');
+  const result = await f.invoke({ params, authorization, apiBase: s.cfg[provider.apiBaseSetting].replace(/\/+$/, ''), timeoutMs: opts.timeoutMs, signal });
+  log.info({ provider_instance_id: providerInstanceId, function: functionTypeId, result: result.type }, 'bridge function invoked');
   return result;
 }
 

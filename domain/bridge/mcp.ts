@@ -38,7 +38,7 @@ export async function callTool(services: Services, name: string, args: Record<st
   const instance = await getProviderInstance(services.db, instanceId);
   if (instance?.provider_controller_type_id !== providerType || !(await getFunctionInstance(services.db, instanceId, functionType))) throw unknown();
   try {
-    const result = await invokeFunction(services, instanceId, functionType, args, 'arguments');
+    const result = await invokeFunction(services, instanceId, functionType, args, { paramsPath: 'arguments' });
     if (result.type === 'error') return failure(String(result.message));
     const { type: _type, ...output } = result as Record<string, unknown>;
     return { structuredContent: output, content: [{ type: 'text', text: JSON.stringify(output) }] };

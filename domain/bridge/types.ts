@@ -26,7 +26,7 @@ export interface CredentialControllerDef {
   authorization(rs: Plain | undefined, user: Plain | undefined, opts: UpstreamOptions): Promise<string | undefined>;
 }
 
-export interface InvokeCall { params: Record<string, unknown>; authorization: string | undefined; apiBase: string; timeoutMs: number }
+export interface InvokeCall { params: Record<string, unknown>; authorization: string | undefined; apiBase: string; timeoutMs: number; signal?: AbortSignal }
 
 export interface FunctionControllerDef {
   type_id: string;

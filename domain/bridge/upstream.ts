@@ -24,15 +24,25 @@ async function readBody(res: Response, what: string): Promise<string> {
   return Buffer.concat(chunks).toString('utf8');
 }
 
+// `init.signal` (the caller's: an agent run's) abandons the call too, answer unread.
 export async function callUpstream(what: string, url: string, init: RequestInit, timeoutMs: number): Promise<UpstreamAnswer> {
+  // An explicit timer: on Node 20 an AbortSignal.timeout held only by AbortSignal.any can be
+  // garbage-collected and never fire (nodejs/node#57736).
+  const timeout = new AbortController();
+  const timer = setTimeout(() => timeout.abort(), timeoutMs);
+  let text: string;
   let res: Response;
   try {
-    res = await fetch(url, { ...init, redirect: 'manual', signal: AbortSignal.timeout(timeoutMs) });
-  } catch (err) {
-    const reason = (err as Error).name === 'TimeoutError' ? `no answer within ${timeoutMs} ms` : 'unreachable';
-    throw new Upstream(`${what}: ${reason}`, { upstream: what });
+    try {
+      res = await fetch(url, { ...init, redirect: 'manual', signal: init.signal ? AbortSignal.any([timeout.signal, init.signal]) : timeout.signal });
+    } catch {
+      const reason = init.signal?.aborted ? 'call abandoned by its caller' : timeout.signal.aborted ? `no answer within ${timeoutMs} ms` : 'unreachable';
+      throw new Upstream(`${what}: ${reason}`, { upstream: what });
+    }
+    text = await readBody(res, what);
+  } finally {
+    clearTimeout(timer);
   }
-  const text = await readBody(res, what);
   let body: unknown = text;
   try { body = text ? JSON.parse(text) : undefined; } catch { /* not JSON: keep the text */ }
   if (res.status >= 500 || (res.status >= 300 && res.status < 400)) {
