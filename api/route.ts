@@ -5,7 +5,7 @@ import type { Context, Middleware } from 'koa';
 import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
 import { InvalidRequest, MethodNotAllowed } from '../domain/errors.ts';
-import { checkValid } from '../domain/schema-check.ts';
+import { checkValid, compileSchema } from '../domain/schema-check.ts';
 import type { Services } from '../domain/services.ts';
 import { authenticate, requireScope, type Principal, type Scope } from './middleware/auth.ts';
 import { readJsonBody } from './middleware/body.ts';
@@ -51,11 +51,11 @@ export function defineRoute<P extends TObject | undefined = undefined, Q extends
   return { spec, handler } as unknown as Route;
 }
 
-const bodyAjv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false }));
+// Path and query parameters arrive as strings: their compiler coerces and fills defaults.
 const paramAjv = addFormats.default(new Ajv({ allErrors: true, coerceTypes: true, useDefaults: true, strict: false }));
 
 // A body whose members are all optional may be left out: a request without one means `{}`.
-export const bodyRequired = (schema: TSchema): boolean => !bodyAjv.validate(schema, {});
+export const bodyRequired = (schema: TSchema): boolean => !compileSchema(schema)({});
 
 // A fixed path ('/api/secret/v1/import') also matches its parameterized siblings ('/:secret_id'):
 // a method it lacks would reach those and be refused as a bad id, or be told it may use theirs.
@@ -104,7 +104,7 @@ export function mount(router: Router, routes: Route[], services: Services): void
     const vParams = spec.params && paramAjv.compile(spec.params);
     const vQuery = spec.query && paramAjv.compile(spec.query);
     const decimalQuery = decimalCheck(spec.query, 'query');
-    const vBody = spec.body && bodyAjv.compile(spec.body);
+    const vBody = spec.body && compileSchema(spec.body);
     const bodyOptional = spec.body !== undefined && !bodyRequired(spec.body);
     const okStatus = Number(Object.keys(spec.responses).find((s) => s.startsWith('2')) ?? 200);
     const stack: RouterMiddleware[] = [];

@@ -1,7 +1,13 @@
 // How a value that fails its JSON Schema is refused: one InvalidRequest naming each offending
 // member once (request bodies, path and query parameters, credential values, function params).
-import type { ErrorObject, ValidateFunction } from 'ajv';
+import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
+import addFormats from 'ajv-formats';
 import { InvalidRequest, type FieldError } from './errors.ts';
+
+// The one compiler of what is checked as sent (request bodies, A2A params, provider function
+// params, agent output): all errors, discriminated unions, formats; no coercion.
+const ajv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false }));
+export const compileSchema = (schema: object): ValidateFunction => ajv.compile(schema);
 
 function describe(e: ErrorObject): FieldError & { key: string } {
   const base = e.instancePath.split('/').slice(1).join('.');

@@ -2,9 +2,9 @@
 // Objects allow unknown members (A2A is extended by adding fields), but every known member is
 // checked as strictly as the REST API checks the same data (api/schemas/task.ts).
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
-import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
-import addFormats from 'ajv-formats';
+import type { ErrorObject } from 'ajv';
 import { A2AError, JSONRPC } from './errors.ts';
+import { compileSchema } from '../schema-check.ts';
 
 const Metadata = Type.Record(Type.String(), Type.Unknown());
 const meta = { metadata: Type.Optional(Metadata) };
@@ -84,8 +84,6 @@ export const Envelope = Type.Object({
   params: Type.Optional(Type.Unknown()),
 });
 
-const ajv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false }));
-
 function where(e: ErrorObject): string {
   const segs = e.instancePath.split('/').slice(1).map((s) => (/^\d+$/.test(s) ? `[${s}]` : `.${s}`));
   const base = `params${segs.join('')}`;
@@ -107,7 +105,7 @@ export interface Validator<T> { (value: unknown): T }
 
 // A validator that returns the value typed or throws -32602 naming the first bad field.
 export function validator<T extends TSchema>(schema: T): Validator<Static<T>> {
-  const validate: ValidateFunction = ajv.compile(schema);
+  const validate = compileSchema(schema);
   return (value) => {
     if (validate(value)) return value as Static<T>;
     const all = validate.errors ?? [];

@@ -1,11 +1,10 @@
 // The built-in provider controllers, how they are served (GET /available-providers) and how
 // credential values and function params are checked against their schemas.
-import { Ajv, type ValidateFunction } from 'ajv';
-import addFormats from 'ajv-formats';
+import type { ValidateFunction } from 'ajv';
 import type { TObject } from '@sinclair/typebox';
 import { NotFound } from '../errors.ts';
 import { listPage, type Page } from '../../db/pagination.ts';
-import { checkValid } from '../schema-check.ts';
+import { checkValid, compileSchema } from '../schema-check.ts';
 import type { CredentialController, FunctionController, ProviderController } from '../../api/schemas/bridge.ts';
 import type { CredentialControllerDef, FunctionControllerDef, ProviderControllerDef } from './types.ts';
 import { googleMail } from './providers/google-mail.ts';
@@ -60,12 +59,11 @@ export function listProviders(pageSize: number, token?: string): Page<ProviderCo
   return { ...page, items: page.items.map(describeProvider) };
 }
 
-const ajv = addFormats.default(new Ajv({ allErrors: true, strict: false }));
 const compiled = new WeakMap<TObject, ValidateFunction>();
 
 // Rejects a value that does not match `schema`, naming each offending member under `where`.
 export function checkAgainst(schema: TObject, value: unknown, where: string): void {
   let validate = compiled.get(schema);
-  if (!validate) compiled.set(schema, (validate = ajv.compile(json(schema))));
+  if (!validate) compiled.set(schema, (validate = compileSchema(json(schema))));
   checkValid(validate, value, where);
 }

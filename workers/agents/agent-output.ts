@@ -1,17 +1,13 @@
 // What an agent hands the runtime, checked before it is stored: messages in the task API's part
 // shape, artifacts in A2A's. Stored unchecked, a wrong shape reached A2A clients as `parts: [null]`.
 import { Type, type Static } from '@sinclair/typebox';
-import { Ajv } from 'ajv';
-import addFormats from 'ajv-formats';
 import { MessagePart } from '../../api/schemas/task.ts';
 import { Part } from '../../domain/a2a/params.ts';
-import { checkValid } from '../../domain/schema-check.ts';
+import { checkValid, compileSchema } from '../../domain/schema-check.ts';
 import type { Reply } from './types.ts';
 
-const ajv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false }));
-
 const ReplyParts = Type.Array(MessagePart, { minItems: 1, maxItems: 1000 });
-const validateReply = ajv.compile(ReplyParts);
+const validateReply = compileSchema(ReplyParts);
 
 export const Artifact = Type.Object({
   artifactId: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
@@ -24,7 +20,7 @@ export const Artifact = Type.Object({
   lastChunk: Type.Optional(Type.Boolean()),
 });
 export type Artifact = Static<typeof Artifact>;
-const validateArtifact = ajv.compile(Artifact);
+const validateArtifact = compileSchema(Artifact);
 
 /** A reply (a string, or parts with `type`) as message parts; throws naming what is wrong. */
 export function replyParts(reply: Reply, where: string): Static<typeof ReplyParts> {
