@@ -80,14 +80,14 @@ try {
     return json;
   };
   for (const f of ['bench-a.key', 'bench-b.key', 'bench-c.key']) await call('POST', '/envelope', { type: 'local', file_name: f });
-  const wrapper = (name: string) => localWrapper(readLocalKeyFile(cfg.KEYS_DIR, name));
+  const wrapper = async (name: string) => localWrapper(await readLocalKeyFile(cfg.KEYS_DIR, name));
 
   const bar = (label: string) => new cliProgress.SingleBar({ format: `${label.padEnd(22)} {bar} {value}/{total} DEKs  {rate}`, hideCursor: true, stream: process.stderr }, cliProgress.Presets.shades_classic);
 
   // Seed: N DEKs under bench-a, bulk-inserted.
   const seeding = bar('seeding');
   seeding.start(N, 0, { rate: '' });
-  const a = wrapper('bench-a.key');
+  const a = await wrapper('bench-a.key');
   for (let i = 0; i < N; i += 10_000) {
     const rows = Array.from({ length: Math.min(10_000, N - i) }, (_, j) => ({ id: `bench-${String(i + j).padStart(8, '0')}`, envelope_key_id: 'bench-a.key', encrypted_dek: a.wrapSync(randomBytes(32)) }));
     await insertDeks(db, rows);
@@ -100,8 +100,8 @@ try {
   const batch = cfg.DEK_MIGRATION_BATCH;
   const bare = bar('bare re-wrap loop');
   bare.start(N, 0, { rate: '' });
-  const from = wrapper('bench-a.key');
-  const to = wrapper('bench-b.key');
+  const from = await wrapper('bench-a.key');
+  const to = await wrapper('bench-b.key');
   let cursor: string | null = null;
   let bareDone = 0;
   const t0 = performance.now();
@@ -139,7 +139,7 @@ try {
   if (job.status !== 'completed' || job.done !== N || job.failed !== 0) throw new Error(`job ended ${job.status}, done ${job.done}, failed ${job.failed}`);
 
   // Spot check: DEKs unwrap under the final key.
-  const c = wrapper('bench-c.key');
+  const c = await wrapper('bench-c.key');
   const sample = await db('deks').select('envelope_key_id', 'encrypted_dek').orderByRaw('random()').limit(100);
   for (const d of sample) if (d.envelope_key_id !== 'bench-c.key' || c.unwrapSync(d.encrypted_dek).length !== 32) throw new Error('a migrated DEK does not unwrap under the target key');
 

@@ -10,7 +10,7 @@ import { Conflict, InvalidRequest, NotFound } from './errors.ts';
 import { getEnvelopeKey, localKeyFileNames, type EnvelopeKeyRow } from '../db/envelope-keys.ts';
 import { aliasDekForWrite, getAlias, getDek, insertDek, updateAlias, type AliasRow, type DekRow } from '../db/deks.ts';
 import { DecryptError, KEY_BYTES, openBase64, sealBase64 } from './crypto/aes-gcm.ts';
-import { readLocalKeyFileAsync, wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
+import { readLocalKeyFile, wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
 import { TtlCache } from './crypto/ttl-cache.ts';
 
 export { DecryptError };
@@ -61,7 +61,7 @@ export async function envelopeKeyRow(db: Tx, envelopeId: string): Promise<Envelo
 export async function wrapperFor(s: Pick<Services, 'db' | 'cfg'>, envelopeId: string, trx?: Tx): Promise<KeyWrapper> {
   const cached = wrapperCache.get(envelopeId);
   if (cached) return cached;
-  const w = wrapperForRow(await envelopeKeyRow(trx ?? s.db, envelopeId), s.cfg.KEYS_DIR, s.cfg.AWS_KMS_ENDPOINT);
+  const w = await wrapperForRow(await envelopeKeyRow(trx ?? s.db, envelopeId), s.cfg.KEYS_DIR, s.cfg.AWS_KMS_ENDPOINT);
   wrapperCache.set(envelopeId, w);
   return w;
 }
@@ -163,6 +163,6 @@ export async function repointAlias(trx: Knex.Transaction, alias: string, dekId: 
 // host without KEYS_DIR's files cannot serve secrets).
 export async function localKeyFilesHealth(s: Pick<Services, 'db' | 'cfg'>): Promise<{ total: number; unreadable: number }> {
   const names = await localKeyFileNames(s.db);
-  const read = await Promise.allSettled(names.map((name) => readLocalKeyFileAsync(s.cfg.KEYS_DIR, name)));
+  const read = await Promise.allSettled(names.map((name) => readLocalKeyFile(s.cfg.KEYS_DIR, name)));
   return { total: names.length, unreadable: read.filter((r) => r.status === 'rejected').length };
 }

@@ -52,28 +52,28 @@ describe('crypto: AES-256-GCM formats and local envelope keys', () => {
     await assert.rejects(w.unwrap(plainSeal(kek, randomBytes(16))), DecryptError);
   });
 
-  it('creates key files 0600, adopts a 32-byte file, rejects traversal and wrong sizes, never creates on read', () => {
+  it('creates key files 0600, adopts a 32-byte file, rejects traversal and wrong sizes, never creates on read', async () => {
     const dir = path.join(process.env.TEST_DATA_DIR!, 'keys-unit');
     createLocalKeyFile(dir, 'a.key');
     const st = fs.statSync(path.join(dir, 'a.key'));
     assert.equal(st.size, 32);
     assert.equal(st.mode & 0o777, 0o600);
-    const before = readLocalKeyFile(dir, 'a.key');
+    const before = await readLocalKeyFile(dir, 'a.key');
     createLocalKeyFile(dir, 'a.key');
-    assert.deepEqual(readLocalKeyFile(dir, 'a.key'), before);
+    assert.deepEqual(await readLocalKeyFile(dir, 'a.key'), before);
     for (const bad of ['../x', '..', '.', 'a/b', 'a..b', '', 'x'.repeat(256), 'a\0b']) {
       assert.throws(() => createLocalKeyFile(dir, bad), InvalidRequest, bad);
-      assert.throws(() => readLocalKeyFile(dir, bad), InvalidRequest, bad);
+      await assert.rejects(readLocalKeyFile(dir, bad), InvalidRequest, bad);
     }
     fs.writeFileSync(path.join(dir, 'short.key'), randomBytes(16));
     assert.throws(() => createLocalKeyFile(dir, 'short.key'), InvalidRequest);
-    assert.throws(() => readLocalKeyFile(dir, 'short.key'), KeyUnusable);
-    assert.throws(() => readLocalKeyFile(dir, 'missing.key'), KeyUnusable);
+    await assert.rejects(readLocalKeyFile(dir, 'short.key'), KeyUnusable);
+    await assert.rejects(readLocalKeyFile(dir, 'missing.key'), KeyUnusable);
     // A symlink in the keys directory is not adopted nor followed, even to a 32-byte file.
     fs.writeFileSync(path.join(process.env.TEST_DATA_DIR!, 'outside.key'), randomBytes(32));
     fs.symlinkSync(path.join(process.env.TEST_DATA_DIR!, 'outside.key'), path.join(dir, 'link.key'));
     assert.throws(() => createLocalKeyFile(dir, 'link.key'), InvalidRequest);
-    assert.throws(() => readLocalKeyFile(dir, 'link.key'), KeyUnusable);
+    await assert.rejects(readLocalKeyFile(dir, 'link.key'), KeyUnusable);
     assert.deepEqual(fs.readdirSync(dir).filter((f) => f.endsWith('.tmp')), []);
     assert.equal(fs.existsSync(path.join(dir, 'missing.key')), false);
   });

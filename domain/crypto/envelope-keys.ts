@@ -84,20 +84,8 @@ function checkKeySize(name: string, data: Buffer): Buffer {
   return data;
 }
 
-export function readLocalKeyFile(keysDir: string, name: string): Buffer {
-  const file = keyPath(keysDir, name);
-  let data: Buffer;
-  try {
-    const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
-    try { data = fs.readFileSync(fd); } finally { fs.closeSync(fd); }
-  } catch (err) {
-    throw unreadable(name, err);
-  }
-  return checkKeySize(name, data);
-}
-
-// The same without blocking the event loop (readiness probes; KEYS_DIR may be a network volume).
-export async function readLocalKeyFileAsync(keysDir: string, name: string): Promise<Buffer> {
+// Without blocking the event loop: KEYS_DIR may be a network volume.
+export async function readLocalKeyFile(keysDir: string, name: string): Promise<Buffer> {
   const file = keyPath(keysDir, name);
   let data: Buffer;
   try {
@@ -180,7 +168,7 @@ export function kmsWrapper(arn: string, region: string, endpoint: string | undef
   };
 }
 
-export function wrapperForRow(row: EnvelopeKeyRow, keysDir: string, kmsEndpoint: string | undefined): KeyWrapper {
-  if (row.type === 'local') return localWrapper(readLocalKeyFile(keysDir, row.file_name!));
+export async function wrapperForRow(row: EnvelopeKeyRow, keysDir: string, kmsEndpoint: string | undefined): Promise<KeyWrapper> {
+  if (row.type === 'local') return localWrapper(await readLocalKeyFile(keysDir, row.file_name!));
   return kmsWrapper(row.arn!, row.region!, kmsEndpoint);
 }
