@@ -1,5 +1,6 @@
 import type { Tx } from './knex.ts';
 import { keysetPage, type Page } from './pagination.ts';
+import { KEY_JOB_OPEN } from '../api/schemas/encryption.ts';
 
 export type EnvelopeKeyType = 'local' | 'aws_kms';
 export interface EnvelopeKeyRow {
@@ -54,7 +55,7 @@ export async function deleteUnusedEnvelopeKey(db: Tx, id: string): Promise<'dele
   if (!row) return 'missing';
   const used = await db('deks').where({ envelope_key_id: id }).first('id');
   if (used) return 'in_use';
-  const target = await db('key_jobs').where({ kind: 'migrate-deks' }).whereIn('status', ['queued', 'running'])
+  const target = await db('key_jobs').where({ kind: 'migrate-deks' }).whereIn('status', KEY_JOB_OPEN)
     .whereRaw(`params->>'to_envelope_encryption_key_id' = ?`, [id]).first('id');
   if (target) return 'migration_target';
   await db('envelope_keys').where({ id }).delete();

@@ -1,4 +1,5 @@
 import type { Tx } from './knex.ts';
+import { KEY_JOB_OPEN } from '../api/schemas/encryption.ts';
 
 const MAX_ERRORS = 1000;
 
@@ -38,12 +39,12 @@ export async function lockKeyJob(db: Tx, id: string): Promise<KeyJobRow | undefi
 }
 
 export async function findActiveMigration(db: Tx, sourceEnvelopeKeyId: string): Promise<KeyJobRow | undefined> {
-  return db('key_jobs').where({ kind: 'migrate-deks', source_envelope_key_id: sourceEnvelopeKeyId }).whereIn('status', ['queued', 'running']).first();
+  return db('key_jobs').where({ kind: 'migrate-deks', source_envelope_key_id: sourceEnvelopeKeyId }).whereIn('status', KEY_JOB_OPEN).first();
 }
 
 // A running migration that moves DEKs into `source` or out of `target`.
 export async function findCrossingMigration(db: Tx, source: string, target: string): Promise<KeyJobRow | undefined> {
-  return db('key_jobs').where({ kind: 'migrate-deks' }).whereIn('status', ['queued', 'running'])
+  return db('key_jobs').where({ kind: 'migrate-deks' }).whereIn('status', KEY_JOB_OPEN)
     .where((q) => q.whereRaw(`params->>'to_envelope_encryption_key_id' = ?`, [source]).orWhere('source_envelope_key_id', target))
     .first();
 }
@@ -99,11 +100,11 @@ export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'fa
 
 // Queued or running jobs created at least `olderThanMs` ago: candidates for recovery.
 export async function listUnfinishedKeyJobs(db: Tx, olderThanMs: number): Promise<Pick<KeyJobRow, 'id' | 'kind'>[]> {
-  return db('key_jobs').select('id', 'kind').whereIn('status', ['queued', 'running'])
+  return db('key_jobs').select('id', 'kind').whereIn('status', KEY_JOB_OPEN)
     .where('created_at', '<', db.raw(`now() - make_interval(secs => ?)`, [olderThanMs / 1000]));
 }
 
 // Progress of the key jobs still under way, for metrics.
 export async function listActiveKeyJobs(db: Tx): Promise<Pick<KeyJobRow, 'id' | 'kind' | 'status' | 'total' | 'done' | 'failed'>[]> {
-  return db('key_jobs').select('id', 'kind', 'status', 'total', 'done', 'failed').whereIn('status', ['queued', 'running']);
+  return db('key_jobs').select('id', 'kind', 'status', 'total', 'done', 'failed').whereIn('status', KEY_JOB_OPEN);
 }

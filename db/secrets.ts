@@ -3,6 +3,7 @@ import type { Tx } from './knex.ts';
 import { keysetPage, type Page } from './pagination.ts';
 import type { AliasRow } from './deks.ts';
 import type { KeyJobRow } from './key-jobs.ts';
+import { KEY_JOB_OPEN } from '../api/schemas/encryption.ts';
 
 export interface SecretRow {
   id: string;
@@ -104,7 +105,7 @@ export async function lockAlias(trx: Knex.Transaction, alias: string): Promise<A
 
 export async function findActiveRotation(db: Tx, alias: string): Promise<KeyJobRow | undefined> {
   return db('key_jobs').where({ kind: 'rotate-alias' }).whereRaw(`params->>'alias' = ?`, [alias])
-    .whereIn('status', ['queued', 'running']).first();
+    .whereIn('status', KEY_JOB_OPEN).first();
 }
 
 // Rotation state lives in the job row's params (new DEK, phase); a phase change restarts the walk.

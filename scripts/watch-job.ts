@@ -5,9 +5,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Knex } from 'knex';
 import { getKeyJob, listActiveKeyJobs, type KeyJobRow } from '../db/key-jobs.ts';
 import { NotFound } from '../domain/errors.ts';
+import { KEY_JOB_ENDED } from '../api/schemas/encryption.ts';
 
 const BAR_WIDTH = 30;
-const ENDED = new Set(['completed', 'failed', 'canceled']);
 
 const counts = (j: Pick<KeyJobRow, 'done' | 'failed' | 'total'>) => `${j.done + j.failed}/${j.total} (${j.done} done, ${j.failed} failed)`;
 
@@ -35,7 +35,7 @@ export async function watchJob(db: Knex, id: string, opts: { intervalMs?: number
     if (out.isTTY) out.write(`\r${bar(job)} ${line}\x1b[K`);
     else if (line !== last) out.write(`${line}\n`);
     last = line;
-    if (ENDED.has(job.status)) {
+    if (KEY_JOB_ENDED.includes(job.status)) {
       if (out.isTTY) out.write('\n');
       for (const e of job.errors.slice(0, 10)) out.write(`  error ${e.id}: ${e.message}\n`);
       if (job.errors.length > 10) out.write(`  ... ${job.errors.length - 10} more errors (GET /api/encryption/v1/job/${job.id})\n`);

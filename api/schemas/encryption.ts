@@ -50,10 +50,14 @@ export const Alias = Type.Object({ alias: Type.String(), data_encryption_key_id:
 export const CreateAliasRequest = Body({ dek_id: DekId, alias: AliasName });
 export const UpdateAliasRequest = Body({ new_dek_id: DekId });
 
+// A key job is open (at most one migration per source key) until it has ended.
+export const KEY_JOB_OPEN = ['queued', 'running'];
+export const KEY_JOB_ENDED = ['completed', 'failed', 'canceled'];
+
 export const KeyJob = Type.Object({
   id: Uuid,
   kind: Type.String(),
-  status: Type.Union(['queued', 'running', 'completed', 'failed', 'canceled'].map((s) => Type.Literal(s))),
+  status: Type.Union([...KEY_JOB_OPEN, ...KEY_JOB_ENDED].map((s) => Type.Literal(s))),
   total: Type.Integer(),
   done: Type.Integer(),
   failed: Type.Integer(),
