@@ -218,7 +218,8 @@ export async function listRunsToCheck(db: Tx, olderThanMs: number, after: { crea
                                   or (role = 'user' and coalesce(seq > (select sm.seq from messages sm where sm.id = t.status_message_id),
                                                                  created_at > t.status_timestamp)))
                            order by seq limit 1) m on true
-      where ((t.status in ('submitted', 'input-required', 'auth-required') and m.role = 'user' and m.created_at < now() - make_interval(secs => ?))
+      where t.status in ('submitted', 'input-required', 'auth-required', 'working')
+        and ((t.status <> 'working' and m.role = 'user' and m.created_at < now() - make_interval(secs => ?))
              or (t.status = 'working' and t.run_message_id is not null and t.status_timestamp < now() - make_interval(secs => ?)))
         and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
       order by t.created_at, t.id
