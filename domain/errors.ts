@@ -92,15 +92,22 @@ export function raceConflict(err: unknown): Conflict | undefined {
   return undefined;
 }
 
-// A failure of Postgres or Redis to answer: the service is unavailable, not broken. Connection
-// failures; ioredis producers fail fast without a code ("Stream isn't writeable ...", "Connection is
-// closed."); a statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on; a
-// Postgres shutting down, restarting or full (57P01-57P03, 53300). Other errors: undefined.
-const UNAVAILABLE_CODES = ['ECONNREFUSED', 'ETIMEDOUT', '57P01', '57P02', '57P03', '53300', '57014'];
-const UNAVAILABLE_MESSAGE = /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly|Query read timeout$|^timeout expired$|is not queryable$/;
-export function unavailability(err: unknown): Unavailable | undefined {
+// Postgres or Redis out of reach, whatever is asked of it: connection failures; ioredis producers
+// fail fast without a code ("Stream isn't writeable ...", "Connection is closed."); a Postgres
+// shutting down, restarting or full (57P01-57P03, 53300); no pool connection to be had.
+const UNREACHABLE_CODES = ['ECONNREFUSED', 'ETIMEDOUT', '57P01', '57P02', '57P03', '53300'];
+const UNREACHABLE_MESSAGE = /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly|^timeout expired$|is not queryable$/;
+export function unreachable(err: unknown): boolean {
   const e = err as { code?: unknown; name?: unknown; message?: unknown };
-  if (UNAVAILABLE_CODES.includes(String(e?.code)) || e?.name === 'MaxRetriesPerRequestError' || UNAVAILABLE_MESSAGE.test(String(e?.message ?? ''))) {
+  return UNREACHABLE_CODES.includes(String(e?.code)) || e?.name === 'MaxRetriesPerRequestError' || UNREACHABLE_MESSAGE.test(String(e?.message ?? ''));
+}
+
+// A failure of Postgres or Redis to answer: the service is unavailable, not broken. Out of reach, or
+// a statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on, which may be
+// about that statement alone. Other errors: undefined.
+export function unavailability(err: unknown): Unavailable | undefined {
+  const e = err as { code?: unknown; message?: unknown };
+  if (unreachable(err) || e?.code === '57014' || /Query read timeout$/.test(String(e?.message ?? ''))) {
     return new Unavailable('A backing service is unavailable; retry shortly');
   }
   return undefined;

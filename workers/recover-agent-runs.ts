@@ -10,9 +10,9 @@
 // A working task whose job is missing is left alone: its run may still be going on a worker.
 // Passes walk the candidates in pages, so a large backlog is checked piece by piece.
 import type { Services } from '../domain/services.ts';
-import { listRunsToCheck, type RunToCheck } from '../db/tasks.ts';
+import { listRunsToCheck } from '../db/tasks.ts';
 import { pendingOutboxIds } from '../db/outbox.ts';
-import { changeStatusIf } from '../domain/tasks.ts';
+import { changeStatusIf, TASK_CANCELED } from '../domain/tasks.ts';
 import { inStatement } from '../domain/unit-of-work.ts';
 import { runEndsFrom } from '../domain/task-states.ts';
 
@@ -20,9 +20,13 @@ const PAGE = 500;
 
 /** Fails the task of a run whose job ended without the run's own final handling; false when the task had ended already. */
 export async function failLostRun(services: Services, taskId: string, why: string): Promise<boolean> {
-  const failed = await inStatement(services, (uow) => changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'),
-    { role: 'agent', parts: [{ type: 'text-part', text: `The agent run was lost: ${why}` }] }));
-  return failed !== null;
+  return inStatement(services, async (uow) => {
+    const failed = await changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'),
+      { role: 'agent', parts: [{ type: 'text-part', text: `The agent run was lost: ${why}` }] });
+    // A job failed for stalling may still be running on a worker whose event loop was blocked: its run stops as on a cancel.
+    if (failed) uow.publish(TASK_CANCELED, { task_id: taskId });
+    return failed !== null;
+  });
 }
 
 export class AgentRunRecovery {
@@ -48,7 +52,8 @@ export class AgentRunRecovery {
     for (const [i, r] of unsent.entries()) {
       const [exists, failedAt] = [replies[2 * i]?.[1], replies[2 * i + 1]?.[1]];
       if (exists === 0 && r.status !== 'working') {
-        await this.enqueueAgain(r);
+        await queue.add('run', { task_id: r.task_id, message_id: r.message_id }, { jobId: r.message_id });
+        log.warn({ task_id: r.task_id, message_id: r.message_id }, 'agent run had no queue job: enqueued again');
         handled.push(r.task_id);
       } else if (exists === 1 && failedAt !== null && failedAt !== undefined) {
         if (await failLostRun(this.services, r.task_id, 'its queue job failed without ending the task')) {
@@ -59,10 +64,5 @@ export class AgentRunRecovery {
       }
     }
     return handled;
-  }
-
-  private async enqueueAgain(r: RunToCheck) {
-    await this.services.queues['agent-tasks'].add('run', { task_id: r.task_id, message_id: r.message_id }, { jobId: r.message_id });
-    this.services.log.warn({ task_id: r.task_id, message_id: r.message_id }, 'agent run had no queue job: enqueued again');
   }
 }

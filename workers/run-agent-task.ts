@@ -3,7 +3,7 @@
 import { RateLimitError, WaitingError, type Job } from 'bullmq';
 import { randomUUID } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
-import { AppError, InvalidRequest, publicReason, unavailability } from '../domain/errors.ts';
+import { AppError, InvalidRequest, publicReason, unreachable } from '../domain/errors.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf } from '../domain/tasks.ts';
@@ -36,22 +36,23 @@ const abortedBy = (signal: AbortSignal) => new Promise<never>((_, reject) => {
 
 export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry) {
   const { log } = services;
-  // Errors of the run's own Postgres and Redis calls saying they are unavailable. A run that meets
-  // one has not failed: it goes back to the queue without using up an attempt, or every run of an
+  // Errors of the run's own calls saying Postgres or Redis is out of reach. A run that meets one
+  // has not failed: it goes back to the queue without using up an attempt, or every run of an
   // outage would fail for good. The agent's own errors (a remote agent refusing connections) are
-  // not marked: those are its failures.
+  // not marked: those are its failures. Nor are statements that timed out: that may be about this
+  // run alone, which would otherwise come back first after every pause, for ever.
   const outages = new WeakSet<object>();
-  // The runtime refusing what a run handed it or asked for (parts of the wrong shape, a status it
-  // cannot set or end in, an unknown secret, bad function params, a function not enabled): no retry
-  // can mend that, so the run fails at once instead of repeating its work, and its replies.
+  // The runtime refusing what a run handed it or asked for (400: parts of the wrong shape, a status
+  // it cannot set or end in, bad function params; 404: an unknown secret, a function not enabled):
+  // no retry can mend that, so the run fails at once instead of repeating its work, and its replies.
   const refusals = new WeakSet<object>();
   const ours = async <T>(call: () => Promise<T>): Promise<T> => {
     try {
       return await call();
     } catch (err) {
       if (typeof err === 'object' && err) {
-        if (unavailability(err)) outages.add(err);
-        else if (err instanceof AppError && err.status < 500) refusals.add(err);
+        if (unreachable(err)) outages.add(err);
+        else if (err instanceof AppError && (err.status === 400 || err.status === 404)) refusals.add(err);
       }
       throw err;
     }
@@ -63,8 +64,9 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     } catch (err) {
       if (!outages.has(err as object)) throw err;
       log.warn({ task_id: job.data.task_id, reason: publicReason(err) }, `Postgres or Redis is unavailable: the run goes back to the queue and runs pause ${OUTAGE_PAUSE_MS} ms`);
-      // Pauses the queue on every worker; the job goes back to wait as it was.
-      await services.queues['agent-tasks'].rateLimit(OUTAGE_PAUSE_MS);
+      // Pauses the queue on every worker; the job goes back to wait as it was. With Redis down the
+      // pause cannot be set; the job goes back all the same (or, failing that, its lock expires).
+      await services.queues['agent-tasks'].rateLimit(OUTAGE_PAUSE_MS).catch(() => undefined);
       throw new RateLimitError();
     }
   };
@@ -149,6 +151,8 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');
       return 'failed';
     } finally {
+      // Whatever the handler left going (a call beside the one that failed) stops with the run.
+      if (!controller.signal.aborted) controller.abort(new Error('the run is over'));
       cancels.release(taskId, controller);
     }
   }

@@ -43,15 +43,14 @@ export function toJsonRpcError(err: unknown): JsonRpcErrorObject {
   if (err instanceof A2AError) return err.toJSON();
   const race = raceConflict(err);
   if (race) return invalidRequest(race.message).toJSON();
-  const down = err instanceof AppError ? undefined : unavailability(err);
-  if (down) return { code: JSONRPC.INTERNAL, message: down.message, data: { code: down.code } };
-  if (err instanceof AppError) {
-    if (err.status === 404 && err.data.resource === 'task') return new TaskNotFoundError(String(err.data.id)).toJSON();
+  const known = err instanceof AppError ? err : unavailability(err);
+  if (known) {
+    if (known.status === 404 && known.data.resource === 'task') return new TaskNotFoundError(String(known.data.id)).toJSON();
     // Anything else a client named that does not exist (a push config id) is a bad parameter.
-    if (err.status === 404) return invalidParams(err.message, { resource: err.data.resource, id: err.data.id }).toJSON();
-    if (err.status === 400) return invalidParams(err.message, err.data.errors ? { errors: err.data.errors } : undefined).toJSON();
-    if (err.status === 409) return invalidRequest(err.message, err.data).toJSON();
-    if (err.status === 503) return { code: JSONRPC.INTERNAL, message: err.message, data: { code: err.code } };
+    if (known.status === 404) return invalidParams(known.message, { resource: known.data.resource, id: known.data.id }).toJSON();
+    if (known.status === 400) return invalidParams(known.message, known.data.errors ? { errors: known.data.errors } : undefined).toJSON();
+    if (known.status === 409) return invalidRequest(known.message, known.data).toJSON();
+    if (known.status === 503) return { code: JSONRPC.INTERNAL, message: known.message, data: { code: known.code } };
   }
   return { code: JSONRPC.INTERNAL, message: 'Internal error' };
 }

@@ -30,16 +30,17 @@ export async function callUpstream(what: string, url: string, init: RequestInit,
   // garbage-collected and never fire (nodejs/node#57736).
   const timeout = new AbortController();
   const timer = setTimeout(() => timeout.abort(), timeoutMs);
+  const abandoned = () => new Upstream(`${what}: call abandoned by its caller`, { upstream: what });
   let text: string;
   let res: Response;
   try {
     try {
       res = await fetch(url, { ...init, redirect: 'manual', signal: init.signal ? AbortSignal.any([timeout.signal, init.signal]) : timeout.signal });
     } catch {
-      const reason = init.signal?.aborted ? 'call abandoned by its caller' : timeout.signal.aborted ? `no answer within ${timeoutMs} ms` : 'unreachable';
-      throw new Upstream(`${what}: ${reason}`, { upstream: what });
+      if (init.signal?.aborted) throw abandoned();
+      throw new Upstream(`${what}: ${timeout.signal.aborted ? `no answer within ${timeoutMs} ms` : 'unreachable'}`, { upstream: what });
     }
-    text = await readBody(res, what);
+    text = await readBody(res, what).catch((err: unknown) => { throw init.signal?.aborted ? abandoned() : err; });
   } finally {
     clearTimeout(timer);
   }
