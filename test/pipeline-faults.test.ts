@@ -17,6 +17,37 @@ async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs
   }, `task ${id} to be ${status}`, timeoutMs, 200);
 }
 
+// A stack (API and one worker) on a Postgres of its own, which a test may stop and start again.
+function onOwnPostgres(name: string, env: Record<string, string> = {}) {
+  const dataDir = path.join(requireEnv('TEST_DATA_DIR'), name);
+  let port = 0;
+  const own = {
+    pg: undefined as LocalService | undefined,
+    stack: undefined as unknown as Stack,
+    async stopPostgres() {
+      await own.pg?.stop();
+      own.pg = undefined;
+    },
+    async startPostgres() {
+      own.pg = await startPostgres({ dataDir, ephemeral: true, port });
+      return own.pg;
+    },
+  };
+  before(async () => {
+    port = await freePort();
+    const pg = await own.startPostgres();
+    const db = createDb(pg.url, { min: 0, max: 1 });
+    await migrateLatest(db);
+    await db.destroy();
+    own.stack = await startStack({ DATABASE_URL: pg.url, ...env }, { workers: 1 });
+  });
+  after(async () => {
+    await own.stack?.stop();
+    await own.stopPostgres();
+  });
+  return own;
+}
+
 describe('job pipeline under faults', function () {
   this.timeout(180000);
   before(resetDb);
@@ -77,31 +108,14 @@ describe('job pipeline under faults', function () {
   });
 
   describe('Postgres restarted', () => {
-    let pg: LocalService | undefined;
-    let stack: Stack | undefined;
-    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'faults-postgres');
-    let port: number;
-
-    before(async () => {
-      port = await freePort();
-      pg = await startPostgres({ dataDir, ephemeral: true, port });
-      const db = createDb(pg.url, { min: 0, max: 1 });
-      await migrateLatest(db);
-      await db.destroy();
-      stack = await startStack({ DATABASE_URL: pg.url }, { workers: 1 });
-    });
-    after(async () => {
-      await stack?.stop();
-      await pg?.stop();
-    });
+    const own = onOwnPostgres('faults-postgres');
 
     it('answers 503 (never 500) while Postgres is down, then recovers without a restart of API or worker', async () => {
-      const s = stack!;
+      const s = own.stack;
       const first = await s.client.post('/api/task/v1', { message: textMessage('before') });
       await waitForStatus(s, first.body.task.id, 'completed');
 
-      await pg!.stop();
-      pg = undefined;
+      await own.stopPostgres();
       const ready = await s.client.get('/_internal/v1/ready');
       assert.equal(ready.status, 503);
       assert.deepEqual(ready.body.data.failed, ['postgres']);
@@ -123,10 +137,10 @@ describe('job pipeline under faults', function () {
       // Long enough for the Postgres listeners (API: key revocations, worker: push deliveries) to
       // fail several reconnects: each failed attempt used to schedule two, 2^n connections in all.
       await sleep(4000);
-      pg = await startPostgres({ dataDir, ephemeral: true, port });
+      await own.startPostgres();
       await waitFor(async () => (await s.client.get('/_internal/v1/ready')).status === 200, 'ready again');
       await sleep(2500);
-      const probe = new pgClient.Client(pg.url);
+      const probe = new pgClient.Client(own.pg!.url);
       await probe.connect();
       try {
         const { rows } = await probe.query(`select count(*)::int as n from pg_stat_activity where query ilike 'listen %'`);
@@ -150,32 +164,20 @@ describe('job pipeline under faults', function () {
   });
 
   describe('Postgres stopped while agent runs are queued and running', () => {
-    let pg: LocalService | undefined;
-    let stack: Stack | undefined;
+    const own = onOwnPostgres('faults-postgres-runs', { AGENT_ATTEMPTS: '2' });
     let queue: Queue | undefined;
     let connection: Redis | undefined;
-    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'faults-postgres-runs');
-    let port: number;
-
-    before(async () => {
-      port = await freePort();
-      pg = await startPostgres({ dataDir, ephemeral: true, port });
-      const db = createDb(pg.url, { min: 0, max: 1 });
-      await migrateLatest(db);
-      await db.destroy();
-      stack = await startStack({ DATABASE_URL: pg.url, AGENT_ATTEMPTS: '2' }, { workers: 1 });
-      connection = new Redis(stack.env.REDIS_URL, { maxRetriesPerRequest: null });
-      queue = new Queue('agent-tasks', { connection, prefix: stack.env.QUEUE_PREFIX });
+    before(() => {
+      connection = new Redis(own.stack.env.REDIS_URL, { maxRetriesPerRequest: null });
+      queue = new Queue('agent-tasks', { connection, prefix: own.stack.env.QUEUE_PREFIX });
     });
     after(async () => {
       await queue?.close();
       connection?.disconnect();
-      await stack?.stop();
-      await pg?.stop();
     });
 
     it('uses up no attempt: runs that meet the outage wait for Postgres, then every task completes once', async () => {
-      const s = stack!;
+      const s = own.stack;
       const long = (await s.client.post('/api/task/v1', { message: textMessage('[sleep 3000] long') })).body.task.id;
       await waitFor(async () => (await s.client.get(`/api/task/v1/${long}`)).body.task.status === 'working', 'the long run to start');
       // Jobs wait in the paused queue while Postgres goes, then meet the outage at their start; the
@@ -184,11 +186,10 @@ describe('job pipeline under faults', function () {
       await queue!.pause();
       const queued: string[] = [];
       for (const text of ['one', 'two', 'three']) queued.push((await s.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id);
-      await pg!.stop();
-      pg = undefined;
+      await own.stopPostgres();
       await queue!.resume();
       await sleep(4000);
-      pg = await startPostgres({ dataDir, ephemeral: true, port });
+      await own.startPostgres();
 
       for (const [i, id] of queued.entries()) {
         const done = await waitForStatus(s, id, 'completed');
