@@ -34,6 +34,12 @@ export async function listMessages(db: Tx, taskId: string, pageSize: number, tok
   return { ...page, items: page.items.map(strip) };
 }
 
+// The size of a task's messages' parts as JSON text.
+export async function messageBytes(db: Tx, taskId: string): Promise<number> {
+  const [row] = await db('messages').where({ task_id: taskId }).select(db.raw('coalesce(sum(octet_length(parts::text)), 0)::bigint as n'));
+  return Number(row.n);
+}
+
 // The newest messages of a task, oldest first: the history an agent sees.
 export async function recentMessages(db: Tx, taskId: string, limit: number): Promise<MessageRow[]> {
   const rows = await db('messages').select(COLUMNS).where({ task_id: taskId }).orderBy('seq', 'desc').limit(limit);

@@ -6,7 +6,7 @@ import * as tasks from '../db/tasks.ts';
 import * as messages from '../db/messages.ts';
 import * as timeline from '../db/timeline.ts';
 import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineItem } from '../api/schemas/task.ts';
-import { Conflict, NotFound } from './errors.ts';
+import { Conflict, NotFound, PayloadTooLarge } from './errors.ts';
 import { assertTransition, INTERRUPTED_STATES, isInterrupted, isTerminal, type TaskState } from './task-states.ts';
 import { afterCommit, inTransaction, type UnitOfWork, type UowServices } from './unit-of-work.ts';
 import { newOutboxRow, type OutboxRow } from '../db/outbox.ts';
@@ -140,9 +140,10 @@ export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, id: 
 // interrupted task starts a run, which cannot begin before that transaction commits. Of several
 // such messages sent before a run starts, the first run to start takes the task; the others find
 // it working under another run and end (workers/run-agent-task.ts).
-export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateMessageRequest) {
+export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateMessageRequest, maxBytes: number) {
   const task = await lockTask(uow.trx, taskId);
   if (isTerminal(task.status)) throw new Conflict(`Task '${taskId}' is ${task.status} and accepts no more messages`, { status: task.status });
+  await checkRoom(uow.trx, taskId, req, maxBytes);
   const { message, timelineItem } = await appendMessage(uow, taskId, req);
   if (req.role === 'user' && isInterrupted(task.status)) await enqueueRun(uow, taskId, message.id);
   const { seq, ...timeline_item } = timelineItem;
@@ -150,12 +151,27 @@ export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateM
   return { message, timeline_item, task: tasks.toTask(task), seq };
 }
 
-export async function addMessage(s: UowServices, taskId: string, req: CreateMessageRequest) {
-  return inTransaction(s, (uow) => addMessageIn(uow, taskId, req));
+export async function addMessage(s: UowServices & Pick<Services, 'cfg'>, taskId: string, req: CreateMessageRequest) {
+  return inTransaction(s, (uow) => addMessageIn(uow, taskId, req, s.cfg.TASK_MESSAGES_MAX_BYTES));
 }
 
-export async function updateStatus(s: UowServices, taskId: string, to: TaskState, message?: CreateMessageRequest): Promise<Task> {
-  return inTransaction(s, async (uow) => changeStatus(uow, await lockTask(uow.trx, taskId), to, message));
+export async function updateStatus(s: UowServices & Pick<Services, 'cfg'>, taskId: string, to: TaskState, message?: CreateMessageRequest): Promise<Task> {
+  return inTransaction(s, async (uow) => {
+    const task = await lockTask(uow.trx, taskId);
+    if (message) await checkRoom(uow.trx, taskId, message, s.cfg.TASK_MESSAGES_MAX_BYTES);
+    return changeStatus(uow, task, to, message);
+  });
+}
+
+// A task's messages are read back together (a page of up to 1,000, an A2A task's history, an agent
+// run's): a client may add to a task only while they all stay within TASK_MESSAGES_MAX_BYTES, or a
+// task could be grown until reading it fails.
+async function checkRoom(trx: Tx, taskId: string, req: CreateMessageRequest, maxBytes: number): Promise<void> {
+  const adding = Buffer.byteLength(JSON.stringify(req.parts));
+  const held = await messages.messageBytes(trx, taskId);
+  if (held + adding > maxBytes) {
+    throw new PayloadTooLarge(`Task '${taskId}' holds ${held} bytes of messages; this message (${adding} bytes) would take it over the ${maxBytes} a task may hold (TASK_MESSAGES_MAX_BYTES)`, { held, adding, limit: maxBytes });
+  }
 }
 
 export async function getTaskWithMessages(db: Tx, taskId: string) {

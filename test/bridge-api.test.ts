@@ -7,7 +7,7 @@ import path from 'node:path';
 import { createPublicKey, generateKeyPairSync, randomBytes, randomUUID, verify } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { Validator } from '@seriousme/openapi-schema-validator';
-import { assertError, Client, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack } from './helpers/stack.ts';
+import { assertError, Client, requestLogsThrough, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack } from './helpers/stack.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
@@ -207,6 +207,10 @@ describe('bridge API', () => {
     const r = await invoke('stripe-cut', 'stripe_process_refund', { payment_intent: 'pi_cut' });
     assert.equal(r.status, 502, r.text);
     assert.match(r.body.message, /stripe: answer cut off/);
+    // An upstream failing is not a fault of ours (and a client can cause it): warn, without a stack.
+    const line = (await requestLogsThrough(stack, r, { all: true })).filter((l) => l.includes(`"req_id":"${r.headers.get('x-request-id')}"`));
+    assert.ok(line.some((l) => l.includes('"level":40') && l.includes('request failed: bad_gateway') && l.includes('answer cut off')), line.join('\n'));
+    assert.ok(!line.some((l) => l.includes('"level":50')), line.join('\n'));
     const neither = await invoke('stripe-cut', 'stripe_process_refund', { reason: 'duplicate', amount: 5 });
     assert.equal(neither.status, 400, 'a refund names a payment intent or a charge');
   });

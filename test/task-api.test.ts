@@ -597,3 +597,36 @@ describe('task API', () => {
     });
   });
 });
+
+describe('the bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)', () => {
+  let stack: Stack;
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ TASK_MESSAGES_MAX_BYTES: '4096' }, { workers: 0 });
+  });
+  after(async () => stack?.stop());
+
+  it('refuses (413; A2A -32602) a message or status message that would take a task over, storing nothing; the task still reads', async () => {
+    const c = stack.client;
+    const text = (n: number) => textMessage('x'.repeat(n), 'agent');
+    const id = (await c.post('/api/task/v1', { message: text(1000) })).body.task.id;
+    assert.equal((await c.post(`/api/task/v1/${id}/message`, text(1500))).status, 201);
+    const counts = async () => [(await c.get(`/api/task/v1/${id}/message?page_size=100`)).body.items.length, (await c.get(`/api/task/v1/${id}/timeline?page_size=100`)).body.items.length];
+    const before = await counts();
+
+    const over = await c.post(`/api/task/v1/${id}/message`, text(1700));
+    assertError(over, 413, 'payload_too_large');
+    assert.match(over.body.message, /^Task '.+' holds \d+ bytes of messages; this message \(\d+ bytes\) would take it over the 4096 a task may hold \(TASK_MESSAGES_MAX_BYTES\)$/);
+    assertError(await c.put(`/api/task/v1/${id}`, { status: 'working', message: text(1700) }), 413, 'payload_too_large');
+    const rpc = await c.post('/api/a2a/v1', { jsonrpc: '2.0', id: 7, method: 'message/send',
+      params: { message: { kind: 'message', messageId: randomUUID(), taskId: id, role: 'user', parts: [{ kind: 'text', text: 'y'.repeat(1700) }] }, configuration: { blocking: false } } });
+    assert.equal(rpc.body.error.code, -32602, rpc.text);
+    assert.match(rpc.body.error.message, /TASK_MESSAGES_MAX_BYTES/);
+    assert.deepEqual(await counts(), before, 'nothing stored');
+    assert.equal((await c.get(`/api/task/v1/${id}`)).body.task.status, 'submitted');
+
+    // What fits is still taken; a status change without a message is not held back.
+    assert.equal((await c.post(`/api/task/v1/${id}/message`, text(200))).status, 201);
+    assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'working' })).status, 200);
+  });
+});

@@ -50,6 +50,7 @@ export function toJsonRpcError(err: unknown): JsonRpcErrorObject {
     if (known.status === 404) return invalidParams(known.message, { resource: known.data.resource, id: known.data.id }).toJSON();
     if (known.status === 400) return invalidParams(known.message, known.data.errors ? { errors: known.data.errors } : undefined).toJSON();
     if (known.status === 409) return invalidRequest(known.message, known.data).toJSON();
+    if (known.status === 413) return invalidParams(known.message, known.data).toJSON();
     if (known.status === 503) return { code: JSONRPC.INTERNAL, message: known.message, data: { code: known.code } };
   }
   return { code: JSONRPC.INTERNAL, message: 'Internal error' };

@@ -78,7 +78,7 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
     if (isTerminal(row.status)) throw invalidRequest(`Task ${row.id} is ${row.status}: a terminal task accepts no more messages`, { taskId: row.id, state: row.status });
     return inTransaction(services, async (uow) => {
       if (pushConfig) await push.setPushConfig(uow.trx, row.id, pushConfig, services.cfg);
-      const added = await addMessageIn(uow, row.id, message);
+      const added = await addMessageIn(uow, row.id, message, services.cfg.TASK_MESSAGES_MAX_BYTES);
       // Read before commit: the run this message starts cannot change the task before the snapshot.
       const snapshot = opts.snapshot ? await loadA2ATask(uow.trx, row.id, params.configuration?.historyLength) : undefined;
       return { id: row.id, contextId: row.context_id, seq: added.seq, snapshot };
