@@ -1,4 +1,6 @@
 // Typed errors thrown by domain and repository code; api/middleware/errors.ts maps them to HTTP.
+import type { Logger } from './logger.ts';
+
 export type ErrorCode =
   | 'invalid_request' | 'unauthenticated' | 'forbidden' | 'not_found' | 'method_not_allowed' | 'conflict'
   | 'gone' | 'payload_too_large' | 'unsupported_media_type' | 'rate_limited' | 'internal' | 'bad_gateway'
@@ -120,4 +122,13 @@ export function publicReason(err: unknown): string {
   const e = err as { message?: unknown; code?: unknown; severity?: unknown };
   if (typeof e?.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code) && typeof e.severity === 'string') return `a database error (SQLSTATE ${e.code})`;
   return typeof e?.message === 'string' ? e.message : String(err);
+}
+
+// How a request's failure is logged, by the status it is answered with (or maps to): a fault of
+// ours (500) at error with its stack; Postgres or Redis unavailable (503) or an upstream failing
+// (502: a provider, a token endpoint, KMS), which clients can cause at will, at warn with the reason
+// and `msg: <code>`; a client's error not at all.
+export function logFailure(log: Logger | undefined, err: unknown, e: Pick<AppError, 'status' | 'code'>, msg: string, fields: Record<string, unknown> = {}): void {
+  if (e.status === 502 || e.status === 503) log?.warn({ ...fields, reason: (err as Error)?.message, code: (err as { code?: unknown })?.code }, `${msg}: ${e.code}`);
+  else if (e.status >= 500) log?.error({ ...fields, err }, msg);
 }

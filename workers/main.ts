@@ -11,7 +11,7 @@ import { publicReason } from '../domain/errors.ts';
 import { createAgentTaskProcessor } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
 import { startHousekeeping } from './housekeeping.ts';
-import { failLostRun } from './recover-agent-runs.ts';
+import { failLostRun } from './fail-run.ts';
 import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
 import { CancelRegistry } from './cancel-registry.ts';
 import { createRefreshCredentialProcessor, recordRefreshOutcomes, startRefreshScheduler } from './refresh-credential.ts';

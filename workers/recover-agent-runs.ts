@@ -12,22 +12,9 @@
 import type { Services } from '../domain/services.ts';
 import { listRunsToCheck } from '../db/tasks.ts';
 import { pendingOutboxIds } from '../db/outbox.ts';
-import { changeStatusIf, TASK_CANCELED } from '../domain/tasks.ts';
-import { inStatement } from '../domain/unit-of-work.ts';
-import { runEndsFrom } from '../domain/task-states.ts';
+import { failLostRun } from './fail-run.ts';
 
 const PAGE = 500;
-
-/** Fails the task of a run whose job ended without the run's own final handling; false when the task had ended already. */
-export async function failLostRun(services: Services, taskId: string, why: string): Promise<boolean> {
-  return inStatement(services, async (uow) => {
-    const failed = await changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'),
-      { role: 'agent', parts: [{ type: 'text-part', text: `The agent run was lost: ${why}` }] });
-    // A job failed for stalling may still be running on a worker whose event loop was blocked: its run stops as on a cancel.
-    if (failed) uow.publish(TASK_CANCELED, { task_id: taskId });
-    return failed !== null;
-  });
-}
 
 export class AgentRunRecovery {
   private after?: { created_at: Date; task_id: string };
@@ -55,7 +42,7 @@ export class AgentRunRecovery {
         await queue.add('run', { task_id: r.task_id, message_id: r.message_id }, { jobId: r.message_id });
         log.warn({ task_id: r.task_id, message_id: r.message_id }, 'agent run had no queue job: enqueued again');
         handled.push(r.task_id);
-      } else if (exists === 1 && failedAt !== null && failedAt !== undefined) {
+      } else if (typeof failedAt === 'string') {
         if (await failLostRun(this.services, r.task_id, 'its queue job failed without ending the task')) {
           const job = await queue.getJob(r.message_id);
           log.warn({ task_id: r.task_id, message_id: r.message_id, reason: job?.failedReason }, 'agent run job had failed with its task unfinished: task failed');

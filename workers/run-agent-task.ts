@@ -9,8 +9,9 @@ import * as tasks from '../db/tasks.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf } from '../domain/tasks.ts';
 import { inStatement, inTransaction } from '../domain/unit-of-work.ts';
 import { isTerminal, RUN_RESULTS, runEndsFrom } from '../domain/task-states.ts';
-import type { AgentContext, AgentHandler, AgentResult, Reply } from './agents/types.ts';
-import { checkArtifact, replyParts } from './agents/agent-output.ts';
+import type { AgentContext, AgentHandler, AgentResult } from './agents/types.ts';
+import { agentMessage, checkArtifact } from './agents/agent-output.ts';
+import { failRun } from './fail-run.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 import { readSecretValue } from '../domain/secrets.ts';
 import { invokeFunction } from '../domain/bridge/functions.ts';
@@ -18,7 +19,6 @@ import { invokeFunction } from '../domain/bridge/functions.ts';
 const HISTORY = 200;
 // How long agent runs pause, on every worker, once one meets Postgres or Redis unavailable.
 const OUTAGE_PAUSE_MS = 1000;
-const agentMessage = (r: Reply, where: string) => ({ role: 'agent' as const, parts: replyParts(r, where) });
 
 function finalOf(result: AgentResult | void) {
   const status = result?.status ?? 'completed';
@@ -146,8 +146,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         log.warn({ task_id: taskId, attempt: job.attemptsMade + 1, attempts, reason }, 'agent run failed; it will be retried');
         throw err;
       }
-      await ours(() => inStatement(services, (uow) => changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'),
-        agentMessage(`The agent failed after ${attempts} attempt(s): ${reason}`, 'message'))));
+      await ours(() => inStatement(services, (uow) => failRun(uow, taskId, `The agent failed after ${attempts} attempt(s): ${reason}`)));
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');
       return 'failed';
     } finally {

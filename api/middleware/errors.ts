@@ -1,5 +1,5 @@
 import type { Middleware } from 'koa';
-import { AppError, MethodNotAllowed, raceConflict, unavailability } from '../../domain/errors.ts';
+import { AppError, logFailure, MethodNotAllowed, raceConflict, unavailability } from '../../domain/errors.ts';
 
 // The one place where errors become HTTP responses with the Error body.
 export function errorHandler(): Middleware {
@@ -14,10 +14,7 @@ export function errorHandler(): Middleware {
       if ((ctx.status === 404 || ctx.status === 501) && !ctx.body) throw new AppError(404, 'not_found', `No route for ${ctx.method} ${ctx.path}`, { resource: 'route', id: ctx.path });
     } catch (err) {
       const e = toAppError(err);
-      // An outage (503) or an upstream failing (502: a provider, a token endpoint, KMS) is not a
-      // fault of ours, and clients can cause the latter at will: its reason at warn, without a stack.
-      if (e.status === 502 || e.status === 503) ctx.state.log?.warn({ reason: (err as Error)?.message, code: (err as { code?: unknown })?.code }, `request failed: ${e.code}`);
-      else if (e.status >= 500) ctx.state.log?.error({ err }, 'request failed');
+      logFailure(ctx.state.log, err, e, 'request failed');
       ctx.status = e.status;
       for (const [k, v] of Object.entries(e.headers)) ctx.set(k, v);
       ctx.body = errorBody(e);

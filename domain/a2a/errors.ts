@@ -1,6 +1,6 @@
 // JSON-RPC 2.0 / A2A v0.3 errors. Domain code throws these (or the generic AppErrors, which
 // toJsonRpcError maps); api/routes/a2a.ts turns them into error responses with HTTP 200.
-import { AppError, raceConflict, unavailability } from '../errors.ts';
+import { AppError, logFailure, raceConflict, unavailability } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 
 export const JSONRPC = {
@@ -56,9 +56,8 @@ export function toJsonRpcError(err: unknown): JsonRpcErrorObject {
   return { code: JSONRPC.INTERNAL, message: 'Internal error' };
 }
 
-/** Logs a call's error when it is ours: a fault at error with its stack, an outage at warn with its reason; client errors not at all. */
+/** Logs a call's error (`error`: its JSON-RPC answer) as a request failing with the same cause would be (logFailure). */
 export function logRpcError(log: Logger, err: unknown, error: JsonRpcErrorObject, fields: Record<string, unknown>, msg: string): void {
   if (err instanceof A2AError || error.code !== JSONRPC.INTERNAL) return;
-  if ((error.data as { code?: unknown } | undefined)?.code === 'unavailable') log.warn({ ...fields, reason: (err as Error)?.message }, `${msg}: unavailable`);
-  else log.error({ ...fields, err }, msg);
+  logFailure(log, err, (err instanceof AppError ? err : unavailability(err)) ?? { status: 500, code: 'internal' }, msg, fields);
 }

@@ -29,6 +29,9 @@ export function replyParts(reply: Reply, where: string): Static<typeof ReplyPart
   return parts;
 }
 
+/** An agent message of a reply (reply, a status message, the run's end). */
+export const agentMessage = (reply: Reply, where: string) => ({ role: 'agent' as const, parts: replyParts(reply, where) });
+
 export function checkArtifact(artifact: unknown): Artifact {
   checkValid(validateArtifact, artifact, 'artifact');
   return artifact as Artifact;

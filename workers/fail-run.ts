@@ -1,0 +1,21 @@
+// A run's task failed when the run cannot go on: by the run after its last attempt, or for a run
+// whose job ended without that (workers/main.ts on a job stalled too often, recover-agent-runs.ts).
+import type { Services } from '../domain/services.ts';
+import { changeStatusIf, TASK_CANCELED } from '../domain/tasks.ts';
+import { runEndsFrom } from '../domain/task-states.ts';
+import { inStatement, type UnitOfWork } from '../domain/unit-of-work.ts';
+import { agentMessage } from './agents/agent-output.ts';
+
+/** Fails the task, if it has not ended, with an agent status message saying why; null when it had. */
+export const failRun = (uow: UnitOfWork, taskId: string, why: string) =>
+  changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'), agentMessage(why, 'message'));
+
+/** Fails the task of a run whose job ended without the run's own final handling; false when the task had ended already. */
+export async function failLostRun(services: Services, taskId: string, why: string): Promise<boolean> {
+  return inStatement(services, async (uow) => {
+    const failed = await failRun(uow, taskId, `The agent run was lost: ${why}`);
+    // A job failed for stalling may still be running on a worker whose event loop was blocked: its run stops as on a cancel.
+    if (failed) uow.publish(TASK_CANCELED, { task_id: taskId });
+    return failed !== null;
+  });
+}
