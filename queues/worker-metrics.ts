@@ -28,8 +28,10 @@ type Counter = Exclude<Name, Histogram>;
 type Labels<N extends Name> = Record<(typeof WORKER_METRICS)[N]['labels'][number], string>;
 
 const hashKey = (prefix: string, name: Name) => `${prefix}:metrics:${name}`;
-// A hash field is one series of the metric: its label values, then the part (a bucket's bound, sum or count).
-const field = (labels: Record<string, string>, part: string) => JSON.stringify([labels, part]);
+// A hash field is one series of the metric: its label values, then the part (a bucket's bound, sum
+// or count), i.e. JSON.stringify([labels, part]), built from the labels' JSON made once per observation.
+const field = (series: string, part: string) => `[${series},${JSON.stringify(part)}]`;
+const BUCKET_PARTS = BUCKETS.map(String);
 
 interface Increment { by: number; float: boolean }
 
@@ -50,14 +52,15 @@ export class WorkerMetrics {
 
   observe<N extends Histogram>(name: N, labels: Labels<N>, seconds: number): void {
     const value = Math.max(0, seconds);
-    for (const le of BUCKETS) if (value <= le) this.add(name, field(labels, String(le)), 1);
-    this.add(name, field(labels, '+Inf'), 1);
-    this.add(name, field(labels, 'sum'), value, true);
-    this.add(name, field(labels, 'count'), 1);
+    const series = JSON.stringify(labels);
+    BUCKETS.forEach((le, i) => { if (value <= le) this.add(name, field(series, BUCKET_PARTS[i]), 1); });
+    this.add(name, field(series, '+Inf'), 1);
+    this.add(name, field(series, 'sum'), value, true);
+    this.add(name, field(series, 'count'), 1);
   }
 
   count<N extends Counter>(name: N, labels: Labels<N>): void {
-    this.add(name, field(labels, 'count'), 1);
+    this.add(name, field(JSON.stringify(labels), 'count'), 1);
   }
 
   // A batch Redis did not take (connection lost) is kept for the next flush, unless too many series

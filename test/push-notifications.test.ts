@@ -7,6 +7,9 @@ import { deletePushConfig, getPushConfig, listPushConfigs, setPushConfig } from 
 import { AppError } from '../domain/errors.ts';
 import { loadConfig, type Config } from '../domain/config.ts';
 import { postNotification } from '../domain/push-delivery.ts';
+import { applyStatusChanges, type StatusChange } from '../db/tasks.ts';
+import type { TaskState } from '../domain/task-states.ts';
+import type { TimelineItem } from '../api/schemas/task.ts';
 
 interface Received { token: string | undefined; authorization: string | undefined; body: any }
 
@@ -178,6 +181,38 @@ describe('push notifications', () => {
     await waitFor(async () => states(rx.all, id).includes('completed'), 'the completed notification', 30000);
     const seen = rx.all.filter((r) => r.body.id === id).map((r) => r.body.status.message.parts[0].text);
     assert.deepEqual(seen, [...texts, 'finished']);
+  });
+
+  it('fans out every update of tasks whose changes one statement writes together', async () => {
+    // Agent runs that end at the same time share one status statement (db/tasks.ts); the fan-out
+    // runs once for it and must still give each config of each task its own updates, in order.
+    const [rxA1, rxA2, rxB] = await Promise.all([startReceiver(), startReceiver(), startReceiver()]);
+    receivers.push(rxA1, rxA2, rxB);
+    const [a, b, quiet] = [await idleTask(), await idleTask(), await idleTask()];
+    await setPushConfig(testDb(), a, { id: 'one', url: rxA1.url }, allowPrivate);
+    await setPushConfig(testDb(), a, { id: 'two', url: rxA2.url }, allowPrivate);
+    await setPushConfig(testDb(), b, { url: rxB.url }, allowPrivate);
+    const change = (taskId: string, to: TaskState, from: TaskState, text?: string): StatusChange => {
+      const at = new Date();
+      const message = text === undefined ? undefined : {
+        id: randomUUID(), task_id: taskId, role: 'agent' as const, parts: [{ type: 'text-part' as const, text }], reference_task_ids: [], metadata: {}, created_at: at.toISOString(),
+      };
+      const item = (event_payload: TimelineItem['event_payload']) => ({ id: randomUUID(), task_id: taskId, created_at: at.toISOString(), event_payload });
+      return {
+        taskId, to, from: [from], at, message,
+        timeline: [...(message ? [item({ type: 'message', message })] : []), item({ type: 'task-status-update', status: to, ...(message ? { status_message_id: message.id } : {}) })],
+      };
+    };
+    const ids = [a, b, quiet];
+    await applyStatusChanges(testDb(), ids.map((id) => change(id, 'working', 'submitted')));
+    await applyStatusChanges(testDb(), ids.map((id) => change(id, 'completed', 'working', `done ${id}`)));
+    await waitFor(async () => [rxA1, rxA2, rxB].every((rx) => rx.all.length >= 2), 'two notifications at each receiver');
+    for (const [rx, id] of [[rxA1, a], [rxA2, a], [rxB, b]] as const) {
+      assert.deepEqual(rx.all.map((r) => [r.body.id, r.body.status.state]), [[id, 'working'], [id, 'completed']]);
+      assert.equal(rx.all[1].body.status.message.parts[0].text, `done ${id}`);
+    }
+    const { rows } = await testDb().raw(`select count(*)::int as n from outbox where payload->>'task_id' = ?`, [quiet]);
+    assert.equal(rows[0].n, 0);
   });
 
   it('retries a receiver that fails twice until it gets the update', async () => {

@@ -25,6 +25,20 @@ export async function up(knex: Knex): Promise<void> {
   // per config, so no update of a task with push configs can be lost, and for the usual task
   // without configs the cost is one index probe inside Postgres instead of a round trip.
   // The NOTIFY (sent on commit) lets workers relay the rows at once instead of at the next sweep.
+  await createRowFanout(knex);
+
+  // The remote A2A task that mirrors a local task (AGENT_KIND=remote): follow-up turns of the
+  // local task continue the same remote task.
+  await knex.schema.createTable('remote_agent_tasks', (t) => {
+    t.uuid('task_id').primary().references('tasks.id').onDelete('CASCADE');
+    t.text('remote_task_id').notNullable();
+    t.text('remote_context_id');
+    ts(t, 'created_at').notNullable().defaultTo(knex.fn.now());
+  });
+}
+
+// Kept as a function: migration 0011 replaces it with a per-statement trigger and restores it on the way down.
+export async function createRowFanout(knex: Knex): Promise<void> {
   await knex.raw(`
     create function push_deliveries_fanout() returns trigger language plpgsql as $$
     declare r record;
@@ -44,15 +58,6 @@ export async function up(knex: Knex): Promise<void> {
     create trigger timeline_items_push_fanout after insert on timeline_items
     for each row when (new.event_payload->>'type' = 'task-status-update')
     execute function push_deliveries_fanout()`);
-
-  // The remote A2A task that mirrors a local task (AGENT_KIND=remote): follow-up turns of the
-  // local task continue the same remote task.
-  await knex.schema.createTable('remote_agent_tasks', (t) => {
-    t.uuid('task_id').primary().references('tasks.id').onDelete('CASCADE');
-    t.text('remote_task_id').notNullable();
-    t.text('remote_context_id');
-    ts(t, 'created_at').notNullable().defaultTo(knex.fn.now());
-  });
 }
 
 export async function down(knex: Knex): Promise<void> {
