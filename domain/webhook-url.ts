@@ -7,14 +7,17 @@ import net from 'node:net';
 import { InvalidRequest } from './errors.ts';
 
 const blocked = new net.BlockList();
+// IPv4: IANA's special-purpose ranges that are not global (this network, private, shared, loopback,
+// link-local, protocol assignments, documentation, 6to4 relay, benchmarking, multicast, reserved).
 for (const [net4, prefix] of [
   ['0.0.0.0', 8], ['10.0.0.0', 8], ['100.64.0.0', 10], ['127.0.0.0', 8], ['169.254.0.0', 16], ['172.16.0.0', 12],
-  ['192.0.0.0', 24], ['192.168.0.0', 16], ['198.18.0.0', 15], ['224.0.0.0', 4], ['240.0.0.0', 4],
+  ['192.0.0.0', 24], ['192.0.2.0', 24], ['192.88.99.0', 24], ['192.168.0.0', 16], ['198.18.0.0', 15],
+  ['198.51.100.0', 24], ['203.0.113.0', 24], ['224.0.0.0', 4], ['240.0.0.0', 4],
 ] as const) blocked.addSubnet(net4, prefix, 'ipv4');
-// IPv6: unspecified, loopback and IPv4-compatible (::/96), discard-only, unique-local, link- and
-// site-local, multicast, and the ranges that embed IPv4 addresses (NAT64, 6to4).
+// IPv6: unspecified, loopback and IPv4-compatible (::/96), discard-only, documentation, unique-local,
+// link- and site-local, multicast, and the ranges that embed IPv4 addresses (NAT64, 6to4).
 for (const [net6, prefix] of [
-  ['::', 96], ['100::', 64], ['fc00::', 7], ['fe80::', 10], ['fec0::', 10], ['ff00::', 8], ['64:ff9b::', 96], ['64:ff9b:1::', 48], ['2002::', 16],
+  ['::', 96], ['100::', 64], ['2001:db8::', 32], ['fc00::', 7], ['fe80::', 10], ['fec0::', 10], ['ff00::', 8], ['64:ff9b::', 96], ['64:ff9b:1::', 48], ['2002::', 16],
 ] as const) blocked.addSubnet(net6, prefix, 'ipv6');
 
 export function isPrivateAddress(ip: string): boolean {

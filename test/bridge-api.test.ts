@@ -131,6 +131,7 @@ describe('bridge API', () => {
     assert.ok(!JSON.stringify(row).includes(STRIPE_KEY), 'the raw key is not stored');
 
     const before = await testDb()('bridge_credentials').count({ n: '*' });
+    const weakKey = generateKeyPairSync('rsa', { modulusLength: 1024, privateKeyEncoding: { type: 'pkcs8', format: 'pem' }, publicKeyEncoding: { type: 'spki', format: 'pem' } }).privateKey;
     const bad: [string, unknown, number, RegExp][] = [
       [`${avail('stripe', 'api_key')}/credential/resource-server`, { value: {} }, 400, /body\.value\.api_key is required/],
       [`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: 'has space' } }, 400, /body\.value\.api_key/],
@@ -141,6 +142,8 @@ describe('bridge API', () => {
       [`${avail('nope', 'api_key')}/credential/resource-server`, { value: {} }, 404, /provider controller 'nope' not found/],
       [`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
         { value: { client_id: 'svc', private_key: 'not a key', token_uri: `${providers.url}/token` } }, 400, /private_key is not a PEM RSA private key/],
+      [`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
+        { value: { client_id: 'svc', private_key: weakKey, token_uri: `${providers.url}/token` } }, 400, /private_key is a 1024-bit RSA key; RS256 needs 2048 bits or more/],
       [`${avail('google_mail', 'oauth_auth_flow')}/credential/user-credential`, { value: { access_token: 'a', expiry_time: 'tomorrow' } }, 400, /expiry_time/],
     ];
     for (const [url, body, status, message] of bad) {

@@ -65,6 +65,7 @@ export const oauthAuthFlow: CredentialControllerDef = {
 };
 
 const JWT_BEARER = 'urn:ietf:params:oauth:grant-type:jwt-bearer';
+const MIN_RSA_BITS = 2048;
 const b64url = (v: unknown) => Buffer.from(typeof v === 'string' ? v : JSON.stringify(v)).toString('base64url');
 
 // RFC 7523: a JWT signed with the client's private key, exchanged at token_uri for an access token.
@@ -113,11 +114,17 @@ export const oauthJwtBearer: CredentialControllerDef = {
   sensitive: { resource_server: ['private_key'], user: [] },
   async normalize(kind, value, opts) {
     if (kind !== 'resource_server') return value;
+    let bits: number | undefined;
     try {
       const key = createPrivateKey(String(value.private_key));
       if (key.asymmetricKeyType !== 'rsa') throw new Error('not RSA');
+      bits = key.asymmetricKeyDetails?.modulusLength;
     } catch {
       throw new InvalidRequest('value.private_key is not a PEM RSA private key', [{ path: 'body.value.private_key', message: 'must be a PEM RSA private key' }]);
+    }
+    // RS256 with a shorter key can be forged (RFC 7518 section 3.3 requires 2048 bits or more).
+    if (bits === undefined || bits < MIN_RSA_BITS) {
+      throw new InvalidRequest(`value.private_key is a ${bits ?? 'an unknown'}-bit RSA key; RS256 needs ${MIN_RSA_BITS} bits or more`, [{ path: 'body.value.private_key', message: `must be an RSA key of at least ${MIN_RSA_BITS} bits` }]);
     }
     await assertOutboundUrl(String(value.token_uri), opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE');
     return value;
