@@ -120,7 +120,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     }
   });
 
-  it('answers params of the wrong shape with -32602 naming the field, for every method it serves, not an internal or parse error', async () => {
+  it('answers params of the wrong shape with -32602 naming the field, for every method it serves, and a call as a task with -32601, not an internal or parse error', async () => {
     const cases: [string, unknown, RegExp][] = [
       ['tools/call', { name: 5 }, /^Invalid params: params\.name: /],
       ['tools/call', { name: 'stripe.stripe_process_refund.stripe-main', arguments: 'notobj' }, /^Invalid params: params\.arguments: /],
@@ -138,6 +138,12 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
       assert.equal(body.error.code, ErrorCode.InvalidParams, JSON.stringify(body));
       assert.match(body.error.message, pattern);
     }
+    // A tool call sent as a task (MCP 2025-11-25) is refused before it runs: these tools are plain calls only.
+    const calls = stripe.seen.length;
+    const asTask = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'stripe.stripe_process_refund.stripe-main', arguments: { payment_intent: 'pi_task' }, task: { ttl: 60000 } } }));
+    assert.equal(asTask.status, 200);
+    assert.deepEqual(await asTask.json(), { jsonrpc: '2.0', id: 9, error: { code: ErrorCode.MethodNotFound, message: 'Method not found: tools/call as a task; this server runs tools as plain calls only (it declares no tasks capability)' } });
+    assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
     // The transport's own refusals come first: a client that accepts no JSON gets 406 whatever its params.
     const unacceptable = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 8, method: 'tools/list', params: { cursor: 5 } }), { accept: 'text/html' });
     assert.equal(unacceptable.status, 406);

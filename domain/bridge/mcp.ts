@@ -76,9 +76,12 @@ const REQUESTS = { initialize: InitializeRequestSchema, ping: PingRequestSchema,
 // parse error (-32700, HTTP 400, when they are not an object). Given the request and the SDK's
 // answer (its text), the answer to send instead: -32602 naming the field. Undefined: the SDK's
 // stands (its other refusals, of headers, come before any params check).
+// The SDK also answers -32603 to a tools/call sent as a task (MCP 2025-11-25 task augmentation)
+// without running it: our tools run as plain calls only (no tasks capability; every tool's
+// taskSupport is the default, forbidden), for which that revision says -32601.
 export function paramsRefusal(body: unknown, sdkAnswer: string): JSONRPCErrorResponse | undefined {
   if (![ErrorCode.InternalError, ErrorCode.ParseError].includes(errorCodeOf(sdkAnswer))) return undefined;
-  return invalidParamsAnswer(body);
+  return refusalOf(body);
 }
 
 function errorCodeOf(text: string): number {
@@ -89,12 +92,15 @@ function errorCodeOf(text: string): number {
   }
 }
 
-function invalidParamsAnswer(body: unknown): JSONRPCErrorResponse | undefined {
+function refusalOf(body: unknown): JSONRPCErrorResponse | undefined {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) return undefined;
   const { id, method } = body as { id?: unknown; method?: unknown };
   if (typeof method !== 'string' || !Object.hasOwn(REQUESTS, method) || (typeof id !== 'string' && typeof id !== 'number')) return undefined;
   const parsed = REQUESTS[method as keyof typeof REQUESTS].safeParse(body);
-  if (parsed.success) return undefined;
+  if (parsed.success) {
+    if (method !== 'tools/call' || (body as { params?: { task?: unknown } }).params?.task === undefined) return undefined;
+    return { jsonrpc: '2.0', id, error: { code: ErrorCode.MethodNotFound, message: 'Method not found: tools/call as a task; this server runs tools as plain calls only (it declares no tasks capability)' } };
+  }
   const issue = parsed.error.issues[0];
   return { jsonrpc: '2.0', id, error: { code: ErrorCode.InvalidParams, message: `Invalid params: ${issue.path.join('.') || 'params'}: ${issue.message}` } };
 }
