@@ -14,10 +14,12 @@ for (const [net4, prefix] of [
   ['192.0.0.0', 24], ['192.0.2.0', 24], ['192.88.99.0', 24], ['192.168.0.0', 16], ['198.18.0.0', 15],
   ['198.51.100.0', 24], ['203.0.113.0', 24], ['224.0.0.0', 4], ['240.0.0.0', 4],
 ] as const) blocked.addSubnet(net4, prefix, 'ipv4');
-// IPv6: unspecified, loopback and IPv4-compatible (::/96), discard-only, documentation, unique-local,
-// link- and site-local, multicast, and the ranges that embed IPv4 addresses (NAT64, 6to4).
+// IPv6: unspecified, loopback and IPv4-compatible (::/96), discard-only, benchmarking, documentation,
+// SRv6 SIDs, unique-local, link- and site-local, multicast, and the ranges that embed IPv4 addresses
+// (NAT64, Teredo, 6to4).
 for (const [net6, prefix] of [
-  ['::', 96], ['100::', 64], ['2001:db8::', 32], ['fc00::', 7], ['fe80::', 10], ['fec0::', 10], ['ff00::', 8], ['64:ff9b::', 96], ['64:ff9b:1::', 48], ['2002::', 16],
+  ['::', 96], ['100::', 64], ['2001:2::', 48], ['2001:db8::', 32], ['3fff::', 20], ['5f00::', 16], ['fc00::', 7], ['fe80::', 10], ['fec0::', 10], ['ff00::', 8],
+  ['64:ff9b::', 96], ['64:ff9b:1::', 48], ['2001::', 32], ['2002::', 16],
 ] as const) blocked.addSubnet(net6, prefix, 'ipv6');
 
 export function isPrivateAddress(ip: string): boolean {

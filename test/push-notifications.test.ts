@@ -211,8 +211,6 @@ describe('push notifications', () => {
       assert.deepEqual(rx.all.map((r) => [r.body.id, r.body.status.state]), [[id, 'working'], [id, 'completed']]);
       assert.equal(rx.all[1].body.status.message.parts[0].text, `done ${id}`);
     }
-    const { rows } = await testDb().raw(`select count(*)::int as n from outbox where payload->>'task_id' = ?`, [quiet]);
-    assert.equal(rows[0].n, 0);
   });
 
   it('retries a receiver that fails twice until it gets the update', async () => {
@@ -326,7 +324,9 @@ describe('push notifications', () => {
       ['http://[::1]:8080/hook', /\(::1\)/],
       ['http://203.0.113.7/hook', /\(203\.0\.113\.7\)/],
       ['http://198.51.100.1/hook', /\(198\.51\.100\.1\)/],
+      ['http://192.0.2.10/hook', /\(192\.0\.2\.10\)/],
       ['http://[2001:db8::1]/hook', /\(2001:db8::1\)/],
+      ['http://[2001:0:4136:e378::1]/hook', /\(2001:0:4136:e378::1\)/],
       ['http://[::ffff:127.0.0.1]/hook', /private, loopback/],
       ['http://[::127.0.0.1]/hook', /private, loopback/],
       ['http://[2002:7f00:1::]/hook', /private, loopback/],

@@ -124,7 +124,7 @@ export const oauthJwtBearer: CredentialControllerDef = {
     }
     // RS256 with a shorter key can be forged (RFC 7518 section 3.3 requires 2048 bits or more).
     if (bits === undefined || bits < MIN_RSA_BITS) {
-      throw new InvalidRequest(`value.private_key is a ${bits ?? 'an unknown'}-bit RSA key; RS256 needs ${MIN_RSA_BITS} bits or more`, [{ path: 'body.value.private_key', message: `must be an RSA key of at least ${MIN_RSA_BITS} bits` }]);
+      throw new InvalidRequest(`value.private_key is ${bits === undefined ? 'an RSA key of unknown size' : `a ${bits}-bit RSA key`}; RS256 needs ${MIN_RSA_BITS} bits or more`, [{ path: 'body.value.private_key', message: `must be an RSA key of at least ${MIN_RSA_BITS} bits` }]);
     }
     await assertOutboundUrl(String(value.token_uri), opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE');
     return value;
