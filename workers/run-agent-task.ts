@@ -7,7 +7,7 @@ import { AppError, InvalidRequest, publicReason, unreachable } from '../domain/e
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf } from '../domain/tasks.ts';
-import { inStatement, inTransaction } from '../domain/unit-of-work.ts';
+import { inStatement, inTransaction, type UnitOfWork } from '../domain/unit-of-work.ts';
 import { isTerminal, RUN_RESULTS, runEndsFrom } from '../domain/task-states.ts';
 import type { AgentContext, AgentHandler, AgentResult } from './agents/types.ts';
 import { agentMessage, checkArtifact } from './agents/agent-output.ts';
@@ -93,13 +93,14 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     const ended = (what: string) => Object.assign(new Error(`task is ${what}`), { taskEnded: true });
     // Reads and calls from inside a run are refused once the run is aborted.
     const whileRunning = <T>(fn: () => Promise<T>) => (controller.signal.aborted ? Promise.reject(ended('canceled or handed back')) : fn());
-    // Writes from inside a run are skipped once the task has ended (e.g. canceled meanwhile).
-    const whileActive = <T>(fn: (uow: Parameters<Parameters<typeof inTransaction>[1]>[0], task: tasks.TaskRow) => Promise<T>) =>
-      ours(() => inTransaction(services, async (uow) => {
+    // Writes from inside a run are skipped once the task has ended (e.g. canceled meanwhile). Its
+    // callers (reply, setStatus, emitArtifact) pass its errors through `ours`.
+    const whileActive = <T>(fn: (uow: UnitOfWork, task: tasks.TaskRow) => Promise<T>) =>
+      inTransaction(services, async (uow) => {
         const locked = (await tasks.getTask(uow.trx, taskId, true))!;
         if (isTerminal(locked.status)) throw ended(locked.status);
         return fn(uow, locked);
-      }));
+      });
 
     const runLog = log.child({ task_id: taskId });
     const ctx: AgentContext = {
