@@ -30,6 +30,12 @@ export async function getTask(db: Tx, id: string, lock = false): Promise<TaskRow
   return lock ? q.forUpdate() : q;
 }
 
+// Of these tasks, those in one of `states`, with their status.
+export async function tasksIn(db: Tx, ids: readonly string[], states: readonly TaskState[]): Promise<Pick<TaskRow, 'id' | 'status'>[]> {
+  if (!ids.length) return [];
+  return db('tasks').select('id', 'status').whereIn('id', ids).whereIn('status', states);
+}
+
 export async function setTaskStatus(db: Tx, id: string, status: TaskState, statusMessageId: string | null, at: Date): Promise<TaskRow> {
   const [out] = await db('tasks').where({ id }).update({ status, status_message_id: statusMessageId, status_timestamp: at, updated_at: at }).returning('*');
   return out;

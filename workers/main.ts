@@ -6,7 +6,6 @@ import { bootstrap } from '../domain/bootstrap.ts';
 import { waitForBackingServices } from '../domain/startup.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createRedis } from '../queues/connection.ts';
-import { TASK_CANCELED } from '../domain/tasks.ts';
 import { publicReason } from '../domain/errors.ts';
 import { createAgentTaskProcessor } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
@@ -14,6 +13,7 @@ import { startHousekeeping } from './housekeeping.ts';
 import { failLostRun } from './fail-run.ts';
 import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
 import { CancelRegistry } from './cancel-registry.ts';
+import { watchCancels } from './watch-cancels.ts';
 import { createRefreshCredentialProcessor, recordRefreshOutcomes, startRefreshScheduler } from './refresh-credential.ts';
 import { AgentConfigError, resolveAgent } from './agents/resolve-agent.ts';
 import { recordJobMetrics } from './record-job-metrics.ts';
@@ -33,9 +33,7 @@ services.outbox.startSweeper();
 process.on('unhandledRejection', (reason) => log.warn({ reason: publicReason(reason) }, 'unhandled promise rejection (an agent call not awaited?)'));
 
 const cancels = new CancelRegistry();
-await services.bus.subscribe(TASK_CANCELED, (msg) => {
-  if (typeof msg.task_id === 'string' && cancels.cancel(msg.task_id)) log.info({ task_id: msg.task_id }, 'agent run aborted: task canceled');
-});
+const stopWatchingCancels = await watchCancels(services, cancels);
 
 const agent = await resolveAgent(services).catch((err: unknown) => {
   if (!(err instanceof AgentConfigError)) throw err;
@@ -104,6 +102,7 @@ async function shutdown(signal: string) {
   stopRefreshScheduler();
   await Promise.allSettled(workers.map((w) => w.close()));
   clearTimeout(grace);
+  await stopWatchingCancels();
   await metrics.stop().catch(() => undefined);
   await pushListener.close();
   connection.disconnect();

@@ -1,0 +1,42 @@
+// Aborts the runs of this process whose task has ended elsewhere (canceled through the API, failed
+// by job recovery). A note on Redis does it at once; a check in Postgres every CHECK_MS catches the
+// notes that never came (Redis down or reconnecting when the task ended, an API process gone between
+// its commit and the note), so a run learns of its task's end within about a second either way.
+import type { Services } from '../domain/services.ts';
+import { TASK_CANCELED } from '../domain/tasks.ts';
+import { TERMINAL_STATES } from '../domain/task-states.ts';
+import { tasksIn } from '../db/tasks.ts';
+import type { CancelRegistry } from './cancel-registry.ts';
+
+const CHECK_MS = 500;
+
+export async function watchCancels(services: Pick<Services, 'db' | 'bus' | 'log'>, cancels: CancelRegistry): Promise<() => Promise<void>> {
+  const { db, bus, log } = services;
+  const abort = (taskId: string, status = 'canceled') => {
+    if (cancels.cancel(taskId, `task ${status}`)) log.info({ task_id: taskId, status }, `agent run aborted: task ${status}`);
+  };
+  const unsubscribe = await bus.subscribe(TASK_CANCELED, (msg) => {
+    if (typeof msg.task_id === 'string') abort(msg.task_id);
+  });
+
+  let checking = false;
+  // Runs younger than CHECK_MS are left to the note: a busy worker's many short runs cost no query.
+  const check = async () => {
+    const ids = cancels.runningFor(CHECK_MS);
+    if (checking || !ids.length) return;
+    checking = true;
+    try {
+      for (const task of await tasksIn(db, ids, TERMINAL_STATES)) abort(task.id, task.status);
+    } catch (err) {
+      log.debug({ err: { message: (err as Error).message } }, 'ended tasks not checked; will retry');
+    } finally {
+      checking = false;
+    }
+  };
+  const timer = setInterval(() => void check(), CHECK_MS);
+  timer.unref();
+  return async () => {
+    clearInterval(timer);
+    await unsubscribe().catch(() => undefined);
+  };
+}
