@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import net from 'node:net';
-import { assertError, resetDb, startStack, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, assertError, resetDb, startStack, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
 
 const LIMIT = 4096;
 
@@ -110,6 +110,25 @@ describe('HTTP conventions', () => {
     });
     assert.match(raw, /^HTTP\/1\.1 400 Bad Request\r\n/);
     assert.deepEqual(JSON.parse(raw.slice(raw.indexOf('\r\n\r\n') + 4)), { message: 'The request is not valid HTTP', data: { code: 'invalid_request' } });
+  });
+
+  it('logs a client that hangs up mid-body as a 400 of its own, not as an outage or a fault, storing nothing', async () => {
+    const before = await taskCount();
+    const url = new URL(stack.api.url);
+    const requestId = `hang-up-${Date.now()}`;
+    await new Promise<void>((resolve, reject) => {
+      const socket = net.connect(Number(url.port), url.hostname, () => {
+        socket.write(`POST /api/task/v1 HTTP/1.1\r\nHost: ${url.host}\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nContent-Type: application/json\r\n`
+          + `Content-Length: 1000\r\nX-Request-Id: ${requestId}\r\n\r\n{"message":`);
+        setTimeout(() => { socket.destroy(); resolve(); }, 200);
+      });
+      socket.on('error', reject);
+    });
+    const line = await waitFor(async () => stack.api.logs.find((l) => l.includes(`"req_id":"${requestId}"`) && l.includes('"msg":"request"')), 'the request line');
+    assert.equal(JSON.parse(line).status, 400, line);
+    const all = stack.api.logs.filter((l) => l.includes(`"req_id":"${requestId}"`));
+    assert.ok(!all.some((l) => l.includes('"level":50') || l.includes('unavailable')), all.join('\n'));
+    assert.equal(await taskCount(), before);
   });
 
   it('answers 400 for a body that is not UTF-8 instead of storing replacement characters', async () => {

@@ -27,11 +27,12 @@ export const errorBody = (e: AppError) => ({ message: e.message, data: { code: e
 
 function toAppError(err: unknown): AppError {
   if (err instanceof AppError) return err;
+  const e = err as { status?: number; expose?: boolean; message?: string; code?: string; name?: string };
+  // The client went away mid-body: nothing to answer, and not our failure (nor Postgres or Redis
+  // resetting a connection, which is the same code).
+  if (e?.code === 'ECONNRESET' && e.message === 'aborted') return new AppError(400, 'invalid_request', 'The request was aborted before its body arrived');
   const known = raceConflict(err) ?? unavailability(err);
   if (known) return known;
-  const e = err as { status?: number; expose?: boolean; message?: string; code?: string; name?: string };
-  // The client went away mid-body: nothing to answer, and not our failure.
-  if (e?.code === 'ECONNRESET' && e.message === 'aborted') return new AppError(400, 'invalid_request', 'The request was aborted before its body arrived');
   // Client errors of libraries (koa's, and co-body's unparsable JSON in the queue dashboard).
   if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && (e.expose || err instanceof SyntaxError)) {
     return new AppError(e.status, e.status === 413 ? 'payload_too_large' : 'invalid_request', e.message ?? 'Bad request');

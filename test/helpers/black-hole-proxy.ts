@@ -1,9 +1,10 @@
 // A TCP proxy that can turn into a black hole: while `swallowing`, bytes in either direction are
 // dropped, so a peer behind it goes silent without closing anything (a network partition, a frozen
 // host). Bytes dropped stay lost after `forward()`: what was in flight then never arrives.
+// `reset()` instead cuts every connection with a TCP reset (a server killed, a proxy dropping it).
 import net from 'node:net';
 
-export interface BlackHoleProxy { port: number; swallow(): void; forward(): void; close(): Promise<void> }
+export interface BlackHoleProxy { port: number; swallow(): void; forward(): void; reset(): void; close(): Promise<void> }
 
 export async function startBlackHoleProxy(target: { host: string; port: number }): Promise<BlackHoleProxy> {
   let swallowing = false;
@@ -22,6 +23,9 @@ export async function startBlackHoleProxy(target: { host: string; port: number }
     port: (server.address() as net.AddressInfo).port,
     swallow() { swallowing = true; },
     forward() { swallowing = false; },
+    reset() {
+      for (const s of sockets) s.resetAndDestroy();
+    },
     async close() {
       for (const s of sockets) s.destroy();
       await new Promise((resolve) => server.close(resolve));
