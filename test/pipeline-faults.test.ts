@@ -1,5 +1,7 @@
 // The job pipeline under faults: Redis away while tasks are created, a worker killed mid-run.
 import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import fs from 'node:fs';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pgClient from 'pg';
@@ -8,7 +10,7 @@ import { Redis } from 'ioredis';
 import { freePort, startPostgres, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
 import { startBlackHoleProxy, type BlackHoleProxy } from './helpers/black-hole-proxy.ts';
-import { requestLogsThrough, requireEnv, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { requestLogsThrough, requireEnv, ROOT, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
 
 async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs = 60000) {
   return waitFor(async () => {
@@ -107,6 +109,47 @@ describe('job pipeline under faults', function () {
     });
   });
 
+  describe('a task canceled while Redis is down (its cancel note lost)', () => {
+    let redis: LocalService | undefined;
+    let stack: Stack | undefined;
+    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'faults-redis-cancel');
+    const marker = path.join(requireEnv('TEST_DATA_DIR'), `cancel-marker-${Date.now()}`);
+    let port: number;
+
+    before(async () => {
+      port = await freePort();
+      redis = await startRedis({ dataDir, ephemeral: true, port });
+      stack = await startStack({
+        REDIS_URL: redis.url, AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/signal-agent.ts'), SIGNAL_AGENT_MARKER: marker,
+      }, { workers: 1 });
+    });
+    after(async () => {
+      await stack?.stop();
+      await redis?.stop();
+    });
+
+    it("still aborts the running agent's signal within about a second: the worker finds the task ended in Postgres", async () => {
+      const s = stack!;
+      const rpc = (method: string, params: unknown) => s.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method, params });
+      const message = { kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text: 'wait' }] };
+      const task = (await rpc('message/send', { message, configuration: { blocking: false } })).body.result;
+      await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.message?.parts?.[0]?.text === 'waiting to be canceled', 'the agent to start waiting');
+
+      await redis!.stop();
+      redis = undefined;
+      const canceled = await rpc('tasks/cancel', { id: task.id });
+      assert.equal(canceled.body.result?.status.state, 'canceled', canceled.text);
+      const at = Date.now();
+      const text = await waitFor(async () => fs.existsSync(marker) && fs.readFileSync(marker, 'utf8'), 'the agent to observe its abort signal', 10_000, 50);
+      assert.match(text, new RegExp(`aborted task ${task.id}: task canceled`));
+      assert.ok(Date.now() - at < 3000, `aborted ${Date.now() - at} ms after the cancel`);
+      assert.ok(s.workers[0].logs.some((l) => l.includes('agent run aborted: task canceled') && l.includes(task.id)));
+
+      redis = await startRedis({ dataDir, ephemeral: true, port });
+      assert.equal((await rpc('tasks/get', { id: task.id })).body.result.status.state, 'canceled');
+    });
+  });
+
   describe('Postgres restarted', () => {
     const own = onOwnPostgres('faults-postgres');
 
@@ -138,7 +181,6 @@ describe('job pipeline under faults', function () {
       // fail several reconnects: each failed attempt used to schedule two, 2^n connections in all.
       await sleep(4000);
       await own.startPostgres();
-      await waitFor(async () => (await s.client.get('/_internal/v1/ready')).status === 200, 'ready again');
       await sleep(2500);
       const probe = new pgClient.Client(own.pg!.url);
       await probe.connect();
@@ -244,6 +286,59 @@ describe('job pipeline under faults', function () {
       }
       const logged = await requestLogsThrough(s, await s.client.get(`/api/task/v1/${created.body.task.id}`));
       assert.ok(!logged.some((l) => l.includes('"status":500')), 'no 500');
+    });
+  });
+
+  describe('Postgres connections reset under statements (a server killed, a proxy dropping them)', () => {
+    let stack: Stack | undefined;
+    let proxy: BlackHoleProxy | undefined;
+    before(async () => {
+      const url = new URL(requireEnv('DATABASE_URL'));
+      proxy = await startBlackHoleProxy({ host: url.hostname, port: Number(url.port) });
+      url.host = `127.0.0.1:${proxy.port}`;
+      stack = await startStack({ DATABASE_URL: url.toString() }, { workers: 0 });
+    });
+    after(async () => {
+      await stack?.stop();
+      await proxy?.close();
+    });
+
+    it('answers 503 and JSON-RPC unavailable (logged at warn, not as a fault), then serves again', async () => {
+      const s = stack!;
+      const created = await s.client.post('/api/task/v1', { message: textMessage('before the reset', 'agent') });
+      assert.equal(created.status, 201, created.text);
+      const id = created.body.task.id;
+      const locker = await testDb().transaction();
+      let rest: Response;
+      let rpc: Response;
+      try {
+        await locker.raw('lock table tasks in access exclusive mode');
+        const answers = Promise.all([
+          s.client.get(`/api/task/v1/${id}`),
+          s.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 'reset', method: 'tasks/get', params: { id } }),
+        ]);
+        // Both statements are in Postgres, waiting for the lock, when their connections are cut.
+        await waitFor(async () => {
+          const { rows } = await testDb().raw(`select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and pid <> pg_backend_pid()`);
+          return rows[0].n >= 2;
+        }, 'both statements to wait for the lock');
+        proxy!.reset();
+        [rest, rpc] = await answers;
+      } finally {
+        await locker.rollback();
+      }
+      assert.equal(rest.status, 503, rest.text);
+      assert.equal(rest.body.data.code, 'unavailable');
+      assert.equal(rest.headers.get('retry-after'), '5');
+      assert.equal(rpc.status, 200, rpc.text);
+      assert.deepEqual(rpc.body, { jsonrpc: '2.0', id: 'reset', error: { code: -32603, message: 'A backing service is unavailable; retry shortly', data: { code: 'unavailable' } } });
+
+      const again = await s.client.get(`/api/task/v1/${id}`);
+      assert.equal(again.status, 200, again.text);
+      const logs = (await requestLogsThrough(s, again, { all: true })).filter((l) => l.includes('failed'));
+      assert.ok(logs.some((l) => l.includes('request failed: unavailable') && l.includes('"level":40')), logs.join('\n'));
+      assert.ok(logs.some((l) => l.includes('a2a method failed: unavailable') && l.includes('"level":40')), logs.join('\n'));
+      assert.ok(!logs.some((l) => l.includes('"level":50')), logs.join('\n'));
     });
   });
 
