@@ -35,6 +35,8 @@ export async function upsertPushConfig(
 export async function getPushConfig(db: Tx, taskId: string, id?: string): Promise<PushConfigRow | undefined> {
   const q = db('push_configs').where({ task_id: taskId });
   if (id !== undefined) q.where({ id });
+  // Without an id: the task's own config (its id is the task's) comes first.
+  else q.orderByRaw('(id = ?) desc', [taskId]);
   return q.orderBy([{ column: 'created_at', order: 'asc' }, { column: 'id', order: 'asc' }]).first();
 }
 

@@ -88,6 +88,8 @@ export async function setPushConfigOfNewTask(uow: UnitOfWork, taskId: string, in
 
 async function storePushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, fromStart: boolean): Promise<PushConfig> {
   checkInput(input);
+  // An unknown task is the answer before the URL's host is looked up (the SDK's server checks the task first).
+  await requireTask(db, taskId, false);
   await assertOutboundUrl(input.url, cfg.PUSH_ALLOW_PRIVATE);
   const secrets: PushSecrets = {
     ...(input.token !== undefined ? { token: input.token } : {}),
@@ -118,7 +120,7 @@ export async function pushSecrets(s: { db: Knex; cfg: Config }, row: repo.PushCo
   return JSON.parse(await decryptWithDek(s, row.secrets_dek_id, row.encrypted_secrets)) as PushSecrets;
 }
 
-/** One config of a task: the named one, or the first one set when no id is given. */
+/** One config of a task: the named one; without an id, the task's own (set without an id, as the SDK's server reads it), else the first one set. */
 export async function getPushConfig(db: Tx, taskId: string, configId?: string): Promise<PushConfig> {
   await requireTask(db, taskId, false);
   const row = await repo.getPushConfig(db, taskId, configId);

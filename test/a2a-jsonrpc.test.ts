@@ -193,6 +193,8 @@ describe('A2A JSON-RPC endpoint', () => {
           ['message/send', { message: userMessage('hi', { taskId: id }) }],
           ['message/stream', { message: userMessage('hi', { taskId: id }) }],
           ['tasks/pushNotificationConfig/list', { id }],
+          // the task is looked up before the URL's host (this one resolves nowhere)
+          ['tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { url: 'https://no-such-host.invalid/hook' } }],
         ] as const) {
           const r = await rpc(method, params, 'u');
           assert.equal(r.status, 200);
@@ -334,6 +336,9 @@ describe('A2A JSON-RPC with streaming and push notifications switched off', () =
     assert.equal(sent.result.kind, 'task');
     const again = await rpc('tasks/resubscribe', { id: sent.result.id });
     assert.equal(again.error.code, -32004);
+    // Params that do not fit change nothing: streaming is off whatever they hold.
+    const bad = await rpc('message/stream', { message: { kind: 'message' } });
+    assert.equal(bad.error.code, -32004, JSON.stringify(bad));
     const [{ n }] = await testDb()('tasks').count({ n: '*' });
     assert.equal(n, 1);
   });

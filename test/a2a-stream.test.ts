@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import path from 'node:path';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
-import { ADMIN_KEY, Client, requestLogsThrough, resetDb, startApi, startStack, waitFor, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, Client, requestLogsThrough, resetDb, startApi, startStack, testDb, waitFor, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string, extra: Record<string, unknown> = {}) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
@@ -178,7 +178,7 @@ describe('A2A streaming (SSE)', () => {
     }
   });
 
-  it("a stream refused for its task is one SSE error event, then closed (as the SDK's server answers); bad params are plain JSON", async () => {
+  it("a stream refused for its task or its params is one SSE error event, then closed (as the SDK's server answers)", async () => {
     const s = await sse(stack.api.url, 'tasks/resubscribe', { id: randomUUID() }, { id: 'r' });
     assert.match(s.contentType, /^text\/event-stream/);
     assert.equal(s.events.length, 1);
@@ -187,9 +187,15 @@ describe('A2A streaming (SSE)', () => {
     const unknown = await sse(stack.api.url, 'message/stream', { message: userMessage('to nowhere', { taskId: randomUUID() }) }, { id: 'u' });
     assert.match(unknown.contentType, /^text\/event-stream/);
     assert.deepEqual([unknown.events.length, unknown.events[0].id, unknown.events[0].error.code], [1, 'u', -32001]);
-    const bad = await sse(stack.api.url, 'message/stream', { message: { kind: 'message' } }, { id: 'b' });
-    assert.match(bad.contentType, /application\/json/);
-    assert.deepEqual([bad.events[0].id, bad.events[0].error.code], ['b', -32602]);
+    const tasksBefore = await testDb()('tasks').count({ n: '*' });
+    const bad = await sse(stack.api.url, 'message/stream', { message: { kind: 'message', role: 'user', parts: [{ kind: 'text', text: 'no id' }] } }, { id: 'b' });
+    assert.match(bad.contentType, /^text\/event-stream/);
+    assert.deepEqual([bad.events.length, bad.events[0].id, bad.events[0].error.code, bad.events[0].error.message], [1, 'b', -32602, 'Invalid params: params.message.messageId is required']);
+    assert.equal(bad.ended, true);
+    const noId = await sse(stack.api.url, 'tasks/resubscribe', { historyLength: 1 }, { id: 7 });
+    assert.match(noId.contentType, /^text\/event-stream/);
+    assert.deepEqual([noId.events.length, noId.events[0].id, noId.events[0].error.code, noId.events[0].error.message], [1, 7, -32602, 'Invalid params: params.id is required']);
+    assert.deepEqual(await testDb()('tasks').count({ n: '*' }), tasksBefore, 'a refused stream creates no task');
     const logged = await requestLogsThrough(stack, await stack.client.get('/_internal/v1/health'), { all: true });
     assert.ok(!logged.some((l) => l.includes('a2a stream failed')), 'refusals are not logged as failures');
   });

@@ -145,13 +145,19 @@ describe('push notifications', () => {
     assert.equal(unknown.error.code, -32001);
   });
 
-  it('gives a config set without an id the task id, so setting it again replaces it', async () => {
+  it('gives a config set without an id the task id, so setting it again replaces it, and get without an id reads it', async () => {
     const id = await idleTask();
+    await setConfig(id, { id: 'named', url: 'http://127.0.0.1:9/named' });
+    assert.equal((await rpc('tasks/pushNotificationConfig/get', { id })).result.pushNotificationConfig.id, 'named', 'the only config');
     const first = await setConfig(id, { url: 'http://127.0.0.1:9/first', token: 'tok-first' });
     assert.deepEqual(first, { taskId: id, pushNotificationConfig: { id, url: 'http://127.0.0.1:9/first' } });
     await setConfig(id, { url: 'http://127.0.0.1:9/second' });
     const list = await rpc('tasks/pushNotificationConfig/list', { id });
-    assert.deepEqual(list.result, [{ taskId: id, pushNotificationConfig: { id, url: 'http://127.0.0.1:9/second' } }]);
+    assert.deepEqual(list.result, [
+      { taskId: id, pushNotificationConfig: { id: 'named', url: 'http://127.0.0.1:9/named' } },
+      { taskId: id, pushNotificationConfig: { id, url: 'http://127.0.0.1:9/second' } },
+    ]);
+    // As the SDK's server reads it: without pushNotificationConfigId, the config whose id is the task's.
     assert.equal((await rpc('tasks/pushNotificationConfig/get', { id })).result.pushNotificationConfig.url, 'http://127.0.0.1:9/second');
 
     const sent = await rpc('message/send', {

@@ -58,14 +58,18 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Pro
     if (typeof req.method !== 'string') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');
     const target = Object.hasOwn(METHODS, req.method) ? METHODS[req.method] : undefined;
     if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${req.method.slice(0, 100)}`);
+    if (target.stream) {
+      m.requireStreaming(call, req.method);
+      // As in the SDK's server: with streaming on, a streaming call is answered with a stream, and
+      // what goes wrong from there (params that do not fit, an unknown or terminal task) is its one
+      // event: 0.3 clients read no other answer to these methods.
+      const stream = await Promise.resolve()
+        .then(() => target.run(call, target.validate(req.params)))
+        .catch((err: unknown) => failed(err));
+      return { id, stream: stream as m.TaskStream };
+    }
     const params = target.validate(req.params === undefined && req.method === 'agent/getAuthenticatedExtendedCard' ? null : req.params);
-    if (!target.stream) return { response: { jsonrpc: '2.0', id, result: await target.run(call, params) } };
-    m.requireStreaming(call, req.method);
-    // As in the SDK's server: a streaming call with valid params is answered with a stream, and what
-    // goes wrong from there (an unknown or terminal task) is its one event: 0.3 clients read no other
-    // answer to these methods.
-    const stream = await target.run(call, params).catch((err: unknown) => failed(err));
-    return { id, stream: stream as m.TaskStream };
+    return { response: { jsonrpc: '2.0', id, result: await target.run(call, params) } };
   } catch (err) {
     const error = toJsonRpcError(err);
     logRpcError(log, err, error, { method: req.method }, 'a2a method failed');
