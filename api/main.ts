@@ -22,6 +22,11 @@ const server = app.listen(cfg.PORT, cfg.HOST, () => {
   const port = typeof addr === 'object' && addr ? addr.port : cfg.PORT;
   services.log.info({ port, url: `http://${cfg.HOST}:${port}` }, 'api listening');
 });
+// A port taken or a HOST that is no address of this machine: one line saying which, not a stack.
+server.once('error', (err: NodeJS.ErrnoException) => {
+  services.log.fatal({ code: err.code }, `cannot listen on ${cfg.HOST}:${cfg.PORT} (HOST, PORT): ${err.message}`);
+  process.exit(1);
+});
 server.keepAliveTimeout = 65_000;
 answerClientErrors(server, allRoutes.map((r) => r.spec.method));
 
@@ -29,10 +34,20 @@ let stopping = false;
 async function shutdown(signal: string) {
   if (stopping) return;
   stopping = true;
-  services.log.info({ signal }, 'api shutting down');
-  server.close();
+  services.log.info({ signal, grace_ms: cfg.API_SHUTDOWN_GRACE_MS }, 'api shutting down: finishing requests in flight');
+  // No new connections; requests in flight finish (their connections close once answered) for up
+  // to API_SHUTDOWN_GRACE_MS, then whatever is still open (streams, long blocking sends) is cut.
+  const drained = new Promise<boolean>((resolve) => server.close(() => resolve(true)));
+  // A keep-alive connection whose request is answered becomes idle, and stays open unless closed.
+  const closeIdle = setInterval(() => server.closeIdleConnections(), 100);
   server.closeIdleConnections();
-  setTimeout(() => server.closeAllConnections(), 5000).unref();
+  const timeUp = new Promise<boolean>((resolve) => setTimeout(() => resolve(false), cfg.API_SHUTDOWN_GRACE_MS).unref());
+  const inTime = await Promise.race([drained, timeUp]);
+  clearInterval(closeIdle);
+  if (!inTime) {
+    services.log.warn({ grace_ms: cfg.API_SHUTDOWN_GRACE_MS }, 'grace period over: connections still open (streams, blocking sends) are closed');
+    server.closeAllConnections();
+  }
   await keyRevocations.close();
   await services.close();
   process.exit(0);

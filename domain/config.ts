@@ -57,6 +57,8 @@ const ConfigSchema = Type.Object({
   WORKER_LOCK_MS: Type.Integer({ minimum: 500, default: 30000 }),
   // After SIGTERM, how long a worker lets running jobs finish before it hands agent runs back.
   WORKER_SHUTDOWN_GRACE_MS: Type.Integer({ minimum: 0, default: 10000 }),
+  // After SIGTERM, how long an API process lets requests in flight finish before it closes what is open.
+  API_SHUTDOWN_GRACE_MS: Type.Integer({ minimum: 0, default: 10000 }),
   WORKER_STALLED_CHECK_MS: Type.Integer({ minimum: 200, default: 15000 }),
   OUTBOX_SWEEP_MS: Type.Integer({ minimum: 50, default: 2000 }),
   A2A_BLOCKING_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 30000 }),
@@ -100,15 +102,34 @@ function readEnv<S extends TObject>(schema: S, env: NodeJS.ProcessEnv): Static<S
     const value = env[key];
     if (value !== undefined && value !== '') raw[key] = value;
   }
-  if (!check(raw)) {
-    const lines = (check.errors ?? []).map((e) => {
-      const name = e.instancePath.replace(/^\//, '') || (e.params as { missingProperty?: string }).missingProperty || '(config)';
-      const allowed = (e.params as { allowedValues?: unknown[] }).allowedValues;
-      return `  ${name}: ${allowed ? `must be one of ${allowed.join(', ')}` : e.message}`;
-    });
-    throw new ConfigError(`Invalid configuration:\n${[...new Set(lines)].join('\n')}`);
-  }
+  const lines = check(raw) ? [] : (check.errors ?? []).map((e) => {
+    const name = e.instancePath.replace(/^\//, '') || (e.params as { missingProperty?: string }).missingProperty || '(config)';
+    const allowed = (e.params as { allowedValues?: unknown[] }).allowedValues;
+    return `  ${name}: ${allowed ? `must be one of ${allowed.join(', ')}` : e.message}`;
+  });
+  lines.push(...serviceUrlProblems(raw));
+  if (lines.length) throw new ConfigError(`Invalid configuration:\n${[...new Set(lines)].join('\n')}`);
   return raw as Static<S>;
+}
+
+// What the schemes' patterns cannot tell, so that it is said at start rather than by a driver's
+// stack trace later: a URL that does not parse (a port that is not a number, say), and a Redis
+// database (the path) that is not a number. The URLs themselves are never shown: they hold passwords.
+function serviceUrlProblems(raw: Record<string, unknown>): string[] {
+  const problems: string[] = [];
+  for (const name of ['DATABASE_URL', 'REDIS_URL']) {
+    const value = raw[name];
+    if (typeof value !== 'string') continue;
+    let url: URL;
+    try {
+      url = new URL(value);
+    } catch {
+      problems.push(`  ${name}: is not a valid URL (check the port, and that special characters in the password are percent-encoded)`);
+      continue;
+    }
+    if (name === 'REDIS_URL' && !/^\/?(\d+)?$/.test(url.pathname)) problems.push('  REDIS_URL: the database (the path) must be a number');
+  }
+  return problems;
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {

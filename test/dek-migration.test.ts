@@ -234,3 +234,38 @@ describe('bulk DEK migration', () => {
     assert.equal(finished.total, finished.done + finished.failed);
   });
 });
+
+describe('bulk DEK migration when its worker is stopped (SIGTERM)', () => {
+  let stack: Stack;
+  before(async () => {
+    // One batch, then a long pause: the job is between batches when the worker is asked to stop.
+    stack = await startStack({ DEK_MIGRATION_BATCH: '10', DEK_MIGRATION_PAUSE_MS: '60000', WORKER_SHUTDOWN_GRACE_MS: '1000' });
+  });
+  after(async () => stack?.stop());
+
+  it('is handed back to the queue once the grace period is over, and another worker finishes it', async () => {
+    const c = stack.client;
+    for (const f of ['handback-src.key', 'handback-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'handback-src.key'));
+    await insertDeks(testDb(), Array.from({ length: 35 }, (_, i) => ({ id: `hb-${i}`, envelope_key_id: 'handback-src.key', encrypted_dek: seal(kek, randomBytes(32)) })));
+    const started = await c.post(`${E}/envelope/handback-src.key/migrate`, { to_envelope_encryption_key_id: 'handback-dst.key' });
+    assert.equal(started.status, 202, started.text);
+    const job = () => c.get(`${E}/job/${started.body.id}`).then((r) => r.body);
+    await waitFor(async () => (await job()).done === 10, 'the first batch');
+
+    const worker = stack.workers.shift()!;
+    const at = Date.now();
+    await worker.kill('SIGTERM');
+    assert.equal(worker.child.exitCode, 0);
+    assert.ok(Date.now() - at < 8000, `exited ${Date.now() - at} ms after SIGTERM (grace 1000 ms; the pause was 60 s)`);
+    assert.ok(worker.logs.some((l) => l.includes('key job handed back to the queue') && l.includes(started.body.id)), worker.logs.slice(-10).join('\n'));
+    assert.deepEqual([(await job()).status, (await job()).done], ['running', 10]);
+
+    stack.workers.push(await startWorker({ ...stack.env, DEK_MIGRATION_PAUSE_MS: '0' }));
+    const finished = await waitFor(async () => {
+      const j = await job();
+      return j.status === 'completed' && j;
+    }, 'the migration to finish on the other worker');
+    assert.deepEqual([finished.total, finished.done, finished.failed], [35, 35, 0]);
+  });
+});

@@ -150,6 +150,33 @@ describe('job pipeline under faults', function () {
     });
   });
 
+  describe('a worker stopped (SIGTERM) while Redis is down', () => {
+    let redis: LocalService | undefined;
+    let stack: Stack | undefined;
+    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'faults-redis-sigterm');
+    before(async () => {
+      redis = await startRedis({ dataDir, ephemeral: true, port: await freePort() });
+      stack = await startStack({ REDIS_URL: redis.url, WORKER_SHUTDOWN_GRACE_MS: '1000' }, { workers: 1 });
+    });
+    after(async () => {
+      await stack?.stop();
+      await redis?.stop();
+    });
+
+    it('exits (code 1, saying why) once the grace period and 10 s more are over, instead of waiting for Redis for ever', async () => {
+      const s = stack!;
+      await redis!.stop();
+      redis = undefined;
+      const worker = s.workers.shift()!;
+      const at = Date.now();
+      await worker.kill('SIGTERM');
+      const took = Date.now() - at;
+      assert.equal(worker.child.exitCode, 1, worker.logs.slice(-5).join('\n'));
+      assert.ok(took >= 10_000 && took < 20_000, `exited ${took} ms after SIGTERM`);
+      assert.ok(worker.logs.some((l) => l.includes('worker could not close its queues in time') && l.includes('"level":50')), worker.logs.slice(-5).join('\n'));
+    });
+  });
+
   describe('Postgres restarted', () => {
     const own = onOwnPostgres('faults-postgres');
 

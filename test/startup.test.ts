@@ -4,6 +4,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { freePort } from '../scripts/local-services.ts';
 import { resetDb, ROOT, startStack, testEnv, type Stack } from './helpers/stack.ts';
@@ -39,6 +40,32 @@ describe('process start-up', function () {
     noStack(r);
   });
 
+  it('refuses service URLs that do not parse, or a Redis database that is not a number, with exit code 2 and without showing them', async () => {
+    const r = await run('workers/main.ts', testEnv({ DATABASE_URL: 'postgres://u:pw-db@db.internal:notaport/x', REDIS_URL: 'redis://:pw-redis@127.0.0.1:6379/abc' }));
+    assert.equal(r.code, 2, r.output);
+    assert.match(r.output, /^ {2}DATABASE_URL: is not a valid URL/m);
+    assert.match(r.output, /^ {2}REDIS_URL: the database \(the path\) must be a number$/m);
+    assert.doesNotMatch(r.output, /pw-db|pw-redis/);
+    noStack(r);
+    const port = await run('api/main.ts', testEnv({ REDIS_URL: 'redis://127.0.0.1:badport' }));
+    assert.equal(port.code, 2, port.output);
+    assert.match(port.output, /^ {2}REDIS_URL: is not a valid URL/m);
+  });
+
+  it('exits 1 with one line naming HOST and PORT when it cannot listen (the port taken)', async () => {
+    const taken = net.createServer();
+    await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
+    try {
+      const port = (taken.address() as net.AddressInfo).port;
+      const r = await run('api/main.ts', testEnv({ PORT: String(port) }));
+      assert.equal(r.code, 1, r.output);
+      assert.match(r.output, new RegExp(`cannot listen on 127\\.0\\.0\\.1:${port} \\(HOST, PORT\\): listen EADDRINUSE`));
+      noStack(r);
+    } finally {
+      taken.close();
+    }
+  });
+
   it('migrates with DATABASE_URL alone (the release step needs no Redis)', async () => {
     const r = await run('db/migrate.ts', testEnv({ REDIS_URL: undefined }));
     assert.equal(r.code, 0, r.output);
@@ -69,6 +96,32 @@ describe('process start-up', function () {
     assert.equal(r.code, 2, r.output);
     assert.match(r.output, /AGENT_MODULE \/nonexistent\/agent\.ts could not be loaded: Cannot find module/);
     noStack(r);
+  });
+});
+
+describe('stopping the API (SIGTERM)', function () {
+  this.timeout(60_000);
+  let stack: Stack;
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ API_SHUTDOWN_GRACE_MS: '8000' });
+  });
+  after(async () => stack?.stop());
+
+  it('answers the requests in flight before it exits (code 0), and takes no new ones', async () => {
+    const message = { kind: 'message', messageId: `m-${Date.now()}`, role: 'user', parts: [{ kind: 'text', text: '[sleep 1500] draining' }] };
+    const blocking = stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 'in-flight', method: 'message/send', params: { message } });
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const exited = stack.api.kill('SIGTERM');
+    const answer = await blocking;
+    assert.equal(answer.status, 200, answer.text);
+    assert.equal(answer.body.result?.status.state, 'completed', answer.text);
+    assert.equal(answer.body.result.status.message.parts[0].text, 'Echo: [sleep 1500] draining');
+    await assert.rejects(fetch(`${stack.api.url}/_internal/v1/health`), 'no new connection is taken');
+    await exited;
+    assert.equal(stack.api.child.exitCode, 0);
+    assert.ok(stack.api.logs.some((l) => l.includes('api shutting down: finishing requests in flight')));
+    assert.ok(!stack.api.logs.some((l) => l.includes('grace period over')), 'nothing was cut');
   });
 });
 

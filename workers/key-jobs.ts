@@ -6,17 +6,19 @@ import { createMigrateDeksProcessor } from './migrate-deks.ts';
 import { createRotateAliasProcessor } from './rotate-alias.ts';
 import { failKeyJob } from '../domain/crypto/dek-migration.ts';
 
-export type KeyJobProcessor = (job: Job<JobPayloads['key-jobs']>) => Promise<unknown>;
+export type KeyJobProcessor = (job: Job<JobPayloads['key-jobs']>, token?: string) => Promise<unknown>;
 
-export function createKeyJobsProcessor(services: Services): KeyJobProcessor {
+// `handBack` fires when a shutting-down worker's grace period is over: key jobs then go back to the
+// queue between two batches, as the job row's cursor says where the next worker goes on.
+export function createKeyJobsProcessor(services: Services, handBack: AbortSignal): KeyJobProcessor {
   const processors: Record<string, KeyJobProcessor> = {
-    'migrate-deks': createMigrateDeksProcessor(services),
-    'rotate-alias': createRotateAliasProcessor(services),
+    'migrate-deks': createMigrateDeksProcessor(services, handBack),
+    'rotate-alias': createRotateAliasProcessor(services, handBack),
   };
-  return async (job) => {
+  return async (job, token) => {
     const processor = processors[job.name];
     if (!processor) throw new UnrecoverableError(`no processor for key job '${job.name}'`);
-    return processor(job);
+    return processor(job, token);
   };
 }
 

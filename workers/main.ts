@@ -60,7 +60,9 @@ agentWorker.on('failed', (job: Job<JobPayloads['agent-tasks']> | undefined, err)
   failLostRun(services, job.data.task_id, `its worker stopped during it too often (${err.message})`).catch(() => undefined);
 });
 
-const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', createKeyJobsProcessor(services), {
+// Fired when a shutdown's grace period is over: key jobs go back to the queue after their batch.
+const keyJobsHandBack = new AbortController();
+const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', createKeyJobsProcessor(services, keyJobsHandBack.signal), {
   ...common,
   concurrency: concurrency['key-jobs'],
 });
@@ -87,17 +89,28 @@ recordRefreshOutcomes(refreshWorker, metrics);
 metrics.start((err) => log.warn({ err: { message: err.message } }, 'worker metrics not flushed; will retry'));
 log.info({ queues: workers.map((w) => w.name), agent: cfg.AGENT_KIND }, 'worker started');
 
+// How long after the grace period a worker still waits for its queues to close.
+const SHUTDOWN_CLOSE_MS = 10_000;
 let stopping = false;
 async function shutdown(signal: string) {
   if (stopping) return;
   stopping = true;
   log.info({ signal }, 'worker shutting down: finishing active jobs');
   const grace = setTimeout(() => {
-    // Agent runs still going are handed back to the queue for another worker.
+    // Agent runs still going are handed back to the queue for another worker; key jobs follow after their batch.
     const runs = cancels.abortAll('worker shutting down');
+    keyJobsHandBack.abort();
     if (runs) log.warn({ runs, grace_ms: cfg.WORKER_SHUTDOWN_GRACE_MS }, 'grace period over: agent runs handed back to the queue');
   }, cfg.WORKER_SHUTDOWN_GRACE_MS);
   grace.unref();
+  // Closing the queues needs Redis (jobs handed back, locks released): without it a worker asked to
+  // stop would wait for ever. Past this, it exits; the jobs it held are taken over once their locks
+  // expire (WORKER_LOCK_MS).
+  const deadline = setTimeout(() => {
+    log.error({ after_ms: cfg.WORKER_SHUTDOWN_GRACE_MS + SHUTDOWN_CLOSE_MS }, 'worker could not close its queues in time (Redis unreachable?); exiting: its jobs are taken over once their locks expire');
+    process.exit(1);
+  }, cfg.WORKER_SHUTDOWN_GRACE_MS + SHUTDOWN_CLOSE_MS);
+  deadline.unref();
   stopHousekeeping();
   stopRefreshScheduler();
   await Promise.allSettled(workers.map((w) => w.close()));

@@ -2,23 +2,23 @@
 // re-encrypt the alias's secrets in batches, repoint the alias, sweep what was written meanwhile,
 // then re-encrypt its bridge credentials and (the push alias) push notification secrets.
 // Safe to run again after a crash: every step is committed with the job row's state.
-import { setTimeout as sleep } from 'node:timers/promises';
-import type { Job } from 'bullmq';
+import { WaitingError, type Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import { failOrRetryKeyJob } from './key-job-failure.ts';
+import { betweenBatches } from './key-job-hand-back.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import { beginAliasRotation, finishAliasRotation, isPermanentRotationError, nextRotationPhase, repointRotatedAlias, rotateNextBatch } from '../domain/alias-rotation.ts';
 
-export function createRotateAliasProcessor(services: Services) {
+export function createRotateAliasProcessor(services: Services, handBack: AbortSignal) {
   const { log, cfg } = services;
-  return async (job: Job<JobPayloads['key-jobs']>): Promise<void> => {
+  return async (job: Job<JobPayloads['key-jobs']>, token?: string): Promise<void> => {
     const jobId = job.data.job_id;
     const runPhase = async () => {
       for (;;) {
         const { job: row, phaseDone } = await rotateNextBatch(services, jobId, cfg.ALIAS_ROTATION_BATCH);
         await job.updateProgress({ total: row.total, done: row.done, failed: row.failed });
         if (phaseDone) return;
-        if (cfg.ALIAS_ROTATION_PAUSE_MS) await sleep(cfg.ALIAS_ROTATION_PAUSE_MS);
+        await betweenBatches(services, job, token, handBack, cfg.ALIAS_ROTATION_PAUSE_MS);
       }
     };
     try {
@@ -33,6 +33,7 @@ export function createRotateAliasProcessor(services: Services) {
       const done = await finishAliasRotation(services, jobId);
       log.info({ job_id: jobId, status: done.status, done: done.done, failed: done.failed }, 'alias rotation finished');
     } catch (err) {
+      if (err instanceof WaitingError) throw err;
       await failOrRetryKeyJob(services, job, err, isPermanentRotationError(err), 'alias rotation');
     }
   };
