@@ -113,6 +113,13 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     assert.equal(r.code, 2);
     assert.match(r.stderr, /DATABASE_URL/);
   });
+
+  it('says in one line, without a stack, that Postgres cannot be reached (exit 1)', async () => {
+    const r = await cli(['keys', 'list'], { DATABASE_URL: 'postgres://u:pw-cli@127.0.0.1:1/x' });
+    assert.equal(r.code, 1, r.stderr);
+    assert.equal(r.stderr.trim(), 'Error: connect ECONNREFUSED 127.0.0.1:1');
+    assert.equal(r.stdout, '', 'nothing else, on either stream');
+  });
 });
 
 describe('key job CLI (npm run cli -- jobs ...)', () => {

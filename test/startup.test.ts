@@ -72,6 +72,15 @@ describe('process start-up', function () {
     assert.match(r.output, /schema up to date|migrations applied/);
   });
 
+  it('the release step (migrate) with Postgres unreachable: exit 1 with one line naming DATABASE_URL, no stack, no password', async () => {
+    const r = await run('db/migrate.ts', testEnv({ DATABASE_URL: 'postgres://u:pw-release@127.0.0.1:1/x', REDIS_URL: undefined }));
+    assert.equal(r.code, 1, r.output);
+    assert.match(r.output, /migration failed on postgres:\/\/u:\*\*\*@127\.0\.0\.1:1\/x \(DATABASE_URL\): connect ECONNREFUSED/);
+    assert.equal(r.output.trim().split('\n').length, 1, r.output);
+    assert.doesNotMatch(r.output, /pw-release/);
+    noStack(r);
+  });
+
   it('waits for an unreachable Redis, saying where and which variable, then exits 1 after STARTUP_TIMEOUT_MS', async () => {
     const port = await freePort();
     const r = await run('api/main.ts', testEnv({ REDIS_URL: `redis://:hunter2@127.0.0.1:${port}`, STARTUP_TIMEOUT_MS: '7000' }));
