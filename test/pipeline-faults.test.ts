@@ -50,6 +50,22 @@ function onOwnPostgres(name: string, env: Record<string, string> = {}) {
   return own;
 }
 
+// A stack (API only) whose Postgres connections pass through a proxy that a test may silence or reset.
+function behindPostgresProxy(env: Record<string, string> = {}) {
+  const own = { stack: undefined as unknown as Stack, proxy: undefined as unknown as BlackHoleProxy };
+  before(async () => {
+    const url = new URL(requireEnv('DATABASE_URL'));
+    own.proxy = await startBlackHoleProxy({ host: url.hostname, port: Number(url.port) });
+    url.host = `127.0.0.1:${own.proxy.port}`;
+    own.stack = await startStack({ DATABASE_URL: url.toString(), ...env }, { workers: 0 });
+  });
+  after(async () => {
+    await own.stack?.stop();
+    await own.proxy?.close();
+  });
+  return own;
+}
+
 describe('job pipeline under faults', function () {
   this.timeout(180000);
   before(resetDb);
@@ -277,25 +293,14 @@ describe('job pipeline under faults', function () {
   });
 
   describe('Postgres gone silent (a partition: no answers, nothing closed)', () => {
-    let stack: Stack | undefined;
-    let proxy: BlackHoleProxy | undefined;
-    before(async () => {
-      const url = new URL(requireEnv('DATABASE_URL'));
-      proxy = await startBlackHoleProxy({ host: url.hostname, port: Number(url.port) });
-      url.host = `127.0.0.1:${proxy.port}`;
-      stack = await startStack({ DATABASE_URL: url.toString(), DB_QUERY_TIMEOUT_MS: '1000' }, { workers: 0 });
-    });
-    after(async () => {
-      await stack?.stop();
-      await proxy?.close();
-    });
+    const own = behindPostgresProxy({ DB_QUERY_TIMEOUT_MS: '1000' });
 
     it('answers 503 once the client gives up on the silent connection, and drops it: every request after the partition heals is served', async () => {
-      const s = stack!;
+      const s = own.stack;
       const created = await s.client.post('/api/task/v1', { message: textMessage('before the partition', 'agent') });
       assert.equal(created.status, 201, created.text);
 
-      proxy!.swallow();
+      own.proxy.swallow();
       const started = Date.now();
       const during = await Promise.all([1, 2, 3].map(() => s.client.get(`/api/task/v1/${created.body.task.id}`)));
       for (const r of during) {
@@ -306,7 +311,7 @@ describe('job pipeline under faults', function () {
       assert.ok(Date.now() - started < 15_000, `answered after ${Date.now() - started} ms`);
 
       // The statements sent into the hole never get an answer: connections that carry one must not serve again.
-      proxy!.forward();
+      own.proxy.forward();
       for (let i = 0; i < 10; i++) {
         const r = await s.client.get(`/api/task/v1/${created.body.task.id}`);
         assert.equal(r.status, 200, `request ${i + 1} after the partition: ${r.text}`);
@@ -317,21 +322,10 @@ describe('job pipeline under faults', function () {
   });
 
   describe('Postgres connections reset under statements (a server killed, a proxy dropping them)', () => {
-    let stack: Stack | undefined;
-    let proxy: BlackHoleProxy | undefined;
-    before(async () => {
-      const url = new URL(requireEnv('DATABASE_URL'));
-      proxy = await startBlackHoleProxy({ host: url.hostname, port: Number(url.port) });
-      url.host = `127.0.0.1:${proxy.port}`;
-      stack = await startStack({ DATABASE_URL: url.toString() }, { workers: 0 });
-    });
-    after(async () => {
-      await stack?.stop();
-      await proxy?.close();
-    });
+    const own = behindPostgresProxy();
 
     it('answers 503 and JSON-RPC unavailable (logged at warn, not as a fault), then serves again', async () => {
-      const s = stack!;
+      const s = own.stack;
       const created = await s.client.post('/api/task/v1', { message: textMessage('before the reset', 'agent') });
       assert.equal(created.status, 201, created.text);
       const id = created.body.task.id;
@@ -349,7 +343,7 @@ describe('job pipeline under faults', function () {
           const { rows } = await testDb().raw(`select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and pid <> pg_backend_pid()`);
           return rows[0].n >= 2;
         }, 'both statements to wait for the lock');
-        proxy!.reset();
+        own.proxy.reset();
         [rest, rpc] = await answers;
       } finally {
         await locker.rollback();
