@@ -14,6 +14,9 @@ const services: LocalService[] = [];
 const children: ChildProcess[] = [];
 let stopping = false;
 let startup: Promise<void> = Promise.resolve();
+// The children's own shutdown grace periods (API, worker) and a margin: within it they stop by themselves.
+const graceMs = (name: string) => Number(process.env[name]) || 10_000;
+const KILL_AFTER_MS = Math.max(graceMs('API_SHUTDOWN_GRACE_MS'), graceMs('WORKER_SHUTDOWN_GRACE_MS')) + 15_000;
 
 async function stopAll(code: number): Promise<never> {
   if (!stopping) {
@@ -23,7 +26,7 @@ async function stopAll(code: number): Promise<never> {
     await startup.catch(() => undefined);
     await Promise.all(children.map((c) => new Promise<void>((resolve) => {
       if (c.exitCode !== null || c.signalCode !== null) return resolve();
-      const t = setTimeout(() => c.kill('SIGKILL'), 15000);
+      const t = setTimeout(() => c.kill('SIGKILL'), KILL_AFTER_MS);
       c.once('exit', () => { clearTimeout(t); resolve(); });
       c.kill('SIGTERM');
     })));
