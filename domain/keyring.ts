@@ -80,19 +80,30 @@ async function dekKey(s: Pick<Services, 'db' | 'cfg'>, dekId: string, trx?: Tx):
   return key;
 }
 
-export async function encryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, plaintext: string, trx?: Tx): Promise<string> {
-  return sealBase64(await dekKey(s, dekId, trx), Buffer.from(plaintext, 'utf8'));
+// `purpose` is bound to the value as associated data: a value sealed for one purpose (a credential's
+// member) does not open as another's (a secret's, which secret import would decrypt for a client).
+export async function encryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, plaintext: string, trx?: Tx, purpose?: string): Promise<string> {
+  return sealBase64(await dekKey(s, dekId, trx), Buffer.from(plaintext, 'utf8'), purpose === undefined ? undefined : Buffer.from(purpose));
 }
 
-export async function decryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, trx?: Tx): Promise<string> {
-  return openBase64(await dekKey(s, dekId, trx), ciphertext, 'encrypted value').toString('utf8');
+// `purposes`: those the value may have been sealed for, tried in order (undefined: none).
+export async function decryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, trx?: Tx, purposes: readonly (string | undefined)[] = [undefined]): Promise<string> {
+  const key = await dekKey(s, dekId, trx);
+  for (const [i, purpose] of purposes.entries()) {
+    try {
+      return openBase64(key, ciphertext, 'encrypted value', purpose === undefined ? undefined : Buffer.from(purpose)).toString('utf8');
+    } catch (err) {
+      if (!(err instanceof DecryptError) || i === purposes.length - 1) throw err;
+    }
+  }
+  throw new DecryptError('encrypted value: no purpose to open it for');
 }
 
 // A value a client encrypted elsewhere (an import): one that does not decrypt with the DEK it names
 // is a bad request naming the field, not damage on our side.
-export async function decryptImported(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, path: string, trx?: Tx): Promise<string> {
+export async function decryptImported(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, path: string, trx?: Tx, purposes?: readonly (string | undefined)[]): Promise<string> {
   try {
-    return await decryptWithDek(s, dekId, ciphertext, trx);
+    return await decryptWithDek(s, dekId, ciphertext, trx, purposes);
   } catch (err) {
     if (!(err instanceof DecryptError)) throw err;
     throw new InvalidRequest(`${path.replace(/^body\./, '')} does not decrypt with DEK '${dekId}'`, [{ path, message: 'does not decrypt with this DEK' }]);

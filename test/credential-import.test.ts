@@ -94,6 +94,27 @@ describe('credential import: credentials from the definition export are re-appli
     assert.equal((await c.as(both).post(url, body)).status, 201);
   });
 
+  it("a credential's exported ciphertext does not import as a secret, so a key that decrypts secrets still cannot read a credential", async () => {
+    const exported = (await c.get('/api/a2a/v1/definition')).body.providers.find((p: { id: string }) => p.id === 'pay').resource_server_credential;
+    const smuggle = await c.post('/api/secret/v1/import', { key: 'smuggled', encrypted_value: exported.value.api_key, dek_alias: 'default', data_encryption_key_id: exported.data_encryption_key_id });
+    assert.equal(smuggle.status, 400, smuggle.text);
+    assert.match(smuggle.body.message, /encrypted_value does not decrypt with DEK/);
+    assert.equal((await c.get('/api/secret/v1/key/smuggled')).status, 404);
+    const listed = await c.get('/api/secret/v1/list-decrypted?page_size=1000');
+    assert.ok(!listed.text.includes(STRIPE_KEY));
+
+    // A value sealed without a purpose (as credentials were before they had one) still imports as a
+    // credential, and is sealed for its purpose from then on.
+    const older = `sk_test_${randomUUID().replace(/-/g, '')}`;
+    assert.equal((await c.post('/api/secret/v1', { key: 'older-credential', raw_value: older, dek_alias: 'default' })).status, 201);
+    const sealedBefore = (await c.get('/api/a2a/v1/definition')).body.secrets.find((x: { key: string }) => x.key === 'older-credential');
+    const imported = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, { value: { api_key: sealedBefore.encrypted_value }, data_encryption_key_id: sealedBefore.data_encryption_key_id });
+    assert.equal(imported.status, 201, imported.text);
+    const stored = await testDb()('bridge_credentials').where({ id: imported.body.id }).first();
+    const again = await c.post('/api/secret/v1/import', { key: 'smuggled', encrypted_value: stored.value.api_key, dek_alias: 'default', data_encryption_key_id: stored.dek_id });
+    assert.equal(again.status, 400, again.text);
+  });
+
   it('refuses values that do not decrypt, fail the schema, or name an unknown alias, storing nothing', async () => {
     const exported = (await c.get('/api/a2a/v1/definition')).body.providers.find((p: { id: string }) => p.id === 'pay').resource_server_credential;
     const sealed = exported.value.api_key as string;

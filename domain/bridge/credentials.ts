@@ -49,7 +49,7 @@ export async function importCredential(
   }
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
   const sealedWith = input.data_encryption_key_id ?? await resolveAlias(s.db, alias);
-  const plain = await mapSensitive(cc, kind, input.value, (member, v) => decryptImported(s, sealedWith, v, `body.value.${member}`));
+  const plain = await mapSensitive(cc, kind, input.value, (member, v) => decryptImported(s, sealedWith, v, `body.value.${member}`, undefined, openableAs(member)));
   // Checked (which may resolve names) before the alias is held: holding it blocks a rotation's repoint.
   const checked = await checkedValue(s, cc, kind, plain);
   const row = await writeUnderAlias(s, alias, (trx, dekId) =>
@@ -97,14 +97,22 @@ async function mapSensitive(cc: CredentialControllerDef, kind: CredentialKind, v
   return out;
 }
 
+// Credential members are sealed for their purpose (AES-GCM associated data): their ciphertexts,
+// which definition exports show, then do not open as secrets, which secret import would decrypt
+// for a client, and credential values are never to be returned (SPEC section 7).
+const sealedFor = (member: string) => `taskbridge:credential:${member}`;
+// Members sealed before purposes were bound open without one, until their alias is rotated or the
+// credential written again (both seal them bound).
+const openableAs = (member: string) => [sealedFor(member), undefined];
+
 // A credential value with its sensitive members encrypted under `dekId`.
 export function sealCredential(s: KeyringServices, cc: CredentialControllerDef, kind: CredentialKind, plain: Plain, dekId: string, trx: Knex.Transaction): Promise<Plain> {
-  return mapSensitive(cc, kind, plain, (_member, v) => encryptWithDek(s, dekId, v, trx));
+  return mapSensitive(cc, kind, plain, (member, v) => encryptWithDek(s, dekId, v, trx, sealedFor(member)));
 }
 
 // The credential's value with its sensitive members decrypted (DecryptError when one does not).
 export function openCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, row: CredentialRow, trx?: Knex.Transaction): Promise<Plain> {
-  return mapSensitive(cc, row.kind, row.value, (_member, v) => decryptWithDek(s, row.dek_id, v, trx));
+  return mapSensitive(cc, row.kind, row.value, (member, v) => decryptWithDek(s, row.dek_id, v, trx, openableAs(member)));
 }
 
 // The same for using the credential: a stored value that does not decrypt is damage on our side
