@@ -33,7 +33,9 @@ class RemoteExecutor implements AgentExecutor {
     }
     const status = (state: TaskState, message?: string, final = false) =>
       bus.publish({ kind: 'status-update', taskId, contextId, final, status: { state, timestamp: new Date().toISOString(), ...(message ? { message: agentMessage(taskId, contextId, message) } : {}) } });
-    if (!task) bus.publish({ kind: 'task', id: taskId, contextId, status: { state: 'submitted', timestamp: new Date().toISOString() }, history: [userMessage] });
+    // A follow-up first reports the task as it stands, still waiting for input, as taskbridge's own
+    // streams and non-blocking sends do.
+    bus.publish(task ? { ...task } : { kind: 'task', id: taskId, contextId, status: { state: 'submitted', timestamp: new Date().toISOString() }, history: [userMessage] });
     status('working', `thinking about ${text}`);
     if (text.includes('[hang]')) {
       await new Promise<void>((resolve) => this.hanging.set(taskId, resolve));

@@ -155,6 +155,9 @@ type StreamEvent = A2AMessage | A2ATask | TaskStatusUpdateEvent | TaskArtifactUp
 class Mirror {
   private readonly seenMessages = new Set<string>();
   private readonly seenArtifacts = new Map<string, string>();
+  // The interruption this turn answers. A remote may report it again before it takes up the answer
+  // (a stream opened with the task as it stands, as taskbridge's own do): that is not this turn's end.
+  private answering?: TaskStatus;
 
   constructor(private readonly ctx: AgentContext, private readonly db: Knex, public remoteTaskId: string | undefined) {
     this.seenMessages.add(ctx.message.id);
@@ -165,6 +168,15 @@ class Mirror {
     for (const m of task.history ?? []) this.seenMessages.add(m.messageId);
     if (task.status.message) this.seenMessages.add(task.status.message.messageId);
     for (const a of task.artifacts ?? []) this.seenArtifacts.set(a.artifactId, JSON.stringify(a));
+    if (task.status.state in INTERRUPTED) this.answering = task.status;
+  }
+
+  // The interruption being answered, reported again: same time stamp (or, without one, same message).
+  private reportedAgain(status: TaskStatus): boolean {
+    const a = this.answering;
+    if (!a || status.state !== a.state) return false;
+    if (status.timestamp && a.timestamp) return status.timestamp === a.timestamp;
+    return status.message?.messageId === a.message?.messageId;
   }
 
   private async track(taskId: string, contextId: string | undefined): Promise<void> {
@@ -187,6 +199,9 @@ class Mirror {
   }
 
   private async status(status: TaskStatus): Promise<AgentResult | undefined> {
+    if (this.reportedAgain(status)) return undefined;
+    // Once the remote has moved on, an interruption is a new one, whatever it looks like.
+    this.answering = undefined;
     const fresh = !!status.message && !this.seenMessages.has(status.message.messageId);
     if (status.message) this.seenMessages.add(status.message.messageId);
     if (isEnd(status.state)) return resultOf(status, fresh);
