@@ -9,3 +9,14 @@ export async function getRemoteAgentTask(db: Tx, taskId: string): Promise<Remote
 export async function saveRemoteAgentTask(db: Tx, row: RemoteAgentTaskRow): Promise<void> {
   await db('remote_agent_tasks').insert(row).onConflict('task_id').merge(['remote_task_id', 'remote_context_id']);
 }
+
+// Remote tasks whose local task is canceled (a run cancels its remote task itself; these were
+// canceled between runs, waiting for input, or their run's cancel did not get through).
+export async function remoteTasksOfCanceled(db: Tx, limit: number): Promise<RemoteAgentTaskRow[]> {
+  return db('remote_agent_tasks as r').join('tasks as t', 't.id', 'r.task_id').where('t.status', 'canceled')
+    .select('r.task_id', 'r.remote_task_id', 'r.remote_context_id').orderBy('r.task_id').limit(limit);
+}
+
+export async function forgetRemoteAgentTask(db: Tx, taskId: string): Promise<void> {
+  await db('remote_agent_tasks').where({ task_id: taskId }).delete();
+}

@@ -94,7 +94,7 @@ for (const streaming of [true, false]) {
     before(async () => {
       await resetDb();
       remote = await startRemoteAgent(executor, streaming);
-      stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY });
+      stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, JOB_RECOVERY_MS: '1000' });
     });
     after(async () => {
       await stack?.stop();
@@ -167,6 +167,25 @@ for (const streaming of [true, false]) {
       await waitFor(async () => executor.canceled.has(started.taskId), 'the remote cancel');
       const after = await stack.client.get(`/api/task/v1/${id}`);
       assert.equal(after.body.task.status, 'canceled');
+    });
+
+    it('cancels the remote task of a local task canceled while it waits for input (no run going)', async () => {
+      const created = await stack.client.post('/api/task/v1', { message: textMessage('shall I [ask]') });
+      const id = created.body.task.id;
+      await finished(id, 'input-required');
+      const remoteTask = executor.received.find((r) => r.text === 'shall I [ask]')!.taskId;
+      // Its run is over: the remote's server cancels the task itself (its executor is not running).
+      const remoteState = async () => {
+        const r = await fetch(`${remote.url}/rpc`, {
+          method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${REMOTE_KEY}` },
+          body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: remoteTask } }),
+        });
+        return ((await r.json()) as any).result?.status?.state;
+      };
+      assert.equal(await remoteState(), 'input-required');
+      assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'canceled' })).status, 200);
+      await waitFor(async () => (await remoteState()) === 'canceled', 'the remote task to be canceled', 15000);
+      await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('remote task canceled: its local task was canceled between runs') && l.includes(remoteTask)), 'the log line');
     });
 
     if (streaming) it('fails the local task with the reason when the remote agent is unreachable', async () => {

@@ -7,13 +7,15 @@ import { recoverLostKeyJobs } from './recover-key-jobs.ts';
 import { AgentRunRecovery } from './recover-agent-runs.ts';
 import { purgeExpiredBrokerStates } from '../domain/bridge/brokering.ts';
 
-export function startHousekeeping(services: Services): () => void {
+// `extra`: the agent's own passes (workers/agents/types.ts Agent).
+export function startHousekeeping(services: Services, extra: Record<string, () => Promise<unknown>> = {}): () => void {
   const every = services.cfg.JOB_RECOVERY_MS;
   const agentRuns = new AgentRunRecovery(services);
   const passes: Record<string, () => Promise<unknown>> = {
     'key jobs': () => recoverLostKeyJobs(services, every),
     'agent runs': () => agentRuns.pass(every),
     'expired broker states': () => purgeExpiredBrokerStates(services),
+    ...extra,
   };
   const running = new Set<string>();
   const timer = setInterval(() => {

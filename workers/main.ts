@@ -46,7 +46,7 @@ connection.on('error', (err) => log.debug({ err: { message: err.message } }, 're
 const concurrency = queueConcurrency(cfg);
 const common = { connection, prefix: cfg.QUEUE_PREFIX, lockDuration: cfg.WORKER_LOCK_MS, stalledInterval: cfg.WORKER_STALLED_CHECK_MS, maxStalledCount: 5 };
 
-const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', createAgentTaskProcessor(services, agent, cancels), {
+const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', createAgentTaskProcessor(services, agent.handler, cancels), {
   ...common,
   concurrency: concurrency['agent-tasks'],
   // Never reached: BullMQ honours a queue's manual rate limit (the pause of runs during a Postgres
@@ -67,7 +67,7 @@ const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', createKeyJ
   concurrency: concurrency['key-jobs'],
 });
 keyJobsWorker.on('failed', onKeyJobFailed(services));
-const stopHousekeeping = startHousekeeping(services);
+const stopHousekeeping = startHousekeeping(services, agent.housekeeping);
 
 const pushWorker = new Worker<JobPayloads['push-notifications']>('push-notifications', createPushDeliveryProcessor(services), {
   ...common,

@@ -2,7 +2,8 @@
 // task (kept across turns in remote_agent_tasks): the user's message is forwarded with the
 // @a2a-js/sdk 0.3 client, the remote task is streamed (or polled when the remote cannot stream),
 // and its messages, working updates and artifacts are copied into the local task; the run ends
-// with the remote task's final or interrupted state. Canceling the local task cancels the remote one.
+// with the remote task's final or interrupted state. Canceling the local task cancels the remote one:
+// the run does it, and a housekeeping pass does it for tasks canceled between runs.
 //
 // AGENT_REMOTE_URL is the remote agent's base URL (its card is read from
 // <url>/.well-known/agent-card.json) or the full URL of its agent card (ending in .json);
@@ -13,12 +14,15 @@ import type {
   Artifact, Message as A2AMessage, Part, Task as A2ATask, TaskArtifactUpdateEvent, TaskState as A2AState, TaskStatus, TaskStatusUpdateEvent,
 } from '@a2a-js/sdk';
 import {
-  ClientFactory, ClientFactoryOptions, DefaultAgentCardResolver, JsonRpcTransportFactory, RestTransportFactory, type Client,
+  ClientFactory, ClientFactoryOptions, DefaultAgentCardResolver, JsonRpcTransportFactory, RestTransportFactory, TaskNotCancelableError, TaskNotFoundError, type Client,
 } from '@a2a-js/sdk/client';
-import { getRemoteAgentTask, saveRemoteAgentTask, type RemoteAgentTaskRow } from '../../db/remote-agent-tasks.ts';
+import {
+  forgetRemoteAgentTask, getRemoteAgentTask, remoteTasksOfCanceled, saveRemoteAgentTask, type RemoteAgentTaskRow,
+} from '../../db/remote-agent-tasks.ts';
+import type { Logger } from '../../domain/logger.ts';
 import { fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import type { MessagePart } from '../../api/schemas/task.ts';
-import type { AgentContext, AgentHandler, AgentResult } from './types.ts';
+import type { Agent, AgentContext, AgentResult } from './types.ts';
 
 const FINAL_STATES: Partial<Record<A2AState, NonNullable<AgentResult['status']>>> = {
   completed: 'completed',
@@ -71,9 +75,10 @@ export interface RemoteAgentOptions {
   apiKey?: string;
   /** The worker's database: the remote task ids of local tasks live there. */
   db: Knex;
+  log: Logger;
 }
 
-export function remoteAgent({ url, apiKey, db }: RemoteAgentOptions): AgentHandler {
+export function remoteAgent({ url, apiKey, db, log }: RemoteAgentOptions): Agent {
   const [base, cardPath] = cardLocation(url);
   let client: Promise<Client> | undefined;
   const connect = () => {
@@ -84,7 +89,7 @@ export function remoteAgent({ url, apiKey, db }: RemoteAgentOptions): AgentHandl
     return client;
   };
 
-  return async function remoteA2AAgent(ctx: AgentContext): Promise<AgentResult> {
+  const handler = async function remoteA2AAgent(ctx: AgentContext): Promise<AgentResult> {
     const remote = await connect();
     const known = await getRemoteAgentTask(db, ctx.task.id);
     const mirror = new Mirror(ctx, db, known?.remote_task_id);
@@ -121,6 +126,28 @@ export function remoteAgent({ url, apiKey, db }: RemoteAgentOptions): AgentHandl
       ctx.signal.removeEventListener('abort', onAbort);
     }
   };
+  return { handler, housekeeping: { 'remote tasks of canceled tasks': () => cancelLeftRemoteTasks(connect, db, log) } };
+}
+
+// Cancels the remote tasks of local tasks canceled with no run going, then forgets them; one the
+// remote no longer has, or that has ended, is forgotten too. An unreachable remote is tried again
+// at the next pass.
+async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, log: Logger): Promise<void> {
+  const rows = await remoteTasksOfCanceled(db, 100);
+  if (!rows.length) return;
+  const remote = await connect();
+  for (const row of rows) {
+    try {
+      await remote.cancelTask({ id: row.remote_task_id }, { signal: AbortSignal.timeout(CANCEL_TIMEOUT_MS) });
+      log.info({ task_id: row.task_id, remote_task_id: row.remote_task_id }, 'remote task canceled: its local task was canceled between runs');
+    } catch (err) {
+      if (!(err instanceof TaskNotCancelableError || err instanceof TaskNotFoundError)) {
+        log.warn({ task_id: row.task_id, remote_task_id: row.remote_task_id, reason: (err as Error).message }, 'remote task could not be canceled; will retry');
+        continue;
+      }
+    }
+    await forgetRemoteAgentTask(db, row.task_id);
+  }
 }
 
 // Forwards the user's message and mirrors the remote's stream; the run's result if it ended.

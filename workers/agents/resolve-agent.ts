@@ -2,17 +2,17 @@ import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { Services } from '../../domain/services.ts';
 import { demoAgent } from './demo.ts';
-import type { AgentHandler } from './types.ts';
+import type { Agent, AgentHandler } from './types.ts';
 
 // An agent the configuration names that cannot be used: the worker says why and exits.
 export class AgentConfigError extends Error {}
 
 // Picks the agent the configuration names: the demo agent, or a module exporting a handler
 // (default export or `handler`).
-export async function resolveAgent({ cfg, db }: Services): Promise<AgentHandler> {
+export async function resolveAgent({ cfg, db, log }: Services): Promise<Agent> {
   switch (cfg.AGENT_KIND) {
     case 'demo':
-      return demoAgent;
+      return { handler: demoAgent };
     case 'module': {
       const file = path.resolve(cfg.AGENT_MODULE!);
       let mod: { default?: { handler?: unknown; default?: unknown } | ((...a: unknown[]) => unknown); handler?: unknown };
@@ -26,11 +26,11 @@ export async function resolveAgent({ cfg, db }: Services): Promise<AgentHandler>
       const cjs = typeof mod.default === 'object' && mod.default !== null ? mod.default : {};
       const handler = [mod.default, mod.handler, cjs.handler, cjs.default].find((h) => typeof h === 'function');
       if (typeof handler !== 'function') throw new AgentConfigError(`AGENT_MODULE ${file} exports no handler function (default export or "handler")`);
-      return handler as AgentHandler;
+      return { handler: handler as AgentHandler };
     }
     case 'remote': {
       const { remoteAgent } = await import('./remote-a2a.ts');
-      return remoteAgent({ url: cfg.AGENT_REMOTE_URL!, apiKey: cfg.AGENT_REMOTE_API_KEY, db });
+      return remoteAgent({ url: cfg.AGENT_REMOTE_URL!, apiKey: cfg.AGENT_REMOTE_API_KEY, db, log });
     }
   }
 }

@@ -42,6 +42,12 @@ export interface AgentResult {
 
 export type AgentHandler = (ctx: AgentContext) => Promise<AgentResult | void>;
 
+/** What a worker runs: the handler, and passes of its own for the worker's housekeeping (by name). */
+export interface Agent {
+  handler: AgentHandler;
+  housekeeping?: Record<string, () => Promise<unknown>>;
+}
+
 export function textOf(message: Message): string {
   return message.parts.map((p) => (p.type === 'text-part' ? p.text : '')).filter(Boolean).join('\n');
 }
