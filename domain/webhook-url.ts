@@ -81,7 +81,7 @@ export function guardedLookup(allowPrivate: boolean) {
       const list = addresses as dns.LookupAddress[];
       const bad = allowPrivate ? undefined : list.find((a) => isPrivateAddress(a.address));
       if (bad) {
-        return callback(Object.assign(new Error(`webhook host '${hostname}' resolves to an internal address (${bad.address})`), { code: 'EPRIVATE' }), []);
+        return callback(Object.assign(new Error(`host '${hostname}' resolves to an internal address (${bad.address})`), { code: 'EPRIVATE' }), []);
       }
       if (options.all) return callback(null, list);
       callback(null, list[0].address, list[0].family);

@@ -7,6 +7,7 @@ import path from 'node:path';
 import { createPublicKey, generateKeyPairSync, randomBytes, randomUUID, verify } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { Validator } from '@seriousme/openapi-schema-validator';
+import { callUpstream } from '../domain/bridge/upstream.ts';
 import { assertError, Client, requestLogsThrough, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack } from './helpers/stack.ts';
 
 const B = '/api/bridge/v1';
@@ -478,5 +479,21 @@ describe('bridge API without BRIDGE_ALLOW_PRIVATE', () => {
     }
     const { rows } = await testDb().raw('select count(*)::int as n from bridge_credentials');
     assert.equal(rows[0].n, 0);
+  });
+
+  it('calls a token endpoint on public addresses only, checked again when connecting (a name checked public may resolve internal by then)', async () => {
+    // The check at connect time, as a token call makes it: a name that now resolves to loopback.
+    const hits: string[] = [];
+    const server = http.createServer((req, res) => { hits.push(req.url ?? ''); res.end('{}'); });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    try {
+      const url = `http://localhost:${(server.address() as AddressInfo).port}/token`;
+      await assert.rejects(callUpstream('token endpoint', url, { method: 'POST' }, 5000, { publicOnly: true }),
+        (err: Error & { status?: number }) => err.status === 502 && /token endpoint: host 'localhost' resolves to an internal address/.test(err.message));
+      assert.deepEqual(hits, [], 'nothing reached the internal server');
+      assert.equal((await callUpstream('token endpoint', url, { method: 'POST' }, 5000)).status, 200, 'allowed when private addresses are');
+    } finally {
+      server.close();
+    }
   });
 });

@@ -88,7 +88,7 @@ async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: { timeou
     method: 'POST',
     headers: { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' },
     body: new URLSearchParams({ grant_type: JWT_BEARER, assertion }).toString(),
-  }, opts.timeoutMs);
+  }, opts.timeoutMs, { publicOnly: !opts.allowPrivate });
   const token = (answer.body as { access_token?: unknown } | undefined)?.access_token;
   if (answer.status >= 400 || typeof token !== 'string' || !token) {
     throw new Upstream(`token endpoint refused the assertion: ${refusalMessage(answer)}`, { upstream: 'token endpoint', upstream_status: answer.status });

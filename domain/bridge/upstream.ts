@@ -1,6 +1,14 @@
 // HTTP calls to provider APIs and token endpoints. An upstream that cannot be reached, times out
 // or fails on its side is a 502; what it answers with a 4xx is its refusal, for the caller to map.
+import { Agent, fetch as undiciFetch } from 'undici';
 import { Upstream } from '../errors.ts';
+import { guardedLookup } from '../webhook-url.ts';
+
+// For URLs a client chose (a service account's token_uri): checked when stored and before each call,
+// and refused once more at connect time, when the name is looked up again and may now name an internal
+// address (DNS rebinding).
+let publicOnlyAgent: Agent | undefined;
+const publicOnly = () => (publicOnlyAgent ??= new Agent({ connect: { lookup: guardedLookup(false) } }));
 
 export interface UpstreamAnswer { status: number; body: unknown }
 
@@ -24,8 +32,9 @@ async function readBody(res: Response, what: string): Promise<string> {
   return Buffer.concat(chunks).toString('utf8');
 }
 
-// `init.signal` (the caller's: an agent run's) abandons the call too, answer unread.
-export async function callUpstream(what: string, url: string, init: RequestInit, timeoutMs: number): Promise<UpstreamAnswer> {
+// `init.signal` (the caller's: an agent run's) abandons the call too, answer unread. `publicOnly`:
+// connect to public addresses only (see publicOnlyAgent).
+export async function callUpstream(what: string, url: string, init: RequestInit, timeoutMs: number, opts: { publicOnly?: boolean } = {}): Promise<UpstreamAnswer> {
   // An explicit timer: on Node 20 an AbortSignal.timeout held only by AbortSignal.any can be
   // garbage-collected and never fire (nodejs/node#57736).
   const timeout = new AbortController();
@@ -35,9 +44,14 @@ export async function callUpstream(what: string, url: string, init: RequestInit,
   let res: Response;
   try {
     try {
-      res = await fetch(url, { ...init, redirect: 'manual', signal: init.signal ? AbortSignal.any([timeout.signal, init.signal]) : timeout.signal });
-    } catch {
+      const request = { ...init, redirect: 'manual' as const, signal: init.signal ? AbortSignal.any([timeout.signal, init.signal]) : timeout.signal };
+      res = opts.publicOnly
+        ? await (undiciFetch(url, { ...request, dispatcher: publicOnly() } as Parameters<typeof undiciFetch>[1]) as unknown as Promise<Response>)
+        : await fetch(url, request);
+    } catch (err) {
       if (init.signal?.aborted) throw abandoned();
+      const refused = (err as { cause?: { code?: string; message?: string } }).cause;
+      if (refused?.code === 'EPRIVATE') throw new Upstream(`${what}: ${refused.message}`, { upstream: what });
       throw new Upstream(`${what}: ${timeout.signal.aborted ? `no answer within ${timeoutMs} ms` : 'unreachable'}`, { upstream: what });
     }
     text = await readBody(res, what).catch((err: unknown) => { throw init.signal?.aborted ? abandoned() : err; });
