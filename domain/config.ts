@@ -82,6 +82,8 @@ const ConfigSchema = Type.Object({
   BRIDGE_ALLOW_PRIVATE: Type.Boolean({ default: false }),
   DEK_CACHE_TTL_MS: Type.Integer({ minimum: 0, default: 300000 }),
   AWS_KMS_ENDPOINT: Type.Optional(Type.String({ pattern: '^https?://' })),
+  // AWS accounts whose KMS keys may become envelope keys (comma-separated ids); unset: any account.
+  AWS_KMS_ACCOUNTS: Type.Optional(Type.String({ pattern: '^\\d{12}(,\\d{12})*$' })),
   AGENT_NAME: Type.String({ default: 'taskbridge' }),
   AGENT_DESCRIPTION: Type.String({ default: 'Runs agent tasks and manages the secrets, keys and providers they need.' }),
   AGENT_SKILLS_JSON: Type.Optional(Type.String()),

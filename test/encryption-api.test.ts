@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import { once } from 'node:events';
 import path from 'node:path';
 import { createDecipheriv, createCipheriv, randomBytes, randomUUID } from 'node:crypto';
-import { resetDb, startStack, testDb, waitFor, type Stack, assertError } from './helpers/stack.ts';
+import { Client, resetDb, startApi, startStack, testDb, testEnv, waitFor, type Stack, assertError } from './helpers/stack.ts';
 import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
 import { kmsWrapper } from '../domain/crypto/envelope-keys.ts';
 import { invalidateKeyring } from '../domain/keyring.ts';
@@ -435,5 +435,24 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.match(refused.body.message, /target of a running DEK migration/);
     await testDb()('key_jobs').where({ id: job.id }).update({ status: 'completed' });
     assert.equal((await c.delete(`${E}/envelope/target-only.key`)).status, 200);
+  });
+});
+
+describe('encryption API with AWS_KMS_ACCOUNTS', () => {
+  let api: Awaited<ReturnType<typeof startApi>>;
+  before(async () => {
+    api = await startApi(testEnv({ AWS_KMS_ACCOUNTS: '111122223333,444455556666' }));
+  });
+  after(async () => api?.stop());
+
+  it('takes KMS keys of the accounts it names only (400 naming them), storing nothing else', async () => {
+    const c = new Client(api.url);
+    const foreign = 'arn:aws:kms:eu-west-1:999988887777:key/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0';
+    const refused = await c.post(`${E}/envelope`, { type: 'aws_kms', arn: foreign, region: 'eu-west-1' });
+    assert.equal(refused.status, 400, refused.text);
+    assert.equal(refused.body.message, 'AWS account 999988887777 is not one whose KMS keys may be used (AWS_KMS_ACCOUNTS: 111122223333, 444455556666)');
+    assert.equal((await c.get(`${E}/envelope/${encodeURIComponent(foreign)}`)).status, 404);
+    const own = 'arn:aws:kms:eu-west-1:444455556666:alias/taskbridge-allowed';
+    assert.equal((await c.post(`${E}/envelope`, { type: 'aws_kms', arn: own, region: 'eu-west-1' })).status, 201);
   });
 });

@@ -118,10 +118,16 @@ export function localWrapper(kek: Buffer): KeyWrapper & { wrapSync(dek: Buffer):
 
 const KMS_ARN = /^arn:aws(?:-[a-z]+)*:kms:([a-z]{2}(?:-[a-z]+)+-\d+):(\d{12}):(?:key\/[A-Za-z0-9-]{1,128}|alias\/[A-Za-z0-9/_-]{1,250})$/;
 
-export function checkKmsArn(arn: string, region: string): void {
+// `accounts` (AWS_KMS_ACCOUNTS): the accounts whose keys may be used. A key in an account someone
+// else controls would give them every DEK wrapped under it (a migration to it sends them the DEKs).
+export function checkKmsArn(arn: string, region: string, accounts?: string): void {
   const m = KMS_ARN.exec(arn);
   if (!m) throw new InvalidRequest(`arn '${arn}' is not a KMS key or alias ARN`, [{ path: 'body.arn', message: 'must be arn:aws:kms:<region>:<account>:key/<id> or …:alias/<name>' }]);
   if (m[1] !== region) throw new InvalidRequest(`region '${region}' does not match the ARN's region '${m[1]}'`, [{ path: 'body.region', message: `must be ${m[1]}, the ARN's region` }]);
+  const allowed = accounts?.split(',');
+  if (allowed && !allowed.includes(m[2])) {
+    throw new InvalidRequest(`AWS account ${m[2]} is not one whose KMS keys may be used (AWS_KMS_ACCOUNTS: ${allowed.join(', ')})`, [{ path: 'body.arn', message: `must be a key of account ${allowed.join(' or ')}` }]);
+  }
 }
 
 const kmsClients = new Map<string, KMSClient>();

@@ -40,7 +40,7 @@ export async function createEnvelopeKey(s: Pick<Services, 'db' | 'cfg'>, input: 
     createLocalKeyFile(s.cfg.KEYS_DIR, fileName);
     row = { id: fileName, type: 'local', file_name: fileName, arn: null, region: null };
   } else {
-    checkKmsArn(input.arn!, input.region!);
+    checkKmsArn(input.arn!, input.region!, s.cfg.AWS_KMS_ACCOUNTS);
     row = { id: input.arn!, type: 'aws_kms', file_name: null, arn: input.arn!, region: input.region! };
   }
   const out = await insertEnvelopeKey(db, row);
