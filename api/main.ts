@@ -23,10 +23,12 @@ const server = app.listen(cfg.PORT, cfg.HOST, () => {
   services.log.info({ port, url: `http://${cfg.HOST}:${port}` }, 'api listening');
 });
 // A port taken or a HOST that is no address of this machine: one line saying which, not a stack.
-server.once('error', (err: NodeJS.ErrnoException) => {
+const cannotListen = (err: NodeJS.ErrnoException) => {
   services.log.fatal({ code: err.code }, `cannot listen on ${cfg.HOST}:${cfg.PORT} (HOST, PORT): ${err.message}`);
   process.exit(1);
-});
+};
+server.once('error', cannotListen);
+server.once('listening', () => server.off('error', cannotListen));
 server.keepAliveTimeout = 65_000;
 answerClientErrors(server, allRoutes.map((r) => r.spec.method));
 

@@ -1,6 +1,7 @@
 // `npm run migrate` / Procfile `release`: bring the schema up to date, then exit.
 import { loadDatabaseConfigOrExit } from '../domain/config.ts';
 import { createLogger, redactUrl } from '../domain/logger.ts';
+import { unreachable } from '../domain/errors.ts';
 import { createDb, migrateLatest } from './knex.ts';
 
 const cfg = loadDatabaseConfigOrExit();
@@ -10,9 +11,12 @@ try {
   const applied = await migrateLatest(db);
   log.info({ applied }, applied.length ? 'migrations applied' : 'schema up to date');
 } catch (err) {
-  // One line saying what failed (a release step's log is read by people, not parsed), then exit 1.
+  // Postgres out of reach: one line naming where (a release step's log is read by people). A
+  // migration that fails on its own SQL is logged whole.
   const e = err as { message?: string; code?: string };
-  log.fatal({ code: e.code, url: redactUrl(cfg.DATABASE_URL) }, `migration failed on ${redactUrl(cfg.DATABASE_URL)} (DATABASE_URL): ${e.message}`);
+  const where = redactUrl(cfg.DATABASE_URL);
+  if (unreachable(err) || /^E[A-Z]+$/.test(String(e.code))) log.fatal({ code: e.code, url: where }, `migration failed: Postgres at ${where} (DATABASE_URL) cannot be reached: ${e.message}`);
+  else log.fatal({ err }, 'migration failed');
   process.exitCode = 1;
 } finally {
   await db.destroy();

@@ -10,11 +10,13 @@ export async function saveRemoteAgentTask(db: Tx, row: RemoteAgentTaskRow): Prom
   await db('remote_agent_tasks').insert(row).onConflict('task_id').merge(['remote_task_id', 'remote_context_id']);
 }
 
-// Remote tasks whose local task is canceled (a run cancels its remote task itself; these were
-// canceled between runs, waiting for input, or their run's cancel did not get through).
-export async function remoteTasksOfCanceled(db: Tx, limit: number): Promise<RemoteAgentTaskRow[]> {
-  return db('remote_agent_tasks as r').join('tasks as t', 't.id', 'r.task_id').where('t.status', 'canceled')
-    .select('r.task_id', 'r.remote_task_id', 'r.remote_context_id').orderBy('r.task_id').limit(limit);
+// Remote tasks whose local task was canceled in the last `withinHours` (a run cancels its remote task
+// itself; these were canceled between runs, waiting for input, or their run's cancel did not get
+// through), the latest first: a remote that keeps refusing some is given up on after that.
+export async function remoteTasksOfCanceled(db: Tx, withinHours: number, limit: number): Promise<RemoteAgentTaskRow[]> {
+  return db('remote_agent_tasks as r').join('tasks as t', 't.id', 'r.task_id')
+    .where('t.status', 'canceled').where('t.status_timestamp', '>', db.raw(`now() - make_interval(hours => ?)`, [withinHours]))
+    .select('r.task_id', 'r.remote_task_id', 'r.remote_context_id').orderBy('t.status_timestamp', 'desc').limit(limit);
 }
 
 export async function forgetRemoteAgentTask(db: Tx, taskId: string): Promise<void> {

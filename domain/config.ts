@@ -1,6 +1,7 @@
 import path from 'node:path';
 import { Type, type Static, type TObject } from '@sinclair/typebox';
 import { Ajv } from 'ajv';
+import { parse as parsePgUrl } from 'pg-connection-string';
 import { parseSkills } from './a2a/skills.ts';
 
 // A string that is one of `values` (checked as an enum, so that a wrong one is told the choices).
@@ -115,21 +116,28 @@ function readEnv<S extends TObject>(schema: S, env: NodeJS.ProcessEnv): Static<S
 }
 
 // What the schemes' patterns cannot tell, so that it is said at start rather than by a driver's
-// stack trace later: a URL that does not parse (a port that is not a number, say), and a Redis
-// database (the path) that is not a number. The URLs themselves are never shown: they hold passwords.
+// stack trace later: a URL its driver cannot parse (a port that is not a number, say; DATABASE_URL
+// with pg's own parser, which also reads socket forms such as postgres://u:p@/db?host=/run/pg), and
+// a Redis database (the path) that is not a number. The URLs themselves are never shown: they hold
+// passwords.
 function serviceUrlProblems(raw: Record<string, unknown>): string[] {
+  const invalid = (name: string) => `  ${name}: is not a valid URL (check the port, and that special characters in the password are percent-encoded)`;
   const problems: string[] = [];
-  for (const name of ['DATABASE_URL', 'REDIS_URL']) {
-    const value = raw[name];
-    if (typeof value !== 'string') continue;
-    let url: URL;
+  if (typeof raw.DATABASE_URL === 'string') {
     try {
-      url = new URL(value);
+      parsePgUrl(raw.DATABASE_URL);
     } catch {
-      problems.push(`  ${name}: is not a valid URL (check the port, and that special characters in the password are percent-encoded)`);
-      continue;
+      problems.push(invalid('DATABASE_URL'));
     }
-    if (name === 'REDIS_URL' && !/^\/?(\d+)?$/.test(url.pathname)) problems.push('  REDIS_URL: the database (the path) must be a number');
+  }
+  if (typeof raw.REDIS_URL === 'string') {
+    let url: URL | undefined;
+    try {
+      url = new URL(raw.REDIS_URL);
+    } catch {
+      problems.push(invalid('REDIS_URL'));
+    }
+    if (url && !/^\/?(\d+)?$/.test(url.pathname)) problems.push('  REDIS_URL: the database (the path) must be a number');
   }
   return problems;
 }

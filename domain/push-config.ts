@@ -73,7 +73,9 @@ const inTrx = <T>(db: Tx, fn: (trx: Knex.Transaction) => Promise<T>): Promise<T>
 
 // Creates a config (or replaces the one with the same id). The task row is locked so the new
 // config's starting point is consistent with concurrent status changes.
-export function setPushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config): Promise<PushConfig> {
+export async function setPushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config): Promise<PushConfig> {
+  // An unknown task is the answer before the URL's host is looked up (the SDK's server checks the task first).
+  await requireTask(db, taskId, false);
   return storePushConfig(db, taskId, input, cfg, false);
 }
 
@@ -88,8 +90,6 @@ export async function setPushConfigOfNewTask(uow: UnitOfWork, taskId: string, in
 
 async function storePushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, fromStart: boolean): Promise<PushConfig> {
   checkInput(input);
-  // An unknown task is the answer before the URL's host is looked up (the SDK's server checks the task first).
-  await requireTask(db, taskId, false);
   await assertOutboundUrl(input.url, cfg.PUSH_ALLOW_PRIVATE);
   const secrets: PushSecrets = {
     ...(input.token !== undefined ? { token: input.token } : {}),

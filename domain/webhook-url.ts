@@ -81,7 +81,8 @@ export function guardedLookup(allowPrivate: boolean) {
       const list = addresses as dns.LookupAddress[];
       const bad = allowPrivate ? undefined : list.find((a) => isPrivateAddress(a.address));
       if (bad) {
-        return callback(Object.assign(new Error(`host '${hostname}' resolves to an internal address (${bad.address})`), { code: 'EPRIVATE' }), []);
+        // Which internal address is not said: what a name resolves to inside stays inside.
+        return callback(Object.assign(new Error(`host '${hostname}' resolves to an internal address`), { code: 'EPRIVATE' }), []);
       }
       if (options.all) return callback(null, list);
       callback(null, list[0].address, list[0].family);

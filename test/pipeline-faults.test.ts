@@ -224,6 +224,7 @@ describe('job pipeline under faults', function () {
       // fail several reconnects: each failed attempt used to schedule two, 2^n connections in all.
       await sleep(4000);
       await own.startPostgres();
+      await waitFor(async () => (await s.client.get('/_internal/v1/ready')).status === 200, 'ready again');
       await sleep(2500);
       const probe = new pgClient.Client(own.pg!.url);
       await probe.connect();

@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { freePort } from '../scripts/local-services.ts';
-import { resetDb, ROOT, startStack, testEnv, type Stack } from './helpers/stack.ts';
+import { resetDb, ROOT, startStack, testDb, testEnv, waitFor, type Stack } from './helpers/stack.ts';
 
 interface Run { code: number | null; output: string }
 
@@ -50,6 +50,11 @@ describe('process start-up', function () {
     const port = await run('api/main.ts', testEnv({ REDIS_URL: 'redis://127.0.0.1:badport' }));
     assert.equal(port.code, 2, port.output);
     assert.match(port.output, /^ {2}REDIS_URL: is not a valid URL/m);
+    // A socket form with credentials, which pg reads though WHATWG URL parsing does not: taken (it
+    // then fails only to connect, within STARTUP_TIMEOUT_MS).
+    const socket = await run('db/migrate.ts', testEnv({ DATABASE_URL: 'postgres://app:pw-socket@/taskbridge?host=/nonexistent/socket-dir', REDIS_URL: undefined }));
+    assert.equal(socket.code, 1, socket.output);
+    assert.doesNotMatch(socket.output, /Invalid configuration|pw-socket/);
   });
 
   it('exits 1 with one line naming HOST and PORT when it cannot listen (the port taken)', async () => {
@@ -75,7 +80,7 @@ describe('process start-up', function () {
   it('the release step (migrate) with Postgres unreachable: exit 1 with one line naming DATABASE_URL, no stack, no password', async () => {
     const r = await run('db/migrate.ts', testEnv({ DATABASE_URL: 'postgres://u:pw-release@127.0.0.1:1/x', REDIS_URL: undefined }));
     assert.equal(r.code, 1, r.output);
-    assert.match(r.output, /migration failed on postgres:\/\/u:\*\*\*@127\.0\.0\.1:1\/x \(DATABASE_URL\): connect ECONNREFUSED/);
+    assert.match(r.output, /migration failed: Postgres at postgres:\/\/u:\*\*\*@127\.0\.0\.1:1\/x \(DATABASE_URL\) cannot be reached: connect ECONNREFUSED/);
     assert.equal(r.output.trim().split('\n').length, 1, r.output);
     assert.doesNotMatch(r.output, /pw-release/);
     noStack(r);
@@ -120,7 +125,8 @@ describe('stopping the API (SIGTERM)', function () {
   it('answers the requests in flight before it exits (code 0), and takes no new ones', async () => {
     const message = { kind: 'message', messageId: `m-${Date.now()}`, role: 'user', parts: [{ kind: 'text', text: '[sleep 1500] draining' }] };
     const blocking = stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 'in-flight', method: 'message/send', params: { message } });
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    // The request is in the API, waiting for its task to end, once the agent works on it.
+    await waitFor(async () => Number((await testDb()('tasks').where({ status: 'working' }).count({ n: '*' }))[0].n) === 1, 'the run to start');
     const exited = stack.api.kill('SIGTERM');
     const answer = await blocking;
     assert.equal(answer.status, 200, answer.text);

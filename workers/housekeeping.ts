@@ -1,7 +1,7 @@
 // Periodic passes of every worker, each idempotent: recovery of work whose queue job Redis lost
 // (key jobs: recover-key-jobs.ts; agent runs of submitted tasks and of answers to waiting ones, and runs whose job failed
-// without ending their task: recover-agent-runs.ts), and the
-// purge of OAuth brokering states abandoned long ago.
+// without ending their task: recover-agent-runs.ts), the purge of OAuth brokering states abandoned
+// long ago, and the agent's own passes (the remote agent's: remote tasks of canceled tasks).
 import type { Services } from '../domain/services.ts';
 import { recoverLostKeyJobs } from './recover-key-jobs.ts';
 import { AgentRunRecovery } from './recover-agent-runs.ts';
@@ -15,8 +15,8 @@ export function startHousekeeping(services: Services, extra: Record<string, () =
     'key jobs': () => recoverLostKeyJobs(services, every),
     'agent runs': () => agentRuns.pass(every),
     'expired broker states': () => purgeExpiredBrokerStates(services),
-    ...extra,
   };
+  for (const [name, pass] of Object.entries(extra)) passes[`agent: ${name}`] = pass;
   const running = new Set<string>();
   const timer = setInterval(() => {
     for (const [what, pass] of Object.entries(passes)) {

@@ -9,7 +9,10 @@ import type { JobPayloads } from '../queues/names.ts';
 export async function betweenBatches(services: Services, job: Job<JobPayloads['key-jobs']>, token: string | undefined, handBack: AbortSignal, pauseMs: number): Promise<void> {
   if (pauseMs) await sleep(pauseMs, undefined, { signal: handBack }).catch(() => undefined);
   if (!handBack.aborted) return;
-  await job.moveToWait(token).catch(() => undefined);
-  services.log.warn({ job_id: job.data.job_id, name: job.name }, 'worker shutting down: key job handed back to the queue');
+  const where = { job_id: job.data.job_id, name: job.name };
+  await job.moveToWait(token).then(
+    () => services.log.warn(where, 'worker shutting down: key job handed back to the queue'),
+    (err: Error) => services.log.warn({ ...where, reason: err.message }, 'worker shutting down: key job left to its lock (it could not be handed back); another worker takes it over once the lock expires'),
+  );
   throw new WaitingError();
 }

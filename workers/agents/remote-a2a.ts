@@ -120,7 +120,9 @@ export function remoteAgent({ url, apiKey, db, log }: RemoteAgentOptions): Agent
     } catch (err) {
       // A worker shutting down hands the run to another worker, which follows the same remote task.
       const shutdown = (ctx.signal.reason as { shutdown?: boolean } | undefined)?.shutdown;
-      if (ctx.signal.aborted && !shutdown && mirror.remoteTaskId) await cancelRemote(remote, mirror.remoteTaskId, ctx);
+      if (ctx.signal.aborted && !shutdown && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx)) {
+        await forgetRemoteAgentTask(db, ctx.task.id).catch(() => undefined);
+      }
       throw err;
     } finally {
       ctx.signal.removeEventListener('abort', onAbort);
@@ -131,9 +133,9 @@ export function remoteAgent({ url, apiKey, db, log }: RemoteAgentOptions): Agent
 
 // Cancels the remote tasks of local tasks canceled with no run going, then forgets them; one the
 // remote no longer has, or that has ended, is forgotten too. An unreachable remote is tried again
-// at the next pass.
+// at the next pass, for a day.
 async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, log: Logger): Promise<void> {
-  const rows = await remoteTasksOfCanceled(db, 100);
+  const rows = await remoteTasksOfCanceled(db, 24, 100);
   if (!rows.length) return;
   const remote = await connect();
   for (const row of rows) {
@@ -166,12 +168,15 @@ async function send(remote: Client, mirror: Mirror, ctx: AgentContext, known: Re
   return undefined;
 }
 
-async function cancelRemote(remote: Client, remoteTaskId: string, ctx: AgentContext): Promise<void> {
+// Whether the remote task is canceled; if not, the housekeeping pass tries again (cancelLeftRemoteTasks).
+async function cancelRemote(remote: Client, remoteTaskId: string, ctx: AgentContext): Promise<boolean> {
   try {
     await remote.cancelTask({ id: remoteTaskId }, { signal: AbortSignal.timeout(CANCEL_TIMEOUT_MS) });
     ctx.log.info({ remote_task_id: remoteTaskId }, 'remote task canceled');
+    return true;
   } catch (err) {
     ctx.log.warn({ remote_task_id: remoteTaskId, reason: (err as Error).message }, 'remote task could not be canceled');
+    return false;
   }
 }
 
@@ -198,12 +203,14 @@ class Mirror {
     if (task.status.state in INTERRUPTED) this.answering = task.status;
   }
 
-  // The interruption being answered, reported again: same time stamp (or, without one, same message).
+  // The interruption being answered, reported again: same time stamp or, without those, same status
+  // message. A remote that gives neither cannot be told apart: its interruption ends the turn.
   private reportedAgain(status: TaskStatus): boolean {
     const a = this.answering;
     if (!a || status.state !== a.state) return false;
     if (status.timestamp && a.timestamp) return status.timestamp === a.timestamp;
-    return status.message?.messageId === a.message?.messageId;
+    if (status.message && a.message) return status.message.messageId === a.message.messageId;
+    return false;
   }
 
   private async track(taskId: string, contextId: string | undefined): Promise<void> {
@@ -212,9 +219,11 @@ class Mirror {
     await saveRemoteAgentTask(this.db, { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null });
   }
 
+  // Something new from the remote (a message, an artifact) means it has taken up the answer.
   private async message(m: A2AMessage): Promise<void> {
     if (m.role !== 'agent' || this.seenMessages.has(m.messageId)) return;
     this.seenMessages.add(m.messageId);
+    this.answering = undefined;
     await this.ctx.reply(partsOf(m.parts));
   }
 
@@ -222,6 +231,7 @@ class Mirror {
     const body = JSON.stringify(a);
     if (!a.append && this.seenArtifacts.get(a.artifactId) === body) return;
     this.seenArtifacts.set(a.artifactId, body);
+    this.answering = undefined;
     await this.ctx.emitArtifact(a);
   }
 
