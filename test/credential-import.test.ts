@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { resetDb, startStack, testDb, type Client, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, startWorker, testDb, waitFor, type Client, type Stack } from './helpers/stack.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
 const B = '/api/bridge/v1';
@@ -113,6 +113,39 @@ describe('credential import: credentials from the definition export are re-appli
     const stored = await testDb()('bridge_credentials').where({ id: imported.body.id }).first();
     const again = await c.post('/api/secret/v1/import', { key: 'smuggled', encrypted_value: stored.value.api_key, dek_alias: 'default', data_encryption_key_id: stored.dek_id });
     assert.equal(again.status, 400, again.text);
+  });
+
+  it('a credential stored before purposes were bound still works, and an alias rotation seals it for its purpose', async () => {
+    const legacyKey = `sk_test_${randomUUID().replace(/-/g, '')}`;
+    const cred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: 'sk_test_placeholder' } });
+    assert.equal(cred.status, 201, cred.text);
+    // As such a row was written: the member sealed under the same DEK without associated data (as a secret's value is).
+    assert.equal((await c.post('/api/secret/v1', { key: 'legacy-sealing', raw_value: legacyKey })).status, 201);
+    const sealedPlain = (await c.get('/api/a2a/v1/definition')).body.secrets.find((x: { key: string }) => x.key === 'legacy-sealing');
+    const row = await testDb()('bridge_credentials').where({ id: cred.body.id }).first();
+    assert.equal(sealedPlain.data_encryption_key_id, row.dek_id);
+    await testDb()('bridge_credentials').where({ id: cred.body.id }).update({ value: { ...row.value, api_key: sealedPlain.encrypted_value } });
+
+    assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'legacy', display_name: 'Legacy', resource_server_credential_id: cred.body.id })).status, 201);
+    assert.equal((await c.post(`${B}/provider/legacy/function/stripe_process_refund/enable`, {})).status, 201);
+    const invoke = () => c.post(`${B}/provider/legacy/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_legacy' } });
+    assert.equal((await invoke()).status, 200);
+    assert.equal(stripe.seen.at(-1)!.authorization, `Bearer ${legacyKey}`);
+
+    const worker = await startWorker(stack.env);
+    try {
+      const job = await c.post('/api/encryption/v1/dek/alias/default/rotate', {});
+      assert.equal(job.status, 202, job.text);
+      await waitFor(async () => (await c.get(`/api/encryption/v1/job/${job.body.id}`)).body.status === 'completed', 'the rotation');
+    } finally {
+      await worker.stop();
+    }
+    const rotated = await testDb()('bridge_credentials').where({ id: cred.body.id }).first();
+    assert.notEqual(rotated.dek_id, row.dek_id);
+    const smuggle = await c.post('/api/secret/v1/import', { key: 'smuggled-rotated', encrypted_value: rotated.value.api_key, data_encryption_key_id: rotated.dek_id });
+    assert.equal(smuggle.status, 400, smuggle.text);
+    assert.equal((await invoke()).status, 200);
+    assert.equal(stripe.seen.at(-1)!.authorization, `Bearer ${legacyKey}`);
   });
 
   it('refuses values that do not decrypt, fail the schema, or name an unknown alias, storing nothing', async () => {
