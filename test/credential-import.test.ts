@@ -142,8 +142,9 @@ describe('credential import: credentials from the definition export are re-appli
     }
     const rotated = await testDb()('bridge_credentials').where({ id: cred.body.id }).first();
     assert.notEqual(rotated.dek_id, row.dek_id);
-    const smuggle = await c.post('/api/secret/v1/import', { key: 'smuggled-rotated', encrypted_value: rotated.value.api_key, data_encryption_key_id: rotated.dek_id });
+    const smuggle = await c.post('/api/secret/v1/import', { key: 'smuggled-rotated', encrypted_value: rotated.value.api_key, dek_alias: 'default', data_encryption_key_id: rotated.dek_id });
     assert.equal(smuggle.status, 400, smuggle.text);
+    assert.match(smuggle.body.message, /encrypted_value does not decrypt with DEK/);
     assert.equal((await invoke()).status, 200);
     assert.equal(stripe.seen.at(-1)!.authorization, `Bearer ${legacyKey}`);
   });
