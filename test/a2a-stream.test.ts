@@ -201,6 +201,55 @@ describe('A2A streaming (SSE)', () => {
   });
 });
 
+describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
+  let stack: Stack;
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ A2A_STREAMS_PER_KEY: '2' }, { workers: 0 });
+  });
+  after(async () => stack?.stop());
+
+  // A stream that stays open (its task never ends), until `close`.
+  const open = async (taskId: string, key = ADMIN_KEY) => {
+    const ac = new AbortController();
+    const res = await fetch(stack.api.url + A2A, {
+      method: 'POST', signal: ac.signal,
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/resubscribe', params: { id: taskId } }),
+    });
+    return { res, close: () => ac.abort() };
+  };
+
+  it('refuses a key past its open streams with 429 and Retry-After, before the call does anything; a closed stream frees its place', async () => {
+    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const first = await open(task);
+    const second = await open(task);
+    for (const s of [first, second]) assert.match(s.res.headers.get('content-type') ?? '', /^text\/event-stream/);
+
+    const tasksBefore = await testDb()('tasks').count({ n: '*' });
+    const refused = await stack.client.post(A2A, { jsonrpc: '2.0', id: 2, method: 'message/stream', params: { message: userMessage('one too many') } });
+    assert.equal(refused.status, 429, refused.text);
+    assert.equal(refused.body.data.code, 'rate_limited');
+    assert.match(refused.body.message, /holds 2 A2A streams open here, the most A2A_STREAMS_PER_KEY allows/);
+    assert.equal(refused.headers.get('retry-after'), '5');
+    assert.deepEqual(await testDb()('tasks').count({ n: '*' }), tasksBefore, 'the refused message/stream created no task');
+    // Calls that are not streams, and other keys, are not counted.
+    assert.equal((await stack.client.post(A2A, { jsonrpc: '2.0', id: 3, method: 'tasks/get', params: { id: task } })).status, 200);
+    const other = (await stack.client.post('/api/auth/v1/api-key', { name: 'other streamer', scopes: ['a2a'] })).body.key;
+    const third = await open(task, other);
+    assert.equal(third.res.status, 200);
+
+    first.close();
+    const again = await waitFor(async () => {
+      const s = await open(task);
+      if (s.res.status === 200) return s;
+      s.close();
+      return undefined;
+    }, 'a place to free up');
+    for (const s of [second, third, again]) s.close();
+  });
+});
+
 describe('A2A blocking send and streams while Redis is away', function () {
   this.timeout(120000);
   let redis: LocalService | undefined;

@@ -31,6 +31,12 @@ const METHODS: Record<string, Method> = {
   'agent/getAuthenticatedExtendedCard': method(p.validator(p.NoParams), (call) => m.extendedCard(call)),
 };
 
+/** Whether a request body calls a method answered with a stream (before it is dispatched). */
+export const callsStream = (body: unknown): boolean => {
+  const name = (body as { method?: unknown } | null)?.method;
+  return typeof name === 'string' && Object.hasOwn(METHODS, name) && !!METHODS[name].stream;
+};
+
 export const PARSE_ERROR: RpcResponse = { jsonrpc: '2.0', id: null, error: { code: JSONRPC.PARSE_ERROR, message: 'Parse error: the request body is not valid JSON' } };
 
 export const errorResponse = (id: RpcId, err: unknown): RpcResponse => ({ jsonrpc: '2.0', id, error: toJsonRpcError(err) });
