@@ -103,10 +103,10 @@ describe('agent modules', () => {
     assert.ok(!stack.workers[0].logs.slice(before).some((l) => l.includes('it will be retried')), 'no retry');
   });
 
-  it('artifacts emitted without an id each get one', async () => {
+  it('artifacts emitted without an id each get one, which emitArtifact returns so the agent can append to it', async () => {
     const { state, task } = await finalOf('anonymous artifacts');
     assert.equal(state, 'completed');
-    assert.deepEqual(task.artifacts.map((a: any) => a.parts[0].text), ['first', 'second']);
+    assert.deepEqual(task.artifacts.map((a: any) => a.parts.map((p: any) => p.text)), [['first'], ['second', 'and more']]);
     for (const a of task.artifacts) assert.equal(typeof a.artifactId, 'string');
   });
 

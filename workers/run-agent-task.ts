@@ -120,7 +120,9 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       }),
       emitArtifact: (input) => ours(async () => {
         const artifact = checkArtifact(input);
-        await whileActive((uow) => appendArtifact(uow, taskId, { ...artifact, artifactId: artifact.artifactId ?? randomUUID() }));
+        const artifactId = artifact.artifactId ?? randomUUID();
+        await whileActive((uow) => appendArtifact(uow, taskId, { ...artifact, artifactId }));
+        return artifactId;
       }),
       readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, key))),
       invokeFunction: (providerInstanceId, functionTypeId, params) =>
