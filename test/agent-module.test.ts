@@ -140,6 +140,12 @@ describe('agent modules', () => {
     await waitFor(async () => held[0].closedAt !== undefined, 'Stripe to see the caller hang up');
     assert.ok(held[0].closedAt! - canceledAt < 5000, `hung up ${held[0].closedAt! - canceledAt} ms after the cancel`);
     assert.equal((await rpc('tasks/get', { id: task.id })).body.result.status.state, 'canceled');
+
+    // Bad params fail the run at once, named as the agent passed them (not as an HTTP body's).
+    const bad = await finalOf('refund without params');
+    assert.equal(bad.state, 'failed');
+    assert.match(bad.message, /^The agent failed after 1 attempt\(s\): Invalid params: params\.\S+ /);
+    assert.doesNotMatch(bad.message, /body/);
   });
 
   it('a worker shutting down hands back a run that ignores its signal once the grace period is over', async () => {

@@ -126,7 +126,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       }),
       readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, key))),
       invokeFunction: (providerInstanceId, functionTypeId, params) =>
-        whileRunning(() => ours(() => invokeFunction(services, providerInstanceId, functionTypeId, params, { signal: controller.signal, log: runLog }))),
+        whileRunning(() => ours(() => invokeFunction(services, providerInstanceId, functionTypeId, params, { paramsPath: 'params', signal: controller.signal, log: runLog }))),
       log: runLog,
     };
 
