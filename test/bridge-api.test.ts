@@ -396,7 +396,7 @@ describe('bridge API', () => {
 
     const refused = (await send({ provider_instance_id: 'stripe-agent', function_type_id: 'stripe_process_refund', params: { amount: -1 } })).body.result;
     assert.equal(refused.status.state, 'failed');
-    assert.match(refused.status.message.parts[0].text, /invoke refused: Invalid body\.params/);
+    assert.match(refused.status.message.parts[0].text, /invoke refused: Invalid params: params\./);
   });
 
   it('deletes an instance with its function instances and the credentials only it used', async () => {
