@@ -62,9 +62,9 @@ export class Upstream extends AppError {
   }
 }
 export class RateLimited extends AppError {
-  constructor(retryAfterMs: number) {
+  constructor(retryAfterMs: number, message?: string, data: Record<string, unknown> = {}) {
     const seconds = Math.max(1, Math.ceil(retryAfterMs / 1000));
-    super(429, 'rate_limited', `Too many requests for this API key; retry in ${seconds} s`, { retry_after_ms: retryAfterMs }, { 'Retry-After': String(seconds) });
+    super(429, 'rate_limited', message ?? `Too many requests for this API key; retry in ${seconds} s`, { ...data, retry_after_ms: retryAfterMs }, { 'Retry-After': String(seconds) });
   }
 }
 export class Unavailable extends AppError {

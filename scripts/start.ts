@@ -5,6 +5,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startPostgres, startRedis, type LocalService } from './local-services.ts';
 import { redactUrl } from '../domain/logger.ts';
+import { configDefault } from '../domain/config.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const dataDir = path.resolve(process.env.DATA_DIR || '.data');
@@ -15,7 +16,7 @@ const children: ChildProcess[] = [];
 let stopping = false;
 let startup: Promise<void> = Promise.resolve();
 // The children's own shutdown grace periods (API, worker) and a margin: within it they stop by themselves.
-const graceMs = (name: string) => Number(process.env[name]) || 10_000;
+const graceMs = (name: 'API_SHUTDOWN_GRACE_MS' | 'WORKER_SHUTDOWN_GRACE_MS') => Number(process.env[name]) || configDefault(name);
 const KILL_AFTER_MS = Math.max(graceMs('API_SHUTDOWN_GRACE_MS'), graceMs('WORKER_SHUTDOWN_GRACE_MS')) + 15_000;
 
 async function stopAll(code: number): Promise<never> {

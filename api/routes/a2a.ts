@@ -3,7 +3,7 @@ import type { Context } from 'koa';
 import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { findUnstorable, readJsonBody } from '../middleware/body.ts';
-import { AppError, InvalidRequest, type FieldError } from '../../domain/errors.ts';
+import { InvalidRequest, type FieldError } from '../../domain/errors.ts';
 import type { Principal } from '../middleware/auth.ts';
 import { A2AError, JSONRPC } from '../../domain/a2a/errors.ts';
 import type { Services } from '../../domain/services.ts';
@@ -11,6 +11,7 @@ import { TaskWaiter } from '../../domain/task-waiter.ts';
 import { A2A_PATH, agentCard } from '../../domain/a2a/agent-card.ts';
 import { callsStream, dispatch, errorResponse, isId, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
 import { writeSse } from '../a2a-sse.ts';
+import { holdStream } from '../a2a-stream-quota.ts';
 
 const tag = 'a2a';
 
@@ -21,25 +22,6 @@ const waiterOf = (s: Services) => {
   if (!w) waiters.set(s, (w = new TaskWaiter(s.bus)));
   return w;
 };
-
-// Streams open per API key in this process (A2A_STREAMS_PER_KEY): a stream holds a connection and
-// re-reads Postgres every few seconds for as long as its task lives, which may be for ever.
-const openStreams = new WeakMap<Services, Map<string, number>>();
-function holdStream(services: Services, keyId: string): () => void {
-  let counts = openStreams.get(services);
-  if (!counts) openStreams.set(services, (counts = new Map()));
-  const open = counts.get(keyId) ?? 0;
-  const limit = services.cfg.A2A_STREAMS_PER_KEY;
-  if (limit && open >= limit) {
-    throw new AppError(429, 'rate_limited', `This API key holds ${open} A2A streams open here, the most A2A_STREAMS_PER_KEY allows; close one, or retry later`, { open, limit }, { 'Retry-After': '5' });
-  }
-  counts.set(keyId, open + 1);
-  return () => {
-    const left = (counts.get(keyId) ?? 1) - 1;
-    if (left > 0) counts.set(keyId, left);
-    else counts.delete(keyId);
-  };
-}
 
 // Aborts when the client disconnects before the response is complete.
 function clientGone(ctx: Context): AbortSignal {

@@ -120,7 +120,7 @@ export function remoteAgent({ url, apiKey, db, log }: RemoteAgentOptions): Agent
     } catch (err) {
       // A worker shutting down hands the run to another worker, which follows the same remote task.
       const shutdown = (ctx.signal.reason as { shutdown?: boolean } | undefined)?.shutdown;
-      if (ctx.signal.aborted && !shutdown && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx)) {
+      if (ctx.signal.aborted && !shutdown && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled')) {
         await forgetRemoteAgentTask(db, ctx.task.id).catch(() => undefined);
       }
       throw err;
@@ -139,16 +139,8 @@ async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, l
   if (!rows.length) return;
   const remote = await connect();
   for (const row of rows) {
-    try {
-      await remote.cancelTask({ id: row.remote_task_id }, { signal: AbortSignal.timeout(CANCEL_TIMEOUT_MS) });
-      log.info({ task_id: row.task_id, remote_task_id: row.remote_task_id }, 'remote task canceled: its local task was canceled between runs');
-    } catch (err) {
-      if (!(err instanceof TaskNotCancelableError || err instanceof TaskNotFoundError)) {
-        log.warn({ task_id: row.task_id, remote_task_id: row.remote_task_id, reason: (err as Error).message }, 'remote task could not be canceled; will retry');
-        continue;
-      }
-    }
-    await forgetRemoteAgentTask(db, row.task_id);
+    const rowLog = log.child({ task_id: row.task_id });
+    if (await cancelRemote(remote, row.remote_task_id, rowLog, 'remote task canceled: its local task was canceled between runs')) await forgetRemoteAgentTask(db, row.task_id);
   }
 }
 
@@ -168,14 +160,16 @@ async function send(remote: Client, mirror: Mirror, ctx: AgentContext, known: Re
   return undefined;
 }
 
-// Whether the remote task is canceled; if not, the housekeeping pass tries again (cancelLeftRemoteTasks).
-async function cancelRemote(remote: Client, remoteTaskId: string, ctx: AgentContext): Promise<boolean> {
+// Cancels a remote task; true once it is done with (canceled, or ended or unknown on the remote),
+// false when it should be tried again (the housekeeping pass does: cancelLeftRemoteTasks).
+async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, canceled: string): Promise<boolean> {
   try {
     await remote.cancelTask({ id: remoteTaskId }, { signal: AbortSignal.timeout(CANCEL_TIMEOUT_MS) });
-    ctx.log.info({ remote_task_id: remoteTaskId }, 'remote task canceled');
+    log.info({ remote_task_id: remoteTaskId }, canceled);
     return true;
   } catch (err) {
-    ctx.log.warn({ remote_task_id: remoteTaskId, reason: (err as Error).message }, 'remote task could not be canceled');
+    if (err instanceof TaskNotCancelableError || err instanceof TaskNotFoundError) return true;
+    log.warn({ remote_task_id: remoteTaskId, reason: (err as Error).message }, 'remote task could not be canceled; will retry');
     return false;
   }
 }
