@@ -31,8 +31,10 @@ const ConfigSchema = Type.Object({
   AGENT_KIND: oneOf(['demo', 'module', 'remote'], { default: 'demo' }),
   AGENT_MODULE: Type.Optional(Type.String({ minLength: 1 })),
   AGENT_REMOTE_URL: Type.Optional(Type.String({ pattern: '^https?://' })),
-  // Sent as `Authorization: Bearer <key>` to the remote A2A agent (card and calls).
+  // Sent as `Authorization: Bearer <key>` to the remote A2A agent (card and calls), at
+  // AGENT_REMOTE_URL's origin or one of AGENT_REMOTE_KEY_ORIGINS (comma-separated origins).
   AGENT_REMOTE_API_KEY: Type.Optional(Type.String({ minLength: 1 })),
+  AGENT_REMOTE_KEY_ORIGINS: Type.Optional(Type.String()),
   AGENT_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 3 }),
   AGENT_BACKOFF_MS: Type.Integer({ minimum: 0, default: 1000 }),
   AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 200 }),
@@ -151,6 +153,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const cfg = readEnv(ConfigSchema, env);
   if (cfg.AGENT_KIND === 'module' && !cfg.AGENT_MODULE) throw new ConfigError('Invalid configuration:\n  AGENT_MODULE: required when AGENT_KIND=module');
   if (cfg.AGENT_KIND === 'remote' && !cfg.AGENT_REMOTE_URL) throw new ConfigError('Invalid configuration:\n  AGENT_REMOTE_URL: required when AGENT_KIND=remote');
+  remoteKeyOrigins(cfg);
   try { parseSkills(cfg.AGENT_SKILLS_JSON); } catch (e) { throw new ConfigError(`Invalid configuration:\n  AGENT_SKILLS_JSON: ${(e as Error).message}`); }
   const dataDir = path.resolve(cfg.DATA_DIR);
   return {
@@ -159,6 +162,19 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     KEYS_DIR: path.resolve(cfg.KEYS_DIR ?? path.join(dataDir, 'keys')),
     PUBLIC_URL: (cfg.PUBLIC_URL ?? `http://localhost:${cfg.PORT}`).replace(/\/+$/, ''),
   };
+}
+
+// AGENT_REMOTE_KEY_ORIGINS as origins comparable with URL.origin (https://Host:443 is https://host).
+export function remoteKeyOrigins(cfg: Pick<Config, 'AGENT_REMOTE_KEY_ORIGINS'>): string[] {
+  return (cfg.AGENT_REMOTE_KEY_ORIGINS?.split(',') ?? []).map((entry, i) => {
+    const raw = entry.trim();
+    let url: URL | undefined;
+    try { url = new URL(raw); } catch { /* said below */ }
+    if (!url || !/^https?:$/.test(url.protocol) || url.href !== `${url.origin}/` || url.username || url.password) {
+      throw new ConfigError(`Invalid configuration:\n  AGENT_REMOTE_KEY_ORIGINS: entry ${i + 1} is not an origin (scheme, host and port, such as https://agent.example.com:8443)`);
+    }
+    return url.origin;
+  });
 }
 
 // Process entry points: a bad configuration ends the process with the list of problems.

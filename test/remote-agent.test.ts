@@ -63,7 +63,9 @@ class RemoteExecutor implements AgentExecutor {
 const REMOTE_KEY = 'remote-api-key-3f9a71c2';
 
 // The remote answers 401 to any request without REMOTE_KEY as its bearer token.
-async function startRemoteAgent(executor: AgentExecutor, streaming: boolean): Promise<{ url: string; server: Server; refused: string[] }> {
+// With endpointElsewhere, the same app also listens on a second port, and the card names its
+// endpoint there: another origin than the card's.
+async function startRemoteAgent(executor: AgentExecutor, streaming: boolean, endpointElsewhere = false): Promise<{ url: string; server: Server; refused: string[]; endpointOrigin: string; close: () => Promise<void> }> {
   const app = express();
   const refused: string[] = [];
   app.use((req, res, next) => {
@@ -71,25 +73,35 @@ async function startRemoteAgent(executor: AgentExecutor, streaming: boolean): Pr
     refused.push(`${req.method} ${req.path}`);
     res.status(401).json({ error: 'unauthenticated' });
   });
-  const server = await new Promise<Server>((resolve) => {
+  const listen = () => new Promise<Server>((resolve) => {
     const s = app.listen(0, '127.0.0.1', () => resolve(s));
   });
+  const origin = (s: Server) => `http://127.0.0.1:${(s.address() as AddressInfo).port}`;
+  const server = await listen();
+  const servers = endpointElsewhere ? [server, await listen()] : [server];
   // Under a path, given without a trailing slash: its card is <url>/.well-known/agent-card.json.
-  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/agents/echo`;
+  const url = `${origin(server)}/agents/echo`;
+  const endpointOrigin = origin(servers.at(-1)!);
   const card: AgentCard = {
     name: 'remote test agent', description: 'replies, emits an artifact and finishes', version: '1.0.0', protocolVersion: '0.3.0',
-    url: `${url}/rpc`, preferredTransport: 'JSONRPC', capabilities: { streaming }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
+    url: `${endpointOrigin}/agents/echo/rpc`, preferredTransport: 'JSONRPC', capabilities: { streaming }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
   };
   const handler = new DefaultRequestHandler(card, new InMemoryTaskStore(), executor);
   app.use('/agents/echo/.well-known/agent-card.json', agentCardHandler({ agentCardProvider: handler }));
   app.use('/agents/echo/rpc', jsonRpcHandler({ requestHandler: handler, userBuilder: UserBuilder.noAuthentication }));
-  return { url, server, refused };
+  const close = async () => {
+    for (const s of servers) {
+      s.closeAllConnections();
+      await new Promise((resolve) => s.close(resolve));
+    }
+  };
+  return { url, server, refused, endpointOrigin, close };
 }
 
 for (const streaming of [true, false]) {
   describe(`remote A2A agent (${streaming ? 'streaming' : 'non-streaming, polled'} remote)`, () => {
     let stack: Stack;
-    let remote: { url: string; server: Server; refused: string[] };
+    let remote: Awaited<ReturnType<typeof startRemoteAgent>>;
     const executor = new RemoteExecutor();
     before(async () => {
       await resetDb();
@@ -98,8 +110,7 @@ for (const streaming of [true, false]) {
     });
     after(async () => {
       await stack?.stop();
-      remote?.server.closeAllConnections();
-      await new Promise((resolve) => remote?.server.close(resolve));
+      await remote?.close();
     });
 
     const finished = (id: string, status: string) =>
@@ -204,3 +215,51 @@ for (const streaming of [true, false]) {
     });
   });
 }
+
+describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
+  let remote: Awaited<ReturnType<typeof startRemoteAgent>>;
+  before(async () => {
+    await resetDb();
+    remote = await startRemoteAgent(new RemoteExecutor(), true, true);
+  });
+  after(async () => remote?.close());
+
+  const outcome = async (stack: Stack, text: string) => {
+    const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
+    return waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${created.body.task.id}`);
+      return ['completed', 'failed'].includes(r.body.task.status) && r.body;
+    }, 'the task to end', 30000);
+  };
+
+  it("withholds the key from an endpoint the card names on another origin", async () => {
+    const stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, AGENT_ATTEMPTS: '1' });
+    try {
+      remote.refused.length = 0;
+      const done = await outcome(stack, 'who gets the key?');
+      assert.equal(done.task.status, 'failed');
+      // The card was read with the key (AGENT_REMOTE_URL's origin); the endpoint got none.
+      assert.ok(remote.refused.length > 0 && remote.refused.every((r) => r === 'POST /agents/echo/rpc'), remote.refused.join(', '));
+      const logs = stack.workers.flatMap((w) => w.logs).join('\n');
+      assert.ok(logs.includes('AGENT_REMOTE_API_KEY withheld') && logs.includes(remote.endpointOrigin), logs);
+      assert.ok(!logs.includes(REMOTE_KEY));
+    } finally {
+      await stack.stop();
+    }
+  });
+
+  it('sends it to an origin AGENT_REMOTE_KEY_ORIGINS trusts', async () => {
+    const stack = await startStack({
+      AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, AGENT_ATTEMPTS: '1',
+      AGENT_REMOTE_KEY_ORIGINS: `https://other.example,${remote.endpointOrigin}`,
+    });
+    try {
+      remote.refused.length = 0;
+      const done = await outcome(stack, 'trusted');
+      assert.equal(done.task.status, 'completed');
+      assert.deepEqual(remote.refused, []);
+    } finally {
+      await stack.stop();
+    }
+  });
+});

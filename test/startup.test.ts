@@ -40,6 +40,14 @@ describe('process start-up', function () {
     noStack(r);
   });
 
+  it('refuses AGENT_REMOTE_KEY_ORIGINS entries that are not origins, saying which, without showing them', async () => {
+    const r = await run('workers/main.ts', testEnv({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: 'http://127.0.0.1:9', AGENT_REMOTE_KEY_ORIGINS: 'https://agent.example.com,https://user:pw-origin@agent.example.com/rpc' }));
+    assert.equal(r.code, 2, r.output);
+    assert.match(r.output, /^ {2}AGENT_REMOTE_KEY_ORIGINS: entry 2 is not an origin/m);
+    assert.doesNotMatch(r.output, /pw-origin/);
+    noStack(r);
+  });
+
   it('refuses service URLs that do not parse, or a Redis database that is not a number, with exit code 2 and without showing them', async () => {
     const r = await run('workers/main.ts', testEnv({ DATABASE_URL: 'postgres://u:pw-db@db.internal:notaport/x', REDIS_URL: 'redis://:pw-redis@127.0.0.1:6379/abc' }));
     assert.equal(r.code, 2, r.output);

@@ -7,7 +7,8 @@
 //
 // AGENT_REMOTE_URL is the remote agent's base URL (its card is read from
 // <url>/.well-known/agent-card.json) or the full URL of its agent card (ending in .json);
-// AGENT_REMOTE_API_KEY, when set, is sent as a bearer token with every request to it.
+// AGENT_REMOTE_API_KEY, when set, is sent as a bearer token with every request to that URL's origin
+// (and to AGENT_REMOTE_KEY_ORIGINS), never to another origin the remote's card names.
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Knex } from 'knex';
 import type {
@@ -57,11 +58,20 @@ function cardLocation(url: string): [string, string | undefined] {
   return [url.endsWith('/') ? url : `${url}/`, undefined];
 }
 
-function clientFactory(apiKey: string | undefined): ClientFactory {
+// The key goes only to the origins trusted with it: AGENT_REMOTE_URL's, and AGENT_REMOTE_KEY_ORIGINS.
+// A card is the remote's own word on where its endpoint is; without this, a card pointing elsewhere
+// would hand the key to whoever it names.
+function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>, log: Logger): ClientFactory {
   if (!apiKey) return new ClientFactory();
+  const warned = new Set<string>();
   const fetchImpl: typeof fetch = (input, init) => {
+    const target = new URL(input instanceof Request ? input.url : input);
     const headers = new Headers(init?.headers);
-    headers.set('authorization', `Bearer ${apiKey}`);
+    if (trusted.has(target.origin)) headers.set('authorization', `Bearer ${apiKey}`);
+    else if (!warned.has(target.origin)) {
+      warned.add(target.origin);
+      log.warn({ origin: target.origin }, 'AGENT_REMOTE_API_KEY withheld from a remote agent endpoint outside the trusted origins (AGENT_REMOTE_URL and AGENT_REMOTE_KEY_ORIGINS)');
+    }
     return fetch(input, { ...init, headers });
   };
   return new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
@@ -73,16 +83,19 @@ function clientFactory(apiKey: string | undefined): ClientFactory {
 export interface RemoteAgentOptions {
   url: string;
   apiKey?: string;
+  /** Origins besides url's that apiKey may be sent to (the card may name its endpoint elsewhere). */
+  keyOrigins?: readonly string[];
   /** The worker's database: the remote task ids of local tasks live there. */
   db: Knex;
   log: Logger;
 }
 
-export function remoteAgent({ url, apiKey, db, log }: RemoteAgentOptions): Agent {
+export function remoteAgent({ url, apiKey, keyOrigins = [], db, log }: RemoteAgentOptions): Agent {
   const [base, cardPath] = cardLocation(url);
+  const trusted = new Set([new URL(url).origin, ...keyOrigins]);
   let client: Promise<Client> | undefined;
   const connect = () => {
-    client ??= clientFactory(apiKey).createFromUrl(base, cardPath).catch((err: Error) => {
+    client ??= clientFactory(apiKey, trusted, log).createFromUrl(base, cardPath).catch((err: Error) => {
       client = undefined;
       throw new Error(`the remote agent card at ${url} could not be read: ${err.message}`);
     });

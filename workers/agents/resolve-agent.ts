@@ -1,5 +1,6 @@
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
+import { remoteKeyOrigins } from '../../domain/config.ts';
 import type { Services } from '../../domain/services.ts';
 import { demoAgent } from './demo.ts';
 import type { Agent, AgentHandler } from './types.ts';
@@ -30,7 +31,7 @@ export async function resolveAgent({ cfg, db, log }: Services): Promise<Agent> {
     }
     case 'remote': {
       const { remoteAgent } = await import('./remote-a2a.ts');
-      return remoteAgent({ url: cfg.AGENT_REMOTE_URL!, apiKey: cfg.AGENT_REMOTE_API_KEY, db, log });
+      return remoteAgent({ url: cfg.AGENT_REMOTE_URL!, apiKey: cfg.AGENT_REMOTE_API_KEY, keyOrigins: remoteKeyOrigins(cfg), db, log });
     }
   }
 }
