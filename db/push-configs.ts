@@ -7,6 +7,7 @@ export const PUSH_DELIVERIES_CHANNEL = 'push_deliveries';
 export interface PushConfigRow {
   task_id: string; id: string; url: string; authentication: { schemes: string[] } | null;
   encrypted_secrets: string | null; secrets_dek_id: string | null; delivered_seq: number; created_at: Date; updated_at: Date;
+  lease_id?: string | null; lease_until?: Date | null;
 }
 
 // Creates or replaces a task's config. A new config starts after the task's current timeline, so
@@ -48,10 +49,19 @@ export async function deletePushConfig(db: Tx, taskId: string, id: string): Prom
   return (await db('push_configs').where({ task_id: taskId, id }).delete()) > 0;
 }
 
-// Locks one config for the duration of a delivery run so deliveries to it never overlap;
-// undefined when another run holds it (or it is gone).
-export async function lockPushConfig(trx: Tx, taskId: string, id: string): Promise<PushConfigRow | undefined> {
-  return trx('push_configs').where({ task_id: taskId, id }).forUpdate().skipLocked().first();
+// Leases one config to a delivery run for `ms` so deliveries to it never overlap; undefined when
+// another run holds an unexpired lease (or the config is gone). No lock is held meanwhile.
+export async function leasePushConfig(db: Tx, taskId: string, id: string, leaseId: string, ms: number): Promise<PushConfigRow | undefined> {
+  const [row] = await db('push_configs')
+    .where({ task_id: taskId, id })
+    .where((q) => q.whereNull('lease_until').orWhere('lease_until', '<', db.fn.now()))
+    .update({ lease_id: leaseId, lease_until: db.raw(`now() + make_interval(secs => ?)`, [ms / 1000]) })
+    .returning('*');
+  return row;
+}
+
+export async function releasePushConfig(db: Tx, taskId: string, id: string, leaseId: string): Promise<void> {
+  await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId }).update({ lease_id: null, lease_until: null });
 }
 
 export async function setDeliveredSeq(db: Tx, taskId: string, id: string, seq: number): Promise<void> {

@@ -3,6 +3,7 @@
 // db/migrations/0004_push_notifications.ts). A delivery run POSTs every not-yet-delivered status
 // update of its config in timeline order, so a webhook sees the task's states in the order they
 // happened; a failed update holds back later ones until it succeeds or is given up.
+import { randomUUID } from 'node:crypto';
 import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
@@ -19,10 +20,11 @@ import { guardedLookup, isPrivateAddress } from './webhook-url.ts';
 import { pushSecrets } from './push-config.ts';
 
 const HISTORY_IN_NOTIFICATION = 100;
-// A run holds its config's row lock (and a transaction) while it posts, so it is kept short:
-// after this many updates, or once this much time has passed, it hands over to a fresh run.
+// A run holds its config's lease while it posts, so it is kept short: after this many updates, or
+// once this much time has passed, it hands over to a fresh run.
 const ITEMS_PER_RUN = 20;
 const RUN_BUDGET_MS = 15_000;
+const LEASE_MARGIN_MS = 10_000;
 
 // The task as it stood right after one status update.
 export async function notificationBody(db: Knex | Knex.Transaction, task: tasks.TaskRow, item: TimelineRow): Promise<A2ATask> {
@@ -82,25 +84,28 @@ export type DeliveryOutcome = 'delivered' | 'nothing to deliver' | 'config gone'
 interface DeliveryDeps { db: Knex; cfg: Config; log: Logger }
 
 /**
- * Delivers the pending status updates of one config, oldest first, under a row lock so runs for
- * the same config never overlap ('busy': another run holds it; try again shortly). The job is
- * responsible for updates up to its own timeline_seq: a failure there is thrown for a retry, or,
- * on the final attempt, the update is given up so later ones can flow. A failure on a later
- * update ends the run quietly: that update's own job retries it. 'more': the run stopped at its
- * budget before reaching its own update; run the job again.
+ * Delivers the pending status updates of one config, oldest first, under a lease so runs for the
+ * same config never overlap ('busy': another run holds it; try again shortly). No transaction or
+ * row lock is held while posting: a config set, an alias rotation and the task's status changes go
+ * on meanwhile. The job is responsible for updates up to its own timeline_seq: a failure there is
+ * thrown for a retry, or, on the final attempt, the update is given up so later ones can flow. A
+ * failure on a later update ends the run quietly: that update's own job retries it. 'more': the
+ * run stopped at its budget before reaching its own update; run the job again.
  */
 export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, finalAttempt: boolean): Promise<DeliveryOutcome> {
   const { db, cfg, log } = deps;
-  let failure: Error | undefined;
-  const outcome = await db.transaction(async (trx): Promise<DeliveryOutcome> => {
-    const exists = await repo.getPushConfig(trx, job.task_id, job.config_id);
-    if (!exists) return 'config gone';
-    const config = await repo.lockPushConfig(trx, job.task_id, job.config_id);
-    if (!config) return 'busy';
+  const exists = await repo.getPushConfig(db, job.task_id, job.config_id);
+  if (!exists) return 'config gone';
+  if (exists.delivered_seq >= job.timeline_seq) return 'nothing to deliver';
+  const leaseId = randomUUID();
+  // Outlives the longest run: the budget, then one post's timeout, then the writes.
+  const config = await repo.leasePushConfig(db, job.task_id, job.config_id, leaseId, RUN_BUDGET_MS + cfg.PUSH_TIMEOUT_MS + LEASE_MARGIN_MS);
+  if (!config) return (await repo.getPushConfig(db, job.task_id, job.config_id)) ? 'busy' : 'config gone';
+  try {
     if (config.delivered_seq >= job.timeline_seq) return 'nothing to deliver';
-    const task = await tasks.getTask(trx, job.task_id);
+    const task = await tasks.getTask(db, job.task_id);
     if (!task) return 'config gone';
-    const items = await repo.statusItemsAfter(trx, job.task_id, config.delivered_seq, ITEMS_PER_RUN);
+    const items = await repo.statusItemsAfter(db, job.task_id, config.delivered_seq, ITEMS_PER_RUN);
     const headers = await authHeaders(deps, config);
     const started = Date.now();
     let reached = config.delivered_seq;
@@ -111,21 +116,18 @@ export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, final
         break;
       }
       try {
-        await postNotification(config.url, await notificationBody(trx, task, item), headers, { allowPrivate: cfg.PUSH_ALLOW_PRIVATE, timeoutMs: cfg.PUSH_TIMEOUT_MS });
+        await postNotification(config.url, await notificationBody(db, task, item), headers, { allowPrivate: cfg.PUSH_ALLOW_PRIVATE, timeoutMs: cfg.PUSH_TIMEOUT_MS });
       } catch (err) {
         const reason = (err as Error).message;
         if (item.seq > job.timeline_seq) break;
-        if (!finalAttempt) {
-          failure = new DeliveryError(`push delivery of task ${job.task_id} update ${item.seq} failed: ${reason}`);
-          break;
-        }
+        if (!finalAttempt) throw new DeliveryError(`push delivery of task ${job.task_id} update ${item.seq} failed: ${reason}`);
         log.warn({ task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(config.url).host, reason }, 'push notification given up');
       }
-      await repo.setDeliveredSeq(trx, job.task_id, job.config_id, item.seq);
+      await repo.setDeliveredSeq(db, job.task_id, job.config_id, item.seq);
       reached = item.seq;
     }
-    return cut && !failure && reached < job.timeline_seq ? 'more' : 'delivered';
-  });
-  if (failure) throw failure;
-  return outcome;
+    return cut && reached < job.timeline_seq ? 'more' : 'delivered';
+  } finally {
+    await repo.releasePushConfig(db, job.task_id, job.config_id, leaseId);
+  }
 }

@@ -104,6 +104,35 @@ describe('push notifications', () => {
   });
 
 
+  it("does not hold up the task's status changes, a config set or a rotation of its alias while a webhook is slow to answer", async () => {
+    // The webhook keeps its first notification waiting until the test lets it go.
+    let letGo!: () => void;
+    const held = new Promise<void>((resolve) => (letGo = resolve));
+    const slow = await startReceiver(async (_r, all) => (all.length === 1 ? held.then(() => 200) : 200));
+    const other = await startReceiver();
+    receivers.push(slow, other);
+    const id = await idleTask();
+    await setConfig(id, { id: 'p1', url: slow.url, token: 'tok-slow' });
+    await setStatus(id, 'working');
+    await waitFor(async () => slow.all.length === 1, 'the delivery to be in flight');
+    const within = <T>(p: Promise<T>, what: string) =>
+      Promise.race([p, new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`${what} waited for the webhook`)), 5000))]);
+    try {
+      // The same config set again (a new URL), the task's own status changes and a rotation of the
+      // alias that seals the token all go through while the delivery waits on the webhook.
+      await within(setConfig(id, { id: 'p1', url: other.url, token: 'tok-slow' }), 'the config set');
+      await within(setStatus(id, 'input-required', 'need more'), 'the status change');
+      const rotated = await within(stack.client.post('/api/encryption/v1/dek/alias/default/rotate'), 'the alias rotation');
+      assert.ok([200, 202].includes(rotated.status), rotated.text);
+    } finally {
+      letGo();
+    }
+    // Then the rest arrives, in order, at the config's new URL.
+    await waitFor(async () => states(other.all, id).includes('input-required'), 'the later update at the new URL');
+    assert.deepEqual([...states(slow.all, id), ...states(other.all, id)], ['working', 'input-required']);
+    assert.ok(other.all.every((r) => r.token === 'tok-slow'));
+  });
+
   it('delivers the updates of a task sent with an inline config over A2A message/send', async () => {
     const rx = await startReceiver();
     receivers.push(rx);
