@@ -58,16 +58,16 @@ export async function enqueueRun(uow: UnitOfWork, taskId: string, messageId: str
 }
 
 // Every status change of every task passes here: one statement that moves the task to `to`
-// only if it is still in one of `from`, writes the status message and the timeline items.
-// Returns null when the task was no longer in `from` (nothing was written).
-export async function changeStatusIf(uow: UnitOfWork, taskId: string, to: TaskState, from: readonly TaskState[], message?: CreateMessageRequest): Promise<Task | null> {
+// only if it is still in one of `from` (and, given `run`, still under that run: its message),
+// writes the status message and the timeline items. Returns null when it was not (nothing was written).
+export async function changeStatusIf(uow: UnitOfWork, taskId: string, to: TaskState, from: readonly TaskState[], message?: CreateMessageRequest, run?: string): Promise<Task | null> {
   const at = new Date();
   const iso = at.toISOString();
   const msg: Message | undefined = message && newMessage(taskId, message, iso);
   const items: TimelineItem[] = [];
   if (msg) items.push({ id: randomUUID(), task_id: taskId, created_at: iso, event_payload: { type: 'message', message: msg } });
   items.push({ id: randomUUID(), task_id: taskId, created_at: iso, event_payload: { type: 'task-status-update', status: to, ...(msg ? { status_message_id: msg.id } : {}) } });
-  const { task, timelineSeqs } = await uow.applyStatusChange({ taskId, to, from, at, message: msg, timeline: items });
+  const { task, timelineSeqs } = await uow.applyStatusChange({ taskId, to, from, at, message: msg, timeline: items, ...(run ? { run } : {}) });
   if (!task) return null;
   // One wake-up per change is enough: followers read the timeline from their last seq.
   uow.publish(TASK_EVENTS, { task_id: taskId, seq: Math.max(...timelineSeqs) });

@@ -1,11 +1,13 @@
-// Abort controllers of the agent runs in this process, fired when their task ends elsewhere
-// (workers/watch-cancels.ts).
-export class CancelRegistry {
-  private runs = new Map<string, { controller: AbortController; since: number }>();
+// Abort controllers of the agent runs in this process, fired when their task ends elsewhere or
+// another run takes it (workers/watch-cancels.ts). A run is its task and trigger message.
+export interface RunningRun { taskId: string; messageId: string }
 
-  register(taskId: string): AbortController {
+export class CancelRegistry {
+  private runs = new Map<string, { controller: AbortController; messageId: string; since: number }>();
+
+  register(taskId: string, messageId: string): AbortController {
     const controller = new AbortController();
-    this.runs.set(taskId, { controller, since: Date.now() });
+    this.runs.set(taskId, { controller, messageId, since: Date.now() });
     return controller;
   }
 
@@ -13,16 +15,18 @@ export class CancelRegistry {
     if (this.runs.get(taskId)?.controller === c) this.runs.delete(taskId);
   }
 
-  cancel(taskId: string, reason = 'task canceled'): boolean {
+  /** Aborts the task's run (only the one for `messageId`, given one); false when there is none. */
+  cancel(taskId: string, reason = 'task canceled', messageId?: string): boolean {
     const run = this.runs.get(taskId);
-    run?.controller.abort(new Error(reason));
-    return !!run;
+    if (!run || (messageId !== undefined && run.messageId !== messageId)) return false;
+    run.controller.abort(new Error(reason));
+    return true;
   }
 
-  /** Tasks whose runs have gone on for at least `ms`. */
-  runningFor(ms: number): string[] {
+  /** Runs that have gone on for at least `ms`. */
+  runningFor(ms: number): RunningRun[] {
     const before = Date.now() - ms;
-    return [...this.runs].filter(([, r]) => r.since <= before && !r.controller.signal.aborted).map(([taskId]) => taskId);
+    return [...this.runs].filter(([, r]) => r.since <= before && !r.controller.signal.aborted).map(([taskId, r]) => ({ taskId, messageId: r.messageId }));
   }
 
   // Shutdown aborts are marked so the run is handed back for retry instead of counted as canceled.

@@ -6,9 +6,9 @@ import { runEndsFrom } from '../domain/task-states.ts';
 import { inStatement, type UnitOfWork } from '../domain/unit-of-work.ts';
 import { agentMessage } from './agents/agent-output.ts';
 
-/** Fails the task, if it has not ended, with an agent status message saying why; null when it had. */
-export const failRun = (uow: UnitOfWork, taskId: string, why: string) =>
-  changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'), agentMessage(why, 'message'));
+/** Fails the task, if it has not ended (nor, given `run`, been taken by another run), with an agent status message saying why; null when it had. */
+export const failRun = (uow: UnitOfWork, taskId: string, why: string, run?: string) =>
+  changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'), agentMessage(why, 'message'), run);
 
 /** Fails the task of a run whose job ended without the run's own final handling; false when the task had ended already. */
 export async function failLostRun(services: Services, taskId: string, why: string): Promise<boolean> {

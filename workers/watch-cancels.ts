@@ -1,11 +1,13 @@
 // Aborts the runs of this process whose task has ended elsewhere (canceled through the API, failed
 // by job recovery). A note on Redis does it at once; a check in Postgres every CHECK_MS catches the
 // notes that never came (Redis down or reconnecting when the task ended, an API process gone between
-// its commit and the note), so a run learns of its task's end within about a second either way.
+// its commit and the note), so a run learns of its task's end within about a second either way. The
+// check also aborts a run whose task another run (on any worker) has taken: a client set the task
+// waiting for input and answered while the first run was still going.
 import type { Services } from '../domain/services.ts';
 import { TASK_CANCELED } from '../domain/tasks.ts';
-import { TERMINAL_STATES } from '../domain/task-states.ts';
-import { tasksIn } from '../db/tasks.ts';
+import { isTerminal } from '../domain/task-states.ts';
+import { runHolders } from '../db/tasks.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 
 const CHECK_MS = 500;
@@ -22,11 +24,17 @@ export async function watchCancels(services: Pick<Services, 'db' | 'bus' | 'log'
   let checking = false;
   // Runs younger than CHECK_MS are left to the note: a busy worker's many short runs cost no query.
   const check = async () => {
-    const ids = cancels.runningFor(CHECK_MS);
-    if (checking || !ids.length) return;
+    const runs = cancels.runningFor(CHECK_MS);
+    if (checking || !runs.length) return;
     checking = true;
     try {
-      for (const task of await tasksIn(db, ids, TERMINAL_STATES)) abort(task.id, task.status);
+      const runOf = new Map(runs.map((r) => [r.taskId, r.messageId]));
+      for (const task of await runHolders(db, [...runOf.keys()])) {
+        if (isTerminal(task.status)) abort(task.id, task.status);
+        else if (task.run_message_id && task.run_message_id !== runOf.get(task.id) && cancels.cancel(task.id, 'task taken by another run', runOf.get(task.id))) {
+          log.info({ task_id: task.id }, 'agent run aborted: task taken by another run');
+        }
+      }
     } catch (err) {
       log.debug({ err: { message: (err as Error).message } }, 'ended tasks not checked; will retry');
     } finally {
