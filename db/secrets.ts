@@ -32,8 +32,9 @@ export async function insertSecret(db: Tx, row: SecretWrite & { id: string; key:
   return res.rows[0] as SecretRow | undefined;
 }
 
-export async function getSecret(db: Tx, id: string): Promise<SecretRow | undefined> {
-  return db('secrets').where({ id }).first();
+export async function getSecret(db: Tx, id: string, forUpdate = false): Promise<SecretRow | undefined> {
+  const q = db('secrets').where({ id });
+  return (forUpdate ? q.forUpdate() : q).first();
 }
 
 export async function getSecretByKey(db: Tx, key: string): Promise<SecretRow | undefined> {

@@ -77,16 +77,35 @@ export async function getSecretByKey(db: Services['db'], key: string): Promise<S
 }
 
 // A new value, encrypted under the given alias or else the one the secret already uses.
+// Without dek_alias the value stays under the secret's alias as it is when the write commits: the
+// alias is read before the write (its DEK is held from the start), so a concurrent move to another
+// alias is noticed under the row lock and the write starts over, rather than undoing the move.
+const MOVED: unique symbol = Symbol('moved');
+const UPDATE_TRIES = 5;
+
 export async function updateSecret(s: KeyringServices, id: string, input: { raw_value: string; dek_alias?: string }): Promise<Secret> {
-  const existing = await repo.getSecret(s.db, id);
-  if (!existing) throw new NotFound('secret', id);
-  const alias = input.dek_alias ?? existing.dek_alias;
-  const row = await writeUnderAlias(s, alias, async (trx, dekId) => {
-    const ciphertext = await encryptWithDek(s, dekId, input.raw_value, trx);
-    return repo.updateSecret(trx, id, { encrypted_secret: ciphertext, dek_id: dekId, dek_alias: alias });
-  });
-  if (!row) throw new NotFound('secret', id);
-  return toSecret(row);
+  for (let attempt = 1; ; attempt++) {
+    const existing = await repo.getSecret(s.db, id);
+    if (!existing) throw new NotFound('secret', id);
+    const alias = input.dek_alias ?? existing.dek_alias;
+    const row = await writeUnderAlias<SecretRow | typeof MOVED | undefined>(s, alias, async (trx, dekId) => {
+      const current = await repo.getSecret(trx, id, true);
+      if (!current) return undefined;
+      if (input.dek_alias === undefined && current.dek_alias !== alias) return MOVED;
+      const ciphertext = await encryptWithDek(s, dekId, input.raw_value, trx);
+      return repo.updateSecret(trx, id, { encrypted_secret: ciphertext, dek_id: dekId, dek_alias: alias });
+    }).catch(async (err): Promise<typeof MOVED> => {
+      // The alias read first is gone: the secret may have moved off it meanwhile.
+      if (input.dek_alias === undefined && err instanceof NotFound && (await repo.getSecret(s.db, id))?.dek_alias !== alias) return MOVED;
+      throw err;
+    });
+    if (row === MOVED) {
+      if (attempt < UPDATE_TRIES) continue;
+      throw new Conflict(`Secret '${id}' kept moving between DEK aliases while it was written; try again`, { resource: 'secret', id });
+    }
+    if (!row) throw new NotFound('secret', id);
+    return toSecret(row);
+  }
 }
 
 export async function deleteSecret(db: Services['db'], id: string): Promise<void> {

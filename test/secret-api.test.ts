@@ -201,6 +201,28 @@ describe('secret API', () => {
     assert.deepEqual(await testDb()('secrets').where({ id }).first(), before);
   });
 
+  it('a value-only update racing a move to another alias keeps the move', async () => {
+    const envelope = (await c.get(`${E}/dek/alias/default`)).body.envelope_encryption_key_id.id;
+    const dek = await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, {});
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: dek.body.id, alias: 'race-target' })).status, 201);
+    const id = (await c.post(S, { key: 'racing.value', raw_value: value() })).body.id;
+    for (let i = 0; i < 20; i++) {
+      assert.equal((await c.put(`${S}/${id}`, { raw_value: value(), dek_alias: 'default' })).status, 200);
+      const [moved, valueOnly] = await Promise.all([
+        c.put(`${S}/${id}`, { raw_value: value(), dek_alias: 'race-target' }),
+        c.put(`${S}/${id}`, { raw_value: value() }),
+      ]);
+      assert.equal(moved.status, 200, moved.text);
+      assert.equal(valueOnly.status, 200, valueOnly.text);
+      // Whichever committed last, the secret is under the alias it was moved to, and decrypts.
+      const row = await testDb()('secrets').where({ id }).first();
+      assert.equal(row.dek_alias, 'race-target', `pair ${i}`);
+      assert.equal(row.dek_id, dek.body.id, `pair ${i}`);
+    }
+    const listed = (await c.get(`${S}/list-decrypted?page_size=1000`)).body.secrets.find((x: { id: string }) => x.id === id);
+    assert.equal(typeof listed.decrypted_value, 'string');
+  });
+
   it('deletes a secret once ({success: true}), then 404', async () => {
     const created = await c.post(S, { key: 'short.lived', raw_value: value() });
     const r = await c.delete(`${S}/${created.body.id}`);
