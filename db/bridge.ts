@@ -58,8 +58,12 @@ export async function getCredentials(db: Tx, ids: string[]): Promise<CredentialR
 }
 
 // Credentials no provider instance refers to any more (after a delete).
+// The credentials are locked first: an instance created meanwhile with one of them holds it (its
+// foreign key check) until it commits, and the check below, a fresh snapshot after the wait, then
+// sees it and keeps the credential. Judged on the first snapshot, the delete broke that foreign key.
 export async function deleteOrphanCredentials(db: Tx, ids: string[]): Promise<void> {
   if (!ids.length) return;
+  await db('bridge_credentials').whereIn('id', ids).orderBy('id').forUpdate().select('id');
   await db('bridge_credentials').whereIn('id', ids)
     .whereNotExists((q) => q.select(db.raw('1')).from('provider_instances')
       .whereRaw('provider_instances.resource_server_credential_id = bridge_credentials.id or provider_instances.user_credential_id = bridge_credentials.id'))

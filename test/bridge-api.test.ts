@@ -413,6 +413,24 @@ describe('bridge API', () => {
     assert.equal(await testDb()('bridge_credentials').where({ id: cred.id }).first(), undefined);
   });
 
+  it('deletes an instance while others are created with its credential at the same moment: the delete goes through and the credential stays', async () => {
+    for (let trial = 0; trial < 10; trial++) {
+      const { cred } = await stripeInstance(`stripe-racing-${trial}`);
+      const [deleted, ...created] = await Promise.all([
+        c.delete(`${B}/provider/stripe-racing-${trial}`),
+        ...Array.from({ length: 5 }, (_, i) => c.post(avail('stripe', 'api_key'), {
+          provider_instance_id: `stripe-racing-${trial}-${i}`, display_name: 'racing', resource_server_credential_id: cred.id,
+        })),
+      ]);
+      assert.equal(deleted.status, 200, `trial ${trial}: ${deleted.text}`);
+      const made = created.filter((r) => r.status === 201).length;
+      for (const r of created) assert.ok([201, 404].includes(r.status), r.text);
+      // An instance that was created uses the credential, which is then still there; one refused found it gone.
+      const kept = await testDb()('bridge_credentials').where({ id: cred.id }).first();
+      assert.equal(!!kept, made > 0, `trial ${trial}: ${made} created`);
+    }
+  });
+
   it('answers 500 internal, sending nothing, when a stored credential does not decrypt (damage on our side, not a bad request)', async () => {
     const { cred } = await stripeInstance('stripe-damaged');
     await c.post(`${B}/provider/stripe-damaged/function/stripe_process_refund/enable`, {});
