@@ -11,35 +11,28 @@ export interface TaskRow {
   metadata: Record<string, unknown>; created_at: Date; updated_at: Date;
   /** Internal (migration 0009): the trigger message of the run that moved the task to working. */
   run_message_id?: string | null;
+  /** Internal (migration 0013): the user message the task is owed a run for (job recovery). */
+  run_due_message_id?: string | null;
 }
 
 // Dates serialise to RFC 3339 with milliseconds in JSON responses.
-export const toTask = ({ run_message_id: _run, ...r }: TaskRow) => r as unknown as Task;
-
-export async function ensureContext(db: Tx, id: string, createdAt: Date): Promise<void> {
-  await db('contexts').insert({ id, created_at: createdAt }).onConflict('id').ignore();
-}
-
-export async function insertTask(db: Tx, row: TaskRow): Promise<TaskRow> {
-  const [out] = await db('tasks').insert(row).returning('*');
-  return out;
-}
+export const toTask = ({ run_message_id: _run, run_due_message_id: _due, ...r }: TaskRow) => r as unknown as Task;
 
 export async function getTask(db: Tx, id: string, lock = false): Promise<TaskRow | undefined> {
   const q = db('tasks').where({ id }).first();
   return lock ? q.forUpdate() : q;
 }
 
-// Of these tasks, those in one of `states`, with their status.
+// A user message to a task waiting for input is owed a run: the first such one, until a run starts
+// or the status changes (job recovery reads these, listRunsToCheck).
+export async function markRunDue(db: Tx, taskId: string, messageId: string): Promise<void> {
+  await db('tasks').where({ id: taskId }).whereNull('run_due_message_id').update({ run_due_message_id: messageId });
+}
+
 // Who holds each task: its status and the message of the run that took it last.
 export async function runHolders(db: Tx, ids: readonly string[]): Promise<Pick<TaskRow, 'id' | 'status' | 'run_message_id'>[]> {
   if (!ids.length) return [];
   return db('tasks').select('id', 'status', 'run_message_id').whereIn('id', ids);
-}
-
-export async function setTaskStatus(db: Tx, id: string, status: TaskState, statusMessageId: string | null, at: Date): Promise<TaskRow> {
-  const [out] = await db('tasks').where({ id }).update({ status, status_message_id: statusMessageId, status_timestamp: at, updated_at: at }).returning('*');
-  return out;
 }
 
 export async function listTasks(db: Tx, filter: { status?: string; context_id?: string }, pageSize: number, token?: string): Promise<Page<TaskRow>> {
@@ -73,8 +66,8 @@ export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]):
                    m_id uuid, cm_id text, role text, parts jsonb, refs uuid[], m_metadata jsonb, tl jsonb)),
       c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from b order by context_id, at
             on conflict (id) do nothing),
-      t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at)
-            select id, context_id, status, at, null, metadata, at, at from b),
+      t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at, run_due_message_id)
+            select id, context_id, status, at, null, metadata, at, at, case when role = 'user' then m_id end from b),
       m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, metadata, created_at)
             select m_id, cm_id, id, role, parts, refs, m_metadata, at from b order by i),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
@@ -121,7 +114,8 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
   // call for as long as the connection lives; planned each time, it probes the primary key.
   const { rows } = await pgQuery<{ task: Record<string, unknown> | null; seqs: (string | number)[] | null }>(db,
     `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, tl jsonb, run uuid)),
-      u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at, updated_at = b.at
+      u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at, updated_at = b.at,
+                               run_due_message_id = null
               from b
              -- The ids as a parameter keep the plan on the primary key: the planner cannot know how
              -- many rows b has (it guesses 100) and would otherwise scan the whole table to hash-join them.
@@ -181,7 +175,7 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
               -- the ids as a parameter keep both reads of tasks on the primary key (see applyStatusChanges)
               left join (select * from tasks where id = any($2::uuid[])) t on t.id = b.task_id),
       u as (update tasks t set status = 'working', status_message_id = null, status_timestamp = s.at, updated_at = s.at,
-                               run_message_id = s.message_id
+                               run_message_id = s.message_id, run_due_message_id = null
               from s
              where t.id = any($2::uuid[]) and t.id = s.task_id
                and s.status = any(s."from") and s.trigger is not null and not s.answered
@@ -215,30 +209,30 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
 
 export interface RunToCheck { task_id: string; message_id: string; created_at: Date; status: TaskState }
 
-// Candidates for run recovery, in (created_at, id) order after `after`, with the user message that
-// should have started their run, sent at least `olderThanMs` ago:
-// - tasks still submitted whose first message is a user message (a task opened with an agent
-//   message has no run to recover, whatever came later);
-// - tasks waiting for input (input-required, auth-required) with a user message since they began
-//   to wait (after their status message; after the change when there is none): the first such one;
+// Candidates for run recovery, in (created_at, id) order after `after`:
+// - tasks owed a run (run_due_message_id: opened by a user message, or a user message since they
+//   began to wait for input, and no run started nor status change since) for a message sent at
+//   least `olderThanMs` ago;
 // - tasks working under a run (its message) that has not changed their status for as long.
+// Each branch reads its own index (the partial one on owed tasks; status), not every task.
 export async function listRunsToCheck(db: Tx, olderThanMs: number, after: { created_at: Date; task_id: string } | undefined, limit: number): Promise<RunToCheck[]> {
+  const cursor = [after?.created_at ?? new Date(0), after?.task_id ?? '00000000-0000-0000-0000-000000000000'];
   const { rows } = await db.raw(
-    `select t.id as task_id, t.created_at, t.status, coalesce(m.id, t.run_message_id) as message_id
-       from tasks t
-       left join lateral (select id, role, created_at from messages
-                           where task_id = t.id and t.status <> 'working'
-                             and (t.status = 'submitted'
-                                  or (role = 'user' and coalesce(seq > (select sm.seq from messages sm where sm.id = t.status_message_id),
-                                                                 created_at > t.status_timestamp)))
-                           order by seq limit 1) m on true
-      where t.status in ('submitted', 'input-required', 'auth-required', 'working')
-        and ((t.status <> 'working' and m.role = 'user' and m.created_at < now() - make_interval(secs => ?))
-             or (t.status = 'working' and t.run_message_id is not null and t.status_timestamp < now() - make_interval(secs => ?)))
-        and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
-      order by t.created_at, t.id
-      limit ?`,
-    [olderThanMs / 1000, olderThanMs / 1000, after?.created_at ?? new Date(0), after?.task_id ?? '00000000-0000-0000-0000-000000000000', limit],
+    `select * from (
+      (select t.id as task_id, t.created_at, t.status, t.run_due_message_id as message_id
+         from tasks t join messages m on m.id = t.run_due_message_id
+        where t.run_due_message_id is not null and t.status in ('submitted', 'input-required', 'auth-required')
+          and m.created_at < now() - make_interval(secs => ?)
+          and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
+        order by t.created_at, t.id limit ?)
+      union all
+      (select t.id, t.created_at, t.status, t.run_message_id
+         from tasks t
+        where t.status = 'working' and t.run_message_id is not null and t.status_timestamp < now() - make_interval(secs => ?)
+          and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
+        order by t.created_at, t.id limit ?)
+    ) c order by created_at, task_id limit ?`,
+    [olderThanMs / 1000, ...cursor, limit, olderThanMs / 1000, ...cursor, limit, limit],
   );
   return rows;
 }

@@ -145,7 +145,10 @@ export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateM
   if (isTerminal(task.status)) throw new Conflict(`Task '${taskId}' is ${task.status} and accepts no more messages`, { status: task.status });
   await checkRoom(uow.trx, taskId, req, maxBytes);
   const { message, timelineItem } = await appendMessage(uow, taskId, req);
-  if (req.role === 'user' && isInterrupted(task.status)) await enqueueRun(uow, taskId, message.id);
+  if (req.role === 'user' && isInterrupted(task.status)) {
+    await tasks.markRunDue(uow.trx, taskId, message.id);
+    await enqueueRun(uow, taskId, message.id);
+  }
   const { seq, ...timeline_item } = timelineItem;
   // seq: where a follower of the task's timeline continues from (api/a2a streams).
   return { message, timeline_item, task: tasks.toTask(task), seq };
