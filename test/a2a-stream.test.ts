@@ -210,9 +210,9 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
   after(async () => stack?.stop());
 
   // A stream that stays open (its task never ends), until `close`.
-  const open = async (taskId: string, key = ADMIN_KEY) => {
+  const open = async (taskId: string, key = ADMIN_KEY, apiUrl = stack.api.url) => {
     const ac = new AbortController();
-    const res = await fetch(stack.api.url + A2A, {
+    const res = await fetch(apiUrl + A2A, {
       method: 'POST', signal: ac.signal,
       headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
       body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/resubscribe', params: { id: taskId } }),
@@ -247,6 +247,32 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
       return undefined;
     }, 'a place to free up');
     for (const s of [second, third, again]) s.close();
+  });
+
+  it("ends a revoked key's open streams, on every API process, and no other key's", async () => {
+    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const created = (await stack.client.post('/api/auth/v1/api-key', { name: 'to be revoked', scopes: ['a2a'] })).body;
+    const kept = (await stack.client.post('/api/auth/v1/api-key', { name: 'kept', scopes: ['a2a'] })).body.key;
+    // The revoked key's stream is on a second API process: it learns of the revocation from Postgres.
+    const second = await startApi(stack.env);
+    try {
+      const doomed = await open(task, created.key, second.url);
+      const stays = await open(task, kept);
+      const readToEnd = async (s: { res: Response }) => {
+        for await (const _ of s.res.body as unknown as AsyncIterable<Uint8Array>) { /* the snapshot, keep-alives */ }
+        return 'ended';
+      };
+      const doomedEnd = readToEnd(doomed).catch((e) => (e as Error).name);
+      let staysEnded = false;
+      void readToEnd(stays).then(() => { staysEnded = true; }, () => undefined);
+      assert.equal((await stack.client.delete(`/api/auth/v1/api-key/${created.id}`)).status, 200);
+      assert.equal(await Promise.race([doomedEnd, new Promise((resolve) => setTimeout(() => resolve('still open'), 10_000))]), 'ended');
+      assert.equal(staysEnded, false, "the other key's stream stays open");
+      stays.close();
+      doomed.close();
+    } finally {
+      await second.stop();
+    }
   });
 });
 

@@ -3,6 +3,7 @@ import { Forbidden, Unauthenticated } from '../../domain/errors.ts';
 import { hasScope, resolveApiKey, type Principal, type Scope } from '../../domain/api-keys.ts';
 import { touchLastUsed } from '../../db/api-keys.ts';
 import type { Services } from '../../domain/services.ts';
+import { endStreamsOf } from '../a2a-stream-quota.ts';
 
 export type { Principal, Scope };
 
@@ -19,9 +20,11 @@ const cache = new Map<string, { principal: Principal; expires: number }>();
 
 let revocations = 0;
 
+// A revoked key: no longer cached, and its A2A streams in this process end.
 export function forgetApiKey(id: string): void {
   revocations++;
   for (const [token, entry] of cache) if (entry.principal.id === id) cache.delete(token);
+  endStreamsOf(id);
 }
 
 export async function resolveCached(services: Services, token: string): Promise<Principal | null> {

@@ -70,14 +70,16 @@ export const a2aRoutes = [
       return;
     }
     const log = ctx.state.log ?? services.log;
-    // Held from before the call (message/stream creates a task: a refusal must come first) to the stream's end.
-    const release = callsStream(body) ? holdStream(services, (ctx.state.principal as Principal).id) : undefined;
+    // Held from before the call (message/stream creates a task: a refusal must come first) to the
+    // stream's end, which comes early when the client goes or the key is revoked.
+    const held = callsStream(body) ? holdStream(services, (ctx.state.principal as Principal).id) : undefined;
     try {
-      const outcome = await dispatch({ services, waiter: waiterOf(services), signal: clientGone(ctx) }, body, log);
+      const signal = held ? AbortSignal.any([clientGone(ctx), held.signal]) : clientGone(ctx);
+      const outcome = await dispatch({ services, waiter: waiterOf(services), signal }, body, log);
       if ('response' in outcome) ctx.body = outcome.response;
       else await writeSse(ctx, outcome.id, outcome.stream, log);
     } finally {
-      release?.();
+      held?.release();
     }
   }),
 
