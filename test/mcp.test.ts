@@ -3,7 +3,8 @@ import { randomUUID } from 'node:crypto';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { ErrorCode, LATEST_PROTOCOL_VERSION, McpError } from '@modelcontextprotocol/sdk/types.js';
-import { ADMIN_KEY, resetDb, startStack, type Client as HttpClient, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, resetDb, startStack, testDb, type Client as HttpClient, type Stack } from './helpers/stack.ts';
+import { TOOLS_PAGE } from '../domain/bridge/mcp.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
 const B = '/api/bridge/v1';
@@ -180,5 +181,31 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     const get = await fetch(mcpUrl, { headers: { authorization: `Bearer ${ADMIN_KEY}`, accept: 'text/event-stream' } });
     assert.equal(get.status, 405);
     assert.equal((await fetch(mcpUrl, { method: 'DELETE', headers: { authorization: `Bearer ${ADMIN_KEY}` } })).status, 405);
+  });
+
+  it('lists tools in pages, following nextCursor, and refuses a cursor it did not give with -32602', async () => {
+    // More enabled function instances than a page holds, written straight to the tables: clones of stripe-main.
+    const extra = TOOLS_PAGE + 20;
+    await testDb().raw(`insert into provider_instances (id, display_name, provider_controller_type_id, credential_controller_type_id, status, resource_server_credential_id)
+      select 'stripe-many-' || g, 'many', provider_controller_type_id, credential_controller_type_id, status, resource_server_credential_id
+        from provider_instances, generate_series(1, ?) g where id = 'stripe-main'`, [extra]);
+    await testDb().raw(`insert into function_instances (provider_instance_id, function_controller_type_id, provider_controller_type_id)
+      select id, 'stripe_process_refund', 'stripe' from provider_instances where id like 'stripe-many-%'`);
+    try {
+      const client = await connect();
+      const first = await client.listTools();
+      assert.equal(first.tools.length, TOOLS_PAGE);
+      assert.ok(first.nextCursor);
+      const second = await client.listTools({ cursor: first.nextCursor });
+      assert.equal(second.nextCursor, undefined);
+      const names = [...first.tools, ...second.tools].map((t) => t.name);
+      assert.equal(names.length, extra + 2);
+      assert.equal(new Set(names).size, names.length, 'no tool twice');
+      assert.ok(names.includes(REFUND));
+      await assert.rejects(client.listTools({ cursor: 'not-a-cursor' }), (err: unknown) =>
+        err instanceof McpError && err.code === ErrorCode.InvalidParams && /params\.cursor/.test(err.message));
+    } finally {
+      await testDb()('provider_instances').where('id', 'like', 'stripe-many-%').delete();
+    }
   });
 });

@@ -9,8 +9,8 @@ import {
   type CallToolResult, type JSONRPCErrorResponse, type Tool,
 } from '@modelcontextprotocol/sdk/types.js';
 import type { Services } from '../services.ts';
-import { AppError, NotFound } from '../errors.ts';
-import { allFunctionInstances, getFunctionInstance, getProviderInstance, type FunctionInstanceRow } from '../../db/bridge.ts';
+import { AppError, InvalidRequest, NotFound } from '../errors.ts';
+import { getFunctionInstance, getProviderInstance, listFunctionInstances, type FunctionInstanceRow } from '../../db/bridge.ts';
 import { describeFunction, functionDef, providerDef } from './catalog.ts';
 import { invokeFunction } from './functions.ts';
 import { SERVICE_VERSION } from '../version.ts';
@@ -18,11 +18,23 @@ import { SERVICE_VERSION } from '../version.ts';
 const toolName = (r: Pick<FunctionInstanceRow, 'provider_controller_type_id' | 'function_controller_type_id' | 'provider_instance_id'>) =>
   `${r.provider_controller_type_id}.${r.function_controller_type_id}.${r.provider_instance_id}`;
 
-export async function listTools(db: Services['db']): Promise<Tool[]> {
-  return (await allFunctionInstances(db)).map((row) => {
+// Tools come in pages (MCP's cursor pagination): each carries its parameter schema, and thousands
+// of function instances would otherwise make one answer of tens of megabytes.
+export const TOOLS_PAGE = 500;
+
+export async function listTools(db: Services['db'], cursor?: string): Promise<{ tools: Tool[]; nextCursor?: string }> {
+  let page;
+  try {
+    page = await listFunctionInstances(db, {}, TOOLS_PAGE, cursor);
+  } catch (err) {
+    if (err instanceof InvalidRequest) throw new McpError(ErrorCode.InvalidParams, 'Invalid params: params.cursor: is not a cursor this server gave');
+    throw err;
+  }
+  const tools = page.items.map((row) => {
     const f = describeFunction(functionDef(providerDef(row.provider_controller_type_id), row.function_controller_type_id));
     return { name: toolName(row), title: f.name, description: f.documentation, inputSchema: f.parameters as Tool['inputSchema'] };
   });
+  return { tools, ...(page.next_page_token ? { nextCursor: page.next_page_token } : {}) };
 }
 
 const failure = (text: string): CallToolResult => ({ isError: true, content: [{ type: 'text', text }] });
@@ -63,7 +75,7 @@ async function guarded<T>(services: Services, what: string, fn: () => Promise<T>
 
 export function createMcpServer(services: Services): Server {
   const server = new Server({ name: 'taskbridge-bridge', version: SERVICE_VERSION }, { capabilities: { tools: {} } });
-  server.setRequestHandler(ListToolsRequestSchema, async () => guarded(services, 'tools/list', async () => ({ tools: await listTools(services.db) })));
+  server.setRequestHandler(ListToolsRequestSchema, async ({ params }) => guarded(services, 'tools/list', () => listTools(services.db, params?.cursor)));
   server.setRequestHandler(CallToolRequestSchema, async ({ params }) =>
     guarded(services, 'tools/call', () => callTool(services, params.name, params.arguments ?? {})));
   return server;
