@@ -94,26 +94,28 @@ const parseTaskJson = (j: Record<string, unknown>): TaskRow => ({
 
 export interface StatusChange {
   taskId: string; to: TaskState; from: readonly TaskState[]; at: Date; message?: Message; timeline: TimelineItem[];
-  /** A run's own change: applied only while the task is still under this run (its message). */
+  /** A running run's own change (its message): applied only while the task is working under it. */
   run?: string;
+  /** The change for a run whose job ended without its own handling: applied unless another run has the task working. */
+  lostRun?: string;
 }
 export interface StatusChangeResult { task?: TaskRow; timelineSeqs: number[] }
 
 // Status changes in one statement: each task moves to `to` only if it is still in one of
-// `from`, and, for a run's change, still under that run (the compare-and-set that replaces a row
-// lock: a task another run took since is not this run's to end), and only then are its status message
+// `from`, and, for a run's change, still working under that run (the compare-and-set that replaces
+// a row lock: a task a client or another run took since is not this run's to end), and only then are its status message
 // and timeline items written. A change whose compare-and-set did not match gets no task.
 // The changes travel as one jsonb parameter (see insertTaskBundles). No two may name one task.
 export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[]): Promise<StatusChangeResult[]> {
   const input = changes.map((c, i) => ({
-    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, run: c.run ?? null,
+    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, run: c.run ?? null, lost_run: c.lostRun ?? null,
     tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at })),
   }))
     .sort(byTaskId);
   // Not a prepared statement: a plan cached while the table was small would scan all of it on every
   // call for as long as the connection lives; planned each time, it probes the primary key.
   const { rows } = await pgQuery<{ task: Record<string, unknown> | null; seqs: (string | number)[] | null }>(db,
-    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, tl jsonb, run uuid)),
+    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, tl jsonb, run uuid, lost_run uuid)),
       u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at, updated_at = b.at,
                                run_due_message_id = null
               from b
@@ -121,7 +123,8 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
              -- many rows b has (it guesses 100) and would otherwise scan the whole table to hash-join them.
              where t.id = any($2::uuid[]) and t.id = b.task_id and t.status = any(b."from")
                -- tasks from before migration 0009 name no run
-               and (b.run is null or t.run_message_id is null or t.run_message_id = b.run)
+               and (b.run is null or (t.status = 'working' and (t.run_message_id is null or t.run_message_id = b.run)))
+               and (b.lost_run is null or t.status <> 'working' or t.run_message_id is null or t.run_message_id = b.lost_run)
              returning t.*),
       m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, metadata, created_at)
             select (b.msg->>'id')::uuid, b.msg->>'client_message_id', b.task_id, b.msg->>'role', b.msg->'parts',

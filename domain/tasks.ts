@@ -3,6 +3,7 @@
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
 import * as tasks from '../db/tasks.ts';
+import type { StatusChange } from '../db/tasks.ts';
 import * as messages from '../db/messages.ts';
 import * as timeline from '../db/timeline.ts';
 import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineItem } from '../api/schemas/task.ts';
@@ -58,16 +59,18 @@ export async function enqueueRun(uow: UnitOfWork, taskId: string, messageId: str
 }
 
 // Every status change of every task passes here: one statement that moves the task to `to`
-// only if it is still in one of `from` (and, given `run`, still under that run: its message),
+// only if it is still in one of `from` (and, for a run's change, as `run` or `lostRun` ask),
 // writes the status message and the timeline items. Returns null when it was not (nothing was written).
-export async function changeStatusIf(uow: UnitOfWork, taskId: string, to: TaskState, from: readonly TaskState[], message?: CreateMessageRequest, run?: string): Promise<Task | null> {
+export async function changeStatusIf(
+  uow: UnitOfWork, taskId: string, to: TaskState, from: readonly TaskState[], message?: CreateMessageRequest, run?: Pick<StatusChange, 'run' | 'lostRun'>,
+): Promise<Task | null> {
   const at = new Date();
   const iso = at.toISOString();
   const msg: Message | undefined = message && newMessage(taskId, message, iso);
   const items: TimelineItem[] = [];
   if (msg) items.push({ id: randomUUID(), task_id: taskId, created_at: iso, event_payload: { type: 'message', message: msg } });
   items.push({ id: randomUUID(), task_id: taskId, created_at: iso, event_payload: { type: 'task-status-update', status: to, ...(msg ? { status_message_id: msg.id } : {}) } });
-  const { task, timelineSeqs } = await uow.applyStatusChange({ taskId, to, from, at, message: msg, timeline: items, ...(run ? { run } : {}) });
+  const { task, timelineSeqs } = await uow.applyStatusChange({ taskId, to, from, at, message: msg, timeline: items, ...run });
   if (!task) return null;
   // One wake-up per change is enough: followers read the timeline from their last seq.
   uow.publish(TASK_EVENTS, { task_id: taskId, seq: Math.max(...timelineSeqs) });

@@ -180,6 +180,21 @@ for (const streaming of [true, false]) {
       assert.equal(after.body.task.status, 'canceled');
     });
 
+    it('forwards an answer a client gave while the first run was going to the same remote task, which it leaves running', async () => {
+      const created = await stack.client.post('/api/task/v1', { message: textMessage('first [hang]') });
+      const id = created.body.task.id;
+      const started = await waitFor(async () => executor.received.find((r) => r.text === 'first [hang]'), 'the remote run to start');
+      await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'working', 'local working');
+      // The client takes the task from its run and answers it.
+      assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'input-required' })).status, 200);
+      assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage('second'))).status, 201);
+      const done = await finished(id, 'completed');
+      assert.equal(done.status_message.parts[0].text, 'Remote turn 2: second');
+      const answer = executor.received.find((r) => r.text === 'second')!;
+      assert.equal(answer.taskId, started.taskId, 'the answer went to the same remote task');
+      assert.ok(!executor.canceled.has(started.taskId), 'the remote task was not canceled');
+    });
+
     it('cancels the remote task of a local task canceled while it waits for input (no run going)', async () => {
       const created = await stack.client.post('/api/task/v1', { message: textMessage('shall I [ask]') });
       const id = created.body.task.id;

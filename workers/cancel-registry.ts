@@ -15,12 +15,21 @@ export class CancelRegistry {
     if (this.runs.get(taskId)?.controller === c) this.runs.delete(taskId);
   }
 
-  /** Aborts the task's run (only the one for `messageId`, given one); false when there is none. */
-  cancel(taskId: string, reason = 'task canceled', messageId?: string): boolean {
+  /**
+   * Aborts the task's run (only the one for `messageId`, given one); false when there is none.
+   * `superseded`: the task was taken from the run (by a client or another run), not ended: an agent
+   * may leave what it started elsewhere going for the run that took over (the remote agent does).
+   */
+  cancel(taskId: string, reason = 'task canceled', opts: { messageId?: string; superseded?: boolean } = {}): boolean {
     const run = this.runs.get(taskId);
-    if (!run || (messageId !== undefined && run.messageId !== messageId)) return false;
-    run.controller.abort(new Error(reason));
+    if (!run || (opts.messageId !== undefined && run.messageId !== opts.messageId)) return false;
+    run.controller.abort(Object.assign(new Error(reason), opts.superseded ? { superseded: true } : {}));
     return true;
+  }
+
+  /** The message of the task's run going on here, if any. */
+  messageOf(taskId: string): string | undefined {
+    return this.runs.get(taskId)?.messageId;
   }
 
   /** Runs that have gone on for at least `ms`. */

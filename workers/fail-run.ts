@@ -4,16 +4,17 @@ import type { Services } from '../domain/services.ts';
 import { changeStatusIf, TASK_CANCELED } from '../domain/tasks.ts';
 import { runEndsFrom } from '../domain/task-states.ts';
 import { inStatement, type UnitOfWork } from '../domain/unit-of-work.ts';
+import type { StatusChange } from '../db/tasks.ts';
 import { agentMessage } from './agents/agent-output.ts';
 
-/** Fails the task, if it has not ended (nor, given `run`, been taken by another run), with an agent status message saying why; null when it had. */
-export const failRun = (uow: UnitOfWork, taskId: string, why: string, run?: string) =>
+/** Fails the task, if it has not ended (nor been taken from the run, as `run` asks), with an agent status message saying why; null when it had. */
+export const failRun = (uow: UnitOfWork, taskId: string, why: string, run?: Pick<StatusChange, 'run' | 'lostRun'>) =>
   changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'), agentMessage(why, 'message'), run);
 
-/** Fails the task of a run whose job ended without the run's own final handling; false when the task had ended already. */
-export async function failLostRun(services: Services, taskId: string, why: string): Promise<boolean> {
+/** Fails the task of a run (its message) whose job ended without the run's own final handling; false when the task had ended already or another run has it. */
+export async function failLostRun(services: Services, taskId: string, messageId: string, why: string): Promise<boolean> {
   return inStatement(services, async (uow) => {
-    const failed = await failRun(uow, taskId, `The agent run was lost: ${why}`);
+    const failed = await failRun(uow, taskId, `The agent run was lost: ${why}`, { lostRun: messageId });
     // A job failed for stalling may still be running on a worker whose event loop was blocked: its run stops as on a cancel.
     if (failed) uow.publish(TASK_CANCELED, { task_id: taskId });
     return failed !== null;

@@ -57,7 +57,7 @@ const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks'
 agentWorker.on('failed', (job: Job<JobPayloads['agent-tasks']> | undefined, err) => {
   if (!job || !/stalled/i.test(err.message)) return;
   // Recovery (recover-agent-runs.ts) fails the task later when this cannot.
-  failLostRun(services, job.data.task_id, `its worker stopped during it too often (${err.message})`).catch(() => undefined);
+  failLostRun(services, job.data.task_id, job.data.message_id, `its worker stopped during it too often (${err.message})`).catch(() => undefined);
 });
 
 // Fired when a shutdown's grace period is over: key jobs go back to the queue after their batch.

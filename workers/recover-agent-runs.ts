@@ -43,7 +43,7 @@ export class AgentRunRecovery {
         log.warn({ task_id: r.task_id, message_id: r.message_id }, 'agent run had no queue job: enqueued again');
         handled.push(r.task_id);
       } else if (typeof failedAt === 'string') {
-        if (await failLostRun(this.services, r.task_id, 'its queue job failed without ending the task')) {
+        if (await failLostRun(this.services, r.task_id, r.message_id, 'its queue job failed without ending the task')) {
           const job = await queue.getJob(r.message_id);
           log.warn({ task_id: r.task_id, message_id: r.message_id, reason: job?.failedReason }, 'agent run job had failed with its task unfinished: task failed');
           handled.push(r.task_id);

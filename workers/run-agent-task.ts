@@ -86,8 +86,12 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     if (!state.trigger) return 'message gone';
     const started = tasks.toTask(state.task);
 
-    // A task has one run at a time: one of its runs still going here lost it to this one.
-    if (cancels.cancel(taskId, 'task taken by another run')) log.info({ task_id: taskId }, 'agent run aborted: task taken by another run');
+    // A task has one run at a time: one of its runs still going here lost it to this one (or, for the
+    // same message, is a stalled copy of this job that BullMQ gave up on).
+    const previous = cancels.messageOf(taskId);
+    if (previous !== undefined && cancels.cancel(taskId, 'task taken by another run', { superseded: true })) {
+      log.info({ task_id: taskId }, previous === messageId ? 'agent run aborted: its job started again' : 'agent run aborted: task taken by another run');
+    }
     const controller = cancels.register(taskId, messageId);
     const history = state.history.map(({ seq: _s, ...m }) => m);
     const { seq: _seq, ...message } = state.trigger;
@@ -95,13 +99,13 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     const ended = (what: string) => Object.assign(new Error(`task is ${what}`), { taskEnded: true });
     // Reads and calls from inside a run are refused once the run is aborted.
     const whileRunning = <T>(fn: () => Promise<T>) => (controller.signal.aborted ? Promise.reject(ended('canceled or handed back')) : fn());
-    // Writes from inside a run are skipped once the task has ended (e.g. canceled meanwhile) or another
-    // run has taken it (a client interrupted it and answered). Its callers (reply, setStatus,
-    // emitArtifact) pass its errors through `ours`.
+    // Writes from inside a run are skipped once the task is no longer working under it: ended (e.g.
+    // canceled meanwhile), set waiting by a client, or taken by another run. Its callers (reply,
+    // setStatus, emitArtifact) pass its errors through `ours`.
     const whileActive = <T>(fn: (uow: UnitOfWork, task: tasks.TaskRow) => Promise<T>) =>
       inTransaction(services, async (uow) => {
         const locked = (await tasks.getTask(uow.trx, taskId, true))!;
-        if (isTerminal(locked.status)) throw ended(locked.status);
+        if (locked.status !== 'working') throw ended(locked.status);
         if (locked.run_message_id && locked.run_message_id !== messageId) throw ended('under another run');
         return fn(uow, locked);
       });
@@ -137,7 +141,10 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     try {
       const result = await Promise.race([agent(ctx), abortedBy(controller.signal)]);
       const final = await ours(async () => finalOf(result));
-      const done = await ours(() => inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, runEndsFrom(final.status), final.message, messageId)));
+      // Done running: from here the final write's compare-and-set decides, and a check that sees the
+      // task leave working by this write does not take it for a client's doing.
+      cancels.release(taskId, controller);
+      const done = await ours(() => inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, runEndsFrom(final.status), final.message, { run: messageId })));
       return done ? final.status : 'task ended or taken by another run during the run';
     } catch (err) {
       if (outages.has(err as object)) throw err;
@@ -153,7 +160,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         log.warn({ task_id: taskId, attempt: job.attemptsMade + 1, attempts, reason }, 'agent run failed; it will be retried');
         throw err;
       }
-      await ours(() => inStatement(services, (uow) => failRun(uow, taskId, `The agent failed after ${attempts} attempt(s): ${reason}`, messageId)));
+      await ours(() => inStatement(services, (uow) => failRun(uow, taskId, `The agent failed after ${attempts} attempt(s): ${reason}`, { run: messageId })));
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');
       return 'failed';
     } finally {

@@ -2,8 +2,8 @@
 // by job recovery). A note on Redis does it at once; a check in Postgres every CHECK_MS catches the
 // notes that never came (Redis down or reconnecting when the task ended, an API process gone between
 // its commit and the note), so a run learns of its task's end within about a second either way. The
-// check also aborts a run whose task another run (on any worker) has taken: a client set the task
-// waiting for input and answered while the first run was still going.
+// check also aborts a run whose task is no longer working under it: a client set it waiting for
+// input (and may have answered, so that another run, on any worker, has it).
 import type { Services } from '../domain/services.ts';
 import { TASK_CANCELED } from '../domain/tasks.ts';
 import { isTerminal } from '../domain/task-states.ts';
@@ -30,9 +30,11 @@ export async function watchCancels(services: Pick<Services, 'db' | 'bus' | 'log'
     try {
       const runOf = new Map(runs.map((r) => [r.taskId, r.messageId]));
       for (const task of await runHolders(db, [...runOf.keys()])) {
+        const messageId = runOf.get(task.id);
         if (isTerminal(task.status)) abort(task.id, task.status);
-        else if (task.run_message_id && task.run_message_id !== runOf.get(task.id) && cancels.cancel(task.id, 'task taken by another run', runOf.get(task.id))) {
-          log.info({ task_id: task.id }, 'agent run aborted: task taken by another run');
+        else if (task.status !== 'working' || (task.run_message_id && task.run_message_id !== messageId)) {
+          const why = task.status === 'working' ? 'task taken by another run' : `task set ${task.status}`;
+          if (cancels.cancel(task.id, why, { messageId, superseded: true })) log.info({ task_id: task.id, status: task.status }, `agent run aborted: ${why}`);
         }
       }
     } catch (err) {

@@ -111,13 +111,16 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], db, log }: RemoteAge
     if (ctx.signal.aborted) onAbort();
     ctx.signal.addEventListener('abort', onAbort, { once: true });
     try {
-      // A later turn: what the remote task already shows was mirrored by earlier runs. A remote
-      // task still running means this run is a retry after the message was sent: follow it.
+      // A later turn: what the remote task already shows was mirrored by earlier runs. A remote task
+      // still running on this run's message means this run is a retry after the send: follow it. One
+      // running on an earlier message (a client answered while that run was going) is sent this one.
       const current = known ? await remote.getTask({ id: known.remote_task_id, historyLength: SEEN_HISTORY }, { signal: link.signal }) : undefined;
       if (current && isEnd(current.status.state) && !(current.status.state in INTERRUPTED)) return resultOf(current.status, true);
       if (current) mirror.seen(current);
       const running = current && (current.status.state === 'submitted' || current.status.state === 'working');
-      if (!running) {
+      // Rows from before migration 0015 name no message: running is all there is to go by.
+      const sent = running && (known?.last_message_id === ctx.message.id || known?.last_message_id == null);
+      if (!sent) {
         const done = await send(remote, mirror, ctx, known, link.signal);
         if (done) return done;
       }
@@ -131,9 +134,11 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], db, log }: RemoteAge
         if (done) return done;
       }
     } catch (err) {
-      // A worker shutting down hands the run to another worker, which follows the same remote task.
-      const shutdown = (ctx.signal.reason as { shutdown?: boolean } | undefined)?.shutdown;
-      if (ctx.signal.aborted && !shutdown && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled')) {
+      // A worker shutting down hands the run to another worker, which follows the same remote task; a
+      // run the task was taken from (a client set it waiting, and may have answered) leaves the remote
+      // task to the run that takes over. Only a canceled or ended task cancels it.
+      const reason = ctx.signal.reason as { shutdown?: boolean; superseded?: boolean } | undefined;
+      if (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled')) {
         await forgetRemoteAgentTask(db, ctx.task.id).catch(() => undefined);
       }
       throw err;
@@ -220,10 +225,14 @@ class Mirror {
     return false;
   }
 
+  // The remote task, and that it was sent this run's message, once the remote answers about it.
+  private sentRecorded = false;
+
   private async track(taskId: string, contextId: string | undefined): Promise<void> {
-    if (this.remoteTaskId === taskId) return;
+    if (this.remoteTaskId === taskId && this.sentRecorded) return;
     this.remoteTaskId = taskId;
-    await saveRemoteAgentTask(this.db, { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null });
+    this.sentRecorded = true;
+    await saveRemoteAgentTask(this.db, { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null, last_message_id: this.ctx.message.id });
   }
 
   // Something new from the remote (a message, an artifact) means it has taken up the answer.
