@@ -23,10 +23,26 @@ export async function getTask(db: Tx, id: string, lock = false): Promise<TaskRow
   return lock ? q.forUpdate() : q;
 }
 
+// Whether the message a task's run_due_message_id names came after the task's status changed last
+// (by the order of messages when the change carried one). Every change clears the mark; one left
+// from before a change was set by processes of a release before migration 0013, which do not clear it.
+const DUE_SINCE_STATUS = `coalesce(d.seq > (select sm.seq from messages sm where sm.id = t.status_message_id), d.created_at >= t.status_timestamp)`;
+
 // A user message to a task waiting for input is owed a run: the first such one, until a run starts
 // or the status changes (job recovery reads these, listRunsToCheck).
 export async function markRunDue(db: Tx, taskId: string, messageId: string): Promise<void> {
-  await db('tasks').where({ id: taskId }).whereNull('run_due_message_id').update({ run_due_message_id: messageId });
+  await db.raw(
+    `update tasks t set run_due_message_id = ?
+      where t.id = ? and (t.run_due_message_id is null
+                          or not exists (select 1 from messages d where d.id = t.run_due_message_id and ${DUE_SINCE_STATUS}))`,
+    [messageId, taskId],
+  );
+}
+
+// Marks no longer owed (tasks run, ended or changed by processes of a release before migration
+// 0013, which do not clear them): cleared, so the partial index holds the owed tasks only.
+export async function clearStaleRunDue(db: Tx): Promise<number> {
+  return db('tasks').whereNotNull('run_due_message_id').whereNotIn('status', ['submitted', 'input-required', 'auth-required']).update({ run_due_message_id: null });
 }
 
 // Who holds each task: its status and the message of the run that took it last.
@@ -223,9 +239,9 @@ export async function listRunsToCheck(db: Tx, olderThanMs: number, after: { crea
   const { rows } = await db.raw(
     `select * from (
       (select t.id as task_id, t.created_at, t.status, t.run_due_message_id as message_id
-         from tasks t join messages m on m.id = t.run_due_message_id
+         from tasks t join messages d on d.id = t.run_due_message_id
         where t.run_due_message_id is not null and t.status in ('submitted', 'input-required', 'auth-required')
-          and m.created_at < now() - make_interval(secs => ?)
+          and d.created_at < now() - make_interval(secs => ?) and ${DUE_SINCE_STATUS}
           and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
         order by t.created_at, t.id limit ?)
       union all

@@ -119,6 +119,47 @@ describe('agent run recovery', () => {
   });
 });
 
+describe('run marks left by processes of a release before migration 0013', () => {
+  const ctx = recoveryStack();
+
+  it('clears marks of tasks no longer owed a run, never runs a mark older than the last status change, and an answer replaces one', async () => {
+    const c = ctx.stack.client;
+    const due = async (id: string) => (await testDb()('tasks').where({ id }).first()).run_due_message_id;
+    // Run and completed by an old worker, which left the mark of its opening message.
+    const ran = (await c.post('/api/task/v1', { message: textMessage('old run') })).body;
+    await testDb()('tasks').where({ id: ran.task.id }).update({ status: 'completed', status_timestamp: new Date() });
+    assert.equal(await due(ran.task.id), ran.message.id);
+    // Waiting for input since an old worker's change, its mark from before that change.
+    const waiting = (await c.post('/api/task/v1', { message: textMessage('opened by an agent', 'agent') })).body;
+    const id = waiting.task.id;
+    assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'working' })).status, 200);
+    assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'input-required', message: textMessage('what next?', 'agent') })).status, 200);
+    await testDb()('tasks').where({ id }).update({ run_due_message_id: waiting.message.id });
+    await ctx.loseJobs('agent-tasks');
+
+    const worker = await startWorker(ctx.stack.env);
+    ctx.stack.workers.push(worker);
+    await waitFor(async () => (await due(ran.task.id)) === null, 'the mark of the completed task to be cleared');
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.ok(!worker.logs.some((l) => l.includes('agent run had no queue job') && l.includes(id)), 'the stale mark was not run');
+    assert.equal((await c.get(`/api/task/v1/${id}`)).body.task.status, 'input-required');
+
+    // With no worker running, an answer replaces the stale mark; its job lost too, recovery runs it.
+    await worker.stop();
+    ctx.stack.workers.splice(ctx.stack.workers.indexOf(worker), 1);
+    const answer = await c.post(`/api/task/v1/${id}/message`, textMessage('the answer'));
+    assert.equal(answer.status, 201);
+    assert.equal(await due(id), answer.body.message.id);
+    await ctx.loseJobs('agent-tasks');
+    const next = await startWorker(ctx.stack.env);
+    ctx.stack.workers.push(next);
+    await waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.task.status === 'completed', 'the answer to be run');
+    assert.match((await c.get(`/api/task/v1/${id}`)).body.status_message.parts[0].text, /: the answer$/);
+    assert.ok(next.logs.some((l) => l.includes('agent run had no queue job') && l.includes(id)));
+    assert.equal(await due(id), null);
+  });
+});
+
 describe('a lost continuation', () => {
   const ctx = recoveryStack();
 

@@ -10,7 +10,7 @@
 // A working task whose job is missing is left alone: its run may still be going on a worker.
 // Passes walk the candidates in pages, so a large backlog is checked piece by piece.
 import type { Services } from '../domain/services.ts';
-import { listRunsToCheck } from '../db/tasks.ts';
+import { clearStaleRunDue, listRunsToCheck } from '../db/tasks.ts';
 import { pendingOutboxIds } from '../db/outbox.ts';
 import { failLostRun } from './fail-run.ts';
 
@@ -24,6 +24,7 @@ export class AgentRunRecovery {
   /** Checks the next page of candidates at least `olderThanMs` old; returns the task ids whose run was enqueued again or failed. */
   async pass(olderThanMs: number): Promise<string[]> {
     const { db, queues, redis, log } = this.services;
+    if (!this.after) await clearStaleRunDue(db);
     const page = await listRunsToCheck(db, olderThanMs, this.after, PAGE);
     // The next pass continues after this page, or starts over after the last one.
     this.after = page.length === PAGE ? page[PAGE - 1] : undefined;
