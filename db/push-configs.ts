@@ -64,8 +64,12 @@ export async function releasePushConfig(db: Tx, taskId: string, id: string, leas
   await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId }).update({ lease_id: null, lease_until: null });
 }
 
-export async function setDeliveredSeq(db: Tx, taskId: string, id: string, seq: number): Promise<void> {
-  await db('push_configs').where({ task_id: taskId, id }).update({ delivered_seq: db.raw('greatest(delivered_seq, ?)', [seq]) });
+// Records a delivered update and extends the run's lease by `ms`; false when the lease is no longer
+// the run's (it ran out and another run took the config).
+export async function setDeliveredSeq(db: Tx, taskId: string, id: string, seq: number, leaseId: string, ms: number): Promise<boolean> {
+  const n = await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId })
+    .update({ delivered_seq: db.raw('greatest(delivered_seq, ?)', [seq]), lease_until: db.raw(`now() + make_interval(secs => ?)`, [ms / 1000]) });
+  return n > 0;
 }
 
 // Status updates of a task after a timeline position, oldest first: what a webhook has not seen.

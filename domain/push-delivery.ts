@@ -21,7 +21,8 @@ import { pushSecrets } from './push-config.ts';
 
 const HISTORY_IN_NOTIFICATION = 100;
 // A run holds its config's lease while it posts, so it is kept short: after this many updates, or
-// once this much time has passed, it hands over to a fresh run.
+// once this much time has passed, it hands over to a fresh run. The lease lasts one post (bounded
+// by PUSH_TIMEOUT_MS) and the reads around it, and is extended with each update recorded.
 const ITEMS_PER_RUN = 20;
 const RUN_BUDGET_MS = 15_000;
 const LEASE_MARGIN_MS = 10_000;
@@ -64,8 +65,12 @@ export function postNotification(
       if (code >= 200 && code < 300) resolve(code);
       else reject(new DeliveryError(`webhook answered HTTP ${code}`));
     });
+    // The socket timeout fires only after that long idle; this bounds the whole post, however the
+    // webhook trickles its answer.
+    const deadline = setTimeout(() => req.destroy(new Error(`no answer within ${opts.timeoutMs} ms`)), opts.timeoutMs);
     req.on('timeout', () => req.destroy(new Error(`no answer within ${opts.timeoutMs} ms`)));
     req.on('error', (err) => reject(new DeliveryError(`webhook unreachable: ${err.message}`)));
+    req.on('close', () => clearTimeout(deadline));
     req.end(payload);
   });
 }
@@ -98,8 +103,9 @@ export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, final
   if (!exists) return 'config gone';
   if (exists.delivered_seq >= job.timeline_seq) return 'nothing to deliver';
   const leaseId = randomUUID();
-  // Outlives the longest run: the budget, then one post's timeout, then the writes.
-  const config = await repo.leasePushConfig(db, job.task_id, job.config_id, leaseId, RUN_BUDGET_MS + cfg.PUSH_TIMEOUT_MS + LEASE_MARGIN_MS);
+  const leaseMs = cfg.PUSH_TIMEOUT_MS + LEASE_MARGIN_MS;
+  const started = Date.now();
+  const config = await repo.leasePushConfig(db, job.task_id, job.config_id, leaseId, leaseMs);
   if (!config) return (await repo.getPushConfig(db, job.task_id, job.config_id)) ? 'busy' : 'config gone';
   try {
     if (config.delivered_seq >= job.timeline_seq) return 'nothing to deliver';
@@ -107,7 +113,6 @@ export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, final
     if (!task) return 'config gone';
     const items = await repo.statusItemsAfter(db, job.task_id, config.delivered_seq, ITEMS_PER_RUN);
     const headers = await authHeaders(deps, config);
-    const started = Date.now();
     let reached = config.delivered_seq;
     let cut = items.length === ITEMS_PER_RUN;
     for (const item of items) {
@@ -123,11 +128,14 @@ export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, final
         if (!finalAttempt) throw new DeliveryError(`push delivery of task ${job.task_id} update ${item.seq} failed: ${reason}`);
         log.warn({ task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(config.url).host, reason }, 'push notification given up');
       }
-      await repo.setDeliveredSeq(db, job.task_id, job.config_id, item.seq);
+      // A lease lost meanwhile (a post or a read slower than the margin) belongs to another run now.
+      if (!(await repo.setDeliveredSeq(db, job.task_id, job.config_id, item.seq, leaseId, leaseMs))) return 'busy';
       reached = item.seq;
     }
     return cut && reached < job.timeline_seq ? 'more' : 'delivered';
   } finally {
-    await repo.releasePushConfig(db, job.task_id, job.config_id, leaseId);
+    // Not released, the lease runs out by itself: the next run waits for it, no more.
+    await repo.releasePushConfig(db, job.task_id, job.config_id, leaseId)
+      .catch((err) => log.warn({ task_id: job.task_id, config_id: job.config_id, reason: (err as Error).message }, 'push config lease not released; it runs out by itself'));
   }
 }

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import http from 'node:http';
+import net from 'node:net';
 import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { resetDb, startStack, testDb, waitFor, textMessage, type Stack } from './helpers/stack.ts';
@@ -343,6 +344,29 @@ describe('push notifications', () => {
     assert.equal(rx.all.length, 0);
     assert.equal(await postNotification(`http://localhost:${port}/hook`, { kind: 'task' }, {}, { ...opts, allowPrivate: true }), 200);
     assert.equal(rx.all.length, 1);
+  });
+
+  it('gives up a post after PUSH_TIMEOUT_MS in all, even on a webhook that trickles its answer', async () => {
+    // Answers a byte of its headers every 200 ms, for ever: never idle long enough for a socket timeout.
+    const sockets = new Set<net.Socket>();
+    const server = net.createServer((socket) => {
+      sockets.add(socket);
+      socket.once('data', () => {
+        socket.write('HTTP/1.1 200 OK\r\nX-Slow: ');
+        const drip = setInterval(() => socket.write('a'), 200);
+        socket.on('close', () => clearInterval(drip));
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    try {
+      const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/hook`;
+      const post = postNotification(url, { kind: 'task' }, {}, { allowPrivate: true, timeoutMs: 1000 });
+      const outcome = await Promise.race([post.then(() => 'answered', (e: Error) => e.message), new Promise((resolve) => setTimeout(() => resolve('still waiting'), 8000))]);
+      assert.match(String(outcome), /no answer within 1000 ms/);
+    } finally {
+      for (const s of sockets) s.destroy();
+      server.close();
+    }
   });
 
   it('rejects bad webhook URLs with specific messages and stores nothing', async () => {

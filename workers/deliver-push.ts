@@ -9,7 +9,7 @@ import { deliverPending } from '../domain/push-delivery.ts';
 import { PUSH_DELIVERIES_CHANNEL } from '../db/push-configs.ts';
 import { listenPg } from '../db/pg-listener.ts';
 
-// A run that finds the config locked by another run comes back after this long, and one that
+// A run that finds the config leased by another run comes back after this long, and one that
 // stopped at its budget comes back at once, neither spending an attempt.
 const BUSY_DELAY_MS = 200;
 
