@@ -1,11 +1,14 @@
 // Streams open per API key in this process (A2A_STREAMS_PER_KEY): a stream holds a connection and
 // re-reads Postgres every few seconds for as long as its task lives, which may be for ever. A
 // revoked key's streams end (endStreamsOf, called wherever this process learns of a revocation).
-import { RateLimited } from '../domain/errors.ts';
+import { RateLimited, Unauthenticated } from '../domain/errors.ts';
 import type { Services } from '../domain/services.ts';
 
 const RETRY_AFTER_MS = 5000;
 const openStreams = new Map<string, Set<AbortController>>();
+// Keys this process learned were revoked: a request authenticated just before the news (from the
+// key cache) must not open a stream after it, which nothing would end.
+const revoked = new Set<string>();
 
 export interface HeldStream {
   /** Aborts when the key is revoked. */
@@ -15,6 +18,7 @@ export interface HeldStream {
 
 /** Takes one of the key's stream places (429 when it has none left). */
 export function holdStream(services: Services, keyId: string): HeldStream {
+  if (revoked.has(keyId)) throw new Unauthenticated('Unknown or revoked API key');
   const held = openStreams.get(keyId) ?? new Set<AbortController>();
   const limit = services.cfg.A2A_STREAMS_PER_KEY;
   if (limit && held.size >= limit) {
@@ -33,5 +37,6 @@ export function holdStream(services: Services, keyId: string): HeldStream {
 }
 
 export function endStreamsOf(keyId: string): void {
+  revoked.add(keyId);
   for (const stream of openStreams.get(keyId) ?? []) stream.abort(new Error('API key revoked'));
 }
