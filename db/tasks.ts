@@ -41,8 +41,16 @@ export async function markRunDue(db: Tx, taskId: string, messageId: string): Pro
 
 // Marks no longer owed (tasks run, ended or changed by processes of a release before migration
 // 0013, which do not clear them): cleared, so the partial index holds the owed tasks only.
-export async function clearStaleRunDue(db: Tx): Promise<number> {
-  return db('tasks').whereNotNull('run_due_message_id').whereNotIn('status', ['submitted', 'input-required', 'auth-required']).update({ run_due_message_id: null });
+// A bounded batch, skipping rows others hold: it must not queue behind, or deadlock with, the hot
+// statements (which lock in task id order).
+export async function clearStaleRunDue(db: Tx, limit = 1000): Promise<number> {
+  const { rowCount } = await db.raw(
+    `update tasks set run_due_message_id = null
+      where id in (select id from tasks where run_due_message_id is not null and status not in ('submitted', 'input-required', 'auth-required')
+                    order by id limit ? for update skip locked)`,
+    [limit],
+  );
+  return rowCount ?? 0;
 }
 
 // Who holds each task: its status and the message of the run that took it last.
@@ -112,7 +120,7 @@ export interface StatusChange {
   taskId: string; to: TaskState; from: readonly TaskState[]; at: Date; message?: Message; timeline: TimelineItem[];
   /** A running run's own change (its message): applied only while the task is working under it. */
   run?: string;
-  /** The change for a run whose job ended without its own handling: applied unless another run has the task working. */
+  /** The change for a run whose job ended without its own handling: applied only while the task is working under that run or still owed it. */
   lostRun?: string;
 }
 export interface StatusChangeResult { task?: TaskRow; timelineSeqs: number[] }
@@ -140,7 +148,9 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
              where t.id = any($2::uuid[]) and t.id = b.task_id and t.status = any(b."from")
                -- tasks from before migration 0009 name no run
                and (b.run is null or (t.status = 'working' and (t.run_message_id is null or t.run_message_id = b.run)))
-               and (b.lost_run is null or t.status <> 'working' or t.run_message_id is null or t.run_message_id = b.lost_run)
+               -- a lost run's failure: of the run the task is working under, or of the run it is owed
+               and (b.lost_run is null or t.status = 'submitted' or t.run_due_message_id = b.lost_run
+                    or (t.status = 'working' and (t.run_message_id is null or t.run_message_id = b.lost_run)))
              returning t.*),
       m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, metadata, created_at)
             select (b.msg->>'id')::uuid, b.msg->>'client_message_id', b.task_id, b.msg->>'role', b.msg->'parts',

@@ -167,7 +167,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
 // AGENT_REMOTE_KEY_ORIGINS as origins comparable with URL.origin (https://Host:443 is https://host).
 export function remoteKeyOrigins(cfg: Pick<Config, 'AGENT_REMOTE_KEY_ORIGINS'>): string[] {
   // Blank entries (a trailing comma) are no origins to trust, not mistakes.
-  return (cfg.AGENT_REMOTE_KEY_ORIGINS?.split(',') ?? []).map((entry) => entry.trim()).filter(Boolean).map((raw, i) => {
+  return (cfg.AGENT_REMOTE_KEY_ORIGINS?.split(',') ?? []).map((entry, i) => [entry.trim(), i] as const).filter(([raw]) => raw).map(([raw, i]) => {
     let url: URL | undefined;
     try { url = new URL(raw); } catch { /* said below */ }
     if (!url || !/^https?:$/.test(url.protocol) || url.href !== `${url.origin}/` || url.username || url.password) {

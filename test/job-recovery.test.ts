@@ -3,6 +3,8 @@
 import assert from 'node:assert/strict';
 import { Redis } from 'ioredis';
 import { Queue, UnrecoverableError, Worker } from 'bullmq';
+import { randomUUID } from 'node:crypto';
+import { applyStatusChanges } from '../db/tasks.ts';
 import { resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Proc, type Stack } from './helpers/stack.ts';
 
 const E = '/api/encryption/v1';
@@ -116,6 +118,30 @@ describe('agent run recovery', () => {
     assert.equal(recovered.length, 3, recovered.join('\n'));
     for (const id of ids) assert.ok(recovered.some((l) => l.includes(id)));
     for (const t of [agentOnly, agentFirst]) assert.equal((await c.get(`/api/task/v1/${t.body.task.id}`)).body.task.status, 'submitted');
+  });
+});
+
+describe("a lost run's failure", () => {
+  const ctx = recoveryStack();
+
+  it('fails the task the run had or was owed, not one a client set waiting and answered since', async () => {
+    const c = ctx.stack.client;
+    const fail = (taskId: string, lostRun: string) => applyStatusChanges(testDb(), [{
+      taskId, to: 'failed', from: ['submitted', 'working', 'input-required', 'auth-required'], at: new Date(), lostRun,
+      timeline: [{ id: randomUUID(), task_id: taskId, created_at: new Date().toISOString(), event_payload: { type: 'task-status-update', status: 'failed' } }],
+    }]);
+    // Owed a run for its opening message (no worker runs here).
+    const owed = (await c.post('/api/task/v1', { message: textMessage('never ran') })).body;
+    assert.equal((await fail(owed.task.id, owed.message.id))[0].task?.status, 'failed');
+    // Working under its run (as a worker leaves it), then set waiting by a client, who answered.
+    const taken = (await c.post('/api/task/v1', { message: textMessage('ran once') })).body;
+    await testDb()('tasks').where({ id: taken.task.id }).update({ status: 'working', run_message_id: taken.message.id, run_due_message_id: null });
+    assert.equal((await c.put(`/api/task/v1/${taken.task.id}`, { status: 'input-required' })).status, 200);
+    const answer = (await c.post(`/api/task/v1/${taken.task.id}/message`, textMessage('the answer'))).body.message;
+    assert.equal((await fail(taken.task.id, taken.message.id))[0].task, undefined, 'the first run no longer has the task');
+    assert.equal((await c.get(`/api/task/v1/${taken.task.id}`)).body.task.status, 'input-required');
+    // The answer's run, lost, fails it.
+    assert.equal((await fail(taken.task.id, answer.id))[0].task?.status, 'failed');
   });
 });
 

@@ -118,8 +118,11 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], db, log }: RemoteAge
       if (current && isEnd(current.status.state) && !(current.status.state in INTERRUPTED)) return resultOf(current.status, true);
       if (current) mirror.seen(current);
       const running = current && (current.status.state === 'submitted' || current.status.state === 'working');
-      // Rows from before migration 0015 name no message: running is all there is to go by.
-      const sent = running && (known?.last_message_id === ctx.message.id || known?.last_message_id == null);
+      // The remote's history says best whether it has this message (a crash between the send and the
+      // remote's first answer leaves last_message_id behind); without one, the row does (rows from
+      // before migration 0015 name no message: running is all there is to go by).
+      const inHistory = current?.history?.length ? current.history.some((m) => m.messageId === ctx.message.id) : undefined;
+      const sent = running && (inHistory ?? (known?.last_message_id === ctx.message.id || known?.last_message_id == null));
       if (!sent) {
         const done = await send(remote, mirror, ctx, known, link.signal);
         if (done) return done;
