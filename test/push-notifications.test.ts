@@ -8,6 +8,7 @@ import { deletePushConfig, getPushConfig, listPushConfigs, setPushConfig } from 
 import { AppError } from '../domain/errors.ts';
 import { loadConfig, type Config } from '../domain/config.ts';
 import { postNotification } from '../domain/push-delivery.ts';
+import { leasePushConfig, releasePushConfig, setDeliveredSeq } from '../db/push-configs.ts';
 import { applyStatusChanges, type StatusChange } from '../db/tasks.ts';
 import type { TaskState } from '../domain/task-states.ts';
 import type { TimelineItem } from '../api/schemas/task.ts';
@@ -344,6 +345,23 @@ describe('push notifications', () => {
     assert.equal(rx.all.length, 0);
     assert.equal(await postNotification(`http://localhost:${port}/hook`, { kind: 'task' }, {}, { ...opts, allowPrivate: true }), 200);
     assert.equal(rx.all.length, 1);
+  });
+
+  it('leases a config to one delivery run at a time; a run whose lease ran out records nothing more', async () => {
+    const id = await idleTask();
+    await setConfig(id, { id: 'leased', url: 'https://hooks.example.com/x' });
+    const db = testDb();
+    const base = (await db('push_configs').where({ task_id: id, id: 'leased' }).first()).delivered_seq;
+    assert.ok(await leasePushConfig(db, id, 'leased', 'a0000000-0000-4000-8000-000000000001', 60_000));
+    assert.equal(await leasePushConfig(db, id, 'leased', 'a0000000-0000-4000-8000-000000000002', 60_000), undefined, 'held by the first run');
+    assert.equal(await setDeliveredSeq(db, id, 'leased', base + 1, 'a0000000-0000-4000-8000-000000000001', 60_000), true);
+    // The first run's lease runs out; a second run takes the config, and the first can no longer record.
+    await db('push_configs').where({ task_id: id, id: 'leased' }).update({ lease_until: db.raw(`now() - interval '1 second'`) });
+    assert.ok(await leasePushConfig(db, id, 'leased', 'a0000000-0000-4000-8000-000000000002', 60_000));
+    assert.equal(await setDeliveredSeq(db, id, 'leased', base + 2, 'a0000000-0000-4000-8000-000000000001', 60_000), false);
+    assert.equal((await db('push_configs').where({ task_id: id, id: 'leased' }).first()).delivered_seq, base + 1);
+    await releasePushConfig(db, id, 'leased', 'a0000000-0000-4000-8000-000000000001');
+    assert.equal((await db('push_configs').where({ task_id: id, id: 'leased' }).first()).lease_id, 'a0000000-0000-4000-8000-000000000002', "a lost lease's release leaves the new one");
   });
 
   it('gives up a post after PUSH_TIMEOUT_MS in all, even on a webhook that trickles its answer', async () => {
