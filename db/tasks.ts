@@ -41,13 +41,13 @@ export async function markRunDue(db: Tx, taskId: string, messageId: string): Pro
 
 // Marks no longer owed (tasks run, ended or changed by processes of a release before migration
 // 0013, which do not clear them): cleared, so the partial index holds the owed tasks only.
-// A bounded batch, skipping rows others hold: it must not queue behind, or deadlock with, the hot
-// statements (which lock in task id order).
+// A bounded batch, read through the partial index on marked tasks, skipping rows others hold: it
+// never waits on, nor deadlocks with, the hot statements.
 export async function clearStaleRunDue(db: Tx, limit = 1000): Promise<number> {
   const { rowCount } = await db.raw(
     `update tasks set run_due_message_id = null
       where id in (select id from tasks where run_due_message_id is not null and status not in ('submitted', 'input-required', 'auth-required')
-                    order by id limit ? for update skip locked)`,
+                    limit ? for update skip locked)`,
     [limit],
   );
   return rowCount ?? 0;
