@@ -40,14 +40,17 @@ export async function markRunDue(db: Tx, taskId: string, messageId: string): Pro
 }
 
 // Marks no longer owed (tasks run, ended or changed by processes of a release before migration
-// 0013, which do not clear them): cleared, so the partial index holds the owed tasks only.
+// 0013, which do not clear them): on a task in a state no run starts from, or older than its last
+// status change. Cleared, so the partial index holds the owed tasks only.
 // A bounded batch, read through the partial index on marked tasks, skipping rows others hold: it
 // never waits on, nor deadlocks with, the hot statements.
 export async function clearStaleRunDue(db: Tx, limit = 1000): Promise<number> {
   const { rowCount } = await db.raw(
     `update tasks set run_due_message_id = null
-      where id in (select id from tasks where run_due_message_id is not null and status not in ('submitted', 'input-required', 'auth-required')
-                    limit ? for update skip locked)`,
+      where id in (select t.id from tasks t left join messages d on d.id = t.run_due_message_id
+                    where t.run_due_message_id is not null
+                      and (t.status not in ('submitted', 'input-required', 'auth-required') or d.id is null or not ${DUE_SINCE_STATUS})
+                    limit ? for update of t skip locked)`,
     [limit],
   );
   return rowCount ?? 0;

@@ -161,16 +161,24 @@ describe('run marks left by processes of a release before migration 0013', () =>
     assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'working' })).status, 200);
     assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'input-required', message: textMessage('what next?', 'agent') })).status, 200);
     await testDb()('tasks').where({ id }).update({ run_due_message_id: waiting.message.id });
+    // The same, answered before any worker of this release saw it: the answer replaces the stale mark.
+    const replaced = (await c.post('/api/task/v1', { message: textMessage('opened by an agent too', 'agent') })).body;
+    assert.equal((await c.put(`/api/task/v1/${replaced.task.id}`, { status: 'working' })).status, 200);
+    assert.equal((await c.put(`/api/task/v1/${replaced.task.id}`, { status: 'input-required', message: textMessage('and now?', 'agent') })).status, 200);
+    await testDb()('tasks').where({ id: replaced.task.id }).update({ run_due_message_id: replaced.message.id });
+    const replacing = (await c.post(`/api/task/v1/${replaced.task.id}/message`, textMessage('an early answer'))).body.message;
+    assert.equal(await due(replaced.task.id), replacing.id);
     await ctx.loseJobs('agent-tasks');
 
     const worker = await startWorker(ctx.stack.env);
     ctx.stack.workers.push(worker);
     await waitFor(async () => (await due(ran.task.id)) === null, 'the mark of the completed task to be cleared');
-    await new Promise((r) => setTimeout(r, 1000));
+    await waitFor(async () => (await due(id)) === null, 'the mark from before the last status change to be cleared');
+    await waitFor(async () => (await c.get(`/api/task/v1/${replaced.task.id}`)).body.task.status === 'completed', 'the early answer to be run by recovery');
     assert.ok(!worker.logs.some((l) => l.includes('agent run had no queue job') && l.includes(id)), 'the stale mark was not run');
     assert.equal((await c.get(`/api/task/v1/${id}`)).body.task.status, 'input-required');
 
-    // With no worker running, an answer replaces the stale mark; its job lost too, recovery runs it.
+    // With no worker running, an answer marks the task again (it would replace a stale mark too); its job lost too, recovery runs it.
     await worker.stop();
     ctx.stack.workers.splice(ctx.stack.workers.indexOf(worker), 1);
     const answer = await c.post(`/api/task/v1/${id}/message`, textMessage('the answer'));
