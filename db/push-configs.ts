@@ -49,13 +49,15 @@ export async function deletePushConfig(db: Tx, taskId: string, id: string): Prom
   return (await db('push_configs').where({ task_id: taskId, id }).delete()) > 0;
 }
 
+const leaseEnd = (db: Tx, ms: number) => db.raw(`now() + make_interval(secs => ?)`, [ms / 1000]);
+
 // Leases one config to a delivery run for `ms` so deliveries to it never overlap; undefined when
 // another run holds an unexpired lease (or the config is gone). No lock is held meanwhile.
 export async function leasePushConfig(db: Tx, taskId: string, id: string, leaseId: string, ms: number): Promise<PushConfigRow | undefined> {
   const [row] = await db('push_configs')
     .where({ task_id: taskId, id })
     .where((q) => q.whereNull('lease_until').orWhere('lease_until', '<', db.fn.now()))
-    .update({ lease_id: leaseId, lease_until: db.raw(`now() + make_interval(secs => ?)`, [ms / 1000]) })
+    .update({ lease_id: leaseId, lease_until: leaseEnd(db, ms) })
     .returning('*');
   return row;
 }
@@ -68,7 +70,7 @@ export async function releasePushConfig(db: Tx, taskId: string, id: string, leas
 // the run's (it ran out and another run took the config).
 export async function setDeliveredSeq(db: Tx, taskId: string, id: string, seq: number, leaseId: string, ms: number): Promise<boolean> {
   const n = await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId })
-    .update({ delivered_seq: db.raw('greatest(delivered_seq, ?)', [seq]), lease_until: db.raw(`now() + make_interval(secs => ?)`, [ms / 1000]) });
+    .update({ delivered_seq: db.raw('greatest(delivered_seq, ?)', [seq]), lease_until: leaseEnd(db, ms) });
   return n > 0;
 }
 

@@ -4,7 +4,7 @@ import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, type Page } from './pagination.ts';
 import { messageFromRow } from './messages.ts';
 import type { ContextInfo, Message, Task, TimelineItem } from '../api/schemas/task.ts';
-import type { TaskState } from '../domain/task-states.ts';
+import { RUN_STARTS_FROM, type TaskState } from '../domain/task-states.ts';
 
 export interface TaskRow {
   id: string; context_id: string; status: TaskState; status_timestamp: Date; status_message_id: string | null;
@@ -49,9 +49,9 @@ export async function clearStaleRunDue(db: Tx, limit = 1000): Promise<number> {
     `update tasks set run_due_message_id = null
       where id in (select t.id from tasks t left join messages d on d.id = t.run_due_message_id
                     where t.run_due_message_id is not null
-                      and (t.status not in ('submitted', 'input-required', 'auth-required') or d.id is null or not ${DUE_SINCE_STATUS})
+                      and (t.status <> all(?) or d.id is null or not ${DUE_SINCE_STATUS})
                     limit ? for update of t skip locked)`,
-    [limit],
+    [[...RUN_STARTS_FROM], limit],
   );
   return rowCount ?? 0;
 }
@@ -253,7 +253,7 @@ export async function listRunsToCheck(db: Tx, olderThanMs: number, after: { crea
     `select * from (
       (select t.id as task_id, t.created_at, t.status, t.run_due_message_id as message_id
          from tasks t join messages d on d.id = t.run_due_message_id
-        where t.run_due_message_id is not null and t.status in ('submitted', 'input-required', 'auth-required')
+        where t.run_due_message_id is not null and t.status = any(?)
           and d.created_at < now() - make_interval(secs => ?) and ${DUE_SINCE_STATUS}
           and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
         order by t.created_at, t.id limit ?)
@@ -264,7 +264,7 @@ export async function listRunsToCheck(db: Tx, olderThanMs: number, after: { crea
           and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
         order by t.created_at, t.id limit ?)
     ) c order by created_at, task_id limit ?`,
-    [olderThanMs / 1000, ...cursor, limit, olderThanMs / 1000, ...cursor, limit, limit],
+    [[...RUN_STARTS_FROM], olderThanMs / 1000, ...cursor, limit, olderThanMs / 1000, ...cursor, limit, limit],
   );
   return rows;
 }

@@ -32,6 +32,14 @@ export const RUN_RESULTS: readonly TaskState[] = ['completed', 'input-required',
 export const runEndsFrom = (to: TaskState): TaskState[] => (to === 'rejected' ? ['submitted', 'working'] : allowedFrom(to).filter((s) => !isTerminal(s)));
 export const isInterrupted = (s: TaskState) => INTERRUPTED_STATES.includes(s);
 
+// A run may start a task that is new or waits for input: the states in which a task can be owed one.
+export const RUN_STARTS_FROM: readonly TaskState[] = ['submitted', ...INTERRUPTED_STATES];
+
+// Whether a task is still the run's (of its trigger message): working, under that run. Tasks from
+// before migration 0009 name no run. (The status-change statement applies the same rule in SQL.)
+export const workingUnder = (task: { status: TaskState; run_message_id?: string | null }, messageId: string) =>
+  task.status === 'working' && (!task.run_message_id || task.run_message_id === messageId);
+
 export function assertTransition(from: TaskState, to: TaskState): void {
   if (!ALLOWED[from].includes(to)) {
     const why = isTerminal(from) ? `the task is already ${from}` : `'${to}' cannot follow '${from}'`;

@@ -8,7 +8,7 @@ import * as messages from '../db/messages.ts';
 import * as timeline from '../db/timeline.ts';
 import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineItem } from '../api/schemas/task.ts';
 import { Conflict, NotFound, PayloadTooLarge } from './errors.ts';
-import { assertTransition, INTERRUPTED_STATES, isInterrupted, isTerminal, type TaskState } from './task-states.ts';
+import { assertTransition, isInterrupted, isTerminal, RUN_STARTS_FROM, type TaskState } from './task-states.ts';
 import { afterCommit, inTransaction, type UnitOfWork, type UowServices } from './unit-of-work.ts';
 import { newOutboxRow, type OutboxRow } from '../db/outbox.ts';
 import type { Services } from './services.ts';
@@ -78,8 +78,6 @@ export async function changeStatusIf(
   return tasks.toTask(task);
 }
 
-// A run may start a task that is new or waits for input.
-const RUN_STARTS_FROM: readonly TaskState[] = ['submitted', ...INTERRUPTED_STATES];
 
 // Starts an agent run for `messageId` (db/tasks.ts beginRuns): the task moves to working if it may,
 // in one statement shared with concurrent starts; the run decides from what comes back.

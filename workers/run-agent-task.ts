@@ -8,7 +8,7 @@ import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf } from '../domain/tasks.ts';
 import { inStatement, inTransaction, type UnitOfWork } from '../domain/unit-of-work.ts';
-import { isTerminal, RUN_RESULTS, runEndsFrom } from '../domain/task-states.ts';
+import { isTerminal, RUN_RESULTS, runEndsFrom, workingUnder } from '../domain/task-states.ts';
 import type { AgentContext, AgentHandler, AgentResult } from './agents/types.ts';
 import { agentMessage, checkArtifact } from './agents/agent-output.ts';
 import { failRun } from './fail-run.ts';
@@ -78,10 +78,10 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     if (!state.started) {
       if (isTerminal(state.task.status)) return `task already ${state.task.status}`;
       if (state.answered) return 'already answered';
-      if (state.task.status !== 'working') return 'task changed before start';
       // A re-run after a crash finds the task working under its own run and carries on; a run for
-      // another message of the task ends (tasks from before migration 0009 name no run).
-      if (state.task.run_message_id && state.task.run_message_id !== messageId) return 'another run has the task';
+      // another message of the task ends.
+      if (state.task.status !== 'working') return 'task changed before start';
+      if (!workingUnder(state.task, messageId)) return 'another run has the task';
     }
     if (!state.trigger) return 'message gone';
     const started = tasks.toTask(state.task);
@@ -105,8 +105,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     const whileActive = <T>(fn: (uow: UnitOfWork, task: tasks.TaskRow) => Promise<T>) =>
       inTransaction(services, async (uow) => {
         const locked = (await tasks.getTask(uow.trx, taskId, true))!;
-        if (locked.status !== 'working') throw ended(locked.status);
-        if (locked.run_message_id && locked.run_message_id !== messageId) throw ended('under another run');
+        if (!workingUnder(locked, messageId)) throw ended(locked.status === 'working' ? 'under another run' : locked.status);
         return fn(uow, locked);
       });
 

@@ -6,7 +6,7 @@
 // input (and may have answered, so that another run, on any worker, has it).
 import type { Services } from '../domain/services.ts';
 import { TASK_CANCELED } from '../domain/tasks.ts';
-import { isTerminal } from '../domain/task-states.ts';
+import { isTerminal, workingUnder } from '../domain/task-states.ts';
 import { runHolders } from '../db/tasks.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 
@@ -32,7 +32,7 @@ export async function watchCancels(services: Pick<Services, 'db' | 'bus' | 'log'
       for (const task of await runHolders(db, [...runOf.keys()])) {
         const messageId = runOf.get(task.id);
         if (isTerminal(task.status)) abort(task.id, task.status);
-        else if (task.status !== 'working' || (task.run_message_id && task.run_message_id !== messageId)) {
+        else if (!workingUnder(task, messageId!)) {
           const why = task.status === 'working' ? 'task taken by another run' : `task set ${task.status}`;
           if (cancels.cancel(task.id, why, { messageId, superseded: true })) log.info({ task_id: task.id, status: task.status }, `agent run aborted: ${why}`);
         }
