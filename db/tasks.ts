@@ -13,14 +13,20 @@ export interface TaskRow {
   run_message_id?: string | null;
   /** Internal (migration 0013): the user message the task is owed a run for (job recovery). */
   run_due_message_id?: string | null;
+  /** Internal (migration 0016): the bytes of its artifact updates, null until first counted (pg: bigint as text). */
+  artifact_bytes?: string | null;
 }
 
 // Dates serialise to RFC 3339 with milliseconds in JSON responses.
-export const toTask = ({ run_message_id: _run, run_due_message_id: _due, ...r }: TaskRow) => r as unknown as Task;
+export const toTask = ({ run_message_id: _run, run_due_message_id: _due, artifact_bytes: _bytes, ...r }: TaskRow) => r as unknown as Task;
 
 export async function getTask(db: Tx, id: string, lock = false): Promise<TaskRow | undefined> {
   const q = db('tasks').where({ id }).first();
   return lock ? q.forUpdate() : q;
+}
+
+export async function setArtifactBytes(db: Tx, id: string, bytes: number): Promise<void> {
+  await db('tasks').where({ id }).update({ artifact_bytes: bytes });
 }
 
 // Whether the message a task's run_due_message_id names came after the task's status changed last

@@ -7,6 +7,13 @@ export async function listArtifactItems(db: Tx, taskId: string): Promise<Pick<Ti
   return db('timeline_items').select('event_payload').where({ task_id: taskId }).whereRaw(`event_payload->>'type' = 'artifact-update'`).orderBy('seq', 'asc');
 }
 
+// The bytes of a task's artifact updates as JSON text: how much its A2A view reads back.
+export async function artifactBytes(db: Tx, taskId: string): Promise<number> {
+  const [row] = await db('timeline_items').where({ task_id: taskId }).whereRaw(`event_payload->>'type' = 'artifact-update'`)
+    .select(db.raw(`coalesce(sum(octet_length((event_payload->'artifact')::text)), 0)::bigint as n`));
+  return Number(row.n);
+}
+
 // The newest timeline seq of a task (0 if none): a follower continues after it.
 export async function lastTimelineSeq(db: Tx, taskId: string): Promise<number> {
   const row = await db('timeline_items').where({ task_id: taskId }).max({ seq: 'seq' }).first();

@@ -20,6 +20,7 @@ const ConfigSchema = Type.Object({
   LOG_LEVEL: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], { default: 'info' }),
   BODY_LIMIT_BYTES: Type.Integer({ minimum: 1024, default: 1024 * 1024 }),
   TASK_MESSAGES_MAX_BYTES: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
+  TASK_ARTIFACTS_MAX_BYTES: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
   // Requests per API key per second in each API process; 0 turns it off.
   RATE_LIMIT_PER_SECOND: Type.Integer({ minimum: 0, default: 1000 }),
   // Longest a statement of the API or a worker may run (Postgres cancels it; the client gives up

@@ -6,6 +6,7 @@ import * as tasks from '../db/tasks.ts';
 import type { StatusChange } from '../db/tasks.ts';
 import * as messages from '../db/messages.ts';
 import * as timeline from '../db/timeline.ts';
+import { artifactBytes } from '../db/timeline-views.ts';
 import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineItem } from '../api/schemas/task.ts';
 import { Conflict, NotFound, PayloadTooLarge } from './errors.ts';
 import { assertTransition, isInterrupted, isTerminal, RUN_STARTS_FROM, type TaskState } from './task-states.ts';
@@ -41,8 +42,18 @@ export async function appendMessage(uow: UnitOfWork, taskId: string, req: Create
   return { message: plain as Message, seq: message.seq, timelineItem: item };
 }
 
-export async function appendArtifact(uow: UnitOfWork, taskId: string, artifact: Record<string, unknown>, at = new Date()) {
-  return appendTimeline(uow, taskId, { type: 'artifact-update', artifact }, at);
+// An artifact update of a task the caller holds locked. A task's A2A view reads back every update,
+// so a task may hold at most `maxBytes` of them (an agent, or a remote one, could otherwise grow a
+// task until reading it fails); the count is kept on the task.
+export async function appendArtifact(uow: UnitOfWork, locked: tasks.TaskRow, artifact: Record<string, unknown>, maxBytes: number, at = new Date()) {
+  const adding = Buffer.byteLength(JSON.stringify(artifact));
+  const held = locked.artifact_bytes == null ? await artifactBytes(uow.trx, locked.id) : Number(locked.artifact_bytes);
+  if (held + adding > maxBytes) {
+    throw new PayloadTooLarge(`Task '${locked.id}' holds ${held} bytes of artifacts; this artifact update (${adding} bytes) would take it over the ${maxBytes} a task may hold (TASK_ARTIFACTS_MAX_BYTES)`, { held, adding, limit: maxBytes });
+  }
+  const item = await appendTimeline(uow, locked.id, { type: 'artifact-update', artifact }, at);
+  await tasks.setArtifactBytes(uow.trx, locked.id, held + adding);
+  return item;
 }
 
 async function lockTask(trx: Tx, id: string): Promise<tasks.TaskRow> {

@@ -9,7 +9,7 @@ import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
-import { ROOT, resetDb, startStack, startWorker, testEnv, waitFor, type Stack } from './helpers/stack.ts';
+import { ROOT, resetDb, startStack, startWorker, testDb, testEnv, waitFor, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }] });
@@ -33,6 +33,7 @@ describe('agent modules', () => {
     stack = await startStack({
       AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/signal-agent.ts'), SIGNAL_AGENT_MARKER: marker, WORKER_SHUTDOWN_GRACE_MS: '1000',
       STRIPE_API_BASE_URL: `http://127.0.0.1:${(stripe.address() as AddressInfo).port}`, BRIDGE_ALLOW_PRIVATE: 'true', BRIDGE_TIMEOUT_MS: '60000',
+      TASK_ARTIFACTS_MAX_BYTES: '8192',
     });
   });
   after(async () => {
@@ -108,6 +109,27 @@ describe('agent modules', () => {
     assert.equal(state, 'completed');
     assert.deepEqual(task.artifacts.map((a: any) => a.parts.map((p: any) => p.text)), [['first'], ['second', 'and more']]);
     for (const a of task.artifacts) assert.equal(typeof a.artifactId, 'string');
+  });
+
+  it('a task holds at most TASK_ARTIFACTS_MAX_BYTES of artifacts: the update that would take it over is refused, and the agent may go on', async () => {
+    const { state, message, task } = await finalOf('fill artifacts');
+    assert.equal(state, 'completed');
+    const bytes = Buffer.byteLength(JSON.stringify({ artifactId: 'part-0', parts: [{ kind: 'text', text: 'x'.repeat(3000) }] }));
+    assert.equal(message, `artifact 2 refused: Task '${task.id}' holds ${2 * bytes} bytes of artifacts; this artifact update (${bytes} bytes) would take it over the 8192 a task may hold (TASK_ARTIFACTS_MAX_BYTES)`);
+    assert.deepEqual(task.artifacts.map((a: any) => a.artifactId), ['part-0', 'part-1']);
+  });
+
+  it('a refused artifact fails the run at its first attempt; a task from before the count was kept is counted from its timeline', async () => {
+    const before = stack.workers[0].logs.length;
+    const first = (await rpc('message/send', { message: userMessage('big artifact') })).body.result;
+    assert.equal(first.status.state, 'input-required');
+    // As a task of an earlier release holds it: artifacts, and no count.
+    assert.equal(await testDb()('tasks').where({ id: first.id }).update({ artifact_bytes: null }), 1);
+    const second = (await rpc('message/send', { message: { ...userMessage('big artifact'), taskId: first.id } })).body.result;
+    assert.equal(second.status.state, 'failed');
+    assert.match(second.status.message.parts[0].text, new RegExp(`^The agent failed after 1 attempt\\(s\\): Task '${first.id}' holds 50\\d\\d bytes of artifacts; .*\\(TASK_ARTIFACTS_MAX_BYTES\\)$`));
+    assert.deepEqual(second.artifacts.map((a: any) => a.artifactId), ['big-1']);
+    assert.ok(!stack.workers[0].logs.slice(before).some((l) => l.includes('it will be retried')), 'no retry');
   });
 
   it('after a cancel, calls out of the run are refused, and a write left unawaited does not bring the worker down', async () => {

@@ -43,7 +43,8 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
   // run alone, which would otherwise come back first after every pause, for ever.
   const outages = new WeakSet<object>();
   // The runtime refusing what a run handed it or asked for (400: parts of the wrong shape, a status
-  // it cannot set or end in, bad function params; 404: an unknown secret, a function not enabled):
+  // it cannot set or end in, bad function params; 404: an unknown secret, a function not enabled;
+  // 413: an artifact over what a task may hold):
   // no retry can mend that, so the run fails at once instead of repeating its work, and its replies.
   const refusals = new WeakSet<object>();
   const ours = async <T>(call: () => Promise<T>): Promise<T> => {
@@ -52,7 +53,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     } catch (err) {
       if (typeof err === 'object' && err) {
         if (unreachable(err)) outages.add(err);
-        else if (err instanceof AppError && (err.status === 400 || err.status === 404)) refusals.add(err);
+        else if (err instanceof AppError && [400, 404, 413].includes(err.status)) refusals.add(err);
       }
       throw err;
     }
@@ -128,7 +129,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       emitArtifact: (input) => ours(async () => {
         const artifact = checkArtifact(input);
         const artifactId = artifact.artifactId ?? randomUUID();
-        await whileActive((uow) => appendArtifact(uow, taskId, { ...artifact, artifactId }));
+        await whileActive((uow, locked) => appendArtifact(uow, locked, { ...artifact, artifactId }, services.cfg.TASK_ARTIFACTS_MAX_BYTES));
         return artifactId;
       }),
       readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, key))),

@@ -19,7 +19,7 @@ export interface AgentContext {
   reply(reply: Reply): Promise<Message>;
   /** Records progress: the task stays working, with an optional progress message. Other states are the run's return value. */
   setStatus(status: 'working', message?: Reply): Promise<void>;
-  /** Stores an artifact on the task (A2A Artifact shape: parts with `kind`); the same artifactId replaces, or with `append` extends, an earlier one. Resolves to its artifactId (minted when not given). */
+  /** Stores an artifact on the task (A2A Artifact shape: parts with `kind`); the same artifactId replaces, or with `append` extends, an earlier one. Resolves to its artifactId (minted when not given); refused (413) past TASK_ARTIFACTS_MAX_BYTES for the task. */
   emitArtifact(artifact: Artifact): Promise<string>;
   /** Decrypts a stored secret by key. */
   readSecret(key: string): Promise<string>;
