@@ -13,6 +13,9 @@ export function messageFromRow<R extends { client_message_id?: string | null }>(
 }
 const strip = ({ seq: _seq, ...m }: MessageRow) => messageFromRow(m) as Message;
 
+// The bytes a message's parts count for against TASK_MESSAGES_MAX_BYTES.
+export const partsBytes = (parts: unknown) => Buffer.byteLength(JSON.stringify(parts));
+
 export async function insertMessage(db: Tx, m: Message): Promise<MessageRow> {
   const [out] = await db('messages').insert({ ...m, parts: JSON.stringify(m.parts) }).returning(COLUMNS);
   return messageFromRow(out);
@@ -34,7 +37,7 @@ export async function listMessages(db: Tx, taskId: string, pageSize: number, tok
   return { ...page, items: page.items.map(strip) };
 }
 
-// The size of a task's messages' parts as JSON text.
+// The size of a task's messages' parts as JSON text: how a task from before migration 0016 is counted.
 export async function messageBytes(db: Tx, taskId: string): Promise<number> {
   const [row] = await db('messages').where({ task_id: taskId }).select(db.raw('coalesce(sum(octet_length(parts::text)), 0)::bigint as n'));
   return Number(row.n);

@@ -2,7 +2,7 @@ import type { Knex } from 'knex';
 import { pgQuery, type Tx } from './knex.ts';
 import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, type Page } from './pagination.ts';
-import { messageFromRow } from './messages.ts';
+import { messageFromRow, partsBytes } from './messages.ts';
 import type { ContextInfo, Message, Task, TimelineItem } from '../api/schemas/task.ts';
 import { RUN_STARTS_FROM, type TaskState } from '../domain/task-states.ts';
 
@@ -13,20 +13,28 @@ export interface TaskRow {
   run_message_id?: string | null;
   /** Internal (migration 0013): the user message the task is owed a run for (job recovery). */
   run_due_message_id?: string | null;
-  /** Internal (migration 0016): the bytes of its artifact updates, null until first counted (pg: bigint as text). */
-  artifact_bytes?: string | null;
+  /** Internal (migration 0016): the bytes of its messages' parts and of its artifact updates; null until first counted. */
+  message_bytes?: string | number | null;
+  artifact_bytes?: string | number | null;
 }
 
 // Dates serialise to RFC 3339 with milliseconds in JSON responses.
-export const toTask = ({ run_message_id: _run, run_due_message_id: _due, artifact_bytes: _bytes, ...r }: TaskRow) => r as unknown as Task;
+export const toTask = ({ run_message_id: _run, run_due_message_id: _due, message_bytes: _m, artifact_bytes: _a, ...r }: TaskRow) => r as unknown as Task;
 
 export async function getTask(db: Tx, id: string, lock = false): Promise<TaskRow | undefined> {
   const q = db('tasks').where({ id }).first();
   return lock ? q.forUpdate() : q;
 }
 
-export async function setArtifactBytes(db: Tx, id: string, bytes: number): Promise<void> {
-  await db('tasks').where({ id }).update({ artifact_bytes: bytes });
+export type ContentCount = 'message_bytes' | 'artifact_bytes';
+
+export async function setContentBytes(db: Tx, id: string, count: ContentCount, bytes: number): Promise<void> {
+  await db('tasks').where({ id }).update({ [count]: bytes });
+}
+
+// A task not counted yet stays so (null + n): its first check counts its rows.
+export async function addContentBytes(db: Tx, id: string, count: ContentCount, bytes: number): Promise<void> {
+  await db('tasks').where({ id }).update({ [count]: db.raw('?? + ?', [count, bytes]) });
 }
 
 // Whether the message a task's run_due_message_id names came after the task's status changed last
@@ -91,16 +99,16 @@ export interface TaskBundle { task: TaskRow; message: Message; timeline: Timelin
 export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<number[][]> {
   const input = bundles.map(({ task: t, message: m, timeline }, i) => ({
     i, id: t.id, context_id: t.context_id, status: t.status, at: t.created_at, metadata: t.metadata,
-    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, refs: m.reference_task_ids, m_metadata: m.metadata,
+    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: partsBytes(m.parts), refs: m.reference_task_ids, m_metadata: m.metadata,
     tl: timeline.map((item) => ({ id: item.id, p: item.event_payload })),
   }));
   const { rows } = await pgQuery<{ seqs: (string | number)[] }>(db,
     `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb,
-                   m_id uuid, cm_id text, role text, parts jsonb, refs uuid[], m_metadata jsonb, tl jsonb)),
+                   m_id uuid, cm_id text, role text, parts jsonb, mb bigint, refs uuid[], m_metadata jsonb, tl jsonb)),
       c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from b order by context_id, at
             on conflict (id) do nothing),
-      t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at, run_due_message_id)
-            select id, context_id, status, at, null, metadata, at, at, case when role = 'user' then m_id end from b),
+      t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at, run_due_message_id, message_bytes)
+            select id, context_id, status, at, null, metadata, at, at, case when role = 'user' then m_id end, mb from b),
       m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, metadata, created_at)
             select m_id, cm_id, id, role, parts, refs, m_metadata, at from b order by i),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
@@ -141,16 +149,16 @@ export interface StatusChangeResult { task?: TaskRow; timelineSeqs: number[] }
 // The changes travel as one jsonb parameter (see insertTaskBundles). No two may name one task.
 export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[]): Promise<StatusChangeResult[]> {
   const input = changes.map((c, i) => ({
-    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, run: c.run ?? null, lost_run: c.lostRun ?? null,
+    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, mb: c.message ? partsBytes(c.message.parts) : 0, run: c.run ?? null, lost_run: c.lostRun ?? null,
     tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at })),
   }))
     .sort(byTaskId);
   // Not a prepared statement: a plan cached while the table was small would scan all of it on every
   // call for as long as the connection lives; planned each time, it probes the primary key.
   const { rows } = await pgQuery<{ task: Record<string, unknown> | null; seqs: (string | number)[] | null }>(db,
-    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, tl jsonb, run uuid, lost_run uuid)),
+    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, mb bigint, tl jsonb, run uuid, lost_run uuid)),
       u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at, updated_at = b.at,
-                               run_due_message_id = null
+                               run_due_message_id = null, message_bytes = t.message_bytes + b.mb
               from b
              -- The ids as a parameter keep the plan on the primary key: the planner cannot know how
              -- many rows b has (it guesses 100) and would otherwise scan the whole table to hash-join them.

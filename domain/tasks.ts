@@ -35,24 +35,53 @@ function newMessage(taskId: string, req: CreateMessageRequest, createdAt: string
   };
 }
 
-export async function appendMessage(uow: UnitOfWork, taskId: string, req: CreateMessageRequest, at = new Date()) {
-  const message = await messages.insertMessage(uow.trx, newMessage(taskId, req, at.toISOString()));
+// A task's messages are read back together (a page of up to 1,000, an A2A task's history, an agent
+// run's), and its A2A view reads back every artifact update: a task may hold at most
+// TASK_MESSAGES_MAX_BYTES of messages' parts and TASK_ARTIFACTS_MAX_BYTES of artifact updates, or a
+// client or an agent (a remote one too) could grow it until reading it fails. A message or update
+// that would take it over is refused. The counts are kept on the task row.
+const LIMITS = {
+  message_bytes: { of: 'messages', item: 'this message', setting: 'TASK_MESSAGES_MAX_BYTES' },
+  artifact_bytes: { of: 'artifacts', item: 'this artifact update', setting: 'TASK_ARTIFACTS_MAX_BYTES' },
+} as const;
+
+export function checkRoom(taskId: string, count: tasks.ContentCount, held: number, adding: number, maxBytes: number): void {
+  if (held + adding <= maxBytes) return;
+  const { of, item, setting } = LIMITS[count];
+  throw new PayloadTooLarge(`Task '${taskId}' holds ${held} bytes of ${of}; ${item} (${adding} bytes) would take it over the ${maxBytes} a task may hold (${setting})`, { held, adding, limit: maxBytes });
+}
+
+// What a task the caller holds locked holds of `count`; one from before migration 0016 is counted now.
+async function heldBytes(trx: Tx, locked: tasks.TaskRow, count: tasks.ContentCount): Promise<number> {
+  if (locked[count] != null) return Number(locked[count]);
+  const held = count === 'message_bytes' ? await messages.messageBytes(trx, locked.id) : await artifactBytes(trx, locked.id);
+  await tasks.setContentBytes(trx, locked.id, count, held);
+  locked[count] = held;
+  return held;
+}
+
+// Refuses a message (or status message) that would take a task the caller holds locked over maxBytes.
+export async function checkMessageRoom(trx: Tx, locked: tasks.TaskRow, req: Pick<CreateMessageRequest, 'parts'>, maxBytes: number): Promise<void> {
+  checkRoom(locked.id, 'message_bytes', await heldBytes(trx, locked, 'message_bytes'), messages.partsBytes(req.parts), maxBytes);
+}
+
+// A message of a task the caller holds locked, within what the task may hold.
+export async function appendMessage(uow: UnitOfWork, locked: tasks.TaskRow, req: CreateMessageRequest, maxBytes: number, at = new Date()) {
+  await checkMessageRoom(uow.trx, locked, req, maxBytes);
+  const message = await messages.insertMessage(uow.trx, newMessage(locked.id, req, at.toISOString()));
+  await tasks.addContentBytes(uow.trx, locked.id, 'message_bytes', messages.partsBytes(req.parts));
   const { seq: _seq, ...plain } = message;
-  const item = await appendTimeline(uow, taskId, { type: 'message', message: plain as Message }, at);
+  const item = await appendTimeline(uow, locked.id, { type: 'message', message: plain as Message }, at);
   return { message: plain as Message, seq: message.seq, timelineItem: item };
 }
 
-// An artifact update of a task the caller holds locked. A task's A2A view reads back every update,
-// so a task may hold at most `maxBytes` of them (an agent, or a remote one, could otherwise grow a
-// task until reading it fails); the count is kept on the task.
+// An artifact update of a task the caller holds locked, within what the task may hold.
 export async function appendArtifact(uow: UnitOfWork, locked: tasks.TaskRow, artifact: Record<string, unknown>, maxBytes: number, at = new Date()) {
   const adding = Buffer.byteLength(JSON.stringify(artifact));
-  const held = locked.artifact_bytes == null ? await artifactBytes(uow.trx, locked.id) : Number(locked.artifact_bytes);
-  if (held + adding > maxBytes) {
-    throw new PayloadTooLarge(`Task '${locked.id}' holds ${held} bytes of artifacts; this artifact update (${adding} bytes) would take it over the ${maxBytes} a task may hold (TASK_ARTIFACTS_MAX_BYTES)`, { held, adding, limit: maxBytes });
-  }
+  const held = await heldBytes(uow.trx, locked, 'artifact_bytes');
+  checkRoom(locked.id, 'artifact_bytes', held, adding, maxBytes);
   const item = await appendTimeline(uow, locked.id, { type: 'artifact-update', artifact }, at);
-  await tasks.setArtifactBytes(uow.trx, locked.id, held + adding);
+  await tasks.setContentBytes(uow.trx, locked.id, 'artifact_bytes', held + adding);
   return item;
 }
 
@@ -155,8 +184,7 @@ export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, id: 
 export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateMessageRequest, maxBytes: number) {
   const task = await lockTask(uow.trx, taskId);
   if (isTerminal(task.status)) throw new Conflict(`Task '${taskId}' is ${task.status} and accepts no more messages`, { status: task.status });
-  await checkRoom(uow.trx, taskId, req, maxBytes);
-  const { message, timelineItem } = await appendMessage(uow, taskId, req);
+  const { message, timelineItem } = await appendMessage(uow, task, req, maxBytes);
   if (req.role === 'user' && isInterrupted(task.status)) {
     await tasks.markRunDue(uow.trx, taskId, message.id);
     await enqueueRun(uow, taskId, message.id);
@@ -173,20 +201,9 @@ export async function addMessage(s: UowServices & Pick<Services, 'cfg'>, taskId:
 export async function updateStatus(s: UowServices & Pick<Services, 'cfg'>, taskId: string, to: TaskState, message?: CreateMessageRequest): Promise<Task> {
   return inTransaction(s, async (uow) => {
     const task = await lockTask(uow.trx, taskId);
-    if (message) await checkRoom(uow.trx, taskId, message, s.cfg.TASK_MESSAGES_MAX_BYTES);
+    if (message) await checkMessageRoom(uow.trx, task, message, s.cfg.TASK_MESSAGES_MAX_BYTES);
     return changeStatus(uow, task, to, message);
   });
-}
-
-// A task's messages are read back together (a page of up to 1,000, an A2A task's history, an agent
-// run's): a client may add to a task only while they all stay within TASK_MESSAGES_MAX_BYTES, or a
-// task could be grown until reading it fails.
-async function checkRoom(trx: Tx, taskId: string, req: CreateMessageRequest, maxBytes: number): Promise<void> {
-  const adding = Buffer.byteLength(JSON.stringify(req.parts));
-  const held = await messages.messageBytes(trx, taskId);
-  if (held + adding > maxBytes) {
-    throw new PayloadTooLarge(`Task '${taskId}' holds ${held} bytes of messages; this message (${adding} bytes) would take it over the ${maxBytes} a task may hold (TASK_MESSAGES_MAX_BYTES)`, { held, adding, limit: maxBytes });
-  }
 }
 
 export async function getTaskWithMessages(db: Tx, taskId: string) {

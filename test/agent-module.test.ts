@@ -33,7 +33,7 @@ describe('agent modules', () => {
     stack = await startStack({
       AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/signal-agent.ts'), SIGNAL_AGENT_MARKER: marker, WORKER_SHUTDOWN_GRACE_MS: '1000',
       STRIPE_API_BASE_URL: `http://127.0.0.1:${(stripe.address() as AddressInfo).port}`, BRIDGE_ALLOW_PRIVATE: 'true', BRIDGE_TIMEOUT_MS: '60000',
-      TASK_ARTIFACTS_MAX_BYTES: '8192',
+      TASK_ARTIFACTS_MAX_BYTES: '8192', TASK_MESSAGES_MAX_BYTES: '8192',
     });
   });
   after(async () => {
@@ -130,6 +130,24 @@ describe('agent modules', () => {
     assert.match(second.status.message.parts[0].text, new RegExp(`^The agent failed after 1 attempt\\(s\\): Task '${first.id}' holds 50\\d\\d bytes of artifacts; .*\\(TASK_ARTIFACTS_MAX_BYTES\\)$`));
     assert.deepEqual(second.artifacts.map((a: any) => a.artifactId), ['big-1']);
     assert.ok(!stack.workers[0].logs.slice(before).some((l) => l.includes('it will be retried')), 'no retry');
+  });
+
+  it("a run's messages count against TASK_MESSAGES_MAX_BYTES: a reply that would take the task over is refused, and the agent may go on", async () => {
+    const { state, message, task } = await finalOf('fill replies');
+    assert.equal(state, 'completed');
+    const bytes = (m: unknown) => Buffer.byteLength(JSON.stringify(m));
+    const held = bytes([{ type: 'text-part', text: 'fill replies' }]) + 2 * bytes([{ type: 'text-part', text: 'r'.repeat(3000) }]);
+    assert.match(message, new RegExp(`^reply 2 refused: Task '${task.id}' holds ${held} bytes of messages; this message \\(3032 bytes\\) would take it over the 8192 a task may hold \\(TASK_MESSAGES_MAX_BYTES\\)$`));
+    assert.equal(task.history.filter((m: any) => m.role === 'agent' && m.parts[0].text.startsWith('rrr')).length, 2);
+  });
+
+  it('a progress or final message that would take the task over fails the run at its first attempt', async () => {
+    for (const text of ['big progress', 'big final']) {
+      const { state, message, task } = await finalOf(text);
+      assert.equal(state, 'failed', text);
+      assert.match(message, new RegExp(`^The agent failed after 1 attempt\\(s\\): Task '${task.id}' holds \\d+ bytes of messages; this message \\(9032 bytes\\) .*\\(TASK_MESSAGES_MAX_BYTES\\)$`), text);
+      assert.ok(!task.history.some((m: any) => m.parts[0].text?.length >= 9000), text);
+    }
   });
 
   it('after a cancel, calls out of the run are refused, and a write left unawaited does not bring the worker down', async () => {

@@ -629,4 +629,35 @@ describe('the bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)', () =
     assert.equal((await c.post(`/api/task/v1/${id}/message`, text(200))).status, 201);
     assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'working' })).status, 200);
   });
+
+  it('counts the first message, follow-ups and status messages to the byte: what fits exactly is taken, one byte more is not', async () => {
+    const c = stack.client;
+    const text = (n: number) => textMessage('x'.repeat(n), 'agent');
+    const bytes = (n: number) => Buffer.byteLength(JSON.stringify(text(n).parts));
+    const id = (await c.post('/api/task/v1', { message: text(1000) })).body.task.id;
+    assert.equal((await c.post(`/api/task/v1/${id}/message`, text(1500))).status, 201);
+    assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'working', message: text(500) })).status, 200);
+    const held = bytes(1000) + bytes(1500) + bytes(500);
+    const room = 4096 - held - bytes(0);
+    const over = await c.post(`/api/task/v1/${id}/message`, text(room + 1));
+    assertError(over, 413, 'payload_too_large');
+    assert.match(over.body.message, new RegExp(`^Task '${id}' holds ${held} bytes of messages; this message \\(${bytes(room + 1)} bytes\\)`));
+    assert.equal((await c.post(`/api/task/v1/${id}/message`, text(room))).status, 201);
+    assert.match((await c.post(`/api/task/v1/${id}/message`, text(0))).body.message, /holds 4096 bytes of messages/);
+  });
+
+  it('counts a task from before the count was kept from its messages, once', async () => {
+    const c = stack.client;
+    const text = (n: number) => textMessage('x'.repeat(n), 'agent');
+    const id = (await c.post('/api/task/v1', { message: text(1000) })).body.task.id;
+    assert.equal((await c.post(`/api/task/v1/${id}/message`, text(1000))).status, 201);
+    // As a task of an earlier release holds it: messages, and no count.
+    assert.equal(await testDb()('tasks').where({ id }).update({ message_bytes: null }), 1);
+    const stored = Number((await testDb()('messages').where({ task_id: id }).select(testDb().raw('sum(octet_length(parts::text))::int as n')))[0].n);
+    const over = await c.post(`/api/task/v1/${id}/message`, text(4096 - stored));
+    assert.match(over.body.message, new RegExp(`^Task '${id}' holds ${stored} bytes of messages`));
+    assert.equal((await c.post(`/api/task/v1/${id}/message`, text(100))).status, 201);
+    const [row] = await testDb()('tasks').where({ id }).select('message_bytes');
+    assert.equal(Number(row.message_bytes), stored + Buffer.byteLength(JSON.stringify(text(100).parts)));
+  });
 });

@@ -6,7 +6,8 @@ import type { Services } from '../domain/services.ts';
 import { AppError, InvalidRequest, publicReason, unreachable } from '../domain/errors.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
-import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf } from '../domain/tasks.ts';
+import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf, checkMessageRoom, checkRoom } from '../domain/tasks.ts';
+import { partsBytes } from '../db/messages.ts';
 import { inStatement, inTransaction, type UnitOfWork } from '../domain/unit-of-work.ts';
 import { isTerminal, RUN_RESULTS, runEndsFrom, workingUnder } from '../domain/task-states.ts';
 import type { AgentContext, AgentHandler, AgentResult } from './agents/types.ts';
@@ -44,7 +45,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
   const outages = new WeakSet<object>();
   // The runtime refusing what a run handed it or asked for (400: parts of the wrong shape, a status
   // it cannot set or end in, bad function params; 404: an unknown secret, a function not enabled;
-  // 413: an artifact over what a task may hold):
+  // 413: a message or artifact over what a task may hold):
   // no retry can mend that, so the run fails at once instead of repeating its work, and its replies.
   const refusals = new WeakSet<object>();
   const ours = async <T>(call: () => Promise<T>): Promise<T> => {
@@ -111,6 +112,9 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       });
 
     const runLog = log.child({ task_id: taskId });
+    const maxMessageBytes = services.cfg.TASK_MESSAGES_MAX_BYTES;
+    // Bytes of messages this run wrote: with what the task held at the start, they bound its final message.
+    let written = 0;
     const ctx: AgentContext = {
       task: started,
       history,
@@ -118,13 +122,19 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       signal: controller.signal,
       reply: (r) => ours(async () => {
         const reply = agentMessage(r, 'reply');
-        return (await whileActive((uow) => appendMessage(uow, taskId, reply))).message;
+        const { message: added } = await whileActive((uow, locked) => appendMessage(uow, locked, reply, maxMessageBytes));
+        written += partsBytes(reply.parts);
+        return added;
       }),
       setStatus: (status, r) => ours(async () => {
         // The run's end (input-required, completed, ...) is its return value, which a status set here would pre-empt.
         if (status !== 'working') throw new InvalidRequest(`ctx.setStatus takes 'working' only, not '${String(status)}'; a run ends with its return value {status, message}`);
         const progress = r === undefined ? undefined : agentMessage(r, 'message');
-        await whileActive((uow, locked) => changeStatus(uow, locked, status, progress));
+        await whileActive(async (uow, locked) => {
+          if (progress) await checkMessageRoom(uow.trx, locked, progress, maxMessageBytes);
+          return changeStatus(uow, locked, status, progress);
+        });
+        if (progress) written += partsBytes(progress.parts);
       }),
       emitArtifact: (input) => ours(async () => {
         const artifact = checkArtifact(input);
@@ -140,7 +150,13 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
 
     try {
       const result = await Promise.race([agent(ctx), abortedBy(controller.signal)]);
-      const final = await ours(async () => finalOf(result));
+      const final = await ours(async () => {
+        const out = finalOf(result);
+        // The end is written without a read: what the task held at the start, and what the run wrote
+        // since, tell whether its message fits (a client's message meanwhile may take it a little over).
+        if (state.task.message_bytes != null) checkRoom(taskId, 'message_bytes', Number(state.task.message_bytes) + written, partsBytes(out.message.parts), maxMessageBytes);
+        return out;
+      });
       // Done running: from here the final write's compare-and-set decides, and a check that sees the
       // task leave working by this write does not take it for a client's doing.
       cancels.release(taskId, controller);
