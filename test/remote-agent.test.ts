@@ -15,7 +15,8 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 
 // The remote agent: says it is thinking (a working update with a message), emits an artifact,
 // then finishes. "[direct]" makes it answer with a plain message and no task. "[ask]" makes it ask
-// for input first; "[hang]" makes it work until canceled; a follow-up turn says which turn it is.
+// for input first; "[hang]" makes it work until canceled; "[flood]" makes its artifact too large
+// for the local task; a follow-up turn says which turn it is.
 class RemoteExecutor implements AgentExecutor {
   readonly received: { taskId: string; text: string; continued: boolean }[] = [];
   readonly canceled = new Set<string>();
@@ -47,7 +48,9 @@ class RemoteExecutor implements AgentExecutor {
       bus.finished();
       return;
     }
-    bus.publish({ kind: 'artifact-update', taskId, contextId, artifact: { artifactId: 'report', name: 'report', parts: [{ kind: 'text', text: `report on ${text}` }] } });
+    // "[flood]": a report larger than the local task may hold.
+    const report = text.includes('[flood]') ? 'z'.repeat(20_000) : `report on ${text}`;
+    bus.publish({ kind: 'artifact-update', taskId, contextId, artifact: { artifactId: 'report', name: 'report', parts: [{ kind: 'text', text: report }] } });
     status('completed', task ? `Remote turn 2: ${text}` : `Remote echo: ${text}`, true);
     bus.finished();
   }
@@ -106,7 +109,7 @@ for (const streaming of [true, false]) {
     before(async () => {
       await resetDb();
       remote = await startRemoteAgent(executor, streaming);
-      stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, JOB_RECOVERY_MS: '1000' });
+      stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, JOB_RECOVERY_MS: '1000', TASK_ARTIFACTS_MAX_BYTES: '16384' });
     });
     after(async () => {
       await stack?.stop();
@@ -166,6 +169,19 @@ for (const streaming of [true, false]) {
       assert.equal(turns.length, 2);
       assert.equal(turns[1].taskId, turns[0].taskId, 'the follow-up went to the same remote task');
       assert.equal(turns[1].continued, true);
+    });
+
+    it("fails the local task at once, saying why, when the remote's artifact would take it over TASK_ARTIFACTS_MAX_BYTES", async () => {
+      const before = stack.workers[0].logs.length;
+      const created = await stack.client.post('/api/task/v1', { message: textMessage('big report [flood]') });
+      const id = created.body.task.id;
+      const failed = await finished(id, 'failed');
+      assert.match(failed.status_message.parts[0].text,
+        new RegExp(`^The agent failed after 1 attempt\\(s\\): Task '${id}' holds 0 bytes of artifacts; this artifact update \\(\\d+ bytes\\) would take it over the 16384 a task may hold \\(TASK_ARTIFACTS_MAX_BYTES\\)$`));
+      assert.ok(!(await timeline(id)).some((e: any) => e.type === 'artifact-update'), 'no artifact stored');
+      assert.equal(executor.received.filter((r) => r.text === 'big report [flood]').length, 1, 'sent to the remote once');
+      const logs = stack.workers[0].logs.slice(before).join('\n');
+      assert.ok(!/"level":(50|60)/.test(logs), logs);
     });
 
     it('cancels the remote task when the local task is canceled', async () => {
