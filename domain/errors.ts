@@ -6,6 +6,11 @@ export type ErrorCode =
   | 'gone' | 'payload_too_large' | 'unsupported_media_type' | 'rate_limited' | 'internal' | 'bad_gateway'
   | 'unavailable';
 
+// What the agent runtime answers when it refuses what a run handed it or asked for (400: parts of
+// the wrong shape, a status it cannot set or end in, bad function params; 404: an unknown secret, a
+// function not enabled; 413: a message or artifact over what a task may hold): no retry can mend it.
+export const refusedByRuntime = (err: unknown): err is AppError => err instanceof AppError && [400, 404, 413].includes(err.status);
+
 export class AppError extends Error {
   constructor(
     readonly status: number,

@@ -6,7 +6,7 @@ import express from 'express';
 import type { AgentCard, Message, TaskState } from '@a2a-js/sdk';
 import { DefaultRequestHandler, InMemoryTaskStore, type AgentExecutor, type ExecutionEventBus, type RequestContext } from '@a2a-js/sdk/server';
 import { agentCardHandler, jsonRpcHandler, UserBuilder } from '@a2a-js/sdk/server/express';
-import { resetDb, startStack, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 const textOf = (m: Message) => m.parts.map((p) => (p.kind === 'text' ? p.text : '')).join('');
 const agentMessage = (taskId: string, contextId: string, text: string): Message => ({
@@ -16,7 +16,7 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 // The remote agent: says it is thinking (a working update with a message), emits an artifact,
 // then finishes. "[direct]" makes it answer with a plain message and no task. "[ask]" makes it ask
 // for input first; "[hang]" makes it work until canceled; "[flood]" makes its artifact too large
-// for the local task; a follow-up turn says which turn it is.
+// for the local task, and then work until canceled; a follow-up turn says which turn it is.
 class RemoteExecutor implements AgentExecutor {
   readonly received: { taskId: string; text: string; continued: boolean }[] = [];
   readonly canceled = new Set<string>();
@@ -51,6 +51,12 @@ class RemoteExecutor implements AgentExecutor {
     // "[flood]": a report larger than the local task may hold.
     const report = text.includes('[flood]') ? 'z'.repeat(20_000) : `report on ${text}`;
     bus.publish({ kind: 'artifact-update', taskId, contextId, artifact: { artifactId: 'report', name: 'report', parts: [{ kind: 'text', text: report }] } });
+    if (text.includes('[flood]')) {
+      // ... and works on until canceled.
+      await new Promise<void>((resolve) => this.hanging.set(taskId, resolve));
+      bus.finished();
+      return;
+    }
     status('completed', task ? `Remote turn 2: ${text}` : `Remote echo: ${text}`, true);
     bus.finished();
   }
@@ -171,7 +177,7 @@ for (const streaming of [true, false]) {
       assert.equal(turns[1].continued, true);
     });
 
-    it("fails the local task at once, saying why, when the remote's artifact would take it over TASK_ARTIFACTS_MAX_BYTES", async () => {
+    it("fails the local task at once, saying why, and cancels the remote task, when the remote's artifact would take it over TASK_ARTIFACTS_MAX_BYTES", async () => {
       const before = stack.workers[0].logs.length;
       const created = await stack.client.post('/api/task/v1', { message: textMessage('big report [flood]') });
       const id = created.body.task.id;
@@ -179,7 +185,10 @@ for (const streaming of [true, false]) {
       assert.match(failed.status_message.parts[0].text,
         new RegExp(`^The agent failed after 1 attempt\\(s\\): Task '${id}' holds 0 bytes of artifacts; this artifact update \\(\\d+ bytes\\) would take it over the 16384 a task may hold \\(TASK_ARTIFACTS_MAX_BYTES\\)$`));
       assert.ok(!(await timeline(id)).some((e: any) => e.type === 'artifact-update'), 'no artifact stored');
-      assert.equal(executor.received.filter((r) => r.text === 'big report [flood]').length, 1, 'sent to the remote once');
+      const sent = executor.received.filter((r) => r.text === 'big report [flood]');
+      assert.equal(sent.length, 1, 'sent to the remote once');
+      await waitFor(async () => executor.canceled.has(sent[0].taskId), 'the remote task to be canceled');
+      assert.equal(await testDb()('remote_agent_tasks').where({ task_id: id }).first(), undefined, 'the remote task forgotten');
       const logs = stack.workers[0].logs.slice(before).join('\n');
       assert.ok(!/"level":(50|60)/.test(logs), logs);
     });

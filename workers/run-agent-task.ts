@@ -3,7 +3,7 @@
 import { RateLimitError, WaitingError, type Job } from 'bullmq';
 import { randomUUID } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
-import { AppError, InvalidRequest, publicReason, unreachable } from '../domain/errors.ts';
+import { InvalidRequest, publicReason, refusedByRuntime, unreachable } from '../domain/errors.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf, checkMessageRoom, checkRoom } from '../domain/tasks.ts';
@@ -43,9 +43,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
   // not marked: those are its failures. Nor are statements that timed out: that may be about this
   // run alone, which would otherwise come back first after every pause, for ever.
   const outages = new WeakSet<object>();
-  // The runtime refusing what a run handed it or asked for (400: parts of the wrong shape, a status
-  // it cannot set or end in, bad function params; 404: an unknown secret, a function not enabled;
-  // 413: a message or artifact over what a task may hold):
+  // The runtime refusing what a run handed it or asked for (refusedByRuntime):
   // no retry can mend that, so the run fails at once instead of repeating its work, and its replies.
   const refusals = new WeakSet<object>();
   const ours = async <T>(call: () => Promise<T>): Promise<T> => {
@@ -54,7 +52,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     } catch (err) {
       if (typeof err === 'object' && err) {
         if (unreachable(err)) outages.add(err);
-        else if (err instanceof AppError && [400, 404, 413].includes(err.status)) refusals.add(err);
+        else if (refusedByRuntime(err)) refusals.add(err);
       }
       throw err;
     }

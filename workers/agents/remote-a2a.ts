@@ -21,6 +21,7 @@ import {
   forgetRemoteAgentTask, getRemoteAgentTask, remoteTasksOfCanceled, saveRemoteAgentTask, type RemoteAgentTaskRow,
 } from '../../db/remote-agent-tasks.ts';
 import type { Logger } from '../../domain/logger.ts';
+import { refusedByRuntime } from '../../domain/errors.ts';
 import { fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import type { MessagePart } from '../../api/schemas/task.ts';
 import type { Agent, AgentContext, AgentResult } from './types.ts';
@@ -139,14 +140,18 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], db, log }: RemoteAge
     } catch (err) {
       // A worker shutting down hands the run to another worker, which follows the same remote task; a
       // run the task was taken from (a client set it waiting, and may have answered) leaves the remote
-      // task to the run that takes over. Only a canceled or ended task cancels it.
+      // task to the run that takes over. A canceled or ended task cancels it, and so does the runtime
+      // refusing what the remote sent (the run fails at once: nothing would follow the remote task).
       const reason = ctx.signal.reason as { shutdown?: boolean; superseded?: boolean } | undefined;
-      if (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled')) {
+      const over = refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded);
+      if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled')) {
         await forgetRemoteAgentTask(db, ctx.task.id).catch(() => undefined);
       }
       throw err;
     } finally {
       ctx.signal.removeEventListener('abort', onAbort);
+      // Closes a stream the run left before its end (the SDK's reader only lets go of it).
+      link.abort();
     }
   };
   return { handler, housekeeping: { 'remote tasks of canceled tasks': () => cancelLeftRemoteTasks(connect, db, log) } };
