@@ -139,24 +139,27 @@ export interface StatusChange {
   run?: string;
   /** The change for a run whose job ended without its own handling: applied only while the task is working under that run or still owed it. */
   lostRun?: string;
+  /** Applied only if its message keeps the task within this many bytes of messages (TASK_MESSAGES_MAX_BYTES). */
+  maxMessageBytes?: number;
 }
 export interface StatusChangeResult { task?: TaskRow; timelineSeqs: number[] }
 
 // Status changes in one statement: each task moves to `to` only if it is still in one of
 // `from`, and, for a run's change, still working under that run (the compare-and-set that replaces
-// a row lock: a task a client or another run took since is not this run's to end), and only then are its status message
+// a row lock: a task a client or another run took since is not this run's to end) and within what
+// it may hold with the change's message when `maxMessageBytes` says, and only then are its status message
 // and timeline items written. A change whose compare-and-set did not match gets no task.
 // The changes travel as one jsonb parameter (see insertTaskBundles). No two may name one task.
 export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[]): Promise<StatusChangeResult[]> {
   const input = changes.map((c, i) => ({
-    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, mb: c.message ? partsBytes(c.message.parts) : 0, run: c.run ?? null, lost_run: c.lostRun ?? null,
+    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, mb: c.message ? partsBytes(c.message.parts) : 0, max: c.maxMessageBytes ?? null, run: c.run ?? null, lost_run: c.lostRun ?? null,
     tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at })),
   }))
     .sort(byTaskId);
   // Not a prepared statement: a plan cached while the table was small would scan all of it on every
   // call for as long as the connection lives; planned each time, it probes the primary key.
   const { rows } = await pgQuery<{ task: Record<string, unknown> | null; seqs: (string | number)[] | null }>(db,
-    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, mb bigint, tl jsonb, run uuid, lost_run uuid)),
+    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, mb bigint, max bigint, tl jsonb, run uuid, lost_run uuid)),
       u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at, updated_at = b.at,
                                run_due_message_id = null, message_bytes = t.message_bytes + b.mb
               from b
@@ -168,6 +171,8 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
                -- a lost run's failure: of the run the task is working under, or of the run it is owed
                and (b.lost_run is null or t.status = 'submitted' or t.run_due_message_id = b.lost_run
                     or (t.status = 'working' and (t.run_message_id is null or t.run_message_id = b.lost_run)))
+               -- tasks from before migration 0016 are not counted yet
+               and (b.max is null or t.message_bytes is null or t.message_bytes + b.mb <= b.max)
              returning t.*),
       m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, metadata, created_at)
             select (b.msg->>'id')::uuid, b.msg->>'client_message_id', b.task_id, b.msg->>'role', b.msg->'parts',

@@ -60,16 +60,20 @@ async function heldBytes(trx: Tx, locked: tasks.TaskRow, count: tasks.ContentCou
   return held;
 }
 
-// Refuses a message (or status message) that would take a task the caller holds locked over maxBytes.
-export async function checkMessageRoom(trx: Tx, locked: tasks.TaskRow, req: Pick<CreateMessageRequest, 'parts'>, maxBytes: number): Promise<void> {
-  checkRoom(locked.id, 'message_bytes', await heldBytes(trx, locked, 'message_bytes'), messages.partsBytes(req.parts), maxBytes);
+// Refuses a message (or status message) that would take a task the caller holds locked over maxBytes;
+// else returns its size.
+export async function checkMessageRoom(trx: Tx, locked: tasks.TaskRow, req: Pick<CreateMessageRequest, 'parts'>, maxBytes: number): Promise<number> {
+  const adding = messages.partsBytes(req.parts);
+  checkRoom(locked.id, 'message_bytes', await heldBytes(trx, locked, 'message_bytes'), adding, maxBytes);
+  return adding;
 }
 
 // A message of a task the caller holds locked, within what the task may hold.
 export async function appendMessage(uow: UnitOfWork, locked: tasks.TaskRow, req: CreateMessageRequest, maxBytes: number, at = new Date()) {
-  await checkMessageRoom(uow.trx, locked, req, maxBytes);
+  const adding = await checkMessageRoom(uow.trx, locked, req, maxBytes);
   const message = await messages.insertMessage(uow.trx, newMessage(locked.id, req, at.toISOString()));
-  await tasks.addContentBytes(uow.trx, locked.id, 'message_bytes', messages.partsBytes(req.parts));
+  await tasks.addContentBytes(uow.trx, locked.id, 'message_bytes', adding);
+  locked.message_bytes = Number(locked.message_bytes) + adding;
   const { seq: _seq, ...plain } = message;
   const item = await appendTimeline(uow, locked.id, { type: 'message', message: plain as Message }, at);
   return { message: plain as Message, seq: message.seq, timelineItem: item };
@@ -82,6 +86,7 @@ export async function appendArtifact(uow: UnitOfWork, locked: tasks.TaskRow, art
   checkRoom(locked.id, 'artifact_bytes', held, adding, maxBytes);
   const item = await appendTimeline(uow, locked.id, { type: 'artifact-update', artifact }, at);
   await tasks.setContentBytes(uow.trx, locked.id, 'artifact_bytes', held + adding);
+  locked.artifact_bytes = held + adding;
   return item;
 }
 
@@ -99,10 +104,12 @@ export async function enqueueRun(uow: UnitOfWork, taskId: string, messageId: str
 }
 
 // Every status change of every task passes here: one statement that moves the task to `to`
-// only if it is still in one of `from` (and, for a run's change, as `run` or `lostRun` ask),
-// writes the status message and the timeline items. Returns null when it was not (nothing was written).
+// only if it is still in one of `from` (and as `only` asks: for a run's change, `run` or `lostRun`;
+// `maxMessageBytes`), writes the status message and the timeline items. Returns null when it was not
+// (nothing was written).
 export async function changeStatusIf(
-  uow: UnitOfWork, taskId: string, to: TaskState, from: readonly TaskState[], message?: CreateMessageRequest, run?: Pick<StatusChange, 'run' | 'lostRun'>,
+  uow: UnitOfWork, taskId: string, to: TaskState, from: readonly TaskState[], message?: CreateMessageRequest,
+  only?: Pick<StatusChange, 'run' | 'lostRun' | 'maxMessageBytes'>,
 ): Promise<Task | null> {
   const at = new Date();
   const iso = at.toISOString();
@@ -110,7 +117,7 @@ export async function changeStatusIf(
   const items: TimelineItem[] = [];
   if (msg) items.push({ id: randomUUID(), task_id: taskId, created_at: iso, event_payload: { type: 'message', message: msg } });
   items.push({ id: randomUUID(), task_id: taskId, created_at: iso, event_payload: { type: 'task-status-update', status: to, ...(msg ? { status_message_id: msg.id } : {}) } });
-  const { task, timelineSeqs } = await uow.applyStatusChange({ taskId, to, from, at, message: msg, timeline: items, ...run });
+  const { task, timelineSeqs } = await uow.applyStatusChange({ taskId, to, from, at, message: msg, timeline: items, ...only });
   if (!task) return null;
   // One wake-up per change is enough: followers read the timeline from their last seq.
   uow.publish(TASK_EVENTS, { task_id: taskId, seq: Math.max(...timelineSeqs) });

@@ -150,6 +150,20 @@ describe('agent modules', () => {
     }
   });
 
+  it("a final message that fits only without a client's message sent during the run fails the run, which the task holds", async () => {
+    const task = (await rpc('message/send', { message: userMessage('final after a message'), configuration: { blocking: false } })).body.result;
+    await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.message?.parts?.[0]?.text === 'waiting for the go', 'the agent to wait');
+    assert.equal((await stack.client.post(`/api/task/v1/${task.id}/message`, { role: 'user', parts: [{ type: 'text-part', text: 'c'.repeat(6000) }] })).status, 201);
+    fs.writeFileSync(`${marker}.go`, '');
+    const failed = await waitFor(async () => {
+      const r = (await rpc('tasks/get', { id: task.id })).body.result;
+      return r.status.state === 'failed' && r;
+    }, 'the run to fail');
+    assert.match(failed.status.message.parts[0].text, /^The agent failed after 1 attempt\(s\): Task '.+' holds \d+ bytes of messages; this message \(6032 bytes\) .*\(TASK_MESSAGES_MAX_BYTES\)$/);
+    const [row] = await testDb()('tasks').where({ id: task.id }).select('message_bytes');
+    assert.ok(Number(row.message_bytes) <= 8192 + 200, `held ${row.message_bytes}`);
+  });
+
   it('after a cancel, calls out of the run are refused, and a write left unawaited does not bring the worker down', async () => {
     fs.rmSync(marker, { force: true });
     const task = (await rpc('message/send', { message: userMessage('float'), configuration: { blocking: false } })).body.result;

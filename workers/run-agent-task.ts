@@ -111,8 +111,6 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
 
     const runLog = log.child({ task_id: taskId });
     const maxMessageBytes = services.cfg.TASK_MESSAGES_MAX_BYTES;
-    // Bytes of messages this run wrote: with what the task held at the start, they bound its final message.
-    let written = 0;
     const ctx: AgentContext = {
       task: started,
       history,
@@ -120,9 +118,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       signal: controller.signal,
       reply: (r) => ours(async () => {
         const reply = agentMessage(r, 'reply');
-        const { message: added } = await whileActive((uow, locked) => appendMessage(uow, locked, reply, maxMessageBytes));
-        written += partsBytes(reply.parts);
-        return added;
+        return (await whileActive((uow, locked) => appendMessage(uow, locked, reply, maxMessageBytes))).message;
       }),
       setStatus: (status, r) => ours(async () => {
         // The run's end (input-required, completed, ...) is its return value, which a status set here would pre-empt.
@@ -132,7 +128,6 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
           if (progress) await checkMessageRoom(uow.trx, locked, progress, maxMessageBytes);
           return changeStatus(uow, locked, status, progress);
         });
-        if (progress) written += partsBytes(progress.parts);
       }),
       emitArtifact: (input) => ours(async () => {
         const artifact = checkArtifact(input);
@@ -148,18 +143,19 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
 
     try {
       const result = await Promise.race([agent(ctx), abortedBy(controller.signal)]);
-      const final = await ours(async () => {
-        const out = finalOf(result);
-        // The end is written without a read: what the task held at the start, and what the run wrote
-        // since, tell whether its message fits (a client's message meanwhile may take it a little over).
-        if (state.task.message_bytes != null) checkRoom(taskId, 'message_bytes', Number(state.task.message_bytes) + written, partsBytes(out.message.parts), maxMessageBytes);
-        return out;
-      });
+      const final = await ours(async () => finalOf(result));
       // Done running: from here the final write's compare-and-set decides, and a check that sees the
       // task leave working by this write does not take it for a client's doing.
       cancels.release(taskId, controller);
-      const done = await ours(() => inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, runEndsFrom(final.status), final.message, { run: messageId })));
-      return done ? final.status : 'task ended or taken by another run during the run';
+      const done = await ours(() => inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, runEndsFrom(final.status), final.message, { run: messageId, maxMessageBytes })));
+      if (done) return final.status;
+      // Not written: the task ended or was taken meanwhile, or the message would take it over what it
+      // may hold (the statement checks without a read; this read, on a miss only, tells which).
+      await ours(async () => {
+        const now = await tasks.getTask(services.db, taskId);
+        if (now?.message_bytes != null && workingUnder(now, messageId)) checkRoom(taskId, 'message_bytes', Number(now.message_bytes), partsBytes(final.message.parts), maxMessageBytes);
+      });
+      return 'task ended or taken by another run during the run';
     } catch (err) {
       if (outages.has(err as object)) throw err;
       if (controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) {
