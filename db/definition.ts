@@ -1,5 +1,6 @@
 // Read-only queries behind the definition export (domain/definition.ts). Each table group is read
 // only when its migration has run, so the export works on a schema that predates it.
+import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
 import type { CredentialRow, ProviderInstanceRow } from './bridge.ts';
 
@@ -18,7 +19,13 @@ export interface DefinitionRows {
   envelopeKeys: EnvelopeKeyExportRow[]; deks: DekExportRow[]; secrets: SecretExportRow[]; providers: ProviderExportRow[]; credentials: CredentialExportRow[];
 }
 
-export async function definitionRows(db: Tx): Promise<DefinitionRows> {
+// All in one snapshot: an alias rotation or DEK migration between two of the reads would otherwise
+// export a secret or credential under a DEK the export does not hold.
+export async function definitionRows(db: Knex): Promise<DefinitionRows> {
+  return db.transaction(readRows, { isolationLevel: 'repeatable read', readOnly: true });
+}
+
+async function readRows(db: Tx): Promise<DefinitionRows> {
   const present = await presentTables(db, ['envelope_keys', 'deks', 'dek_aliases', 'secrets', 'provider_instances']);
   const hasKeys = present.has('envelope_keys') && present.has('deks') && present.has('dek_aliases');
   const hasSecrets = present.has('secrets');

@@ -3,7 +3,7 @@
 // so a fresh installation holding the same envelope keys can re-apply it through the import
 // endpoints. Nothing is decrypted or unwrapped here. Providers come with their credentials,
 // whose sensitive members are ciphertext under data_encryption_key_id.
-import type { Tx } from '../db/knex.ts';
+import type { Knex } from 'knex';
 import { definitionRows, type CredentialExportRow } from '../db/definition.ts';
 import type { Definition } from '../api/schemas/definition.ts';
 import type { Config } from './config.ts';
@@ -16,7 +16,7 @@ const credential = (c: CredentialExportRow) => ({
   ...(c.next_rotation_time ? { next_rotation_time: iso(c.next_rotation_time) } : {}),
 });
 
-export async function exportDefinition(db: Tx, cfg: Config): Promise<Definition> {
+export async function exportDefinition(db: Knex, cfg: Config): Promise<Definition> {
   const { envelopeKeys, deks, secrets, providers, credentials } = await definitionRows(db);
   const credentialById = new Map(credentials.map((c) => [c.id, credential(c)]));
   return {

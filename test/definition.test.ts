@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { resetDb, startStack, type Stack } from './helpers/stack.ts';
+import { randomUUID } from 'node:crypto';
+import { resetDb, startStack, testDb, waitFor, type Stack } from './helpers/stack.ts';
 
 describe('GET /api/a2a/v1/definition', () => {
   let stack: Stack;
@@ -57,6 +58,32 @@ describe('GET /api/a2a/v1/definition', () => {
     assert.ok(!res.text.includes(raw), 'the raw secret value is not in the export');
     const keyFile = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', withDefault.file_name));
     for (const form of [keyFile.toString('base64'), keyFile.toString('hex')]) assert.ok(!res.text.includes(form), 'the envelope key material is not in the export');
+  });
+
+  it('is one snapshot: a credential moved to a new DEK while the export reads is exported with the DEK it names', async () => {
+    const db = testDb();
+    const trx = await db.transaction();
+    try {
+      // Holds the export at its read of the providers, after its read of the DEKs ...
+      await trx.raw('lock table function_instances in access exclusive mode');
+      const pending = stack.client.get('/api/a2a/v1/definition');
+      await waitFor(async () => (await db.raw(`select count(*)::int as n from pg_locks l join pg_class c on c.oid = l.relation
+                                                where c.relname = 'function_instances' and not l.granted`)).rows[0].n > 0, 'the export to wait for function_instances');
+      // ... while the credential moves to a new DEK, as an alias rotation moves it.
+      const cred = await trx('bridge_credentials').first();
+      const moved = `dek-${randomUUID()}`;
+      await trx.raw(`insert into deks (id, envelope_key_id, encrypted_dek) select ?, envelope_key_id, encrypted_dek from deks where id = ?`, [moved, cred.dek_id]);
+      await trx('bridge_credentials').where({ id: cred.id }).update({ dek_id: moved });
+      await trx.commit();
+      const def = (await pending).body;
+      const deks = def.envelope_keys.flatMap((k: any) => k.data_encryption_keys.map((d: any) => d.id));
+      const named = def.providers.flatMap((p: any) => [p.resource_server_credential, p.user_credential]).filter(Boolean).map((c: any) => c.data_encryption_key_id);
+      assert.ok(named.length > 0);
+      for (const id of [...named, ...def.secrets.map((s: any) => s.data_encryption_key_id)]) assert.ok(deks.includes(id), `DEK ${id} is exported (${deks.join(', ')})`);
+      assert.ok(!named.includes(moved), 'the export is as of its start');
+    } finally {
+      if (!trx.isCompleted()) await trx.rollback();
+    }
   });
 
   it('needs an API key with the a2a scope', async () => {
