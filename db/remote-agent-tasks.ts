@@ -10,13 +10,15 @@ export async function saveRemoteAgentTask(db: Tx, row: RemoteAgentTaskRow): Prom
   await db('remote_agent_tasks').insert(row).onConflict('task_id').merge(['remote_task_id', 'remote_context_id', 'last_message_id']);
 }
 
-// Remote tasks whose local task was canceled in the last `withinHours` (a run cancels its remote task
-// itself; these were canceled between runs, waiting for input, or their run's cancel did not get
-// through), the latest first: a remote that keeps refusing some is given up on after that.
-export async function remoteTasksOfCanceled(db: Tx, withinHours: number, limit: number): Promise<RemoteAgentTaskRow[]> {
+// Remote tasks whose local task was canceled or failed in the last `withinHours` (a run cancels its
+// remote task itself when it can; these were canceled between runs, waiting for input, their run's
+// cancel did not get through, or the run failed after the remote's last word), the latest first: a
+// remote that keeps refusing some is given up on after that. The status list is the partial index's
+// (migration 0017).
+export async function remoteTasksOfCanceledOrFailed(db: Tx, withinHours: number, limit: number): Promise<(RemoteAgentTaskRow & { status: 'canceled' | 'failed' })[]> {
   return db('remote_agent_tasks as r').join('tasks as t', 't.id', 'r.task_id')
-    .where('t.status', 'canceled').where('t.status_timestamp', '>', db.raw(`now() - make_interval(hours => ?)`, [withinHours]))
-    .select('r.task_id', 'r.remote_task_id', 'r.remote_context_id').orderBy('t.status_timestamp', 'desc').limit(limit);
+    .whereIn('t.status', ['canceled', 'failed']).where('t.status_timestamp', '>', db.raw(`now() - make_interval(hours => ?)`, [withinHours]))
+    .select('r.task_id', 'r.remote_task_id', 'r.remote_context_id', 't.status').orderBy('t.status_timestamp', 'desc').limit(limit);
 }
 
 export async function forgetRemoteAgentTask(db: Tx, taskId: string): Promise<void> {

@@ -16,7 +16,8 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 // The remote agent: says it is thinking (a working update with a message), emits an artifact,
 // then finishes. "[direct]" makes it answer with a plain message and no task. "[ask]" makes it ask
 // for input first; "[hang]" makes it work until canceled; "[flood]" makes its artifact too large
-// for the local task, and then work until canceled; a follow-up turn says which turn it is.
+// for the local task, and then work until canceled; "[bigask]" asks for input with a question too
+// large for the local task; a follow-up turn says which turn it is.
 class RemoteExecutor implements AgentExecutor {
   readonly received: { taskId: string; text: string; continued: boolean }[] = [];
   readonly canceled = new Set<string>();
@@ -40,6 +41,11 @@ class RemoteExecutor implements AgentExecutor {
     status('working', `thinking about ${text}`);
     if (text.includes('[hang]')) {
       await new Promise<void>((resolve) => this.hanging.set(taskId, resolve));
+      bus.finished();
+      return;
+    }
+    if (text.includes('[bigask]')) {
+      status('input-required', 'q'.repeat(10_000), true);
       bus.finished();
       return;
     }
@@ -115,7 +121,7 @@ for (const streaming of [true, false]) {
     before(async () => {
       await resetDb();
       remote = await startRemoteAgent(executor, streaming);
-      stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, JOB_RECOVERY_MS: '1000', TASK_ARTIFACTS_MAX_BYTES: '16384' });
+      stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, JOB_RECOVERY_MS: '1000', TASK_ARTIFACTS_MAX_BYTES: '16384', TASK_MESSAGES_MAX_BYTES: '8192' });
     });
     after(async () => {
       await stack?.stop();
@@ -191,6 +197,24 @@ for (const streaming of [true, false]) {
       assert.equal(await testDb()('remote_agent_tasks').where({ task_id: id }).first(), undefined, 'the remote task forgotten');
       const logs = stack.workers[0].logs.slice(before).join('\n');
       assert.ok(!/"level":(50|60)/.test(logs), logs);
+    });
+
+    it("cancels the remote task of a local task that failed on the remote's last word (a question too large for it)", async () => {
+      const created = await stack.client.post('/api/task/v1', { message: textMessage('one question [bigask]') });
+      const id = created.body.task.id;
+      const failed = await finished(id, 'failed');
+      assert.match(failed.status_message.parts[0].text, /^The agent failed after 1 attempt\(s\): .*\(TASK_MESSAGES_MAX_BYTES\)$/);
+      const remoteTask = executor.received.find((r) => r.text === 'one question [bigask]')!.taskId;
+      const remoteState = async () => {
+        const r = await fetch(`${remote.url}/rpc`, {
+          method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${REMOTE_KEY}` },
+          body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: remoteTask } }),
+        });
+        return ((await r.json()) as any).result?.status?.state;
+      };
+      await waitFor(async () => (await remoteState()) === 'canceled', 'the remote task to be canceled', 15000);
+      await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('remote task canceled: its local task failed') && l.includes(remoteTask)), 'the log line');
+      assert.equal(await testDb()('remote_agent_tasks').where({ task_id: id }).first(), undefined, 'the remote task forgotten');
     });
 
     it('cancels the remote task when the local task is canceled', async () => {

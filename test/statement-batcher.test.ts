@@ -99,6 +99,30 @@ describe('batched task statements', () => {
     const items = await testDb()('timeline_items').whereIn('task_id', ids).where('event_payload', '@>', JSON.stringify({ status: 'working' })).count({ n: '*' });
     assert.equal(Number(items[0].n), 20 * 2 * 10);
   });
+
+  it('a change with maxMessageBytes applies per task in a batch: within the cap, over it, not counted yet, no cap', async () => {
+    const bundles = Array.from({ length: 8 }, (_, i) => bundle(`m${i}`));
+    await insertTaskBundles(testDb(), bundles);
+    // Held: 0, 100, ..., 600 bytes; the last task not counted yet.
+    for (const [i, b] of bundles.entries()) await testDb()('tasks').where({ id: b.task.id }).update({ message_bytes: i === 7 ? null : i * 100 });
+    const change = (b: TaskBundle, max?: number) => {
+      const at = new Date();
+      const message = { id: randomUUID(), task_id: b.task.id, role: 'agent' as const, parts: [{ type: 'text-part' as const, text: 'x'.repeat(100) }], reference_task_ids: [], metadata: {}, created_at: at.toISOString() };
+      return { taskId: b.task.id, to: 'input-required' as const, from: ['submitted'] as const, at, message, timeline: [statusItem(b.task.id, 'input-required')], maxMessageBytes: max };
+    };
+    const adding = Buffer.byteLength(JSON.stringify([{ type: 'text-part', text: 'x'.repeat(100) }]));
+    const order = [5, 2, 7, 0, 6, 3, 1, 4];
+    const results = await applyStatusChanges(testDb(), order.map((i) => change(bundles[i], i === 6 ? undefined : 400)));
+    const fits = (i: number) => i === 6 || i === 7 || i * 100 + adding <= 400;
+    for (const [k, i] of order.entries()) {
+      assert.equal(results[k].task?.status, fits(i) ? 'input-required' : undefined, `task ${i}`);
+      const row = await testDb()('tasks').where({ id: bundles[i].task.id }).first();
+      assert.equal(row.status, fits(i) ? 'input-required' : 'submitted', `task ${i}`);
+      assert.equal(row.message_bytes === null ? null : Number(row.message_bytes), i === 7 ? null : i * 100 + (fits(i) ? adding : 0), `task ${i}`);
+      const agentMessages = await testDb()('messages').where({ task_id: bundles[i].task.id, role: 'agent' }).count({ n: '*' });
+      assert.equal(Number(agentMessages[0].n), fits(i) ? 1 : 0, `task ${i}`);
+    }
+  });
 });
 
 describe('statement batcher (rules)', () => {

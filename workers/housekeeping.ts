@@ -1,7 +1,7 @@
 // Periodic passes of every worker, each idempotent: recovery of work whose queue job Redis lost
 // (key jobs: recover-key-jobs.ts; agent runs of submitted tasks and of answers to waiting ones, and runs whose job failed
 // without ending their task: recover-agent-runs.ts), the purge of OAuth brokering states abandoned
-// long ago, and the agent's own passes (the remote agent's: remote tasks of canceled tasks).
+// long ago, and the agent's own passes (the remote agent's: remote tasks of canceled or failed tasks).
 import type { Services } from '../domain/services.ts';
 import { recoverLostKeyJobs } from './recover-key-jobs.ts';
 import { AgentRunRecovery } from './recover-agent-runs.ts';

@@ -143,7 +143,13 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
 
     try {
       const result = await Promise.race([agent(ctx), abortedBy(controller.signal)]);
-      const final = await ours(async () => finalOf(result));
+      const final = await ours(async () => {
+        const out = finalOf(result);
+        // Counts only grow: a message that does not fit beside the count at the run's start is refused
+        // here, before it travels to Postgres; the statement checks against the count as it is then.
+        checkRoom(taskId, 'message_bytes', Number(state.task.message_bytes ?? 0), partsBytes(out.message.parts), maxMessageBytes);
+        return out;
+      });
       // Done running: from here the final write's compare-and-set decides, and a check that sees the
       // task leave working by this write does not take it for a client's doing.
       cancels.release(taskId, controller);
@@ -158,13 +164,16 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       return 'task ended or taken by another run during the run';
     } catch (err) {
       if (outages.has(err as object)) throw err;
-      if (controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) {
+      // A refusal fails the run even when the worker is shutting down (another try would meet it again)
+      // or the run was aborted meanwhile (failRun's compare-and-set leaves a task that moved on alone).
+      const refused = refusals.has(err as object);
+      if (!refused && controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) {
         // Handed back to the queue at once without using up an attempt: the run did not fail.
         await job.moveToWait(token);
         throw new WaitingError();
       }
-      if (controller.signal.aborted || (err as { taskEnded?: boolean }).taskEnded) return 'aborted: task ended';
-      const attempts = refusals.has(err as object) ? job.attemptsMade + 1 : (job.opts.attempts ?? 1);
+      if (!refused && (controller.signal.aborted || (err as { taskEnded?: boolean }).taskEnded)) return 'aborted: task ended';
+      const attempts = refused ? job.attemptsMade + 1 : (job.opts.attempts ?? 1);
       const reason = publicReason(err);
       if (job.attemptsMade + 1 < attempts) {
         log.warn({ task_id: taskId, attempt: job.attemptsMade + 1, attempts, reason }, 'agent run failed; it will be retried');

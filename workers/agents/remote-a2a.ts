@@ -18,7 +18,7 @@ import {
   ClientFactory, ClientFactoryOptions, DefaultAgentCardResolver, JsonRpcTransportFactory, RestTransportFactory, TaskNotCancelableError, TaskNotFoundError, type Client,
 } from '@a2a-js/sdk/client';
 import {
-  forgetRemoteAgentTask, getRemoteAgentTask, remoteTasksOfCanceled, saveRemoteAgentTask, type RemoteAgentTaskRow,
+  forgetRemoteAgentTask, getRemoteAgentTask, remoteTasksOfCanceledOrFailed, saveRemoteAgentTask, type RemoteAgentTaskRow,
 } from '../../db/remote-agent-tasks.ts';
 import type { Logger } from '../../domain/logger.ts';
 import { refusedByRuntime } from '../../domain/errors.ts';
@@ -154,19 +154,20 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], db, log }: RemoteAge
       link.abort();
     }
   };
-  return { handler, housekeeping: { 'remote tasks of canceled tasks': () => cancelLeftRemoteTasks(connect, db, log) } };
+  return { handler, housekeeping: { 'remote tasks of canceled or failed tasks': () => cancelLeftRemoteTasks(connect, db, log) } };
 }
 
-// Cancels the remote tasks of local tasks canceled with no run going, then forgets them; one the
-// remote no longer has, or that has ended, is forgotten too. An unreachable remote is tried again
-// at the next pass, for a day.
+// Cancels the remote tasks of local tasks canceled with no run going, or failed after the remote's
+// last word (its final message refused), then forgets them; one the remote no longer has, or that has
+// ended, is forgotten too. An unreachable remote is tried again at the next pass, for a day.
 async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, log: Logger): Promise<void> {
-  const rows = await remoteTasksOfCanceled(db, 24, 100);
+  const rows = await remoteTasksOfCanceledOrFailed(db, 24, 100);
   if (!rows.length) return;
   const remote = await connect();
   for (const row of rows) {
     const rowLog = log.child({ task_id: row.task_id });
-    if (await cancelRemote(remote, row.remote_task_id, rowLog, 'remote task canceled: its local task was canceled between runs')) await forgetRemoteAgentTask(db, row.task_id);
+    const why = row.status === 'canceled' ? 'its local task was canceled between runs' : 'its local task failed';
+    if (await cancelRemote(remote, row.remote_task_id, rowLog, `remote task canceled: ${why}`)) await forgetRemoteAgentTask(db, row.task_id);
   }
 }
 
