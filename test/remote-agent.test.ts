@@ -134,6 +134,14 @@ for (const streaming of [true, false]) {
         return r.body.task.status === status && r.body;
       }, `task ${id} ${status}`, 30000);
     const timeline = async (id: string) => (await stack.client.get(`/api/task/v1/${id}/timeline?order=asc&page_size=100`)).body.items.map((i: any) => i.event_payload);
+    // The state of a task on the remote, as its own tasks/get tells it.
+    const remoteStateOf = async (remoteTask: string) => {
+      const r = await fetch(`${remote.url}/rpc`, {
+        method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${REMOTE_KEY}` },
+        body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: remoteTask } }),
+      });
+      return ((await r.json()) as any).result?.status?.state;
+    };
 
     it("mirrors the remote task's reply, status and artifact into the local task", async () => {
       const created = await stack.client.post('/api/task/v1', { message: textMessage('hello remote') });
@@ -205,14 +213,7 @@ for (const streaming of [true, false]) {
       const failed = await finished(id, 'failed');
       assert.match(failed.status_message.parts[0].text, /^The agent failed after 1 attempt\(s\): .*\(TASK_MESSAGES_MAX_BYTES\)$/);
       const remoteTask = executor.received.find((r) => r.text === 'one question [bigask]')!.taskId;
-      const remoteState = async () => {
-        const r = await fetch(`${remote.url}/rpc`, {
-          method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${REMOTE_KEY}` },
-          body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: remoteTask } }),
-        });
-        return ((await r.json()) as any).result?.status?.state;
-      };
-      await waitFor(async () => (await remoteState()) === 'canceled', 'the remote task to be canceled', 15000);
+      await waitFor(async () => (await remoteStateOf(remoteTask)) === 'canceled', 'the remote task to be canceled', 15000);
       await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('remote task canceled: its local task failed') && l.includes(remoteTask)), 'the log line');
       assert.equal(await testDb()('remote_agent_tasks').where({ task_id: id }).first(), undefined, 'the remote task forgotten');
     });
@@ -250,16 +251,9 @@ for (const streaming of [true, false]) {
       await finished(id, 'input-required');
       const remoteTask = executor.received.find((r) => r.text === 'shall I [ask]')!.taskId;
       // Its run is over: the remote's server cancels the task itself (its executor is not running).
-      const remoteState = async () => {
-        const r = await fetch(`${remote.url}/rpc`, {
-          method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${REMOTE_KEY}` },
-          body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: remoteTask } }),
-        });
-        return ((await r.json()) as any).result?.status?.state;
-      };
-      assert.equal(await remoteState(), 'input-required');
+      assert.equal(await remoteStateOf(remoteTask), 'input-required');
       assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'canceled' })).status, 200);
-      await waitFor(async () => (await remoteState()) === 'canceled', 'the remote task to be canceled', 15000);
+      await waitFor(async () => (await remoteStateOf(remoteTask)) === 'canceled', 'the remote task to be canceled', 15000);
       await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('remote task canceled: its local task was canceled between runs') && l.includes(remoteTask)), 'the log line');
     });
 
