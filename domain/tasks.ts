@@ -147,7 +147,11 @@ export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: Tas
 // Builds a new task's rows in memory so they can be written by one statement, and the job of its
 // first run (a user message starts one). That job is added right after commit without an outbox
 // row: job recovery finds a submitted task whose first message has no job (workers/recover-agent-runs.ts).
-function newTaskBundle(req: CreateTaskRequest, id: string): { bundle: tasks.TaskBundle; run?: OutboxRow } {
+function newTaskBundle(req: CreateTaskRequest, id: string, maxMessageBytes: number): { bundle: tasks.TaskBundle; run?: OutboxRow } {
+  const bytes = messages.partsBytes(req.message.parts);
+  if (bytes > maxMessageBytes) {
+    throw new PayloadTooLarge(`This message (${bytes} bytes) is more than the ${maxMessageBytes} bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)`, { adding: bytes, limit: maxMessageBytes });
+  }
   const at = new Date();
   const iso = at.toISOString();
   const task: tasks.TaskRow = {
@@ -169,16 +173,16 @@ function newTaskBundle(req: CreateTaskRequest, id: string): { bundle: tasks.Task
 // Creating a task is a single atomic statement (shared with concurrent intakes), so it needs no
 // explicit transaction. No TASK_EVENTS note: nobody can follow a task before its id is known, and
 // followers read the timeline from Postgres before they wait for notes.
-export async function createTask(s: UowServices & Pick<Services, 'taskStatements'>, req: CreateTaskRequest, id: string = randomUUID()) {
-  const { bundle, run } = newTaskBundle(req, id);
+export async function createTask(s: UowServices & Pick<Services, 'taskStatements' | 'cfg'>, req: CreateTaskRequest, id: string = randomUUID()) {
+  const { bundle, run } = newTaskBundle(req, id, s.cfg.TASK_MESSAGES_MAX_BYTES);
   await s.taskStatements.insertTaskBundle.execute(bundle);
   afterCommit(s, [], [], run ? [run] : []);
   return { task: tasks.toTask(bundle.task), message: bundle.message };
 }
 
 // The same, inside a caller's larger transaction.
-export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, id: string = randomUUID()) {
-  const { bundle, run } = newTaskBundle(req, id);
+export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, maxMessageBytes: number, id: string = randomUUID()) {
+  const { bundle, run } = newTaskBundle(req, id, maxMessageBytes);
   const [timelineSeqs] = await tasks.insertTaskBundles(uow.trx, [bundle]);
   if (run) uow.addRecoverable(run);
   return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs) };

@@ -630,6 +630,24 @@ describe('the bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)', () =
     assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'working' })).status, 200);
   });
 
+  it('refuses (413; A2A -32602) a new task whose first message is more than a task may hold, creating nothing', async () => {
+    const c = stack.client;
+    const tasksNow = async () => Number((await testDb()('tasks').count({ n: '*' }))[0].n);
+    const before = await tasksNow();
+    const big = textMessage('x'.repeat(4096));
+    const refused = await c.post('/api/task/v1', { message: big });
+    assertError(refused, 413, 'payload_too_large');
+    assert.equal(refused.body.message, `This message (${Buffer.byteLength(JSON.stringify(big.parts))} bytes) is more than the 4096 bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)`);
+    for (const configuration of [{ blocking: false }, { blocking: false, pushNotificationConfig: { url: 'https://example.com/hook' } }]) {
+      const rpc = await c.post('/api/a2a/v1', { jsonrpc: '2.0', id: 8, method: 'message/send',
+        params: { message: { kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text: 'y'.repeat(4096) }] }, configuration } });
+      assert.equal(rpc.body.error?.code, -32602, rpc.text);
+      assert.match(rpc.body.error.message, /TASK_MESSAGES_MAX_BYTES/);
+    }
+    assert.equal(await tasksNow(), before, 'nothing stored');
+    assert.equal((await c.post('/api/task/v1', { message: textMessage('x'.repeat(4096 - 32)) })).status, 201, 'what fits is taken');
+  });
+
   it('counts the first message, follow-ups and status messages to the byte: what fits exactly is taken, one byte more is not', async () => {
     const c = stack.client;
     const text = (n: number) => textMessage('x'.repeat(n), 'agent');

@@ -94,7 +94,7 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
     return { id, contextId: created.task.context_id, seq: 0, snapshot: view(created) };
   }
   const created = await inTransaction(services, async (uow) => {
-    const c = await createTaskIn(uow, req, id);
+    const c = await createTaskIn(uow, req, services.cfg.TASK_MESSAGES_MAX_BYTES, id);
     if (pushConfig) await push.setPushConfigOfNewTask(uow, id, pushConfig, services.cfg, c.lastSeq);
     return c;
   });
