@@ -13,9 +13,6 @@ export function messageFromRow<R extends { client_message_id?: string | null }>(
 }
 const strip = ({ seq: _seq, ...m }: MessageRow) => messageFromRow(m) as Message;
 
-// The bytes a message's parts count for against TASK_MESSAGES_MAX_BYTES.
-export const partsBytes = (parts: unknown) => Buffer.byteLength(JSON.stringify(parts));
-
 export async function insertMessage(db: Tx, m: Message): Promise<MessageRow> {
   const [out] = await db('messages').insert({ ...m, parts: JSON.stringify(m.parts) }).returning(COLUMNS);
   return messageFromRow(out);

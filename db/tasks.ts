@@ -2,7 +2,7 @@ import type { Knex } from 'knex';
 import { pgQuery, type Tx } from './knex.ts';
 import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, type Page } from './pagination.ts';
-import { messageFromRow, partsBytes } from './messages.ts';
+import { messageFromRow } from './messages.ts';
 import type { ContextInfo, Message, Task, TimelineItem } from '../api/schemas/task.ts';
 import { RUN_STARTS_FROM, type TaskState } from '../domain/task-states.ts';
 
@@ -28,13 +28,11 @@ export async function getTask(db: Tx, id: string, lock = false): Promise<TaskRow
 
 export type ContentCount = 'message_bytes' | 'artifact_bytes';
 
+// How a task's counts measure what they count: a message's parts, an artifact update, as compact JSON.
+export const contentBytes = (value: unknown) => Buffer.byteLength(JSON.stringify(value));
+
 export async function setContentBytes(db: Tx, id: string, count: ContentCount, bytes: number): Promise<void> {
   await db('tasks').where({ id }).update({ [count]: bytes });
-}
-
-// A task not counted yet stays so (null + n): its first check counts its rows.
-export async function addContentBytes(db: Tx, id: string, count: ContentCount, bytes: number): Promise<void> {
-  await db('tasks').where({ id }).update({ [count]: db.raw('?? + ?', [count, bytes]) });
 }
 
 // Whether the message a task's run_due_message_id names came after the task's status changed last
@@ -99,7 +97,7 @@ export interface TaskBundle { task: TaskRow; message: Message; timeline: Timelin
 export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<number[][]> {
   const input = bundles.map(({ task: t, message: m, timeline }, i) => ({
     i, id: t.id, context_id: t.context_id, status: t.status, at: t.created_at, metadata: t.metadata,
-    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: partsBytes(m.parts), refs: m.reference_task_ids, m_metadata: m.metadata,
+    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: contentBytes(m.parts), refs: m.reference_task_ids, m_metadata: m.metadata,
     tl: timeline.map((item) => ({ id: item.id, p: item.event_payload })),
   }));
   const { rows } = await pgQuery<{ seqs: (string | number)[] }>(db,
@@ -152,7 +150,7 @@ export interface StatusChangeResult { task?: TaskRow; timelineSeqs: number[] }
 // The changes travel as one jsonb parameter (see insertTaskBundles). No two may name one task.
 export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[]): Promise<StatusChangeResult[]> {
   const input = changes.map((c, i) => ({
-    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, mb: c.message ? partsBytes(c.message.parts) : 0, max: c.maxMessageBytes ?? null, run: c.run ?? null, lost_run: c.lostRun ?? null,
+    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, mb: c.message ? contentBytes(c.message.parts) : 0, max: c.maxMessageBytes ?? null, run: c.run ?? null, lost_run: c.lostRun ?? null,
     tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at })),
   }))
     .sort(byTaskId);

@@ -60,20 +60,26 @@ async function heldBytes(trx: Tx, locked: tasks.TaskRow, count: tasks.ContentCou
   return held;
 }
 
-// Refuses a message (or status message) that would take a task the caller holds locked over maxBytes;
-// else returns its size.
-export async function checkMessageRoom(trx: Tx, locked: tasks.TaskRow, req: Pick<CreateMessageRequest, 'parts'>, maxBytes: number): Promise<number> {
-  const adding = messages.partsBytes(req.parts);
-  checkRoom(locked.id, 'message_bytes', await heldBytes(trx, locked, 'message_bytes'), adding, maxBytes);
-  return adding;
+// Refuses a status message that would take a task the caller holds locked over maxBytes (the
+// status-change statement adds it to the count).
+export async function checkMessageRoom(trx: Tx, locked: tasks.TaskRow, req: Pick<CreateMessageRequest, 'parts'>, maxBytes: number): Promise<void> {
+  checkRoom(locked.id, 'message_bytes', await heldBytes(trx, locked, 'message_bytes'), tasks.contentBytes(req.parts), maxBytes);
+}
+
+// Takes room for `value` in a task the caller holds locked, or refuses it: the count is written in the
+// caller's transaction, with the row the value goes into.
+async function takeRoom(trx: Tx, locked: tasks.TaskRow, count: tasks.ContentCount, value: unknown, maxBytes: number): Promise<void> {
+  const held = await heldBytes(trx, locked, count);
+  const adding = tasks.contentBytes(value);
+  checkRoom(locked.id, count, held, adding, maxBytes);
+  await tasks.setContentBytes(trx, locked.id, count, held + adding);
+  locked[count] = held + adding;
 }
 
 // A message of a task the caller holds locked, within what the task may hold.
 export async function appendMessage(uow: UnitOfWork, locked: tasks.TaskRow, req: CreateMessageRequest, maxBytes: number, at = new Date()) {
-  const adding = await checkMessageRoom(uow.trx, locked, req, maxBytes);
+  await takeRoom(uow.trx, locked, 'message_bytes', req.parts, maxBytes);
   const message = await messages.insertMessage(uow.trx, newMessage(locked.id, req, at.toISOString()));
-  await tasks.addContentBytes(uow.trx, locked.id, 'message_bytes', adding);
-  locked.message_bytes = Number(locked.message_bytes) + adding;
   const { seq: _seq, ...plain } = message;
   const item = await appendTimeline(uow, locked.id, { type: 'message', message: plain as Message }, at);
   return { message: plain as Message, seq: message.seq, timelineItem: item };
@@ -81,13 +87,8 @@ export async function appendMessage(uow: UnitOfWork, locked: tasks.TaskRow, req:
 
 // An artifact update of a task the caller holds locked, within what the task may hold.
 export async function appendArtifact(uow: UnitOfWork, locked: tasks.TaskRow, artifact: Record<string, unknown>, maxBytes: number, at = new Date()) {
-  const adding = Buffer.byteLength(JSON.stringify(artifact));
-  const held = await heldBytes(uow.trx, locked, 'artifact_bytes');
-  checkRoom(locked.id, 'artifact_bytes', held, adding, maxBytes);
-  const item = await appendTimeline(uow, locked.id, { type: 'artifact-update', artifact }, at);
-  await tasks.setContentBytes(uow.trx, locked.id, 'artifact_bytes', held + adding);
-  locked.artifact_bytes = held + adding;
-  return item;
+  await takeRoom(uow.trx, locked, 'artifact_bytes', artifact, maxBytes);
+  return appendTimeline(uow, locked.id, { type: 'artifact-update', artifact }, at);
 }
 
 async function lockTask(trx: Tx, id: string): Promise<tasks.TaskRow> {
@@ -148,7 +149,7 @@ export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: Tas
 // first run (a user message starts one). That job is added right after commit without an outbox
 // row: job recovery finds a submitted task whose first message has no job (workers/recover-agent-runs.ts).
 function newTaskBundle(req: CreateTaskRequest, id: string, maxMessageBytes: number): { bundle: tasks.TaskBundle; run?: OutboxRow } {
-  const bytes = messages.partsBytes(req.message.parts);
+  const bytes = tasks.contentBytes(req.message.parts);
   if (bytes > maxMessageBytes) {
     throw new PayloadTooLarge(`This message (${bytes} bytes) is more than the ${maxMessageBytes} bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)`, { adding: bytes, limit: maxMessageBytes });
   }

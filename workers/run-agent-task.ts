@@ -7,7 +7,6 @@ import { InvalidRequest, publicReason, refusedByRuntime, unreachable } from '../
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf, checkMessageRoom, checkRoom } from '../domain/tasks.ts';
-import { partsBytes } from '../db/messages.ts';
 import { inStatement, inTransaction, type UnitOfWork } from '../domain/unit-of-work.ts';
 import { isTerminal, RUN_RESULTS, runEndsFrom, workingUnder } from '../domain/task-states.ts';
 import type { AgentContext, AgentHandler, AgentResult } from './agents/types.ts';
@@ -147,7 +146,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         const out = finalOf(result);
         // Counts only grow: a message that does not fit beside the count at the run's start is refused
         // here, before it travels to Postgres; the statement checks against the count as it is then.
-        checkRoom(taskId, 'message_bytes', Number(state.task.message_bytes ?? 0), partsBytes(out.message.parts), maxMessageBytes);
+        checkRoom(taskId, 'message_bytes', Number(state.task.message_bytes ?? 0), tasks.contentBytes(out.message.parts), maxMessageBytes);
         return out;
       });
       // Done running: from here the final write's compare-and-set decides, and a check that sees the
@@ -159,7 +158,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       // may hold (the statement checks without a read; this read, on a miss only, tells which).
       await ours(async () => {
         const now = await tasks.getTask(services.db, taskId);
-        if (now?.message_bytes != null && workingUnder(now, messageId)) checkRoom(taskId, 'message_bytes', Number(now.message_bytes), partsBytes(final.message.parts), maxMessageBytes);
+        if (now?.message_bytes != null && workingUnder(now, messageId)) checkRoom(taskId, 'message_bytes', Number(now.message_bytes), tasks.contentBytes(final.message.parts), maxMessageBytes);
       });
       return 'task ended or taken by another run during the run';
     } catch (err) {
