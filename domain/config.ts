@@ -44,6 +44,8 @@ const ConfigSchema = Type.Object({
   // tasks and of answers to waiting ones), and how old it must be; the same pass purges
   // long-expired OAuth brokering states.
   JOB_RECOVERY_MS: Type.Integer({ minimum: 100, default: 60000 }),
+  // Tasks that ended longer ago than this many days are deleted by the same pass; 0 keeps them all.
+  TASK_RETENTION_DAYS: Type.Integer({ minimum: 0, maximum: 36500, default: 0 }),
   // OAuth user credentials: how often workers look for those due for refresh, refresh attempts
   // (exponential backoff) before the instance becomes refresh_failed, refreshes in flight per worker.
   CREDENTIAL_REFRESH_SCAN_MS: Type.Integer({ minimum: 100, default: 30000 }),

@@ -30,13 +30,14 @@ describe('process start-up', function () {
   this.timeout(60_000);
 
   it('refuses a bad configuration with exit code 2, naming each variable and, for a choice, the allowed values', async () => {
-    const r = await run('api/main.ts', testEnv({ LOG_LEVEL: 'verbose', AGENT_KIND: 'robot', PORT: 'abc', STARTUP_TIMEOUT_MS: '-1' }));
+    const r = await run('api/main.ts', testEnv({ LOG_LEVEL: 'verbose', AGENT_KIND: 'robot', PORT: 'abc', STARTUP_TIMEOUT_MS: '-1', TASK_RETENTION_DAYS: '0.5' }));
     assert.equal(r.code, 2);
     assert.match(r.output, /^Invalid configuration:$/m);
     assert.match(r.output, /^ {2}LOG_LEVEL: must be one of fatal, error, warn, info, debug, trace, silent$/m);
     assert.match(r.output, /^ {2}AGENT_KIND: must be one of demo, module, remote$/m);
     assert.match(r.output, /^ {2}PORT: must be integer$/m);
     assert.match(r.output, /^ {2}STARTUP_TIMEOUT_MS: must be >= 0$/m);
+    assert.match(r.output, /^ {2}TASK_RETENTION_DAYS: must be integer$/m);
     noStack(r);
   });
 

@@ -1,11 +1,12 @@
 // Periodic passes of every worker, each idempotent: recovery of work whose queue job Redis lost
 // (key jobs: recover-key-jobs.ts; agent runs of submitted tasks and of answers to waiting ones, and runs whose job failed
 // without ending their task: recover-agent-runs.ts), the purge of OAuth brokering states abandoned
-// long ago, and the agent's own passes (the remote agent's: remote tasks of canceled or failed tasks).
+// long ago and of tasks past TASK_RETENTION_DAYS, and the agent's own passes (the remote agent's: remote tasks of canceled or failed tasks).
 import type { Services } from '../domain/services.ts';
 import { recoverLostKeyJobs } from './recover-key-jobs.ts';
 import { AgentRunRecovery } from './recover-agent-runs.ts';
 import { purgeExpiredBrokerStates } from '../domain/bridge/brokering.ts';
+import { purgeExpiredTasks } from '../domain/task-retention.ts';
 
 // `extra`: the agent's own passes (workers/agents/types.ts Agent).
 export function startHousekeeping(services: Services, extra: Record<string, () => Promise<unknown>> = {}): () => void {
@@ -15,6 +16,7 @@ export function startHousekeeping(services: Services, extra: Record<string, () =
     'key jobs': () => recoverLostKeyJobs(services, every),
     'agent runs': () => agentRuns.pass(every),
     'expired broker states': () => purgeExpiredBrokerStates(services),
+    'tasks past retention': () => purgeExpiredTasks(services),
   };
   for (const [name, pass] of Object.entries(extra)) passes[`agent: ${name}`] = pass;
   const running = new Set<string>();

@@ -1,0 +1,118 @@
+// TASK_RETENTION_DAYS: a worker's housekeeping pass deletes tasks that ended longer ago than that,
+// with their messages and timelines, and contexts left without tasks; tasks that have not ended,
+// or ended recently, stay. Tasks are aged by moving their times back in Postgres.
+import assert from 'node:assert/strict';
+import { resetDb, startStack, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+
+const T = '/api/task/v1';
+const DAY_MS = 24 * 60 * 60 * 1000;
+
+// A task with an agent's first message (no run is started), moved to `status` through the API.
+async function taskIn(stack: Stack, status: string, contextId?: string): Promise<{ id: string; context_id: string }> {
+  const created = await stack.client.post(T, { ...(contextId ? { context_id: contextId } : {}), message: textMessage(`a ${status} task`, 'agent') });
+  assert.equal(created.status, 201, created.text);
+  const { id, context_id } = created.body.task;
+  const path = ['submitted', 'canceled', 'rejected'].includes(status) ? [status] : ['working', status];
+  for (const to of path.filter((s) => s !== 'submitted')) {
+    const r = await stack.client.put(`${T}/${id}`, { status: to, message: textMessage(`now ${to}`, 'agent') });
+    assert.equal(r.status, 200, r.text);
+  }
+  return { id, context_id };
+}
+
+async function age(id: string, createdDaysAgo: number, endedDaysAgo = createdDaysAgo): Promise<void> {
+  const updated = await testDb()('tasks').where({ id }).update({
+    created_at: new Date(Date.now() - createdDaysAgo * DAY_MS), status_timestamp: new Date(Date.now() - endedDaysAgo * DAY_MS),
+  });
+  assert.equal(updated, 1);
+}
+
+const rowsOf = async (table: string, taskId: string) => Number((await testDb()(table).where({ task_id: taskId }).count({ n: '*' }))[0].n);
+const contextExists = async (id: string) => !!(await testDb()('contexts').where({ id }).first());
+
+describe('task retention (TASK_RETENTION_DAYS)', function () {
+  this.timeout(60_000);
+  let stack: Stack;
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ TASK_RETENTION_DAYS: '7', JOB_RECOVERY_MS: '300' });
+  });
+  after(async () => { await stack?.stop(); });
+
+  it('deletes tasks that ended before the retention with all they hold, and keeps the rest', async () => {
+    const c = stack.client;
+    const oldCompleted = await taskIn(stack, 'completed');
+    const oldFailed = await taskIn(stack, 'failed');
+    const oldCanceled = await taskIn(stack, 'canceled');
+    const recentInSameContext = await taskIn(stack, 'completed', oldCanceled.context_id);
+    const oldWaiting = await taskIn(stack, 'input-required');
+    const oldSubmitted = await taskIn(stack, 'submitted');
+    const longRunEndedRecently = await taskIn(stack, 'completed');
+    const recent = await taskIn(stack, 'rejected');
+    for (const t of [oldCompleted, oldFailed, oldCanceled, oldWaiting, oldSubmitted]) await age(t.id, 8);
+    await age(longRunEndedRecently.id, 30, 6);
+    await age(recent.id, 1);
+    for (const t of [oldCompleted, oldFailed, oldCanceled]) {
+      assert.ok(await rowsOf('messages', t.id) >= 2 && await rowsOf('timeline_items', t.id) >= 3, 'the task holds messages and a timeline before');
+    }
+
+    await waitFor(async () => (await c.get(`${T}/${oldCanceled.id}`)).status === 404, 'the old canceled task to be deleted', 20000, 100);
+    for (const t of [oldCompleted, oldFailed, oldCanceled]) {
+      assert.equal((await c.get(`${T}/${t.id}`)).status, 404);
+      assert.equal((await c.get(`${T}/${t.id}/timeline`)).status, 404);
+      assert.equal(await rowsOf('messages', t.id), 0);
+      assert.equal(await rowsOf('timeline_items', t.id), 0);
+    }
+    // A context goes with its last task; one that still has a task stays, listed once.
+    assert.equal(await contextExists(oldCompleted.context_id), false);
+    assert.equal(await contextExists(oldFailed.context_id), false);
+    const contexts = await c.get(`${T}/context?page_size=100`);
+    assert.equal(contexts.status, 200);
+    const listed = contexts.body.items.map((x: { context_id: string }) => x.context_id);
+    assert.ok(!listed.includes(oldCompleted.context_id));
+    assert.equal(listed.filter((id: string) => id === oldCanceled.context_id).length, 1);
+    const inContext = await c.get(`${T}/context/${oldCanceled.context_id}/task?page_size=10`);
+    assert.deepEqual(inContext.body.items.map((t: { id: string }) => t.id), [recentInSameContext.id]);
+
+    for (const t of [recentInSameContext, oldWaiting, oldSubmitted, longRunEndedRecently, recent]) {
+      const r = await c.get(`${T}/${t.id}`);
+      assert.equal(r.status, 200, `${t.id} kept`);
+      assert.ok(r.body.messages.length >= 1);
+    }
+    const logged = stack.workers.flatMap((w) => w.logs).filter((l) => l.includes('ended tasks past their retention deleted'));
+    assert.equal(logged.reduce((n, l) => n + JSON.parse(l).tasks, 0), 3, logged.join('\n'));
+  });
+
+  it('a client may start a new task in the context of a deleted one', async () => {
+    const c = stack.client;
+    const old = await taskIn(stack, 'completed');
+    await age(old.id, 8);
+    await waitFor(async () => !(await contextExists(old.context_id)), 'the context to be deleted with its task', 20000, 100);
+    const again = await c.post(T, { context_id: old.context_id, message: textMessage('hello again') });
+    assert.equal(again.status, 201, again.text);
+    assert.equal(again.body.task.context_id, old.context_id);
+    const listed = await c.get(`${T}/context/${old.context_id}/task?page_size=10`);
+    assert.deepEqual(listed.body.items.map((t: { id: string }) => t.id), [again.body.task.id]);
+  });
+});
+
+describe('task retention off (TASK_RETENTION_DAYS=0, the default)', function () {
+  this.timeout(60_000);
+  let stack: Stack;
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack({ JOB_RECOVERY_MS: '200' });
+  });
+  after(async () => { await stack?.stop(); });
+
+  it('keeps ended tasks however old', async () => {
+    const old = await taskIn(stack, 'completed');
+    await age(old.id, 3650);
+    // Passes run every 200 ms: wait through several.
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.equal((await stack.client.get(`${T}/${old.id}`)).status, 200);
+    assert.equal(await contextExists(old.context_id), true);
+  });
+});
