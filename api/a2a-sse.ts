@@ -14,13 +14,19 @@ export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log:
   ctx.respond = false;
   ctx.status = 200;
   res.writeHead(200, { 'Content-Type': 'text/event-stream', 'Cache-Control': 'no-cache', Connection: 'keep-alive', 'X-Accel-Buffering': 'no' });
-  let closed = false;
+  // A client gone before this point has had its 'close' already: destroyed says so.
+  let closed = res.destroyed;
   const onClose = () => { closed = true; };
   res.once('close', onClose);
   const keepalive = setInterval(() => { if (!closed) res.write(': keep-alive\n\n'); }, KEEPALIVE_MS);
   const send = async (payload: unknown) => {
     if (closed) return;
     if (!res.write(`data: ${JSON.stringify(payload)}\n\n`)) {
+      // A write to a response whose client went away returns false and no 'drain' or 'close' follows.
+      if (res.destroyed) {
+        closed = true;
+        return;
+      }
       await new Promise<void>((resolve) => {
         const done = () => { res.off('drain', done); res.off('close', done); resolve(); };
         res.on('drain', done);

@@ -3,6 +3,7 @@
 // all get every event; a closed stream does not cancel the task.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
+import net from 'node:net';
 import path from 'node:path';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { ADMIN_KEY, Client, requestLogsThrough, resetDb, startApi, startStack, testDb, waitFor, type Stack } from './helpers/stack.ts';
@@ -247,6 +248,31 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
       return undefined;
     }, 'a place to free up');
     for (const s of [second, third, again]) s.close();
+  });
+
+  it('gives back the places of clients that hang up while their stream is being set up', async () => {
+    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const { port } = new URL(stack.api.url);
+    // The whole request, then the connection closed a moment later: while the API reads the body or
+    // writes the task, before the first event.
+    const hangUp = (method: string, params: unknown, afterMs: number) => new Promise<void>((resolve) => {
+      const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method, params });
+      const socket = net.connect(Number(port), '127.0.0.1', () => {
+        socket.write(`POST ${A2A} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+        setTimeout(() => { socket.destroy(); resolve(); }, afterMs);
+      });
+      socket.on('error', () => resolve());
+    });
+    for (const afterMs of [0, 1, 1, 2, 2, 3, 5, 8]) {
+      await Promise.all([hangUp('message/stream', { message: userMessage('gone at once') }, afterMs), hangUp('tasks/resubscribe', { id: task }, afterMs)]);
+    }
+    const streams = await waitFor(async () => {
+      const both = [await open(task), await open(task)];
+      if (both.every((s) => s.res.status === 200)) return both;
+      for (const s of both) s.close();
+      return undefined;
+    }, 'the places of the hung-up streams to come back', 5000, 200);
+    for (const s of streams) s.close();
   });
 
   it("ends a revoked key's open streams, on every API process, and no other key's", async () => {

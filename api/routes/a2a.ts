@@ -23,10 +23,12 @@ const waiterOf = (s: Services) => {
   return w;
 };
 
-// Aborts when the client disconnects before the response is complete.
+// Aborts when the client disconnects before the response is complete, also when it has already
+// (its 'close' came while the body was read: a listener added now would never hear it).
 function clientGone(ctx: Context): AbortSignal {
   const ac = new AbortController();
-  ctx.res.once('close', () => { if (!ctx.res.writableFinished) ac.abort(); });
+  if (ctx.res.destroyed) ac.abort();
+  else ctx.res.once('close', () => { if (!ctx.res.writableFinished) ac.abort(); });
   return ac.signal;
 }
 
