@@ -6,9 +6,12 @@ import type { Services } from '../domain/services.ts';
 
 const RETRY_AFTER_MS = 5000;
 const openStreams = new Map<string, Set<AbortController>>();
-// Keys this process learned were revoked: a request authenticated just before the news (from the
-// key cache) must not open a stream after it, which nothing would end.
-const revoked = new Set<string>();
+// Keys this process learned were revoked, and when: a request authenticated just before the news
+// (from the key cache) must not open a stream after it, which nothing would end. Such a request
+// has its body within the server's request timeout (Node's default: 5 minutes), so a revocation
+// is remembered for twice that, no longer.
+const revoked = new Map<string, number>();
+const REVOKED_KEPT_MS = 10 * 60_000;
 
 export interface HeldStream {
   /** Aborts when the key is revoked. */
@@ -37,6 +40,13 @@ export function holdStream(services: Services, keyId: string): HeldStream {
 }
 
 export function endStreamsOf(keyId: string): void {
-  revoked.add(keyId);
+  const now = Date.now();
+  // Oldest first (insertion order): stops at the first one still kept.
+  for (const [id, at] of revoked) {
+    if (at > now - REVOKED_KEPT_MS) break;
+    revoked.delete(id);
+  }
+  revoked.delete(keyId);
+  revoked.set(keyId, now);
   for (const stream of openStreams.get(keyId) ?? []) stream.abort(new Error('API key revoked'));
 }

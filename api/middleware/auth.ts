@@ -23,6 +23,7 @@ let revocations = 0;
 // A revoked key: no longer cached, and its A2A streams in this process end.
 export function forgetApiKey(id: string): void {
   revocations++;
+  lastTouched.delete(id);
   for (const [token, entry] of cache) if (entry.principal.id === id) cache.delete(token);
   endStreamsOf(id);
 }
@@ -59,6 +60,8 @@ export function authenticate(services: Services): Middleware {
       // last_used_at is advisory: written at most once a minute per key and process.
       const now = Date.now();
       if (!principal.id.startsWith('env:') && (lastTouched.get(principal.id) ?? 0) < now - TOUCH_EVERY_MS) {
+        // Bounded like the cache: a key missing here costs one more advisory write.
+        if (lastTouched.size >= CACHE_MAX) lastTouched.clear();
         lastTouched.set(principal.id, now);
         touchLastUsed(services.db, principal.id).catch((err) => services.log.warn({ err }, 'could not record key use'));
       }
