@@ -2,7 +2,7 @@
 // with their messages and timelines, and contexts left without tasks; tasks that have not ended,
 // or ended recently, stay. Tasks are aged by moving their times back in Postgres.
 import assert from 'node:assert/strict';
-import { resetDb, startStack, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 const T = '/api/task/v1';
 const DAY_MS = 24 * 60 * 60 * 1000;
@@ -45,24 +45,28 @@ describe('task retention (TASK_RETENTION_DAYS)', function () {
     const oldCompleted = await taskIn(stack, 'completed');
     const oldFailed = await taskIn(stack, 'failed');
     const oldCanceled = await taskIn(stack, 'canceled');
+    const oldRejected = await taskIn(stack, 'rejected');
     const recentInSameContext = await taskIn(stack, 'completed', oldCanceled.context_id);
     const oldWaiting = await taskIn(stack, 'input-required');
     const oldSubmitted = await taskIn(stack, 'submitted');
     const longRunEndedRecently = await taskIn(stack, 'completed');
     const recent = await taskIn(stack, 'rejected');
-    for (const t of [oldCompleted, oldFailed, oldCanceled, oldWaiting, oldSubmitted]) await age(t.id, 8);
+    const gone = [oldCompleted, oldFailed, oldCanceled, oldRejected];
+    for (const t of [...gone, oldWaiting, oldSubmitted]) await age(t.id, 8);
     await age(longRunEndedRecently.id, 30, 6);
     await age(recent.id, 1);
-    for (const t of [oldCompleted, oldFailed, oldCanceled]) {
+    // What else a task may hold: a push config, and (AGENT_KIND=remote) the remote task it mirrors.
+    await testDb()('push_configs').insert({ task_id: oldCompleted.id, id: 'hook', url: 'https://example.com/hook' });
+    await testDb()('remote_agent_tasks').insert({ task_id: oldCompleted.id, remote_task_id: 'remote-1' });
+    for (const t of gone) {
       assert.ok(await rowsOf('messages', t.id) >= 2 && await rowsOf('timeline_items', t.id) >= 3, 'the task holds messages and a timeline before');
     }
 
-    await waitFor(async () => (await c.get(`${T}/${oldCanceled.id}`)).status === 404, 'the old canceled task to be deleted', 20000, 100);
-    for (const t of [oldCompleted, oldFailed, oldCanceled]) {
+    await waitFor(async () => (await c.get(`${T}/${oldRejected.id}`)).status === 404, 'the old rejected task to be deleted', 20000, 100);
+    for (const t of gone) {
       assert.equal((await c.get(`${T}/${t.id}`)).status, 404);
       assert.equal((await c.get(`${T}/${t.id}/timeline`)).status, 404);
-      assert.equal(await rowsOf('messages', t.id), 0);
-      assert.equal(await rowsOf('timeline_items', t.id), 0);
+      for (const table of ['messages', 'timeline_items', 'push_configs', 'remote_agent_tasks']) assert.equal(await rowsOf(table, t.id), 0, table);
     }
     // A context goes with its last task; one that still has a task stays, listed once.
     assert.equal(await contextExists(oldCompleted.context_id), false);
@@ -81,7 +85,7 @@ describe('task retention (TASK_RETENTION_DAYS)', function () {
       assert.ok(r.body.messages.length >= 1);
     }
     const logged = stack.workers.flatMap((w) => w.logs).filter((l) => l.includes('ended tasks past their retention deleted'));
-    assert.equal(logged.reduce((n, l) => n + JSON.parse(l).tasks, 0), 3, logged.join('\n'));
+    assert.equal(logged.reduce((n, l) => n + JSON.parse(l).tasks, 0), 4, logged.join('\n'));
   });
 
   it('a client may start a new task in the context of a deleted one', async () => {
@@ -94,6 +98,34 @@ describe('task retention (TASK_RETENTION_DAYS)', function () {
     assert.equal(again.body.task.context_id, old.context_id);
     const listed = await c.get(`${T}/context/${old.context_id}/task?page_size=10`);
     assert.deepEqual(listed.body.items.map((t: { id: string }) => t.id), [again.body.task.id]);
+  });
+});
+
+describe('task retention with tasks that hold many rows', function () {
+  this.timeout(120_000);
+  let stack: Stack;
+
+  before(async () => {
+    await resetDb();
+    stack = await startStack({}, { workers: 0 });
+  });
+  after(async () => { await stack?.stop(); });
+
+  it('deletes them in smaller batches when a batch of 1,000 outlasts DB_QUERY_TIMEOUT_MS', async () => {
+    // 1,100 ended tasks of 300 timeline items each, 10 days old: deleting 1,000 of them takes
+    // over a second, far beyond the worker's statement timeout.
+    const db = testDb();
+    await db.raw(`insert into contexts (id, created_at) select gen_random_uuid(), now() - interval '10 days' from generate_series(1, 1100)`);
+    await db.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+                  select gen_random_uuid(), c.id, 'completed', c.created_at, '{}', c.created_at, c.created_at from contexts c`);
+    await db.raw(`insert into timeline_items (id, task_id, event_payload, created_at)
+                  select gen_random_uuid(), t.id, '{"type":"task-status-update","status":"working"}', t.created_at from tasks t, generate_series(1, 300)`);
+    const worker = await startWorker({ ...stack.env, TASK_RETENTION_DAYS: '7', JOB_RECOVERY_MS: '500', DB_QUERY_TIMEOUT_MS: '100' });
+    stack.workers.push(worker);
+    await waitFor(async () => Number((await db('tasks').count({ n: '*' }))[0].n) === 0, 'every heavy task to be deleted', 90_000, 500);
+    assert.equal(Number((await db('timeline_items').count({ n: '*' }))[0].n), 0);
+    assert.equal(Number((await db('contexts').count({ n: '*' }))[0].n), 0);
+    assert.ok(worker.logs.some((l) => l.includes('a batch took too long; trying fewer tasks at a time')), worker.logs.slice(-20).join('\n'));
   });
 });
 

@@ -6,17 +6,18 @@ import type { Services } from '../domain/services.ts';
 import { recoverLostKeyJobs } from './recover-key-jobs.ts';
 import { AgentRunRecovery } from './recover-agent-runs.ts';
 import { purgeExpiredBrokerStates } from '../domain/bridge/brokering.ts';
-import { purgeExpiredTasks } from '../domain/task-retention.ts';
+import { taskRetention } from '../domain/task-retention.ts';
 
 // `extra`: the agent's own passes (workers/agents/types.ts Agent).
 export function startHousekeeping(services: Services, extra: Record<string, () => Promise<unknown>> = {}): () => void {
   const every = services.cfg.JOB_RECOVERY_MS;
   const agentRuns = new AgentRunRecovery(services);
+  const expiredTasks = taskRetention(services);
   const passes: Record<string, () => Promise<unknown>> = {
     'key jobs': () => recoverLostKeyJobs(services, every),
     'agent runs': () => agentRuns.pass(every),
     'expired broker states': () => purgeExpiredBrokerStates(services),
-    'tasks past retention': () => purgeExpiredTasks(services),
+    'tasks past retention': expiredTasks,
   };
   for (const [name, pass] of Object.entries(extra)) passes[`agent: ${name}`] = pass;
   const running = new Set<string>();
