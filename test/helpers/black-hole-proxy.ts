@@ -1,21 +1,26 @@
 // A TCP proxy that can turn into a black hole: while `swallowing`, bytes in either direction are
 // dropped, so a peer behind it goes silent without closing anything (a network partition, a frozen
 // host). Bytes dropped stay lost after `forward()`: what was in flight then never arrives.
+// `freezeOpen()` silences only the connections open now, for good, while new ones pass (a NAT
+// gateway or load balancer that dropped idle connections without telling either end).
 // `reset()` instead cuts every connection with a TCP reset (a server killed, a proxy dropping it).
 import net from 'node:net';
 
-export interface BlackHoleProxy { port: number; swallow(): void; forward(): void; reset(): void; close(): Promise<void> }
+export interface BlackHoleProxy { port: number; swallow(): void; forward(): void; freezeOpen(): void; reset(): void; close(): Promise<void> }
 
 export async function startBlackHoleProxy(target: { host: string; port: number }): Promise<BlackHoleProxy> {
   let swallowing = false;
   const sockets = new Set<net.Socket>();
+  const connections = new Set<{ frozen: boolean }>();
   const server = net.createServer((client) => {
+    const connection = { frozen: false };
+    connections.add(connection);
     const upstream = net.connect(target.port, target.host);
     for (const [from, to] of [[client, upstream], [upstream, client]] as const) {
       sockets.add(from);
-      from.on('data', (chunk) => { if (!swallowing) to.write(chunk); });
+      from.on('data', (chunk) => { if (!swallowing && !connection.frozen) to.write(chunk); });
       from.on('error', () => to.destroy());
-      from.on('close', () => { sockets.delete(from); to.destroy(); });
+      from.on('close', () => { sockets.delete(from); connections.delete(connection); to.destroy(); });
     }
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -23,6 +28,9 @@ export async function startBlackHoleProxy(target: { host: string; port: number }
     port: (server.address() as net.AddressInfo).port,
     swallow() { swallowing = true; },
     forward() { swallowing = false; },
+    freezeOpen() {
+      for (const c of connections) c.frozen = true;
+    },
     reset() {
       for (const s of sockets) s.resetAndDestroy();
     },

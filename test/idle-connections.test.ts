@@ -1,0 +1,109 @@
+// The two connections that only listen: the Postgres listener (key revocations in the API, push
+// relays in workers) and the Redis subscriber of the event bus (task notes, cancel notes, keyring
+// invalidations). One that goes silent without closing (a NAT gateway or load balancer dropping it
+// as idle) is found by its heartbeat and replaced, so notifications arrive again.
+import assert from 'node:assert/strict';
+import { Writable } from 'node:stream';
+import { Redis } from 'ioredis';
+import { pino } from 'pino';
+import { listenPg } from '../db/pg-listener.ts';
+import { EventBus } from '../queues/events.ts';
+import { startBlackHoleProxy, type BlackHoleProxy } from './helpers/black-hole-proxy.ts';
+import { requireEnv, testDb, waitFor } from './helpers/stack.ts';
+
+const HEARTBEAT = { heartbeatMs: 200, timeoutMs: 500 };
+
+// The service at `url`, reached through a proxy instead.
+async function behindProxy(url: string): Promise<{ proxy: BlackHoleProxy; url: string }> {
+  const target = new URL(url);
+  const proxy = await startBlackHoleProxy({ host: target.hostname, port: Number(target.port) });
+  const via = new URL(target);
+  via.hostname = '127.0.0.1';
+  via.port = String(proxy.port);
+  return { proxy, url: via.toString() };
+}
+
+function capturedLog() {
+  const lines: string[] = [];
+  return { lines, log: pino({ level: 'warn' }, new Writable({ write(chunk, _enc, done) { lines.push(String(chunk)); done(); } })) };
+}
+
+// Sends notes until one is heard: only a new connection can hear those sent after the freeze.
+async function heardAgain(send: (payload: string) => Promise<unknown>, heard: string[]): Promise<void> {
+  let n = 0;
+  await waitFor(async () => {
+    await send(`after ${++n}`);
+    return heard.some((p) => p.startsWith('after '));
+  }, 'a notification after the connection went silent', 15_000, 250);
+}
+
+describe('connections that only listen', function () {
+  this.timeout(30_000);
+
+  it('Postgres listener: a connection gone silent is found by its heartbeat and replaced', async () => {
+    const { proxy, url } = await behindProxy(requireEnv('DATABASE_URL'));
+    const { lines, log } = capturedLog();
+    const heard: string[] = [];
+    const listener = await listenPg(url, { listener_test: (p) => heard.push(p) }, log, HEARTBEAT);
+    const notify = (payload: string) => testDb().raw(`select pg_notify('listener_test', ?)`, [payload]);
+    try {
+      await notify('before');
+      await waitFor(async () => heard.includes('before'), 'the first notification');
+      proxy.freezeOpen();
+      await heardAgain(notify, heard);
+      assert.ok(lines.some((l) => l.includes('Postgres listener lost its connection') && l.includes('heartbeat')), lines.join('\n'));
+    } finally {
+      await listener.close();
+      await proxy.close();
+    }
+  });
+
+  it('event bus: a Redis subscriber gone silent is found by its ping and reconnected, subscribed again', async () => {
+    const { proxy, url } = await behindProxy(requireEnv('REDIS_URL'));
+    const { lines, log } = capturedLog();
+    const pub = new Redis(requireEnv('REDIS_URL'));
+    const sub = new Redis(url, { maxRetriesPerRequest: null });
+    const bus = new EventBus(pub, sub, 'idle-test', log, HEARTBEAT);
+    const heard: string[] = [];
+    try {
+      await bus.subscribe('notes', (m) => heard.push(String(m.payload)));
+      const send = (payload: string) => bus.publish('notes', { payload });
+      await send('before');
+      await waitFor(async () => heard.includes('before'), 'the first note');
+      proxy.freezeOpen();
+      await heardAgain(send, heard);
+      assert.ok(lines.some((l) => l.includes('Redis subscriber gave no answer to a ping; reconnecting')), lines.join('\n'));
+    } finally {
+      sub.disconnect();
+      pub.disconnect();
+      await proxy.close();
+    }
+  });
+
+  it('event bus: a subscription Redis refused is asked for again by the next subscriber', async () => {
+    const admin = new Redis(requireEnv('REDIS_URL'));
+    const user = `idle-test-${process.pid}`;
+    // A user that may run commands but not yet subscribe to any channel.
+    await admin.call('ACL', 'SETUSER', user, 'on', '>pw', '~*', '+@all', 'resetchannels');
+    const userUrl = new URL(requireEnv('REDIS_URL'));
+    userUrl.username = user;
+    userUrl.password = 'pw';
+    const sub = new Redis(userUrl.toString(), { maxRetriesPerRequest: null });
+    const { log } = capturedLog();
+    const bus = new EventBus(admin, sub, 'refused-test', log);
+    const heard: string[] = [];
+    try {
+      await assert.rejects(bus.subscribe('notes', () => undefined), /NOPERM/);
+      await admin.call('ACL', 'SETUSER', user, 'allchannels');
+      await bus.subscribe('notes', (m) => heard.push(String(m.payload)));
+      await waitFor(async () => {
+        await bus.publish('notes', { payload: 'hello' });
+        return heard.includes('hello');
+      }, 'a note once subscribing is allowed', 5000, 100);
+    } finally {
+      sub.disconnect();
+      await admin.call('ACL', 'DELUSER', user);
+      admin.disconnect();
+    }
+  });
+});
