@@ -17,7 +17,8 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 // then finishes. "[direct]" makes it answer with a plain message and no task. "[ask]" makes it ask
 // for input first; "[hang]" makes it work until canceled; "[flood]" makes its artifact too large
 // for the local task, and then work until canceled; "[bigask]" asks for input with a question too
-// large for the local task; a follow-up turn says which turn it is.
+// large for the local task; "[slowstart]" makes it say nothing for 1.5 s after taking the message;
+// a follow-up turn says which turn it is.
 class RemoteExecutor implements AgentExecutor {
   readonly received: { taskId: string; text: string; continued: boolean }[] = [];
   readonly canceled = new Set<string>();
@@ -27,6 +28,7 @@ class RemoteExecutor implements AgentExecutor {
     const { taskId, contextId, userMessage, task } = rc;
     const text = textOf(userMessage);
     this.received.push({ taskId, text, continued: !!task });
+    if (text.includes('[slowstart]')) await new Promise((resolve) => setTimeout(resolve, 1500));
     if (text.includes('[direct]')) {
       // A plain message instead of a task: the remote's whole answer.
       bus.publish({ kind: 'message', role: 'agent', messageId: randomUUID(), contextId, parts: [{ kind: 'text', text: `Direct answer to ${text}` }] });
@@ -228,6 +230,16 @@ for (const streaming of [true, false]) {
       await waitFor(async () => executor.canceled.has(started.taskId), 'the remote cancel');
       const after = await stack.client.get(`/api/task/v1/${id}`);
       assert.equal(after.body.task.status, 'canceled');
+    });
+
+    it('cancels the remote task of a local task canceled before the remote named it (its first event came late)', async () => {
+      const text = 'late start [slowstart] [hang]';
+      const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
+      const id = created.body.task.id;
+      const started = await waitFor(async () => executor.received.find((r) => r.text === text), 'the remote to take the message');
+      assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'canceled' })).status, 200);
+      await waitFor(async () => executor.canceled.has(started.taskId), 'the remote cancel', 15000);
+      assert.equal(executor.received.filter((r) => r.text === text).length, 1, 'the message was sent once');
     });
 
     it('forwards an answer a client gave while the first run was going to the same remote task, which it leaves running', async () => {

@@ -172,7 +172,10 @@ async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, l
 }
 
 // Forwards the user's message and mirrors the remote's stream; the run's result if it ended.
-async function send(remote: Client, mirror: Mirror, ctx: AgentContext, known: RemoteAgentTaskRow | undefined, signal: AbortSignal): Promise<AgentResult | undefined> {
+// A run stopped (`link` aborted) before the remote named its task still reads on to the first event
+// that names it, for CANCEL_TIMEOUT_MS at most, and records it: given up at once, the remote task
+// would go on with nobody to cancel it, and a retry would send the message again.
+async function send(remote: Client, mirror: Mirror, ctx: AgentContext, known: RemoteAgentTaskRow | undefined, link: AbortSignal): Promise<AgentResult | undefined> {
   const message: A2AMessage = {
     kind: 'message',
     role: 'user',
@@ -180,11 +183,29 @@ async function send(remote: Client, mirror: Mirror, ctx: AgentContext, known: Re
     parts: ctx.message.parts.map(toA2APart),
     ...(known ? { taskId: known.remote_task_id, ...(known.remote_context_id ? { contextId: known.remote_context_id } : {}) } : {}),
   };
-  for await (const event of remote.sendMessageStream({ message, configuration: { blocking: false } }, { signal })) {
-    const done = await mirror.apply(event);
-    if (done) return done;
+  const forward = new AbortController();
+  let giveUp: NodeJS.Timeout | undefined;
+  const onStop = () => {
+    if (mirror.remoteTaskId) forward.abort(link.reason);
+    else giveUp = setTimeout(() => forward.abort(link.reason), CANCEL_TIMEOUT_MS);
+  };
+  if (link.aborted) onStop();
+  else link.addEventListener('abort', onStop, { once: true });
+  try {
+    for await (const event of remote.sendMessageStream({ message, configuration: { blocking: false } }, { signal: forward.signal })) {
+      if (link.aborted) {
+        await mirror.named(event);
+        throw new Error('the run was stopped');
+      }
+      const done = await mirror.apply(event);
+      if (done) return done;
+    }
+    return undefined;
+  } finally {
+    link.removeEventListener('abort', onStop);
+    clearTimeout(giveUp);
+    forward.abort();
   }
-  return undefined;
 }
 
 // Cancels a remote task; true once it is done with (canceled, or ended or unknown on the remote),
@@ -236,6 +257,12 @@ class Mirror {
 
   // The remote task, and that it was sent this run's message, once the remote answers about it.
   private sentRecorded = false;
+
+  /** Records the remote task an event names, mirroring nothing (the run was stopped). */
+  async named(event: StreamEvent): Promise<void> {
+    const [taskId, contextId] = event.kind === 'task' ? [event.id, event.contextId] : [event.taskId, event.contextId];
+    if (taskId) await this.track(taskId, contextId);
+  }
 
   private async track(taskId: string, contextId: string | undefined): Promise<void> {
     if (this.remoteTaskId === taskId && this.sentRecorded) return;
