@@ -3,9 +3,12 @@ import { randomUUID } from 'node:crypto';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import express from 'express';
+import { pino } from 'pino';
 import type { AgentCard, Message, TaskState } from '@a2a-js/sdk';
 import { DefaultRequestHandler, InMemoryTaskStore, type AgentExecutor, type ExecutionEventBus, type RequestContext } from '@a2a-js/sdk/server';
 import { agentCardHandler, jsonRpcHandler, UserBuilder } from '@a2a-js/sdk/server/express';
+import { remoteAgent } from '../workers/agents/remote-a2a.ts';
+import type { AgentContext } from '../workers/agents/types.ts';
 import { resetDb, startStack, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 const textOf = (m: Message) => m.parts.map((p) => (p.kind === 'text' ? p.text : '')).join('');
@@ -240,6 +243,24 @@ for (const streaming of [true, false]) {
       assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'canceled' })).status, 200);
       await waitFor(async () => executor.canceled.has(started.taskId), 'the remote cancel', 15000);
       assert.equal(executor.received.filter((r) => r.text === text).length, 1, 'the message was sent once');
+    });
+
+    it('forwards nothing for a run stopped before it sent (canceled while it read the card)', async () => {
+      // The handler itself, called as the runtime calls it, with its signal aborted at once.
+      const text = 'canceled before sending';
+      const created = await stack.client.post('/api/task/v1', { message: textMessage(text, 'agent') });
+      const task = await testDb()('tasks').where({ id: created.body.task.id }).first();
+      const message = created.body.message;
+      const log = pino({ level: 'silent' });
+      const { handler } = remoteAgent({ url: remote.url, apiKey: REMOTE_KEY, db: testDb(), log });
+      const stop = new AbortController();
+      const nothing = async () => { throw new Error('not expected'); };
+      const ctx = { task, message, history: [message], signal: stop.signal, log, reply: nothing, setStatus: nothing, emitArtifact: nothing } as unknown as AgentContext;
+      const run = handler(ctx);
+      stop.abort(new Error('task canceled'));
+      await assert.rejects(run);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      assert.equal(executor.received.filter((r) => r.text === text).length, 0, 'the remote was sent the message of a stopped run');
     });
 
     it('forwards an answer a client gave while the first run was going to the same remote task, which it leaves running', async () => {

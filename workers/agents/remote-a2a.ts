@@ -172,9 +172,9 @@ async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, l
 }
 
 // Forwards the user's message and mirrors the remote's stream; the run's result if it ended.
-// A run stopped (`link` aborted) before the remote named its task still reads on to the first event
-// that names it, for CANCEL_TIMEOUT_MS at most, and records it: given up at once, the remote task
-// would go on with nobody to cancel it, and a retry would send the message again.
+// A run stopped (`link` aborted) once the message went out, before the remote named its task, still
+// reads on to the first event that names it, for CANCEL_TIMEOUT_MS at most, and records it: given up
+// at once, the remote task would go on with nobody to cancel it.
 async function send(remote: Client, mirror: Mirror, ctx: AgentContext, known: RemoteAgentTaskRow | undefined, link: AbortSignal): Promise<AgentResult | undefined> {
   const message: A2AMessage = {
     kind: 'message',
@@ -183,14 +183,15 @@ async function send(remote: Client, mirror: Mirror, ctx: AgentContext, known: Re
     parts: ctx.message.parts.map(toA2APart),
     ...(known ? { taskId: known.remote_task_id, ...(known.remote_context_id ? { contextId: known.remote_context_id } : {}) } : {}),
   };
+  // Stopped before anything went out: nothing to follow up.
+  if (link.aborted) throw new Error('the run was stopped');
   const forward = new AbortController();
   let giveUp: NodeJS.Timeout | undefined;
   const onStop = () => {
     if (mirror.remoteTaskId) forward.abort(link.reason);
     else giveUp = setTimeout(() => forward.abort(link.reason), CANCEL_TIMEOUT_MS);
   };
-  if (link.aborted) onStop();
-  else link.addEventListener('abort', onStop, { once: true });
+  link.addEventListener('abort', onStop, { once: true });
   try {
     for await (const event of remote.sendMessageStream({ message, configuration: { blocking: false } }, { signal: forward.signal })) {
       if (link.aborted) {
@@ -258,7 +259,7 @@ class Mirror {
   // The remote task, and that it was sent this run's message, once the remote answers about it.
   private sentRecorded = false;
 
-  /** Records the remote task an event names, mirroring nothing (the run was stopped). */
+  /** Records the remote task an event names (all a stopped run does with an event). */
   async named(event: StreamEvent): Promise<void> {
     const [taskId, contextId] = event.kind === 'task' ? [event.id, event.contextId] : [event.taskId, event.contextId];
     if (taskId) await this.track(taskId, contextId);
@@ -299,32 +300,24 @@ class Mirror {
   }
 
   async apply(event: StreamEvent): Promise<AgentResult | undefined> {
+    // A message that belongs to no task is the remote's whole answer.
+    if (event.kind === 'message' && !event.taskId && !this.remoteTaskId) return { status: 'completed', message: partsOf(event.parts) };
+    await this.named(event);
     switch (event.kind) {
-      case 'message': {
-        const m = event;
-        // A message that belongs to no task is the remote's whole answer.
-        if (!m.taskId && !this.remoteTaskId) return { status: 'completed', message: partsOf(m.parts) };
-        if (m.taskId) await this.track(m.taskId, m.contextId);
-        await this.message(m);
+      case 'message':
+        await this.message(event);
         return undefined;
-      }
       case 'task': {
-        const t = event;
-        await this.track(t.id, t.contextId);
-        const finalId = t.status.message?.messageId;
-        for (const m of t.history ?? []) if (m.messageId !== finalId) await this.message(m);
-        for (const a of t.artifacts ?? []) await this.artifact(a);
-        return this.status(t.status);
-      }
-      case 'status-update': {
-        await this.track(event.taskId, event.contextId);
+        const finalId = event.status.message?.messageId;
+        for (const m of event.history ?? []) if (m.messageId !== finalId) await this.message(m);
+        for (const a of event.artifacts ?? []) await this.artifact(a);
         return this.status(event.status);
       }
-      case 'artifact-update': {
-        await this.track(event.taskId, event.contextId);
+      case 'status-update':
+        return this.status(event.status);
+      case 'artifact-update':
         await this.artifact({ ...event.artifact, ...(event.append ? { append: true } : {}), ...(event.lastChunk ? { lastChunk: true } : {}) });
         return undefined;
-      }
     }
   }
 }
