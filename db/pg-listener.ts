@@ -46,6 +46,11 @@ export async function listenPg(
       c.end().catch(() => undefined);
       throw err;
     }
+    // Closed while connecting (a reconnect under way at shutdown): this connection is not wanted.
+    if (closed) {
+      c.end().catch(() => undefined);
+      return;
+    }
     c.off('error', duringConnect);
     let lost = false;
     let beat: NodeJS.Timeout | undefined;
@@ -69,7 +74,7 @@ export async function listenPg(
     heartbeat = beat;
   };
   const reconnect = (): void => {
-    if (!closed) setTimeout(() => void connect().catch(reconnect), RECONNECT_MS).unref();
+    if (!closed) setTimeout(() => { if (!closed) void connect().catch(reconnect); }, RECONNECT_MS).unref();
   };
   await connect();
   return {

@@ -66,9 +66,16 @@ export class EventBus {
       created.subscribed.catch(() => { if (this.channels.get(ch) === created) this.channels.delete(ch); });
       channel = created;
     }
-    await channel.subscribed;
+    // Added before the wait: a channel with no handler left is dropped, and a handler added after
+    // the last one left during the wait would sit in a dropped channel and hear nothing.
     const { handlers } = channel;
     handlers.add(handler);
+    try {
+      await channel.subscribed;
+    } catch (err) {
+      handlers.delete(handler);
+      throw err;
+    }
     return async () => {
       handlers.delete(handler);
       if (handlers.size === 0 && this.channels.get(ch) === channel) {

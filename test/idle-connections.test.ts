@@ -4,6 +4,7 @@
 // as idle) is found by its heartbeat and replaced, so notifications arrive again.
 import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { pino } from 'pino';
 import { listenPg } from '../db/pg-listener.ts';
@@ -58,6 +59,27 @@ describe('connections that only listen', function () {
     }
   });
 
+  it('Postgres listener: closed while it waits to reconnect, it opens nothing more and hears nothing', async () => {
+    const { proxy, url } = await behindProxy(requireEnv('DATABASE_URL'));
+    const { lines, log } = capturedLog();
+    const heard: string[] = [];
+    const listener = await listenPg(url, { listener_close_test: (p) => heard.push(p) }, log, HEARTBEAT);
+    const listening = async () => Number((await testDb().raw(`select count(*) as n from pg_stat_activity where query = 'LISTEN "listener_close_test"'`)).rows[0].n);
+    try {
+      proxy.freezeOpen();
+      await waitFor(async () => lines.some((l) => l.includes('Postgres listener lost its connection')), 'the heartbeat to give up', 10_000, 20);
+      // Shutdown, within the second before the reconnect.
+      await listener.close();
+      await sleep(1500);
+      await testDb().raw(`select pg_notify('listener_close_test', 'after close')`);
+      await sleep(300);
+      assert.deepEqual(heard, []);
+      assert.equal(await listening(), 0, 'a listening connection was opened after close');
+    } finally {
+      await proxy.close();
+    }
+  });
+
   it('event bus: a Redis subscriber gone silent is found by its ping and reconnected, subscribed again', async () => {
     const { proxy, url } = await behindProxy(requireEnv('REDIS_URL'));
     const { lines, log } = capturedLog();
@@ -77,6 +99,27 @@ describe('connections that only listen', function () {
       sub.disconnect();
       pub.disconnect();
       await proxy.close();
+    }
+  });
+
+  it('event bus: a subscriber that joins a channel as its last one leaves still hears notes', async () => {
+    const pub = new Redis(requireEnv('REDIS_URL'));
+    const sub = new Redis(requireEnv('REDIS_URL'));
+    const bus = new EventBus(pub, sub, 'join-test', capturedLog().log);
+    const heard: unknown[] = [];
+    try {
+      const leave = await bus.subscribe('notes', () => undefined);
+      const joining = bus.subscribe('notes', (m) => heard.push(m));
+      // In the same tick: a stream ending while another opens.
+      await leave();
+      await joining;
+      await waitFor(async () => {
+        await bus.publish('notes', { n: 1 });
+        return heard.length > 0;
+      }, 'a note for the subscriber that joined', 3000, 100);
+    } finally {
+      sub.disconnect();
+      pub.disconnect();
     }
   });
 
