@@ -9,7 +9,7 @@ const openStreams = new Map<string, Set<AbortController>>();
 // Keys this process learned were revoked, and when: a request authenticated just before the news
 // (from the key cache) must not open a stream after it, which nothing would end. Such a request
 // has its body within the server's request timeout (Node's default: 5 minutes), so a revocation
-// is remembered for twice that, no longer.
+// is remembered for twice that: older ones are dropped when the next revocation comes.
 const revoked = new Map<string, number>();
 const REVOKED_KEPT_MS = 10 * 60_000;
 

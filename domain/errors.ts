@@ -111,12 +111,16 @@ export function unreachable(err: unknown): boolean {
   return UNREACHABLE_CODES.includes(String(e?.code)) || e?.name === 'MaxRetriesPerRequestError' || UNREACHABLE_MESSAGE.test(String(e?.message ?? ''));
 }
 
-// A failure of Postgres or Redis to answer: the service is unavailable, not broken. Out of reach, or
-// a statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on, which may be
-// about that statement alone. Other errors: undefined.
-export function unavailability(err: unknown): Unavailable | undefined {
+// A statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on.
+export function statementTimedOut(err: unknown): boolean {
   const e = err as { code?: unknown; message?: unknown };
-  if (unreachable(err) || e?.code === '57014' || /Query read timeout$/.test(String(e?.message ?? ''))) {
+  return e?.code === '57014' || /Query read timeout$/.test(String(e?.message ?? ''));
+}
+
+// A failure of Postgres or Redis to answer: the service is unavailable, not broken. Out of reach, or
+// a statement that timed out, which may be about that statement alone. Other errors: undefined.
+export function unavailability(err: unknown): Unavailable | undefined {
+  if (unreachable(err) || statementTimedOut(err)) {
     return new Unavailable('A backing service is unavailable; retry shortly');
   }
   return undefined;

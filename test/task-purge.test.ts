@@ -3,8 +3,7 @@
 // insertTaskBundles, the intake statement), tasks a request holds, and a second purger.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { setTimeout as sleep } from 'node:timers/promises';
-import { resetDb, testDb } from './helpers/stack.ts';
+import { resetDb, testDb, waitFor } from './helpers/stack.ts';
 import { purgeEndedTasks } from '../db/task-purge.ts';
 import { insertTaskBundles, type TaskBundle } from '../db/tasks.ts';
 
@@ -45,8 +44,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     const fresh = bundle(old.context_id);
     await insertTaskBundles(trx, [fresh]); // holds KEY SHARE on the context until commit
     const purge = purgeEndedTasks(db, before(), 1000);
-    await sleep(300);
-    assert.equal(await waitingOnLock(), 1, 'the purge waits for the intake');
+    await waitFor(async () => (await waitingOnLock()) === 1, 'the purge to wait for the intake');
     await trx.commit();
     assert.deepEqual(await purge, { tasks: 1, contexts: 0 });
     assert.equal(await exists('tasks', old.id), false);
@@ -60,7 +58,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     const trx = await db.transaction();
     await insertTaskBundles(trx, [bundle(old.context_id)]);
     const purge = purgeEndedTasks(db, before(), 1000);
-    await sleep(300);
+    await waitFor(async () => (await waitingOnLock()) === 1, 'the purge to wait for the intake');
     await trx.rollback();
     assert.deepEqual(await purge, { tasks: 1, contexts: 1 });
     assert.equal(await exists('contexts', old.context_id), false);
@@ -74,8 +72,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     await purge.raw(`delete from tasks where id = ?`, [old.id]);
     await purge('contexts').where({ id: old.context_id }).delete();
     const intake = insertTaskBundles(db, [bundle(old.context_id)]);
-    await sleep(300);
-    assert.equal(await waitingOnLock(), 1, 'the intake waits (ON CONFLICT on a row being deleted)');
+    await waitFor(async () => (await waitingOnLock()) === 1, 'the intake to wait (ON CONFLICT on a row being deleted)');
     await purge.commit();
     await intake;
     assert.equal(await exists('contexts', old.context_id), true);
