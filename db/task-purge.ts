@@ -8,28 +8,45 @@ import { TERMINAL_STATES } from '../domain/task-states.ts';
 // a part of, and leave such a context behind with no task to bring it up again.
 const PURGE_LOCK = 'taskbridge:purge-ended-tasks';
 
-// Deletes up to `limit` tasks that ended (a terminal status) before `before`, with the contexts
-// left without tasks; the number of tasks deleted, or null when another worker is purging.
-// created_at < before is implied by the status time: each status's range of the (status,
-// created_at, id) index is read from its oldest (a condition on the status list as a whole let the
-// planner scan the table whenever it misjudged how many have ended). Locked tasks are skipped: a request holding one is reading or refusing a change.
+// The next `limit` tasks that ended (a terminal status) before `before`. created_at < before is
+// implied by the status time: each status's range of the (status, created_at, id) index is read
+// from its oldest (a condition on the status list as a whole let the planner scan the table
+// whenever it misjudged how many have ended). Locked tasks are skipped: a request holding one is
+// reading or refusing a change.
+const ENDED_BEFORE = `select e.id from unnest(?::text[]) as s(status) cross join lateral (
+    select id from tasks t where t.status = s.status and t.created_at < ? and t.status_timestamp < ?
+     order by t.created_at limit ? for update skip locked) e
+   limit ?`;
+const endedBefore = (before: Date, limit: number) => [[...TERMINAL_STATES], before, before, limit, limit];
+
+// Deletes those tasks with the contexts left without tasks; the number of tasks deleted, or null
+// when another worker is purging.
 export async function purgeEndedTasks(db: Knex, before: Date, limit: number): Promise<{ tasks: number; contexts: number } | null> {
   return db.transaction(async (trx) => {
     const { rows: [lock] } = await trx.raw(`select pg_try_advisory_xact_lock(hashtext(?)) as held`, [PURGE_LOCK]);
     if (!lock.held) return null;
-    const { rows: gone } = await trx.raw(
-      `delete from tasks where id in (
-         select e.id from unnest(?::text[]) as s(status) cross join lateral (
-           select id from tasks t where t.status = s.status and t.created_at < ? and t.status_timestamp < ?
-            order by t.created_at limit ? for update skip locked) e
-          limit ?)
-       returning context_id`,
-      [[...TERMINAL_STATES], before, before, limit, limit],
-    );
+    const { rows: gone } = await trx.raw(`delete from tasks where id in (${ENDED_BEFORE}) returning context_id`, endedBefore(before, limit));
     if (!gone.length) return { tasks: 0, contexts: 0 };
     const contextIds = [...new Set((gone as { context_id: string }[]).map((r) => r.context_id))];
     return { tasks: gone.length, contexts: await deleteEmptyContexts(trx, contextIds) };
   });
+}
+
+// The next such task alone holding too many rows to be deleted in one statement: its timeline items
+// and messages are deleted `chunk` rows a statement first, each committed by itself (the task is
+// going, so losing its history early loses nothing). The number of rows deleted.
+export async function thinNextEndedTask(db: Knex, before: Date, chunk: number): Promise<number> {
+  const next = await db.transaction(async (trx) => (await trx.raw(ENDED_BEFORE, endedBefore(before, 1))).rows[0] as { id: string } | undefined);
+  if (!next) return 0;
+  let deleted = 0;
+  for (const table of ['timeline_items', 'messages']) {
+    for (;;) {
+      const n = await db(table).whereIn('id', db(table).select('id').where({ task_id: next.id }).limit(chunk)).delete();
+      deleted += n;
+      if (n < chunk) break;
+    }
+  }
+  return deleted;
 }
 
 // A client may start a task in one of these contexts meanwhile: its foreign key check then makes

@@ -3,7 +3,7 @@
 // Tasks that have not ended are kept however old they are. 0 keeps every task.
 import type { Services } from './services.ts';
 import { statementTimedOut } from './errors.ts';
-import { purgeEndedTasks } from '../db/task-purge.ts';
+import { purgeEndedTasks, thinNextEndedTask } from '../db/task-purge.ts';
 
 const DAY_MS = 24 * 60 * 60 * 1000;
 // Tasks per transaction at most: row locks and the cascade's work stay small enough not to hold up intake.
@@ -11,11 +11,14 @@ const MAX_BATCH = 1000;
 // Passes without a timed-out batch before the batch may double again (once a pass): a size that
 // failed is not tried again at every batch, each try costing DB_QUERY_TIMEOUT_MS of rolled-back work.
 const GROW_AFTER_PASSES = 10;
+// Rows per statement when a single task is too large to delete at once.
+const THIN_CHUNK = 2000;
 
 // The pass: deletes in batches until none are left or half of the housekeeping interval has gone,
 // so that a backlog (retention just turned on) is worked off over several passes. Tasks holding many
 // rows each can make a batch outlast DB_QUERY_TIMEOUT_MS; being the oldest, the same batch would come
-// back every pass and stop the purge for good, so the batch halves until it fits.
+// back every pass and stop the purge for good, so the batch halves until it fits, and a single task
+// that does not fit is thinned first.
 export function taskRetention(s: Pick<Services, 'db' | 'cfg' | 'log'>): () => Promise<number> {
   let batch = MAX_BATCH;
   let calmPasses = 0;
@@ -33,10 +36,16 @@ export function taskRetention(s: Pick<Services, 'db' | 'cfg' | 'log'>): () => Pr
         try {
           done = await purgeEndedTasks(s.db, before, batch);
         } catch (err) {
-          if (!statementTimedOut(err) || batch === 1) throw err;
-          batch = Math.ceil(batch / 2);
+          if (!statementTimedOut(err)) throw err;
           calmPasses = 0;
-          s.log.info({ batch }, 'task retention: a batch took too long; trying fewer tasks at a time');
+          if (batch > 1) {
+            batch = Math.ceil(batch / 2);
+            s.log.info({ batch }, 'task retention: a batch took too long; trying fewer tasks at a time');
+            continue;
+          }
+          const rows = await thinNextEndedTask(s.db, before, THIN_CHUNK);
+          if (!rows) throw err;
+          s.log.info({ rows }, 'task retention: a task too large to delete at once was thinned first');
           continue;
         }
         if (!done) break;

@@ -127,6 +127,25 @@ describe('task retention with tasks that hold many rows', function () {
     assert.equal(Number((await db('contexts').count({ n: '*' }))[0].n), 0);
     assert.ok(worker.logs.some((l) => l.includes('a batch took too long; trying fewer tasks at a time')), worker.logs.slice(-20).join('\n'));
   });
+
+  it('thins first a single task too large to delete within DB_QUERY_TIMEOUT_MS, and goes on past it', async () => {
+    // The same worker (100 ms statements): one old task of 400,000 timeline items, then lighter ones.
+    const db = testDb();
+    await db.transaction(async (trx) => {
+      const heavy = await trx.raw(`with c as (insert into contexts (id, created_at) values (gen_random_uuid(), now() - interval '20 days') returning id, created_at)
+        insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+        select gen_random_uuid(), c.id, 'completed', c.created_at, '{}', c.created_at, c.created_at from c returning id`);
+      await trx.raw(`insert into timeline_items (id, task_id, event_payload, created_at)
+                     select gen_random_uuid(), ?, '{"type":"task-status-update","status":"working"}', now() from generate_series(1, 400000)`, [heavy.rows[0].id]);
+    });
+    await db.raw(`insert into contexts (id, created_at) select gen_random_uuid(), now() - interval '10 days' from generate_series(1, 20)`);
+    await db.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+                  select gen_random_uuid(), c.id, 'failed', c.created_at, '{}', c.created_at, c.created_at from contexts c where not exists (select 1 from tasks t where t.context_id = c.id)`);
+    await waitFor(async () => Number((await db('tasks').count({ n: '*' }))[0].n) === 0, 'the heavy task and those after it to be deleted', 90_000, 500);
+    assert.equal(Number((await db('timeline_items').count({ n: '*' }))[0].n), 0);
+    const worker = stack.workers.at(-1)!;
+    assert.ok(worker.logs.some((l) => l.includes('a task too large to delete at once was thinned first')), worker.logs.filter((l) => l.includes('retention') || l.includes('housekeeping')).slice(-20).join('\n'));
+  });
 });
 
 describe('task retention off (TASK_RETENTION_DAYS=0, the default)', function () {
