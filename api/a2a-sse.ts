@@ -9,34 +9,27 @@ import type { TaskStream } from '../domain/a2a/methods.ts';
 // Comment lines keep idle proxies from closing a stream that waits on a slow agent.
 const KEEPALIVE_MS = 15_000;
 
-export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log: Logger): Promise<void> {
+// `gone`: the call's signal, aborted when the client goes (also before this is called) or the
+// stream must end (its key revoked); writing stops then.
+export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log: Logger, gone: AbortSignal): Promise<void> {
   const res = ctx.res;
   ctx.respond = false;
   ctx.status = 200;
   res.writeHead(200, { 'Content-Type': 'text/event-stream', 'Cache-Control': 'no-cache', Connection: 'keep-alive', 'X-Accel-Buffering': 'no' });
-  // A client gone before this point has had its 'close' already: destroyed says so.
-  let closed = res.destroyed;
-  const onClose = () => { closed = true; };
-  res.once('close', onClose);
-  const keepalive = setInterval(() => { if (!closed) res.write(': keep-alive\n\n'); }, KEEPALIVE_MS);
+  const keepalive = setInterval(() => { if (!gone.aborted) res.write(': keep-alive\n\n'); }, KEEPALIVE_MS);
   const send = async (payload: unknown) => {
-    if (closed) return;
+    if (gone.aborted) return;
     if (!res.write(`data: ${JSON.stringify(payload)}\n\n`)) {
-      // A write to a response whose client went away returns false and no 'drain' or 'close' follows.
-      if (res.destroyed) {
-        closed = true;
-        return;
-      }
       await new Promise<void>((resolve) => {
-        const done = () => { res.off('drain', done); res.off('close', done); resolve(); };
+        const done = () => { res.off('drain', done); gone.removeEventListener('abort', done); resolve(); };
         res.on('drain', done);
-        res.on('close', done);
+        gone.addEventListener('abort', done, { once: true });
       });
     }
   };
   try {
     for await (const result of stream) {
-      if (closed) break;
+      if (gone.aborted) break;
       await send({ jsonrpc: '2.0', id, result });
     }
   } catch (err) {
@@ -45,7 +38,6 @@ export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log:
     await send({ jsonrpc: '2.0', id, error });
   } finally {
     clearInterval(keepalive);
-    res.off('close', onClose);
     res.end();
   }
 }

@@ -1,29 +1,19 @@
 import type { Redis } from 'ioredis';
 import type { Logger } from '../domain/logger.ts';
-import { withTimeout } from '../domain/with-timeout.ts';
+import { startHeartbeat, type HeartbeatOptions } from '../domain/heartbeat.ts';
 
 // Small wake-up notes between processes over Redis pub/sub. Postgres stays the source of truth:
 // a subscriber that misses a note re-reads state there.
 export type Handler = (message: Record<string, unknown>) => void;
 
-export interface EventBusOptions {
-  /**
-   * How often the subscriber connection is pinged. It sends nothing otherwise, so one dropped
-   * silently as idle (a NAT gateway, a load balancer) would stay dead, and every follower would
-   * fall back to polling; a ping that gets no answer within `timeoutMs` reconnects it (ioredis then
-   * subscribes again to every channel).
-   */
-  heartbeatMs?: number;
-  timeoutMs?: number;
-}
-
 interface Channel { handlers: Set<Handler>; subscribed: Promise<unknown> }
 
 export class EventBus {
   private channels = new Map<string, Channel>();
-  private beating = false;
 
-  constructor(private readonly pub: Redis, private readonly sub: Redis, private readonly prefix: string, private readonly log: Logger, { heartbeatMs = 30_000, timeoutMs = 10_000 }: EventBusOptions = {}) {
+  // The subscriber is pinged (domain/heartbeat.ts): one dropped silently would leave every follower
+  // polling. One that gives no answer is reconnected, and ioredis subscribes again to every channel.
+  constructor(private readonly pub: Redis, private readonly sub: Redis, private readonly prefix: string, private readonly log: Logger, heartbeat: HeartbeatOptions = {}) {
     sub.on('message', (channel: string, raw: string) => {
       const handlers = this.channels.get(channel)?.handlers;
       if (!handlers) return;
@@ -33,20 +23,12 @@ export class EventBus {
         try { h(msg); } catch (err) { this.log.error({ err, channel }, 'event handler failed'); }
       }
     });
-    setInterval(() => this.heartbeat(timeoutMs), heartbeatMs).unref();
-  }
-
-  private heartbeat(timeoutMs: number): void {
-    // 'end': closed on purpose (shutdown). Not ready: ioredis is reconnecting already.
-    if (this.beating || this.sub.status !== 'ready') return;
-    this.beating = true;
-    withTimeout(this.sub.ping(), timeoutMs)
-      .catch((err: Error) => {
-        if (this.sub.status === 'end') return;
-        this.log.warn({ why: err.message }, 'Redis subscriber gave no answer to a ping; reconnecting');
-        this.sub.disconnect(true);
-      })
-      .finally(() => { this.beating = false; });
+    // Not 'ready': closed on purpose ('end', at shutdown), or ioredis is reconnecting already.
+    startHeartbeat(() => (sub.status === 'ready' ? sub.ping() : undefined), (err) => {
+      if (sub.status === 'end') return;
+      log.warn({ why: err.message }, 'Redis subscriber gave no answer to a ping; reconnecting');
+      sub.disconnect(true);
+    }, heartbeat);
   }
 
   private channel(name: string) { return `${this.prefix}:${name}`; }

@@ -79,7 +79,7 @@ export const a2aRoutes = [
       const signal = held ? AbortSignal.any([clientGone(ctx), held.signal]) : clientGone(ctx);
       const outcome = await dispatch({ services, waiter: waiterOf(services), signal }, body, log);
       if ('response' in outcome) ctx.body = outcome.response;
-      else await writeSse(ctx, outcome.id, outcome.stream, log);
+      else await writeSse(ctx, outcome.id, outcome.stream, log, signal);
     } finally {
       held?.release();
     }
