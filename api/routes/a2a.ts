@@ -1,5 +1,4 @@
 // A2A v0.3: the JSON-RPC endpoint and the agent card. Method logic lives in domain/a2a/.
-import type { Context } from 'koa';
 import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { findUnstorable, readJsonBody } from '../middleware/body.ts';
@@ -12,6 +11,7 @@ import { A2A_PATH, agentCard } from '../../domain/a2a/agent-card.ts';
 import { callsStream, dispatch, errorResponse, isId, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
 import { writeSse } from '../a2a-sse.ts';
 import { holdStream } from '../a2a-stream-quota.ts';
+import { clientGone } from '../client-gone.ts';
 
 const tag = 'a2a';
 
@@ -22,15 +22,6 @@ const waiterOf = (s: Services) => {
   if (!w) waiters.set(s, (w = new TaskWaiter(s.bus)));
   return w;
 };
-
-// Aborts when the client disconnects before the response is complete, also when it has already
-// (its 'close' came while the body was read: a listener added now would never hear it).
-function clientGone(ctx: Context): AbortSignal {
-  const ac = new AbortController();
-  if (ctx.res.destroyed) ac.abort();
-  else ctx.res.once('close', () => { if (!ctx.res.writableFinished) ac.abort(); });
-  return ac.signal;
-}
 
 // JSON that could not be stored (NUL, lone surrogates, deep nesting) is refused before any method
 // runs: -32602 inside params, else -32600, with the request id echoed when it can be read.

@@ -1,5 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
+import { clientGone } from '../client-gone.ts';
 import { ErrorBody, FreeObject, NoInput, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
 import {
   BrokeredUserCredential, BrokerRequest, BrokerState, ControllerParams, CreateCredentialRequest, CreateProviderInstanceRequest, Credential, FunctionInstance, FunctionParams,
@@ -141,7 +142,9 @@ export const bridgeRoutes = [
     summary: 'Invoke an enabled function: success with its output, or error with the provider\'s refusal',
     params: FunctionParams, body: InvokeFunctionRequest,
     responses: { 200: InvokeResult, ...resourceErrors, 409: ErrorBody, 502: ErrorBody },
-  }, async ({ params, body, services }) => functions.invokeFunction(services, params.provider_instance_id, params.function_controller_type_id, body.params)),
+  }, async ({ params, body, services, ctx }) =>
+    // A client that hangs up abandons the provider call too, rather than holding it for BRIDGE_TIMEOUT_MS.
+    functions.invokeFunction(services, params.provider_instance_id, params.function_controller_type_id, body.params, { signal: clientGone(ctx) })),
 
   defineRoute({
     method: 'get', path: '/api/bridge/v1/function-instances', operationId: 'list-function-instances', tag, scope: 'bridge:read',

@@ -3,6 +3,7 @@
 // handler hands it the request and copies its answer into Koa. Tools: domain/bridge/mcp.ts.
 import { WebStandardStreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/webStandardStreamableHttp.js';
 import { defineRoute } from '../route.ts';
+import { clientGone } from '../client-gone.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { readJsonBody } from '../middleware/body.ts';
 import { InvalidRequest } from '../../domain/errors.ts';
@@ -31,7 +32,7 @@ export const mcpRoutes = [
       if (typeof value === 'string') headers.set(name, value);
     }
     const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
-    const server = createMcpServer(services);
+    const server = createMcpServer(services, clientGone(ctx));
     try {
       await server.connect(transport);
       const answer = await transport.handleRequest(new Request(`http://mcp.invalid${ctx.originalUrl}`, { method: 'POST', headers }), { parsedBody: body });

@@ -42,7 +42,7 @@ const failure = (text: string): CallToolResult => ({ isError: true, content: [{ 
 // A tool that does not exist is a protocol error (-32602); whatever goes wrong in calling one
 // that does (bad arguments, instance not active, provider refusal or unreachable) is a tool
 // error the model can read and act on.
-export async function callTool(services: Services, name: string, args: Record<string, unknown>): Promise<CallToolResult> {
+export async function callTool(services: Services, name: string, args: Record<string, unknown>, signal?: AbortSignal): Promise<CallToolResult> {
   const unknown = () => new McpError(ErrorCode.InvalidParams, `Unknown tool: ${name}`);
   const [providerType, functionType, instanceId, ...rest] = name.split('.');
   if (!instanceId || rest.length) throw unknown();
@@ -50,7 +50,7 @@ export async function callTool(services: Services, name: string, args: Record<st
   const instance = await getProviderInstance(services.db, instanceId);
   if (instance?.provider_controller_type_id !== providerType || !(await getFunctionInstance(services.db, instanceId, functionType))) throw unknown();
   try {
-    const result = await invokeFunction(services, instanceId, functionType, args, { paramsPath: 'arguments' });
+    const result = await invokeFunction(services, instanceId, functionType, args, { paramsPath: 'arguments', signal });
     if (result.type === 'error') return failure(String(result.message));
     const { type: _type, ...output } = result as Record<string, unknown>;
     return { structuredContent: output, content: [{ type: 'text', text: JSON.stringify(output) }] };
@@ -73,11 +73,12 @@ async function guarded<T>(services: Services, what: string, fn: () => Promise<T>
   }
 }
 
-export function createMcpServer(services: Services): Server {
+// `signal`: the HTTP client is gone (a tool call in flight abandons its provider call).
+export function createMcpServer(services: Services, signal?: AbortSignal): Server {
   const server = new Server({ name: 'taskbridge-bridge', version: SERVICE_VERSION }, { capabilities: { tools: {} } });
   server.setRequestHandler(ListToolsRequestSchema, async ({ params }) => guarded(services, 'tools/list', () => listTools(services.db, params?.cursor)));
   server.setRequestHandler(CallToolRequestSchema, async ({ params }) =>
-    guarded(services, 'tools/call', () => callTool(services, params.name, params.arguments ?? {})));
+    guarded(services, 'tools/call', () => callTool(services, params.name, params.arguments ?? {}, signal)));
   return server;
 }
 

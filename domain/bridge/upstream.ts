@@ -32,7 +32,7 @@ async function readBody(res: Response, what: string): Promise<string> {
   return Buffer.concat(chunks).toString('utf8');
 }
 
-// `init.signal` (the caller's: an agent run's) abandons the call too, answer unread. `publicOnly`:
+// `init.signal` (the caller's: an agent run's, or an HTTP client's that hung up) abandons the call too, answer unread. `publicOnly`:
 // connect to public addresses only (see publicOnlyAgent).
 export async function callUpstream(what: string, url: string, init: RequestInit, timeoutMs: number, opts: { publicOnly?: boolean } = {}): Promise<UpstreamAnswer> {
   // An explicit timer: on Node 20 an AbortSignal.timeout held only by AbortSignal.any can be

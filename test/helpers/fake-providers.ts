@@ -1,16 +1,23 @@
 // Provider APIs and webhook receivers as one local server, recording every request:
 //   POST /v1/refunds                        Stripe: 401 unless the bearer is `stripeKey` (when given);
-//                                           payment_intent pi_refused is refused (400); else the refund object
+//                                           payment_intent pi_refused is refused (400), pi_hold is never
+//                                           answered (see nextHold); else the refund object
 //   POST /gmail/v1/users/me/messages/send   Gmail: {id: msg-<n>}
 //   anything else                           200 {} (webhooks)
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 export interface Seen { url: string; authorization?: string; token?: string; body: string }
-export interface FakeProviders { url: string; seen: Seen[]; close(): void }
+export interface FakeProviders {
+  url: string; seen: Seen[]; close(): void;
+  /** The next pi_hold request to arrive (or the earliest unclaimed one), with its connection's close. */
+  nextHold(): Promise<{ closed: Promise<void> }>;
+}
 
 export function startFakeProviders(opts: { stripeKey?: string } = {}): Promise<FakeProviders> {
   const seen: Seen[] = [];
+  const held: { closed: Promise<void> }[] = [];
+  const holdWaiters: ((h: { closed: Promise<void> }) => void)[] = [];
   const server = http.createServer((req, res) => {
     let body = '';
     req.on('data', (c) => (body += c));
@@ -21,6 +28,11 @@ export function startFakeProviders(opts: { stripeKey?: string } = {}): Promise<F
         if (opts.stripeKey && req.headers.authorization !== `Bearer ${opts.stripeKey}`) return send(401, { error: { message: 'Invalid API Key provided' } });
         const form = new URLSearchParams(body);
         if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
+        if (form.get('payment_intent') === 'pi_hold') {
+          const hold = { closed: new Promise<void>((resolve) => res.once('close', () => resolve())) };
+          const waiter = holdWaiters.shift();
+          return void (waiter ? waiter(hold) : held.push(hold));
+        }
         return send(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
       }
       if (req.url === '/gmail/v1/users/me/messages/send') return send(200, { id: `msg-${seen.length}`, threadId: 't' });
@@ -28,6 +40,8 @@ export function startFakeProviders(opts: { stripeKey?: string } = {}): Promise<F
     });
   });
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen, close: () => server.close(),
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen,
+    close: () => { server.closeAllConnections(); server.close(); },
+    nextHold: () => new Promise((resolve) => { const h = held.shift(); if (h) resolve(h); else holdWaiters.push(resolve); }),
   })));
 }

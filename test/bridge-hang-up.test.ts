@@ -1,0 +1,67 @@
+// A client that hangs up while a bridge function call is with the provider abandons that call:
+// the provider's connection closes at once instead of being held for BRIDGE_TIMEOUT_MS (two minutes
+// here, beyond this test's timeout), through the invoke endpoint and through MCP tools/call.
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import { randomUUID } from 'node:crypto';
+import { ADMIN_KEY, resetDb, startStack, type Stack } from './helpers/stack.ts';
+import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
+
+const B = '/api/bridge/v1';
+const STRIPE_KEY = `sk_test_${randomUUID().replace(/-/g, '')}`;
+
+// Sends the request and returns a way to hang up; the answer, if any, is ignored.
+function openRequest(url: string, body: unknown, headers: Record<string, string> = {}): http.ClientRequest {
+  const req = http.request(url, {
+    method: 'POST', agent: false,
+    headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', ...headers },
+  });
+  req.on('error', () => undefined);
+  req.end(JSON.stringify(body));
+  return req;
+}
+
+describe('bridge calls of clients that hang up', () => {
+  let stack: Stack;
+  let stripe: FakeProviders;
+
+  before(async () => {
+    await resetDb();
+    stripe = await startFakeProviders({ stripeKey: STRIPE_KEY });
+    stack = await startStack({ STRIPE_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true', BRIDGE_TIMEOUT_MS: '120000' }, { workers: 0 });
+    const c = stack.client;
+    const cred = await c.post(`${B}/available-providers/stripe/available-credentials/api_key/credential/resource-server`, { value: { api_key: STRIPE_KEY } });
+    assert.equal(cred.status, 201, cred.text);
+    assert.equal((await c.post(`${B}/available-providers/stripe/available-credentials/api_key`, { provider_instance_id: 'stripe-main', display_name: 'Stripe', resource_server_credential_id: cred.body.id })).status, 201);
+    assert.equal((await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/enable`, {})).status, 201);
+  });
+  after(async () => {
+    await stack?.stop();
+    stripe?.close();
+  });
+
+  const assertStillServes = async () => {
+    const r = await stack.client.post(`${B}/provider/stripe-main/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_after' } });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.body.type, 'success');
+  };
+
+  it('POST .../invoke: the provider call ends when the client goes', async () => {
+    const req = openRequest(`${stack.api.url}${B}/provider/stripe-main/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_hold' } });
+    const hold = await stripe.nextHold();
+    req.destroy();
+    await hold.closed;
+    await assertStillServes();
+  });
+
+  it('MCP tools/call: the provider call ends when the client goes', async () => {
+    const req = openRequest(`${stack.api.url}${B}/mcp`, {
+      jsonrpc: '2.0', id: 1, method: 'tools/call',
+      params: { name: 'stripe.stripe_process_refund.stripe-main', arguments: { payment_intent: 'pi_hold' } },
+    }, { accept: 'application/json, text/event-stream', 'mcp-protocol-version': '2025-11-25' });
+    const hold = await stripe.nextHold();
+    req.destroy();
+    await hold.closed;
+    await assertStillServes();
+  });
+});
