@@ -9,7 +9,7 @@ import { DefaultRequestHandler, InMemoryTaskStore, type AgentExecutor, type Exec
 import { agentCardHandler, jsonRpcHandler, UserBuilder } from '@a2a-js/sdk/server/express';
 import { remoteAgent } from '../workers/agents/remote-a2a.ts';
 import type { AgentContext } from '../workers/agents/types.ts';
-import { resetDb, startStack, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 const textOf = (m: Message) => m.parts.map((p) => (p.kind === 'text' ? p.text : '')).join('');
 const agentMessage = (taskId: string, contextId: string, text: string): Message => ({
@@ -352,5 +352,62 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
     } finally {
       await stack.stop();
     }
+  });
+});
+
+describe('remote A2A agent: a worker stopped before the remote named its task', () => {
+  let stack: Stack;
+  let remote: Awaited<ReturnType<typeof startRemoteAgent>>;
+  const executor = new RemoteExecutor();
+  before(async () => {
+    await resetDb();
+    remote = await startRemoteAgent(executor, true);
+    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, WORKER_SHUTDOWN_GRACE_MS: '300' }, { workers: 1 });
+  });
+  after(async () => {
+    await stack?.stop();
+    await remote?.close();
+  });
+
+  // The remote says nothing for 1.5 s after taking the message ([slowstart]), well past the 300 ms
+  // grace period, then reports at once what it did; the worker is stopped meanwhile.
+  const stopWorkerDuring = async (text: string) => {
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id;
+    const started = await waitFor(async () => executor.received.find((r) => r.text === text), 'the remote to take the message');
+    const worker = stack.workers.shift()!;
+    const exited = worker.kill('SIGTERM');
+    stack.workers.push(await startWorker(stack.env));
+    await exited;
+    assert.equal(worker.child.exitCode, 0);
+    assert.ok(worker.logs.some((l) => l.includes('grace period over: agent runs handed back to the queue')), worker.logs.slice(-10).join('\n'));
+    return { id, remoteTaskId: started.taskId };
+  };
+  const agentTexts = async (id: string) =>
+    (await stack.client.get(`/api/task/v1/${id}/message?page_size=100`)).body.items.filter((m: any) => m.role === 'agent').map((m: any) => m.parts[0].text);
+
+  it('sends the message once: the stopping worker records the remote task before handing the run back, and the next worker follows it', async () => {
+    const text = 'stopped early [slowstart] [hang]';
+    const { id, remoteTaskId } = await stopWorkerDuring(text);
+    // The next worker mirrors the working update the remote made after the first worker stopped.
+    await waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${id}`);
+      return r.body.status_message?.parts[0]?.text === `thinking about ${text}` && r.body;
+    }, 'the remote task followed by the next worker', 20000);
+    assert.equal(executor.received.filter((r) => r.text === text).length, 1, 'the message was sent once');
+    assert.deepEqual(await agentTexts(id), [`thinking about ${text}`]);
+    assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'canceled' })).status, 200);
+    await waitFor(async () => executor.canceled.has(remoteTaskId), 'the remote cancel', 15000);
+  });
+
+  it('ends the turn the remote ended meanwhile (it asked for input), mirroring what it said, without sending again', async () => {
+    const text = 'stopped early [slowstart] [ask]';
+    const { id } = await stopWorkerDuring(text);
+    const waiting = await waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${id}`);
+      return r.body.task.status === 'input-required' && r.body;
+    }, 'the local task to wait for input', 20000);
+    assert.deepEqual(waiting.status_message.parts, [{ type: 'text-part', text: 'Which colour?' }]);
+    assert.equal(executor.received.filter((r) => r.text === text).length, 1, 'the message was sent once');
+    assert.deepEqual(await agentTexts(id), [`thinking about ${text}`, 'Which colour?']);
   });
 });

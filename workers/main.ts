@@ -7,7 +7,7 @@ import { waitForBackingServices } from '../domain/startup.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createRedis } from '../queues/connection.ts';
 import { publicReason } from '../domain/errors.ts';
-import { createAgentTaskProcessor } from './run-agent-task.ts';
+import { createAgentTaskProcessor, SHUTDOWN_WIND_DOWN_MS } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
 import { startHousekeeping } from './housekeeping.ts';
 import { failLostRun } from './fail-run.ts';
@@ -89,8 +89,9 @@ recordRefreshOutcomes(refreshWorker, metrics);
 metrics.start((err) => log.warn({ err: { message: err.message } }, 'worker metrics not flushed; will retry'));
 log.info({ queues: workers.map((w) => w.name), agent: cfg.AGENT_KIND }, 'worker started');
 
-// How long after the grace period a worker still waits for its queues to close.
-const SHUTDOWN_CLOSE_MS = 10_000;
+// How long after the grace period a worker still waits for its queues to close (runs it aborted
+// first wind down).
+const SHUTDOWN_CLOSE_MS = SHUTDOWN_WIND_DOWN_MS + 10_000;
 let stopping = false;
 async function shutdown(signal: string) {
   if (stopping) return;

@@ -19,6 +19,10 @@ import { invokeFunction } from '../domain/bridge/functions.ts';
 const HISTORY = 200;
 // How long agent runs pause, on every worker, once one meets Postgres or Redis unavailable.
 const OUTAGE_PAUSE_MS = 1000;
+// How long a run aborted by a shutdown may take to stop before its job goes back to the queue: what
+// the agent records on its way out (the remote agent: the remote task it sent to, which it reads on
+// for up to 5 s) must be there for the next run, or that run repeats the work.
+export const SHUTDOWN_WIND_DOWN_MS = 6000;
 
 function finalOf(result: AgentResult | void) {
   const status = result?.status ?? 'completed';
@@ -33,6 +37,13 @@ const abortedBy = (signal: AbortSignal) => new Promise<never>((_, reject) => {
   if (signal.aborted) reject(signal.reason);
   signal.addEventListener('abort', () => reject(signal.reason), { once: true });
 });
+
+// Settles when the agent has stopped, or after SHUTDOWN_WIND_DOWN_MS if it does not.
+async function windDown(running: Promise<unknown>): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([running.catch(() => undefined), new Promise((resolve) => { timer = setTimeout(resolve, SHUTDOWN_WIND_DOWN_MS); })]);
+  clearTimeout(timer);
+}
 
 export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry) {
   const { log } = services;
@@ -140,8 +151,10 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       log: runLog,
     };
 
+    let running: Promise<AgentResult | void> | undefined;
     try {
-      const result = await Promise.race([agent(ctx), abortedBy(controller.signal)]);
+      running = agent(ctx);
+      const result = await Promise.race([running, abortedBy(controller.signal)]);
       const final = await ours(async () => {
         const out = finalOf(result);
         // Counts only grow: a message that does not fit beside the count at the run's start is refused
@@ -167,7 +180,8 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       // or the run was aborted meanwhile (failRun's compare-and-set leaves a task that moved on alone).
       const refused = refusals.has(err as object);
       if (!refused && controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) {
-        // Handed back to the queue at once without using up an attempt: the run did not fail.
+        // Handed back to the queue, once the agent has stopped, without using up an attempt: the run did not fail.
+        if (running) await windDown(running);
         await job.moveToWait(token);
         throw new WaitingError();
       }

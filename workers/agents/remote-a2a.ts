@@ -10,6 +10,7 @@
 // AGENT_REMOTE_API_KEY, when set, is sent as a bearer token with every request to that URL's origin
 // (and to AGENT_REMOTE_KEY_ORIGINS), never to another origin the remote's card names.
 import { setTimeout as sleep } from 'node:timers/promises';
+import { isDeepStrictEqual } from 'node:util';
 import type { Knex } from 'knex';
 import type {
   Artifact, Message as A2AMessage, Part, Task as A2ATask, TaskArtifactUpdateEvent, TaskState as A2AState, TaskStatus, TaskStatusUpdateEvent,
@@ -20,10 +21,11 @@ import {
 import {
   forgetRemoteAgentTask, getRemoteAgentTask, remoteTasksOfCanceledOrFailed, saveRemoteAgentTask, type RemoteAgentTaskRow,
 } from '../../db/remote-agent-tasks.ts';
+import { listArtifactItems } from '../../db/timeline-views.ts';
 import type { Logger } from '../../domain/logger.ts';
 import { refusedByRuntime } from '../../domain/errors.ts';
-import { fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
-import type { MessagePart } from '../../api/schemas/task.ts';
+import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
+import type { Message, MessagePart } from '../../api/schemas/task.ts';
 import type { Agent, AgentContext, AgentResult } from './types.ts';
 
 const FINAL_STATES: Partial<Record<A2AState, NonNullable<AgentResult['status']>>> = {
@@ -42,6 +44,8 @@ const CANCEL_TIMEOUT_MS = 5000;
 
 const isEnd = (state: A2AState) => state in FINAL_STATES || state === 'canceled' || state === 'unknown';
 const partsOf = (parts: Part[] | undefined): MessagePart[] => (parts ?? []).map(fromA2APart);
+// Compares content as it reads back from Postgres (jsonb keeps no key order, and no undefined).
+const sameContent = (a: unknown, b: unknown) => isDeepStrictEqual(JSON.parse(JSON.stringify(a)), JSON.parse(JSON.stringify(b)));
 
 // The run's result for a remote status that ends it; its message is left out when it was
 // already mirrored as a reply.
@@ -116,14 +120,23 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], db, log }: RemoteAge
       // still running on this run's message means this run is a retry after the send: follow it. One
       // running on an earlier message (a client answered while that run was going) is sent this one.
       const current = known ? await remote.getTask({ id: known.remote_task_id, historyLength: SEEN_HISTORY }, { signal: link.signal }) : undefined;
-      if (current && isEnd(current.status.state) && !(current.status.state in INTERRUPTED)) return resultOf(current.status, true);
-      if (current) mirror.seen(current);
       const running = current && (current.status.state === 'submitted' || current.status.state === 'working');
-      // The remote's history says best whether it has this message (a crash between the send and the
-      // remote's first answer leaves last_message_id behind); without one, the row does (rows from
-      // before migration 0015 name no message: running is all there is to go by).
+      // The remote's history says best whether it has this message, whatever its state since (a
+      // crash between the send and the remote's first answer leaves last_message_id behind); without
+      // one, the row does (rows from before migration 0015 name no message: running is all there is
+      // to go by).
       const inHistory = current?.history?.length ? current.history.some((m) => m.messageId === ctx.message.id) : undefined;
-      const sent = running && (inHistory ?? (known?.last_message_id === ctx.message.id || known?.last_message_id == null));
+      const sent = inHistory ?? (running && (known?.last_message_id === ctx.message.id || known?.last_message_id == null));
+      if (current && sent) {
+        // A retry (the worker before stopped or died): what the remote did since is mirrored now
+        // unless the local task has it, and the turn may have ended meanwhile.
+        await mirror.resume(current);
+        const done = await mirror.apply(current);
+        if (done) return done;
+      } else if (current) {
+        if (isEnd(current.status.state) && !(current.status.state in INTERRUPTED)) return resultOf(current.status, true);
+        mirror.seen(current);
+      }
       if (!sent) {
         const done = await send(remote, mirror, ctx, known, link.signal);
         if (done) return done;
@@ -244,6 +257,32 @@ class Mirror {
     if (task.status.message) this.seenMessages.add(task.status.message.messageId);
     for (const a of task.artifacts ?? []) this.seenArtifacts.set(a.artifactId, JSON.stringify(a));
     if (task.status.state in INTERRUPTED) this.answering = task.status;
+  }
+
+  /**
+   * For a retry of this turn: marks as mirrored what of the remote task the local task has, by
+   * content (the local copies have ids of their own): the remote's history up to this run's message,
+   * the agent messages since that match the local task's since, and artifacts stored as they are.
+   * Without the remote's history to place this turn in, everything it shows counts as mirrored.
+   */
+  async resume(task: A2ATask): Promise<void> {
+    const history = task.history ?? [];
+    const at = history.findIndex((m) => m.messageId === this.ctx.message.id);
+    if (at < 0) return this.seen(task);
+    for (const m of history.slice(0, at + 1)) this.seenMessages.add(m.messageId);
+    const since = this.ctx.history.findIndex((m) => m.id === this.ctx.message.id);
+    const local: Message[] = this.ctx.history.slice(since + 1).filter((m) => m.role === 'agent');
+    const theirs = history.slice(at + 1).filter((m) => m.messageId !== task.status.message?.messageId);
+    for (const m of task.status.message ? [...theirs, task.status.message] : theirs) {
+      const copy = local.findIndex((l) => sameContent(l.parts, partsOf(m.parts)));
+      if (copy < 0) continue;
+      local.splice(copy, 1);
+      this.seenMessages.add(m.messageId);
+    }
+    const stored = artifactsFromTimeline(await listArtifactItems(this.db, this.ctx.task.id));
+    for (const a of task.artifacts ?? []) {
+      if (stored.some((s) => s.artifactId === a.artifactId && sameContent(s, a))) this.seenArtifacts.set(a.artifactId, JSON.stringify(a));
+    }
   }
 
   // The interruption being answered, reported again: same time stamp or, without those, same status
