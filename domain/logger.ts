@@ -8,12 +8,31 @@ const REDACT = [
   '*.client_secret', 'api_key', '*.api_key', 'private_key', '*.private_key', 'assertion', '*.assertion', 'password', '*.password', 'decrypted_value', '*.decrypted_value', 'plaintext', '*.plaintext',
 ];
 
+// Lines waiting for stdout beyond this are dropped, and counted: a reader that stops reading (a
+// stuck log collector) must not grow the process's memory until it is killed.
+export const LOG_BUFFER_MAX_BYTES = 16 * 1024 * 1024;
+const DROP_REPORT_MS = 1000;
+
 // `buffered` (API and worker processes, which log every request and run): lines written while a
 // write is under way go out together in the next one instead of one blocking write each; they are
 // flushed when the process exits (not on SIGKILL, which may cut the last few milliseconds of lines).
 export function createLogger(level: string, name: string, opts: { buffered?: boolean } = {}): Logger {
   const options = { level, name, redact: { paths: REDACT, censor: '[redacted]' }, base: { pid: process.pid } };
-  return opts.buffered ? pino(options, pino.destination({ dest: 1, sync: false })) : pino(options);
+  if (!opts.buffered) return pino(options);
+  const dest = pino.destination({ dest: 1, sync: false, maxLength: LOG_BUFFER_MAX_BYTES });
+  const log = pino(options, dest);
+  let dropped = 0;
+  let report: NodeJS.Timeout | undefined;
+  dest.on('drop', () => {
+    dropped++;
+    report ??= setTimeout(() => {
+      report = undefined;
+      const lines = dropped;
+      dropped = 0;
+      log.warn({ lines, buffer_max_bytes: LOG_BUFFER_MAX_BYTES }, 'log lines dropped: stdout is not being read fast enough');
+    }, DROP_REPORT_MS).unref();
+  });
+  return log;
 }
 
 // A service URL as it may be logged: without a password, in the user part or as a parameter.
