@@ -85,6 +85,40 @@ describe('key job recovery', () => {
     assert.ok(Date.now() - t0 > 900, 'the job ran across several recovery passes');
     assert.equal(recoveryLogs().length, 1);
   });
+
+  it('re-enqueues a lost job again when its earlier recovered queue job failed without finishing it', async () => {
+    const c = ctx.stack.client;
+    await worker.stop();
+    ctx.stack.workers = ctx.stack.workers.filter((w) => w !== worker);
+    const started = await c.post(`${E}/envelope/src.key/migrate`, { to_envelope_encryption_key_id: 'dst.key' });
+    assert.equal(started.status, 202);
+    const jobId = started.body.id;
+    await ctx.loseJobs('key-jobs');
+    // An earlier recovery's queue job, failed while the row stayed unfinished (its failure could not
+    // be recorded: Postgres was away), as BullMQ keeps failed jobs for a while.
+    const connection = new Redis(process.env.REDIS_URL!, { maxRetriesPerRequest: null });
+    const opts = { connection, prefix: ctx.stack.env.QUEUE_PREFIX };
+    const queue = new Queue('key-jobs', opts);
+    try {
+      await queue.add('migrate-deks', { job_id: jobId }, { jobId: `recovered-${jobId}` });
+      const refusing = new Worker('key-jobs', async () => { throw new UnrecoverableError('no database'); }, opts);
+      await waitFor(async () => (await queue.getJobState(`recovered-${jobId}`)) === 'failed', 'the earlier recovered job to fail');
+      await refusing.close();
+    } finally {
+      await queue.close();
+      connection.disconnect();
+    }
+    assert.equal((await c.get(`${E}/job/${jobId}`)).body.status, 'queued');
+
+    worker = await startWorker(ctx.stack.env);
+    ctx.stack.workers.push(worker);
+    const done = await waitFor(async () => {
+      const r = await c.get(`${E}/job/${jobId}`);
+      return r.body.status === 'completed' && r.body;
+    }, 'the job recovered again to complete', 20000, 100);
+    assert.equal(done.done, 20);
+    assert.equal(recoveryLogs().length, 1);
+  });
 });
 
 describe('agent run recovery', () => {

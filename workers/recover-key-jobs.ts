@@ -19,7 +19,12 @@ export async function recoverLostKeyJobs(services: Services, olderThanMs: number
   for (const j of await queue.getJobs([...LIVE_STATES])) carried.add(j?.data?.job_id);
   const lost = rows.filter((r) => !carried.has(r.id));
   for (const r of lost) {
-    await queue.add(r.kind, { job_id: r.id }, { jobId: `recovered-${r.id}` });
+    const jobId = `recovered-${r.id}`;
+    // An earlier recovery's job that ended with the row unfinished (its failure could not be
+    // recorded) is kept by BullMQ for a while: under its id, the new one would be taken for it and
+    // never run. One another worker has just taken (locked) stays, and carries the row.
+    await (await queue.getJob(jobId))?.remove().catch(() => undefined);
+    await queue.add(r.kind, { job_id: r.id }, { jobId });
     services.log.warn({ job_id: r.id, kind: r.kind }, 'key job had no queue job: enqueued again');
   }
   return lost.map((r) => r.id);
