@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import path from 'node:path';
-import { createPublicKey, generateKeyPairSync, randomBytes, randomUUID, verify } from 'node:crypto';
+import { createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes, randomUUID, verify } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { Validator } from '@seriousme/openapi-schema-validator';
 import { callUpstream } from '../domain/bridge/upstream.ts';
@@ -133,6 +133,9 @@ describe('bridge API', () => {
 
     const before = await testDb()('bridge_credentials').count({ n: '*' });
     const weakKey = generateKeyPairSync('rsa', { modulusLength: 1024, privateKeyEncoding: { type: 'pkcs8', format: 'pem' }, publicKeyEncoding: { type: 'spki', format: 'pem' } }).privateKey;
+    // Parses as a 2048-bit RSA key, but a prime of 0 cannot sign.
+    const jwk = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ format: 'jwk' });
+    const brokenKey = createPrivateKey({ key: { ...jwk, p: 'AA' }, format: 'jwk' }).export({ type: 'pkcs1', format: 'pem' });
     const bad: [string, unknown, number, RegExp][] = [
       [`${avail('stripe', 'api_key')}/credential/resource-server`, { value: {} }, 400, /body\.value\.api_key is required/],
       [`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: 'has space' } }, 400, /body\.value\.api_key/],
@@ -145,6 +148,8 @@ describe('bridge API', () => {
         { value: { client_id: 'svc', private_key: 'not a key', token_uri: `${providers.url}/token` } }, 400, /private_key is not a PEM RSA private key/],
       [`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
         { value: { client_id: 'svc', private_key: weakKey, token_uri: `${providers.url}/token` } }, 400, /private_key is a 1024-bit RSA key; RS256 needs 2048 bits or more/],
+      [`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
+        { value: { client_id: 'svc', private_key: brokenKey, token_uri: `${providers.url}/token` } }, 400, /private_key cannot sign: its RSA components do not fit together/],
       [`${avail('google_mail', 'oauth_auth_flow')}/credential/user-credential`, { value: { access_token: 'a', expiry_time: 'tomorrow' } }, 400, /expiry_time/],
     ];
     for (const [url, body, status, message] of bad) {

@@ -1,7 +1,7 @@
 // The ways a provider instance authenticates to its provider's API (SPEC.md section 7).
-import { createPrivateKey, sign } from 'node:crypto';
+import { createPrivateKey, createPublicKey, sign, verify, type KeyObject } from 'node:crypto';
 import { Type } from '@sinclair/typebox';
-import { InvalidRequest, Upstream } from '../errors.ts';
+import { Conflict, InvalidRequest, Upstream } from '../errors.ts';
 import { assertOutboundUrl } from '../webhook-url.ts';
 import { callUpstream, refusalMessage } from './upstream.ts';
 import type { CredentialControllerDef, Plain } from './types.ts';
@@ -68,6 +68,15 @@ const JWT_BEARER = 'urn:ietf:params:oauth:grant-type:jwt-bearer';
 const MIN_RSA_BITS = 2048;
 const b64url = (v: unknown) => Buffer.from(typeof v === 'string' ? v : JSON.stringify(v)).toString('base64url');
 
+function signsAndVerifies(key: KeyObject): boolean {
+  const probe = Buffer.from('taskbridge key check');
+  try {
+    return verify('sha256', probe, createPublicKey(key), sign('sha256', probe, key));
+  } catch {
+    return false;
+  }
+}
+
 // RFC 7523: a JWT signed with the client's private key, exchanged at token_uri for an access token.
 async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: { timeoutMs: number; allowPrivate: boolean }): Promise<string> {
   const tokenUri = String(rs.token_uri);
@@ -83,7 +92,14 @@ async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: { timeou
   const sub = user?.sub ?? rs.sub;
   if (sub) claims.sub = sub;
   const unsigned = `${b64url({ alg: 'RS256', typ: 'JWT' })}.${b64url(claims)}`;
-  const assertion = `${unsigned}.${sign('sha256', Buffer.from(unsigned), String(rs.private_key)).toString('base64url')}`;
+  let signature: Buffer;
+  try {
+    signature = sign('sha256', Buffer.from(unsigned), String(rs.private_key));
+  } catch {
+    // A key stored before normalize tried signing with it.
+    throw new Conflict("The credential's private_key cannot sign (its RSA components do not fit together); store a new credential");
+  }
+  const assertion = `${unsigned}.${signature.toString('base64url')}`;
   const answer = await callUpstream('token endpoint', tokenUri, {
     method: 'POST',
     headers: { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' },
@@ -115,8 +131,9 @@ export const oauthJwtBearer: CredentialControllerDef = {
   async normalize(kind, value, opts) {
     if (kind !== 'resource_server') return value;
     let bits: number | undefined;
+    let key: KeyObject;
     try {
-      const key = createPrivateKey(String(value.private_key));
+      key = createPrivateKey(String(value.private_key));
       if (key.asymmetricKeyType !== 'rsa') throw new Error('not RSA');
       bits = key.asymmetricKeyDetails?.modulusLength;
     } catch {
@@ -125,6 +142,11 @@ export const oauthJwtBearer: CredentialControllerDef = {
     // RS256 with a shorter key can be forged (RFC 7518 section 3.3 requires 2048 bits or more).
     if (bits === undefined || bits < MIN_RSA_BITS) {
       throw new InvalidRequest(`value.private_key is ${bits === undefined ? 'an RSA key of unknown size' : `a ${bits}-bit RSA key`}; RS256 needs ${MIN_RSA_BITS} bits or more`, [{ path: 'body.value.private_key', message: `must be an RSA key of at least ${MIN_RSA_BITS} bits` }]);
+    }
+    // A key can parse and still not sign (components that do not fit together): refused now rather
+    // than failing every call.
+    if (!signsAndVerifies(key)) {
+      throw new InvalidRequest('value.private_key cannot sign: its RSA components do not fit together', [{ path: 'body.value.private_key', message: 'must be a consistent RSA private key' }]);
     }
     await assertOutboundUrl(String(value.token_uri), opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE');
     return value;
