@@ -16,9 +16,9 @@ for (const [net4, prefix] of [
 ] as const) blocked.addSubnet(net4, prefix, 'ipv4');
 // IPv6: unspecified, loopback and IPv4-compatible (::/96), discard-only, benchmarking, documentation,
 // SRv6 SIDs, unique-local, link- and site-local, multicast, and the ranges that embed IPv4 addresses
-// (NAT64, Teredo, 6to4).
+// (IPv4-translated, NAT64, Teredo, 6to4).
 for (const [net6, prefix] of [
-  ['::', 96], ['100::', 64], ['2001:2::', 48], ['2001:db8::', 32], ['3fff::', 20], ['5f00::', 16], ['fc00::', 7], ['fe80::', 10], ['fec0::', 10], ['ff00::', 8],
+  ['::', 96], ['::ffff:0:0:0', 96], ['100::', 64], ['2001:2::', 48], ['2001:db8::', 32], ['3fff::', 20], ['5f00::', 16], ['fc00::', 7], ['fe80::', 10], ['fec0::', 10], ['ff00::', 8],
   ['64:ff9b::', 96], ['64:ff9b:1::', 48], ['2001::', 32], ['2002::', 16],
 ] as const) blocked.addSubnet(net6, prefix, 'ipv6');
 

@@ -405,6 +405,7 @@ describe('push notifications', () => {
       ['http://[2001:db8::1]/hook', /\(2001:db8::1\)/],
       ['http://[2001:0:4136:e378::1]/hook', /\(2001:0:4136:e378::1\)/],
       ['http://[::ffff:127.0.0.1]/hook', /private, loopback/],
+      ['http://[::ffff:0:127.0.0.1]/hook', /private, loopback/],
       ['http://[::127.0.0.1]/hook', /private, loopback/],
       ['http://[2002:7f00:1::]/hook', /private, loopback/],
       ['http://[64:ff9b:1::a00:1]/hook', /private, loopback/],
