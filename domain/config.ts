@@ -3,6 +3,7 @@ import { Type, type Static, type TObject } from '@sinclair/typebox';
 import { Ajv } from 'ajv';
 import { parse as parsePgUrl } from 'pg-connection-string';
 import { parseSkills } from './a2a/skills.ts';
+import { redactUrl } from './logger.ts';
 
 // A string that is one of `values` (checked as an enum, so that a wrong one is told the choices).
 const oneOf = <const T extends string>(values: readonly T[], opts: { default: NoInfer<T> }) => Type.Unsafe<T>({ type: 'string', enum: values, ...opts });
@@ -200,8 +201,10 @@ const DatabaseConfigSchema = Type.Pick(ConfigSchema, ['DATABASE_URL', 'LOG_LEVEL
 export const loadDatabaseConfig = (env: NodeJS.ProcessEnv = process.env) => readEnv(DatabaseConfigSchema, env);
 export const loadDatabaseConfigOrExit = () => orExit(() => loadDatabaseConfig());
 
-// What /_internal/v1/runtime_config may show: nothing that grants access.
+// What /_internal/v1/runtime_config may show: nothing that grants access. Other URL settings may
+// carry credentials too (user info, a key as a parameter): those parts are masked.
 export function publicConfig(cfg: Config): Record<string, unknown> {
   const hidden = new Set(['ADMIN_API_KEY', 'DATABASE_URL', 'REDIS_URL', 'AGENT_REMOTE_API_KEY']);
-  return Object.fromEntries(Object.entries(cfg).filter(([k]) => !hidden.has(k)));
+  const shown = (v: unknown) => (typeof v === 'string' && /^[a-z][a-z0-9+.-]*:\/\//i.test(v) ? redactUrl(v, { strict: true }) : v);
+  return Object.fromEntries(Object.entries(cfg).filter(([k]) => !hidden.has(k)).map(([k, v]) => [k, shown(v)]));
 }

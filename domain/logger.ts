@@ -36,11 +36,13 @@ export function createLogger(level: string, name: string, opts: { buffered?: boo
 }
 
 // A service URL as it may be logged: without a password, in the user part or as a parameter.
-export function redactUrl(url: string): string {
+// `strict`: without the user name and every parameter's value too (a token may be either).
+export function redactUrl(url: string, opts: { strict?: boolean } = {}): string {
   try {
     const u = new URL(url);
     if (u.password) u.password = '***';
-    for (const key of [...u.searchParams.keys()]) if (/pass/i.test(key)) u.searchParams.set(key, '***');
+    if (opts.strict && u.username) u.username = '***';
+    for (const key of [...u.searchParams.keys()]) if (opts.strict || /pass/i.test(key)) u.searchParams.set(key, '***');
     return u.toString();
   } catch {
     return '(unparsable URL)';

@@ -26,6 +26,9 @@ function assertAuthError(r: Response, status: 401 | 403, what: string) {
   if (status === 401) assert.match(r.headers.get('www-authenticate') ?? '', /^Bearer/, what);
 }
 
+// Credentials in a URL setting, which runtime_config must not show.
+const [URL_USER, URL_PASSWORD, URL_PARAM] = ['stripe-user-5e1d', 'stripe-password-9c2a', 'stripe-param-71b0'];
+
 describe('authentication and scopes', () => {
   let stack: Stack;
   let admin: Client;
@@ -37,7 +40,7 @@ describe('authentication and scopes', () => {
 
   before(async () => {
     await resetDb();
-    stack = await startStack({}, { workers: 0 });
+    stack = await startStack({ STRIPE_API_BASE_URL: `https://${URL_USER}:${URL_PASSWORD}@api.stripe.example/v1?key=${URL_PARAM}` }, { workers: 0 });
     admin = stack.client;
   });
   after(async () => stack?.stop());
@@ -116,7 +119,9 @@ describe('authentication and scopes', () => {
       { name: 'agent-tasks', concurrency: 200 }, { name: 'key-jobs', concurrency: 2 },
       { name: 'credential-refresh', concurrency: 5 }, { name: 'push-notifications', concurrency: 10 },
     ]);
-    for (const secret of [ADMIN_KEY, stack.env.DATABASE_URL, stack.env.REDIS_URL]) assert.ok(!r.text.includes(secret), 'a secret in runtime_config');
+    for (const secret of [ADMIN_KEY, stack.env.DATABASE_URL, stack.env.REDIS_URL, URL_USER, URL_PASSWORD, URL_PARAM]) assert.ok(!r.text.includes(secret), 'a secret in runtime_config');
+    // Credentials in other URL settings are masked; the rest of the URL shows.
+    assert.equal(r.body.config.STRIPE_API_BASE_URL, 'https://***:***@api.stripe.example/v1?key=***');
   });
 
   describe('key management', () => {
