@@ -1,13 +1,13 @@
 // The standard BullMQ dashboard (bull-board) at /admin/queues, for the people who watch the
 // queues. Browsers cannot send bearer tokens, so it takes HTTP basic auth: any user name, an API
 // key with scope admin as the password.
-import type { Middleware } from 'koa';
+import type { Context, Middleware } from 'koa';
 import { createBullBoard } from '@bull-board/api';
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { KoaAdapter } from '@bull-board/koa';
 import type { Services } from '../domain/services.ts';
 import { hasScope } from '../domain/api-keys.ts';
-import { Forbidden, Unauthenticated } from '../domain/errors.ts';
+import { AppError, Forbidden, Unauthenticated } from '../domain/errors.ts';
 import { resolveCached } from './middleware/auth.ts';
 
 export const DASHBOARD_PATH = '/admin/queues';
@@ -18,6 +18,24 @@ function basicPassword(header: string): string | undefined {
   const decoded = Buffer.from(m[1], 'base64').toString('utf8');
   const colon = decoded.indexOf(':');
   return colon >= 0 ? decoded.slice(colon + 1) : undefined;
+}
+
+// A browser sends its cached basic credentials with requests that pages of other sites make it send
+// (a form post, a no-cors fetch): a change (add, retry, clean, pause) must come from a page of the
+// dashboard's own origin, and never as a form, which needs no permission to be posted from elsewhere.
+function sentFromElsewhere(ctx: Context): boolean {
+  if (['GET', 'HEAD', 'OPTIONS'].includes(ctx.method)) return false;
+  const site = ctx.get('Sec-Fetch-Site');
+  if (site && site !== 'same-origin' && site !== 'none') return true;
+  const origin = ctx.get('Origin');
+  if (origin) {
+    try {
+      if (new URL(origin).host !== ctx.host) return true;
+    } catch {
+      return true;
+    }
+  }
+  return !!ctx.is('urlencoded', 'multipart', 'text/plain');
 }
 
 export function queueDashboard(services: Services): Middleware {
@@ -32,6 +50,9 @@ export function queueDashboard(services: Services): Middleware {
     if (principal && !hasScope(principal, 'admin')) throw new Forbidden('admin');
     if (!principal) {
       throw new Unauthenticated('The queue dashboard needs an admin API key as the basic-auth password', 'Basic realm="taskbridge queues", charset="UTF-8"');
+    }
+    if (sentFromElsewhere(ctx)) {
+      throw new AppError(403, 'forbidden', 'The queue dashboard takes changes only from its own pages (same origin, JSON or no body)');
     }
     await board(ctx, next);
   };

@@ -33,6 +33,29 @@ describe('queue dashboard at /admin/queues', () => {
     assert.deepEqual(body.queues.map((q) => q.name).sort(), ['agent-tasks', 'credential-refresh', 'key-jobs', 'push-notifications']);
   });
 
+  it('refuses changes that another site could make a browser send (a form, a foreign origin), and takes them from its own pages', async () => {
+    const add = `${stack.api.url}/admin/queues/api/queues/credential-refresh/add`;
+    const waiting = async () => (await stack.client.get('/_internal/v1/queues')).body.queues['credential-refresh'].waiting as number;
+    const before = await waiting();
+    const auth = { authorization: basic(ADMIN_KEY) };
+    const refused: [string, RequestInit][] = [
+      ['a form post', { method: 'POST', headers: { ...auth, 'content-type': 'application/x-www-form-urlencoded' }, body: 'name=refresh&data[credential_id]=x' }],
+      ['a text/plain post', { method: 'POST', headers: { ...auth, 'content-type': 'text/plain' }, body: '{"name":"refresh","data":{}}' }],
+      ['JSON from another origin', { method: 'POST', headers: { ...auth, 'content-type': 'application/json', origin: 'https://evil.example' }, body: '{"name":"refresh","data":{}}' }],
+      ['a cross-site fetch without a body', { method: 'PUT', headers: { ...auth, 'sec-fetch-site': 'cross-site' } }],
+    ];
+    for (const [what, init] of refused) {
+      const url = init.method === 'PUT' ? `${stack.api.url}/admin/queues/api/queues/credential-refresh/pause` : add;
+      const r = await fetch(url, init);
+      assert.equal(r.status, 403, what);
+      assert.match(((await r.json()) as { message: string }).message, /takes changes only from its own pages/, what);
+    }
+    assert.equal(await waiting(), before);
+    const ok = await fetch(add, { method: 'POST', headers: { ...auth, 'content-type': 'application/json', origin: stack.api.url, 'sec-fetch-site': 'same-origin' }, body: '{"name":"refresh","data":{"credential_id":"00000000-0000-4000-8000-000000000000"}}' });
+    assert.equal(ok.status, 200, await ok.clone().text());
+    assert.equal(await waiting(), before + 1);
+  });
+
   it('answers 400 to a dashboard request whose JSON does not parse', async () => {
     const r = await fetch(`${stack.api.url}/admin/queues/api/queues/agent-tasks/add`, { method: 'POST', headers: { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' }, body: '{' });
     assert.equal(r.status, 400, await r.clone().text());
