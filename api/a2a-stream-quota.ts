@@ -39,6 +39,11 @@ export function holdStream(services: Services, keyId: string): HeldStream {
   };
 }
 
+/** The keys holding streams open here. */
+export function streamHolders(): string[] {
+  return [...openStreams.keys()];
+}
+
 export function endStreamsOf(keyId: string): void {
   const now = Date.now();
   // Oldest first (insertion order): stops at the first one still kept.

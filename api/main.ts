@@ -6,7 +6,7 @@ import { waitForBackingServices } from '../domain/startup.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { allRoutes, createApp } from './app.ts';
 import { answerClientErrors } from './client-errors.ts';
-import { API_KEY_REVOKED, forgetApiKey } from './middleware/auth.ts';
+import { API_KEY_REVOKED, catchUpOnRevocations, forgetApiKey } from './middleware/auth.ts';
 import { listenPg } from '../db/pg-listener.ts';
 
 const cfg = loadConfigOrExit();
@@ -14,7 +14,9 @@ const services = createServices(cfg, 'api');
 await waitForBackingServices(services);
 await bootstrap(services);
 await startKeyringInvalidation(services);
-const keyRevocations = await listenPg(cfg.DATABASE_URL, { [API_KEY_REVOKED]: forgetApiKey }, services.log);
+const keyRevocations = await listenPg(cfg.DATABASE_URL, { [API_KEY_REVOKED]: forgetApiKey }, services.log, {
+  onReconnect: () => void catchUpOnRevocations(services).catch((err: Error) => services.log.warn({ err: { message: err.message } }, 'could not catch up on API key revocations; open streams of keys revoked meanwhile stay until their task ends')),
+});
 services.outbox.startSweeper();
 const app = createApp(services);
 const server = app.listen(cfg.PORT, cfg.HOST, () => {

@@ -23,6 +23,12 @@ export async function revokeApiKey(db: Tx, id: string): Promise<boolean> {
   return n > 0;
 }
 
+/** Of `ids`, those of keys that exist and are not revoked. */
+export async function activeIds(db: Tx, ids: string[]): Promise<Set<string>> {
+  const rows: { id: string }[] = await db('api_keys').select('id').whereIn('id', ids).whereNull('revoked_at');
+  return new Set(rows.map((r) => r.id));
+}
+
 export async function touchLastUsed(db: Tx, id: string): Promise<void> {
   await db('api_keys').where({ id }).update({ last_used_at: db.fn.now() });
 }

@@ -8,16 +8,19 @@ const RECONNECT_MS = 1000;
 // A dedicated connection that LISTENs on Postgres channels and reconnects when it is lost (found by
 // a `select 1` heartbeat too; timeoutMs also bounds connects and LISTENs).
 // Notifications sent while it was away are missed, so callers use it for wake-ups and cache
-// invalidation that also have a time bound, never as the only record of anything.
+// invalidation that also have a time bound, or catch up in `onReconnect` (called once it listens
+// again), never as the only record of anything.
 export async function listenPg(
-  url: string, channels: Record<string, (payload: string) => void>, log: Logger, opts: HeartbeatOptions = {},
+  url: string, channels: Record<string, (payload: string) => void>, log: Logger, opts: HeartbeatOptions & { onReconnect?: () => void } = {},
 ): Promise<{ close(): Promise<void> }> {
   const { timeoutMs } = { ...HEARTBEAT_DEFAULTS, ...opts };
+  // Named in pg_stat_activity for the people who look there.
+  const applicationName = `taskbridge listen ${Object.keys(channels).join(',')}`.slice(0, 63);
   let client: pg.Client | undefined;
   let stopHeartbeat: (() => void) | undefined;
   let closed = false;
   const connect = async (): Promise<void> => {
-    const c = new pg.Client({ connectionString: url, connectionTimeoutMillis: timeoutMs });
+    const c = new pg.Client({ connectionString: url, connectionTimeoutMillis: timeoutMs, application_name: applicationName });
     c.on('notification', (n) => {
       const handler = channels[n.channel];
       if (!handler) return;
@@ -59,7 +62,7 @@ export async function listenPg(
     stopHeartbeat = startHeartbeat(() => c.query('select 1'), (err) => onLost(`heartbeat: ${err.message}`), opts);
   };
   const reconnect = (): void => {
-    if (!closed) setTimeout(() => { if (!closed) void connect().catch(reconnect); }, RECONNECT_MS).unref();
+    if (!closed) setTimeout(() => { if (!closed) void connect().then(() => { if (!closed) opts.onReconnect?.(); }, reconnect); }, RECONNECT_MS).unref();
   };
   await connect();
   return {

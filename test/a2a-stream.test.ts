@@ -302,6 +302,49 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
   });
 });
 
+describe("A2A streams of keys revoked by other paths", () => {
+  let stack: Stack;
+  before(async () => {
+    await resetDb();
+    stack = await startStack({}, { workers: 0 });
+  });
+  after(async () => stack?.stop());
+
+  // A stream of a new a2a key on a task that stays submitted; resolves 'ended' when the API ends it.
+  const streamOfNewKey = async () => {
+    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const key = (await stack.client.post('/api/auth/v1/api-key', { name: 'streams', scopes: ['a2a'] })).body;
+    const res = await fetch(`${stack.api.url}${A2A}`, {
+      method: 'POST', headers: { authorization: `Bearer ${key.key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/resubscribe', params: { id: task } }),
+    });
+    assert.equal(res.status, 200);
+    const ended = (async () => {
+      for await (const _ of res.body as unknown as AsyncIterable<Uint8Array>) { /* the snapshot, keep-alives */ }
+      return 'ended';
+    })().catch((e) => (e as Error).name);
+    const within = (ms: number) => Promise.race([ended, new Promise((resolve) => setTimeout(() => resolve('still open'), ms))]);
+    return { id: key.id as string, within };
+  };
+
+  it('ends the streams of a key deleted with plain SQL', async () => {
+    const s = await streamOfNewKey();
+    await testDb()('api_keys').where({ id: s.id }).delete();
+    assert.equal(await s.within(10_000), 'ended');
+  });
+
+  it("ends the streams of a key revoked while the API process's listener was away, once it listens again", async () => {
+    const s = await streamOfNewKey();
+    // The API's listener connection is cut, and the key revoked with SQL before it is back: its
+    // notice goes to nobody.
+    const cut = await testDb().raw(`select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'taskbridge listen api_key_revoked'`);
+    assert.equal(cut.rows.length, 1);
+    await testDb()('api_keys').where({ id: s.id }).update({ revoked_at: new Date() });
+    assert.equal(await s.within(10_000), 'ended');
+    assert.ok(stack.api.logs.some((l) => l.includes('Postgres listener lost its connection')));
+  });
+});
+
 describe('A2A blocking send and streams while Redis is away', function () {
   this.timeout(120000);
   let redis: LocalService | undefined;

@@ -1,9 +1,9 @@
 import type { Middleware } from 'koa';
 import { Forbidden, Unauthenticated } from '../../domain/errors.ts';
 import { hasScope, resolveApiKey, type Principal, type Scope } from '../../domain/api-keys.ts';
-import { touchLastUsed } from '../../db/api-keys.ts';
+import { activeIds, touchLastUsed } from '../../db/api-keys.ts';
 import type { Services } from '../../domain/services.ts';
-import { endStreamsOf } from '../a2a-stream-quota.ts';
+import { endStreamsOf, streamHolders } from '../a2a-stream-quota.ts';
 
 export type { Principal, Scope };
 
@@ -26,6 +26,17 @@ export function forgetApiKey(id: string): void {
   lastTouched.delete(id);
   for (const [token, entry] of cache) if (entry.principal.id === id) cache.delete(token);
   endStreamsOf(id);
+}
+
+// The revocation notices that came while the listener was away are lost: every cached key is looked
+// up again, and the streams of keys revoked or deleted meanwhile end.
+export async function catchUpOnRevocations(services: Services): Promise<void> {
+  revocations++;
+  cache.clear();
+  const holders = streamHolders().filter((id) => !id.startsWith('env:'));
+  if (!holders.length) return;
+  const active = await activeIds(services.db, holders);
+  for (const id of holders) if (!active.has(id)) forgetApiKey(id);
 }
 
 export async function resolveCached(services: Services, token: string): Promise<Principal | null> {
