@@ -62,7 +62,15 @@ export async function listenPg(
     stopHeartbeat = startHeartbeat(() => c.query('select 1'), (err) => onLost(`heartbeat: ${err.message}`), opts);
   };
   const reconnect = (): void => {
-    if (!closed) setTimeout(() => { if (!closed) void connect().then(() => { if (!closed) opts.onReconnect?.(); }, reconnect); }, RECONNECT_MS).unref();
+    if (!closed) setTimeout(() => { if (!closed) void connect().then(caughtUp, reconnect); }, RECONNECT_MS).unref();
+  };
+  const caughtUp = (): void => {
+    if (closed) return;
+    try {
+      opts.onReconnect?.();
+    } catch (err) {
+      log.warn({ err: { message: (err as Error).message } }, 'Postgres listener: catching up after a reconnect failed');
+    }
   };
   await connect();
   return {

@@ -201,10 +201,21 @@ const DatabaseConfigSchema = Type.Pick(ConfigSchema, ['DATABASE_URL', 'LOG_LEVEL
 export const loadDatabaseConfig = (env: NodeJS.ProcessEnv = process.env) => readEnv(DatabaseConfigSchema, env);
 export const loadDatabaseConfigOrExit = () => orExit(() => loadDatabaseConfig());
 
+// A URL's user info and parameter values masked; anything else (not a URL, a URL without them) as it is.
+function maskUrlCredentials(value: string): string {
+  if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(value.trim())) return value;
+  try {
+    const u = new URL(value.trim());
+    return u.username || u.password || u.search ? redactUrl(value.trim(), { strict: true }) : value;
+  } catch {
+    return value;
+  }
+}
+
 // What /_internal/v1/runtime_config may show: nothing that grants access. Other URL settings may
 // carry credentials too (user info, a key as a parameter): those parts are masked.
 export function publicConfig(cfg: Config): Record<string, unknown> {
   const hidden = new Set(['ADMIN_API_KEY', 'DATABASE_URL', 'REDIS_URL', 'AGENT_REMOTE_API_KEY']);
-  const shown = (v: unknown) => (typeof v === 'string' && /^[a-z][a-z0-9+.-]*:\/\//i.test(v) ? redactUrl(v, { strict: true }) : v);
+  const shown = (v: unknown) => (typeof v === 'string' ? v.split(',').map(maskUrlCredentials).join(',') : v);
   return Object.fromEntries(Object.entries(cfg).filter(([k]) => !hidden.has(k)).map(([k, v]) => [k, shown(v)]));
 }

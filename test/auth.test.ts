@@ -40,7 +40,10 @@ describe('authentication and scopes', () => {
 
   before(async () => {
     await resetDb();
-    stack = await startStack({ STRIPE_API_BASE_URL: `https://${URL_USER}:${URL_PASSWORD}@api.stripe.example/v1?key=${URL_PARAM}` }, { workers: 0 });
+    stack = await startStack({
+      STRIPE_API_BASE_URL: `https://${URL_USER}:${URL_PASSWORD}@api.stripe.example/v1?key=${URL_PARAM}`,
+      AGENT_REMOTE_KEY_ORIGINS: 'https://a.example,https://b.example:8443',
+    }, { workers: 0 });
     admin = stack.client;
   });
   after(async () => stack?.stop());
@@ -122,6 +125,7 @@ describe('authentication and scopes', () => {
     for (const secret of [ADMIN_KEY, stack.env.DATABASE_URL, stack.env.REDIS_URL, URL_USER, URL_PASSWORD, URL_PARAM]) assert.ok(!r.text.includes(secret), 'a secret in runtime_config');
     // Credentials in other URL settings are masked; the rest of the URL shows.
     assert.equal(r.body.config.STRIPE_API_BASE_URL, 'https://***:***@api.stripe.example/v1?key=***');
+    assert.equal(r.body.config.AGENT_REMOTE_KEY_ORIGINS, 'https://a.example,https://b.example:8443');
   });
 
   describe('key management', () => {

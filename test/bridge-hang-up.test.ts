@@ -3,7 +3,7 @@
 // here, beyond this test's timeout), through the invoke endpoint and through MCP tools/call.
 import assert from 'node:assert/strict';
 import http from 'node:http';
-import { randomUUID } from 'node:crypto';
+import { generateKeyPairSync, randomUUID } from 'node:crypto';
 import { ADMIN_KEY, resetDb, startStack, type Stack } from './helpers/stack.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
@@ -28,7 +28,7 @@ describe('bridge calls of clients that hang up', () => {
   before(async () => {
     await resetDb();
     stripe = await startFakeProviders({ stripeKey: STRIPE_KEY });
-    stack = await startStack({ STRIPE_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true', BRIDGE_TIMEOUT_MS: '120000' }, { workers: 0 });
+    stack = await startStack({ STRIPE_API_BASE_URL: stripe.url, GOOGLE_MAIL_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true', BRIDGE_TIMEOUT_MS: '120000' }, { workers: 0 });
     const c = stack.client;
     const cred = await c.post(`${B}/available-providers/stripe/available-credentials/api_key/credential/resource-server`, { value: { api_key: STRIPE_KEY } });
     assert.equal(cred.status, 201, cred.text);
@@ -59,6 +59,21 @@ describe('bridge calls of clients that hang up', () => {
       jsonrpc: '2.0', id: 1, method: 'tools/call',
       params: { name: 'stripe.stripe_process_refund.stripe-main', arguments: { payment_intent: 'pi_hold' } },
     }, { accept: 'application/json, text/event-stream', 'mcp-protocol-version': '2025-11-25' });
+    const hold = await stripe.nextHold();
+    req.destroy();
+    await hold.closed;
+    await assertStillServes();
+  });
+
+  it("POST .../invoke: a service account's token exchange ends when the client goes", async () => {
+    const c = stack.client;
+    const privateKey = generateKeyPairSync('rsa', { modulusLength: 2048, privateKeyEncoding: { type: 'pkcs8', format: 'pem' }, publicKeyEncoding: { type: 'spki', format: 'pem' } }).privateKey;
+    const cred = await c.post(`${B}/available-providers/google_mail/available-credentials/oauth2_jwt_bearer_assertion_flow/credential/resource-server`,
+      { value: { client_id: 'svc@example.iam', private_key: privateKey, token_uri: `${stripe.url}/token/hold` } });
+    assert.equal(cred.status, 201, cred.text);
+    assert.equal((await c.post(`${B}/available-providers/google_mail/available-credentials/oauth2_jwt_bearer_assertion_flow`, { provider_instance_id: 'gmail-svc', display_name: 'Gmail', resource_server_credential_id: cred.body.id })).status, 201);
+    assert.equal((await c.post(`${B}/provider/gmail-svc/function/google_mail_send_email/enable`, {})).status, 201);
+    const req = openRequest(`${stack.api.url}${B}/provider/gmail-svc/function/google_mail_send_email/invoke`, { params: { to: 'a@example.com', subject: 's', body: 'b' } });
     const hold = await stripe.nextHold();
     req.destroy();
     await hold.closed;

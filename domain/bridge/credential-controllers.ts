@@ -4,7 +4,7 @@ import { Type } from '@sinclair/typebox';
 import { Conflict, InvalidRequest, Upstream } from '../errors.ts';
 import { assertOutboundUrl } from '../webhook-url.ts';
 import { callUpstream, refusalMessage } from './upstream.ts';
-import type { CredentialControllerDef, Plain } from './types.ts';
+import type { CredentialControllerDef, Plain, UpstreamOptions } from './types.ts';
 
 const Str = (description: string) => Type.String({ minLength: 1, maxLength: 8192, description });
 // Values sent in an Authorization header: printable ASCII, or every call would fail.
@@ -78,7 +78,7 @@ function signsAndVerifies(key: KeyObject): boolean {
 }
 
 // RFC 7523: a JWT signed with the client's private key, exchanged at token_uri for an access token.
-async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: { timeoutMs: number; allowPrivate: boolean }): Promise<string> {
+async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: UpstreamOptions): Promise<string> {
   const tokenUri = String(rs.token_uri);
   // Checked again at each call (the name may resolve elsewhere now); a refusal here is the
   // upstream's problem, not the caller's request.
@@ -104,6 +104,7 @@ async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: { timeou
     method: 'POST',
     headers: { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' },
     body: new URLSearchParams({ grant_type: JWT_BEARER, assertion }).toString(),
+    signal: opts.signal,
   }, opts.timeoutMs, { publicOnly: !opts.allowPrivate });
   const token = (answer.body as { access_token?: unknown } | undefined)?.access_token;
   if (answer.status >= 400 || typeof token !== 'string' || !token) {

@@ -63,7 +63,7 @@ export async function invokeFunction(
     if (!row) throw new NotFound('provider_instance', providerInstanceId);
     return unsealCredential(s, cc, row);
   };
-  const opts = { timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS, allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE };
+  const opts = { timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS, allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, signal };
   const authorization = await cc.authorization(await plain(instance.resource_server_credential_id), await plain(instance.user_credential_id), opts);
   const result = await f.invoke({ params, authorization, apiBase: s.cfg[provider.apiBaseSetting].replace(/\/+$/, ''), timeoutMs: opts.timeoutMs, signal });
   log.info({ provider_instance_id: providerInstanceId, function: functionTypeId, result: result.type }, 'bridge function invoked');

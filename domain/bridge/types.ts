@@ -6,7 +6,8 @@ import type { InvokeResult } from '../../api/schemas/bridge.ts';
 /** Credential values with their sensitive members decrypted: only ever held in memory. */
 export type Plain = Record<string, unknown>;
 
-export interface UpstreamOptions { timeoutMs: number; allowPrivate: boolean }
+// `signal`: the caller gave up (an agent run canceled, an HTTP client gone): the call is abandoned.
+export interface UpstreamOptions { timeoutMs: number; allowPrivate: boolean; signal?: AbortSignal }
 
 export interface CredentialControllerDef {
   type_id: string;

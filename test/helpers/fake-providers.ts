@@ -3,6 +3,7 @@
 //                                           payment_intent pi_refused is refused (400), pi_hold is never
 //                                           answered (see nextHold); else the refund object
 //   POST /gmail/v1/users/me/messages/send   Gmail: {id: msg-<n>}
+//   POST /token/hold                        a token endpoint that never answers (see nextHold)
 //   anything else                           200 {} (webhooks)
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -10,7 +11,7 @@ import type { AddressInfo } from 'node:net';
 export interface Seen { url: string; authorization?: string; token?: string; body: string }
 export interface FakeProviders {
   url: string; seen: Seen[]; close(): void;
-  /** The next pi_hold request to arrive (or the earliest unclaimed one), with its connection's close. */
+  /** The next request held unanswered to arrive (or the earliest unclaimed one), with its connection's close. */
   nextHold(): Promise<{ closed: Promise<void> }>;
 }
 
@@ -24,15 +25,18 @@ export function startFakeProviders(opts: { stripeKey?: string } = {}): Promise<F
     req.on('end', () => {
       seen.push({ url: req.url!, authorization: req.headers.authorization, token: req.headers['x-a2a-notification-token'] as string | undefined, body });
       const send = (status: number, json: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(json));
+      const hold = () => {
+        const h = { closed: new Promise<void>((resolve) => res.once('close', () => resolve())) };
+        const waiter = holdWaiters.shift();
+        if (waiter) waiter(h);
+        else held.push(h);
+      };
+      if (req.url === '/token/hold') return hold();
       if (req.url === '/v1/refunds') {
         if (opts.stripeKey && req.headers.authorization !== `Bearer ${opts.stripeKey}`) return send(401, { error: { message: 'Invalid API Key provided' } });
         const form = new URLSearchParams(body);
         if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
-        if (form.get('payment_intent') === 'pi_hold') {
-          const hold = { closed: new Promise<void>((resolve) => res.once('close', () => resolve())) };
-          const waiter = holdWaiters.shift();
-          return void (waiter ? waiter(hold) : held.push(hold));
-        }
+        if (form.get('payment_intent') === 'pi_hold') return hold();
         return send(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
       }
       if (req.url === '/gmail/v1/users/me/messages/send') return send(200, { id: `msg-${seen.length}`, threadId: 't' });
