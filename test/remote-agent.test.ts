@@ -20,7 +20,8 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 // then finishes. "[direct]" makes it answer with a plain message and no task. "[ask]" makes it ask
 // for input first; "[hang]" makes it work until canceled; "[flood]" makes its artifact too large
 // for the local task, and then work until canceled; "[bigask]" asks for input with a question too
-// large for the local task; "[slowstart]" makes it say nothing for 1.5 s after taking the message;
+// large for the local task; "[slowstart]" ("[slowstart <ms>]") makes it say nothing for 1.5 s (ms)
+// after taking the message;
 // a follow-up turn says which turn it is.
 class RemoteExecutor implements AgentExecutor {
   readonly received: { taskId: string; text: string; continued: boolean }[] = [];
@@ -31,7 +32,8 @@ class RemoteExecutor implements AgentExecutor {
     const { taskId, contextId, userMessage, task } = rc;
     const text = textOf(userMessage);
     this.received.push({ taskId, text, continued: !!task });
-    if (text.includes('[slowstart]')) await new Promise((resolve) => setTimeout(resolve, 1500));
+    const slow = /\[slowstart(?: (\d+))?\]/.exec(text);
+    if (slow) await new Promise((resolve) => setTimeout(resolve, Number(slow[1] ?? 1500)));
     if (text.includes('[direct]')) {
       // A plain message instead of a task: the remote's whole answer.
       bus.publish({ kind: 'message', role: 'agent', messageId: randomUUID(), contextId, parts: [{ kind: 'text', text: `Direct answer to ${text}` }] });
@@ -371,8 +373,8 @@ describe('remote A2A agent: a worker stopped before the remote named its task', 
 
   // The remote says nothing for 1.5 s after taking the message ([slowstart]), well past the 300 ms
   // grace period, then reports at once what it did; the worker is stopped meanwhile.
-  const stopWorkerDuring = async (text: string) => {
-    const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id;
+  const stopWorkerDuring = async (text: string, send = async () => (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id as string) => {
+    const id = await send();
     const started = await waitFor(async () => executor.received.find((r) => r.text === text), 'the remote to take the message');
     const worker = stack.workers.shift()!;
     const exited = worker.kill('SIGTERM');
@@ -409,5 +411,24 @@ describe('remote A2A agent: a worker stopped before the remote named its task', 
     assert.deepEqual(waiting.status_message.parts, [{ type: 'text-part', text: 'Which colour?' }]);
     assert.equal(executor.received.filter((r) => r.text === text).length, 1, 'the message was sent once');
     assert.deepEqual(await agentTexts(id), [`thinking about ${text}`, 'Which colour?']);
+  });
+
+  it('follows a later turn handed back before the remote took it up, past the question it answers, to its end', async () => {
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('second turn [ask]') })).body.task.id;
+    await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'input-required', 'the question');
+    // The remote still shows its question for 4 s after taking the answer: the next worker finds it so.
+    const answer = 'green [slowstart 4000]';
+    await stopWorkerDuring(answer, async () => {
+      assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage(answer))).status, 201);
+      return id;
+    });
+    const done = await waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${id}`);
+      return r.body.task.status !== 'working' && r.body;
+    }, 'the second turn to end', 20000);
+    assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+    assert.equal(done.status_message.parts[0].text, `Remote turn 2: ${answer}`);
+    assert.equal(executor.received.filter((r) => r.text === answer).length, 1, 'the answer was sent once');
+    assert.deepEqual(await agentTexts(id), ['thinking about second turn [ask]', 'Which colour?', `thinking about ${answer}`, `Remote turn 2: ${answer}`]);
   });
 });

@@ -36,7 +36,7 @@ const FINAL_STATES: Partial<Record<A2AState, NonNullable<AgentResult['status']>>
   'auth-required': 'auth-required',
 };
 const INTERRUPTED = { 'input-required': true, 'auth-required': true };
-// How much of a remote task's history a later turn reads to know what was mirrored already.
+// How much of a remote task's history a run reads: what was mirrored already, and what is new.
 const SEEN_HISTORY = 1000;
 const POLL_MIN_MS = 100;
 const POLL_MAX_MS = 2000;
@@ -147,7 +147,8 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], db, log }: RemoteAge
       if (!mirror.remoteTaskId) throw new Error('the remote agent answered without a message or a task');
       for (let wait = POLL_MIN_MS; ; wait = Math.min(wait * 2, POLL_MAX_MS)) {
         await sleep(wait, undefined, { signal: link.signal });
-        const done = await mirror.apply(await remote.getTask({ id: mirror.remoteTaskId }, { signal: link.signal }));
+        // With its history: messages the remote added and moved past between two polls are mirrored too.
+        const done = await mirror.apply(await remote.getTask({ id: mirror.remoteTaskId, historyLength: SEEN_HISTORY }, { signal: link.signal }));
         if (done) return done;
       }
     } catch (err) {
@@ -270,10 +271,16 @@ class Mirror {
     const at = history.findIndex((m) => m.messageId === this.ctx.message.id);
     if (at < 0) return this.seen(task);
     for (const m of history.slice(0, at + 1)) this.seenMessages.add(m.messageId);
+    // Still showing the question this run's message answers (asked before it): not taken up yet.
+    const asked = task.status.message ? history.findIndex((m) => m.messageId === task.status.message!.messageId) : -1;
+    if (task.status.state in INTERRUPTED && asked >= 0 && asked < at) this.answering = task.status;
     const since = this.ctx.history.findIndex((m) => m.id === this.ctx.message.id);
     const local: Message[] = this.ctx.history.slice(since + 1).filter((m) => m.role === 'agent');
-    const theirs = history.slice(at + 1).filter((m) => m.messageId !== task.status.message?.messageId);
-    for (const m of task.status.message ? [...theirs, task.status.message] : theirs) {
+    const status = task.status.message;
+    const theirs = history.slice(at + 1).filter((m) => m.role === 'agent' && m.messageId !== status?.messageId);
+    // The status message is this turn's unless the remote's history has it before this run's message.
+    if (status && (asked < 0 || asked > at)) theirs.push(status);
+    for (const m of theirs) {
       const copy = local.findIndex((l) => sameContent(l.parts, partsOf(m.parts)));
       if (copy < 0) continue;
       local.splice(copy, 1);
@@ -281,7 +288,8 @@ class Mirror {
     }
     const stored = artifactsFromTimeline(await listArtifactItems(this.db, this.ctx.task.id));
     for (const a of task.artifacts ?? []) {
-      if (stored.some((s) => s.artifactId === a.artifactId && sameContent(s, a))) this.seenArtifacts.set(a.artifactId, JSON.stringify(a));
+      // Parts only: the other fields of an artifact sent in chunks are merged differently here.
+      if (stored.some((s) => s.artifactId === a.artifactId && sameContent(s.parts, a.parts))) this.seenArtifacts.set(a.artifactId, JSON.stringify(a));
     }
   }
 
