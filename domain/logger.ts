@@ -22,15 +22,27 @@ export function createLogger(level: string, name: string, opts: { buffered?: boo
   const dest = pino.destination({ dest: 1, sync: false, maxLength: LOG_BUFFER_MAX_BYTES });
   const log = pino(options, dest);
   let dropped = 0;
+  let reporting = false;
+  let reportLost = false;
   let report: NodeJS.Timeout | undefined;
+  // The report goes through the same buffer, and may not fit either (a drop is told at once): then
+  // the count stands and the report is tried again later.
+  const sendReport = () => {
+    report = undefined;
+    reporting = true;
+    reportLost = false;
+    log.warn({ lines: dropped, buffer_max_bytes: LOG_BUFFER_MAX_BYTES }, 'log lines dropped: stdout is not being read fast enough');
+    reporting = false;
+    if (reportLost) report = setTimeout(sendReport, DROP_REPORT_MS).unref();
+    else dropped = 0;
+  };
   dest.on('drop', () => {
+    if (reporting) {
+      reportLost = true;
+      return;
+    }
     dropped++;
-    report ??= setTimeout(() => {
-      report = undefined;
-      const lines = dropped;
-      dropped = 0;
-      log.warn({ lines, buffer_max_bytes: LOG_BUFFER_MAX_BYTES }, 'log lines dropped: stdout is not being read fast enough');
-    }, DROP_REPORT_MS).unref();
+    report ??= setTimeout(sendReport, DROP_REPORT_MS).unref();
   });
   return log;
 }
