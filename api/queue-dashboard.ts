@@ -23,19 +23,22 @@ function basicPassword(header: string): string | undefined {
 // A browser sends its cached basic credentials with requests that pages of other sites make it send
 // (a form post, a no-cors fetch): a change (add, retry, clean, pause) must come from a page of the
 // dashboard's own origin, and never as a form, which needs no permission to be posted from elsewhere.
-function sentFromElsewhere(ctx: Context): boolean {
+// Its origin is the browser's word (Sec-Fetch-Site), else the Host it was sent to or PUBLIC_URL's
+// (a proxy may rewrite Host).
+function sentFromElsewhere(ctx: Context, publicHost: string): boolean {
   if (['GET', 'HEAD', 'OPTIONS'].includes(ctx.method)) return false;
+  if (ctx.is('urlencoded', 'multipart', 'text/plain')) return true;
   const site = ctx.get('Sec-Fetch-Site');
-  if (site && site !== 'same-origin' && site !== 'none') return true;
+  if (site === 'same-origin') return false;
+  if (site && site !== 'none') return true;
   const origin = ctx.get('Origin');
-  if (origin) {
-    try {
-      if (new URL(origin).host !== ctx.host) return true;
-    } catch {
-      return true;
-    }
+  if (!origin) return false;
+  try {
+    const host = new URL(origin).host;
+    return host !== ctx.host && host !== publicHost;
+  } catch {
+    return true;
   }
-  return !!ctx.is('urlencoded', 'multipart', 'text/plain');
 }
 
 export function queueDashboard(services: Services): Middleware {
@@ -43,6 +46,7 @@ export function queueDashboard(services: Services): Middleware {
   adapter.setBasePath(DASHBOARD_PATH);
   createBullBoard({ queues: Object.values(services.queues).map((q) => new BullMQAdapter(q)), serverAdapter: adapter });
   const board = adapter.registerPlugin() as unknown as Middleware;
+  const publicHost = new URL(services.cfg.PUBLIC_URL).host;
   return async (ctx, next) => {
     if (ctx.path !== DASHBOARD_PATH && !ctx.path.startsWith(`${DASHBOARD_PATH}/`)) return next();
     const password = basicPassword(ctx.get('Authorization'));
@@ -51,7 +55,7 @@ export function queueDashboard(services: Services): Middleware {
     if (!principal) {
       throw new Unauthenticated('The queue dashboard needs an admin API key as the basic-auth password', 'Basic realm="taskbridge queues", charset="UTF-8"');
     }
-    if (sentFromElsewhere(ctx)) {
+    if (sentFromElsewhere(ctx, publicHost)) {
       throw new AppError(403, 'forbidden', 'The queue dashboard takes changes only from its own pages (same origin, JSON or no body)');
     }
     await board(ctx, next);

@@ -1,13 +1,14 @@
 import assert from 'node:assert/strict';
 import { ADMIN_KEY, resetDb, startStack, type Stack } from './helpers/stack.ts';
 
+const PUBLIC_URL = 'https://taskbridge.example';
 const basic = (password: string) => `Basic ${Buffer.from(`ops:${password}`).toString('base64')}`;
 
 describe('queue dashboard at /admin/queues', () => {
   let stack: Stack;
   before(async () => {
     await resetDb();
-    stack = await startStack({}, { workers: 0 });
+    stack = await startStack({ PUBLIC_URL }, { workers: 0 });
   });
   after(async () => stack?.stop());
 
@@ -54,6 +55,12 @@ describe('queue dashboard at /admin/queues', () => {
     const ok = await fetch(add, { method: 'POST', headers: { ...auth, 'content-type': 'application/json', origin: stack.api.url, 'sec-fetch-site': 'same-origin' }, body: '{"name":"refresh","data":{"credential_id":"00000000-0000-4000-8000-000000000000"}}' });
     assert.equal(ok.status, 200, await ok.clone().text());
     assert.equal(await waiting(), before + 1);
+    // Behind a proxy that rewrites Host: the browser's Sec-Fetch-Site, or an Origin of PUBLIC_URL, says it is the dashboard's own page.
+    const job = '{"name":"refresh","data":{"credential_id":"00000000-0000-4000-8000-000000000001"}}';
+    const proxied = { ...auth, 'content-type': 'application/json', host: 'internal-name:3000' };
+    assert.equal((await fetch(add, { method: 'POST', headers: { ...proxied, origin: 'https://queues.example', 'sec-fetch-site': 'same-origin' }, body: job })).status, 200);
+    assert.equal((await fetch(add, { method: 'POST', headers: { ...proxied, origin: PUBLIC_URL }, body: job })).status, 200);
+    assert.equal(await waiting(), before + 3);
   });
 
   it('answers 400 to a dashboard request whose JSON does not parse', async () => {
