@@ -11,7 +11,7 @@ const openStreams = new Map<string, Set<AbortController>>();
 // has its body within the server's request timeout (Node's default: 5 minutes), so a revocation
 // is remembered for twice that: older ones are dropped when the next revocation comes.
 const revoked = new Map<string, number>();
-const REVOKED_KEPT_MS = 10 * 60_000;
+export const REVOKED_KEPT_MS = 10 * 60_000;
 
 export interface HeldStream {
   /** Aborts when the key is revoked. */

@@ -29,6 +29,12 @@ export async function activeIds(db: Tx, ids: string[]): Promise<Set<string>> {
   return new Set(rows.map((r) => r.id));
 }
 
+/** Ids of keys revoked within the last `ms` (by the database's clock). */
+export async function revokedWithin(db: Tx, ms: number): Promise<string[]> {
+  const rows: { id: string }[] = await db('api_keys').select('id').whereRaw('revoked_at > now() - make_interval(secs => ?)', [ms / 1000]);
+  return rows.map((r) => r.id);
+}
+
 export async function touchLastUsed(db: Tx, id: string): Promise<void> {
   await db('api_keys').where({ id }).update({ last_used_at: db.fn.now() });
 }

@@ -1,9 +1,9 @@
 import type { Middleware } from 'koa';
 import { Forbidden, Unauthenticated } from '../../domain/errors.ts';
 import { hasScope, resolveApiKey, type Principal, type Scope } from '../../domain/api-keys.ts';
-import { activeIds, touchLastUsed } from '../../db/api-keys.ts';
+import { activeIds, revokedWithin, touchLastUsed } from '../../db/api-keys.ts';
 import type { Services } from '../../domain/services.ts';
-import { endStreamsOf, streamHolders } from '../a2a-stream-quota.ts';
+import { endStreamsOf, REVOKED_KEPT_MS, streamHolders } from '../a2a-stream-quota.ts';
 
 export type { Principal, Scope };
 
@@ -29,10 +29,12 @@ export function forgetApiKey(id: string): void {
 }
 
 // The revocation notices that came while the listener was away are lost: every cached key is looked
-// up again, and the streams of keys revoked or deleted meanwhile end.
+// up again, and what a notice does is done for the keys revoked lately (a request authenticated
+// before may still open a stream) and for stream holders whose key is gone.
 export async function catchUpOnRevocations(services: Services): Promise<void> {
   revocations++;
   cache.clear();
+  for (const id of await revokedWithin(services.db, REVOKED_KEPT_MS)) forgetApiKey(id);
   const holders = streamHolders().filter((id) => !id.startsWith('env:'));
   if (!holders.length) return;
   const active = await activeIds(services.db, holders);
