@@ -264,12 +264,11 @@ class Mirror {
    * For a retry of this turn: marks as mirrored what of the remote task the local task has, by
    * content (the local copies have ids of their own): the remote's history up to this run's message,
    * the agent messages since that match the local task's since, and artifacts stored as they are.
-   * Without the remote's history to place this turn in, everything it shows counts as mirrored.
+   * A remote that keeps no history shows its status message and artifacts only: those are matched.
    */
   async resume(task: A2ATask): Promise<void> {
     const history = task.history ?? [];
     const at = history.findIndex((m) => m.messageId === this.ctx.message.id);
-    if (at < 0) return this.seen(task);
     for (const m of history.slice(0, at + 1)) this.seenMessages.add(m.messageId);
     // Still showing the question this run's message answers (asked before it): not taken up yet.
     const asked = task.status.message ? history.findIndex((m) => m.messageId === task.status.message!.messageId) : -1;
