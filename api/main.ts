@@ -8,6 +8,7 @@ import { allRoutes, createApp } from './app.ts';
 import { answerClientErrors } from './client-errors.ts';
 import { API_KEY_REVOKED, catchUpOnRevocations, forgetApiKey } from './middleware/auth.ts';
 import { listenPg } from '../db/pg-listener.ts';
+import { onStop } from '../domain/stop-signals.ts';
 
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'api');
@@ -56,5 +57,4 @@ async function shutdown(signal: string) {
   await services.close();
   process.exit(0);
 }
-process.on('SIGTERM', () => void shutdown('SIGTERM'));
-process.on('SIGINT', () => void shutdown('SIGINT'));
+onStop((why) => void shutdown(why));

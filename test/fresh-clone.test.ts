@@ -194,4 +194,35 @@ describe('fresh clone: npm ci && npm start', function () {
     assert.equal((await client.as(key).get(`/api/task/v1/${taskId}`)).status, 200);
     await stopAndCheck(s, procs);
   });
+
+  it('npm start killed with SIGKILL: its API and worker stop by themselves; a second npm start meanwhile is refused, and the next one stops the servers it left and comes up', async () => {
+    const { s, procs } = await startAndWait(await freePort());
+    const of = (re: RegExp) => [...procs].filter(([, [, cmd]]) => re.test(cmd));
+    const [launcher] = of(/scripts\/start\.ts/);
+    assert.ok(launcher, [...procs.values()].map(([, cmd]) => cmd).join('\n'));
+
+    // While it runs, another npm start on the same DATA_DIR is refused, and stops nothing.
+    const second = npmStart(repo, { ...env, PORT: String(await freePort()), DATA_DIR: dataDir });
+    running.push(second);
+    assert.equal(await second.exited, 1, diag(second));
+    assert.ok(second.output.some((l) => l.includes(`another npm start (pid ${launcher[0]}) is running on ${dataDir}`)), diag(second));
+    assert.ok([...procs].every(([pid, [start]]) => stillRunning(pid, start)), 'the refused start stopped something');
+
+    process.kill(launcher[0], 'SIGKILL');
+    await s.exited;
+    const apps = [...of(/api\/main\.ts/), ...of(/workers\/main\.ts/)];
+    assert.equal(apps.length, 2);
+    await waitFor(async () => apps.every(([pid, [start]]) => !stillRunning(pid, start)), 'the API and worker to stop without their launcher', 60_000, 200);
+    const servers = [...of(/bin\/postgres -D/), ...of(/redis-server/)];
+    assert.equal(servers.length, 2, [...procs.values()].map(([, cmd]) => cmd).join('\n'));
+    assert.ok(servers.every(([pid, [start]]) => stillRunning(pid, start)), 'Postgres and Redis outlive a launcher killed with SIGKILL');
+
+    const next = await startAndWait(await freePort());
+    for (const what of ['Postgres', 'Redis']) {
+      assert.ok(next.s.output.some((l) => l.includes(`stopping the ${what} (pid`) && l.includes('an earlier npm start on this DATA_DIR left running')), diag(next.s));
+    }
+    assert.ok(servers.every(([pid, [start]]) => !stillRunning(pid, start)));
+    assert.equal((await next.client.get(`/api/task/v1/${taskId}`)).body.task.status, 'completed');
+    await stopAndCheck(next.s, next.procs);
+  });
 });

@@ -19,6 +19,7 @@ import { AgentConfigError, resolveAgent } from './agents/resolve-agent.ts';
 import { recordJobMetrics } from './record-job-metrics.ts';
 import { WorkerMetrics } from '../queues/worker-metrics.ts';
 import { queueConcurrency, type JobPayloads } from '../queues/names.ts';
+import { onStop } from '../domain/stop-signals.ts';
 
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'worker');
@@ -124,5 +125,4 @@ async function shutdown(signal: string) {
   await services.close();
   process.exit(0);
 }
-process.on('SIGTERM', () => void shutdown('SIGTERM'));
-process.on('SIGINT', () => void shutdown('SIGINT'));
+onStop((why) => void shutdown(why));
