@@ -116,11 +116,21 @@ function readEnv<S extends TObject>(schema: S, env: NodeJS.ProcessEnv): Static<S
     const value = env[key];
     if (value !== undefined && value !== '') raw[key] = value;
   }
-  const lines = check(raw) ? [] : (check.errors ?? []).map((e) => {
-    const name = e.instancePath.replace(/^\//, '') || (e.params as { missingProperty?: string }).missingProperty || '(config)';
+  // Numbers in decimal digits only: coercion alone would read 0x12A7 or 4.72e3 as a port.
+  const notDecimal = new Map<string, string>();
+  for (const [key, value] of Object.entries(raw)) {
+    const type = (schema.properties[key] as { type?: string }).type;
+    if (type === 'integer' && !/^-?\d+$/.test(String(value))) notDecimal.set(key, 'must be a whole number in decimal digits');
+    if (type === 'number' && !/^-?\d+(\.\d+)?$/.test(String(value))) notDecimal.set(key, 'must be a number in decimal digits');
+  }
+  const lines = [...notDecimal].map(([key, why]) => `  ${key}: ${why}`);
+  if (!check(raw)) lines.push(...(check.errors ?? []).filter((e) => !notDecimal.has(e.instancePath.replace(/^\//, ''))).map((e) => {
+    const missing = (e.params as { missingProperty?: string }).missingProperty;
+    const name = e.instancePath.replace(/^\//, '') || missing || '(config)';
     const allowed = (e.params as { allowedValues?: unknown[] }).allowedValues;
-    return `  ${name}: ${allowed ? `must be one of ${allowed.join(', ')}` : e.message}`;
-  });
+    const why = allowed ? `must be one of ${allowed.join(', ')}` : missing ? 'is required' : e.keyword === 'type' && (e.params as { type?: string }).type === 'boolean' ? 'must be true or false' : e.message;
+    return `  ${name}: ${why}`;
+  }));
   lines.push(...serviceUrlProblems(raw));
   if (lines.length) throw new ConfigError(`Invalid configuration:\n${[...new Set(lines)].join('\n')}`);
   return raw as Static<S>;
@@ -194,7 +204,7 @@ function orExit<T>(load: () => T): T {
   }
 }
 
-export const loadConfigOrExit = (): Config => orExit(() => loadConfig());
+export const loadConfigOrExit = (env: NodeJS.ProcessEnv = process.env): Config => orExit(() => loadConfig(env));
 
 // What the schema migration (Procfile `release`) and the CLI read: they need Postgres only.
 const DatabaseConfigSchema = Type.Pick(ConfigSchema, ['DATABASE_URL', 'LOG_LEVEL']);

@@ -6,7 +6,7 @@ import { fileURLToPath } from 'node:url';
 import fs from 'node:fs';
 import { runningProgram, startPostgres, startRedis, stopLeftovers, type LocalService } from './local-services.ts';
 import { redactUrl } from '../domain/logger.ts';
-import { configDefault } from '../domain/config.ts';
+import { configDefault, loadConfigOrExit } from '../domain/config.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const dataDir = path.resolve(process.env.DATA_DIR || '.data');
@@ -17,6 +17,8 @@ process.stderr.on('error', () => undefined);
 // (its launcher was killed) stops the servers that launcher left running.
 const launcherPidFile = path.join(dataDir, 'npm-start.pid');
 const env: NodeJS.ProcessEnv = { ...process.env, DATA_DIR: dataDir };
+// A bad setting is said (exit 2) before any server starts; the local servers' URLs are not known yet.
+loadConfigOrExit({ ...env, DATABASE_URL: env.DATABASE_URL || 'postgres://localhost/taskbridge', REDIS_URL: env.REDIS_URL || 'redis://localhost' });
 const services: LocalService[] = [];
 const children: ChildProcess[] = [];
 let stopping = false;

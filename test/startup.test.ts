@@ -30,14 +30,30 @@ describe('process start-up', function () {
   this.timeout(60_000);
 
   it('refuses a bad configuration with exit code 2, naming each variable and, for a choice, the allowed values', async () => {
-    const r = await run('api/main.ts', testEnv({ LOG_LEVEL: 'verbose', AGENT_KIND: 'robot', PORT: 'abc', STARTUP_TIMEOUT_MS: '-1', TASK_RETENTION_DAYS: '0.5' }));
+    const r = await run('api/main.ts', testEnv({
+      LOG_LEVEL: 'verbose', AGENT_KIND: 'robot', PORT: 'abc', STARTUP_TIMEOUT_MS: '-1', TASK_RETENTION_DAYS: '0.5',
+      BODY_LIMIT_BYTES: '1e6', API_SHUTDOWN_GRACE_MS: '0x10', A2A_STREAMING: 'yes', DATABASE_URL: undefined,
+    }));
     assert.equal(r.code, 2);
     assert.match(r.output, /^Invalid configuration:$/m);
     assert.match(r.output, /^ {2}LOG_LEVEL: must be one of fatal, error, warn, info, debug, trace, silent$/m);
     assert.match(r.output, /^ {2}AGENT_KIND: must be one of demo, module, remote$/m);
-    assert.match(r.output, /^ {2}PORT: must be integer$/m);
     assert.match(r.output, /^ {2}STARTUP_TIMEOUT_MS: must be >= 0$/m);
-    assert.match(r.output, /^ {2}TASK_RETENTION_DAYS: must be integer$/m);
+    // Numbers in decimal digits only (a port of 0x12A7 or 4.72e3 would otherwise be read as one).
+    for (const name of ['PORT', 'TASK_RETENTION_DAYS', 'BODY_LIMIT_BYTES', 'API_SHUTDOWN_GRACE_MS']) {
+      assert.match(r.output, new RegExp(`^ {2}${name}: must be a whole number in decimal digits$`, 'm'));
+    }
+    assert.match(r.output, /^ {2}A2A_STREAMING: must be true or false$/m);
+    assert.match(r.output, /^ {2}DATABASE_URL: is required$/m);
+    noStack(r);
+  });
+
+  it('npm start refuses a bad configuration (exit 2) before it starts any server', async () => {
+    const dataDir = fs.mkdtempSync(path.join(process.env.TEST_DATA_DIR!, 'start-bad-config-'));
+    const r = await run('scripts/start.ts', { ...testEnv({ PORT: '0x12A7', DATABASE_URL: undefined, REDIS_URL: undefined }), DATA_DIR: dataDir });
+    assert.equal(r.code, 2, r.output);
+    assert.match(r.output, /^ {2}PORT: must be a whole number in decimal digits$/m);
+    assert.deepEqual(fs.readdirSync(dataDir), [], 'nothing started under DATA_DIR');
     noStack(r);
   });
 
