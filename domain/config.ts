@@ -222,10 +222,12 @@ function maskUrlCredentials(value: string): string {
   }
 }
 
-// What /_internal/v1/runtime_config may show: nothing that grants access. Other URL settings may
-// carry credentials too (user info, a key as a parameter): those parts are masked.
+// What /_internal/v1/runtime_config may show: nothing that grants access. URL settings may carry
+// credentials (user info, a key as a parameter): those parts are masked, and always in the service
+// URLs, which show where the process connects.
 export function publicConfig(cfg: Config): Record<string, unknown> {
-  const hidden = new Set(['ADMIN_API_KEY', 'DATABASE_URL', 'REDIS_URL', 'AGENT_REMOTE_API_KEY']);
-  const shown = (v: unknown) => (typeof v === 'string' ? v.split(',').map(maskUrlCredentials).join(',') : v);
-  return Object.fromEntries(Object.entries(cfg).filter(([k]) => !hidden.has(k)).map(([k, v]) => [k, shown(v)]));
+  const hidden = new Set(['ADMIN_API_KEY', 'AGENT_REMOTE_API_KEY']);
+  const serviceUrls = new Set(['DATABASE_URL', 'REDIS_URL']);
+  const shown = (k: string, v: unknown) => (typeof v !== 'string' ? v : serviceUrls.has(k) ? redactUrl(v, { strict: true }) : v.split(',').map(maskUrlCredentials).join(','));
+  return Object.fromEntries(Object.entries(cfg).filter(([k]) => !hidden.has(k)).map(([k, v]) => [k, shown(k, v)]));
 }

@@ -9,7 +9,7 @@ import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
-import { ROOT, resetDb, startStack, startWorker, testDb, testEnv, waitFor, type Stack } from './helpers/stack.ts';
+import { ROOT, resetDb, startStack, startWorker, testDb, testEnv, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }] });
@@ -233,5 +233,24 @@ describe('agent modules', () => {
   it('a worker refuses to start with a module that exports no handler', async () => {
     const env = testEnv({ AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/no-handler-agent.ts') });
     await assert.rejects(startWorker(env), /exports no handler function/);
+  });
+});
+
+describe("the README's smallest agent module", () => {
+  let stack: Stack;
+  before(async () => {
+    await resetDb();
+    // Relative, as the README shows it: resolved from the working directory (the repository's root).
+    stack = await startStack({ AGENT_KIND: 'module', AGENT_MODULE: './test/fixtures/echo-agent.mjs' });
+  });
+  after(async () => stack?.stop());
+
+  it('completes a task with its answer', async () => {
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('hi there') })).body.task.id;
+    const done = await waitFor(async () => {
+      const t = (await stack.client.get(`/api/task/v1/${id}`)).body;
+      return t.task.status === 'completed' && t;
+    }, 'the task to complete');
+    assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'You said: hi there' }]);
   });
 });

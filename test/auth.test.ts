@@ -114,7 +114,7 @@ describe('authentication and scopes', () => {
     assert.deepEqual((await anon.get('/_internal/v1/health')).body, { status: 'ok' });
   });
 
-  it('runtime_config (scope internal) shows the configuration and each queue\'s concurrency, without the admin key or service URLs', async () => {
+  it('runtime_config (scope internal) shows the configuration and each queue\'s concurrency, without the admin key or credentials in URLs', async () => {
     const r = await admin.get('/_internal/v1/runtime_config');
     assert.equal(r.status, 200);
     assert.equal(r.body.config.BODY_LIMIT_BYTES, 1024 * 1024);
@@ -122,7 +122,10 @@ describe('authentication and scopes', () => {
       { name: 'agent-tasks', concurrency: 200 }, { name: 'key-jobs', concurrency: 2 },
       { name: 'credential-refresh', concurrency: 5 }, { name: 'push-notifications', concurrency: 10 },
     ]);
-    for (const secret of [ADMIN_KEY, stack.env.DATABASE_URL, stack.env.REDIS_URL, URL_USER, URL_PASSWORD, URL_PARAM]) assert.ok(!r.text.includes(secret), 'a secret in runtime_config');
+    for (const secret of [ADMIN_KEY, URL_USER, URL_PASSWORD, URL_PARAM]) assert.ok(!r.text.includes(secret), 'a secret in runtime_config');
+    // Where the process connects, without the user.
+    assert.equal(r.body.config.DATABASE_URL, stack.env.DATABASE_URL.replace('postgres://postgres@', 'postgres://***@'));
+    assert.equal(r.body.config.REDIS_URL, stack.env.REDIS_URL);
     // Credentials in other URL settings are masked; the rest of the URL shows.
     assert.equal(r.body.config.STRIPE_API_BASE_URL, 'https://***:***@api.stripe.example/v1?key=***');
     assert.equal(r.body.config.AGENT_REMOTE_KEY_ORIGINS, 'https://a.example,https://b.example:8443');
