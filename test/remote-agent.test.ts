@@ -338,6 +338,8 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
       remote.refused.length = 0;
       const done = await outcome(stack, 'who gets the key?');
       assert.equal(done.task.status, 'failed');
+      // The failure says why, naming the origin (the key itself never).
+      assert.match(done.status_message.parts[0].text, new RegExp(`AGENT_REMOTE_API_KEY was withheld from ${remote.endpointOrigin.replace(/[.]/g, '\\.')}`));
       // The card was read with the key (AGENT_REMOTE_URL's origin); the endpoint got none.
       assert.ok(remote.refused.length > 0 && remote.refused.every((r) => r === 'POST /agents/echo/rpc'), remote.refused.join(', '));
       const logs = stack.workers.flatMap((w) => w.logs).join('\n');

@@ -66,9 +66,10 @@ function cardLocation(url: string): [string, string | undefined] {
 // The key goes only to the origins trusted with it: AGENT_REMOTE_URL's, and AGENT_REMOTE_KEY_ORIGINS.
 // A card is the remote's own word on where its endpoint is; without this, a card pointing elsewhere
 // would hand the key to whoever it names.
-function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>, log: Logger): ClientFactory {
+// `withheld` collects the origins the key was kept from.
+function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>, log: Logger, withheld: Set<string>): ClientFactory {
   if (!apiKey) return new ClientFactory();
-  const warned = new Set<string>();
+  const warned = withheld;
   const fetchImpl: typeof fetch = (input, init) => {
     const target = new URL(input instanceof Request ? input.url : input);
     const headers = new Headers(init?.headers);
@@ -98,9 +99,14 @@ export interface RemoteAgentOptions {
 export function remoteAgent({ url, apiKey, keyOrigins = [], db, log }: RemoteAgentOptions): Agent {
   const [base, cardPath] = cardLocation(url);
   const trusted = new Set([new URL(url).origin, ...keyOrigins]);
+  const withheld = new Set<string>();
+  // A refusal by an endpoint the key was kept from says why: the failure reason is all a client sees.
+  const explained = (err: unknown) => (withheld.size && err instanceof Error && !refusedByRuntime(err) && /\b40[13]\b/.test(err.message)
+    ? new Error(`${err.message} (AGENT_REMOTE_API_KEY was withheld from ${[...withheld].join(', ')}: neither AGENT_REMOTE_URL's origin nor in AGENT_REMOTE_KEY_ORIGINS)`)
+    : err);
   let client: Promise<Client> | undefined;
   const connect = () => {
-    client ??= clientFactory(apiKey, trusted, log).createFromUrl(base, cardPath).catch((err: Error) => {
+    client ??= clientFactory(apiKey, trusted, log, withheld).createFromUrl(base, cardPath).catch((err: Error) => {
       client = undefined;
       throw new Error(`the remote agent card at ${url} could not be read: ${err.message}`);
     });
@@ -161,7 +167,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], db, log }: RemoteAge
       if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled')) {
         await forgetRemoteAgentTask(db, ctx.task.id).catch(() => undefined);
       }
-      throw err;
+      throw explained(err);
     } finally {
       ctx.signal.removeEventListener('abort', onAbort);
       // Closes a stream the run left before its end (the SDK's reader only lets go of it).
