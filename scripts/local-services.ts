@@ -165,13 +165,9 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
   }
   // A crashed earlier run can leave a stale pid file behind.
   const pidFile = path.join(dir, 'postmaster.pid');
-  if (fs.existsSync(pidFile)) {
-    const pid = Number(fs.readFileSync(pidFile, 'utf8').split('\n')[0]);
-    let alive = false;
-    try { process.kill(pid, 0); alive = true; } catch { /* not running */ }
-    if (alive) throw new Error(`Postgres is already running on ${dir} (pid ${pid}); is another instance using this DATA_DIR?`);
-    fs.rmSync(pidFile);
-  }
+  const running = runningFrom(pidFile, /postgres/);
+  if (running !== undefined) throw new Error(`Postgres is already running on ${dir} (pid ${running}); is another instance using this DATA_DIR?`);
+  fs.rmSync(pidFile, { force: true });
   const port = opts.port ?? await freePort();
   const settings = ['-c', 'listen_addresses=127.0.0.1', '-c', `unix_socket_directories=${dir}`, '-c', 'max_connections=200'];
   if (opts.ephemeral) settings.push('-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off');

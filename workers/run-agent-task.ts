@@ -15,6 +15,7 @@ import { failRun } from './fail-run.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 import { readSecretValue } from '../domain/secrets.ts';
 import { invokeFunction } from '../domain/bridge/functions.ts';
+import { withTimeout } from '../domain/with-timeout.ts';
 
 const HISTORY = 200;
 // How long agent runs pause, on every worker, once one meets Postgres or Redis unavailable.
@@ -37,13 +38,6 @@ const abortedBy = (signal: AbortSignal) => new Promise<never>((_, reject) => {
   if (signal.aborted) reject(signal.reason);
   signal.addEventListener('abort', () => reject(signal.reason), { once: true });
 });
-
-// Settles when the agent has stopped, or after SHUTDOWN_WIND_DOWN_MS if it does not.
-async function windDown(running: Promise<unknown>): Promise<void> {
-  let timer: NodeJS.Timeout | undefined;
-  await Promise.race([running.catch(() => undefined), new Promise((resolve) => { timer = setTimeout(resolve, SHUTDOWN_WIND_DOWN_MS); })]);
-  clearTimeout(timer);
-}
 
 export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry) {
   const { log } = services;
@@ -181,7 +175,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       const refused = refusals.has(err as object);
       if (!refused && controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) {
         // Handed back to the queue, once the agent has stopped, without using up an attempt: the run did not fail.
-        if (running) await windDown(running);
+        if (running) await withTimeout(running, SHUTDOWN_WIND_DOWN_MS).catch(() => undefined);
         await job.moveToWait(token);
         throw new WaitingError();
       }

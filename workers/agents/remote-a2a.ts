@@ -69,13 +69,12 @@ function cardLocation(url: string): [string, string | undefined] {
 // `withheld` collects the origins the key was kept from.
 function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>, log: Logger, withheld: Set<string>): ClientFactory {
   if (!apiKey) return new ClientFactory();
-  const warned = withheld;
   const fetchImpl: typeof fetch = (input, init) => {
     const target = new URL(input instanceof Request ? input.url : input);
     const headers = new Headers(init?.headers);
     if (trusted.has(target.origin)) headers.set('authorization', `Bearer ${apiKey}`);
-    else if (!warned.has(target.origin)) {
-      warned.add(target.origin);
+    else if (!withheld.has(target.origin)) {
+      withheld.add(target.origin);
       log.warn({ origin: target.origin }, 'AGENT_REMOTE_API_KEY withheld from a remote agent endpoint outside the trusted origins (AGENT_REMOTE_URL and AGENT_REMOTE_KEY_ORIGINS)');
     }
     return fetch(input, { ...init, headers });
