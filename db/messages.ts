@@ -4,12 +4,14 @@ import type { Message } from '../api/schemas/task.ts';
 
 export interface MessageRow extends Message { seq: number }
 
-const COLUMNS = ['id', 'client_message_id', 'seq', 'task_id', 'role', 'parts', 'reference_task_ids', 'metadata', 'created_at'];
+const COLUMNS = ['id', 'client_message_id', 'seq', 'task_id', 'role', 'parts', 'reference_task_ids', 'extensions', 'metadata', 'created_at'];
 
-// A stored message as the API shows it: client_message_id only when the sender gave one.
-export function messageFromRow<R extends { client_message_id?: string | null }>(row: R): R & { client_message_id?: string } {
-  const { client_message_id, ...rest } = row;
-  return (client_message_id == null ? rest : row) as R & { client_message_id?: string };
+// A stored message as the API shows it: client_message_id and extensions only when the sender gave them.
+export function messageFromRow<R extends { client_message_id?: string | null; extensions?: string[] | null }>(row: R): R & { client_message_id?: string; extensions?: string[] } {
+  const out = { ...row };
+  if (out.client_message_id == null) delete out.client_message_id;
+  if (out.extensions == null) delete out.extensions;
+  return out as R & { client_message_id?: string; extensions?: string[] };
 }
 const strip = ({ seq: _seq, ...m }: MessageRow) => messageFromRow(m) as Message;
 

@@ -97,18 +97,18 @@ export interface TaskBundle { task: TaskRow; message: Message; timeline: Timelin
 export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<number[][]> {
   const input = bundles.map(({ task: t, message: m, timeline }, i) => ({
     i, id: t.id, context_id: t.context_id, status: t.status, at: t.created_at, metadata: t.metadata,
-    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: contentBytes(m.parts), refs: m.reference_task_ids, m_metadata: m.metadata,
+    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: contentBytes(m.parts), refs: m.reference_task_ids, ext: m.extensions ?? null, m_metadata: m.metadata,
     tl: timeline.map((item) => ({ id: item.id, p: item.event_payload })),
   }));
   const { rows } = await pgQuery<{ seqs: (string | number)[] }>(db,
     `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb,
-                   m_id uuid, cm_id text, role text, parts jsonb, mb bigint, refs uuid[], m_metadata jsonb, tl jsonb)),
+                   m_id uuid, cm_id text, role text, parts jsonb, mb bigint, refs uuid[], ext text[], m_metadata jsonb, tl jsonb)),
       c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from b order by context_id, at
             on conflict (id) do nothing),
       t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at, run_due_message_id, message_bytes)
             select id, context_id, status, at, null, metadata, at, at, case when role = 'user' then m_id end, mb from b),
-      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, metadata, created_at)
-            select m_id, cm_id, id, role, parts, refs, m_metadata, at from b order by i),
+      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, metadata, created_at)
+            select m_id, cm_id, id, role, parts, refs, ext, m_metadata, at from b order by i),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
              select (e.item->>'id')::uuid, b.id, e.item->'p', b.at
                from b cross join lateral jsonb_array_elements(b.tl) with ordinality as e(item, n)
@@ -172,9 +172,11 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
                -- tasks from before migration 0016 are not counted yet
                and (b.max is null or t.message_bytes is null or t.message_bytes + b.mb <= b.max)
              returning t.*),
-      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, metadata, created_at)
+      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, metadata, created_at)
             select (b.msg->>'id')::uuid, b.msg->>'client_message_id', b.task_id, b.msg->>'role', b.msg->'parts',
-                   array(select jsonb_array_elements_text(b.msg->'reference_task_ids'))::uuid[], b.msg->'metadata', (b.msg->>'created_at')::timestamptz
+                   array(select jsonb_array_elements_text(b.msg->'reference_task_ids'))::uuid[],
+                   case when b.msg ? 'extensions' then array(select jsonb_array_elements_text(b.msg->'extensions')) end,
+                   b.msg->'metadata', (b.msg->>'created_at')::timestamptz
               from b join u on u.id = b.task_id where b.msg is not null order by b.i),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
              select (e.item->>'id')::uuid, b.task_id, e.item->'p', (e.item->>'c')::timestamptz
@@ -241,7 +243,7 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
            (select seq from tl where tl.task_id = s.task_id) as seq,
            s.trigger, s.answered,
            (select coalesce(json_agg(h order by h.seq), '[]') from
-              (select id, client_message_id, seq, task_id, role, parts, reference_task_ids, metadata, created_at
+              (select id, client_message_id, seq, task_id, role, parts, reference_task_ids, extensions, metadata, created_at
                  from messages where task_id = s.task_id order by seq desc limit s.lim) h) as history
       from s order by s.i`,
     [JSON.stringify(input), ids],

@@ -3,11 +3,17 @@
 import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
 import addFormats from 'ajv-formats';
 import { InvalidRequest, type FieldError } from './errors.ts';
+import { BASE64_PATTERN } from '../api/schemas/common.ts';
 
 // The one compiler of what is checked as sent (request bodies, A2A params, provider function
 // params, agent output): all errors, discriminated unions, formats; no coercion.
 const ajv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false }));
 export const compileSchema = (schema: object): ValidateFunction => ajv.compile(schema);
+
+// ajv words a failed pattern as the regular expression itself; the ones clients meet get words.
+const PATTERN_WORDS: Record<string, string> = { [BASE64_PATTERN]: 'must be base64 (standard alphabet, padded with =)' };
+export const errorText = (e: ErrorObject): string =>
+  (e.keyword === 'pattern' ? PATTERN_WORDS[(e.params as { pattern: string }).pattern] : undefined) ?? e.message ?? 'is invalid';
 
 function describe(e: ErrorObject): FieldError & { key: string } {
   const base = e.instancePath.split('/').slice(1).join('.');
@@ -24,7 +30,7 @@ function describe(e: ErrorObject): FieldError & { key: string } {
     case 'discriminator':
       return { key: join('type'), path: join('type'), message: 'must be one of text-part, data-part, file-part' };
     default:
-      return { key: `${base}:${e.keyword}`, path: base, message: e.message ?? 'is invalid' };
+      return { key: `${base}:${e.keyword}`, path: base, message: errorText(e) };
   }
 }
 

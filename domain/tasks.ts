@@ -31,7 +31,7 @@ function newMessage(taskId: string, req: CreateMessageRequest, createdAt: string
   return {
     id: randomUUID(), ...(req.client_message_id !== undefined ? { client_message_id: req.client_message_id } : {}), task_id: taskId,
     role: req.role, parts: req.parts, reference_task_ids: (req.reference_task_ids ?? []).map((r) => r.toLowerCase()),
-    metadata: req.metadata ?? {}, created_at: createdAt,
+    ...(req.extensions?.length ? { extensions: req.extensions } : {}), metadata: req.metadata ?? {}, created_at: createdAt,
   };
 }
 

@@ -92,6 +92,10 @@ describe('A2A JSON-RPC endpoint', () => {
         ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'text' }] } }, /params\.message\.parts\[0\]\.text is required/],
         ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'file', file: { name: 'a' } }] } }, /exactly one of bytes or uri/],
         ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'data', data: 'nope' }] } }, /params\.message\.parts\[0\]\.data/],
+        ['message/send', { message: userMessage('x', { extensions: [''] }) }, /params\.message\.extensions\[0\]/],
+        ['message/send', { message: userMessage('x', { extensions: 'urn:x' }) }, /params\.message\.extensions/],
+        ...['a=', 'aGk', 'aGk-_w==', 'aG=k'].map((bytes): [string, unknown, RegExp] =>
+          ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'file', file: { bytes } }] } }, /params\.message\.parts\[0\]\.file\.bytes must be base64/]),
         ['message/send', { message: userMessage('x', { role: 'agent' }) }, /params\.message\.role/],
         ['message/send', { message: userMessage('x', { contextId: 'not-a-uuid' }) }, /params\.message\.contextId/],
         ['message/send', { message: userMessage('x'), configuration: { historyLength: -1 } }, /historyLength/],
@@ -216,7 +220,7 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.deepEqual(task.history.map((m: any) => [m.kind, m.role, m.taskId, m.contextId]), [['message', 'user', task.id, task.contextId], ['message', 'agent', task.id, task.contextId]]);
     });
 
-    it('maps every part kind, metadata and referenceTaskIds one to one', async () => {
+    it('maps every part kind, metadata, referenceTaskIds and extensions one to one', async () => {
       const ref = randomUUID();
       const parts = [
         { kind: 'text', text: 'all parts', metadata: { lang: 'en' } },
@@ -224,11 +228,14 @@ describe('A2A JSON-RPC endpoint', () => {
         { kind: 'file', file: { name: 'a.txt', mimeType: 'text/plain', bytes: Buffer.from('hello').toString('base64') } },
         { kind: 'file', file: { uri: 'https://files.example.com/b.pdf', mimeType: 'application/pdf' } },
       ];
-      const sent = (await rpc('message/send', { message: userMessage('', { parts, referenceTaskIds: [ref], metadata: { source: 'test' } }), configuration: { blocking: false } })).body.result;
+      const extensions = ['https://ext.example.com/citations/v1'];
+      const sent = (await rpc('message/send', { message: userMessage('', { parts, referenceTaskIds: [ref], extensions, metadata: { source: 'test' } }), configuration: { blocking: false } })).body.result;
+      assert.deepEqual(sent.history[0].extensions, extensions);
       const got = (await rpc('tasks/get', { id: sent.id })).body.result;
       const first = got.history[0];
       assert.deepEqual(first.parts, parts);
       assert.deepEqual(first.referenceTaskIds, [ref]);
+      assert.deepEqual(first.extensions, extensions);
       assert.deepEqual(first.metadata, { source: 'test' });
       assert.deepEqual([first.kind, first.role, first.taskId, first.contextId], ['message', 'user', sent.id, sent.contextId]);
       const rest = await stack.client.get(`/api/task/v1/${sent.id}`);

@@ -104,6 +104,27 @@ describe('task API', () => {
       assert.deepEqual(carried, ['sender-1', 'sender-1']);
     });
 
+    it('keeps the extensions a message names on the message, its reads and its timeline item, however it is written', async () => {
+      const ext = ['https://ext.example.com/citations/v1', 'urn:example:trace'];
+      const { task, message } = await create({ message: { ...textMessage('with extensions'), extensions: ext } });
+      assert.deepEqual(message.extensions, ext);
+      const more = await stack.client.post(`/api/task/v1/${task.id}/message`, { ...textMessage('more'), role: 'agent', extensions: [ext[1]] });
+      assert.equal(more.status, 201, more.text);
+      const plain = await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage('none', 'agent'));
+      assert.equal(plain.status, 201, plain.text);
+      const status = await put(task.id, { status: 'canceled', message: { ...textMessage('stopped'), role: 'agent', extensions: [ext[0]] } });
+      assert.equal(status.status, 200, status.text);
+      const expected = [ext, [ext[1]], undefined, [ext[0]]];
+      const got = await stack.client.get(`/api/task/v1/${task.id}`);
+      assert.deepEqual(got.body.messages.map((m: { extensions?: string[] }) => m.extensions), expected);
+      assert.ok(!('extensions' in got.body.messages[2]), 'no extensions member unless the sender named some');
+      const timeline = await stack.client.get(`/api/task/v1/${task.id}/timeline?order=asc`);
+      assert.deepEqual(timeline.body.items.filter((i: any) => i.event_payload.type === 'message').map((i: any) => i.event_payload.message.extensions), expected);
+      for (const bad of [[''], [1], 'https://x.example', Array.from({ length: 101 }, (_, i) => `urn:x:${i}`)]) {
+        assertError(await stack.client.post('/api/task/v1', { message: { ...textMessage('x'), extensions: bad } }), 400, 'invalid_request');
+      }
+    });
+
     it('keeps concurrent creations apart (they are written together): own message, own timeline, a shared new context once', async () => {
       const shared = randomUUID();
       const bodies = Array.from({ length: 60 }, (_, i) => ({ ...(i % 3 === 0 ? { context_id: shared } : {}), message: textMessage(`concurrent ${i}`), metadata: { i } }));
@@ -135,6 +156,8 @@ describe('task API', () => {
       ['a text part without text', { message: { role: 'user', parts: [{ type: 'text-part' }] } }, 'body.message.parts.0.text'],
       ['a data part whose data is not an object', { message: { role: 'user', parts: [{ type: 'data-part', data: 'x' }] } }, 'body.message.parts.0.data'],
       ['a file part with bad base64', { message: { role: 'user', parts: [{ type: 'file-part', file: { bytes: 'not base64!' } }] } }, 'body.message.parts.0.file.bytes'],
+      ['a file part with unpadded base64', { message: { role: 'user', parts: [{ type: 'file-part', file: { bytes: 'aGk' } }] } }, 'body.message.parts.0.file.bytes'],
+      ['a file part with a lone base64 character', { message: { role: 'user', parts: [{ type: 'file-part', file: { bytes: 'a=' } }] } }, 'body.message.parts.0.file.bytes'],
       ['a file part with an empty file', { message: { role: 'user', parts: [{ type: 'file-part', file: {} }] } }, 'body.message.parts.0.file'],
       ['no parts', { message: { role: 'user', parts: [] } }, 'body.message.parts'],
       ['an unknown role', { message: { role: 'system', parts: [{ type: 'text-part', text: 'x' }] } }, 'body.message.role'],

@@ -1,5 +1,5 @@
 import { Type, type Static } from '@sinclair/typebox';
-import { Body, FreeObject, Timestamp, Uuid } from './common.ts';
+import { Base64, Body, FreeObject, Timestamp, Uuid } from './common.ts';
 import { TASK_STATES } from '../../domain/task-states.ts';
 
 const meta = { metadata: Type.Optional(FreeObject) };
@@ -8,7 +8,7 @@ export const DataPart = Type.Object({ type: Type.Literal('data-part'), data: Fre
 const FileContent = Type.Object({
   name: Type.Optional(Type.String()),
   mime_type: Type.Optional(Type.String()),
-  bytes: Type.Optional(Type.String({ contentEncoding: 'base64', pattern: '^[A-Za-z0-9+/]*={0,2}$' })),
+  bytes: Type.Optional(Base64),
   uri: Type.Optional(Type.String({ format: 'uri' })),
 }, { additionalProperties: false, oneOf: [{ required: ['bytes'] }, { required: ['uri'] }], description: 'exactly one of bytes or uri' });
 export const FilePart = Type.Object({ type: Type.Literal('file-part'), file: FileContent, ...meta }, { additionalProperties: false });
@@ -26,12 +26,15 @@ export const TaskStatus = Type.Union(TASK_STATES.map((s) => Type.Literal(s)));
 
 // The sender's own id for a message: any string (A2A messageId), echoed back, never used to look it up.
 const ClientMessageId = Type.String({ minLength: 1, maxLength: 256, description: "the sender's own id for the message (A2A messageId)" });
+// The extensions the message uses (A2A Message.extensions): their URIs, kept as sent.
+export const MessageExtensions = Type.Array(Type.String({ minLength: 1, maxLength: 2048 }), { maxItems: 100, description: 'URIs of the A2A extensions the message uses (A2A extensions)' });
 
 export const CreateMessageRequest = Body({
   role: Role,
   client_message_id: Type.Optional(ClientMessageId),
   parts: Type.Array(MessagePart, { minItems: 1, maxItems: 1000 }),
   reference_task_ids: Type.Optional(Type.Array(Uuid, { maxItems: 100 })),
+  extensions: Type.Optional(MessageExtensions),
   metadata: Type.Optional(FreeObject),
 });
 export type CreateMessageRequest = Static<typeof CreateMessageRequest>;
@@ -55,6 +58,7 @@ export const Message = Type.Object({
   role: Role,
   parts: Type.Array(MessagePart),
   reference_task_ids: Type.Array(Uuid),
+  extensions: Type.Optional(MessageExtensions),
   metadata: FreeObject,
   created_at: Timestamp,
 }, { $id: 'Message' });

@@ -48,6 +48,7 @@ export function fromA2APart(p: Part): MessagePart {
 export function toA2AMessage(m: Message, contextId: string): A2AMessage {
   const out: A2AMessage = { kind: 'message', messageId: m.client_message_id ?? m.id, role: m.role, parts: m.parts.map(toA2APart), taskId: m.task_id, contextId };
   if (m.reference_task_ids?.length) out.referenceTaskIds = m.reference_task_ids;
+  if (m.extensions?.length) out.extensions = m.extensions;
   return withMeta(out, m.metadata);
 }
 
@@ -58,6 +59,7 @@ export function fromA2AMessage(m: A2AMessage): CreateMessageRequest {
     client_message_id: m.messageId,
     parts: m.parts.map(fromA2APart),
     ...(m.referenceTaskIds?.length ? { reference_task_ids: m.referenceTaskIds } : {}),
+    ...(m.extensions?.length ? { extensions: m.extensions } : {}),
     ...(m.metadata ? { metadata: m.metadata } : {}),
   };
 }

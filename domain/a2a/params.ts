@@ -4,7 +4,9 @@
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import type { ErrorObject } from 'ajv';
 import { A2AError, JSONRPC } from './errors.ts';
-import { compileSchema } from '../schema-check.ts';
+import { compileSchema, errorText } from '../schema-check.ts';
+import { Base64 } from '../../api/schemas/common.ts';
+import { MessageExtensions } from '../../api/schemas/task.ts';
 
 const Metadata = Type.Record(Type.String(), Type.Unknown());
 const meta = { metadata: Type.Optional(Metadata) };
@@ -14,7 +16,7 @@ const DataPart = Type.Object({ kind: Type.Literal('data'), data: Metadata, ...me
 const FileBody = Type.Object({
   name: Type.Optional(Type.String()),
   mimeType: Type.Optional(Type.String()),
-  bytes: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9+/]*={0,2}$' })),
+  bytes: Type.Optional(Base64),
   uri: Type.Optional(Type.String({ format: 'uri' })),
 });
 const FilePart = Type.Object({
@@ -38,7 +40,7 @@ const Message = Type.Object({
   taskId: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
   contextId: Type.Optional(Type.String({ format: 'uuid' })),
   referenceTaskIds: Type.Optional(Type.Array(Type.String({ format: 'uuid' }), { maxItems: 100 })),
-  extensions: Type.Optional(Type.Array(Type.String())),
+  extensions: Type.Optional(MessageExtensions),
   ...meta,
 });
 
@@ -97,7 +99,7 @@ function describe(e: ErrorObject): string {
     case 'discriminator': return 'kind must be one of text, data, file';
     case 'const': return `must be ${JSON.stringify((e.params as { allowedValue: unknown }).allowedValue)}`;
     case 'oneOf': return e.instancePath.endsWith('/file') ? 'must have exactly one of bytes or uri' : 'matches none of the allowed shapes';
-    default: return e.message ?? 'is invalid';
+    default: return errorText(e);
   }
 }
 
