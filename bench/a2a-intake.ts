@@ -26,6 +26,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Queue } from 'bullmq';
 import { freePort, startPostgres, startRedis } from '../scripts/local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
+import { createRedis } from '../queues/connection.ts';
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 10);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
@@ -200,7 +201,8 @@ async function idle(target: Target): Promise<string[]> {
 
 try {
   const [apiPort, refPort] = [await freePort(), await freePort()];
-  const agentQueue = new Queue('agent-tasks', { prefix: 'bench', connection: { host: '127.0.0.1', port: redis.port, maxRetriesPerRequest: null } });
+  const queueConnection = createRedis(redis.url, 'worker');
+  const agentQueue = new Queue('agent-tasks', { prefix: 'bench', connection: queueConnection });
   const answers = (url: string) => async () => (await fetch(url)).ok;
   await Promise.all([
     spawnReady('api/main.ts', { PORT: String(apiPort) }, answers(`http://127.0.0.1:${apiPort}/_internal/v1/ready`)),
@@ -273,6 +275,7 @@ try {
   const ourIdle = await ourFigures(idleIds);
   const ourIdleQueue = await queueLatencies(agentQueue, idleIds);
   await agentQueue.close();
+  queueConnection.disconnect();
   await fetch(`${refBase}stats/reset`, { method: 'POST' });
   await idle(reference);
   const refIdle = sortNum((await referenceStats(refBase)).start_latencies_ms);

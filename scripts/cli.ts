@@ -1,8 +1,6 @@
 // `npm run cli -- keys create|list|revoke`: API key management, and `jobs list|watch`: key jobs'
 // progress (scripts/watch-job.ts), from the command line. It only needs Postgres, so it works while
 // Redis (or the whole service) is down.
-import fs from 'node:fs';
-import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { loadDatabaseConfig, ConfigError } from '../domain/config.ts';
 import { createDb } from '../db/knex.ts';
@@ -10,6 +8,7 @@ import { listActive } from '../db/api-keys.ts';
 import { AppError } from '../domain/errors.ts';
 import { createApiKey, revokeApiKey, SCOPES, type Scope } from '../domain/api-keys.ts';
 import { listJobs, watchJob } from './watch-job.ts';
+import { localPostgresUrl } from './local-services.ts';
 
 const USAGE = `Usage: npm run cli -- <command>
 
@@ -27,14 +26,6 @@ Database: DATABASE_URL, or else the local Postgres that \`npm start\` runs under
 class UsageError extends Error {}
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-
-// `npm start` runs Postgres on a free port; its pid file (line 4) names that port.
-function localDatabaseUrl(dataDir: string): string | undefined {
-  const pidFile = path.join(path.resolve(dataDir), 'postgres', 'postmaster.pid');
-  if (!fs.existsSync(pidFile)) return undefined;
-  const port = Number(fs.readFileSync(pidFile, 'utf8').split('\n')[3]);
-  return Number.isInteger(port) && port > 0 ? `postgres://postgres@127.0.0.1:${port}/taskbridge` : undefined;
-}
 
 type Args =
   | { help: true }
@@ -115,7 +106,7 @@ async function main(argv: string[]): Promise<number> {
     return 0;
   }
   const env = { ...process.env };
-  env.DATABASE_URL ||= localDatabaseUrl(env.DATA_DIR || '.data');
+  env.DATABASE_URL ||= localPostgresUrl(env.DATA_DIR || '.data');
   if (!env.DATABASE_URL) {
     console.error('Error: DATABASE_URL is not set and no local Postgres from `npm start` is running under DATA_DIR.');
     return 2;

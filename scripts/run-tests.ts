@@ -5,6 +5,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { redactUrl } from '../domain/logger.ts';
 import { startPostgres, startRedis } from './local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
 
@@ -15,7 +16,7 @@ const say = (m: string) => console.error(`[test] ${m}`);
 
 const pg = await startPostgres({ dataDir, ephemeral: true, log: say });
 const redis = await startRedis({ dataDir, ephemeral: true, log: say });
-say(`Postgres ${pg.url}, Redis ${redis.url}, data in ${dataDir}`);
+say(`Postgres ${redactUrl(pg.url)}, Redis ${redactUrl(redis.url)}, data in ${dataDir}`);
 const db = createDb(pg.url, { min: 0, max: 1 });
 await migrateLatest(db);
 await db.destroy();

@@ -91,7 +91,7 @@ startup = (async () => {
     const redis = await startRedis({ dataDir, log: say });
     services.push(redis);
     env.REDIS_URL = redis.url;
-    say(`local Redis on ${redis.url} (data in ${dataDir}/redis)`);
+    say(`local Redis on ${redactUrl(redis.url)} (data in ${dataDir}/redis)`);
   }
   if (stopping) return;
   const code = await run('migrate', 'db/migrate.ts', true);

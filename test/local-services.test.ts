@@ -1,0 +1,110 @@
+// The Postgres and Redis that `npm start` (and the test run) launch listen on loopback TCP, which
+// every local user reaches: they must ask for the password only the DATA_DIR's owner can read.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import pg from 'pg';
+import { Redis } from 'ioredis';
+import { startPostgres, startRedis } from '../scripts/local-services.ts';
+import { requireEnv } from './helpers/stack.ts';
+
+const withPassword = (url: string, password: string) => {
+  const u = new URL(url);
+  u.password = password;
+  return u.toString();
+};
+
+async function pgConnects(url: string): Promise<true | string> {
+  const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 5000 });
+  try {
+    await client.connect();
+    await client.query('select 1');
+    return true;
+  } catch (err) {
+    return String((err as { code?: string }).code ?? (err as Error).message);
+  } finally {
+    await client.end().catch(() => undefined);
+  }
+}
+
+// What Redis answers a command sent without (or with a wrong) AUTH, read off the socket as is.
+function redisReply(url: string, auth?: string): Promise<string> {
+  const { port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(Number(port), '127.0.0.1', () => socket.write(`${auth ? `AUTH ${auth}\r\n` : ''}SET local-services-test 1\r\n`));
+    let out = '';
+    socket.on('data', (b) => {
+      out += b;
+      if (out.split('\r\n').length > (auth ? 2 : 1)) {
+        socket.destroy();
+        resolve(out);
+      }
+    });
+    socket.on('error', reject);
+  });
+}
+
+async function redisAnswers(url: string): Promise<boolean> {
+  const redis = new Redis(url, { maxRetriesPerRequest: 0 });
+  try {
+    return (await redis.set('local-services-test', '1')) === 'OK';
+  } finally {
+    redis.disconnect();
+  }
+}
+
+describe('local Postgres and Redis', function () {
+  this.timeout(60_000);
+
+  it('ask for a password over TCP; the URLs they give carry it', async () => {
+    const dbUrl = requireEnv('DATABASE_URL');
+    const redisUrl = requireEnv('REDIS_URL');
+    assert.equal(await pgConnects(dbUrl), true);
+    assert.equal(await pgConnects(withPassword(dbUrl, 'guess')), '28P01', 'a wrong password is refused');
+    assert.equal(await redisAnswers(redisUrl), true);
+    assert.match(await redisReply(redisUrl), /^-NOAUTH/);
+    assert.match(await redisReply(redisUrl, 'guess'), /^-WRONGPASS.*\r\n-NOAUTH/s);
+  });
+
+  it('keep their passwords in files only the owner reads, and a cluster made without one asks for one from its next start', async () => {
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-local-services-'));
+    fs.chmodSync(dataDir, 0o755);
+    try {
+      const first = await startPostgres({ dataDir, ephemeral: true, log: () => undefined });
+      const password = new URL(first.url).password;
+      await first.stop();
+      assert.equal(fs.readFileSync(path.join(dataDir, 'postgres-password'), 'utf8'), password);
+      assert.equal(fs.statSync(path.join(dataDir, 'postgres-password')).mode & 0o777, 0o600);
+
+      // As a cluster from before passwords was: initdb --auth=trust, no password set, no file.
+      const hba = path.join(dataDir, 'postgres', 'pg_hba.conf');
+      fs.writeFileSync(hba, 'local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n');
+      fs.rmSync(path.join(dataDir, 'postgres-password'));
+      const again = await startPostgres({ dataDir, ephemeral: true, log: () => undefined });
+      try {
+        const renewed = new URL(again.url).password;
+        assert.match(renewed, /^[0-9a-f]{48}$/);
+        assert.notEqual(renewed, password);
+        assert.equal(await pgConnects(again.url), true);
+        assert.equal(await pgConnects(withPassword(again.url, password)), '28P01', 'the old password (and trust) no longer let anyone in');
+        assert.doesNotMatch(fs.readFileSync(hba, 'utf8'), /^host .* trust$/m);
+      } finally {
+        await again.stop();
+      }
+
+      const redis = await startRedis({ dataDir, ephemeral: true, log: () => undefined });
+      try {
+        assert.equal(await redisAnswers(redis.url), true);
+        assert.match(await redisReply(redis.url), /^-NOAUTH/);
+        assert.equal(fs.statSync(path.join(dataDir, 'redis')).mode & 0o777, 0o700);
+        assert.equal(fs.statSync(path.join(dataDir, 'redis-password')).mode & 0o777, 0o600);
+      } finally {
+        await redis.stop();
+      }
+    } finally {
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+});
