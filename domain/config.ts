@@ -37,6 +37,9 @@ const ConfigSchema = Type.Object({
   // AGENT_REMOTE_URL's origin or one of AGENT_REMOTE_KEY_ORIGINS (comma-separated origins).
   AGENT_REMOTE_API_KEY: Type.Optional(Type.String({ minLength: 1 })),
   AGENT_REMOTE_KEY_ORIGINS: Type.Optional(Type.String()),
+  // Whether other origins a remote agent's card names may be internal addresses (AGENT_REMOTE_URL's
+  // own origin and AGENT_REMOTE_KEY_ORIGINS may always be: the operator named them).
+  AGENT_REMOTE_ALLOW_PRIVATE: Type.Boolean({ default: false }),
   AGENT_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 3 }),
   AGENT_BACKOFF_MS: Type.Integer({ minimum: 0, default: 1000 }),
   AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 200 }),

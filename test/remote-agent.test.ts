@@ -333,7 +333,7 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
   };
 
   it("withholds the key from an endpoint the card names on another origin", async () => {
-    const stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, AGENT_ATTEMPTS: '1' });
+    const stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, AGENT_ATTEMPTS: '1', AGENT_REMOTE_ALLOW_PRIVATE: 'true' });
     try {
       remote.refused.length = 0;
       const done = await outcome(stack, 'who gets the key?');
@@ -345,6 +345,20 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
       const logs = stack.workers.flatMap((w) => w.logs).join('\n');
       assert.ok(logs.includes('AGENT_REMOTE_API_KEY withheld') && logs.includes(remote.endpointOrigin), logs);
       assert.ok(!logs.includes(REMOTE_KEY));
+    } finally {
+      await stack.stop();
+    }
+  });
+
+  it('calls no endpoint the card names on another origin at an internal address, unless AGENT_REMOTE_ALLOW_PRIVATE', async () => {
+    const stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, AGENT_ATTEMPTS: '1' });
+    try {
+      remote.refused.length = 0;
+      const done = await outcome(stack, 'aimed inside');
+      assert.equal(done.task.status, 'failed');
+      assert.match(done.status_message.parts[0].text, new RegExp(`remote agent endpoint ${remote.endpointOrigin.replace(/[.]/g, '\\.')} that its card names .*private, loopback or link-local.*AGENT_REMOTE_ALLOW_PRIVATE=true`));
+      // The card was read (AGENT_REMOTE_URL's own origin may be internal: the operator named it); the endpoint heard nothing.
+      assert.deepEqual(remote.refused, []);
     } finally {
       await stack.stop();
     }

@@ -8,7 +8,7 @@ import { guardedLookup } from '../webhook-url.ts';
 // and refused once more at connect time, when the name is looked up again and may now name an internal
 // address (DNS rebinding).
 let publicOnlyAgent: Agent | undefined;
-const publicOnly = () => (publicOnlyAgent ??= new Agent({ connect: { lookup: guardedLookup(false) } }));
+export const publicOnlyDispatcher = () => (publicOnlyAgent ??= new Agent({ connect: { lookup: guardedLookup(false) } }));
 
 export interface UpstreamAnswer { status: number; body: unknown }
 
@@ -46,7 +46,7 @@ export async function callUpstream(what: string, url: string, init: RequestInit,
     try {
       const request = { ...init, redirect: 'manual' as const, signal: init.signal ? AbortSignal.any([timeout.signal, init.signal]) : timeout.signal };
       res = opts.publicOnly
-        ? await (undiciFetch(url, { ...request, dispatcher: publicOnly() } as Parameters<typeof undiciFetch>[1]) as unknown as Promise<Response>)
+        ? await (undiciFetch(url, { ...request, dispatcher: publicOnlyDispatcher() } as Parameters<typeof undiciFetch>[1]) as unknown as Promise<Response>)
         : await fetch(url, request);
     } catch (err) {
       if (init.signal?.aborted) throw abandoned();

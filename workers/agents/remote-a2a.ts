@@ -24,6 +24,9 @@ import {
 import { listArtifactItems } from '../../db/timeline-views.ts';
 import type { Logger } from '../../domain/logger.ts';
 import { refusedByRuntime } from '../../domain/errors.ts';
+import { assertOutboundUrl } from '../../domain/webhook-url.ts';
+import { publicOnlyDispatcher } from '../../domain/bridge/upstream.ts';
+import { fetch as undiciFetch } from 'undici';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
 import type { Agent, AgentContext, AgentResult } from './types.ts';
@@ -65,19 +68,26 @@ function cardLocation(url: string): [string, string | undefined] {
 
 // The key goes only to the origins trusted with it: AGENT_REMOTE_URL's, and AGENT_REMOTE_KEY_ORIGINS.
 // A card is the remote's own word on where its endpoint is; without this, a card pointing elsewhere
-// would hand the key to whoever it names.
+// would hand the key to whoever it names. For the same reason another origin the card names must be
+// on a public address (unless AGENT_REMOTE_ALLOW_PRIVATE): checked before each call and again when
+// connecting (DNS rebinding), without following redirects, or a card could aim the worker's calls
+// at internal services.
 // `withheld` collects the origins the key was kept from.
-function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>, log: Logger, withheld: Set<string>): ClientFactory {
-  if (!apiKey) return new ClientFactory();
-  const fetchImpl: typeof fetch = (input, init) => {
+function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>, allowPrivate: boolean, log: Logger, withheld: Set<string>): ClientFactory {
+  const fetchImpl: typeof fetch = async (input, init) => {
     const target = new URL(input instanceof Request ? input.url : input);
     const headers = new Headers(init?.headers);
-    if (trusted.has(target.origin)) headers.set('authorization', `Bearer ${apiKey}`);
-    else if (!withheld.has(target.origin)) {
+    if (trusted.has(target.origin)) {
+      if (apiKey) headers.set('authorization', `Bearer ${apiKey}`);
+      return fetch(input, { ...init, headers });
+    }
+    if (apiKey && !withheld.has(target.origin)) {
       withheld.add(target.origin);
       log.warn({ origin: target.origin }, 'AGENT_REMOTE_API_KEY withheld from a remote agent endpoint outside the trusted origins (AGENT_REMOTE_URL and AGENT_REMOTE_KEY_ORIGINS)');
     }
-    return fetch(input, { ...init, headers });
+    if (allowPrivate) return fetch(input, { ...init, headers });
+    await assertOutboundUrl(target.href, false, `The remote agent endpoint ${target.origin} that its card names`, 'AGENT_REMOTE_ALLOW_PRIVATE');
+    return undiciFetch(target.href, { ...init, headers, redirect: 'manual', dispatcher: publicOnlyDispatcher() } as Parameters<typeof undiciFetch>[1]) as unknown as Promise<Response>;
   };
   return new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
     transports: [new JsonRpcTransportFactory({ fetchImpl }), new RestTransportFactory({ fetchImpl })],
@@ -90,12 +100,14 @@ export interface RemoteAgentOptions {
   apiKey?: string;
   /** Origins besides url's that apiKey may be sent to (the card may name its endpoint elsewhere). */
   keyOrigins?: readonly string[];
+  /** Whether other origins the card names may be on private, loopback or link-local addresses. */
+  allowPrivate?: boolean;
   /** The worker's database: the remote task ids of local tasks live there. */
   db: Knex;
   log: Logger;
 }
 
-export function remoteAgent({ url, apiKey, keyOrigins = [], db, log }: RemoteAgentOptions): Agent {
+export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false, db, log }: RemoteAgentOptions): Agent {
   const [base, cardPath] = cardLocation(url);
   const trusted = new Set([new URL(url).origin, ...keyOrigins]);
   const withheld = new Set<string>();
@@ -105,7 +117,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], db, log }: RemoteAge
     : err);
   let client: Promise<Client> | undefined;
   const connect = () => {
-    client ??= clientFactory(apiKey, trusted, log, withheld).createFromUrl(base, cardPath).catch((err: Error) => {
+    client ??= clientFactory(apiKey, trusted, allowPrivate, log, withheld).createFromUrl(base, cardPath).catch((err: Error) => {
       client = undefined;
       throw new Error(`the remote agent card at ${url} could not be read: ${err.message}`);
     });
