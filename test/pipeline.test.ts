@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
-import { resetDb, startStack, statusesOf, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 const ATTEMPTS = 3;
 
@@ -15,7 +15,7 @@ describe('job pipeline: task execution through a real worker', function () {
 
   before(async () => {
     await resetDb();
-    stack = await startStack({ AGENT_ATTEMPTS: String(ATTEMPTS) });
+    stack = await startStack({ AGENT_ATTEMPTS: String(ATTEMPTS), WORKER_SHUTDOWN_GRACE_MS: '1000' });
   });
   after(async () => stack?.stop());
 
@@ -138,6 +138,22 @@ describe('job pipeline: task execution through a real worker', function () {
     assert.equal(artifacts.length, 1);
     assert.equal(artifacts[0].event_payload.artifact.name, 'echo');
     assert.deepEqual(artifacts[0].event_payload.artifact.parts, [{ kind: 'text', text: '[artifact] keep this' }]);
+  });
+
+  it('a run handed back at shutdown and run again by another worker writes its progress message and artifact once', async () => {
+    const created = await stack.client.post('/api/task/v1', { message: textMessage('[sleep 3000] [artifact] twice?') });
+    const id = created.body.task.id;
+    await waitFor(async () => (await get(id)).messages.some((m: any) => m.role === 'agent'), 'the progress message', 30000, 50);
+    // The worker leaves mid-run: its grace period (1 s here) ends before the agent does.
+    const leaving = stack.workers.shift()!;
+    await leaving.kill('SIGTERM');
+    stack.workers.push(await startWorker(stack.env));
+    const done = await waitForStatus(id, 'completed');
+    assert.deepEqual(done.messages.map((m: any) => [m.role, m.parts[0].text]), [
+      ['user', '[sleep 3000] [artifact] twice?'], ['agent', 'Working for 3000 ms'], ['agent', 'Echo: [sleep 3000] [artifact] twice?'],
+    ]);
+    const a2a = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id } });
+    assert.equal(a2a.body.result.artifacts.length, 1);
   });
 
   it('cancel during a run aborts the agent and the task stays canceled', async () => {
