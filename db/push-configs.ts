@@ -85,6 +85,27 @@ export async function statusItemsAfter(db: Tx, taskId: string, afterSeq: number,
     .limit(limit);
 }
 
+export interface StalledDelivery { task_id: string; config_id: string; seq: number }
+
+// Configs with status updates still undelivered whose newest is older than `olderThanMs`, that no
+// run holds (lease) and no unsent outbox row will bring a job for: each with that newest update's seq.
+export async function listStalledDeliveries(db: Tx, olderThanMs: number, limit: number): Promise<StalledDelivery[]> {
+  const { rows } = await db.raw(
+    `select c.task_id, c.id as config_id, p.seq
+       from push_configs c
+       cross join lateral (select max(t.seq) as seq, max(t.created_at) as at from timeline_items t
+                            where t.task_id = c.task_id and t.seq > c.delivered_seq
+                              and t.event_payload->>'type' = 'task-status-update') p
+      where p.seq is not null and p.at < now() - make_interval(secs => ?)
+        and (c.lease_until is null or c.lease_until < now())
+        and not exists (select 1 from outbox o where o.queue = 'push-notifications'
+                          and o.payload->>'task_id' = c.task_id::text and o.payload->>'config_id' = c.id)
+      limit ?`,
+    [olderThanMs / 1000, limit],
+  );
+  return (rows as { task_id: string; config_id: string; seq: string | number }[]).map((r) => ({ ...r, seq: Number(r.seq) }));
+}
+
 // A task's messages and artifact updates as they stood at a timeline position: what a pushed
 // snapshot of the task at that status shows. Messages: the newest `historyLimit`, oldest first.
 export async function timelineAt(db: Tx, taskId: string, uptoSeq: number, historyLimit: number): Promise<{ messages: TimelineRow[]; artifacts: TimelineRow[] }> {

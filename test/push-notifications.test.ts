@@ -3,6 +3,8 @@ import http from 'node:http';
 import net from 'node:net';
 import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
 import { resetDb, startStack, testDb, waitFor, textMessage, type Stack } from './helpers/stack.ts';
 import { deletePushConfig, getPushConfig, listPushConfigs, setPushConfig } from '../domain/push-config.ts';
 import { AppError } from '../domain/errors.ts';
@@ -427,5 +429,47 @@ describe('push notifications', () => {
     // Private targets pass when the configuration allows them.
     const ok = await setPushConfig(testDb(), id, { url: 'http://127.0.0.1:8080/hook' }, allowPrivate);
     assert.equal(ok.url, 'http://127.0.0.1:8080/hook');
+  });
+});
+
+describe('push notifications whose queue jobs Redis lost', function () {
+  this.timeout(60_000);
+  let stack: Stack;
+  before(async () => {
+    await resetDb();
+    // A job retries for at most PUSH_ATTEMPTS x PUSH_TIMEOUT_MS plus backoff: 1 s here.
+    stack = await startStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_ATTEMPTS: '1', PUSH_TIMEOUT_MS: '1000', JOB_RECOVERY_MS: '1000' });
+  });
+  after(async () => stack?.stop());
+
+  it('are enqueued again by the workers, and every update still arrives, in order', async () => {
+    const rx = await startReceiver();
+    const connection = new Redis(stack.env.REDIS_URL, { maxRetriesPerRequest: null });
+    const queue = new Queue('push-notifications', { connection, prefix: stack.env.QUEUE_PREFIX });
+    try {
+      // Nothing is delivered while the queue is paused; then every job of it is lost.
+      await queue.pause();
+      const sent = await stack.client.post('/api/a2a/v1', {
+        jsonrpc: '2.0', id: 1, method: 'message/send',
+        params: { message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text: 'lost jobs' }] }, configuration: { blocking: true, pushNotificationConfig: { url: rx.url, token: 'tok-lost' } } },
+      });
+      const id = sent.body.result.id;
+      assert.equal(sent.body.result.status.state, 'completed');
+      await waitFor(async () => {
+        const held = await queue.getJobCounts('paused', 'wait');
+        return held.paused + held.wait >= 3;
+      }, 'the three delivery jobs', 10_000, 50);
+      await waitFor(async () => Number((await testDb()('outbox').count({ n: '*' }))[0].n) === 0, 'the outbox relayed', 10_000, 50);
+      await queue.obliterate({ force: true });
+      await queue.resume();
+      await waitFor(async () => rx.all.some((r) => r.body.status.state === 'completed'), 'the completed notification', 20_000, 100);
+      assert.deepEqual(rx.all.filter((r) => r.body.id === id).map((r) => r.body.status.state), ['submitted', 'working', 'completed']);
+      assert.ok(rx.all.every((r) => r.token === 'tok-lost'));
+      assert.ok(stack.workers.some((w) => w.logs.some((l) => l.includes('push delivery had no queue job: enqueued again'))));
+    } finally {
+      await queue.close();
+      connection.disconnect();
+      await rx.close();
+    }
   });
 });

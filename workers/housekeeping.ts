@@ -1,12 +1,13 @@
 // Periodic passes of every worker, each idempotent: recovery of work whose queue job Redis lost
 // (key jobs: recover-key-jobs.ts; agent runs of submitted tasks and of answers to waiting ones, and runs whose job failed
-// without ending their task: recover-agent-runs.ts), the purge of OAuth brokering states abandoned
+// without ending their task: recover-agent-runs.ts; push deliveries: recover-push-deliveries.ts), the purge of OAuth brokering states abandoned
 // long ago and of tasks past TASK_RETENTION_DAYS, and the agent's own passes (the remote agent's: remote tasks of canceled or failed tasks).
 import type { Services } from '../domain/services.ts';
 import { recoverLostKeyJobs } from './recover-key-jobs.ts';
 import { AgentRunRecovery } from './recover-agent-runs.ts';
 import { purgeExpiredBrokerStates } from '../domain/bridge/brokering.ts';
 import { taskRetention } from '../domain/task-retention.ts';
+import { recoverPushDeliveries } from './recover-push-deliveries.ts';
 
 // `extra`: the agent's own passes (workers/agents/types.ts Agent).
 export function startHousekeeping(services: Services, extra: Record<string, () => Promise<unknown>> = {}): () => void {
@@ -16,6 +17,7 @@ export function startHousekeeping(services: Services, extra: Record<string, () =
   const passes: Record<string, () => Promise<unknown>> = {
     'key jobs': () => recoverLostKeyJobs(services, every),
     'agent runs': () => agentRuns.pass(every),
+    'push deliveries': () => recoverPushDeliveries(services, every),
     'expired broker states': () => purgeExpiredBrokerStates(services),
     'tasks past retention': expiredTasks,
   };

@@ -1,0 +1,43 @@
+// Push deliveries whose queue job Redis lost (a failover, a flush, the last second before a crash
+// under appendfsync everysec): the fan-out job of a task's last status update is the only one that
+// would carry it, so without this pass that update, and the ones before it still pending, would
+// never be posted. A config counts as stalled once its newest undelivered update is older than its
+// job could still be retrying (PUSH_ATTEMPTS posts of up to PUSH_TIMEOUT_MS with their backoff);
+// it then gets a job for that update, under an id of its own, so each pass adds it once. A job
+// that was not lost after all (a long backlog) finds nothing to deliver: runs of one config never
+// overlap (domain/push-delivery.ts, the lease), and each posts only what is still undelivered.
+import { createHash } from 'node:crypto';
+import type { Services } from '../domain/services.ts';
+import { listStalledDeliveries } from '../db/push-configs.ts';
+
+const PAGE = 500;
+
+const recoveryJobId = (taskId: string, configId: string, seq: number) => {
+  const h = createHash('sha256').update(`push-recovery/${taskId}/${configId}/${seq}`).digest('hex');
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20, 32)}`;
+};
+
+// How long a delivery job may still be retrying its update.
+export function pushRetryWindowMs(cfg: Services['cfg']): number {
+  let backoff = 0;
+  for (let i = 0; i < cfg.PUSH_ATTEMPTS - 1; i++) backoff += cfg.PUSH_BACKOFF_MS * 2 ** i;
+  return backoff + cfg.PUSH_ATTEMPTS * cfg.PUSH_TIMEOUT_MS;
+}
+
+/** Adds a job for each stalled config; returns how many. */
+export async function recoverPushDeliveries(services: Services, olderThanMs: number): Promise<number> {
+  const { db, queues, log } = services;
+  const stalled = await listStalledDeliveries(db, Math.max(olderThanMs, pushRetryWindowMs(services.cfg)), PAGE);
+  const queue = queues['push-notifications'];
+  let added = 0;
+  for (const { task_id, config_id, seq } of stalled) {
+    const jobId = recoveryJobId(task_id, config_id, seq);
+    // Added by an earlier pass and still retrying (a receiver that keeps failing): left to its retries.
+    if (await queue.getJob(jobId)) continue;
+    // Another worker's pass adding it meanwhile makes this add nothing: the id is taken.
+    await queue.add('deliver', { task_id, config_id, timeline_seq: seq }, { jobId });
+    log.warn({ task_id, config_id, seq }, 'push delivery had no queue job: enqueued again');
+    added += 1;
+  }
+  return added;
+}
