@@ -99,8 +99,10 @@ function postgresDir(dataDir: string, log?: (line: string) => void): string {
 // password, made once per DATA_DIR and kept in a file only its owner reads (DATA_DIR/<name>-password),
 // or any local account could connect as the Postgres superuser, mint itself an admin key and read
 // every secret. Hex, so it needs no escaping in URLs, SQL or configuration files.
+const passwordFile = (dataDir: string, name: string) => path.resolve(dataDir, `${name}-password`);
+
 function localPassword(dataDir: string, name: string): string {
-  const file = path.resolve(dataDir, `${name}-password`);
+  const file = passwordFile(dataDir, name);
   try {
     const fd = fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);
     try {
@@ -111,6 +113,10 @@ function localPassword(dataDir: string, name: string): string {
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
   }
+  return readPassword(file);
+}
+
+function readPassword(file: string): string {
   const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
   try {
     const password = fs.readFileSync(fd, 'utf8').trim();
@@ -180,10 +186,12 @@ export function localPostgresUrl(dataDir: string): string | undefined {
   if (runningFrom(pidFile, /postgres/) === undefined) return undefined;
   const port = Number(fs.readFileSync(pidFile, 'utf8').split('\n')[3]);
   if (!Number.isInteger(port) || port <= 0) return undefined;
-  const passwordFile = path.resolve(dataDir, 'postgres-password');
-  const password = fs.existsSync(passwordFile) ? `:${fs.readFileSync(passwordFile, 'utf8').trim()}` : '';
-  return `postgres://postgres${password}@127.0.0.1:${port}/taskbridge`;
+  const file = passwordFile(dataDir, 'postgres');
+  return postgresUrl(port, fs.existsSync(file) ? readPassword(file) : undefined);
 }
+
+// A cluster from before passwords has none (trust).
+const postgresUrl = (port: number, password: string | undefined) => `postgres://postgres${password ? `:${password}` : ''}@127.0.0.1:${port}/taskbridge`;
 
 /**
  * Stops the Postgres and Redis servers that an earlier `npm start` on `dataDir` left running (it was
@@ -242,7 +250,7 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
     const r = psql('CREATE DATABASE taskbridge');
     if (r.status !== 0) throw new Error(`Could not create database taskbridge: ${r.stderr}`);
   }
-  return { url: `postgres://postgres:${password}@127.0.0.1:${port}/taskbridge`, port, stop: () => stopChild(child, 'SIGINT') };
+  return { url: postgresUrl(port, password), port, stop: () => stopChild(child, 'SIGINT') };
 }
 
 async function startEmbeddedPostgres(opts: Options): Promise<LocalService> {
@@ -256,12 +264,12 @@ async function startEmbeddedPostgres(opts: Options): Promise<LocalService> {
   const port = opts.port ?? await freePort();
   const made = fs.existsSync(path.join(dir, 'PG_VERSION'));
   // A cluster made before passwords were (fixed 'postgres') keeps its own.
-  const password = made && !fs.existsSync(path.resolve(opts.dataDir, 'postgres-password')) ? 'postgres' : localPassword(opts.dataDir, 'postgres');
+  const password = made && !fs.existsSync(passwordFile(opts.dataDir, 'postgres')) ? 'postgres' : localPassword(opts.dataDir, 'postgres');
   const pg = new mod.default({ databaseDir: dir, port, user: 'postgres', password, persistent: !opts.ephemeral, createPostgresUser: isRoot, onLog: () => {} });
   if (!made) await pg.initialise();
   await pg.start();
   await pg.createDatabase('taskbridge').catch(() => undefined);
-  return { url: `postgres://postgres:${password}@127.0.0.1:${port}/taskbridge`, port, stop: () => pg.stop() };
+  return { url: postgresUrl(port, password), port, stop: () => pg.stop() };
 }
 
 function findRedis(log: (l: string) => void): string {

@@ -39,6 +39,15 @@ describe('key job recovery', () => {
   const ctx = recoveryStack();
   let worker: Proc;
   const recoveryLogs = () => worker.logs.filter((l) => l.includes('key job had no queue job'));
+  // A worker started now (with `env` over the stack's) finds the lost job and runs it to its end.
+  const recoverWith = async (jobId: string, what: string, env: Record<string, string> = {}) => {
+    worker = await startWorker({ ...ctx.stack.env, ...env });
+    ctx.stack.workers.push(worker);
+    return waitFor(async () => {
+      const r = await ctx.stack.client.get(`${E}/job/${jobId}`);
+      return r.body.status === 'completed' && r.body;
+    }, what, 20000, 100);
+  };
 
   it('re-enqueues a migration whose queue job was lost, once, and it completes', async () => {
     const c = ctx.stack.client;
@@ -58,12 +67,7 @@ describe('key job recovery', () => {
 
     // A worker started now finds it lost and runs it (slowly: small batches with pauses, so that
     // recovery passes run while the job does).
-    worker = await startWorker({ ...ctx.stack.env, DEK_MIGRATION_BATCH: '2', DEK_MIGRATION_PAUSE_MS: '100' });
-    ctx.stack.workers.push(worker);
-    const done = await waitFor(async () => {
-      const r = await c.get(`${E}/job/${jobId}`);
-      return r.body.status === 'completed' && r.body;
-    }, 'the recovered job to complete', 20000, 100);
+    const done = await recoverWith(jobId, 'the recovered job to complete', { DEK_MIGRATION_BATCH: '2', DEK_MIGRATION_PAUSE_MS: '100' });
     assert.equal(done.done, 20);
     assert.equal(done.failed, 0);
     for (const id of deks) assert.equal((await testDb()('deks').where({ id }).first()).envelope_key_id, 'dst.key');
@@ -110,12 +114,7 @@ describe('key job recovery', () => {
     }
     assert.equal((await c.get(`${E}/job/${jobId}`)).body.status, 'queued');
 
-    worker = await startWorker(ctx.stack.env);
-    ctx.stack.workers.push(worker);
-    const done = await waitFor(async () => {
-      const r = await c.get(`${E}/job/${jobId}`);
-      return r.body.status === 'completed' && r.body;
-    }, 'the job recovered again to complete', 20000, 100);
+    const done = await recoverWith(jobId, 'the job recovered again to complete');
     assert.equal(done.done, 20);
     assert.equal(recoveryLogs().length, 1);
   });

@@ -8,7 +8,11 @@ import { guardedLookup } from '../webhook-url.ts';
 // and refused once more at connect time, when the name is looked up again and may now name an internal
 // address (DNS rebinding).
 let publicOnlyAgent: Agent | undefined;
-export const publicOnlyDispatcher = () => (publicOnlyAgent ??= new Agent({ connect: { lookup: guardedLookup(false) } }));
+const publicOnly = () => (publicOnlyAgent ??= new Agent({ connect: { lookup: guardedLookup(false) } }));
+
+/** fetch that connects to public addresses only and follows no redirect (one could lead inside). */
+export const fetchPublicOnly = (url: string, init: RequestInit): Promise<Response> =>
+  undiciFetch(url, { ...init, redirect: 'manual', dispatcher: publicOnly() } as Parameters<typeof undiciFetch>[1]) as unknown as Promise<Response>;
 
 export interface UpstreamAnswer { status: number; body: unknown }
 
@@ -45,9 +49,7 @@ export async function callUpstream(what: string, url: string, init: RequestInit,
   try {
     try {
       const request = { ...init, redirect: 'manual' as const, signal: init.signal ? AbortSignal.any([timeout.signal, init.signal]) : timeout.signal };
-      res = opts.publicOnly
-        ? await (undiciFetch(url, { ...request, dispatcher: publicOnlyDispatcher() } as Parameters<typeof undiciFetch>[1]) as unknown as Promise<Response>)
-        : await fetch(url, request);
+      res = await (opts.publicOnly ? fetchPublicOnly : fetch)(url, request);
     } catch (err) {
       if (init.signal?.aborted) throw abandoned();
       const refused = (err as { cause?: { code?: string; message?: string } }).cause;

@@ -25,8 +25,7 @@ import { listArtifactItems } from '../../db/timeline-views.ts';
 import type { Logger } from '../../domain/logger.ts';
 import { refusedByRuntime } from '../../domain/errors.ts';
 import { assertOutboundUrl } from '../../domain/webhook-url.ts';
-import { publicOnlyDispatcher } from '../../domain/bridge/upstream.ts';
-import { fetch as undiciFetch } from 'undici';
+import { fetchPublicOnly } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
 import type { Agent, AgentContext, AgentResult } from './types.ts';
@@ -87,7 +86,7 @@ function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>,
     }
     if (allowPrivate) return fetch(input, { ...init, headers });
     await assertOutboundUrl(target.href, false, `The remote agent endpoint ${target.origin} that its card names`, 'AGENT_REMOTE_ALLOW_PRIVATE');
-    return undiciFetch(target.href, { ...init, headers, redirect: 'manual', dispatcher: publicOnlyDispatcher() } as Parameters<typeof undiciFetch>[1]) as unknown as Promise<Response>;
+    return fetchPublicOnly(target.href, { ...init, headers });
   };
   return new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
     transports: [new JsonRpcTransportFactory({ fetchImpl }), new RestTransportFactory({ fetchImpl })],
