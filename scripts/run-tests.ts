@@ -1,5 +1,6 @@
-// `npm test`: starts a throwaway Postgres (fsync off) and Redis, migrates, runs mocha against
-// them, then stops them. Extra arguments go to mocha (e.g. `npm test -- test/task-api.test.ts`).
+// `npm test`: typechecks (whole suite only), starts a throwaway Postgres (fsync off) and Redis,
+// migrates, runs mocha against them, then stops them. Extra arguments go to mocha (e.g.
+// `npm test -- test/task-api.test.ts`, which skips the typecheck to keep a single file's loop quick).
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -14,6 +15,14 @@ const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-test-'));
 fs.chmodSync(dataDir, 0o755);
 const say = (m: string) => console.error(`[test] ${m}`);
 
+const args = process.argv.slice(2);
+const hasSpec = args.some((a) => !a.startsWith('-'));
+// tsx strips types without checking them, so a type error in a test or module would otherwise pass.
+const typecheck: Promise<number> = hasSpec ? Promise.resolve(0) : new Promise((resolve) => {
+  const tsc = spawn(process.execPath, [path.join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '--noEmit', '-p', path.join(root, 'tsconfig.json')], { cwd: root, stdio: 'inherit' });
+  tsc.on('exit', (c) => resolve(c ?? 1));
+});
+
 const pg = await startPostgres({ dataDir, ephemeral: true, log: say });
 const redis = await startRedis({ dataDir, ephemeral: true, log: say });
 say(`Postgres ${redactUrl(pg.url)}, Redis ${redactUrl(redis.url)}, data in ${dataDir}`);
@@ -21,9 +30,18 @@ const db = createDb(pg.url, { min: 0, max: 1 });
 await migrateLatest(db);
 await db.destroy();
 
+const stopServers = async () => {
+  await redis.stop();
+  await pg.stop();
+  fs.rmSync(dataDir, { recursive: true, force: true });
+};
+if (await typecheck !== 0) {
+  say('typecheck failed (tsc --noEmit): not running the tests');
+  await stopServers();
+  process.exit(1);
+}
+
 const mocha = path.join(root, 'node_modules', 'mocha', 'bin', 'mocha.js');
-const args = process.argv.slice(2);
-const hasSpec = args.some((a) => !a.startsWith('-'));
 const child = spawn(process.execPath, [mocha, ...args, ...(hasSpec ? [] : ['test/**/*.test.ts'])], {
   cwd: root,
   stdio: 'inherit',
@@ -33,7 +51,5 @@ const stop = () => child.kill('SIGTERM');
 process.on('SIGINT', stop);
 process.on('SIGTERM', stop);
 const code: number = await new Promise((resolve) => child.on('exit', (c, sig) => resolve(c ?? (sig ? 1 : 0))));
-await redis.stop();
-await pg.stop();
-fs.rmSync(dataDir, { recursive: true, force: true });
+await stopServers();
 process.exit(code);
