@@ -16,10 +16,12 @@ export interface TaskRow {
   /** Internal (migration 0016): the bytes of its messages' parts and of its artifact updates; null until first counted. */
   message_bytes?: string | number | null;
   artifact_bytes?: string | number | null;
+  /** Internal (migration 0020): when the task's run started or a worker last said it is still going; null once the task leaves working. */
+  run_seen_at?: Date | null;
 }
 
 // Dates serialise to RFC 3339 with milliseconds in JSON responses.
-export const toTask = ({ run_message_id: _run, run_due_message_id: _due, message_bytes: _m, artifact_bytes: _a, ...r }: TaskRow) => r as unknown as Task;
+export const toTask = ({ run_message_id: _run, run_due_message_id: _due, message_bytes: _m, artifact_bytes: _a, run_seen_at: _seen, ...r }: TaskRow) => r as unknown as Task;
 
 export async function getTask(db: Tx, id: string, lock = false): Promise<TaskRow | undefined> {
   const q = db('tasks').where({ id }).first();
@@ -159,7 +161,9 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
   const { rows } = await pgQuery<{ task: Record<string, unknown> | null; seqs: (string | number)[] | null }>(db,
     `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, mb bigint, max bigint, tl jsonb, run uuid, lost_run uuid)),
       u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at, updated_at = b.at,
-                               run_due_message_id = null, message_bytes = t.message_bytes + b.mb
+                               run_due_message_id = null, message_bytes = t.message_bytes + b.mb,
+                               -- a run's mark lasts while the task stays working: one a client sets working later has no run
+                               run_seen_at = case when b."to" = 'working' then t.run_seen_at end
               from b
              -- The ids as a parameter keep the plan on the primary key: the planner cannot know how
              -- many rows b has (it guesses 100) and would otherwise scan the whole table to hash-join them.
@@ -226,7 +230,7 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
               -- the ids as a parameter keep both reads of tasks on the primary key (see applyStatusChanges)
               left join (select * from tasks where id = any($2::uuid[])) t on t.id = b.task_id),
       u as (update tasks t set status = 'working', status_message_id = null, status_timestamp = s.at, updated_at = s.at,
-                               run_message_id = s.message_id, run_due_message_id = null
+                               run_message_id = s.message_id, run_due_message_id = null, run_seen_at = s.at
               from s
              where t.id = any($2::uuid[]) and t.id = s.task_id
                and s.status = any(s."from") and s.trigger is not null and not s.answered
@@ -258,34 +262,50 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
     : undefined));
 }
 
-export interface RunToCheck { task_id: string; message_id: string; created_at: Date; status: TaskState }
+export interface RunToCheck {
+  task_id: string; message_id: string; created_at: Date; status: TaskState;
+  /** Whether a run whose job is gone may be enqueued again: an owed run, or a run that still has its working task (not one a client set working since). */
+  resumable: boolean;
+}
 
 // Candidates for run recovery, in (created_at, id) order after `after`:
 // - tasks owed a run (run_due_message_id: opened by a user message, or a user message since they
 //   began to wait for input, and no run started nor status change since) for a message sent at
 //   least `olderThanMs` ago;
-// - tasks working under a run (its message) that has not changed their status for as long.
+// - tasks working under a run (its message) that has neither changed their status nor been said
+//   to be going on (markRunsSeen) for as long.
 // Each branch reads its own index (the partial one on owed tasks; status), not every task.
 export async function listRunsToCheck(db: Tx, olderThanMs: number, after: { created_at: Date; task_id: string } | undefined, limit: number): Promise<RunToCheck[]> {
   const cursor = [after?.created_at ?? new Date(0), after?.task_id ?? '00000000-0000-0000-0000-000000000000'];
   const { rows } = await db.raw(
     `select * from (
-      (select t.id as task_id, t.created_at, t.status, t.run_due_message_id as message_id
+      (select t.id as task_id, t.created_at, t.status, t.run_due_message_id as message_id, true as resumable
          from tasks t join messages d on d.id = t.run_due_message_id
         where t.run_due_message_id is not null and t.status = any(?)
           and d.created_at < now() - make_interval(secs => ?) and ${DUE_SINCE_STATUS}
           and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
         order by t.created_at, t.id limit ?)
       union all
-      (select t.id, t.created_at, t.status, t.run_message_id
+      (select t.id, t.created_at, t.status, t.run_message_id, t.run_seen_at is not null
          from tasks t
-        where t.status = 'working' and t.run_message_id is not null and t.status_timestamp < now() - make_interval(secs => ?)
+        where t.status = 'working' and t.run_message_id is not null
+          and greatest(t.status_timestamp, t.run_seen_at) < now() - make_interval(secs => ?)
           and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
         order by t.created_at, t.id limit ?)
     ) c order by created_at, task_id limit ?`,
     [[...RUN_STARTS_FROM], olderThanMs / 1000, ...cursor, limit, olderThanMs / 1000, ...cursor, limit, limit],
   );
   return rows;
+}
+
+/** Marks runs (task and trigger message) as still going, for those tasks still working under them. */
+export async function markRunsSeen(db: Tx, runs: readonly { taskId: string; messageId: string }[]): Promise<void> {
+  await db.raw(
+    `update tasks t set run_seen_at = now() from unnest(?::uuid[], ?::uuid[]) as r(task_id, message_id)
+      -- a mark a status change cleared stays cleared: a run about to be aborted cannot bring it back
+      where t.id = r.task_id and t.status = 'working' and t.run_message_id = r.message_id and t.run_seen_at is not null`,
+    [runs.map((r) => r.taskId), runs.map((r) => r.messageId)],
+  );
 }
 
 // The hot task statements of a process, each coalescing concurrent calls (db/statement-batcher.ts)

@@ -154,6 +154,42 @@ describe('agent run recovery', () => {
   });
 });
 
+describe('a working task whose run job was lost', () => {
+  const ctx = recoveryStack();
+
+  it('runs again a run whose worker died with its job, carries on a run still going without a second copy, and leaves a task a client set working alone', async () => {
+    const c = ctx.stack.client;
+    const started = (id: string) => waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.status_message?.parts[0].text?.startsWith('Working for'), `the run of ${id} to start`);
+    const first = await startWorker(ctx.stack.env);
+    ctx.stack.workers.push(first);
+    const died = (await c.post('/api/task/v1', { message: textMessage('[sleep 1500] its worker dies') })).body.task.id;
+    await started(died);
+    await first.kill('SIGKILL');
+    // A task whose run asked for input, then set working by a client: it drives the task, not a run.
+    const asked = (await c.post('/api/task/v1', { message: textMessage('[input] a question') })).body.task.id;
+
+    const worker = await startWorker(ctx.stack.env);
+    ctx.stack.workers.push(worker);
+    await waitFor(async () => (await c.get(`/api/task/v1/${asked}`)).body.task.status === 'input-required', 'the question');
+    assert.equal((await c.put(`/api/task/v1/${asked}`, { status: 'working' })).status, 200);
+    const going = (await c.post('/api/task/v1', { message: textMessage('[sleep 3000] still going') })).body.task.id;
+    await started(going);
+    await ctx.loseJobs('agent-tasks');
+
+    for (const id of [died, going]) {
+      await waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.task.status === 'completed', `task ${id} to complete`, 20000, 100);
+      assert.deepEqual(await statusesOf(c, id), ['submitted', 'working', 'working', 'completed'], 'one run, its progress once');
+    }
+    // Passes every 300 ms over 1.5 s more: the client's working task keeps its state and gets no run.
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.deepEqual(await statusesOf(c, asked), ['submitted', 'working', 'input-required', 'working']);
+    const recovered = worker.logs.filter((l) => l.includes('agent run had no queue job'));
+    assert.equal(recovered.length, 1, recovered.join('\n'));
+    assert.ok(recovered[0].includes(died), 'the run whose worker died is the one enqueued again');
+    assert.ok(!worker.logs.some((l) => l.includes('its job started again')), 'the run going on was not started a second time');
+  });
+});
+
 describe("a lost run's failure", () => {
   const ctx = recoveryStack();
 

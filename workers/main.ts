@@ -14,6 +14,7 @@ import { failLostRun } from './fail-run.ts';
 import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
 import { CancelRegistry } from './cancel-registry.ts';
 import { watchCancels } from './watch-cancels.ts';
+import { startRunHeartbeat } from './run-heartbeat.ts';
 import { createRefreshCredentialProcessor, recordRefreshOutcomes, startRefreshScheduler } from './refresh-credential.ts';
 import { AgentConfigError, resolveAgent } from './agents/resolve-agent.ts';
 import { recordJobMetrics } from './record-job-metrics.ts';
@@ -35,6 +36,8 @@ process.on('unhandledRejection', (reason) => log.warn({ reason: publicReason(rea
 
 const cancels = new CancelRegistry();
 const stopWatchingCancels = await watchCancels(services, cancels);
+// Four marks within the age recovery waits for before it takes a working task's run for lost.
+const stopRunHeartbeat = startRunHeartbeat(services, cancels, cfg.JOB_RECOVERY_MS / 4);
 
 const agent = await resolveAgent(services).catch((err: unknown) => {
   if (!(err instanceof AgentConfigError)) throw err;
@@ -117,6 +120,7 @@ async function shutdown(signal: string) {
   stopRefreshScheduler();
   await Promise.allSettled(workers.map((w) => w.close()));
   clearTimeout(grace);
+  stopRunHeartbeat();
   await stopWatchingCancels();
   await metrics.stop().catch(() => undefined);
   await pushListener.close();

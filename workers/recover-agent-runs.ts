@@ -1,13 +1,14 @@
 // Runs nobody will finish. A run's job id is its trigger message id, so a worker can tell, for a
 // task that has not moved for a while:
-// - submitted, or waiting for input with an answer, whose run message has neither an unsent outbox
-//   row nor a BullMQ job: Redis lost the job (a failover, a flush, no persistence). The run is
-//   enqueued again under the same id (several workers add one; a task never has two runs,
-//   workers/run-agent-task.ts). A long backlog is no loss: its jobs exist.
+// - submitted, waiting for input with an answer, or working under a run no worker says goes on
+//   (run-heartbeat.ts; not a task a client set working after its run), whose run message has neither an unsent outbox row nor a BullMQ job: Redis
+//   lost the job (a failover, a flush, no persistence), perhaps while it waited for a retry or its
+//   worker died. The run is enqueued again under the same id (several workers add one; a task never
+//   has two runs, workers/run-agent-task.ts; a working task's run carries on where it was). A long
+//   backlog is no loss: its jobs exist.
 // - submitted, waiting with an answer, or working, whose run job has failed: the job ended without
 //   its processor's own final handling (it stalled too often, or the failure could not be written).
 //   The task fails, saying so.
-// A working task whose job is missing is left alone: its run may still be going on a worker.
 // Passes walk the candidates in pages, so a large backlog is checked piece by piece.
 import type { Services } from '../domain/services.ts';
 import { clearStaleRunDue, listRunsToCheck } from '../db/tasks.ts';
@@ -39,7 +40,7 @@ export class AgentRunRecovery {
     const handled: string[] = [];
     for (const [i, r] of unsent.entries()) {
       const [exists, failedAt] = [replies[2 * i]?.[1], replies[2 * i + 1]?.[1]];
-      if (exists === 0 && r.status !== 'working') {
+      if (exists === 0 && r.resumable) {
         await queue.add('run', { task_id: r.task_id, message_id: r.message_id }, { jobId: r.message_id });
         log.warn({ task_id: r.task_id, message_id: r.message_id }, 'agent run had no queue job: enqueued again');
         handled.push(r.task_id);
