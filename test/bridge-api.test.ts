@@ -20,7 +20,7 @@ const { privateKey, publicKey } = generateKeyPairSync('rsa', { modulusLength: 20
 interface Seen { method: string; url: string; headers: http.IncomingHttpHeaders; body: string }
 
 // Answers like the provider APIs: refunds (pi_refused is refused, pi_boom fails on Stripe's
-// side, pi_slow answers after 3 s), Gmail send, and an RFC 7523 token endpoint that checks the assertion's signature.
+// side, pi_slow answers after 3 s, pi_deep nests 5,000 levels deep), Gmail send, and an RFC 7523 token endpoint that checks the assertion's signature.
 function startProviders(): Promise<{ server: http.Server; url: string; seen: Seen[] }> {
   const seen: Seen[] = [];
   const server = http.createServer((req, res) => {
@@ -35,6 +35,7 @@ function startProviders(): Promise<{ server: http.Server; url: string; seen: See
         if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
         if (form.get('payment_intent') === 'pi_boom') return send(500, { error: { message: 'internal' } });
         if (form.get('payment_intent') === 'pi_slow') return void setTimeout(() => send(200, { id: 're_late', object: 'refund' }), 3000);
+        if (form.get('payment_intent') === 'pi_deep') return void res.writeHead(200, { 'content-type': 'application/json' }).end(`{"id":"re_deep","n":${'['.repeat(5000)}${']'.repeat(5000)}}`);
         if (form.get('payment_intent') === 'pi_cut') {
           res.writeHead(200, { 'content-type': 'application/json' }).write('{"id": "re_');
           return void setTimeout(() => res.destroy(), 50);
@@ -187,6 +188,10 @@ describe('bridge API', () => {
     const boom = await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_boom' });
     assert.equal(boom.status, 502, boom.text);
     assert.equal(boom.body.data.code, 'bad_gateway');
+    // An answer nested past what can be sent on is the provider's fault, not a 500.
+    const deep = await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_deep' });
+    assert.equal(deep.status, 502, deep.text);
+    assert.equal(deep.body.message, 'stripe: answered JSON that nests deeper than 64 levels');
 
     const calls = providers.seen.length;
     for (const params of [{}, { amount: 'ten' }, { payment_intent: 'pi_1', amount: 0 }, { payment_intent: 'pi_1', surprise: true }, { payment_intent: 'pi_1', charge: 'ch_1' }]) {

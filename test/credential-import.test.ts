@@ -160,6 +160,7 @@ describe('credential import: credentials from the definition export are re-appli
       [{ value: { api_key: tampered }, data_encryption_key_id: dek }, 400, /value\.api_key does not decrypt with DEK '/],
       [{ value: { api_key: STRIPE_KEY }, data_encryption_key_id: dek }, 400, /value\.api_key does not decrypt/],
       [{ value: {}, data_encryption_key_id: dek }, 400, /body\.value\.api_key is required/],
+      [{ value: { api_key: { a: 1 } }, data_encryption_key_id: dek }, 400, /^body\.value\.api_key must be a string \(its ciphertext, as exported\)$/],
       [{ value: { api_key: sealed, extra: 1 }, data_encryption_key_id: dek }, 400, /body\.value\.extra is not an allowed member/],
       [{ value: { api_key: sealed }, dek_alias: 'nope' }, 404, /dek_alias 'nope' not found/],
       [{ value: { api_key: sealed }, id: 'not-a-uuid' }, 400, /body\.id/],

@@ -232,6 +232,23 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     }
   });
 
+  it('answers 502 for tokens it could not store or export again (a NUL in scope, more scopes than a user credential holds), storing nothing', async () => {
+    await instance('mail-n');
+    try {
+      for (const [mode, says] of [['nul-scope', /^token endpoint: answered a credential\.scopes\.0 that contains a NUL character/], ['many-scopes', /^token endpoint: answered tokens that do not fit the user credential \(.*scopes must NOT have more than 100 items\)$/]] as const) {
+        await oauth.setMode(mode);
+        const stored = await userCredentials();
+        const r = await callback(await consent((await broker('mail-n')).action.Redirect.url));
+        assert.equal(r.status, 502, mode);
+        assert.match(((await r.json()) as { message: string }).message, says);
+        assert.equal(await userCredentials(), stored, `${mode}: nothing stored`);
+        assert.equal((await c.get(`${B}/provider/mail-n`)).body.status, 'brokering_initiated');
+      }
+    } finally {
+      await oauth.setMode('ok');
+    }
+  });
+
   it('answers HEAD on the callback with 405, leaving the state for the GET', async () => {
     await instance('mail-g');
     const back = await consent((await broker('mail-g')).action.Redirect.url);

@@ -1,5 +1,6 @@
 import type { Context } from 'koa';
-import { InvalidRequest, PayloadTooLarge, UnsupportedMediaType, type FieldError } from '../../domain/errors.ts';
+import { InvalidRequest, PayloadTooLarge, UnsupportedMediaType } from '../../domain/errors.ts';
+import { findUnstorable } from '../../domain/storable-json.ts';
 
 const JSON_TYPE = /^application\/([a-z0-9.+-]*\+)?json\s*(;|$)/i;
 // JSON is UTF-8 (RFC 8259): other bytes are refused, not turned into U+FFFD.
@@ -9,7 +10,7 @@ const tooLarge = (limit: number) => new PayloadTooLarge(`Request body exceeds th
 
 // Reads and parses a JSON body; undefined when the request has none or an empty one, whatever its
 // content type (fetch sends `content-length: 0` and `text/plain` for a POST with an empty body).
-// Unless told otherwise it also refuses values that could not be stored (see findUnstorable).
+// Unless told otherwise it also refuses values that could not be stored (domain/storable-json.ts).
 export async function readJsonBody(ctx: Context, limit: number, opts: { checkStorable?: boolean } = {}): Promise<unknown> {
   const req = ctx.req;
   const length = req.headers['content-length'];
@@ -51,29 +52,4 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
   const problem = opts.checkStorable === false ? undefined : findUnstorable(value);
   if (problem) throw new InvalidRequest(`Invalid body: ${problem.path} ${problem.message}`, [problem]);
   return value;
-}
-
-const MAX_JSON_DEPTH = 64;
-// NUL characters and unpaired surrogates are valid JSON that Postgres refuses to store (text and
-// jsonb), and very deep nesting overflows the stack of JSON.stringify: all would end as a 500.
-// Numbers past the double range (1e999) parse as Infinity, which JSON.stringify writes as null.
-const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
-
-export function findUnstorable(value: unknown): FieldError | undefined {
-  const stack: [unknown, string, number][] = [[value, 'body', 0]];
-  while (stack.length) {
-    const [v, path, depth] = stack.pop()!;
-    if (typeof v === 'string') {
-      if (UNSTORABLE.test(v)) return { path, message: 'contains a NUL character or an unpaired surrogate' };
-    } else if (typeof v === 'number') {
-      if (!Number.isFinite(v)) return { path, message: 'is a number too large for JSON (it would be kept as null)' };
-    } else if (v !== null && typeof v === 'object') {
-      if (depth >= MAX_JSON_DEPTH) return { path, message: `nests deeper than ${MAX_JSON_DEPTH} levels` };
-      for (const [k, child] of Object.entries(v)) {
-        if (UNSTORABLE.test(k)) return { path, message: 'has a member name with a NUL character or an unpaired surrogate' };
-        stack.push([child, `${path}.${k}`, depth + 1]);
-      }
-    }
-  }
-  return undefined;
 }

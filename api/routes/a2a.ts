@@ -1,7 +1,8 @@
 // A2A v0.3: the JSON-RPC endpoint and the agent card. Method logic lives in domain/a2a/.
 import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
-import { findUnstorable, readJsonBody } from '../middleware/body.ts';
+import { readJsonBody } from '../middleware/body.ts';
+import { findUnstorable } from '../../domain/storable-json.ts';
 import { InvalidRequest, type FieldError } from '../../domain/errors.ts';
 import type { Principal } from '../middleware/auth.ts';
 import { A2AError, JSONRPC } from '../../domain/a2a/errors.ts';

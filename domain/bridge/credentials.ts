@@ -47,6 +47,9 @@ export async function importCredential(
   if (input.type_id !== undefined && input.type_id !== cc.type_id) {
     throw new InvalidRequest(`body.type_id '${input.type_id}' is not the credential controller '${cc.type_id}' of the path`, [{ path: 'body.type_id', message: `must be ${cc.type_id}` }]);
   }
+  // Exported sensitive members are ciphertexts: anything but a string is refused for what it is, not as one that does not decrypt.
+  const notText = sensitiveOf(cc, kind).find((m) => input.value[m] !== undefined && typeof input.value[m] !== 'string');
+  if (notText) throw new InvalidRequest(`body.value.${notText} must be a string (its ciphertext, as exported)`, [{ path: `body.value.${notText}`, message: 'must be a string' }]);
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
   const sealedWith = input.data_encryption_key_id ?? await resolveAlias(s.db, alias);
   const plain = await mapSensitive(cc, kind, input.value, (member, v) => decryptImported(s, sealedWith, v, `body.value.${member}`, undefined, openableAs(member)));

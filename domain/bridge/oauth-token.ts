@@ -5,7 +5,9 @@ import type { Config } from '../config.ts';
 import { InvalidRequest, Upstream } from '../errors.ts';
 import { callUpstream, refusalMessage, successObject, type UpstreamAnswer } from './upstream.ts';
 import type { Plain, ProviderControllerDef } from './types.ts';
-import { HEADER_TOKEN_PATTERN, MAX_TOKEN_LENGTH } from './credential-controllers.ts';
+import { HEADER_TOKEN_PATTERN, MAX_TOKEN_LENGTH, oauthAuthFlow } from './credential-controllers.ts';
+import { checkAgainst } from './catalog.ts';
+import { findUnstorable } from '../storable-json.ts';
 
 const DEFAULT_TOKEN_TTL_S = 3600;
 // A longer announced lifetime (some endpoints send huge ones for "does not expire") is treated as
@@ -44,13 +46,27 @@ export function withTokens(answer: UpstreamAnswer, previous: Plain, rs: Plain): 
   const scopes = typeof body.scope === 'string' ? body.scope.split(' ').filter(Boolean) : (previous.scopes ?? rs.scopes) as string[] | undefined;
   const refresh = typeof body.refresh_token === 'string' && body.refresh_token ? body.refresh_token : previous.refresh_token;
   const sub = idTokenSubject(body.id_token) ?? previous.sub;
-  return {
+  return storable({
     ...previous, access_token: body.access_token,
     ...(refresh ? { refresh_token: refresh } : {}),
     ...(sub ? { sub } : {}),
     expiry_time: new Date(Date.now() + (Number.isFinite(ttl) && ttl > 0 ? Math.min(ttl, MAX_TOKEN_TTL_S) : DEFAULT_TOKEN_TTL_S) * 1000).toISOString(),
     ...(scopes?.length ? { scopes } : {}),
-  };
+  });
+}
+
+// The answer becomes the stored user credential: one Postgres cannot store (a NUL in `scope`), or
+// that the credential's own schema refuses (its export would not import again), is the endpoint's fault.
+function storable(value: Plain): Plain {
+  const unstorable = findUnstorable(value, 'credential');
+  if (unstorable) throw new Upstream(`token endpoint: answered a ${unstorable.path} that ${unstorable.message}`, { upstream: 'token endpoint' });
+  try {
+    checkAgainst(oauthAuthFlow.userCredential!, value, 'credential');
+  } catch (err) {
+    if (!(err instanceof InvalidRequest)) throw err;
+    throw new Upstream(`token endpoint: answered tokens that do not fit the user credential (${err.message})`, { upstream: 'token endpoint' });
+  }
+  return value;
 }
 
 // The user an OpenID Connect ID token names. Its signature is not checked: it came straight from

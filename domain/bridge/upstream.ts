@@ -2,6 +2,7 @@
 // or fails on its side is a 502; what it answers with a 4xx is its refusal, for the caller to map.
 import { Agent, fetch as undiciFetch } from 'undici';
 import { Upstream } from '../errors.ts';
+import { findUnstorable } from '../storable-json.ts';
 import { guardedLookup } from '../webhook-url.ts';
 
 // For URLs a client chose (a service account's token_uri): checked when stored and before each call,
@@ -62,6 +63,9 @@ export async function callUpstream(what: string, url: string, init: RequestInit,
   }
   let body: unknown = text;
   try { body = text ? JSON.parse(text) : undefined; } catch { /* not JSON: keep the text */ }
+  // Nesting that deep is no provider's answer, and would overflow the stack of its serialisation.
+  const deep = findUnstorable(body, 'answer', { depthOnly: true });
+  if (deep) throw new Upstream(`${what}: answered JSON that ${deep.message}`, { upstream: what, upstream_status: res.status });
   if (res.status >= 500 || (res.status >= 300 && res.status < 400)) {
     throw new Upstream(`${what}: answered HTTP ${res.status}`, { upstream: what, upstream_status: res.status });
   }

@@ -5,8 +5,9 @@ import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { ROOT, startStack, type Stack } from './stack.ts';
 import { startFakeProviders, type FakeProviders } from './fake-providers.ts';
+import type { Mode } from '../fixtures/oauth-server.ts';
 
-export interface OAuthServer { url: string; setMode(mode: 'ok' | 'revoked' | 'down' | 'eternal' | 'unprintable'): Promise<void>; refreshes(): Promise<number>; stop(): void }
+export interface OAuthServer { url: string; setMode(mode: Mode): Promise<void>; refreshes(): Promise<number>; stop(): void }
 
 export function startOAuthServer(clientSecret: string): Promise<OAuthServer> {
   const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'test/fixtures/oauth-server.ts')], {

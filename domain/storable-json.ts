@@ -1,0 +1,28 @@
+// JSON that parses may still be unusable here: NUL characters and unpaired surrogates are valid JSON
+// that Postgres refuses to store (text and jsonb), and very deep nesting overflows the stack of
+// JSON.stringify (a response, a job, a statement parameter): each would end as a 500. Numbers past
+// the double range (1e999) parse as Infinity, which JSON.stringify writes as null.
+import type { FieldError } from './errors.ts';
+
+export const MAX_JSON_DEPTH = 64;
+const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+/** The first member of `value` (named from `root`) that could not be stored; with `depthOnly`, only nesting past MAX_JSON_DEPTH counts. */
+export function findUnstorable(value: unknown, root = 'body', opts: { depthOnly?: boolean } = {}): FieldError | undefined {
+  const stack: [unknown, string, number][] = [[value, root, 0]];
+  while (stack.length) {
+    const [v, path, depth] = stack.pop()!;
+    if (typeof v === 'string') {
+      if (!opts.depthOnly && UNSTORABLE.test(v)) return { path, message: 'contains a NUL character or an unpaired surrogate' };
+    } else if (typeof v === 'number') {
+      if (!opts.depthOnly && !Number.isFinite(v)) return { path, message: 'is a number too large for JSON (it would be kept as null)' };
+    } else if (v !== null && typeof v === 'object') {
+      if (depth >= MAX_JSON_DEPTH) return { path, message: `nests deeper than ${MAX_JSON_DEPTH} levels` };
+      for (const [k, child] of Object.entries(v)) {
+        if (!opts.depthOnly && UNSTORABLE.test(k)) return { path, message: 'has a member name with a NUL character or an unpaired surrogate' };
+        stack.push([child, `${path}.${k}`, depth + 1]);
+      }
+    }
+  }
+  return undefined;
+}
