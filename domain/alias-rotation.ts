@@ -31,7 +31,7 @@ import { PUSH_ALIAS } from './push-config.ts';
 
 export const ROTATE_ALIAS = 'rotate-alias';
 
-type Phase = 'walk' | 'sweep' | 'credentials' | 'push-configs';
+export type Phase = 'walk' | 'sweep' | 'credentials' | 'push-configs';
 interface RotationParams { alias: string; from_dek_id?: string; new_dek_id?: string; phase?: Phase }
 
 // Starts a rotation, or returns the one already queued or running for the alias.
@@ -135,17 +135,17 @@ const pushConfigStore: RotationStore<PushRow, Parameters<typeof reencryptPushCon
 // Each store has its own row types; a batch only ever combines one store's functions.
 const STORES: Record<Phase, RotationStore<any, any>> = { walk: secretStore, sweep: secretStore, credentials: credentialStore, 'push-configs': pushConfigStore };
 
-// Re-encrypts one batch of the current phase; returns the job row after it and whether the
-// phase has nothing left.
-export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSize: number): Promise<{ job: KeyJobRow; phaseDone: boolean }> {
+// Re-encrypts one batch of the current phase; returns the job row after it, and the phase when it
+// has nothing left.
+export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSize: number): Promise<{ job: KeyJobRow; phaseDone?: Phase }> {
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
     if (!job) throw new NotFound('job', jobId);
-    if (job.status !== 'running') return { job, phaseDone: true };
     const params = job.params as unknown as Required<RotationParams>;
+    if (job.status !== 'running') return { job, phaseDone: params.phase };
     const store = STORES[params.phase];
     const rows = await store.next(trx, job, params, job.cursor, batchSize);
-    if (!rows.length) return { job, phaseDone: true };
+    if (!rows.length) return { job, phaseDone: params.phase };
     const rewritten: unknown[] = [];
     const errors: KeyJobError[] = [];
     for (const r of rows) {
@@ -166,7 +166,7 @@ export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSi
       cursor: store.key(rows[rows.length - 1]),
       errors,
     });
-    return { job: (await getKeyJob(trx, jobId))!, phaseDone: false };
+    return { job: (await getKeyJob(trx, jobId))! };
   });
 }
 
@@ -174,13 +174,16 @@ export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSi
 // the repoint made every later write use the new DEK, so what is left under an older one can only shrink.
 const AFTER_REPOINT: Phase[] = ['sweep', 'credentials', 'push-configs'];
 
-// Moves a repointed rotation to its next phase, counting that phase's rows into the total;
-// false when none is left.
-export async function nextRotationPhase(s: Pick<Services, 'db'>, jobId: string): Promise<boolean> {
+// Moves a repointed rotation on from `finished`, the phase its caller found done, counting the next
+// phase's rows into the total; false when none is left. A job run twice at once (a recovered copy,
+// a lock that expired) has both copies find a phase done: only the first moves it on, and a copy
+// that finds the job in a later phase runs that one, or a phase would be skipped.
+export async function nextRotationPhase(s: Pick<Services, 'db'>, jobId: string, finished: Phase): Promise<boolean> {
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
     if (!isActive(job)) return false;
     const params = job.params as unknown as Required<RotationParams>;
+    if (params.phase !== finished) return true;
     const at = AFTER_REPOINT.indexOf(params.phase);
     const next = at < 0 ? undefined : AFTER_REPOINT[at + 1];
     if (!next) return false;
@@ -199,7 +202,9 @@ export async function repointRotatedAlias(s: KeyringServices, jobId: string): Pr
     const job = await lockKeyJob(trx, jobId);
     if (!isActive(job)) return;
     const params = job.params as unknown as Required<RotationParams>;
-    if (params.phase === 'sweep') return;
+    // Done already (by this job before a crash, or by a copy running beside it): moving the job back
+    // to the sweep would walk again what later phases hold.
+    if (params.phase !== 'walk') return;
     const alias = await lockAlias(trx, params.alias);
     if (!alias) throw new NotFound('dek_alias', params.alias);
     if (alias.dek_id !== params.new_dek_id) {

@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
 import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Client, type Stack } from './helpers/stack.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
@@ -163,5 +165,28 @@ describe('alias rotation: bridge credentials and push notification secrets are r
       return ['completed', 'failed'].includes(j.status) && j;
     }, 'the second rotation to finish', 60000, 100);
     assert.deepEqual([job.status, job.total, job.done, job.failed], ['completed', CREDENTIALS + 1 + CONFIGS + 13, CREDENTIALS + 1 + CONFIGS + 13, 0]);
+  });
+
+  it('a rotation run by two processors at once (a second queue job, as recovery adds when Redis lost the first) takes every phase: nothing skipped, counts exact', async () => {
+    const connection = new Redis(process.env.REDIS_URL!, { maxRetriesPerRequest: null });
+    const queue = new Queue('key-jobs', { connection, prefix: stack.env.QUEUE_PREFIX });
+    try {
+      const db = testDb();
+      const started = await c.post(`${E}/dek/alias/default/rotate`);
+      assert.equal(started.status, 202);
+      await queue.add('rotate-alias', { job_id: started.body.id }, { jobId: `second-copy-${started.body.id}` });
+      const job = await waitFor(async () => {
+        const j = (await c.get(`${E}/job/${started.body.id}`)).body;
+        return ['completed', 'failed'].includes(j.status) && j;
+      }, 'the doubled rotation to finish', 60000, 100);
+      const all = CREDENTIALS + 1 + CONFIGS + 13;
+      assert.deepEqual([job.status, job.total, job.done, job.failed], ['completed', all, all, 0], JSON.stringify(job));
+      const newDek = job.params.new_dek_id;
+      assert.deepEqual(await db('bridge_credentials').whereNot({ dek_id: newDek }).select('id'), [], 'every credential under the new DEK');
+      assert.deepEqual(await db('push_configs').whereNotNull('encrypted_secrets').whereNot({ secrets_dek_id: newDek }).select('task_id'), [], 'every push config under the new DEK');
+    } finally {
+      await queue.close();
+      connection.disconnect();
+    }
   });
 });

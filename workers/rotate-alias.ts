@@ -7,17 +7,18 @@ import type { Services } from '../domain/services.ts';
 import { failOrRetryKeyJob } from './key-job-failure.ts';
 import { betweenBatches } from './key-job-hand-back.ts';
 import type { JobPayloads } from '../queues/names.ts';
-import { beginAliasRotation, finishAliasRotation, isPermanentRotationError, nextRotationPhase, repointRotatedAlias, rotateNextBatch } from '../domain/alias-rotation.ts';
+import { beginAliasRotation, finishAliasRotation, isPermanentRotationError, nextRotationPhase, repointRotatedAlias, rotateNextBatch, type Phase } from '../domain/alias-rotation.ts';
 
 export function createRotateAliasProcessor(services: Services, handBack: AbortSignal) {
   const { log, cfg } = services;
   return async (job: Job<JobPayloads['key-jobs']>, token?: string): Promise<void> => {
     const jobId = job.data.job_id;
-    const runPhase = async () => {
+    // Batches until the phase the job is in has nothing left; resolves to that phase.
+    const runPhase = async (): Promise<Phase> => {
       for (;;) {
         const { job: row, phaseDone } = await rotateNextBatch(services, jobId, cfg.ALIAS_ROTATION_BATCH);
         await job.updateProgress({ total: row.total, done: row.done, failed: row.failed });
-        if (phaseDone) return;
+        if (phaseDone) return phaseDone;
         await betweenBatches(services, job, token, handBack, cfg.ALIAS_ROTATION_PAUSE_MS);
       }
     };
@@ -25,11 +26,12 @@ export function createRotateAliasProcessor(services: Services, handBack: AbortSi
       const started = await beginAliasRotation(services, jobId);
       if (!started) return;
       log.info({ job_id: jobId, alias: started.params.alias, new_dek_id: started.params.new_dek_id, total: started.total, done: started.done }, 'alias rotation running');
-      if (started.params.phase === 'walk') {
-        await runPhase();
+      let finished = await runPhase();
+      if (finished === 'walk') {
         await repointRotatedAlias(services, jobId);
+        finished = await runPhase();
       }
-      do await runPhase(); while (await nextRotationPhase(services, jobId));
+      while (await nextRotationPhase(services, jobId, finished)) finished = await runPhase();
       const done = await finishAliasRotation(services, jobId);
       log.info({ job_id: jobId, status: done.status, done: done.done, failed: done.failed }, 'alias rotation finished');
     } catch (err) {
