@@ -1,23 +1,60 @@
 // How a value that fails its JSON Schema is refused: one InvalidRequest naming each offending
-// member once (request bodies, path and query parameters, credential values, function params).
+// member once, in words (request bodies, path and query parameters, credential values, function params).
 import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
 import addFormats from 'ajv-formats';
 import { InvalidRequest, type FieldError } from './errors.ts';
-import { BASE64_PATTERN } from '../api/schemas/common.ts';
 
 // The one compiler of what is checked as sent (request bodies, A2A params, provider function
 // params, agent output): all errors, discriminated unions, formats; no coercion.
 const ajv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false }));
 export const compileSchema = (schema: object): ValidateFunction => ajv.compile(schema);
 
-// ajv words a failed pattern as the regular expression itself; the ones clients meet get words.
-const PATTERN_WORDS: Record<string, string> = { [BASE64_PATTERN]: 'must be base64 (standard alphabet, padded with =)' };
-export const errorText = (e: ErrorObject): string =>
-  (e.keyword === 'pattern' ? PATTERN_WORDS[(e.params as { pattern: string }).pattern] : undefined) ?? e.message ?? 'is invalid';
+// ajv words a failed pattern as the regular expression itself: a schema names its pattern's words
+// here where it defines the pattern (`pattern: worded(PATTERN, 'must be ...')`).
+const PATTERN_WORDS = new Map<string, string>();
+export function worded(pattern: string, words: string): string {
+  PATTERN_WORDS.set(pattern, words);
+  return pattern;
+}
+const FORMAT_WORDS: Record<string, string> = { uuid: 'must be a UUID', 'date-time': 'must be an RFC 3339 date-time', uri: 'must be a URI' };
 
-function describe(e: ErrorObject): FieldError & { key: string } {
+export function errorText(e: ErrorObject): string {
+  if (e.keyword === 'pattern') return PATTERN_WORDS.get((e.params as { pattern: string }).pattern) ?? e.message ?? 'is invalid';
+  if (e.keyword === 'format') return FORMAT_WORDS[(e.params as { format: string }).format] ?? e.message ?? 'is invalid';
+  if (e.keyword === 'enum') return `must be one of ${(e.params as { allowedValues: unknown[] }).allowedValues.map(String).join(', ')}`;
+  return e.message ?? 'is invalid';
+}
+
+// A choice of constants (a union of literals) fails as "must be string" and "must be equal to
+// constant" for each choice plus "must match a schema in anyOf": said instead as the choices, once.
+// Keyed by the anyOf's schema path.
+function constantChoices(errors: readonly ErrorObject[]): Map<string, unknown[]> {
+  const byAnyOf = new Map<string, ErrorObject[]>();
+  for (const e of errors) {
+    const anyOf = branchOf(e);
+    if (anyOf) byAnyOf.set(anyOf, [...(byAnyOf.get(anyOf) ?? []), e]);
+  }
+  const choices = new Map<string, unknown[]>();
+  for (const [anyOf, es] of byAnyOf) {
+    const consts = es.filter((e) => e.keyword === 'const');
+    // Every failed branch a constant: an object branch failing on its type alone is not one.
+    const branches = new Set(es.map((e) => e.schemaPath.split('/').at(-2)));
+    if (consts.length === branches.size && es.every((e) => ['const', 'type'].includes(e.keyword))) choices.set(anyOf, consts.map((e) => (e.params as { allowedValue: unknown }).allowedValue));
+  }
+  return choices;
+}
+// The anyOf whose branch failed on its own keyword (`.../anyOf/<n>/<keyword>`), if any.
+const branchOf = (e: ErrorObject) => /^(.*\/anyOf)\/\d+\/[^/]+$/.exec(e.schemaPath)?.[1];
+
+const valueAt = (value: unknown, instancePath: string): unknown =>
+  instancePath.split('/').slice(1).reduce<unknown>((v, k) => (v && typeof v === 'object' ? (v as Record<string, unknown>)[k.replace(/~1/g, '/').replace(/~0/g, '~')] : undefined), value);
+
+function describe(e: ErrorObject, value: unknown, where: string, choices: Map<string, unknown[]>): (FieldError & { key: string }) | undefined {
   const base = e.instancePath.split('/').slice(1).join('.');
   const join = (p: string) => (base ? `${base}.${p}` : p);
+  // Koa reads a query parameter given twice as a list of its values.
+  const twice = where === 'query' && Array.isArray(valueAt(value, e.instancePath));
+  if (twice && ['type', 'anyOf', 'const'].includes(e.keyword)) return { key: `${base}:twice`, path: base, message: 'must be given once' };
   switch (e.keyword) {
     case 'required': {
       const p = join((e.params as { missingProperty: string }).missingProperty);
@@ -29,18 +66,30 @@ function describe(e: ErrorObject): FieldError & { key: string } {
     }
     case 'discriminator':
       return { key: join('type'), path: join('type'), message: 'must be one of text-part, data-part, file-part' };
-    default:
-      return { key: `${base}:${e.keyword}`, path: base, message: errorText(e) };
+    case 'anyOf': {
+      const allowed = choices.get(e.schemaPath);
+      if (allowed) return { key: `${base}:choice`, path: base, message: `must be one of ${allowed.map(String).join(', ')}` };
+      break;
+    }
+    case 'pattern':
+    case 'format':
+      // A UUID is checked by both: said once.
+      return { key: `${base}:shape`, path: base, message: errorText(e) };
   }
+  const anyOf = branchOf(e);
+  if (anyOf && choices.has(anyOf)) return undefined;
+  return { key: `${base}:${e.keyword}`, path: base, message: errorText(e) };
 }
 
 export function checkValid(validate: ValidateFunction, value: unknown, where: string): void {
   if (validate(value)) return;
+  const all = validate.errors ?? [];
+  const choices = constantChoices(all);
   const seen = new Set<string>();
   const errors: FieldError[] = [];
-  for (const e of validate.errors ?? []) {
-    const d = describe(e);
-    if (seen.has(d.key)) continue;
+  for (const e of all) {
+    const d = describe(e, value, where, choices);
+    if (!d || seen.has(d.key)) continue;
     seen.add(d.key);
     const path = d.path ? `${where}.${d.path}` : where;
     errors.push({ path, message: d.message });

@@ -1,8 +1,10 @@
 // HTTP conventions of SPEC.md section 1, enforced in middleware for every route.
 import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
 import { ADMIN_KEY, assertError, resetDb, startStack, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
+import { TASK_STATES } from '../domain/task-states.ts';
 
 const LIMIT = 4096;
 
@@ -214,6 +216,23 @@ describe('HTTP conventions', () => {
     assert.equal(ok.status, 201, ok.text);
     assert.equal(ok.body.message.parts[0].text, '\u{1F600} ok');
     assert.equal(await taskCount(), before + 1);
+  });
+
+  it('says what a refused value must be in words, once per member: the choices, a UUID, a pattern\'s rule, a query parameter given twice', async () => {
+    const c = stack.client;
+    const cases: [Promise<Response>, string, string][] = [
+      [c.get('/api/task/v1?status=bogus'), 'query.status', `must be one of ${TASK_STATES.join(', ')}`],
+      [c.get('/api/encryption/v1/job/zzz'), 'path.job_id', 'must be a UUID'],
+      [c.get(`/api/task/v1/${randomUUID()}/timeline?order=asc&order=desc`), 'query.order', 'must be given once'],
+      [c.post('/api/secret/v1', { key: 'a b', raw_value: 'x' }), 'body.key', 'must be made of A-Z a-z 0-9 _ . / -'],
+      [c.post('/api/task/v1', { message: { role: 'robot', parts: [{ type: 'text-part', text: 'x' }] } }), 'body.message.role', 'must be one of user, agent'],
+    ];
+    for (const [call, path, message] of cases) {
+      const r = await call;
+      assertError(r, 400, 'invalid_request');
+      assert.deepEqual(r.body.data.errors, [{ path, message }], r.text);
+      assert.equal(r.body.message, `Invalid ${path.split('.')[0]}: ${path} ${message}`);
+    }
   });
 
   it('answers 404 with the Error body for unknown routes, with and without a key', async () => {

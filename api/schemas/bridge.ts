@@ -1,16 +1,17 @@
 // Bridge shapes (seed: ProviderInstance, FunctionInstance, *Controller, Credential; SPEC.md section 7).
 import { Type, type Static } from '@sinclair/typebox';
-import { Body, FreeObject, NoControlChars, Timestamp, Uuid } from './common.ts';
+import { Body, FreeObject, HTTP_URL, NoControlChars, Timestamp, Uuid } from './common.ts';
 import { AliasName } from './encryption.ts';
+import { worded } from '../../domain/schema-check.ts';
 
-export const ProviderInstanceId = Type.String({ pattern: '^[A-Za-z0-9_-]{1,64}$', description: '1..64 of A-Z a-z 0-9 _ -' });
-export const ControllerTypeId = Type.String({ pattern: '^[a-z0-9_]{1,64}$' });
+export const ProviderInstanceId = Type.String({ pattern: worded('^[A-Za-z0-9_-]{1,64}$', 'must be 1 to 64 of A-Z a-z 0-9 _ -'), description: '1..64 of A-Z a-z 0-9 _ -' });
+export const ControllerTypeId = Type.String({ pattern: worded('^[a-z0-9_]{1,64}$', 'must be 1 to 64 of a-z 0-9 _') });
 export const ProviderStatus = Type.Union(['brokering_initiated', 'active', 'disabled', 'refresh_failed'].map((s) => Type.Literal(s)));
 export type ProviderStatus = Static<typeof ProviderStatus>;
 
 export const ReturnAddress = Type.Object({
   type: Type.Literal('url'),
-  url: Type.String({ pattern: '^https?://[^\\s]+$', maxLength: 2048 }),
+  url: Type.String({ pattern: HTTP_URL, maxLength: 2048 }),
 }, { additionalProperties: false });
 
 // What every controller in the catalog says of itself.

@@ -1,11 +1,14 @@
 import { Type, type TSchema } from '@sinclair/typebox';
+import { worded } from '../../domain/schema-check.ts';
 
 // The pattern too: ajv-formats' uuid format also accepts 'urn:uuid:...', which Postgres refuses.
-export const Uuid = Type.String({ format: 'uuid', pattern: '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$', description: 'UUID' });
+export const Uuid = Type.String({ format: 'uuid', pattern: worded('^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$', 'must be a UUID'), description: 'UUID' });
 // A pattern for free-form strings that reach SQL or paths: no control characters (Postgres refuses NUL).
-export const NoControlChars = '^[^\\u0000-\\u001f\\u007f]+$';
+export const NoControlChars = worded('^[^\\u0000-\\u001f\\u007f]+$', 'must not contain control characters');
 // Standard base64, padded: whole groups of four (a last one with = padding), which Buffer decodes as sent.
-export const BASE64_PATTERN = '^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$';
+export const BASE64_PATTERN = worded('^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$', 'must be base64 (standard alphabet, padded with =)');
+// http(s) URLs clients give (webhooks, redirects).
+export const HTTP_URL = worded('^https?://[^\\s]+$', 'must be an http(s) URL without spaces');
 export const Base64 = Type.String({ contentEncoding: 'base64', pattern: BASE64_PATTERN, description: 'base64 (standard alphabet, padded)' });
 export const Timestamp = Type.String({ format: 'date-time', description: 'RFC 3339, UTC, millisecond precision' });
 export const FreeObject = Type.Record(Type.String(), Type.Unknown(), { description: 'free-form object' });

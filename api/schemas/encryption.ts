@@ -3,10 +3,11 @@ import { Body, FreeObject, NoControlChars, Timestamp, Uuid } from './common.ts';
 import type { EnvelopeKeyRow } from '../../db/envelope-keys.ts';
 import type { AliasRow, DekListRow, DekRow } from '../../db/deks.ts';
 import type { KeyJobRow } from '../../db/key-jobs.ts';
+import { worded } from '../../domain/schema-check.ts';
 
-export const FileName = Type.String({ pattern: '^[A-Za-z0-9_.-]{1,255}$', description: 'plain file name under KEYS_DIR (no separators, no "..")' });
-export const DekId = Type.String({ pattern: '^[A-Za-z0-9_.:-]{1,200}$', description: 'DEK id: a UUID unless given at creation' });
-export const AliasName = Type.String({ pattern: '^[A-Za-z0-9_.:-]{1,128}$' });
+export const FileName = Type.String({ pattern: worded('^[A-Za-z0-9_.-]{1,255}$', 'must be a file name: 1 to 255 of A-Z a-z 0-9 _ . -'), description: 'plain file name under KEYS_DIR (no separators, no "..")' });
+export const DekId = Type.String({ pattern: worded('^[A-Za-z0-9_.:-]{1,200}$', 'must be 1 to 200 of A-Z a-z 0-9 _ . : -'), description: 'DEK id: a UUID unless given at creation' });
+export const AliasName = Type.String({ pattern: worded('^[A-Za-z0-9_.:-]{1,128}$', 'must be 1 to 128 of A-Z a-z 0-9 _ . : -') });
 export const EnvelopeId = Type.String({ minLength: 1, maxLength: 2048, pattern: NoControlChars, description: 'file_name of a local key, ARN of a KMS key (URL-encoded in paths)' });
 const WrappedDek = Type.String({ minLength: 1, maxLength: 16384, description: 'base64 wrapped DEK' });
 

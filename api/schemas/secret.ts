@@ -1,9 +1,10 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { Body, Timestamp, Uuid } from './common.ts';
 import { AliasName, DekId } from './encryption.ts';
+import { worded } from '../../domain/schema-check.ts';
 
 export const SecretKey = Type.String({
-  minLength: 1, maxLength: 256, pattern: '^[A-Za-z0-9_./-]+$',
+  minLength: 1, maxLength: 256, pattern: worded('^[A-Za-z0-9_./-]+$', 'must be made of A-Z a-z 0-9 _ . / -'),
   description: 'Key name: 1..256 of A-Z a-z 0-9 _ . - /. In a path, encode "/" as %2F.',
 });
 

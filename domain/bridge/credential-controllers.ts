@@ -5,10 +5,12 @@ import { Conflict, InvalidRequest, Upstream } from '../errors.ts';
 import { assertOutboundUrl } from '../webhook-url.ts';
 import { callUpstream, refusalMessage } from './upstream.ts';
 import type { CredentialControllerDef, Plain, UpstreamOptions } from './types.ts';
+import { worded } from '../schema-check.ts';
+import { HTTP_URL } from '../../api/schemas/common.ts';
 
 const Str = (description: string) => Type.String({ minLength: 1, maxLength: 8192, description });
 // Values sent in an Authorization header: printable ASCII, or every call would fail.
-export const HEADER_TOKEN_PATTERN = '^[\\x21-\\x7e]+$';
+export const HEADER_TOKEN_PATTERN = worded('^[\\x21-\\x7e]+$', 'must be printable ASCII without spaces');
 export const MAX_TOKEN_LENGTH = 8192;
 const Token = (description: string) => Type.String({ minLength: 1, maxLength: MAX_TOKEN_LENGTH, pattern: HEADER_TOKEN_PATTERN, description: `${description} (printable ASCII)` });
 const Scopes = Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { maxItems: 100 }));
@@ -39,7 +41,7 @@ export const oauthAuthFlow: CredentialControllerDef = {
   resourceServer: Type.Object({
     client_id: Str('OAuth client id'),
     client_secret: Str('OAuth client secret'),
-    redirect_uri: Type.String({ pattern: '^https?://[^\\s]+$', maxLength: 2048 }),
+    redirect_uri: Type.String({ pattern: HTTP_URL, maxLength: 2048 }),
     scopes: Scopes,
   }, Strict),
   userCredential: Type.Object({
@@ -123,7 +125,7 @@ export const oauthJwtBearer: CredentialControllerDef = {
   resourceServer: Type.Object({
     client_id: Str('issuer of the assertion (the service account)'),
     private_key: Str('PEM private key (RSA)'),
-    token_uri: Type.String({ pattern: '^https?://[^\\s]+$', maxLength: 2048 }),
+    token_uri: Type.String({ pattern: HTTP_URL, maxLength: 2048 }),
     scopes: Scopes,
     sub: Type.Optional(Str('the user to act for (domain-wide delegation)')),
   }, Strict),

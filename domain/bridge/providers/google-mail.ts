@@ -4,9 +4,10 @@ import { oauthAuthFlow, oauthJwtBearer } from '../credential-controllers.ts';
 import { Upstream } from '../../errors.ts';
 import { callUpstream, refusalMessage, successObject } from '../upstream.ts';
 import type { ProviderControllerDef } from '../types.ts';
+import { worded } from '../../schema-check.ts';
 
 // No CR/LF in header values: a subject or address must not be able to add headers.
-const HeaderSafe = (d: string, max: number) => Type.String({ minLength: 1, maxLength: max, pattern: '^[^\\r\\n]+$', description: d });
+const HeaderSafe = (d: string, max: number) => Type.String({ minLength: 1, maxLength: max, pattern: worded('^[^\\r\\n]+$', 'must be one line (no CR or LF)'), description: d });
 
 function rfc2822(to: string, subject: string, body: string): string {
   const encodedSubject = /^[\x20-\x7e]*$/.test(subject) ? subject : `=?UTF-8?B?${Buffer.from(subject).toString('base64')}?=`;

@@ -3,8 +3,9 @@ import { Type } from '@sinclair/typebox';
 import { apiKey } from '../credential-controllers.ts';
 import { callUpstream, refusalMessage, successObject } from '../upstream.ts';
 import type { ProviderControllerDef } from '../types.ts';
+import { worded } from '../../schema-check.ts';
 
-const Id = (d: string) => Type.String({ pattern: '^[A-Za-z0-9_]{1,255}$', description: d });
+const Id = (d: string) => Type.String({ pattern: worded('^[A-Za-z0-9_]{1,255}$', 'must be 1 to 255 of A-Z a-z 0-9 _'), description: d });
 
 export const stripe: ProviderControllerDef = {
   type_id: 'stripe',
