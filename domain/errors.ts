@@ -47,8 +47,9 @@ export class MethodNotAllowed extends AppError {
   }
 }
 export class NotFound extends AppError {
-  constructor(resource: string, id: string) {
-    super(404, 'not_found', `${resource} '${id}' not found`, { resource, id });
+  /** `within`: what the resource was looked for in, e.g. "for provider 'stripe'". */
+  constructor(resource: string, id: string, within?: string) {
+    super(404, 'not_found', `${resource} '${id}' not found${within ? ` ${within}` : ''}`, { resource, id });
   }
 }
 export class Conflict extends AppError {

@@ -143,7 +143,7 @@ describe('bridge API', () => {
       [`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: 'k', extra: 1 } }, 400, /body\.value\.extra is not an allowed member/],
       [`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: 'k' }, dek_alias: 'nope' }, 404, /dek_alias 'nope' not found/],
       [`${avail('stripe', 'api_key')}/credential/user-credential`, { value: {} }, 400, /has no user credential/],
-      [`${avail('stripe', 'oauth_auth_flow')}/credential/resource-server`, { value: {} }, 404, /credential controller of provider 'stripe' 'oauth_auth_flow' not found/],
+      [`${avail('stripe', 'oauth_auth_flow')}/credential/resource-server`, { value: {} }, 404, /^credential controller 'oauth_auth_flow' not found for provider 'stripe'$/],
       [`${avail('nope', 'api_key')}/credential/resource-server`, { value: {} }, 404, /provider controller 'nope' not found/],
       [`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
         { value: { client_id: 'svc', private_key: 'not a key', token_uri: `${providers.url}/token` } }, 400, /private_key is not a PEM RSA private key/],

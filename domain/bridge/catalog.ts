@@ -20,7 +20,7 @@ export function providerDef(typeId: string): ProviderControllerDef {
 
 export function credentialDef(provider: ProviderControllerDef, typeId: string): CredentialControllerDef {
   const c = provider.credentialControllers.find((d) => d.type_id === typeId);
-  if (!c) throw new NotFound(`credential controller of provider '${provider.type_id}'`, typeId);
+  if (!c) throw new NotFound('credential controller', typeId, `for provider '${provider.type_id}'`);
   return c;
 }
 
