@@ -2,13 +2,13 @@
 // (error cases with ids echoed, card fields, continuing a task, unknown task ids) and junk params.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { ADMIN_KEY, resetDb, startStack, testDb, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, startStack, testDb, useStack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string, extra: Record<string, unknown> = {}) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
 
 describe('A2A JSON-RPC endpoint', () => {
-  let stack: Stack;
+  const stack = useStack({ PUBLIC_URL: 'https://agents.example.com', AGENT_NAME: 'test-agent', AGENT_SKILLS_JSON: JSON.stringify([{ id: 'echo', name: 'Echo', description: 'Echoes', tags: ['echo'] }]) });
   let nextId = 1;
   const raw = async (payload: string, headers: Record<string, string> = {}) => {
     const res = await fetch(stack.api.url + A2A, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', ...headers }, body: payload });
@@ -18,12 +18,6 @@ describe('A2A JSON-RPC endpoint', () => {
     return { status: res.status, body: JSON.parse(json), headers: res.headers };
   };
   const rpc = async (method: string, params?: unknown, id: unknown = nextId++) => raw(JSON.stringify({ jsonrpc: '2.0', id, method, ...(params === undefined ? {} : { params }) }));
-
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ PUBLIC_URL: 'https://agents.example.com', AGENT_NAME: 'test-agent', AGENT_SKILLS_JSON: JSON.stringify([{ id: 'echo', name: 'Echo', description: 'Echoes', tags: ['echo'] }]) });
-  });
-  after(async () => stack?.stop());
 
   describe('envelope errors (HTTP 200, id echoed)', () => {
     it('bad JSON is -32700 with id null', async () => {
@@ -313,7 +307,7 @@ describe('A2A JSON-RPC endpoint', () => {
 });
 
 describe('A2A JSON-RPC with streaming and push notifications switched off', () => {
-  let stack: Stack;
+  const stack = useStack({ A2A_STREAMING: 'false', A2A_PUSH_NOTIFICATIONS: 'false' });
   let nextId = 1;
   const rpc = async (method: string, params: unknown): Promise<any> => {
     const res = await fetch(stack.api.url + A2A, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, body: JSON.stringify({ jsonrpc: '2.0', id: `c${nextId}`, method, params }) });
@@ -323,12 +317,6 @@ describe('A2A JSON-RPC with streaming and push notifications switched off', () =
     assert.equal(body.id, `c${nextId++}`);
     return body;
   };
-
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ A2A_STREAMING: 'false', A2A_PUSH_NOTIFICATIONS: 'false' });
-  });
-  after(async () => stack?.stop());
 
   it('the card says so', async () => {
     const card: any = await (await fetch(`${stack.api.url}/.well-known/agent-card.json`)).json();

@@ -6,7 +6,7 @@ import { randomUUID } from 'node:crypto';
 import net from 'node:net';
 import path from 'node:path';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
-import { ADMIN_KEY, Client, requestLogsThrough, resetDb, startApi, startStack, testDb, waitFor, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, Client, requestLogsThrough, resetDb, startApi, startStack, testDb, useStack, waitFor, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string, extra: Record<string, unknown> = {}) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
@@ -52,14 +52,8 @@ async function sse(url: string, method: string, params: unknown, opts: { id?: un
 }
 
 describe('A2A streaming (SSE)', () => {
-  let stack: Stack;
+  const stack = useStack();
   const rpc = (method: string, params: unknown) => stack.client.post(A2A, { jsonrpc: '2.0', id: 1, method, params });
-
-  before(async () => {
-    await resetDb();
-    stack = await startStack();
-  });
-  after(async () => stack?.stop());
 
   it('message/stream: snapshot, status, message and artifact events in order, final last, then closed', async () => {
     const s = await sse(stack.api.url, 'message/stream', { message: userMessage('[sleep 200] [artifact] streamed') }, { id: 99 });
@@ -203,12 +197,7 @@ describe('A2A streaming (SSE)', () => {
 });
 
 describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
-  let stack: Stack;
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ A2A_STREAMS_PER_KEY: '2' }, { workers: 0 });
-  });
-  after(async () => stack?.stop());
+  const stack = useStack({ A2A_STREAMS_PER_KEY: '2' }, { workers: 0 });
 
   // A stream that stays open (its task never ends), until `close`.
   const open = async (taskId: string, key = ADMIN_KEY, apiUrl = stack.api.url) => {
@@ -303,12 +292,7 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
 });
 
 describe("A2A streams of keys revoked by other paths", () => {
-  let stack: Stack;
-  before(async () => {
-    await resetDb();
-    stack = await startStack({}, { workers: 0 });
-  });
-  after(async () => stack?.stop());
+  const stack = useStack({}, { workers: 0 });
 
   // A stream of a new a2a key on a task that stays submitted; resolves 'ended' when the API ends it.
   const streamOfNewKey = async () => {

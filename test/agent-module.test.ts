@@ -9,7 +9,7 @@ import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
-import { ROOT, resetDb, startStack, startWorker, testDb, testEnv, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { ROOT, resetDb, startStack, startWorker, testDb, testEnv, textMessage, useStack, waitFor, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }] });
@@ -237,13 +237,8 @@ describe('agent modules', () => {
 });
 
 describe("the README's smallest agent module", () => {
-  let stack: Stack;
-  before(async () => {
-    await resetDb();
-    // Relative, as the README shows it: resolved from the working directory (the repository's root).
-    stack = await startStack({ AGENT_KIND: 'module', AGENT_MODULE: './test/fixtures/echo-agent.mjs' });
-  });
-  after(async () => stack?.stop());
+  // Relative, as the README shows it: resolved from the working directory (the repository's root).
+  const stack = useStack({ AGENT_KIND: 'module', AGENT_MODULE: './test/fixtures/echo-agent.mjs' });
 
   it('completes a task with its answer', async () => {
     const id = (await stack.client.post('/api/task/v1', { message: textMessage('hi there') })).body.task.id;

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
-import { resetDb, startStack, startWorker, testDb, waitFor, type Client, type Proc, type Stack } from './helpers/stack.ts';
+import { startWorker, testDb, useStack, waitFor, type Client, type Proc } from './helpers/stack.ts';
 
 const S = '/api/secret/v1';
 const E = '/api/encryption/v1';
@@ -10,7 +10,8 @@ const READ_KEYS = 240; // secrets only read during the rotation
 const WRITE_KEYS = 20; // secrets updated during the rotation
 
 describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, readers unaffected', () => {
-  let stack: Stack;
+  // Small batches with a pause, so the rotation spans many transactions while clients work.
+  const stack = useStack({ ALIAS_ROTATION_BATCH: '20', ALIAS_ROTATION_PAUSE_MS: '40' }, { workers: 0 });
   let c: Client;
   const allProcs: Proc[] = []; // killed workers too, for the log check
   const expected = new Map<string, string>(); // key -> current raw value
@@ -47,9 +48,6 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
   }
 
   before(async () => {
-    await resetDb();
-    // Small batches with a pause, so the rotation spans many transactions while clients work.
-    stack = await startStack({ ALIAS_ROTATION_BATCH: '20', ALIAS_ROTATION_PAUSE_MS: '40' }, { workers: 0 });
     c = stack.client;
     const envelope = (await c.get(`${E}/dek/alias/default`)).body.envelope_encryption_key_id.id;
     const dek = await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, {});
@@ -58,7 +56,6 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     for (let i = 0; i < keys.length; i += 20) await Promise.all(keys.slice(i, i + 20).map((k) => createSecret(k, ALIAS)));
     for (let i = 0; i < 5; i++) await createSecret(`default/${i}`, 'default');
   });
-  after(async () => stack?.stop());
 
   it('answers 404/400/401/403 for bad rotation requests', async () => {
     assert.equal((await c.post(`${E}/dek/alias/no-such-alias/rotate`)).status, 404);

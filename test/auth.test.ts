@@ -6,7 +6,7 @@ import path from 'node:path';
 import { randomUUID } from 'node:crypto';
 import { allRoutes } from '../api/app.ts';
 import { SCOPES, type Scope } from '../domain/api-keys.ts';
-import { ADMIN_KEY, assertError, Client, resetDb, startStack, testDb, waitFor, type Response, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, assertError, Client, resetDb, startStack, testDb, useStack, waitFor, type Response, type Stack } from './helpers/stack.ts';
 
 const DUMMY = '00000000-0000-4000-8000-000000000000';
 const urlOf = (p: string) => p.replace(/:([A-Za-z0-9_]+)/g, DUMMY);
@@ -30,7 +30,10 @@ function assertAuthError(r: Response, status: 401 | 403, what: string) {
 const [URL_USER, URL_PASSWORD, URL_PARAM] = ['stripe-user-5e1d', 'stripe-password-9c2a', 'stripe-param-71b0'];
 
 describe('authentication and scopes', () => {
-  let stack: Stack;
+  const stack = useStack({
+    STRIPE_API_BASE_URL: `https://${URL_USER}:${URL_PASSWORD}@api.stripe.example/v1?key=${URL_PARAM}`,
+    AGENT_REMOTE_KEY_ORIGINS: 'https://a.example,https://b.example:8443',
+  }, { workers: 0 });
   let admin: Client;
   const createKey = async (scopes: string[], name = `key ${scopes.join(' ')}`) => {
     const r = await admin.post('/api/auth/v1/api-key', { name, scopes });
@@ -38,15 +41,7 @@ describe('authentication and scopes', () => {
     return r.body as { id: string; name: string; scopes: Scope[]; key: string; created_at: string };
   };
 
-  before(async () => {
-    await resetDb();
-    stack = await startStack({
-      STRIPE_API_BASE_URL: `https://${URL_USER}:${URL_PASSWORD}@api.stripe.example/v1?key=${URL_PARAM}`,
-      AGENT_REMOTE_KEY_ORIGINS: 'https://a.example,https://b.example:8443',
-    }, { workers: 0 });
-    admin = stack.client;
-  });
-  after(async () => stack?.stop());
+  before(() => { admin = stack.client; });
 
   it('covers every route: allRoutes has scoped routes for each tag it mounts', () => {
     assert.ok(scoped.length >= 10, `only ${scoped.length} scoped routes`);
@@ -280,13 +275,7 @@ describe('authentication and scopes', () => {
 });
 
 describe('per-key rate limit', () => {
-  let stack: Stack;
-
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ RATE_LIMIT_PER_SECOND: '5' }, { workers: 0 });
-  });
-  after(async () => stack?.stop());
+  const stack = useStack({ RATE_LIMIT_PER_SECOND: '5' }, { workers: 0 });
 
   it('answers 429 rate_limited with Retry-After beyond the limit, creating nothing for refused requests; other keys keep their own budget', async () => {
     const other = await stack.client.post('/api/auth/v1/api-key', { name: 'other', scopes: ['task:read'] });

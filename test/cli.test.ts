@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import path from 'node:path';
-import { ROOT, requireEnv, resetDb, testDb, startStack, waitFor, type Stack } from './helpers/stack.ts';
+import { ROOT, requireEnv, testDb, useStack, waitFor } from './helpers/stack.ts';
 
 interface Run { code: number | null; stdout: string; stderr: string }
 
@@ -20,12 +20,7 @@ function cli(args: string[], env: Record<string, string | undefined> = {}): Prom
 }
 
 describe('key management CLI (npm run cli -- keys ...)', () => {
-  let stack: Stack;
-  before(async () => {
-    await resetDb();
-    stack = await startStack({}, { workers: 0 });
-  });
-  after(async () => stack?.stop());
+  const stack = useStack({}, { workers: 0 });
 
   it('creates a key that is printed once and works against the API with its scopes', async () => {
     const r = await cli(['keys', 'create', '--name', 'ci reader', '--scopes', 'task:read,task:write']);
@@ -123,15 +118,10 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
 });
 
 describe('key job CLI (npm run cli -- jobs ...)', () => {
-  let stack: Stack;
+  // Small batches with a pause: the migration runs long enough (about 12 s) to be watched, even when
+  // the CLI's own start takes seconds on a busy machine.
+  const stack = useStack({ DEK_MIGRATION_BATCH: '10', DEK_MIGRATION_PAUSE_MS: '400' });
   const E = '/api/encryption/v1';
-  before(async () => {
-    await resetDb();
-    // Small batches with a pause: the migration runs long enough (about 12 s) to be watched, even when
-    // the CLI's own start takes seconds on a busy machine.
-    stack = await startStack({ DEK_MIGRATION_BATCH: '10', DEK_MIGRATION_PAUSE_MS: '400' });
-  });
-  after(async () => stack?.stop());
 
   it('lists a running migration and follows it to the end with its counts (exit 0)', async () => {
     const c = stack.client;

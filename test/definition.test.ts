@@ -2,15 +2,10 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { randomUUID } from 'node:crypto';
-import { resetDb, startStack, testDb, waitFor, type Stack } from './helpers/stack.ts';
+import { testDb, useStack, waitFor } from './helpers/stack.ts';
 
 describe('GET /api/a2a/v1/definition', () => {
-  let stack: Stack;
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ AGENT_NAME: 'definition-test-agent' });
-  });
-  after(async () => stack?.stop());
+  const stack = useStack({ AGENT_NAME: 'definition-test-agent' });
 
   it('exports the agent card, envelope keys with wrapped DEKs by alias, encrypted secrets and providers with encrypted credentials, never raw values', async () => {
     const raw = 'raw-secret-value-0b7d3c51';

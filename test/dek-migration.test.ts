@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
-import { resetDb, startStack, startWorker, testDb, waitFor, type Stack } from './helpers/stack.ts';
+import { startStack, startWorker, testDb, useStack, waitFor, type Stack } from './helpers/stack.ts';
 import { insertDeks } from '../db/deks.ts';
 
 const E = '/api/encryption/v1';
@@ -22,7 +22,10 @@ function seal(key: Buffer, data: Buffer): string {
 }
 
 describe('bulk DEK migration', () => {
-  let stack: Stack;
+  // Small batches with a pause so the job is surely mid-way when the worker is killed. No rate
+  // limit: the clients that create DEKs during a migration below go as fast as the machine lets
+  // them, past 1,000 requests a second on a fast one.
+  const stack = useStack({ DEK_MIGRATION_BATCH: '20', DEK_MIGRATION_PAUSE_MS: '15', RATE_LIMIT_PER_SECOND: '0' });
   let redis: Redis;
   const plains = new Map<string, Buffer>();
   const secretValues = new Map<string, string>();
@@ -30,11 +33,6 @@ describe('bulk DEK migration', () => {
   let dstKek: Buffer;
 
   before(async () => {
-    await resetDb();
-    // Small batches with a pause so the job is surely mid-way when the worker is killed. No rate
-    // limit: the clients that create DEKs during a migration below go as fast as the machine lets
-    // them, past 1,000 requests a second on a fast one.
-    stack = await startStack({ DEK_MIGRATION_BATCH: '20', DEK_MIGRATION_PAUSE_MS: '15', RATE_LIMIT_PER_SECOND: '0' });
     redis = new Redis(process.env.REDIS_URL!);
     const c = stack.client;
     for (const f of ['src.key', 'dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
@@ -58,10 +56,7 @@ describe('bulk DEK migration', () => {
       secretValues.set(`s/${dek}`, value);
     }
   });
-  after(async () => {
-    redis?.disconnect();
-    await stack?.stop();
-  });
+  after(() => redis?.disconnect());
 
   it('2,000 DEKs, worker SIGKILLed mid-job: finishes after the restart, re-wraps every DEK exactly once, and keeps every secret readable', async () => {
     const c = stack.client;

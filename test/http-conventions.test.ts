@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
-import { ADMIN_KEY, assertError, resetDb, startStack, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, assertError, testDb, textMessage, useStack, waitFor, type Response } from './helpers/stack.ts';
 import { TASK_STATES } from '../domain/task-states.ts';
 
 const LIMIT = 4096;
@@ -25,14 +25,8 @@ function raw(url: string, opts: { method: string; path: string; headers?: Record
 }
 
 describe('HTTP conventions', () => {
-  let stack: Stack;
+  const stack = useStack({ BODY_LIMIT_BYTES: String(LIMIT) }, { workers: 0 });
   const taskCount = async () => Number((await testDb()('tasks').count({ n: '*' }))[0].n);
-
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ BODY_LIMIT_BYTES: String(LIMIT) }, { workers: 0 });
-  });
-  after(async () => stack?.stop());
 
   it('answers 415 for a body that is not application/json, storing nothing', async () => {
     const before = await taskCount();

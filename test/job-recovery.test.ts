@@ -5,34 +5,26 @@ import { Redis } from 'ioredis';
 import { Queue, UnrecoverableError, Worker } from 'bullmq';
 import { randomUUID } from 'node:crypto';
 import { applyStatusChanges } from '../db/tasks.ts';
-import { resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Proc, type Stack } from './helpers/stack.ts';
+import { startWorker, statusesOf, testDb, textMessage, useStack, waitFor, type Proc, type Stack } from './helpers/stack.ts';
 
 const E = '/api/encryption/v1';
 
 // A stack without workers (each test starts its own, with recovery passes every 300 ms), and a way
 // to make Redis lose a queue's jobs once the outbox relay has handed them over.
 function recoveryStack() {
-  const env = { JOB_RECOVERY_MS: '300' };
+  const stack = useStack({ JOB_RECOVERY_MS: '300' }, { workers: 0 });
   let redis: Redis;
-  const ctx = {
-    stack: undefined as unknown as Stack,
+  before(() => { redis = new Redis(process.env.REDIS_URL!); });
+  after(() => redis?.disconnect());
+  return {
+    stack,
     async loseJobs(queue: string) {
       await waitFor(async () => Number((await testDb()('outbox').where({ queue }).count({ n: '*' }))[0].n) === 0, 'outbox relayed');
-      const keys = await redis.keys(`${ctx.stack.env.QUEUE_PREFIX}:${queue}:*`);
+      const keys = await redis.keys(`${stack.env.QUEUE_PREFIX}:${queue}:*`);
       assert.ok(keys.length > 0, 'the queue jobs exist before the loss');
       await redis.del(...keys);
     },
   };
-  before(async () => {
-    await resetDb();
-    ctx.stack = await startStack(env, { workers: 0 });
-    redis = new Redis(process.env.REDIS_URL!);
-  });
-  after(async () => {
-    redis?.disconnect();
-    await ctx.stack?.stop();
-  });
-  return ctx;
 }
 
 describe('key job recovery', () => {

@@ -3,15 +3,10 @@ import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
 import { registerWorkerMetrics, WorkerMetrics } from '../queues/worker-metrics.ts';
-import { resetDb, startStack, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { textMessage, useStack, waitFor } from './helpers/stack.ts';
 
 describe('GET /metrics', () => {
-  let stack: Stack;
-  before(async () => {
-    await resetDb();
-    stack = await startStack({}, { workers: 0 });
-  });
-  after(async () => stack?.stop());
+  const stack = useStack({}, { workers: 0 });
 
   it('needs a key with scope internal', async () => {
     assert.equal((await stack.client.as(undefined).get('/metrics')).status, 401);
@@ -44,12 +39,7 @@ describe('GET /metrics', () => {
 });
 
 describe('GET /metrics: what the workers record', () => {
-  let stack: Stack;
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ AGENT_ATTEMPTS: '2', AGENT_BACKOFF_MS: '0' });
-  });
-  after(async () => stack?.stop());
+  const stack = useStack({ AGENT_ATTEMPTS: '2', AGENT_BACKOFF_MS: '0' });
 
   // The value of one series, or undefined when the workers have not reported it yet.
   const series = (text: string, name: string, labels: string) => {

@@ -5,19 +5,16 @@ import { Validator } from '@seriousme/openapi-schema-validator';
 import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
 import { allRoutes } from '../api/app.ts';
-import { resetDb, startStack, textMessage, type Response, type Stack } from './helpers/stack.ts';
+import { textMessage, useStack, type Response } from './helpers/stack.ts';
 
 describe('OpenAPI document', () => {
-  let stack: Stack;
+  const stack = useStack({}, { workers: 0 });
   let doc: any;
   before(async () => {
-    await resetDb();
-    stack = await startStack({}, { workers: 0 });
     const r = await stack.client.as('').get('/api/openapi.json');
     assert.equal(r.status, 200);
     doc = r.body;
   });
-  after(async () => stack?.stop());
 
   it('validates as OpenAPI 3.1', async () => {
     const validator = new Validator();

@@ -2,22 +2,16 @@
 import assert from 'node:assert/strict';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
-import { resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { startStack, startWorker, statusesOf, testDb, textMessage, useStack, waitFor } from './helpers/stack.ts';
 
 const ATTEMPTS = 3;
 
 describe('job pipeline: task execution through a real worker', function () {
   this.timeout(120000);
-  let stack: Stack;
+  const stack = useStack({ AGENT_ATTEMPTS: String(ATTEMPTS), WORKER_SHUTDOWN_GRACE_MS: '1000' });
   const get = async (id: string) => (await stack.client.get(`/api/task/v1/${id}`)).body;
   const waitForStatus = (id: string, status: string) =>
     waitFor(async () => { const t = await get(id); return t.task.status === status && t; }, `task ${id} to be ${status}`, 60000, 100);
-
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ AGENT_ATTEMPTS: String(ATTEMPTS), WORKER_SHUTDOWN_GRACE_MS: '1000' });
-  });
-  after(async () => stack?.stop());
 
   it('runs a created task to completed with the agent reply in the timeline', async () => {
     const created = await stack.client.post('/api/task/v1', { message: textMessage('hello pipeline') });

@@ -5,7 +5,7 @@ import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
-import { resetDb, startStack, testDb, waitFor, textMessage, type Stack } from './helpers/stack.ts';
+import { testDb, useStack, waitFor, textMessage } from './helpers/stack.ts';
 import { deletePushConfig, getPushConfig, listPushConfigs, setPushConfig } from '../domain/push-config.ts';
 import { AppError } from '../domain/errors.ts';
 import { loadConfig, type Config } from '../domain/config.ts';
@@ -47,23 +47,18 @@ async function rejection(fn: () => Promise<unknown>): Promise<{ status: number; 
 }
 
 describe('push notifications', () => {
-  let stack: Stack;
+  const stack = useStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_ATTEMPTS: '4', PUSH_BACKOFF_MS: '100' });
   let allowPrivate: Config;
   let denyPrivate: Config;
   const receivers: { close(): Promise<void> }[] = [];
   before(async () => {
-    await resetDb();
-    stack = await startStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_ATTEMPTS: '4', PUSH_BACKOFF_MS: '100' });
     // The stack's configuration, for calling the domain functions directly. Configs with a token
     // are set through the API: encrypting needs the stack's keys, and this process's key caches
     // outlive the stacks of other test files.
     allowPrivate = loadConfig(stack.env);
     denyPrivate = { ...allowPrivate, PUSH_ALLOW_PRIVATE: false };
   });
-  after(async () => {
-    await Promise.all(receivers.map((r) => r.close()));
-    await stack?.stop();
-  });
+  after(async () => { await Promise.all(receivers.map((r) => r.close())); });
 
   // A task that no agent runs (its first message is an agent message): the test drives its status.
   async function idleTask(): Promise<string> {
@@ -434,13 +429,8 @@ describe('push notifications', () => {
 
 describe('push notifications whose queue jobs Redis lost', function () {
   this.timeout(60_000);
-  let stack: Stack;
-  before(async () => {
-    await resetDb();
-    // A job retries for at most PUSH_ATTEMPTS x PUSH_TIMEOUT_MS plus backoff: 1 s here.
-    stack = await startStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_ATTEMPTS: '1', PUSH_TIMEOUT_MS: '1000', JOB_RECOVERY_MS: '1000' });
-  });
-  after(async () => stack?.stop());
+  // A job retries for at most PUSH_ATTEMPTS x PUSH_TIMEOUT_MS plus backoff: 1 s here.
+  const stack = useStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_ATTEMPTS: '1', PUSH_TIMEOUT_MS: '1000', JOB_RECOVERY_MS: '1000' });
 
   it('are enqueued again by the workers, and every update still arrives, in order', async () => {
     const rx = await startReceiver();

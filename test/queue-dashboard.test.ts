@@ -1,16 +1,11 @@
 import assert from 'node:assert/strict';
-import { ADMIN_KEY, resetDb, startStack, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, useStack } from './helpers/stack.ts';
 
 const PUBLIC_URL = 'https://taskbridge.example';
 const basic = (password: string) => `Basic ${Buffer.from(`ops:${password}`).toString('base64')}`;
 
 describe('queue dashboard at /admin/queues', () => {
-  let stack: Stack;
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ PUBLIC_URL }, { workers: 0 });
-  });
-  after(async () => stack?.stop());
+  const stack = useStack({ PUBLIC_URL }, { workers: 0 });
 
   it('asks browsers for basic auth and refuses keys without scope admin', async () => {
     const anon = await fetch(`${stack.api.url}/admin/queues`);

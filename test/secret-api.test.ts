@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { createCipheriv, randomBytes, randomUUID } from 'node:crypto';
-import { ROOT, resetDb, startStack, testDb, textMessage, waitFor, type Client, type Stack } from './helpers/stack.ts';
+import { ROOT, testDb, textMessage, useStack, waitFor, type Client } from './helpers/stack.ts';
 
 const S = '/api/secret/v1';
 const E = '/api/encryption/v1';
@@ -15,7 +15,7 @@ function seal(key: Buffer, plain: Buffer): string {
 }
 
 describe('secret API', () => {
-  let stack: Stack;
+  const stack = useStack({}, { workers: 0 });
   let c: Client;
   const values: string[] = []; // every raw value sent, to look for in logs
   const value = () => {
@@ -25,12 +25,7 @@ describe('secret API', () => {
   };
   const keyWith = async (scopes: string[]) => (await c.post('/api/auth/v1/api-key', { name: scopes.join(' '), scopes })).body.key as string;
 
-  before(async () => {
-    await resetDb();
-    stack = await startStack({}, { workers: 0 });
-    c = stack.client;
-  });
-  after(async () => stack?.stop());
+  before(() => { c = stack.client; });
 
   it('creates a secret under the default alias and never returns its value', async () => {
     const raw = value();
@@ -329,13 +324,8 @@ describe('secret API', () => {
 });
 
 describe('secrets for agents: ctx.readSecret in an agent module', () => {
-  let stack: Stack;
-  before(async () => {
-    // A fresh database: this stack has its own key directory, which bootstrap fills.
-    await resetDb();
-    stack = await startStack({ AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test', 'fixtures', 'secret-agent.ts') });
-  });
-  after(async () => stack?.stop());
+  // A fresh database: this stack has its own key directory, which bootstrap fills.
+  const stack = useStack({ AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test', 'fixtures', 'secret-agent.ts') });
 
   const runTask = async (text: string) => {
     const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });

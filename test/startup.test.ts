@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { freePort } from '../scripts/local-services.ts';
-import { resetDb, ROOT, startStack, testDb, testEnv, waitFor, type Stack } from './helpers/stack.ts';
+import { ROOT, testDb, testEnv, useStack, waitFor } from './helpers/stack.ts';
 
 interface Run { code: number | null; output: string }
 
@@ -140,12 +140,7 @@ describe('process start-up', function () {
 
 describe('stopping the API (SIGTERM)', function () {
   this.timeout(60_000);
-  let stack: Stack;
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ API_SHUTDOWN_GRACE_MS: '8000' });
-  });
-  after(async () => stack?.stop());
+  const stack = useStack({ API_SHUTDOWN_GRACE_MS: '8000' });
 
   it('answers the requests in flight before it exits (code 0), and takes no new ones', async () => {
     const message = { kind: 'message', messageId: `m-${Date.now()}`, role: 'user', parts: [{ kind: 'text', text: '[sleep 1500] draining' }] };
@@ -167,12 +162,7 @@ describe('stopping the API (SIGTERM)', function () {
 
 describe('readiness', function () {
   this.timeout(60_000);
-  let stack: Stack;
-  before(async () => {
-    await resetDb();
-    stack = await startStack({}, { workers: 0 });
-  });
-  after(async () => stack?.stop());
+  const stack = useStack({}, { workers: 0 });
 
   it('is 503 when this process can read none of the local envelope key files (a host without KEYS_DIR); one lost file is reported but stays 200', async () => {
     const ready = await stack.client.get('/_internal/v1/ready');

@@ -2,7 +2,7 @@
 // where the test puts them.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { assertError, resetDb, startStack, testDb, textMessage, type Response, type Stack } from './helpers/stack.ts';
+import { assertError, resetDb, testDb, textMessage, useStack, type Response } from './helpers/stack.ts';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 const ISO_MS = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
@@ -41,7 +41,7 @@ function assertTimelineItem(i: any, taskId: string) {
 const noToken = (r: Response) => assert.ok(!('next_page_token' in r.body), `next_page_token must be absent: ${r.text}`);
 
 describe('task API', () => {
-  let stack: Stack;
+  const stack = useStack({}, { workers: 0 });
   const create = async (body: Record<string, unknown> = { message: textMessage('hi') }) => {
     const r = await stack.client.post('/api/task/v1', body);
     assert.equal(r.status, 201, r.text);
@@ -53,12 +53,6 @@ describe('task API', () => {
     const [[t], [m], [i]] = await Promise.all(['tasks', 'messages', 'timeline_items'].map((table) => db(table).count({ n: '*' })));
     return [t.n, m.n, i.n];
   };
-
-  before(async () => {
-    await resetDb();
-    stack = await startStack({}, { workers: 0 });
-  });
-  after(async () => stack?.stop());
 
   describe('POST /api/task/v1 (create)', () => {
     it('answers 201 {task, message} shaped as the seed, task submitted, with a new context', async () => {
@@ -622,12 +616,7 @@ describe('task API', () => {
 });
 
 describe('the bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)', () => {
-  let stack: Stack;
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ TASK_MESSAGES_MAX_BYTES: '4096' }, { workers: 0 });
-  });
-  after(async () => stack?.stop());
+  const stack = useStack({ TASK_MESSAGES_MAX_BYTES: '4096' }, { workers: 0 });
 
   it('refuses (413; A2A -32602) a message or status message that would take a task over, storing nothing; the task still reads', async () => {
     const c = stack.client;

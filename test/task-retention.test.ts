@@ -2,7 +2,7 @@
 // with their messages and timelines, and contexts left without tasks; tasks that have not ended,
 // or ended recently, stay. Tasks are aged by moving their times back in Postgres.
 import assert from 'node:assert/strict';
-import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { startWorker, testDb, textMessage, useStack, waitFor, type Stack } from './helpers/stack.ts';
 
 const T = '/api/task/v1';
 const DAY_MS = 24 * 60 * 60 * 1000;
@@ -32,13 +32,7 @@ const contextExists = async (id: string) => !!(await testDb()('contexts').where(
 
 describe('task retention (TASK_RETENTION_DAYS)', function () {
   this.timeout(60_000);
-  let stack: Stack;
-
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ TASK_RETENTION_DAYS: '7', JOB_RECOVERY_MS: '300' });
-  });
-  after(async () => { await stack?.stop(); });
+  const stack = useStack({ TASK_RETENTION_DAYS: '7', JOB_RECOVERY_MS: '300' });
 
   it('deletes tasks that ended before the retention with all they hold, and keeps the rest', async () => {
     const c = stack.client;
@@ -103,13 +97,7 @@ describe('task retention (TASK_RETENTION_DAYS)', function () {
 
 describe('task retention with tasks that hold many rows', function () {
   this.timeout(120_000);
-  let stack: Stack;
-
-  before(async () => {
-    await resetDb();
-    stack = await startStack({}, { workers: 0 });
-  });
-  after(async () => { await stack?.stop(); });
+  const stack = useStack({}, { workers: 0 });
 
   it('deletes them in smaller batches when a batch of 1,000 outlasts DB_QUERY_TIMEOUT_MS', async () => {
     // 1,100 ended tasks of 300 timeline items each, 10 days old: deleting 1,000 of them takes
@@ -150,13 +138,7 @@ describe('task retention with tasks that hold many rows', function () {
 
 describe('task retention off (TASK_RETENTION_DAYS=0, the default)', function () {
   this.timeout(60_000);
-  let stack: Stack;
-
-  before(async () => {
-    await resetDb();
-    stack = await startStack({ JOB_RECOVERY_MS: '200' });
-  });
-  after(async () => { await stack?.stop(); });
+  const stack = useStack({ JOB_RECOVERY_MS: '200' });
 
   it('keeps ended tasks however old', async () => {
     const old = await taskIn(stack, 'completed');

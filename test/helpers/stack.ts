@@ -164,6 +164,31 @@ export async function resetDb(): Promise<void> {
   if (rows.length) await db.raw(`truncate ${rows.map((r: { tablename: string }) => `"${r.tablename}"`).join(', ')} cascade`);
 }
 
+// The stack of the calling describe: a before hook empties the database and starts it, an after hook
+// stops it. What it returns reads through to that stack once started, so the describe's tests use it
+// as they would the stack itself. Mocha runs hooks in the order they are registered: a before hook
+// registered after this call may use the stack, an after hook runs once it has stopped.
+export function useStack(...args: Parameters<typeof startStack>): Stack {
+  let started: Stack | undefined;
+  before(async () => {
+    await resetDb();
+    started = await startStack(...args);
+  });
+  after(async () => started?.stop());
+  const stack = () => {
+    assert.ok(started, 'the stack starts in a before hook: use it in hooks and tests, not while describing');
+    return started;
+  };
+  return {
+    get env() { return stack().env; },
+    get api() { return stack().api; },
+    get workers() { return stack().workers; },
+    set workers(workers) { stack().workers = workers; }, // tests drop the workers they stopped
+    get client() { return stack().client; },
+    stop: () => stack().stop(),
+  };
+}
+
 // The API's log lines up to and including the request line of `last`: lines come out in the order
 // they were written, so once that one has arrived every earlier line has too. Request lines only
 // unless `all`.
