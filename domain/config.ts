@@ -4,6 +4,7 @@ import { Ajv } from 'ajv';
 import { parse as parsePgUrl } from 'pg-connection-string';
 import { parseSkills } from './a2a/skills.ts';
 import { redactUrl } from './logger.ts';
+import { errorText } from './schema-check.ts';
 
 // A string that is one of `values` (checked as an enum, so that a wrong one is told the choices).
 const oneOf = <const T extends string>(values: readonly T[], opts: { default: NoInfer<T> }) => Type.Unsafe<T>({ type: 'string', enum: values, ...opts });
@@ -130,8 +131,7 @@ function readEnv<S extends TObject>(schema: S, env: NodeJS.ProcessEnv): Static<S
   if (!check(raw)) lines.push(...(check.errors ?? []).filter((e) => !notDecimal.has(e.instancePath.replace(/^\//, ''))).map((e) => {
     const missing = (e.params as { missingProperty?: string }).missingProperty;
     const name = e.instancePath.replace(/^\//, '') || missing || '(config)';
-    const allowed = (e.params as { allowedValues?: unknown[] }).allowedValues;
-    const why = allowed ? `must be one of ${allowed.join(', ')}` : missing ? 'is required' : e.keyword === 'type' && (e.params as { type?: string }).type === 'boolean' ? 'must be true or false' : e.message;
+    const why = missing ? 'is required' : e.keyword === 'type' && (e.params as { type?: string }).type === 'boolean' ? 'must be true or false' : errorText(e);
     return `  ${name}: ${why}`;
   }));
   lines.push(...serviceUrlProblems(raw));

@@ -7,6 +7,7 @@ import fs from 'node:fs';
 import { runningProgram, startPostgres, startRedis, stopLeftovers, type LocalService } from './local-services.ts';
 import { redactUrl } from '../domain/logger.ts';
 import { configDefault, loadConfigOrExit } from '../domain/config.ts';
+import { onStop } from '../domain/stop-signals.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const dataDir = path.resolve(process.env.DATA_DIR || '.data');
@@ -46,7 +47,7 @@ async function stopAll(code: number): Promise<never> {
   }
   process.exit(code);
 }
-for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => void stopAll(0));
+onStop(() => void stopAll(0));
 
 function run(name: string, file: string, wait = false): Promise<number> | ChildProcess {
   // The API and worker hold an IPC channel to this launcher: killed without stopping them, it closes and they stop.
