@@ -333,11 +333,13 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
   };
 
   it("withholds the key from an endpoint the card names on another origin", async () => {
-    const stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, AGENT_ATTEMPTS: '1', AGENT_REMOTE_ALLOW_PRIVATE: 'true' });
+    // Attempts to spare, a minute apart: the refusal fails the run at once all the same.
+    const stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, AGENT_ATTEMPTS: '3', AGENT_BACKOFF_MS: '60000', AGENT_REMOTE_ALLOW_PRIVATE: 'true' });
     try {
       remote.refused.length = 0;
       const done = await outcome(stack, 'who gets the key?');
       assert.equal(done.task.status, 'failed');
+      assert.match(done.status_message.parts[0].text, /refused this worker's credentials \(not retried; check AGENT_REMOTE_API_KEY\): .*\b401\b/);
       // The failure says why, naming the origin (the key itself never).
       assert.match(done.status_message.parts[0].text, new RegExp(`AGENT_REMOTE_API_KEY was withheld from ${remote.endpointOrigin.replace(/[.]/g, '\\.')}`));
       // The card was read with the key (AGENT_REMOTE_URL's origin); the endpoint got none.
@@ -345,6 +347,20 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
       const logs = stack.workers.flatMap((w) => w.logs).join('\n');
       assert.ok(logs.includes('AGENT_REMOTE_API_KEY withheld') && logs.includes(remote.endpointOrigin), logs);
       assert.ok(!logs.includes(REMOTE_KEY));
+    } finally {
+      await stack.stop();
+    }
+  });
+
+  it('fails the task at once, not retried, when the remote refuses the key itself', async () => {
+    const stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: 'not-the-remote-key', AGENT_ATTEMPTS: '3', AGENT_BACKOFF_MS: '60000' });
+    try {
+      remote.refused.length = 0;
+      const done = await outcome(stack, 'wrong key');
+      assert.equal(done.task.status, 'failed');
+      assert.match(done.status_message.parts[0].text, /^The remote agent refused this worker's credentials \(not retried; check AGENT_REMOTE_API_KEY\): the remote agent card at .* could not be read: .*401/);
+      assert.deepEqual(remote.refused, ['GET /agents/echo/.well-known/agent-card.json']);
+      assert.ok(!stack.workers.flatMap((w) => w.logs).join('\n').includes('not-the-remote-key'));
     } finally {
       await stack.stop();
     }

@@ -44,6 +44,8 @@ const POLL_MIN_MS = 100;
 const POLL_MAX_MS = 2000;
 const CANCEL_TIMEOUT_MS = 5000;
 
+// The SDK reports an HTTP refusal only in its error's text (of the card read, a call or a stream).
+const credentialsRefused = (err: unknown): err is Error => err instanceof Error && !refusedByRuntime(err) && /\b40[13]\b/.test(err.message);
 const isEnd = (state: A2AState) => state in FINAL_STATES || state === 'canceled' || state === 'unknown';
 const partsOf = (parts: Part[] | undefined): MessagePart[] => (parts ?? []).map(fromA2APart);
 // Compares content as it reads back from Postgres (jsonb keeps no key order, and no undefined).
@@ -111,7 +113,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
   const trusted = new Set([new URL(url).origin, ...keyOrigins]);
   const withheld = new Set<string>();
   // A refusal by an endpoint the key was kept from says why: the failure reason is all a client sees.
-  const explained = (err: unknown) => (withheld.size && err instanceof Error && !refusedByRuntime(err) && /\b40[13]\b/.test(err.message)
+  const explained = <T,>(err: T): T | Error => (withheld.size && credentialsRefused(err)
     ? new Error(`${err.message} (AGENT_REMOTE_API_KEY was withheld from ${[...withheld].join(', ')}: neither AGENT_REMOTE_URL's origin nor in AGENT_REMOTE_KEY_ORIGINS)`)
     : err);
   let client: Promise<Client> | undefined;
@@ -123,7 +125,16 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
     return client;
   };
 
-  const handler = async function remoteA2AAgent(ctx: AgentContext): Promise<AgentResult> {
+  // A refused key fails the run at once: every retry would be refused alike until an operator mends
+  // the configuration.
+  const handler = (ctx: AgentContext): Promise<AgentResult> => follow(ctx).catch((err: unknown) => {
+    if (!ctx.signal.aborted && credentialsRefused(err)) {
+      return { status: 'failed', message: `The remote agent refused this worker's credentials (not retried; check AGENT_REMOTE_API_KEY): ${explained(err).message}` };
+    }
+    throw explained(err);
+  });
+
+  async function follow(ctx: AgentContext): Promise<AgentResult> {
     const remote = await connect();
     const known = await getRemoteAgentTask(db, ctx.task.id);
     const mirror = new Mirror(ctx, db, known?.remote_task_id);
@@ -171,19 +182,20 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       // A worker shutting down hands the run to another worker, which follows the same remote task; a
       // run the task was taken from (a client set it waiting, and may have answered) leaves the remote
       // task to the run that takes over. A canceled or ended task cancels it, and so does the runtime
-      // refusing what the remote sent (the run fails at once: nothing would follow the remote task).
+      // refusing what the remote sent, or the remote refusing the key (the run fails at once: nothing
+      // would follow the remote task).
       const reason = ctx.signal.reason as { shutdown?: boolean; superseded?: boolean } | undefined;
-      const over = refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded);
+      const over = (!ctx.signal.aborted && credentialsRefused(err)) || refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded);
       if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled')) {
         await forgetRemoteAgentTask(db, ctx.task.id).catch(() => undefined);
       }
-      throw explained(err);
+      throw err;
     } finally {
       ctx.signal.removeEventListener('abort', onAbort);
       // Closes a stream the run left before its end (the SDK's reader only lets go of it).
       link.abort();
     }
-  };
+  }
   return { handler, housekeeping: { 'remote tasks of canceled or failed tasks': () => cancelLeftRemoteTasks(connect, db, log) } };
 }
 
