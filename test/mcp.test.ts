@@ -183,6 +183,39 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.equal((await fetch(mcpUrl, { method: 'DELETE', headers: { authorization: `Bearer ${ADMIN_KEY}` } })).status, 405);
   });
 
+  it('answers JSON that is not a JSON-RPC message with -32600 saying why, echoing an id it can read', async () => {
+    const cases: [string, string | number | null, string][] = [
+      ['[]', null, 'the batch is empty'],
+      ['5', null, 'a message must be a JSON object'],
+      ['null', null, 'a message must be a JSON object'],
+      ['{"jsonrpc": "2.0", "id": null, "method": "ping"}', null, 'id must be a string or an integer'],
+      ['{"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"}', null, 'id must be a string or an integer'],
+      ['{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', null, 'id must be a string or an integer'],
+      ['{"id": "a", "method": "ping"}', 'a', 'jsonrpc must be "2.0"'],
+      ['{"jsonrpc": "2.0", "id": 3, "method": 7}', 3, 'method must be a string'],
+      ['{"jsonrpc": "2.0", "id": 4}', 4, 'a message needs a method (a request or notification), or a result or an error (a response)'],
+      ['[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, 5]', null, 'batch member 1: a message must be a JSON object'],
+    ];
+    for (const [body, id, why] of cases) {
+      const r = await rawPost(body);
+      assert.equal(r.status, 400, body);
+      assert.deepEqual(await r.json(), { jsonrpc: '2.0', id, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${why}` } }, body);
+    }
+    // Well-formed messages still pass: a notification is accepted, a batch answered member by member.
+    assert.equal((await rawPost('{"jsonrpc": "2.0", "method": "notifications/initialized"}')).status, 202);
+    const batch = await rawPost('[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": "two", "method": "ping"}]');
+    assert.equal(batch.status, 200);
+    assert.deepEqual(((await batch.json()) as { id: unknown }[]).map((m) => m.id), [1, 'two']);
+  });
+
+  it('words protocol errors once: no "MCP error <code>:" prefix on the wire for SDK clients to repeat', async () => {
+    const r = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 5, method: 'tools/call', params: { name: 'stripe.stripe_process_refund.no-such', arguments: {} } }));
+    assert.deepEqual(await r.json(), { jsonrpc: '2.0', id: 5, error: { code: ErrorCode.InvalidParams, message: 'Unknown tool: stripe.stripe_process_refund.no-such' } });
+    const client = await connect();
+    await assert.rejects(client.listTools({ cursor: 'not-a-cursor' }), (err: unknown) =>
+      err instanceof McpError && err.message === 'MCP error -32602: Invalid params: params.cursor: is not a cursor this server gave');
+  });
+
   it('lists tools in pages, following nextCursor, and refuses a cursor it did not give with -32602', async () => {
     // More enabled function instances than a page holds, written straight to the tables: clones of stripe-main.
     const extra = TOOLS_PAGE + 20;

@@ -7,7 +7,7 @@ import { clientGone } from '../client-gone.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { readJsonBody } from '../middleware/body.ts';
 import { InvalidRequest } from '../../domain/errors.ts';
-import { createMcpServer, paramsRefusal } from '../../domain/bridge/mcp.ts';
+import { createMcpServer, envelopeRefusal, paramsRefusal } from '../../domain/bridge/mcp.ts';
 
 export const MCP_PATH = '/api/bridge/v1/mcp';
 
@@ -37,6 +37,12 @@ export const mcpRoutes = [
       await server.connect(transport);
       const answer = await transport.handleRequest(new Request(`http://mcp.invalid${ctx.originalUrl}`, { method: 'POST', headers }), { parsedBody: body });
       const text = await answer.text();
+      const invalid = envelopeRefusal(body, answer.status, text);
+      if (invalid) {
+        ctx.status = 400;
+        ctx.body = invalid;
+        return;
+      }
       const refused = paramsRefusal(body, text);
       if (refused) {
         ctx.body = refused;

@@ -5,7 +5,7 @@
 // so every API process sees the same list.
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import {
-  CallToolRequestSchema, ErrorCode, InitializeRequestSchema, ListToolsRequestSchema, McpError, PingRequestSchema,
+  CallToolRequestSchema, ErrorCode, InitializeRequestSchema, ListToolsRequestSchema, PingRequestSchema,
   type CallToolResult, type JSONRPCErrorResponse, type Tool,
 } from '@modelcontextprotocol/sdk/types.js';
 import type { Services } from '../services.ts';
@@ -14,6 +14,14 @@ import { getFunctionInstance, getProviderInstance, listFunctionInstances, type F
 import { describeFunction, functionDef, providerDef } from './catalog.ts';
 import { invokeFunction } from './functions.ts';
 import { SERVICE_VERSION } from '../version.ts';
+
+// A protocol error as the client should read it. The SDK sends an error's message as it is, and its
+// own McpError's message starts "MCP error <code>: ", which SDK clients then prefix again.
+export class McpRefusal extends Error {
+  constructor(readonly code: number, message: string) {
+    super(message);
+  }
+}
 
 const toolName = (r: Pick<FunctionInstanceRow, 'provider_controller_type_id' | 'function_controller_type_id' | 'provider_instance_id'>) =>
   `${r.provider_controller_type_id}.${r.function_controller_type_id}.${r.provider_instance_id}`;
@@ -27,7 +35,7 @@ export async function listTools(db: Services['db'], cursor?: string): Promise<{ 
   try {
     page = await listFunctionInstances(db, {}, TOOLS_PAGE, cursor);
   } catch (err) {
-    if (err instanceof InvalidRequest) throw new McpError(ErrorCode.InvalidParams, 'Invalid params: params.cursor: is not a cursor this server gave');
+    if (err instanceof InvalidRequest) throw new McpRefusal(ErrorCode.InvalidParams, 'Invalid params: params.cursor: is not a cursor this server gave');
     throw err;
   }
   const tools = page.items.map((row) => {
@@ -43,7 +51,7 @@ const failure = (text: string): CallToolResult => ({ isError: true, content: [{ 
 // that does (bad arguments, instance not active, provider refusal or unreachable) is a tool
 // error the model can read and act on.
 export async function callTool(services: Services, name: string, args: Record<string, unknown>, signal?: AbortSignal): Promise<CallToolResult> {
-  const unknown = () => new McpError(ErrorCode.InvalidParams, `Unknown tool: ${name}`);
+  const unknown = () => new McpRefusal(ErrorCode.InvalidParams, `Unknown tool: ${name}`);
   const [providerType, functionType, instanceId, ...rest] = name.split('.');
   if (!instanceId || rest.length) throw unknown();
   // Checked before the arguments: an unknown tool is that, whatever it was sent.
@@ -67,9 +75,9 @@ async function guarded<T>(services: Services, what: string, fn: () => Promise<T>
   try {
     return await fn();
   } catch (err) {
-    if (err instanceof McpError) throw err;
+    if (err instanceof McpRefusal) throw err;
     services.log.warn({ err: { message: (err as Error).message }, what }, 'mcp request failed');
-    throw new McpError(ErrorCode.InternalError, 'The service could not complete the request; retry shortly');
+    throw new McpRefusal(ErrorCode.InternalError, 'The service could not complete the request; retry shortly');
   }
 }
 
@@ -95,6 +103,32 @@ const REQUESTS = { initialize: InitializeRequestSchema, ping: PingRequestSchema,
 export function paramsRefusal(body: unknown, sdkAnswer: string): JSONRPCErrorResponse | undefined {
   if (![ErrorCode.InternalError, ErrorCode.ParseError].includes(errorCodeOf(sdkAnswer))) return undefined;
   return refusalOf(body);
+}
+
+// JSON-RPC's answer to a message whose id cannot be read: id null.
+type EnvelopeRefusal = Omit<JSONRPCErrorResponse, 'id'> & { id: string | number | null };
+
+// The SDK answers JSON that is not a JSON-RPC message with a parse error (-32700), and an empty
+// batch with 202 as if it were notifications. JSON-RPC says both are invalid requests (-32600), and
+// MCP that an id is a string or an integer, never null. Given the body (read as JSON) and the SDK's
+// answer, the refusal to send instead (HTTP 400, as the SDK's), saying what is wrong.
+export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: string): EnvelopeRefusal | undefined {
+  if (sdkStatus !== 202 && errorCodeOf(sdkAnswer) !== ErrorCode.ParseError) return undefined;
+  const members = Array.isArray(body) ? body : [body];
+  const invalid = (why: string, id?: unknown): EnvelopeRefusal => ({
+    jsonrpc: '2.0', id: typeof id === 'string' || Number.isSafeInteger(id) ? id as string | number : null, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${why}` },
+  });
+  if (!members.length) return invalid('the batch is empty');
+  for (const [i, m] of members.entries()) {
+    const at = Array.isArray(body) ? `batch member ${i}: ` : '';
+    if (typeof m !== 'object' || m === null || Array.isArray(m)) return invalid(`${at}a message must be a JSON object`);
+    const { jsonrpc, id, method } = m as Record<string, unknown>;
+    if (jsonrpc !== '2.0') return invalid(`${at}jsonrpc must be "2.0"`, id);
+    if ('id' in m && typeof id !== 'string' && !Number.isSafeInteger(id)) return invalid(`${at}id must be a string or an integer`);
+    if ('method' in m && typeof method !== 'string') return invalid(`${at}method must be a string`, id);
+    if (!('method' in m) && !('result' in m) && !('error' in m)) return invalid(`${at}a message needs a method (a request or notification), or a result or an error (a response)`, id);
+  }
+  return undefined;
 }
 
 function errorCodeOf(text: string): number {
