@@ -38,7 +38,7 @@ export const allRoutes: Route[] = [
 ];
 
 export function createApp(services: Services): Koa {
-  const app = new Koa({ proxy: true });
+  const app = new Koa({ proxy: services.cfg.TRUST_PROXY });
   const router = new Router();
   mount(router, allRoutes, services);
   app.use(requestId(services.log));

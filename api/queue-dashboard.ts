@@ -8,7 +8,7 @@ import { KoaAdapter } from '@bull-board/koa';
 import type { Services } from '../domain/services.ts';
 import { hasScope } from '../domain/api-keys.ts';
 import { AppError, Forbidden, Unauthenticated } from '../domain/errors.ts';
-import { resolveCached } from './middleware/auth.ts';
+import { verifyKey } from './middleware/auth.ts';
 
 export const DASHBOARD_PATH = '/admin/queues';
 
@@ -50,7 +50,7 @@ export function queueDashboard(services: Services): Middleware {
   return async (ctx, next) => {
     if (ctx.path !== DASHBOARD_PATH && !ctx.path.startsWith(`${DASHBOARD_PATH}/`)) return next();
     const password = basicPassword(ctx.get('Authorization'));
-    const principal = password ? await resolveCached(services, password) : null;
+    const principal = password ? await verifyKey(services, ctx.ip, password) : null;
     if (principal && !hasScope(principal, 'admin')) throw new Forbidden('admin');
     if (!principal) {
       throw new Unauthenticated('The queue dashboard needs an admin API key as the basic-auth password', 'Basic realm="taskbridge queues", charset="UTF-8"');

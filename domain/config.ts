@@ -25,6 +25,11 @@ const ConfigSchema = Type.Object({
   TASK_ARTIFACTS_MAX_BYTES: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
   // Requests per API key per second in each API process; 0 turns it off.
   RATE_LIMIT_PER_SECOND: Type.Integer({ minimum: 0, default: 1000 }),
+  // Wrong API keys per client address per minute in each API process before 429; 0 turns it off.
+  AUTH_FAILURES_PER_MINUTE: Type.Integer({ minimum: 0, default: 60 }),
+  // Whether the client's address is the first of X-Forwarded-For (set behind a reverse proxy only:
+  // without one, a client could name any address there).
+  TRUST_PROXY: Type.Boolean({ default: false }),
   // Longest a statement of the API or a worker may run (Postgres cancels it; the client gives up
   // shortly after, should the server not answer at all): the request then gets 503. 0: no limit.
   DB_QUERY_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 30000 }),

@@ -33,6 +33,8 @@ describe('authentication and scopes', () => {
   const stack = useStack({
     STRIPE_API_BASE_URL: `https://${URL_USER}:${URL_PASSWORD}@api.stripe.example/v1?key=${URL_PARAM}`,
     AGENT_REMOTE_KEY_ORIGINS: 'https://a.example,https://b.example:8443',
+    // The route matrix below presents a wrong key to every route.
+    AUTH_FAILURES_PER_MINUTE: '0',
   }, { workers: 0 });
   let admin: Client;
   const createKey = async (scopes: string[], name = `key ${scopes.join(' ')}`) => {
@@ -271,6 +273,42 @@ describe('authentication and scopes', () => {
       assert.equal(Number((await testDb()('api_keys').count({ n: '*' }))[0].n), 1);
       assert.equal((await boot.client.as(key).get('/api/task/v1')).status, 401);
     });
+  });
+});
+
+for (const trustProxy of [false, true]) describe(`failed authentication limit per client address${trustProxy ? ' (TRUST_PROXY: X-Forwarded-For names it)' : ''}`, () => {
+  const stack = useStack({ AUTH_FAILURES_PER_MINUTE: '5', TRUST_PROXY: String(trustProxy) }, { workers: 0 });
+  // GET /api/task/v1 with `key` ('' sends none), saying it comes from `address`.
+  const list = (key: string, address: string) => stack.client.as(key).request('GET', '/api/task/v1', undefined, { headers: { 'x-forwarded-for': address } });
+  const guess = () => `tb_${randomUUID()}`;
+
+  it('answers 429 with Retry-After, without a key lookup, to an address past its wrong keys for the minute; keys in use keep working', async () => {
+    const fresh = await stack.client.post('/api/auth/v1/api-key', { name: 'not used yet', scopes: ['task:read'] });
+    assert.equal(fresh.status, 201);
+    // No key at all is a client's mistake, not a guess: not counted.
+    for (let i = 0; i < 8; i++) assert.equal((await list('', '198.51.100.7')).status, 401);
+    for (let i = 0; i < 5; i++) assertAuthError(await list(guess(), '198.51.100.7'), 401, `wrong key ${i + 1}`);
+    const blocked = await list(guess(), '198.51.100.7');
+    assert.equal(blocked.status, 429, blocked.text);
+    assert.equal(blocked.body.data.code, 'rate_limited');
+    assert.match(blocked.body.message, /^Too many failed authentications from this address; retry in \d+ s$/);
+    assert.ok(Number(blocked.headers.get('retry-after')) >= 1 && Number(blocked.headers.get('retry-after')) <= 60);
+    // A key verified lately still works from there; one not seen yet waits out the minute like a guess.
+    assert.equal((await list(ADMIN_KEY, '198.51.100.7')).status, 200);
+    const unseen = await list(fresh.body.key, '198.51.100.7');
+    if (trustProxy) {
+      assert.equal(unseen.status, 429);
+      // Another address is counted on its own.
+      assert.equal((await list(fresh.body.key, '203.0.113.9')).status, 200);
+      assertAuthError(await list(guess(), '203.0.113.9'), 401, 'another address');
+    } else {
+      // X-Forwarded-For is not believed without TRUST_PROXY: every request here came from one address.
+      assert.equal(unseen.status, 429);
+      assert.equal((await list(guess(), '203.0.113.9')).status, 429);
+    }
+    // The queue dashboard's basic-auth password is a key like any other.
+    const board = await stack.client.as('').request('GET', '/admin/queues', undefined, { headers: { 'x-forwarded-for': '198.51.100.7', authorization: `Basic ${Buffer.from(`x:${guess()}`).toString('base64')}` } });
+    assert.equal(board.status, 429, board.text);
   });
 });
 

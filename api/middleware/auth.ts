@@ -4,6 +4,7 @@ import { hasScope, resolveApiKey, type Principal, type Scope } from '../../domai
 import { activeIds, revokedWithin, touchLastUsed } from '../../db/api-keys.ts';
 import type { Services } from '../../domain/services.ts';
 import { endStreamsOf, REVOKED_KEPT_MS, streamHolders } from '../a2a-stream-quota.ts';
+import { countFailure, refuseIfBlocked } from './auth-failures.ts';
 
 export type { Principal, Scope };
 
@@ -41,9 +42,14 @@ export async function catchUpOnRevocations(services: Services): Promise<void> {
   for (const id of holders) if (!active.has(id)) forgetApiKey(id);
 }
 
-export async function resolveCached(services: Services, token: string): Promise<Principal | null> {
+const cachedPrincipal = (token: string): Principal | undefined => {
   const hit = cache.get(token);
-  if (hit && hit.expires > Date.now()) return hit.principal;
+  return hit && hit.expires > Date.now() ? hit.principal : undefined;
+};
+
+export async function resolveCached(services: Services, token: string): Promise<Principal | null> {
+  const hit = cachedPrincipal(token);
+  if (hit) return hit;
   const generation = revocations;
   const principal = await resolveApiKey(services.db, token, services.cfg.ADMIN_API_KEY);
   // A revocation that arrived during the lookup may concern this key: do not cache that answer.
@@ -53,6 +59,16 @@ export async function resolveCached(services: Services, token: string): Promise<
   } else {
     cache.delete(token);
   }
+  return principal;
+}
+
+/** The key's principal, for a request from `address`; null for a wrong key, which counts against the address (auth-failures.ts). */
+export async function verifyKey(services: Services, address: string, token: string): Promise<Principal | null> {
+  const hit = cachedPrincipal(token);
+  if (hit) return hit;
+  await refuseIfBlocked(services, address);
+  const principal = await resolveCached(services, token);
+  if (!principal) await countFailure(services, address);
   return principal;
 }
 
@@ -67,7 +83,7 @@ export function authenticate(services: Services): Middleware {
       const header = ctx.get('Authorization');
       const token = bearerToken(header);
       if (!token) throw new Unauthenticated(header ? 'Authorization header must be "Bearer <api key>"' : 'Missing API key: send Authorization: Bearer <api key>');
-      const principal = await resolveCached(services, token);
+      const principal = await verifyKey(services, ctx.ip, token);
       if (!principal) throw new Unauthenticated('Unknown or revoked API key');
       ctx.state.principal = principal;
       // last_used_at is advisory: written at most once a minute per key and process.
