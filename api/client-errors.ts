@@ -1,10 +1,12 @@
 // Requests Node's HTTP parser refuses (headers over its limit, malformed HTTP, too slow) never
 // reach Koa, and Node answers them without a body. These get the Error body like every other error,
-// as does CONNECT.
+// as does CONNECT, with an X-Request-Id and a log line naming it (SPEC section 1).
 import { STATUS_CODES, type Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { AppError, InvalidRequest, MethodNotAllowed, PayloadTooLarge } from '../domain/errors.ts';
 import { errorBody } from './middleware/errors.ts';
+import { requestIdFor } from './middleware/request-id.ts';
+import type { Logger } from '../domain/logger.ts';
 
 const ANSWERS: Record<string, () => AppError> = {
   HPE_HEADER_OVERFLOW: () => new AppError(431, 'invalid_request', 'Request headers exceed the size the server reads'),
@@ -13,17 +15,22 @@ const ANSWERS: Record<string, () => AppError> = {
 };
 
 // An error as a whole HTTP/1.1 response written on the socket, which is closed after it.
-function writeError(socket: Duplex, e: AppError): void {
+// `requestId`: the request's own X-Request-Id when it could be read (CONNECT), else a new one.
+function writeError(log: Logger, socket: Duplex, e: AppError, requestId = requestIdFor(undefined)): void {
   const body = JSON.stringify(errorBody(e));
-  const headers = Object.entries(e.headers).map(([k, v]) => `${k}: ${v}\r\n`).join('');
+  const headers = Object.entries({ ...e.headers, 'X-Request-Id': requestId }).map(([k, v]) => `${k}: ${v}\r\n`).join('');
+  log.info({ req_id: requestId, status: e.status, code: e.code }, 'request refused before routing');
   socket.end(`HTTP/1.1 ${e.status} ${STATUS_CODES[e.status]}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${headers}Connection: close\r\n\r\n${body}`, () => socket.destroy());
 }
 
 // CONNECT (a proxy tunnel) never reaches Koa either; without an answer Node just drops the socket.
 // `methods`: those the routes answer, for its Allow header.
-export function answerClientErrors(server: Server, methods: readonly string[]): void {
+export function answerClientErrors(server: Server, methods: readonly string[], log: Logger): void {
   const allow = [...new Set([...methods.map((m) => m.toUpperCase()), 'HEAD', 'OPTIONS'])].join(', ');
-  server.on('connect', (_req, socket: Duplex) => writeError(socket, new MethodNotAllowed('Method CONNECT is not allowed: this server is not a proxy', allow)));
+  server.on('connect', (req, socket: Duplex) => {
+    const incoming = req.headers['x-request-id'];
+    writeError(log, socket, new MethodNotAllowed('Method CONNECT is not allowed: this server is not a proxy', allow), requestIdFor(typeof incoming === 'string' ? incoming : undefined));
+  });
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
     // As Node's own handler: nothing is written once a response has begun on the connection.
     const response = (socket as Duplex & { _httpMessage?: { headersSent?: boolean } })._httpMessage;
@@ -31,6 +38,6 @@ export function answerClientErrors(server: Server, methods: readonly string[]): 
       socket.destroy();
       return;
     }
-    writeError(socket, ANSWERS[err.code ?? '']?.() ?? new InvalidRequest('The request is not valid HTTP'));
+    writeError(log, socket, ANSWERS[err.code ?? '']?.() ?? new InvalidRequest('The request is not valid HTTP'));
   });
 }

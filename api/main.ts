@@ -33,7 +33,7 @@ const cannotListen = (err: NodeJS.ErrnoException) => {
 server.once('error', cannotListen);
 server.once('listening', () => server.off('error', cannotListen));
 server.keepAliveTimeout = 65_000;
-answerClientErrors(server, allRoutes.map((r) => r.spec.method));
+answerClientErrors(server, allRoutes.map((r) => r.spec.method), services.log);
 
 let stopping = false;
 async function shutdown(signal: string) {

@@ -106,6 +106,13 @@ describe('HTTP conventions', () => {
     });
     assert.match(raw, /^HTTP\/1\.1 400 Bad Request\r\n/);
     assert.deepEqual(JSON.parse(raw.slice(raw.indexOf('\r\n\r\n') + 4)), { message: 'The request is not valid HTTP', data: { code: 'invalid_request' } });
+    // Section 1: every response carries X-Request-Id, these too, and the log line of each names it.
+    const bigId = big.headers.get('x-request-id') ?? '';
+    assert.match(bigId, /^[0-9a-f-]{36}$/);
+    const rawId = /\r\nX-Request-Id: ([0-9a-f-]{36})\r\n/i.exec(raw)?.[1];
+    assert.ok(rawId, raw);
+    assert.notEqual(rawId, bigId);
+    await waitFor(async () => [bigId, rawId].every((id) => stack.api.logs.some((l) => l.includes(`"req_id":"${id}"`))), 'the refused requests in the API log');
   });
 
   it('logs a client that hangs up mid-body as a 400 of its own, not as an outage or a fault, storing nothing', async () => {
@@ -293,6 +300,7 @@ describe('HTTP conventions', () => {
       req.end();
     });
     assert.equal(r.status, 405);
+    assert.match(String(r.headers['x-request-id']), /^[0-9a-f-]{36}$/);
     assert.deepEqual((r.headers.allow ?? '').split(', ').sort(), ['DELETE', 'GET', 'HEAD', 'OPTIONS', 'PATCH', 'POST', 'PUT']);
     assert.deepEqual(r.body.data.code, 'method_not_allowed');
     assert.match(r.body.message, /CONNECT is not allowed: this server is not a proxy/);
