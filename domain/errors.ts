@@ -47,7 +47,8 @@ export class MethodNotAllowed extends AppError {
   }
 }
 export class NotFound extends AppError {
-  /** `within`: what the resource was looked for in, e.g. "for provider 'stripe'". */
+  /** `resource`: a fixed type name, as clients match data.resource (the ids go in `id` and `within`);
+   * `within`: what the resource was looked for in, e.g. "for provider 'stripe'". */
   constructor(resource: string, id: string, within?: string) {
     super(404, 'not_found', `${resource} '${id}' not found${within ? ` ${within}` : ''}`, { resource, id });
   }

@@ -166,7 +166,14 @@ describe('bridge API', () => {
     assert.equal(inst.status, 'active');
     assert.equal(inst.resource_server_credential_id, cred.id);
 
-    assert.equal((await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_1' })).status, 404, 'not enabled yet');
+    // 404s name the resource by a fixed type name (data.resource) and the missing one's id (data.id).
+    const notFound = (r: { status: number; body: any; text: string }, resource: string, id: string) => {
+      assert.equal(r.status, 404, r.text);
+      assert.deepEqual(r.body.data, { code: 'not_found', resource, id });
+    };
+    notFound(await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_1' }), 'function_instance', 'stripe_process_refund');
+    notFound(await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/disable`, {}), 'function_instance', 'stripe_process_refund');
+    notFound(await c.post(`${B}/provider/stripe-main/function/google_mail_send_email/enable`, {}), 'function_controller', 'google_mail_send_email');
     const enabled = await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/enable`, {});
     assert.equal(enabled.status, 201, enabled.text);
     assert.equal(enabled.body.controller.type_id, 'stripe_process_refund');

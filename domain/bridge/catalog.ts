@@ -26,7 +26,7 @@ export function credentialDef(provider: ProviderControllerDef, typeId: string): 
 
 export function functionDef(provider: ProviderControllerDef, typeId: string): FunctionControllerDef {
   const f = provider.functions.find((d) => d.type_id === typeId);
-  if (!f) throw new NotFound(`function of provider '${provider.type_id}'`, typeId);
+  if (!f) throw new NotFound('function_controller', typeId, `for provider '${provider.type_id}'`);
   return f;
 }
 

@@ -26,7 +26,7 @@ export async function enableFunction(db: Knex, providerInstanceId: string, funct
 export async function disableFunction(db: Knex, providerInstanceId: string, functionTypeId: string): Promise<void> {
   if (!(await repo.getProviderInstance(db, providerInstanceId))) throw new NotFound('provider_instance', providerInstanceId);
   if (!(await repo.deleteFunctionInstance(db, providerInstanceId, functionTypeId))) {
-    throw new NotFound(`enabled function of provider instance '${providerInstanceId}'`, functionTypeId);
+    throw new NotFound('function_instance', functionTypeId, `on provider instance '${providerInstanceId}'`);
   }
 }
 
@@ -49,7 +49,7 @@ export async function invokeFunction(
   const f = functionDef(provider, functionTypeId);
   checkAgainst(f.parameters, params, paramsPath);
   if (!(await repo.getFunctionInstance(s.db, providerInstanceId, functionTypeId))) {
-    throw new NotFound(`enabled function of provider instance '${providerInstanceId}'`, functionTypeId);
+    throw new NotFound('function_instance', functionTypeId, `on provider instance '${providerInstanceId}'`);
   }
   if (instance.status !== 'active') {
     throw new Conflict(`Provider instance '${providerInstanceId}' is ${instance.status}, not active`, { resource: 'provider_instance', id: providerInstanceId, status: instance.status });
