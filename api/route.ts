@@ -27,6 +27,8 @@ export interface RouteSpec<P extends TObject | undefined, Q extends TObject | un
   ownBody?: true;
   responses: Record<number, TSchema | null>;
   responseType?: string; // media type of the success body; application/json when absent
+  /** A GET that refuses HEAD (405), which Koa would otherwise answer with the GET; Allow then leaves HEAD out. Fixed paths only. */
+  noHead?: true;
 }
 
 type In<T> = T extends TSchema ? Static<T> : undefined;
@@ -59,14 +61,15 @@ export const bodyRequired = (schema: TSchema): boolean => !compileSchema(schema)
 
 // A fixed path ('/api/secret/v1/import') also matches its parameterized siblings ('/:secret_id'):
 // a method it lacks would reach those and be refused as a bad id, or be told it may use theirs.
-// Requests to a fixed path with a method it lacks get 405 naming its own methods.
+// Requests to a fixed path with a method it lacks get 405 naming its own methods (HEAD too, for a
+// GET route that refuses it: noHead).
 export function fixedPathMethods(routes: Route[]): Middleware {
   const methods = new Map<string, Set<string>>();
   for (const { spec } of routes) {
     if (spec.path.includes(':')) continue;
     const set = methods.get(spec.path) ?? new Set<string>();
     // In the router's order (HEAD before GET), so Allow reads the same as on its own 405s.
-    if (spec.method === 'get') set.add('HEAD');
+    if (spec.method === 'get' && !spec.noHead) set.add('HEAD');
     set.add(spec.method.toUpperCase());
     methods.set(spec.path, set);
   }

@@ -255,6 +255,12 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     const head = await fetch(back, { method: 'HEAD', redirect: 'manual' });
     assert.equal(head.status, 405);
     assert.equal(head.headers.get('allow'), 'GET');
+    // Nor does any other answer offer HEAD in Allow (SPEC section 1: Allow names what the path takes).
+    for (const method of ['POST', 'OPTIONS']) {
+      const r = await fetch(back, { method });
+      assert.equal(r.status, method === 'POST' ? 405 : 200, method);
+      assert.equal(r.headers.get('allow'), 'GET', method);
+    }
     assert.equal((await c.get(`${B}/provider/mail-g`)).body.status, 'brokering_initiated');
     assert.equal((await callback(back)).status, 200);
     assert.equal((await c.get(`${B}/provider/mail-g`)).body.status, 'active');

@@ -58,13 +58,14 @@ export const bridgeRoutes = [
   }, async ({ params, body, services }) => startBrokering(services, params.provider_controller_type_id, params.credential_controller_type_id, body.provider_instance_id)),
 
   defineRoute({
-    method: 'get', path: '/api/bridge/v1/generic-oauth-callback', operationId: 'generic-oauth-callback', tag, scope: null,
+    // Koa answers HEAD with a GET route; here that would redeem the single-use state (link prefetchers send HEAD).
+    method: 'get', path: '/api/bridge/v1/generic-oauth-callback', operationId: 'generic-oauth-callback', tag, scope: null, noHead: true,
     summary: 'Where the provider sends the user back: exchanges the code, stores the user credential (encrypted), makes the instance active; '
       + 'answers with the credential, or 303 to the instance\'s return_on_successful_brokering URL',
     query: OAuthCallbackQuery,
     responses: { 200: Type.Union([BrokerState, BrokeredUserCredential]), 303: null, 400: ErrorBody, 404: ErrorBody, 405: ErrorBody, 410: ErrorBody, 502: ErrorBody },
   }, async ({ query, ctx, services }) => {
-    // Koa answers HEAD with a GET route; here that would redeem the single-use state (link prefetchers send HEAD).
+    // fixedPathMethods answers HEAD on this path as written; the router also takes it in other letter cases.
     if (ctx.method === 'HEAD') throw new MethodNotAllowed('HEAD is not allowed on the OAuth callback: it would redeem the single-use state', 'GET');
     const outcome = await completeBrokering(services, query);
     if (outcome.type === 'user_credential') return { type: 'user_credential', ...outcome.credential };
