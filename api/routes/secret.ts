@@ -54,7 +54,8 @@ export const secretRoutes = [
     method: 'put', path: '/api/secret/v1/:secret_id', operationId: 'update-secret', tag, scope: 'secret:write',
     summary: 'Replace a secret\'s value, re-encrypted under the given alias or its current one',
     params: SecretIdParams, body: UpdateSecretRequest,
-    responses: { 200: Secret, ...resourceErrors },
+    // 409: the secret kept moving between aliases (rotations) while it was written.
+    responses: { 200: Secret, ...resourceErrors, 409: ErrorBody },
   }, async ({ params, body, services }) => secrets.updateSecret(services, params.secret_id, body)),
 
   defineRoute({

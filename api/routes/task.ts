@@ -46,7 +46,8 @@ export const taskRoutes = [
     method: 'post', path: '/api/task/v1', operationId: 'create-task', tag, scope: 'task:write',
     summary: 'Create a task with its first message and enqueue its execution',
     body: CreateTaskRequest,
-    responses: { 201: Type.Object({ task: Task, message: Message }), ...resourceErrors },
+    // 409: the context named was being deleted by task retention meanwhile (a retry succeeds).
+    responses: { 201: Type.Object({ task: Task, message: Message }), ...resourceErrors, 409: ErrorBody },
   }, async ({ body, services }) => taskDomain.createTask(services, body)),
 
   defineRoute({
