@@ -173,6 +173,23 @@ describe('A2A streaming (SSE)', () => {
     }
   });
 
+  it('a stream, or a blocking send, whose task is deleted meanwhile ends on a -32001 error instead of waiting for ever', async () => {
+    const task = (await rpc('message/send', { message: userMessage('[sleep 60000] deleted while followed'), configuration: { blocking: false } })).body.result;
+    await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.state === 'working', 'the task to start');
+    const streamed = sse(stack.api.url, 'tasks/resubscribe', { id: task.id }, { id: 'gone' });
+    const blocking = stack.client.post(A2A, { jsonrpc: '2.0', id: 'b', method: 'message/send', params: { message: userMessage('[sleep 60000] deleted too') } });
+    const other = await waitFor(async () => (await testDb()('tasks as t').join('messages as m', 'm.task_id', 't.id').where('t.status', 'working')
+      .whereRaw(`m.parts->0->>'text' = ?`, ['[sleep 60000] deleted too']).first<{ id: string }>('t.id')) ?? false, 'the blocking send\'s task to start');
+    const at = Date.now();
+    // As an operator deletes a task: its messages and timeline go with it (ON DELETE CASCADE).
+    await testDb()('tasks').whereIn('id', [task.id, other.id]).delete();
+    const [s, b] = await Promise.all([streamed, blocking]);
+    assert.ok(Date.now() - at < 6000, `ended ${Date.now() - at} ms after the delete`);
+    assert.ok(s.ended, 'the server closed the stream');
+    assert.deepEqual([s.events[0].result.kind, s.events.at(-1).id, s.events.at(-1).error?.code], ['task', 'gone', -32001]);
+    assert.deepEqual([b.body.id, b.body.error?.code], ['b', -32001]);
+  });
+
   it("a stream refused for its task or its params is one SSE error event, then closed (as the SDK's server answers)", async () => {
     const s = await sse(stack.api.url, 'tasks/resubscribe', { id: randomUUID() }, { id: 'r' });
     assert.match(s.contentType, /^text\/event-stream/);

@@ -5,10 +5,12 @@ import type { Message as A2AMessage, TaskArtifactUpdateEvent, TaskStatusUpdateEv
 import type { Tx } from '../../db/knex.ts';
 import { timelineSince, type TimelineRow } from '../../db/timeline.ts';
 import * as messages from '../../db/messages.ts';
+import { getTask } from '../../db/tasks.ts';
 import type { Message } from '../../api/schemas/task.ts';
 import { isInterrupted, isTerminal, type TaskState } from '../task-states.ts';
 import type { TaskFollow } from '../task-waiter.ts';
 import { toA2AArtifact, toA2AMessage } from './mapping.ts';
+import { TaskNotFoundError } from './errors.ts';
 
 export type StreamEvent = TaskStatusUpdateEvent | TaskArtifactUpdateEvent | A2AMessage;
 
@@ -57,7 +59,8 @@ async function toEvents(db: Tx, taskId: string, contextId: string, rows: Timelin
 
 /**
  * Yields the task's events after `afterSeq` until a final status-update (which is yielded) or
- * until `signal` aborts. `follow` must have been registered before `afterSeq` was read.
+ * until `signal` aborts; throws TaskNotFoundError once the task is gone. `follow` must have been
+ * registered before `afterSeq` was read.
  */
 export async function* followTimeline(
   db: Tx, follow: TaskFollow, task: { id: string; contextId: string }, afterSeq: number, signal: AbortSignal,
@@ -72,6 +75,10 @@ export async function* followTimeline(
         if (event.kind === 'status-update' && event.final) return;
       }
       if (rows.length === PAGE) continue; // a full page may have more behind it
+    } else if (!(await getTask(db, task.id))) {
+      // Deleted (by hand: the retention purge takes ended tasks only): no final event will come, and nothing
+      // notes a delete, so an empty read looks; the client gets -32001, not an endless stream.
+      throw new TaskNotFoundError(task.id);
     }
     await follow.wait(POLL_MS, signal);
   }
