@@ -24,14 +24,14 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 // after taking the message;
 // a follow-up turn says which turn it is.
 class RemoteExecutor implements AgentExecutor {
-  readonly received: { taskId: string; text: string; continued: boolean }[] = [];
+  readonly received: { taskId: string; text: string; continued: boolean; message: Message }[] = [];
   readonly canceled = new Set<string>();
   private readonly hanging = new Map<string, () => void>();
 
   async execute(rc: RequestContext, bus: ExecutionEventBus): Promise<void> {
     const { taskId, contextId, userMessage, task } = rc;
     const text = textOf(userMessage);
-    this.received.push({ taskId, text, continued: !!task });
+    this.received.push({ taskId, text, continued: !!task, message: userMessage });
     const slow = /\[slowstart(?: (\d+))?\]/.exec(text);
     if (slow) await new Promise((resolve) => setTimeout(resolve, Number(slow[1] ?? 1500)));
     if (text.includes('[direct]')) {
@@ -178,6 +178,18 @@ for (const streaming of [true, false]) {
       assert.deepEqual(remote.refused, []);
       const logs = [...stack.api.logs, ...stack.workers.flatMap((w) => w.logs)].join('\n');
       assert.ok(!logs.includes(REMOTE_KEY));
+    });
+
+    it("forwards the message's metadata and extensions with its parts (and theirs), as the client sent them", async () => {
+      const parts = [{ kind: 'text', text: 'with metadata', metadata: { lang: 'en' } }, { kind: 'data', data: { n: 1 } }];
+      const sent = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'message/send', params: {
+        message: { kind: 'message', role: 'user', messageId: randomUUID(), parts, metadata: { trace: 'abc', nested: { x: [1] } }, extensions: ['https://example.com/ext/v1'] },
+      } });
+      assert.equal(sent.body.result?.status?.state, 'completed', sent.text);
+      const got = executor.received.find((r) => r.text === 'with metadata')!.message;
+      assert.deepEqual(got.parts, parts);
+      assert.deepEqual(got.metadata, { trace: 'abc', nested: { x: [1] } });
+      assert.deepEqual(got.extensions, ['https://example.com/ext/v1']);
     });
 
     it('completes the local task with a remote answer that is a plain message', async () => {

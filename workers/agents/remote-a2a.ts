@@ -223,6 +223,9 @@ async function send(remote: Client, mirror: Mirror, ctx: AgentContext, known: Re
     role: 'user',
     messageId: ctx.message.id,
     parts: ctx.message.parts.map(toA2APart),
+    // The client's own metadata and extensions are for the agent, which is the remote one.
+    ...(Object.keys(ctx.message.metadata).length ? { metadata: ctx.message.metadata } : {}),
+    ...(ctx.message.extensions?.length ? { extensions: ctx.message.extensions } : {}),
     ...(known ? { taskId: known.remote_task_id, ...(known.remote_context_id ? { contextId: known.remote_context_id } : {}) } : {}),
   };
   // Stopped before anything went out: nothing to follow up.
