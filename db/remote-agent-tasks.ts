@@ -10,6 +10,15 @@ export async function saveRemoteAgentTask(db: Tx, row: RemoteAgentTaskRow): Prom
   await db('remote_agent_tasks').insert(row).onConflict('task_id').merge(['remote_task_id', 'remote_context_id', 'last_message_id']);
 }
 
+// The remote context of the latest other task of a local context that has one: a new task of the
+// context continues the remote's conversation there (the (context_id, created_at, id) index).
+export async function remoteContextOf(db: Tx, contextId: string, exceptTaskId: string): Promise<string | undefined> {
+  const row = await db('tasks as t').join('remote_agent_tasks as r', 'r.task_id', 't.id')
+    .where('t.context_id', contextId).whereNot('t.id', exceptTaskId).whereNotNull('r.remote_context_id')
+    .orderBy([{ column: 't.created_at', order: 'desc' }, { column: 't.id', order: 'desc' }]).first('r.remote_context_id');
+  return row?.remote_context_id ?? undefined;
+}
+
 // Remote tasks whose local task was canceled or failed in the last `withinHours` (a run cancels its
 // remote task itself when it can; these were canceled between runs, waiting for input, their run's
 // cancel did not get through, or the run failed after the remote's last word), the latest first: a

@@ -24,14 +24,14 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 // after taking the message;
 // a follow-up turn says which turn it is.
 class RemoteExecutor implements AgentExecutor {
-  readonly received: { taskId: string; text: string; continued: boolean; message: Message }[] = [];
+  readonly received: { taskId: string; contextId: string; text: string; continued: boolean; message: Message }[] = [];
   readonly canceled = new Set<string>();
   private readonly hanging = new Map<string, () => void>();
 
   async execute(rc: RequestContext, bus: ExecutionEventBus): Promise<void> {
     const { taskId, contextId, userMessage, task } = rc;
     const text = textOf(userMessage);
-    this.received.push({ taskId, text, continued: !!task, message: userMessage });
+    this.received.push({ taskId, contextId, text, continued: !!task, message: userMessage });
     const slow = /\[slowstart(?: (\d+))?\]/.exec(text);
     if (slow) await new Promise((resolve) => setTimeout(resolve, Number(slow[1] ?? 1500)));
     if (text.includes('[direct]')) {
@@ -190,6 +190,21 @@ for (const streaming of [true, false]) {
       assert.deepEqual(got.parts, parts);
       assert.deepEqual(got.metadata, { trace: 'abc', nested: { x: [1] } });
       assert.deepEqual(got.extensions, ['https://example.com/ext/v1']);
+    });
+
+    it('sends a new task in the context of earlier ones to the remote context those went to', async () => {
+      const send = (text: string, contextId?: string) => stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'message/send', params: {
+        message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text }], ...(contextId ? { contextId } : {}) },
+      } });
+      const first = (await send('context one')).body.result;
+      assert.equal(first.status.state, 'completed');
+      const second = (await send('context two', first.contextId)).body.result;
+      assert.equal(second.status.state, 'completed');
+      const unrelated = (await send('context three')).body.result;
+      assert.equal(unrelated.status.state, 'completed');
+      const remoteContext = (text: string) => executor.received.find((r) => r.text === text)!.contextId;
+      assert.equal(remoteContext('context two'), remoteContext('context one'));
+      assert.notEqual(remoteContext('context three'), remoteContext('context one'));
     });
 
     it('completes the local task with a remote answer that is a plain message', async () => {

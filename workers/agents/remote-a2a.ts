@@ -19,7 +19,7 @@ import {
   ClientFactory, ClientFactoryOptions, DefaultAgentCardResolver, JsonRpcTransportFactory, RestTransportFactory, TaskNotCancelableError, TaskNotFoundError, type Client,
 } from '@a2a-js/sdk/client';
 import {
-  forgetRemoteAgentTask, getRemoteAgentTask, remoteTasksOfCanceledOrFailed, saveRemoteAgentTask, type RemoteAgentTaskRow,
+  forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTasksOfCanceledOrFailed, saveRemoteAgentTask, type RemoteAgentTaskRow,
 } from '../../db/remote-agent-tasks.ts';
 import { listArtifactItems } from '../../db/timeline-views.ts';
 import type { Logger } from '../../domain/logger.ts';
@@ -165,7 +165,9 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
         mirror.seen(current);
       }
       if (!sent) {
-        const done = await send(remote, mirror, ctx, known, link.signal);
+        // A first turn goes to the remote context of the local context's earlier tasks, as A2A groups them.
+        const remoteContext = known ? known.remote_context_id : await remoteContextOf(db, ctx.task.context_id, ctx.task.id);
+        const done = await send(remote, mirror, ctx, known, remoteContext ?? undefined, link.signal);
         if (done) return done;
       }
       // The stream ended before the remote task did, or the remote cannot stream: the client then
@@ -217,7 +219,9 @@ async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, l
 // A run stopped (`link` aborted) once the message went out, before the remote named its task, still
 // reads on to the first event that names it, for CANCEL_TIMEOUT_MS at most, and records it: given up
 // at once, the remote task would go on with nobody to cancel it.
-async function send(remote: Client, mirror: Mirror, ctx: AgentContext, known: RemoteAgentTaskRow | undefined, link: AbortSignal): Promise<AgentResult | undefined> {
+async function send(
+  remote: Client, mirror: Mirror, ctx: AgentContext, known: RemoteAgentTaskRow | undefined, contextId: string | undefined, link: AbortSignal,
+): Promise<AgentResult | undefined> {
   const message: A2AMessage = {
     kind: 'message',
     role: 'user',
@@ -226,7 +230,8 @@ async function send(remote: Client, mirror: Mirror, ctx: AgentContext, known: Re
     // The client's own metadata and extensions are for the agent, which is the remote one.
     ...(Object.keys(ctx.message.metadata).length ? { metadata: ctx.message.metadata } : {}),
     ...(ctx.message.extensions?.length ? { extensions: ctx.message.extensions } : {}),
-    ...(known ? { taskId: known.remote_task_id, ...(known.remote_context_id ? { contextId: known.remote_context_id } : {}) } : {}),
+    ...(known ? { taskId: known.remote_task_id } : {}),
+    ...(contextId ? { contextId } : {}),
   };
   // Stopped before anything went out: nothing to follow up.
   if (link.aborted) throw new Error('the run was stopped');
