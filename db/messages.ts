@@ -36,9 +36,12 @@ export async function listMessages(db: Tx, taskId: string, pageSize: number, tok
   return { ...page, items: page.items.map(strip) };
 }
 
-// The size of a task's messages' parts as JSON text: how a task from before migration 0016 is counted.
+// The size of a task's messages as JSON text, as tasks.messageBytes counts each (jsonb's text is close
+// to compact JSON, not the same): how a task from before migration 0016 is counted.
 export async function messageBytes(db: Tx, taskId: string): Promise<number> {
-  const [row] = await db('messages').where({ task_id: taskId }).select(db.raw('coalesce(sum(octet_length(parts::text)), 0)::bigint as n'));
+  const [row] = await db('messages').where({ task_id: taskId }).select(db.raw(`coalesce(sum(octet_length(parts::text)
+    + case when coalesce(metadata, '{}'::jsonb) <> '{}'::jsonb then octet_length(metadata::text) else 0 end
+    + coalesce(octet_length(array_to_json(extensions)::text), 0)), 0)::bigint as n`));
   return Number(row.n);
 }
 

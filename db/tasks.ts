@@ -33,6 +33,11 @@ export type ContentCount = 'message_bytes' | 'artifact_bytes';
 // How a task's counts measure what they count: a message's parts, an artifact update, as compact JSON.
 export const contentBytes = (value: unknown) => Buffer.byteLength(JSON.stringify(value));
 
+// A message's parts and, when it has any, its metadata and extensions: all of it is read back with the
+// task's history, so a message with small parts and a large metadata object counts as large.
+export const messageBytes = (m: { parts: unknown; metadata?: Record<string, unknown>; extensions?: unknown[] | null }) =>
+  contentBytes(m.parts) + (m.metadata && Object.keys(m.metadata).length ? contentBytes(m.metadata) : 0) + (m.extensions?.length ? contentBytes(m.extensions) : 0);
+
 export async function setContentBytes(db: Tx, id: string, count: ContentCount, bytes: number): Promise<void> {
   await db('tasks').where({ id }).update({ [count]: bytes });
 }
@@ -99,7 +104,7 @@ export interface TaskBundle { task: TaskRow; message: Message; timeline: Timelin
 export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<number[][]> {
   const input = bundles.map(({ task: t, message: m, timeline }, i) => ({
     i, id: t.id, context_id: t.context_id, status: t.status, at: t.created_at, metadata: t.metadata,
-    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: contentBytes(m.parts), refs: m.reference_task_ids, ext: m.extensions ?? null, m_metadata: m.metadata,
+    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: messageBytes(m), refs: m.reference_task_ids, ext: m.extensions ?? null, m_metadata: m.metadata,
     tl: timeline.map((item) => ({ id: item.id, p: item.event_payload })),
   }));
   const { rows } = await pgQuery<{ seqs: (string | number)[] }>(db,
@@ -152,7 +157,7 @@ export interface StatusChangeResult { task?: TaskRow; timelineSeqs: number[] }
 // The changes travel as one jsonb parameter (see insertTaskBundles). No two may name one task.
 export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[]): Promise<StatusChangeResult[]> {
   const input = changes.map((c, i) => ({
-    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, mb: c.message ? contentBytes(c.message.parts) : 0, max: c.maxMessageBytes ?? null, run: c.run ?? null, lost_run: c.lostRun ?? null,
+    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, mb: c.message ? messageBytes(c.message) : 0, max: c.maxMessageBytes ?? null, run: c.run ?? null, lost_run: c.lostRun ?? null,
     tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at })),
   }))
     .sort(byTaskId);

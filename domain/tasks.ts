@@ -62,15 +62,14 @@ async function heldBytes(trx: Tx, locked: tasks.TaskRow, count: tasks.ContentCou
 
 // Refuses a status message that would take a task the caller holds locked over maxBytes (the
 // status-change statement adds it to the count).
-export async function checkMessageRoom(trx: Tx, locked: tasks.TaskRow, req: Pick<CreateMessageRequest, 'parts'>, maxBytes: number): Promise<void> {
-  checkRoom(locked.id, 'message_bytes', await heldBytes(trx, locked, 'message_bytes'), tasks.contentBytes(req.parts), maxBytes);
+export async function checkMessageRoom(trx: Tx, locked: tasks.TaskRow, req: Pick<CreateMessageRequest, 'parts' | 'metadata' | 'extensions'>, maxBytes: number): Promise<void> {
+  checkRoom(locked.id, 'message_bytes', await heldBytes(trx, locked, 'message_bytes'), tasks.messageBytes(req), maxBytes);
 }
 
-// Takes room for `value` in a task the caller holds locked, or refuses it: the count is written in the
-// caller's transaction, with the row the value goes into.
-async function takeRoom(trx: Tx, locked: tasks.TaskRow, count: tasks.ContentCount, value: unknown, maxBytes: number): Promise<void> {
+// Takes room for `adding` bytes in a task the caller holds locked, or refuses them: the count is written
+// in the caller's transaction, with the row they go into.
+async function takeRoom(trx: Tx, locked: tasks.TaskRow, count: tasks.ContentCount, adding: number, maxBytes: number): Promise<void> {
   const held = await heldBytes(trx, locked, count);
-  const adding = tasks.contentBytes(value);
   checkRoom(locked.id, count, held, adding, maxBytes);
   await tasks.setContentBytes(trx, locked.id, count, held + adding);
   locked[count] = held + adding;
@@ -78,7 +77,7 @@ async function takeRoom(trx: Tx, locked: tasks.TaskRow, count: tasks.ContentCoun
 
 // A message of a task the caller holds locked, within what the task may hold.
 export async function appendMessage(uow: UnitOfWork, locked: tasks.TaskRow, req: CreateMessageRequest, maxBytes: number, at = new Date()) {
-  await takeRoom(uow.trx, locked, 'message_bytes', req.parts, maxBytes);
+  await takeRoom(uow.trx, locked, 'message_bytes', tasks.messageBytes(req), maxBytes);
   const message = await messages.insertMessage(uow.trx, newMessage(locked.id, req, at.toISOString()));
   const { seq: _seq, ...plain } = message;
   const item = await appendTimeline(uow, locked.id, { type: 'message', message: plain as Message }, at);
@@ -87,7 +86,7 @@ export async function appendMessage(uow: UnitOfWork, locked: tasks.TaskRow, req:
 
 // An artifact update of a task the caller holds locked, within what the task may hold.
 export async function appendArtifact(uow: UnitOfWork, locked: tasks.TaskRow, artifact: Record<string, unknown>, maxBytes: number, at = new Date()) {
-  await takeRoom(uow.trx, locked, 'artifact_bytes', artifact, maxBytes);
+  await takeRoom(uow.trx, locked, 'artifact_bytes', tasks.contentBytes(artifact), maxBytes);
   return appendTimeline(uow, locked.id, { type: 'artifact-update', artifact }, at);
 }
 
@@ -149,7 +148,7 @@ export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: Tas
 // first run (a user message starts one). That job is added right after commit without an outbox
 // row: job recovery finds a submitted task whose first message has no job (workers/recover-agent-runs.ts).
 function newTaskBundle(req: CreateTaskRequest, id: string, maxMessageBytes: number): { bundle: tasks.TaskBundle; run?: OutboxRow } {
-  const bytes = tasks.contentBytes(req.message.parts);
+  const bytes = tasks.messageBytes(req.message);
   if (bytes > maxMessageBytes) {
     throw new PayloadTooLarge(`This message (${bytes} bytes) is more than the ${maxMessageBytes} bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)`, { adding: bytes, limit: maxMessageBytes });
   }

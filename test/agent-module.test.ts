@@ -54,6 +54,17 @@ describe('agent modules', () => {
       ['message', 'task-status-update', 'task-status-update', 'message', 'artifact-update', 'message', 'task-status-update']);
   });
 
+  it("a reply, progress or final message given as {parts, metadata} keeps the message's metadata", async () => {
+    const task = (await rpc('message/send', { message: userMessage('with metadata') })).body.result;
+    assert.equal(task.status.state, 'completed');
+    assert.deepEqual(task.status.message.metadata, { source: 'final', score: 3 });
+    const agent = task.history.filter((m: any) => m.role === 'agent').map((m: any) => [m.parts[0].text, m.metadata]);
+    assert.deepEqual(agent, [['annotated', { source: 'reply' }], ['halfway', { source: 'progress' }], ['all done', { source: 'final', score: 3 }]]);
+    // The task API shows the same.
+    const rest = await stack.client.get(`/api/task/v1/${task.id}`);
+    assert.deepEqual(rest.body.status_message.metadata, { source: 'final', score: 3 });
+  });
+
   it('canceling a long-running module agent aborts its signal on the worker', async () => {
     const task = (await rpc('message/send', { message: userMessage('wait'), configuration: { blocking: false } })).body.result;
     await waitFor(async () => {
@@ -84,6 +95,7 @@ describe('agent modules', () => {
       ['set completed', /setStatus takes 'working' only, not 'completed'/],
       // A2A parts (kind) where task API parts (type) belong: before, stored as parts A2A served as [null].
       ['a2a parts', /Invalid reply: reply\.0\.type/],
+      ['extra member', /Invalid reply: reply\.meta is not an allowed member/],
     ];
     for (const [text, why] of cases) {
       const { state, message, task } = await finalOf(text);

@@ -12,8 +12,10 @@ import type { AgentContext } from '../workers/agents/types.ts';
 import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
 
 const textOf = (m: Message) => m.parts.map((p) => (p.kind === 'text' ? p.text : '')).join('');
+// Its messages carry metadata, which the local task keeps.
+const REMOTE_METADATA = { model: 'remote-test', confidence: 0.9 };
 const agentMessage = (taskId: string, contextId: string, text: string): Message => ({
-  kind: 'message', role: 'agent', messageId: randomUUID(), taskId, contextId, parts: [{ kind: 'text', text }],
+  kind: 'message', role: 'agent', messageId: randomUUID(), taskId, contextId, parts: [{ kind: 'text', text }], metadata: REMOTE_METADATA,
 });
 
 // The remote agent: says it is thinking (a working update with a message), emits an artifact,
@@ -163,6 +165,7 @@ for (const streaming of [true, false]) {
       const id = created.body.task.id;
       const done = await finished(id, 'completed');
       assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Remote echo: hello remote' }]);
+      assert.deepEqual(done.status_message.metadata, REMOTE_METADATA);
       const texts = done.messages.map((m: any) => `${m.role}: ${m.parts[0].text}`);
       const events = await timeline(id);
       const statuses = events.filter((e: any) => e.type === 'task-status-update').map((e: any) => e.status);
@@ -171,7 +174,10 @@ for (const streaming of [true, false]) {
       assert.ok(statuses.slice(1, -1).every((s: string) => s === 'working'), statuses.join(','));
       const artifacts = events.filter((e: any) => e.type === 'artifact-update').map((e: any) => e.artifact);
       assert.deepEqual(artifacts.map((a: any) => [a.artifactId, a.name, a.parts[0].text]), [['report', 'report', 'report on hello remote']]);
-      if (streaming) assert.ok(texts.includes('agent: thinking about hello remote'), texts.join(' | '));
+      if (streaming) {
+        assert.ok(texts.includes('agent: thinking about hello remote'), texts.join(' | '));
+        assert.deepEqual(done.messages.find((m: any) => m.parts[0].text === 'thinking about hello remote').metadata, REMOTE_METADATA);
+      }
       const a2a = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id } });
       assert.equal(a2a.body.result?.artifacts?.[0]?.artifactId, 'report', a2a.text);
       // Every call carried the remote's API key, and the key is in no log line.
@@ -243,7 +249,8 @@ for (const streaming of [true, false]) {
       const sent = executor.received.filter((r) => r.text === 'big report [flood]');
       assert.equal(sent.length, 1, 'sent to the remote once');
       await waitFor(async () => executor.canceled.has(sent[0].taskId), 'the remote task to be canceled');
-      assert.equal(await testDb()('remote_agent_tasks').where({ task_id: id }).first(), undefined, 'the remote task forgotten');
+      // Forgotten right after the cancel is answered (and logged): looked for until then.
+      await waitFor(async () => (await testDb()('remote_agent_tasks').where({ task_id: id }).first()) === undefined, 'the remote task to be forgotten');
       const logs = stack.workers[0].logs.slice(before).join('\n');
       assert.ok(!/"level":(50|60)/.test(logs), logs);
     });
@@ -256,7 +263,8 @@ for (const streaming of [true, false]) {
       const remoteTask = executor.received.find((r) => r.text === 'one question [bigask]')!.taskId;
       await waitFor(async () => (await remoteStateOf(remoteTask)) === 'canceled', 'the remote task to be canceled', 15000);
       await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('remote task canceled: its local task failed') && l.includes(remoteTask)), 'the log line');
-      assert.equal(await testDb()('remote_agent_tasks').where({ task_id: id }).first(), undefined, 'the remote task forgotten');
+      // Forgotten right after the cancel is answered (and logged): looked for until then.
+      await waitFor(async () => (await testDb()('remote_agent_tasks').where({ task_id: id }).first()) === undefined, 'the remote task to be forgotten');
     });
 
     it('cancels the remote task when the local task is canceled', async () => {

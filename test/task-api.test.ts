@@ -676,6 +676,25 @@ describe('the bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)', () =
     assert.match((await c.post(`/api/task/v1/${id}/message`, text(0))).body.message, /holds 4096 bytes of messages/);
   });
 
+  it("counts a message's metadata and extensions with its parts: small parts with a large metadata object do not slip past", async () => {
+    const c = stack.client;
+    const annotated = (n: number) => ({ ...textMessage('hi', 'agent'), metadata: { note: 'm'.repeat(n) } });
+    const bytes = (m: { parts: unknown; metadata: unknown }) => Buffer.byteLength(JSON.stringify(m.parts)) + Buffer.byteLength(JSON.stringify(m.metadata));
+    assertError(await c.post('/api/task/v1', { message: annotated(4096) }), 413, 'payload_too_large');
+    const first = annotated(2000);
+    const id = (await c.post('/api/task/v1', { message: first })).body.task.id;
+    const over = await c.post(`/api/task/v1/${id}/message`, annotated(2500));
+    assertError(over, 413, 'payload_too_large');
+    assert.match(over.body.message, new RegExp(`^Task '${id}' holds ${bytes(first)} bytes of messages; this message \\(${bytes(annotated(2500))} bytes\\)`));
+    // A2A: a message's extensions count too.
+    const extensions = Array.from({ length: 40 }, (_, i) => `https://example.com/extensions/${'e'.repeat(40)}/${i}`);
+    const rpc = await c.post('/api/a2a/v1', { jsonrpc: '2.0', id: 7, method: 'message/send',
+      params: { message: { kind: 'message', messageId: randomUUID(), taskId: id, role: 'user', parts: [{ kind: 'text', text: 'hi' }], extensions }, configuration: { blocking: false } } });
+    assert.equal(rpc.body.error?.code, -32602, rpc.text);
+    assert.match(rpc.body.error.message, /TASK_MESSAGES_MAX_BYTES/);
+    assert.equal((await c.post(`/api/task/v1/${id}/message`, annotated(1000))).status, 201, 'what fits is taken');
+  });
+
   it('counts a task from before the count was kept from its messages, once', async () => {
     const c = stack.client;
     const text = (n: number) => textMessage('x'.repeat(n), 'agent');

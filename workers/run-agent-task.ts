@@ -153,7 +153,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         const out = finalOf(result);
         // Counts only grow: a message that does not fit beside the count at the run's start is refused
         // here, before it travels to Postgres; the statement checks against the count as it is then.
-        checkRoom(taskId, 'message_bytes', Number(state.task.message_bytes ?? 0), tasks.contentBytes(out.message.parts), maxMessageBytes);
+        checkRoom(taskId, 'message_bytes', Number(state.task.message_bytes ?? 0), tasks.messageBytes(out.message), maxMessageBytes);
         return out;
       });
       // Done running: from here the final write's compare-and-set decides, and a check that sees the
@@ -165,7 +165,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       // may hold (the statement checks without a read; this read, on a miss only, tells which).
       await ours(async () => {
         const now = await tasks.getTask(services.db, taskId);
-        if (now?.message_bytes != null && workingUnder(now, messageId)) checkRoom(taskId, 'message_bytes', Number(now.message_bytes), tasks.contentBytes(final.message.parts), maxMessageBytes);
+        if (now?.message_bytes != null && workingUnder(now, messageId)) checkRoom(taskId, 'message_bytes', Number(now.message_bytes), tasks.messageBytes(final.message), maxMessageBytes);
       });
       return 'task ended or taken by another run during the run';
     } catch (err) {

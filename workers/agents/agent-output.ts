@@ -8,6 +8,9 @@ import type { Reply } from './types.ts';
 
 const ReplyParts = Type.Array(MessagePart, { minItems: 1, maxItems: 1000 });
 const validateReply = compileSchema(ReplyParts);
+// A reply with message metadata: the object form of Reply.
+const ReplyMessage = Type.Object({ parts: ReplyParts, metadata: Type.Optional(Type.Record(Type.String(), Type.Unknown())) }, { additionalProperties: false });
+const validateReplyMessage = compileSchema(ReplyMessage);
 
 export const Artifact = Type.Object({
   artifactId: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
@@ -22,15 +25,16 @@ export const Artifact = Type.Object({
 export type Artifact = Static<typeof Artifact>;
 const validateArtifact = compileSchema(Artifact);
 
-/** A reply (a string, or parts with `type`) as message parts; throws naming what is wrong. */
-export function replyParts(reply: Reply, where: string): Static<typeof ReplyParts> {
+/** An agent message of a reply (reply, a status message, the run's end); throws naming what is wrong. */
+export function agentMessage(reply: Reply, where: string): { role: 'agent'; parts: Static<typeof ReplyParts>; metadata?: Record<string, unknown> } {
+  if (typeof reply === 'object' && reply !== null && !Array.isArray(reply)) {
+    checkValid(validateReplyMessage, reply, where);
+    return { role: 'agent', parts: reply.parts, ...(reply.metadata && Object.keys(reply.metadata).length ? { metadata: reply.metadata } : {}) };
+  }
   const parts = typeof reply === 'string' ? [{ type: 'text-part' as const, text: reply }] : reply;
   checkValid(validateReply, parts, where);
-  return parts;
+  return { role: 'agent', parts };
 }
-
-/** An agent message of a reply (reply, a status message, the run's end). */
-export const agentMessage = (reply: Reply, where: string) => ({ role: 'agent' as const, parts: replyParts(reply, where) });
 
 export function checkArtifact(artifact: unknown): Artifact {
   checkValid(validateArtifact, artifact, 'artifact');

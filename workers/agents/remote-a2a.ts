@@ -28,7 +28,7 @@ import { assertOutboundUrl } from '../../domain/webhook-url.ts';
 import { fetchPublicOnly } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
-import type { Agent, AgentContext, AgentResult } from './types.ts';
+import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
 
 const FINAL_STATES: Partial<Record<A2AState, NonNullable<AgentResult['status']>>> = {
   completed: 'completed',
@@ -48,13 +48,15 @@ const CANCEL_TIMEOUT_MS = 5000;
 const credentialsRefused = (err: unknown): err is Error => err instanceof Error && !refusedByRuntime(err) && /\b40[13]\b/.test(err.message);
 const isEnd = (state: A2AState) => state in FINAL_STATES || state === 'canceled' || state === 'unknown';
 const partsOf = (parts: Part[] | undefined): MessagePart[] => (parts ?? []).map(fromA2APart);
+// A remote message as the local task stores it, with its metadata.
+const replyOf = (m: A2AMessage): Reply => (m.metadata && Object.keys(m.metadata).length ? { parts: partsOf(m.parts), metadata: m.metadata } : partsOf(m.parts));
 // Compares content as it reads back from Postgres (jsonb keeps no key order, and no undefined).
 const sameContent = (a: unknown, b: unknown) => isDeepStrictEqual(JSON.parse(JSON.stringify(a)), JSON.parse(JSON.stringify(b)));
 
 // The run's result for a remote status that ends it; its message is left out when it was
 // already mirrored as a reply.
 function resultOf(status: TaskStatus, withMessage: boolean): AgentResult {
-  const message = withMessage && status.message?.parts.length ? partsOf(status.message.parts) : undefined;
+  const message = withMessage && status.message?.parts.length ? replyOf(status.message) : undefined;
   const mapped = FINAL_STATES[status.state];
   if (mapped) return { status: mapped, ...(message ? { message } : {}) };
   return { status: 'failed', message: message ?? `The remote agent ended its task as '${status.state}'` };
@@ -359,7 +361,7 @@ class Mirror {
     if (m.role !== 'agent' || this.seenMessages.has(m.messageId)) return;
     this.seenMessages.add(m.messageId);
     this.answering = undefined;
-    await this.ctx.reply(partsOf(m.parts));
+    await this.ctx.reply(replyOf(m));
   }
 
   private async artifact(a: Artifact & { append?: boolean; lastChunk?: boolean }): Promise<void> {
@@ -377,13 +379,13 @@ class Mirror {
     const fresh = !!status.message && !this.seenMessages.has(status.message.messageId);
     if (status.message) this.seenMessages.add(status.message.messageId);
     if (isEnd(status.state)) return resultOf(status, fresh);
-    if (status.state === 'working' && fresh && status.message?.parts.length) await this.ctx.setStatus('working', partsOf(status.message.parts));
+    if (status.state === 'working' && fresh && status.message?.parts.length) await this.ctx.setStatus('working', replyOf(status.message));
     return undefined;
   }
 
   async apply(event: StreamEvent): Promise<AgentResult | undefined> {
     // A message that belongs to no task is the remote's whole answer.
-    if (event.kind === 'message' && !event.taskId && !this.remoteTaskId) return { status: 'completed', message: partsOf(event.parts) };
+    if (event.kind === 'message' && !event.taskId && !this.remoteTaskId) return { status: 'completed', message: replyOf(event) };
     await this.named(event);
     switch (event.kind) {
       case 'message':

@@ -5,7 +5,8 @@ import type { InvokeResult } from '../../api/schemas/bridge.ts';
 import type { Logger } from '../../domain/logger.ts';
 import type { Artifact } from './agent-output.ts';
 
-export type Reply = string | MessagePart[];
+/** Text, parts, or parts with the message's metadata. */
+export type Reply = string | MessagePart[] | { parts: MessagePart[]; metadata?: Record<string, unknown> };
 
 export interface AgentContext {
   task: Task;
