@@ -46,11 +46,22 @@ export class MethodNotAllowed extends AppError {
     super(405, 'method_not_allowed', message, { allow }, { Allow: allow });
   }
 }
+// What a 404's data.resource may name: fixed snake_case names, as clients match on them.
+export type ResourceName =
+  | 'task' | 'push_notification_config' | 'secret' | 'api_key' | 'envelope_key' | 'dek' | 'dek_alias' | 'job'
+  | 'provider_controller' | 'credential_controller' | 'function_controller' | 'provider_instance' | 'function_instance'
+  | 'user_credential' | 'resource_server_credential' | 'broker_state';
+// How a 404's message names the resources it names in words; the others by their name.
+const RESOURCE_WORDS: Partial<Record<ResourceName, string>> = {
+  push_notification_config: 'push notification config', provider_controller: 'provider controller',
+  credential_controller: 'credential controller', user_credential: 'user credential',
+  resource_server_credential: 'resource server credential', broker_state: 'broker state',
+};
 export class NotFound extends AppError {
-  /** `resource`: a fixed type name, as clients match data.resource (the ids go in `id` and `within`);
+  /** `resource`: what was looked for, data.resource (the ids go in `id` and `within`);
    * `within`: what the resource was looked for in, e.g. "for provider 'stripe'". */
-  constructor(resource: string, id: string, within?: string) {
-    super(404, 'not_found', `${resource} '${id}' not found${within ? ` ${within}` : ''}`, { resource, id });
+  constructor(resource: ResourceName, id: string, within?: string) {
+    super(404, 'not_found', `${RESOURCE_WORDS[resource] ?? resource} '${id}' not found${within ? ` ${within}` : ''}`, { resource, id });
   }
 }
 export class Conflict extends AppError {

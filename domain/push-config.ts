@@ -124,7 +124,7 @@ export async function pushSecrets(s: { db: Knex; cfg: Config }, row: repo.PushCo
 export async function getPushConfig(db: Tx, taskId: string, configId?: string): Promise<PushConfig> {
   await requireTask(db, taskId, false);
   const row = await repo.getPushConfig(db, taskId, configId);
-  if (!row) throw new NotFound('push notification config', configId ?? `(any of task ${taskId})`);
+  if (!row) throw new NotFound('push_notification_config', configId ?? `(any of task ${taskId})`);
   return shown(row);
 }
 
@@ -135,5 +135,5 @@ export async function listPushConfigs(db: Tx, taskId: string): Promise<PushConfi
 
 export async function deletePushConfig(db: Tx, taskId: string, configId: string): Promise<void> {
   await requireTask(db, taskId, false);
-  if (!(await repo.deletePushConfig(db, taskId, configId))) throw new NotFound('push notification config', configId);
+  if (!(await repo.deletePushConfig(db, taskId, configId))) throw new NotFound('push_notification_config', configId);
 }

@@ -158,6 +158,11 @@ describe('bridge API', () => {
       assert.equal(res.status, status, `${url} ${JSON.stringify(body)}: ${res.text}`);
       assert.match(res.body.message, message);
     }
+    // data.resource is a fixed snake_case name clients match on; the message says it in words.
+    const unknownController = await c.post(`${avail('stripe', 'oauth_auth_flow')}/credential/resource-server`, { value: {} });
+    assert.deepEqual(unknownController.body.data, { code: 'not_found', resource: 'credential_controller', id: 'oauth_auth_flow' });
+    const unknownProvider = await c.post(`${avail('nope', 'api_key')}/credential/resource-server`, { value: {} });
+    assert.deepEqual(unknownProvider.body.data, { code: 'not_found', resource: 'provider_controller', id: 'nope' });
     assert.deepEqual(await testDb()('bridge_credentials').count({ n: '*' }), before);
   });
 
@@ -281,6 +286,20 @@ describe('bridge API', () => {
       const r = await c.post(url, body);
       assert.equal(r.status, status, `${JSON.stringify(body)}: ${r.text}`);
     }
+    // An unknown credential is named by its kind, as a fixed snake_case data.resource.
+    const missingRs = randomUUID();
+    const noRs = await c.post(avail('stripe', 'api_key'), { display_name: 'unknown', resource_server_credential_id: missingRs });
+    assert.equal(noRs.status, 404, noRs.text);
+    assert.equal(noRs.body.message, `resource server credential '${missingRs}' not found`);
+    assert.deepEqual(noRs.body.data, { code: 'not_found', resource: 'resource_server_credential', id: missingRs });
+    const rs = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`,
+      { value: { client_id: 'client-3', client_secret: 'x', redirect_uri: 'https://app.example/cb' } });
+    assert.equal(rs.status, 201, rs.text);
+    const missingUser = randomUUID();
+    const noUser = await c.post(avail('google_mail', 'oauth_auth_flow'), { display_name: 'unknown user', resource_server_credential_id: rs.body.id, user_credential_id: missingUser });
+    assert.equal(noUser.status, 404, noUser.text);
+    assert.equal(noUser.body.message, `user credential '${missingUser}' not found`);
+    assert.deepEqual(noUser.body.data, { code: 'not_found', resource: 'user_credential', id: missingUser });
     assert.deepEqual(await testDb()('provider_instances').count({ n: '*' }), before);
   });
 

@@ -173,6 +173,12 @@ describe('credential import: credentials from the definition export are re-appli
       assert.match(r.body.message, pattern);
       assert.ok(!r.text.includes(STRIPE_KEY));
     }
+    // Unknown controllers are named by fixed snake_case data.resource values.
+    for (const [where, resource, id] of [[avail('nope', 'api_key'), 'provider_controller', 'nope'], [avail('stripe', 'oauth_auth_flow'), 'credential_controller', 'oauth_auth_flow']]) {
+      const r = await c.post(`${where}/credential/resource-server/import`, { value: { api_key: sealed }, data_encryption_key_id: dek });
+      assert.equal(r.status, 404, r.text);
+      assert.deepEqual(r.body.data, { code: 'not_found', resource, id });
+    }
     const reader = (await c.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['bridge:read'] })).body.key;
     assert.equal((await c.as(reader).post(url, { value: { api_key: sealed } })).status, 403);
     assert.equal(await credentials(), before);

@@ -150,6 +150,8 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
 
     const unknown = await callback(`${callbackUrl}?state=${'A'.repeat(43)}&code=x`);
     assert.equal(unknown.status, 404);
+    // The state itself is not echoed: data.id says which one in words.
+    assert.deepEqual(await unknown.json(), { message: "broker state '(the given state)' not found", data: { code: 'not_found', resource: 'broker_state', id: '(the given state)' } });
     const missing = await callback(`${callbackUrl}?code=x`);
     assert.equal(missing.status, 400);
     assert.match(((await missing.json()) as { message: string }).message, /state/);
@@ -284,6 +286,10 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
       assert.equal(r.status, status, `${url} ${JSON.stringify(body)}: ${r.text}`);
       assert.match(r.body.message, pattern);
     }
+    const unknownProvider = await c.post(`${avail('nope', 'oauth_auth_flow')}/credential/user-credential/broker`, { provider_instance_id: 'mail-a' });
+    assert.deepEqual(unknownProvider.body.data, { code: 'not_found', resource: 'provider_controller', id: 'nope' });
+    const unknownInstance = await c.post(BROKER, { provider_instance_id: 'nope' });
+    assert.deepEqual(unknownInstance.body.data, { code: 'not_found', resource: 'provider_instance', id: 'nope' });
     assert.equal((await c.as(undefined).post(BROKER, { provider_instance_id: 'mail-a' })).status, 401);
     const reader = (await c.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['bridge:read'] })).body.key;
     assert.equal((await c.as(reader).post(BROKER, { provider_instance_id: 'mail-a' })).status, 403);

@@ -166,6 +166,8 @@ describe('push notifications', () => {
     const del = await rpc('tasks/pushNotificationConfig/delete', { id, pushNotificationConfigId: 'hook' });
     assert.equal(del.error, undefined, JSON.stringify(del));
     assert.deepEqual((await rpc('tasks/pushNotificationConfig/list', { id })).result, []);
+    const gone = await rpc('tasks/pushNotificationConfig/get', { id, pushNotificationConfigId: 'hook' });
+    assert.deepEqual(gone.error, { code: -32602, message: "push notification config 'hook' not found", data: { resource: 'push_notification_config', id: 'hook' } });
     const bad = await rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { url: 'gopher://example.com/' } });
     assert.equal(bad.error.code, -32602);
     assert.match(bad.error.message, /must use http or https, not 'gopher'/);

@@ -77,7 +77,7 @@ export async function completeBrokering(
   const reply: { error: string } | { code: string } | undefined = error ? { error } : code ? { code } : undefined;
   if (!reply) throw new InvalidRequest('The callback has neither a code nor an error', [{ path: 'query.code', message: 'is required' }]);
   const state = await takeBrokerState(s.db, sha256(query.state));
-  if (!state) throw new NotFound('broker state', '(the given state)');
+  if (!state) throw new NotFound('broker_state', '(the given state)');
   if (state.expires_at.getTime() < Date.now()) throw new Gone('The brokering state expired: start the flow again');
   if ('error' in reply) {
     const detail = query.error_description ? `: ${query.error_description}` : '';

@@ -14,13 +14,13 @@ export const PROVIDERS: ProviderControllerDef[] = [googleMail, stripe];
 
 export function providerDef(typeId: string): ProviderControllerDef {
   const p = PROVIDERS.find((d) => d.type_id === typeId);
-  if (!p) throw new NotFound('provider controller', typeId);
+  if (!p) throw new NotFound('provider_controller', typeId);
   return p;
 }
 
 export function credentialDef(provider: ProviderControllerDef, typeId: string): CredentialControllerDef {
   const c = provider.credentialControllers.find((d) => d.type_id === typeId);
-  if (!c) throw new NotFound('credential controller', typeId, `for provider '${provider.type_id}'`);
+  if (!c) throw new NotFound('credential_controller', typeId, `for provider '${provider.type_id}'`);
   return c;
 }
 

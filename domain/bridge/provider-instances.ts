@@ -44,7 +44,7 @@ function readyStatus(cc: CredentialControllerDef, row: Pick<ProviderInstanceRow,
 async function checkCredential(db: Tx, id: string, kind: CredentialKind, providerTypeId: string, cc: CredentialControllerDef): Promise<void> {
   const field = kind === 'user' ? 'user_credential_id' : 'resource_server_credential_id';
   const row = await repo.getCredentialForShare(db, id);
-  if (!row) throw new NotFound(kind === 'user' ? 'user credential' : 'resource server credential', id);
+  if (!row) throw new NotFound(kind === 'user' ? 'user_credential' : 'resource_server_credential', id);
   if (row.kind !== kind) {
     throw new InvalidRequest(`body.${field} is a ${row.kind === 'user' ? 'user' : 'resource server'} credential`, [{ path: `body.${field}`, message: `must be a ${kind === 'user' ? 'user' : 'resource server'} credential` }]);
   }
