@@ -39,7 +39,10 @@ export const allRoutes: Route[] = [
 
 export function createApp(services: Services): Koa {
   const app = new Koa({ proxy: services.cfg.TRUST_PROXY });
-  const router = new Router();
+  // Paths match as SPEC writes them (lower case), as fixedPathMethods matches them: a router matching
+  // without case took '/API/SECRET/V1/IMPORT' as a secret id, 'provider/Grouped-By-Function' as the
+  // grouped list rather than that instance, and answered fixed paths past fixedPathMethods' 405s.
+  const router = new Router({ sensitive: true });
   mount(router, allRoutes, services);
   app.use(requestId(services.log));
   app.use(metricsMiddleware(services));

@@ -259,6 +259,15 @@ describe('bridge API', () => {
     assert.equal(reserved.status, 400);
   });
 
+  it('reads an instance whose id is grouped-by-function in another letter case as that instance, not as the grouped list', async () => {
+    const { inst } = await stripeInstance('Grouped-By-Function');
+    const got = await c.get(`${B}/provider/Grouped-By-Function`);
+    assert.equal(got.status, 200, got.text);
+    assert.deepEqual([got.body.id, got.body.display_name, got.body.created_at], [inst.id, inst.display_name, inst.created_at]);
+    assert.ok(Array.isArray((await c.get(`${B}/provider/grouped-by-function`)).body.items));
+    assert.equal((await c.delete(`${B}/provider/Grouped-By-Function`)).status, 200);
+  });
+
   it('keeps a DEK alias that credentials use from being deleted', async () => {
     const dek = await c.post('/api/encryption/v1/envelope/default-envelope.key/dek', {});
     assert.equal(dek.status, 201, dek.text);

@@ -273,6 +273,23 @@ describe('HTTP conventions', () => {
     }
   });
 
+  it('matches paths in the letter case SPEC writes them: another case is 404, not a sibling route or another Allow', async () => {
+    // A router matching without case sent these to parameterized siblings (400 for a bad id, an Allow
+    // of theirs) or answered them, past the fixed-path handling that matches paths as written.
+    const cases: [string, string][] = [
+      ['GET', '/API/TASK/V1/context?page_size=1'], ['GET', '/Api/Task/V1/Context?page_size=1'], ['DELETE', '/API/TASK/V1/CONTEXT'],
+      ['OPTIONS', '/API/TASK/V1/CONTEXT'], ['GET', '/API/SECRET/V1/IMPORT'], ['POST', '/api/bridge/v1/GENERIC-OAUTH-CALLBACK'],
+      ['GET', '/_INTERNAL/V1/HEALTH'], ['GET', '/api/task/V1'],
+    ];
+    for (const [method, path] of cases) {
+      const r = await stack.client.request(method, path, method === 'POST' ? {} : undefined);
+      assertError(r, 404, 'not_found');
+      assert.equal(r.headers.get('allow'), null, `${method} ${path}`);
+      assert.deepEqual(r.body.data, { code: 'not_found', resource: 'route', id: path.split('?')[0] }, `${method} ${path}`);
+    }
+    assert.equal((await stack.client.get('/api/task/v1/context?page_size=1')).status, 200);
+  });
+
   it('answers a method no route has (PROPFIND) like any wrong method: 405 on a known path, 404 elsewhere, logged below error', async () => {
     const r = await stack.client.request('PROPFIND', '/api/task/v1');
     assertError(r, 405, 'method_not_allowed');

@@ -263,6 +263,14 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
       assert.equal(r.status, method === 'POST' ? 405 : 200, method);
       assert.equal(r.headers.get('allow'), 'GET', method);
     }
+    // Nor in another letter case, which is no route (the router matches case-sensitively).
+    for (const [method, path] of [['HEAD', '/api/bridge/v1/Generic-OAuth-Callback'], ['GET', '/API/BRIDGE/V1/GENERIC-OAUTH-CALLBACK'], ['POST', '/api/bridge/v1/GENERIC-OAUTH-CALLBACK']]) {
+      const other = new URL(back);
+      other.pathname = path;
+      const r = await fetch(other, { method, redirect: 'manual' });
+      assert.equal(r.status, 404, `${method} ${path}`);
+      assert.equal(r.headers.get('allow'), null, `${method} ${path}`);
+    }
     assert.equal((await c.get(`${B}/provider/mail-g`)).body.status, 'brokering_initiated');
     assert.equal((await callback(back)).status, 200);
     assert.equal((await c.get(`${B}/provider/mail-g`)).body.status, 'active');

@@ -65,7 +65,7 @@ export const bridgeRoutes = [
     query: OAuthCallbackQuery,
     responses: { 200: Type.Union([BrokerState, BrokeredUserCredential]), 303: null, 400: ErrorBody, 404: ErrorBody, 405: ErrorBody, 410: ErrorBody, 502: ErrorBody },
   }, async ({ query, ctx, services }) => {
-    // fixedPathMethods answers HEAD on this path as written; the router also takes it in other letter cases.
+    // fixedPathMethods answers HEAD on this path before the router; this guard keeps it so should any request get past it.
     if (ctx.method === 'HEAD') throw new MethodNotAllowed('HEAD is not allowed on the OAuth callback: it would redeem the single-use state', 'GET');
     const outcome = await completeBrokering(services, query);
     if (outcome.type === 'user_credential') return { type: 'user_credential', ...outcome.credential };
