@@ -11,8 +11,10 @@ const MAX_BATCH = 1000;
 // Passes without a timed-out batch before the batch may double again (once a pass): a size that
 // failed is not tried again at every batch, each try costing DB_QUERY_TIMEOUT_MS of rolled-back work.
 const GROW_AFTER_PASSES = 10;
-// Rows per statement when a single task is too large to delete at once.
+// Rows per statement when a single task is too large to delete at once: at most, and at least (a
+// chunk that times out halves, down to the least).
 const THIN_CHUNK = 2000;
+const THIN_CHUNK_MIN = 50;
 
 // The pass: deletes in batches until none are left or half of the housekeeping interval has gone,
 // so that a backlog (retention just turned on) is worked off over several passes. Tasks holding many
@@ -21,11 +23,15 @@ const THIN_CHUNK = 2000;
 // that does not fit is thinned first.
 export function taskRetention(s: Pick<Services, 'db' | 'cfg' | 'log'>): () => Promise<number> {
   let batch = MAX_BATCH;
+  let thinChunk = THIN_CHUNK;
   let calmPasses = 0;
   return async function purgeExpiredTasks() {
     const days = s.cfg.TASK_RETENTION_DAYS;
     if (days === 0) return 0;
-    if (++calmPasses > GROW_AFTER_PASSES) batch = Math.min(MAX_BATCH, batch * 2);
+    if (++calmPasses > GROW_AFTER_PASSES) {
+      batch = Math.min(MAX_BATCH, batch * 2);
+      thinChunk = Math.min(THIN_CHUNK, thinChunk * 2);
+    }
     const before = new Date(Date.now() - days * DAY_MS);
     const until = Date.now() + s.cfg.JOB_RECOVERY_MS / 2;
     let tasks = 0;
@@ -43,7 +49,14 @@ export function taskRetention(s: Pick<Services, 'db' | 'cfg' | 'log'>): () => Pr
             s.log.info({ batch }, 'task retention: a batch took too long; trying fewer tasks at a time');
             continue;
           }
-          const rows = await thinNextEndedTask(s.db, before, THIN_CHUNK);
+          let rows: number;
+          try {
+            rows = await thinNextEndedTask(s.db, before, thinChunk);
+          } catch (thinErr) {
+            if (!statementTimedOut(thinErr) || thinChunk <= THIN_CHUNK_MIN) throw thinErr;
+            thinChunk = Math.ceil(thinChunk / 2);
+            continue;
+          }
           if (!rows) throw err;
           s.log.info({ rows }, 'task retention: a task too large to delete at once was thinned first');
           continue;
