@@ -455,7 +455,8 @@ describe('push notifications whose queue jobs Redis lost', function () {
       await waitFor(async () => rx.all.some((r) => r.body.status.state === 'completed'), 'the completed notification', 20_000, 100);
       assert.deepEqual(rx.all.filter((r) => r.body.id === id).map((r) => r.body.status.state), ['submitted', 'working', 'completed']);
       assert.ok(rx.all.every((r) => r.token === 'tok-lost'));
-      assert.ok(stack.workers.some((w) => w.logs.some((l) => l.includes('push delivery had no queue job: enqueued again'))));
+      // Logged as the job is added: the line may reach us after the delivery that job made.
+      await waitFor(async () => stack.workers.some((w) => w.logs.some((l) => l.includes('push delivery had no queue job: enqueued again'))), 'the recovery log line', 5_000);
     } finally {
       await queue.close();
       connection.disconnect();
