@@ -6,6 +6,13 @@ export async function getRemoteAgentTask(db: Tx, taskId: string): Promise<Remote
   return db('remote_agent_tasks').select('task_id', 'remote_task_id', 'remote_context_id', 'last_message_id').where({ task_id: taskId }).first();
 }
 
+// The remote tasks of local tasks, by local task id (those that have one).
+export async function remoteTaskIdsOf(db: Tx, taskIds: readonly string[]): Promise<Map<string, string>> {
+  if (!taskIds.length) return new Map();
+  const rows: { task_id: string; remote_task_id: string }[] = await db('remote_agent_tasks').select('task_id', 'remote_task_id').whereIn('task_id', taskIds);
+  return new Map(rows.map((r) => [r.task_id, r.remote_task_id]));
+}
+
 export async function saveRemoteAgentTask(db: Tx, row: RemoteAgentTaskRow): Promise<void> {
   await db('remote_agent_tasks').insert(row).onConflict('task_id').merge(['remote_task_id', 'remote_context_id', 'last_message_id']);
 }

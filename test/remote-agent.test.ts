@@ -213,6 +213,19 @@ for (const streaming of [true, false]) {
       assert.notEqual(remoteContext('context three'), remoteContext('context one'));
     });
 
+    it('names the tasks a message refers to by their remote ids, leaving out those the remote never had', async () => {
+      const send = (text: string, referenceTaskIds?: string[]) => stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'message/send', params: {
+        message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text }], ...(referenceTaskIds ? { referenceTaskIds } : {}) },
+      } });
+      const earlier = (await send('the earlier one')).body.result;
+      assert.equal(earlier.status.state, 'completed');
+      const unknown = randomUUID();
+      assert.equal((await send('see the earlier one', [earlier.id, unknown])).body.result.status.state, 'completed');
+      const received = (text: string) => executor.received.find((r) => r.text === text)!;
+      assert.deepEqual(received('see the earlier one').message.referenceTaskIds, [received('the earlier one').taskId]);
+      assert.equal(received('the earlier one').message.referenceTaskIds, undefined);
+    });
+
     it('completes the local task with a remote answer that is a plain message', async () => {
       const created = await stack.client.post('/api/task/v1', { message: textMessage('quick one [direct]') });
       const done = await finished(created.body.task.id, 'completed');

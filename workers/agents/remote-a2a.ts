@@ -19,7 +19,7 @@ import {
   ClientFactory, ClientFactoryOptions, DefaultAgentCardResolver, JsonRpcTransportFactory, RestTransportFactory, TaskNotCancelableError, TaskNotFoundError, type Client,
 } from '@a2a-js/sdk/client';
 import {
-  forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTasksOfCanceledOrFailed, saveRemoteAgentTask, type RemoteAgentTaskRow,
+  forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTaskIdsOf, remoteTasksOfCanceledOrFailed, saveRemoteAgentTask, type RemoteAgentTaskRow,
 } from '../../db/remote-agent-tasks.ts';
 import { listArtifactItems } from '../../db/timeline-views.ts';
 import type { Logger } from '../../domain/logger.ts';
@@ -169,7 +169,9 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       if (!sent) {
         // A first turn goes to the remote context of the local context's earlier tasks, as A2A groups them.
         const remoteContext = known ? known.remote_context_id : await remoteContextOf(db, ctx.task.context_id, ctx.task.id);
-        const done = await send(remote, mirror, ctx, known, remoteContext ?? undefined, link.signal);
+        // Tasks the message refers to are named to the remote by their remote ids: ours mean nothing there.
+        const references = await remoteTaskIdsOf(db, ctx.message.reference_task_ids);
+        const done = await send(remote, mirror, ctx, known, { contextId: remoteContext ?? undefined, referenceTaskIds: [...references.values()] }, link.signal);
         if (done) return done;
       }
       // The stream ended before the remote task did, or the remote cannot stream: the client then
@@ -222,7 +224,8 @@ async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, l
 // reads on to the first event that names it, for CANCEL_TIMEOUT_MS at most, and records it: given up
 // at once, the remote task would go on with nobody to cancel it.
 async function send(
-  remote: Client, mirror: Mirror, ctx: AgentContext, known: RemoteAgentTaskRow | undefined, contextId: string | undefined, link: AbortSignal,
+  remote: Client, mirror: Mirror, ctx: AgentContext, known: RemoteAgentTaskRow | undefined,
+  { contextId, referenceTaskIds }: { contextId?: string; referenceTaskIds: string[] }, link: AbortSignal,
 ): Promise<AgentResult | undefined> {
   const message: A2AMessage = {
     kind: 'message',
@@ -234,6 +237,7 @@ async function send(
     ...(ctx.message.extensions?.length ? { extensions: ctx.message.extensions } : {}),
     ...(known ? { taskId: known.remote_task_id } : {}),
     ...(contextId ? { contextId } : {}),
+    ...(referenceTaskIds.length ? { referenceTaskIds } : {}),
   };
   // Stopped before anything went out: nothing to follow up.
   if (link.aborted) throw new Error('the run was stopped');
