@@ -270,8 +270,11 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.equal(second.history.filter((m: any) => m.role === 'user').length, 2);
       const again = await rpc('message/send', { message: userMessage('too late', { taskId: first.id }) });
       assert.equal(again.body.error.code, -32600);
-      const wrongContext = await rpc('message/send', { message: userMessage('x', { taskId: first.id, contextId: randomUUID() }) });
-      assert.equal(wrongContext.body.error.code, -32602);
+      const otherContext = randomUUID();
+      const wrongContext = await rpc('message/send', { message: userMessage('x', { taskId: first.id, contextId: otherContext }) });
+      assert.deepEqual(wrongContext.body.error, {
+        code: -32602, message: `Invalid params: params.message.contextId '${otherContext}' is not the context of task ${first.id}`, data: { taskId: first.id, contextId: first.contextId },
+      });
     });
 
     it('a blocking send answers with the task as it stands after the bounded wait', async () => {

@@ -73,7 +73,7 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
   if (params.message.taskId !== undefined) {
     const row = await requireTaskRow(call, params.message.taskId);
     if (params.message.contextId !== undefined && params.message.contextId.toLowerCase() !== row.context_id) {
-      throw invalidParams(`Invalid params: params.message.contextId '${params.message.contextId}' is not the context of task ${row.id}`);
+      throw invalidParams(`Invalid params: params.message.contextId '${params.message.contextId}' is not the context of task ${row.id}`, { taskId: row.id, contextId: row.context_id });
     }
     if (isTerminal(row.status)) throw invalidRequest(`Task ${row.id} is ${row.status}: a terminal task accepts no more messages`, { taskId: row.id, state: row.status });
     return inTransaction(services, async (uow) => {
