@@ -3,6 +3,7 @@
 // a context goes when its last task does.
 import type { Knex } from 'knex';
 import { TERMINAL_STATES } from '../domain/task-states.ts';
+import { statementTimedOut } from '../domain/errors.ts';
 
 // Only one purger at a time across workers: two would race over contexts whose tasks each deletes
 // a part of, and leave such a context behind with no task to bring it up again.
@@ -34,17 +35,23 @@ export async function purgeEndedTasks(db: Knex, before: Date, limit: number): Pr
 
 // The next such task alone holding too many rows to be deleted in one statement: its timeline items
 // and messages are deleted `chunk` rows a statement first, each committed by itself (the task is
-// going, so losing its history early loses nothing). The number of rows deleted.
+// going, so losing its history early loses nothing). The number of rows deleted; a statement that
+// times out after others deleted rows ends the call with those (the next call goes on), and one
+// that times out first is thrown.
 export async function thinNextEndedTask(db: Knex, before: Date, chunk: number): Promise<number> {
   const next = await db.transaction(async (trx) => (await trx.raw(ENDED_BEFORE, endedBefore(before, 1))).rows[0] as { id: string } | undefined);
   if (!next) return 0;
   let deleted = 0;
-  for (const table of ['timeline_items', 'messages']) {
-    for (;;) {
-      const n = await db(table).whereIn('id', db(table).select('id').where({ task_id: next.id }).limit(chunk)).delete();
-      deleted += n;
-      if (n < chunk) break;
+  try {
+    for (const table of ['timeline_items', 'messages']) {
+      for (;;) {
+        const n = await db(table).whereIn('id', db(table).select('id').where({ task_id: next.id }).limit(chunk)).delete();
+        deleted += n;
+        if (n < chunk) break;
+      }
     }
+  } catch (err) {
+    if (!deleted || !statementTimedOut(err)) throw err;
   }
   return deleted;
 }
