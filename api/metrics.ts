@@ -1,6 +1,8 @@
 // Prometheus metrics of an API process: HTTP latency by route and status, plus queue depths, the
 // outbox backlog, key job progress and provider instances by status read at scrape time (they are shared state, the same from any process),
 // and what the workers record in Redis (queues/worker-metrics.ts): job durations and outcomes, enqueue lag, credential refreshes.
+// A metric whose source (Postgres or Redis) is down or silent is left out of that scrape, and the
+// rest is still answered: HTTP latency and the outbox backlog are what an operator watches in an outage.
 import type { Middleware } from 'koa';
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from './route.ts';
@@ -11,6 +13,19 @@ import { QUEUE_NAMES } from '../queues/names.ts';
 import { listActiveKeyJobs } from '../db/key-jobs.ts';
 import { countProviderInstancesByStatus } from '../db/bridge.ts';
 import { registerWorkerMetrics } from '../queues/worker-metrics.ts';
+import { withTimeout } from '../domain/with-timeout.ts';
+
+const SOURCE_TIMEOUT_MS = 2000;
+
+// What `read` gives for a scrape, or undefined (logged) when its source cannot answer in time.
+async function readSource<T>(services: Services, metric: string, read: () => Promise<T>): Promise<T | undefined> {
+  try {
+    return await withTimeout(read(), SOURCE_TIMEOUT_MS);
+  } catch (err) {
+    services.log.warn({ metric, reason: (err as Error).message }, 'metric left out of the scrape: its source did not answer');
+    return undefined;
+  }
+}
 
 function createMetrics(services: Services) {
   const registry = new Registry();
@@ -28,10 +43,10 @@ function createMetrics(services: Services) {
     labelNames: ['queue', 'state'],
     registers: [registry],
     async collect() {
-      for (const name of QUEUE_NAMES) {
-        const counts = await services.queues[name].getJobCounts('waiting', 'active', 'delayed', 'completed', 'failed');
-        for (const [state, n] of Object.entries(counts)) this.set({ queue: name, state }, n);
-      }
+      this.reset();
+      const all = await readSource(services, 'taskbridge_queue_jobs', () =>
+        Promise.all(QUEUE_NAMES.map(async (name) => [name, await services.queues[name].getJobCounts('waiting', 'active', 'delayed', 'completed', 'failed')] as const)));
+      for (const [name, counts] of all ?? []) for (const [state, n] of Object.entries(counts)) this.set({ queue: name, state }, n);
     },
   });
   new Gauge({
@@ -39,8 +54,10 @@ function createMetrics(services: Services) {
     help: 'Jobs committed to the outbox and not yet handed to Redis',
     registers: [registry],
     async collect() {
-      const [{ n }] = await services.db('outbox').count({ n: '*' });
-      this.set(Number(n));
+      const rows = await readSource(services, 'taskbridge_outbox_pending', async () => services.db('outbox').count({ n: '*' }));
+      // Not 0 when unknown: without a sample the series is absent from this scrape.
+      if (rows) this.set(Number(rows[0].n));
+      else this.remove();
     },
   });
 
@@ -51,7 +68,7 @@ function createMetrics(services: Services) {
     registers: [registry],
     async collect() {
       this.reset();
-      for (const j of await listActiveKeyJobs(services.db)) {
+      for (const j of await readSource(services, 'taskbridge_key_job_items', () => listActiveKeyJobs(services.db)) ?? []) {
         for (const count of ['total', 'done', 'failed'] as const) this.set({ job_id: j.id, kind: j.kind, count }, j[count]);
       }
     },
@@ -63,12 +80,14 @@ function createMetrics(services: Services) {
     labelNames: ['status'],
     registers: [registry],
     async collect() {
-      const rows = await countProviderInstancesByStatus(services.db);
+      this.reset();
+      const rows = await readSource(services, 'taskbridge_provider_instances', () => countProviderInstancesByStatus(services.db));
+      if (!rows) return;
       for (const status of ['brokering_initiated', 'active', 'disabled', 'refresh_failed']) this.set({ status }, rows[status] ?? 0);
     },
   });
 
-  registerWorkerMetrics(registry, services.redis, services.cfg.QUEUE_PREFIX);
+  registerWorkerMetrics(registry, services.redis, services.cfg.QUEUE_PREFIX, (name, read) => readSource(services, name, read));
 
   const middleware: Middleware = async (ctx, next) => {
     const end = http.startTimer();

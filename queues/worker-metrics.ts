@@ -102,14 +102,20 @@ export class WorkerMetrics {
   }
 }
 
-// API side: the metrics as prom-client collectors that read their hash at scrape time.
-export function registerWorkerMetrics(registry: Registry, redis: Redis, prefix: string): void {
+type Stored = Record<string, string>;
+
+// API side: the metrics as prom-client collectors that read their hash at scrape time. `guard`
+// wraps each read; undefined from it (Redis down, api/metrics.ts) leaves the metric's series out.
+export function registerWorkerMetrics(
+  registry: Registry, redis: Redis, prefix: string,
+  guard: (name: Name, read: () => Promise<Stored>) => Promise<Stored | undefined> = (_, read) => read(),
+): void {
   for (const [name, def] of Object.entries(WORKER_METRICS) as [Name, (typeof WORKER_METRICS)[Name]][]) {
     // prom-client formats any object with get(); its typings want a whole Metric class.
     registry.registerMetric({
       name, help: def.help, type: def.type,
       async get() {
-        const stored = await redis.hgetall(hashKey(prefix, name));
+        const stored = (await guard(name, () => redis.hgetall(hashKey(prefix, name)))) ?? {};
         const series = new Map<string, { labels: Record<string, string>; parts: Map<string, number> }>();
         for (const [f, v] of Object.entries(stored)) {
           const [labels, part] = JSON.parse(f) as [Record<string, string>, string];

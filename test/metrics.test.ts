@@ -1,9 +1,12 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
+import path from 'node:path';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
 import { registerWorkerMetrics, WorkerMetrics } from '../queues/worker-metrics.ts';
-import { textMessage, useStack, waitFor } from './helpers/stack.ts';
+import { freePort, startPostgres, startRedis, type LocalService } from '../scripts/local-services.ts';
+import { createDb, migrateLatest } from '../db/knex.ts';
+import { requireEnv, startStack, textMessage, useStack, waitFor, type Stack } from './helpers/stack.ts';
 
 describe('GET /metrics', () => {
   const stack = useStack({}, { workers: 0 });
@@ -71,6 +74,54 @@ describe('GET /metrics: what the workers record', () => {
     assert.equal(buckets.at(-1), 2);
     const sum = series(text, 'taskbridge_job_enqueue_lag_seconds_sum', 'queue="agent-tasks"')!;
     assert.ok(sum >= 0 && sum < 60, `lag sum ${sum}`);
+  });
+});
+
+describe('GET /metrics while Postgres or Redis is down', function () {
+  this.timeout(60_000);
+  // An API (ADMIN_API_KEY needs no key lookup) on a Postgres and a Redis of its own, which the tests stop.
+  const dataDir = () => path.join(requireEnv('TEST_DATA_DIR'), 'metrics-outage');
+  let pg: LocalService | undefined;
+  let redis: LocalService | undefined;
+  let stack: Stack | undefined;
+  before(async () => {
+    pg = await startPostgres({ dataDir: dataDir(), ephemeral: true, port: await freePort() });
+    const db = createDb(pg.url, { min: 0, max: 1 });
+    await migrateLatest(db);
+    await db.destroy();
+    redis = await startRedis({ dataDir: dataDir(), ephemeral: true, port: await freePort() });
+    stack = await startStack({ DATABASE_URL: pg.url, REDIS_URL: redis.url }, { workers: 0 });
+  });
+  after(async () => {
+    await stack?.stop();
+    await redis?.stop();
+    await pg?.stop();
+  });
+
+  it('still answers with what it can read (HTTP latency, process metrics, the outbox backlog while Redis is down), leaving out what it cannot', async () => {
+    const s = stack!;
+    const up = await s.client.get('/metrics');
+    assert.equal(up.status, 200);
+    assert.match(up.text, /^taskbridge_queue_jobs\{queue="agent-tasks",state="waiting"\} 0$/m);
+
+    await redis!.stop();
+    redis = undefined;
+    // The outbox is where jobs wait during a Redis outage: its backlog is what to watch.
+    assert.equal((await s.client.post('/api/task/v1', { message: textMessage('during the outage') })).status, 201);
+    const noRedis = await s.client.get('/metrics');
+    assert.equal(noRedis.status, 200, noRedis.text);
+    assert.match(noRedis.text, /^taskbridge_outbox_pending 1$/m);
+    assert.match(noRedis.text, /^taskbridge_http_request_duration_seconds_count\{method="POST",route="\/api\/task\/v1",status="201"\} 1$/m);
+    assert.match(noRedis.text, /^process_cpu_user_seconds_total /m);
+    assert.doesNotMatch(noRedis.text, /^taskbridge_queue_jobs\{/m, 'no queue depths it could not read');
+
+    await pg!.stop();
+    pg = undefined;
+    const neither = await s.client.get('/metrics');
+    assert.equal(neither.status, 200, neither.text);
+    assert.doesNotMatch(neither.text, /^taskbridge_outbox_pending /m, 'no backlog it could not read (not 0)');
+    assert.match(neither.text, /^taskbridge_http_request_duration_seconds_count\{method="GET",route="\/metrics",status="200"\} 2$/m);
+    assert.ok(s.api.logs.some((l) => l.includes('metric left out of the scrape') && l.includes('taskbridge_queue_jobs')));
   });
 });
 
