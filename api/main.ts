@@ -1,4 +1,6 @@
 // The `web` process: the HTTP API.
+import type { ServerResponse } from 'node:http';
+import net from 'node:net';
 import { loadConfigOrExit } from '../domain/config.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
@@ -33,21 +35,40 @@ const cannotListen = (err: NodeJS.ErrnoException) => {
 server.once('error', cannotListen);
 server.once('listening', () => server.off('error', cannotListen));
 server.keepAliveTimeout = 65_000;
+// Answers given while stopping say `Connection: close`, so a keep-alive client (a load balancer)
+// sends its next request on a new connection, which is refused, rather than on this one, which is
+// closed once idle: a request written onto a connection being closed is reset, and the client
+// cannot tell whether it was taken. Those in flight when the signal comes are told too.
+let stopping = false;
+const answering = new Set<ServerResponse>();
+server.on('request', (_req, res: ServerResponse) => {
+  if (stopping) return void res.setHeader('Connection', 'close');
+  answering.add(res);
+  res.once('close', () => answering.delete(res));
+});
 answerClientErrors(server, allRoutes.map((r) => r.spec.method), services.log);
 
-let stopping = false;
+// How long after the signal idle keep-alive connections are left open, for requests already sent on them to be read.
+const IDLE_CLOSE_DELAY_MS = 1000;
 async function shutdown(signal: string) {
   if (stopping) return;
   stopping = true;
   services.log.info({ signal, grace_ms: cfg.API_SHUTDOWN_GRACE_MS }, 'api shutting down: finishing requests in flight');
+  for (const res of answering) if (!res.headersSent) res.setHeader('Connection', 'close');
   // No new connections; requests in flight finish (their connections close once answered) for up
   // to API_SHUTDOWN_GRACE_MS, then whatever is still open (streams, long blocking sends) is cut.
-  const drained = new Promise<boolean>((resolve) => server.close(() => resolve(true)));
-  // A keep-alive connection whose request is answered becomes idle, and stays open unless closed.
-  const closeIdle = setInterval(() => server.closeIdleConnections(), 100);
-  server.closeIdleConnections();
+  // Not http's close(): it closes idle connections at once, and under load a connection counts as
+  // idle while a request sent on it waits unread, which would be reset. Those are read (and
+  // answered with Connection: close) first; connections still idle after that are closed.
+  const drained = new Promise<boolean>((resolve) => net.Server.prototype.close.call(server, () => resolve(true)));
+  let closeIdle: NodeJS.Timeout | undefined;
+  const startClosingIdle = setTimeout(() => {
+    server.closeIdleConnections();
+    closeIdle = setInterval(() => server.closeIdleConnections(), 100);
+  }, IDLE_CLOSE_DELAY_MS);
   const timeUp = new Promise<boolean>((resolve) => setTimeout(() => resolve(false), cfg.API_SHUTDOWN_GRACE_MS).unref());
   const inTime = await Promise.race([drained, timeUp]);
+  clearTimeout(startClosingIdle);
   clearInterval(closeIdle);
   if (!inTime) {
     services.log.warn({ grace_ms: cfg.API_SHUTDOWN_GRACE_MS }, 'grace period over: connections still open (streams, blocking sends) are closed');

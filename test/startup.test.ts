@@ -152,11 +152,42 @@ describe('stopping the API (SIGTERM)', function () {
     assert.equal(answer.status, 200, answer.text);
     assert.equal(answer.body.result?.status.state, 'completed', answer.text);
     assert.equal(answer.body.result.status.message.parts[0].text, 'Echo: [sleep 1500] draining');
+    // A keep-alive client must not send its next request on this connection, closed once idle.
+    assert.equal(answer.headers.get('connection'), 'close');
     await assert.rejects(fetch(`${stack.api.url}/_internal/v1/health`), 'no new connection is taken');
     await exited;
     assert.equal(stack.api.child.exitCode, 0);
     assert.ok(stack.api.logs.some((l) => l.includes('api shutting down: finishing requests in flight')));
     assert.ok(!stack.api.logs.some((l) => l.includes('grace period over')), 'nothing was cut');
+  });
+});
+
+describe('stopping the API (SIGTERM) under load', function () {
+  this.timeout(60_000);
+  const stack = useStack({ RATE_LIMIT_PER_SECOND: '0' }, { workers: 0 });
+
+  it('answers or refuses every request of keep-alive clients, resetting none (a reset leaves the client unsure whether it was taken)', async () => {
+    const outcomes: Record<string, number> = {};
+    let stop = false;
+    // Clients that send their next request as soon as the last is answered, on the same connection.
+    const clients = Array.from({ length: 20 }, async () => {
+      while (!stop) {
+        let outcome: string;
+        try {
+          outcome = String((await stack.client.post('/api/task/v1', { message: { role: 'user', parts: [{ type: 'text-part', text: 'load' }] } })).status);
+        } catch (e) {
+          outcome = (e as { cause?: { code?: string } }).cause?.code ?? (e as Error).message;
+          await new Promise((resolve) => setTimeout(resolve, 20));
+        }
+        outcomes[outcome] = (outcomes[outcome] ?? 0) + 1;
+      }
+    });
+    await waitFor(async () => (outcomes['201'] ?? 0) > 200, 'the load to run');
+    await stack.api.kill('SIGTERM');
+    stop = true;
+    await Promise.all(clients);
+    assert.equal(stack.api.child.exitCode, 0);
+    assert.deepEqual(Object.keys(outcomes).sort(), ['201', 'ECONNREFUSED'], JSON.stringify(outcomes));
   });
 });
 
