@@ -14,6 +14,7 @@ import { listActiveKeyJobs } from '../db/key-jobs.ts';
 import { countProviderInstancesByStatus } from '../db/bridge.ts';
 import { registerWorkerMetrics } from '../queues/worker-metrics.ts';
 import { withTimeout } from '../domain/with-timeout.ts';
+import { matchedRoute } from './middleware/request-id.ts';
 
 const SOURCE_TIMEOUT_MS = 2000;
 
@@ -94,7 +95,7 @@ function createMetrics(services: Services) {
     try {
       await next();
     } finally {
-      end({ method: ctx.method, route: (ctx as { _matchedRoute?: string })._matchedRoute ?? 'unmatched', status: String(ctx.status) });
+      end({ method: ctx.method, route: matchedRoute(ctx), status: String(ctx.status) });
     }
   };
   return { registry, middleware };

@@ -342,6 +342,21 @@ describe('HTTP conventions', () => {
     await waitFor(async () => stack.api.logs.some((l) => l.includes(`"req_id":"${mine}"`)) && stack.api.logs.some((l) => l.includes(`"req_id":"${minted}"`)), 'request ids in the API log');
   });
 
+  it('logs one line per request with its method, path, route pattern (as /metrics labels it), status and duration', async () => {
+    const r = await stack.client.get('/api/task/v1/00000000-0000-4000-8000-000000000000');
+    const unmatched = await stack.client.get('/no/such/thing');
+    const line = (res: Response) => {
+      const id = res.headers.get('x-request-id');
+      const lines = stack.api.logs.filter((l) => l.includes(`"req_id":"${id}"`) && l.includes('"msg":"request"'));
+      return lines.length === 1 && JSON.parse(lines[0]);
+    };
+    await waitFor(async () => line(r) && line(unmatched), 'the request lines');
+    const { method, path, route, status, ms } = line(r);
+    assert.deepEqual({ method, path, route, status }, { method: 'GET', path: '/api/task/v1/00000000-0000-4000-8000-000000000000', route: '/api/task/v1/:task_id', status: 404 });
+    assert.equal(typeof ms, 'number');
+    assert.equal(line(unmatched).route, 'unmatched');
+  });
+
   it('never answers 500 to odd requests: undecodable paths, repeated or odd query parameters', async () => {
     const auth = { authorization: `Bearer ${stack.client.key}` };
     for (const path of ['/api/task/v1/%E0%A4%A', '/api/task/v1/%ZZ/timeline', '/%']) {

@@ -1,11 +1,15 @@
 import { randomUUID } from 'node:crypto';
-import type { Middleware } from 'koa';
+import type { Context, Middleware } from 'koa';
 import type { Logger } from '../../domain/logger.ts';
 
 const VALID = /^[A-Za-z0-9._:-]{1,128}$/;
 
 // A sane incoming X-Request-Id, else a new one (also for answers written outside Koa: api/client-errors.ts).
 export const requestIdFor = (incoming: string | undefined): string => (incoming !== undefined && VALID.test(incoming) ? incoming : randomUUID());
+
+// The route pattern a request matched (`/api/task/v1/:task_id`), else `unmatched`: the request
+// line's `route` and the /metrics label (bounded, unlike paths, which carry ids).
+export const matchedRoute = (ctx: Context): string => String((ctx as { _matchedRoute?: string | RegExp })._matchedRoute ?? 'unmatched');
 
 // Echoes a sane incoming X-Request-Id or mints one; gives the request a child logger carrying it.
 export function requestId(log: Logger): Middleware {
@@ -18,7 +22,7 @@ export function requestId(log: Logger): Middleware {
     try {
       await next();
     } finally {
-      ctx.state.log.info({ method: ctx.method, path: ctx.path, status: ctx.status, ms: Math.round((performance.now() - started) * 10) / 10 }, 'request');
+      ctx.state.log.info({ method: ctx.method, path: ctx.path, route: matchedRoute(ctx), status: ctx.status, ms: Math.round((performance.now() - started) * 10) / 10 }, 'request');
     }
   };
 }
