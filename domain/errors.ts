@@ -115,10 +115,10 @@ export function raceConflict(err: unknown): Conflict | undefined {
 // Postgres or Redis out of reach, whatever is asked of it: connection failures, including a
 // connection reset or cut under a statement (a server killed or restarted, a proxy dropping it);
 // ioredis producers fail fast without a code ("Stream isn't writeable ...", "Connection is
-// closed."); a Postgres shutting down, restarting or full (57P01-57P03, 53300); no pool connection
-// to be had.
+// closed.", or "Command timed out" when silent past DB_QUERY_TIMEOUT_MS); a Postgres shutting down,
+// restarting or full (57P01-57P03, 53300); no pool connection to be had.
 const UNREACHABLE_CODES = ['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', '57P01', '57P02', '57P03', '53300'];
-const UNREACHABLE_MESSAGE = /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly|^timeout expired$|is not queryable$/;
+const UNREACHABLE_MESSAGE = /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly|^timeout expired$|is not queryable$|^Command timed out$/;
 export function unreachable(err: unknown): boolean {
   const e = err as { code?: unknown; name?: unknown; message?: unknown };
   return UNREACHABLE_CODES.includes(String(e?.code)) || e?.name === 'MaxRetriesPerRequestError' || UNREACHABLE_MESSAGE.test(String(e?.message ?? ''));

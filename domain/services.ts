@@ -25,7 +25,7 @@ export interface Services {
 
 export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log: Logger = createLogger(cfg.LOG_LEVEL, role, { buffered: role !== 'cli' })): Services {
   const db = createDb(cfg.DATABASE_URL, { min: 0, max: role === 'cli' ? 2 : 20 }, { queryTimeoutMs: cfg.DB_QUERY_TIMEOUT_MS, log });
-  const redis = createRedis(cfg.REDIS_URL, 'producer');
+  const redis = createRedis(cfg.REDIS_URL, 'producer', cfg.DB_QUERY_TIMEOUT_MS);
   const sub = createRedis(cfg.REDIS_URL, 'subscriber');
   for (const r of [redis, sub]) r.on('error', (err) => log.debug({ err: { message: err.message } }, 'redis connection error'));
   const queues = createQueues(cfg, redis);

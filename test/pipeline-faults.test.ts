@@ -322,6 +322,34 @@ describe('job pipeline under faults', function () {
     });
   });
 
+  describe('Redis gone silent (a partition: no answers, nothing closed)', () => {
+    const own = { stack: undefined as unknown as Stack, proxy: undefined as unknown as BlackHoleProxy };
+    before(async () => {
+      const url = new URL(requireEnv('REDIS_URL'));
+      own.proxy = await startBlackHoleProxy({ host: url.hostname, port: Number(url.port) });
+      url.host = `127.0.0.1:${own.proxy.port}`;
+      own.stack = await startStack({ REDIS_URL: url.toString(), DB_QUERY_TIMEOUT_MS: '1000' }, { workers: 0 });
+    });
+    after(async () => {
+      await own.stack?.stop();
+      await own.proxy?.close();
+    });
+
+    it('answers 503 to what needs Redis once DB_QUERY_TIMEOUT_MS has passed, instead of hanging, and serves again once it answers', async () => {
+      const s = own.stack;
+      assert.equal((await s.client.get('/_internal/v1/queues')).status, 200);
+      own.proxy.swallow();
+      const started = Date.now();
+      const queues = await s.client.get('/_internal/v1/queues');
+      assert.equal(queues.status, 503, queues.text);
+      assert.equal(queues.body.data.code, 'unavailable');
+      assert.equal(queues.headers.get('retry-after'), '5');
+      assert.ok(Date.now() - started < 10_000, `answered after ${Date.now() - started} ms`);
+      own.proxy.forward();
+      await waitFor(async () => (await s.client.get('/_internal/v1/queues')).status === 200, 'the queues again');
+    });
+  });
+
   describe('Postgres connections reset under statements (a server killed, a proxy dropping them)', () => {
     const own = behindPostgresProxy();
 
