@@ -220,7 +220,7 @@ export const loadDatabaseConfig = (env: NodeJS.ProcessEnv = process.env) => read
 export const loadDatabaseConfigOrExit = () => orExit(() => loadDatabaseConfig());
 
 // A URL's user info and parameter values masked; anything else (not a URL, a URL without them) as it is.
-function maskUrlCredentials(value: string): string {
+export function maskUrlCredentials(value: string): string {
   if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(value.trim())) return value;
   try {
     const u = new URL(value.trim());

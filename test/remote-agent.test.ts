@@ -361,6 +361,27 @@ for (const streaming of [true, false]) {
         await other.stop();
       }
     });
+
+    if (streaming) it('names AGENT_REMOTE_URL in a failure without its user info or parameter values (to the client and in the log)', async () => {
+      const other = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: 'http://agent:url-password-0123@127.0.0.1:9/card.json?token=url-token-4567', AGENT_ATTEMPTS: '1' });
+      try {
+        const created = await other.client.post('/api/task/v1', { message: textMessage('anyone there?') });
+        const id = created.body.task.id;
+        const failed = await waitFor(async () => {
+          const r = await other.client.get(`/api/task/v1/${id}`);
+          return r.body.task.status === 'failed' && r.body;
+        }, 'the task to fail', 30000);
+        const reason = failed.status_message.parts[0].text as string;
+        assert.match(reason, /remote agent card at http:\/\/\*\*\*:\*\*\*@127\.0\.0\.1:9\/card\.json\?token=\*\*\* could not be read/);
+        await waitFor(async () => other.workers[0].logs.some((l) => l.includes('agent run failed')), 'the failure in the worker log');
+        for (const secret of ['url-password-0123', 'url-token-4567']) {
+          assert.ok(!reason.includes(secret), reason);
+          assert.ok(![...other.workers[0].logs, ...other.api.logs].some((l) => l.includes(secret)), `${secret} in a log line`);
+        }
+      } finally {
+        await other.stop();
+      }
+    });
   });
 }
 

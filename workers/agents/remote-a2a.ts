@@ -25,6 +25,7 @@ import { listArtifactItems } from '../../db/timeline-views.ts';
 import type { Logger } from '../../domain/logger.ts';
 import { refusedByRuntime } from '../../domain/errors.ts';
 import { assertOutboundUrl } from '../../domain/webhook-url.ts';
+import { maskUrlCredentials } from '../../domain/config.ts';
 import { fetchPublicOnly } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
@@ -122,7 +123,11 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
   const connect = () => {
     client ??= clientFactory(apiKey, trusted, allowPrivate, log, withheld).createFromUrl(base, cardPath).catch((err: Error) => {
       client = undefined;
-      throw new Error(`the remote agent card at ${url} could not be read: ${err.message}`);
+      // AGENT_REMOTE_URL may carry credentials (user info, a token parameter), and this reason reaches
+      // the task's status message and the log: it shows the URL as runtime_config does, in the
+      // client's own words (which may quote it) too.
+      const masked = (text: string) => text.replace(/\bhttps?:\/\/[^\s'"<>]+/gi, maskUrlCredentials);
+      throw new Error(`the remote agent card at ${masked(url)} could not be read: ${masked(err.message)}`);
     });
     return client;
   };
