@@ -347,15 +347,19 @@ for (const streaming of [true, false]) {
       await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('remote task canceled: its local task was canceled between runs') && l.includes(remoteTask)), 'the log line');
     });
 
+    // A task created on a stack of its own, as GET shows it once it has failed.
+    const failedTaskOn = async (other: Stack) => {
+      const created = await other.client.post('/api/task/v1', { message: textMessage('anyone there?') });
+      return waitFor(async () => {
+        const r = await other.client.get(`/api/task/v1/${created.body.task.id}`);
+        return r.body.task.status === 'failed' && r.body;
+      }, 'the task to fail', 30000);
+    };
+
     if (streaming) it('fails the local task with the reason when the remote agent is unreachable', async () => {
       const other = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: 'http://127.0.0.1:9', AGENT_ATTEMPTS: '2' });
       try {
-        const created = await other.client.post('/api/task/v1', { message: textMessage('anyone there?') });
-        const id = created.body.task.id;
-        const failed = await waitFor(async () => {
-          const r = await other.client.get(`/api/task/v1/${id}`);
-          return r.body.task.status === 'failed' && r.body;
-        }, 'the task to fail', 30000);
+        const failed = await failedTaskOn(other);
         assert.match(failed.status_message.parts[0].text, /remote agent card at http:\/\/127\.0\.0\.1:9 could not be read/);
       } finally {
         await other.stop();
@@ -365,12 +369,7 @@ for (const streaming of [true, false]) {
     if (streaming) it('names AGENT_REMOTE_URL in a failure without its user info or parameter values (to the client and in the log)', async () => {
       const other = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: 'http://agent:url-password-0123@127.0.0.1:9/card.json?token=url-token-4567', AGENT_ATTEMPTS: '1' });
       try {
-        const created = await other.client.post('/api/task/v1', { message: textMessage('anyone there?') });
-        const id = created.body.task.id;
-        const failed = await waitFor(async () => {
-          const r = await other.client.get(`/api/task/v1/${id}`);
-          return r.body.task.status === 'failed' && r.body;
-        }, 'the task to fail', 30000);
+        const failed = await failedTaskOn(other);
         const reason = failed.status_message.parts[0].text as string;
         assert.match(reason, /remote agent card at http:\/\/\*\*\*:\*\*\*@127\.0\.0\.1:9\/card\.json\?token=\*\*\* could not be read/);
         await waitFor(async () => other.workers[0].logs.some((l) => l.includes('agent run failed')), 'the failure in the worker log');
