@@ -27,7 +27,7 @@ export interface RouteSpec<P extends TObject | undefined, Q extends TObject | un
   ownBody?: true;
   responses: Record<number, TSchema | null>;
   responseType?: string; // media type of the success body; application/json when absent
-  /** A GET that refuses HEAD (405), which Koa would otherwise answer with the GET; Allow then leaves HEAD out. Fixed paths only. */
+  /** A GET that refuses HEAD (405: fixedPathMethods), which the router would otherwise answer with the GET (a GET with effects, which a link prefetcher's HEAD would have); Allow leaves HEAD out. Fixed paths only: the router matches nothing else to them. */
   noHead?: true;
 }
 

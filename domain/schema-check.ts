@@ -16,12 +16,13 @@ export function worded(pattern: string, words: string): string {
   PATTERN_WORDS.set(pattern, words);
   return pattern;
 }
+const oneOf = (values: readonly unknown[]) => `must be one of ${values.map(String).join(', ')}`;
 const FORMAT_WORDS: Record<string, string> = { uuid: 'must be a UUID', 'date-time': 'must be an RFC 3339 date-time', uri: 'must be a URI' };
 
 export function errorText(e: ErrorObject): string {
   if (e.keyword === 'pattern') return PATTERN_WORDS.get((e.params as { pattern: string }).pattern) ?? e.message ?? 'is invalid';
   if (e.keyword === 'format') return FORMAT_WORDS[(e.params as { format: string }).format] ?? e.message ?? 'is invalid';
-  if (e.keyword === 'enum') return `must be one of ${(e.params as { allowedValues: unknown[] }).allowedValues.map(String).join(', ')}`;
+  if (e.keyword === 'enum') return oneOf((e.params as { allowedValues: unknown[] }).allowedValues);
   return e.message ?? 'is invalid';
 }
 
@@ -68,7 +69,7 @@ function describe(e: ErrorObject, value: unknown, where: string, choices: Map<st
       return { key: join('type'), path: join('type'), message: 'must be one of text-part, data-part, file-part' };
     case 'anyOf': {
       const allowed = choices.get(e.schemaPath);
-      if (allowed) return { key: `${base}:choice`, path: base, message: `must be one of ${allowed.map(String).join(', ')}` };
+      if (allowed) return { key: `${base}:choice`, path: base, message: oneOf(allowed) };
       break;
     }
     case 'pattern':

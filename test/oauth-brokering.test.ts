@@ -257,6 +257,10 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     const head = await fetch(back, { method: 'HEAD', redirect: 'manual' });
     assert.equal(head.status, 405);
     assert.equal(head.headers.get('allow'), 'GET');
+    // The router also takes the path with a trailing slash: refused alike.
+    const slashed = new URL(back);
+    slashed.pathname += '/';
+    assert.equal((await fetch(slashed, { method: 'HEAD', redirect: 'manual' })).status, 405);
     // Nor does any other answer offer HEAD in Allow (SPEC section 1: Allow names what the path takes).
     for (const method of ['POST', 'OPTIONS']) {
       const r = await fetch(back, { method });

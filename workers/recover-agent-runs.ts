@@ -3,9 +3,10 @@
 // - submitted, waiting for input with an answer, or working under a run no worker says goes on
 //   (run-heartbeat.ts; not a task a client set working after its run), whose run message has
 //   neither an unsent outbox row nor a BullMQ job: Redis lost the job (a failover, a flush, no
-//   persistence), perhaps while it waited for a retry or its worker died. The run is enqueued again under the same id (several workers add one; a task never
-//   has two runs, workers/run-agent-task.ts; a working task's run carries on where it was). A long
-//   backlog is no loss: its jobs exist.
+//   persistence), perhaps while it waited for a retry or its worker died. The run is enqueued
+//   again under the same id (several workers add one; a task never has two runs,
+//   workers/run-agent-task.ts; a working task's run carries on where it was). A long backlog is no
+//   loss: its jobs exist.
 // - submitted, waiting with an answer, or working, whose run job has failed: the job ended without
 //   its processor's own final handling (it stalled too often, or the failure could not be written).
 //   The task fails, saying so.

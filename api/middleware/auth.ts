@@ -42,14 +42,15 @@ export async function catchUpOnRevocations(services: Services): Promise<void> {
   for (const id of holders) if (!active.has(id)) forgetApiKey(id);
 }
 
-const cachedPrincipal = (token: string): Principal | undefined => {
+/**
+ * The key's principal, for a request from `address`: from the cache, else looked up (and cached). A
+ * key not in the cache is refused (429) from an address past its failures; a wrong one counts
+ * against the address (auth-failures.ts). Null for a wrong key.
+ */
+export async function verifyKey(services: Services, address: string, token: string): Promise<Principal | null> {
   const hit = cache.get(token);
-  return hit && hit.expires > Date.now() ? hit.principal : undefined;
-};
-
-export async function resolveCached(services: Services, token: string): Promise<Principal | null> {
-  const hit = cachedPrincipal(token);
-  if (hit) return hit;
+  if (hit && hit.expires > Date.now()) return hit.principal;
+  await refuseIfBlocked(services, address);
   const generation = revocations;
   const principal = await resolveApiKey(services.db, token, services.cfg.ADMIN_API_KEY);
   // A revocation that arrived during the lookup may concern this key: do not cache that answer.
@@ -59,15 +60,6 @@ export async function resolveCached(services: Services, token: string): Promise<
   } else {
     cache.delete(token);
   }
-  return principal;
-}
-
-/** The key's principal, for a request from `address`; null for a wrong key, which counts against the address (auth-failures.ts). */
-export async function verifyKey(services: Services, address: string, token: string): Promise<Principal | null> {
-  const hit = cachedPrincipal(token);
-  if (hit) return hit;
-  await refuseIfBlocked(services, address);
-  const principal = await resolveCached(services, token);
   if (!principal) await countFailure(services, address);
   return principal;
 }

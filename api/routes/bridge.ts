@@ -7,7 +7,6 @@ import {
   GroupedByFunction, GroupedListQuery, ImportCredentialRequest, InvokeFunctionRequest, InvokeResult, ProviderController, ProviderInstance, ProviderInstanceDetail,
   OAuthCallbackQuery, ProviderInstanceId, ProviderListQuery, ProviderParams, UpdateProviderInstanceRequest,
 } from '../schemas/bridge.ts';
-import { MethodNotAllowed } from '../../domain/errors.ts';
 import { completeBrokering, startBrokering } from '../../domain/bridge/brokering.ts';
 import { listProviders } from '../../domain/bridge/catalog.ts';
 import { createCredential, importCredential } from '../../domain/bridge/credentials.ts';
@@ -58,15 +57,13 @@ export const bridgeRoutes = [
   }, async ({ params, body, services }) => startBrokering(services, params.provider_controller_type_id, params.credential_controller_type_id, body.provider_instance_id)),
 
   defineRoute({
-    // Koa answers HEAD with a GET route; here that would redeem the single-use state (link prefetchers send HEAD).
+    // No HEAD: the router would answer it with this GET, and redeem the single-use state (link prefetchers send HEAD).
     method: 'get', path: '/api/bridge/v1/generic-oauth-callback', operationId: 'generic-oauth-callback', tag, scope: null, noHead: true,
     summary: 'Where the provider sends the user back: exchanges the code, stores the user credential (encrypted), makes the instance active; '
       + 'answers with the credential, or 303 to the instance\'s return_on_successful_brokering URL',
     query: OAuthCallbackQuery,
     responses: { 200: Type.Union([BrokerState, BrokeredUserCredential]), 303: null, 400: ErrorBody, 404: ErrorBody, 405: ErrorBody, 410: ErrorBody, 502: ErrorBody },
   }, async ({ query, ctx, services }) => {
-    // fixedPathMethods answers HEAD on this path before the router; this guard keeps it so should any request get past it.
-    if (ctx.method === 'HEAD') throw new MethodNotAllowed('HEAD is not allowed on the OAuth callback: it would redeem the single-use state', 'GET');
     const outcome = await completeBrokering(services, query);
     if (outcome.type === 'user_credential') return { type: 'user_credential', ...outcome.credential };
     ctx.status = 303;
