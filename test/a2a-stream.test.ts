@@ -52,7 +52,8 @@ async function sse(url: string, method: string, params: unknown, opts: { id?: un
 }
 
 describe('A2A streaming (SSE)', () => {
-  const stack = useStack();
+  // A blocking send waits far longer than any test here: one that ends did so for its task, not the wait.
+  const stack = useStack({ A2A_BLOCKING_TIMEOUT_MS: '60000' });
   const rpc = (method: string, params: unknown) => stack.client.post(A2A, { jsonrpc: '2.0', id: 1, method, params });
 
   it('message/stream: snapshot, status, message and artifact events in order, final last, then closed', async () => {

@@ -7,9 +7,7 @@ import fs from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import path from 'node:path';
-import { Queue } from 'bullmq';
-import { Redis } from 'ioredis';
-import { ROOT, resetDb, startStack, startWorker, testDb, testEnv, textMessage, useStack, waitFor, type Stack } from './helpers/stack.ts';
+import { ROOT, resetDb, startStack, startWorker, testDb, testEnv, textMessage, useStack, waitFor, type Stack, withQueue } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }] });
@@ -226,15 +224,8 @@ describe('agent modules', () => {
     assert.ok(worker.logs.some((l) => l.includes('"msg":"worker stopped"')));
     // Not completed by the leaving worker after its minute: handed back, waiting for another worker.
     assert.equal((await rpc('tasks/get', { id: task.id })).body.result.status.state, 'working');
-    const connection = new Redis(stack.env.REDIS_URL, { maxRetriesPerRequest: null });
-    const queue = new Queue('agent-tasks', { connection, prefix: stack.env.QUEUE_PREFIX });
-    try {
-      const waiting = await queue.getJobs(['wait']);
-      assert.ok(waiting.some((j) => j?.data.task_id === task.id), 'the run is back in the queue');
-    } finally {
-      await queue.close();
-      connection.disconnect();
-    }
+    const waiting = await withQueue(stack.env, 'agent-tasks', (queue) => queue.getJobs(['wait']));
+    assert.ok(waiting.some((j) => j?.data.task_id === task.id), 'the run is back in the queue');
   });
 
   it('a worker starts with a CommonJS module that exports a handler by name', async () => {

@@ -1,8 +1,6 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { Queue } from 'bullmq';
-import { Redis } from 'ioredis';
-import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Client, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Client, type Stack, withQueue } from './helpers/stack.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
 const E = '/api/encryption/v1';
@@ -168,9 +166,7 @@ describe('alias rotation: bridge credentials and push notification secrets are r
   });
 
   it('a rotation run by two processors at once (a second queue job, as recovery adds when Redis lost the first) takes every phase: nothing skipped, counts exact', async () => {
-    const connection = new Redis(process.env.REDIS_URL!, { maxRetriesPerRequest: null });
-    const queue = new Queue('key-jobs', { connection, prefix: stack.env.QUEUE_PREFIX });
-    try {
+    await withQueue(stack.env, 'key-jobs', async (queue) => {
       const db = testDb();
       const all = Number((await db('bridge_credentials').count({ n: '*' }))[0].n)
         + Number((await db('push_configs').whereNotNull('encrypted_secrets').count({ n: '*' }))[0].n);
@@ -182,12 +178,11 @@ describe('alias rotation: bridge credentials and push notification secrets are r
         return ['completed', 'failed'].includes(j.status) && j;
       }, 'the doubled rotation to finish', 60000, 100);
       assert.deepEqual([job.status, job.total, job.done, job.failed], ['completed', all, all, 0], JSON.stringify(job));
+      // The second copy ran too (to its end), not dropped.
+      await waitFor(async () => (await queue.getJob(`second-copy-${started.body.id}`))?.finishedOn, 'the second copy to finish', 10000);
       const newDek = job.params.new_dek_id;
       assert.deepEqual(await db('bridge_credentials').whereNot({ dek_id: newDek }).select('id'), [], 'every credential under the new DEK');
       assert.deepEqual(await db('push_configs').whereNotNull('encrypted_secrets').whereNot({ secrets_dek_id: newDek }).select('task_id'), [], 'every push config under the new DEK');
-    } finally {
-      await queue.close();
-      connection.disconnect();
-    }
+    });
   });
 });

@@ -8,7 +8,7 @@ import { createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes, ra
 import type { AddressInfo } from 'node:net';
 import { Validator } from '@seriousme/openapi-schema-validator';
 import { callUpstream } from '../domain/bridge/upstream.ts';
-import { assertError, Client, requestLogsThrough, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack } from './helpers/stack.ts';
+import { assertError, Client, requestLogsThrough, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack, assertNotFound } from './helpers/stack.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
@@ -159,10 +159,8 @@ describe('bridge API', () => {
       assert.match(res.body.message, message);
     }
     // data.resource is a fixed snake_case name clients match on; the message says it in words.
-    const unknownController = await c.post(`${avail('stripe', 'oauth_auth_flow')}/credential/resource-server`, { value: {} });
-    assert.deepEqual(unknownController.body.data, { code: 'not_found', resource: 'credential_controller', id: 'oauth_auth_flow' });
-    const unknownProvider = await c.post(`${avail('nope', 'api_key')}/credential/resource-server`, { value: {} });
-    assert.deepEqual(unknownProvider.body.data, { code: 'not_found', resource: 'provider_controller', id: 'nope' });
+    assertNotFound(await c.post(`${avail('stripe', 'oauth_auth_flow')}/credential/resource-server`, { value: {} }), 'credential_controller', 'oauth_auth_flow');
+    assertNotFound(await c.post(`${avail('nope', 'api_key')}/credential/resource-server`, { value: {} }), 'provider_controller', 'nope');
     assert.deepEqual(await testDb()('bridge_credentials').count({ n: '*' }), before);
   });
 
@@ -172,13 +170,9 @@ describe('bridge API', () => {
     assert.equal(inst.resource_server_credential_id, cred.id);
 
     // 404s name the resource by a fixed type name (data.resource) and the missing one's id (data.id).
-    const notFound = (r: { status: number; body: any; text: string }, resource: string, id: string) => {
-      assert.equal(r.status, 404, r.text);
-      assert.deepEqual(r.body.data, { code: 'not_found', resource, id });
-    };
-    notFound(await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_1' }), 'function_instance', 'stripe_process_refund');
-    notFound(await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/disable`, {}), 'function_instance', 'stripe_process_refund');
-    notFound(await c.post(`${B}/provider/stripe-main/function/google_mail_send_email/enable`, {}), 'function_controller', 'google_mail_send_email');
+    assertNotFound(await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_1' }), 'function_instance', 'stripe_process_refund');
+    assertNotFound(await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/disable`, {}), 'function_instance', 'stripe_process_refund');
+    assertNotFound(await c.post(`${B}/provider/stripe-main/function/google_mail_send_email/enable`, {}), 'function_controller', 'google_mail_send_email');
     const enabled = await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/enable`, {});
     assert.equal(enabled.status, 201, enabled.text);
     assert.equal(enabled.body.controller.type_id, 'stripe_process_refund');
@@ -298,17 +292,15 @@ describe('bridge API', () => {
     // An unknown credential is named by its kind, as a fixed snake_case data.resource.
     const missingRs = randomUUID();
     const noRs = await c.post(avail('stripe', 'api_key'), { display_name: 'unknown', resource_server_credential_id: missingRs });
-    assert.equal(noRs.status, 404, noRs.text);
+    assertNotFound(noRs, 'resource_server_credential', missingRs);
     assert.equal(noRs.body.message, `resource server credential '${missingRs}' not found`);
-    assert.deepEqual(noRs.body.data, { code: 'not_found', resource: 'resource_server_credential', id: missingRs });
     const rs = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`,
       { value: { client_id: 'client-3', client_secret: 'x', redirect_uri: 'https://app.example/cb' } });
     assert.equal(rs.status, 201, rs.text);
     const missingUser = randomUUID();
     const noUser = await c.post(avail('google_mail', 'oauth_auth_flow'), { display_name: 'unknown user', resource_server_credential_id: rs.body.id, user_credential_id: missingUser });
-    assert.equal(noUser.status, 404, noUser.text);
+    assertNotFound(noUser, 'user_credential', missingUser);
     assert.equal(noUser.body.message, `user credential '${missingUser}' not found`);
-    assert.deepEqual(noUser.body.data, { code: 'not_found', resource: 'user_credential', id: missingUser });
     assert.deepEqual(await testDb()('provider_instances').count({ n: '*' }), before);
   });
 

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { resetDb, startStack, startWorker, testDb, waitFor, type Client, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, startWorker, testDb, waitFor, type Client, type Stack, assertNotFound } from './helpers/stack.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
 const B = '/api/bridge/v1';
@@ -175,9 +175,7 @@ describe('credential import: credentials from the definition export are re-appli
     }
     // Unknown controllers are named by fixed snake_case data.resource values.
     for (const [where, resource, id] of [[avail('nope', 'api_key'), 'provider_controller', 'nope'], [avail('stripe', 'oauth_auth_flow'), 'credential_controller', 'oauth_auth_flow']]) {
-      const r = await c.post(`${where}/credential/resource-server/import`, { value: { api_key: sealed }, data_encryption_key_id: dek });
-      assert.equal(r.status, 404, r.text);
-      assert.deepEqual(r.body.data, { code: 'not_found', resource, id });
+      assertNotFound(await c.post(`${where}/credential/resource-server/import`, { value: { api_key: sealed }, data_encryption_key_id: dek }), resource, id);
     }
     const reader = (await c.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['bridge:read'] })).body.key;
     assert.equal((await c.as(reader).post(url, { value: { api_key: sealed } })).status, 403);

@@ -3,8 +3,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
-import { Queue } from 'bullmq';
-import { startStack, startWorker, testDb, useStack, waitFor, type Stack } from './helpers/stack.ts';
+import { startStack, startWorker, testDb, useStack, waitFor, type Stack, withQueue } from './helpers/stack.ts';
 import { insertDeks } from '../db/deks.ts';
 
 const E = '/api/encryption/v1';
@@ -195,24 +194,18 @@ describe('bulk DEK migration', () => {
     await c.post(`${E}/envelope/x.key/dek`, { id: 'xy-0' });
     // Workers take no key job while the pair is sent: a job of one DEK could otherwise end before the
     // other request looks, and then that one may rightly start.
-    const connection = new Redis(process.env.REDIS_URL!, { maxRetriesPerRequest: null });
-    const keyJobs = new Queue('key-jobs', { connection, prefix: stack.env.QUEUE_PREFIX });
-    try {
+    await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
       for (let round = 0; round < 5; round++) {
         await keyJobs.pause();
         const [a, b] = await Promise.all([
           c.post(`${E}/envelope/x.key/migrate`, { to_envelope_encryption_key_id: 'y.key' }),
           c.post(`${E}/envelope/y.key/migrate`, { to_envelope_encryption_key_id: 'x.key' }),
-        ]);
-        await keyJobs.resume();
+        ]).finally(() => keyJobs.resume());
         assert.deepEqual([a.status, b.status].sort(), [202, 409], `round ${round}: ${a.text} / ${b.text}`);
         const id = (a.status === 202 ? a : b).body.id;
         await waitFor(async () => (await c.get(`${E}/job/${id}`)).body.status === 'completed', 'the one started to end', 30000, 20);
       }
-    } finally {
-      await keyJobs.close();
-      connection.disconnect();
-    }
+    });
   });
   it('cannot be held open by DEKs created all the time: after 5 sweeps it fails, naming how many it left', async () => {
     const c = stack.client;

@@ -11,8 +11,8 @@ const E = '/api/encryption/v1';
 
 // A stack without workers (each test starts its own, with recovery passes every 300 ms), and a way
 // to make Redis lose a queue's jobs once the outbox relay has handed them over.
-function recoveryStack() {
-  const stack = useStack({ JOB_RECOVERY_MS: '300' }, { workers: 0 });
+function recoveryStack(env: Record<string, string> = {}) {
+  const stack = useStack({ JOB_RECOVERY_MS: '300', ...env }, { workers: 0 });
   let redis: Redis;
   before(() => { redis = new Redis(process.env.REDIS_URL!); });
   after(() => redis?.disconnect());
@@ -147,7 +147,9 @@ describe('agent run recovery', () => {
 });
 
 describe('a working task whose run job was lost', () => {
-  const ctx = recoveryStack();
+  // BullMQ's own stalled-job check would otherwise move the dead worker's job back in about a second,
+  // racing the loss this test makes: here only recovery may bring that run back.
+  const ctx = recoveryStack({ WORKER_LOCK_MS: '60000', WORKER_STALLED_CHECK_MS: '60000' });
 
   it('runs again a run whose worker died with its job, carries on a run still going without a second copy, and leaves a task a client set working alone', async () => {
     const c = ctx.stack.client;

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { createHash, randomUUID } from 'node:crypto';
-import { resetDb, startWorker, testDb, waitFor, type Client, type Stack } from './helpers/stack.ts';
+import { resetDb, startWorker, testDb, waitFor, type Client, type Stack, assertNotFound } from './helpers/stack.ts';
 import { consent, startOAuthStack, type OAuthServer, type OAuthStack } from './helpers/oauth-server.ts';
 import type { FakeProviders } from './helpers/fake-providers.ts';
 
@@ -298,10 +298,8 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
       assert.equal(r.status, status, `${url} ${JSON.stringify(body)}: ${r.text}`);
       assert.match(r.body.message, pattern);
     }
-    const unknownProvider = await c.post(`${avail('nope', 'oauth_auth_flow')}/credential/user-credential/broker`, { provider_instance_id: 'mail-a' });
-    assert.deepEqual(unknownProvider.body.data, { code: 'not_found', resource: 'provider_controller', id: 'nope' });
-    const unknownInstance = await c.post(BROKER, { provider_instance_id: 'nope' });
-    assert.deepEqual(unknownInstance.body.data, { code: 'not_found', resource: 'provider_instance', id: 'nope' });
+    assertNotFound(await c.post(`${avail('nope', 'oauth_auth_flow')}/credential/user-credential/broker`, { provider_instance_id: 'mail-a' }), 'provider_controller', 'nope');
+    assertNotFound(await c.post(BROKER, { provider_instance_id: 'nope' }), 'provider_instance', 'nope');
     assert.equal((await c.as(undefined).post(BROKER, { provider_instance_id: 'mail-a' })).status, 401);
     const reader = (await c.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['bridge:read'] })).body.key;
     assert.equal((await c.as(reader).post(BROKER, { provider_instance_id: 'mail-a' })).status, 403);

@@ -1,8 +1,6 @@
 // Task execution through the whole pipeline: API -> outbox -> BullMQ -> a real worker process.
 import assert from 'node:assert/strict';
-import { Queue } from 'bullmq';
-import { Redis } from 'ioredis';
-import { startStack, startWorker, statusesOf, testDb, textMessage, useStack, waitFor } from './helpers/stack.ts';
+import { startStack, startWorker, statusesOf, testDb, textMessage, useStack, waitFor, withQueue } from './helpers/stack.ts';
 
 const ATTEMPTS = 3;
 
@@ -34,17 +32,10 @@ describe('job pipeline: task execution through a real worker', function () {
     assert.deepEqual(await statusesOf(stack.client, id), ['submitted', 'working', 'failed']);
 
     // The queue ran the job ATTEMPTS times.
-    const connection = new Redis(stack.env.REDIS_URL, { maxRetriesPerRequest: null });
-    const queue = new Queue('agent-tasks', { connection, prefix: stack.env.QUEUE_PREFIX });
-    try {
-      const jobs = await queue.getJobs(['completed', 'failed']);
-      const job = jobs.find((j) => j?.data.task_id === id);
-      assert.ok(job, 'the job of the task');
-      assert.equal(job.attemptsStarted, ATTEMPTS);
-    } finally {
-      await queue.close();
-      connection.disconnect();
-    }
+    const jobs = await withQueue(stack.env, 'agent-tasks', (queue) => queue.getJobs(['completed', 'failed']));
+    const job = jobs.find((j) => j?.data.task_id === id);
+    assert.ok(job, 'the job of the task');
+    assert.equal(job.attemptsStarted, ATTEMPTS);
   });
 
   it('multi-turn through REST: [input] -> input-required, a user message continues it to completed', async () => {
@@ -110,17 +101,10 @@ describe('job pipeline: task execution through a real worker', function () {
     // The relay adds the job before deleting its outbox row, so a job for this message would be
     // in the outbox now or in the queue right after.
     const inOutbox = await testDb()('outbox').whereRaw(`payload->>'message_id' = ?`, [messageId]).count({ n: '*' });
-    const connection = new Redis(stack.env.REDIS_URL, { maxRetriesPerRequest: null });
-    const queue = new Queue('agent-tasks', { connection, prefix: stack.env.QUEUE_PREFIX });
-    try {
-      const jobs = await queue.getJobs(['waiting', 'active', 'delayed', 'completed', 'failed', 'prioritized']);
-      assert.ok(jobs.some((j) => j?.data.task_id === id), 'the first run of the task is in the queue');
-      assert.equal(Number(inOutbox[0].n), 0);
-      assert.ok(!jobs.some((j) => j?.data.message_id === messageId), 'no job for the agent message');
-    } finally {
-      await queue.close();
-      connection.disconnect();
-    }
+    const jobs = await withQueue(stack.env, 'agent-tasks', (queue) => queue.getJobs(['waiting', 'active', 'delayed', 'completed', 'failed', 'prioritized']));
+    assert.ok(jobs.some((j) => j?.data.task_id === id), 'the first run of the task is in the queue');
+    assert.equal(Number(inOutbox[0].n), 0);
+    assert.ok(!jobs.some((j) => j?.data.message_id === messageId), 'no job for the agent message');
     assert.equal((await get(id)).task.status, 'input-required');
   });
 
@@ -135,16 +119,19 @@ describe('job pipeline: task execution through a real worker', function () {
   });
 
   it('a run handed back at shutdown and run again by another worker writes its progress message and artifact once', async () => {
-    const created = await stack.client.post('/api/task/v1', { message: textMessage('[sleep 3000] [artifact] twice?') });
+    // Long enough that the run is certainly going when the grace period ends (the demo emits its
+    // artifact after the sleep, so only the progress message is written by both tries).
+    const created = await stack.client.post('/api/task/v1', { message: textMessage('[sleep 8000] [artifact] twice?') });
     const id = created.body.task.id;
     await waitFor(async () => (await get(id)).messages.some((m: any) => m.role === 'agent'), 'the progress message', 30000, 50);
     // The worker leaves mid-run: its grace period (1 s here) ends before the agent does.
     const leaving = stack.workers.shift()!;
     await leaving.kill('SIGTERM');
+    await waitFor(async () => leaving.logs.some((l) => l.includes('grace period over: agent runs handed back to the queue')), 'the run to be handed back', 5000);
     stack.workers.push(await startWorker(stack.env));
     const done = await waitForStatus(id, 'completed');
     assert.deepEqual(done.messages.map((m: any) => [m.role, m.parts[0].text]), [
-      ['user', '[sleep 3000] [artifact] twice?'], ['agent', 'Working for 3000 ms'], ['agent', 'Echo: [sleep 3000] [artifact] twice?'],
+      ['user', '[sleep 8000] [artifact] twice?'], ['agent', 'Working for 8000 ms'], ['agent', 'Echo: [sleep 8000] [artifact] twice?'],
     ]);
     const a2a = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id } });
     assert.equal(a2a.body.result.artifacts.length, 1);

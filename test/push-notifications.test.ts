@@ -3,9 +3,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
-import { Queue } from 'bullmq';
-import { Redis } from 'ioredis';
-import { testDb, useStack, waitFor, textMessage } from './helpers/stack.ts';
+import { testDb, useStack, waitFor, textMessage, withQueue } from './helpers/stack.ts';
 import { deletePushConfig, getPushConfig, listPushConfigs, setPushConfig } from '../domain/push-config.ts';
 import { AppError } from '../domain/errors.ts';
 import { loadConfig, type Config } from '../domain/config.ts';
@@ -436,30 +434,28 @@ describe('push notifications whose queue jobs Redis lost', function () {
 
   it('are enqueued again by the workers, and every update still arrives, in order', async () => {
     const rx = await startReceiver();
-    const connection = new Redis(stack.env.REDIS_URL, { maxRetriesPerRequest: null });
-    const queue = new Queue('push-notifications', { connection, prefix: stack.env.QUEUE_PREFIX });
     try {
-      // Nothing is delivered while the queue is paused; then every job of it is lost.
-      await queue.pause();
-      const sent = await stack.client.post('/api/a2a/v1', {
-        jsonrpc: '2.0', id: 1, method: 'message/send',
-        params: { message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text: 'lost jobs' }] }, configuration: { blocking: true, pushNotificationConfig: { url: rx.url, token: 'tok-lost' } } },
+      await withQueue(stack.env, 'push-notifications', async (queue) => {
+        // Nothing is delivered while the queue is paused; then every job of it is lost.
+        await queue.pause();
+        const sent = await stack.client.post('/api/a2a/v1', {
+          jsonrpc: '2.0', id: 1, method: 'message/send',
+          params: { message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text: 'lost jobs' }] }, configuration: { blocking: true, pushNotificationConfig: { url: rx.url, token: 'tok-lost' } } },
+        });
+        const id = sent.body.result.id;
+        assert.equal(sent.body.result.status.state, 'completed');
+        // A paused queue keeps its jobs waiting.
+        await waitFor(async () => (await queue.getJobCounts('wait')).wait >= 3, 'the three delivery jobs', 10_000, 50);
+        await waitFor(async () => Number((await testDb()('outbox').count({ n: '*' }))[0].n) === 0, 'the outbox relayed', 10_000, 50);
+        await queue.obliterate({ force: true });
+        await queue.resume();
+        await waitFor(async () => rx.all.some((r) => r.body.status.state === 'completed'), 'the completed notification', 20_000, 100);
+        assert.deepEqual(rx.all.filter((r) => r.body.id === id).map((r) => r.body.status.state), ['submitted', 'working', 'completed']);
+        assert.ok(rx.all.every((r) => r.token === 'tok-lost'));
+        // Logged as the job is added: the line may reach us after the delivery that job made.
+        await waitFor(async () => stack.workers.some((w) => w.logs.some((l) => l.includes('push delivery had no queue job: enqueued again'))), 'the recovery log line', 5_000);
       });
-      const id = sent.body.result.id;
-      assert.equal(sent.body.result.status.state, 'completed');
-      // A paused queue keeps its jobs waiting.
-      await waitFor(async () => (await queue.getJobCounts('wait')).wait >= 3, 'the three delivery jobs', 10_000, 50);
-      await waitFor(async () => Number((await testDb()('outbox').count({ n: '*' }))[0].n) === 0, 'the outbox relayed', 10_000, 50);
-      await queue.obliterate({ force: true });
-      await queue.resume();
-      await waitFor(async () => rx.all.some((r) => r.body.status.state === 'completed'), 'the completed notification', 20_000, 100);
-      assert.deepEqual(rx.all.filter((r) => r.body.id === id).map((r) => r.body.status.state), ['submitted', 'working', 'completed']);
-      assert.ok(rx.all.every((r) => r.token === 'tok-lost'));
-      // Logged as the job is added: the line may reach us after the delivery that job made.
-      await waitFor(async () => stack.workers.some((w) => w.logs.some((l) => l.includes('push delivery had no queue job: enqueued again'))), 'the recovery log line', 5_000);
     } finally {
-      await queue.close();
-      connection.disconnect();
       await rx.close();
     }
   });

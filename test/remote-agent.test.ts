@@ -150,6 +150,10 @@ for (const streaming of [true, false]) {
         return r.body.task.status === status && r.body;
       }, `task ${id} ${status}`, 30000);
     const timeline = async (id: string) => (await stack.client.get(`/api/task/v1/${id}/timeline?order=asc&page_size=100`)).body.items.map((i: any) => i.event_payload);
+    // A2A message/send (blocking) of a user message with `text`, or the parts given, and more members.
+    const send = (text: string, more: Record<string, unknown> = {}) => stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'message/send', params: {
+      message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text }], ...more },
+    } });
     // The state of a task on the remote, as its own tasks/get tells it.
     const remoteStateOf = async (remoteTask: string) => {
       const r = await fetch(`${remote.url}/rpc`, {
@@ -188,9 +192,7 @@ for (const streaming of [true, false]) {
 
     it("forwards the message's metadata and extensions with its parts (and theirs), as the client sent them", async () => {
       const parts = [{ kind: 'text', text: 'with metadata', metadata: { lang: 'en' } }, { kind: 'data', data: { n: 1 } }];
-      const sent = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'message/send', params: {
-        message: { kind: 'message', role: 'user', messageId: randomUUID(), parts, metadata: { trace: 'abc', nested: { x: [1] } }, extensions: ['https://example.com/ext/v1'] },
-      } });
+      const sent = await send('', { parts, metadata: { trace: 'abc', nested: { x: [1] } }, extensions: ['https://example.com/ext/v1'] });
       assert.equal(sent.body.result?.status?.state, 'completed', sent.text);
       const got = executor.received.find((r) => r.text === 'with metadata')!.message;
       assert.deepEqual(got.parts, parts);
@@ -199,12 +201,9 @@ for (const streaming of [true, false]) {
     });
 
     it('sends a new task in the context of earlier ones to the remote context those went to', async () => {
-      const send = (text: string, contextId?: string) => stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'message/send', params: {
-        message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text }], ...(contextId ? { contextId } : {}) },
-      } });
       const first = (await send('context one')).body.result;
       assert.equal(first.status.state, 'completed');
-      const second = (await send('context two', first.contextId)).body.result;
+      const second = (await send('context two', { contextId: first.contextId })).body.result;
       assert.equal(second.status.state, 'completed');
       const unrelated = (await send('context three')).body.result;
       assert.equal(unrelated.status.state, 'completed');
@@ -214,13 +213,10 @@ for (const streaming of [true, false]) {
     });
 
     it('names the tasks a message refers to by their remote ids, leaving out those the remote never had', async () => {
-      const send = (text: string, referenceTaskIds?: string[]) => stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'message/send', params: {
-        message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text }], ...(referenceTaskIds ? { referenceTaskIds } : {}) },
-      } });
       const earlier = (await send('the earlier one')).body.result;
       assert.equal(earlier.status.state, 'completed');
       const unknown = randomUUID();
-      assert.equal((await send('see the earlier one', [earlier.id, unknown])).body.result.status.state, 'completed');
+      assert.equal((await send('see the earlier one', { referenceTaskIds: [earlier.id, unknown] })).body.result.status.state, 'completed');
       const received = (text: string) => executor.received.find((r) => r.text === text)!;
       assert.deepEqual(received('see the earlier one').message.referenceTaskIds, [received('the earlier one').taskId]);
       assert.equal(received('the earlier one').message.referenceTaskIds, undefined);

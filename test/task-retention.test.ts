@@ -135,7 +135,7 @@ describe('task retention with tasks that hold many rows', function () {
     const worker = stack.workers.at(-1)!;
     // Written asynchronously: the line may come after the deletes.
     await waitFor(async () => worker.logs.some((l) => l.includes('a task too large to delete at once was thinned first')), 'the thinning log line', 5_000)
-      .catch(() => assert.fail(worker.logs.filter((l) => l.includes('retention') || l.includes('housekeeping')).slice(-20).join('\n')));
+      .catch((err: Error) => assert.fail(`${err.message}\n${worker.logs.filter((l) => l.includes('retention') || l.includes('housekeeping')).slice(-20).join('\n')}`));
   });
 });
 

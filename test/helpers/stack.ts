@@ -7,6 +7,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
 import { createDb, type Db } from '../../db/knex.ts';
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -108,6 +110,24 @@ export function assertError(r: Response, status: number, code: string) {
   assert.equal(typeof r.body.message, 'string');
   assert.ok(r.body.message.length > 0);
   assert.equal(r.body.data.code, code, r.text);
+}
+
+// A 404 naming what was not found, as clients match it: data {code, resource, id}.
+export function assertNotFound(r: Response, resource: string, id: string) {
+  assertError(r, 404, 'not_found');
+  assert.deepEqual(r.body.data, { code: 'not_found', resource, id }, r.text);
+}
+
+// Runs `use` with a BullMQ handle on one of the stack's queues (to pause it, look at or add jobs), closed after.
+export async function withQueue<T>(env: Record<string, string>, name: string, use: (queue: Queue) => Promise<T>): Promise<T> {
+  const connection = new Redis(env.REDIS_URL, { maxRetriesPerRequest: null });
+  const queue = new Queue(name, { connection, prefix: env.QUEUE_PREFIX });
+  try {
+    return await use(queue);
+  } finally {
+    await queue.close();
+    connection.disconnect();
+  }
 }
 
 export class Client {
