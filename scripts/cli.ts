@@ -18,7 +18,7 @@ Commands:
   keys list [--json]      list active API keys (never the keys themselves)
   keys revoke <id>        revoke an API key
   jobs list [--json]      key jobs under way (bulk DEK migrations, alias rotations) and their counts
-  jobs watch <job id>     a key job's progress until it ends (exit 0 when it completed, 1 otherwise)
+  jobs watch <job id>     a key job's progress until it ends (exit 0 when it completed with no item failed, 1 otherwise)
 
 Scopes: ${SCOPES.join(', ')}
 Database: DATABASE_URL, or else the local Postgres that \`npm start\` runs under DATA_DIR (default .data).`;

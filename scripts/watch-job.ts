@@ -24,7 +24,8 @@ function bar(j: KeyJobRow): string {
   return `[${'#'.repeat(filled)}${'.'.repeat(BAR_WIDTH - filled)}] ${String(Math.floor(share * 100)).padStart(3)}%`;
 }
 
-/** Follows a job until it ends; 0 when it completed, 1 when it failed or was canceled. */
+/** Follows a job until it ends; 0 when it completed with every item done, 1 otherwise (failed,
+ * canceled, or completed with items that failed: a script that migrates keys must not read that as done). */
 export async function watchJob(db: Knex, id: string, opts: { intervalMs?: number; out?: NodeJS.WriteStream } = {}): Promise<number> {
   const out = opts.out ?? process.stdout;
   let last = '';
@@ -39,7 +40,8 @@ export async function watchJob(db: Knex, id: string, opts: { intervalMs?: number
       if (out.isTTY) out.write('\n');
       for (const e of job.errors.slice(0, 10)) out.write(`  error ${e.id}: ${e.message}\n`);
       if (job.errors.length > 10) out.write(`  ... ${job.errors.length - 10} more errors (GET /api/encryption/v1/job/${job.id})\n`);
-      return job.status === 'completed' ? 0 : 1;
+      if (job.status === 'completed' && job.failed) out.write(`${job.failed} of ${job.total} items failed: not every key was processed\n`);
+      return job.status === 'completed' && !job.failed ? 0 : 1;
     }
     await sleep(opts.intervalMs ?? 500);
   }

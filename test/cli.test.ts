@@ -1,7 +1,9 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { ROOT, requireEnv, testDb, useStack, waitFor } from './helpers/stack.ts';
+import { insertDeks } from '../db/deks.ts';
 
 interface Run { code: number | null; stdout: string; stderr: string }
 
@@ -145,6 +147,24 @@ describe('key job CLI (npm run cli -- jobs ...)', () => {
     const dones = lines.map((l) => Number(/ (\d+) done/.exec(l)?.[1]));
     assert.deepEqual(dones, [...dones].sort((a, b) => a - b), 'counts only grow');
     assert.match((await cli(['jobs', 'list'])).stdout, /No key jobs under way/);
+  });
+
+  it('exits 1 for a migration that completed with DEKs it could not re-wrap, naming them', async () => {
+    const c = stack.client;
+    for (const f of ['cli-bad-src.key', 'cli-bad-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    assert.equal((await c.post(`${E}/envelope/cli-bad-src.key/dek`, { id: 'cli-good' })).status, 201);
+    // Ciphertexts no key opens: the job takes them, counts them failed, and completes.
+    await insertDeks(testDb(), ['cli-bad-1', 'cli-bad-2'].map((id) => ({ id, envelope_key_id: 'cli-bad-src.key', encrypted_dek: randomBytes(60).toString('base64') })));
+    const started = await c.post(`${E}/envelope/cli-bad-src.key/migrate`, { to_envelope_encryption_key_id: 'cli-bad-dst.key' });
+    assert.equal(started.status, 202);
+    const id = started.body.id;
+
+    const watched = await cli(['jobs', 'watch', id]);
+    assert.equal(watched.code, 1, watched.stdout + watched.stderr);
+    assert.match(watched.stdout, new RegExp(`^migrate-deks ${id} completed 3/3 \\(1 done, 2 failed\\)$`, 'm'));
+    assert.match(watched.stdout, /^ {2}error cli-bad-1: /m);
+    assert.match(watched.stdout, /^ {2}error cli-bad-2: /m);
+    assert.match(watched.stdout, /^2 of 3 items failed: not every key was processed$/m);
   });
 
   it('exits 1 for a job that does not exist, and 2 for a bad command line', async () => {
