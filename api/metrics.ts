@@ -51,6 +51,18 @@ function createMetrics(services: Services) {
     },
   });
   new Gauge({
+    name: 'taskbridge_queue_paused',
+    help: 'Whether a queue is paused (1: workers take none of its jobs; resume it from the queue dashboard)',
+    labelNames: ['queue'],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      const all = await readSource(services, 'taskbridge_queue_paused', () =>
+        Promise.all(QUEUE_NAMES.map(async (name) => [name, await services.queues[name].isPaused()] as const)));
+      for (const [name, paused] of all ?? []) this.set({ queue: name }, paused ? 1 : 0);
+    },
+  });
+  new Gauge({
     name: 'taskbridge_outbox_pending',
     help: 'Jobs committed to the outbox and not yet handed to Redis',
     registers: [registry],

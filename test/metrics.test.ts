@@ -6,7 +6,7 @@ import { Registry } from 'prom-client';
 import { registerWorkerMetrics, WorkerMetrics } from '../queues/worker-metrics.ts';
 import { freePort, startPostgres, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
-import { requireEnv, startStack, textMessage, useStack, waitFor, type Stack } from './helpers/stack.ts';
+import { requireEnv, startStack, textMessage, useStack, waitFor, withQueue, type Stack } from './helpers/stack.ts';
 
 describe('GET /metrics', () => {
   const stack = useStack({}, { workers: 0 });
@@ -29,6 +29,21 @@ describe('GET /metrics', () => {
     // No worker runs here, so the created task's job waits in the queue.
     assert.match(res.text, /taskbridge_queue_jobs\{queue="agent-tasks",state="waiting"\} 1/);
     assert.match(res.text, /taskbridge_outbox_pending 0/);
+  });
+
+  it('reports which queues are paused', async () => {
+    const paused = (text: string, queue: string) => new RegExp(`^taskbridge_queue_paused\\{queue="${queue}"\\} (\\d)$`, 'm').exec(text)?.[1];
+    await withQueue(stack.env, 'credential-refresh', async (queue) => {
+      await queue.pause();
+      try {
+        const res = await stack.client.get('/metrics');
+        assert.equal(paused(res.text, 'credential-refresh'), '1', res.text);
+        assert.equal(paused(res.text, 'agent-tasks'), '0');
+      } finally {
+        await queue.resume();
+      }
+    });
+    assert.equal(paused((await stack.client.get('/metrics')).text, 'credential-refresh'), '0');
   });
 
   it('reports the progress of key jobs under way', async () => {
@@ -114,6 +129,7 @@ describe('GET /metrics while Postgres or Redis is down', function () {
     assert.match(noRedis.text, /^taskbridge_http_request_duration_seconds_count\{method="POST",route="\/api\/task\/v1",status="201"\} 1$/m);
     assert.match(noRedis.text, /^process_cpu_user_seconds_total /m);
     assert.doesNotMatch(noRedis.text, /^taskbridge_queue_jobs\{/m, 'no queue depths it could not read');
+    assert.doesNotMatch(noRedis.text, /^taskbridge_queue_paused\{/m, 'no paused flags it could not read');
 
     await pg!.stop();
     pg = undefined;
