@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { createDecipheriv, createCipheriv, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { loadConfig } from '../domain/config.ts';
 import { createServices, type Services } from '../domain/services.ts';
 import { DecryptError, openBase64, sealBase64 } from '../domain/crypto/aes-gcm.ts';
@@ -12,20 +12,7 @@ import { insertAlias } from '../db/deks.ts';
 import { AppError, InvalidRequest, NotFound, Upstream } from '../domain/errors.ts';
 import { resetDb, testEnv } from './helpers/stack.ts';
 import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
-
-// The wire format written out by hand from its description: base64(nonce 12 ‖ ct ‖ tag 16).
-function plainOpen(key: Buffer, b64: string): Buffer {
-  const raw = Buffer.from(b64, 'base64');
-  const d = createDecipheriv('aes-256-gcm', key, raw.subarray(0, 12));
-  d.setAuthTag(raw.subarray(raw.length - 16));
-  return Buffer.concat([d.update(raw.subarray(12, raw.length - 16)), d.final()]);
-}
-function plainSeal(key: Buffer, data: Buffer): string {
-  const nonce = randomBytes(12);
-  const c = createCipheriv('aes-256-gcm', key, nonce);
-  const ct = Buffer.concat([c.update(data), c.final()]);
-  return Buffer.concat([nonce, ct, c.getAuthTag()]).toString('base64');
-}
+import { openByHand, sealByHand } from './helpers/aes-gcm-by-hand.ts';
 
 describe('crypto: AES-256-GCM formats and local envelope keys', () => {
   it('round-trips values and rejects a wrong key, a tampered value and bad base64', () => {
@@ -46,10 +33,10 @@ describe('crypto: AES-256-GCM formats and local envelope keys', () => {
     const w = localWrapper(kek);
     const { plain, wrapped } = await w.generate();
     assert.equal(Buffer.from(wrapped, 'base64').length, 12 + 32 + 16);
-    assert.deepEqual(plainOpen(kek, wrapped), plain);
+    assert.deepEqual(openByHand(kek, wrapped), plain);
     const foreign = randomBytes(32);
-    assert.deepEqual(await w.unwrap(plainSeal(kek, foreign)), foreign);
-    await assert.rejects(w.unwrap(plainSeal(kek, randomBytes(16))), DecryptError);
+    assert.deepEqual(await w.unwrap(sealByHand(kek, foreign)), foreign);
+    await assert.rejects(w.unwrap(sealByHand(kek, randomBytes(16))), DecryptError);
   });
 
   it('creates key files 0600, adopts a 32-byte file, rejects traversal and wrong sizes, never creates on read', async () => {

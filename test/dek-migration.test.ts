@@ -1,25 +1,14 @@
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { startStack, startWorker, testDb, useStack, waitFor, type Stack, withQueue } from './helpers/stack.ts';
 import { insertDeks } from '../db/deks.ts';
+import { openByHand, sealByHand } from './helpers/aes-gcm-by-hand.ts';
 
 const E = '/api/encryption/v1';
 const N = 2000;
-
-function open(key: Buffer, b64: string): Buffer {
-  const raw = Buffer.from(b64, 'base64');
-  const d = createDecipheriv('aes-256-gcm', key, raw.subarray(0, 12));
-  d.setAuthTag(raw.subarray(raw.length - 16));
-  return Buffer.concat([d.update(raw.subarray(12, raw.length - 16)), d.final()]);
-}
-function seal(key: Buffer, data: Buffer): string {
-  const nonce = randomBytes(12);
-  const c = createCipheriv('aes-256-gcm', key, nonce);
-  return Buffer.concat([nonce, c.update(data), c.final(), c.getAuthTag()]).toString('base64');
-}
 
 describe('bulk DEK migration', () => {
   // Small batches with a pause so the job is surely mid-way when the worker is killed. No rate
@@ -43,7 +32,7 @@ describe('bulk DEK migration', () => {
       const id = `bulk-${String(i).padStart(5, '0')}`;
       const plain = randomBytes(32);
       plains.set(id, plain);
-      return { id, envelope_key_id: 'src.key', encrypted_dek: seal(srcKek, plain) };
+      return { id, envelope_key_id: 'src.key', encrypted_dek: sealByHand(srcKek, plain) };
     });
     await insertDeks(testDb(), rows);
     // Secrets on some of the DEKs, through the secret API.
@@ -97,7 +86,7 @@ describe('bulk DEK migration', () => {
     for (const d of deks) {
       assert.equal(d.envelope_key_id, 'dst.key', d.id);
       // Unwrapping once under the target gives the original key: wrapped exactly once.
-      assert.deepEqual(open(dstKek, d.encrypted_dek), plains.get(d.id), d.id);
+      assert.deepEqual(openByHand(dstKek, d.encrypted_dek), plains.get(d.id), d.id);
     }
     assert.equal((await c.get(`${E}/envelope/src.key`)).body.dek_count, 0);
 
@@ -106,7 +95,7 @@ describe('bulk DEK migration', () => {
     const got = new Map(listed.body.secrets.map((s: any) => [s.key, s.decrypted_value]));
     for (const [k, v] of secretValues) assert.equal(got.get(k), v, k);
     for (const row of await testDb()('secrets').select('key', 'dek_id', 'encrypted_secret')) {
-      assert.equal(open(plains.get(row.dek_id)!, row.encrypted_secret).toString(), secretValues.get(row.key));
+      assert.equal(openByHand(plains.get(row.dek_id)!, row.encrypted_secret).toString(), secretValues.get(row.key));
     }
 
     // BullMQ progress was reported on the job.
@@ -134,7 +123,7 @@ describe('bulk DEK migration', () => {
     for (const f of ['mid-src.key', 'mid-dst.key', 'other.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
     const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'mid-src.key'));
     const before = 2000;
-    await insertDeks(testDb(), Array.from({ length: before }, (_, i) => ({ id: `m-${String(i).padStart(5, '0')}`, envelope_key_id: 'mid-src.key', encrypted_dek: seal(kek, randomBytes(32)) })));
+    await insertDeks(testDb(), Array.from({ length: before }, (_, i) => ({ id: `m-${String(i).padStart(5, '0')}`, envelope_key_id: 'mid-src.key', encrypted_dek: sealByHand(kek, randomBytes(32)) })));
     const started = await c.post(`${E}/envelope/mid-src.key/migrate`, { to_envelope_encryption_key_id: 'mid-dst.key' });
     assert.equal(started.status, 202);
     const jobId = started.body.id;
@@ -173,8 +162,8 @@ describe('bulk DEK migration', () => {
     const bad = 1100;
     const good = 50;
     await insertDeks(testDb(), [
-      ...Array.from({ length: bad }, (_, i) => ({ id: `bad-${String(i).padStart(5, '0')}`, envelope_key_id: 'bad-src.key', encrypted_dek: seal(randomBytes(32), randomBytes(32)) })),
-      ...Array.from({ length: good }, (_, i) => ({ id: `good-${String(i).padStart(5, '0')}`, envelope_key_id: 'bad-src.key', encrypted_dek: seal(kek, randomBytes(32)) })),
+      ...Array.from({ length: bad }, (_, i) => ({ id: `bad-${String(i).padStart(5, '0')}`, envelope_key_id: 'bad-src.key', encrypted_dek: sealByHand(randomBytes(32), randomBytes(32)) })),
+      ...Array.from({ length: good }, (_, i) => ({ id: `good-${String(i).padStart(5, '0')}`, envelope_key_id: 'bad-src.key', encrypted_dek: sealByHand(kek, randomBytes(32)) })),
     ]);
     const started = await c.post(`${E}/envelope/bad-src.key/migrate`, { to_envelope_encryption_key_id: 'bad-dst.key' });
     assert.equal(started.status, 202);
@@ -211,7 +200,7 @@ describe('bulk DEK migration', () => {
     const c = stack.client;
     for (const f of ['busy-src.key', 'busy-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
     const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'busy-src.key'));
-    await insertDeks(testDb(), Array.from({ length: 200 }, (_, i) => ({ id: `busy-${String(i).padStart(5, '0')}`, envelope_key_id: 'busy-src.key', encrypted_dek: seal(kek, randomBytes(32)) })));
+    await insertDeks(testDb(), Array.from({ length: 200 }, (_, i) => ({ id: `busy-${String(i).padStart(5, '0')}`, envelope_key_id: 'busy-src.key', encrypted_dek: sealByHand(kek, randomBytes(32)) })));
     const started = await c.post(`${E}/envelope/busy-src.key/migrate`, { to_envelope_encryption_key_id: 'busy-dst.key' });
     assert.equal(started.status, 202);
     // Four clients create DEKs (random ids, so some fall behind the cursor) until the job ends.
@@ -249,7 +238,7 @@ describe('bulk DEK migration when its worker is stopped (SIGTERM)', () => {
     const c = stack.client;
     for (const f of ['handback-src.key', 'handback-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
     const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'handback-src.key'));
-    await insertDeks(testDb(), Array.from({ length: 35 }, (_, i) => ({ id: `hb-${i}`, envelope_key_id: 'handback-src.key', encrypted_dek: seal(kek, randomBytes(32)) })));
+    await insertDeks(testDb(), Array.from({ length: 35 }, (_, i) => ({ id: `hb-${i}`, envelope_key_id: 'handback-src.key', encrypted_dek: sealByHand(kek, randomBytes(32)) })));
     const started = await c.post(`${E}/envelope/handback-src.key/migrate`, { to_envelope_encryption_key_id: 'handback-dst.key' });
     assert.equal(started.status, 202, started.text);
     const job = () => c.get(`${E}/job/${started.body.id}`).then((r) => r.body);

@@ -2,9 +2,10 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import { once } from 'node:events';
 import path from 'node:path';
-import { createDecipheriv, createCipheriv, randomBytes, randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { Client, resetDb, startApi, startStack, testDb, testEnv, waitFor, type Stack, assertError } from './helpers/stack.ts';
 import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
+import { openByHand, sealByHand } from './helpers/aes-gcm-by-hand.ts';
 import { kmsWrapper } from '../domain/crypto/envelope-keys.ts';
 import { invalidateKeyring } from '../domain/keyring.ts';
 import { loadConfig } from '../domain/config.ts';
@@ -13,18 +14,6 @@ import { createServices } from '../domain/services.ts';
 const E = '/api/encryption/v1';
 const ARN = 'arn:aws:kms:eu-west-1:111122223333:key/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0';
 const enc = encodeURIComponent;
-
-function unwrapLocal(kek: Buffer, b64: string): Buffer {
-  const raw = Buffer.from(b64, 'base64');
-  const d = createDecipheriv('aes-256-gcm', kek, raw.subarray(0, 12));
-  d.setAuthTag(raw.subarray(raw.length - 16));
-  return Buffer.concat([d.update(raw.subarray(12, raw.length - 16)), d.final()]);
-}
-function wrapLocal(kek: Buffer, dek: Buffer): string {
-  const nonce = randomBytes(12);
-  const c = createCipheriv('aes-256-gcm', kek, nonce);
-  return Buffer.concat([nonce, c.update(dek), c.final(), c.getAuthTag()]).toString('base64');
-}
 
 describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () => {
   let stack: Stack;
@@ -51,7 +40,7 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal(r.body.envelope_encryption_key_id.type, 'local');
     const file = path.join(keysDir, r.body.envelope_encryption_key_id.file_name);
     assert.equal(fs.statSync(file).mode & 0o777, 0o600);
-    assert.equal(unwrapLocal(fs.readFileSync(file), r.body.encrypted_data_encryption_key).length, 32);
+    assert.equal(openByHand(fs.readFileSync(file), r.body.encrypted_data_encryption_key).length, 32);
   });
 
   it('creates, lists, gets and rejects bad envelope keys', async () => {
@@ -115,26 +104,26 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     const gen = await c.post(`${E}/envelope/alpha.key/dek`, {});
     assert.equal(gen.status, 201);
     assert.equal(gen.body.envelope_encryption_key_id.id, 'alpha.key');
-    assert.equal(unwrapLocal(kek('alpha.key'), gen.body.encrypted_data_encryption_key).length, 32);
+    assert.equal(openByHand(kek('alpha.key'), gen.body.encrypted_data_encryption_key).length, 32);
     // Every member is optional, so the body may be left out.
     const bare = await c.post(`${E}/envelope/alpha.key/dek`);
     assert.equal(bare.status, 201, bare.text);
-    assert.equal(unwrapLocal(kek('alpha.key'), bare.body.encrypted_data_encryption_key).length, 32);
+    assert.equal(openByHand(kek('alpha.key'), bare.body.encrypted_data_encryption_key).length, 32);
 
     const mine = randomBytes(32);
-    const given = await c.post(`${E}/envelope/alpha.key/dek`, { id: 'given-dek', encrypted_dek: wrapLocal(kek('alpha.key'), mine) });
+    const given = await c.post(`${E}/envelope/alpha.key/dek`, { id: 'given-dek', encrypted_dek: sealByHand(kek('alpha.key'), mine) });
     assert.equal(given.status, 201);
     assert.equal(given.body.id, 'given-dek');
     assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { id: 'given-dek' })).status, 409);
-    assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { encrypted_dek: wrapLocal(randomBytes(32), mine) })).status, 400);
+    assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { encrypted_dek: sealByHand(randomBytes(32), mine) })).status, 400);
     assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { encrypted_dek: 'not base64!' })).status, 400);
-    assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { encrypted_dek: wrapLocal(kek('alpha.key'), randomBytes(16)) })).status, 400);
+    assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { encrypted_dek: sealByHand(kek('alpha.key'), randomBytes(16)) })).status, 400);
     assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { id: 'bad id!' })).status, 400);
     assert.equal((await c.post(`${E}/envelope/nope.key/dek`, {})).status, 404);
 
-    const imp = await c.post(`${E}/envelope/alpha.key/dek/import`, { id: 'imported-dek', encrypted_data_encryption_key: wrapLocal(kek('alpha.key'), randomBytes(32)) });
+    const imp = await c.post(`${E}/envelope/alpha.key/dek/import`, { id: 'imported-dek', encrypted_data_encryption_key: sealByHand(kek('alpha.key'), randomBytes(32)) });
     assert.equal(imp.status, 201);
-    const notMine = await c.post(`${E}/envelope/alpha.key/dek/import`, { encrypted_data_encryption_key: wrapLocal(kek('restored.key'), randomBytes(32)) });
+    const notMine = await c.post(`${E}/envelope/alpha.key/dek/import`, { encrypted_data_encryption_key: sealByHand(kek('restored.key'), randomBytes(32)) });
     assert.equal(notMine.status, 400);
     assert.deepEqual(notMine.body.data.errors.map((e: { path: string }) => e.path), ['body.encrypted_data_encryption_key']);
     assert.equal((await c.post(`${E}/envelope/alpha.key/dek/import`, {})).status, 400);
@@ -209,12 +198,12 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
 
   it('migrates one DEK in place (local to local, local to KMS and back) with compare-and-set', async () => {
     const c = stack.client;
-    const before = unwrapLocal(kek('alpha.key'), (await c.get(`${E}/dek/alias/given-dek`)).body.encrypted_data_encryption_key);
+    const before = openByHand(kek('alpha.key'), (await c.get(`${E}/dek/alias/given-dek`)).body.encrypted_data_encryption_key);
     const m = await c.post(`${E}/envelope/alpha.key/dek/given-dek/migrate`, { to_envelope_encryption_key_id: 'restored.key' });
     assert.equal(m.status, 200);
     assert.deepEqual({ id: m.body.id, env: m.body.envelope_encryption_key_id }, { id: 'given-dek', env: 'restored.key' });
     const after = await c.get(`${E}/dek/alias/given-dek`);
-    assert.deepEqual(unwrapLocal(kek('restored.key'), after.body.encrypted_data_encryption_key), before);
+    assert.deepEqual(openByHand(kek('restored.key'), after.body.encrypted_data_encryption_key), before);
     // The old envelope no longer holds it: a repeat is 404, never a second wrap.
     assert.equal((await c.post(`${E}/envelope/alpha.key/dek/given-dek/migrate`, { to_envelope_encryption_key_id: 'restored.key' })).status, 404);
     assert.equal((await c.post(`${E}/envelope/restored.key/dek/given-dek/migrate`, { to_envelope_encryption_key_id: 'restored.key' })).status, 400);
@@ -228,7 +217,7 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.deepEqual(await w.unwrap((await c.get(`${E}/dek/alias/given-dek`)).body.encrypted_data_encryption_key), before);
     const back = await c.post(`${E}/envelope/${enc(ARN)}/dek/given-dek/migrate`, { to_envelope_encryption_key_id: 'alpha.key' });
     assert.equal(back.status, 200);
-    assert.deepEqual(unwrapLocal(kek('alpha.key'), (await c.get(`${E}/dek/alias/given-dek`)).body.encrypted_data_encryption_key), before);
+    assert.deepEqual(openByHand(kek('alpha.key'), (await c.get(`${E}/dek/alias/given-dek`)).body.encrypted_data_encryption_key), before);
 
     // Two concurrent migrations of one DEK: exactly one applies, the DEK stays valid.
     const race = await Promise.all(['restored.key', ARN].map((to) => c.post(`${E}/envelope/alpha.key/dek/given-dek/migrate`, { to_envelope_encryption_key_id: to })));
@@ -236,7 +225,7 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal(statuses[0], 200);
     assert.ok([404, 409].includes(statuses[1]), `loser answered ${statuses[1]}`);
     const final = (await c.get(`${E}/dek/alias/given-dek`)).body;
-    const plain = final.envelope_encryption_key_id.id === ARN ? await w.unwrap(final.encrypted_data_encryption_key) : unwrapLocal(kek('restored.key'), final.encrypted_data_encryption_key);
+    const plain = final.envelope_encryption_key_id.id === ARN ? await w.unwrap(final.encrypted_data_encryption_key) : openByHand(kek('restored.key'), final.encrypted_data_encryption_key);
     assert.deepEqual(plain, before);
   });
 
@@ -245,7 +234,7 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal((await c.delete(`${E}/envelope/alpha.key`)).status, 409);
     const plains = new Map<string, Buffer>();
     for (const d of (await c.get(`${E}/envelope/alpha.key/dek?page_size=100`)).body.items) {
-      plains.set(d.id, unwrapLocal(kek('alpha.key'), (await c.get(`${E}/dek/alias/${d.id}`)).body.encrypted_data_encryption_key));
+      plains.set(d.id, openByHand(kek('alpha.key'), (await c.get(`${E}/dek/alias/${d.id}`)).body.encrypted_data_encryption_key));
     }
     assert.equal((await c.post(`${E}/envelope/alpha.key/migrate`, { to_envelope_encryption_key_id: 'alpha.key' })).status, 400);
     assert.equal((await c.post(`${E}/envelope/alpha.key/migrate`, { to_envelope_encryption_key_id: 'nope.key' })).status, 404);
@@ -267,7 +256,7 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     for (const [id, plain] of plains) {
       const d = (await c.get(`${E}/dek/alias/${id}`)).body;
       assert.equal(d.envelope_encryption_key_id.id, 'restored.key');
-      assert.deepEqual(unwrapLocal(kek('restored.key'), d.encrypted_data_encryption_key), plain);
+      assert.deepEqual(openByHand(kek('restored.key'), d.encrypted_data_encryption_key), plain);
     }
     assert.equal((await c.get(`${E}/job/00000000-0000-4000-8000-000000000000`)).status, 404);
     assert.equal((await c.get(`${E}/job/not-a-uuid`)).status, 400);
@@ -283,8 +272,8 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     const c = stack.client;
     assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'mixed.key' })).status, 201);
     const good = await Promise.all([1, 2, 3].map((i) => c.post(`${E}/envelope/mixed.key/dek`, { id: `mixed-${i}` })));
-    const plains = good.map((g) => unwrapLocal(kek('mixed.key'), g.body.encrypted_data_encryption_key));
-    await testDb()('deks').insert({ id: 'mixed-corrupt', envelope_key_id: 'mixed.key', encrypted_dek: wrapLocal(randomBytes(32), randomBytes(32)) });
+    const plains = good.map((g) => openByHand(kek('mixed.key'), g.body.encrypted_data_encryption_key));
+    await testDb()('deks').insert({ id: 'mixed-corrupt', envelope_key_id: 'mixed.key', encrypted_dek: sealByHand(randomBytes(32), randomBytes(32)) });
     const started = await c.post(`${E}/envelope/mixed.key/migrate`, { to_envelope_encryption_key_id: ARN });
     assert.equal(started.status, 202);
     let job: any;
@@ -356,13 +345,13 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     const dekId = (await c.get(`${E}/dek/alias/default`)).body.id;
     const kekName = (await c.get(`${E}/dek/alias/default`)).body.envelope_encryption_key_id.id;
     const oldRow = await testDb()('deks').where({ id: dekId }).first();
-    const oldPlain = unwrapLocal(kek(kekName), oldRow.encrypted_dek);
+    const oldPlain = openByHand(kek(kekName), oldRow.encrypted_dek);
     const newPlain = randomBytes(32);
     // Swap the stored key behind the service's back: only its cache still knows the old one.
-    await testDb()('deks').where({ id: dekId }).update({ encrypted_dek: wrapLocal(kek(kekName), newPlain) });
+    await testDb()('deks').where({ id: dekId }).update({ encrypted_dek: sealByHand(kek(kekName), newPlain) });
     const valueOf = async (key: string, plain: Buffer) => {
       const row = await testDb()('secrets').where({ key }).first();
-      try { return unwrapLocal(plain, row.encrypted_secret).toString(); } catch { return undefined; }
+      try { return openByHand(plain, row.encrypted_secret).toString(); } catch { return undefined; }
     };
     try {
       assert.equal((await c.post('/api/secret/v1', { key: 'cache-probe-2', raw_value: 'two', dek_alias: 'default' })).status, 201);
