@@ -34,10 +34,9 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
     const responses: Json = {};
     // What the shared layers answer on any route they run for (api/route.ts, api/middleware/), listed
     // whether or not the route names them: authentication, scope and rate limit; bad path or query
-    // parameters; a body too large, not JSON or invalid; Postgres or Redis unavailable (a key not
-    // cached is looked up in Postgres).
+    // parameters; a body too large, not JSON or invalid.
     const implied = {
-      ...(spec.scope ? { 401: ErrorBody, 403: ErrorBody, 429: ErrorBody, 503: ErrorBody } : {}),
+      ...(spec.scope ? { 401: ErrorBody, 403: ErrorBody, 429: ErrorBody } : {}),
       ...(spec.params || spec.query || spec.body ? { 400: ErrorBody } : {}),
       ...(spec.body ? { 413: ErrorBody, 415: ErrorBody } : {}),
     };

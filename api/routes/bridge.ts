@@ -62,7 +62,7 @@ export const bridgeRoutes = [
     summary: 'Where the provider sends the user back: exchanges the code, stores the user credential (encrypted), makes the instance active; '
       + 'answers with the credential, or 303 to the instance\'s return_on_successful_brokering URL',
     query: OAuthCallbackQuery,
-    responses: { 200: Type.Union([BrokerState, BrokeredUserCredential]), 303: null, 400: ErrorBody, 404: ErrorBody, 405: ErrorBody, 410: ErrorBody, 502: ErrorBody, 503: ErrorBody },
+    responses: { 200: Type.Union([BrokerState, BrokeredUserCredential]), 303: null, 400: ErrorBody, 404: ErrorBody, 405: ErrorBody, 410: ErrorBody, 502: ErrorBody },
   }, async ({ query, ctx, services }) => {
     const outcome = await completeBrokering(services, query);
     if (outcome.type === 'user_credential') return { type: 'user_credential', ...outcome.credential };
