@@ -42,10 +42,21 @@ describe('OpenAPI document', () => {
     }
     // Statuses the shared layers answer are listed even where a route does not name them.
     const statuses = (path: string, method: string) => Object.keys(doc.paths[path][method].responses).sort();
-    assert.deepEqual(statuses('/_internal/v1/trigger_codegen', 'post'), ['200', '400', '401', '403', '413', '415', '429']);
+    assert.deepEqual(statuses('/_internal/v1/trigger_codegen', 'post'), ['200', '400', '401', '403', '413', '415', '429', '500', '503']);
     assert.deepEqual(statuses('/api/bridge/v1/available-providers/{provider_controller_type_id}/available-credentials/{credential_controller_type_id}/credential/resource-server', 'post'),
-      ['201', '400', '401', '403', '404', '413', '415', '429']);
+      ['201', '400', '401', '403', '404', '413', '415', '429', '500', '502', '503']);
     assert.deepEqual(statuses('/_internal/v1/health', 'get'), ['200']);
+    // The seed's list-contexts answers: 500 among its errors; no 404, which a list never answers.
+    assert.deepEqual(statuses('/api/task/v1/context', 'get'), ['200', '400', '401', '403', '429', '500', '503']);
+    for (const list of ['/api/task/v1', '/api/task/v1/context/{context_id}/task', '/api/secret/v1', '/api/encryption/v1/envelope']) {
+      assert.ok(!statuses(list, 'get').includes('404'), list);
+    }
+    // A DEK under an AWS KMS envelope key that KMS fails to wrap or unwrap: 502 (encryption-api.test.ts).
+    for (const [path, method] of [['/api/encryption/v1/envelope/{envelope_id}/dek/{dek_id}/migrate', 'post'], ['/api/encryption/v1/envelope/{envelope_id}/migrate', 'post'],
+      ['/api/encryption/v1/dek/alias/{alias}/rotate', 'post'], ['/api/secret/v1', 'post'], ['/api/secret/v1/{secret_id}', 'put'], ['/api/secret/v1/list-decrypted', 'get']]) {
+      assert.ok(statuses(path, method).includes('502'), `${method} ${path}`);
+    }
+    assert.deepEqual(statuses('/api/bridge/v1/generic-oauth-callback', 'get'), ['200', '303', '400', '404', '405', '410', '500', '502', '503']);
     // 409s that only races give are listed too: a task naming the context that retention is deleting
     // (README, Operating), a secret moving between aliases while written, a rotation's job id taken.
     assert.ok(statuses('/api/task/v1', 'post').includes('409'));

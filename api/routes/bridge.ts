@@ -1,7 +1,7 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
 import { clientGone } from '../client-gone.ts';
-import { ErrorBody, FreeObject, NoInput, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
+import { ErrorBody, FreeObject, kmsErrors, NoInput, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
 import {
   BrokeredUserCredential, BrokerRequest, BrokerState, ControllerParams, CreateCredentialRequest, CreateProviderInstanceRequest, Credential, FunctionInstance, FunctionParams,
   GroupedByFunction, GroupedListQuery, ImportCredentialRequest, InvokeFunctionRequest, InvokeResult, ProviderController, ProviderInstance, ProviderInstanceDetail,
@@ -23,7 +23,7 @@ const credentialRoute = (kind: 'resource_server' | 'user', path: string, operati
   method: 'post', path, operationId, tag, scope: 'bridge:write',
   summary: `Store a ${what}: checked against the credential controller's schema, sensitive members encrypted with the DEK of dek_alias (default: default)`,
   params: ControllerParams, body: CreateCredentialRequest,
-  responses: { 201: Credential, ...resourceErrors },
+  responses: { 201: Credential, ...resourceErrors, ...kmsErrors },
 }, async ({ params, body, services }) => createCredential(services, kind, params.provider_controller_type_id, params.credential_controller_type_id, body));
 
 // secret:decrypt too: an import puts a ciphertext's plaintext to use.
@@ -32,7 +32,7 @@ const importRoute = (kind: 'resource_server' | 'user', path: string, operationId
   summary: `Import a ${what} as GET /api/a2a/v1/definition exports it: its sensitive members must decrypt with data_encryption_key_id, or the DEK of dek_alias (default: default); `
     + 'keeps the exported id when given',
   params: ControllerParams, body: ImportCredentialRequest,
-  responses: { 201: Credential, ...resourceErrors, 409: ErrorBody },
+  responses: { 201: Credential, ...resourceErrors, 409: ErrorBody, ...kmsErrors },
 }, async ({ params, body, services }) => importCredential(services, kind, params.provider_controller_type_id, params.credential_controller_type_id, body));
 
 // Fixed paths (/provider/grouped-by-function) are registered before /provider/:provider_instance_id.
@@ -62,7 +62,8 @@ export const bridgeRoutes = [
     summary: 'Where the provider sends the user back: exchanges the code, stores the user credential (encrypted), makes the instance active; '
       + 'answers with the credential, or 303 to the instance\'s return_on_successful_brokering URL',
     query: OAuthCallbackQuery,
-    responses: { 200: Type.Union([BrokerState, BrokeredUserCredential]), 303: null, 400: ErrorBody, 404: ErrorBody, 405: ErrorBody, 410: ErrorBody, 502: ErrorBody },
+    // 500 and 503 too: it reads and writes Postgres without the key check that implies them elsewhere (api/openapi.ts).
+    responses: { 200: Type.Union([BrokerState, BrokeredUserCredential]), 303: null, 400: ErrorBody, 404: ErrorBody, 405: ErrorBody, 410: ErrorBody, 500: ErrorBody, 502: ErrorBody, 503: ErrorBody },
   }, async ({ query, ctx, services }) => {
     const outcome = await completeBrokering(services, query);
     if (outcome.type === 'user_credential') return { type: 'user_credential', ...outcome.credential };

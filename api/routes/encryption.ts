@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, NoControlChars, PageQuery, Paginated, resourceErrors, Success, Uuid } from '../schemas/common.ts';
+import { ErrorBody, kmsErrors, NoControlChars, PageQuery, Paginated, requestErrors, resourceErrors, Success, Uuid } from '../schemas/common.ts';
 import {
   Alias, AliasName, CreateAliasRequest, CreateDekRequest, CreateEnvelopeKeyRequest, DataEncryptionKey, DekId, DekListItem,
   EnvelopeId, EnvelopeKey, EnvelopeKeyWithCount, ImportDekRequest, KeyJob, MigrateRequest, UpdateAliasRequest,
@@ -26,7 +26,7 @@ export const encryptionRoutes = [
     method: 'get', path: `${base}/envelope`, operationId: 'list-envelope-keys', tag, scope: 'encryption:read',
     summary: 'List envelope keys, newest first',
     query: Type.Object(PageQuery),
-    responses: { 200: Paginated(EnvelopeKey), ...resourceErrors },
+    responses: { 200: Paginated(EnvelopeKey), ...requestErrors },
   }, async ({ query, services }) => {
     const page = await keys.listEnvelopeKeys(services.db, query.page_size!, query.next_page_token);
     return { ...page, items: page.items.map(toEnvelopeKey) };
@@ -57,7 +57,7 @@ export const encryptionRoutes = [
     summary: 'Create a DEK under an envelope key (generated, or from an encrypted_dek that must unwrap)',
     params: Envelope,
     body: CreateDekRequest,
-    responses: { 201: DataEncryptionKey, ...resourceErrors, 409: ErrorBody },
+    responses: { 201: DataEncryptionKey, ...resourceErrors, 409: ErrorBody, ...kmsErrors },
   }, async ({ params, body, services }) => {
     const dek = await keys.createDekUnder(services, params.envelope_id, { id: body.id, encryptedDek: body.encrypted_dek });
     return toDek(dek, await envelopeKeyRow(services.db, dek.envelope_key_id));
@@ -68,7 +68,7 @@ export const encryptionRoutes = [
     summary: 'Import a wrapped DEK; it must unwrap with the envelope key',
     params: Envelope,
     body: ImportDekRequest,
-    responses: { 201: DataEncryptionKey, ...resourceErrors, 409: ErrorBody },
+    responses: { 201: DataEncryptionKey, ...resourceErrors, 409: ErrorBody, ...kmsErrors },
   }, async ({ params, body, services }) => {
     const dek = await keys.createDekUnder(services, params.envelope_id, { id: body.id, encryptedDek: body.encrypted_data_encryption_key, encryptedDekField: 'encrypted_data_encryption_key' });
     return toDek(dek, await envelopeKeyRow(services.db, dek.envelope_key_id));
@@ -90,7 +90,7 @@ export const encryptionRoutes = [
     summary: 'Re-wrap one DEK under another envelope key, in place (same id, aliases and data)',
     params: Type.Object({ envelope_id: EnvelopeId, dek_id: DekId }),
     body: MigrateRequest,
-    responses: { 200: DekListItem, ...resourceErrors, 409: ErrorBody },
+    responses: { 200: DekListItem, ...resourceErrors, 409: ErrorBody, ...kmsErrors },
   }, async ({ params, body, services }) => toDekListItem(await keys.migrateDek(services, params.envelope_id, params.dek_id, body.to_envelope_encryption_key_id))),
 
   defineRoute({
@@ -98,7 +98,7 @@ export const encryptionRoutes = [
     summary: 'Re-wrap every DEK of an envelope key under another, as a background job (202; 200 with the running job if one runs to the same target, 409 if it goes elsewhere)',
     params: Envelope,
     body: MigrateRequest,
-    responses: { 202: KeyJob, 200: KeyJob, ...resourceErrors, 409: ErrorBody },
+    responses: { 202: KeyJob, 200: KeyJob, ...resourceErrors, 409: ErrorBody, ...kmsErrors },
   }, async ({ params, body, services, ctx }) => {
     const { job, created } = await startMigrateAll(services, params.envelope_id, body.to_envelope_encryption_key_id);
     ctx.status = created ? 202 : 200;

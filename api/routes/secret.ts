@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, PageQuery, Paginated, resourceErrors, Success } from '../schemas/common.ts';
+import { ErrorBody, kmsErrors, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
 import { CreateSecretRequest, DecryptedSecret, ImportSecretRequest, Secret, SecretIdParams, SecretKeyParams, UpdateSecretRequest } from '../schemas/secret.ts';
 import * as secrets from '../../domain/secrets.ts';
 
@@ -12,28 +12,28 @@ export const secretRoutes = [
     method: 'post', path: '/api/secret/v1', operationId: 'create-secret', tag, scope: 'secret:write',
     summary: 'Store a secret, encrypted with the DEK its alias names (default alias: default)',
     body: CreateSecretRequest,
-    responses: { 201: Secret, ...resourceErrors, 409: ErrorBody },
+    responses: { 201: Secret, ...resourceErrors, 409: ErrorBody, ...kmsErrors },
   }, async ({ body, services }) => secrets.createSecret(services, body)),
 
   defineRoute({
     method: 'post', path: '/api/secret/v1/import', operationId: 'import-secret', tag, scope: 'secret:write',
     summary: 'Store a value already encrypted with the DEK the alias names; it must decrypt',
     body: ImportSecretRequest,
-    responses: { 201: Secret, ...resourceErrors, 409: ErrorBody },
+    responses: { 201: Secret, ...resourceErrors, 409: ErrorBody, ...kmsErrors },
   }, async ({ body, services }) => secrets.importSecret(services, body)),
 
   defineRoute({
     method: 'get', path: '/api/secret/v1', operationId: 'list-secrets', tag, scope: 'secret:read',
     summary: 'List secrets, newest first, with encrypted values only',
     query: Type.Object(PageQuery),
-    responses: { 200: Paginated(Secret, 'secrets'), ...resourceErrors },
+    responses: { 200: Paginated(Secret, 'secrets'), ...requestErrors },
   }, async ({ query, services }) => secrets.listSecrets(services.db, query.page_size!, query.next_page_token)),
 
   defineRoute({
     method: 'get', path: '/api/secret/v1/list-decrypted', operationId: 'list-decrypted-secrets', tag, scope: 'secret:decrypt',
     summary: 'List secrets, newest first, with their decrypted values',
     query: Type.Object(PageQuery),
-    responses: { 200: Paginated(DecryptedSecret, 'secrets'), ...resourceErrors },
+    responses: { 200: Paginated(DecryptedSecret, 'secrets'), ...requestErrors, ...kmsErrors },
   }, async ({ query, services }) => secrets.listDecryptedSecrets(services, query.page_size!, query.next_page_token)),
 
   defineRoute({
@@ -55,7 +55,7 @@ export const secretRoutes = [
     summary: 'Replace a secret\'s value, re-encrypted under the given alias or its current one',
     params: SecretIdParams, body: UpdateSecretRequest,
     // 409: the secret kept moving between aliases (rotations) while it was written.
-    responses: { 200: Secret, ...resourceErrors, 409: ErrorBody },
+    responses: { 200: Secret, ...resourceErrors, 409: ErrorBody, ...kmsErrors },
   }, async ({ params, body, services }) => secrets.updateSecret(services, params.secret_id, body)),
 
   defineRoute({

@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, PageQuery, Paginated, RequiredPageQuery, resourceErrors, Uuid } from '../schemas/common.ts';
+import { ErrorBody, PageQuery, Paginated, RequiredPageQuery, requestErrors, resourceErrors, Uuid } from '../schemas/common.ts';
 import { ContextInfo, CreateMessageRequest, CreateTaskRequest, GetTaskResponse, Message, Task, TaskStatus, TimelineItem, UpdateTaskRequest } from '../schemas/task.ts';
 import * as taskDomain from '../../domain/tasks.ts';
 import * as taskRepo from '../../db/tasks.ts';
@@ -15,7 +15,7 @@ export const taskRoutes = [
     method: 'get', path: '/api/task/v1/context', operationId: 'list-contexts', tag, scope: 'task:read',
     summary: 'List task contexts, each once, newest first',
     query: Type.Object(RequiredPageQuery),
-    responses: { 200: Paginated(ContextInfo), ...resourceErrors },
+    responses: { 200: Paginated(ContextInfo), ...requestErrors },
   }, async ({ query, services }) => {
     const page = await taskRepo.listContexts(services.db, query.page_size, query.next_page_token);
     return page;
@@ -26,7 +26,7 @@ export const taskRoutes = [
     summary: 'List the tasks of a context, newest first',
     params: Type.Object({ context_id: Uuid }),
     query: Type.Object(PageQuery),
-    responses: { 200: Paginated(Task), ...resourceErrors },
+    responses: { 200: Paginated(Task), ...requestErrors },
   }, async ({ params, query, services }) => {
     const page = await taskRepo.listTasks(services.db, { context_id: params.context_id }, query.page_size!, query.next_page_token);
     return { ...page, items: page.items.map(taskRepo.toTask) };
@@ -36,7 +36,7 @@ export const taskRoutes = [
     method: 'get', path: '/api/task/v1', operationId: 'list-tasks', tag, scope: 'task:read',
     summary: 'List tasks, newest first, optionally filtered by status or context',
     query: Type.Object({ ...PageQuery, status: Type.Optional(TaskStatus), context_id: Type.Optional(Uuid) }),
-    responses: { 200: Paginated(Task), ...resourceErrors },
+    responses: { 200: Paginated(Task), ...requestErrors },
   }, async ({ query, services }) => {
     const page = await taskRepo.listTasks(services.db, { status: query.status, context_id: query.context_id }, query.page_size!, query.next_page_token);
     return { ...page, items: page.items.map(taskRepo.toTask) };

@@ -21,6 +21,8 @@ export const ErrorBody = Type.Object({
 // The error answers every authenticated route can give, and those of routes that name a resource.
 export const requestErrors = { 400: ErrorBody, 401: ErrorBody, 403: ErrorBody };
 export const resourceErrors = { ...requestErrors, 404: ErrorBody };
+// Routes that wrap or unwrap with a DEK: one under an AWS KMS envelope key answers 502 when KMS fails.
+export const kmsErrors = { 502: ErrorBody };
 
 export const Success = Type.Object({ success: Type.Boolean() });
 
