@@ -56,6 +56,11 @@ describe('OpenAPI document', () => {
       ['/api/encryption/v1/dek/alias/{alias}/rotate', 'post'], ['/api/secret/v1', 'post'], ['/api/secret/v1/{secret_id}', 'put'], ['/api/secret/v1/list-decrypted', 'get']]) {
       assert.ok(statuses(path, method).includes('502'), `${method} ${path}`);
     }
+    // The seed's list-contexts query: page_size a required int64, next_page_token an optional string.
+    const params = Object.fromEntries(doc.paths['/api/task/v1/context'].get.parameters.map((p: any) => [p.name, p]));
+    assert.deepEqual([params.page_size.required, params.page_size.schema.type, params.page_size.schema.format], [true, 'integer', 'int64']);
+    assert.deepEqual([params.next_page_token.required, params.next_page_token.schema.type], [false, 'string']);
+    assert.equal(doc.paths['/api/secret/v1'].get.parameters.find((p: any) => p.name === 'page_size').schema.format, 'int64');
     assert.deepEqual(statuses('/api/bridge/v1/generic-oauth-callback', 'get'), ['200', '303', '400', '404', '405', '410', '500', '502', '503']);
     // 409s that only races give are listed too: a task naming the context that retention is deleting
     // (README, Operating), a secret moving between aliases while written, a rotation's job id taken.

@@ -26,14 +26,18 @@ export const kmsErrors = { 502: ErrorBody };
 
 export const Success = Type.Object({ success: Type.Boolean() });
 
+// page_size is an int64 in the seed (list-contexts), within 1..1000 here.
+const PageSize = { format: 'int64', minimum: 1, maximum: 1000 };
+const PageToken = Type.Optional(Type.String({ minLength: 1, maxLength: 2048 }));
+
 export const PageQuery = {
-  page_size: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 50 })),
-  next_page_token: Type.Optional(Type.String({ minLength: 1, maxLength: 2048 })),
+  page_size: Type.Optional(Type.Integer({ ...PageSize, default: 50 })),
+  next_page_token: PageToken,
 };
 
 export const RequiredPageQuery = {
-  page_size: Type.Integer({ minimum: 1, maximum: 1000 }),
-  next_page_token: Type.Optional(Type.String({ minLength: 1, maxLength: 2048 })),
+  page_size: Type.Integer(PageSize),
+  next_page_token: PageToken,
 };
 
 export function Paginated<T extends TSchema>(item: T, member = 'items') {
