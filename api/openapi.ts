@@ -60,7 +60,8 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
   }
   return {
     openapi: '3.1.0',
-    info: { title: 'taskbridge', version: info.version, description: 'Agent tasks, secrets, encryption keys, provider bridge and A2A.' },
+    // The interface is labelled v1 (the seed's Versioning), as its paths are; the release that serves it rides along.
+    info: { title: 'taskbridge', version: 'v1', description: 'Agent tasks, secrets, encryption keys, provider bridge and A2A.', 'x-service-version': info.version },
     servers: [{ url: info.serverUrl }],
     paths,
     components: { schemas: components, securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'API key' } } },

@@ -22,6 +22,9 @@ describe('OpenAPI document', () => {
     assert.ok(res.valid, JSON.stringify(res.errors, null, 2)?.slice(0, 4000));
     assert.equal(validator.version, '3.1');
     assert.equal(doc.openapi, '3.1.0');
+    // The seed: the interface description is labelled v1.
+    assert.equal(doc.info.version, 'v1');
+    assert.match(doc.info['x-service-version'], /^\d+\.\d+\.\d+/);
   });
 
   it('describes every route in allRoutes with its method, operationId, parameters and security', () => {
