@@ -21,6 +21,7 @@ interface Seen { method: string; url: string; headers: http.IncomingHttpHeaders;
 
 // Answers like the provider APIs: refunds (pi_refused is refused, pi_boom fails on Stripe's
 // side, pi_slow answers after 3 s, pi_deep nests 5,000 levels deep), Gmail send, and an RFC 7523 token endpoint that checks the assertion's signature.
+// Refusals that quote the credential they got: refund pi_echo, a mail with subject "echo", an assertion from echo@example.iam.
 function startProviders(): Promise<{ server: http.Server; url: string; seen: Seen[] }> {
   const seen: Seen[] = [];
   const server = http.createServer((req, res) => {
@@ -33,6 +34,7 @@ function startProviders(): Promise<{ server: http.Server; url: string; seen: See
         if (req.headers.authorization !== `Bearer ${STRIPE_KEY}`) return send(401, { error: { message: 'Invalid API Key provided' } });
         const form = new URLSearchParams(body);
         if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
+        if (form.get('payment_intent') === 'pi_echo') return send(400, { error: { message: `No such payment_intent for key ${STRIPE_KEY} (${req.headers.authorization})` } });
         if (form.get('payment_intent') === 'pi_boom') return send(500, { error: { message: 'internal' } });
         if (form.get('payment_intent') === 'pi_slow') return void setTimeout(() => send(200, { id: 're_late', object: 'refund' }), 3000);
         if (form.get('payment_intent') === 'pi_deep') return void res.writeHead(200, { 'content-type': 'application/json' }).end(`{"id":"re_deep","n":${'['.repeat(5000)}${']'.repeat(5000)}}`);
@@ -44,11 +46,13 @@ function startProviders(): Promise<{ server: http.Server; url: string; seen: See
       }
       if (req.url === '/gmail/v1/users/me/messages/send') {
         if (!['Bearer jwt-access', `Bearer ${ACCESS_TOKEN}`].includes(req.headers.authorization ?? '')) return send(401, { error: { message: 'Request had invalid authentication credentials.' } });
+        if (/\r\nSubject: echo\r\n/.test(Buffer.from(JSON.parse(body).raw, 'base64url').toString())) return send(403, { error: { message: `Token ${req.headers.authorization} may not send this` } });
         return send(200, { id: `msg-${seen.length}`, threadId: 't1' });
       }
       if (req.url === '/token') {
         const form = new URLSearchParams(body);
         const [h, c, sig] = (form.get('assertion') ?? '').split('.');
+        if (JSON.parse(Buffer.from(c ?? '', 'base64url').toString() || '{}').iss === 'echo@example.iam') return send(400, { error: 'invalid_grant', error_description: `Invalid JWT: ${form.get('assertion')} (${body})` });
         const ok = form.get('grant_type') === 'urn:ietf:params:oauth:grant-type:jwt-bearer' && sig
           && verify('sha256', Buffer.from(`${h}.${c}`), createPublicKey(publicKey), Buffer.from(sig, 'base64url'));
         if (!ok) return send(400, { error: 'invalid_grant', error_description: 'bad assertion' });
@@ -502,6 +506,28 @@ describe('bridge API', () => {
     assert.match(r.body.message, /token endpoint refused the assertion: bad assertion/);
     assert.ok(!r.text.includes('PRIVATE KEY') && !r.text.includes(lastSeen('/token').body), 'neither the key nor the assertion is echoed');
     assert.equal(providers.seen.filter((x) => x.url === '/gmail/v1/users/me/messages/send').length, sends, 'no mail without a token');
+  });
+
+  it("masks the credential a provider quotes in its refusal (API key, access token, JWT assertion), in the answer and the log", async () => {
+    await stripeInstance('stripe-echo');
+    await c.post(`${B}/provider/stripe-echo/function/stripe_process_refund/enable`, {});
+    const stripe = await invoke('stripe-echo', 'stripe_process_refund', { payment_intent: 'pi_echo' });
+    assert.deepEqual(stripe.body, { type: 'error', message: 'No such payment_intent for key *** (***)' });
+
+    const mail = await invoke('gmail-user', 'google_mail_send_email', { to: 'a@example.com', subject: 'echo', body: 'B' });
+    assert.deepEqual(mail.body, { type: 'error', message: 'Token *** may not send this' });
+
+    const rs = await c.post(`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
+      { value: { client_id: 'echo@example.iam', private_key: privateKey, token_uri: `${providers.url}/token`, scopes: ['gmail.send'] } });
+    await c.post(avail('google_mail', 'oauth2_jwt_bearer_assertion_flow'), { provider_instance_id: 'gmail-echo', display_name: 'Gmail echo', resource_server_credential_id: rs.body.id });
+    await c.post(`${B}/provider/gmail-echo/function/google_mail_send_email/enable`, {});
+    const jwt = await invoke('gmail-echo', 'google_mail_send_email', { to: 'b@example.com', subject: 'S', body: 'B' });
+    assert.equal(jwt.status, 502, jwt.text);
+    const assertion = new URLSearchParams(lastSeen('/token').body).get('assertion')!;
+    assert.equal(jwt.body.message, 'token endpoint refused the assertion: Invalid JWT: *** (grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion=***)');
+    const logs = await requestLogsThrough(stack, jwt, { all: true });
+    assert.ok(logs.some((l) => l.includes('token endpoint refused the assertion')), 'the 502 is logged');
+    assert.ok(!logs.some((l) => l.includes(assertion.split('.')[2])), 'no log line holds the assertion');
   });
 
   it('no answer, success or error, and no log line of this file held a secret', async () => {

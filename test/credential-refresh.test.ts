@@ -150,4 +150,19 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
       return n('refreshed') >= 2 && n('retrying') === ATTEMPTS - 1 && n('refresh_failed') === 2;
     }, 'the refresh outcomes in /metrics').catch((err) => assert.fail(`${(err as Error).message}: ${JSON.stringify(seen)}`));
   });
+
+  it('masks the refresh token and client secret a token endpoint quotes in its refusal: not in the worker log', async () => {
+    await brokered('mail-q');
+    await oauth.setMode('echo');
+    try {
+      await makeDue('mail-q');
+      await waitFor(async () => (await instance('mail-q')).status === 'refresh_failed', 'the instance to be refresh_failed');
+    } finally {
+      await oauth.setMode('ok');
+    }
+    const logs = () => stack.workers.flatMap((w) => w.logs);
+    const gaveUp = await waitFor(async () => logs().find((l) => l.includes('credential refresh gave up') && l.includes('Rejected')), 'the give-up line');
+    assert.match(gaveUp, /token endpoint refused the refresh token: Rejected grant_type=refresh_token&refresh_token=\*\*\*&client_id=refresh-test&client_secret=\*\*\*/);
+    for (const text of logs()) assert.ok(!text.includes(CLIENT_SECRET) && !/refresh_token=(?!\*\*\*)/.test(text), text.slice(0, 500));
+  });
 });

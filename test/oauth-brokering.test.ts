@@ -212,6 +212,26 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.equal((await c.get(`${B}/provider/mail-e`)).body.status, 'brokering_initiated');
   });
 
+  it("masks the client secret and code a token endpoint quotes in its refusal, in the 502 and the log", async () => {
+    await instance('mail-q');
+    try {
+      await oauth.setMode('echo');
+      const back = await consent((await broker('mail-q')).action.Redirect.url);
+      const code = new URL(back).searchParams.get('code')!;
+      const r = await callback(back);
+      assert.equal(r.status, 502);
+      const { message } = (await r.json()) as { message: string };
+      assert.match(message, /^token endpoint refused the code: Rejected grant_type=authorization_code&code=\*\*\*&.*&client_secret=\*\*\*/);
+      await waitFor(async () => stack.api.logs.some((l) => l.includes('token endpoint refused the code: Rejected')), 'the 502 in the API log');
+      for (const secret of [CLIENT_SECRET, code]) {
+        assert.ok(!message.includes(secret), message);
+        assert.ok(!stack.api.logs.some((l) => l.includes(secret)), `${secret} in an API log line`);
+      }
+    } finally {
+      await oauth.setMode('ok');
+    }
+  });
+
   it('takes an absurd expires_in as ten years, and answers 502 for an access token no header can carry, storing nothing', async () => {
     await instance('mail-f');
     try {

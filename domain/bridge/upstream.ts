@@ -15,7 +15,26 @@ const publicOnly = () => (publicOnlyAgent ??= new Agent({ connect: { lookup: gua
 export const fetchPublicOnly = (url: string, init: RequestInit): Promise<Response> =>
   undiciFetch(url, { ...init, redirect: 'manual', dispatcher: publicOnly() } as Parameters<typeof undiciFetch>[1]) as unknown as Promise<Response>;
 
-export interface UpstreamAnswer { status: number; body: unknown }
+/** `sent`: the credentials the request carried, which its refusal's words must not repeat (see sentCredentials). */
+export interface UpstreamAnswer { status: number; body: unknown; sent?: string[] }
+
+// Form members that are credentials (token endpoints), besides the Authorization header.
+const CREDENTIAL_MEMBERS = ['client_secret', 'code', 'code_verifier', 'refresh_token', 'assertion', 'access_token'];
+
+// What of a request's credentials an answer may echo, in the forms it may echo them: as sent, and
+// percent- or JSON-encoded (a provider quoting the form or the JSON it got).
+function sentCredentials(init: RequestInit): string[] {
+  const values: string[] = [];
+  const auth = new Headers(init.headers).get('authorization');
+  if (auth) values.push(auth, auth.replace(/^\S+\s+/, ''));
+  if (typeof init.body === 'string' && /x-www-form-urlencoded/i.test(new Headers(init.headers).get('content-type') ?? '')) {
+    const form = new URLSearchParams(init.body);
+    for (const member of CREDENTIAL_MEMBERS) for (const v of form.getAll(member)) values.push(v);
+  }
+  const forms = values.filter((v) => v.length >= 4).flatMap((v) => [v, encodeURIComponent(v), new URLSearchParams({ v }).toString().slice(2), JSON.stringify(v).slice(1, -1)]);
+  // Longest first, so a whole header is masked before the token inside it.
+  return [...new Set(forms)].sort((a, b) => b.length - a.length);
+}
 
 // Larger answers are refused rather than held in memory (token_uri is client-chosen).
 const MAX_BODY_BYTES = 1024 * 1024;
@@ -69,7 +88,7 @@ export async function callUpstream(what: string, url: string, init: RequestInit,
   if (res.status >= 500 || (res.status >= 300 && res.status < 400)) {
     throw new Upstream(`${what}: answered HTTP ${res.status}`, { upstream: what, upstream_status: res.status });
   }
-  return { status: res.status, body };
+  return { status: res.status, body, sent: sentCredentials(init) };
 }
 
 // A success answer must be a JSON object; anything else means we cannot tell what happened.
@@ -80,7 +99,8 @@ export function successObject(what: string, answer: UpstreamAnswer): Record<stri
 }
 
 // The provider's own words for a refusal, kept short: OAuth `error_description`/`error`, Stripe and
-// Google `error.message`, or the status line.
+// Google `error.message`, or the status line. They reach API clients, logs and job failures, so the
+// credentials the request carried are masked: a provider may quote the token or client secret it refused.
 export function refusalMessage(answer: UpstreamAnswer): string {
   const b = answer.body as { error?: unknown; error_description?: unknown; message?: unknown } | string | undefined;
   let msg: unknown;
@@ -88,6 +108,7 @@ export function refusalMessage(answer: UpstreamAnswer): string {
     if (typeof b.error === 'object' && b.error) msg = (b.error as { message?: unknown }).message;
     msg ??= b.error_description ?? (typeof b.error === 'string' ? b.error : undefined) ?? b.message;
   }
-  const text = typeof msg === 'string' && msg ? msg : `HTTP ${answer.status}`;
+  let text = typeof msg === 'string' && msg ? msg : `HTTP ${answer.status}`;
+  for (const v of answer.sent ?? []) text = text.replaceAll(v, '***');
   return text.slice(0, 500);
 }
