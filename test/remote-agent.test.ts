@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import type { Server } from 'node:http';
+import http, { type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import express from 'express';
 import { pino } from 'pino';
@@ -9,7 +9,7 @@ import { DefaultRequestHandler, InMemoryTaskStore, type AgentExecutor, type Exec
 import { agentCardHandler, jsonRpcHandler, UserBuilder } from '@a2a-js/sdk/server/express';
 import { remoteAgent } from '../workers/agents/remote-a2a.ts';
 import type { AgentContext } from '../workers/agents/types.ts';
-import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, withQueue, type Stack } from './helpers/stack.ts';
 
 const textOf = (m: Message) => m.parts.map((p) => (p.kind === 'text' ? p.text : '')).join('');
 // Its messages carry metadata, which the local task keeps.
@@ -441,6 +441,38 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
       assert.deepEqual(remote.refused, []);
     } finally {
       await stack.stop();
+    }
+  });
+
+  it('masks the key where a remote quotes it in an error answer: in the status message, the worker log and the job in Redis', async () => {
+    // A remote whose endpoint's errors (500) quote the request's Authorization header.
+    const quoting = http.createServer((req, res) => {
+      const origin = `http://127.0.0.1:${(quoting.address() as AddressInfo).port}`;
+      if (req.url === '/rpc-fails/.well-known/agent-card.json') {
+        const card = { name: 'q', description: 'q', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc-fails/rpc`, preferredTransport: 'JSONRPC', capabilities: { streaming: false }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [] };
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(card));
+        return;
+      }
+      res.writeHead(500, { 'content-type': 'application/json' }).end(JSON.stringify({ error: `cannot serve ${req.method} with authorization ${req.headers.authorization}` }));
+    });
+    await new Promise<void>((resolve) => quoting.listen(0, '127.0.0.1', resolve));
+    const origin = `http://127.0.0.1:${(quoting.address() as AddressInfo).port}`;
+    try {
+      const stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: `${origin}/rpc-fails`, AGENT_REMOTE_API_KEY: REMOTE_KEY, AGENT_ATTEMPTS: '2' });
+      try {
+        const done = await outcome(stack, 'who sees the key?');
+        assert.equal(done.task.status, 'failed');
+        assert.match(done.status_message.parts[0].text, /500.*authorization Bearer \*\*\*/);
+        await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('agent run failed')), 'the failure in the worker log');
+        const jobs = await withQueue(stack.env, 'agent-tasks', async (q) => JSON.stringify(await q.getJobs(['failed', 'completed'])));
+        assert.match(jobs, /authorization Bearer \*\*\*/, 'the job holds the masked reason');
+        for (const text of [JSON.stringify(done), jobs, ...stack.workers[0].logs]) assert.ok(!text.includes(REMOTE_KEY), text.slice(0, 400));
+      } finally {
+        await stack.stop();
+      }
+    } finally {
+      quoting.closeAllConnections();
+      quoting.close();
     }
   });
 

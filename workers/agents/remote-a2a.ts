@@ -119,6 +119,10 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
   const explained = <T,>(err: T): T | Error => (withheld.size && credentialsRefused(err)
     ? new Error(`${err.message} (AGENT_REMOTE_API_KEY was withheld from ${[...withheld].join(', ')}: neither AGENT_REMOTE_URL's origin nor in AGENT_REMOTE_KEY_ORIGINS)`)
     : err);
+  // The SDK's errors quote the remote's error answer, which may quote the request it refused,
+  // Authorization header and all; their text reaches the task's status message, the log and the job.
+  const withoutKey = (text: string) => (apiKey ? text.replaceAll(apiKey, '***').replaceAll(JSON.stringify(apiKey).slice(1, -1), '***') : text);
+  const keyless = <T,>(err: T): T | Error => (err instanceof Error && withoutKey(err.message) !== err.message ? new Error(withoutKey(err.message)) : err);
   let client: Promise<Client> | undefined;
   const connect = () => {
     client ??= clientFactory(apiKey, trusted, allowPrivate, log, withheld).createFromUrl(base, cardPath).catch((err: Error) => {
@@ -127,14 +131,15 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       // the task's status message and the log: it shows the URL as runtime_config does, in the
       // client's own words (which may quote it) too.
       const masked = (text: string) => text.replace(/\bhttps?:\/\/[^\s'"<>]+/gi, maskUrlCredentials);
-      throw new Error(`the remote agent card at ${masked(url)} could not be read: ${masked(err.message)}`);
+      throw new Error(`the remote agent card at ${masked(url)} could not be read: ${withoutKey(masked(err.message))}`);
     });
     return client;
   };
 
   // A refused key fails the run at once: every retry would be refused alike until an operator mends
   // the configuration.
-  const handler = (ctx: AgentContext): Promise<AgentResult> => follow(ctx).catch((err: unknown) => {
+  const handler = (ctx: AgentContext): Promise<AgentResult> => follow(ctx).catch((thrown: unknown) => {
+    const err = keyless(thrown);
     if (!ctx.signal.aborted && credentialsRefused(err)) {
       return { status: 'failed', message: `The remote agent refused this worker's credentials (not retried; check AGENT_REMOTE_API_KEY): ${explained(err).message}` };
     }
@@ -197,7 +202,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       // would follow the remote task).
       const reason = ctx.signal.reason as { shutdown?: boolean; superseded?: boolean } | undefined;
       const over = (!ctx.signal.aborted && credentialsRefused(err)) || refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded);
-      if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled')) {
+      if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled', withoutKey)) {
         await forgetRemoteAgentTask(db, ctx.task.id).catch(() => undefined);
       }
       throw err;
@@ -207,20 +212,20 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       link.abort();
     }
   }
-  return { handler, housekeeping: { 'remote tasks of canceled or failed tasks': () => cancelLeftRemoteTasks(connect, db, log) } };
+  return { handler, housekeeping: { 'remote tasks of canceled or failed tasks': () => cancelLeftRemoteTasks(connect, db, log, withoutKey) } };
 }
 
 // Cancels the remote tasks of local tasks canceled with no run going, or failed after the remote's
 // last word (its final message refused), then forgets them; one the remote no longer has, or that has
 // ended, is forgotten too. An unreachable remote is tried again at the next pass, for a day.
-async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, log: Logger): Promise<void> {
+async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, log: Logger, withoutKey: (text: string) => string): Promise<void> {
   const rows = await remoteTasksOfCanceledOrFailed(db, 24, 100);
   if (!rows.length) return;
   const remote = await connect();
   for (const row of rows) {
     const rowLog = log.child({ task_id: row.task_id });
     const why = row.status === 'canceled' ? 'its local task was canceled between runs' : 'its local task failed';
-    if (await cancelRemote(remote, row.remote_task_id, rowLog, `remote task canceled: ${why}`)) await forgetRemoteAgentTask(db, row.task_id);
+    if (await cancelRemote(remote, row.remote_task_id, rowLog, `remote task canceled: ${why}`, withoutKey)) await forgetRemoteAgentTask(db, row.task_id);
   }
 }
 
@@ -272,14 +277,14 @@ async function send(
 
 // Cancels a remote task; true once it is done with (canceled, or ended or unknown on the remote),
 // false when it should be tried again (the housekeeping pass does: cancelLeftRemoteTasks).
-async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, canceled: string): Promise<boolean> {
+async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, canceled: string, withoutKey: (text: string) => string): Promise<boolean> {
   try {
     await remote.cancelTask({ id: remoteTaskId }, { signal: AbortSignal.timeout(CANCEL_TIMEOUT_MS) });
     log.info({ remote_task_id: remoteTaskId }, canceled);
     return true;
   } catch (err) {
     if (err instanceof TaskNotCancelableError || err instanceof TaskNotFoundError) return true;
-    log.warn({ remote_task_id: remoteTaskId, reason: (err as Error).message }, 'remote task could not be canceled; will retry');
+    log.warn({ remote_task_id: remoteTaskId, reason: withoutKey((err as Error).message) }, 'remote task could not be canceled; will retry');
     return false;
   }
 }
