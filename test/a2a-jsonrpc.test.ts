@@ -92,6 +92,10 @@ describe('A2A JSON-RPC endpoint', () => {
           ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'file', file: { bytes } }] } }, /params\.message\.parts\[0\]\.file\.bytes must be base64/]),
         ['message/send', { message: userMessage('x', { role: 'agent' }) }, /params\.message\.role/],
         ['message/send', { message: userMessage('x', { contextId: 'not-a-uuid' }) }, /params\.message\.contextId/],
+        // ajv's uuid format takes the URN form, which Postgres refuses: it was -32603 internal error.
+        ['message/send', { message: userMessage('x', { contextId: `urn:uuid:${randomUUID()}` }), configuration: { blocking: false } }, /^Invalid params: params\.message\.contextId must be a UUID$/],
+        ['message/send', { message: userMessage('x', { referenceTaskIds: [`urn:uuid:${randomUUID()}`] }) }, /^Invalid params: params\.message\.referenceTaskIds\[0\] must be a UUID$/],
+        ['message/stream', { message: userMessage('x', { contextId: `urn:uuid:${randomUUID()}` }) }, /^Invalid params: params\.message\.contextId must be a UUID$/],
         ['message/send', { message: userMessage('x'), configuration: { historyLength: -1 } }, /historyLength/],
         ['message/send', { message: userMessage('x'), configuration: { blocking: 'yes' } }, /blocking/],
         ['message/send', { message: userMessage('x', { taskId: 't'.repeat(257) }) }, /params\.message\.taskId/],
@@ -100,6 +104,8 @@ describe('A2A JSON-RPC endpoint', () => {
         ['tasks/cancel', null, /params/],
         ['tasks/pushNotificationConfig/set', { taskId: randomUUID() }, /pushNotificationConfig is required/],
       ];
+      const tasks = async () => Number((await testDb()('tasks').count({ n: '*' }))[0].n);
+      const before = await tasks();
       for (const [method, params, pattern] of cases) {
         const id = `bad-${nextId++}`;
         const r = await rpc(method, params, id);
@@ -108,6 +114,7 @@ describe('A2A JSON-RPC endpoint', () => {
         assert.equal(r.body.error?.code, -32602, `${method} ${JSON.stringify(params)}: ${JSON.stringify(r.body)}`);
         assert.match(r.body.error.message, pattern);
       }
+      assert.equal(await tasks(), before, 'no refused message made a task');
     });
 
     it('junk params never crash the handler', async () => {

@@ -5,7 +5,7 @@ import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import type { ErrorObject } from 'ajv';
 import { A2AError, JSONRPC } from './errors.ts';
 import { compileSchema, errorText } from '../schema-check.ts';
-import { Base64 } from '../../api/schemas/common.ts';
+import { Base64, Uuid } from '../../api/schemas/common.ts';
 import { MessageExtensions } from '../../api/schemas/task.ts';
 
 const Metadata = Type.Record(Type.String(), Type.Unknown());
@@ -38,8 +38,9 @@ const Message = Type.Object({
   role: Type.Literal('user', { description: 'a client sends user messages' }),
   parts: Type.Array(Part, { minItems: 1, maxItems: 1000 }),
   taskId: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
-  contextId: Type.Optional(Type.String({ format: 'uuid' })),
-  referenceTaskIds: Type.Optional(Type.Array(Type.String({ format: 'uuid' }), { maxItems: 100 })),
+  // Uuid, not format 'uuid' alone: that also takes 'urn:uuid:…', which Postgres refuses (-32603).
+  contextId: Type.Optional(Uuid),
+  referenceTaskIds: Type.Optional(Type.Array(Uuid, { maxItems: 100 })),
   extensions: Type.Optional(MessageExtensions),
   ...meta,
 });
