@@ -208,6 +208,29 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.deepEqual(((await batch.json()) as { id: unknown }[]).map((m) => m.id), [1, 'two']);
   });
 
+  it('answers valid JSON it cannot take (NUL, lone surrogate, deep nesting, 1e400) as -32602 in params or -32600 elsewhere, not -32700', async () => {
+    const call = (args: string, id = '11') => `{"jsonrpc":"2.0","id":${id},"method":"tools/call","params":{"name":"${REFUND}","arguments":${args}}}`;
+    const calls = stripe.seen.length;
+    for (const [body, path, why] of [
+      [call('{"payment_intent":"pi\\u0000"}'), 'params.arguments.payment_intent', 'contains a NUL character or an unpaired surrogate'],
+      [call('{"payment_intent":"\\ud800"}'), 'params.arguments.payment_intent', 'contains a NUL character or an unpaired surrogate'],
+      [call('{"payment_intent":"pi_1","amount":1e400}'), 'params.arguments.amount', 'is a number too large for JSON (it would be kept as null)'],
+      [call(`{"x":${'['.repeat(100)}${']'.repeat(100)}}`), `params.arguments.x${'.0'.repeat(61)}`, 'nests deeper than 64 levels'],
+    ] as const) {
+      const r = await rawPost(body);
+      assert.equal(r.status, 200, body.slice(0, 120));
+      assert.deepEqual(await r.json(), { jsonrpc: '2.0', id: 11, error: { code: ErrorCode.InvalidParams, message: `Invalid params: ${path}: ${why}` } });
+    }
+    // Outside params, or without an id to answer: the message itself is invalid.
+    const method = await rawPost('{"jsonrpc":"2.0","id":"m","method":"tools/li\\u0000st"}');
+    assert.equal(method.status, 400);
+    assert.deepEqual(await method.json(), { jsonrpc: '2.0', id: 'm', error: { code: ErrorCode.InvalidRequest, message: 'Invalid Request: method: contains a NUL character or an unpaired surrogate' } });
+    const id = await rawPost(call('{"payment_intent":"pi_1"}', '1e400'));
+    assert.equal(id.status, 400);
+    assert.deepEqual(await id.json(), { jsonrpc: '2.0', id: null, error: { code: ErrorCode.InvalidRequest, message: 'Invalid Request: id: is a number too large for JSON (it would be kept as null)' } });
+    assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
+  });
+
   it('words protocol errors once: no "MCP error <code>:" prefix on the wire for SDK clients to repeat', async () => {
     const r = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 5, method: 'tools/call', params: { name: 'stripe.stripe_process_refund.no-such', arguments: {} } }));
     assert.deepEqual(await r.json(), { jsonrpc: '2.0', id: 5, error: { code: ErrorCode.InvalidParams, message: 'Unknown tool: stripe.stripe_process_refund.no-such' } });

@@ -7,7 +7,8 @@ import { clientGone } from '../client-gone.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { readJsonBody } from '../middleware/body.ts';
 import { InvalidRequest } from '../../domain/errors.ts';
-import { createMcpServer, envelopeRefusal, paramsRefusal } from '../../domain/bridge/mcp.ts';
+import { createMcpServer, envelopeRefusal, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp.ts';
+import { findUnstorable } from '../../domain/storable-json.ts';
 
 export const MCP_PATH = '/api/bridge/v1/mcp';
 
@@ -19,12 +20,19 @@ export const mcpRoutes = [
   }, async ({ ctx, services }) => {
     let body: unknown;
     try {
-      body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
+      body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES, { checkStorable: false });
     } catch (err) {
       // Unreadable JSON is the protocol's parse error; too large or not JSON stay HTTP errors.
       if (!(err instanceof InvalidRequest)) throw err;
       ctx.status = 400;
       ctx.body = { jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${err.message}` } };
+      return;
+    }
+    const problem = findUnstorable(body);
+    if (problem) {
+      const { status, answer } = unstorableRefusal(body, problem);
+      ctx.status = status;
+      ctx.body = answer;
       return;
     }
     const headers = new Headers();

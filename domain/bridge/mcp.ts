@@ -9,7 +9,7 @@ import {
   type CallToolResult, type JSONRPCErrorResponse, type Tool,
 } from '@modelcontextprotocol/sdk/types.js';
 import type { Services } from '../services.ts';
-import { AppError, InvalidRequest, NotFound } from '../errors.ts';
+import { AppError, InvalidRequest, NotFound, type FieldError } from '../errors.ts';
 import { getFunctionInstance, getProviderInstance, listFunctionInstances, type FunctionInstanceRow } from '../../db/bridge.ts';
 import { describeFunction, functionDef, providerDef } from './catalog.ts';
 import { invokeFunction } from './functions.ts';
@@ -129,6 +129,20 @@ export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: str
     if (!('method' in m) && !('result' in m) && !('error' in m)) return invalid(`${at}a message needs a method (a request or notification), or a result or an error (a response)`, id);
   }
   return undefined;
+}
+
+// Valid JSON that is refused before the SDK reads it (a NUL or lone surrogate, nesting past 64
+// levels, a number past the double range: domain/storable-json.ts) is no parse error: inside a
+// request's params it is -32602 with the id echoed (HTTP 200, as the SDK answers bad params),
+// elsewhere -32600 (HTTP 400, as envelopeRefusal).
+export function unstorableRefusal(body: unknown, problem: FieldError): { status: number; answer: EnvelopeRefusal } {
+  const single = typeof body === 'object' && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : undefined;
+  const id = typeof single?.id === 'string' || Number.isSafeInteger(single?.id) ? (single!.id as string | number) : null;
+  const where = problem.path.replace(/^body\.?/, '') || 'the message';
+  if (id !== null && problem.path.startsWith('body.params')) {
+    return { status: 200, answer: { jsonrpc: '2.0', id, error: { code: ErrorCode.InvalidParams, message: `Invalid params: ${where}: ${problem.message}` } } };
+  }
+  return { status: 400, answer: { jsonrpc: '2.0', id, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${where}: ${problem.message}` } } };
 }
 
 function errorCodeOf(text: string): number {
