@@ -1,7 +1,8 @@
-// Requests Node's HTTP parser refuses (headers over its limit, malformed HTTP, too slow) never
-// reach Koa, and Node answers them without a body. These get the Error body like every other error,
-// as does CONNECT, with an X-Request-Id and a log line naming it (SPEC section 1).
-import { STATUS_CODES, type Server } from 'node:http';
+// Requests Node's HTTP parser refuses (headers over its limit, malformed HTTP, too slow) or Node
+// refuses itself (an Expect it does not know) never reach Koa, and Node answers them without a
+// body. These get the Error body like every other error, as does CONNECT, with an X-Request-Id
+// and a log line naming it (SPEC section 1).
+import { STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { AppError, InvalidRequest, MethodNotAllowed, PayloadTooLarge } from '../domain/errors.ts';
 import { errorBody } from './middleware/errors.ts';
@@ -30,6 +31,16 @@ export function answerClientErrors(server: Server, methods: readonly string[], l
   server.on('connect', (req, socket: Duplex) => {
     const incoming = req.headers['x-request-id'];
     writeError(log, socket, new MethodNotAllowed('Method CONNECT is not allowed: this server is not a proxy', allow), requestIdFor(typeof incoming === 'string' ? incoming : undefined));
+  });
+  // An Expect other than 100-continue: Node answers 417 itself, without a body, unless told here.
+  server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
+    const incoming = req.headers['x-request-id'];
+    const requestId = requestIdFor(typeof incoming === 'string' ? incoming : undefined);
+    const e = new AppError(417, 'invalid_request', `Expect '${String(req.headers.expect).slice(0, 100)}' is not supported: only 100-continue is`);
+    log.info({ req_id: requestId, method: req.method, path: req.url?.split('?')[0], status: e.status, code: e.code }, 'request refused before routing');
+    // Its body is not read: the connection closes after the answer.
+    res.writeHead(e.status, { 'Content-Type': 'application/json', 'X-Request-Id': requestId, Connection: 'close' });
+    res.end(JSON.stringify(errorBody(e)));
   });
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
     // As Node's own handler: nothing is written once a response has begun on the connection.

@@ -304,6 +304,20 @@ describe('HTTP conventions', () => {
     assert.ok(!stack.api.logs.some((l) => l.includes('PROPFIND') && /"level":(50|"error")/.test(l)), 'no error-level log line');
   });
 
+  it('answers an Expect other than 100-continue with 417 and the Error body, storing nothing', async () => {
+    const before = await taskCount();
+    const r = await raw(stack.api.url, {
+      method: 'POST', path: '/api/task/v1', chunks: [JSON.stringify({ message: textMessage('expect') })],
+      headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', expect: 'bogus', 'x-request-id': 'expect-417' },
+    });
+    assert.equal(r.status, 417);
+    assert.equal(r.headers['x-request-id'], 'expect-417');
+    assert.match(String(r.headers['content-type']), /^application\/json/);
+    assert.deepEqual(r.body, { message: "Expect 'bogus' is not supported: only 100-continue is", data: { code: 'invalid_request' } });
+    await waitFor(async () => stack.api.logs.some((l) => l.includes('"req_id":"expect-417"')), 'the refused request in the API log');
+    assert.equal(await taskCount(), before);
+  });
+
   it('answers CONNECT (a proxy tunnel) with 405 and the Error body instead of dropping the connection', async () => {
     const { hostname, port } = new URL(stack.api.url);
     const r = await new Promise<{ status: number; headers: http.IncomingHttpHeaders; body: any }>((resolve, reject) => {
