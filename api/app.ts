@@ -20,6 +20,7 @@ import { FreeObject } from './schemas/common.ts';
 import { metricsMiddleware, metricsRoutes } from './metrics.ts';
 import { queueDashboard } from './queue-dashboard.ts';
 import { SERVICE_VERSION } from '../domain/version.ts';
+import { InvalidRequest } from '../domain/errors.ts';
 
 // The document describes allRoutes, itself included: built on first request, once per process.
 const openapiDocs = new WeakMap<Services, Record<string, unknown>>();
@@ -37,6 +38,14 @@ export const allRoutes: Route[] = [
   ...secretRoutes, ...bridgeRoutes, ...mcpRoutes, ...a2aRoutes, ...a2aDefinitionRoutes,
 ];
 
+// HTTP/1.1 requires a Host header (RFC 9112 section 3.2); api/main.ts turns Node's bodiless check off for this one.
+const requireHost: Koa.Middleware = async (ctx, next) => {
+  if (ctx.req.httpVersion === '1.1' && ctx.req.headers.host === undefined) {
+    throw new InvalidRequest('An HTTP/1.1 request must carry a Host header', [{ path: 'header.host', message: 'is required' }]);
+  }
+  await next();
+};
+
 export function createApp(services: Services): Koa {
   const app = new Koa({ proxy: services.cfg.TRUST_PROXY });
   // Paths match as SPEC writes them (lower case), as fixedPathMethods matches them: a router matching
@@ -47,6 +56,7 @@ export function createApp(services: Services): Koa {
   app.use(requestId(services.log));
   app.use(metricsMiddleware(services));
   app.use(errorHandler());
+  app.use(requireHost);
   app.use(queueDashboard(services));
   app.use(fixedPathMethods(allRoutes));
   app.use(router.routes());

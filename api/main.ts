@@ -1,5 +1,5 @@
 // The `web` process: the HTTP API.
-import type { ServerResponse } from 'node:http';
+import http, { type ServerResponse } from 'node:http';
 import net from 'node:net';
 import { loadConfigOrExit } from '../domain/config.ts';
 import { createServices } from '../domain/services.ts';
@@ -22,7 +22,8 @@ const keyRevocations = await listenPg(cfg.DATABASE_URL, { [API_KEY_REVOKED]: for
 });
 services.outbox.startSweeper();
 const app = createApp(services);
-const server = app.listen(cfg.PORT, cfg.HOST, () => {
+// A missing Host is refused in Koa (api/app.ts), with the Error body: Node's own check answers 400 bare.
+const server = http.createServer({ requireHostHeader: false }, app.callback()).listen(cfg.PORT, cfg.HOST, () => {
   const addr = server.address();
   const port = typeof addr === 'object' && addr ? addr.port : cfg.PORT;
   services.log.info({ port, url: `http://${cfg.HOST}:${port}` }, 'api listening');

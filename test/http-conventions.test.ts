@@ -318,6 +318,26 @@ describe('HTTP conventions', () => {
     assert.equal(await taskCount(), before);
   });
 
+  it('answers an HTTP/1.1 request without a Host header with 400 and the Error body, storing nothing', async () => {
+    const before = await taskCount();
+    const url = new URL(stack.api.url);
+    const body = JSON.stringify({ message: textMessage('no host') });
+    const answer = await new Promise<string>((resolve, reject) => {
+      const socket = net.connect(Number(url.port), url.hostname, () => socket.write(`POST /api/task/v1 HTTP/1.1\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n`
+        + `Content-Type: application/json\r\nContent-Length: ${body.length}\r\nX-Request-Id: no-host\r\nConnection: close\r\n\r\n${body}`));
+      let data = '';
+      socket.on('data', (b) => (data += b.toString()));
+      socket.on('end', () => resolve(data));
+      socket.on('error', reject);
+    });
+    assert.match(answer, /^HTTP\/1\.1 400 Bad Request\r\n/);
+    assert.match(answer, /\r\nX-Request-Id: no-host\r\n/i);
+    assert.deepEqual(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)), {
+      message: 'An HTTP/1.1 request must carry a Host header', data: { code: 'invalid_request', errors: [{ path: 'header.host', message: 'is required' }] },
+    });
+    assert.equal(await taskCount(), before);
+  });
+
   it('answers CONNECT (a proxy tunnel) with 405 and the Error body instead of dropping the connection', async () => {
     const { hostname, port } = new URL(stack.api.url);
     const r = await new Promise<{ status: number; headers: http.IncomingHttpHeaders; body: any }>((resolve, reject) => {
