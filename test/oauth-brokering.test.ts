@@ -136,6 +136,34 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.equal((await c.get(`${B}/provider/mail-c`)).body.status, 'active');
   });
 
+  it('refuses a return address the callback could not redirect to (400, storing nothing); one stored before is answered with the credential, not a 500', async () => {
+    const cred = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`, {
+      value: { client_id: 'taskbridge-test-client', client_secret: CLIENT_SECRET, redirect_uri: callbackUrl, scopes: [SCOPE] },
+    });
+    const instances = async () => Number((await testDb()('provider_instances').count({ n: '*' }))[0].n);
+    const before = await instances();
+    const bad = await c.post(avail('google_mail', 'oauth_auth_flow'), {
+      provider_instance_id: 'mail-bad-return', display_name: 'x', resource_server_credential_id: cred.body.id,
+      return_on_successful_brokering: { type: 'url', url: 'https://[app.example.com/connected' },
+    });
+    assert.equal(bad.status, 400, bad.text);
+    assert.deepEqual(bad.body, {
+      message: "return_on_successful_brokering.url 'https://[app.example.com/connected' is not a URL",
+      data: { code: 'invalid_request', errors: [{ path: 'body.return_on_successful_brokering.url', message: 'must be a valid http(s) URL' }] },
+    });
+    assert.equal(await instances(), before);
+
+    // As if stored before creation checked it: the callback used to store the credential, then answer 500.
+    await instance('mail-old-return', { returnUrl: 'https://app.example.com/connected' });
+    await testDb()('provider_instances').where({ id: 'mail-old-return' }).update({ return_on_successful_brokering: JSON.stringify({ type: 'url', url: 'https://[app.example.com/connected' }) });
+    const r = await callback(await consent((await broker('mail-old-return')).action.Redirect.url));
+    assert.equal(r.status, 200);
+    const body = (await r.json()) as { type: string; id: string };
+    assert.equal(body.type, 'user_credential');
+    const inst = (await c.get(`${B}/provider/mail-old-return`)).body;
+    assert.deepEqual([inst.status, inst.user_credential_id], ['active', body.id]);
+  });
+
   it('answers 400 for a provider error, 404 for an unknown state, 410 for an expired one, changing nothing; a callback with neither code nor error leaves its state usable', async () => {
     await instance('mail-d');
     const stored = await userCredentials();

@@ -104,5 +104,8 @@ export async function completeBrokering(
   });
   s.log.info({ provider_instance_id: instance.id, broker_state_id: state.id }, 'oauth brokering completed');
   const back = instance.return_on_successful_brokering;
-  return back ? { type: 'redirect', url: back.url } : { type: 'user_credential', credential: toCredential(credential) };
+  if (back && URL.canParse(back.url)) return { type: 'redirect', url: back.url };
+  // One stored before creation checked it cannot be redirected to: the credential is answered instead.
+  if (back) s.log.warn({ provider_instance_id: instance.id }, 'return_on_successful_brokering.url is not a URL: answering the user credential');
+  return { type: 'user_credential', credential: toCredential(credential) };
 }
