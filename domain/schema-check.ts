@@ -6,7 +6,8 @@ import { InvalidRequest, type FieldError } from './errors.ts';
 
 // The one compiler of what is checked as sent (request bodies, A2A params, provider function
 // params, agent output): all errors, discriminated unions, formats; no coercion.
-const ajv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false }));
+// verbose: an error carries its keyword's schema (requiredChoice reads a oneOf's branches).
+const ajv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false, verbose: true }));
 export const compileSchema = (schema: object): ValidateFunction => ajv.compile(schema);
 
 // ajv words a failed pattern as the regular expression itself: a schema names its pattern's words
@@ -47,6 +48,16 @@ function constantChoices(errors: readonly ErrorObject[]): Map<string, unknown[]>
 // The anyOf whose branch failed on its own keyword (`.../anyOf/<n>/<keyword>`), if any.
 const branchOf = (e: ErrorObject) => /^(.*\/anyOf)\/\d+\/[^/]+$/.exec(e.schemaPath)?.[1];
 
+// A oneOf whose branches each require one member ("bytes or uri"): the members, else undefined.
+// ajv reports it as each branch's "is required" plus "must match exactly one schema in oneOf",
+// which named one alternative as if it were the only one; it is worded as the choice instead.
+function requiredChoice(e: ErrorObject): string[] | undefined {
+  if (e.keyword !== 'oneOf' || !Array.isArray(e.schema)) return undefined;
+  const branches = e.schema as { required?: unknown }[];
+  const single = (b: { required?: unknown }) => Object.keys(b).length === 1 && Array.isArray(b.required) && b.required.length === 1;
+  return branches.every(single) ? branches.map((b) => String((b.required as unknown[])[0])) : undefined;
+}
+
 const valueAt = (value: unknown, instancePath: string): unknown =>
   instancePath.split('/').slice(1).reduce<unknown>((v, k) => (v && typeof v === 'object' ? (v as Record<string, unknown>)[k.replace(/~1/g, '/').replace(/~0/g, '~')] : undefined), value);
 
@@ -67,6 +78,11 @@ function describe(e: ErrorObject, value: unknown, where: string, choices: Map<st
     }
     case 'discriminator':
       return { key: join('type'), path: join('type'), message: 'must be one of text-part, data-part, file-part' };
+    case 'oneOf': {
+      const members = requiredChoice(e);
+      if (members) return { key: `${base}:oneOf`, path: base, message: `must have exactly one of ${members.join(' or ')}` };
+      break;
+    }
     case 'anyOf': {
       const allowed = choices.get(e.schemaPath);
       if (allowed) return { key: `${base}:choice`, path: base, message: oneOf(allowed) };
@@ -84,7 +100,10 @@ function describe(e: ErrorObject, value: unknown, where: string, choices: Map<st
 
 export function checkValid(validate: ValidateFunction, value: unknown, where: string): void {
   if (validate(value)) return;
-  const all = validate.errors ?? [];
+  const reported = validate.errors ?? [];
+  // The branches' own "is required" of a choice of members, said once as the choice (requiredChoice).
+  const choiceOf = reported.filter((e) => requiredChoice(e)).map((e) => `${e.instancePath} ${e.schemaPath}/`);
+  const all = reported.filter((e) => !(e.keyword === 'required' && choiceOf.some((c) => `${e.instancePath} ${e.schemaPath}`.startsWith(c))));
   const choices = constantChoices(all);
   const seen = new Set<string>();
   const errors: FieldError[] = [];

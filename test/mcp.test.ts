@@ -94,7 +94,8 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
 
     const calls = stripe.seen.length;
     for (const [args, pattern] of [
-      [{}, /arguments\.payment_intent is required/],
+      [{}, /^Invalid arguments: arguments must have exactly one of payment_intent or charge$/],
+      [{ payment_intent: 'pi_1', charge: 'ch_1' }, /^Invalid arguments: arguments must have exactly one of payment_intent or charge$/],
       [{ payment_intent: 'pi_1', amount: 'ten' }, /arguments\.amount/],
       [{ payment_intent: 'pi_1', surprise: true }, /arguments\.surprise is not an allowed member/],
     ] as const) {

@@ -176,6 +176,18 @@ describe('task API', () => {
       });
     }
 
+    it('words a file part that needs exactly one of bytes or uri as that choice, not as one of them being required', async () => {
+      const filePart = (file: unknown) => ({ message: { role: 'user', parts: [{ type: 'file-part', file }] } });
+      const choice = { path: 'body.message.parts.0.file', message: 'must have exactly one of bytes or uri' };
+      for (const file of [{}, { name: 'a.txt' }, { bytes: 'aGk=', uri: 'https://example.com/a' }]) {
+        const before = await counts();
+        const r = await stack.client.post('/api/task/v1', filePart(file));
+        assertError(r, 400, 'invalid_request');
+        assert.deepEqual(r.body, { message: `Invalid body: ${choice.path} ${choice.message}`, data: { code: 'invalid_request', errors: [choice] } }, JSON.stringify(file));
+        assert.deepEqual(await counts(), before);
+      }
+    });
+
     it('answers ids in the lower case later reads use', async () => {
       const ctx = randomUUID().toUpperCase();
       const ref = (await create()).task.id.toUpperCase();
