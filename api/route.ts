@@ -105,7 +105,9 @@ const isEmptyObject = (v: unknown) => typeof v === 'object' && v !== null && !Ar
 export function mount(router: Router, routes: Route[], services: Services): void {
   for (const { spec, handler } of routes) {
     const vParams = spec.params && paramAjv.compile(spec.params);
-    const vQuery = spec.query && paramAjv.compile(spec.query);
+    // Unknown query parameters are refused as unknown body members are: a misspelt filter
+    // (`?stauts=failed`) would otherwise list everything. A schema may stay open (the OAuth callback).
+    const vQuery = spec.query && paramAjv.compile(spec.query.additionalProperties === true ? spec.query : { ...spec.query, additionalProperties: false });
     const decimalQuery = decimalCheck(spec.query, 'query');
     const vBody = spec.body && compileSchema(spec.body);
     const bodyOptional = spec.body !== undefined && !bodyRequired(spec.body);

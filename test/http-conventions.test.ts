@@ -391,6 +391,16 @@ describe('HTTP conventions', () => {
     assert.equal(line(unmatched).route, 'unmatched');
   });
 
+  it('refuses a query parameter the operation does not take (a misspelt filter would list everything)', async () => {
+    const c = stack.client;
+    for (const [url, path] of [['/api/task/v1?stauts=failed', 'query.stauts'], ['/api/secret/v1?page_size=5&pagesize=5', 'query.pagesize'], ['/api/bridge/v1/provider?staus=active', 'query.staus']] as const) {
+      const r = await c.get(url);
+      assertError(r, 400, 'invalid_request');
+      assert.deepEqual(r.body.data.errors, [{ path, message: 'is not an allowed member' }], `${url}: ${r.text}`);
+    }
+    assert.equal((await c.get('/api/task/v1?status=failed&page_size=5')).status, 200, 'the parameters it takes');
+  });
+
   it('never answers 500 to odd requests: undecodable paths, repeated or odd query parameters', async () => {
     const auth = { authorization: `Bearer ${stack.client.key}` };
     for (const path of ['/api/task/v1/%E0%A4%A', '/api/task/v1/%ZZ/timeline', '/%']) {

@@ -77,7 +77,8 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     await c.post(`${B}/provider/mail-b/function/google_mail_send_email/enable`, {});
     const back = await consent((await broker('mail-b')).action.Redirect.url);
     assert.ok(back.startsWith(`${callbackUrl}?`), back);
-    const r = await callback(back);
+    // Providers add members of their own (Google: scope, authuser, prompt): the callback takes them.
+    const r = await callback(`${back}&authuser=0&prompt=consent`);
     assert.equal(r.status, 200);
     const body = (await r.json()) as Record<string, any>;
     assert.equal(body.type, 'user_credential');

@@ -188,4 +188,4 @@ export const OAuthCallbackQuery = Type.Object({
   code: Type.Optional(Type.String({ maxLength: 4096 })),
   error: Type.Optional(Type.String({ maxLength: 256 })),
   error_description: Type.Optional(Type.String({ maxLength: 2048 })),
-});
+}, { additionalProperties: true });
