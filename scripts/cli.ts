@@ -9,6 +9,7 @@ import { AppError } from '../domain/errors.ts';
 import { createApiKey, revokeApiKey, SCOPES, type Scope } from '../domain/api-keys.ts';
 import { listJobs, watchJob } from './watch-job.ts';
 import { localPostgresUrl } from './local-services.ts';
+import { NoControlChars } from '../api/schemas/common.ts';
 
 const USAGE = `Usage: npm run cli -- <command>
 
@@ -61,6 +62,7 @@ function parse(argv: string[]): Args {
     const name = values.name?.trim();
     if (!name) throw new UsageError('keys create needs --name <name>');
     if (name.length > 200) throw new UsageError('--name must be at most 200 characters');
+    if (!new RegExp(NoControlChars).test(name)) throw new UsageError('--name must not contain control characters');
     if (!values.scopes) throw new UsageError('keys create needs --scopes <scope,scope,...>');
     const scopes = values.scopes.split(',').map((s) => s.trim()).filter(Boolean);
     const unknown = scopes.filter((s) => !(SCOPES as readonly string[]).includes(s));

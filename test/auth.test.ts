@@ -224,6 +224,7 @@ describe('authentication and scopes', () => {
     const badBodies: [string, unknown][] = [
       ['no name', { scopes: ['task:read'] }],
       ['an empty name', { name: '', scopes: ['task:read'] }],
+      ['a name with control characters (a terminal escape the CLI would list)', { name: 'ci\u001b[2Jreader\n', scopes: ['task:read'] }],
       ['no scopes', { name: 'x' }],
       ['empty scopes', { name: 'x', scopes: [] }],
       ['an unknown scope', { name: 'x', scopes: ['task:read', 'root'] }],

@@ -83,6 +83,7 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     ['create without --name', ['keys', 'create', '--scopes', 'a2a'], /needs --name/],
     ['create without --scopes', ['keys', 'create', '--name', 'x'], /needs --scopes/],
     ['an unknown scope', ['keys', 'create', '--name', 'x', '--scopes', 'task:read,root'], /Unknown scope\(s\): root/],
+    ['a name with a terminal escape', ['keys', 'create', '--name', 'ci\x1b[2Jreader', '--scopes', 'task:read'], /--name must not contain control characters/],
     ['an unknown option', ['keys', 'list', '--all'], /Unknown option '--all'/],
     ['an option of another command', ['keys', 'list', '--name', 'x'], /does not take --name/],
     ['revoke without an id', ['keys', 'revoke'], /exactly one key id/],
