@@ -8,6 +8,11 @@ import { InvalidRequest, type FieldError } from './errors.ts';
 // params, agent output): all errors, discriminated unions, formats; no coercion.
 // verbose: an error carries its keyword's schema (requiredChoice reads a oneOf's branches).
 const ajv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, strict: false, verbose: true }));
+// An http(s) URL that WHATWG URL (fetch, Koa's redirect) parses as written: a pattern took
+// 'https://[host/x', which the OAuth callback could then not redirect to, and URL drops tabs and
+// newlines inside a URL, so control characters are refused before it reads one.
+const isHttpUrl = (v: string) => /^https?:\/\//i.test(v) && !/[\u0000-\u0020\u007f]/.test(v) && URL.canParse(v);
+ajv.addFormat('http-url', { type: 'string', validate: isHttpUrl });
 export const compileSchema = (schema: object): ValidateFunction => ajv.compile(schema);
 
 // ajv words a failed pattern as the regular expression itself: a schema names its pattern's words
@@ -18,7 +23,7 @@ export function worded(pattern: string, words: string): string {
   return pattern;
 }
 const oneOf = (values: readonly unknown[]) => `must be one of ${values.map(String).join(', ')}`;
-const FORMAT_WORDS: Record<string, string> = { uuid: 'must be a UUID', 'date-time': 'must be an RFC 3339 date-time', uri: 'must be a URI' };
+const FORMAT_WORDS: Record<string, string> = { uuid: 'must be a UUID', 'date-time': 'must be an RFC 3339 date-time', uri: 'must be a URI', 'http-url': 'must be an http(s) URL' };
 
 export function errorText(e: ErrorObject): string {
   if (e.keyword === 'pattern') return PATTERN_WORDS.get((e.params as { pattern: string }).pattern) ?? e.message ?? 'is invalid';

@@ -156,6 +156,13 @@ describe('bridge API', () => {
       [`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
         { value: { client_id: 'svc', private_key: brokenKey, token_uri: `${providers.url}/token` } }, 400, /private_key cannot sign: its RSA components do not fit together/],
       [`${avail('google_mail', 'oauth_auth_flow')}/credential/user-credential`, { value: { access_token: 'a', expiry_time: 'tomorrow' } }, 400, /expiry_time/],
+      // URLs fetch and the provider could not take as written: unparsable, or with a tab or newline (WHATWG URL drops them).
+      [`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`,
+        { value: { client_id: 'c', client_secret: 's', redirect_uri: 'https://[app.example.com/cb', scopes: ['x'] } }, 400, /^Invalid body\.value: body\.value\.redirect_uri must be an http\(s\) URL$/],
+      [`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`,
+        { value: { client_id: 'c', client_secret: 's', redirect_uri: 'https://app.example.com/c\nb', scopes: ['x'] } }, 400, /body\.value\.redirect_uri must be an http\(s\) URL/],
+      [`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
+        { value: { client_id: 'svc', private_key: 'not a key', token_uri: 'https://tok\ten.example/token' } }, 400, /body\.value\.token_uri must be an http\(s\) URL/],
     ];
     for (const [url, body, status, message] of bad) {
       const res = await c.post(url, body);

@@ -149,8 +149,8 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     });
     assert.equal(bad.status, 400, bad.text);
     assert.deepEqual(bad.body, {
-      message: "return_on_successful_brokering.url 'https://[app.example.com/connected' is not a URL",
-      data: { code: 'invalid_request', errors: [{ path: 'body.return_on_successful_brokering.url', message: 'must be a valid http(s) URL' }] },
+      message: 'Invalid body: body.return_on_successful_brokering.url must be an http(s) URL',
+      data: { code: 'invalid_request', errors: [{ path: 'body.return_on_successful_brokering.url', message: 'must be an http(s) URL' }] },
     });
     assert.equal(await instances(), before);
 

@@ -1,6 +1,6 @@
 // Bridge shapes (seed: ProviderInstance, FunctionInstance, *Controller, Credential; SPEC.md section 7).
 import { Type, type Static } from '@sinclair/typebox';
-import { Body, FreeObject, HTTP_URL, NoControlChars, Timestamp, Uuid } from './common.ts';
+import { Body, FreeObject, HttpUrl, NoControlChars, Timestamp, Uuid } from './common.ts';
 import { AliasName } from './encryption.ts';
 import { worded } from '../../domain/schema-check.ts';
 
@@ -11,7 +11,7 @@ export type ProviderStatus = Static<typeof ProviderStatus>;
 
 export const ReturnAddress = Type.Object({
   type: Type.Literal('url'),
-  url: Type.String({ pattern: HTTP_URL, maxLength: 2048 }),
+  url: HttpUrl,
 }, { additionalProperties: false });
 
 // What every controller in the catalog says of itself.

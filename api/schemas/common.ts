@@ -7,8 +7,8 @@ export const Uuid = Type.String({ format: 'uuid', pattern: worded('^[0-9a-fA-F]{
 export const NoControlChars = worded('^[^\\u0000-\\u001f\\u007f]+$', 'must not contain control characters');
 // Standard base64, padded: whole groups of four (a last one with = padding), which Buffer decodes as sent.
 export const BASE64_PATTERN = worded('^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$', 'must be base64 (standard alphabet, padded with =)');
-// http(s) URLs clients give (webhooks, redirects).
-export const HTTP_URL = worded('^https?://[^\\s]+$', 'must be an http(s) URL without spaces');
+// http(s) URLs clients give (redirects, token endpoints): the format is defined in domain/schema-check.ts.
+export const HttpUrl = Type.String({ format: 'http-url', maxLength: 2048 });
 export const Base64 = Type.String({ contentEncoding: 'base64', pattern: BASE64_PATTERN, description: 'base64 (standard alphabet, padded)' });
 export const Timestamp = Type.String({ format: 'date-time', description: 'RFC 3339, UTC, millisecond precision' });
 export const FreeObject = Type.Record(Type.String(), Type.Unknown(), { description: 'free-form object' });

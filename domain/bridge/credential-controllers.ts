@@ -6,7 +6,7 @@ import { assertOutboundUrl } from '../webhook-url.ts';
 import { callUpstream, refusalMessage } from './upstream.ts';
 import type { CredentialControllerDef, Plain, UpstreamOptions } from './types.ts';
 import { worded } from '../schema-check.ts';
-import { HTTP_URL } from '../../api/schemas/common.ts';
+import { HttpUrl } from '../../api/schemas/common.ts';
 
 const Str = (description: string) => Type.String({ minLength: 1, maxLength: 8192, description });
 // Values sent in an Authorization header: printable ASCII, or every call would fail.
@@ -41,7 +41,7 @@ export const oauthAuthFlow: CredentialControllerDef = {
   resourceServer: Type.Object({
     client_id: Str('OAuth client id'),
     client_secret: Str('OAuth client secret'),
-    redirect_uri: Type.String({ pattern: HTTP_URL, maxLength: 2048 }),
+    redirect_uri: HttpUrl,
     scopes: Scopes,
   }, Strict),
   userCredential: Type.Object({
@@ -125,7 +125,7 @@ export const oauthJwtBearer: CredentialControllerDef = {
   resourceServer: Type.Object({
     client_id: Str('issuer of the assertion (the service account)'),
     private_key: Str('PEM private key (RSA)'),
-    token_uri: Type.String({ pattern: HTTP_URL, maxLength: 2048 }),
+    token_uri: HttpUrl,
     scopes: Scopes,
     sub: Type.Optional(Str('the user to act for (domain-wide delegation)')),
   }, Strict),

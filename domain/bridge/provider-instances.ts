@@ -62,11 +62,6 @@ export async function createProviderInstance(db: Knex, providerTypeId: string, c
   if (input.user_credential_id && !cc.userCredential) {
     throw new InvalidRequest(`Credential controller '${cc.type_id}' has no user credential`, [{ path: 'body.user_credential_id', message: 'is not allowed for this credential controller' }]);
   }
-  // The schema's pattern takes 'https://[x': the callback's redirect (WHATWG URL) could not, after storing the credential.
-  const back = input.return_on_successful_brokering?.url;
-  if (back !== undefined && !URL.canParse(back)) {
-    throw new InvalidRequest(`return_on_successful_brokering.url '${back}' is not a URL`, [{ path: 'body.return_on_successful_brokering.url', message: 'must be a valid http(s) URL' }]);
-  }
   const id = input.provider_instance_id ?? randomUUID();
   // GET /provider/grouped-by-function is routed to the list, so an instance of that id could not be read.
   if (id === 'grouped-by-function') throw new InvalidRequest(`provider_instance_id '${id}' is reserved`, [{ path: 'body.provider_instance_id', message: 'is reserved' }]);
