@@ -6,9 +6,18 @@ export interface DekRow { id: string; envelope_key_id: string; encrypted_dek: st
 export type DekListRow = Omit<DekRow, 'encrypted_dek'>;
 export interface AliasRow { alias: string; dek_id: string; created_at: Date; updated_at: Date }
 
+// Undefined when the id is taken or the envelope key is gone. The envelope key row is locked as
+// the DEK goes in: a delete of the key that runs meanwhile waits and then finds the DEK (409), and
+// one that ran first leaves no row to insert under (rather than a foreign key violation).
 export async function insertDek(db: Tx, row: { id: string; envelope_key_id: string; encrypted_dek: string }): Promise<DekRow | undefined> {
-  const [out] = await db('deks').insert(row).onConflict('id').ignore().returning('*');
-  return out as DekRow | undefined;
+  const res = await db.raw(
+    `insert into deks (id, envelope_key_id, encrypted_dek)
+     select ?, e.id, ? from envelope_keys e where e.id = ? for key share
+     on conflict (id) do nothing
+     returning *`,
+    [row.id, row.encrypted_dek, row.envelope_key_id],
+  );
+  return res.rows[0] as DekRow | undefined;
 }
 
 // Bulk insert for seeding large key sets (bench, tests): one statement per call.

@@ -155,7 +155,11 @@ export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: str
   }
   const id = opts.id ?? randomUUID();
   const row = await insertDek(db, { id, envelope_key_id: envelopeId, encrypted_dek: wrapped });
-  if (!row) throw new Conflict(`DEK '${id}' already exists`, { resource: 'dek', id });
+  if (!row) {
+    // Deleted since it was read above, or the id is taken.
+    if (!(await getEnvelopeKey(db, envelopeId))) throw new NotFound('envelope_key', envelopeId);
+    throw new Conflict(`DEK '${id}' already exists`, { resource: 'dek', id });
+  }
   dekCache.set(id, plain);
   return row;
 }
