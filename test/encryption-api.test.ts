@@ -419,6 +419,29 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     }
   });
 
+  it('a DEK migrated to an envelope key being deleted: 200 and the delete 409, or 404 and the delete 200', async () => {
+    const c = stack.client;
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'move-src.key' })).status, 201);
+    for (let i = 0; i < 30; i++) {
+      const dek = await c.post(`${E}/envelope/move-src.key/dek`, {});
+      const target = `move-to-${i}.key`;
+      assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: target })).status, 201);
+      const [moved, deleted] = await Promise.all([
+        c.post(`${E}/envelope/move-src.key/dek/${dek.body.id}/migrate`, { to_envelope_encryption_key_id: target }),
+        c.delete(`${E}/envelope/${target}`),
+      ]);
+      const row = await testDb()('deks').where({ id: dek.body.id }).first();
+      if (moved.status === 200) {
+        assertError(deleted, 409, 'conflict');
+        assert.equal(row.envelope_key_id, target);
+      } else {
+        assert.deepEqual(moved.body.data, { code: 'not_found', resource: 'envelope_key', id: target }, `round ${i}: ${moved.status} ${moved.text}`);
+        assert.equal(deleted.status, 200, deleted.text);
+        assert.equal(row.envelope_key_id, 'move-src.key');
+      }
+    }
+  });
+
   it('refuses (409) to delete an envelope key that a queued or running migration targets', async () => {
     const c = stack.client;
     assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'target-only.key' })).status, 201);

@@ -4,7 +4,7 @@ import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
 import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import {
-  countDeksOf, deleteUnusedEnvelopeKey, getEnvelopeKey, insertEnvelopeKey, listEnvelopeKeys, type EnvelopeKeyRow,
+  countDeksOf, deleteUnusedEnvelopeKey, getEnvelopeKey, insertEnvelopeKey, listEnvelopeKeys, lockEnvelopeKeyShared, type EnvelopeKeyRow,
 } from '../../db/envelope-keys.ts';
 import {
   aliasInUse, deleteAlias, getAlias, getDek, insertAlias, listDeksOf, rewrapDek, type AliasRow, type DekRow,
@@ -78,7 +78,8 @@ export async function migrateDek(s: S, envelopeId: string, dekId: string, target
   return s.db.transaction(async (trx) => {
     const dek = await getDek(trx, dekId);
     if (!dek || dek.envelope_key_id !== envelopeId) throw new NotFound('dek', dekId);
-    await envelopeKeyRow(trx, targetId);
+    // Held until commit: a delete of the target waits and then finds the DEK under it (409).
+    if (!(await lockEnvelopeKeyShared(trx, targetId))) throw new NotFound('envelope_key', targetId);
     if (targetId === envelopeId) throw new InvalidRequest('the DEK is already under this envelope key', [{ path: 'body.to_envelope_encryption_key_id', message: 'must differ from the current envelope key' }]);
     const plain = await (await wrapperFor(s, envelopeId, trx)).unwrap(dek.encrypted_dek);
     const wrapped = await (await wrapperFor(s, targetId, trx)).wrap(plain);
