@@ -6,9 +6,17 @@ export interface BrokerStateRow {
   metadata: Record<string, unknown>; expires_at: Date; created_at: Date; updated_at: Date;
 }
 
-export async function insertBrokerState(db: Tx, row: Omit<BrokerStateRow, 'created_at' | 'updated_at'>): Promise<BrokerStateRow> {
-  const [out] = await db('broker_states').insert({ ...row, metadata: JSON.stringify(row.metadata) }).returning('*');
-  return out;
+// Undefined when the instance is gone. Its row is locked as the state goes in: a delete of the
+// instance that runs meanwhile waits and then takes the state with it, and one that ran first
+// leaves no row to insert under (rather than a foreign key violation).
+export async function insertBrokerState(db: Tx, row: Omit<BrokerStateRow, 'created_at' | 'updated_at'>): Promise<BrokerStateRow | undefined> {
+  const res = await db.raw(
+    `insert into broker_states (id, state_hash, provider_instance_id, code_verifier, metadata, expires_at)
+     select ?, ?, p.id, ?, ?::jsonb, ? from provider_instances p where p.id = ? for key share
+     returning *`,
+    [row.id, row.state_hash, row.code_verifier, JSON.stringify(row.metadata), row.expires_at, row.provider_instance_id],
+  );
+  return res.rows[0] as BrokerStateRow | undefined;
 }
 
 // Removes and returns the state: whatever the callback then finds, the state cannot be used again.

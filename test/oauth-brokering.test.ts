@@ -354,4 +354,14 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.equal((await c.as(reader).post(BROKER, { provider_instance_id: 'mail-a' })).status, 403);
     assert.equal(Number((await testDb()('broker_states').count({ n: '*' }))[0].n), states, 'no state was created');
   });
+  it('a broker call racing a delete of its instance answers 200 (its state goes with the instance) or 404, never 409 or 400', async () => {
+    for (let i = 0; i < 30; i++) {
+      const id = `race-broker-${i}`;
+      await instance(id);
+      const [brokered, deleted] = await Promise.all([c.post(BROKER, { provider_instance_id: id }), c.delete(`${B}/provider/${id}`)]);
+      assert.equal(deleted.status, 200, deleted.text);
+      if (brokered.status !== 200) assertNotFound(brokered, 'provider_instance', id);
+      assert.equal((await testDb()('broker_states').where({ provider_instance_id: id }).first()), undefined);
+    }
+  });
 });

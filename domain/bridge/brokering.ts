@@ -58,6 +58,7 @@ export async function startBrokering(s: BrokerServices, providerTypeId: string, 
     id: randomUUID(), state_hash: sha256(state), provider_instance_id: instance.id, code_verifier: verifier,
     metadata: {}, expires_at: new Date(Date.now() + STATE_TTL_MS),
   });
+  if (!row) throw new NotFound('provider_instance', instanceId);
   s.log.info({ provider_instance_id: instance.id, broker_state_id: row.id }, 'oauth brokering started');
   return toBrokerState(row, instance, url.toString());
 }

@@ -2,7 +2,7 @@
 // encrypted with the DEK their alias names, decrypted only in memory when a function is invoked.
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
-import { AppError, Conflict, InvalidRequest } from '../errors.ts';
+import { AppError, Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import { DecryptError, decryptImported, decryptWithDek, encryptWithDek, resolveAlias, writeUnderAlias, type KeyringServices } from '../keyring.ts';
 import { DEFAULT_ALIAS } from '../crypto/key-management.ts';
 import * as repo from '../../db/bridge.ts';
@@ -131,7 +131,9 @@ export async function unsealCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, c
 
 // The instance's resource server credential (client id and secret), decrypted; 400 when it has none.
 export async function resourceServerCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, instance: repo.ProviderInstanceRow): Promise<{ row: repo.CredentialRow; plain: Plain }> {
-  const [row] = instance.resource_server_credential_id ? await repo.getCredentials(s.db, [instance.resource_server_credential_id]) : [];
-  if (!row) throw new InvalidRequest(`Provider instance '${instance.id}' has no resource server credential (client id and secret)`);
+  if (!instance.resource_server_credential_id) throw new InvalidRequest(`Provider instance '${instance.id}' has no resource server credential (client id and secret)`);
+  const [row] = await repo.getCredentials(s.db, [instance.resource_server_credential_id]);
+  // An instance's resource server credential goes only with the instance: it was deleted since it was read.
+  if (!row) throw new NotFound('provider_instance', instance.id);
   return { row, plain: await unsealCredential(s, cc, row) };
 }
