@@ -364,4 +364,24 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
       assert.equal((await testDb()('broker_states').where({ provider_instance_id: id }).first()), undefined);
     }
   });
+  it('functions invoked while the instance is brokered again all answer 200, never 404 for the instance', async () => {
+    await instance('mail-rebroker');
+    await c.post(`${B}/provider/mail-rebroker/function/google_mail_send_email/enable`, {});
+    assert.equal((await callback(await consent((await broker('mail-rebroker')).action.Redirect.url))).status, 200);
+    const invoke = () => c.post(`${B}/provider/mail-rebroker/function/google_mail_send_email/invoke`, { params: { to: 'a@example.com', subject: 'hi', body: 'hello' } });
+    for (let i = 0; i < 10; i++) {
+      const back = await consent((await broker('mail-rebroker')).action.Redirect.url);
+      let brokered = false;
+      const rebroker = callback(back).finally(() => { brokered = true; });
+      // Invokes one after another for as long as the callback runs, so some fall across its commit.
+      const invokes = async () => {
+        const answers = [];
+        while (!brokered) answers.push(await invoke());
+        return answers;
+      };
+      const [r, ...answers] = await Promise.all([rebroker, invokes(), invokes(), invokes()]);
+      assert.equal(r.status, 200);
+      for (const a of answers.flat()) assert.equal(a.status, 200, `round ${i}: ${a.text}`);
+    }
+  });
 });

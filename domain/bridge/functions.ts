@@ -7,7 +7,7 @@ import * as repo from '../../db/bridge.ts';
 import type { FunctionInstance, InvokeResult } from '../../api/schemas/bridge.ts';
 import { PROVIDERS, checkAgainst, credentialDef, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
 import { unsealCredential } from './credentials.ts';
-import { credentialAttacher, credentialIds, toFunctionInstance, toProviderInstance } from './provider-instances.ts';
+import { credentialAttacher, toFunctionInstance, toProviderInstance } from './provider-instances.ts';
 
 type InvokeServices = Pick<Services, 'db' | 'cfg' | 'log'>;
 
@@ -43,8 +43,9 @@ export async function invokeFunction(
   s: InvokeServices, providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>,
   { paramsPath = 'body.params', signal, log = s.log }: { paramsPath?: string; signal?: AbortSignal; log?: Services['log'] } = {},
 ): Promise<InvokeResult> {
-  const instance = await repo.getProviderInstance(s.db, providerInstanceId);
-  if (!instance) throw new NotFound('provider_instance', providerInstanceId);
+  const found = await repo.getProviderInstanceWithCredentials(s.db, providerInstanceId);
+  if (!found) throw new NotFound('provider_instance', providerInstanceId);
+  const { instance, credentials: creds } = found;
   const provider = providerDef(instance.provider_controller_type_id);
   const f = functionDef(provider, functionTypeId);
   checkAgainst(f.parameters, params, paramsPath);
@@ -55,13 +56,9 @@ export async function invokeFunction(
     throw new Conflict(`Provider instance '${providerInstanceId}' is ${instance.status}, not active`, { resource: 'provider_instance', id: providerInstanceId, status: instance.status });
   }
   const cc = credentialDef(provider, instance.credential_controller_type_id);
-  const creds = await repo.getCredentials(s.db, credentialIds([instance]));
   const plain = async (id: string | null) => {
     if (id === null) return undefined;
-    const row = creds.find((c) => c.id === id);
-    // Deleted between the two reads: the instance went with it.
-    if (!row) throw new NotFound('provider_instance', providerInstanceId);
-    return unsealCredential(s, cc, row);
+    return unsealCredential(s, cc, creds.find((c) => c.id === id)!);
   };
   const opts = { timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS, allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, signal };
   const authorization = await cc.authorization(await plain(instance.resource_server_credential_id), await plain(instance.user_credential_id), opts);
