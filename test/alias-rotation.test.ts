@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
-import { startWorker, testDb, useStack, waitFor, type Client, type Proc } from './helpers/stack.ts';
+import { startWorker, testDb, useStack, waitFor, withQueue, type Client, type Proc } from './helpers/stack.ts';
 
 const S = '/api/secret/v1';
 const E = '/api/encryption/v1';
@@ -203,6 +203,32 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     // Secrets re-encrypted before the failure and those not reached both still read.
     const all = await decryptedAll();
     for (const [k, v] of expected) assert.equal(all.get(k), v, k);
+  });
+
+  it('an alias deleted while a rotation of it is requested: the rotation 202 and the delete 409, or the rotation 404 and the delete 200', async () => {
+    const dek = (await c.get(`${E}/dek/alias/default`)).body.id;
+    // Paused, so no rotation ends before its delete is looked at.
+    await withQueue(stack.env, 'key-jobs', async (queue) => {
+      await queue.pause();
+      try {
+        for (let i = 0; i < 20; i++) {
+          const alias = `rot-del-${i}`;
+          assert.equal((await c.post(`${E}/dek/alias`, { dek_id: dek, alias })).status, 201);
+          const [rotated, deleted] = await Promise.all([c.post(`${E}/dek/alias/${alias}/rotate`), c.delete(`${E}/dek/alias/${alias}`)]);
+          if (rotated.status === 202) {
+            assert.equal(deleted.status, 409, `round ${i}: ${deleted.text}`);
+            assert.match(deleted.body.message, /is being rotated/);
+            assert.ok(await testDb()('dek_aliases').where({ alias }).first(), 'the alias stays for its rotation');
+          } else {
+            assert.equal(rotated.status, 404, `round ${i}: ${rotated.text}`);
+            assert.equal(deleted.status, 200, deleted.text);
+            assert.equal(await testDb()('key_jobs').whereRaw(`params->>'alias' = ?`, [alias]).first(), undefined);
+          }
+        }
+      } finally {
+        await queue.resume();
+      }
+    });
   });
 
   it('keeps every secret value out of logs and out of the BullMQ job hashes', async () => {

@@ -10,6 +10,7 @@ import {
   aliasInUse, deleteAlias, getAlias, getDek, insertAlias, listDeksOf, rewrapDek, type AliasRow, type DekRow,
 } from '../../db/deks.ts';
 import { checkFileName, checkKmsArn, createLocalKeyFile } from './envelope-keys.ts';
+import { findActiveRotation } from '../../db/secrets.ts';
 import { createDek, envelopeKeyRow, forgetWrapper, invalidateAfterCommit, invalidateKeyring, repointAlias, wrapperFor } from '../keyring.ts';
 
 export interface EnvelopeKeyInput { type: 'local' | 'aws_kms'; file_name?: string; arn?: string; region?: string }
@@ -117,6 +118,9 @@ export async function removeAlias(s: S, alias: string): Promise<void> {
       throw new Conflict(`alias '${DEFAULT_ALIAS}' cannot be deleted: push notification configs are sealed under it and secrets without dek_alias use it; point it at another DEK instead`, { resource: 'dek_alias', id: alias });
     }
     if (await aliasInUse(trx, alias)) throw new Conflict(`alias '${alias}' is still used by secrets or bridge credentials`, { resource: 'dek_alias', id: alias });
+    // A rotation's start locks the alias too: one accepted before this lock is seen here.
+    const rotation = await findActiveRotation(trx, alias);
+    if (rotation) throw new Conflict(`alias '${alias}' is being rotated (job ${rotation.id}); delete it once the job has ended`, { resource: 'job', id: rotation.id });
     await deleteAlias(trx, alias);
     invalidateAfterCommit(trx, { dek_ids: [(row as AliasRow).dek_id] }, s.bus);
   });
