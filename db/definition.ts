@@ -3,6 +3,7 @@
 import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
 import type { CredentialRow, ProviderInstanceRow } from './bridge.ts';
+import { inSnapshot } from './snapshot.ts';
 
 export interface EnvelopeKeyExportRow { id: string; type: string; file_name: string | null; arn: string | null; region: string | null; created_at: Date }
 export interface DekExportRow { id: string; envelope_key_id: string; encrypted_dek: string; aliases: string[]; created_at: Date; updated_at: Date }
@@ -22,7 +23,7 @@ export interface DefinitionRows {
 // All in one snapshot: an alias rotation or DEK migration between two of the reads would otherwise
 // export a secret or credential under a DEK the export does not hold.
 export async function definitionRows(db: Knex): Promise<DefinitionRows> {
-  return db.transaction(readRows, { isolationLevel: 'repeatable read', readOnly: true });
+  return inSnapshot(db, readRows);
 }
 
 async function readRows(db: Tx): Promise<DefinitionRows> {

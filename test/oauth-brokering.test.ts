@@ -364,24 +364,53 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
       assert.equal((await testDb()('broker_states').where({ provider_instance_id: id }).first()), undefined);
     }
   });
+  // Brokers instance `id` again `rounds` times, sending `call` one after another from three clients
+  // for as long as each callback runs, so that some fall across its commit; their answers by round.
+  async function whileRebrokering<T>(id: string, rounds: number, call: () => Promise<T>): Promise<T[][]> {
+    const byRound: T[][] = [];
+    for (let i = 0; i < rounds; i++) {
+      const back = await consent((await broker(id)).action.Redirect.url);
+      let brokered = false;
+      const rebroker = callback(back).finally(() => { brokered = true; });
+      const calls = async () => {
+        const answers: T[] = [];
+        while (!brokered) answers.push(await call());
+        return answers;
+      };
+      const [r, answers] = await Promise.all([rebroker, Promise.all([calls(), calls(), calls()])]);
+      assert.equal(r.status, 200);
+      byRound.push(answers.flat());
+    }
+    return byRound;
+  }
+
   it('functions invoked while the instance is brokered again all answer 200, never 404 for the instance', async () => {
     await instance('mail-rebroker');
     await c.post(`${B}/provider/mail-rebroker/function/google_mail_send_email/enable`, {});
     assert.equal((await callback(await consent((await broker('mail-rebroker')).action.Redirect.url))).status, 200);
     const invoke = () => c.post(`${B}/provider/mail-rebroker/function/google_mail_send_email/invoke`, { params: { to: 'a@example.com', subject: 'hi', body: 'hello' } });
-    for (let i = 0; i < 10; i++) {
-      const back = await consent((await broker('mail-rebroker')).action.Redirect.url);
-      let brokered = false;
-      const rebroker = callback(back).finally(() => { brokered = true; });
-      // Invokes one after another for as long as the callback runs, so some fall across its commit.
-      const invokes = async () => {
-        const answers = [];
-        while (!brokered) answers.push(await invoke());
-        return answers;
-      };
-      const [r, ...answers] = await Promise.all([rebroker, invokes(), invokes(), invokes()]);
-      assert.equal(r.status, 200);
-      for (const a of answers.flat()) assert.equal(a.status, 200, `round ${i}: ${a.text}`);
+    for (const [i, answers] of (await whileRebrokering('mail-rebroker', 10, invoke)).entries()) {
+      for (const a of answers) assert.equal(a.status, 200, `round ${i}: ${a.text}`);
+    }
+  });
+
+  it('an instance read while it is brokered again shows the user credential it names, in the instance, the list and the grouped list', async () => {
+    await instance('mail-reread');
+    await c.post(`${B}/provider/mail-reread/function/google_mail_send_email/enable`, {});
+    assert.equal((await callback(await consent((await broker('mail-reread')).action.Redirect.url))).status, 200);
+    const reads = [
+      async () => (await c.get(`${B}/provider/mail-reread`)).body,
+      async () => (await c.get(`${B}/provider?provider_controller_type_id=google_mail&page_size=1000`)).body.items.find((p: any) => p.id === 'mail-reread'),
+      async () => (await c.get(`${B}/provider/grouped-by-function?provider_controller_type_id=google_mail&page_size=1000`)).body.items
+        .flatMap((g: any) => g.provider_instances).find((p: any) => p.provider_instance.id === 'mail-reread'),
+    ];
+    let n = 0;
+    const answers = (await whileRebrokering('mail-reread', 10, () => reads[n++ % reads.length]())).flat();
+    assert.ok(answers.length >= 30, `reads across the callbacks: ${answers.length}`);
+    for (const got of answers) {
+      const inst = got.provider_instance ?? got;
+      assert.ok(inst.user_credential_id, JSON.stringify(got));
+      assert.equal(got.user_credential?.id, inst.user_credential_id, `the credential the instance names: ${JSON.stringify(got)}`);
     }
   });
 });

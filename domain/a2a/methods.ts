@@ -18,6 +18,7 @@ import { followTimeline, isFinalState, statusEvent, type StreamEvent } from './e
 import { fromA2AMessage, toA2ATask } from './mapping.ts';
 import { loadA2ATask } from './task-view.ts';
 import type { DeletePushConfigParams, GetPushConfigParams, MessageSendParams, SetPushConfigParams, TaskIdParams, TaskQueryParams } from './params.ts';
+import { inSnapshot } from '../../db/snapshot.ts';
 
 export interface A2ACall {
   services: Services;
@@ -155,11 +156,11 @@ export async function resubscribe(call: A2ACall, params: TaskIdParams): Promise<
   const follow = await waiter.follow(id);
   try {
     // The snapshot and the seq it covers are read in one consistent view.
-    const { row, snapshot, seq } = await services.db.transaction(async (trx) => {
+    const { row, snapshot, seq } = await inSnapshot(services.db, async (trx) => {
       const r = await tasksRepo.getTask(trx, id);
       if (!r) throw new TaskNotFoundError(params.id);
       return { row: r, snapshot: await loadA2ATask(trx, id, undefined, r), seq: await lastTimelineSeq(trx, id) };
-    }, { isolationLevel: 'repeatable read', readOnly: true });
+    });
     const task = { id, contextId: row.context_id };
     return (async function* () {
       try {

@@ -8,6 +8,7 @@ import type { FunctionInstance, InvokeResult } from '../../api/schemas/bridge.ts
 import { PROVIDERS, checkAgainst, credentialDef, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
 import { unsealCredential } from './credentials.ts';
 import { credentialAttacher, toFunctionInstance, toProviderInstance } from './provider-instances.ts';
+import { inSnapshot } from '../../db/snapshot.ts';
 
 type InvokeServices = Pick<Services, 'db' | 'cfg' | 'log'>;
 
@@ -76,14 +77,15 @@ export async function listGroupedByFunction(
     .filter(({ p, f }) => (!filter.provider_controller_type_id || p.type_id === filter.provider_controller_type_id)
       && (!filter.function_category || f.categories.includes(filter.function_category)));
   const { items: page, next_page_token } = listPage(['functions', filter.provider_controller_type_id, filter.function_category], all, ({ key }) => key, pageSize, token);
-  const items = await Promise.all(page.map(async ({ p, f }) => {
-    const instances = await repo.instancesWithFunction(db, p.type_id, f.type_id);
-    const attach = await credentialAttacher(db, instances);
+  // One snapshot, as listProviderInstances reads.
+  const items = await inSnapshot(db, (trx) => Promise.all(page.map(async ({ p, f }) => {
+    const instances = await repo.instancesWithFunction(trx, p.type_id, f.type_id);
+    const attach = await credentialAttacher(trx, instances);
     return {
       function_controller: describeFunction(f),
       provider_controller: describeProvider(p),
       provider_instances: instances.map((i) => attach({ provider_instance: toProviderInstance(i) }, i)),
     };
-  }));
+  })));
   return next_page_token ? { items, next_page_token } : { items };
 }

@@ -11,6 +11,7 @@ import type {
 import { credentialDef, describeCredential, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
 import { toCredential } from './credentials.ts';
 import type { CredentialControllerDef } from './types.ts';
+import { inSnapshot } from '../../db/snapshot.ts';
 
 export function toProviderInstance(r: ProviderInstanceRow): ProviderInstance {
   const out: Record<string, unknown> = {
@@ -112,14 +113,20 @@ async function withDetails(db: Tx, rows: ProviderInstanceRow[]): Promise<Provide
 export async function listProviderInstances(
   db: Knex, filter: { status?: string; provider_controller_type_id?: string }, pageSize: number, token?: string,
 ): Promise<{ items: ProviderInstanceDetail[]; next_page_token?: string }> {
-  const page = await repo.listProviderInstances(db, filter, pageSize, token);
-  return { ...page, items: await withDetails(db, page.items) };
+  // One snapshot: brokering again replaces the user credential and deletes the old one, so an
+  // instance read before could name a credential gone by the next statement.
+  return inSnapshot(db, async (trx) => {
+    const page = await repo.listProviderInstances(trx, filter, pageSize, token);
+    return { ...page, items: await withDetails(trx, page.items) };
+  });
 }
 
 export async function getProviderInstance(db: Knex, id: string): Promise<ProviderInstanceDetail> {
-  const row = await repo.getProviderInstance(db, id);
-  if (!row) throw new NotFound('provider_instance', id);
-  return (await withDetails(db, [row]))[0];
+  return inSnapshot(db, async (trx) => {
+    const row = await repo.getProviderInstance(trx, id);
+    if (!row) throw new NotFound('provider_instance', id);
+    return (await withDetails(trx, [row]))[0];
+  });
 }
 
 // Status moves by PATCH only between usable states: an instance that still needs brokering, or
