@@ -63,10 +63,20 @@ function requiredChoice(e: ErrorObject): string[] | undefined {
   return branches.every(single) ? branches.map((b) => String((b.required as unknown[])[0])) : undefined;
 }
 
+// A nullable value (anyOf [X, null]) fails as X's errors, "must be null" and "must match a schema
+// in anyOf": said as X's errors with "or null", once.
+const isNullable = (e: ErrorObject) => e.keyword === 'anyOf' && Array.isArray(e.schema) && e.schema.length === 2
+  && (e.schema as { type?: unknown }[]).some((b) => b.type === 'null');
+
 const valueAt = (value: unknown, instancePath: string): unknown =>
   instancePath.split('/').slice(1).reduce<unknown>((v, k) => (v && typeof v === 'object' ? (v as Record<string, unknown>)[k.replace(/~1/g, '/').replace(/~0/g, '~')] : undefined), value);
 
-function describe(e: ErrorObject, value: unknown, where: string, choices: Map<string, unknown[]>): (FieldError & { key: string }) | undefined {
+function describe(e: ErrorObject, value: unknown, where: string, choices: Map<string, unknown[]>, orNull: Set<ErrorObject>): (FieldError & { key: string }) | undefined {
+  const d = describeOne(e, value, where, choices);
+  return d && orNull.has(e) ? { ...d, message: `${d.message} or null` } : d;
+}
+
+function describeOne(e: ErrorObject, value: unknown, where: string, choices: Map<string, unknown[]>): (FieldError & { key: string }) | undefined {
   const base = e.instancePath.split('/').slice(1).join('.');
   const join = (p: string) => (base ? `${base}.${p}` : p);
   // Koa reads a query parameter given twice as a list of its values.
@@ -108,12 +118,18 @@ export function checkValid(validate: ValidateFunction, value: unknown, where: st
   const reported = validate.errors ?? [];
   // The branches' own "is required" of a choice of members, said once as the choice (requiredChoice).
   const choiceOf = reported.filter((e) => requiredChoice(e)).map((e) => `${e.instancePath} ${e.schemaPath}/`);
-  const all = reported.filter((e) => !(e.keyword === 'required' && choiceOf.some((c) => `${e.instancePath} ${e.schemaPath}`.startsWith(c))));
+  const nullables = reported.filter(isNullable);
+  // An error of a nullable's own value (not of a member inside it), in one of its branches.
+  const inNullable = (e: ErrorObject) => nullables.some((n) => e.instancePath === n.instancePath && e.schemaPath.startsWith(`${n.schemaPath}/`));
+  const nullBranch = (e: ErrorObject) => e.keyword === 'type' && (e.params as { type: string }).type === 'null' && inNullable(e);
+  const all = reported.filter((e) => !(e.keyword === 'required' && choiceOf.some((c) => `${e.instancePath} ${e.schemaPath}`.startsWith(c)))
+    && !nullables.includes(e) && !nullBranch(e));
+  const orNull = new Set(all.filter(inNullable));
   const choices = constantChoices(all);
   const seen = new Set<string>();
   const errors: FieldError[] = [];
   for (const e of all) {
-    const d = describe(e, value, where, choices);
+    const d = describe(e, value, where, choices, orNull);
     if (!d || seen.has(d.key)) continue;
     seen.add(d.key);
     const path = d.path ? `${where}.${d.path}` : where;

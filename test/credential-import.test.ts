@@ -173,6 +173,10 @@ describe('credential import: credentials from the definition export are re-appli
       assert.match(r.body.message, pattern);
       assert.ok(!r.text.includes(STRIPE_KEY));
     }
+    // A nullable member is worded once, as its value's rule "or null".
+    const badTime = await c.post(url, { value: { api_key: sealed }, data_encryption_key_id: dek, next_rotation_time: 'tomorrow' });
+    assert.equal(badTime.status, 400, badTime.text);
+    assert.deepEqual(badTime.body.data.errors, [{ path: 'body.next_rotation_time', message: 'must be an RFC 3339 date-time or null' }]);
     // Unknown controllers are named by fixed snake_case data.resource values.
     for (const [where, resource, id] of [[avail('nope', 'api_key'), 'provider_controller', 'nope'], [avail('stripe', 'oauth_auth_flow'), 'credential_controller', 'oauth_auth_flow']]) {
       assertNotFound(await c.post(`${where}/credential/resource-server/import`, { value: { api_key: sealed }, data_encryption_key_id: dek }), resource, id);
