@@ -53,7 +53,8 @@ export const bridgeRoutes = [
     method: 'post', path: `${available}/credential/user-credential/broker`, operationId: 'broker-user-credential', tag, scope: 'bridge:write',
     summary: 'Start OAuth authorization-code brokering for a provider instance: send the user to action.Redirect.url (state single use, 10 minutes; PKCE S256)',
     params: ControllerParams, body: BrokerRequest,
-    responses: { 200: BrokerState, ...resourceErrors },
+    // 502 too: the authorize URL needs the resource server credential decrypted.
+    responses: { 200: BrokerState, ...resourceErrors, ...kmsErrors },
   }, async ({ params, body, services }) => startBrokering(services, params.provider_controller_type_id, params.credential_controller_type_id, body.provider_instance_id)),
 
   defineRoute({

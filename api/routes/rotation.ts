@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, kmsErrors, NoInput } from '../schemas/common.ts';
+import { ErrorBody, NoInput } from '../schemas/common.ts';
 import { AliasName, KeyJob, toKeyJob } from '../schemas/encryption.ts';
 import { startAliasRotation } from '../../domain/alias-rotation.ts';
 
@@ -10,7 +10,8 @@ export const rotationRoutes = [
     summary: 'Rotate an alias: new DEK under its envelope key, re-encrypt everything using the alias, repoint it (202 job; 200 with the job already running)',
     params: Type.Object({ alias: AliasName }),
     body: NoInput,
-    responses: { 202: KeyJob, 200: KeyJob, 400: ErrorBody, 401: ErrorBody, 403: ErrorBody, 404: ErrorBody, 409: ErrorBody, ...kmsErrors },
+    // No 502: the request only queues the job; its worker makes the new DEK.
+    responses: { 202: KeyJob, 200: KeyJob, 400: ErrorBody, 401: ErrorBody, 403: ErrorBody, 404: ErrorBody, 409: ErrorBody },
   }, async ({ params, services, ctx }) => {
     const { job, created } = await startAliasRotation(services, params.alias);
     ctx.status = created ? 202 : 200;
