@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { createHash, randomUUID } from 'node:crypto';
-import { resetDb, startWorker, testDb, waitFor, type Client, type Stack, assertNotFound } from './helpers/stack.ts';
+import { requestLogsThrough, resetDb, startWorker, testDb, waitFor, type Client, type Stack, assertNotFound } from './helpers/stack.ts';
 import { consent, startOAuthStack, type OAuthServer, type OAuthStack } from './helpers/oauth-server.ts';
 import type { FakeProviders } from './helpers/fake-providers.ts';
 
@@ -251,10 +251,12 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
       assert.equal(r.status, 502);
       const { message } = (await r.json()) as { message: string };
       assert.match(message, /^token endpoint refused the code: Rejected grant_type=authorization_code&code=\*\*\*&.*&client_secret=\*\*\*/);
-      await waitFor(async () => stack.api.logs.some((l) => l.includes('token endpoint refused the code: Rejected')), 'the 502 in the API log');
+      // Every line of this request, its closing request line included, not only those written so far.
+      const logs = await requestLogsThrough(stack, r, { all: true });
+      assert.ok(logs.some((l) => l.includes('token endpoint refused the code: Rejected')), 'the 502 in the API log');
       for (const secret of [CLIENT_SECRET, code]) {
         assert.ok(!message.includes(secret), message);
-        assert.ok(!stack.api.logs.some((l) => l.includes(secret)), `${secret} in an API log line`);
+        assert.ok(!logs.some((l) => l.includes(secret)), `${secret} in an API log line`);
       }
     } finally {
       await oauth.setMode('ok');
