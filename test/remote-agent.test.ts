@@ -463,8 +463,12 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
         const done = await outcome(stack, 'who sees the key?');
         assert.equal(done.task.status, 'failed');
         assert.match(done.status_message.parts[0].text, /500.*authorization Bearer \*\*\*/);
-        await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('agent run failed')), 'the failure in the worker log');
-        const jobs = await withQueue(stack.env, 'agent-tasks', async (q) => JSON.stringify(await q.getJobs(['failed', 'completed'])));
+        // The task reads failed before the worker has logged the last attempt and its job has ended.
+        await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('agent run failed for good')), 'the final failure in the worker log');
+        const jobs = await waitFor(() => withQueue(stack.env, 'agent-tasks', async (q) => {
+          const ended = await q.getJobs(['failed', 'completed']);
+          return ended.length > 0 && JSON.stringify(ended);
+        }), 'the job to end in Redis');
         assert.match(jobs, /authorization Bearer \*\*\*/, 'the job holds the masked reason');
         for (const text of [JSON.stringify(done), jobs, ...stack.workers[0].logs]) assert.ok(!text.includes(REMOTE_KEY), text.slice(0, 400));
       } finally {
