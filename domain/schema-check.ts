@@ -62,6 +62,16 @@ function requiredChoice(e: ErrorObject): string[] | undefined {
   const single = (b: { required?: unknown }) => Object.keys(b).length === 1 && Array.isArray(b.required) && b.required.length === 1;
   return branches.every(single) ? branches.map((b) => String((b.required as unknown[])[0])) : undefined;
 }
+/** How a oneOf of required members is worded, else undefined (see requiredChoice). */
+export function choiceText(e: ErrorObject): string | undefined {
+  const members = requiredChoice(e);
+  return members && `must have exactly one of ${members.join(' or ')}`;
+}
+/** The errors less the branches' own "is required" of each choice of members, which choiceText says once. */
+export function withoutChoiceBranches(reported: readonly ErrorObject[]): ErrorObject[] {
+  const choiceOf = reported.filter((e) => requiredChoice(e)).map((e) => `${e.instancePath} ${e.schemaPath}/`);
+  return reported.filter((e) => !(e.keyword === 'required' && choiceOf.some((c) => `${e.instancePath} ${e.schemaPath}`.startsWith(c))));
+}
 
 // A nullable value (anyOf [X, null]) fails as X's errors, "must be null" and "must match a schema
 // in anyOf": said as X's errors with "or null", once.
@@ -94,8 +104,8 @@ function describeOne(e: ErrorObject, value: unknown, where: string, choices: Map
     case 'discriminator':
       return { key: join('type'), path: join('type'), message: 'must be one of text-part, data-part, file-part' };
     case 'oneOf': {
-      const members = requiredChoice(e);
-      if (members) return { key: `${base}:oneOf`, path: base, message: `must have exactly one of ${members.join(' or ')}` };
+      const choice = choiceText(e);
+      if (choice) return { key: `${base}:oneOf`, path: base, message: choice };
       break;
     }
     case 'anyOf': {
@@ -116,14 +126,11 @@ function describeOne(e: ErrorObject, value: unknown, where: string, choices: Map
 export function checkValid(validate: ValidateFunction, value: unknown, where: string): void {
   if (validate(value)) return;
   const reported = validate.errors ?? [];
-  // The branches' own "is required" of a choice of members, said once as the choice (requiredChoice).
-  const choiceOf = reported.filter((e) => requiredChoice(e)).map((e) => `${e.instancePath} ${e.schemaPath}/`);
   const nullables = reported.filter(isNullable);
   // An error of a nullable's own value (not of a member inside it), in one of its branches.
   const inNullable = (e: ErrorObject) => nullables.some((n) => e.instancePath === n.instancePath && e.schemaPath.startsWith(`${n.schemaPath}/`));
   const nullBranch = (e: ErrorObject) => e.keyword === 'type' && (e.params as { type: string }).type === 'null' && inNullable(e);
-  const all = reported.filter((e) => !(e.keyword === 'required' && choiceOf.some((c) => `${e.instancePath} ${e.schemaPath}`.startsWith(c)))
-    && !nullables.includes(e) && !nullBranch(e));
+  const all = withoutChoiceBranches(reported).filter((e) => !nullables.includes(e) && !nullBranch(e));
   const orNull = new Set(all.filter(inNullable));
   const choices = constantChoices(all);
   const seen = new Set<string>();

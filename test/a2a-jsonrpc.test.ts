@@ -84,7 +84,8 @@ describe('A2A JSON-RPC endpoint', () => {
         ['message/send', { message: { ...userMessage('x'), parts: [] } }, /params\.message\.parts/],
         ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'video', url: 'x' }] } }, /kind must be one of text, data, file/],
         ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'text' }] } }, /params\.message\.parts\[0\]\.text is required/],
-        ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'file', file: { name: 'a' } }] } }, /exactly one of bytes or uri/],
+        ...[{ name: 'a' }, { bytes: 'aGk=', uri: 'https://example.com/a' }].map((file): [string, unknown, RegExp] =>
+          ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'file', file }] } }, /^Invalid params: params\.message\.parts\[0\]\.file must have exactly one of bytes or uri$/]),
         ['message/send', { message: { ...userMessage('x'), parts: [{ kind: 'data', data: 'nope' }] } }, /params\.message\.parts\[0\]\.data/],
         ['message/send', { message: userMessage('x', { extensions: [''] }) }, /params\.message\.extensions\[0\]/],
         ['message/send', { message: userMessage('x', { extensions: 'urn:x' }) }, /params\.message\.extensions/],

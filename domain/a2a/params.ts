@@ -4,7 +4,7 @@
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import type { ErrorObject } from 'ajv';
 import { A2AError, JSONRPC } from './errors.ts';
-import { compileSchema, errorText } from '../schema-check.ts';
+import { choiceText, compileSchema, errorText, withoutChoiceBranches } from '../schema-check.ts';
 import { Base64, Uuid } from '../../api/schemas/common.ts';
 import { MessageExtensions } from '../../api/schemas/task.ts';
 
@@ -99,7 +99,7 @@ function describe(e: ErrorObject): string {
     case 'required': return 'is required';
     case 'discriminator': return 'kind must be one of text, data, file';
     case 'const': return `must be ${JSON.stringify((e.params as { allowedValue: unknown }).allowedValue)}`;
-    case 'oneOf': return e.instancePath.endsWith('/file') ? 'must have exactly one of bytes or uri' : 'matches none of the allowed shapes';
+    case 'oneOf': return choiceText(e) ?? 'matches none of the allowed shapes';
     default: return errorText(e);
   }
 }
@@ -111,11 +111,8 @@ export function validator<T extends TSchema>(schema: T): Validator<Static<T>> {
   const validate = compileSchema(schema);
   return (value) => {
     if (validate(value)) return value as Static<T>;
-    const all = validate.errors ?? [];
-    // A file with neither or both of bytes/uri fails the oneOf and its branches' `required`:
-    // report the oneOf alone, it says what to fix.
-    const fileShape = new Set(all.filter((e) => e.keyword === 'oneOf' && e.instancePath.endsWith('/file')).map((e) => e.instancePath));
-    const errors = all.filter((e) => !(e.keyword === 'required' && fileShape.has(e.instancePath)));
+    // A file with neither or both of bytes/uri is said once, as that choice.
+    const errors = withoutChoiceBranches(validate.errors ?? []);
     const list = [...new Map(errors.map((e) => [`${where(e)} ${describe(e)}`, { path: where(e), message: describe(e) }])).values()];
     throw new A2AError(JSONRPC.INVALID_PARAMS, `Invalid params: ${list[0].path} ${list[0].message}`, { errors: list });
   };
