@@ -24,6 +24,18 @@ function raw(url: string, opts: { method: string; path: string; headers?: Record
   });
 }
 
+// What the server answers to bytes written as they are (what no HTTP client would send), read until it closes.
+function rawExchange(url: string, text: string): Promise<string> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(Number(port), hostname, () => socket.write(text));
+    let data = '';
+    socket.on('data', (b) => (data += b.toString()));
+    socket.on('end', () => resolve(data));
+    socket.on('error', reject);
+  });
+}
+
 describe('HTTP conventions', () => {
   const stack = useStack({ BODY_LIMIT_BYTES: String(LIMIT) }, { workers: 0 });
   const taskCount = async () => Number((await testDb()('tasks').count({ n: '*' }))[0].n);
@@ -96,14 +108,7 @@ describe('HTTP conventions', () => {
     assert.equal(big.status, 431);
     assert.equal(big.body.data.code, 'invalid_request');
     assert.match(big.body.message, /headers exceed/);
-    const url = new URL(stack.api.url);
-    const raw = await new Promise<string>((resolve, reject) => {
-      const socket = net.connect(Number(url.port), url.hostname, () => socket.write('NOT HTTP AT ALL\r\n\r\n'));
-      let data = '';
-      socket.on('data', (b) => (data += b.toString()));
-      socket.on('end', () => resolve(data));
-      socket.on('error', reject);
-    });
+    const raw = await rawExchange(stack.api.url, 'NOT HTTP AT ALL\r\n\r\n');
     assert.match(raw, /^HTTP\/1\.1 400 Bad Request\r\n/);
     assert.deepEqual(JSON.parse(raw.slice(raw.indexOf('\r\n\r\n') + 4)), { message: 'The request is not valid HTTP', data: { code: 'invalid_request' } });
     // Section 1: every response carries X-Request-Id, these too, and the log line of each names it.
@@ -320,21 +325,16 @@ describe('HTTP conventions', () => {
 
   it('answers an HTTP/1.1 request without a Host header with 400 and the Error body, storing nothing', async () => {
     const before = await taskCount();
-    const url = new URL(stack.api.url);
     const body = JSON.stringify({ message: textMessage('no host') });
-    const answer = await new Promise<string>((resolve, reject) => {
-      const socket = net.connect(Number(url.port), url.hostname, () => socket.write(`POST /api/task/v1 HTTP/1.1\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n`
-        + `Content-Type: application/json\r\nContent-Length: ${body.length}\r\nX-Request-Id: no-host\r\nConnection: close\r\n\r\n${body}`));
-      let data = '';
-      socket.on('data', (b) => (data += b.toString()));
-      socket.on('end', () => resolve(data));
-      socket.on('error', reject);
-    });
+    const answer = await rawExchange(stack.api.url, `POST /api/task/v1 HTTP/1.1\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n`
+      + `Content-Type: application/json\r\nContent-Length: ${body.length}\r\nX-Request-Id: no-host\r\nConnection: close\r\n\r\n${body}`);
     assert.match(answer, /^HTTP\/1\.1 400 Bad Request\r\n/);
     assert.match(answer, /\r\nX-Request-Id: no-host\r\n/i);
     assert.deepEqual(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)), {
       message: 'An HTTP/1.1 request must carry a Host header', data: { code: 'invalid_request', errors: [{ path: 'header.host', message: 'is required' }] },
     });
+    const line = await waitFor(async () => stack.api.logs.find((l) => l.includes('"req_id":"no-host"') && l.includes('"msg":"request"')), 'the request line');
+    assert.equal(JSON.parse(line).status, 400, line);
     assert.equal(await taskCount(), before);
   });
 
