@@ -37,6 +37,17 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
   const instance = async (id: string) => (await c.get(`${B}/provider/${id}`)).body;
   const userCredential = async (id: string) => testDb()('bridge_credentials').where({ id: (await instance(id)).user_credential_id }).first();
   const makeDue = async (id: string) => testDb()('bridge_credentials').where({ id: (await instance(id)).user_credential_id }).update({ next_rotation_time: new Date(Date.now() - 1000) });
+  // Brokers `id`, then makes its refresh due with the OAuth server answering in `mode` until the refresh gives up.
+  async function refreshFailing(id: string, mode: Parameters<OAuthServer['setMode']>[0]) {
+    await brokered(id);
+    await oauth.setMode(mode);
+    try {
+      await makeDue(id);
+      await waitFor(async () => (await instance(id)).status === 'refresh_failed', 'the instance to be refresh_failed');
+    } finally {
+      await oauth.setMode('ok');
+    }
+  }
   const send = (id: string) => c.post(`${B}/provider/${id}/function/google_mail_send_email/invoke`, { params: { to: 'a@example.com', subject: 's', body: 'b' } });
 
   before(async () => {
@@ -107,14 +118,7 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
   });
 
   it('makes the instance refresh_failed when the provider answers invalid_grant; invoking it is 409 until it is brokered again', async () => {
-    await brokered('mail-x');
-    await oauth.setMode('revoked');
-    try {
-      await makeDue('mail-x');
-      await waitFor(async () => (await instance('mail-x')).status === 'refresh_failed', 'the instance to be refresh_failed');
-    } finally {
-      await oauth.setMode('ok');
-    }
+    await refreshFailing('mail-x', 'revoked');
     const refused = await send('mail-x');
     assert.equal(refused.status, 409);
     assert.match(refused.body.message, /refresh_failed/);
@@ -125,16 +129,9 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
   });
 
   it('retries a provider that is down with backoff, then gives up: refresh_failed after the last attempt', async () => {
-    await brokered('mail-d');
     const start = await oauth.refreshes();
-    await oauth.setMode('down');
-    try {
-      await makeDue('mail-d');
-      await waitFor(async () => (await instance('mail-d')).status === 'refresh_failed', 'the instance to be refresh_failed');
-      assert.equal(await oauth.refreshes() - start, ATTEMPTS);
-    } finally {
-      await oauth.setMode('ok');
-    }
+    await refreshFailing('mail-d', 'down');
+    assert.equal(await oauth.refreshes() - start, ATTEMPTS);
     const other = await instance('mail-r');
     assert.equal(other.status, 'active', 'other instances are untouched');
     const metrics = (await c.get('/metrics')).text;
@@ -152,14 +149,7 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
   });
 
   it('masks the refresh token and client secret a token endpoint quotes in its refusal: not in the worker log', async () => {
-    await brokered('mail-q');
-    await oauth.setMode('echo');
-    try {
-      await makeDue('mail-q');
-      await waitFor(async () => (await instance('mail-q')).status === 'refresh_failed', 'the instance to be refresh_failed');
-    } finally {
-      await oauth.setMode('ok');
-    }
+    await refreshFailing('mail-q', 'echo');
     const logs = () => stack.workers.flatMap((w) => w.logs);
     const gaveUp = await waitFor(async () => logs().find((l) => l.includes('credential refresh gave up') && l.includes('Rejected')), 'the give-up line');
     assert.match(gaveUp, /token endpoint refused the refresh token: Rejected grant_type=refresh_token&refresh_token=\*\*\*&client_id=refresh-test&client_secret=\*\*\*/);
