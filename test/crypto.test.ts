@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { loadConfig } from '../domain/config.ts';
@@ -138,6 +140,27 @@ describe('crypto: AWS KMS envelope keys through the real SDK against a local KMS
     await assert.rejects(w.unwrap('**'), DecryptError);
     const missing = 'arn:aws:kms:eu-west-1:123456789012:key/ffffffff-0000-0000-0000-000000000000';
     await assert.rejects(kmsWrapper(missing, 'eu-west-1', kms.url).generate(), Upstream);
+  });
+
+  it('ends a call to a KMS endpoint that accepts and never answers, and refuses a generated key of the wrong length', async () => {
+    const sockets = new Set<import('node:net').Socket>();
+    const silent = http.createServer(() => undefined);
+    silent.on('connection', (s) => sockets.add(s));
+    const short = http.createServer((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-amz-json-1.1' });
+      res.end(JSON.stringify({ Plaintext: randomBytes(16).toString('base64'), CiphertextBlob: randomBytes(60).toString('base64'), KeyId: arn }));
+    });
+    await Promise.all([silent, short].map((s) => new Promise<void>((resolve) => s.listen(0, '127.0.0.1', resolve))));
+    const urlOf = (s: http.Server) => `http://127.0.0.1:${(s.address() as AddressInfo).port}`;
+    try {
+      const started = Date.now();
+      await assert.rejects(kmsWrapper(arn, 'eu-west-1', urlOf(silent), 500).wrap(randomBytes(32)), (e: unknown) => e instanceof Upstream && /no answer within 500 ms/.test(e.message));
+      assert.ok(Date.now() - started < 10_000, 'the call ended, within its timeout and some');
+      await assert.rejects(kmsWrapper(arn, 'eu-west-1', urlOf(short)).generate(), (e: unknown) => e instanceof Upstream && /16-byte/.test(e.message));
+    } finally {
+      for (const s of sockets) s.destroy();
+      await Promise.all([silent, short].map((s) => new Promise((resolve) => s.close(resolve))));
+    }
   });
 
   it('accepts only KMS key or alias ARNs whose region matches', () => {

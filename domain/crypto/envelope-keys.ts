@@ -148,27 +148,43 @@ function kmsError(err: unknown, op: string): Error {
   return new Upstream(`AWS KMS ${op} failed: ${e.name ?? 'error'}`, { upstream: 'aws_kms' });
 }
 
-export function kmsWrapper(arn: string, region: string, endpoint: string | undefined): KeyWrapper {
+// A whole KMS call, retries included: the SDK sets no timeout, so an endpoint that accepts and never
+// answers would hold the API request, or the key job, that waits on it for ever.
+const KMS_TIMEOUT_MS = 15_000;
+
+export function kmsWrapper(arn: string, region: string, endpoint: string | undefined, timeoutMs = KMS_TIMEOUT_MS): KeyWrapper {
   const client = kmsClient(region, endpoint);
+  // An explicit timer, not AbortSignal.timeout, which Node 20 may garbage-collect unfired (nodejs/node#57736).
+  const send = async <T>(op: string, call: (opts: { abortSignal: AbortSignal }) => Promise<T>): Promise<T> => {
+    const timeout = new AbortController();
+    const timer = setTimeout(() => timeout.abort(), timeoutMs);
+    try {
+      return await call({ abortSignal: timeout.signal });
+    } catch (err) {
+      if (timeout.signal.aborted) throw new Upstream(`AWS KMS ${op} failed: no answer within ${timeoutMs} ms`, { upstream: 'aws_kms' });
+      throw kmsError(err, op);
+    } finally {
+      clearTimeout(timer);
+    }
+  };
   return {
     async wrap(dek) {
-      let out;
-      try { out = await client.send(new EncryptCommand({ KeyId: arn, Plaintext: dek })); } catch (err) { throw kmsError(err, 'Encrypt'); }
+      const out = await send('Encrypt', (o) => client.send(new EncryptCommand({ KeyId: arn, Plaintext: dek }), o));
       if (!out.CiphertextBlob) throw new Upstream('AWS KMS Encrypt returned no ciphertext', { upstream: 'aws_kms' });
       return Buffer.from(out.CiphertextBlob).toString('base64');
     },
     async unwrap(wrapped) {
       const blob = fromBase64(wrapped, 'encrypted DEK');
       if (!blob.length) throw new DecryptError('encrypted DEK is empty');
-      let out;
-      try { out = await client.send(new DecryptCommand({ KeyId: arn, CiphertextBlob: blob })); } catch (err) { throw kmsError(err, 'Decrypt'); }
+      const out = await send('Decrypt', (o) => client.send(new DecryptCommand({ KeyId: arn, CiphertextBlob: blob }), o));
       if (!out.Plaintext || out.Plaintext.length !== KEY_BYTES) throw new DecryptError(`encrypted DEK does not unwrap to a ${KEY_BYTES}-byte key`);
       return Buffer.from(out.Plaintext);
     },
     async generate() {
-      let out;
-      try { out = await client.send(new GenerateDataKeyCommand({ KeyId: arn, KeySpec: 'AES_256' })); } catch (err) { throw kmsError(err, 'GenerateDataKey'); }
+      const out = await send('GenerateDataKey', (o) => client.send(new GenerateDataKeyCommand({ KeyId: arn, KeySpec: 'AES_256' }), o));
       if (!out.Plaintext || !out.CiphertextBlob) throw new Upstream('AWS KMS GenerateDataKey returned no key', { upstream: 'aws_kms' });
+      // Stored, a key of another length would fail every value sealed with it.
+      if (out.Plaintext.length !== KEY_BYTES) throw new Upstream(`AWS KMS GenerateDataKey returned a ${out.Plaintext.length}-byte key, not ${KEY_BYTES}`, { upstream: 'aws_kms' });
       return { plain: Buffer.from(out.Plaintext), wrapped: Buffer.from(out.CiphertextBlob).toString('base64') };
     },
   };
