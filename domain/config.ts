@@ -46,6 +46,8 @@ const ConfigSchema = Type.Object({
   // Whether other origins a remote agent's card names may be internal addresses (AGENT_REMOTE_URL's
   // own origin and AGENT_REMOTE_KEY_ORIGINS may always be: the operator named them).
   AGENT_REMOTE_ALLOW_PRIVATE: Type.Boolean({ default: false }),
+  // Longest a remote agent's card or call answer (not its stream) may take to arrive whole.
+  AGENT_REMOTE_TIMEOUT_MS: Type.Integer({ minimum: 100, default: 30000 }),
   AGENT_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 3 }),
   AGENT_BACKOFF_MS: Type.Integer({ minimum: 0, default: 1000 }),
   AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 200 }),

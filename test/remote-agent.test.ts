@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import http, { type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { gzipSync } from 'node:zlib';
 import express from 'express';
 import { pino } from 'pino';
 import type { AgentCard, Message, TaskState } from '@a2a-js/sdk';
@@ -570,5 +571,77 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
     assert.equal(done.status_message.parts[0].text, `Remote turn 2: ${answer}`);
     assert.equal(executor.received.filter((r) => r.text === answer).length, 1, 'the answer was sent once');
     assert.deepEqual(await agentTexts(id), ['thinking about second turn [ask]', 'Which colour?', `thinking about ${answer}`, `Remote turn 2: ${answer}`]);
+  });
+});
+
+// A remote that misbehaves as `mode` says: its card trickles in a byte at a time for ever, or is a
+// gzip bomb; or its card is fine and its message/stream sends one line that never ends.
+describe('remote A2A agent that answers without end', () => {
+  let stack: Stack;
+  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' = 'trickle-card';
+  let streamClosed = false;
+  const server = http.createServer((req, res) => {
+    const origin = `http://${req.headers.host}`;
+    if (req.method === 'GET' && mode === 'trickle-card') {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      const tick = setInterval(() => res.write(' '), 100);
+      res.on('close', () => clearInterval(tick));
+    } else if (req.method === 'GET' && mode === 'bomb-card') {
+      res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': 'gzip' });
+      res.end(gzipSync(Buffer.alloc(64 * 1024 * 1024, ' ')));
+    } else if (req.method === 'GET') {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({
+        name: 'endless', description: 'streams one endless line', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc`, preferredTransport: 'JSONRPC',
+        capabilities: { streaming: true }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
+      }));
+    } else {
+      req.resume();
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write('data: ');
+      const chunk = Buffer.alloc(64 * 1024, 'x');
+      res.on('close', () => { streamClosed = true; });
+      // As fast as the worker reads it, until it hangs up.
+      const pump = () => { while (!res.destroyed && res.write(chunk)); };
+      res.on('drain', pump);
+      pump();
+    }
+  });
+  before(async () => {
+    await resetDb();
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/agent`;
+    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: url, AGENT_ATTEMPTS: '1', AGENT_REMOTE_TIMEOUT_MS: '1000' });
+  });
+  after(async () => {
+    await stack?.stop();
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+  });
+
+  const failureOf = async (text: string) => {
+    const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
+    const failed = await waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${created.body.task.id}`);
+      return r.body.task.status === 'failed' && r.body;
+    }, 'the task to fail', 30000);
+    return failed.status_message.parts[0].text as string;
+  };
+
+  it('fails the run whose card read does not end within AGENT_REMOTE_TIMEOUT_MS, and reads the card afresh for the next', async () => {
+    mode = 'trickle-card';
+    assert.match(await failureOf('first'), /card at .* could not be read: the remote agent did not answer within 1000 ms/);
+    assert.match(await failureOf('second'), /did not answer within 1000 ms/);
+  });
+
+  it('fails the run whose card decodes to more than it holds (a gzip bomb)', async () => {
+    mode = 'bomb-card';
+    assert.match(await failureOf('bomb'), /card at .* could not be read: the remote agent answered a body longer than 16777216 bytes/);
+  });
+
+  it('fails the run whose stream sends a line that never ends, and hangs up on it', async () => {
+    mode = 'endless-line';
+    assert.match(await failureOf('endless'), /the remote agent answered a stream line longer than 16777216 bytes/);
+    await waitFor(async () => streamClosed, 'the stream to be closed');
   });
 });

@@ -45,6 +45,44 @@ const POLL_MIN_MS = 100;
 const POLL_MAX_MS = 2000;
 const CANCEL_TIMEOUT_MS = 5000;
 
+// What the SDK reads whole (a card, a call's answer) and each line of a stream, at most: it buffers
+// both without a bound, so an endless answer or line (or a gzip bomb: this counts decoded bytes)
+// would fill the worker's memory.
+const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
+const REMOTE_TIMEOUT_MS = 30_000;
+
+// The SDK sets no timeout, and reads the card without any signal: a remote that trickles an answer
+// would hold the run, and every later run waiting on the same card read, for ever. A card or call
+// answer must arrive whole within `timeoutMs`; a stream, which lasts as long as its remote task,
+// must start within it, and its lines are bounded instead.
+async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init: RequestInit | undefined, timeoutMs: number): Promise<Response> {
+  const timeout = new AbortController();
+  const late = new Error(`the remote agent did not answer within ${timeoutMs} ms`);
+  // An explicit timer: on Node 20 an AbortSignal.timeout held only by AbortSignal.any can be garbage-collected unfired.
+  const timer = setTimeout(() => timeout.abort(late), timeoutMs);
+  let res: Response;
+  try {
+    res = await call({ ...init, signal: init?.signal ? AbortSignal.any([timeout.signal, init.signal]) : timeout.signal });
+  } catch (err) {
+    clearTimeout(timer);
+    throw timeout.signal.aborted ? late : err;
+  }
+  const stream = /^text\/event-stream/i.test(res.headers.get('content-type') ?? '');
+  if (stream || !res.body) clearTimeout(timer);
+  if (!res.body) return res;
+  let size = 0;
+  const counted = res.body.pipeThrough(new TransformStream<Uint8Array, Uint8Array>({
+    transform(chunk, out) {
+      const newline = stream ? chunk.lastIndexOf(10) : -1;
+      size = newline >= 0 ? chunk.length - newline - 1 : size + chunk.length;
+      if (size > MAX_ANSWER_BYTES) throw new Error(`the remote agent answered ${stream ? 'a stream line' : 'a body'} longer than ${MAX_ANSWER_BYTES} bytes`);
+      out.enqueue(chunk);
+    },
+    flush() { clearTimeout(timer); },
+  }));
+  return new Response(counted, { status: res.status, statusText: res.statusText, headers: res.headers });
+}
+
 // The SDK reports an HTTP refusal only in its error's text (of the card read, a call or a stream).
 const credentialsRefused = (err: unknown): err is Error => err instanceof Error && !refusedByRuntime(err) && /\b40[13]\b/.test(err.message);
 const isEnd = (state: A2AState) => state in FINAL_STATES || state === 'canceled' || state === 'unknown';
@@ -77,8 +115,9 @@ function cardLocation(url: string): [string, string | undefined] {
 // connecting (DNS rebinding), without following redirects, or a card could aim the worker's calls
 // at internal services.
 // `withheld` collects the origins the key was kept from.
-function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>, allowPrivate: boolean, log: Logger, withheld: Set<string>): ClientFactory {
-  const fetchImpl: typeof fetch = async (input, init) => {
+function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>, allowPrivate: boolean, timeoutMs: number, log: Logger, withheld: Set<string>): ClientFactory {
+  const fetchImpl: typeof fetch = (input, init) => boundedFetch((bounded) => unbounded(input, bounded), init, timeoutMs);
+  const unbounded = async (input: Parameters<typeof fetch>[0], init: RequestInit): Promise<Response> => {
     const target = new URL(input instanceof Request ? input.url : input);
     const headers = new Headers(init?.headers);
     if (trusted.has(target.origin)) {
@@ -106,12 +145,14 @@ export interface RemoteAgentOptions {
   keyOrigins?: readonly string[];
   /** Whether other origins the card names may be on private, loopback or link-local addresses. */
   allowPrivate?: boolean;
+  /** Longest a card or call answer may take to arrive whole, and a stream to start. */
+  timeoutMs?: number;
   /** The worker's database: the remote task ids of local tasks live there. */
   db: Knex;
   log: Logger;
 }
 
-export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false, db, log }: RemoteAgentOptions): Agent {
+export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false, timeoutMs = REMOTE_TIMEOUT_MS, db, log }: RemoteAgentOptions): Agent {
   const [base, cardPath] = cardLocation(url);
   const trusted = new Set([new URL(url).origin, ...keyOrigins]);
   const withheld = new Set<string>();
@@ -125,7 +166,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
   const keyless = <T,>(err: T): T | Error => (err instanceof Error && withoutKey(err.message) !== err.message ? new Error(withoutKey(err.message)) : err);
   let client: Promise<Client> | undefined;
   const connect = () => {
-    client ??= clientFactory(apiKey, trusted, allowPrivate, log, withheld).createFromUrl(base, cardPath).catch((err: Error) => {
+    client ??= clientFactory(apiKey, trusted, allowPrivate, timeoutMs, log, withheld).createFromUrl(base, cardPath).catch((err: Error) => {
       client = undefined;
       // AGENT_REMOTE_URL may carry credentials (user info, a token parameter), and this reason reaches
       // the task's status message and the log: it shows the URL as runtime_config does, in the

@@ -31,7 +31,7 @@ export async function resolveAgent({ cfg, db, log }: Services): Promise<Agent> {
     }
     case 'remote': {
       const { remoteAgent } = await import('./remote-a2a.ts');
-      return remoteAgent({ url: cfg.AGENT_REMOTE_URL!, apiKey: cfg.AGENT_REMOTE_API_KEY, keyOrigins: remoteKeyOrigins(cfg), allowPrivate: cfg.AGENT_REMOTE_ALLOW_PRIVATE, db, log });
+      return remoteAgent({ url: cfg.AGENT_REMOTE_URL!, apiKey: cfg.AGENT_REMOTE_API_KEY, keyOrigins: remoteKeyOrigins(cfg), allowPrivate: cfg.AGENT_REMOTE_ALLOW_PRIVATE, timeoutMs: cfg.AGENT_REMOTE_TIMEOUT_MS, db, log });
     }
   }
 }
