@@ -576,9 +576,9 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
 
 // A remote that misbehaves as `mode` says: its card trickles in a byte at a time for ever, or is a
 // gzip bomb; or its card is fine and its message/stream sends one line that never ends.
-describe('remote A2A agent that answers without end', () => {
+describe('remote A2A agent that answers without end, or about another task', () => {
   let stack: Stack;
-  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' = 'trickle-card';
+  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' = 'trickle-card';
   let streamClosed = false;
   const server = http.createServer((req, res) => {
     const origin = `http://${req.headers.host}`;
@@ -595,6 +595,16 @@ describe('remote A2A agent that answers without end', () => {
         name: 'endless', description: 'streams one endless line', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc`, preferredTransport: 'JSONRPC',
         capabilities: { streaming: true }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
       }));
+    } else if (mode === 'other-task') {
+      let body = '';
+      req.on('data', (b) => { body += b; });
+      req.on('end', () => {
+        const { id } = JSON.parse(body) as { id: string | number };
+        const event = (result: unknown) => `data: ${JSON.stringify({ jsonrpc: '2.0', id, result })}\n\n`;
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(event({ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'working' } }));
+        res.end(event({ kind: 'status-update', taskId: 'remote-b', contextId: 'remote-ctx', status: { state: 'completed' }, final: true }));
+      });
     } else {
       req.resume();
       res.writeHead(200, { 'content-type': 'text/event-stream' });
@@ -643,5 +653,13 @@ describe('remote A2A agent that answers without end', () => {
     mode = 'endless-line';
     assert.match(await failureOf('endless'), /the remote agent answered a stream line longer than 16777216 bytes/);
     await waitFor(async () => streamClosed, 'the stream to be closed');
+  });
+
+  it('fails the run whose stream turns to another task, and keeps following (and would cancel) its own', async () => {
+    mode = 'other-task';
+    const text = await failureOf('other');
+    assert.match(text, /the remote agent sent an event of task remote-b while following its task remote-a/);
+    const [row] = await testDb()('remote_agent_tasks').whereIn('remote_task_id', ['remote-a', 'remote-b']);
+    assert.equal(row?.remote_task_id, 'remote-a', 'the local task still names the remote task it sent its message to');
   });
 });

@@ -401,7 +401,13 @@ class Mirror {
   /** Records the remote task an event names (all a stopped run does with an event). */
   async named(event: StreamEvent): Promise<void> {
     const [taskId, contextId] = event.kind === 'task' ? [event.id, event.contextId] : [event.taskId, event.contextId];
-    if (taskId) await this.track(taskId, contextId);
+    if (!taskId) return;
+    // A remote answers about the task it was sent the message for: following another would mirror
+    // its content here, and a cancel of this task would cancel that one.
+    if (this.remoteTaskId && taskId !== this.remoteTaskId) {
+      throw new Error(`the remote agent sent an event of task ${taskId} while following its task ${this.remoteTaskId}`);
+    }
+    await this.track(taskId, contextId);
   }
 
   private async track(taskId: string, contextId: string | undefined): Promise<void> {
