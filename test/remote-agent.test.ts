@@ -578,7 +578,7 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
 // gzip bomb; or its card is fine and its message/stream sends one line that never ends.
 describe('remote A2A agent that answers without end, or about another task', () => {
   let stack: Stack;
-  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' = 'trickle-card';
+  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' = 'trickle-card';
   let streamClosed = false;
   const server = http.createServer((req, res) => {
     const origin = `http://${req.headers.host}`;
@@ -595,7 +595,7 @@ describe('remote A2A agent that answers without end, or about another task', () 
         name: 'endless', description: 'streams one endless line', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc`, preferredTransport: 'JSONRPC',
         capabilities: { streaming: true }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
       }));
-    } else if (mode === 'other-task') {
+    } else if (mode === 'other-task' || mode === 'shapeless') {
       let body = '';
       req.on('data', (b) => { body += b; });
       req.on('end', () => {
@@ -603,7 +603,8 @@ describe('remote A2A agent that answers without end, or about another task', () 
         const event = (result: unknown) => `data: ${JSON.stringify({ jsonrpc: '2.0', id, result })}\n\n`;
         res.writeHead(200, { 'content-type': 'text/event-stream' });
         res.write(event({ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'working' } }));
-        res.end(event({ kind: 'status-update', taskId: 'remote-b', contextId: 'remote-ctx', status: { state: 'completed' }, final: true }));
+        if (mode === 'shapeless') res.end(event({ kind: 'status-update', taskId: 'remote-a', contextId: 'remote-ctx', status: null, final: true }));
+        else res.end(event({ kind: 'status-update', taskId: 'remote-b', contextId: 'remote-ctx', status: { state: 'completed' }, final: true }));
       });
     } else {
       req.resume();
@@ -661,5 +662,10 @@ describe('remote A2A agent that answers without end, or about another task', () 
     assert.match(text, /the remote agent sent an event of task remote-b while following its task remote-a/);
     const [row] = await testDb()('remote_agent_tasks').whereIn('remote_task_id', ['remote-a', 'remote-b']);
     assert.equal(row?.remote_task_id, 'remote-a', 'the local task still names the remote task it sent its message to');
+  });
+
+  it('fails the run whose stream sends an event of no known shape, saying what it sent', async () => {
+    mode = 'shapeless';
+    assert.match(await failureOf('shapeless'), /^The agent failed after 1 attempt\(s\): the remote agent answered \{"kind":"status-update","taskId":"remote-a","contextId":"remote-ctx","status":null,"final":true\} where a task, message, status-update or artifact-update belongs/);
   });
 });

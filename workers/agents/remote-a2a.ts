@@ -332,6 +332,18 @@ async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, c
 
 type StreamEvent = A2AMessage | A2ATask | TaskStatusUpdateEvent | TaskArtifactUpdateEvent;
 
+// The SDK passes the remote's results on as they came: one of another shape (null, a status without
+// a state) would fail deep in the mirror as a TypeError that does not say what the remote did.
+const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+function checkEvent(event: unknown): asserts event is StreamEvent {
+  const e = isObject(event) ? event : {};
+  const ok = e.kind === 'message' ? Array.isArray(e.parts)
+    : e.kind === 'task' || e.kind === 'status-update' ? isObject(e.status) && typeof e.status.state === 'string'
+      : e.kind === 'artifact-update' ? isObject(e.artifact) && Array.isArray(e.artifact.parts)
+        : false;
+  if (!ok) throw new Error(`the remote agent answered ${JSON.stringify(event)?.slice(0, 200)} where a task, message, status-update or artifact-update belongs`);
+}
+
 // Copies what the remote reports into the local task, once each: messages by id, artifacts by
 // their content. Returns the run's result once the remote task has ended or is interrupted.
 class Mirror {
@@ -400,6 +412,7 @@ class Mirror {
 
   /** Records the remote task an event names (all a stopped run does with an event). */
   async named(event: StreamEvent): Promise<void> {
+    checkEvent(event);
     const [taskId, contextId] = event.kind === 'task' ? [event.id, event.contextId] : [event.taskId, event.contextId];
     if (!taskId) return;
     // A remote answers about the task it was sent the message for: following another would mirror
@@ -445,6 +458,7 @@ class Mirror {
   }
 
   async apply(event: StreamEvent): Promise<AgentResult | undefined> {
+    checkEvent(event);
     // A message that belongs to no task is the remote's whole answer.
     if (event.kind === 'message' && !event.taskId && !this.remoteTaskId) return { status: 'completed', message: replyOf(event) };
     await this.named(event);
