@@ -66,12 +66,14 @@ export async function releasePushConfig(db: Tx, taskId: string, id: string, leas
   await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId }).update({ lease_id: null, lease_until: null });
 }
 
-// Records a delivered update and extends the run's lease by `ms`; false when the lease is no longer
-// the run's (it ran out and another run took the config).
-export async function setDeliveredSeq(db: Tx, taskId: string, id: string, seq: number, leaseId: string, ms: number): Promise<boolean> {
-  const n = await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId })
-    .update({ delivered_seq: db.raw('greatest(delivered_seq, ?)', [seq]), lease_until: leaseEnd(db, ms) });
-  return n > 0;
+// Records a delivered update and extends the run's lease by `ms`; returns the config as it is now
+// (a set meanwhile may have changed its URL or token), undefined when the lease is no longer the
+// run's (it ran out and another run took the config, or the config was deleted).
+export async function setDeliveredSeq(db: Tx, taskId: string, id: string, seq: number, leaseId: string, ms: number): Promise<PushConfigRow | undefined> {
+  const [row] = await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId })
+    .update({ delivered_seq: db.raw('greatest(delivered_seq, ?)', [seq]), lease_until: leaseEnd(db, ms) })
+    .returning('*');
+  return row;
 }
 
 // Status updates of a task after a timeline position, oldest first: what a webhook has not seen.

@@ -112,7 +112,8 @@ export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, final
     const task = await tasks.getTask(db, job.task_id);
     if (!task) return 'config gone';
     const items = await repo.statusItemsAfter(db, job.task_id, config.delivered_seq, ITEMS_PER_RUN);
-    const headers = await authHeaders(deps, config);
+    let target = config;
+    let headers = await authHeaders(deps, target);
     let reached = config.delivered_seq;
     let cut = items.length === ITEMS_PER_RUN;
     for (const item of items) {
@@ -121,16 +122,22 @@ export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, final
         break;
       }
       try {
-        await postNotification(config.url, await notificationBody(db, task, item), headers, { allowPrivate: cfg.PUSH_ALLOW_PRIVATE, timeoutMs: cfg.PUSH_TIMEOUT_MS });
+        await postNotification(target.url, await notificationBody(db, task, item), headers, { allowPrivate: cfg.PUSH_ALLOW_PRIVATE, timeoutMs: cfg.PUSH_TIMEOUT_MS });
       } catch (err) {
         const reason = (err as Error).message;
         if (item.seq > job.timeline_seq) break;
         if (!finalAttempt) throw new DeliveryError(`push delivery of task ${job.task_id} update ${item.seq} failed: ${reason}`);
-        log.warn({ task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(config.url).host, reason }, 'push notification given up');
+        log.warn({ task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(target.url).host, reason }, 'push notification given up');
       }
       // A lease lost meanwhile (a post or a read slower than the margin) belongs to another run now.
-      if (!(await repo.setDeliveredSeq(db, job.task_id, job.config_id, item.seq, leaseId, leaseMs))) return 'busy';
+      const now = await repo.setDeliveredSeq(db, job.task_id, job.config_id, item.seq, leaseId, leaseMs);
+      if (!now) return 'busy';
       reached = item.seq;
+      // The config was set again meanwhile: the rest of the run goes to its new URL, with its new token.
+      if (now.url !== target.url || now.encrypted_secrets !== target.encrypted_secrets || JSON.stringify(now.authentication) !== JSON.stringify(target.authentication)) {
+        target = now;
+        headers = await authHeaders(deps, target);
+      }
     }
     return cut && reached < job.timeline_seq ? 'more' : 'delivered';
   } finally {

@@ -130,6 +130,32 @@ describe('push notifications', () => {
     assert.ok(other.all.every((r) => r.token === 'tok-slow'));
   });
 
+  it('sends the updates still pending when a config is set again to its new URL, with its new token', async () => {
+    // The first post fails once the backlog exists; its retry (a run that has read the whole
+    // backlog) is held at the old URL while the config is set again.
+    let failFirst!: () => void;
+    const backlogThere = new Promise<void>((resolve) => (failFirst = resolve));
+    let letGo!: () => void;
+    const held = new Promise<void>((resolve) => (letGo = resolve));
+    const old = await startReceiver(async (_r, all) => (all.length === 1 ? backlogThere.then(() => 500) : all.length === 2 ? held.then(() => 200) : 200));
+    const next = await startReceiver();
+    receivers.push(old, next);
+    const id = await idleTask();
+    await setConfig(id, { id: 'moved', url: old.url, token: 'tok-old' });
+    await setStatus(id, 'working', 's0');
+    await waitFor(async () => old.all.length === 1, 'the first post');
+    for (const t of ['s1', 's2', 's3']) await setStatus(id, 'working', t);
+    failFirst();
+    await waitFor(async () => old.all.length === 2, 'the retry of the first update');
+    await setConfig(id, { id: 'moved', url: next.url, token: 'tok-new' });
+    letGo();
+    await waitFor(async () => next.all.length >= 3, 'the rest at the new URL');
+    const text = (list: Received[]) => list.map((r) => r.body.status.message.parts[0].text);
+    assert.deepEqual(text(old.all), ['s0', 's0'], 'only the update in flight when the config was set went to the old URL');
+    assert.deepEqual(text(next.all), ['s1', 's2', 's3']);
+    assert.ok(next.all.every((r) => r.token === 'tok-new'));
+  });
+
   it('delivers the updates of a task sent with an inline config over A2A message/send', async () => {
     const rx = await startReceiver();
     receivers.push(rx);
@@ -351,11 +377,11 @@ describe('push notifications', () => {
     const base = (await db('push_configs').where({ task_id: id, id: 'leased' }).first()).delivered_seq;
     assert.ok(await leasePushConfig(db, id, 'leased', 'a0000000-0000-4000-8000-000000000001', 60_000));
     assert.equal(await leasePushConfig(db, id, 'leased', 'a0000000-0000-4000-8000-000000000002', 60_000), undefined, 'held by the first run');
-    assert.equal(await setDeliveredSeq(db, id, 'leased', base + 1, 'a0000000-0000-4000-8000-000000000001', 60_000), true);
+    assert.ok(await setDeliveredSeq(db, id, 'leased', base + 1, 'a0000000-0000-4000-8000-000000000001', 60_000));
     // The first run's lease runs out; a second run takes the config, and the first can no longer record.
     await db('push_configs').where({ task_id: id, id: 'leased' }).update({ lease_until: db.raw(`now() - interval '1 second'`) });
     assert.ok(await leasePushConfig(db, id, 'leased', 'a0000000-0000-4000-8000-000000000002', 60_000));
-    assert.equal(await setDeliveredSeq(db, id, 'leased', base + 2, 'a0000000-0000-4000-8000-000000000001', 60_000), false);
+    assert.equal(await setDeliveredSeq(db, id, 'leased', base + 2, 'a0000000-0000-4000-8000-000000000001', 60_000), undefined);
     assert.equal((await db('push_configs').where({ task_id: id, id: 'leased' }).first()).delivered_seq, base + 1);
     await releasePushConfig(db, id, 'leased', 'a0000000-0000-4000-8000-000000000001');
     assert.equal((await db('push_configs').where({ task_id: id, id: 'leased' }).first()).lease_id, 'a0000000-0000-4000-8000-000000000002', "a lost lease's release leaves the new one");
