@@ -45,6 +45,12 @@ export async function listPushConfigs(db: Tx, taskId: string): Promise<PushConfi
   return db('push_configs').where({ task_id: taskId }).orderBy([{ column: 'created_at', order: 'asc' }, { column: 'id', order: 'asc' }]);
 }
 
+// How many configs a task has besides the one named `id`.
+export async function countOtherPushConfigs(db: Tx, taskId: string, id: string): Promise<number> {
+  const [{ n }] = await db('push_configs').where({ task_id: taskId }).whereNot({ id }).count({ n: '*' });
+  return Number(n);
+}
+
 export async function deletePushConfig(db: Tx, taskId: string, id: string): Promise<boolean> {
   return (await db('push_configs').where({ task_id: taskId, id }).delete()) > 0;
 }

@@ -32,6 +32,9 @@ export interface PushConfig {
   updated_at: Date;
 }
 
+// Each status update of a task is written to the outbox once per config, inside the statement that
+// stores it (shared with other tasks' changes), and posted once per config: a bound keeps both small.
+export const MAX_CONFIGS_PER_TASK = 100;
 const MAX_ID = 256;
 const MAX_URL = 2048;
 const MAX_TOKEN = 4096;
@@ -97,6 +100,10 @@ async function storePushConfig(db: Tx, taskId: string, input: PushConfigInput, c
   };
   return inTrx(db, async (trx) => {
     await requireTask(trx, taskId, true);
+    // Counted under the task's lock, so concurrent sets cannot pass the bound together.
+    if (await repo.countOtherPushConfigs(trx, taskId, input.id ?? taskId) >= MAX_CONFIGS_PER_TASK) {
+      throw new InvalidRequest(`A task has at most ${MAX_CONFIGS_PER_TASK} push notification configs: delete one, or set one of its ids again to replace it`);
+    }
     // The alias is held to commit, so a rotation of it re-encrypts this config too (domain/alias-rotation.ts).
     const dekId = Object.keys(secrets).length ? await holdAliasDek(trx, PUSH_ALIAS) : null;
     const row = await repo.upsertPushConfig(trx, {

@@ -4,7 +4,7 @@ import net from 'node:net';
 import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { testDb, useStack, waitFor, textMessage, withQueue } from './helpers/stack.ts';
-import { deletePushConfig, getPushConfig, listPushConfigs, setPushConfig } from '../domain/push-config.ts';
+import { deletePushConfig, getPushConfig, listPushConfigs, MAX_CONFIGS_PER_TASK, setPushConfig } from '../domain/push-config.ts';
 import { AppError } from '../domain/errors.ts';
 import { loadConfig, type Config } from '../domain/config.ts';
 import { postNotification } from '../domain/push-delivery.ts';
@@ -341,6 +341,19 @@ describe('push notifications', () => {
     const gone = await rejection(() => deletePushConfig(testDb(), id, 'a'));
     assert.equal(gone.status, 404);
     assert.equal((await rejection(() => getPushConfig(testDb(), id, 'a'))).status, 404);
+  });
+
+  it('keeps at most MAX_CONFIGS_PER_TASK configs per task; one of them can still be set again', async () => {
+    const id = await idleTask();
+    for (let i = 0; i < MAX_CONFIGS_PER_TASK; i++) await setPushConfig(testDb(), id, { id: `c${i}`, url: 'http://127.0.0.1:9/hook' }, allowPrivate);
+    const over = await rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { id: 'one-more', url: 'http://127.0.0.1:9/hook' } });
+    assert.equal(over.error?.code, -32602, JSON.stringify(over));
+    assert.match(over.error.message, new RegExp(`at most ${MAX_CONFIGS_PER_TASK} push notification configs`));
+    assert.equal((await listPushConfigs(testDb(), id)).length, MAX_CONFIGS_PER_TASK);
+    await setConfig(id, { id: 'c0', url: 'http://127.0.0.1:9/replaced' });
+    await deletePushConfig(testDb(), id, 'c1');
+    await setConfig(id, { id: 'one-more', url: 'http://127.0.0.1:9/hook' });
+    assert.equal((await listPushConfigs(testDb(), id)).length, MAX_CONFIGS_PER_TASK);
   });
 
   it('answers 404 for configs of an unknown task', async () => {
