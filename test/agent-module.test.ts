@@ -103,6 +103,21 @@ describe('agent modules', () => {
     }
   });
 
+  it('a handler that throws what is no Error (null, undefined, a string, an object) fails the task after its attempts, naming what it threw', async () => {
+    // Before, null and undefined broke the runtime's own error handling: the job failed with a
+    // TypeError, unretried, and the task stayed working until job recovery failed it saying nothing.
+    const cases: [string, string][] = [
+      ['throw null', 'the agent threw null'],
+      ['throw undefined', 'the agent threw undefined'],
+      ['throw string', 'no luck'],
+      ['throw object', 'the agent threw {"code":"E_AGENT","detail":"quota"}'],
+    ];
+    for (const [text, why] of cases) {
+      const { state, message } = await finalOf(text);
+      assert.deepEqual({ state, message }, { state: 'failed', message: `The agent failed after 3 attempt(s): ${why}` }, text);
+    }
+  });
+
   it('a refusal no retry can mend (an unknown secret, a wrong status) fails the run at its first attempt, without repeating its replies', async () => {
     const before = stack.workers[0].logs.length;
     const { state, message, task } = await finalOf('missing secret');

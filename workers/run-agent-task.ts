@@ -31,6 +31,16 @@ function finalOf(result: AgentResult | void) {
   return { status, message: agentMessage(result?.message ?? `Task ${status}`, 'message') };
 }
 
+// What a failed run says went wrong: the error's message, or what the agent threw when that was no
+// Error (a string as it is; null, an object: named, not "[object Object]").
+function failureReason(err: unknown): string {
+  if (typeof err === 'string') return err;
+  if (typeof (err as { message?: unknown })?.message === 'string') return publicReason(err);
+  let shown: string | undefined;
+  try { shown = JSON.stringify(err); } catch { /* a BigInt, a cycle: named by its type below */ }
+  return `the agent threw ${shown ?? (err === undefined ? 'undefined' : Object.prototype.toString.call(err))}`;
+}
+
 // Settles when the run is aborted (task canceled, worker shutting down), whether or not the agent
 // stops: a run that ignores its signal must not hold the job, or the worker, past a cancel or the
 // shutdown grace period.
@@ -179,12 +189,13 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         await job.moveToWait(token);
         throw new WaitingError();
       }
-      if (!refused && (controller.signal.aborted || (err as { taskEnded?: boolean }).taskEnded)) return 'aborted: task ended';
+      // `err` is whatever the agent threw: null and undefined too.
+      if (!refused && (controller.signal.aborted || (err as { taskEnded?: boolean } | null | undefined)?.taskEnded)) return 'aborted: task ended';
       const attempts = refused ? job.attemptsMade + 1 : (job.opts.attempts ?? 1);
-      const reason = publicReason(err);
+      const reason = failureReason(err);
       if (job.attemptsMade + 1 < attempts) {
         log.warn({ task_id: taskId, attempt: job.attemptsMade + 1, attempts, reason }, 'agent run failed; it will be retried');
-        throw err;
+        throw err instanceof Error ? err : new Error(reason);
       }
       await ours(() => inStatement(services, (uow) => failRun(uow, taskId, `The agent failed after ${attempts} attempt(s): ${reason}`, { run: messageId })));
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');
