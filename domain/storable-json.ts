@@ -7,6 +7,11 @@ import type { FieldError } from './errors.ts';
 export const MAX_JSON_DEPTH = 64;
 const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
+/** `text` as Postgres stores it: each NUL character and unpaired surrogate replaced by U+FFFD. */
+export function storableText(text: string): string {
+  return text.replace(new RegExp(UNSTORABLE.source, 'g'), '\ufffd');
+}
+
 /** The first member of `value` (named from `root`) that could not be stored; with `depthOnly`, only nesting past MAX_JSON_DEPTH counts. */
 export function findUnstorable(value: unknown, root = 'body', opts: { depthOnly?: boolean } = {}): FieldError | undefined {
   const stack: [unknown, string, number][] = [[value, root, 0]];

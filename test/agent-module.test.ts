@@ -118,6 +118,16 @@ describe('agent modules', () => {
     }
   });
 
+  it("a thrown error's message that Postgres cannot store, or of any length, still fails the task, the reason cut to 1,000 characters", async () => {
+    // Before, a NUL character made the failure's own write fail (the task stayed working until job
+    // recovery failed it saying nothing of why), and 100,000 characters went whole into the task.
+    const nul = await finalOf('throw nul');
+    assert.deepEqual({ state: nul.state, message: nul.message }, { state: 'failed', message: 'The agent failed after 3 attempt(s): bad \ufffd byte' });
+    const long = await finalOf('throw long');
+    assert.equal(long.state, 'failed');
+    assert.equal(long.message, `${`The agent failed after 3 attempt(s): ${'e'.repeat(100_000)}`.slice(0, 1000)}…`);
+  });
+
   it('a refusal no retry can mend (an unknown secret, a wrong status) fails the run at its first attempt, without repeating its replies', async () => {
     const before = stack.workers[0].logs.length;
     const { state, message, task } = await finalOf('missing secret');

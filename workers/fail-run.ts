@@ -6,10 +6,17 @@ import { runEndsFrom } from '../domain/task-states.ts';
 import { inStatement, type UnitOfWork } from '../domain/unit-of-work.ts';
 import type { StatusChange } from '../db/tasks.ts';
 import { agentMessage } from './agents/agent-output.ts';
+import { storableText } from '../domain/storable-json.ts';
+
+// Why a run failed often carries an agent's error message: one with a NUL character made the write
+// fail (the task stayed working), one of megabytes went whole into a task's status message.
+export const FAILURE_REASON_MAX_CHARS = 1000;
+const storableWhy = (why: string) =>
+  storableText(why.length > FAILURE_REASON_MAX_CHARS ? `${why.slice(0, FAILURE_REASON_MAX_CHARS)}…` : why);
 
 /** Fails the task, if it has not ended (nor been taken from the run, as `run` asks), with an agent status message saying why; null when it had. */
 export const failRun = (uow: UnitOfWork, taskId: string, why: string, run?: Pick<StatusChange, 'run' | 'lostRun'>) =>
-  changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'), agentMessage(why, 'message'), run);
+  changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'), agentMessage(storableWhy(why), 'message'), run);
 
 /** Fails the task of a run (its message) whose job ended without the run's own final handling; false when the task had ended already or another run has it. */
 export async function failLostRun(services: Services, taskId: string, messageId: string, why: string): Promise<boolean> {
