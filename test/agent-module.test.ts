@@ -128,6 +128,23 @@ describe('agent modules', () => {
     assert.equal(long.message, `${`The agent failed after 3 attempt(s): ${'e'.repeat(100_000)}`.slice(0, 1000)}…`);
   });
 
+  it('a reply, artifact or message JSON or Postgres cannot keep as given is refused, and fails the run at its first attempt', async () => {
+    // Before: a NUL or an unpaired surrogate failed in Postgres (retried, 'first this' repeated, then
+    // 'a database error (SQLSTATE 22P05)'), NaN was stored as null, a BigInt or a cycle was retried.
+    const cases: [string, string][] = [
+      ['nul reply', 'Invalid reply: reply.0.text contains a NUL character or an unpaired surrogate'],
+      ['nan data', 'Invalid reply: reply.0.data.score is NaN, which JSON has not (it would be kept as null)'],
+      ['bigint artifact', 'Invalid artifact: artifact.parts.0.data.id is a BigInt, which JSON has not'],
+      ['cyclic metadata', `Invalid message: message.metadata${'.self'.repeat(63)} nests deeper than 64 levels`],
+      ['lone surrogate', 'Invalid message: message.0.text contains a NUL character or an unpaired surrogate'],
+    ];
+    for (const [text, why] of cases) {
+      const { state, message, task } = await finalOf(text);
+      assert.deepEqual({ state, message }, { state: 'failed', message: `The agent failed after 1 attempt(s): ${why}` }, text);
+      assert.deepEqual(task.history.filter((m: any) => m.role === 'agent').map((m: any) => m.parts[0].text), ['first this', message], text);
+    }
+  });
+
   it('a refusal no retry can mend (an unknown secret, a wrong status) fails the run at its first attempt, without repeating its replies', async () => {
     const before = stack.workers[0].logs.length;
     const { state, message, task } = await finalOf('missing secret');

@@ -4,6 +4,8 @@ import { Type, type Static } from '@sinclair/typebox';
 import { MessagePart } from '../../api/schemas/task.ts';
 import { Part } from '../../domain/a2a/params.ts';
 import { checkValid, compileSchema } from '../../domain/schema-check.ts';
+import { InvalidRequest } from '../../domain/errors.ts';
+import { findUnstorable } from '../../domain/storable-json.ts';
 import type { Reply } from './types.ts';
 
 const ReplyParts = Type.Array(MessagePart, { minItems: 1, maxItems: 1000 });
@@ -25,18 +27,30 @@ export const Artifact = Type.Object({
 export type Artifact = Static<typeof Artifact>;
 const validateArtifact = compileSchema(Artifact);
 
+// What fits the schema may still not be stored as given: a NUL character or an unpaired surrogate
+// (Postgres refuses it: the run was retried, repeating its replies, then failed with a SQLSTATE), NaN
+// or Infinity (kept as null), a BigInt, a cycle or nesting past 64 levels (JSON.stringify throws).
+// Refused like a wrong shape, as no retry can mend it.
+function checkStorable(value: unknown, where: string): void {
+  const problem = findUnstorable(value, where);
+  if (problem) throw new InvalidRequest(`Invalid ${where}: ${problem.path} ${problem.message}`, [problem]);
+}
+
 /** An agent message of a reply (reply, a status message, the run's end); throws naming what is wrong. */
 export function agentMessage(reply: Reply, where: string): { role: 'agent'; parts: Static<typeof ReplyParts>; metadata?: Record<string, unknown> } {
   if (typeof reply === 'object' && reply !== null && !Array.isArray(reply)) {
     checkValid(validateReplyMessage, reply, where);
+    checkStorable(reply, where);
     return { role: 'agent', parts: reply.parts, ...(reply.metadata && Object.keys(reply.metadata).length ? { metadata: reply.metadata } : {}) };
   }
   const parts = typeof reply === 'string' ? [{ type: 'text-part' as const, text: reply }] : reply;
   checkValid(validateReply, parts, where);
+  checkStorable(parts, where);
   return { role: 'agent', parts };
 }
 
 export function checkArtifact(artifact: unknown): Artifact {
   checkValid(validateArtifact, artifact, 'artifact');
+  checkStorable(artifact, 'artifact');
   return artifact as Artifact;
 }
