@@ -145,6 +145,21 @@ describe('agent modules', () => {
     }
   });
 
+  it('a secret or provider instance looked up by what is no string, or by a name with a NUL character, fails the run at its first attempt', async () => {
+    // Before: undefined failed in the query builder, whose message (our SQL) became the status
+    // message after 3 attempts; a NUL failed in Postgres, retried, then 'a database error (SQLSTATE 22021)'.
+    const cases: [string, string][] = [
+      ['secret undefined', 'ctx.readSecret: the key must be a string, not undefined'],
+      ['secret nul', "secret 'api\ufffdkey' not found"],
+      ['invoke undefined', 'ctx.invokeFunction: the provider instance id must be a string, not undefined'],
+      ['invoke nul', "provider_instance 'stripe\ufffdheld' not found"],
+    ];
+    for (const [text, why] of cases) {
+      const { state, message } = await finalOf(text);
+      assert.deepEqual({ state, message }, { state: 'failed', message: `The agent failed after 1 attempt(s): ${why}` }, text);
+    }
+  });
+
   it('a refusal no retry can mend (an unknown secret, a wrong status) fails the run at its first attempt, without repeating its replies', async () => {
     const before = stack.workers[0].logs.length;
     const { state, message, task } = await finalOf('missing secret');

@@ -3,7 +3,7 @@
 import { RateLimitError, WaitingError, type Job } from 'bullmq';
 import { randomUUID } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
-import { InvalidRequest, publicReason, refusedByRuntime, unreachable } from '../domain/errors.ts';
+import { InvalidRequest, NotFound, publicReason, type ResourceName, refusedByRuntime, unreachable } from '../domain/errors.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf, checkMessageRoom, checkRoom } from '../domain/tasks.ts';
@@ -16,6 +16,7 @@ import type { CancelRegistry } from './cancel-registry.ts';
 import { readSecretValue } from '../domain/secrets.ts';
 import { invokeFunction } from '../domain/bridge/functions.ts';
 import { withTimeout } from '../domain/with-timeout.ts';
+import { findUnstorable, storableText } from '../domain/storable-json.ts';
 
 const HISTORY = 200;
 // How long agent runs pause, on every worker, once one meets Postgres or Redis unavailable.
@@ -39,6 +40,16 @@ function failureReason(err: unknown): string {
   let shown: string | undefined;
   try { shown = JSON.stringify(err); } catch { /* a BigInt, a cycle: named by its type below */ }
   return `the agent threw ${shown ?? (err === undefined ? 'undefined' : Object.prototype.toString.call(err))}`;
+}
+
+// A name an agent looks something up by (a secret's key, a provider instance's id). Unchecked,
+// undefined reached the query builder, whose error quoted our SQL as the task's status message after
+// every retry, and a NUL character Postgres (SQLSTATE 22021, retried): the first is a wrong call, the
+// second names nothing that can be stored.
+function lookupName(value: unknown, what: string, resource: ResourceName): string {
+  if (typeof value !== 'string') throw new InvalidRequest(`${what} must be a string, not ${value === null ? 'null' : typeof value}`);
+  if (findUnstorable(value)) throw new NotFound(resource, storableText(value));
+  return value;
 }
 
 // Settles when the run is aborted (task canceled, worker shutting down), whether or not the agent
@@ -149,9 +160,13 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         await whileActive((uow, locked) => appendArtifact(uow, locked, { ...artifact, artifactId }, services.cfg.TASK_ARTIFACTS_MAX_BYTES));
         return artifactId;
       }),
-      readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, key))),
+      readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', 'secret')))),
       invokeFunction: (providerInstanceId, functionTypeId, params) =>
-        whileRunning(() => ours(() => invokeFunction(services, providerInstanceId, functionTypeId, params, { paramsPath: 'params', signal: controller.signal, log: runLog }))),
+        whileRunning(() => ours(() => invokeFunction(
+          services, lookupName(providerInstanceId, 'ctx.invokeFunction: the provider instance id', 'provider_instance'),
+          lookupName(functionTypeId, 'ctx.invokeFunction: the function type id', 'function_controller'), params,
+          { paramsPath: 'params', signal: controller.signal, log: runLog },
+        ))),
       log: runLog,
     };
 
