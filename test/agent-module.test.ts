@@ -160,6 +160,18 @@ describe('agent modules', () => {
     }
   });
 
+  it('a run that returns what is no {status?, message?} (a string, a misspelt member) fails, saying so', async () => {
+    // Before, both completed the task with 'Task completed', the agent's answer dropped.
+    const cases: [string, string][] = [
+      ['return text', 'The agent returned a string; a run returns {status?, message?} or nothing'],
+      ['return misspelt', "The agent returned a result with 'mesage'; a run returns {status?, message?} or nothing"],
+    ];
+    for (const [text, why] of cases) {
+      const { state, message } = await finalOf(text);
+      assert.deepEqual({ state, message }, { state: 'failed', message: `The agent failed after 1 attempt(s): ${why}` }, text);
+    }
+  });
+
   it('a refusal no retry can mend (an unknown secret, a wrong status) fails the run at its first attempt, without repeating its replies', async () => {
     const before = stack.workers[0].logs.length;
     const { state, message, task } = await finalOf('missing secret');

@@ -27,6 +27,14 @@ const OUTAGE_PAUSE_MS = 1000;
 export const SHUTDOWN_WIND_DOWN_MS = 6000;
 
 function finalOf(result: AgentResult | void) {
+  // A string returned for its message, or a misspelt member (`mesage`), completed the task with
+  // "Task completed" and dropped what the agent meant to say.
+  if (result !== undefined && result !== null) {
+    const shape = 'a run returns {status?, message?} or nothing';
+    if (typeof result !== 'object' || Array.isArray(result)) throw new InvalidRequest(`The agent returned ${Array.isArray(result) ? 'an array' : `a ${typeof result}`}; ${shape}`);
+    const extra = Object.keys(result).find((k) => k !== 'status' && k !== 'message');
+    if (extra !== undefined) throw new InvalidRequest(`The agent returned a result with '${extra}'; ${shape}`);
+  }
   const status = result?.status ?? 'completed';
   if (!RUN_RESULTS.includes(status)) throw new InvalidRequest(`The agent returned status '${String(status)}'; a run ends in one of ${RUN_RESULTS.join(', ')}`);
   return { status, message: agentMessage(result?.message ?? `Task ${status}`, 'message') };
