@@ -240,6 +240,30 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
       err instanceof McpError && err.message === 'MCP error -32602: Invalid params: params.cursor: is not a cursor this server gave');
   });
 
+  it('refuses a JSON-RPC batch from a client on MCP 2025-06-18 or later (that revision removed batches) before running any of it', async () => {
+    const calls = stripe.seen.length;
+    const batch = JSON.stringify([
+      { jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: REFUND, arguments: { payment_intent: 'pi_batch' } } },
+      { jsonrpc: '2.0', id: 2, method: 'ping' },
+    ]);
+    for (const version of ['2025-06-18', '2025-11-25']) {
+      const r = await rawPost(batch, { 'mcp-protocol-version': version });
+      assert.equal(r.status, 400, version);
+      assert.deepEqual(await r.json(), { jsonrpc: '2.0', id: null, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: MCP ${version} has no JSON-RPC batches; send one message per POST` } });
+    }
+    assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
+    // 2025-03-26, also assumed when the header is absent, has them; an unsupported version stays the transport's 400.
+    const pings = JSON.stringify([{ jsonrpc: '2.0', id: 1, method: 'ping' }, { jsonrpc: '2.0', id: 2, method: 'ping' }]);
+    for (const headers of [{ 'mcp-protocol-version': '2025-03-26' }, {}] as Record<string, string>[]) {
+      const r = await rawPost(pings, headers);
+      assert.equal(r.status, 200);
+      assert.deepEqual(await r.json(), [{ jsonrpc: '2.0', id: 1, result: {} }, { jsonrpc: '2.0', id: 2, result: {} }]);
+    }
+    const unsupported = await rawPost(pings, { 'mcp-protocol-version': '1999-01-01' });
+    assert.equal(unsupported.status, 400);
+    assert.match(((await unsupported.json()) as { error: { message: string } }).error.message, /Unsupported protocol version: 1999-01-01/);
+  });
+
   it('lists tools in pages, following nextCursor, and refuses a cursor it did not give with -32602', async () => {
     // More enabled function instances than a page holds, written straight to the tables: clones of stripe-main.
     const extra = TOOLS_PAGE + 20;

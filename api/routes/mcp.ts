@@ -7,7 +7,7 @@ import { clientGone } from '../client-gone.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { readJsonBody } from '../middleware/body.ts';
 import { InvalidRequest } from '../../domain/errors.ts';
-import { createMcpServer, envelopeRefusal, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp.ts';
+import { batchRefusal, createMcpServer, envelopeRefusal, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 
 export const MCP_PATH = '/api/bridge/v1/mcp';
@@ -33,6 +33,12 @@ export const mcpRoutes = [
       const { status, answer } = unstorableRefusal(body, problem);
       ctx.status = status;
       ctx.body = answer;
+      return;
+    }
+    const batchRefused = batchRefusal(body, ctx.get('mcp-protocol-version') || undefined);
+    if (batchRefused) {
+      ctx.status = 400;
+      ctx.body = batchRefused;
       return;
     }
     const headers = new Headers();

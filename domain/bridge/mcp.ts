@@ -5,7 +5,7 @@
 // so every API process sees the same list.
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import {
-  CallToolRequestSchema, ErrorCode, InitializeRequestSchema, ListToolsRequestSchema, PingRequestSchema,
+  CallToolRequestSchema, ErrorCode, InitializeRequestSchema, ListToolsRequestSchema, PingRequestSchema, SUPPORTED_PROTOCOL_VERSIONS,
   type CallToolResult, type JSONRPCErrorResponse, type Tool,
 } from '@modelcontextprotocol/sdk/types.js';
 import type { Services } from '../services.ts';
@@ -129,6 +129,15 @@ export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: str
     if (!('method' in m) && !('result' in m) && !('error' in m)) return invalid(`${at}a message needs a method (a request or notification), or a result or an error (a response)`, id);
   }
   return undefined;
+}
+
+// MCP 2025-06-18 removed JSON-RPC batching; the SDK still runs a batch whatever version the client
+// says it speaks (MCP-Protocol-Version). A batch from a client on a revision without batches is
+// refused before any member runs. Without the header the client is taken to speak 2025-03-26, which
+// has them; a version the SDK does not support is left to its own 400.
+export function batchRefusal(body: unknown, protocolVersion: string | undefined): EnvelopeRefusal | undefined {
+  if (!Array.isArray(body) || !protocolVersion || !SUPPORTED_PROTOCOL_VERSIONS.includes(protocolVersion) || protocolVersion < '2025-06-18') return undefined;
+  return { jsonrpc: '2.0', id: null, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: MCP ${protocolVersion} has no JSON-RPC batches; send one message per POST` } };
 }
 
 // Valid JSON that is refused before the SDK reads it (a NUL or lone surrogate, nesting past 64
