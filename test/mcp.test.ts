@@ -264,6 +264,35 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.match(((await unsupported.json()) as { error: { message: string } }).error.message, /Unsupported protocol version: 1999-01-01/);
   });
 
+  it('answers a 2025-03-26 batch as JSON-RPC says: an array even of one, -32602 or -32601 per member, and refuses a request id used twice', async () => {
+    const one = await rawPost('[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]');
+    assert.equal(one.status, 200);
+    assert.deepEqual(await one.json(), [{ jsonrpc: '2.0', id: 1, result: {} }]);
+
+    const calls = stripe.seen.length;
+    const mixed = await rawPost(JSON.stringify([
+      { jsonrpc: '2.0', id: 1, method: 'tools/list', params: { cursor: 5 } },
+      { jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: REFUND, arguments: { payment_intent: 'pi_task' }, task: { ttl: 60000 } } },
+      { jsonrpc: '2.0', method: 'notifications/initialized' },
+      { jsonrpc: '2.0', id: 3, method: 'ping' },
+    ]));
+    assert.equal(mixed.status, 200);
+    const [list, task, ping, ...more] = (await mixed.json()) as { id: number; error?: { code: number; message: string } }[];
+    assert.equal(more.length, 0);
+    assert.equal(list.id, 1);
+    assert.equal(list.error?.code, ErrorCode.InvalidParams);
+    assert.match(list.error!.message, /^Invalid params: params\.cursor: /);
+    assert.deepEqual(task, { jsonrpc: '2.0', id: 2, error: { code: ErrorCode.MethodNotFound, message: 'Method not found: tools/call as a task; this server runs tools as plain calls only (it declares no tasks capability)' } });
+    assert.deepEqual(ping, { jsonrpc: '2.0', id: 3, result: {} });
+
+    // Both calls would run and only one be answered: the batch is refused before either runs.
+    const call = (pi: string) => ({ jsonrpc: '2.0', id: 'a', method: 'tools/call', params: { name: REFUND, arguments: { payment_intent: pi } } });
+    const twice = await rawPost(JSON.stringify([{ jsonrpc: '2.0', id: 'a', result: {} }, call('pi_twice_1'), call('pi_twice_2')]));
+    assert.equal(twice.status, 400);
+    assert.deepEqual(await twice.json(), { jsonrpc: '2.0', id: null, error: { code: ErrorCode.InvalidRequest, message: 'Invalid Request: batch members 1 and 2 are requests with the same id "a"' } });
+    assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
+  });
+
   it('lists tools in pages, following nextCursor, and refuses a cursor it did not give with -32602', async () => {
     // More enabled function instances than a page holds, written straight to the tables: clones of stripe-main.
     const extra = TOOLS_PAGE + 20;

@@ -7,7 +7,7 @@ import { clientGone } from '../client-gone.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { readJsonBody } from '../middleware/body.ts';
 import { InvalidRequest } from '../../domain/errors.ts';
-import { batchRefusal, createMcpServer, envelopeRefusal, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp.ts';
+import { batchAnswer, batchRefusal, createMcpServer, envelopeRefusal, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 
 export const MCP_PATH = '/api/bridge/v1/mcp';
@@ -64,7 +64,7 @@ export const mcpRoutes = [
       }
       ctx.status = answer.status;
       answer.headers.forEach((value, name) => ctx.set(name, value));
-      if (text) ctx.body = text;
+      if (text) ctx.body = Array.isArray(body) && answer.status === 200 ? batchAnswer(body, text) : text;
     } finally {
       await server.close();
     }

@@ -135,9 +135,36 @@ export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: str
 // says it speaks (MCP-Protocol-Version). A batch from a client on a revision without batches is
 // refused before any member runs. Without the header the client is taken to speak 2025-03-26, which
 // has them; a version the SDK does not support is left to its own 400.
+// Two requests with one id would both run and only one be answered (the SDK keys answers by id).
 export function batchRefusal(body: unknown, protocolVersion: string | undefined): EnvelopeRefusal | undefined {
-  if (!Array.isArray(body) || !protocolVersion || !SUPPORTED_PROTOCOL_VERSIONS.includes(protocolVersion) || protocolVersion < '2025-06-18') return undefined;
-  return { jsonrpc: '2.0', id: null, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: MCP ${protocolVersion} has no JSON-RPC batches; send one message per POST` } };
+  if (!Array.isArray(body)) return undefined;
+  const invalid = (why: string): EnvelopeRefusal => ({ jsonrpc: '2.0', id: null, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${why}` } });
+  if (protocolVersion && SUPPORTED_PROTOCOL_VERSIONS.includes(protocolVersion) && protocolVersion >= '2025-06-18') {
+    return invalid(`MCP ${protocolVersion} has no JSON-RPC batches; send one message per POST`);
+  }
+  const requests = new Map<string, number>();
+  for (const [i, m] of body.entries()) {
+    const { id, method } = (typeof m === 'object' && m !== null ? m : {}) as { id?: unknown; method?: unknown };
+    if (typeof method !== 'string' || (typeof id !== 'string' && typeof id !== 'number')) continue;
+    const key = `${typeof id}:${id}`;
+    const first = requests.get(key);
+    if (first !== undefined) return invalid(`batch members ${first} and ${i} are requests with the same id ${JSON.stringify(id)}`);
+    requests.set(key, i);
+  }
+  return undefined;
+}
+
+// The SDK answers a batch of one request with that answer alone, not an array of one as JSON-RPC
+// says, and a member's params that do not fit with -32603 (see paramsRefusal). Given the batch and
+// the SDK's answer (its text), the array to send.
+export function batchAnswer(body: unknown[], sdkAnswer: string): unknown[] {
+  const parsed = JSON.parse(sdkAnswer) as unknown;
+  const answers = (Array.isArray(parsed) ? parsed : [parsed]) as { id?: unknown; error?: { code?: unknown } }[];
+  return answers.map((a) => {
+    if (a.error?.code !== ErrorCode.InternalError && a.error?.code !== ErrorCode.ParseError) return a;
+    const request = body.find((m) => typeof m === 'object' && m !== null && 'method' in m && (m as { id?: unknown }).id === a.id);
+    return (request && refusalOf(request)) ?? a;
+  });
 }
 
 // Valid JSON that is refused before the SDK reads it (a NUL or lone surrogate, nesting past 64
