@@ -209,6 +209,32 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.deepEqual(((await batch.json()) as { id: unknown }[]).map((m) => m.id), [1, 'two']);
   });
 
+  it('answers JSON-RPC-shaped JSON that MCP does not accept (a stray member, a result or error of the wrong shape, params that are no object) with -32600 naming the member, not -32700', async () => {
+    const cases: [string, string | number | null, RegExp][] = [
+      ['{"jsonrpc": "2.0", "id": 1, "method": "ping", "extra": 1}', 1, /^Invalid Request: the message: Unrecognized key: "extra"$/],
+      ['{"jsonrpc": "2.0", "id": 2, "method": "ping", "result": {}}', 2, /^Invalid Request: the message: Unrecognized key: "result"$/],
+      ['{"jsonrpc": "2.0", "id": 3, "result": 5}', 3, /^Invalid Request: result: /],
+      ['{"jsonrpc": "2.0", "id": 4, "error": {"code": "x", "message": "m"}}', 4, /^Invalid Request: error\.code: /],
+      ['{"jsonrpc": "2.0", "id": 5, "error": 5}', 5, /^Invalid Request: error: /],
+      ['{"jsonrpc": "2.0", "id": 6, "method": "foo/bar", "params": 5}', 6, /^Invalid Request: params: /],
+      ['{"jsonrpc": "2.0", "method": "notifications/initialized", "params": 5}', null, /^Invalid Request: params: /],
+      ['{"jsonrpc": "2.0", "id": "m", "method": "foo/bar", "params": {"_meta": 5}}', 'm', /^Invalid Request: params\._meta: /],
+      ['[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": 5}]', 2, /^Invalid Request: batch member 1: params: /],
+    ];
+    for (const [body, id, pattern] of cases) {
+      const r = await rawPost(body);
+      assert.equal(r.status, 400, body);
+      const answer = (await r.json()) as { id: unknown; error: { code: number; message: string } };
+      assert.equal(answer.id, id, body);
+      assert.equal(answer.error.code, ErrorCode.InvalidRequest, `${body}: ${JSON.stringify(answer)}`);
+      assert.match(answer.error.message, pattern, body);
+    }
+    // A request to a method this server serves keeps its -32602 for params that are no object.
+    const list = await rawPost('{"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": 5}');
+    assert.equal(list.status, 200);
+    assert.equal(((await list.json()) as { error: { code: number } }).error.code, ErrorCode.InvalidParams);
+  });
+
   it('answers valid JSON it cannot take (NUL, lone surrogate, deep nesting, 1e400) as -32602 in params or -32600 elsewhere, not -32700', async () => {
     const call = (args: string, id = '11') => `{"jsonrpc":"2.0","id":${id},"method":"tools/call","params":{"name":"${REFUND}","arguments":${args}}}`;
     const calls = stripe.seen.length;

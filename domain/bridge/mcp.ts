@@ -5,7 +5,8 @@
 // so every API process sees the same list.
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import {
-  CallToolRequestSchema, ErrorCode, InitializeRequestSchema, ListToolsRequestSchema, PingRequestSchema, SUPPORTED_PROTOCOL_VERSIONS,
+  CallToolRequestSchema, ErrorCode, InitializeRequestSchema, JSONRPCErrorResponseSchema, JSONRPCNotificationSchema, JSONRPCRequestSchema,
+  JSONRPCResultResponseSchema, ListToolsRequestSchema, PingRequestSchema, SUPPORTED_PROTOCOL_VERSIONS,
   type CallToolResult, type JSONRPCErrorResponse, type Tool,
 } from '@modelcontextprotocol/sdk/types.js';
 import type { Services } from '../services.ts';
@@ -127,6 +128,15 @@ export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: str
     if ('id' in m && typeof id !== 'string' && !Number.isSafeInteger(id)) return invalid(`${at}id must be a string or an integer`);
     if ('method' in m && typeof method !== 'string') return invalid(`${at}method must be a string`, id);
     if (!('method' in m) && !('result' in m) && !('error' in m)) return invalid(`${at}a message needs a method (a request or notification), or a result or an error (a response)`, id);
+    // The rest of what the SDK calls a parse error (a stray member, a result or error of the wrong
+    // shape, params that are no object): the first thing its schema for this kind of message finds.
+    const schema = 'method' in m ? ('id' in m ? JSONRPCRequestSchema : JSONRPCNotificationSchema) : 'result' in m ? JSONRPCResultResponseSchema : JSONRPCErrorResponseSchema;
+    const parsed = schema.safeParse(m);
+    if (parsed.success) continue;
+    const issue = parsed.error.issues[0];
+    // A request to a method this server serves, with params of the wrong shape: paramsRefusal's -32602.
+    if (!Array.isArray(body) && issue.path[0] === 'params' && refusalOf(body)) return undefined;
+    return invalid(`${at}${issue.path.join('.') || 'the message'}: ${issue.message}`, id);
   }
   return undefined;
 }
