@@ -66,10 +66,24 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     const refund = tools.find((t) => t.name === REFUND)!;
     // The same schema and documentation as the function's invoke operation in the instances document.
     const fn = (await c.get(`${B}/function-instances/openapi.json`)).body.paths[`${B}/provider/stripe-main/function/stripe_process_refund/invoke`].post;
-    assert.deepEqual(refund.inputSchema, fn.requestBody.content['application/json'].schema.properties.params);
+    const { oneOf: _oneOf, ...params } = fn.requestBody.content['application/json'].schema.properties.params;
+    assert.deepEqual(refund.inputSchema, params);
     assert.equal(refund.inputSchema.type, 'object');
     assert.equal(refund.description, fn.description);
     assert.ok(refund.description && refund.description.length > 10);
+  });
+
+  it('advertises input schemas that Claude-backed hosts take: no oneOf, anyOf or allOf at the top level, the rule kept in the description and checked on call', async () => {
+    const client = await connect();
+    const { tools } = await client.listTools();
+    for (const t of tools) {
+      for (const k of ['oneOf', 'anyOf', 'allOf']) assert.ok(!(k in t.inputSchema), `${t.name}: top-level ${k}`);
+    }
+    const refund = tools.find((t) => t.name === REFUND)!;
+    assert.equal(refund.inputSchema.description, 'payment_intent or charge, not both');
+    const both = await client.callTool({ name: REFUND, arguments: { payment_intent: 'pi_1', charge: 'ch_1' } });
+    assert.equal(both.isError, true);
+    assert.match((both.content as { text: string }[])[0].text, /exactly one of payment_intent or charge/);
   });
 
   it('tools/call invokes the function: structured output, the credential decrypted only on the way out', async () => {

@@ -31,6 +31,15 @@ const toolName = (r: Pick<FunctionInstanceRow, 'provider_controller_type_id' | '
 // of function instances would otherwise make one answer of tens of megabytes.
 export const TOOLS_PAGE = 500;
 
+// The Anthropic API (and Bedrock, Vertex, OpenAI) refuse a tool whose input schema has oneOf, anyOf
+// or allOf at its top level, failing the host's whole request, not just that tool. They are left out
+// of what is advertised; the function's schema says the rule in its description, and tools/call
+// checks the arguments against the whole schema.
+function advertisedInputSchema(parameters: Record<string, unknown>): Tool['inputSchema'] {
+  const { oneOf: _oneOf, anyOf: _anyOf, allOf: _allOf, ...rest } = parameters;
+  return rest as Tool['inputSchema'];
+}
+
 export async function listTools(db: Services['db'], cursor?: string): Promise<{ tools: Tool[]; nextCursor?: string }> {
   let page;
   try {
@@ -41,7 +50,7 @@ export async function listTools(db: Services['db'], cursor?: string): Promise<{ 
   }
   const tools = page.items.map((row) => {
     const f = describeFunction(functionDef(providerDef(row.provider_controller_type_id), row.function_controller_type_id));
-    return { name: toolName(row), title: f.name, description: f.documentation, inputSchema: f.parameters as Tool['inputSchema'] };
+    return { name: toolName(row), title: f.name, description: f.documentation, inputSchema: advertisedInputSchema(f.parameters) };
   });
   return { tools, ...(page.next_page_token ? { nextCursor: page.next_page_token } : {}) };
 }
