@@ -98,18 +98,20 @@ async function storePushConfig(db: Tx, taskId: string, input: PushConfigInput, c
     ...(input.token !== undefined ? { token: input.token } : {}),
     ...(input.authentication?.credentials !== undefined ? { credentials: input.authentication.credentials } : {}),
   };
+  // Without an id a config is the task's own (the SDK's server does the same): setting it again replaces it.
+  const id = input.id ?? taskId;
   return inTrx(db, async (trx) => {
     await requireTask(trx, taskId, true);
-    // Counted under the task's lock, so concurrent sets cannot pass the bound together.
-    if (await repo.countOtherPushConfigs(trx, taskId, input.id ?? taskId) >= MAX_CONFIGS_PER_TASK) {
+    // Counted under the task's lock, so concurrent sets cannot pass the bound together. A task being
+    // created has none yet: A2A intake with an inline config skips the count.
+    if (!fromStart && await repo.countOtherPushConfigs(trx, taskId, id) >= MAX_CONFIGS_PER_TASK) {
       throw new InvalidRequest(`A task has at most ${MAX_CONFIGS_PER_TASK} push notification configs: delete one, or set one of its ids again to replace it`);
     }
     // The alias is held to commit, so a rotation of it re-encrypts this config too (domain/alias-rotation.ts).
     const dekId = Object.keys(secrets).length ? await holdAliasDek(trx, PUSH_ALIAS) : null;
     const row = await repo.upsertPushConfig(trx, {
       task_id: taskId,
-      // Without an id a config is the task's own (the SDK's server does the same): setting it again replaces it.
-      id: input.id ?? taskId,
+      id,
       url: input.url,
       authentication: input.authentication ? { schemes: input.authentication.schemes } : null,
       encrypted_secrets: dekId ? await encryptWithDek({ db: trx, cfg }, dekId, JSON.stringify(secrets), trx) : null,
