@@ -20,17 +20,19 @@ export function findUnstorable(value: unknown, root = 'body', opts: { depthOnly?
     if (typeof v === 'string') {
       if (!opts.depthOnly && UNSTORABLE.test(v)) return { path, message: 'contains a NUL character or an unpaired surrogate' };
     } else if (typeof v === 'number') {
-      if (!opts.depthOnly && Number.isNaN(v)) return { path, message: 'is NaN, which JSON has not (it would be kept as null)' };
-      if (!opts.depthOnly && !Number.isFinite(v)) return { path, message: 'is a number too large for JSON (it would be kept as null)' };
-    } else if (typeof v === 'bigint') {
-      // Only values built in this process (an agent's) can hold one: JSON.stringify throws on it.
-      if (!opts.depthOnly) return { path, message: 'is a BigInt, which JSON has not' };
+      // One test per number on the common path: every request body goes through here.
+      if (!opts.depthOnly && !Number.isFinite(v)) {
+        return { path, message: Number.isNaN(v) ? 'is NaN, which JSON has not (it would be kept as null)' : 'is a number too large for JSON (it would be kept as null)' };
+      }
     } else if (v !== null && typeof v === 'object') {
       if (depth >= MAX_JSON_DEPTH) return { path, message: `nests deeper than ${MAX_JSON_DEPTH} levels` };
       for (const [k, child] of Object.entries(v)) {
         if (!opts.depthOnly && UNSTORABLE.test(k)) return { path, message: 'has a member name with a NUL character or an unpaired surrogate' };
         stack.push([child, `${path}.${k}`, depth + 1]);
       }
+    } else if (typeof v === 'bigint') {
+      // Only values built in this process (an agent's) can hold one: JSON.stringify throws on it.
+      if (!opts.depthOnly) return { path, message: 'is a BigInt, which JSON has not' };
     }
   }
   return undefined;
