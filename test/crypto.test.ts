@@ -143,9 +143,7 @@ describe('crypto: AWS KMS envelope keys through the real SDK against a local KMS
   });
 
   it('ends a call to a KMS endpoint that accepts and never answers, and refuses a generated key of the wrong length', async () => {
-    const sockets = new Set<import('node:net').Socket>();
     const silent = http.createServer(() => undefined);
-    silent.on('connection', (s) => sockets.add(s));
     const short = http.createServer((_req, res) => {
       res.writeHead(200, { 'content-type': 'application/x-amz-json-1.1' });
       res.end(JSON.stringify({ Plaintext: randomBytes(16).toString('base64'), CiphertextBlob: randomBytes(60).toString('base64'), KeyId: arn }));
@@ -153,12 +151,11 @@ describe('crypto: AWS KMS envelope keys through the real SDK against a local KMS
     await Promise.all([silent, short].map((s) => new Promise<void>((resolve) => s.listen(0, '127.0.0.1', resolve))));
     const urlOf = (s: http.Server) => `http://127.0.0.1:${(s.address() as AddressInfo).port}`;
     try {
-      const started = Date.now();
+      // Without the timeout the call never ends (the test's own timeout fails it).
       await assert.rejects(kmsWrapper(arn, 'eu-west-1', urlOf(silent), 500).wrap(randomBytes(32)), (e: unknown) => e instanceof Upstream && /no answer within 500 ms/.test(e.message));
-      assert.ok(Date.now() - started < 10_000, 'the call ended, within its timeout and some');
       await assert.rejects(kmsWrapper(arn, 'eu-west-1', urlOf(short)).generate(), (e: unknown) => e instanceof Upstream && /16-byte/.test(e.message));
     } finally {
-      for (const s of sockets) s.destroy();
+      silent.closeAllConnections();
       await Promise.all([silent, short].map((s) => new Promise((resolve) => s.close(resolve))));
     }
   });
