@@ -97,6 +97,15 @@ class NoHistoryRequestHandler extends DefaultRequestHandler {
   }
 }
 
+// A task created on `stack` with `text`, as GET shows it once it has failed.
+async function failedTaskOn(stack: Stack, text = 'anyone there?') {
+  const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
+  return waitFor(async () => {
+    const r = await stack.client.get(`/api/task/v1/${created.body.task.id}`);
+    return r.body.task.status === 'failed' && r.body;
+  }, 'the task to fail', 30000);
+}
+
 async function startRemoteAgent(executor: AgentExecutor, streaming: boolean, endpointElsewhere = false, keepsHistory = true): Promise<{ url: string; server: Server; refused: string[]; endpointOrigin: string; close: () => Promise<void> }> {
   const app = express();
   const refused: string[] = [];
@@ -344,15 +353,6 @@ for (const streaming of [true, false]) {
       await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('remote task canceled: its local task was canceled between runs') && l.includes(remoteTask)), 'the log line');
     });
 
-    // A task created on a stack of its own, as GET shows it once it has failed.
-    const failedTaskOn = async (other: Stack) => {
-      const created = await other.client.post('/api/task/v1', { message: textMessage('anyone there?') });
-      return waitFor(async () => {
-        const r = await other.client.get(`/api/task/v1/${created.body.task.id}`);
-        return r.body.task.status === 'failed' && r.body;
-      }, 'the task to fail', 30000);
-    };
-
     if (streaming) it('fails the local task with the reason when the remote agent is unreachable', async () => {
       const other = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: 'http://127.0.0.1:9', AGENT_ATTEMPTS: '2' });
       try {
@@ -580,9 +580,11 @@ describe('remote A2A agent that answers without end, or about another task', () 
   let stack: Stack;
   let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' = 'trickle-card';
   let streamClosed = false;
+  let trickledCards = 0;
   const server = http.createServer((req, res) => {
     const origin = `http://${req.headers.host}`;
     if (req.method === 'GET' && mode === 'trickle-card') {
+      trickledCards++;
       res.writeHead(200, { 'content-type': 'application/json' });
       const tick = setInterval(() => res.write(' '), 100);
       res.on('close', () => clearInterval(tick));
@@ -630,19 +632,14 @@ describe('remote A2A agent that answers without end, or about another task', () 
     await new Promise((resolve) => server.close(resolve));
   });
 
-  const failureOf = async (text: string) => {
-    const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
-    const failed = await waitFor(async () => {
-      const r = await stack.client.get(`/api/task/v1/${created.body.task.id}`);
-      return r.body.task.status === 'failed' && r.body;
-    }, 'the task to fail', 30000);
-    return failed.status_message.parts[0].text as string;
-  };
+  const failureOf = async (text: string) => (await failedTaskOn(stack, text)).status_message.parts[0].text as string;
 
   it('fails the run whose card read does not end within AGENT_REMOTE_TIMEOUT_MS, and reads the card afresh for the next', async () => {
     mode = 'trickle-card';
     assert.match(await failureOf('first'), /card at .* could not be read: the remote agent did not answer within 1000 ms/);
+    const reads = trickledCards;
     assert.match(await failureOf('second'), /did not answer within 1000 ms/);
+    assert.ok(trickledCards > reads, 'the second run read the card itself, not the first run\'s failed read');
   });
 
   it('fails the run whose card decodes to more than it holds (a gzip bomb)', async () => {
@@ -658,9 +655,9 @@ describe('remote A2A agent that answers without end, or about another task', () 
 
   it('fails the run whose stream turns to another task, and keeps following (and would cancel) its own', async () => {
     mode = 'other-task';
-    const text = await failureOf('other');
-    assert.match(text, /the remote agent sent an event of task remote-b while following its task remote-a/);
-    const [row] = await testDb()('remote_agent_tasks').whereIn('remote_task_id', ['remote-a', 'remote-b']);
+    const failed = await failedTaskOn(stack, 'other');
+    assert.match(failed.status_message.parts[0].text, /the remote agent sent an event of task remote-b while following its task remote-a/);
+    const row = await testDb()('remote_agent_tasks').where({ task_id: failed.task.id }).first();
     assert.equal(row?.remote_task_id, 'remote-a', 'the local task still names the remote task it sent its message to');
   });
 
