@@ -82,6 +82,13 @@ describe('agent modules', () => {
     const task = (await rpc('message/send', { message: userMessage(text) })).body.result;
     return { state: task.status.state as string, message: task.status.message?.parts?.[0]?.text as string, task };
   };
+  // Each case's text makes the run fail, after `attempts` attempt(s), saying why.
+  const assertFailures = async (attempts: number, cases: [text: string, why: string][]) => {
+    for (const [text, why] of cases) {
+      const { state, message } = await finalOf(text);
+      assert.deepEqual({ state, message }, { state: 'failed', message: `The agent failed after ${attempts} attempt(s): ${why}` }, text);
+    }
+  };
 
   it('a run may end rejected: the agent declines the task it started to look at', async () => {
     assert.deepEqual(await finalOf('reject').then(({ state, message }) => ({ state, message })), { state: 'rejected', message: 'not a task for me' });
@@ -106,16 +113,12 @@ describe('agent modules', () => {
   it('a handler that throws what is no Error (null, undefined, a string, an object) fails the task after its attempts, naming what it threw', async () => {
     // Before, null and undefined broke the runtime's own error handling: the job failed with a
     // TypeError, unretried, and the task stayed working until job recovery failed it saying nothing.
-    const cases: [string, string][] = [
+    await assertFailures(3, [
       ['throw null', 'the agent threw null'],
       ['throw undefined', 'the agent threw undefined'],
       ['throw string', 'no luck'],
       ['throw object', 'the agent threw {"code":"E_AGENT","detail":"quota"}'],
-    ];
-    for (const [text, why] of cases) {
-      const { state, message } = await finalOf(text);
-      assert.deepEqual({ state, message }, { state: 'failed', message: `The agent failed after 3 attempt(s): ${why}` }, text);
-    }
+    ]);
   });
 
   it("a thrown error's message that Postgres cannot store, or of any length, still fails the task, the reason cut to 1,000 characters", async () => {
@@ -148,28 +151,20 @@ describe('agent modules', () => {
   it('a secret or provider instance looked up by what is no string, or by a name with a NUL character, fails the run at its first attempt', async () => {
     // Before: undefined failed in the query builder, whose message (our SQL) became the status
     // message after 3 attempts; a NUL failed in Postgres, retried, then 'a database error (SQLSTATE 22021)'.
-    const cases: [string, string][] = [
+    await assertFailures(1, [
       ['secret undefined', 'ctx.readSecret: the key must be a string, not undefined'],
       ['secret nul', "secret 'api\ufffdkey' not found"],
       ['invoke undefined', 'ctx.invokeFunction: the provider instance id must be a string, not undefined'],
       ['invoke nul', "provider_instance 'stripe\ufffdheld' not found"],
-    ];
-    for (const [text, why] of cases) {
-      const { state, message } = await finalOf(text);
-      assert.deepEqual({ state, message }, { state: 'failed', message: `The agent failed after 1 attempt(s): ${why}` }, text);
-    }
+    ]);
   });
 
   it('a run that returns what is no {status?, message?} (a string, a misspelt member) fails, saying so', async () => {
     // Before, both completed the task with 'Task completed', the agent's answer dropped.
-    const cases: [string, string][] = [
+    await assertFailures(1, [
       ['return text', 'The agent returned a string; a run returns {status?, message?} or nothing'],
       ['return misspelt', "The agent returned a result with 'mesage'; a run returns {status?, message?} or nothing"],
-    ];
-    for (const [text, why] of cases) {
-      const { state, message } = await finalOf(text);
-      assert.deepEqual({ state, message }, { state: 'failed', message: `The agent failed after 1 attempt(s): ${why}` }, text);
-    }
+    ]);
   });
 
   it('a refusal no retry can mend (an unknown secret, a wrong status) fails the run at its first attempt, without repeating its replies', async () => {
