@@ -111,9 +111,10 @@ const REQUESTS = { initialize: InitializeRequestSchema, ping: PingRequestSchema,
 // without running it: our tools run as plain calls only (no tasks capability; every tool's
 // taskSupport is the default, forbidden), for which that revision says -32601.
 export function paramsRefusal(body: unknown, sdkAnswer: string): JSONRPCErrorResponse | undefined {
-  if (![ErrorCode.InternalError, ErrorCode.ParseError].includes(errorCodeOf(sdkAnswer))) return undefined;
-  return refusalOf(body);
+  return mayBeParams(errorCodeOf(sdkAnswer)) ? refusalOf(body) : undefined;
 }
+// The codes the SDK answers params that do not fit with (and a tools/call sent as a task).
+const mayBeParams = (sdkCode: unknown) => sdkCode === ErrorCode.InternalError || sdkCode === ErrorCode.ParseError;
 
 // JSON-RPC's answer to a message whose id cannot be read: id null.
 type EnvelopeRefusal = Omit<JSONRPCErrorResponse, 'id'> & { id: string | number | null };
@@ -180,7 +181,7 @@ export function batchAnswer(body: unknown[], sdkAnswer: string): unknown[] {
   const parsed = JSON.parse(sdkAnswer) as unknown;
   const answers = (Array.isArray(parsed) ? parsed : [parsed]) as { id?: unknown; error?: { code?: unknown } }[];
   return answers.map((a) => {
-    if (a.error?.code !== ErrorCode.InternalError && a.error?.code !== ErrorCode.ParseError) return a;
+    if (!mayBeParams(a.error?.code)) return a;
     const request = body.find((m) => typeof m === 'object' && m !== null && 'method' in m && (m as { id?: unknown }).id === a.id);
     return (request && refusalOf(request)) ?? a;
   });
