@@ -10,7 +10,7 @@ import { storableText } from '../domain/storable-json.ts';
 
 // Why a run failed often carries an agent's error message: one with a NUL character made the write
 // fail (the task stayed working), one of megabytes went whole into a task's status message.
-export const FAILURE_REASON_MAX_CHARS = 1000;
+const FAILURE_REASON_MAX_CHARS = 1000;
 const storableWhy = (why: string) =>
   storableText(why.length > FAILURE_REASON_MAX_CHARS ? `${why.slice(0, FAILURE_REASON_MAX_CHARS)}…` : why);
 
