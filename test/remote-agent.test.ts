@@ -666,3 +666,52 @@ describe('remote A2A agent that answers without end, or about another task', () 
     assert.match(await failureOf('shapeless'), /^The agent failed after 1 attempt\(s\): the remote agent answered \{"kind":"status-update","taskId":"remote-a","contextId":"remote-ctx","status":null,"final":true\} where a task, message, status-update or artifact-update belongs/);
   });
 });
+
+describe('remote A2A agent that cannot stream and answers message/send only when its task ends', () => {
+  let stack: Stack;
+  let sends = 0;
+  const server = http.createServer((req, res) => {
+    const origin = `http://${req.headers.host}`;
+    if (req.method === 'GET') {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({
+        name: 'slow', description: 'answers late', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc`, preferredTransport: 'JSONRPC',
+        capabilities: { streaming: false }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
+      }));
+      return;
+    }
+    let body = '';
+    req.on('data', (b) => { body += b; });
+    req.on('end', () => {
+      const { id, method } = JSON.parse(body) as { id: string | number; method: string };
+      if (method === 'message/send') sends++;
+      const message = { kind: 'message', role: 'agent', messageId: 'slow-reply', parts: [{ kind: 'text', text: 'done, slowly' }] };
+      // Twice AGENT_REMOTE_TIMEOUT_MS: blocking: false is only a hint to a remote.
+      setTimeout(() => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ jsonrpc: '2.0', id, result: { kind: 'task', id: 'remote-slow', contextId: 'remote-ctx', status: { state: 'completed', message } } }));
+      }, 2000);
+    });
+  });
+  before(async () => {
+    await resetDb();
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: `http://127.0.0.1:${(server.address() as AddressInfo).port}/agent`, AGENT_REMOTE_TIMEOUT_MS: '1000' });
+  });
+  after(async () => {
+    await stack?.stop();
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+  });
+
+  it('waits for the answer past AGENT_REMOTE_TIMEOUT_MS, sending the message once', async () => {
+    const created = await stack.client.post('/api/task/v1', { message: textMessage('take your time') });
+    const done = await waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${created.body.task.id}`);
+      return ['completed', 'failed'].includes(r.body.task.status) && r.body;
+    }, 'the task to end', 30000);
+    assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+    assert.equal(done.status_message.parts[0].text, 'done, slowly');
+    assert.equal(sends, 1);
+  });
+});

@@ -51,15 +51,27 @@ const CANCEL_TIMEOUT_MS = 5000;
 const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
 const REMOTE_TIMEOUT_MS = 30_000;
 
+// The JSON-RPC method a call sends, if its body names one.
+function methodOf(init: RequestInit | undefined): unknown {
+  if (typeof init?.body !== 'string') return undefined;
+  try {
+    return (JSON.parse(init.body) as { method?: unknown }).method;
+  } catch {
+    return undefined;
+  }
+}
+
 // The SDK sets no timeout, and reads the card without any signal: a remote that trickles an answer
 // would hold the run, and every later run waiting on the same card read, for ever. A card or call
 // answer must arrive whole within `timeoutMs`; a stream, which lasts as long as its remote task,
-// must start within it, and its lines are bounded instead.
+// must start within it, and its lines are bounded instead. A message/send (to a remote that cannot
+// stream) is not timed: a remote may answer it only once its task ends, blocking: false being a
+// hint, and a retry would send the message again; the run's cancel still ends it.
 async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init: RequestInit | undefined, timeoutMs: number): Promise<Response> {
   const timeout = new AbortController();
   const late = new Error(`the remote agent did not answer within ${timeoutMs} ms`);
   // An explicit timer: on Node 20 an AbortSignal.timeout held only by AbortSignal.any can be garbage-collected unfired.
-  const timer = setTimeout(() => timeout.abort(late), timeoutMs);
+  const timer = methodOf(init) === 'message/send' ? undefined : setTimeout(() => timeout.abort(late), timeoutMs);
   let res: Response;
   try {
     res = await call({ ...init, signal: init?.signal ? AbortSignal.any([timeout.signal, init.signal]) : timeout.signal });
