@@ -212,6 +212,8 @@ export async function addMessage(s: UowServices & Pick<Services, 'cfg'>, taskId:
 export async function updateStatus(s: UowServices & Pick<Services, 'cfg'>, taskId: string, to: TaskState, message?: CreateMessageRequest): Promise<Task> {
   return inTransaction(s, async (uow) => {
     const task = await lockTask(uow.trx, taskId);
+    // A change the task cannot make is a conflict whatever its message weighs (as for POST message).
+    assertTransition(task.status, to);
     if (message) await checkMessageRoom(uow.trx, task, message, s.cfg.TASK_MESSAGES_MAX_BYTES);
     return changeStatus(uow, task, to, message);
   });

@@ -654,6 +654,18 @@ describe('the bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)', () =
     assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'working' })).status, 200);
   });
 
+  it('answers 409, not 413, for a status change the task cannot make, however large its message (as a message to an ended task is)', async () => {
+    const c = stack.client;
+    const big = textMessage('x'.repeat(5000), 'agent');
+    const id = (await c.post('/api/task/v1', { message: textMessage('hi') })).body.task.id;
+    const illegal = await c.put(`/api/task/v1/${id}`, { status: 'completed', message: big });
+    assertError(illegal, 409, 'conflict');
+    assert.deepEqual(illegal.body.data, { code: 'conflict', from: 'submitted', to: 'completed' });
+    assert.equal((await c.put(`/api/task/v1/${id}`, { status: 'canceled' })).status, 200);
+    assertError(await c.put(`/api/task/v1/${id}`, { status: 'failed', message: big }), 409, 'conflict');
+    assertError(await c.post(`/api/task/v1/${id}/message`, big), 409, 'conflict');
+  });
+
   it('refuses (413; A2A -32602) a new task whose first message is more than a task may hold, creating nothing', async () => {
     const c = stack.client;
     const tasksNow = async () => Number((await testDb()('tasks').count({ n: '*' }))[0].n);
