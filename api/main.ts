@@ -42,7 +42,12 @@ server.keepAliveTimeout = 65_000;
 // cannot tell whether it was taken. Those in flight when the signal comes are told too.
 let stopping = false;
 const answering = new Set<ServerResponse>();
+// A client that stops reading pins its answer in memory (a task's history and artifacts: tens of
+// MiB each) and, on a stream, its A2A_STREAMS_PER_KEY place, for as long as it keeps the connection.
+// The socket's timer restarts whenever bytes move, so only an answer that makes no progress is cut.
+const stalled = (res: ServerResponse) => { if (res.socket && res.socket.writableLength > 0) res.socket.destroy(); };
 server.on('request', (_req, res: ServerResponse) => {
+  if (cfg.API_WRITE_STALL_MS) res.setTimeout(cfg.API_WRITE_STALL_MS, () => stalled(res));
   if (stopping) return void res.setHeader('Connection', 'close');
   answering.add(res);
   res.once('close', () => answering.delete(res));

@@ -77,6 +77,7 @@ const ConfigSchema = Type.Object({
   WORKER_SHUTDOWN_GRACE_MS: Type.Integer({ minimum: 0, default: 10000 }),
   // After SIGTERM, how long an API process lets requests in flight finish before it closes what is open.
   API_SHUTDOWN_GRACE_MS: Type.Integer({ minimum: 0, default: 10000 }),
+  API_WRITE_STALL_MS: Type.Integer({ minimum: 0, default: 60000 }),
   WORKER_STALLED_CHECK_MS: Type.Integer({ minimum: 200, default: 15000 }),
   OUTBOX_SWEEP_MS: Type.Integer({ minimum: 50, default: 2000 }),
   A2A_BLOCKING_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 30000 }),

@@ -309,6 +309,60 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
   });
 });
 
+describe('clients that stop reading (API_WRITE_STALL_MS)', function () {
+  this.timeout(60000);
+  const stack = useStack({ API_WRITE_STALL_MS: '1000', A2A_STREAMS_PER_KEY: '1' }, { workers: 0 });
+
+  // Sends an A2A call on a raw socket and reads none of the answer until `readRest`, which resolves
+  // with the bytes that arrived by the time the API closed the connection (or 'still open').
+  const unread = (method: string, params: unknown) => {
+    const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method, params });
+    const socket = net.connect(Number(new URL(stack.api.url).port), '127.0.0.1', () => {
+      socket.write(`POST ${A2A} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    });
+    socket.pause();
+    socket.on('error', () => undefined);
+    const readRest = () => {
+      let bytes = 0;
+      socket.on('data', (b: Buffer) => { bytes += b.length; });
+      const ended = new Promise<number>((resolve) => socket.once('end', () => resolve(bytes)));
+      socket.resume();
+      return Promise.race([ended, new Promise<string>((resolve) => setTimeout(() => { socket.destroy(); resolve('still open'); }, 20_000))]);
+    };
+    return { readRest };
+  };
+
+  it('cuts an answer the client takes nothing of (a stream or tasks/get of a large task), freeing its stream place; an idle stream stays', async () => {
+    // 15 MB of history: more than the loopback socket buffers hold, so the answer cannot all be sent.
+    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const big = 'y'.repeat(1_000_000);
+    for (let i = 0; i < 15; i++) assert.equal((await stack.client.post(`/api/task/v1/${task}/message`, { role: 'agent', parts: [{ type: 'text-part', text: big }] })).status, 201);
+    const stream = unread('tasks/resubscribe', { id: task });
+    const get = unread('tasks/get', { id: task });
+    const whole = Buffer.byteLength(JSON.stringify((await stack.client.post(A2A, { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: task } })).body));
+    await new Promise((resolve) => setTimeout(resolve, 4000));
+    for (const r of [await stream.readRest(), await get.readRest()]) {
+      assert.equal(typeof r, 'number', 'the API closed the connection');
+      assert.ok((r as number) < whole, `cut short: ${r} of ${whole} bytes`);
+    }
+
+    // The key's one stream place is free again; a stream that is read but has nothing to say is kept.
+    const small = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const ac = new AbortController();
+    const res = await fetch(stack.api.url + A2A, {
+      method: 'POST', signal: ac.signal,
+      headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/resubscribe', params: { id: small } }),
+    });
+    assert.equal(res.status, 200);
+    let ended = false;
+    void (async () => { for await (const _ of res.body as unknown as AsyncIterable<Uint8Array>) { /* the snapshot */ } ended = true; })().catch(() => undefined);
+    await new Promise((resolve) => setTimeout(resolve, 3000));
+    assert.equal(ended, false, 'an idle stream whose client reads is not cut');
+    ac.abort();
+  });
+});
+
 describe("A2A streams of keys revoked by other paths", () => {
   const stack = useStack({}, { workers: 0 });
 
