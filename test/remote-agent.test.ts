@@ -97,6 +97,15 @@ class NoHistoryRequestHandler extends DefaultRequestHandler {
   }
 }
 
+// A task created on `stack` with `text`, as GET shows it once it has ended (completed or failed).
+async function outcome(stack: Stack, text: string) {
+  const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
+  return waitFor(async () => {
+    const r = await stack.client.get(`/api/task/v1/${created.body.task.id}`);
+    return ['completed', 'failed'].includes(r.body.task.status) && r.body;
+  }, 'the task to end', 30000);
+}
+
 // A task created on `stack` with `text`, as GET shows it once it has failed.
 async function failedTaskOn(stack: Stack, text = 'anyone there?') {
   const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
@@ -388,14 +397,6 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
     remote = await startRemoteAgent(new RemoteExecutor(), true, true);
   });
   after(async () => remote?.close());
-
-  const outcome = async (stack: Stack, text: string) => {
-    const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
-    return waitFor(async () => {
-      const r = await stack.client.get(`/api/task/v1/${created.body.task.id}`);
-      return ['completed', 'failed'].includes(r.body.task.status) && r.body;
-    }, 'the task to end', 30000);
-  };
 
   it("withholds the key from an endpoint the card names on another origin", async () => {
     // Attempts to spare, a minute apart: the refusal fails the run at once all the same.
@@ -705,11 +706,7 @@ describe('remote A2A agent that cannot stream and answers message/send only when
   });
 
   it('waits for the answer past AGENT_REMOTE_TIMEOUT_MS, sending the message once', async () => {
-    const created = await stack.client.post('/api/task/v1', { message: textMessage('take your time') });
-    const done = await waitFor(async () => {
-      const r = await stack.client.get(`/api/task/v1/${created.body.task.id}`);
-      return ['completed', 'failed'].includes(r.body.task.status) && r.body;
-    }, 'the task to end', 30000);
+    const done = await outcome(stack, 'take your time');
     assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
     assert.equal(done.status_message.parts[0].text, 'done, slowly');
     assert.equal(sends, 1);
