@@ -6,11 +6,10 @@ export async function getRemoteAgentTask(db: Tx, taskId: string): Promise<Remote
   return db('remote_agent_tasks').select('task_id', 'remote_task_id', 'remote_context_id', 'last_message_id').where({ task_id: taskId }).first();
 }
 
-// The remote tasks of local tasks, by local task id (those that have one).
-export async function remoteTaskIdsOf(db: Tx, taskIds: readonly string[]): Promise<Map<string, string>> {
-  if (!taskIds.length) return new Map();
-  const rows: { task_id: string; remote_task_id: string }[] = await db('remote_agent_tasks').select('task_id', 'remote_task_id').whereIn('task_id', taskIds);
-  return new Map(rows.map((r) => [r.task_id, r.remote_task_id]));
+// The remote task ids of local tasks (of those that have one).
+export async function remoteTaskIdsOf(db: Tx, taskIds: readonly string[]): Promise<string[]> {
+  if (!taskIds.length) return [];
+  return db('remote_agent_tasks').whereIn('task_id', taskIds).pluck('remote_task_id');
 }
 
 export async function saveRemoteAgentTask(db: Tx, row: RemoteAgentTaskRow): Promise<void> {

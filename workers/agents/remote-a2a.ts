@@ -234,7 +234,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
         const remoteContext = known ? known.remote_context_id : await remoteContextOf(db, ctx.task.context_id, ctx.task.id);
         // Tasks the message refers to are named to the remote by their remote ids: ours mean nothing there.
         const references = await remoteTaskIdsOf(db, ctx.message.reference_task_ids);
-        const done = await send(remote, mirror, ctx, known, { contextId: remoteContext ?? undefined, referenceTaskIds: [...references.values()] }, link.signal);
+        const done = await send(remote, mirror, ctx, known, { contextId: remoteContext ?? undefined, referenceTaskIds: references }, link.signal);
         if (done) return done;
       }
       // The stream ended before the remote task did, or the remote cannot stream: the client then
