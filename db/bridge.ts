@@ -78,23 +78,6 @@ export async function setUserCredential(db: Tx, instanceId: string, credentialId
   });
 }
 
-// An instance with the credentials it names, read by one statement: brokering again replaces the
-// user credential and deletes the old one, so two reads could find the instance naming a credential
-// that is gone by the second.
-export async function getProviderInstanceWithCredentials(db: Tx, id: string): Promise<{ instance: ProviderInstanceRow; credentials: CredentialRow[] } | undefined> {
-  const row = await db('provider_instances as p').where('p.id', id).first('p.*', db.raw(
-    `coalesce((select json_agg(c) from bridge_credentials c where c.id in (p.resource_server_credential_id, p.user_credential_id)), '[]') as credentials`,
-  ));
-  if (!row) return undefined;
-  const { credentials, ...instance } = row as ProviderInstanceRow & { credentials: (Omit<CredentialRow, 'next_rotation_time' | 'created_at' | 'updated_at'> & Record<'next_rotation_time' | 'created_at' | 'updated_at', string | null>)[] };
-  return {
-    instance,
-    credentials: credentials.map((c) => ({
-      ...c, next_rotation_time: c.next_rotation_time === null ? null : new Date(c.next_rotation_time), created_at: new Date(c.created_at!), updated_at: new Date(c.updated_at!),
-    })),
-  };
-}
-
 // Returns undefined when the id is taken.
 export async function insertProviderInstance(db: Tx, row: Omit<ProviderInstanceRow, 'created_at' | 'updated_at'>): Promise<ProviderInstanceRow | undefined> {
   const [out] = await db('provider_instances')

@@ -7,7 +7,7 @@ import * as repo from '../../db/bridge.ts';
 import type { FunctionInstance, InvokeResult } from '../../api/schemas/bridge.ts';
 import { PROVIDERS, checkAgainst, credentialDef, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
 import { unsealCredential } from './credentials.ts';
-import { credentialAttacher, toFunctionInstance, toProviderInstance } from './provider-instances.ts';
+import { credentialAttacher, credentialIds, toFunctionInstance, toProviderInstance } from './provider-instances.ts';
 import { inSnapshot } from '../../db/snapshot.ts';
 
 type InvokeServices = Pick<Services, 'db' | 'cfg' | 'log'>;
@@ -44,9 +44,13 @@ export async function invokeFunction(
   s: InvokeServices, providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>,
   { paramsPath = 'body.params', signal, log = s.log }: { paramsPath?: string; signal?: AbortSignal; log?: Services['log'] } = {},
 ): Promise<InvokeResult> {
-  const found = await repo.getProviderInstanceWithCredentials(s.db, providerInstanceId);
-  if (!found) throw new NotFound('provider_instance', providerInstanceId);
-  const { instance, credentials: creds } = found;
+  // One snapshot: brokering again replaces the user credential and deletes the old one, so an
+  // instance read before could name a credential gone by the next statement.
+  const { instance, creds } = await inSnapshot(s.db, async (trx) => {
+    const row = await repo.getProviderInstance(trx, providerInstanceId);
+    if (!row) throw new NotFound('provider_instance', providerInstanceId);
+    return { instance: row, creds: await repo.getCredentials(trx, credentialIds([row])) };
+  });
   const provider = providerDef(instance.provider_controller_type_id);
   const f = functionDef(provider, functionTypeId);
   checkAgainst(f.parameters, params, paramsPath);
