@@ -118,6 +118,12 @@ const mayBeParams = (sdkCode: unknown) => sdkCode === ErrorCode.InternalError ||
 
 // JSON-RPC's answer to a message whose id cannot be read: id null.
 type EnvelopeRefusal = Omit<JSONRPCErrorResponse, 'id'> & { id: string | number | null };
+// An id an answer can echo (MCP: a string or an integer), else null.
+const readableId = (id: unknown): string | number | null => (typeof id === 'string' || Number.isSafeInteger(id) ? id as string | number : null);
+// -32600 saying why, echoing `id` when it can be read.
+const invalidRequest = (why: string, id?: unknown): EnvelopeRefusal => ({
+  jsonrpc: '2.0', id: readableId(id), error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${why}` },
+});
 
 // The SDK answers JSON that is not a JSON-RPC message with a parse error (-32700), and an empty
 // batch with 202 as if it were notifications. JSON-RPC says both are invalid requests (-32600), and
@@ -126,18 +132,15 @@ type EnvelopeRefusal = Omit<JSONRPCErrorResponse, 'id'> & { id: string | number 
 export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: string): EnvelopeRefusal | undefined {
   if (sdkStatus !== 202 && errorCodeOf(sdkAnswer) !== ErrorCode.ParseError) return undefined;
   const members = Array.isArray(body) ? body : [body];
-  const invalid = (why: string, id?: unknown): EnvelopeRefusal => ({
-    jsonrpc: '2.0', id: typeof id === 'string' || Number.isSafeInteger(id) ? id as string | number : null, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${why}` },
-  });
-  if (!members.length) return invalid('the batch is empty');
+  if (!members.length) return invalidRequest('the batch is empty');
   for (const [i, m] of members.entries()) {
     const at = Array.isArray(body) ? `batch member ${i}: ` : '';
-    if (typeof m !== 'object' || m === null || Array.isArray(m)) return invalid(`${at}a message must be a JSON object`);
+    if (typeof m !== 'object' || m === null || Array.isArray(m)) return invalidRequest(`${at}a message must be a JSON object`);
     const { jsonrpc, id, method } = m as Record<string, unknown>;
-    if (jsonrpc !== '2.0') return invalid(`${at}jsonrpc must be "2.0"`, id);
-    if ('id' in m && typeof id !== 'string' && !Number.isSafeInteger(id)) return invalid(`${at}id must be a string or an integer`);
-    if ('method' in m && typeof method !== 'string') return invalid(`${at}method must be a string`, id);
-    if (!('method' in m) && !('result' in m) && !('error' in m)) return invalid(`${at}a message needs a method (a request or notification), or a result or an error (a response)`, id);
+    if (jsonrpc !== '2.0') return invalidRequest(`${at}jsonrpc must be "2.0"`, id);
+    if ('id' in m && readableId(id) === null) return invalidRequest(`${at}id must be a string or an integer`);
+    if ('method' in m && typeof method !== 'string') return invalidRequest(`${at}method must be a string`, id);
+    if (!('method' in m) && !('result' in m) && !('error' in m)) return invalidRequest(`${at}a message needs a method (a request or notification), or a result or an error (a response)`, id);
     // The rest of what the SDK calls a parse error (a stray member, a result or error of the wrong
     // shape, params that are no object): the first thing its schema for this kind of message finds.
     const schema = 'method' in m ? ('id' in m ? JSONRPCRequestSchema : JSONRPCNotificationSchema) : 'result' in m ? JSONRPCResultResponseSchema : JSONRPCErrorResponseSchema;
@@ -146,7 +149,7 @@ export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: str
     const issue = parsed.error.issues[0];
     // A request to a method this server serves, with params of the wrong shape: paramsRefusal's -32602.
     if (!Array.isArray(body) && issue.path[0] === 'params' && refusalOf(body)) return undefined;
-    return invalid(`${at}${issue.path.join('.') || 'the message'}: ${issue.message}`, id);
+    return invalidRequest(`${at}${issue.path.join('.') || 'the message'}: ${issue.message}`, id);
   }
   return undefined;
 }
@@ -158,9 +161,8 @@ export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: str
 // Two requests with one id would both run and only one be answered (the SDK keys answers by id).
 export function batchRefusal(body: unknown, protocolVersion: string | undefined): EnvelopeRefusal | undefined {
   if (!Array.isArray(body)) return undefined;
-  const invalid = (why: string): EnvelopeRefusal => ({ jsonrpc: '2.0', id: null, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${why}` } });
   if (protocolVersion && SUPPORTED_PROTOCOL_VERSIONS.includes(protocolVersion) && protocolVersion >= '2025-06-18') {
-    return invalid(`MCP ${protocolVersion} has no JSON-RPC batches; send one message per POST`);
+    return invalidRequest(`MCP ${protocolVersion} has no JSON-RPC batches; send one message per POST`);
   }
   const requests = new Map<string, number>();
   for (const [i, m] of body.entries()) {
@@ -168,7 +170,7 @@ export function batchRefusal(body: unknown, protocolVersion: string | undefined)
     if (typeof method !== 'string' || (typeof id !== 'string' && typeof id !== 'number')) continue;
     const key = `${typeof id}:${id}`;
     const first = requests.get(key);
-    if (first !== undefined) return invalid(`batch members ${first} and ${i} are requests with the same id ${JSON.stringify(id)}`);
+    if (first !== undefined) return invalidRequest(`batch members ${first} and ${i} are requests with the same id ${JSON.stringify(id)}`);
     requests.set(key, i);
   }
   return undefined;
@@ -193,12 +195,12 @@ export function batchAnswer(body: unknown[], sdkAnswer: string): unknown[] {
 // elsewhere -32600 (HTTP 400, as envelopeRefusal).
 export function unstorableRefusal(body: unknown, problem: FieldError): { status: number; answer: EnvelopeRefusal } {
   const single = typeof body === 'object' && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : undefined;
-  const id = typeof single?.id === 'string' || Number.isSafeInteger(single?.id) ? (single!.id as string | number) : null;
+  const id = readableId(single?.id);
   const where = problem.path.replace(/^body\.?/, '') || 'the message';
   if (id !== null && problem.path.startsWith('body.params')) {
     return { status: 200, answer: { jsonrpc: '2.0', id, error: { code: ErrorCode.InvalidParams, message: `Invalid params: ${where}: ${problem.message}` } } };
   }
-  return { status: 400, answer: { jsonrpc: '2.0', id, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${where}: ${problem.message}` } } };
+  return { status: 400, answer: invalidRequest(`${where}: ${problem.message}`, id) };
 }
 
 function errorCodeOf(text: string): number {
