@@ -62,7 +62,7 @@ async function heldBytes(trx: Tx, locked: tasks.TaskRow, count: tasks.ContentCou
 
 // Refuses a status message that would take a task the caller holds locked over maxBytes (the
 // status-change statement adds it to the count).
-export async function checkMessageRoom(trx: Tx, locked: tasks.TaskRow, req: Pick<CreateMessageRequest, 'parts' | 'metadata' | 'extensions'>, maxBytes: number): Promise<void> {
+async function checkMessageRoom(trx: Tx, locked: tasks.TaskRow, req: Pick<CreateMessageRequest, 'parts' | 'metadata' | 'extensions'>, maxBytes: number): Promise<void> {
   checkRoom(locked.id, 'message_bytes', await heldBytes(trx, locked, 'message_bytes'), tasks.messageBytes(req), maxBytes);
 }
 
@@ -136,9 +136,12 @@ export async function beginRun(s: UowServices & Pick<Services, 'taskStatements'>
   return state;
 }
 
-// Changes the status of a task the caller has read (and usually locked) in this transaction.
-export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: TaskState, message?: CreateMessageRequest): Promise<Task> {
+// Changes the status of a task the caller holds locked in this transaction, with a status message
+// within what the task may hold. A change the task cannot make is a conflict whatever its message
+// weighs (as for POST message): the transition is checked before the message's room.
+export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: TaskState, maxMessageBytes: number, message?: CreateMessageRequest): Promise<Task> {
   assertTransition(task.status, to);
+  if (message) await checkMessageRoom(uow.trx, task, message, maxMessageBytes);
   const changed = await changeStatusIf(uow, task.id, to, [task.status], message);
   if (!changed) throw new Conflict(`Task '${task.id}' changed status concurrently; retry`, { from: task.status, to });
   return changed;
@@ -212,10 +215,7 @@ export async function addMessage(s: UowServices & Pick<Services, 'cfg'>, taskId:
 export async function updateStatus(s: UowServices & Pick<Services, 'cfg'>, taskId: string, to: TaskState, message?: CreateMessageRequest): Promise<Task> {
   return inTransaction(s, async (uow) => {
     const task = await lockTask(uow.trx, taskId);
-    // A change the task cannot make is a conflict whatever its message weighs (as for POST message).
-    assertTransition(task.status, to);
-    if (message) await checkMessageRoom(uow.trx, task, message, s.cfg.TASK_MESSAGES_MAX_BYTES);
-    return changeStatus(uow, task, to, message);
+    return changeStatus(uow, task, to, s.cfg.TASK_MESSAGES_MAX_BYTES, message);
   });
 }
 

@@ -6,7 +6,7 @@ import type { Services } from '../domain/services.ts';
 import { InvalidRequest, NotFound, publicReason, type ResourceName, refusedByRuntime, unreachable } from '../domain/errors.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
-import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf, checkMessageRoom, checkRoom } from '../domain/tasks.ts';
+import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf, checkRoom } from '../domain/tasks.ts';
 import { inStatement, inTransaction, type UnitOfWork } from '../domain/unit-of-work.ts';
 import { isTerminal, RUN_RESULTS, runEndsFrom, workingUnder } from '../domain/task-states.ts';
 import type { AgentContext, AgentHandler, AgentResult } from './agents/types.ts';
@@ -157,10 +157,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         // The run's end (input-required, completed, ...) is its return value, which a status set here would pre-empt.
         if (status !== 'working') throw new InvalidRequest(`ctx.setStatus takes 'working' only, not '${String(status)}'; a run ends with its return value {status, message}`);
         const progress = r === undefined ? undefined : agentMessage(r, 'message');
-        await whileActive(async (uow, locked) => {
-          if (progress) await checkMessageRoom(uow.trx, locked, progress, maxMessageBytes);
-          return changeStatus(uow, locked, status, progress);
-        });
+        await whileActive((uow, locked) => changeStatus(uow, locked, status, maxMessageBytes, progress));
       }),
       emitArtifact: (input) => ours(async () => {
         const artifact = checkArtifact(input);
