@@ -29,13 +29,11 @@ function writeError(log: Logger, socket: Duplex, e: AppError, requestId = reques
 export function answerClientErrors(server: Server, methods: readonly string[], log: Logger): void {
   const allow = [...new Set([...methods.map((m) => m.toUpperCase()), 'HEAD', 'OPTIONS'])].join(', ');
   server.on('connect', (req, socket: Duplex) => {
-    const incoming = req.headers['x-request-id'];
-    writeError(log, socket, new MethodNotAllowed('Method CONNECT is not allowed: this server is not a proxy', allow), requestIdFor(typeof incoming === 'string' ? incoming : undefined));
+    writeError(log, socket, new MethodNotAllowed('Method CONNECT is not allowed: this server is not a proxy', allow), requestIdFor(req.headers['x-request-id']));
   });
   // An Expect other than 100-continue: Node answers 417 itself, without a body, unless told here.
   server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
-    const incoming = req.headers['x-request-id'];
-    const requestId = requestIdFor(typeof incoming === 'string' ? incoming : undefined);
+    const requestId = requestIdFor(req.headers['x-request-id']);
     const e = new AppError(417, 'invalid_request', `Expect '${String(req.headers.expect).slice(0, 100)}' is not supported: only 100-continue is`);
     log.info({ req_id: requestId, method: req.method, path: req.url?.split('?')[0], status: e.status, code: e.code }, 'request refused before routing');
     // Its body is not read: the connection closes after the answer.

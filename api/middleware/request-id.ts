@@ -4,8 +4,9 @@ import type { Logger } from '../../domain/logger.ts';
 
 const VALID = /^[A-Za-z0-9._:-]{1,128}$/;
 
-// A sane incoming X-Request-Id, else a new one (also for answers written outside Koa: api/client-errors.ts).
-export const requestIdFor = (incoming: string | undefined): string => (incoming !== undefined && VALID.test(incoming) ? incoming : randomUUID());
+// A sane incoming X-Request-Id (a header as Node gives it, repeated or absent), else a new one (also
+// for answers written outside Koa: api/client-errors.ts).
+export const requestIdFor = (incoming: string | string[] | undefined): string => (typeof incoming === 'string' && VALID.test(incoming) ? incoming : randomUUID());
 
 // The route pattern a request matched (`/api/task/v1/:task_id`), else `unmatched`: the request
 // line's `route` and the /metrics label (bounded, unlike paths, which carry ids).
