@@ -1,18 +1,12 @@
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { createCipheriv, randomBytes, randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { ROOT, testDb, textMessage, useStack, waitFor, type Client } from './helpers/stack.ts';
+import { sealByHand } from './helpers/aes-gcm-by-hand.ts';
 
 const S = '/api/secret/v1';
 const E = '/api/encryption/v1';
-
-// AES-256-GCM in the documented format, written here from the description: base64(nonce 12 ‖ ciphertext ‖ tag 16).
-function seal(key: Buffer, plain: Buffer): string {
-  const nonce = randomBytes(12);
-  const c = createCipheriv('aes-256-gcm', key, nonce);
-  return Buffer.concat([nonce, c.update(plain), c.final(), c.getAuthTag()]).toString('base64');
-}
 
 describe('secret API', () => {
   const stack = useStack({}, { workers: 0 });
@@ -235,12 +229,12 @@ describe('secret API', () => {
     const envelope = (await c.get(`${E}/dek/alias/default`)).body.envelope_encryption_key_id;
     const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', envelope.file_name));
     const dekKey = randomBytes(32);
-    const dek = await c.post(`${E}/envelope/${encodeURIComponent(envelope.id)}/dek/import`, { encrypted_data_encryption_key: seal(kek, dekKey) });
+    const dek = await c.post(`${E}/envelope/${encodeURIComponent(envelope.id)}/dek/import`, { encrypted_data_encryption_key: sealByHand(kek, dekKey) });
     assert.equal(dek.status, 201);
     assert.equal((await c.post(`${E}/dek/alias`, { dek_id: dek.body.id, alias: 'known' })).status, 201);
 
     const raw = value();
-    const encrypted = seal(dekKey, Buffer.from(raw));
+    const encrypted = sealByHand(dekKey, Buffer.from(raw));
     const r = await c.post(`${S}/import`, { key: 'imported.value', encrypted_value: encrypted, dek_alias: 'known' });
     assert.equal(r.status, 201);
     assert.equal(r.body.encrypted_secret, encrypted);
@@ -254,7 +248,7 @@ describe('secret API', () => {
 
     const count = async () => Number((await testDb()('secrets').count({ n: '*' }))[0].n);
     const before = await count();
-    for (const bad of [seal(randomBytes(32), Buffer.from('x')), encrypted.slice(0, -4) + 'AAAA', 'not base64!', 'AAAA', '']) {
+    for (const bad of [sealByHand(randomBytes(32), Buffer.from('x')), encrypted.slice(0, -4) + 'AAAA', 'not base64!', 'AAAA', '']) {
       const res = await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: bad, dek_alias: 'known' });
       assert.equal(res.status, 400, bad);
       assert.equal(res.body.data.errors[0].path, 'body.encrypted_value');
@@ -306,7 +300,7 @@ describe('secret API', () => {
 
   it('reports a stored value that no longer decrypts as a server fault naming the key, not the value', async () => {
     const created = await c.post(S, { key: 'damaged', raw_value: value() });
-    await testDb()('secrets').where({ id: created.body.id }).update({ encrypted_secret: seal(randomBytes(32), Buffer.from('x')) });
+    await testDb()('secrets').where({ id: created.body.id }).update({ encrypted_secret: sealByHand(randomBytes(32), Buffer.from('x')) });
     const r = await c.get(`${S}/list-decrypted?page_size=1000`);
     assert.equal(r.status, 500);
     assert.equal(r.body.data.code, 'internal');
