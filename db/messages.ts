@@ -41,7 +41,7 @@ export async function listMessages(db: Tx, taskId: string, pageSize: number, tok
 export async function messageBytes(db: Tx, taskId: string): Promise<number> {
   const [row] = await db('messages').where({ task_id: taskId }).select(db.raw(`coalesce(sum(octet_length(parts::text)
     + case when coalesce(metadata, '{}'::jsonb) <> '{}'::jsonb then octet_length(metadata::text) else 0 end
-    + coalesce(octet_length(array_to_json(extensions)::text), 0)), 0)::bigint as n`));
+    + case when cardinality(extensions) > 0 then octet_length(array_to_json(extensions)::text) else 0 end), 0)::bigint as n`));
   return Number(row.n);
 }
 

@@ -726,6 +726,8 @@ describe('the bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)', () =
     assert.equal((await c.post(`/api/task/v1/${id}/message`, text(1000))).status, 201);
     // As a task of an earlier release holds it: messages, and no count.
     assert.equal(await testDb()('tasks').where({ id }).update({ message_bytes: null }), 1);
+    // An empty extensions array counts nothing, as the count kept since does not count it.
+    assert.equal(await testDb()('messages').where({ task_id: id }).update({ extensions: testDb().raw("'{}'::text[]") }), 2);
     const stored = Number((await testDb()('messages').where({ task_id: id }).select(testDb().raw('sum(octet_length(parts::text))::int as n')))[0].n);
     const over = await c.post(`/api/task/v1/${id}/message`, text(4096 - stored));
     assert.match(over.body.message, new RegExp(`^Task '${id}' holds ${stored} bytes of messages`));
