@@ -42,6 +42,12 @@ export async function setContentBytes(db: Tx, id: string, count: ContentCount, b
   await db('tasks').where({ id }).update({ [count]: bytes });
 }
 
+// Records content added to a task (a message, an artifact update) in its row: the new count, and
+// `updated_at` moved to when it was added, never back, so a client polling on it sees new content.
+export async function addContent(db: Tx, id: string, count: ContentCount, bytes: number, at: Date): Promise<void> {
+  await db('tasks').where({ id }).update({ [count]: bytes, updated_at: db.raw('greatest(updated_at, ?)', [at]) });
+}
+
 // Whether the message a task's run_due_message_id names came after the task's status changed last
 // (by the order of messages when the change carried one). Every change clears the mark; one left
 // from before a change was set by processes of a release before migration 0013, which do not clear it.

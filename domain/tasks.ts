@@ -66,18 +66,18 @@ async function checkMessageRoom(trx: Tx, locked: tasks.TaskRow, req: Pick<Create
   checkRoom(locked.id, 'message_bytes', await heldBytes(trx, locked, 'message_bytes'), tasks.messageBytes(req), maxBytes);
 }
 
-// Takes room for `adding` bytes in a task the caller holds locked, or refuses them: the count is written
-// in the caller's transaction, with the row they go into.
-async function takeRoom(trx: Tx, locked: tasks.TaskRow, count: tasks.ContentCount, adding: number, maxBytes: number): Promise<void> {
+// Takes room for `adding` bytes, added at `at`, in a task the caller holds locked, or refuses them: the
+// count is written in the caller's transaction, with the row they go into.
+async function takeRoom(trx: Tx, locked: tasks.TaskRow, count: tasks.ContentCount, adding: number, maxBytes: number, at: Date): Promise<void> {
   const held = await heldBytes(trx, locked, count);
   checkRoom(locked.id, count, held, adding, maxBytes);
-  await tasks.setContentBytes(trx, locked.id, count, held + adding);
+  await tasks.addContent(trx, locked.id, count, held + adding, at);
   locked[count] = held + adding;
 }
 
 // A message of a task the caller holds locked, within what the task may hold.
 export async function appendMessage(uow: UnitOfWork, locked: tasks.TaskRow, req: CreateMessageRequest, maxBytes: number, at = new Date()) {
-  await takeRoom(uow.trx, locked, 'message_bytes', tasks.messageBytes(req), maxBytes);
+  await takeRoom(uow.trx, locked, 'message_bytes', tasks.messageBytes(req), maxBytes, at);
   const message = await messages.insertMessage(uow.trx, newMessage(locked.id, req, at.toISOString()));
   const { seq: _seq, ...plain } = message;
   const item = await appendTimeline(uow, locked.id, { type: 'message', message: plain as Message }, at);
@@ -86,7 +86,7 @@ export async function appendMessage(uow: UnitOfWork, locked: tasks.TaskRow, req:
 
 // An artifact update of a task the caller holds locked, within what the task may hold.
 export async function appendArtifact(uow: UnitOfWork, locked: tasks.TaskRow, artifact: Record<string, unknown>, maxBytes: number, at = new Date()) {
-  await takeRoom(uow.trx, locked, 'artifact_bytes', tasks.contentBytes(artifact), maxBytes);
+  await takeRoom(uow.trx, locked, 'artifact_bytes', tasks.contentBytes(artifact), maxBytes, at);
   return appendTimeline(uow, locked.id, { type: 'artifact-update', artifact }, at);
 }
 

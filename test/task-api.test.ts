@@ -2,6 +2,7 @@
 // where the test puts them.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { assertError, resetDb, testDb, textMessage, useStack, type Response } from './helpers/stack.ts';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
@@ -355,6 +356,19 @@ describe('task API', () => {
       }
       // Messages do not change the status.
       assert.equal((await stack.client.get(`/api/task/v1/${task.id}`)).body.task.status, 'submitted');
+    });
+
+    it("moves the task's updated_at to the message's created_at; the status and its timestamp stay", async () => {
+      const { task } = await create();
+      await sleep(5);
+      const r = await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage('more'));
+      assert.equal(r.status, 201);
+      const after = (await stack.client.get(`/api/task/v1/${task.id}`)).body.task;
+      assert.equal(after.updated_at, r.body.message.created_at);
+      assert.ok(after.updated_at > task.updated_at, `${after.updated_at} after ${task.updated_at}`);
+      assert.equal(after.status_timestamp, task.status_timestamp);
+      const listed = (await stack.client.get(`/api/task/v1?context_id=${task.context_id}&page_size=10`)).body.items;
+      assert.equal(listed.find((t: { id: string }) => t.id === task.id).updated_at, after.updated_at);
     });
 
     it('answers 409 for a task in a terminal state, and stores nothing', async () => {
