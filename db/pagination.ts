@@ -1,8 +1,12 @@
 import { createHash } from 'node:crypto';
 import type { Knex } from 'knex';
 import { InvalidRequest } from '../domain/errors.ts';
+import type { Tx } from './knex.ts';
 
 export interface Page<T> { items: T[]; next_page_token?: string }
+
+// What a page of a list with large rows holds at most (Keyset.bytes), past its first row.
+export const PAGE_MAX_BYTES = 8 * 1024 * 1024;
 
 type KeyKind = 'timestamp' | 'uuid' | 'int' | 'text';
 export interface Keyset<Row> {
@@ -10,6 +14,10 @@ export interface Keyset<Row> {
   kinds: KeyKind[];
   direction: 'asc' | 'desc';
   cursorOf: (row: Row) => unknown[];
+  // Lists whose rows can be large (secret values, task metadata: up to the body limit each) also end
+  // a page at `max` bytes of `size` (an SQL expression of a row's size): a page of 1,000 such rows,
+  // read and answered whole, could hold a gigabyte. The first row is always taken.
+  bytes?: { db: Tx; size: string; max: number };
 }
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -66,10 +74,28 @@ export async function keysetPage<Row>(
     query.whereRaw(`(${columns.map(() => '??').join(', ')}) ${op} (${values.map(() => '?').join(', ')})`, [...columns, ...(values as Knex.Value[])]);
   }
   for (const c of columns) query.orderBy(c, direction);
-  const rows = (await query.limit(pageSize + 1)) as Row[];
-  if (rows.length <= pageSize) return { items: rows };
-  const items = rows.slice(0, pageSize);
+  const rows = keyset.bytes ? await withinBytes(query, keyset, pageSize) : { rows: (await query.limit(pageSize + 1)) as Row[], cut: false };
+  if (rows.rows.length <= pageSize && !rows.cut) return { items: rows.rows };
+  const items = rows.rows.slice(0, pageSize);
   return { items, next_page_token: encodeToken(list, keyset.cursorOf(items[items.length - 1])) };
+}
+
+// The rows of a page whose bytes before them stay under the budget, and whether rows were left out
+// for it. Only the rows taken are sent by Postgres (the others' large values are never read out).
+async function withinBytes<Row>(query: Knex.QueryBuilder, keyset: Keyset<Row>, pageSize: number): Promise<{ rows: Row[]; cut: boolean }> {
+  const { db, size, max } = keyset.bytes!;
+  const order = keyset.columns.map(() => `?? ${keyset.direction}`).join(', ');
+  query.select(db.raw(`sum(${size}) over (order by ${order} rows unbounded preceding) - ${size} as _bytes_before`, keyset.columns)).limit(pageSize + 1);
+  const counted = db.select('*', db.raw('count(*) over () as _fetched')).from(query.as('l'));
+  const outer = db.select('*').from(counted.as('w')).where('_bytes_before', '<', max);
+  for (const c of keyset.columns) outer.orderBy(c.split('.').pop()!, keyset.direction);
+  const rows = (await outer) as (Row & { _bytes_before?: unknown; _fetched?: unknown })[];
+  const fetched = rows.length ? Number(rows[0]._fetched) : 0;
+  for (const r of rows) {
+    delete r._bytes_before;
+    delete r._fetched;
+  }
+  return { rows, cut: rows.length < fetched };
 }
 
 // The same tokens over a short list held in memory (e.g. the provider catalog), ordered by a

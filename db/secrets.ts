@@ -1,6 +1,6 @@
 import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
-import { keysetPage, type Page } from './pagination.ts';
+import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
 import type { AliasRow } from './deks.ts';
 import type { KeyJobRow } from './key-jobs.ts';
 import { KEY_JOB_OPEN } from '../api/schemas/encryption.ts';
@@ -44,7 +44,7 @@ export async function getSecretByKey(db: Tx, key: string): Promise<SecretRow | u
 export async function listSecrets(db: Tx, pageSize: number, token?: string): Promise<Page<SecretRow>> {
   return keysetPage<SecretRow>(db('secrets').select('*'), {
     columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc',
-    cursorOf: (r) => [r.created_at, r.id],
+    cursorOf: (r) => [r.created_at, r.id], bytes: { db, size: 'octet_length(encrypted_secret)', max: PAGE_MAX_BYTES },
   }, pageSize, token);
 }
 

@@ -1,7 +1,7 @@
 import type { Knex } from 'knex';
 import { pgQuery, type Tx } from './knex.ts';
 import { StatementBatcher } from './statement-batcher.ts';
-import { keysetPage, type Page } from './pagination.ts';
+import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
 import { messageFromRow } from './messages.ts';
 import type { ContextInfo, Message, Task, TimelineItem } from '../api/schemas/task.ts';
 import { RUN_STARTS_FROM, type TaskState } from '../domain/task-states.ts';
@@ -91,7 +91,10 @@ export async function listTasks(db: Tx, filter: { status?: string; context_id?: 
   const q = db('tasks').select('*');
   if (filter.status) q.where('status', filter.status);
   if (filter.context_id) q.where('context_id', filter.context_id);
-  return keysetPage<TaskRow>(q, { columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r) => [r.created_at, r.id] }, pageSize, token);
+  return keysetPage<TaskRow>(q, {
+    columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r) => [r.created_at, r.id],
+    bytes: { db, size: 'octet_length(metadata::text)', max: PAGE_MAX_BYTES },
+  }, pageSize, token);
 }
 
 export async function listContexts(db: Tx, pageSize: number, token?: string): Promise<Page<ContextInfo>> {

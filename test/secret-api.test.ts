@@ -138,6 +138,41 @@ describe('secret API', () => {
     assert.equal((await decrypter.get(S)).status, 403);
   });
 
+  it('ends a page of large secrets at 8 MiB of values, with a token to the rest: every secret once, whatever page_size asks', async () => {
+    const large = new Map<string, string>();
+    for (let i = 0; i < 12; i++) {
+      const raw = randomBytes(450_000).toString('hex');
+      const r = await c.post(S, { key: `large.${i}`, raw_value: raw });
+      assert.equal(r.status, 201, r.text);
+      large.set(r.body.id, raw);
+    }
+    const total = (await testDb()('secrets').count({ n: '*' }))[0].n;
+    for (const list of [`${S}/list-decrypted`, S]) {
+      const seen: string[] = [];
+      let pages = 0;
+      for (let token: string | undefined; ;) {
+        const r = await c.get(`${list}?page_size=1000${token ? `&next_page_token=${token}` : ''}`);
+        assert.equal(r.status, 200, r.text);
+        pages += 1;
+        const ofLarge = r.body.secrets.filter((x: { id: string }) => large.has(x.id));
+        if (list !== S) for (const x of ofLarge) assert.equal(x.decrypted_value, large.get(x.id));
+        // The page stops once 8 MiB of stored values are in it: at most one value more.
+        assert.ok(ofLarge.length < large.size, `${ofLarge.length} large secrets on one page`);
+        if (list === S) {
+          const sizes = r.body.secrets.map((x: { encrypted_secret: string }) => Buffer.byteLength(x.encrypted_secret));
+          assert.ok(sizes.slice(0, -1).reduce((a: number, b: number) => a + b, 0) < 8 * 1024 * 1024, `${sizes}`);
+        }
+        seen.push(...r.body.secrets.map((x: { id: string }) => x.id));
+        token = r.body.next_page_token;
+        if (!token) break;
+      }
+      assert.ok(pages >= 2, `${list}: ${pages} page(s)`);
+      assert.equal(new Set(seen).size, seen.length, `${list}: a secret listed twice`);
+      assert.equal(seen.length, Number(total), list);
+    }
+    for (const id of large.keys()) assert.equal((await c.delete(`${S}/${id}`)).status, 200);
+  });
+
   it('needs a key (401) and the right scope (403) on every route', async () => {
     const id = randomUUID();
     const routes: [string, string, unknown?][] = [

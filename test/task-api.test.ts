@@ -434,6 +434,31 @@ describe('task API', () => {
   describe('lists and pagination', () => {
     before(resetDb);
 
+    it('ends a page of tasks with large metadata at 8 MiB of it, with a token to the rest: every task once', async () => {
+      const contextId = randomUUID();
+      const made = new Set<string>();
+      for (let i = 0; i < 12; i++) {
+        const r = await stack.client.post('/api/task/v1', { context_id: contextId, message: textMessage(`t${i}`), metadata: { blob: 'm'.repeat(900_000), i } });
+        assert.equal(r.status, 201, r.text);
+        made.add(r.body.task.id);
+      }
+      for (const list of [`/api/task/v1?context_id=${contextId}&page_size=1000`, `/api/task/v1/context/${contextId}/task?page_size=1000`]) {
+        const seen: string[] = [];
+        for (let token: string | undefined; ;) {
+          const r = await stack.client.get(`${list}${token ? `&next_page_token=${token}` : ''}`);
+          assert.equal(r.status, 200, r.text);
+          assert.ok(r.body.items.length < made.size && r.body.items.length >= 1, `${r.body.items.length} tasks on one page`);
+          const bytes = r.body.items.map((t: { metadata: unknown }) => Buffer.byteLength(JSON.stringify(t.metadata)));
+          assert.ok(bytes.slice(0, -1).reduce((a: number, b: number) => a + b, 0) < 8 * 1024 * 1024, `${bytes}`);
+          seen.push(...r.body.items.map((t: { id: string }) => t.id));
+          token = r.body.next_page_token;
+          if (!token) break;
+        }
+        assert.deepEqual(new Set(seen), made, list);
+        assert.equal(seen.length, made.size, `${list}: a task listed twice`);
+      }
+    });
+
     it('list-contexts requires page_size', async () => {
       const r = await stack.client.get('/api/task/v1/context');
       assertError(r, 400, 'invalid_request');
