@@ -3,7 +3,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Services } from './services.ts';
-import { countKeys } from '../db/api-keys.ts';
+import { anyKeys } from '../db/api-keys.ts';
 import { createApiKey } from './api-keys.ts';
 import { bootstrapKeys } from './crypto/key-management.ts';
 
@@ -13,7 +13,7 @@ export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promis
   await s.db.transaction(async (trx) => {
     await trx.raw('select pg_advisory_xact_lock(?)', [BOOTSTRAP_LOCK]);
     // Only on a fresh installation: revoking every key must not mint a new one at the next start.
-    if (!s.cfg.ADMIN_API_KEY && (await countKeys(trx)) === 0) {
+    if (!s.cfg.ADMIN_API_KEY && !(await anyKeys(trx))) {
       const created = await createApiKey(trx, 'bootstrap admin', ['admin']);
       const file = path.join(s.cfg.DATA_DIR, 'admin-api-key');
       fs.mkdirSync(s.cfg.DATA_DIR, { recursive: true, mode: 0o700 });
