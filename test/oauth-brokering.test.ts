@@ -263,6 +263,25 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     }
   });
 
+  it('masks a client secret and code the token endpoint quotes encoded (lowercase escapes, JSON, HTML, Basic base64, cut short), in the 502 and the log', async () => {
+    const secret = `s/é+ 😀${randomUUID()}`;
+    await instance('mail-enc', { secret });
+    try {
+      await oauth.setMode('echo-encoded');
+      const back = await consent((await broker('mail-enc')).action.Redirect.url);
+      const code = new URL(back).searchParams.get('code')!;
+      const r = await callback(back);
+      assert.equal(r.status, 502);
+      const { message } = (await r.json()) as { message: string };
+      assert.equal(message, 'token endpoint refused the code: pct=*** form=*** json=*** html=*** hex=*** basic=*** code=*** cut=***');
+      const logs = await requestLogsThrough(stack, r, { all: true });
+      assert.ok(logs.some((l) => l.includes('token endpoint refused the code: pct=***')), 'the 502 in the API log');
+      assert.ok(!logs.some((l) => l.includes(secret.slice(-12)) || l.includes(code.slice(0, 12))), 'no log line holds the secret or the code');
+    } finally {
+      await oauth.setMode('ok');
+    }
+  });
+
   it('takes an absurd expires_in as ten years, and answers 502 for an access token no header can carry, storing nothing', async () => {
     await instance('mail-f');
     try {

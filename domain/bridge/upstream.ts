@@ -4,6 +4,7 @@ import { Agent, fetch as undiciFetch } from 'undici';
 import { Upstream } from '../errors.ts';
 import { findUnstorable } from '../storable-json.ts';
 import { guardedLookup } from '../webhook-url.ts';
+import { secretMasker } from '../secret-mask.ts';
 
 // For URLs a client chose (a service account's token_uri): checked when stored and before each call,
 // and refused once more at connect time, when the name is looked up again and may now name an internal
@@ -21,20 +22,29 @@ export interface UpstreamAnswer { status: number; body: unknown; sent?: string[]
 // Form members that are credentials (token endpoints), besides the Authorization header.
 const CREDENTIAL_MEMBERS = ['client_secret', 'code', 'code_verifier', 'refresh_token', 'assertion', 'access_token'];
 
-// What of a request's credentials an answer may echo, in the forms it may echo them: as sent, and
-// percent- or JSON-encoded (a provider quoting the form or the JSON it got).
+// The credentials a request carried, which an answer may echo (secretMasker masks their encodings):
+// the Authorization header, the credential members of a form, and `client_id:client_secret` in
+// base64, as HTTP Basic would send them (a token endpoint may quote the client authentication it checked).
 function sentCredentials(init: RequestInit): string[] {
   const values: string[] = [];
-  const auth = new Headers(init.headers).get('authorization');
+  const headers = new Headers(init.headers);
+  const auth = headers.get('authorization');
   if (auth) values.push(auth, auth.replace(/^\S+\s+/, ''));
-  if (typeof init.body === 'string' && /x-www-form-urlencoded/i.test(new Headers(init.headers).get('content-type') ?? '')) {
+  if (typeof init.body === 'string' && /x-www-form-urlencoded/i.test(headers.get('content-type') ?? '')) {
     const form = new URLSearchParams(init.body);
     for (const member of CREDENTIAL_MEMBERS) for (const v of form.getAll(member)) values.push(v);
+    const [id, secret] = [form.get('client_id'), form.get('client_secret')];
+    // RFC 6749 2.3.1 form-encodes both before joining them; not every client does.
+    if (id !== null && secret) for (const pair of [`${id}:${secret}`, `${formEncode(id)}:${formEncode(secret)}`]) values.push(...base64Forms(pair));
   }
-  const forms = values.filter((v) => v.length >= 4).flatMap((v) => [v, encodeURIComponent(v), new URLSearchParams({ v }).toString().slice(2), JSON.stringify(v).slice(1, -1)]);
-  // Longest first, so a whole header is masked before the token inside it.
-  return [...new Set(forms)].sort((a, b) => b.length - a.length);
+  return values;
 }
+
+const formEncode = (v: string) => new URLSearchParams({ v }).toString().slice(2);
+const base64Forms = (v: string) => {
+  const b64 = Buffer.from(v, 'utf8').toString('base64');
+  return [b64, b64.replace(/=+$/, ''), Buffer.from(v, 'utf8').toString('base64url')];
+};
 
 // Larger answers are refused rather than held in memory (token_uri is client-chosen).
 const MAX_BODY_BYTES = 1024 * 1024;
@@ -108,7 +118,6 @@ export function refusalMessage(answer: UpstreamAnswer): string {
     if (typeof b.error === 'object' && b.error) msg = (b.error as { message?: unknown }).message;
     msg ??= b.error_description ?? (typeof b.error === 'string' ? b.error : undefined) ?? b.message;
   }
-  let text = typeof msg === 'string' && msg ? msg : `HTTP ${answer.status}`;
-  for (const v of answer.sent ?? []) text = text.replaceAll(v, '***');
-  return text.slice(0, 500);
+  const text = typeof msg === 'string' && msg ? msg : `HTTP ${answer.status}`;
+  return secretMasker(answer.sent ?? [])(text).slice(0, 500);
 }
