@@ -26,6 +26,7 @@ import type { Logger } from '../../domain/logger.ts';
 import { refusedByRuntime } from '../../domain/errors.ts';
 import { assertOutboundUrl } from '../../domain/webhook-url.ts';
 import { maskUrlCredentials } from '../../domain/config.ts';
+import { secretMasker } from '../../domain/secret-mask.ts';
 import { fetchPublicOnly } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
@@ -173,8 +174,8 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
     ? new Error(`${err.message} (AGENT_REMOTE_API_KEY was withheld from ${[...withheld].join(', ')}: neither AGENT_REMOTE_URL's origin nor in AGENT_REMOTE_KEY_ORIGINS)`)
     : err);
   // The SDK's errors quote the remote's error answer, which may quote the request it refused,
-  // Authorization header and all; their text reaches the task's status message, the log and the job.
-  const withoutKey = (text: string) => (apiKey ? text.replaceAll(apiKey, '***').replaceAll(JSON.stringify(apiKey).slice(1, -1), '***') : text);
+  // Authorization header and all, in any encoding; their text reaches the task's status message, the log and the job.
+  const withoutKey = secretMasker(apiKey ? [`Bearer ${apiKey}`, apiKey] : []);
   const keyless = <T,>(err: T): T | Error => (err instanceof Error && withoutKey(err.message) !== err.message ? new Error(withoutKey(err.message)) : err);
   let client: Promise<Client> | undefined;
   const connect = () => {
