@@ -581,8 +581,10 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
 // A remote that misbehaves as `mode` says: its card trickles in a byte at a time for ever, or is a
 // gzip bomb; or its card is fine and its message/stream sends one line that never ends.
 describe('remote A2A agent that answers without end, or about another task', () => {
+  // Unlike REMOTE_KEY, no message of these tests ends with a start of it ("remote-a"), which would be masked as a key cut short.
+  const QUOTED_KEY = `qk-${randomUUID()}`;
   let stack: Stack;
-  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' = 'trickle-card';
+  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' = 'trickle-card';
   let streamClosed = false;
   let trickledCards = 0;
   const server = http.createServer((req, res) => {
@@ -601,7 +603,7 @@ describe('remote A2A agent that answers without end, or about another task', () 
         name: 'endless', description: 'streams one endless line', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc`, preferredTransport: 'JSONRPC',
         capabilities: { streaming: true }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
       }));
-    } else if (mode === 'other-task' || mode === 'shapeless') {
+    } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting') {
       let body = '';
       req.on('data', (b) => { body += b; });
       req.on('end', () => {
@@ -610,6 +612,11 @@ describe('remote A2A agent that answers without end, or about another task', () 
         res.writeHead(200, { 'content-type': 'text/event-stream' });
         res.write(event({ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'working' } }));
         if (mode === 'shapeless') res.end(event({ kind: 'status-update', taskId: 'remote-a', contextId: 'remote-ctx', status: null, final: true }));
+        // Padded so that the key starts 10 characters before the 200 of the event a failure quotes.
+        else if (mode === 'shapeless-quoting') {
+          const start = JSON.stringify({ kind: 'status-update', taskId: 'remote-a', contextId: 'remote-ctx', status: null, final: true, note: '' }).length - 2;
+          res.end(event({ kind: 'status-update', taskId: 'remote-a', contextId: 'remote-ctx', status: null, final: true, note: `${'.'.repeat(190 - start - 'Bearer '.length)}${req.headers.authorization}` }));
+        }
         else res.end(event({ kind: 'status-update', taskId: 'remote-b', contextId: 'remote-ctx', status: { state: 'completed' }, final: true }));
       });
     } else {
@@ -628,7 +635,7 @@ describe('remote A2A agent that answers without end, or about another task', () 
     await resetDb();
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/agent`;
-    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: url, AGENT_ATTEMPTS: '1', AGENT_REMOTE_TIMEOUT_MS: '1000' });
+    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: url, AGENT_REMOTE_API_KEY: QUOTED_KEY, AGENT_ATTEMPTS: '1', AGENT_REMOTE_TIMEOUT_MS: '1000' });
   });
   after(async () => {
     await stack?.stop();
@@ -667,7 +674,14 @@ describe('remote A2A agent that answers without end, or about another task', () 
 
   it('fails the run whose stream sends an event of no known shape, saying what it sent', async () => {
     mode = 'shapeless';
-    assert.match(await failureOf('shapeless'), /^The agent failed after 1 attempt\(s\): the remote agent answered \{"kind":"status-update","taskId":"remote-a","contextId":"remote-ctx","status":null,"final":true\} where a task, message, status-update or artifact-update belongs/);
+    assert.match(await failureOf('shapeless'), /^The agent failed after 1 attempt\(s\): the remote agent answered an event where a task, message, status-update or artifact-update belongs: \{"kind":"status-update","taskId":"remote-a","contextId":"remote-ctx","status":null,"final":true\}$/);
+  });
+
+  it('masks the part of the key left where the quote of such an event is cut short', async () => {
+    mode = 'shapeless-quoting';
+    const failure = await failureOf('shapeless quoting');
+    assert.match(failure, /"note":"\.+Bearer \*\*\*$/);
+    assert.ok(!failure.includes(QUOTED_KEY.slice(0, 10)), failure);
   });
 });
 

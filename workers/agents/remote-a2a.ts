@@ -354,7 +354,8 @@ function checkEvent(event: unknown): asserts event is StreamEvent {
     : e.kind === 'task' || e.kind === 'status-update' ? isObject(e.status) && typeof e.status.state === 'string'
       : e.kind === 'artifact-update' ? isObject(e.artifact) && Array.isArray(e.artifact.parts)
         : false;
-  if (!ok) throw new Error(`the remote agent answered ${JSON.stringify(event)?.slice(0, 200)} where a task, message, status-update or artifact-update belongs`);
+  // The quote ends the message: cut short inside the key, what is left of it is masked there (see secretMasker).
+  if (!ok) throw new Error(`the remote agent answered an event where a task, message, status-update or artifact-update belongs: ${JSON.stringify(event)?.slice(0, 200)}`);
 }
 
 // Copies what the remote reports into the local task, once each: messages by id, artifacts by
