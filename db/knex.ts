@@ -28,8 +28,11 @@ const readyForQuery = (connection: { readyForQuery?: boolean }) => connection.re
 // attempt. Failures reach callers as errors anyway; these lines only help while debugging.
 export interface DbLog { debug(obj: object, msg: string): void }
 
-export function createDb(url: string, pool = { min: 0, max: 20 }, opts: { queryTimeoutMs?: number; log?: DbLog } = {}): Knex {
-  const timeouts = opts.queryTimeoutMs ? { statement_timeout: opts.queryTimeoutMs, query_timeout: opts.queryTimeoutMs + CLIENT_TIMEOUT_GRACE_MS } : {};
+export function createDb(url: string, pool = { min: 0, max: 20 }, opts: { queryTimeoutMs?: number; lockTimeoutMs?: number; log?: DbLog } = {}): Knex {
+  const timeouts = {
+    ...(opts.queryTimeoutMs ? { statement_timeout: opts.queryTimeoutMs, query_timeout: opts.queryTimeoutMs + CLIENT_TIMEOUT_GRACE_MS } : {}),
+    ...(opts.lockTimeoutMs ? { lock_timeout: opts.lockTimeoutMs } : {}),
+  };
   // As an object: knex's own URL parsing cannot read a socket path (?host=/dir), pg's can.
   // compileSqlOnError off: a failed query's error names its SQL with placeholders, never the values
   // (which can be ciphertexts, wrapped keys or other tasks' messages in a batched statement).

@@ -33,6 +33,10 @@ const ConfigSchema = Type.Object({
   // Longest a statement of the API or a worker may run (Postgres cancels it; the client gives up
   // shortly after, should the server not answer at all): the request then gets 503. 0: no limit.
   DB_QUERY_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 30000 }),
+  // How long the schema migration (Procfile `release`) waits for a table lock before it gives up and
+  // tries again: while it waits behind a long transaction, every later statement on that table (API
+  // reads included) queues behind it. 0: no limit.
+  MIGRATION_LOCK_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 3000 }),
   // How long an api or worker process waits at start for Postgres and Redis before it exits; 0: no limit.
   STARTUP_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 60000 }),
   QUEUE_PREFIX: Type.String({ default: '{taskbridge}', minLength: 1 }),
@@ -218,7 +222,7 @@ function orExit<T>(load: () => T): T {
 export const loadConfigOrExit = (env: NodeJS.ProcessEnv = process.env): Config => orExit(() => loadConfig(env));
 
 // What the schema migration (Procfile `release`) and the CLI read: they need Postgres only.
-const DatabaseConfigSchema = Type.Pick(ConfigSchema, ['DATABASE_URL', 'LOG_LEVEL']);
+const DatabaseConfigSchema = Type.Pick(ConfigSchema, ['DATABASE_URL', 'LOG_LEVEL', 'MIGRATION_LOCK_TIMEOUT_MS']);
 export const loadDatabaseConfig = (env: NodeJS.ProcessEnv = process.env) => readEnv(DatabaseConfigSchema, env);
 export const loadDatabaseConfigOrExit = () => orExit(() => loadDatabaseConfig());
 

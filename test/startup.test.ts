@@ -3,9 +3,11 @@
 // silent hang or a stack trace; the schema migration needs Postgres only.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
+import { createDb, migrationsDir } from '../db/knex.ts';
 import { freePort } from '../scripts/local-services.ts';
 import { ROOT, testDb, testEnv, useStack, waitFor } from './helpers/stack.ts';
 
@@ -100,6 +102,37 @@ describe('process start-up', function () {
     const r = await run('db/migrate.ts', testEnv({ REDIS_URL: undefined }));
     assert.equal(r.code, 0, r.output);
     assert.match(r.output, /schema up to date|migrations applied/);
+  });
+
+  it('the release step behind a long transaction gives up its table lock request at MIGRATION_LOCK_TIMEOUT_MS, so reads of the table go on, and fails after its tries', async () => {
+    const name = `taskbridge_lock_${randomUUID().slice(0, 8)}`;
+    await testDb().raw(`create database ${name}`);
+    const url = new URL(process.env.DATABASE_URL!);
+    url.pathname = `/${name}`;
+    const db = createDb(url.toString(), { min: 0, max: 3 });
+    try {
+      const config = { directory: migrationsDir, loadExtensions: ['.ts'] };
+      await db.migrate.latest(config);
+      const [, [last]] = await db.migrate.down(config) as [unknown, string[]];
+      const holder = await db.transaction();
+      await holder.raw('select count(*) from tasks');
+      const release = run('db/migrate.ts', testEnv({ DATABASE_URL: url.toString(), REDIS_URL: undefined, MIGRATION_LOCK_TIMEOUT_MS: '100' }));
+      await waitFor(async () => (await db.raw(`select 1 from pg_locks where relation = 'tasks'::regclass and mode = 'AccessExclusiveLock' and not granted`)).rows.length > 0, 'the release waiting for its lock on tasks');
+      // Queued behind the release's lock request; answered once the release gives it up.
+      await db.raw('select count(*) from tasks');
+      const r = await release;
+      assert.equal(r.code, 1, r.output);
+      assert.match(r.output, /migration waited 100 ms \(MIGRATION_LOCK_TIMEOUT_MS\) for a lock another transaction holds; the schema is unchanged, trying again/);
+      assert.match(r.output, /migration failed: waited 100 ms \(MIGRATION_LOCK_TIMEOUT_MS\) for a lock another transaction holds, 10 times; the schema is unchanged/);
+      noStack(r);
+      await holder.commit();
+      const again = await run('db/migrate.ts', testEnv({ DATABASE_URL: url.toString(), REDIS_URL: undefined }));
+      assert.equal(again.code, 0, again.output);
+      assert.match(again.output, new RegExp(`"applied":\\["${last}"\\]`));
+    } finally {
+      await db.destroy();
+      await testDb().raw(`drop database if exists ${name}`);
+    }
   });
 
   it('the release step (migrate) with Postgres unreachable: exit 1 with one line naming DATABASE_URL, no stack, no password', async () => {
