@@ -1,5 +1,6 @@
 import knexFactory, { type Knex } from 'knex';
 import pg from 'pg';
+import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -51,6 +52,16 @@ function knexLog(log: DbLog) {
 export async function migrateLatest(db: Knex): Promise<string[]> {
   const [, applied] = await db.migrate.latest({ directory: migrationsDir, loadExtensions: ['.ts'] });
   return applied as string[];
+}
+
+// The migrations of this release that the database has not had, in order. Migrations it has that this
+// release does not know (a newer release's, while a deploy rolls) are not asked about: old code keeps
+// working on a newer schema.
+export async function unappliedMigrations(db: Knex): Promise<string[]> {
+  const files = fs.readdirSync(migrationsDir).filter((f) => f.endsWith('.ts')).sort();
+  const { rows: [{ table }] } = await db.raw(`select to_regclass('knex_migrations') is not null as table`);
+  const applied = new Set(table ? (await db('knex_migrations').select('name')).map((r: { name: string }) => r.name) : []);
+  return files.filter((f) => !applied.has(f));
 }
 
 // One statement straight through pg, on a connection of db's pool (or db's transaction), for the

@@ -1,10 +1,13 @@
-// Start-up of the api and worker processes: they wait for Postgres and Redis, saying so every few
-// seconds with the address and the variable that names it, and give up after STARTUP_TIMEOUT_MS
-// (0: never) with one line saying why, instead of a silent hang (Redis) or a stack trace (Postgres).
+// Start-up of the api and worker processes: they wait for Postgres and Redis, then for the schema to
+// have this release's migrations (a process started before the release step would fail its
+// statements on missing columns), saying so every few seconds with the address and the variable that
+// names it, and give up after STARTUP_TIMEOUT_MS (0: never) with one line saying why, instead of a
+// silent hang (Redis) or a stack trace (Postgres).
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Services } from './services.ts';
 import { withTimeout } from './with-timeout.ts';
 import { redactUrl } from './logger.ts';
+import { unappliedMigrations } from '../db/knex.ts';
 
 const PROBE_TIMEOUT_MS = 2000;
 const WARN_EVERY_MS = 5000;
@@ -21,25 +24,30 @@ export async function waitForBackingServices(s: Pick<Services, 'cfg' | 'db' | 'r
     if (s.redis.status !== 'ready') throw redisError ?? new Error(`connection ${s.redis.status}`);
     await s.redis.ping();
   };
+  const schemaCurrent = async () => {
+    const missing = await unappliedMigrations(s.db);
+    if (missing.length) throw new Error(`migrations not applied: ${missing.join(', ')} (the release step, npm run migrate, applies them)`);
+  };
   const services = [
-    { name: 'Postgres', variable: 'DATABASE_URL', url: s.cfg.DATABASE_URL, probe: () => s.db.raw('select 1') },
-    { name: 'Redis', variable: 'REDIS_URL', url: s.cfg.REDIS_URL, probe: redisReady },
+    { name: 'Postgres', variable: 'DATABASE_URL', url: s.cfg.DATABASE_URL, probe: () => s.db.raw('select 1'), unready: 'unreachable', ready: 'reached' },
+    { name: 'Redis', variable: 'REDIS_URL', url: s.cfg.REDIS_URL, probe: redisReady, unready: 'unreachable', ready: 'reached' },
+    { name: 'the schema', variable: 'DATABASE_URL', url: s.cfg.DATABASE_URL, probe: schemaCurrent, unready: 'behind this release', ready: 'up to date' },
   ];
   try {
-    for (const { name, variable, url, probe } of services) {
+    for (const { name, variable, url, probe, unready, ready } of services) {
       // A connection being made is not worth a warning: the first comes after WARN_EVERY_MS.
       let warnedAt = Date.now();
       let warned = false;
       for (;;) {
         try {
           await withTimeout(probe(), PROBE_TIMEOUT_MS);
-          if (warned) s.log.info({ service: name }, `${name} reached`);
+          if (warned) s.log.info({ service: name }, `${name} ${ready}`);
           break;
         } catch (err) {
           const why = (err as Error).message;
           const where = { service: name, variable, url: redactUrl(url), reason: why };
           if (limit && Date.now() - started >= limit) {
-            s.log.fatal(where, `${name} unreachable at ${where.url} (${variable}) for ${limit} ms: ${why}; giving up`);
+            s.log.fatal(where, `${name} ${unready} at ${where.url} (${variable}) for ${limit} ms: ${why}; giving up`);
             process.exit(1);
           }
           if (Date.now() - warnedAt >= WARN_EVERY_MS) {

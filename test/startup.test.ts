@@ -9,7 +9,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { createDb, migrationsDir } from '../db/knex.ts';
 import { freePort } from '../scripts/local-services.ts';
-import { ROOT, testDb, testEnv, useStack, waitFor } from './helpers/stack.ts';
+import { ROOT, startApi, testDb, testEnv, useStack, waitFor } from './helpers/stack.ts';
 
 interface Run { code: number | null; output: string }
 
@@ -129,6 +129,34 @@ describe('process start-up', function () {
       const again = await run('db/migrate.ts', testEnv({ DATABASE_URL: url.toString(), REDIS_URL: undefined }));
       assert.equal(again.code, 0, again.output);
       assert.match(again.output, new RegExp(`"applied":\\["${last}"\\]`));
+    } finally {
+      await db.destroy();
+      await testDb().raw(`drop database if exists ${name}`);
+    }
+  });
+
+  it('api and worker started before the release step wait for the schema, naming the migrations it lacks, and give up after STARTUP_TIMEOUT_MS; a schema newer than the code is fine', async () => {
+    const name = `taskbridge_behind_${randomUUID().slice(0, 8)}`;
+    await testDb().raw(`create database ${name}`);
+    const url = new URL(process.env.DATABASE_URL!);
+    url.pathname = `/${name}`;
+    const db = createDb(url.toString(), { min: 0, max: 2 });
+    try {
+      const config = { directory: migrationsDir, loadExtensions: ['.ts'] };
+      await db.migrate.latest(config);
+      const [, [last]] = await db.migrate.down(config) as [unknown, string[]];
+      const env = testEnv({ DATABASE_URL: url.toString(), STARTUP_TIMEOUT_MS: '6000' });
+      for (const r of await Promise.all([run('api/main.ts', env), run('workers/main.ts', env)])) {
+        assert.equal(r.code, 1, r.output);
+        assert.match(r.output, new RegExp(`waiting for the schema at .* \\(DATABASE_URL\\): migrations not applied: ${last} \\(the release step, npm run migrate, applies them\\)`));
+        assert.match(r.output, new RegExp(`the schema behind this release at .* \\(DATABASE_URL\\) for 6000 ms: migrations not applied: ${last} .*; giving up`));
+        noStack(r);
+      }
+      // A newer release's migration applied (its deploy rolling, or this release rolled back to).
+      await db.migrate.latest(config);
+      await db('knex_migrations').insert({ name: '9999_from_a_newer_release.ts', batch: 99, migration_time: new Date() });
+      const api = await startApi(env);
+      await api.stop();
     } finally {
       await db.destroy();
       await testDb().raw(`drop database if exists ${name}`);
