@@ -50,18 +50,20 @@ function knexLog(log: DbLog) {
 }
 
 export async function migrateLatest(db: Knex): Promise<string[]> {
-  const [, applied] = await db.migrate.latest({ directory: migrationsDir, loadExtensions: ['.ts'] });
+  // knex refuses a database with migrations it has no file of; see migrationState for why they are fine.
+  const [, applied] = await db.migrate.latest({ directory: migrationsDir, loadExtensions: ['.ts'], disableMigrationsListValidation: true });
   return applied as string[];
 }
 
-// The migrations of this release that the database has not had, in order. Migrations it has that this
-// release does not know (a newer release's, while a deploy rolls) are not asked about: old code keeps
-// working on a newer schema.
-export async function unappliedMigrations(db: Knex): Promise<string[]> {
+// This release's migrations the database has not had (in order), and the ones it has had that this
+// release does not know: a newer release's, while a deploy rolls or after the code was rolled back.
+// Old code keeps working on a newer schema, so those are only reported.
+export async function migrationState(db: Knex): Promise<{ unapplied: string[]; newer: string[] }> {
   const files = fs.readdirSync(migrationsDir).filter((f) => f.endsWith('.ts')).sort();
   const { rows: [{ table }] } = await db.raw(`select to_regclass('knex_migrations') is not null as table`);
-  const applied = new Set(table ? (await db('knex_migrations').select('name')).map((r: { name: string }) => r.name) : []);
-  return files.filter((f) => !applied.has(f));
+  const applied: string[] = table ? (await db('knex_migrations').select('name')).map((r: { name: string }) => r.name) : [];
+  const known = new Set(files);
+  return { unapplied: files.filter((f) => !applied.includes(f)), newer: applied.filter((f) => !known.has(f)) };
 }
 
 // One statement straight through pg, on a connection of db's pool (or db's transaction), for the

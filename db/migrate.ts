@@ -3,7 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { loadDatabaseConfigOrExit } from '../domain/config.ts';
 import { createLogger, redactUrl } from '../domain/logger.ts';
 import { unreachable } from '../domain/errors.ts';
-import { createDb, migrateLatest } from './knex.ts';
+import { createDb, migrateLatest, migrationState } from './knex.ts';
 
 // Tries at a lock held by a long transaction, a pause of MIGRATION_LOCK_TIMEOUT_MS apart: the API
 // queues behind each wait, so it is never longer than that, and the release fails rather than
@@ -25,6 +25,8 @@ try {
     try {
       const applied = await migrateLatest(db);
       log.info({ applied }, applied.length ? 'migrations applied' : 'schema up to date');
+      const { newer } = await migrationState(db);
+      if (newer.length) log.info({ newer }, 'the schema has migrations of a newer release, which this one runs on; they stay');
       break;
     } catch (err) {
       if (!lockTimedOut(err)) throw err;

@@ -7,7 +7,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Services } from './services.ts';
 import { withTimeout } from './with-timeout.ts';
 import { redactUrl } from './logger.ts';
-import { unappliedMigrations } from '../db/knex.ts';
+import { migrationState } from '../db/knex.ts';
 
 const PROBE_TIMEOUT_MS = 2000;
 const WARN_EVERY_MS = 5000;
@@ -25,7 +25,7 @@ export async function waitForBackingServices(s: Pick<Services, 'cfg' | 'db' | 'r
     await s.redis.ping();
   };
   const schemaCurrent = async () => {
-    const missing = await unappliedMigrations(s.db);
+    const missing = (await migrationState(s.db)).unapplied;
     if (missing.length) throw new Error(`migrations not applied: ${missing.join(', ')} (the release step, npm run migrate, applies them)`);
   };
   const services = [

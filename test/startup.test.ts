@@ -135,7 +135,7 @@ describe('process start-up', function () {
     }
   });
 
-  it('api and worker started before the release step wait for the schema, naming the migrations it lacks, and give up after STARTUP_TIMEOUT_MS; a schema newer than the code is fine', async () => {
+  it('api and worker started before the release step wait for the schema, naming the migrations it lacks, and give up after STARTUP_TIMEOUT_MS; a schema newer than the code is fine, to them and to the release step', async () => {
     const name = `taskbridge_behind_${randomUUID().slice(0, 8)}`;
     await testDb().raw(`create database ${name}`);
     const url = new URL(process.env.DATABASE_URL!);
@@ -157,6 +157,11 @@ describe('process start-up', function () {
       await db('knex_migrations').insert({ name: '9999_from_a_newer_release.ts', batch: 99, migration_time: new Date() });
       const api = await startApi(env);
       await api.stop();
+      // This release's release step too (a rollback of the code).
+      const release = await run('db/migrate.ts', env);
+      assert.equal(release.code, 0, release.output);
+      assert.match(release.output, /schema up to date/);
+      assert.match(release.output, /"newer":\["9999_from_a_newer_release.ts"\],"msg":"the schema has migrations of a newer release, which this one runs on; they stay"/);
     } finally {
       await db.destroy();
       await testDb().raw(`drop database if exists ${name}`);
