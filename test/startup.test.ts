@@ -113,7 +113,9 @@ describe('process start-up', function () {
     try {
       const config = { directory: migrationsDir, loadExtensions: ['.ts'] };
       await db.migrate.latest(config);
-      const [, [last]] = await db.migrate.down(config) as [unknown, string[]];
+      // A migration that alters tasks, rolled back alone: the release applies it again, asking for tasks.
+      const last = '0020_task_run_seen.ts';
+      await db.migrate.down({ ...config, name: last });
       const holder = await db.transaction();
       await holder.raw('select count(*) from tasks');
       const release = run('db/migrate.ts', testEnv({ DATABASE_URL: url.toString(), REDIS_URL: undefined, MIGRATION_LOCK_TIMEOUT_MS: '100' }));
