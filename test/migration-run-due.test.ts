@@ -3,30 +3,25 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
-import { createDb, migrationsDir } from '../db/knex.ts';
-import { testDb } from './helpers/stack.ts';
+import { migrationConfig, scratchDatabase, type ScratchDatabase } from './helpers/scratch-database.ts';
 
 describe('migration 0013 (tasks owed a run)', function () {
   this.timeout(60_000);
-  const name = `taskbridge_migration_${randomUUID().slice(0, 8)}`;
+  let scratch: ScratchDatabase;
   let db: Knex;
-  const config = { directory: migrationsDir, loadExtensions: ['.ts'] };
 
   before(async () => {
-    await testDb().raw(`create database ${name}`);
-    const url = new URL(process.env.DATABASE_URL!);
-    url.pathname = `/${name}`;
-    db = createDb(url.toString(), { min: 0, max: 2 });
+    scratch = await scratchDatabase('migration');
+    db = scratch.db;
     // Up to the migration before 0013.
     for (;;) {
-      const [, pending] = await db.migrate.list(config) as [unknown, { file: string }[]];
+      const [, pending] = await db.migrate.list(migrationConfig) as [unknown, { file: string }[]];
       if (!pending.length || pending[0].file.startsWith('0013')) break;
-      await db.migrate.up(config);
+      await db.migrate.up(migrationConfig);
     }
   });
   after(async () => {
-    await db?.destroy();
-    await testDb().raw(`drop database if exists ${name}`);
+    await scratch?.drop();
   });
 
   it('marks submitted tasks opened by a user and waiting tasks answered since, and no others', async () => {
@@ -52,7 +47,7 @@ describe('migration 0013 (tasks owed a run)', function () {
     const completed = await task('completed', [{ role: 'user', s: 0 }, { role: 'agent', s: 1 }], 1, 1);
     const working = await task('working', [{ role: 'user', s: 0 }], 1);
 
-    await db.migrate.up(config);
+    await db.migrate.up(migrationConfig);
     const due = async (t: { id: string }) => (await db('tasks').where({ id: t.id }).first()).run_due_message_id;
     assert.equal(await due(userOpened), userOpened.ids[0]);
     assert.equal(await due(agentOpened), null);

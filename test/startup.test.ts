@@ -3,13 +3,12 @@
 // silent hang or a stack trace; the schema migration needs Postgres only.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { createDb, migrationsDir } from '../db/knex.ts';
 import { freePort } from '../scripts/local-services.ts';
 import { ROOT, startApi, testDb, testEnv, useStack, waitFor } from './helpers/stack.ts';
+import { migrationConfig, scratchDatabase } from './helpers/scratch-database.ts';
 
 interface Run { code: number | null; output: string }
 
@@ -105,20 +104,16 @@ describe('process start-up', function () {
   });
 
   it('the release step behind a long transaction gives up its table lock request at MIGRATION_LOCK_TIMEOUT_MS, so reads of the table go on, and fails after its tries', async () => {
-    const name = `taskbridge_lock_${randomUUID().slice(0, 8)}`;
-    await testDb().raw(`create database ${name}`);
-    const url = new URL(process.env.DATABASE_URL!);
-    url.pathname = `/${name}`;
-    const db = createDb(url.toString(), { min: 0, max: 3 });
+    const scratch = await scratchDatabase('lock', 3);
+    const { db, url } = scratch;
     try {
-      const config = { directory: migrationsDir, loadExtensions: ['.ts'] };
-      await db.migrate.latest(config);
+      await db.migrate.latest(migrationConfig);
       // A migration that alters tasks, rolled back alone: the release applies it again, asking for tasks.
       const last = '0020_task_run_seen.ts';
-      await db.migrate.down({ ...config, name: last });
+      await db.migrate.down({ ...migrationConfig, name: last });
       const holder = await db.transaction();
       await holder.raw('select count(*) from tasks');
-      const release = run('db/migrate.ts', testEnv({ DATABASE_URL: url.toString(), REDIS_URL: undefined, MIGRATION_LOCK_TIMEOUT_MS: '100' }));
+      const release = run('db/migrate.ts', testEnv({ DATABASE_URL: url, REDIS_URL: undefined, MIGRATION_LOCK_TIMEOUT_MS: '100' }));
       await waitFor(async () => (await db.raw(`select 1 from pg_locks where relation = 'tasks'::regclass and mode = 'AccessExclusiveLock' and not granted`)).rows.length > 0, 'the release waiting for its lock on tasks');
       // Queued behind the release's lock request; answered once the release gives it up.
       await db.raw('select count(*) from tasks');
@@ -128,26 +123,21 @@ describe('process start-up', function () {
       assert.match(r.output, /migration failed: waited 100 ms \(MIGRATION_LOCK_TIMEOUT_MS\) for a lock another transaction holds, 10 times; the schema is unchanged/);
       noStack(r);
       await holder.commit();
-      const again = await run('db/migrate.ts', testEnv({ DATABASE_URL: url.toString(), REDIS_URL: undefined }));
+      const again = await run('db/migrate.ts', testEnv({ DATABASE_URL: url, REDIS_URL: undefined }));
       assert.equal(again.code, 0, again.output);
       assert.match(again.output, new RegExp(`"applied":\\["${last}"\\]`));
     } finally {
-      await db.destroy();
-      await testDb().raw(`drop database if exists ${name}`);
+      await scratch.drop();
     }
   });
 
   it('api and worker started before the release step wait for the schema, naming the migrations it lacks, and give up after STARTUP_TIMEOUT_MS; a schema newer than the code is fine, to them and to the release step', async () => {
-    const name = `taskbridge_behind_${randomUUID().slice(0, 8)}`;
-    await testDb().raw(`create database ${name}`);
-    const url = new URL(process.env.DATABASE_URL!);
-    url.pathname = `/${name}`;
-    const db = createDb(url.toString(), { min: 0, max: 2 });
+    const scratch = await scratchDatabase('behind');
+    const { db, url } = scratch;
     try {
-      const config = { directory: migrationsDir, loadExtensions: ['.ts'] };
-      await db.migrate.latest(config);
-      const [, [last]] = await db.migrate.down(config) as [unknown, string[]];
-      const env = testEnv({ DATABASE_URL: url.toString(), STARTUP_TIMEOUT_MS: '6000' });
+      await db.migrate.latest(migrationConfig);
+      const [, [last]] = await db.migrate.down(migrationConfig) as [unknown, string[]];
+      const env = testEnv({ DATABASE_URL: url, STARTUP_TIMEOUT_MS: '6000' });
       for (const r of await Promise.all([run('api/main.ts', env), run('workers/main.ts', env)])) {
         assert.equal(r.code, 1, r.output);
         assert.match(r.output, new RegExp(`waiting for the schema at .* \\(DATABASE_URL\\): migrations not applied: ${last} \\(the release step, npm run migrate, applies them\\)`));
@@ -155,7 +145,7 @@ describe('process start-up', function () {
         noStack(r);
       }
       // A newer release's migration applied (its deploy rolling, or this release rolled back to).
-      await db.migrate.latest(config);
+      await db.migrate.latest(migrationConfig);
       await db('knex_migrations').insert({ name: '9999_from_a_newer_release.ts', batch: 99, migration_time: new Date() });
       const api = await startApi(env);
       await api.stop();
@@ -165,8 +155,7 @@ describe('process start-up', function () {
       assert.match(release.output, /schema up to date/);
       assert.match(release.output, /"newer":\["9999_from_a_newer_release.ts"\],"msg":"the schema has migrations of a newer release, which this one runs on; they stay"/);
     } finally {
-      await db.destroy();
-      await testDb().raw(`drop database if exists ${name}`);
+      await scratch.drop();
     }
   });
 
