@@ -5,7 +5,7 @@ import { Redis } from 'ioredis';
 import { Queue, UnrecoverableError, Worker } from 'bullmq';
 import { randomUUID } from 'node:crypto';
 import { applyStatusChanges } from '../db/tasks.ts';
-import { startWorker, statusesOf, testDb, textMessage, useStack, waitFor, type Proc, type Stack } from './helpers/stack.ts';
+import { openQueue, startWorker, statusesOf, testDb, textMessage, useStack, waitFor, withQueue, type Proc, type Stack } from './helpers/stack.ts';
 
 const E = '/api/encryption/v1';
 
@@ -92,18 +92,12 @@ describe('key job recovery', () => {
     await ctx.loseJobs('key-jobs');
     // An earlier recovery's queue job, failed while the row stayed unfinished (its failure could not
     // be recorded: Postgres was away), as BullMQ keeps failed jobs for a while.
-    const connection = new Redis(process.env.REDIS_URL!, { maxRetriesPerRequest: null });
-    const opts = { connection, prefix: ctx.stack.env.QUEUE_PREFIX };
-    const queue = new Queue('key-jobs', opts);
-    try {
+    await withQueue(ctx.stack.env, 'key-jobs', async (queue) => {
       await queue.add('migrate-deks', { job_id: jobId }, { jobId: `recovered-${jobId}` });
-      const refusing = new Worker('key-jobs', async () => { throw new UnrecoverableError('no database'); }, opts);
+      const refusing = new Worker('key-jobs', async () => { throw new UnrecoverableError('no database'); }, queue.opts);
       await waitFor(async () => (await queue.getJobState(`recovered-${jobId}`)) === 'failed', 'the earlier recovered job to fail');
       await refusing.close();
-    } finally {
-      await queue.close();
-      connection.disconnect();
-    }
+    });
     assert.equal((await c.get(`${E}/job/${jobId}`)).body.status, 'queued');
 
     const done = await recoverWith(jobId, 'the job recovered again to complete');
@@ -295,15 +289,14 @@ describe('a lost continuation', () => {
 
 describe('a run whose job failed without ending its task', () => {
   const ctx = recoveryStack();
-  let connection: Redis;
+  let handle: ReturnType<typeof openQueue>;
   let queue: Queue;
   before(() => {
-    connection = new Redis(process.env.REDIS_URL!, { maxRetriesPerRequest: null });
-    queue = new Queue('agent-tasks', { connection, prefix: ctx.stack.env.QUEUE_PREFIX });
+    handle = openQueue(ctx.stack.env, 'agent-tasks');
+    queue = handle.queue;
   });
   after(async () => {
-    await queue.close();
-    connection.disconnect();
+    await handle.close();
   });
   const stateOf = async (taskId: string) => {
     const jobs = await queue.getJobs(['failed', 'active', 'wait', 'delayed', 'completed']);
@@ -320,7 +313,7 @@ describe('a run whose job failed without ending its task', () => {
     // A worker of another deployment that cannot write tasks: it fails every job it takes, and
     // fails a stalled job at once (maxStalledCount 0), as happens to a job whose workers die too often.
     const refusing = () => new Worker('agent-tasks', async () => { throw new UnrecoverableError('no database'); },
-      { connection, prefix: ctx.stack.env.QUEUE_PREFIX, stalledInterval: 300, maxStalledCount: 0 });
+      { ...queue.opts, stalledInterval: 300, maxStalledCount: 0 });
     let other = refusing();
     const submitted = (await c.post('/api/task/v1', { message: textMessage('never started') })).body.task.id;
     await waitFor(async () => (await stateOf(submitted)) === 'failed', 'the job to fail');

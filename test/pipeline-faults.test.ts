@@ -6,11 +6,10 @@ import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pgClient from 'pg';
 import { Queue } from 'bullmq';
-import { Redis } from 'ioredis';
 import { freePort, startPostgres, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
 import { startBlackHoleProxy, type BlackHoleProxy } from './helpers/black-hole-proxy.ts';
-import { requestLogsThrough, requireEnv, ROOT, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
+import { openQueue, requestLogsThrough, requireEnv, ROOT, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
 
 async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs = 60000) {
   return waitFor(async () => {
@@ -251,15 +250,14 @@ describe('job pipeline under faults', function () {
 
   describe('Postgres stopped while agent runs are queued and running', () => {
     const own = onOwnPostgres('faults-postgres-runs', { AGENT_ATTEMPTS: '2' });
+    let handle: ReturnType<typeof openQueue> | undefined;
     let queue: Queue | undefined;
-    let connection: Redis | undefined;
     before(() => {
-      connection = new Redis(own.stack.env.REDIS_URL, { maxRetriesPerRequest: null });
-      queue = new Queue('agent-tasks', { connection, prefix: own.stack.env.QUEUE_PREFIX });
+      handle = openQueue(own.stack.env, 'agent-tasks');
+      queue = handle.queue;
     });
     after(async () => {
-      await queue?.close();
-      connection?.disconnect();
+      await handle?.close();
     });
 
     it('uses up no attempt: runs that meet the outage wait for Postgres, then every task completes once', async () => {

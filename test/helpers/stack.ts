@@ -118,15 +118,27 @@ export function assertNotFound(r: Response, resource: string, id: string) {
   assert.deepEqual(r.body.data, { code: 'not_found', resource, id }, r.text);
 }
 
-// Runs `use` with a BullMQ handle on one of the stack's queues (to pause it, look at or add jobs), closed after.
-export async function withQueue<T>(env: Record<string, string>, name: string, use: (queue: Queue) => Promise<T>): Promise<T> {
+// A BullMQ handle on one of the stack's queues (to pause it, look at or add jobs), on a connection of
+// its own; `close` closes both.
+export function openQueue(env: Record<string, string>, name: string): { queue: Queue; close(): Promise<void> } {
   const connection = new Redis(env.REDIS_URL, { maxRetriesPerRequest: null });
   const queue = new Queue(name, { connection, prefix: env.QUEUE_PREFIX });
+  return {
+    queue,
+    async close() {
+      await queue.close();
+      connection.disconnect();
+    },
+  };
+}
+
+// Runs `use` with such a handle, closed after.
+export async function withQueue<T>(env: Record<string, string>, name: string, use: (queue: Queue) => Promise<T>): Promise<T> {
+  const handle = openQueue(env, name);
   try {
-    return await use(queue);
+    return await use(handle.queue);
   } finally {
-    await queue.close();
-    connection.disconnect();
+    await handle.close();
   }
 }
 
