@@ -9,20 +9,10 @@ import { Redis } from 'ioredis';
 import { pino } from 'pino';
 import { listenPg } from '../db/pg-listener.ts';
 import { EventBus } from '../queues/events.ts';
-import { startBlackHoleProxy, type BlackHoleProxy } from './helpers/black-hole-proxy.ts';
+import { behindProxy } from './helpers/black-hole-proxy.ts';
 import { requireEnv, testDb, waitFor } from './helpers/stack.ts';
 
 const HEARTBEAT = { heartbeatMs: 200, timeoutMs: 500 };
-
-// The service at `url`, reached through a proxy instead.
-async function behindProxy(url: string): Promise<{ proxy: BlackHoleProxy; url: string }> {
-  const target = new URL(url);
-  const proxy = await startBlackHoleProxy({ host: target.hostname, port: Number(target.port) });
-  const via = new URL(target);
-  via.hostname = '127.0.0.1';
-  via.port = String(proxy.port);
-  return { proxy, url: via.toString() };
-}
 
 function capturedLog() {
   const lines: string[] = [];

@@ -4,8 +4,8 @@ import path from 'node:path';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
 import { registerWorkerMetrics, WorkerMetrics } from '../queues/worker-metrics.ts';
-import { freePort, startPostgres, startRedis, type LocalService } from '../scripts/local-services.ts';
-import { createDb, migrateLatest } from '../db/knex.ts';
+import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
+import { startOwnPostgres, type OwnPostgres } from './helpers/own-postgres.ts';
 import { requireEnv, startStack, textMessage, useStack, waitFor, withQueue, type Stack } from './helpers/stack.ts';
 
 describe('GET /metrics', () => {
@@ -96,14 +96,11 @@ describe('GET /metrics while Postgres or Redis is down', function () {
   this.timeout(60_000);
   // An API (ADMIN_API_KEY needs no key lookup) on a Postgres and a Redis of its own, which the tests stop.
   const dataDir = () => path.join(requireEnv('TEST_DATA_DIR'), 'metrics-outage');
-  let pg: LocalService | undefined;
+  let pg: OwnPostgres | undefined;
   let redis: LocalService | undefined;
   let stack: Stack | undefined;
   before(async () => {
-    pg = await startPostgres({ dataDir: dataDir(), ephemeral: true, port: await freePort() });
-    const db = createDb(pg.url, { min: 0, max: 1 });
-    await migrateLatest(db);
-    await db.destroy();
+    pg = await startOwnPostgres('metrics-outage');
     redis = await startRedis({ dataDir: dataDir(), ephemeral: true, port: await freePort() });
     stack = await startStack({ DATABASE_URL: pg.url, REDIS_URL: redis.url }, { workers: 0 });
   });

@@ -6,9 +6,9 @@ import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pgClient from 'pg';
 import { Queue } from 'bullmq';
-import { freePort, startPostgres, startRedis, type LocalService } from '../scripts/local-services.ts';
-import { createDb, migrateLatest } from '../db/knex.ts';
-import { startBlackHoleProxy, type BlackHoleProxy } from './helpers/black-hole-proxy.ts';
+import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
+import { behindProxy, type BlackHoleProxy } from './helpers/black-hole-proxy.ts';
+import { startOwnPostgres, type OwnPostgres } from './helpers/own-postgres.ts';
 import { openQueue, requestLogsThrough, requireEnv, ROOT, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
 
 async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs = 60000) {
@@ -20,43 +20,25 @@ async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs
 
 // A stack (API and one worker) on a Postgres of its own, which a test may stop and start again.
 function onOwnPostgres(name: string, env: Record<string, string> = {}) {
-  const dataDir = path.join(requireEnv('TEST_DATA_DIR'), name);
-  let port = 0;
-  const own = {
-    pg: undefined as LocalService | undefined,
-    stack: undefined as unknown as Stack,
-    async stopPostgres() {
-      await own.pg?.stop();
-      own.pg = undefined;
-    },
-    async startPostgres() {
-      own.pg = await startPostgres({ dataDir, ephemeral: true, port });
-      return own.pg;
-    },
-  };
+  const own = { pg: undefined as unknown as OwnPostgres, stack: undefined as unknown as Stack };
   before(async () => {
-    port = await freePort();
-    const pg = await own.startPostgres();
-    const db = createDb(pg.url, { min: 0, max: 1 });
-    await migrateLatest(db);
-    await db.destroy();
-    own.stack = await startStack({ DATABASE_URL: pg.url, ...env }, { workers: 1 });
+    own.pg = await startOwnPostgres(name);
+    own.stack = await startStack({ DATABASE_URL: own.pg.url, ...env }, { workers: 1 });
   });
   after(async () => {
     await own.stack?.stop();
-    await own.stopPostgres();
+    await own.pg?.stop();
   });
   return own;
 }
 
-// A stack (API only) whose Postgres connections pass through a proxy that a test may silence or reset.
-function behindPostgresProxy(env: Record<string, string> = {}) {
+// A stack (API only) whose Postgres or Redis connections pass through a proxy that a test may silence or reset.
+function behindServiceProxy(variable: 'DATABASE_URL' | 'REDIS_URL', env: Record<string, string> = {}) {
   const own = { stack: undefined as unknown as Stack, proxy: undefined as unknown as BlackHoleProxy };
   before(async () => {
-    const url = new URL(requireEnv('DATABASE_URL'));
-    own.proxy = await startBlackHoleProxy({ host: url.hostname, port: Number(url.port) });
-    url.host = `127.0.0.1:${own.proxy.port}`;
-    own.stack = await startStack({ DATABASE_URL: url.toString(), ...env }, { workers: 0 });
+    const { proxy, url } = await behindProxy(requireEnv(variable));
+    own.proxy = proxy;
+    own.stack = await startStack({ [variable]: url, ...env }, { workers: 0 });
   });
   after(async () => {
     await own.stack?.stop();
@@ -200,7 +182,7 @@ describe('job pipeline under faults', function () {
       const first = await s.client.post('/api/task/v1', { message: textMessage('before') });
       await waitForStatus(s, first.body.task.id, 'completed');
 
-      await own.stopPostgres();
+      await own.pg.stop();
       const ready = await s.client.get('/_internal/v1/ready');
       assert.equal(ready.status, 503);
       assert.deepEqual(ready.body.data.failed, ['postgres']);
@@ -222,10 +204,10 @@ describe('job pipeline under faults', function () {
       // Long enough for the Postgres listeners (API: key revocations, worker: push deliveries) to
       // fail several reconnects: each failed attempt used to schedule two, 2^n connections in all.
       await sleep(4000);
-      await own.startPostgres();
+      await own.pg.start();
       await waitFor(async () => (await s.client.get('/_internal/v1/ready')).status === 200, 'ready again');
       await sleep(2500);
-      const probe = new pgClient.Client(own.pg!.url);
+      const probe = new pgClient.Client(own.pg.url);
       await probe.connect();
       try {
         const { rows } = await probe.query(`select count(*)::int as n from pg_stat_activity where query ilike 'listen %'`);
@@ -270,10 +252,10 @@ describe('job pipeline under faults', function () {
       await queue!.pause();
       const queued: string[] = [];
       for (const text of ['one', 'two', 'three']) queued.push((await s.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id);
-      await own.stopPostgres();
+      await own.pg.stop();
       await queue!.resume();
       await sleep(4000);
-      await own.startPostgres();
+      await own.pg.start();
 
       for (const [i, id] of queued.entries()) {
         const done = await waitForStatus(s, id, 'completed');
@@ -292,7 +274,7 @@ describe('job pipeline under faults', function () {
   });
 
   describe('Postgres gone silent (a partition: no answers, nothing closed)', () => {
-    const own = behindPostgresProxy({ DB_QUERY_TIMEOUT_MS: '1000' });
+    const own = behindServiceProxy('DATABASE_URL', { DB_QUERY_TIMEOUT_MS: '1000' });
 
     it('answers 503 once the client gives up on the silent connection, and drops it: every request after the partition heals is served', async () => {
       const s = own.stack;
@@ -321,17 +303,7 @@ describe('job pipeline under faults', function () {
   });
 
   describe('Redis gone silent (a partition: no answers, nothing closed)', () => {
-    const own = { stack: undefined as unknown as Stack, proxy: undefined as unknown as BlackHoleProxy };
-    before(async () => {
-      const url = new URL(requireEnv('REDIS_URL'));
-      own.proxy = await startBlackHoleProxy({ host: url.hostname, port: Number(url.port) });
-      url.host = `127.0.0.1:${own.proxy.port}`;
-      own.stack = await startStack({ REDIS_URL: url.toString(), DB_QUERY_TIMEOUT_MS: '1000' }, { workers: 0 });
-    });
-    after(async () => {
-      await own.stack?.stop();
-      await own.proxy?.close();
-    });
+    const own = behindServiceProxy('REDIS_URL', { DB_QUERY_TIMEOUT_MS: '1000' });
 
     it('answers 503 to what needs Redis once DB_QUERY_TIMEOUT_MS has passed, instead of hanging, and serves again once it answers', async () => {
       const s = own.stack;
@@ -349,7 +321,7 @@ describe('job pipeline under faults', function () {
   });
 
   describe('Postgres connections reset under statements (a server killed, a proxy dropping them)', () => {
-    const own = behindPostgresProxy();
+    const own = behindServiceProxy('DATABASE_URL');
 
     it('answers 503 and JSON-RPC unavailable (logged at warn, not as a fault), then serves again', async () => {
       const s = own.stack;

@@ -40,3 +40,13 @@ export async function startBlackHoleProxy(target: { host: string; port: number }
     },
   };
 }
+
+// The service at `url`, reached through such a proxy instead: the proxy, and the URL that goes through it.
+export async function behindProxy(url: string): Promise<{ proxy: BlackHoleProxy; url: string }> {
+  const target = new URL(url);
+  const proxy = await startBlackHoleProxy({ host: target.hostname, port: Number(target.port) });
+  const via = new URL(target);
+  via.hostname = '127.0.0.1';
+  via.port = String(proxy.port);
+  return { proxy, url: via.toString() };
+}
