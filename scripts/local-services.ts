@@ -7,7 +7,8 @@ import net from 'node:net';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-export interface LocalService { url: string; port: number; stop(): Promise<void> }
+// `dir`: where its data lives (for Postgres, not always under DATA_DIR: see postgresDir).
+export interface LocalService { url: string; port: number; dir: string; stop(): Promise<void> }
 interface Options { dataDir: string; ephemeral?: boolean; port?: number; log?: (line: string) => void }
 
 const isRoot = process.getuid?.() === 0;
@@ -250,7 +251,7 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
     const r = psql('CREATE DATABASE taskbridge');
     if (r.status !== 0) throw new Error(`Could not create database taskbridge: ${r.stderr}`);
   }
-  return { url: postgresUrl(port, password), port, stop: () => stopChild(child, 'SIGINT') };
+  return { url: postgresUrl(port, password), port, dir, stop: () => stopChild(child, 'SIGINT') };
 }
 
 async function startEmbeddedPostgres(opts: Options): Promise<LocalService> {
@@ -269,7 +270,7 @@ async function startEmbeddedPostgres(opts: Options): Promise<LocalService> {
   if (!made) await pg.initialise();
   await pg.start();
   await pg.createDatabase('taskbridge').catch(() => undefined);
-  return { url: postgresUrl(port, password), port, stop: () => pg.stop() };
+  return { url: postgresUrl(port, password), port, dir, stop: () => pg.stop() };
 }
 
 function findRedis(log: (l: string) => void): string {
@@ -305,5 +306,5 @@ export async function startRedis(opts: Options): Promise<LocalService> {
   child.stdout!.on('data', collect);
   child.stderr!.on('data', collect);
   await waitFor(() => ready, 'Redis', child, () => out);
-  return { url: `redis://:${password}@127.0.0.1:${port}`, port, stop: () => stopChild(child, 'SIGTERM') };
+  return { url: `redis://:${password}@127.0.0.1:${port}`, port, dir, stop: () => stopChild(child, 'SIGTERM') };
 }

@@ -85,14 +85,14 @@ startup = (async () => {
     const pg = await startPostgres({ dataDir, log: say });
     services.push(pg);
     env.DATABASE_URL = pg.url;
-    say(`local Postgres on ${redactUrl(pg.url)} (data in ${dataDir}/postgres)`);
+    say(`local Postgres on ${redactUrl(pg.url)} (data in ${pg.dir})`);
   }
   if (stopping) return;
   if (!env.REDIS_URL) {
     const redis = await startRedis({ dataDir, log: say });
     services.push(redis);
     env.REDIS_URL = redis.url;
-    say(`local Redis on ${redactUrl(redis.url)} (data in ${dataDir}/redis)`);
+    say(`local Redis on ${redactUrl(redis.url)} (data in ${redis.dir})`);
   }
   if (stopping) return;
   const code = await run('migrate', 'db/migrate.ts', true);

@@ -7,8 +7,9 @@ import os from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
 import { Redis } from 'ioredis';
-import { startPostgres, startRedis } from '../scripts/local-services.ts';
-import { requireEnv } from './helpers/stack.ts';
+import { spawn } from 'node:child_process';
+import { freePort, ROOT_FALLBACK_DIR, startPostgres, startRedis } from '../scripts/local-services.ts';
+import { requireEnv, ROOT } from './helpers/stack.ts';
 
 const withPassword = (url: string, password: string) => {
   const u = new URL(url);
@@ -105,6 +106,35 @@ describe('local Postgres and Redis', function () {
       }
     } finally {
       fs.rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
+  it('as root, npm start names where the Postgres data is when the postgres user cannot enter DATA_DIR', async function () {
+    if (process.getuid?.() !== 0) this.skip();
+    const locked = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-locked-'));
+    fs.chmodSync(locked, 0o700);
+    const env = { ...process.env, DATA_DIR: path.join(locked, 'data'), PORT: String(await freePort()), DATABASE_URL: '', REDIS_URL: '' };
+    const child = spawn(process.execPath, ['--import', 'tsx', 'scripts/start.ts'], { cwd: ROOT, env, stdio: ['ignore', 'ignore', 'pipe'] });
+    const exited = new Promise((resolve) => child.on('exit', resolve));
+    let output = '';
+    try {
+      const line = await new Promise<string>((resolve, reject) => {
+        child.stderr.on('data', (chunk: Buffer) => {
+          output += chunk;
+          const said = /^\[start\] local Postgres on .*$/m.exec(output);
+          if (said) resolve(said[0]);
+        });
+        child.on('exit', () => reject(new Error(`npm start exited before starting Postgres:\n${output}`)));
+      });
+      const pgDir = /lives in (\S+)$/m.exec(output)?.[1];
+      assert.ok(pgDir?.startsWith(`${ROOT_FALLBACK_DIR}/postgres-`), output);
+      assert.ok(line.endsWith(`(data in ${pgDir})`), line);
+    } finally {
+      child.kill('SIGTERM');
+      await exited;
+      const pgDir = /lives in (\S+)$/m.exec(output)?.[1];
+      if (pgDir) fs.rmSync(pgDir, { recursive: true, force: true });
+      fs.rmSync(locked, { recursive: true, force: true });
     }
   });
 });
