@@ -114,9 +114,6 @@ const ConfigSchema = Type.Object({
   AGENT_SKILLS_JSON: Type.Optional(Type.String()),
 });
 
-/** A setting's default, for scripts that run before the whole configuration can be read (scripts/start.ts). */
-export const configDefault = <K extends keyof typeof ConfigSchema.properties>(name: K) => ConfigSchema.properties[name].default as Static<typeof ConfigSchema>[K];
-
 export type Config = Static<typeof ConfigSchema> & { KEYS_DIR: string; PUBLIC_URL: string };
 
 export class ConfigError extends Error {}

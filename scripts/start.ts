@@ -6,7 +6,7 @@ import { fileURLToPath } from 'node:url';
 import fs from 'node:fs';
 import { runningProgram, startPostgres, startRedis, stopLeftovers, type LocalService } from './local-services.ts';
 import { redactUrl } from '../domain/logger.ts';
-import { configDefault, loadConfigOrExit } from '../domain/config.ts';
+import { loadConfigOrExit } from '../domain/config.ts';
 import { onStop } from '../domain/stop-signals.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -19,15 +19,14 @@ process.stderr.on('error', () => undefined);
 const launcherPidFile = path.join(dataDir, 'npm-start.pid');
 const env: NodeJS.ProcessEnv = { ...process.env, DATA_DIR: dataDir };
 // A bad setting is said (exit 2) before any server starts; the local servers' URLs are not known yet.
-loadConfigOrExit({ ...env, DATABASE_URL: env.DATABASE_URL || 'postgres://localhost/taskbridge', REDIS_URL: env.REDIS_URL || 'redis://localhost' });
+const cfg = loadConfigOrExit({ ...env, DATABASE_URL: env.DATABASE_URL || 'postgres://localhost/taskbridge', REDIS_URL: env.REDIS_URL || 'redis://localhost' });
 const services: LocalService[] = [];
 const children: ChildProcess[] = [];
 let stopping = false;
 let ownsDataDir = false;
 let startup: Promise<void> = Promise.resolve();
 // The children's own shutdown grace periods (API, worker) and a margin: within it they stop by themselves.
-const graceMs = (name: 'API_SHUTDOWN_GRACE_MS' | 'WORKER_SHUTDOWN_GRACE_MS') => Number(process.env[name]) || configDefault(name);
-const KILL_AFTER_MS = Math.max(graceMs('API_SHUTDOWN_GRACE_MS'), graceMs('WORKER_SHUTDOWN_GRACE_MS')) + 15_000;
+const KILL_AFTER_MS = Math.max(cfg.API_SHUTDOWN_GRACE_MS, cfg.WORKER_SHUTDOWN_GRACE_MS) + 15_000;
 
 async function stopAll(code: number): Promise<never> {
   if (!stopping) {
