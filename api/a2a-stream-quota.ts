@@ -44,6 +44,17 @@ export function streamHolders(): string[] {
   return [...openStreams.keys()];
 }
 
+/** Streams open here, and the most any one key holds (for /metrics, against A2A_STREAMS_PER_KEY). */
+export function streamCounts(): { open: number; mostPerKey: number } {
+  let open = 0;
+  let mostPerKey = 0;
+  for (const held of openStreams.values()) {
+    open += held.size;
+    mostPerKey = Math.max(mostPerKey, held.size);
+  }
+  return { open, mostPerKey };
+}
+
 export function endStreamsOf(keyId: string): void {
   const now = Date.now();
   // Oldest first (insertion order): stops at the first one still kept.

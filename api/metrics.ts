@@ -9,7 +9,8 @@ import { defineRoute } from './route.ts';
 import { ErrorBody } from './schemas/common.ts';
 import { Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Services } from '../domain/services.ts';
-import { QUEUE_NAMES } from '../queues/names.ts';
+import { QUEUE_NAMES, oldestWaitingAgeMs } from '../queues/names.ts';
+import { streamCounts } from './a2a-stream-quota.ts';
 import { listActiveKeyJobs } from '../db/key-jobs.ts';
 import { countProviderInstancesByStatus } from '../db/bridge.ts';
 import { registerWorkerMetrics } from '../queues/worker-metrics.ts';
@@ -63,6 +64,30 @@ function createMetrics(services: Services) {
     },
   });
   new Gauge({
+    name: 'taskbridge_queue_oldest_waiting_seconds',
+    help: 'Age of the oldest job waiting per queue (0: none waits); grows when workers fall behind or are gone',
+    labelNames: ['queue'],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      const all = await readSource(services, 'taskbridge_queue_oldest_waiting_seconds', () =>
+        Promise.all(QUEUE_NAMES.map(async (name) => [name, await oldestWaitingAgeMs(services.queues[name])] as const)));
+      for (const [name, ms] of all ?? []) this.set({ queue: name }, (ms ?? 0) / 1000);
+    },
+  });
+  new Gauge({
+    name: 'taskbridge_queue_workers',
+    help: 'Worker connections taking jobs per queue (each worker process holds one per queue; 0: none runs)',
+    labelNames: ['queue'],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      const all = await readSource(services, 'taskbridge_queue_workers', () =>
+        Promise.all(QUEUE_NAMES.map(async (name) => [name, await services.queues[name].getWorkersCount()] as const)));
+      for (const [name, n] of all ?? []) this.set({ queue: name }, n);
+    },
+  });
+  new Gauge({
     name: 'taskbridge_outbox_pending',
     help: 'Jobs committed to the outbox and not yet handed to Redis',
     registers: [registry],
@@ -98,6 +123,43 @@ function createMetrics(services: Services) {
       if (!rows) return;
       for (const status of ['brokering_initiated', 'active', 'disabled', 'refresh_failed']) this.set({ status }, rows[status] ?? 0);
     },
+  });
+
+  // This process's Postgres pool (tarn, through knex): requests wait for a connection when all are used.
+  const pool = () => (services.db.client as { pool?: { numUsed(): number; numFree(): number; numPendingAcquires(): number; max: number } }).pool;
+  new Gauge({
+    name: 'taskbridge_db_pool_connections',
+    help: "Connections of this process's Postgres pool: used (in a statement or transaction), free, and max (the pool's size)",
+    labelNames: ['state'],
+    registers: [registry],
+    collect() {
+      const p = pool();
+      if (!p) return;
+      this.set({ state: 'used' }, p.numUsed());
+      this.set({ state: 'free' }, p.numFree());
+      this.set({ state: 'max' }, p.max);
+    },
+  });
+  new Gauge({
+    name: 'taskbridge_db_pool_waiting',
+    help: "Requests of this process waiting for a connection of its Postgres pool (above 0: the pool is exhausted)",
+    registers: [registry],
+    collect() {
+      const p = pool();
+      if (p) this.set(p.numPendingAcquires());
+    },
+  });
+  new Gauge({
+    name: 'taskbridge_a2a_streams_open',
+    help: 'A2A streams (message/stream, tasks/resubscribe) open on this process',
+    registers: [registry],
+    collect() { this.set(streamCounts().open); },
+  });
+  new Gauge({
+    name: 'taskbridge_a2a_streams_per_key_max',
+    help: 'The most A2A streams any one API key holds open on this process (refused with 429 at A2A_STREAMS_PER_KEY)',
+    registers: [registry],
+    collect() { this.set(streamCounts().mostPerKey); },
   });
 
   registerWorkerMetrics(registry, services.redis, services.cfg.QUEUE_PREFIX, (name, read) => readSource(services, name, read));

@@ -1,4 +1,4 @@
-import type { JobsOptions } from 'bullmq';
+import type { JobsOptions, Queue } from 'bullmq';
 import type { Config } from '../domain/config.ts';
 
 export const QUEUE_NAMES = ['agent-tasks', 'key-jobs', 'credential-refresh', 'push-notifications'] as const;
@@ -10,6 +10,12 @@ export interface JobPayloads {
   'key-jobs': { job_id: string };
   'credential-refresh': { credential_id: string };
   'push-notifications': { task_id: string; config_id: string; timeline_seq: number };
+}
+
+// How long the job next in line has waited since it was added; null when none waits.
+export async function oldestWaitingAgeMs(queue: Queue): Promise<number | null> {
+  const [oldest] = await queue.getJobs(['waiting'], 0, 0, true);
+  return oldest ? Date.now() - oldest.timestamp : null;
 }
 
 // Jobs each worker process runs at once, per queue.

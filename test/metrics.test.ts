@@ -6,7 +6,13 @@ import { Registry } from 'prom-client';
 import { registerWorkerMetrics, WorkerMetrics } from '../queues/worker-metrics.ts';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { startOwnPostgres, type OwnPostgres } from './helpers/own-postgres.ts';
-import { requireEnv, startStack, textMessage, useStack, waitFor, withQueue, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, requireEnv, startStack, textMessage, useStack, waitFor, withQueue, type Stack } from './helpers/stack.ts';
+
+// The value of one sample (labels written as in the exposition), or undefined when it is absent.
+const sample = (text: string, name: string, labels = '') => {
+  const m = new RegExp(`^${name}${labels ? `\\{${labels}\\}` : ''} (\\S+)$`, 'm').exec(text);
+  return m ? Number(m[1]) : undefined;
+};
 
 describe('GET /metrics', () => {
   const stack = useStack({}, { workers: 0 });
@@ -46,6 +52,31 @@ describe('GET /metrics', () => {
     assert.equal(paused((await stack.client.get('/metrics')).text, 'credential-refresh'), '0');
   });
 
+  it('reports backlog age and workers per queue, the Postgres pool and open A2A streams', async () => {
+    assert.equal((await stack.client.post('/api/task/v1', { message: textMessage('waits') })).status, 201);
+    // A stream on a task no worker runs stays open until the client leaves.
+    const ac = new AbortController();
+    const streamed = await fetch(`${stack.api.url}/api/a2a/v1`, {
+      method: 'POST', signal: ac.signal,
+      headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', accept: 'text/event-stream' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'message/stream', params: { message: { kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text: 'streamed' }] } } }),
+    });
+    const reader = streamed.body!.getReader();
+    await reader.read();
+    const text = (await stack.client.get('/metrics')).text;
+    ac.abort();
+    // No worker runs here: the queues have none, and the tasks' jobs wait.
+    assert.equal(sample(text, 'taskbridge_queue_workers', 'queue="agent-tasks"'), 0, text);
+    assert.ok(sample(text, 'taskbridge_queue_oldest_waiting_seconds', 'queue="agent-tasks"')! >= 0);
+    assert.equal(sample(text, 'taskbridge_queue_oldest_waiting_seconds', 'queue="key-jobs"'), 0, 'none waits');
+    assert.equal(sample(text, 'taskbridge_db_pool_connections', 'state="max"'), 20);
+    assert.ok(sample(text, 'taskbridge_db_pool_connections', 'state="used"')! + sample(text, 'taskbridge_db_pool_connections', 'state="free"')! <= 20);
+    assert.equal(sample(text, 'taskbridge_db_pool_waiting'), 0);
+    assert.equal(sample(text, 'taskbridge_a2a_streams_open'), 1);
+    assert.equal(sample(text, 'taskbridge_a2a_streams_per_key_max'), 1);
+    await waitFor(async () => sample((await stack.client.get('/metrics')).text, 'taskbridge_a2a_streams_open') === 0, 'the stream released');
+  });
+
   it('reports the progress of key jobs under way', async () => {
     const target = await stack.client.post('/api/encryption/v1/envelope', { type: 'local', file_name: 'metrics-target.key' });
     assert.equal(target.status, 201);
@@ -59,11 +90,13 @@ describe('GET /metrics', () => {
 describe('GET /metrics: what the workers record', () => {
   const stack = useStack({ AGENT_ATTEMPTS: '2', AGENT_BACKOFF_MS: '0' });
 
-  // The value of one series, or undefined when the workers have not reported it yet.
-  const series = (text: string, name: string, labels: string) => {
-    const m = new RegExp(`^${name}\\{${labels}\\} (\\S+)$`, 'm').exec(text);
-    return m ? Number(m[1]) : undefined;
-  };
+
+  it('reports the workers taking jobs from each queue', async () => {
+    const text = (await stack.client.get('/metrics')).text;
+    for (const queue of ['agent-tasks', 'key-jobs', 'credential-refresh', 'push-notifications']) {
+      assert.equal(sample(text, 'taskbridge_queue_workers', `queue="${queue}"`), stack.workers.length, `${queue}: ${text}`);
+    }
+  });
 
   it('reports job durations by queue and outcome, with retried attempts, and the enqueue lag of first attempts', async () => {
     const ok = await stack.client.post('/api/task/v1', { message: textMessage('measured') });
@@ -75,11 +108,11 @@ describe('GET /metrics: what the workers record', () => {
     // Workers flush what they recorded once a second.
     const text = await waitFor(async () => {
       const t = (await stack.client.get('/metrics')).text;
-      return series(t, 'taskbridge_job_duration_seconds_count', 'queue="agent-tasks",outcome="completed"') === 2 && t;
+      return sample(t, 'taskbridge_job_duration_seconds_count', 'queue="agent-tasks",outcome="completed"') === 2 && t;
     }, 'the agent jobs in /metrics');
     // The failing task's first attempt failed and was retried; its last attempt ended the task as failed.
-    assert.equal(series(text, 'taskbridge_job_duration_seconds_count', 'queue="agent-tasks",outcome="retrying"'), 1);
-    assert.equal(series(text, 'taskbridge_job_enqueue_lag_seconds_count', 'queue="agent-tasks"'), 2, 'first attempts only');
+    assert.equal(sample(text, 'taskbridge_job_duration_seconds_count', 'queue="agent-tasks",outcome="retrying"'), 1);
+    assert.equal(sample(text, 'taskbridge_job_enqueue_lag_seconds_count', 'queue="agent-tasks"'), 2, 'first attempts only');
     assert.match(text, /# TYPE taskbridge_job_duration_seconds histogram/);
     assert.match(text, /# TYPE taskbridge_job_enqueue_lag_seconds histogram/);
     // Cumulative buckets: never decreasing, the last one (+Inf) equal to the count.
@@ -87,7 +120,7 @@ describe('GET /metrics: what the workers record', () => {
     assert.ok(buckets.length > 5);
     assert.deepEqual(buckets, [...buckets].sort((a, b) => a - b));
     assert.equal(buckets.at(-1), 2);
-    const sum = series(text, 'taskbridge_job_enqueue_lag_seconds_sum', 'queue="agent-tasks"')!;
+    const sum = sample(text, 'taskbridge_job_enqueue_lag_seconds_sum', 'queue="agent-tasks"')!;
     assert.ok(sum >= 0 && sum < 60, `lag sum ${sum}`);
   });
 });
@@ -127,6 +160,8 @@ describe('GET /metrics while Postgres or Redis is down', function () {
     assert.match(noRedis.text, /^process_cpu_user_seconds_total /m);
     assert.doesNotMatch(noRedis.text, /^taskbridge_queue_jobs\{/m, 'no queue depths it could not read');
     assert.doesNotMatch(noRedis.text, /^taskbridge_queue_paused\{/m, 'no paused flags it could not read');
+    assert.doesNotMatch(noRedis.text, /^taskbridge_queue_workers\{/m, 'no worker counts it could not read (not 0)');
+    assert.doesNotMatch(noRedis.text, /^taskbridge_queue_oldest_waiting_seconds\{/m, 'no backlog ages it could not read');
 
     await pg!.stop();
     pg = undefined;

@@ -2,7 +2,7 @@ import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject, NoInput } from '../schemas/common.ts';
 import { publicConfig } from '../../domain/config.ts';
-import { QUEUE_NAMES, queueConcurrency } from '../../queues/names.ts';
+import { QUEUE_NAMES, oldestWaitingAgeMs, queueConcurrency } from '../../queues/names.ts';
 import { SERVICE_VERSION } from '../../domain/version.ts';
 import { generateBridgeClient } from '../../domain/bridge/codegen.ts';
 import { checkReadiness } from '../../domain/readiness.ts';
@@ -41,8 +41,7 @@ export const internalRoutes = [
     for (const name of QUEUE_NAMES) {
       const q = services.queues[name];
       const counts = await q.getJobCounts('waiting', 'active', 'delayed', 'completed', 'failed');
-      const [oldest] = await q.getJobs(['waiting'], 0, 0, true);
-      out[name] = { ...counts, oldest_waiting_age_ms: oldest ? Date.now() - oldest.timestamp : null };
+      out[name] = { ...counts, oldest_waiting_age_ms: await oldestWaitingAgeMs(q) };
     }
     return { queues: out };
   }),
