@@ -1,5 +1,5 @@
-// Metrics of the work the worker processes do (job durations and outcomes, enqueue lag, credential
-// refreshes), reported by any API process's /metrics. Each worker adds what it observed to
+// Metrics of the work the worker processes do (job durations and outcomes, enqueue lag, stalled
+// jobs, credential refreshes), reported by any API process's /metrics. Each worker adds what it observed to
 // counters in Redis, one hash per metric, once a second; a scrape reads the totals of all workers.
 // They are Prometheus counters and histograms: they only grow, whichever process answers.
 import type { Redis } from 'ioredis';
@@ -16,6 +16,10 @@ export const WORKER_METRICS = {
   taskbridge_job_enqueue_lag_seconds: {
     type: 'histogram', labels: ['queue'],
     help: "Time from a job's enqueue (or the end of its delay) to the start of its first attempt",
+  },
+  taskbridge_jobs_stalled_total: {
+    type: 'counter', labels: ['queue'],
+    help: 'Jobs found stalled (their worker died or was blocked past WORKER_LOCK_MS) and moved back to wait, by queue',
   },
   taskbridge_credential_refreshes_total: {
     type: 'counter', labels: ['outcome'],

@@ -6,7 +6,7 @@ import { Registry } from 'prom-client';
 import { registerWorkerMetrics, WorkerMetrics } from '../queues/worker-metrics.ts';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { startOwnPostgres, type OwnPostgres } from './helpers/own-postgres.ts';
-import { ADMIN_KEY, requireEnv, startStack, textMessage, useStack, waitFor, withQueue, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, requireEnv, startStack, startWorker, textMessage, useStack, waitFor, withQueue, type Stack } from './helpers/stack.ts';
 
 // The value of one sample (labels written as in the exposition), or undefined when it is absent.
 const sample = (text: string, name: string, labels = '') => {
@@ -122,6 +122,27 @@ describe('GET /metrics: what the workers record', () => {
     assert.equal(buckets.at(-1), 2);
     const sum = sample(text, 'taskbridge_job_enqueue_lag_seconds_sum', 'queue="agent-tasks"')!;
     assert.ok(sum >= 0 && sum < 60, `lag sum ${sum}`);
+  });
+});
+
+describe('GET /metrics: stalled jobs', () => {
+  const stack = useStack({}, { workers: 0 });
+
+  it('counts a job whose worker died during it, and the worker that finds it logs it', async () => {
+    const first = await startWorker(stack.env);
+    stack.workers.push(first);
+    const created = await stack.client.post('/api/task/v1', { message: textMessage('[sleep 3000] its worker dies') });
+    const taskId = created.body.task.id;
+    await waitFor(async () => (await stack.client.get(`/api/task/v1/${taskId}`)).body.task.status === 'working', 'the run to start');
+    await first.kill('SIGKILL');
+    const second = await startWorker(stack.env);
+    stack.workers.push(second);
+    await waitFor(async () => (await stack.client.get(`/api/task/v1/${taskId}`)).body.task.status === 'completed', 'the run taken over');
+    await waitFor(async () => sample((await stack.client.get('/metrics')).text, 'taskbridge_jobs_stalled_total', 'queue="agent-tasks"') === 1, 'the stalled job in /metrics');
+    const lines = second.logs.filter((l) => l.includes('job stalled'));
+    assert.equal(lines.length, 1, lines.join('\n'));
+    const line = JSON.parse(lines[0]);
+    assert.deepEqual([line.level, line.queue, typeof line.job_id], [40, 'agent-tasks', 'string'], lines[0]);
   });
 });
 

@@ -86,7 +86,10 @@ const refreshWorker = new Worker<JobPayloads['credential-refresh']>('credential-
 const stopRefreshScheduler = startRefreshScheduler(services);
 
 const workers = [agentWorker, keyJobsWorker, pushWorker, refreshWorker];
-for (const w of workers) w.on('error', (err) => log.warn({ err: { message: err.message }, queue: w.name }, 'worker error'));
+for (const w of workers) {
+  w.on('error', (err) => log.warn({ err: { message: err.message }, queue: w.name }, 'worker error'));
+  w.on('stalled', (jobId) => log.warn({ queue: w.name, job_id: jobId }, 'job stalled: its worker died or was blocked past WORKER_LOCK_MS; moved back to wait'));
+}
 const metrics = new WorkerMetrics(services.redis, cfg.QUEUE_PREFIX);
 for (const w of workers) recordJobMetrics(w, metrics);
 recordRefreshOutcomes(refreshWorker, metrics);

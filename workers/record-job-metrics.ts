@@ -1,5 +1,5 @@
 // Feeds a worker's job events into the worker metrics (queues/worker-metrics.ts): each attempt's
-// duration and outcome, and the enqueue lag of first attempts.
+// duration and outcome, the enqueue lag of first attempts, and jobs found stalled.
 import type { Job, Worker } from 'bullmq';
 import type { WorkerMetrics } from '../queues/worker-metrics.ts';
 
@@ -16,6 +16,8 @@ export function recordJobMetrics(worker: Worker, metrics: WorkerMetrics): void {
     if (job.attemptsStarted > 1 || !job.processedOn) return;
     metrics.observe('taskbridge_job_enqueue_lag_seconds', { queue }, secondsSince(job.timestamp + (job.opts.delay ?? 0), job.processedOn));
   });
+  // Emitted by the worker whose stalled-job check found the job; its attempt has no 'failed' event.
+  worker.on('stalled', () => metrics.count('taskbridge_jobs_stalled_total', { queue }));
   worker.on('completed', (job: Job) => {
     metrics.observe('taskbridge_job_duration_seconds', { queue, outcome: 'completed' }, secondsSince(job.processedOn, job.finishedOn));
   });
