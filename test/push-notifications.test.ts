@@ -283,6 +283,24 @@ describe('push notifications', () => {
     await waitFor(async () => states(rx.all, id).includes('completed'), 'the completed notification');
     // The first update was tried three times before it got through; the second only then.
     assert.deepEqual(states(rx.all, id), ['working', 'working', 'working', 'completed']);
+    // Each failed attempt is logged at warn with the job's ids and the cause.
+    const failed = stack.workers[0].logs.filter((l) => l.includes('job attempt failed') && l.includes(id)).map((l) => JSON.parse(l));
+    assert.equal(failed.length, 2, JSON.stringify(failed));
+    for (const l of failed) {
+      assert.deepEqual([l.level, l.queue, l.task_id, typeof l.config_id, typeof l.job_id], [40, 'push-notifications', id, 'string', 'string']);
+      assert.match(l.reason, /500/);
+    }
+  });
+
+  it('logs a delivery job that fails for good for a fault of ours at error, with its stack, once', async () => {
+    // A payload no config can have: Postgres refuses the id on every attempt.
+    const jobId = `broken-${randomUUID()}`;
+    await withQueue(stack.env, 'push-notifications', (q) => q.add('deliver', { task_id: 'not-a-uuid', config_id: 'x', timeline_seq: 1 }, { jobId, attempts: 2 }));
+    const line = await waitFor(async () => stack.workers[0].logs.find((l) => l.includes('job failed for good') && l.includes(jobId)), 'the failed-for-good log line');
+    const parsed = JSON.parse(line);
+    assert.deepEqual([parsed.level, parsed.queue, parsed.task_id, parsed.attempt, parsed.attempts], [50, 'push-notifications', 'not-a-uuid', 2, 2]);
+    assert.match(parsed.err.stack, /\n\s+at /);
+    assert.equal(stack.workers[0].logs.filter((l) => l.includes(jobId) && l.includes('"level":50')).length, 1);
   });
 
   it('gives up an update that keeps failing, then delivers the later ones', async () => {

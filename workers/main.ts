@@ -17,7 +17,7 @@ import { watchCancels } from './watch-cancels.ts';
 import { startRunHeartbeat } from './run-heartbeat.ts';
 import { createRefreshCredentialProcessor, recordRefreshOutcomes, startRefreshScheduler } from './refresh-credential.ts';
 import { AgentConfigError, resolveAgent } from './agents/resolve-agent.ts';
-import { recordJobMetrics } from './record-job-metrics.ts';
+import { failedForGood, recordJobMetrics } from './record-job-metrics.ts';
 import { WorkerMetrics } from '../queues/worker-metrics.ts';
 import { queueConcurrency, type JobPayloads } from '../queues/names.ts';
 import { onStop } from '../domain/stop-signals.ts';
@@ -84,6 +84,17 @@ const refreshWorker = new Worker<JobPayloads['credential-refresh']>('credential-
   concurrency: concurrency['credential-refresh'],
 });
 const stopRefreshScheduler = startRefreshScheduler(services);
+
+// These processors leave their failures to BullMQ's retries, saying nothing of them: each is logged
+// here with the job's ids (payloads hold ids only), and one that failed for good with its stack.
+for (const w of [pushWorker, refreshWorker] as Worker[]) {
+  w.on('failed', (job: Job | undefined, err) => {
+    if (!job) return;
+    const where = { queue: w.name, job_id: job.id, ...job.data, attempt: job.attemptsMade, attempts: job.opts.attempts };
+    if (failedForGood(job)) log.error({ ...where, err }, 'job failed for good');
+    else log.warn({ ...where, reason: publicReason(err) }, 'job attempt failed; it will be retried');
+  });
+}
 
 const workers = [agentWorker, keyJobsWorker, pushWorker, refreshWorker];
 for (const w of workers) {
