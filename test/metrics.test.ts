@@ -87,6 +87,58 @@ describe('GET /metrics', () => {
   });
 });
 
+// A strict reading of the Prometheus text format (0.0.4): every sample belongs to a family declared
+// by # HELP and # TYPE before it, names and labels are well formed, no series repeats, counters end
+// in _total, and each histogram's buckets are cumulative up to +Inf, which equals its _count.
+function checkExposition(text: string): void {
+  const types = new Map<string, string>();
+  const seen = new Set<string>();
+  const buckets = new Map<string, { le: number; n: number }[]>();
+  const counts = new Map<string, number>();
+  const label = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"/y;
+  assert.ok(text.endsWith('\n'), 'ends with a newline');
+  for (const line of text.slice(0, -1).split('\n')) {
+    if (!line) continue; // empty lines are allowed, and ignored
+    const meta = /^# (HELP|TYPE) ([a-zA-Z_:][a-zA-Z0-9_:]*) (.*)$/.exec(line);
+    if (meta) {
+      if (meta[1] === 'TYPE') {
+        assert.ok(['counter', 'gauge', 'histogram', 'summary', 'untyped'].includes(meta[3]), line);
+        assert.ok(!types.has(meta[2]), `${meta[2]} declared twice`);
+        if (meta[3] === 'counter') assert.match(meta[2], /_total$/, `counter ${meta[2]}`);
+        types.set(meta[2], meta[3]);
+      }
+      continue;
+    }
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
+    assert.ok(m, `malformed line: ${line}`);
+    const [, name, rawLabels = '', value] = m;
+    assert.ok(!Number.isNaN(Number(value)) || /^[+-]Inf$|^NaN$/.test(value), line);
+    const labels: Record<string, string> = {};
+    label.lastIndex = 0;
+    while (label.lastIndex < rawLabels.length) {
+      const l = label.exec(rawLabels);
+      assert.ok(l, `malformed labels: ${line}`);
+      labels[l[1]] = l[2];
+      if (label.lastIndex < rawLabels.length) assert.equal(rawLabels[label.lastIndex++], ',', line);
+    }
+    const family = types.has(name) ? name : name.replace(/_(bucket|sum|count)$/, '');
+    assert.ok(types.has(family), `no # TYPE before ${line}`);
+    assert.ok(!seen.has(`${name}{${rawLabels}}`), `repeated: ${line}`);
+    seen.add(`${name}{${rawLabels}}`);
+    if (types.get(family) !== 'histogram') continue;
+    const { le, ...rest } = labels;
+    const id = `${family}${JSON.stringify(rest)}`;
+    if (name.endsWith('_bucket')) buckets.set(id, [...(buckets.get(id) ?? []), { le: le === '+Inf' ? Infinity : Number(le), n: Number(value) }]);
+    if (name.endsWith('_count')) counts.set(id, Number(value));
+  }
+  for (const [id, bs] of buckets) {
+    assert.deepEqual(bs.map((b) => b.le), [...bs.map((b) => b.le)].sort((a, b) => a - b), `${id}: buckets in order`);
+    assert.deepEqual(bs.map((b) => b.n), [...bs.map((b) => b.n)].sort((a, b) => a - b), `${id}: cumulative`);
+    assert.equal(bs.at(-1)!.le, Infinity, `${id}: ends at +Inf`);
+    assert.equal(bs.at(-1)!.n, counts.get(id), `${id}: +Inf equals _count`);
+  }
+}
+
 describe('GET /metrics: what the workers record', () => {
   const stack = useStack({ AGENT_ATTEMPTS: '2', AGENT_BACKOFF_MS: '0' });
 
@@ -122,6 +174,7 @@ describe('GET /metrics: what the workers record', () => {
     assert.equal(buckets.at(-1), 2);
     const sum = sample(text, 'taskbridge_job_enqueue_lag_seconds_sum', 'queue="agent-tasks"')!;
     assert.ok(sum >= 0 && sum < 60, `lag sum ${sum}`);
+    checkExposition(text);
   });
 });
 
