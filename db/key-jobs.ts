@@ -1,5 +1,5 @@
 import type { Tx } from './knex.ts';
-import { KEY_JOB_OPEN } from '../api/schemas/encryption.ts';
+import { KEY_JOB_ENDED, KEY_JOB_OPEN } from '../api/schemas/encryption.ts';
 
 const MAX_ERRORS = 1000;
 
@@ -102,6 +102,14 @@ export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'fa
 export async function listUnfinishedKeyJobs(db: Tx, olderThanMs: number): Promise<Pick<KeyJobRow, 'id' | 'kind'>[]> {
   return db('key_jobs').select('id', 'kind').whereIn('status', KEY_JOB_OPEN)
     .where('created_at', '<', db.raw(`now() - make_interval(secs => ?)`, [olderThanMs / 1000]));
+}
+
+// Key jobs that ended within the last `withinMs`, newest first, with the first error of each (for
+// `jobs list --ended`: where an operator finds a job that failed, and why).
+export async function listEndedKeyJobs(db: Tx, withinMs: number, limit: number): Promise<(Pick<KeyJobRow, 'id' | 'kind' | 'status' | 'total' | 'done' | 'failed' | 'finished_at'> & { first_error: KeyJobError | null })[]> {
+  return db('key_jobs').select('id', 'kind', 'status', 'total', 'done', 'failed', 'finished_at', db.raw(`errors -> 0 as first_error`))
+    .whereIn('status', KEY_JOB_ENDED).where('finished_at', '>', db.raw(`now() - make_interval(secs => ?)`, [withinMs / 1000]))
+    .orderBy('finished_at', 'desc').limit(limit);
 }
 
 // Progress of the key jobs still under way, for metrics.

@@ -7,7 +7,7 @@ import { createDb } from '../db/knex.ts';
 import { listActive } from '../db/api-keys.ts';
 import { AppError } from '../domain/errors.ts';
 import { createApiKey, revokeApiKey, SCOPES, type Scope } from '../domain/api-keys.ts';
-import { listJobs, watchJob } from './watch-job.ts';
+import { listEndedJobs, listJobs, watchJob } from './watch-job.ts';
 import { localPostgresUrl } from './local-services.ts';
 import { NoControlChars } from '../api/schemas/common.ts';
 
@@ -19,6 +19,8 @@ Commands:
   keys list [--json]      list active API keys (never the keys themselves)
   keys revoke <id>        revoke an API key
   jobs list [--json]      key jobs under way (bulk DEK migrations, alias rotations) and their counts
+  jobs list --ended [--json]
+                          key jobs ended in the last 24 hours, newest first, with each one's first error
   jobs watch <job id>     a key job's progress until it ends (exit 0 when it completed with no item failed, 1 otherwise)
 
 Scopes: ${SCOPES.join(', ')}
@@ -33,7 +35,7 @@ type Args =
   | { command: 'create'; name: string; scopes: Scope[]; json: boolean }
   | { command: 'list'; json: boolean }
   | { command: 'revoke'; id: string }
-  | { command: 'jobs-list'; json: boolean }
+  | { command: 'jobs-list'; json: boolean; ended: boolean }
   | { command: 'jobs-watch'; id: string };
 
 function parse(argv: string[]): Args {
@@ -42,7 +44,7 @@ function parse(argv: string[]): Args {
     parsed = parseArgs({
       args: argv,
       allowPositionals: true,
-      options: { name: { type: 'string' }, scopes: { type: 'string' }, json: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false } },
+      options: { name: { type: 'string' }, scopes: { type: 'string' }, json: { type: 'boolean', default: false }, ended: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false } },
     });
   } catch (e) {
     throw new UsageError((e as Error).message);
@@ -54,6 +56,7 @@ function parse(argv: string[]): Args {
   if (group !== 'keys') throw new UsageError(group ? `Unknown command '${group}'` : 'No command given');
   const allowed: Record<string, string[]> = { create: ['name', 'scopes', 'json'], list: ['json'], revoke: [] };
   if (!command || !allowed[command]) throw new UsageError(command ? `Unknown keys command '${command}'` : 'keys needs a command: create, list or revoke');
+  if (values.ended) throw new UsageError(`keys ${command} does not take --ended`);
   for (const opt of ['name', 'scopes', 'json'] as const) {
     if (values[opt] !== undefined && values[opt] !== false && !allowed[command].includes(opt)) throw new UsageError(`keys ${command} does not take --${opt}`);
   }
@@ -79,14 +82,14 @@ function parse(argv: string[]): Args {
   return { command: 'revoke', id: rest[0] };
 }
 
-function parseJobs(command: string | undefined, rest: string[], values: { name?: string; scopes?: string; json: boolean }): Args {
+function parseJobs(command: string | undefined, rest: string[], values: { name?: string; scopes?: string; json: boolean; ended: boolean }): Args {
   if (command !== 'list' && command !== 'watch') throw new UsageError(command ? `Unknown jobs command '${command}'` : 'jobs needs a command: list or watch');
   if (values.name !== undefined || values.scopes !== undefined) throw new UsageError(`jobs ${command} takes no --${values.name !== undefined ? 'name' : 'scopes'}`);
   if (command === 'list') {
     if (rest.length) throw new UsageError(`Unexpected argument '${rest[0]}'`);
-    return { command: 'jobs-list', json: values.json };
+    return { command: 'jobs-list', json: values.json, ended: values.ended };
   }
-  if (values.json) throw new UsageError('jobs watch does not take --json');
+  if (values.json || values.ended) throw new UsageError(`jobs watch does not take --${values.json ? 'json' : 'ended'}`);
   if (rest.length !== 1) throw new UsageError('jobs watch needs exactly one job id');
   if (!UUID.test(rest[0])) throw new UsageError(`'${rest[0]}' is not a job id (a UUID)`);
   return { command: 'jobs-watch', id: rest[0] };
@@ -136,7 +139,7 @@ async function main(argv: string[]): Promise<number> {
       await revokeApiKey(db, args.id);
       console.log(`Revoked API key ${args.id}.`);
     } else if (args.command === 'jobs-list') {
-      await listJobs(db, args.json);
+      await (args.ended ? listEndedJobs : listJobs)(db, args.json);
     } else {
       return await watchJob(db, args.id);
     }

@@ -3,7 +3,7 @@
 // job's progress until it ends (a bar on a terminal, a line per change otherwise).
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Knex } from 'knex';
-import { getKeyJob, listActiveKeyJobs, type KeyJobRow } from '../db/key-jobs.ts';
+import { getKeyJob, listActiveKeyJobs, listEndedKeyJobs, type KeyJobRow } from '../db/key-jobs.ts';
 import { NotFound } from '../domain/errors.ts';
 import { KEY_JOB_ENDED } from '../api/schemas/encryption.ts';
 
@@ -16,6 +16,21 @@ export async function listJobs(db: Knex, json: boolean): Promise<void> {
   if (json) console.log(JSON.stringify(jobs));
   else if (!jobs.length) console.log('No key jobs under way.');
   else for (const j of jobs) console.log(`${j.id}  ${j.kind}  ${j.status}  ${counts(j)}`);
+}
+
+const ENDED_WITHIN_MS = 24 * 3600_000;
+const ENDED_SHOWN = 100;
+
+/** The key jobs that ended in the last 24 hours, newest first: a failed one with its first error. */
+export async function listEndedJobs(db: Knex, json: boolean): Promise<void> {
+  const jobs = await listEndedKeyJobs(db, ENDED_WITHIN_MS, ENDED_SHOWN);
+  if (json) console.log(JSON.stringify(jobs.map((j) => ({ ...j, finished_at: j.finished_at?.toISOString() ?? null }))));
+  else if (!jobs.length) console.log('No key jobs ended in the last 24 hours.');
+  else {
+    for (const j of jobs) {
+      console.log(`${j.id}  ${j.kind}  ${j.status}  ${counts(j)}  ended ${j.finished_at?.toISOString() ?? '-'}${j.first_error ? `  first error ${j.first_error.id}: ${j.first_error.message}` : ''}`);
+    }
+  }
 }
 
 function bar(j: KeyJobRow): string {

@@ -166,13 +166,21 @@ describe('key job CLI (npm run cli -- jobs ...)', () => {
     assert.match(watched.stdout, /^ {2}error cli-bad-1: /m);
     assert.match(watched.stdout, /^ {2}error cli-bad-2: /m);
     assert.match(watched.stdout, /^2 of 3 items failed: not every key was processed$/m);
+
+    // Ended, it is no longer under way: an operator finds it, and why, among the jobs that ended.
+    const ended = await cli(['jobs', 'list', '--ended']);
+    assert.equal(ended.code, 0, ended.stderr);
+    assert.match(ended.stdout, new RegExp(`^${id} {2}migrate-deks {2}completed {2}3/3 \\(1 done, 2 failed\\) {2}ended \\S+ {2}first error cli-bad-\\d: .+$`, 'm'));
+    const endedJson = await cli(['jobs', 'list', '--ended', '--json']);
+    const row = (JSON.parse(endedJson.stdout) as { id: string; status: string; failed: number; first_error: { id: string } }[]).find((j) => j.id === id);
+    assert.deepEqual(row && [row.status, row.failed, /^cli-bad-\d$/.test(row.first_error.id)], ['completed', 2, true]);
   });
 
   it('exits 1 for a job that does not exist, and 2 for a bad command line', async () => {
     const missing = await cli(['jobs', 'watch', '00000000-0000-4000-8000-000000000000']);
     assert.equal(missing.code, 1);
     assert.match(missing.stderr, /job .*not found/);
-    for (const [args, message] of [[['jobs', 'watch', 'abc'], /'abc' is not a job id/], [['jobs', 'watch'], /exactly one job id/], [['jobs', 'stop'], /Unknown jobs command 'stop'/], [['jobs', 'watch', '--json', 'x'], /does not take --json/]] as const) {
+    for (const [args, message] of [[['jobs', 'watch', 'abc'], /'abc' is not a job id/], [['jobs', 'watch'], /exactly one job id/], [['jobs', 'stop'], /Unknown jobs command 'stop'/], [['jobs', 'watch', '--json', 'x'], /does not take --json/], [['jobs', 'watch', '--ended', 'x'], /does not take --ended/], [['keys', 'list', '--ended'], /does not take --ended/]] as const) {
       const r = await cli([...args]);
       assert.equal(r.code, 2, r.stdout + r.stderr);
       assert.match(r.stderr, message);
