@@ -13,6 +13,7 @@ import { QUEUE_NAMES, oldestWaitingAgeMs } from '../queues/names.ts';
 import { streamCounts } from './a2a-stream-quota.ts';
 import { listActiveKeyJobs } from '../db/key-jobs.ts';
 import { countProviderInstancesByStatus } from '../db/bridge.ts';
+import { countOutbox, oldestOutboxAgeSeconds } from '../db/outbox.ts';
 import { registerWorkerMetrics } from '../queues/worker-metrics.ts';
 import { withTimeout } from '../domain/with-timeout.ts';
 import { matchedRoute } from './middleware/request-id.ts';
@@ -92,9 +93,19 @@ function createMetrics(services: Services) {
     help: 'Jobs committed to the outbox and not yet handed to Redis',
     registers: [registry],
     async collect() {
-      const rows = await readSource(services, 'taskbridge_outbox_pending', async () => services.db('outbox').count({ n: '*' }));
+      const n = await readSource(services, 'taskbridge_outbox_pending', () => countOutbox(services.db));
       // Not 0 when unknown: without a sample the series is absent from this scrape.
-      if (rows) this.set(Number(rows[0].n));
+      if (n !== undefined) this.set(n);
+      else this.remove();
+    },
+  });
+  new Gauge({
+    name: 'taskbridge_outbox_oldest_seconds',
+    help: 'Age of the oldest job in the outbox (0: none); grows while Redis is down or the relay is stuck',
+    registers: [registry],
+    async collect() {
+      const age = await readSource(services, 'taskbridge_outbox_oldest_seconds', () => oldestOutboxAgeSeconds(services.db));
+      if (age !== undefined) this.set(age);
       else this.remove();
     },
   });

@@ -48,3 +48,15 @@ export async function pendingOutboxIds(db: Tx, ids: string[]): Promise<Set<strin
   if (!ids.length) return new Set();
   return new Set((await db('outbox').select('id').whereIn('id', ids)).map((r: { id: string }) => r.id));
 }
+
+// Rows waiting to be handed to Redis, for /metrics.
+export async function countOutbox(db: Tx): Promise<number> {
+  const [{ n }] = await db('outbox').count({ n: '*' });
+  return Number(n);
+}
+
+// Age in seconds of the oldest row waiting (0 when none), for /metrics; read from the created_at index.
+export async function oldestOutboxAgeSeconds(db: Tx): Promise<number> {
+  const row = await db('outbox').first(db.raw('coalesce(extract(epoch from now() - min(created_at)), 0)::float8 as age'));
+  return Math.max(0, Number(row.age));
+}

@@ -35,6 +35,7 @@ describe('GET /metrics', () => {
     // No worker runs here, so the created task's job waits in the queue.
     assert.match(res.text, /taskbridge_queue_jobs\{queue="agent-tasks",state="waiting"\} 1/);
     assert.match(res.text, /taskbridge_outbox_pending 0/);
+    assert.match(res.text, /^taskbridge_outbox_oldest_seconds 0$/m);
   });
 
   it('reports which queues are paused', async () => {
@@ -230,6 +231,7 @@ describe('GET /metrics while Postgres or Redis is down', function () {
     const noRedis = await s.client.get('/metrics');
     assert.equal(noRedis.status, 200, noRedis.text);
     assert.match(noRedis.text, /^taskbridge_outbox_pending 1$/m);
+    assert.ok(sample(noRedis.text, 'taskbridge_outbox_oldest_seconds')! >= 0, 'the age of the job waiting in the outbox');
     assert.match(noRedis.text, /^taskbridge_http_request_duration_seconds_count\{method="POST",route="\/api\/task\/v1",status="201"\} 1$/m);
     assert.match(noRedis.text, /^process_cpu_user_seconds_total /m);
     assert.doesNotMatch(noRedis.text, /^taskbridge_queue_jobs\{/m, 'no queue depths it could not read');
@@ -242,6 +244,7 @@ describe('GET /metrics while Postgres or Redis is down', function () {
     const neither = await s.client.get('/metrics');
     assert.equal(neither.status, 200, neither.text);
     assert.doesNotMatch(neither.text, /^taskbridge_outbox_pending /m, 'no backlog it could not read (not 0)');
+    assert.doesNotMatch(neither.text, /^taskbridge_outbox_oldest_seconds /m, 'no backlog age it could not read (not 0)');
     assert.match(neither.text, /^taskbridge_http_request_duration_seconds_count\{method="GET",route="\/metrics",status="200"\} 2$/m);
     // Logs are written asynchronously: the line may come after the answer.
     await waitFor(async () => s.api.logs.some((l) => l.includes('metric left out of the scrape') && l.includes('taskbridge_queue_jobs')), 'the left-out metric log line', 5000);
