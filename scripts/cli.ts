@@ -5,7 +5,8 @@ import { parseArgs } from 'node:util';
 import { loadDatabaseConfig, ConfigError } from '../domain/config.ts';
 import { createDb } from '../db/knex.ts';
 import { listActive } from '../db/api-keys.ts';
-import { AppError } from '../domain/errors.ts';
+import { AppError, unreachable } from '../domain/errors.ts';
+import { redactUrl } from '../domain/logger.ts';
 import { createApiKey, revokeApiKey, SCOPES, type Scope } from '../domain/api-keys.ts';
 import { listEndedJobs, listJobs, watchJob } from './watch-job.ts';
 import { localPostgresUrl } from './local-services.ts';
@@ -95,6 +96,14 @@ function parseJobs(command: string | undefined, rest: string[], values: { name?:
   return { command: 'jobs-watch', id: rest[0] };
 }
 
+// Failing to reach or log in to Postgres: out of reach, no answer (pg's "timeout expired"), a host
+// that does not resolve (E* codes), or refused (SQLSTATE classes 08 connection, 28 authorization,
+// 3D000 no such database).
+const cannotConnect = (e: unknown) => {
+  const code = String((e as { code?: unknown })?.code);
+  return unreachable(e) || /^E[A-Z]+$/.test(code) || /^(08|28)/.test(code) || code === '3D000';
+};
+
 const iso = (d: Date | null) => (d ? d.toISOString() : '-');
 
 async function main(argv: string[]): Promise<number> {
@@ -111,6 +120,8 @@ async function main(argv: string[]): Promise<number> {
     return 0;
   }
   const env = { ...process.env };
+  // Named in a failure to connect, so the operator knows which setting to correct.
+  const source = env.DATABASE_URL ? 'DATABASE_URL' : `DATABASE_URL unset: npm start's under DATA_DIR=${env.DATA_DIR || '.data'}`;
   env.DATABASE_URL ||= localPostgresUrl(env.DATA_DIR || '.data');
   if (!env.DATABASE_URL) {
     console.error('Error: DATABASE_URL is not set and no local Postgres from `npm start` is running under DATA_DIR.');
@@ -147,6 +158,10 @@ async function main(argv: string[]): Promise<number> {
   } catch (e) {
     if (e instanceof AppError) {
       console.error(`Error: ${e.message}`);
+      return 1;
+    }
+    if (cannotConnect(e)) {
+      console.error(`Error: cannot connect to Postgres at ${redactUrl(cfg.DATABASE_URL)} (${source}): ${(e as Error).message}`);
       return 1;
     }
     throw e;

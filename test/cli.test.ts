@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { once } from 'node:events';
+import net from 'node:net';
 import path from 'node:path';
 import { ROOT, requireEnv, testDb, useStack, waitFor } from './helpers/stack.ts';
 import { insertDeks } from '../db/deks.ts';
@@ -112,11 +114,34 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     assert.match(r.stderr, /DATABASE_URL/);
   });
 
-  it('says in one line, without a stack, that Postgres cannot be reached (exit 1)', async () => {
+  it('says in one line, without a stack, that Postgres cannot be reached, where and through which variable (exit 1)', async () => {
     const r = await cli(['keys', 'list'], { DATABASE_URL: 'postgres://u:pw-cli@127.0.0.1:1/x' });
     assert.equal(r.code, 1, r.stderr);
-    assert.equal(r.stderr.trim(), 'Error: connect ECONNREFUSED 127.0.0.1:1');
+    assert.equal(r.stderr.trim(), 'Error: cannot connect to Postgres at postgres://u:***@127.0.0.1:1/x (DATABASE_URL): connect ECONNREFUSED 127.0.0.1:1');
     assert.equal(r.stdout, '', 'nothing else, on either stream');
+  });
+
+  it('names Postgres and DATABASE_URL when the server accepts the connection and never answers (exit 1)', async () => {
+    const silent = net.createServer(() => undefined).listen(0, '127.0.0.1');
+    await once(silent, 'listening');
+    try {
+      const { port } = silent.address() as net.AddressInfo;
+      const r = await cli(['jobs', 'watch', '00000000-0000-4000-8000-000000000000'], { DATABASE_URL: `postgres://u:pw-cli@127.0.0.1:${port}/x` });
+      assert.equal(r.code, 1, r.stderr);
+      assert.equal(r.stderr.trim(), `Error: cannot connect to Postgres at postgres://u:***@127.0.0.1:${port}/x (DATABASE_URL): timeout expired`);
+      assert.equal(r.stdout, '');
+    } finally {
+      silent.close();
+    }
+  });
+
+  it('names Postgres and DATABASE_URL when Postgres refuses the login (exit 1)', async () => {
+    const url = new URL(requireEnv('DATABASE_URL'));
+    url.password = 'not-the-password';
+    const r = await cli(['keys', 'list'], { DATABASE_URL: url.toString() });
+    assert.equal(r.code, 1, r.stderr);
+    assert.match(r.stderr.trim(), /^Error: cannot connect to Postgres at \S+ \(DATABASE_URL\): password authentication failed/);
+    assert.ok(!r.stderr.includes('not-the-password'), 'the password is masked');
   });
 });
 
