@@ -45,12 +45,18 @@ function parse(argv: string[]): Args {
     parsed = parseArgs({
       args: argv,
       allowPositionals: true,
-      options: { name: { type: 'string' }, scopes: { type: 'string' }, json: { type: 'boolean', default: false }, ended: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false } },
+      // multiple: parseArgs would otherwise keep the last of a repeated option without a word
+      // (`--scopes a2a --scopes task:read` made a task:read key).
+      options: { name: { type: 'string', multiple: true }, scopes: { type: 'string', multiple: true }, json: { type: 'boolean', default: false }, ended: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false } },
     });
   } catch (e) {
     throw new UsageError((e as Error).message);
   }
-  const { values, positionals } = parsed;
+  const { positionals } = parsed;
+  for (const opt of ['name', 'scopes'] as const) {
+    if ((parsed.values[opt]?.length ?? 0) > 1) throw new UsageError(`--${opt} given more than once${opt === 'scopes' ? ': list the scopes in one, comma-separated' : ''}`);
+  }
+  const values = { ...parsed.values, name: parsed.values.name?.[0], scopes: parsed.values.scopes?.[0] };
   const [group, command, ...rest] = positionals;
   if (values.help) return { help: true };
   if (group === 'jobs') return parseJobs(command, rest, values);

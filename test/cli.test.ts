@@ -86,6 +86,8 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     ['create without --scopes', ['keys', 'create', '--name', 'x'], /needs --scopes/],
     ['an unknown scope', ['keys', 'create', '--name', 'x', '--scopes', 'task:read,root'], /Unknown scope\(s\): root/],
     ['a name with a terminal escape', ['keys', 'create', '--name', 'ci\x1b[2Jreader', '--scopes', 'task:read'], /--name must not contain control characters/],
+    ['a repeated --scopes', ['keys', 'create', '--name', 'x', '--scopes', 'a2a', '--scopes', 'task:read'], /--scopes given more than once: list the scopes in one, comma-separated/],
+    ['a repeated --name', ['keys', 'create', '--name', 'x', '--name', 'y', '--scopes', 'a2a'], /--name given more than once/],
     ['an unknown option', ['keys', 'list', '--all'], /Unknown option '--all'/],
     ['an option of another command', ['keys', 'list', '--name', 'x'], /does not take --name/],
     ['revoke without an id', ['keys', 'revoke'], /exactly one key id/],
