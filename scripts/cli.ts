@@ -170,6 +170,11 @@ async function main(argv: string[]): Promise<number> {
       console.error(`Error: cannot connect to Postgres at ${redactUrl(cfg.DATABASE_URL)} (${source}): ${(e as Error).message}`);
       return 1;
     }
+    // 42P01 undefined_table: a database the release step never ran on (pg's message would be our SQL).
+    if ((e as { code?: unknown }).code === '42P01') {
+      console.error(`Error: the database at ${redactUrl(cfg.DATABASE_URL)} (${source}) has no taskbridge schema: run \`npm run migrate\` on it first`);
+      return 1;
+    }
     throw e;
   } finally {
     await db.destroy();

@@ -137,6 +137,22 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     }
   });
 
+  it('says that a database without the schema needs the migration, instead of printing SQL (exit 1)', async () => {
+    await testDb().raw('create database cli_no_schema');
+    try {
+      const url = new URL(requireEnv('DATABASE_URL'));
+      url.pathname = '/cli_no_schema';
+      for (const args of [['keys', 'list'], ['keys', 'create', '--name', 'x', '--scopes', 'a2a'], ['jobs', 'list']]) {
+        const r = await cli(args, { DATABASE_URL: url.toString() });
+        assert.equal(r.code, 1, r.stderr);
+        assert.match(r.stderr.trim(), /^Error: the database at \S+\/cli_no_schema \(DATABASE_URL\) has no taskbridge schema: run `npm run migrate` on it first$/);
+        assert.equal(r.stdout, '');
+      }
+    } finally {
+      await testDb().raw('drop database cli_no_schema');
+    }
+  });
+
   it('names Postgres and DATABASE_URL when Postgres refuses the login (exit 1)', async () => {
     const url = new URL(requireEnv('DATABASE_URL'));
     url.password = 'not-the-password';
