@@ -219,7 +219,7 @@ function orExit<T>(load: () => T): T {
 export const loadConfigOrExit = (env: NodeJS.ProcessEnv = process.env): Config => orExit(() => loadConfig(env));
 
 // What the schema migration (Procfile `release`) and the CLI read: they need Postgres only.
-const DatabaseConfigSchema = Type.Pick(ConfigSchema, ['DATABASE_URL', 'LOG_LEVEL', 'MIGRATION_LOCK_TIMEOUT_MS']);
+const DatabaseConfigSchema = Type.Pick(ConfigSchema, ['DATABASE_URL', 'LOG_LEVEL', 'MIGRATION_LOCK_TIMEOUT_MS', 'DB_QUERY_TIMEOUT_MS']);
 export const loadDatabaseConfig = (env: NodeJS.ProcessEnv = process.env) => readEnv(DatabaseConfigSchema, env);
 export const loadDatabaseConfigOrExit = () => orExit(() => loadDatabaseConfig());
 

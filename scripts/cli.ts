@@ -5,7 +5,7 @@ import { parseArgs } from 'node:util';
 import { loadDatabaseConfig, ConfigError } from '../domain/config.ts';
 import { createDb } from '../db/knex.ts';
 import { listActive } from '../db/api-keys.ts';
-import { AppError, unreachable } from '../domain/errors.ts';
+import { AppError, statementTimedOut, unreachable } from '../domain/errors.ts';
 import { redactUrl } from '../domain/logger.ts';
 import { createApiKey, revokeApiKey, SCOPES, type Scope } from '../domain/api-keys.ts';
 import { listEndedJobs, listJobs, watchJob } from './watch-job.ts';
@@ -135,7 +135,8 @@ async function main(argv: string[]): Promise<number> {
   }
   const cfg = loadDatabaseConfig(env);
   // knex's own connection warnings (with stacks) stay out of a command's output: the failure is its one line.
-  const db = createDb(cfg.DATABASE_URL, { min: 0, max: 1 }, { log: { debug: () => undefined } });
+  // A statement limit: behind a lock (a revoke behind a transaction holding the key's row) it would wait without end.
+  const db = createDb(cfg.DATABASE_URL, { min: 0, max: 1 }, { queryTimeoutMs: cfg.DB_QUERY_TIMEOUT_MS, log: { debug: () => undefined } });
   try {
     if (args.command === 'create') {
       const k = await createApiKey(db, args.name, args.scopes);
@@ -168,6 +169,10 @@ async function main(argv: string[]): Promise<number> {
     }
     if (cannotConnect(e)) {
       console.error(`Error: cannot connect to Postgres at ${redactUrl(cfg.DATABASE_URL)} (${source}): ${(e as Error).message}`);
+      return 1;
+    }
+    if (statementTimedOut(e)) {
+      console.error(`Error: Postgres at ${redactUrl(cfg.DATABASE_URL)} (${source}) did not finish a statement within DB_QUERY_TIMEOUT_MS (${cfg.DB_QUERY_TIMEOUT_MS} ms): a long transaction may hold a lock it waits for (pg_stat_activity)`);
       return 1;
     }
     // 42P01 undefined_table: a database the release step never ran on (pg's message would be our SQL).

@@ -153,6 +153,20 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     }
   });
 
+  it('gives up a statement after DB_QUERY_TIMEOUT_MS, saying so, instead of waiting without end behind a lock (exit 1)', async () => {
+    const created = JSON.parse((await cli(['keys', 'create', '--name', 'locked', '--scopes', 'a2a', '--json'])).stdout);
+    const tx = await testDb().transaction();
+    try {
+      await tx('api_keys').where({ id: created.id }).forUpdate().select('id');
+      const r = await cli(['keys', 'revoke', created.id], { DB_QUERY_TIMEOUT_MS: '500' });
+      assert.equal(r.code, 1, r.stderr);
+      assert.match(r.stderr.trim(), /^Error: Postgres at \S+ \(DATABASE_URL\) did not finish a statement within DB_QUERY_TIMEOUT_MS \(500 ms\): a long transaction may hold a lock it waits for \(pg_stat_activity\)$/);
+    } finally {
+      await tx.rollback();
+    }
+    assert.equal((await testDb()('api_keys').where({ id: created.id }).first()).revoked_at, null, 'the key is not revoked');
+  });
+
   it('names Postgres and DATABASE_URL when Postgres refuses the login (exit 1)', async () => {
     const url = new URL(requireEnv('DATABASE_URL'));
     url.password = 'not-the-password';
