@@ -43,6 +43,21 @@ function bar(j: KeyJobRow): string {
  * canceled, or completed with items that failed: a script that migrates keys must not read that as done). */
 export async function watchJob(db: Knex, id: string, opts: { intervalMs?: number; out?: NodeJS.WriteStream } = {}): Promise<number> {
   const out = opts.out ?? process.stdout;
+  // Ctrl-C on a terminal: end the bar's line first, so that the shell's prompt does not land on it;
+  // the signal is raised again, so the exit is still the interrupt's (130).
+  const interrupted = () => {
+    out.write('\n');
+    process.kill(process.pid, 'SIGINT');
+  };
+  if (out.isTTY) process.once('SIGINT', interrupted);
+  try {
+    return await follow(db, id, out, opts.intervalMs ?? 500);
+  } finally {
+    process.removeListener('SIGINT', interrupted);
+  }
+}
+
+async function follow(db: Knex, id: string, out: NodeJS.WriteStream, intervalMs: number): Promise<number> {
   let last = '';
   for (;;) {
     const job = await getKeyJob(db, id);
@@ -58,6 +73,6 @@ export async function watchJob(db: Knex, id: string, opts: { intervalMs?: number
       if (job.status === 'completed' && job.failed) out.write(`${job.failed} of ${job.total} items failed: not every key was processed\n`);
       return job.status === 'completed' && !job.failed ? 0 : 1;
     }
-    await sleep(opts.intervalMs ?? 500);
+    await sleep(intervalMs);
   }
 }

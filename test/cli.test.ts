@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { once } from 'node:events';
 import net from 'node:net';
 import path from 'node:path';
@@ -103,6 +103,24 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
       assert.deepEqual(await testDb()('api_keys').count({ n: '*' }), before);
     });
   }
+
+  it('draws a bar on a terminal, and on Ctrl-C ends its line and exits 130', async () => {
+    const id = randomUUID();
+    await testDb()('key_jobs').insert({ id, kind: 'migrate-deks', status: 'running', total: 10, done: 4 });
+    // script(1) gives the CLI a terminal; a ^C typed into it interrupts the CLI as a shell's would.
+    const env = { ...process.env, DATABASE_URL: requireEnv('DATABASE_URL'), REDIS_URL: undefined };
+    const child = spawn('script', ['-qec', `npm run --silent cli -- jobs watch ${id}`, '/dev/null'], { cwd: ROOT, env: env as NodeJS.ProcessEnv, stdio: ['pipe', 'pipe', 'inherit'] });
+    let out = '';
+    child.stdout.on('data', (b) => {
+      out += b;
+      if (out.includes('40%') && !child.stdin.writableEnded) child.stdin.end('\x03');
+    });
+    const [code] = await once(child, 'exit');
+    await testDb()('key_jobs').where({ id }).delete();
+    assert.equal(code, 130, JSON.stringify(out));
+    assert.match(out, new RegExp(`^\\r\\[#{12}\\.{18}\\]  40% migrate-deks ${id} running 4/10 \\(4 done, 0 failed\\)`));
+    assert.match(out, /\^C\r?\n$/, `the bar's line is ended: ${JSON.stringify(out)}`);
+  });
 
   it('says how to point it at a database when DATABASE_URL is unset and no local Postgres runs (exit 2)', async () => {
     const r = await cli(['keys', 'list'], { DATABASE_URL: undefined, DATA_DIR: path.join(requireEnv('TEST_DATA_DIR'), 'no-postgres-here') });
