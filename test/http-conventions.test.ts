@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
-import { ADMIN_KEY, assertError, testDb, textMessage, useStack, waitFor, type Response } from './helpers/stack.ts';
+import { ADMIN_KEY, assertError, requestLogsThrough, testDb, textMessage, useStack, waitFor, type Response } from './helpers/stack.ts';
 import { TASK_STATES } from '../domain/task-states.ts';
 
 const LIMIT = 4096;
@@ -389,6 +389,17 @@ describe('HTTP conventions', () => {
     assert.deepEqual({ method, path, route, status }, { method: 'GET', path: '/api/task/v1/00000000-0000-4000-8000-000000000000', route: '/api/task/v1/:task_id', status: 404 });
     assert.equal(typeof ms, 'number');
     assert.equal(line(unmatched).route, 'unmatched');
+  });
+
+  it("logs load balancers' probes and Prometheus' scrapes at debug while they succeed, and at info once one fails", async () => {
+    const paths = ['/_internal/v1/health', '/metrics', '/_internal/v1/ready'];
+    const polled = [];
+    for (const p of paths) polled.push(await stack.client.get(p));
+    const refused = await stack.client.as(undefined).get('/metrics');
+    assert.deepEqual([...polled, refused].map((r) => r.status), [200, 200, 200, 401]);
+    const last = await requestLogsThrough(stack, refused);
+    assert.ok(last.some((l: string) => l.includes(`"req_id":"${refused.headers.get('x-request-id')}"`)), 'the refused scrape is logged');
+    for (const [i, r] of polled.entries()) assert.ok(!stack.api.logs.some((l) => l.includes(`"req_id":"${r.headers.get('x-request-id')}"`)), `${paths[i]}: no request line at info`);
   });
 
   it('refuses a query parameter the operation does not take (a misspelt filter would list everything)', async () => {

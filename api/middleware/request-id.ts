@@ -12,6 +12,10 @@ export const requestIdFor = (incoming: string | string[] | undefined): string =>
 // line's `route` and the /metrics label (bounded, unlike paths, which carry ids).
 export const matchedRoute = (ctx: Context): string => String((ctx as { _matchedRoute?: string | RegExp })._matchedRoute ?? 'unmatched');
 
+// Load balancers' probes and Prometheus' scrapes come every few seconds to every process: answered
+// well, their request lines are debug, or a fleet's log is mostly them. A failed one stays info.
+const POLLED = new Set(['/_internal/v1/health', '/_internal/v1/ready', '/metrics']);
+
 // Echoes a sane incoming X-Request-Id or mints one; gives the request a child logger carrying it.
 export function requestId(log: Logger): Middleware {
   return async (ctx, next) => {
@@ -23,7 +27,8 @@ export function requestId(log: Logger): Middleware {
     try {
       await next();
     } finally {
-      ctx.state.log.info({ method: ctx.method, path: ctx.path, route: matchedRoute(ctx), status: ctx.status, ms: Math.round((performance.now() - started) * 10) / 10 }, 'request');
+      const level = ctx.status < 400 && POLLED.has(matchedRoute(ctx)) ? 'debug' : 'info';
+      ctx.state.log[level]({ method: ctx.method, path: ctx.path, route: matchedRoute(ctx), status: ctx.status, ms: Math.round((performance.now() - started) * 10) / 10 }, 'request');
     }
   };
 }
