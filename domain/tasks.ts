@@ -205,7 +205,7 @@ export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateM
   }
   const { seq, ...timeline_item } = timelineItem;
   // seq: where a follower of the task's timeline continues from (api/a2a streams).
-  return { message, timeline_item, task: tasks.toTask(task), seq };
+  return { message, timeline_item, seq };
 }
 
 export async function addMessage(s: UowServices & Pick<Services, 'cfg'>, taskId: string, req: CreateMessageRequest) {
