@@ -28,8 +28,10 @@ function unitPattern(ch: string): string {
   return `(?:${forms.join('|')})`;
 }
 
-// A provider cutting its message short may end it with an ellipsis.
-const CUT_END = /(?:\.\.\.|…)?\s*$/y;
+// A text cut short (by a provider, or by us before masking) may end inside one character's
+// encoding (`%c3%a`, `\ud83d\ude`, `&#23`, half a surrogate pair), then an ellipsis.
+const PARTIAL_UNIT = String.raw`(?:(?:%[0-9a-fA-F]{2})*%[0-9a-fA-F]?|(?:%[0-9a-fA-F]{2})+|\\u[0-9a-fA-F]{4}(?:\\(?:u[0-9a-fA-F]{0,3})?)?|\\(?:u[0-9a-fA-F]{0,3})?|&#?[xX]?[0-9a-fA-F]*|&[a-zA-Z]*|[\uD800-\uDBFF])?`;
+const CUT_END = new RegExp(String.raw`${PARTIAL_UNIT}(?:\.\.\.|…)?\s*$`, 'y');
 
 /** A function masking every occurrence of `secrets`, in any encoding above, in a text. */
 export function secretMasker(secrets: readonly string[]): (text: string) => string {

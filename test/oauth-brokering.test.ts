@@ -267,16 +267,32 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     const secret = `s/é+ 😀${randomUUID()}`;
     await instance('mail-enc', { secret });
     try {
-      await oauth.setMode('echo-encoded');
-      const back = await consent((await broker('mail-enc')).action.Redirect.url);
-      const code = new URL(back).searchParams.get('code')!;
-      const r = await callback(back);
+      for (const form of ['pct', 'form', 'json', 'html', 'hex', 'basic', 'code', 'cut'] as const) {
+        await oauth.setMode(`echo-encoded:${form}`);
+        const back = await consent((await broker('mail-enc')).action.Redirect.url);
+        const code = new URL(back).searchParams.get('code')!;
+        const r = await callback(back);
+        assert.equal(r.status, 502);
+        const { message } = (await r.json()) as { message: string };
+        assert.equal(message, `token endpoint refused the code: ${form}=***`);
+        const logs = await requestLogsThrough(stack, r, { all: true });
+        assert.ok(logs.some((l) => l.includes(`token endpoint refused the code: ${form}=***`)), `the 502 in the API log (${form})`);
+        assert.ok(!logs.some((l) => l.includes(secret.slice(-12)) || l.includes(code.slice(0, 12))), `no log line holds the secret or the code (${form})`);
+      }
+    } finally {
+      await oauth.setMode('ok');
+    }
+  });
+
+  it('masks a client secret that the 500 characters quoted of a long refusal cut inside its encoding', async () => {
+    const secret = `s/é+ 😀${randomUUID()}`;
+    await instance('mail-long', { secret });
+    try {
+      await oauth.setMode('echo-long');
+      const r = await callback(await consent((await broker('mail-long')).action.Redirect.url));
       assert.equal(r.status, 502);
-      const { message } = (await r.json()) as { message: string };
-      assert.equal(message, 'token endpoint refused the code: pct=*** form=*** json=*** html=*** hex=*** basic=*** code=*** cut=***');
-      const logs = await requestLogsThrough(stack, r, { all: true });
-      assert.ok(logs.some((l) => l.includes('token endpoint refused the code: pct=***')), 'the 502 in the API log');
-      assert.ok(!logs.some((l) => l.includes(secret.slice(-12)) || l.includes(code.slice(0, 12))), 'no log line holds the secret or the code');
+      // The first 6 of the secret's characters (30 encoded ones), then half of the 7th's first escape.
+      assert.equal(((await r.json()) as { message: string }).message, `token endpoint refused the code: ${'x'.repeat(469)}***`);
     } finally {
       await oauth.setMode('ok');
     }

@@ -119,5 +119,7 @@ export function refusalMessage(answer: UpstreamAnswer): string {
     msg ??= b.error_description ?? (typeof b.error === 'string' ? b.error : undefined) ?? b.message;
   }
   const text = typeof msg === 'string' && msg ? msg : `HTTP ${answer.status}`;
-  return secretMasker(answer.sent ?? [])(text).slice(0, 500);
+  // Cut before masking: masking costs the text's length times the secrets' (a client chooses both
+  // its secret and the token endpoint that quotes it); a secret the cut splits is masked as cut short.
+  return secretMasker(answer.sent ?? [])(text.slice(0, 500));
 }
