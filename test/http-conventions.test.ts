@@ -303,7 +303,7 @@ describe('HTTP conventions', () => {
     assertError(await stack.client.request('PROPFIND', '/api/no-such-thing'), 404, 'not_found');
     // Log lines arrive in order: once a later request's line is in, the PROPFIND ones are too.
     const marker = `after-propfind-${Date.now()}`;
-    await stack.client.request('GET', '/_internal/v1/health', undefined, { headers: { 'x-request-id': marker } });
+    await stack.client.request('GET', '/api/openapi.json', undefined, { headers: { 'x-request-id': marker } });
     await waitFor(async () => stack.api.logs.some((l) => l.includes(marker)), 'the later request logged');
     assert.ok(stack.api.logs.some((l) => l.includes('"method":"PROPFIND"')), 'the PROPFIND requests are in the log');
     assert.ok(!stack.api.logs.some((l) => l.includes('PROPFIND') && /"level":(50|"error")/.test(l)), 'no error-level log line');
