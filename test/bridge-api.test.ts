@@ -315,6 +315,16 @@ describe('bridge API', () => {
     assert.deepEqual(await testDb()('provider_instances').count({ n: '*' }), before);
   });
 
+  it('names only the rule an empty display_name breaks, on create and on PATCH', async () => {
+    const { cred } = await stripeInstance('stripe-empty-name');
+    const created = await c.post(avail('stripe', 'api_key'), { display_name: '', resource_server_credential_id: cred.id });
+    const patched = await c.patch(`${B}/provider/stripe-empty-name`, { display_name: '' });
+    for (const r of [created, patched]) {
+      assertError(r, 400, 'invalid_request');
+      assert.deepEqual(r.body.data.errors, [{ path: 'body.display_name', message: 'must NOT have fewer than 1 characters' }], r.text);
+    }
+  });
+
   it('google_mail: an OAuth instance waits for its user credential, then sends with the access token', async () => {
     const rs = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`,
       { value: { client_id: 'client-1', client_secret: CLIENT_SECRET, redirect_uri: 'https://app.example/cb', scopes: ['gmail.send'] } });

@@ -4,7 +4,8 @@ import { worded } from '../../domain/schema-check.ts';
 // The pattern too: ajv-formats' uuid format also accepts 'urn:uuid:...', which Postgres refuses.
 export const Uuid = Type.String({ format: 'uuid', pattern: worded('^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$', 'must be a UUID'), description: 'UUID' });
 // A pattern for free-form strings that reach SQL or paths: no control characters (Postgres refuses NUL).
-export const NoControlChars = worded('^[^\\u0000-\\u001f\\u007f]+$', 'must not contain control characters');
+// `*`: an empty string breaks only its minLength, so it is told only that.
+export const NoControlChars = worded('^[^\\u0000-\\u001f\\u007f]*$', 'must not contain control characters');
 // Standard base64, padded: whole groups of four (a last one with = padding), which Buffer decodes as sent.
 export const BASE64_PATTERN = worded('^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$', 'must be base64 (standard alphabet, padded with =)');
 // http(s) URLs clients give (redirects, token endpoints): the format is defined in domain/schema-check.ts.
