@@ -8,6 +8,7 @@ import { Type } from '@sinclair/typebox';
 import { defineRoute } from './route.ts';
 import { ErrorBody } from './schemas/common.ts';
 import { Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { Queue } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import { QUEUE_NAMES, oldestWaitingAgeMs } from '../queues/names.ts';
 import { streamCounts } from './a2a-stream-quota.ts';
@@ -52,63 +53,34 @@ function createMetrics(services: Services) {
       for (const [name, counts] of all ?? []) for (const [state, n] of Object.entries(counts)) this.set({ queue: name, state }, n);
     },
   });
-  new Gauge({
-    name: 'taskbridge_queue_paused',
-    help: 'Whether a queue is paused (1: workers take none of its jobs; resume it from the queue dashboard)',
-    labelNames: ['queue'],
-    registers: [registry],
+  // One value per queue, read from Redis at scrape time (absent while Redis cannot answer).
+  const queueGauge = (name: string, help: string, read: (queue: Queue) => Promise<number>) => new Gauge({
+    name, help, labelNames: ['queue'], registers: [registry],
     async collect() {
       this.reset();
-      const all = await readSource(services, 'taskbridge_queue_paused', () =>
-        Promise.all(QUEUE_NAMES.map(async (name) => [name, await services.queues[name].isPaused()] as const)));
-      for (const [name, paused] of all ?? []) this.set({ queue: name }, paused ? 1 : 0);
+      const all = await readSource(services, name, () => Promise.all(QUEUE_NAMES.map(async (q) => [q, await read(services.queues[q])] as const)));
+      for (const [queue, n] of all ?? []) this.set({ queue }, n);
     },
   });
-  new Gauge({
-    name: 'taskbridge_queue_oldest_waiting_seconds',
-    help: 'Age of the oldest job waiting per queue (0: none waits); grows when workers fall behind or are gone',
-    labelNames: ['queue'],
-    registers: [registry],
+  queueGauge('taskbridge_queue_paused', 'Whether a queue is paused (1: workers take none of its jobs; resume it from the queue dashboard)',
+    async (q) => ((await q.isPaused()) ? 1 : 0));
+  queueGauge('taskbridge_queue_oldest_waiting_seconds', 'Age of the oldest job waiting per queue (0: none waits); grows when workers fall behind or are gone',
+    async (q) => ((await oldestWaitingAgeMs(q)) ?? 0) / 1000);
+  queueGauge('taskbridge_queue_workers', 'Worker connections taking jobs per queue (each worker process holds one per queue; 0: none runs)',
+    (q) => q.getWorkersCount());
+  // One value read at scrape time; absent (not 0) while its source cannot answer, so that an unknown
+  // backlog is not read as none.
+  const sourcedGauge = (name: string, help: string, read: () => Promise<number>) => new Gauge({
+    name, help, registers: [registry],
     async collect() {
-      this.reset();
-      const all = await readSource(services, 'taskbridge_queue_oldest_waiting_seconds', () =>
-        Promise.all(QUEUE_NAMES.map(async (name) => [name, await oldestWaitingAgeMs(services.queues[name])] as const)));
-      for (const [name, ms] of all ?? []) this.set({ queue: name }, (ms ?? 0) / 1000);
-    },
-  });
-  new Gauge({
-    name: 'taskbridge_queue_workers',
-    help: 'Worker connections taking jobs per queue (each worker process holds one per queue; 0: none runs)',
-    labelNames: ['queue'],
-    registers: [registry],
-    async collect() {
-      this.reset();
-      const all = await readSource(services, 'taskbridge_queue_workers', () =>
-        Promise.all(QUEUE_NAMES.map(async (name) => [name, await services.queues[name].getWorkersCount()] as const)));
-      for (const [name, n] of all ?? []) this.set({ queue: name }, n);
-    },
-  });
-  new Gauge({
-    name: 'taskbridge_outbox_pending',
-    help: 'Jobs committed to the outbox and not yet handed to Redis',
-    registers: [registry],
-    async collect() {
-      const n = await readSource(services, 'taskbridge_outbox_pending', () => countOutbox(services.db));
-      // Not 0 when unknown: without a sample the series is absent from this scrape.
+      const n = await readSource(services, name, read);
       if (n !== undefined) this.set(n);
       else this.remove();
     },
   });
-  new Gauge({
-    name: 'taskbridge_outbox_oldest_seconds',
-    help: 'Age of the oldest job in the outbox (0: none); grows while Redis is down or the relay is stuck',
-    registers: [registry],
-    async collect() {
-      const age = await readSource(services, 'taskbridge_outbox_oldest_seconds', () => oldestOutboxAgeSeconds(services.db));
-      if (age !== undefined) this.set(age);
-      else this.remove();
-    },
-  });
+  sourcedGauge('taskbridge_outbox_pending', 'Jobs committed to the outbox and not yet handed to Redis', () => countOutbox(services.db));
+  sourcedGauge('taskbridge_outbox_oldest_seconds', 'Age of the oldest job in the outbox (0: none); grows while Redis is down or the relay is stuck',
+    () => oldestOutboxAgeSeconds(services.db));
 
   new Gauge({
     name: 'taskbridge_key_job_items',
