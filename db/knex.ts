@@ -10,7 +10,11 @@ pg.types.setTypeParser(pg.types.builtins.INT8, (v: string) => Number(v));
 export type Db = Knex;
 export type Tx = Knex | Knex.Transaction;
 
-export const migrationsDir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'migrations');
+const migrationsDir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'migrations');
+// How knex finds this release's migrations. It would refuse a database with migrations it has no
+// file of; see migrationState for why those are fine.
+const MIGRATION_EXTENSION = '.ts';
+export const migrationConfig = { directory: migrationsDir, loadExtensions: [MIGRATION_EXTENSION], disableMigrationsListValidation: true };
 
 // How much longer than the server's statement_timeout the client waits for an answer: Postgres
 // cancels a slow statement itself; the client's own timeout is for a server that went silent.
@@ -50,8 +54,7 @@ function knexLog(log: DbLog) {
 }
 
 export async function migrateLatest(db: Knex): Promise<string[]> {
-  // knex refuses a database with migrations it has no file of; see migrationState for why they are fine.
-  const [, applied] = await db.migrate.latest({ directory: migrationsDir, loadExtensions: ['.ts'], disableMigrationsListValidation: true });
+  const [, applied] = await db.migrate.latest(migrationConfig);
   return applied as string[];
 }
 
@@ -59,7 +62,7 @@ export async function migrateLatest(db: Knex): Promise<string[]> {
 // release does not know: a newer release's, while a deploy rolls or after the code was rolled back.
 // Old code keeps working on a newer schema, so those are only reported.
 export async function migrationState(db: Knex): Promise<{ unapplied: string[]; newer: string[] }> {
-  const files = fs.readdirSync(migrationsDir).filter((f) => f.endsWith('.ts')).sort();
+  const files = fs.readdirSync(migrationsDir).filter((f) => f.endsWith(MIGRATION_EXTENSION)).sort();
   const { rows: [{ table }] } = await db.raw(`select to_regclass('knex_migrations') is not null as table`);
   const applied: string[] = table ? (await db('knex_migrations').select('name')).map((r: { name: string }) => r.name) : [];
   const known = new Set(files);

@@ -3,7 +3,8 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
-import { migrationConfig, scratchDatabase, type ScratchDatabase } from './helpers/scratch-database.ts';
+import { migrationConfig } from '../db/knex.ts';
+import { scratchDatabase, type ScratchDatabase } from './helpers/scratch-database.ts';
 
 describe('migration 0013 (tasks owed a run)', function () {
   this.timeout(60_000);

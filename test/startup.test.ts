@@ -8,7 +8,8 @@ import net from 'node:net';
 import path from 'node:path';
 import { freePort } from '../scripts/local-services.ts';
 import { ROOT, startApi, testDb, testEnv, useStack, waitFor } from './helpers/stack.ts';
-import { migrationConfig, scratchDatabase } from './helpers/scratch-database.ts';
+import { migrationConfig } from '../db/knex.ts';
+import { scratchDatabase } from './helpers/scratch-database.ts';
 
 interface Run { code: number | null; output: string }
 

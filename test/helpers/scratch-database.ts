@@ -1,10 +1,8 @@
 // A database of its own on the test Postgres, for tests that migrate it to a version of their choice.
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
-import { createDb, migrationsDir } from '../../db/knex.ts';
+import { createDb } from '../../db/knex.ts';
 import { testDb } from './stack.ts';
-
-export const migrationConfig = { directory: migrationsDir, loadExtensions: ['.ts'] };
 
 export interface ScratchDatabase { url: string; db: Knex; drop(): Promise<void> }
 
