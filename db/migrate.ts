@@ -2,7 +2,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { loadDatabaseConfigOrExit } from '../domain/config.ts';
 import { createLogger, redactUrl } from '../domain/logger.ts';
-import { unreachable } from '../domain/errors.ts';
+import { connectionFailed } from '../domain/errors.ts';
 import { createDb, migrateLatest, migrationState } from './knex.ts';
 
 // Tries at a lock held by a long transaction, a pause of MIGRATION_LOCK_TIMEOUT_MS apart: the API
@@ -45,7 +45,7 @@ try {
   // migration that fails on its own SQL is logged whole.
   const e = err as { message?: string; code?: string };
   const where = redactUrl(cfg.DATABASE_URL);
-  if (unreachable(err) || /^E[A-Z]+$/.test(String(e.code))) log.fatal({ code: e.code, url: where }, `migration failed: Postgres at ${where} (DATABASE_URL) cannot be reached: ${e.message}`);
+  if (connectionFailed(err)) log.fatal({ code: e.code, url: where }, `migration failed: Postgres at ${where} (DATABASE_URL) cannot be reached: ${e.message}`);
   else log.fatal({ err }, 'migration failed');
   process.exitCode = 1;
 } finally {

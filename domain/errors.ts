@@ -124,6 +124,12 @@ export function unreachable(err: unknown): boolean {
   return UNREACHABLE_CODES.includes(String(e?.code)) || e?.name === 'MaxRetriesPerRequestError' || UNREACHABLE_MESSAGE.test(String(e?.message ?? ''));
 }
 
+// A connection that could not be made at all: out of reach, or a system error on the way (a host that
+// does not resolve: ENOTFOUND, EAI_AGAIN...), as the release step and the CLI tell their operator.
+export function connectionFailed(err: unknown): boolean {
+  return unreachable(err) || /^E[A-Z]+$/.test(String((err as { code?: unknown })?.code));
+}
+
 // A statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on.
 export function statementTimedOut(err: unknown): boolean {
   const e = err as { code?: unknown; message?: unknown };

@@ -5,7 +5,7 @@ import { parseArgs } from 'node:util';
 import { loadDatabaseConfig, ConfigError } from '../domain/config.ts';
 import { createDb } from '../db/knex.ts';
 import { listActive } from '../db/api-keys.ts';
-import { AppError, statementTimedOut, unreachable } from '../domain/errors.ts';
+import { AppError, connectionFailed, statementTimedOut } from '../domain/errors.ts';
 import { redactUrl } from '../domain/logger.ts';
 import { createApiKey, revokeApiKey, SCOPES, type Scope } from '../domain/api-keys.ts';
 import { listEndedJobs, listJobs, watchJob } from './watch-job.ts';
@@ -102,12 +102,11 @@ function parseJobs(command: string | undefined, rest: string[], values: { name?:
   return { command: 'jobs-watch', id: rest[0] };
 }
 
-// Failing to reach or log in to Postgres: out of reach, no answer (pg's "timeout expired"), a host
-// that does not resolve (E* codes), or refused (SQLSTATE classes 08 connection, 28 authorization,
-// 3D000 no such database).
+// Failing to reach or log in to Postgres: no connection made (connectionFailed), or refused
+// (SQLSTATE classes 08 connection, 28 authorization, 3D000 no such database).
 const cannotConnect = (e: unknown) => {
   const code = String((e as { code?: unknown })?.code);
-  return unreachable(e) || /^E[A-Z]+$/.test(code) || /^(08|28)/.test(code) || code === '3D000';
+  return connectionFailed(e) || /^(08|28)/.test(code) || code === '3D000';
 };
 
 const iso = (d: Date | null) => (d ? d.toISOString() : '-');
