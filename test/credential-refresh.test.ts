@@ -40,13 +40,10 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
   // Brokers `id`, then makes its refresh due with the OAuth server answering in `mode` until the refresh gives up.
   async function refreshFailing(id: string, mode: Parameters<OAuthServer['setMode']>[0]) {
     await brokered(id);
-    await oauth.setMode(mode);
-    try {
+    await oauth.inMode(mode, async () => {
       await makeDue(id);
       await waitFor(async () => (await instance(id)).status === 'refresh_failed', 'the instance to be refresh_failed');
-    } finally {
-      await oauth.setMode('ok');
-    }
+    });
   }
   const send = (id: string) => c.post(`${B}/provider/${id}/function/google_mail_send_email/invoke`, { params: { to: 'a@example.com', subject: 's', body: 'b' } });
 

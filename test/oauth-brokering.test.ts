@@ -243,8 +243,7 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
 
   it("masks the client secret and code a token endpoint quotes in its refusal, in the 502 and the log", async () => {
     await instance('mail-q');
-    try {
-      await oauth.setMode('echo');
+    await oauth.inMode('echo', async () => {
       const back = await consent((await broker('mail-q')).action.Redirect.url);
       const code = new URL(back).searchParams.get('code')!;
       const r = await callback(back);
@@ -258,17 +257,14 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
         assert.ok(!message.includes(secret), message);
         assert.ok(!logs.some((l) => l.includes(secret)), `${secret} in an API log line`);
       }
-    } finally {
-      await oauth.setMode('ok');
-    }
+    });
   });
 
   it('masks a client secret and code the token endpoint quotes encoded (lowercase escapes, JSON, HTML, Basic base64, cut short), in the 502 and the log', async () => {
     const secret = `s/é+ 😀${randomUUID()}`;
     await instance('mail-enc', { secret });
-    try {
-      for (const form of ['pct', 'form', 'json', 'html', 'hex', 'basic', 'code', 'cut'] as const) {
-        await oauth.setMode(`echo-encoded:${form}`);
+    for (const form of ['pct', 'form', 'json', 'html', 'hex', 'basic', 'code', 'cut'] as const) {
+      await oauth.inMode(`echo-encoded:${form}`, async () => {
         const back = await consent((await broker('mail-enc')).action.Redirect.url);
         const code = new URL(back).searchParams.get('code')!;
         const r = await callback(back);
@@ -278,62 +274,52 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
         const logs = await requestLogsThrough(stack, r, { all: true });
         assert.ok(logs.some((l) => l.includes(`token endpoint refused the code: ${form}=***`)), `the 502 in the API log (${form})`);
         assert.ok(!logs.some((l) => l.includes(secret.slice(-12)) || l.includes(code.slice(0, 12))), `no log line holds the secret or the code (${form})`);
-      }
-    } finally {
-      await oauth.setMode('ok');
+      });
     }
   });
 
   it('masks a client secret that the 500 characters quoted of a long refusal cut inside its encoding', async () => {
     const secret = `s/é+ 😀${randomUUID()}`;
     await instance('mail-long', { secret });
-    try {
-      await oauth.setMode('echo-long');
+    await oauth.inMode('echo-long', async () => {
       const r = await callback(await consent((await broker('mail-long')).action.Redirect.url));
       assert.equal(r.status, 502);
       // The first 6 of the secret's characters (30 encoded ones), then half of the 7th's first escape.
       assert.equal(((await r.json()) as { message: string }).message, `token endpoint refused the code: ${'x'.repeat(469)}***`);
-    } finally {
-      await oauth.setMode('ok');
-    }
+    });
   });
 
   it('takes an absurd expires_in as ten years, and answers 502 for an access token no header can carry, storing nothing', async () => {
     await instance('mail-f');
-    try {
-      await oauth.setMode('eternal');
+    const body = await oauth.inMode('eternal', async () => {
       const r = await callback(await consent((await broker('mail-f')).action.Redirect.url));
       assert.equal(r.status, 200);
       const body = (await r.json()) as Record<string, any>;
       const expiry = Date.parse(body.next_rotation_time) + 5 * 60 * 1000;
       assert.ok(Math.abs(expiry - (Date.now() + 10 * 365 * 86400 * 1000)) < 60_000, `expiry ten years from now: ${body.next_rotation_time}`);
-
-      await oauth.setMode('unprintable');
+      return body;
+    });
+    await oauth.inMode('unprintable', async () => {
       const stored = await userCredentials();
       const bad = await callback(await consent((await broker('mail-f')).action.Redirect.url));
       assert.equal(bad.status, 502);
       assert.match(((await bad.json()) as { message: string }).message, /access_token that cannot be sent in an Authorization header/);
       assert.equal(await userCredentials(), stored);
       assert.equal((await c.get(`${B}/provider/mail-f`)).body.user_credential_id, body.id, 'the earlier credential stays');
-    } finally {
-      await oauth.setMode('ok');
-    }
+    });
   });
 
   it('answers 502 for tokens it could not store or export again (a NUL in scope, more scopes than a user credential holds), storing nothing', async () => {
     await instance('mail-n');
-    try {
-      for (const [mode, says] of [['nul-scope', /^token endpoint: answered a credential\.scopes\.0 that contains a NUL character/], ['many-scopes', /^token endpoint: answered tokens that do not fit the user credential \(.*scopes must NOT have more than 100 items\)$/]] as const) {
-        await oauth.setMode(mode);
+    for (const [mode, says] of [['nul-scope', /^token endpoint: answered a credential\.scopes\.0 that contains a NUL character/], ['many-scopes', /^token endpoint: answered tokens that do not fit the user credential \(.*scopes must NOT have more than 100 items\)$/]] as const) {
+      await oauth.inMode(mode, async () => {
         const stored = await userCredentials();
         const r = await callback(await consent((await broker('mail-n')).action.Redirect.url));
         assert.equal(r.status, 502, mode);
         assert.match(((await r.json()) as { message: string }).message, says);
         assert.equal(await userCredentials(), stored, `${mode}: nothing stored`);
         assert.equal((await c.get(`${B}/provider/mail-n`)).body.status, 'brokering_initiated');
-      }
-    } finally {
-      await oauth.setMode('ok');
+      });
     }
   });
 

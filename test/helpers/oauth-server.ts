@@ -7,7 +7,8 @@ import { ROOT, startStack, type Stack } from './stack.ts';
 import { startFakeProviders, type FakeProviders } from './fake-providers.ts';
 import type { Mode } from '../fixtures/oauth-server.ts';
 
-export interface OAuthServer { url: string; setMode(mode: Mode): Promise<void>; refreshes(): Promise<number>; stop(): void }
+// `inMode`: runs `use` with the server in `mode`, and puts it back to 'ok' after, however `use` ends.
+export interface OAuthServer { url: string; setMode(mode: Mode): Promise<void>; inMode<T>(mode: Mode, use: () => Promise<T>): Promise<T>; refreshes(): Promise<number>; stop(): void }
 
 export function startOAuthServer(clientSecret: string): Promise<OAuthServer> {
   const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'test/fixtures/oauth-server.ts')], {
@@ -24,11 +25,20 @@ export function startOAuthServer(clientSecret: string): Promise<OAuthServer> {
       if (!line) return;
       const { url } = JSON.parse(line) as { url: string };
       child.removeAllListeners('exit');
+      const setMode = async (mode: Mode) => {
+        const r = await fetch(`${url}/admin/mode`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ mode }) });
+        if (r.status !== 204) throw new Error(`mode answered ${r.status}`);
+      };
       resolve({
         url,
-        async setMode(mode) {
-          const r = await fetch(`${url}/admin/mode`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ mode }) });
-          if (r.status !== 204) throw new Error(`mode answered ${r.status}`);
+        setMode,
+        async inMode(mode, use) {
+          await setMode(mode);
+          try {
+            return await use();
+          } finally {
+            await setMode('ok');
+          }
         },
         async refreshes() {
           return ((await (await fetch(`${url}/admin/stats`)).json()) as { refreshes: number }).refreshes;
