@@ -174,7 +174,9 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
   // call for as long as the connection lives; planned each time, it probes the primary key.
   const { rows } = await pgQuery<{ task: Record<string, unknown> | null; seqs: (string | number)[] | null }>(db,
     `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, mb bigint, max bigint, tl jsonb, run uuid, lost_run uuid)),
-      u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at, updated_at = b.at,
+      u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at,
+                               -- never back: content another process added may carry a later time (clocks differ)
+                               updated_at = greatest(t.updated_at, b.at),
                                run_due_message_id = null, message_bytes = t.message_bytes + b.mb,
                                -- a run's mark lasts while the task stays working: one a client sets working later has no run
                                run_seen_at = case when b."to" = 'working' then t.run_seen_at end
@@ -243,7 +245,7 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
               from b
               -- the ids as a parameter keep both reads of tasks on the primary key (see applyStatusChanges)
               left join (select * from tasks where id = any($2::uuid[])) t on t.id = b.task_id),
-      u as (update tasks t set status = 'working', status_message_id = null, status_timestamp = s.at, updated_at = s.at,
+      u as (update tasks t set status = 'working', status_message_id = null, status_timestamp = s.at, updated_at = greatest(t.updated_at, s.at),
                                run_message_id = s.message_id, run_due_message_id = null, run_seen_at = s.at
               from s
              where t.id = any($2::uuid[]) and t.id = s.task_id

@@ -278,6 +278,17 @@ describe('task API', () => {
       assert.deepEqual(tl.body.items[0].event_payload, { type: 'task-status-update', status: 'working' });
     });
 
+    it('never moves updated_at back (content another process, its clock ahead, stamped later stays the latest change)', async () => {
+      const { task } = await create();
+      const ahead = new Date(Date.now() + 3_600_000);
+      await testDb()('tasks').where({ id: task.id }).update({ updated_at: ahead });
+      const r = await put(task.id, { status: 'working' });
+      assert.equal(r.status, 200);
+      assert.equal(r.body.updated_at, ahead.toISOString());
+      assert.ok(r.body.status_timestamp < r.body.updated_at, `${r.body.status_timestamp} before ${r.body.updated_at}`);
+      assert.equal((await stack.client.get(`/api/task/v1/${task.id}`)).body.task.updated_at, ahead.toISOString());
+    });
+
     it('stores a status message first and links it as status_message_id', async () => {
       const { task } = await create();
       await put(task.id, { status: 'working' });
