@@ -25,15 +25,25 @@ export async function remoteContextOf(db: Tx, contextId: string, exceptTaskId: s
   return row?.remote_context_id ?? undefined;
 }
 
-// Remote tasks whose local task was canceled or failed in the last `withinHours` (a run cancels its
-// remote task itself when it can; these were canceled between runs, waiting for input, their run's
-// cancel did not get through, or the run failed after the remote's last word), the latest first: a
-// remote that keeps refusing some is given up on after that. The status list is the partial index's
-// (migration 0017).
-export async function remoteTasksOfCanceledOrFailed(db: Tx, withinHours: number, limit: number): Promise<(RemoteAgentTaskRow & { status: 'canceled' | 'failed' })[]> {
-  return db('remote_agent_tasks as r').join('tasks as t', 't.id', 'r.task_id')
-    .whereIn('t.status', ['canceled', 'failed']).where('t.status_timestamp', '>', db.raw(`now() - make_interval(hours => ?)`, [withinHours]))
-    .select('r.task_id', 'r.remote_task_id', 'r.remote_context_id', 't.status').orderBy('t.status_timestamp', 'desc').limit(limit);
+// Takes remote tasks to cancel: those whose local task was canceled or failed in the last
+// `withinHours` (a run cancels its remote task itself when it can; these were canceled between runs,
+// waiting for input, their run's cancel did not get through, or the run failed after the remote's
+// last word), the latest first, and that no worker took in the last `retryAfterMs`. Taking marks
+// them, rows another worker is taking are skipped: workers of a fleet each cancel different ones,
+// and a remote that keeps refusing is asked again once per interval, then given up on after
+// `withinHours`. The status list is the partial index's (migration 0017).
+export async function takeRemoteTasksToCancel(db: Tx, withinHours: number, retryAfterMs: number, limit: number): Promise<(RemoteAgentTaskRow & { status: 'canceled' | 'failed' })[]> {
+  const { rows } = await db.raw(
+    `update remote_agent_tasks r set cancel_tried_at = now()
+       from (select r2.task_id, t.status from remote_agent_tasks r2 join tasks t on t.id = r2.task_id
+              where t.status in ('canceled', 'failed') and t.status_timestamp > now() - make_interval(hours => ?)
+                and (r2.cancel_tried_at is null or r2.cancel_tried_at < now() - make_interval(secs => ?))
+              order by t.status_timestamp desc limit ? for update of r2 skip locked) c
+      where r.task_id = c.task_id
+      returning r.task_id, r.remote_task_id, r.remote_context_id, c.status`,
+    [withinHours, retryAfterMs / 1000, limit],
+  );
+  return rows;
 }
 
 export async function forgetRemoteAgentTask(db: Tx, taskId: string): Promise<void> {

@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import http, { type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { gzipSync } from 'node:zlib';
 import express from 'express';
 import { pino } from 'pino';
@@ -115,9 +116,11 @@ async function failedTaskOn(stack: Stack, text = 'anyone there?') {
   }, 'the task to fail', 30000);
 }
 
-async function startRemoteAgent(executor: AgentExecutor, streaming: boolean, endpointElsewhere = false, keepsHistory = true): Promise<{ url: string; server: Server; refused: string[]; endpointOrigin: string; close: () => Promise<void> }> {
+// `first`: handlers every request meets before any other.
+async function startRemoteAgent(executor: AgentExecutor, streaming: boolean, endpointElsewhere = false, keepsHistory = true, first: express.RequestHandler[] = []): Promise<{ url: string; server: Server; refused: string[]; endpointOrigin: string; close: () => Promise<void> }> {
   const app = express();
   const refused: string[] = [];
+  if (first.length) app.use(first);
   app.use((req, res, next) => {
     if (req.headers.authorization === `Bearer ${REMOTE_KEY}`) return next();
     refused.push(`${req.method} ${req.path}`);
@@ -498,6 +501,41 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
     } finally {
       await stack.stop();
     }
+  });
+});
+
+describe('remote A2A agent: a fleet of workers cancels a left remote task', () => {
+  let stack: Stack;
+  let remote: Awaited<ReturnType<typeof startRemoteAgent>>;
+  const executor = new RemoteExecutor();
+  const cancels: string[] = [];
+  before(async () => {
+    await resetDb();
+    // The remote takes 1.5 s to answer a cancel: the housekeeping pass of every worker (every
+    // 300 ms) comes round while the first cancel is still under way.
+    const slowCancels: express.RequestHandler[] = [express.json(), (req, _res, next) => {
+      if (req.body?.method !== 'tasks/cancel') return next();
+      cancels.push(req.body.params?.id);
+      setTimeout(next, 1500);
+    }];
+    remote = await startRemoteAgent(executor, true, false, true, slowCancels);
+    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, JOB_RECOVERY_MS: '300' }, { workers: 3 });
+  });
+  after(async () => {
+    await stack?.stop();
+    await remote?.close();
+  });
+
+  it('asks the remote once, whichever worker takes it', async () => {
+    const text = 'left behind [ask]';
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id;
+    await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'input-required', 'the task to wait for input');
+    const remoteTask = executor.received.find((r) => r.text === text)!.taskId;
+    assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'canceled' })).status, 200);
+    await waitFor(async () => !(await testDb()('remote_agent_tasks').where({ task_id: id }).first()), 'the remote task to be canceled and forgotten', 15000);
+    // A few more passes of every worker: none asks again.
+    await sleep(1000);
+    assert.deepEqual(cancels, [remoteTask]);
   });
 });
 

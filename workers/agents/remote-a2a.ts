@@ -19,7 +19,7 @@ import {
   ClientFactory, ClientFactoryOptions, DefaultAgentCardResolver, JsonRpcTransportFactory, RestTransportFactory, TaskNotCancelableError, TaskNotFoundError, type Client,
 } from '@a2a-js/sdk/client';
 import {
-  forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTaskIdsOf, remoteTasksOfCanceledOrFailed, saveRemoteAgentTask, type RemoteAgentTaskRow,
+  forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTaskIdsOf, takeRemoteTasksToCancel, saveRemoteAgentTask, type RemoteAgentTaskRow,
 } from '../../db/remote-agent-tasks.ts';
 import { listArtifactItems } from '../../db/timeline-views.ts';
 import type { Logger } from '../../domain/logger.ts';
@@ -45,6 +45,8 @@ const SEEN_HISTORY = 1000;
 const POLL_MIN_MS = 100;
 const POLL_MAX_MS = 2000;
 const CANCEL_TIMEOUT_MS = 5000;
+// How often a left remote task the remote would not cancel is asked again (by whichever worker takes it).
+const CANCEL_RETRY_MS = 60_000;
 
 // What the SDK reads whole (a card, a call's answer) and each line of a stream, at most: it buffers
 // both without a bound, so an endless answer or line (or a gzip bomb: this counts decoded bytes)
@@ -271,9 +273,9 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
 
 // Cancels the remote tasks of local tasks canceled with no run going, or failed after the remote's
 // last word (its final message refused), then forgets them; one the remote no longer has, or that has
-// ended, is forgotten too. An unreachable remote is tried again at the next pass, for a day.
+// ended, is forgotten too. An unreachable remote is tried again a minute later, for a day.
 async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, log: Logger, withoutKey: (text: string) => string): Promise<void> {
-  const rows = await remoteTasksOfCanceledOrFailed(db, 24, 100);
+  const rows = await takeRemoteTasksToCancel(db, 24, CANCEL_RETRY_MS, 100);
   if (!rows.length) return;
   const remote = await connect();
   for (const row of rows) {
