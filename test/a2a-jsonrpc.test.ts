@@ -76,6 +76,27 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.equal(proto.body.error.code, -32601);
     });
 
+    it('a request without an id is told an unknown method (-32601) or bad params (-32602) first, else -32600, and runs nothing', async () => {
+      const tasks = async () => Number((await testDb()('tasks').count({ n: '*' }))[0].n);
+      const before = await tasks();
+      const cases: [Record<string, unknown>, number, RegExp][] = [
+        [{ method: 'message/ssend', params: {} }, -32601, /^Method not found: message\/ssend$/],
+        [{ method: 'message/send', params: { '': 'not_a_dict' } }, -32602, /^Invalid params: params\.message is required$/],
+        [{ method: 'message/stream', params: 'not_a_dict' }, -32602, /^Invalid params: params must be object$/],
+        [{ params: {} }, -32600, /method must be a string/],
+        [{ method: 'message/send', params: { message: userMessage('a notification') } }, -32600, /notifications are not supported/],
+        [{ method: 'message/stream', params: { message: userMessage('a notification') } }, -32600, /notifications are not supported/],
+      ];
+      for (const [request, code, message] of cases) {
+        const r = await raw(JSON.stringify({ jsonrpc: '2.0', ...request }));
+        assert.equal(r.status, 200, JSON.stringify(request));
+        assert.equal(r.headers.get('content-type')?.startsWith('application/json'), true, JSON.stringify(request));
+        assert.deepEqual([r.body.jsonrpc, r.body.id, r.body.error.code], ['2.0', null, code], JSON.stringify(request));
+        assert.match(r.body.error.message, message);
+      }
+      assert.equal(await tasks(), before);
+    });
+
     it('bad params are -32602 naming the field', async () => {
       const cases: [string, unknown, RegExp][] = [
         ['message/send', undefined, /params must be object/],

@@ -59,11 +59,18 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Pro
   const id: RpcId = isId(req.id) ? req.id : null;
   try {
     if (req.jsonrpc !== '2.0') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: jsonrpc must be "2.0"');
-    if (!('id' in req)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id is required (notifications are not supported)');
-    if (!isId(req.id)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id must be a string, a number of at most 2^53 - 1 in magnitude, or null');
+    if ('id' in req && !isId(req.id)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id must be a string, a number of at most 2^53 - 1 in magnitude, or null');
     if (typeof req.method !== 'string') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');
     const target = Object.hasOwn(METHODS, req.method) ? METHODS[req.method] : undefined;
     if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${req.method.slice(0, 100)}`);
+    const params = req.params === undefined && req.method === 'agent/getAuthenticatedExtendedCard' ? null : req.params;
+    // A request without an id is told what else is wrong with it first (the compatibility kit's
+    // mandatory checks send id-less requests and expect -32601 and -32602); only then that
+    // notifications are not taken.
+    if (!('id' in req)) {
+      target.validate(params);
+      throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id is required (notifications are not supported)');
+    }
     if (target.stream) {
       m.requireStreaming(call, req.method);
       // As in the SDK's server: with streaming on, a streaming call is answered with a stream, and
@@ -74,8 +81,7 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Pro
         .catch((err: unknown) => failed(err));
       return { id, stream: stream as m.TaskStream };
     }
-    const params = target.validate(req.params === undefined && req.method === 'agent/getAuthenticatedExtendedCard' ? null : req.params);
-    return { response: { jsonrpc: '2.0', id, result: await target.run(call, params) } };
+    return { response: { jsonrpc: '2.0', id, result: await target.run(call, target.validate(params)) } };
   } catch (err) {
     const error = toJsonRpcError(err);
     logRpcError(log, err, error, { method: req.method }, 'a2a method failed');
