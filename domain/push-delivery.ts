@@ -2,7 +2,8 @@
 // job per config, written to the outbox by the statement that stores the update (the trigger in
 // db/migrations/0004_push_notifications.ts). A delivery run POSTs every not-yet-delivered status
 // update of its config in timeline order, so a webhook sees the task's states in the order they
-// happened; a failed update holds back later ones until it succeeds or is given up.
+// happened; a failed update holds back later ones until it succeeds or is given up. An answer
+// that retrying cannot change (most 4xx) gives the update up at once.
 import { randomUUID } from 'node:crypto';
 import http from 'node:http';
 import https from 'node:https';
@@ -36,7 +37,15 @@ export async function notificationBody(db: Knex | Knex.Transaction, task: tasks.
   return toA2ATask(at, { messages: history, artifacts: artifactsFromTimeline(artifacts) });
 }
 
-export class DeliveryError extends Error {}
+export class DeliveryError extends Error {
+  constructor(message: string, readonly status?: number) {
+    super(message);
+  }
+}
+
+// A 4xx says the request itself is refused (gone, unauthorized, too large): sending it again gets the
+// same answer, so it is not retried. Timeouts (408), too early (425) and rate limits (429) pass.
+export const isPermanentRefusal = (status: number | undefined) => status !== undefined && status >= 400 && status < 500 && ![408, 425, 429].includes(status);
 
 // One POST of a notification. Internal targets are refused at connect time (see webhook-url.ts).
 export function postNotification(
@@ -63,7 +72,7 @@ export function postNotification(
       const code = res.statusCode ?? 0;
       res.destroy();
       if (code >= 200 && code < 300) resolve(code);
-      else reject(new DeliveryError(`webhook answered HTTP ${code}`));
+      else reject(new DeliveryError(`webhook answered HTTP ${code}`, code));
     });
     // The socket timeout fires only after that long idle; this bounds the whole post, however the
     // webhook trickles its answer.
@@ -94,7 +103,8 @@ interface DeliveryDeps { db: Knex; cfg: Config; log: Logger }
  * row lock is held while posting: a config set, an alias rotation and the task's status changes go
  * on meanwhile. The job is responsible for updates up to its own timeline_seq: a failure there is
  * thrown for a retry, or, on the final attempt, the update is given up so later ones can flow. A
- * failure on a later update ends the run quietly: that update's own job retries it. 'more': the
+ * failure on a later update ends the run quietly: that update's own job retries it. A permanent
+ * refusal (isPermanentRefusal) gives any update up at once. 'more': the
  * run stopped at its budget before reaching its own update; run the job again.
  */
 export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, finalAttempt: boolean): Promise<DeliveryOutcome> {
@@ -125,9 +135,12 @@ export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, final
         await postNotification(target.url, await notificationBody(db, task, item), headers, { allowPrivate: cfg.PUSH_ALLOW_PRIVATE, timeoutMs: cfg.PUSH_TIMEOUT_MS });
       } catch (err) {
         const reason = (err as Error).message;
-        if (item.seq > job.timeline_seq) break;
-        if (!finalAttempt) throw new DeliveryError(`push delivery of task ${job.task_id} update ${item.seq} failed: ${reason}`);
-        log.warn({ task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(target.url).host, reason }, 'push notification given up');
+        const status = err instanceof DeliveryError ? err.status : undefined;
+        if (!isPermanentRefusal(status)) {
+          if (item.seq > job.timeline_seq) break;
+          if (!finalAttempt) throw new DeliveryError(`push delivery of task ${job.task_id} update ${item.seq} failed: ${reason}`, status);
+        }
+        log.warn({ task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(target.url).host, status, reason }, 'push notification given up');
       }
       // A lease lost meanwhile (a post or a read slower than the margin) belongs to another run now.
       const now = await repo.setDeliveredSeq(db, job.task_id, job.config_id, item.seq, leaseId, leaseMs);

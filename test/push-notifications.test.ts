@@ -319,6 +319,20 @@ describe('push notifications', () => {
     await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('push notification given up') && l.includes(id)), 'the give-up log line');
   });
 
+  it('gives up at once an update the webhook refuses with a 4xx retrying cannot change, then delivers the later ones', async () => {
+    const rx = await startReceiver((r) => (r.body.status.state === 'working' ? 404 : 200));
+    receivers.push(rx);
+    const id = await idleTask();
+    await setPushConfig(testDb(), id, { url: rx.url }, allowPrivate);
+    await setStatus(id, 'working');
+    await setStatus(id, 'completed');
+    await waitFor(async () => states(rx.all, id).includes('completed'), 'the completed notification');
+    assert.deepEqual(states(rx.all, id), ['working', 'completed'], 'the refused update was posted once, not PUSH_ATTEMPTS times');
+    const gaveUp = stack.workers[0].logs.filter((l) => l.includes('push notification given up') && l.includes(id)).map((l) => JSON.parse(l));
+    assert.deepEqual(gaveUp.map((l) => [l.level, l.status]), [[40, 404]]);
+    assert.ok(!stack.workers[0].logs.some((l) => l.includes('job attempt failed') && l.includes(id)), 'no attempt was spent on a retry');
+  });
+
   it('sends authentication credentials and never shows, stores in clear or logs the token', async () => {
     const rx = await startReceiver();
     receivers.push(rx);
