@@ -9,6 +9,7 @@ import { createTaskStatements, type TaskStatements } from '../db/tasks.ts';
 import { createRedis } from '../queues/connection.ts';
 import { EventBus } from '../queues/events.ts';
 import { createQueues, OutboxRelay, type Queues } from '../queues/outbox-relay.ts';
+import { FleetCounts } from '../queues/fleet-counts.ts';
 
 export interface Services {
   cfg: Config;
@@ -20,6 +21,8 @@ export interface Services {
   bus: EventBus;
   /** Task intake, the agent runtime's status changes and run states: concurrent calls share statements. */
   taskStatements: TaskStatements;
+  /** Request limits counted across the API processes (syncs only once a limit uses it). */
+  fleetCounts: FleetCounts;
   close(): Promise<void>;
 }
 
@@ -32,11 +35,13 @@ export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log:
   for (const q of Object.values(queues)) q.on('error', (err) => log.debug({ err: { message: err.message } }, 'queue error'));
   const outbox = new OutboxRelay(db, queues, log, cfg.OUTBOX_SWEEP_MS);
   const bus = new EventBus(redis, sub, cfg.QUEUE_PREFIX, log);
+  const fleetCounts = new FleetCounts(redis, cfg.QUEUE_PREFIX, log);
   return {
-    cfg, log, db, redis, queues, outbox, bus,
+    cfg, log, db, redis, queues, outbox, bus, fleetCounts,
     taskStatements: createTaskStatements(db),
     async close() {
       outbox.stop();
+      fleetCounts.stop();
       await Promise.allSettled(Object.values(queues).map((q) => q.close()));
       redis.disconnect();
       sub.disconnect();

@@ -6,13 +6,18 @@ import path from 'node:path';
 import { randomUUID } from 'node:crypto';
 import { allRoutes } from '../api/app.ts';
 import { SCOPES, type Scope } from '../domain/api-keys.ts';
-import { ADMIN_KEY, assertError, Client, resetDb, startStack, testDb, useStack, waitFor, type Response, type Stack } from './helpers/stack.ts';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
+import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
+import { ADMIN_KEY, assertError, Client, resetDb, startApi, startStack, testDb, useStack, waitFor, type Proc, type Response, type Stack } from './helpers/stack.ts';
 
 const DUMMY = '00000000-0000-4000-8000-000000000000';
 const urlOf = (p: string) => p.replace(/:([A-Za-z0-9_]+)/g, DUMMY);
 const scoped = allRoutes.filter((r) => r.spec.scope !== null);
 const neededScopes = (scope: Scope | readonly Scope[]): Scope[] => (typeof scope === 'string' ? [scope] : [...scope]);
 const publicRoutes = allRoutes.filter((r) => r.spec.scope === null);
+// A made-up API key.
+const guess = () => `tb_${randomUUID()}`;
 
 function call(client: Client, method: string, url: string, headers: Record<string, string> = {}): Promise<Response> {
   const hasBody = ['POST', 'PUT', 'PATCH'].includes(method);
@@ -281,7 +286,6 @@ for (const trustProxy of [false, true]) describe(`failed authentication limit pe
   const stack = useStack({ AUTH_FAILURES_PER_MINUTE: '5', TRUST_PROXY: String(trustProxy) }, { workers: 0 });
   // GET /api/task/v1 with `key` ('' sends none), saying it comes from `address`.
   const list = (key: string, address: string) => stack.client.as(key).request('GET', '/api/task/v1', undefined, { headers: { 'x-forwarded-for': address } });
-  const guess = () => `tb_${randomUUID()}`;
 
   it('answers 429 with Retry-After, without a key lookup, to an address past its wrong keys for the minute; keys in use keep working', async () => {
     const fresh = await stack.client.post('/api/auth/v1/api-key', { name: 'not used yet', scopes: ['task:read'] });
@@ -342,5 +346,100 @@ describe('per-key rate limit', () => {
     const doc = (await stack.client.get('/api/openapi.json')).body;
     assert.ok(doc.paths['/api/task/v1'].post.responses['429']);
     assert.ok(!doc.paths['/_internal/v1/health'].get.responses['429']);
+  });
+});
+
+describe('request limits across API processes (two on one Redis)', () => {
+  const limit = 10;
+  const stack = useStack({ AUTH_FAILURES_PER_MINUTE: '5', RATE_LIMIT_PER_SECOND: String(limit), TRUST_PROXY: 'true' }, { workers: 0 });
+  let secondApi: Proc | undefined;
+  let second: Client;
+  before(async () => {
+    const api = await startApi(stack.env);
+    secondApi = api;
+    second = new Client(api.url);
+  });
+  after(async () => secondApi?.stop());
+  const newKey = async () => {
+    const r = await stack.client.post('/api/auth/v1/api-key', { name: 'fleet', scopes: ['task:read'] });
+    assert.equal(r.status, 201, r.text);
+    return r.body as { id: string; key: string };
+  };
+
+  it('refuses an address once its wrong keys on all processes together reach AUTH_FAILURES_PER_MINUTE', async () => {
+    const list = (client: Client, key: string) => client.as(key).request('GET', '/api/task/v1', undefined, { headers: { 'x-forwarded-for': '198.51.100.20' } });
+    for (const [client, wrong] of [[stack.client, 3], [second, 2]] as const) {
+      for (let i = 0; i < wrong; i++) assertAuthError(await list(client, guess()), 401, 'wrong key');
+    }
+    // Each process saw fewer than 5 itself. A key it has not verified yet is checked against the
+    // address's failures, and not counted when it passes: each poll shows what the process knows.
+    for (const client of [stack.client, second]) {
+      const refused = await waitFor(async () => {
+        const r = await list(client, (await newKey()).key);
+        return r.status === 429 && r;
+      }, `${client.baseUrl} to learn the failures counted by both`);
+      assert.equal(refused.body.data.code, 'rate_limited');
+      assert.match(refused.body.message, /^Too many failed authentications from this address; retry in \d+ s$/);
+      assert.equal((await list(client, guess())).status, 429);
+    }
+  });
+
+  it('refuses a key on one process once both together took RATE_LIMIT_PER_SECOND of its requests this second', async () => {
+    // One attempt per new key: it uses up the limit on the first process, then the second is asked
+    // (paced, so that a sync may come between requests) until it refuses, or has served the whole
+    // limit itself as it would counting alone. A second ending during an attempt starts the count
+    // again: the next attempt follows.
+    const used: { id: string; key: string }[] = [];
+    const redis = new Redis(stack.env.REDIS_URL);
+    try {
+      const refused = await waitFor(async () => {
+        const { id, key } = await newKey();
+        used.push({ id, key });
+        let taken = 0;
+        while ((await stack.client.as(key).get('/api/task/v1')).status === 200) assert.ok(++taken < 3 * limit);
+        for (let served = 0; served < limit; served++) {
+          const r = await second.as(key).get('/api/task/v1');
+          if (r.status === 429) return r;
+          assert.equal(r.status, 200, r.text);
+          await sleep(50);
+        }
+        return false;
+      }, 'the second process to refuse a key the first used up', 30000);
+      assert.equal(refused.body.data.code, 'rate_limited');
+      assert.match(refused.headers.get('retry-after') ?? '', /^[1-9]\d*$/);
+      // The shared counters (a second's kept for two) name keys by id and addresses as they are, never by a key presented.
+      const names = (await redis.keys(`${stack.env.QUEUE_PREFIX}:limit:*`)).join('\n');
+      assert.ok(names.includes(':limit:rate:') && names.includes(used.at(-1)!.id), names);
+      assert.ok(names.includes(':limit:auth_failures:') && names.includes('198.51.100.20'), names);
+      for (const secret of [ADMIN_KEY, ...used.map((u) => u.key)]) assert.ok(!names.includes(secret), 'a key presented names a counter');
+    } finally {
+      redis.disconnect();
+    }
+  });
+});
+
+describe('request limits with Redis unreachable', () => {
+  const own = behindServiceProxy('REDIS_URL', { AUTH_FAILURES_PER_MINUTE: '5', RATE_LIMIT_PER_SECOND: '5', TRUST_PROXY: 'true', DB_QUERY_TIMEOUT_MS: '1000' });
+  const outageLines = () => own.stack.api.logs.filter((l) => l.includes('Redis unavailable for the request limits'));
+
+  it('answers as before, counting in each process alone, and says so once per outage', async () => {
+    const { stack, proxy } = own;
+    assert.equal((await stack.client.get('/api/task/v1')).status, 200);
+    proxy.swallow();
+    const list = (key: string) => stack.client.as(key).request('GET', '/api/task/v1', undefined, { headers: { 'x-forwarded-for': '198.51.100.30' } });
+    for (let i = 0; i < 5; i++) assertAuthError(await list(guess()), 401, `wrong key ${i + 1}`);
+    const blocked = await list(guess());
+    assert.equal(blocked.status, 429, blocked.text);
+    assert.equal(blocked.body.data.code, 'rate_limited');
+    await waitFor(async () => outageLines().length > 0, 'the outage to be logged');
+    const results = await Promise.all(Array.from({ length: 20 }, () => stack.client.get('/api/task/v1')));
+    const limited = results.filter((r) => r.status === 429);
+    assert.equal(results.filter((r) => r.status === 200).length + limited.length, 20, results.map((r) => r.status).join(','));
+    assert.ok(limited.length >= 10, `at most two one-second windows' worth pass: ${20 - limited.length} passed`);
+    for (const r of limited) assert.match(r.headers.get('retry-after') ?? '', /^[1-9]\d*$/);
+    proxy.forward();
+    await waitFor(async () => stack.api.logs.some((l) => l.includes('Redis back for the request limits')), 'Redis to be back for the limits');
+    assert.equal(outageLines().length, 1, outageLines().join('\n'));
+    assert.ok(!outageLines()[0].includes(ADMIN_KEY));
   });
 });

@@ -7,7 +7,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pgClient from 'pg';
 import { Queue } from 'bullmq';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
-import { behindProxy, type BlackHoleProxy } from './helpers/black-hole-proxy.ts';
+import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
 import { startOwnPostgres, type OwnPostgres } from './helpers/own-postgres.ts';
 import { openQueue, requestLogsThrough, requireEnv, ROOT, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
 
@@ -28,21 +28,6 @@ function onOwnPostgres(name: string, env: Record<string, string> = {}) {
   after(async () => {
     await own.stack?.stop();
     await own.pg?.stop();
-  });
-  return own;
-}
-
-// A stack (API only) whose Postgres or Redis connections pass through a proxy that a test may silence or reset.
-function behindServiceProxy(variable: 'DATABASE_URL' | 'REDIS_URL', env: Record<string, string> = {}) {
-  const own = { stack: undefined as unknown as Stack, proxy: undefined as unknown as BlackHoleProxy };
-  before(async () => {
-    const { proxy, url } = await behindProxy(requireEnv(variable));
-    own.proxy = proxy;
-    own.stack = await startStack({ [variable]: url, ...env }, { workers: 0 });
-  });
-  after(async () => {
-    await own.stack?.stop();
-    await own.proxy?.close();
   });
   return own;
 }

