@@ -15,6 +15,10 @@ export const SYNC_MS = 200;
 // An address comes from X-Forwarded-For under TRUST_PROXY, which a client may fill with anything:
 // a long one is named by its hash in Redis.
 const SUBJECT_MAX = 100;
+// A subject this process has not counted for this long is no longer read back at each sync: a flood
+// of one-off subjects (wrong keys from many addresses) would otherwise cost a Redis read per subject
+// every SYNC_MS for the rest of its window. Counting it again brings its fleet total back.
+const READ_IDLE_MS = 5000;
 
 interface Slot {
   window: number;
@@ -22,6 +26,8 @@ interface Slot {
   unsynced: number;
   /** The fleet's total (this process's synced counts included) at the last sync. */
   fleet: number;
+  /** When this process last counted for it. */
+  counted: number;
 }
 
 export class WindowCounts {
@@ -34,7 +40,7 @@ export class WindowCounts {
     const slot = this.slots.get(subject);
     if (slot?.window === window) return slot;
     if (!create) return undefined;
-    const fresh = { window, unsynced: 0, fleet: 0 };
+    const fresh = { window, unsynced: 0, fleet: 0, counted: now };
     this.slots.set(subject, fresh);
     return fresh;
   }
@@ -48,6 +54,7 @@ export class WindowCounts {
     const slot = this.slot(subject, now, true)!;
     if (slot.unsynced + slot.fleet >= limit) return this.msLeft(now);
     slot.unsynced++;
+    slot.counted = now;
     return 0;
   }
 
@@ -58,7 +65,9 @@ export class WindowCounts {
   }
 
   add(subject: string, now = Date.now()): void {
-    this.slot(subject, now, true)!.unsynced++;
+    const slot = this.slot(subject, now, true)!;
+    slot.unsynced++;
+    slot.counted = now;
   }
 }
 
@@ -96,6 +105,7 @@ export class FleetCounts {
           counts.slots.delete(subject);
           continue;
         }
+        if (!slot.unsynced && now - slot.counted > READ_IDLE_MS) continue;
         const key = this.key(counts, slot.window, subject);
         // Kept for two windows: the one it counts and the next, for processes whose clock is behind.
         if (slot.unsynced) pipeline.incrby(key, slot.unsynced).pexpire(key, 2 * counts.windowMs);
