@@ -72,6 +72,20 @@ export async function releasePushConfig(db: Tx, taskId: string, id: string, leas
   await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId }).update({ lease_id: null, lease_until: null });
 }
 
+// Holds a run's config for `ms` from now (a webhook's Retry-After): no run's lease any more
+// (lease_id null), yet leasePushConfig refuses it until then.
+export async function holdPushConfig(db: Tx, taskId: string, id: string, leaseId: string, ms: number): Promise<void> {
+  await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId }).update({ lease_id: null, lease_until: leaseEnd(db, ms) });
+}
+
+// Of a config leasePushConfig refused: how many ms a hold (holdPushConfig) has left, 0 when a run
+// leases it instead (or it came free meanwhile); undefined when the config is gone.
+export async function pushConfigHoldMs(db: Tx, taskId: string, id: string): Promise<number | undefined> {
+  const row = await db('push_configs').where({ task_id: taskId, id })
+    .first(db.raw(`case when lease_id is null and lease_until > now() then ceil(extract(epoch from lease_until - now()) * 1000) else 0 end as hold_ms`));
+  return row && Number(row.hold_ms);
+}
+
 // Records a delivered update and extends the run's lease by `ms`; returns the config as it is now
 // (a set meanwhile may have changed its URL or token), undefined when the lease is no longer the
 // run's (it ran out and another run took the config, or the config was deleted).

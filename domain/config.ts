@@ -96,6 +96,9 @@ const ConfigSchema = Type.Object({
   PUSH_BACKOFF_MS: Type.Integer({ minimum: 0, default: 500 }),
   PUSH_TIMEOUT_MS: Type.Integer({ minimum: 100, default: 10000 }),
   PUSH_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 10 }),
+  // Of those, the most a slow webhook origin (domain/push-delivery.ts OriginSlots) may hold at once
+  // in a worker process, so that slow webhooks cannot take every slot.
+  PUSH_CONCURRENCY_PER_HOST: Type.Integer({ minimum: 1, maximum: 1000, default: 5 }),
   // Provider API base URLs (self-hosted or test servers), the time a provider call may take, and
   // whether credential URLs (token_uri) may point at private, loopback or link-local addresses.
   STRIPE_API_BASE_URL: Type.String({ default: 'https://api.stripe.com', pattern: '^https?://[^\\s]+$' }),

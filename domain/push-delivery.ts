@@ -3,7 +3,8 @@
 // db/migrations/0004_push_notifications.ts). A delivery run POSTs every not-yet-delivered status
 // update of its config in timeline order, so a webhook sees the task's states in the order they
 // happened; a failed update holds back later ones until it succeeds or is given up. An answer
-// that retrying cannot change (most 4xx) gives the update up at once.
+// that retrying cannot change (most 4xx) gives the update up at once; a Retry-After holds the
+// config that long. Webhook origins seen slow get only a few of a worker's delivery slots.
 import { randomUUID } from 'node:crypto';
 import http from 'node:http';
 import https from 'node:https';
@@ -38,9 +39,21 @@ export async function notificationBody(db: Knex | Knex.Transaction, task: tasks.
 }
 
 export class DeliveryError extends Error {
-  constructor(message: string, readonly status?: number) {
+  // retryAfterMs: how long the webhook asked us to wait (429 or 503 with Retry-After), capped.
+  constructor(message: string, readonly status?: number, readonly retryAfterMs?: number) {
     super(message);
   }
+}
+
+// Longest Retry-After honoured: a webhook cannot park its updates for hours, and the recovery pass
+// (workers/recover-push-deliveries.ts) counts on each retry waiting no longer than this or its backoff.
+export const RETRY_AFTER_MAX_MS = 60_000;
+
+// A Retry-After value (delay seconds or an HTTP date) in ms from now, capped; undefined when unreadable.
+export function retryAfterMs(value: string | undefined, now = Date.now()): number | undefined {
+  if (value === undefined) return undefined;
+  const ms = /^\s*\d+\s*$/.test(value) ? Number(value) * 1000 : Date.parse(value) - now;
+  return Number.isNaN(ms) ? undefined : Math.min(Math.max(ms, 0), RETRY_AFTER_MAX_MS);
 }
 
 // A 4xx says the request itself is refused (gone, unauthorized, too large): sending it again gets the
@@ -70,9 +83,10 @@ export function postNotification(
     }, (res) => {
       // Only the status matters; the body is not read, so a webhook cannot hold the run with it.
       const code = res.statusCode ?? 0;
+      const wait = code === 429 || code === 503 ? retryAfterMs(res.headers['retry-after']) : undefined;
       res.destroy();
       if (code >= 200 && code < 300) resolve(code);
-      else reject(new DeliveryError(`webhook answered HTTP ${code}`, code));
+      else reject(new DeliveryError(`webhook answered HTTP ${code}${wait ? ` (retry after ${wait} ms)` : ''}`, code, wait));
     });
     // The socket timeout fires only after that long idle; this bounds the whole post, however the
     // webhook trickles its answer.
@@ -84,6 +98,73 @@ export function postNotification(
   });
 }
 
+// A webhook origin (scheme, host, port) is slow for a minute after one of its posts took longer than
+// half PUSH_TIMEOUT_MS (a timeout included).
+const SLOW_FOR_MS = 60_000;
+const SLOW_ORIGINS_KEPT = 10_000;
+export const slowPostMs = (cfg: Pick<Config, 'PUSH_TIMEOUT_MS'>) => cfg.PUSH_TIMEOUT_MS / 2;
+
+// Delivery runs in flight per webhook origin in this worker process. A slow origin holds at most
+// PUSH_CONCURRENCY_PER_HOST of the worker's slots, so that webhooks slow to answer cannot hold them
+// all; a healthy one, however busy (often the only webhook there is), may use every slot.
+export class OriginSlots {
+  private readonly inUse = new Map<string, number>();
+  // When each origin was last seen slow, oldest first: an origin seen slow again moves to the end.
+  private readonly slowAt = new Map<string, number>();
+  constructor(private readonly cfg: Pick<Config, 'PUSH_TIMEOUT_MS' | 'PUSH_CONCURRENCY_PER_HOST'>) {}
+
+  isSlow(origin: string, now = Date.now()): boolean {
+    const at = this.slowAt.get(origin);
+    return at !== undefined && now - at < SLOW_FOR_MS;
+  }
+
+  // Runs one post to `origin`, noting the origin slow when the post takes longer than slowPostMs.
+  async timed<T>(origin: string, post: () => Promise<T>): Promise<T> {
+    const started = Date.now();
+    try {
+      return await post();
+    } finally {
+      const now = Date.now();
+      if (now - started > slowPostMs(this.cfg)) this.markSlow(origin, now);
+    }
+  }
+
+  private markSlow(origin: string, now: number): void {
+    this.slowAt.delete(origin);
+    this.slowAt.set(origin, now);
+    // Bounded memory: entries older than a minute, and the oldest beyond SLOW_ORIGINS_KEPT, go.
+    for (const [o, at] of this.slowAt) {
+      if (now - at < SLOW_FOR_MS && this.slowAt.size <= SLOW_ORIGINS_KEPT) break;
+      this.slowAt.delete(o);
+    }
+  }
+
+  // A release function, or undefined when the origin is slow and already has all its slots in use.
+  take(origin: string): (() => void) | undefined {
+    const n = this.inUse.get(origin) ?? 0;
+    if (n >= this.cfg.PUSH_CONCURRENCY_PER_HOST && this.isSlow(origin)) return undefined;
+    this.inUse.set(origin, n + 1);
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const left = this.inUse.get(origin)! - 1;
+      if (left) this.inUse.set(origin, left);
+      else this.inUse.delete(origin);
+    };
+  }
+}
+
+// A run that finds its config leased by a running run comes back after this long.
+const BUSY_DELAY_MS = 200;
+
+// A run over a slow origin's slots comes back after about the time one of them takes to free up:
+// each of its posts takes over slowPostMs, so its PUSH_CONCURRENCY_PER_HOST slots free up about
+// once every slowPostMs / PUSH_CONCURRENCY_PER_HOST between them (1 s by default); coming back more
+// often would only find them full. The jitter keeps runs turned away together from coming back together.
+const slowOriginDelayMs = (cfg: Pick<Config, 'PUSH_TIMEOUT_MS' | 'PUSH_CONCURRENCY_PER_HOST'>) =>
+  Math.round(Math.max(BUSY_DELAY_MS, slowPostMs(cfg) / cfg.PUSH_CONCURRENCY_PER_HOST) * (0.75 + Math.random() / 2));
+
 async function authHeaders(deps: DeliveryDeps, config: repo.PushConfigRow): Promise<Record<string, string>> {
   const { token, credentials } = await pushSecrets(deps, config);
   const headers: Record<string, string> = {};
@@ -93,34 +174,62 @@ async function authHeaders(deps: DeliveryDeps, config: repo.PushConfigRow): Prom
 }
 
 export interface DeliveryJob { task_id: string; config_id: string; timeline_seq: number }
-export type DeliveryOutcome = 'delivered' | 'nothing to deliver' | 'config gone' | 'busy' | 'more';
+// Run the job again in `ms`, without spending an attempt: 'busy', another run leases the config;
+// 'held', a webhook's Retry-After holds it; 'slow origin', the origin's slots are all in use; 'more',
+// the run stopped at its budget (or its config moved to another origin) before reaching its own update.
+export interface Later { later: 'busy' | 'held' | 'slow origin' | 'more'; ms: number }
+export type DeliveryOutcome = 'delivered' | 'nothing to deliver' | 'config gone' | Later;
 
 interface DeliveryDeps { db: Knex; cfg: Config; log: Logger }
 
+const origin = (url: string) => new URL(url).origin;
+
 /**
  * Delivers the pending status updates of one config, oldest first, under a lease so runs for the
- * same config never overlap ('busy': another run holds it; try again shortly). No transaction or
+ * same config never overlap ('busy': another run holds it; try again shortly), in one of its
+ * origin's slots (OriginSlots). No transaction or
  * row lock is held while posting: a config set, an alias rotation and the task's status changes go
  * on meanwhile. The job is responsible for updates up to its own timeline_seq: a failure there is
  * thrown for a retry, or, on the final attempt, the update is given up so later ones can flow. A
  * failure on a later update ends the run quietly: that update's own job retries it. A permanent
- * refusal (isPermanentRefusal) gives any update up at once. 'more': the
- * run stopped at its budget before reaching its own update; run the job again.
+ * refusal (isPermanentRefusal) gives any update up at once. A 429 or 503 with Retry-After holds the
+ * config that long (repo.holdPushConfig) and ends the run as any other failure does; a run that finds
+ * it held comes back when the hold ends ('held'). See Later for the other outcomes.
  */
-export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, finalAttempt: boolean): Promise<DeliveryOutcome> {
-  const { db, cfg, log } = deps;
-  const exists = await repo.getPushConfig(db, job.task_id, job.config_id);
+export async function deliverPending(deps: DeliveryDeps, slots: OriginSlots, job: DeliveryJob, finalAttempt: boolean): Promise<DeliveryOutcome> {
+  const exists = await repo.getPushConfig(deps.db, job.task_id, job.config_id);
   if (!exists) return 'config gone';
   if (exists.delivered_seq >= job.timeline_seq) return 'nothing to deliver';
+  const slotOrigin = origin(exists.url);
+  const release = slots.take(slotOrigin);
+  if (!release) return { later: 'slow origin', ms: slowOriginDelayMs(deps.cfg) };
+  try {
+    return await deliverLeased(deps, slots, slotOrigin, job, finalAttempt);
+  } finally {
+    release();
+  }
+}
+
+async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin: string, job: DeliveryJob, finalAttempt: boolean): Promise<DeliveryOutcome> {
+  const { db, cfg, log } = deps;
   const leaseId = randomUUID();
   const leaseMs = cfg.PUSH_TIMEOUT_MS + LEASE_MARGIN_MS;
   const started = Date.now();
   const config = await repo.leasePushConfig(db, job.task_id, job.config_id, leaseId, leaseMs);
-  if (!config) return (await repo.getPushConfig(db, job.task_id, job.config_id)) ? 'busy' : 'config gone';
+  if (!config) {
+    const holdMs = await repo.pushConfigHoldMs(db, job.task_id, job.config_id);
+    if (holdMs === undefined) return 'config gone';
+    return holdMs ? { later: 'held', ms: holdMs } : { later: 'busy', ms: BUSY_DELAY_MS };
+  }
+  // A Retry-After the webhook gave: the config is held that long once the run ends, so that no run
+  // of it (a later update's job included) posts to it sooner.
+  let holdMs = 0;
   try {
     if (config.delivered_seq >= job.timeline_seq) return 'nothing to deliver';
     const task = await tasks.getTask(db, job.task_id);
     if (!task) return 'config gone';
+    // The config moved to another origin since the slot was taken: the run comes back for its slot.
+    if (origin(config.url) !== slotOrigin) return { later: 'more', ms: 0 };
     const items = await repo.statusItemsAfter(db, job.task_id, config.delivered_seq, ITEMS_PER_RUN);
     let target = config;
     let headers = await authHeaders(deps, target);
@@ -132,30 +241,38 @@ export async function deliverPending(deps: DeliveryDeps, job: DeliveryJob, final
         break;
       }
       try {
-        await postNotification(target.url, await notificationBody(db, task, item), headers, { allowPrivate: cfg.PUSH_ALLOW_PRIVATE, timeoutMs: cfg.PUSH_TIMEOUT_MS });
+        const body = await notificationBody(db, task, item);
+        await slots.timed(slotOrigin, () => postNotification(target.url, body, headers, { allowPrivate: cfg.PUSH_ALLOW_PRIVATE, timeoutMs: cfg.PUSH_TIMEOUT_MS }));
       } catch (err) {
         const reason = (err as Error).message;
-        const status = err instanceof DeliveryError ? err.status : undefined;
+        const { status, retryAfterMs: wait } = err instanceof DeliveryError ? err : {};
+        holdMs = wait ?? 0;
         if (!isPermanentRefusal(status)) {
           if (item.seq > job.timeline_seq) break;
-          if (!finalAttempt) throw new DeliveryError(`push delivery of task ${job.task_id} update ${item.seq} failed: ${reason}`, status);
+          if (!finalAttempt) throw new DeliveryError(`push delivery of task ${job.task_id} update ${item.seq} failed: ${reason}`, status, wait);
         }
         log.warn({ task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(target.url).host, status, reason }, 'push notification given up');
       }
       // A lease lost meanwhile (a post or a read slower than the margin) belongs to another run now.
       const now = await repo.setDeliveredSeq(db, job.task_id, job.config_id, item.seq, leaseId, leaseMs);
-      if (!now) return 'busy';
+      if (!now) return { later: 'busy', ms: BUSY_DELAY_MS };
       reached = item.seq;
+      // Given up, yet the webhook asked for a pause: the next update waits for the hold to end; and
+      // a config moved to another origin is left to a run in that origin's slot.
+      if (holdMs || origin(now.url) !== slotOrigin) {
+        cut = true;
+        break;
+      }
       // The config was set again meanwhile: the rest of the run goes to its new URL, with its new token.
       if (now.url !== target.url || now.encrypted_secrets !== target.encrypted_secrets || JSON.stringify(now.authentication) !== JSON.stringify(target.authentication)) {
         target = now;
         headers = await authHeaders(deps, target);
       }
     }
-    return cut && reached < job.timeline_seq ? 'more' : 'delivered';
+    return cut && reached < job.timeline_seq ? { later: 'more', ms: 0 } : 'delivered';
   } finally {
-    // Not released, the lease runs out by itself: the next run waits for it, no more.
-    await repo.releasePushConfig(db, job.task_id, job.config_id, leaseId)
+    // Not released (or held), the lease runs out by itself: the next run waits for it, no more.
+    await (holdMs ? repo.holdPushConfig(db, job.task_id, job.config_id, leaseId, holdMs) : repo.releasePushConfig(db, job.task_id, job.config_id, leaseId))
       .catch((err) => log.warn({ task_id: job.task_id, config_id: job.config_id, reason: (err as Error).message }, 'push config lease not released; it runs out by itself'));
   }
 }

@@ -13,18 +13,20 @@ import { applyStatusChanges, type StatusChange } from '../db/tasks.ts';
 import type { TaskState } from '../domain/task-states.ts';
 import type { TimelineItem } from '../api/schemas/task.ts';
 
-interface Received { token: string | undefined; authorization: string | undefined; body: any }
+interface Received { token: string | undefined; authorization: string | undefined; body: any; at: number }
+type Answer = number | { status: number; headers: Record<string, string> };
 
-// A local webhook receiver; `answer` picks the HTTP status for each request (after recording it).
-async function startReceiver(answer: (r: Received, all: Received[]) => number | Promise<number> = () => 200) {
+// A local webhook receiver; `answer` picks the HTTP status (and headers) for each request, after
+// recording it with the time it arrived.
+async function startReceiver(answer: (r: Received, all: Received[]) => Answer | Promise<Answer> = () => 200) {
   const all: Received[] = [];
   const server = http.createServer((req, res) => {
     let raw = '';
     req.on('data', (c) => (raw += c));
     req.on('end', () => {
-      const r: Received = { token: req.headers['x-a2a-notification-token'] as string | undefined, authorization: req.headers.authorization, body: JSON.parse(raw) };
+      const r: Received = { token: req.headers['x-a2a-notification-token'] as string | undefined, authorization: req.headers.authorization, body: JSON.parse(raw), at: Date.now() };
       all.push(r);
-      void Promise.resolve(answer(r, all)).then((status) => res.writeHead(status).end());
+      void Promise.resolve(answer(r, all)).then((a) => (typeof a === 'number' ? res.writeHead(a) : res.writeHead(a.status, a.headers)).end());
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -331,6 +333,103 @@ describe('push notifications', () => {
     const gaveUp = stack.workers[0].logs.filter((l) => l.includes('push notification given up') && l.includes(id)).map((l) => JSON.parse(l));
     assert.deepEqual(gaveUp.map((l) => [l.level, l.status]), [[40, 404]]);
     assert.ok(!stack.workers[0].logs.some((l) => l.includes('job attempt failed') && l.includes(id)), 'no attempt was spent on a retry');
+  });
+
+  it("waits at least a 429's Retry-After before posting to that webhook again, the later updates included", async () => {
+    const rx = await startReceiver((_r, all) => (all.length === 1 ? { status: 429, headers: { 'retry-after': '2' } } : 200));
+    receivers.push(rx);
+    const id = await idleTask();
+    await setPushConfig(testDb(), id, { url: rx.url }, allowPrivate);
+    await setStatus(id, 'working');
+    await waitFor(async () => rx.all.length === 1, 'the first post');
+    await setStatus(id, 'completed');
+    await waitFor(async () => states(rx.all, id).includes('completed'), 'the completed notification');
+    assert.deepEqual(states(rx.all, id), ['working', 'working', 'completed']);
+    // A lower bound only: how much later it came depends on the machine.
+    for (const later of rx.all.slice(1)) assert.ok(later.at - rx.all[0].at >= 2000, `posted ${later.at - rx.all[0].at} ms after the 429`);
+    // The wait for the hold spent no attempt: only the 429 did.
+    const failed = stack.workers[0].logs.filter((l) => l.includes('job attempt failed') && l.includes(id)).map((l) => JSON.parse(l));
+    assert.equal(failed.length, 1);
+    assert.match(failed[0].reason, /HTTP 429 \(retry after 2000 ms\)/);
+  });
+
+  it('lets a webhook origin seen slow hold at most PUSH_CONCURRENCY_PER_HOST delivery slots, so another origin still gets its updates', async () => {
+    // The first post is answered after more than half PUSH_TIMEOUT_MS (10 s here): the origin is slow
+    // from then on. Every later post is held unanswered until the test lets go; the ones the worker
+    // gave up on (timed out) are counted.
+    const held: http.ServerResponse[] = [];
+    let posts = 0;
+    let aborted = 0;
+    let letGo = false;
+    const hang = http.createServer((req, res) => {
+      req.resume();
+      posts += 1;
+      if (posts === 1) return void setTimeout(() => res.writeHead(200).end(), 5500);
+      if (letGo) return void res.writeHead(200).end();
+      held.push(res);
+      res.on('close', () => { if (!res.writableEnded) aborted += 1; });
+    });
+    await new Promise<void>((resolve) => hang.listen(0, '127.0.0.1', resolve));
+    const other = await startReceiver();
+    receivers.push(other);
+    try {
+      const hangUrl = `http://127.0.0.1:${(hang.address() as AddressInfo).port}/hook`;
+      const seed = await idleTask();
+      await setPushConfig(testDb(), seed, { url: hangUrl }, allowPrivate);
+      const before = (await testDb()('push_configs').where({ task_id: seed }).first()).delivered_seq;
+      await setStatus(seed, 'working');
+      // Recorded once the slow post has been answered, so after the worker noted it.
+      await waitFor(async () => (await testDb()('push_configs').where({ task_id: seed }).first()).delivered_seq > before, 'the slow first post recorded');
+      // As many deliveries to the slow origin as the worker has slots (PUSH_CONCURRENCY, 10).
+      for (let i = 0; i < 10; i++) {
+        const id = await idleTask();
+        await setPushConfig(testDb(), id, { url: hangUrl }, allowPrivate);
+        await setStatus(id, 'working');
+      }
+      await waitFor(async () => held.length >= 5, 'posts held by the hanging webhook');
+      const id = await idleTask();
+      await setPushConfig(testDb(), id, { url: other.url }, allowPrivate);
+      await setStatus(id, 'working');
+      await waitFor(async () => states(other.all, id).includes('working'), 'the update at the other origin');
+      assert.equal(aborted, 0, 'the other origin waited for a post to the hanging one to time out');
+      assert.equal(held.length, 5, 'posts in flight to the slow origin (PUSH_CONCURRENCY_PER_HOST)');
+    } finally {
+      letGo = true;
+      for (const res of held) res.writeHead(200).end();
+      hang.closeAllConnections();
+      await new Promise<void>((resolve) => hang.close(() => resolve()));
+    }
+  });
+
+  it('lets a webhook origin that answers promptly use every delivery slot, more than PUSH_CONCURRENCY_PER_HOST', async () => {
+    // Holds each answer until `n` posts are open at once (a post the worker gave up on no longer
+    // counts), then answers them all.
+    const n = 8; // over PUSH_CONCURRENCY_PER_HOST (5), within PUSH_CONCURRENCY (10)
+    const open = new Set<http.ServerResponse>();
+    let reached = false;
+    const rx = http.createServer((req, res) => {
+      req.resume();
+      if (reached) return void res.writeHead(200).end();
+      open.add(res);
+      res.on('close', () => open.delete(res));
+      if (open.size < n) return;
+      reached = true;
+      for (const r of open) r.writeHead(200).end();
+    });
+    await new Promise<void>((resolve) => rx.listen(0, '127.0.0.1', resolve));
+    try {
+      const url = `http://127.0.0.1:${(rx.address() as AddressInfo).port}/hook`;
+      for (let i = 0; i < n; i++) {
+        const id = await idleTask();
+        await setPushConfig(testDb(), id, { url }, allowPrivate);
+        await setStatus(id, 'working');
+      }
+      await waitFor(async () => reached, `${n} posts in flight at once`);
+    } finally {
+      for (const r of open) if (!r.writableEnded) r.writeHead(200).end();
+      rx.closeAllConnections();
+      await new Promise<void>((resolve) => rx.close(() => resolve()));
+    }
   });
 
   it('sends authentication credentials and never shows, stores in clear or logs the token', async () => {

@@ -5,20 +5,18 @@
 import { DelayedError, type Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
-import { deliverPending } from '../domain/push-delivery.ts';
+import { deliverPending, OriginSlots } from '../domain/push-delivery.ts';
 import { PUSH_DELIVERIES_CHANNEL } from '../db/push-configs.ts';
 import { listenPg } from '../db/pg-listener.ts';
 
-// A run that finds the config leased by another run comes back after this long, and one that
-// stopped at its budget comes back at once, neither spending an attempt.
-const BUSY_DELAY_MS = 200;
-
 export function createPushDeliveryProcessor(services: Services) {
+  const slots = new OriginSlots(services.cfg);
   return async function deliverPush(job: Job<JobPayloads['push-notifications']>, token?: string): Promise<string> {
     const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
-    const outcome = await deliverPending(services, job.data, finalAttempt);
-    if (outcome === 'busy' || outcome === 'more') {
-      await job.moveToDelayed(Date.now() + (outcome === 'busy' ? BUSY_DELAY_MS : 0), token);
+    const outcome = await deliverPending(services, slots, job.data, finalAttempt);
+    // A run to come back to later (domain/push-delivery.ts Later) does so without spending an attempt.
+    if (typeof outcome === 'object') {
+      await job.moveToDelayed(Date.now() + outcome.ms, token);
       throw new DelayedError();
     }
     return outcome;

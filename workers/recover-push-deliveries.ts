@@ -2,13 +2,14 @@
 // under appendfsync everysec): the fan-out job of a task's last status update is the only one that
 // would carry it, so without this pass that update, and the ones before it still pending, would
 // never be posted. A config counts as stalled once its newest undelivered update is older than its
-// job could still be retrying (PUSH_ATTEMPTS posts of up to PUSH_TIMEOUT_MS with their backoff);
+// job could still be retrying (PUSH_ATTEMPTS posts of up to PUSH_TIMEOUT_MS with their backoff or Retry-After);
 // it then gets a job for that update, under an id of its own, so each pass adds it once. A job
 // that was not lost after all (a long backlog) finds nothing to deliver: runs of one config never
 // overlap (domain/push-delivery.ts, the lease), and each posts only what is still undelivered.
 import { createHash } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
 import { listStalledDeliveries } from '../db/push-configs.ts';
+import { RETRY_AFTER_MAX_MS } from '../domain/push-delivery.ts';
 
 const PAGE = 500;
 
@@ -17,10 +18,11 @@ const recoveryJobId = (taskId: string, configId: string, seq: number) => {
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20, 32)}`;
 };
 
-// How long a delivery job may still be retrying its update.
+// How long a delivery job may still be retrying its update: each retry waits its backoff, or up to
+// RETRY_AFTER_MAX_MS when the webhook sent Retry-After (the config is held that long).
 export function pushRetryWindowMs(cfg: Services['cfg']): number {
   let backoff = 0;
-  for (let i = 0; i < cfg.PUSH_ATTEMPTS - 1; i++) backoff += cfg.PUSH_BACKOFF_MS * 2 ** i;
+  for (let i = 0; i < cfg.PUSH_ATTEMPTS - 1; i++) backoff += Math.max(cfg.PUSH_BACKOFF_MS * 2 ** i, RETRY_AFTER_MAX_MS);
   return backoff + cfg.PUSH_ATTEMPTS * cfg.PUSH_TIMEOUT_MS;
 }
 
