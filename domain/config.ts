@@ -23,9 +23,9 @@ const ConfigSchema = Type.Object({
   BODY_LIMIT_BYTES: Type.Integer({ minimum: 1024, default: 1024 * 1024 }),
   TASK_MESSAGES_MAX_BYTES: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
   TASK_ARTIFACTS_MAX_BYTES: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
-  // Requests per API key per second in each API process; 0 turns it off.
+  // Requests per API key per second, counted across the API processes (queues/fleet-counts.ts); 0 turns it off.
   RATE_LIMIT_PER_SECOND: Type.Integer({ minimum: 0, default: 1000 }),
-  // Wrong API keys per client address per minute in each API process before 429; 0 turns it off.
+  // Wrong API keys per client address per minute, counted across the API processes, before 429; 0 turns it off.
   AUTH_FAILURES_PER_MINUTE: Type.Integer({ minimum: 0, default: 60 }),
   // Whether the client's address is the first of X-Forwarded-For (set behind a reverse proxy only:
   // without one, a client could name any address there).
