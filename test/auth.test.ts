@@ -432,10 +432,14 @@ describe('request limits with Redis unreachable', () => {
     assert.equal(blocked.status, 429, blocked.text);
     assert.equal(blocked.body.data.code, 'rate_limited');
     await waitFor(async () => outageLines().length > 0, 'the outage to be logged');
+    // The API's windows are this machine's wall-clock seconds: at most 5 pass in each second the burst
+    // spans, however long a loaded machine takes over it.
+    const from = Date.now();
     const results = await Promise.all(Array.from({ length: 20 }, () => stack.client.get('/api/task/v1')));
+    const windows = Math.floor(Date.now() / 1000) - Math.floor(from / 1000) + 1;
     const limited = results.filter((r) => r.status === 429);
     assert.equal(results.filter((r) => r.status === 200).length + limited.length, 20, results.map((r) => r.status).join(','));
-    assert.ok(limited.length >= 10, `at most two one-second windows' worth pass: ${20 - limited.length} passed`);
+    assert.ok(20 - limited.length <= 5 * windows, `at most 5 pass in each of the ${windows} seconds spanned: ${20 - limited.length} passed`);
     for (const r of limited) assert.match(r.headers.get('retry-after') ?? '', /^[1-9]\d*$/);
     proxy.forward();
     await waitFor(async () => stack.api.logs.some((l) => l.includes('Redis back for the request limits')), 'Redis to be back for the limits');
