@@ -95,16 +95,17 @@ export class FleetCounts {
 
   // A sync still waiting for Redis (slow, or silent until the command timeout) is not joined by another.
   async sync(now = Date.now()): Promise<void> {
+    // Counts of past windows go whatever Redis does: a sync that never ends (a Redis that holds the
+    // connection and never answers, with no command timeout) must not keep every subject since.
+    for (const counts of this.windows.values()) {
+      const current = Math.floor(now / counts.windowMs);
+      for (const [subject, slot] of counts.slots) if (slot.window < current) counts.slots.delete(subject);
+    }
     if (this.syncing) return;
     const pipeline = this.redis.pipeline();
     const sent: { slot: Slot; delta: number }[] = [];
     for (const counts of this.windows.values()) {
-      const current = Math.floor(now / counts.windowMs);
       for (const [subject, slot] of counts.slots) {
-        if (slot.window < current) {
-          counts.slots.delete(subject);
-          continue;
-        }
         if (!slot.unsynced && now - slot.counted > READ_IDLE_MS) continue;
         const key = this.key(counts, slot.window, subject);
         // Kept for two windows: the one it counts and the next, for processes whose clock is behind.

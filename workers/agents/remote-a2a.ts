@@ -47,6 +47,10 @@ const POLL_MAX_MS = 2000;
 const CANCEL_TIMEOUT_MS = 5000;
 // How often a left remote task the remote would not cancel is asked again (by whichever worker takes it).
 const CANCEL_RETRY_MS = 60_000;
+// A pass takes left remote tasks a few at a time: a batch whose cancels all time out
+// (CANCEL_TIMEOUT_MS each) is done before CANCEL_RETRY_MS, so no other worker takes its rows again meanwhile.
+const CANCEL_BATCH = 10;
+const CANCELS_PER_PASS = 100;
 
 // What the SDK reads whole (a card, a call's answer) and each line of a stream, at most: it buffers
 // both without a bound, so an endless answer or line (or a gzip bomb: this counts decoded bytes)
@@ -275,13 +279,16 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
 // last word (its final message refused), then forgets them; one the remote no longer has, or that has
 // ended, is forgotten too. An unreachable remote is tried again a minute later, for a day.
 async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, log: Logger, withoutKey: (text: string) => string): Promise<void> {
-  const rows = await takeRemoteTasksToCancel(db, 24, CANCEL_RETRY_MS, 100);
-  if (!rows.length) return;
-  const remote = await connect();
-  for (const row of rows) {
-    const rowLog = log.child({ task_id: row.task_id });
-    const why = row.status === 'canceled' ? 'its local task was canceled between runs' : 'its local task failed';
-    if (await cancelRemote(remote, row.remote_task_id, rowLog, `remote task canceled: ${why}`, withoutKey)) await forgetRemoteAgentTask(db, row.task_id);
+  let remote: Client | undefined;
+  for (let taken = 0; taken < CANCELS_PER_PASS; taken += CANCEL_BATCH) {
+    const rows = await takeRemoteTasksToCancel(db, 24, CANCEL_RETRY_MS, CANCEL_BATCH);
+    if (!rows.length) return;
+    remote ??= await connect();
+    for (const row of rows) {
+      const rowLog = log.child({ task_id: row.task_id });
+      const why = row.status === 'canceled' ? 'its local task was canceled between runs' : 'its local task failed';
+      if (await cancelRemote(remote, row.remote_task_id, rowLog, `remote task canceled: ${why}`, withoutKey)) await forgetRemoteAgentTask(db, row.task_id);
+    }
   }
 }
 
