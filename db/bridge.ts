@@ -128,6 +128,14 @@ export async function getFunctionInstance(db: Tx, providerInstanceId: string, fu
   return db('function_instances').where({ provider_instance_id: providerInstanceId, function_controller_type_id: functionTypeId }).first();
 }
 
+// The enabled functions of one type whose instance id starts with `idPrefix` (MCP resolves a
+// shortened tool name through them).
+export async function functionInstancesByIdPrefix(db: Tx, providerTypeId: string, functionTypeId: string, idPrefix: string): Promise<FunctionInstanceRow[]> {
+  return db('function_instances')
+    .where({ provider_controller_type_id: providerTypeId, function_controller_type_id: functionTypeId })
+    .whereRaw('starts_with(provider_instance_id, ?)', [idPrefix]);
+}
+
 export async function functionInstancesOf(db: Tx, providerInstanceIds: string[]): Promise<FunctionInstanceRow[]> {
   if (!providerInstanceIds.length) return [];
   return db('function_instances').whereIn('provider_instance_id', providerInstanceIds).orderBy(['provider_instance_id', 'function_controller_type_id']);

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { randomUUID } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { ErrorCode, LATEST_PROTOCOL_VERSION, McpError } from '@modelcontextprotocol/sdk/types.js';
@@ -10,7 +10,11 @@ import { startFakeProviders, type FakeProviders } from './helpers/fake-providers
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
 const STRIPE_KEY = `sk_test_${randomUUID().replace(/-/g, '')}`;
-const REFUND = 'stripe.stripe_process_refund.stripe-main';
+const REFUND = 'stripe__stripe_process_refund__stripe-main';
+// The name before 2025-11, still taken by tools/call.
+const DOTTED_REFUND = 'stripe.stripe_process_refund.stripe-main';
+// What the Anthropic and OpenAI APIs take as a tool name.
+const HOST_NAME = /^[a-zA-Z0-9_-]{1,64}$/;
 
 describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotocol/sdk client', () => {
   let stack: Stack;
@@ -62,7 +66,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.equal(client.getServerVersion()?.name, 'taskbridge-bridge');
     assert.ok(client.getServerCapabilities()?.tools);
     const { tools } = await client.listTools();
-    assert.deepEqual(tools.map((t) => t.name).sort(), ['stripe.stripe_process_refund.stripe-main', 'stripe.stripe_process_refund.stripe-off']);
+    assert.deepEqual(tools.map((t) => t.name).sort(), [REFUND, 'stripe__stripe_process_refund__stripe-off']);
     const refund = tools.find((t) => t.name === REFUND)!;
     // The same schema and documentation as the function's invoke operation in the instances document.
     const fn = (await c.get(`${B}/function-instances/openapi.json`)).body.paths[`${B}/provider/stripe-main/function/stripe_process_refund/invoke`].post;
@@ -117,7 +121,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
       assert.equal(bad.isError, true, JSON.stringify(args));
       assert.match(text(bad), pattern);
     }
-    const off = await client.callTool({ name: 'stripe.stripe_process_refund.stripe-off', arguments: { payment_intent: 'pi_1' } });
+    const off = await client.callTool({ name: 'stripe__stripe_process_refund__stripe-off', arguments: { payment_intent: 'pi_1' } });
     assert.equal(off.isError, true);
     assert.match(text(off), /stripe-off' is disabled, not active/);
     assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
@@ -126,7 +130,10 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
   it('answers an unknown tool with the protocol error -32602', async () => {
     const client = await connect();
     for (const name of ['nope', 'stripe.stripe_process_refund', 'stripe.stripe_process_refund.stripe-bare', 'stripe.stripe_process_refund.no-such',
-      'google_mail.stripe_process_refund.stripe-main', 'stripe.google_mail_send_email.stripe-main', 'stripe.stripe_process_refund.stripe-main.x']) {
+      'google_mail.stripe_process_refund.stripe-main', 'stripe.google_mail_send_email.stripe-main', 'stripe.stripe_process_refund.stripe-main.x',
+      'stripe__stripe_process_refund', 'stripe__stripe_process_refund__', 'stripe__stripe_process_refund__stripe-bare', 'stripe__stripe_process_refund__no-such',
+      'google_mail__stripe_process_refund__stripe-main', 'stripe__google_mail_send_email__stripe-main', 'stripe__stripe_process_refund__stripe-main.x',
+      'stripe_stripe_process_refund_stripe-main', `stripe__stripe_process_refund__stripe-main${'_'.repeat(64 - REFUND.length)}`]) {
       await assert.rejects(client.callTool({ name, arguments: { payment_intent: 'pi_1' } }), (err: unknown) => {
         assert.ok(err instanceof McpError, String(err));
         assert.equal(err.code, ErrorCode.InvalidParams);
@@ -134,6 +141,79 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
         return true;
       });
     }
+  });
+
+  it('names every tool as the Anthropic and OpenAI APIs take it, shortening long identities with a hash so none collide, and calls it by that name or the old dotted one', async () => {
+    // The longest instance ids the API takes (64), two sharing all the characters a shortened name keeps.
+    const head = 'L'.repeat(63);
+    const longIds = [`${head}a`, `${head}b`, 'm'.repeat(33), 'n'.repeat(32)];
+    for (const id of longIds) {
+      const cred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY } });
+      assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: id, display_name: 'long', resource_server_credential_id: cred.body.id })).status, 201);
+      assert.equal((await c.post(`${B}/provider/${id}/function/stripe_process_refund/enable`, {})).status, 201);
+    }
+    try {
+      const client = await connect();
+      const { tools } = await client.listTools();
+      const names = tools.map((t) => t.name);
+      for (const name of names) assert.match(name, HOST_NAME);
+      assert.equal(new Set(names).size, names.length, 'no two tools share a name');
+      assert.equal(names.length, 2 + longIds.length);
+      // Under 64 characters the name is the identity itself; at 64 or more it is cut to 47, `_` and
+      // 16 hex of SHA-256 of the identity, so it is the same on every call and every release.
+      const expected = (id: string) => {
+        const full = `stripe__stripe_process_refund__${id}`;
+        if (full.length < 64) return full;
+        return `${full.slice(0, 47)}_${createHash('sha256').update(`stripe\nstripe_process_refund\n${id}`).digest('hex').slice(0, 16)}`;
+      };
+      assert.deepEqual(longIds.map(expected).map((n) => names.includes(n)), [true, true, true, true], JSON.stringify(names));
+      assert.equal(expected('n'.repeat(32)), `stripe__stripe_process_refund__${'n'.repeat(32)}`);
+      assert.equal(expected('m'.repeat(33)).length, 64);
+      assert.equal(expected(longIds[0]).slice(0, 47), expected(longIds[1]).slice(0, 47));
+      assert.deepEqual((await (await connect()).listTools()).tools.map((t) => t.name), names, 'the same names on the next call');
+
+      // Each listed name calls its own instance; the old dotted name calls the same one.
+      for (const [i, id] of longIds.entries()) {
+        const r = await client.callTool({ name: expected(id), arguments: { payment_intent: `pi_long_${i}` } });
+        assert.equal(r.isError, undefined, JSON.stringify(r));
+        assert.equal(stripe.seen.at(-1)!.body, `payment_intent=pi_long_${i}`);
+      }
+      const dotted = await client.callTool({ name: DOTTED_REFUND, arguments: { payment_intent: 'pi_dotted' } });
+      assert.equal(dotted.isError, undefined, JSON.stringify(dotted));
+      assert.equal(stripe.seen.at(-1)!.body, 'payment_intent=pi_dotted');
+      // A shortened name with another hash, or the uncut identity, names no tool.
+      const calls = stripe.seen.length;
+      for (const name of [`${expected(longIds[0]).slice(0, 48)}${'0'.repeat(16)}`, `stripe__stripe_process_refund__${'m'.repeat(33)}`]) {
+        await assert.rejects(client.callTool({ name, arguments: { payment_intent: 'pi_1' } }), (err: unknown) =>
+          err instanceof McpError && err.code === ErrorCode.InvalidParams && err.message === `MCP error -32602: Unknown tool: ${name}`);
+      }
+      assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
+    } finally {
+      for (const id of longIds) assert.equal((await c.delete(`${B}/provider/${id}`)).status, 200);
+    }
+  });
+
+  it('keeps controller type ids free of "__" and a trailing "_", so a full tool name reads back one way', async () => {
+    const providers = (await c.get(`${B}/available-providers?page_size=100`)).body.items as { type_id: string; functions: { type_id: string }[] }[];
+    assert.ok(providers.length >= 2);
+    for (const id of providers.flatMap((p) => [p.type_id, ...p.functions.map((f) => f.type_id)])) assert.match(id, /^(?!.*__)[a-z0-9_]*[a-z0-9]$/);
+  });
+
+  it('answers any other name a client sends (huge, unicode, NUL, empty) with -32602, never a 500', async () => {
+    const calls = stripe.seen.length;
+    for (const [name, message] of [
+      ['x'.repeat(100_000), 'Unknown tool: a name of 100000 characters (tool names have at most 64)'],
+      ['stripe__stripe_process_refund__stripé', 'Unknown tool: stripe__stripe_process_refund__stripé'],
+      ['stripe__stripe_process_refund__\u{1F600}', 'Unknown tool: stripe__stripe_process_refund__\u{1F600}'],
+      ['', 'Unknown tool: '],
+      ['stripe.stripe_process_refund.stripe-main\n', 'Unknown tool: stripe.stripe_process_refund.stripe-main\n'],
+      [`${REFUND}\u0000`, 'Invalid params: params.name: contains a NUL character or an unpaired surrogate'],
+    ] as const) {
+      const r = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 3, method: 'tools/call', params: { name, arguments: { payment_intent: 'pi_1' } } }));
+      assert.equal(r.status, 200, name.slice(0, 60));
+      assert.deepEqual(await r.json(), { jsonrpc: '2.0', id: 3, error: { code: ErrorCode.InvalidParams, message } }, name.slice(0, 60));
+    }
+    assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
   });
 
   it('answers params of the wrong shape with -32602 naming the field, for every method it serves, and a call as a task with -32601, not an internal or parse error', async () => {

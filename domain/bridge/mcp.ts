@@ -1,8 +1,9 @@
 // The bridge as a Model Context Protocol server: every enabled function instance is a tool named
-// `<provider_controller_type_id>.<function_controller_type_id>.<provider_instance_id>`, with the
-// function's parameter schema as its input schema; calling it invokes the function.
+// `<provider_controller_type_id>__<function_controller_type_id>__<provider_instance_id>` (see
+// toolName), with the function's parameter schema as its input schema; calling it invokes the function.
 // One server per HTTP request (stateless Streamable HTTP): tools are read from Postgres each time,
 // so every API process sees the same list.
+import { createHash } from 'node:crypto';
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import {
   CallToolRequestSchema, ErrorCode, InitializeRequestSchema, JSONRPCErrorResponseSchema, JSONRPCNotificationSchema, JSONRPCRequestSchema,
@@ -11,8 +12,8 @@ import {
 } from '@modelcontextprotocol/sdk/types.js';
 import type { Services } from '../services.ts';
 import { AppError, InvalidRequest, NotFound, type FieldError } from '../errors.ts';
-import { getFunctionInstance, getProviderInstance, listFunctionInstances, type FunctionInstanceRow } from '../../db/bridge.ts';
-import { describeFunction, functionDef, providerDef } from './catalog.ts';
+import { functionInstancesByIdPrefix, getFunctionInstance, getProviderInstance, listFunctionInstances, type FunctionInstanceRow } from '../../db/bridge.ts';
+import { describeFunction, functionDef, PROVIDERS, providerDef } from './catalog.ts';
 import { invokeFunction } from './functions.ts';
 import { SERVICE_VERSION } from '../version.ts';
 
@@ -24,8 +25,53 @@ export class McpRefusal extends Error {
   }
 }
 
-const toolName = (r: Pick<FunctionInstanceRow, 'provider_controller_type_id' | 'function_controller_type_id' | 'provider_instance_id'>) =>
-  `${r.provider_controller_type_id}.${r.function_controller_type_id}.${r.provider_instance_id}`;
+type ToolIdentity = Pick<FunctionInstanceRow, 'provider_controller_type_id' | 'function_controller_type_id' | 'provider_instance_id'>;
+
+// The Anthropic and OpenAI APIs take a tool only if its name matches this (no dots, at most 64),
+// failing a host's whole request otherwise; MCP (SEP-986) allows it too.
+const NAME_MAX = 64;
+const HASH_CHARS = 16;
+const TOOL_NAME = /^[A-Za-z0-9_-]{1,64}$/;
+// The name before 2025-11 (instance ids have no dots), still taken by tools/call for clients that stored it.
+const DOTTED_NAME = /^([a-z0-9_]{1,64})\.([a-z0-9_]{1,64})\.([A-Za-z0-9_-]{1,64})$/;
+
+// `<provider>__<function>__<instance>` when that is under 64 characters; else its first 47, `_` and
+// 16 hex of SHA-256 of the identity: exactly 64, so a full name never equals a shortened one, and
+// instances that share the first 47 characters differ by hash. Controller type ids have no `__` and
+// do not end in `_`, so the full form reads back one way; resolveTool looks names up, not splits them.
+export function toolName(r: ToolIdentity): string {
+  const full = `${r.provider_controller_type_id}__${r.function_controller_type_id}__${r.provider_instance_id}`;
+  if (full.length < NAME_MAX) return full;
+  const hash = createHash('sha256').update(`${r.provider_controller_type_id}\n${r.function_controller_type_id}\n${r.provider_instance_id}`).digest('hex');
+  return `${full.slice(0, NAME_MAX - HASH_CHARS - 1)}_${hash.slice(0, HASH_CHARS)}`;
+}
+
+// The function instance a tool name (listed or dotted) stands for, whatever its state; undefined if none.
+async function resolveTool(db: Services['db'], name: string): Promise<ToolIdentity | undefined> {
+  const dotted = DOTTED_NAME.exec(name);
+  if (dotted) return { provider_controller_type_id: dotted[1], function_controller_type_id: dotted[2], provider_instance_id: dotted[3] };
+  if (!TOOL_NAME.test(name)) return undefined;
+  const shortened = name.length === NAME_MAX;
+  const head = shortened ? name.slice(0, NAME_MAX - HASH_CHARS - 1) : name;
+  for (const p of PROVIDERS) {
+    for (const f of p.functions) {
+      const prefix = `${p.type_id}__${f.type_id}__`;
+      if (!shortened) {
+        if (name.startsWith(prefix) && name.length > prefix.length) {
+          return { provider_controller_type_id: p.type_id, function_controller_type_id: f.type_id, provider_instance_id: name.slice(prefix.length) };
+        }
+      } else if (head.startsWith(prefix) || prefix.startsWith(head)) {
+        const rows = await functionInstancesByIdPrefix(db, p.type_id, f.type_id, head.slice(prefix.length));
+        const row = rows.find((r) => toolName(r) === name);
+        if (row) return row;
+      }
+    }
+  }
+  return undefined;
+}
+
+// What an unknown tool's error quotes: the name, unless it is far longer than any tool's.
+const quoted = (name: string) => (name.length <= 200 ? name : `a name of ${name.length} characters (tool names have at most ${NAME_MAX})`);
 
 // Tools come in pages (MCP's cursor pagination): each carries its parameter schema, and thousands
 // of function instances would otherwise make one answer of tens of megabytes.
@@ -61,10 +107,11 @@ const failure = (text: string): CallToolResult => ({ isError: true, content: [{ 
 // that does (bad arguments, instance not active, provider refusal or unreachable) is a tool
 // error the model can read and act on.
 export async function callTool(services: Services, name: string, args: Record<string, unknown>, signal?: AbortSignal): Promise<CallToolResult> {
-  const unknown = () => new McpRefusal(ErrorCode.InvalidParams, `Unknown tool: ${name}`);
-  const [providerType, functionType, instanceId, ...rest] = name.split('.');
-  if (!instanceId || rest.length) throw unknown();
+  const unknown = () => new McpRefusal(ErrorCode.InvalidParams, `Unknown tool: ${quoted(name)}`);
   // Checked before the arguments: an unknown tool is that, whatever it was sent.
+  const tool = await resolveTool(services.db, name);
+  if (!tool) throw unknown();
+  const { provider_controller_type_id: providerType, function_controller_type_id: functionType, provider_instance_id: instanceId } = tool;
   const instance = await getProviderInstance(services.db, instanceId);
   if (instance?.provider_controller_type_id !== providerType || !(await getFunctionInstance(services.db, instanceId, functionType))) throw unknown();
   try {
