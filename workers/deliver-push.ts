@@ -16,6 +16,8 @@ export function createPushDeliveryProcessor(services: Services) {
     const outcome = await deliverPending(services, slots, job.data, finalAttempt);
     // A run to come back to later (domain/push-delivery.ts Later) does so without spending an attempt.
     if (typeof outcome === 'object') {
+      // Debug: a held or slow webhook turns many runs away; why one waits is there when looked for.
+      services.log.debug({ job_id: job.id, task_id: job.data.task_id, config_id: job.data.config_id, later: outcome.later, ms: outcome.ms }, 'push delivery comes back later');
       await job.moveToDelayed(Date.now() + outcome.ms, token);
       throw new DelayedError();
     }
