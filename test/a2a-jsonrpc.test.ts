@@ -177,6 +177,19 @@ describe('A2A JSON-RPC endpoint', () => {
       const r = await fetch(stack.api.url + A2A, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: randomUUID() } }) });
       assert.equal(r.status, 401);
     });
+
+    // What the README lists as HTTP errors rather than JSON-RPC ones: the request is not read as JSON-RPC.
+    it('answers HTTP 403 to a key without the a2a scope and 415 to a body that is not JSON, creating no task', async () => {
+      const count = async () => Number((await testDb()('tasks').count({ n: '*' }))[0].n);
+      const before = await count();
+      const send = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'message/send', params: { message: userMessage('hi') } });
+      const reader = await stack.client.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['task:read', 'task:write'] });
+      const forbidden = await raw(send, { authorization: `Bearer ${reader.body.key}` });
+      assert.deepEqual([forbidden.status, forbidden.body.data.code], [403, 'forbidden']);
+      const text = await raw(send, { 'content-type': 'text/plain' });
+      assert.deepEqual([text.status, text.body.data.code], [415, 'unsupported_media_type']);
+      assert.equal(await count(), before);
+    });
   });
 
   describe('agent card', () => {
