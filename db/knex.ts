@@ -61,6 +61,8 @@ export async function migrateLatest(db: Knex): Promise<string[]> {
 // This release's migrations the database has not had (in order), and the ones it has had that this
 // release does not know: a newer release's, while a deploy rolls or after the code was rolled back.
 // Old code keeps working on a newer schema, so those are only reported.
+// Read here, not through knex's migrate.list: that creates knex_migrations and its lock table, and
+// the schema check of a web or worker process must not write to a database the release step never ran on.
 export async function migrationState(db: Knex): Promise<{ unapplied: string[]; newer: string[] }> {
   const files = fs.readdirSync(migrationsDir).filter((f) => f.endsWith(MIGRATION_EXTENSION)).sort();
   const { rows: [{ table }] } = await db.raw(`select to_regclass('knex_migrations') is not null as table`);

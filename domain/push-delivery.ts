@@ -50,7 +50,7 @@ export class DeliveryError extends Error {
 export const RETRY_AFTER_MAX_MS = 60_000;
 
 // A Retry-After value (delay seconds or an HTTP date) in ms from now, capped; undefined when unreadable.
-export function retryAfterMs(value: string | undefined, now = Date.now()): number | undefined {
+function retryAfterMs(value: string | undefined, now = Date.now()): number | undefined {
   if (value === undefined) return undefined;
   const ms = /^\s*\d+\s*$/.test(value) ? Number(value) * 1000 : Date.parse(value) - now;
   return Number.isNaN(ms) ? undefined : Math.min(Math.max(ms, 0), RETRY_AFTER_MAX_MS);
@@ -102,7 +102,7 @@ export function postNotification(
 // half PUSH_TIMEOUT_MS (a timeout included).
 const SLOW_FOR_MS = 60_000;
 const SLOW_ORIGINS_KEPT = 10_000;
-export const slowPostMs = (cfg: Pick<Config, 'PUSH_TIMEOUT_MS'>) => cfg.PUSH_TIMEOUT_MS / 2;
+const slowPostMs = (cfg: Pick<Config, 'PUSH_TIMEOUT_MS'>) => cfg.PUSH_TIMEOUT_MS / 2;
 
 // Delivery runs in flight per webhook origin in this worker process. A slow origin holds at most
 // PUSH_CONCURRENCY_PER_HOST of the worker's slots, so that webhooks slow to answer cannot hold them

@@ -31,7 +31,7 @@ type ToolIdentity = Pick<FunctionInstanceRow, 'provider_controller_type_id' | 'f
 // failing a host's whole request otherwise; MCP (SEP-986) allows it too.
 const NAME_MAX = 64;
 const HASH_CHARS = 16;
-const TOOL_NAME = /^[A-Za-z0-9_-]{1,64}$/;
+const TOOL_NAME = new RegExp(`^[A-Za-z0-9_-]{1,${NAME_MAX}}$`);
 // The name before 2025-11 (instance ids have no dots), still taken by tools/call for clients that stored it.
 const DOTTED_NAME = /^([a-z0-9_]{1,64})\.([a-z0-9_]{1,64})\.([A-Za-z0-9_-]{1,64})$/;
 
