@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
+import { setTimeout } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { startStack, startWorker, testDb, useStack, waitFor, type Stack, withQueue } from './helpers/stack.ts';
 import { insertDeks } from '../db/deks.ts';
@@ -196,27 +197,39 @@ describe('bulk DEK migration', () => {
       }
     });
   });
+});
+
+describe('bulk DEK migration while DEKs keep coming', () => {
+  // A long pause between batches: each sweep stays open for at least a second, so the client
+  // creating DEKs adds some behind its cursor however the CPU is shared (with short pauses a worker
+  // that got the CPU could finish a sweep before a starved client wrote anything, and complete).
+  const stack = useStack({ DEK_MIGRATION_BATCH: '20', DEK_MIGRATION_PAUSE_MS: '1000', RATE_LIMIT_PER_SECOND: '0' });
+
   it('cannot be held open by DEKs created all the time: after 5 sweeps it fails, naming how many it left', async () => {
     const c = stack.client;
     for (const f of ['busy-src.key', 'busy-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
     const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'busy-src.key'));
-    await insertDeks(testDb(), Array.from({ length: 200 }, (_, i) => ({ id: `busy-${String(i).padStart(5, '0')}`, envelope_key_id: 'busy-src.key', encrypted_dek: sealByHand(kek, randomBytes(32)) })));
+    await insertDeks(testDb(), Array.from({ length: 40 }, (_, i) => ({ id: `busy-${String(i).padStart(5, '0')}`, envelope_key_id: 'busy-src.key', encrypted_dek: sealByHand(kek, randomBytes(32)) })));
     const started = await c.post(`${E}/envelope/busy-src.key/migrate`, { to_envelope_encryption_key_id: 'busy-dst.key' });
     assert.equal(started.status, 202);
-    // Four clients create DEKs (random ids, so some fall behind the cursor) until the job ends.
+    // A client creates a DEK every 200 ms until the job ends, each id sorting before every earlier
+    // one, so each lands behind the cursor of the pass under way and the next sweep has work.
     let ended = false;
-    const creators = Array.from({ length: 4 }, async () => {
-      while (!ended) assert.equal((await c.post(`${E}/envelope/busy-src.key/dek`, {})).status, 201);
-    });
+    const creator = (async () => {
+      for (let n = 99999; !ended; n--) {
+        assert.equal((await c.post(`${E}/envelope/busy-src.key/dek`, { id: `0-${n}` })).status, 201);
+        await setTimeout(200);
+      }
+    })();
     let finished: any;
     try {
       finished = await waitFor(async () => {
         const r = await c.get(`${E}/job/${started.body.id}`);
         return ['completed', 'failed'].includes(r.body.status) && r.body;
-      }, 'the job to end while DEKs keep coming', 60000, 50);
+      }, 'the job to end while DEKs keep coming', 90000, 50);
     } finally {
       ended = true;
-      await Promise.all(creators);
+      await creator;
     }
     assert.equal(finished.status, 'failed');
     assert.equal(finished.params.sweep, 5);
