@@ -298,6 +298,8 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     }
     // Well-formed messages still pass: a notification is accepted, a batch answered member by member.
     assert.equal((await rawPost('{"jsonrpc": "2.0", "method": "notifications/initialized"}')).status, 202);
+    // A cancel names a request by an id only a session could scope: accepted, ending nothing (README).
+    assert.equal((await rawPost('{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "reason": "stop"}}')).status, 202);
     const batch = await rawPost('[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": "two", "method": "ping"}]');
     assert.equal(batch.status, 200);
     assert.deepEqual(((await batch.json()) as { id: unknown }[]).map((m) => m.id), [1, 'two']);
