@@ -45,6 +45,20 @@ export async function messageBytes(db: Tx, taskId: string): Promise<number> {
   return Number(row.n);
 }
 
+// The first message of a task with `m`'s sender id, role and content (parts, metadata, extensions,
+// reference ids as stored), if it holds one: a retried send (domain/tasks.ts). jsonb and array
+// equality, so key order does not matter. Read through messages (task_id, seq): that task's rows only.
+export async function findSameMessage(db: Tx, m: Message): Promise<MessageRow | undefined> {
+  const row = await db('messages').select(COLUMNS)
+    .where({ task_id: m.task_id, client_message_id: m.client_message_id, role: m.role })
+    .whereRaw('parts = ?::jsonb', [JSON.stringify(m.parts)])
+    .whereRaw('metadata = ?::jsonb', [JSON.stringify(m.metadata)])
+    .whereRaw(`coalesce(to_jsonb(extensions), '[]'::jsonb) = ?::jsonb`, [JSON.stringify(m.extensions ?? [])])
+    .whereRaw('to_jsonb(reference_task_ids) = ?::jsonb', [JSON.stringify(m.reference_task_ids)])
+    .orderBy('seq').first();
+  return row && messageFromRow(row);
+}
+
 // The newest messages of a task, oldest first: the history an agent sees.
 export async function recentMessages(db: Tx, taskId: string, limit: number): Promise<MessageRow[]> {
   const rows = await db('messages').select(COLUMNS).where({ task_id: taskId }).orderBy('seq', 'desc').limit(limit);

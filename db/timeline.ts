@@ -21,3 +21,16 @@ export async function listTimeline(db: Tx, taskId: string, order: 'asc' | 'desc'
 export async function timelineSince(db: Tx, taskId: string, afterSeq: number, limit = 1000): Promise<TimelineRow[]> {
   return db('timeline_items').select(COLUMNS).where({ task_id: taskId }).where('seq', '>', afterSeq).orderBy('seq', 'asc').limit(limit);
 }
+
+// The `message` item a message of a task was recorded with.
+export async function messageItem(db: Tx, taskId: string, messageId: string): Promise<TimelineRow | undefined> {
+  return db('timeline_items').select(COLUMNS).where({ task_id: taskId })
+    .whereRaw(`event_payload->>'type' = 'message' and event_payload->'message'->>'id' = ?`, [messageId]).first();
+}
+
+// Whether a task's status changed after timeline seq `seq`.
+export async function statusChangedAfter(db: Tx, taskId: string, seq: number): Promise<boolean> {
+  const row = await db('timeline_items').where({ task_id: taskId }).where('seq', '>', seq)
+    .whereRaw(`event_payload->>'type' = 'task-status-update'`).select(db.raw('1')).first();
+  return row !== undefined;
+}

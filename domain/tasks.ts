@@ -6,7 +6,7 @@ import * as tasks from '../db/tasks.ts';
 import type { StatusChange } from '../db/tasks.ts';
 import * as messages from '../db/messages.ts';
 import * as timeline from '../db/timeline.ts';
-import { artifactBytes } from '../db/timeline-views.ts';
+import { artifactBytes, lastTimelineSeq } from '../db/timeline-views.ts';
 import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineItem } from '../api/schemas/task.ts';
 import { Conflict, NotFound, PayloadTooLarge } from './errors.ts';
 import { assertTransition, isInterrupted, isTerminal, RUN_STARTS_FROM, type TaskState } from './task-states.ts';
@@ -191,13 +191,39 @@ export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, maxM
   return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs) };
 }
 
+// A message to a task that repeats one the task holds (the same sender id, role, parts, metadata,
+// extensions and reference ids) is that send again, from a client whose answer was lost: nothing is
+// stored, it is answered with the original. `settled`: the task is terminal or waits for input again
+// since the original came (nothing more will come of it); else what the original started is still
+// to come. Senders may reuse an id for other content: that is a new message.
+export interface Retried { status: TaskState; settled: boolean }
+
+async function findRetried(trx: Tx, locked: tasks.TaskRow, req: CreateMessageRequest) {
+  if (req.client_message_id === undefined) return undefined;
+  const original = await messages.findSameMessage(trx, newMessage(locked.id, req, ''));
+  if (!original) return undefined;
+  const item = await timeline.messageItem(trx, locked.id, original.id);
+  if (!item) return undefined;
+  const { seq: _m, ...message } = original;
+  const { seq: _i, ...timeline_item } = item;
+  const settled = (isTerminal(locked.status) || isInterrupted(locked.status)) && await timeline.statusChangedAfter(trx, locked.id, item.seq);
+  const retried: Retried = { status: locked.status, settled };
+  return { message: message as Message, timeline_item, seq: await lastTimelineSeq(trx, locked.id), retried };
+}
+
 // Adds a message to a task that is not terminal, in the caller's transaction; a user message to an
 // interrupted task starts a run, which cannot begin before that transaction commits. Of several
 // such messages sent before a run starts, the first run to start takes the task; the others find
-// it working under another run and end (workers/run-agent-task.ts).
-export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateMessageRequest, maxBytes: number) {
+// it working under another run and end (workers/run-agent-task.ts). A retried send (findRetried) is
+// recognised under the task's lock, so two copies racing store one, and before the terminal check,
+// so the retry of the message that ended a task gets the original. `beforeAppend` runs, under the
+// lock, only for a message that will be stored.
+export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateMessageRequest, maxBytes: number, beforeAppend?: () => Promise<unknown>) {
   const task = await lockTask(uow.trx, taskId);
+  const retry = await findRetried(uow.trx, task, req);
+  if (retry) return retry;
   if (isTerminal(task.status)) throw new Conflict(`Task '${taskId}' is ${task.status} and accepts no more messages`, { status: task.status });
+  await beforeAppend?.();
   const { message, timelineItem } = await appendMessage(uow, task, req, maxBytes);
   if (req.role === 'user' && isInterrupted(task.status)) {
     await tasks.markRunDue(uow.trx, taskId, message.id);
@@ -205,7 +231,7 @@ export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateM
   }
   const { seq, ...timeline_item } = timelineItem;
   // seq: where a follower of the task's timeline continues from (api/a2a streams).
-  return { message, timeline_item, seq };
+  return { message, timeline_item, seq, retried: undefined as Retried | undefined };
 }
 
 export async function addMessage(s: UowServices & Pick<Services, 'cfg'>, taskId: string, req: CreateMessageRequest) {

@@ -9,7 +9,7 @@ import * as v1 from 'a2a-sdk-v1/client';
 import * as v1errors from 'a2a-sdk-v1/errors';
 import { Role, TaskState, type Part as V1Part } from 'a2a-sdk-v1';
 import { freePort } from '../scripts/local-services.ts';
-import { ADMIN_KEY, resetDb, startStack, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, resetDb, startStack, testDb, type Stack } from './helpers/stack.ts';
 
 // Both clients take a fetch implementation: this one adds our bearer key.
 const authFetch: typeof fetch = (input, init) => {
@@ -95,6 +95,54 @@ describe('A2A with the real SDK clients', () => {
       assert.equal(second.id, first.id);
       assert.equal(second.status.state, 'completed');
       assert.equal(textOf(second.status.message), 'Echo (turn 2): turn two');
+    });
+
+    describe('a retried send (same messageId, role and content as a message the task holds)', () => {
+      const userTexts = async (taskId: string) => (await testDb()('messages').where({ task_id: taskId, role: 'user' }).orderBy('seq').select('parts'))
+        .map((m: { parts: { text: string }[] }) => m.parts[0].text);
+      const waiting = async (text: string) => {
+        const first = await client.sendMessage({ message: userMessage(`[input] ${text}`) }) as Task;
+        assert.equal(first.status.state, 'input-required');
+        return first;
+      };
+
+      it('while the answer is still to run is stored once, runs the agent once, and answers the task as it ends', async () => {
+        const first = await waiting('retry pending');
+        const answer = userMessage('the answer', { taskId: first.id });
+        const sent = await client.sendMessage({ message: answer, configuration: { blocking: false } }) as Task;
+        assert.equal(sent.id, first.id);
+        const retried = await client.sendMessage({ message: answer }) as Task;
+        assert.equal(retried.id, first.id);
+        assert.equal(retried.status.state, 'completed');
+        assert.equal(textOf(retried.status.message), 'Echo (turn 2): the answer');
+        assert.deepEqual(await userTexts(first.id), ['[input] retry pending', 'the answer']);
+        const runs = await testDb()('timeline_items').where({ task_id: first.id }).whereRaw(`event_payload->>'status' = 'working'`).count({ n: '*' });
+        assert.equal(Number(runs[0].n), 2, 'one run for the first message, one for the answer');
+      });
+
+      it('after the task ended returns the ended task (blocking or not), not -32600, storing nothing', async () => {
+        const first = await waiting('retry ended');
+        const answer = userMessage('last word', { taskId: first.id, contextId: first.contextId });
+        const done = await client.sendMessage({ message: answer }) as Task;
+        assert.equal(done.status.state, 'completed');
+        const items = await testDb()('timeline_items').where({ task_id: first.id }).count({ n: '*' });
+        for (const configuration of [{}, { blocking: false }]) {
+          const retried = await client.sendMessage({ message: answer, configuration }) as Task;
+          assert.equal(retried.status.state, 'completed');
+          assert.deepEqual(retried.status, done.status);
+          assert.deepEqual(retried.history, done.history);
+        }
+        assert.deepEqual(await testDb()('timeline_items').where({ task_id: first.id }).count({ n: '*' }), items);
+        await assert.rejects(client.sendMessage({ message: userMessage('last word', { taskId: first.id }) }), /is completed.*-32600/);
+      });
+
+      it('sent twice at once is stored once', async () => {
+        const first = await waiting('retry race');
+        const answer = userMessage('raced', { taskId: first.id });
+        const both = await Promise.all([client.sendMessage({ message: answer }), client.sendMessage({ message: answer })]) as Task[];
+        for (const t of both) assert.equal(t.status.state, 'completed');
+        assert.deepEqual(await userTexts(first.id), ['[input] retry race', 'raced']);
+      });
     });
 
     it('cancels a running task; a second cancel is TaskNotCancelable', async () => {

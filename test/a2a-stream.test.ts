@@ -99,6 +99,40 @@ describe('A2A streaming (SSE)', () => {
     assert.ok(second.ended);
   });
 
+  it('a retried message/stream stores nothing and streams the task from now: an ended task as resubscribe does, snapshot then final', async () => {
+    const first = await sse(stack.api.url, 'message/stream', { message: userMessage('[input] retry me') });
+    const taskId = first.events[0].result.id;
+    const answer = userMessage('answered', { taskId });
+    const answered = await sse(stack.api.url, 'message/stream', { message: answer });
+    assert.equal(answered.events.at(-1).result.status.state, 'completed');
+    const users = async () => Number((await testDb()('messages').where({ task_id: taskId, role: 'user' }).count({ n: '*' }))[0].n);
+    assert.equal(await users(), 2);
+
+    const retried = await sse(stack.api.url, 'message/stream', { message: answer });
+    assert.ok(retried.ended);
+    const [snapshot, ...rest] = retried.events.map((e) => e.result);
+    assert.equal(snapshot.kind, 'task');
+    assert.equal(snapshot.status.state, 'completed');
+    assert.equal(rest.length, 1);
+    assert.deepEqual(rest[0], { kind: 'status-update', taskId, contextId: snapshot.contextId, final: true, status: snapshot.status });
+    const resubscribed = await sse(stack.api.url, 'tasks/resubscribe', { id: taskId });
+    assert.deepEqual(resubscribed.events.at(-1).result, rest[0]);
+    assert.equal(await users(), 2);
+
+    // A retry while the answer is still to run follows it to its end.
+    const next = await sse(stack.api.url, 'message/stream', { message: userMessage('[input] retry again') });
+    const nextId = next.events[0].result.id;
+    const again = userMessage('again', { taskId: nextId });
+    await rpc('message/send', { message: again, configuration: { blocking: false } });
+    const followed = await sse(stack.api.url, 'message/stream', { message: again });
+    assert.ok(followed.ended);
+    const last = followed.events.at(-1).result;
+    assert.equal(last.status.state, 'completed');
+    assert.equal(last.final, true);
+    assert.equal(last.status.message.parts[0].text, 'Echo (turn 2): again');
+    assert.equal(Number((await testDb()('messages').where({ task_id: nextId, role: 'user' }).count({ n: '*' }))[0].n), 2);
+  });
+
   it('a follow-up stream\'s snapshot is the task as the message found it, even when the run starts at once', async () => {
     // Many at a time, so that runs start while their streams are being opened.
     const ids = await Promise.all(Array.from({ length: 12 }, async (_, i) => {

@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { assertError, resetDb, testDb, textMessage, useStack, type Response } from './helpers/stack.ts';
+import { assertError, resetDb, testDb, textMessage, useStack, waitFor, withQueue, type Response } from './helpers/stack.ts';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 const ISO_MS = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
@@ -391,6 +391,85 @@ describe('task API', () => {
         assertError(r, 409, 'conflict');
         assert.deepEqual(await counts(), before);
       }
+    });
+
+    describe('a retried message (same client_message_id, role and content as one the task holds)', () => {
+      const answer = (extra: Record<string, unknown> = {}) => ({
+        role: 'user', client_message_id: 'answer-1', parts: [{ type: 'data-part', data: { a: 1, b: [2, 3] } }],
+        metadata: { k: 'v' }, extensions: ['https://example.com/ext'], reference_task_ids: [], ...extra,
+      });
+      const send = (taskId: string, body: unknown) => stack.client.post(`/api/task/v1/${taskId}/message`, body);
+      // The agent runs owed for a task: its jobs, once the outbox has handed them to the queue.
+      const runsOf = async (taskId: string) => {
+        await waitFor(async () => !(await testDb()('outbox').whereRaw(`payload->>'task_id' = ?`, [taskId]).first()), 'outbox relayed');
+        const jobs = await withQueue(stack.env, 'agent-tasks', (queue) => queue.getJobs(['wait']));
+        return jobs.filter((j) => j.data.task_id === taskId).map((j) => j.id).sort();
+      };
+      const inputRequired = async () => {
+        const { task } = await create();
+        await put(task.id, { status: 'working' });
+        await put(task.id, { status: 'input-required' });
+        return task;
+      };
+
+      it('to a task waiting for input is stored once and owes one run: 200 with the original message and timeline item', async () => {
+        const task = await inputRequired();
+        const first = await send(task.id, answer());
+        assert.equal(first.status, 201, first.text);
+        const before = await counts();
+        const runs = await runsOf(task.id);
+        assert.equal(runs.length, 2, 'the first message and the answer');
+        // The same content written otherwise (key order) is the same message.
+        const retry = await send(task.id, answer({ parts: [{ data: { b: [2, 3], a: 1 }, type: 'data-part' }], metadata: { k: 'v' } }));
+        assert.equal(retry.status, 200, retry.text);
+        assert.deepEqual(retry.body, first.body);
+        assert.deepEqual(await counts(), before);
+        assert.deepEqual(await runsOf(task.id), runs);
+        assert.equal((await stack.client.get(`/api/task/v1/${task.id}`)).body.task.status, 'input-required');
+      });
+
+      it('to a task that has ended since answers 200 with the original, not 409; another message still gets 409', async () => {
+        const task = await inputRequired();
+        const first = await send(task.id, answer());
+        await put(task.id, { status: 'working' });
+        await put(task.id, { status: 'completed' });
+        const before = await counts();
+        const retry = await send(task.id, answer());
+        assert.equal(retry.status, 200, retry.text);
+        assert.deepEqual(retry.body, first.body);
+        assertError(await send(task.id, answer({ client_message_id: 'answer-2' })), 409, 'conflict');
+        assert.deepEqual(await counts(), before);
+      });
+
+      it('sent several times at once is stored once', async () => {
+        const task = await inputRequired();
+        const before = await counts();
+        const all = await Promise.all(Array.from({ length: 6 }, () => send(task.id, answer())));
+        assert.deepEqual(all.map((r) => r.status).sort(), [200, 200, 200, 200, 200, 201]);
+        assert.equal(new Set(all.map((r) => r.body.message.id)).size, 1);
+        const [t, m, i] = await counts();
+        assert.deepEqual([t, Number(m), Number(i)], [before[0], Number(before[1]) + 1, Number(before[2]) + 1]);
+        assert.equal((await runsOf(task.id)).length, 2);
+      });
+
+      it('with other content (parts, role, metadata, extensions, references) or no client_message_id is a new message', async () => {
+        const task = await inputRequired();
+        const { task: other } = await create();
+        const first = await send(task.id, answer());
+        const variants = [
+          answer({ parts: [{ type: 'data-part', data: { a: 1, b: [3, 2] } }] }), answer({ role: 'agent' }), answer({ metadata: {} }),
+          answer({ extensions: undefined }), answer({ reference_task_ids: [other.id] }), answer({ client_message_id: undefined }),
+        ];
+        const ids = [first.body.message.id];
+        for (const body of variants) {
+          const r = await send(task.id, body);
+          assert.equal(r.status, 201, JSON.stringify(body));
+          ids.push(r.body.message.id);
+        }
+        assert.equal(new Set(ids).size, variants.length + 1);
+        const listed = (await stack.client.get(`/api/task/v1/${task.id}/message?page_size=100`)).body.items;
+        assert.equal(listed.length, variants.length + 2);
+      });
     });
 
     it('answers 404 for an unknown task and 400 for bad bodies or ids', async () => {

@@ -9,6 +9,7 @@ import { listTimeline } from '../../db/timeline.ts';
 
 const tag = 'task';
 const TaskId = Type.Object({ task_id: Uuid });
+const AddedMessage = Type.Object({ message: Message, timeline_item: TimelineItem });
 
 export const taskRoutes = [
   defineRoute({
@@ -78,9 +79,11 @@ export const taskRoutes = [
     method: 'post', path: '/api/task/v1/:task_id/message', operationId: 'send-message', tag, scope: 'task:write',
     summary: 'Add a message to a task; a user message to an interrupted task continues it',
     params: TaskId, body: CreateMessageRequest,
-    responses: { 201: Type.Object({ message: Message, timeline_item: TimelineItem }), ...resourceErrors, 409: ErrorBody },
-  }, async ({ params, body, services }) => {
-    const { message, timeline_item } = await taskDomain.addMessage(services, params.task_id, body);
+    // 200: a retry of a message the task holds (domain/tasks.ts), answered with the original.
+    responses: { 201: AddedMessage, 200: AddedMessage, ...resourceErrors, 409: ErrorBody },
+  }, async ({ params, body, services, ctx }) => {
+    const { message, timeline_item, retried } = await taskDomain.addMessage(services, params.task_id, body);
+    ctx.status = retried ? 200 : 201;
     return { message, timeline_item };
   }),
 

@@ -6,10 +6,10 @@ import type { Services } from '../services.ts';
 import type { Message, Task } from '../../api/schemas/task.ts';
 import * as tasksRepo from '../../db/tasks.ts';
 import { lastTimelineSeq } from '../../db/timeline-views.ts';
-import { addMessageIn, createTask, createTaskIn, updateStatus } from '../tasks.ts';
+import { addMessageIn, createTask, createTaskIn, updateStatus, type Retried } from '../tasks.ts';
 import { inTransaction } from '../unit-of-work.ts';
 import { Conflict } from '../errors.ts';
-import { isTerminal } from '../task-states.ts';
+import { isTerminal, type TaskState } from '../task-states.ts';
 import type { TaskWaiter } from '../task-waiter.ts';
 import * as push from '../push-config.ts';
 import { agentCard } from './agent-card.ts';
@@ -60,6 +60,8 @@ interface Accepted {
   contextId: string;
   seq: number;
   snapshot?: A2ATask;
+  /** A retried send (domain/tasks.ts): nothing was stored; seq is the task's newest. */
+  retried?: Retried;
 }
 
 interface AcceptOptions { newId: string; needSeq: boolean; snapshot?: boolean }
@@ -76,13 +78,19 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
     if (params.message.contextId !== undefined && params.message.contextId.toLowerCase() !== row.context_id) {
       throw invalidParams(`Invalid params: params.message.contextId '${params.message.contextId}' is not the context of task ${row.id}`, { taskId: row.id, contextId: row.context_id });
     }
-    if (isTerminal(row.status)) throw invalidRequest(`Task ${row.id} is ${row.status}: a terminal task accepts no more messages`, { taskId: row.id, state: row.status });
     return inTransaction(services, async (uow) => {
-      if (pushConfig) await push.setPushConfig(uow.trx, row.id, pushConfig, services.cfg);
-      const added = await addMessageIn(uow, row.id, message, services.cfg.TASK_MESSAGES_MAX_BYTES);
+      let added;
+      try {
+        added = await addMessageIn(uow, row.id, message, services.cfg.TASK_MESSAGES_MAX_BYTES, pushConfig && (() => push.setPushConfig(uow.trx, row.id, pushConfig, services.cfg)));
+      } catch (err) {
+        if (err instanceof Conflict && isTerminal(err.data.status as TaskState)) {
+          throw invalidRequest(`Task ${row.id} is ${err.data.status}: a terminal task accepts no more messages`, { taskId: row.id, state: err.data.status });
+        }
+        throw err;
+      }
       // Read before commit: the run this message starts cannot change the task before the snapshot.
       const snapshot = opts.snapshot ? await loadA2ATask(uow.trx, row.id, params.configuration?.historyLength) : undefined;
-      return { id: row.id, contextId: row.context_id, seq: added.seq, snapshot };
+      return { id: row.id, contextId: row.context_id, seq: added.seq, snapshot, retried: added.retried };
     });
   }
 
@@ -120,7 +128,10 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
   try {
     // A new task is followed from its start: its first rows are read once, nothing is lost.
     const accepted = await accept(call, params, { newId: id, needSeq: false });
-    for await (const _event of followTimeline(services.db, follow, accepted, accepted.seq, deadline)) { /* drain to the final event */ }
+    // A retry of a send the task has settled since has nothing more to wait for.
+    if (!accepted.retried?.settled) {
+      for await (const _event of followTimeline(services.db, follow, accepted, accepted.seq, deadline)) { /* drain to the final event */ }
+    }
     return await loadA2ATask(services.db, accepted.id, historyLength);
   } finally {
     clearTimeout(timer);
@@ -135,10 +146,15 @@ export async function streamMessage(call: A2ACall, params: MessageSendParams): P
   const follow = await waiter.follow(id);
   try {
     const accepted = await accept(call, params, { newId: id, needSeq: true, snapshot: true });
-    const { snapshot } = accepted;
+    const { snapshot, retried } = accepted;
     return (async function* () {
       try {
         yield snapshot;
+        // A retry of a send the task has settled since ends as a resubscribe to it would.
+        if (retried?.settled) {
+          yield statusEvent(accepted.id, accepted.contextId, retried.status, snapshot.status.timestamp!, snapshot.status.message);
+          return;
+        }
         yield* followTimeline(services.db, follow, accepted, accepted.seq, call.signal);
       } finally {
         follow.close();
