@@ -91,9 +91,25 @@ export async function setPushConfigOfNewTask(uow: UnitOfWork, taskId: string, in
   return config;
 }
 
-async function storePushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, fromStart: boolean): Promise<PushConfig> {
+// A config's fields and its URL's host, checked before anything is stored. A message that brings a
+// config (A2A) checks it before it locks its task: a host lookup can take seconds, and a task's row
+// locked meanwhile would hold up every batched status change that includes the task.
+export async function checkPushConfig(input: PushConfigInput, cfg: Config): Promise<void> {
   checkInput(input);
   await assertOutboundUrl(input.url, cfg.PUSH_ALLOW_PRIVATE);
+}
+
+// Stores a config checkPushConfig passed, for a task this transaction has locked.
+export async function storeCheckedPushConfig(trx: Knex.Transaction, taskId: string, input: PushConfigInput, cfg: Config): Promise<PushConfig> {
+  return writePushConfig(trx, taskId, input, cfg, false);
+}
+
+async function storePushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, fromStart: boolean): Promise<PushConfig> {
+  await checkPushConfig(input, cfg);
+  return writePushConfig(db, taskId, input, cfg, fromStart);
+}
+
+async function writePushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, fromStart: boolean): Promise<PushConfig> {
   const secrets: PushSecrets = {
     ...(input.token !== undefined ? { token: input.token } : {}),
     ...(input.authentication?.credentials !== undefined ? { credentials: input.authentication.credentials } : {}),

@@ -103,6 +103,29 @@ describe('push notifications', () => {
   });
 
 
+  it('takes an inline push config with a message to an existing task, checked before anything is stored; a retry of the message sets none', async () => {
+    const rx = await startReceiver();
+    receivers.push(rx);
+    const id = await idleTask();
+    const messages = async () => (await stack.client.get(`/api/task/v1/${id}/message`)).body.items.length;
+    const message = { kind: 'message', messageId: `m-${randomUUID()}`, role: 'user', parts: [{ kind: 'text', text: 'tell my hook too' }], taskId: id };
+    const send = (pushNotificationConfig: Record<string, unknown>) => rpc('message/send', { message, configuration: { blocking: false, pushNotificationConfig } });
+
+    const refused = await send({ id: 'inline', url: 'gopher://example.com/', token: 'tok-refused-789' });
+    assert.equal(refused.error?.code, -32602, JSON.stringify(refused));
+    assert.equal(await messages(), 1, 'a refused config stores no message');
+    assert.equal((await send({ id: 'inline', url: rx.url, token: 'tok-first-123' })).error, undefined);
+    // The same message again (a client whose answer was lost) with another token: a retry, nothing set.
+    assert.equal((await send({ id: 'inline', url: rx.url, token: 'tok-retry-456' })).error, undefined);
+    assert.equal(await messages(), 2);
+
+    await setStatus(id, 'working');
+    await waitFor(async () => rx.all.length >= 1, 'the update');
+    assert.deepEqual(states(rx.all, id), ['working']);
+    assert.equal(rx.all[0].token, 'tok-first-123');
+    assert.deepEqual((await rpc('tasks/pushNotificationConfig/list', { id })).result.map((c: any) => c.pushNotificationConfig.id), ['inline']);
+  });
+
   it("does not hold up the task's status changes, a config set or a rotation of its alias while a webhook is slow to answer", async () => {
     // The webhook keeps its first notification waiting until the test lets it go.
     let letGo!: () => void;

@@ -78,10 +78,11 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
     if (params.message.contextId !== undefined && params.message.contextId.toLowerCase() !== row.context_id) {
       throw invalidParams(`Invalid params: params.message.contextId '${params.message.contextId}' is not the context of task ${row.id}`, { taskId: row.id, contextId: row.context_id });
     }
+    if (pushConfig) await push.checkPushConfig(pushConfig, services.cfg);
     return inTransaction(services, async (uow) => {
       let added;
       try {
-        added = await addMessageIn(uow, row.id, message, services.cfg.TASK_MESSAGES_MAX_BYTES, pushConfig && (() => push.setPushConfig(uow.trx, row.id, pushConfig, services.cfg)));
+        added = await addMessageIn(uow, row.id, message, services.cfg.TASK_MESSAGES_MAX_BYTES, pushConfig && (() => push.storeCheckedPushConfig(uow.trx, row.id, pushConfig, services.cfg)));
       } catch (err) {
         if (err instanceof Conflict && isTerminal(err.data.status as TaskState)) {
           throw invalidRequest(`Task ${row.id} is ${err.data.status}: a terminal task accepts no more messages`, { taskId: row.id, state: err.data.status });
