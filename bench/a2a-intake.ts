@@ -14,19 +14,14 @@
 //      executor start) p50/p99, and ours from the job's hand-over to BullMQ to that item,
 // and prints the figures, their ratios and the targets (> 1,000 accepted/s, p50 < 5 ms,
 // >= 0.5 of the reference). BENCH_LOG_LEVEL (info: the default, which logs every request) sets our processes' log level;
-// BENCH_PROFILE_DIR=dir writes V8 CPU profiles of every spawned process there (open in Chrome DevTools).
-import { spawn, type ChildProcess } from 'node:child_process';
-import { randomBytes, randomUUID } from 'node:crypto';
-import fs from 'node:fs';
-import http from 'node:http';
+// BENCH_PROFILE_DIR=dir writes V8 CPU profiles of every spawned process there (bench/harness.ts).
+import { randomUUID } from 'node:crypto';
 import os from 'node:os';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Queue } from 'bullmq';
-import { freePort, startPostgres, startRedis } from '../scripts/local-services.ts';
-import { createDb, migrateLatest } from '../db/knex.ts';
+import { freePort } from '../scripts/local-services.ts';
 import { createRedis } from '../queues/connection.ts';
+import { answers, httpClient, load as loadLoop, pct, say, sortNum, startStack } from './harness.ts';
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 10);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
@@ -37,75 +32,15 @@ const TARGET_ACCEPTED = 1000;
 const TARGET_P50_MS = 5;
 const TARGET_RATIO = 0.5;
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-bench-a2a-'));
-fs.chmodSync(dataDir, 0o755);
-const say = (m: string) => console.error(`[bench] ${m}`);
-
-const pg = await startPostgres({ dataDir, log: say });
-const redis = await startRedis({ dataDir, log: say });
-const adminKey = randomBytes(32).toString('hex');
-const env: NodeJS.ProcessEnv = {
-  ...process.env, NODE_ENV: 'production', DATABASE_URL: pg.url, REDIS_URL: redis.url, DATA_DIR: path.join(dataDir, 'app'),
-  ADMIN_API_KEY: adminKey, QUEUE_PREFIX: 'bench', LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? 'info', AGENT_KIND: 'demo',
-  // One key drives the whole load: the limiter runs (its cost is measured) but never refuses.
-  RATE_LIMIT_PER_SECOND: '1000000',
-};
-const db = createDb(pg.url, { min: 0, max: 4 });
-await migrateLatest(db);
-
-const children: ChildProcess[] = [];
-// Spawns a process; `ready` resolves once `isReady` holds (polled), and rejects if it exits first.
-function spawnReady(file: string, extraEnv: NodeJS.ProcessEnv, isReady: () => Promise<unknown>): Promise<void> {
-  const profile = process.env.BENCH_PROFILE_DIR ? ['--cpu-prof', `--cpu-prof-dir=${path.resolve(process.env.BENCH_PROFILE_DIR)}`] : [];
-  const child = spawn(process.execPath, [...profile, '--import', 'tsx', path.join(root, file)], { cwd: root, env: { ...env, ...extraEnv }, stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(child);
-  let tail = '';
-  // Drained so a chatty log level cannot stall the child on a full pipe.
-  const keep = (b: Buffer) => { tail = (tail + b.toString()).slice(-4000); };
-  child.stdout!.on('data', keep);
-  child.stderr!.on('data', keep);
-  return new Promise((resolve, reject) => {
-    const onExit = (code: number | null) => reject(new Error(`${file} exited with ${code}:\n${tail.slice(-2000)}`));
-    child.once('exit', onExit);
-    const poll = async () => {
-      for (;;) {
-        if (await isReady().then(Boolean, () => false)) return;
-        await sleep(100);
-      }
-    };
-    void poll().then(() => { child.off('exit', onExit); resolve(); });
-  });
-}
-
-async function cleanup() {
-  for (const c of children) c.kill('SIGTERM');
-  await Promise.all(children.map((c) => (c.exitCode !== null ? undefined : new Promise((r) => c.once('exit', r)))));
-  await db.destroy();
-  await redis.stop();
-  await pg.stop();
-  fs.rmSync(dataDir, { recursive: true, force: true });
-}
+const stack = await startStack('a2a', { logLevel: 'info', env: { AGENT_KIND: 'demo' } });
+const { db } = stack;
 
 interface Target { name: string; url: string; headers: Record<string, string> }
 
-const agent = new http.Agent({ keepAlive: true, maxSockets: CONNECTIONS });
-function post(target: Target, body: string): Promise<{ status: number; json: any }> {
-  return new Promise((resolve, reject) => {
-    const req = http.request(target.url, { method: 'POST', agent, headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...target.headers } }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => {
-        try {
-          resolve({ status: res.statusCode ?? 0, json: JSON.parse(Buffer.concat(chunks).toString()) });
-        } catch (err) {
-          reject(err);
-        }
-      });
-    });
-    req.on('error', reject);
-    req.end(body);
-  });
+const client = httpClient(CONNECTIONS);
+async function post(target: Target, body: string): Promise<{ status: number; json: any }> {
+  const res = await client.request(target.url, { method: 'POST', headers: target.headers, body });
+  return { status: res.status, json: JSON.parse(res.body) };
 }
 
 let rpcId = 0;
@@ -114,33 +49,16 @@ const sendBody = (text: string) => JSON.stringify({
   params: { message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text }] }, configuration: { blocking: false } },
 });
 
-// CONNECTIONS clients, each sending the next message as soon as the previous one is answered.
+// Non-blocking sends; the tasks accepted.
 async function load(target: Target, seconds: number): Promise<{ taskIds: string[]; errors: number; elapsedMs: number; firstError?: string }> {
   const taskIds: string[] = [];
-  let errors = 0;
-  let firstError: string | undefined;
-  const started = performance.now();
-  const deadline = started + seconds * 1000;
-  await Promise.all(Array.from({ length: CONNECTIONS }, async (_, c) => {
-    for (let i = 0; performance.now() < deadline; i++) {
-      try {
-        const { status, json } = await post(target, sendBody(`bench ${c}.${i}`));
-        if (status === 200 && json?.result?.kind === 'task') taskIds.push(json.result.id);
-        else {
-          errors += 1;
-          firstError ??= `HTTP ${status} ${JSON.stringify(json).slice(0, 300)}`;
-        }
-      } catch (err) {
-        errors += 1;
-        firstError ??= (err as Error).message;
-      }
-    }
-  }));
-  return { taskIds, errors, elapsedMs: performance.now() - started, firstError };
+  const res = await loadLoop(seconds, CONNECTIONS, async (c, i) => {
+    const { status, json } = await post(target, sendBody(`bench ${c}.${i}`));
+    if (status !== 200 || json?.result?.kind !== 'task') throw new Error(`HTTP ${status} ${JSON.stringify(json).slice(0, 300)}`);
+    taskIds.push(json.result.id);
+  });
+  return { taskIds, errors: res.errors, elapsedMs: res.elapsedMs, firstError: res.firstError };
 }
-
-const pct = (sorted: number[], p: number) => (sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] : NaN);
-const sortNum = (a: number[]) => [...a].sort((x, y) => x - y);
 
 // Ours: start latency and completion from Postgres, for the given tasks.
 async function ourFigures(taskIds: string[], timeoutMs = 180_000) {
@@ -201,15 +119,14 @@ async function idle(target: Target): Promise<string[]> {
 
 try {
   const [apiPort, refPort] = [await freePort(), await freePort()];
-  const queueConnection = createRedis(redis.url, 'worker');
+  const queueConnection = createRedis(stack.redisUrl, 'worker');
   const agentQueue = new Queue('agent-tasks', { prefix: 'bench', connection: queueConnection });
-  const answers = (url: string) => async () => (await fetch(url)).ok;
   await Promise.all([
-    spawnReady('api/main.ts', { PORT: String(apiPort) }, answers(`http://127.0.0.1:${apiPort}/_internal/v1/ready`)),
-    spawnReady('workers/main.ts', {}, async () => (await agentQueue.getWorkersCount()) > 0),
-    spawnReady('bench/reference-a2a-server.ts', { PORT: String(refPort) }, answers(`http://127.0.0.1:${refPort}/stats`)),
+    stack.spawnReady('api/main.ts', { PORT: String(apiPort) }, answers(`http://127.0.0.1:${apiPort}/_internal/v1/ready`)),
+    stack.spawnReady('workers/main.ts', {}, async () => (await agentQueue.getWorkersCount()) > 0),
+    stack.spawnReady('bench/reference-a2a-server.ts', { PORT: String(refPort) }, answers(`http://127.0.0.1:${refPort}/stats`)),
   ]);
-  const ours: Target = { name: 'taskbridge', url: `http://127.0.0.1:${apiPort}/api/a2a/v1`, headers: { authorization: `Bearer ${adminKey}` } };
+  const ours: Target = { name: 'taskbridge', url: `http://127.0.0.1:${apiPort}/api/a2a/v1`, headers: { authorization: `Bearer ${stack.adminKey}` } };
   const refBase = `http://127.0.0.1:${refPort}/`;
   const reference: Target = { name: 'reference', url: refBase, headers: {} };
 
@@ -316,6 +233,6 @@ try {
   console.log(`  targets: accepted > ${TARGET_ACCEPTED}/s ${verdict(ourAccepted > TARGET_ACCEPTED)}; idle start p50 < ${TARGET_P50_MS} ms ${verdict(pct(ourIdle.latencies, 50) < TARGET_P50_MS)}; ` +
     `accepted ratio >= ${TARGET_RATIO} ${verdict(acceptedRatio(midAccepted) >= TARGET_RATIO)}; completed ratio >= ${TARGET_RATIO} ${verdict(completedRatio(midCompleted) >= TARGET_RATIO)}`);
 } finally {
-  agent.destroy();
-  await cleanup();
+  client.destroy();
+  await stack.cleanup();
 }
