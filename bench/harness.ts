@@ -1,6 +1,6 @@
 // What the benches share: a stack of their own (local Postgres and Redis under a temporary
 // directory, the schema migrated, processes spawned with a fresh admin key), a keep-alive HTTP
-// load loop and percentiles.
+// load loop, percentiles, and seeding tasks with SQL.
 // BENCH_PROFILE_DIR=dir writes V8 CPU profiles of every spawned process there (open in Chrome DevTools).
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -136,3 +136,44 @@ export const sortNum = (a: number[]) => [...a].sort((x, y) => x - y);
 /** The p-th percentile of sorted values (NaN for none). */
 export const pct = (sorted: number[], p: number) => (sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] : NaN);
 export const median = (values: number[]) => pct(sortNum(values), 50);
+
+// Seeds tasks `from`..`from + count - 1` with SQL, in statements of 100,000: each task in a context
+// of its own, created 10 ms after the one before (from 2026-01-01), 10% failed, 10% waiting for
+// input, the rest completed; with `messages` text messages (user and agent in turn), and a timeline
+// as the API writes one: per message a 'message' item, and 'submitted', 'working' and the final status.
+export async function seedTasks(db: Knex, from: number, count: number, messages = 0): Promise<void> {
+  const CHUNK = 100_000;
+  for (let lo = from; lo < from + count; lo += CHUNK) {
+    const hi = Math.min(from + count, lo + CHUNK) - 1;
+    await db.transaction(async (trx) => {
+      await trx.raw(`create temporary table seeded on commit drop as
+        select i, gen_random_uuid() as id, gen_random_uuid() as context_id,
+               timestamptz '2026-01-01T00:00:00Z' + i * interval '10 ms' as at,
+               case i % 10 when 0 then 'failed' when 1 then 'input-required' else 'completed' end as status
+          from generate_series(?::int, ?::int) i`, [lo, hi]);
+      await trx.raw('insert into contexts (id, created_at) select context_id, at from seeded');
+      await trx.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+        select id, context_id, status, at, jsonb_build_object('source', 'bench', 'n', i), at, at from seeded`);
+      if (!messages) return;
+      await trx.raw(`insert into messages (id, task_id, role, parts, created_at)
+        select gen_random_uuid(), s.id, case when k % 2 = 1 then 'user' else 'agent' end,
+               jsonb_build_array(jsonb_build_object('type', 'text-part', 'text', 'bench message ' || k || ' of task ' || s.i)), s.at
+          from seeded s cross join generate_series(1, ?::int) k order by s.i, k`, [messages]);
+      await trx.raw(`insert into timeline_items (id, task_id, event_payload, created_at)
+        select gen_random_uuid(), task_id, payload, at from (
+          select s.i, 0 as n, s.id as task_id, s.at, jsonb_build_object('type', 'task-status-update', 'status', 'submitted') as payload from seeded s
+          union all
+          select s.i, m.seq + 1, s.id, s.at, jsonb_build_object('type', 'message', 'message', jsonb_build_object(
+                   'id', m.id, 'task_id', m.task_id, 'role', m.role, 'parts', m.parts, 'reference_task_ids', '[]'::jsonb, 'metadata', '{}'::jsonb,
+                   'created_at', to_char(m.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')))
+            from seeded s join messages m on m.task_id = s.id
+          union all
+          select s.i, 1, s.id, s.at, jsonb_build_object('type', 'task-status-update', 'status', 'working') from seeded s
+          union all
+          select s.i, 9223372036854775807, s.id, s.at, jsonb_build_object('type', 'task-status-update', 'status', s.status) from seeded s
+        ) x order by i, n`);
+    });
+    say(`seeded ${(hi + 1 - from).toLocaleString('en')} of ${count.toLocaleString('en')} tasks`);
+  }
+  await db.raw('vacuum analyze contexts, tasks, messages, timeline_items');
+}

@@ -1,0 +1,88 @@
+// `npm run bench:reads`: read endpoints against a bare Koa "hello" server (bench/hello-server.ts).
+// Starts a real stack (local Postgres with normal durability, Redis, the API; no worker: nothing
+// here writes), seeds BENCH_TASKS (10,000) tasks with SQL, each with 3 messages and a timeline of
+// 6 items, then in BENCH_ROUNDS (3) rounds loads, with BENCH_CONNECTIONS (32) keep-alive clients for
+// BENCH_SECONDS (5) each, every endpoint of ours and right after it the hello server (the same
+// Node, client, connections and headers), so that a noisy neighbour weighs on both sides of a ratio:
+//   GET /_internal/v1/health (the floor: routing, validation and the middleware, no Postgres),
+//   GET /api/task/v1/{id} (a random seeded task), GET /api/task/v1?page_size=50,
+//   GET /api/task/v1/{id}/timeline (a random seeded task).
+// Prints req/s, p50/p99 and the ratio to hello per round and for the round with the median ratio,
+// against the target: a Postgres-backed read reaches >= 0.25 of hello (README explains the figure).
+// BENCH_LOG_LEVEL (warn) sets the API's log level.
+import os from 'node:os';
+import { freePort } from '../scripts/local-services.ts';
+import { answers, httpClient, load, median, pct, say, seedTasks, startStack, type LoadResult } from './harness.ts';
+
+const SECONDS = Number(process.env.BENCH_SECONDS ?? 5);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
+const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
+const TASKS = Number(process.env.BENCH_TASKS ?? 10_000);
+const MESSAGES = 3;
+const WARMUP_SECONDS = 2;
+const TARGET_RATIO = 0.25;
+
+const stack = await startStack('reads', { logLevel: 'warn' });
+const client = httpClient(CONNECTIONS);
+try {
+  say(`seeding ${TASKS.toLocaleString('en')} tasks with ${MESSAGES} messages each`);
+  await seedTasks(stack.db, 0, TASKS, MESSAGES);
+  const ids: string[] = (await stack.db('tasks').select('id')).map((r: { id: string }) => r.id);
+  const [apiPort, helloPort] = [await freePort(), await freePort()];
+  const api = `http://127.0.0.1:${apiPort}`;
+  const hello = `http://127.0.0.1:${helloPort}/`;
+  await Promise.all([
+    stack.spawnReady('api/main.ts', { PORT: String(apiPort) }, answers(`${api}/_internal/v1/ready`)),
+    stack.spawnReady('bench/hello-server.ts', { PORT: String(helloPort) }, answers(hello)),
+  ]);
+
+  const headers = { authorization: `Bearer ${stack.adminKey}` };
+  const anyId = () => ids[Math.floor(Math.random() * ids.length)];
+  const endpoints: { name: string; url: () => string }[] = [
+    { name: 'health', url: () => `${api}/_internal/v1/health` },
+    { name: 'get task', url: () => `${api}/api/task/v1/${anyId()}` },
+    { name: 'list tasks, 50', url: () => `${api}/api/task/v1?page_size=50` },
+    { name: 'task timeline', url: () => `${api}/api/task/v1/${anyId()}/timeline` },
+  ];
+  const run = (url: () => string, seconds: number) => load(seconds, CONNECTIONS, async () => {
+    const res = await client.request(url(), { headers });
+    if (res.status !== 200) throw new Error(`HTTP ${res.status} ${res.body.slice(0, 300)}`);
+  });
+
+  say(`warming up (${WARMUP_SECONDS} s per endpoint and hello)`);
+  for (const e of endpoints) await run(e.url, WARMUP_SECONDS);
+  await run(() => hello, WARMUP_SECONDS);
+
+  interface Pair { ours: LoadResult; hello: LoadResult; ratio: number }
+  const rate = (r: LoadResult) => r.ok / (r.elapsedMs / 1000);
+  const pairs = new Map<string, Pair[]>(endpoints.map((e) => [e.name, []]));
+  for (let r = 1; r <= ROUNDS; r++) {
+    for (const e of endpoints) {
+      say(`round ${r}/${ROUNDS}: ${e.name}, then hello, ${CONNECTIONS} connections for ${SECONDS} s each`);
+      const ours = await run(e.url, SECONDS);
+      const base = await run(() => hello, SECONDS);
+      if (ours.firstError) throw new Error(`${e.name}: ${ours.errors} errors, the first: ${ours.firstError}`);
+      if (base.firstError) throw new Error(`hello: ${base.errors} errors, the first: ${base.firstError}`);
+      pairs.get(e.name)!.push({ ours, hello: base, ratio: rate(ours) / rate(base) });
+    }
+  }
+
+  const ms = (v: number) => v.toFixed(2).padStart(8);
+  const line = (label: string, p: Pair) => console.log(`  ${label.padEnd(30)}${rate(p.ours).toFixed(0).padStart(9)}${ms(pct(p.ours.latencies, 50))}${ms(pct(p.ours.latencies, 99))}` +
+    `${rate(p.hello).toFixed(0).padStart(9)}${ms(pct(p.hello.latencies, 50))}${ms(pct(p.hello.latencies, 99))}${p.ratio.toFixed(2).padStart(7)}`);
+  console.log(`\nRead endpoints vs a bare Koa hello server: ${CONNECTIONS} keep-alive connections, ${ROUNDS} rounds of ${SECONDS} s each side, ` +
+    `${TASKS.toLocaleString('en')} tasks with ${MESSAGES} messages and ${MESSAGES + 3} timeline items each, ${os.cpus().length} CPUs, 1 API process`);
+  console.log(`  ${''.padEnd(30)}${'ours/s'.padStart(9)}${'p50 ms'.padStart(8)}${'p99 ms'.padStart(8)}${'hello/s'.padStart(9)}${'p50 ms'.padStart(8)}${'p99 ms'.padStart(8)}${'ratio'.padStart(7)}`);
+  const verdicts: string[] = [];
+  for (const e of endpoints) {
+    const ps = pairs.get(e.name)!;
+    ps.forEach((p, i) => line(`${e.name}, round ${i + 1}`, p));
+    const mid = ps.find((p) => p.ratio === median(ps.map((q) => q.ratio)))!;
+    line(`${e.name}, median round`, mid);
+    if (e.name !== 'health') verdicts.push(`${e.name} ${mid.ratio.toFixed(2)} ${mid.ratio >= TARGET_RATIO ? 'met' : 'NOT met'}`);
+  }
+  console.log(`  target ("a solid fraction"): a Postgres-backed read >= ${TARGET_RATIO} of hello, median round: ${verdicts.join('; ')} (health is the floor, no target)`);
+} finally {
+  client.destroy();
+  await stack.cleanup();
+}
