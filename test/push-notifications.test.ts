@@ -126,6 +126,16 @@ describe('push notifications', () => {
     assert.deepEqual((await rpc('tasks/pushNotificationConfig/list', { id })).result.map((c: any) => c.pushNotificationConfig.id), ['inline']);
   });
 
+  it('refuses a message to an ended task as such (-32600) whatever inline push config it brings, checking none', async () => {
+    const id = await idleTask();
+    await setStatus(id, 'working');
+    await setStatus(id, 'completed');
+    const message = { kind: 'message', messageId: `m-${randomUUID()}`, role: 'user', parts: [{ kind: 'text', text: 'too late' }], taskId: id };
+    const sent = await rpc('message/send', { message, configuration: { blocking: false, pushNotificationConfig: { id: 'late', url: 'gopher://example.com/' } } });
+    assert.equal(sent.error?.code, -32600, JSON.stringify(sent));
+    assert.match(sent.error.message, /is completed/);
+  });
+
   it("does not hold up the task's status changes, a config set or a rotation of its alias while a webhook is slow to answer", async () => {
     // The webhook keeps its first notification waiting until the test lets it go.
     let letGo!: () => void;

@@ -78,7 +78,9 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
     if (params.message.contextId !== undefined && params.message.contextId.toLowerCase() !== row.context_id) {
       throw invalidParams(`Invalid params: params.message.contextId '${params.message.contextId}' is not the context of task ${row.id}`, { taskId: row.id, contextId: row.context_id });
     }
-    if (pushConfig) await push.checkPushConfig(pushConfig, services.cfg);
+    // Not for a task already ended: its config would never be stored (an error or a retry), and a
+    // host lookup would only delay the answer.
+    if (pushConfig && !isTerminal(row.status)) await push.checkPushConfig(pushConfig, services.cfg);
     return inTransaction(services, async (uow) => {
       let added;
       try {
