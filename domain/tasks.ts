@@ -202,7 +202,7 @@ async function findRetried(trx: Tx, locked: tasks.TaskRow, req: CreateMessageReq
   if (req.client_message_id === undefined) return undefined;
   const original = await messages.findSameMessage(trx, newMessage(locked.id, req, ''));
   if (!original) return undefined;
-  const item = await timeline.messageItem(trx, locked.id, original.id);
+  const item = await timeline.messageItem(trx, locked.id, original);
   if (!item) return undefined;
   const { seq: _m, ...message } = original;
   const { seq: _i, ...timeline_item } = item;
