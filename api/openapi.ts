@@ -44,7 +44,7 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
     };
     for (const [status, schema] of Object.entries({ ...implied, ...spec.responses })) {
       responses[status] = schema
-        ? { description: status.startsWith('2') ? 'Success' : 'Error', content: { [status.startsWith('2') ? spec.responseType ?? 'application/json' : 'application/json']: { schema: collect(schema, components) } } }
+        ? { description: spec.responseDescriptions?.[Number(status)] ?? (status.startsWith('2') ? 'Success' : 'Error'), content: { [status.startsWith('2') ? spec.responseType ?? 'application/json' : 'application/json']: { schema: collect(schema, components) } } }
         : { description: 'No content' };
     }
     const op: Json = {

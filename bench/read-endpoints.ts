@@ -23,7 +23,7 @@ const MESSAGES = 3;
 const WARMUP_SECONDS = 2;
 // Of the bare Koa + pg server's rate: our service code may at most double what a read costs.
 const TARGET_RATIO = 0.5;
-// BENCH_ENDPOINTS=task,list: only those (health, task, list, timeline), e.g. to profile one.
+// BENCH_ENDPOINTS=task,list: only those (health, task, bare, list, timeline), e.g. to profile one.
 const ONLY = process.env.BENCH_ENDPOINTS?.split(',').map((k) => k.trim());
 
 const stack = await startStack('reads', { logLevel: 'warn' });

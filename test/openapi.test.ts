@@ -73,6 +73,11 @@ describe('OpenAPI document', () => {
     assert.ok(statuses('/api/task/v1', 'post').includes('409'));
     assert.ok(statuses('/api/secret/v1/{secret_id}', 'put').includes('409'));
     assert.ok(statuses('/api/encryption/v1/dek/alias/{alias}/rotate', 'post').includes('409'));
+    // Sending a message has two success codes; each says what it means (a 200 is a retry, README).
+    const sent = doc.paths['/api/task/v1/{task_id}/message'].post.responses;
+    assert.equal(sent['201'].description, 'The message is stored');
+    assert.match(sent['200'].description, /^A retry: /);
+    assert.equal(doc.paths['/api/task/v1/{task_id}'].get.responses['200'].description, 'Success');
     // Only a body whose members are all optional may be left out.
     assert.equal(doc.paths['/api/encryption/v1/envelope/{envelope_id}/dek'].post.requestBody.required, false);
     assert.equal(doc.paths['/api/task/v1'].post.requestBody.required, true);

@@ -81,6 +81,10 @@ export const taskRoutes = [
     params: TaskId, body: CreateMessageRequest,
     // 200: a retry of a message the task holds (domain/tasks.ts), answered with the original.
     responses: { 201: AddedMessage, 200: AddedMessage, ...resourceErrors, 409: ErrorBody },
+    responseDescriptions: {
+      201: 'The message is stored',
+      200: 'A retry: the task holds a message with this client_message_id, role and content; nothing is stored, the original is returned',
+    },
   }, async ({ params, body, services, ctx }) => {
     const { message, timeline_item, retried } = await taskDomain.addMessage(services, params.task_id, body);
     ctx.status = retried ? 200 : 201;
