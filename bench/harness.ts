@@ -21,6 +21,8 @@ export interface Stack {
   db: Knex;
   adminKey: string;
   redisUrl: string;
+  /** What spawned processes run with (for the bench's own loadConfig). */
+  env: NodeJS.ProcessEnv;
   /** Spawns a repository file under the stack's environment; resolves once `isReady` holds (polled), rejects if it exits first. */
   spawnReady(file: string, extraEnv: NodeJS.ProcessEnv, isReady: () => Promise<unknown>): Promise<void>;
   /** Stops every spawned process, Postgres and Redis, and removes the data. */
@@ -76,7 +78,7 @@ export async function startStack(name: string, opts: { logLevel: string; ephemer
     fs.rmSync(dataDir, { recursive: true, force: true });
   }
 
-  return { db, adminKey, redisUrl: redis.url, spawnReady, cleanup };
+  return { db, adminKey, redisUrl: redis.url, env, spawnReady, cleanup };
 }
 
 /** A readiness check for spawnReady: the URL answers 2xx. */

@@ -5,71 +5,40 @@
 //   2. migrate-all through the real API and a real worker process (POST …/migrate, then polling
 //      GET /job/{id} until it completes), timed end to end;
 // and prints DEKs/s for both and their ratio. Postgres runs with its normal durability settings.
-import { spawn, type ChildProcess } from 'node:child_process';
-import fs from 'node:fs';
 import os from 'node:os';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { Queue } from 'bullmq';
 import cliProgress from 'cli-progress';
-import { startPostgres, startRedis } from '../scripts/local-services.ts';
-import { createDb, migrateLatest } from '../db/knex.ts';
+import { freePort } from '../scripts/local-services.ts';
+import { createRedis } from '../queues/connection.ts';
 import { deksUnder, insertDeks, rewrapDeks } from '../db/deks.ts';
 import { localWrapper, readLocalKeyFile } from '../domain/crypto/envelope-keys.ts';
 import { rewrapAll } from '../domain/crypto/dek-migration.ts';
 import { loadConfig } from '../domain/config.ts';
+import { answers, startStack } from './harness.ts';
 
 const N = Number(process.argv[2] ?? process.env.DEKS ?? 100_000);
 if (!Number.isSafeInteger(N) || N < 1) throw new Error(`DEK count must be a positive integer, got ${process.argv[2] ?? process.env.DEKS}`);
 const TARGET_RATE = 5000;
 const TARGET_RATIO = 0.5;
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-bench-deks-'));
-fs.chmodSync(dataDir, 0o755);
-const say = (m: string) => console.error(`[bench] ${m}`);
-const pg = await startPostgres({ dataDir, log: say });
-const redis = await startRedis({ dataDir, ephemeral: true, log: say });
-const adminKey = randomBytes(32).toString('hex');
-const env: NodeJS.ProcessEnv = {
-  ...process.env, NODE_ENV: 'production', DATABASE_URL: pg.url, REDIS_URL: redis.url, DATA_DIR: path.join(dataDir, 'app'),
-  ADMIN_API_KEY: adminKey, PORT: '0', LOG_LEVEL: 'info',
-};
-const cfg = loadConfig(env);
-const db = createDb(pg.url, { min: 0, max: 4 });
-await migrateLatest(db);
-
-const children: ChildProcess[] = [];
-function spawnReady(file: string, ready: RegExp): Promise<string> {
-  const child = spawn(process.execPath, ['--import', 'tsx', path.join(root, file)], { cwd: root, env, stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(child);
-  return new Promise((resolve, reject) => {
-    let buf = '';
-    const onData = (b: Buffer) => {
-      buf += b.toString();
-      const line = buf.split('\n').find((l) => ready.test(l));
-      if (line) resolve(line);
-    };
-    child.stdout!.on('data', onData);
-    child.stderr!.on('data', onData);
-    child.once('exit', (code) => reject(new Error(`${file} exited with ${code}:\n${buf.slice(-2000)}`)));
-  });
-}
-
-async function cleanup() {
-  for (const c of children) c.kill('SIGTERM');
-  await Promise.all(children.map((c) => (c.exitCode !== null ? undefined : new Promise((r) => c.once('exit', r)))));
-  await db.destroy();
-  await redis.stop();
-  await pg.stop();
-  fs.rmSync(dataDir, { recursive: true, force: true });
-}
+const stack = await startStack('deks', { logLevel: 'info', ephemeralRedis: true });
+const { db, adminKey } = stack;
+const cfg = loadConfig(stack.env);
 
 try {
-  const apiLine = await spawnReady('api/main.ts', /"msg":"api listening"/);
-  await spawnReady('workers/main.ts', /"msg":"worker started"/);
-  const base = `http://127.0.0.1:${JSON.parse(apiLine).port}/api/encryption/v1`;
+  const apiPort = await freePort();
+  const api = `http://127.0.0.1:${apiPort}`;
+  const queueConnection = createRedis(stack.redisUrl, 'worker');
+  const keyJobs = new Queue('key-jobs', { prefix: 'bench', connection: queueConnection });
+  await Promise.all([
+    stack.spawnReady('api/main.ts', { PORT: String(apiPort) }, answers(`${api}/_internal/v1/ready`)),
+    stack.spawnReady('workers/main.ts', {}, async () => (await keyJobs.getWorkersCount()) > 0),
+  ]);
+  await keyJobs.close();
+  queueConnection.disconnect();
+  const base = `${api}/api/encryption/v1`;
   const call = async (method: string, url: string, body?: unknown) => {
     const res = await fetch(base + url, {
       method, headers: { authorization: `Bearer ${adminKey}`, ...(body ? { 'content-type': 'application/json' } : {}) },
@@ -153,5 +122,5 @@ try {
   console.log(`  ratio API+worker / bare:   ${ratio.toFixed(2)}`);
   console.log(`  target > ${TARGET_RATE} DEKs/s: ${svcRate > TARGET_RATE ? 'met' : 'NOT met'}; target ratio >= ${TARGET_RATIO}: ${ratio >= TARGET_RATIO ? 'met' : 'NOT met'}`);
 } finally {
-  await cleanup();
+  await stack.cleanup();
 }
