@@ -4,7 +4,7 @@ import type { Message } from '../api/schemas/task.ts';
 
 export interface MessageRow extends Message { seq: number }
 
-const COLUMNS = ['id', 'client_message_id', 'seq', 'task_id', 'role', 'parts', 'reference_task_ids', 'extensions', 'metadata', 'created_at'];
+export const COLUMNS = ['id', 'client_message_id', 'seq', 'task_id', 'role', 'parts', 'reference_task_ids', 'extensions', 'metadata', 'created_at'];
 
 // A stored message as the API shows it: client_message_id and extensions only when the sender gave them.
 export function messageFromRow<R extends { client_message_id?: string | null; extensions?: string[] | null }>(row: R): R & { client_message_id?: string; extensions?: string[] } {
@@ -14,6 +14,8 @@ export function messageFromRow<R extends { client_message_id?: string | null; ex
   return out as R & { client_message_id?: string; extensions?: string[] };
 }
 const strip = ({ seq: _seq, ...m }: MessageRow) => messageFromRow(m) as Message;
+// A message row Postgres sent as JSON (row_to_json, json_agg of COLUMNS): as getMessage gives it.
+export const messageFromJson = (row: Record<string, unknown>) => strip({ ...(row as unknown as MessageRow), created_at: new Date(row.created_at as string) as unknown as string });
 
 export async function insertMessage(db: Tx, m: Message): Promise<MessageRow> {
   const [out] = await db('messages').insert({ ...m, parts: JSON.stringify(m.parts) }).returning(COLUMNS);

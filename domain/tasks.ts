@@ -246,12 +246,13 @@ export async function updateStatus(s: UowServices & Pick<Services, 'cfg'>, taskI
 }
 
 export async function getTaskWithMessages(db: Tx, taskId: string) {
-  const task = await tasks.getTask(db, taskId);
-  if (!task) throw new NotFound('task', taskId);
-  const page = await messages.listMessages(db, taskId, MESSAGES_IN_TASK);
-  const statusMessage = task.status_message_id ? await messages.getMessage(db, task.status_message_id) : undefined;
+  const found = await tasks.getTaskWithMessages(db, taskId, MESSAGES_IN_TASK);
+  if (!found) throw new NotFound('task', taskId);
+  const { task, statusMessage } = found;
+  // More messages than a page: the page and its token as the message list gives them.
+  const page = found.more ? await messages.listMessages(db, taskId, MESSAGES_IN_TASK) : { items: found.messages, next_page_token: undefined };
   return {
-    task: tasks.toTask(task),
+    task,
     messages: page.items,
     ...(page.next_page_token ? { messages_next_page_token: page.next_page_token } : {}),
     ...(statusMessage ? { status_message: statusMessage } : {}),
