@@ -91,11 +91,9 @@ async function withinBytes<Row>(query: Knex.QueryBuilder, keyset: Keyset<Row>, p
   for (const c of keyset.columns) outer.orderBy(c.split('.').pop()!, keyset.direction);
   const rows = (await outer) as (Row & { _bytes_before?: unknown; _fetched?: unknown })[];
   const fetched = rows.length ? Number(rows[0]._fetched) : 0;
-  for (const r of rows) {
-    delete r._bytes_before;
-    delete r._fetched;
-  }
-  return { rows, cut: rows.length < fetched };
+  // Copies without the two, not `delete`: a deleted property leaves a slow (dictionary) object that
+  // every later step (toTask's copy, the response's JSON) reads more slowly.
+  return { rows: rows.map(({ _bytes_before: _b, _fetched: _f, ...row }) => row as Row), cut: rows.length < fetched };
 }
 
 // The same tokens over a short list held in memory (e.g. the provider catalog), ordered by a
