@@ -1,6 +1,6 @@
 // A second baseline of `npm run bench:reads`: a bare Koa server with a pg pool of the API's size that
-// answers GET /task/{id} with the two statements the API's get-task runs (the task row, its first
-// messages), no key check, no validation, no middleware. Between hello and it lies what Postgres
+// answers GET /task/{id} with two statements (the task row, its first messages, as the API's get-task
+// read them before it read them in one), no key check, no validation, no middleware. Between hello and it lies what Postgres
 // costs; between it and the API, what our service code costs.
 import Koa from 'koa';
 import pg from 'pg';

@@ -7,7 +7,7 @@
 //   GET /_internal/v1/health (the floor: routing, validation and the middleware, no Postgres),
 //   GET /api/task/v1/{id} (a random seeded task), GET /api/task/v1?page_size=50,
 //   GET /api/task/v1/{id}/timeline (a random seeded task), and bench/bare-pg-server.ts's GET task
-//   (the same two statements with no service code: Postgres's share of a read).
+//   (its two statements with no service code: Postgres's share of a read).
 // Prints req/s, p50/p99 and the ratio to hello per round and for the round with the median ratio,
 // against the target: GET task at >= 0.5 of the bare Koa + pg server (README explains why that one).
 // BENCH_LOG_LEVEL (warn) sets the API's log level; BENCH_ENDPOINTS picks endpoints (below).
@@ -90,7 +90,7 @@ try {
   if (ours && floor) {
     const ratios = ours.map((p, i) => rate(p.ours) / rate(floor[i].ours));
     const mid = median(ratios);
-    console.log(`  get task against the bare Koa + pg server (the same two statements, no service code), rounds: ${ratios.map((r) => r.toFixed(2)).join(' / ')}, median ${mid.toFixed(2)}`);
+    console.log(`  get task against the bare Koa + pg server (its two statements, no service code), rounds: ${ratios.map((r) => r.toFixed(2)).join(' / ')}, median ${mid.toFixed(2)}`);
     console.log(`  target ("a solid fraction" of hello): get task >= ${TARGET_RATIO} of the bare Koa + pg server, whose ratio to hello is what Postgres leaves any read here: ${mid >= TARGET_RATIO ? 'met' : 'NOT met'}`);
   }
 } finally {
