@@ -6,7 +6,7 @@
 // Node, client, connections and headers), so that a noisy neighbour weighs on both sides of a ratio:
 //   GET /_internal/v1/health (the floor: routing, validation and the middleware, no Postgres),
 //   GET /api/task/v1/{id} (a random seeded task), GET /api/task/v1?page_size=50,
-//   GET /api/task/v1/{id}/timeline (a random seeded task), and bench/bare-pg-server.ts's GET task
+//   GET /api/task/v1/{id}/timeline (a random seeded task), A2A tasks/get of a random seeded task, and bench/bare-pg-server.ts's GET task
 //   (its two statements with no service code: Postgres's share of a read).
 // Prints req/s, p50/p99 and the ratio to hello per round and for the round with the median ratio,
 // against the target: GET task at >= 0.5 of the bare Koa + pg server (README explains why that one).
@@ -23,7 +23,8 @@ const MESSAGES = 3;
 const WARMUP_SECONDS = 2;
 // Of the bare Koa + pg server's rate: our service code may at most double what a read costs.
 const TARGET_RATIO = 0.5;
-// BENCH_ENDPOINTS=task,list: only those (health, task, bare, list, timeline), e.g. to profile one.
+// BENCH_ENDPOINTS=task,list: only those (health, task, bare, list, timeline, a2a), e.g. to profile one.
+interface Target { key: string; name: string; url: () => string; body?: () => string }
 const ONLY = process.env.BENCH_ENDPOINTS?.split(',').map((k) => k.trim());
 
 const stack = await startStack('reads', { logLevel: 'warn' });
@@ -44,21 +45,25 @@ try {
 
   const headers = { authorization: `Bearer ${stack.adminKey}` };
   const anyId = () => ids[Math.floor(Math.random() * ids.length)];
-  const endpoints: { key: string; name: string; url: () => string }[] = [
+  // A2A tasks/get: a JSON-RPC POST, answered 200 with `error` when it fails.
+  const tasksGet = () => JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: anyId() } });
+  const endpoints: Target[] = [
     { key: 'health', name: 'health', url: () => `${api}/_internal/v1/health` },
     { key: 'task', name: 'get task', url: () => `${api}/api/task/v1/${anyId()}` },
     { key: 'bare', name: 'bare pg, get task', url: () => `${bare}/task/${anyId()}` },
     { key: 'list', name: 'list tasks, 50', url: () => `${api}/api/task/v1?page_size=50` },
     { key: 'timeline', name: 'task timeline', url: () => `${api}/api/task/v1/${anyId()}/timeline` },
+    { key: 'a2a', name: 'A2A tasks/get', url: () => `${api}/api/a2a/v1`, body: tasksGet },
   ].filter((e) => !ONLY || ONLY.includes(e.key));
-  const run = (url: () => string, seconds: number) => load(seconds, CONNECTIONS, async () => {
-    const res = await client.request(url(), { headers });
-    if (res.status !== 200) throw new Error(`HTTP ${res.status} ${res.body.slice(0, 300)}`);
+  const helloTarget: Target = { key: 'hello', name: 'hello', url: () => hello };
+  const run = (target: Target, seconds: number) => load(seconds, CONNECTIONS, async () => {
+    const res = await client.request(target.url(), { headers, ...(target.body ? { method: 'POST', body: target.body() } : {}) });
+    if (res.status !== 200 || (target.body && res.body.includes('"error"'))) throw new Error(`HTTP ${res.status} ${res.body.slice(0, 300)}`);
   });
 
   say(`warming up (${WARMUP_SECONDS} s per endpoint and hello)`);
-  for (const e of endpoints) await run(e.url, WARMUP_SECONDS);
-  await run(() => hello, WARMUP_SECONDS);
+  for (const e of endpoints) await run(e, WARMUP_SECONDS);
+  await run(helloTarget, WARMUP_SECONDS);
 
   interface Pair { ours: LoadResult; hello: LoadResult; ratio: number }
   const rate = (r: LoadResult) => r.ok / (r.elapsedMs / 1000);
@@ -66,8 +71,8 @@ try {
   for (let r = 1; r <= ROUNDS; r++) {
     for (const e of endpoints) {
       say(`round ${r}/${ROUNDS}: ${e.name}, then hello, ${CONNECTIONS} connections for ${SECONDS} s each`);
-      const ours = await run(e.url, SECONDS);
-      const base = await run(() => hello, SECONDS);
+      const ours = await run(e, SECONDS);
+      const base = await run(helloTarget, SECONDS);
       if (ours.firstError) throw new Error(`${e.name}: ${ours.errors} errors, the first: ${ours.firstError}`);
       if (base.firstError) throw new Error(`hello: ${base.errors} errors, the first: ${base.firstError}`);
       pairs.get(e.name)!.push({ ours, hello: base, ratio: rate(ours) / rate(base) });

@@ -61,8 +61,3 @@ export async function findSameMessage(db: Tx, m: Message): Promise<MessageRow | 
   return row && messageFromRow(row);
 }
 
-// The newest messages of a task, oldest first: the history an agent sees.
-export async function recentMessages(db: Tx, taskId: string, limit: number): Promise<MessageRow[]> {
-  const rows = await db('messages').select(COLUMNS).where({ task_id: taskId }).orderBy('seq', 'desc').limit(limit);
-  return rows.reverse().map(messageFromRow);
-}

@@ -53,6 +53,28 @@ export async function getTaskWithMessages(db: Tx, id: string, limit: number): Pr
   };
 }
 
+// A task as its A2A view shows it (domain/a2a/task-view.ts), in one round trip: its newest `limit`
+// messages (oldest first), its status message and its artifact updates in order. tasks/get is what
+// A2A clients poll, and the view took three statements. Prepared, columns named, as getTaskWithMessages.
+export async function getTaskView(db: Tx, id: string, limit: number): Promise<{ task: Task; messages: Message[]; statusMessage?: Message; artifactItems: Pick<TimelineItem, 'event_payload'>[] } | undefined> {
+  const { rows: [row] } = await pgQuery<Task & { _messages: Record<string, unknown>[]; _status_message: Record<string, unknown> | null; _artifacts: TimelineItem['event_payload'][] }>(db,
+    `select ${TASK_COLUMNS.map((c) => `t.${c}`).join(', ')},
+            (select coalesce(json_agg(m order by m.seq), '[]') from
+               (select ${MESSAGE_COLUMNS.join(', ')} from messages where task_id = t.id order by seq desc limit $2) m) as _messages,
+            (select row_to_json(s) from (select ${MESSAGE_COLUMNS.join(', ')} from messages where id = t.status_message_id) s) as _status_message,
+            (select coalesce(json_agg(i.event_payload order by i.seq), '[]') from timeline_items i
+              where i.task_id = t.id and i.event_payload->>'type' = 'artifact-update') as _artifacts
+       from tasks t where t.id = $1`,
+    [id, limit], 'task-view',
+  );
+  if (!row) return undefined;
+  const { _messages: recent, _status_message: status, _artifacts: artifacts, ...task } = row;
+  return {
+    task, messages: recent.map(messageFromJson), artifactItems: artifacts.map((event_payload) => ({ event_payload })),
+    ...(status ? { statusMessage: messageFromJson(status) } : {}),
+  };
+}
+
 export type ContentCount = 'message_bytes' | 'artifact_bytes';
 
 // How a task's counts measure what they count: a message's parts, an artifact update, as compact JSON.

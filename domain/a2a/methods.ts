@@ -178,7 +178,7 @@ export async function resubscribe(call: A2ACall, params: TaskIdParams): Promise<
     const { row, snapshot, seq } = await inSnapshot(services.db, async (trx) => {
       const r = await tasksRepo.getTask(trx, id);
       if (!r) throw new TaskNotFoundError(params.id);
-      return { row: r, snapshot: await loadA2ATask(trx, id, undefined, r), seq: await lastTimelineSeq(trx, id) };
+      return { row: r, snapshot: await loadA2ATask(trx, id), seq: await lastTimelineSeq(trx, id) };
     });
     const task = { id, contextId: row.context_id };
     return (async function* () {
