@@ -3,7 +3,7 @@ import { pgQuery, type Tx } from './knex.ts';
 import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
 import { COLUMNS as MESSAGE_COLUMNS, messageFromJson, messageFromRow } from './messages.ts';
-import type { ContextInfo, Message, Task, TimelineItem } from '../api/schemas/task.ts';
+import { Task, type ContextInfo, type Message, type TimelineItem } from '../api/schemas/task.ts';
 import { RUN_STARTS_FROM, type TaskState } from '../domain/task-states.ts';
 
 export interface TaskRow {
@@ -28,51 +28,51 @@ export async function getTask(db: Tx, id: string, lock = false): Promise<TaskRow
   return lock ? q.forUpdate() : q;
 }
 
-// A task's columns the API shows, in the table's order (as toTask leaves a row read with *).
-const TASK_COLUMNS = ['id', 'context_id', 'status', 'status_timestamp', 'status_message_id', 'metadata', 'created_at', 'updated_at'];
+// What the API shows of a task: the Task schema's properties, which are its columns in the table's
+// order (as toTask leaves a row read with *). Named, not *, in prepared statements: a prepared *
+// fails once a migration adds a column.
+const TASK_SELECT = Object.keys(Task.properties).map((c) => `t.${c}`).join(', ');
+
+// The subqueries the one-round-trip reads below share: `limit` ($2) messages of the task as JSON,
+// from its first (`asc`) or its newest (`desc`), oldest first; its status message as JSON.
+const messagesJson = (from: 'asc' | 'desc') => `(select coalesce(json_agg(m order by m.seq), '[]') from
+    (select ${MESSAGE_COLUMNS.join(', ')} from messages where task_id = t.id order by seq ${from} limit $2) m) as _messages`;
+const STATUS_MESSAGE_JSON = `(select row_to_json(s) from (select ${MESSAGE_COLUMNS.join(', ')} from messages where id = t.status_message_id) s) as _status_message`;
+type WithMessagesJson = Task & { _messages: Record<string, unknown>[]; _status_message: Record<string, unknown> | null };
+
+// Reads `select`, a task row with those subqueries, and parts it into the task and its messages.
+async function readTaskWithMessagesJson<R extends WithMessagesJson>(db: Tx, select: string, values: unknown[], name: string) {
+  const { rows: [row] } = await pgQuery<R>(db, select, values, name);
+  if (!row) return undefined;
+  const { _messages: messages, _status_message: status, ...rest } = row;
+  return { rest, messages: messages.map(messageFromJson), ...(status ? { statusMessage: messageFromJson(status) } : {}) };
+}
 
 // A task with its first `limit` messages (oldest first), whether it has more, and its status message,
 // in one round trip: get-task is the hottest read, and a statement more costs a round trip's socket
 // writes and statement overhead in both the API and Postgres. Prepared: both reads go by an index
-// (the primary keys, messages' (task_id, seq)) whatever the tables' sizes; its columns are named, as
-// a prepared `*` fails once a migration adds a column.
+// (the primary keys, messages' (task_id, seq)) whatever the tables' sizes.
 export async function getTaskWithMessages(db: Tx, id: string, limit: number): Promise<{ task: Task; messages: Message[]; more: boolean; statusMessage?: Message } | undefined> {
-  const { rows: [row] } = await pgQuery<Task & { _messages: Record<string, unknown>[]; _status_message: Record<string, unknown> | null }>(db,
-    `select ${TASK_COLUMNS.map((c) => `t.${c}`).join(', ')},
-            (select coalesce(json_agg(m order by m.seq), '[]') from
-               (select ${MESSAGE_COLUMNS.join(', ')} from messages where task_id = t.id order by seq limit $2) m) as _messages,
-            (select row_to_json(s) from (select ${MESSAGE_COLUMNS.join(', ')} from messages where id = t.status_message_id) s) as _status_message
-       from tasks t where t.id = $1`,
-    [id, limit + 1], 'task-with-messages',
-  );
-  if (!row) return undefined;
-  const { _messages: page, _status_message: status, ...task } = row;
-  return {
-    task, messages: page.slice(0, limit).map(messageFromJson), more: page.length > limit,
-    ...(status ? { statusMessage: messageFromJson(status) } : {}),
-  };
+  const read = await readTaskWithMessagesJson<WithMessagesJson>(db,
+    `select ${TASK_SELECT}, ${messagesJson('asc')}, ${STATUS_MESSAGE_JSON} from tasks t where t.id = $1`, [id, limit + 1], 'task-with-messages');
+  if (!read) return undefined;
+  const { rest: task, messages, statusMessage } = read;
+  return { task, messages: messages.slice(0, limit), more: messages.length > limit, ...(statusMessage ? { statusMessage } : {}) };
 }
 
 // A task as its A2A view shows it (domain/a2a/task-view.ts), in one round trip: its newest `limit`
 // messages (oldest first), its status message and its artifact updates in order. tasks/get is what
-// A2A clients poll, and the view took three statements. Prepared, columns named, as getTaskWithMessages.
+// A2A clients poll, and the view took three statements. Prepared, as getTaskWithMessages.
 export async function getTaskView(db: Tx, id: string, limit: number): Promise<{ task: Task; messages: Message[]; statusMessage?: Message; artifactItems: Pick<TimelineItem, 'event_payload'>[] } | undefined> {
-  const { rows: [row] } = await pgQuery<Task & { _messages: Record<string, unknown>[]; _status_message: Record<string, unknown> | null; _artifacts: TimelineItem['event_payload'][] }>(db,
-    `select ${TASK_COLUMNS.map((c) => `t.${c}`).join(', ')},
-            (select coalesce(json_agg(m order by m.seq), '[]') from
-               (select ${MESSAGE_COLUMNS.join(', ')} from messages where task_id = t.id order by seq desc limit $2) m) as _messages,
-            (select row_to_json(s) from (select ${MESSAGE_COLUMNS.join(', ')} from messages where id = t.status_message_id) s) as _status_message,
+  const read = await readTaskWithMessagesJson<WithMessagesJson & { _artifacts: TimelineItem['event_payload'][] }>(db,
+    `select ${TASK_SELECT}, ${messagesJson('desc')}, ${STATUS_MESSAGE_JSON},
             (select coalesce(json_agg(i.event_payload order by i.seq), '[]') from timeline_items i
               where i.task_id = t.id and i.event_payload->>'type' = 'artifact-update') as _artifacts
        from tasks t where t.id = $1`,
-    [id, limit], 'task-view',
-  );
-  if (!row) return undefined;
-  const { _messages: recent, _status_message: status, _artifacts: artifacts, ...task } = row;
-  return {
-    task, messages: recent.map(messageFromJson), artifactItems: artifacts.map((event_payload) => ({ event_payload })),
-    ...(status ? { statusMessage: messageFromJson(status) } : {}),
-  };
+    [id, limit], 'task-view');
+  if (!read) return undefined;
+  const { rest: { _artifacts: artifacts, ...task }, messages, statusMessage } = read;
+  return { task, messages, artifactItems: artifacts.map((event_payload) => ({ event_payload })), ...(statusMessage ? { statusMessage } : {}) };
 }
 
 export type ContentCount = 'message_bytes' | 'artifact_bytes';
