@@ -18,6 +18,7 @@ import type { Knex } from 'knex';
 import { freePort } from '../scripts/local-services.ts';
 import { listContexts, listTasks } from '../db/tasks.ts';
 import { pgQuery } from '../db/knex.ts';
+import { encodeToken } from '../db/pagination.ts';
 import { answers, httpClient, pct, say, seedTasks, sortNum, startStack } from './harness.ts';
 
 const SMALL = 1000;
@@ -65,14 +66,14 @@ try {
     const q = stack.db(l.table).select('created_at', 'id').orderBy([{ column: 'created_at', order: 'desc' }, { column: 'id', order: 'desc' }]).offset(offset).first();
     if (l.status) q.where('status', l.status);
     const r = await q;
-    return [(r.created_at as Date).toISOString(), r.id as string];
+    return [r.created_at as Date, r.id as string];
   };
   const listSize = async (l: List) => Number((await (l.status ? stack.db(l.table).where('status', l.status) : stack.db(l.table)).count({ n: '*' }))[0].n);
 
   // A token resuming `l` after the row at `offset`: the list digest of a real token, the row's key.
   async function tokenAfter(l: List, offset: number): Promise<string> {
     const [digest] = JSON.parse(Buffer.from((await page(l)).next_page_token, 'base64url').toString());
-    return Buffer.from(JSON.stringify([digest, ...(await keyAt(l, offset))])).toString('base64url');
+    return encodeToken(digest, await keyAt(l, offset));
   }
 
   // The Postgres plan and execution time of the list's page after `token`, as the API runs it.
