@@ -1,6 +1,6 @@
 // What the benches share: a stack of their own (local Postgres and Redis under a temporary
-// directory, the schema migrated, processes spawned with a fresh admin key), a keep-alive HTTP
-// load loop, percentiles, and seeding tasks with SQL.
+// directory, the schema migrated, processes spawned with a fresh admin key), the CPU time its
+// processes spent, a keep-alive HTTP load loop, percentiles, and seeding tasks with SQL.
 // BENCH_PROFILE_DIR=dir writes V8 CPU profiles of every spawned process there (open in Chrome DevTools).
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -23,8 +23,16 @@ export interface Stack {
   redisUrl: string;
   /** What spawned processes run with (for the bench's own loadConfig). */
   env: NodeJS.ProcessEnv;
-  /** Spawns a repository file under the stack's environment; resolves once `isReady` holds (polled), rejects if it exits first. */
-  spawnReady(file: string, extraEnv: NodeJS.ProcessEnv, isReady: () => Promise<unknown>): Promise<void>;
+  /**
+   * Spawns a repository file under the stack's environment; resolves once `isReady` holds (polled),
+   * rejects if it exits first. Its CPU time is counted under `role` (the file's path without `.ts`).
+   */
+  spawnReady(file: string, extraEnv: NodeJS.ProcessEnv, isReady: () => Promise<unknown>, role?: string): Promise<void>;
+  /**
+   * CPU time (user + system, ms) spent so far by role: each spawned process, `postgres` (the server
+   * and its backends), `redis`, and `load generator` (this process). Empty without /proc.
+   */
+  cpuMs(): Record<string, number>;
   /** Stops every spawned process, Postgres and Redis, and removes the data. */
   cleanup(): Promise<void>;
 }
@@ -46,11 +54,29 @@ export async function startStack(name: string, opts: { logLevel: string; ephemer
   const db = createDb(pg.url, { min: 0, max: 4 });
   await migrateLatest(db);
   const children: ChildProcess[] = [];
+  const roles = new Map<string, () => number | undefined>([
+    ['postgres', () => pidIn(path.join(pg.dir, 'postmaster.pid'))],
+    ['redis', () => pidIn(path.join(redis.dir, 'redis.pid'))],
+  ]);
 
-  function spawnReady(file: string, extraEnv: NodeJS.ProcessEnv, isReady: () => Promise<unknown>): Promise<void> {
+  function cpuMs(): Record<string, number> {
+    const tree = processTree();
+    if (!tree) return {};
+    const out: Record<string, number> = {};
+    for (const [role, pid] of roles) {
+      const root = pid();
+      if (root !== undefined) out[role] = subtreeMs(tree, root);
+    }
+    const self = process.cpuUsage();
+    out['load generator'] = (self.user + self.system) / 1000;
+    return out;
+  }
+
+  function spawnReady(file: string, extraEnv: NodeJS.ProcessEnv, isReady: () => Promise<unknown>, role = file.replace(/\.ts$/, '')): Promise<void> {
     const profile = process.env.BENCH_PROFILE_DIR ? ['--cpu-prof', `--cpu-prof-dir=${path.resolve(process.env.BENCH_PROFILE_DIR)}`] : [];
     const child = spawn(process.execPath, [...profile, '--import', 'tsx', path.join(root, file)], { cwd: root, env: { ...env, ...extraEnv }, stdio: ['ignore', 'pipe', 'pipe'] });
     children.push(child);
+    roles.set(role, () => child.pid);
     let tail = '';
     // Drained so a chatty log level cannot stall the child on a full pipe.
     const keep = (b: Buffer) => { tail = (tail + b.toString()).slice(-4000); };
@@ -78,7 +104,49 @@ export async function startStack(name: string, opts: { logLevel: string; ephemer
     fs.rmSync(dataDir, { recursive: true, force: true });
   }
 
-  return { db, adminKey, redisUrl: redis.url, env, spawnReady, cleanup };
+  return { db, adminKey, redisUrl: redis.url, env, spawnReady, cpuMs, cleanup };
+}
+
+const pidIn = (file: string) => {
+  try {
+    return Number(fs.readFileSync(file, 'utf8').split('\n')[0]) || undefined;
+  } catch {
+    return undefined;
+  }
+};
+
+// Every process's parent and CPU time (ms) from /proc/<pid>/stat; undefined without /proc.
+interface ProcStat { ppid: number; ms: number }
+const TICK_MS = 1000 / 100; // USER_HZ, 100 on Linux
+function processTree(): Map<number, ProcStat> | undefined {
+  if (!fs.existsSync('/proc/self/stat')) return undefined;
+  const tree = new Map<number, ProcStat>();
+  for (const name of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    let stat: string;
+    try {
+      stat = fs.readFileSync(`/proc/${name}/stat`, 'utf8');
+    } catch {
+      continue; // ended meanwhile
+    }
+    // After the command's name in parentheses (which may hold spaces): state, ppid, ... then utime,
+    // stime, cutime, cstime (fields 14 to 17; the last two: its children that ended and were reaped).
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    tree.set(Number(name), { ppid: Number(f[1]), ms: (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) * TICK_MS });
+  }
+  return tree;
+}
+
+// A process's CPU time and its descendants'.
+function subtreeMs(tree: Map<number, ProcStat>, root: number): number {
+  let ms = 0;
+  const todo = [root];
+  while (todo.length) {
+    const pid = todo.pop()!;
+    ms += tree.get(pid)?.ms ?? 0;
+    for (const [child, st] of tree) if (st.ppid === pid) todo.push(child);
+  }
+  return ms;
 }
 
 /** A readiness check for spawnReady: the URL answers 2xx. */

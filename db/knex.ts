@@ -3,6 +3,7 @@ import pg from 'pg';
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { timerMs } from '../domain/with-timeout.ts';
 
 // int8 counts come back as numbers, not strings; counts here stay far below 2^53.
 pg.types.setTypeParser(pg.types.builtins.INT8, (v: string) => Number(v));
@@ -35,7 +36,7 @@ export interface DbLog { debug(obj: object, msg: string): void }
 
 export function createDb(url: string, pool = { min: 0, max: 20 }, opts: { queryTimeoutMs?: number; lockTimeoutMs?: number; log?: DbLog } = {}): Knex {
   const timeouts = {
-    ...(opts.queryTimeoutMs ? { statement_timeout: opts.queryTimeoutMs, query_timeout: opts.queryTimeoutMs + CLIENT_TIMEOUT_GRACE_MS } : {}),
+    ...(opts.queryTimeoutMs ? { statement_timeout: opts.queryTimeoutMs, query_timeout: timerMs(opts.queryTimeoutMs + CLIENT_TIMEOUT_GRACE_MS) } : {}),
     ...(opts.lockTimeoutMs ? { lock_timeout: opts.lockTimeoutMs } : {}),
   };
   // As an object: knex's own URL parsing cannot read a socket path (?host=/dir), pg's can.

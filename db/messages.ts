@@ -4,14 +4,16 @@ import type { Message } from '../api/schemas/task.ts';
 
 export interface MessageRow extends Message { seq: number }
 
-export const COLUMNS = ['id', 'client_message_id', 'seq', 'task_id', 'role', 'parts', 'reference_task_ids', 'extensions', 'metadata', 'created_at'];
+export const COLUMNS = ['id', 'client_message_id', 'seq', 'task_id', 'role', 'parts', 'reference_task_ids', 'extensions', 'accepted_output_modes', 'metadata', 'created_at'];
 
-// A stored message as the API shows it: client_message_id and extensions only when the sender gave them.
-export function messageFromRow<R extends { client_message_id?: string | null; extensions?: string[] | null }>(row: R): R & { client_message_id?: string; extensions?: string[] } {
+// A message's members the sender may leave out: null columns when it did.
+const OPTIONAL = ['client_message_id', 'extensions', 'accepted_output_modes'] as const;
+type Optional = (typeof OPTIONAL)[number];
+// A stored message as the API shows it: its optional members only when the sender gave them.
+export function messageFromRow<R extends { [K in Optional]?: unknown }>(row: R): R & { [K in Optional]?: NonNullable<R[K]> } {
   const out = { ...row };
-  if (out.client_message_id == null) delete out.client_message_id;
-  if (out.extensions == null) delete out.extensions;
-  return out as R & { client_message_id?: string; extensions?: string[] };
+  for (const k of OPTIONAL) if (out[k] == null) delete out[k];
+  return out as R & { [K in Optional]?: NonNullable<R[K]> };
 }
 const strip = ({ seq: _seq, ...m }: MessageRow) => messageFromRow(m) as Message;
 // A message row Postgres sent as JSON (row_to_json, json_agg of COLUMNS): as getMessage gives it.
@@ -43,7 +45,8 @@ export async function listMessages(db: Tx, taskId: string, pageSize: number, tok
 export async function messageBytes(db: Tx, taskId: string): Promise<number> {
   const [row] = await db('messages').where({ task_id: taskId }).select(db.raw(`coalesce(sum(octet_length(parts::text)
     + case when coalesce(metadata, '{}'::jsonb) <> '{}'::jsonb then octet_length(metadata::text) else 0 end
-    + case when cardinality(extensions) > 0 then octet_length(array_to_json(extensions)::text) else 0 end), 0)::bigint as n`));
+    + case when cardinality(extensions) > 0 then octet_length(array_to_json(extensions)::text) else 0 end
+    + case when cardinality(accepted_output_modes) > 0 then octet_length(array_to_json(accepted_output_modes)::text) else 0 end), 0)::bigint as n`));
   return Number(row.n);
 }
 

@@ -80,10 +80,12 @@ export type ContentCount = 'message_bytes' | 'artifact_bytes';
 // How a task's counts measure what they count: a message's parts, an artifact update, as compact JSON.
 export const contentBytes = (value: unknown) => Buffer.byteLength(JSON.stringify(value));
 
-// A message's parts and, when it has any, its metadata and extensions: all of it is read back with the
-// task's history, so a message with small parts and a large metadata object counts as large.
-export const messageBytes = (m: { parts: unknown; metadata?: Record<string, unknown>; extensions?: unknown[] | null }) =>
-  contentBytes(m.parts) + (m.metadata && Object.keys(m.metadata).length ? contentBytes(m.metadata) : 0) + (m.extensions?.length ? contentBytes(m.extensions) : 0);
+// A message's parts and, when it has any, its metadata, extensions and accepted output modes: all of
+// it is read back with the task's history, so a message with small parts and a large metadata object
+// counts as large.
+const listBytes = (list: unknown[] | null | undefined) => (list?.length ? contentBytes(list) : 0);
+export const messageBytes = (m: { parts: unknown; metadata?: Record<string, unknown>; extensions?: unknown[] | null; accepted_output_modes?: unknown[] | null }) =>
+  contentBytes(m.parts) + (m.metadata && Object.keys(m.metadata).length ? contentBytes(m.metadata) : 0) + listBytes(m.extensions) + listBytes(m.accepted_output_modes);
 
 export async function setContentBytes(db: Tx, id: string, count: ContentCount, bytes: number): Promise<void> {
   await db('tasks').where({ id }).update({ [count]: bytes });
@@ -160,18 +162,18 @@ export interface TaskBundle { task: TaskRow; message: Message; timeline: Timelin
 export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<number[][]> {
   const input = bundles.map(({ task: t, message: m, timeline }, i) => ({
     i, id: t.id, context_id: t.context_id, status: t.status, at: t.created_at, metadata: t.metadata,
-    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: messageBytes(m), refs: m.reference_task_ids, ext: m.extensions ?? null, m_metadata: m.metadata,
+    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: messageBytes(m), refs: m.reference_task_ids, ext: m.extensions ?? null, aom: m.accepted_output_modes ?? null, m_metadata: m.metadata,
     tl: timeline.map((item) => ({ id: item.id, p: item.event_payload })),
   }));
   const { rows } = await pgQuery<{ seqs: (string | number)[] }>(db,
     `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb,
-                   m_id uuid, cm_id text, role text, parts jsonb, mb bigint, refs uuid[], ext text[], m_metadata jsonb, tl jsonb)),
+                   m_id uuid, cm_id text, role text, parts jsonb, mb bigint, refs uuid[], ext text[], aom text[], m_metadata jsonb, tl jsonb)),
       c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from b order by context_id, at
             on conflict (id) do nothing),
       t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at, run_due_message_id, message_bytes)
             select id, context_id, status, at, null, metadata, at, at, case when role = 'user' then m_id end, mb from b),
-      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, metadata, created_at)
-            select m_id, cm_id, id, role, parts, refs, ext, m_metadata, at from b order by i),
+      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, accepted_output_modes, metadata, created_at)
+            select m_id, cm_id, id, role, parts, refs, ext, aom, m_metadata, at from b order by i),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
              select (e.item->>'id')::uuid, b.id, e.item->'p', b.at
                from b cross join lateral jsonb_array_elements(b.tl) with ordinality as e(item, n)
@@ -239,10 +241,11 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
                -- tasks from before migration 0016 are not counted yet
                and (b.max is null or t.message_bytes is null or t.message_bytes + b.mb <= b.max)
              returning t.*),
-      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, metadata, created_at)
+      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, accepted_output_modes, metadata, created_at)
             select (b.msg->>'id')::uuid, b.msg->>'client_message_id', b.task_id, b.msg->>'role', b.msg->'parts',
                    array(select jsonb_array_elements_text(b.msg->'reference_task_ids'))::uuid[],
                    case when b.msg ? 'extensions' then array(select jsonb_array_elements_text(b.msg->'extensions')) end,
+                   case when b.msg ? 'accepted_output_modes' then array(select jsonb_array_elements_text(b.msg->'accepted_output_modes')) end,
                    b.msg->'metadata', (b.msg->>'created_at')::timestamptz
               from b join u on u.id = b.task_id where b.msg is not null order by b.i),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
@@ -310,7 +313,7 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
            (select seq from tl where tl.task_id = s.task_id) as seq,
            s.trigger, s.answered,
            (select coalesce(json_agg(h order by h.seq), '[]') from
-              (select id, client_message_id, seq, task_id, role, parts, reference_task_ids, extensions, metadata, created_at
+              (select ${MESSAGE_COLUMNS.join(', ')}
                  from messages where task_id = s.task_id order by seq desc limit s.lim) h) as history
       from s order by s.i`,
     [JSON.stringify(input), ids],

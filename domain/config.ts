@@ -5,9 +5,13 @@ import { parse as parsePgUrl } from 'pg-connection-string';
 import { parseSkills } from './a2a/skills.ts';
 import { redactUrl } from './logger.ts';
 import { errorText } from './schema-check.ts';
+import { MAX_TIMER_MS } from './with-timeout.ts';
 
 // A string that is one of `values` (checked as an enum, so that a wrong one is told the choices).
 const oneOf = <const T extends string>(values: readonly T[], opts: { default: NoInfer<T> }) => Type.Unsafe<T>({ type: 'string', enum: values, ...opts });
+
+// A duration in milliseconds: at most what a timer can wait (MAX_TIMER_MS).
+const Ms = (opts: { minimum: number; default: number }) => Type.Integer({ ...opts, maximum: MAX_TIMER_MS });
 
 // Every setting the processes read, validated once at start. Env names are the upper-case keys.
 const ConfigSchema = Type.Object({
@@ -32,13 +36,13 @@ const ConfigSchema = Type.Object({
   TRUST_PROXY: Type.Boolean({ default: false }),
   // Longest a statement of the API or a worker may run (Postgres cancels it; the client gives up
   // shortly after, should the server not answer at all): the request then gets 503. 0: no limit.
-  DB_QUERY_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 30000 }),
+  DB_QUERY_TIMEOUT_MS: Ms({ minimum: 0, default: 30000 }),
   // How long the schema migration (Procfile `release`) waits for a table lock before it gives up and
   // tries again: while it waits behind a long transaction, every later statement on that table (API
   // reads included) queues behind it. 0: no limit.
-  MIGRATION_LOCK_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 3000 }),
+  MIGRATION_LOCK_TIMEOUT_MS: Ms({ minimum: 0, default: 3000 }),
   // How long an api or worker process waits at start for Postgres and Redis before it exits; 0: no limit.
-  STARTUP_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 60000 }),
+  STARTUP_TIMEOUT_MS: Ms({ minimum: 0, default: 60000 }),
   QUEUE_PREFIX: Type.String({ default: '{taskbridge}', minLength: 1 }),
   AGENT_KIND: oneOf(['demo', 'module', 'remote'], { default: 'demo' }),
   AGENT_MODULE: Type.Optional(Type.String({ minLength: 1 })),
@@ -51,22 +55,24 @@ const ConfigSchema = Type.Object({
   // own origin and AGENT_REMOTE_KEY_ORIGINS may always be: the operator named them).
   AGENT_REMOTE_ALLOW_PRIVATE: Type.Boolean({ default: false }),
   // Longest a remote agent's card or call answer (not its stream) may take to arrive whole.
-  AGENT_REMOTE_TIMEOUT_MS: Type.Integer({ minimum: 100, default: 30000 }),
+  AGENT_REMOTE_TIMEOUT_MS: Ms({ minimum: 100, default: 30000 }),
   AGENT_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 3 }),
-  AGENT_BACKOFF_MS: Type.Integer({ minimum: 0, default: 1000 }),
+  // Longest one attempt of an agent run may take before it is aborted and the task fails; 0: no limit.
+  AGENT_RUN_TIMEOUT_MS: Ms({ minimum: 0, default: 0 }),
+  AGENT_BACKOFF_MS: Ms({ minimum: 0, default: 1000 }),
   AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 200 }),
   KEY_JOB_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 64, default: 2 }),
   // How often workers look for work whose queue job Redis lost (key jobs, agent runs of submitted
   // tasks and of answers to waiting ones), and how old it must be; the same pass purges
   // long-expired OAuth brokering states.
-  JOB_RECOVERY_MS: Type.Integer({ minimum: 100, default: 60000 }),
+  JOB_RECOVERY_MS: Ms({ minimum: 100, default: 60000 }),
   // Tasks that ended longer ago than this many days are deleted by the same pass; 0 keeps them all.
   TASK_RETENTION_DAYS: Type.Integer({ minimum: 0, maximum: 36500, default: 0 }),
   // OAuth user credentials: how often workers look for those due for refresh, refresh attempts
   // (exponential backoff) before the instance becomes refresh_failed, refreshes in flight per worker.
-  CREDENTIAL_REFRESH_SCAN_MS: Type.Integer({ minimum: 100, default: 30000 }),
+  CREDENTIAL_REFRESH_SCAN_MS: Ms({ minimum: 100, default: 30000 }),
   CREDENTIAL_REFRESH_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 5 }),
-  CREDENTIAL_REFRESH_BACKOFF_MS: Type.Integer({ minimum: 0, default: 2000 }),
+  CREDENTIAL_REFRESH_BACKOFF_MS: Ms({ minimum: 0, default: 2000 }),
   CREDENTIAL_REFRESH_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 100, default: 5 }),
   DEK_MIGRATION_BATCH: Type.Integer({ minimum: 1, maximum: 100000, default: 2000 }),
   // Pause between bulk DEK migration batches, to bound the load a migration puts on Postgres.
@@ -76,15 +82,15 @@ const ConfigSchema = Type.Object({
   // Pause between alias rotation batches, to bound the load a rotation puts on Postgres.
   ALIAS_ROTATION_PAUSE_MS: Type.Integer({ minimum: 0, maximum: 60000, default: 0 }),
   // How long a killed worker's job stays locked before another worker takes it over.
-  WORKER_LOCK_MS: Type.Integer({ minimum: 500, default: 30000 }),
+  WORKER_LOCK_MS: Ms({ minimum: 500, default: 30000 }),
   // After SIGTERM, how long a worker lets running jobs finish before it hands agent runs back.
-  WORKER_SHUTDOWN_GRACE_MS: Type.Integer({ minimum: 0, default: 10000 }),
+  WORKER_SHUTDOWN_GRACE_MS: Ms({ minimum: 0, default: 10000 }),
   // After SIGTERM, how long an API process lets requests in flight finish before it closes what is open.
-  API_SHUTDOWN_GRACE_MS: Type.Integer({ minimum: 0, default: 10000 }),
-  API_WRITE_STALL_MS: Type.Integer({ minimum: 0, default: 60000 }),
-  WORKER_STALLED_CHECK_MS: Type.Integer({ minimum: 200, default: 15000 }),
-  OUTBOX_SWEEP_MS: Type.Integer({ minimum: 50, default: 2000 }),
-  A2A_BLOCKING_TIMEOUT_MS: Type.Integer({ minimum: 0, default: 30000 }),
+  API_SHUTDOWN_GRACE_MS: Ms({ minimum: 0, default: 10000 }),
+  API_WRITE_STALL_MS: Ms({ minimum: 0, default: 60000 }),
+  WORKER_STALLED_CHECK_MS: Ms({ minimum: 200, default: 15000 }),
+  OUTBOX_SWEEP_MS: Ms({ minimum: 50, default: 2000 }),
+  A2A_BLOCKING_TIMEOUT_MS: Ms({ minimum: 0, default: 30000 }),
   // A2A streams (message/stream, tasks/resubscribe) one API key may hold open in each API process; 0: no limit.
   A2A_STREAMS_PER_KEY: Type.Integer({ minimum: 0, default: 100 }),
   // Capabilities the agent card advertises. Switched off, message/stream and tasks/resubscribe
@@ -93,8 +99,8 @@ const ConfigSchema = Type.Object({
   A2A_PUSH_NOTIFICATIONS: Type.Boolean({ default: true }),
   PUSH_ALLOW_PRIVATE: Type.Boolean({ default: false }),
   PUSH_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 8 }),
-  PUSH_BACKOFF_MS: Type.Integer({ minimum: 0, default: 500 }),
-  PUSH_TIMEOUT_MS: Type.Integer({ minimum: 100, default: 10000 }),
+  PUSH_BACKOFF_MS: Ms({ minimum: 0, default: 500 }),
+  PUSH_TIMEOUT_MS: Ms({ minimum: 100, default: 10000 }),
   PUSH_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 10 }),
   // Of those, the most a slow webhook origin (domain/push-delivery.ts OriginSlots) may hold at once
   // in a worker process, so that slow webhooks cannot take every slot.
@@ -106,9 +112,9 @@ const ConfigSchema = Type.Object({
   // Google's OAuth endpoints for brokering user credentials (authorization code with PKCE) and refreshing them.
   GOOGLE_OAUTH_AUTHORIZE_URL: Type.String({ default: 'https://accounts.google.com/o/oauth2/v2/auth', pattern: '^https?://[^\\s]+$' }),
   GOOGLE_OAUTH_TOKEN_URL: Type.String({ default: 'https://oauth2.googleapis.com/token', pattern: '^https?://[^\\s]+$' }),
-  BRIDGE_TIMEOUT_MS: Type.Integer({ minimum: 100, default: 15000 }),
+  BRIDGE_TIMEOUT_MS: Ms({ minimum: 100, default: 15000 }),
   BRIDGE_ALLOW_PRIVATE: Type.Boolean({ default: false }),
-  DEK_CACHE_TTL_MS: Type.Integer({ minimum: 0, default: 300000 }),
+  DEK_CACHE_TTL_MS: Ms({ minimum: 0, default: 300000 }),
   AWS_KMS_ENDPOINT: Type.Optional(Type.String({ pattern: '^https?://' })),
   // AWS accounts whose KMS keys may become envelope keys (comma-separated ids); unset: any account.
   AWS_KMS_ACCOUNTS: Type.Optional(Type.String({ pattern: '^\\d{12}(,\\d{12})*$' })),

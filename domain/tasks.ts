@@ -31,7 +31,9 @@ function newMessage(taskId: string, req: CreateMessageRequest, createdAt: string
   return {
     id: randomUUID(), ...(req.client_message_id !== undefined ? { client_message_id: req.client_message_id } : {}), task_id: taskId,
     role: req.role, parts: req.parts, reference_task_ids: (req.reference_task_ids ?? []).map((r) => r.toLowerCase()),
-    ...(req.extensions?.length ? { extensions: req.extensions } : {}), metadata: req.metadata ?? {}, created_at: createdAt,
+    ...(req.extensions?.length ? { extensions: req.extensions } : {}),
+    ...(req.accepted_output_modes?.length ? { accepted_output_modes: req.accepted_output_modes } : {}),
+    metadata: req.metadata ?? {}, created_at: createdAt,
   };
 }
 
@@ -62,7 +64,7 @@ async function heldBytes(trx: Tx, locked: tasks.TaskRow, count: tasks.ContentCou
 
 // Refuses a status message that would take a task the caller holds locked over maxBytes (the
 // status-change statement adds it to the count).
-async function checkMessageRoom(trx: Tx, locked: tasks.TaskRow, req: Pick<CreateMessageRequest, 'parts' | 'metadata' | 'extensions'>, maxBytes: number): Promise<void> {
+async function checkMessageRoom(trx: Tx, locked: tasks.TaskRow, req: Pick<CreateMessageRequest, 'parts' | 'metadata' | 'extensions' | 'accepted_output_modes'>, maxBytes: number): Promise<void> {
   checkRoom(locked.id, 'message_bytes', await heldBytes(trx, locked, 'message_bytes'), tasks.messageBytes(req), maxBytes);
 }
 

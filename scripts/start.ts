@@ -7,6 +7,7 @@ import fs from 'node:fs';
 import { runningProgram, startPostgres, startRedis, stopLeftovers, type LocalService } from './local-services.ts';
 import { redactUrl } from '../domain/logger.ts';
 import { loadConfigOrExit } from '../domain/config.ts';
+import { timerMs } from '../domain/with-timeout.ts';
 import { onStop } from '../domain/stop-signals.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -26,7 +27,7 @@ let stopping = false;
 let ownsDataDir = false;
 let startup: Promise<void> = Promise.resolve();
 // The children's own shutdown grace periods (API, worker) and a margin: within it they stop by themselves.
-const KILL_AFTER_MS = Math.max(cfg.API_SHUTDOWN_GRACE_MS, cfg.WORKER_SHUTDOWN_GRACE_MS) + 15_000;
+const KILL_AFTER_MS = timerMs(Math.max(cfg.API_SHUTDOWN_GRACE_MS, cfg.WORKER_SHUTDOWN_GRACE_MS) + 15_000);
 
 async function stopAll(code: number): Promise<never> {
   if (!stopping) {

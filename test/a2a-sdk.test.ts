@@ -97,6 +97,24 @@ describe('A2A with the real SDK clients', () => {
       assert.equal(textOf(second.status.message), 'Echo (turn 2): turn two');
     });
 
+    it('hands the output modes the client accepts to the agent: the demo agent answers a client that takes JSON but not text with data', async () => {
+      const json = await client.sendMessage({ message: userMessage('json please'), configuration: { acceptedOutputModes: ['application/json'] } }) as Task;
+      assert.equal(json.status.state, 'completed');
+      assert.deepEqual(json.status.message?.parts, [{ kind: 'data', data: { echo: 'Echo: json please' } }]);
+      // Kept with the message for its agent, not added to the A2A message.
+      assert.deepEqual(Object.keys(json.history![0]).sort(), ['contextId', 'kind', 'messageId', 'parts', 'role', 'taskId']);
+      const [row] = await testDb()('messages').where({ task_id: json.id, role: 'user' }).select('accepted_output_modes');
+      assert.deepEqual(row.accepted_output_modes, ['application/json']);
+      for (const modes of [['text', 'application/json'], ['TEXT/*'], ['*/*'], ['image/png'], []]) {
+        const t = await client.sendMessage({ message: userMessage('text please'), configuration: { acceptedOutputModes: modes } }) as Task;
+        assert.equal(textOf(t.status.message), 'Echo: text please', JSON.stringify(modes));
+      }
+      const events = [];
+      for await (const e of client.sendMessageStream({ message: userMessage('streamed json'), configuration: { acceptedOutputModes: ['application/json; charset=utf-8'] } })) events.push(e);
+      const final = events.at(-1) as TaskStatusUpdateEvent;
+      assert.deepEqual(final.status.message?.parts, [{ kind: 'data', data: { echo: 'Echo: streamed json' } }]);
+    });
+
     describe('a retried send (same messageId, role and content as a message the task holds)', () => {
       const userTexts = async (taskId: string) => (await testDb()('messages').where({ task_id: taskId, role: 'user' }).orderBy('seq').select('parts'))
         .map((m: { parts: { text: string }[] }) => m.parts[0].text);
@@ -207,9 +225,9 @@ describe('A2A with the real SDK clients', () => {
       messageId: randomUUID(), role: Role.ROLE_USER, parts: [text(value)], contextId: ids.contextId ?? '', taskId: ids.taskId ?? '',
       metadata: undefined, extensions: [], referenceTaskIds: [],
     });
-    const send = (value: string, opts: { taskId?: string; contextId?: string; returnImmediately?: boolean } = {}) => client.sendMessage({
+    const send = (value: string, opts: { taskId?: string; contextId?: string; returnImmediately?: boolean; acceptedOutputModes?: string[] } = {}) => client.sendMessage({
       tenant: '', metadata: undefined, message: v1Message(value, opts),
-      configuration: { acceptedOutputModes: [], taskPushNotificationConfig: undefined, returnImmediately: opts.returnImmediately ?? false },
+      configuration: { acceptedOutputModes: opts.acceptedOutputModes ?? [], taskPushNotificationConfig: undefined, returnImmediately: opts.returnImmediately ?? false },
     });
     const asTask = (r: unknown) => r as { id: string; contextId: string; status?: { state: TaskState; message?: { parts: V1Part[] } }; history: unknown[] };
     const v1Text = (parts?: V1Part[]) => (parts ?? []).map((p) => (p.content?.$case === 'text' ? p.content.value : '')).join('');
@@ -236,6 +254,13 @@ describe('A2A with the real SDK clients', () => {
       assert.equal(quick.status?.state, TaskState.TASK_STATE_SUBMITTED);
       const got = await client.getTask({ tenant: '', id: done.id, historyLength: 1 });
       assert.equal(got.history.length, 1);
+    });
+
+    it('sends the output modes it accepts: JSON only gets the demo agent\'s echo as data', async () => {
+      const done = asTask(await send('v1 json', { acceptedOutputModes: ['application/json'] }));
+      assert.equal(done.status?.state, TaskState.TASK_STATE_COMPLETED);
+      const parts = done.status?.message?.parts ?? [];
+      assert.deepEqual(parts.map((p) => p.content), [{ $case: 'data', value: { echo: 'Echo: v1 json' } }]);
     });
 
     it('continues an input-required task', async () => {

@@ -316,3 +316,41 @@ describe("the README's smallest agent module", () => {
     assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'You said: hi there' }]);
   });
 });
+
+describe('AGENT_RUN_TIMEOUT_MS', () => {
+  const marker = path.join(process.env.TEST_DATA_DIR!, `timeout-agent-${randomUUID()}.marker`);
+  const stack = useStack({
+    AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/signal-agent.ts'), SIGNAL_AGENT_MARKER: marker,
+    AGENT_RUN_TIMEOUT_MS: '1500', AGENT_ATTEMPTS: '3', AGENT_BACKOFF_MS: '0',
+  });
+  const send = async (text: string) => (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id as string;
+  const ended = (id: string) => waitFor(async () => {
+    const t = (await stack.client.get(`/api/task/v1/${id}`)).body;
+    return ['completed', 'failed'].includes(t.task.status) && t;
+  }, `task ${id} to end`, 30000);
+  const TIMED_OUT = 'the run did not finish within AGENT_RUN_TIMEOUT_MS (1500 ms)';
+
+  it('aborts a run past it, as a cancel does, and fails the task at once instead of retrying', async () => {
+    const id = await send('wait');
+    const done = await ended(id);
+    assert.equal(done.task.status, 'failed');
+    assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: `The agent failed after 1 attempt(s): ${TIMED_OUT}` }]);
+    // The agent saw its signal fire, with the reason.
+    assert.equal(fs.readFileSync(marker, 'utf8'), `aborted task ${id}: ${TIMED_OUT}`);
+    const timeline = await stack.client.get(`/api/task/v1/${id}/timeline?order=asc`);
+    assert.equal(timeline.body.items.filter((i: any) => i.event_payload.type === 'task-status-update' && i.event_payload.status === 'working').length, 2,
+      'one run: its start and its one progress status');
+  });
+
+  it('ends a run whose agent ignores its signal, without waiting for the agent', async () => {
+    // The agent sleeps for a minute; the task ends long before.
+    const done = await ended(await send('ignore'));
+    assert.equal(done.task.status, 'failed');
+    assert.equal(done.status_message.parts[0].text, `The agent failed after 1 attempt(s): ${TIMED_OUT}`);
+  });
+
+  it('leaves a run within it alone', async () => {
+    const done = await ended(await send('hello module'));
+    assert.equal(done.task.status, 'completed');
+  });
+});

@@ -297,7 +297,9 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
       assert.deepEqual(await r.json(), { jsonrpc: '2.0', id, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${why}` } }, body);
     }
     // Well-formed messages still pass: a notification is accepted, a batch answered member by member.
-    assert.equal((await rawPost('{"jsonrpc": "2.0", "method": "notifications/initialized"}')).status, 202);
+    // 202 with no body, as the transport says: it was Koa's "Accepted" text.
+    const accepted = await rawPost('{"jsonrpc": "2.0", "method": "notifications/initialized"}');
+    assert.deepEqual([accepted.status, await accepted.text(), accepted.headers.get('content-length')], [202, '', '0']);
     // A cancel names a request by an id only a session could scope: accepted, ending nothing (README).
     assert.equal((await rawPost('{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "reason": "stop"}}')).status, 202);
     const batch = await rawPost('[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": "two", "method": "ping"}]');

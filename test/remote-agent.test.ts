@@ -156,9 +156,16 @@ for (const streaming of [true, false]) {
     let stack: Stack;
     let remote: Awaited<ReturnType<typeof startRemoteAgent>>;
     const executor = new RemoteExecutor();
+    // The configuration of each message/send or message/stream the remote was sent, by the message's id.
+    const configurations = new Map<string, unknown>();
+    const recordConfiguration: express.RequestHandler = (req, _res, next) => {
+      const params = req.body?.params;
+      if (params?.message?.messageId) configurations.set(params.message.messageId, params.configuration);
+      next();
+    };
     before(async () => {
       await resetDb();
-      remote = await startRemoteAgent(executor, streaming);
+      remote = await startRemoteAgent(executor, streaming, false, true, [express.json({ limit: '20mb' }), recordConfiguration]);
       stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, JOB_RECOVERY_MS: '1000', TASK_ARTIFACTS_MAX_BYTES: '16384', TASK_MESSAGES_MAX_BYTES: '8192' });
     });
     after(async () => {
@@ -220,6 +227,20 @@ for (const streaming of [true, false]) {
       assert.deepEqual(got.parts, parts);
       assert.deepEqual(got.metadata, { trace: 'abc', nested: { x: [1] } });
       assert.deepEqual(got.extensions, ['https://example.com/ext/v1']);
+    });
+
+    it('forwards the output modes the client accepts in its own send, and names none when the client named none', async () => {
+      const modes = ['application/json', 'text'];
+      const sent = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'message/send', params: {
+        message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text: 'modes given' }] },
+        configuration: { acceptedOutputModes: modes },
+      } });
+      assert.equal(sent.body.result?.status?.state, 'completed', sent.text);
+      const plain = await send('modes not given');
+      assert.equal(plain.body.result?.status?.state, 'completed', plain.text);
+      const configurationOf = (text: string) => configurations.get(executor.received.find((r) => r.text === text)!.message.messageId);
+      assert.deepEqual(configurationOf('modes given'), { blocking: false, acceptedOutputModes: modes });
+      assert.deepEqual(configurationOf('modes not given'), { blocking: false });
     });
 
     it('sends a new task in the context of earlier ones to the remote context those went to', async () => {

@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { freePort } from '../scripts/local-services.ts';
-import { ROOT, startApi, testDb, testEnv, useStack, waitFor } from './helpers/stack.ts';
+import { ROOT, startApi, testDb, testEnv, textMessage, useStack, waitFor } from './helpers/stack.ts';
 import { migrationConfig } from '../db/knex.ts';
 import { scratchDatabase } from './helpers/scratch-database.ts';
 
@@ -35,12 +35,15 @@ describe('process start-up', function () {
     const r = await run('api/main.ts', testEnv({
       LOG_LEVEL: 'verbose', AGENT_KIND: 'robot', PORT: 'abc', STARTUP_TIMEOUT_MS: '-1', TASK_RETENTION_DAYS: '0.5',
       BODY_LIMIT_BYTES: '1e6', API_SHUTDOWN_GRACE_MS: '0x10', A2A_STREAMING: 'yes', DATABASE_URL: undefined,
+      // Past what a timer can wait, which Node would cut to 1 ms: blocking sends would not block at all.
+      A2A_BLOCKING_TIMEOUT_MS: '3000000000',
     }));
     assert.equal(r.code, 2);
     assert.match(r.output, /^Invalid configuration:$/m);
     assert.match(r.output, /^ {2}LOG_LEVEL: must be one of fatal, error, warn, info, debug, trace, silent$/m);
     assert.match(r.output, /^ {2}AGENT_KIND: must be one of demo, module, remote$/m);
     assert.match(r.output, /^ {2}STARTUP_TIMEOUT_MS: must be >= 0$/m);
+    assert.match(r.output, /^ {2}A2A_BLOCKING_TIMEOUT_MS: must be <= 2147483647$/m);
     // Numbers in decimal digits only (a port of 0x12A7 or 4.72e3 would otherwise be read as one).
     for (const name of ['PORT', 'TASK_RETENTION_DAYS', 'BODY_LIMIT_BYTES', 'API_SHUTDOWN_GRACE_MS']) {
       assert.match(r.output, new RegExp(`^ {2}${name}: must be a whole number in decimal digits$`, 'm'));
@@ -280,5 +283,39 @@ describe('readiness', function () {
       back('second.key');
     }
     assert.deepEqual((await stack.client.get('/_internal/v1/ready')).body.checks.keys, 'ok');
+  });
+});
+
+describe('the longest durations allowed (2147483647 ms)', function () {
+  this.timeout(60_000);
+  // Margins the processes add to these must not take a timer past what Node can wait: it would fire at once.
+  const stack = useStack({ DB_QUERY_TIMEOUT_MS: '2147483647', WORKER_SHUTDOWN_GRACE_MS: '2147483647' });
+
+  it('run tasks, and a worker stops on SIGTERM as it does with shorter ones', async () => {
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('long limits') })).body.task.id as string;
+    await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task?.status === 'completed', 'the task to complete');
+    const [worker] = stack.workers;
+    await worker.kill('SIGTERM');
+    assert.equal(worker.child.exitCode, 0, worker.logs.slice(-5).join('\n'));
+    assert.ok(!worker.logs.some((l) => l.includes('could not close its queues in time')));
+  });
+
+  it('npm start stops its API and worker on SIGTERM, letting them stop by themselves', async () => {
+    const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'scripts/start.ts')], {
+      cwd: ROOT, env: testEnv({ API_SHUTDOWN_GRACE_MS: '2147483647', WORKER_SHUTDOWN_GRACE_MS: '2147483647' }),
+    });
+    let output = '';
+    child.stdout.on('data', (b) => (output += b));
+    child.stderr.on('data', (b) => (output += b));
+    const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+    try {
+      await waitFor(async () => output.includes('"msg":"worker started"') && output.includes('"msg":"api listening"'), 'npm start to start its API and worker', 30_000);
+      child.kill('SIGTERM');
+      assert.equal(await exited, 0, output);
+      assert.match(output, /"msg":"worker stopped"/, output);
+    } finally {
+      // The API and worker stop with it (their IPC channel closes).
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    }
   });
 });

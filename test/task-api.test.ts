@@ -120,6 +120,31 @@ describe('task API', () => {
       }
     });
 
+    it('keeps the output modes a message accepts on the message, its reads and its timeline item, and refuses bad ones changing nothing', async () => {
+      const modes = ['application/json', 'text/*; q=0.5', 'text'];
+      const { task, message } = await create({ message: { ...textMessage('json please'), accepted_output_modes: modes } });
+      assert.deepEqual(message.accepted_output_modes, modes);
+      const follow = await stack.client.post(`/api/task/v1/${task.id}/message`, { ...textMessage('any'), accepted_output_modes: [] });
+      assert.equal(follow.status, 201, follow.text);
+      assert.ok(!('accepted_output_modes' in follow.body.message), 'an empty list names no modes');
+      // A status message too (written by the status-change statement).
+      const status = await put(task.id, { status: 'canceled', message: { ...textMessage('stopped', 'agent'), accepted_output_modes: ['text/markdown'] } });
+      assert.equal(status.status, 200, status.text);
+      const expected = [modes, undefined, ['text/markdown']];
+      const got = await stack.client.get(`/api/task/v1/${task.id}`);
+      assert.deepEqual(got.body.messages.map((m: { accepted_output_modes?: string[] }) => m.accepted_output_modes), expected);
+      assert.deepEqual(got.body.status_message.accepted_output_modes, ['text/markdown']);
+      const timeline = await stack.client.get(`/api/task/v1/${task.id}/timeline?order=asc`);
+      assert.deepEqual(timeline.body.items.filter((i: any) => i.event_payload.type === 'message').map((i: any) => i.event_payload.message.accepted_output_modes), expected);
+      const before = await testDb()('messages').count({ n: '*' });
+      for (const bad of [[''], [1], 'application/json', ['a\u0001b'], ['x'.repeat(256)], Array.from({ length: 33 }, (_, i) => `type/sub${i}`)]) {
+        const r = await stack.client.post('/api/task/v1', { message: { ...textMessage('x'), accepted_output_modes: bad } });
+        assertError(r, 400, 'invalid_request');
+        assert.match(r.body.message, /accepted_output_modes/, r.text);
+      }
+      assert.deepEqual(await testDb()('messages').count({ n: '*' }), before);
+    });
+
     it('keeps concurrent creations apart (they are written together): own message, own timeline, a shared new context once', async () => {
       const shared = randomUUID();
       const bodies = Array.from({ length: 60 }, (_, i) => ({ ...(i % 3 === 0 ? { context_id: shared } : {}), message: textMessage(`concurrent ${i}`), metadata: { i } }));
@@ -829,7 +854,7 @@ describe('the bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)', () =
     assert.match((await c.post(`/api/task/v1/${id}/message`, text(0))).body.message, /holds 4096 bytes of messages/);
   });
 
-  it("counts a message's metadata and extensions with its parts: small parts with a large metadata object do not slip past", async () => {
+  it("counts a message's metadata, extensions and accepted output modes with its parts: small parts with a large metadata object do not slip past", async () => {
     const c = stack.client;
     const annotated = (n: number) => ({ ...textMessage('hi', 'agent'), metadata: { note: 'm'.repeat(n) } });
     const bytes = (m: { parts: unknown; metadata: unknown }) => Buffer.byteLength(JSON.stringify(m.parts)) + Buffer.byteLength(JSON.stringify(m.metadata));
@@ -845,6 +870,12 @@ describe('the bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)', () =
       params: { message: { kind: 'message', messageId: randomUUID(), taskId: id, role: 'user', parts: [{ kind: 'text', text: 'hi' }], extensions }, configuration: { blocking: false } } });
     assert.equal(rpc.body.error?.code, -32602, rpc.text);
     assert.match(rpc.body.error.message, /TASK_MESSAGES_MAX_BYTES/);
+    // And the output modes it accepts, stored with it.
+    const acceptedOutputModes = Array.from({ length: 10 }, (_, i) => `application/x-${'m'.repeat(200)}-${i}`);
+    const modes = await c.post('/api/a2a/v1', { jsonrpc: '2.0', id: 8, method: 'message/send',
+      params: { message: { kind: 'message', messageId: randomUUID(), taskId: id, role: 'user', parts: [{ kind: 'text', text: 'hi' }] }, configuration: { blocking: false, acceptedOutputModes } } });
+    assert.equal(modes.body.error?.code, -32602, modes.text);
+    assert.match(modes.body.error.message, /TASK_MESSAGES_MAX_BYTES/);
     assert.equal((await c.post(`/api/task/v1/${id}/message`, annotated(1000))).status, 201, 'what fits is taken');
   });
 

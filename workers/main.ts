@@ -1,6 +1,7 @@
 // The `worker` process: BullMQ workers for every queue, with graceful shutdown.
 import { Worker, type Job } from 'bullmq';
 import { loadConfigOrExit } from '../domain/config.ts';
+import { timerMs } from '../domain/with-timeout.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
 import { waitForBackingServices } from '../domain/startup.ts';
@@ -125,10 +126,11 @@ async function shutdown(signal: string) {
   // Closing the queues needs Redis (jobs handed back, locks released): without it a worker asked to
   // stop would wait for ever. Past this, it exits; the jobs it held are taken over once their locks
   // expire (WORKER_LOCK_MS).
+  const closeWithinMs = timerMs(cfg.WORKER_SHUTDOWN_GRACE_MS + SHUTDOWN_CLOSE_MS);
   const deadline = setTimeout(() => {
-    log.error({ after_ms: cfg.WORKER_SHUTDOWN_GRACE_MS + SHUTDOWN_CLOSE_MS }, 'worker could not close its queues in time (Redis unreachable?); exiting: its jobs are taken over once their locks expire');
+    log.error({ after_ms: closeWithinMs }, 'worker could not close its queues in time (Redis unreachable?); exiting: its jobs are taken over once their locks expire');
     process.exit(1);
-  }, cfg.WORKER_SHUTDOWN_GRACE_MS + SHUTDOWN_CLOSE_MS);
+  }, closeWithinMs);
   deadline.unref();
   stopHousekeeping();
   stopRefreshScheduler();

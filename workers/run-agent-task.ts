@@ -126,6 +126,13 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       log.info({ task_id: taskId }, previous === messageId ? 'agent run aborted: its job started again' : 'agent run aborted: task taken by another run');
     }
     const controller = cancels.register(taskId, messageId);
+    // A run past AGENT_RUN_TIMEOUT_MS is aborted as a cancel aborts it, and fails the task at once:
+    // another attempt would only hold a slot as long again.
+    const limit = services.cfg.AGENT_RUN_TIMEOUT_MS;
+    const timer = limit > 0
+      ? setTimeout(() => controller.abort(Object.assign(new Error(`the run did not finish within AGENT_RUN_TIMEOUT_MS (${limit} ms)`), { timedOut: true })), limit)
+      : undefined;
+    const timedOut = () => controller.signal.aborted && !!(controller.signal.reason as { timedOut?: boolean } | undefined)?.timedOut;
     const history = state.history.map(({ seq: _s, ...m }) => m);
     const { seq: _seq, ...message } = state.trigger;
 
@@ -179,6 +186,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     try {
       running = agent(ctx);
       const result = await Promise.race([running, abortedBy(controller.signal)]);
+      clearTimeout(timer);
       const final = await ours(async () => {
         const out = finalOf(result);
         // Counts only grow: a message that does not fit beside the count at the run's start is refused
@@ -202,7 +210,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       if (outages.has(err as object)) throw err;
       // A refusal fails the run even when the worker is shutting down (another try would meet it again)
       // or the run was aborted meanwhile (failRun's compare-and-set leaves a task that moved on alone).
-      const refused = refusals.has(err as object);
+      const refused = refusals.has(err as object) || timedOut();
       if (!refused && controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) {
         // Handed back to the queue, once the agent has stopped, without using up an attempt: the run did not fail.
         if (running) await withTimeout(running, SHUTDOWN_WIND_DOWN_MS).catch(() => undefined);
@@ -212,7 +220,8 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       // `err` is whatever the agent threw: null and undefined too.
       if (!refused && (controller.signal.aborted || (err as { taskEnded?: boolean } | null | undefined)?.taskEnded)) return 'aborted: task ended';
       const attempts = refused ? job.attemptsMade + 1 : (job.opts.attempts ?? 1);
-      const reason = failureReason(err);
+      // A run that timed out failed for that, whatever its agent threw on the way out.
+      const reason = failureReason(timedOut() ? controller.signal.reason : err);
       if (job.attemptsMade + 1 < attempts) {
         log.warn({ task_id: taskId, attempt: job.attemptsMade + 1, attempts, reason }, 'agent run failed; it will be retried');
         throw err instanceof Error ? err : new Error(reason);
@@ -221,6 +230,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');
       return 'failed';
     } finally {
+      clearTimeout(timer);
       // Whatever the handler left going (a call beside the one that failed) stops with the run.
       if (!controller.signal.aborted) controller.abort(new Error('the run is over'));
       cancels.release(taskId, controller);

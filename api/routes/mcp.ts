@@ -62,6 +62,9 @@ export const mcpRoutes = [
         ctx.body = refused;
         return;
       }
+      // Notifications only: 202 with no body, as the transport says (else Koa writes "Accepted").
+      // Null before the status: set after it, Koa would turn the 202 into a 204.
+      if (!text) ctx.body = null;
       ctx.status = answer.status;
       answer.headers.forEach((value, name) => ctx.set(name, value));
       if (text) ctx.body = Array.isArray(body) && answer.status === 200 ? batchAnswer(body, text) : text;

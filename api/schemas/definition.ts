@@ -1,6 +1,7 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { FreeObject, Timestamp } from './common.ts';
 import { credentialFields, providerInstanceFields } from './bridge.ts';
+import { EnvelopeKey } from './encryption.ts';
 
 // GET /api/a2a/v1/definition. Key material appears only wrapped (DEKs under their envelope key)
 // and secret values only encrypted (with the DEK named by data_encryption_key_id); each part
@@ -13,15 +14,7 @@ export const DefinitionDek = Type.Object({
   updated_at: Timestamp,
 });
 
-export const DefinitionEnvelopeKey = Type.Object({
-  id: Type.String(),
-  type: Type.Union([Type.Literal('local'), Type.Literal('aws_kms')]),
-  file_name: Type.Optional(Type.String()),
-  arn: Type.Optional(Type.String()),
-  region: Type.Optional(Type.String()),
-  created_at: Timestamp,
-  data_encryption_keys: Type.Array(DefinitionDek),
-});
+export const DefinitionEnvelopeKey = Type.Composite([EnvelopeKey, Type.Object({ data_encryption_keys: Type.Array(DefinitionDek) })]);
 
 export const DefinitionSecret = Type.Object({
   id: Type.String(),

@@ -1,5 +1,5 @@
 import { Type, type Static } from '@sinclair/typebox';
-import { Base64, Body, FreeObject, Timestamp, Uuid } from './common.ts';
+import { Base64, Body, FreeObject, NoControlChars, Timestamp, Uuid } from './common.ts';
 import { TASK_STATES } from '../../domain/task-states.ts';
 
 const meta = { metadata: Type.Optional(FreeObject) };
@@ -28,6 +28,10 @@ export const TaskStatus = Type.Union(TASK_STATES.map((s) => Type.Literal(s)));
 const ClientMessageId = Type.String({ minLength: 1, maxLength: 256, description: "the sender's own id for the message (A2A messageId)" });
 // The extensions the message uses (A2A Message.extensions): their URIs, kept as sent.
 export const MessageExtensions = Type.Array(Type.String({ minLength: 1, maxLength: 2048 }), { maxItems: 100, description: 'URIs of the A2A extensions the message uses (A2A extensions)' });
+// Kept as sent, not parsed as media types: A2A clients also name modes such as "text".
+export const AcceptedOutputModes = Type.Array(Type.String({ minLength: 1, maxLength: 255, pattern: NoControlChars }), {
+  maxItems: 32, description: 'media types the sender accepts for the reply (A2A configuration.acceptedOutputModes), for the agent to tailor its output',
+});
 
 export const CreateMessageRequest = Body({
   role: Role,
@@ -35,6 +39,7 @@ export const CreateMessageRequest = Body({
   parts: Type.Array(MessagePart, { minItems: 1, maxItems: 1000 }),
   reference_task_ids: Type.Optional(Type.Array(Uuid, { maxItems: 100 })),
   extensions: Type.Optional(MessageExtensions),
+  accepted_output_modes: Type.Optional(AcceptedOutputModes),
   metadata: Type.Optional(FreeObject),
 });
 export type CreateMessageRequest = Static<typeof CreateMessageRequest>;
@@ -59,6 +64,7 @@ export const Message = Type.Object({
   parts: Type.Array(MessagePart),
   reference_task_ids: Type.Array(Uuid),
   extensions: Type.Optional(MessageExtensions),
+  accepted_output_modes: Type.Optional(AcceptedOutputModes),
   metadata: FreeObject,
   created_at: Timestamp,
 }, { $id: 'Message' });

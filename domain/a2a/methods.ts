@@ -69,7 +69,9 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
 async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOptions): Promise<Accepted>;
 async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOptions): Promise<Accepted> {
   const { services } = call;
-  const message = fromA2AMessage(params.message as A2AMessage); // validated: exactly one of bytes or uri
+  // validated: exactly one of bytes or uri. The modes the client accepts go to the agent with the message.
+  const modes = params.configuration?.acceptedOutputModes;
+  const message = { ...fromA2AMessage(params.message as A2AMessage), ...(modes?.length ? { accepted_output_modes: modes } : {}) };
   const pushConfig = params.configuration?.pushNotificationConfig;
   if (pushConfig) requirePushSupport(call);
 

@@ -6,7 +6,7 @@ import type { ErrorObject } from 'ajv';
 import { A2AError, JSONRPC } from './errors.ts';
 import { choiceText, compileSchema, errorText, withoutChoiceBranches } from '../schema-check.ts';
 import { Base64, Uuid } from '../../api/schemas/common.ts';
-import { MessageExtensions } from '../../api/schemas/task.ts';
+import { AcceptedOutputModes, MessageExtensions } from '../../api/schemas/task.ts';
 
 const Metadata = Type.Record(Type.String(), Type.Unknown());
 const meta = { metadata: Type.Optional(Metadata) };
@@ -58,7 +58,7 @@ const HistoryLength = Type.Integer({ minimum: 0 });
 export const MessageSendParams = Type.Object({
   message: Message,
   configuration: Type.Optional(Type.Object({
-    acceptedOutputModes: Type.Optional(Type.Array(Type.String())),
+    acceptedOutputModes: Type.Optional(AcceptedOutputModes),
     blocking: Type.Optional(Type.Boolean()),
     historyLength: Type.Optional(HistoryLength),
     pushNotificationConfig: Type.Optional(PushNotificationConfig),

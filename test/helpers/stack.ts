@@ -189,11 +189,26 @@ export function testDb(): Db {
   return sharedDb;
 }
 
+// The schema's tables, but the migrations'.
+async function appTables(db: Db): Promise<string[]> {
+  const { rows } = await db.raw(`select tablename from pg_tables where schemaname = 'public' and tablename not like 'knex_migrations%' order by 1`);
+  return rows.map((r: { tablename: string }) => r.tablename);
+}
+
 // Empties every table (but the migrations') so a test file starts from a known state.
 export async function resetDb(): Promise<void> {
   const db = testDb();
-  const { rows } = await db.raw(`select tablename from pg_tables where schemaname = 'public' and tablename not like 'knex_migrations%'`);
-  if (rows.length) await db.raw(`truncate ${rows.map((r: { tablename: string }) => `"${r.tablename}"`).join(', ')} cascade`);
+  const tables = await appTables(db);
+  if (tables.length) await db.raw(`truncate ${tables.map((t) => `"${t}"`).join(', ')} cascade`);
+}
+
+// Rows per table (but the migrations' and `except`), in one statement: what a refused request must
+// leave as it was.
+export async function tableRowCounts(except: string[] = []): Promise<Record<string, number>> {
+  const db = testDb();
+  const tables = (await appTables(db)).filter((t) => !except.includes(t));
+  const { rows } = await db.raw(tables.map((t) => `select '${t}' as t, count(*)::int as n from "${t}"`).join(' union all '));
+  return Object.fromEntries(rows.map((r: { t: string; n: number }) => [r.t, r.n]));
 }
 
 // The stack of the calling describe: a before hook empties the database and starts it, an after hook

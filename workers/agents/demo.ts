@@ -3,8 +3,9 @@
 //   [sleep N]     work for N ms first (observes cancellation)
 //   [fail]        throw, so the runtime retries and finally fails the task
 //   [artifact]    also emit an artifact holding the echoed text
+// A sender whose accepted output modes take JSON but not text gets the echo as a data part.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { textOf, type AgentHandler } from './types.ts';
+import { acceptsOutput, textOf, type AgentHandler } from './types.ts';
 
 // Safe to repeat, as every agent must be (a run is tried again after a crash or a shutdown hand-back):
 // what an earlier try of this run wrote is not written twice.
@@ -22,5 +23,9 @@ export const demoAgent: AgentHandler = async (ctx) => {
   // Named after the run's message: a repeated run updates the same artifact instead of adding one.
   if (text.includes('[artifact]')) await ctx.emitArtifact({ artifactId: `echo-${ctx.message.id}`, name: 'echo', parts: [{ kind: 'text', text }] });
   const turns = ctx.history.filter((m) => m.role === 'user').length;
-  return { status: 'completed', message: turns > 1 ? `Echo (turn ${turns}): ${text}` : `Echo: ${text}` };
+  const echo = turns > 1 ? `Echo (turn ${turns}): ${text}` : `Echo: ${text}`;
+  if (!acceptsOutput(ctx.message, 'text/plain') && acceptsOutput(ctx.message, 'application/json')) {
+    return { status: 'completed', message: [{ type: 'data-part', data: { echo } }] };
+  }
+  return { status: 'completed', message: echo };
 };

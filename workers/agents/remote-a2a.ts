@@ -312,6 +312,9 @@ async function send(
     ...(contextId ? { contextId } : {}),
     ...(referenceTaskIds.length ? { referenceTaskIds } : {}),
   };
+  // What our client accepts of the reply is for the remote agent to go by.
+  const modes = ctx.message.accepted_output_modes;
+  const configuration = { blocking: false, ...(modes?.length ? { acceptedOutputModes: modes } : {}) };
   // Stopped before anything went out: nothing to follow up.
   if (link.aborted) throw new Error('the run was stopped');
   const forward = new AbortController();
@@ -322,7 +325,7 @@ async function send(
   };
   link.addEventListener('abort', onStop, { once: true });
   try {
-    for await (const event of remote.sendMessageStream({ message, configuration: { blocking: false } }, { signal: forward.signal })) {
+    for await (const event of remote.sendMessageStream({ message, configuration }, { signal: forward.signal })) {
       if (link.aborted) {
         await mirror.named(event);
         throw new Error('the run was stopped');

@@ -52,3 +52,17 @@ export interface Agent {
 export function textOf(message: Message): string {
   return message.parts.map((p) => (p.type === 'text-part' ? p.text : '')).filter(Boolean).join('\n');
 }
+
+// Whether the sender of `message` takes a reply of media type `type` (as `text/plain`): its
+// `accepted_output_modes` name it, a wildcard (`text/*`, `*/*`) or its bare top-level type (`text`,
+// as some A2A clients write it), parameters aside. A sender that named none takes any.
+export function acceptsOutput(message: Message, type: string): boolean {
+  const modes = message.accepted_output_modes;
+  if (!modes?.length) return true;
+  const wanted = type.toLowerCase();
+  const top = wanted.split('/')[0];
+  return modes.some((m) => {
+    const mode = m.split(';')[0].trim().toLowerCase();
+    return mode === wanted || mode === '*/*' || mode === `${top}/*` || mode === top;
+  });
+}
