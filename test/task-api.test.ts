@@ -888,7 +888,12 @@ describe('the bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)', () =
     assert.equal(await testDb()('tasks').where({ id }).update({ message_bytes: null }), 1);
     // An empty extensions array counts nothing, as the count kept since does not count it.
     assert.equal(await testDb()('messages').where({ task_id: id }).update({ extensions: testDb().raw("'{}'::text[]") }), 2);
-    const stored = Number((await testDb()('messages').where({ task_id: id }).select(testDb().raw('sum(octet_length(parts::text))::int as n')))[0].n);
+    // Output modes count as the JSON array they are, as for a new message (none stored before the
+    // count, but the recount and the count must agree should one be).
+    const modes = ['text/plain', 'application/json'];
+    assert.equal(await testDb()('messages').where({ task_id: id, seq: testDb()('messages').where({ task_id: id }).min('seq') }).update({ accepted_output_modes: modes }), 1);
+    const stored = Number((await testDb()('messages').where({ task_id: id }).select(testDb().raw('sum(octet_length(parts::text))::int as n')))[0].n)
+      + Buffer.byteLength(JSON.stringify(modes));
     const over = await c.post(`/api/task/v1/${id}/message`, text(4096 - stored));
     assert.match(over.body.message, new RegExp(`^Task '${id}' holds ${stored} bytes of messages`));
     assert.equal((await c.post(`/api/task/v1/${id}/message`, text(100))).status, 201);
