@@ -50,6 +50,12 @@ export async function messageBytes(db: Tx, taskId: string): Promise<number> {
   return Number(row.n);
 }
 
+// The task whose opening message (migration 0024) has this sender id, if one has.
+export async function taskOpenedBy(db: Tx, clientMessageId: string): Promise<string | undefined> {
+  const row = await db('messages').select('task_id').where({ client_message_id: clientMessageId, opens_task: true }).first();
+  return row?.task_id;
+}
+
 // The first message of a task with `m`'s sender id, role and content (parts, metadata, extensions,
 // reference ids as stored), if it holds one: a retried send (domain/tasks.ts). jsonb and array
 // equality, so key order does not matter. Read through messages (task_id, seq): that task's rows only.

@@ -151,38 +151,47 @@ export async function listContexts(db: Tx, pageSize: number, token?: string): Pr
   return keysetPage<ContextInfo>(q, { columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r) => [r.created_at, r.context_id] }, pageSize, token);
 }
 
-export interface TaskBundle { task: TaskRow; message: Message; timeline: TimelineItem[] }
+// `opening`: its message's sender id marks it as the one that opened the task (migration 0024).
+export interface TaskBundle { task: TaskRow; message: Message; timeline: TimelineItem[]; opening: boolean }
 
 // New tasks with their contexts, first messages and timelines, written by
 // ONE statement whatever their number: task intake is the hottest write path, and concurrent
 // intakes are coalesced into one such statement (db/statement-batcher.ts). The bundles travel
 // as one jsonb parameter so the statement text, and its prepared plan, never change.
 // All of a bundle's rows are stamped with its task's created_at (newTaskBundle makes one instant).
-// Returns, per bundle in order, the seqs of its timeline items.
-export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<number[][]> {
-  const input = bundles.map(({ task: t, message: m, timeline }, i) => ({
+// An opening message whose sender id another opening message holds (one committed, or earlier in the
+// same statement) is not stored, and nor is the rest of its bundle: the caller looks for the task that
+// id opened (findOpening). Returns, per bundle in order, the seqs of its timeline items, or undefined
+// for a bundle not stored.
+export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<(number[] | undefined)[]> {
+  const input = bundles.map(({ task: t, message: m, timeline, opening }, i) => ({
     i, id: t.id, context_id: t.context_id, status: t.status, at: t.created_at, metadata: t.metadata,
-    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: messageBytes(m), refs: m.reference_task_ids, ext: m.extensions ?? null, aom: m.accepted_output_modes ?? null, m_metadata: m.metadata,
+    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: messageBytes(m), refs: m.reference_task_ids, ext: m.extensions ?? null, aom: m.accepted_output_modes ?? null, m_metadata: m.metadata, op: opening,
     tl: timeline.map((item) => ({ id: item.id, p: item.event_payload })),
   }));
-  const { rows } = await pgQuery<{ seqs: (string | number)[] }>(db,
+  const { rows } = await pgQuery<{ seqs: (string | number)[] | null; stored: boolean }>(db,
     `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb,
-                   m_id uuid, cm_id text, role text, parts jsonb, mb bigint, refs uuid[], ext text[], aom text[], m_metadata jsonb, tl jsonb)),
-      c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from b order by context_id, at
+                   m_id uuid, cm_id text, role text, parts jsonb, mb bigint, refs uuid[], ext text[], aom text[], m_metadata jsonb, op boolean, tl jsonb)),
+      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, accepted_output_modes, metadata, created_at, opens_task)
+            select m_id, cm_id, id, role, parts, refs, ext, aom, m_metadata, at, op from b order by i
+            on conflict (client_message_id) where opens_task do nothing
+            returning task_id),
+      s as (select b.* from b join m on m.task_id = b.id),
+      c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from s order by context_id, at
             on conflict (id) do nothing),
       t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at, run_due_message_id, message_bytes)
-            select id, context_id, status, at, null, metadata, at, at, case when role = 'user' then m_id end, mb from b),
-      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, accepted_output_modes, metadata, created_at)
-            select m_id, cm_id, id, role, parts, refs, ext, aom, m_metadata, at from b order by i),
+            select id, context_id, status, at, null, metadata, at, at, case when role = 'user' then m_id end, mb from s),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at)
-             select (e.item->>'id')::uuid, b.id, e.item->'p', b.at
-               from b cross join lateral jsonb_array_elements(b.tl) with ordinality as e(item, n)
-              order by b.i, e.n
+             select (e.item->>'id')::uuid, s.id, e.item->'p', s.at
+               from s cross join lateral jsonb_array_elements(s.tl) with ordinality as e(item, n)
+              order by s.i, e.n
              returning task_id, seq)
-    select b.i, (select array_agg(seq order by seq) from tl where tl.task_id = b.id) as seqs from b order by b.i`,
+    select b.i, (select array_agg(seq order by seq) from tl where tl.task_id = b.id) as seqs,
+           exists (select 1 from m where m.task_id = b.id) as stored
+      from b order by b.i`,
     [JSON.stringify(input)], 'task-bundles',
   );
-  return rows.map((r) => r.seqs.map(Number));
+  return rows.map((r) => (r.stored ? (r.seqs ?? []).map(Number) : undefined));
 }
 
 // Batched statements lock task rows in input order: sorted by task id, concurrent batches cannot

@@ -82,11 +82,11 @@ export async function setPushConfig(db: Tx, taskId: string, input: PushConfigInp
   return storePushConfig(db, taskId, input, cfg, false);
 }
 
-// A config that comes with a task's creation, in the same transaction: the task's first updates
-// were written before the config existed, so it starts at the task's beginning and their delivery
-// (through `throughSeq`) is enqueued here; the fan-out trigger takes the later ones.
-export async function setPushConfigOfNewTask(uow: UnitOfWork, taskId: string, input: PushConfigInput, cfg: Config, throughSeq: number): Promise<PushConfig> {
-  const config = await storePushConfig(uow.trx, taskId, input, cfg, true);
+// A config checkPushConfig passed that comes with a task's creation, in the same transaction: the
+// task's first updates were written before the config existed, so it starts at the task's beginning
+// and their delivery (through `throughSeq`) is enqueued here; the fan-out trigger takes the later ones.
+export async function storeCheckedPushConfigOfNewTask(uow: UnitOfWork, taskId: string, input: PushConfigInput, cfg: Config, throughSeq: number): Promise<PushConfig> {
+  const config = await writePushConfig(uow.trx, taskId, input, cfg, true);
   await uow.enqueue('push-notifications', 'deliver', { task_id: taskId, config_id: config.id, timeline_seq: throughSeq });
   return config;
 }

@@ -1,6 +1,7 @@
 // Task rules: creation, messages, status transitions and their timeline entries. Used by the
 // REST API, the A2A handler and the agent runtime alike.
 import { randomUUID } from 'node:crypto';
+import { isDeepStrictEqual } from 'node:util';
 import type { Knex } from 'knex';
 import * as tasks from '../db/tasks.ts';
 import type { StatusChange } from '../db/tasks.ts';
@@ -172,26 +173,41 @@ function newTaskBundle(req: CreateTaskRequest, id: string, maxMessageBytes: numb
     { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'task-status-update', status: 'submitted' } },
   ];
   const run = req.message.role === 'user' ? newOutboxRow(...runJob(id, message.id)) : undefined;
-  return { bundle: { task, message, timeline }, run };
+  return { bundle: { task, message, timeline, opening: message.client_message_id !== undefined }, run };
 }
 
 // Creating a task is a single atomic statement (shared with concurrent intakes), so it needs no
 // explicit transaction. No TASK_EVENTS note: nobody can follow a task before its id is known, and
-// followers read the timeline from Postgres before they wait for notes.
-export async function createTask(s: UowServices & Pick<Services, 'taskStatements' | 'cfg'>, req: CreateTaskRequest, id: string = randomUUID()) {
+// followers read the timeline from Postgres before they wait for notes. A retried send (an opening
+// sender id already taken: findOpeningRetry) gets the task the first copy created.
+export async function createTask(s: UowServices & Pick<Services, 'taskStatements' | 'cfg'>, req: CreateTaskRequest, id: string = randomUUID()): Promise<CreatedTask> {
   const { bundle, run } = newTaskBundle(req, id, s.cfg.TASK_MESSAGES_MAX_BYTES);
-  await s.taskStatements.insertTaskBundle.execute(bundle);
+  if (!await s.taskStatements.insertTaskBundle.execute(bundle)) {
+    const retry = await findOpeningRetry(s.db, req);
+    if (retry) return retry;
+    await s.taskStatements.insertTaskBundle.execute({ ...bundle, opening: false });
+  }
   afterCommit(s, [], [], run ? [run] : []);
-  return { task: tasks.toTask(bundle.task), message: bundle.message };
+  return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: 0 };
 }
 
-// The same, inside a caller's larger transaction.
-export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, maxMessageBytes: number, id: string = randomUUID()) {
+// The same, inside a caller's larger transaction; lastSeq: the task's newest timeline item.
+export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, maxMessageBytes: number, id: string = randomUUID()): Promise<CreatedTask> {
   const { bundle, run } = newTaskBundle(req, id, maxMessageBytes);
-  const [timelineSeqs] = await tasks.insertTaskBundles(uow.trx, [bundle]);
+  let [timelineSeqs] = await tasks.insertTaskBundles(uow.trx, [bundle]);
+  if (!timelineSeqs) {
+    const retry = await findOpeningRetry(uow.trx, req);
+    if (retry) return retry;
+    [timelineSeqs] = await tasks.insertTaskBundles(uow.trx, [{ ...bundle, opening: false }]);
+  }
   if (run) uow.addRecoverable(run);
-  return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs) };
+  return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs!) };
 }
+
+// A new task, or for a retried send (`retried`) the task the first copy created as it stands now,
+// with the message that opened it and its newest timeline item (lastSeq; 0 for a new task made by
+// createTask, which does not read it).
+export interface CreatedTask { task: Task; message: Message; lastSeq: number; retried?: Retried }
 
 // A message to a task that repeats one the task holds (the same sender id, role, parts, metadata,
 // extensions and reference ids) is that send again, from a client whose answer was lost: nothing is
@@ -211,6 +227,23 @@ async function findRetried(trx: Tx, locked: tasks.TaskRow, req: CreateMessageReq
   const settled = (isTerminal(locked.status) || isInterrupted(locked.status)) && await timeline.statusChangedAfter(trx, locked.id, item.seq);
   const retried: Retried = { status: locked.status, settled };
   return { message: message as Message, timeline_item, seq: await lastTimelineSeq(trx, locked.id), retried };
+}
+
+// A send of a new task whose sender id opened a task, with the same role and content (findRetried),
+// the same task metadata and, if it names one, the same context, is that send again: it is answered
+// with that task. Another send that reuses the id makes a task of its own, which a retry of it cannot
+// find (the id is taken); senders are to make their ids unique.
+async function findOpeningRetry(db: Tx, req: CreateTaskRequest): Promise<CreatedTask | undefined> {
+  const taskId = await messages.taskOpenedBy(db, req.message.client_message_id!);
+  if (!taskId) return undefined;
+  // The task is not locked: its newest item is read before its status, so a change after that item
+  // is either in the status (settled) or followed from there, never neither.
+  const lastSeq = await lastTimelineSeq(db, taskId);
+  const task = await tasks.getTask(db, taskId);
+  if (!task || (req.context_id !== undefined && req.context_id.toLowerCase() !== task.context_id)) return undefined;
+  if (!isDeepStrictEqual(task.metadata, req.metadata ?? {})) return undefined;
+  const retry = await findRetried(db, task, req.message);
+  return retry && { task: tasks.toTask(task), message: retry.message, lastSeq, retried: retry.retried };
 }
 
 // Adds a message to a task that is not terminal, in the caller's transaction; a user message to an

@@ -154,6 +154,42 @@ describe('A2A with the real SDK clients', () => {
         await assert.rejects(client.sendMessage({ message: userMessage('last word', { taskId: first.id }) }), /is completed.*-32600/);
       });
 
+      it('of a new task (no taskId) returns the task the first send created, blocking, not, or streamed, and runs the agent once', async () => {
+        const opening = userMessage('open once');
+        const sent = await client.sendMessage({ message: opening, configuration: { blocking: false } }) as Task;
+        const done = await client.sendMessage({ message: opening }) as Task;
+        assert.equal(done.id, sent.id);
+        assert.equal(done.contextId, sent.contextId);
+        assert.equal(done.status.state, 'completed');
+        assert.equal(textOf(done.status.message), 'Echo: open once');
+        const again = await client.sendMessage({ message: { ...opening, contextId: sent.contextId }, configuration: { blocking: false } }) as Task;
+        assert.equal(again.id, sent.id);
+        assert.deepEqual(again.status, done.status);
+        const events = [];
+        for await (const e of client.sendMessageStream({ message: opening })) events.push(e);
+        assert.equal((events[0] as Task).kind, 'task');
+        assert.equal((events[0] as Task).id, sent.id);
+        const final = events.at(-1) as TaskStatusUpdateEvent;
+        assert.equal(final.final, true);
+        assert.equal(final.taskId, sent.id);
+        assert.equal(final.status.state, 'completed');
+        const opened = await testDb()('messages').where({ client_message_id: opening.messageId }).count({ n: '*' });
+        assert.equal(Number(opened[0].n), 1, 'one task, one opening message');
+        assert.deepEqual(await userTexts(sent.id), ['open once']);
+        const runs = await testDb()('timeline_items').where({ task_id: sent.id }).whereRaw(`event_payload->>'status' = 'working'`).count({ n: '*' });
+        assert.equal(Number(runs[0].n), 1);
+      });
+
+      it('of a new task sent twice at once creates one task; the same messageId with other text is a task of its own', async () => {
+        const opening = userMessage('opened twice');
+        const both = await Promise.all([client.sendMessage({ message: opening }), client.sendMessage({ message: opening })]) as Task[];
+        assert.equal(both[0].id, both[1].id);
+        for (const t of both) assert.equal(t.status.state, 'completed');
+        const other = await client.sendMessage({ message: { ...opening, parts: [{ kind: 'text', text: 'something else' }] } }) as Task;
+        assert.notEqual(other.id, both[0].id);
+        assert.equal(textOf(other.status.message), 'Echo: something else');
+      });
+
       it('sent twice at once is stored once', async () => {
         const first = await waiting('retry race');
         const answer = userMessage('raced', { taskId: first.id });

@@ -126,6 +126,24 @@ describe('push notifications', () => {
     assert.deepEqual((await rpc('tasks/pushNotificationConfig/list', { id })).result.map((c: any) => c.pushNotificationConfig.id), ['inline']);
   });
 
+  it('takes the inline push config of a new task once: a retry of its first send sets none, and a bad one is still refused', async () => {
+    const rx = await startReceiver();
+    receivers.push(rx);
+    const message = { kind: 'message', messageId: `m-${randomUUID()}`, role: 'user', parts: [{ kind: 'text', text: '[input] hook me' }] };
+    const send = (pushNotificationConfig: Record<string, unknown>) => rpc('message/send', { message, configuration: { blocking: false, pushNotificationConfig } });
+    const first = await send({ id: 'inline', url: rx.url, token: 'tok-first-321' });
+    assert.equal(first.error, undefined, JSON.stringify(first));
+    const retry = await send({ id: 'inline', url: rx.url, token: 'tok-retry-654' });
+    assert.equal(retry.error, undefined, JSON.stringify(retry));
+    assert.equal(retry.result.id, first.result.id);
+    const refused = await send({ id: 'inline', url: 'gopher://example.com/', token: 'tok-refused-987' });
+    assert.equal(refused.error?.code, -32602, JSON.stringify(refused));
+    const id = first.result.id;
+    await waitFor(async () => states(rx.all, id).includes('input-required'), 'the update that it waits for input');
+    for (const r of rx.all.filter((x) => x.body.id === id)) assert.equal(r.token, 'tok-first-321');
+    assert.deepEqual((await rpc('tasks/pushNotificationConfig/list', { id })).result.map((c: any) => c.pushNotificationConfig.id), ['inline']);
+  });
+
   it('refuses a message to an ended task as such (-32600) whatever inline push config it brings, checking none', async () => {
     const id = await idleTask();
     await setStatus(id, 'working');

@@ -17,6 +17,7 @@ function bundle(text: string, id: string = randomUUID()): TaskBundle {
       { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'task-status-update', status: 'submitted' } },
       { id: randomUUID(), task_id: id, created_at: iso, event_payload: { type: 'message', message } },
     ],
+    opening: false,
   };
 }
 
@@ -28,6 +29,7 @@ describe('statement batcher (task intake)', () => {
     const bundles = Array.from({ length: 20 }, (_, i) => bundle(`b${i}`));
     const seqs = await Promise.all(bundles.map((b) => writer.execute(b)));
     for (const [i, b] of bundles.entries()) {
+      assert.ok(seqs[i]);
       assert.equal(seqs[i].length, 2);
       assert.ok(seqs[i][0] < seqs[i][1]);
       const items = await testDb()('timeline_items').where({ task_id: b.task.id }).orderBy('seq');

@@ -234,6 +234,90 @@ describe('task API', () => {
       const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': 'application/json' } });
       assertError(r, 400, 'invalid_request');
     });
+
+    describe('a retried create (a first message with the same client_message_id, role and content)', () => {
+      const opening = (extra: Record<string, unknown> = {}) => ({
+        role: 'user', client_message_id: `open-${randomUUID()}`, parts: [{ type: 'data-part', data: { a: 1, b: [2, 3] } }],
+        metadata: { k: 'v' }, extensions: ['https://example.com/ext'], reference_task_ids: [], ...extra,
+      });
+      const post = (body: unknown) => stack.client.post('/api/task/v1', body);
+      // The agent runs queued for a task (no worker runs here).
+      const runsOf = async (taskId: string) => (await withQueue(stack.env, 'agent-tasks', (queue) => queue.getJobs(['wait'])))
+        .filter((j) => j.data.task_id === taskId);
+
+      it('answers 200 with the task it created and its first message, storing nothing and queuing no second run', async () => {
+        const message = opening();
+        const first = await post({ message, metadata: { origin: 'retry' } });
+        assert.equal(first.status, 201, first.text);
+        await waitFor(async () => (await runsOf(first.body.task.id)).length === 1, 'the first run queued');
+        await put(first.body.task.id, { status: 'working' });
+        const before = await counts();
+        // The same content written otherwise (key order) is the same message.
+        const retry = await post({ message: { ...message, parts: [{ data: { b: [2, 3], a: 1 }, type: 'data-part' }] }, metadata: { origin: 'retry' } });
+        assert.equal(retry.status, 200, retry.text);
+        assert.deepEqual(retry.body.message, first.body.message);
+        // The task as it stands now.
+        assert.equal(retry.body.task.id, first.body.task.id);
+        assert.equal(retry.body.task.status, 'working');
+        assert.deepEqual(await counts(), before);
+        await sleep(100);
+        assert.equal((await runsOf(first.body.task.id)).length, 1);
+        // Its context named, as the task has it (in upper case too): the same retry.
+        const named = await post({ message, metadata: { origin: 'retry' }, context_id: first.body.task.context_id.toUpperCase() });
+        assert.equal(named.status, 200, named.text);
+        assert.equal(named.body.task.id, first.body.task.id);
+      });
+
+      it('sent several times at once creates one task', async () => {
+        const message = opening();
+        const before = await counts();
+        const all = await Promise.all(Array.from({ length: 6 }, () => post({ message })));
+        assert.deepEqual(all.map((r) => r.status).sort(), [200, 200, 200, 200, 200, 201]);
+        assert.equal(new Set(all.map((r) => r.body.task.id)).size, 1);
+        assert.equal(new Set(all.map((r) => r.body.message.id)).size, 1);
+        const [t, m, i] = await counts();
+        assert.deepEqual([Number(t), Number(m), Number(i)], [Number(before[0]) + 1, Number(before[1]) + 1, Number(before[2]) + 2]);
+        await waitFor(async () => (await runsOf(all[0].body.task.id)).length === 1, 'the run queued');
+        await sleep(100);
+        assert.equal((await runsOf(all[0].body.task.id)).length, 1);
+      });
+
+      it('with other content, task metadata or context, or without client_message_id, creates a task of its own', async () => {
+        const message = opening();
+        const first = await create({ message });
+        const { task: other } = await create();
+        const variants = [
+          { message: { ...message, parts: [{ type: 'data-part', data: { a: 1, b: [3, 2] } }] } }, { message: { ...message, role: 'agent' } },
+          { message: { ...message, metadata: {} } }, { message: { ...message, extensions: undefined } },
+          { message: { ...message, reference_task_ids: [other.id] } }, { message: { ...message, client_message_id: undefined } },
+          { message, metadata: { other: true } }, { message, context_id: other.context_id }, { message, context_id: randomUUID() },
+        ];
+        const ids = new Set([first.task.id, other.id]);
+        for (const body of variants) {
+          const r = await post(body);
+          assert.equal(r.status, 201, `${JSON.stringify(body)}: ${r.text}`);
+          ids.add(r.body.task.id);
+        }
+        assert.equal(ids.size, variants.length + 2);
+        // The first task's own retry still finds it.
+        const retry = await post({ message });
+        assert.equal(retry.status, 200, retry.text);
+        assert.equal(retry.body.task.id, first.task.id);
+      });
+
+      it('of a task that has ended since answers 200 with the ended task; one deleted since is created again', async () => {
+        const message = opening();
+        const { task } = await create({ message });
+        await put(task.id, { status: 'canceled' });
+        const retry = await post({ message });
+        assert.equal(retry.status, 200, retry.text);
+        assert.equal(retry.body.task.status, 'canceled');
+        await testDb()('tasks').where({ id: task.id }).delete();
+        const again = await post({ message });
+        assert.equal(again.status, 201, again.text);
+        assert.notEqual(again.body.task.id, task.id);
+      });
+    });
   });
 
   describe('GET /api/task/v1/{task_id}', () => {

@@ -18,6 +18,7 @@ function bundle(contextId: string): TaskBundle {
     task: { id, context_id: contextId, status: 'submitted', status_timestamp: at, status_message_id: null, metadata: {}, created_at: at, updated_at: at },
     message: message as never,
     timeline: [{ id: randomUUID(), task_id: id, created_at: at.toISOString(), event_payload: { type: 'task-status-update', status: 'submitted' } } as never],
+    opening: false,
   };
 }
 

@@ -10,6 +10,7 @@ import { listTimeline } from '../../db/timeline.ts';
 const tag = 'task';
 const TaskId = Type.Object({ task_id: Uuid });
 const AddedMessage = Type.Object({ message: Message, timeline_item: TimelineItem });
+const CreatedTask = Type.Object({ task: Task, message: Message });
 
 export const taskRoutes = [
   defineRoute({
@@ -48,8 +49,17 @@ export const taskRoutes = [
     summary: 'Create a task with its first message and enqueue its execution',
     body: CreateTaskRequest,
     // 409: the context named was being deleted by task retention meanwhile (a retry succeeds).
-    responses: { 201: Type.Object({ task: Task, message: Message }), ...resourceErrors, 409: ErrorBody },
-  }, async ({ body, services }) => taskDomain.createTask(services, body)),
+    // 200: a retry of the send that created a task (domain/tasks.ts), answered with that task.
+    responses: { 201: CreatedTask, 200: CreatedTask, ...resourceErrors, 409: ErrorBody },
+    responseDescriptions: {
+      201: 'The task is created',
+      200: 'A retry: a task was created by a message with this client_message_id, role and content (and the same metadata and context_id, where given); nothing is stored, that task is returned as it stands, with its first message',
+    },
+  }, async ({ body, services, ctx }) => {
+    const { task, message, retried } = await taskDomain.createTask(services, body);
+    ctx.status = retried ? 200 : 201;
+    return { task, message };
+  }),
 
   defineRoute({
     method: 'get', path: '/api/task/v1/:task_id', operationId: 'get-task', tag, scope: 'task:read',

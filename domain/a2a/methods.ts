@@ -3,14 +3,13 @@
 import { randomUUID } from 'node:crypto';
 import type { AgentCard, Message as A2AMessage, Task as A2ATask, TaskPushNotificationConfig } from '@a2a-js/sdk';
 import type { Services } from '../services.ts';
-import type { Message, Task } from '../../api/schemas/task.ts';
 import * as tasksRepo from '../../db/tasks.ts';
 import { lastTimelineSeq } from '../../db/timeline-views.ts';
 import { addMessageIn, createTask, createTaskIn, updateStatus, type Retried } from '../tasks.ts';
 import { inTransaction } from '../unit-of-work.ts';
 import { Conflict } from '../errors.ts';
 import { isTerminal, type TaskState } from '../task-states.ts';
-import type { TaskWaiter } from '../task-waiter.ts';
+import type { TaskFollow, TaskWaiter } from '../task-waiter.ts';
 import * as push from '../push-config.ts';
 import { agentCard } from './agent-card.ts';
 import { A2AError, JSONRPC, TaskNotCancelableError, TaskNotFoundError, invalidParams, invalidRequest } from './errors.ts';
@@ -99,20 +98,34 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
     });
   }
 
-  const id = opts.newId;
   const req = { context_id: params.message.contextId?.toLowerCase(), message };
-  const view = (c: { task: Task; message: Message }) => toA2ATask(c.task, { messages: [c.message], historyLength: params.configuration?.historyLength });
-  if (!pushConfig && !opts.needSeq) {
-    // The hot path (non-blocking intake): one statement, no re-read.
-    const created = await createTask(services, req, id);
-    return { id, contextId: created.task.context_id, seq: 0, snapshot: view(created) };
-  }
-  const created = await inTransaction(services, async (uow) => {
-    const c = await createTaskIn(uow, req, services.cfg.TASK_MESSAGES_MAX_BYTES, id);
-    if (pushConfig) await push.setPushConfigOfNewTask(uow, id, pushConfig, services.cfg, c.lastSeq);
-    return c;
-  });
-  return { id, contextId: created.task.context_id, seq: created.lastSeq, snapshot: view(created) };
+  // Before the task is written: a retry's config is checked too, and no host lookup holds the
+  // transaction open.
+  if (pushConfig) await push.checkPushConfig(pushConfig, services.cfg);
+  // The hot path (non-blocking intake): one statement, no re-read.
+  const created = !pushConfig && !opts.needSeq
+    ? await createTask(services, req, opts.newId)
+    : await inTransaction(services, async (uow) => {
+      const c = await createTaskIn(uow, req, services.cfg.TASK_MESSAGES_MAX_BYTES, opts.newId);
+      // A retry sets nothing: the task keeps what its first send configured.
+      if (pushConfig && !c.retried) await push.storeCheckedPushConfigOfNewTask(uow, opts.newId, pushConfig, services.cfg, c.lastSeq);
+      return c;
+    });
+  const { task, retried } = created;
+  // A retried send's task holds more than its first message by now.
+  const snapshot = retried
+    ? await loadA2ATask(services.db, task.id, params.configuration?.historyLength)
+    : toA2ATask(task, { messages: [created.message], historyLength: params.configuration?.historyLength });
+  return { id: task.id, contextId: task.context_id, seq: created.lastSeq, snapshot, retried };
+}
+
+// A retried send of a new task is answered with the task its first copy created, not the id minted for
+// it: followed from the task's newest timeline item (accept's seq), so what was followed before is
+// not needed.
+async function refollow(call: A2ACall, follow: TaskFollow, mintedId: string, taskId: string): Promise<TaskFollow> {
+  if (taskId === mintedId) return follow;
+  follow.close();
+  return call.waiter.follow(taskId);
 }
 
 export async function sendMessage(call: A2ACall, params: MessageSendParams): Promise<A2ATask> {
@@ -129,10 +142,11 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
   const timeout = new AbortController();
   const timer = setTimeout(() => timeout.abort(), services.cfg.A2A_BLOCKING_TIMEOUT_MS);
   const deadline = AbortSignal.any([call.signal, timeout.signal]);
-  const follow = await waiter.follow(id);
+  let follow = await waiter.follow(id);
   try {
     // A new task is followed from its start: its first rows are read once, nothing is lost.
     const accepted = await accept(call, params, { newId: id, needSeq: false });
+    follow = await refollow(call, follow, id, accepted.id);
     // A retry of a send the task has settled since has nothing more to wait for.
     if (!accepted.retried?.settled) {
       for await (const _event of followTimeline(services.db, follow, accepted, accepted.seq, deadline)) { /* drain to the final event */ }
@@ -148,9 +162,10 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
 export async function streamMessage(call: A2ACall, params: MessageSendParams): Promise<TaskStream> {
   const { services, waiter } = call;
   const id = params.message.taskId !== undefined ? taskIdOf(params.message.taskId) : randomUUID();
-  const follow = await waiter.follow(id);
+  let follow = await waiter.follow(id);
   try {
     const accepted = await accept(call, params, { newId: id, needSeq: true, snapshot: true });
+    follow = await refollow(call, follow, id, accepted.id);
     const { snapshot, retried } = accepted;
     return (async function* () {
       try {
