@@ -161,7 +161,8 @@ export interface TaskBundle { task: TaskRow; message: Message; timeline: Timelin
 // All of a bundle's rows are stamped with its task's created_at (newTaskBundle makes one instant).
 // An opening message whose sender id another opening message holds (one committed, or earlier in the
 // same statement) is not stored, and nor is the rest of its bundle: the caller looks for the task that
-// id opened (findOpening). Returns, per bundle in order, the seqs of its timeline items, or undefined
+// id opened (domain/tasks.ts). Messages go in by sender id: concurrent statements holding the same
+// ids then wait for each other in one order, never in a cycle (a deadlock). Returns, per bundle in order, the seqs of its timeline items, or undefined
 // for a bundle not stored.
 export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<(number[] | undefined)[]> {
   const input = bundles.map(({ task: t, message: m, timeline, opening }, i) => ({
@@ -173,7 +174,7 @@ export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]):
     `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb,
                    m_id uuid, cm_id text, role text, parts jsonb, mb bigint, refs uuid[], ext text[], aom text[], m_metadata jsonb, op boolean, tl jsonb)),
       m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, accepted_output_modes, metadata, created_at, opens_task)
-            select m_id, cm_id, id, role, parts, refs, ext, aom, m_metadata, at, op from b order by i
+            select m_id, cm_id, id, role, parts, refs, ext, aom, m_metadata, at, op from b order by cm_id, i
             on conflict (client_message_id) where opens_task do nothing
             returning task_id),
       s as (select b.* from b join m on m.task_id = b.id),

@@ -150,14 +150,19 @@ export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: Tas
   return changed;
 }
 
+// Refuses a first message larger than a task may hold of messages.
+export function checkFirstMessage(message: CreateMessageRequest, maxMessageBytes: number): void {
+  const bytes = tasks.messageBytes(message);
+  if (bytes > maxMessageBytes) {
+    throw new PayloadTooLarge(`This message (${bytes} bytes) is more than the ${maxMessageBytes} bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)`, { adding: bytes, limit: maxMessageBytes });
+  }
+}
+
 // Builds a new task's rows in memory so they can be written by one statement, and the job of its
 // first run (a user message starts one). That job is added right after commit without an outbox
 // row: job recovery finds a submitted task whose first message has no job (workers/recover-agent-runs.ts).
 function newTaskBundle(req: CreateTaskRequest, id: string, maxMessageBytes: number): { bundle: tasks.TaskBundle; run?: OutboxRow } {
-  const bytes = tasks.messageBytes(req.message);
-  if (bytes > maxMessageBytes) {
-    throw new PayloadTooLarge(`This message (${bytes} bytes) is more than the ${maxMessageBytes} bytes of messages a task may hold (TASK_MESSAGES_MAX_BYTES)`, { adding: bytes, limit: maxMessageBytes });
-  }
+  checkFirstMessage(req.message, maxMessageBytes);
   const at = new Date();
   const iso = at.toISOString();
   const task: tasks.TaskRow = {
@@ -188,10 +193,10 @@ export async function createTask(s: UowServices & Pick<Services, 'taskStatements
     await s.taskStatements.insertTaskBundle.execute({ ...bundle, opening: false });
   }
   afterCommit(s, [], [], run ? [run] : []);
-  return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: 0 };
+  return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: 0, retry: false };
 }
 
-// The same, inside a caller's larger transaction; lastSeq: the task's newest timeline item.
+// The same, inside a caller's larger transaction.
 export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, maxMessageBytes: number, id: string = randomUUID()): Promise<CreatedTask> {
   const { bundle, run } = newTaskBundle(req, id, maxMessageBytes);
   let [timelineSeqs] = await tasks.insertTaskBundles(uow.trx, [bundle]);
@@ -201,13 +206,14 @@ export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, maxM
     [timelineSeqs] = await tasks.insertTaskBundles(uow.trx, [{ ...bundle, opening: false }]);
   }
   if (run) uow.addRecoverable(run);
-  return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs!) };
+  return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs!), retry: false };
 }
 
-// A new task, or for a retried send (`retried`) the task the first copy created as it stands now,
-// with the message that opened it and its newest timeline item (lastSeq; 0 for a new task made by
-// createTask, which does not read it).
-export interface CreatedTask { task: Task; message: Message; lastSeq: number; retried?: Retried }
+// A new task with its first message, or for a retried send (`retry`) the task the first copy created
+// as it stood when found, with the message that opened it (openedTaskState reads how it stands).
+// lastSeq: the new task's newest timeline item (createTaskIn; 0 from createTask, which does not read
+// it, and for a retry).
+export interface CreatedTask { task: Task; message: Message; lastSeq: number; retry: boolean }
 
 // A message to a task that repeats one the task holds (the same sender id, role, parts, metadata,
 // extensions and reference ids) is that send again, from a client whose answer was lost: nothing is
@@ -216,34 +222,47 @@ export interface CreatedTask { task: Task; message: Message; lastSeq: number; re
 // to come. Senders may reuse an id for other content: that is a new message.
 export interface Retried { status: TaskState; settled: boolean }
 
+// How a task stands for a retry of `original`: its item, whether the task has settled since, and
+// the task's newest item (where a follower continues). Read in one view of the task: under its row
+// lock, or in a snapshot.
+async function retryState(trx: Tx, task: tasks.TaskRow, original: Pick<Message, 'id' | 'created_at'>) {
+  const item = await timeline.messageItem(trx, task.id, original);
+  if (!item) return undefined;
+  const settled = (isTerminal(task.status) || isInterrupted(task.status)) && await timeline.statusChangedAfter(trx, task.id, item.seq);
+  const retried: Retried = { status: task.status, settled };
+  return { item, seq: await lastTimelineSeq(trx, task.id), retried };
+}
+
 async function findRetried(trx: Tx, locked: tasks.TaskRow, req: CreateMessageRequest) {
   if (req.client_message_id === undefined) return undefined;
   const original = await messages.findSameMessage(trx, newMessage(locked.id, req, ''));
-  if (!original) return undefined;
-  const item = await timeline.messageItem(trx, locked.id, original);
-  if (!item) return undefined;
-  const { seq: _m, ...message } = original;
-  const { seq: _i, ...timeline_item } = item;
-  const settled = (isTerminal(locked.status) || isInterrupted(locked.status)) && await timeline.statusChangedAfter(trx, locked.id, item.seq);
-  const retried: Retried = { status: locked.status, settled };
-  return { message: message as Message, timeline_item, seq: await lastTimelineSeq(trx, locked.id), retried };
+  const state = original && await retryState(trx, locked, original);
+  if (!state) return undefined;
+  const { seq: _m, ...message } = original!;
+  const { seq: _i, ...timeline_item } = state.item;
+  return { message: message as Message, timeline_item, seq: state.seq, retried: state.retried };
 }
 
-// A send of a new task whose sender id opened a task, with the same role and content (findRetried),
-// the same task metadata and, if it names one, the same context, is that send again: it is answered
-// with that task. Another send that reuses the id makes a task of its own, which a retry of it cannot
-// find (the id is taken); senders are to make their ids unique.
+// A send of a new task whose sender id opened a task, with the same role and content (as findRetried
+// compares them), the same task metadata and, if it names one, the same context, is that send again:
+// it is answered with that task. Another send that reuses the id makes a task of its own, which a
+// retry of it cannot find (the id is taken); senders are to make their ids unique.
 async function findOpeningRetry(db: Tx, req: CreateTaskRequest): Promise<CreatedTask | undefined> {
   const taskId = await messages.taskOpenedBy(db, req.message.client_message_id!);
-  if (!taskId) return undefined;
-  // The task is not locked: its newest item is read before its status, so a change after that item
-  // is either in the status (settled) or followed from there, never neither.
-  const lastSeq = await lastTimelineSeq(db, taskId);
-  const task = await tasks.getTask(db, taskId);
+  const task = taskId && await tasks.getTask(db, taskId);
   if (!task || (req.context_id !== undefined && req.context_id.toLowerCase() !== task.context_id)) return undefined;
   if (!isDeepStrictEqual(task.metadata, req.metadata ?? {})) return undefined;
-  const retry = await findRetried(db, task, req.message);
-  return retry && { task: tasks.toTask(task), message: retry.message, lastSeq, retried: retry.retried };
+  const original = await messages.findSameMessage(db, newMessage(task.id, req.message, ''));
+  if (!original) return undefined;
+  const { seq: _seq, ...message } = original;
+  return { task: tasks.toTask(task), message: message as Message, lastSeq: 0, retry: true };
+}
+
+// How the task a retried first send found stands (retryState), for a caller that reads it in one
+// snapshot with what it answers from; undefined if the task is gone.
+export async function openedTaskState(trx: Tx, taskId: string, opening: Message) {
+  const task = await tasks.getTask(trx, taskId);
+  return task && retryState(trx, task, opening);
 }
 
 // Adds a message to a task that is not terminal, in the caller's transaction; a user message to an

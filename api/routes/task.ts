@@ -56,8 +56,8 @@ export const taskRoutes = [
       200: 'A retry: a task was created by a message with this client_message_id, role and content (and the same metadata and context_id, where given); nothing is stored, that task is returned as it stands, with its first message',
     },
   }, async ({ body, services, ctx }) => {
-    const { task, message, retried } = await taskDomain.createTask(services, body);
-    ctx.status = retried ? 200 : 201;
+    const { task, message, retry } = await taskDomain.createTask(services, body);
+    ctx.status = retry ? 200 : 201;
     return { task, message };
   }),
 

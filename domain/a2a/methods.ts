@@ -5,7 +5,7 @@ import type { AgentCard, Message as A2AMessage, Task as A2ATask, TaskPushNotific
 import type { Services } from '../services.ts';
 import * as tasksRepo from '../../db/tasks.ts';
 import { lastTimelineSeq } from '../../db/timeline-views.ts';
-import { addMessageIn, createTask, createTaskIn, updateStatus, type Retried } from '../tasks.ts';
+import { addMessageIn, checkFirstMessage, createTask, createTaskIn, openedTaskState, updateStatus, type Retried } from '../tasks.ts';
 import { inTransaction } from '../unit-of-work.ts';
 import { Conflict } from '../errors.ts';
 import { isTerminal, type TaskState } from '../task-states.ts';
@@ -99,24 +99,34 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
   }
 
   const req = { context_id: params.message.contextId?.toLowerCase(), message };
-  // Before the task is written: a retry's config is checked too, and no host lookup holds the
-  // transaction open.
-  if (pushConfig) await push.checkPushConfig(pushConfig, services.cfg);
+  const max = services.cfg.TASK_MESSAGES_MAX_BYTES;
+  // Before the task is written (a retry's config is checked too, and no host lookup holds the
+  // transaction open), after what needs no lookup.
+  if (pushConfig) {
+    checkFirstMessage(message, max);
+    await push.checkPushConfig(pushConfig, services.cfg);
+  }
   // The hot path (non-blocking intake): one statement, no re-read.
   const created = !pushConfig && !opts.needSeq
     ? await createTask(services, req, opts.newId)
     : await inTransaction(services, async (uow) => {
-      const c = await createTaskIn(uow, req, services.cfg.TASK_MESSAGES_MAX_BYTES, opts.newId);
+      const c = await createTaskIn(uow, req, max, opts.newId);
       // A retry sets nothing: the task keeps what its first send configured.
-      if (pushConfig && !c.retried) await push.storeCheckedPushConfigOfNewTask(uow, opts.newId, pushConfig, services.cfg, c.lastSeq);
+      if (pushConfig && !c.retry) await push.storeCheckedPushConfigOfNewTask(uow, opts.newId, pushConfig, services.cfg, c.lastSeq);
       return c;
     });
-  const { task, retried } = created;
-  // A retried send's task holds more than its first message by now.
-  const snapshot = retried
-    ? await loadA2ATask(services.db, task.id, params.configuration?.historyLength)
-    : toA2ATask(task, { messages: [created.message], historyLength: params.configuration?.historyLength });
-  return { id: task.id, contextId: task.context_id, seq: created.lastSeq, snapshot, retried };
+  const { task } = created;
+  if (!created.retry) {
+    return { id: task.id, contextId: task.context_id, seq: created.lastSeq, snapshot: toA2ATask(task, { messages: [created.message], historyLength: params.configuration?.historyLength }) };
+  }
+  // The task a retried send found, as it stands now: its view and the item a follower continues
+  // after, read in one snapshot so that no update is both in the view and followed.
+  const state = await inSnapshot(services.db, async (trx) => {
+    const s = await openedTaskState(trx, task.id, created.message);
+    return s && { ...s, snapshot: await loadA2ATask(trx, task.id, params.configuration?.historyLength) };
+  });
+  if (!state) throw new TaskNotFoundError(task.id);
+  return { id: task.id, contextId: task.context_id, seq: state.seq, snapshot: state.snapshot, retried: state.retried };
 }
 
 // A retried send of a new task is answered with the task its first copy created, not the id minted for

@@ -1,5 +1,6 @@
-// Review of 78af300 (a task's first send sent again creates one task): races the change's tests do
-// not cover. Each test states the behaviour it expects; they fail on 78af300.
+// A task's first send sent again (domain/tasks.ts findOpeningRetry): the races task-api and a2a-sdk
+// cannot arrange through the API. Intake statements that hold the same opening ids, and a streamed
+// retry while the task changes (an update is written at the moment the retry looks for its original).
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -28,7 +29,7 @@ function opening(cmId: string): TaskBundle {
   };
 }
 
-describe('review of 78af300: opening retries', () => {
+describe('retried first sends: races', () => {
   before(resetDb);
 
   // Two intake statements (two API processes, or maxInFlight 2 in one) carrying the same opening
