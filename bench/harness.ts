@@ -12,6 +12,7 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Knex } from 'knex';
 import { startPostgres, startRedis } from '../scripts/local-services.ts';
+import { readProcTable, subtree } from '../scripts/proc-table.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -60,12 +61,12 @@ export async function startStack(name: string, opts: { logLevel: string; ephemer
   ]);
 
   function cpuMs(): Record<string, number> {
-    const tree = processTree();
-    if (!tree) return {};
+    const table = readProcTable();
+    if (!table) return {};
     const out: Record<string, number> = {};
     for (const [role, pid] of roles) {
       const root = pid();
-      if (root !== undefined) out[role] = subtreeMs(tree, root);
+      if (root !== undefined) out[role] = subtree(table, root).reduce((ms, p) => ms + p.cpuMs, 0);
     }
     const self = process.cpuUsage();
     out['load generator'] = (self.user + self.system) / 1000;
@@ -114,40 +115,6 @@ const pidIn = (file: string) => {
     return undefined;
   }
 };
-
-// Every process's parent and CPU time (ms) from /proc/<pid>/stat; undefined without /proc.
-interface ProcStat { ppid: number; ms: number }
-const TICK_MS = 1000 / 100; // USER_HZ, 100 on Linux
-function processTree(): Map<number, ProcStat> | undefined {
-  if (!fs.existsSync('/proc/self/stat')) return undefined;
-  const tree = new Map<number, ProcStat>();
-  for (const name of fs.readdirSync('/proc')) {
-    if (!/^\d+$/.test(name)) continue;
-    let stat: string;
-    try {
-      stat = fs.readFileSync(`/proc/${name}/stat`, 'utf8');
-    } catch {
-      continue; // ended meanwhile
-    }
-    // After the command's name in parentheses (which may hold spaces): state, ppid, ... then utime,
-    // stime, cutime, cstime (fields 14 to 17; the last two: its children that ended and were reaped).
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    tree.set(Number(name), { ppid: Number(f[1]), ms: (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) * TICK_MS });
-  }
-  return tree;
-}
-
-// A process's CPU time and its descendants'.
-function subtreeMs(tree: Map<number, ProcStat>, root: number): number {
-  let ms = 0;
-  const todo = [root];
-  while (todo.length) {
-    const pid = todo.pop()!;
-    ms += tree.get(pid)?.ms ?? 0;
-    for (const [child, st] of tree) if (st.ppid === pid) todo.push(child);
-  }
-  return ms;
-}
 
 /** A readiness check for spawnReady: the URL answers 2xx. */
 export const answers = (url: string) => async () => (await fetch(url)).ok;

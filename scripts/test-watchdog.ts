@@ -5,39 +5,21 @@
 // the stall limit, the watchdog prints that test and what every process of the run is doing (Linux:
 // its state and the kernel function it waits in), then kills them.
 import fs from 'node:fs';
-
-interface ProcInfo { pid: number; ppid: number; state: string; wchan: string; cmd: string }
+import { readProcTable, subtree, type ProcEntry } from './proc-table.ts';
 
 const read = (file: string) => {
   try { return fs.readFileSync(file, 'utf8'); } catch { return ''; }
 };
 
-function processes(): ProcInfo[] {
-  let pids: string[];
-  try { pids = fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p)); } catch { return []; }
-  const out: ProcInfo[] = [];
-  for (const p of pids) {
-    const stat = read(`/proc/${p}/stat`);
-    // "pid (comm) state ppid …": comm may hold spaces and parentheses, so split after the last ')'.
-    const rest = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    if (rest.length < 2) continue;
-    const cmd = read(`/proc/${p}/cmdline`).replace(/\0+$/, '').replace(/\0/g, ' ');
-    out.push({ pid: Number(p), ppid: Number(rest[1]), state: rest[0], wchan: read(`/proc/${p}/wchan`) || '-', cmd: cmd.length > 160 ? `${cmd.slice(0, 160)}…` : cmd });
-  }
-  return out;
-}
+interface ProcInfo extends ProcEntry { wchan: string; cmd: string }
 
-// `root` and everything it started, parents before their children.
+// `root` and everything it started, parents before their children, with what each waits in and runs.
 function processTree(root: number): ProcInfo[] {
-  const all = processes();
-  const tree: ProcInfo[] = [];
-  const visit = (pid: number) => {
-    const me = all.find((p) => p.pid === pid);
-    if (me) tree.push(me);
-    for (const child of all.filter((p) => p.ppid === pid)) visit(child.pid);
-  };
-  visit(root);
-  return tree;
+  const table = readProcTable();
+  return table ? subtree(table, root).map((p) => {
+    const cmd = read(`/proc/${p.pid}/cmdline`).replace(/\0+$/, '').replace(/\0/g, ' ');
+    return { ...p, wchan: read(`/proc/${p.pid}/wchan`) || '-', cmd: cmd.length > 160 ? `${cmd.slice(0, 160)}…` : cmd };
+  }) : [];
 }
 
 function describeStall(tree: ProcInfo[], progressFile: string, stalledMs: number): string {
