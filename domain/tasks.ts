@@ -187,11 +187,8 @@ function newTaskBundle(req: CreateTaskRequest, id: string, maxMessageBytes: numb
 // sender id already taken: findOpeningRetry) gets the task the first copy created.
 export async function createTask(s: UowServices & Pick<Services, 'taskStatements' | 'cfg'>, req: CreateTaskRequest, id: string = randomUUID()): Promise<CreatedTask> {
   const { bundle, run } = newTaskBundle(req, id, s.cfg.TASK_MESSAGES_MAX_BYTES);
-  if (!await s.taskStatements.insertTaskBundle.execute(bundle)) {
-    const retry = await findOpeningRetry(s.db, req);
-    if (retry) return retry;
-    await s.taskStatements.insertTaskBundle.execute({ ...bundle, opening: false });
-  }
+  const written = await writeBundle(s.db, req, bundle, (b) => s.taskStatements.insertTaskBundle.execute(b));
+  if ('retry' in written) return written.retry;
   afterCommit(s, [], [], run ? [run] : []);
   return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: 0, retry: false };
 }
@@ -199,14 +196,21 @@ export async function createTask(s: UowServices & Pick<Services, 'taskStatements
 // The same, inside a caller's larger transaction.
 export async function createTaskIn(uow: UnitOfWork, req: CreateTaskRequest, maxMessageBytes: number, id: string = randomUUID()): Promise<CreatedTask> {
   const { bundle, run } = newTaskBundle(req, id, maxMessageBytes);
-  let [timelineSeqs] = await tasks.insertTaskBundles(uow.trx, [bundle]);
-  if (!timelineSeqs) {
-    const retry = await findOpeningRetry(uow.trx, req);
-    if (retry) return retry;
-    [timelineSeqs] = await tasks.insertTaskBundles(uow.trx, [{ ...bundle, opening: false }]);
-  }
+  const written = await writeBundle(uow.trx, req, bundle, async (b) => (await tasks.insertTaskBundles(uow.trx, [b]))[0]);
+  if ('retry' in written) return written.retry;
   if (run) uow.addRecoverable(run);
-  return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...timelineSeqs!), retry: false };
+  return { task: tasks.toTask(bundle.task), message: bundle.message, lastSeq: Math.max(...written.seqs), retry: false };
+}
+
+// Writes a new task's rows with `insert`, which gives their timeline seqs, or nothing when the
+// bundle's opening sender id is taken: then the send is a retry of the one that created that task
+// (findOpeningRetry), or, with other content, a task of its own whose first message is not marked.
+async function writeBundle(db: Tx, req: CreateTaskRequest, bundle: tasks.TaskBundle, insert: (b: tasks.TaskBundle) => Promise<number[] | undefined>): Promise<{ seqs: number[] } | { retry: CreatedTask }> {
+  const seqs = await insert(bundle);
+  if (seqs) return { seqs };
+  const retry = await findOpeningRetry(db, req);
+  if (retry) return { retry };
+  return { seqs: (await insert({ ...bundle, opening: false }))! };
 }
 
 // A new task with its first message, or for a retried send (`retry`) the task the first copy created
