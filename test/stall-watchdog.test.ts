@@ -6,6 +6,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { stripVTControlCharacters } from 'node:util';
 import { ROOT } from './helpers/stack.ts';
 
 function runTests(args: string[], env: Record<string, string>): Promise<{ code: number | null; stdout: string; stderr: string; ms: number }> {
@@ -15,7 +16,8 @@ function runTests(args: string[], env: Record<string, string>): Promise<{ code: 
   let stderr = '';
   child.stdout.on('data', (d) => (stdout += d));
   child.stderr.on('data', (d) => (stderr += d));
-  return new Promise((resolve) => child.on('exit', (code) => resolve({ code, stdout, stderr, ms: Date.now() - started })));
+  // Colour codes removed: mocha colours its output when the environment asks for it (FORCE_COLOR, as CI sets).
+  return new Promise((resolve) => child.on('exit', (code) => resolve({ code, stdout: stripVTControlCharacters(stdout), stderr: stripVTControlCharacters(stderr), ms: Date.now() - started })));
 }
 
 const alive = (pid: number) => {
