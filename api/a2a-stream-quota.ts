@@ -1,6 +1,8 @@
-// Streams open per API key in this process (A2A_STREAMS_PER_KEY): a stream holds a connection and
-// re-reads Postgres every few seconds for as long as its task lives, which may be for ever. A
-// revoked key's streams end (endStreamsOf, called wherever this process learns of a revocation).
+// Streams open per API key (A2A_STREAMS_PER_KEY), counted across the API processes
+// (queues/stream-places.ts): a stream holds a connection and re-reads Postgres every few seconds for
+// as long as its task lives, which may be for ever. This process's own streams are counted here too:
+// for a revoked key's streams to end (endStreamsOf, called wherever this process learns of a
+// revocation), for /metrics, and as the limit while Redis is out of reach.
 import { RateLimited, Unauthenticated } from '../domain/errors.ts';
 import type { Services } from '../domain/services.ts';
 
@@ -19,22 +21,32 @@ export interface HeldStream {
   release(): void;
 }
 
-/** Takes one of the key's stream places (429 when it has none left). */
-export function holdStream(services: Services, keyId: string): HeldStream {
+/** Takes one of the key's stream places (429 when it has none left here or across the API processes). */
+export async function holdStream(services: Services, keyId: string): Promise<HeldStream> {
   if (revoked.has(keyId)) throw new Unauthenticated('Unknown or revoked API key');
   const held = openStreams.get(keyId) ?? new Set<AbortController>();
   const limit = services.cfg.A2A_STREAMS_PER_KEY;
-  if (limit && held.size >= limit) {
-    throw new RateLimited(RETRY_AFTER_MS, `This API key holds ${held.size} A2A streams open here, the most A2A_STREAMS_PER_KEY allows; close one, or retry later`, { open: held.size, limit });
-  }
+  const refuse = (open: number) => new RateLimited(RETRY_AFTER_MS, `This API key holds ${open} A2A streams open, the most A2A_STREAMS_PER_KEY allows; close one, or retry later`, { open, limit });
+  if (limit && held.size >= limit) throw refuse(held.size);
+  // Counted here before Redis answers, so that streams opened here meanwhile count it; a revocation
+  // meanwhile aborts it.
   const stream = new AbortController();
   held.add(stream);
   openStreams.set(keyId, held);
+  const releaseHere = () => {
+    held.delete(stream);
+    if (!held.size && openStreams.get(keyId) === held) openStreams.delete(keyId);
+  };
+  const place = limit ? await services.streamPlaces.take(keyId, limit) : undefined;
+  if (place && 'open' in place) {
+    releaseHere();
+    throw refuse(place.open);
+  }
   return {
     signal: stream.signal,
     release: () => {
-      held.delete(stream);
-      if (!held.size && openStreams.get(keyId) === held) openStreams.delete(keyId);
+      releaseHere();
+      place?.release();
     },
   };
 }

@@ -91,8 +91,11 @@ const ConfigSchema = Type.Object({
   WORKER_STALLED_CHECK_MS: Ms({ minimum: 200, default: 15000 }),
   OUTBOX_SWEEP_MS: Ms({ minimum: 50, default: 2000 }),
   A2A_BLOCKING_TIMEOUT_MS: Ms({ minimum: 0, default: 30000 }),
-  // A2A streams (message/stream, tasks/resubscribe) one API key may hold open in each API process; 0: no limit.
+  // A2A streams (message/stream, tasks/resubscribe) one API key may hold open across the API processes; 0: no limit.
   A2A_STREAMS_PER_KEY: Type.Integer({ minimum: 0, default: 100 }),
+  // How long an open stream's place lasts in Redis unless its process renews it (every third of
+  // this): the places of an API process that dies with streams open come back after this.
+  A2A_STREAM_LEASE_MS: Ms({ minimum: 1000, default: 30000 }),
   // Capabilities the agent card advertises. Switched off, message/stream and tasks/resubscribe
   // answer -32004 (unsupported operation) and push notification configs -32003.
   A2A_STREAMING: Type.Boolean({ default: true }),

@@ -10,6 +10,7 @@ import { createRedis } from '../queues/connection.ts';
 import { EventBus } from '../queues/events.ts';
 import { createQueues, OutboxRelay, type Queues } from '../queues/outbox-relay.ts';
 import { FleetCounts } from '../queues/fleet-counts.ts';
+import { StreamPlaces } from '../queues/stream-places.ts';
 
 export interface Services {
   cfg: Config;
@@ -23,6 +24,8 @@ export interface Services {
   taskStatements: TaskStatements;
   /** Request limits counted across the API processes (syncs only once a limit uses it). */
   fleetCounts: FleetCounts;
+  /** A2A stream places per API key, counted across the API processes (A2A_STREAMS_PER_KEY). */
+  streamPlaces: StreamPlaces;
   close(): Promise<void>;
 }
 
@@ -36,12 +39,14 @@ export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log:
   const outbox = new OutboxRelay(db, queues, log, cfg.OUTBOX_SWEEP_MS);
   const bus = new EventBus(redis, sub, cfg.QUEUE_PREFIX, log);
   const fleetCounts = new FleetCounts(redis, cfg.QUEUE_PREFIX, log);
+  const streamPlaces = new StreamPlaces(redis, cfg.QUEUE_PREFIX, cfg.A2A_STREAM_LEASE_MS, log);
   return {
-    cfg, log, db, redis, queues, outbox, bus, fleetCounts,
+    cfg, log, db, redis, queues, outbox, bus, fleetCounts, streamPlaces,
     taskStatements: createTaskStatements(db),
     async close() {
       outbox.stop();
       fleetCounts.stop();
+      streamPlaces.stop();
       await Promise.allSettled(Object.values(queues).map((q) => q.close()));
       redis.disconnect();
       sub.disconnect();

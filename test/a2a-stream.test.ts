@@ -249,7 +249,8 @@ describe('A2A streaming (SSE)', () => {
 });
 
 describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
-  const stack = useStack({ A2A_STREAMS_PER_KEY: '2' }, { workers: 0 });
+  const LEASE_MS = 1500;
+  const stack = useStack({ A2A_STREAMS_PER_KEY: '2', A2A_STREAM_LEASE_MS: String(LEASE_MS) }, { workers: 0 });
 
   // A stream that stays open (its task never ends), until `close`.
   const open = async (taskId: string, key = ADMIN_KEY, apiUrl = stack.api.url) => {
@@ -261,6 +262,13 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
     });
     return { res, close: () => ac.abort() };
   };
+  // A stream opened once the key has a place again (each refused try closed).
+  const openOnceFree = (taskId: string, what: string, apiUrl = stack.api.url, timeoutMs?: number, intervalMs?: number) => waitFor(async () => {
+    const s = await open(taskId, ADMIN_KEY, apiUrl);
+    if (s.res.status === 200) return s;
+    s.close();
+    return undefined;
+  }, what, timeoutMs, intervalMs);
 
   it('refuses a key past its open streams with 429 and Retry-After, before the call does anything; a closed stream frees its place', async () => {
     const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
@@ -272,7 +280,8 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
     const refused = await stack.client.post(A2A, { jsonrpc: '2.0', id: 2, method: 'message/stream', params: { message: userMessage('one too many') } });
     assert.equal(refused.status, 429, refused.text);
     assert.equal(refused.body.data.code, 'rate_limited');
-    assert.match(refused.body.message, /holds 2 A2A streams open here, the most A2A_STREAMS_PER_KEY allows/);
+    assert.match(refused.body.message, /holds 2 A2A streams open, the most A2A_STREAMS_PER_KEY allows/);
+    assert.deepEqual(refused.body.data, { code: 'rate_limited', open: 2, limit: 2, retry_after_ms: 5000 });
     assert.equal(refused.headers.get('retry-after'), '5');
     assert.deepEqual(await testDb()('tasks').count({ n: '*' }), tasksBefore, 'the refused message/stream created no task');
     // Calls that are not streams, and other keys, are not counted.
@@ -282,13 +291,50 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
     assert.equal(third.res.status, 200);
 
     first.close();
-    const again = await waitFor(async () => {
-      const s = await open(task);
-      if (s.res.status === 200) return s;
-      s.close();
-      return undefined;
-    }, 'a place to free up');
+    const again = await openOnceFree(task, 'a place to free up');
     for (const s of [second, third, again]) s.close();
+  });
+
+  it("counts a key's streams on every API process together, for as long as they are open; one closed anywhere frees a place", async () => {
+    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const second = await startApi(stack.env);
+    try {
+      const here = await open(task);
+      const there = await open(task, ADMIN_KEY, second.url);
+      for (const s of [here, there]) assert.equal(s.res.status, 200);
+      // Each process holds one of the key's two places: both refuse a third, here and there, and
+      // still do after several leases (the processes renew them).
+      for (const wait of [0, 3 * LEASE_MS]) {
+        await new Promise((resolve) => setTimeout(resolve, wait));
+        for (const url of [stack.api.url, second.url]) {
+          const refused = await open(task, ADMIN_KEY, url);
+          assert.equal(refused.res.status, 429, `after ${wait} ms`);
+          assert.deepEqual(((await refused.res.json()) as { data: unknown }).data, { code: 'rate_limited', open: 2, limit: 2, retry_after_ms: 5000 });
+        }
+      }
+      here.close();
+      const again = await openOnceFree(task, 'the place closed on the first process to free up on the second', second.url);
+      for (const s of [there, again]) s.close();
+    } finally {
+      await second.stop();
+    }
+  });
+
+  it('gives back the places of an API process that dies with streams open once their lease ends', async () => {
+    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const doomed = await startApi(stack.env);
+    const streams = [await open(task, ADMIN_KEY, doomed.url), await open(task, ADMIN_KEY, doomed.url)];
+    for (const s of streams) assert.equal(s.res.status, 200);
+    await doomed.kill('SIGKILL');
+    for (const s of streams) s.close();
+    const died = Date.now();
+    // Its places outlive it, until their lease ends.
+    const refused = await open(task);
+    assert.equal(refused.res.status, 429);
+    refused.close();
+    const back = await openOnceFree(task, "the dead process's places to come back", stack.api.url, 4 * LEASE_MS, 100);
+    assert.ok(Date.now() - died >= LEASE_MS / 3, 'a place is kept until its lease ends, not dropped when a stream is refused');
+    back.close();
   });
 
   it('gives back the places of clients that hang up while their stream is being set up', async () => {

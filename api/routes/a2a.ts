@@ -66,7 +66,7 @@ export const a2aRoutes = [
     const log = ctx.state.log ?? services.log;
     // Held from before the call (message/stream creates a task: a refusal must come first) to the
     // stream's end, which comes early when the client goes or the key is revoked.
-    const held = callsStream(body) ? holdStream(services, (ctx.state.principal as Principal).id) : undefined;
+    const held = callsStream(body) ? await holdStream(services, (ctx.state.principal as Principal).id) : undefined;
     try {
       const signal = held ? AbortSignal.any([clientGone(ctx), held.signal]) : clientGone(ctx);
       const outcome = await dispatch({ services, waiter: waiterOf(services), signal }, body, log);

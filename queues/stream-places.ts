@@ -1,0 +1,114 @@
+// Places of A2A streams per API key, shared by every API process through Redis (A2A_STREAMS_PER_KEY):
+// one sorted set per key whose members are its streams open anywhere, each scored by when its lease
+// ends. A process renews the leases of its streams every third of a lease, so the places of a process
+// that dies with streams open come back when their leases end. Unlike request counts
+// (fleet-counts.ts), a place costs a round trip: streams are opened rarely and live long, and a
+// shared count that lagged would let a key pile up streams across processes. Redis down or slow: the
+// place is not counted in Redis until it is back (the next renewal adds it); the caller's own count
+// of this process's streams still holds.
+import { randomUUID } from 'node:crypto';
+import type { Redis } from 'ioredis';
+import type { Logger } from '../domain/logger.ts';
+
+// Times come from Redis (TIME), not from each process's clock: a process whose clock ran ahead would
+// take other processes' live leases for ended ones. (replicate_commands: Redis 5 and 6 refuse a write
+// after TIME without it; 7 always replicates a script's effects.)
+const NOW = `if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
+
+// KEYS[1]: a key's places; ARGV: the stream, the limit, the lease (ms). The count of other live
+// places when full (nothing taken), else -1.
+const TAKE = `${NOW}
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local open = redis.call('ZCARD', KEYS[1])
+if open >= tonumber(ARGV[2]) then return open end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return -1`;
+
+// KEYS[1]: a key's places; ARGV: the lease (ms), then the streams open here. Added back if they were
+// dropped meanwhile (their lease ended while Redis was out of reach): they are still open.
+const RENEW = `${NOW}
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return #ARGV - 1`;
+
+type PlacesRedis = Redis & {
+  takeStreamPlace(key: string, stream: string, limit: number, leaseMs: number): Promise<number>;
+  renewStreamPlaces(key: string, leaseMs: number, ...streams: string[]): Promise<number>;
+};
+
+export class StreamPlaces {
+  private readonly redis: PlacesRedis;
+  // The places this process holds, by subject: what each renewal renews.
+  private readonly held = new Map<string, Set<string>>();
+  private timer?: NodeJS.Timeout;
+  private down = false;
+  private stopped = false;
+  private seq = 0;
+  private readonly processId = randomUUID();
+
+  constructor(redis: Redis, private readonly prefix: string, private readonly leaseMs: number, private readonly log: Logger) {
+    redis.defineCommand('takeStreamPlace', { numberOfKeys: 1, lua: TAKE });
+    redis.defineCommand('renewStreamPlaces', { numberOfKeys: 1, lua: RENEW });
+    this.redis = redis as PlacesRedis;
+  }
+
+  private key(subject: string): string {
+    return `${this.prefix}:a2a-streams:${subject}`;
+  }
+
+  /**
+   * Takes one of `subject`'s `limit` places: a release, or, when the fleet holds them all, how many
+   * are open. Redis unavailable: a place that counts only here until Redis is back.
+   */
+  async take(subject: string, limit: number): Promise<{ release(): void } | { open: number }> {
+    const stream = `${this.processId}:${++this.seq}`;
+    try {
+      const open = await this.redis.takeStreamPlace(this.key(subject), stream, limit, this.leaseMs);
+      this.noteRedis();
+      if (open >= 0) return { open };
+    } catch (err) {
+      this.noteRedis(err as Error);
+    }
+    const mine = this.held.get(subject) ?? new Set<string>();
+    mine.add(stream);
+    this.held.set(subject, mine);
+    this.timer ??= setInterval(() => void this.renew(), Math.max(1, Math.floor(this.leaseMs / 3))).unref();
+    return {
+      release: () => {
+        if (!mine.delete(stream)) return;
+        if (!mine.size && this.held.get(subject) === mine) this.held.delete(subject);
+        // Sent after any renewal that named it (one connection keeps the order): it cannot come back.
+        this.redis.zrem(this.key(subject), stream).catch(() => undefined);
+      },
+    };
+  }
+
+  async renew(): Promise<void> {
+    if (!this.held.size) return;
+    const pipeline = this.redis.pipeline() as ReturnType<Redis['pipeline']> & { renewStreamPlaces(key: string, leaseMs: number, ...streams: string[]): unknown };
+    for (const [subject, streams] of this.held) pipeline.renewStreamPlaces(this.key(subject), this.leaseMs, ...streams);
+    let failed: Error | undefined;
+    try {
+      failed = ((await pipeline.exec()) ?? []).find(([err]) => err)?.[0] ?? undefined;
+    } catch (err) {
+      failed = err as Error;
+    }
+    this.noteRedis(failed);
+  }
+
+  private noteRedis(failed?: Error): void {
+    // Commands cut short by the connection closing at shutdown are no outage.
+    if (this.stopped) return;
+    if (failed && !this.down) this.log.warn({ err: { message: failed.message } }, 'Redis unavailable for A2A stream places: each API process counts its own streams until it is back');
+    else if (!failed && this.down) this.log.info('Redis back for A2A stream places: they are counted across the API processes again');
+    this.down = Boolean(failed);
+  }
+
+  stop(): void {
+    this.stopped = true;
+    clearInterval(this.timer);
+  }
+}
