@@ -355,7 +355,7 @@ describe('A2A JSON-RPC endpoint', () => {
 });
 
 describe('A2A JSON-RPC with streaming and push notifications switched off', () => {
-  const stack = useStack({ A2A_STREAMING: 'false', A2A_PUSH_NOTIFICATIONS: 'false' });
+  const stack = useStack({ A2A_STREAMING: 'false', A2A_PUSH_NOTIFICATIONS: 'false', A2A_STREAMS_PER_KEY: '1' });
   let nextId = 1;
   const rpc = async (method: string, params: unknown): Promise<any> => {
     const res = await fetch(stack.api.url + A2A, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, body: JSON.stringify({ jsonrpc: '2.0', id: `c${nextId}`, method, params }) });
@@ -382,6 +382,9 @@ describe('A2A JSON-RPC with streaming and push notifications switched off', () =
     // Params that do not fit change nothing: streaming is off whatever they hold.
     const bad = await rpc('message/stream', { message: { kind: 'message' } });
     assert.equal(bad.error.code, -32004, JSON.stringify(bad));
+    // Nor do they take stream places (A2A_STREAMS_PER_KEY is 1 here): calls at once are all -32004, none 429.
+    const together = await Promise.all(Array.from({ length: 6 }, (_, i) => stack.client.post(A2A, { jsonrpc: '2.0', id: i, method: 'message/stream', params: { message: userMessage('at once') } })));
+    assert.deepEqual(together.map((t) => [t.status, t.body.error?.code]), Array(6).fill([200, -32004]));
     const [{ n }] = await testDb()('tasks').count({ n: '*' });
     assert.equal(n, 1);
   });
