@@ -12,9 +12,11 @@ const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
 
 // Type-checks files with the project's TypeScript in strict mode; returns the diagnostics.
+// Not pretty: tsc colours its output where it takes the terminal to be one (FORCE_COLOR), and the
+// assertions read 'file(line,col)'.
 function typecheck(dir: string, files: string[]): { ok: boolean; output: string } {
   const tsc = path.join(ROOT, 'node_modules/.bin/tsc');
-  const r = spawnSync(tsc, ['--noEmit', '--strict', '--target', 'es2022', '--module', 'nodenext', '--moduleResolution', 'nodenext', '--lib', 'es2022,dom', '--types', '', ...files], { cwd: dir, encoding: 'utf8' });
+  const r = spawnSync(tsc, ['--noEmit', '--pretty', 'false', '--strict', '--target', 'es2022', '--module', 'nodenext', '--moduleResolution', 'nodenext', '--lib', 'es2022,dom', '--types', '', ...files], { cwd: dir, encoding: 'utf8' });
   return { ok: r.status === 0, output: `${r.stdout}${r.stderr}` };
 }
 
