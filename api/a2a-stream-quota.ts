@@ -42,6 +42,12 @@ export async function holdStream(services: Services, keyId: string): Promise<Hel
     releaseHere();
     throw refuse(place.open);
   }
+  // Revoked while Redis answered: refused as a revoked key is, before the call does anything.
+  if (stream.signal.aborted) {
+    releaseHere();
+    place?.release();
+    throw new Unauthenticated('Unknown or revoked API key');
+  }
   return {
     signal: stream.signal,
     release: () => {

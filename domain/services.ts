@@ -46,7 +46,7 @@ export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log:
     async close() {
       outbox.stop();
       fleetCounts.stop();
-      streamPlaces.stop();
+      await streamPlaces.stop();
       await Promise.allSettled(Object.values(queues).map((q) => q.close()));
       redis.disconnect();
       sub.disconnect();

@@ -17,6 +17,11 @@ const NOW = `if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
 
+// The set lives as long as its furthest lease, whatever lease each process uses (processes with
+// another A2A_STREAM_LEASE_MS during a rollout would otherwise expire each other's places).
+const EXPIRE_LAST = `local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] then redis.call('PEXPIREAT', KEYS[1], last[2]) end`;
+
 // KEYS[1]: a key's places; ARGV: the stream, the limit, the lease (ms). The count of other live
 // places when full (nothing taken), else -1.
 const TAKE = `${NOW}
@@ -24,15 +29,21 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local open = redis.call('ZCARD', KEYS[1])
 if open >= tonumber(ARGV[2]) then return open end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+${EXPIRE_LAST}
 return -1`;
 
 // KEYS[1]: a key's places; ARGV: the lease (ms), then the streams open here. Added back if they were
 // dropped meanwhile (their lease ended while Redis was out of reach): they are still open.
 const RENEW = `${NOW}
 for i = 2, #ARGV do redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i]) end
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
+${EXPIRE_LAST}
 return #ARGV - 1`;
+
+// How long opening a stream waits for Redis before it counts the place here alone: a Redis that
+// keeps the connection but does not answer would otherwise hold the request to DB_QUERY_TIMEOUT_MS.
+const TAKE_WAIT_MS = 2000;
+// How long a stop waits for the places it gives back to reach Redis.
+const STOP_WAIT_MS = 1000;
 
 type PlacesRedis = Redis & {
   takeStreamPlace(key: string, stream: string, limit: number, leaseMs: number): Promise<number>;
@@ -43,6 +54,9 @@ export class StreamPlaces {
   private readonly redis: PlacesRedis;
   // The places this process holds, by subject: what each renewal renews.
   private readonly held = new Map<string, Set<string>>();
+  // Places given back in the last lease, by stream: removed again after each renewal.
+  private readonly released = new Map<string, { subject: string; until: number }>();
+  private renewing = false;
   private timer?: NodeJS.Timeout;
   private down = false;
   private stopped = false;
@@ -61,16 +75,22 @@ export class StreamPlaces {
 
   /**
    * Takes one of `subject`'s `limit` places: a release, or, when the fleet holds them all, how many
-   * are open. Redis unavailable: a place that counts only here until Redis is back.
+   * are open. Redis unavailable or slow: a place that counts only here until Redis is back.
    */
   async take(subject: string, limit: number): Promise<{ release(): void } | { open: number }> {
     const stream = `${this.processId}:${++this.seq}`;
+    let slow: NodeJS.Timeout | undefined;
     try {
-      const open = await this.redis.takeStreamPlace(this.key(subject), stream, limit, this.leaseMs);
+      const open = await Promise.race([
+        this.redis.takeStreamPlace(this.key(subject), stream, limit, this.leaseMs),
+        new Promise<never>((_, reject) => { slow = setTimeout(() => reject(new Error(`no answer within ${TAKE_WAIT_MS} ms`)), Math.min(TAKE_WAIT_MS, this.leaseMs / 3)); }),
+      ]);
       this.noteRedis();
       if (open >= 0) return { open };
     } catch (err) {
       this.noteRedis(err as Error);
+    } finally {
+      clearTimeout(slow);
     }
     const mine = this.held.get(subject) ?? new Set<string>();
     mine.add(stream);
@@ -80,21 +100,32 @@ export class StreamPlaces {
       release: () => {
         if (!mine.delete(stream)) return;
         if (!mine.size && this.held.get(subject) === mine) this.held.delete(subject);
-        // Sent after any renewal that named it (one connection keeps the order): it cannot come back.
+        // Removed now, and again after each renewal for a lease: a take or renewal left unanswered by a
+        // dropped connection is sent again when it comes back, which would put the place back, and a
+        // removal refused meanwhile would leave it to its lease.
+        this.released.set(stream, { subject, until: Date.now() + this.leaseMs });
         this.redis.zrem(this.key(subject), stream).catch(() => undefined);
       },
     };
   }
 
   async renew(): Promise<void> {
-    if (!this.held.size) return;
+    if (this.renewing || (!this.held.size && !this.released.size)) return;
+    this.renewing = true;
     const pipeline = this.redis.pipeline() as ReturnType<Redis['pipeline']> & { renewStreamPlaces(key: string, leaseMs: number, ...streams: string[]): unknown };
     for (const [subject, streams] of this.held) pipeline.renewStreamPlaces(this.key(subject), this.leaseMs, ...streams);
+    const now = Date.now();
+    for (const [stream, { subject, until }] of this.released) {
+      if (until < now) this.released.delete(stream);
+      else pipeline.zrem(this.key(subject), stream);
+    }
     let failed: Error | undefined;
     try {
       failed = ((await pipeline.exec()) ?? []).find(([err]) => err)?.[0] ?? undefined;
     } catch (err) {
       failed = err as Error;
+    } finally {
+      this.renewing = false;
     }
     this.noteRedis(failed);
   }
@@ -107,8 +138,16 @@ export class StreamPlaces {
     this.down = Boolean(failed);
   }
 
-  stop(): void {
+  /** Gives back the places still held here (this process is going), waiting a moment for Redis. */
+  async stop(): Promise<void> {
     this.stopped = true;
     clearInterval(this.timer);
+    const pipeline = this.redis.pipeline();
+    for (const [subject, streams] of this.held) pipeline.zrem(this.key(subject), ...streams);
+    for (const [stream, { subject }] of this.released) pipeline.zrem(this.key(subject), stream);
+    if (!pipeline.length) return;
+    let wait: NodeJS.Timeout | undefined;
+    await Promise.race([pipeline.exec().catch(() => undefined), new Promise((resolve) => { wait = setTimeout(resolve, STOP_WAIT_MS); })]);
+    clearTimeout(wait);
   }
 }

@@ -6,6 +6,7 @@ import { randomUUID } from 'node:crypto';
 import net from 'node:net';
 import path from 'node:path';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
+import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
 import { ADMIN_KEY, Client, requestLogsThrough, resetDb, startApi, startStack, testDb, useStack, waitFor, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
@@ -248,20 +249,22 @@ describe('A2A streaming (SSE)', () => {
   });
 });
 
+// A resubscribe stream that stays open (its task never ends), until `close`.
+async function openStream(apiUrl: string, taskId: string, key = ADMIN_KEY) {
+  const ac = new AbortController();
+  const res = await fetch(apiUrl + A2A, {
+    method: 'POST', signal: ac.signal,
+    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/resubscribe', params: { id: taskId } }),
+  });
+  return { res, close: () => ac.abort() };
+}
+
 describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
   const LEASE_MS = 1500;
   const stack = useStack({ A2A_STREAMS_PER_KEY: '2', A2A_STREAM_LEASE_MS: String(LEASE_MS) }, { workers: 0 });
 
-  // A stream that stays open (its task never ends), until `close`.
-  const open = async (taskId: string, key = ADMIN_KEY, apiUrl = stack.api.url) => {
-    const ac = new AbortController();
-    const res = await fetch(apiUrl + A2A, {
-      method: 'POST', signal: ac.signal,
-      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/resubscribe', params: { id: taskId } }),
-    });
-    return { res, close: () => ac.abort() };
-  };
+  const open = (taskId: string, key = ADMIN_KEY, apiUrl = stack.api.url) => openStream(apiUrl, taskId, key);
   // A stream opened once the key has a place again (each refused try closed).
   const openOnceFree = (taskId: string, what: string, apiUrl = stack.api.url, timeoutMs?: number, intervalMs?: number) => waitFor(async () => {
     const s = await open(taskId, ADMIN_KEY, apiUrl);
@@ -440,6 +443,46 @@ describe('clients that stop reading (API_WRITE_STALL_MS)', function () {
     await new Promise((resolve) => setTimeout(resolve, 3000));
     assert.equal(ended, false, 'an idle stream whose client reads is not cut');
     ac.abort();
+  });
+});
+
+describe('A2A stream places of API processes that stop, and with Redis silent', () => {
+  // Leases far longer than the tests: a place that comes back does so because it was given back.
+  const stack = useStack({ A2A_STREAMS_PER_KEY: '2', A2A_STREAM_LEASE_MS: '600000' }, { workers: 0 });
+  const quietTask = async (client: Client) => (await client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id as string;
+
+  it('an API process stopping (SIGTERM) with streams open gives their places back as it goes', async () => {
+    const task = await quietTask(stack.client);
+    const going = await startApi(stack.env);
+    const streams = [await openStream(going.url, task), await openStream(going.url, task)];
+    for (const s of streams) assert.equal(s.res.status, 200);
+    const refused = await openStream(stack.api.url, task);
+    assert.equal(refused.res.status, 429);
+    refused.close();
+    await going.stop();
+    for (const s of streams) s.close();
+    const here = await openStream(stack.api.url, task);
+    assert.equal(here.res.status, 200, 'the stopped process gave its places back');
+    here.close();
+  });
+
+  describe('Redis gone silent', () => {
+    const own = behindServiceProxy('REDIS_URL', { A2A_STREAMS_PER_KEY: '2' });
+
+    it('opens a stream within seconds, not after DB_QUERY_TIMEOUT_MS (30 s), counting it here alone; one past the limit is still refused', async () => {
+      const s = own.stack;
+      const task = await quietTask(s.client);
+      own.proxy.swallow();
+      const started = Date.now();
+      const streams = [await openStream(s.api.url, task), await openStream(s.api.url, task)];
+      for (const x of streams) assert.equal(x.res.status, 200);
+      assert.ok(Date.now() - started < 10_000, `two streams opened in ${Date.now() - started} ms`);
+      const refused = await openStream(s.api.url, task);
+      assert.equal(refused.res.status, 429);
+      refused.close();
+      for (const x of streams) x.close();
+      own.proxy.forward();
+    });
   });
 });
 
