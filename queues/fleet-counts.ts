@@ -10,6 +10,7 @@
 import { createHash } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import type { Logger } from '../domain/logger.ts';
+import { RedisOutageLog } from './redis-outage.ts';
 
 export const SYNC_MS = 200;
 // An address comes from X-Forwarded-For under TRUST_PROXY, which a client may fill with anything:
@@ -75,10 +76,11 @@ export class FleetCounts {
   private readonly windows = new Map<string, WindowCounts>();
   private timer?: NodeJS.Timeout;
   private syncing = false;
-  private down = false;
-  private stopped = false;
+  private readonly outage: RedisOutageLog;
 
-  constructor(private readonly redis: Redis, private readonly prefix: string, private readonly log: Logger) {}
+  constructor(private readonly redis: Redis, private readonly prefix: string, log: Logger) {
+    this.outage = new RedisOutageLog(log, 'Redis unavailable for the request limits: each API process counts on its own until it is back', 'Redis back for the request limits: counts are shared by the API processes again');
+  }
 
   /** The counts named `name` (one Redis counter per window and subject under `<prefix>:limit:<name>:`); syncing starts with the first. */
   window(name: string, windowMs: number): WindowCounts {
@@ -136,15 +138,11 @@ export class FleetCounts {
     } finally {
       this.syncing = false;
     }
-    // Commands cut short by the connection closing at shutdown are no outage.
-    if (this.stopped) return;
-    if (failed && !this.down) this.log.warn({ err: { message: failed.message } }, 'Redis unavailable for the request limits: each API process counts on its own until it is back');
-    else if (!failed && this.down) this.log.info('Redis back for the request limits: counts are shared by the API processes again');
-    this.down = Boolean(failed);
+    this.outage.note(failed);
   }
 
   stop(): void {
-    this.stopped = true;
+    this.outage.stop();
     clearInterval(this.timer);
   }
 }

@@ -7,8 +7,10 @@
 // place is not counted in Redis until it is back (the next renewal adds it); the caller's own count
 // of this process's streams still holds.
 import { randomUUID } from 'node:crypto';
-import type { Redis } from 'ioredis';
+import type { ChainableCommander, Redis } from 'ioredis';
 import type { Logger } from '../domain/logger.ts';
+import { withTimeout } from '../domain/with-timeout.ts';
+import { RedisOutageLog } from './redis-outage.ts';
 
 // Times come from Redis (TIME), not from each process's clock: a process whose clock ran ahead would
 // take other processes' live leases for ended ones. (replicate_commands: Redis 5 and 6 refuse a write
@@ -45,28 +47,29 @@ const TAKE_WAIT_MS = 2000;
 // How long a stop waits for the places it gives back to reach Redis.
 const STOP_WAIT_MS = 1000;
 
-type PlacesRedis = Redis & {
+// The scripts as commands, on the connection and in its pipelines.
+interface PlaceCommands {
   takeStreamPlace(key: string, stream: string, limit: number, leaseMs: number): Promise<number>;
-  renewStreamPlaces(key: string, leaseMs: number, ...streams: string[]): Promise<number>;
-};
+  renewStreamPlaces(key: string, leaseMs: number, ...streams: string[]): unknown;
+}
 
 export class StreamPlaces {
-  private readonly redis: PlacesRedis;
+  private readonly redis: Redis & PlaceCommands;
+  private readonly outage: RedisOutageLog;
   // The places this process holds, by subject: what each renewal renews.
   private readonly held = new Map<string, Set<string>>();
   // Places given back in the last lease, by stream: removed again after each renewal.
   private readonly released = new Map<string, { subject: string; until: number }>();
   private renewing = false;
   private timer?: NodeJS.Timeout;
-  private down = false;
-  private stopped = false;
   private seq = 0;
   private readonly processId = randomUUID();
 
-  constructor(redis: Redis, private readonly prefix: string, private readonly leaseMs: number, private readonly log: Logger) {
+  constructor(redis: Redis, private readonly prefix: string, private readonly leaseMs: number, log: Logger) {
     redis.defineCommand('takeStreamPlace', { numberOfKeys: 1, lua: TAKE });
     redis.defineCommand('renewStreamPlaces', { numberOfKeys: 1, lua: RENEW });
-    this.redis = redis as PlacesRedis;
+    this.redis = redis as Redis & PlaceCommands;
+    this.outage = new RedisOutageLog(log, 'Redis unavailable for A2A stream places: each API process counts its own streams until it is back', 'Redis back for A2A stream places: they are counted across the API processes again');
   }
 
   private key(subject: string): string {
@@ -79,18 +82,12 @@ export class StreamPlaces {
    */
   async take(subject: string, limit: number): Promise<{ release(): void } | { open: number }> {
     const stream = `${this.processId}:${++this.seq}`;
-    let slow: NodeJS.Timeout | undefined;
     try {
-      const open = await Promise.race([
-        this.redis.takeStreamPlace(this.key(subject), stream, limit, this.leaseMs),
-        new Promise<never>((_, reject) => { slow = setTimeout(() => reject(new Error(`no answer within ${TAKE_WAIT_MS} ms`)), Math.min(TAKE_WAIT_MS, this.leaseMs / 3)); }),
-      ]);
-      this.noteRedis();
+      const open = await withTimeout(this.redis.takeStreamPlace(this.key(subject), stream, limit, this.leaseMs), Math.min(TAKE_WAIT_MS, this.leaseMs / 3));
+      this.outage.note();
       if (open >= 0) return { open };
     } catch (err) {
-      this.noteRedis(err as Error);
-    } finally {
-      clearTimeout(slow);
+      this.outage.note(err as Error);
     }
     const mine = this.held.get(subject) ?? new Set<string>();
     mine.add(stream);
@@ -112,7 +109,7 @@ export class StreamPlaces {
   async renew(): Promise<void> {
     if (this.renewing || (!this.held.size && !this.released.size)) return;
     this.renewing = true;
-    const pipeline = this.redis.pipeline() as ReturnType<Redis['pipeline']> & { renewStreamPlaces(key: string, leaseMs: number, ...streams: string[]): unknown };
+    const pipeline = this.redis.pipeline() as ChainableCommander & PlaceCommands;
     for (const [subject, streams] of this.held) pipeline.renewStreamPlaces(this.key(subject), this.leaseMs, ...streams);
     const now = Date.now();
     for (const [stream, { subject, until }] of this.released) {
@@ -127,27 +124,16 @@ export class StreamPlaces {
     } finally {
       this.renewing = false;
     }
-    this.noteRedis(failed);
-  }
-
-  private noteRedis(failed?: Error): void {
-    // Commands cut short by the connection closing at shutdown are no outage.
-    if (this.stopped) return;
-    if (failed && !this.down) this.log.warn({ err: { message: failed.message } }, 'Redis unavailable for A2A stream places: each API process counts its own streams until it is back');
-    else if (!failed && this.down) this.log.info('Redis back for A2A stream places: they are counted across the API processes again');
-    this.down = Boolean(failed);
+    this.outage.note(failed);
   }
 
   /** Gives back the places still held here (this process is going), waiting a moment for Redis. */
   async stop(): Promise<void> {
-    this.stopped = true;
+    this.outage.stop();
     clearInterval(this.timer);
     const pipeline = this.redis.pipeline();
     for (const [subject, streams] of this.held) pipeline.zrem(this.key(subject), ...streams);
     for (const [stream, { subject }] of this.released) pipeline.zrem(this.key(subject), stream);
-    if (!pipeline.length) return;
-    let wait: NodeJS.Timeout | undefined;
-    await Promise.race([pipeline.exec().catch(() => undefined), new Promise((resolve) => { wait = setTimeout(resolve, STOP_WAIT_MS); })]);
-    clearTimeout(wait);
+    if (pipeline.length) await withTimeout(pipeline.exec(), STOP_WAIT_MS).catch(() => undefined);
   }
 }

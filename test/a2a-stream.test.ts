@@ -249,6 +249,9 @@ describe('A2A streaming (SSE)', () => {
   });
 });
 
+// A task no agent runs (its first message is an agent's): it stays submitted, so its streams stay open.
+const quietTask = async (client: Client) => (await client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id as string;
+
 // A resubscribe stream that stays open (its task never ends), until `close`.
 async function openStream(apiUrl: string, taskId: string, key = ADMIN_KEY) {
   const ac = new AbortController();
@@ -274,7 +277,7 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
   }, what, timeoutMs, intervalMs);
 
   it('refuses a key past its open streams with 429 and Retry-After, before the call does anything; a closed stream frees its place', async () => {
-    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const task = await quietTask(stack.client);
     const first = await open(task);
     const second = await open(task);
     for (const s of [first, second]) assert.match(s.res.headers.get('content-type') ?? '', /^text\/event-stream/);
@@ -299,7 +302,7 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
   });
 
   it("counts a key's streams on every API process together, for as long as they are open; one closed anywhere frees a place", async () => {
-    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const task = await quietTask(stack.client);
     const second = await startApi(stack.env);
     try {
       const here = await open(task);
@@ -324,7 +327,7 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
   });
 
   it('gives back the places of an API process that dies with streams open once their lease ends', async () => {
-    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const task = await quietTask(stack.client);
     const doomed = await startApi(stack.env);
     const streams = [await open(task, ADMIN_KEY, doomed.url), await open(task, ADMIN_KEY, doomed.url)];
     for (const s of streams) assert.equal(s.res.status, 200);
@@ -341,7 +344,7 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
   });
 
   it('gives back the places of clients that hang up while their stream is being set up', async () => {
-    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const task = await quietTask(stack.client);
     const { port } = new URL(stack.api.url);
     // The whole request, then the connection closed a moment later: while the API reads the body or
     // writes the task, before the first event.
@@ -366,7 +369,7 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
   });
 
   it("ends a revoked key's open streams, on every API process, and no other key's", async () => {
-    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const task = await quietTask(stack.client);
     const created = (await stack.client.post('/api/auth/v1/api-key', { name: 'to be revoked', scopes: ['a2a'] })).body;
     const kept = (await stack.client.post('/api/auth/v1/api-key', { name: 'kept', scopes: ['a2a'] })).body.key;
     // The revoked key's stream is on a second API process: it learns of the revocation from Postgres.
@@ -417,7 +420,7 @@ describe('clients that stop reading (API_WRITE_STALL_MS)', function () {
 
   it('cuts an answer the client takes nothing of (a stream or tasks/get of a large task), freeing its stream place; an idle stream stays', async () => {
     // 15 MB of history: more than the loopback socket buffers hold, so the answer cannot all be sent.
-    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const task = await quietTask(stack.client);
     const big = 'y'.repeat(1_000_000);
     for (let i = 0; i < 15; i++) assert.equal((await stack.client.post(`/api/task/v1/${task}/message`, { role: 'agent', parts: [{ type: 'text-part', text: big }] })).status, 201);
     const stream = unread('tasks/resubscribe', { id: task });
@@ -430,7 +433,7 @@ describe('clients that stop reading (API_WRITE_STALL_MS)', function () {
     }
 
     // The key's one stream place is free again; a stream that is read but has nothing to say is kept.
-    const small = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const small = await quietTask(stack.client);
     const ac = new AbortController();
     const res = await fetch(stack.api.url + A2A, {
       method: 'POST', signal: ac.signal,
@@ -449,7 +452,6 @@ describe('clients that stop reading (API_WRITE_STALL_MS)', function () {
 describe('A2A stream places of API processes that stop, and with Redis silent', () => {
   // Leases far longer than the tests: a place that comes back does so because it was given back.
   const stack = useStack({ A2A_STREAMS_PER_KEY: '2', A2A_STREAM_LEASE_MS: '600000' }, { workers: 0 });
-  const quietTask = async (client: Client) => (await client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id as string;
 
   it('an API process stopping (SIGTERM) with streams open gives their places back as it goes', async () => {
     const task = await quietTask(stack.client);
@@ -491,7 +493,7 @@ describe("A2A streams of keys revoked by other paths", () => {
 
   // A stream of a new a2a key on a task that stays submitted; resolves 'ended' when the API ends it.
   const streamOfNewKey = async () => {
-    const task = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id;
+    const task = await quietTask(stack.client);
     const key = (await stack.client.post('/api/auth/v1/api-key', { name: 'streams', scopes: ['a2a'] })).body;
     const res = await fetch(`${stack.api.url}${A2A}`, {
       method: 'POST', headers: { authorization: `Bearer ${key.key}`, 'content-type': 'application/json' },

@@ -66,8 +66,7 @@ export const a2aRoutes = [
     const log = ctx.state.log ?? services.log;
     // Held from before the call (message/stream creates a task: a refusal must come first) to the
     // stream's end, which comes early when the client goes or the key is revoked.
-    // Only where streaming is offered: switched off, a stream call is -32004, which holds nothing.
-    const held = services.cfg.A2A_STREAMING && callsStream(body) ? await holdStream(services, (ctx.state.principal as Principal).id) : undefined;
+    const held = callsStream(body, services.cfg) ? await holdStream(services, (ctx.state.principal as Principal).id) : undefined;
     try {
       const signal = held ? AbortSignal.any([clientGone(ctx), held.signal]) : clientGone(ctx);
       const outcome = await dispatch({ services, waiter: waiterOf(services), signal }, body, log);

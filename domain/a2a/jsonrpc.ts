@@ -1,5 +1,6 @@
 // JSON-RPC 2.0 dispatch for A2A v0.3: envelope checks, method lookup, params validation, and
 // every failure as an error object with the request id echoed (null only when unreadable).
+import type { Config } from '../config.ts';
 import type { Logger } from '../logger.ts';
 import { A2AError, JSONRPC, logRpcError, toJsonRpcError, type JsonRpcErrorObject } from './errors.ts';
 import * as m from './methods.ts';
@@ -31,10 +32,13 @@ const METHODS: Record<string, Method> = {
   'agent/getAuthenticatedExtendedCard': method(p.validator(p.NoParams), (call) => m.extendedCard(call)),
 };
 
-/** Whether a request body calls a method answered with a stream (before it is dispatched). */
-export const callsStream = (body: unknown): boolean => {
+/**
+ * Whether a request body calls a method answered with a stream (before it is dispatched). With
+ * streaming switched off none is: those methods answer -32004 (requireStreaming).
+ */
+export const callsStream = (body: unknown, cfg: Pick<Config, 'A2A_STREAMING'>): boolean => {
   const name = (body as { method?: unknown } | null)?.method;
-  return typeof name === 'string' && Object.hasOwn(METHODS, name) && !!METHODS[name].stream;
+  return cfg.A2A_STREAMING && typeof name === 'string' && Object.hasOwn(METHODS, name) && !!METHODS[name].stream;
 };
 
 export const PARSE_ERROR: RpcResponse = { jsonrpc: '2.0', id: null, error: { code: JSONRPC.PARSE_ERROR, message: 'Parse error: the request body is not valid JSON' } };
