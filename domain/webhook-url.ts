@@ -4,7 +4,7 @@
 // internal address (DNS rebinding) is still refused.
 import dns from 'node:dns';
 import net from 'node:net';
-import { InvalidRequest } from './errors.ts';
+import { InvalidRequest, Unavailable } from './errors.ts';
 
 const blocked = new net.BlockList();
 // IPv4: IANA's special-purpose ranges that are not global (this network, private, shared, loopback,
@@ -29,6 +29,9 @@ export function isPrivateAddress(ip: string): boolean {
   if (family === 0) return true;
   return blocked.check(ip, family === 4 ? 'ipv4' : 'ipv6');
 }
+
+// What a lookup answers when the name has no address: the caller named nothing that exists.
+const NO_SUCH_NAME = ['ENOTFOUND', 'ENODATA'];
 
 const hostOf = (url: URL) => url.hostname.replace(/^\[(.*)\]$/, '$1');
 
@@ -57,8 +60,12 @@ export async function assertOutboundUrl(raw: string, allowPrivate: boolean, what
   let addresses: string[];
   try {
     addresses = await resolve(host);
-  } catch {
-    throw new InvalidRequest(`${what} host '${host}' cannot be resolved`);
+  } catch (err) {
+    const code = String((err as NodeJS.ErrnoException).code);
+    if (NO_SUCH_NAME.includes(code)) throw new InvalidRequest(`${what} host '${host}' cannot be resolved`);
+    // A resolver that timed out or failed (EAI_AGAIN...) says nothing of the name: refusing it as
+    // the caller's mistake would fail a good URL, and a remote agent's run, for a DNS blip.
+    throw new Unavailable(`${what} host '${host}' could not be looked up just now (${code}); retry shortly`);
   }
   const internal = addresses.find(isPrivateAddress);
   if (internal !== undefined) {

@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import dns from 'node:dns';
 import http from 'node:http';
 import net from 'node:net';
 import { randomUUID } from 'node:crypto';
@@ -36,12 +37,12 @@ async function startReceiver(answer: (r: Received, all: Received[]) => Answer | 
 
 
 // Rejects with the status and message of the AppError `fn` throws.
-async function rejection(fn: () => Promise<unknown>): Promise<{ status: number; message: string }> {
+async function rejection(fn: () => Promise<unknown>): Promise<{ status: number; code: string; message: string }> {
   try {
     await fn();
   } catch (e) {
     assert.ok(e instanceof AppError, `expected an AppError, got ${(e as Error).message}`);
-    return { status: e.status, message: e.message };
+    return { status: e.status, code: e.code, message: e.message };
   }
   assert.fail('expected a rejection');
 }
@@ -645,6 +646,27 @@ describe('push notifications', () => {
     // Private targets pass when the configuration allows them.
     const ok = await setPushConfig(testDb(), id, { url: 'http://127.0.0.1:8080/hook' }, allowPrivate);
     assert.equal(ok.url, 'http://127.0.0.1:8080/hook');
+  });
+
+  it('answers 503 (retry) when the lookup of the host failed for now, not 400: the URL may be good', async () => {
+    const id = await idleTask();
+    // The machine's resolver answers every name here (ENOTFOUND for what does not exist), so a
+    // resolver that timed out is played by the lookup itself, as getaddrinfo reports it.
+    const lookup = dns.promises.lookup;
+    dns.promises.lookup = (async (host: string) => {
+      if (host === 'hooks.example.com') throw Object.assign(new Error(`getaddrinfo EAI_AGAIN ${host}`), { code: 'EAI_AGAIN', hostname: host });
+      return lookup(host, { all: true });
+    }) as unknown as typeof lookup;
+    try {
+      const r = await rejection(() => setPushConfig(testDb(), id, { url: 'https://hooks.example.com/a2a' }, denyPrivate));
+      assert.equal(r.status, 503);
+      assert.equal(r.code, 'unavailable');
+      assert.equal(r.message, "Push notification URL host 'hooks.example.com' could not be looked up just now (EAI_AGAIN); retry shortly");
+      assert.equal((await rejection(() => setPushConfig(testDb(), id, { url: 'http://no-such-host.invalid/hook' }, denyPrivate))).status, 400);
+    } finally {
+      dns.promises.lookup = lookup;
+    }
+    assert.deepEqual(await listPushConfigs(testDb(), id), []);
   });
 });
 
