@@ -670,7 +670,7 @@ describe('push notifications', () => {
   });
 });
 
-describe('push notifications whose queue jobs Redis lost', function () {
+describe('push notifications whose queue jobs were lost or failed', function () {
   this.timeout(60_000);
   // A job retries for at most PUSH_ATTEMPTS x PUSH_TIMEOUT_MS plus backoff: 1 s here.
   const stack = useStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_ATTEMPTS: '1', PUSH_TIMEOUT_MS: '1000', JOB_RECOVERY_MS: '1000' });
@@ -697,6 +697,39 @@ describe('push notifications whose queue jobs Redis lost', function () {
         assert.ok(rx.all.every((r) => r.token === 'tok-lost'));
         // Logged as the job is added: the line may reach us after the delivery that job made.
         await waitFor(async () => stack.workers.some((w) => w.logs.some((l) => l.includes('push delivery had no queue job: enqueued again'))), 'the recovery log line', 5_000);
+      });
+    } finally {
+      await rx.close();
+    }
+  });
+
+  it('retries a recovery job that failed for good once the fault is gone, and every update arrives', async () => {
+    const rx = await startReceiver();
+    const workerLogged = (line: string) => stack.workers.some((w) => w.logs.some((l) => l.includes(line)));
+    try {
+      await withQueue(stack.env, 'push-notifications', async (queue) => {
+        await queue.pause();
+        const sent = await stack.client.post('/api/a2a/v1', {
+          jsonrpc: '2.0', id: 1, method: 'message/send',
+          params: { message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text: 'a fault of ours' }] }, configuration: { blocking: true, pushNotificationConfig: { url: rx.url, token: 'tok-fault' } } },
+        });
+        const id = sent.body.result.id;
+        assert.equal(sent.body.result.status.state, 'completed');
+        await waitFor(async () => (await queue.getJobCounts('wait')).wait >= 3, 'the three delivery jobs', 10_000, 50);
+        // The token cannot be decrypted: every delivery fails on our side, before posting, on its only attempt.
+        const [{ encrypted_secrets: sealed }] = await testDb()('push_configs').where({ task_id: id }).select('encrypted_secrets');
+        const broken = `${sealed.slice(0, -8)}${sealed.slice(-8) === 'AAAAAAAA' ? 'BBBBBBBB' : 'AAAAAAAA'}`;
+        await testDb()('push_configs').where({ task_id: id }).update({ encrypted_secrets: broken });
+        await queue.resume();
+        await waitFor(async () => workerLogged('push delivery had no queue job: enqueued again') && (await queue.getJobCounts('failed')).failed >= 4,
+          'the three jobs and the recovery job failed', 20_000, 100);
+        // Passes meanwhile leave the failed recovery job alone no longer: each retries it, and it fails again.
+        await waitFor(async () => workerLogged('push delivery job had failed for good: retried'), 'a retry of the recovery job', 10_000, 100);
+        assert.equal(rx.all.length, 0, "nothing is posted while the token cannot be decrypted");
+        await testDb()('push_configs').where({ task_id: id }).update({ encrypted_secrets: sealed });
+        await waitFor(async () => rx.all.some((r) => r.body.status.state === 'completed'), 'the completed notification', 20_000, 100);
+        assert.deepEqual(rx.all.filter((r) => r.body.id === id).map((r) => r.body.status.state), ['submitted', 'working', 'completed']);
+        assert.ok(rx.all.every((r) => r.token === 'tok-fault'));
       });
     } finally {
       await rx.close();
