@@ -272,7 +272,7 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
     (r.task ? { task: parseTaskJson(r.task), timelineSeqs: (r.seqs ?? []).map(Number) } : { timelineSeqs: [] }));
 }
 
-export interface RunStart { taskId: string; messageId: string; historyLimit: number; at: Date; from: readonly TaskState[]; timelineItem: TimelineItem }
+export interface RunStart { taskId: string; messageId: string; historyLimit: number; historyMaxBytes: number; at: Date; from: readonly TaskState[]; timelineItem: TimelineItem }
 export interface RunState {
   /** The task: after the move to working when `started`, else as it was. */
   task: TaskRow;
@@ -291,12 +291,12 @@ export interface RunState {
 // a run that died do not count). Whatever happened, the run gets the task, the trigger, whether it
 // was answered and recent history to decide and work with. No task: undefined.
 export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(RunState | undefined)[]> {
-  const input = runs.map((r, i) => ({ i, task_id: r.taskId, message_id: r.messageId, lim: r.historyLimit, at: r.at, from: r.from, item: { id: r.timelineItem.id, p: r.timelineItem.event_payload } }))
+  const input = runs.map((r, i) => ({ i, task_id: r.taskId, message_id: r.messageId, lim: r.historyLimit, max_bytes: r.historyMaxBytes, at: r.at, from: r.from, item: { id: r.timelineItem.id, p: r.timelineItem.event_payload } }))
     .sort(byTaskId);
   const ids = input.map((r) => r.task_id);
   // Planned each time, like applyStatusChanges.
   const { rows } = await pgQuery<{ task: Record<string, unknown> | null; started: boolean; seq: string | number | null; trigger: Record<string, unknown> | null; answered: boolean; history: Record<string, unknown>[] }>(db,
-    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, message_id uuid, lim int, at timestamptz, "from" text[], item jsonb)),
+    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, message_id uuid, lim int, max_bytes bigint, at timestamptz, "from" text[], item jsonb)),
       s as (select b.*, t.status, row_to_json(t) as task,
                    (select row_to_json(m) from messages m where m.id = b.message_id and m.task_id = t.id) as trigger,
                    exists (select 1 from messages tr where tr.id = b.message_id and t.status in ('input-required', 'auth-required')
@@ -322,9 +322,15 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
            exists (select 1 from u where u.id = s.task_id) as started,
            (select seq from tl where tl.task_id = s.task_id) as seq,
            s.trigger, s.answered,
+           -- The newest messages within both limits (the bytes as messageBytes counts them, near
+           -- enough: as stored), and always the run's message and those after it.
            (select coalesce(json_agg(h order by h.seq), '[]') from
-              (select ${MESSAGE_COLUMNS.join(', ')}
-                 from messages where task_id = s.task_id order by seq desc limit s.lim) h) as history
+              (select ${MESSAGE_COLUMNS.join(', ')} from
+                 (select l.*, sum(octet_length(l.parts::text) + coalesce(octet_length(nullif(l.metadata, '{}')::text), 0)
+                                  + coalesce(octet_length(l.extensions::text), 0) + coalesce(octet_length(l.accepted_output_modes::text), 0))
+                                over (order by l.seq desc) as upto
+                    from (select ${MESSAGE_COLUMNS.join(', ')} from messages where task_id = s.task_id order by seq desc limit s.lim) l) w
+                where w.upto <= s.max_bytes or w.seq >= (s.trigger->>'seq')::bigint) h) as history
       from s order by s.i`,
     [JSON.stringify(input), ids],
   );

@@ -131,10 +131,10 @@ export async function changeStatusIf(
 
 // Starts an agent run for `messageId` (db/tasks.ts beginRuns): the task moves to working if it may,
 // in one statement shared with concurrent starts; the run decides from what comes back.
-export async function beginRun(s: UowServices & Pick<Services, 'taskStatements'>, taskId: string, messageId: string, historyLimit: number) {
+export async function beginRun(s: UowServices & Pick<Services, 'taskStatements'>, taskId: string, messageId: string, history: { limit: number; maxBytes: number }) {
   const at = new Date();
   const timelineItem: TimelineItem = { id: randomUUID(), task_id: taskId, created_at: at.toISOString(), event_payload: { type: 'task-status-update', status: 'working' } };
-  const state = await s.taskStatements.beginRun.execute({ taskId, messageId, historyLimit, at, from: RUN_STARTS_FROM, timelineItem });
+  const state = await s.taskStatements.beginRun.execute({ taskId, messageId, historyLimit: history.limit, historyMaxBytes: history.maxBytes, at, from: RUN_STARTS_FROM, timelineItem });
   if (state?.started) afterCommit(s, [], [[TASK_EVENTS, { task_id: taskId, seq: state.seq }]]);
   return state;
 }

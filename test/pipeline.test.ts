@@ -52,6 +52,52 @@ describe('job pipeline: task execution through a real worker', function () {
     assert.deepEqual(done.messages.map((m: any) => m.role), ['user', 'agent', 'user', 'agent']);
   });
 
+  it('hands a run the newest messages within AGENT_HISTORY_MAX_BYTES, its own message always', async () => {
+    const small = await startStack({ AGENT_HISTORY_MAX_BYTES: '4096' }, { workers: 1 });
+    try {
+      const long = (n: number) => textMessage(`[input] turn ${n} ${'x'.repeat(1500)}`);
+      const id = (await small.client.post('/api/task/v1', { message: long(1) })).body.task.id;
+      const waiting = (n: number) => waitFor(async () => {
+        const t = (await small.client.get(`/api/task/v1/${id}`)).body;
+        return t.task.status === 'input-required' && t.messages.length === 2 * n && t;
+      }, `turn ${n} answered`, 30000, 50);
+      for (let n = 2; n <= 4; n++) {
+        await waiting(n - 1);
+        assert.equal((await small.client.post(`/api/task/v1/${id}/message`, long(n))).status, 201);
+      }
+      await waiting(4);
+      assert.equal((await small.client.post(`/api/task/v1/${id}/message`, textMessage('the last'))).status, 201);
+      const done = await waitFor(async () => {
+        const t = (await small.client.get(`/api/task/v1/${id}`)).body;
+        return t.task.status === 'completed' && t;
+      }, 'the last turn', 30000, 50);
+      // Five user messages, about 1.5 kB each but the last: the newest three, with the agent's
+      // answers between them, fit in 4,096 bytes; the one before would not.
+      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo (turn 3): the last' }]);
+      assert.equal(done.messages.length, 10);
+    } finally {
+      await small.stop();
+    }
+  });
+
+  it('hands a run its own message even when that alone is over AGENT_HISTORY_MAX_BYTES', async () => {
+    const small = await startStack({ AGENT_HISTORY_MAX_BYTES: '1024', AGENT_KIND: 'module', AGENT_MODULE: './test/fixtures/history-agent.mjs' }, { workers: 1 });
+    try {
+      const ask = async (text: string) => {
+        const id = (await small.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id;
+        const done = await waitFor(async () => {
+          const t = (await small.client.get(`/api/task/v1/${id}`)).body;
+          return t.task.status === 'completed' && t;
+        }, 'the run', 30000, 50);
+        return done.status_message.parts[0].text;
+      };
+      assert.equal(await ask(`big ${'y'.repeat(3000)}`), 'history: 1; own message newest: true');
+      assert.equal(await ask('small'), 'history: 1; own message newest: true');
+    } finally {
+      await small.stop();
+    }
+  });
+
   it('two user messages to an interrupted task at once start one run; the other run ends without running', async () => {
     const id = (await stack.client.post('/api/task/v1', { message: textMessage('[input] twice') })).body.task.id;
     await waitForStatus(id, 'input-required');

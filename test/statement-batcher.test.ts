@@ -58,7 +58,7 @@ describe('batched task statements', () => {
     ({ id: randomUUID(), task_id: taskId, created_at: new Date().toISOString(), event_payload: { type: 'task-status-update' as const, status } });
   const start = (b?: TaskBundle) => {
     const taskId = b?.task.id ?? randomUUID();
-    return { taskId, messageId: b?.message.id ?? randomUUID(), historyLimit: 10, at: new Date(), from: ['submitted', 'input-required', 'auth-required'] as const, timelineItem: statusItem(taskId, 'working') };
+    return { taskId, messageId: b?.message.id ?? randomUUID(), historyLimit: 10, historyMaxBytes: 1024 * 1024, at: new Date(), from: ['submitted', 'input-required', 'auth-required'] as const, timelineItem: statusItem(taskId, 'working') };
   };
 
   it('beginRuns starts a submitted task once and reports, without changing them, terminal, answered and unknown tasks', async () => {

@@ -106,7 +106,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
 
   async function run(job: Job<JobPayloads['agent-tasks']>, token?: string): Promise<string> {
     const { task_id: taskId, message_id: messageId } = job.data;
-    const state = await ours(() => beginRun(services, taskId, messageId, HISTORY));
+    const state = await ours(() => beginRun(services, taskId, messageId, { limit: HISTORY, maxBytes: services.cfg.AGENT_HISTORY_MAX_BYTES }));
     if (!state) return 'task gone';
     if (!state.started) {
       if (isTerminal(state.task.status)) return `task already ${state.task.status}`;
