@@ -21,7 +21,9 @@ import { artifactsFromTimeline, toA2ATask } from './a2a/mapping.ts';
 import { guardedLookup, isPrivateAddress } from './webhook-url.ts';
 import { pushSecrets } from './push-config.ts';
 
-const HISTORY_IN_NOTIFICATION = 100;
+// A notification's history: its newest messages up to then, within both (PUSH_CONCURRENCY bodies are
+// built at once, and a task may hold TASK_MESSAGES_MAX_BYTES of messages).
+const HISTORY_IN_NOTIFICATION = { limit: 100, maxBytes: 1024 * 1024 };
 // A run holds its config's lease while it posts, so it is kept short: after this many updates, or
 // once this much time has passed, it hands over to a fresh run. The lease lasts one post (bounded
 // by PUSH_TIMEOUT_MS) and the reads around it, and is extended with each update recorded.

@@ -231,6 +231,28 @@ describe('push notifications', () => {
     assert.equal(last.history.at(0).parts[0].text, 'push me [artifact]');
   });
 
+  it("holds in a notification's history the newest messages within 1 MiB, and always the newest", async () => {
+    const rx = await startReceiver();
+    receivers.push(rx);
+    const id = await idleTask();
+    await setConfig(id, { url: rx.url });
+    const big = (c: string) => `${c}${c.repeat(600 * 1024)}`;
+    await setStatus(id, 'working', big('a'));
+    await setStatus(id, 'input-required', big('b'));
+    await setStatus(id, 'working', 'small');
+    await setStatus(id, 'completed');
+    await waitFor(async () => states(rx.all, id).includes('completed'), 'the completed notification');
+    const historyAt = (state: string) => rx.all.find((r) => r.body.id === id && r.body.status.state === state)!.body.history.map((m: any) => m.parts[0].text.slice(0, 10));
+    assert.deepEqual(historyAt('working'), ['driven by ', 'aaaaaaaaaa']);
+    // 1.2 MB of the two large messages: the newest alone.
+    assert.deepEqual(historyAt('input-required'), ['bbbbbbbbbb']);
+    assert.deepEqual(historyAt('completed'), ['bbbbbbbbbb', 'small']);
+    const last = rx.all.find((r) => r.body.id === id && r.body.status.state === 'completed')!.body;
+    assert.equal(last.status.message, undefined);
+    const asked = rx.all.find((r) => r.body.id === id && r.body.status.state === 'input-required')!.body;
+    assert.equal(asked.status.message.parts[0].text, big('b'));
+  });
+
   it('manages configs over A2A tasks/pushNotificationConfig/* without ever returning the token', async () => {
     const id = await idleTask();
     const token = 'tok-jsonrpc-9d2e41';
