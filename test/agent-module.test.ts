@@ -140,6 +140,7 @@ describe('agent modules', () => {
       ['bigint artifact', 'Invalid artifact: artifact.parts.0.data.id is a BigInt, which JSON has not'],
       ['cyclic metadata', `Invalid message: message.metadata${'.self'.repeat(63)} nests deeper than 64 levels`],
       ['lone surrogate', 'Invalid message: message.0.text contains a NUL character or an unpaired surrogate'],
+      ['dense reply', 'Invalid reply: reply holds more than 100000 JSON values'],
     ];
     for (const [text, why] of cases) {
       const { state, message, task } = await finalOf(text);

@@ -56,6 +56,17 @@ describe('task API', () => {
   };
 
   describe('POST /api/task/v1 (create)', () => {
+    it('refuses (400) a body holding more than 100,000 JSON values, storing nothing: parsed, each costs tens of bytes in every reader', async () => {
+      const before = await counts();
+      const values = (n: number) => ({ message: { role: 'user', parts: [{ type: 'data-part', data: { zeros: new Array(n).fill(0) } }] } });
+      const r = await stack.client.post('/api/task/v1', values(100_000));
+      assertError(r, 400, 'invalid_request');
+      assert.equal(r.body.message, 'Invalid body: body holds more than 100000 JSON values');
+      assert.deepEqual(await counts(), before);
+      // The body, its message, role, parts, the part, its type, data and list: 8 values besides the zeros.
+      assert.equal((await stack.client.post('/api/task/v1', values(100_000 - 8))).status, 201);
+    });
+
     it('answers 201 {task, message} shaped as the seed, task submitted, with a new context', async () => {
       const r = await stack.client.post('/api/task/v1', { message: { ...textMessage('hello'), metadata: { a: 1 } }, metadata: { origin: 'test', nested: { x: [1] } } });
       assert.equal(r.status, 201);
