@@ -4,6 +4,12 @@ import type { Message } from '../api/schemas/task.ts';
 
 export interface MessageRow extends Message { seq: number }
 
+// SQL for what a stored JSON value (jsonb; null: 0) weighs once parsed, near enough: its text and
+// 32 bytes a value, since every object, array, string or number costs tens of bytes in the heap
+// whatever its length in the text. Reads that hand out a budget of messages count with it.
+export const parsedWeight = (expr: string) =>
+  `coalesce(octet_length((${expr})::text) + 32 * (select count(*) from jsonb_path_query(${expr}, 'strict $.**')), 0)`;
+
 export const COLUMNS = ['id', 'client_message_id', 'seq', 'task_id', 'role', 'parts', 'reference_task_ids', 'extensions', 'accepted_output_modes', 'metadata', 'created_at'];
 
 // A message's members the sender may leave out: null columns when it did.

@@ -2,7 +2,7 @@ import type { Knex } from 'knex';
 import { pgQuery, type Tx } from './knex.ts';
 import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
-import { COLUMNS as MESSAGE_COLUMNS, messageFromJson, messageFromRow } from './messages.ts';
+import { COLUMNS as MESSAGE_COLUMNS, messageFromJson, messageFromRow, parsedWeight } from './messages.ts';
 import { Task, type ContextInfo, type Message, type TimelineItem } from '../api/schemas/task.ts';
 import { RUN_STARTS_FROM, type TaskState } from '../domain/task-states.ts';
 
@@ -322,11 +322,11 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
            exists (select 1 from u where u.id = s.task_id) as started,
            (select seq from tl where tl.task_id = s.task_id) as seq,
            s.trigger, s.answered,
-           -- The newest messages within both limits (the bytes as messageBytes counts them, near
-           -- enough: as stored), and always the run's message and those after it.
+           -- The newest messages within both limits (weighed as parsed), and always the run's
+           -- message and those after it.
            (select coalesce(json_agg(h order by h.seq), '[]') from
               (select ${MESSAGE_COLUMNS.join(', ')} from
-                 (select l.*, sum(octet_length(l.parts::text) + coalesce(octet_length(nullif(l.metadata, '{}')::text), 0)
+                 (select l.*, sum(${parsedWeight('l.parts')} + ${parsedWeight("nullif(l.metadata, '{}')")}
                                   + coalesce(octet_length(l.extensions::text), 0) + coalesce(octet_length(l.accepted_output_modes::text), 0))
                                 over (order by l.seq desc) as upto
                     from (select ${MESSAGE_COLUMNS.join(', ')} from messages where task_id = s.task_id order by seq desc limit s.lim) l) w

@@ -80,6 +80,33 @@ describe('job pipeline: task execution through a real worker', function () {
     }
   });
 
+  it('weighs each JSON value of a message in AGENT_HISTORY_MAX_BYTES (32 bytes), not its text alone', async () => {
+    const small = await startStack({ AGENT_HISTORY_MAX_BYTES: '40000' }, { workers: 1 });
+    try {
+      // About 3 kB of text each, but 1,000 values more: some 35 kB once weighed.
+      const dense = (n: number) => ({ role: 'user', parts: [{ type: 'text-part', text: `[input] turn ${n}` }, { type: 'data-part', data: { zeros: new Array(1000).fill(0) } }] });
+      const id = (await small.client.post('/api/task/v1', { message: dense(1) })).body.task.id;
+      const waiting = (n: number) => waitFor(async () => {
+        const t = (await small.client.get(`/api/task/v1/${id}`)).body;
+        return t.task.status === 'input-required' && t.messages.length === 2 * n && t;
+      }, `turn ${n} answered`, 30000, 50);
+      for (let n = 2; n <= 4; n++) {
+        await waiting(n - 1);
+        assert.equal((await small.client.post(`/api/task/v1/${id}/message`, dense(n))).status, 201);
+      }
+      await waiting(4);
+      assert.equal((await small.client.post(`/api/task/v1/${id}/message`, textMessage('the last'))).status, 201);
+      const done = await waitFor(async () => {
+        const t = (await small.client.get(`/api/task/v1/${id}`)).body;
+        return t.task.status === 'completed' && t;
+      }, 'the last turn', 30000, 50);
+      // 12 kB of text would all fit; weighed, the newest dense message alone does.
+      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo (turn 2): the last' }]);
+    } finally {
+      await small.stop();
+    }
+  });
+
   it('hands a run its own message even when that alone is over AGENT_HISTORY_MAX_BYTES', async () => {
     const small = await startStack({ AGENT_HISTORY_MAX_BYTES: '1024', AGENT_KIND: 'module', AGENT_MODULE: './test/fixtures/history-agent.mjs' }, { workers: 1 });
     try {
