@@ -459,4 +459,42 @@ describe('job pipeline under faults', function () {
       assert.equal(agentReplies.length, 1);
     });
   });
+
+  describe('a fault of ours when a run starts', () => {
+    let stack: Stack | undefined;
+    before(async () => {
+      // Postgres refuses to start the run of a task so marked: the statement fails as a bug in it would.
+      await testDb().raw(`create or replace function tb_test_refuse_start() returns trigger language plpgsql as $$
+        begin if new.status = 'working' and new.metadata->>'refuse_start' = 'yes' then raise exception 'refused by a test trigger'; end if; return new; end $$`);
+      await testDb().raw('create trigger tb_test_refuse_start before update on tasks for each row execute function tb_test_refuse_start()');
+      stack = await startStack({ AGENT_ATTEMPTS: '2', JOB_RECOVERY_MS: '1000' }, { workers: 1 });
+    });
+    after(async () => {
+      await stack?.stop();
+      await testDb().raw('drop trigger if exists tb_test_refuse_start on tasks');
+      await testDb().raw('drop function if exists tb_test_refuse_start()');
+    });
+
+    it('is logged at error with the task id on every attempt, and the task fails once the job has failed for good', async () => {
+      const s = stack!;
+      const id = (await s.client.post('/api/task/v1', { message: textMessage('never starts'), metadata: { refuse_start: 'yes' } })).body.task.id;
+      const failed = await waitForStatus(s, id, 'failed', 30000);
+      assert.match(failed.status_message.parts[0].text, /^The agent run was lost: /);
+      // The worker's log is buffered: its lines may come after the task's failure.
+      const lines = await waitFor(async () => {
+        const found = s.workers[0].logs.filter((l) => l.includes('agent run failed in the runtime'));
+        return found.length >= 2 && found;
+      }, 'a line for each attempt', 5000);
+      assert.equal(lines.length, 2);
+      for (const l of lines) {
+        const entry = JSON.parse(l);
+        assert.equal(entry.level, 50);
+        assert.equal(entry.task_id, id);
+        assert.match(entry.err.message, /refused by a test trigger/);
+      }
+      // A task without the mark runs as ever.
+      const ok = (await s.client.post('/api/task/v1', { message: textMessage('starts') })).body.task.id;
+      await waitForStatus(s, ok, 'completed');
+    });
+  });
 });

@@ -79,6 +79,8 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
   // The runtime refusing what a run handed it or asked for (refusedByRuntime):
   // no retry can mend that, so the run fails at once instead of repeating its work, and its replies.
   const refusals = new WeakSet<object>();
+  // Agent failures the run logged before handing them to BullMQ's retries.
+  const retried = new WeakSet<object>();
   const ours = async <T>(call: () => Promise<T>): Promise<T> => {
     try {
       return await call();
@@ -95,7 +97,12 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     try {
       return await run(job, token);
     } catch (err) {
-      if (!outages.has(err as object)) throw err;
+      if (!outages.has(err as object)) {
+        // A fault of ours (a statement Postgres refused, a bug) outside the agent's run: BullMQ retries
+        // it, and job recovery fails the task once it failed for good. Said here, or nowhere.
+        if (!(err instanceof WaitingError) && !retried.has(err as object)) log.error({ task_id: job.data.task_id, attempt: job.attemptsMade + 1, err }, 'agent run failed in the runtime; BullMQ retries it');
+        throw err;
+      }
       log.warn({ task_id: job.data.task_id, reason: publicReason(err) }, `Postgres or Redis is unavailable: the run goes back to the queue and runs pause ${OUTAGE_PAUSE_MS} ms`);
       // Pauses the queue on every worker; the job goes back to wait as it was. With Redis down the
       // pause cannot be set; the job goes back all the same (or, failing that, its lock expires).
@@ -224,7 +231,9 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       const reason = failureReason(timedOut() ? controller.signal.reason : err);
       if (job.attemptsMade + 1 < attempts) {
         log.warn({ task_id: taskId, attempt: job.attemptsMade + 1, attempts, reason }, 'agent run failed; it will be retried');
-        throw err instanceof Error ? err : new Error(reason);
+        const thrown = err instanceof Error ? err : new Error(reason);
+        retried.add(thrown);
+        throw thrown;
       }
       await ours(() => inStatement(services, (uow) => failRun(uow, taskId, `The agent failed after ${attempts} attempt(s): ${reason}`, { run: messageId })));
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');
