@@ -490,6 +490,7 @@ describe('job pipeline under faults', function () {
         const entry = JSON.parse(l);
         assert.equal(entry.level, 50);
         assert.equal(entry.task_id, id);
+        assert.equal(entry.attempts, 2);
         assert.match(entry.err.message, /refused by a test trigger/);
       }
       // A task without the mark runs as ever.

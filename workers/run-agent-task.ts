@@ -100,7 +100,9 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       if (!outages.has(err as object)) {
         // A fault of ours (a statement Postgres refused, a bug) outside the agent's run: BullMQ retries
         // it, and job recovery fails the task once it failed for good. Said here, or nowhere.
-        if (!(err instanceof WaitingError) && !retried.has(err as object)) log.error({ task_id: job.data.task_id, attempt: job.attemptsMade + 1, err }, 'agent run failed in the runtime; BullMQ retries it');
+        if (!(err instanceof WaitingError) && !retried.has(err as object)) {
+          log.error({ task_id: job.data.task_id, attempt: job.attemptsMade + 1, attempts: job.opts.attempts ?? 1, err }, 'agent run failed in the runtime');
+        }
         throw err;
       }
       log.warn({ task_id: job.data.task_id, reason: publicReason(err) }, `Postgres or Redis is unavailable: the run goes back to the queue and runs pause ${OUTAGE_PAUSE_MS} ms`);
