@@ -1,15 +1,32 @@
 // Task execution through the whole pipeline: API -> outbox -> BullMQ -> a real worker process.
 import assert from 'node:assert/strict';
-import { startStack, startWorker, statusesOf, testDb, textMessage, useStack, waitFor, withQueue } from './helpers/stack.ts';
+import { startStack, startWorker, statusesOf, testDb, textMessage, useStack, waitFor, withQueue, type Stack } from './helpers/stack.ts';
 
 const ATTEMPTS = 3;
 
 describe('job pipeline: task execution through a real worker', function () {
   this.timeout(120000);
   const stack = useStack({ AGENT_ATTEMPTS: String(ATTEMPTS), WORKER_SHUTDOWN_GRACE_MS: '1000' });
-  const get = async (id: string) => (await stack.client.get(`/api/task/v1/${id}`)).body;
-  const waitForStatus = (id: string, status: string) =>
-    waitFor(async () => { const t = await get(id); return t.task.status === status && t; }, `task ${id} to be ${status}`, 60000, 100);
+  type Client = Stack['client'];
+  const get = async (id: string, client: Client = stack.client) => (await client.get(`/api/task/v1/${id}`)).body;
+  const waitForStatus = (id: string, status: string, client: Client = stack.client) =>
+    waitFor(async () => { const t = await get(id, client); return t.task.status === status && t; }, `task ${id} to be ${status}`, 60000, 100);
+  // Four turns the demo agent answers with input-required (turn(1) opens the task), then 'the last':
+  // the completed task, whose final echo counts the user turns its run was handed.
+  const converse = async (client: Client, turn: (n: number) => Record<string, unknown>) => {
+    const id = (await client.post('/api/task/v1', { message: turn(1) })).body.task.id;
+    const answered = (n: number) => waitFor(async () => {
+      const t = await get(id, client);
+      return t.task.status === 'input-required' && t.messages.length === 2 * n;
+    }, `turn ${n} answered`, 30000, 50);
+    for (let n = 2; n <= 4; n++) {
+      await answered(n - 1);
+      assert.equal((await client.post(`/api/task/v1/${id}/message`, turn(n))).status, 201);
+    }
+    await answered(4);
+    assert.equal((await client.post(`/api/task/v1/${id}/message`, textMessage('the last'))).status, 201);
+    return waitForStatus(id, 'completed', client);
+  };
 
   it('runs a created task to completed with the agent reply in the timeline', async () => {
     const created = await stack.client.post('/api/task/v1', { message: textMessage('hello pipeline') });
@@ -55,22 +72,7 @@ describe('job pipeline: task execution through a real worker', function () {
   it('hands a run the newest messages within AGENT_HISTORY_MAX_BYTES, its own message always', async () => {
     const small = await startStack({ AGENT_HISTORY_MAX_BYTES: '4096' }, { workers: 1 });
     try {
-      const long = (n: number) => textMessage(`[input] turn ${n} ${'x'.repeat(1500)}`);
-      const id = (await small.client.post('/api/task/v1', { message: long(1) })).body.task.id;
-      const waiting = (n: number) => waitFor(async () => {
-        const t = (await small.client.get(`/api/task/v1/${id}`)).body;
-        return t.task.status === 'input-required' && t.messages.length === 2 * n && t;
-      }, `turn ${n} answered`, 30000, 50);
-      for (let n = 2; n <= 4; n++) {
-        await waiting(n - 1);
-        assert.equal((await small.client.post(`/api/task/v1/${id}/message`, long(n))).status, 201);
-      }
-      await waiting(4);
-      assert.equal((await small.client.post(`/api/task/v1/${id}/message`, textMessage('the last'))).status, 201);
-      const done = await waitFor(async () => {
-        const t = (await small.client.get(`/api/task/v1/${id}`)).body;
-        return t.task.status === 'completed' && t;
-      }, 'the last turn', 30000, 50);
+      const done = await converse(small.client, (n) => textMessage(`[input] turn ${n} ${'x'.repeat(1500)}`));
       // Five user messages, about 1.5 kB each but the last: the newest three, with the agent's
       // answers between them, fit in 4,096 bytes; the one before would not.
       assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo (turn 3): the last' }]);
@@ -84,22 +86,7 @@ describe('job pipeline: task execution through a real worker', function () {
     const small = await startStack({ AGENT_HISTORY_MAX_BYTES: '40000' }, { workers: 1 });
     try {
       // About 3 kB of text each, but 1,000 values more: some 35 kB once weighed.
-      const dense = (n: number) => ({ role: 'user', parts: [{ type: 'text-part', text: `[input] turn ${n}` }, { type: 'data-part', data: { zeros: new Array(1000).fill(0) } }] });
-      const id = (await small.client.post('/api/task/v1', { message: dense(1) })).body.task.id;
-      const waiting = (n: number) => waitFor(async () => {
-        const t = (await small.client.get(`/api/task/v1/${id}`)).body;
-        return t.task.status === 'input-required' && t.messages.length === 2 * n && t;
-      }, `turn ${n} answered`, 30000, 50);
-      for (let n = 2; n <= 4; n++) {
-        await waiting(n - 1);
-        assert.equal((await small.client.post(`/api/task/v1/${id}/message`, dense(n))).status, 201);
-      }
-      await waiting(4);
-      assert.equal((await small.client.post(`/api/task/v1/${id}/message`, textMessage('the last'))).status, 201);
-      const done = await waitFor(async () => {
-        const t = (await small.client.get(`/api/task/v1/${id}`)).body;
-        return t.task.status === 'completed' && t;
-      }, 'the last turn', 30000, 50);
+      const done = await converse(small.client, (n) => ({ role: 'user', parts: [{ type: 'text-part', text: `[input] turn ${n}` }, { type: 'data-part', data: { zeros: new Array(1000).fill(0) } }] }));
       // 12 kB of text would all fit; weighed, the newest dense message alone does.
       assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo (turn 2): the last' }]);
     } finally {
@@ -112,11 +99,7 @@ describe('job pipeline: task execution through a real worker', function () {
     try {
       const ask = async (text: string) => {
         const id = (await small.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id;
-        const done = await waitFor(async () => {
-          const t = (await small.client.get(`/api/task/v1/${id}`)).body;
-          return t.task.status === 'completed' && t;
-        }, 'the run', 30000, 50);
-        return done.status_message.parts[0].text;
+        return (await waitForStatus(id, 'completed', small.client)).status_message.parts[0].text;
       };
       assert.equal(await ask(`big ${'y'.repeat(3000)}`), 'history: 1; own message newest: true');
       assert.equal(await ask('small'), 'history: 1; own message newest: true');

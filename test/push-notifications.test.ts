@@ -4,6 +4,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
+import type { Queue } from 'bullmq';
 import { testDb, useStack, waitFor, textMessage, withQueue } from './helpers/stack.ts';
 import { deletePushConfig, getPushConfig, listPushConfigs, MAX_CONFIGS_PER_TASK, setPushConfig } from '../domain/push-config.ts';
 import { AppError } from '../domain/errors.ts';
@@ -696,29 +697,36 @@ describe('push notifications whose queue jobs were lost or failed', function () 
   this.timeout(60_000);
   // A job retries for at most PUSH_ATTEMPTS x PUSH_TIMEOUT_MS plus backoff: 1 s here.
   const stack = useStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_ATTEMPTS: '1', PUSH_TIMEOUT_MS: '1000', JOB_RECOVERY_MS: '1000' });
+  const workerLogged = (line: string) => stack.workers.some((w) => w.logs.some((l) => l.includes(line)));
+  // A task run to completed with a push config while the delivery queue is paused: its three jobs wait.
+  const sendWhilePaused = async (queue: Queue, url: string, text: string, token: string): Promise<string> => {
+    await queue.pause();
+    const sent = await stack.client.post('/api/a2a/v1', {
+      jsonrpc: '2.0', id: 1, method: 'message/send',
+      params: { message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text }] }, configuration: { blocking: true, pushNotificationConfig: { url, token } } },
+    });
+    assert.equal(sent.body.result.status.state, 'completed');
+    await waitFor(async () => (await queue.getJobCounts('wait')).wait >= 3, 'the three delivery jobs', 10_000, 50);
+    return sent.body.result.id;
+  };
+  const allArrive = async (rx: Awaited<ReturnType<typeof startReceiver>>, id: string, token: string) => {
+    await waitFor(async () => rx.all.some((r) => r.body.status.state === 'completed'), 'the completed notification', 20_000, 100);
+    assert.deepEqual(rx.all.filter((r) => r.body.id === id).map((r) => r.body.status.state), ['submitted', 'working', 'completed']);
+    assert.ok(rx.all.every((r) => r.token === token));
+  };
 
   it('are enqueued again by the workers, and every update still arrives, in order', async () => {
     const rx = await startReceiver();
     try {
       await withQueue(stack.env, 'push-notifications', async (queue) => {
         // Nothing is delivered while the queue is paused; then every job of it is lost.
-        await queue.pause();
-        const sent = await stack.client.post('/api/a2a/v1', {
-          jsonrpc: '2.0', id: 1, method: 'message/send',
-          params: { message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text: 'lost jobs' }] }, configuration: { blocking: true, pushNotificationConfig: { url: rx.url, token: 'tok-lost' } } },
-        });
-        const id = sent.body.result.id;
-        assert.equal(sent.body.result.status.state, 'completed');
-        // A paused queue keeps its jobs waiting.
-        await waitFor(async () => (await queue.getJobCounts('wait')).wait >= 3, 'the three delivery jobs', 10_000, 50);
+        const id = await sendWhilePaused(queue, rx.url, 'lost jobs', 'tok-lost');
         await waitFor(async () => Number((await testDb()('outbox').count({ n: '*' }))[0].n) === 0, 'the outbox relayed', 10_000, 50);
         await queue.obliterate({ force: true });
         await queue.resume();
-        await waitFor(async () => rx.all.some((r) => r.body.status.state === 'completed'), 'the completed notification', 20_000, 100);
-        assert.deepEqual(rx.all.filter((r) => r.body.id === id).map((r) => r.body.status.state), ['submitted', 'working', 'completed']);
-        assert.ok(rx.all.every((r) => r.token === 'tok-lost'));
+        await allArrive(rx, id, 'tok-lost');
         // Logged as the job is added: the line may reach us after the delivery that job made.
-        await waitFor(async () => stack.workers.some((w) => w.logs.some((l) => l.includes('push delivery had no queue job: enqueued again'))), 'the recovery log line', 5_000);
+        await waitFor(async () => workerLogged('push delivery had no queue job: enqueued again'), 'the recovery log line', 5_000);
       });
     } finally {
       await rx.close();
@@ -727,17 +735,9 @@ describe('push notifications whose queue jobs were lost or failed', function () 
 
   it('retries a recovery job that failed for good once the fault is gone, and every update arrives', async () => {
     const rx = await startReceiver();
-    const workerLogged = (line: string) => stack.workers.some((w) => w.logs.some((l) => l.includes(line)));
     try {
       await withQueue(stack.env, 'push-notifications', async (queue) => {
-        await queue.pause();
-        const sent = await stack.client.post('/api/a2a/v1', {
-          jsonrpc: '2.0', id: 1, method: 'message/send',
-          params: { message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text: 'a fault of ours' }] }, configuration: { blocking: true, pushNotificationConfig: { url: rx.url, token: 'tok-fault' } } },
-        });
-        const id = sent.body.result.id;
-        assert.equal(sent.body.result.status.state, 'completed');
-        await waitFor(async () => (await queue.getJobCounts('wait')).wait >= 3, 'the three delivery jobs', 10_000, 50);
+        const id = await sendWhilePaused(queue, rx.url, 'a fault of ours', 'tok-fault');
         // The token cannot be decrypted: every delivery fails on our side, before posting, on its only attempt.
         const [{ encrypted_secrets: sealed }] = await testDb()('push_configs').where({ task_id: id }).select('encrypted_secrets');
         const broken = `${sealed.slice(0, -8)}${sealed.slice(-8) === 'AAAAAAAA' ? 'BBBBBBBB' : 'AAAAAAAA'}`;
@@ -747,11 +747,9 @@ describe('push notifications whose queue jobs were lost or failed', function () 
           'the three jobs and the recovery job failed', 20_000, 100);
         // Passes meanwhile leave the failed recovery job alone no longer: each retries it, and it fails again.
         await waitFor(async () => workerLogged('push delivery job had failed for good: retried'), 'a retry of the recovery job', 10_000, 100);
-        assert.equal(rx.all.length, 0, "nothing is posted while the token cannot be decrypted");
+        assert.equal(rx.all.length, 0, 'nothing is posted while the token cannot be decrypted');
         await testDb()('push_configs').where({ task_id: id }).update({ encrypted_secrets: sealed });
-        await waitFor(async () => rx.all.some((r) => r.body.status.state === 'completed'), 'the completed notification', 20_000, 100);
-        assert.deepEqual(rx.all.filter((r) => r.body.id === id).map((r) => r.body.status.state), ['submitted', 'working', 'completed']);
-        assert.ok(rx.all.every((r) => r.token === 'tok-fault'));
+        await allArrive(rx, id, 'tok-fault');
       });
     } finally {
       await rx.close();
