@@ -1,14 +1,24 @@
 import type { Tx } from './knex.ts';
-import { keysetPage, type Page } from './pagination.ts';
+import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
 import type { Message } from '../api/schemas/task.ts';
+import { parsedWeight } from '../domain/storable-json.ts';
 
 export interface MessageRow extends Message { seq: number }
 
-// SQL for what a stored JSON value (jsonb; null: 0) weighs once parsed, near enough: its text and
-// 32 bytes a value, since every object, array, string or number costs tens of bytes in the heap
-// whatever its length in the text. Reads that hand out a budget of messages count with it.
-export const parsedWeight = (expr: string) =>
-  `coalesce(octet_length((${expr})::text) + 32 * (select count(*) from jsonb_path_query(${expr}, 'strict $.**')), 0)`;
+// SQL for what a stored message (row `m`) or timeline item (row `i`) weighs once parsed: the weight
+// its writer stored (migration 0025), or for a row from before, a bound from its text (a byte of JSON
+// text parses into at most 12 bytes: '0, ' is 3 bytes, the number 35). Reads that hand out a budget
+// of rows (a run's history, a notification's, a page, a task's A2A view) count with it.
+const storedWeight = (row: string, text: string) => `coalesce(${row}.weight, 12 * (${text}))`;
+export const messageWeightSql = (m: string) => storedWeight(m, `octet_length(${m}.parts::text) + coalesce(octet_length(${m}.metadata::text), 0)
+  + coalesce(octet_length(${m}.extensions::text), 0) + coalesce(octet_length(${m}.accepted_output_modes::text), 0) + coalesce(octet_length(${m}.reference_task_ids::text), 0)`);
+export const itemWeightSql = (i: string) => storedWeight(i, `octet_length(${i}.event_payload::text)`);
+
+// What a message weighs once parsed, as its writer stores it: its parts, metadata and lists.
+export const messageWeight = (m: Pick<Message, 'parts' | 'metadata' | 'extensions' | 'accepted_output_modes' | 'reference_task_ids'>) =>
+  parsedWeight(m.parts) + (m.metadata && Object.keys(m.metadata).length ? parsedWeight(m.metadata) : 0)
+  + (m.extensions ? parsedWeight(m.extensions) : 0) + (m.accepted_output_modes ? parsedWeight(m.accepted_output_modes) : 0)
+  + (m.reference_task_ids?.length ? parsedWeight(m.reference_task_ids) : 0);
 
 export const COLUMNS = ['id', 'client_message_id', 'seq', 'task_id', 'role', 'parts', 'reference_task_ids', 'extensions', 'accepted_output_modes', 'metadata', 'created_at'];
 
@@ -26,7 +36,7 @@ const strip = ({ seq: _seq, ...m }: MessageRow) => messageFromRow(m) as Message;
 export const messageFromJson = (row: Record<string, unknown>) => strip({ ...(row as unknown as MessageRow), created_at: new Date(row.created_at as string) as unknown as string });
 
 export async function insertMessage(db: Tx, m: Message): Promise<MessageRow> {
-  const [out] = await db('messages').insert({ ...m, parts: JSON.stringify(m.parts) }).returning(COLUMNS);
+  const [out] = await db('messages').insert({ ...m, parts: JSON.stringify(m.parts), weight: messageWeight(m) }).returning(COLUMNS);
   return messageFromRow(out);
 }
 
@@ -42,7 +52,9 @@ export async function getMessageRow(db: Tx, id: string): Promise<MessageRow | un
 
 export async function listMessages(db: Tx, taskId: string, pageSize: number, token?: string): Promise<Page<Message>> {
   const q = db('messages').select(COLUMNS).where({ task_id: taskId });
-  const page = await keysetPage<MessageRow>(q, { columns: ['seq'], kinds: ['int'], direction: 'asc', cursorOf: (r) => [r.seq] }, pageSize, token);
+  const page = await keysetPage<MessageRow>(q, {
+    columns: ['seq'], kinds: ['int'], direction: 'asc', cursorOf: (r) => [r.seq], bytes: { db, size: messageWeightSql('messages'), max: PAGE_MAX_BYTES },
+  }, pageSize, token);
   return { ...page, items: page.items.map(strip) };
 }
 

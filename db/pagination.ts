@@ -5,7 +5,9 @@ import type { Tx } from './knex.ts';
 
 export interface Page<T> { items: T[]; next_page_token?: string }
 
-// What a page of a list with large rows holds at most (Keyset.bytes), past its first row.
+// What a page of a list with large rows holds at most (Keyset.bytes), past its first row: bytes of
+// text, or for JSON the weight it has once parsed (db/messages.ts parsedWeight), which is what the
+// API holds in memory to answer.
 export const PAGE_MAX_BYTES = 8 * 1024 * 1024;
 
 type KeyKind = 'timestamp' | 'uuid' | 'int' | 'text';
@@ -83,18 +85,21 @@ export async function keysetPage<Row>(
 
 // The rows of a page whose bytes before them stay under the budget, and whether rows were left out
 // for it. Only the rows taken are sent by Postgres (the others' large values are never read out).
+// Each row's size is worked out once, and for the page's rows only (the limit is inside).
 async function withinBytes<Row>(query: Knex.QueryBuilder, keyset: Keyset<Row>, pageSize: number): Promise<{ rows: Row[]; cut: boolean }> {
   const { db, size, max } = keyset.bytes!;
-  const order = keyset.columns.map(() => `?? ${keyset.direction}`).join(', ');
-  query.select(db.raw(`sum(${size}) over (order by ${order} rows unbounded preceding) - ${size} as _bytes_before`, keyset.columns)).limit(pageSize + 1);
-  const counted = db.select('*', db.raw('count(*) over () as _fetched')).from(query.as('l'));
+  const names = keyset.columns.map((c) => c.split('.').pop()!);
+  const order = names.map(() => `?? ${keyset.direction}`).join(', ');
+  const sized = query.select(db.raw(`${size} as _size`)).limit(pageSize + 1);
+  const counted = db.select('*', db.raw(`sum(_size) over (order by ${order} rows unbounded preceding) - _size as _bytes_before`, names), db.raw('count(*) over () as _fetched'))
+    .from(sized.as('l'));
   const outer = db.select('*').from(counted.as('w')).where('_bytes_before', '<', max);
-  for (const c of keyset.columns) outer.orderBy(c.split('.').pop()!, keyset.direction);
-  const rows = (await outer) as (Row & { _bytes_before?: unknown; _fetched?: unknown })[];
+  for (const c of names) outer.orderBy(c, keyset.direction);
+  const rows = (await outer) as (Row & { _size?: unknown; _bytes_before?: unknown; _fetched?: unknown })[];
   const fetched = rows.length ? Number(rows[0]._fetched) : 0;
-  // Copies without the two, not `delete`: a deleted property leaves a slow (dictionary) object that
+  // Copies without the three, not `delete`: a deleted property leaves a slow (dictionary) object that
   // every later step (toTask's copy, the response's JSON) reads more slowly.
-  return { rows: rows.map(({ _bytes_before: _b, _fetched: _f, ...row }) => row as Row), cut: rows.length < fetched };
+  return { rows: rows.map(({ _size: _s, _bytes_before: _b, _fetched: _f, ...row }) => row as Row), cut: rows.length < fetched };
 }
 
 // The same tokens over a short list held in memory (e.g. the provider catalog), ordered by a

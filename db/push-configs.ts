@@ -1,6 +1,6 @@
 import type { Tx } from './knex.ts';
 import type { TimelineRow } from './timeline.ts';
-import { parsedWeight } from './messages.ts';
+import { itemWeightSql } from './messages.ts';
 
 // Channel of the NOTIFY sent for each delivery job the fan-out trigger writes to the outbox.
 export const PUSH_DELIVERIES_CHANNEL = 'push_deliveries';
@@ -135,8 +135,8 @@ export async function listStalledDeliveries(db: Tx, olderThanMs: number, limit: 
 export async function timelineAt(db: Tx, taskId: string, uptoSeq: number, history: { limit: number; maxBytes: number }): Promise<{ messages: TimelineRow[]; artifacts: TimelineRow[] }> {
   const columns = ['id', 'seq', 'task_id', 'event_payload', 'created_at'];
   const base = () => db('timeline_items').select(columns).where({ task_id: taskId }).where('seq', '<=', uptoSeq);
-  const newest = base().whereRaw(`event_payload->>'type' = 'message'`).orderBy('seq', 'desc').limit(history.limit).as('l');
-  const weighed = db.select('*', db.raw(`sum(${parsedWeight('event_payload')}) over (order by seq desc) as upto`), db.raw('row_number() over (order by seq desc) as n'))
+  const newest = base().select(db.raw(`${itemWeightSql('timeline_items')} as _w`)).whereRaw(`event_payload->>'type' = 'message'`).orderBy('seq', 'desc').limit(history.limit).as('l');
+  const weighed = db.select('*', db.raw('sum(_w) over (order by seq desc) as upto'), db.raw('row_number() over (order by seq desc) as n'))
     .from(newest).as('w');
   const [messages, artifacts] = await Promise.all([
     db.select(columns).from(weighed).where((q) => q.where('n', 1).orWhere('upto', '<=', history.maxBytes)).orderBy('seq', 'asc'),

@@ -2,7 +2,8 @@ import type { Knex } from 'knex';
 import { pgQuery, type Tx } from './knex.ts';
 import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
-import { COLUMNS as MESSAGE_COLUMNS, messageFromJson, messageFromRow, parsedWeight } from './messages.ts';
+import { COLUMNS as MESSAGE_COLUMNS, messageFromJson, messageFromRow, messageWeight, messageWeightSql } from './messages.ts';
+import { parsedWeight } from '../domain/storable-json.ts';
 import { Task, type ContextInfo, type Message, type TimelineItem } from '../api/schemas/task.ts';
 import { RUN_STARTS_FROM, type TaskState } from '../domain/task-states.ts';
 
@@ -33,35 +34,41 @@ export async function getTask(db: Tx, id: string, lock = false): Promise<TaskRow
 // fails once a migration adds a column.
 const TASK_SELECT = Object.keys(Task.properties).map((c) => `t.${c}`).join(', ');
 
-// The subqueries the one-round-trip reads below share: `limit` ($2) messages of the task as JSON,
-// from its first (`asc`) or its newest (`desc`), oldest first; its status message as JSON.
-const messagesJson = (from: 'asc' | 'desc') => `(select coalesce(json_agg(m order by m.seq), '[]') from
-    (select ${MESSAGE_COLUMNS.join(', ')} from messages where task_id = t.id order by seq ${from} limit $2) m) as _messages`;
+// The subqueries the one-round-trip reads below share: up to `limit` ($2) messages of the task as
+// JSON, from its first (`asc`) or its newest (`desc`), as many as fit PAGE_MAX_BYTES ($3) weighed as
+// parsed (always one), oldest first, and how many were read before that cut; its status message as
+// JSON. A task holds up to TASK_MESSAGES_MAX_BYTES of messages, which parsed whole in several
+// answers at once ran the API out of heap.
+// (row_to_json of the columns: to_jsonb(w) less the two took ten times as long.)
+const messagesJson = (from: 'asc' | 'desc') => `(select json_build_object('fetched', count(*), 'items',
+      coalesce(json_agg((select row_to_json(x) from (select ${MESSAGE_COLUMNS.map((c) => `w.${c}`).join(', ')}) x) order by w.seq) filter (where w._before < $3), '[]'))
+    from (select l.*, sum(l._w) over (order by l.seq ${from}) - l._w as _before
+            from (select ${MESSAGE_COLUMNS.join(', ')}, ${messageWeightSql('messages')} as _w from messages where task_id = t.id order by seq ${from} limit $2) l) w) as _messages`;
 const STATUS_MESSAGE_JSON = `(select row_to_json(s) from (select ${MESSAGE_COLUMNS.join(', ')} from messages where id = t.status_message_id) s) as _status_message`;
-type WithMessagesJson = Task & { _messages: Record<string, unknown>[]; _status_message: Record<string, unknown> | null };
+type WithMessagesJson = Task & { _messages: { items: Record<string, unknown>[]; fetched: number }; _status_message: Record<string, unknown> | null };
 
 // Reads `select`, a task row with those subqueries, and parts it into the task and its messages.
 async function readTaskWithMessagesJson<R extends WithMessagesJson>(db: Tx, select: string, values: unknown[], name: string) {
   const { rows: [row] } = await pgQuery<R>(db, select, values, name);
   if (!row) return undefined;
-  const { _messages: messages, _status_message: status, ...rest } = row;
-  return { rest, messages: messages.map(messageFromJson), ...(status ? { statusMessage: messageFromJson(status) } : {}) };
+  const { _messages: { items, fetched }, _status_message: status, ...rest } = row;
+  return { rest, messages: items.map(messageFromJson), fetched, ...(status ? { statusMessage: messageFromJson(status) } : {}) };
 }
 
-// A task with its first `limit` messages (oldest first), whether it has more, and its status message,
+// A task with its first `limit` messages within PAGE_MAX_BYTES, whether it has more, and its status message,
 // in one round trip: get-task is the hottest read, and a statement more costs a round trip's socket
 // writes and statement overhead in both the API and Postgres. Prepared: both reads go by an index
 // (the primary keys, messages' (task_id, seq)) whatever the tables' sizes.
 export async function getTaskWithMessages(db: Tx, id: string, limit: number): Promise<{ task: Task; messages: Message[]; more: boolean; statusMessage?: Message } | undefined> {
   const read = await readTaskWithMessagesJson<WithMessagesJson>(db,
-    `select ${TASK_SELECT}, ${messagesJson('asc')}, ${STATUS_MESSAGE_JSON} from tasks t where t.id = $1`, [id, limit + 1], 'task-with-messages');
+    `select ${TASK_SELECT}, ${messagesJson('asc')}, ${STATUS_MESSAGE_JSON} from tasks t where t.id = $1`, [id, limit + 1, PAGE_MAX_BYTES], 'task-with-messages');
   if (!read) return undefined;
-  const { rest: task, messages, statusMessage } = read;
-  return { task, messages: messages.slice(0, limit), more: messages.length > limit, ...(statusMessage ? { statusMessage } : {}) };
+  const { rest: task, messages, fetched, statusMessage } = read;
+  return { task, messages: messages.slice(0, limit), more: fetched > limit || messages.length < fetched, ...(statusMessage ? { statusMessage } : {}) };
 }
 
 // A task as its A2A view shows it (domain/a2a/task-view.ts), in one round trip: its newest `limit`
-// messages (oldest first), its status message and its artifact updates in order. tasks/get is what
+// messages within PAGE_MAX_BYTES (oldest first), its status message and its artifact updates in order. tasks/get is what
 // A2A clients poll, and the view took three statements. Prepared, as getTaskWithMessages.
 export async function getTaskView(db: Tx, id: string, limit: number): Promise<{ task: Task; messages: Message[]; statusMessage?: Message; artifactItems: Pick<TimelineItem, 'event_payload'>[] } | undefined> {
   const read = await readTaskWithMessagesJson<WithMessagesJson & { _artifacts: TimelineItem['event_payload'][] }>(db,
@@ -69,7 +76,7 @@ export async function getTaskView(db: Tx, id: string, limit: number): Promise<{ 
             (select coalesce(json_agg(i.event_payload order by i.seq), '[]') from timeline_items i
               where i.task_id = t.id and i.event_payload->>'type' = 'artifact-update') as _artifacts
        from tasks t where t.id = $1`,
-    [id, limit], 'task-view');
+    [id, limit, PAGE_MAX_BYTES], 'task-view');
   if (!read) return undefined;
   const { rest: { _artifacts: artifacts, ...task }, messages, statusMessage } = read;
   return { task, messages, artifactItems: artifacts.map((event_payload) => ({ event_payload })), ...(statusMessage ? { statusMessage } : {}) };
@@ -167,14 +174,14 @@ export interface TaskBundle { task: TaskRow; message: Message; timeline: Timelin
 export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<(number[] | undefined)[]> {
   const input = bundles.map(({ task: t, message: m, timeline, opening }, i) => ({
     i, id: t.id, context_id: t.context_id, status: t.status, at: t.created_at, metadata: t.metadata,
-    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: messageBytes(m), refs: m.reference_task_ids, ext: m.extensions ?? null, aom: m.accepted_output_modes ?? null, m_metadata: m.metadata, op: opening,
-    tl: timeline.map((item) => ({ id: item.id, p: item.event_payload })),
+    m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: messageBytes(m), mw: messageWeight(m), refs: m.reference_task_ids, ext: m.extensions ?? null, aom: m.accepted_output_modes ?? null, m_metadata: m.metadata, op: opening,
+    tl: timeline.map((item) => ({ id: item.id, p: item.event_payload, w: parsedWeight(item.event_payload) })),
   }));
   const { rows } = await pgQuery<{ seqs: (string | number)[] | null; stored: boolean }>(db,
     `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb,
-                   m_id uuid, cm_id text, role text, parts jsonb, mb bigint, refs uuid[], ext text[], aom text[], m_metadata jsonb, op boolean, tl jsonb)),
-      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, accepted_output_modes, metadata, created_at, opens_task)
-            select m_id, cm_id, id, role, parts, refs, ext, aom, m_metadata, at, op from b order by cm_id, i
+                   m_id uuid, cm_id text, role text, parts jsonb, mb bigint, mw bigint, refs uuid[], ext text[], aom text[], m_metadata jsonb, op boolean, tl jsonb)),
+      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, accepted_output_modes, metadata, created_at, opens_task, weight)
+            select m_id, cm_id, id, role, parts, refs, ext, aom, m_metadata, at, op, mw from b order by cm_id, i
             on conflict (client_message_id) where opens_task do nothing
             returning task_id),
       s as (select b.* from b join m on m.task_id = b.id),
@@ -182,8 +189,8 @@ export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]):
             on conflict (id) do nothing),
       t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at, run_due_message_id, message_bytes)
             select id, context_id, status, at, null, metadata, at, at, case when role = 'user' then m_id end, mb from s),
-      tl as (insert into timeline_items (id, task_id, event_payload, created_at)
-             select (e.item->>'id')::uuid, s.id, e.item->'p', s.at
+      tl as (insert into timeline_items (id, task_id, event_payload, created_at, weight)
+             select (e.item->>'id')::uuid, s.id, e.item->'p', s.at, (e.item->>'w')::bigint
                from s cross join lateral jsonb_array_elements(s.tl) with ordinality as e(item, n)
               order by s.i, e.n
              returning task_id, seq)
@@ -225,14 +232,14 @@ export interface StatusChangeResult { task?: TaskRow; timelineSeqs: number[] }
 // The changes travel as one jsonb parameter (see insertTaskBundles). No two may name one task.
 export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[]): Promise<StatusChangeResult[]> {
   const input = changes.map((c, i) => ({
-    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, mb: c.message ? messageBytes(c.message) : 0, max: c.maxMessageBytes ?? null, run: c.run ?? null, lost_run: c.lostRun ?? null,
-    tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at })),
+    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, mb: c.message ? messageBytes(c.message) : 0, mw: c.message ? messageWeight(c.message) : null, max: c.maxMessageBytes ?? null, run: c.run ?? null, lost_run: c.lostRun ?? null,
+    tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at, w: parsedWeight(item.event_payload) })),
   }))
     .sort(byTaskId);
   // Not a prepared statement: a plan cached while the table was small would scan all of it on every
   // call for as long as the connection lives; planned each time, it probes the primary key.
   const { rows } = await pgQuery<{ task: Record<string, unknown> | null; seqs: (string | number)[] | null }>(db,
-    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, mb bigint, max bigint, tl jsonb, run uuid, lost_run uuid)),
+    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, mb bigint, mw bigint, max bigint, tl jsonb, run uuid, lost_run uuid)),
       u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at,
                                -- never back: content another process added may carry a later time (clocks differ)
                                updated_at = greatest(t.updated_at, b.at),
@@ -251,15 +258,15 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
                -- tasks from before migration 0016 are not counted yet
                and (b.max is null or t.message_bytes is null or t.message_bytes + b.mb <= b.max)
              returning t.*),
-      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, accepted_output_modes, metadata, created_at)
+      m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, accepted_output_modes, metadata, created_at, weight)
             select (b.msg->>'id')::uuid, b.msg->>'client_message_id', b.task_id, b.msg->>'role', b.msg->'parts',
                    array(select jsonb_array_elements_text(b.msg->'reference_task_ids'))::uuid[],
                    case when b.msg ? 'extensions' then array(select jsonb_array_elements_text(b.msg->'extensions')) end,
                    case when b.msg ? 'accepted_output_modes' then array(select jsonb_array_elements_text(b.msg->'accepted_output_modes')) end,
-                   b.msg->'metadata', (b.msg->>'created_at')::timestamptz
+                   b.msg->'metadata', (b.msg->>'created_at')::timestamptz, b.mw
               from b join u on u.id = b.task_id where b.msg is not null order by b.i),
-      tl as (insert into timeline_items (id, task_id, event_payload, created_at)
-             select (e.item->>'id')::uuid, b.task_id, e.item->'p', (e.item->>'c')::timestamptz
+      tl as (insert into timeline_items (id, task_id, event_payload, created_at, weight)
+             select (e.item->>'id')::uuid, b.task_id, e.item->'p', (e.item->>'c')::timestamptz, (e.item->>'w')::bigint
                from b join u on u.id = b.task_id cross join lateral jsonb_array_elements(b.tl) with ordinality as e(item, n)
               order by b.i, e.n
              returning task_id, seq)
@@ -291,7 +298,7 @@ export interface RunState {
 // a run that died do not count). Whatever happened, the run gets the task, the trigger, whether it
 // was answered and recent history to decide and work with. No task: undefined.
 export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(RunState | undefined)[]> {
-  const input = runs.map((r, i) => ({ i, task_id: r.taskId, message_id: r.messageId, lim: r.historyLimit, max_bytes: r.historyMaxBytes, at: r.at, from: r.from, item: { id: r.timelineItem.id, p: r.timelineItem.event_payload } }))
+  const input = runs.map((r, i) => ({ i, task_id: r.taskId, message_id: r.messageId, lim: r.historyLimit, max_bytes: r.historyMaxBytes, at: r.at, from: r.from, item: { id: r.timelineItem.id, p: r.timelineItem.event_payload, w: parsedWeight(r.timelineItem.event_payload) } }))
     .sort(byTaskId);
   const ids = input.map((r) => r.task_id);
   // Planned each time, like applyStatusChanges.
@@ -314,8 +321,8 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
                -- probes (status, created_at, id) by status alone, reading every task of that status.
                and t.status is not distinct from s.status
             returning t.*),
-      tl as (insert into timeline_items (id, task_id, event_payload, created_at)
-             select (s.item->>'id')::uuid, s.task_id, s.item->'p', s.at
+      tl as (insert into timeline_items (id, task_id, event_payload, created_at, weight)
+             select (s.item->>'id')::uuid, s.task_id, s.item->'p', s.at, (s.item->>'w')::bigint
                from s join u on u.id = s.task_id order by s.task_id
              returning task_id, seq)
     select coalesce((select row_to_json(u) from u where u.id = s.task_id), s.task) as task,
@@ -323,14 +330,13 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
            (select seq from tl where tl.task_id = s.task_id) as seq,
            s.trigger, s.answered,
            -- The newest messages within both limits (weighed as parsed), and always the run's
-           -- message and those after it.
+           -- message. Those after it count like the rest: a client may send any number while the
+           -- run waits, and they made a history of any size.
            (select coalesce(json_agg(h order by h.seq), '[]') from
               (select ${MESSAGE_COLUMNS.join(', ')} from
-                 (select l.*, sum(${parsedWeight('l.parts')} + ${parsedWeight("nullif(l.metadata, '{}')")}
-                                  + coalesce(octet_length(l.extensions::text), 0) + coalesce(octet_length(l.accepted_output_modes::text), 0))
-                                over (order by l.seq desc) as upto
-                    from (select ${MESSAGE_COLUMNS.join(', ')} from messages where task_id = s.task_id order by seq desc limit s.lim) l) w
-                where w.upto <= s.max_bytes or w.seq >= (s.trigger->>'seq')::bigint) h) as history
+                 (select l.*, sum(l._w) over (order by l.seq desc) as upto
+                    from (select ${MESSAGE_COLUMNS.join(', ')}, ${messageWeightSql('messages')} as _w from messages where task_id = s.task_id order by seq desc limit s.lim) l) w
+                where w.upto <= s.max_bytes or w.seq = (s.trigger->>'seq')::bigint) h) as history
       from s order by s.i`,
     [JSON.stringify(input), ids],
   );

@@ -1,5 +1,7 @@
 import type { Tx } from './knex.ts';
-import { keysetPage, type Page } from './pagination.ts';
+import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
+import { itemWeightSql } from './messages.ts';
+import { parsedWeight } from '../domain/storable-json.ts';
 import type { TimelineItem } from '../api/schemas/task.ts';
 
 export interface TimelineRow extends TimelineItem { seq: number }
@@ -7,19 +9,24 @@ const COLUMNS = ['id', 'seq', 'task_id', 'event_payload', 'created_at'];
 const strip = ({ seq: _seq, ...t }: TimelineRow) => t as TimelineItem;
 
 export async function insertTimelineItem(db: Tx, item: TimelineItem): Promise<TimelineRow> {
-  const [out] = await db('timeline_items').insert(item).returning(COLUMNS);
+  const [out] = await db('timeline_items').insert({ ...item, weight: parsedWeight(item.event_payload) }).returning(COLUMNS);
   return out;
 }
 
 export async function listTimeline(db: Tx, taskId: string, order: 'asc' | 'desc', pageSize: number, token?: string): Promise<Page<TimelineItem>> {
   const q = db('timeline_items').select(COLUMNS).where({ task_id: taskId });
-  const page = await keysetPage<TimelineRow>(q, { columns: ['seq'], kinds: ['int'], direction: order, cursorOf: (r) => [r.seq] }, pageSize, token);
+  const page = await keysetPage<TimelineRow>(q, {
+    columns: ['seq'], kinds: ['int'], direction: order, cursorOf: (r) => [r.seq], bytes: { db, size: itemWeightSql('timeline_items'), max: PAGE_MAX_BYTES },
+  }, pageSize, token);
   return { ...page, items: page.items.map(strip) };
 }
 
-// Items after a sequence number, oldest first: what a stream subscriber has not seen yet.
-export async function timelineSince(db: Tx, taskId: string, afterSeq: number, limit = 1000): Promise<TimelineRow[]> {
-  return db('timeline_items').select(COLUMNS).where({ task_id: taskId }).where('seq', '>', afterSeq).orderBy('seq', 'asc').limit(limit);
+// Items after a sequence number, oldest first: what a stream subscriber has not seen yet. At most
+// `limit` of them and PAGE_MAX_BYTES as parsed (always the first); `more` when items were left.
+export async function timelineSince(db: Tx, taskId: string, afterSeq: number, limit: number): Promise<{ rows: TimelineRow[]; more: boolean }> {
+  const q = db('timeline_items').select(COLUMNS).where({ task_id: taskId }).where('seq', '>', afterSeq);
+  const page = await keysetPage<TimelineRow>(q, { columns: ['seq'], kinds: ['int'], direction: 'asc', cursorOf: (r) => [r.seq], bytes: { db, size: itemWeightSql('timeline_items'), max: PAGE_MAX_BYTES } }, limit, undefined);
+  return { rows: page.items, more: page.next_page_token !== undefined };
 }
 
 // The `message` item a message of a task was recorded with. Every writer stamps the two with one

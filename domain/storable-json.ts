@@ -43,3 +43,27 @@ export function findUnstorable(value: unknown, root = 'body', opts: { depthOnly?
   }
   return undefined;
 }
+
+/**
+ * What a JSON value weighs once parsed, near enough: its compact text and 32 bytes a value (see
+ * MAX_JSON_VALUES). Writers store it beside messages and timeline items (migration 0025): the reads
+ * that hand out a budget of them (a run's history, a notification's, a page, a task's A2A view) sum a
+ * column. Weighed by Postgres at each read instead (jsonb_path_query over every value), a task of
+ * 100,000-value messages cost a second of Postgres a message, in every run and read of it.
+ */
+export function parsedWeight(value: unknown): number {
+  let weight = 0;
+  const stack: unknown[] = [value];
+  while (stack.length) {
+    const v = stack.pop();
+    weight += 33; // the value and its separator
+    if (typeof v === 'string') weight += v.length + 2;
+    else if (typeof v === 'number') weight += String(v).length;
+    else if (v !== null && typeof v === 'object') {
+      weight += 2;
+      if (Array.isArray(v)) for (const child of v) stack.push(child);
+      else for (const [k, child] of Object.entries(v)) { weight += k.length + 3; stack.push(child); }
+    } else weight += 5;
+  }
+  return weight;
+}

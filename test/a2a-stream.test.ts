@@ -22,6 +22,10 @@ async function sse(url: string, method: string, params: unknown, opts: { id?: un
     headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', accept: 'text/event-stream' },
     body: JSON.stringify({ jsonrpc: '2.0', id: opts.id ?? 'stream-1', method, params }),
   });
+  return readSse(res, ac, opts.stopAfter);
+}
+
+async function readSse(res: globalThis.Response, ac: AbortController, stopAfter?: number): Promise<Sse> {
   const out: Sse = { status: res.status, contentType: res.headers.get('content-type') ?? '', events: [], ended: false };
   if (!out.contentType.startsWith('text/event-stream')) {
     out.events.push(await res.json());
@@ -39,7 +43,7 @@ async function sse(url: string, method: string, params: unknown, opts: { id?: un
         buf = buf.slice(i + 2);
         const data = block.split('\n').filter((l) => l.startsWith('data: ')).map((l) => l.slice(6)).join('\n');
         if (data) out.events.push(JSON.parse(data));
-        if (opts.stopAfter && out.events.length >= opts.stopAfter) {
+        if (stopAfter && out.events.length >= stopAfter) {
           ac.abort();
           return out;
         }
@@ -182,6 +186,24 @@ describe('A2A streaming (SSE)', () => {
     await waitFor(async () => (await rpc('tasks/get', { id })).body.result.status.state === 'completed', 'task completes without its stream');
   });
 
+  it('follows messages heavier together than one read of the timeline (8 MiB as parsed): each arrives once, in order, then the final status', async () => {
+    const id = await quietTask(stack.client);
+    const stream = await openStream(stack.api.url, id);
+    assert.equal(stream.res.status, 200);
+    // 3.5 MB each once parsed (99,990 empty objects): a read of the timeline takes three at most.
+    const dense = (n: number) => ({ role: 'agent', parts: [{ type: 'data-part', data: { n, a: new Array(99_990).fill({}) } }] });
+    for (let n = 1; n <= 5; n++) assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, dense(n))).status, 201);
+    assert.equal((await rpc('tasks/cancel', { id })).body.result.status.state, 'canceled');
+    const s = await stream.read();
+    assert.ok(s.ended);
+    const [snapshot, ...events] = s.events.map((e) => e.result);
+    assert.equal(snapshot.kind, 'task');
+    assert.deepEqual(events.map((e) => e.kind), ['message', 'message', 'message', 'message', 'message', 'status-update']);
+    assert.deepEqual(events.slice(0, 5).map((e) => e.parts[0].data.n), [1, 2, 3, 4, 5]);
+    assert.equal(events[5].status.state, 'canceled');
+    assert.equal(events[5].final, true);
+  });
+
   it('resubscribe to a finished task: snapshot then one final status-update, closed', async () => {
     const done = (await rpc('message/send', { message: userMessage('finish first') })).body.result;
     assert.equal(done.status.state, 'completed');
@@ -252,7 +274,7 @@ describe('A2A streaming (SSE)', () => {
 // A task no agent runs (its first message is an agent's): it stays submitted, so its streams stay open.
 const quietTask = async (client: Client) => (await client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'stays submitted' }] } })).body.task.id as string;
 
-// A resubscribe stream that stays open (its task never ends), until `close`.
+// A resubscribe stream that stays open (its task never ends), until `close`; `read` reads it to its end.
 async function openStream(apiUrl: string, taskId: string, key = ADMIN_KEY) {
   const ac = new AbortController();
   const res = await fetch(apiUrl + A2A, {
@@ -260,7 +282,7 @@ async function openStream(apiUrl: string, taskId: string, key = ADMIN_KEY) {
     headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
     body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/resubscribe', params: { id: taskId } }),
   });
-  return { res, close: () => ac.abort() };
+  return { res, close: () => ac.abort(), read: () => readSse(res, ac) };
 }
 
 describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {

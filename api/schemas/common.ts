@@ -28,7 +28,7 @@ export const kmsErrors = { 502: ErrorBody };
 export const Success = Type.Object({ success: Type.Boolean() });
 
 // page_size is an int64 in the seed (list-contexts), within 1..1000 here.
-const PageSize = { format: 'int64', minimum: 1, maximum: 1000, description: 'The most items a page holds; a page may hold fewer (lists of large items end a page at 8 MiB) and carries next_page_token while more follow.' };
+const PageSize = { format: 'int64', minimum: 1, maximum: 1000, description: 'The most items a page holds; a page may hold fewer (lists of large items end a page at 8 MiB, JSON weighed as parsed) and carries next_page_token while more follow.' };
 const PageToken = Type.Optional(Type.String({ minLength: 1, maxLength: 2048 }));
 
 export const PageQuery = {

@@ -67,14 +67,14 @@ export async function* followTimeline(
 ): AsyncGenerator<StreamEvent> {
   let after = afterSeq;
   while (!signal.aborted) {
-    const rows = await timelineSince(db, task.id, after, PAGE);
+    const { rows, more } = await timelineSince(db, task.id, after, PAGE);
     if (rows.length) {
       after = rows[rows.length - 1].seq;
       for (const event of await toEvents(db, task.id, task.contextId, rows)) {
         yield event;
         if (event.kind === 'status-update' && event.final) return;
       }
-      if (rows.length === PAGE) continue; // a full page may have more behind it
+      if (more) continue;
     } else if (!(await getTask(db, task.id))) {
       // Deleted (by hand: the retention purge takes ended tasks only): no final event will come, and nothing
       // notes a delete, so an empty read looks; the client gets -32001, not an endless stream.
