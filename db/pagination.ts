@@ -6,7 +6,7 @@ import type { Tx } from './knex.ts';
 export interface Page<T> { items: T[]; next_page_token?: string }
 
 // What a page of a list with large rows holds at most (Keyset.bytes), past its first row: bytes of
-// text, or for JSON the weight it has once parsed (db/messages.ts parsedWeight), which is what the
+// text, or for JSON the weight it has once parsed (db/messages.ts messageWeightSql), which is what the
 // API holds in memory to answer.
 export const PAGE_MAX_BYTES = 8 * 1024 * 1024;
 

@@ -2,7 +2,7 @@ import type { Knex } from 'knex';
 import { pgQuery, type Tx } from './knex.ts';
 import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
-import { COLUMNS as MESSAGE_COLUMNS, messageFromJson, messageFromRow, messageWeight, messageWeightSql } from './messages.ts';
+import { COLUMNS as MESSAGE_COLUMNS, messageFromJson, messageFromRow, messageWeight, messageWeightSql, textWeightBound } from './messages.ts';
 import { parsedWeight } from '../domain/storable-json.ts';
 import { Task, type ContextInfo, type Message, type TimelineItem } from '../api/schemas/task.ts';
 import { RUN_STARTS_FROM, type TaskState } from '../domain/task-states.ts';
@@ -149,7 +149,9 @@ export async function listTasks(db: Tx, filter: { status?: string; context_id?: 
   if (filter.context_id) q.where('context_id', filter.context_id);
   return keysetPage<TaskRow>(q, {
     columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r) => [r.created_at, r.id],
-    bytes: { db, size: 'octet_length(metadata::text)', max: PAGE_MAX_BYTES },
+    // Counted at the most its text can weigh parsed (db/messages.ts): a page of such tasks' metadata
+    // is rarely large, and dense metadata (100,000 '{}') is ten times its text in memory.
+    bytes: { db, size: textWeightBound('metadata::text'), max: PAGE_MAX_BYTES },
   }, pageSize, token);
 }
 

@@ -2,6 +2,7 @@
 // their text): reads answer them in parts weighed as parsed, within the API's heap, and a run of such
 // a task starts at once with a history within AGENT_HISTORY_MAX_BYTES.
 import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
 import { startWorker, textMessage, useStack, waitFor, type Proc } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
@@ -62,6 +63,23 @@ describe('tasks full of dense messages', function () {
     const items = timeline.flat();
     assert.deepEqual(items.map((i) => i.event_payload.type), ['message', 'task-status-update', ...Array(count).fill('message')]);
     assert.deepEqual(items.slice(2).map((i) => nOf(i.event_payload.message.parts)), Array.from({ length: count }, (_, i) => i + 1));
+  });
+
+  it('pages tasks whose metadata is dense at 8 MiB counted as parsed (12 times its text), not as text', async () => {
+    const contextId = randomUUID();
+    const ids: string[] = [];
+    for (let n = 1; n <= 4; n++) {
+      const r = await stack.client.post('/api/task/v1', { context_id: contextId, metadata: { n, a: new Array(99_980).fill({}) }, message: { role: 'agent', parts: [{ type: 'text-part', text: `dense ${n}` }] } });
+      assert.equal(r.status, 201, r.text.slice(0, 300));
+      ids.push(r.body.task.id);
+    }
+    // 400 kB of text each as Postgres writes it ('{}, '), 4.8 MB counted: two fit in a page; as text, all four did.
+    const first = await stack.client.get(`/api/task/v1/context/${contextId}/task?page_size=1000`);
+    assert.equal(first.status, 200);
+    assert.deepEqual(first.body.items.map((t: any) => t.id), [ids[3], ids[2]]);
+    const rest = await stack.client.get(`/api/task/v1/context/${contextId}/task?page_size=1000&next_page_token=${first.body.next_page_token}`);
+    assert.deepEqual(rest.body.items.map((t: any) => t.id), [ids[1], ids[0]]);
+    assert.equal(rest.body.next_page_token, undefined);
   });
 
   it('runs the task with its own message and no dense one in its history (over AGENT_HISTORY_MAX_BYTES), without waiting on Postgres', async () => {
