@@ -61,7 +61,7 @@ const ConfigSchema = Type.Object({
   AGENT_RUN_TIMEOUT_MS: Ms({ minimum: 0, default: 0 }),
   AGENT_BACKOFF_MS: Ms({ minimum: 0, default: 1000 }),
   AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 200 }),
-  // The most of a task's history a run is handed, weighed as parsed (db/messages.ts parsedWeight): a
+  // The most of a task's history a run is handed, weighed as parsed (domain/storable-json.ts parsedWeight): a
   // worker holds AGENT_CONCURRENCY histories at once, and a task may hold TASK_MESSAGES_MAX_BYTES.
   AGENT_HISTORY_MAX_BYTES: Type.Integer({ minimum: 1024, default: 1024 * 1024 }),
   KEY_JOB_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 64, default: 2 }),

@@ -57,12 +57,12 @@ export function parsedWeight(value: unknown): number {
   while (stack.length) {
     const v = stack.pop();
     weight += 33; // the value and its separator
-    if (typeof v === 'string') weight += v.length + 2;
+    if (typeof v === 'string') weight += Buffer.byteLength(v) + 2;
     else if (typeof v === 'number') weight += String(v).length;
     else if (v !== null && typeof v === 'object') {
       weight += 2;
       if (Array.isArray(v)) for (const child of v) stack.push(child);
-      else for (const [k, child] of Object.entries(v)) { weight += k.length + 3; stack.push(child); }
+      else for (const [k, child] of Object.entries(v)) { weight += Buffer.byteLength(k) + 3; stack.push(child); }
     } else weight += 5;
   }
   return weight;

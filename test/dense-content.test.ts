@@ -98,4 +98,26 @@ describe('tasks full of dense messages', function () {
       await worker?.stop();
     }
   });
+
+  it('a run tried again after a dense user message (over AGENT_HISTORY_MAX_BYTES) still sees what it said: its progress is not said twice', async () => {
+    const c = stack.client;
+    const first = await startWorker(stack.env);
+    let second: Proc | undefined;
+    try {
+      const task = (await c.post('/api/task/v1', { message: textMessage('[sleep 2000] dies once') })).body.task.id;
+      await waitFor(async () => (await c.get(`/api/task/v1/${task}`)).body.status_message?.parts[0].text === 'Working for 2000 ms', 'the run to say its progress');
+      // Recorded only (the task is working): the newest message, alone over the run's history budget.
+      assert.equal((await c.post(`/api/task/v1/${task}/message`, dense(0))).status, 201);
+      await first.kill('SIGKILL');
+      second = await startWorker(stack.env);
+      const done = await waitFor(async () => {
+        const t = (await c.get(`/api/task/v1/${task}`)).body;
+        return t.task.status === 'completed' && t;
+      }, 'the run tried again to complete', 60_000, 100);
+      assert.deepEqual(done.messages.map((m: any) => m.role === 'agent' ? m.parts[0].text : nOf(m.parts) ?? m.parts[0].text),
+        ['[sleep 2000] dies once', 'Working for 2000 ms', 0, 'Echo: [sleep 2000] dies once']);
+    } finally {
+      await second?.stop();
+    }
+  });
 });

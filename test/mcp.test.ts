@@ -415,6 +415,17 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.equal(twice.status, 400);
     assert.deepEqual(await twice.json(), { jsonrpc: '2.0', id: null, error: { code: ErrorCode.InvalidRequest, message: 'Invalid Request: batch members 1 and 2 are requests with the same id "a"' } });
     assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
+
+    // Twenty messages at most: the answers of a batch are all held until its last.
+    const batchOf = (n: number) => JSON.stringify([call('pi_many'), ...Array.from({ length: n - 1 }, (_, i) => ({ jsonrpc: '2.0', id: i, method: 'tools/list' }))]);
+    const many = await rawPost(batchOf(21));
+    assert.equal(many.status, 400);
+    assert.deepEqual(await many.json(), { jsonrpc: '2.0', id: null, error: { code: ErrorCode.InvalidRequest, message: 'Invalid Request: a batch holds at most 20 messages, not 21; send the rest in another POST' } });
+    assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
+    const twenty = await rawPost(batchOf(20));
+    assert.equal(twenty.status, 200);
+    assert.equal(((await twenty.json()) as unknown[]).length, 20);
+    assert.equal(stripe.seen.length, calls + 1, 'the call of the batch of twenty ran');
   });
 
   it('lists tools in pages, following nextCursor, and refuses a cursor it did not give with -32602', async () => {

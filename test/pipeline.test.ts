@@ -82,7 +82,7 @@ describe('job pipeline: task execution through a real worker', function () {
     }
   });
 
-  it('weighs each JSON value of a message in AGENT_HISTORY_MAX_BYTES (32 bytes), not its text alone', async () => {
+  it('weighs each JSON value of a message in AGENT_HISTORY_MAX_BYTES (33 bytes), not its text alone', async () => {
     const small = await startStack({ AGENT_HISTORY_MAX_BYTES: '40000' }, { workers: 1 });
     try {
       // About 3 kB of text each, but 1,000 values more: some 35 kB once weighed.

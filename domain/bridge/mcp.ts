@@ -206,11 +206,15 @@ export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: str
 // refused before any member runs. Without the header the client is taken to speak 2025-03-26, which
 // has them; a version the SDK does not support is left to its own 400.
 // Two requests with one id would both run and only one be answered (the SDK keys answers by id).
+// A batch holds at most BATCH_MAX messages: the SDK holds every answer until the last and answers them
+// as one text, so 20,000 tools/list in one 1 MiB body were gigabytes of heap in one request.
+export const BATCH_MAX = 20;
 export function batchRefusal(body: unknown, protocolVersion: string | undefined): EnvelopeRefusal | undefined {
   if (!Array.isArray(body)) return undefined;
   if (protocolVersion && SUPPORTED_PROTOCOL_VERSIONS.includes(protocolVersion) && protocolVersion >= '2025-06-18') {
     return invalidRequest(`MCP ${protocolVersion} has no JSON-RPC batches; send one message per POST`);
   }
+  if (body.length > BATCH_MAX) return invalidRequest(`a batch holds at most ${BATCH_MAX} messages, not ${body.length}; send the rest in another POST`);
   const requests = new Map<string, number>();
   for (const [i, m] of body.entries()) {
     const { id, method } = (typeof m === 'object' && m !== null ? m : {}) as { id?: unknown; method?: unknown };
