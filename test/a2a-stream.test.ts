@@ -7,7 +7,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
-import { ADMIN_KEY, Client, requestLogsThrough, resetDb, startApi, startStack, testDb, useStack, waitFor, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, Client, denseMessage, requestLogsThrough, resetDb, startApi, startStack, testDb, useStack, waitFor, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string, extra: Record<string, unknown> = {}) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
@@ -190,9 +190,8 @@ describe('A2A streaming (SSE)', () => {
     const id = await quietTask(stack.client);
     const stream = await openStream(stack.api.url, id);
     assert.equal(stream.res.status, 200);
-    // 3.5 MB each once parsed (99,990 empty objects): a read of the timeline takes three at most.
-    const dense = (n: number) => ({ role: 'agent', parts: [{ type: 'data-part', data: { n, a: new Array(99_990).fill({}) } }] });
-    for (let n = 1; n <= 5; n++) assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, dense(n))).status, 201);
+    // 3.5 MB each once parsed: a read of the timeline takes three at most.
+    for (let n = 1; n <= 5; n++) assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, denseMessage(n, 'agent'))).status, 201);
     assert.equal((await rpc('tasks/cancel', { id })).body.result.status.state, 'canceled');
     const s = await stream.read();
     assert.ok(s.ended);

@@ -3,11 +3,9 @@
 // a task starts at once with a history within AGENT_HISTORY_MAX_BYTES.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { startWorker, textMessage, useStack, waitFor, type Proc } from './helpers/stack.ts';
+import { denseMessage, startWorker, textMessage, useStack, waitFor, type Proc } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
-// 300 kB of text, some 3.3 MB parsed: 99,990 empty objects.
-const dense = (n: number) => ({ role: 'user', parts: [{ type: 'data-part', data: { n, a: new Array(99_990).fill({}) } }] });
 const nOf = (parts: any[]) => parts.find((p) => p.type === 'data-part' || p.kind === 'data')?.data.n;
 // What a page holds at most past its first item (db/pagination.ts PAGE_MAX_BYTES), and so the most
 // dense messages: the fourth would start past it.
@@ -24,7 +22,7 @@ describe('tasks full of dense messages', function () {
     // No worker yet: the task stays submitted, and takes messages until it holds TASK_MESSAGES_MAX_BYTES.
     id = (await stack.client.post('/api/task/v1', { message: textMessage('open') })).body.task.id;
     for (;;) {
-      const r = await stack.client.post(`/api/task/v1/${id}/message`, dense(count + 1));
+      const r = await stack.client.post(`/api/task/v1/${id}/message`, denseMessage(count + 1));
       if (r.status === 413) break;
       assert.equal(r.status, 201, r.text);
       count++;
@@ -54,7 +52,7 @@ describe('tasks full of dense messages', function () {
     // The task's first page of messages ends where the list's first page does, and its token goes on from there.
     const pages = await walk(`/api/task/v1/${id}/message?page_size=1000`);
     assert.deepEqual(pages[0].map((m) => m.id), task.body.messages.map((m: any) => m.id));
-    assert.equal(task.body.messages_next_page_token !== undefined, true);
+    assert.ok(task.body.messages_next_page_token, 'the task shows a token to its further messages');
     assert.ok(pages.every((p) => p.filter((m) => nOf(m.parts) !== undefined).length <= PER_PAGE));
     assert.deepEqual(pages.flat().map((m) => nOf(m.parts) ?? 'open'), ['open', ...Array.from({ length: count }, (_, i) => i + 1)]);
 
@@ -107,7 +105,7 @@ describe('tasks full of dense messages', function () {
       const task = (await c.post('/api/task/v1', { message: textMessage('[sleep 2000] dies once') })).body.task.id;
       await waitFor(async () => (await c.get(`/api/task/v1/${task}`)).body.status_message?.parts[0].text === 'Working for 2000 ms', 'the run to say its progress');
       // Recorded only (the task is working): the newest message, alone over the run's history budget.
-      assert.equal((await c.post(`/api/task/v1/${task}/message`, dense(0))).status, 201);
+      assert.equal((await c.post(`/api/task/v1/${task}/message`, denseMessage(0))).status, 201);
       await first.kill('SIGKILL');
       second = await startWorker(stack.env);
       const done = await waitFor(async () => {

@@ -260,6 +260,9 @@ export async function waitFor<T>(fn: () => Promise<T | undefined | null | false>
 }
 
 export const textMessage = (text: string, role: 'user' | 'agent' = 'user') => ({ role, parts: [{ type: 'text-part', text }] });
+// The densest message there may be (MAX_JSON_VALUES): 99,990 empty objects, 300 kB of text and some
+// 3.5 MB once parsed, numbered `n` in its data part.
+export const denseMessage = (n: number, role: 'user' | 'agent' = 'user') => ({ role, parts: [{ type: 'data-part', data: { n, a: new Array(99_990).fill({}) } }] });
 
 // The statuses a task went through, oldest first, read from its timeline.
 export async function statusesOf(client: Client, taskId: string): Promise<string[]> {
