@@ -1,7 +1,8 @@
 // Bridge tables: credentials, provider instances and their enabled functions.
 import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
-import { keysetPage, type Page } from './pagination.ts';
+import { keysetPage, rotationBatch, type Page, type RotationBatch } from './pagination.ts';
+import { textWeightBound } from './messages.ts';
 
 export type CredentialKind = 'resource_server' | 'user';
 
@@ -163,10 +164,12 @@ export async function instancesWithFunction(db: Tx, providerTypeId: string, func
 }
 
 // Rotation of an alias (domain/alias-rotation.ts): its credentials not under `newDekId`, in id order after `afterId`.
-export async function credentialsToRotate(db: Tx, alias: string, newDekId: string, afterId: string | null, limit: number): Promise<CredentialRow[]> {
-  const q = db('bridge_credentials').where({ dek_alias: alias }).whereNot({ dek_id: newDekId }).orderBy('id').limit(limit);
+export type CredentialToRotate = Pick<CredentialRow, 'id' | 'kind' | 'provider_controller_type_id' | 'type_id' | 'value' | 'dek_id'>;
+export async function credentialsToRotate(db: Tx, alias: string, newDekId: string, afterId: string | null, batch: RotationBatch): Promise<CredentialToRotate[]> {
+  const q = db('bridge_credentials').select('id', 'kind', 'provider_controller_type_id', 'type_id', 'value', 'dek_id')
+    .where({ dek_alias: alias }).whereNot({ dek_id: newDekId }).orderBy('id');
   if (afterId !== null) q.where('id', '>', afterId);
-  return q;
+  return rotationBatch(db, q, ['id'], textWeightBound('value::text'), batch);
 }
 
 export async function countCredentialsToRotate(db: Tx, alias: string, newDekId: string): Promise<number> {

@@ -84,22 +84,39 @@ export async function keysetPage<Row>(
 }
 
 // The rows of a page whose bytes before them stay under the budget, and whether rows were left out
-// for it. Only the rows taken are sent by Postgres (the others' large values are never read out).
-// Each row's size is worked out once, and for the page's rows only (the limit is inside).
+// for it.
 async function withinBytes<Row>(query: Knex.QueryBuilder, keyset: Keyset<Row>, pageSize: number): Promise<{ rows: Row[]; cut: boolean }> {
   const { db, size, max } = keyset.bytes!;
-  const names = keyset.columns.map((c) => c.split('.').pop()!);
-  const order = names.map(() => `?? ${keyset.direction}`).join(', ');
-  const sized = query.select(db.raw(`${size} as _size`)).limit(pageSize + 1);
+  return firstWithinBytes<Row>(db, query, { columns: keyset.columns, direction: keyset.direction, size, max, limit: pageSize + 1 });
+}
+
+// The first of `query`'s rows (at most `limit`, in the order of `columns`) whose `size`s before them
+// stay under `max` bytes, always the first; `cut` tells whether rows were left out for the budget.
+// Only the rows taken are sent by Postgres (the others' large values are never read out), and each
+// row's size is worked out once, for the limited rows only.
+export async function firstWithinBytes<Row>(
+  db: Tx, query: Knex.QueryBuilder, o: { columns: string[]; direction: 'asc' | 'desc'; size: string; max: number; limit: number },
+): Promise<{ rows: Row[]; cut: boolean }> {
+  const names = o.columns.map((c) => c.split('.').pop()!);
+  const order = names.map(() => `?? ${o.direction}`).join(', ');
+  const sized = query.select(db.raw(`${o.size} as _size`)).limit(o.limit);
   const counted = db.select('*', db.raw(`sum(_size) over (order by ${order} rows unbounded preceding) - _size as _bytes_before`, names), db.raw('count(*) over () as _fetched'))
     .from(sized.as('l'));
-  const outer = db.select('*').from(counted.as('w')).where('_bytes_before', '<', max);
-  for (const c of names) outer.orderBy(c, keyset.direction);
+  const outer = db.select('*').from(counted.as('w')).where('_bytes_before', '<', o.max);
+  for (const c of names) outer.orderBy(c, o.direction);
   const rows = (await outer) as (Row & { _size?: unknown; _bytes_before?: unknown; _fetched?: unknown })[];
   const fetched = rows.length ? Number(rows[0]._fetched) : 0;
   // Copies without the three, not `delete`: a deleted property leaves a slow (dictionary) object that
   // every later step (toTask's copy, the response's JSON) reads more slowly.
   return { rows: rows.map(({ _size: _s, _bytes_before: _b, _fetched: _f, ...row }) => row as Row), cut: rows.length < fetched };
+}
+
+// A batch of a key job (alias rotation) that holds its rows in memory while it re-encrypts them:
+// at most `limit` rows and, past the first, `maxBytes` of their large column.
+export interface RotationBatch { limit: number; maxBytes: number }
+
+export async function rotationBatch<Row>(db: Tx, query: Knex.QueryBuilder, columns: string[], size: string, batch: RotationBatch): Promise<Row[]> {
+  return (await firstWithinBytes<Row>(db, query, { columns, direction: 'asc', size, max: batch.maxBytes, limit: batch.limit })).rows;
 }
 
 // The same tokens over a short list held in memory (e.g. the provider catalog), ordered by a

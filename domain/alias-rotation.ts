@@ -23,7 +23,8 @@ import { createDek, decryptWithDek, DecryptError, encryptWithDek, repointAlias, 
 import { getDek } from '../db/deks.ts';
 import { addKeyJobTotal, finishKeyJob, settleKeyJobTotal, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, type KeyJobError, type KeyJobRow } from '../db/key-jobs.ts';
 import { countSecretsToRotate, findActiveRotation, lockAlias, reencryptSecrets, secretsToRotate, setRotationState, type RotationCandidate } from '../db/secrets.ts';
-import { countCredentialsToRotate, credentialsToRotate, reencryptCredentials, type CredentialRow } from '../db/bridge.ts';
+import { countCredentialsToRotate, credentialsToRotate, reencryptCredentials, type CredentialToRotate } from '../db/bridge.ts';
+import type { RotationBatch } from '../db/pagination.ts';
 import { countPushConfigsToRotate, pushConfigsToRotate, reencryptPushConfigs } from '../db/push-configs.ts';
 import { credentialDef, providerDef } from './bridge/catalog.ts';
 import { openCredential, sealCredential } from './bridge/credentials.ts';
@@ -77,7 +78,7 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
 // error; any other failure fails the batch.
 interface RotationStore<R, W> {
   /** The next rows of the phase after `cursor` (null: from the start). */
-  next(trx: Knex.Transaction, job: KeyJobRow, params: Required<RotationParams>, cursor: string | null, limit: number): Promise<R[]>;
+  next(trx: Knex.Transaction, job: KeyJobRow, params: Required<RotationParams>, cursor: string | null, batch: RotationBatch): Promise<R[]>;
   count(trx: Knex.Transaction, params: Required<RotationParams>): Promise<number>;
   key(row: R): string;
   what(row: R): string;
@@ -90,8 +91,8 @@ const reencrypt = async (s: KeyringServices, fromDek: string, ciphertext: string
   encryptWithDek(s, toDek, await decryptWithDek(s, fromDek, ciphertext, trx), trx);
 
 const secretStore: RotationStore<RotationCandidate, Parameters<typeof reencryptSecrets>[3][number]> = {
-  next: (trx, job, p, cursor, limit) =>
-    secretsToRotate(trx, p.alias, p.new_dek_id, cursor, limit, p.phase === 'sweep' ? { since: job.started_at! } : { before: job.started_at! }),
+  next: (trx, job, p, cursor, batch) =>
+    secretsToRotate(trx, p.alias, p.new_dek_id, cursor, batch, p.phase === 'sweep' ? { since: job.started_at! } : { before: job.started_at! }),
   count: (trx, p) => countSecretsToRotate(trx, p.alias, p.new_dek_id),
   key: (r) => r.id,
   what: (r) => `secret does not decrypt with DEK '${r.dek_id}'`,
@@ -102,8 +103,8 @@ const secretStore: RotationStore<RotationCandidate, Parameters<typeof reencryptS
   write: async (trx, p, rows) => (await reencryptSecrets(trx, p.alias, p.new_dek_id, rows)).length,
 };
 
-const credentialStore: RotationStore<CredentialRow, Parameters<typeof reencryptCredentials>[2][number]> = {
-  next: (trx, _job, p, cursor, limit) => credentialsToRotate(trx, p.alias, p.new_dek_id, cursor, limit),
+const credentialStore: RotationStore<CredentialToRotate, Parameters<typeof reencryptCredentials>[2][number]> = {
+  next: (trx, _job, p, cursor, batch) => credentialsToRotate(trx, p.alias, p.new_dek_id, cursor, batch),
   count: (trx, p) => countCredentialsToRotate(trx, p.alias, p.new_dek_id),
   key: (r) => r.id,
   what: (r) => `bridge credential does not decrypt with DEK '${r.dek_id}'`,
@@ -118,8 +119,8 @@ const credentialStore: RotationStore<CredentialRow, Parameters<typeof reencryptC
 type PushRow = Awaited<ReturnType<typeof pushConfigsToRotate>>[number];
 // Push configs are all sealed under one alias: other aliases have none.
 const pushConfigStore: RotationStore<PushRow, Parameters<typeof reencryptPushConfigs>[2][number]> = {
-  next: (trx, _job, p, cursor, limit) => (p.alias === PUSH_ALIAS
-    ? pushConfigsToRotate(trx, p.new_dek_id, cursor === null ? null : { task_id: cursor.slice(0, 36), id: cursor.slice(37) }, limit)
+  next: (trx, _job, p, cursor, batch) => (p.alias === PUSH_ALIAS
+    ? pushConfigsToRotate(trx, p.new_dek_id, cursor === null ? null : { task_id: cursor.slice(0, 36), id: cursor.slice(37) }, batch)
     : Promise.resolve([])),
   count: (trx, p) => (p.alias === PUSH_ALIAS ? countPushConfigsToRotate(trx, p.new_dek_id) : Promise.resolve(0)),
   // A task id is a UUID, 36 characters: the config id follows the slash.
@@ -135,6 +136,11 @@ const pushConfigStore: RotationStore<PushRow, Parameters<typeof reencryptPushCon
 // Each store has its own row types; a batch only ever combines one store's functions.
 const STORES: Record<Phase, RotationStore<any, any>> = { walk: secretStore, sweep: secretStore, credentials: credentialStore, 'push-configs': pushConfigStore };
 
+// What a batch holds past its first row, besides `batchSize` rows: secrets and credentials may be up
+// to the body limit each, and a batch holds each several times over (read, decrypted, re-encrypted,
+// sent back), so 500 of a megabyte would take gigabytes of a worker's heap.
+const BATCH_MAX_BYTES = 8 * 1024 * 1024;
+
 // Re-encrypts one batch of the current phase; returns the job row after it, and the phase when it
 // has nothing left.
 export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSize: number): Promise<{ job: KeyJobRow; phaseDone?: Phase }> {
@@ -144,7 +150,7 @@ export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSi
     const params = job.params as unknown as Required<RotationParams>;
     if (job.status !== 'running') return { job, phaseDone: params.phase };
     const store = STORES[params.phase];
-    const rows = await store.next(trx, job, params, job.cursor, batchSize);
+    const rows = await store.next(trx, job, params, job.cursor, { limit: batchSize, maxBytes: BATCH_MAX_BYTES });
     if (!rows.length) return { job, phaseDone: params.phase };
     const rewritten: unknown[] = [];
     const errors: KeyJobError[] = [];

@@ -114,7 +114,7 @@ export function sealCredential(s: KeyringServices, cc: CredentialControllerDef, 
 }
 
 // The credential's value with its sensitive members decrypted (DecryptError when one does not).
-export function openCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, row: CredentialRow, trx?: Knex.Transaction): Promise<Plain> {
+export function openCredential(s: Pick<KeyringServices, 'db' | 'cfg'>, cc: CredentialControllerDef, row: Pick<CredentialRow, 'kind' | 'value' | 'dek_id'>, trx?: Knex.Transaction): Promise<Plain> {
   return mapSensitive(cc, row.kind, row.value, (member, v) => decryptWithDek(s, row.dek_id, v, trx, openableAs(member)));
 }
 
