@@ -91,6 +91,9 @@ const ConfigSchema = Type.Object({
   // After SIGTERM, how long an API process lets requests in flight finish before it closes what is open.
   API_SHUTDOWN_GRACE_MS: Ms({ minimum: 0, default: 10000 }),
   API_WRITE_STALL_MS: Ms({ minimum: 0, default: 60000 }),
+  // Longest a definition export (GET /api/a2a/v1/definition) may take to be read whole: it holds a
+  // database connection in an open transaction meanwhile, so a client reading it slowly is cut then.
+  DEFINITION_EXPORT_TIMEOUT_MS: Ms({ minimum: 1000, default: 300000 }),
   WORKER_STALLED_CHECK_MS: Ms({ minimum: 200, default: 15000 }),
   OUTBOX_SWEEP_MS: Ms({ minimum: 50, default: 2000 }),
   A2A_BLOCKING_TIMEOUT_MS: Ms({ minimum: 0, default: 30000 }),

@@ -3,11 +3,20 @@
 // so a fresh installation holding the same envelope keys can re-apply it through the import
 // endpoints. Nothing is decrypted or unwrapped here. Providers come with their credentials,
 // whose sensitive members are ciphertext under data_encryption_key_id.
+//
+// An installation's secrets and providers have no bound in number and may be up to the body limit
+// each, so the document is written as it is read, batch by batch (db/definition.ts), as JSON text
+// with the client's pace (backpressure): what the API holds is a batch, whatever the installation's size.
+import { Readable } from 'node:stream';
 import type { Knex } from 'knex';
-import { definitionRows, type CredentialExportRow } from '../db/definition.ts';
+import { openDefinitionReader, type CredentialExportRow, type DefinitionReader, type DekExportRow, type EnvelopeKeyExportRow, type ProviderExportRow, type SecretExportRow } from '../db/definition.ts';
 import type { Definition } from '../api/schemas/definition.ts';
 import type { Config } from './config.ts';
+import type { Logger } from './logger.ts';
+import { Unavailable } from './errors.ts';
 import { agentCard } from './a2a/agent-card.ts';
+
+type Item<K extends keyof Definition> = Definition[K] extends (infer T)[] ? T : never;
 
 const iso = (d: Date) => d.toISOString();
 
@@ -16,35 +25,107 @@ const credential = (c: CredentialExportRow) => ({
   ...(c.next_rotation_time ? { next_rotation_time: iso(c.next_rotation_time) } : {}),
 });
 
-export async function exportDefinition(db: Knex, cfg: Config): Promise<Definition> {
-  const { envelopeKeys, deks, secrets, providers, credentials } = await definitionRows(db);
-  const credentialById = new Map(credentials.map((c) => [c.id, credential(c)]));
-  return {
-    format: 'taskbridge-definition/v1',
-    exported_at: new Date().toISOString(),
-    agent_card: agentCard(cfg) as unknown as Record<string, unknown>,
-    envelope_keys: envelopeKeys.map((k) => ({
-      id: k.id,
-      type: k.type as 'local' | 'aws_kms',
-      ...(k.file_name ? { file_name: k.file_name } : {}),
-      ...(k.arn ? { arn: k.arn } : {}),
-      ...(k.region ? { region: k.region } : {}),
-      created_at: iso(k.created_at),
-      data_encryption_keys: deks.filter((d) => d.envelope_key_id === k.id).map((d) => ({
-        id: d.id, encrypted_data_encryption_key: d.encrypted_dek, aliases: d.aliases, created_at: iso(d.created_at), updated_at: iso(d.updated_at),
-      })),
-    })),
-    secrets: secrets.map((s) => ({
-      id: s.id, key: s.key, encrypted_value: s.encrypted_secret, dek_alias: s.dek_alias, data_encryption_key_id: s.dek_id,
-      created_at: iso(s.created_at), updated_at: iso(s.updated_at),
-    })),
-    providers: providers.map((p) => ({
-      id: p.id, display_name: p.display_name, provider_controller_type_id: p.provider_controller_type_id,
-      credential_controller_type_id: p.credential_controller_type_id, status: p.status,
-      ...(p.return_on_successful_brokering ? { return_on_successful_brokering: p.return_on_successful_brokering } : {}),
-      ...(p.resource_server_credential_id ? { resource_server_credential: credentialById.get(p.resource_server_credential_id) } : {}),
-      ...(p.user_credential_id ? { user_credential: credentialById.get(p.user_credential_id) } : {}),
-      functions: p.functions,
-    })),
-  };
+const envelopeKey = (k: EnvelopeKeyExportRow): Omit<Item<'envelope_keys'>, 'data_encryption_keys'> => ({
+  id: k.id,
+  type: k.type as 'local' | 'aws_kms',
+  ...(k.file_name ? { file_name: k.file_name } : {}),
+  ...(k.arn ? { arn: k.arn } : {}),
+  ...(k.region ? { region: k.region } : {}),
+  created_at: iso(k.created_at),
+});
+
+const dek = (d: DekExportRow): Item<'envelope_keys'>['data_encryption_keys'][number] => ({
+  id: d.id, encrypted_data_encryption_key: d.encrypted_dek, aliases: d.aliases, created_at: iso(d.created_at), updated_at: iso(d.updated_at),
+});
+
+const secret = (s: SecretExportRow): Item<'secrets'> => ({
+  id: s.id, key: s.key, encrypted_value: s.encrypted_secret, dek_alias: s.dek_alias, data_encryption_key_id: s.dek_id,
+  created_at: iso(s.created_at), updated_at: iso(s.updated_at),
+});
+
+const provider = (p: ProviderExportRow, credentialById: Map<string, ReturnType<typeof credential>>): Item<'providers'> => ({
+  id: p.id, display_name: p.display_name, provider_controller_type_id: p.provider_controller_type_id,
+  credential_controller_type_id: p.credential_controller_type_id, status: p.status,
+  ...(p.return_on_successful_brokering ? { return_on_successful_brokering: p.return_on_successful_brokering } : {}),
+  ...(p.resource_server_credential_id ? { resource_server_credential: credentialById.get(p.resource_server_credential_id) } : {}),
+  ...(p.user_credential_id ? { user_credential: credentialById.get(p.user_credential_id) } : {}),
+  functions: p.functions,
+});
+
+// An object's JSON without its closing brace, for a member written after it (a streamed array).
+const opened = (o: object) => JSON.stringify(o).slice(0, -1);
+
+// The elements of a JSON array, comma-separated, one string each, from batches of rows.
+async function* elements<B>(batches: AsyncIterable<B>, shape: (batch: B) => unknown[]): AsyncGenerator<string> {
+  let comma = '';
+  for await (const batch of batches) {
+    for (const item of shape(batch)) {
+      yield comma + JSON.stringify(item);
+      comma = ',';
+    }
+  }
+}
+
+// The Definition document as JSON text, its members in the schema's order, as JSON.stringify would write it whole.
+async function* definitionText(reader: DefinitionReader, cfg: Config): AsyncGenerator<string> {
+  yield `${opened({ format: 'taskbridge-definition/v1', exported_at: new Date().toISOString(), agent_card: agentCard(cfg) })},"envelope_keys":[`;
+  let comma = '';
+  for await (const keys of reader.envelopeKeys()) {
+    for (const k of keys) {
+      yield `${comma}${opened(envelopeKey(k))},"data_encryption_keys":[`;
+      yield* elements(reader.deks(k.id), (deks) => deks.map(dek));
+      yield ']}';
+      comma = ',';
+    }
+  }
+  yield '],"secrets":[';
+  yield* elements(reader.secrets(), (secrets) => secrets.map(secret));
+  yield '],"providers":[';
+  yield* elements(reader.providers(), ({ providers, credentials }) => {
+    const credentialById = new Map(credentials.map((c) => [c.id, credential(c)]));
+    return providers.map((p) => provider(p, credentialById));
+  });
+  yield ']}';
+}
+
+// Exports this process writes at once. Each holds a pool connection in an open transaction for as
+// long as its client takes to read it, and a batch of rows: without a bound, a few clients asking
+// at once (or reading slowly) would take every connection the API has, and its memory. An export
+// is an occasional backup: one more is refused (503, Retry-After) rather than queued behind them.
+const EXPORTS_AT_ONCE = 2;
+let exporting = 0;
+
+// The export as a JSON stream, once its snapshot has begun (a database out of reach fails here, before
+// anything is answered). The snapshot ends when the stream closes: written whole, failed, destroyed as
+// its client went away, or cut at DEFINITION_EXPORT_TIMEOUT_MS, which bounds how long a client reading
+// slowly holds the connection (one that stops reading is cut sooner, at API_WRITE_STALL_MS).
+export async function exportDefinition(db: Knex, cfg: Config, log: Logger): Promise<Readable> {
+  if (exporting >= EXPORTS_AT_ONCE) {
+    throw new Unavailable(`This process is writing ${exporting} definition exports, the most it writes at once; retry shortly`);
+  }
+  exporting++;
+  let reader: DefinitionReader;
+  try {
+    reader = await openDefinitionReader(db);
+  } catch (err) {
+    exporting--;
+    throw err;
+  }
+  // One element ahead at most: the socket's buffer is where the rest waits.
+  const body = Readable.from(definitionText(reader, cfg), { highWaterMark: 1 });
+  const timeUp = new Error('the definition export was not read whole within DEFINITION_EXPORT_TIMEOUT_MS');
+  const timer = setTimeout(() => body.destroy(timeUp), cfg.DEFINITION_EXPORT_TIMEOUT_MS);
+  // 'close' comes once a read under way has returned (Readable.from waits for it), so the snapshot
+  // is no longer in use; also for a stream destroyed before it was read at all (a HEAD, a client gone).
+  body.once('close', () => {
+    clearTimeout(timer);
+    const err = body.errored as (Error & { code?: unknown }) | null;
+    if (err === timeUp) log.warn({ timeout_ms: cfg.DEFINITION_EXPORT_TIMEOUT_MS }, 'definition export cut: not read whole in time');
+    // The message and code only: a database error's other fields may quote values.
+    else if (err && err.code !== 'ERR_STREAM_PREMATURE_CLOSE') log.error({ err: { message: err.message, code: err.code } }, 'definition export failed after it began: its connection is aborted');
+    reader.end()
+      .catch((e: Error) => log.warn({ err: { message: e.message } }, 'definition export: could not end its snapshot'))
+      .finally(() => { exporting--; });
+  });
+  return body;
 }

@@ -1,8 +1,9 @@
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { randomUUID } from 'node:crypto';
-import { testDb, useStack, waitFor } from './helpers/stack.ts';
+import net from 'node:net';
+import { createHash, randomUUID } from 'node:crypto';
+import { ADMIN_KEY, assertError, testDb, useStack, waitFor } from './helpers/stack.ts';
 
 describe('GET /api/a2a/v1/definition', () => {
   const stack = useStack({ AGENT_NAME: 'definition-test-agent' });
@@ -81,6 +82,15 @@ describe('GET /api/a2a/v1/definition', () => {
     }
   });
 
+  it('answers HEAD with the headers, its export ended at once (more HEADs than exports run at once)', async () => {
+    for (let i = 0; i < 3; i++) {
+      const res = await stack.client.request('HEAD', '/api/a2a/v1/definition');
+      assert.equal(res.status, 200);
+      assert.equal(res.headers.get('content-type'), 'application/json; charset=utf-8');
+    }
+    assert.equal((await stack.client.get('/api/a2a/v1/definition')).status, 200);
+  });
+
   it('needs an API key with the a2a scope', async () => {
     assert.equal((await stack.client.as(undefined).get('/api/a2a/v1/definition')).status, 401);
     const key = await stack.client.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['task:read'] });
@@ -88,5 +98,136 @@ describe('GET /api/a2a/v1/definition', () => {
     const denied = await stack.client.as(key.body.key).get('/api/a2a/v1/definition');
     assert.equal(denied.status, 403);
     assert.equal(denied.body.data.code, 'forbidden');
+  });
+});
+
+const MiB = 1024 * 1024;
+// 1 MiB of text for secret `i`, as Postgres writes repeat(md5(i::text), MiB / 32).
+const bigValue = (i: number) => createHash('md5').update(String(i)).digest('hex').repeat(MiB / 32);
+
+// Secrets of 1 MiB each, inserted as rows (the export reads them as they are, never decrypting).
+async function insertBigSecrets(count: number): Promise<void> {
+  const db = testDb();
+  const { dek_id: dek } = await db('dek_aliases').where({ alias: 'default' }).first();
+  await db.raw(`insert into secrets (id, key, encrypted_secret, dek_id, dek_alias)
+                select gen_random_uuid(), 'big/' || lpad(i::text, 4, '0'), repeat(md5(i::text), ?), ?, 'default' from generate_series(1, ?) i`, [MiB / 32, dek, count]);
+}
+
+// A GET of the export on a raw socket that reads none of the answer: the API writes what the socket
+// buffers hold, then waits on the client.
+function unreadExport(api: string): net.Socket {
+  const socket = net.connect(Number(new URL(api).port), '127.0.0.1', () => {
+    socket.write(`GET /api/a2a/v1/definition HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n\r\n`);
+  });
+  socket.pause();
+  socket.on('error', () => undefined);
+  return socket;
+}
+
+// Exports waiting on their clients: a snapshot open between two reads of the secrets.
+const waitingExports = async () => (await testDb().raw(`select count(*)::int as n from pg_stat_activity
+                                                          where state = 'idle in transaction' and query like '%from "secrets"%'`)).rows[0].n as number;
+
+describe('GET /api/a2a/v1/definition of an installation larger than the API heap', function () {
+  this.timeout(300_000);
+  const SECRETS = 240;
+  const PROVIDERS = 60;
+  // Read whole, these secrets alone would take more than this heap.
+  const stack = useStack({ NODE_OPTIONS: '--max-old-space-size=96', RATE_LIMIT_PER_SECOND: '0' }, { workers: 0 });
+  const keys = Array.from({ length: SECRETS }, (_, i) => `big/${String(i + 1).padStart(4, '0')}`);
+  const providerIds = Array.from({ length: PROVIDERS }, (_, i) => `stripe-${String(i + 1).padStart(3, '0')}`);
+  let credentialId: string;
+
+  before(async () => {
+    await insertBigSecrets(SECRETS);
+    // One credential of 1 MiB that every provider names: the export embeds it in each of them.
+    const db = testDb();
+    const { dek_id: dek } = await db('dek_aliases').where({ alias: 'default' }).first();
+    credentialId = randomUUID();
+    await db('bridge_credentials').insert({
+      id: credentialId, kind: 'resource_server', provider_controller_type_id: 'stripe', type_id: 'api_key',
+      value: { api_key: 'k'.repeat(MiB) }, metadata: { team: 'billing' }, dek_id: dek, dek_alias: 'default',
+    });
+    await db.raw(`insert into provider_instances (id, display_name, provider_controller_type_id, credential_controller_type_id, status, resource_server_credential_id)
+                  select 'stripe-' || lpad(i::text, 3, '0'), 'Stripe ' || i, 'stripe', 'api_key', 'active', ? from generate_series(1, ?) i`, [credentialId, PROVIDERS]);
+  });
+
+  it('answers it whole, some 300 MiB with a 96 MiB heap: every secret, and every provider with the credential it names', async () => {
+    const res = await stack.client.get('/api/a2a/v1/definition');
+    assert.equal(res.status, 200, res.text.slice(0, 300));
+    assert.equal(res.headers.get('content-type'), 'application/json; charset=utf-8');
+    assert.ok(res.text.length > (SECRETS + PROVIDERS) * MiB, `${res.text.length} bytes`);
+    const def = res.body;
+    assert.equal(def.format, 'taskbridge-definition/v1');
+    assert.ok(def.envelope_keys.some((k: any) => k.data_encryption_keys.some((d: any) => d.aliases.includes('default'))));
+    assert.deepEqual(def.secrets.map((s: any) => s.key), keys);
+    def.secrets.forEach((s: any, i: number) => assert.ok(s.encrypted_value === bigValue(i + 1), `the value of ${s.key}`));
+    assert.deepEqual(def.providers.map((p: any) => p.id), providerIds);
+    for (const p of def.providers) {
+      const { value, ...rest } = p.resource_server_credential;
+      assert.ok(value.api_key === 'k'.repeat(MiB), `the credential of ${p.id}`);
+      assert.deepEqual(rest, { id: credentialId, type_id: 'api_key', dek_alias: 'default', data_encryption_key_id: def.secrets[0].data_encryption_key_id, metadata: { team: 'billing' } });
+    }
+    assert.equal(stack.api.child.exitCode, null, 'the API is still running');
+  });
+
+  it('clients that go away mid-export: two at once, a third refused (503), the API stays up, each snapshot and its connection are released, and the next export is whole', async () => {
+    const clients = [unreadExport(stack.api.url), unreadExport(stack.api.url)];
+    await waitFor(async () => (await waitingExports()) === 2, 'both exports to wait on their clients');
+    const third = await stack.client.get('/api/a2a/v1/definition');
+    assertError(third, 503, 'unavailable');
+    assert.equal(third.headers.get('retry-after'), '5');
+    for (const c of clients) c.destroy();
+    await waitFor(async () => (await waitingExports()) === 0, 'the snapshots to end');
+    const next = await stack.client.get('/api/a2a/v1/definition');
+    assert.equal(next.status, 200, next.text.slice(0, 300));
+    assert.deepEqual(next.body.secrets.map((s: any) => s.key), keys);
+    assert.deepEqual(next.body.providers.map((p: any) => p.id), providerIds);
+    assert.equal(stack.api.child.exitCode, null, 'the API is still running');
+    assert.ok(!stack.api.logs.some((l) => l.includes('definition export failed')), 'a client going away is no failure');
+  });
+
+  it('an export whose database connection is lost mid-way: its client gets the answer cut short, the failure is logged without values, and the next export is whole', async () => {
+    const client = unreadExport(stack.api.url);
+    await waitFor(async () => (await waitingExports()) === 1, 'the export to wait on its client');
+    await testDb().raw(`select pg_terminate_backend(pid) from pg_stat_activity where state = 'idle in transaction' and query like '%from "secrets"%'`);
+    const received = await new Promise<string>((resolve) => {
+      const chunks: Buffer[] = [];
+      client.on('data', (b: Buffer) => chunks.push(b));
+      client.once('close', () => resolve(Buffer.concat(chunks).toString('latin1')));
+      client.resume();
+    });
+    assert.match(received, /^HTTP\/1\.1 200 /);
+    assert.ok(!received.endsWith('\r\n0\r\n\r\n'), 'the chunked answer is cut, not ended');
+    const line = await waitFor(async () => stack.api.logs.find((l) => l.includes('definition export failed')), 'the failure to be logged');
+    assert.equal(JSON.parse(line).level, 50);
+    assert.ok(!line.includes(bigValue(1).slice(0, 32)) && !line.includes('big/'), line);
+    const next = await stack.client.get('/api/a2a/v1/definition');
+    assert.equal(next.status, 200, next.text.slice(0, 300));
+    assert.deepEqual(next.body.secrets.map((s: any) => s.key), keys);
+    assert.equal(stack.api.child.exitCode, null, 'the API is still running');
+  });
+});
+
+describe('GET /api/a2a/v1/definition not read whole within DEFINITION_EXPORT_TIMEOUT_MS', function () {
+  this.timeout(120_000);
+  // API_WRITE_STALL_MS off: only the export's own bound cuts a client that reads nothing.
+  const stack = useStack({ DEFINITION_EXPORT_TIMEOUT_MS: '2000', API_WRITE_STALL_MS: '0' }, { workers: 0 });
+
+  // 30 MiB: more than the loopback socket buffers hold.
+  before(() => insertBigSecrets(30));
+
+  it('is cut then: its snapshot and connection are released, the cut is logged, and the next export is whole', async () => {
+    const client = unreadExport(stack.api.url);
+    try {
+      await waitFor(async () => (await waitingExports()) === 1, 'the export to wait on its client');
+      await waitFor(async () => (await waitingExports()) === 0, 'the export to be cut', 10_000);
+      await waitFor(async () => stack.api.logs.some((l) => l.includes('definition export cut')), 'the cut to be logged');
+    } finally {
+      client.destroy();
+    }
+    const next = await stack.client.get('/api/a2a/v1/definition');
+    assert.equal(next.status, 200, next.text.slice(0, 300));
+    assert.equal(next.body.secrets.length, 30);
   });
 });
