@@ -1,7 +1,7 @@
 // Bridge tables: credentials, provider instances and their enabled functions.
 import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
-import { keysetPage, rotationBatch, type Page, type RotationBatch } from './pagination.ts';
+import { firstWithinBytes, keysetPage, PAGE_MAX_BYTES, batchWithinBytes, type Page, type Budget } from './pagination.ts';
 import { textWeightBound } from './messages.ts';
 
 export type CredentialKind = 'resource_server' | 'user';
@@ -94,6 +94,15 @@ export async function getProviderInstance(db: Tx, id: string, lock?: 'share' | '
   return q.first();
 }
 
+// What an instance weighs in a list that shows its credentials: its own text, and each credential it
+// names at the most its JSON can weigh parsed (`weight`, migration 0026). A credential is counted at every instance naming it, as
+// the answer repeats it there: one credential of a megabyte shared by a thousand instances is a
+// gigabyte of answer.
+const credentialWeightSql = (column: string) =>
+  `coalesce((select c.weight from bridge_credentials c where c.id = provider_instances.${column}), 0)`;
+const instanceWeightSql = `octet_length(provider_instances.display_name) + coalesce(${textWeightBound('provider_instances.return_on_successful_brokering::text')}, 0)
+  + ${credentialWeightSql('resource_server_credential_id')} + ${credentialWeightSql('user_credential_id')}`;
+
 export async function listProviderInstances(
   db: Tx, filter: { status?: string; provider_controller_type_id?: string }, pageSize: number, token?: string,
 ): Promise<Page<ProviderInstanceRow>> {
@@ -102,7 +111,7 @@ export async function listProviderInstances(
   if (filter.provider_controller_type_id) q.where({ provider_controller_type_id: filter.provider_controller_type_id });
   return keysetPage<ProviderInstanceRow>(q, {
     columns: ['created_at', 'id'], kinds: ['timestamp', 'text'], direction: 'desc',
-    cursorOf: (r) => [r.created_at, r.id],
+    cursorOf: (r) => [r.created_at, r.id], bytes: { db, size: instanceWeightSql, max: PAGE_MAX_BYTES },
   }, pageSize, token);
 }
 
@@ -155,21 +164,28 @@ export async function allFunctionInstances(db: Tx): Promise<FunctionInstanceRow[
   return db('function_instances').orderBy(['provider_instance_id', 'function_controller_type_id']);
 }
 
-// Enabled functions of one kind with their provider instances (grouped-by-function lists).
-export async function instancesWithFunction(db: Tx, providerTypeId: string, functionTypeId: string): Promise<ProviderInstanceRow[]> {
-  return db('provider_instances').join('function_instances', 'function_instances.provider_instance_id', 'provider_instances.id')
+// The provider instances that enabled a function (grouped-by-function lists), newest first, after
+// `after`: at most `limit`, and past the first what `maxBytes` holds of their weight with credentials.
+export async function instancesWithFunction(
+  db: Tx, providerTypeId: string, functionTypeId: string, after: { created_at: string; id: string } | undefined, batch: Budget,
+): Promise<{ rows: ProviderInstanceRow[]; cut: boolean; bytes: number }> {
+  const q = db('provider_instances').join('function_instances', 'function_instances.provider_instance_id', 'provider_instances.id')
     .where({ 'function_instances.provider_controller_type_id': providerTypeId, 'function_instances.function_controller_type_id': functionTypeId })
     .orderBy([{ column: 'provider_instances.created_at', order: 'desc' }, { column: 'provider_instances.id', order: 'desc' }])
     .select('provider_instances.*');
+  if (after) q.whereRaw('(provider_instances.created_at, provider_instances.id) < (?, ?)', [after.created_at, after.id]);
+  return firstWithinBytes<ProviderInstanceRow>(db, q, {
+    columns: ['provider_instances.created_at', 'provider_instances.id'], direction: 'desc', size: instanceWeightSql, max: batch.maxBytes, limit: batch.limit,
+  });
 }
 
 // Rotation of an alias (domain/alias-rotation.ts): its credentials not under `newDekId`, in id order after `afterId`.
 export type CredentialToRotate = Pick<CredentialRow, 'id' | 'kind' | 'provider_controller_type_id' | 'type_id' | 'value' | 'dek_id'>;
-export async function credentialsToRotate(db: Tx, alias: string, newDekId: string, afterId: string | null, batch: RotationBatch): Promise<CredentialToRotate[]> {
+export async function credentialsToRotate(db: Tx, alias: string, newDekId: string, afterId: string | null, batch: Budget): Promise<CredentialToRotate[]> {
   const q = db('bridge_credentials').select('id', 'kind', 'provider_controller_type_id', 'type_id', 'value', 'dek_id')
     .where({ dek_alias: alias }).whereNot({ dek_id: newDekId }).orderBy('id');
   if (afterId !== null) q.where('id', '>', afterId);
-  return rotationBatch(db, q, ['id'], textWeightBound('value::text'), batch);
+  return batchWithinBytes(db, q, ['id'], 'weight', batch);
 }
 
 export async function countCredentialsToRotate(db: Tx, alias: string, newDekId: string): Promise<number> {

@@ -93,7 +93,7 @@ export async function openDefinitionReader(db: Knex): Promise<DefinitionReader> 
                  ${hasSecrets ? 'or exists (select 1 from secrets s where s.dek_id = d.id)' : ''}
                  ${hasBridge ? 'or exists (select 1 from bridge_credentials c where c.dek_id = d.id)' : ''})`;
   // A credential counts at each provider that embeds it, as what it weighs parsed (its JSON).
-  const credentialSize = (column: string) => `coalesce((select ${textWeightBound('concat(c.value, c.metadata)')} from bridge_credentials c where c.id = p.${column}), 0)`;
+  const credentialSize = (column: string) => `coalesce((select c.weight from bridge_credentials c where c.id = p.${column}), 0)`;
   return {
     envelopeKeys: () => (hasKeys ? batches<EnvelopeKeyExportRow>(trx, {
       key: ['k.created_at', 'k.id'],

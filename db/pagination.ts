@@ -91,12 +91,13 @@ async function withinBytes<Row>(query: Knex.QueryBuilder, keyset: Keyset<Row>, p
 }
 
 // The first of `query`'s rows (at most `limit`, in the order of `columns`) whose `size`s before them
-// stay under `max` bytes, always the first; `cut` tells whether rows were left out for the budget.
+// stay under `max` bytes, always the first; `cut` tells whether rows were left out for the budget,
+// `bytes` what the rows taken weigh.
 // Only the rows taken are sent by Postgres (the others' large values are never read out), and each
 // row's size is worked out once, for the limited rows only.
 export async function firstWithinBytes<Row>(
   db: Tx, query: Knex.QueryBuilder, o: { columns: string[]; direction: 'asc' | 'desc'; size: string; max: number; limit: number },
-): Promise<{ rows: Row[]; cut: boolean }> {
+): Promise<{ rows: Row[]; cut: boolean; bytes: number }> {
   const names = o.columns.map((c) => c.split('.').pop()!);
   const order = names.map(() => `?? ${o.direction}`).join(', ');
   const sized = query.select(db.raw(`${o.size} as _size`)).limit(o.limit);
@@ -106,17 +107,42 @@ export async function firstWithinBytes<Row>(
   for (const c of names) outer.orderBy(c, o.direction);
   const rows = (await outer) as (Row & { _size?: unknown; _bytes_before?: unknown; _fetched?: unknown })[];
   const fetched = rows.length ? Number(rows[0]._fetched) : 0;
+  const bytes = rows.reduce((sum, r) => sum + Number(r._size), 0);
   // Copies without the three, not `delete`: a deleted property leaves a slow (dictionary) object that
   // every later step (toTask's copy, the response's JSON) reads more slowly.
-  return { rows: rows.map(({ _size: _s, _bytes_before: _b, _fetched: _f, ...row }) => row as Row), cut: rows.length < fetched };
+  return { rows: rows.map(({ _size: _s, _bytes_before: _b, _fetched: _f, ...row }) => row as Row), cut: rows.length < fetched, bytes };
 }
 
-// A batch of a key job (alias rotation) that holds its rows in memory while it re-encrypts them:
-// at most `limit` rows and, past the first, `maxBytes` of their large column.
-export interface RotationBatch { limit: number; maxBytes: number }
+// What a batch of rows held in memory at once may hold: at most `limit` rows and, past the first,
+// `maxBytes` of their size (a key job's batch, a list's share of a page).
+export interface Budget { limit: number; maxBytes: number }
 
-export async function rotationBatch<Row>(db: Tx, query: Knex.QueryBuilder, columns: string[], size: string, batch: RotationBatch): Promise<Row[]> {
+// Such a batch in ascending order of `columns`.
+export async function batchWithinBytes<Row>(db: Tx, query: Knex.QueryBuilder, columns: string[], size: string, batch: Budget): Promise<Row[]> {
   return (await firstWithinBytes<Row>(db, query, { columns, direction: 'asc', size, max: batch.maxBytes, limit: batch.limit })).rows;
+}
+
+// Tokens of a list paged by hand, whose position takes one of several `shapes` (told apart by their
+// number of values). `list` tells the list apart from others, as for listPage.
+export function pageTokens(list: unknown, shapes: KeyKind[][]) {
+  const digest = listDigest(list);
+  return {
+    encode: (values: unknown[]) => encodeToken(digest, values),
+    decode: (token: string): unknown[] => {
+      const shape = shapes.find((kinds) => kinds.length === tokenLength(token)) ?? shapes[0];
+      return decodeToken(token, shape, digest);
+    },
+  };
+}
+
+// How many values a token holds (0 when it is not one): decodeToken then checks them.
+function tokenLength(token: string): number {
+  try {
+    const decoded: unknown = JSON.parse(Buffer.from(token, 'base64url').toString('utf8'));
+    return Array.isArray(decoded) ? decoded.length - 1 : 0;
+  } catch {
+    return 0;
+  }
 }
 
 // The same tokens over a short list held in memory (e.g. the provider catalog), ordered by a

@@ -1,7 +1,7 @@
 import type { Tx } from './knex.ts';
 import type { TimelineRow } from './timeline.ts';
 import { itemWeightSql } from './messages.ts';
-import { rotationBatch, type RotationBatch } from './pagination.ts';
+import { batchWithinBytes, type Budget } from './pagination.ts';
 
 // Channel of the NOTIFY sent for each delivery job the fan-out trigger writes to the outbox.
 export const PUSH_DELIVERIES_CHANNEL = 'push_deliveries';
@@ -149,13 +149,13 @@ export async function timelineAt(db: Tx, taskId: string, uptoSeq: number, histor
 // Rotation of the push alias (domain/alias-rotation.ts): configs whose secrets are not under
 // `newDekId`, in key order after `after`.
 export async function pushConfigsToRotate(
-  db: Tx, newDekId: string, after: { task_id: string; id: string } | null, batch: RotationBatch,
+  db: Tx, newDekId: string, after: { task_id: string; id: string } | null, batch: Budget,
 ): Promise<{ task_id: string; id: string; secrets_dek_id: string; encrypted_secrets: string }[]> {
   const q = db('push_configs').select('task_id', 'id', 'secrets_dek_id', 'encrypted_secrets')
     .whereNotNull('encrypted_secrets').whereNot({ secrets_dek_id: newDekId })
     .orderBy([{ column: 'task_id' }, { column: 'id' }]);
   if (after) q.whereRaw('(task_id, id) > (?::uuid, ?)', [after.task_id, after.id]);
-  return rotationBatch(db, q, ['task_id', 'id'], 'octet_length(encrypted_secrets)', batch);
+  return batchWithinBytes(db, q, ['task_id', 'id'], 'octet_length(encrypted_secrets)', batch);
 }
 
 export async function countPushConfigsToRotate(db: Tx, newDekId: string): Promise<number> {

@@ -1,6 +1,6 @@
 import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
-import { keysetPage, PAGE_MAX_BYTES, rotationBatch, type Page, type RotationBatch } from './pagination.ts';
+import { keysetPage, PAGE_MAX_BYTES, batchWithinBytes, type Page, type Budget } from './pagination.ts';
 import type { AliasRow } from './deks.ts';
 import type { KeyJobRow } from './key-jobs.ts';
 import { KEY_JOB_OPEN } from '../api/schemas/encryption.ts';
@@ -64,14 +64,14 @@ export interface RotationCandidate { id: string; dek_id: string; encrypted_secre
 // The next secrets of `alias` not yet under `newDekId`, after `afterId` in id order, last
 // written before or since a time (a rotation's walk and its final sweep).
 export async function secretsToRotate(
-  db: Tx, alias: string, newDekId: string, afterId: string | null, batch: RotationBatch, written: { before: Date } | { since: Date },
+  db: Tx, alias: string, newDekId: string, afterId: string | null, batch: Budget, written: { before: Date } | { since: Date },
 ): Promise<RotationCandidate[]> {
   const q = db('secrets').select('id', 'dek_id', 'encrypted_secret')
     .where({ dek_alias: alias }).whereNot({ dek_id: newDekId }).orderBy('id');
   if (afterId !== null) q.where('id', '>', afterId);
   if ('before' in written) q.where('updated_at', '<', written.before);
   else q.where('updated_at', '>=', written.since);
-  return rotationBatch(db, q, ['id'], 'octet_length(encrypted_secret)', batch);
+  return batchWithinBytes(db, q, ['id'], 'octet_length(encrypted_secret)', batch);
 }
 
 export async function countSecretsToRotate(db: Tx, alias: string, newDekId: string): Promise<number> {

@@ -24,7 +24,7 @@ import { getDek } from '../db/deks.ts';
 import { addKeyJobTotal, finishKeyJob, settleKeyJobTotal, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, type KeyJobError, type KeyJobRow } from '../db/key-jobs.ts';
 import { countSecretsToRotate, findActiveRotation, lockAlias, reencryptSecrets, secretsToRotate, setRotationState, type RotationCandidate } from '../db/secrets.ts';
 import { countCredentialsToRotate, credentialsToRotate, reencryptCredentials, type CredentialToRotate } from '../db/bridge.ts';
-import type { RotationBatch } from '../db/pagination.ts';
+import type { Budget } from '../db/pagination.ts';
 import { countPushConfigsToRotate, pushConfigsToRotate, reencryptPushConfigs } from '../db/push-configs.ts';
 import { credentialDef, providerDef } from './bridge/catalog.ts';
 import { openCredential, sealCredential } from './bridge/credentials.ts';
@@ -78,7 +78,7 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
 // error; any other failure fails the batch.
 interface RotationStore<R, W> {
   /** The next rows of the phase after `cursor` (null: from the start). */
-  next(trx: Knex.Transaction, job: KeyJobRow, params: Required<RotationParams>, cursor: string | null, batch: RotationBatch): Promise<R[]>;
+  next(trx: Knex.Transaction, job: KeyJobRow, params: Required<RotationParams>, cursor: string | null, batch: Budget): Promise<R[]>;
   count(trx: Knex.Transaction, params: Required<RotationParams>): Promise<number>;
   key(row: R): string;
   what(row: R): string;

@@ -89,7 +89,7 @@ export const bridgeRoutes = [
 
   defineRoute({
     method: 'get', path: '/api/bridge/v1/provider/grouped-by-function', operationId: 'list-providers-grouped-by-function', tag, scope: 'bridge:read',
-    summary: 'One item per function controller, with the provider instances that enabled it and their credentials (secret members encrypted)',
+    summary: 'One item per function controller, with the provider instances that enabled it and their credentials (secret members encrypted); a function whose instances fill a page goes on as the first item of the next',
     query: Type.Object({ ...PageQuery, ...GroupedListQuery }),
     responses: { 200: Paginated(GroupedByFunction), ...requestErrors },
   }, async ({ query, services }) => functions.listGroupedByFunction(services.db, query, query.page_size!, query.next_page_token)),

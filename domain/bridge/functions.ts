@@ -2,7 +2,7 @@
 import type { Knex } from 'knex';
 import { Conflict, NotFound } from '../errors.ts';
 import type { Services } from '../services.ts';
-import { listPage } from '../../db/pagination.ts';
+import { PAGE_MAX_BYTES, pageTokens } from '../../db/pagination.ts';
 import * as repo from '../../db/bridge.ts';
 import type { FunctionInstance, InvokeResult } from '../../api/schemas/bridge.ts';
 import { PROVIDERS, checkAgainst, credentialDef, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
@@ -72,24 +72,50 @@ export async function invokeFunction(
   return result;
 }
 
+// The instances a page of the grouped list shows at most, over all its items: page_size counts
+// functions, and one function may have any number of instances.
+const GROUPED_INSTANCES_MAX = 1000;
+
 // One item per function of the catalog (ordered by provider, then function), with the instances
-// that enabled it. Paged over the catalog: the token is the last item's key.
+// that enabled it, newest first. A page ends after page_size functions, or once its instances reach
+// GROUPED_INSTANCES_MAX or PAGE_MAX_BYTES (credentials counted wherever they are shown): a function
+// cut there goes on in the first item of the next page. The token is the last function's key, and
+// the last instance's position when its function was cut.
 export async function listGroupedByFunction(
   db: Knex, filter: { provider_controller_type_id?: string; function_category?: string }, pageSize: number, token?: string,
 ) {
-  const all = PROVIDERS.flatMap((p) => p.functions.map((f) => ({ p, f, key: `${p.type_id}/${f.type_id}` })))
+  const groups = PROVIDERS.flatMap((p) => p.functions.map((f) => ({ p, f, key: `${p.type_id}/${f.type_id}` })))
     .filter(({ p, f }) => (!filter.provider_controller_type_id || p.type_id === filter.provider_controller_type_id)
-      && (!filter.function_category || f.categories.includes(filter.function_category)));
-  const { items: page, next_page_token } = listPage(['functions', filter.provider_controller_type_id, filter.function_category], all, ({ key }) => key, pageSize, token);
+      && (!filter.function_category || f.categories.includes(filter.function_category)))
+    .sort((a, b) => (a.key < b.key ? -1 : 1));
+  const tokens = pageTokens(['functions', filter.provider_controller_type_id, filter.function_category], [['text'], ['text', 'timestamp', 'text']]);
+  const at = token === undefined ? undefined : (tokens.decode(token) as string[]);
+  const first = at === undefined ? 0 : groups.findIndex(({ key }) => (at.length === 1 ? key > at[0] : key >= at[0]));
+  const within = at?.length === 3 ? { key: at[0], after: { created_at: at[1], id: at[2] } } : undefined;
   // One snapshot, as listProviderInstances reads.
-  const items = await inSnapshot(db, (trx) => Promise.all(page.map(async ({ p, f }) => {
-    const instances = await repo.instancesWithFunction(trx, p.type_id, f.type_id);
-    const attach = await credentialAttacher(trx, instances);
-    return {
-      function_controller: describeFunction(f),
-      provider_controller: describeProvider(p),
-      provider_instances: instances.map((i) => attach({ provider_instance: toProviderInstance(i) }, i)),
-    };
-  })));
-  return next_page_token ? { items, next_page_token } : { items };
+  return inSnapshot(db, async (trx) => {
+    const items = [];
+    let bytes = 0;
+    let left = GROUPED_INSTANCES_MAX;
+    for (let i = first < 0 ? groups.length : first; i < groups.length; i++) {
+      const { p, f, key } = groups[i];
+      if (items.length === pageSize || left === 0 || bytes >= PAGE_MAX_BYTES) return { items, next_page_token: tokens.encode([groups[i - 1].key]) };
+      const after = within?.key === key ? within.after : undefined;
+      const read = await repo.instancesWithFunction(trx, p.type_id, f.type_id, after, { limit: left + 1, maxBytes: PAGE_MAX_BYTES - bytes });
+      const instances = read.rows.slice(0, left);
+      const attach = await credentialAttacher(trx, instances);
+      items.push({
+        function_controller: describeFunction(f),
+        provider_controller: describeProvider(p),
+        provider_instances: instances.map((r) => attach({ provider_instance: toProviderInstance(r) }, r)),
+      });
+      if (read.cut || read.rows.length > left) {
+        const last = instances[instances.length - 1];
+        return { items, next_page_token: tokens.encode([key, last.created_at, last.id]) };
+      }
+      bytes += read.bytes;
+      left -= instances.length;
+    }
+    return { items };
+  });
 }
