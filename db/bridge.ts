@@ -164,6 +164,15 @@ export async function allFunctionInstances(db: Tx): Promise<FunctionInstanceRow[
   return db('function_instances').orderBy(['provider_instance_id', 'function_controller_type_id']);
 }
 
+// Up to `limit` enabled functions in key order, after `after` (the last of the batch before; none: from the first).
+export async function functionInstancesAfter(
+  db: Tx, after: Pick<FunctionInstanceRow, 'provider_instance_id' | 'function_controller_type_id'> | undefined, limit: number,
+): Promise<FunctionInstanceRow[]> {
+  const q = db('function_instances').orderBy(['provider_instance_id', 'function_controller_type_id']).limit(limit);
+  if (after) q.whereRaw('(provider_instance_id, function_controller_type_id) > (?, ?)', [after.provider_instance_id, after.function_controller_type_id]);
+  return q;
+}
+
 // The provider instances that enabled a function (grouped-by-function lists), newest first, after
 // `after`: at most `limit`, and past the first what `maxBytes` holds of their weight with credentials.
 export async function instancesWithFunction(

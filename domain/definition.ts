@@ -15,6 +15,7 @@ import type { Config } from './config.ts';
 import type { Logger } from './logger.ts';
 import { Unavailable } from './errors.ts';
 import { agentCard } from './a2a/agent-card.ts';
+import { elements, opened } from './json-stream.ts';
 
 type Item<K extends keyof Definition> = Definition[K] extends (infer T)[] ? T : never;
 
@@ -51,20 +52,6 @@ const provider = (p: ProviderExportRow, credentialById: Map<string, ReturnType<t
   ...(p.user_credential_id ? { user_credential: credentialById.get(p.user_credential_id) } : {}),
   functions: p.functions,
 });
-
-// An object's JSON without its closing brace, for a member written after it (a streamed array).
-const opened = (o: object) => JSON.stringify(o).slice(0, -1);
-
-// The elements of a JSON array, comma-separated, one string each, from batches of rows.
-async function* elements<B>(batches: AsyncIterable<B>, shape: (batch: B) => unknown[]): AsyncGenerator<string> {
-  let comma = '';
-  for await (const batch of batches) {
-    for (const item of shape(batch)) {
-      yield comma + JSON.stringify(item);
-      comma = ',';
-    }
-  }
-}
 
 // The Definition document as JSON text, its members in the schema's order, as JSON.stringify would write it whole.
 async function* definitionText(reader: DefinitionReader, cfg: Config): AsyncGenerator<string> {

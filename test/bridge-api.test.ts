@@ -8,7 +8,7 @@ import { createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes, ra
 import type { AddressInfo } from 'node:net';
 import { Validator } from '@seriousme/openapi-schema-validator';
 import { callUpstream } from '../domain/bridge/upstream.ts';
-import { assertError, Client, requestLogsThrough, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack, assertNotFound } from './helpers/stack.ts';
+import { assertError, Client, requestLogsThrough, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack, assertNotFound, useStack } from './helpers/stack.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
@@ -558,6 +558,38 @@ describe('bridge API', () => {
       const leak = texts.find((t) => t.includes(secret));
       assert.equal(leak, undefined, `${secret} leaked in: ${leak?.slice(0, 300)}`);
     }
+  });
+});
+
+describe('GET /function-instances/openapi.json of more function instances than the API heap holds described', function () {
+  this.timeout(120_000);
+  const INSTANCES = 36_000;
+  // Some 3.2 KB of text a path (114 MB in all) and 10 KB described: built whole, the document took more than this heap.
+  const stack = useStack({ NODE_OPTIONS: '--max-old-space-size=96', RATE_LIMIT_PER_SECOND: '0' }, { workers: 0 });
+  const ids = Array.from({ length: INSTANCES }, (_, i) => `inst-${String(i + 1).padStart(5, '0')}`);
+
+  before(async () => {
+    const db = testDb();
+    await db.raw(`insert into provider_instances (id, display_name, provider_controller_type_id, credential_controller_type_id, status)
+                  select 'inst-' || lpad(i::text, 5, '0'), 'Instance ' || i, case when i % 2 = 0 then 'google_mail' else 'stripe' end,
+                         case when i % 2 = 0 then 'oauth2_jwt_bearer_assertion_flow' else 'api_key' end, 'active' from generate_series(1, ?) i`, [INSTANCES]);
+    await db.raw(`insert into function_instances (provider_instance_id, function_controller_type_id, provider_controller_type_id)
+                  select id, case when provider_controller_type_id = 'stripe' then 'stripe_process_refund' else 'google_mail_send_email' end, provider_controller_type_id
+                    from provider_instances`);
+  });
+
+  it('streams it whole: one path per instance, in instance order, as JSON.stringify writes the document', async () => {
+    const res = await stack.client.get(`${B}/function-instances/openapi.json`);
+    assert.equal(res.status, 200, res.text.slice(0, 300));
+    assert.equal(res.headers.get('content-type'), 'application/json; charset=utf-8');
+    assert.ok(res.text.length > 96 * 1024 * 1024, `${res.text.length} bytes`);
+    const doc = res.body;
+    // Written again from what it parses to, the text is the same: no path twice (the parse keeps one of a repeated key).
+    assert.ok(JSON.stringify(doc) === res.text, 'the text is JSON.stringify of the document');
+    assert.deepEqual(Object.keys(doc.paths), ids.map((id, i) => `${B}/provider/${id}/function/${i % 2 ? 'google_mail_send_email' : 'stripe_process_refund'}/invoke`));
+    assert.equal(doc.paths[`${B}/provider/inst-36000/function/google_mail_send_email/invoke`].post.operationId, 'inst-36000.google_mail_send_email');
+    assert.equal(doc.components.securitySchemes.bearer.scheme, 'bearer');
+    assert.equal(stack.api.child.exitCode, null, 'the API is still running');
   });
 });
 

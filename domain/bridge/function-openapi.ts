@@ -1,47 +1,85 @@
 // GET /function-instances/openapi.json: an OpenAPI 3.1 document with one invoke operation per
 // enabled function instance, its request and output schemas taken from the function controller.
+//
+// Function instances have no bound in number, and each path is some 3 KB of text (10 KB described),
+// so the document is written as it is read, BATCH instances at a time, as JSON text at the client's
+// pace (backpressure): what the API holds is a batch, however many instances there are.
+import { Readable } from 'node:stream';
 import type { Knex } from 'knex';
-import { allFunctionInstances } from '../../db/bridge.ts';
+import { functionInstancesAfter, type FunctionInstanceRow } from '../../db/bridge.ts';
 import { describeFunction, functionDef, providerDef } from './catalog.ts';
 import { SERVICE_VERSION } from '../version.ts';
+import type { Logger } from '../logger.ts';
+import { members, opened } from '../json-stream.ts';
 import { ErrorBody } from '../../api/schemas/common.ts';
 
 // The service's own Error body, as plain JSON Schema (without its $id: this document has no components).
 const { $id: _id, ...errorSchema } = JSON.parse(JSON.stringify(ErrorBody)) as Record<string, unknown>;
 
-export async function functionInstancesOpenApi(db: Knex, serverUrl: string): Promise<Record<string, unknown>> {
-  const paths: Record<string, unknown> = {};
-  for (const row of await allFunctionInstances(db)) {
-    const f = describeFunction(functionDef(providerDef(row.provider_controller_type_id), row.function_controller_type_id));
-    paths[`/api/bridge/v1/provider/${encodeURIComponent(row.provider_instance_id)}/function/${f.type_id}/invoke`] = {
-      post: {
-        operationId: `${row.provider_instance_id}.${f.type_id}`.replace(/[^A-Za-z0-9_.-]/g, '_'),
-        summary: f.name,
-        description: f.documentation,
-        tags: [row.provider_controller_type_id, ...f.categories],
-        security: [{ bearer: [] }],
-        requestBody: {
-          required: true,
-          content: { 'application/json': { schema: { type: 'object', required: ['params'], additionalProperties: false, properties: { params: f.parameters } } } },
-        },
-        responses: {
-          200: {
-            description: 'The function ran: its output, or the provider\'s refusal',
-            content: { 'application/json': { schema: { oneOf: [
-              { allOf: [{ type: 'object', required: ['type'], properties: { type: { const: 'success' } } }, f.output] },
-              { type: 'object', required: ['type', 'message'], properties: { type: { const: 'error' }, message: { type: 'string' } } },
-            ] } } },
-          },
-          ...Object.fromEntries([400, 401, 403, 404, 409, 502].map((s) => [s, { description: 'Error', content: { 'application/json': { schema: errorSchema } } }])),
-        },
+const BATCH = 500;
+
+// One member of `paths`. No two rows make the same key: (provider_instance_id,
+// function_controller_type_id) is the table's primary key, f.type_id is that function id, and the
+// encoded instance id holds no '/' to be read across the separator.
+function path(row: FunctionInstanceRow): [string, unknown] {
+  const f = describeFunction(functionDef(providerDef(row.provider_controller_type_id), row.function_controller_type_id));
+  return [`/api/bridge/v1/provider/${encodeURIComponent(row.provider_instance_id)}/function/${f.type_id}/invoke`, {
+    post: {
+      operationId: `${row.provider_instance_id}.${f.type_id}`.replace(/[^A-Za-z0-9_.-]/g, '_'),
+      summary: f.name,
+      description: f.documentation,
+      tags: [row.provider_controller_type_id, ...f.categories],
+      security: [{ bearer: [] }],
+      requestBody: {
+        required: true,
+        content: { 'application/json': { schema: { type: 'object', required: ['params'], additionalProperties: false, properties: { params: f.parameters } } } },
       },
-    };
+      responses: {
+        200: {
+          description: 'The function ran: its output, or the provider\'s refusal',
+          content: { 'application/json': { schema: { oneOf: [
+            { allOf: [{ type: 'object', required: ['type'], properties: { type: { const: 'success' } } }, f.output] },
+            { type: 'object', required: ['type', 'message'], properties: { type: { const: 'error' }, message: { type: 'string' } } },
+          ] } } },
+        },
+        ...Object.fromEntries([400, 401, 403, 404, 409, 502].map((s) => [s, { description: 'Error', content: { 'application/json': { schema: errorSchema } } }])),
+      },
+    },
+  }];
+}
+
+// The instances in key order, batch by batch from `first`. Each batch is a read of its own, not one
+// snapshot held open while the client reads: each path stands alone (its instance and its function's
+// schemas, nothing elsewhere in the document), so an instance enabled or disabled meanwhile is in the
+// document or not and the others are as they are, and the key order writes none twice.
+async function* batches(db: Knex, first: FunctionInstanceRow[]): AsyncGenerator<FunctionInstanceRow[]> {
+  for (let rows = first; ; rows = await functionInstancesAfter(db, rows.at(-1), BATCH)) {
+    yield rows;
+    if (rows.length < BATCH) return;
   }
-  return {
+}
+
+// The document as JSON text, as JSON.stringify would write it whole.
+async function* documentText(db: Knex, serverUrl: string, first: FunctionInstanceRow[]): AsyncGenerator<string> {
+  yield `${opened({
     openapi: '3.1.0',
     info: { title: 'taskbridge bridge functions', version: SERVICE_VERSION, description: 'Invoke operations of the enabled bridge function instances.' },
     servers: [{ url: serverUrl }],
-    paths,
-    components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'API key with the bridge:invoke scope' } } },
-  };
+  })},"paths":{`;
+  yield* members(batches(db, first), (rows) => rows.map(path));
+  yield `},"components":${JSON.stringify({ securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'API key with the bridge:invoke scope' } } })}}`;
+}
+
+// The document as a JSON stream, once its first batch is read (a database out of reach fails here,
+// before anything is answered). A failure after that can only cut the connection.
+export async function functionInstancesOpenApi(db: Knex, serverUrl: string, log: Logger): Promise<Readable> {
+  const first = await functionInstancesAfter(db, undefined, BATCH);
+  // One path ahead at most: the socket's buffer is where the rest waits.
+  const body = Readable.from(documentText(db, serverUrl, first), { highWaterMark: 1 });
+  body.once('close', () => {
+    const err = body.errored as (Error & { code?: unknown }) | null;
+    // The message and code only: a database error's other fields may quote values.
+    if (err && err.code !== 'ERR_STREAM_PREMATURE_CLOSE') log.error({ err: { message: err.message, code: err.code } }, 'function instances OpenAPI document failed after it began: its connection is aborted');
+  });
+  return body;
 }
