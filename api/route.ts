@@ -1,4 +1,5 @@
 // One declaration per endpoint: its schemas validate the request and feed the OpenAPI document.
+import { Readable } from 'node:stream';
 import type { Static, TObject, TSchema } from '@sinclair/typebox';
 import type { Router, RouterMiddleware } from '@koa/router';
 import type { Context, Middleware } from 'koa';
@@ -137,6 +138,9 @@ export function mount(router: Router, routes: Route[], services: Services): void
       if (ctx.body === undefined || ctx.body === null) {
         ctx.status = ctx.status === 404 ? okStatus : ctx.status;
         if (result !== undefined) ctx.body = result;
+        // A stream is JSON text (domain/json-stream.ts; Koa pipes it, and destroys it if the client
+        // goes): typed, or Koa would call it binary.
+        if (result instanceof Readable) ctx.type = 'application/json';
       }
     });
     router.register(spec.path, [spec.method.toUpperCase()], stack, { name: spec.operationId });

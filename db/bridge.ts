@@ -94,14 +94,15 @@ export async function getProviderInstance(db: Tx, id: string, lock?: 'share' | '
   return q.first();
 }
 
-// What an instance weighs in a list that shows its credentials: its own text, and each credential it
-// names at the most its JSON can weigh parsed (`weight`, migration 0026). A credential is counted at every instance naming it, as
-// the answer repeats it there: one credential of a megabyte shared by a thousand instances is a
-// gigabyte of answer.
-const credentialWeightSql = (column: string) =>
-  `coalesce((select c.weight from bridge_credentials c where c.id = provider_instances.${column}), 0)`;
-const instanceWeightSql = `octet_length(provider_instances.display_name) + coalesce(${textWeightBound('provider_instances.return_on_successful_brokering::text')}, 0)
-  + ${credentialWeightSql('resource_server_credential_id')} + ${credentialWeightSql('user_credential_id')}`;
+// What an instance (`p`: its table's name or alias) weighs in an answer that shows its credentials:
+// its own text, and each credential it names at the most its JSON can weigh parsed (`weight`, migration
+// 0026). A credential is counted at every instance naming it, as the answer repeats it there: one
+// credential of a megabyte shared by a thousand instances is a gigabyte of answer.
+export function instanceWeightSql(p: string): string {
+  const credential = (column: string) => `coalesce((select c.weight from bridge_credentials c where c.id = ${p}.${column}), 0)`;
+  return `octet_length(${p}.id) + octet_length(${p}.display_name) + coalesce(${textWeightBound(`${p}.return_on_successful_brokering::text`)}, 0)
+    + ${credential('resource_server_credential_id')} + ${credential('user_credential_id')}`;
+}
 
 export async function listProviderInstances(
   db: Tx, filter: { status?: string; provider_controller_type_id?: string }, pageSize: number, token?: string,
@@ -111,7 +112,7 @@ export async function listProviderInstances(
   if (filter.provider_controller_type_id) q.where({ provider_controller_type_id: filter.provider_controller_type_id });
   return keysetPage<ProviderInstanceRow>(q, {
     columns: ['created_at', 'id'], kinds: ['timestamp', 'text'], direction: 'desc',
-    cursorOf: (r) => [r.created_at, r.id], bytes: { db, size: instanceWeightSql, max: PAGE_MAX_BYTES },
+    cursorOf: (r) => [r.created_at, r.id], bytes: { db, size: instanceWeightSql('provider_instances'), max: PAGE_MAX_BYTES },
   }, pageSize, token);
 }
 
@@ -184,7 +185,7 @@ export async function instancesWithFunction(
     .select('provider_instances.*');
   if (after) q.whereRaw('(provider_instances.created_at, provider_instances.id) < (?, ?)', [after.created_at, after.id]);
   return firstWithinBytes<ProviderInstanceRow>(db, q, {
-    columns: ['provider_instances.created_at', 'provider_instances.id'], direction: 'desc', size: instanceWeightSql, max: batch.maxBytes, limit: batch.limit,
+    columns: ['provider_instances.created_at', 'provider_instances.id'], direction: 'desc', size: instanceWeightSql('provider_instances'), budget: batch,
   });
 }
 

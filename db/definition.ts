@@ -3,8 +3,7 @@
 // export works on a schema that predates it. Lists are read in batches: secrets and credentials may
 // be up to the body limit each and their number has no bound, so a batch is bounded by bytes too.
 import type { Knex } from 'knex';
-import type { CredentialRow, ProviderInstanceRow } from './bridge.ts';
-import { textWeightBound } from './messages.ts';
+import { instanceWeightSql, type CredentialRow, type ProviderInstanceRow } from './bridge.ts';
 import { PAGE_MAX_BYTES } from './pagination.ts';
 import { openSnapshot } from './snapshot.ts';
 
@@ -83,7 +82,7 @@ export async function openDefinitionReader(db: Knex): Promise<DefinitionReader> 
   try {
     present = await presentTables(trx, ['envelope_keys', 'deks', 'dek_aliases', 'secrets', 'provider_instances']);
   } catch (err) {
-    await end();
+    await end().catch(() => undefined); // the first failure is the one to report
     throw err;
   }
   const hasKeys = present.has('envelope_keys') && present.has('deks') && present.has('dek_aliases');
@@ -92,8 +91,6 @@ export async function openDefinitionReader(db: Knex): Promise<DefinitionReader> 
   const used = `(exists (select 1 from dek_aliases x where x.dek_id = d.id)
                  ${hasSecrets ? 'or exists (select 1 from secrets s where s.dek_id = d.id)' : ''}
                  ${hasBridge ? 'or exists (select 1 from bridge_credentials c where c.dek_id = d.id)' : ''})`;
-  // A credential counts at each provider that embeds it, as what it weighs parsed (its JSON).
-  const credentialSize = (column: string) => `coalesce((select c.weight from bridge_credentials c where c.id = p.${column}), 0)`;
   return {
     envelopeKeys: () => (hasKeys ? batches<EnvelopeKeyExportRow>(trx, {
       key: ['k.created_at', 'k.id'],
@@ -119,8 +116,7 @@ export async function openDefinitionReader(db: Knex): Promise<DefinitionReader> 
     providers: () => (hasBridge ? providerBatches(trx, batches<ProviderExportRow>(trx, {
       key: ['p.id'],
       sizes: () => trx('provider_instances as p'),
-      size: `octet_length(p.id) + octet_length(p.display_name) + coalesce(${textWeightBound('p.return_on_successful_brokering::text')}, 0)
-             + ${credentialSize('resource_server_credential_id')} + ${credentialSize('user_credential_id')}`,
+      size: instanceWeightSql('p'), // a credential counted at each provider that embeds it
       rows: () => trx('provider_instances as p')
         .select('p.id', 'p.display_name', 'p.provider_controller_type_id', 'p.credential_controller_type_id', 'p.status',
           'p.return_on_successful_brokering', 'p.resource_server_credential_id', 'p.user_credential_id',

@@ -6,7 +6,7 @@ import { parsedWeight } from '../domain/storable-json.ts';
 export interface MessageRow extends Message { seq: number }
 
 // SQL for the most a JSON text weighs once parsed: 12 bytes a byte ('0, ' is 3 bytes, the number 35).
-export const textWeightBound = (text: string) => `12 * octet_length(${text})`;
+export const textWeightBound = (text: string) => `12::bigint * octet_length(${text})`;
 // SQL for what a stored message (row `m`) or timeline item (row `i`) weighs once parsed: the weight
 // its writer stored (migration 0025), or for a row from before, the bound from its text. Reads that
 // hand out a budget of rows (a run's history, a notification's, a page, a task's A2A view) count with it.

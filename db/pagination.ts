@@ -77,33 +77,29 @@ export async function keysetPage<Row>(
     query.whereRaw(`(${columns.map(() => '??').join(', ')}) ${op} (${values.map(() => '?').join(', ')})`, [...columns, ...(values as Knex.Value[])]);
   }
   for (const c of columns) query.orderBy(c, direction);
-  const rows = keyset.bytes ? await withinBytes(query, keyset, pageSize) : { rows: (await query.limit(pageSize + 1)) as Row[], cut: false };
+  const { bytes } = keyset;
+  const rows = bytes
+    ? await firstWithinBytes<Row>(bytes.db, query, { columns, direction, size: bytes.size, budget: { limit: pageSize + 1, maxBytes: bytes.max } })
+    : { rows: (await query.limit(pageSize + 1)) as Row[], cut: false };
   if (rows.rows.length <= pageSize && !rows.cut) return { items: rows.rows };
   const items = rows.rows.slice(0, pageSize);
   return { items, next_page_token: encodeToken(list, keyset.cursorOf(items[items.length - 1])) };
 }
 
-// The rows of a page whose bytes before them stay under the budget, and whether rows were left out
-// for it.
-async function withinBytes<Row>(query: Knex.QueryBuilder, keyset: Keyset<Row>, pageSize: number): Promise<{ rows: Row[]; cut: boolean }> {
-  const { db, size, max } = keyset.bytes!;
-  return firstWithinBytes<Row>(db, query, { columns: keyset.columns, direction: keyset.direction, size, max, limit: pageSize + 1 });
-}
-
-// The first of `query`'s rows (at most `limit`, in the order of `columns`) whose `size`s before them
-// stay under `max` bytes, always the first; `cut` tells whether rows were left out for the budget,
+// The first of `query`'s rows (at most `budget.limit`, in the order of `columns`) whose `size`s before
+// them stay under `budget.maxBytes`, always the first; `cut` tells whether rows were left out for the budget,
 // `bytes` what the rows taken weigh.
 // Only the rows taken are sent by Postgres (the others' large values are never read out), and each
 // row's size is worked out once, for the limited rows only.
 export async function firstWithinBytes<Row>(
-  db: Tx, query: Knex.QueryBuilder, o: { columns: string[]; direction: 'asc' | 'desc'; size: string; max: number; limit: number },
+  db: Tx, query: Knex.QueryBuilder, o: { columns: string[]; direction: 'asc' | 'desc'; size: string; budget: Budget },
 ): Promise<{ rows: Row[]; cut: boolean; bytes: number }> {
   const names = o.columns.map((c) => c.split('.').pop()!);
   const order = names.map(() => `?? ${o.direction}`).join(', ');
-  const sized = query.select(db.raw(`${o.size} as _size`)).limit(o.limit);
+  const sized = query.select(db.raw(`${o.size} as _size`)).limit(o.budget.limit);
   const counted = db.select('*', db.raw(`sum(_size) over (order by ${order} rows unbounded preceding) - _size as _bytes_before`, names), db.raw('count(*) over () as _fetched'))
     .from(sized.as('l'));
-  const outer = db.select('*').from(counted.as('w')).where('_bytes_before', '<', o.max);
+  const outer = db.select('*').from(counted.as('w')).where('_bytes_before', '<', o.budget.maxBytes);
   for (const c of names) outer.orderBy(c, o.direction);
   const rows = (await outer) as (Row & { _size?: unknown; _bytes_before?: unknown; _fetched?: unknown })[];
   const fetched = rows.length ? Number(rows[0]._fetched) : 0;
@@ -119,7 +115,7 @@ export interface Budget { limit: number; maxBytes: number }
 
 // Such a batch in ascending order of `columns`.
 export async function batchWithinBytes<Row>(db: Tx, query: Knex.QueryBuilder, columns: string[], size: string, batch: Budget): Promise<Row[]> {
-  return (await firstWithinBytes<Row>(db, query, { columns, direction: 'asc', size, max: batch.maxBytes, limit: batch.limit })).rows;
+  return (await firstWithinBytes<Row>(db, query, { columns, direction: 'asc', size, budget: batch })).rows;
 }
 
 // Tokens of a list paged by hand, whose position takes one of several `shapes` (told apart by their

@@ -7,7 +7,7 @@
 // An installation's secrets and providers have no bound in number and may be up to the body limit
 // each, so the document is written as it is read, batch by batch (db/definition.ts), as JSON text
 // with the client's pace (backpressure): what the API holds is a batch, whatever the installation's size.
-import { Readable } from 'node:stream';
+import type { Readable } from 'node:stream';
 import type { Knex } from 'knex';
 import { openDefinitionReader, type CredentialExportRow, type DefinitionReader, type DekExportRow, type EnvelopeKeyExportRow, type ProviderExportRow, type SecretExportRow } from '../db/definition.ts';
 import type { Definition } from '../api/schemas/definition.ts';
@@ -15,7 +15,7 @@ import type { Config } from './config.ts';
 import type { Logger } from './logger.ts';
 import { Unavailable } from './errors.ts';
 import { agentCard } from './a2a/agent-card.ts';
-import { elements, opened } from './json-stream.ts';
+import { elements, jsonStream, opened, StreamCut } from './json-stream.ts';
 
 type Item<K extends keyof Definition> = Definition[K] extends (infer T)[] ? T : never;
 
@@ -98,21 +98,15 @@ export async function exportDefinition(db: Knex, cfg: Config, log: Logger): Prom
     exporting--;
     throw err;
   }
-  // One element ahead at most: the socket's buffer is where the rest waits.
-  const body = Readable.from(definitionText(reader, cfg), { highWaterMark: 1 });
-  const timeUp = new Error('the definition export was not read whole within DEFINITION_EXPORT_TIMEOUT_MS');
-  const timer = setTimeout(() => body.destroy(timeUp), cfg.DEFINITION_EXPORT_TIMEOUT_MS);
-  // 'close' comes once a read under way has returned (Readable.from waits for it), so the snapshot
-  // is no longer in use; also for a stream destroyed before it was read at all (a HEAD, a client gone).
-  body.once('close', () => {
+  const timeUp = new StreamCut('the definition export was not read whole within DEFINITION_EXPORT_TIMEOUT_MS');
+  // Once it is over, no read uses the snapshot any more: it ends.
+  const body = jsonStream(definitionText(reader, cfg), log, 'definition export', (err) => {
     clearTimeout(timer);
-    const err = body.errored as (Error & { code?: unknown }) | null;
     if (err === timeUp) log.warn({ timeout_ms: cfg.DEFINITION_EXPORT_TIMEOUT_MS }, 'definition export cut: not read whole in time');
-    // The message and code only: a database error's other fields may quote values.
-    else if (err && err.code !== 'ERR_STREAM_PREMATURE_CLOSE') log.error({ err: { message: err.message, code: err.code } }, 'definition export failed after it began: its connection is aborted');
     reader.end()
       .catch((e: Error) => log.warn({ err: { message: e.message } }, 'definition export: could not end its snapshot'))
       .finally(() => { exporting--; });
   });
+  const timer = setTimeout(() => body.destroy(timeUp), cfg.DEFINITION_EXPORT_TIMEOUT_MS);
   return body;
 }

@@ -8,10 +8,5 @@ export const a2aDefinitionRoutes = [
     method: 'get', path: '/api/a2a/v1/definition', operationId: 'a2a-definition', tag: 'a2a', scope: 'a2a',
     summary: 'Export the declarative configuration: agent card, envelope keys with wrapped DEKs by alias, encrypted secrets, providers',
     responses: { 200: Definition, 401: ErrorBody, 403: ErrorBody },
-  }, async ({ services, ctx }) => {
-    // A stream of the JSON text (Koa pipes it, and destroys it if the client goes): typed, or Koa would call it binary.
-    const body = await exportDefinition(services.db, services.cfg, ctx.state.log ?? services.log);
-    ctx.type = 'application/json';
-    return body;
-  }),
+  }, async ({ services, ctx }) => exportDefinition(services.db, services.cfg, ctx.state.log ?? services.log)),
 ];

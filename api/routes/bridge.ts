@@ -157,10 +157,5 @@ export const bridgeRoutes = [
     method: 'get', path: '/api/bridge/v1/function-instances/openapi.json', operationId: 'function-instances-openapi', tag, scope: 'bridge:read',
     summary: 'An OpenAPI 3.1 document with one invoke operation per enabled function instance',
     responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody },
-  }, async ({ services, ctx }) => {
-    // A stream of the JSON text (Koa pipes it, and destroys it if the client goes): typed, or Koa would call it binary.
-    const body = await functionInstancesOpenApi(services.db, services.cfg.PUBLIC_URL, ctx.state.log ?? services.log);
-    ctx.type = 'application/json';
-    return body;
-  }),
+  }, async ({ services, ctx }) => functionInstancesOpenApi(services.db, services.cfg.PUBLIC_URL, ctx.state.log ?? services.log)),
 ];

@@ -6,7 +6,7 @@ import type { Knex } from 'knex';
 // again for every row they consider. Generated, so processes from before write it too; adding it
 // rewrites bridge_credentials (a small table: one row per configured credential).
 export async function up(knex: Knex): Promise<void> {
-  await knex.raw('alter table bridge_credentials add column weight bigint generated always as (12 * (octet_length(value::text) + octet_length(metadata::text))) stored');
+  await knex.raw('alter table bridge_credentials add column weight bigint generated always as (12::bigint * (octet_length(value::text) + octet_length(metadata::text))) stored');
 }
 
 export async function down(knex: Knex): Promise<void> {

@@ -4,13 +4,13 @@
 // Function instances have no bound in number, and each path is some 3 KB of text (10 KB described),
 // so the document is written as it is read, BATCH instances at a time, as JSON text at the client's
 // pace (backpressure): what the API holds is a batch, however many instances there are.
-import { Readable } from 'node:stream';
+import type { Readable } from 'node:stream';
 import type { Knex } from 'knex';
 import { functionInstancesAfter, type FunctionInstanceRow } from '../../db/bridge.ts';
 import { describeFunction, functionDef, providerDef } from './catalog.ts';
 import { SERVICE_VERSION } from '../version.ts';
 import type { Logger } from '../logger.ts';
-import { members, opened } from '../json-stream.ts';
+import { jsonStream, members, opened } from '../json-stream.ts';
 import { ErrorBody } from '../../api/schemas/common.ts';
 
 // The service's own Error body, as plain JSON Schema (without its $id: this document has no components).
@@ -74,12 +74,5 @@ async function* documentText(db: Knex, serverUrl: string, first: FunctionInstanc
 // before anything is answered). A failure after that can only cut the connection.
 export async function functionInstancesOpenApi(db: Knex, serverUrl: string, log: Logger): Promise<Readable> {
   const first = await functionInstancesAfter(db, undefined, BATCH);
-  // One path ahead at most: the socket's buffer is where the rest waits.
-  const body = Readable.from(documentText(db, serverUrl, first), { highWaterMark: 1 });
-  body.once('close', () => {
-    const err = body.errored as (Error & { code?: unknown }) | null;
-    // The message and code only: a database error's other fields may quote values.
-    if (err && err.code !== 'ERR_STREAM_PREMATURE_CLOSE') log.error({ err: { message: err.message, code: err.code } }, 'function instances OpenAPI document failed after it began: its connection is aborted');
-  });
-  return body;
+  return jsonStream(documentText(db, serverUrl, first), log, 'function instances OpenAPI document');
 }
