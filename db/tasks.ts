@@ -333,12 +333,19 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
            s.trigger, s.answered,
            -- The newest messages within both limits (weighed as parsed), and always the run's
            -- message and the agent's messages after it (a run tried again reads what it already
-           -- said there, not to say it twice). User messages after it count like the rest: a
-           -- client may send any number while the run waits, and they made a history of any size.
+           -- said there, not to say it twice), even when more than the limit came after them. User
+           -- messages after it count like the rest: a client may send any number while the run
+           -- waits, and they made a history of any size.
            (select coalesce(json_agg(h order by h.seq), '[]') from
               (select ${MESSAGE_COLUMNS.join(', ')} from
                  (select l.*, sum(l._w) over (order by l.seq desc) as upto
-                    from (select ${MESSAGE_COLUMNS.join(', ')}, ${messageWeightSql('messages')} as _w from messages where task_id = s.task_id order by seq desc limit s.lim) l) w
+                    from ((select ${MESSAGE_COLUMNS.join(', ')}, ${messageWeightSql('messages')} as _w from messages where task_id = s.task_id order by seq desc limit s.lim)
+                          union all
+                          -- those of the run's that the newest did not reach (none, but for a task
+                          -- sent more than the limit while the run waited)
+                          select ${MESSAGE_COLUMNS.join(', ')}, ${messageWeightSql('messages')} as _w from messages
+                           where task_id = s.task_id and seq >= (s.trigger->>'seq')::bigint and (seq = (s.trigger->>'seq')::bigint or role = 'agent')
+                             and seq < (select min(n.seq) from (select seq from messages where task_id = s.task_id order by seq desc limit s.lim) n)) l) w
                 where w.upto <= s.max_bytes or w.seq = (s.trigger->>'seq')::bigint
                    or (w.seq > (s.trigger->>'seq')::bigint and w.role = 'agent')) h) as history
       from s order by s.i`,

@@ -90,7 +90,7 @@ describe('tasks full of dense messages', function () {
         const t = (await stack.client.get(`/api/task/v1/${id}`)).body;
         return t.task.status === 'completed' && t;
       }, 'the task to complete', 60_000, 100);
-      assert.equal(done.status_message.parts[0].text, 'history: 1; own message newest: true');
+      assert.equal(done.status_message.parts[0].text, 'history: 1; own message in it: true; newest: true');
       assert.ok(!worker.logs.some((l) => /"level":(50|60)/.test(l)), worker.logs.filter((l) => /"level":(50|60)/.test(l)).join('\n'));
     } finally {
       await worker?.stop();

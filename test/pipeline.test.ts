@@ -1,6 +1,6 @@
 // Task execution through the whole pipeline: API -> outbox -> BullMQ -> a real worker process.
 import assert from 'node:assert/strict';
-import { startStack, startWorker, statusesOf, testDb, textMessage, useStack, waitFor, withQueue, type Stack } from './helpers/stack.ts';
+import { startStack, startWorker, statusesOf, testDb, textMessage, useStack, waitFor, withQueue, type Proc, type Stack } from './helpers/stack.ts';
 
 const ATTEMPTS = 3;
 
@@ -101,10 +101,29 @@ describe('job pipeline: task execution through a real worker', function () {
         const id = (await small.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id;
         return (await waitForStatus(id, 'completed', small.client)).status_message.parts[0].text;
       };
-      assert.equal(await ask(`big ${'y'.repeat(3000)}`), 'history: 1; own message newest: true');
-      assert.equal(await ask('small'), 'history: 1; own message newest: true');
+      assert.equal(await ask(`big ${'y'.repeat(3000)}`), 'history: 1; own message in it: true; newest: true');
+      assert.equal(await ask('small'), 'history: 1; own message in it: true; newest: true');
     } finally {
       await small.stop();
+    }
+  });
+
+  it('hands a run its own message when more messages than its history holds (200) came after it while it waited', async () => {
+    const quiet = await startStack({ AGENT_KIND: 'module', AGENT_MODULE: './test/fixtures/history-agent.mjs', RATE_LIMIT_PER_SECOND: '0' }, { workers: 0 });
+    let worker: Proc | undefined;
+    try {
+      const id = (await quiet.client.post('/api/task/v1', { message: textMessage('the first') })).body.task.id;
+      for (let i = 0; i < 201; i += 20) {
+        const sent = await Promise.all(Array.from({ length: Math.min(20, 201 - i) }, (_, j) => quiet.client.post(`/api/task/v1/${id}/message`, textMessage(`later ${i + j}`))));
+        for (const r of sent) assert.equal(r.status, 201, r.text);
+      }
+      worker = await startWorker(quiet.env);
+      const done = await waitForStatus(id, 'completed', quiet.client);
+      // The newest 200 and its own, the first.
+      assert.equal(done.status_message.parts[0].text, 'history: 201; own message in it: true; newest: false');
+    } finally {
+      await worker?.stop();
+      await quiet.stop();
     }
   });
 
