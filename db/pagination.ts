@@ -41,7 +41,8 @@ function checkKind(kind: KeyKind, v: unknown): boolean {
 // order is refused rather than read as a position in this one.
 const listDigest = (list: unknown) => createHash('sha256').update(JSON.stringify(list)).digest('base64url').slice(0, 12);
 
-function decodeToken(token: string, kinds: KeyKind[], list: string): unknown[] {
+// `shapes`: the kinds of the values a token of this list may hold, told apart by their number.
+function decodeToken(token: string, shapes: KeyKind[][], list: string): unknown[] {
   const bad = () => new InvalidRequest('next_page_token is not a valid page token', [{ path: 'next_page_token', message: 'not a token returned by this list' }]);
   let decoded: unknown;
   try {
@@ -51,7 +52,8 @@ function decodeToken(token: string, kinds: KeyKind[], list: string): unknown[] {
   }
   if (!Array.isArray(decoded) || decoded[0] !== list) throw bad();
   const values = decoded.slice(1);
-  if (values.length !== kinds.length || !values.every((v, i) => checkKind(kinds[i], v))) throw bad();
+  const kinds = shapes.find((k) => k.length === values.length);
+  if (!kinds || !values.every((v, i) => checkKind(kinds[i], v))) throw bad();
   return values;
 }
 
@@ -72,7 +74,7 @@ export async function keysetPage<Row>(
   const { sql, bindings } = query.toSQL();
   const list = listDigest([sql, bindings, columns, direction]);
   if (token !== undefined) {
-    const values = decodeToken(token, keyset.kinds, list);
+    const values = decodeToken(token, [keyset.kinds], list);
     const op = direction === 'desc' ? '<' : '>';
     query.whereRaw(`(${columns.map(() => '??').join(', ')}) ${op} (${values.map(() => '?').join(', ')})`, [...columns, ...(values as Knex.Value[])]);
   }
@@ -124,30 +126,17 @@ export function pageTokens(list: unknown, shapes: KeyKind[][]) {
   const digest = listDigest(list);
   return {
     encode: (values: unknown[]) => encodeToken(digest, values),
-    decode: (token: string): unknown[] => {
-      const shape = shapes.find((kinds) => kinds.length === tokenLength(token)) ?? shapes[0];
-      return decodeToken(token, shape, digest);
-    },
+    decode: (token: string): unknown[] => decodeToken(token, shapes, digest),
   };
-}
-
-// How many values a token holds (0 when it is not one): decodeToken then checks them.
-function tokenLength(token: string): number {
-  try {
-    const decoded: unknown = JSON.parse(Buffer.from(token, 'base64url').toString('utf8'));
-    return Array.isArray(decoded) ? decoded.length - 1 : 0;
-  } catch {
-    return 0;
-  }
 }
 
 // The same tokens over a short list held in memory (e.g. the provider catalog), ordered by a
 // unique text key ascending. `list` tells the list apart from others (its name and filters, if any).
 export function listPage<T>(list: unknown, items: readonly T[], keyOf: (item: T) => string, pageSize: number, token: string | undefined): Page<T> {
-  const digest = listDigest(list);
-  const after = token === undefined ? undefined : (decodeToken(token, ['text'], digest)[0] as string);
+  const tokens = pageTokens(list, [['text']]);
+  const after = token === undefined ? undefined : (tokens.decode(token)[0] as string);
   const rest = [...items].sort((a, b) => (keyOf(a) < keyOf(b) ? -1 : 1)).filter((i) => after === undefined || keyOf(i) > after);
   if (rest.length <= pageSize) return { items: rest };
   const page = rest.slice(0, pageSize);
-  return { items: page, next_page_token: encodeToken(digest, [keyOf(page[page.length - 1])]) };
+  return { items: page, next_page_token: tokens.encode([keyOf(page[page.length - 1])]) };
 }
