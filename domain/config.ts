@@ -94,6 +94,8 @@ const ConfigSchema = Type.Object({
   // Longest a definition export (GET /api/a2a/v1/definition) may take to be read whole: it holds a
   // database connection in an open transaction meanwhile, so a client reading it slowly is cut then.
   DEFINITION_EXPORT_TIMEOUT_MS: Ms({ minimum: 1000, default: 300000 }),
+  // Definition exports an API process writes at once: each holds one of its pool's 20 connections.
+  DEFINITION_EXPORTS_AT_ONCE: Type.Integer({ minimum: 1, maximum: 10, default: 2 }),
   WORKER_STALLED_CHECK_MS: Ms({ minimum: 200, default: 15000 }),
   OUTBOX_SWEEP_MS: Ms({ minimum: 50, default: 2000 }),
   A2A_BLOCKING_TIMEOUT_MS: Ms({ minimum: 0, default: 30000 }),

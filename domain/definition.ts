@@ -75,11 +75,11 @@ async function* definitionText(reader: DefinitionReader, cfg: Config): AsyncGene
   yield ']}';
 }
 
-// Exports this process writes at once. Each holds a pool connection in an open transaction for as
-// long as its client takes to read it, and a batch of rows: without a bound, a few clients asking
-// at once (or reading slowly) would take every connection the API has, and its memory. An export
-// is an occasional backup: one more is refused (503, Retry-After) rather than queued behind them.
-const EXPORTS_AT_ONCE = 2;
+// Exports this process is writing (at most DEFINITION_EXPORTS_AT_ONCE). Each holds a pool connection
+// in an open transaction for as long as its client takes to read it, and a batch of rows: without a
+// bound, a few clients asking at once (or reading slowly) would take every connection the API has,
+// and its memory. An export is an occasional backup: one more is refused (503, Retry-After) rather
+// than queued behind them.
 let exporting = 0;
 
 // The export as a JSON stream, once its snapshot has begun (a database out of reach fails here, before
@@ -87,8 +87,8 @@ let exporting = 0;
 // its client went away, or cut at DEFINITION_EXPORT_TIMEOUT_MS, which bounds how long a client reading
 // slowly holds the connection (one that stops reading is cut sooner, at API_WRITE_STALL_MS).
 export async function exportDefinition(db: Knex, cfg: Config, log: Logger): Promise<Readable> {
-  if (exporting >= EXPORTS_AT_ONCE) {
-    throw new Unavailable(`This process is writing ${exporting} definition exports, the most it writes at once; retry shortly`);
+  if (exporting >= cfg.DEFINITION_EXPORTS_AT_ONCE) {
+    throw new Unavailable(`This process is writing ${exporting} definition exports, the most it writes at once (DEFINITION_EXPORTS_AT_ONCE); retry shortly`);
   }
   exporting++;
   let reader: DefinitionReader;

@@ -209,18 +209,21 @@ describe('GET /api/a2a/v1/definition of an installation larger than the API heap
   });
 });
 
-describe('GET /api/a2a/v1/definition not read whole within DEFINITION_EXPORT_TIMEOUT_MS', function () {
+describe('GET /api/a2a/v1/definition not read whole within DEFINITION_EXPORT_TIMEOUT_MS, one at a time (DEFINITION_EXPORTS_AT_ONCE=1)', function () {
   this.timeout(120_000);
   // API_WRITE_STALL_MS off: only the export's own bound cuts a client that reads nothing.
-  const stack = useStack({ DEFINITION_EXPORT_TIMEOUT_MS: '2000', API_WRITE_STALL_MS: '0' }, { workers: 0 });
+  const stack = useStack({ DEFINITION_EXPORT_TIMEOUT_MS: '2000', API_WRITE_STALL_MS: '0', DEFINITION_EXPORTS_AT_ONCE: '1' }, { workers: 0 });
 
   // 30 MiB: more than the loopback socket buffers hold.
   before(() => insertBigSecrets(30));
 
-  it('is cut then: its snapshot and connection are released, the cut is logged, and the next export is whole', async () => {
+  it('is cut then: its snapshot and connection are released, the cut is logged, and the next export is whole; meanwhile a second is refused', async () => {
     const client = unreadExport(stack.api.url);
     try {
       await waitFor(async () => (await waitingExports()) === 1, 'the export to wait on its client');
+      const second = await stack.client.get('/api/a2a/v1/definition');
+      assertError(second, 503, 'unavailable');
+      assert.match(second.body.message, /writing 1 definition exports, the most it writes at once \(DEFINITION_EXPORTS_AT_ONCE\)/);
       await waitFor(async () => (await waitingExports()) === 0, 'the export to be cut', 10_000);
       await waitFor(async () => stack.api.logs.some((l) => l.includes('definition export cut')), 'the cut to be logged');
     } finally {
