@@ -120,6 +120,15 @@ export async function markRunDue(db: Tx, taskId: string, messageId: string): Pro
   );
 }
 
+// Whether a user message already answered the task's wait and its run has not begun (its mark is current).
+export async function answerOwed(db: Tx, taskId: string): Promise<boolean> {
+  const { rows } = await db.raw(
+    `select exists (select 1 from tasks t join messages d on d.id = t.run_due_message_id where t.id = ? and ${DUE_SINCE_STATUS}) as owed`,
+    [taskId],
+  );
+  return rows[0].owed;
+}
+
 // Marks no longer owed (tasks run, ended or changed by processes of a release before migration
 // 0013, which do not clear them): on a task in a state no run starts from, or older than its last
 // status change. Cleared, so the partial index holds the owed tasks only.

@@ -269,19 +269,38 @@ export async function openedTaskState(trx: Tx, taskId: string, opening: Message)
   return task && retryState(trx, task, opening);
 }
 
+export interface AddMessageOptions {
+  /** Runs, under the lock, only for a message that will be stored. */
+  beforeAppend?: () => Promise<unknown>;
+  /**
+   * A user message is taken only as the answer a task waits for (A2A): one to a task that is
+   * submitted or working, or whose wait an earlier message already answered, is refused (Conflict
+   * with `busy`). No run would read it, and its sender would be answered with another's reply.
+   */
+  onlyAsAnswer?: boolean;
+}
+
 // Adds a message to a task that is not terminal, in the caller's transaction; a user message to an
 // interrupted task starts a run, which cannot begin before that transaction commits. Of several
-// such messages sent before a run starts, the first run to start takes the task; the others find
-// it working under another run and end (workers/run-agent-task.ts). A retried send (findRetried) is
-// recognised under the task's lock, so two copies racing store one, and before the terminal check,
-// so the retry of the message that ended a task gets the original. `beforeAppend` runs, under the
-// lock, only for a message that will be stored.
-export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateMessageRequest, maxBytes: number, beforeAppend?: () => Promise<unknown>) {
+// such messages sent before a run starts (onlyAsAnswer refuses all but the first), the first run to
+// start takes the task; the others find it working under another run and end
+// (workers/run-agent-task.ts). A retried send (findRetried) is recognised under the task's lock, so
+// two copies racing store one, and before the other checks, so the retry of the message that ended
+// a task (or that a run is answering) gets the original.
+export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateMessageRequest, maxBytes: number, opts: AddMessageOptions = {}) {
   const task = await lockTask(uow.trx, taskId);
   const retry = await findRetried(uow.trx, task, req);
   if (retry) return retry;
   if (isTerminal(task.status)) throw new Conflict(`Task '${taskId}' is ${task.status} and accepts no more messages`, { status: task.status });
-  await beforeAppend?.();
+  if (opts.onlyAsAnswer && req.role === 'user') {
+    const waiting = isInterrupted(task.status);
+    if (!waiting || await tasks.answerOwed(uow.trx, taskId)) {
+      throw new Conflict(waiting
+        ? `Task '${taskId}' is ${task.status}, but an earlier message already answered it and its run has not begun`
+        : `Task '${taskId}' is ${task.status}: it takes a message only while it waits for one (input-required, auth-required)`, { status: task.status, busy: true });
+    }
+  }
+  await opts.beforeAppend?.();
   const { message, timelineItem } = await appendMessage(uow, task, req, maxBytes);
   if (req.role === 'user' && isInterrupted(task.status)) {
     await tasks.markRunDue(uow.trx, taskId, message.id);

@@ -2,7 +2,7 @@
 // (error cases with ids echoed, card fields, continuing a task, unknown task ids) and junk params.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { ADMIN_KEY, startStack, testDb, useStack } from './helpers/stack.ts';
+import { ADMIN_KEY, startStack, testDb, useStack, waitFor } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string, extra: Record<string, unknown> = {}) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
@@ -158,19 +158,23 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.ok(!stack.api.logs.some((l) => /"level":50/.test(l)), 'no error logged');
     });
 
-    it('params that cannot be stored (deep nesting, NUL, lone surrogates) are -32602 with the id echoed, not internal errors', async () => {
+    it('params that cannot be stored (deep nesting, NUL, lone surrogates) are -32602 with the id echoed, not internal errors; for message/stream, as its one SSE event', async () => {
       const deep = '['.repeat(5000) + ']'.repeat(5000);
-      const send = (part: string) => raw(`{"jsonrpc":"2.0","id":"s","method":"message/send","params":{"message":{"kind":"message","messageId":"m","role":"user","parts":[${part}]},"configuration":{"blocking":false}}}`);
-      for (const [part, pattern] of [
-        [`{"kind":"data","data":{"x":${deep}}}`, /^Invalid params: params\.message\.parts\.0\.data\.x.* nests deeper than 64 levels/],
-        ['{"kind":"text","text":"a\\u0000b"}', /^Invalid params: params\.message\.parts\.0\.text contains a NUL character/],
-        ['{"kind":"data","data":{"k\\u0000":1}}', /NUL character/],
-        ['{"kind":"text","text":"\\ud800"}', /unpaired surrogate/],
-      ] as const) {
-        const r = await send(part);
-        assert.equal(r.status, 200);
-        assert.deepEqual([r.body.id, r.body.error?.code], ['s', -32602], part.slice(0, 80));
-        assert.match(r.body.error.message, pattern);
+      const send = (part: string, method = 'message/send') => raw(`{"jsonrpc":"2.0","id":"s","method":"${method}","params":{"message":{"kind":"message","messageId":"m","role":"user","parts":[${part}]},"configuration":{"blocking":false}}}`);
+      for (const method of ['message/send', 'message/stream']) {
+        for (const [part, pattern] of [
+          [`{"kind":"data","data":{"x":${deep}}}`, /^Invalid params: params\.message\.parts\.0\.data\.x.* nests deeper than 64 levels/],
+          ['{"kind":"text","text":"a\\u0000b"}', /^Invalid params: params\.message\.parts\.0\.text contains a NUL character/],
+          ['{"kind":"data","data":{"k\\u0000":1}}', /NUL character/],
+          ['{"kind":"text","text":"\\ud800"}', /unpaired surrogate/],
+        ] as const) {
+          const r = await send(part, method);
+          assert.equal(r.status, 200);
+          // 0.3 clients read a streaming call's answer only as an event stream (the SDK throws on JSON).
+          assert.equal(r.headers.get('content-type')?.split(';')[0], method === 'message/stream' ? 'text/event-stream' : 'application/json', `${method} ${part.slice(0, 80)}`);
+          assert.deepEqual([r.body.id, r.body.error?.code], ['s', -32602], `${method} ${part.slice(0, 80)}`);
+          assert.match(r.body.error.message, pattern);
+        }
       }
       // 100,000 values and the request's own: parsed, each holds tens of bytes in every reader.
       const tasksBefore = Number((await testDb()('tasks').count({ n: '*' }))[0].n);
@@ -326,6 +330,39 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.deepEqual(wrongContext.body.error, {
         code: -32602, message: `Invalid params: params.message.contextId '${otherContext}' is not the context of task ${first.id}`, data: { taskId: first.id, contextId: first.contextId },
       });
+    });
+
+    it('a message to a task that is working is refused (-32600) and stored nowhere, by send and stream alike; the task ends answering its own', async () => {
+      const task = (await rpc('message/send', { message: userMessage('[sleep 1500] first'), configuration: { blocking: false } })).body.result;
+      await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.state === 'working', 'the run to start');
+      const pattern = new RegExp(`^Task '${task.id}' is working: it takes a message only while it waits for one \\(input-required, auth-required\\): follow it \\(tasks/resubscribe, tasks/get\\) and send when it asks for input$`);
+      for (const method of ['message/send', 'message/stream']) {
+        const r = await rpc(method, { message: userMessage('sent while it works', { taskId: task.id }) });
+        assert.equal(r.body.error?.code, -32600, JSON.stringify(r.body));
+        assert.match(r.body.error.message, pattern);
+        assert.deepEqual(r.body.error.data, { taskId: task.id, state: 'working' });
+      }
+      const done = (await rpc('message/send', { message: userMessage('[sleep 1500] first', { messageId: task.history[0].messageId, taskId: task.id }) })).body.result;
+      assert.equal(done.status.state, 'completed', 'a retried send of the message the run answers is its original, not refused');
+      assert.deepEqual(done.history.map((m: any) => `${m.role}: ${m.parts[0].text}`), ['user: [sleep 1500] first', 'agent: Working for 1500 ms', 'agent: Echo: [sleep 1500] first']);
+    });
+
+    it('two answers sent at once to a task waiting for input: one is taken and answered, the other refused (-32600) and stored nowhere', async () => {
+      const first = (await rpc('message/send', { message: userMessage('[input] ask') })).body.result;
+      assert.equal(first.status.state, 'input-required');
+      const answers = await Promise.all(['answer A', 'answer B'].map((text) => rpc('message/send', { message: userMessage(text, { taskId: first.id }) })));
+      const taken = answers.filter((a) => a.body.result);
+      const refused = answers.filter((a) => a.body.error);
+      assert.equal(taken.length, 1, JSON.stringify(answers.map((a) => a.body)));
+      assert.equal(refused[0].body.error.code, -32600);
+      // Refused under the task's lock, either while the run is owed (still input-required) or once it began.
+      assert.match(refused[0].body.error.message, new RegExp(`^Task '?${first.id}'? is (input-required, but an earlier message already answered it and its run has not begun|working: it takes a message only while it waits for one|completed)`));
+      const answer = taken[0].body.result;
+      const text = answer.history.filter((m: any) => m.role === 'user').at(-1).parts[0].text;
+      assert.equal(answer.status.state, 'completed');
+      assert.deepEqual(answer.status.message.parts, [{ kind: 'text', text: `Echo (turn 2): ${text}` }]);
+      const all = (await rpc('tasks/get', { id: first.id })).body.result;
+      assert.deepEqual(all.history.filter((m: any) => m.role === 'user').map((m: any) => m.parts[0].text), ['[input] ask', text]);
     });
 
     it('a blocking send answers with the task as it stands after the bounded wait', async () => {

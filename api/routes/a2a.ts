@@ -25,13 +25,11 @@ const waiterOf = (s: Services) => {
 };
 
 // JSON that could not be stored (NUL, lone surrogates, deep nesting) is refused before any method
-// runs: -32602 inside params, else -32600, with the request id echoed when it can be read.
-function refusedBody(body: unknown, problem: FieldError) {
-  const req = (typeof body === 'object' && body !== null && !Array.isArray(body) ? body : {}) as Record<string, unknown>;
-  const id = isId(req.id) ? req.id : null;
+// runs: -32602 inside params (dispatch answers it, as an event of a streaming call), else -32600.
+function unstorable(problem: FieldError): A2AError {
   const code = problem.path.startsWith('body.params') ? JSONRPC.INVALID_PARAMS : JSONRPC.INVALID_REQUEST;
   const where = problem.path.replace(/^body\.?/, '') || 'the request';
-  return errorResponse(id, new A2AError(code, `Invalid ${code === JSONRPC.INVALID_PARAMS ? 'params' : 'request'}: ${where} ${problem.message}`));
+  return new A2AError(code, `Invalid ${code === JSONRPC.INVALID_PARAMS ? 'params' : 'request'}: ${where} ${problem.message}`);
 }
 
 const cardRoute = (path: string, operationId: string) => defineRoute({
@@ -58,9 +56,11 @@ export const a2aRoutes = [
       ctx.body = PARSE_ERROR;
       return;
     }
-    const problem = findUnstorable(body);
-    if (problem) {
-      ctx.body = refusedBody(body, problem);
+    const found = findUnstorable(body);
+    const problem = found && unstorable(found);
+    if (problem?.code === JSONRPC.INVALID_REQUEST) {
+      const req = (typeof body === 'object' && body !== null && !Array.isArray(body) ? body : {}) as Record<string, unknown>;
+      ctx.body = errorResponse(isId(req.id) ? req.id : null, problem);
       return;
     }
     const log = ctx.state.log ?? services.log;
@@ -69,7 +69,7 @@ export const a2aRoutes = [
     const held = callsStream(body, services.cfg) ? await holdStream(services, (ctx.state.principal as Principal).id) : undefined;
     try {
       const signal = held ? AbortSignal.any([clientGone(ctx), held.signal]) : clientGone(ctx);
-      const outcome = await dispatch({ services, waiter: waiterOf(services), signal }, body, log);
+      const outcome = await dispatch({ services, waiter: waiterOf(services), signal }, body, log, problem);
       if ('response' in outcome) ctx.body = outcome.response;
       else await writeSse(ctx, outcome.id, outcome.stream, log, signal);
     } finally {

@@ -54,7 +54,9 @@ async function* failed(err: unknown): m.TaskStream {
 // (and 1e400 is Infinity), so answering it would answer another id.
 export const isId = (v: unknown): v is RpcId => typeof v === 'string' || v === null || (typeof v === 'number' && Math.abs(v) <= Number.MAX_SAFE_INTEGER);
 
-export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Promise<RpcOutcome> {
+// `unstorable`: the params hold what cannot be stored (the API found it while reading the body);
+// it is their answer in place of validation.
+export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, unstorable?: A2AError): Promise<RpcOutcome> {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) {
     const why = Array.isArray(body) ? 'batch requests are not supported' : 'the request must be a JSON object';
     return { response: errorResponse(null, new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: ${why}`)) };
@@ -68,11 +70,15 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Pro
     const target = Object.hasOwn(METHODS, req.method) ? METHODS[req.method] : undefined;
     if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${req.method.slice(0, 100)}`);
     const params = req.params === undefined && req.method === 'agent/getAuthenticatedExtendedCard' ? null : req.params;
+    const validated = (value: unknown) => {
+      if (unstorable) throw unstorable;
+      return target.validate(value);
+    };
     // A request without an id is told what else is wrong with it first (the compatibility kit's
     // mandatory checks send id-less requests and expect -32601 and -32602); only then that
     // notifications are not taken.
     if (!('id' in req)) {
-      target.validate(params);
+      validated(params);
       throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id is required (notifications are not supported)');
     }
     if (target.stream) {
@@ -81,11 +87,11 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger): Pro
       // what goes wrong from there (params that do not fit, an unknown or terminal task) is its one
       // event: 0.3 clients read no other answer to these methods.
       const stream = await Promise.resolve()
-        .then(() => target.run(call, target.validate(req.params)))
+        .then(() => target.run(call, validated(req.params)))
         .catch((err: unknown) => failed(err));
       return { id, stream: stream as m.TaskStream };
     }
-    return { response: { jsonrpc: '2.0', id, result: await target.run(call, target.validate(params)) } };
+    return { response: { jsonrpc: '2.0', id, result: await target.run(call, validated(params)) } };
   } catch (err) {
     const error = toJsonRpcError(err);
     logRpcError(log, err, error, { method: req.method }, 'a2a method failed');

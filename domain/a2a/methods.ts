@@ -85,10 +85,16 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
     return inTransaction(services, async (uow) => {
       let added;
       try {
-        added = await addMessageIn(uow, row.id, message, services.cfg.TASK_MESSAGES_MAX_BYTES, pushConfig && (() => push.storeCheckedPushConfig(uow.trx, row.id, pushConfig, services.cfg)));
+        added = await addMessageIn(uow, row.id, message, services.cfg.TASK_MESSAGES_MAX_BYTES, {
+          onlyAsAnswer: true,
+          beforeAppend: pushConfig && (() => push.storeCheckedPushConfig(uow.trx, row.id, pushConfig, services.cfg)),
+        });
       } catch (err) {
         if (err instanceof Conflict && isTerminal(err.data.status as TaskState)) {
           throw invalidRequest(`Task ${row.id} is ${err.data.status}: a terminal task accepts no more messages`, { taskId: row.id, state: err.data.status });
+        }
+        if (err instanceof Conflict && err.data.busy) {
+          throw invalidRequest(`${err.message}: follow it (tasks/resubscribe, tasks/get) and send when it asks for input`, { taskId: row.id, state: err.data.status });
         }
         throw err;
       }
