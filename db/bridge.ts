@@ -161,8 +161,24 @@ export async function listFunctionInstances(db: Tx, filter: { provider_instance_
   }, pageSize, token);
 }
 
-export async function allFunctionInstances(db: Tx): Promise<FunctionInstanceRow[]> {
-  return db('function_instances').orderBy(['provider_instance_id', 'function_controller_type_id']);
+// The (provider, function) pairs the enabled functions name, each with its number of instances, in
+// the order of its first instance in key order (that of functionInstancesAfter).
+export interface FunctionTypeInUse { provider_controller_type_id: string; function_controller_type_id: string; instances: number }
+export async function functionTypesInUse(db: Tx): Promise<FunctionTypeInUse[]> {
+  return db('function_instances').select('provider_controller_type_id', 'function_controller_type_id', db.raw('count(*)::int as instances'))
+    .groupBy('provider_controller_type_id', 'function_controller_type_id')
+    .orderByRaw('min(provider_instance_id), function_controller_type_id');
+}
+
+// The enabled functions whose (provider_instance_id, function_controller_type_id) hold the same ASCII
+// letters and digits as another's, case aside: only those can share a generated method name, which
+// keeps those and changes only their case (domain/bridge/codegen.ts). Usually none.
+export async function functionInstancesNamedAlike(db: Tx): Promise<Pick<FunctionInstanceRow, 'provider_instance_id' | 'function_controller_type_id'>[]> {
+  // In the C collation, the class and lower() mean ASCII whatever the database's locale.
+  const letters = `lower(regexp_replace((provider_instance_id || function_controller_type_id) collate "C", '[^0-9A-Za-z]+', '', 'g'))`;
+  return db.select('provider_instance_id', 'function_controller_type_id')
+    .from(db('function_instances').select('provider_instance_id', 'function_controller_type_id', db.raw(`count(*) over (partition by ${letters}) as alike`)).as('f'))
+    .where('alike', '>', 1);
 }
 
 // Up to `limit` enabled functions in key order, after `after` (the last of the batch before; none: from the first).
@@ -172,6 +188,18 @@ export async function functionInstancesAfter(
   const q = db('function_instances').orderBy(['provider_instance_id', 'function_controller_type_id']).limit(limit);
   if (after) q.whereRaw('(provider_instance_id, function_controller_type_id) > (?, ?)', [after.provider_instance_id, after.function_controller_type_id]);
   return q;
+}
+
+// Enabled functions a batch holds, for the documents that describe them all.
+export const FUNCTION_INSTANCE_BATCH = 500;
+
+// All enabled functions in key order, batch by batch: `first` (the caller read it: a database out of
+// reach fails before its answer begins), then the batches after it, until one is short.
+export async function* functionInstanceBatches(db: Tx, first: FunctionInstanceRow[]): AsyncGenerator<FunctionInstanceRow[]> {
+  for (let rows = first; ; rows = await functionInstancesAfter(db, rows.at(-1), FUNCTION_INSTANCE_BATCH)) {
+    yield rows;
+    if (rows.length < FUNCTION_INSTANCE_BATCH) return;
+  }
 }
 
 // The provider instances that enabled a function (grouped-by-function lists), newest first, after

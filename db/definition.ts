@@ -5,7 +5,7 @@
 import type { Knex } from 'knex';
 import { instanceWeightSql, type CredentialRow, type ProviderInstanceRow } from './bridge.ts';
 import { PAGE_MAX_BYTES } from './pagination.ts';
-import { openSnapshot } from './snapshot.ts';
+import { holdSnapshot } from './snapshot.ts';
 
 export interface EnvelopeKeyExportRow { id: string; type: string; file_name: string | null; arn: string | null; region: string | null; created_at: Date }
 export interface DekExportRow { id: string; envelope_key_id: string; encrypted_dek: string; aliases: string[]; created_at: Date; updated_at: Date }
@@ -76,15 +76,7 @@ const nothing = async function* <T>(): AsyncGenerator<T> { /* the table group is
 // export a secret or credential under a DEK the export does not hold. The snapshot is begun and
 // first read here, so that a database out of reach fails the request before anything is answered.
 export async function openDefinitionReader(db: Knex): Promise<DefinitionReader> {
-  const trx = await openSnapshot(db);
-  const end = async () => { if (!trx.isCompleted()) await trx.rollback(); };
-  let present: Set<string>;
-  try {
-    present = await presentTables(trx, ['envelope_keys', 'deks', 'dek_aliases', 'secrets', 'provider_instances']);
-  } catch (err) {
-    await end().catch(() => undefined); // the first failure is the one to report
-    throw err;
-  }
+  const { trx, first: present, end } = await holdSnapshot(db, (t) => presentTables(t, ['envelope_keys', 'deks', 'dek_aliases', 'secrets', 'provider_instances']));
   const hasKeys = present.has('envelope_keys') && present.has('deks') && present.has('dek_aliases');
   const hasSecrets = present.has('secrets');
   const hasBridge = present.has('provider_instances');

@@ -13,9 +13,8 @@ import { openDefinitionReader, type CredentialExportRow, type DefinitionReader, 
 import type { Definition } from '../api/schemas/definition.ts';
 import type { Config } from './config.ts';
 import type { Logger } from './logger.ts';
-import { Unavailable } from './errors.ts';
 import { agentCard } from './a2a/agent-card.ts';
-import { elements, jsonStream, opened, StreamCut } from './json-stream.ts';
+import { elements, opened, snapshotStreams, StreamCut } from './json-stream.ts';
 
 type Item<K extends keyof Definition> = Definition[K] extends (infer T)[] ? T : never;
 
@@ -75,38 +74,21 @@ async function* definitionText(reader: DefinitionReader, cfg: Config): AsyncGene
   yield ']}';
 }
 
-// Exports this process is writing (at most DEFINITION_EXPORTS_AT_ONCE). Each holds a pool connection
-// in an open transaction for as long as its client takes to read it, and a batch of rows: without a
-// bound, a few clients asking at once (or reading slowly) would take every connection the API has,
-// and its memory. An export is an occasional backup: one more is refused (503, Retry-After) rather
-// than queued behind them.
-let exporting = 0;
+// Exports this process writes at once (DEFINITION_EXPORTS_AT_ONCE): each holds a database connection
+// for as long as its client takes to read it. An export is an occasional backup: one more is refused.
+const definitionExports = snapshotStreams('definition export');
 
 // The export as a JSON stream, once its snapshot has begun (a database out of reach fails here, before
 // anything is answered). The snapshot ends when the stream closes: written whole, failed, destroyed as
 // its client went away, or cut at DEFINITION_EXPORT_TIMEOUT_MS, which bounds how long a client reading
 // slowly holds the connection (one that stops reading is cut sooner, at API_WRITE_STALL_MS).
 export async function exportDefinition(db: Knex, cfg: Config, log: Logger): Promise<Readable> {
-  if (exporting >= cfg.DEFINITION_EXPORTS_AT_ONCE) {
-    throw new Unavailable(`This process is writing ${exporting} definition exports, the most it writes at once (DEFINITION_EXPORTS_AT_ONCE); retry shortly`);
-  }
-  exporting++;
-  let reader: DefinitionReader;
-  try {
-    reader = await openDefinitionReader(db);
-  } catch (err) {
-    exporting--;
-    throw err;
-  }
+  const body = await definitionExports({ most: cfg.DEFINITION_EXPORTS_AT_ONCE, setting: 'DEFINITION_EXPORTS_AT_ONCE' }, () => openDefinitionReader(db), (reader) => definitionText(reader, cfg), log);
   const timeUp = new StreamCut('the definition export was not read whole within DEFINITION_EXPORT_TIMEOUT_MS');
-  // Once it is over, no read uses the snapshot any more: it ends.
-  const body = jsonStream(definitionText(reader, cfg), log, 'definition export', (err) => {
-    clearTimeout(timer);
-    if (err === timeUp) log.warn({ timeout_ms: cfg.DEFINITION_EXPORT_TIMEOUT_MS }, 'definition export cut: not read whole in time');
-    reader.end()
-      .catch((e: Error) => log.warn({ err: { message: e.message } }, 'definition export: could not end its snapshot'))
-      .finally(() => { exporting--; });
-  });
   const timer = setTimeout(() => body.destroy(timeUp), cfg.DEFINITION_EXPORT_TIMEOUT_MS);
+  body.once('close', () => {
+    clearTimeout(timer);
+    if (body.errored === timeUp) log.warn({ timeout_ms: cfg.DEFINITION_EXPORT_TIMEOUT_MS }, 'definition export cut: not read whole in time');
+  });
   return body;
 }

@@ -2,6 +2,7 @@
 // streamed (Readable.from) from batches of rows: what the API holds is a batch, not the document.
 import { Readable } from 'node:stream';
 import type { Logger } from './logger.ts';
+import { Unavailable } from './errors.ts';
 
 // A cut its maker logs itself (a time limit): not a failure of the answer.
 export class StreamCut extends Error {}
@@ -24,16 +25,52 @@ export function jsonStream(text: AsyncIterable<string>, log: Logger, what: strin
   return body;
 }
 
+// Answers of one kind (`what`) written from a snapshot held while their client reads them
+// (db/snapshot.ts holdSnapshot). Each holds a pool connection in an open transaction meanwhile, and a
+// batch of rows: without a bound, a few clients asking at once (or reading slowly) would take every
+// connection the API has, and its memory. One more than `atOnce.most` is refused (503, Retry-After)
+// rather than queued behind them (`atOnce.setting`: the setting that sets it, named in the refusal). The stream begins once `hold` has read what it reads first (a
+// database out of reach fails there, before anything is answered), and the snapshot ends once the
+// stream is over, however it ends.
+export function snapshotStreams(what: string) {
+  let writing = 0;
+  return async <H extends { end(): Promise<void> }>(
+    atOnce: { most: number; setting?: string }, hold: () => Promise<H>, text: (held: H) => AsyncIterable<string>, log: Logger,
+  ): Promise<Readable> => {
+    if (writing >= atOnce.most) {
+      throw new Unavailable(`This process is writing ${writing} ${what}s, the most it writes at once${atOnce.setting ? ` (${atOnce.setting})` : ''}; retry shortly`);
+    }
+    writing++;
+    let held: H;
+    try {
+      held = await hold();
+    } catch (err) {
+      writing--;
+      throw err;
+    }
+    return jsonStream(text(held), log, what, () => {
+      held.end()
+        .catch((e: Error) => log.warn({ err: { message: e.message } }, `${what}: could not end its snapshot`))
+        .finally(() => { writing--; });
+    });
+  };
+}
+
 // An object's JSON without its closing brace, for a member written after it (a streamed array or object).
 export const opened = (o: object) => JSON.stringify(o).slice(0, -1);
 
-// The items of a JSON array or object, comma-separated, one string each (`text` of an item), from batches of rows.
-async function* separated<B, T>(batches: AsyncIterable<B>, shape: (batch: B) => T[], text: (item: T) => string): AsyncGenerator<string> {
-  let comma = '';
+// A text's JSON string without its quotes, for a string written in parts between them. Parts must
+// not split a surrogate pair (JSON.stringify escapes a lone surrogate, which the whole would not).
+export const inString = (text: string) => JSON.stringify(text).slice(1, -1);
+
+// Items, one string each (`text` of an item) with `separator` between them, from batches of rows:
+// those of a JSON array or object, comma-separated, unless told otherwise.
+export async function* separated<B, T>(batches: AsyncIterable<B>, shape: (batch: B) => T[], text: (item: T) => string, separator = ','): AsyncGenerator<string> {
+  let before = '';
   for await (const batch of batches) {
     for (const item of shape(batch)) {
-      yield comma + text(item);
-      comma = ',';
+      yield before + text(item);
+      before = separator;
     }
   }
 }

@@ -8,7 +8,7 @@ import { createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes, ra
 import type { AddressInfo } from 'node:net';
 import { Validator } from '@seriousme/openapi-schema-validator';
 import { callUpstream } from '../domain/bridge/upstream.ts';
-import { assertError, Client, requestLogsThrough, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack, assertNotFound, useStack } from './helpers/stack.ts';
+import { assertError, Client, requestLogsThrough, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack, assertNotFound, useStack, waitFor } from './helpers/stack.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
@@ -439,6 +439,35 @@ describe('bridge API', () => {
 
     for (const text of [all.text, grouped.text, one.text, stack.api.logs.join('\n'), ...stack.workers.map((w) => w.logs.join('\n'))]) {
       for (const secret of [STRIPE_KEY, ACCESS_TOKEN, CLIENT_SECRET, 'rt-1', 'jwt-access', 'BEGIN PRIVATE KEY']) assert.ok(!text.includes(secret), `${secret} leaked`);
+    }
+  });
+
+  it('leaves out of openapi.json the instances whose provider or function the catalog no longer has, with one warning naming them', async () => {
+    // A release that removed a function, and one that removed a provider: the rows stay (function_controller_type_id and provider_controller_type_id are free text).
+    const db = testDb();
+    await db('function_instances').insert({ provider_instance_id: 'gmail-user', function_controller_type_id: 'google_mail_retired_archive', provider_controller_type_id: 'google_mail' });
+    await db('provider_instances').insert({ id: 'legacy-crm', display_name: 'CRM', provider_controller_type_id: 'retired_crm', credential_controller_type_id: 'api_key', status: 'active' });
+    await db('function_instances').insert({ provider_instance_id: 'legacy-crm', function_controller_type_id: 'retired_crm_sync', provider_controller_type_id: 'retired_crm' });
+    try {
+      const res = await c.get(`${B}/function-instances/openapi.json`);
+      assert.equal(res.status, 200, res.text.slice(0, 300));
+      const valid = await new Validator().validate(structuredClone(res.body));
+      assert.ok(valid.valid, JSON.stringify(valid.errors)?.slice(0, 2000));
+      assert.ok(!/retired|legacy/i.test(res.text), 'neither is in the document');
+      assert.ok(res.body.paths[`${B}/provider/gmail-user/function/google_mail_send_email/invoke`], 'the others are');
+      // Logged as the document ends, after the request line (written once the answer began).
+      const id = res.headers.get('x-request-id');
+      const warning = JSON.parse(await waitFor(async () => stack.api.logs.find((l) => l.includes(`"req_id":"${id}"`) && l.includes('left out')), 'the warning'));
+      assert.equal(stack.api.logs.filter((l) => l.includes('left out')).length, 1, 'one warning');
+      assert.equal(warning.level, 40);
+      assert.equal(warning.left_out, 2);
+      assert.deepEqual(warning.first, [
+        { provider_instance_id: 'gmail-user', provider_controller_type_id: 'google_mail', function_controller_type_id: 'google_mail_retired_archive' },
+        { provider_instance_id: 'legacy-crm', provider_controller_type_id: 'retired_crm', function_controller_type_id: 'retired_crm_sync' },
+      ]);
+    } finally {
+      await db('provider_instances').where({ id: 'legacy-crm' }).delete();
+      await db('function_instances').where({ function_controller_type_id: 'google_mail_retired_archive' }).delete();
     }
   });
 

@@ -5,11 +5,13 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { ADMIN_KEY, ROOT, resetDb, startStack, type Client, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, assertError, ROOT, resetDb, startStack, testDb, unreadAnswer, useStack, waitFor, type Client, type Stack } from './helpers/stack.ts';
+import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
 const B = '/api/bridge/v1';
 const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
+const CODEGEN = '/_internal/v1/trigger_codegen';
 
 // Type-checks files with the project's TypeScript in strict mode; returns the diagnostics.
 // Not pretty: tsc colours its output where it takes the terminal to be one (FORCE_COLOR), and the
@@ -107,9 +109,128 @@ await client.stripeMainStripeProcessRefund({ charge: 'ch_1', reason: 'bored' });
     assert.match(bad.output, /wrong\.ts\(6,.*bored/s);
   });
 
+  it('leaves out the instances whose provider or function the catalog no longer has, with one warning naming them', async () => {
+    // A release that removed a function, and one that removed a provider: the rows stay (function_controller_type_id and provider_controller_type_id are free text).
+    const db = testDb();
+    await db('function_instances').insert({ provider_instance_id: 'stripe-main', function_controller_type_id: 'stripe_retired_payout', provider_controller_type_id: 'stripe' });
+    await db('provider_instances').insert({ id: 'legacy-crm', display_name: 'CRM', provider_controller_type_id: 'retired_crm', credential_controller_type_id: 'api_key', status: 'active' });
+    await db('function_instances').insert({ provider_instance_id: 'legacy-crm', function_controller_type_id: 'retired_crm_sync', provider_controller_type_id: 'retired_crm' });
+    try {
+      const r = await c.post('/_internal/v1/trigger_codegen');
+      assert.equal(r.status, 200, r.text);
+      assert.match(r.body.message, /for 2 function instance/);
+      assert.ok(!/retired|legacy/i.test(r.text), 'neither is in the client');
+      const index = r.body.files.find((f: { path: string }) => f.path === 'bridge-client/index.ts').content as string;
+      assert.deepEqual([...index.matchAll(/^ {2}(\w+)\(params/gm)].map((m) => m[1]), ['_2ndMailGoogleMailSendEmail', 'stripeMainStripeProcessRefund']);
+      write(r.body.files);
+      const checked = typecheck(dir, ['bridge-client/index.ts']);
+      assert.ok(checked.ok, checked.output);
+      // Logged as the document ends, after the request line (written once the answer began).
+      const id = r.headers.get('x-request-id');
+      const warning = JSON.parse(await waitFor(async () => stack.api.logs.find((l) => l.includes(`"req_id":"${id}"`) && l.includes('left out')), 'the warning'));
+      assert.equal(stack.api.logs.filter((l) => l.includes('left out')).length, 1, 'one warning');
+      assert.equal(warning.level, 40);
+      assert.equal(warning.left_out, 2);
+      assert.deepEqual(warning.first, [
+        { provider_instance_id: 'legacy-crm', provider_controller_type_id: 'retired_crm', function_controller_type_id: 'retired_crm_sync' },
+        { provider_instance_id: 'stripe-main', provider_controller_type_id: 'stripe', function_controller_type_id: 'stripe_retired_payout' },
+      ]);
+    } finally {
+      await db('provider_instances').where({ id: 'legacy-crm' }).delete();
+      await db('function_instances').where({ function_controller_type_id: 'stripe_retired_payout' }).delete();
+    }
+  });
+
   it('needs scope internal (401, 403)', async () => {
     assert.equal((await c.as(undefined).post('/_internal/v1/trigger_codegen')).status, 401);
     const key = (await c.post('/api/auth/v1/api-key', { name: 'bridge', scopes: ['bridge:read', 'bridge:invoke'] })).body.key;
     assert.equal((await c.as(key).post('/_internal/v1/trigger_codegen')).status, 403);
+  });
+});
+
+describe('POST /_internal/v1/trigger_codegen with Postgres out of reach', () => {
+  const own = behindServiceProxy('DATABASE_URL', { DB_QUERY_TIMEOUT_MS: '1000' });
+
+  it('answers 503 before anything else, and whole once it is back', async () => {
+    own.proxy.swallow();
+    const during = await own.stack.client.post(CODEGEN);
+    assertError(during, 503, 'unavailable');
+    own.proxy.forward();
+    await waitFor(async () => (await own.stack.client.post(CODEGEN)).status === 200, 'the client again');
+  });
+});
+
+// Answers waiting on their clients: a snapshot open between two batches (or, for a moment, one
+// written on between two of them). Counted, or ended under them (pg_terminate_backend) and counted.
+const WAITING = `from pg_stat_activity where state = 'idle in transaction' and query like '%from "function_instances"%'`;
+const waitingAnswers = async () => (await testDb().raw(`select count(*)::int as n ${WAITING}`)).rows[0].n as number;
+const endWaitingAnswers = async () => (await testDb().raw(`select count(*) filter (where pg_terminate_backend(pid))::int as n ${WAITING}`)).rows[0].n as number;
+
+describe('POST /_internal/v1/trigger_codegen of more function instances than the API heap holds generated', function () {
+  this.timeout(120_000);
+  const INSTANCES = 100_000;
+  // Some 350 bytes of client a method (35 MB in all): built whole, with the rows, the text and its JSON, the client took more than this heap.
+  const stack = useStack({ NODE_OPTIONS: '--max-old-space-size=96', RATE_LIMIT_PER_SECOND: '0' }, { workers: 0 });
+  const ids = Array.from({ length: INSTANCES }, (_, i) => `inst-${String(i + 1).padStart(6, '0')}`);
+
+  before(async () => {
+    const db = testDb();
+    await db.raw(`insert into provider_instances (id, display_name, provider_controller_type_id, credential_controller_type_id, status)
+                  select 'inst-' || lpad(i::text, 6, '0'), 'Instance ' || i, case when i % 2 = 0 then 'google_mail' else 'stripe' end,
+                         case when i % 2 = 0 then 'oauth2_jwt_bearer_assertion_flow' else 'api_key' end, 'active' from generate_series(1, ?) i`, [INSTANCES]);
+    await db.raw(`insert into function_instances (provider_instance_id, function_controller_type_id, provider_controller_type_id)
+                  select id, case when provider_controller_type_id = 'stripe' then 'stripe_process_refund' else 'google_mail_send_email' end, provider_controller_type_id
+                    from provider_instances`);
+  });
+
+  it('streams it whole: one method per instance, in instance order', async () => {
+    const res = await stack.client.post(CODEGEN);
+    assert.equal(res.status, 200, res.text.slice(0, 300));
+    assert.equal(res.headers.get('content-type'), 'application/json; charset=utf-8');
+    assert.equal(res.body.message, `Generated a TypeScript client for ${INSTANCES} function instance(s)`);
+    assert.deepEqual(res.body.files.map((f: { path: string }) => f.path), ['bridge-client/types.ts', 'bridge-client/runtime.ts', 'bridge-client/index.ts']);
+    const index = res.body.files[2].content as string;
+    assert.ok(index.length > 30 * 1024 * 1024, `${index.length} characters`);
+    assert.deepEqual([...index.matchAll(/return this\.invoke\("([^"]+)", "([^"]+)"/g)].map((m) => m[1]), ids);
+    assert.match(index, /^  inst100000GoogleMailSendEmail\(params: GoogleMailSendEmailParams\): Promise<InvokeResult<GoogleMailSendEmailOutput>> \{$/m);
+    assert.ok(JSON.stringify(res.body) === res.text, 'the text is JSON.stringify of the answer');
+    // It ends as the last part goes out, which may be just after the client has it.
+    await waitFor(async () => (await waitingAnswers()) === 0, 'its snapshot to end');
+    assert.equal(stack.api.child.exitCode, null, 'the API is still running');
+  });
+
+  it('clients that go away mid-answer: two at once, a third refused (503), each snapshot and its connection are released, and the next answer is whole', async () => {
+    const clients = [unreadAnswer(stack.api.url, 'POST', CODEGEN), unreadAnswer(stack.api.url, 'POST', CODEGEN)];
+    await waitFor(async () => (await waitingAnswers()) === 2, 'both answers to wait on their clients');
+    const third = await stack.client.post(CODEGEN);
+    assertError(third, 503, 'unavailable');
+    assert.equal(third.headers.get('retry-after'), '5');
+    for (const client of clients) client.destroy();
+    await waitFor(async () => (await waitingAnswers()) === 0, 'the snapshots to end');
+    const next = await stack.client.post(CODEGEN);
+    assert.equal(next.status, 200, next.text.slice(0, 300));
+    assert.equal(next.body.message, `Generated a TypeScript client for ${INSTANCES} function instance(s)`);
+    assert.ok(!stack.api.logs.some((l) => l.includes('generated client failed')), 'a client going away is no failure');
+  });
+
+  it('an answer whose database connection is lost mid-way: its client gets it cut short, the failure is logged, and the next answers are whole', async () => {
+    await waitFor(async () => (await waitingAnswers()) === 0, 'the snapshots of the answers before to end');
+    const client = unreadAnswer(stack.api.url, 'POST', CODEGEN);
+    // Tried until it hits: seen idle between two batches, a snapshot may be busy with the next by then.
+    await waitFor(async () => (await endWaitingAnswers()) === 1, 'its snapshot to be ended under it');
+    const received = await new Promise<string>((resolve) => {
+      const chunks: Buffer[] = [];
+      client.on('data', (b: Buffer) => chunks.push(b));
+      client.once('close', () => resolve(Buffer.concat(chunks).toString('latin1')));
+      client.resume();
+    });
+    assert.match(received, /^HTTP\/1\.1 200 /);
+    assert.ok(!received.endsWith('\r\n0\r\n\r\n'), 'the chunked answer is cut, not ended');
+    const line = await waitFor(async () => stack.api.logs.find((l) => l.includes('generated client failed')), 'the failure to be logged');
+    assert.equal(JSON.parse(line).level, 50);
+    // Both places are free again.
+    const next = await Promise.all([stack.client.post(CODEGEN), stack.client.post(CODEGEN)]);
+    assert.deepEqual(next.map((r) => r.status), [200, 200]);
+    await waitFor(async () => (await waitingAnswers()) === 0, 'their snapshots to end');
   });
 });

@@ -1,9 +1,8 @@
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import net from 'node:net';
 import { createHash, randomUUID } from 'node:crypto';
-import { ADMIN_KEY, assertError, testDb, useStack, waitFor } from './helpers/stack.ts';
+import { assertError, testDb, unreadAnswer, useStack, waitFor } from './helpers/stack.ts';
 
 describe('GET /api/a2a/v1/definition', () => {
   const stack = useStack({ AGENT_NAME: 'definition-test-agent' });
@@ -113,16 +112,7 @@ async function insertBigSecrets(count: number): Promise<void> {
                 select gen_random_uuid(), 'big/' || lpad(i::text, 4, '0'), repeat(md5(i::text), ?), ?, 'default' from generate_series(1, ?) i`, [MiB / 32, dek, count]);
 }
 
-// A GET of the export on a raw socket that reads none of the answer: the API writes what the socket
-// buffers hold, then waits on the client.
-function unreadExport(api: string): net.Socket {
-  const socket = net.connect(Number(new URL(api).port), '127.0.0.1', () => {
-    socket.write(`GET /api/a2a/v1/definition HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n\r\n`);
-  });
-  socket.pause();
-  socket.on('error', () => undefined);
-  return socket;
-}
+const unreadExport = (api: string) => unreadAnswer(api, 'GET', '/api/a2a/v1/definition');
 
 // Exports waiting on their clients: a snapshot open between two reads of the secrets.
 const waitingExports = async () => (await testDb().raw(`select count(*)::int as n from pg_stat_activity

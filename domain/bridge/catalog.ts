@@ -7,6 +7,8 @@ import { listPage, type Page } from '../../db/pagination.ts';
 import { checkValid, compileSchema } from '../schema-check.ts';
 import type { CredentialController, FunctionController, ProviderController } from '../../api/schemas/bridge.ts';
 import type { CredentialControllerDef, FunctionControllerDef, ProviderControllerDef } from './types.ts';
+import type { FunctionInstanceRow } from '../../db/bridge.ts';
+import type { Logger } from '../logger.ts';
 import { googleMail } from './providers/google-mail.ts';
 import { stripe } from './providers/stripe.ts';
 
@@ -30,6 +32,11 @@ export function functionDef(provider: ProviderControllerDef, typeId: string): Fu
   return f;
 }
 
+// The function a stored instance names, or undefined where this release's catalog no longer has its
+// provider or function (a release that removed one).
+export const storedFunctionDef = (providerTypeId: string, functionTypeId: string): FunctionControllerDef | undefined =>
+  PROVIDERS.find((d) => d.type_id === providerTypeId)?.functions.find((d) => d.type_id === functionTypeId);
+
 // Schemas are plain JSON Schema once TypeBox's symbols are dropped.
 const json = (schema: TObject) => JSON.parse(JSON.stringify(schema)) as Record<string, unknown>;
 
@@ -51,6 +58,40 @@ export function describeProvider(p: ProviderControllerDef): ProviderController {
     type_id: p.type_id, name: p.name, documentation: p.documentation, categories: p.categories,
     credential_controllers: p.credentialControllers.map(describeCredential), functions: p.functions.map(describeFunction),
   };
+}
+
+export interface DescribedInstance { row: FunctionInstanceRow; f: FunctionController }
+
+// Instances a warning names, of those left out.
+const LEFT_OUT_NAMED = 5;
+
+// The instances of `batches` with their functions, batch by batch, for the documents that describe
+// every instance (`what`). One whose provider or function the catalog no longer has is left out
+// rather than failing the document part-way, and once the batches end one warning says how many were,
+// naming the first few.
+export async function* describedInstances(batches: AsyncIterable<FunctionInstanceRow[]>, log: Logger, what: string): AsyncGenerator<DescribedInstance[]> {
+  const functions = new Map<string, FunctionController>(); // described once each: as many as the catalog has
+  let leftOut = 0;
+  const named: Pick<FunctionInstanceRow, 'provider_instance_id' | 'provider_controller_type_id' | 'function_controller_type_id'>[] = [];
+  for await (const rows of batches) {
+    const described: DescribedInstance[] = [];
+    for (const row of rows) {
+      const pair = `${row.provider_controller_type_id}\0${row.function_controller_type_id}`; // no text in Postgres holds \0
+      let f = functions.get(pair);
+      if (!f) {
+        const def = storedFunctionDef(row.provider_controller_type_id, row.function_controller_type_id);
+        if (def) functions.set(pair, (f = describeFunction(def)));
+      }
+      if (f) {
+        described.push({ row, f });
+      } else if (leftOut++ < LEFT_OUT_NAMED) {
+        const { provider_instance_id, provider_controller_type_id, function_controller_type_id } = row;
+        named.push({ provider_instance_id, provider_controller_type_id, function_controller_type_id });
+      }
+    }
+    yield described;
+  }
+  if (leftOut) log.warn({ left_out: leftOut, first: named }, `${what}: ${leftOut} function instance(s) left out: their provider or function is not in this release's catalog`);
 }
 
 // The catalog, paged in type_id order.

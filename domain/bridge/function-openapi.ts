@@ -2,12 +2,12 @@
 // enabled function instance, its request and output schemas taken from the function controller.
 //
 // Function instances have no bound in number, and each path is some 3 KB of text (10 KB described),
-// so the document is written as it is read, BATCH instances at a time, as JSON text at the client's
-// pace (backpressure): what the API holds is a batch, however many instances there are.
+// so the document is written as it is read, a batch of instances at a time, as JSON text at the
+// client's pace (backpressure): what the API holds is a batch, however many instances there are.
 import type { Readable } from 'node:stream';
 import type { Knex } from 'knex';
-import { functionInstancesAfter, type FunctionInstanceRow } from '../../db/bridge.ts';
-import { describeFunction, functionDef, providerDef } from './catalog.ts';
+import { FUNCTION_INSTANCE_BATCH, functionInstanceBatches, functionInstancesAfter, type FunctionInstanceRow } from '../../db/bridge.ts';
+import { describedInstances, type DescribedInstance } from './catalog.ts';
 import { SERVICE_VERSION } from '../version.ts';
 import type { Logger } from '../logger.ts';
 import { jsonStream, members, opened } from '../json-stream.ts';
@@ -16,13 +16,12 @@ import { ErrorBody } from '../../api/schemas/common.ts';
 // The service's own Error body, as plain JSON Schema (without its $id: this document has no components).
 const { $id: _id, ...errorSchema } = JSON.parse(JSON.stringify(ErrorBody)) as Record<string, unknown>;
 
-const BATCH = 500;
+const WHAT = 'function instances OpenAPI document';
 
 // One member of `paths`. No two rows make the same key: (provider_instance_id,
 // function_controller_type_id) is the table's primary key, f.type_id is that function id, and the
 // encoded instance id holds no '/' to be read across the separator.
-function path(row: FunctionInstanceRow): [string, unknown] {
-  const f = describeFunction(functionDef(providerDef(row.provider_controller_type_id), row.function_controller_type_id));
+function path({ row, f }: DescribedInstance): [string, unknown] {
   return [`/api/bridge/v1/provider/${encodeURIComponent(row.provider_instance_id)}/function/${f.type_id}/invoke`, {
     post: {
       operationId: `${row.provider_instance_id}.${f.type_id}`.replace(/[^A-Za-z0-9_.-]/g, '_'),
@@ -48,31 +47,24 @@ function path(row: FunctionInstanceRow): [string, unknown] {
   }];
 }
 
-// The instances in key order, batch by batch from `first`. Each batch is a read of its own, not one
-// snapshot held open while the client reads: each path stands alone (its instance and its function's
-// schemas, nothing elsewhere in the document), so an instance enabled or disabled meanwhile is in the
-// document or not and the others are as they are, and the key order writes none twice.
-async function* batches(db: Knex, first: FunctionInstanceRow[]): AsyncGenerator<FunctionInstanceRow[]> {
-  for (let rows = first; ; rows = await functionInstancesAfter(db, rows.at(-1), BATCH)) {
-    yield rows;
-    if (rows.length < BATCH) return;
-  }
-}
-
 // The document as JSON text, as JSON.stringify would write it whole.
-async function* documentText(db: Knex, serverUrl: string, first: FunctionInstanceRow[]): AsyncGenerator<string> {
+async function* documentText(db: Knex, serverUrl: string, first: FunctionInstanceRow[], log: Logger): AsyncGenerator<string> {
   yield `${opened({
     openapi: '3.1.0',
     info: { title: 'taskbridge bridge functions', version: SERVICE_VERSION, description: 'Invoke operations of the enabled bridge function instances.' },
     servers: [{ url: serverUrl }],
   })},"paths":{`;
-  yield* members(batches(db, first), (rows) => rows.map(path));
+  // Each batch is a read of its own, not one snapshot held open while the client reads: each path
+  // stands alone (its instance and its function's schemas, nothing elsewhere in the document), so an
+  // instance enabled or disabled meanwhile is in the document or not and the others are as they are,
+  // and the key order writes none twice.
+  yield* members(describedInstances(functionInstanceBatches(db, first), log, WHAT), (instances) => instances.map(path));
   yield `},"components":${JSON.stringify({ securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'API key with the bridge:invoke scope' } } })}}`;
 }
 
 // The document as a JSON stream, once its first batch is read (a database out of reach fails here,
 // before anything is answered). A failure after that can only cut the connection.
 export async function functionInstancesOpenApi(db: Knex, serverUrl: string, log: Logger): Promise<Readable> {
-  const first = await functionInstancesAfter(db, undefined, BATCH);
-  return jsonStream(documentText(db, serverUrl, first), log, 'function instances OpenAPI document');
+  const first = await functionInstancesAfter(db, undefined, FUNCTION_INSTANCE_BATCH);
+  return jsonStream(documentText(db, serverUrl, first, log), log, WHAT);
 }

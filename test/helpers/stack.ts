@@ -4,6 +4,7 @@ import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import fs from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -244,6 +245,17 @@ export async function requestLogsThrough(stack: Stack, last: { headers: Headers 
   assert.ok(id, 'the response carries X-Request-Id');
   await waitFor(async () => stack.api.logs.some((l) => l.includes(`"req_id":"${id}"`) && l.includes('"msg":"request"')), `the log line of request ${id}`);
   return opts.all ? [...stack.api.logs] : stack.api.logs.filter((l) => l.includes('"msg":"request"'));
+}
+
+// A request on a raw socket that reads none of the answer: the API writes what the socket buffers
+// hold, then waits on the client.
+export function unreadAnswer(api: string, method: 'GET' | 'POST', url: string): net.Socket {
+  const socket = net.connect(Number(new URL(api).port), '127.0.0.1', () => {
+    socket.write(`${method} ${url} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nContent-Length: 0\r\n\r\n`);
+  });
+  socket.pause();
+  socket.on('error', () => undefined);
+  return socket;
 }
 
 export async function waitFor<T>(fn: () => Promise<T | undefined | null | false>, what: string, timeoutMs = 20000, everyMs = 50): Promise<T> {
