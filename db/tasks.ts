@@ -120,13 +120,17 @@ export async function markRunDue(db: Tx, taskId: string, messageId: string): Pro
   );
 }
 
-// Whether a user message already answered the task's wait and its run has not begun (its mark is current).
-export async function answerOwed(db: Tx, taskId: string): Promise<boolean> {
+// Whether a run of the agent already has the task's next word: a submitted task opened by a user
+// message (its first run), or one waiting for input that a user message already answered (the mark
+// is current) before that run began. (A task working under a run says so in its row: run_seen_at.)
+export async function runOwed(db: Tx, taskId: string): Promise<boolean> {
   const { rows } = await db.raw(
-    `select exists (select 1 from tasks t join messages d on d.id = t.run_due_message_id where t.id = ? and ${DUE_SINCE_STATUS}) as owed`,
+    `select case when t.status = 'submitted' then (select m.role = 'user' from messages m where m.task_id = t.id order by m.seq limit 1)
+                 else exists (select 1 from messages d where d.id = t.run_due_message_id and ${DUE_SINCE_STATUS}) end as owed
+       from tasks t where t.id = ?`,
     [taskId],
   );
-  return rows[0].owed;
+  return rows[0]?.owed === true;
 }
 
 // Marks no longer owed (tasks run, ended or changed by processes of a release before migration

@@ -273,11 +273,20 @@ export interface AddMessageOptions {
   /** Runs, under the lock, only for a message that will be stored. */
   beforeAppend?: () => Promise<unknown>;
   /**
-   * A user message is taken only as the answer a task waits for (A2A): one to a task that is
-   * submitted or working, or whose wait an earlier message already answered, is refused (Conflict
-   * with `busy`). No run would read it, and its sender would be answered with another's reply.
+   * A user message is refused (Conflict with `busy`) while a run of the agent has the task: working
+   * under it, or submitted or answered with it yet to begin. The run answers another message and
+   * reads none sent after it began, so the sender would be answered with another's reply (A2A). A
+   * task a client drives (opened by an agent message, set working by PUT) takes it as REST does.
    */
   onlyAsAnswer?: boolean;
+}
+
+// Why a user message cannot be the task's next: a run of the agent has it (onlyAsAnswer).
+async function busyWithRun(trx: Tx, task: tasks.TaskRow): Promise<string | undefined> {
+  if (task.status === 'working') return task.run_seen_at ? 'its agent is working on an earlier message' : undefined;
+  if (task.status !== 'submitted' && !isInterrupted(task.status)) return undefined;
+  if (!await tasks.runOwed(trx, task.id)) return undefined;
+  return task.status === 'submitted' ? 'its agent has yet to begin on its first message' : 'an earlier message already answered it and its run has not begun';
 }
 
 // Adds a message to a task that is not terminal, in the caller's transaction; a user message to an
@@ -292,14 +301,8 @@ export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateM
   const retry = await findRetried(uow.trx, task, req);
   if (retry) return retry;
   if (isTerminal(task.status)) throw new Conflict(`Task '${taskId}' is ${task.status} and accepts no more messages`, { status: task.status });
-  if (opts.onlyAsAnswer && req.role === 'user') {
-    const waiting = isInterrupted(task.status);
-    if (!waiting || await tasks.answerOwed(uow.trx, taskId)) {
-      throw new Conflict(waiting
-        ? `Task '${taskId}' is ${task.status}, but an earlier message already answered it and its run has not begun`
-        : `Task '${taskId}' is ${task.status}: it takes a message only while it waits for one (input-required, auth-required)`, { status: task.status, busy: true });
-    }
-  }
+  const busy = opts.onlyAsAnswer && req.role === 'user' ? await busyWithRun(uow.trx, task) : undefined;
+  if (busy) throw new Conflict(`Task '${taskId}' is ${task.status}: ${busy}`, { status: task.status, busy: true });
   await opts.beforeAppend?.();
   const { message, timelineItem } = await appendMessage(uow, task, req, maxBytes);
   if (req.role === 'user' && isInterrupted(task.status)) {

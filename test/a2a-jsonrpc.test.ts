@@ -335,7 +335,7 @@ describe('A2A JSON-RPC endpoint', () => {
     it('a message to a task that is working is refused (-32600) and stored nowhere, by send and stream alike; the task ends answering its own', async () => {
       const task = (await rpc('message/send', { message: userMessage('[sleep 1500] first'), configuration: { blocking: false } })).body.result;
       await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.state === 'working', 'the run to start');
-      const pattern = new RegExp(`^Task '${task.id}' is working: it takes a message only while it waits for one \\(input-required, auth-required\\): follow it \\(tasks/resubscribe, tasks/get\\) and send when it asks for input$`);
+      const pattern = new RegExp(`^Task '${task.id}' is working: its agent is working on an earlier message: follow it \\(tasks/resubscribe, tasks/get\\) and send when it asks for input$`);
       for (const method of ['message/send', 'message/stream']) {
         const r = await rpc(method, { message: userMessage('sent while it works', { taskId: task.id }) });
         assert.equal(r.body.error?.code, -32600, JSON.stringify(r.body));
@@ -347,6 +347,14 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.deepEqual(done.history.map((m: any) => `${m.role}: ${m.parts[0].text}`), ['user: [sleep 1500] first', 'agent: Working for 1500 ms', 'agent: Echo: [sleep 1500] first']);
     });
 
+    it('a task a client drives (opened by an agent message, set working by PUT) takes A2A messages while working: no run of ours has it', async () => {
+      const id = (await stack.client.post('/api/task/v1', { message: { role: 'agent', parts: [{ type: 'text-part', text: 'driven elsewhere' }] } })).body.task.id;
+      assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'working' })).status, 200);
+      const r = await rpc('message/send', { message: userMessage('for the driver', { taskId: id }), configuration: { blocking: false } });
+      assert.equal(r.body.result?.status.state, 'working', JSON.stringify(r.body));
+      assert.deepEqual((await rpc('tasks/get', { id })).body.result.history.map((m: any) => m.parts[0].text), ['driven elsewhere', 'for the driver']);
+    });
+
     it('two answers sent at once to a task waiting for input: one is taken and answered, the other refused (-32600) and stored nowhere', async () => {
       const first = (await rpc('message/send', { message: userMessage('[input] ask') })).body.result;
       assert.equal(first.status.state, 'input-required');
@@ -356,7 +364,7 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.equal(taken.length, 1, JSON.stringify(answers.map((a) => a.body)));
       assert.equal(refused[0].body.error.code, -32600);
       // Refused under the task's lock, either while the run is owed (still input-required) or once it began.
-      assert.match(refused[0].body.error.message, new RegExp(`^Task '?${first.id}'? is (input-required, but an earlier message already answered it and its run has not begun|working: it takes a message only while it waits for one|completed)`));
+      assert.match(refused[0].body.error.message, new RegExp(`^Task '?${first.id}'? is (input-required: an earlier message already answered it and its run has not begun|working: its agent is working on an earlier message|completed)`));
       const answer = taken[0].body.result;
       const text = answer.history.filter((m: any) => m.role === 'user').at(-1).parts[0].text;
       assert.equal(answer.status.state, 'completed');
