@@ -424,11 +424,11 @@ export async function markRunsSeen(db: Tx, runs: readonly { taskId: string; mess
 // into one multi-row statement.
 export function createTaskStatements(db: Knex) {
   // Messages dominate the size of a statement's jsonb parameter (a bundle carries its message twice).
-  const messageBytes = (m?: Message) => (m ? 2 * JSON.stringify(m.parts).length : 0);
+  const parameterBytes = (m?: Message) => (m ? 2 * JSON.stringify(m.parts).length : 0);
   return {
-    insertTaskBundle: new StatementBatcher((bundles: TaskBundle[]) => insertTaskBundles(db, bundles), { size: (b) => messageBytes(b.message) }),
+    insertTaskBundle: new StatementBatcher((bundles: TaskBundle[]) => insertTaskBundles(db, bundles), { size: (b) => parameterBytes(b.message) }),
     // A task's changes are never written at the same time: one UPDATE cannot apply two of them.
-    applyStatusChange: new StatementBatcher((changes: StatusChange[]) => applyStatusChanges(db, changes), { key: (c) => c.taskId, size: (c) => messageBytes(c.message) }),
+    applyStatusChange: new StatementBatcher((changes: StatusChange[]) => applyStatusChanges(db, changes), { key: (c) => c.taskId, size: (c) => parameterBytes(c.message) }),
     beginRun: new StatementBatcher((runs: RunStart[]) => beginRuns(db, runs), { key: (r) => r.taskId }),
   };
 }
