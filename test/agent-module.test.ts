@@ -101,6 +101,8 @@ describe('agent modules', () => {
       // A2A parts (kind) where task API parts (type) belong: before, stored as parts A2A served as [null].
       ['a2a parts', /Invalid reply: reply\.0\.type/],
       ['extra member', /Invalid reply: reply\.meta is not an allowed member/],
+      // Before, stored and served as a member of the artifact, which it replaced (line 1 lost).
+      ['misspelt append', /Invalid artifact: artifact\.apend is not an allowed member/],
     ];
     for (const [text, why] of cases) {
       const { state, message, task } = await finalOf(text);
@@ -118,7 +120,20 @@ describe('agent modules', () => {
       ['throw undefined', 'the agent threw undefined'],
       ['throw string', 'no luck'],
       ['throw object', 'the agent threw {"code":"E_AGENT","detail":"quota"}'],
+      // Before, the first two escaped the run's failure handling (each attempt logged as the
+      // runtime's fault), and the task stayed working until job recovery failed it saying nothing.
+      ['throw getter', 'the agent threw an object that could not be read'],
+      ['throw proxy', 'the agent threw an object that could not be read'],
+      ['throw empty', 'the agent threw TypeError with no message'],
     ]);
+    assert.ok(!stack.workers[0].logs.some((l) => l.includes('agent run failed in the runtime')), 'no failure blamed on the runtime');
+  });
+
+  it('an agent error that mentions stalling is retried like any other (only BullMQ\'s own stalled-too-often failure ends a run as lost)', async () => {
+    // Before, any failure whose message matched /stalled/ failed the task at once as a lost run.
+    const { state, message, task } = await finalOf('throw stalled once');
+    assert.deepEqual({ state, message }, { state: 'completed', message: 'second attempt worked' });
+    assert.deepEqual(task.history.filter((m: any) => m.role === 'agent').map((m: any) => m.parts[0].text), ['first attempt', 'second attempt worked']);
   });
 
   it("a thrown error's message that Postgres cannot store, or of any length, still fails the task, the reason cut to 1,000 characters", async () => {

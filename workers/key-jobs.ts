@@ -4,6 +4,7 @@ import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import { createMigrateDeksProcessor } from './migrate-deks.ts';
 import { createRotateAliasProcessor } from './rotate-alias.ts';
+import { stalledTooOften } from '../queues/stalled.ts';
 import { failKeyJob } from '../domain/crypto/dek-migration.ts';
 
 export type KeyJobProcessor = (job: Job<JobPayloads['key-jobs']>, token?: string) => Promise<unknown>;
@@ -26,7 +27,7 @@ export function createKeyJobsProcessor(services: Services, handBack: AbortSignal
 // failure handling; its key_jobs row is closed here.
 export function onKeyJobFailed(services: Services) {
   return (job: Job<JobPayloads['key-jobs']> | undefined, err: Error): void => {
-    if (!job || !/stalled/i.test(err.message)) return;
+    if (!job || !stalledTooOften(err)) return;
     failKeyJob(services, job.data.job_id, err.message).catch(() => undefined);
   };
 }

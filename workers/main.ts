@@ -21,6 +21,7 @@ import { AgentConfigError, resolveAgent } from './agents/resolve-agent.ts';
 import { failedForGood, recordJobMetrics } from './record-job-metrics.ts';
 import { WorkerMetrics } from '../queues/worker-metrics.ts';
 import { queueConcurrency, type JobPayloads } from '../queues/names.ts';
+import { stalledTooOften } from '../queues/stalled.ts';
 import { onStop } from '../domain/stop-signals.ts';
 
 const cfg = loadConfigOrExit();
@@ -60,7 +61,7 @@ const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks'
 });
 // A job that stalled too often never reaches the processor's own final-attempt handling.
 agentWorker.on('failed', (job: Job<JobPayloads['agent-tasks']> | undefined, err) => {
-  if (!job || !/stalled/i.test(err.message)) return;
+  if (!job || !stalledTooOften(err)) return;
   // Recovery (recover-agent-runs.ts) fails the task later when this cannot.
   failLostRun(services, job.data.task_id, job.data.message_id, `its worker stopped during it too often (${err.message})`).catch(() => undefined);
 });

@@ -41,13 +41,32 @@ function finalOf(result: AgentResult | void) {
 }
 
 // What a failed run says went wrong: the error's message, or what the agent threw when that was no
-// Error (a string as it is; null, an object: named, not "[object Object]").
+// Error (a string as it is; null, an object: named, not "[object Object]"); an Error with no message
+// by its name.
 function failureReason(err: unknown): string {
   if (typeof err === 'string') return err;
-  if (typeof (err as { message?: unknown })?.message === 'string') return publicReason(err);
+  if (typeof (err as { message?: unknown })?.message === 'string') {
+    return publicReason(err) || `the agent threw ${(err as Error).name || 'an error'} with no message`;
+  }
   let shown: string | undefined;
   try { shown = JSON.stringify(err); } catch { /* a BigInt, a cycle: named by its type below */ }
   return `the agent threw ${shown ?? (err === undefined ? 'undefined' : Object.prototype.toString.call(err))}`;
+}
+
+// What the agent threw, if the runtime can read it as it reads failures (its message, whether it is
+// an Error or ended the task); else an Error saying so. A getter or proxy trap that throws would
+// otherwise escape the run's failure handling: the task stayed working until job recovery.
+function readable(thrown: unknown): unknown {
+  try {
+    if (typeof thrown === 'object' && thrown !== null) {
+      failureReason(thrown);
+      void (thrown as { taskEnded?: unknown }).taskEnded;
+      void (thrown instanceof Error);
+    }
+    return thrown;
+  } catch {
+    return new Error(`the agent threw an ${typeof thrown} that could not be read`);
+  }
 }
 
 // A name an agent looks something up by (a secret's key, a provider instance's id). Unchecked,
@@ -215,7 +234,8 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         if (now?.message_bytes != null && workingUnder(now, messageId)) checkRoom(taskId, 'message_bytes', Number(now.message_bytes), tasks.messageBytes(final.message), maxMessageBytes);
       });
       return 'task ended or taken by another run during the run';
-    } catch (err) {
+    } catch (caught) {
+      const err = readable(caught);
       if (outages.has(err as object)) throw err;
       // A refusal fails the run even when the worker is shutting down (another try would meet it again)
       // or the run was aborted meanwhile (failRun's compare-and-set leaves a task that moved on alone).

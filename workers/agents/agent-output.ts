@@ -20,10 +20,11 @@ export const Artifact = Type.Object({
   description: Type.Optional(Type.String()),
   parts: Type.Array(Part, { minItems: 1, maxItems: 1000 }),
   metadata: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
+  extensions: Type.Optional(Type.Array(Type.String())),
   /** With the artifactId of an earlier one: these parts are added to it (A2A streaming). */
   append: Type.Optional(Type.Boolean()),
   lastChunk: Type.Optional(Type.Boolean()),
-});
+}, { additionalProperties: false }); // a misspelt `apend` would otherwise replace the artifact, and be served
 export type Artifact = Static<typeof Artifact>;
 const validateArtifact = compileSchema(Artifact);
 

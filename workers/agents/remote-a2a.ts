@@ -469,7 +469,10 @@ class Mirror {
     if (!a.append && this.seenArtifacts.get(a.artifactId) === body) return;
     this.seenArtifacts.set(a.artifactId, body);
     this.answering = undefined;
-    await this.ctx.emitArtifact(a);
+    // A2A's members of an artifact: what else a remote sends is not ours to store (nor accepted).
+    const { artifactId, name, description, parts, metadata, extensions, append, lastChunk } = a;
+    await this.ctx.emitArtifact(Object.fromEntries(Object.entries({ artifactId, name, description, parts, metadata, extensions, append, lastChunk })
+      .filter(([, v]) => v !== undefined)) as unknown as typeof a);
   }
 
   private async status(status: TaskStatus): Promise<AgentResult | undefined> {
