@@ -26,7 +26,7 @@ import { countSecretsToRotate, findActiveRotation, lockAlias, reencryptSecrets, 
 import { countCredentialsToRotate, credentialsToRotate, reencryptCredentials, type CredentialToRotate } from '../db/bridge.ts';
 import type { Budget } from '../db/pagination.ts';
 import { countPushConfigsToRotate, pushConfigsToRotate, reencryptPushConfigs } from '../db/push-configs.ts';
-import { credentialDef, providerDef } from './bridge/catalog.ts';
+import { storedCredentialDef } from './bridge/catalog.ts';
 import { openCredential, sealCredential } from './bridge/credentials.ts';
 import { PUSH_ALIAS } from './push-config.ts';
 
@@ -74,8 +74,8 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
 
 // What a rotation re-encrypts, one kind of row per phase. A batch takes the next rows after the
 // cursor (a row's `key`), re-encrypts each in memory and writes them back with a compare-and-set,
-// so a row rewritten meanwhile keeps its newer value. A row that does not decrypt is its own
-// error; any other failure fails the batch.
+// so a row rewritten meanwhile keeps its newer value. A row that does not decrypt, or that reseal
+// finds Unrotatable, is its own error; any other failure fails the batch.
 interface RotationStore<R, W> {
   /** The next rows of the phase after `cursor` (null: from the start). */
   next(trx: Knex.Transaction, job: KeyJobRow, params: Required<RotationParams>, cursor: string | null, batch: Budget): Promise<R[]>;
@@ -86,6 +86,9 @@ interface RotationStore<R, W> {
   /** Writes those still as read; returns how many were. */
   write(trx: Knex.Transaction, params: Required<RotationParams>, rows: W[]): Promise<number>;
 }
+
+// A row this release cannot re-encrypt, for the reason its message gives.
+class Unrotatable extends Error {}
 
 const reencrypt = async (s: KeyringServices, fromDek: string, ciphertext: string, toDek: string, trx: Knex.Transaction) =>
   encryptWithDek(s, toDek, await decryptWithDek(s, fromDek, ciphertext, trx), trx);
@@ -109,7 +112,9 @@ const credentialStore: RotationStore<CredentialToRotate, Parameters<typeof reenc
   key: (r) => r.id,
   what: (r) => `bridge credential does not decrypt with DEK '${r.dek_id}'`,
   reseal: async (s, r, newDekId, trx) => {
-    const cc = credentialDef(providerDef(r.provider_controller_type_id), r.type_id);
+    const cc = storedCredentialDef(r.provider_controller_type_id, r.type_id);
+    // Which members are sealed is the controller's to say: without it the value stays as it is, readable under its DEK.
+    if (!cc) throw new Unrotatable(`bridge credential's controller '${r.type_id}' of provider '${r.provider_controller_type_id}' is not in this release's catalog: left under DEK '${r.dek_id}'`);
     const plain = await openCredential(s, cc, r, trx);
     return { id: r.id, old_dek_id: r.dek_id, old_value: r.value, value: await sealCredential(s, cc, r.kind, plain, newDekId, trx) };
   },
@@ -158,8 +163,9 @@ export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSi
       try {
         rewritten.push(await store.reseal(s, r, params.new_dek_id, trx));
       } catch (err) {
-        if (!(err instanceof DecryptError)) throw err;
-        errors.push({ id: store.key(r), message: store.what(r) });
+        if (err instanceof Unrotatable) errors.push({ id: store.key(r), message: err.message });
+        else if (err instanceof DecryptError) errors.push({ id: store.key(r), message: store.what(r) });
+        else throw err;
       }
     }
     const updated = await store.write(trx, params, rewritten);

@@ -85,7 +85,7 @@ export const bridgeRoutes = [
     summary: 'List provider instances, newest first, with controllers, enabled functions and credentials (secret members encrypted)',
     query: Type.Object({ ...PageQuery, ...ProviderListQuery }),
     responses: { 200: Paginated(ProviderInstanceDetail), ...requestErrors },
-  }, async ({ query, services }) => instances.listProviderInstances(services.db, query, query.page_size!, query.next_page_token)),
+  }, async ({ query, services, ctx }) => instances.listProviderInstances(services.db, ctx.state.log ?? services.log, query, query.page_size!, query.next_page_token)),
 
   defineRoute({
     method: 'get', path: '/api/bridge/v1/provider/grouped-by-function', operationId: 'list-providers-grouped-by-function', tag, scope: 'bridge:read',
@@ -99,7 +99,7 @@ export const bridgeRoutes = [
     summary: 'A provider instance with its controllers, enabled functions and credentials (secret members encrypted)',
     params: ProviderParams,
     responses: { 200: ProviderInstanceDetail, ...resourceErrors },
-  }, async ({ params, services }) => instances.getProviderInstance(services.db, params.provider_instance_id)),
+  }, async ({ params, services, ctx }) => instances.getProviderInstance(services.db, ctx.state.log ?? services.log, params.provider_instance_id)),
 
   defineRoute({
     method: 'patch', path: provider, operationId: 'update-provider-instance', tag, scope: 'bridge:write',
@@ -151,7 +151,7 @@ export const bridgeRoutes = [
     summary: 'List enabled functions, newest first',
     query: Type.Object({ ...PageQuery, provider_instance_id: Type.Optional(ProviderInstanceId) }),
     responses: { 200: Paginated(FunctionInstance), ...requestErrors },
-  }, async ({ query, services }) => functions.listFunctionInstances(services.db, query, query.page_size!, query.next_page_token)),
+  }, async ({ query, services, ctx }) => functions.listFunctionInstances(services.db, ctx.state.log ?? services.log, query, query.page_size!, query.next_page_token)),
 
   defineRoute({
     method: 'get', path: '/api/bridge/v1/function-instances/openapi.json', operationId: 'function-instances-openapi', tag, scope: 'bridge:read',

@@ -46,7 +46,7 @@ export const mcpRoutes = [
       if (typeof value === 'string') headers.set(name, value);
     }
     const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
-    const server = createMcpServer(services, clientGone(ctx));
+    const server = createMcpServer(services, clientGone(ctx), ctx.state.log ?? services.log);
     try {
       await server.connect(transport);
       const answer = await transport.handleRequest(new Request(`http://mcp.invalid${ctx.originalUrl}`, { method: 'POST', headers }), { parsedBody: body });

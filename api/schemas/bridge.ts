@@ -16,6 +16,11 @@ export const ReturnAddress = Type.Object({
 
 // What every controller in the catalog says of itself.
 const controllerFields = { type_id: Type.String(), name: Type.String(), documentation: Type.String() };
+// A stored provider instance still shows a provider or credential controller a release removed from
+// the catalog, as a stand-in that says so (domain/bridge/catalog.ts describeStoredProvider).
+const retired = Type.Optional(Type.Literal(true, {
+  description: 'present only on a stand-in for a controller this release\'s catalog no longer has, which a stored provider instance names: it offers nothing, and the instance can be read, disabled and deleted, not used',
+}));
 
 export const FunctionController = Type.Object({
   ...controllerFields,
@@ -31,6 +36,7 @@ export const CredentialController = Type.Object({
   requires_resource_server_credential_refreshing: Type.Boolean(),
   requires_user_credential_refreshing: Type.Boolean(),
   configuration_schema: Type.Object({ resource_server: FreeObject, user_credential: FreeObject }),
+  retired,
 }, { $id: 'CredentialController' });
 export type CredentialController = Static<typeof CredentialController>;
 
@@ -39,6 +45,7 @@ export const ProviderController = Type.Object({
   categories: Type.Array(Type.String()),
   credential_controllers: Type.Array(CredentialController),
   functions: Type.Array(FunctionController),
+  retired,
 }, { $id: 'ProviderController' });
 export type ProviderController = Static<typeof ProviderController>;
 

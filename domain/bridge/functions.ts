@@ -5,23 +5,24 @@ import type { Services } from '../services.ts';
 import { PAGE_MAX_BYTES, pageTokens } from '../../db/pagination.ts';
 import * as repo from '../../db/bridge.ts';
 import type { FunctionInstance, InvokeResult } from '../../api/schemas/bridge.ts';
-import { PROVIDERS, checkAgainst, credentialDef, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
+import { PROVIDERS, checkAgainst, credentialDef, describedPage, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
 import { unsealCredential } from './credentials.ts';
 import { credentialAttacher, credentialIds, toFunctionInstance, toProviderInstance } from './provider-instances.ts';
 import { inSnapshot } from '../../db/snapshot.ts';
+import type { Logger } from '../logger.ts';
 
 type InvokeServices = Pick<Services, 'db' | 'cfg' | 'log'>;
 
 export async function enableFunction(db: Knex, providerInstanceId: string, functionTypeId: string): Promise<FunctionInstance> {
-  const row = await db.transaction(async (trx) => {
+  const { row, f } = await db.transaction(async (trx) => {
     // FOR SHARE: the instance cannot be deleted between the check and the insert.
     const instance = await repo.getProviderInstance(trx, providerInstanceId, 'share');
     if (!instance) throw new NotFound('provider_instance', providerInstanceId);
-    const f = functionDef(providerDef(instance.provider_controller_type_id), functionTypeId);
-    return repo.insertFunctionInstance(trx, { provider_instance_id: providerInstanceId, function_controller_type_id: f.type_id, provider_controller_type_id: instance.provider_controller_type_id });
+    const def = functionDef(providerDef(instance.provider_controller_type_id), functionTypeId);
+    return { f: def, row: await repo.insertFunctionInstance(trx, { provider_instance_id: providerInstanceId, function_controller_type_id: def.type_id, provider_controller_type_id: instance.provider_controller_type_id }) };
   });
   if (!row) throw new Conflict(`Function '${functionTypeId}' is already enabled on provider instance '${providerInstanceId}'`, { resource: 'function_instance', id: functionTypeId });
-  return toFunctionInstance(row);
+  return toFunctionInstance({ row, f: describeFunction(f) });
 }
 
 export async function disableFunction(db: Knex, providerInstanceId: string, functionTypeId: string): Promise<void> {
@@ -31,9 +32,12 @@ export async function disableFunction(db: Knex, providerInstanceId: string, func
   }
 }
 
-export async function listFunctionInstances(db: Knex, filter: { provider_instance_id?: string }, pageSize: number, token?: string): Promise<{ items: FunctionInstance[]; next_page_token?: string }> {
+// A function the catalog no longer has is left out (logged); the page's token is that of the rows read.
+export async function listFunctionInstances(
+  db: Knex, log: Logger, filter: { provider_instance_id?: string }, pageSize: number, token?: string,
+): Promise<{ items: FunctionInstance[]; next_page_token?: string }> {
   const page = await repo.listFunctionInstances(db, filter, pageSize, token);
-  return { ...page, items: page.items.map(toFunctionInstance) };
+  return { ...page, items: describedPage(page.items, log, 'function instances list').map(toFunctionInstance) };
 }
 
 // Params are checked first (400), then that the function is enabled (404) and the instance

@@ -13,9 +13,10 @@ import {
 import type { Services } from '../services.ts';
 import { AppError, InvalidRequest, NotFound, type FieldError } from '../errors.ts';
 import { functionInstancesByIdPrefix, getFunctionInstance, getProviderInstance, listFunctionInstances, type FunctionInstanceRow } from '../../db/bridge.ts';
-import { describeFunction, functionDef, PROVIDERS, providerDef } from './catalog.ts';
+import { describedPage, PROVIDERS } from './catalog.ts';
 import { invokeFunction } from './functions.ts';
 import { SERVICE_VERSION } from '../version.ts';
+import type { Logger } from '../logger.ts';
 
 // A protocol error as the client should read it. The SDK sends an error's message as it is, and its
 // own McpError's message starts "MCP error <code>: ", which SDK clients then prefix again.
@@ -86,7 +87,9 @@ function advertisedInputSchema(parameters: Record<string, unknown>): Tool['input
   return rest as Tool['inputSchema'];
 }
 
-export async function listTools(db: Services['db'], cursor?: string): Promise<{ tools: Tool[]; nextCursor?: string }> {
+// A function the catalog no longer has is no tool (logged); the cursor is that of the rows read, so a
+// page may hold fewer tools than TOOLS_PAGE, even none, and its cursor still leads to the rest.
+export async function listTools(db: Services['db'], log: Logger, cursor?: string): Promise<{ tools: Tool[]; nextCursor?: string }> {
   let page;
   try {
     page = await listFunctionInstances(db, {}, TOOLS_PAGE, cursor);
@@ -94,10 +97,8 @@ export async function listTools(db: Services['db'], cursor?: string): Promise<{ 
     if (err instanceof InvalidRequest) throw new McpRefusal(ErrorCode.InvalidParams, 'Invalid params: params.cursor: is not a cursor this server gave');
     throw err;
   }
-  const tools = page.items.map((row) => {
-    const f = describeFunction(functionDef(providerDef(row.provider_controller_type_id), row.function_controller_type_id));
-    return { name: toolName(row), title: f.name, description: f.documentation, inputSchema: advertisedInputSchema(f.parameters) };
-  });
+  const tools = describedPage(page.items, log, 'MCP tools/list').map(({ row, f }) => (
+    { name: toolName(row), title: f.name, description: f.documentation, inputSchema: advertisedInputSchema(f.parameters) }));
   return { tools, ...(page.next_page_token ? { nextCursor: page.next_page_token } : {}) };
 }
 
@@ -120,8 +121,9 @@ export async function callTool(services: Services, name: string, args: Record<st
     const { type: _type, ...output } = result as Record<string, unknown>;
     return { structuredContent: output, content: [{ type: 'text', text: JSON.stringify(output) }] };
   } catch (err) {
-    // Not enabled (or deleted meanwhile): no such tool.
-    if (err instanceof NotFound) throw unknown();
+    // Not enabled (or deleted meanwhile): no such tool. A credential controller the catalog no longer
+    // has is this listed tool's failure, not its absence.
+    if (err instanceof NotFound && err.data.resource !== 'credential_controller') throw unknown();
     if (err instanceof AppError) return failure(err.message);
     throw err;
   }
@@ -138,10 +140,10 @@ async function guarded<T>(services: Services, what: string, fn: () => Promise<T>
   }
 }
 
-// `signal`: the HTTP client is gone (a tool call in flight abandons its provider call).
-export function createMcpServer(services: Services, signal?: AbortSignal): Server {
+// `signal`: the HTTP client is gone (a tool call in flight abandons its provider call); `log`: the request's.
+export function createMcpServer(services: Services, signal?: AbortSignal, log = services.log): Server {
   const server = new Server({ name: 'taskbridge-bridge', version: SERVICE_VERSION }, { capabilities: { tools: {} } });
-  server.setRequestHandler(ListToolsRequestSchema, async ({ params }) => guarded(services, 'tools/list', () => listTools(services.db, params?.cursor)));
+  server.setRequestHandler(ListToolsRequestSchema, async ({ params }) => guarded(services, 'tools/list', () => listTools(services.db, log, params?.cursor)));
   server.setRequestHandler(CallToolRequestSchema, async ({ params }) =>
     guarded(services, 'tools/call', () => callTool(services, params.name, params.arguments ?? {}, signal)));
   return server;

@@ -3,15 +3,16 @@ import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
 import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
-import type { CredentialKind, FunctionInstanceRow, ProviderInstanceRow } from '../../db/bridge.ts';
+import type { CredentialKind, ProviderInstanceRow } from '../../db/bridge.ts';
 import type { Tx } from '../../db/knex.ts';
 import type {
   CreateProviderInstanceRequest, FunctionInstance, ProviderInstance, ProviderInstanceDetail, UpdateProviderInstanceRequest,
 } from '../../api/schemas/bridge.ts';
-import { credentialDef, describeCredential, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
+import { credentialDef, describedPage, describeStoredCredential, describeStoredProvider, providerDef, type DescribedInstance } from './catalog.ts';
 import { toCredential } from './credentials.ts';
 import type { CredentialControllerDef } from './types.ts';
 import { inSnapshot } from '../../db/snapshot.ts';
+import type { Logger } from '../logger.ts';
 
 export function toProviderInstance(r: ProviderInstanceRow): ProviderInstance {
   const out: Record<string, unknown> = {
@@ -25,12 +26,10 @@ export function toProviderInstance(r: ProviderInstanceRow): ProviderInstance {
   return out as unknown as ProviderInstance;
 }
 
-export function toFunctionInstance(r: FunctionInstanceRow): FunctionInstance {
+export function toFunctionInstance({ row: r, f }: DescribedInstance): FunctionInstance {
   return {
     function_controller_type_id: r.function_controller_type_id, provider_controller_type_id: r.provider_controller_type_id,
-    provider_instance_id: r.provider_instance_id,
-    controller: describeFunction(functionDef(providerDef(r.provider_controller_type_id), r.function_controller_type_id)),
-    created_at: r.created_at, updated_at: r.updated_at,
+    provider_instance_id: r.provider_instance_id, controller: f, created_at: r.created_at, updated_at: r.updated_at,
   } as unknown as FunctionInstance;
 }
 
@@ -96,36 +95,36 @@ export async function credentialAttacher(db: Tx, rows: ProviderInstanceRow[]): P
   };
 }
 
-// Instances with their controllers, enabled functions and credentials.
-async function withDetails(db: Tx, rows: ProviderInstanceRow[]): Promise<ProviderInstanceDetail[]> {
+// Instances with their controllers, enabled functions and credentials. An instance whose provider or
+// credential controller the catalog no longer has is shown with a stand-in for it; a function it
+// no longer has is left out (logged, for the answer `what`).
+async function withDetails(db: Tx, rows: ProviderInstanceRow[], log: Logger, what: string): Promise<ProviderInstanceDetail[]> {
   const [functions, attach] = await Promise.all([repo.functionInstancesOf(db, rows.map((r) => r.id)), credentialAttacher(db, rows)]);
-  return rows.map((r) => {
-    const provider = providerDef(r.provider_controller_type_id);
-    return attach({
-      ...toProviderInstance(r),
-      controller: describeProvider(provider),
-      credential_controller: describeCredential(credentialDef(provider, r.credential_controller_type_id)),
-      functions: functions.filter((f) => f.provider_instance_id === r.id).map(toFunctionInstance),
-    }, r) as unknown as ProviderInstanceDetail;
-  });
+  const described = describedPage(functions, log, what);
+  return rows.map((r) => attach({
+    ...toProviderInstance(r),
+    controller: describeStoredProvider(r.provider_controller_type_id),
+    credential_controller: describeStoredCredential(r.provider_controller_type_id, r.credential_controller_type_id),
+    functions: described.filter((f) => f.row.provider_instance_id === r.id).map(toFunctionInstance),
+  }, r) as unknown as ProviderInstanceDetail);
 }
 
 export async function listProviderInstances(
-  db: Knex, filter: { status?: string; provider_controller_type_id?: string }, pageSize: number, token?: string,
+  db: Knex, log: Logger, filter: { status?: string; provider_controller_type_id?: string }, pageSize: number, token?: string,
 ): Promise<{ items: ProviderInstanceDetail[]; next_page_token?: string }> {
   // One snapshot: brokering again replaces the user credential and deletes the old one, so an
   // instance read before could name a credential gone by the next statement.
   return inSnapshot(db, async (trx) => {
     const page = await repo.listProviderInstances(trx, filter, pageSize, token);
-    return { ...page, items: await withDetails(trx, page.items) };
+    return { ...page, items: await withDetails(trx, page.items, log, 'provider instances list') };
   });
 }
 
-export async function getProviderInstance(db: Knex, id: string): Promise<ProviderInstanceDetail> {
+export async function getProviderInstance(db: Knex, log: Logger, id: string): Promise<ProviderInstanceDetail> {
   return inSnapshot(db, async (trx) => {
     const row = await repo.getProviderInstance(trx, id);
     if (!row) throw new NotFound('provider_instance', id);
-    return (await withDetails(trx, [row]))[0];
+    return (await withDetails(trx, [row], log, `provider instance '${id}'`))[0];
   });
 }
 
