@@ -1,6 +1,7 @@
 // `npm run cli -- keys create|list|revoke`: API key management, and `jobs list|watch`: key jobs'
-// progress (scripts/watch-job.ts), from the command line. It only needs Postgres, so it works while
-// Redis (or the whole service) is down.
+// progress (scripts/watch-job.ts), from the command line. They only need Postgres, so they work while
+// Redis (or the whole service) is down. `definition apply` (scripts/apply-definition.ts) talks to a
+// running installation's API instead.
 import { parseArgs } from 'node:util';
 import { loadDatabaseConfig, ConfigError } from '../domain/config.ts';
 import { createDb } from '../db/knex.ts';
@@ -11,6 +12,7 @@ import { createApiKey, revokeApiKey, SCOPES, type Scope } from '../domain/api-ke
 import { listEndedJobs, listJobs, watchJob } from './watch-job.ts';
 import { localPostgresUrl } from './local-services.ts';
 import { NoControlChars } from '../api/schemas/common.ts';
+import { applyDefinition, ApplyAborted, DefinitionFileError, readDefinition } from './apply-definition.ts';
 
 const USAGE = `Usage: npm run cli -- <command>
 
@@ -23,9 +25,15 @@ Commands:
   jobs list --ended [--json]
                           key jobs ended in the last 24 hours, newest first, with each one's first error
   jobs watch <job id>     a key job's progress until it ends (exit 0 when it completed with no item failed, 1 otherwise)
+  definition apply <file> [--url <api base>] [--dry-run]
+                          apply a definition export (GET /api/a2a/v1/definition) to a running installation
+                          through its API: what is there already is skipped, what is there otherwise is a
+                          conflict, left as it is (exit 1); --dry-run says what it would write, writing nothing
 
 Scopes: ${SCOPES.join(', ')}
-Database: DATABASE_URL, or else the local Postgres that \`npm start\` runs under DATA_DIR (default .data).`;
+Database (keys, jobs): DATABASE_URL, or else the local Postgres that \`npm start\` runs under DATA_DIR (default .data).
+API (definition): --url, default http://127.0.0.1:$PORT (PORT default 3000); the key from TASKBRIDGE_API_KEY
+(an admin key; never an argument, which other users can read in ps).`;
 
 class UsageError extends Error {}
 
@@ -37,7 +45,8 @@ type Args =
   | { command: 'list'; json: boolean }
   | { command: 'revoke'; id: string }
   | { command: 'jobs-list'; json: boolean; ended: boolean }
-  | { command: 'jobs-watch'; id: string };
+  | { command: 'jobs-watch'; id: string }
+  | { command: 'definition-apply'; file: string; url?: string; dryRun: boolean };
 
 function parse(argv: string[]): Args {
   let parsed;
@@ -47,18 +56,25 @@ function parse(argv: string[]): Args {
       allowPositionals: true,
       // multiple: parseArgs would otherwise keep the last of a repeated option without a word
       // (`--scopes a2a --scopes task:read` made a task:read key).
-      options: { name: { type: 'string', multiple: true }, scopes: { type: 'string', multiple: true }, json: { type: 'boolean', default: false }, ended: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false } },
+      options: {
+        name: { type: 'string', multiple: true }, scopes: { type: 'string', multiple: true }, json: { type: 'boolean', default: false }, ended: { type: 'boolean', default: false },
+        url: { type: 'string', multiple: true }, 'dry-run': { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false },
+      },
     });
   } catch (e) {
     throw new UsageError((e as Error).message);
   }
   const { positionals } = parsed;
-  for (const opt of ['name', 'scopes'] as const) {
+  for (const opt of ['name', 'scopes', 'url'] as const) {
     if ((parsed.values[opt]?.length ?? 0) > 1) throw new UsageError(`--${opt} given more than once${opt === 'scopes' ? ': list the scopes in one, comma-separated' : ''}`);
   }
-  const values = { ...parsed.values, name: parsed.values.name?.[0], scopes: parsed.values.scopes?.[0] };
+  const values = { ...parsed.values, name: parsed.values.name?.[0], scopes: parsed.values.scopes?.[0], url: parsed.values.url?.[0] };
   const [group, command, ...rest] = positionals;
   if (values.help) return { help: true };
+  if (group === 'definition') return parseDefinition(command, rest, values);
+  for (const opt of ['url', 'dry-run'] as const) {
+    if (values[opt] !== undefined && values[opt] !== false) throw new UsageError(`--${opt} is only for definition apply`);
+  }
   if (group === 'jobs') return parseJobs(command, rest, values);
   if (group !== 'keys') throw new UsageError(group ? `Unknown command '${group}'` : 'No command given');
   const allowed: Record<string, string[]> = { create: ['name', 'scopes', 'json'], list: ['json'], revoke: [] };
@@ -102,6 +118,39 @@ function parseJobs(command: string | undefined, rest: string[], values: { name?:
   return { command: 'jobs-watch', id: rest[0] };
 }
 
+function parseDefinition(command: string | undefined, rest: string[], values: { name?: string; scopes?: string; json: boolean; ended: boolean; url?: string; 'dry-run': boolean }): Args {
+  if (command !== 'apply') throw new UsageError(command ? `Unknown definition command '${command}'` : 'definition needs a command: apply');
+  for (const opt of ['name', 'scopes', 'json', 'ended'] as const) {
+    if (values[opt] !== undefined && values[opt] !== false) throw new UsageError(`definition apply does not take --${opt}`);
+  }
+  if (rest.length !== 1) throw new UsageError('definition apply needs exactly one file');
+  if (values.url !== undefined && !/^https?:\/\//.test(values.url)) throw new UsageError(`--url '${values.url}' is not an http(s) URL`);
+  return { command: 'definition-apply', file: rest[0], url: values.url, dryRun: values['dry-run'] };
+}
+
+async function applyCommand(args: Extract<Args, { command: 'definition-apply' }>): Promise<number> {
+  const apiKey = process.env.TASKBRIDGE_API_KEY;
+  if (!apiKey) {
+    console.error('Error: TASKBRIDGE_API_KEY is not set: set it to an admin API key of the target installation');
+    return 2;
+  }
+  try {
+    const def = await readDefinition(args.file);
+    const url = args.url ?? `http://127.0.0.1:${process.env.PORT || 3000}`;
+    return await applyDefinition(def, { url, apiKey, dryRun: args.dryRun, out: (l) => console.log(l), err: (l) => console.error(l) });
+  } catch (e) {
+    if (e instanceof DefinitionFileError) {
+      console.error(`Error: ${e.message}`);
+      return 2;
+    }
+    if (e instanceof ApplyAborted) {
+      console.error(`Error: ${e.message}; stopped (what was applied so far stays: running this again goes on from there)`);
+      return 1;
+    }
+    throw e;
+  }
+}
+
 // Failing to reach or log in to Postgres: no connection made (connectionFailed), or refused
 // (SQLSTATE classes 08 connection, 28 authorization, 3D000 no such database).
 const cannotConnect = (e: unknown) => {
@@ -124,6 +173,7 @@ async function main(argv: string[]): Promise<number> {
     console.log(USAGE);
     return 0;
   }
+  if (args.command === 'definition-apply') return applyCommand(args);
   const env = { ...process.env };
   // Named in a failure to connect, so the operator knows which setting to correct.
   const source = env.DATABASE_URL ? 'DATABASE_URL' : `DATABASE_URL unset: npm start's under DATA_DIR=${env.DATA_DIR || '.data'}`;

@@ -22,7 +22,8 @@ export function toCredential(r: CredentialRow): Credential {
   } as unknown as Credential;
 }
 
-const sensitiveOf = (cc: CredentialControllerDef, kind: CredentialKind) => (kind === 'user' ? cc.sensitive.user : cc.sensitive.resource_server);
+// The members of a credential of `kind` stored only sealed (an export carries them as ciphertexts).
+export const sensitiveOf = (cc: CredentialControllerDef, kind: CredentialKind) => (kind === 'user' ? cc.sensitive.user : cc.sensitive.resource_server);
 
 export async function createCredential(
   s: KeyringServices, kind: CredentialKind, providerTypeId: string, credentialTypeId: string, input: CreateCredentialRequest,

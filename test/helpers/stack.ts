@@ -204,9 +204,8 @@ export async function resetDb(): Promise<void> {
 }
 
 // Rows per table (but the migrations' and `except`), in one statement: what a refused request must
-// leave as it was.
-export async function tableRowCounts(except: string[] = []): Promise<Record<string, number>> {
-  const db = testDb();
+// leave as it was. Of the test database unless `db` names another.
+export async function tableRowCounts(except: string[] = [], db: Db = testDb()): Promise<Record<string, number>> {
   const tables = (await appTables(db)).filter((t) => !except.includes(t));
   const { rows } = await db.raw(tables.map((t) => `select '${t}' as t, count(*)::int as n from "${t}"`).join(' union all '));
   return Object.fromEntries(rows.map((r: { t: string; n: number }) => [r.t, r.n]));

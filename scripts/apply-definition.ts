@@ -1,0 +1,276 @@
+// `npm run cli -- definition apply <file>`: applies a definition export (GET /api/a2a/v1/definition) to
+// a running installation through its HTTP API, each part after those it needs: envelope keys (only
+// checked: see missingKeysMessage), DEKs under them with their ids, aliases, secrets, then each
+// provider's credentials, the instance and its functions. An item already there as the file has it
+// is skipped, one there otherwise is a conflict left as it is (domain/definition-match.ts), so applying
+// twice, or after a run cut short, writes only what is missing. Prints ids, keys and names, never a
+// value, token or key material (the file holds those only sealed anyway).
+import fs from 'node:fs/promises';
+import { Definition } from '../api/schemas/definition.ts';
+import type { CredentialKind } from '../db/bridge.ts';
+import { InvalidRequest } from '../domain/errors.ts';
+import { checkValid, compileSchema } from '../domain/schema-check.ts';
+import { DEFAULT_ALIAS } from '../domain/crypto/key-management.ts';
+import {
+  aliasTargets, credentialDifference, providerDifference, secretDifference, settableStatus,
+  type DefinitionCredential, type DefinitionProvider, type DefinitionSecret,
+} from '../domain/definition-match.ts';
+
+const FORMAT = 'taskbridge-definition/v1';
+const KINDS = ['deks', 'aliases', 'secrets', 'credentials', 'providers', 'functions'] as const;
+type Kind = (typeof KINDS)[number];
+type Outcome = 'created' | 'present' | 'conflict' | 'failed';
+type Found = { state: 'absent' } | { state: 'present' } | { state: 'conflict'; why: string };
+const absent: Found = { state: 'absent' };
+const present: Found = { state: 'present' };
+const differing = (why: string | undefined): Found => (why === undefined ? present : { state: 'conflict', why });
+
+// Secrets are independent of one another: a few requests at once keep a large export from taking a
+// round trip after another.
+const SECRETS_AT_ONCE = 8;
+const PROGRESS_EVERY = 500;
+const REQUEST_TIMEOUT_MS = 60_000;
+
+// The file cannot be applied at all (exit 2).
+export class DefinitionFileError extends Error {}
+// The run cannot go on: the API out of reach, the key refused (exit 1).
+export class ApplyAborted extends Error {}
+// An answer the step did not expect: the item failed.
+class Refused extends Error {}
+
+// Read whole: no streaming JSON parser is among the dependencies, so an export takes its size
+// several times over in memory while it is parsed.
+export async function readDefinition(file: string): Promise<Definition> {
+  let text: string;
+  try {
+    text = await fs.readFile(file, 'utf8');
+  } catch (e) {
+    throw new DefinitionFileError(`cannot read ${file}: ${(e as Error).message}`);
+  }
+  let doc: unknown;
+  try {
+    doc = JSON.parse(text);
+  } catch (e) {
+    throw new DefinitionFileError(`${file} is not JSON: ${(e as Error).message}`);
+  }
+  const format = (doc as { format?: unknown } | null)?.format;
+  if (format !== FORMAT) throw new DefinitionFileError(`${file} is not a definition export: its format is ${JSON.stringify(format)}, not "${FORMAT}" (GET /api/a2a/v1/definition writes one)`);
+  try {
+    checkValid(compileSchema(Definition), doc, 'file');
+  } catch (e) {
+    if (e instanceof InvalidRequest) throw new DefinitionFileError(`${file} is not a valid definition export: ${e.message}`);
+    throw e;
+  }
+  return doc as Definition;
+}
+
+interface Answer { status: number; body: any }
+
+function api(base: string, key: string) {
+  return async (method: string, path: string, body?: unknown): Promise<Answer> => {
+    let res: Response;
+    try {
+      res = await fetch(base + path, {
+        method, signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+        headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+    } catch (e) {
+      throw new ApplyAborted(`cannot reach the API at ${base}: ${((e as Error).cause as Error | undefined)?.message ?? (e as Error).message}`);
+    }
+    const text = await res.text();
+    let parsed: unknown;
+    try { parsed = text ? JSON.parse(text) : undefined; } catch { parsed = undefined; }
+    if (res.status === 401) throw new ApplyAborted(`the API at ${base} refused TASKBRIDGE_API_KEY (401)`);
+    if (res.status === 403) throw new ApplyAborted(`TASKBRIDGE_API_KEY may not ${method} ${path.split('?')[0]} (403): use an admin key`);
+    return { status: res.status, body: parsed };
+  };
+}
+
+const expect = (a: Answer, ...ok: number[]): Answer => {
+  if (!ok.includes(a.status)) throw new Refused(`${a.status} ${a.body?.message ?? ''}`.trim());
+  return a;
+};
+const lookup = (a: Answer): Answer | undefined => (expect(a, 200, 404).status === 200 ? a : undefined);
+const enc = encodeURIComponent;
+
+export interface ApplyOptions { url: string; apiKey: string; dryRun: boolean; out(line: string): void; err(line: string): void }
+
+export async function applyDefinition(def: Definition, opts: ApplyOptions): Promise<number> {
+  const call = api(opts.url.replace(/\/+$/, ''), opts.apiKey);
+  const { out, err, dryRun } = opts;
+  const tally = Object.fromEntries(KINDS.map((k) => [k, { created: 0, present: 0, conflict: 0, failed: 0 }])) as Record<Kind, Record<Outcome, number>>;
+  const totals = {
+    deks: def.envelope_keys.reduce((n, k) => n + k.data_encryption_keys.length, 0),
+    aliases: def.envelope_keys.reduce((n, k) => n + k.data_encryption_keys.reduce((m, d) => m + d.aliases.length, 0), 0),
+    secrets: def.secrets.length,
+    credentials: new Set(def.providers.flatMap((p) => [p.resource_server_credential?.id, p.user_credential?.id].filter(Boolean))).size,
+    providers: def.providers.length,
+    functions: def.providers.reduce((n, p) => n + p.functions.length, 0),
+  };
+  const counted = (kind: Kind) => Object.values(tally[kind]).reduce((a, b) => a + b, 0);
+  const line = (kind: Kind) => {
+    const t = tally[kind];
+    return `${kind}: ${t.created} ${dryRun ? 'to create' : 'created'}, ${t.present} already there, ${t.conflict} conflicts, ${t.failed} failed`;
+  };
+
+  // One item: looked up, then written when absent (not in a dry run). `write` may find it there after all.
+  const item = async (kind: Kind, name: string, look: () => Promise<Found>, write: () => Promise<'created' | 'present'>): Promise<Outcome> => {
+    let outcome: Outcome;
+    try {
+      const found = await look();
+      if (found.state === 'conflict') err(`conflict: ${name}: ${found.why}; left as it is`);
+      outcome = found.state === 'absent' ? (dryRun ? 'created' : await write()) : found.state;
+    } catch (e) {
+      if (!(e instanceof Refused)) throw e;
+      err(`failed: ${name}: ${e.message}`);
+      outcome = 'failed';
+    }
+    tally[kind][outcome] += 1;
+    const n = counted(kind);
+    if (n % PROGRESS_EVERY === 0 && n < totals[kind]) out(`${kind}: ${n}/${totals[kind]}`);
+    return outcome;
+  };
+  const created = (a: Answer) => {
+    expect(a, 201, 200);
+    return 'created' as const;
+  };
+
+  // Envelope keys first: every DEK needs its own, and the API cannot bring one's key material over.
+  const missing = [];
+  for (const k of def.envelope_keys) {
+    if (!lookup(await call('GET', `/api/encryption/v1/envelope/${enc(k.id)}`))) missing.push(k);
+  }
+  if (missing.length) {
+    err(missingKeysMessage(missing));
+    return 1;
+  }
+  out(`envelope keys: all ${def.envelope_keys.length} on the target${dryRun ? ' (dry run: nothing is written)' : ''}`);
+
+  for (const k of def.envelope_keys) {
+    for (const d of k.data_encryption_keys) {
+      await item('deks', `DEK ${d.id}`, async () => {
+        // Looked up by alias first, then by id: another DEK's alias of that name is not this DEK.
+        const there = lookup(await call('GET', `/api/encryption/v1/dek/alias/${enc(d.id)}`));
+        if (!there || there.body.id !== d.id) return absent;
+        if (there.body.envelope_encryption_key_id.id !== k.id) return differing(`it is under envelope key ${there.body.envelope_encryption_key_id.id}, not ${k.id}`);
+        return differing(there.body.encrypted_data_encryption_key === d.encrypted_data_encryption_key ? undefined : 'it is wrapped otherwise');
+      }, async () => {
+        const a = await call('POST', `/api/encryption/v1/envelope/${enc(k.id)}/dek/import`, { id: d.id, encrypted_data_encryption_key: d.encrypted_data_encryption_key });
+        if (a.status === 400 && /does not unwrap/.test(a.body?.message)) {
+          throw new Refused(`400 ${a.body.message}: is the target's key ${k.id} the source's? An installation started before the key files were copied made its own`);
+        }
+        return created(a);
+      });
+    }
+  }
+  out(line('deks'));
+
+  const aliases = aliasTargets(def);
+  for (const [alias, dekId] of aliases) {
+    let before: string | undefined;
+    await item('aliases', `alias ${alias}`, async () => {
+      const there = lookup(await call('GET', `/api/encryption/v1/dek/alias/${enc(alias)}`));
+      before = there?.body.id;
+      if (!there || before === dekId) return there ? present : absent;
+      // Every installation has a `default` from its first start, pointing at a DEK of its own.
+      if (alias === DEFAULT_ALIAS) return absent;
+      return differing(`it names DEK ${before}, not ${dekId}`);
+    }, async () => {
+      if (before === undefined) return created(await call('POST', '/api/encryption/v1/dek/alias', { alias, dek_id: dekId }));
+      out(`alias ${alias}: pointed at DEK ${dekId} (it named ${before})`);
+      return created(await call('PUT', `/api/encryption/v1/dek/alias/${enc(alias)}`, { new_dek_id: dekId }));
+    });
+  }
+  out(line('aliases'));
+
+  const applySecret = (s: DefinitionSecret) => item('secrets', `secret ${s.key} (${s.id})`, async () => {
+    const there = lookup(await call('GET', `/api/secret/v1/${s.id}`));
+    if (there) return differing(secretDifference(s, there.body, aliases.get(s.dek_alias)));
+    const sameKey = lookup(await call('GET', `/api/secret/v1/key/${enc(s.key)}`));
+    return sameKey ? differing(`its key is taken by secret ${sameKey.body.id}`) : absent;
+  }, async () => created(await call('POST', '/api/secret/v1/import', {
+    id: s.id, key: s.key, encrypted_value: s.encrypted_value, dek_alias: s.dek_alias, data_encryption_key_id: s.data_encryption_key_id,
+  })));
+  let next = 0;
+  await Promise.all(Array.from({ length: Math.min(SECRETS_AT_ONCE, def.secrets.length) }, async () => {
+    while (next < def.secrets.length) await applySecret(def.secrets[next++]);
+  }));
+  out(line('secrets'));
+
+  const seenCredentials = new Set<string>();
+  for (const p of def.providers) await applyProvider(p);
+  out(line('credentials'));
+  out(line('providers'));
+  out(line('functions'));
+
+  async function applyProvider(p: DefinitionProvider): Promise<void> {
+    const base = `/api/bridge/v1/available-providers/${p.provider_controller_type_id}/available-credentials/${p.credential_controller_type_id}`;
+    const credentials: [CredentialKind, DefinitionCredential | undefined][] = [['resource_server', p.resource_server_credential], ['user', p.user_credential]];
+    let there: Answer | undefined;
+    try {
+      there = lookup(await call('GET', `/api/bridge/v1/provider/${p.id}`));
+    } catch (e) {
+      if (!(e instanceof Refused)) throw e;
+      err(`failed: provider ${p.id}: ${e.message}`);
+      tally.providers.failed += 1;
+      return;
+    }
+    for (const [kind, c] of credentials) {
+      if (!c || seenCredentials.has(c.id)) continue;
+      seenCredentials.add(c.id);
+      const theirs = there?.body[kind === 'user' ? 'user_credential' : 'resource_server_credential'];
+      await item('credentials', `${kind.replace('_', ' ')} credential ${c.id} of provider ${p.id}`, async () => {
+        if (!there) return absent;
+        if (theirs?.id !== c.id) return differing(`provider ${p.id} has ${theirs ? `credential ${theirs.id}` : 'none'} in its place`);
+        return differing(credentialDifference(c, theirs, p.provider_controller_type_id, kind));
+      }, async () => {
+        const a = await call('POST', `${base}/credential/${kind === 'user' ? 'user-credential' : 'resource-server'}/import`, c);
+        // Imported by an earlier run whose instance was not made: no instance shows it to compare.
+        if (a.status === 409 && a.body?.data?.resource === 'credential') return 'present';
+        return created(a);
+      });
+    }
+    const made = await item('providers', `provider ${p.id}`, async () => (there ? differing(providerDifference(p, there.body)) : absent), async () => {
+      created(await call('POST', base, {
+        provider_instance_id: p.id, display_name: p.display_name,
+        ...(p.resource_server_credential ? { resource_server_credential_id: p.resource_server_credential.id } : {}),
+        ...(p.user_credential ? { user_credential_id: p.user_credential.id } : {}),
+        ...(p.return_on_successful_brokering ? { return_on_successful_brokering: p.return_on_successful_brokering } : {}),
+      }));
+      if (p.status === 'disabled') created(await call('PATCH', `/api/bridge/v1/provider/${p.id}`, { status: 'disabled' }));
+      if (settableStatus(p.status) !== p.status) out(`provider ${p.id}: made active; it was ${p.status}, which only a failed token refresh sets`);
+      return 'created';
+    });
+    const enabled = new Set<string>((there?.body.functions ?? []).map((f: { function_controller_type_id: string }) => f.function_controller_type_id));
+    for (const f of p.functions) {
+      if (made === 'failed') {
+        err(`failed: function ${f} of provider ${p.id}: its provider failed`);
+        tally.functions.failed += 1;
+        continue;
+      }
+      await item('functions', `function ${f} of provider ${p.id}`, async () => (enabled.has(f) ? present : absent),
+        async () => created(await call('POST', `/api/bridge/v1/provider/${p.id}/function/${f}/enable`, {})));
+    }
+  }
+
+  const changed = KINDS.some((k) => tally[k].created > 0);
+  const troubles = KINDS.reduce((n, k) => n + tally[k].conflict + tally[k].failed, 0);
+  out(`\nSummary${dryRun ? ' (dry run: nothing was written)' : ''}:`);
+  for (const k of KINDS) out(`  ${line(k)}`);
+  if (!changed && !troubles) out('Nothing to do: everything in the file is already on the target.');
+  if (troubles) out(`${troubles} item(s) not applied: see the conflict and failure lines above.`);
+  return troubles ? 1 : 0;
+}
+
+function missingKeysMessage(keys: Definition['envelope_keys']): string {
+  const named = keys.map((k) => (k.type === 'local' ? `local key ${k.id} (file ${k.file_name})` : `AWS KMS key ${k.id} (${k.region})`));
+  const steps = [
+    keys.some((k) => k.type === 'local') && '  local key: copy the file from the source\'s KEYS_DIR into the target\'s KEYS_DIR (on every web and worker host), then register it:\n'
+      + '    POST /api/encryption/v1/envelope {"type":"local","file_name":"<file>"}   (it adopts the existing 32-byte file)',
+    keys.some((k) => k.type === 'aws_kms') && '  AWS KMS key: grant the target\'s hosts use of the key, then register it:\n'
+      + '    POST /api/encryption/v1/envelope {"type":"aws_kms","arn":"<arn>","region":"<region>"}',
+  ].filter(Boolean);
+  return `Error: the target has no envelope key ${named.join(', ')}; nothing was written.\n`
+    + `Every DEK in the file is wrapped by its envelope key, which this command cannot bring over. For each:\n${steps.join('\n')}\nthen run this again.`;
+}

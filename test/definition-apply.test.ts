@@ -1,0 +1,272 @@
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import { ADMIN_KEY, ROOT, requireEnv, resetDb, startStack, tableRowCounts, type Client, type Stack } from './helpers/stack.ts';
+import { scratchDatabase, type ScratchDatabase } from './helpers/scratch-database.ts';
+import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
+import { migrateLatest } from '../db/knex.ts';
+import { aliasTargets } from '../domain/definition-match.ts';
+
+const E = '/api/encryption/v1';
+const B = '/api/bridge/v1';
+const avail = (p: string, c: string) => `${B}/available-providers/${p}/available-credentials/${c}`;
+const STRIPE_KEY = `sk_test_${randomUUID().replace(/-/g, '')}`;
+const VALUES: Record<string, string> = {
+  'db/password': `pw-${randomUUID()}`, 'api/token': `tok-${randomUUID()}`, 'after-rotation': `rot-${randomUUID()}`,
+  'pay/key': `pk-${randomUUID()}`, 'pay/webhook': `wh-${randomUUID()}`,
+};
+
+interface Run { code: number | null; stdout: string; stderr: string }
+
+// The CLI as the README runs it, with the API key in the environment.
+function cli(args: string[], env: Record<string, string | undefined> = {}): Promise<Run> {
+  const full = { ...process.env, TASKBRIDGE_API_KEY: ADMIN_KEY, ...env };
+  return new Promise((resolve, reject) => {
+    const child = spawn('npm', ['run', '--silent', 'cli', '--', ...args], { cwd: ROOT, env: full as NodeJS.ProcessEnv, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (b) => { stdout += b; });
+    child.stderr.on('data', (b) => { stderr += b; });
+    child.on('error', reject);
+    child.on('exit', (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+async function ok(r: Promise<{ status: number; text: string; body: any }>, status = 201) {
+  const res = await r;
+  assert.equal(res.status, status, res.text);
+  return res.body;
+}
+
+const decrypted = async (c: Client) => {
+  const res = await c.get('/api/secret/v1/list-decrypted?page_size=100');
+  assert.equal(res.status, 200, res.text);
+  return Object.fromEntries(res.body.secrets.map((s: any) => [s.id, { key: s.key, dek_alias: s.dek_alias, value: s.decrypted_value }]));
+};
+
+const provider = async (c: Client, id: string) => {
+  const p = await ok(c.get(`${B}/provider/${id}`), 200);
+  return {
+    id: p.id, display_name: p.display_name, status: p.status, resource_server_credential_id: p.resource_server_credential_id,
+    user_credential_id: p.user_credential_id, functions: p.functions.map((f: any) => f.function_controller_type_id).sort(),
+  };
+};
+
+const exported = async (c: Client) => ok(c.get('/api/a2a/v1/definition'), 200);
+
+// An export as a move keeps it: without what each installation stamps for itself (exported_at,
+// created_at and updated_at) and without ciphertexts an import seals afresh: every credential's
+// sensitive members, and each secret sealed with an older DEK than its alias names (`resealed`): it is
+// re-encrypted under the alias's DEK, which its data_encryption_key_id then names. Such an older DEK
+// is on the target, but nothing there uses it, so an export leaves it out: `used` keeps a source's
+// DEKs to those the target uses.
+function portable(def: any, resealed: Set<string>, used?: Set<string>) {
+  const aliasDek = aliasTargets(def);
+  const { exported_at: _, ...rest } = def;
+  const sealed = (v: Record<string, unknown>, members: string[]) => Object.fromEntries(Object.entries(v).map(([k, x]) => [k, members.includes(k) ? 'sealed' : x]));
+  const credential = (c: any) => c && ({
+    id: c.id, type_id: c.type_id, dek_alias: c.dek_alias, metadata: c.metadata, data_encryption_key_id: c.data_encryption_key_id,
+    value: sealed(c.value, ['api_key', 'client_secret', 'access_token', 'refresh_token']),
+  });
+  return {
+    ...rest,
+    envelope_keys: def.envelope_keys.map((k: any) => ({
+      id: k.id, type: k.type, file_name: k.file_name,
+      data_encryption_keys: k.data_encryption_keys.filter((d: any) => !used || used.has(d.id)).map((d: any) => ({ id: d.id, encrypted_data_encryption_key: d.encrypted_data_encryption_key, aliases: d.aliases })),
+    })),
+    secrets: def.secrets.map((s: any) => ({
+      id: s.id, key: s.key, dek_alias: s.dek_alias,
+      ...(resealed.has(s.id) ? { data_encryption_key_id: aliasDek.get(s.dek_alias), encrypted_value: 'resealed' } : { data_encryption_key_id: s.data_encryption_key_id, encrypted_value: s.encrypted_value }),
+    })),
+    providers: def.providers.map((p: any) => ({ ...p, resource_server_credential: credential(p.resource_server_credential), user_credential: credential(p.user_credential) })),
+  };
+}
+const dekIds = (def: any) => new Set<string>(def.envelope_keys.flatMap((k: any) => k.data_encryption_keys.map((d: any) => d.id)));
+
+describe('npm run cli -- definition apply: an export re-applied to a fresh installation', function () {
+  this.timeout(120_000);
+  let a: Stack;
+  let b: Stack;
+  let scratch: ScratchDatabase;
+  let stripe: FakeProviders;
+  let file: string;
+  let source: any;
+  const ids: Record<string, string> = {};
+  const apply = (...args: string[]) => cli(['definition', 'apply', file, '--url', b.api.url, ...args]);
+  // Nothing the CLI prints may carry a value, a token, a key or a ciphertext of one.
+  const assertNoValues = (r: Run) => {
+    const printed = r.stdout + r.stderr;
+    for (const v of [...Object.values(VALUES), STRIPE_KEY, 'at-123', 'rt-456', ...source.secrets.map((s: any) => s.encrypted_value)]) {
+      assert.ok(!printed.includes(v), `the output shows a value or ciphertext:\n${printed}`);
+    }
+  };
+
+  before(async () => {
+    await resetDb();
+    stripe = await startFakeProviders();
+    const providers = { STRIPE_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true' };
+    a = await startStack(providers, { workers: 0 });
+    const c = a.client;
+
+    // A second envelope key with a custom alias on a DEK of its own.
+    await ok(c.post(`${E}/envelope`, { type: 'local', file_name: 'payments.key' }));
+    const payments = await ok(c.post(`${E}/envelope/payments.key/dek`, {}));
+    await ok(c.post(`${E}/dek/alias`, { alias: 'payments', dek_id: payments.id }));
+    for (const key of ['db/password', 'api/token']) ids[key] = (await ok(c.post('/api/secret/v1', { key, raw_value: VALUES[key] }))).id;
+    // `default` moved to a new DEK: the secrets above stay under the older one.
+    const newer = await ok(c.post(`${E}/envelope/default-envelope.key/dek`, {}));
+    await ok(c.put(`${E}/dek/alias/default`, { new_dek_id: newer.id }), 200);
+    for (const key of ['after-rotation']) ids[key] = (await ok(c.post('/api/secret/v1', { key, raw_value: VALUES[key] }))).id;
+    for (const key of ['pay/key', 'pay/webhook']) ids[key] = (await ok(c.post('/api/secret/v1', { key, raw_value: VALUES[key], dek_alias: 'payments' }))).id;
+
+    const card = await ok(c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY }, metadata: { team: 'billing' }, dek_alias: 'payments' }));
+    await ok(c.post(avail('stripe', 'api_key'), { provider_instance_id: 'pay', display_name: 'Payments', resource_server_credential_id: card.id }));
+    await ok(c.post(`${B}/provider/pay/function/stripe_process_refund/enable`, {}));
+    const rs = await ok(c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`, { value: { client_id: 'c', client_secret: 's', redirect_uri: 'https://example.com/cb' } }));
+    const user = await ok(c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/user-credential`, { value: { access_token: 'at-123', refresh_token: 'rt-456', expiry_time: '2099-01-01T00:00:00Z' } }));
+    await ok(c.post(avail('google_mail', 'oauth_auth_flow'), { provider_instance_id: 'mail', display_name: 'Mail', resource_server_credential_id: rs.id, user_credential_id: user.id }));
+    await ok(c.post(`${B}/provider/mail/function/google_mail_send_email/enable`, {}));
+    await ok(c.patch(`${B}/provider/mail`, { status: 'disabled' }), 200);
+
+    file = path.join(a.env.DATA_DIR, 'definition.json');
+    const res = await c.get('/api/a2a/v1/definition');
+    assert.equal(res.status, 200);
+    fs.writeFileSync(file, res.text);
+    source = res.body;
+
+    // The target: a database of its own, and the source's key files copied before its first start.
+    scratch = await scratchDatabase('apply');
+    await migrateLatest(scratch.db);
+    const keysDir = path.join(requireEnv('TEST_DATA_DIR'), `apply-keys-${randomUUID().slice(0, 8)}`);
+    fs.cpSync(path.join(a.env.DATA_DIR, 'keys'), keysDir, { recursive: true });
+    b = await startStack({ ...providers, DATABASE_URL: scratch.url, KEYS_DIR: keysDir }, { workers: 0 });
+  });
+  after(async () => {
+    await a?.stop();
+    await b?.stop();
+    await scratch?.drop();
+    stripe?.close();
+  });
+
+  it('stops before writing anything while an envelope key of the file is not on the target, saying what to do (exit 1)', async () => {
+    const before = await tableRowCounts([], scratch.db);
+    const r = await apply();
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assert.match(r.stderr, /the target has no envelope key local key payments\.key \(file payments\.key\); nothing was written/);
+    assert.match(r.stderr, /copy the file from the source's KEYS_DIR into the target's KEYS_DIR/);
+    assert.match(r.stderr, /POST \/api\/encryption\/v1\/envelope \{"type":"local","file_name":"<file>"\}/);
+    assert.deepEqual(await tableRowCounts([], scratch.db), before);
+  });
+
+  it('applies the whole export once the key file is registered: secrets, aliases, credentials, providers and functions as on the source (exit 0)', async () => {
+    // As the message says: the copied file, registered, is adopted.
+    await ok(b.client.post(`${E}/envelope`, { type: 'local', file_name: 'payments.key' }));
+    const r = await apply();
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assertNoValues(r);
+    const deks = dekIds(source).size;
+    assert.match(r.stdout, new RegExp(`deks: ${deks} created, 0 already there, 0 conflicts, 0 failed`));
+    assert.match(r.stdout, /aliases: 2 created, 0 already there/);
+    assert.match(r.stdout, /alias default: pointed at DEK \S+ \(it named \S+\)/);
+    assert.match(r.stdout, /secrets: 5 created, 0 already there, 0 conflicts, 0 failed/);
+    assert.match(r.stdout, /credentials: 3 created/);
+    assert.match(r.stdout, /providers: 2 created/);
+    assert.match(r.stdout, /functions: 2 created/);
+
+    assert.deepEqual(await decrypted(b.client), await decrypted(a.client));
+    for (const alias of ['default', 'payments']) {
+      assert.equal((await ok(b.client.get(`${E}/dek/alias/${alias}`), 200)).id, (await ok(a.client.get(`${E}/dek/alias/${alias}`), 200)).id);
+    }
+    for (const id of ['pay', 'mail']) assert.deepEqual(await provider(b.client, id), await provider(a.client, id));
+    assert.equal((await provider(b.client, 'mail')).status, 'disabled');
+    // The imported credential decrypts to the source's key.
+    const invoked = await ok(b.client.post(`${B}/provider/pay/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_1' } }), 200);
+    assert.equal(invoked.type, 'success');
+    assert.equal(stripe.seen.at(-1)!.authorization, `Bearer ${STRIPE_KEY}`);
+
+    const target = await exported(b.client);
+    const aliasDek = aliasTargets(source);
+    const resealed = new Set<string>(source.secrets.filter((s: any) => s.data_encryption_key_id !== aliasDek.get(s.dek_alias)).map((s: any) => s.id));
+    assert.deepEqual([...resealed].sort(), [ids['db/password'], ids['api/token']].sort());
+    assert.deepEqual(portable(target, resealed), portable(source, resealed, dekIds(target)));
+    // The one DEK the target has and does not export: the source's `default` before its move.
+    assert.deepEqual([...dekIds(source)].filter((d) => !dekIds(target).has(d)).length, 1);
+  });
+
+  it('applied again, finds everything there and changes nothing (exit 0)', async () => {
+    const before = { rows: await tableRowCounts([], scratch.db), def: await exported(b.client) };
+    const r = await apply();
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assertNoValues(r);
+    for (const [kind, n] of [['deks', dekIds(source).size], ['aliases', 2], ['secrets', 5], ['credentials', 3], ['providers', 2], ['functions', 2]] as const) {
+      assert.match(r.stdout, new RegExp(`${kind}: 0 created, ${n} already there, 0 conflicts, 0 failed`));
+    }
+    assert.match(r.stdout, /Nothing to do: everything in the file is already on the target/);
+    assert.deepEqual(await tableRowCounts([], scratch.db), before.rows);
+    const { exported_at: _, ...after } = await exported(b.client);
+    const { exported_at: __, ...was } = before.def;
+    assert.deepEqual(after, was);
+  });
+
+  it('with --dry-run says what a partly applied target lacks and writes nothing; applied then, fills it in', async () => {
+    await ok(b.client.delete(`/api/secret/v1/${ids['api/token']}`), 200);
+    await ok(b.client.post(`${B}/provider/pay/function/stripe_process_refund/disable`, {}), 200);
+    const before = await tableRowCounts([], scratch.db);
+    const dry = await apply('--dry-run');
+    assert.equal(dry.code, 0, dry.stdout + dry.stderr);
+    assert.match(dry.stdout, /secrets: 1 to create, 4 already there, 0 conflicts, 0 failed/);
+    assert.match(dry.stdout, /functions: 1 to create, 1 already there/);
+    assert.match(dry.stdout, /dry run: nothing was written/);
+    assert.deepEqual(await tableRowCounts([], scratch.db), before);
+
+    const r = await apply();
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, /secrets: 1 created, 4 already there/);
+    assert.match(r.stdout, /functions: 1 created, 1 already there/);
+    assert.deepEqual(await decrypted(b.client), await decrypted(a.client));
+  });
+
+  it('reports a secret changed on the target as a conflict and leaves it (exit 1)', async () => {
+    // One stored as exported, one re-encrypted at import (sealed with the older DEK of `default`).
+    for (const key of ['pay/key', 'db/password']) await ok(b.client.put(`/api/secret/v1/${ids[key]}`, { raw_value: `changed-${key}` }), 200);
+    const r = await apply();
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assertNoValues(r);
+    for (const key of ['pay/key', 'db/password']) {
+      assert.match(r.stderr, new RegExp(`conflict: secret ${key} \\(${ids[key]}\\): its value differs; left as it is`));
+      assert.equal((await decrypted(b.client))[ids[key]].value, `changed-${key}`);
+    }
+    assert.match(r.stdout, /secrets: 0 created, 3 already there, 2 conflicts, 0 failed/);
+    assert.match(r.stdout, /2 item\(s\) not applied/);
+  });
+
+  it('refuses a file that is not JSON, not an export, or not there, a run without TASKBRIDGE_API_KEY and a bad command line (exit 2), and a key the API refuses (exit 1)', async () => {
+    const dir = path.dirname(file);
+    const cases: [string, string | undefined, RegExp][] = [
+      ['not-json.json', '{"format": "taskbridge-definition/v1", ', /not-json\.json is not JSON/],
+      ['other.json', '{"format": "something-else/v2"}', /its format is "something-else\/v2", not "taskbridge-definition\/v1"/],
+      ['partial.json', '{"format": "taskbridge-definition/v1", "secrets": []}', /partial\.json is not a valid definition export: Invalid file: file\.\S+ is required/],
+      ['absent.json', undefined, /cannot read \S+absent\.json: ENOENT/],
+    ];
+    for (const [name, text, message] of cases) {
+      if (text !== undefined) fs.writeFileSync(path.join(dir, name), text);
+      const r = await cli(['definition', 'apply', path.join(dir, name), '--url', b.api.url]);
+      assert.equal(r.code, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, message);
+    }
+    const noKey = await cli(['definition', 'apply', file, '--url', b.api.url], { TASKBRIDGE_API_KEY: undefined });
+    assert.equal(noKey.code, 2);
+    assert.match(noKey.stderr, /TASKBRIDGE_API_KEY is not set/);
+    const wrongKey = await cli(['definition', 'apply', file, '--url', b.api.url], { TASKBRIDGE_API_KEY: 'not-a-key' });
+    assert.equal(wrongKey.code, 1);
+    assert.match(wrongKey.stderr, /refused TASKBRIDGE_API_KEY \(401\)/);
+    const usage = await cli(['definition', 'apply']);
+    assert.equal(usage.code, 2);
+    assert.match(usage.stderr, /definition apply needs exactly one file/);
+    const elsewhere = await cli(['keys', 'list', '--url', b.api.url]);
+    assert.equal(elsewhere.code, 2);
+    assert.match(elsewhere.stderr, /--url is only for definition apply/);
+  });
+});
