@@ -158,7 +158,8 @@ describe('bridge rows naming what the catalog no longer has', () => {
     }
     const legacy = await c.get(`${B}/provider/legacy`);
     assert.equal(legacy.body.controller.retired, true);
-    assert.equal(leftOutWarnings(legacy).length, 1);
+    // The API's log lines reach the test after its answer: waited for.
+    assert.equal((await waitFor(async () => leftOutWarnings(legacy).length > 0 && leftOutWarnings(legacy), 'the warning')).length, 1);
     const mail = await c.get(`${B}/provider/mail-old`);
     assert.equal(mail.body.controller.type_id, 'google_mail');
     assert.equal(mail.body.credential_controller.retired, true);
@@ -261,7 +262,7 @@ describe('bridge rows naming what the catalog no longer has', () => {
     await db()('bridge_credentials').where({ id: credential }).update({ next_rotation_time: new Date(Date.now() - 1000) });
     await waitFor(async () => (await db()('provider_instances').where({ id: 'mail-old' }).first()).status === 'refresh_failed', 'mail-old to be refresh_failed');
     const logs = () => stack.workers.flatMap((w) => w.logs).filter((l) => l.includes('credential refresh gave up'));
-    const gaveUp = JSON.parse(logs()[0]);
+    const gaveUp = JSON.parse(await waitFor(async () => logs()[0], 'the worker to log giving up'));
     assert.equal(gaveUp.credential_id, credential);
     assert.match(gaveUp.reason, /credential controller 'retired_oauth' not found for provider 'google_mail'/);
     await new Promise((resolve) => setTimeout(resolve, 1000)); // five scans
