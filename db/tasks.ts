@@ -364,12 +364,14 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
       from s order by s.i`,
     [JSON.stringify(input), ids],
   );
+  // The trigger is its whole row: what a message shows, without the columns kept for us (opens_task, weight).
+  const messageColumns = (row: Record<string, unknown>) => Object.fromEntries(MESSAGE_COLUMNS.filter((c) => c in row).map((c) => [c, row[c]]));
   const toMessage = (m: Record<string, unknown>): Message & { seq: number } =>
     messageFromRow({ ...(m as unknown as Message), seq: Number(m.seq), created_at: new Date(m.created_at as string).toISOString() });
   return rows.map((r) => (r.task
     ? {
       task: parseTaskJson(r.task), started: r.started, ...(r.seq !== null ? { seq: Number(r.seq) } : {}),
-      trigger: r.trigger ? toMessage(r.trigger) : undefined, answered: r.answered, history: r.history.map(toMessage),
+      trigger: r.trigger ? toMessage(messageColumns(r.trigger)) : undefined, answered: r.answered, history: r.history.map(toMessage),
     }
     : undefined));
 }

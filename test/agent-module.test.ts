@@ -129,6 +129,12 @@ describe('agent modules', () => {
     assert.ok(!stack.workers[0].logs.some((l) => l.includes('agent run failed in the runtime')), 'no failure blamed on the runtime');
   });
 
+  it("ctx.message shows a message's members, not the columns kept for the service (opens_task, weight)", async () => {
+    const { state, message } = await finalOf('message keys');
+    assert.equal(state, 'completed');
+    assert.equal(message, 'client_message_id,created_at,id,metadata,parts,reference_task_ids,role,task_id');
+  });
+
   it('an agent error that mentions stalling is retried like any other (only BullMQ\'s own stalled-too-often failure ends a run as lost)', async () => {
     // Before, any failure whose message matched /stalled/ failed the task at once as a lost run.
     const { state, message, task } = await finalOf('throw stalled once');
