@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { runCli } from './helpers/cli.ts';
 import { randomBytes, randomUUID } from 'node:crypto';
 import { once } from 'node:events';
 import net from 'node:net';
@@ -7,21 +8,9 @@ import path from 'node:path';
 import { ROOT, requireEnv, testDb, useStack, waitFor } from './helpers/stack.ts';
 import { insertDeks } from '../db/deks.ts';
 
-interface Run { code: number | null; stdout: string; stderr: string }
-
 // Runs the CLI exactly as the README says (`npm run cli -- ...`), without Redis in its env.
-function cli(args: string[], env: Record<string, string | undefined> = {}): Promise<Run> {
-  const full: Record<string, string | undefined> = { ...process.env, DATABASE_URL: requireEnv('DATABASE_URL'), REDIS_URL: undefined, ADMIN_API_KEY: undefined, ...env };
-  return new Promise((resolve, reject) => {
-    const child = spawn('npm', ['run', '--silent', 'cli', '--', ...args], { cwd: ROOT, env: full as NodeJS.ProcessEnv, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (b) => { stdout += b; });
-    child.stderr.on('data', (b) => { stderr += b; });
-    child.on('error', reject);
-    child.on('exit', (code) => resolve({ code, stdout, stderr }));
-  });
-}
+const cli = (args: string[], env: Record<string, string | undefined> = {}) =>
+  runCli(args, { DATABASE_URL: requireEnv('DATABASE_URL'), REDIS_URL: undefined, ADMIN_API_KEY: undefined, ...env });
 
 describe('key management CLI (npm run cli -- keys ...)', () => {
   const stack = useStack({}, { workers: 0 });

@@ -5,7 +5,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { ADMIN_KEY, assertError, ROOT, resetDb, startStack, testDb, unreadAnswer, useStack, waitFor, type Client, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, assertError, ROOT, resetDb, startStack, testDb, readUntilClosed, unreadAnswer, useStack, waitFor, type Client, type Stack } from './helpers/stack.ts';
 import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
@@ -218,12 +218,7 @@ describe('POST /_internal/v1/trigger_codegen of more function instances than the
     const client = unreadAnswer(stack.api.url, 'POST', CODEGEN);
     // Tried until it hits: seen idle between two batches, a snapshot may be busy with the next by then.
     await waitFor(async () => (await endWaitingAnswers()) === 1, 'its snapshot to be ended under it');
-    const received = await new Promise<string>((resolve) => {
-      const chunks: Buffer[] = [];
-      client.on('data', (b: Buffer) => chunks.push(b));
-      client.once('close', () => resolve(Buffer.concat(chunks).toString('latin1')));
-      client.resume();
-    });
+    const received = await readUntilClosed(client);
     assert.match(received, /^HTTP\/1\.1 200 /);
     assert.ok(!received.endsWith('\r\n0\r\n\r\n'), 'the chunked answer is cut, not ended');
     const line = await waitFor(async () => stack.api.logs.find((l) => l.includes('generated client failed')), 'the failure to be logged');

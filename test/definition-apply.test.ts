@@ -1,9 +1,9 @@
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { runCli, type CliRun } from './helpers/cli.ts';
 import { randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { ADMIN_KEY, ROOT, requireEnv, resetDb, startStack, tableRowCounts, type Client, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, requireEnv, resetDb, startStack, tableRowCounts, type Client, type Stack } from './helpers/stack.ts';
 import { scratchDatabase, type ScratchDatabase } from './helpers/scratch-database.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 import { migrateLatest } from '../db/knex.ts';
@@ -18,21 +18,8 @@ const VALUES: Record<string, string> = {
   'pay/key': `pk-${randomUUID()}`, 'pay/webhook': `wh-${randomUUID()}`,
 };
 
-interface Run { code: number | null; stdout: string; stderr: string }
-
 // The CLI as the README runs it, with the API key in the environment.
-function cli(args: string[], env: Record<string, string | undefined> = {}): Promise<Run> {
-  const full = { ...process.env, TASKBRIDGE_API_KEY: ADMIN_KEY, ...env };
-  return new Promise((resolve, reject) => {
-    const child = spawn('npm', ['run', '--silent', 'cli', '--', ...args], { cwd: ROOT, env: full as NodeJS.ProcessEnv, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (b) => { stdout += b; });
-    child.stderr.on('data', (b) => { stderr += b; });
-    child.on('error', reject);
-    child.on('exit', (code) => resolve({ code, stdout, stderr }));
-  });
-}
+const cli = (args: string[], env: Record<string, string | undefined> = {}) => runCli(args, { TASKBRIDGE_API_KEY: ADMIN_KEY, ...env });
 
 async function ok(r: Promise<{ status: number; text: string; body: any }>, status = 201) {
   const res = await r;
@@ -96,7 +83,7 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
   const ids: Record<string, string> = {};
   const apply = (...args: string[]) => cli(['definition', 'apply', file, '--url', b.api.url, ...args]);
   // Nothing the CLI prints may carry a value, a token, a key or a ciphertext of one.
-  const assertNoValues = (r: Run) => {
+  const assertNoValues = (r: CliRun) => {
     const printed = r.stdout + r.stderr;
     for (const v of [...Object.values(VALUES), STRIPE_KEY, 'at-123', 'rt-456', ...source.secrets.map((s: any) => s.encrypted_value)]) {
       assert.ok(!printed.includes(v), `the output shows a value or ciphertext:\n${printed}`);

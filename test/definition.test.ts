@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { createHash, randomUUID } from 'node:crypto';
-import { assertError, testDb, unreadAnswer, useStack, waitFor } from './helpers/stack.ts';
+import { assertError, testDb, readUntilClosed, unreadAnswer, useStack, waitFor } from './helpers/stack.ts';
 
 describe('GET /api/a2a/v1/definition', () => {
   const stack = useStack({ AGENT_NAME: 'definition-test-agent' });
@@ -181,12 +181,7 @@ describe('GET /api/a2a/v1/definition of an installation larger than the API heap
     const client = unreadExport(stack.api.url);
     await waitFor(async () => (await waitingExports()) === 1, 'the export to wait on its client');
     await testDb().raw(`select pg_terminate_backend(pid) from pg_stat_activity where state = 'idle in transaction' and query like '%from "secrets"%'`);
-    const received = await new Promise<string>((resolve) => {
-      const chunks: Buffer[] = [];
-      client.on('data', (b: Buffer) => chunks.push(b));
-      client.once('close', () => resolve(Buffer.concat(chunks).toString('latin1')));
-      client.resume();
-    });
+    const received = await readUntilClosed(client);
     assert.match(received, /^HTTP\/1\.1 200 /);
     assert.ok(!received.endsWith('\r\n0\r\n\r\n'), 'the chunked answer is cut, not ended');
     const line = await waitFor(async () => stack.api.logs.find((l) => l.includes('definition export failed')), 'the failure to be logged');

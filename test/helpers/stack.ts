@@ -257,6 +257,16 @@ export function unreadAnswer(api: string, method: 'GET' | 'POST', url: string): 
   return socket;
 }
 
+// What such a socket receives from now until the connection closes, as latin1 text.
+export function readUntilClosed(socket: net.Socket): Promise<string> {
+  return new Promise((resolve) => {
+    const chunks: Buffer[] = [];
+    socket.on('data', (b: Buffer) => chunks.push(b));
+    socket.once('close', () => resolve(Buffer.concat(chunks).toString('latin1')));
+    socket.resume();
+  });
+}
+
 export async function waitFor<T>(fn: () => Promise<T | undefined | null | false>, what: string, timeoutMs = 20000, everyMs = 50): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let last: unknown;
