@@ -178,9 +178,12 @@ describe('A2A JSON-RPC endpoint', () => {
       }
       // 100,000 values and the request's own: parsed, each holds tens of bytes in every reader.
       const tasksBefore = Number((await testDb()('tasks').count({ n: '*' }))[0].n);
-      const dense = await send(`{"kind":"data","data":{"zeros":[${new Array(100_000).fill(0).join(',')}]}}`);
-      assert.deepEqual([dense.status, dense.body.id, dense.body.error?.code], [200, 's', -32600]);
-      assert.equal(dense.body.error.message, 'Invalid request: the request holds more than 100000 JSON values');
+      // Counted over the whole request, so refused as the request (for a streaming call too, as JSON).
+      for (const method of ['message/send', 'message/stream']) {
+        const dense = await send(`{"kind":"data","data":{"zeros":[${new Array(100_000).fill(0).join(',')}]}}`, method);
+        assert.deepEqual([dense.status, dense.headers.get('content-type')?.split(';')[0], dense.body.id, dense.body.error?.code], [200, 'application/json', 's', -32600], method);
+        assert.equal(dense.body.error.message, 'Invalid request: the request holds more than 100000 JSON values');
+      }
       assert.equal(Number((await testDb()('tasks').count({ n: '*' }))[0].n), tasksBefore);
       const ok = await send('{"kind":"text","text":"emoji \\ud83d\\ude00 ok"}');
       assert.equal(ok.body.result.history[0].parts[0].text, 'emoji \u{1F600} ok');

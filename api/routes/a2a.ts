@@ -3,13 +3,12 @@ import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { readJsonBody } from '../middleware/body.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
-import { InvalidRequest, type FieldError } from '../../domain/errors.ts';
+import { InvalidRequest } from '../../domain/errors.ts';
 import type { Principal } from '../middleware/auth.ts';
-import { A2AError, JSONRPC } from '../../domain/a2a/errors.ts';
 import type { Services } from '../../domain/services.ts';
 import { TaskWaiter } from '../../domain/task-waiter.ts';
 import { A2A_PATH, agentCard } from '../../domain/a2a/agent-card.ts';
-import { callsStream, dispatch, errorResponse, isId, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
+import { callsStream, dispatch, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
 import { writeSse } from '../a2a-sse.ts';
 import { holdStream } from '../a2a-stream-quota.ts';
 import { clientGone } from '../client-gone.ts';
@@ -23,14 +22,6 @@ const waiterOf = (s: Services) => {
   if (!w) waiters.set(s, (w = new TaskWaiter(s.bus)));
   return w;
 };
-
-// JSON that could not be stored (NUL, lone surrogates, deep nesting) is refused before any method
-// runs: -32602 inside params (dispatch answers it, as an event of a streaming call), else -32600.
-function unstorable(problem: FieldError): A2AError {
-  const code = problem.path.startsWith('body.params') ? JSONRPC.INVALID_PARAMS : JSONRPC.INVALID_REQUEST;
-  const where = problem.path.replace(/^body\.?/, '') || 'the request';
-  return new A2AError(code, `Invalid ${code === JSONRPC.INVALID_PARAMS ? 'params' : 'request'}: ${where} ${problem.message}`);
-}
 
 const cardRoute = (path: string, operationId: string) => defineRoute({
   method: 'get', path, operationId, tag, scope: null,
@@ -56,20 +47,14 @@ export const a2aRoutes = [
       ctx.body = PARSE_ERROR;
       return;
     }
-    const found = findUnstorable(body);
-    const problem = found && unstorable(found);
-    if (problem?.code === JSONRPC.INVALID_REQUEST) {
-      const req = (typeof body === 'object' && body !== null && !Array.isArray(body) ? body : {}) as Record<string, unknown>;
-      ctx.body = errorResponse(isId(req.id) ? req.id : null, problem);
-      return;
-    }
+    const unstorable = findUnstorable(body);
     const log = ctx.state.log ?? services.log;
     // Held from before the call (message/stream creates a task: a refusal must come first) to the
     // stream's end, which comes early when the client goes or the key is revoked.
-    const held = callsStream(body, services.cfg) ? await holdStream(services, (ctx.state.principal as Principal).id) : undefined;
+    const held = callsStream(body, services.cfg, unstorable) ? await holdStream(services, (ctx.state.principal as Principal).id) : undefined;
     try {
       const signal = held ? AbortSignal.any([clientGone(ctx), held.signal]) : clientGone(ctx);
-      const outcome = await dispatch({ services, waiter: waiterOf(services), signal }, body, log, problem);
+      const outcome = await dispatch({ services, waiter: waiterOf(services), signal }, body, log, unstorable);
       if ('response' in outcome) ctx.body = outcome.response;
       else await writeSse(ctx, outcome.id, outcome.stream, log, signal);
     } finally {

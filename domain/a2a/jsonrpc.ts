@@ -1,6 +1,7 @@
 // JSON-RPC 2.0 dispatch for A2A v0.3: envelope checks, method lookup, params validation, and
 // every failure as an error object with the request id echoed (null only when unreadable).
 import type { Config } from '../config.ts';
+import type { FieldError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { A2AError, JSONRPC, logRpcError, toJsonRpcError, type JsonRpcErrorObject } from './errors.ts';
 import * as m from './methods.ts';
@@ -32,13 +33,26 @@ const METHODS: Record<string, Method> = {
   'agent/getAuthenticatedExtendedCard': method(p.validator(p.NoParams), (call) => m.extendedCard(call)),
 };
 
+// JSON that could not be stored (NUL, lone surrogates, deep nesting: findUnstorable) is refused
+// before any method runs: inside params, -32602 in place of their validation (so a streaming call
+// gets it as its stream's event); elsewhere, -32600 before anything else is looked at.
+const inParams = (problem: FieldError) => problem.path.startsWith('body.params');
+
+function unstorableError(problem: FieldError): A2AError {
+  const code = inParams(problem) ? JSONRPC.INVALID_PARAMS : JSONRPC.INVALID_REQUEST;
+  const where = problem.path.replace(/^body\.?/, '') || 'the request';
+  return new A2AError(code, `Invalid ${code === JSONRPC.INVALID_PARAMS ? 'params' : 'request'}: ${where} ${problem.message}`);
+}
+
 /**
  * Whether a request body calls a method answered with a stream (before it is dispatched). With
- * streaming switched off none is: those methods answer -32004 (requireStreaming).
+ * streaming switched off none is: those methods answer -32004 (requireStreaming). Nor is one whose
+ * envelope cannot be stored: it is answered -32600 at once.
  */
-export const callsStream = (body: unknown, cfg: Pick<Config, 'A2A_STREAMING'>): boolean => {
+export const callsStream = (body: unknown, cfg: Pick<Config, 'A2A_STREAMING'>, unstorable?: FieldError): boolean => {
   const name = (body as { method?: unknown } | null)?.method;
-  return cfg.A2A_STREAMING && typeof name === 'string' && Object.hasOwn(METHODS, name) && !!METHODS[name].stream;
+  return cfg.A2A_STREAMING && typeof name === 'string' && Object.hasOwn(METHODS, name) && !!METHODS[name].stream
+    && !(unstorable && !inParams(unstorable));
 };
 
 export const PARSE_ERROR: RpcResponse = { jsonrpc: '2.0', id: null, error: { code: JSONRPC.PARSE_ERROR, message: 'Parse error: the request body is not valid JSON' } };
@@ -54,16 +68,17 @@ async function* failed(err: unknown): m.TaskStream {
 // (and 1e400 is Infinity), so answering it would answer another id.
 export const isId = (v: unknown): v is RpcId => typeof v === 'string' || v === null || (typeof v === 'number' && Math.abs(v) <= Number.MAX_SAFE_INTEGER);
 
-// `unstorable`: the params hold what cannot be stored (the API found it while reading the body);
-// it is their answer in place of validation.
-export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, unstorable?: A2AError): Promise<RpcOutcome> {
+// `unstorable`: what in the body cannot be stored (findUnstorable), found while reading it.
+export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, unstorable?: FieldError): Promise<RpcOutcome> {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) {
     const why = Array.isArray(body) ? 'batch requests are not supported' : 'the request must be a JSON object';
     return { response: errorResponse(null, new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: ${why}`)) };
   }
   const req = body as Record<string, unknown>;
   const id: RpcId = isId(req.id) ? req.id : null;
+  const unstorableParams = unstorable && inParams(unstorable) ? unstorableError(unstorable) : undefined;
   try {
+    if (unstorable && !unstorableParams) throw unstorableError(unstorable);
     if (req.jsonrpc !== '2.0') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: jsonrpc must be "2.0"');
     if ('id' in req && !isId(req.id)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id must be a string, a number of at most 2^53 - 1 in magnitude, or null');
     if (typeof req.method !== 'string') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');
@@ -71,7 +86,7 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, unst
     if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${req.method.slice(0, 100)}`);
     const params = req.params === undefined && req.method === 'agent/getAuthenticatedExtendedCard' ? null : req.params;
     const validated = (value: unknown) => {
-      if (unstorable) throw unstorable;
+      if (unstorableParams) throw unstorableParams;
       return target.validate(value);
     };
     // A request without an id is told what else is wrong with it first (the compatibility kit's
