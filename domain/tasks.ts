@@ -269,11 +269,23 @@ export async function openedTaskState(trx: Tx, taskId: string, opening: Message)
   return task && retryState(trx, task, opening);
 }
 
+// Why a task refuses a message (409 over REST, data.status its state); A2A answers each its own way.
+export class TaskEnded extends Conflict {
+  constructor(readonly taskId: string, readonly state: TaskState) {
+    super(`Task '${taskId}' is ${state} and accepts no more messages`, { status: state });
+  }
+}
+export class TaskBusy extends Conflict {
+  constructor(readonly taskId: string, readonly state: TaskState, why: string) {
+    super(`Task '${taskId}' is ${state}: ${why}`, { status: state });
+  }
+}
+
 export interface AddMessageOptions {
   /** Runs, under the lock, only for a message that will be stored. */
   beforeAppend?: () => Promise<unknown>;
   /**
-   * A user message is refused (Conflict with `busy`) while a run of the agent has the task: working
+   * A user message is refused (TaskBusy) while a run of the agent has the task: working
    * under it, or submitted or answered with it yet to begin. The run answers another message and
    * reads none sent after it began, so the sender would be answered with another's reply (A2A). A
    * task a client drives (opened by an agent message, set working by PUT) takes it as REST does.
@@ -300,9 +312,9 @@ export async function addMessageIn(uow: UnitOfWork, taskId: string, req: CreateM
   const task = await lockTask(uow.trx, taskId);
   const retry = await findRetried(uow.trx, task, req);
   if (retry) return retry;
-  if (isTerminal(task.status)) throw new Conflict(`Task '${taskId}' is ${task.status} and accepts no more messages`, { status: task.status });
+  if (isTerminal(task.status)) throw new TaskEnded(taskId, task.status);
   const busy = opts.onlyAsAnswer && req.role === 'user' ? await busyWithRun(uow.trx, task) : undefined;
-  if (busy) throw new Conflict(`Task '${taskId}' is ${task.status}: ${busy}`, { status: task.status, busy: true });
+  if (busy) throw new TaskBusy(taskId, task.status, busy);
   await opts.beforeAppend?.();
   const { message, timelineItem } = await appendMessage(uow, task, req, maxBytes);
   if (req.role === 'user' && isInterrupted(task.status)) {

@@ -5,10 +5,10 @@ import type { AgentCard, Message as A2AMessage, Task as A2ATask, TaskPushNotific
 import type { Services } from '../services.ts';
 import * as tasksRepo from '../../db/tasks.ts';
 import { lastTimelineSeq } from '../../db/timeline-views.ts';
-import { addMessageIn, checkFirstMessage, createTask, createTaskIn, openedTaskState, updateStatus, type Retried } from '../tasks.ts';
+import { addMessageIn, checkFirstMessage, createTask, createTaskIn, openedTaskState, TaskBusy, TaskEnded, updateStatus, type Retried } from '../tasks.ts';
 import { inTransaction } from '../unit-of-work.ts';
 import { Conflict } from '../errors.ts';
-import { isTerminal, type TaskState } from '../task-states.ts';
+import { isTerminal } from '../task-states.ts';
 import type { TaskFollow, TaskWaiter } from '../task-waiter.ts';
 import * as push from '../push-config.ts';
 import { agentCard } from './agent-card.ts';
@@ -90,11 +90,11 @@ async function accept(call: A2ACall, params: MessageSendParams, opts: AcceptOpti
           beforeAppend: pushConfig && (() => push.storeCheckedPushConfig(uow.trx, row.id, pushConfig, services.cfg)),
         });
       } catch (err) {
-        if (err instanceof Conflict && isTerminal(err.data.status as TaskState)) {
-          throw invalidRequest(`Task ${row.id} is ${err.data.status}: a terminal task accepts no more messages`, { taskId: row.id, state: err.data.status });
+        if (err instanceof TaskEnded) {
+          throw invalidRequest(`Task ${row.id} is ${err.state}: a terminal task accepts no more messages`, { taskId: row.id, state: err.state });
         }
-        if (err instanceof Conflict && err.data.busy) {
-          throw invalidRequest(`${err.message}: follow it (tasks/resubscribe, tasks/get) and send when it asks for input`, { taskId: row.id, state: err.data.status });
+        if (err instanceof TaskBusy) {
+          throw invalidRequest(`${err.message}: follow it (tasks/resubscribe, tasks/get) and send when it asks for input`, { taskId: row.id, state: err.state });
         }
         throw err;
       }
