@@ -320,7 +320,7 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
   const { rows } = await pgQuery<{ task: Record<string, unknown> | null; started: boolean; seq: string | number | null; trigger: Record<string, unknown> | null; answered: boolean; history: Record<string, unknown>[] }>(db,
     `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, message_id uuid, lim int, max_bytes bigint, at timestamptz, "from" text[], item jsonb)),
       s as (select b.*, t.status, row_to_json(t) as task,
-                   (select row_to_json(m) from messages m where m.id = b.message_id and m.task_id = t.id) as trigger,
+                   (select row_to_json(m) from (select ${MESSAGE_COLUMNS.join(', ')} from messages where id = b.message_id and task_id = t.id) m) as trigger,
                    exists (select 1 from messages tr where tr.id = b.message_id and t.status in ('input-required', 'auth-required')
                            and coalesce((select sm.seq from messages sm where sm.id = t.status_message_id) > tr.seq,
                                         t.status_timestamp > tr.created_at)) as answered
@@ -364,14 +364,12 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
       from s order by s.i`,
     [JSON.stringify(input), ids],
   );
-  // The trigger is its whole row: what a message shows, without the columns kept for us (opens_task, weight).
-  const messageColumns = (row: Record<string, unknown>) => Object.fromEntries(MESSAGE_COLUMNS.filter((c) => c in row).map((c) => [c, row[c]]));
   const toMessage = (m: Record<string, unknown>): Message & { seq: number } =>
     messageFromRow({ ...(m as unknown as Message), seq: Number(m.seq), created_at: new Date(m.created_at as string).toISOString() });
   return rows.map((r) => (r.task
     ? {
       task: parseTaskJson(r.task), started: r.started, ...(r.seq !== null ? { seq: Number(r.seq) } : {}),
-      trigger: r.trigger ? toMessage(messageColumns(r.trigger)) : undefined, answered: r.answered, history: r.history.map(toMessage),
+      trigger: r.trigger ? toMessage(r.trigger) : undefined, answered: r.answered, history: r.history.map(toMessage),
     }
     : undefined));
 }
