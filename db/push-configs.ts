@@ -8,7 +8,7 @@ export const PUSH_DELIVERIES_CHANNEL = 'push_deliveries';
 
 export interface PushConfigRow {
   task_id: string; id: string; url: string; authentication: { schemes: string[] } | null;
-  encrypted_secrets: string | null; secrets_dek_id: string | null; delivered_seq: number; created_at: Date; updated_at: Date;
+  encrypted_secrets: string | null; secrets_dek_id: string | null; delivered_seq: number; failed_posts: number; created_at: Date; updated_at: Date;
   lease_id?: string | null; lease_until?: Date | null;
 }
 
@@ -88,12 +88,25 @@ export async function pushConfigHoldMs(db: Tx, taskId: string, id: string): Prom
   return row && Number(row.hold_ms);
 }
 
-// Records a delivered update and extends the run's lease by `ms`; returns the config as it is now
+// Counts a failed post of the config's next update (the one after delivered_seq) by the run holding
+// its lease; returns how many of its posts have failed, undefined when the lease is no longer the run's.
+export async function countFailedPost(db: Tx, taskId: string, id: string, leaseId: string): Promise<number | undefined> {
+  const [row] = await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId })
+    .update({ failed_posts: db.raw('failed_posts + 1') })
+    .returning('failed_posts');
+  return row?.failed_posts;
+}
+
+// Records a delivered (or given up) update, so the next one starts with no failed posts, and extends the run's lease by `ms`; returns the config as it is now
 // (a set meanwhile may have changed its URL or token), undefined when the lease is no longer the
 // run's (it ran out and another run took the config, or the config was deleted).
 export async function setDeliveredSeq(db: Tx, taskId: string, id: string, seq: number, leaseId: string, ms: number): Promise<PushConfigRow | undefined> {
   const [row] = await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId })
-    .update({ delivered_seq: db.raw('greatest(delivered_seq, ?)', [seq]), lease_until: leaseEnd(db, ms) })
+    .update({
+      delivered_seq: db.raw('greatest(delivered_seq, ?)', [seq]),
+      failed_posts: db.raw('case when ? > delivered_seq then 0 else failed_posts end', [seq]),
+      lease_until: leaseEnd(db, ms),
+    })
     .returning('*');
   return row;
 }

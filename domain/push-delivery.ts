@@ -2,9 +2,11 @@
 // job per config, written to the outbox by the statement that stores the update (the trigger in
 // db/migrations/0004_push_notifications.ts). A delivery run POSTs every not-yet-delivered status
 // update of its config in timeline order, so a webhook sees the task's states in the order they
-// happened; a failed update holds back later ones until it succeeds or is given up. An answer
-// that retrying cannot change (most 4xx) gives the update up at once; a Retry-After holds the
-// config that long. Webhook origins seen slow get only a few of a worker's delivery slots.
+// happened; a failed update holds back later ones until it succeeds or is given up after
+// PUSH_ATTEMPTS posts, counted per update whichever job made them. An answer that retrying cannot
+// change (most 4xx) gives the update up at once. After a failed post the config is held for its
+// backoff (or a longer Retry-After), so no job posts to it sooner. Webhook origins seen slow get
+// only a few of a worker's delivery slots.
 import { randomUUID } from 'node:crypto';
 import http from 'node:http';
 import https from 'node:https';
@@ -177,7 +179,7 @@ async function authHeaders(deps: DeliveryDeps, config: repo.PushConfigRow): Prom
 
 export interface DeliveryJob { task_id: string; config_id: string; timeline_seq: number }
 // Run the job again in `ms`, without spending an attempt: 'busy', another run leases the config;
-// 'held', a webhook's Retry-After holds it; 'slow origin', the origin's slots are all in use; 'more',
+// 'held', a failed post's backoff or a webhook's Retry-After holds it; 'slow origin', the origin's slots are all in use; 'more',
 // the run stopped at its budget (or its config moved to another origin) before reaching its own update.
 export interface Later { later: 'busy' | 'held' | 'slow origin' | 'more'; ms: number }
 export type DeliveryOutcome = 'delivered' | 'nothing to deliver' | 'config gone' | Later;
@@ -186,19 +188,23 @@ interface DeliveryDeps { db: Knex; cfg: Config; log: Logger }
 
 const origin = (url: string) => new URL(url).origin;
 
+// The hold after an update's n-th failed post: BullMQ's exponential backoff.
+export const retryBackoffMs = (cfg: Pick<Config, 'PUSH_BACKOFF_MS'>, failedPosts: number) => cfg.PUSH_BACKOFF_MS * 2 ** (failedPosts - 1);
+
 /**
  * Delivers the pending status updates of one config, oldest first, under a lease so runs for the
  * same config never overlap ('busy': another run holds it; try again shortly), in one of its
  * origin's slots (OriginSlots). No transaction or
  * row lock is held while posting: a config set, an alias rotation and the task's status changes go
- * on meanwhile. The job is responsible for updates up to its own timeline_seq: a failure there is
- * thrown for a retry, or, on the final attempt, the update is given up so later ones can flow. A
- * failure on a later update ends the run quietly: that update's own job retries it. A permanent
- * refusal (isPermanentRefusal) gives any update up at once. A 429 or 503 with Retry-After holds the
- * config that long (repo.holdPushConfig) and ends the run as any other failure does; a run that finds
- * it held comes back when the hold ends ('held'). See Later for the other outcomes.
+ * on meanwhile. A failed post is counted against its update (repo.countFailedPost): before
+ * PUSH_ATTEMPTS of them, the config is held for the backoff, or a longer Retry-After
+ * (repo.holdPushConfig), and the run ends; every run of the config finds it held and comes back when
+ * the hold ends ('held'), and the update's own job (or a later one's) posts it again. At
+ * PUSH_ATTEMPTS, or at once on a permanent refusal (isPermanentRefusal), the update is given up and
+ * the run goes on. Faults of ours (a database error, an undecryptable token) are thrown: BullMQ
+ * retries the job. See Later for the other outcomes.
  */
-export async function deliverPending(deps: DeliveryDeps, slots: OriginSlots, job: DeliveryJob, finalAttempt: boolean): Promise<DeliveryOutcome> {
+export async function deliverPending(deps: DeliveryDeps, slots: OriginSlots, job: DeliveryJob): Promise<DeliveryOutcome> {
   const exists = await repo.getPushConfig(deps.db, job.task_id, job.config_id);
   if (!exists) return 'config gone';
   if (exists.delivered_seq >= job.timeline_seq) return 'nothing to deliver';
@@ -206,13 +212,13 @@ export async function deliverPending(deps: DeliveryDeps, slots: OriginSlots, job
   const release = slots.take(slotOrigin);
   if (!release) return { later: 'slow origin', ms: slowOriginDelayMs(deps.cfg) };
   try {
-    return await deliverLeased(deps, slots, slotOrigin, job, finalAttempt);
+    return await deliverLeased(deps, slots, slotOrigin, job);
   } finally {
     release();
   }
 }
 
-async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin: string, job: DeliveryJob, finalAttempt: boolean): Promise<DeliveryOutcome> {
+async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin: string, job: DeliveryJob): Promise<DeliveryOutcome> {
   const { db, cfg, log } = deps;
   const leaseId = randomUUID();
   const leaseMs = cfg.PUSH_TIMEOUT_MS + LEASE_MARGIN_MS;
@@ -223,8 +229,8 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
     if (holdMs === undefined) return 'config gone';
     return holdMs ? { later: 'held', ms: holdMs } : { later: 'busy', ms: BUSY_DELAY_MS };
   }
-  // A Retry-After the webhook gave: the config is held that long once the run ends, so that no run
-  // of it (a later update's job included) posts to it sooner.
+  // A failed post's backoff or the webhook's Retry-After: the config is held that long once the run
+  // ends, so that no run of it (a later update's job included) posts to it sooner.
   let holdMs = 0;
   try {
     if (config.delivered_seq >= job.timeline_seq) return 'nothing to deliver';
@@ -246,14 +252,20 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
         const body = await notificationBody(db, task, item);
         await slots.timed(slotOrigin, () => postNotification(target.url, body, headers, { allowPrivate: cfg.PUSH_ALLOW_PRIVATE, timeoutMs: cfg.PUSH_TIMEOUT_MS }));
       } catch (err) {
-        const reason = (err as Error).message;
-        const { status, retryAfterMs: wait } = err instanceof DeliveryError ? err : {};
+        if (!(err instanceof DeliveryError)) throw err;
+        const { status, retryAfterMs: wait, message: reason } = err;
+        const where = { task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(target.url).host, status, reason };
         holdMs = wait ?? 0;
         if (!isPermanentRefusal(status)) {
-          if (item.seq > job.timeline_seq) break;
-          if (!finalAttempt) throw new DeliveryError(`push delivery of task ${job.task_id} update ${item.seq} failed: ${reason}`, status, wait);
+          const failed = await repo.countFailedPost(db, job.task_id, job.config_id, leaseId);
+          if (failed === undefined) return { later: 'busy', ms: BUSY_DELAY_MS };
+          if (failed < cfg.PUSH_ATTEMPTS) {
+            holdMs = Math.max(holdMs, retryBackoffMs(cfg, failed));
+            log.warn({ ...where, attempt: failed, attempts: cfg.PUSH_ATTEMPTS, retry_in_ms: holdMs }, 'push notification post failed');
+            return item.seq > job.timeline_seq ? 'delivered' : { later: 'held', ms: holdMs };
+          }
         }
-        log.warn({ task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(target.url).host, status, reason }, 'push notification given up');
+        log.warn(where, 'push notification given up');
       }
       // A lease lost meanwhile (a post or a read slower than the margin) belongs to another run now.
       const now = await repo.setDeliveredSeq(db, job.task_id, job.config_id, item.seq, leaseId, leaseMs);

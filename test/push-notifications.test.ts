@@ -4,6 +4,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Queue } from 'bullmq';
 import { testDb, useStack, waitFor, textMessage, withQueue } from './helpers/stack.ts';
 import { deletePushConfig, getPushConfig, listPushConfigs, MAX_CONFIGS_PER_TASK, setPushConfig } from '../domain/push-config.ts';
@@ -360,13 +361,13 @@ describe('push notifications', () => {
     await waitFor(async () => states(rx.all, id).includes('completed'), 'the completed notification');
     // The first update was tried three times before it got through; the second only then.
     assert.deepEqual(states(rx.all, id), ['working', 'working', 'working', 'completed']);
-    // Each failed attempt is logged at warn with the job's ids and the cause.
-    const failed = stack.workers[0].logs.filter((l) => l.includes('job attempt failed') && l.includes(id)).map((l) => JSON.parse(l));
-    assert.equal(failed.length, 2, JSON.stringify(failed));
-    for (const l of failed) {
-      assert.deepEqual([l.level, l.queue, l.task_id, typeof l.config_id, typeof l.job_id], [40, 'push-notifications', id, 'string', 'string']);
-      assert.match(l.reason, /500/);
-    }
+    // Each failed post is logged at warn with the ids, the cause and when it is tried again
+    // (PUSH_BACKOFF_MS=100, doubled each time); no job attempt is spent on the webhook's failures.
+    const failed = stack.workers[0].logs.filter((l) => l.includes('push notification post failed') && l.includes(id)).map((l) => JSON.parse(l));
+    assert.deepEqual(failed.map((l) => [l.level, l.task_id, typeof l.config_id, l.status, l.attempt, l.attempts, l.retry_in_ms]),
+      [[40, id, 'string', 500, 1, 4, 100], [40, id, 'string', 500, 2, 4, 200]]);
+    for (const l of failed) assert.match(l.reason, /HTTP 500/);
+    assert.ok(!stack.workers[0].logs.some((l) => l.includes('job attempt failed') && l.includes(id)));
   });
 
   it('logs a delivery job that fails for good for a fault of ours at error, with its stack, once', async () => {
@@ -380,20 +381,23 @@ describe('push notifications', () => {
     assert.equal(stack.workers[0].logs.filter((l) => l.includes(jobId) && l.includes('"level":50')).length, 1);
   });
 
-  it('gives up an update that keeps failing, then delivers the later ones', async () => {
-    const rx = await startReceiver((r) => (r.body.status.state === 'working' ? 503 : 200));
+  it('posts each update PUSH_ATTEMPTS times at most, gives up one that keeps failing, and gives the later ones their own attempts', async () => {
+    // The working update always fails; the failed update fails its first three posts.
+    let failedPosts = 0;
+    const rx = await startReceiver((r) => (r.body.status.state === 'working' || ++failedPosts <= 3 ? 503 : 200));
     receivers.push(rx);
     const id = await idleTask();
     await setPushConfig(testDb(), id, { url: rx.url }, allowPrivate);
     await setStatus(id, 'working');
     await setStatus(id, 'failed', 'broken');
-    await waitFor(async () => states(rx.all, id).includes('failed'), 'the failed notification', 30000);
-    // PUSH_ATTEMPTS=4: the working update was tried at least four times (the later update's job
-    // retries it too), and nothing overtook it.
-    const seen = states(rx.all, id);
-    assert.equal(seen.at(-1), 'failed');
-    assert.ok(seen.length >= 5 && seen.slice(0, -1).every((s) => s === 'working'), `working retried before failed: ${seen}`);
+    await waitFor(async () => failedPosts === 4, 'the failed notification', 30000);
+    // PUSH_ATTEMPTS=4 posts of each update, whichever update's job made them (the later update's
+    // job posting the earlier one counts there), in order: nothing overtook the working update.
+    await sleep(300);
+    assert.deepEqual(states(rx.all, id), [...Array(4).fill('working'), ...Array(4).fill('failed')]);
     await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('push notification given up') && l.includes(id)), 'the give-up log line');
+    const gaveUp = stack.workers[0].logs.filter((l) => l.includes('push notification given up') && l.includes(id)).map((l) => JSON.parse(l));
+    assert.deepEqual(gaveUp.map((l) => l.status), [503]);
   });
 
   it('gives up at once an update the webhook refuses with a 4xx retrying cannot change, then delivers the later ones', async () => {
@@ -422,9 +426,9 @@ describe('push notifications', () => {
     assert.deepEqual(states(rx.all, id), ['working', 'working', 'completed']);
     // A lower bound only: how much later it came depends on the machine.
     for (const later of rx.all.slice(1)) assert.ok(later.at - rx.all[0].at >= 2000, `posted ${later.at - rx.all[0].at} ms after the 429`);
-    // The wait for the hold spent no attempt: only the 429 did.
-    const failed = stack.workers[0].logs.filter((l) => l.includes('job attempt failed') && l.includes(id)).map((l) => JSON.parse(l));
-    assert.equal(failed.length, 1);
+    // The wait for the hold spent no attempt: only the 429 did, held for its Retry-After.
+    const failed = stack.workers[0].logs.filter((l) => l.includes('push notification post failed') && l.includes(id)).map((l) => JSON.parse(l));
+    assert.deepEqual(failed.map((l) => [l.status, l.attempt, l.retry_in_ms]), [[429, 1, 2000]]);
     assert.match(failed[0].reason, /HTTP 429 \(retry after 2000 ms\)/);
   });
 

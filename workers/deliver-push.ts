@@ -1,5 +1,6 @@
 // Processor of the push-notifications queue: delivers a config's pending status updates in order
-// (domain/push-delivery.ts); failures are retried by BullMQ with exponential backoff. Also the
+// (domain/push-delivery.ts), which holds the config for a failed post's backoff and comes back when the
+// hold ends; BullMQ retries only faults of ours (exponential backoff). Also the
 // listener that relays the delivery jobs the fan-out trigger writes to the outbox as soon as
 // their transaction commits (the outbox sweeper still covers any notification missed).
 import { DelayedError, type Job } from 'bullmq';
@@ -12,8 +13,7 @@ import { listenPg } from '../db/pg-listener.ts';
 export function createPushDeliveryProcessor(services: Services) {
   const slots = new OriginSlots(services.cfg);
   return async function deliverPush(job: Job<JobPayloads['push-notifications']>, token?: string): Promise<string> {
-    const finalAttempt = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
-    const outcome = await deliverPending(services, slots, job.data, finalAttempt);
+    const outcome = await deliverPending(services, slots, job.data);
     // A run to come back to later (domain/push-delivery.ts Later) does so without spending an attempt.
     if (typeof outcome === 'object') {
       // Debug: a held or slow webhook turns many runs away; why one waits is there when looked for.
