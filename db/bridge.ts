@@ -26,6 +26,8 @@ export interface ProviderInstanceRow {
   provider_controller_type_id: string;
   credential_controller_type_id: string;
   status: string;
+  /** An admin set it disabled (and not active since); outlives a refresh_failed status. */
+  disabled_by_admin: boolean;
   resource_server_credential_id: string | null;
   user_credential_id: string | null;
   return_on_successful_brokering: { type: 'url'; url: string } | null;
@@ -72,15 +74,15 @@ export async function deleteOrphanCredentials(db: Tx, ids: string[]): Promise<vo
 }
 
 // A brokered user credential replaces the instance's and makes it usable: active, unless an
-// admin disabled it (that stays their call).
+// admin disabled it (that stays their call, through a refresh_failed meanwhile).
 export async function setUserCredential(db: Tx, instanceId: string, credentialId: string): Promise<void> {
   await db('provider_instances').where({ id: instanceId }).update({
-    user_credential_id: credentialId, status: db.raw(`case when status = 'disabled' then 'disabled' else 'active' end`), updated_at: db.fn.now(),
+    user_credential_id: credentialId, status: db.raw(`case when disabled_by_admin then 'disabled' else 'active' end`), updated_at: db.fn.now(),
   });
 }
 
 // Returns undefined when the id is taken.
-export async function insertProviderInstance(db: Tx, row: Omit<ProviderInstanceRow, 'created_at' | 'updated_at'>): Promise<ProviderInstanceRow | undefined> {
+export async function insertProviderInstance(db: Tx, row: Omit<ProviderInstanceRow, 'created_at' | 'updated_at' | 'disabled_by_admin'>): Promise<ProviderInstanceRow | undefined> {
   const [out] = await db('provider_instances')
     .insert({ ...row, return_on_successful_brokering: row.return_on_successful_brokering ? JSON.stringify(row.return_on_successful_brokering) : null })
     .onConflict('id').ignore().returning('*');
@@ -116,7 +118,7 @@ export async function listProviderInstances(
   }, pageSize, token);
 }
 
-export async function updateProviderInstance(db: Tx, id: string, patch: Partial<Pick<ProviderInstanceRow, 'display_name' | 'status'>>): Promise<ProviderInstanceRow | undefined> {
+export async function updateProviderInstance(db: Tx, id: string, patch: Partial<Pick<ProviderInstanceRow, 'display_name' | 'status' | 'disabled_by_admin'>>): Promise<ProviderInstanceRow | undefined> {
   const [out] = await db('provider_instances').where({ id }).update({ ...patch, updated_at: db.fn.now() }).returning('*');
   return out as ProviderInstanceRow | undefined;
 }

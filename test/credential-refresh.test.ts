@@ -152,4 +152,26 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     assert.match(gaveUp, /token endpoint refused the refresh token: Rejected grant_type=refresh_token&refresh_token=\*\*\*&client_id=refresh-test&client_secret=\*\*\*/);
     for (const text of logs()) assert.ok(!text.includes(CLIENT_SECRET) && !/refresh_token=(?!\*\*\*)/.test(text), text.slice(0, 500));
   });
+
+  it("keeps an admin's disable through a failed refresh: brokering again makes the instance disabled, not active", async () => {
+    // Disabled before the refresh failed, and (a second instance) disabled while refresh_failed.
+    for (const [id, when] of [['mail-off', 'before'], ['mail-off2', 'after']] as const) {
+      await brokered(id);
+      if (when === 'before') assert.equal((await c.patch(`${B}/provider/${id}`, { status: 'disabled' })).body.status, 'disabled');
+      await oauth.inMode('revoked', async () => {
+        await makeDue(id);
+        await waitFor(async () => (await instance(id)).status === 'refresh_failed', 'the instance to be refresh_failed');
+      });
+      if (when === 'after') {
+        // Taken, though only brokering ends refresh_failed: the status shows that until then.
+        const patched = await c.patch(`${B}/provider/${id}`, { status: 'disabled' });
+        assert.deepEqual([patched.status, patched.body.status], [200, 'refresh_failed']);
+      }
+      await rebroker(id);
+      assert.equal((await instance(id)).status, 'disabled', id);
+      assert.equal((await send(id)).status, 409, `${id}: a disabled instance is not invoked`);
+      assert.equal((await c.patch(`${B}/provider/${id}`, { status: 'active' })).body.status, 'active');
+      assert.equal((await send(id)).status, 200);
+    }
+  });
 });

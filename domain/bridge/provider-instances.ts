@@ -129,18 +129,23 @@ export async function getProviderInstance(db: Knex, log: Logger, id: string): Pr
 }
 
 // Status moves by PATCH only between usable states: an instance that still needs brokering, or
-// whose refresh gave up, becomes active through brokering, not by being told so.
+// whose refresh gave up, becomes active through brokering, not by being told so. An admin's disable
+// is kept beside the status (disabled_by_admin): one of a refresh_failed instance is taken, and
+// brokering it again makes it disabled.
 export async function updateProviderInstance(db: Knex, id: string, input: UpdateProviderInstanceRequest): Promise<ProviderInstance> {
   const row = await db.transaction(async (trx) => {
     const current = await repo.getProviderInstance(trx, id, 'update');
     if (!current) throw new NotFound('provider_instance', id);
-    // refresh_failed ends only by brokering again: disabling it would let a later PATCH revive it.
-    if (input.status && current.status === 'refresh_failed') {
+    // refresh_failed ends only by brokering again, not by PATCH.
+    if (input.status === 'active' && current.status === 'refresh_failed') {
       throw new Conflict(`Provider instance '${id}' is refresh_failed: broker its user credential again`, { resource: 'provider_instance', id, status: current.status });
     }
-    const patch: Partial<Pick<ProviderInstanceRow, 'display_name' | 'status'>> = {};
+    const patch: Partial<Pick<ProviderInstanceRow, 'display_name' | 'status' | 'disabled_by_admin'>> = {};
     if (input.display_name !== undefined) patch.display_name = input.display_name;
-    if (input.status === 'disabled') patch.status = 'disabled';
+    if (input.status === 'disabled') {
+      patch.disabled_by_admin = true;
+      if (current.status !== 'refresh_failed') patch.status = 'disabled';
+    }
     if (input.status === 'active' && current.status !== 'active') {
       const cc = credentialDef(providerDef(current.provider_controller_type_id), current.credential_controller_type_id);
       const ready = readyStatus(cc, current);
@@ -149,6 +154,7 @@ export async function updateProviderInstance(db: Knex, id: string, input: Update
       }
       patch.status = 'active';
     }
+    if (input.status === 'active') patch.disabled_by_admin = false;
     return repo.updateProviderInstance(trx, id, patch);
   });
   return toProviderInstance(row!);
