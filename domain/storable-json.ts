@@ -2,7 +2,15 @@
 // that Postgres refuses to store (text and jsonb), and very deep nesting overflows the stack of
 // JSON.stringify (a response, a job, a statement parameter): each would end as a 500. Numbers past
 // the double range (1e999) parse as Infinity, which JSON.stringify writes as null.
+import { isDeepStrictEqual } from 'node:util';
 import type { FieldError } from './errors.ts';
+
+/**
+ * Whether two JSON values are equal as Postgres gives them back: jsonb keeps no key order, no
+ * undefined members and no -0 (a client's -0 reads back as 0, which isDeepStrictEqual tells apart).
+ */
+export const sameAsStored = (a: unknown, b: unknown): boolean =>
+  isDeepStrictEqual(JSON.parse(JSON.stringify(a) ?? 'null'), JSON.parse(JSON.stringify(b) ?? 'null'));
 
 export const MAX_JSON_DEPTH = 64;
 // Values (objects, arrays, strings, numbers...) one document may hold. Parsed, each costs tens of

@@ -1,7 +1,6 @@
 // Task rules: creation, messages, status transitions and their timeline entries. Used by the
 // REST API, the A2A handler and the agent runtime alike.
 import { randomUUID } from 'node:crypto';
-import { isDeepStrictEqual } from 'node:util';
 import type { Knex } from 'knex';
 import * as tasks from '../db/tasks.ts';
 import type { StatusChange } from '../db/tasks.ts';
@@ -13,6 +12,7 @@ import { Conflict, NotFound, PayloadTooLarge } from './errors.ts';
 import { assertTransition, isInterrupted, isTerminal, RUN_STARTS_FROM, type TaskState } from './task-states.ts';
 import { afterCommit, inTransaction, type UnitOfWork, type UowServices } from './unit-of-work.ts';
 import { newOutboxRow, type OutboxRow } from '../db/outbox.ts';
+import { sameAsStored } from './storable-json.ts';
 import type { Services } from './services.ts';
 
 export const TASK_EVENTS = 'task-events';
@@ -255,7 +255,7 @@ async function findOpeningRetry(db: Tx, req: CreateTaskRequest): Promise<Created
   const taskId = await messages.taskOpenedBy(db, req.message.client_message_id!);
   const task = taskId && await tasks.getTask(db, taskId);
   if (!task || (req.context_id !== undefined && req.context_id.toLowerCase() !== task.context_id)) return undefined;
-  if (!isDeepStrictEqual(task.metadata, req.metadata ?? {})) return undefined;
+  if (!sameAsStored(task.metadata, req.metadata ?? {})) return undefined;
   const original = await messages.findSameMessage(db, newMessage(task.id, req.message, ''));
   if (!original) return undefined;
   const { seq: _seq, ...message } = original;

@@ -293,6 +293,19 @@ describe('task API', () => {
         assert.equal((await runsOf(all[0].body.task.id)).length, 1);
       });
 
+      it('is recognised with task metadata that reads back otherwise from storage (-0 is stored as 0, members reordered)', async () => {
+        const message = opening();
+        // As a Python or Go client writes it: JSON.stringify would already have made -0 a 0.
+        const text = `{"message":${JSON.stringify(message)},"metadata":{"lon":-0,"at":{"z":1,"a":[-0.0,2]}}}`;
+        const send = () => stack.client.request('POST', '/api/task/v1', undefined, { raw: text, headers: { 'content-type': 'application/json' } });
+        const first = await send();
+        assert.equal(first.status, 201, first.text);
+        const before = await counts();
+        const again = await Promise.all([send(), send()]);
+        assert.deepEqual(again.map((r) => [r.status, r.body.task.id]), [[200, first.body.task.id], [200, first.body.task.id]]);
+        assert.deepEqual(await counts(), before);
+      });
+
       it('with other content, task metadata or context, or without client_message_id, creates a task of its own', async () => {
         const message = opening();
         const first = await create({ message });

@@ -10,7 +10,6 @@
 // AGENT_REMOTE_API_KEY, when set, is sent as a bearer token with every request to that URL's origin
 // (and to AGENT_REMOTE_KEY_ORIGINS), never to another origin the remote's card names.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { isDeepStrictEqual } from 'node:util';
 import type { Knex } from 'knex';
 import type {
   Artifact, Message as A2AMessage, Part, Task as A2ATask, TaskArtifactUpdateEvent, TaskState as A2AState, TaskStatus, TaskStatusUpdateEvent,
@@ -30,6 +29,7 @@ import { secretMasker } from '../../domain/secret-mask.ts';
 import { fetchPublicOnly } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
+import { sameAsStored } from '../../domain/storable-json.ts';
 import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
 
 const FINAL_STATES: Partial<Record<A2AState, NonNullable<AgentResult['status']>>> = {
@@ -108,8 +108,6 @@ const isEnd = (state: A2AState) => state in FINAL_STATES || state === 'canceled'
 const partsOf = (parts: Part[] | undefined): MessagePart[] => (parts ?? []).map(fromA2APart);
 // A remote message as the local task stores it, with its metadata.
 const replyOf = (m: A2AMessage): Reply => (m.metadata && Object.keys(m.metadata).length ? { parts: partsOf(m.parts), metadata: m.metadata } : partsOf(m.parts));
-// Compares content as it reads back from Postgres (jsonb keeps no key order, and no undefined).
-const sameContent = (a: unknown, b: unknown) => isDeepStrictEqual(JSON.parse(JSON.stringify(a)), JSON.parse(JSON.stringify(b)));
 
 // The run's result for a remote status that ends it; its message is left out when it was
 // already mirrored as a reply.
@@ -411,7 +409,7 @@ class Mirror {
     // The status message is this turn's unless the remote's history has it before this run's message.
     if (status && (asked < 0 || asked > at)) theirs.push(status);
     for (const m of theirs) {
-      const copy = local.findIndex((l) => sameContent(l.parts, partsOf(m.parts)));
+      const copy = local.findIndex((l) => sameAsStored(l.parts, partsOf(m.parts)));
       if (copy < 0) continue;
       local.splice(copy, 1);
       this.seenMessages.add(m.messageId);
@@ -419,7 +417,7 @@ class Mirror {
     const stored = artifactsFromTimeline(await listArtifactItems(this.db, this.ctx.task.id));
     for (const a of task.artifacts ?? []) {
       // Parts only: the other fields of an artifact sent in chunks are merged differently here.
-      if (stored.some((s) => s.artifactId === a.artifactId && sameContent(s.parts, a.parts))) this.seenArtifacts.set(a.artifactId, JSON.stringify(a));
+      if (stored.some((s) => s.artifactId === a.artifactId && sameAsStored(s.parts, a.parts))) this.seenArtifacts.set(a.artifactId, JSON.stringify(a));
     }
   }
 
