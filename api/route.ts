@@ -103,6 +103,16 @@ function decimalCheck(schema: TObject | undefined, where: string): (values: Reco
   };
 }
 
+// A UUID names the same row in either letter case (Postgres reads it so), but what a handler derives
+// from the text sent would not: a list's page tokens digest its filters' values. Handlers get it in
+// lower case, as Postgres answers it.
+function uuidsInLowerCase(schema: TObject | undefined): (values: Record<string, unknown>) => void {
+  const keys = Object.entries(schema?.properties ?? {}).filter(([, p]) => (p as { format?: unknown }).format === 'uuid').map(([k]) => k);
+  return (values) => {
+    for (const k of keys) if (typeof values[k] === 'string') values[k] = values[k].toLowerCase();
+  };
+}
+
 const isEmptyObject = (v: unknown) => typeof v === 'object' && v !== null && !Array.isArray(v) && Object.keys(v).length === 0;
 
 export function mount(router: Router, routes: Route[], services: Services): void {
@@ -112,6 +122,8 @@ export function mount(router: Router, routes: Route[], services: Services): void
     // (`?stauts=failed`) would otherwise list everything. A schema may stay open (the OAuth callback).
     const vQuery = spec.query && paramAjv.compile(spec.query.additionalProperties === true ? spec.query : { ...spec.query, additionalProperties: false });
     const decimalQuery = decimalCheck(spec.query, 'query');
+    const lowerParams = uuidsInLowerCase(spec.params);
+    const lowerQuery = uuidsInLowerCase(spec.query);
     const vBody = spec.body && compileSchema(spec.body);
     const bodyOptional = spec.body !== undefined && !bodyRequired(spec.body);
     const okStatus = Number(Object.keys(spec.responses).find((s) => s.startsWith('2')) ?? 200);
@@ -120,9 +132,11 @@ export function mount(router: Router, routes: Route[], services: Services): void
     stack.push(async (ctx: Context) => {
       const params = { ...ctx.params };
       if (vParams) checkValid(vParams, params, 'path');
+      lowerParams(params);
       const query = { ...ctx.query } as Record<string, unknown>;
       decimalQuery(query);
       if (vQuery) checkValid(vQuery, query, 'query');
+      lowerQuery(query);
       let body = spec.ownBody ? undefined : await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
       if (vBody) {
         // No body at all stands for {} where the body is optional; a JSON null is a body, and refused.

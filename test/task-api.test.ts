@@ -759,6 +759,31 @@ describe('task API', () => {
       await refused(`/api/task/v1/${b.id}/message?page_size=1&next_page_token=${messagesToken}`);
     });
 
+    it('a page token holds on its list whatever the letter case of the UUIDs in its path or filters', async () => {
+      const contextId = randomUUID();
+      const { task } = await create({ context_id: contextId, message: textMessage('m0') });
+      await create({ context_id: contextId, message: textMessage('other') });
+      for (let i = 1; i <= 101; i++) assert.equal((await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage(`m${i}`))).status, 201);
+      const up = (s: string) => s.replace(task.id, task.id.toUpperCase()).replace(contextId, contextId.toUpperCase());
+      // Before, the token of a list asked for with upper-case ids was refused by the same list in lower case.
+      const got = await stack.client.get(up(`/api/task/v1/${task.id}`));
+      assert.equal(got.body.task.id, task.id);
+      for (const id of [task.id, task.id.toUpperCase()]) {
+        const rest = await stack.client.get(`/api/task/v1/${id}/message?next_page_token=${got.body.messages_next_page_token}`);
+        assert.equal(rest.status, 200, rest.text);
+        assert.deepEqual(rest.body.items.map((m: any) => m.parts[0].text), ['m100', 'm101']);
+      }
+      for (const list of [`/api/task/v1/${task.id}/message?page_size=1`, `/api/task/v1/${task.id}/timeline?page_size=1`, `/api/task/v1?context_id=${contextId}&page_size=1`, `/api/task/v1/context/${contextId}/task?page_size=1`]) {
+        for (const [from, to] of [[up(list), list], [list, up(list)]]) {
+          const first = await stack.client.get(from);
+          assert.equal(typeof first.body.next_page_token, 'string', from);
+          const next = await stack.client.get(`${to}&next_page_token=${first.body.next_page_token}`);
+          assert.equal(next.status, 200, `${to}: ${next.text}`);
+          assert.deepEqual(next.body, (await stack.client.get(`${list}&next_page_token=${first.body.next_page_token}`)).body, to);
+        }
+      }
+    });
+
     // Pages through a list, running `between` after each page; checks each row comes once,
     // in order, and that the last page has no next_page_token.
     async function pageThrough(url: string, size: number, idOf: (item: any) => string, between: () => Promise<void>) {
