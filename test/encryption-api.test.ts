@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import { once } from 'node:events';
 import path from 'node:path';
 import { randomBytes, randomUUID } from 'node:crypto';
-import { Client, resetDb, startApi, startStack, testDb, testEnv, waitFor, type Stack, assertError } from './helpers/stack.ts';
+import { Client, resetDb, startApi, startStack, testDb, testEnv, waitFor, type Stack, type Response, assertError } from './helpers/stack.ts';
 import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
 import { openByHand, sealByHand } from './helpers/aes-gcm-by-hand.ts';
 import { kmsWrapper } from '../domain/crypto/envelope-keys.ts';
@@ -176,6 +176,30 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal((await c.delete(`${E}/dek/alias/imported-dek`)).status, 200);
     assert.equal((await c.delete(`${E}/dek/alias/imported-dek`)).status, 404);
     assert.equal((await c.get(`${E}/dek/alias/imported-dek`)).body.id, 'imported-dek');
+  });
+
+  it('refuses (400, saying why) a new DEK id or alias that is "." or "..", which a URL cannot address, storing nothing', async () => {
+    const c = stack.client;
+    const why = 'must not be "." or ".." (a URL cannot address it)';
+    const count = async (table: string) => Number((await testDb()(table).count({ n: '*' }))[0].n);
+    const before = [await count('deks'), await count('dek_aliases')];
+    for (const name of ['.', '..']) {
+      // Before, 201: fetch sends GET .../dek/alias/.. as GET .../dek/ (404).
+      const refused: [Response, string][] = [
+        [await c.post(`${E}/envelope/alpha.key/dek`, { id: name }), 'body.id'],
+        [await c.post(`${E}/envelope/alpha.key/dek/import`, { id: name, encrypted_data_encryption_key: sealByHand(kek('alpha.key'), randomBytes(32)) }), 'body.id'],
+        [await c.post(`${E}/dek/alias`, { dek_id: 'given-dek', alias: name }), 'body.alias'],
+      ];
+      for (const [r, path] of refused) {
+        assert.equal(r.status, 400, `${name}: ${r.text}`);
+        assert.deepEqual(r.body.data.errors, [{ path, message: why }], name);
+      }
+    }
+    assert.deepEqual([await count('deks'), await count('dek_aliases')], before);
+    const dots = await c.post(`${E}/envelope/alpha.key/dek`, { id: '...' });
+    assert.equal(dots.status, 201, dots.text);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: '...', alias: '.dots.' })).status, 201);
+    assert.equal((await c.get(`${E}/dek/alias/.dots.`)).body.id, '...');
   });
 
   it('refuses to delete an alias while secrets use it', async () => {

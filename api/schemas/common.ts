@@ -8,6 +8,11 @@ export const Uuid = Type.String({ format: 'uuid', pattern: worded('^[0-9a-fA-F]{
 export const NoControlChars = worded('^[^\\u0000-\\u001f\\u007f]*$', 'must not contain control characters');
 // Standard base64, padded: whole groups of four (a last one with = padding), which Buffer decodes as sent.
 export const BASE64_PATTERN = worded('^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$', 'must be base64 (standard alphabet, padded with =)');
+// fetch and browsers (WHATWG URL) drop a path segment that is "." or ".." (%2E too), with the one
+// before it, before a request leaves: a name a client picks that goes into paths (a DEK id, an alias)
+// may not be one, or it is stored and cannot be addressed. A pattern of its own (allOf), so that such
+// a name is told this rather than its alphabet; names already stored are still read.
+export const NotDotSegment = { allOf: [{ pattern: worded('^(?!\\.\\.?$)', 'must not be "." or ".." (a URL cannot address it)') }] };
 // http(s) URLs clients give (redirects, token endpoints): the format is defined in domain/schema-check.ts.
 export const HttpUrl = Type.String({ format: 'http-url', maxLength: 2048 });
 export const Base64 = Type.String({ contentEncoding: 'base64', pattern: BASE64_PATTERN, description: 'base64 (standard alphabet, padded)' });

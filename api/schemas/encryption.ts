@@ -1,13 +1,17 @@
 import { Type } from '@sinclair/typebox';
-import { Body, FreeObject, NoControlChars, Timestamp, Uuid } from './common.ts';
+import { Body, FreeObject, NoControlChars, NotDotSegment, Timestamp, Uuid } from './common.ts';
 import type { EnvelopeKeyRow } from '../../db/envelope-keys.ts';
 import type { AliasRow, DekListRow, DekRow } from '../../db/deks.ts';
 import type { KeyJobRow } from '../../db/key-jobs.ts';
 import { worded } from '../../domain/schema-check.ts';
 
 export const FileName = Type.String({ pattern: worded('^[A-Za-z0-9_.-]{1,255}$', 'must be a file name: 1 to 255 of A-Z a-z 0-9 _ . -'), description: 'plain file name under KEYS_DIR (no separators, no "..")' });
-export const DekId = Type.String({ pattern: worded('^[A-Za-z0-9_.:-]{1,200}$', 'must be 1 to 200 of A-Z a-z 0-9 _ . : -'), description: 'DEK id: a UUID unless given at creation' });
-export const AliasName = Type.String({ pattern: worded('^[A-Za-z0-9_.:-]{1,128}$', 'must be 1 to 128 of A-Z a-z 0-9 _ . : -') });
+const dekId = { pattern: worded('^[A-Za-z0-9_.:-]{1,200}$', 'must be 1 to 200 of A-Z a-z 0-9 _ . : -'), description: 'DEK id: a UUID unless given at creation' };
+export const DekId = Type.String(dekId);
+export const NewDekId = Type.String({ ...dekId, ...NotDotSegment, description: `${dekId.description}; not "." or ".."` });
+const aliasName = { pattern: worded('^[A-Za-z0-9_.:-]{1,128}$', 'must be 1 to 128 of A-Z a-z 0-9 _ . : -') };
+export const AliasName = Type.String(aliasName);
+export const NewAliasName = Type.String({ ...aliasName, ...NotDotSegment, description: 'not "." or ".."' });
 export const EnvelopeId = Type.String({ minLength: 1, maxLength: 2048, pattern: NoControlChars, description: 'file_name of a local key, ARN of a KMS key (URL-encoded in paths)' });
 const WrappedDek = Type.String({ minLength: 1, maxLength: 16384, description: 'base64 wrapped DEK' });
 
@@ -43,12 +47,12 @@ export const DekListItem = Type.Object({
   updated_at: Timestamp,
 }, { $id: 'DataEncryptionKeyListItem' });
 
-export const CreateDekRequest = Body({ id: Type.Optional(DekId), encrypted_dek: Type.Optional(WrappedDek) });
-export const ImportDekRequest = Body({ id: Type.Optional(DekId), encrypted_data_encryption_key: WrappedDek });
+export const CreateDekRequest = Body({ id: Type.Optional(NewDekId), encrypted_dek: Type.Optional(WrappedDek) });
+export const ImportDekRequest = Body({ id: Type.Optional(NewDekId), encrypted_data_encryption_key: WrappedDek });
 export const MigrateRequest = Body({ to_envelope_encryption_key_id: EnvelopeId });
 
 export const Alias = Type.Object({ alias: Type.String(), data_encryption_key_id: Type.String(), created_at: Timestamp, updated_at: Timestamp }, { $id: 'DataEncryptionKeyAlias' });
-export const CreateAliasRequest = Body({ dek_id: DekId, alias: AliasName });
+export const CreateAliasRequest = Body({ dek_id: DekId, alias: NewAliasName });
 export const UpdateAliasRequest = Body({ new_dek_id: DekId });
 
 // A key job is open (at most one migration per source key) until it has ended.

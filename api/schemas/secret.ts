@@ -3,9 +3,17 @@ import { Body, Timestamp, Uuid } from './common.ts';
 import { AliasName, DekId } from './encryption.ts';
 import { worded } from '../../domain/schema-check.ts';
 
-export const SecretKey = Type.String({
+const secretKey = {
   minLength: 1, maxLength: 256, pattern: worded('^[A-Za-z0-9_./-]+$', 'must be made of A-Z a-z 0-9 _ . / -'),
   description: 'Key name: 1..256 of A-Z a-z 0-9 _ . - /. In a path, encode "/" as %2F.',
+};
+export const SecretKey = Type.String(secretKey);
+// A new key (common.ts NotDotSegment), between its slashes too: a proxy that decodes %2F (nginx's
+// proxy_pass with a path does) resolves 'a/../b' to 'b'.
+export const NewSecretKey = Type.String({
+  ...secretKey,
+  allOf: [{ pattern: worded('^(?!(?:.*/)?\\.\\.?(?:/|$))', 'must not be "." or "..", nor have such a part between slashes (a URL cannot address it)') }],
+  description: `${secretKey.description} Not "." or "..", nor with such a part between slashes.`,
 });
 
 const common = {
@@ -23,14 +31,14 @@ export const DecryptedSecret = Type.Object({ ...common, decrypted_value: Type.St
 export type DecryptedSecret = Static<typeof DecryptedSecret>;
 
 export const CreateSecretRequest = Body({
-  key: SecretKey,
+  key: NewSecretKey,
   raw_value: Type.String(),
   dek_alias: Type.Optional(AliasName),
 });
 
 export const ImportSecretRequest = Body({
   id: Type.Optional(Uuid),
-  key: SecretKey,
+  key: NewSecretKey,
   encrypted_value: Type.String({ description: 'A value encrypted with the DEK the alias names (or data_encryption_key_id), in the format of encrypted_secret' }),
   dek_alias: AliasName,
   // An export (GET /api/a2a/v1/definition) names the DEK a secret was written with, which may be an
