@@ -1,4 +1,5 @@
-// OAuth brokering states (migration 0007): created by the broker call, taken once by the callback.
+// OAuth brokering states (migration 0007): created by the broker call, taken by the callback
+// (put back, same id and expiry, when its code exchange got no answer).
 import type { Tx } from './knex.ts';
 
 export interface BrokerStateRow {
@@ -19,7 +20,7 @@ export async function insertBrokerState(db: Tx, row: Omit<BrokerStateRow, 'creat
   return res.rows[0] as BrokerStateRow | undefined;
 }
 
-// Removes and returns the state: whatever the callback then finds, the state cannot be used again.
+// Removes and returns the state: a concurrent callback with it finds none.
 export async function takeBrokerState(db: Tx, stateHash: string): Promise<BrokerStateRow | undefined> {
   const [out] = await db('broker_states').where({ state_hash: stateHash }).delete().returning('*');
   return out;

@@ -79,6 +79,9 @@ export class Upstream extends AppError {
     super(502, 'bad_gateway', message, data);
   }
 }
+// An upstream that gave no answer at all (unreachable, connection reset, none in time): unlike one
+// that answered, it may never have acted on the request, so a single-use grant may still be good.
+export class NoAnswer extends Upstream {}
 export class RateLimited extends AppError {
   constructor(retryAfterMs: number, message?: string, data: Record<string, unknown> = {}) {
     const seconds = Math.max(1, Math.ceil(retryAfterMs / 1000));

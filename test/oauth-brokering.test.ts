@@ -9,6 +9,7 @@ const avail = (p: string, c: string) => `${B}/available-providers/${p}/available
 const BROKER = `${avail('google_mail', 'oauth_auth_flow')}/credential/user-credential/broker`;
 const CLIENT_SECRET = `cs-${randomUUID()}`;
 const SCOPE = 'https://www.googleapis.com/auth/gmail.send';
+const TIMEOUT_MS = 3000;
 
 
 const jwtPayload = (bearer: string) => JSON.parse(Buffer.from(bearer.replace(/^Bearer /, '').split('.')[1], 'base64url').toString()) as Record<string, unknown>;
@@ -44,7 +45,8 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
 
   before(async () => {
     await resetDb();
-    all = await startOAuthStack(CLIENT_SECRET, {}, { workers: 0 });
+    // A token endpoint that never answers costs a test this long.
+    all = await startOAuthStack(CLIENT_SECRET, { BRIDGE_TIMEOUT_MS: String(TIMEOUT_MS) }, { workers: 0 });
     ({ stack, oauth, providers: gmail } = all);
     c = stack.client;
     callbackUrl = `${stack.api.url}${B}/generic-oauth-callback`;
@@ -232,13 +234,40 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
   it('answers 502 when the token endpoint refuses the code, storing nothing', async () => {
     await instance('mail-e', { secret: 'not-the-secret' });
     const stored = await userCredentials();
-    const r = await callback(await consent((await broker('mail-e')).action.Redirect.url));
+    const back = await consent((await broker('mail-e')).action.Redirect.url);
+    const r = await callback(back);
     assert.equal(r.status, 502);
     const body = (await r.json()) as { message: string };
     assert.match(body.message, /token endpoint refused the code: The client secret is not valid/);
     assert.ok(!body.message.includes('not-the-secret'));
     assert.equal(await userCredentials(), stored);
     assert.equal((await c.get(`${B}/provider/mail-e`)).body.status, 'brokering_initiated');
+    assert.equal((await callback(back)).status, 404, "the provider's answer used the state up");
+  });
+
+  it('keeps the state when the token endpoint gives no answer (none in time, connection closed): 502 saying the callback may be retried, and the retry completes; two callbacks at once exchange once', async () => {
+    await instance('mail-t');
+    const stateRow = (url: string) => testDb()('broker_states').where({ state_hash: createHash('sha256').update(new URL(url).searchParams.get('state')!).digest('hex') }).first();
+    for (const [mode, says] of [['silent', `no answer within ${TIMEOUT_MS} ms`], ['hang-up', 'unreachable']] as const) {
+      const back = await consent((await broker('mail-t')).action.Redirect.url);
+      const [taken, stored] = [await stateRow(back), await userCredentials()];
+      await oauth.inMode(mode, async () => {
+        const r = await callback(back);
+        assert.equal(r.status, 502, mode);
+        assert.equal(((await r.json()) as { message: string }).message, `token endpoint: ${says}; the state is kept: the same callback may be retried until it expires`);
+      });
+      const kept = await stateRow(back);
+      assert.deepEqual([kept?.id, kept?.expires_at], [taken.id, taken.expires_at], `${mode}: the state is back, expiring as before`);
+      assert.equal(await userCredentials(), stored, `${mode}: nothing stored`);
+      assert.equal((await callback(back)).status, 200, `${mode}: the same callback again completes`);
+      assert.equal((await c.get(`${B}/provider/mail-t`)).body.status, 'active');
+      assert.equal((await callback(back)).status, 404, `${mode}: then the state is used up`);
+    }
+    // While one callback waits on the token endpoint, the other finds no state.
+    const back = await consent((await broker('mail-t')).action.Redirect.url);
+    const both = await oauth.inMode('silent', () => Promise.all([callback(back), callback(back)]));
+    assert.deepEqual(both.map((r) => r.status).sort(), [404, 502]);
+    assert.equal((await callback(back)).status, 200);
   });
 
   it("masks the client secret and code a token endpoint quotes in its refusal, in the 502 and the log", async () => {

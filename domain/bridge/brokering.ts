@@ -2,10 +2,10 @@
 // returns the provider's authorize URL (state of 256 random bits, single use, 10 minutes; PKCE
 // S256); the provider sends the user back to the generic callback, which exchanges the code at the
 // provider's token endpoint, stores the tokens as the instance's user credential (encrypted) and
-// makes the instance active.
+// makes the instance active. A token endpoint that gives no answer leaves the state for a retry.
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
-import { Gone, InvalidRequest, NotFound } from '../errors.ts';
+import { Gone, InvalidRequest, NoAnswer, NotFound, Upstream } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
 import { deleteBrokerStatesExpiredBefore, insertBrokerState, takeBrokerState, type BrokerStateRow } from '../../db/broker-states.ts';
 import type { BrokerState, Credential } from '../../api/schemas/bridge.ts';
@@ -91,6 +91,8 @@ export async function completeBrokering(
   const { row: rsRow, plain: rs } = await resourceServerCredential(s, cc, instance);
   const answer = await requestToken(s.cfg, provider, rs, {
     grant_type: 'authorization_code', code: reply.code, redirect_uri: String(rs.redirect_uri), code_verifier: state.code_verifier,
+  }).catch(async (err: unknown) => {
+    throw err instanceof NoAnswer ? await keptForRetry(s, state, err) : err;
   });
   if (answer.status >= 400) throw refusal('code', answer);
   const plain = withTokens(answer, { code: reply.code }, rs);
@@ -109,4 +111,14 @@ export async function completeBrokering(
   // One stored before creation checked it cannot be redirected to: the credential is answered instead.
   if (back) s.log.warn({ provider_instance_id: instance.id }, 'return_on_successful_brokering.url is not a URL: answering the user credential');
   return { type: 'user_credential', credential: toCredential(credential) };
+}
+
+// The token endpoint gave no answer, so the code may never have been redeemed: the state goes back
+// (same id and expiry) for the same callback to be tried again. Taken meanwhile, it made a
+// concurrent callback a 404: one exchange at a time. Any answer of the provider's uses it up.
+async function keptForRetry(s: BrokerServices, state: BrokerStateRow, err: NoAnswer): Promise<Upstream> {
+  // Undefined when the instance was deleted meanwhile: nothing to retry.
+  if (!(await insertBrokerState(s.db, state))) return err;
+  s.log.warn({ provider_instance_id: state.provider_instance_id, broker_state_id: state.id }, 'token endpoint gave no answer: broker state kept for a retry');
+  return new Upstream(`${err.message}; the state is kept: the same callback may be retried until it expires`, err.data);
 }

@@ -1,7 +1,8 @@
 // HTTP calls to provider APIs and token endpoints. An upstream that cannot be reached, times out
-// or fails on its side is a 502; what it answers with a 4xx is its refusal, for the caller to map.
+// or fails on its side is a 502 (NoAnswer when no answer came); what it answers with a 4xx is its
+// refusal, for the caller to map.
 import { Agent, fetch as undiciFetch } from 'undici';
-import { Upstream } from '../errors.ts';
+import { NoAnswer, Upstream } from '../errors.ts';
 import { findUnstorable } from '../storable-json.ts';
 import { guardedLookup } from '../webhook-url.ts';
 import { secretMasker } from '../secret-mask.ts';
@@ -84,7 +85,7 @@ export async function callUpstream(what: string, url: string, init: RequestInit,
       if (init.signal?.aborted) throw abandoned();
       const refused = (err as { cause?: { code?: string; message?: string } }).cause;
       if (refused?.code === 'EPRIVATE') throw new Upstream(`${what}: ${refused.message}`, { upstream: what });
-      throw new Upstream(`${what}: ${timeout.signal.aborted ? `no answer within ${timeoutMs} ms` : 'unreachable'}`, { upstream: what });
+      throw new NoAnswer(`${what}: ${timeout.signal.aborted ? `no answer within ${timeoutMs} ms` : 'unreachable'}`, { upstream: what });
     }
     text = await readBody(res, what).catch((err: unknown) => { throw init.signal?.aborted ? abandoned() : err; });
   } finally {
