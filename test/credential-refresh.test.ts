@@ -174,4 +174,19 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
       assert.equal((await send(id)).status, 200);
     }
   });
+
+  it('refreshes a token the provider says expired already (expires_in 0) at once, then not again for a minute however often it says so', async () => {
+    await oauth.inMode('expires-in:0', async () => {
+      const start = await oauth.refreshes();
+      await brokered('mail-0');
+      await waitFor(async () => (await oauth.refreshes()) > start, 'the refresh of the expired token');
+      // Several scans of both workers, each of which would find it due again were it not bounded.
+      await new Promise((r) => setTimeout(r, 1500));
+      assert.equal(await oauth.refreshes(), start + 1, 'one refresh, not one each scan');
+      const row = await userCredential('mail-0');
+      assert.ok(Date.parse(row.value.expiry_time) <= Date.now(), `the refreshed token expired too: ${row.value.expiry_time}`);
+      assert.ok(row.next_rotation_time.getTime() > Date.now() + 55_000, `due again in a minute: ${row.next_rotation_time.toISOString()}`);
+      assert.equal((await instance('mail-0')).status, 'active');
+    });
+  });
 });

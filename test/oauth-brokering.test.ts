@@ -338,6 +338,26 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     });
   });
 
+  it('takes expires_in 0 as expired now (due for refresh at once); answers 502 for one that is negative or not a number, storing nothing', async () => {
+    await instance('mail-z');
+    await oauth.inMode('expires-in:0', async () => {
+      const r = await callback(await consent((await broker('mail-z')).action.Redirect.url));
+      assert.equal(r.status, 200);
+      const body = (await r.json()) as Record<string, any>;
+      assert.ok(Date.parse(body.value.expiry_time) <= Date.now(), `expired: ${body.value.expiry_time}`);
+      assert.ok(Date.parse(body.next_rotation_time) <= Date.now(), `due now: ${body.next_rotation_time}`);
+    });
+    for (const value of ['-1', '"soon"', '""', 'true']) {
+      await oauth.inMode(`expires-in:${value}`, async () => {
+        const stored = await userCredentials();
+        const r = await callback(await consent((await broker('mail-z')).action.Redirect.url));
+        assert.equal(r.status, 502, value);
+        assert.equal(((await r.json()) as { message: string }).message, 'token endpoint: answered an expires_in that is not a number of seconds (0 or more)');
+        assert.equal(await userCredentials(), stored, `${value}: nothing stored`);
+      });
+    }
+  });
+
   it('answers 502 for tokens it could not store or export again (a NUL in scope, more scopes than a user credential holds), storing nothing', async () => {
     await instance('mail-n');
     for (const [mode, says] of [['nul-scope', /^token endpoint: answered a credential\.scopes\.0 that contains a NUL character/], ['many-scopes', /^token endpoint: answered tokens that do not fit the user credential \(.*scopes must NOT have more than 100 items\)$/]] as const) {

@@ -17,6 +17,9 @@ type RefreshServices = Pick<Services, 'db' | 'cfg' | 'log' | 'bus'>;
 export type RefreshOutcome = 'refreshed' | 'not due' | 'gone' | 'refresh_failed';
 
 const PAGE = 500;
+// However short a lifetime the provider announces (expires_in 0: expired already), a credential just
+// refreshed is not due again sooner: a refresh a minute at most, not one each scan.
+const MIN_REFRESH_INTERVAL_MS = 60_000;
 
 // A job per due credential, its id the credential's: while one waits or runs, workers scanning
 // together add no other (jobs of this queue are removed when they end, so the next due time can
@@ -60,6 +63,8 @@ async function refresh(s: RefreshServices, credentialId: string): Promise<Refres
   if (answer.status >= 400 && isInvalidGrant(answer)) return giveUp(s, credentialId, 'the provider answered invalid_grant');
   if (answer.status >= 400) throw refusal('refresh token', answer);
   const fresh = withTokens(answer, user, rs);
+  const rotation = nextRotationTime(cc, 'user', fresh);
+  const next = rotation && new Date(Math.max(rotation.getTime(), Date.now() + MIN_REFRESH_INTERVAL_MS));
   // The tokens just obtained must not be lost: the value may have been sealed anew meanwhile (an
   // alias rotation), so the write is retried over what is there now, as long as it is still this
   // instance's credential (brokering again replaces it with another).
@@ -68,7 +73,7 @@ async function refresh(s: RefreshServices, credentialId: string): Promise<Refres
     if (!current) return 'gone';
     const base: repo.CredentialRow = current;
     const written = await writeUnderAlias(s, base.dek_alias, async (trx, dekId) => repo.replaceCredentialValue(trx, base.id, base.value, {
-      value: await sealCredential(s, cc, 'user', fresh, dekId, trx), dek_id: dekId, next_rotation_time: nextRotationTime(cc, 'user', fresh),
+      value: await sealCredential(s, cc, 'user', fresh, dekId, trx), dek_id: dekId, next_rotation_time: next,
     }));
     if (written) {
       s.log.info({ credential_id: credentialId, provider_instance_id: instance.id }, 'credential refreshed');

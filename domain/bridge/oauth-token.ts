@@ -42,7 +42,6 @@ export function withTokens(answer: UpstreamAnswer, previous: Plain, rs: Plain): 
   if (body.access_token.length > MAX_TOKEN_LENGTH || !HEADER_TOKEN.test(body.access_token)) {
     throw new Upstream(`token endpoint: answered an access_token that cannot be sent in an Authorization header (printable ASCII, at most ${MAX_TOKEN_LENGTH} characters)`, { upstream: 'token endpoint' });
   }
-  const ttl = Number(body.expires_in);
   const scopes = typeof body.scope === 'string' ? body.scope.split(' ').filter(Boolean) : (previous.scopes ?? rs.scopes) as string[] | undefined;
   const refresh = typeof body.refresh_token === 'string' && body.refresh_token ? body.refresh_token : previous.refresh_token;
   const sub = idTokenSubject(body.id_token) ?? previous.sub;
@@ -50,9 +49,18 @@ export function withTokens(answer: UpstreamAnswer, previous: Plain, rs: Plain): 
     ...previous, access_token: body.access_token,
     ...(refresh ? { refresh_token: refresh } : {}),
     ...(sub ? { sub } : {}),
-    expiry_time: new Date(Date.now() + (Number.isFinite(ttl) && ttl > 0 ? Math.min(ttl, MAX_TOKEN_TTL_S) : DEFAULT_TOKEN_TTL_S) * 1000).toISOString(),
+    expiry_time: new Date(Date.now() + lifetimeS(body.expires_in) * 1000).toISOString(),
     ...(scopes?.length ? { scopes } : {}),
   });
+}
+
+// expires_in in seconds, as a number or (as some endpoints send it) a string of digits; absent, the
+// default. 0 is expired already: due for refresh at once (how often again: credential-refresh.ts).
+function lifetimeS(value: unknown): number {
+  if (value === undefined || value === null) return DEFAULT_TOKEN_TTL_S;
+  const ttl = typeof value === 'number' ? value : typeof value === 'string' && /^\d+(\.\d+)?$/.test(value) ? Number(value) : NaN;
+  if (!(ttl >= 0)) throw new Upstream('token endpoint: answered an expires_in that is not a number of seconds (0 or more)', { upstream: 'token endpoint' });
+  return Math.min(ttl, MAX_TOKEN_TTL_S);
 }
 
 // The answer becomes the stored user credential: one Postgres cannot store (a NUL in `scope`), or
