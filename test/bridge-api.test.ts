@@ -198,6 +198,19 @@ describe('bridge API', () => {
     assert.equal(sent.headers['content-type'], 'application/x-www-form-urlencoded');
     assert.equal(sent.headers.authorization, `Bearer ${STRIPE_KEY}`);
     assert.equal(sent.body, 'payment_intent=pi_123&amount=500');
+    assert.equal(sent.headers['idempotency-key'], undefined, 'none unless the client gives one');
+    // A client's idempotency key travels as Stripe's Idempotency-Key header, so a retry after a 502
+    // or a hang-up does not refund twice; a key that cannot be a header value is refused, calling nothing.
+    const keyed = await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_123' }, idempotency_key: 'order 42 refund' });
+    assert.equal(keyed.status, 200, keyed.text);
+    assert.equal(lastSeen('/v1/refunds').headers['idempotency-key'], 'order 42 refund');
+    const before = providers.seen.length;
+    for (const key of ['', ' lead', 'trail ', 'x'.repeat(256), 'tab\there', 'caf\u00e9', 42]) {
+      const r = await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_123' }, idempotency_key: key });
+      assert.equal(r.status, 400, `${JSON.stringify(key)}: ${r.text}`);
+      assert.equal(r.body.data.errors[0].path, 'body.idempotency_key', JSON.stringify(key));
+    }
+    assert.equal(providers.seen.length, before, 'no call made');
 
     const refused = await invoke('stripe-main', 'stripe_process_refund', { payment_intent: 'pi_refused' });
     assert.equal(refused.status, 200);
@@ -480,6 +493,16 @@ describe('bridge API', () => {
     assert.equal(done.status.state, 'completed');
     assert.deepEqual(done.status.message.parts, [{ kind: 'data', data: { result: { type: 'success', id: 're_1', object: 'refund', amount: 250, status: 'succeeded', payment_intent: null } } }]);
     assert.equal(lastSeen('/v1/refunds').body, 'charge=ch_9&amount=250');
+    assert.equal(lastSeen('/v1/refunds').headers['idempotency-key'], undefined);
+    // A key of the agent's (one a retried run sends again) goes to Stripe; one that could not is refused.
+    const keyed = (await send({ provider_instance_id: 'stripe-agent', function_type_id: 'stripe_process_refund', params: { charge: 'ch_9' }, options: { idempotencyKey: 'task-1:refund' } })).body.result;
+    assert.equal(keyed.status.state, 'completed');
+    assert.equal(lastSeen('/v1/refunds').headers['idempotency-key'], 'task-1:refund');
+    const calls = providers.seen.length;
+    const badKey = (await send({ provider_instance_id: 'stripe-agent', function_type_id: 'stripe_process_refund', params: { charge: 'ch_9' }, options: { idempotencyKey: 'x'.repeat(256) } })).body.result;
+    assert.equal(badKey.status.state, 'failed');
+    assert.match(badKey.status.message.parts[0].text, /^invoke refused: .*options\.idempotencyKey/);
+    assert.equal(providers.seen.length, calls, 'no call made');
 
     const refused = (await send({ provider_instance_id: 'stripe-agent', function_type_id: 'stripe_process_refund', params: { amount: -1 } })).body.result;
     assert.equal(refused.status.state, 'failed');

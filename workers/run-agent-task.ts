@@ -15,6 +15,8 @@ import { failRun } from './fail-run.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 import { readSecretValue } from '../domain/secrets.ts';
 import { invokeFunction } from '../domain/bridge/functions.ts';
+import { checkAgainst } from '../domain/bridge/catalog.ts';
+import { AgentInvokeOptions } from '../api/schemas/bridge.ts';
 import { withTimeout } from '../domain/with-timeout.ts';
 import { findUnstorable, storableText } from '../domain/storable-json.ts';
 
@@ -201,12 +203,15 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         return artifactId;
       }),
       readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', 'secret')))),
-      invokeFunction: (providerInstanceId, functionTypeId, params) =>
-        whileRunning(() => ours(() => invokeFunction(
-          services, lookupName(providerInstanceId, 'ctx.invokeFunction: the provider instance id', 'provider_instance'),
-          lookupName(functionTypeId, 'ctx.invokeFunction: the function type id', 'function_controller'), params,
-          { paramsPath: 'params', signal: controller.signal, log: runLog },
-        ))),
+      invokeFunction: (providerInstanceId, functionTypeId, params, options = {}) =>
+        whileRunning(() => ours(async () => {
+          checkAgainst(AgentInvokeOptions, options, 'options');
+          return invokeFunction(
+            services, lookupName(providerInstanceId, 'ctx.invokeFunction: the provider instance id', 'provider_instance'),
+            lookupName(functionTypeId, 'ctx.invokeFunction: the function type id', 'function_controller'), params,
+            { paramsPath: 'params', signal: controller.signal, log: runLog, idempotencyKey: options.idempotencyKey },
+          );
+        })),
       log: runLog,
     };
 

@@ -144,7 +144,7 @@ export const bridgeRoutes = [
     responses: { 200: InvokeResult, ...resourceErrors, 409: ErrorBody, 502: ErrorBody },
   }, async ({ params, body, services, ctx }) =>
     // A client that hangs up abandons the provider call too, rather than holding it for BRIDGE_TIMEOUT_MS.
-    functions.invokeFunction(services, params.provider_instance_id, params.function_controller_type_id, body.params, { signal: clientGone(ctx) })),
+    functions.invokeFunction(services, params.provider_instance_id, params.function_controller_type_id, body.params, { signal: clientGone(ctx), idempotencyKey: body.idempotency_key })),
 
   defineRoute({
     method: 'get', path: '/api/bridge/v1/function-instances', operationId: 'list-function-instances', tag, scope: 'bridge:read',

@@ -46,7 +46,7 @@ export async function listFunctionInstances(
 // to the provider (an agent run canceled); `log` is the caller's (an agent run's names its task).
 export async function invokeFunction(
   s: InvokeServices, providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>,
-  { paramsPath = 'body.params', signal, log = s.log }: { paramsPath?: string; signal?: AbortSignal; log?: Services['log'] } = {},
+  { paramsPath = 'body.params', signal, log = s.log, idempotencyKey }: { paramsPath?: string; signal?: AbortSignal; log?: Services['log']; idempotencyKey?: string } = {},
 ): Promise<InvokeResult> {
   // One snapshot: brokering again replaces the user credential and deletes the old one, so an
   // instance read before could name a credential gone by the next statement.
@@ -71,7 +71,7 @@ export async function invokeFunction(
   };
   const opts = { timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS, allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, signal };
   const authorization = await cc.authorization(await plain(instance.resource_server_credential_id), await plain(instance.user_credential_id), opts);
-  const result = await f.invoke({ params, authorization, apiBase: s.cfg[provider.apiBaseSetting].replace(/\/+$/, ''), timeoutMs: opts.timeoutMs, signal });
+  const result = await f.invoke({ params, authorization, apiBase: s.cfg[provider.apiBaseSetting].replace(/\/+$/, ''), timeoutMs: opts.timeoutMs, signal, idempotencyKey });
   log.info({ provider_instance_id: providerInstanceId, function: functionTypeId, result: result.type }, 'bridge function invoked');
   return result;
 }

@@ -27,7 +27,11 @@ export interface CredentialControllerDef {
   authorization(rs: Plain | undefined, user: Plain | undefined, opts: UpstreamOptions): Promise<string | undefined>;
 }
 
-export interface InvokeCall { params: Record<string, unknown>; authorization: string | undefined; apiBase: string; timeoutMs: number; signal?: AbortSignal }
+export interface InvokeCall {
+  params: Record<string, unknown>; authorization: string | undefined; apiBase: string; timeoutMs: number; signal?: AbortSignal;
+  /** For providers that honour one (IdempotencyKey); others ignore it. */
+  idempotencyKey?: string;
+}
 
 export interface FunctionControllerDef {
   type_id: string;
