@@ -1,7 +1,7 @@
 // The `web` process: the HTTP API.
 import http, { type ServerResponse } from 'node:http';
 import net from 'node:net';
-import { loadConfigOrExit } from '../domain/config.ts';
+import { exitOnConfigError, loadConfigOrExit } from '../domain/config.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
 import { waitForBackingServices } from '../domain/startup.ts';
@@ -15,7 +15,7 @@ import { onStop } from '../domain/stop-signals.ts';
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'api');
 await waitForBackingServices(services);
-await bootstrap(services);
+await bootstrap(services).catch(exitOnConfigError);
 await startKeyringInvalidation(services);
 const keyRevocations = await listenPg(cfg.DATABASE_URL, { [API_KEY_REVOKED]: forgetApiKey }, services.log, {
   onReconnect: () => void catchUpOnRevocations(services).catch((err: Error) => services.log.warn({ err: { message: err.message } }, 'could not catch up on API key revocations; open streams of keys revoked meanwhile stay until their task ends')),

@@ -6,8 +6,21 @@ import type { Services } from './services.ts';
 import { anyKeys } from '../db/api-keys.ts';
 import { createApiKey } from './api-keys.ts';
 import { bootstrapKeys } from './crypto/key-management.ts';
+import { ConfigError } from './config.ts';
 
 const BOOTSTRAP_LOCK = 7_311_201;
+
+// A directory this process cannot create or write (a read-only or wrongly owned volume, a file in
+// the way) is said as the setting to fix, as a bad configuration is, not as the file system's stack.
+async function writingTo<T>(setting: 'DATA_DIR' | 'KEYS_DIR', dir: string, write: () => Promise<T> | T): Promise<T> {
+  try {
+    return await write();
+  } catch (err) {
+    const { code, syscall, path: where } = (err ?? {}) as NodeJS.ErrnoException;
+    if (typeof code !== 'string' || typeof syscall !== 'string' || typeof where !== 'string' || !where.startsWith(dir)) throw err;
+    throw new ConfigError(`Invalid configuration:\n  ${setting}: ${dir} cannot be used (${code} on ${syscall} of ${where}): it must be a directory this process can create and write`);
+  }
+}
 
 export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promise<void> {
   await s.db.transaction(async (trx) => {
@@ -16,17 +29,19 @@ export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promis
     if (!s.cfg.ADMIN_API_KEY && !(await anyKeys(trx))) {
       const created = await createApiKey(trx, 'bootstrap admin', ['admin']);
       const file = path.join(s.cfg.DATA_DIR, 'admin-api-key');
-      fs.mkdirSync(s.cfg.DATA_DIR, { recursive: true, mode: 0o700 });
-      // Never through a symlink; an existing file is made owner-only too.
-      const fd = fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_TRUNC | fs.constants.O_NOFOLLOW, 0o600);
-      try {
-        fs.fchmodSync(fd, 0o600);
-        fs.writeSync(fd, created.key + '\n');
-      } finally {
-        fs.closeSync(fd);
-      }
+      await writingTo('DATA_DIR', s.cfg.DATA_DIR, () => {
+        fs.mkdirSync(s.cfg.DATA_DIR, { recursive: true, mode: 0o700 });
+        // Never through a symlink; an existing file is made owner-only too.
+        const fd = fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_TRUNC | fs.constants.O_NOFOLLOW, 0o600);
+        try {
+          fs.fchmodSync(fd, 0o600);
+          fs.writeSync(fd, created.key + '\n');
+        } finally {
+          fs.closeSync(fd);
+        }
+      });
       s.log.warn({ file }, 'created the first admin API key; it is stored in this file, readable only by its owner');
     }
-    if (await bootstrapKeys(s, trx)) s.log.info({ keys_dir: s.cfg.KEYS_DIR }, 'created the first local envelope key and the DEK aliased "default"');
+    if (await writingTo('KEYS_DIR', s.cfg.KEYS_DIR, () => bootstrapKeys(s, trx))) s.log.info({ keys_dir: s.cfg.KEYS_DIR }, 'created the first local envelope key and the DEK aliased "default"');
   });
 }

@@ -4,11 +4,15 @@ import { Ajv } from 'ajv';
 import { parse as parsePgUrl } from 'pg-connection-string';
 import { parseSkills } from './a2a/skills.ts';
 import { redactUrl } from './logger.ts';
-import { errorText } from './schema-check.ts';
+import { errorText, isHttpUrl } from './schema-check.ts';
 import { MAX_TIMER_MS } from './with-timeout.ts';
 
 // A string that is one of `values` (checked as an enum, so that a wrong one is told the choices).
 const oneOf = <const T extends string>(values: readonly T[], opts: { default: NoInfer<T> }) => Type.Unsafe<T>({ type: 'string', enum: values, ...opts });
+
+// An http(s) URL that parses (a port that is a number, a host, no spaces): a pattern alone let
+// through what crashed the first code to read it, printing the URL, password and all.
+const HttpUrlSetting = (opts: { default?: string } = {}) => Type.String({ ...opts, format: 'http-url' });
 
 // A duration in milliseconds: at most what a timer can wait (MAX_TIMER_MS).
 const Ms = (opts: { minimum: number; default: number }) => Type.Integer({ ...opts, maximum: MAX_TIMER_MS });
@@ -17,7 +21,7 @@ const Ms = (opts: { minimum: number; default: number }) => Type.Integer({ ...opt
 const ConfigSchema = Type.Object({
   PORT: Type.Integer({ minimum: 0, maximum: 65535, default: 3000 }),
   HOST: Type.String({ default: '127.0.0.1' }),
-  PUBLIC_URL: Type.Optional(Type.String({ pattern: '^https?://[^\\s]+$' })),
+  PUBLIC_URL: Type.Optional(HttpUrlSetting()),
   DATABASE_URL: Type.String({ pattern: '^postgres(ql)?://' }),
   REDIS_URL: Type.String({ pattern: '^rediss?://' }),
   DATA_DIR: Type.String({ default: '.data', minLength: 1 }),
@@ -46,7 +50,7 @@ const ConfigSchema = Type.Object({
   QUEUE_PREFIX: Type.String({ default: '{taskbridge}', minLength: 1 }),
   AGENT_KIND: oneOf(['demo', 'module', 'remote'], { default: 'demo' }),
   AGENT_MODULE: Type.Optional(Type.String({ minLength: 1 })),
-  AGENT_REMOTE_URL: Type.Optional(Type.String({ pattern: '^https?://' })),
+  AGENT_REMOTE_URL: Type.Optional(HttpUrlSetting()),
   // Sent as `Authorization: Bearer <key>` to the remote A2A agent (card and calls), at
   // AGENT_REMOTE_URL's origin or one of AGENT_REMOTE_KEY_ORIGINS (comma-separated origins).
   AGENT_REMOTE_API_KEY: Type.Optional(Type.String({ minLength: 1 })),
@@ -118,15 +122,15 @@ const ConfigSchema = Type.Object({
   PUSH_CONCURRENCY_PER_HOST: Type.Integer({ minimum: 1, maximum: 1000, default: 5 }),
   // Provider API base URLs (self-hosted or test servers), the time a provider call may take, and
   // whether credential URLs (token_uri) may point at private, loopback or link-local addresses.
-  STRIPE_API_BASE_URL: Type.String({ default: 'https://api.stripe.com', pattern: '^https?://[^\\s]+$' }),
-  GOOGLE_MAIL_API_BASE_URL: Type.String({ default: 'https://gmail.googleapis.com', pattern: '^https?://[^\\s]+$' }),
+  STRIPE_API_BASE_URL: HttpUrlSetting({ default: 'https://api.stripe.com' }),
+  GOOGLE_MAIL_API_BASE_URL: HttpUrlSetting({ default: 'https://gmail.googleapis.com' }),
   // Google's OAuth endpoints for brokering user credentials (authorization code with PKCE) and refreshing them.
-  GOOGLE_OAUTH_AUTHORIZE_URL: Type.String({ default: 'https://accounts.google.com/o/oauth2/v2/auth', pattern: '^https?://[^\\s]+$' }),
-  GOOGLE_OAUTH_TOKEN_URL: Type.String({ default: 'https://oauth2.googleapis.com/token', pattern: '^https?://[^\\s]+$' }),
+  GOOGLE_OAUTH_AUTHORIZE_URL: HttpUrlSetting({ default: 'https://accounts.google.com/o/oauth2/v2/auth' }),
+  GOOGLE_OAUTH_TOKEN_URL: HttpUrlSetting({ default: 'https://oauth2.googleapis.com/token' }),
   BRIDGE_TIMEOUT_MS: Ms({ minimum: 100, default: 15000 }),
   BRIDGE_ALLOW_PRIVATE: Type.Boolean({ default: false }),
   DEK_CACHE_TTL_MS: Ms({ minimum: 0, default: 300000 }),
-  AWS_KMS_ENDPOINT: Type.Optional(Type.String({ pattern: '^https?://' })),
+  AWS_KMS_ENDPOINT: Type.Optional(HttpUrlSetting()),
   // AWS accounts whose KMS keys may become envelope keys (comma-separated ids); unset: any account.
   AWS_KMS_ACCOUNTS: Type.Optional(Type.String({ pattern: '^\\d{12}(,\\d{12})*$' })),
   AGENT_NAME: Type.String({ default: 'taskbridge' }),
@@ -139,6 +143,7 @@ export type Config = Static<typeof ConfigSchema> & { KEYS_DIR: string; PUBLIC_UR
 export class ConfigError extends Error {}
 
 const ajv = new Ajv({ coerceTypes: true, useDefaults: true, allErrors: true });
+ajv.addFormat('http-url', { type: 'string', validate: isHttpUrl });
 
 // The settings of `schema` from the environment, coerced and defaulted, or a ConfigError listing
 // every problem by variable name.
@@ -224,15 +229,19 @@ export function remoteKeyOrigins(cfg: Pick<Config, 'AGENT_REMOTE_KEY_ORIGINS'>):
 }
 
 // Process entry points: a bad configuration ends the process with the list of problems.
+export function exitOnConfigError(e: unknown): never {
+  if (e instanceof ConfigError) {
+    console.error(e.message);
+    process.exit(2);
+  }
+  throw e;
+}
+
 function orExit<T>(load: () => T): T {
   try {
     return load();
   } catch (e) {
-    if (e instanceof ConfigError) {
-      console.error(e.message);
-      process.exit(2);
-    }
-    throw e;
+    return exitOnConfigError(e);
   }
 }
 

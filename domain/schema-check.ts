@@ -11,7 +11,7 @@ const ajv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, s
 // An http(s) URL that WHATWG URL (fetch, Koa's redirect) parses as written: a pattern took
 // 'https://[host/x', which the OAuth callback could then not redirect to, and URL drops tabs and
 // newlines inside a URL, so control characters are refused before it reads one.
-const isHttpUrl = (v: string) => /^https?:\/\//i.test(v) && !/[\u0000-\u0020\u007f]/.test(v) && URL.canParse(v);
+export const isHttpUrl = (v: string) => /^https?:\/\//i.test(v) && !/[\u0000-\u0020\u007f]/.test(v) && URL.canParse(v);
 ajv.addFormat('http-url', { type: 'string', validate: isHttpUrl });
 export const compileSchema = (schema: object): ValidateFunction => ajv.compile(schema);
 

@@ -87,6 +87,38 @@ describe('process start-up', function () {
     assert.doesNotMatch(socket.output, /Invalid configuration|pw-socket/);
   });
 
+  it('refuses http(s) URL settings that do not parse (a port out of range, no host, a space), without showing them', async () => {
+    const r = await run('workers/main.ts', testEnv({
+      AGENT_KIND: 'remote', AGENT_REMOTE_URL: 'https://agentuser:pw-remote@agent.example.com:99999/a2a',
+      PUBLIC_URL: 'http://:', AWS_KMS_ENDPOINT: 'https://bad host', GOOGLE_OAUTH_TOKEN_URL: 'https://oauth2.example.com:x/token',
+    }));
+    assert.equal(r.code, 2, r.output);
+    for (const name of ['AGENT_REMOTE_URL', 'PUBLIC_URL', 'AWS_KMS_ENDPOINT', 'GOOGLE_OAUTH_TOKEN_URL']) assert.match(r.output, new RegExp(`^ {2}${name}: must be an http\\(s\\) URL$`, 'm'));
+    assert.doesNotMatch(r.output, /pw-remote/);
+    noStack(r);
+  });
+
+  it('on a fresh installation, a DATA_DIR or KEYS_DIR it cannot create or write ends the process with exit code 2 and one line naming it, no stack', async () => {
+    const scratch = await scratchDatabase('dirs');
+    try {
+      await scratch.db.migrate.latest(migrationConfig);
+      const file = path.join(process.env.TEST_DATA_DIR!, `not-a-dir-${process.pid}`);
+      fs.writeFileSync(file, 'x');
+      // No ADMIN_API_KEY: the first admin key is written under DATA_DIR, here a file.
+      const api = await run('api/main.ts', { ...testEnv({ DATABASE_URL: scratch.url, ADMIN_API_KEY: undefined }), DATA_DIR: file });
+      assert.equal(api.code, 2, api.output);
+      assert.match(api.output, new RegExp(`^ {2}DATA_DIR: ${file} cannot be used \\(EEXIST on mkdir of ${file}\\): it must be a directory this process can create and write$`, 'm'));
+      noStack(api);
+      // The first envelope key is written under KEYS_DIR, here below that file.
+      const worker = await run('workers/main.ts', testEnv({ DATABASE_URL: scratch.url, KEYS_DIR: path.join(file, 'keys') }));
+      assert.equal(worker.code, 2, worker.output);
+      assert.match(worker.output, /^ {2}KEYS_DIR: .* cannot be used \(ENOTDIR on mkdir of .*\): it must be a directory this process can create and write$/m);
+      noStack(worker);
+    } finally {
+      await scratch.drop();
+    }
+  });
+
   it('exits 1 with one line naming HOST and PORT when it cannot listen (the port taken)', async () => {
     const taken = net.createServer();
     await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));

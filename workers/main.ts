@@ -1,6 +1,6 @@
 // The `worker` process: BullMQ workers for every queue, with graceful shutdown.
 import { Worker, type Job } from 'bullmq';
-import { loadConfigOrExit } from '../domain/config.ts';
+import { exitOnConfigError, loadConfigOrExit } from '../domain/config.ts';
 import { timerMs } from '../domain/with-timeout.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
@@ -28,7 +28,7 @@ const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'worker');
 const { log } = services;
 await waitForBackingServices(services);
-await bootstrap(services);
+await bootstrap(services).catch(exitOnConfigError);
 await startKeyringInvalidation(services);
 services.outbox.startSweeper();
 
