@@ -20,7 +20,7 @@ import type { Services } from './services.ts';
 import { AppError, Conflict, NotFound } from './errors.ts';
 import { inTransaction } from './unit-of-work.ts';
 import { createDek, decryptWithDek, DecryptError, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
-import { getDek } from '../db/deks.ts';
+import { aliasDekForWrite, getDek } from '../db/deks.ts';
 import { addKeyJobTotal, finishKeyJob, settleKeyJobTotal, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, type KeyJobError, type KeyJobRow } from '../db/key-jobs.ts';
 import { countSecretsToRotate, findActiveRotation, lockAlias, reencryptSecrets, secretsToRotate, setRotationState, type RotationCandidate } from '../db/secrets.ts';
 import { countCredentialsToRotate, credentialsToRotate, reencryptCredentials, type CredentialToRotate } from '../db/bridge.ts';
@@ -154,6 +154,14 @@ export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSi
     if (!job) throw new NotFound('job', jobId);
     const params = job.params as unknown as Required<RotationParams>;
     if (job.status !== 'running') return { job, phaseDone: params.phase };
+    // After the repoint the alias must still name the new DEK, held so until the batch commits: one
+    // moved since is the operator's choice, and what was written under its new target is not ours
+    // to pull back to this rotation's DEK.
+    if (AFTER_REPOINT.includes(params.phase)) {
+      const target = await aliasDekForWrite(trx, params.alias);
+      if (target === undefined) throw new NotFound('dek_alias', params.alias);
+      if (target !== params.new_dek_id) throw movedDuringRotation(params.alias, target);
+    }
     const store = STORES[params.phase];
     const rows = await store.next(trx, job, params, job.cursor, { limit: batchSize, maxBytes: BATCH_MAX_BYTES });
     if (!rows.length) return { job, phaseDone: params.phase };
@@ -181,6 +189,9 @@ export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSi
     return { job: (await getKeyJob(trx, jobId))! };
   });
 }
+
+const movedDuringRotation = (alias: string, dekId: string) =>
+  new Conflict(`alias '${alias}' was pointed at DEK '${dekId}' during the rotation; it was left there`, { resource: 'dek_alias', id: alias });
 
 // The phases after the repoint. Past the sweep, the alias's other rows, each kind in one pass:
 // the repoint made every later write use the new DEK, so what is left under an older one can only shrink.
@@ -220,9 +231,7 @@ export async function repointRotatedAlias(s: KeyringServices, jobId: string): Pr
     const alias = await lockAlias(trx, params.alias);
     if (!alias) throw new NotFound('dek_alias', params.alias);
     if (alias.dek_id !== params.new_dek_id) {
-      if (alias.dek_id !== params.from_dek_id) {
-        throw new Conflict(`alias '${params.alias}' was pointed at DEK '${alias.dek_id}' during the rotation; it was left there`, { resource: 'dek_alias', id: params.alias });
-      }
+      if (alias.dek_id !== params.from_dek_id) throw movedDuringRotation(params.alias, alias.dek_id);
       await repointAlias(trx, params.alias, params.new_dek_id);
     }
     await setRotationState(trx, jobId, { ...params, phase: 'sweep' }, true);

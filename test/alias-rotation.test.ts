@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { startWorker, testDb, useStack, waitFor, withQueue, type Client, type Proc } from './helpers/stack.ts';
 
@@ -201,6 +202,47 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     assert.match(done.errors.at(-1).message, /was pointed at DEK .* during the rotation/);
     assert.equal(await aliasDek(ALIAS), elsewhere);
     // Secrets re-encrypted before the failure and those not reached both still read.
+    const all = await decryptedAll();
+    for (const [k, v] of expected) assert.equal(all.get(k), v, k);
+  });
+
+  it('fails the job, pulling nothing back, when the alias is moved after its repoint (the sweep)', async () => {
+    const envelope = (await c.get(`${E}/dek/alias/${ALIAS}`)).body.envelope_encryption_key_id.id;
+    const elsewhere = (await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, {})).body.id;
+    const jobRow = async (id: string) => testDb()('key_jobs').where({ id }).first();
+    // Started, then stopped mid-walk: secrets written now are the sweep's (after the start, old DEK).
+    await stack.workers[0]?.kill('SIGKILL');
+    const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
+    assert.equal(r.status, 202);
+    const first = await startWorker(stack.env);
+    allProcs.push(first);
+    await waitFor(async () => (await jobRow(r.body.id)).status === 'running', 'the rotation to start', 20000, 20);
+    await first.kill('SIGKILL');
+    assert.equal((await jobRow(r.body.id)).params.phase, 'walk', 'stopped before its repoint');
+    for (let i = 0; i < 10; i++) await createSecret(`sweep/${i}`, ALIAS);
+    // One of them held, so the sweep's batch waits on it (holding the alias) while the alias is moved.
+    const held = await testDb().transaction();
+    try {
+      await held('secrets').where({ id: ids.get('sweep/0') }).forUpdate().first();
+      const worker = await startWorker(stack.env);
+      stack.workers[0] = worker;
+      allProcs.push(worker);
+      await waitFor(async () => (await jobRow(r.body.id)).params.phase === 'sweep', 'the sweep', 30000, 20);
+      await sleep(300);
+      const moved = c.put(`${E}/dek/alias/${ALIAS}`, { new_dek_id: elsewhere });
+      await sleep(300);
+      await held.rollback();
+      assert.equal((await moved).status, 200);
+    } finally {
+      if (!held.isCompleted()) await held.rollback();
+    }
+    for (let i = 0; i < 5; i++) await createSecret(`after-move/${i}`, ALIAS);
+    const done = await waitJob(r.body.id, 'the rotation to fail');
+    assert.equal(done.status, 'failed', JSON.stringify(done));
+    assert.match(done.errors.at(-1).message, /was pointed at DEK .* during the rotation; it was left there/);
+    assert.equal(await aliasDek(ALIAS), elsewhere);
+    const rows = await testDb()('secrets').where('key', 'like', 'after-move/%');
+    assert.deepEqual(rows.map((row) => row.dek_id), Array(5).fill(elsewhere), 'written under the alias\'s new target, and left there');
     const all = await decryptedAll();
     for (const [k, v] of expected) assert.equal(all.get(k), v, k);
   });
