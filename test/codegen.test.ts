@@ -215,7 +215,12 @@ describe('POST /_internal/v1/trigger_codegen of more function instances than the
 
   it('an answer whose database connection is lost mid-way: its client gets it cut short, the failure is logged, and the next answers are whole', async () => {
     await waitFor(async () => (await waitingAnswers()) === 0, 'the snapshots of the answers before to end');
+    // The request line is logged as the answer begins, after the reads before it (ended under
+    // those, the answer is a whole 503, which a loaded run once hit).
+    const begun = () => stack.api.logs.filter((l) => l.includes('"msg":"request"') && l.includes(`"path":"${CODEGEN}"`) && l.includes('"status":200')).length;
+    const before = begun();
     const client = unreadAnswer(stack.api.url, 'POST', CODEGEN);
+    await waitFor(async () => begun() > before, 'the answer to begin');
     // Tried until it hits: seen idle between two batches, a snapshot may be busy with the next by then.
     await waitFor(async () => (await endWaitingAnswers()) === 1, 'its snapshot to be ended under it');
     const received = await readUntilClosed(client);
