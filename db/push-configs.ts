@@ -14,7 +14,8 @@ export interface PushConfigRow {
 
 // Creates or replaces a task's config. A new config starts after the task's current timeline, so
 // only later updates are pushed, unless `fromStart` (a config that comes with the task's creation
-// gets its first update too); replacing one keeps its delivery position.
+// gets its first update too); replacing one keeps its delivery position, and gives the pending
+// update fresh attempts without the old target's hold (a webhook fixed by setting it again).
 export async function upsertPushConfig(
   db: Tx,
   row: Pick<PushConfigRow, 'task_id' | 'id' | 'url' | 'authentication' | 'encrypted_secrets' | 'secrets_dek_id'>,
@@ -30,7 +31,12 @@ export async function upsertPushConfig(
       updated_at: now,
     })
     .onConflict(['task_id', 'id'])
-    .merge(['url', 'authentication', 'encrypted_secrets', 'secrets_dek_id', 'updated_at'])
+    .merge({
+      url: db.raw('excluded.url'), authentication: db.raw('excluded.authentication'), encrypted_secrets: db.raw('excluded.encrypted_secrets'),
+      secrets_dek_id: db.raw('excluded.secrets_dek_id'), updated_at: db.raw('excluded.updated_at'), failed_posts: 0,
+      // A hold has no lease id; a run's lease is left to it.
+      lease_until: db.raw('case when push_configs.lease_id is null then null else push_configs.lease_until end'),
+    })
     .returning('*');
   return out;
 }

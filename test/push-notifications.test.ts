@@ -212,6 +212,23 @@ describe('push notifications', () => {
     assert.ok(next.all.every((r) => r.token === 'tok-new'));
   });
 
+  it('gives the pending update fresh attempts at the new URL when a failing config is set again', async () => {
+    const old = await startReceiver(() => 503);
+    const next = await startReceiver((_r, all) => (all.length <= 2 ? 503 : 200));
+    receivers.push(old, next);
+    const id = await idleTask();
+    await setConfig(id, { id: 'fixed', url: old.url });
+    await setStatus(id, 'working');
+    await waitFor(async () => old.all.length === 2, 'two failed posts at the old URL');
+    await setConfig(id, { id: 'fixed', url: next.url });
+    await setStatus(id, 'completed');
+    // PUSH_ATTEMPTS=4: two failures at the new URL are not the update's third and fourth.
+    await waitFor(async () => states(next.all, id).includes('completed'), 'the completed notification at the new URL');
+    assert.deepEqual(states(next.all, id), ['working', 'working', 'working', 'completed']);
+    assert.ok(old.all.length <= 3, `at most the post in flight went to the old URL after the set: ${old.all.length}`);
+    assert.ok(!stack.workers[0].logs.some((l) => l.includes('push notification given up') && l.includes(id)), 'nothing given up');
+  });
+
   it('delivers the updates of a task sent with an inline config over A2A message/send', async () => {
     const rx = await startReceiver();
     receivers.push(rx);
