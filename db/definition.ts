@@ -110,7 +110,7 @@ export async function openDefinitionReader(db: Knex): Promise<DefinitionReader> 
       sizes: () => trx('provider_instances as p'),
       size: instanceWeightSql('p'), // a credential counted at each provider that embeds it
       rows: () => trx('provider_instances as p')
-        .select('p.id', 'p.display_name', 'p.provider_controller_type_id', 'p.credential_controller_type_id', 'p.status',
+        .select('p.id', 'p.display_name', 'p.provider_controller_type_id', 'p.credential_controller_type_id', 'p.status', 'p.disabled_by_admin',
           'p.return_on_successful_brokering', 'p.resource_server_credential_id', 'p.user_credential_id',
           trx.raw(`coalesce(array_agg(f.function_controller_type_id order by f.function_controller_type_id)
                             filter (where f.function_controller_type_id is not null), '{}') as functions`))

@@ -45,7 +45,9 @@ const secret = (s: SecretExportRow): Item<'secrets'> => ({
 
 const provider = (p: ProviderExportRow, credentialById: Map<string, ReturnType<typeof credential>>): Item<'providers'> => ({
   id: p.id, display_name: p.display_name, provider_controller_type_id: p.provider_controller_type_id,
-  credential_controller_type_id: p.credential_controller_type_id, status: p.status,
+  // An admin's disable is what a definition holds, over a refresh_failed it outlives (applied
+  // elsewhere, the instance is to stay disabled, not become active).
+  credential_controller_type_id: p.credential_controller_type_id, status: p.disabled_by_admin ? 'disabled' : p.status,
   ...(p.return_on_successful_brokering ? { return_on_successful_brokering: p.return_on_successful_brokering } : {}),
   ...(p.resource_server_credential_id ? { resource_server_credential: credentialById.get(p.resource_server_credential_id) } : {}),
   ...(p.user_credential_id ? { user_credential: credentialById.get(p.user_credential_id) } : {}),

@@ -33,6 +33,12 @@ describe('GET /api/a2a/v1/definition', () => {
       functions: ['stripe_process_refund'],
     }]);
     assert.ok(!res.text.includes(apiKey), 'the raw API key is not in the export');
+    // Disabled by an admin, then its refresh failed (as a worker marks it): exported disabled, the
+    // admin's choice, which applying the definition elsewhere keeps.
+    assert.equal((await stack.client.patch('/api/bridge/v1/provider/stripe-1', { status: 'disabled' })).status, 200);
+    await testDb()('provider_instances').where({ id: 'stripe-1' }).update({ status: 'refresh_failed' });
+    assert.equal((await stack.client.get('/api/a2a/v1/definition')).body.providers[0].status, 'disabled');
+    await testDb()('provider_instances').where({ id: 'stripe-1' }).update({ status: 'active', disabled_by_admin: false });
 
     const secret = def.secrets.find((s: any) => s.key === 'billing/stripe');
     assert.ok(secret, 'the secret is exported');
