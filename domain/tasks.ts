@@ -271,12 +271,12 @@ export async function openedTaskState(trx: Tx, taskId: string, opening: Message)
 
 // Why a task refuses a message (409 over REST, data.status its state); A2A answers each its own way.
 export class TaskEnded extends Conflict {
-  constructor(readonly taskId: string, readonly state: TaskState) {
+  constructor(taskId: string, readonly state: TaskState) {
     super(`Task '${taskId}' is ${state} and accepts no more messages`, { status: state });
   }
 }
 export class TaskBusy extends Conflict {
-  constructor(readonly taskId: string, readonly state: TaskState, why: string) {
+  constructor(taskId: string, readonly state: TaskState, why: string) {
     super(`Task '${taskId}' is ${state}: ${why}`, { status: state });
   }
 }

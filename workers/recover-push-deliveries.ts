@@ -10,7 +10,7 @@
 import { createHash } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
 import { listStalledDeliveries } from '../db/push-configs.ts';
-import { RETRY_AFTER_MAX_MS } from '../domain/push-delivery.ts';
+import { RETRY_AFTER_MAX_MS, retryBackoffMs } from '../domain/push-delivery.ts';
 
 const PAGE = 500;
 
@@ -19,11 +19,11 @@ const recoveryJobId = (taskId: string, configId: string, seq: number) => {
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20, 32)}`;
 };
 
-// How long a delivery job may still be retrying its update: each retry waits its backoff, or up to
-// RETRY_AFTER_MAX_MS when the webhook sent Retry-After (the config is held that long).
+// How long an update may still be retried: after each failed post the config is held for its
+// backoff, or up to RETRY_AFTER_MAX_MS when the webhook sent Retry-After.
 export function pushRetryWindowMs(cfg: Services['cfg']): number {
   let backoff = 0;
-  for (let i = 0; i < cfg.PUSH_ATTEMPTS - 1; i++) backoff += Math.max(cfg.PUSH_BACKOFF_MS * 2 ** i, RETRY_AFTER_MAX_MS);
+  for (let failed = 1; failed < cfg.PUSH_ATTEMPTS; failed++) backoff += Math.max(retryBackoffMs(cfg, failed), RETRY_AFTER_MAX_MS);
   return backoff + cfg.PUSH_ATTEMPTS * cfg.PUSH_TIMEOUT_MS;
 }
 

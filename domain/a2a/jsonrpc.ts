@@ -76,9 +76,9 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, unst
   }
   const req = body as Record<string, unknown>;
   const id: RpcId = isId(req.id) ? req.id : null;
-  const unstorableParams = unstorable && inParams(unstorable) ? unstorableError(unstorable) : undefined;
+  const refusal = unstorable && unstorableError(unstorable);
   try {
-    if (unstorable && !unstorableParams) throw unstorableError(unstorable);
+    if (refusal?.code === JSONRPC.INVALID_REQUEST) throw refusal;
     if (req.jsonrpc !== '2.0') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: jsonrpc must be "2.0"');
     if ('id' in req && !isId(req.id)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id must be a string, a number of at most 2^53 - 1 in magnitude, or null');
     if (typeof req.method !== 'string') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');
@@ -86,7 +86,7 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, unst
     if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${req.method.slice(0, 100)}`);
     const params = req.params === undefined && req.method === 'agent/getAuthenticatedExtendedCard' ? null : req.params;
     const validated = (value: unknown) => {
-      if (unstorableParams) throw unstorableParams;
+      if (refusal) throw refusal;
       return target.validate(value);
     };
     // A request without an id is told what else is wrong with it first (the compatibility kit's
