@@ -55,6 +55,18 @@ export async function getCredentialForShare(db: Tx, id: string): Promise<Credent
   return db('bridge_credentials').where({ id }).forShare().first();
 }
 
+// FOR NO KEY UPDATE: two instances created at once with one user credential see each other (the
+// second waits for the first), and it cannot be deleted meanwhile.
+export async function getUserCredentialForInstance(db: Tx, id: string): Promise<CredentialRow | undefined> {
+  return db('bridge_credentials').where({ id }).forNoKeyUpdate().first();
+}
+
+// An instance that uses this user credential with another resource server credential (or none).
+export async function instanceOfUserCredentialWithOtherClient(db: Tx, userCredentialId: string, resourceServerCredentialId: string | null): Promise<Pick<ProviderInstanceRow, 'id' | 'resource_server_credential_id'> | undefined> {
+  return db('provider_instances').where({ user_credential_id: userCredentialId })
+    .whereRaw('resource_server_credential_id is distinct from ?', [resourceServerCredentialId]).orderBy('id').first('id', 'resource_server_credential_id');
+}
+
 export async function getCredentials(db: Tx, ids: string[]): Promise<CredentialRow[]> {
   if (!ids.length) return [];
   return db('bridge_credentials').whereIn('id', [...new Set(ids)]);

@@ -338,6 +338,21 @@ describe('bridge API', () => {
     }
   });
 
+  it('instances share a user credential only with the same resource server credential (its refresh uses that client): else 409, nothing created', async () => {
+    const gmail = avail('google_mail', 'oauth_auth_flow');
+    const client = (id: string) => c.post(`${gmail}/credential/resource-server`, { value: { client_id: id, client_secret: 's', redirect_uri: 'https://app.example/cb' } });
+    const [rs1, rs2] = [await client('client-a'), await client('client-b')];
+    const user = await c.post(`${gmail}/credential/user-credential`, { value: { access_token: 'at', refresh_token: 'rt', expiry_time: '2099-01-01T00:00:00Z' } });
+    assert.equal((await c.post(gmail, { provider_instance_id: 'share-1', display_name: 'A', resource_server_credential_id: rs1.body.id, user_credential_id: user.body.id })).status, 201);
+    const other = await c.post(gmail, { provider_instance_id: 'share-2', display_name: 'B', resource_server_credential_id: rs2.body.id, user_credential_id: user.body.id });
+    assert.equal(other.status, 409, other.text);
+    assert.match(other.body.message, new RegExp(`used by provider instance 'share-1' with resource server credential '${rs1.body.id}'`));
+    assert.equal((await c.get(`${B}/provider/share-2`)).status, 404);
+    const same = await c.post(gmail, { provider_instance_id: 'share-3', display_name: 'C', resource_server_credential_id: rs1.body.id, user_credential_id: user.body.id });
+    assert.equal(same.status, 201, same.text);
+    assert.equal(same.body.status, 'active');
+  });
+
   it('google_mail: an OAuth instance waits for its user credential, then sends with the access token', async () => {
     const rs = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`,
       { value: { client_id: 'client-1', client_secret: CLIENT_SECRET, redirect_uri: 'https://app.example/cb', scopes: ['gmail.send'] } });

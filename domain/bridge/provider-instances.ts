@@ -43,7 +43,7 @@ function readyStatus(cc: CredentialControllerDef, row: Pick<ProviderInstanceRow,
 
 async function checkCredential(db: Tx, id: string, kind: CredentialKind, providerTypeId: string, cc: CredentialControllerDef): Promise<void> {
   const field = kind === 'user' ? 'user_credential_id' : 'resource_server_credential_id';
-  const row = await repo.getCredentialForShare(db, id);
+  const row = kind === 'user' ? await repo.getUserCredentialForInstance(db, id) : await repo.getCredentialForShare(db, id);
   if (!row) throw new NotFound(kind === 'user' ? 'user_credential' : 'resource_server_credential', id);
   if (row.kind !== kind) {
     throw new InvalidRequest(`body.${field} is a ${row.kind === 'user' ? 'user' : 'resource server'} credential`, [{ path: `body.${field}`, message: `must be a ${kind === 'user' ? 'user' : 'resource server'} credential` }]);
@@ -52,6 +52,17 @@ async function checkCredential(db: Tx, id: string, kind: CredentialKind, provide
     throw new InvalidRequest(`body.${field} is a credential of ${row.provider_controller_type_id}/${row.type_id}, not ${providerTypeId}/${cc.type_id}`,
       [{ path: `body.${field}`, message: 'belongs to another provider or credential controller' }]);
   }
+}
+
+// A refresh token works only with the OAuth client it was issued to, and a refresh of a user
+// credential uses the resource server credential of an instance that has it: instances that share
+// one must share that client too, or its refresh could be made with the wrong one.
+async function checkSameClient(db: Tx, userCredentialId: string, resourceServerCredentialId: string | null): Promise<void> {
+  const other = await repo.instanceOfUserCredentialWithOtherClient(db, userCredentialId, resourceServerCredentialId);
+  if (!other) return;
+  const theirs = other.resource_server_credential_id ? `resource server credential '${other.resource_server_credential_id}'` : 'no resource server credential';
+  throw new Conflict(`User credential '${userCredentialId}' is used by provider instance '${other.id}' with ${theirs}: instances that share a user credential need the same resource server credential (its refresh uses that client)`,
+    { resource: 'user_credential', id: userCredentialId, provider_instance_id: other.id });
 }
 
 export async function createProviderInstance(db: Knex, providerTypeId: string, credentialTypeId: string, input: CreateProviderInstanceRequest): Promise<ProviderInstance> {
@@ -67,7 +78,10 @@ export async function createProviderInstance(db: Knex, providerTypeId: string, c
   if (id === 'grouped-by-function') throw new InvalidRequest(`provider_instance_id '${id}' is reserved`, [{ path: 'body.provider_instance_id', message: 'is reserved' }]);
   const row = await db.transaction(async (trx) => {
     if (input.resource_server_credential_id) await checkCredential(trx, input.resource_server_credential_id, 'resource_server', providerTypeId, cc);
-    if (input.user_credential_id) await checkCredential(trx, input.user_credential_id, 'user', providerTypeId, cc);
+    if (input.user_credential_id) {
+      await checkCredential(trx, input.user_credential_id, 'user', providerTypeId, cc);
+      await checkSameClient(trx, input.user_credential_id, input.resource_server_credential_id ?? null);
+    }
     return repo.insertProviderInstance(trx, {
       id, display_name: input.display_name, provider_controller_type_id: providerTypeId, credential_controller_type_id: cc.type_id,
       status: readyStatus(cc, { user_credential_id: input.user_credential_id ?? null }),
