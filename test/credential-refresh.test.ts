@@ -165,12 +165,15 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
       if (when === 'after') {
         // Taken, though only brokering ends refresh_failed: the status shows that until then.
         const patched = await c.patch(`${B}/provider/${id}`, { status: 'disabled' });
-        assert.deepEqual([patched.status, patched.body.status], [200, 'refresh_failed']);
+        assert.deepEqual([patched.status, patched.body.status, patched.body.disabled_by_admin], [200, 'refresh_failed', true]);
+        const shown = (await c.get(`${B}/provider/${id}`)).body;
+        assert.deepEqual([shown.status, shown.disabled_by_admin], ['refresh_failed', true], 'the admin sees their disable kept');
       }
       await rebroker(id);
       assert.equal((await instance(id)).status, 'disabled', id);
       assert.equal((await send(id)).status, 409, `${id}: a disabled instance is not invoked`);
-      assert.equal((await c.patch(`${B}/provider/${id}`, { status: 'active' })).body.status, 'active');
+      const activated = (await c.patch(`${B}/provider/${id}`, { status: 'active' })).body;
+      assert.deepEqual([activated.status, activated.disabled_by_admin], ['active', false]);
       assert.equal((await send(id)).status, 200);
     }
   });

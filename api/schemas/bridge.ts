@@ -82,6 +82,7 @@ export const providerInstanceFields = {
   provider_controller_type_id: Type.String(),
   credential_controller_type_id: Type.String(),
   status: ProviderStatus,
+  disabled_by_admin: Type.Boolean({ description: "set by PATCH status disabled, cleared by PATCH status active: kept through a refresh_failed status, so brokering again makes the instance disabled, not active" }),
   resource_server_credential_id: Type.Optional(Uuid),
   user_credential_id: Type.Optional(Uuid),
   return_on_successful_brokering: Type.Optional(ReturnAddress),

@@ -17,7 +17,7 @@ import type { Logger } from '../logger.ts';
 export function toProviderInstance(r: ProviderInstanceRow): ProviderInstance {
   const out: Record<string, unknown> = {
     id: r.id, display_name: r.display_name, provider_controller_type_id: r.provider_controller_type_id,
-    credential_controller_type_id: r.credential_controller_type_id, status: r.status,
+    credential_controller_type_id: r.credential_controller_type_id, status: r.status, disabled_by_admin: r.disabled_by_admin,
     created_at: r.created_at, updated_at: r.updated_at,
   };
   if (r.resource_server_credential_id) out.resource_server_credential_id = r.resource_server_credential_id;
