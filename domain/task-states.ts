@@ -28,7 +28,8 @@ export const isTerminal = (s: TaskState) => TERMINAL_STATES.includes(s);
 // The states an agent run may end in (its return value), and from which states that end applies:
 // only while the task is still active. A run may reject a task it has started to look at:
 // working -> rejected is the run's to make, though PUT may not (the table above, SPEC section 3).
-export const RUN_RESULTS: readonly TaskState[] = ['completed', 'input-required', 'auth-required', 'failed', 'rejected'];
+// canceled: an agent may give its task up itself, as a remote agent whose task was canceled there does.
+export const RUN_RESULTS: readonly TaskState[] = ['completed', 'input-required', 'auth-required', 'failed', 'rejected', 'canceled'];
 export const runEndsFrom = (to: TaskState): TaskState[] => (to === 'rejected' ? ['submitted', 'working'] : allowedFrom(to).filter((s) => !isTerminal(s)));
 export const isInterrupted = (s: TaskState) => INTERRUPTED_STATES.includes(s);
 

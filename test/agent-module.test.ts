@@ -96,7 +96,7 @@ describe('agent modules', () => {
 
   it('a run that returns a status it cannot end in, calls setStatus with one, or replies with parts of the wrong shape fails, saying why', async () => {
     const cases: [string, RegExp][] = [
-      ['status working', /returned status 'working'; a run ends in one of completed, input-required, auth-required, failed, rejected/],
+      ['status working', /returned status 'working'; a run ends in one of completed, input-required, auth-required, failed, rejected, canceled/],
       ['set completed', /setStatus takes 'working' only, not 'completed'/],
       // A2A parts (kind) where task API parts (type) belong: before, stored as parts A2A served as [null].
       ['a2a parts', /Invalid reply: reply\.0\.type/],

@@ -22,7 +22,7 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 
 // The remote agent: says it is thinking (a working update with a message), emits an artifact,
 // then finishes. "[direct]" makes it answer with a plain message and no task. "[ask]" makes it ask
-// for input first; "[hang]" makes it work until canceled; "[flood]" makes its artifact too large
+// for input first; "[giveup]" makes it cancel its task itself; "[hang]" makes it work until canceled; "[flood]" makes its artifact too large
 // for the local task, and then work until canceled; "[bigask]" asks for input with a question too
 // large for the local task; "[slowstart]" ("[slowstart <ms>]") makes it say nothing for 1.5 s (ms)
 // after taking the message;
@@ -57,6 +57,12 @@ class RemoteExecutor implements AgentExecutor {
     }
     if (text.includes('[bigask]')) {
       status('input-required', 'q'.repeat(10_000), true);
+      bus.finished();
+      return;
+    }
+    if (text.includes('[giveup]')) {
+      // Cancels its own task, as a remote whose user or operator canceled it there does.
+      status('canceled', 'Canceled by the remote operator', true);
       bus.finished();
       return;
     }
@@ -263,6 +269,18 @@ for (const streaming of [true, false]) {
       const received = (text: string) => executor.received.find((r) => r.text === text)!;
       assert.deepEqual(received('see the earlier one').message.referenceTaskIds, [received('the earlier one').taskId]);
       assert.equal(received('the earlier one').message.referenceTaskIds, undefined);
+    });
+
+    it('cancels the local task when the remote cancels its task itself, with its status message', async () => {
+      const created = await stack.client.post('/api/task/v1', { message: textMessage('[giveup] please') });
+      assert.equal(created.status, 201);
+      const id = created.body.task.id;
+      const done = await finished(id, 'canceled');
+      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Canceled by the remote operator' }]);
+      const statuses = (await timeline(id)).filter((e: any) => e.type === 'task-status-update').map((e: any) => e.status);
+      assert.equal(statuses.at(-1), 'canceled', statuses.join(','));
+      const a2a = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id } });
+      assert.equal(a2a.body.result.status.state, 'canceled');
     });
 
     it('completes the local task with a remote answer that is a plain message', async () => {

@@ -36,6 +36,7 @@ const FINAL_STATES: Partial<Record<A2AState, NonNullable<AgentResult['status']>>
   completed: 'completed',
   failed: 'failed',
   rejected: 'rejected',
+  canceled: 'canceled',
   'input-required': 'input-required',
   'auth-required': 'auth-required',
 };
@@ -104,7 +105,7 @@ async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init
 
 // The SDK reports an HTTP refusal only in its error's text (of the card read, a call or a stream).
 const credentialsRefused = (err: unknown): err is Error => err instanceof Error && !refusedByRuntime(err) && /\b40[13]\b/.test(err.message);
-const isEnd = (state: A2AState) => state in FINAL_STATES || state === 'canceled' || state === 'unknown';
+const isEnd = (state: A2AState) => state in FINAL_STATES || state === 'unknown';
 const partsOf = (parts: Part[] | undefined): MessagePart[] => (parts ?? []).map(fromA2APart);
 // A remote message as the local task stores it, with its metadata.
 const replyOf = (m: A2AMessage): Reply => (m.metadata && Object.keys(m.metadata).length ? { parts: partsOf(m.parts), metadata: m.metadata } : partsOf(m.parts));
@@ -114,6 +115,7 @@ const replyOf = (m: A2AMessage): Reply => (m.metadata && Object.keys(m.metadata)
 function resultOf(status: TaskStatus, withMessage: boolean): AgentResult {
   const message = withMessage && status.message?.parts.length ? replyOf(status.message) : undefined;
   const mapped = FINAL_STATES[status.state];
+  if (mapped === 'canceled') return { status: mapped, message: message ?? 'The remote agent canceled its task' };
   if (mapped) return { status: mapped, ...(message ? { message } : {}) };
   return { status: 'failed', message: message ?? `The remote agent ended its task as '${status.state}'` };
 }

@@ -38,7 +38,7 @@ export interface AgentContext {
 
 export interface AgentResult {
   /** Final state of this run; defaults to completed. */
-  status?: 'completed' | 'input-required' | 'auth-required' | 'failed' | 'rejected';
+  status?: 'completed' | 'input-required' | 'auth-required' | 'failed' | 'rejected' | 'canceled';
   /** Message stored with the final status. */
   message?: Reply;
 }
