@@ -123,9 +123,25 @@ function describeOne(e: ErrorObject, value: unknown, where: string, choices: Map
   return { key: `${base}:${e.keyword}`, path: base, message: errorText(e) };
 }
 
+// A body of 95,000 unknown members failed as 95,000 errors: 0.4 s of wording them, during which
+// the process served nothing else, and a 6 MB answer. The first are enough to mend a request by.
+const MAX_WORDED = 1000;
+export const MAX_FIELD_ERRORS = 100;
+
+// The first MAX_WORDED errors, and the rest of the union whose branch is the last of them, so that
+// a union cut short is not worded as one of its branches.
+function firstErrors(reported: readonly ErrorObject[]): readonly ErrorObject[] {
+  let end = MAX_WORDED;
+  if (reported.length <= end) return reported;
+  while (end < reported.length && branchOf(reported[end])) end++;
+  if (end < reported.length && ['anyOf', 'oneOf'].includes(reported[end].keyword)) end++;
+  return reported.slice(0, end);
+}
+
 export function checkValid(validate: ValidateFunction, value: unknown, where: string): void {
   if (validate(value)) return;
-  const reported = validate.errors ?? [];
+  const reported = firstErrors(validate.errors ?? []);
+  let more = reported.length < validate.errors!.length;
   const nullables = reported.filter(isNullable);
   // An error of a nullable's own value (not of a member inside it), in one of its branches.
   const inNullable = (e: ErrorObject) => nullables.some((n) => e.instancePath === n.instancePath && e.schemaPath.startsWith(`${n.schemaPath}/`));
@@ -139,9 +155,14 @@ export function checkValid(validate: ValidateFunction, value: unknown, where: st
     const d = describe(e, value, where, choices, orNull);
     if (!d || seen.has(d.key)) continue;
     seen.add(d.key);
+    if (errors.length === MAX_FIELD_ERRORS) {
+      more = true;
+      break;
+    }
     const path = d.path ? `${where}.${d.path}` : where;
     errors.push({ path, message: d.message });
   }
+  if (more) errors.push({ path: where, message: `has more errors than the ${errors.length} listed` });
   const first = errors[0];
   throw new InvalidRequest(`Invalid ${where}: ${first.path} ${first.message}`, errors);
 }

@@ -241,6 +241,21 @@ describe('HTTP conventions', () => {
     }
   });
 
+  it('lists the first 100 errors of a body with more, then says there are more (300 unknown members), storing nothing', async () => {
+    const before = (await stack.client.get('/api/secret/v1')).body.secrets.length;
+    const body: Record<string, unknown> = { key: 'many-errors', raw_value: 'v' };
+    for (let i = 0; i < 300; i++) body[`m${i}`] = 0;
+    const r = await stack.client.post('/api/secret/v1', body);
+    assertError(r, 400, 'invalid_request');
+    const errors = r.body.data.errors;
+    assert.equal(errors.length, 101);
+    assert.deepEqual(errors.slice(0, 2), [{ path: 'body.m0', message: 'is not an allowed member' }, { path: 'body.m1', message: 'is not an allowed member' }]);
+    assert.deepEqual(errors.at(-1), { path: 'body', message: 'has more errors than the 100 listed' });
+    const few = await stack.client.post('/api/secret/v1', { key: 'few-errors', raw_value: 'v', a: 1, b: 2 });
+    assert.deepEqual(few.body.data.errors.map((e: { path: string }) => e.path), ['body.a', 'body.b'], 'no such entry when all are listed');
+    assert.equal((await stack.client.get('/api/secret/v1')).body.secrets.length, before);
+  });
+
   it('answers 404 with the Error body for unknown routes, with and without a key', async () => {
     for (const path of ['/nope', '/api/task/v2', '/api/task/v1/00000000-0000-4000-8000-000000000000/unknown', '/api']) {
       const r = await stack.client.get(path);
