@@ -15,7 +15,9 @@ export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log:
   const res = ctx.res;
   ctx.respond = false;
   ctx.status = 200;
-  res.writeHead(200, { 'Content-Type': 'text/event-stream', 'Cache-Control': 'no-cache', Connection: 'keep-alive', 'X-Accel-Buffering': 'no' });
+  // No Connection header of ours: Node keeps the connection alive, and a stopping API process has
+  // set it to close (api/main.ts), which a stream answered then must say too.
+  res.writeHead(200, { 'Content-Type': 'text/event-stream', 'Cache-Control': 'no-cache', 'X-Accel-Buffering': 'no' });
   const keepalive = setInterval(() => { if (!gone.aborted) res.write(': keep-alive\n\n'); }, KEEPALIVE_MS);
   const send = async (payload: unknown) => {
     if (gone.aborted) return;

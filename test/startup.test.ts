@@ -255,6 +255,33 @@ describe('stopping the API (SIGTERM)', function () {
   });
 });
 
+describe('stopping the API (SIGTERM): a stream asked for on a kept-alive connection', function () {
+  this.timeout(60_000);
+  const stack = useStack({ API_SHUTDOWN_GRACE_MS: '8000' });
+
+  it('is answered whole with Connection: close, as every answer after the signal is', async () => {
+    const { port } = new URL(stack.api.url);
+    const socket = net.connect(Number(port), '127.0.0.1');
+    let received = '';
+    socket.on('data', (d) => { received += d.toString(); });
+    await new Promise((resolve) => socket.once('connect', resolve));
+    socket.write('GET /_internal/v1/health HTTP/1.1\r\nHost: x\r\n\r\n');
+    await waitFor(async () => received.includes('{"status":"ok"}'), 'the first answer');
+    received = '';
+    const exited = stack.api.kill('SIGTERM');
+    await waitFor(async () => stack.api.logs.some((l) => l.includes('api shutting down')), 'the API to be stopping');
+    const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'message/stream', params: { message: { kind: 'message', messageId: `m-${Date.now()}`, role: 'user', parts: [{ kind: 'text', text: 'hi' }] } } });
+    socket.write(`POST /api/a2a/v1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${stack.client.key}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    await waitFor(async () => received.includes('\r\n0\r\n\r\n'), 'the stream to end');
+    const head = received.split('\r\n\r\n')[0].toLowerCase().split('\r\n');
+    assert.ok(head.includes('content-type: text/event-stream'), head.join(' | '));
+    assert.ok(head.includes('connection: close'), head.join(' | '));
+    assert.match(received, /"final":true/);
+    socket.destroy();
+    await exited;
+  });
+});
+
 describe('stopping the API (SIGTERM) under load', function () {
   this.timeout(60_000);
   const stack = useStack({ RATE_LIMIT_PER_SECOND: '0' }, { workers: 0 });
