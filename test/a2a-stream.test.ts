@@ -7,7 +7,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
-import { ADMIN_KEY, Client, denseMessage, requestLogsThrough, resetDb, startApi, startStack, testDb, useStack, waitFor, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, Client, denseMessage, requestLogsThrough, resetDb, startApi, startStack, testDb, textMessage, useStack, waitFor, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string, extra: Record<string, unknown> = {}) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
@@ -58,7 +58,8 @@ async function readSse(res: globalThis.Response, ac: AbortController, stopAfter?
 
 describe('A2A streaming (SSE)', () => {
   // A blocking send waits far longer than any test here: one that ends did so for its task, not the wait.
-  const stack = useStack({ A2A_BLOCKING_TIMEOUT_MS: '60000' });
+  // A body may hold a message heavier than one read of the timeline (8 MiB as parsed).
+  const stack = useStack({ A2A_BLOCKING_TIMEOUT_MS: '60000', BODY_LIMIT_BYTES: String(9 * 2 ** 20) });
   const rpc = (method: string, params: unknown) => stack.client.post(A2A, { jsonrpc: '2.0', id: 1, method, params });
 
   it('message/stream: snapshot, status, message and artifact events in order, final last, then closed', async () => {
@@ -201,6 +202,25 @@ describe('A2A streaming (SSE)', () => {
     assert.deepEqual(events.slice(0, 5).map((e) => e.parts[0].data.n), [1, 2, 3, 4, 5]);
     assert.equal(events[5].status.state, 'canceled');
     assert.equal(events[5].final, true);
+  });
+
+  it('sends a status message once, inside its status-update, also when a read of the timeline ends between the two', async () => {
+    const id = await quietTask(stack.client);
+    const stream = await openStream(stack.api.url, id);
+    assert.equal(stream.res.status, 200);
+    assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage('before', 'agent'))).status, 201);
+    // Over 8 MiB as parsed: the read that takes it ends with it, its status-update starts the next.
+    const text = 'x'.repeat(8.25 * 2 ** 20);
+    assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'working', message: textMessage(text, 'agent') })).status, 200);
+    assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'input-required' })).status, 200);
+    const s = await stream.read();
+    assert.ok(s.ended);
+    const [snapshot, ...events] = s.events.map((e) => e.result);
+    assert.equal(snapshot.kind, 'task');
+    assert.deepEqual(events.map((e) => (e.kind === 'status-update' ? `status:${e.status.state}` : e.kind)), ['message', 'status:working', 'status:input-required']);
+    assert.equal(events[0].parts[0].text, 'before');
+    assert.equal(events[1].status.message.parts[0].text.length, text.length);
+    assert.equal(events[2].final, true);
   });
 
   it('resubscribe to a finished task: snapshot then one final status-update, closed', async () => {

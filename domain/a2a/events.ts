@@ -66,11 +66,19 @@ export async function* followTimeline(
   db: Tx, follow: TaskFollow, task: { id: string; contextId: string }, afterSeq: number, signal: AbortSignal,
 ): AsyncGenerator<StreamEvent> {
   let after = afterSeq;
+  // A status message's item and its status-update are written together, one right after the other,
+  // so a read holds both or neither, unless the read was cut between the two (PAGE rows, 8 MiB): a
+  // message that ends a cut read waits for the next read (at once: more is there), which starts with
+  // its status-update if it has one, rather than going out alone and again inside it. A read that was
+  // not cut holds all, so nothing waits on a live stream.
+  let held: TimelineRow[] = [];
   while (!signal.aborted) {
     const { rows, more } = await timelineSince(db, task.id, after, PAGE);
     if (rows.length) {
       after = rows[rows.length - 1].seq;
-      for (const event of await toEvents(db, task.id, task.contextId, rows)) {
+      const page = [...held, ...rows];
+      held = more && page[page.length - 1].event_payload.type === 'message' ? page.splice(-1) : [];
+      for (const event of await toEvents(db, task.id, task.contextId, page)) {
         yield event;
         if (event.kind === 'status-update' && event.final) return;
       }
