@@ -105,6 +105,33 @@ describe('A2A streaming (SSE)', () => {
     assert.ok(second.ended);
   });
 
+  it("resubscribe to a task waiting for input that a message has answered follows the answer's run (no final input-required)", async () => {
+    const first = await rpc('message/send', { message: userMessage('[input] ask') });
+    const taskId = first.body.result.id;
+    assert.equal(first.body.result.status.state, 'input-required');
+    // The worker stopped: the answer is stored, its run cannot begin.
+    stack.workers[0].child.kill('SIGSTOP');
+    let res: globalThis.Response;
+    const ac = new AbortController();
+    try {
+      const answer = await rpc('message/send', { message: userMessage('the answer', { taskId }), configuration: { blocking: false } });
+      assert.equal(answer.body.result.status.state, 'input-required', answer.text);
+      // The stream has read the task once its head arrives.
+      res = await fetch(stack.api.url + A2A, {
+        method: 'POST', signal: ac.signal,
+        headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', accept: 'text/event-stream' },
+        body: JSON.stringify({ jsonrpc: '2.0', id: 'r', method: 'tasks/resubscribe', params: { id: taskId } }),
+      });
+    } finally {
+      stack.workers[0].child.kill('SIGCONT');
+    }
+    const s = await readSse(res, ac);
+    assert.ok(s.ended);
+    assert.equal(s.events[0].result.status.state, 'input-required');
+    const updates = s.events.slice(1).filter((e) => e.result.kind === 'status-update').map((e) => [e.result.status.state, e.result.final]);
+    assert.deepEqual(updates, [['working', false], ['completed', true]]);
+  });
+
   it('a retried message/stream stores nothing and streams the task from now: an ended task as resubscribe does, snapshot then final', async () => {
     const first = await sse(stack.api.url, 'message/stream', { message: userMessage('[input] retry me') });
     const taskId = first.events[0].result.id;

@@ -8,7 +8,7 @@ import { lastTimelineSeq } from '../../db/timeline-views.ts';
 import { addMessageIn, checkFirstMessage, createTask, createTaskIn, openedTaskState, TaskBusy, TaskEnded, updateStatus, type Retried } from '../tasks.ts';
 import { inTransaction } from '../unit-of-work.ts';
 import { Conflict } from '../errors.ts';
-import { isTerminal } from '../task-states.ts';
+import { isInterrupted, isTerminal } from '../task-states.ts';
 import type { TaskFollow, TaskWaiter } from '../task-waiter.ts';
 import * as push from '../push-config.ts';
 import { agentCard } from './agent-card.ts';
@@ -207,17 +207,20 @@ export async function resubscribe(call: A2ACall, params: TaskIdParams): Promise<
   const id = taskIdOf(params.id);
   const follow = await waiter.follow(id);
   try {
-    // The snapshot and the seq it covers are read in one consistent view.
-    const { row, snapshot, seq } = await inSnapshot(services.db, async (trx) => {
+    // The snapshot and the seq it covers are read in one consistent view. A task waiting for input
+    // that a message has answered is not settled: the answer's run is owed, and the stream follows it
+    // (a client told to follow the task and send when it asks for input would be told it asks now).
+    const { row, snapshot, seq, settled } = await inSnapshot(services.db, async (trx) => {
       const r = await tasksRepo.getTask(trx, id);
       if (!r) throw new TaskNotFoundError(params.id);
-      return { row: r, snapshot: await loadA2ATask(trx, id), seq: await lastTimelineSeq(trx, id) };
+      const answered = isInterrupted(r.status) && await tasksRepo.runOwed(trx, id);
+      return { row: r, snapshot: await loadA2ATask(trx, id), seq: await lastTimelineSeq(trx, id), settled: isFinalState(r.status) && !answered };
     });
     const task = { id, contextId: row.context_id };
     return (async function* () {
       try {
         yield snapshot;
-        if (isFinalState(row.status)) {
+        if (settled) {
           yield statusEvent(id, row.context_id, row.status, snapshot.status.timestamp!, snapshot.status.message);
           return;
         }
