@@ -428,6 +428,27 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.equal(stripe.seen.length, calls + 1, 'the call of the batch of twenty ran');
   });
 
+  it('answers every request of a batch that also cancels it: notifications/cancelled stops nothing, in a batch too', async () => {
+    const calls = stripe.seen.length;
+    const refund = await rawPost(JSON.stringify([
+      { jsonrpc: '2.0', id: 'r1', method: 'tools/call', params: { name: REFUND, arguments: { payment_intent: 'pi_batch_cancel' } } },
+      { jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 'r1', reason: 'changed my mind' } },
+    ]));
+    assert.equal(refund.status, 200);
+    const [answer, ...more] = (await refund.json()) as { id: string; result: { structuredContent: unknown } }[];
+    assert.equal(more.length, 0);
+    assert.equal(answer.id, 'r1');
+    assert.deepEqual(answer.result.structuredContent, { id: 're_1', object: 'refund', amount: 1000, status: 'succeeded', payment_intent: 'pi_batch_cancel' });
+    assert.equal(stripe.seen.length, calls + 1, 'the refund reached the provider');
+
+    const ping = await rawPost(JSON.stringify([
+      { jsonrpc: '2.0', id: 1, method: 'ping' },
+      { jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 1 } },
+    ]));
+    assert.equal(ping.status, 200);
+    assert.deepEqual(await ping.json(), [{ jsonrpc: '2.0', id: 1, result: {} }]);
+  });
+
   it('lists tools in pages, following nextCursor, and refuses a cursor it did not give with -32602', async () => {
     // More enabled function instances than a page holds, written straight to the tables: clones of stripe-main.
     const extra = TOOLS_PAGE + 20;

@@ -46,10 +46,17 @@ export const mcpRoutes = [
       if (typeof value === 'string') headers.set(name, value);
     }
     const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
-    const server = createMcpServer(services, clientGone(ctx), ctx.state.log ?? services.log);
+    const gone = clientGone(ctx);
+    // Should the SDK ever hold an answer back, the wait ends with the connection (nobody to answer then).
+    const left = new Promise<undefined>((resolve) => {
+      if (gone.aborted) resolve(undefined);
+      else gone.addEventListener('abort', () => resolve(undefined), { once: true });
+    });
+    const server = createMcpServer(services, gone, ctx.state.log ?? services.log);
     try {
       await server.connect(transport);
-      const answer = await transport.handleRequest(new Request(`http://mcp.invalid${ctx.originalUrl}`, { method: 'POST', headers }), { parsedBody: body });
+      const answer = await Promise.race([transport.handleRequest(new Request(`http://mcp.invalid${ctx.originalUrl}`, { method: 'POST', headers }), { parsedBody: body }), left]);
+      if (!answer) return;
       const text = await answer.text();
       const invalid = envelopeRefusal(body, answer.status, text);
       if (invalid) {

@@ -6,7 +6,7 @@
 import { createHash } from 'node:crypto';
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import {
-  CallToolRequestSchema, ErrorCode, InitializeRequestSchema, JSONRPCErrorResponseSchema, JSONRPCNotificationSchema, JSONRPCRequestSchema,
+  CallToolRequestSchema, CancelledNotificationSchema, ErrorCode, InitializeRequestSchema, JSONRPCErrorResponseSchema, JSONRPCNotificationSchema, JSONRPCRequestSchema,
   JSONRPCResultResponseSchema, ListToolsRequestSchema, PingRequestSchema, SUPPORTED_PROTOCOL_VERSIONS,
   type CallToolResult, type JSONRPCErrorResponse, type Tool,
 } from '@modelcontextprotocol/sdk/types.js';
@@ -143,6 +143,9 @@ async function guarded<T>(services: Services, what: string, fn: () => Promise<T>
 // `signal`: the HTTP client is gone (a tool call in flight abandons its provider call); `log`: the request's.
 export function createMcpServer(services: Services, signal?: AbortSignal, log = services.log): Server {
   const server = new Server({ name: 'taskbridge-bridge', version: SERVICE_VERSION }, { capabilities: { tools: {} } });
+  // notifications/cancelled stops nothing (README): the SDK's own handler would abort a request of the
+  // same batch and then drop its answer, leaving the batch unanswered though the call ran.
+  server.setNotificationHandler(CancelledNotificationSchema, () => {});
   server.setRequestHandler(ListToolsRequestSchema, async ({ params }) => guarded(services, 'tools/list', () => listTools(services.db, log, params?.cursor)));
   server.setRequestHandler(CallToolRequestSchema, async ({ params }) =>
     guarded(services, 'tools/call', () => callTool(services, params.name, params.arguments ?? {}, signal)));
