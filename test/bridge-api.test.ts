@@ -18,9 +18,12 @@ const CLIENT_SECRET = `cs-${randomUUID()}`;
 const { privateKey, publicKey } = generateKeyPairSync('rsa', { modulusLength: 2048, privateKeyEncoding: { type: 'pkcs8', format: 'pem' }, publicKeyEncoding: { type: 'spki', format: 'pem' } });
 
 interface Seen { method: string; url: string; headers: http.IncomingHttpHeaders; body: string }
+// Access tokens the token endpoint answers assertions from these issuers with: none can be an Authorization header.
+const NO_HEADER_TOKENS: Record<string, string> = { 'unicode@example.iam': 'at\u00e9\u4e2d', 'crlf@example.iam': 'at\r\nX-Injected: 1' };
 
 // Answers like the provider APIs: refunds (pi_refused is refused, pi_boom fails on Stripe's
-// side, pi_slow answers after 3 s, pi_deep nests 5,000 levels deep), Gmail send, and an RFC 7523 token endpoint that checks the assertion's signature.
+// side, pi_slow answers after 3 s, pi_deep nests 5,000 levels deep), Gmail send, and an RFC 7523 token endpoint that checks the assertion's signature
+// (bar NO_HEADER_TOKENS' issuers).
 // Refusals that quote the credential they got: refund pi_echo, a mail with subject "echo", an assertion from echo@example.iam.
 function startProviders(): Promise<{ server: http.Server; url: string; seen: Seen[] }> {
   const seen: Seen[] = [];
@@ -52,7 +55,9 @@ function startProviders(): Promise<{ server: http.Server; url: string; seen: See
       if (req.url === '/token') {
         const form = new URLSearchParams(body);
         const [h, c, sig] = (form.get('assertion') ?? '').split('.');
-        if (JSON.parse(Buffer.from(c ?? '', 'base64url').toString() || '{}').iss === 'echo@example.iam') return send(400, { error: 'invalid_grant', error_description: `Invalid JWT: ${form.get('assertion')} (${body})` });
+        const iss = JSON.parse(Buffer.from(c ?? '', 'base64url').toString() || '{}').iss;
+        if (iss === 'echo@example.iam') return send(400, { error: 'invalid_grant', error_description: `Invalid JWT: ${form.get('assertion')} (${body})` });
+        if (NO_HEADER_TOKENS[iss]) return send(200, { access_token: NO_HEADER_TOKENS[iss], token_type: 'Bearer', expires_in: 3600 });
         const ok = form.get('grant_type') === 'urn:ietf:params:oauth:grant-type:jwt-bearer' && sig
           && verify('sha256', Buffer.from(`${h}.${c}`), createPublicKey(publicKey), Buffer.from(sig, 'base64url'));
         if (!ok) return send(400, { error: 'invalid_grant', error_description: 'bad assertion' });
@@ -590,6 +595,23 @@ describe('bridge API', () => {
     assert.match(r.body.message, /token endpoint refused the assertion: bad assertion/);
     assert.ok(!r.text.includes('PRIVATE KEY') && !r.text.includes(lastSeen('/token').body), 'neither the key nor the assertion is echoed');
     assert.equal(providers.seen.filter((x) => x.url === '/gmail/v1/users/me/messages/send').length, sends, 'no mail without a token');
+  });
+
+  it('answers 502 naming the token endpoint when it answers an access token that cannot be an Authorization header, and sends nothing', async () => {
+    for (const [i, clientId] of Object.keys(NO_HEADER_TOKENS).entries()) {
+      const rs = await c.post(`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
+        { value: { client_id: clientId, private_key: privateKey, token_uri: `${providers.url}/token`, scopes: ['gmail.send'] } });
+      assert.equal(rs.status, 201, rs.text);
+      assert.equal((await c.post(avail('google_mail', 'oauth2_jwt_bearer_assertion_flow'), { provider_instance_id: `gmail-bad-token-${i}`, display_name: clientId, resource_server_credential_id: rs.body.id })).status, 201);
+      assert.equal((await c.post(`${B}/provider/gmail-bad-token-${i}/function/google_mail_send_email/enable`, {})).status, 201);
+      const tokens = providers.seen.filter((x) => x.url === '/token').length;
+      const sends = providers.seen.filter((x) => x.url === '/gmail/v1/users/me/messages/send').length;
+      const r = await invoke(`gmail-bad-token-${i}`, 'google_mail_send_email', { to: 'b@example.com', subject: 'S', body: 'B' });
+      assert.equal(r.status, 502, r.text);
+      assert.equal(r.body.message, 'token endpoint: answered an access_token that cannot be sent in an Authorization header (printable ASCII, at most 8192 characters)', clientId);
+      assert.equal(providers.seen.filter((x) => x.url === '/token').length, tokens + 1, 'the token endpoint was asked');
+      assert.equal(providers.seen.filter((x) => x.url === '/gmail/v1/users/me/messages/send').length, sends, 'no mail without a usable token');
+    }
   });
 
   it("masks the credential a provider quotes in its refusal (API key, access token, JWT assertion), in the answer and the log", async () => {

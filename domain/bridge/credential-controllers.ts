@@ -12,6 +12,14 @@ const Str = (description: string) => Type.String({ minLength: 1, maxLength: 8192
 // Values sent in an Authorization header: printable ASCII, or every call would fail.
 export const HEADER_TOKEN_PATTERN = worded('^[\\x21-\\x7e]+$', 'must be printable ASCII without spaces');
 export const MAX_TOKEN_LENGTH = 8192;
+const HEADER_TOKEN = new RegExp(HEADER_TOKEN_PATTERN);
+// A token endpoint's access_token that cannot go in an Authorization header would fail every call
+// it authorizes (fetch refuses the header before connecting): the endpoint's fault, said so.
+export function assertHeaderToken(token: string): void {
+  if (token.length > MAX_TOKEN_LENGTH || !HEADER_TOKEN.test(token)) {
+    throw new Upstream(`token endpoint: answered an access_token that cannot be sent in an Authorization header (printable ASCII, at most ${MAX_TOKEN_LENGTH} characters)`, { upstream: 'token endpoint' });
+  }
+}
 const Token = (description: string) => Type.String({ minLength: 1, maxLength: MAX_TOKEN_LENGTH, pattern: HEADER_TOKEN_PATTERN, description: `${description} (printable ASCII)` });
 const Scopes = Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { maxItems: 100 }));
 const Strict = { additionalProperties: false };
@@ -112,6 +120,7 @@ async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: Upstream
   if (answer.status >= 400 || typeof token !== 'string' || !token) {
     throw new Upstream(`token endpoint refused the assertion: ${refusalMessage(answer)}`, { upstream: 'token endpoint', upstream_status: answer.status });
   }
+  assertHeaderToken(token);
   return token;
 }
 
