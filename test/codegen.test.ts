@@ -57,7 +57,7 @@ describe('POST /_internal/v1/trigger_codegen: a typed TypeScript client for the 
     assert.ok(checked.ok, checked.output);
   });
 
-  it('one method per enabled function instance, typed from its schemas: right calls compile and run, wrong ones do not compile', async () => {
+  it('one method per enabled function instance, typed from its schemas: right calls compile and run (with an idempotency key when given), wrong ones do not compile', async () => {
     const stripeCred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: 'sk_test_gen' } });
     assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'stripe-main', display_name: 'Stripe', resource_server_credential_id: stripeCred.body.id })).status, 201);
     assert.equal((await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/enable`, {})).status, 201);
@@ -73,8 +73,8 @@ describe('POST /_internal/v1/trigger_codegen: a typed TypeScript client for the 
     assert.match(r.body.message, /2 function instance/);
     write(r.body.files);
     const index = r.body.files.find((f: { path: string }) => f.path === 'bridge-client/index.ts').content as string;
-    assert.match(index, /stripeMainStripeProcessRefund\(params: StripeProcessRefundParams\): Promise<InvokeResult<StripeProcessRefundOutput>>/);
-    assert.match(index, /_2ndMailGoogleMailSendEmail\(params: GoogleMailSendEmailParams\)/);
+    assert.match(index, /stripeMainStripeProcessRefund\(params: StripeProcessRefundParams, options\?: InvokeOptions\): Promise<InvokeResult<StripeProcessRefundOutput>>/);
+    assert.match(index, /_2ndMailGoogleMailSendEmail\(params: GoogleMailSendEmailParams, options\?: InvokeOptions\)/);
     assert.ok(!JSON.stringify(r.body).includes('sk_test_gen'), 'no credential in the generated code');
 
     fs.writeFileSync(path.join(dir, 'use.ts'), `import { BridgeClient } from './bridge-client/index.js';
@@ -82,17 +82,23 @@ declare const process: { env: Record<string, string | undefined> };
 const client = new BridgeClient({ baseUrl: process.env.BASE_URL!, apiKey: process.env.API_KEY! });
 const refund = await client.stripeMainStripeProcessRefund({ payment_intent: 'pi_gen', amount: 300 });
 const mail = await client._2ndMailGoogleMailSendEmail({ to: 'a@example.com', subject: 'Hi', body: 'Hello' });
-if (refund.type === 'success' && mail.type === 'success') console.log(JSON.stringify({ refund: refund.amount, mail: mail.message_id }));
-else console.log(JSON.stringify({ refund, mail }));
+const keyed = await client.stripeMainStripeProcessRefund({ payment_intent: 'pi_gen_keyed' }, { idempotencyKey: 'order 42 refund' });
+if (refund.type === 'success' && mail.type === 'success' && keyed.type === 'success') console.log(JSON.stringify({ refund: refund.amount, mail: mail.message_id, keyed: keyed.payment_intent }));
+else console.log(JSON.stringify({ refund, mail, keyed }));
 `);
     const good = typecheck(dir, ['use.ts']);
     assert.ok(good.ok, good.output);
     // tsx from this project: the generated client itself needs nothing installed. Not spawnSync:
     // the provider servers run in this process.
+    const before = providers.seen.length;
     const run = await promisify(execFile)(process.execPath, ['--import', pathToFileURL(path.join(ROOT, 'node_modules/tsx/dist/loader.mjs')).href, 'use.ts'], {
       cwd: dir, encoding: 'utf8', env: { ...process.env, BASE_URL: stack.api.url, API_KEY: ADMIN_KEY },
     });
-    assert.deepEqual(JSON.parse(run.stdout.trim()), { refund: 300, mail: `msg-${providers.seen.length}` });
+    assert.deepEqual(JSON.parse(run.stdout.trim()), { refund: 300, mail: `msg-${before + 2}`, keyed: 'pi_gen_keyed' });
+    // The key travels as the provider's Idempotency-Key header; a call without one sends none.
+    assert.deepEqual(providers.seen.slice(before).map((s) => [s.url, s.idempotencyKey]), [
+      ['/v1/refunds', undefined], ['/gmail/v1/users/me/messages/send', undefined], ['/v1/refunds', 'order 42 refund'],
+    ]);
 
     fs.writeFileSync(path.join(dir, 'wrong.ts'), `import { BridgeClient } from './bridge-client/index.js';
 const client = new BridgeClient({ baseUrl: 'http://x', apiKey: 'k' });
@@ -100,6 +106,7 @@ await client.stripeMainStripeProcessRefund({ payment_intent: 'pi', amount: 'ten'
 await client._2ndMailGoogleMailSendEmail({ to: 'a@example.com', subject: 'no body' });
 await client.stripeMainStripeProcessRefund({ amount: 5 });
 await client.stripeMainStripeProcessRefund({ charge: 'ch_1', reason: 'bored' });
+await client.stripeMainStripeProcessRefund({ charge: 'ch_1' }, { idempotency_key: 'k' });
 `);
     const bad = typecheck(dir, ['wrong.ts']);
     assert.equal(bad.ok, false);
@@ -107,6 +114,7 @@ await client.stripeMainStripeProcessRefund({ charge: 'ch_1', reason: 'bored' });
     assert.match(bad.output, /wrong\.ts\(4,.*body/s);
     assert.match(bad.output, /wrong\.ts\(5,/, 'neither payment_intent nor charge');
     assert.match(bad.output, /wrong\.ts\(6,.*bored/s);
+    assert.match(bad.output, /wrong\.ts\(7,.*idempotency_key/s);
   });
 
   it('leaves out the instances whose provider or function the catalog no longer has, with one warning naming them', async () => {
@@ -192,7 +200,7 @@ describe('POST /_internal/v1/trigger_codegen of more function instances than the
     const index = res.body.files[2].content as string;
     assert.ok(index.length > 30 * 1024 * 1024, `${index.length} characters`);
     assert.deepEqual([...index.matchAll(/return this\.invoke\("([^"]+)", "([^"]+)"/g)].map((m) => m[1]), ids);
-    assert.match(index, /^  inst100000GoogleMailSendEmail\(params: GoogleMailSendEmailParams\): Promise<InvokeResult<GoogleMailSendEmailOutput>> \{$/m);
+    assert.match(index, /^  inst100000GoogleMailSendEmail\(params: GoogleMailSendEmailParams, options\?: InvokeOptions\): Promise<InvokeResult<GoogleMailSendEmailOutput>> \{$/m);
     assert.ok(JSON.stringify(res.body) === res.text, 'the text is JSON.stringify of the answer');
     // It ends as the last part goes out, which may be just after the client has it.
     await waitFor(async () => (await waitingAnswers()) === 0, 'its snapshot to end');

@@ -73,6 +73,17 @@ export class BridgeError extends Error {
   }
 }
 
+/** Options of one call. */
+export interface InvokeOptions {
+  /**
+   * Sent to a provider that honours one as its Idempotency-Key (Google Mail has none and ignores it):
+   * Stripe answers a call repeated with the same key (for 24 hours) with the first call's answer
+   * instead of refunding again, so give one to a call you may retry after a 502 or a hang-up.
+   * 1 to 255 visible ASCII characters, inner spaces allowed.
+   */
+  idempotencyKey?: string;
+}
+
 export interface BridgeClientOptions {
   /** The service's base URL, e.g. https://taskbridge.example.com */
   baseUrl: string;
@@ -92,12 +103,12 @@ export class BridgeClientBase {
     this.fetchImpl = options.fetch ?? fetch;
   }
 
-  protected async invoke<T>(providerInstanceId: string, functionId: string, params: unknown): Promise<InvokeResult<T>> {
+  protected async invoke<T>(providerInstanceId: string, functionId: string, params: unknown, options: InvokeOptions = {}): Promise<InvokeResult<T>> {
     const url = \`\${this.baseUrl}/api/bridge/v1/provider/\${encodeURIComponent(providerInstanceId)}/function/\${functionId}/invoke\`;
     const res = await this.fetchImpl(url, {
       method: 'POST',
       headers: { authorization: \`Bearer \${this.apiKey}\`, 'content-type': 'application/json' },
-      body: JSON.stringify({ params }),
+      body: JSON.stringify({ params, idempotency_key: options.idempotencyKey }),
     });
     const body = await res.json().catch(() => undefined);
     if (res.status !== 200) throw new BridgeError(res.status, (body as { message?: string } | undefined)?.message ?? \`HTTP \${res.status}\`, body);
@@ -135,7 +146,7 @@ async function* clientText({ trx, first: { types, alike, first } }: HeldSnapshot
     `${doc(`${f.name}: parameters.`, '')}export type ${base}Params = ${tsType(f.parameters as Schema)};\n`,
     `${doc(`${f.name}: output.`, '')}export type ${base}Output = ${tsType(f.output as Schema)};\n`,
   ]).join('\n');
-  const indexHead = `${header}\nimport { BridgeClientBase${typed.size ? ', type InvokeResult' : ''} } from './runtime.js';\n`
+  const indexHead = `${header}\nimport { BridgeClientBase${typed.size ? ', type InvokeOptions, type InvokeResult' : ''} } from './runtime.js';\n`
     + (typed.size ? `import type { ${[...typed.keys()].flatMap((t) => [`${t}Params`, `${t}Output`]).join(', ')} } from './types.js';\n` : '')
     + `\nexport * from './runtime.js';\nexport type * from './types.js';\n\n`
     + '/** One method per enabled function instance. */\nexport class BridgeClient extends BridgeClientBase {\n';
@@ -154,8 +165,8 @@ async function* clientText({ trx, first: { types, alike, first } }: HeldSnapshot
       names.add(name);
     }
     return `${doc(`${f.name} on ${row.provider_instance_id} (${row.provider_controller_type_id}). ${f.documentation}`, '  ')}`
-      + `  ${name}(params: ${base}Params): Promise<InvokeResult<${base}Output>> {\n`
-      + `    return this.invoke(${JSON.stringify(row.provider_instance_id)}, ${JSON.stringify(f.type_id)}, params);\n  }\n`;
+      + `  ${name}(params: ${base}Params, options?: InvokeOptions): Promise<InvokeResult<${base}Output>> {\n`
+      + `    return this.invoke(${JSON.stringify(row.provider_instance_id)}, ${JSON.stringify(f.type_id)}, params, options);\n  }\n`;
   };
 
   const message = `Generated a TypeScript client for ${inUse.reduce((n, t) => n + t.instances, 0)} function instance(s)`;

@@ -8,7 +8,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 
-export interface Seen { url: string; authorization?: string; token?: string; body: string }
+export interface Seen { url: string; authorization?: string; token?: string; idempotencyKey?: string; body: string }
 export interface FakeProviders {
   url: string; seen: Seen[]; close(): void;
   /** The next request held unanswered to arrive (or the earliest unclaimed one), with its connection's close. */
@@ -23,7 +23,7 @@ export function startFakeProviders(opts: { stripeKey?: string } = {}): Promise<F
     let body = '';
     req.on('data', (c) => (body += c));
     req.on('end', () => {
-      seen.push({ url: req.url!, authorization: req.headers.authorization, token: req.headers['x-a2a-notification-token'] as string | undefined, body });
+      seen.push({ url: req.url!, authorization: req.headers.authorization, token: req.headers['x-a2a-notification-token'] as string | undefined, idempotencyKey: req.headers['idempotency-key'] as string | undefined, body });
       const send = (status: number, json: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(json));
       const hold = () => {
         const h = { closed: new Promise<void>((resolve) => res.once('close', () => resolve())) };
