@@ -43,16 +43,20 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
       ...(spec.body ? { 413: ErrorBody, 415: ErrorBody } : {}),
     };
     for (const [status, schema] of Object.entries({ ...implied, ...spec.responses })) {
+      const success = status.startsWith('2');
+      const types = success ? { [spec.responseType ?? 'application/json']: schema, ...spec.moreResponseTypes } : { 'application/json': schema };
       responses[status] = schema
-        ? { description: spec.responseDescriptions?.[Number(status)] ?? (status.startsWith('2') ? 'Success' : 'Error'), content: { [status.startsWith('2') ? spec.responseType ?? 'application/json' : 'application/json']: { schema: collect(schema, components) } } }
+        ? { description: spec.responseDescriptions?.[Number(status)] ?? (success ? 'Success' : 'Error'), content: Object.fromEntries(Object.entries(types).map(([type, s]) => [type, { schema: collect(s, components) }])) }
         : { description: 'No content' };
     }
+    // A body the handler reads itself is always needed (its protocol's errors answer one left out).
+    const body = spec.body ?? spec.ownBody;
     const op: Json = {
       operationId: spec.operationId,
       summary: spec.summary,
       tags: [spec.tag, 'v1'],
       ...(parameters.length ? { parameters } : {}),
-      ...(spec.body ? { requestBody: { required: bodyRequired(spec.body), content: { 'application/json': { schema: collect(spec.body, components) } } } } : {}),
+      ...(body ? { requestBody: { required: spec.body ? bodyRequired(spec.body) : true, content: { 'application/json': { schema: collect(body, components) } } } } : {}),
       responses,
       ...(spec.scope ? { security: [{ bearer: [] }], 'x-required-scope': spec.scope } : { security: [] }),
     };

@@ -24,12 +24,17 @@ export interface RouteSpec<P extends TObject | undefined, Q extends TObject | un
   params?: P;
   query?: Q;
   body?: B;
-  /** The handler reads the request body itself (the JSON-RPC endpoints, whose errors have their own shape). */
-  ownBody?: true;
+  /**
+   * The handler reads the request body itself (the JSON-RPC endpoints, whose errors have their own
+   * shape); this schema describes it in the OpenAPI document and checks nothing.
+   */
+  ownBody?: TSchema;
   responses: Record<number, TSchema | null>;
   /** What a response means, where 'Success' / 'Error' would not say (two success codes). */
   responseDescriptions?: Record<number, string>;
   responseType?: string; // media type of the success body; application/json when absent
+  /** Other media types a success body may come in, each with its schema (A2A's streams: text/event-stream). */
+  moreResponseTypes?: Record<string, TSchema>;
   /** A GET that refuses HEAD (405: fixedPathMethods), which the router would otherwise answer with the GET (a GET with effects, which a link prefetcher's HEAD would have); Allow leaves HEAD out. Fixed paths only: the router matches nothing else to them. */
   noHead?: true;
 }

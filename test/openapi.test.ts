@@ -1,6 +1,7 @@
 // GET /api/openapi.json: a valid OpenAPI 3.1 document covering every route, whose schemas are
 // the ones responses actually follow.
 import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
 import { Validator } from '@seriousme/openapi-schema-validator';
 import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
@@ -41,7 +42,7 @@ describe('OpenAPI document', () => {
       }
       if (spec.scope) assert.deepEqual(op.security, [{ bearer: [] }], spec.operationId);
       else assert.deepEqual(op.security, [], spec.operationId);
-      assert.equal(!!op.requestBody, !!spec.body, `${spec.operationId}: requestBody`);
+      assert.equal(!!op.requestBody, !!(spec.body ?? spec.ownBody), `${spec.operationId}: requestBody`);
     }
     // Statuses the shared layers answer are listed even where a route does not name them.
     const statuses = (path: string, method: string) => Object.keys(doc.paths[path][method].responses).sort();
@@ -94,15 +95,20 @@ describe('OpenAPI document', () => {
     }
   });
 
-  it('task responses and errors follow the documented schemas', async () => {
+  // A validator of a schema in the served document, its component refs resolved against it.
+  const validators = () => {
     const ajv = addFormats.default(new Ajv({ strict: false, discriminator: true }));
     ajv.addSchema(doc, 'openapi');
+    const compile = (schema: unknown) => ajv.compile(JSON.parse(JSON.stringify(schema).replace(/"#\/components/g, '"openapi#/components')));
+    return { ajv, compile };
+  };
+
+  it('task responses and errors follow the documented schemas', async () => {
+    const { ajv, compile } = validators();
     const check = (r: Response, path: string, method: string) => {
       const schema = doc.paths[path][method].responses[String(r.status)]?.content?.['application/json']?.schema;
       assert.ok(schema, `${method} ${path} does not document status ${r.status}`);
-      // Resolve component refs against the served document.
-      const rebased = JSON.parse(JSON.stringify(schema).replace(/"#\/components/g, '"openapi#/components'));
-      const validate = ajv.compile(rebased);
+      const validate = compile(schema);
       assert.ok(validate(r.body), `${method} ${path} ${r.status}: ${ajv.errorsText(validate.errors)}\n${r.text}`);
     };
     const c = stack.client;
@@ -124,5 +130,70 @@ describe('OpenAPI document', () => {
     check(await c.post('/api/auth/v1/api-key', { name: 'doc', scopes: ['task:read'] }), '/api/auth/v1/api-key', 'post');
     check(await c.get('/api/auth/v1/api-key'), '/api/auth/v1/api-key', 'get');
     check(await c.get('/_internal/v1/ready'), '/_internal/v1/ready', 'get');
+  });
+
+  it('describes the JSON-RPC endpoints: the request bodies they read, and A2A answering JSON or an event stream', async () => {
+    const { ajv, compile } = validators();
+    const a2a = doc.paths['/api/a2a/v1'].post;
+    const mcp = doc.paths['/api/bridge/v1/mcp'].post;
+    for (const op of [a2a, mcp]) {
+      assert.deepEqual(Object.keys(op.requestBody?.content ?? {}), ['application/json'], op.operationId);
+      assert.equal(op.requestBody.required, true, op.operationId);
+    }
+    // A2A refuses a body with JSON-RPC errors, HTTP 200: the body it documents implies no 400.
+    assert.ok(!a2a.responses['400']);
+    assert.deepEqual(Object.keys(a2a.responses['200'].content), ['application/json', 'text/event-stream']);
+    assert.equal(a2a.responses['200'].content['text/event-stream'].schema.type, 'string');
+    // Every method dispatch serves, each with its params.
+    const methods = doc.components.schemas.A2ARequest.anyOf.map((b: any) => b.properties.method.const);
+    assert.deepEqual(methods, ['message/send', 'message/stream', 'tasks/get', 'tasks/cancel', 'tasks/resubscribe', 'tasks/pushNotificationConfig/set',
+      'tasks/pushNotificationConfig/get', 'tasks/pushNotificationConfig/list', 'tasks/pushNotificationConfig/delete', 'agent/getAuthenticatedExtendedCard']);
+
+    // Requests built from the documented schema are taken, and answered as documented.
+    const a2aRequest = compile(a2a.requestBody.content['application/json'].schema);
+    const a2aAnswer = compile(a2a.responses['200'].content['application/json'].schema);
+    const valid = (validate: ReturnType<typeof compile>, value: unknown) => assert.ok(validate(value), `${ajv.errorsText(validate.errors)}\n${JSON.stringify(value)}`);
+    const message = { kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text: 'documented' }] };
+    const send = { jsonrpc: '2.0', id: 'doc-1', method: 'message/send', params: { message, configuration: { blocking: false } } };
+    valid(a2aRequest, send);
+    assert.ok(!a2aRequest({ ...send, method: 'message/sned' }), 'an unknown method');
+    assert.ok(!a2aRequest({ ...send, params: { message: { ...message, parts: [] } } }), 'params the method refuses');
+    assert.ok(!a2aRequest({ ...send, id: 2 ** 53 }), 'an id that cannot be echoed');
+    valid(a2aRequest, { jsonrpc: '2.0', id: 3, method: 'agent/getAuthenticatedExtendedCard' });
+    const sent = await stack.client.post('/api/a2a/v1', send);
+    assert.equal(sent.status, 200, sent.text);
+    assert.match(sent.headers.get('content-type') ?? '', /^application\/json/);
+    valid(a2aAnswer, sent.body);
+    assert.equal(sent.body.result.kind, 'task', sent.text);
+    const taskId = sent.body.result.id;
+    const cancel = { jsonrpc: '2.0', id: 4, method: 'tasks/cancel', params: { id: taskId } };
+    valid(a2aRequest, cancel);
+    const canceled = await stack.client.post('/api/a2a/v1', cancel);
+    valid(a2aAnswer, canceled.body);
+    assert.equal(canceled.body.result.status.state, 'canceled', canceled.text);
+    // A stream: each data: line is a documented JSON-RPC response (a terminal task's: the task, then its final status).
+    const resubscribe = { jsonrpc: '2.0', id: 5, method: 'tasks/resubscribe', params: { id: taskId } };
+    valid(a2aRequest, resubscribe);
+    const streamed = await stack.client.request('POST', '/api/a2a/v1', resubscribe, { headers: { accept: 'text/event-stream' } });
+    assert.equal(streamed.status, 200);
+    assert.ok(Object.keys(a2a.responses['200'].content).includes(streamed.headers.get('content-type')?.split(';')[0] ?? ''), streamed.headers.get('content-type') ?? '');
+    const events = streamed.text.split('\n').filter((l) => l.startsWith('data: ')).map((l) => JSON.parse(l.slice(6)));
+    assert.deepEqual(events.map((e) => e.result?.kind), ['task', 'status-update'], streamed.text);
+    for (const e of events) valid(a2aAnswer, e);
+
+    const mcpRequest = compile(mcp.requestBody.content['application/json'].schema);
+    const mcpAnswer = compile(mcp.responses['200'].content['application/json'].schema);
+    const list = { jsonrpc: '2.0', id: 1, method: 'tools/list' };
+    const batch = [{ ...list, id: 'a' }, { jsonrpc: '2.0', id: 'b', method: 'ping' }];
+    valid(mcpRequest, list);
+    valid(mcpRequest, batch);
+    assert.ok(!mcpRequest({ ...list, id: null }), 'MCP ids are never null');
+    assert.ok(!mcpRequest([]), 'an empty batch');
+    for (const body of [list, batch]) {
+      const r = await stack.client.request('POST', '/api/bridge/v1/mcp', body, { headers: { accept: 'application/json, text/event-stream' } });
+      assert.equal(r.status, 200, r.text);
+      valid(mcpAnswer, r.body);
+      assert.ok(!JSON.stringify(r.body).includes('"error"'), r.text);
+    }
   });
 });

@@ -1,6 +1,7 @@
 // A2A v0.3: the JSON-RPC endpoint and the agent card. Method logic lives in domain/a2a/.
 import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
+import { JsonRpcEventStream, JsonRpcResponse } from '../schemas/jsonrpc.ts';
 import { readJsonBody } from '../middleware/body.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 import { InvalidRequest } from '../../domain/errors.ts';
@@ -8,7 +9,7 @@ import type { Principal } from '../middleware/auth.ts';
 import type { Services } from '../../domain/services.ts';
 import { TaskWaiter } from '../../domain/task-waiter.ts';
 import { A2A_PATH, agentCard } from '../../domain/a2a/agent-card.ts';
-import { callsStream, dispatch, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
+import { A2ARequest, callsStream, dispatch, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
 import { writeSse } from '../a2a-sse.ts';
 import { holdStream } from '../a2a-stream-quota.ts';
 import { clientGone } from '../client-gone.ts';
@@ -31,9 +32,10 @@ const cardRoute = (path: string, operationId: string) => defineRoute({
 
 export const a2aRoutes = [
   defineRoute({
-    method: 'post', path: A2A_PATH, operationId: 'a2a-jsonrpc', tag, scope: 'a2a', ownBody: true,
+    method: 'post', path: A2A_PATH, operationId: 'a2a-jsonrpc', tag, scope: 'a2a', ownBody: A2ARequest,
     summary: 'A2A v0.3 JSON-RPC 2.0: message/send, message/stream (SSE), tasks/get, tasks/cancel, tasks/resubscribe (SSE), tasks/pushNotificationConfig/*, agent/getAuthenticatedExtendedCard',
-    responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody, 413: ErrorBody, 415: ErrorBody },
+    responses: { 200: JsonRpcResponse, 401: ErrorBody, 403: ErrorBody, 413: ErrorBody, 415: ErrorBody },
+    moreResponseTypes: { 'text/event-stream': JsonRpcEventStream },
   }, async ({ ctx, services }) => {
     let body: unknown;
     try {

@@ -1,22 +1,24 @@
 // POST /api/bridge/v1/mcp: the bridge's MCP server over Streamable HTTP, stateless (no session
 // id; GET and DELETE answer 405). The SDK's web-standard transport speaks the protocol; this
 // handler hands it the request and copies its answer into Koa. Tools: domain/bridge/mcp.ts.
+import { Type } from '@sinclair/typebox';
 import { WebStandardStreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/webStandardStreamableHttp.js';
 import { defineRoute } from '../route.ts';
 import { clientGone } from '../client-gone.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
+import { JsonRpcResponse } from '../schemas/jsonrpc.ts';
 import { readJsonBody } from '../middleware/body.ts';
 import { InvalidRequest } from '../../domain/errors.ts';
-import { batchAnswer, batchRefusal, createMcpServer, envelopeRefusal, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp.ts';
+import { batchAnswer, batchRefusal, createMcpServer, envelopeRefusal, McpRequest, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 
 export const MCP_PATH = '/api/bridge/v1/mcp';
 
 export const mcpRoutes = [
   defineRoute({
-    method: 'post', path: MCP_PATH, operationId: 'bridge-mcp', tag: 'bridge', scope: 'bridge:invoke', ownBody: true,
+    method: 'post', path: MCP_PATH, operationId: 'bridge-mcp', tag: 'bridge', scope: 'bridge:invoke', ownBody: McpRequest,
     summary: 'Model Context Protocol (Streamable HTTP, stateless): tools/list and tools/call over the enabled function instances',
-    responses: { 200: FreeObject, 202: null, 400: FreeObject, 401: ErrorBody, 403: ErrorBody, 406: FreeObject, 413: ErrorBody, 415: FreeObject },
+    responses: { 200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null, 400: FreeObject, 401: ErrorBody, 403: ErrorBody, 406: FreeObject, 413: ErrorBody, 415: FreeObject },
   }, async ({ ctx, services }) => {
     let body: unknown;
     try {

@@ -1,5 +1,6 @@
 // JSON-RPC 2.0 dispatch for A2A v0.3: envelope checks, method lookup, params validation, and
 // every failure as an error object with the request id echoed (null only when unreadable).
+import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import type { Config } from '../config.ts';
 import type { FieldError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
@@ -12,26 +13,39 @@ export type RpcResponse = { jsonrpc: '2.0'; id: RpcId; result: unknown } | { jso
 export type RpcOutcome = { response: RpcResponse } | { id: RpcId; stream: m.TaskStream };
 
 interface Method {
+  params: TSchema;
   validate: p.Validator<unknown>;
   run(call: m.A2ACall, params: unknown): Promise<unknown>;
   stream?: true;
+  /** params may be left out: they are read as null */
+  paramsOptional?: true;
 }
 
-const method = <T>(validate: p.Validator<T>, run: (call: m.A2ACall, params: T) => Promise<unknown>, stream?: true): Method =>
-  ({ validate, run: run as Method['run'], stream });
+const method = <S extends TSchema>(params: S, run: (call: m.A2ACall, params: Static<S>) => Promise<unknown>, opts: { stream?: true; paramsOptional?: true } = {}): Method =>
+  ({ params, validate: p.validator(params), run: run as Method['run'], ...opts });
 
 const METHODS: Record<string, Method> = {
-  'message/send': method(p.validator(p.MessageSendParams), m.sendMessage),
-  'message/stream': method(p.validator(p.MessageSendParams), m.streamMessage, true),
-  'tasks/get': method(p.validator(p.TaskQueryParams), m.getTask),
-  'tasks/cancel': method(p.validator(p.TaskIdParams), m.cancelTask),
-  'tasks/resubscribe': method(p.validator(p.TaskIdParams), m.resubscribe, true),
-  'tasks/pushNotificationConfig/set': method(p.validator(p.SetPushConfigParams), m.setPushConfig),
-  'tasks/pushNotificationConfig/get': method(p.validator(p.GetPushConfigParams), m.getPushConfig),
-  'tasks/pushNotificationConfig/list': method(p.validator(p.TaskIdParams), m.listPushConfigs),
-  'tasks/pushNotificationConfig/delete': method(p.validator(p.DeletePushConfigParams), m.deletePushConfig),
-  'agent/getAuthenticatedExtendedCard': method(p.validator(p.NoParams), (call) => m.extendedCard(call)),
+  'message/send': method(p.MessageSendParams, m.sendMessage),
+  'message/stream': method(p.MessageSendParams, m.streamMessage, { stream: true }),
+  'tasks/get': method(p.TaskQueryParams, m.getTask),
+  'tasks/cancel': method(p.TaskIdParams, m.cancelTask),
+  'tasks/resubscribe': method(p.TaskIdParams, m.resubscribe, { stream: true }),
+  'tasks/pushNotificationConfig/set': method(p.SetPushConfigParams, m.setPushConfig),
+  'tasks/pushNotificationConfig/get': method(p.GetPushConfigParams, m.getPushConfig),
+  'tasks/pushNotificationConfig/list': method(p.TaskIdParams, m.listPushConfigs),
+  'tasks/pushNotificationConfig/delete': method(p.DeletePushConfigParams, m.deletePushConfig),
+  'agent/getAuthenticatedExtendedCard': method(p.NoParams, (call) => m.extendedCard(call), { paramsOptional: true }),
 };
+
+// The request body as the OpenAPI document describes it (api/routes/a2a.ts): one shape per method,
+// with the params schema that method checks. dispatch reads a body member by member instead, so
+// that each thing wrong with it gets the JSON-RPC error that fits.
+export const A2ARequest = Type.Union(Object.entries(METHODS).map(([name, { params, paramsOptional }]) => Type.Object({
+  jsonrpc: Type.Literal('2.0'),
+  id: p.RequestId,
+  method: Type.Literal(name),
+  params: paramsOptional ? Type.Optional(params) : params,
+})), { $id: 'A2ARequest', description: 'a JSON-RPC 2.0 request to one of the A2A v0.3 methods this agent serves' });
 
 // JSON that could not be stored (NUL, lone surrogates, deep nesting: findUnstorable) is refused
 // before any method runs: inside params, -32602 in place of their validation (so a streaming call
@@ -84,7 +98,7 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, unst
     if (typeof req.method !== 'string') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');
     const target = Object.hasOwn(METHODS, req.method) ? METHODS[req.method] : undefined;
     if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${req.method.slice(0, 100)}`);
-    const params = req.params === undefined && req.method === 'agent/getAuthenticatedExtendedCard' ? null : req.params;
+    const params = req.params === undefined && target.paramsOptional ? null : req.params;
     const validated = (value: unknown) => {
       if (refusal) throw refusal;
       return target.validate(value);

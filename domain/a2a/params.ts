@@ -1,4 +1,5 @@
-// Schemas of the JSON-RPC envelope and of each A2A v0.3 method's params, compiled once with ajv.
+// Schemas of each A2A v0.3 method's params, compiled once with ajv (and of the request id, for the
+// OpenAPI document's request body: jsonrpc.ts).
 // Objects allow unknown members (A2A is extended by adding fields), but every known member is
 // checked as strictly as the REST API checks the same data (api/schemas/task.ts).
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
@@ -80,12 +81,8 @@ export const DeletePushConfigParams = Type.Object({ id: TaskId, pushNotification
 export type DeletePushConfigParams = Static<typeof DeletePushConfigParams>;
 export const NoParams = Type.Union([Type.Object({}), Type.Null()]);
 
-export const Envelope = Type.Object({
-  jsonrpc: Type.Literal('2.0'),
-  id: Type.Union([Type.String(), Type.Number(), Type.Null()]),
-  method: Type.String(),
-  params: Type.Optional(Type.Unknown()),
-});
+// A request id an answer can echo as sent (isId, jsonrpc.ts): JSON.parse rounds a number past 2^53.
+export const RequestId = Type.Union([Type.String(), Type.Number({ minimum: -Number.MAX_SAFE_INTEGER, maximum: Number.MAX_SAFE_INTEGER }), Type.Null()]);
 
 function where(e: ErrorObject): string {
   const segs = e.instancePath.split('/').slice(1).map((s) => (/^\d+$/.test(s) ? `[${s}]` : `.${s}`));

@@ -4,6 +4,7 @@
 // One server per HTTP request (stateless Streamable HTTP): tools are read from Postgres each time,
 // so every API process sees the same list.
 import { createHash } from 'node:crypto';
+import { Type } from '@sinclair/typebox';
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import {
   CallToolRequestSchema, CancelledNotificationSchema, ErrorCode, InitializeRequestSchema, JSONRPCErrorResponseSchema, JSONRPCNotificationSchema, JSONRPCRequestSchema,
@@ -231,6 +232,24 @@ export function batchRefusal(body: unknown, protocolVersion: string | undefined)
   }
   return undefined;
 }
+
+// The request body as the OpenAPI document describes it (api/routes/mcp.ts): a request to a method
+// this server answers, a notification, or a batch of them (see batchRefusal). Each method's params
+// are MCP's; the route reads the body itself and answers what does not fit with JSON-RPC errors.
+const McpMessage = Type.Union([
+  Type.Object({
+    jsonrpc: Type.Literal('2.0'),
+    id: Type.Union([Type.String(), Type.Integer({ minimum: -Number.MAX_SAFE_INTEGER, maximum: Number.MAX_SAFE_INTEGER })]),
+    method: Type.Union(Object.keys(REQUESTS).map((name) => Type.Literal(name))),
+    params: Type.Optional(Type.Record(Type.String(), Type.Unknown(), { description: "the method's params, as MCP defines them" })),
+  }, { description: 'a request' }),
+  Type.Object({
+    jsonrpc: Type.Literal('2.0'),
+    method: Type.String({ pattern: '^notifications/', description: 'e.g. notifications/initialized' }),
+    params: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
+  }, { description: 'a notification (no id; answered 202 with no body)' }),
+]);
+export const McpRequest = Type.Union([McpMessage, Type.Array(McpMessage, { minItems: 1, maxItems: BATCH_MAX, description: 'a batch, with distinct request ids, from a client on MCP 2025-03-26 (or sending no MCP-Protocol-Version)' })], { $id: 'McpRequest' });
 
 // The SDK answers a batch of one request with that answer alone, not an array of one as JSON-RPC
 // says, and a member's params that do not fit with -32603 (see paramsRefusal). Given the batch and
