@@ -360,6 +360,11 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
     assert.deepEqual(await testDb()('tasks').count({ n: '*' }), tasksBefore, 'the refused message/stream created no task');
     // Calls that are not streams, and other keys, are not counted.
     assert.equal((await stack.client.post(A2A, { jsonrpc: '2.0', id: 3, method: 'tasks/get', params: { id: task } })).status, 200);
+    // Nor is a stream method whose envelope is refused: its answer is the -32600, not a 429.
+    for (const envelope of [{ jsonrpc: '2.0' }, { jsonrpc: '1.0', id: 4 }, { jsonrpc: '2.0', id: { not: 'an id' } }]) {
+      const r = await stack.client.post(A2A, { ...envelope, method: 'message/stream', params: { message: userMessage('bad envelope') } });
+      assert.deepEqual([r.status, r.body.error?.code], [200, -32600], r.text);
+    }
     const other = (await stack.client.post('/api/auth/v1/api-key', { name: 'other streamer', scopes: ['a2a'] })).body.key;
     const third = await open(task, other);
     assert.equal(third.res.status, 200);

@@ -63,9 +63,13 @@ function unstorableError(problem: FieldError): A2AError {
  * streaming switched off none is: those methods answer -32004 (requireStreaming). Nor is one whose
  * envelope cannot be stored: it is answered -32600 at once.
  */
+// Whether dispatch answers this body with a stream: a request whose envelope it takes (else the
+// answer is a -32600 that must not wait for, or be refused for, a stream place).
 export const callsStream = (body: unknown, cfg: Pick<Config, 'A2A_STREAMING'>, unstorable?: FieldError): boolean => {
-  const name = (body as { method?: unknown } | null)?.method;
+  const req = body as { jsonrpc?: unknown; id?: unknown; method?: unknown } | null;
+  const name = req?.method;
   return cfg.A2A_STREAMING && typeof name === 'string' && Object.hasOwn(METHODS, name) && !!METHODS[name].stream
+    && req!.jsonrpc === '2.0' && Object.hasOwn(req!, 'id') && isId(req!.id)
     && !(unstorable && !inParams(unstorable));
 };
 
