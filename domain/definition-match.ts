@@ -58,11 +58,19 @@ export function credentialDifference(file: DefinitionCredential, target: Credent
 // target's worker does (or does not) itself, so an instance made active meets it.
 export const settableStatus = (status: DefinitionProvider['status']) => (status === 'refresh_failed' ? 'active' : status);
 
+// An instance the file has disabled that the target has active, unwritten since it was made: an apply
+// makes an instance active (the create call takes no status) and then disables it, so this is one whose
+// disable did not happen (the run was cut, the PATCH failed). Applying again disables it. One written
+// since (an admin's PATCH active) keeps its status: a conflict.
+export const disableUnfinished = (file: DefinitionProvider, target: ProviderInstanceDetail) =>
+  file.status === 'disabled' && target.status === 'active' && unwrittenSinceImport(target);
+
 export function providerDifference(file: DefinitionProvider, target: ProviderInstanceDetail): string | undefined {
   for (const member of ['display_name', 'provider_controller_type_id', 'credential_controller_type_id'] as const) {
     if (target[member] !== file[member]) return `its ${member} differs`;
   }
-  if (target.status !== file.status && target.status !== settableStatus(file.status)) return `it is ${target.status}, not ${file.status}`;
+  const sameStatus = target.status === file.status || target.status === settableStatus(file.status) || disableUnfinished(file, target);
+  if (!sameStatus) return `it is ${target.status}, not ${file.status}`;
   if (target.resource_server_credential_id !== file.resource_server_credential?.id) return 'it has another resource server credential';
   if (target.user_credential_id !== file.user_credential?.id) return 'it has another user credential';
   if (!isDeepStrictEqual(target.return_on_successful_brokering, file.return_on_successful_brokering)) return 'its return_on_successful_brokering differs';

@@ -12,7 +12,7 @@ import { InvalidRequest } from '../domain/errors.ts';
 import { checkValid, compileSchema } from '../domain/schema-check.ts';
 import { DEFAULT_ALIAS } from '../domain/crypto/key-management.ts';
 import {
-  aliasTargets, credentialDifference, providerDifference, secretDifference, settableStatus,
+  aliasTargets, credentialDifference, disableUnfinished, providerDifference, secretDifference, settableStatus,
   type DefinitionCredential, type DefinitionProvider, type DefinitionSecret,
 } from '../domain/definition-match.ts';
 
@@ -20,7 +20,8 @@ const FORMAT = 'taskbridge-definition/v1';
 const KINDS = ['deks', 'aliases', 'secrets', 'credentials', 'providers', 'functions'] as const;
 type Kind = (typeof KINDS)[number];
 type Outcome = 'created' | 'present' | 'conflict' | 'failed';
-type Found = { state: 'absent' } | { state: 'present' } | { state: 'conflict'; why: string };
+// unfinished: there, but not yet as the file has it, in a way only an earlier apply leaves (written as absent is).
+type Found = { state: 'absent' } | { state: 'unfinished' } | { state: 'present' } | { state: 'conflict'; why: string };
 const absent: Found = { state: 'absent' };
 const present: Found = { state: 'present' };
 const differing = (why: string | undefined): Found => (why === undefined ? present : { state: 'conflict', why });
@@ -120,7 +121,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     try {
       const found = await look();
       if (found.state === 'conflict') err(`conflict: ${name}: ${found.why}; left as it is`);
-      outcome = found.state === 'absent' ? (dryRun ? 'created' : await write()) : found.state;
+      outcome = found.state === 'absent' || found.state === 'unfinished' ? (dryRun ? 'created' : await write()) : found.state;
     } catch (e) {
       if (!(e instanceof Refused)) throw e;
       err(`failed: ${name}: ${e.message}`);
@@ -231,14 +232,22 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
         return created(a);
       });
     }
-    const made = await item('providers', `provider ${p.id}`, async () => (there ? differing(providerDifference(p, there.body)) : absent), async () => {
-      created(await call('POST', base, {
-        provider_instance_id: p.id, display_name: p.display_name,
-        ...(p.resource_server_credential ? { resource_server_credential_id: p.resource_server_credential.id } : {}),
-        ...(p.user_credential ? { user_credential_id: p.user_credential.id } : {}),
-        ...(p.return_on_successful_brokering ? { return_on_successful_brokering: p.return_on_successful_brokering } : {}),
-      }));
+    const made = await item('providers', `provider ${p.id}`, async () => {
+      if (!there) return absent;
+      const why = providerDifference(p, there.body);
+      return why === undefined && disableUnfinished(p, there.body) ? { state: 'unfinished' } : differing(why);
+    }, async () => {
+      if (!there) {
+        created(await call('POST', base, {
+          provider_instance_id: p.id, display_name: p.display_name,
+          ...(p.resource_server_credential ? { resource_server_credential_id: p.resource_server_credential.id } : {}),
+          ...(p.user_credential ? { user_credential_id: p.user_credential.id } : {}),
+          ...(p.return_on_successful_brokering ? { return_on_successful_brokering: p.return_on_successful_brokering } : {}),
+        }));
+      }
+      // Before any function is enabled on it: nothing can be invoked through it while it is active.
       if (p.status === 'disabled') created(await call('PATCH', `/api/bridge/v1/provider/${p.id}`, { status: 'disabled' }));
+      if (there) out(`provider ${p.id}: disabled (an earlier run made it active and was cut before disabling it)`);
       if (settableStatus(p.status) !== p.status) out(`provider ${p.id}: made active; it was ${p.status}, which only a failed token refresh sets`);
       return 'created';
     });

@@ -2,6 +2,8 @@ import assert from 'node:assert/strict';
 import { runCli, type CliRun } from './helpers/cli.ts';
 import { randomUUID } from 'node:crypto';
 import fs from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { ADMIN_KEY, requireEnv, resetDb, startStack, tableRowCounts, type Client, type Stack } from './helpers/stack.ts';
 import { scratchDatabase, type ScratchDatabase } from './helpers/scratch-database.ts';
@@ -255,5 +257,107 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
     const elsewhere = await cli(['keys', 'list', '--url', b.api.url]);
     assert.equal(elsewhere.code, 2);
     assert.match(elsewhere.stderr, /--url is only for definition apply/);
+  });
+});
+
+// A pass-through proxy to `target` whose `answer` may answer a request itself (true when it did).
+async function proxy(target: string, answer: (req: http.IncomingMessage, res: http.ServerResponse) => boolean | Promise<boolean>) {
+  const to = new URL(target);
+  const server = http.createServer(async (req, res) => {
+    if (await answer(req, res)) return;
+    const up = http.request({ host: to.hostname, port: to.port, path: req.url, method: req.method, headers: req.headers }, (r) => {
+      res.writeHead(r.statusCode!, r.headers);
+      r.pipe(res);
+    });
+    req.pipe(up);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, close: () => server.close() };
+}
+
+describe('npm run cli -- definition apply: runs cut short, files that cannot be applied, a URL that is not the API', function () {
+  this.timeout(180_000);
+  let a: Stack;
+  let source: any;
+  let dir: string;
+  const targets: { stack: Stack; scratch: ScratchDatabase }[] = [];
+
+  // A fresh installation with the source's key files, as a move makes one.
+  async function freshTarget() {
+    const scratch = await scratchDatabase('apply');
+    await migrateLatest(scratch.db);
+    const keysDir = path.join(requireEnv('TEST_DATA_DIR'), `apply-keys-${randomUUID().slice(0, 8)}`);
+    fs.cpSync(path.join(a.env.DATA_DIR, 'keys'), keysDir, { recursive: true });
+    const stack = await startStack({ DATABASE_URL: scratch.url, KEYS_DIR: keysDir }, { workers: 0 });
+    targets.push({ stack, scratch });
+    return { stack, scratch };
+  }
+  const applyTo = (url: string, f = path.join(dir, 'def.json')) => cli(['definition', 'apply', f, '--url', url]);
+
+  before(async () => {
+    await resetDb();
+    a = await startStack({}, { workers: 0 });
+    const c = a.client;
+    const payments = await ok(c.post(`${E}/envelope/default-envelope.key/dek`, {}));
+    await ok(c.post(`${E}/dek/alias`, { alias: 'payments', dek_id: payments.id }));
+    for (const key of ['s1', 's2']) await ok(c.post('/api/secret/v1', { key, raw_value: `v-${key}` }));
+    await ok(c.post('/api/secret/v1', { key: 'p1', raw_value: 'v-p1', dek_alias: 'payments' }));
+    // Disabled by an admin, with a function enabled.
+    const card = await ok(c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY }, metadata: {} }));
+    await ok(c.post(avail('stripe', 'api_key'), { provider_instance_id: 'off', display_name: 'Disabled one', resource_server_credential_id: card.id }));
+    await ok(c.post(`${B}/provider/off/function/stripe_process_refund/enable`, {}));
+    await ok(c.patch(`${B}/provider/off`, { status: 'disabled' }), 200);
+    const res = await c.get('/api/a2a/v1/definition');
+    assert.equal(res.status, 200);
+    source = res.body;
+    assert.equal(source.providers[0].status, 'disabled');
+    dir = a.env.DATA_DIR;
+    fs.writeFileSync(path.join(dir, 'def.json'), res.text);
+  });
+  after(async () => {
+    for (const t of targets) {
+      await t.stack.stop();
+      await t.scratch.drop();
+    }
+    await a?.stop();
+  });
+
+  it('disables, when run again, a disabled provider whose disable failed, before enabling its functions; one an admin made active since is a conflict', async () => {
+    const t = await freshTarget();
+    // The first PATCH of the instance answered 503, as an API under load (or a cut) would.
+    let patched = 0;
+    const failing = await proxy(t.stack.api.url, (req, res) => {
+      if (req.method !== 'PATCH' || patched++ > 0) return false;
+      req.resume();
+      res.writeHead(503, { 'content-type': 'application/json' }).end(JSON.stringify({ message: 'Service unavailable' }));
+      return true;
+    });
+    try {
+      const first = await applyTo(failing.url);
+      assert.equal(first.code, 1, first.stdout + first.stderr);
+      assert.match(first.stderr, /failed: provider off: 503 Service unavailable/);
+      assert.match(first.stderr, /failed: function stripe_process_refund of provider off: its provider failed/);
+    } finally {
+      failing.close();
+    }
+    // Made active by its create and left so, but with nothing enabled on it.
+    assert.deepEqual(await provider(t.stack.client, 'off').then((p) => [p.status, p.functions]), ['active', []]);
+
+    const again = await applyTo(t.stack.api.url);
+    assert.equal(again.code, 0, again.stdout + again.stderr);
+    assert.match(again.stdout, /provider off: disabled \(an earlier run made it active and was cut before disabling it\)/);
+    assert.match(again.stdout, /providers: 1 created, 0 already there, 0 conflicts, 0 failed/);
+    assert.match(again.stdout, /functions: 1 created/);
+    assert.deepEqual(await provider(t.stack.client, 'off').then((p) => [p.status, p.functions]), ['disabled', ['stripe_process_refund']]);
+    const third = await applyTo(t.stack.api.url);
+    assert.equal(third.code, 0, third.stdout + third.stderr);
+    assert.match(third.stdout, /Nothing to do/);
+
+    // An admin of the target made it active: their choice, not an apply left unfinished.
+    await ok(t.stack.client.patch(`${B}/provider/off`, { status: 'active' }), 200);
+    const after = await applyTo(t.stack.api.url);
+    assert.equal(after.code, 1, after.stdout + after.stderr);
+    assert.match(after.stderr, /conflict: provider off: it is active, not disabled; left as it is/);
+    assert.equal((await provider(t.stack.client, 'off')).status, 'active');
   });
 });
