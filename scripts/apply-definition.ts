@@ -1,7 +1,7 @@
 // `npm run cli -- definition apply <file>`: applies a definition export (GET /api/a2a/v1/definition) to
-// a running installation through its HTTP API, each part after those it needs: envelope keys (only
-// checked: see missingKeysMessage), DEKs under them with their ids, aliases, secrets, then each
-// provider's credentials, the instance and its functions. An item already there as the file has it
+// a running installation through its HTTP API, each part after those it needs: envelope keys and
+// the file's names only checked (missingKeysMessage, domain/definition-check.ts), then DEKs under
+// them with their ids, aliases, secrets, then each provider's credentials, the instance and its functions. An item already there as the file has it
 // is skipped, one there otherwise is a conflict left as it is (domain/definition-match.ts), so applying
 // twice, or after a run cut short, writes only what is missing. Prints ids, keys and names, never a
 // value, token or key material (the file holds those only sealed anyway).
@@ -11,6 +11,7 @@ import type { CredentialKind } from '../db/bridge.ts';
 import { InvalidRequest } from '../domain/errors.ts';
 import { checkValid, compileSchema } from '../domain/schema-check.ts';
 import { DEFAULT_ALIAS } from '../domain/crypto/key-management.ts';
+import { definitionProblems, definitionReferences, type TargetNames } from '../domain/definition-check.ts';
 import {
   aliasTargets, credentialDifference, disableUnfinished, providerDifference, secretDifference, settableStatus,
   type DefinitionCredential, type DefinitionProvider, type DefinitionSecret,
@@ -137,13 +138,47 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     return 'created' as const;
   };
 
+  // Before anything is written, a failed look-up stops the run: what it would have told is not known.
+  const check = async (path: string) => {
+    try {
+      return lookup(await call('GET', path));
+    } catch (e) {
+      if (e instanceof Refused) throw new ApplyAborted(`GET ${path.split('?')[0]} at ${opts.url}: ${e.message}; nothing was written`);
+      throw e;
+    }
+  };
+  // The target's catalog, not this command's: the target's release decides what it can make.
+  const catalog: TargetNames['catalog'] = [];
+  let token: string | undefined;
+  do {
+    const page = await check(`/api/bridge/v1/available-providers?page_size=1000${token ? `&next_page_token=${enc(token)}` : ''}`);
+    catalog.push(...page?.body.items ?? []);
+    token = page?.body.next_page_token;
+  } while (token);
+
   // Envelope keys first: every DEK needs its own, and the API cannot bring one's key material over.
   const missing = [];
   for (const k of def.envelope_keys) {
-    if (!lookup(await call('GET', `/api/encryption/v1/envelope/${enc(k.id)}`))) missing.push(k);
+    if (!await check(`/api/encryption/v1/envelope/${enc(k.id)}`)) missing.push(k);
   }
   if (missing.length) {
     err(missingKeysMessage(missing));
+    return 1;
+  }
+  // Then the whole file against itself and the target: one that cannot be applied whole is not applied in part.
+  const refs = definitionReferences(def);
+  const names: TargetNames = { aliases: new Set(), deks: new Set(), catalog };
+  // The look-up answers a DEK by alias, else by id: a name answered as a DEK of that id is no alias.
+  for (const alias of refs.aliases) {
+    const there = await check(`/api/encryption/v1/dek/alias/${enc(alias)}`);
+    if (there && there.body.id !== alias) names.aliases.add(alias);
+  }
+  for (const id of refs.deks) {
+    if ((await check(`/api/encryption/v1/dek/alias/${enc(id)}`))?.body.id === id) names.deks.add(id);
+  }
+  const problems = definitionProblems(def, names);
+  if (problems.length) {
+    err(`Error: the file cannot be applied as it is; nothing was written:\n${problems.map((p) => `  ${p}`).join('\n')}`);
     return 1;
   }
   out(`envelope keys: all ${def.envelope_keys.length} on the target${dryRun ? ' (dry run: nothing is written)' : ''}`);

@@ -292,6 +292,11 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     targets.push({ stack, scratch });
     return { stack, scratch };
   }
+  const write = (name: string, def: unknown) => {
+    const f = path.join(dir, name);
+    fs.writeFileSync(f, JSON.stringify(def));
+    return f;
+  };
   const applyTo = (url: string, f = path.join(dir, 'def.json')) => cli(['definition', 'apply', f, '--url', url]);
 
   before(async () => {
@@ -359,5 +364,29 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.equal(after.code, 1, after.stdout + after.stderr);
     assert.match(after.stderr, /conflict: provider off: it is active, not disabled; left as it is/);
     assert.equal((await provider(t.stack.client, 'off')).status, 'active');
+  });
+
+  it('refuses a file whose names do not all resolve, in the file or on the target, one line per problem, writing nothing (exit 1)', async () => {
+    const t = await freshTarget();
+    const def = structuredClone(source);
+    const [s1, s2] = def.secrets;
+    s1.dek_alias = 'ghost';
+    s2.data_encryption_key_id = 'no-such-dek';
+    // A second instance of the stripe provider, with a function stripe does not have.
+    def.providers.push({ ...structuredClone(def.providers[0]), id: 'other', functions: ['no_such_function'] });
+    def.providers[0].provider_controller_type_id = 'nope';
+    const before = await tableRowCounts([], t.scratch.db);
+    const r = await applyTo(t.stack.api.url, write('unresolved.json', def));
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    const lines = r.stderr.trim().split('\n');
+    assert.equal(lines[0], 'Error: the file cannot be applied as it is; nothing was written:');
+    assert.deepEqual(lines.slice(1).sort(), [
+      `  data_encryption_key_id 'no-such-dek' is neither a DEK of the file nor one on the target (secret ${s2.key} (${s2.id}))`,
+      `  dek_alias 'ghost' is neither an alias of the file's DEKs nor one on the target (secret ${s1.key} (${s1.id}))`,
+      "  function 'no_such_function' is not one of provider controller 'stripe' in the target's catalog (provider other)",
+      "  provider_controller_type_id 'nope' is not in the target's catalog (provider off)",
+    ]);
+    assert.doesNotMatch(r.stdout, /created/);
+    assert.deepEqual(await tableRowCounts([], t.scratch.db), before);
   });
 });
