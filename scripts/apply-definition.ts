@@ -8,7 +8,7 @@
 import fs from 'node:fs/promises';
 import { Definition } from '../api/schemas/definition.ts';
 import type { CredentialKind } from '../db/bridge.ts';
-import { InvalidRequest } from '../domain/errors.ts';
+import { InvalidRequest, NotFound } from '../domain/errors.ts';
 import { checkValid, compileSchema } from '../domain/schema-check.ts';
 import { DEFAULT_ALIAS } from '../domain/crypto/key-management.ts';
 import { definitionProblems, definitionReferences, type TargetNames } from '../domain/definition-check.ts';
@@ -83,6 +83,8 @@ function api(base: string, key: string) {
     const text = await res.text();
     let parsed: unknown;
     try { parsed = text ? JSON.parse(text) : undefined; } catch { parsed = undefined; }
+    // Every answer a step goes on with is JSON: anything else is some other server than the API.
+    if (res.ok && parsed === undefined) throw new ApplyAborted(notTheApi(base, `${method} ${path.split('?')[0]}`, `${res.status} ${res.headers.get('content-type') ?? 'with no content-type'}, not JSON`));
     if (res.status === 401) throw new ApplyAborted(`the API at ${base} refused TASKBRIDGE_API_KEY (401)`);
     if (res.status === 403) throw new ApplyAborted(`TASKBRIDGE_API_KEY may not ${method} ${path.split('?')[0]} (403): use an admin key`);
     return { status: res.status, body: parsed };
@@ -124,7 +126,8 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       if (found.state === 'conflict') err(`conflict: ${name}: ${found.why}; left as it is`);
       outcome = found.state === 'absent' || found.state === 'unfinished' ? (dryRun ? 'created' : await write()) : found.state;
     } catch (e) {
-      if (!(e instanceof Refused)) throw e;
+      // NotFound: a controller the comparison needs (domain/bridge/catalog.ts) that this command's release lacks.
+      if (!(e instanceof Refused || e instanceof NotFound)) throw e;
       err(`failed: ${name}: ${e.message}`);
       outcome = 'failed';
     }
@@ -143,7 +146,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     try {
       return lookup(await call('GET', path));
     } catch (e) {
-      if (e instanceof Refused) throw new ApplyAborted(`GET ${path.split('?')[0]} at ${opts.url}: ${e.message}; nothing was written`);
+      if (e instanceof Refused) throw new ApplyAborted(`GET ${path.split('?')[0]} at ${opts.url}: ${e.message}`);
       throw e;
     }
   };
@@ -152,8 +155,9 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   let token: string | undefined;
   do {
     const page = await check(`/api/bridge/v1/available-providers?page_size=1000${token ? `&next_page_token=${enc(token)}` : ''}`);
-    catalog.push(...page?.body.items ?? []);
-    token = page?.body.next_page_token;
+    if (!Array.isArray(page?.body?.items)) throw new ApplyAborted(notTheApi(opts.url, 'GET /api/bridge/v1/available-providers', page ? 'no list of provider controllers' : '404'));
+    catalog.push(...page.body.items);
+    token = page.body.next_page_token;
   } while (token);
 
   // Envelope keys first: every DEK needs its own, and the API cannot bring one's key material over.
@@ -306,6 +310,9 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   if (troubles) out(`${troubles} item(s) not applied: see the conflict and failure lines above.`);
   return troubles ? 1 : 0;
 }
+
+const notTheApi = (base: string, request: string, answer: string) =>
+  `${request} at ${base} answered ${answer}: it does not look like the taskbridge API; check --url (the API's base, e.g. http://host:3000)`;
 
 function missingKeysMessage(keys: Definition['envelope_keys']): string {
   const named = keys.map((k) => (k.type === 'local' ? `local key ${k.id} (file ${k.file_name})` : `AWS KMS key ${k.id} (${k.region})`));

@@ -389,4 +389,45 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.doesNotMatch(r.stdout, /created/);
     assert.deepEqual(await tableRowCounts([], t.scratch.db), before);
   });
+
+  it('goes on past a provider whose controller this command does not know, to the summary (exit 1)', async () => {
+    const t = await freshTarget();
+    assert.equal((await applyTo(t.stack.api.url)).code, 0);
+    // A target of another release, whose catalog has a provider controller this command's lacks.
+    const newer = await proxy(t.stack.api.url, async (req, res) => {
+      if (!req.url!.startsWith(`${B}/available-providers?`)) return false;
+      const page: any = await (await fetch(t.stack.api.url + req.url, { headers: { authorization: req.headers.authorization! } })).json();
+      page.items.push({ type_id: 'nope', credential_controllers: [{ type_id: 'api_key' }], functions: [{ type_id: 'stripe_process_refund' }] });
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(page));
+      return true;
+    });
+    const def = structuredClone(source);
+    def.providers[0].provider_controller_type_id = 'nope';
+    try {
+      const r = await applyTo(newer.url, write('newer.json', def));
+      assert.equal(r.code, 1, r.stdout + r.stderr);
+      assert.match(r.stderr, new RegExp(`failed: resource server credential ${def.providers[0].resource_server_credential.id} of provider off: provider controller 'nope' not found`));
+      assert.match(r.stderr, /conflict: provider off: its provider_controller_type_id differs; left as it is/);
+      assert.match(r.stdout, /Summary:\n {2}deks: 0 created, 2 already there/);
+      assert.match(r.stdout, / {2}credentials: 0 created, 0 already there, 0 conflicts, 1 failed\n {2}providers: 0 created, 0 already there, 1 conflicts, 0 failed\n {2}functions: 0 created, 1 already there/);
+    } finally {
+      newer.close();
+    }
+  });
+
+  it('stops, writing nothing, at a --url that answers but is not the API (exit 1)', async () => {
+    const page = await proxy('http://127.0.0.1:9', (req, res) => {
+      req.resume();
+      res.writeHead(200, { 'content-type': 'text/html' }).end('<html>hello</html>');
+      return true;
+    });
+    try {
+      const r = await applyTo(page.url);
+      assert.equal(r.code, 1, r.stdout + r.stderr);
+      assert.equal(r.stdout, '');
+      assert.match(r.stderr, new RegExp(`^Error: GET /api/bridge/v1/available-providers at ${page.url} answered 200 text/html, not JSON: it does not look like the taskbridge API; check --url`));
+    } finally {
+      page.close();
+    }
+  });
 });
