@@ -1,9 +1,10 @@
 // `npm run cli -- definition apply <file>`: applies a definition export (GET /api/a2a/v1/definition) to
 // a running installation through its HTTP API, each part after those it needs: envelope keys and
 // the file's names only checked (missingKeysMessage, domain/definition-check.ts), then DEKs under
-// them with their ids, aliases, secrets, then each provider's credentials, the instance and its functions. An item already there as the file has it
-// is skipped, one there otherwise is a conflict left as it is (domain/definition-match.ts), so applying
-// twice, or after a run cut short, writes only what is missing. Prints ids, keys and names, never a
+// them with their ids, aliases, secrets, then each provider's credentials, the instance and its
+// functions. An item already there as the file has it is skipped, one there otherwise is a conflict
+// left as it is (domain/definition-match.ts), so applying twice, or after a run cut short, writes
+// only what is missing. Prints ids, keys and names, never a
 // value, token or key material (the file holds those only sealed anyway).
 import fs from 'node:fs/promises';
 import { Definition } from '../api/schemas/definition.ts';
@@ -224,14 +225,26 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   }
   out(line('aliases'));
 
+  // Found by key after not by id, it may be this secret all the same: imported in between by another
+  // run, or by this one where the file lists it twice (alike: domain/definition-check.ts).
+  const secretThere = async (s: DefinitionSecret) =>
+    lookup(await call('GET', `/api/secret/v1/${s.id}`)) ?? lookup(await call('GET', `/api/secret/v1/key/${enc(s.key)}`));
+  const sameSecret = (s: DefinitionSecret, there: Answer) =>
+    (there.body.id === s.id ? differing(secretDifference(s, there.body, aliases.get(s.dek_alias))) : differing(`its key is taken by secret ${there.body.id}`));
   const applySecret = (s: DefinitionSecret) => item('secrets', `secret ${s.key} (${s.id})`, async () => {
-    const there = lookup(await call('GET', `/api/secret/v1/${s.id}`));
-    if (there) return differing(secretDifference(s, there.body, aliases.get(s.dek_alias)));
-    const sameKey = lookup(await call('GET', `/api/secret/v1/key/${enc(s.key)}`));
-    return sameKey ? differing(`its key is taken by secret ${sameKey.body.id}`) : absent;
-  }, async () => created(await call('POST', '/api/secret/v1/import', {
-    id: s.id, key: s.key, encrypted_value: s.encrypted_value, dek_alias: s.dek_alias, data_encryption_key_id: s.data_encryption_key_id,
-  })));
+    const there = await secretThere(s);
+    return there ? sameSecret(s, there) : absent;
+  }, async () => {
+    const a = await call('POST', '/api/secret/v1/import', {
+      id: s.id, key: s.key, encrypted_value: s.encrypted_value, dek_alias: s.dek_alias, data_encryption_key_id: s.data_encryption_key_id,
+    });
+    // Taken between the look-up and the import, the same way.
+    if (a.status === 409) {
+      const there = await secretThere(s);
+      if (there && sameSecret(s, there).state === 'present') return 'present';
+    }
+    return created(a);
+  });
   let next = 0;
   await Promise.all(Array.from({ length: Math.min(SECRETS_AT_ONCE, def.secrets.length) }, async () => {
     while (next < def.secrets.length) await applySecret(def.secrets[next++]);

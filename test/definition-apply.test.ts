@@ -430,4 +430,18 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
       page.close();
     }
   });
+
+  it('applies a secret the file lists more than once as one secret (exit 0)', async () => {
+    const t = await freshTarget();
+    const def = structuredClone(source);
+    const [first] = def.secrets;
+    // Applied 8 at a time: the copies are looked up and imported at once.
+    def.secrets.splice(1, 0, structuredClone(first), structuredClone(first));
+    const r = await applyTo(t.stack.api.url, write('twice.json', def));
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assert.equal(r.stderr, '');
+    assert.match(r.stdout, /secrets: 3 created, 2 already there, 0 conflicts, 0 failed/);
+    const secrets = await ok(t.stack.client.get('/api/secret/v1?page_size=100'), 200);
+    assert.deepEqual(secrets.secrets.map((s: any) => s.key).sort(), source.secrets.map((s: any) => s.key).sort());
+  });
 });
