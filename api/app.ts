@@ -47,7 +47,9 @@ const requireHost: Koa.Middleware = async (ctx, next) => {
 };
 
 export function createApp(services: Services): Koa {
-  const app = new Koa({ proxy: services.cfg.TRUST_PROXY });
+  // Behind N proxies the client's address is the Nth entry of X-Forwarded-For from the right: those
+  // before it are the client's own, whatever it chose to send.
+  const app = new Koa({ proxy: services.cfg.TRUST_PROXY > 0, maxIpsCount: services.cfg.TRUST_PROXY });
   // Paths match as SPEC writes them (lower case), as fixedPathMethods matches them: a router matching
   // without case took '/API/SECRET/V1/IMPORT' as a secret id, 'provider/Grouped-By-Function' as the
   // grouped list rather than that instance, and answered fixed paths past fixedPathMethods' 405s.

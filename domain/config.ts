@@ -4,7 +4,7 @@ import { Ajv } from 'ajv';
 import { parse as parsePgUrl } from 'pg-connection-string';
 import { parseSkills } from './a2a/skills.ts';
 import { redactUrl } from './logger.ts';
-import { errorText, isHttpUrl } from './schema-check.ts';
+import { errorText, isHttpUrl, worded } from './schema-check.ts';
 import { MAX_TIMER_MS } from './with-timeout.ts';
 
 // A string that is one of `values` (checked as an enum, so that a wrong one is told the choices).
@@ -35,9 +35,10 @@ const ConfigSchema = Type.Object({
   RATE_LIMIT_PER_SECOND: Type.Integer({ minimum: 0, default: 1000 }),
   // Wrong API keys per client address per minute, counted across the API processes, before 429; 0 turns it off.
   AUTH_FAILURES_PER_MINUTE: Type.Integer({ minimum: 0, default: 60 }),
-  // Whether the client's address is the first of X-Forwarded-For (set behind a reverse proxy only:
-  // without one, a client could name any address there).
-  TRUST_PROXY: Type.Boolean({ default: false }),
+  // The reverse proxies in front (true: one). Each appends the address it got the request from to
+  // X-Forwarded-For, after whatever the client sent there: the client's address is the entry the
+  // first of them appended, the Nth from the right. false: X-Forwarded-For is not read.
+  TRUST_PROXY: Type.String({ default: 'false', pattern: worded('^(false|true|[1-9]|10)$', 'must be true, false or the number of proxies in front, 1 to 10') }),
   // Longest a statement of the API or a worker may run (Postgres cancels it; the client gives up
   // shortly after, should the server not answer at all): the request then gets 503. 0: no limit.
   DB_QUERY_TIMEOUT_MS: Ms({ minimum: 0, default: 30000 }),
@@ -138,7 +139,8 @@ const ConfigSchema = Type.Object({
   AGENT_SKILLS_JSON: Type.Optional(Type.String()),
 });
 
-export type Config = Static<typeof ConfigSchema> & { KEYS_DIR: string; PUBLIC_URL: string };
+// TRUST_PROXY as the number of proxies in front (0: none).
+export type Config = Omit<Static<typeof ConfigSchema>, 'TRUST_PROXY'> & { KEYS_DIR: string; PUBLIC_URL: string; TRUST_PROXY: number };
 
 export class ConfigError extends Error {}
 
@@ -212,6 +214,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     DATA_DIR: dataDir,
     KEYS_DIR: path.resolve(cfg.KEYS_DIR ?? path.join(dataDir, 'keys')),
     PUBLIC_URL: (cfg.PUBLIC_URL ?? `http://localhost:${cfg.PORT}`).replace(/\/+$/, ''),
+    TRUST_PROXY: cfg.TRUST_PROXY === 'true' ? 1 : cfg.TRUST_PROXY === 'false' ? 0 : Number(cfg.TRUST_PROXY),
   };
 }
 

@@ -289,8 +289,9 @@ describe('authentication and scopes', () => {
   });
 });
 
-for (const trustProxy of [false, true]) describe(`failed authentication limit per client address${trustProxy ? ' (TRUST_PROXY: X-Forwarded-For names it)' : ''}`, () => {
-  const stack = useStack({ AUTH_FAILURES_PER_MINUTE: '5', TRUST_PROXY: String(trustProxy) }, { workers: 0 });
+for (const trustProxy of ['false', 'true', '2']) describe(`failed authentication limit per client address${trustProxy !== 'false' ? ` (TRUST_PROXY=${trustProxy}: X-Forwarded-For names it)` : ''}`, () => {
+  const stack = useStack({ AUTH_FAILURES_PER_MINUTE: '5', TRUST_PROXY: trustProxy }, { workers: 0 });
+  const hops = trustProxy === 'true' ? 1 : Number(trustProxy) || 0;
   // GET /api/task/v1 with `key` ('' sends none), saying it comes from `address`.
   const list = (key: string, address: string) => stack.client.as(key).request('GET', '/api/task/v1', undefined, { headers: { 'x-forwarded-for': address } });
 
@@ -309,7 +310,7 @@ for (const trustProxy of [false, true]) describe(`failed authentication limit pe
     // A key verified lately still works from there; one not seen yet waits out the minute like a guess.
     assert.equal((await list(ADMIN_KEY, '198.51.100.7')).status, 200);
     const unseen = await list(fresh.body.key, '198.51.100.7');
-    if (trustProxy) {
+    if (hops) {
       assert.equal(unseen.status, 429);
       // Another address is counted on its own.
       assert.equal((await list(fresh.body.key, '203.0.113.9')).status, 200);
@@ -322,6 +323,20 @@ for (const trustProxy of [false, true]) describe(`failed authentication limit pe
     // The queue dashboard's basic-auth password is a key like any other.
     const board = await stack.client.as('').request('GET', '/admin/queues', undefined, { headers: { 'x-forwarded-for': '198.51.100.7', authorization: `Basic ${Buffer.from(`x:${guess()}`).toString('base64')}` } });
     assert.equal(board.status, 429, board.text);
+  });
+
+  if (hops) it('takes the address the outermost proxy appended to X-Forwarded-For: the entries a client sends itself before it change nothing', async () => {
+    await inAFreshMinute();
+    // As the proxies send it on: what the client sent, the client's address, then each inner proxy's.
+    const forwarded = (sent: string[], client: string) => [...sent, client, ...Array.from({ length: hops - 1 }, (_, i) => `10.255.0.${i + 1}`)].join(', ');
+    const [guesser, other] = ['198.51.100.40', '198.51.100.41'];
+    const fresh = await stack.client.post('/api/auth/v1/api-key', { name: 'other client', scopes: ['task:read'] });
+    // Wrong keys naming another address first are counted against the guesser's own...
+    for (let i = 0; i < 5; i++) assertAuthError(await list(guess(), forwarded([other], guesser)), 401, `wrong key ${i + 1}`);
+    // ...so that address is not locked out (its key, not seen yet, would be refused from a blocked address)...
+    assert.equal((await list(fresh.body.key, forwarded([], other))).status, 200);
+    // ...and a new made-up address each time does not let the guesser guess on.
+    for (let i = 0; i < 3; i++) assert.equal((await list(guess(), forwarded([`10.0.${i}.1`], guesser))).status, 429);
   });
 });
 

@@ -34,7 +34,7 @@ describe('process start-up', function () {
   it('refuses a bad configuration with exit code 2, naming each variable and, for a choice, the allowed values', async () => {
     const r = await run('api/main.ts', testEnv({
       LOG_LEVEL: 'verbose', AGENT_KIND: 'robot', PORT: 'abc', STARTUP_TIMEOUT_MS: '-1', TASK_RETENTION_DAYS: '0.5',
-      BODY_LIMIT_BYTES: '1e6', API_SHUTDOWN_GRACE_MS: '0x10', A2A_STREAMING: 'yes', DATABASE_URL: undefined,
+      BODY_LIMIT_BYTES: '1e6', API_SHUTDOWN_GRACE_MS: '0x10', A2A_STREAMING: 'yes', TRUST_PROXY: '11', DATABASE_URL: undefined,
       // Past what a timer can wait, which Node would cut to 1 ms: blocking sends would not block at all.
       A2A_BLOCKING_TIMEOUT_MS: '3000000000',
     }));
@@ -49,6 +49,7 @@ describe('process start-up', function () {
       assert.match(r.output, new RegExp(`^ {2}${name}: must be a whole number in decimal digits$`, 'm'));
     }
     assert.match(r.output, /^ {2}A2A_STREAMING: must be true or false$/m);
+    assert.match(r.output, /^ {2}TRUST_PROXY: must be true, false or the number of proxies in front, 1 to 10$/m);
     assert.match(r.output, /^ {2}DATABASE_URL: is required$/m);
     noStack(r);
   });
