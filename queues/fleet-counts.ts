@@ -59,10 +59,15 @@ export class WindowCounts {
     return 0;
   }
 
+  /** The subject's count in this window. */
+  count(subject: string, now = Date.now()): number {
+    const slot = this.slot(subject, now, false);
+    return slot ? slot.unsynced + slot.fleet : 0;
+  }
+
   /** The ms until the window ends if the subject's count in it has reached `limit`, else 0. */
   reached(subject: string, limit: number, now = Date.now()): number {
-    const slot = this.slot(subject, now, false);
-    return slot && slot.unsynced + slot.fleet >= limit ? this.msLeft(now) : 0;
+    return this.count(subject, now) >= limit ? this.msLeft(now) : 0;
   }
 
   add(subject: string, now = Date.now()): void {

@@ -340,6 +340,25 @@ for (const trustProxy of ['false', 'true', '2']) describe(`failed authentication
   });
 });
 
+describe('failed authentication limit per client address, keys sent at once', () => {
+  const stack = useStack({ AUTH_FAILURES_PER_MINUTE: '5', TRUST_PROXY: 'true' }, { workers: 0 });
+  const list = (key: string, address: string) => stack.client.as(key).request('GET', '/api/task/v1', undefined, { headers: { 'x-forwarded-for': address } });
+  const tally = (rs: Response[]) => rs.reduce<Record<number, number>>((t, r) => ({ ...t, [r.status]: (t[r.status] ?? 0) + 1 }), {});
+
+  it('looks up no more wrong keys from one address than the limit however many come at once; valid keys sent at once all pass', async () => {
+    await inAFreshMinute();
+    const wrong = await Promise.all(Array.from({ length: 100 }, () => list(guess(), '198.51.100.50')));
+    const counted = tally(wrong);
+    assert.ok(counted[401] >= 1 && counted[401] <= 5 && counted[401] + counted[429] === 100, JSON.stringify(counted));
+    for (const r of wrong.filter((r) => r.status === 429)) assert.match(r.body.message, /^Too many failed authentications from this address; retry in \d+ s$/);
+    // Keys not verified yet, each sent five times at once from an address with one failure left: all served.
+    const keys = await Promise.all(Array.from({ length: 10 }, async (_, i) => (await stack.client.post('/api/auth/v1/api-key', { name: `at once ${i}`, scopes: ['task:read'] })).body.key as string));
+    for (let i = 0; i < 4; i++) assertAuthError(await list(guess(), '198.51.100.51'), 401, `wrong key ${i + 1}`);
+    const valid = await Promise.all(keys.flatMap((key) => Array.from({ length: 5 }, () => list(key, '198.51.100.51'))));
+    assert.deepEqual(tally(valid), { 200: 50 });
+  });
+});
+
 describe('per-key rate limit', () => {
   const stack = useStack({ RATE_LIMIT_PER_SECOND: '5' }, { workers: 0 });
 

@@ -10,17 +10,41 @@ import type { Services } from '../../domain/services.ts';
 const WINDOW_MS = 60_000;
 const countsOf = (services: Services) => services.fleetCounts.window('auth_failures', WINDOW_MS);
 
-/** Throws 429 when the address has used up its failures for this minute. */
-export function refuseIfBlocked(services: Services, address: string): void {
-  const limit = services.cfg.AUTH_FAILURES_PER_MINUTE;
-  const refusedForMs = limit ? countsOf(services).reached(address, limit) : 0;
-  if (refusedForMs) {
-    const seconds = Math.max(1, Math.ceil(refusedForMs / 1000));
-    throw new RateLimited(refusedForMs, `Too many failed authentications from this address; retry in ${seconds} s`);
-  }
-}
+// Key lookups under way in this process per address, and the requests waiting for one of them to end.
+// Any lookup may find a wrong key: were they not held back, keys sent at once would all be looked up
+// before the first failure was counted.
+const underWay = new Map<string, { lookups: number; waiting: (() => void)[] }>();
 
-/** Counts a wrong key presented from the address. */
-export function countFailure(services: Services, address: string): void {
-  if (services.cfg.AUTH_FAILURES_PER_MINUTE) countsOf(services).add(address);
+/**
+ * The key `lookup` finds (null for a wrong one, counted against the address) for a request from
+ * `address`. 429 once the address has used up its failures for this minute; while the lookups under
+ * way from it could fail as often as it has failures left, it first waits for one of them to end.
+ */
+export async function lookUpFrom<T>(services: Services, address: string, lookup: () => Promise<T | null>): Promise<T | null> {
+  const limit = services.cfg.AUTH_FAILURES_PER_MINUTE;
+  if (!limit) return lookup();
+  const counts = countsOf(services);
+  for (;;) {
+    const refusedForMs = counts.reached(address, limit);
+    if (refusedForMs) {
+      const seconds = Math.max(1, Math.ceil(refusedForMs / 1000));
+      throw new RateLimited(refusedForMs, `Too many failed authentications from this address; retry in ${seconds} s`);
+    }
+    const busy = underWay.get(address);
+    if (!busy || counts.count(address) + busy.lookups < limit) break;
+    await new Promise<void>((resolve) => busy.waiting.push(resolve));
+  }
+  let place = underWay.get(address);
+  if (!place) underWay.set(address, (place = { lookups: 0, waiting: [] }));
+  place.lookups++;
+  try {
+    const found = await lookup();
+    if (!found) counts.add(address);
+    return found;
+  } finally {
+    place.lookups--;
+    // Those waiting look again: a key found gave back the failure it might have been, a wrong one used it.
+    for (const wake of place.waiting.splice(0)) wake();
+    if (!place.lookups) underWay.delete(address);
+  }
 }

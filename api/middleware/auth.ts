@@ -4,7 +4,7 @@ import { hasScope, resolveApiKey, type Principal, type Scope } from '../../domai
 import { activeIds, revokedWithin, touchLastUsed } from '../../db/api-keys.ts';
 import type { Services } from '../../domain/services.ts';
 import { endStreamsOf, REVOKED_KEPT_MS, streamHolders } from '../a2a-stream-quota.ts';
-import { countFailure, refuseIfBlocked } from './auth-failures.ts';
+import { lookUpFrom } from './auth-failures.ts';
 
 export type { Principal, Scope };
 
@@ -42,15 +42,12 @@ export async function catchUpOnRevocations(services: Services): Promise<void> {
   for (const id of holders) if (!active.has(id)) forgetApiKey(id);
 }
 
-/**
- * The key's principal, for a request from `address`: from the cache, else looked up (and cached). A
- * key not in the cache is refused (429) from an address past its failures; a wrong one counts
- * against the address (auth-failures.ts). Null for a wrong key.
- */
-export async function verifyKey(services: Services, address: string, token: string): Promise<Principal | null> {
+function cached(token: string): Principal | undefined {
   const hit = cache.get(token);
-  if (hit && hit.expires > Date.now()) return hit.principal;
-  refuseIfBlocked(services, address);
+  return hit && hit.expires > Date.now() ? hit.principal : undefined;
+}
+
+async function lookUp(services: Services, token: string): Promise<Principal | null> {
   const generation = revocations;
   const principal = await resolveApiKey(services.db, token, services.cfg.ADMIN_API_KEY);
   // A revocation that arrived during the lookup may concern this key: do not cache that answer.
@@ -60,8 +57,17 @@ export async function verifyKey(services: Services, address: string, token: stri
   } else {
     cache.delete(token);
   }
-  if (!principal) countFailure(services, address);
   return principal;
+}
+
+/**
+ * The key's principal, for a request from `address`: from the cache, else looked up (and cached). A
+ * key not in the cache is refused (429) from an address past its failures; a wrong one counts
+ * against the address (auth-failures.ts). Null for a wrong key.
+ */
+export async function verifyKey(services: Services, address: string, token: string): Promise<Principal | null> {
+  // Requests held back behind others' lookups may find their key cached by then.
+  return cached(token) ?? lookUpFrom(services, address, async () => cached(token) ?? lookUp(services, token));
 }
 
 export function bearerToken(header: string | undefined): string | undefined {
