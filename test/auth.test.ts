@@ -340,7 +340,7 @@ for (const trustProxy of ['false', 'true', '2']) describe(`failed authentication
   });
 });
 
-describe('failed authentication limit per client address, keys sent at once', () => {
+describe('failed authentication limit per client address: keys sent at once, keys in use', () => {
   const stack = useStack({ AUTH_FAILURES_PER_MINUTE: '5', TRUST_PROXY: 'true' }, { workers: 0 });
   const list = (key: string, address: string) => stack.client.as(key).request('GET', '/api/task/v1', undefined, { headers: { 'x-forwarded-for': address } });
   const tally = (rs: Response[]) => rs.reduce<Record<number, number>>((t, r) => ({ ...t, [r.status]: (t[r.status] ?? 0) + 1 }), {});
@@ -356,6 +356,22 @@ describe('failed authentication limit per client address, keys sent at once', ()
     for (let i = 0; i < 4; i++) assertAuthError(await list(guess(), '198.51.100.51'), 401, `wrong key ${i + 1}`);
     const valid = await Promise.all(keys.flatMap((key) => Array.from({ length: 5 }, () => list(key, '198.51.100.51'))));
     assert.deepEqual(tally(valid), { 200: 50 });
+  });
+
+  it('keeps serving a key in use from an address past its failures after the 10 s its check is cached for', async () => {
+    await inAFreshMinute(40_000);
+    const address = '198.51.100.52';
+    const key = (await stack.client.post('/api/auth/v1/api-key', { name: 'in use', scopes: ['task:read'] })).body.key as string;
+    assert.equal((await list(key, address)).status, 200);
+    for (let i = 0; i < 5; i++) assertAuthError(await list(guess(), address), 401, `wrong key ${i + 1}`);
+    // Used every 2 s for 16 s: looked up again once its check is 10 s old, and served all along.
+    const start = Date.now();
+    while (Date.now() - start < 16_000) {
+      const r = await list(key, address);
+      assert.equal(r.status, 200, `${Math.round((Date.now() - start) / 1000)} s on: ${r.text}`);
+      await sleep(2000);
+    }
+    assert.equal((await list(guess(), address)).status, 429, 'the address is still past its failures');
   });
 });
 

@@ -2,8 +2,8 @@
 // an address gets 429 for the rest of that minute instead of a key lookup. Keys are far too long to
 // guess, so this is about load and noise: a flood of made-up keys otherwise costs a Postgres lookup
 // and a log line each, and unlike a key's requests no rate limit applies to them. Counted across the
-// API processes as the per-key limit is (queues/fleet-counts.ts); a key verified lately (cached) passes
-// all the same, so a client sharing an address with a guesser keeps working while it keeps using its key.
+// API processes as the per-key limit is (queues/fleet-counts.ts); a key the process served lately passes
+// all the same (auth.ts), so a client sharing an address with a guesser keeps working while it keeps using its key.
 import { RateLimited } from '../../domain/errors.ts';
 import type { Services } from '../../domain/services.ts';
 

@@ -17,7 +17,8 @@ const lastTouched = new Map<string, number>();
 export const API_KEY_REVOKED = 'api_key_revoked';
 const CACHE_TTL_MS = 10_000;
 const CACHE_MAX = 10_000;
-const cache = new Map<string, { principal: Principal; expires: number }>();
+// served: when this process last answered a request with it.
+const cache = new Map<string, { principal: Principal; expires: number; served: number }>();
 
 let revocations = 0;
 
@@ -34,7 +35,7 @@ export function forgetApiKey(id: string): void {
 // before may still open a stream) and for stream holders whose key is gone.
 export async function catchUpOnRevocations(services: Services): Promise<void> {
   revocations++;
-  cache.clear();
+  for (const entry of cache.values()) entry.expires = 0;
   for (const id of await revokedWithin(services.db, REVOKED_KEPT_MS)) forgetApiKey(id);
   const holders = streamHolders().filter((id) => !id.startsWith('env:'));
   if (!holders.length) return;
@@ -44,7 +45,10 @@ export async function catchUpOnRevocations(services: Services): Promise<void> {
 
 function cached(token: string): Principal | undefined {
   const hit = cache.get(token);
-  return hit && hit.expires > Date.now() ? hit.principal : undefined;
+  const now = Date.now();
+  if (!hit || hit.expires <= now) return undefined;
+  hit.served = now;
+  return hit.principal;
 }
 
 async function lookUp(services: Services, token: string): Promise<Principal | null> {
@@ -53,7 +57,8 @@ async function lookUp(services: Services, token: string): Promise<Principal | nu
   // A revocation that arrived during the lookup may concern this key: do not cache that answer.
   if (principal && generation === revocations) {
     if (cache.size >= CACHE_MAX) cache.clear();
-    cache.set(token, { principal, expires: Date.now() + CACHE_TTL_MS });
+    const now = Date.now();
+    cache.set(token, { principal, expires: now + CACHE_TTL_MS, served: now });
   } else {
     cache.delete(token);
   }
@@ -62,12 +67,18 @@ async function lookUp(services: Services, token: string): Promise<Principal | nu
 
 /**
  * The key's principal, for a request from `address`: from the cache, else looked up (and cached). A
- * key not in the cache is refused (429) from an address past its failures; a wrong one counts
+ * key not served lately is refused (429) from an address past its failures; a wrong one counts
  * against the address (auth-failures.ts). Null for a wrong key.
  */
 export async function verifyKey(services: Services, address: string, token: string): Promise<Principal | null> {
+  const known = cached(token);
+  if (known) return known;
+  // A key in use is still looked up again once its entry expires (a revocation whose notice was lost
+  // ends it then), but not refused for its address's failures: a client sharing the address with a
+  // guesser keeps working while it keeps using its key.
+  if ((cache.get(token)?.served ?? 0) > Date.now() - CACHE_TTL_MS) return lookUp(services, token);
   // Requests held back behind others' lookups may find their key cached by then.
-  return cached(token) ?? lookUpFrom(services, address, async () => cached(token) ?? lookUp(services, token));
+  return lookUpFrom(services, address, async () => cached(token) ?? lookUp(services, token));
 }
 
 export function bearerToken(header: string | undefined): string | undefined {
