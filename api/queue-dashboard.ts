@@ -9,6 +9,7 @@ import type { Services } from '../domain/services.ts';
 import { hasScope } from '../domain/api-keys.ts';
 import { AppError, Forbidden, Unauthenticated } from '../domain/errors.ts';
 import { verifyKey } from './middleware/auth.ts';
+import { rateLimit } from './middleware/rate-limit.ts';
 
 export const DASHBOARD_PATH = '/admin/queues';
 
@@ -47,17 +48,22 @@ export function queueDashboard(services: Services): Middleware {
   createBullBoard({ queues: Object.values(services.queues).map((q) => new BullMQAdapter(q)), serverAdapter: adapter });
   const board = adapter.registerPlugin() as unknown as Middleware;
   const publicHost = new URL(services.cfg.PUBLIC_URL).host;
+  const limited = rateLimit(services);
   return async (ctx, next) => {
     if (ctx.path !== DASHBOARD_PATH && !ctx.path.startsWith(`${DASHBOARD_PATH}/`)) return next();
     const password = basicPassword(ctx.get('Authorization'));
     const principal = password ? await verifyKey(services, ctx.ip, password) : null;
-    if (principal && !hasScope(principal, 'admin')) throw new Forbidden('admin');
     if (!principal) {
       throw new Unauthenticated('The queue dashboard needs an admin API key as the basic-auth password', 'Basic realm="taskbridge queues", charset="UTF-8"');
     }
-    if (sentFromElsewhere(ctx, publicHost)) {
-      throw new AppError(403, 'forbidden', 'The queue dashboard takes changes only from its own pages (same origin, JSON or no body)');
-    }
-    await board(ctx, next);
+    // Its requests count against the key's RATE_LIMIT_PER_SECOND as the API's do, before the scope as there.
+    ctx.state.principal = principal;
+    await limited(ctx, async () => {
+      if (!hasScope(principal, 'admin')) throw new Forbidden('admin');
+      if (sentFromElsewhere(ctx, publicHost)) {
+        throw new AppError(403, 'forbidden', 'The queue dashboard takes changes only from its own pages (same origin, JSON or no body)');
+      }
+      await board(ctx, next);
+    });
   };
 }
