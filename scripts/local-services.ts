@@ -154,15 +154,25 @@ export function runningProgram(pid: number, program: RegExp): boolean {
   }
 }
 
-// The process a pid file names, if it still runs the program named.
-function runningFrom(pidFile: string, program: RegExp): number | undefined {
+// The server a pid file names, if that pid still runs `program` in `dir`: Postgres and Redis work in
+// their data directory (Postgres chdirs to -D, Redis to --dir). A pid file left by a crash or a reboot
+// can name a pid reused since by anything, another installation's Postgres or Redis too. Without
+// /proc, whether it runs.
+function runningFrom(pidFile: string, program: RegExp, dir: string): number | undefined {
   let pid: number;
   try {
     pid = Number(fs.readFileSync(pidFile, 'utf8').split('\n')[0]);
   } catch {
     return undefined;
   }
-  return pid && runningProgram(pid, program) ? pid : undefined;
+  if (!pid || !runningProgram(pid, program)) return undefined;
+  if (!fs.existsSync('/proc/self')) return pid;
+  try {
+    return fs.readlinkSync(`/proc/${pid}/cwd`) === fs.realpathSync(dir) ? pid : undefined;
+  } catch {
+    // EACCES: another user's process, which no server of ours is (as root, we read every one).
+    return undefined;
+  }
 }
 
 async function stopPid(pid: number, signal: NodeJS.Signals, timeoutMs = 30000): Promise<void> {
@@ -183,8 +193,9 @@ async function stopPid(pid: number, signal: NodeJS.Signals, timeoutMs = 30000): 
  * password only the DATA_DIR's owner can read; undefined when none runs there.
  */
 export function localPostgresUrl(dataDir: string): string | undefined {
-  const pidFile = path.join(postgresDir(dataDir), 'postmaster.pid');
-  if (runningFrom(pidFile, /postgres/) === undefined) return undefined;
+  const dir = postgresDir(dataDir);
+  const pidFile = path.join(dir, 'postmaster.pid');
+  if (runningFrom(pidFile, /postgres/, dir) === undefined) return undefined;
   const port = Number(fs.readFileSync(pidFile, 'utf8').split('\n')[3]);
   if (!Number.isInteger(port) || port <= 0) return undefined;
   const file = passwordFile(dataDir, 'postgres');
@@ -199,13 +210,13 @@ const postgresUrl = (port: number, password: string | undefined) => `postgres://
  * killed without stopping them); the caller knows that no `npm start` runs on it now.
  */
 export async function stopLeftovers(dataDir: string, log: (line: string) => void): Promise<void> {
-  const leftovers: [string, string, RegExp, NodeJS.Signals][] = [
-    ['Postgres', path.join(postgresDir(dataDir), 'postmaster.pid'), /postgres/, 'SIGINT'],
-    ['Postgres', path.resolve(dataDir, 'embedded-postgres', 'postmaster.pid'), /postgres/, 'SIGINT'],
-    ['Redis', path.resolve(dataDir, 'redis', REDIS_PID_FILE), /redis-server/, 'SIGTERM'],
+  const leftovers: [string, string, string, RegExp, NodeJS.Signals][] = [
+    ['Postgres', postgresDir(dataDir), 'postmaster.pid', /postgres/, 'SIGINT'],
+    ['Postgres', path.resolve(dataDir, 'embedded-postgres'), 'postmaster.pid', /postgres/, 'SIGINT'],
+    ['Redis', path.resolve(dataDir, 'redis'), REDIS_PID_FILE, /redis-server/, 'SIGTERM'],
   ];
-  for (const [what, pidFile, program, signal] of leftovers) {
-    const pid = runningFrom(pidFile, program);
+  for (const [what, dir, pidFile, program, signal] of leftovers) {
+    const pid = runningFrom(path.join(dir, pidFile), program, dir);
     if (pid === undefined) continue;
     log(`stopping the ${what} (pid ${pid}) an earlier npm start on this DATA_DIR left running`);
     await stopPid(pid, signal);
@@ -225,7 +236,7 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
   }
   // A crashed earlier run can leave a stale pid file behind.
   const pidFile = path.join(dir, 'postmaster.pid');
-  const running = runningFrom(pidFile, /postgres/);
+  const running = runningFrom(pidFile, /postgres/, dir);
   if (running !== undefined) throw new Error(`Postgres is already running on ${dir} (pid ${running}); is another instance using this DATA_DIR?`);
   fs.rmSync(pidFile, { force: true });
   const password = localPassword(opts.dataDir, 'postgres');

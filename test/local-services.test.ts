@@ -7,9 +7,9 @@ import os from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
 import { Redis } from 'ioredis';
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { freePort, ROOT_FALLBACK_DIR, startPostgres, startRedis } from '../scripts/local-services.ts';
-import { requireEnv, ROOT } from './helpers/stack.ts';
+import { Client, requireEnv, ROOT, waitFor } from './helpers/stack.ts';
 
 const withPassword = (url: string, password: string) => {
   const u = new URL(url);
@@ -135,6 +135,76 @@ describe('local Postgres and Redis', function () {
       const pgDir = /lives in (\S+)$/m.exec(output)?.[1];
       if (pgDir) fs.rmSync(pgDir, { recursive: true, force: true });
       fs.rmSync(locked, { recursive: true, force: true });
+    }
+  });
+});
+
+// `npm start` as a user runs it, on its own DATA_DIR with its own Postgres and Redis.
+interface Launcher { child: ChildProcess; output: () => string; exited: Promise<number | null>; client: Client }
+
+
+function launch(dataDir: string, port: number, env: Record<string, string> = {}, detached = false): Launcher {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'scripts/start.ts'], {
+    cwd: ROOT, detached, stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, DATA_DIR: dataDir, PORT: String(port), DATABASE_URL: '', REDIS_URL: '', ADMIN_API_KEY: '', LOG_LEVEL: 'info', ...env },
+  });
+  let output = '';
+  child.stdout!.on('data', (b) => (output += b));
+  child.stderr!.on('data', (b) => (output += b));
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  return { child, output: () => output, exited, client: new Client(`http://127.0.0.1:${port}`, '') };
+}
+
+async function launched(dataDir: string, env: Record<string, string> = {}, detached = false): Promise<Launcher> {
+  const l = launch(dataDir, await freePort(), env, detached);
+  await waitFor(async () => l.child.exitCode !== null || (l.output().includes('"msg":"api listening"') && l.output().includes('"msg":"worker started"')),
+    'npm start to start its API and worker', 180_000, 100);
+  assert.equal(l.child.exitCode, null, l.output());
+  l.client = l.client.as(fs.readFileSync(path.join(dataDir, 'admin-api-key'), 'utf8').trim());
+  return l;
+}
+
+async function stopped(l: Launcher): Promise<void> {
+  if (l.child.exitCode !== null || l.child.signalCode !== null) return;
+  l.child.kill('SIGTERM');
+  await l.exited;
+}
+
+describe('npm start on its DATA_DIR', function () {
+  this.timeout(10 * 60_000);
+  const work = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-launcher-'));
+  // As root, Postgres runs as the postgres user, who must reach the data.
+  fs.chmodSync(work, 0o755);
+  after(() => fs.rmSync(work, { recursive: true, force: true }));
+
+  it('leaves alone the Postgres and Redis of another DATA_DIR that stale pid files name (a pid reused since a crash)', async () => {
+    const other = path.join(work, 'other');
+    const ours = path.join(work, 'reused-pids');
+    const pg = await startPostgres({ dataDir: other, ephemeral: true, log: () => undefined });
+    const redis = await startRedis({ dataDir: other, ephemeral: true, log: () => undefined });
+    let l: Launcher | undefined;
+    try {
+      // Our DATA_DIR has a cluster from an earlier start, and the pid files it left when the machine
+      // went down; their pids now belong to the other DATA_DIR's servers.
+      await (await startPostgres({ dataDir: ours, ephemeral: true, log: () => undefined })).stop();
+      const pgPid = fs.readFileSync(path.join(other, 'postgres', 'postmaster.pid'), 'utf8').split('\n');
+      pgPid[1] = path.join(ours, 'postgres');
+      fs.writeFileSync(path.join(ours, 'postgres', 'postmaster.pid'), pgPid.join('\n'));
+      fs.mkdirSync(path.join(ours, 'redis'));
+      fs.copyFileSync(path.join(other, 'redis', 'redis.pid'), path.join(ours, 'redis', 'redis.pid'));
+
+      l = await launched(ours);
+      assert.doesNotMatch(l.output(), /stopping the (Postgres|Redis)/, l.output());
+      assert.equal(await pgConnects(pg.url), true, 'the other Postgres still runs');
+      assert.equal(await redisAnswers(redis.url), true, 'the other Redis still runs');
+      assert.equal((await l.client.get('/_internal/v1/ready')).status, 200);
+      await stopped(l);
+      assert.equal(await l.exited, 0, l.output());
+      assert.equal(await pgConnects(pg.url), true, 'the other Postgres still runs after npm start stopped');
+    } finally {
+      if (l) await stopped(l);
+      await redis.stop();
+      await pg.stop();
     }
   });
 });
