@@ -155,6 +155,8 @@ function launch(dataDir: string, port: number, env: Record<string, string> = {},
   return { child, output: () => output, exited, client: new Client(`http://127.0.0.1:${port}`, '') };
 }
 
+const alive = (pid: number) => { try { process.kill(pid, 0); return true; } catch { return false; } };
+
 async function launched(dataDir: string, env: Record<string, string> = {}, detached = false): Promise<Launcher> {
   const l = launch(dataDir, await freePort(), env, detached);
   await waitFor(async () => l.child.exitCode !== null || (l.output().includes('"msg":"api listening"') && l.output().includes('"msg":"worker started"')),
@@ -205,6 +207,31 @@ describe('npm start on its DATA_DIR', function () {
       if (l) await stopped(l);
       await redis.stop();
       await pg.stop();
+    }
+  });
+
+  it('killed with SIGKILL while its API and worker start (waiting for Redis), they stop by themselves', async () => {
+    const l = launch(path.join(work, 'killed-early'), await freePort(), {
+      DATABASE_URL: requireEnv('DATABASE_URL'), REDIS_URL: `redis://127.0.0.1:${await freePort()}`, STARTUP_TIMEOUT_MS: '0',
+    });
+    const pids = new Map<string, number>();
+    try {
+      await waitFor(async () => {
+        for (const line of l.output().split('\n')) {
+          if (!line.includes('waiting for Redis')) continue;
+          const { name, pid } = JSON.parse(line) as { name: string; pid: number };
+          pids.set(name, pid);
+        }
+        return l.child.exitCode !== null || pids.size === 2;
+      }, 'the API and worker to wait for Redis', 120_000, 200);
+      assert.deepEqual([...pids.keys()].sort(), ['api', 'worker'], l.output());
+      l.child.kill('SIGKILL');
+      await l.exited;
+      await waitFor(async () => ![...pids.values()].some(alive), 'the API and worker to stop without their launcher', 60_000, 200)
+        .catch((err) => { throw new Error(`${(err as Error).message}\n${l.output()}`); });
+    } finally {
+      for (const pid of pids.values()) if (alive(pid)) process.kill(pid, 'SIGKILL');
+      await stopped(l);
     }
   });
 });
