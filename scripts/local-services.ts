@@ -247,7 +247,10 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
   const settings = ['-c', 'listen_addresses=127.0.0.1', '-c', `unix_socket_directories=${dir}`, '-c', 'max_connections=200'];
   if (opts.ephemeral) settings.push('-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off');
   const [cmd, args] = asPostgresUser(path.join(bin, 'postgres'), ['-D', dir, '-p', String(port), ...settings]);
-  const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  // In a session of its own (still watched, not unref'd): a Ctrl-C in the terminal goes to the whole
+  // foreground process group, and would stop it at once, under the API and worker finishing their
+  // requests and runs. Its starter stops it, after them.
+  const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
   let out = '';
   const collect = (b: Buffer) => { out = (out + b.toString()).slice(-4000); };
   child.stdout!.on('data', collect);
@@ -310,7 +313,8 @@ export async function startRedis(opts: Options): Promise<LocalService> {
   fs.writeFileSync(conf, `# Written by taskbridge on every start (scripts/local-services.ts): edits are replaced.\nrequirepass ${password}\n`, { mode: 0o600 });
   const port = opts.port ?? await freePort();
   const persistence = opts.ephemeral ? ['--save', '', '--appendonly', 'no'] : ['--appendonly', 'yes'];
-  const child = spawn(bin, [conf, '--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--pidfile', path.join(dir, REDIS_PID_FILE), '--maxmemory-policy', 'noeviction', ...persistence], { stdio: ['ignore', 'pipe', 'pipe'] });
+  // In a session of its own, as Postgres.
+  const child = spawn(bin, [conf, '--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--pidfile', path.join(dir, REDIS_PID_FILE), '--maxmemory-policy', 'noeviction', ...persistence], { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
   let out = '';
   let ready = false;
   const collect = (b: Buffer) => { out = (out + b.toString()).slice(-4000); if (out.includes('Ready to accept connections')) ready = true; };

@@ -8,8 +8,8 @@ import path from 'node:path';
 import pg from 'pg';
 import { Redis } from 'ioredis';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { freePort, ROOT_FALLBACK_DIR, startPostgres, startRedis } from '../scripts/local-services.ts';
-import { Client, requireEnv, ROOT, waitFor } from './helpers/stack.ts';
+import { freePort, localPostgresUrl, ROOT_FALLBACK_DIR, startPostgres, startRedis } from '../scripts/local-services.ts';
+import { Client, requireEnv, ROOT, textMessage, waitFor } from './helpers/stack.ts';
 
 const withPassword = (url: string, password: string) => {
   const u = new URL(url);
@@ -231,6 +231,44 @@ describe('npm start on its DATA_DIR', function () {
         .catch((err) => { throw new Error(`${(err as Error).message}\n${l.output()}`); });
     } finally {
       for (const pid of pids.values()) if (alive(pid)) process.kill(pid, 'SIGKILL');
+      await stopped(l);
+    }
+  });
+
+  // Where the stop tests below run: one DATA_DIR, its cluster made once.
+  const ordered = path.join(work, 'ordered');
+  const serverPids = () => [path.join(ordered, 'postgres', 'postmaster.pid'), path.join(ordered, 'redis', 'redis.pid')]
+    .map((f) => Number(fs.readFileSync(f, 'utf8').split('\n')[0]));
+
+  // A task whose run takes a few seconds, under way.
+  async function runInFlight(l: Launcher): Promise<string> {
+    const created = await l.client.post('/api/task/v1', { message: textMessage('[sleep 4000] in flight') });
+    assert.equal(created.status, 201, created.text);
+    const id = created.body.task.id as string;
+    await waitFor(async () => (await l.client.get(`/api/task/v1/${id}`)).body.task.status === 'working', 'the run to start');
+    return id;
+  }
+
+  it('Ctrl-C in its terminal: the run in flight finishes while Postgres and Redis still run; they stop after the API and worker', async () => {
+    // Its own process group, as a shell runs a command; Ctrl-C sends SIGINT to all of that group.
+    const l = await launched(ordered, {}, true);
+    const db = new pg.Client({ connectionString: localPostgresUrl(ordered) });
+    db.on('error', () => undefined);
+    try {
+      const id = await runInFlight(l);
+      const servers = serverPids();
+      await db.connect();
+      process.kill(-l.child.pid!, 'SIGINT');
+      for (let status = ''; status !== 'completed'; await new Promise((r) => setTimeout(r, 100))) {
+        const r = await db.query('SELECT status FROM tasks WHERE id = $1', [id])
+          .catch((err: Error) => { throw new Error(`Postgres went away before the run in flight finished (${err.message}):\n${l.output()}`); });
+        status = r.rows[0].status;
+      }
+      assert.equal(await l.exited, 0, l.output());
+      assert.match(l.output(), /"msg":"worker stopped"/);
+      assert.ok(!servers.some(alive), 'npm start stopped Postgres and Redis before it exited');
+    } finally {
+      await db.end().catch(() => undefined);
       await stopped(l);
     }
   });
