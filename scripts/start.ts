@@ -23,15 +23,18 @@ const env: NodeJS.ProcessEnv = { ...process.env, DATA_DIR: dataDir };
 const cfg = loadConfigOrExit({ ...env, DATABASE_URL: env.DATABASE_URL || 'postgres://localhost/taskbridge', REDIS_URL: env.REDIS_URL || 'redis://localhost' });
 const services: LocalService[] = [];
 const children: ChildProcess[] = [];
-let stopping = false;
+// Set by the first signal (or a child's exit): the stop under way.
+let stopping: Promise<void> | undefined;
 let ownsDataDir = false;
 let startup: Promise<void> = Promise.resolve();
 // The children's own shutdown grace periods (API, worker) and a margin: within it they stop by themselves.
 const KILL_AFTER_MS = timerMs(Math.max(cfg.API_SHUTDOWN_GRACE_MS, cfg.WORKER_SHUTDOWN_GRACE_MS) + 15_000);
 
+// A second signal (kill twice, npm passing on the Ctrl-C its group got too) waits for the stop under
+// way: exiting then would leave the servers running.
 async function stopAll(code: number): Promise<never> {
-  if (!stopping) {
-    stopping = true;
+  if (stopping) say('already stopping; waiting for the API, the worker and the servers to stop');
+  stopping ??= (async () => {
     say('stopping...');
     // A signal during startup: let the step under way finish so what it started is stopped too.
     await startup.catch(() => undefined);
@@ -44,7 +47,8 @@ async function stopAll(code: number): Promise<never> {
     for (const s of services.reverse()) await s.stop().catch(() => undefined);
     if (ownsDataDir) fs.rmSync(launcherPidFile, { force: true });
     say('stopped');
-  }
+  })();
+  await stopping;
   process.exit(code);
 }
 onStop(() => void stopAll(0));

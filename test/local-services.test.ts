@@ -272,4 +272,23 @@ describe('npm start on its DATA_DIR', function () {
       await stopped(l);
     }
   });
+
+  it('a second SIGTERM while it stops waits for that stop: npm start exits once Postgres and Redis are stopped', async () => {
+    const l = await launched(ordered);
+    let servers: number[] = [];
+    try {
+      await runInFlight(l);
+      servers = serverPids();
+      l.child.kill('SIGTERM');
+      await waitFor(async () => l.output().includes('[start] stopping...'), 'npm start to start stopping');
+      l.child.kill('SIGTERM');
+      assert.equal(await l.exited, 0, l.output());
+      assert.ok(!servers.some(alive), `Postgres or Redis left running:\n${l.output()}`);
+      assert.match(l.output(), /"msg":"worker stopped"[^]*\[start\] stopped/, l.output());
+      assert.match(l.output(), /\[start\] already stopping/);
+    } finally {
+      await stopped(l);
+      for (const pid of servers) if (alive(pid)) process.kill(pid, 'SIGINT');
+    }
+  });
 });
