@@ -5,7 +5,7 @@ import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
 import { COLUMNS as MESSAGE_COLUMNS, messageFromJson, messageFromRow, messageWeight, messageWeightSql, textWeightBound } from './messages.ts';
 import { parsedWeight } from '../domain/storable-json.ts';
 import { Task, type ContextInfo, type Message, type TimelineItem } from '../api/schemas/task.ts';
-import { RUN_STARTS_FROM, type TaskState } from '../domain/task-states.ts';
+import { CLIENT_RUN, RUN_STARTS_FROM, type TaskState } from '../domain/task-states.ts';
 
 export interface TaskRow {
   id: string; context_id: string; status: TaskState; status_timestamp: Date; status_message_id: string | null;
@@ -260,7 +260,10 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
                                updated_at = greatest(t.updated_at, b.at),
                                run_due_message_id = null, message_bytes = t.message_bytes + b.mb,
                                -- a run's mark lasts while the task stays working: one a client sets working later has no run
-                               run_seen_at = case when b."to" = 'working' then t.run_seen_at end
+                               run_seen_at = case when b."to" = 'working' then t.run_seen_at end,
+                               -- a client's move to another status takes the task from its run (CLIENT_RUN);
+                               -- its progress update of a working task leaves the run at work
+                               run_message_id = case when b.run is null and b.lost_run is null and t.status <> b."to" then '${CLIENT_RUN}'::uuid else t.run_message_id end
               from b
              -- The ids as a parameter keep the plan on the primary key: the planner cannot know how
              -- many rows b has (it guesses 100) and would otherwise scan the whole table to hash-join them.
@@ -384,8 +387,8 @@ export interface RunToCheck {
 // - tasks owed a run (run_due_message_id: opened by a user message, or a user message since they
 //   began to wait for input, and no run started nor status change since) for a message sent at
 //   least `olderThanMs` ago;
-// - tasks working under a run (its message) that has neither changed their status nor been said
-//   to be going on (markRunsSeen) for as long.
+// - tasks working under a run (its message; not one a client took, CLIENT_RUN) that has neither
+//   changed their status nor been said to be going on (markRunsSeen) for as long.
 // Each branch reads its own index (the partial one on owed tasks; status), not every task.
 export async function listRunsToCheck(db: Tx, olderThanMs: number, after: { created_at: Date; task_id: string } | undefined, limit: number): Promise<RunToCheck[]> {
   const cursor = [after?.created_at ?? new Date(0), after?.task_id ?? '00000000-0000-0000-0000-000000000000'];
@@ -400,7 +403,7 @@ export async function listRunsToCheck(db: Tx, olderThanMs: number, after: { crea
       union all
       (select t.id, t.created_at, t.status, t.run_message_id, t.run_seen_at is not null
          from tasks t
-        where t.status = 'working' and t.run_message_id is not null
+        where t.status = 'working' and t.run_message_id is not null and t.run_message_id <> '${CLIENT_RUN}'
           and greatest(t.status_timestamp, t.run_seen_at) < now() - make_interval(secs => ?)
           and (t.created_at, t.id) > (?::timestamptz, ?::uuid)
         order by t.created_at, t.id limit ?)

@@ -36,6 +36,12 @@ export const isInterrupted = (s: TaskState) => INTERRUPTED_STATES.includes(s);
 // A run may start a task that is new or waits for input: the states in which a task can be owed one.
 export const RUN_STARTS_FROM: readonly TaskState[] = ['submitted', ...INTERRUPTED_STATES];
 
+// The run a task is under once a client changed its status: none. A client that sets a task waiting
+// for input, or working, takes it from its run, which must not end it or write to it after (nor a
+// retry of it, nor job recovery). Null cannot say this: tasks from before migration 0009 name no run
+// and are any run's. Runs are named by random message ids, never this one.
+export const CLIENT_RUN = '00000000-0000-0000-0000-000000000000';
+
 // Whether a task is still the run's (of its trigger message): working, under that run. Tasks from
 // before migration 0009 name no run. (The status-change statement applies the same rule in SQL.)
 export const workingUnder = (task: { status: TaskState; run_message_id?: string | null }, messageId: string) =>

@@ -142,10 +142,11 @@ export async function beginRun(s: UowServices & Pick<Services, 'taskStatements'>
 // Changes the status of a task the caller holds locked in this transaction, with a status message
 // within what the task may hold. A change the task cannot make is a conflict whatever its message
 // weighs (as for POST message): the transition is checked before the message's room.
-export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: TaskState, maxMessageBytes: number, message?: CreateMessageRequest): Promise<Task> {
+// `run`: the run's own change (it keeps the task), else a client's (it takes the task from its run).
+export async function changeStatus(uow: UnitOfWork, task: tasks.TaskRow, to: TaskState, maxMessageBytes: number, message?: CreateMessageRequest, run?: string): Promise<Task> {
   assertTransition(task.status, to);
   if (message) await checkMessageRoom(uow.trx, task, message, maxMessageBytes);
-  const changed = await changeStatusIf(uow, task.id, to, [task.status], message);
+  const changed = await changeStatusIf(uow, task.id, to, [task.status], message, run ? { run } : undefined);
   if (!changed) throw new Conflict(`Task '${task.id}' changed status concurrently; retry`, { from: task.status, to });
   return changed;
 }

@@ -260,6 +260,17 @@ describe('agent modules', () => {
     assert.ok(Number(row.message_bytes) <= 8192 + 200, `held ${row.message_bytes}`);
   });
 
+  it('a write of a run whose task was deleted meanwhile (TASK_RETENTION_DAYS) is refused as for an ended task', async () => {
+    fs.rmSync(marker, { force: true });
+    const task = (await rpc('message/send', { message: userMessage('reply when told'), configuration: { blocking: false } })).body.result;
+    await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.message?.parts?.[0]?.text === 'waiting to reply', 'the agent to wait');
+    await testDb()('tasks').where({ id: task.id }).delete();
+    fs.writeFileSync(`${marker}.reply`, '');
+    const said = await waitFor(async () => fs.existsSync(marker) && fs.readFileSync(marker, 'utf8'), 'the agent to write its marker');
+    assert.equal(said, 'reply refused: task is deleted');
+    assert.equal((await finalOf('still here')).state, 'completed');
+  });
+
   it('after a cancel, calls out of the run are refused, and a write left unawaited does not bring the worker down', async () => {
     fs.rmSync(marker, { force: true });
     const task = (await rpc('message/send', { message: userMessage('float'), configuration: { blocking: false } })).body.result;

@@ -167,6 +167,39 @@ describe('job pipeline: task execution through a real worker', function () {
     });
   }
 
+  it('a run whose task a client sets waiting for input, then working again without answering, is aborted and cannot end it: the client drives it', async () => {
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('[sleep 2000] mine') })).body.task.id;
+    await waitFor(async () => (await get(id)).status_message?.parts[0].text === 'Working for 2000 ms', 'the run to work');
+    assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'input-required' })).status, 200);
+    assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'working', message: textMessage('the client works on it', 'agent') })).status, 200);
+    await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('agent run aborted: task taken by a client') && l.includes(id)), 'the run to be aborted');
+    // The run's job is over, having written nothing: the task stays as the client set it.
+    const job = await waitFor(() => withQueue(stack.env, 'agent-tasks', async (queue) => (await queue.getJobs(['completed'])).find((j) => j?.data.task_id === id)), 'the run to end');
+    assert.equal(job.returnvalue, 'aborted: task ended');
+    const t = await get(id);
+    assert.equal(t.task.status, 'working');
+    assert.equal(t.status_message.parts[0].text, 'the client works on it');
+    assert.ok(!t.messages.some((m: any) => m.parts[0].text === 'Echo: [sleep 2000] mine'), t.messages.map((m: any) => m.parts[0].text).join(' | '));
+    assert.deepEqual(await statusesOf(stack.client, id), ['submitted', 'working', 'working', 'input-required', 'working']);
+  });
+
+  it('a retry of a failed attempt does not take back a task a client took meanwhile (set waiting, then working): no attempt fails it', async () => {
+    const other = await startStack({ AGENT_ATTEMPTS: '2', AGENT_BACKOFF_MS: '5000' });
+    try {
+      const id = (await other.client.post('/api/task/v1', { message: textMessage('[fail] then retry') })).body.task.id;
+      await waitFor(async () => other.workers[0].logs.some((l) => l.includes('it will be retried') && l.includes(id)), 'the first attempt to fail');
+      assert.equal((await other.client.put(`/api/task/v1/${id}`, { status: 'input-required' })).status, 200);
+      assert.equal((await other.client.put(`/api/task/v1/${id}`, { status: 'working', message: textMessage('the client works on it', 'agent') })).status, 200);
+      const job = await waitFor(() => withQueue(other.env, 'agent-tasks', async (queue) => (await queue.getJobs(['completed', 'failed'])).find((j) => j?.data.task_id === id)), 'the retry to end', 30000);
+      assert.equal(job.attemptsStarted, 2);
+      const t = (await other.client.get(`/api/task/v1/${id}`)).body;
+      assert.deepEqual([t.task.status, t.status_message.parts[0].text], ['working', 'the client works on it']);
+      assert.deepEqual(await statusesOf(other.client, id), ['submitted', 'working', 'input-required', 'working']);
+    } finally {
+      await other.stop();
+    }
+  });
+
   it('an agent message to an interrupted task is recorded only: no continuation is enqueued', async () => {
     const id = (await stack.client.post('/api/task/v1', { message: textMessage('[input] wait') })).body.task.id;
     await waitForStatus(id, 'input-required');

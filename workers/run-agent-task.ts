@@ -174,7 +174,9 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     // setStatus, emitArtifact) pass its errors through `ours`.
     const whileActive = <T>(fn: (uow: UnitOfWork, task: tasks.TaskRow) => Promise<T>) =>
       inTransaction(services, async (uow) => {
-        const locked = (await tasks.getTask(uow.trx, taskId, true))!;
+        const locked = await tasks.getTask(uow.trx, taskId, true);
+        // Deleted meanwhile (TASK_RETENTION_DAYS, a context purge): ended too.
+        if (!locked) throw ended('deleted');
         if (!workingUnder(locked, messageId)) throw ended(locked.status === 'working' ? 'under another run' : locked.status);
         return fn(uow, locked);
       });
@@ -194,7 +196,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         // The run's end (input-required, completed, ...) is its return value, which a status set here would pre-empt.
         if (status !== 'working') throw new InvalidRequest(`ctx.setStatus takes 'working' only, not '${String(status)}'; a run ends with its return value {status, message}`);
         const progress = r === undefined ? undefined : agentMessage(r, 'message');
-        await whileActive((uow, locked) => changeStatus(uow, locked, status, maxMessageBytes, progress));
+        await whileActive((uow, locked) => changeStatus(uow, locked, status, maxMessageBytes, progress, messageId));
       }),
       emitArtifact: (input) => ours(async () => {
         const artifact = checkArtifact(input);

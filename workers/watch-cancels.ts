@@ -6,7 +6,7 @@
 // input (and may have answered, so that another run, on any worker, has it).
 import type { Services } from '../domain/services.ts';
 import { TASK_CANCELED } from '../domain/tasks.ts';
-import { isTerminal, workingUnder } from '../domain/task-states.ts';
+import { CLIENT_RUN, isTerminal, workingUnder } from '../domain/task-states.ts';
 import { runHolders } from '../db/tasks.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 
@@ -33,7 +33,7 @@ export async function watchCancels(services: Pick<Services, 'db' | 'bus' | 'log'
         const messageId = runOf.get(task.id);
         if (isTerminal(task.status)) abort(task.id, task.status);
         else if (!workingUnder(task, messageId!)) {
-          const why = task.status === 'working' ? 'task taken by another run' : `task set ${task.status}`;
+          const why = task.status !== 'working' ? `task set ${task.status}` : task.run_message_id === CLIENT_RUN ? 'task taken by a client' : 'task taken by another run';
           if (cancels.cancel(task.id, why, { messageId, superseded: true })) log.info({ task_id: task.id, status: task.status }, `agent run aborted: ${why}`);
         }
       }
