@@ -63,7 +63,14 @@ export function queueDashboard(services: Services): Middleware {
       if (sentFromElsewhere(ctx, publicHost)) {
         throw new AppError(403, 'forbidden', 'The queue dashboard takes changes only from its own pages (same origin, JSON or no body)');
       }
-      await board(ctx, next);
+      try {
+        await board(ctx, next);
+      } finally {
+        // bull-board's router matches below its base path: /metrics and the request log name the
+        // route in full, or '/api/queues' reads as one of the API's.
+        const matched = (ctx as { _matchedRoute?: unknown })._matchedRoute;
+        if (typeof matched === 'string' && !matched.startsWith(DASHBOARD_PATH)) (ctx as { _matchedRoute?: string })._matchedRoute = `${DASHBOARD_PATH}${matched}`;
+      }
     });
   };
 }

@@ -27,6 +27,10 @@ describe('queue dashboard at /admin/queues', () => {
     assert.equal(api.status, 200);
     const body = await api.json() as { queues: { name: string }[] };
     assert.deepEqual(body.queues.map((q) => q.name).sort(), ['agent-tasks', 'credential-refresh', 'key-jobs', 'push-notifications']);
+    // Its routes are named in full where the API's are: /metrics labels and the request log.
+    const metrics = await stack.client.get('/metrics');
+    assert.match(metrics.text, /taskbridge_http_request_duration_seconds_count\{method="GET",route="\/admin\/queues\/api\/queues",status="200"\} 1/);
+    assert.doesNotMatch(metrics.text, /route="\/api\/queues/);
   });
 
   it('refuses changes that another site could make a browser send (a form, a foreign origin), and takes them from its own pages', async () => {
