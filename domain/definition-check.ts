@@ -96,6 +96,18 @@ export function definitionProblems(def: Definition, target: TargetNames): string
     sealedWith(name, c);
   }
 
+  // As the API has it (a refresh token works only with the client it was issued to): a user
+  // credential's instances share their resource server credential.
+  const clientOfUser = new Map<string, { rs?: string; provider: string }>();
+  for (const p of def.providers) {
+    if (!p.user_credential) continue;
+    const first = clientOfUser.get(p.user_credential.id);
+    if (!first) clientOfUser.set(p.user_credential.id, { rs: p.resource_server_credential?.id, provider: p.id });
+    else if (first.rs !== p.resource_server_credential?.id) {
+      problems.push(`providers ${first.provider} and ${p.id} share user credential ${p.user_credential.id} with different resource server credentials (instances that share one need the same)`);
+    }
+  }
+
   for (const [problem, users] of grouped) problems.push(`${problem} (${naming(users)})`);
   return problems;
 }

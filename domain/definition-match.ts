@@ -58,12 +58,13 @@ export function credentialDifference(file: DefinitionCredential, target: Credent
 // target's worker does (or does not) itself, so an instance made active meets it.
 export const settableStatus = (status: DefinitionProvider['status']) => (status === 'refresh_failed' ? 'active' : status);
 
-// An instance the file has disabled that the target has active, unwritten since it was made: an apply
-// makes an instance active (the create call takes no status) and then disables it, so this is one whose
-// disable did not happen (the run was cut, the PATCH failed). Applying again disables it. One written
-// since (an admin's PATCH active) keeps its status: a conflict.
+// An instance the file has disabled that the target has as its create call made it (active, or
+// brokering_initiated when it still needs its user credential brokered), unwritten since: an apply
+// creates an instance (the call takes no status) and then disables it, so this is one whose disable
+// did not happen (the run was cut, the PATCH failed). Applying again disables it. One written since
+// (an admin's PATCH active) keeps its status: a conflict.
 export const disableUnfinished = (file: DefinitionProvider, target: ProviderInstanceDetail) =>
-  file.status === 'disabled' && target.status === 'active' && unwrittenSinceImport(target);
+  file.status === 'disabled' && (target.status === 'active' || target.status === 'brokering_initiated') && unwrittenSinceImport(target);
 
 export function providerDifference(file: DefinitionProvider, target: ProviderInstanceDetail): string | undefined {
   for (const member of ['display_name', 'provider_controller_type_id', 'credential_controller_type_id'] as const) {

@@ -299,7 +299,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       }
       // Before any function is enabled on it: nothing can be invoked through it while it is active.
       if (p.status === 'disabled') created(await call('PATCH', `/api/bridge/v1/provider/${p.id}`, { status: 'disabled' }));
-      if (there) out(`provider ${p.id}: disabled (an earlier run made it active and was cut before disabling it)`);
+      if (there) out(`provider ${p.id}: disabled (an earlier run made it ${there.body.status} and was cut before disabling it)`);
       if (settableStatus(p.status) !== p.status) out(`provider ${p.id}: made active; it was ${p.status}, which only a failed token refresh sets`);
       return 'created';
     });

@@ -366,6 +366,52 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.equal((await provider(t.stack.client, 'off')).status, 'active');
   });
 
+  it('disables, when run again, a disabled OAuth provider never brokered (brokering_initiated) whose disable failed; refuses a user credential shared across clients, writing nothing', async () => {
+    const c = a.client;
+    const gmail = avail('google_mail', 'oauth_auth_flow');
+    const client = await ok(c.post(`${gmail}/credential/resource-server`, { value: { client_id: 'gc', client_secret: 'gs', redirect_uri: 'https://app.example/cb' } }));
+    const user = await ok(c.post(`${gmail}/credential/user-credential`, { value: { access_token: 'at', expiry_time: '2099-01-01T00:00:00Z' } }));
+    await ok(c.post(gmail, { provider_instance_id: 'goff', display_name: 'Mail, never brokered', resource_server_credential_id: client.id }));
+    await ok(c.patch(`${B}/provider/goff`, { status: 'disabled' }), 200);
+    await ok(c.post(gmail, { provider_instance_id: 'gmail-1', display_name: 'Mail', resource_server_credential_id: client.id, user_credential_id: user.id }));
+    const def = await exported(c);
+    // The source as the other tests of this file know it.
+    for (const id of ['goff', 'gmail-1']) assert.equal((await c.delete(`${B}/provider/${id}`)).status, 200);
+    const file = write('gmail.json', def);
+
+    const t = await freshTarget();
+    const failing = await proxy(t.stack.api.url, (req, res) => {
+      if (req.method !== 'PATCH' || !req.url?.endsWith('/provider/goff')) return false;
+      req.resume();
+      res.writeHead(503, { 'content-type': 'application/json' }).end(JSON.stringify({ message: 'Service unavailable' }));
+      return true;
+    });
+    try {
+      const first = await applyTo(failing.url, file);
+      assert.equal(first.code, 1, first.stdout + first.stderr);
+      assert.match(first.stderr, /failed: provider goff: 503 Service unavailable/);
+    } finally {
+      failing.close();
+    }
+    assert.equal((await provider(t.stack.client, 'goff')).status, 'brokering_initiated');
+    const again = await applyTo(t.stack.api.url, file);
+    assert.equal(again.code, 0, again.stdout + again.stderr);
+    assert.match(again.stdout, /provider goff: disabled \(an earlier run made it brokering_initiated and was cut before disabling it\)/);
+    assert.equal((await provider(t.stack.client, 'goff')).status, 'disabled');
+
+    // A second instance of the user credential with another client (as an installation from before
+    // that was refused could hold): refused before anything is written.
+    const shared = structuredClone(def);
+    const g1 = shared.providers.find((p: any) => p.id === 'gmail-1');
+    shared.providers.push({ ...structuredClone(g1), id: 'gmail-2', resource_server_credential: { ...structuredClone(g1.resource_server_credential), id: randomUUID() } });
+    const fresh = await freshTarget();
+    const before = await tableRowCounts([], fresh.scratch.db);
+    const refused = await applyTo(fresh.stack.api.url, write('shared.json', shared));
+    assert.equal(refused.code, 1, refused.stdout + refused.stderr);
+    assert.match(refused.stderr, new RegExp(`providers gmail-1 and gmail-2 share user credential ${user.id} with different resource server credentials`));
+    assert.deepEqual(await tableRowCounts([], fresh.scratch.db), before);
+  });
+
   it('refuses a file whose names do not all resolve, in the file or on the target, one line per problem, writing nothing (exit 1)', async () => {
     const t = await freshTarget();
     const def = structuredClone(source);
