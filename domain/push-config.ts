@@ -38,7 +38,8 @@ export const MAX_CONFIGS_PER_TASK = 100;
 const MAX_ID = 256;
 const MAX_URL = 2048;
 const MAX_TOKEN = 4096;
-const HEADER_SAFE = /^[\x20-\x7e]+$/;
+// Empty is none (A2A has both optional strings; clients fill them with "" where they have none).
+const HEADER_SAFE = /^[\x20-\x7e]*$/;
 
 const shown = (r: repo.PushConfigRow): PushConfig => ({
   id: r.id,
@@ -55,7 +56,7 @@ function checkInput(input: PushConfigInput): void {
   }
   if (typeof input.url !== 'string' || input.url.length > MAX_URL) throw new InvalidRequest(`Push notification URL must be a string of at most ${MAX_URL} characters`);
   if (input.token !== undefined && (typeof input.token !== 'string' || input.token.length > MAX_TOKEN || !HEADER_SAFE.test(input.token))) {
-    throw new InvalidRequest(`Push notification token must be 1 to ${MAX_TOKEN} printable ASCII characters (it is sent as a header)`);
+    throw new InvalidRequest(`Push notification token must be at most ${MAX_TOKEN} printable ASCII characters (it is sent as a header)`);
   }
   const auth = input.authentication;
   if (auth !== undefined) {
@@ -111,8 +112,8 @@ async function storePushConfig(db: Tx, taskId: string, input: PushConfigInput, c
 
 async function writePushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, fromStart: boolean): Promise<PushConfig> {
   const secrets: PushSecrets = {
-    ...(input.token !== undefined ? { token: input.token } : {}),
-    ...(input.authentication?.credentials !== undefined ? { credentials: input.authentication.credentials } : {}),
+    ...(input.token ? { token: input.token } : {}),
+    ...(input.authentication?.credentials ? { credentials: input.authentication.credentials } : {}),
   };
   // Without an id a config is the task's own (the SDK's server does the same): setting it again replaces it.
   const id = input.id ?? taskId;

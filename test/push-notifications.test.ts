@@ -555,6 +555,23 @@ describe('push notifications', () => {
     assert.ok(!logs.includes(token) && !logs.includes(credentials), 'a token or credential reached the logs');
   });
 
+  it('takes an empty token or credentials as none (A2A clients send "" for none), inline and by set', async () => {
+    const rx = await startReceiver();
+    receivers.push(rx);
+    const id = await idleTask();
+    await setConfig(id, { id: 'empty', url: rx.url, token: '', authentication: { schemes: ['Bearer'], credentials: '' } });
+    await setStatus(id, 'working');
+    await waitFor(async () => rx.all.some((r) => r.body.id === id), 'a notification');
+    const r = rx.all.find((x) => x.body.id === id)!;
+    assert.deepEqual([r.token, r.authorization], [undefined, undefined]);
+    const sent = await rpc('message/send', {
+      message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text: 'hello' }] },
+      configuration: { blocking: false, pushNotificationConfig: { url: rx.url, token: '' } },
+    });
+    assert.equal(sent.error, undefined, JSON.stringify(sent.error));
+    assert.equal(sent.result.kind, 'task');
+  });
+
   it('replaces a config with the same id, and deletes configs', async () => {
     const id = await idleTask();
     await setPushConfig(testDb(), id, { id: 'a', url: 'http://127.0.0.1:9/one' }, allowPrivate);
