@@ -19,7 +19,7 @@ import type { Knex } from 'knex';
 import type { Services } from './services.ts';
 import { AppError, Conflict, NotFound } from './errors.ts';
 import { inTransaction } from './unit-of-work.ts';
-import { createDek, decryptWithDek, DecryptError, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
+import { createDek, decryptWithDek, DecryptError, DekUnwrapFailed, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
 import { aliasDekForWrite, getDek } from '../db/deks.ts';
 import { addKeyJobTotal, finishKeyJob, settleKeyJobTotal, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, type KeyJobError, type KeyJobRow } from '../db/key-jobs.ts';
 import { countSecretsToRotate, findActiveRotation, lockAlias, reencryptSecrets, secretsToRotate, setRotationState, type RotationCandidate } from '../db/secrets.ts';
@@ -172,7 +172,7 @@ export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSi
         rewritten.push(await store.reseal(s, r, params.new_dek_id, trx));
       } catch (err) {
         if (err instanceof Unrotatable) errors.push({ id: store.key(r), message: err.message });
-        else if (err instanceof DecryptError) errors.push({ id: store.key(r), message: store.what(r) });
+        else if (err instanceof DecryptError || err instanceof DekUnwrapFailed) errors.push({ id: store.key(r), message: store.what(r) });
         else throw err;
       }
     }

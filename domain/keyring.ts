@@ -10,7 +10,7 @@ import { Conflict, InvalidRequest, NotFound } from './errors.ts';
 import { getEnvelopeKey, localKeyFileNames, type EnvelopeKeyRow } from '../db/envelope-keys.ts';
 import { aliasDekForWrite, getAlias, getDek, insertDek, updateAlias, type AliasRow, type DekRow } from '../db/deks.ts';
 import { DecryptError, KEY_BYTES, openBase64, sealBase64 } from './crypto/aes-gcm.ts';
-import { readLocalKeyFile, wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
+import { KeyUnusable, readLocalKeyFile, wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
 import { TtlCache } from './crypto/ttl-cache.ts';
 
 export { DecryptError };
@@ -70,12 +70,40 @@ export function forgetWrapper(envelopeId: string): void {
   wrapperCache.delete(envelopeId);
 }
 
+// A stored DEK that does not unwrap is damage on our side (its key file replaced by another, a KMS
+// key that is not the one it was wrapped with), not the request's: 500, logged. Alias rotation
+// lists the values under it as ones it could not move.
+export class DekUnwrapFailed extends KeyUnusable {}
+
+async function loadDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, trx?: Tx): Promise<Buffer> {
+  const row = await getDek(trx ?? s.db, dekId);
+  if (!row) throw new NotFound('dek', dekId);
+  const wrapper = await wrapperFor(s, row.envelope_key_id, trx);
+  try {
+    return await wrapper.unwrap(row.encrypted_dek);
+  } catch (err) {
+    if (err instanceof DecryptError) throw new DekUnwrapFailed(`DEK '${dekId}' does not unwrap with envelope key '${row.envelope_key_id}' (${err.message}): that key is not the one it was wrapped with`);
+    throw err;
+  }
+}
+
+// Unwraps under way outside transactions, by DEK: a page of list-decrypted opens many values of one
+// DEK at once, and each missed the cache and unwrapped it again (500 KMS calls for one page).
+const loading = new Map<string, Promise<Buffer>>();
+
 async function dekKey(s: Pick<Services, 'db' | 'cfg'>, dekId: string, trx?: Tx): Promise<Buffer> {
   const cached = dekCache.get(dekId);
   if (cached) return cached;
-  const row = await getDek(trx ?? s.db, dekId);
-  if (!row) throw new NotFound('dek', dekId);
-  const key = await (await wrapperFor(s, row.envelope_key_id, trx)).unwrap(row.encrypted_dek);
+  // Inside a transaction the DEK may be one it created, which no other caller sees yet: loaded alone.
+  let pending = trx ? undefined : loading.get(dekId);
+  if (!pending) {
+    pending = loadDek(s, dekId, trx);
+    if (!trx) {
+      loading.set(dekId, pending);
+      pending.then(() => loading.delete(dekId), () => loading.delete(dekId));
+    }
+  }
+  const key = await pending;
   dekCache.set(dekId, key);
   return key;
 }

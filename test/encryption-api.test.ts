@@ -479,6 +479,62 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     await testDb()('key_jobs').where({ id: job.id }).update({ status: 'completed' });
     assert.equal((await c.delete(`${E}/envelope/target-only.key`)).status, 200);
   });
+  // Drops every cached DEK and key wrapper in the API process: deleting any envelope key does.
+  const dropCaches = async (c: Client) => {
+    const name = `drop-${randomUUID().slice(0, 8)}.key`;
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: name })).status, 201);
+    assert.equal((await c.delete(`${E}/envelope/${name}`)).status, 200);
+  };
+
+  it('unwraps a DEK once for a page of its values with a cold cache, not once per value (KMS calls)', async () => {
+    const c = stack.client;
+    // Registered by an earlier test of this file, or here when run alone.
+    assert.ok([201, 409].includes((await c.post(`${E}/envelope`, { type: 'aws_kms', arn: ARN, region: 'eu-west-1' })).status));
+    assert.equal((await c.post(`${E}/envelope/${enc(ARN)}/dek`, { id: 'kms-page-dek' })).status, 201);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'kms-page-dek', alias: 'kms-page' })).status, 201);
+    const ids = new Set<string>();
+    for (let i = 0; i < 100; i += 25) {
+      for (const r of await Promise.all(Array.from({ length: 25 }, (_, j) => c.post('/api/secret/v1', { key: `page/${i + j}`, raw_value: `v${i + j}`, dek_alias: 'kms-page' })))) ids.add(r.body.id);
+    }
+    await dropCaches(c);
+    const decrypts = () => kms.calls.filter((x) => x.op === 'Decrypt').length;
+    const before = decrypts();
+    const page = await c.get('/api/secret/v1/list-decrypted?page_size=1000');
+    assert.equal(page.status, 200, page.text);
+    assert.equal(page.body.secrets.filter((x: { id: string }) => ids.has(x.id)).length, 100);
+    // One Decrypt per KMS-wrapped DEK of the page (earlier tests of this file left secrets under others).
+    const [{ n }] = await testDb()('secrets as s').join('deks as d', 'd.id', 's.dek_id').where('d.envelope_key_id', ARN).countDistinct({ n: 's.dek_id' });
+    assert.equal(decrypts() - before, Number(n));
+    for (const id of ids) assert.equal((await c.delete(`/api/secret/v1/${id}`)).status, 200);
+  });
+
+  it('answers a DEK that no longer unwraps (its key file replaced) as a server fault naming it, logged, not as the request\'s fault', async () => {
+    const c = stack.client;
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'swapped.key' })).status, 201);
+    assert.equal((await c.post(`${E}/envelope/swapped.key/dek`, { id: 'swapped-dek' })).status, 201);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'swapped-dek', alias: 'swapped' })).status, 201);
+    const stored = await c.post('/api/secret/v1', { key: 'on-swapped', raw_value: 'v', dek_alias: 'swapped' });
+    assert.equal(stored.status, 201);
+    const sealed = (await c.get(`/api/secret/v1/${stored.body.id}`)).body.encrypted_secret;
+    const file = path.join(keysDir, 'swapped.key');
+    const original = fs.readFileSync(file);
+    fs.writeFileSync(file, randomBytes(32));
+    await dropCaches(c);
+    try {
+      const written = await c.post('/api/secret/v1', { key: 'on-swapped-2', raw_value: 'v2', dek_alias: 'swapped' });
+      const updated = await c.put(`/api/secret/v1/${stored.body.id}`, { raw_value: 'new' });
+      const imported = await c.post('/api/secret/v1/import', { key: 'on-swapped-3', encrypted_value: sealed, dek_alias: 'swapped', data_encryption_key_id: 'swapped-dek' });
+      for (const r of [written, updated, imported]) {
+        assertError(r, 500, 'internal');
+        assert.match(r.body.message, /^DEK 'swapped-dek' does not unwrap with envelope key 'swapped\.key' \(.*\): that key is not the one it was wrapped with$/);
+      }
+      await waitFor(async () => stack.api.logs.some((l) => l.includes('"level":50') && l.includes("DEK 'swapped-dek' does not unwrap")), 'the fault to be logged');
+    } finally {
+      fs.writeFileSync(file, original);
+      await dropCaches(c);
+    }
+    assert.equal((await c.delete(`/api/secret/v1/${stored.body.id}`)).status, 200);
+  });
 });
 
 describe('encryption API with AWS_KMS_ACCOUNTS', () => {
