@@ -60,12 +60,10 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
     if (!isActive(job)) return undefined;
     const params = job.params as unknown as RotationParams;
     if (params.new_dek_id) return job;
-    // Held shared, as writes hold it: the alias cannot move meanwhile, and writes under it do not wait
-    // for the new DEK (a KMS call, 15 s when KMS is slow, during which they held API connections).
-    const fromId = await aliasDekForWrite(trx, params.alias);
-    if (!fromId) throw new NotFound('dek_alias', params.alias);
-    const from = await getDek(trx, fromId);
-    if (!from) throw new NotFound('dek', fromId);
+    const alias = await lockAlias(trx, params.alias);
+    if (!alias) throw new NotFound('dek_alias', params.alias);
+    const from = await getDek(trx, alias.dek_id);
+    if (!from) throw new NotFound('dek', alias.dek_id);
     const dek = await createDek(s, from.envelope_key_id, trx);
     const next: RotationParams = { ...params, from_dek_id: from.id, new_dek_id: dek.id, phase: 'walk' };
     await setRotationState(trx, jobId, { ...next });
