@@ -8,7 +8,7 @@
 // after the repoint, 'sweep' takes those written since (created or updated concurrently, still
 // under the old DEK). Nothing written during the rotation is left behind: a secret write holds
 // its alias FOR SHARE from reading the DEK to commit and stamps updated_at with clock_timestamp(),
-// while the start and the repoint lock the alias FOR UPDATE. So every write dated before
+// while the start (once it has made the new DEK) and the repoint lock the alias FOR UPDATE. So every write dated before
 // started_at has committed before the walk begins, and every write with the old DEK has committed
 // before the sweep begins; later writes already use the new DEK.
 // Then 'credentials' and 'push-configs' re-encrypt the alias's bridge credentials and, for the
@@ -33,7 +33,8 @@ import { PUSH_ALIAS } from './push-config.ts';
 export const ROTATE_ALIAS = 'rotate-alias';
 
 export type Phase = 'walk' | 'sweep' | 'credentials' | 'push-configs';
-interface RotationParams { alias: string; from_dek_id?: string; new_dek_id?: string; phase?: Phase }
+// prepared_dek_id: the new DEK, made before the start takes the alias FOR UPDATE (beginAliasRotation).
+interface RotationParams { alias: string; prepared_dek_id?: string; from_dek_id?: string; new_dek_id?: string; phase?: Phase }
 
 // Starts a rotation, or returns the one already queued or running for the alias.
 export async function startAliasRotation(s: Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>, alias: string): Promise<{ job: KeyJobRow; created: boolean }> {
@@ -53,8 +54,26 @@ export async function startAliasRotation(s: Pick<Services, 'db' | 'outbox' | 'bu
 const isActive = (job: KeyJobRow | undefined): job is KeyJobRow => !!job && (job.status === 'queued' || job.status === 'running');
 
 // Creates the new DEK once (its id is stored in the job in the same transaction) and marks the
-// job running. Undefined when the job is already finished.
+// job running. Undefined when the job is already finished. The DEK is made first, with the alias
+// held shared as writes hold it: made under the FOR UPDATE below, its KMS call (15 s when KMS is
+// slow) held up every write under the alias, each holding an API connection. The FOR UPDATE itself
+// is brief: it makes every write stamped before started_at (this transaction's now()) commit before
+// the walk begins (see the header).
 export async function beginAliasRotation(s: KeyringServices, jobId: string): Promise<KeyJobRow | undefined> {
+  const prepared = await s.db.transaction(async (trx) => {
+    const job = await lockKeyJob(trx, jobId);
+    if (!isActive(job)) return undefined;
+    const params = job.params as unknown as RotationParams;
+    if (params.new_dek_id || params.prepared_dek_id) return job;
+    const fromId = await aliasDekForWrite(trx, params.alias);
+    if (!fromId) throw new NotFound('dek_alias', params.alias);
+    const from = await getDek(trx, fromId);
+    if (!from) throw new NotFound('dek', fromId);
+    const dek = await createDek(s, from.envelope_key_id, trx);
+    await setRotationState(trx, jobId, { ...params, prepared_dek_id: dek.id });
+    return job;
+  });
+  if (!prepared) return undefined;
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
     if (!isActive(job)) return undefined;
@@ -62,12 +81,14 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
     if (params.new_dek_id) return job;
     const alias = await lockAlias(trx, params.alias);
     if (!alias) throw new NotFound('dek_alias', params.alias);
-    const from = await getDek(trx, alias.dek_id);
+    const [from, made] = await Promise.all([getDek(trx, alias.dek_id), getDek(trx, params.prepared_dek_id!)]);
     if (!from) throw new NotFound('dek', alias.dek_id);
-    const dek = await createDek(s, from.envelope_key_id, trx);
-    const next: RotationParams = { ...params, from_dek_id: from.id, new_dek_id: dek.id, phase: 'walk' };
+    if (!made) throw new NotFound('dek', params.prepared_dek_id!);
+    // Moved to a DEK under another envelope key since the new DEK was made: not this rotation's to finish.
+    if (made.envelope_key_id !== from.envelope_key_id) throw movedDuringRotation(params.alias, alias.dek_id);
+    const next: RotationParams = { ...params, from_dek_id: from.id, new_dek_id: made.id, phase: 'walk' };
     await setRotationState(trx, jobId, { ...next });
-    await markKeyJobRunning(trx, jobId, await countSecretsToRotate(trx, params.alias, dek.id));
+    await markKeyJobRunning(trx, jobId, await countSecretsToRotate(trx, params.alias, made.id));
     return getKeyJob(trx, jobId);
   });
 }

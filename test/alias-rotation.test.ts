@@ -247,6 +247,39 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     for (const [k, v] of expected) assert.equal(all.get(k), v, k);
   });
 
+  it('makes its new DEK while writes hold the alias, then starts the walk only once they have committed (it waits for them)', async () => {
+    const jobRow = async (id: string) => testDb()('key_jobs').where({ id }).first();
+    // Requested with no worker running (the request itself takes the alias FOR UPDATE, briefly).
+    await stack.workers[0]?.kill('SIGTERM');
+    const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
+    assert.equal(r.status, 202);
+    const id: string = r.body.id;
+    const deks = async () => Number((await testDb()('deks').count({ n: '*' }))[0].n);
+    const deksBefore = await deks();
+    // Held shared, as a write under the alias holds it from reading its DEK until it commits.
+    const held = await testDb().transaction();
+    let worker: Proc | undefined;
+    try {
+      await held('dek_aliases').where({ alias: ALIAS }).forShare().first();
+      worker = await startWorker(stack.env);
+      allProcs.push(worker);
+      await waitFor(async () => (await deks()) > deksBefore, 'the new DEK to be made', 30000, 20);
+      await waitFor(async () => {
+        const { rows } = await testDb().raw(`select 1 from pg_stat_activity where wait_event_type = 'Lock' and query ilike '%dek_aliases%'`);
+        return rows.length > 0;
+      }, 'the start to wait on the alias', 30000, 20);
+      const waiting = await jobRow(id);
+      assert.deepEqual([waiting.status, waiting.started_at], ['queued', null]);
+    } finally {
+      await held.rollback();
+    }
+    const done = await waitJob(id);
+    assert.equal(done.status, 'completed', JSON.stringify(done));
+    assert.equal(done.params.new_dek_id, done.params.prepared_dek_id);
+    assert.equal(await aliasDek(ALIAS), done.params.new_dek_id);
+    stack.workers[0] = worker;
+  });
+
   it('an alias deleted while a rotation of it is requested: the rotation 202 and the delete 409, or the rotation 404 and the delete 200', async () => {
     const dek = (await c.get(`${E}/dek/alias/default`)).body.id;
     // Paused, so no rotation ends before its delete is looked at.

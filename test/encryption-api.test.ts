@@ -508,6 +508,46 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     for (const id of ids) assert.equal((await c.delete(`/api/secret/v1/${id}`)).status, 200);
   });
 
+  it('keeps writes under an alias going while its rotation waits on KMS for the new DEK', async () => {
+    const c = stack.client;
+    assert.ok([201, 409].includes((await c.post(`${E}/envelope`, { type: 'aws_kms', arn: ARN, region: 'eu-west-1' })).status));
+    assert.equal((await c.post(`${E}/envelope/${enc(ARN)}/dek`, { id: 'kms-rot-dek' })).status, 201);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'kms-rot-dek', alias: 'kms-rot' })).status, 201);
+    const generated = () => kms.calls.filter((x) => x.op === 'GenerateDataKey').length;
+    const before = generated();
+    const release = kms.hold('GenerateDataKey');
+    let job: string;
+    try {
+      const started = await c.post(`${E}/dek/alias/kms-rot/rotate`, {});
+      assert.equal(started.status, 202, started.text);
+      job = started.body.id;
+      await waitFor(async () => generated() > before, 'the rotation to ask KMS for its new DEK');
+      // Not held up by the rotation's KMS call: it answers, rather than wait on the alias's row lock.
+      let answered = false;
+      const waitingOnAlias = async () => {
+        if (answered) return 'stopped';
+        const { rows } = await testDb().raw(`select 1 from pg_stat_activity where wait_event_type = 'Lock' and query ilike '%dek_aliases%'`);
+        return rows.length > 0 && 'waiting';
+      };
+      const written = await Promise.race([
+        c.post('/api/secret/v1', { key: 'during-kms-rotation', raw_value: 'v', dek_alias: 'kms-rot' }),
+        waitFor(waitingOnAlias, 'a write waiting on the alias', 60_000, 20),
+      ]);
+      answered = true;
+      assert.notEqual(written, 'waiting', "the write waited for the rotation's KMS call");
+      assert.equal((written as { status: number }).status, 201);
+    } finally {
+      release();
+    }
+    const done = await waitFor(async () => {
+      const r = (await c.get(`${E}/job/${job}`)).body;
+      return ['completed', 'failed'].includes(r.status) && r;
+    }, 'the rotation to end', 30_000);
+    assert.equal(done.status, 'completed', JSON.stringify(done));
+    const read = (await c.get('/api/secret/v1/list-decrypted?page_size=1000')).body.secrets.find((x: { key: string }) => x.key === 'during-kms-rotation');
+    assert.equal(read.decrypted_value, 'v');
+  });
+
   it('answers a DEK that no longer unwraps (its key file replaced) as a server fault naming it, logged, not as the request\'s fault', async () => {
     const c = stack.client;
     assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'swapped.key' })).status, 201);

@@ -5,11 +5,18 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 
-export interface KmsServer { url: string; calls: { op: string; keyId?: string }[]; close(): Promise<void> }
+export interface KmsServer {
+  url: string;
+  calls: { op: string; keyId?: string }[];
+  /** Holds the answers to calls of `op` (recorded in `calls` as they arrive) until the function it returns is called. */
+  hold(op: string): () => void;
+  close(): Promise<void>;
+}
 
 export async function startKmsServer(keyArns: string[]): Promise<KmsServer> {
   const keys = new Map(keyArns.map((arn) => [arn, randomBytes(32)]));
   const calls: { op: string; keyId?: string }[] = [];
+  const held = new Map<string, Promise<void>>();
 
   const seal = (arn: string, plain: Buffer) => {
     const nonce = randomBytes(12);
@@ -52,26 +59,37 @@ export async function startKmsServer(keyArns: string[]): Promise<KmsServer> {
       try { body = JSON.parse(raw); } catch { return fail('SerializationException', 'bad JSON'); }
       const op = target.slice('TrentService.'.length);
       calls.push({ op, keyId: body.KeyId });
-      if (op === 'Encrypt' || op === 'GenerateDataKey') {
-        if (!keys.has(body.KeyId)) return fail('NotFoundException', `key ${body.KeyId} not found`);
-        const plain = op === 'Encrypt' ? Buffer.from(body.Plaintext, 'base64') : randomBytes(body.KeySpec === 'AES_128' ? 16 : 32);
-        const out = { CiphertextBlob: seal(body.KeyId, plain).toString('base64'), KeyId: body.KeyId, EncryptionAlgorithm: 'SYMMETRIC_DEFAULT' };
-        return reply(200, op === 'Encrypt' ? out : { ...out, Plaintext: plain.toString('base64') });
-      }
-      if (op === 'Decrypt') {
-        const opened = open(Buffer.from(body.CiphertextBlob ?? '', 'base64'));
-        if (!opened) return fail('InvalidCiphertextException', 'ciphertext does not decrypt');
-        if (body.KeyId && body.KeyId !== opened.arn) return fail('IncorrectKeyException', 'ciphertext was made under another key');
-        return reply(200, { Plaintext: opened.plain.toString('base64'), KeyId: opened.arn, EncryptionAlgorithm: 'SYMMETRIC_DEFAULT' });
-      }
-      return fail('UnknownOperationException', `operation ${op} not implemented here`);
+      const hold = held.get(op);
+      if (hold) return void hold.then(() => answer(op, body, reply, fail));
+      answer(op, body, reply, fail);
     });
   });
+  type Reply = (status: number, body: object) => void;
+  const answer = (op: string, body: Record<string, string>, reply: Reply, fail: (type: string, message: string) => void) => {
+    if (op === 'Encrypt' || op === 'GenerateDataKey') {
+      if (!keys.has(body.KeyId)) return fail('NotFoundException', `key ${body.KeyId} not found`);
+      const plain = op === 'Encrypt' ? Buffer.from(body.Plaintext, 'base64') : randomBytes(body.KeySpec === 'AES_128' ? 16 : 32);
+      const out = { CiphertextBlob: seal(body.KeyId, plain).toString('base64'), KeyId: body.KeyId, EncryptionAlgorithm: 'SYMMETRIC_DEFAULT' };
+      return reply(200, op === 'Encrypt' ? out : { ...out, Plaintext: plain.toString('base64') });
+    }
+    if (op === 'Decrypt') {
+      const opened = open(Buffer.from(body.CiphertextBlob ?? '', 'base64'));
+      if (!opened) return fail('InvalidCiphertextException', 'ciphertext does not decrypt');
+      if (body.KeyId && body.KeyId !== opened.arn) return fail('IncorrectKeyException', 'ciphertext was made under another key');
+      return reply(200, { Plaintext: opened.plain.toString('base64'), KeyId: opened.arn, EncryptionAlgorithm: 'SYMMETRIC_DEFAULT' });
+    }
+    return fail('UnknownOperationException', `operation ${op} not implemented here`);
+  };
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   const { port } = server.address() as AddressInfo;
   return {
     url: `http://127.0.0.1:${port}`,
     calls,
+    hold(op) {
+      let release!: () => void;
+      held.set(op, new Promise<void>((resolve) => { release = resolve; }));
+      return () => { held.delete(op); release(); };
+    },
     close: () => new Promise<void>((resolve) => { server.closeAllConnections(); server.close(() => resolve()); }),
   };
 }
