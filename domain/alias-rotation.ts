@@ -33,8 +33,9 @@ import { PUSH_ALIAS } from './push-config.ts';
 export const ROTATE_ALIAS = 'rotate-alias';
 
 export type Phase = 'walk' | 'sweep' | 'credentials' | 'push-configs';
-// prepared_dek_id: the new DEK, made before the start takes the alias FOR UPDATE (beginAliasRotation).
-interface RotationParams { alias: string; prepared_dek_id?: string; from_dek_id?: string; new_dek_id?: string; phase?: Phase }
+// prepared_dek_id: the new DEK, made before the start takes the alias FOR UPDATE (beginAliasRotation),
+// while the alias named prepared_from_dek_id.
+interface RotationParams { alias: string; prepared_dek_id?: string; prepared_from_dek_id?: string; from_dek_id?: string; new_dek_id?: string; phase?: Phase }
 
 // Starts a rotation, or returns the one already queued or running for the alias.
 export async function startAliasRotation(s: Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>, alias: string): Promise<{ job: KeyJobRow; created: boolean }> {
@@ -70,7 +71,7 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
     const from = await getDek(trx, fromId);
     if (!from) throw new NotFound('dek', fromId);
     const dek = await createDek(s, from.envelope_key_id, trx);
-    await setRotationState(trx, jobId, { ...params, prepared_dek_id: dek.id });
+    await setRotationState(trx, jobId, { ...params, prepared_dek_id: dek.id, prepared_from_dek_id: from.id });
     return job;
   });
   if (!prepared) return undefined;
@@ -81,14 +82,12 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
     if (params.new_dek_id) return job;
     const alias = await lockAlias(trx, params.alias);
     if (!alias) throw new NotFound('dek_alias', params.alias);
-    const [from, made] = await Promise.all([getDek(trx, alias.dek_id), getDek(trx, params.prepared_dek_id!)]);
-    if (!from) throw new NotFound('dek', alias.dek_id);
-    if (!made) throw new NotFound('dek', params.prepared_dek_id!);
-    // Moved to a DEK under another envelope key since the new DEK was made: not this rotation's to finish.
-    if (made.envelope_key_id !== from.envelope_key_id) throw movedDuringRotation(params.alias, alias.dek_id);
-    const next: RotationParams = { ...params, from_dek_id: from.id, new_dek_id: made.id, phase: 'walk' };
+    // Moved since the new DEK was made (a PUT that came in between): the operator's choice stands, as
+    // for a move later in the rotation. (A DEK migration moves no alias: it is no move.)
+    if (alias.dek_id !== params.prepared_from_dek_id) throw movedDuringRotation(params.alias, alias.dek_id);
+    const next: RotationParams = { ...params, from_dek_id: alias.dek_id, new_dek_id: params.prepared_dek_id, phase: 'walk' };
     await setRotationState(trx, jobId, { ...next });
-    await markKeyJobRunning(trx, jobId, await countSecretsToRotate(trx, params.alias, made.id));
+    await markKeyJobRunning(trx, jobId, await countSecretsToRotate(trx, params.alias, params.prepared_dek_id!));
     return getKeyJob(trx, jobId);
   });
 }

@@ -280,6 +280,38 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     stack.workers[0] = worker;
   });
 
+  it('fails the job, leaving the alias there, when it is moved after the new DEK was made and before the start', async () => {
+    const envelope = (await c.get(`${E}/dek/alias/${ALIAS}`)).body.envelope_encryption_key_id.id;
+    const elsewhere = (await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, {})).body.id;
+    await stack.workers[0]?.kill('SIGTERM');
+    const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
+    assert.equal(r.status, 202);
+    const waitingOn = (query: string) => async () => {
+      const { rows } = await testDb().raw(`select 1 from pg_stat_activity where wait_event_type = 'Lock' and query ilike ?`, [`%${query}%`]);
+      return rows.length > 0;
+    };
+    // The envelope key held: the job's new DEK (its insert checks the key) waits, with the alias held shared.
+    const held = await testDb().transaction();
+    let moved: Promise<{ status: number }> | undefined;
+    let worker: Proc | undefined;
+    try {
+      await held('envelope_keys').where({ id: envelope }).forUpdate().first();
+      worker = await startWorker(stack.env);
+      allProcs.push(worker);
+      await waitFor(waitingOn('insert into deks'), 'the new DEK to wait on its envelope key', 30000, 20);
+      moved = c.put(`${E}/dek/alias/${ALIAS}`, { new_dek_id: elsewhere });
+      await waitFor(waitingOn('dek_aliases'), 'the move to wait on the alias', 30000, 20);
+    } finally {
+      await held.rollback();
+    }
+    assert.equal((await moved!).status, 200);
+    const done = await waitJob(r.body.id, 'the rotation to fail');
+    assert.equal(done.status, 'failed', JSON.stringify(done));
+    assert.match(done.errors.at(-1).message, new RegExp(`was pointed at DEK '${elsewhere}' during the rotation; it was left there`));
+    assert.equal(await aliasDek(ALIAS), elsewhere);
+    stack.workers[0] = worker!;
+  });
+
   it('an alias deleted while a rotation of it is requested: the rotation 202 and the delete 409, or the rotation 404 and the delete 200', async () => {
     const dek = (await c.get(`${E}/dek/alias/default`)).body.id;
     // Paused, so no rotation ends before its delete is looked at.
