@@ -258,10 +258,11 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     const deksBefore = await deks();
     // Held shared, as a write under the alias holds it from reading its DEK until it commits.
     const held = await testDb().transaction();
-    let worker: Proc | undefined;
     try {
       await held('dek_aliases').where({ alias: ALIAS }).forShare().first();
-      worker = await startWorker(stack.env);
+      const worker = await startWorker(stack.env);
+      // The stack's own: stopped with it, also when this test fails.
+      stack.workers[0] = worker;
       allProcs.push(worker);
       await waitFor(async () => (await deks()) > deksBefore, 'the new DEK to be made', 30000, 20);
       await waitFor(async () => {
@@ -277,7 +278,6 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     assert.equal(done.status, 'completed', JSON.stringify(done));
     assert.equal(done.params.new_dek_id, done.params.prepared_dek_id);
     assert.equal(await aliasDek(ALIAS), done.params.new_dek_id);
-    stack.workers[0] = worker;
   });
 
   it('fails the job, leaving the alias there, when it is moved after the new DEK was made and before the start', async () => {
@@ -293,10 +293,11 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     // The envelope key held: the job's new DEK (its insert checks the key) waits, with the alias held shared.
     const held = await testDb().transaction();
     let moved: Promise<{ status: number }> | undefined;
-    let worker: Proc | undefined;
     try {
       await held('envelope_keys').where({ id: envelope }).forUpdate().first();
-      worker = await startWorker(stack.env);
+      const worker = await startWorker(stack.env);
+      // The stack's own: stopped with it, also when this test fails.
+      stack.workers[0] = worker;
       allProcs.push(worker);
       await waitFor(waitingOn('insert into deks'), 'the new DEK to wait on its envelope key', 30000, 20);
       moved = c.put(`${E}/dek/alias/${ALIAS}`, { new_dek_id: elsewhere });
@@ -309,7 +310,6 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     assert.equal(done.status, 'failed', JSON.stringify(done));
     assert.match(done.errors.at(-1).message, new RegExp(`was pointed at DEK '${elsewhere}' during the rotation; it was left there`));
     assert.equal(await aliasDek(ALIAS), elsewhere);
-    stack.workers[0] = worker!;
   });
 
   it('an alias deleted while a rotation of it is requested: the rotation 202 and the delete 409, or the rotation 404 and the delete 200', async () => {
