@@ -10,6 +10,7 @@ import { hasScope } from '../domain/api-keys.ts';
 import { AppError, Forbidden, Unauthenticated } from '../domain/errors.ts';
 import { verifyKey } from './middleware/auth.ts';
 import { rateLimit } from './middleware/rate-limit.ts';
+import { prefixMatchedRoute } from './middleware/request-id.ts';
 
 export const DASHBOARD_PATH = '/admin/queues';
 
@@ -66,10 +67,7 @@ export function queueDashboard(services: Services): Middleware {
       try {
         await board(ctx, next);
       } finally {
-        // bull-board's router matches below its base path: /metrics and the request log name the
-        // route in full, or '/api/queues' reads as one of the API's.
-        const matched = (ctx as { _matchedRoute?: unknown })._matchedRoute;
-        if (typeof matched === 'string' && !matched.startsWith(DASHBOARD_PATH)) (ctx as { _matchedRoute?: string })._matchedRoute = `${DASHBOARD_PATH}${matched}`;
+        prefixMatchedRoute(ctx, DASHBOARD_PATH);
       }
     });
   };
