@@ -167,7 +167,7 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.deepEqual([inst.status, inst.user_credential_id], ['active', body.id]);
   });
 
-  it('answers 400 for a provider error, 404 for an unknown state, 410 for an expired one, changing nothing; a callback with neither code nor error leaves its state usable', async () => {
+  it('answers 400 for a provider error, 404 for an unknown state, 410 for an expired one, changing nothing; a callback with neither code nor error, or with a code that cannot be stored, leaves its state usable', async () => {
     await instance('mail-d');
     const stored = await userCredentials();
     const denied = new URL(await consent((await broker('mail-d')).action.Redirect.url));
@@ -203,6 +203,11 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
       assert.equal(r.status, 400);
       assert.match(((await r.json()) as { message: string }).message, /neither a code nor an error/);
     }
+    // A code no user credential could hold is refused before it is redeemed: the state stays usable too.
+    noCode.searchParams.set('code', `${code} x`);
+    const spaced = await callback(noCode.toString());
+    assert.equal(spaced.status, 400);
+    assert.match(((await spaced.json()) as { message: string }).message, /query\.code must be printable ASCII without spaces/);
     noCode.searchParams.set('code', code);
     assert.equal((await callback(noCode.toString())).status, 200, 'the state is still there for the real answer');
 

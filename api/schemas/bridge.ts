@@ -201,7 +201,8 @@ export const BrokeredUserCredential = Type.Object({
 // Providers add members of their own (Google: scope, authuser, prompt); they are ignored.
 export const OAuthCallbackQuery = Type.Object({
   state: Type.Optional(Type.String({ maxLength: 512 })),
-  code: Type.Optional(Type.String({ maxLength: 4096 })),
+  // As a user credential holds it: one it could not hold is refused before it is redeemed, leaving the state usable.
+  code: Type.Optional(Type.String({ maxLength: 4096, pattern: worded('^[\\x21-\\x7e]*$', 'must be printable ASCII without spaces') })),
   error: Type.Optional(Type.String({ maxLength: 256 })),
   error_description: Type.Optional(Type.String({ maxLength: 2048 })),
 }, { additionalProperties: true });
