@@ -192,4 +192,26 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
       assert.equal((await instance('mail-0')).status, 'active');
     });
   });
+
+  it('brokering again without a refresh token keeps the one it had for the same user (the same sub), and refreshes with it; for another user, or none named, the credential has none', async () => {
+    await brokered('mail-k');
+    await oauth.inMode('no-refresh-as:johndoe', () => rebroker('mail-k'));
+    assert.equal(typeof (await userCredential('mail-k')).value.refresh_token, 'string', 'the refresh token the instance had');
+    const refreshes = await oauth.refreshes();
+    await makeDue('mail-k');
+    await waitFor(async () => (await userCredential('mail-k')).next_rotation_time.getTime() > Date.now(), 'the credential to be refreshed');
+    assert.equal(await oauth.refreshes(), refreshes + 1);
+    assert.equal((await instance('mail-k')).status, 'active');
+    assert.equal((await send('mail-k')).status, 200);
+
+    for (const sub of ['janedoe', '']) {
+      await rebroker('mail-k');
+      assert.equal(typeof (await userCredential('mail-k')).value.refresh_token, 'string');
+      await oauth.inMode(`no-refresh-as:${sub}`, () => rebroker('mail-k'));
+      assert.equal((await userCredential('mail-k')).value.refresh_token, undefined, `no refresh token of johndoe's for ${sub || 'a user no ID token names'}`);
+    }
+    await makeDue('mail-k');
+    await waitFor(async () => (await instance('mail-k')).status === 'refresh_failed', 'the instance to be refresh_failed');
+    assert.equal(await oauth.refreshes(), refreshes + 1, 'nothing to refresh with');
+  });
 });

@@ -11,7 +11,8 @@ import { deleteBrokerStatesExpiredBefore, insertBrokerState, takeBrokerState, ty
 import type { BrokerState, Credential } from '../../api/schemas/bridge.ts';
 import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
-import { resourceServerCredential, storeCredential, toCredential } from './credentials.ts';
+import { resourceServerCredential, storeCredential, toCredential, unsealCredential } from './credentials.ts';
+import type { CredentialControllerDef, Plain } from './types.ts';
 import { oauthOf, refusal, requestToken, withTokens } from './oauth-token.ts';
 
 const STATE_TTL_MS = 10 * 60 * 1000;
@@ -95,7 +96,8 @@ export async function completeBrokering(
     throw err instanceof NoAnswer ? await keptForRetry(s, state, err) : err;
   });
   if (answer.status >= 400) throw refusal('code', answer);
-  const plain = withTokens(answer, { code: reply.code }, rs);
+  const plain = await keepingRefreshToken(s, cc, instance, withTokens(answer, { code: reply.code }, rs));
+  if (!plain.refresh_token) s.log.warn({ provider_instance_id: instance.id }, 'the token endpoint sent no refresh token: the instance becomes refresh_failed when its tokens expire');
   // The tokens are sealed under the alias of the instance's resource server credential.
   const credential = await writeUnderAlias(s, rsRow.dek_alias, async (trx, dekId) => {
     const current = await repo.getProviderInstance(trx, instance.id, 'update');
@@ -111,6 +113,20 @@ export async function completeBrokering(
   // One stored before creation checked it cannot be redirected to: the credential is answered instead.
   if (back) s.log.warn({ provider_instance_id: instance.id }, 'return_on_successful_brokering.url is not a URL: answering the user credential');
   return { type: 'user_credential', credential: toCredential(credential) };
+}
+
+// Providers often send a refresh token only at the first consent. Brokered again by the same user (the
+// ID tokens name the same `sub`), the instance keeps the refresh token it had. For another user, or one
+// no ID token names, that token would act for someone else: the new credential has none.
+async function keepingRefreshToken(s: BrokerServices, cc: CredentialControllerDef, instance: repo.ProviderInstanceRow, plain: Plain): Promise<Plain> {
+  if (plain.refresh_token || !plain.sub || !instance.user_credential_id) return plain;
+  const [row] = await repo.getCredentials(s.db, [instance.user_credential_id]);
+  // The code is redeemed: a previous credential that does not open costs its refresh token, not the new tokens.
+  const previous = row && await unsealCredential(s, cc, row).catch((err: Error) => {
+    s.log.warn({ provider_instance_id: instance.id, err: err.message }, 'the previous user credential does not open: its refresh token is not kept');
+    return undefined;
+  });
+  return previous?.sub === plain.sub && typeof previous.refresh_token === 'string' ? { ...plain, refresh_token: previous.refresh_token } : plain;
 }
 
 // The token endpoint gave no answer, so the code may never have been redeemed: the state goes back
