@@ -6,6 +6,10 @@ import type { Logger } from '../domain/logger.ts';
 import { deleteOutbox, insertOutbox, lockStaleOutbox, type OutboxRow } from '../db/outbox.ts';
 import { defaultJobOptions, QUEUE_NAMES, type QueueName } from './names.ts';
 
+// Rows a sweep sends per transaction, and at most per sweep (100,000 rows).
+const SWEEP_BATCH = 1000;
+const SWEEP_MAX_BATCHES = 100;
+
 export type Queues = Record<QueueName, Queue>;
 
 export function createQueues(cfg: Config, connection: Redis): Queues {
@@ -25,6 +29,7 @@ export function createQueues(cfg: Config, connection: Redis): Queues {
 export class OutboxRelay {
   private timer?: NodeJS.Timeout;
   private sweeping = false;
+  private stopped = false;
   private pending: { row: OutboxRow; stored: boolean }[] = [];
   private flushScheduled = false;
 
@@ -69,24 +74,37 @@ export class OutboxRelay {
     });
   }
 
+  // Takes batches while they come back full, so a backlog (a Redis outage's) drains as fast as Redis
+  // takes it rather than one batch per period. Each batch is its own transaction: its rows stay locked
+  // only while it sends them, and the sweepers of other processes take other rows meanwhile (SKIP
+  // LOCKED). It stops at shutdown, and after SWEEP_MAX_BATCHES so that it ends; the next tick goes on.
   async sweep(): Promise<number> {
     if (this.sweeping) return 0;
     this.sweeping = true;
+    let sent = 0;
     try {
-      return await this.db.transaction(async (trx) => {
-        const rows = await lockStaleOutbox(trx, Math.max(this.sweepMs, 500), 1000);
-        if (!rows.length) return 0;
-        await this.addJobs(rows);
-        await deleteOutbox(trx, rows.map((r) => r.id));
-        this.log.info({ count: rows.length }, 'outbox sweeper sent leftover jobs');
-        return rows.length;
-      });
+      for (let batches = 0; batches < SWEEP_MAX_BATCHES && !this.stopped; batches++) {
+        const count = await this.sweepBatch();
+        sent += count;
+        if (count) this.log.info({ count, sent }, 'outbox sweeper sent leftover jobs');
+        if (count < SWEEP_BATCH) break;
+      }
     } catch (err) {
-      this.log.warn({ err: { message: (err as Error).message } }, 'outbox sweep failed; will retry');
-      return 0;
+      this.log.warn({ err: { message: (err as Error).message }, sent }, 'outbox sweep failed; will retry');
     } finally {
       this.sweeping = false;
     }
+    return sent;
+  }
+
+  private sweepBatch(): Promise<number> {
+    return this.db.transaction(async (trx) => {
+      const rows = await lockStaleOutbox(trx, Math.max(this.sweepMs, 500), SWEEP_BATCH);
+      if (!rows.length) return 0;
+      await this.addJobs(rows);
+      await deleteOutbox(trx, rows.map((r) => r.id));
+      return rows.length;
+    });
   }
 
   startSweeper(): void {
@@ -95,6 +113,7 @@ export class OutboxRelay {
   }
 
   stop(): void {
+    this.stopped = true;
     if (this.timer) clearInterval(this.timer);
   }
 }

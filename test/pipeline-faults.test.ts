@@ -9,7 +9,7 @@ import { Queue } from 'bullmq';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
 import { startOwnPostgres, type OwnPostgres } from './helpers/own-postgres.ts';
-import { openQueue, requestLogsThrough, requireEnv, ROOT, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Response, type Stack } from './helpers/stack.ts';
+import { openQueue, requestLogsThrough, requireEnv, ROOT, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Proc, type Response, type Stack } from './helpers/stack.ts';
 
 async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs = 60000) {
   return waitFor(async () => {
@@ -88,6 +88,43 @@ describe('job pipeline under faults', function () {
       assert.equal((await s.client.get('/_internal/v1/ready')).status, 200);
       const left = await testDb()('outbox').whereRaw(`payload->>'task_id' = any(?)`, [ids]).count({ n: '*' });
       assert.equal(left[0].n, 0);
+    });
+  });
+
+  describe('an outbox backlog left by a Redis outage', () => {
+    // A long sweep period: each process sweeps once in the test, so what is sent was sent by those sweeps.
+    const SWEEP_MS = 30_000;
+    const ROWS = 6000;
+    let stack: Stack | undefined;
+    let push: ReturnType<typeof openQueue> | undefined;
+    before(async () => {
+      await resetDb();
+      stack = await startStack({ OUTBOX_SWEEP_MS: String(SWEEP_MS) }, { workers: 1 });
+      // Paused, so the jobs stay in BullMQ to be counted instead of being run by the worker.
+      push = openQueue(stack.env, 'push-notifications');
+      await push.queue.pause();
+    });
+    after(async () => {
+      await push?.close();
+      await stack?.stop();
+    });
+
+    it('is sent in full by the first sweep (API and worker sweeping at once, each row once), not 1,000 rows per period', async () => {
+      const s = stack!;
+      const db = testDb();
+      await db.raw(`insert into outbox (id, queue, name, payload, created_at)
+        select gen_random_uuid(), 'push-notifications', 'deliver', jsonb_build_object('task_id', gen_random_uuid(), 'config_id', gen_random_uuid(), 'timeline_seq', g), now() - interval '10 minutes'
+          from generate_series(1, ?) g`, [ROWS]);
+      const sentBy = (p: Proc) => p.logs.filter((l) => l.includes('"msg":"outbox sweeper sent leftover jobs"')).reduce((n, l) => n + JSON.parse(l).count, 0);
+      const sent = () => [s.api, ...s.workers].reduce((n, p) => n + sentBy(p), 0);
+      await waitFor(async () => sent() > 0, 'the first sweep', 2 * SWEEP_MS, 200);
+      // Half a period after the first sweep began, before either process sweeps again.
+      await waitFor(async () => Number((await db('outbox').count({ n: '*' }))[0].n) === 0, 'the first sweeps to empty the outbox', SWEEP_MS / 2, 200);
+      const counts = await push!.queue.getJobCounts();
+      assert.equal(Object.values(counts).reduce((a, b) => a + b, 0), ROWS, JSON.stringify(counts));
+      // Log lines are written buffered: wait for them all, then check no row was sent by both processes.
+      await waitFor(async () => sent() >= ROWS, 'the log lines of every batch', 10_000);
+      assert.equal(sent(), ROWS);
     });
   });
 
