@@ -159,8 +159,14 @@ export class OriginSlots {
   }
 }
 
-// A run that finds its config leased by a running run comes back after this long.
+// A run that finds its config leased by a running run comes back after BUSY_DELAY_MS, doubled for
+// each time its job ran before, up to BUSY_DELAY_MAX_MS: the jobs of a backlog all wait for the one
+// run that posts, and each costs a few reads whenever it comes back, so a long wait has to cost
+// only a few comebacks. The jitter keeps jobs turned away together from coming back together.
 const BUSY_DELAY_MS = 200;
+const BUSY_DELAY_MAX_MS = 5_000;
+const busyDelayMs = (runsBefore: number) =>
+  Math.round(Math.min(BUSY_DELAY_MS * 2 ** runsBefore, BUSY_DELAY_MAX_MS) * (0.75 + Math.random() / 2));
 
 // A run over a slow origin's slots comes back after about the time one of them takes to free up:
 // each of its posts takes over slowPostMs, so its PUSH_CONCURRENCY_PER_HOST slots free up about
@@ -193,7 +199,8 @@ export const retryBackoffMs = (cfg: Pick<Config, 'PUSH_BACKOFF_MS'>, failedPosts
 
 /**
  * Delivers the pending status updates of one config, oldest first, under a lease so runs for the
- * same config never overlap ('busy': another run holds it; try again shortly), in one of its
+ * same config never overlap ('busy': another run holds it; try again, later each time: busyDelayMs,
+ * from `runsBefore`, the job's runs before this one), in one of its
  * origin's slots (OriginSlots). No transaction or
  * row lock is held while posting: a config set, an alias rotation and the task's status changes go
  * on meanwhile. A failed post is counted against its update (repo.countFailedPost): before
@@ -204,7 +211,7 @@ export const retryBackoffMs = (cfg: Pick<Config, 'PUSH_BACKOFF_MS'>, failedPosts
  * the run goes on. Faults of ours (a database error, an undecryptable token) are thrown: BullMQ
  * retries the job. See Later for the other outcomes.
  */
-export async function deliverPending(deps: DeliveryDeps, slots: OriginSlots, job: DeliveryJob): Promise<DeliveryOutcome> {
+export async function deliverPending(deps: DeliveryDeps, slots: OriginSlots, job: DeliveryJob, runsBefore: number): Promise<DeliveryOutcome> {
   const exists = await repo.getPushConfig(deps.db, job.task_id, job.config_id);
   if (!exists) return 'config gone';
   if (exists.delivered_seq >= job.timeline_seq) return 'nothing to deliver';
@@ -212,14 +219,15 @@ export async function deliverPending(deps: DeliveryDeps, slots: OriginSlots, job
   const release = slots.take(slotOrigin);
   if (!release) return { later: 'slow origin', ms: slowOriginDelayMs(deps.cfg) };
   try {
-    return await deliverLeased(deps, slots, slotOrigin, job);
+    return await deliverLeased(deps, slots, slotOrigin, job, runsBefore);
   } finally {
     release();
   }
 }
 
-async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin: string, job: DeliveryJob): Promise<DeliveryOutcome> {
+async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin: string, job: DeliveryJob, runsBefore: number): Promise<DeliveryOutcome> {
   const { db, cfg, log } = deps;
+  const busy = (): Later => ({ later: 'busy', ms: busyDelayMs(runsBefore) });
   const leaseId = randomUUID();
   const leaseMs = cfg.PUSH_TIMEOUT_MS + LEASE_MARGIN_MS;
   const started = Date.now();
@@ -227,7 +235,7 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
   if (!config) {
     const holdMs = await repo.pushConfigHoldMs(db, job.task_id, job.config_id);
     if (holdMs === undefined) return 'config gone';
-    return holdMs ? { later: 'held', ms: holdMs } : { later: 'busy', ms: BUSY_DELAY_MS };
+    return holdMs ? { later: 'held', ms: holdMs } : busy();
   }
   // A failed post's backoff or the webhook's Retry-After: the config is held that long once the run
   // ends, so that no run of it (a later update's job included) posts to it sooner.
@@ -258,7 +266,7 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
         holdMs = wait ?? 0;
         if (!isPermanentRefusal(status)) {
           const failed = await repo.countFailedPost(db, job.task_id, job.config_id, leaseId);
-          if (failed === undefined) return { later: 'busy', ms: BUSY_DELAY_MS };
+          if (failed === undefined) return busy();
           if (failed < cfg.PUSH_ATTEMPTS) {
             holdMs = Math.max(holdMs, retryBackoffMs(cfg, failed));
             log.warn({ ...where, attempt: failed, attempts: cfg.PUSH_ATTEMPTS, retry_in_ms: holdMs }, 'push notification post failed');
@@ -269,7 +277,7 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
       }
       // A lease lost meanwhile (a post or a read slower than the margin) belongs to another run now.
       const now = await repo.setDeliveredSeq(db, job.task_id, job.config_id, item.seq, leaseId, leaseMs);
-      if (!now) return { later: 'busy', ms: BUSY_DELAY_MS };
+      if (!now) return busy();
       reached = item.seq;
       // Given up, yet the webhook asked for a pause: the next update waits for the hold to end; and
       // a config moved to another origin is left to a run in that origin's slot.

@@ -338,6 +338,35 @@ describe('push notifications', () => {
     assert.deepEqual(seen, [...texts, 'finished']);
   });
 
+  it("keeps a backlog's delivery jobs from polling the config's lease while one run posts to a slow webhook", async function () {
+    this.timeout(180_000);
+    // Each post is answered after a second: the 20 updates take about 20 s to go out, one run at a
+    // time, while the jobs of the later ones find the config leased. Runs per job are what BullMQ
+    // records (attemptsStarted, shown on the queue dashboard). Coming back every 200 ms, as before,
+    // made about 4 runs a second per waiting job, 700-900 runs here; waiting twice as long each time,
+    // up to 5 s, makes a job's runs grow with the log of its wait: about 150 here.
+    const rx = await startReceiver(async () => {
+      await sleep(1000);
+      return 200;
+    });
+    receivers.push(rx);
+    const id = await idleTask();
+    await setPushConfig(testDb(), id, { url: rx.url }, allowPrivate);
+    const updates = 20;
+    for (let i = 0; i < updates; i++) await setStatus(id, i % 2 ? 'input-required' : 'working', `step ${i}`);
+    await waitFor(async () => rx.all.length >= updates, 'every notification', 120_000, 500);
+    assert.deepEqual(rx.all.map((r) => r.body.status.message.parts[0].text), Array.from({ length: updates }, (_, i) => `step ${i}`));
+    // The jobs of the last updates end when they next come back and find them delivered.
+    const runs = await withQueue(stack.env, 'push-notifications', async (queue) => {
+      const jobs = await waitFor(async () => {
+        const done = (await queue.getJobs(['completed'], 0, -1)).filter((j) => j.data.task_id === id);
+        return done.length === updates && done;
+      }, 'every delivery job completed', 30_000, 200);
+      return jobs.reduce((n, j) => n + j.attemptsStarted, 0);
+    });
+    assert.ok(runs <= 300, `${runs} delivery job runs for ${updates} updates`);
+  });
+
   it('fans out every update of tasks whose changes one statement writes together', async () => {
     // Agent runs that end at the same time share one status statement (db/tasks.ts); the fan-out
     // runs once for it and must still give each config of each task its own updates, in order.

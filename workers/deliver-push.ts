@@ -13,7 +13,8 @@ import { listenPg } from '../db/pg-listener.ts';
 export function createPushDeliveryProcessor(services: Services) {
   const slots = new OriginSlots(services.cfg);
   return async function deliverPush(job: Job<JobPayloads['push-notifications']>, token?: string): Promise<string> {
-    const outcome = await deliverPending(services, slots, job.data);
+    // attemptsStarted counts this run too.
+    const outcome = await deliverPending(services, slots, job.data, job.attemptsStarted - 1);
     // A run to come back to later (domain/push-delivery.ts Later) does so without spending an attempt.
     if (typeof outcome === 'object') {
       // Debug: a held or slow webhook turns many runs away; why one waits is there when looked for.
