@@ -9,6 +9,9 @@ export const PUSH_DELIVERIES_CHANNEL = 'push_deliveries';
 export interface PushConfigRow {
   task_id: string; id: string; url: string; authentication: { schemes: string[] } | null;
   encrypted_secrets: string | null; secrets_dek_id: string | null; delivered_seq: number; failed_posts: number; created_at: Date; updated_at: Date;
+  // The newest status update of the task (kept by the fan-out trigger, migration 0029): past
+  // delivered_seq while the config has updates undelivered.
+  status_seq: number;
   lease_id?: string | null; lease_until?: Date | null;
 }
 
@@ -16,6 +19,7 @@ export interface PushConfigRow {
 // only later updates are pushed, unless `fromStart` (a config that comes with the task's creation
 // gets its first update too); replacing one keeps its delivery position, and gives the pending
 // update fresh attempts without the old target's hold (a webhook fixed by setting it again).
+// The fan-out trigger keeps status_seq from then on; a new config starts at the task's newest status update.
 export async function upsertPushConfig(
   db: Tx,
   row: Pick<PushConfigRow, 'task_id' | 'id' | 'url' | 'authentication' | 'encrypted_secrets' | 'secrets_dek_id'>,
@@ -27,6 +31,7 @@ export async function upsertPushConfig(
       ...row,
       authentication: row.authentication === null ? null : JSON.stringify(row.authentication),
       delivered_seq: fromStart ? 0 : db.raw('coalesce((select max(seq) from timeline_items where task_id = ?), 0)', [row.task_id]),
+      status_seq: db.raw(`coalesce((select max(seq) from timeline_items where task_id = ? and event_payload->>'type' = 'task-status-update'), 0)`, [row.task_id]),
       created_at: now,
       updated_at: now,
     })
@@ -132,14 +137,16 @@ export interface StalledDelivery { task_id: string; config_id: string; seq: numb
 
 // Configs with status updates still undelivered whose newest is older than `olderThanMs`, that no
 // run holds (lease) and no unsent outbox row will bring a job for: each with that newest update's seq.
+// Only configs with updates undelivered are read (the partial index push_configs_undelivered), not
+// the many of ended tasks, all delivered.
 export async function listStalledDeliveries(db: Tx, olderThanMs: number, limit: number): Promise<StalledDelivery[]> {
   const { rows } = await db.raw(
-    `select c.task_id, c.id as config_id, p.seq
+    `select c.task_id, c.id as config_id, c.status_seq as seq
        from push_configs c
-       cross join lateral (select max(t.seq) as seq, max(t.created_at) as at from timeline_items t
-                            where t.task_id = c.task_id and t.seq > c.delivered_seq
-                              and t.event_payload->>'type' = 'task-status-update') p
-      where p.seq is not null and p.at < now() - make_interval(secs => ?)
+      where c.status_seq > c.delivered_seq
+        -- A subquery per config read: as a join, the planner (which cannot tell how few configs are
+        -- past delivered_seq) hashed the whole timeline.
+        and (select t.created_at from timeline_items t where t.task_id = c.task_id and t.seq = c.status_seq) < now() - make_interval(secs => ?)
         and (c.lease_until is null or c.lease_until < now())
         and not exists (select 1 from outbox o where o.queue = 'push-notifications'
                           and o.payload->>'task_id' = c.task_id::text and o.payload->>'config_id' = c.id)

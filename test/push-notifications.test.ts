@@ -11,7 +11,7 @@ import { deletePushConfig, getPushConfig, listPushConfigs, MAX_CONFIGS_PER_TASK,
 import { AppError } from '../domain/errors.ts';
 import { loadConfig, type Config } from '../domain/config.ts';
 import { postNotification } from '../domain/push-delivery.ts';
-import { leasePushConfig, releasePushConfig, setDeliveredSeq } from '../db/push-configs.ts';
+import { leasePushConfig, listStalledDeliveries, releasePushConfig, setDeliveredSeq } from '../db/push-configs.ts';
 import { applyStatusChanges, type StatusChange } from '../db/tasks.ts';
 import type { TaskState } from '../domain/task-states.ts';
 import type { TimelineItem } from '../api/schemas/task.ts';
@@ -797,6 +797,56 @@ describe('push notifications whose queue jobs were lost or failed', function () 
       });
     } finally {
       await rx.close();
+    }
+  });
+
+  it('reads only configs with updates undelivered: many ended tasks whose updates were all delivered cost the pass nothing', async function () {
+    this.timeout(120_000);
+    // Configs of ended tasks are kept for ever by default (TASK_RETENTION_DAYS=0): 20,000 here, each
+    // task's one status update delivered.
+    const db = testDb();
+    const seeded = 20_000;
+    await db.raw(`
+      with c as (insert into contexts (id, created_at) select gen_random_uuid(), now() - interval '10 days' from generate_series(1, ?) returning id, created_at),
+           t as (insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at, message_bytes, artifact_bytes)
+                 select gen_random_uuid(), c.id, 'completed', now() - interval '9 days', '{"seeded": "push-recovery"}', c.created_at, c.created_at, 0, 0 from c
+                 returning id, status_timestamp)
+      insert into timeline_items (id, task_id, event_payload, created_at, weight)
+      select gen_random_uuid(), t.id, '{"type": "task-status-update", "status": "completed"}', t.status_timestamp, 100 from t`, [seeded]);
+    await db.raw(`
+      insert into push_configs (task_id, id, url, delivered_seq, created_at, updated_at)
+      select t.id, t.id::text, 'https://hooks.example.com/a2a', i.seq, t.created_at, t.created_at
+        from tasks t join timeline_items i on i.task_id = t.id where t.metadata @> '{"seeded": "push-recovery"}'`);
+    await db.raw('analyze push_configs, timeline_items');
+    const rx = await startReceiver();
+    try {
+      // A delivery whose jobs were lost among them is still found.
+      await withQueue(stack.env, 'push-notifications', async (queue) => {
+        const id = await sendWhilePaused(queue, rx.url, 'lost among many', 'tok-many');
+        await waitFor(async () => Number((await testDb()('outbox').count({ n: '*' }))[0].n) === 0, 'the outbox relayed', 10_000, 50);
+        await queue.obliterate({ force: true });
+        await queue.resume();
+        await allArrive(rx, id, 'tok-many');
+      });
+      // The rows one pass reads, as Postgres counts them for its connection (what it has not yet
+      // added to pg_stat_user_tables; nothing is added during a transaction): before, all 20,000
+      // configs (and a timeline probe for each), however few were stalled.
+      const read = await db.transaction(async (trx) => {
+        const counts = async () => {
+          const { rows } = await trx.raw(`select relname, coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) as n from pg_stat_xact_user_tables
+                                           where relname in ('push_configs', 'timeline_items')`);
+          return Object.fromEntries((rows as { relname: string; n: string }[]).map((r) => [r.relname, Number(r.n)]));
+        };
+        const before = await counts();
+        await listStalledDeliveries(trx, 0, 500);
+        const after = await counts();
+        return { push_configs: after.push_configs - before.push_configs, timeline_items: after.timeline_items - before.timeline_items };
+      });
+      assert.ok(read.push_configs <= 100 && read.timeline_items <= 100, `rows read by the pass: ${JSON.stringify(read)}`);
+    } finally {
+      await rx.close();
+      await db.raw(`with t as (delete from tasks where metadata @> '{"seeded": "push-recovery"}' returning context_id)
+                    delete from contexts where id in (select context_id from t)`);
     }
   });
 

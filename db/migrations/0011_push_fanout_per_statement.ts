@@ -8,8 +8,17 @@ import { createRowFanout } from './0004_push_notifications.ts';
 export async function up(knex: Knex): Promise<void> {
   await knex.raw('drop trigger if exists timeline_items_push_fanout on timeline_items');
   await knex.raw('drop function if exists push_deliveries_fanout()');
+  await createStatementFanout(knex);
   await knex.raw(`
-    create function push_deliveries_fanout() returns trigger language plpgsql as $$
+    create trigger timeline_items_push_fanout after insert on timeline_items
+    referencing new table as new_items
+    for each statement execute function push_deliveries_fanout()`);
+}
+
+// Kept as a function: migration 0029 replaces it and restores it on the way down.
+export async function createStatementFanout(knex: Knex): Promise<void> {
+  await knex.raw(`
+    create or replace function push_deliveries_fanout() returns trigger language plpgsql as $$
     declare r record;
     begin
       for r in
@@ -25,10 +34,6 @@ export async function up(knex: Knex): Promise<void> {
       end loop;
       return null;
     end $$`);
-  await knex.raw(`
-    create trigger timeline_items_push_fanout after insert on timeline_items
-    referencing new table as new_items
-    for each statement execute function push_deliveries_fanout()`);
 }
 
 export async function down(knex: Knex): Promise<void> {
