@@ -12,7 +12,7 @@ const BOOTSTRAP_LOCK = 7_311_201;
 
 // A directory this process cannot create or write (a read-only or wrongly owned volume, a file in
 // the way) is said as the setting to fix, as a bad configuration is, not as the file system's stack.
-async function writingTo<T>(setting: 'DATA_DIR' | 'KEYS_DIR', dir: string, write: () => Promise<T> | T): Promise<T> {
+export async function writingTo<T>(setting: 'DATA_DIR' | 'KEYS_DIR', dir: string, write: () => Promise<T> | T): Promise<T> {
   try {
     return await write();
   } catch (err) {
@@ -22,9 +22,12 @@ async function writingTo<T>(setting: 'DATA_DIR' | 'KEYS_DIR', dir: string, write
   }
 }
 
+// The envelope key first: a KEYS_DIR that fails then leaves no admin key file behind naming a key
+// the rolled-back transaction never stored. (A key file left by a failure after it is adopted next time.)
 export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promise<void> {
   await s.db.transaction(async (trx) => {
     await trx.raw('select pg_advisory_xact_lock(?)', [BOOTSTRAP_LOCK]);
+    const keysMade = await writingTo('KEYS_DIR', s.cfg.KEYS_DIR, () => bootstrapKeys(s, trx));
     // Only on a fresh installation: revoking every key must not mint a new one at the next start.
     if (!s.cfg.ADMIN_API_KEY && !(await anyKeys(trx))) {
       const created = await createApiKey(trx, 'bootstrap admin', ['admin']);
@@ -42,6 +45,6 @@ export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promis
       });
       s.log.warn({ file }, 'created the first admin API key; it is stored in this file, readable only by its owner');
     }
-    if (await writingTo('KEYS_DIR', s.cfg.KEYS_DIR, () => bootstrapKeys(s, trx))) s.log.info({ keys_dir: s.cfg.KEYS_DIR }, 'created the first local envelope key and the DEK aliased "default"');
+    if (keysMade) s.log.info({ keys_dir: s.cfg.KEYS_DIR }, 'created the first local envelope key and the DEK aliased "default"');
   });
 }

@@ -6,7 +6,8 @@ import { fileURLToPath } from 'node:url';
 import fs from 'node:fs';
 import { runningProgram, startPostgres, startRedis, stopLeftovers, type LocalService } from './local-services.ts';
 import { redactUrl } from '../domain/logger.ts';
-import { loadConfigOrExit } from '../domain/config.ts';
+import { ConfigError, loadConfigOrExit } from '../domain/config.ts';
+import { writingTo } from '../domain/bootstrap.ts';
 import { timerMs } from '../domain/with-timeout.ts';
 import { onStop } from '../domain/stop-signals.ts';
 
@@ -61,14 +62,19 @@ function run(name: string, file: string, wait = false): Promise<number> | ChildP
   child.on('exit', (code, signal) => {
     if (stopping) return;
     say(`${name} exited (${signal ?? code}); stopping everything`);
-    void stopAll(1);
+    // 2: a setting it named (a KEYS_DIR it cannot write, found on a fresh installation) is bad.
+    void stopAll(code === 2 ? 2 : 1);
   });
   return child;
 }
 
-// Refuses DATA_DIR while another launcher runs on it; else takes it over.
-function takeDataDir(): void {
-  fs.mkdirSync(dataDir, { recursive: true });
+// Refuses DATA_DIR while another launcher runs on it; else takes it over. One it cannot create or
+// write is a bad setting, said as the API and worker say it (exit 2), before any server starts.
+async function takeDataDir(): Promise<void> {
+  await writingTo('DATA_DIR', dataDir, () => {
+    fs.mkdirSync(dataDir, { recursive: true });
+    fs.accessSync(dataDir, fs.constants.W_OK);
+  });
   let other: number | undefined;
   try {
     other = Number(fs.readFileSync(launcherPidFile, 'utf8').trim());
@@ -82,7 +88,7 @@ function takeDataDir(): void {
 
 // Each step checks `stopping`, so a signal during startup starts nothing more.
 startup = (async () => {
-  takeDataDir();
+  await takeDataDir();
   await stopLeftovers(dataDir, say);
   if (stopping) return;
   if (!env.DATABASE_URL) {
@@ -107,5 +113,5 @@ startup = (async () => {
 })();
 startup.catch(async (err) => {
   say((err as Error).message);
-  if (!stopping) await stopAll(1);
+  if (!stopping) await stopAll(err instanceof ConfigError ? 2 : 1);
 });

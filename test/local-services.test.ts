@@ -210,6 +210,20 @@ describe('npm start on its DATA_DIR', function () {
     }
   });
 
+  it('a DATA_DIR it cannot create, or on a fresh installation a KEYS_DIR it cannot write, ends it with exit 2 naming the setting', async () => {
+    const inTheWay = path.join(work, 'in-the-way');
+    fs.writeFileSync(inTheWay, 'x');
+    const bad = launch(inTheWay, await freePort());
+    assert.equal(await bad.exited, 2, bad.output());
+    assert.match(bad.output(), new RegExp(`^ {2}DATA_DIR: ${inTheWay} cannot be used \\(EEXIST on mkdir of ${inTheWay}\\): it must be a directory this process can create and write$`, 'm'));
+    assert.doesNotMatch(bad.output(), /local Postgres/, 'no server started');
+
+    const keys = launch(path.join(work, 'bad-keys'), await freePort(), { KEYS_DIR: path.join(inTheWay, 'keys') });
+    assert.equal(await keys.exited, 2, keys.output());
+    assert.match(keys.output(), /^ {2}KEYS_DIR: .* cannot be used \(ENOTDIR on mkdir of .*\): it must be a directory this process can create and write$/m);
+    assert.ok(!fs.existsSync(path.join(work, 'bad-keys', 'admin-api-key')), 'no admin key file for a key never stored');
+  });
+
   it('killed with SIGKILL while its API and worker start (waiting for Redis), they stop by themselves', async () => {
     const l = launch(path.join(work, 'killed-early'), await freePort(), {
       DATABASE_URL: requireEnv('DATABASE_URL'), REDIS_URL: `redis://127.0.0.1:${await freePort()}`, STARTUP_TIMEOUT_MS: '0',

@@ -106,7 +106,7 @@ describe('process start-up', function () {
       const file = path.join(process.env.TEST_DATA_DIR!, `not-a-dir-${process.pid}`);
       fs.writeFileSync(file, 'x');
       // No ADMIN_API_KEY: the first admin key is written under DATA_DIR, here a file.
-      const api = await run('api/main.ts', { ...testEnv({ DATABASE_URL: scratch.url, ADMIN_API_KEY: undefined }), DATA_DIR: file });
+      const api = await run('api/main.ts', { ...testEnv({ DATABASE_URL: scratch.url, ADMIN_API_KEY: undefined, KEYS_DIR: fs.mkdtempSync(path.join(process.env.TEST_DATA_DIR!, 'keys-')) }), DATA_DIR: file });
       assert.equal(api.code, 2, api.output);
       assert.match(api.output, new RegExp(`^ {2}DATA_DIR: ${file} cannot be used \\(EEXIST on mkdir of ${file}\\): it must be a directory this process can create and write$`, 'm'));
       noStack(api);
@@ -115,6 +115,13 @@ describe('process start-up', function () {
       assert.equal(worker.code, 2, worker.output);
       assert.match(worker.output, /^ {2}KEYS_DIR: .* cannot be used \(ENOTDIR on mkdir of .*\): it must be a directory this process can create and write$/m);
       noStack(worker);
+      // Nor is an admin key written, or said to be, that the failed start never stored.
+      const dataDir = fs.mkdtempSync(path.join(process.env.TEST_DATA_DIR!, 'first-start-'));
+      const both = await run('api/main.ts', { ...testEnv({ DATABASE_URL: scratch.url, ADMIN_API_KEY: undefined, KEYS_DIR: path.join(file, 'keys') }), DATA_DIR: dataDir });
+      assert.equal(both.code, 2, both.output);
+      assert.match(both.output, /^ {2}KEYS_DIR: .* cannot be used/m);
+      assert.deepEqual(fs.readdirSync(dataDir), [], both.output);
+      assert.doesNotMatch(both.output, /created the first admin API key/);
     } finally {
       await scratch.drop();
     }
