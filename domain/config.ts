@@ -199,6 +199,12 @@ function serviceUrlProblems(raw: Record<string, unknown>): string[] {
     }
     if (url && !/^\/?(\d+)?$/.test(url.pathname)) problems.push('  REDIS_URL: the database (the path) must be a number');
   }
+  // Paths are appended to it (the agent card's url, the OpenAPI server): a query or fragment would end
+  // up in the middle of them, and user info in public documents.
+  if (typeof raw.PUBLIC_URL === 'string' && isHttpUrl(raw.PUBLIC_URL)) {
+    const url = new URL(raw.PUBLIC_URL);
+    if (url.username || url.password || url.search || url.hash) problems.push('  PUBLIC_URL: must be a base URL without user info, query or fragment');
+  }
   return problems;
 }
 

@@ -97,6 +97,13 @@ describe('process start-up', function () {
     for (const name of ['AGENT_REMOTE_URL', 'PUBLIC_URL', 'AWS_KMS_ENDPOINT', 'GOOGLE_OAUTH_TOKEN_URL']) assert.match(r.output, new RegExp(`^ {2}${name}: must be an http\\(s\\) URL$`, 'm'));
     assert.doesNotMatch(r.output, /pw-remote/);
     noStack(r);
+    // A base URL that paths are appended to: no user info, query or fragment.
+    for (const url of ['https://user:pw-public@example.com/base', 'https://example.com/base?token=abc', 'https://example.com/#top']) {
+      const bad = await run('api/main.ts', testEnv({ PUBLIC_URL: url }));
+      assert.equal(bad.code, 2, bad.output);
+      assert.match(bad.output, /^ {2}PUBLIC_URL: must be a base URL without user info, query or fragment$/m);
+      assert.doesNotMatch(bad.output, /pw-public|abc/);
+    }
   });
 
   it('on a fresh installation, a DATA_DIR or KEYS_DIR it cannot create or write ends the process with exit code 2 and one line naming it, no stack', async () => {
