@@ -195,6 +195,13 @@ export async function reencryptPushConfigs(
   db: Tx, newDekId: string, rows: { task_id: string; id: string; old_dek_id: string; old_ciphertext: string; ciphertext: string }[],
 ): Promise<number> {
   if (!rows.length) return 0;
+  // Locked first in (task_id, id) order, the order the status fan-out (migration 0029) takes them in:
+  // a batch and a status change of several of its configs never deadlock.
+  await db.raw(
+    `select 1 from push_configs p join unnest(?::uuid[], ?::text[]) as v(task_id, id) on p.task_id = v.task_id and p.id = v.id
+      order by p.task_id, p.id for update of p`,
+    [rows.map((r) => r.task_id), rows.map((r) => r.id)],
+  );
   const res = await db.raw(
     `update push_configs p set encrypted_secrets = v.c, secrets_dek_id = ?
        from unnest(?::uuid[], ?::text[], ?::text[], ?::text[], ?::text[]) as v(task_id, id, old_dek, old_c, c)

@@ -49,6 +49,19 @@ async function rejection(fn: () => Promise<unknown>): Promise<{ status: number; 
   assert.fail('expected a rejection');
 }
 
+// A status change as an agent run's end writes it (db/tasks.ts applyStatusChanges), with an agent message when `text` is given.
+function change(taskId: string, to: TaskState, from: TaskState, text?: string): StatusChange {
+  const at = new Date();
+  const message = text === undefined ? undefined : {
+    id: randomUUID(), task_id: taskId, role: 'agent' as const, parts: [{ type: 'text-part' as const, text }], reference_task_ids: [], metadata: {}, created_at: at.toISOString(),
+  };
+  const item = (event_payload: TimelineItem['event_payload']) => ({ id: randomUUID(), task_id: taskId, created_at: at.toISOString(), event_payload });
+  return {
+    taskId, to, from: [from], at, message,
+    timeline: [...(message ? [item({ type: 'message', message })] : []), item({ type: 'task-status-update', status: to, ...(message ? { status_message_id: message.id } : {}) })],
+  };
+}
+
 describe('push notifications', () => {
   const stack = useStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_ATTEMPTS: '4', PUSH_BACKOFF_MS: '100' });
   let allowPrivate: Config;
@@ -376,17 +389,6 @@ describe('push notifications', () => {
     await setPushConfig(testDb(), a, { id: 'one', url: rxA1.url }, allowPrivate);
     await setPushConfig(testDb(), a, { id: 'two', url: rxA2.url }, allowPrivate);
     await setPushConfig(testDb(), b, { url: rxB.url }, allowPrivate);
-    const change = (taskId: string, to: TaskState, from: TaskState, text?: string): StatusChange => {
-      const at = new Date();
-      const message = text === undefined ? undefined : {
-        id: randomUUID(), task_id: taskId, role: 'agent' as const, parts: [{ type: 'text-part' as const, text }], reference_task_ids: [], metadata: {}, created_at: at.toISOString(),
-      };
-      const item = (event_payload: TimelineItem['event_payload']) => ({ id: randomUUID(), task_id: taskId, created_at: at.toISOString(), event_payload });
-      return {
-        taskId, to, from: [from], at, message,
-        timeline: [...(message ? [item({ type: 'message', message })] : []), item({ type: 'task-status-update', status: to, ...(message ? { status_message_id: message.id } : {}) })],
-      };
-    };
     const ids = [a, b, quiet];
     await applyStatusChanges(testDb(), ids.map((id) => change(id, 'working', 'submitted')));
     await applyStatusChanges(testDb(), ids.map((id) => change(id, 'completed', 'working', `done ${id}`)));
@@ -394,6 +396,37 @@ describe('push notifications', () => {
     for (const [rx, id] of [[rxA1, a], [rxA2, a], [rxB, b]] as const) {
       assert.deepEqual(rx.all.map((r) => [r.body.id, r.body.status.state]), [[id, 'working'], [id, 'completed']]);
       assert.equal(rx.all[1].body.status.message.parts[0].text, `done ${id}`);
+    }
+  });
+
+  it('a status statement over several tasks takes their configs in (task_id, id) order, as alias rotation writes them: the two never deadlock', async () => {
+    const rx = await startReceiver();
+    receivers.push(rx);
+    const ids: string[] = [];
+    for (let i = 0; i < 8; i++) ids.push(await idleTask());
+    ids.sort();
+    // Stored the other way round: a statement taking them as they lie would not take the first first.
+    for (const id of [...ids].reverse()) await setPushConfig(testDb(), id, { url: rx.url }, allowPrivate);
+    const holder = await testDb().transaction();
+    try {
+      await holder('push_configs').where({ task_id: ids[0] }).forUpdate();
+      const status = applyStatusChanges(testDb(), ids.map((id) => change(id, 'working', 'submitted')));
+      await waitFor(async () => {
+        const { rows } = await testDb().raw(`select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and pid <> pg_backend_pid()`);
+        return rows[0].n >= 1;
+      }, 'the status statement to wait for the first config');
+      // Waiting for the first config, it holds none after it: a writer taking them in order gets them at once.
+      const other = await testDb().transaction();
+      try {
+        await other.raw('set local lock_timeout = 1000');
+        assert.equal((await other('push_configs').whereIn('task_id', ids.slice(1)).orderBy(['task_id', 'id']).forUpdate()).length, ids.length - 1);
+      } finally {
+        await other.rollback();
+      }
+      await holder.rollback();
+      assert.equal((await status).length, ids.length);
+    } finally {
+      await holder.rollback().catch(() => undefined);
     }
   });
 

@@ -18,19 +18,22 @@ export async function up(knex: Knex): Promise<void> {
               from push_configs c2) u
      where u.task_id = c.task_id and u.id = c.id and u.seq is not null`);
   await knex.raw('create index push_configs_undelivered on push_configs (task_id, id) where status_seq > delivered_seq');
-  // The status statement's configs are updated and then fanned out to in one statement. The update
-  // locks them until the statement's transaction ends: every writer of a task's status holds the
-  // task's row first, and delivery runs write one config at a time, so it waits on neither.
+  // The status statement's configs are updated and then fanned out to in one statement. They stay
+  // locked until the statement's transaction ends, taken in (task_id, id) order, the order every
+  // writer of several configs takes them in (alias rotation's reencryptPushConfigs): two such
+  // writers wait for each other, never in a cycle (a deadlock). Delivery runs write one at a time.
   await knex.raw(`
     create or replace function push_deliveries_fanout() returns trigger language plpgsql as $$
     declare r record;
     begin
       for r in
-        with configs as (
-          update push_configs c set status_seq = greatest(c.status_seq, n.seq)
-            from (select task_id, max(seq) as seq from new_items
-                   where event_payload->>'type' = 'task-status-update' group by task_id) n
-           where c.task_id = n.task_id
+        with newest as (select task_id, max(seq) as seq from new_items
+                         where event_payload->>'type' = 'task-status-update' group by task_id),
+        locked as (select c.task_id, c.id, n.seq from push_configs c join newest n on n.task_id = c.task_id
+                    order by c.task_id, c.id for update of c),
+        configs as (
+          update push_configs c set status_seq = greatest(c.status_seq, l.seq)
+            from locked l where c.task_id = l.task_id and c.id = l.id
           returning c.task_id, c.id)
         insert into outbox (id, queue, name, payload)
         select gen_random_uuid(), 'push-notifications', 'deliver',
