@@ -201,9 +201,10 @@ function serviceUrlProblems(raw: Record<string, unknown>): string[] {
   }
   // Paths are appended to it (the agent card's url, the OpenAPI server): a query or fragment would end
   // up in the middle of them, and user info in public documents.
+  // Read in the text: a bare `?`, `#` or `@` parses to nothing, and would still be appended to.
   if (typeof raw.PUBLIC_URL === 'string' && isHttpUrl(raw.PUBLIC_URL)) {
-    const url = new URL(raw.PUBLIC_URL);
-    if (url.username || url.password || url.search || url.hash) problems.push('  PUBLIC_URL: must be a base URL without user info, query or fragment');
+    const authority = raw.PUBLIC_URL.trim().replace(/^[a-z][a-z0-9+.-]*:\/\//i, '').split(/[/?#]/)[0];
+    if (/[?#]/.test(raw.PUBLIC_URL) || authority.includes('@')) problems.push('  PUBLIC_URL: must be a base URL without user info, query or fragment');
   }
   return problems;
 }

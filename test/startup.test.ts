@@ -98,7 +98,7 @@ describe('process start-up', function () {
     assert.doesNotMatch(r.output, /pw-remote/);
     noStack(r);
     // A base URL that paths are appended to: no user info, query or fragment.
-    for (const url of ['https://user:pw-public@example.com/base', 'https://example.com/base?token=abc', 'https://example.com/#top']) {
+    for (const url of ['https://user:pw-public@example.com/base', 'https://example.com/base?token=abc', 'https://example.com/#top', 'https://example.com/base?', 'https://example.com/base#', 'https://:@example.com/base']) {
       const bad = await run('api/main.ts', testEnv({ PUBLIC_URL: url }));
       assert.equal(bad.code, 2, bad.output);
       assert.match(bad.output, /^ {2}PUBLIC_URL: must be a base URL without user info, query or fragment$/m);
