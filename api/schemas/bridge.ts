@@ -3,6 +3,7 @@ import { Type, type Static } from '@sinclair/typebox';
 import { Body, FreeObject, HttpUrl, NoControlChars, Timestamp, Uuid } from './common.ts';
 import { AliasName } from './encryption.ts';
 import { worded } from '../../domain/schema-check.ts';
+import { HEADER_TOKEN_OR_EMPTY_PATTERN } from '../../domain/bridge/credential-controllers.ts';
 
 export const ProviderInstanceId = Type.String({ pattern: worded('^[A-Za-z0-9_-]{1,64}$', 'must be 1 to 64 of A-Z a-z 0-9 _ -'), description: '1..64 of A-Z a-z 0-9 _ -' });
 export const ControllerTypeId = Type.String({ pattern: worded('^[a-z0-9_]{1,64}$', 'must be 1 to 64 of a-z 0-9 _') });
@@ -202,7 +203,7 @@ export const BrokeredUserCredential = Type.Object({
 export const OAuthCallbackQuery = Type.Object({
   state: Type.Optional(Type.String({ maxLength: 512 })),
   // As a user credential holds it: one it could not hold is refused before it is redeemed, leaving the state usable.
-  code: Type.Optional(Type.String({ maxLength: 4096, pattern: worded('^[\\x21-\\x7e]*$', 'must be printable ASCII without spaces') })),
+  code: Type.Optional(Type.String({ maxLength: 4096, pattern: HEADER_TOKEN_OR_EMPTY_PATTERN })),
   error: Type.Optional(Type.String({ maxLength: 256 })),
   error_description: Type.Optional(Type.String({ maxLength: 2048 })),
 }, { additionalProperties: true });

@@ -10,7 +10,12 @@ import { HttpUrl } from '../../api/schemas/common.ts';
 
 const Str = (description: string) => Type.String({ minLength: 1, maxLength: 8192, description });
 // Values sent in an Authorization header: printable ASCII, or every call would fail.
-export const HEADER_TOKEN_PATTERN = worded('^[\\x21-\\x7e]+$', 'must be printable ASCII without spaces');
+const HEADER_TOKEN_CHARS = '[\\x21-\\x7e]';
+const HEADER_TOKEN_WORDS = 'must be printable ASCII without spaces';
+export const HEADER_TOKEN_PATTERN = worded(`^${HEADER_TOKEN_CHARS}+$`, HEADER_TOKEN_WORDS);
+// The OAuth callback's code, checked before it is redeemed: what a user credential's `code` holds, or
+// empty (the callback then says it has no code).
+export const HEADER_TOKEN_OR_EMPTY_PATTERN = worded(`^${HEADER_TOKEN_CHARS}*$`, HEADER_TOKEN_WORDS);
 export const MAX_TOKEN_LENGTH = 8192;
 const HEADER_TOKEN = new RegExp(HEADER_TOKEN_PATTERN);
 // A token endpoint's access_token that cannot go in an Authorization header would fail every call
