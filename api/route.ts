@@ -8,6 +8,7 @@ import addFormats from 'ajv-formats';
 import { InvalidRequest, MethodNotAllowed } from '../domain/errors.ts';
 import { checkValid, compileSchema } from '../domain/schema-check.ts';
 import type { Services } from '../domain/services.ts';
+import type { Logger } from '../domain/logger.ts';
 import { authenticate, requireScope, type Principal, type Scope } from './middleware/auth.ts';
 import { readJsonBody } from './middleware/body.ts';
 import { rateLimit } from './middleware/rate-limit.ts';
@@ -47,6 +48,8 @@ export interface Request<P, Q, B> {
   principal: Principal | null;
   ctx: Context;
   services: Services;
+  /** The request's logger: its lines carry the request id. */
+  log: Logger;
 }
 
 export interface Route {
@@ -153,7 +156,7 @@ export function mount(router: Router, routes: Route[], services: Services): void
         // above), except `{}`, which some clients send with every POST and which asks for nothing.
         throw new InvalidRequest('This operation takes no request body', [{ path: 'body', message: 'must be absent (or {})' }]);
       }
-      const result = await handler({ params, query, body, principal: ctx.state.principal ?? null, ctx, services } as unknown as Request<unknown, unknown, unknown>);
+      const result = await handler({ params, query, body, principal: ctx.state.principal ?? null, ctx, services, log: ctx.state.log ?? services.log } as unknown as Request<unknown, unknown, unknown>);
       if (ctx.body === undefined || ctx.body === null) {
         ctx.status = ctx.status === 404 ? okStatus : ctx.status;
         if (result !== undefined) ctx.body = result;

@@ -3,7 +3,7 @@ import { createHash, randomUUID } from 'node:crypto';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { ErrorCode, LATEST_PROTOCOL_VERSION, McpError } from '@modelcontextprotocol/sdk/types.js';
-import { ADMIN_KEY, resetDb, startStack, testDb, type Client as HttpClient, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, resetDb, startStack, testDb, waitFor, type Client as HttpClient, type Stack } from './helpers/stack.ts';
 import { TOOLS_PAGE } from '../domain/bridge/mcp.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
@@ -39,7 +39,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
   before(async () => {
     await resetDb();
     stripe = await startFakeProviders({ stripeKey: STRIPE_KEY });
-    stack = await startStack({ STRIPE_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true' }, { workers: 0 });
+    stack = await startStack({ STRIPE_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true', BRIDGE_TIMEOUT_MS: '1500' }, { workers: 0 });
     c = stack.client;
     mcpUrl = new URL(`${stack.api.url}${B}/mcp`);
     for (const id of ['stripe-main', 'stripe-off']) {
@@ -116,6 +116,8 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
       [{ payment_intent: 'pi_1', charge: 'ch_1' }, /^Invalid arguments: arguments must have exactly one of payment_intent or charge$/],
       [{ payment_intent: 'pi_1', amount: 'ten' }, /arguments\.amount/],
       [{ payment_intent: 'pi_1', surprise: true }, /arguments\.surprise is not an allowed member/],
+      // Every member it got wrong, so that the model mends them in one go.
+      [{ payment_intent: 'x y', amount: 'ten', zzz: 1 }, /^Invalid arguments \(3\):\n(arguments\.(payment_intent|amount|zzz) [^\n]+(\n|$)){3}$/],
     ] as const) {
       const bad = await client.callTool({ name: REFUND, arguments: args });
       assert.equal(bad.isError, true, JSON.stringify(args));
@@ -125,6 +127,41 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.equal(off.isError, true);
     assert.match(text(off), /stripe-off' is disabled, not active/);
     assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
+  });
+
+  // The request's log lines, once its own "request" line is written.
+  async function linesOf(reqId: string): Promise<{ level: number; msg: string; req_id?: string }[]> {
+    await waitFor(async () => stack.api.logs.some((l) => l.includes(`"req_id":"${reqId}"`) && l.includes('"msg":"request"')), 'the request line');
+    return stack.api.logs.filter((l) => l.includes(`"req_id":"${reqId}"`)).map((l) => JSON.parse(l));
+  }
+  const rawCall = async (name: string, args: Record<string, unknown>) => {
+    const r = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'tools/call', params: { name, arguments: args } }));
+    return { reqId: r.headers.get('x-request-id')!, answer: (await r.json()) as { result?: { isError?: boolean }; error?: { code: number; message: string } } };
+  };
+
+  it('logs a tool call as REST logs the invoke: the call under the request id, a provider giving no answer at warn (a tool error), a fault of ours at error (-32603, its text not shown)', async () => {
+    const ok = await rawCall(REFUND, { payment_intent: 'pi_logged' });
+    assert.equal(ok.answer.result?.isError, undefined);
+    assert.ok((await linesOf(ok.reqId)).some((l) => l.msg === 'bridge function invoked'), 'the call is logged under the request id');
+    const viaRest = await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_logged' } });
+    assert.ok((await linesOf(viaRest.headers.get('x-request-id')!)).some((l) => l.msg === 'bridge function invoked'), 'so is the invoke');
+
+    const hold = await rawCall(REFUND, { payment_intent: 'pi_hold' });
+    assert.equal(hold.answer.result?.isError, true);
+    assert.ok((await linesOf(hold.reqId)).some((l) => l.level === 40 && /^mcp tool call failed: bad_gateway$/.test(l.msg)));
+
+    const cred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY } });
+    assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'stripe-damaged', display_name: 'damaged', resource_server_credential_id: cred.body.id })).status, 201);
+    assert.equal((await c.post(`${B}/provider/stripe-damaged/function/stripe_process_refund/enable`, {})).status, 201);
+    // The stored ciphertext no longer opens with its DEK.
+    await testDb()('bridge_credentials').where({ id: cred.body.id }).update({ value: JSON.stringify({ api_key: 'A'.repeat(40) }) });
+    const rest = await c.post(`${B}/provider/stripe-damaged/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_1' } });
+    assert.equal(rest.status, 500);
+    const damaged = await rawCall('stripe__stripe_process_refund__stripe-damaged', { payment_intent: 'pi_1' });
+    assert.deepEqual(damaged.answer.error, { code: ErrorCode.InternalError, message: 'The service could not complete the request; retry shortly' });
+    assert.ok((await linesOf(damaged.reqId)).some((l) => l.level === 50 && l.msg === 'mcp request failed'));
+    assert.ok(!JSON.stringify(damaged.answer).includes(cred.body.id), 'the credential is not named to the client');
+    assert.equal((await c.delete(`${B}/provider/stripe-damaged`)).status, 200);
   });
 
   it('answers an unknown tool with the protocol error -32602', async () => {

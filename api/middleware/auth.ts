@@ -101,7 +101,7 @@ export function authenticate(services: Services): Middleware {
         // Bounded like the cache: a key missing here costs one more advisory write.
         if (lastTouched.size >= CACHE_MAX) lastTouched.clear();
         lastTouched.set(principal.id, now);
-        touchLastUsed(services.db, principal.id).catch((err) => services.log.warn({ err }, 'could not record key use'));
+        touchLastUsed(services.db, principal.id).catch((err) => (ctx.state.log ?? services.log).warn({ err }, 'could not record key use'));
       }
     }
     await next();

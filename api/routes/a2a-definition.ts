@@ -8,5 +8,5 @@ export const a2aDefinitionRoutes = [
     method: 'get', path: '/api/a2a/v1/definition', operationId: 'a2a-definition', tag: 'a2a', scope: 'a2a',
     summary: 'Export the declarative configuration: agent card, envelope keys with wrapped DEKs by alias, encrypted secrets, providers',
     responses: { 200: Definition, 401: ErrorBody, 403: ErrorBody },
-  }, async ({ services, ctx }) => exportDefinition(services.db, services.cfg, ctx.state.log ?? services.log)),
+  }, async ({ services, log }) => exportDefinition(services.db, services.cfg, log)),
 ];

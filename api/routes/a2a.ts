@@ -36,7 +36,7 @@ export const a2aRoutes = [
     summary: 'A2A v0.3 JSON-RPC 2.0: message/send, message/stream (SSE), tasks/get, tasks/cancel, tasks/resubscribe (SSE), tasks/pushNotificationConfig/*, agent/getAuthenticatedExtendedCard',
     responses: { 200: JsonRpcResponse, 401: ErrorBody, 403: ErrorBody, 413: ErrorBody, 415: ErrorBody },
     moreResponseTypes: { 'text/event-stream': JsonRpcEventStream },
-  }, async ({ ctx, services }) => {
+  }, async ({ ctx, services, log }) => {
     let body: unknown;
     try {
       body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES, { checkStorable: false });
@@ -50,7 +50,6 @@ export const a2aRoutes = [
       return;
     }
     const unstorable = findUnstorable(body);
-    const log = ctx.state.log ?? services.log;
     // Held from before the call (message/stream creates a task: a refusal must come first) to the
     // stream's end, which comes early when the client goes or the key is revoked.
     const held = callsStream(body, services.cfg, unstorable) ? await holdStream(services, (ctx.state.principal as Principal).id) : undefined;

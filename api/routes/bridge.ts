@@ -55,7 +55,7 @@ export const bridgeRoutes = [
     params: ControllerParams, body: BrokerRequest,
     // 502 too: the authorize URL needs the resource server credential decrypted.
     responses: { 200: BrokerState, ...resourceErrors, ...kmsErrors },
-  }, async ({ params, body, services }) => startBrokering(services, params.provider_controller_type_id, params.credential_controller_type_id, body.provider_instance_id)),
+  }, async ({ params, body, services, log }) => startBrokering({ ...services, log }, params.provider_controller_type_id, params.credential_controller_type_id, body.provider_instance_id)),
 
   defineRoute({
     // No HEAD: the router would answer it with this GET, and redeem the single-use state (link prefetchers send HEAD).
@@ -65,8 +65,8 @@ export const bridgeRoutes = [
     query: OAuthCallbackQuery,
     // 500 and 503 too: it reads and writes Postgres without the key check that implies them elsewhere (api/openapi.ts).
     responses: { 200: Type.Union([BrokerState, BrokeredUserCredential]), 303: null, 400: ErrorBody, 404: ErrorBody, 405: ErrorBody, 410: ErrorBody, 500: ErrorBody, 502: ErrorBody, 503: ErrorBody },
-  }, async ({ query, ctx, services }) => {
-    const outcome = await completeBrokering(services, query);
+  }, async ({ query, ctx, services, log }) => {
+    const outcome = await completeBrokering({ ...services, log }, query);
     if (outcome.type === 'user_credential') return { type: 'user_credential', ...outcome.credential };
     ctx.status = 303;
     ctx.redirect(outcome.url);
@@ -85,7 +85,7 @@ export const bridgeRoutes = [
     summary: 'List provider instances, newest first, with controllers, enabled functions and credentials (secret members encrypted)',
     query: Type.Object({ ...PageQuery, ...ProviderListQuery }),
     responses: { 200: Paginated(ProviderInstanceDetail), ...requestErrors },
-  }, async ({ query, services, ctx }) => instances.listProviderInstances(services.db, ctx.state.log ?? services.log, query, query.page_size!, query.next_page_token)),
+  }, async ({ query, services, log }) => instances.listProviderInstances(services.db, log, query, query.page_size!, query.next_page_token)),
 
   defineRoute({
     method: 'get', path: '/api/bridge/v1/provider/grouped-by-function', operationId: 'list-providers-grouped-by-function', tag, scope: 'bridge:read',
@@ -99,7 +99,7 @@ export const bridgeRoutes = [
     summary: 'A provider instance with its controllers, enabled functions and credentials (secret members encrypted)',
     params: ProviderParams,
     responses: { 200: ProviderInstanceDetail, ...resourceErrors },
-  }, async ({ params, services, ctx }) => instances.getProviderInstance(services.db, ctx.state.log ?? services.log, params.provider_instance_id)),
+  }, async ({ params, services, log }) => instances.getProviderInstance(services.db, log, params.provider_instance_id)),
 
   defineRoute({
     method: 'patch', path: provider, operationId: 'update-provider-instance', tag, scope: 'bridge:write',
@@ -142,20 +142,20 @@ export const bridgeRoutes = [
     summary: 'Invoke an enabled function: success with its output, or error with the provider\'s refusal',
     params: FunctionParams, body: InvokeFunctionRequest,
     responses: { 200: InvokeResult, ...resourceErrors, 409: ErrorBody, 502: ErrorBody },
-  }, async ({ params, body, services, ctx }) =>
+  }, async ({ params, body, services, ctx, log }) =>
     // A client that hangs up abandons the provider call too, rather than holding it for BRIDGE_TIMEOUT_MS.
-    functions.invokeFunction(services, params.provider_instance_id, params.function_controller_type_id, body.params, { signal: clientGone(ctx), idempotencyKey: body.idempotency_key })),
+    functions.invokeFunction(services, params.provider_instance_id, params.function_controller_type_id, body.params, { signal: clientGone(ctx), log, idempotencyKey: body.idempotency_key })),
 
   defineRoute({
     method: 'get', path: '/api/bridge/v1/function-instances', operationId: 'list-function-instances', tag, scope: 'bridge:read',
     summary: 'List enabled functions, newest first',
     query: Type.Object({ ...PageQuery, provider_instance_id: Type.Optional(ProviderInstanceId) }),
     responses: { 200: Paginated(FunctionInstance), ...requestErrors },
-  }, async ({ query, services, ctx }) => functions.listFunctionInstances(services.db, ctx.state.log ?? services.log, query, query.page_size!, query.next_page_token)),
+  }, async ({ query, services, log }) => functions.listFunctionInstances(services.db, log, query, query.page_size!, query.next_page_token)),
 
   defineRoute({
     method: 'get', path: '/api/bridge/v1/function-instances/openapi.json', operationId: 'function-instances-openapi', tag, scope: 'bridge:read',
     summary: 'An OpenAPI 3.1 document with one invoke operation per enabled function instance',
     responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody },
-  }, async ({ services, ctx }) => functionInstancesOpenApi(services.db, services.cfg.PUBLIC_URL, ctx.state.log ?? services.log)),
+  }, async ({ services, log }) => functionInstancesOpenApi(services.db, services.cfg.PUBLIC_URL, log)),
 ];

@@ -54,5 +54,5 @@ export const internalRoutes = [
       200: Type.Object({ message: Type.String(), files: Type.Array(Type.Object({ path: Type.String(), content: Type.String() })) }),
       401: ErrorBody, 403: ErrorBody,
     },
-  }, async ({ services, ctx }) => generateBridgeClient(services.db, ctx.state.log ?? services.log)),
+  }, async ({ services, log }) => generateBridgeClient(services.db, log)),
 ];

@@ -19,7 +19,7 @@ export const mcpRoutes = [
     method: 'post', path: MCP_PATH, operationId: 'bridge-mcp', tag: 'bridge', scope: 'bridge:invoke', ownBody: McpRequest,
     summary: 'Model Context Protocol (Streamable HTTP, stateless): tools/list and tools/call over the enabled function instances',
     responses: { 200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null, 400: FreeObject, 401: ErrorBody, 403: ErrorBody, 406: FreeObject, 413: ErrorBody, 415: FreeObject },
-  }, async ({ ctx, services }) => {
+  }, async ({ ctx, services, log }) => {
     let body: unknown;
     try {
       body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES, { checkStorable: false });
@@ -54,7 +54,7 @@ export const mcpRoutes = [
       if (gone.aborted) resolve(undefined);
       else gone.addEventListener('abort', () => resolve(undefined), { once: true });
     });
-    const server = createMcpServer(services, gone, ctx.state.log ?? services.log);
+    const server = createMcpServer(services, gone, log);
     try {
       await server.connect(transport);
       const answer = await Promise.race([transport.handleRequest(new Request(`http://mcp.invalid${ctx.originalUrl}`, { method: 'POST', headers }), { parsedBody: body }), left]);

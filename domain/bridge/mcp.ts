@@ -12,7 +12,7 @@ import {
   type CallToolResult, type JSONRPCErrorResponse, type Tool,
 } from '@modelcontextprotocol/sdk/types.js';
 import type { Services } from '../services.ts';
-import { AppError, InvalidRequest, NotFound, type FieldError } from '../errors.ts';
+import { AppError, InvalidRequest, logFailure, NotFound, unavailability, type FieldError } from '../errors.ts';
 import { functionInstancesByIdPrefix, getFunctionInstance, getProviderInstance, listFunctionInstances, type FunctionInstanceRow } from '../../db/bridge.ts';
 import { describedPage, PROVIDERS } from './catalog.ts';
 import { invokeFunction } from './functions.ts';
@@ -105,10 +105,18 @@ export async function listTools(db: Services['db'], log: Logger, cursor?: string
 
 const failure = (text: string): CallToolResult => ({ isError: true, content: [{ type: 'text', text }] });
 
-// A tool that does not exist is a protocol error (-32602); whatever goes wrong in calling one
-// that does (bad arguments, instance not active, provider refusal or unreachable) is a tool
-// error the model can read and act on.
-export async function callTool(services: Services, name: string, args: Record<string, unknown>, signal?: AbortSignal): Promise<CallToolResult> {
+// Every member the arguments got wrong, a line each, so that the model can mend them in one go.
+function refusalText(err: AppError): string {
+  const errors = err instanceof InvalidRequest ? (err.data.errors as FieldError[] | undefined) : undefined;
+  if (!errors || errors.length < 2) return err.message;
+  return [`Invalid arguments (${errors.length}):`, ...errors.map((e) => `${e.path} ${e.message}`)].join('\n');
+}
+
+// A tool that does not exist is a protocol error (-32602); what the model can act on in calling one
+// that does (bad arguments, instance not active, provider refusal, or unreachable: 502/503) is a tool
+// error. A fault of ours (a credential that does not decrypt, say) is neither: guarded logs it and
+// answers -32603, as REST answers 500, rather than show the model its internals.
+export async function callTool(services: Services, name: string, args: Record<string, unknown>, { signal, log = services.log }: { signal?: AbortSignal; log?: Logger } = {}): Promise<CallToolResult> {
   const unknown = () => new McpRefusal(ErrorCode.InvalidParams, `Unknown tool: ${quoted(name)}`);
   // Checked before the arguments: an unknown tool is that, whatever it was sent.
   const tool = await resolveTool(services.db, name);
@@ -117,7 +125,7 @@ export async function callTool(services: Services, name: string, args: Record<st
   const instance = await getProviderInstance(services.db, instanceId);
   if (instance?.provider_controller_type_id !== providerType || !(await getFunctionInstance(services.db, instanceId, functionType))) throw unknown();
   try {
-    const result = await invokeFunction(services, instanceId, functionType, args, { paramsPath: 'arguments', signal });
+    const result = await invokeFunction(services, instanceId, functionType, args, { paramsPath: 'arguments', signal, log });
     if (result.type === 'error') return failure(String(result.message));
     const { type: _type, ...output } = result as Record<string, unknown>;
     return { structuredContent: output, content: [{ type: 'text', text: JSON.stringify(output) }] };
@@ -125,18 +133,19 @@ export async function callTool(services: Services, name: string, args: Record<st
     // Not enabled (or deleted meanwhile): no such tool. A credential controller the catalog no longer
     // has is this listed tool's failure, not its absence.
     if (err instanceof NotFound && err.data.resource !== 'credential_controller') throw unknown();
-    if (err instanceof AppError) return failure(err.message);
-    throw err;
+    if (!(err instanceof AppError) || (err.status >= 500 && err.status !== 502 && err.status !== 503)) throw err;
+    logFailure(log, err, err, 'mcp tool call failed', { tool: name });
+    return failure(refusalText(err));
   }
 }
 
-// What went wrong inside (a database error, say) is logged, not sent: the client gets -32603.
-async function guarded<T>(services: Services, what: string, fn: () => Promise<T>): Promise<T> {
+// What went wrong inside (a database error, say) is logged as REST logs it, not sent: the client gets -32603.
+async function guarded<T>(log: Logger, what: string, fn: () => Promise<T>): Promise<T> {
   try {
     return await fn();
   } catch (err) {
     if (err instanceof McpRefusal) throw err;
-    services.log.warn({ err: { message: (err as Error).message }, what }, 'mcp request failed');
+    logFailure(log, err, err instanceof AppError ? err : unavailability(err) ?? { status: 500, code: 'internal' }, 'mcp request failed', { what });
     throw new McpRefusal(ErrorCode.InternalError, 'The service could not complete the request; retry shortly');
   }
 }
@@ -147,9 +156,9 @@ export function createMcpServer(services: Services, signal?: AbortSignal, log = 
   // notifications/cancelled stops nothing (README): the SDK's own handler would abort a request of the
   // same batch and then drop its answer, leaving the batch unanswered though the call ran.
   server.setNotificationHandler(CancelledNotificationSchema, () => {});
-  server.setRequestHandler(ListToolsRequestSchema, async ({ params }) => guarded(services, 'tools/list', () => listTools(services.db, log, params?.cursor)));
+  server.setRequestHandler(ListToolsRequestSchema, async ({ params }) => guarded(log, 'tools/list', () => listTools(services.db, log, params?.cursor)));
   server.setRequestHandler(CallToolRequestSchema, async ({ params }) =>
-    guarded(services, 'tools/call', () => callTool(services, params.name, params.arguments ?? {}, signal)));
+    guarded(log, 'tools/call', () => callTool(services, params.name, params.arguments ?? {}, { signal, log })));
   return server;
 }
 
