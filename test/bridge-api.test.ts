@@ -7,6 +7,7 @@ import path from 'node:path';
 import { createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes, randomUUID, verify } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { Validator } from '@seriousme/openapi-schema-validator';
+import { Ajv } from 'ajv';
 import { callUpstream } from '../domain/bridge/upstream.ts';
 import { assertError, Client, requestLogsThrough, ROOT, resetDb, startApi, startStack, testDb, testEnv, type Stack, assertNotFound, useStack, waitFor } from './helpers/stack.ts';
 
@@ -463,6 +464,11 @@ describe('bridge API', () => {
     assert.ok(valid.valid, JSON.stringify(valid.errors)?.slice(0, 2000));
     const gmailOp = doc.paths['/api/bridge/v1/provider/gmail-user/function/google_mail_send_email/invoke'].post;
     assert.deepEqual(gmailOp.requestBody.content['application/json'].schema.properties.params.required.sort(), ['body', 'subject', 'to']);
+    // What the endpoint takes, a retry's idempotency_key too, and not what it refuses.
+    const takes = new Ajv({ strict: false }).compile(gmailOp.requestBody.content['application/json'].schema);
+    const sent = { params: { to: 'a@example.com', subject: 's', body: 'b' }, idempotency_key: 'retry-1' };
+    assert.ok(takes(sent), JSON.stringify(takes.errors));
+    assert.ok(!takes({ ...sent, idempotency_key: '' }) && !takes({ ...sent, surprise: 1 }));
     assert.ok(!Object.keys(doc.paths).some((p) => p.includes('/stripe-main/')), 'the disabled stripe function has no operation');
 
     const one = await c.get(`${B}/provider/gmail-user`);

@@ -12,9 +12,12 @@ import { SERVICE_VERSION } from '../version.ts';
 import type { Logger } from '../logger.ts';
 import { jsonStream, members, opened } from '../json-stream.ts';
 import { ErrorBody } from '../../api/schemas/common.ts';
+import { IdempotencyKey } from '../../api/schemas/bridge.ts';
 
 // The service's own Error body, as plain JSON Schema (without its $id: this document has no components).
 const { $id: _id, ...errorSchema } = JSON.parse(JSON.stringify(ErrorBody)) as Record<string, unknown>;
+// The body's idempotency_key, which retrying clients should send (the endpoint's own schema).
+const idempotencyKey = JSON.parse(JSON.stringify(IdempotencyKey)) as Record<string, unknown>;
 
 const WHAT = 'function instances OpenAPI document';
 
@@ -31,7 +34,7 @@ function path({ row, f }: DescribedInstance): [string, unknown] {
       security: [{ bearer: [] }],
       requestBody: {
         required: true,
-        content: { 'application/json': { schema: { type: 'object', required: ['params'], additionalProperties: false, properties: { params: f.parameters } } } },
+        content: { 'application/json': { schema: { type: 'object', required: ['params'], additionalProperties: false, properties: { params: f.parameters, idempotency_key: idempotencyKey } } } },
       },
       responses: {
         200: {
