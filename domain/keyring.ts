@@ -75,16 +75,22 @@ export function forgetWrapper(envelopeId: string): void {
 // lists the values under it as ones it could not move.
 export class DekUnwrapFailed extends KeyUnusable {}
 
-async function loadDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, trx?: Tx): Promise<Buffer> {
-  const row = await getDek(trx ?? s.db, dekId);
-  if (!row) throw new NotFound('dek', dekId);
+// A stored DEK that does not unwrap is damage on our side (a replaced key file, a changed row), never
+// the request's fault, whichever request meets it.
+export async function unwrapDek(s: Pick<Services, 'db' | 'cfg'>, row: Pick<DekRow, 'id' | 'envelope_key_id' | 'encrypted_dek'>, trx?: Tx): Promise<Buffer> {
   const wrapper = await wrapperFor(s, row.envelope_key_id, trx);
   try {
     return await wrapper.unwrap(row.encrypted_dek);
   } catch (err) {
-    if (err instanceof DecryptError) throw new DekUnwrapFailed(`DEK '${dekId}' does not unwrap with envelope key '${row.envelope_key_id}' (${err.message}): that key is not the one it was wrapped with`);
+    if (err instanceof DecryptError) throw new DekUnwrapFailed(`DEK '${row.id}' does not unwrap with envelope key '${row.envelope_key_id}' (${err.message}): that key is not the one it was wrapped with`);
     throw err;
   }
+}
+
+async function loadDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, trx?: Tx): Promise<Buffer> {
+  const row = await getDek(trx ?? s.db, dekId);
+  if (!row) throw new NotFound('dek', dekId);
+  return unwrapDek(s, row, trx);
 }
 
 // Unwraps under way outside transactions, by DEK: a page of list-decrypted opens many values of one

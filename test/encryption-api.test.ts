@@ -551,6 +551,7 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
   it('answers a DEK that no longer unwraps (its key file replaced) as a server fault naming it, logged, not as the request\'s fault', async () => {
     const c = stack.client;
     assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'swapped.key' })).status, 201);
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'swapped-target.key' })).status, 201);
     assert.equal((await c.post(`${E}/envelope/swapped.key/dek`, { id: 'swapped-dek' })).status, 201);
     assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'swapped-dek', alias: 'swapped' })).status, 201);
     const stored = await c.post('/api/secret/v1', { key: 'on-swapped', raw_value: 'v', dek_alias: 'swapped' });
@@ -564,7 +565,8 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
       const written = await c.post('/api/secret/v1', { key: 'on-swapped-2', raw_value: 'v2', dek_alias: 'swapped' });
       const updated = await c.put(`/api/secret/v1/${stored.body.id}`, { raw_value: 'new' });
       const imported = await c.post('/api/secret/v1/import', { key: 'on-swapped-3', encrypted_value: sealed, dek_alias: 'swapped', data_encryption_key_id: 'swapped-dek' });
-      for (const r of [written, updated, imported]) {
+      const migrated = await c.post(`${E}/envelope/swapped.key/dek/swapped-dek/migrate`, { to_envelope_encryption_key_id: 'swapped-target.key' });
+      for (const r of [written, updated, imported, migrated]) {
         assertError(r, 500, 'internal');
         assert.match(r.body.message, /^DEK 'swapped-dek' does not unwrap with envelope key 'swapped\.key' \(.*\): that key is not the one it was wrapped with$/);
       }
@@ -574,6 +576,8 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
       await dropCaches(c);
     }
     assert.equal((await c.delete(`/api/secret/v1/${stored.body.id}`)).status, 200);
+    // The refused migration moved nothing: the target is still unused.
+    assert.equal((await c.delete(`${E}/envelope/swapped-target.key`)).status, 200);
   });
 });
 
