@@ -121,11 +121,11 @@ export async function encryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: str
 }
 
 // `purposes`: those the value may have been sealed for, tried in order (undefined: none).
-export async function decryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, trx?: Tx, purposes: readonly (string | undefined)[] = [undefined]): Promise<string> {
+async function openWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, trx?: Tx, purposes: readonly (string | undefined)[] = [undefined]): Promise<Buffer> {
   const key = await dekKey(s, dekId, trx);
   for (const [i, purpose] of purposes.entries()) {
     try {
-      return openBase64(key, ciphertext, 'encrypted value', purpose === undefined ? undefined : Buffer.from(purpose)).toString('utf8');
+      return openBase64(key, ciphertext, 'encrypted value', purpose === undefined ? undefined : Buffer.from(purpose));
     } catch (err) {
       if (!(err instanceof DecryptError) || i === purposes.length - 1) throw err;
     }
@@ -133,15 +133,33 @@ export async function decryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: str
   throw new DecryptError('encrypted value: no purpose to open it for');
 }
 
+export async function decryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, trx?: Tx, purposes?: readonly (string | undefined)[]): Promise<string> {
+  return (await openWithDek(s, dekId, ciphertext, trx, purposes)).toString('utf8');
+}
+
+const utf8 = new TextDecoder('utf-8', { fatal: true });
+
 // A value a client encrypted elsewhere (an import): one that does not decrypt with the DEK it names
-// is a bad request naming the field, not damage on our side.
+// is a bad request naming the field, not damage on our side. So is a plaintext a write could not
+// send: bytes that are not UTF-8 (decoding would replace them, storing another value than was sealed)
+// or a NUL character (refused in every request body).
 export async function decryptImported(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, path: string, trx?: Tx, purposes?: readonly (string | undefined)[]): Promise<string> {
+  const refuse = (why: string) => new InvalidRequest(`${path.replace(/^body\./, '')} ${why}`, [{ path, message: why }]);
+  let plain: Buffer;
   try {
-    return await decryptWithDek(s, dekId, ciphertext, trx, purposes);
+    plain = await openWithDek(s, dekId, ciphertext, trx, purposes);
   } catch (err) {
     if (!(err instanceof DecryptError)) throw err;
     throw new InvalidRequest(`${path.replace(/^body\./, '')} does not decrypt with DEK '${dekId}'`, [{ path, message: 'does not decrypt with this DEK' }]);
   }
+  let text: string;
+  try {
+    text = utf8.decode(plain);
+  } catch {
+    throw refuse('decrypts to bytes that are not UTF-8 text');
+  }
+  if (text.includes('\u0000')) throw refuse('decrypts to text with a NUL character');
+  return text;
 }
 
 export async function resolveAlias(db: Tx, alias: string): Promise<string> {

@@ -313,6 +313,16 @@ describe('secret API', () => {
       assert.equal(res.status, 400, bad);
       assert.equal(res.body.data.errors[0].path, 'body.encrypted_value');
     }
+    // It decrypts, but to what no write could send: bytes that are not UTF-8 (they would be stored
+    // as U+FFFD, another value), or a NUL character; under this alias's DEK or an older one named.
+    for (const [plain, why] of [[Buffer.from([0xff, 0xfe, 0x41, 0x00, 0xc3]), 'not UTF-8'], [Buffer.from([0x61, 0xff, 0x62]), 'not UTF-8'], [Buffer.from('a\u0000b'), 'a NUL character']] as const) {
+      for (const body of [{ dek_alias: 'known' }, { dek_alias: 'default', data_encryption_key_id: dek.body.id }]) {
+        const res = await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: sealByHand(dekKey, plain), ...body });
+        assert.equal(res.status, 400, res.text);
+        assert.equal(res.body.data.errors[0].path, 'body.encrypted_value');
+        assert.ok(res.body.message.includes(why), res.body.message);
+      }
+    }
     // Encrypted with the DEK of `known`, but named under `default`.
     assert.equal((await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: encrypted, dek_alias: 'default' })).status, 400);
     assert.equal((await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: encrypted, dek_alias: 'nope' })).status, 404);
