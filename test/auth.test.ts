@@ -236,6 +236,7 @@ describe('authentication and scopes', () => {
     const badBodies: [string, unknown][] = [
       ['no name', { scopes: ['task:read'] }],
       ['an empty name', { name: '', scopes: ['task:read'] }],
+      ['a blank name (as `keys create --name " "` refuses)', { name: '   ', scopes: ['task:read'] }],
       ['a name with control characters (a terminal escape the CLI would list)', { name: 'ci\u001b[2Jreader\n', scopes: ['task:read'] }],
       ['no scopes', { name: 'x' }],
       ['empty scopes', { name: 'x', scopes: [] }],
