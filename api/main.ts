@@ -14,7 +14,7 @@ import { onStop } from '../domain/stop-signals.ts';
 
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'api');
-await waitForBackingServices(services);
+await waitForBackingServices(services).catch(exitOnConfigError);
 await bootstrap(services).catch(exitOnConfigError);
 await startKeyringInvalidation(services);
 const keyRevocations = await listenPg(cfg.DATABASE_URL, { [API_KEY_REVOKED]: forgetApiKey }, services.log, {

@@ -2,11 +2,14 @@
 // have this release's migrations (a process started before the release step would fail its
 // statements on missing columns), saying so every few seconds with the address and the variable that
 // names it, and give up after STARTUP_TIMEOUT_MS (0: never) with one line saying why, instead of a
-// silent hang (Redis) or a stack trace (Postgres).
+// silent hang (Redis) or a stack trace (Postgres). A Redis database Redis does not have is a bad
+// configuration, which no wait mends: a ConfigError.
 import { setTimeout as sleep } from 'node:timers/promises';
+import { ReplyError } from 'ioredis';
 import type { Services } from './services.ts';
 import { withTimeout } from './with-timeout.ts';
 import { redactUrl } from './logger.ts';
+import { ConfigError } from './config.ts';
 import { migrationState } from '../db/knex.ts';
 
 const PROBE_TIMEOUT_MS = 2000;
@@ -23,6 +26,14 @@ export async function waitForBackingServices(s: Pick<Services, 'cfg' | 'db' | 'r
   const redisReady = async () => {
     if (s.redis.status !== 'ready') throw redisError ?? new Error(`connection ${s.redis.status}`);
     await s.redis.ping();
+    // ioredis selects REDIS_URL's database on connecting, yet becomes ready when Redis refuses it (an
+    // index past its `databases`, cluster mode) and works in database 0: selected again here, a refusal ends the start.
+    const db = s.redis.options.db ?? 0;
+    if (db) {
+      await s.redis.select(db).catch((err: unknown) => {
+        throw err instanceof ReplyError ? new ConfigError(`Invalid configuration:\n  REDIS_URL: Redis has no database ${db}: ${(err as Error).message}`) : err;
+      });
+    }
   };
   const schemaCurrent = async () => {
     const missing = (await migrationState(s.db)).unapplied;
@@ -44,6 +55,7 @@ export async function waitForBackingServices(s: Pick<Services, 'cfg' | 'db' | 'r
           if (warned) s.log.info({ service: name }, `${name} ${ready}`);
           break;
         } catch (err) {
+          if (err instanceof ConfigError) throw err;
           const why = (err as Error).message;
           const where = { service: name, variable, url: redactUrl(url), reason: why };
           if (limit && Date.now() - started >= limit) {

@@ -229,6 +229,22 @@ describe('process start-up', function () {
     noStack(r);
   });
 
+  it('refuses a REDIS_URL naming a database Redis does not have (exit 2 naming REDIS_URL and why), rather than running in database 0', async () => {
+    const url = new URL(process.env.REDIS_URL!);
+    url.pathname = '/16';
+    for (const file of ['api/main.ts', 'workers/main.ts']) {
+      const r = await run(file, testEnv({ REDIS_URL: url.toString() }));
+      assert.equal(r.code, 2, r.output);
+      assert.match(r.output, /^ {2}REDIS_URL: Redis has no database 16: ERR DB index is out of range$/m);
+      if (url.password) assert.ok(!r.output.includes(url.password), r.output);
+      noStack(r);
+    }
+    // One it has is taken.
+    url.pathname = '/15';
+    const api = await startApi(testEnv({ REDIS_URL: url.toString() }));
+    await api.stop();
+  });
+
   it('exits 1 with one line naming DATABASE_URL when Postgres is unreachable, without a stack trace', async () => {
     const port = await freePort();
     const r = await run('workers/main.ts', testEnv({ DATABASE_URL: `postgres://postgres@127.0.0.1:${port}/taskbridge?password=s3cret`, STARTUP_TIMEOUT_MS: '2000' }));

@@ -27,7 +27,7 @@ import { onStop } from '../domain/stop-signals.ts';
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'worker');
 const { log } = services;
-await waitForBackingServices(services);
+await waitForBackingServices(services).catch(exitOnConfigError);
 await bootstrap(services).catch(exitOnConfigError);
 await startKeyringInvalidation(services);
 services.outbox.startSweeper();
