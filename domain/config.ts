@@ -17,6 +17,13 @@ const HttpUrlSetting = (opts: { default?: string } = {}) => Type.String({ ...opt
 // A duration in milliseconds: at most what a timer can wait (MAX_TIMER_MS).
 const Ms = (opts: { minimum: number; default: number }) => Type.Integer({ ...opts, maximum: MAX_TIMER_MS });
 
+// A size in bytes: at most 1 GiB, more than a process can hold of one body, task or history (and
+// what goes to Postgres as a bigint stays far within it).
+const Bytes = (opts: { minimum: number; default: number }) => Type.Integer({ ...opts, maximum: 1024 ** 3 });
+
+// A limit per API key or client address (0 turns it off): at most a million, more than any client needs.
+const Limit = (opts: { default: number }) => Type.Integer({ ...opts, minimum: 0, maximum: 1_000_000 });
+
 // Every setting the processes read, validated once at start. Env names are the upper-case keys.
 const ConfigSchema = Type.Object({
   PORT: Type.Integer({ minimum: 0, maximum: 65535, default: 3000 }),
@@ -28,13 +35,13 @@ const ConfigSchema = Type.Object({
   KEYS_DIR: Type.Optional(Type.String({ minLength: 1 })),
   ADMIN_API_KEY: Type.Optional(Type.String({ minLength: 16 })),
   LOG_LEVEL: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], { default: 'info' }),
-  BODY_LIMIT_BYTES: Type.Integer({ minimum: 1024, default: 1024 * 1024 }),
-  TASK_MESSAGES_MAX_BYTES: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
-  TASK_ARTIFACTS_MAX_BYTES: Type.Integer({ minimum: 1024, default: 16 * 1024 * 1024 }),
+  BODY_LIMIT_BYTES: Bytes({ minimum: 1024, default: 1024 * 1024 }),
+  TASK_MESSAGES_MAX_BYTES: Bytes({ minimum: 1024, default: 16 * 1024 * 1024 }),
+  TASK_ARTIFACTS_MAX_BYTES: Bytes({ minimum: 1024, default: 16 * 1024 * 1024 }),
   // Requests per API key per second, counted across the API processes (queues/fleet-counts.ts); 0 turns it off.
-  RATE_LIMIT_PER_SECOND: Type.Integer({ minimum: 0, default: 1000 }),
+  RATE_LIMIT_PER_SECOND: Limit({ default: 1000 }),
   // Wrong API keys per client address per minute, counted across the API processes, before 429; 0 turns it off.
-  AUTH_FAILURES_PER_MINUTE: Type.Integer({ minimum: 0, default: 60 }),
+  AUTH_FAILURES_PER_MINUTE: Limit({ default: 60 }),
   // The reverse proxies in front (true: one). Each appends the address it got the request from to
   // X-Forwarded-For, after whatever the client sent there: the client's address is the entry the
   // first of them appended, the Nth from the right. false: X-Forwarded-For is not read.
@@ -68,7 +75,7 @@ const ConfigSchema = Type.Object({
   AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 200 }),
   // The most of a task's history a run is handed, weighed as parsed (domain/storable-json.ts parsedWeight): a
   // worker holds AGENT_CONCURRENCY histories at once, and a task may hold TASK_MESSAGES_MAX_BYTES.
-  AGENT_HISTORY_MAX_BYTES: Type.Integer({ minimum: 1024, default: 1024 * 1024 }),
+  AGENT_HISTORY_MAX_BYTES: Bytes({ minimum: 1024, default: 1024 * 1024 }),
   KEY_JOB_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 64, default: 2 }),
   // How often workers look for work whose queue job Redis lost (key jobs, agent runs of submitted
   // tasks and of answers to waiting ones), and how old it must be; the same pass purges
@@ -105,7 +112,7 @@ const ConfigSchema = Type.Object({
   OUTBOX_SWEEP_MS: Ms({ minimum: 50, default: 2000 }),
   A2A_BLOCKING_TIMEOUT_MS: Ms({ minimum: 0, default: 30000 }),
   // A2A streams (message/stream, tasks/resubscribe) one API key may hold open across the API processes; 0: no limit.
-  A2A_STREAMS_PER_KEY: Type.Integer({ minimum: 0, default: 100 }),
+  A2A_STREAMS_PER_KEY: Limit({ default: 100 }),
   // How long an open stream's place lasts in Redis unless its process renews it (every third of
   // this): the places of an API process that dies with streams open come back after this.
   A2A_STREAM_LEASE_MS: Ms({ minimum: 1000, default: 30000 }),

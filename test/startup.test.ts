@@ -54,6 +54,17 @@ describe('process start-up', function () {
     noStack(r);
   });
 
+  it('refuses sizes and limits past what the service can hold (a byte size goes to Postgres as a bigint), naming each', async () => {
+    const r = await run('api/main.ts', testEnv({
+      TASK_MESSAGES_MAX_BYTES: '9999999999999999999', AGENT_HISTORY_MAX_BYTES: '99999999999999999999', TASK_ARTIFACTS_MAX_BYTES: '1073741825',
+      BODY_LIMIT_BYTES: '1073741825', RATE_LIMIT_PER_SECOND: '1000001', AUTH_FAILURES_PER_MINUTE: '9007199254740993', A2A_STREAMS_PER_KEY: '1000001',
+    }));
+    assert.equal(r.code, 2, r.output);
+    for (const name of ['TASK_MESSAGES_MAX_BYTES', 'AGENT_HISTORY_MAX_BYTES', 'TASK_ARTIFACTS_MAX_BYTES', 'BODY_LIMIT_BYTES']) assert.match(r.output, new RegExp(`^ {2}${name}: must be <= 1073741824$`, 'm'));
+    for (const name of ['RATE_LIMIT_PER_SECOND', 'AUTH_FAILURES_PER_MINUTE', 'A2A_STREAMS_PER_KEY']) assert.match(r.output, new RegExp(`^ {2}${name}: must be <= 1000000$`, 'm'));
+    noStack(r);
+  });
+
   it('npm start refuses a bad configuration (exit 2) before it starts any server', async () => {
     const dataDir = fs.mkdtempSync(path.join(process.env.TEST_DATA_DIR!, 'start-bad-config-'));
     const r = await run('scripts/start.ts', { ...testEnv({ PORT: '0x12A7', DATABASE_URL: undefined, REDIS_URL: undefined }), DATA_DIR: dataDir });
