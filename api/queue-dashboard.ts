@@ -47,6 +47,9 @@ export function queueDashboard(services: Services): Middleware {
   const adapter = new KoaAdapter();
   adapter.setBasePath(DASHBOARD_PATH);
   createBullBoard({ queues: Object.values(services.queues).map((q) => new BullMQAdapter(q)), serverAdapter: adapter });
+  // bull-board's own handler answers every failure 500, unlogged: passed on instead to the API's
+  // (api/middleware/errors.ts), Redis out of reach is 503 with Retry-After at warn, a fault 500 at error.
+  adapter.setErrorHandler((err) => { throw err; });
   const board = adapter.registerPlugin() as unknown as Middleware;
   const publicHost = new URL(services.cfg.PUBLIC_URL).host;
   const limited = rateLimit(services);

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
-import { ADMIN_KEY, useStack } from './helpers/stack.ts';
+import { ADMIN_KEY, useStack, waitFor } from './helpers/stack.ts';
+import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
 
 const PUBLIC_URL = 'https://taskbridge.example';
 const basic = (password: string) => `Basic ${Buffer.from(`ops:${password}`).toString('base64')}`;
@@ -85,6 +86,30 @@ describe('queue dashboard and RATE_LIMIT_PER_SECOND', () => {
       const body = await r.json() as { message: string; data: { code: string } };
       assert.equal(body.data.code, 'rate_limited');
       assert.match(body.message, /^Too many requests for this API key; retry in \d+ s$/);
+    }
+  });
+});
+
+describe('queue dashboard while Redis is out of reach', () => {
+  const own = behindServiceProxy('REDIS_URL', { DB_QUERY_TIMEOUT_MS: '2000' });
+
+  it('answers 503 unavailable with Retry-After, logged at warn, as the API does (silent past DB_QUERY_TIMEOUT_MS, or resetting connections)', async () => {
+    const queues = () => fetch(`${own.stack.api.url}/admin/queues/api/queues`, { headers: { authorization: basic(ADMIN_KEY) } });
+    assert.equal((await queues()).status, 200);
+    const ids: string[] = [];
+    try {
+      for (const cut of [() => own.proxy.swallow(), () => own.proxy.reset()]) {
+        cut();
+        const r = await queues();
+        assert.equal(r.status, 503, await r.clone().text());
+        assert.equal(r.headers.get('retry-after'), '5');
+        assert.equal(((await r.json()) as { data: { code: string } }).data.code, 'unavailable');
+        ids.push(r.headers.get('x-request-id')!);
+        own.proxy.forward();
+      }
+      for (const id of ids) await waitFor(async () => own.stack.api.logs.some((l) => l.includes(`"req_id":"${id}"`) && l.includes('"level":40') && l.includes('request failed: unavailable')), `the warn line of ${id}`);
+    } finally {
+      own.proxy.forward();
     }
   });
 });
