@@ -24,6 +24,10 @@ const Bytes = (opts: { minimum: number; default: number }) => Type.Integer({ ...
 // A limit per API key or client address (0 turns it off): at most a million, more than any client needs.
 const Limit = (opts: { default: number }) => Type.Integer({ ...opts, minimum: 0, maximum: 1_000_000 });
 
+// Printable ASCII without spaces or line breaks: all that an Authorization header's bearer token
+// (api/middleware/auth.ts) and a Redis client name hold.
+const PRINTABLE = worded('^[!-~]+$', 'must be printable ASCII characters, without spaces or line breaks');
+
 // Every setting the processes read, validated once at start. Env names are the upper-case keys.
 const ConfigSchema = Type.Object({
   PORT: Type.Integer({ minimum: 0, maximum: 65535, default: 3000 }),
@@ -33,7 +37,8 @@ const ConfigSchema = Type.Object({
   REDIS_URL: Type.String({ pattern: '^rediss?://' }),
   DATA_DIR: Type.String({ default: '.data', minLength: 1 }),
   KEYS_DIR: Type.Optional(Type.String({ minLength: 1 })),
-  ADMIN_API_KEY: Type.Optional(Type.String({ minLength: 16 })),
+  // Sent as a bearer token: a key with a space (or a secret file's trailing newline) could never be.
+  ADMIN_API_KEY: Type.Optional(Type.String({ minLength: 16, pattern: PRINTABLE })),
   LOG_LEVEL: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], { default: 'info' }),
   BODY_LIMIT_BYTES: Bytes({ minimum: 1024, default: 1024 * 1024 }),
   TASK_MESSAGES_MAX_BYTES: Bytes({ minimum: 1024, default: 16 * 1024 * 1024 }),

@@ -65,6 +65,16 @@ describe('process start-up', function () {
     noStack(r);
   });
 
+  it('refuses an ADMIN_API_KEY no Authorization header can carry (a space, a trailing newline from a secret file), without showing it', async () => {
+    for (const key of ['my admin key with spaces 123', 'admin-key-from-a-secret-file-0123\n']) {
+      const r = await run('api/main.ts', testEnv({ ADMIN_API_KEY: key }));
+      assert.equal(r.code, 2, r.output);
+      assert.match(r.output, /^ {2}ADMIN_API_KEY: must be printable ASCII characters, without spaces or line breaks$/m);
+      assert.ok(!r.output.includes(key.trim()), r.output);
+      noStack(r);
+    }
+  });
+
   it('npm start refuses a bad configuration (exit 2) before it starts any server', async () => {
     const dataDir = fs.mkdtempSync(path.join(process.env.TEST_DATA_DIR!, 'start-bad-config-'));
     const r = await run('scripts/start.ts', { ...testEnv({ PORT: '0x12A7', DATABASE_URL: undefined, REDIS_URL: undefined }), DATA_DIR: dataDir });
