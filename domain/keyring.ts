@@ -58,9 +58,15 @@ export async function envelopeKeyRow(db: Tx, envelopeId: string): Promise<Envelo
   return row;
 }
 
+// For unwrapping: cached, as reads of DEKs are the hot path.
 export async function wrapperFor(s: Pick<Services, 'db' | 'cfg'>, envelopeId: string, trx?: Tx): Promise<KeyWrapper> {
-  const cached = wrapperCache.get(envelopeId);
-  if (cached) return cached;
+  return wrapperCache.get(envelopeId) ?? freshWrapperFor(s, envelopeId, trx);
+}
+
+// For wrapping new material under the key (a DEK made, imported or moved there): the key read now, so
+// a local key file deleted since it was cached fails the write (KeyUnusable) instead of wrapping DEKs
+// that nothing can unwrap once the cache is gone.
+export async function freshWrapperFor(s: Pick<Services, 'db' | 'cfg'>, envelopeId: string, trx?: Tx): Promise<KeyWrapper> {
   const w = await wrapperForRow(await envelopeKeyRow(trx ?? s.db, envelopeId), s.cfg.KEYS_DIR, s.cfg.AWS_KMS_ENDPOINT);
   wrapperCache.set(envelopeId, w);
   return w;
@@ -190,7 +196,7 @@ export async function encryptWithAlias(s: KeyringServices, alias: string, plaint
 // unwrap with that key.
 export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: string, trx?: Tx, opts: { id?: string; encryptedDek?: string; encryptedDekField?: string } = {}): Promise<DekRow> {
   const db = trx ?? s.db;
-  const wrapper = await wrapperFor(s, envelopeId, db);
+  const wrapper = await freshWrapperFor(s, envelopeId, db);
   let plain: Buffer;
   let wrapped: string;
   if (opts.encryptedDek !== undefined) {

@@ -178,6 +178,45 @@ describe('bulk DEK migration', () => {
     assert.equal((await c.get(`${E}/envelope/bad-src.key`)).body.dek_count, bad);
   });
 
+  it('fails when its target key file is deleted mid-job, wrapping no DEK under it after that', async () => {
+    const c = stack.client;
+    for (const f of ['gone-src.key', 'gone-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    const keysDir = path.join(stack.env.DATA_DIR, 'keys');
+    const kek = fs.readFileSync(path.join(keysDir, 'gone-src.key'));
+    const target = fs.readFileSync(path.join(keysDir, 'gone-dst.key'));
+    const count = 1000;
+    const keys = new Map<string, Buffer>();
+    await insertDeks(testDb(), Array.from({ length: count }, (_, i) => {
+      const id = `gone-${String(i).padStart(5, '0')}`;
+      keys.set(id, randomBytes(32));
+      return { id, envelope_key_id: 'gone-src.key', encrypted_dek: sealByHand(kek, keys.get(id)!) };
+    }));
+    const started = await c.post(`${E}/envelope/gone-src.key/migrate`, { to_envelope_encryption_key_id: 'gone-dst.key' });
+    assert.equal(started.status, 202);
+    const jobRow = () => testDb()('key_jobs').where({ id: started.body.id }).first();
+    await waitFor(async () => (await jobRow()).done >= 40, 'migration under way', 30000, 5);
+    fs.rmSync(path.join(keysDir, 'gone-dst.key'));
+    const atRemoval = await jobRow();
+    assert.ok(atRemoval.status === 'running' && atRemoval.done < count, `the job was still running when the file went (${atRemoval.status}, done ${atRemoval.done})`);
+    let finished: any;
+    try {
+      finished = await waitFor(async () => {
+        const r = await c.get(`${E}/job/${started.body.id}`);
+        return ['completed', 'failed'].includes(r.body.status) && r.body;
+      }, 'migration to end', 90000, 50);
+    } finally {
+      fs.writeFileSync(path.join(keysDir, 'gone-dst.key'), target, { mode: 0o600 });
+    }
+    assert.equal(finished.status, 'failed');
+    assert.match(finished.errors.at(-1).message, /^local envelope key 'gone-dst\.key' cannot be read \(ENOENT\)$/);
+    // At most the batch under way when the file went was wrapped under it; the rest stayed.
+    assert.ok(finished.done <= atRemoval.done + 20, `done ${finished.done}, ${atRemoval.done} when the file went`);
+    const moved = await testDb()('deks').where({ envelope_key_id: 'gone-dst.key' });
+    assert.equal(moved.length, finished.done);
+    assert.equal((await c.get(`${E}/envelope/gone-src.key`)).body.dek_count, count - finished.done);
+    for (const d of moved) assert.ok(openByHand(target, d.encrypted_dek).equals(keys.get(d.id)!), d.id);
+  });
+
   it('lets only one of two opposite migrations started at the same instant run', async () => {
     const c = stack.client;
     for (const f of ['x.key', 'y.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);

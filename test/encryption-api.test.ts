@@ -579,6 +579,17 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     // The refused migration moved nothing: the target is still unused.
     assert.equal((await c.delete(`${E}/envelope/swapped-target.key`)).status, 200);
   });
+
+  it('answers a new DEK under a local envelope key whose file is gone as a server fault naming the file, though the key was used a moment before, storing nothing', async () => {
+    const c = stack.client;
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'deleted.key' })).status, 201);
+    assert.equal((await c.post(`${E}/envelope/deleted.key/dek`, { id: 'deleted-1' })).status, 201);
+    fs.rmSync(path.join(keysDir, 'deleted.key'));
+    const made = await c.post(`${E}/envelope/deleted.key/dek`, { id: 'deleted-2' });
+    assertError(made, 500, 'internal');
+    assert.match(made.body.message, /^local envelope key 'deleted\.key' cannot be read \(ENOENT\)$/);
+    assert.equal(await testDb()('deks').where({ id: 'deleted-2' }).first(), undefined);
+  });
 });
 
 describe('encryption API with AWS_KMS_ACCOUNTS', () => {

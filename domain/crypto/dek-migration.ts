@@ -21,7 +21,7 @@ import {
   recordKeyJobProgress, restartKeyJobPass, settleKeyJobTotal, type KeyJobError, type KeyJobRow,
 } from '../../db/key-jobs.ts';
 import { DecryptError, KEY_BYTES } from './aes-gcm.ts';
-import { envelopeKeyRow, wrapperFor } from '../keyring.ts';
+import { envelopeKeyRow, freshWrapperFor, wrapperFor } from '../keyring.ts';
 import type { KeyWrapper } from './envelope-keys.ts';
 
 export const MIGRATE_DEKS = 'migrate-deks';
@@ -48,10 +48,10 @@ export async function startMigrateAll(
   await envelopeKeyRow(s.db, sourceId);
   await envelopeKeyRow(s.db, targetId);
   if (sourceId === targetId) throw new InvalidRequest('source and target envelope keys are the same', [{ path: 'body.to_envelope_encryption_key_id', message: 'must differ from the source envelope key' }]);
-  // A target that cannot wrap (a KMS key that is gone or not ours) is refused now, as a single DEK's
+  // A target that cannot wrap (a KMS key that is gone or not ours, a local key file that is gone) is refused now, as a single DEK's
   // migration is (502), not found out by a job that would retry for minutes before it failed. Not
   // when the same migration runs already: that request gets the running job.
-  if (!migratesTo(await findActiveMigration(s.db, sourceId), targetId)) await (await wrapperFor(s, targetId)).wrap(randomBytes(KEY_BYTES));
+  if (!migratesTo(await findActiveMigration(s.db, sourceId), targetId)) await (await freshWrapperFor(s, targetId)).wrap(randomBytes(KEY_BYTES));
   for (;;) {
     const out = await inTransaction(s, async (uow) => {
       if (!(await lockEnvelopeKeyShared(uow.trx, targetId))) throw new NotFound('envelope_key', targetId);
@@ -149,7 +149,7 @@ export async function migrateNextBatch(s: Pick<Services, 'db' | 'cfg'>, jobId: s
     const target = paramsOf(job).to_envelope_encryption_key_id;
     const rows = await deksUnder(trx, source, passFilter(job), batchSize);
     if (!rows.length) return endPass(trx, job);
-    const res = await rewrapAll(await wrapperFor(s, source, trx), await wrapperFor(s, target, trx), rows);
+    const res = await rewrapAll(await wrapperFor(s, source, trx), await freshWrapperFor(s, target, trx), rows);
     const updated = await rewrapDeks(trx, source, target, res.ids, res.wrapped);
     await recordKeyJobProgress(trx, jobId, {
       done: updated.length,

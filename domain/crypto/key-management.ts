@@ -11,7 +11,7 @@ import {
 } from '../../db/deks.ts';
 import { checkFileName, checkKmsArn, createLocalKeyFile } from './envelope-keys.ts';
 import { findActiveRotation } from '../../db/secrets.ts';
-import { createDek, envelopeKeyRow, forgetWrapper, invalidateAfterCommit, invalidateKeyring, repointAlias, unwrapDek, wrapperFor } from '../keyring.ts';
+import { createDek, envelopeKeyRow, forgetWrapper, freshWrapperFor, invalidateAfterCommit, invalidateKeyring, repointAlias, unwrapDek } from '../keyring.ts';
 
 export interface EnvelopeKeyInput { type: 'local' | 'aws_kms'; file_name?: string; arn?: string; region?: string }
 type S = Pick<Services, 'db' | 'cfg' | 'bus'>;
@@ -83,7 +83,7 @@ export async function migrateDek(s: S, envelopeId: string, dekId: string, target
     if (!(await lockEnvelopeKeyShared(trx, targetId))) throw new NotFound('envelope_key', targetId);
     if (targetId === envelopeId) throw new InvalidRequest('the DEK is already under this envelope key', [{ path: 'body.to_envelope_encryption_key_id', message: 'must differ from the current envelope key' }]);
     const plain = await unwrapDek(s, dek, trx);
-    const wrapped = await (await wrapperFor(s, targetId, trx)).wrap(plain);
+    const wrapped = await (await freshWrapperFor(s, targetId, trx)).wrap(plain);
     const out = await rewrapDek(trx, dekId, envelopeId, targetId, wrapped);
     if (!out) throw new Conflict(`DEK '${dekId}' was migrated concurrently`, { resource: 'dek', id: dekId });
     invalidateAfterCommit(trx, { dek_ids: [dekId] }, s.bus);
