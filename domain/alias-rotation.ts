@@ -19,7 +19,8 @@ import type { Knex } from 'knex';
 import type { Services } from './services.ts';
 import { AppError, Conflict, NotFound } from './errors.ts';
 import { inTransaction } from './unit-of-work.ts';
-import { createDek, decryptWithDek, DecryptError, DekUnwrapFailed, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
+import { createDek, decryptWithDek, DecryptError, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
+import { KeyUnusable } from './crypto/envelope-keys.ts';
 import { aliasDekForWrite, getDek } from '../db/deks.ts';
 import { addKeyJobTotal, finishKeyJob, settleKeyJobTotal, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, type KeyJobError, type KeyJobRow } from '../db/key-jobs.ts';
 import { countSecretsToRotate, findActiveRotation, lockAlias, reencryptSecrets, secretsToRotate, setRotationState, type RotationCandidate } from '../db/secrets.ts';
@@ -94,8 +95,8 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
 
 // What a rotation re-encrypts, one kind of row per phase. A batch takes the next rows after the
 // cursor (a row's `key`), re-encrypts each in memory and writes them back with a compare-and-set,
-// so a row rewritten meanwhile keeps its newer value. A row that does not decrypt, or that reseal
-// finds Unrotatable, is its own error; any other failure fails the batch.
+// so a row rewritten meanwhile keeps its newer value. A row that does not open under its old DEK
+// (NotOpened), or that reseal finds Unrotatable, is its own error; any other failure fails the batch.
 interface RotationStore<R, W> {
   /** The next rows of the phase after `cursor` (null: from the start). */
   next(trx: Knex.Transaction, job: KeyJobRow, params: Required<RotationParams>, cursor: string | null, batch: Budget): Promise<R[]>;
@@ -110,8 +111,26 @@ interface RotationStore<R, W> {
 // A row this release cannot re-encrypt, for the reason its message gives.
 class Unrotatable extends Error {}
 
+// A row whose value does not open under its old DEK: the value damaged, or that DEK not unwrapping or
+// its envelope key unreadable (a key file replaced or lost). The row's error, not the job's: the others
+// are still moved. Only the old side: the new DEK's envelope key was read when the job made it, and
+// failing there later fails the batch.
+class NotOpened extends Error {
+  constructor(readonly reason?: string) { super(reason ?? 'does not decrypt'); }
+}
+
+async function openOld<T>(opening: Promise<T>): Promise<T> {
+  try {
+    return await opening;
+  } catch (err) {
+    if (err instanceof DecryptError) throw new NotOpened();
+    if (err instanceof KeyUnusable) throw new NotOpened(err.message);
+    throw err;
+  }
+}
+
 const reencrypt = async (s: KeyringServices, fromDek: string, ciphertext: string, toDek: string, trx: Knex.Transaction) =>
-  encryptWithDek(s, toDek, await decryptWithDek(s, fromDek, ciphertext, trx), trx);
+  encryptWithDek(s, toDek, await openOld(decryptWithDek(s, fromDek, ciphertext, trx)), trx);
 
 const secretStore: RotationStore<RotationCandidate, Parameters<typeof reencryptSecrets>[3][number]> = {
   next: (trx, job, p, cursor, batch) =>
@@ -135,7 +154,7 @@ const credentialStore: RotationStore<CredentialToRotate, Parameters<typeof reenc
     const cc = storedCredentialDef(r.provider_controller_type_id, r.type_id);
     // Which members are sealed is the controller's to say: without it the value stays as it is, readable under its DEK.
     if (!cc) throw new Unrotatable(`bridge credential's controller '${r.type_id}' of provider '${r.provider_controller_type_id}' is not in this release's catalog: left under DEK '${r.dek_id}'`);
-    const plain = await openCredential(s, cc, r, trx);
+    const plain = await openOld(openCredential(s, cc, r, trx));
     return { id: r.id, old_dek_id: r.dek_id, old_value: r.value, value: await sealCredential(s, cc, r.kind, plain, newDekId, trx) };
   },
   write: (trx, p, rows) => reencryptCredentials(trx, p.new_dek_id, rows),
@@ -192,7 +211,7 @@ export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSi
         rewritten.push(await store.reseal(s, r, params.new_dek_id, trx));
       } catch (err) {
         if (err instanceof Unrotatable) errors.push({ id: store.key(r), message: err.message });
-        else if (err instanceof DecryptError || err instanceof DekUnwrapFailed) errors.push({ id: store.key(r), message: store.what(r) });
+        else if (err instanceof NotOpened) errors.push({ id: store.key(r), message: err.reason ? `${store.what(r)}: ${err.reason}` : store.what(r) });
         else throw err;
       }
     }

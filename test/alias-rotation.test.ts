@@ -1,4 +1,6 @@
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
@@ -336,6 +338,47 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
         await queue.resume();
       }
     });
+  });
+
+  it('re-encrypts what it can read and lists, as not moved, the secrets under an older DEK whose envelope key file is lost', async () => {
+    const alias = 'rot-lost';
+    // Deleting an envelope key makes every process drop the keys it read, as a restart would.
+    const dropCaches = async () => {
+      const name = `drop-${randomUUID()}.key`;
+      assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: name })).status, 201);
+      assert.equal((await c.delete(`${E}/envelope/${name}`)).status, 200);
+    };
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'rot-lost.key' })).status, 201);
+    assert.equal((await c.post(`${E}/envelope/rot-lost.key/dek`, { id: 'rot-lost-old' })).status, 201);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'rot-lost-old', alias })).status, 201);
+    const oldKeys = [0, 1, 2].map((i) => `lost/old/${i}`);
+    for (const k of oldKeys) await createSecret(k, alias);
+    const envelope = (await c.get(`${E}/dek/alias/default`)).body.envelope_encryption_key_id.id;
+    const current = (await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, {})).body.id;
+    assert.equal((await c.put(`${E}/dek/alias/${alias}`, { new_dek_id: current })).status, 200);
+    const newKeys = [0, 1, 2, 3, 4].map((i) => `lost/new/${i}`);
+    for (const k of newKeys) await createSecret(k, alias);
+    const file = path.join(stack.env.DATA_DIR, 'keys', 'rot-lost.key');
+    const original = fs.readFileSync(file);
+    fs.rmSync(file);
+    try {
+      await dropCaches();
+      const r = await c.post(`${E}/dek/alias/${alias}/rotate`);
+      assert.equal(r.status, 202);
+      const done = await waitJob(r.body.id);
+      assert.equal(done.status, 'completed', JSON.stringify(done));
+      assert.deepEqual([done.total, done.done, done.failed], [8, 5, 3]);
+      assert.deepEqual(done.errors.map((e: any) => e.id).sort(), oldKeys.map((k) => ids.get(k)).sort());
+      for (const e of done.errors) assert.match(e.message, /^secret does not decrypt with DEK 'rot-lost-old': local envelope key 'rot-lost\.key' cannot be read \(ENOENT\)$/);
+      assert.equal(await aliasDek(alias), done.params.new_dek_id);
+      const rows = await testDb()('secrets').where({ dek_alias: alias });
+      assert.deepEqual(Object.fromEntries(rows.map((row) => [row.key, row.dek_id])), Object.fromEntries([...oldKeys.map((k) => [k, 'rot-lost-old']), ...newKeys.map((k) => [k, done.params.new_dek_id])]));
+    } finally {
+      fs.writeFileSync(file, original, { mode: 0o600 });
+    }
+    // With the file back, those left under the old DEK read as they were.
+    const all = await decryptedAll();
+    for (const k of [...oldKeys, ...newKeys]) assert.equal(all.get(k), expected.get(k), k);
   });
 
   it('keeps every secret value out of logs and out of the BullMQ job hashes', async () => {
