@@ -21,7 +21,7 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 });
 
 // The remote agent: says it is thinking (a working update with a message), emits an artifact,
-// then finishes. "[direct]" makes it answer with a plain message and no task. "[ask]" makes it ask
+// then finishes. "[direct]" ("[direct named]") makes it answer with a plain message and no task. "[ask]" makes it ask
 // for input first; "[giveup]" makes it cancel its task itself; "[hang]" makes it work until canceled; "[flood]" makes its artifact too large
 // for the local task, and then work until canceled; "[bigask]" asks for input with a question too
 // large for the local task; "[slowstart]" ("[slowstart <ms>]") makes it say nothing for 1.5 s (ms)
@@ -38,9 +38,11 @@ class RemoteExecutor implements AgentExecutor {
     this.received.push({ taskId, contextId, text, continued: !!task, message: userMessage });
     const slow = /\[slowstart(?: (\d+))?\]/.exec(text);
     if (slow) await new Promise((resolve) => setTimeout(resolve, Number(slow[1] ?? 1500)));
-    if (text.includes('[direct]')) {
-      // A plain message instead of a task: the remote's whole answer.
-      bus.publish({ kind: 'message', role: 'agent', messageId: randomUUID(), contextId, parts: [{ kind: 'text', text: `Direct answer to ${text}` }] });
+    const direct = /\[direct( named)?\]/.exec(text);
+    if (direct) {
+      // A plain message instead of a task: the remote's whole answer. "[direct named]" names the task
+      // id the SDK handed the executor, as many executors do (the SDK never creates that task).
+      bus.publish({ kind: 'message', role: 'agent', messageId: randomUUID(), ...(direct[1] ? { taskId } : {}), contextId, parts: [{ kind: 'text', text: `Direct answer to ${text}` }] });
       bus.finished();
       return;
     }
@@ -283,10 +285,19 @@ for (const streaming of [true, false]) {
       assert.equal(a2a.body.result.status.state, 'canceled');
     });
 
-    it('completes the local task with a remote answer that is a plain message', async () => {
-      const created = await stack.client.post('/api/task/v1', { message: textMessage('quick one [direct]') });
-      const done = await finished(created.body.task.id, 'completed');
-      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Direct answer to quick one [direct]' }]);
+    it('completes the local task with a remote answer that is a plain message, whatever task id it names, following no remote task', async () => {
+      for (const text of ['quick one [direct]', 'quick one [direct named]']) {
+        const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
+        const id = created.body.task.id;
+        const done = await waitFor(async () => {
+          const r = await stack.client.get(`/api/task/v1/${id}`);
+          return ['completed', 'failed'].includes(r.body.task.status) && r.body;
+        }, `task ${id} to end`, 30000);
+        assert.equal(done.task.status, 'completed', `${text}: ${JSON.stringify(done.status_message)}`);
+        assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: `Direct answer to ${text}` }]);
+        assert.equal(await testDb()('remote_agent_tasks').where({ task_id: id }).first(), undefined, `${text}: no remote task recorded`);
+        assert.equal(executor.received.filter((r) => r.text === text).length, 1, `${text}: sent once`);
+      }
     });
 
     it('continues the same remote task when the user answers an input request', async () => {

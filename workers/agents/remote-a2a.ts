@@ -2,7 +2,8 @@
 // task (kept across turns in remote_agent_tasks): the user's message is forwarded with the
 // @a2a-js/sdk 0.3 client, the remote task is streamed (or polled when the remote cannot stream),
 // and its messages, working updates and artifacts are copied into the local task; the run ends
-// with the remote task's final or interrupted state. Canceling the local task cancels the remote one:
+// with the remote task's final or interrupted state; a remote that answers with a message instead
+// of a task completes the run with it. Canceling the local task cancels the remote one:
 // the run does it, and a housekeeping pass does it for tasks canceled between runs.
 //
 // AGENT_REMOTE_URL is the remote agent's base URL (its card is read from
@@ -435,10 +436,20 @@ class Mirror {
 
   // The remote task, and that it was sent this run's message, once the remote answers about it.
   private sentRecorded = false;
+  // Whether the remote has answered this turn with a task or an update of one.
+  private tasked = false;
+
+  // A message before any task is the remote's whole answer (A2A 0.3), whatever task id it names:
+  // the SDK's server names the id it had ready for a task, which the message means it never creates.
+  private answer(event: StreamEvent): A2AMessage | undefined {
+    return event.kind === 'message' && !this.tasked ? event : undefined;
+  }
 
   /** Records the remote task an event names (all a stopped run does with an event). */
   async named(event: StreamEvent): Promise<void> {
     checkEvent(event);
+    if (this.answer(event)) return;
+    this.tasked = true;
     const [taskId, contextId] = event.kind === 'task' ? [event.id, event.contextId] : [event.taskId, event.contextId];
     if (!taskId) return;
     // A remote answers about the task it was sent the message for: following another would mirror
@@ -488,8 +499,8 @@ class Mirror {
 
   async apply(event: StreamEvent): Promise<AgentResult | undefined> {
     checkEvent(event);
-    // A message that belongs to no task is the remote's whole answer.
-    if (event.kind === 'message' && !event.taskId && !this.remoteTaskId) return { status: 'completed', message: replyOf(event) };
+    const answer = this.answer(event);
+    if (answer) return { status: 'completed', message: replyOf(answer) };
     await this.named(event);
     switch (event.kind) {
       case 'message':
