@@ -72,6 +72,9 @@ export async function getCredentials(db: Tx, ids: string[]): Promise<CredentialR
   return db('bridge_credentials').whereIn('id', [...new Set(ids)]);
 }
 
+// SQL: the provider instances (table or alias `p`) that use the credential whose id is `c`.
+const usesCredential = (p: string, c: string) => `(${p}.resource_server_credential_id = ${c} or ${p}.user_credential_id = ${c})`;
+
 // Credentials no provider instance refers to any more (after a delete).
 // The credentials are locked first: an instance created meanwhile with one of them holds it (its
 // foreign key check) until it commits, and the check below, a fresh snapshot after the wait, then
@@ -80,9 +83,46 @@ export async function deleteOrphanCredentials(db: Tx, ids: string[]): Promise<vo
   if (!ids.length) return;
   await db('bridge_credentials').whereIn('id', ids).orderBy('id').forUpdate().select('id');
   await db('bridge_credentials').whereIn('id', ids)
-    .whereNotExists((q) => q.select(db.raw('1')).from('provider_instances')
-      .whereRaw('provider_instances.resource_server_credential_id = bridge_credentials.id or provider_instances.user_credential_id = bridge_credentials.id'))
+    .whereNotExists((q) => q.select(db.raw('1')).from('provider_instances').whereRaw(usesCredential('provider_instances', 'bridge_credentials.id')))
     .delete();
+}
+
+// What a credential list or a refused delete names of the instances that use a credential: any
+// number may share one, so the first this many in id order, and how many there are.
+export const CREDENTIAL_USERS_SHOWN = 100;
+export interface CredentialUse { provider_instance_ids: string[]; provider_instance_count: number }
+export type ListedCredentialRow = CredentialRow & CredentialUse;
+// SQL: a row of the CredentialUse of the credential whose id is `c` (for a lateral join).
+const credentialUseSql = (c: string) => `select array(select p.id from provider_instances p where ${usesCredential('p', c)} order by p.id limit ${CREDENTIAL_USERS_SHOWN}) as provider_instance_ids,
+  (select count(*)::int from provider_instances p where ${usesCredential('p', c)}) as provider_instance_count`;
+
+// Newest first, each with its use; `unused`: only those no instance uses (true) or only those in use (false).
+export async function listCredentials(
+  db: Tx, filter: { unused?: boolean; provider_controller_type_id?: string }, pageSize: number, token?: string,
+): Promise<Page<ListedCredentialRow>> {
+  const q = db('bridge_credentials').joinRaw(`cross join lateral (${credentialUseSql('bridge_credentials.id')}) u`)
+    .select('bridge_credentials.*', 'u.provider_instance_ids', 'u.provider_instance_count');
+  if (filter.unused !== undefined) q.where('u.provider_instance_count', filter.unused ? '=' : '>', 0);
+  if (filter.provider_controller_type_id) q.where({ 'bridge_credentials.provider_controller_type_id': filter.provider_controller_type_id });
+  return keysetPage<ListedCredentialRow>(q, {
+    columns: ['bridge_credentials.created_at', 'bridge_credentials.id'], kinds: ['timestamp', 'uuid'], direction: 'desc',
+    cursorOf: (r) => [r.created_at, r.id],
+    bytes: { db, size: `bridge_credentials.weight + ${textWeightBound('array_to_json(u.provider_instance_ids)::text')}`, max: PAGE_MAX_BYTES },
+  }, pageSize, token);
+}
+
+// The use of a credential about to be deleted (undefined: there is none), locked FOR UPDATE first:
+// an instance being created with it holds it (FOR SHARE, FOR NO KEY UPDATE or its foreign key check)
+// until it commits, and the use read next, a fresh snapshot after the wait, counts it; an instance
+// created after waits for the delete, then finds no credential (404).
+export async function lockedCredentialUse(trx: Knex.Transaction, id: string): Promise<CredentialUse | undefined> {
+  if (!await trx('bridge_credentials').where({ id }).forUpdate().first('id')) return undefined;
+  const { rows } = await trx.raw(`select u.* from (select ?::uuid as id) c cross join lateral (${credentialUseSql('c.id')}) u`, [id]);
+  return rows[0] as CredentialUse;
+}
+
+export async function deleteCredential(trx: Knex.Transaction, id: string): Promise<void> {
+  await trx('bridge_credentials').where({ id }).delete();
 }
 
 // A brokered user credential replaces the instance's and makes it usable: active, unless an

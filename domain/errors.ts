@@ -50,7 +50,7 @@ export class MethodNotAllowed extends AppError {
 export type ResourceName =
   | 'task' | 'push_notification_config' | 'secret' | 'api_key' | 'envelope_key' | 'dek' | 'dek_alias' | 'job'
   | 'provider_controller' | 'credential_controller' | 'function_controller' | 'provider_instance' | 'function_instance'
-  | 'user_credential' | 'resource_server_credential' | 'broker_state';
+  | 'credential' | 'user_credential' | 'resource_server_credential' | 'broker_state';
 // How a 404's message names the resources it names in words; the others by their name.
 const RESOURCE_WORDS: Partial<Record<ResourceName, string>> = {
   push_notification_config: 'push notification config', provider_controller: 'provider controller',

@@ -567,6 +567,105 @@ describe('bridge API', () => {
     }
   });
 
+  it('lists credentials newest first with the instances that use them, in pages, filtered by use and provider, never with raw secrets', async () => {
+    const { cred: used } = await stripeInstance('cred-list-a');
+    assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'cred-list-b', display_name: 'b', resource_server_credential_id: used.id })).status, 201);
+    const store = async (url: string, value: unknown) => {
+      const r = await c.post(url, { value });
+      assert.equal(r.status, 201, r.text);
+      return r.body;
+    };
+    const idle = await store(`${avail('stripe', 'api_key')}/credential/resource-server`, { api_key: STRIPE_KEY });
+    const rs = await store(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`, { client_id: 'client-list', client_secret: CLIENT_SECRET, redirect_uri: 'https://app.example/cb' });
+    const user = await store(`${avail('google_mail', 'oauth_auth_flow')}/credential/user-credential`,
+      { access_token: ACCESS_TOKEN, refresh_token: 'rt-1', expiry_time: new Date(Date.now() + 3600_000).toISOString() });
+    const list = async (query: string) => {
+      const items: any[] = [];
+      let token: string | undefined;
+      do {
+        const r = await c.get(`${B}/credential?${query}${token ? `&next_page_token=${encodeURIComponent(token)}` : ''}`);
+        assert.equal(r.status, 200, r.text);
+        for (const secret of [STRIPE_KEY, CLIENT_SECRET, ACCESS_TOKEN, 'rt-1']) assert.ok(!r.text.includes(secret), `${secret} listed`);
+        items.push(...r.body.items);
+        token = r.body.next_page_token;
+      } while (token);
+      return items;
+    };
+    const all = await list('page_size=1000');
+    const mine = [user, rs, idle, used].map((m) => all.find((i) => i.id === m.id));
+    assert.deepEqual(all.map((i) => i.id).filter((id) => mine.some((m) => m.id === id)), [user.id, rs.id, idle.id, used.id], 'newest first');
+    assert.deepEqual(all.map((i) => i.created_at), all.map((i) => i.created_at).sort().reverse());
+    assert.deepEqual(mine.map((m) => [m.kind, m.provider_controller_type_id, m.type_id, m.provider_instance_ids, m.provider_instance_count]), [
+      ['user', 'google_mail', 'oauth_auth_flow', [], 0], ['resource_server', 'google_mail', 'oauth_auth_flow', [], 0],
+      ['resource_server', 'stripe', 'api_key', [], 0], ['resource_server', 'stripe', 'api_key', ['cred-list-a', 'cred-list-b'], 2]]);
+    // The Credential shape the other answers use, secret members encrypted as they show them.
+    const { kind: _k, provider_controller_type_id: _p, provider_instance_ids: _i, provider_instance_count: _n, ...shown } = mine[3];
+    assert.deepEqual(shown, (await c.get(`${B}/provider/cred-list-a`)).body.resource_server_credential);
+
+    const unused = await list('page_size=2&unused=true');
+    assert.ok(unused.length > 3 && unused.every((i) => i.provider_instance_count === 0 && i.provider_instance_ids.length === 0));
+    assert.deepEqual(unused.map((i) => i.id), all.filter((i) => i.provider_instance_count === 0).map((i) => i.id), 'paged whole, each once');
+    const inUse = await list('page_size=1000&unused=false');
+    assert.deepEqual(inUse.map((i) => i.id), all.filter((i) => i.provider_instance_count > 0).map((i) => i.id));
+    const gmailUnused = await list('page_size=1000&unused=true&provider_controller_type_id=google_mail');
+    assert.ok(gmailUnused.every((i) => i.provider_controller_type_id === 'google_mail'));
+    assert.deepEqual(gmailUnused.slice(0, 2).map((i) => i.id), [user.id, rs.id]);
+
+    const first = await c.get(`${B}/credential?page_size=1&unused=true`);
+    assertError(await c.get(`${B}/credential?page_size=1&unused=false&next_page_token=${first.body.next_page_token}`), 400, 'invalid_request');
+    assertError(await c.get(`${B}/credential?unused=yes`), 400, 'invalid_request');
+    assertError(await c.get(`${B}/credential?kind=user`), 400, 'invalid_request');
+  });
+
+  it('deletes a credential no instance uses (its instance create refused: 409 id taken), which frees its DEK alias; 409 naming the instances that use one', async () => {
+    const dek = await c.post('/api/encryption/v1/envelope/default-envelope.key/dek', {});
+    assert.equal((await c.post('/api/encryption/v1/dek/alias', { dek_id: dek.body.id, alias: 'cred-unused' })).status, 201);
+    const { cred: used } = await stripeInstance('cred-del-a');
+    const cred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY }, dek_alias: 'cred-unused' });
+    assert.equal(cred.status, 201, cred.text);
+    const id = cred.body.id;
+    assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'cred-del-a', display_name: 'dup', resource_server_credential_id: id })).status, 409);
+    assert.deepEqual((await c.get(`${B}/credential?page_size=1&unused=true`)).body.items.map((i: any) => i.id), [id], 'found as unused');
+    assert.equal((await c.delete('/api/encryption/v1/dek/alias/cred-unused')).status, 409, 'pinned while it is stored');
+
+    assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'cred-del-b', display_name: 'b', resource_server_credential_id: used.id })).status, 201);
+    const refused = await c.delete(`${B}/credential/${used.id}`);
+    assertError(refused, 409, 'conflict');
+    assert.deepEqual(refused.body.data, { code: 'conflict', resource: 'credential', id: used.id, provider_instance_ids: ['cred-del-a', 'cred-del-b'], provider_instance_count: 2 });
+    assert.match(refused.body.message, /provider instances 'cred-del-a', 'cred-del-b'/);
+    assert.ok(await testDb()('bridge_credentials').where({ id: used.id }).first(), 'kept');
+
+    const del = await c.delete(`${B}/credential/${id}`);
+    assert.equal(del.status, 200, del.text);
+    assert.deepEqual(del.body, { success: true });
+    assert.equal(await testDb()('bridge_credentials').where({ id }).first(), undefined);
+    assertNotFound(await c.delete(`${B}/credential/${id}`), 'credential', id);
+    assertError(await c.delete(`${B}/credential/not-a-uuid`), 400, 'invalid_request');
+    assertNotFound(await c.post(avail('stripe', 'api_key'), { display_name: 'late', resource_server_credential_id: id }), 'resource_server_credential', id);
+    const alias = await c.delete('/api/encryption/v1/dek/alias/cred-unused');
+    assert.equal(alias.status, 200, alias.text);
+  });
+
+  it('deletes a credential while instances are created with it at the same moment: the delete (then 404 for them) or the instances win, never both', async () => {
+    for (let trial = 0; trial < 10; trial++) {
+      const cred = (await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY } })).body;
+      // Sent before, among and after the creates, so that either wins.
+      const creates = Array.from({ length: 5 }, (_, i) => () => c.post(avail('stripe', 'api_key'), {
+        provider_instance_id: `cred-racing-${trial}-${i}`, display_name: 'racing', resource_server_credential_id: cred.id,
+      }));
+      const at = trial % 6;
+      const created = await Promise.all([...creates.slice(0, at), () => c.delete(`${B}/credential/${cred.id}`), ...creates.slice(at)].map((send) => send()));
+      const [deleted] = created.splice(at, 1);
+      const made = created.filter((r) => r.status === 201).length;
+      if (deleted.status === 200) for (const r of created) assertNotFound(r, 'resource_server_credential', cred.id);
+      else {
+        assertError(deleted, 409, 'conflict');
+        assert.equal(made, 5, `trial ${trial}: ${created.map((r) => r.text).join(' ')}`);
+      }
+      assert.equal(!!await testDb()('bridge_credentials').where({ id: cred.id }).first(), made > 0, `trial ${trial}: ${made} created, delete ${deleted.status}`);
+    }
+  });
+
   it('answers 500 internal, sending nothing, when a stored credential does not decrypt (damage on our side, not a bad request)', async () => {
     const { cred } = await stripeInstance('stripe-damaged');
     await c.post(`${B}/provider/stripe-damaged/function/stripe_process_refund/enable`, {});

@@ -423,6 +423,8 @@ describe('hostile input: every REST operation of the OpenAPI document', function
         fc.tuple(fresh('p-'), pick('credential_id')).map(([provider_instance_id, resource_server_credential_id]) => ({
           path: { provider_controller_type_id: 'stripe', credential_controller_type_id: 'api_key' }, body: { provider_instance_id, display_name: 'Stripe', resource_server_credential_id },
         })),
+      'GET /api/bridge/v1/credential': fc.constantFrom('true', 'false').map((unused) => ({ query: { unused, provider_controller_type_id: 'stripe' } })),
+      'DELETE /api/bridge/v1/credential/{credential_id}': pick('credential_id').map((credential_id) => ({ path: { credential_id } })),
       'GET /api/bridge/v1/provider': fc.constantFrom('active', 'brokering_initiated').map((status) => ({ query: { status, provider_controller_type_id: 'stripe' } })),
       'GET /api/bridge/v1/provider/grouped-by-function': fc.constant({ query: { provider_controller_type_id: 'google_mail', function_category: 'email' } }),
       'GET /api/bridge/v1/provider/{provider_instance_id}': pick('provider_instance_id').map((provider_instance_id) => ({ path: { provider_instance_id } })),
@@ -626,6 +628,13 @@ describe('hostile input: every REST operation of the OpenAPI document', function
         stripeRs, { provider_instance_id: `race-${round}`, display_name: 'race', resource_server_credential_id: raceCred }]), oneWins);
       await race('one function enabled twice', [0, 1].map(() => ['POST', '/api/bridge/v1/provider/{provider_instance_id}/function/{function_controller_type_id}/enable',
         `${B}/provider/race-${round}/function/stripe_process_refund/enable`, {}]), oneWins);
+      // The delete wins (the instance then finds no credential) or the instance does (the delete is refused), never both.
+      const idleCred = (await c.post(`${stripeRs}/credential/resource-server`, { value: { api_key: STRIPE_KEY } })).body.id;
+      await race('a credential deleted while an instance is created with it', [
+        ['DELETE', '/api/bridge/v1/credential/{credential_id}', `${B}/credential/${idleCred}`],
+        ['POST', '/api/bridge/v1/available-providers/{provider_controller_type_id}/available-credentials/{credential_controller_type_id}',
+          stripeRs, { provider_instance_id: `race-cred-${round}`, display_name: 'race', resource_server_credential_id: idleCred }],
+      ], (s) => ['200,404', '409,201'].includes(s.join()));
       // A migration to an envelope key that is deleted meanwhile, and a DEK created under it.
       await c.post(`${E}/envelope`, { type: 'local', file_name: `target-${round}.key` });
       await c.post(`${E}/envelope`, { type: 'local', file_name: `source-${round}.key` });

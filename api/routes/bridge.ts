@@ -3,13 +3,13 @@ import { defineRoute } from '../route.ts';
 import { clientGone } from '../client-gone.ts';
 import { ErrorBody, FreeObject, kmsErrors, NoInput, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
 import {
-  BrokeredUserCredential, BrokerRequest, BrokerState, ControllerParams, CreateCredentialRequest, CreateProviderInstanceRequest, Credential, FunctionInstance, FunctionParams,
-  GroupedByFunction, GroupedListQuery, ImportCredentialRequest, InvokeFunctionRequest, InvokeResult, ProviderController, ProviderInstance, ProviderInstanceDetail,
+  BrokeredUserCredential, BrokerRequest, BrokerState, ControllerParams, CreateCredentialRequest, CreateProviderInstanceRequest, Credential, CredentialListQuery, CredentialParams,
+  FunctionInstance, FunctionParams, GroupedByFunction, GroupedListQuery, ImportCredentialRequest, InvokeFunctionRequest, InvokeResult, ListedCredential, ProviderController, ProviderInstance, ProviderInstanceDetail,
   OAuthCallbackQuery, ProviderInstanceId, ProviderListQuery, ProviderParams, UpdateProviderInstanceRequest,
 } from '../schemas/bridge.ts';
 import { completeBrokering, startBrokering } from '../../domain/bridge/brokering.ts';
 import { listProviders } from '../../domain/bridge/catalog.ts';
-import { createCredential, importCredential } from '../../domain/bridge/credentials.ts';
+import { createCredential, deleteCredential, importCredential, listCredentials } from '../../domain/bridge/credentials.ts';
 import * as instances from '../../domain/bridge/provider-instances.ts';
 import * as functions from '../../domain/bridge/functions.ts';
 import { functionInstancesOpenApi } from '../../domain/bridge/function-openapi.ts';
@@ -48,6 +48,23 @@ export const bridgeRoutes = [
   credentialRoute('user', `${available}/credential/user-credential`, 'create-user-credential', 'user credential (e.g. OAuth tokens obtained elsewhere)'),
   importRoute('resource_server', `${available}/credential/resource-server/import`, 'import-resource-server-credential', 'resource server credential'),
   importRoute('user', `${available}/credential/user-credential/import`, 'import-user-credential', 'user credential'),
+
+  defineRoute({
+    method: 'get', path: '/api/bridge/v1/credential', operationId: 'list-credentials', tag, scope: 'bridge:read',
+    summary: 'List resource server and user credentials, newest first (secret members encrypted), each with the provider instances that use it; unused=true finds those none uses',
+    query: Type.Object({ ...PageQuery, ...CredentialListQuery }),
+    responses: { 200: Paginated(ListedCredential), ...requestErrors },
+  }, async ({ query, services }) => listCredentials(services.db, query, query.page_size!, query.next_page_token)),
+
+  defineRoute({
+    method: 'delete', path: '/api/bridge/v1/credential/:credential_id', operationId: 'delete-credential', tag, scope: 'bridge:write',
+    summary: 'Delete a credential no provider instance uses (409 naming those that do)',
+    params: CredentialParams,
+    responses: { 200: Success, ...resourceErrors, 409: ErrorBody },
+  }, async ({ params, services }) => {
+    await deleteCredential(services.db, params.credential_id);
+    return { success: true };
+  }),
 
   defineRoute({
     method: 'post', path: `${available}/credential/user-credential/broker`, operationId: 'broker-user-credential', tag, scope: 'bridge:write',

@@ -4,6 +4,7 @@ import { Body, FreeObject, HttpUrl, NoControlChars, Timestamp, Uuid } from './co
 import { AliasName } from './encryption.ts';
 import { worded } from '../../domain/schema-check.ts';
 import { HEADER_TOKEN_OR_EMPTY_PATTERN } from '../../domain/bridge/credential-controllers.ts';
+import { CREDENTIAL_USERS_SHOWN } from '../../db/bridge.ts';
 
 export const ProviderInstanceId = Type.String({ pattern: worded('^[A-Za-z0-9_-]{1,64}$', 'must be 1 to 64 of A-Z a-z 0-9 _ -'), description: '1..64 of A-Z a-z 0-9 _ -' });
 export const ControllerTypeId = Type.String({ pattern: worded('^[a-z0-9_]{1,64}$', 'must be 1 to 64 of a-z 0-9 _') });
@@ -67,6 +68,20 @@ export const Credential = Type.Object({
 }, { $id: 'Credential' });
 export type Credential = Static<typeof Credential>;
 
+// As GET /credential lists it: with what it is for and the instances that use it.
+export const ListedCredential = Type.Object({
+  ...credentialFields,
+  kind: Type.Union([Type.Literal('resource_server'), Type.Literal('user')]),
+  provider_controller_type_id: Type.String(),
+  provider_instance_ids: Type.Array(ProviderInstanceId, {
+    maxItems: CREDENTIAL_USERS_SHOWN, description: `the provider instances that use it, in id order: the first ${CREDENTIAL_USERS_SHOWN} (provider_instance_count says how many)`,
+  }),
+  provider_instance_count: Type.Integer({ minimum: 0, description: 'how many provider instances use it; 0: none, so DELETE /credential/{credential_id} removes it' }),
+  created_at: Timestamp,
+  updated_at: Timestamp,
+}, { $id: 'ListedCredential' });
+export type ListedCredential = Static<typeof ListedCredential>;
+
 export const FunctionInstance = Type.Object({
   function_controller_type_id: Type.String(),
   provider_controller_type_id: Type.String(),
@@ -122,6 +137,7 @@ export type InvokeResult = { type: 'success'; [k: string]: unknown } | { type: '
 
 export const ControllerParams = Type.Object({ provider_controller_type_id: ControllerTypeId, credential_controller_type_id: ControllerTypeId });
 export const ProviderParams = Type.Object({ provider_instance_id: ProviderInstanceId });
+export const CredentialParams = Type.Object({ credential_id: Uuid });
 export const FunctionParams = Type.Object({ provider_instance_id: ProviderInstanceId, function_controller_type_id: ControllerTypeId });
 
 export const CreateCredentialRequest = Body({
@@ -169,6 +185,10 @@ export const AgentInvokeOptions = Type.Object({ idempotencyKey: Type.Optional(Id
 
 export const ProviderListQuery = {
   status: Type.Optional(ProviderStatus),
+  provider_controller_type_id: Type.Optional(ControllerTypeId),
+};
+export const CredentialListQuery = {
+  unused: Type.Optional(Type.Boolean({ description: 'true: only the credentials no provider instance uses (those DELETE takes); false: only those in use' })),
   provider_controller_type_id: Type.Optional(ControllerTypeId),
 };
 export const GroupedListQuery = {

@@ -6,8 +6,9 @@ import { AppError, Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import { DecryptError, decryptImported, decryptWithDek, encryptWithDek, resolveAlias, writeUnderAlias, type KeyringServices } from '../keyring.ts';
 import { DEFAULT_ALIAS } from '../crypto/key-management.ts';
 import * as repo from '../../db/bridge.ts';
-import type { CredentialKind, CredentialRow } from '../../db/bridge.ts';
-import type { Credential, CreateCredentialRequest } from '../../api/schemas/bridge.ts';
+import type { CredentialKind, CredentialRow, ListedCredentialRow } from '../../db/bridge.ts';
+import type { Page } from '../../db/pagination.ts';
+import type { Credential, CreateCredentialRequest, ListedCredential } from '../../api/schemas/bridge.ts';
 import { checkAgainst, credentialDef, providerDef } from './catalog.ts';
 import type { CredentialControllerDef, Plain } from './types.ts';
 
@@ -20,6 +21,34 @@ export function toCredential(r: CredentialRow): Credential {
     ...(r.next_rotation_time ? { next_rotation_time: r.next_rotation_time } : {}),
     created_at: r.created_at, updated_at: r.updated_at,
   } as unknown as Credential;
+}
+
+function toListedCredential(r: ListedCredentialRow): ListedCredential {
+  return {
+    ...toCredential(r), kind: r.kind, provider_controller_type_id: r.provider_controller_type_id,
+    provider_instance_ids: r.provider_instance_ids, provider_instance_count: r.provider_instance_count,
+  };
+}
+
+// Every credential, newest first, with the instances that use it: one no instance uses (its instance
+// create was refused, or never made) is found here and can be deleted, which frees its DEK alias.
+export async function listCredentials(db: Knex, filter: { unused?: boolean; provider_controller_type_id?: string }, pageSize: number, token?: string): Promise<Page<ListedCredential>> {
+  const page = await repo.listCredentials(db, filter, pageSize, token);
+  return { ...page, items: page.items.map(toListedCredential) };
+}
+
+// Only a credential no instance uses (409 naming those that do): an instance's credentials go with it (DELETE /provider/{id}).
+export async function deleteCredential(db: Knex, id: string): Promise<void> {
+  await db.transaction(async (trx) => {
+    const use = await repo.lockedCredentialUse(trx, id);
+    if (!use) throw new NotFound('credential', id);
+    if (use.provider_instance_count > 0) {
+      const more = use.provider_instance_count - use.provider_instance_ids.length;
+      throw new Conflict(`Credential '${id}' is used by provider instance${use.provider_instance_count > 1 ? 's' : ''} ${use.provider_instance_ids.map((i) => `'${i}'`).join(', ')}${more ? ` and ${more} more` : ''}: `
+        + 'delete those (DELETE /provider/{id} removes the credentials only it uses)', { resource: 'credential', id, ...use });
+    }
+    await repo.deleteCredential(trx, id);
+  });
 }
 
 // The members of a credential of `kind` stored only sealed (an export carries them as ciphertexts).
