@@ -498,7 +498,11 @@ describe('hostile input: every REST operation of the OpenAPI document', function
       // What an upstream refuses (a code the token endpoint does not know, a KMS key KMS does not
       // have) is answered 502 by SPEC.md sections 1 and 7.
       const upstream = r.status === 502 && ['token endpoint', 'aws_kms'].includes(r.body?.data?.upstream);
-      if (r.status >= 500 && !upstream) problems.push(`status ${r.status}`);
+      // A streamed document (an export, a generated client) gives its place back once its snapshot has
+      // ended, which on a loaded machine can come after the sweep's next request: that one is told the
+      // process is busy (503, Retry-After), as README says, not failed.
+      const busy = r.status === 503 && r.headers.get('retry-after') !== null && /the most it writes at once/.test(r.body?.message ?? '');
+      if (r.status >= 500 && !upstream && !busy) problems.push(`status ${r.status}`);
       if (r.status >= 400) {
         if (!/^application\/json/.test(r.headers.get('content-type') ?? '')) problems.push('not JSON');
         else if (typeof r.body?.message !== 'string' || !r.body.message || typeof r.body?.data?.code !== 'string') problems.push('not the Error body');
