@@ -60,7 +60,9 @@ const ConfigSchema = Type.Object({
   MIGRATION_LOCK_TIMEOUT_MS: Ms({ minimum: 0, default: 3000 }),
   // How long an api or worker process waits at start for Postgres and Redis before it exits; 0: no limit.
   STARTUP_TIMEOUT_MS: Ms({ minimum: 0, default: 60000 }),
-  QUEUE_PREFIX: Type.String({ default: '{taskbridge}', minLength: 1 }),
+  // Part of the names BullMQ gives its Redis connections (CLIENT SETNAME, which refuses spaces): with
+  // others, taskbridge_queue_workers would count no worker.
+  QUEUE_PREFIX: Type.String({ default: '{taskbridge}', minLength: 1, pattern: PRINTABLE }),
   AGENT_KIND: oneOf(['demo', 'module', 'remote'], { default: 'demo' }),
   AGENT_MODULE: Type.Optional(Type.String({ minLength: 1 })),
   AGENT_REMOTE_URL: Type.Optional(HttpUrlSetting()),

@@ -75,6 +75,15 @@ describe('process start-up', function () {
     }
   });
 
+  it('refuses a QUEUE_PREFIX with a space (Redis refuses it in the client names that count workers), naming it', async () => {
+    for (const file of ['api/main.ts', 'workers/main.ts']) {
+      const r = await run(file, testEnv({ QUEUE_PREFIX: '{tb prefix}' }));
+      assert.equal(r.code, 2, r.output);
+      assert.match(r.output, /^ {2}QUEUE_PREFIX: must be printable ASCII characters, without spaces or line breaks$/m);
+      noStack(r);
+    }
+  });
+
   it('npm start refuses a bad configuration (exit 2) before it starts any server', async () => {
     const dataDir = fs.mkdtempSync(path.join(process.env.TEST_DATA_DIR!, 'start-bad-config-'));
     const r = await run('scripts/start.ts', { ...testEnv({ PORT: '0x12A7', DATABASE_URL: undefined, REDIS_URL: undefined }), DATA_DIR: dataDir });
