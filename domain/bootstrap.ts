@@ -18,7 +18,7 @@ export async function writingTo<T>(setting: 'DATA_DIR' | 'KEYS_DIR', dir: string
   } catch (err) {
     const { code, syscall, path: where } = (err ?? {}) as NodeJS.ErrnoException;
     if (typeof code !== 'string' || typeof syscall !== 'string' || typeof where !== 'string' || !where.startsWith(dir)) throw err;
-    throw new ConfigError(`Invalid configuration:\n  ${setting}: ${dir} cannot be used (${code} on ${syscall} of ${where}): it must be a directory this process can create and write`);
+    throw new ConfigError([[setting, `${dir} cannot be used (${code} on ${syscall} of ${where}): it must be a directory this process can create and write`]]);
   }
 }
 

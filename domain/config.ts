@@ -156,14 +156,20 @@ const ConfigSchema = Type.Object({
 // TRUST_PROXY as the number of proxies in front (0: none).
 export type Config = Omit<Static<typeof ConfigSchema>, 'TRUST_PROXY'> & { KEYS_DIR: string; PUBLIC_URL: string; TRUST_PROXY: number };
 
-export class ConfigError extends Error {}
+// A setting's problem: its variable's name and what is wrong with it.
+export type ConfigProblem = [variable: string, why: string];
+
+export class ConfigError extends Error {
+  constructor(readonly problems: ConfigProblem[]) {
+    super(`Invalid configuration:\n${[...new Set(problems.map(([name, why]) => `  ${name}: ${why}`))].join('\n')}`);
+  }
+}
 
 const ajv = new Ajv({ coerceTypes: true, useDefaults: true, allErrors: true });
 ajv.addFormat('http-url', { type: 'string', validate: isHttpUrl });
 
-// The settings of `schema` from the environment, coerced and defaulted, or a ConfigError listing
-// every problem by variable name.
-function readEnv<S extends TObject>(schema: S, env: NodeJS.ProcessEnv): Static<S> {
+// The settings of `schema` from the environment, coerced and defaulted, and every problem with them.
+function checkEnv<S extends TObject>(schema: S, env: NodeJS.ProcessEnv): { values: Static<S>; problems: ConfigProblem[] } {
   const check = ajv.compile(schema);
   const raw: Record<string, unknown> = {};
   for (const key of Object.keys(schema.properties)) {
@@ -177,16 +183,22 @@ function readEnv<S extends TObject>(schema: S, env: NodeJS.ProcessEnv): Static<S
     if (type === 'integer' && !/^-?\d+$/.test(String(value))) notDecimal.set(key, 'must be a whole number in decimal digits');
     if (type === 'number' && !/^-?\d+(\.\d+)?$/.test(String(value))) notDecimal.set(key, 'must be a number in decimal digits');
   }
-  const lines = [...notDecimal].map(([key, why]) => `  ${key}: ${why}`);
-  if (!check(raw)) lines.push(...(check.errors ?? []).filter((e) => !notDecimal.has(e.instancePath.replace(/^\//, ''))).map((e) => {
+  const problems: ConfigProblem[] = [...notDecimal];
+  if (!check(raw)) problems.push(...(check.errors ?? []).filter((e) => !notDecimal.has(e.instancePath.replace(/^\//, ''))).map((e) => {
     const missing = (e.params as { missingProperty?: string }).missingProperty;
     const name = e.instancePath.replace(/^\//, '') || missing || '(config)';
     const why = missing ? 'is required' : e.keyword === 'type' && (e.params as { type?: string }).type === 'boolean' ? 'must be true or false' : errorText(e);
-    return `  ${name}: ${why}`;
+    return [name, why] as ConfigProblem;
   }));
-  lines.push(...serviceUrlProblems(raw));
-  if (lines.length) throw new ConfigError(`Invalid configuration:\n${[...new Set(lines)].join('\n')}`);
-  return raw as Static<S>;
+  problems.push(...serviceUrlProblems(raw));
+  return { values: raw as Static<S>, problems };
+}
+
+// The settings of `schema` from the environment, or a ConfigError listing every problem.
+function readEnv<S extends TObject>(schema: S, env: NodeJS.ProcessEnv): Static<S> {
+  const { values, problems } = checkEnv(schema, env);
+  if (problems.length) throw new ConfigError(problems);
+  return values;
 }
 
 // What the schemes' patterns cannot tell, so that it is said at start rather than by a driver's
@@ -194,9 +206,9 @@ function readEnv<S extends TObject>(schema: S, env: NodeJS.ProcessEnv): Static<S
 // with pg's own parser, which also reads socket forms such as postgres://u:p@/db?host=/run/pg), and
 // a Redis database (the path) that is not a number. The URLs themselves are never shown: they hold
 // passwords.
-function serviceUrlProblems(raw: Record<string, unknown>): string[] {
-  const invalid = (name: string) => `  ${name}: is not a valid URL (check the port, and that special characters in the password are percent-encoded)`;
-  const problems: string[] = [];
+function serviceUrlProblems(raw: Record<string, unknown>): ConfigProblem[] {
+  const invalid = (name: string): ConfigProblem => [name, 'is not a valid URL (check the port, and that special characters in the password are percent-encoded)'];
+  const problems: ConfigProblem[] = [];
   if (typeof raw.DATABASE_URL === 'string') {
     try {
       parsePgUrl(raw.DATABASE_URL);
@@ -211,24 +223,32 @@ function serviceUrlProblems(raw: Record<string, unknown>): string[] {
     } catch {
       problems.push(invalid('REDIS_URL'));
     }
-    if (url && !/^\/?(\d+)?$/.test(url.pathname)) problems.push('  REDIS_URL: the database (the path) must be a number');
+    if (url && !/^\/?(\d+)?$/.test(url.pathname)) problems.push(['REDIS_URL', 'the database (the path) must be a number']);
   }
   // Paths are appended to it (the agent card's url, the OpenAPI server): a query or fragment would end
   // up in the middle of them, and user info in public documents.
   // Read in the text: a bare `?`, `#` or `@` parses to nothing, and would still be appended to.
   if (typeof raw.PUBLIC_URL === 'string' && isHttpUrl(raw.PUBLIC_URL)) {
     const authority = raw.PUBLIC_URL.trim().replace(/^[a-z][a-z0-9+.-]*:\/\//i, '').split(/[/?#]/)[0];
-    if (/[?#]/.test(raw.PUBLIC_URL) || authority.includes('@')) problems.push('  PUBLIC_URL: must be a base URL without user info, query or fragment');
+    if (/[?#]/.test(raw.PUBLIC_URL) || authority.includes('@')) problems.push(['PUBLIC_URL', 'must be a base URL without user info, query or fragment']);
   }
   return problems;
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
-  const cfg = readEnv(ConfigSchema, env);
-  if (cfg.AGENT_KIND === 'module' && !cfg.AGENT_MODULE) throw new ConfigError('Invalid configuration:\n  AGENT_MODULE: required when AGENT_KIND=module');
-  if (cfg.AGENT_KIND === 'remote' && !cfg.AGENT_REMOTE_URL) throw new ConfigError('Invalid configuration:\n  AGENT_REMOTE_URL: required when AGENT_KIND=remote');
-  remoteKeyOrigins(cfg);
-  try { parseSkills(cfg.AGENT_SKILLS_JSON); } catch (e) { throw new ConfigError(`Invalid configuration:\n  AGENT_SKILLS_JSON: ${(e as Error).message}`); }
+  const { values: cfg, problems } = checkEnv(ConfigSchema, env);
+  // Every problem in one message: the checks below read only values the schema passed (an
+  // AGENT_KIND that is none of the kinds requires nothing).
+  const passed = (...names: (keyof typeof cfg)[]) => names.every((name) => !problems.some(([bad]) => bad === name));
+  if (passed('AGENT_KIND', 'AGENT_MODULE') && cfg.AGENT_KIND === 'module' && !cfg.AGENT_MODULE) problems.push(['AGENT_MODULE', 'required when AGENT_KIND=module']);
+  if (passed('AGENT_KIND', 'AGENT_REMOTE_URL') && cfg.AGENT_KIND === 'remote' && !cfg.AGENT_REMOTE_URL) problems.push(['AGENT_REMOTE_URL', 'required when AGENT_KIND=remote']);
+  if (passed('AGENT_REMOTE_KEY_ORIGINS')) {
+    try { remoteKeyOrigins(cfg); } catch (e) { if (!(e instanceof ConfigError)) throw e; problems.push(...e.problems); }
+  }
+  if (passed('AGENT_SKILLS_JSON')) {
+    try { parseSkills(cfg.AGENT_SKILLS_JSON); } catch (e) { problems.push(['AGENT_SKILLS_JSON', (e as Error).message]); }
+  }
+  if (problems.length) throw new ConfigError(problems);
   const dataDir = path.resolve(cfg.DATA_DIR);
   return {
     ...cfg,
@@ -246,7 +266,7 @@ export function remoteKeyOrigins(cfg: Pick<Config, 'AGENT_REMOTE_KEY_ORIGINS'>):
     let url: URL | undefined;
     try { url = new URL(raw); } catch { /* said below */ }
     if (!url || !/^https?:$/.test(url.protocol) || url.href !== `${url.origin}/` || url.username || url.password) {
-      throw new ConfigError(`Invalid configuration:\n  AGENT_REMOTE_KEY_ORIGINS: entry ${i + 1} is not an origin (scheme, host and port, such as https://agent.example.com:8443)`);
+      throw new ConfigError([['AGENT_REMOTE_KEY_ORIGINS', `entry ${i + 1} is not an origin (scheme, host and port, such as https://agent.example.com:8443)`]]);
     }
     return url.origin;
   });

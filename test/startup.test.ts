@@ -84,6 +84,21 @@ describe('process start-up', function () {
     }
   });
 
+  it('names each bad variable in one message, those checked against others (AGENT_MODULE) and parsed (AGENT_SKILLS_JSON, AGENT_REMOTE_KEY_ORIGINS) too', async () => {
+    const r = await run('api/main.ts', testEnv({ PORT: 'abc', AGENT_SKILLS_JSON: 'not json', AGENT_KIND: 'module', AGENT_REMOTE_KEY_ORIGINS: 'nope' }));
+    assert.equal(r.code, 2, r.output);
+    for (const name of ['PORT', 'AGENT_SKILLS_JSON', 'AGENT_MODULE', 'AGENT_REMOTE_KEY_ORIGINS']) assert.match(r.output, new RegExp(`^ {2}${name}: `, 'm'), r.output);
+    assert.equal(r.output.match(/^Invalid configuration:$/gm)?.length, 1, r.output);
+    // A check that reads a value the schema refused is not made: AGENT_KIND wrong, AGENT_MODULE is not said to be missing.
+    const kind = await run('api/main.ts', testEnv({ AGENT_KIND: 'robot', AGENT_REMOTE_URL: 'not a url', AGENT_SKILLS_JSON: '[]' }));
+    assert.equal(kind.code, 2, kind.output);
+    assert.match(kind.output, /^ {2}AGENT_KIND: must be one of/m);
+    assert.match(kind.output, /^ {2}AGENT_REMOTE_URL: must be an http\(s\) URL$/m);
+    assert.match(kind.output, /^ {2}AGENT_SKILLS_JSON: /m);
+    assert.doesNotMatch(kind.output, /AGENT_MODULE/);
+    noStack(r);
+  });
+
   it('npm start refuses a bad configuration (exit 2) before it starts any server', async () => {
     const dataDir = fs.mkdtempSync(path.join(process.env.TEST_DATA_DIR!, 'start-bad-config-'));
     const r = await run('scripts/start.ts', { ...testEnv({ PORT: '0x12A7', DATABASE_URL: undefined, REDIS_URL: undefined }), DATA_DIR: dataDir });
