@@ -143,7 +143,8 @@ export async function decryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: str
   return (await openWithDek(s, dekId, ciphertext, trx, purposes)).toString('utf8');
 }
 
-const utf8 = new TextDecoder('utf-8', { fatal: true });
+// ignoreBOM: a leading byte order mark is part of the value (the decoder would drop it by default).
+const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
 // A value a client encrypted elsewhere (an import): one that does not decrypt with the DEK it names
 // is a bad request naming the field, not damage on our side. So is a plaintext a write could not

@@ -323,6 +323,12 @@ describe('secret API', () => {
         assert.ok(res.body.message.includes(why), res.body.message);
       }
     }
+    // A leading byte order mark is part of the value, kept when re-encrypted under the alias's DEK.
+    const bom = await c.post(`${S}/import`, { key: 'bom.import', encrypted_value: sealByHand(dekKey, Buffer.from([0xef, 0xbb, 0xbf, 0x61])), dek_alias: 'default', data_encryption_key_id: dek.body.id });
+    assert.equal(bom.status, 201, bom.text);
+    const bomRead = (await c.get(`${S}/list-decrypted?page_size=1000`)).body.secrets.find((x: { id: string }) => x.id === bom.body.id);
+    assert.equal(bomRead.decrypted_value, '\ufeffa');
+    assert.equal((await c.delete(`${S}/${bom.body.id}`)).status, 200);
     // Encrypted with the DEK of `known`, but named under `default`.
     assert.equal((await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: encrypted, dek_alias: 'default' })).status, 400);
     assert.equal((await c.post(`${S}/import`, { key: 'bad.import', encrypted_value: encrypted, dek_alias: 'nope' })).status, 404);
