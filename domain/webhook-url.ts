@@ -30,8 +30,12 @@ export function isPrivateAddress(ip: string): boolean {
   return blocked.check(ip, family === 4 ? 'ipv4' : 'ipv6');
 }
 
-// What a lookup answers when the name has no address: the caller named nothing that exists.
-const NO_SUCH_NAME = ['ENOTFOUND', 'ENODATA'];
+// What a lookup (getaddrinfo, not c-ares) answers when it could not ask for now, which says nothing
+// of the name: the resolver timed out, failed or was refused (EAI_AGAIN, as glibc reports those), or
+// this process ran short of memory or descriptors (EAI_MEMORY; EAI_SYSTEM's errno). Anything else is
+// the name's: one that does not exist (ENOTFOUND), or that no resolver takes (EINVAL: over 255
+// characters), which no retry mends.
+const FOR_NOW = ['EAI_AGAIN', 'EAI_MEMORY', 'EMFILE', 'ENFILE', 'ENOMEM'];
 
 const hostOf = (url: URL) => url.hostname.replace(/^\[(.*)\]$/, '$1');
 
@@ -62,10 +66,10 @@ export async function assertOutboundUrl(raw: string, allowPrivate: boolean, what
     addresses = await resolve(host);
   } catch (err) {
     const code = String((err as NodeJS.ErrnoException).code);
-    if (NO_SUCH_NAME.includes(code)) throw new InvalidRequest(`${what} host '${host}' cannot be resolved`);
-    // A resolver that timed out or failed (EAI_AGAIN...) says nothing of the name: refusing it as
-    // the caller's mistake would fail a good URL, and a remote agent's run, for a DNS blip.
-    throw new Unavailable(`${what} host '${host}' could not be looked up just now (${code}); retry shortly`);
+    // Refusing a lookup that failed for now as the caller's mistake would fail a good URL, and a
+    // remote agent's run, for a DNS blip.
+    if (FOR_NOW.includes(code)) throw new Unavailable(`${what} host '${host}' could not be looked up just now (${code}); retry shortly`);
+    throw new InvalidRequest(`${what} host '${host}' cannot be resolved (${code})`);
   }
   const internal = addresses.find(isPrivateAddress);
   if (internal !== undefined) {

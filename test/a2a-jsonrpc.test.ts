@@ -128,6 +128,8 @@ describe('A2A JSON-RPC endpoint', () => {
         ['tasks/get', { id: randomUUID(), historyLength: 'all' }, /historyLength/],
         ['tasks/cancel', null, /params/],
         ['tasks/pushNotificationConfig/set', { taskId: randomUUID() }, /pushNotificationConfig is required/],
+        // A webhook host no resolver takes (over 255 characters) is the caller's to mend: it was -32603 "retry shortly".
+        ['message/send', { message: userMessage('x'), configuration: { blocking: false, pushNotificationConfig: { url: `https://x.${'a'.repeat(300)}.com/hook` } } }, /^Push notification URL host 'x\.a+\.com' cannot be resolved \(EINVAL\)$/],
       ];
       const tasks = async () => Number((await testDb()('tasks').count({ n: '*' }))[0].n);
       const before = await tasks();

@@ -808,6 +808,18 @@ describe('bridge API without BRIDGE_ALLOW_PRIVATE', () => {
     assert.equal(rows[0].n, 0);
   });
 
+  it('refuses a service-account credential whose token_uri host does not exist or no resolver takes (400, not 503 "retry shortly"), storing nothing', async () => {
+    const client = new Client(api.url);
+    for (const [tokenUri, code] of [[`https://x.${'a'.repeat(300)}.com/token`, 'EINVAL'], ['https://no-such-host.invalid/token', 'ENOTFOUND']]) {
+      const r = await client.post(`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
+        { value: { client_id: 'svc@example.iam', private_key: privateKey, token_uri: tokenUri, scopes: ['gmail.send'] } });
+      assert.equal(r.status, 400, `${tokenUri}: ${r.text}`);
+      assert.match(r.body.message, new RegExp(`^token_uri host '.*' cannot be resolved \\(${code}\\)$`));
+    }
+    const { rows } = await testDb().raw('select count(*)::int as n from bridge_credentials');
+    assert.equal(rows[0].n, 0);
+  });
+
   it('calls a token endpoint on public addresses only, checked again when connecting (a name checked public may resolve internal by then)', async () => {
     // The check at connect time, as a token call makes it: a name that now resolves to loopback.
     const hits: string[] = [];

@@ -753,6 +753,8 @@ describe('push notifications', () => {
       ['http://[64:ff9b:1::a00:1]/hook', /private, loopback/],
       ['http://localhost:8080/hook', /host 'localhost' resolves to a private/],
       ['http://no-such-host.invalid/hook', /cannot be resolved/],
+      // A name no resolver takes (over 255 characters): no retry makes it resolve.
+      [`http://x.${'a'.repeat(300)}.com/hook`, /cannot be resolved \(EINVAL\)/],
     ];
     for (const [url, message] of cases) {
       const r = await rejection(() => setPushConfig(testDb(), id, { url }, denyPrivate));
