@@ -200,11 +200,14 @@ describe('agent modules', () => {
     assert.ok(!stack.workers[0].logs.slice(before).some((l) => l.includes('it will be retried')), 'no retry');
   });
 
-  it('artifacts emitted without an id each get one, which emitArtifact returns so the agent can append to it', async () => {
+  it('artifacts emitted without an id each get one, which emitArtifact returns so the agent can append to it, in place', async () => {
     const { state, task } = await finalOf('anonymous artifacts');
     assert.equal(state, 'completed');
-    assert.deepEqual(task.artifacts.map((a: any) => a.parts.map((p: any) => p.text)), [['first'], ['second', 'and more']]);
+    // An append to an earlier artifact leaves it where it was, as tasks/get shows it too.
+    assert.deepEqual(task.artifacts.map((a: any) => a.parts.map((p: any) => p.text)), [['first', 'first again'], ['second', 'and more']]);
     for (const a of task.artifacts) assert.equal(typeof a.artifactId, 'string');
+    const got = (await rpc('tasks/get', { id: task.id })).body.result;
+    assert.deepEqual(got.artifacts, task.artifacts);
   });
 
   it('a task holds at most TASK_ARTIFACTS_MAX_BYTES of artifacts: the update that would take it over is refused, and the agent may go on', async () => {

@@ -75,7 +75,8 @@ export function toA2AArtifact(stored: Record<string, unknown>): Artifact {
 }
 
 // The artifacts of a task from its timeline items (oldest first): a later update of the same
-// artifactId replaces it, or extends its parts when the update says `append`.
+// artifactId replaces it, or extends its parts when the update says `append`, where it stands (as
+// the SDK's own server keeps a task's artifacts), so the order is that of each one's first update.
 export function artifactsFromTimeline(items: Pick<TimelineItem, 'event_payload'>[]): Artifact[] {
   const byId = new Map<string, Artifact>();
   for (const { event_payload: e } of items) {
@@ -83,7 +84,6 @@ export function artifactsFromTimeline(items: Pick<TimelineItem, 'event_payload'>
     const { append, lastChunk: _lastChunk, ...rest } = e.artifact as Record<string, unknown> & { append?: boolean; lastChunk?: boolean };
     const artifact = toA2AArtifact(rest);
     const prev = byId.get(artifact.artifactId);
-    if (prev) byId.delete(artifact.artifactId);
     byId.set(artifact.artifactId, append && prev ? { ...prev, parts: [...prev.parts, ...artifact.parts] } : artifact);
   }
   return [...byId.values()];
