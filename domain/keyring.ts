@@ -120,6 +120,11 @@ async function dekKey(s: Pick<Services, 'db' | 'cfg'>, dekId: string, trx?: Tx):
   return key;
 }
 
+// That the DEK opens (its key loaded, or cached), before values are written with it.
+export async function loadDekKey(s: Pick<Services, 'db' | 'cfg'>, dekId: string, trx?: Tx): Promise<void> {
+  await dekKey(s, dekId, trx);
+}
+
 // `purpose` is bound to the value as associated data: a value sealed for one purpose (a credential's
 // member) does not open as another's (a secret's, which secret import would decrypt for a client).
 export async function encryptWithDek(s: Pick<Services, 'db' | 'cfg'>, dekId: string, plaintext: string, trx?: Tx, purpose?: string): Promise<string> {

@@ -38,6 +38,13 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     ids.set(key, r.body.id);
   }
 
+  // Deleting an envelope key makes every process drop the keys it read, as a restart would.
+  const dropCaches = async () => {
+    const name = `drop-${randomUUID()}.key`;
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: name })).status, 201);
+    assert.equal((await c.delete(`${E}/envelope/${name}`)).status, 200);
+  };
+
   async function decryptedAll(): Promise<Map<string, string>> {
     const out = new Map<string, string>();
     let token: string | undefined;
@@ -342,12 +349,6 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
 
   it('re-encrypts what it can read and lists, as not moved, the secrets under an older DEK whose envelope key file is lost', async () => {
     const alias = 'rot-lost';
-    // Deleting an envelope key makes every process drop the keys it read, as a restart would.
-    const dropCaches = async () => {
-      const name = `drop-${randomUUID()}.key`;
-      assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: name })).status, 201);
-      assert.equal((await c.delete(`${E}/envelope/${name}`)).status, 200);
-    };
     assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'rot-lost.key' })).status, 201);
     assert.equal((await c.post(`${E}/envelope/rot-lost.key/dek`, { id: 'rot-lost-old' })).status, 201);
     assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'rot-lost-old', alias })).status, 201);
@@ -379,6 +380,35 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     // With the file back, those left under the old DEK read as they were.
     const all = await decryptedAll();
     for (const k of [...oldKeys, ...newKeys]) assert.equal(all.get(k), expected.get(k), k);
+  });
+
+  it('fails, the alias left where it was, when the envelope key its new DEK is under is lost mid-job (not every secret listed as not moved)', async () => {
+    const alias = 'rot-gone';
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'rot-gone.key' })).status, 201);
+    assert.equal((await c.post(`${E}/envelope/rot-gone.key/dek`, { id: 'rot-gone-old' })).status, 201);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'rot-gone-old', alias })).status, 201);
+    const keys = Array.from({ length: 300 }, (_, i) => `gone/${i}`);
+    for (let i = 0; i < keys.length; i += 20) await Promise.all(keys.slice(i, i + 20).map((k) => createSecret(k, alias)));
+    const file = path.join(stack.env.DATA_DIR, 'keys', 'rot-gone.key');
+    const original = fs.readFileSync(file);
+    const r = await c.post(`${E}/dek/alias/${alias}/rotate`);
+    assert.equal(r.status, 202);
+    try {
+      // Batches of 20, 40 ms apart: the file goes while most are still to come.
+      await waitFor(async () => (await job(r.body.id)).done >= 20, 'a first batch', 30000, 10);
+      fs.rmSync(file);
+      await dropCaches();
+      const done = await waitJob(r.body.id);
+      assert.equal(done.status, 'failed', JSON.stringify({ ...done, errors: done.errors.slice(0, 3) }));
+      assert.ok(done.done < keys.length && done.failed === 0, JSON.stringify([done.done, done.failed]));
+      assert.match(JSON.stringify(done.errors), /local envelope key 'rot-gone\.key' cannot be read \(ENOENT\)/);
+      assert.equal(await aliasDek(alias), 'rot-gone-old');
+    } finally {
+      fs.writeFileSync(file, original, { mode: 0o600 });
+    }
+    await dropCaches();
+    const all = await decryptedAll();
+    for (const k of keys) assert.equal(all.get(k), expected.get(k), k);
   });
 
   it('keeps every secret value out of logs and out of the BullMQ job hashes', async () => {

@@ -441,8 +441,9 @@ class Mirror {
 
   // A message before any task is the remote's whole answer (A2A 0.3), whatever task id it names:
   // the SDK's server names the id it had ready for a task, which the message means it never creates.
+  // Not on a later turn of a remote task already known: that task exists, and is followed.
   private answer(event: StreamEvent): A2AMessage | undefined {
-    return event.kind === 'message' && !this.tasked ? event : undefined;
+    return event.kind === 'message' && !this.tasked && !this.remoteTaskId ? event : undefined;
   }
 
   /** Records the remote task an event names (all a stopped run does with an event). */
