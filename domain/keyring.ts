@@ -77,12 +77,10 @@ export function forgetWrapper(envelopeId: string): void {
 }
 
 // A stored DEK that does not unwrap is damage on our side (its key file replaced by another, a KMS
-// key that is not the one it was wrapped with), not the request's: 500, logged. Alias rotation
-// lists the values under it as ones it could not move.
+// key that is not the one it was wrapped with, a changed row), never the fault of the request that
+// meets it: 500, logged. Alias rotation lists the values under it as ones it could not move.
 export class DekUnwrapFailed extends KeyUnusable {}
 
-// A stored DEK that does not unwrap is damage on our side (a replaced key file, a changed row), never
-// the request's fault, whichever request meets it.
 export async function unwrapDek(s: Pick<Services, 'db' | 'cfg'>, row: Pick<DekRow, 'id' | 'envelope_key_id' | 'encrypted_dek'>, trx?: Tx): Promise<Buffer> {
   const wrapper = await wrapperFor(s, row.envelope_key_id, trx);
   try {

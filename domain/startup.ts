@@ -31,7 +31,7 @@ export async function waitForBackingServices(s: Pick<Services, 'cfg' | 'db' | 'r
     const db = s.redis.options.db ?? 0;
     if (db) {
       await s.redis.select(db).catch((err: unknown) => {
-        throw err instanceof ReplyError ? new ConfigError([['REDIS_URL', `Redis has no database ${db}: ${(err as Error).message}`]]) : err;
+        throw err instanceof ReplyError ? new ConfigError([['REDIS_URL', `Redis refuses database ${db}: ${(err as Error).message}`]]) : err;
       });
     }
   };

@@ -158,7 +158,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     const rest = await c.post(`${B}/provider/stripe-damaged/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_1' } });
     assert.equal(rest.status, 500);
     const damaged = await rawCall('stripe__stripe_process_refund__stripe-damaged', { payment_intent: 'pi_1' });
-    assert.deepEqual(damaged.answer.error, { code: ErrorCode.InternalError, message: 'The service could not complete the request; retry shortly' });
+    assert.deepEqual(damaged.answer.error, { code: ErrorCode.InternalError, message: 'The service failed to complete the request; its operator can find why in its log' });
     assert.ok((await linesOf(damaged.reqId)).some((l) => l.level === 50 && l.msg === 'mcp request failed'));
     assert.ok(!JSON.stringify(damaged.answer).includes(cred.body.id), 'the credential is not named to the client');
     assert.equal((await c.delete(`${B}/provider/stripe-damaged`)).status, 200);

@@ -280,7 +280,7 @@ describe('process start-up', function () {
     for (const file of ['api/main.ts', 'workers/main.ts']) {
       const r = await run(file, testEnv({ REDIS_URL: url.toString() }));
       assert.equal(r.code, 2, r.output);
-      assert.match(r.output, /^ {2}REDIS_URL: Redis has no database 16: ERR DB index is out of range$/m);
+      assert.match(r.output, /^ {2}REDIS_URL: Redis refuses database 16: ERR DB index is out of range$/m);
       if (url.password) assert.ok(!r.output.includes(url.password), r.output);
       noStack(r);
     }

@@ -145,8 +145,10 @@ async function guarded<T>(log: Logger, what: string, fn: () => Promise<T>): Prom
     return await fn();
   } catch (err) {
     if (err instanceof McpRefusal) throw err;
-    logFailure(log, err, err instanceof AppError ? err : unavailability(err) ?? { status: 500, code: 'internal' }, 'mcp request failed', { what });
-    throw new McpRefusal(ErrorCode.InternalError, 'The service could not complete the request; retry shortly');
+    const e = err instanceof AppError ? err : unavailability(err) ?? { status: 500, code: 'internal' };
+    logFailure(log, err, e, 'mcp request failed', { what });
+    // Only an outage passes: a fault of ours (a credential that does not decrypt) stays until mended.
+    throw new McpRefusal(ErrorCode.InternalError, e.status === 503 ? 'The service could not complete the request; retry shortly' : 'The service failed to complete the request; its operator can find why in its log');
   }
 }
 
