@@ -19,7 +19,7 @@ import type { Knex } from 'knex';
 import type { Services } from './services.ts';
 import { AppError, Conflict, NotFound } from './errors.ts';
 import { inTransaction } from './unit-of-work.ts';
-import { createDek, decryptWithDek, DecryptError, encryptWithDek, loadDekKey, repointAlias, type KeyringServices } from './keyring.ts';
+import { createDek, decryptWithDek, DecryptError, encryptWithDek, checkDekOpens, repointAlias, type KeyringServices } from './keyring.ts';
 import { KeyUnusable } from './crypto/envelope-keys.ts';
 import { aliasDekForWrite, getDek } from '../db/deks.ts';
 import { addKeyJobTotal, finishKeyJob, settleKeyJobTotal, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, type KeyJobError, type KeyJobRow } from '../db/key-jobs.ts';
@@ -207,7 +207,7 @@ export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSi
     // The new DEK first: most rows are under the alias's current DEK, on the envelope key the new one
     // was made under, so that key lost would otherwise fail each row's opening, each its own error, and
     // the job would complete and repoint the alias at a DEK nothing can open.
-    await loadDekKey(s, params.new_dek_id, trx);
+    await checkDekOpens(s, params.new_dek_id, trx);
     const rewritten: unknown[] = [];
     const errors: KeyJobError[] = [];
     for (const r of rows) {

@@ -1,7 +1,7 @@
 import { createHash, randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
 import type { Tx } from '../db/knex.ts';
 import * as repo from '../db/api-keys.ts';
-import { NotFound } from './errors.ts';
+import { InvalidRequest, NotFound } from './errors.ts';
 
 export const SCOPES = [
   'task:read', 'task:write', 'secret:read', 'secret:write', 'secret:decrypt', 'encryption:read', 'encryption:write',
@@ -19,6 +19,8 @@ export function hasScope(p: Principal, scope: Scope): boolean {
 }
 
 export async function createApiKey(db: Tx, name: string, scopes: Scope[]) {
+  // A name a person reads back, as `keys create --name` requires (the schema's pattern refuses control characters).
+  if (!name.trim()) throw new InvalidRequest('Invalid body: body.name must not be blank', [{ path: 'body.name', message: 'must not be blank' }]);
   const key = PREFIX + randomBytes(32).toString('base64url');
   const row = await repo.insertApiKey(db, { id: randomUUID(), name, scopes: [...new Set(scopes)], key_hash: hashKey(key) });
   return { ...row, key };

@@ -118,9 +118,13 @@ async function dekKey(s: Pick<Services, 'db' | 'cfg'>, dekId: string, trx?: Tx):
   return key;
 }
 
-// That the DEK opens (its key loaded, or cached), before values are written with it.
-export async function loadDekKey(s: Pick<Services, 'db' | 'cfg'>, dekId: string, trx?: Tx): Promise<void> {
-  await dekKey(s, dekId, trx);
+// That the DEK opens now, its envelope key read afresh (a local file deleted since it was cached fails
+// here, KeyUnusable), before values are written with it that nothing could open once caches expire.
+export async function checkDekOpens(s: Pick<Services, 'db' | 'cfg'>, dekId: string, trx?: Tx): Promise<void> {
+  const row = await getDek(trx ?? s.db, dekId);
+  if (!row) throw new NotFound('dek', dekId);
+  await freshWrapperFor(s, row.envelope_key_id, trx);
+  await unwrapDek(s, row, trx);
 }
 
 // `purpose` is bound to the value as associated data: a value sealed for one purpose (a credential's

@@ -30,12 +30,10 @@ export function isPrivateAddress(ip: string): boolean {
   return blocked.check(ip, family === 4 ? 'ipv4' : 'ipv6');
 }
 
-// What a lookup (getaddrinfo, not c-ares) answers when it could not ask for now, which says nothing
-// of the name: the resolver timed out, failed or was refused (EAI_AGAIN, as glibc reports those), or
-// this process ran short of memory or descriptors (EAI_MEMORY; EAI_SYSTEM's errno). Anything else is
-// the name's: one that does not exist (ENOTFOUND), or that no resolver takes (EINVAL: over 255
-// characters), which no retry mends.
-const FOR_NOW = ['EAI_AGAIN', 'EAI_MEMORY', 'EMFILE', 'ENFILE', 'ENOMEM'];
+// What a lookup (getaddrinfo) answers about the name itself, which no retry mends: it does not exist
+// (ENOTFOUND, ENODATA), or no resolver takes it (EINVAL: over 255 characters). Anything else (EAI_AGAIN,
+// EAI_FAIL from a resolver that refused or failed, EAI_SYSTEM's errno, no code at all) may pass.
+const NAME_REFUSED = ['ENOTFOUND', 'ENODATA', 'EINVAL'];
 
 const hostOf = (url: URL) => url.hostname.replace(/^\[(.*)\]$/, '$1');
 
@@ -68,8 +66,8 @@ export async function assertOutboundUrl(raw: string, allowPrivate: boolean, what
     const code = String((err as NodeJS.ErrnoException).code);
     // Refusing a lookup that failed for now as the caller's mistake would fail a good URL, and a
     // remote agent's run, for a DNS blip.
-    if (FOR_NOW.includes(code)) throw new Unavailable(`${what} host '${host}' could not be looked up just now (${code}); retry shortly`);
-    throw new InvalidRequest(`${what} host '${host}' cannot be resolved (${code})`);
+    if (NAME_REFUSED.includes(code)) throw new InvalidRequest(`${what} host '${host}' cannot be resolved (${code})`);
+    throw new Unavailable(`${what} host '${host}' could not be looked up just now (${code}); retry shortly`);
   }
   const internal = addresses.find(isPrivateAddress);
   if (internal !== undefined) {

@@ -244,6 +244,15 @@ describe('authentication and scopes', () => {
       ['an unknown member', { name: 'x', scopes: ['task:read'], key: 'chosen' }],
       ['scopes as a string', { name: 'x', scopes: 'task:read' }],
     ];
+    it('takes a name that is not blank, whatever its spacing (U+2028 and U+2029 included)', async () => {
+      for (const name of [' padded ', '\u2028name', ' \u2029 ok', 'émoji 🔑']) {
+        const r = await admin.post('/api/auth/v1/api-key', { name, scopes: ['task:read'] });
+        assert.equal(r.status, 201, r.text);
+        assert.equal(r.body.name, name);
+        assert.equal((await admin.delete(`/api/auth/v1/api-key/${r.body.id}`)).status, 200);
+      }
+    });
+
     for (const [what, body] of badBodies) {
       it(`refuses to create a key with ${what} (400), creating nothing`, async () => {
         const [before] = await testDb()('api_keys').count({ n: '*' });

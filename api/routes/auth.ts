@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { Body, ErrorBody, NamedText, PageQuery, Paginated, requestErrors, Success, Timestamp, Uuid } from '../schemas/common.ts';
+import { Body, ErrorBody, NoControlChars, PageQuery, Paginated, requestErrors, Success, Timestamp, Uuid } from '../schemas/common.ts';
 import { createApiKey, revokeApiKey, SCOPES } from '../../domain/api-keys.ts';
 import { listActive } from '../../db/api-keys.ts';
 import { forgetApiKey } from '../middleware/auth.ts';
@@ -13,7 +13,7 @@ export const authRoutes = [
   defineRoute({
     method: 'post', path: '/api/auth/v1/api-key', operationId: 'create-api-key', tag, scope: 'admin',
     summary: 'Create an API key; the key is returned only in this response',
-    body: Body({ name: Type.String({ minLength: 1, maxLength: 200, pattern: NamedText }), scopes: Type.Array(ScopeSchema, { minItems: 1 }) }),
+    body: Body({ name: Type.String({ minLength: 1, maxLength: 200, pattern: NoControlChars }), scopes: Type.Array(ScopeSchema, { minItems: 1 }) }),
     responses: { 201: Type.Object({ id: Uuid, name: Type.String(), scopes: Type.Array(ScopeSchema), key: Type.String(), created_at: Timestamp }), ...requestErrors },
   }, async ({ body, services }) => createApiKey(services.db, body.name, body.scopes)),
 

@@ -6,9 +6,6 @@ export const Uuid = Type.String({ format: 'uuid', pattern: worded('^[0-9a-fA-F]{
 // A pattern for free-form strings that reach SQL or paths: no control characters (Postgres refuses NUL).
 // `*`: an empty string breaks only its minLength, so it is told only that.
 export const NoControlChars = worded('^[^\\u0000-\\u001f\\u007f]*$', 'must not contain control characters');
-// A name a person reads back (an API key's): something besides spaces, and no control characters.
-// The lookahead keeps it linear: two overlapping stars backtrack quadratically on a long refused name.
-export const NamedText = worded('^(?=.*\\S)[^\\u0000-\\u001f\\u007f]*$', 'must not be blank or contain control characters');
 // Standard base64, padded: whole groups of four (a last one with = padding), which Buffer decodes as sent.
 export const BASE64_PATTERN = worded('^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$', 'must be base64 (standard alphabet, padded with =)');
 // fetch and browsers (WHATWG URL) drop a path segment that is "." or ".." (%2E too), with the one
