@@ -19,7 +19,7 @@ import type { Knex } from 'knex';
 import type { Services } from './services.ts';
 import { AppError, Conflict, NotFound } from './errors.ts';
 import { inTransaction } from './unit-of-work.ts';
-import { createDek, decryptWithDek, DecryptError, encryptWithDek, checkDekOpens, repointAlias, type KeyringServices } from './keyring.ts';
+import { createDek, checkDekOpens, decryptWithDek, DecryptError, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
 import { KeyUnusable } from './crypto/envelope-keys.ts';
 import { aliasDekForWrite, getDek } from '../db/deks.ts';
 import { addKeyJobTotal, finishKeyJob, settleKeyJobTotal, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, type KeyJobError, type KeyJobRow } from '../db/key-jobs.ts';
@@ -113,8 +113,8 @@ class Unrotatable extends Error {}
 
 // A row whose value does not open under its old DEK: the value damaged, or that DEK not unwrapping or
 // its envelope key unreadable (a key file replaced or lost). The row's error, not the job's: the others
-// are still moved. Only the old side: the new DEK's envelope key was read when the job made it, and
-// failing there later fails the batch.
+// are still moved. Only the old side: the new DEK is checked before each batch (checkDekOpens), and
+// failing there fails the batch.
 class NotOpened extends Error {
   constructor(readonly reason?: string) { super(reason ?? 'does not decrypt'); }
 }

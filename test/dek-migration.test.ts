@@ -4,12 +4,18 @@ import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { setTimeout } from 'node:timers/promises';
 import { Redis } from 'ioredis';
-import { startStack, startWorker, testDb, useStack, waitFor, type Stack, withQueue } from './helpers/stack.ts';
+import { startStack, startWorker, testDb, useStack, waitFor, type Client, type Stack, withQueue } from './helpers/stack.ts';
 import { insertDeks } from '../db/deks.ts';
 import { openByHand, sealByHand } from './helpers/aes-gcm-by-hand.ts';
 
 const E = '/api/encryption/v1';
 const N = 2000;
+
+// The job as GET /job shows it once it has ended.
+const jobEnded = (c: Client, id: string, what: string) => waitFor(async () => {
+  const r = await c.get(`${E}/job/${id}`);
+  return ['completed', 'failed'].includes(r.body.status) && r.body;
+}, what, 90000, 50);
 
 describe('bulk DEK migration', () => {
   // Small batches with a pause so the job is surely mid-way when the worker is killed. No rate
@@ -200,10 +206,7 @@ describe('bulk DEK migration', () => {
     assert.ok(atRemoval.status === 'running' && atRemoval.done < count, `the job was still running when the file went (${atRemoval.status}, done ${atRemoval.done})`);
     let finished: any;
     try {
-      finished = await waitFor(async () => {
-        const r = await c.get(`${E}/job/${started.body.id}`);
-        return ['completed', 'failed'].includes(r.body.status) && r.body;
-      }, 'migration to end', 90000, 50);
+      finished = await jobEnded(c, started.body.id, 'migration to end');
     } finally {
       fs.writeFileSync(path.join(keysDir, 'gone-dst.key'), target, { mode: 0o600 });
     }
@@ -262,10 +265,7 @@ describe('bulk DEK migration while DEKs keep coming', () => {
     })();
     let finished: any;
     try {
-      finished = await waitFor(async () => {
-        const r = await c.get(`${E}/job/${started.body.id}`);
-        return ['completed', 'failed'].includes(r.body.status) && r.body;
-      }, 'the job to end while DEKs keep coming', 90000, 50);
+      finished = await jobEnded(c, started.body.id, 'the job to end while DEKs keep coming');
     } finally {
       ended = true;
       await creator;
