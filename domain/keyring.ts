@@ -158,13 +158,14 @@ const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 // send: bytes that are not UTF-8 (decoding would replace them, storing another value than was sealed)
 // or a NUL character (refused in every request body).
 export async function decryptImported(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, path: string, trx?: Tx, purposes?: readonly (string | undefined)[]): Promise<string> {
-  const refuse = (why: string) => new InvalidRequest(`${path.replace(/^body\./, '')} ${why}`, [{ path, message: why }]);
+  // `detail`: the field's message, where the summary names more than the field can (the DEK).
+  const refuse = (why: string, detail = why) => new InvalidRequest(`${path.replace(/^body\./, '')} ${why}`, [{ path, message: detail }]);
   let plain: Buffer;
   try {
     plain = await openWithDek(s, dekId, ciphertext, trx, purposes);
   } catch (err) {
     if (!(err instanceof DecryptError)) throw err;
-    throw new InvalidRequest(`${path.replace(/^body\./, '')} does not decrypt with DEK '${dekId}'`, [{ path, message: 'does not decrypt with this DEK' }]);
+    throw refuse(`does not decrypt with DEK '${dekId}'`, 'does not decrypt with this DEK');
   }
   let text: string;
   try {
