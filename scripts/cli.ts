@@ -1,5 +1,5 @@
-// `npm run cli -- keys create|list|revoke`: API key management, and `jobs list|watch`: key jobs'
-// progress (scripts/watch-job.ts), from the command line. They only need Postgres, so they work while
+// `npm run cli -- keys create|list|revoke`: API key management, and `jobs list|watch|cancel`: key
+// jobs' progress (scripts/watch-job.ts), from the command line. They only need Postgres, so they work while
 // Redis (or the whole service) is down. `definition apply` (scripts/apply-definition.ts) talks to a
 // running installation's API instead.
 import { parseArgs } from 'node:util';
@@ -10,6 +10,7 @@ import { AppError, connectionFailed, statementTimedOut } from '../domain/errors.
 import { redactUrl } from '../domain/logger.ts';
 import { createApiKey, revokeApiKey, SCOPES, type Scope } from '../domain/api-keys.ts';
 import { listEndedJobs, listJobs, watchJob } from './watch-job.ts';
+import { cancelKeyJob } from '../domain/crypto/key-jobs.ts';
 import { localPostgresUrl } from './local-services.ts';
 import { NoControlChars } from '../api/schemas/common.ts';
 import { applyDefinition, ApplyAborted, DefinitionFileError, readDefinition } from './apply-definition.ts';
@@ -25,6 +26,7 @@ Commands:
   jobs list --ended [--json]
                           key jobs ended in the last 24 hours, newest first, with each one's first error
   jobs watch <job id>     a key job's progress until it ends (exit 0 when it completed with no item failed, 1 otherwise)
+  jobs cancel <job id>    cancel a queued or running key job: it stops after the batch in flight, what it moved staying moved
   definition apply <file> [--url <api base>] [--dry-run]
                           apply a definition export (GET /api/a2a/v1/definition) to a running installation
                           through its API: what is there already is skipped, what is there otherwise is a
@@ -45,7 +47,7 @@ type Args =
   | { command: 'list'; json: boolean }
   | { command: 'revoke'; id: string }
   | { command: 'jobs-list'; json: boolean; ended: boolean }
-  | { command: 'jobs-watch'; id: string }
+  | { command: 'jobs-watch' | 'jobs-cancel'; id: string }
   | { command: 'definition-apply'; file: string; url?: string; dryRun: boolean };
 
 function parse(argv: string[]): Args {
@@ -106,16 +108,16 @@ function parse(argv: string[]): Args {
 }
 
 function parseJobs(command: string | undefined, rest: string[], values: { name?: string; scopes?: string; json: boolean; ended: boolean }): Args {
-  if (command !== 'list' && command !== 'watch') throw new UsageError(command ? `Unknown jobs command '${command}'` : 'jobs needs a command: list or watch');
+  if (command !== 'list' && command !== 'watch' && command !== 'cancel') throw new UsageError(command ? `Unknown jobs command '${command}'` : 'jobs needs a command: list, watch or cancel');
   if (values.name !== undefined || values.scopes !== undefined) throw new UsageError(`jobs ${command} takes no --${values.name !== undefined ? 'name' : 'scopes'}`);
   if (command === 'list') {
     if (rest.length) throw new UsageError(`Unexpected argument '${rest[0]}'`);
     return { command: 'jobs-list', json: values.json, ended: values.ended };
   }
-  if (values.json || values.ended) throw new UsageError(`jobs watch does not take --${values.json ? 'json' : 'ended'}`);
-  if (rest.length !== 1) throw new UsageError('jobs watch needs exactly one job id');
+  if (values.json || values.ended) throw new UsageError(`jobs ${command} does not take --${values.json ? 'json' : 'ended'}`);
+  if (rest.length !== 1) throw new UsageError(`jobs ${command} needs exactly one job id`);
   if (!UUID.test(rest[0])) throw new UsageError(`'${rest[0]}' is not a job id (a UUID)`);
-  return { command: 'jobs-watch', id: rest[0] };
+  return { command: command === 'watch' ? 'jobs-watch' : 'jobs-cancel', id: rest[0] };
 }
 
 function parseDefinition(command: string | undefined, rest: string[], values: { name?: string; scopes?: string; json: boolean; ended: boolean; url?: string; 'dry-run': boolean }): Args {
@@ -207,6 +209,11 @@ async function main(argv: string[]): Promise<number> {
       console.log(`Revoked API key ${args.id}.`);
     } else if (args.command === 'jobs-list') {
       await (args.ended ? listEndedJobs : listJobs)(db, args.json);
+    } else if (args.command === 'jobs-cancel') {
+      const { job, canceled } = await cancelKeyJob({ db }, args.id);
+      console.log(canceled
+        ? `Canceled ${job.kind} job ${job.id} at ${job.done + job.failed} of ${job.total}: it stops after the batch in flight.`
+        : `${job.kind} job ${job.id} was canceled already.`);
     } else {
       return await watchJob(db, args.id);
     }

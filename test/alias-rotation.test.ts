@@ -215,6 +215,33 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     for (const [k, v] of expected) assert.equal(all.get(k), v, k);
   });
 
+  it('is canceled mid-walk: stops after the batch in flight, the alias left where it was and every secret still reading', async () => {
+    const oldDek = await aliasDek(ALIAS);
+    const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
+    assert.equal(r.status, 202);
+    await waitFor(async () => { const j = await job(r.body.id); return j.status === 'running' && j.done >= 20; }, 'the rotation to get going');
+    const canceled = await c.post(`${E}/job/${r.body.id}/cancel`);
+    assert.equal(canceled.status, 200, canceled.text);
+    assert.equal(canceled.body.status, 'canceled');
+    assert.ok(canceled.body.done < canceled.body.total, `canceled mid-walk (${canceled.body.done} of ${canceled.body.total})`);
+    await waitFor(async () => allProcs.concat(stack.workers).some((w) => w.logs.some((l) => l.includes(r.body.id) && l.includes('alias rotation finished') && l.includes('"status":"canceled"'))), 'the worker to stop', 30000, 20);
+    const stopped = await testDb()('key_jobs').where({ id: r.body.id }).first();
+    assert.equal(stopped.status, 'canceled');
+    assert.equal(stopped.params.phase, 'walk', 'stopped before its repoint');
+    assert.equal(await aliasDek(ALIAS), oldDek, 'the alias was not repointed');
+    const moved = await testDb()('secrets').where({ dek_alias: ALIAS, dek_id: stopped.params.new_dek_id });
+    assert.equal(moved.length, stopped.done, 'the secrets moved are those the job counted');
+    const all = await decryptedAll();
+    for (const [k, v] of expected) assert.equal(all.get(k), v, k);
+    // A new rotation takes the alias's secrets from wherever they are, the canceled one's moves included.
+    const next = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
+    assert.equal(next.status, 202, next.text);
+    const done = await waitJob(next.body.id);
+    assert.deepEqual([done.status, done.failed], ['completed', 0]);
+    assert.equal(await aliasDek(ALIAS), done.params.new_dek_id);
+    assert.equal((await testDb()('secrets').where({ dek_alias: ALIAS }).whereNot({ dek_id: done.params.new_dek_id })).length, 0);
+  });
+
   it('fails the job, pulling nothing back, when the alias is moved after its repoint (the sweep)', async () => {
     const envelope = (await c.get(`${E}/dek/alias/${ALIAS}`)).body.envelope_encryption_key_id.id;
     const elsewhere = (await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, {})).body.id;

@@ -240,11 +240,43 @@ describe('key job CLI (npm run cli -- jobs ...)', () => {
     assert.deepEqual(row && [row.status, row.failed, /^cli-bad-\d$/.test(row.first_error.id)], ['completed', 2, true]);
   });
 
+  it('cancels a running migration (jobs cancel), which watch then shows canceled (exit 1); a job that ended otherwise is refused', async () => {
+    const c = stack.client;
+    for (const f of ['cli-stop-src.key', 'cli-stop-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    const n = 300;
+    for (let i = 0; i < n; i++) assert.equal((await c.post(`${E}/envelope/cli-stop-src.key/dek`, {})).status, 201);
+    const started = await c.post(`${E}/envelope/cli-stop-src.key/migrate`, { to_envelope_encryption_key_id: 'cli-stop-dst.key' });
+    assert.equal(started.status, 202);
+    const id = started.body.id;
+
+    const canceled = await cli(['jobs', 'cancel', id]);
+    assert.equal(canceled.code, 0, canceled.stderr);
+    assert.match(canceled.stdout.trim(), new RegExp(`^Canceled migrate-deks job ${id} at \\d+ of ${n}: it stops after the batch in flight\\.$`));
+    const row = await testDb()('key_jobs').where({ id }).first();
+    assert.equal(row.status, 'canceled');
+    assert.ok(row.done < n, `canceled before the end (${row.done})`);
+    const watched = await cli(['jobs', 'watch', id]);
+    assert.equal(watched.code, 1, watched.stdout + watched.stderr);
+    assert.match(watched.stdout, new RegExp(`^migrate-deks ${id} canceled \\d+/${n} `, 'm'));
+    const again = await cli(['jobs', 'cancel', id]);
+    assert.deepEqual([again.code, again.stdout.trim()], [0, `migrate-deks job ${id} was canceled already.`]);
+
+    const rest = await c.post(`${E}/envelope/cli-stop-src.key/migrate`, { to_envelope_encryption_key_id: 'cli-stop-dst.key' });
+    assert.equal(rest.status, 202, rest.text);
+    assert.equal((await cli(['jobs', 'watch', rest.body.id])).code, 0);
+    const late = await cli(['jobs', 'cancel', rest.body.id]);
+    assert.equal(late.code, 1, late.stdout + late.stderr);
+    assert.match(late.stderr, new RegExp(`^Error: Job '${rest.body.id}' already ended \\(completed\\)`));
+    assert.equal((await testDb()('key_jobs').where({ id: rest.body.id }).first()).status, 'completed');
+  });
+
   it('exits 1 for a job that does not exist, and 2 for a bad command line', async () => {
     const missing = await cli(['jobs', 'watch', '00000000-0000-4000-8000-000000000000']);
     assert.equal(missing.code, 1);
     assert.match(missing.stderr, /job .*not found/);
-    for (const [args, message] of [[['jobs', 'watch', 'abc'], /'abc' is not a job id/], [['jobs', 'watch'], /exactly one job id/], [['jobs', 'stop'], /Unknown jobs command 'stop'/], [['jobs', 'watch', '--json', 'x'], /does not take --json/], [['jobs', 'watch', '--ended', 'x'], /does not take --ended/], [['keys', 'list', '--ended'], /does not take --ended/]] as const) {
+    const cancelMissing = await cli(['jobs', 'cancel', '00000000-0000-4000-8000-000000000000']);
+    assert.deepEqual([cancelMissing.code, /job .*not found/.test(cancelMissing.stderr)], [1, true], cancelMissing.stderr);
+    for (const [args, message] of [[['jobs', 'watch', 'abc'], /'abc' is not a job id/], [['jobs', 'watch'], /exactly one job id/], [['jobs', 'stop'], /Unknown jobs command 'stop'/], [['jobs', 'watch', '--json', 'x'], /does not take --json/], [['jobs', 'cancel'], /jobs cancel needs exactly one job id/], [['jobs', 'cancel', 'abc'], /'abc' is not a job id/], [['jobs', 'cancel', '--ended', 'x'], /jobs cancel does not take --ended/], [['jobs', 'watch', '--ended', 'x'], /does not take --ended/], [['keys', 'list', '--ended'], /does not take --ended/]] as const) {
       const r = await cli([...args]);
       assert.equal(r.code, 2, r.stdout + r.stderr);
       assert.match(r.stderr, message);

@@ -220,6 +220,66 @@ describe('bulk DEK migration', () => {
     for (const d of moved) assert.ok(openByHand(target, d.encrypted_dek).equals(keys.get(d.id)!), d.id);
   });
 
+  it('is canceled mid-way: stops after the batch in flight, each DEK left under one key or the other and opening there', async () => {
+    const c = stack.client;
+    for (const f of ['stop-src.key', 'stop-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    const keysDir = path.join(stack.env.DATA_DIR, 'keys');
+    const keks = { 'stop-src.key': fs.readFileSync(path.join(keysDir, 'stop-src.key')), 'stop-dst.key': fs.readFileSync(path.join(keysDir, 'stop-dst.key')) };
+    const count = 1000;
+    const keys = new Map<string, Buffer>();
+    await insertDeks(testDb(), Array.from({ length: count }, (_, i) => {
+      const id = `stop-${String(i).padStart(5, '0')}`;
+      keys.set(id, randomBytes(32));
+      return { id, envelope_key_id: 'stop-src.key', encrypted_dek: sealByHand(keks['stop-src.key'], keys.get(id)!) };
+    }));
+    const started = await c.post(`${E}/envelope/stop-src.key/migrate`, { to_envelope_encryption_key_id: 'stop-dst.key' });
+    assert.equal(started.status, 202);
+    const id = started.body.id;
+    await waitFor(async () => (await c.get(`${E}/job/${id}`)).body.done >= 40, 'migration under way', 30000, 5);
+
+    // Refused: a key that may only read, an id that is no UUID, a job that does not exist. None cancels.
+    const reader = (await c.post('/api/auth/v1/api-key', { name: 'reads keys', scopes: ['encryption:read'] })).body.key;
+    assert.equal((await c.as(reader).post(`${E}/job/${id}/cancel`)).status, 403);
+    const notUuid = await c.post(`${E}/job/not-a-job/cancel`);
+    assert.equal(notUuid.status, 400, notUuid.text);
+    const missing = await c.post(`${E}/job/00000000-0000-4000-8000-000000000000/cancel`);
+    assert.equal(missing.status, 404, missing.text);
+    assert.match(missing.body.message, /00000000-0000-4000-8000-000000000000' not found/);
+    assert.equal((await c.get(`${E}/job/${id}`)).body.status, 'running');
+
+    const canceled = await c.post(`${E}/job/${id}/cancel`);
+    assert.equal(canceled.status, 200, canceled.text);
+    assert.equal(canceled.body.status, 'canceled');
+    assert.ok(canceled.body.finished_at, 'it ended');
+    assert.ok(canceled.body.done < count, `canceled before the end (done ${canceled.body.done})`);
+    // The worker stops at its next batch: the job row, the BullMQ job and its log line say so.
+    await waitFor(async () => stack.workers.some((w) => w.logs.some((l) => l.includes(id) && l.includes('DEK migration finished') && l.includes('"status":"canceled"'))), 'the worker to stop', 30000, 20);
+    const stopped = await testDb()('key_jobs').where({ id }).first();
+    assert.equal(stopped.status, 'canceled');
+    assert.ok(stopped.done <= canceled.body.done + 20, `at most the batch in flight moved after the cancel (${canceled.body.done} then ${stopped.done})`);
+    await setTimeout(300);
+    const deks = await testDb()('deks').whereIn('envelope_key_id', Object.keys(keks));
+    assert.equal(deks.length, count);
+    const under = deks.filter((d) => d.envelope_key_id === 'stop-dst.key').length;
+    assert.equal(under, stopped.done, 'the DEKs moved are those the job counted, and nothing moved after it stopped');
+    for (const d of deks) assert.ok(openByHand(keks[d.envelope_key_id as keyof typeof keks], d.encrypted_dek).equals(keys.get(d.id)!), d.id);
+
+    // Again: answered as it is (a retried cancel). A job that ended otherwise cannot be canceled.
+    const again = await c.post(`${E}/job/${id}/cancel`);
+    assert.deepEqual([again.status, again.body.status, again.body.done], [200, 'canceled', stopped.done]);
+    // The source is free again: a new migration takes the rest, and once it completed it is no longer cancelable.
+    const rest = await c.post(`${E}/envelope/stop-src.key/migrate`, { to_envelope_encryption_key_id: 'stop-dst.key' });
+    assert.equal(rest.status, 202, rest.text);
+    assert.notEqual(rest.body.id, id);
+    const finished = await jobEnded(c, rest.body.id, 'the second migration to end');
+    assert.deepEqual([finished.status, finished.done], ['completed', count - stopped.done]);
+    const late = await c.post(`${E}/job/${rest.body.id}/cancel`);
+    assert.equal(late.status, 409, late.text);
+    assert.match(late.body.message, /already ended \(completed\)/);
+    assert.equal((await c.get(`${E}/job/${rest.body.id}`)).body.status, 'completed');
+    assert.equal((await c.get(`${E}/envelope/stop-dst.key`)).body.dek_count, count);
+  });
+
   it('lets only one of two opposite migrations started at the same instant run', async () => {
     const c = stack.client;
     for (const f of ['x.key', 'y.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);

@@ -5,7 +5,7 @@ import { UnrecoverableError, type Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import { publicReason } from '../domain/errors.ts';
-import { failKeyJob } from '../domain/crypto/dek-migration.ts';
+import { failKeyJob } from '../domain/crypto/key-jobs.ts';
 
 export async function failOrRetryKeyJob(services: Services, job: Job<JobPayloads['key-jobs']>, err: unknown, permanent: boolean, what: string): Promise<never> {
   const jobId = job.data.job_id;

@@ -5,7 +5,7 @@ import type { JobPayloads } from '../queues/names.ts';
 import { createMigrateDeksProcessor } from './migrate-deks.ts';
 import { createRotateAliasProcessor } from './rotate-alias.ts';
 import { stalledTooOften } from '../queues/stalled.ts';
-import { failKeyJob } from '../domain/crypto/dek-migration.ts';
+import { failKeyJob } from '../domain/crypto/key-jobs.ts';
 
 export type KeyJobProcessor = (job: Job<JobPayloads['key-jobs']>, token?: string) => Promise<unknown>;
 

@@ -7,7 +7,8 @@ import {
   toAlias, toDek, toDekListItem, toEnvelopeKey, toKeyJob,
 } from '../schemas/encryption.ts';
 import * as keys from '../../domain/crypto/key-management.ts';
-import { getJob, startMigrateAll } from '../../domain/crypto/dek-migration.ts';
+import { startMigrateAll } from '../../domain/crypto/dek-migration.ts';
+import { cancelKeyJob, getJob } from '../../domain/crypto/key-jobs.ts';
 import { envelopeKeyRow } from '../../domain/keyring.ts';
 
 const tag = 'encryption';
@@ -111,6 +112,17 @@ export const encryptionRoutes = [
     params: Type.Object({ job_id: Uuid }),
     responses: { 200: KeyJob, ...resourceErrors },
   }, async ({ params, services }) => toKeyJob(await getJob(services.db, params.job_id))),
+
+  defineRoute({
+    method: 'post', path: `${base}/job/:job_id/cancel`, operationId: 'cancel-key-job', tag, scope: 'encryption:write',
+    summary: 'Cancel a queued or running key job: it stops after the batch in flight, what it moved staying moved (200 with the job; 409 once it ended otherwise)',
+    params: Type.Object({ job_id: Uuid }),
+    responses: { 200: KeyJob, ...resourceErrors, 409: ErrorBody },
+  }, async ({ params, services, log }) => {
+    const { job, canceled } = await cancelKeyJob(services, params.job_id);
+    if (canceled) log.info({ job_id: job.id, kind: job.kind, done: job.done, failed: job.failed, total: job.total }, 'key job canceled');
+    return toKeyJob(job);
+  }),
 
   defineRoute({
     method: 'post', path: `${base}/dek/alias`, operationId: 'create-dek-alias', tag, scope: 'encryption:write',

@@ -81,12 +81,6 @@ export async function startMigrateAll(
   }
 }
 
-export async function getJob(db: Tx, id: string): Promise<KeyJobRow> {
-  const job = await getKeyJob(db, id);
-  if (!job) throw new NotFound('job', id);
-  return job;
-}
-
 export interface RewrapResult { ids: string[]; wrapped: string[]; errors: KeyJobError[] }
 
 // Unwraps under `from` and wraps under `to`. A DEK that does not unwrap is an error of that DEK;
@@ -181,11 +175,4 @@ async function endPass(trx: Tx, job: KeyJobRow): Promise<{ job: KeyJobRow; finis
     await finishKeyJob(trx, job.id, 'completed');
   }
   return { job: (await getKeyJob(trx, job.id))!, finished: true };
-}
-
-export async function failKeyJob(s: Pick<Services, 'db'>, jobId: string, message: string): Promise<void> {
-  await s.db.transaction(async (trx) => {
-    const job = await lockKeyJob(trx, jobId);
-    if (job && (job.status === 'queued' || job.status === 'running')) await finishKeyJob(trx, jobId, 'failed', { id: jobId, message });
-  });
 }
