@@ -118,3 +118,9 @@ export async function aliasDekForWrite(trx: Knex.Transaction, alias: string): Pr
   const row = await trx('dek_aliases').where({ alias }).forShare().first('dek_id');
   return row?.dek_id;
 }
+
+// Locks an alias row for the rest of `trx`: serialises rotation requests for one alias and
+// keeps the alias from moving while a rotation starts or repoints it, or while it is deleted.
+export async function lockAlias(trx: Knex.Transaction, alias: string): Promise<AliasRow | undefined> {
+  return trx('dek_aliases').where({ alias }).forUpdate().first();
+}

@@ -1,6 +1,6 @@
 import type { Tx } from './knex.ts';
 import { keysetPage, type Page } from './pagination.ts';
-import { KEY_JOB_OPEN } from '../api/schemas/encryption.ts';
+import { KEY_JOB_OPEN, MIGRATE_DEKS } from '../domain/key-job-states.ts';
 
 export type EnvelopeKeyType = 'local' | 'aws_kms';
 export interface EnvelopeKeyRow {
@@ -23,6 +23,10 @@ export async function getEnvelopeKey(db: Tx, id: string): Promise<EnvelopeKeyRow
 
 export async function localKeyFileNames(db: Tx): Promise<string[]> {
   return (await db('envelope_keys').where({ type: 'local' }).select('file_name')).map((r: { file_name: string }) => r.file_name);
+}
+
+export async function anyEnvelopeKeys(db: Tx): Promise<boolean> {
+  return !!(await db('envelope_keys').first(db.raw('1')));
 }
 
 export async function listEnvelopeKeys(db: Tx, pageSize: number, token?: string): Promise<Page<EnvelopeKeyRow>> {
@@ -55,7 +59,7 @@ export async function deleteUnusedEnvelopeKey(db: Tx, id: string): Promise<'dele
   if (!row) return 'missing';
   const used = await db('deks').where({ envelope_key_id: id }).first('id');
   if (used) return 'in_use';
-  const target = await db('key_jobs').where({ kind: 'migrate-deks' }).whereIn('status', KEY_JOB_OPEN)
+  const target = await db('key_jobs').where({ kind: MIGRATE_DEKS }).whereIn('status', KEY_JOB_OPEN)
     .whereRaw(`params->>'to_envelope_encryption_key_id' = ?`, [id]).first('id');
   if (target) return 'migration_target';
   await db('envelope_keys').where({ id }).delete();

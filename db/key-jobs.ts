@@ -1,9 +1,8 @@
 import type { Tx } from './knex.ts';
-import { KEY_JOB_ENDED, KEY_JOB_OPEN } from '../api/schemas/encryption.ts';
+import { KEY_JOB_ENDED, KEY_JOB_OPEN, MIGRATE_DEKS, ROTATE_ALIAS, type KeyJobStatus } from '../domain/key-job-states.ts';
 
 const MAX_ERRORS = 1000;
 
-export type KeyJobStatus = 'queued' | 'running' | 'completed' | 'failed' | 'canceled';
 export interface KeyJobError { id: string; message: string }
 export interface KeyJobRow {
   id: string;
@@ -39,12 +38,12 @@ export async function lockKeyJob(db: Tx, id: string): Promise<KeyJobRow | undefi
 }
 
 export async function findActiveMigration(db: Tx, sourceEnvelopeKeyId: string): Promise<KeyJobRow | undefined> {
-  return db('key_jobs').where({ kind: 'migrate-deks', source_envelope_key_id: sourceEnvelopeKeyId }).whereIn('status', KEY_JOB_OPEN).first();
+  return db('key_jobs').where({ kind: MIGRATE_DEKS, source_envelope_key_id: sourceEnvelopeKeyId }).whereIn('status', KEY_JOB_OPEN).first();
 }
 
 // A running migration that moves DEKs into `source` or out of `target`.
 export async function findCrossingMigration(db: Tx, source: string, target: string): Promise<KeyJobRow | undefined> {
-  return db('key_jobs').where({ kind: 'migrate-deks' }).whereIn('status', KEY_JOB_OPEN)
+  return db('key_jobs').where({ kind: MIGRATE_DEKS }).whereIn('status', KEY_JOB_OPEN)
     .where((q) => q.whereRaw(`params->>'to_envelope_encryption_key_id' = ?`, [source]).orWhere('source_envelope_key_id', target))
     .first();
 }
@@ -115,4 +114,14 @@ export async function listEndedKeyJobs(db: Tx, withinMs: number, limit: number):
 // Progress of the key jobs still under way, for metrics.
 export async function listActiveKeyJobs(db: Tx): Promise<Pick<KeyJobRow, 'id' | 'kind' | 'status' | 'total' | 'done' | 'failed'>[]> {
   return db('key_jobs').select('id', 'kind', 'status', 'total', 'done', 'failed').whereIn('status', KEY_JOB_OPEN);
+}
+
+export async function findActiveRotation(db: Tx, alias: string): Promise<KeyJobRow | undefined> {
+  return db('key_jobs').where({ kind: ROTATE_ALIAS }).whereRaw(`params->>'alias' = ?`, [alias])
+    .whereIn('status', KEY_JOB_OPEN).first();
+}
+
+// Rotation state lives in the job row's params (new DEK, phase); a phase change restarts the walk.
+export async function setRotationState(db: Tx, jobId: string, params: Record<string, unknown>, resetCursor = false): Promise<void> {
+  await db('key_jobs').where({ id: jobId }).update({ params: JSON.stringify(params), ...(resetCursor ? { cursor: null } : {}) });
 }

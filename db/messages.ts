@@ -45,11 +45,6 @@ export async function getMessage(db: Tx, id: string): Promise<Message | undefine
   return row && strip(row);
 }
 
-export async function getMessageRow(db: Tx, id: string): Promise<MessageRow | undefined> {
-  const row = await db('messages').select(COLUMNS).where({ id }).first();
-  return row && messageFromRow(row);
-}
-
 export async function listMessages(db: Tx, taskId: string, pageSize: number, token?: string): Promise<Page<Message>> {
   const q = db('messages').select(COLUMNS).where({ task_id: taskId });
   const page = await keysetPage<MessageRow>(q, {

@@ -1,9 +1,5 @@
-import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
 import { keysetPage, PAGE_MAX_BYTES, batchWithinBytes, type Page, type Budget } from './pagination.ts';
-import type { AliasRow } from './deks.ts';
-import type { KeyJobRow } from './key-jobs.ts';
-import { KEY_JOB_OPEN } from '../api/schemas/encryption.ts';
 
 export interface SecretRow {
   id: string;
@@ -96,20 +92,4 @@ export async function reencryptSecrets(
     [newDekId, rows.map((r) => r.id), rows.map((r) => r.old_dek_id), rows.map((r) => r.old_ciphertext), rows.map((r) => r.ciphertext), alias],
   );
   return (res.rows as { id: string }[]).map((r) => r.id);
-}
-
-// Locks an alias row for the rest of `trx`: serialises rotation requests for one alias and
-// keeps the alias from moving while a rotation starts or repoints it.
-export async function lockAlias(trx: Knex.Transaction, alias: string): Promise<AliasRow | undefined> {
-  return trx('dek_aliases').where({ alias }).forUpdate().first();
-}
-
-export async function findActiveRotation(db: Tx, alias: string): Promise<KeyJobRow | undefined> {
-  return db('key_jobs').where({ kind: 'rotate-alias' }).whereRaw(`params->>'alias' = ?`, [alias])
-    .whereIn('status', KEY_JOB_OPEN).first();
-}
-
-// Rotation state lives in the job row's params (new DEK, phase); a phase change restarts the walk.
-export async function setRotationState(db: Tx, jobId: string, params: Record<string, unknown>, resetCursor = false): Promise<void> {
-  await db('key_jobs').where({ id: jobId }).update({ params: JSON.stringify(params), ...(resetCursor ? { cursor: null } : {}) });
 }

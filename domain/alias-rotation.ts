@@ -21,17 +21,20 @@ import { AppError, Conflict, NotFound } from './errors.ts';
 import { inTransaction } from './unit-of-work.ts';
 import { createDek, checkDekOpens, decryptWithDek, DecryptError, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
 import { KeyUnusable } from './crypto/envelope-keys.ts';
-import { aliasDekForWrite, getDek } from '../db/deks.ts';
-import { addKeyJobTotal, finishKeyJob, settleKeyJobTotal, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, type KeyJobError, type KeyJobRow } from '../db/key-jobs.ts';
-import { countSecretsToRotate, findActiveRotation, lockAlias, reencryptSecrets, secretsToRotate, setRotationState, type RotationCandidate } from '../db/secrets.ts';
+import { aliasDekForWrite, getDek, lockAlias } from '../db/deks.ts';
+import {
+  addKeyJobTotal, findActiveRotation, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, setRotationState, settleKeyJobTotal,
+  type KeyJobError, type KeyJobRow,
+} from '../db/key-jobs.ts';
+import { countSecretsToRotate, reencryptSecrets, secretsToRotate, type RotationCandidate } from '../db/secrets.ts';
 import { countCredentialsToRotate, credentialsToRotate, reencryptCredentials, type CredentialToRotate } from '../db/bridge.ts';
 import type { Budget } from '../db/pagination.ts';
 import { countPushConfigsToRotate, pushConfigsToRotate, reencryptPushConfigs } from '../db/push-configs.ts';
 import { storedCredentialDef } from './bridge/catalog.ts';
 import { openCredential, sealCredential } from './bridge/credentials.ts';
 import { PUSH_ALIAS } from './push-config.ts';
+import { isOpenKeyJob, ROTATE_ALIAS } from './key-job-states.ts';
 
-export const ROTATE_ALIAS = 'rotate-alias';
 
 export type Phase = 'walk' | 'sweep' | 'credentials' | 'push-configs';
 // prepared_dek_id: the new DEK, made before the start takes the alias FOR UPDATE (beginAliasRotation),
@@ -53,7 +56,7 @@ export async function startAliasRotation(s: Pick<Services, 'db' | 'outbox' | 'bu
   });
 }
 
-const isActive = (job: KeyJobRow | undefined): job is KeyJobRow => !!job && (job.status === 'queued' || job.status === 'running');
+const isActive = (job: KeyJobRow | undefined): job is KeyJobRow => !!job && isOpenKeyJob(job.status);
 
 // Creates the new DEK once (its id is stored in the job in the same transaction) and marks the
 // job running. Undefined when the job is already finished. The DEK is made first, with the alias

@@ -196,11 +196,6 @@ export async function holdAliasDek(trx: Knex.Transaction, alias: string): Promis
   return dekId;
 }
 
-export async function encryptWithAlias(s: KeyringServices, alias: string, plaintext: string, trx?: Tx): Promise<{ dekId: string; ciphertext: string }> {
-  const dekId = await resolveAlias(trx ?? s.db, alias);
-  return { dekId, ciphertext: await encryptWithDek(s, dekId, plaintext, trx) };
-}
-
 // A new DEK under an envelope key: generated, or imported from `encryptedDek`, which must
 // unwrap with that key.
 export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: string, trx?: Tx, opts: { id?: string; encryptedDek?: string; encryptedDekField?: string } = {}): Promise<DekRow> {

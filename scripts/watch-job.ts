@@ -5,7 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Knex } from 'knex';
 import { getKeyJob, listActiveKeyJobs, listEndedKeyJobs, type KeyJobRow } from '../db/key-jobs.ts';
 import { NotFound } from '../domain/errors.ts';
-import { KEY_JOB_ENDED } from '../api/schemas/encryption.ts';
+import { isOpenKeyJob } from '../domain/key-job-states.ts';
 
 const BAR_WIDTH = 30;
 
@@ -66,7 +66,7 @@ async function follow(db: Knex, id: string, out: NodeJS.WriteStream, intervalMs:
     if (out.isTTY) out.write(`\r${bar(job)} ${line}\x1b[K`);
     else if (line !== last) out.write(`${line}\n`);
     last = line;
-    if (KEY_JOB_ENDED.includes(job.status)) {
+    if (!isOpenKeyJob(job.status)) {
       if (out.isTTY) out.write('\n');
       for (const e of job.errors.slice(0, 10)) out.write(`  error ${e.id}: ${e.message}\n`);
       if (job.errors.length > 10) out.write(`  ... ${job.errors.length - 10} more errors (GET /api/encryption/v1/job/${job.id})\n`);

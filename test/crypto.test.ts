@@ -9,7 +9,7 @@ import { createServices, type Services } from '../domain/services.ts';
 import { DecryptError, openBase64, sealBase64 } from '../domain/crypto/aes-gcm.ts';
 import { checkKmsArn, createLocalKeyFile, KeyUnusable, kmsWrapper, localWrapper, readLocalKeyFile } from '../domain/crypto/envelope-keys.ts';
 import { createEnvelopeKey, bootstrapKeys } from '../domain/crypto/key-management.ts';
-import { createDek, decryptWithDek, encryptWithAlias, encryptWithDek, repointAlias, resolveAlias, startKeyringInvalidation } from '../domain/keyring.ts';
+import { createDek, decryptWithDek, encryptWithDek, repointAlias, resolveAlias, startKeyringInvalidation } from '../domain/keyring.ts';
 import { insertAlias } from '../db/deks.ts';
 import { AppError, InvalidRequest, NotFound, Upstream } from '../domain/errors.ts';
 import { resetDb, testEnv } from './helpers/stack.ts';
@@ -76,11 +76,16 @@ describe('keyring: DEKs, aliases and value encryption against Postgres', () => {
     await startKeyringInvalidation(s);
   });
   after(async () => s?.close());
+  // What the alias names now, and a value sealed with it.
+  const encryptUnder = async (alias: string, plaintext: string) => {
+    const dekId = await resolveAlias(s.db, alias);
+    return { dekId, ciphertext: await encryptWithDek(s, dekId, plaintext) };
+  };
 
   it('bootstraps a local envelope key and the default alias once', async () => {
     assert.equal(await s.db.transaction((trx) => bootstrapKeys(s, trx)), true);
     assert.equal(await s.db.transaction((trx) => bootstrapKeys(s, trx)), false);
-    const { dekId, ciphertext } = await encryptWithAlias(s, 'default', 'first secret');
+    const { dekId, ciphertext } = await encryptUnder('default', 'first secret');
     assert.equal(await resolveAlias(s.db, 'default'), dekId);
     assert.equal(await decryptWithDek(s, dekId, ciphertext), 'first secret');
   });
@@ -90,15 +95,15 @@ describe('keyring: DEKs, aliases and value encryption against Postgres', () => {
     const a = await createDek(s, kek.id);
     const b = await createDek(s, kek.id, undefined, { id: 'dek-b' });
     await insertAlias(s.db, 'app', a.id);
-    const one = await encryptWithAlias(s, 'app', 'v1');
+    const one = await encryptUnder('app', 'v1');
     assert.equal(one.dekId, a.id);
     await s.db.transaction((trx) => repointAlias(trx, 'app', b.id));
-    const two = await encryptWithAlias(s, 'app', 'v2');
+    const two = await encryptUnder('app', 'v2');
     assert.equal(two.dekId, 'dek-b');
     assert.equal(await decryptWithDek(s, a.id, one.ciphertext), 'v1');
     assert.equal(await decryptWithDek(s, b.id, two.ciphertext), 'v2');
     await assert.rejects(decryptWithDek(s, b.id, one.ciphertext), DecryptError);
-    await assert.rejects(encryptWithAlias(s, 'nope', 'x'), (e: unknown) => e instanceof NotFound && e.data.resource === 'dek_alias');
+    await assert.rejects(encryptUnder('nope', 'x'), (e: unknown) => e instanceof NotFound && e.data.resource === 'dek_alias');
     await assert.rejects(encryptWithDek(s, 'nope', 'x'), NotFound);
     await assert.rejects(s.db.transaction((trx) => repointAlias(trx, 'nope', b.id)), NotFound);
     await assert.rejects(s.db.transaction((trx) => repointAlias(trx, 'app', 'nope')), NotFound);

@@ -6,6 +6,7 @@ import { createMigrateDeksProcessor } from './migrate-deks.ts';
 import { createRotateAliasProcessor } from './rotate-alias.ts';
 import { stalledTooOften } from '../queues/stalled.ts';
 import { failKeyJob } from '../domain/crypto/key-jobs.ts';
+import { MIGRATE_DEKS, ROTATE_ALIAS } from '../domain/key-job-states.ts';
 
 export type KeyJobProcessor = (job: Job<JobPayloads['key-jobs']>, token?: string) => Promise<unknown>;
 
@@ -13,8 +14,8 @@ export type KeyJobProcessor = (job: Job<JobPayloads['key-jobs']>, token?: string
 // queue between two batches, as the job row's cursor says where the next worker goes on.
 export function createKeyJobsProcessor(services: Services, handBack: AbortSignal): KeyJobProcessor {
   const processors: Record<string, KeyJobProcessor> = {
-    'migrate-deks': createMigrateDeksProcessor(services, handBack),
-    'rotate-alias': createRotateAliasProcessor(services, handBack),
+    [MIGRATE_DEKS]: createMigrateDeksProcessor(services, handBack),
+    [ROTATE_ALIAS]: createRotateAliasProcessor(services, handBack),
   };
   return async (job, token) => {
     const processor = processors[job.name];

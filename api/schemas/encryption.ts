@@ -4,6 +4,7 @@ import type { EnvelopeKeyRow } from '../../db/envelope-keys.ts';
 import type { AliasRow, DekListRow, DekRow } from '../../db/deks.ts';
 import type { KeyJobRow } from '../../db/key-jobs.ts';
 import { worded } from '../../domain/schema-check.ts';
+import { KEY_JOB_ENDED, KEY_JOB_OPEN } from '../../domain/key-job-states.ts';
 
 export const FileName = Type.String({ pattern: worded('^[A-Za-z0-9_.-]{1,255}$', 'must be a file name: 1 to 255 of A-Z a-z 0-9 _ . -'), description: 'plain file name under KEYS_DIR (no separators, no "..")' });
 const dekId = { pattern: worded('^[A-Za-z0-9_.:-]{1,200}$', 'must be 1 to 200 of A-Z a-z 0-9 _ . : -'), description: 'DEK id: a UUID unless given at creation' };
@@ -54,10 +55,6 @@ export const MigrateRequest = Body({ to_envelope_encryption_key_id: EnvelopeId }
 export const Alias = Type.Object({ alias: Type.String(), data_encryption_key_id: Type.String(), created_at: Timestamp, updated_at: Timestamp }, { $id: 'DataEncryptionKeyAlias' });
 export const CreateAliasRequest = Body({ dek_id: DekId, alias: NewAliasName });
 export const UpdateAliasRequest = Body({ new_dek_id: DekId });
-
-// A key job is open (at most one migration per source key) until it has ended.
-export const KEY_JOB_OPEN = ['queued', 'running'];
-export const KEY_JOB_ENDED = ['completed', 'failed', 'canceled'];
 
 export const KeyJob = Type.Object({
   id: Uuid,

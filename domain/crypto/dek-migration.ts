@@ -23,8 +23,8 @@ import {
 import { DecryptError, KEY_BYTES } from './aes-gcm.ts';
 import { envelopeKeyRow, freshWrapperFor, wrapperFor } from '../keyring.ts';
 import type { KeyWrapper } from './envelope-keys.ts';
+import { isOpenKeyJob, MIGRATE_DEKS } from '../key-job-states.ts';
 
-export const MIGRATE_DEKS = 'migrate-deks';
 const KMS_PARALLEL = 16;
 // A DEK written by a transaction that began before the job did carries that earlier time.
 const SWEEP_MARGIN_MS = 60_000;
@@ -126,7 +126,7 @@ export async function rewrapAll(from: KeyWrapper, to: KeyWrapper, rows: { id: st
 export async function beginMigrateAll(s: Pick<Services, 'db'>, jobId: string): Promise<KeyJobRow | undefined> {
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
-    if (!job || (job.status !== 'queued' && job.status !== 'running')) return undefined;
+    if (!job || !isOpenKeyJob(job.status)) return undefined;
     const left = await countDeksUnder(trx, job.source_envelope_key_id!, passFilter(job));
     await markKeyJobRunning(trx, jobId, job.done + job.failed + left);
     return getKeyJob(trx, jobId);

@@ -7,8 +7,7 @@ import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
 import { Conflict, NotFound } from '../errors.ts';
 import { finishKeyJob, getKeyJob, lockKeyJob, type KeyJobRow } from '../../db/key-jobs.ts';
-
-const isOpen = (job: KeyJobRow) => job.status === 'queued' || job.status === 'running';
+import { isOpenKeyJob } from '../key-job-states.ts';
 
 export async function getJob(db: Tx, id: string): Promise<KeyJobRow> {
   const job = await getKeyJob(db, id);
@@ -19,7 +18,7 @@ export async function getJob(db: Tx, id: string): Promise<KeyJobRow> {
 export async function failKeyJob(s: Pick<Services, 'db'>, jobId: string, message: string): Promise<void> {
   await s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
-    if (job && isOpen(job)) await finishKeyJob(trx, jobId, 'failed', { id: jobId, message });
+    if (job && isOpenKeyJob(job.status)) await finishKeyJob(trx, jobId, 'failed', { id: jobId, message });
   });
 }
 
@@ -31,7 +30,7 @@ export async function cancelKeyJob(s: Pick<Services, 'db'>, jobId: string): Prom
     const job = await lockKeyJob(trx, jobId);
     if (!job) throw new NotFound('job', jobId);
     if (job.status === 'canceled') return { job, canceled: false };
-    if (!isOpen(job)) throw new Conflict(`Job '${jobId}' already ended (${job.status}); only a queued or running job can be canceled`, { status: job.status });
+    if (!isOpenKeyJob(job.status)) throw new Conflict(`Job '${jobId}' already ended (${job.status}); only a queued or running job can be canceled`, { status: job.status });
     await finishKeyJob(trx, jobId, 'canceled');
     return { job: (await getKeyJob(trx, jobId))!, canceled: true };
   });

@@ -4,13 +4,13 @@ import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
 import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import {
-  countDeksOf, deleteUnusedEnvelopeKey, getEnvelopeKey, insertEnvelopeKey, listEnvelopeKeys, lockEnvelopeKeyShared, type EnvelopeKeyRow,
+  anyEnvelopeKeys, countDeksOf, deleteUnusedEnvelopeKey, getEnvelopeKey, insertEnvelopeKey, listEnvelopeKeys, lockEnvelopeKeyShared, type EnvelopeKeyRow,
 } from '../../db/envelope-keys.ts';
 import {
-  aliasInUse, deleteAlias, getAlias, getDek, insertAlias, listDeksOf, rewrapDek, type AliasRow, type DekRow,
+  aliasInUse, deleteAlias, getAlias, getDek, insertAlias, listDeksOf, lockAlias, rewrapDek, type AliasRow, type DekRow,
 } from '../../db/deks.ts';
 import { checkFileName, checkKmsArn, createLocalKeyFile } from './envelope-keys.ts';
-import { findActiveRotation } from '../../db/secrets.ts';
+import { findActiveRotation } from '../../db/key-jobs.ts';
 import { createDek, envelopeKeyRow, forgetWrapper, freshWrapperFor, invalidateAfterCommit, invalidateKeyring, repointAlias, unwrapDek } from '../keyring.ts';
 
 export interface EnvelopeKeyInput { type: 'local' | 'aws_kms'; file_name?: string; arn?: string; region?: string }
@@ -112,7 +112,7 @@ export async function updateAliasTarget(s: S, alias: string, dekId: string): Pro
 
 export async function removeAlias(s: S, alias: string): Promise<void> {
   await s.db.transaction(async (trx) => {
-    const row = await trx('dek_aliases').where({ alias }).forUpdate().first();
+    const row = await lockAlias(trx, alias);
     if (!row) throw new NotFound('dek_alias', alias);
     if (alias === DEFAULT_ALIAS) {
       throw new Conflict(`alias '${DEFAULT_ALIAS}' cannot be deleted: push notification configs are sealed under it and secrets without dek_alias use it; point it at another DEK instead`, { resource: 'dek_alias', id: alias });
@@ -122,15 +122,14 @@ export async function removeAlias(s: S, alias: string): Promise<void> {
     const rotation = await findActiveRotation(trx, alias);
     if (rotation) throw new Conflict(`alias '${alias}' is being rotated (job ${rotation.id}); delete it once the job has ended`, { resource: 'job', id: rotation.id });
     await deleteAlias(trx, alias);
-    invalidateAfterCommit(trx, { dek_ids: [(row as AliasRow).dek_id] }, s.bus);
+    invalidateAfterCommit(trx, { dek_ids: [row.dek_id] }, s.bus);
   });
 }
 
 // First start of a fresh installation: a local envelope key and a DEK aliased `default`, so
 // secrets work with no other step. Runs inside bootstrap's locked transaction.
 export async function bootstrapKeys(s: Pick<Services, 'db' | 'cfg'>, trx: Knex.Transaction): Promise<boolean> {
-  const [{ n }] = await trx('envelope_keys').count({ n: '*' });
-  if (Number(n) > 0) return false;
+  if (await anyEnvelopeKeys(trx)) return false;
   const kek = await createEnvelopeKey(s, { type: 'local', file_name: BOOTSTRAP_KEY_FILE }, trx);
   const dek = await createDek(s, kek.id, trx);
   await insertAlias(trx, DEFAULT_ALIAS, dek.id);
