@@ -20,24 +20,12 @@ export interface UnitOfWork {
 export type UowServices = Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>;
 
 export async function inTransaction<T>(s: UowServices, fn: (uow: UnitOfWork) => Promise<T>): Promise<T> {
-  const jobs: OutboxRow[] = [];
-  const recoverable: OutboxRow[] = [];
-  const notes: [string, Record<string, unknown>][] = [];
+  let unit: Unit | undefined;
   const result = await s.db.transaction(async (trx) => {
-    const uow: UnitOfWork = {
-      trx,
-      async enqueue(queue, name, payload, options) {
-        const row = await addOutbox(trx, queue, name, payload, options);
-        jobs.push(row);
-        return row.id;
-      },
-      publish(channel, message) { notes.push([channel, message]); },
-      addRecoverable(row) { recoverable.push(row); },
-      async applyStatusChange(change) { return (await applyStatusChanges(trx, [change]))[0]; },
-    };
-    return fn(uow);
+    unit = openUnit(s, trx, async (change) => (await applyStatusChanges(trx, [change]))[0]);
+    return fn(unit.uow);
   });
-  afterCommit(s, jobs, notes, recoverable);
+  unit!.committed();
   return result;
 }
 
@@ -45,23 +33,32 @@ export async function inTransaction<T>(s: UowServices, fn: (uow: UnitOfWork) => 
 // BEGIN/COMMIT round trips, and status changes share statements with concurrent ones
 // (services.taskStatements). Hot paths of the agent runtime use it.
 export async function inStatement<T>(s: UowServices & Pick<Services, 'taskStatements'>, fn: (uow: UnitOfWork) => Promise<T>): Promise<T> {
+  const unit = openUnit(s, s.db, (change) => s.taskStatements.applyStatusChange.execute(change));
+  const result = await fn(unit.uow);
+  unit.committed();
+  return result;
+}
+
+interface Unit { uow: UnitOfWork; committed(): void }
+
+// A unit writing through `db` (a transaction, or the pool for one statement), collecting what is
+// due once it has committed.
+function openUnit(s: UowServices, db: Knex | Knex.Transaction, applyStatusChange: UnitOfWork['applyStatusChange']): Unit {
   const jobs: OutboxRow[] = [];
   const recoverable: OutboxRow[] = [];
   const notes: [string, Record<string, unknown>][] = [];
   const uow: UnitOfWork = {
-    trx: s.db as unknown as Knex.Transaction,
+    trx: db as Knex.Transaction,
     async enqueue(queue, name, payload, options) {
-      const row = await addOutbox(s.db, queue, name, payload, options);
+      const row = await addOutbox(db, queue, name, payload, options);
       jobs.push(row);
       return row.id;
     },
     publish(channel, message) { notes.push([channel, message]); },
     addRecoverable(row) { recoverable.push(row); },
-    applyStatusChange: (change) => s.taskStatements.applyStatusChange.execute(change),
+    applyStatusChange,
   };
-  const result = await fn(uow);
-  afterCommit(s, jobs, notes, recoverable);
-  return result;
+  return { uow, committed: () => afterCommit(s, jobs, notes, recoverable) };
 }
 
 export function afterCommit(s: UowServices, jobs: OutboxRow[], notes: [string, Record<string, unknown>][], recoverable: OutboxRow[] = []): void {
