@@ -68,8 +68,23 @@ describe('HTTP conventions', () => {
     assert.equal(await taskCount(), before);
   });
 
+  it('answers 415 for a body declared in a charset other than UTF-8, storing nothing (its text would be read as other text)', async () => {
+    const before = await taskCount();
+    // C3 A9: 'é' in UTF-8, 'Ã©' in ISO-8859-1; E9 alone: 'é' in windows-1252, no UTF-8 at all.
+    for (const [type, bytes] of [['application/json; charset=iso-8859-1', [0xc3, 0xa9]], ['application/json;charset="Windows-1252"', [0xe9]], ['application/json; charset=utf-16', [0x41]]] as const) {
+      const body = Buffer.concat([Buffer.from('{"message":{"role":"user","parts":[{"type":"text-part","text":"'), Buffer.from(bytes), Buffer.from('"}]}}')]);
+      const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': type }, raw: body });
+      assertError(r, 415, 'unsupported_media_type');
+      assert.match(r.body.message, /^Content-Type charset must be utf-8 \(JSON is UTF-8\), got '(iso-8859-1|Windows-1252|utf-16)'$/);
+    }
+    const secret = await stack.client.request('POST', '/api/secret/v1', undefined, { headers: { 'content-type': 'application/json; charset=latin1' }, raw: Buffer.from('{"key":"latin1","raw_value":"p\u00c3\u00a9ss"}', 'latin1') });
+    assertError(secret, 415, 'unsupported_media_type');
+    assert.equal((await stack.client.get('/api/secret/v1/key/latin1')).status, 404);
+    assert.equal(await taskCount(), before);
+  });
+
   it('accepts application/json with a charset and +json types', async () => {
-    for (const type of ['application/json; charset=utf-8', 'application/vnd.api+json']) {
+    for (const type of ['application/json; charset=utf-8', 'application/json;charset="UTF-8"', 'application/json; charset=utf8', 'application/vnd.api+json']) {
       const r = await stack.client.request('POST', '/api/task/v1', { message: textMessage('typed') }, { headers: { 'content-type': type } });
       assert.equal(r.status, 201, `${type}: ${r.text}`);
     }

@@ -3,6 +3,10 @@ import { InvalidRequest, PayloadTooLarge, UnsupportedMediaType } from '../../dom
 import { findUnstorable } from '../../domain/storable-json.ts';
 
 const JSON_TYPE = /^application\/([a-z0-9.+-]*\+)?json\s*(;|$)/i;
+// A charset parameter, quoted or not. JSON is UTF-8, so a body declared in another charset would be
+// read as other text than its sender meant (ISO-8859-1 bytes C3 A9 are 'Ã©', not 'é').
+const CHARSET = /;\s*charset\s*=\s*(?:"([^"]*)"|([^;\s]*))/i;
+const UTF8_NAMES = new Set(['utf-8', 'utf8']);
 // JSON is UTF-8 (RFC 8259): other bytes are refused, not turned into U+FFFD.
 const UTF8 = new TextDecoder('utf-8', { fatal: true });
 
@@ -37,6 +41,11 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
   }
   if (size === 0) return undefined;
   if (!JSON_TYPE.test(type)) throw new UnsupportedMediaType(`Content-Type must be application/json, got '${type || 'none'}'`);
+  const charset = CHARSET.exec(type);
+  if (charset) {
+    const name = charset[1] ?? charset[2];
+    if (!UTF8_NAMES.has(name.toLowerCase())) throw new UnsupportedMediaType(`Content-Type charset must be utf-8 (JSON is UTF-8), got '${name.slice(0, 100)}'`);
+  }
   let text: string;
   try {
     text = UTF8.decode(Buffer.concat(chunks));
