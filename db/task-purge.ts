@@ -1,6 +1,6 @@
 // Deletes ended tasks past their retention (TASK_RETENTION_DAYS; domain/task-retention.ts).
 // A task's messages, timeline, push configs and remote-task link go with it (ON DELETE CASCADE);
-// a context goes when its last task does.
+// a context goes when its last task does, and one that stays is listed with its first task left's time.
 import type { Knex } from 'knex';
 import { TERMINAL_STATES } from '../domain/task-states.ts';
 import { statementTimedOut } from '../domain/errors.ts';
@@ -29,7 +29,9 @@ export async function purgeEndedTasks(db: Knex, before: Date, limit: number): Pr
     const { rows: gone } = await trx.raw(`delete from tasks where id in (${ENDED_BEFORE}) returning context_id`, endedBefore(before, limit));
     if (!gone.length) return { tasks: 0, contexts: 0 };
     const contextIds = [...new Set((gone as { context_id: string }[]).map((r) => r.context_id))];
-    return { tasks: gone.length, contexts: await deleteEmptyContexts(trx, contextIds) };
+    const contexts = await deleteEmptyContexts(trx, contextIds);
+    await restampContexts(trx, contextIds);
+    return { tasks: gone.length, contexts };
   });
 }
 
@@ -54,6 +56,14 @@ export async function thinNextEndedTask(db: Knex, before: Date, chunk: number): 
     if (!deleted || !statementTimedOut(err)) throw err;
   }
   return deleted;
+}
+
+// A context is listed with the created_at of its first task: one that kept tasks takes that of its
+// first task left. Only the time moves (no key), so intakes into it (their foreign key checks) do not wait.
+async function restampContexts(trx: Knex.Transaction, ids: string[]): Promise<void> {
+  await trx.raw(`update contexts c set created_at = f.first from (
+      select t.context_id, min(t.created_at) as first from tasks t where t.context_id = any(?::uuid[]) group by t.context_id) f
+    where c.id = f.context_id and c.created_at < f.first`, [ids]);
 }
 
 // A client may start a task in one of these contexts meanwhile: its foreign key check then makes

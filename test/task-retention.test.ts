@@ -54,6 +54,8 @@ describe('task retention (TASK_RETENTION_DAYS)', function () {
       assert.ok(await rowsOf('messages', t.id) >= 2 && await rowsOf('timeline_items', t.id) >= 3, 'the task holds messages and a timeline before');
     }
     for (const t of [...gone, oldWaiting, oldSubmitted]) await age(t.id, 8);
+    // Its context was made with its first task, now aged.
+    await testDb()('contexts').where({ id: oldCanceled.context_id }).update({ created_at: new Date(Date.now() - 8 * DAY_MS) });
     await age(longRunEndedRecently.id, 30, 6);
     await age(recent.id, 1);
 
@@ -71,6 +73,9 @@ describe('task retention (TASK_RETENTION_DAYS)', function () {
     const listed = contexts.body.items.map((x: { context_id: string }) => x.context_id);
     assert.ok(!listed.includes(oldCompleted.context_id));
     assert.equal(listed.filter((id: string) => id === oldCanceled.context_id).length, 1);
+    // ... with the created_at of its first task left, not of the one deleted.
+    const kept = contexts.body.items.find((x: { context_id: string }) => x.context_id === oldCanceled.context_id);
+    assert.equal(kept.created_at, (await c.get(`${T}/${recentInSameContext.id}`)).body.task.created_at);
     const inContext = await c.get(`${T}/context/${oldCanceled.context_id}/task?page_size=10`);
     assert.deepEqual(inContext.body.items.map((t: { id: string }) => t.id), [recentInSameContext.id]);
 
