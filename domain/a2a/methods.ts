@@ -8,7 +8,7 @@ import { lastTimelineSeq } from '../../db/timeline-views.ts';
 import { addMessageIn, checkFirstMessage, createTask, createTaskIn, openedTaskState, TaskBusy, TaskEnded, updateStatus, type Retried } from '../tasks.ts';
 import { inTransaction } from '../unit-of-work.ts';
 import { Conflict } from '../errors.ts';
-import { isInterrupted, isTerminal } from '../task-states.ts';
+import { isInterrupted, isTerminal, type TaskState } from '../task-states.ts';
 import type { TaskFollow, TaskWaiter } from '../task-waiter.ts';
 import * as push from '../push-config.ts';
 import { agentCard } from './agent-card.ts';
@@ -176,26 +176,15 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
 
 // The streaming methods: dispatch (jsonrpc.ts) has checked that streaming is on (requireStreaming).
 export async function streamMessage(call: A2ACall, params: MessageSendParams): Promise<TaskStream> {
-  const { services, waiter } = call;
+  const { waiter } = call;
   const id = params.message.taskId !== undefined ? taskIdOf(params.message.taskId) : randomUUID();
   let follow = await waiter.follow(id);
   try {
     const accepted = await accept(call, params, { newId: id, needSeq: true, snapshot: true });
     follow = await refollow(call, follow, id, accepted.id);
-    const { snapshot, retried } = accepted;
-    return (async function* () {
-      try {
-        yield snapshot;
-        // A retry of a send the task has settled since ends as a resubscribe to it would.
-        if (retried?.settled) {
-          yield statusEvent(accepted.id, accepted.contextId, retried.status, snapshot.status.timestamp!, snapshot.status.message);
-          return;
-        }
-        yield* followTimeline(services.db, follow, accepted, accepted.seq, call.signal);
-      } finally {
-        follow.close();
-      }
-    })();
+    // A retry of a send the task has settled since ends as a resubscribe to it would.
+    const { retried } = accepted;
+    return taskStream(call, follow, accepted, accepted.snapshot, accepted.seq, retried?.settled ? retried.status : undefined);
   } catch (err) {
     follow.close();
     throw err;
@@ -216,23 +205,28 @@ export async function resubscribe(call: A2ACall, params: TaskIdParams): Promise<
       const answered = isInterrupted(r.status) && await tasksRepo.runOwed(trx, id);
       return { row: r, snapshot: await loadA2ATask(trx, id), seq: await lastTimelineSeq(trx, id), settled: isFinalState(r.status) && !answered };
     });
-    const task = { id, contextId: row.context_id };
-    return (async function* () {
-      try {
-        yield snapshot;
-        if (settled) {
-          yield statusEvent(id, row.context_id, row.status, snapshot.status.timestamp!, snapshot.status.message);
-          return;
-        }
-        yield* followTimeline(services.db, follow, task, seq, call.signal);
-      } finally {
-        follow.close();
-      }
-    })();
+    return taskStream(call, follow, { id, contextId: row.context_id }, snapshot, seq, settled ? row.status : undefined);
   } catch (err) {
     follow.close();
     throw err;
   }
+}
+
+// A task's stream: the task as it stands, then, for one settled in `settledAs`, one final status
+// event; otherwise its timeline followed after `seq`. Closes `follow` when it ends.
+function taskStream(call: A2ACall, follow: TaskFollow, task: { id: string; contextId: string }, snapshot: A2ATask, seq: number, settledAs?: TaskState): TaskStream {
+  return (async function* () {
+    try {
+      yield snapshot;
+      if (settledAs) {
+        yield statusEvent(task.id, task.contextId, settledAs, snapshot.status.timestamp!, snapshot.status.message);
+        return;
+      }
+      yield* followTimeline(call.services.db, follow, task, seq, call.signal);
+    } finally {
+      follow.close();
+    }
+  })();
 }
 
 export async function getTask(call: A2ACall, params: TaskQueryParams): Promise<A2ATask> {
