@@ -62,3 +62,15 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
   if (problem) throw new InvalidRequest(`Invalid body: ${problem.path} ${problem.message}`, [problem]);
   return value;
 }
+
+// A JSON-RPC endpoint's body: unreadable JSON (or bytes) is the protocol's parse error, answered in
+// the protocol, while a body too large or not JSON stays an HTTP error. Values that could not be
+// stored are the caller's to refuse, in the protocol too.
+export async function readJsonRpcBody(ctx: Context, limit: number): Promise<{ body: unknown } | { parseError: string }> {
+  try {
+    return { body: await readJsonBody(ctx, limit, { checkStorable: false }) };
+  } catch (err) {
+    if (!(err instanceof InvalidRequest)) throw err;
+    return { parseError: err.message };
+  }
+}

@@ -2,9 +2,8 @@
 import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { JsonRpcEventStream, JsonRpcResponse } from '../schemas/jsonrpc.ts';
-import { readJsonBody } from '../middleware/body.ts';
+import { readJsonRpcBody } from '../middleware/body.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
-import { InvalidRequest } from '../../domain/errors.ts';
 import type { Principal } from '../middleware/auth.ts';
 import type { Services } from '../../domain/services.ts';
 import { TaskWaiter } from '../../domain/task-waiter.ts';
@@ -37,18 +36,13 @@ export const a2aRoutes = [
     responses: { 200: JsonRpcResponse, 401: ErrorBody, 403: ErrorBody, 413: ErrorBody, 415: ErrorBody },
     moreResponseTypes: { 'text/event-stream': JsonRpcEventStream },
   }, async ({ ctx, services, log }) => {
-    let body: unknown;
-    try {
-      body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES, { checkStorable: false });
-    } catch (err) {
-      if (!(err instanceof InvalidRequest)) throw err;
-      body = undefined;
-    }
+    const read = await readJsonRpcBody(ctx, services.cfg.BODY_LIMIT_BYTES);
     ctx.status = 200;
-    if (body === undefined) {
+    if ('parseError' in read || read.body === undefined) {
       ctx.body = PARSE_ERROR;
       return;
     }
+    const { body } = read;
     const unstorable = findUnstorable(body);
     // Held from before the call (message/stream creates a task: a refusal must come first) to the
     // stream's end, which comes early when the client goes or the key is revoked.

@@ -7,8 +7,7 @@ import { defineRoute } from '../route.ts';
 import { clientGone } from '../client-gone.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { JsonRpcResponse } from '../schemas/jsonrpc.ts';
-import { readJsonBody } from '../middleware/body.ts';
-import { InvalidRequest } from '../../domain/errors.ts';
+import { readJsonRpcBody } from '../middleware/body.ts';
 import { batchAnswer, batchRefusal, createMcpServer, envelopeRefusal, McpRequest, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 
@@ -20,16 +19,13 @@ export const mcpRoutes = [
     summary: 'Model Context Protocol (Streamable HTTP, stateless): tools/list and tools/call over the enabled function instances',
     responses: { 200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null, 400: FreeObject, 401: ErrorBody, 403: ErrorBody, 406: FreeObject, 413: ErrorBody, 415: FreeObject },
   }, async ({ ctx, services, log }) => {
-    let body: unknown;
-    try {
-      body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES, { checkStorable: false });
-    } catch (err) {
-      // Unreadable JSON is the protocol's parse error; too large or not JSON stay HTTP errors.
-      if (!(err instanceof InvalidRequest)) throw err;
+    const read = await readJsonRpcBody(ctx, services.cfg.BODY_LIMIT_BYTES);
+    if ('parseError' in read) {
       ctx.status = 400;
-      ctx.body = { jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${err.message}` } };
+      ctx.body = { jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${read.parseError}` } };
       return;
     }
+    const { body } = read;
     const problem = findUnstorable(body);
     if (problem) {
       const { status, answer } = unstorableRefusal(body, problem);
