@@ -10,7 +10,8 @@ import { ErrorBody } from './schemas/common.ts';
 import { Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Queue } from 'bullmq';
 import type { Services } from '../domain/services.ts';
-import { QUEUE_NAMES, oldestWaitingAgeMs } from '../queues/names.ts';
+import { PROVIDER_STATUSES } from '../domain/bridge/types.ts';
+import { QUEUE_NAMES, oldestWaitingAgeMs, queueJobCounts } from '../queues/names.ts';
 import { streamCounts } from './a2a-stream-quota.ts';
 import { listActiveKeyJobs } from '../db/key-jobs.ts';
 import { countProviderInstancesByStatus } from '../db/bridge.ts';
@@ -49,7 +50,7 @@ function createMetrics(services: Services) {
     async collect() {
       this.reset();
       const all = await readSource(services, 'taskbridge_queue_jobs', () =>
-        Promise.all(QUEUE_NAMES.map(async (name) => [name, await services.queues[name].getJobCounts('waiting', 'active', 'delayed', 'completed', 'failed')] as const)));
+        Promise.all(QUEUE_NAMES.map(async (name) => [name, await queueJobCounts(services.queues[name])] as const)));
       for (const [name, counts] of all ?? []) for (const [state, n] of Object.entries(counts)) this.set({ queue: name, state }, n);
     },
   });
@@ -104,7 +105,7 @@ function createMetrics(services: Services) {
       this.reset();
       const rows = await readSource(services, 'taskbridge_provider_instances', () => countProviderInstancesByStatus(services.db));
       if (!rows) return;
-      for (const status of ['brokering_initiated', 'active', 'disabled', 'refresh_failed']) this.set({ status }, rows[status] ?? 0);
+      for (const status of PROVIDER_STATUSES) this.set({ status }, rows[status] ?? 0);
     },
   });
 

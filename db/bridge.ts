@@ -3,6 +3,7 @@ import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
 import { firstWithinBytes, keysetPage, PAGE_MAX_BYTES, batchWithinBytes, type Page, type Budget } from './pagination.ts';
 import { textWeightBound } from './messages.ts';
+import type { ProviderStatus } from '../domain/bridge/types.ts';
 
 export type CredentialKind = 'resource_server' | 'user';
 
@@ -25,7 +26,7 @@ export interface ProviderInstanceRow {
   display_name: string;
   provider_controller_type_id: string;
   credential_controller_type_id: string;
-  status: string;
+  status: ProviderStatus;
   /** An admin set it disabled (and not active since); outlives a refresh_failed status. */
   disabled_by_admin: boolean;
   resource_server_credential_id: string | null;

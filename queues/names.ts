@@ -12,6 +12,11 @@ export interface JobPayloads {
   'push-notifications': { task_id: string; config_id: string; timeline_seq: number };
 }
 
+// A queue's jobs by state, as metrics and the internal queue stats show them.
+export function queueJobCounts(queue: Queue): Promise<Record<string, number>> {
+  return queue.getJobCounts('waiting', 'active', 'delayed', 'completed', 'failed');
+}
+
 // How long the job next in line has waited since it was added; null when none waits.
 export async function oldestWaitingAgeMs(queue: Queue): Promise<number | null> {
   const [oldest] = await queue.getJobs(['waiting'], 0, 0, true);

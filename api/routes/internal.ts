@@ -2,7 +2,7 @@ import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
 import { ErrorBody, FreeObject, NoInput } from '../schemas/common.ts';
 import { publicConfig } from '../../domain/config.ts';
-import { QUEUE_NAMES, oldestWaitingAgeMs, queueConcurrency } from '../../queues/names.ts';
+import { QUEUE_NAMES, oldestWaitingAgeMs, queueConcurrency, queueJobCounts } from '../../queues/names.ts';
 import { SERVICE_VERSION } from '../../domain/version.ts';
 import { generateBridgeClient } from '../../domain/bridge/codegen.ts';
 import { checkReadiness } from '../../domain/readiness.ts';
@@ -40,7 +40,7 @@ export const internalRoutes = [
     const out: Record<string, unknown> = {};
     for (const name of QUEUE_NAMES) {
       const q = services.queues[name];
-      const counts = await q.getJobCounts('waiting', 'active', 'delayed', 'completed', 'failed');
+      const counts = await queueJobCounts(q);
       out[name] = { ...counts, oldest_waiting_age_ms: await oldestWaitingAgeMs(q) };
     }
     return { queues: out };

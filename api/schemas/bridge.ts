@@ -5,11 +5,11 @@ import { AliasName } from './encryption.ts';
 import { worded } from '../../domain/schema-check.ts';
 import { HEADER_TOKEN_OR_EMPTY_PATTERN } from '../../domain/bridge/credential-controllers.ts';
 import { CREDENTIAL_USERS_SHOWN } from '../../db/bridge.ts';
+import { PROVIDER_STATUSES } from '../../domain/bridge/types.ts';
 
 export const ProviderInstanceId = Type.String({ pattern: worded('^[A-Za-z0-9_-]{1,64}$', 'must be 1 to 64 of A-Z a-z 0-9 _ -'), description: '1..64 of A-Z a-z 0-9 _ -' });
 export const ControllerTypeId = Type.String({ pattern: worded('^[a-z0-9_]{1,64}$', 'must be 1 to 64 of a-z 0-9 _') });
-export const ProviderStatus = Type.Union(['brokering_initiated', 'active', 'disabled', 'refresh_failed'].map((s) => Type.Literal(s)));
-export type ProviderStatus = Static<typeof ProviderStatus>;
+export const ProviderStatus = Type.Union(PROVIDER_STATUSES.map((s) => Type.Literal(s)));
 
 export const ReturnAddress = Type.Object({
   type: Type.Literal('url'),

@@ -3,6 +3,10 @@
 import type { TObject } from '@sinclair/typebox';
 import type { InvokeResult } from '../../api/schemas/bridge.ts';
 
+// A provider instance's statuses (refresh_failed: a credential refresh gave up; it needs brokering again).
+export const PROVIDER_STATUSES = ['brokering_initiated', 'active', 'disabled', 'refresh_failed'] as const;
+export type ProviderStatus = (typeof PROVIDER_STATUSES)[number];
+
 /** Credential values with their sensitive members decrypted: only ever held in memory. */
 export type Plain = Record<string, unknown>;
 
