@@ -75,9 +75,11 @@ async function untilEnded(countEnded: string, taskIds: string[], what: string, t
   }
 }
 
-// Ours: start latency and completion from Postgres, for the given tasks.
+const OURS_ENDED = `select count(*)::int as n from tasks where id = any(?::uuid[]) and status in ('completed', 'failed', 'canceled', 'rejected')`;
+const FLOOR_ENDED = `select count(*)::int as n from floor_tasks where id = any(?::uuid[]) and status = 'completed'`;
+
+// Ours: start latency and completion from Postgres, for the given (ended) tasks.
 async function ourFigures(taskIds: string[]) {
-  await untilEnded(`select count(*)::int as n from tasks where id = any(?::uuid[]) and status in ('completed', 'failed', 'canceled', 'rejected')`, taskIds, 'tasks');
   const starts = await startTimes(taskIds);
   const { rows: win } = await db.raw(
     `select count(*) filter (where status = 'completed')::int as completed,
@@ -113,7 +115,6 @@ async function queueLatencies(queue: Queue, taskIds: string[]): Promise<number[]
 
 // The floor's tasks: completion and start latency (insert -> the run's start), as ourFigures.
 async function floorFigures(taskIds: string[]) {
-  await untilEnded(`select count(*)::int as n from floor_tasks where id = any(?::uuid[]) and status = 'completed'`, taskIds, 'floor tasks');
   const { rows } = await db.raw(
     `select count(*)::int as completed, extract(epoch from (max(done_at) - min(created_at))) * 1000 as window_ms,
             array_agg(extract(epoch from (started_at - created_at)) * 1000) as latencies
@@ -179,23 +180,25 @@ try {
   };
   for (let r = 1; r <= ROUNDS; r++) {
     say(`round ${r}/${ROUNDS}: ${CONNECTIONS} connections for ${SECONDS} s against taskbridge`);
-    let ourDone!: Awaited<ReturnType<typeof ourFigures>>;
+    // Each side's CPU is measured until its tasks have ended; its figures are read after, as their
+    // per-task reads (a lateral join a task for ours) are the bench's work, not the service's.
     const ourLoad = await measured('ours', async () => {
       const l = await load(ours, SECONDS);
       if (!l.taskIds.length) throw new Error(`taskbridge accepted no task: ${l.firstError}`);
       say(`round ${r}/${ROUNDS}: waiting for the ${l.taskIds.length} accepted tasks to complete`);
-      ourDone = await ourFigures(l.taskIds);
+      await untilEnded(OURS_ENDED, l.taskIds, 'tasks');
       return l;
     });
+    const ourDone = await ourFigures(ourLoad.taskIds);
 
     say(`round ${r}/${ROUNDS}: ${CONNECTIONS} connections for ${SECONDS} s against the floor`);
-    let floorDone!: Awaited<ReturnType<typeof floorFigures>>;
     const floorLoad = await measured('floor', async () => {
       const l = await load(floor, SECONDS);
       if (!l.taskIds.length) throw new Error(`the floor accepted no task: ${l.firstError}`);
-      floorDone = await floorFigures(l.taskIds);
+      await untilEnded(FLOOR_ENDED, l.taskIds, 'floor tasks');
       return l;
     });
+    const floorDone = await floorFigures(floorLoad.taskIds);
 
     say(`round ${r}/${ROUNDS}: ${CONNECTIONS} connections for ${SECONDS} s against the reference`);
     await fetch(`${refBase}stats/reset`, { method: 'POST' });
@@ -240,11 +243,13 @@ try {
   sendErrors.ours += burst.errors;
   firstErrors.ours ??= burst.firstError;
   const burstAccepted = burst.taskIds.length / (burst.elapsedMs / 1000);
+  await untilEnded(OURS_ENDED, burst.taskIds, 'tasks');
   const drained = await ourFigures(burst.taskIds);
   const drainRate = drained.lastDoneAt ? drained.completed / ((drained.lastDoneAt.getTime() - resumedAt) / 1000) : NaN;
 
   say(`idle: ${IDLE_TASKS} single sends against each`);
   const idleIds = await idle(ours);
+  await untilEnded(OURS_ENDED, idleIds, 'tasks');
   const ourIdle = await ourFigures(idleIds);
   const ourIdleQueue = await queueLatencies(agentQueue, idleIds);
   await agentQueue.close();
