@@ -1,20 +1,19 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { Body, ErrorBody, NoControlChars, PageQuery, Paginated, requestErrors, Success, Timestamp, Uuid } from '../schemas/common.ts';
-import { createApiKey, revokeApiKey, SCOPES } from '../../domain/api-keys.ts';
+import { ErrorBody, PageQuery, Paginated, requestErrors, Success, Uuid } from '../schemas/common.ts';
+import { ApiKey, CreateApiKeyRequest, CreatedApiKey } from '../schemas/auth.ts';
+import { createApiKey, revokeApiKey } from '../../domain/api-keys.ts';
 import { listActive } from '../../db/api-keys.ts';
 import { forgetApiKey } from '../middleware/auth.ts';
 
 const tag = 'auth';
-const ScopeSchema = Type.Union(SCOPES.map((s) => Type.Literal(s)));
-const ApiKey = Type.Object({ id: Uuid, name: Type.String(), scopes: Type.Array(ScopeSchema), created_at: Timestamp, last_used_at: Type.Union([Timestamp, Type.Null()]) });
 
 export const authRoutes = [
   defineRoute({
     method: 'post', path: '/api/auth/v1/api-key', operationId: 'create-api-key', tag, scope: 'admin',
     summary: 'Create an API key; the key is returned only in this response',
-    body: Body({ name: Type.String({ minLength: 1, maxLength: 200, pattern: NoControlChars }), scopes: Type.Array(ScopeSchema, { minItems: 1 }) }),
-    responses: { 201: Type.Object({ id: Uuid, name: Type.String(), scopes: Type.Array(ScopeSchema), key: Type.String(), created_at: Timestamp }), ...requestErrors },
+    body: CreateApiKeyRequest,
+    responses: { 201: CreatedApiKey, ...requestErrors },
   }, async ({ body, services }) => createApiKey(services.db, body.name, body.scopes)),
 
   defineRoute({
