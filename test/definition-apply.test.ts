@@ -490,4 +490,33 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     const secrets = await ok(t.stack.client.get('/api/secret/v1?page_size=100'), 200);
     assert.deepEqual(secrets.secrets.map((s: any) => s.key).sort(), source.secrets.map((s: any) => s.key).sort());
   });
+
+  it('applies an alias named like a DEK id (the alias look-up answers that DEK for a name no alias has) and an alias named like its own DEK; run again, finds them there (exit 0)', async () => {
+    const c = a.client;
+    // The API allows both: a DEK given an id, and another DEK's alias named like it.
+    await ok(c.post(`${E}/envelope/default-envelope.key/dek`, { id: 'dek-one' }));
+    const other = await ok(c.post(`${E}/envelope/default-envelope.key/dek`, {}));
+    await ok(c.post(`${E}/dek/alias`, { alias: 'dek-one', dek_id: other.id }));
+    await ok(c.post(`${E}/dek/alias`, { alias: 'one', dek_id: 'dek-one' }));
+    await ok(c.post(`${E}/envelope/default-envelope.key/dek`, { id: 'self' }));
+    await ok(c.post(`${E}/dek/alias`, { alias: 'self', dek_id: 'self' }));
+    for (const [key, alias] of [['under-one', 'one'], ['under-dek-one', 'dek-one'], ['under-self', 'self']]) await ok(c.post('/api/secret/v1', { key, raw_value: `v-${key}`, dek_alias: alias }));
+    const file = write('dek-named.json', await exported(c));
+
+    const t = await freshTarget();
+    const first = await applyTo(t.stack.api.url, file);
+    assert.equal(first.code, 0, first.stdout + first.stderr);
+    assert.equal(first.stderr, '');
+    for (const alias of ['dek-one', 'one', 'self']) {
+      const res = await t.stack.client.post(`${E}/dek/alias`, { alias, dek_id: other.id });
+      assert.equal(res.status, 409, `alias ${alias} was not made: ${res.text}`);
+    }
+    assert.equal((await ok(t.stack.client.get(`${E}/dek/alias/dek-one`), 200)).id, other.id);
+    const values = Object.values(await decrypted(t.stack.client)).map((s: any) => s.value);
+    for (const key of ['under-one', 'under-dek-one', 'under-self']) assert.ok(values.includes(`v-${key}`), key);
+
+    const again = await applyTo(t.stack.api.url, file);
+    assert.equal(again.code, 0, again.stdout + again.stderr);
+    assert.match(again.stdout, /Nothing to do/);
+  });
 });
