@@ -22,6 +22,7 @@ import type { Logger } from './logger.ts';
 import { artifactsFromTimeline, toA2ATask } from './a2a/mapping.ts';
 import { guardedLookup, isPrivateAddress } from './webhook-url.ts';
 import { pushSecrets } from './push-config.ts';
+import { retryAfterMs } from './retry-after.ts';
 
 // A notification's history: its newest messages up to then, within both (PUSH_CONCURRENCY bodies are
 // built at once, and a task may hold TASK_MESSAGES_MAX_BYTES of messages).
@@ -47,17 +48,6 @@ export class DeliveryError extends Error {
   constructor(message: string, readonly status?: number, readonly retryAfterMs?: number) {
     super(message);
   }
-}
-
-// Longest Retry-After honoured: a webhook cannot park its updates for hours, and the recovery pass
-// (workers/recover-push-deliveries.ts) counts on each retry waiting no longer than this or its backoff.
-export const RETRY_AFTER_MAX_MS = 60_000;
-
-// A Retry-After value (delay seconds or an HTTP date) in ms from now, capped; undefined when unreadable.
-function retryAfterMs(value: string | undefined, now = Date.now()): number | undefined {
-  if (value === undefined) return undefined;
-  const ms = /^\s*\d+\s*$/.test(value) ? Number(value) * 1000 : Date.parse(value) - now;
-  return Number.isNaN(ms) ? undefined : Math.min(Math.max(ms, 0), RETRY_AFTER_MAX_MS);
 }
 
 // A 4xx says the request itself is refused (gone, unauthorized, too large): sending it again gets the

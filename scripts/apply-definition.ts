@@ -7,11 +7,13 @@
 // only what is missing. Prints ids, keys and names, never a
 // value, token or key material (the file holds those only sealed anyway).
 import fs from 'node:fs/promises';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { Definition } from '../api/schemas/definition.ts';
 import type { CredentialKind } from '../db/bridge.ts';
 import { InvalidRequest, NotFound } from '../domain/errors.ts';
 import { checkValid, compileSchema } from '../domain/schema-check.ts';
 import { DEFAULT_ALIAS } from '../domain/crypto/key-management.ts';
+import { retryAfterMs } from '../domain/retry-after.ts';
 import { definitionProblems, definitionReferences, type TargetNames } from '../domain/definition-check.ts';
 import {
   aliasTargets, credentialDifference, disableUnfinished, providerDifference, secretDifference, settableStatus,
@@ -33,6 +35,10 @@ const differing = (why: string | undefined): Found => (why === undefined ? prese
 const SECRETS_AT_ONCE = 8;
 const PROGRESS_EVERY = 500;
 const REQUEST_TIMEOUT_MS = 60_000;
+// Answers that ask to come back later (over the target's RATE_LIMIT_PER_SECOND; busy, or its database
+// out of reach a moment): asked again after their Retry-After (or a backoff without one), this many times.
+const AGAIN_LATER = [429, 503];
+const RETRIES = 8;
 
 // The file cannot be applied at all (exit 2).
 export class DefinitionFileError extends Error {}
@@ -72,14 +78,19 @@ interface Answer { status: number; body: any }
 function api(base: string, key: string) {
   return async (method: string, path: string, body?: unknown): Promise<Answer> => {
     let res: Response;
-    try {
-      res = await fetch(base + path, {
-        method, signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
-        headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-        body: body === undefined ? undefined : JSON.stringify(body),
-      });
-    } catch (e) {
-      throw new ApplyAborted(`cannot reach the API at ${base}: ${((e as Error).cause as Error | undefined)?.message ?? (e as Error).message}`);
+    for (let tried = 0; ; tried++) {
+      try {
+        res = await fetch(base + path, {
+          method, signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+          headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+          body: body === undefined ? undefined : JSON.stringify(body),
+        });
+      } catch (e) {
+        throw new ApplyAborted(`cannot reach the API at ${base}: ${((e as Error).cause as Error | undefined)?.message ?? (e as Error).message}`);
+      }
+      if (!AGAIN_LATER.includes(res.status) || tried === RETRIES) break;
+      await res.body?.cancel();
+      await sleep(retryAfterMs(res.headers.get('retry-after') ?? undefined) ?? Math.min(1000 * 2 ** tried, 30_000));
     }
     const text = await res.text();
     let parsed: unknown;

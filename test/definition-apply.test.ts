@@ -283,12 +283,12 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
   const targets: { stack: Stack; scratch: ScratchDatabase }[] = [];
 
   // A fresh installation with the source's key files, as a move makes one.
-  async function freshTarget() {
+  async function freshTarget(env: Record<string, string> = {}) {
     const scratch = await scratchDatabase('apply');
     await migrateLatest(scratch.db);
     const keysDir = path.join(requireEnv('TEST_DATA_DIR'), `apply-keys-${randomUUID().slice(0, 8)}`);
     fs.cpSync(path.join(a.env.DATA_DIR, 'keys'), keysDir, { recursive: true });
-    const stack = await startStack({ DATABASE_URL: scratch.url, KEYS_DIR: keysDir }, { workers: 0 });
+    const stack = await startStack({ DATABASE_URL: scratch.url, KEYS_DIR: keysDir, ...env }, { workers: 0 });
     targets.push({ stack, scratch });
     return { stack, scratch };
   }
@@ -329,18 +329,18 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
 
   it('disables, when run again, a disabled provider whose disable failed, before enabling its functions; one an admin made active since is a conflict', async () => {
     const t = await freshTarget();
-    // The first PATCH of the instance answered 503, as an API under load (or a cut) would.
+    // The first PATCH of the instance answered 500, as a fault of the API (or a cut) would; a 503 is asked again.
     let patched = 0;
     const failing = await proxy(t.stack.api.url, (req, res) => {
       if (req.method !== 'PATCH' || patched++ > 0) return false;
       req.resume();
-      res.writeHead(503, { 'content-type': 'application/json' }).end(JSON.stringify({ message: 'Service unavailable' }));
+      res.writeHead(500, { 'content-type': 'application/json' }).end(JSON.stringify({ message: 'Internal server error' }));
       return true;
     });
     try {
       const first = await applyTo(failing.url);
       assert.equal(first.code, 1, first.stdout + first.stderr);
-      assert.match(first.stderr, /failed: provider off: 503 Service unavailable/);
+      assert.match(first.stderr, /failed: provider off: 500 Internal server error/);
       assert.match(first.stderr, /failed: function stripe_process_refund of provider off: its provider failed/);
     } finally {
       failing.close();
@@ -383,13 +383,13 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     const failing = await proxy(t.stack.api.url, (req, res) => {
       if (req.method !== 'PATCH' || !req.url?.endsWith('/provider/goff')) return false;
       req.resume();
-      res.writeHead(503, { 'content-type': 'application/json' }).end(JSON.stringify({ message: 'Service unavailable' }));
+      res.writeHead(500, { 'content-type': 'application/json' }).end(JSON.stringify({ message: 'Internal server error' }));
       return true;
     });
     try {
       const first = await applyTo(failing.url, file);
       assert.equal(first.code, 1, first.stdout + first.stderr);
-      assert.match(first.stderr, /failed: provider goff: 503 Service unavailable/);
+      assert.match(first.stderr, /failed: provider goff: 500 Internal server error/);
     } finally {
       failing.close();
     }
@@ -489,6 +489,28 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.match(r.stdout, /secrets: 3 created, 2 already there, 0 conflicts, 0 failed/);
     const secrets = await ok(t.stack.client.get('/api/secret/v1?page_size=100'), 200);
     assert.deepEqual(secrets.secrets.map((s: any) => s.key).sort(), source.secrets.map((s: any) => s.key).sort());
+  });
+
+  it('waits out a 429 (the target\'s RATE_LIMIT_PER_SECOND) or 503 (busy a moment) for its Retry-After, the check before any write too, applying everything (exit 0)', async () => {
+    const t = await freshTarget({ RATE_LIMIT_PER_SECOND: '5' });
+    // The target busy at the first request, the catalog's.
+    let seen = 0;
+    const busy = await proxy(t.stack.api.url, (req, res) => {
+      if (seen++ > 0) return false;
+      req.resume();
+      res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '1' }).end(JSON.stringify({ message: 'Service unavailable' }));
+      return true;
+    });
+    try {
+      const r = await applyTo(busy.url);
+      assert.equal(r.code, 0, r.stdout + r.stderr);
+      assert.equal(r.stderr, '');
+      assert.match(r.stdout, /secrets: 3 created, 0 already there, 0 conflicts, 0 failed/);
+      assert.match(r.stdout, /functions: 1 created, 0 already there, 0 conflicts, 0 failed/);
+    } finally {
+      busy.close();
+    }
+    assert.deepEqual((await t.scratch.db('secrets').pluck('key')).sort(), source.secrets.map((s: any) => s.key).sort());
   });
 
   it('applies an alias named like a DEK id (the alias look-up answers that DEK for a name no alias has) and an alias named like its own DEK; run again, finds them there (exit 0)', async () => {

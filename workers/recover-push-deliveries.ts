@@ -10,7 +10,8 @@
 import { createHash } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
 import { listStalledDeliveries } from '../db/push-configs.ts';
-import { RETRY_AFTER_MAX_MS, retryBackoffMs } from '../domain/push-delivery.ts';
+import { retryBackoffMs } from '../domain/push-delivery.ts';
+import { RETRY_AFTER_MAX_MS } from '../domain/retry-after.ts';
 
 const PAGE = 500;
 
