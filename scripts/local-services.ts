@@ -9,7 +9,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 
 // `dir`: where its data lives (for Postgres, not always under DATA_DIR: see postgresDir).
 export interface LocalService { url: string; port: number; dir: string; stop(): Promise<void> }
-interface Options { dataDir: string; ephemeral?: boolean; port?: number; log?: (line: string) => void }
+// readyMs: how long the server may take to accept connections (a Postgres recovering from a crash, a
+// Redis loading a large append-only file take long), 0 for no limit; default 30 s.
+interface Options { dataDir: string; ephemeral?: boolean; port?: number; readyMs?: number; log?: (line: string) => void }
 
 const isRoot = process.getuid?.() === 0;
 
@@ -57,8 +59,19 @@ async function waitFor(check: () => boolean, what: string, child: ChildProcess, 
   const deadline = Date.now() + timeoutMs;
   while (!check()) {
     if (child.exitCode !== null) throw new Error(`${what} exited with code ${child.exitCode}:\n${output()}`);
-    if (Date.now() > deadline) throw new Error(`${what} did not become ready in ${timeoutMs} ms:\n${output()}`);
+    if (timeoutMs && Date.now() > deadline) throw new Error(`${what} did not become ready in ${timeoutMs} ms:\n${output()}`);
     await sleep(25);
+  }
+}
+
+// Readies a server just spawned (in a session of its own, so nothing else stops it): one that fails
+// to become ready, or to be set up, is stopped here, as its caller never gets it to stop.
+async function readyOrStopped(child: ChildProcess, signal: NodeJS.Signals, ready: () => Promise<void>): Promise<void> {
+  try {
+    await ready();
+  } catch (err) {
+    await stopChild(child, signal);
+    throw err;
   }
 }
 
@@ -256,15 +269,17 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
   child.stdout!.on('data', collect);
   child.stderr!.on('data', collect);
   const pgIsReady = path.join(bin, 'pg_isready');
-  await waitFor(() => spawnSync(pgIsReady, ['-h', '127.0.0.1', '-p', String(port), '-q']).status === 0, 'Postgres', child, () => out);
-  // Over the socket; the statements travel on stdin, not in a command line others can read.
-  const psql = (sql: string) => spawnSync(path.join(bin, 'psql'), ['-h', dir, '-p', String(port), '-U', 'postgres', '-d', 'postgres', '-tA', '-v', 'ON_ERROR_STOP=1'], { input: sql, encoding: 'utf8' });
-  const set = psql(`ALTER ROLE postgres PASSWORD '${password}'`);
-  if (set.status !== 0) throw new Error(`Could not set the local Postgres password: ${set.stderr}`);
-  if (psql(`SELECT 1 FROM pg_database WHERE datname = 'taskbridge'`).stdout.trim() !== '1') {
-    const r = psql('CREATE DATABASE taskbridge');
-    if (r.status !== 0) throw new Error(`Could not create database taskbridge: ${r.stderr}`);
-  }
+  await readyOrStopped(child, 'SIGINT', async () => {
+    await waitFor(() => spawnSync(pgIsReady, ['-h', '127.0.0.1', '-p', String(port), '-q']).status === 0, 'Postgres', child, () => out, opts.readyMs);
+    // Over the socket; the statements travel on stdin, not in a command line others can read.
+    const psql = (sql: string) => spawnSync(path.join(bin, 'psql'), ['-h', dir, '-p', String(port), '-U', 'postgres', '-d', 'postgres', '-tA', '-v', 'ON_ERROR_STOP=1'], { input: sql, encoding: 'utf8' });
+    const set = psql(`ALTER ROLE postgres PASSWORD '${password}'`);
+    if (set.status !== 0) throw new Error(`Could not set the local Postgres password: ${set.stderr}`);
+    if (psql(`SELECT 1 FROM pg_database WHERE datname = 'taskbridge'`).stdout.trim() !== '1') {
+      const r = psql('CREATE DATABASE taskbridge');
+      if (r.status !== 0) throw new Error(`Could not create database taskbridge: ${r.stderr}`);
+    }
+  });
   return { url: postgresUrl(port, password), port, dir, stop: () => stopChild(child, 'SIGINT') };
 }
 
@@ -320,6 +335,6 @@ export async function startRedis(opts: Options): Promise<LocalService> {
   const collect = (b: Buffer) => { out = (out + b.toString()).slice(-4000); if (out.includes('Ready to accept connections')) ready = true; };
   child.stdout!.on('data', collect);
   child.stderr!.on('data', collect);
-  await waitFor(() => ready, 'Redis', child, () => out);
+  await readyOrStopped(child, 'SIGTERM', () => waitFor(() => ready, 'Redis', child, () => out, opts.readyMs));
   return { url: `redis://:${password}@127.0.0.1:${port}`, port, dir, stop: () => stopChild(child, 'SIGTERM') };
 }

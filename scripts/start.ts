@@ -92,14 +92,14 @@ startup = (async () => {
   await stopLeftovers(dataDir, say);
   if (stopping) return;
   if (!env.DATABASE_URL) {
-    const pg = await startPostgres({ dataDir, log: say });
+    const pg = await startPostgres({ dataDir, readyMs: cfg.STARTUP_TIMEOUT_MS, log: say });
     services.push(pg);
     env.DATABASE_URL = pg.url;
     say(`local Postgres on ${redactUrl(pg.url)} (data in ${pg.dir})`);
   }
   if (stopping) return;
   if (!env.REDIS_URL) {
-    const redis = await startRedis({ dataDir, log: say });
+    const redis = await startRedis({ dataDir, readyMs: cfg.STARTUP_TIMEOUT_MS, log: say });
     services.push(redis);
     env.REDIS_URL = redis.url;
     say(`local Redis on ${redactUrl(redis.url)} (data in ${redis.dir})`);

@@ -157,6 +157,15 @@ function launch(dataDir: string, port: number, env: Record<string, string> = {},
 
 const alive = (pid: number) => { try { process.kill(pid, 0); return true; } catch { return false; } };
 
+// The processes working in `dir`, as Postgres's do in its data directory.
+const workingIn = (dir: string) => fs.readdirSync('/proc').filter((p) => {
+  try {
+    return /^\d+$/.test(p) && fs.readlinkSync(`/proc/${p}/cwd`) === dir;
+  } catch {
+    return false; // ended meanwhile
+  }
+}).map(Number);
+
 async function launched(dataDir: string, env: Record<string, string> = {}, detached = false): Promise<Launcher> {
   const l = launch(dataDir, await freePort(), env, detached);
   await waitFor(async () => l.child.exitCode !== null || (l.output().includes('"msg":"api listening"') && l.output().includes('"msg":"worker started"')),
@@ -222,6 +231,17 @@ describe('npm start on its DATA_DIR', function () {
     assert.equal(await keys.exited, 2, keys.output());
     assert.match(keys.output(), /^ {2}KEYS_DIR: .* cannot be used \(ENOTDIR on mkdir of .*\): it must be a directory this process can create and write$/m);
     assert.ok(!fs.existsSync(path.join(work, 'bad-keys', 'admin-api-key')), 'no admin key file for a key never stored');
+  });
+
+  it('a local Postgres not ready within STARTUP_TIMEOUT_MS (one still recovering) ends it with exit 1, that Postgres stopped', async () => {
+    const dataDir = path.join(work, 'slow-postgres');
+    await (await startPostgres({ dataDir, ephemeral: true, log: () => undefined })).stop();
+    // Every connection is kept waiting before it is answered, as by a cluster still recovering.
+    fs.appendFileSync(path.join(dataDir, 'postgres', 'postgresql.auto.conf'), 'pre_auth_delay = 8\n');
+    const l = launch(dataDir, await freePort(), { STARTUP_TIMEOUT_MS: '3000' });
+    assert.equal(await l.exited, 1, l.output());
+    assert.deepEqual(workingIn(fs.realpathSync(path.join(dataDir, 'postgres'))), [], `Postgres left running:\n${l.output()}`);
+    assert.match(l.output(), /\[start\] Postgres did not become ready in 3000 ms/);
   });
 
   it('killed with SIGKILL while its API and worker start (waiting for Redis), they stop by themselves', async () => {
