@@ -68,6 +68,17 @@ function run(name: string, file: string, wait = false): Promise<number> | ChildP
   return child;
 }
 
+// The DATA_DIR launcher `pid` runs on, resolved as it resolves its own (from its environment and
+// working directory); undefined where /proc does not show it.
+function launcherDataDir(pid: number): string | undefined {
+  try {
+    const value = fs.readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0').find((v) => v.startsWith('DATA_DIR='))?.slice('DATA_DIR='.length);
+    return path.resolve(fs.readlinkSync(`/proc/${pid}/cwd`), value || '.data');
+  } catch {
+    return undefined;
+  }
+}
+
 // Refuses DATA_DIR while another launcher runs on it; else takes it over. One it cannot create or
 // write is a bad setting, said as the API and worker say it (exit 2), before any server starts.
 async function takeDataDir(): Promise<void> {
@@ -79,7 +90,8 @@ async function takeDataDir(): Promise<void> {
   try {
     other = Number(fs.readFileSync(launcherPidFile, 'utf8').trim());
   } catch { /* none yet */ }
-  if (other && other !== process.pid && runningProgram(other, /start\.ts/)) {
+  // A pid file left by a crash or a reboot can name a pid reused since by another DATA_DIR's launcher.
+  if (other && other !== process.pid && runningProgram(other, /start\.ts/) && (launcherDataDir(other) ?? dataDir) === dataDir) {
     throw new Error(`another npm start (pid ${other}) is running on ${dataDir}; stop it first, or set another DATA_DIR`);
   }
   fs.writeFileSync(launcherPidFile, `${process.pid}\n`);

@@ -244,6 +244,33 @@ describe('npm start on its DATA_DIR', function () {
     assert.match(l.output(), /\[start\] Postgres did not become ready in 3000 ms/);
   });
 
+  it('takes its DATA_DIR when a stale npm-start.pid names a pid that is now the launcher of another DATA_DIR', async () => {
+    const elsewhere = launch(path.join(work, 'elsewhere'), await freePort());
+    let l: Launcher | undefined;
+    try {
+      await waitFor(async () => elsewhere.child.exitCode !== null || /^\[start\] local Postgres on/m.test(elsewhere.output()), 'the other npm start to start Postgres', 120_000, 100);
+      assert.equal(elsewhere.child.exitCode, null, elsewhere.output());
+      // Left by a launcher killed with the machine; its pid was given to the other one since.
+      const ours = path.join(work, 'pid-taken');
+      fs.mkdirSync(ours);
+      fs.writeFileSync(path.join(ours, 'npm-start.pid'), `${elsewhere.child.pid}\n`);
+      l = await launched(ours);
+      assert.doesNotMatch(l.output(), /another npm start/);
+      assert.equal(fs.readFileSync(path.join(ours, 'npm-start.pid'), 'utf8'), `${l.child.pid}\n`);
+      assert.equal(elsewhere.child.exitCode, null, 'the other npm start still runs');
+      // The one now running on it is not taken for stale.
+      const second = launch(ours, await freePort());
+      assert.equal(await second.exited, 1, second.output());
+      assert.match(second.output(), new RegExp(`another npm start \\(pid ${l.child.pid}\\) is running on ${ours}`));
+      await stopped(l);
+      assert.equal(await l.exited, 0, l.output());
+    } finally {
+      if (l) await stopped(l);
+      await stopped(elsewhere);
+    }
+    assert.equal(await elsewhere.exited, 0, elsewhere.output());
+  });
+
   it('killed with SIGKILL while its API and worker start (waiting for Redis), they stop by themselves', async () => {
     const l = launch(path.join(work, 'killed-early'), await freePort(), {
       DATABASE_URL: requireEnv('DATABASE_URL'), REDIS_URL: `redis://127.0.0.1:${await freePort()}`, STARTUP_TIMEOUT_MS: '0',
