@@ -301,7 +301,8 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
         return differing(credentialDifference(c, theirs, p.provider_controller_type_id, kind));
       }, async () => {
         const a = await call('POST', `${base}/credential/${kind === 'user' ? 'user-credential' : 'resource-server'}/import`, c);
-        // Imported by an earlier run whose instance was not made: no instance shows it to compare.
+        // Imported by an earlier run whose instance was not made: counted as there, not compared (no
+        // instance shows it; only a walk of the credential list would).
         if (a.status === 409 && a.body?.data?.resource === 'credential') return 'present';
         return created(a);
       });
