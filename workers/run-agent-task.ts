@@ -6,6 +6,8 @@ import type { Services } from '../domain/services.ts';
 import { InvalidRequest, NotFound, publicReason, type ResourceName, refusedByRuntime, unreachable } from '../domain/errors.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
+import type { RunState } from '../db/tasks.ts';
+import type { Logger } from '../domain/logger.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf, checkRoom } from '../domain/tasks.ts';
 import { inStatement, inTransaction, type UnitOfWork } from '../domain/unit-of-work.ts';
 import { isTerminal, RUN_RESULTS, runEndsFrom, workingUnder } from '../domain/task-states.ts';
@@ -89,6 +91,68 @@ const abortedBy = (signal: AbortSignal) => new Promise<never>((_, reject) => {
   signal.addEventListener('abort', () => reject(signal.reason), { once: true });
 });
 
+// What a run hands its agent: the task, its history and trigger message, the run's abort signal, and
+// the calls it may make, each through `ours` (which marks outages and refusals). Reads and calls are
+// refused once the run is aborted; writes apply only while the task is still working under this run.
+function agentContext(
+  services: Services, ours: <T>(call: () => Promise<T>) => Promise<T>,
+  run: { taskId: string; messageId: string; state: RunState; trigger: NonNullable<RunState['trigger']>; signal: AbortSignal; log: Logger },
+): AgentContext {
+  const { taskId, messageId, state, trigger, signal, log: runLog } = run;
+  const history = state.history.map(({ seq: _s, ...m }) => m);
+  const { seq: _seq, ...message } = trigger;
+
+  const ended = (what: string) => Object.assign(new Error(`task is ${what}`), { taskEnded: true });
+  // Reads and calls from inside a run are refused once the run is aborted.
+  const whileRunning = <T>(fn: () => Promise<T>) => (signal.aborted ? Promise.reject(ended('canceled or handed back')) : fn());
+  // Writes from inside a run are skipped once the task is no longer working under it: ended (e.g.
+  // canceled meanwhile), set waiting by a client, or taken by another run. Its callers (reply,
+  // setStatus, emitArtifact) pass its errors through `ours`.
+  const whileActive = <T>(fn: (uow: UnitOfWork, task: tasks.TaskRow) => Promise<T>) =>
+    inTransaction(services, async (uow) => {
+      const locked = await tasks.getTask(uow.trx, taskId, true);
+      // Deleted meanwhile (TASK_RETENTION_DAYS, a context purge): ended too.
+      if (!locked) throw ended('deleted');
+      if (!workingUnder(locked, messageId)) throw ended(locked.status === 'working' ? 'under another run' : locked.status);
+      return fn(uow, locked);
+    });
+
+  const maxMessageBytes = services.cfg.TASK_MESSAGES_MAX_BYTES;
+  return {
+    task: tasks.toTask(state.task),
+    history,
+    message,
+    signal,
+    reply: (r) => ours(async () => {
+      const reply = agentMessage(r, 'reply');
+      return (await whileActive((uow, locked) => appendMessage(uow, locked, reply, maxMessageBytes))).message;
+    }),
+    setStatus: (status, r) => ours(async () => {
+      // The run's end (input-required, completed, ...) is its return value, which a status set here would pre-empt.
+      if (status !== 'working') throw new InvalidRequest(`ctx.setStatus takes 'working' only, not '${String(status)}'; a run ends with its return value {status, message}`);
+      const progress = r === undefined ? undefined : agentMessage(r, 'message');
+      await whileActive((uow, locked) => changeStatus(uow, locked, status, maxMessageBytes, progress, messageId));
+    }),
+    emitArtifact: (input) => ours(async () => {
+      const artifact = checkArtifact(input);
+      const artifactId = artifact.artifactId ?? randomUUID();
+      await whileActive((uow, locked) => appendArtifact(uow, locked, { ...artifact, artifactId }, services.cfg.TASK_ARTIFACTS_MAX_BYTES));
+      return artifactId;
+    }),
+    readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', 'secret')))),
+    invokeFunction: (providerInstanceId, functionTypeId, params, options = {}) =>
+      whileRunning(() => ours(async () => {
+        checkAgainst(AgentInvokeOptions, options, 'options');
+        return invokeFunction(
+          services, lookupName(providerInstanceId, 'ctx.invokeFunction: the provider instance id', 'provider_instance'),
+          lookupName(functionTypeId, 'ctx.invokeFunction: the function type id', 'function_controller'), params,
+          { paramsPath: 'params', signal, log: runLog, idempotencyKey: options.idempotencyKey },
+        );
+      })),
+    log: runLog,
+  };
+}
+
 export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry) {
   const { log } = services;
   // Errors of the run's own calls saying Postgres or Redis is out of reach. A run that meets one
@@ -147,7 +211,6 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       if (!workingUnder(state.task, messageId)) return 'another run has the task';
     }
     if (!state.trigger) return 'message gone';
-    const started = tasks.toTask(state.task);
 
     // A task has one run at a time: one of its runs still going here lost it to this one (or, for the
     // same message, is a stalled copy of this job that BullMQ gave up on).
@@ -163,59 +226,9 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       ? setTimeout(() => controller.abort(Object.assign(new Error(`the run did not finish within AGENT_RUN_TIMEOUT_MS (${limit} ms)`), { timedOut: true })), limit)
       : undefined;
     const timedOut = () => controller.signal.aborted && !!(controller.signal.reason as { timedOut?: boolean } | undefined)?.timedOut;
-    const history = state.history.map(({ seq: _s, ...m }) => m);
-    const { seq: _seq, ...message } = state.trigger;
-
-    const ended = (what: string) => Object.assign(new Error(`task is ${what}`), { taskEnded: true });
-    // Reads and calls from inside a run are refused once the run is aborted.
-    const whileRunning = <T>(fn: () => Promise<T>) => (controller.signal.aborted ? Promise.reject(ended('canceled or handed back')) : fn());
-    // Writes from inside a run are skipped once the task is no longer working under it: ended (e.g.
-    // canceled meanwhile), set waiting by a client, or taken by another run. Its callers (reply,
-    // setStatus, emitArtifact) pass its errors through `ours`.
-    const whileActive = <T>(fn: (uow: UnitOfWork, task: tasks.TaskRow) => Promise<T>) =>
-      inTransaction(services, async (uow) => {
-        const locked = await tasks.getTask(uow.trx, taskId, true);
-        // Deleted meanwhile (TASK_RETENTION_DAYS, a context purge): ended too.
-        if (!locked) throw ended('deleted');
-        if (!workingUnder(locked, messageId)) throw ended(locked.status === 'working' ? 'under another run' : locked.status);
-        return fn(uow, locked);
-      });
-
     const runLog = log.child({ task_id: taskId });
     const maxMessageBytes = services.cfg.TASK_MESSAGES_MAX_BYTES;
-    const ctx: AgentContext = {
-      task: started,
-      history,
-      message,
-      signal: controller.signal,
-      reply: (r) => ours(async () => {
-        const reply = agentMessage(r, 'reply');
-        return (await whileActive((uow, locked) => appendMessage(uow, locked, reply, maxMessageBytes))).message;
-      }),
-      setStatus: (status, r) => ours(async () => {
-        // The run's end (input-required, completed, ...) is its return value, which a status set here would pre-empt.
-        if (status !== 'working') throw new InvalidRequest(`ctx.setStatus takes 'working' only, not '${String(status)}'; a run ends with its return value {status, message}`);
-        const progress = r === undefined ? undefined : agentMessage(r, 'message');
-        await whileActive((uow, locked) => changeStatus(uow, locked, status, maxMessageBytes, progress, messageId));
-      }),
-      emitArtifact: (input) => ours(async () => {
-        const artifact = checkArtifact(input);
-        const artifactId = artifact.artifactId ?? randomUUID();
-        await whileActive((uow, locked) => appendArtifact(uow, locked, { ...artifact, artifactId }, services.cfg.TASK_ARTIFACTS_MAX_BYTES));
-        return artifactId;
-      }),
-      readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', 'secret')))),
-      invokeFunction: (providerInstanceId, functionTypeId, params, options = {}) =>
-        whileRunning(() => ours(async () => {
-          checkAgainst(AgentInvokeOptions, options, 'options');
-          return invokeFunction(
-            services, lookupName(providerInstanceId, 'ctx.invokeFunction: the provider instance id', 'provider_instance'),
-            lookupName(functionTypeId, 'ctx.invokeFunction: the function type id', 'function_controller'), params,
-            { paramsPath: 'params', signal: controller.signal, log: runLog, idempotencyKey: options.idempotencyKey },
-          );
-        })),
-      log: runLog,
-    };
+    const ctx = agentContext(services, ours, { taskId, messageId, state, trigger: state.trigger, signal: controller.signal, log: runLog });
 
     let running: Promise<AgentResult | void> | undefined;
     try {
