@@ -85,6 +85,12 @@ export async function rewrapDeks(db: Tx, fromEnvelope: string, toEnvelope: strin
   return (res.rows as { id: string }[]).map((r) => r.id);
 }
 
+// Deletes a DEK nothing refers to (no alias, secret, credential or push config: their foreign keys
+// refuse the delete otherwise, 23503).
+export async function deleteUnusedDek(db: Tx, id: string): Promise<void> {
+  await db('deks').where({ id }).delete();
+}
+
 export async function insertAlias(db: Tx, alias: string, dekId: string): Promise<AliasRow | undefined> {
   const [out] = await db('dek_aliases').insert({ alias, dek_id: dekId }).onConflict('alias').ignore().returning('*');
   return out as AliasRow | undefined;

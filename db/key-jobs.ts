@@ -1,5 +1,5 @@
 import type { Tx } from './knex.ts';
-import { KEY_JOB_ENDED, KEY_JOB_OPEN, MIGRATE_DEKS, ROTATE_ALIAS, type KeyJobStatus } from '../domain/key-job-states.ts';
+import { isOpenKeyJob, KEY_JOB_ENDED, KEY_JOB_OPEN, MIGRATE_DEKS, ROTATE_ALIAS, type KeyJobStatus } from '../domain/key-job-states.ts';
 
 const MAX_ERRORS = 1000;
 
@@ -33,8 +33,27 @@ export async function getKeyJob(db: Tx, id: string): Promise<KeyJobRow | undefin
   return db('key_jobs').where({ id }).first();
 }
 
-export async function lockKeyJob(db: Tx, id: string): Promise<KeyJobRow | undefined> {
-  return db('key_jobs').where({ id }).forUpdate().first();
+// Locks a job's row for the rest of `db` (a transaction), which every step of a job does first. A
+// cancel asked meanwhile (requestKeyJobCancel) is applied here, so the step finds the job canceled.
+// `skipLocked`: undefined, rather than a wait, while another transaction holds the row (a batch).
+export async function lockKeyJob(db: Tx, id: string, opts: { skipLocked?: boolean } = {}): Promise<KeyJobRow | undefined> {
+  const q = db('key_jobs').where({ id }).forUpdate();
+  if (opts.skipLocked) q.skipLocked();
+  const job: KeyJobRow | undefined = await q.first();
+  if (!job || !isOpenKeyJob(job.status)) return job;
+  const [asked] = await db('key_job_cancels').where({ job_id: id }).delete().returning('job_id');
+  if (!asked) return job;
+  await finishKeyJob(db, id, 'canceled');
+  return getKeyJob(db, id);
+}
+
+// Asks for a job's cancel without its row (which a batch in flight holds): the next lockKeyJob applies it.
+export async function requestKeyJobCancel(db: Tx, id: string): Promise<void> {
+  await db('key_job_cancels').insert({ job_id: id }).onConflict('job_id').ignore();
+}
+
+export async function withdrawKeyJobCancel(db: Tx, id: string): Promise<void> {
+  await db('key_job_cancels').where({ job_id: id }).delete();
 }
 
 export async function findActiveMigration(db: Tx, sourceEnvelopeKeyId: string): Promise<KeyJobRow | undefined> {
@@ -90,6 +109,7 @@ export async function lockMigrationStarts(db: Tx): Promise<void> {
 }
 
 export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<void> {
+  await withdrawKeyJobCancel(db, id);
   await db('key_jobs').where({ id }).update({
     status,
     finished_at: db.fn.now(),

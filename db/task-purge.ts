@@ -59,7 +59,8 @@ export async function thinNextEndedTask(db: Knex, before: Date, chunk: number): 
 }
 
 // A context is listed with the created_at of its first task: one that kept tasks takes that of its
-// first task left. Only the time moves (no key), so intakes into it (their foreign key checks) do not wait.
+// first task left. The purge's last statement: an intake into such a context waits for its commit
+// (its insert of the context finds the updated row), not for the whole purge.
 async function restampContexts(trx: Knex.Transaction, ids: string[]): Promise<void> {
   await trx.raw(`update contexts c set created_at = f.first from (
       select t.context_id, min(t.created_at) as first from tasks t where t.context_id = any(?::uuid[]) group by t.context_id) f

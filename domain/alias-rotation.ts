@@ -21,7 +21,7 @@ import { AppError, Conflict, NotFound } from './errors.ts';
 import { inTransaction } from './unit-of-work.ts';
 import { createDek, checkDekOpens, decryptWithDek, DecryptError, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
 import { KeyUnusable } from './crypto/envelope-keys.ts';
-import { aliasDekForWrite, getDek, lockAlias } from '../db/deks.ts';
+import { aliasDekForWrite, deleteUnusedDek, getDek, lockAlias } from '../db/deks.ts';
 import {
   addKeyJobTotal, findActiveRotation, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, setRotationState, settleKeyJobTotal,
   type KeyJobError, type KeyJobRow,
@@ -81,6 +81,9 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
   if (!prepared) return undefined;
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
+    // Canceled while its new DEK was made: nothing refers to that DEK yet, and nothing would.
+    const made = job?.params as unknown as RotationParams | undefined;
+    if (job && !isActive(job) && made?.prepared_dek_id && !made.new_dek_id) await deleteUnusedDek(trx, made.prepared_dek_id);
     if (!isActive(job)) return undefined;
     const params = job.params as unknown as RotationParams;
     if (params.new_dek_id) return job;

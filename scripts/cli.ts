@@ -210,10 +210,13 @@ async function main(argv: string[]): Promise<number> {
     } else if (args.command === 'jobs-list') {
       await (args.ended ? listEndedJobs : listJobs)(db, args.json);
     } else if (args.command === 'jobs-cancel') {
-      const { job, canceled } = await cancelKeyJob({ db }, args.id);
-      console.log(canceled
-        ? `Canceled ${job.kind} job ${job.id} at ${job.done + job.failed} of ${job.total}: it stops after the batch in flight.`
-        : `${job.kind} job ${job.id} was canceled already.`);
+      const { job, outcome } = await cancelKeyJob({ db }, args.id);
+      const at = `at ${job.done + job.failed} of ${job.total}`;
+      console.log({
+        canceled: `Canceled ${job.kind} job ${job.id} ${at}.`,
+        requested: `Cancel of ${job.kind} job ${job.id} requested ${at}: it stops after the batch in flight (jobs watch ${job.id}).`,
+        already: `${job.kind} job ${job.id} was canceled already.`,
+      }[outcome]);
     } else {
       return await watchJob(db, args.id);
     }

@@ -220,7 +220,7 @@ describe('bulk DEK migration', () => {
     for (const d of moved) assert.ok(openByHand(target, d.encrypted_dek).equals(keys.get(d.id)!), d.id);
   });
 
-  it('is canceled mid-way: stops after the batch in flight, each DEK left under one key or the other and opening there', async () => {
+  it('is canceled mid-way (202 while a batch holds it, 200 when queued): stops after the batch in flight, each DEK left under one key or the other and opening there', async () => {
     const c = stack.client;
     for (const f of ['stop-src.key', 'stop-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
     const keysDir = path.join(stack.env.DATA_DIR, 'keys');
@@ -247,16 +247,26 @@ describe('bulk DEK migration', () => {
     assert.match(missing.body.message, /00000000-0000-4000-8000-000000000000' not found/);
     assert.equal((await c.get(`${E}/job/${id}`)).body.status, 'running');
 
-    const canceled = await c.post(`${E}/job/${id}/cancel`);
-    assert.equal(canceled.status, 200, canceled.text);
-    assert.equal(canceled.body.status, 'canceled');
-    assert.ok(canceled.body.finished_at, 'it ended');
-    assert.ok(canceled.body.done < count, `canceled before the end (done ${canceled.body.done})`);
-    // The worker stops at its next batch: the job row, the BullMQ job and its log line say so.
+    // A batch holds the job's row while it runs: a cancel then is recorded and answered 202 at once,
+    // the job still running, and the job's next step applies it (held here as a long batch would).
+    const batch = await testDb().transaction();
+    let requested;
+    try {
+      await batch('key_jobs').where({ id }).forUpdate().first();
+      requested = await c.post(`${E}/job/${id}/cancel`);
+      assert.equal(requested.status, 202, requested.text);
+      assert.equal(requested.body.status, 'running');
+    } finally {
+      await batch.rollback();
+    }
+    assert.ok(requested.body.done < count, `canceled before the end (done ${requested.body.done})`);
+    // The worker stops at its next step: the job row and its log line say so.
     await waitFor(async () => stack.workers.some((w) => w.logs.some((l) => l.includes(id) && l.includes('DEK migration finished') && l.includes('"status":"canceled"'))), 'the worker to stop', 30000, 20);
     const stopped = await testDb()('key_jobs').where({ id }).first();
     assert.equal(stopped.status, 'canceled');
-    assert.ok(stopped.done <= canceled.body.done + 20, `at most the batch in flight moved after the cancel (${canceled.body.done} then ${stopped.done})`);
+    assert.ok(stopped.finished_at, 'it ended');
+    assert.equal(stopped.done, requested.body.done, 'no batch ran after the cancel');
+    assert.equal(await testDb()('key_job_cancels').where({ job_id: id }).first(), undefined, 'the request was applied');
     await setTimeout(300);
     const deks = await testDb()('deks').whereIn('envelope_key_id', Object.keys(keks));
     assert.equal(deks.length, count);
@@ -267,17 +277,30 @@ describe('bulk DEK migration', () => {
     // Again: answered as it is (a retried cancel). A job that ended otherwise cannot be canceled.
     const again = await c.post(`${E}/job/${id}/cancel`);
     assert.deepEqual([again.status, again.body.status, again.body.done], [200, 'canceled', stopped.done]);
+    // A queued job no batch holds is canceled at once (200); its worker then does nothing with it.
+    await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
+      await keyJobs.pause();
+      try {
+        await c.post(`${E}/envelope/stop-src.key/dek`, { id: 'stop-queued' });
+        const queued = await c.post(`${E}/envelope/stop-src.key/migrate`, { to_envelope_encryption_key_id: 'stop-dst.key' });
+        assert.equal(queued.status, 202, queued.text);
+        const now = await c.post(`${E}/job/${queued.body.id}/cancel`);
+        assert.deepEqual([now.status, now.body.status, now.body.done], [200, 'canceled', 0], now.text);
+      } finally {
+        await keyJobs.resume();
+      }
+    });
     // The source is free again: a new migration takes the rest, and once it completed it is no longer cancelable.
     const rest = await c.post(`${E}/envelope/stop-src.key/migrate`, { to_envelope_encryption_key_id: 'stop-dst.key' });
     assert.equal(rest.status, 202, rest.text);
     assert.notEqual(rest.body.id, id);
     const finished = await jobEnded(c, rest.body.id, 'the second migration to end');
-    assert.deepEqual([finished.status, finished.done], ['completed', count - stopped.done]);
+    assert.deepEqual([finished.status, finished.done], ['completed', count + 1 - stopped.done]);
     const late = await c.post(`${E}/job/${rest.body.id}/cancel`);
     assert.equal(late.status, 409, late.text);
     assert.match(late.body.message, /already ended \(completed\)/);
     assert.equal((await c.get(`${E}/job/${rest.body.id}`)).body.status, 'completed');
-    assert.equal((await c.get(`${E}/envelope/stop-dst.key`)).body.dek_count, count);
+    assert.equal((await c.get(`${E}/envelope/stop-dst.key`)).body.dek_count, count + 1);
   });
 
   it('lets only one of two opposite migrations started at the same instant run', async () => {

@@ -115,12 +115,13 @@ export const encryptionRoutes = [
 
   defineRoute({
     method: 'post', path: `${base}/job/:job_id/cancel`, operationId: 'cancel-key-job', tag, scope: 'encryption:write',
-    summary: 'Cancel a queued or running key job: it stops after the batch in flight, what it moved staying moved (200 with the job; 409 once it ended otherwise)',
+    summary: 'Cancel a queued or running key job: it stops after the batch in flight, what it moved staying moved (200 with the job canceled; 202 with it still running while a batch is in flight, canceled once that batch ends; 409 once it ended otherwise)',
     params: Type.Object({ job_id: Uuid }),
-    responses: { 200: KeyJob, ...resourceErrors, 409: ErrorBody },
-  }, async ({ params, services, log }) => {
-    const { job, canceled } = await cancelKeyJob(services, params.job_id);
-    if (canceled) log.info({ job_id: job.id, kind: job.kind, done: job.done, failed: job.failed, total: job.total }, 'key job canceled');
+    responses: { 200: KeyJob, 202: KeyJob, ...resourceErrors, 409: ErrorBody },
+  }, async ({ params, services, log, ctx }) => {
+    const { job, outcome } = await cancelKeyJob(services, params.job_id);
+    if (outcome !== 'already') log.info({ job_id: job.id, kind: job.kind, done: job.done, failed: job.failed, total: job.total }, outcome === 'canceled' ? 'key job canceled' : 'key job cancel requested: it stops after the batch in flight');
+    ctx.status = outcome === 'requested' ? 202 : 200;
     return toKeyJob(job);
   }),
 

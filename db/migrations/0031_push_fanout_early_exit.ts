@@ -5,8 +5,9 @@ import type { Knex } from 'knex';
 // intake statement (a config needs its task's row first) and for most tasks. Before, it grouped the
 // statement's items, and locked, updated and inserted nothing at the cost of a plan run:
 // 0.25 ms a statement under the A2A bench, 0.06 after (pg_stat_statements, track = all).
-// Its result is the same: a config invisible to the check (not committed) was invisible to the
-// query that follows it too.
+// Its result is the same: every status item is written by a statement that locks its task's row,
+// and every config write takes that row first, so no config of these tasks commits between the
+// check and the query (one written earlier in the transaction is seen by both).
 export async function up(knex: Knex): Promise<void> {
   await knex.raw(`
     create or replace function push_deliveries_fanout() returns trigger language plpgsql as $$

@@ -6,7 +6,7 @@
 import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
 import { Conflict, NotFound } from '../errors.ts';
-import { finishKeyJob, getKeyJob, lockKeyJob, type KeyJobRow } from '../../db/key-jobs.ts';
+import { finishKeyJob, getKeyJob, lockKeyJob, requestKeyJobCancel, withdrawKeyJobCancel, type KeyJobRow } from '../../db/key-jobs.ts';
 import { isOpenKeyJob } from '../key-job-states.ts';
 
 export async function getJob(db: Tx, id: string): Promise<KeyJobRow> {
@@ -22,16 +22,26 @@ export async function failKeyJob(s: Pick<Services, 'db'>, jobId: string, message
   });
 }
 
-// Cancels a queued or running job; one already canceled is answered as it is (a retried cancel),
-// with `canceled` false. The worker running it stops after the batch it is in; what that batch
-// moves stays moved.
-export async function cancelKeyJob(s: Pick<Services, 'db'>, jobId: string): Promise<{ job: KeyJobRow; canceled: boolean }> {
+export type CancelOutcome = 'canceled' | 'requested' | 'already';
+
+const ended = (job: KeyJobRow) => new Conflict(`Job '${job.id}' already ended (${job.status}); only a queued or running job can be canceled`, { status: job.status });
+
+// Cancels a queued or running job. The worker running it stops after the batch it is in, and what
+// that batch moves stays moved. A batch holds the job's row for as long as it runs (a KMS batch:
+// seconds), so the cancel is recorded without the row: applied at once when no batch holds it
+// ('canceled'), else by the job's next step ('requested': the job as it stands, still running).
+// One canceled already is answered as it is ('already').
+export async function cancelKeyJob(s: Pick<Services, 'db'>, jobId: string): Promise<{ job: KeyJobRow; outcome: CancelOutcome }> {
+  const seen = await getJob(s.db, jobId);
+  if (seen.status === 'canceled') return { job: seen, outcome: 'already' };
+  if (!isOpenKeyJob(seen.status)) throw ended(seen);
+  await requestKeyJobCancel(s.db, jobId);
   return s.db.transaction(async (trx) => {
-    const job = await lockKeyJob(trx, jobId);
-    if (!job) throw new NotFound('job', jobId);
-    if (job.status === 'canceled') return { job, canceled: false };
-    if (!isOpenKeyJob(job.status)) throw new Conflict(`Job '${jobId}' already ended (${job.status}); only a queued or running job can be canceled`, { status: job.status });
-    await finishKeyJob(trx, jobId, 'canceled');
-    return { job: (await getKeyJob(trx, jobId))!, canceled: true };
+    const locked = await lockKeyJob(trx, jobId, { skipLocked: true });
+    if (!locked) return { job: (await getKeyJob(trx, jobId))!, outcome: 'requested' as const };
+    if (locked.status === 'canceled') return { job: locked, outcome: 'canceled' as const };
+    // It ended with the batch that was in flight when it was read.
+    await withdrawKeyJobCancel(trx, jobId);
+    throw ended(locked);
   });
 }
