@@ -10,6 +10,7 @@ import fs from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Definition } from '../api/schemas/definition.ts';
 import type { CredentialKind } from '../db/bridge.ts';
+import type { ListedCredential } from '../api/schemas/bridge.ts';
 import { InvalidRequest, NotFound } from '../domain/errors.ts';
 import { checkValid, compileSchema } from '../domain/schema-check.ts';
 import { DEFAULT_ALIAS } from '../domain/crypto/key-management.ts';
@@ -131,12 +132,15 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   };
 
   // One item: looked up, then written when absent (not in a dry run). `write` may find it there after all.
-  const item = async (kind: Kind, name: string, look: () => Promise<Found>, write: () => Promise<'created' | 'present'>): Promise<Outcome> => {
+  // `write` may find, as it writes, the item there otherwise than the look-up could tell (a conflict).
+  const item = async (kind: Kind, name: string, look: () => Promise<Found>, write: () => Promise<'created' | 'present' | { conflict: string }>): Promise<Outcome> => {
     let outcome: Outcome;
     try {
       const found = await look();
       if (found.state === 'conflict') err(`conflict: ${name}: ${found.why}; left as it is`);
-      outcome = found.state === 'absent' || found.state === 'unfinished' ? (dryRun ? 'created' : await write()) : found.state;
+      const written = found.state === 'absent' || found.state === 'unfinished' ? (dryRun ? 'created' : await write()) : found.state;
+      if (typeof written === 'object') err(`conflict: ${name}: ${written.conflict}; left as it is`);
+      outcome = typeof written === 'object' ? 'conflict' : written;
     } catch (e) {
       // NotFound: a controller the comparison needs (domain/bridge/catalog.ts) that this command's release lacks.
       if (!(e instanceof Refused || e instanceof NotFound)) throw e;
@@ -274,6 +278,20 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   out(line('secrets'));
 
   const seenCredentials = new Set<string>();
+  // Credentials found on the target unlike the file's as they were imported.
+  const unlike = new Set<string>();
+  // A credential as GET /credential lists it (undefined: not there), walked page by page: the list
+  // has no look-up by id, and this is only asked for a credential an import found there.
+  const listedCredential = async (id: string, providerTypeId: string): Promise<ListedCredential | undefined> => {
+    let token: string | undefined;
+    do {
+      const page = lookup(await call('GET', `/api/bridge/v1/credential?provider_controller_type_id=${enc(providerTypeId)}&page_size=1000${token ? `&next_page_token=${enc(token)}` : ''}`));
+      const found = (page?.body.items as ListedCredential[] | undefined)?.find((x) => x.id === id);
+      if (found) return found;
+      token = page?.body.next_page_token;
+    } while (token);
+    return undefined;
+  };
   for (const p of def.providers) await applyProvider(p);
   out(line('credentials'));
   out(line('providers'));
@@ -301,10 +319,14 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
         return differing(credentialDifference(c, theirs, p.provider_controller_type_id, kind));
       }, async () => {
         const a = await call('POST', `${base}/credential/${kind === 'user' ? 'user-credential' : 'resource-server'}/import`, c);
-        // Imported by an earlier run whose instance was not made: counted as there, not compared (no
-        // instance shows it; only a walk of the credential list would).
-        if (a.status === 409 && a.body?.data?.resource === 'credential') return 'present';
-        return created(a);
+        if (a.status !== 409 || a.body?.data?.resource !== 'credential') return created(a);
+        // There without an instance (imported by an earlier run whose instance was not made, or by
+        // hand): compared as listed. One that differs is left, and no instance is made on it.
+        const listed = await listedCredential(c.id, p.provider_controller_type_id);
+        const why = !listed ? 'it is there but not listed' : listed.kind !== kind ? `it is a ${listed.kind.replace('_', ' ')} credential` : credentialDifference(c, listed, p.provider_controller_type_id, kind);
+        if (why === undefined) return 'present';
+        unlike.add(c.id);
+        return { conflict: why };
       });
     }
     const made = await item('providers', `provider ${p.id}`, async () => {
@@ -312,6 +334,8 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       const why = providerDifference(p, there.body);
       return why === undefined && disableUnfinished(p, there.body) ? { state: 'unfinished' } : differing(why);
     }, async () => {
+      const taken = [p.resource_server_credential?.id, p.user_credential?.id].find((id) => id !== undefined && unlike.has(id));
+      if (taken) throw new Refused(`its credential ${taken} on the target is not the file's (the conflict above): not made`);
       if (!there) {
         created(await call('POST', base, {
           provider_instance_id: p.id, display_name: p.display_name,

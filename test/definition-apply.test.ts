@@ -231,6 +231,34 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
     assert.match(r.stdout, /2 item\(s\) not applied/);
   });
 
+  it('compares a credential the target has without an instance: one unlike the file\'s is a conflict and its instance is not made (exit 1); one alike counts as there', async () => {
+    // The last test's conflicts cleared: those secrets are imported again as the file has them.
+    for (const key of ['pay/key', 'db/password']) await ok(b.client.delete(`/api/secret/v1/${ids[key]}`), 200);
+    const pay = source.providers.find((p: any) => p.id === 'pay');
+    const card = pay.resource_server_credential;
+    // The instance deleted (its credential goes with it), then the credential imported by hand, unlike the file's.
+    await ok(b.client.delete(`${B}/provider/pay`), 200);
+    await ok(b.client.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, { ...card, metadata: { team: 'someone else' } }));
+    const r = await apply();
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assertNoValues(r);
+    assert.match(r.stderr, new RegExp(`conflict: resource server credential ${card.id} of provider pay: its metadata differs; left as it is`));
+    assert.match(r.stderr, new RegExp(`failed: provider pay: its credential ${card.id} on the target is not the file's \\(the conflict above\\): not made`));
+    assert.match(r.stdout, /credentials: 0 created, 2 already there, 1 conflicts, 0 failed/);
+    assert.equal((await b.client.get(`${B}/provider/pay`)).status, 404);
+    const kept = (await ok(b.client.get(`${B}/credential?unused=true`), 200)).items.find((x: any) => x.id === card.id);
+    assert.deepEqual(kept.metadata, { team: 'someone else' }, 'left as it is');
+
+    // Alike (imported as the file has it): there, and the instance is made on it.
+    await ok(b.client.delete(`${B}/credential/${card.id}`), 200);
+    await ok(b.client.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, card));
+    const again = await apply();
+    assert.equal(again.code, 0, again.stdout + again.stderr);
+    assert.match(again.stdout, /credentials: 0 created, 3 already there, 0 conflicts, 0 failed/);
+    assert.match(again.stdout, /providers: 1 created, 1 already there/);
+    assert.equal((await b.client.get(`${B}/provider/pay`)).body.resource_server_credential.id, card.id);
+  });
+
   it('refuses a file that is not JSON, not an export, or not there, a run without TASKBRIDGE_API_KEY and a bad command line (exit 2), and a key the API refuses (exit 1)', async () => {
     const dir = path.dirname(file);
     const cases: [string, string | undefined, RegExp][] = [
