@@ -54,13 +54,27 @@ export class WorkerMetrics {
     else m.set(f, { by, float });
   }
 
+  // A series' hash fields (its buckets', +Inf, sum, count), built once per series: an observation
+  // (two a job) then builds no strings.
+  private fieldsOf = new Map<string, { buckets: string[]; inf: string; sum: string; count: string }>();
+
+  private seriesFields(labels: Record<string, string>) {
+    const series = JSON.stringify(labels);
+    let f = this.fieldsOf.get(series);
+    if (!f) {
+      if (this.fieldsOf.size >= MAX_PENDING_SERIES) this.fieldsOf.clear();
+      this.fieldsOf.set(series, (f = { buckets: BUCKET_PARTS.map((p) => field(series, p)), inf: field(series, '+Inf'), sum: field(series, 'sum'), count: field(series, 'count') }));
+    }
+    return f;
+  }
+
   observe<N extends Histogram>(name: N, labels: Labels<N>, seconds: number): void {
     const value = Math.max(0, seconds);
-    const series = JSON.stringify(labels);
-    BUCKETS.forEach((le, i) => { if (value <= le) this.add(name, field(series, BUCKET_PARTS[i]), 1); });
-    this.add(name, field(series, '+Inf'), 1);
-    this.add(name, field(series, 'sum'), value, true);
-    this.add(name, field(series, 'count'), 1);
+    const f = this.seriesFields(labels);
+    for (let i = 0; i < BUCKETS.length; i++) if (value <= BUCKETS[i]) this.add(name, f.buckets[i], 1);
+    this.add(name, f.inf, 1);
+    this.add(name, f.sum, value, true);
+    this.add(name, f.count, 1);
   }
 
   count<N extends Counter>(name: N, labels: Labels<N>): void {

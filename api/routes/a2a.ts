@@ -48,10 +48,15 @@ export const a2aRoutes = [
     // stream's end, which comes early when the client goes or the key is revoked.
     const held = callsStream(body, services.cfg, unstorable) ? await holdStream(services, (ctx.state.principal as Principal).id) : undefined;
     try {
-      const signal = held ? AbortSignal.any([clientGone(ctx), held.signal]) : clientGone(ctx);
-      const outcome = await dispatch({ services, waiter: waiterOf(services), signal }, body, log, unstorable);
+      // Made when first read (blocking sends and streams wait on it): a non-blocking send, the hot
+      // path, never does, and an AbortSignal with its 'close' listener is not free. Made late, it
+      // still aborts at once for a client already gone (clientGone).
+      let signal: AbortSignal | undefined;
+      const signalOf = () => (signal ??= held ? AbortSignal.any([clientGone(ctx), held.signal]) : clientGone(ctx));
+      const call = { services, waiter: waiterOf(services), get signal() { return signalOf(); } };
+      const outcome = await dispatch(call, body, log, unstorable);
       if ('response' in outcome) ctx.body = outcome.response;
-      else await writeSse(ctx, outcome.id, outcome.stream, log, signal);
+      else await writeSse(ctx, outcome.id, outcome.stream, log, signalOf());
     } finally {
       held?.release();
     }
