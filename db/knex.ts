@@ -76,9 +76,9 @@ export async function migrationState(db: Knex): Promise<{ unapplied: string[]; n
 // hot task statements: knex's query runner (binding rewrite, query events, wrappers) costs about
 // half a millisecond a statement on an idle process, which task intake would add to start latency.
 // `sql` numbers its parameters ($1, $2, ...). With `name`, the statement is prepared: Postgres
-// parses it once per connection and can reuse its plan. A cached plan is made again when a table it
-// reads is analysed (autovacuum does so as the table grows), so one made while a table was tiny
-// (a scan of it) lasts only until then. `name` must identify `sql` exactly: one name per statement shape.
+// parses it once per connection and can reuse its plan. Only for statements whose best plan does
+// not depend on table sizes (task intake inserts): a plan cached while a table was small is kept
+// however large the table grows. `name` must identify `sql` exactly: one name per statement shape.
 export async function pgQuery<R = Record<string, unknown>>(db: Tx, sql: string, values: unknown[], name?: string): Promise<{ rows: R[] }> {
   const client = db.client as { acquireConnection(): Promise<pg.Client>; releaseConnection(c: pg.Client): Promise<void> };
   const connection = await client.acquireConnection();

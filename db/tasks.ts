@@ -251,8 +251,8 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
     tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at, w: parsedWeight(item.event_payload) })),
   }))
     .sort(byTaskId);
-  // Prepared: planning this text took about as long as running it (0.1 ms a task under the A2A bench).
-  // Its plan probes the primary key; one cached while the table was tiny lasts until it is analysed.
+  // Not a prepared statement: a plan cached while the table was small would scan all of it on every
+  // call for as long as the connection lives; planned each time, it probes the primary key.
   const { rows } = await pgQuery<{ task: Record<string, unknown> | null; seqs: (string | number)[] | null }>(db,
     `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, mb bigint, mw bigint, max bigint, tl jsonb, run uuid, lost_run uuid)),
       u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at,
@@ -291,7 +291,7 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
     select (select row_to_json(u) from u where u.id = b.task_id) as task,
            (select array_agg(seq order by seq) from tl where tl.task_id = b.task_id) as seqs
       from b order by b.i`,
-    [JSON.stringify(input), input.map((c) => c.task_id)], 'apply-status-changes',
+    [JSON.stringify(input), input.map((c) => c.task_id)],
   );
   return rows.map((r) =>
     (r.task ? { task: parseTaskJson(r.task), timelineSeqs: (r.seqs ?? []).map(Number) } : { timelineSeqs: [] }));
@@ -319,7 +319,7 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
   const input = runs.map((r, i) => ({ i, task_id: r.taskId, message_id: r.messageId, lim: r.historyLimit, max_bytes: r.historyMaxBytes, at: r.at, from: r.from, item: { id: r.timelineItem.id, p: r.timelineItem.event_payload, w: parsedWeight(r.timelineItem.event_payload) } }))
     .sort(byTaskId);
   const ids = input.map((r) => r.task_id);
-  // Prepared, like applyStatusChanges.
+  // Planned each time, like applyStatusChanges.
   const { rows } = await pgQuery<{ task: Record<string, unknown> | null; started: boolean; seq: string | number | null; trigger: Record<string, unknown> | null; answered: boolean; history: Record<string, unknown>[] }>(db,
     `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, message_id uuid, lim int, max_bytes bigint, at timestamptz, "from" text[], item jsonb)),
       s as (select b.*, t.status, row_to_json(t) as task,
@@ -365,7 +365,7 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
                 where w.upto <= s.max_bytes or w.seq = (s.trigger->>'seq')::bigint
                    or (w.seq > (s.trigger->>'seq')::bigint and w.role = 'agent')) h) as history
       from s order by s.i`,
-    [JSON.stringify(input), ids], 'begin-runs',
+    [JSON.stringify(input), ids],
   );
   const toMessage = (m: Record<string, unknown>): Message & { seq: number } =>
     messageFromRow({ ...(m as unknown as Message), seq: Number(m.seq), created_at: new Date(m.created_at as string).toISOString() });
