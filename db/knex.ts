@@ -78,7 +78,7 @@ export async function migrationState(db: Knex): Promise<{ unapplied: string[]; n
 // `sql` numbers its parameters ($1, $2, ...). With `name`, the statement is prepared: Postgres
 // parses it once per connection and can reuse its plan. Only for statements whose best plan does
 // not depend on table sizes (task intake inserts): a plan cached while a table was small is kept
-// however large the table grows. `name` must identify `sql` exactly: one name per statement shape.
+// until the table is next analysed, however large it grows meanwhile. `name` must identify `sql` exactly: one name per statement shape.
 export async function pgQuery<R = Record<string, unknown>>(db: Tx, sql: string, values: unknown[], name?: string): Promise<{ rows: R[] }> {
   const client = db.client as { acquireConnection(): Promise<pg.Client>; releaseConnection(c: pg.Client): Promise<void> };
   const connection = await client.acquireConnection();
