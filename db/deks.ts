@@ -85,10 +85,15 @@ export async function rewrapDeks(db: Tx, fromEnvelope: string, toEnvelope: strin
   return (res.rows as { id: string }[]).map((r) => r.id);
 }
 
-// Deletes a DEK nothing refers to (no alias, secret, credential or push config: their foreign keys
-// refuse the delete otherwise, 23503).
-export async function deleteUnusedDek(db: Tx, id: string): Promise<void> {
-  await db('deks').where({ id }).delete();
+// Deletes a DEK if nothing refers to it (an alias, a secret, a credential, a push config: their
+// foreign keys refuse the delete, 23503, and the DEK stays); whether it was deleted.
+export async function deleteUnusedDek(trx: Knex.Transaction, id: string): Promise<boolean> {
+  try {
+    return (await trx.transaction((sp) => sp('deks').where({ id }).delete())) > 0;
+  } catch (err) {
+    if ((err as { code?: string }).code === '23503') return false;
+    throw err;
+  }
 }
 
 export async function insertAlias(db: Tx, alias: string, dekId: string): Promise<AliasRow | undefined> {

@@ -285,6 +285,25 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     assert.equal(await aliasDek(ALIAS), oldDek);
     const all = await decryptedAll();
     for (const [k, v] of expected) assert.equal(all.get(k), v, k);
+
+    // A rotation whose worker died between making its DEK and starting its walk (its job holds the
+    // DEK's id and is queued again): the cancel, applied at once (200), deletes that DEK too.
+    const envelope = (await c.get(`${E}/dek/alias/${ALIAS}`)).body.envelope_encryption_key_id.id;
+    await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
+      await keyJobs.pause();
+      try {
+        const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
+        assert.equal(r.status, 202, r.text);
+        const made = (await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, {})).body.id;
+        await testDb()('key_jobs').where({ id: r.body.id }).update({ params: JSON.stringify({ alias: ALIAS, prepared_dek_id: made, prepared_from_dek_id: oldDek }) });
+        const canceled = await c.post(`${E}/job/${r.body.id}/cancel`);
+        assert.deepEqual([canceled.status, canceled.body.status], [200, 'canceled'], canceled.text);
+        assert.equal(await testDb()('deks').where({ id: made }).first(), undefined, 'the DEK made for it is deleted');
+      } finally {
+        await keyJobs.resume();
+      }
+    });
+    assert.equal(await deks(), before);
   });
 
   it('fails the job, pulling nothing back, when the alias is moved after its repoint (the sweep)', async () => {
