@@ -10,8 +10,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 // `dir`: where its data lives (for Postgres, not always under DATA_DIR: see postgresDir).
 export interface LocalService { url: string; port: number; dir: string; stop(): Promise<void> }
 // readyMs: how long the server may take to accept connections (a Postgres recovering from a crash, a
-// Redis loading a large append-only file take long), 0 for no limit; default 30 s.
-interface Options { dataDir: string; ephemeral?: boolean; port?: number; readyMs?: number; log?: (line: string) => void }
+// Redis loading a large append-only file take long), 0 for no limit; default 30 s. `abandon`: fired,
+// the wait ends (its caller is stopping) and the server is stopped.
+interface Options { dataDir: string; ephemeral?: boolean; port?: number; readyMs?: number; abandon?: AbortSignal; log?: (line: string) => void }
 
 const isRoot = process.getuid?.() === 0;
 
@@ -55,10 +56,11 @@ function stopChild(child: ChildProcess, signal: NodeJS.Signals, timeoutMs = 1000
   });
 }
 
-async function waitFor(check: () => boolean, what: string, child: ChildProcess, output: () => string, timeoutMs = 30000): Promise<void> {
+async function waitFor(check: () => boolean, what: string, child: ChildProcess, output: () => string, timeoutMs = 30000, abandon?: AbortSignal): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!check()) {
     if (child.exitCode !== null) throw new Error(`${what} exited with code ${child.exitCode}:\n${output()}`);
+    if (abandon?.aborted) throw new Error(`${what} was stopped before it became ready`);
     if (timeoutMs && Date.now() > deadline) throw new Error(`${what} did not become ready in ${timeoutMs} ms:\n${output()}`);
     await sleep(25);
   }
@@ -270,7 +272,7 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
   child.stderr!.on('data', collect);
   const pgIsReady = path.join(bin, 'pg_isready');
   await readyOrStopped(child, 'SIGINT', async () => {
-    await waitFor(() => spawnSync(pgIsReady, ['-h', '127.0.0.1', '-p', String(port), '-q']).status === 0, 'Postgres', child, () => out, opts.readyMs);
+    await waitFor(() => spawnSync(pgIsReady, ['-h', '127.0.0.1', '-p', String(port), '-q']).status === 0, 'Postgres', child, () => out, opts.readyMs, opts.abandon);
     // Over the socket; the statements travel on stdin, not in a command line others can read.
     const psql = (sql: string) => spawnSync(path.join(bin, 'psql'), ['-h', dir, '-p', String(port), '-U', 'postgres', '-d', 'postgres', '-tA', '-v', 'ON_ERROR_STOP=1'], { input: sql, encoding: 'utf8' });
     const set = psql(`ALTER ROLE postgres PASSWORD '${password}'`);
@@ -335,6 +337,6 @@ export async function startRedis(opts: Options): Promise<LocalService> {
   const collect = (b: Buffer) => { out = (out + b.toString()).slice(-4000); if (out.includes('Ready to accept connections')) ready = true; };
   child.stdout!.on('data', collect);
   child.stderr!.on('data', collect);
-  await readyOrStopped(child, 'SIGTERM', () => waitFor(() => ready, 'Redis', child, () => out, opts.readyMs));
+  await readyOrStopped(child, 'SIGTERM', () => waitFor(() => ready, 'Redis', child, () => out, opts.readyMs, opts.abandon));
   return { url: `redis://:${password}@127.0.0.1:${port}`, port, dir, stop: () => stopChild(child, 'SIGTERM') };
 }

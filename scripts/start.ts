@@ -28,6 +28,7 @@ const children: ChildProcess[] = [];
 let stopping: Promise<void> | undefined;
 let ownsDataDir = false;
 let startup: Promise<void> = Promise.resolve();
+const abandon = new AbortController();
 // The children's own shutdown grace periods (API, worker) and a margin: within it they stop by themselves.
 const KILL_AFTER_MS = timerMs(Math.max(cfg.API_SHUTDOWN_GRACE_MS, cfg.WORKER_SHUTDOWN_GRACE_MS) + 15_000);
 
@@ -37,7 +38,9 @@ async function stopAll(code: number): Promise<never> {
   if (stopping) say('already stopping; waiting for the API, the worker and the servers to stop');
   stopping ??= (async () => {
     say('stopping...');
-    // A signal during startup: let the step under way finish so what it started is stopped too.
+    // A signal during startup: let the step under way finish so what it started is stopped too; a
+    // server still getting ready (a long recovery) is not waited for.
+    abandon.abort();
     await startup.catch(() => undefined);
     await Promise.all(children.map((c) => new Promise<void>((resolve) => {
       if (c.exitCode !== null || c.signalCode !== null) return resolve();
@@ -79,6 +82,15 @@ function launcherDataDir(pid: number): string | undefined {
   }
 }
 
+// Whether two paths name one directory (a symlink in either resolved), or else are the same text.
+function sameDir(a: string, b: string): boolean {
+  try {
+    return fs.realpathSync(a) === fs.realpathSync(b);
+  } catch {
+    return a === b;
+  }
+}
+
 // Refuses DATA_DIR while another launcher runs on it; else takes it over. One it cannot create or
 // write is a bad setting, said as the API and worker say it (exit 2), before any server starts.
 async function takeDataDir(): Promise<void> {
@@ -91,7 +103,7 @@ async function takeDataDir(): Promise<void> {
     other = Number(fs.readFileSync(launcherPidFile, 'utf8').trim());
   } catch { /* none yet */ }
   // A pid file left by a crash or a reboot can name a pid reused since by another DATA_DIR's launcher.
-  if (other && other !== process.pid && runningProgram(other, /start\.ts/) && (launcherDataDir(other) ?? dataDir) === dataDir) {
+  if (other && other !== process.pid && runningProgram(other, /start\.ts/) && sameDir(launcherDataDir(other) ?? dataDir, dataDir)) {
     throw new Error(`another npm start (pid ${other}) is running on ${dataDir}; stop it first, or set another DATA_DIR`);
   }
   fs.writeFileSync(launcherPidFile, `${process.pid}\n`);
@@ -104,14 +116,14 @@ startup = (async () => {
   await stopLeftovers(dataDir, say);
   if (stopping) return;
   if (!env.DATABASE_URL) {
-    const pg = await startPostgres({ dataDir, readyMs: cfg.STARTUP_TIMEOUT_MS, log: say });
+    const pg = await startPostgres({ dataDir, readyMs: cfg.STARTUP_TIMEOUT_MS, abandon: abandon.signal, log: say });
     services.push(pg);
     env.DATABASE_URL = pg.url;
     say(`local Postgres on ${redactUrl(pg.url)} (data in ${pg.dir})`);
   }
   if (stopping) return;
   if (!env.REDIS_URL) {
-    const redis = await startRedis({ dataDir, readyMs: cfg.STARTUP_TIMEOUT_MS, log: say });
+    const redis = await startRedis({ dataDir, readyMs: cfg.STARTUP_TIMEOUT_MS, abandon: abandon.signal, log: say });
     services.push(redis);
     env.REDIS_URL = redis.url;
     say(`local Redis on ${redactUrl(redis.url)} (data in ${redis.dir})`);
@@ -125,5 +137,6 @@ startup = (async () => {
 })();
 startup.catch(async (err) => {
   say((err as Error).message);
+  if (/did not become ready in \d+ ms/.test((err as Error).message)) say('a server that takes longer to get ready (a crash recovery, a large append-only file) needs a larger STARTUP_TIMEOUT_MS, or 0 for no limit');
   if (!stopping) await stopAll(err instanceof ConfigError ? 2 : 1);
 });

@@ -242,6 +242,38 @@ describe('npm start on its DATA_DIR', function () {
     assert.equal(await l.exited, 1, l.output());
     assert.deepEqual(workingIn(fs.realpathSync(path.join(dataDir, 'postgres'))), [], `Postgres left running:\n${l.output()}`);
     assert.match(l.output(), /\[start\] Postgres did not become ready in 3000 ms/);
+    assert.match(l.output(), /\[start\] a server that takes longer to get ready .* needs a larger STARTUP_TIMEOUT_MS, or 0 for no limit/);
+  });
+
+  it('stopped (SIGTERM) while its local Postgres is still getting ready, with no time limit, stops at once, that Postgres stopped', async () => {
+    const dataDir = path.join(work, 'slow-postgres-stopped');
+    await (await startPostgres({ dataDir, ephemeral: true, log: () => undefined })).stop();
+    fs.appendFileSync(path.join(dataDir, 'postgres', 'postgresql.auto.conf'), 'pre_auth_delay = 8\n');
+    const l = launch(dataDir, await freePort(), { STARTUP_TIMEOUT_MS: '0' });
+    await waitFor(async () => workingIn(fs.realpathSync(path.join(dataDir, 'postgres'))).length > 0, 'Postgres to start', 60_000, 100);
+    const asked = Date.now();
+    l.child.kill('SIGTERM');
+    assert.equal(await l.exited, 0, l.output());
+    assert.ok(Date.now() - asked < 20_000, `stopped after ${Date.now() - asked} ms:\n${l.output()}`);
+    assert.match(l.output(), /\[start\] Postgres was stopped before it became ready/);
+    assert.deepEqual(workingIn(fs.realpathSync(path.join(dataDir, 'postgres'))), [], `Postgres left running:\n${l.output()}`);
+  });
+
+  it('refuses a DATA_DIR that is a symlink to the one another npm start runs on', async () => {
+    const real = path.join(work, 'linked-real');
+    const other = await launched(real);
+    try {
+      const link = path.join(work, 'linked-alias');
+      fs.symlinkSync(real, link);
+      const second = launch(link, await freePort());
+      assert.equal(await second.exited, 1, second.output());
+      assert.match(second.output(), new RegExp(`another npm start \\(pid ${other.child.pid}\\) is running on ${link}`));
+      assert.equal(other.child.exitCode, null, 'the first still runs');
+      assert.equal((await other.client.get('/api/task/v1?page_size=1')).status, 200, 'and its servers still answer');
+    } finally {
+      await stopped(other);
+    }
+    assert.equal(await other.exited, 0, other.output());
   });
 
   it('takes its DATA_DIR when a stale npm-start.pid names a pid that is now the launcher of another DATA_DIR', async () => {
