@@ -77,8 +77,8 @@ export async function migrationState(db: Knex): Promise<{ unapplied: string[]; n
 // half a millisecond a statement on an idle process, which task intake would add to start latency.
 // `sql` numbers its parameters ($1, $2, ...). With `name`, the statement is prepared: Postgres
 // parses it once per connection and can reuse its plan. Only for statements whose best plan does
-// not depend on table sizes (task intake inserts): a plan cached while a table was small is kept
-// until the table is next analysed, however large it grows meanwhile. `name` must identify `sql` exactly: one name per statement shape.
+// not depend on table sizes (task intake's inserts, one task's reads by its primary key): a plan
+// cached while a table was small is kept until the table is next analysed, however large it grows. `name` must identify `sql` exactly: one name per statement shape.
 export async function pgQuery<R = Record<string, unknown>>(db: Tx, sql: string, values: unknown[], name?: string): Promise<{ rows: R[] }> {
   const client = db.client as { acquireConnection(): Promise<pg.Client>; releaseConnection(c: pg.Client): Promise<void> };
   const connection = await client.acquireConnection();

@@ -316,17 +316,22 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       await item('credentials', `${kind.replace('_', ' ')} credential ${c.id} of provider ${p.id}`, async () => {
         if (!there) return absent;
         if (theirs?.id !== c.id) return differing(`provider ${p.id} has ${theirs ? `credential ${theirs.id}` : 'none'} in its place`);
-        return differing(credentialDifference(c, theirs, p.provider_controller_type_id, kind));
+        const why = credentialDifference(c, theirs, p.provider_controller_type_id, kind);
+        // Another provider of the file that shares it is not made on it either.
+        if (why !== undefined) unlike.add(c.id);
+        return differing(why);
       }, async () => {
         const a = await call('POST', `${base}/credential/${kind === 'user' ? 'user-credential' : 'resource-server'}/import`, c);
         if (a.status !== 409 || a.body?.data?.resource !== 'credential') return created(a);
         // There without an instance (imported by an earlier run whose instance was not made, or by
-        // hand): compared as listed. One that differs is left, and no instance is made on it.
+        // hand): compared as listed. One that differs, or could not be read, is left, and no instance
+        // is made on it.
+        unlike.add(c.id);
         const listed = await listedCredential(c.id, p.provider_controller_type_id);
         const why = !listed ? 'it is there but not listed' : listed.kind !== kind ? `it is a ${listed.kind.replace('_', ' ')} credential` : credentialDifference(c, listed, p.provider_controller_type_id, kind);
-        if (why === undefined) return 'present';
-        unlike.add(c.id);
-        return { conflict: why };
+        if (why !== undefined) return { conflict: why };
+        unlike.delete(c.id);
+        return 'present';
       });
     }
     const made = await item('providers', `provider ${p.id}`, async () => {
@@ -334,9 +339,9 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       const why = providerDifference(p, there.body);
       return why === undefined && disableUnfinished(p, there.body) ? { state: 'unfinished' } : differing(why);
     }, async () => {
-      const taken = [p.resource_server_credential?.id, p.user_credential?.id].find((id) => id !== undefined && unlike.has(id));
-      if (taken) throw new Refused(`its credential ${taken} on the target is not the file's (the conflict above): not made`);
       if (!there) {
+        const taken = [p.resource_server_credential?.id, p.user_credential?.id].find((id) => id !== undefined && unlike.has(id));
+        if (taken) throw new Refused(`its credential ${taken} on the target is not the file's (the conflict above): not made`);
         created(await call('POST', base, {
           provider_instance_id: p.id, display_name: p.display_name,
           ...(p.resource_server_credential ? { resource_server_credential_id: p.resource_server_credential.id } : {}),
