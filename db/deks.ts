@@ -87,7 +87,7 @@ export async function rewrapDeks(db: Tx, fromEnvelope: string, toEnvelope: strin
 
 // Deletes a DEK if nothing refers to it (an alias, a secret, a credential, a push config: their
 // foreign keys refuse the delete, 23503, and the DEK stays); whether it was deleted.
-export async function deleteUnusedDek(trx: Knex.Transaction, id: string): Promise<boolean> {
+export async function deleteUnusedDek(trx: Tx, id: string): Promise<boolean> {
   try {
     return (await trx.transaction((sp) => sp('deks').where({ id }).delete())) > 0;
   } catch (err) {

@@ -1,4 +1,5 @@
 import type { Tx } from './knex.ts';
+import { deleteUnusedDek } from './deks.ts';
 import { isOpenKeyJob, KEY_JOB_ENDED, KEY_JOB_OPEN, MIGRATE_DEKS, ROTATE_ALIAS, type KeyJobStatus } from '../domain/key-job-states.ts';
 
 const MAX_ERRORS = 1000;
@@ -108,13 +109,18 @@ export async function lockMigrationStarts(db: Tx): Promise<void> {
   await db.raw(`select pg_advisory_xact_lock(hashtext('taskbridge:migrate-deks:start'))`);
 }
 
+// Ends a job (its row locked). A rotation that ends before its walk began (canceled, or failed as its
+// alias moved) leaves the DEK it made for itself referred to by nothing but the job's params: it is
+// deleted with the job's end, unless someone has pointed an alias at it since (deleteUnusedDek).
 export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<void> {
   await withdrawKeyJobCancel(db, id);
-  await db('key_jobs').where({ id }).update({
+  const [ended] = await db('key_jobs').where({ id }).update({
     status,
     finished_at: db.fn.now(),
     ...(error ? { errors: db.raw(`errors || ?::jsonb`, [JSON.stringify([error])]) } : {}),
-  });
+  }).returning(['kind', 'params']) as Pick<KeyJobRow, 'kind' | 'params'>[];
+  const { prepared_dek_id: prepared, new_dek_id: started } = (ended?.params ?? {}) as { prepared_dek_id?: string; new_dek_id?: string };
+  if (ended?.kind === ROTATE_ALIAS && prepared && !started) await deleteUnusedDek(db, prepared);
 }
 
 // Queued or running jobs created at least `olderThanMs` ago: candidates for recovery.

@@ -21,7 +21,7 @@ import { AppError, Conflict, NotFound } from './errors.ts';
 import { inTransaction } from './unit-of-work.ts';
 import { createDek, checkDekOpens, decryptWithDek, DecryptError, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
 import { KeyUnusable } from './crypto/envelope-keys.ts';
-import { aliasDekForWrite, deleteUnusedDek, getDek, lockAlias } from '../db/deks.ts';
+import { aliasDekForWrite, getDek, lockAlias } from '../db/deks.ts';
 import {
   addKeyJobTotal, findActiveRotation, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, setRotationState, settleKeyJobTotal,
   type KeyJobError, type KeyJobRow,
@@ -67,7 +67,6 @@ const isActive = (job: KeyJobRow | undefined): job is KeyJobRow => !!job && isOp
 export async function beginAliasRotation(s: KeyringServices, jobId: string): Promise<KeyJobRow | undefined> {
   const prepared = await s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
-    await dropUnstartedRotationDek(trx, job);
     if (!isActive(job)) return undefined;
     const params = job.params as unknown as RotationParams;
     if (params.new_dek_id || params.prepared_dek_id) return job;
@@ -82,7 +81,6 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
   if (!prepared) return undefined;
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
-    await dropUnstartedRotationDek(trx, job);
     if (!isActive(job)) return undefined;
     const params = job.params as unknown as RotationParams;
     if (params.new_dek_id) return job;
@@ -96,15 +94,6 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
     await markKeyJobRunning(trx, jobId, await countSecretsToRotate(trx, params.alias, params.prepared_dek_id!));
     return getKeyJob(trx, jobId);
   });
-}
-
-// A rotation that ended (canceled) after its new DEK was made and before its walk began: nothing
-// refers to that DEK, and nothing would, so it is deleted (unless someone has pointed an alias at it
-// meanwhile). Called wherever such a job's row is locked: either step of its start, or the cancel.
-export async function dropUnstartedRotationDek(trx: Knex.Transaction, job: KeyJobRow | undefined): Promise<void> {
-  const params = job?.params as unknown as RotationParams | undefined;
-  if (!job || job.kind !== ROTATE_ALIAS || isOpenKeyJob(job.status) || !params?.prepared_dek_id || params.new_dek_id) return;
-  await deleteUnusedDek(trx, params.prepared_dek_id);
 }
 
 // What a rotation re-encrypts, one kind of row per phase. A batch takes the next rows after the

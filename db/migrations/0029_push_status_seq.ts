@@ -22,10 +22,15 @@ export async function up(knex: Knex): Promise<void> {
   // locked until the statement's transaction ends, taken in (task_id, id) order, the order every
   // writer of several configs takes them in (alias rotation's reencryptPushConfigs): two such
   // writers wait for each other, never in a cycle (a deadlock). Delivery runs write one at a time.
+  await createStatusSeqFanout(knex);
+}
+
+// The fan-out function as this migration makes it; `opening`: statements run first (migration 0031's early exit).
+export async function createStatusSeqFanout(knex: Knex, opening = ''): Promise<void> {
   await knex.raw(`
     create or replace function push_deliveries_fanout() returns trigger language plpgsql as $$
     declare r record;
-    begin
+    begin${opening}
       for r in
         with newest as (select task_id, max(seq) as seq from new_items
                          where event_payload->>'type' = 'task-status-update' group by task_id),

@@ -8,7 +8,6 @@ import type { Tx } from '../../db/knex.ts';
 import { Conflict, NotFound } from '../errors.ts';
 import { finishKeyJob, getKeyJob, lockKeyJob, requestKeyJobCancel, withdrawKeyJobCancel, type KeyJobRow } from '../../db/key-jobs.ts';
 import { isOpenKeyJob } from '../key-job-states.ts';
-import { dropUnstartedRotationDek } from '../alias-rotation.ts';
 
 export async function getJob(db: Tx, id: string): Promise<KeyJobRow> {
   const job = await getKeyJob(db, id);
@@ -40,9 +39,7 @@ export async function cancelKeyJob(s: Pick<Services, 'db'>, jobId: string): Prom
   const out = await s.db.transaction(async (trx) => {
     const locked = await lockKeyJob(trx, jobId, { skipLocked: true });
     if (!locked) return { job: (await getKeyJob(trx, jobId))!, outcome: 'requested' as const };
-    if (locked.status !== 'canceled') return { job: locked, outcome: undefined };
-    await dropUnstartedRotationDek(trx, locked);
-    return { job: locked, outcome: 'canceled' as const };
+    return { job: locked, outcome: locked.status === 'canceled' ? 'canceled' as const : undefined };
   });
   if (out.outcome) return { job: out.job, outcome: out.outcome };
   // It ended otherwise with the batch that was in flight when it was read.
