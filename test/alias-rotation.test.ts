@@ -410,6 +410,9 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     assert.equal(done.status, 'failed', JSON.stringify(done));
     assert.match(done.errors.at(-1).message, new RegExp(`was pointed at DEK '${elsewhere}' during the rotation; it was left there`));
     assert.equal(await aliasDek(ALIAS), elsewhere);
+    // The DEK it made before its walk was to begin is deleted with it: nothing refers to it.
+    assert.ok(done.params.prepared_dek_id, 'it had made its DEK');
+    assert.equal(await testDb()('deks').where({ id: done.params.prepared_dek_id }).first(), undefined);
   });
 
   it('an alias deleted while a rotation of it is requested: the rotation 202 and the delete 409, or the rotation 404 and the delete 200', async () => {
