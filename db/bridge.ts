@@ -98,11 +98,18 @@ const credentialUseSql = (c: string) => `select array(select p.id from provider_
   (select count(*)::int from provider_instances p where ${usesCredential('p', c)}) as provider_instance_count`;
 
 // Newest first, each with its use; `unused`: only those no instance uses (true) or only those in use (false).
+// Credentials with the instances that use them, as the credential list and look-up show them.
+const listedCredentials = (db: Tx) => db('bridge_credentials').joinRaw(`cross join lateral (${credentialUseSql('bridge_credentials.id')}) u`)
+  .select('bridge_credentials.*', 'u.provider_instance_ids', 'u.provider_instance_count');
+
+export async function getListedCredential(db: Tx, id: string): Promise<ListedCredentialRow | undefined> {
+  return listedCredentials(db).where('bridge_credentials.id', id).first();
+}
+
 export async function listCredentials(
   db: Tx, filter: { unused?: boolean; provider_controller_type_id?: string }, pageSize: number, token?: string,
 ): Promise<Page<ListedCredentialRow>> {
-  const q = db('bridge_credentials').joinRaw(`cross join lateral (${credentialUseSql('bridge_credentials.id')}) u`)
-    .select('bridge_credentials.*', 'u.provider_instance_ids', 'u.provider_instance_count');
+  const q = listedCredentials(db);
   if (filter.unused !== undefined) q.where('u.provider_instance_count', filter.unused ? '=' : '>', 0);
   if (filter.provider_controller_type_id) q.where({ 'bridge_credentials.provider_controller_type_id': filter.provider_controller_type_id });
   return keysetPage<ListedCredentialRow>(q, {

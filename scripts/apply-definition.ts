@@ -280,18 +280,6 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   const seenCredentials = new Set<string>();
   // Credentials found on the target unlike the file's as they were imported.
   const unlike = new Set<string>();
-  // A credential as GET /credential lists it (undefined: not there), walked page by page: the list
-  // has no look-up by id, and this is only asked for a credential an import found there.
-  const listedCredential = async (id: string, providerTypeId: string): Promise<ListedCredential | undefined> => {
-    let token: string | undefined;
-    do {
-      const page = lookup(await call('GET', `/api/bridge/v1/credential?provider_controller_type_id=${enc(providerTypeId)}&page_size=1000${token ? `&next_page_token=${enc(token)}` : ''}`));
-      const found = (page?.body.items as ListedCredential[] | undefined)?.find((x) => x.id === id);
-      if (found) return found;
-      token = page?.body.next_page_token;
-    } while (token);
-    return undefined;
-  };
   for (const p of def.providers) await applyProvider(p);
   out(line('credentials'));
   out(line('providers'));
@@ -324,11 +312,14 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
         const a = await call('POST', `${base}/credential/${kind === 'user' ? 'user-credential' : 'resource-server'}/import`, c);
         if (a.status !== 409 || a.body?.data?.resource !== 'credential') return created(a);
         // There without an instance (imported by an earlier run whose instance was not made, or by
-        // hand): compared as listed. One that differs, or could not be read, is left, and no instance
+        // hand): compared as GET /credential/{id} shows it. One that differs, or could not be read, is left, and no instance
         // is made on it.
         unlike.add(c.id);
-        const listed = await listedCredential(c.id, p.provider_controller_type_id);
-        const why = !listed ? 'it is there but not listed' : listed.kind !== kind ? `it is a ${listed.kind.replace('_', ' ')} credential` : credentialDifference(c, listed, p.provider_controller_type_id, kind);
+        const listed: ListedCredential | undefined = lookup(await call('GET', `/api/bridge/v1/credential/${c.id}`))?.body;
+        const why = !listed ? 'it was deleted meanwhile'
+          : listed.kind !== kind ? `it is a ${listed.kind.replace('_', ' ')} credential`
+            : listed.provider_controller_type_id !== p.provider_controller_type_id ? `it is a credential of provider controller '${listed.provider_controller_type_id}'`
+              : credentialDifference(c, listed, p.provider_controller_type_id, kind);
         if (why !== undefined) return { conflict: why };
         unlike.delete(c.id);
         return 'present';

@@ -601,6 +601,16 @@ describe('bridge API', () => {
     // The Credential shape the other answers use, secret members encrypted as they show them.
     const { kind: _k, provider_controller_type_id: _p, provider_instance_ids: _i, provider_instance_count: _n, ...shown } = mine[3];
     assert.deepEqual(shown, (await c.get(`${B}/provider/cred-list-a`)).body.resource_server_credential);
+    // One looked up by id, as the list shows it.
+    for (const m of mine) {
+      const one = await c.get(`${B}/credential/${m.id}`);
+      assert.equal(one.status, 200, one.text);
+      assert.deepEqual(one.body, m);
+      for (const secret of [STRIPE_KEY, CLIENT_SECRET, ACCESS_TOKEN, 'rt-1']) assert.ok(!one.text.includes(secret), `${secret} shown`);
+    }
+    const unknown = randomUUID();
+    assertNotFound(await c.get(`${B}/credential/${unknown}`), 'credential', unknown);
+    assertError(await c.get(`${B}/credential/not-a-uuid`), 400, 'invalid_request');
 
     const unused = await list('page_size=2&unused=true');
     assert.ok(unused.length > 3 && unused.every((i) => i.provider_instance_count === 0 && i.provider_instance_ids.length === 0));

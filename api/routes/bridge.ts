@@ -9,7 +9,7 @@ import {
 } from '../schemas/bridge.ts';
 import { completeBrokering, startBrokering } from '../../domain/bridge/brokering.ts';
 import { listProviders } from '../../domain/bridge/catalog.ts';
-import { createCredential, deleteCredential, importCredential, listCredentials } from '../../domain/bridge/credentials.ts';
+import { createCredential, deleteCredential, getCredential, importCredential, listCredentials } from '../../domain/bridge/credentials.ts';
 import * as instances from '../../domain/bridge/provider-instances.ts';
 import * as functions from '../../domain/bridge/functions.ts';
 import { functionInstancesOpenApi } from '../../domain/bridge/function-openapi.ts';
@@ -55,6 +55,13 @@ export const bridgeRoutes = [
     query: Type.Object({ ...PageQuery, ...CredentialListQuery }),
     responses: { 200: Paginated(ListedCredential), ...requestErrors },
   }, async ({ query, services }) => listCredentials(services.db, query, query.page_size!, query.next_page_token)),
+
+  defineRoute({
+    method: 'get', path: '/api/bridge/v1/credential/:credential_id', operationId: 'get-credential', tag, scope: 'bridge:read',
+    summary: 'A credential as the list shows it (secret members encrypted), with the provider instances that use it',
+    params: CredentialParams,
+    responses: { 200: ListedCredential, ...resourceErrors },
+  }, async ({ params, services }) => getCredential(services.db, params.credential_id)),
 
   defineRoute({
     method: 'delete', path: '/api/bridge/v1/credential/:credential_id', operationId: 'delete-credential', tag, scope: 'bridge:write',

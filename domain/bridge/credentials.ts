@@ -37,6 +37,12 @@ export async function listCredentials(db: Knex, filter: { unused?: boolean; prov
   return { ...page, items: page.items.map(toListedCredential) };
 }
 
+export async function getCredential(db: Knex, id: string): Promise<ListedCredential> {
+  const row = await repo.getListedCredential(db, id);
+  if (!row) throw new NotFound('credential', id);
+  return toListedCredential(row);
+}
+
 // Only a credential no instance uses (409 naming those that do): an instance's credentials go with it (DELETE /provider/{id}).
 export async function deleteCredential(db: Knex, id: string): Promise<void> {
   await db.transaction(async (trx) => {
