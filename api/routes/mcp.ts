@@ -1,6 +1,7 @@
 // POST /api/bridge/v1/mcp: the bridge's MCP server over Streamable HTTP, stateless (no session
 // id; GET and DELETE answer 405). The SDK's web-standard transport speaks the protocol; this
-// handler hands it the request and copies its answer into Koa. Tools: domain/bridge/mcp.ts.
+// handler hands it the request and copies its answer into Koa, or answers itself where the SDK would
+// answer otherwise than JSON-RPC and MCP say (domain/bridge/mcp-envelope.ts). Tools: domain/bridge/mcp.ts.
 import { Type } from '@sinclair/typebox';
 import { WebStandardStreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/webStandardStreamableHttp.js';
 import { defineRoute } from '../route.ts';
@@ -8,10 +9,18 @@ import { clientGone } from '../client-gone.ts';
 import { ErrorBody, FreeObject } from '../schemas/common.ts';
 import { JsonRpcResponse } from '../schemas/jsonrpc.ts';
 import { readJsonRpcBody } from '../middleware/body.ts';
-import { batchAnswer, batchRefusal, createMcpServer, envelopeRefusal, McpRequest, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp.ts';
+import type { Context } from 'koa';
+import { createMcpServer } from '../../domain/bridge/mcp.ts';
+import { batchAnswer, batchRefusal, envelopeRefusal, McpRequest, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp-envelope.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 
 export const MCP_PATH = '/api/bridge/v1/mcp';
+
+// A JSON-RPC answer of ours in place of the SDK's: 400 for a message that is no valid request, 200 otherwise.
+function answer(ctx: Context, status: 200 | 400, body: unknown): void {
+  ctx.status = status;
+  ctx.body = body;
+}
 
 export const mcpRoutes = [
   defineRoute({
@@ -20,25 +29,15 @@ export const mcpRoutes = [
     responses: { 200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null, 400: FreeObject, 401: ErrorBody, 403: ErrorBody, 406: FreeObject, 413: ErrorBody, 415: FreeObject },
   }, async ({ ctx, services, log }) => {
     const read = await readJsonRpcBody(ctx, services.cfg.BODY_LIMIT_BYTES);
-    if ('parseError' in read) {
-      ctx.status = 400;
-      ctx.body = { jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${read.parseError}` } };
-      return;
-    }
+    if ('parseError' in read) return answer(ctx, 400, { jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${read.parseError}` } });
     const { body } = read;
     const problem = findUnstorable(body);
     if (problem) {
-      const { status, answer } = unstorableRefusal(body, problem);
-      ctx.status = status;
-      ctx.body = answer;
-      return;
+      const refused = unstorableRefusal(body, problem);
+      return answer(ctx, refused.status, refused.answer);
     }
     const batchRefused = batchRefusal(body, ctx.get('mcp-protocol-version') || undefined);
-    if (batchRefused) {
-      ctx.status = 400;
-      ctx.body = batchRefused;
-      return;
-    }
+    if (batchRefused) return answer(ctx, 400, batchRefused);
     const headers = new Headers();
     for (const [name, value] of Object.entries(ctx.req.headers)) {
       if (typeof value === 'string') headers.set(name, value);
@@ -53,26 +52,19 @@ export const mcpRoutes = [
     const server = createMcpServer(services, gone, log);
     try {
       await server.connect(transport);
-      const answer = await Promise.race([transport.handleRequest(new Request(`http://mcp.invalid${ctx.originalUrl}`, { method: 'POST', headers }), { parsedBody: body }), left]);
-      if (!answer) return;
-      const text = await answer.text();
-      const invalid = envelopeRefusal(body, answer.status, text);
-      if (invalid) {
-        ctx.status = 400;
-        ctx.body = invalid;
-        return;
-      }
+      const sdk = await Promise.race([transport.handleRequest(new Request(`http://mcp.invalid${ctx.originalUrl}`, { method: 'POST', headers }), { parsedBody: body }), left]);
+      if (!sdk) return;
+      const text = await sdk.text();
+      const invalid = envelopeRefusal(body, sdk.status, text);
+      if (invalid) return answer(ctx, 400, invalid);
       const refused = paramsRefusal(body, text);
-      if (refused) {
-        ctx.body = refused;
-        return;
-      }
+      if (refused) return answer(ctx, 200, refused);
       // Notifications only: 202 with no body, as the transport says (else Koa writes "Accepted").
       // Null before the status: set after it, Koa would turn the 202 into a 204.
       if (!text) ctx.body = null;
-      ctx.status = answer.status;
-      answer.headers.forEach((value, name) => ctx.set(name, value));
-      if (text) ctx.body = Array.isArray(body) && answer.status === 200 ? batchAnswer(body, text) : text;
+      ctx.status = sdk.status;
+      sdk.headers.forEach((value, name) => ctx.set(name, value));
+      if (text) ctx.body = Array.isArray(body) && sdk.status === 200 ? batchAnswer(body, text) : text;
     } finally {
       await server.close();
     }

@@ -1,5 +1,5 @@
 // JSON-RPC 2.0 as the two JSON-RPC endpoints (A2A, MCP) answer it, for the OpenAPI document: what
-// they take is described where their methods are (domain/a2a/jsonrpc.ts, domain/bridge/mcp.ts).
+// they take is described where their methods are (domain/a2a/jsonrpc.ts, domain/bridge/mcp-envelope.ts).
 import { Type } from '@sinclair/typebox';
 
 const Id = Type.Union([Type.String(), Type.Number(), Type.Null()], { description: 'the request id; null when it could not be read' });

@@ -1,0 +1,155 @@
+// The JSON-RPC envelope of MCP requests, where the SDK's transport answers otherwise than JSON-RPC
+// and MCP say (api/routes/mcp.ts asks these before and after the SDK): invalid messages and params,
+// batches, and values refused before the SDK reads them. The tools themselves: mcp.ts.
+import { Type } from '@sinclair/typebox';
+import {
+  CallToolRequestSchema, ErrorCode, InitializeRequestSchema, JSONRPCErrorResponseSchema, JSONRPCNotificationSchema, JSONRPCRequestSchema,
+  JSONRPCResultResponseSchema, ListToolsRequestSchema, PingRequestSchema, SUPPORTED_PROTOCOL_VERSIONS, type JSONRPCErrorResponse,
+} from '@modelcontextprotocol/sdk/types.js';
+import type { FieldError } from '../errors.ts';
+
+// The requests the server answers, with the SDK's schemas for them.
+const REQUESTS = { initialize: InitializeRequestSchema, ping: PingRequestSchema, 'tools/list': ListToolsRequestSchema, 'tools/call': CallToolRequestSchema } as const;
+
+// The SDK answers params that do not fit with an internal error (-32603, zod's whole report) or a
+// parse error (-32700, HTTP 400, when they are not an object). Given the request and the SDK's
+// answer (its text), the answer to send instead: -32602 naming the field. Undefined: the SDK's
+// stands (its other refusals, of headers, come before any params check).
+// The SDK also answers -32603 to a tools/call sent as a task (MCP 2025-11-25 task augmentation)
+// without running it: our tools run as plain calls only (no tasks capability; every tool's
+// taskSupport is the default, forbidden), for which that revision says -32601.
+export function paramsRefusal(body: unknown, sdkAnswer: string): JSONRPCErrorResponse | undefined {
+  return mayBeParams(errorCodeOf(sdkAnswer)) ? refusalOf(body) : undefined;
+}
+// The codes the SDK answers params that do not fit with (and a tools/call sent as a task).
+const mayBeParams = (sdkCode: unknown) => sdkCode === ErrorCode.InternalError || sdkCode === ErrorCode.ParseError;
+
+// JSON-RPC's answer to a message whose id cannot be read: id null.
+type EnvelopeRefusal = Omit<JSONRPCErrorResponse, 'id'> & { id: string | number | null };
+// An id an answer can echo (MCP: a string or an integer), else null.
+const readableId = (id: unknown): string | number | null => (typeof id === 'string' || Number.isSafeInteger(id) ? id as string | number : null);
+// -32600 saying why, echoing `id` when it can be read.
+const invalidRequest = (why: string, id?: unknown): EnvelopeRefusal => ({
+  jsonrpc: '2.0', id: readableId(id), error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${why}` },
+});
+
+// The SDK answers JSON that is not a JSON-RPC message with a parse error (-32700), and an empty
+// batch with 202 as if it were notifications. JSON-RPC says both are invalid requests (-32600), and
+// MCP that an id is a string or an integer, never null. Given the body (read as JSON) and the SDK's
+// answer, the refusal to send instead (HTTP 400, as the SDK's), saying what is wrong.
+export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: string): EnvelopeRefusal | undefined {
+  if (sdkStatus !== 202 && errorCodeOf(sdkAnswer) !== ErrorCode.ParseError) return undefined;
+  const members = Array.isArray(body) ? body : [body];
+  if (!members.length) return invalidRequest('the batch is empty');
+  for (const [i, m] of members.entries()) {
+    const at = Array.isArray(body) ? `batch member ${i}: ` : '';
+    if (typeof m !== 'object' || m === null || Array.isArray(m)) return invalidRequest(`${at}a message must be a JSON object`);
+    const { jsonrpc, id, method } = m as Record<string, unknown>;
+    if (jsonrpc !== '2.0') return invalidRequest(`${at}jsonrpc must be "2.0"`, id);
+    if ('id' in m && readableId(id) === null) return invalidRequest(`${at}id must be a string or an integer`);
+    if ('method' in m && typeof method !== 'string') return invalidRequest(`${at}method must be a string`, id);
+    if (!('method' in m) && !('result' in m) && !('error' in m)) return invalidRequest(`${at}a message needs a method (a request or notification), or a result or an error (a response)`, id);
+    // The rest of what the SDK calls a parse error (a stray member, a result or error of the wrong
+    // shape, params that are no object): the first thing its schema for this kind of message finds.
+    const schema = 'method' in m ? ('id' in m ? JSONRPCRequestSchema : JSONRPCNotificationSchema) : 'result' in m ? JSONRPCResultResponseSchema : JSONRPCErrorResponseSchema;
+    const parsed = schema.safeParse(m);
+    if (parsed.success) continue;
+    const issue = parsed.error.issues[0];
+    // A request to a method this server serves, with params of the wrong shape: paramsRefusal's -32602.
+    if (!Array.isArray(body) && issue.path[0] === 'params' && refusalOf(body)) return undefined;
+    return invalidRequest(`${at}${issue.path.join('.') || 'the message'}: ${issue.message}`, id);
+  }
+  return undefined;
+}
+
+// MCP 2025-06-18 removed JSON-RPC batching; the SDK still runs a batch whatever version the client
+// says it speaks (MCP-Protocol-Version). A batch from a client on a revision without batches is
+// refused before any member runs. Without the header the client is taken to speak 2025-03-26, which
+// has them; a version the SDK does not support is left to its own 400.
+// Two requests with one id would both run and only one be answered (the SDK keys answers by id).
+// A batch holds at most BATCH_MAX messages: the SDK holds every answer until the last and answers them
+// as one text, so 20,000 tools/list in one 1 MiB body were gigabytes of heap in one request.
+export const BATCH_MAX = 20;
+export function batchRefusal(body: unknown, protocolVersion: string | undefined): EnvelopeRefusal | undefined {
+  if (!Array.isArray(body)) return undefined;
+  if (protocolVersion && SUPPORTED_PROTOCOL_VERSIONS.includes(protocolVersion) && protocolVersion >= '2025-06-18') {
+    return invalidRequest(`MCP ${protocolVersion} has no JSON-RPC batches; send one message per POST`);
+  }
+  if (body.length > BATCH_MAX) return invalidRequest(`a batch holds at most ${BATCH_MAX} messages, not ${body.length}; send the rest in another POST`);
+  const requests = new Map<string, number>();
+  for (const [i, m] of body.entries()) {
+    const { id, method } = (typeof m === 'object' && m !== null ? m : {}) as { id?: unknown; method?: unknown };
+    if (typeof method !== 'string' || (typeof id !== 'string' && typeof id !== 'number')) continue;
+    const key = `${typeof id}:${id}`;
+    const first = requests.get(key);
+    if (first !== undefined) return invalidRequest(`batch members ${first} and ${i} are requests with the same id ${JSON.stringify(id)}`);
+    requests.set(key, i);
+  }
+  return undefined;
+}
+
+// The request body as the OpenAPI document describes it (api/routes/mcp.ts): a request to a method
+// this server answers, a notification, or a batch of them (see batchRefusal). Each method's params
+// are MCP's; the route reads the body itself and answers what does not fit with JSON-RPC errors.
+const McpMessage = Type.Union([
+  Type.Object({
+    jsonrpc: Type.Literal('2.0'),
+    id: Type.Union([Type.String(), Type.Integer({ minimum: -Number.MAX_SAFE_INTEGER, maximum: Number.MAX_SAFE_INTEGER })]),
+    method: Type.Union(Object.keys(REQUESTS).map((name) => Type.Literal(name))),
+    params: Type.Optional(Type.Record(Type.String(), Type.Unknown(), { description: "the method's params, as MCP defines them" })),
+  }, { description: 'a request' }),
+  Type.Object({
+    jsonrpc: Type.Literal('2.0'),
+    method: Type.String({ pattern: '^notifications/', description: 'e.g. notifications/initialized' }),
+    params: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
+  }, { description: 'a notification (no id; answered 202 with no body)' }),
+]);
+export const McpRequest = Type.Union([McpMessage, Type.Array(McpMessage, { minItems: 1, maxItems: BATCH_MAX, description: 'a batch, with distinct request ids, from a client on MCP 2025-03-26 (or sending no MCP-Protocol-Version)' })], { $id: 'McpRequest' });
+
+// The SDK answers a batch of one request with that answer alone, not an array of one as JSON-RPC
+// says, and a member's params that do not fit with -32603 (see paramsRefusal). Given the batch and
+// the SDK's answer (its text), the array to send.
+export function batchAnswer(body: unknown[], sdkAnswer: string): unknown[] {
+  const parsed = JSON.parse(sdkAnswer) as unknown;
+  const answers = (Array.isArray(parsed) ? parsed : [parsed]) as { id?: unknown; error?: { code?: unknown } }[];
+  return answers.map((a) => {
+    if (!mayBeParams(a.error?.code)) return a;
+    const request = body.find((m) => typeof m === 'object' && m !== null && 'method' in m && (m as { id?: unknown }).id === a.id);
+    return (request && refusalOf(request)) ?? a;
+  });
+}
+
+// Valid JSON that is refused before the SDK reads it (a NUL or lone surrogate, nesting past 64
+// levels, a number past the double range: domain/storable-json.ts) is no parse error: inside a
+// request's params it is -32602 with the id echoed (HTTP 200, as the SDK answers bad params),
+// elsewhere -32600 (HTTP 400, as envelopeRefusal).
+export function unstorableRefusal(body: unknown, problem: FieldError): { status: 200 | 400; answer: EnvelopeRefusal } {
+  const single = typeof body === 'object' && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : undefined;
+  const id = readableId(single?.id);
+  const where = problem.path.replace(/^body\.?/, '') || 'the message';
+  if (id !== null && problem.path.startsWith('body.params')) {
+    return { status: 200, answer: { jsonrpc: '2.0', id, error: { code: ErrorCode.InvalidParams, message: `Invalid params: ${where}: ${problem.message}` } } };
+  }
+  return { status: 400, answer: invalidRequest(`${where}: ${problem.message}`, id) };
+}
+
+function errorCodeOf(text: string): number {
+  try {
+    return Number((JSON.parse(text) as { error?: { code?: unknown } }).error?.code);
+  } catch {
+    return NaN;
+  }
+}
+
+function refusalOf(body: unknown): JSONRPCErrorResponse | undefined {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) return undefined;
+  const { id, method } = body as { id?: unknown; method?: unknown };
+  if (typeof method !== 'string' || !Object.hasOwn(REQUESTS, method) || (typeof id !== 'string' && typeof id !== 'number')) return undefined;
+  const parsed = REQUESTS[method as keyof typeof REQUESTS].safeParse(body);
+  if (parsed.success) {
+    if (method !== 'tools/call' || (body as { params?: { task?: unknown } }).params?.task === undefined) return undefined;
+    return { jsonrpc: '2.0', id, error: { code: ErrorCode.MethodNotFound, message: 'Method not found: tools/call as a task; this server runs tools as plain calls only (it declares no tasks capability)' } };
+  }
+  const issue = parsed.error.issues[0];
+  return { jsonrpc: '2.0', id, error: { code: ErrorCode.InvalidParams, message: `Invalid params: ${issue.path.join('.') || 'params'}: ${issue.message}` } };
+}
