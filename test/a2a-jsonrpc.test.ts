@@ -465,3 +465,32 @@ describe('A2A JSON-RPC with streaming and push notifications switched off', () =
     assert.ok(!texts.includes('with push'));
   });
 });
+
+describe('A2A JSON-RPC when an upstream fails (KMS)', () => {
+  // A KMS endpoint that refuses connections: unwrapping a DEK under a KMS key fails upstream (502 over REST).
+  const stack = useStack({ AWS_KMS_ENDPOINT: 'http://127.0.0.1:9', AWS_ACCESS_KEY_ID: 'AKIDLOCALTEST', AWS_SECRET_ACCESS_KEY: 'local-test-secret', PUSH_ALLOW_PRIVATE: 'true' });
+  const ARN = 'arn:aws:kms:eu-west-1:111122223333:key/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0';
+
+  it('answers -32603 saying which upstream failed (data.code bad_gateway), not a bare "Internal error"; the token stays out of the answer', async () => {
+    const db = testDb();
+    // The push configs' alias `default` moved to a DEK under a KMS key: sealing a token needs KMS.
+    await db('envelope_keys').insert({ id: ARN, type: 'aws_kms', arn: ARN, region: 'eu-west-1' });
+    await db('deks').insert({ id: 'kms-dek', envelope_key_id: ARN, encrypted_dek: Buffer.from('a wrapped key').toString('base64') });
+    await db('dek_aliases').where({ alias: 'default' }).update({ dek_id: 'kms-dek' });
+    const task = (await stack.client.post(A2A, { jsonrpc: '2.0', id: 1, method: 'message/send', params: { message: userMessage('[input] hook me') } })).body.result;
+    const config = { url: 'http://127.0.0.1:9/hook', token: 'tok-kms-123' };
+    for (const [method, params] of [
+      ['tasks/pushNotificationConfig/set', { taskId: task.id, pushNotificationConfig: config }],
+      ['message/send', { message: userMessage('with push'), configuration: { blocking: false, pushNotificationConfig: config } }],
+    ] as const) {
+      const res = await stack.client.post(A2A, { jsonrpc: '2.0', id: 'up', method, params });
+      assert.equal(res.status, 200);
+      assert.equal(res.body.id, 'up');
+      assert.equal(res.body.error?.code, -32603, `${method}: ${res.text}`);
+      assert.match(res.body.error.message, /^AWS KMS Decrypt failed/, `${method}: ${res.text}`);
+      assert.deepEqual(res.body.error.data, { code: 'bad_gateway', upstream: 'aws_kms' }, method);
+      assert.doesNotMatch(res.text, /tok-kms-123/);
+    }
+    assert.equal(Number((await db('push_configs').count({ n: '*' }))[0].n), 0);
+  });
+});

@@ -52,6 +52,8 @@ export function toJsonRpcError(err: unknown): JsonRpcErrorObject {
     if (known.status === 409) return invalidRequest(known.message, known.data).toJSON();
     if (known.status === 413) return invalidParams(known.message, known.data).toJSON();
     if (known.status === 503) return { code: JSONRPC.INTERNAL, message: known.message, data: { code: known.code } };
+    // An upstream that failed (KMS sealing a push token) is no bug of ours: said as REST says it (502).
+    if (known.status === 502) return { code: JSONRPC.INTERNAL, message: known.message, data: { code: known.code, ...known.data } };
   }
   return { code: JSONRPC.INTERNAL, message: 'Internal error' };
 }
