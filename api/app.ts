@@ -3,6 +3,7 @@ import Router from '@koa/router';
 import type { Services } from '../domain/services.ts';
 import { errorHandler } from './middleware/errors.ts';
 import { requestId } from './middleware/request-id.ts';
+import { accessLog } from './middleware/access-log.ts';
 import { fixedPathMethods, mount, type Route } from './route.ts';
 import { buildOpenApi } from './openapi.ts';
 import { taskRoutes } from './routes/task.ts';
@@ -56,6 +57,7 @@ export function createApp(services: Services): Koa {
   const router = new Router({ sensitive: true });
   mount(router, allRoutes, services);
   app.use(requestId(services.log));
+  app.use(accessLog());
   app.use(metricsMiddleware(services));
   app.use(errorHandler());
   app.use(requireHost);

@@ -18,7 +18,7 @@ import { countProviderInstancesByStatus } from '../db/bridge.ts';
 import { countOutbox, oldestOutboxAgeSeconds } from '../db/outbox.ts';
 import { registerWorkerMetrics } from '../queues/worker-metrics.ts';
 import { withTimeout } from '../domain/with-timeout.ts';
-import { matchedRoute } from './middleware/request-id.ts';
+import { matchedRoute } from './middleware/access-log.ts';
 
 const SOURCE_TIMEOUT_MS = 2000;
 

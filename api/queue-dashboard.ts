@@ -10,7 +10,7 @@ import { hasScope } from '../domain/api-keys.ts';
 import { AppError, Forbidden, Unauthenticated } from '../domain/errors.ts';
 import { verifyKey } from './middleware/auth.ts';
 import { rateLimit } from './middleware/rate-limit.ts';
-import { prefixMatchedRoute } from './middleware/request-id.ts';
+import { prefixMatchedRoute } from './middleware/access-log.ts';
 
 export const DASHBOARD_PATH = '/admin/queues';
 

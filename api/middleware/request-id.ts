@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import type { Context, Middleware } from 'koa';
+import type { Middleware } from 'koa';
 import type { Logger } from '../../domain/logger.ts';
 
 const VALID = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -8,21 +8,6 @@ const VALID = /^[A-Za-z0-9._:-]{1,128}$/;
 // for answers written outside Koa: api/client-errors.ts).
 export const requestIdFor = (incoming: string | string[] | undefined): string => (typeof incoming === 'string' && VALID.test(incoming) ? incoming : randomUUID());
 
-// The route pattern a request matched (`/api/task/v1/:task_id`), else `unmatched`: the request
-// line's `route` and the /metrics label (bounded, unlike paths, which carry ids).
-export const matchedRoute = (ctx: Context): string => String((ctx as { _matchedRoute?: string | RegExp })._matchedRoute ?? 'unmatched');
-
-// For a router mounted below a base path (bull-board's), which matches its patterns without it:
-// the route is named in full, so that it does not read as one of the API's.
-export function prefixMatchedRoute(ctx: Context, base: string): void {
-  const route = ctx as { _matchedRoute?: string | RegExp };
-  if (typeof route._matchedRoute === 'string' && !route._matchedRoute.startsWith(base)) route._matchedRoute = `${base}${route._matchedRoute}`;
-}
-
-// Load balancers' probes and Prometheus' scrapes come every few seconds to every process: answered
-// well, their request lines are debug, or a fleet's log is mostly them. A failed one stays info.
-const POLLED = new Set(['/_internal/v1/health', '/_internal/v1/ready', '/metrics']);
-
 // Echoes a sane incoming X-Request-Id or mints one; gives the request a child logger carrying it.
 export function requestId(log: Logger): Middleware {
   return async (ctx, next) => {
@@ -30,12 +15,6 @@ export function requestId(log: Logger): Middleware {
     ctx.state.requestId = id;
     ctx.state.log = log.child({ req_id: id });
     ctx.set('X-Request-Id', id);
-    const started = performance.now();
-    try {
-      await next();
-    } finally {
-      const level = ctx.status < 400 && POLLED.has(matchedRoute(ctx)) ? 'debug' : 'info';
-      ctx.state.log[level]({ method: ctx.method, path: ctx.path, route: matchedRoute(ctx), status: ctx.status, ms: Math.round((performance.now() - started) * 10) / 10 }, 'request');
-    }
+    await next();
   };
 }
