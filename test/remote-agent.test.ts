@@ -25,7 +25,8 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 // for input first; "[giveup]" makes it cancel its task itself; "[hang]" makes it work until canceled; "[flood]" makes its artifact too large
 // for the local task, and then work until canceled; "[bigask]" asks for input with a question too
 // large for the local task; "[slowstart]" ("[slowstart <ms>]") makes it say nothing for 1.5 s (ms)
-// after taking the message;
+// after taking the message; "[grow]" makes it write its report in 8 chunks of 1,500 characters, one every
+// 250 ms (12 kB in all, which the local task holds);
 // a follow-up turn says which turn it is.
 class RemoteExecutor implements AgentExecutor {
   readonly received: { taskId: string; contextId: string; text: string; continued: boolean; message: Message }[] = [];
@@ -70,6 +71,15 @@ class RemoteExecutor implements AgentExecutor {
     }
     if (text.includes('[ask]')) {
       status('input-required', 'Which colour?', true);
+      bus.finished();
+      return;
+    }
+    if (text.includes('[grow]')) {
+      for (let i = 0; i < 8; i++) {
+        if (i) await new Promise((resolve) => setTimeout(resolve, 250));
+        bus.publish({ kind: 'artifact-update', taskId, contextId, append: i > 0, lastChunk: i === 7, artifact: { artifactId: 'grown', name: 'grown', parts: [{ kind: 'text', text: String(i).repeat(1500) }] } });
+      }
+      status('completed', 'Grown', true);
       bus.finished();
       return;
     }
@@ -334,6 +344,22 @@ for (const streaming of [true, false]) {
       await waitFor(async () => (await testDb()('remote_agent_tasks').where({ task_id: id }).first()) === undefined, 'the remote task to be forgotten');
       const logs = stack.workers[0].logs.slice(before).join('\n');
       assert.ok(!/"level":(50|60)/.test(logs), logs);
+    });
+
+    it('mirrors an artifact the remote writes in chunks once: a poll that finds it grown adds its new parts, not the whole of it again', async () => {
+      const created = await stack.client.post('/api/task/v1', { message: textMessage('long report [grow]') });
+      const id = created.body.task.id;
+      const done = await waitFor(async () => {
+        const r = await stack.client.get(`/api/task/v1/${id}`);
+        return ['completed', 'failed'].includes(r.body.task.status) && r.body;
+      }, 'the task to end', 30000);
+      // Stored whole at every poll, its copies took the task over TASK_ARTIFACTS_MAX_BYTES (16384).
+      assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+      const a2a = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id } });
+      assert.deepEqual(a2a.body.result.artifacts.map((a: any) => [a.artifactId, a.parts.map((p: any) => p.text)]),
+        [['grown', Array.from({ length: 8 }, (_, i) => String(i).repeat(1500))]]);
+      const stored = (await timeline(id)).filter((e: any) => e.type === 'artifact-update').flatMap((e: any) => e.artifact.parts);
+      assert.equal(stored.length, 8, 'each part stored once');
     });
 
     it("cancels the remote task of a local task that failed on the remote's last word (a question too large for it)", async () => {

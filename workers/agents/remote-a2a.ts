@@ -371,11 +371,19 @@ function checkEvent(event: unknown): asserts event is StreamEvent {
   if (!ok) throw new Error(`the remote agent answered an event where a task, message, status-update or artifact-update belongs: ${JSON.stringify(event)?.slice(0, 200)}`);
 }
 
+// An artifact with A2A's members only: what else a remote sends is not ours to store (nor accepted).
+const artifactMembers = ({ artifactId, name, description, parts, metadata, extensions }: Artifact): Artifact =>
+  Object.fromEntries(Object.entries({ artifactId, name, description, parts, metadata, extensions }).filter(([, v]) => v !== undefined)) as unknown as Artifact;
+
 // Copies what the remote reports into the local task, once each: messages by id, artifacts by
 // their content. Returns the run's result once the remote task has ended or is interrupted.
 class Mirror {
   private readonly seenMessages = new Set<string>();
-  private readonly seenArtifacts = new Map<string, string>();
+  // Each artifact as the local task holds it, as far as this run knows (merged as the local task
+  // merges its updates). A snapshot of the remote task (every poll) shows each artifact whole: one the
+  // remote grew since is extended by its new parts. Stored whole at every poll, an artifact the remote
+  // grew in chunks took the task over TASK_ARTIFACTS_MAX_BYTES at a fraction of that size.
+  private readonly artifacts = new Map<string, Artifact>();
   // The interruption this turn answers. A remote may report it again before it takes up the answer
   // (a stream opened with the task as it stands, as taskbridge's own do): that is not this turn's end.
   private answering?: TaskStatus;
@@ -388,7 +396,7 @@ class Mirror {
   seen(task: A2ATask): void {
     for (const m of task.history ?? []) this.seenMessages.add(m.messageId);
     if (task.status.message) this.seenMessages.add(task.status.message.messageId);
-    for (const a of task.artifacts ?? []) this.seenArtifacts.set(a.artifactId, JSON.stringify(a));
+    for (const a of task.artifacts ?? []) this.artifacts.set(a.artifactId, artifactMembers(a));
     if (task.status.state in INTERRUPTED) this.answering = task.status;
   }
 
@@ -419,8 +427,10 @@ class Mirror {
     }
     const stored = artifactsFromTimeline(await listArtifactItems(this.db, this.ctx.task.id));
     for (const a of task.artifacts ?? []) {
-      // Parts only: the other fields of an artifact sent in chunks are merged differently here.
-      if (stored.some((s) => s.artifactId === a.artifactId && sameAsStored(s.parts, a.parts))) this.seenArtifacts.set(a.artifactId, JSON.stringify(a));
+      const local = stored.find((s) => s.artifactId === a.artifactId);
+      // Parts only: the other fields of an artifact sent in chunks are merged differently here. One
+      // the remote grew since the local copy is that copy, to be extended.
+      if (local) this.artifacts.set(a.artifactId, artifactMembers(sameAsStored(local.parts, a.parts) ? a : local));
     }
   }
 
@@ -476,15 +486,28 @@ class Mirror {
     await this.ctx.reply(replyOf(m));
   }
 
-  private async artifact(a: Artifact & { append?: boolean; lastChunk?: boolean }): Promise<void> {
-    const body = JSON.stringify(a);
-    if (!a.append && this.seenArtifacts.get(a.artifactId) === body) return;
-    this.seenArtifacts.set(a.artifactId, body);
+  // An artifact-update event: stored as sent, unless it repeats the artifact as it stands.
+  private async artifactUpdate(a: Artifact, { append, lastChunk }: { append?: boolean; lastChunk?: boolean }): Promise<void> {
+    const known = this.artifacts.get(a.artifactId);
+    const own = artifactMembers(a);
+    if (!append && !lastChunk && known && sameAsStored(known, own)) return;
+    this.artifacts.set(a.artifactId, append && known ? { ...known, parts: [...known.parts, ...own.parts] } : own);
     this.answering = undefined;
-    // A2A's members of an artifact: what else a remote sends is not ours to store (nor accepted).
-    const { artifactId, name, description, parts, metadata, extensions, append, lastChunk } = a;
-    await this.ctx.emitArtifact(Object.fromEntries(Object.entries({ artifactId, name, description, parts, metadata, extensions, append, lastChunk })
-      .filter(([, v]) => v !== undefined)) as unknown as typeof a);
+    await this.ctx.emitArtifact({ ...own, ...(append ? { append } : {}), ...(lastChunk ? { lastChunk } : {}) });
+  }
+
+  // An artifact as a snapshot of the remote task shows it: stored when it changed, by its new parts
+  // alone when it only grew.
+  private async artifactOf(a: Artifact): Promise<void> {
+    const known = this.artifacts.get(a.artifactId);
+    const own = artifactMembers(a);
+    if (known && sameAsStored(known, own)) return;
+    this.artifacts.set(a.artifactId, own);
+    this.answering = undefined;
+    const { parts: had, ...was } = known ?? { parts: [] };
+    const { parts, ...is } = own;
+    const grown = known && parts.length > had.length && sameAsStored(was, is) && sameAsStored(had, parts.slice(0, had.length));
+    await this.ctx.emitArtifact(grown ? { artifactId: a.artifactId, parts: parts.slice(had.length), append: true } : own);
   }
 
   private async status(status: TaskStatus): Promise<AgentResult | undefined> {
@@ -510,13 +533,13 @@ class Mirror {
       case 'task': {
         const finalId = event.status.message?.messageId;
         for (const m of event.history ?? []) if (m.messageId !== finalId) await this.message(m);
-        for (const a of event.artifacts ?? []) await this.artifact(a);
+        for (const a of event.artifacts ?? []) await this.artifactOf(a);
         return this.status(event.status);
       }
       case 'status-update':
         return this.status(event.status);
       case 'artifact-update':
-        await this.artifact({ ...event.artifact, ...(event.append ? { append: true } : {}), ...(event.lastChunk ? { lastChunk: true } : {}) });
+        await this.artifactUpdate(event.artifact, event);
         return undefined;
     }
   }
