@@ -87,7 +87,17 @@ export function postNotification(
     const deadline = setTimeout(() => req.destroy(new Error(`no answer within ${opts.timeoutMs} ms`)), opts.timeoutMs);
     req.on('timeout', () => req.destroy(new Error(`no answer within ${opts.timeoutMs} ms`)));
     req.on('error', (err) => reject(new DeliveryError(`webhook unreachable: ${err.message}`)));
-    req.on('close', () => clearTimeout(deadline));
+    // A 101 answer (an upgrade nobody asked for) is no delivery; unheard, Node drops its socket
+    // without an error. And whatever else closes the request unanswered settles the post too: an
+    // unsettled post would hang its run for good, in one of the worker's delivery slots.
+    req.on('upgrade', (res: http.IncomingMessage, socket: net.Socket) => {
+      socket.destroy();
+      reject(new DeliveryError(`webhook answered HTTP ${res.statusCode}`, res.statusCode));
+    });
+    req.on('close', () => {
+      clearTimeout(deadline);
+      reject(new DeliveryError('webhook closed the connection without an answer'));
+    });
     req.end(payload);
   });
 }

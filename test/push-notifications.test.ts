@@ -449,6 +449,38 @@ describe('push notifications', () => {
     assert.ok(!stack.workers[0].logs.some((l) => l.includes('job attempt failed') && l.includes(id)));
   });
 
+
+  it('retries a webhook that answers 101 (an upgrade) instead of hanging its delivery run for good', async () => {
+    // Speaks raw HTTP: the first post is answered 101 Switching Protocols, the next ones 200.
+    const posts: string[] = [];
+    const server = net.createServer((socket) => {
+      let raw = '';
+      socket.on('data', (chunk) => {
+        raw += chunk;
+        const head = raw.indexOf('\r\n\r\n');
+        const length = Number(/content-length: (\d+)/i.exec(raw)?.[1]);
+        if (head < 0 || Buffer.byteLength(raw.slice(head + 4)) < length) return;
+        posts.push(JSON.parse(raw.slice(head + 4)).status.state);
+        raw = '';
+        socket.write(posts.length === 1
+          ? 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n'
+          : 'HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n');
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    receivers.push({ close: () => new Promise<void>((resolve) => server.close(() => resolve())) });
+    const id = await idleTask();
+    await setConfig(id, { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/hook` });
+    await setStatus(id, 'working');
+    // Before: the post never settled (Node drops an unheard upgrade's socket without an error), so the
+    // run held its slot for ever and the update waited for another job after the lease ran out.
+    await waitFor(async () => posts.length >= 2, 'the update posted again', 8000);
+    await setStatus(id, 'completed');
+    await waitFor(async () => posts.includes('completed'), 'the next update');
+    assert.deepEqual(posts, ['working', 'working', 'completed']);
+    const failed = stack.workers[0].logs.filter((l) => l.includes('push notification post failed') && l.includes(id)).map((l) => JSON.parse(l));
+    assert.deepEqual(failed.map((l) => [l.status, l.reason]), [[101, 'webhook answered HTTP 101']]);
+  });
   it('logs a delivery job that fails for good for a fault of ours at error, with its stack, once', async () => {
     // A payload no config can have: Postgres refuses the id on every attempt.
     const jobId = `broken-${randomUUID()}`;
