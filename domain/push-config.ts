@@ -38,6 +38,9 @@ export const MAX_CONFIGS_PER_TASK = 100;
 const MAX_ID = 256;
 const MAX_URL = 2048;
 const MAX_TOKEN = 4096;
+// Only the first scheme is used (in the Authorization header), yet get, list and every delivery run
+// read them all: unbounded, 1 MiB requests set 100 configs of 15,000 schemes, listed as 100 MB.
+const MAX_SCHEMES = 32;
 // Empty is none (A2A has both optional strings; clients fill them with "" where they have none).
 const HEADER_SAFE = /^[\x20-\x7e]*$/;
 
@@ -60,8 +63,8 @@ function checkInput(input: PushConfigInput): void {
   }
   const auth = input.authentication;
   if (auth !== undefined) {
-    const schemesOk = Array.isArray(auth?.schemes) && auth.schemes.length > 0 && auth.schemes.every((s) => typeof s === 'string' && /^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$/.test(s));
-    if (!schemesOk) throw new InvalidRequest('Push notification authentication.schemes must be a non-empty list of HTTP auth scheme names');
+    const schemesOk = Array.isArray(auth?.schemes) && auth.schemes.length > 0 && auth.schemes.length <= MAX_SCHEMES && auth.schemes.every((s) => typeof s === 'string' && /^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$/.test(s));
+    if (!schemesOk) throw new InvalidRequest(`Push notification authentication.schemes must be a list of 1 to ${MAX_SCHEMES} HTTP auth scheme names`);
     if (auth.credentials !== undefined && (typeof auth.credentials !== 'string' || auth.credentials.length > MAX_TOKEN || !HEADER_SAFE.test(auth.credentials))) {
       throw new InvalidRequest('Push notification authentication.credentials must be printable ASCII characters (they are sent as a header)');
     }

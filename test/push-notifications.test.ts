@@ -694,6 +694,17 @@ describe('push notifications', () => {
     assert.equal((await listPushConfigs(testDb(), id)).length, MAX_CONFIGS_PER_TASK);
   });
 
+  it('takes at most 32 authentication schemes per config (-32602), so that its task lists in a bounded answer', async () => {
+    const id = await idleTask();
+    const set = (n: number) => rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { id: `s${n}`, url: 'http://127.0.0.1:9/', authentication: { schemes: new Array(n).fill('Bearer') } } });
+    // Before: any number was stored and shown (15,000 fit a 1 MiB request; a task's 100 configs listed as 100 MB).
+    const over = await set(33);
+    assert.equal(over.error?.code, -32602, JSON.stringify(over).slice(0, 300));
+    assert.match(over.error.message, /authentication\.schemes must be a list of 1 to 32 HTTP auth scheme names/);
+    assert.equal((await set(32)).result.pushNotificationConfig.authentication.schemes.length, 32);
+    assert.deepEqual((await rpc('tasks/pushNotificationConfig/list', { id })).result.map((c: any) => c.pushNotificationConfig.id), ['s32']);
+  });
+
   it('answers 404 for configs of an unknown task', async () => {
     const unknown = '00000000-0000-4000-8000-000000000000';
     for (const call of [
