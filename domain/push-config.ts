@@ -54,7 +54,8 @@ const shown = (r: repo.PushConfigRow): PushConfig => ({
 });
 
 function checkInput(input: PushConfigInput): void {
-  if (input.id !== undefined && (typeof input.id !== 'string' || input.id.length < 1 || input.id.length > MAX_ID)) {
+  // Characters as the request schema counts them (code points): 200 emoji pass it, and are 400 UTF-16 units.
+  if (input.id !== undefined && (typeof input.id !== 'string' || input.id.length < 1 || [...input.id].length > MAX_ID)) {
     throw new InvalidRequest(`Push notification config id must be a string of 1 to ${MAX_ID} characters`);
   }
   if (typeof input.url !== 'string' || input.url.length > MAX_URL) throw new InvalidRequest(`Push notification URL must be a string of at most ${MAX_URL} characters`);

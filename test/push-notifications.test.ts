@@ -705,6 +705,19 @@ describe('push notifications', () => {
     assert.deepEqual((await rpc('tasks/pushNotificationConfig/list', { id })).result.map((c: any) => c.pushNotificationConfig.id), ['s32']);
   });
 
+  it('counts a config id in characters as the request schema does: 256 emoji are an id, 257 are -32602', async () => {
+    const id = await idleTask();
+    const set = (configId: string) => rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { id: configId, url: 'http://127.0.0.1:9/' } });
+    const longest = '\u{1F600}'.repeat(256);
+    // Before: refused as over 256 characters (512 UTF-16 units), though the schema had taken it.
+    const kept = await set(longest);
+    assert.equal(kept.result?.pushNotificationConfig.id, longest, JSON.stringify(kept).slice(0, 300));
+    assert.equal((await rpc('tasks/pushNotificationConfig/get', { id, pushNotificationConfigId: longest })).result.pushNotificationConfig.id, longest);
+    const over = await set(`${longest}\u{1F600}`);
+    assert.equal(over.error?.code, -32602, JSON.stringify(over).slice(0, 300));
+    assert.deepEqual((await listPushConfigs(testDb(), id)).map((c) => c.id), [longest]);
+  });
+
   it('answers 404 for configs of an unknown task', async () => {
     const unknown = '00000000-0000-4000-8000-000000000000';
     for (const call of [
