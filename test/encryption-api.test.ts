@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import { once } from 'node:events';
 import path from 'node:path';
 import { randomBytes, randomUUID } from 'node:crypto';
-import { Client, resetDb, startApi, startStack, testDb, testEnv, waitFor, type Stack, type Response, assertError } from './helpers/stack.ts';
+import { Client, resetDb, startApi, startStack, testDb, testEnv, waitFor, withQueue, type Stack, type Response, assertError } from './helpers/stack.ts';
 import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
 import { openByHand, sealByHand } from './helpers/aes-gcm-by-hand.ts';
 import { kmsWrapper } from '../domain/crypto/envelope-keys.ts';
@@ -351,6 +351,38 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     const row = await testDb()('deks').where({ id: 'lost-dek' }).first();
     assert.deepEqual({ env: row.envelope_key_id, wrapped: row.encrypted_dek }, { env: 'lost.key', wrapped: dek.body.encrypted_data_encryption_key });
     assert.equal(fs.existsSync(path.join(keysDir, 'lost.key')), false);
+  });
+
+  it('a cancel recorded while a batch to KMS is in flight ends the job when that batch fails, not at its retry minutes later', async () => {
+    const c = stack.client;
+    assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'outage.key' })).status, 201);
+    for (let i = 0; i < 3; i++) assert.equal((await c.post(`${E}/envelope/outage.key/dek`, { id: `outage-${i}` })).status, 201);
+    let id!: string;
+    let answer!: (error?: string) => void;
+    await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
+      await keyJobs.pause();
+      const started = await c.post(`${E}/envelope/outage.key/migrate`, { to_envelope_encryption_key_id: ARN });
+      assert.equal(started.status, 202, started.text);
+      id = started.body.id;
+      answer = kms.hold('Encrypt');
+      const calls = kms.calls.length;
+      await keyJobs.resume();
+      await waitFor(async () => kms.calls.length > calls, 'the batch to call KMS');
+    });
+    const requested = await c.post(`${E}/job/${id}/cancel`);
+    assert.deepEqual([requested.status, requested.body.status], [202, 'running'], requested.text);
+    // The key is disabled meanwhile: the batch fails, which would be retried (1 s, then up to minutes).
+    answer('KMSInvalidStateException');
+    const logs = () => stack.workers[0].logs.filter((l) => l.includes(id));
+    const ended = await waitFor(async () => logs().find((l) => l.includes('DEK migration finished')), 'the worker to end the job', 5000, 20);
+    assert.match(ended, /"status":"canceled"/);
+    assert.ok(!logs().some((l) => l.includes('will retry') || l.includes('DEK migration failed')), logs().join('\n'));
+    const job = (await c.get(`${E}/job/${id}`)).body;
+    assert.deepEqual([job.status, job.done, job.failed], ['canceled', 0, 0], JSON.stringify(job));
+    assert.equal((await testDb()('deks').where({ envelope_key_id: 'outage.key' })).length, 3, 'nothing moved');
+    // Its queue job ended too, and the source is free for another migration at once.
+    await waitFor(() => withQueue(stack.env, 'key-jobs', async (q) => (await q.getJobs(['delayed', 'waiting', 'active'])).every((j) => j?.data.job_id !== id)), 'the queue job to end');
+    assert.equal((await c.post(`${E}/envelope/outage.key/migrate`, { to_envelope_encryption_key_id: 'mixed.key' })).status, 202);
   });
 
   it('drops a cached DEK in the API process when another process invalidates it', async function () {

@@ -5,10 +5,18 @@ import { UnrecoverableError, type Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import { publicReason } from '../domain/errors.ts';
-import { failKeyJob } from '../domain/crypto/key-jobs.ts';
+import { applyRequestedCancel, failKeyJob } from '../domain/crypto/key-jobs.ts';
 
-export async function failOrRetryKeyJob(services: Services, job: Job<JobPayloads['key-jobs']>, err: unknown, permanent: boolean, what: string): Promise<never> {
+// A job canceled while its failing batch ran ends there, canceled, as after a batch that succeeded:
+// it is neither retried nor failed (resolves then).
+export async function failOrRetryKeyJob(services: Services, job: Job<JobPayloads['key-jobs']>, err: unknown, permanent: boolean, what: string): Promise<void> {
   const jobId = job.data.job_id;
+  // Postgres out of reach (maybe the error itself): retried or failed as before.
+  const now = await applyRequestedCancel(services, jobId).catch(() => undefined);
+  if (now?.status === 'canceled') {
+    services.log.info({ job_id: jobId, status: now.status, done: now.done, failed: now.failed, err: { message: err instanceof Error ? err.message : String(err) } }, `${what} finished`);
+    return;
+  }
   const message = publicReason(err);
   const detail = err instanceof Error ? err.message : String(err);
   if (permanent || job.attemptsMade + 1 >= (job.opts.attempts ?? 1)) {

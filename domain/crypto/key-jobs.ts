@@ -22,6 +22,13 @@ export async function failKeyJob(s: Pick<Services, 'db'>, jobId: string, message
   });
 }
 
+// A cancel recorded while a batch held the job (202) is applied by the job's next step. When that
+// batch failed instead, the next step is the retry, which the backoff puts off for up to minutes: it
+// is applied now (lockKeyJob does), and the job as it then is returned.
+export async function applyRequestedCancel(s: Pick<Services, 'db'>, jobId: string): Promise<KeyJobRow | undefined> {
+  return s.db.transaction((trx) => lockKeyJob(trx, jobId));
+}
+
 export type CancelOutcome = 'canceled' | 'requested' | 'already';
 
 const ended = (job: KeyJobRow) => new Conflict(`Job '${job.id}' already ended (${job.status}); only a queued or running job can be canceled`, { status: job.status });

@@ -8,15 +8,15 @@ import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 export interface KmsServer {
   url: string;
   calls: { op: string; keyId?: string }[];
-  /** Holds the answers to calls of `op` (recorded in `calls` as they arrive) until the function it returns is called. */
-  hold(op: string): () => void;
+  /** Holds the answers to calls of `op` (recorded in `calls` as they arrive) until the function it returns is called; given an error type, they are answered with that error. */
+  hold(op: string): (fail?: string) => void;
   close(): Promise<void>;
 }
 
 export async function startKmsServer(keyArns: string[]): Promise<KmsServer> {
   const keys = new Map(keyArns.map((arn) => [arn, randomBytes(32)]));
   const calls: { op: string; keyId?: string }[] = [];
-  const held = new Map<string, Promise<void>>();
+  const held = new Map<string, Promise<string | undefined>>();
 
   const seal = (arn: string, plain: Buffer) => {
     const nonce = randomBytes(12);
@@ -60,7 +60,7 @@ export async function startKmsServer(keyArns: string[]): Promise<KmsServer> {
       const op = target.slice('TrentService.'.length);
       calls.push({ op, keyId: body.KeyId });
       const hold = held.get(op);
-      if (hold) return void hold.then(() => answer(op, body, reply, fail));
+      if (hold) return void hold.then((error) => (error ? fail(error, `${op} failed`) : answer(op, body, reply, fail)));
       answer(op, body, reply, fail);
     });
   });
@@ -86,9 +86,9 @@ export async function startKmsServer(keyArns: string[]): Promise<KmsServer> {
     url: `http://127.0.0.1:${port}`,
     calls,
     hold(op) {
-      let release!: () => void;
-      held.set(op, new Promise<void>((resolve) => { release = resolve; }));
-      return () => { held.delete(op); release(); };
+      let release!: (error?: string) => void;
+      held.set(op, new Promise<string | undefined>((resolve) => { release = resolve; }));
+      return (error?: string) => { held.delete(op); release(error); };
     },
     close: () => new Promise<void>((resolve) => { server.closeAllConnections(); server.close(() => resolve()); }),
   };
