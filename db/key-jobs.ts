@@ -109,9 +109,11 @@ export async function lockMigrationStarts(db: Tx): Promise<void> {
   await db.raw(`select pg_advisory_xact_lock(hashtext('taskbridge:migrate-deks:start'))`);
 }
 
-// Ends a job (its row locked). A rotation that ends before its walk began (canceled, or failed as its
-// alias moved) leaves the DEK it made for itself referred to by nothing but the job's params: it is
-// deleted with the job's end, unless someone has pointed an alias at it since (deleteUnusedDek).
+// Ends a job (its row locked). A rotation that ends otherwise than completed (canceled, or failed as
+// its alias moved) may leave the DEK it made for itself referred to by nothing but the job's params:
+// ended before its walk began, or before a batch moved a value to it. It is deleted with the job's
+// end unless something refers to it (deleteUnusedDek): the values the walk moved, the alias once
+// repointed, or an alias someone pointed at it.
 export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<void> {
   await withdrawKeyJobCancel(db, id);
   const [ended] = await db('key_jobs').where({ id }).update({
@@ -120,7 +122,8 @@ export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'fa
     ...(error ? { errors: db.raw(`errors || ?::jsonb`, [JSON.stringify([error])]) } : {}),
   }).returning(['kind', 'params']) as Pick<KeyJobRow, 'kind' | 'params'>[];
   const { prepared_dek_id: prepared, new_dek_id: started } = (ended?.params ?? {}) as { prepared_dek_id?: string; new_dek_id?: string };
-  if (ended?.kind === ROTATE_ALIAS && prepared && !started) await deleteUnusedDek(db, prepared);
+  const made = started ?? prepared;
+  if (ended?.kind === ROTATE_ALIAS && status !== 'completed' && made) await deleteUnusedDek(db, made);
 }
 
 // Queued or running jobs created at least `olderThanMs` ago: candidates for recovery.

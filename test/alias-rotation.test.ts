@@ -306,6 +306,40 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     assert.equal(await deks(), before);
   });
 
+  it('a cancel that ends a rotation which moved nothing yet (202 while it starts its walk) deletes its new DEK, which nothing refers to', async () => {
+    const deks = async () => Number((await testDb()('deks').count({ n: '*' }))[0].n);
+    const before = await deks();
+    const oldDek = await aliasDek(ALIAS);
+    let id!: string;
+    await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
+      await keyJobs.pause();
+      const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
+      assert.equal(r.status, 202, r.text);
+      id = r.body.id;
+    });
+    // A write under way holds the alias shared: the rotation makes its DEK, then its start (which
+    // holds the job) waits for the write. The cancel then is recorded, and applied by the first batch.
+    const write = await testDb().transaction();
+    try {
+      await write('dek_aliases').where({ alias: ALIAS }).forShare().first();
+      await withQueue(stack.env, 'key-jobs', (keyJobs) => keyJobs.resume());
+      await waitFor(async () => (await testDb()('key_jobs').where({ id }).first()).params.prepared_dek_id, 'the rotation to make its DEK', 20000, 20);
+      await waitFor(async () => (await testDb().raw('select 1 from pg_locks where not granted')).rows.length > 0, 'the start to wait for the write', 20000, 20);
+      const canceled = await c.post(`${E}/job/${id}/cancel`);
+      assert.deepEqual([canceled.status, canceled.body.status], [202, 'queued'], canceled.text);
+    } finally {
+      await write.rollback();
+    }
+    const ended = await waitFor(async () => { const j = await job(id); return !['queued', 'running'].includes(j.status) && j; }, 'the rotation to end');
+    assert.deepEqual([ended.status, ended.done, ended.params.phase], ['canceled', 0, 'walk'], JSON.stringify(ended));
+    assert.ok(ended.params.new_dek_id, 'its walk had begun');
+    assert.equal(await aliasDek(ALIAS), oldDek);
+    assert.equal(await testDb()('deks').where({ id: ended.params.new_dek_id }).first(), undefined, 'the DEK made for it is deleted');
+    assert.equal(await deks(), before);
+    const all = await decryptedAll();
+    for (const [k, v] of expected) assert.equal(all.get(k), v, k);
+  });
+
   it('fails the job, pulling nothing back, when the alias is moved after its repoint (the sweep)', async () => {
     const envelope = (await c.get(`${E}/dek/alias/${ALIAS}`)).body.envelope_encryption_key_id.id;
     const elsewhere = (await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, {})).body.id;
