@@ -91,6 +91,50 @@ describe('job pipeline under faults', function () {
     });
   });
 
+  describe('Redis restarted with its data (append-only file) during an agent run longer than WORKER_LOCK_MS', () => {
+    let redis: LocalService | undefined;
+    let stack: Stack | undefined;
+    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'faults-redis-kept');
+    let port: number;
+
+    before(async () => {
+      port = await freePort();
+      redis = await startRedis({ dataDir, port });
+      stack = await startStack({ REDIS_URL: redis.url }, { workers: 1 });
+    });
+    after(async () => {
+      await stack?.stop();
+      await redis?.stop();
+    });
+
+    // The run's lock expired while Redis was away: its job is found stalled and taken again by the
+    // worker still running it. That copy's lock must be renewed, or it stalls again every
+    // WORKER_LOCK_MS until the task fails ("its worker stopped during it too often").
+    it('completes the task once: the job taken again by the same worker keeps its lock', async () => {
+      const s = stack!;
+      const id = (await s.client.post('/api/task/v1', { message: textMessage('[sleep 8000] through a restart') })).body.task.id;
+      await waitFor(async () => (await s.client.get(`/api/task/v1/${id}`)).body.task.status === 'working', 'the agent to be running');
+      await redis!.stop();
+      redis = undefined;
+      await sleep(4000);
+      redis = await startRedis({ dataDir, port });
+
+      const done = await waitFor(async () => {
+        const t = (await s.client.get(`/api/task/v1/${id}`)).body;
+        return ['completed', 'failed'].includes(t.task.status) && t;
+      }, 'the task to end', 60000, 200);
+      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'Echo: [sleep 8000] through a restart' }]);
+      const statuses = await statusesOf(s.client, id);
+      assert.deepEqual([statuses[0], statuses.at(-1)], ['submitted', 'completed']);
+      assert.ok(statuses.slice(1, -1).every((st: string) => st === 'working'), statuses.join(','));
+      const agentReplies = done.messages.filter((m: any) => m.role === 'agent' && m.parts[0].text.startsWith('Echo'));
+      assert.equal(agentReplies.length, 1);
+      // Taken again once, after the restart, not once per WORKER_LOCK_MS.
+      const stalls = s.workers[0].logs.filter((l) => l.includes('"msg":"job stalled'));
+      assert.equal(stalls.length, 1, stalls.join('\n'));
+    });
+  });
+
   describe('an outbox backlog left by a Redis outage', () => {
     // A long sweep period: each process sweeps once in the test, so what is sent was sent by those sweeps.
     const SWEEP_MS = 30_000;

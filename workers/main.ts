@@ -1,5 +1,5 @@
 // The `worker` process: BullMQ workers for every queue, with graceful shutdown.
-import { Worker, type Job } from 'bullmq';
+import { Worker, type Job, type Processor } from 'bullmq';
 import { exitOnConfigError, loadConfigOrExit } from '../domain/config.ts';
 import { timerMs } from '../domain/with-timeout.ts';
 import { createServices } from '../domain/services.ts';
@@ -23,6 +23,7 @@ import { WorkerMetrics } from '../queues/worker-metrics.ts';
 import { queueConcurrency, type JobPayloads } from '../queues/names.ts';
 import { stalledTooOften } from '../queues/stalled.ts';
 import { onStop } from '../domain/stop-signals.ts';
+import { renewingRetakenLocks } from './renew-retaken-lock.ts';
 
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'worker');
@@ -50,9 +51,11 @@ const agent = await resolveAgent(services).catch((err: unknown) => {
 const connection = createRedis(cfg.REDIS_URL, 'worker');
 connection.on('error', (err) => log.debug({ err: { message: err.message } }, 'redis connection error'));
 const concurrency = queueConcurrency(cfg);
+// Each processor is wrapped so that a job taken again after it stalled keeps its lock (renew-retaken-lock.ts).
+const locked = <D, R>(processor: Processor<D, R>) => renewingRetakenLocks(processor, cfg.WORKER_LOCK_MS);
 const common = { connection, prefix: cfg.QUEUE_PREFIX, lockDuration: cfg.WORKER_LOCK_MS, stalledInterval: cfg.WORKER_STALLED_CHECK_MS, maxStalledCount: 5 };
 
-const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', createAgentTaskProcessor(services, agent.handler, cancels), {
+const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', locked(createAgentTaskProcessor(services, agent.handler, cancels)), {
   ...common,
   concurrency: concurrency['agent-tasks'],
   // Never reached: BullMQ honours a queue's manual rate limit (the pause of runs during a Postgres
@@ -68,20 +71,20 @@ agentWorker.on('failed', (job: Job<JobPayloads['agent-tasks']> | undefined, err)
 
 // Fired when a shutdown's grace period is over: key jobs go back to the queue after their batch.
 const keyJobsHandBack = new AbortController();
-const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', createKeyJobsProcessor(services, keyJobsHandBack.signal), {
+const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', locked(createKeyJobsProcessor(services, keyJobsHandBack.signal)), {
   ...common,
   concurrency: concurrency['key-jobs'],
 });
 keyJobsWorker.on('failed', onKeyJobFailed(services));
 const stopHousekeeping = startHousekeeping(services, agent.housekeeping);
 
-const pushWorker = new Worker<JobPayloads['push-notifications']>('push-notifications', createPushDeliveryProcessor(services), {
+const pushWorker = new Worker<JobPayloads['push-notifications']>('push-notifications', locked(createPushDeliveryProcessor(services)), {
   ...common,
   concurrency: concurrency['push-notifications'],
 });
 const pushListener = await listenForPushDeliveries(services);
 
-const refreshWorker = new Worker<JobPayloads['credential-refresh']>('credential-refresh', createRefreshCredentialProcessor(services), {
+const refreshWorker = new Worker<JobPayloads['credential-refresh']>('credential-refresh', locked(createRefreshCredentialProcessor(services)), {
   ...common,
   concurrency: concurrency['credential-refresh'],
 });
