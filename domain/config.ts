@@ -220,6 +220,10 @@ function serviceUrlProblems(raw: Record<string, unknown>): ConfigProblem[] {
     let url: URL | undefined;
     try {
       url = new URL(raw.REDIS_URL);
+      // ioredis decodes the user info with decodeURIComponent, which throws on a % that is not
+      // percent-encoding (a password's literal %), where WHATWG URL parsing takes it.
+      decodeURIComponent(url.username);
+      decodeURIComponent(url.password);
     } catch {
       problems.push(invalid('REDIS_URL'));
     }

@@ -126,6 +126,15 @@ describe('process start-up', function () {
     const port = await run('api/main.ts', testEnv({ REDIS_URL: 'redis://127.0.0.1:badport' }));
     assert.equal(port.code, 2, port.output);
     assert.match(port.output, /^ {2}REDIS_URL: is not a valid URL/m);
+    // A password with a % not percent-encoded: WHATWG URL parsing takes it, the Redis client's
+    // decoding throws (it ended the process with a stack trace, exit 1).
+    for (const url of ['redis://:pw%zz-redis@127.0.0.1:6379', 'redis://us%zz-er:pw@127.0.0.1:6379']) {
+      const percent = await run('api/main.ts', testEnv({ REDIS_URL: url }));
+      assert.equal(percent.code, 2, percent.output);
+      assert.match(percent.output, /^ {2}REDIS_URL: is not a valid URL \(check the port, and that special characters in the password are percent-encoded\)$/m);
+      assert.doesNotMatch(percent.output, /%zz/);
+      noStack(percent);
+    }
     // A socket form with credentials, which pg reads though WHATWG URL parsing does not: taken (it
     // then fails only to connect, within STARTUP_TIMEOUT_MS).
     const socket = await run('db/migrate.ts', testEnv({ DATABASE_URL: 'postgres://app:pw-socket@/taskbridge?host=/nonexistent/socket-dir', REDIS_URL: undefined }));
