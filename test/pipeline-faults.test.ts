@@ -79,6 +79,12 @@ describe('job pipeline under faults', function () {
       // The jobs wait in the outbox, written when adding them to Redis failed.
       await waitFor(async () => Number((await testDb()('outbox').whereRaw(`payload->>'task_id' = any(?)`, [ids]).count({ n: '*' }))[0].n) === 5, 'the jobs in the outbox');
       for (const id of ids) assert.equal((await s.client.get(`/api/task/v1/${id}`)).body.task.status, 'submitted');
+      // Meanwhile the worker's queues fail several Redis commands a second: a warn line a queue, not one each.
+      const errorLines = () => s.workers[0].logs.filter((l) => l.includes('"msg":"worker error"'));
+      const before = errorLines().length;
+      await sleep(3000);
+      const during = errorLines().slice(before).map((l) => JSON.parse(l));
+      assert.ok(during.length <= 4 && during.every((l) => l.level === 40), `warn lines of worker errors in 3 s of outage: ${during.length}`);
 
       redis = await startRedis({ dataDir, ephemeral: true, port });
       for (const [i, id] of ids.entries()) {
