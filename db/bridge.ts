@@ -97,7 +97,6 @@ export type ListedCredentialRow = CredentialRow & CredentialUse;
 const credentialUseSql = (c: string) => `select array(select p.id from provider_instances p where ${usesCredential('p', c)} order by p.id limit ${CREDENTIAL_USERS_SHOWN}) as provider_instance_ids,
   (select count(*)::int from provider_instances p where ${usesCredential('p', c)}) as provider_instance_count`;
 
-// Newest first, each with its use; `unused`: only those no instance uses (true) or only those in use (false).
 // Credentials with the instances that use them, as the credential list and look-up show them.
 const listedCredentials = (db: Tx) => db('bridge_credentials').joinRaw(`cross join lateral (${credentialUseSql('bridge_credentials.id')}) u`)
   .select('bridge_credentials.*', 'u.provider_instance_ids', 'u.provider_instance_count');
@@ -106,6 +105,7 @@ export async function getListedCredential(db: Tx, id: string): Promise<ListedCre
   return listedCredentials(db).where('bridge_credentials.id', id).first();
 }
 
+// Newest first, each with its use; `unused`: only those no instance uses (true) or only those in use (false).
 export async function listCredentials(
   db: Tx, filter: { unused?: boolean; provider_controller_type_id?: string }, pageSize: number, token?: string,
 ): Promise<Page<ListedCredentialRow>> {

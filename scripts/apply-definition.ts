@@ -315,7 +315,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
         // hand): compared as GET /credential/{id} shows it. One that differs, or could not be read, is left, and no instance
         // is made on it.
         unlike.add(c.id);
-        const listed: ListedCredential | undefined = lookup(await call('GET', `/api/bridge/v1/credential/${c.id}`))?.body;
+        const listed: ListedCredential | undefined = lookup(await call('GET', `/api/bridge/v1/credential/${enc(c.id)}`))?.body;
         const why = !listed ? 'it was deleted meanwhile'
           : listed.kind !== kind ? `it is a ${listed.kind.replace('_', ' ')} credential`
             : listed.provider_controller_type_id !== p.provider_controller_type_id ? `it is a credential of provider controller '${listed.provider_controller_type_id}'`

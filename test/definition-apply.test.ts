@@ -257,6 +257,19 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
     assert.match(again.stdout, /credentials: 0 created, 3 already there, 0 conflicts, 0 failed/);
     assert.match(again.stdout, /providers: 1 created, 1 already there/);
     assert.equal((await b.client.get(`${B}/provider/pay`)).body.resource_server_credential.id, card.id);
+
+    // Its id taken by a credential of another provider controller: a conflict saying so (before, the
+    // list walked by the file's provider missed it: 'there but not listed').
+    await ok(b.client.delete(`${B}/provider/pay`), 200);
+    const mailClient = source.providers.find((p: any) => p.id === 'mail').resource_server_credential;
+    await ok(b.client.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server/import`, { ...mailClient, id: card.id }));
+    const other = await apply();
+    assert.equal(other.code, 1, other.stdout + other.stderr);
+    assert.match(other.stderr, new RegExp(`conflict: resource server credential ${card.id} of provider pay: it is a credential of provider controller 'google_mail'; left as it is`));
+    assert.equal((await b.client.get(`${B}/provider/pay`)).status, 404);
+    await ok(b.client.delete(`${B}/credential/${card.id}`), 200);
+    await ok(b.client.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, card));
+    assert.equal((await apply()).code, 0);
   });
 
   it('refuses a file that is not JSON, not an export, or not there, a run without TASKBRIDGE_API_KEY and a bad command line (exit 2), and a key the API refuses (exit 1)', async () => {

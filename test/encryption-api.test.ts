@@ -382,7 +382,10 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal((await testDb()('deks').where({ envelope_key_id: 'outage.key' })).length, 3, 'nothing moved');
     // Its queue job ended too, and the source is free for another migration at once.
     await waitFor(() => withQueue(stack.env, 'key-jobs', async (q) => (await q.getJobs(['delayed', 'waiting', 'active'])).every((j) => j?.data.job_id !== id)), 'the queue job to end');
-    assert.equal((await c.post(`${E}/envelope/outage.key/migrate`, { to_envelope_encryption_key_id: 'mixed.key' })).status, 202);
+    const next = await c.post(`${E}/envelope/outage.key/migrate`, { to_envelope_encryption_key_id: 'mixed.key' });
+    assert.equal(next.status, 202, next.text);
+    // Ended here: its end drops every cached DEK, which the next test must not meet.
+    await waitFor(async () => (await c.get(`${E}/job/${next.body.id}`)).body.status === 'completed', 'the next migration to complete');
   });
 
   it('drops a cached DEK in the API process when another process invalidates it', async function () {

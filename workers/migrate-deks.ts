@@ -32,6 +32,8 @@ export function createMigrateDeksProcessor(services: Services, handBack: AbortSi
       if (err instanceof WaitingError) throw err;
       // A missing envelope key or an unusable key file does not heal by retrying.
       await failOrRetryKeyJob(services, job, err, err instanceof AppError && (err.status === 404 || err.status === 500), 'DEK migration');
+      // Returned: canceled as that batch failed. The DEKs earlier batches moved are read anew, as after the last batch.
+      await invalidateKeyring(services.bus, { all: true });
     }
   };
 }

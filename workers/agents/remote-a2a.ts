@@ -427,10 +427,10 @@ class Mirror {
     }
     const stored = artifactsFromTimeline(await listArtifactItems(this.db, this.ctx.task.id));
     for (const a of task.artifacts ?? []) {
-      const local = stored.find((s) => s.artifactId === a.artifactId);
+      const held = stored.find((s) => s.artifactId === a.artifactId);
       // Parts only: the other fields of an artifact sent in chunks are merged differently here. One
       // the remote grew since the local copy is that copy, to be extended.
-      if (local) this.artifacts.set(a.artifactId, artifactMembers(sameAsStored(local.parts, a.parts) ? a : local));
+      if (held) this.artifacts.set(a.artifactId, artifactMembers(sameAsStored(held.parts, a.parts) ? a : held));
     }
   }
 
@@ -490,7 +490,7 @@ class Mirror {
   private async artifactUpdate(a: Artifact, { append, lastChunk }: { append?: boolean; lastChunk?: boolean }): Promise<void> {
     const known = this.artifacts.get(a.artifactId);
     const own = artifactMembers(a);
-    if (!append && !lastChunk && known && sameAsStored(known, own)) return;
+    if (!append && known && sameAsStored(known, own)) return;
     this.artifacts.set(a.artifactId, append && known ? { ...known, parts: [...known.parts, ...own.parts] } : own);
     this.answering = undefined;
     await this.ctx.emitArtifact({ ...own, ...(append ? { append } : {}), ...(lastChunk ? { lastChunk } : {}) });
