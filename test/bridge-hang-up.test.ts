@@ -3,9 +3,12 @@
 // here, beyond this test's timeout), through the invoke endpoint and through MCP tools/call.
 import assert from 'node:assert/strict';
 import http from 'node:http';
+import { getEventListeners } from 'node:events';
+import type { AddressInfo } from 'node:net';
 import { generateKeyPairSync, randomUUID } from 'node:crypto';
 import { ADMIN_KEY, resetDb, startStack, type Stack } from './helpers/stack.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
+import { callUpstream } from '../domain/bridge/upstream.ts';
 
 const B = '/api/bridge/v1';
 const STRIPE_KEY = `sk_test_${randomUUID().replace(/-/g, '')}`;
@@ -78,5 +81,29 @@ describe('bridge calls of clients that hang up', () => {
     req.destroy();
     await hold.closed;
     await assertStillServes();
+  });
+});
+
+describe('bridge calls made for a long-lived caller (an agent run)', () => {
+  it("leave nothing on the caller's signal once they are over", async () => {
+    const server = http.createServer((req, res) => {
+      req.resume();
+      req.on('end', () => res.end('{"ok":true}'));
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const run = new AbortController();
+    try {
+      const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/charge`;
+      for (let i = 0; i < 200; i++) await callUpstream('provider', url, { method: 'POST', body: '{}', signal: run.signal }, 5000);
+      // AbortSignal.any left one entry per call in Node 20's own set of the signals following the
+      // caller's (nodejs/node#55351), kept as long as the caller lives: a run calling for hours grew
+      // without end. Looked up by its name, that set must be empty now (absent: nothing follows).
+      const dependants = Object.getOwnPropertySymbols(run.signal).find((s) => s.description === 'kDependantSignals');
+      const left = dependants ? ((run.signal as unknown as Record<symbol, Set<unknown> | undefined>)[dependants]?.size ?? 0) : 0;
+      assert.equal(left, 0, `${left} calls still linked to the caller's signal`);
+      assert.equal(getEventListeners(run.signal, 'abort').length, 0, 'a listener left on the caller\'s signal');
+    } finally {
+      server.close();
+    }
   });
 });

@@ -6,6 +6,7 @@ import { NoAnswer, Upstream } from '../errors.ts';
 import { findUnstorable } from '../storable-json.ts';
 import { guardedLookup } from '../webhook-url.ts';
 import { secretMasker } from '../secret-mask.ts';
+import { callSignal } from '../call-signal.ts';
 
 // For URLs a client chose (a service account's token_uri): checked when stored and before each call,
 // and refused once more at connect time, when the name is looked up again and may now name an internal
@@ -70,26 +71,26 @@ async function readBody(res: Response, what: string): Promise<string> {
 // `init.signal` (the caller's: an agent run's, or an HTTP client's that hung up) abandons the call too, answer unread. `publicOnly`:
 // connect to public addresses only (see publicOnlyAgent).
 export async function callUpstream(what: string, url: string, init: RequestInit, timeoutMs: number, opts: { publicOnly?: boolean } = {}): Promise<UpstreamAnswer> {
-  // An explicit timer: on Node 20 an AbortSignal.timeout held only by AbortSignal.any can be
-  // garbage-collected and never fire (nodejs/node#57736).
-  const timeout = new AbortController();
-  const timer = setTimeout(() => timeout.abort(), timeoutMs);
+  // An explicit timer: on Node 20 an AbortSignal.timeout can be garbage-collected and never fire
+  // (nodejs/node#57736).
+  const call = callSignal(init.signal ?? undefined);
+  const timer = setTimeout(() => call.abort(), timeoutMs);
   const abandoned = () => new Upstream(`${what}: call abandoned by its caller`, { upstream: what });
   let text: string;
   let res: Response;
   try {
     try {
-      const request = { ...init, redirect: 'manual' as const, signal: init.signal ? AbortSignal.any([timeout.signal, init.signal]) : timeout.signal };
-      res = await (opts.publicOnly ? fetchPublicOnly : fetch)(url, request);
+      res = await (opts.publicOnly ? fetchPublicOnly : fetch)(url, { ...init, redirect: 'manual', signal: call.signal });
     } catch (err) {
       if (init.signal?.aborted) throw abandoned();
       const refused = (err as { cause?: { code?: string; message?: string } }).cause;
       if (refused?.code === 'EPRIVATE') throw new Upstream(`${what}: ${refused.message}`, { upstream: what });
-      throw new NoAnswer(`${what}: ${timeout.signal.aborted ? `no answer within ${timeoutMs} ms` : 'unreachable'}`, { upstream: what });
+      throw new NoAnswer(`${what}: ${call.signal.aborted ? `no answer within ${timeoutMs} ms` : 'unreachable'}`, { upstream: what });
     }
     text = await readBody(res, what).catch((err: unknown) => { throw init.signal?.aborted ? abandoned() : err; });
   } finally {
     clearTimeout(timer);
+    call.release();
   }
   let body: unknown = text;
   try { body = text ? JSON.parse(text) : undefined; } catch { /* not JSON: keep the text */ }

@@ -27,6 +27,7 @@ import { refusedByRuntime } from '../../domain/errors.ts';
 import { assertOutboundUrl } from '../../domain/webhook-url.ts';
 import { maskUrlCredentials } from '../../domain/config.ts';
 import { secretMasker } from '../../domain/secret-mask.ts';
+import { callSignal } from '../../domain/call-signal.ts';
 import { fetchPublicOnly } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
@@ -77,29 +78,42 @@ function methodOf(init: RequestInit | undefined): unknown {
 // stream) is not timed: a remote may answer it only once its task ends, blocking: false being a
 // hint, and a retry would send the message again; the run's cancel still ends it.
 async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init: RequestInit | undefined, timeoutMs: number): Promise<Response> {
-  const timeout = new AbortController();
+  // Linked to the run's signal until the answer is read whole (or the stream ends): each poll of a
+  // remote task is a call, and a run may poll for hours (domain/call-signal.ts).
+  const linked = callSignal(init?.signal ?? undefined);
   const late = new Error(`the remote agent did not answer within ${timeoutMs} ms`);
-  // An explicit timer: on Node 20 an AbortSignal.timeout held only by AbortSignal.any can be garbage-collected unfired.
-  const timer = methodOf(init) === 'message/send' ? undefined : setTimeout(() => timeout.abort(late), timeoutMs);
+  let timedOut = false;
+  // An explicit timer: on Node 20 an AbortSignal.timeout can be garbage-collected unfired.
+  const timer = methodOf(init) === 'message/send' ? undefined : setTimeout(() => { timedOut = true; linked.abort(late); }, timeoutMs);
+  const over = () => {
+    clearTimeout(timer);
+    linked.release();
+  };
   let res: Response;
   try {
-    res = await call({ ...init, signal: init?.signal ? AbortSignal.any([timeout.signal, init.signal]) : timeout.signal });
+    res = await call({ ...init, signal: linked.signal });
   } catch (err) {
-    clearTimeout(timer);
-    throw timeout.signal.aborted ? late : err;
+    over();
+    throw timedOut ? late : err;
   }
   const stream = /^text\/event-stream/i.test(res.headers.get('content-type') ?? '');
-  if (stream || !res.body) clearTimeout(timer);
-  if (!res.body) return res;
+  if (stream) clearTimeout(timer);
+  if (!res.body) {
+    over();
+    return res;
+  }
   let size = 0;
   const counted = res.body.pipeThrough(new TransformStream<Uint8Array, Uint8Array>({
     transform(chunk, out) {
       const newline = stream ? chunk.lastIndexOf(10) : -1;
       size = newline >= 0 ? chunk.length - newline - 1 : size + chunk.length;
-      if (size > MAX_ANSWER_BYTES) throw new Error(`the remote agent answered ${stream ? 'a stream line' : 'a body'} longer than ${MAX_ANSWER_BYTES} bytes`);
+      if (size > MAX_ANSWER_BYTES) {
+        over();
+        throw new Error(`the remote agent answered ${stream ? 'a stream line' : 'a body'} longer than ${MAX_ANSWER_BYTES} bytes`);
+      }
       out.enqueue(chunk);
     },
-    flush() { clearTimeout(timer); },
+    flush: over,
   }));
   return new Response(counted, { status: res.status, statusText: res.statusText, headers: res.headers });
 }
