@@ -34,13 +34,15 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
     const responses: Json = {};
     // What the shared layers answer on any route they run for (api/route.ts, api/middleware/), listed
     // whether or not the route names them: authentication, scope and rate limit; bad path or query
-    // parameters; a body too large, not JSON or invalid. A route that needs a key reads it from
-    // Postgres: 503 while Postgres or Redis is unreachable, and 500 for a fault of ours, as on any route
-    // that does real work.
+    // parameters; a body too large, not JSON or invalid. mount reads a body on every route but those
+    // that read their own (ownBody), and refuses one where the route takes none (400 with members, 415
+    // not JSON, 413 over the limit), so those three are listed on GETs and DELETEs too. A route that
+    // needs a key reads it from Postgres: 503 while Postgres or Redis is unreachable, and 500 for a
+    // fault of ours, as on any route that does real work.
     const implied = {
       ...(spec.scope ? { 401: ErrorBody, 403: ErrorBody, 429: ErrorBody, 500: ErrorBody, 503: ErrorBody } : {}),
-      ...(spec.params || spec.query || spec.body ? { 400: ErrorBody } : {}),
-      ...(spec.body ? { 413: ErrorBody, 415: ErrorBody } : {}),
+      ...(spec.params || spec.query || !spec.ownBody ? { 400: ErrorBody } : {}),
+      ...(spec.ownBody ? {} : { 413: ErrorBody, 415: ErrorBody }),
     };
     for (const [status, schema] of Object.entries({ ...implied, ...spec.responses })) {
       const success = status.startsWith('2');

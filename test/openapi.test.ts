@@ -2,11 +2,12 @@
 // the ones responses actually follow.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
+import http from 'node:http';
 import { Validator } from '@seriousme/openapi-schema-validator';
 import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
 import { allRoutes } from '../api/app.ts';
-import { textMessage, useStack, type Response } from './helpers/stack.ts';
+import { ADMIN_KEY, textMessage, useStack, type Response } from './helpers/stack.ts';
 
 describe('OpenAPI document', () => {
   const stack = useStack({}, { workers: 0 });
@@ -49,9 +50,10 @@ describe('OpenAPI document', () => {
     assert.deepEqual(statuses('/_internal/v1/trigger_codegen', 'post'), ['200', '400', '401', '403', '413', '415', '429', '500', '503']);
     assert.deepEqual(statuses('/api/bridge/v1/available-providers/{provider_controller_type_id}/available-credentials/{credential_controller_type_id}/credential/resource-server', 'post'),
       ['201', '400', '401', '403', '404', '413', '415', '429', '500', '502', '503']);
-    assert.deepEqual(statuses('/_internal/v1/health', 'get'), ['200']);
+    // A GET refuses a body too (400, 413, 415: its own test below).
+    assert.deepEqual(statuses('/_internal/v1/health', 'get'), ['200', '400', '413', '415']);
     // The seed's list-contexts answers: 500 among its errors; no 404, which a list never answers.
-    assert.deepEqual(statuses('/api/task/v1/context', 'get'), ['200', '400', '401', '403', '429', '500', '503']);
+    assert.deepEqual(statuses('/api/task/v1/context', 'get'), ['200', '400', '401', '403', '413', '415', '429', '500', '503']);
     for (const list of ['/api/task/v1', '/api/task/v1/context/{context_id}/task', '/api/secret/v1', '/api/encryption/v1/envelope']) {
       assert.ok(!statuses(list, 'get').includes('404'), list);
     }
@@ -68,7 +70,7 @@ describe('OpenAPI document', () => {
     assert.deepEqual([params.page_size.required, params.page_size.schema.type, params.page_size.schema.format], [true, 'integer', 'int64']);
     assert.deepEqual([params.next_page_token.required, params.next_page_token.schema.type], [false, 'string']);
     assert.equal(doc.paths['/api/secret/v1'].get.parameters.find((p: any) => p.name === 'page_size').schema.format, 'int64');
-    assert.deepEqual(statuses('/api/bridge/v1/generic-oauth-callback', 'get'), ['200', '303', '400', '404', '405', '410', '500', '502', '503']);
+    assert.deepEqual(statuses('/api/bridge/v1/generic-oauth-callback', 'get'), ['200', '303', '400', '404', '405', '410', '413', '415', '500', '502', '503']);
     // 409s that only races give are listed too: a task naming the context that retention is deleting
     // (README, Operating), a secret moving between aliases while written, a rotation's job id taken.
     assert.ok(statuses('/api/task/v1', 'post').includes('409'));
@@ -130,6 +132,127 @@ describe('OpenAPI document', () => {
     check(await c.post('/api/auth/v1/api-key', { name: 'doc', scopes: ['task:read'] }), '/api/auth/v1/api-key', 'post');
     check(await c.get('/api/auth/v1/api-key'), '/api/auth/v1/api-key', 'get');
     check(await c.get('/_internal/v1/ready'), '/_internal/v1/ready', 'get');
+  });
+
+  // A response against the operation its method and path name: its status listed, its content type
+  // one listed for that status, its JSON body valid against that type's schema.
+  const checker = () => {
+    const { ajv, compile } = validators();
+    const templates = Object.keys(doc.paths).map((p) => ({ p, re: new RegExp(`^${p.replace(/\./g, '\\.').replace(/\{[^}]+\}/g, '[^/]+')}$`) }))
+      .sort((a, b) => Number(a.p.includes('{')) - Number(b.p.includes('{'))); // a fixed path before its parameterized sibling
+    const seen = new Set<string>();
+    const check = (r: Response, method: string, url: string) => {
+      const path = new URL(url, 'http://x').pathname;
+      const template = templates.find((t) => t.re.test(path))?.p;
+      const op = template && doc.paths[template][method];
+      assert.ok(op, `${method} ${path} is not documented`);
+      const answer = op.responses[String(r.status)];
+      assert.ok(answer, `${op.operationId} does not document status ${r.status}: ${r.text.slice(0, 300)}`);
+      seen.add(`${op.operationId} ${r.status}`);
+      const type = r.headers.get('content-type')?.split(';')[0] ?? '';
+      if (!answer.content) return assert.equal(r.text, '', `${op.operationId} ${r.status}`);
+      assert.ok(answer.content[type], `${op.operationId} ${r.status}: content type '${type}' is not among ${Object.keys(answer.content)}`);
+      if (type !== 'application/json') return;
+      const validate = compile(answer.content[type].schema);
+      assert.ok(validate(r.body), `${op.operationId} ${r.status}: ${ajv.errorsText(validate.errors)}\n${r.text.slice(0, 1000)}`);
+    };
+    const call = async (method: string, url: string, body?: unknown, init?: Parameters<typeof stack.client.request>[3], client = stack.client) => {
+      const r = await client.request(method.toUpperCase(), url, body, init);
+      check(r, method, url);
+      return r;
+    };
+    return { check, call, seen };
+  };
+
+  it('a body where the operation takes none: the 400, 413 and 415 it answers are documented on every operation that reads one', async () => {
+    // mount (api/route.ts) reads the body of every route but those that read their own.
+    for (const { spec } of allRoutes) {
+      const statuses = Object.keys(doc.paths[spec.path.replace(/:([A-Za-z0-9_]+)/g, '{$1}')][spec.method].responses);
+      if (!spec.ownBody) for (const s of ['400', '413', '415']) assert.ok(statuses.includes(s), `${spec.operationId} does not list ${s}`);
+    }
+    const { check, call } = checker();
+    const secret = await call('post', '/api/secret/v1', { key: `doc-${randomUUID()}`, raw_value: 'v' });
+    assert.equal(secret.status, 201, secret.text);
+    // fetch sends no body with a GET: node:http does.
+    const send = (method: string, url: string, type: string, body: string) => new Promise<Response>((resolve, reject) => {
+      const req = http.request(new URL(url, stack.api.url), { method: method.toUpperCase(), headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': type, 'content-length': Buffer.byteLength(body) } }, (res) => {
+        let text = '';
+        res.setEncoding('utf8').on('data', (c) => (text += c)).on('end', () => {
+          const headers = new Headers(Object.entries(res.headers).map(([k, v]) => [k, String(v)]));
+          resolve({ status: res.statusCode!, headers, text, body: text ? JSON.parse(text) : undefined });
+        });
+      });
+      req.on('error', reject).end(body);
+    });
+    const big = JSON.stringify({ pad: 'x'.repeat(Number(stack.env.BODY_LIMIT_BYTES ?? 1 << 20)) });
+    for (const [method, url] of [['get', '/_internal/v1/health'], ['get', '/api/openapi.json'], ['get', '/api/task/v1/context?page_size=1'],
+      ['delete', `/api/secret/v1/${secret.body.id}`], ['delete', '/api/encryption/v1/envelope/none.key'], ['get', '/.well-known/agent-card.json']]) {
+      for (const [type, body, status] of [['text/plain', 'not json', 415], ['application/json', '{"x":1}', 400], ['application/json', big, 413]] as const) {
+        const r = await send(method, url, type, body);
+        assert.equal(r.status, status, `${method} ${url}: ${r.text}`);
+        check(r, method, url);
+      }
+    }
+  });
+
+  it('secret and encryption responses, and their errors, follow the documented schemas', async () => {
+    const { call, seen } = checker();
+    const E = '/api/encryption/v1';
+    const [file, target] = [`doc-${randomUUID()}.key`, `doc-${randomUUID()}.key`];
+    await call('post', `${E}/envelope`, { type: 'local', file_name: file });
+    await call('post', `${E}/envelope`, { type: 'local', file_name: target });
+    await call('post', `${E}/envelope`, { type: 'local', file_name: file }); // 409
+    await call('get', `${E}/envelope`);
+    await call('get', `${E}/envelope/${file}`);
+    await call('get', `${E}/envelope/missing.key`);
+    const dek = (await call('post', `${E}/envelope/${file}/dek`, {})).body;
+    await call('post', `${E}/envelope/${file}/dek`, { id: dek.id }); // 409
+    await call('get', `${E}/envelope/${file}/dek`);
+    const alias = `doc-${randomUUID()}`;
+    await call('post', `${E}/dek/alias`, { dek_id: dek.id, alias });
+    await call('get', `${E}/dek/alias/${alias}`);
+    const other = (await call('post', `${E}/envelope/${file}/dek`, {})).body;
+    await call('put', `${E}/dek/alias/${alias}`, { new_dek_id: other.id });
+    await call('post', `${E}/envelope/${file}/dek/${dek.id}/migrate`, { to_envelope_encryption_key_id: file }); // 400: same envelope
+    await call('post', `${E}/envelope/${file}/dek/${dek.id}/migrate`, { to_envelope_encryption_key_id: target });
+    const job = await call('post', `${E}/envelope/${file}/migrate`, { to_envelope_encryption_key_id: target });
+    await call('get', `${E}/job/${job.body.id}`);
+    await call('post', `${E}/job/${job.body.id}/cancel`);
+    await call('get', `${E}/job/${randomUUID()}`);
+
+    const S = '/api/secret/v1';
+    const key = `doc/${randomUUID()}`;
+    const secret = (await call('post', S, { key, raw_value: 'value', dek_alias: alias })).body;
+    await call('post', S, { key, raw_value: 'value' }); // 409
+    await call('post', S, { key: `${key}-x`, raw_value: 'value', dek_alias: 'no-such-alias' }); // 404
+    await call('post', `${S}/import`, { key: `${key}-imported`, encrypted_value: secret.encrypted_secret, dek_alias: alias });
+    await call('get', `${S}?page_size=1`);
+    await call('get', `${S}/list-decrypted?page_size=1`);
+    await call('get', `${S}/key/${encodeURIComponent(key)}`);
+    await call('get', `${S}/${secret.id}`);
+    await call('put', `${S}/${secret.id}`, { raw_value: 'other' });
+    await call('put', `${S}/${secret.id}`, { raw_value: 'other', extra: 1 }); // 400
+    await call('delete', `${E}/dek/alias/${alias}`); // 409: secrets use it
+    await call('get', `${S}/not-a-uuid`);
+    await call('delete', `${S}/${secret.id}`);
+    await call('delete', `${S}/${secret.id}`); // 404
+    await call('get', S, undefined, undefined, stack.client.as('')); // 401
+    const reader = (await call('post', '/api/auth/v1/api-key', { name: 'doc-reader', scopes: ['task:read'] })).body;
+    await call('get', S, undefined, undefined, stack.client.as(reader.key)); // 403
+    await call('delete', `/api/auth/v1/api-key/${reader.id}`);
+    await call('get', '/_internal/v1/runtime_config');
+    await call('get', '/_internal/v1/queues');
+    await call('get', '/api/a2a/v1/definition');
+    await call('get', '/api/a2a/v1/agent/authenticatedExtendedCard');
+    await call('get', '/api/bridge/v1/available-providers');
+    await call('get', '/api/bridge/v1/provider');
+    await call('get', '/api/bridge/v1/provider/grouped-by-function');
+    await call('get', '/api/bridge/v1/function-instances');
+    await call('get', '/api/bridge/v1/credential');
+    for (const expected of ['create-envelope-key 409', 'get-envelope-key 404', 'create-dek 409', 'migrate-dek 400', 'migrate-dek 200', 'migrate-all-deks 202',
+      'create-secret 404', 'update-secret 400', 'delete-dek-alias 409', 'delete-secret 404', 'list-secrets 401', 'list-secrets 403']) {
+      assert.ok(seen.has(expected), `not exercised: ${expected} (${[...seen].join(', ')})`);
+    }
   });
 
   it('describes the JSON-RPC endpoints: the request bodies they read, and A2A answering JSON or an event stream', async () => {
