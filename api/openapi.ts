@@ -49,7 +49,12 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
       const types = success ? { [spec.responseType ?? 'application/json']: schema, ...spec.moreResponseTypes } : { 'application/json': schema };
       responses[status] = schema
         ? { description: spec.responseDescriptions?.[Number(status)] ?? (success ? 'Success' : 'Error'), content: Object.fromEntries(Object.entries(types).map(([type, s]) => [type, { schema: collect(s, components) }])) }
-        : { description: 'No content' };
+        // A redirect (Koa's ctx.redirect): Location says where to; Koa writes a short note as the body,
+        // HTML to a client that accepts it (browsers, fetch's */*), else plain text.
+        : status.startsWith('3')
+          ? { description: spec.responseDescriptions?.[Number(status)] ?? 'Redirect to Location', headers: { Location: { required: true, schema: { type: 'string', format: 'uri' } } },
+            content: { 'text/html': { schema: { type: 'string' } }, 'text/plain': { schema: { type: 'string' } } } }
+          : { description: 'No content' };
     }
     // A body the handler reads itself is always needed (its protocol's errors answer one left out).
     const body = spec.body ?? spec.ownBody;

@@ -136,6 +136,12 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     const r = await callback(await consent((await broker('mail-c')).action.Redirect.url));
     assert.equal(r.status, 303);
     assert.equal(r.headers.get('location'), 'https://app.example.com/connected?x=1');
+    // As documented: the Location header, and a body of a type listed (Koa's note, not no content).
+    const documented = (await c.get('/api/openapi.json')).body.paths[`${B}/generic-oauth-callback`].get.responses['303'];
+    assert.equal(documented.headers?.Location?.required, true);
+    const body = await r.text();
+    assert.ok(body.length > 0);
+    assert.ok(Object.keys(documented.content ?? {}).includes(r.headers.get('content-type')?.split(';')[0] ?? ''), `${r.headers.get('content-type')}: ${body}`);
     assert.equal((await c.get(`${B}/provider/mail-c`)).body.status, 'active');
   });
 
