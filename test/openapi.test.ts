@@ -304,6 +304,8 @@ describe('OpenAPI document', () => {
     assert.deepEqual(events.map((e) => e.result?.kind), ['task', 'status-update'], streamed.text);
     for (const e of events) valid(a2aAnswer, e);
 
+    // The seed's description of the MCP endpoint's 200.
+    assert.equal(mcp.responses['200'].description, 'MCP server running');
     const mcpRequest = compile(mcp.requestBody.content['application/json'].schema);
     const mcpAnswer = compile(mcp.responses['200'].content['application/json'].schema);
     const list = { jsonrpc: '2.0', id: 1, method: 'tools/list' };

@@ -26,6 +26,8 @@ export const mcpRoutes = [
   defineRoute({
     method: 'post', path: MCP_PATH, operationId: 'bridge-mcp', tag: 'bridge', scope: 'bridge:invoke', ownBody: McpRequest,
     summary: 'Model Context Protocol (Streamable HTTP, stateless): tools/list and tools/call over the enabled function instances',
+    // The seed describes this 200 so.
+    responseDescriptions: { 200: 'MCP server running' },
     responses: { 200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null, 400: FreeObject, 401: ErrorBody, 403: ErrorBody, 406: FreeObject, 413: ErrorBody, 415: FreeObject },
   }, async ({ ctx, services, log }) => {
     const read = await readJsonRpcBody(ctx, services.cfg.BODY_LIMIT_BYTES);
