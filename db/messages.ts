@@ -72,9 +72,11 @@ export async function taskOpenedBy(db: Tx, clientMessageId: string): Promise<str
 // The first message of a task with `m`'s sender id, role and content (parts, metadata, extensions,
 // reference ids as stored), if it holds one: a retried send (domain/tasks.ts). jsonb and array
 // equality, so key order does not matter. Read through messages (task_id, seq): that task's rows only.
-export async function findSameMessage(db: Tx, m: Message): Promise<MessageRow | undefined> {
+// `opening`: only the message that opened the task (a retried first send); a later message of the
+// task that reuses the sender id did not create it.
+export async function findSameMessage(db: Tx, m: Message, opening = false): Promise<MessageRow | undefined> {
   const row = await db('messages').select(COLUMNS)
-    .where({ task_id: m.task_id, client_message_id: m.client_message_id, role: m.role })
+    .where({ task_id: m.task_id, client_message_id: m.client_message_id, role: m.role, ...(opening ? { opens_task: true } : {}) })
     .whereRaw('parts = ?::jsonb', [JSON.stringify(m.parts)])
     .whereRaw('metadata = ?::jsonb', [JSON.stringify(m.metadata)])
     .whereRaw(`coalesce(to_jsonb(extensions), '[]'::jsonb) = ?::jsonb`, [JSON.stringify(m.extensions ?? [])])

@@ -248,8 +248,8 @@ async function findRetried(trx: Tx, locked: tasks.TaskRow, req: CreateMessageReq
   return { message: message as Message, timeline_item, seq: state.seq, retried: state.retried };
 }
 
-// A send of a new task whose sender id opened a task, with the same role and content (as findRetried
-// compares them), the same task metadata and, if it names one, the same context, is that send again:
+// A send of a new task whose sender id opened a task, with the role and content of the message that
+// opened it (compared as findRetried compares them), the same task metadata and, if it names one, the same context, is that send again:
 // it is answered with that task. Another send that reuses the id makes a task of its own, which a
 // retry of it cannot find (the id is taken); senders are to make their ids unique.
 async function findOpeningRetry(db: Tx, req: CreateTaskRequest): Promise<CreatedTask | undefined> {
@@ -257,7 +257,7 @@ async function findOpeningRetry(db: Tx, req: CreateTaskRequest): Promise<Created
   const task = taskId && await tasks.getTask(db, taskId);
   if (!task || (req.context_id !== undefined && req.context_id.toLowerCase() !== task.context_id)) return undefined;
   if (!sameAsStored(task.metadata, req.metadata ?? {})) return undefined;
-  const original = await messages.findSameMessage(db, newMessage(task.id, req.message, ''));
+  const original = await messages.findSameMessage(db, newMessage(task.id, req.message, ''), true);
   if (!original) return undefined;
   const { seq: _seq, ...message } = original;
   return { task: tasks.toTask(task), message: message as Message, lastSeq: 0, retry: true };

@@ -329,6 +329,24 @@ describe('task API', () => {
         assert.equal(retry.body.task.id, first.task.id);
       });
 
+      it('is told from a later message of that task that reuses its sender id: a new task with that content is a task of its own', async () => {
+        const message = opening();
+        const first = await create({ message });
+        // A follow-up reusing the sender id with other content is a new message of the task (not a retry).
+        const followUp = { ...message, parts: [{ type: 'text-part', text: 'a follow-up' }] };
+        assert.equal((await stack.client.post(`/api/task/v1/${first.task.id}/message`, followUp)).status, 201);
+        // A new task sent with the follow-up's content did not open that task: it is created.
+        const r = await post({ message: followUp });
+        assert.equal(r.status, 201, r.text);
+        assert.notEqual(r.body.task.id, first.task.id);
+        assert.deepEqual(r.body.message.parts, followUp.parts);
+        // The first task's own retry still finds it, with the message that opened it.
+        const retry = await post({ message });
+        assert.equal(retry.status, 200, retry.text);
+        assert.equal(retry.body.task.id, first.task.id);
+        assert.deepEqual(retry.body.message, first.message);
+      });
+
       it('of a task that has ended since answers 200 with the ended task; one deleted since is created again', async () => {
         const message = opening();
         const { task } = await create({ message });
