@@ -30,7 +30,9 @@ describe('A2A with the real SDK clients', () => {
     // The card's url must be where the API listens, so the port is chosen before the start.
     const port = await freePort();
     baseUrl = `http://127.0.0.1:${port}`;
-    stack = await startStack({ PORT: String(port), PUBLIC_URL: baseUrl, PUSH_ALLOW_PRIVATE: 'true' });
+    // A skill with A2A's security requirements, which the 1.x client reads (AGENT_SKILLS_JSON, domain/a2a/skills.ts).
+    const skills = [{ id: 'echo', name: 'Echo', description: 'Echoes', tags: ['echo'], security: [{ bearer: [] }] }];
+    stack = await startStack({ PORT: String(port), PUBLIC_URL: baseUrl, PUSH_ALLOW_PRIVATE: 'true', AGENT_SKILLS_JSON: JSON.stringify(skills) });
   });
   after(async () => stack?.stop());
 
@@ -280,6 +282,7 @@ describe('A2A with the real SDK clients', () => {
       const card = await client.getAgentCard();
       assert.equal(card.name, 'taskbridge');
       assert.match(client.protocolVersion, /^0\.3/);
+      assert.deepEqual(card.skills.map((k) => [k.id, k.securityRequirements]), [['echo', [{ schemes: { bearer: { list: [] } } }]]]);
     });
 
     it('sends blocking and non-blocking, gets with historyLength', async () => {

@@ -99,6 +99,23 @@ describe('process start-up', function () {
     noStack(r);
   });
 
+  it("refuses AGENT_SKILLS_JSON skills A2A clients cannot read (a security that is not A2A's list of requirements, a scheme the card does not declare, a member AgentSkill does not have), exit 2 naming it", async () => {
+    const skill = (more: object) => JSON.stringify([{ id: 'a', name: 'A', description: 'd', tags: [], ...more }]);
+    // security as a string ended the 1.x SDK client's card resolution (compat.security.map is not a function).
+    for (const [more, why] of [
+      [{ security: 'bearer' }, /\/0\/security must be array$/m],
+      [{ security: [{ bearer: 'read' }] }, /\/0\/security\/0\/bearer must be array$/m],
+      [{ security: [{ oauth: [] }] }, /\/0\/security\/0 names the security scheme 'oauth': the agent card declares only 'bearer'$/m],
+      [{ example: ['hi'] }, /\/0 has a member A2A's AgentSkill does not: example$/m],
+    ] as const) {
+      const r = await run('api/main.ts', testEnv({ AGENT_SKILLS_JSON: skill(more) }));
+      assert.equal(r.code, 2, r.output);
+      assert.match(r.output, /^ {2}AGENT_SKILLS_JSON: /m, r.output);
+      assert.match(r.output, why, r.output);
+      noStack(r);
+    }
+  });
+
   it('npm start refuses a bad configuration (exit 2) before it starts any server', async () => {
     const dataDir = fs.mkdtempSync(path.join(process.env.TEST_DATA_DIR!, 'start-bad-config-'));
     const r = await run('scripts/start.ts', { ...testEnv({ PORT: '0x12A7', DATABASE_URL: undefined, REDIS_URL: undefined }), DATA_DIR: dataDir });

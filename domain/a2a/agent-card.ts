@@ -1,7 +1,7 @@
 // The A2A agent card, built from configuration. Capabilities say only what works.
 import type { AgentCard } from '@a2a-js/sdk';
 import type { Config } from '../config.ts';
-import { parseSkills } from './skills.ts';
+import { BEARER_SCHEME, parseSkills } from './skills.ts';
 import { SERVICE_VERSION } from '../version.ts';
 
 export const A2A_PATH = '/api/a2a/v1';
@@ -23,8 +23,8 @@ function build(cfg: Config): { card: AgentCard; extended: AgentCard } {
     defaultInputModes: ['text/plain', 'application/json'],
     defaultOutputModes: ['text/plain', 'application/json'],
     skills: parseSkills(cfg.AGENT_SKILLS_JSON),
-    securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'An API key of this service with the a2a scope: Authorization: Bearer <api key>' } },
-    security: [{ bearer: [] }],
+    securitySchemes: { [BEARER_SCHEME]: { type: 'http', scheme: 'bearer', description: 'An API key of this service with the a2a scope: Authorization: Bearer <api key>' } },
+    security: [{ [BEARER_SCHEME]: [] }],
     supportsAuthenticatedExtendedCard: true,
   };
   // The extended card adds what only key holders need: where the full HTTP API is described.
