@@ -99,7 +99,7 @@ describe('process start-up', function () {
     noStack(r);
   });
 
-  it("refuses AGENT_SKILLS_JSON skills A2A clients cannot read (a security that is not A2A's list of requirements, a scheme the card does not declare, a member AgentSkill does not have), exit 2 naming it", async () => {
+  it("refuses AGENT_SKILLS_JSON skills A2A clients cannot read (a security that is not A2A's list of requirements, a scheme the card does not declare, a member AgentSkill does not have, an id another skill has), exit 2 naming it", async () => {
     const skill = (more: object) => JSON.stringify([{ id: 'a', name: 'A', description: 'd', tags: [], ...more }]);
     // security as a string ended the 1.x SDK client's card resolution (compat.security.map is not a function).
     for (const [more, why] of [
@@ -107,8 +107,11 @@ describe('process start-up', function () {
       [{ security: [{ bearer: 'read' }] }, /\/0\/security\/0\/bearer must be array$/m],
       [{ security: [{ oauth: [] }] }, /\/0\/security\/0 names the security scheme 'oauth': the agent card declares only 'bearer'$/m],
       [{ example: ['hi'] }, /\/0 has a member A2A's AgentSkill does not: example$/m],
+      // Two skills of one id, which a client cannot tell apart.
+      ['two', /has two skills with the id 'a' \(\/1\): each skill needs an id of its own$/m],
     ] as const) {
-      const r = await run('api/main.ts', testEnv({ AGENT_SKILLS_JSON: skill(more) }));
+      const json = more === 'two' ? JSON.stringify([{ id: 'a', name: 'A', description: 'd', tags: [] }, { id: 'a', name: 'B', description: 'e', tags: [] }]) : skill(more);
+      const r = await run('api/main.ts', testEnv({ AGENT_SKILLS_JSON: json }));
       assert.equal(r.code, 2, r.output);
       assert.match(r.output, /^ {2}AGENT_SKILLS_JSON: /m, r.output);
       assert.match(r.output, why, r.output);

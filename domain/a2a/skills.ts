@@ -48,5 +48,9 @@ export function parseSkills(json: string | undefined): AgentSkill[] {
     const e = validateSkills.errors![0];
     throw new Error(`must be a non-empty array of skills {id, name, description, tags}: ${e.instancePath || '(root)'} ${said(e)}`);
   }
-  return value as Static<typeof Skills>;
+  const skills = value as Static<typeof Skills>;
+  // A2A: a skill's id identifies it among the agent's; a second of the same id is one no client can tell apart.
+  const twice = skills.findIndex((k, i) => skills.findIndex((o) => o.id === k.id) < i);
+  if (twice >= 0) throw new Error(`has two skills with the id '${skills[twice].id}' (/${twice}): each skill needs an id of its own`);
+  return skills;
 }
