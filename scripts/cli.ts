@@ -131,9 +131,15 @@ function parseDefinition(command: string | undefined, rest: string[], values: { 
 }
 
 async function applyCommand(args: Extract<Args, { command: 'definition-apply' }>): Promise<number> {
-  const apiKey = process.env.TASKBRIDGE_API_KEY;
+  const apiKey = process.env.TASKBRIDGE_API_KEY?.trim();
   if (!apiKey) {
     console.error('Error: TASKBRIDGE_API_KEY is not set: set it to an admin API key of the target installation');
+    return 2;
+  }
+  // A bearer token is printable ASCII without spaces: fetch refuses a header with another character
+  // (a line break inside) with a message that quotes it, the key shown as though the API were out of reach.
+  if (!/^[!-~]+$/.test(apiKey)) {
+    console.error('Error: TASKBRIDGE_API_KEY is not an API key: it holds a space, line break or character that is not printable ASCII (not shown)');
     return 2;
   }
   try {

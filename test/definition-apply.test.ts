@@ -272,7 +272,7 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
     assert.equal((await apply()).code, 0);
   });
 
-  it('refuses a file that is not JSON, not an export, or not there, a run without TASKBRIDGE_API_KEY and a bad command line (exit 2), and a key the API refuses (exit 1)', async () => {
+  it('refuses a file that is not JSON, not an export, or not there, a run without TASKBRIDGE_API_KEY or with one that is no API key and a bad command line (exit 2), and a key the API refuses (exit 1)', async () => {
     const dir = path.dirname(file);
     const cases: [string, string | undefined, RegExp][] = [
       ['not-json.json', '{"format": "taskbridge-definition/v1", ', /not-json\.json is not JSON/],
@@ -289,6 +289,16 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
     const noKey = await cli(['definition', 'apply', file, '--url', b.api.url], { TASKBRIDGE_API_KEY: undefined });
     assert.equal(noKey.code, 2);
     assert.match(noKey.stderr, /TASKBRIDGE_API_KEY is not set/);
+    // A key with a line break inside was quoted by fetch's refusal of the header, said as the API out of reach (exit 1).
+    for (const badKey of [`${ADMIN_KEY.slice(0, 8)}\n${ADMIN_KEY.slice(8)}`, `${ADMIN_KEY}€`]) {
+      const r = await cli(['definition', 'apply', file, '--url', b.api.url], { TASKBRIDGE_API_KEY: badKey });
+      assert.equal(r.code, 2, r.stderr);
+      assert.match(r.stderr, /^Error: TASKBRIDGE_API_KEY is not an API key: it holds a space, line break or character that is not printable ASCII \(not shown\)$/m);
+      assert.ok(!(r.stdout + r.stderr).includes(ADMIN_KEY.slice(8)), r.stderr);
+    }
+    // Surrounding white space (a key file's newline) is no part of the key.
+    const padded = await cli(['definition', 'apply', file, '--url', b.api.url, '--dry-run'], { TASKBRIDGE_API_KEY: ` ${ADMIN_KEY}\n` });
+    assert.match(padded.stdout, /^envelope keys: all \d+ on the target/m, padded.stdout + padded.stderr);
     const wrongKey = await cli(['definition', 'apply', file, '--url', b.api.url], { TASKBRIDGE_API_KEY: 'not-a-key' });
     assert.equal(wrongKey.code, 1);
     assert.match(wrongKey.stderr, /refused TASKBRIDGE_API_KEY \(401\)/);
