@@ -254,7 +254,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   // Found by key after not by id, it may be this secret all the same: imported in between by another
   // run, or by this one where the file lists it twice (alike: domain/definition-check.ts).
   const secretThere = async (s: DefinitionSecret) =>
-    lookup(await call('GET', `/api/secret/v1/${s.id}`)) ?? lookup(await call('GET', `/api/secret/v1/key/${enc(s.key)}`));
+    lookup(await call('GET', `/api/secret/v1/${enc(s.id)}`)) ?? lookup(await call('GET', `/api/secret/v1/key/${enc(s.key)}`));
   const sameSecret = (s: DefinitionSecret, there: Answer) =>
     (there.body.id === s.id ? differing(secretDifference(s, there.body, aliases.get(s.dek_alias))) : differing(`its key is taken by secret ${there.body.id}`));
   const applySecret = (s: DefinitionSecret) => item('secrets', `secret ${s.key} (${s.id})`, async () => {
