@@ -4,6 +4,7 @@ import path from 'node:path';
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
+import type { Queue } from 'bullmq';
 import { startWorker, testDb, useStack, waitFor, withQueue, type Client, type Proc } from './helpers/stack.ts';
 
 const S = '/api/secret/v1';
@@ -29,6 +30,12 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
   const waitJob = (id: string, what = 'the rotation job to complete') =>
     waitFor(async () => { const j = await job(id); return ['completed', 'failed'].includes(j.status) && j; }, what, 60000, 100);
   const aliasDek = async (alias: string) => (await testDb()('dek_aliases').where({ alias }).first()).dek_id as string;
+  // A rotation of ALIAS requested with the key-jobs queue paused, left paused: its job id.
+  const queuedRotation = (keyJobs: Queue) => keyJobs.pause().then(async () => {
+    const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
+    assert.equal(r.status, 202, r.text);
+    return r.body.id as string;
+  });
 
   async function createSecret(key: string, alias: string) {
     const raw = value();
@@ -258,13 +265,7 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     };
     // Requested with the workers held off, then the alias held: the rotation's first step (which holds
     // the job) waits for it, its DEK not yet made.
-    let id!: string;
-    await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
-      await keyJobs.pause();
-      const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
-      assert.equal(r.status, 202, r.text);
-      id = r.body.id;
-    });
+    const id = await withQueue(stack.env, 'key-jobs', queuedRotation);
     const held = await testDb().transaction();
     try {
       await held('dek_aliases').where({ alias: ALIAS }).forUpdate().first();
@@ -290,13 +291,11 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     // DEK's id and is queued again): the cancel, applied at once (200), deletes that DEK too.
     const envelope = (await c.get(`${E}/dek/alias/${ALIAS}`)).body.envelope_encryption_key_id.id;
     await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
-      await keyJobs.pause();
       try {
-        const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
-        assert.equal(r.status, 202, r.text);
+        const queued = await queuedRotation(keyJobs);
         const made = (await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, {})).body.id;
-        await testDb()('key_jobs').where({ id: r.body.id }).update({ params: JSON.stringify({ alias: ALIAS, prepared_dek_id: made, prepared_from_dek_id: oldDek }) });
-        const canceled = await c.post(`${E}/job/${r.body.id}/cancel`);
+        await testDb()('key_jobs').where({ id: queued }).update({ params: JSON.stringify({ alias: ALIAS, prepared_dek_id: made, prepared_from_dek_id: oldDek }) });
+        const canceled = await c.post(`${E}/job/${queued}/cancel`);
         assert.deepEqual([canceled.status, canceled.body.status], [200, 'canceled'], canceled.text);
         assert.equal(await testDb()('deks').where({ id: made }).first(), undefined, 'the DEK made for it is deleted');
       } finally {
@@ -310,13 +309,7 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     const deks = async () => Number((await testDb()('deks').count({ n: '*' }))[0].n);
     const before = await deks();
     const oldDek = await aliasDek(ALIAS);
-    let id!: string;
-    await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
-      await keyJobs.pause();
-      const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
-      assert.equal(r.status, 202, r.text);
-      id = r.body.id;
-    });
+    const id = await withQueue(stack.env, 'key-jobs', queuedRotation);
     // A write under way holds the alias shared: the rotation makes its DEK, then its start (which
     // holds the job) waits for the write. The cancel then is recorded, and applied by the first batch.
     const write = await testDb().transaction();
