@@ -32,33 +32,45 @@ function onOwnPostgres(name: string, env: Record<string, string> = {}) {
   return own;
 }
 
+// A stack (API and one worker) on a Redis of its own, which a test may stop and start again on its
+// port. `kept`: Redis keeps its data (append-only file) across that restart.
+function onOwnRedis(name: string, opts: { kept?: boolean; env?: Record<string, string> } = {}) {
+  const dataDir = path.join(requireEnv('TEST_DATA_DIR'), name);
+  const own = {
+    redis: undefined as LocalService | undefined, stack: undefined as unknown as Stack, port: 0,
+    async stop() {
+      await own.redis?.stop();
+      own.redis = undefined;
+    },
+    async start() {
+      own.redis = await startRedis({ dataDir, ephemeral: !opts.kept, port: own.port });
+    },
+  };
+  before(async () => {
+    own.port = await freePort();
+    await own.start();
+    own.stack = await startStack({ REDIS_URL: own.redis!.url, ...opts.env }, { workers: 1 });
+  });
+  after(async () => {
+    await own.stack?.stop();
+    await own.stop();
+  });
+  return own;
+}
+
 describe('job pipeline under faults', function () {
   this.timeout(180000);
   before(resetDb);
 
   describe('Redis stopped while tasks are created', () => {
-    let redis: LocalService | undefined;
-    let stack: Stack | undefined;
-    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'faults-redis');
-    let port: number;
-
-    before(async () => {
-      port = await freePort();
-      redis = await startRedis({ dataDir, ephemeral: true, port });
-      stack = await startStack({ REDIS_URL: redis.url }, { workers: 1 });
-    });
-    after(async () => {
-      await stack?.stop();
-      await redis?.stop();
-    });
+    const own = onOwnRedis('faults-redis');
 
     it('accepts tasks (201) while Redis is down, and completes all of them once it is back', async () => {
-      const s = stack!;
+      const s = own.stack;
       const warm = await s.client.post('/api/task/v1', { message: textMessage('before the outage') });
       await waitForStatus(s, warm.body.task.id, 'completed');
 
-      await redis!.stop();
-      redis = undefined;
+      await own.stop();
       const ready = await waitFor(async () => {
         const r = await s.client.get('/_internal/v1/ready');
         return r.status === 503 && r;
@@ -86,7 +98,7 @@ describe('job pipeline under faults', function () {
       const during = errorLines().slice(before).map((l) => JSON.parse(l));
       assert.ok(during.length <= 4 && during.every((l) => l.level === 40), `warn lines of worker errors in 3 s of outage: ${during.length}`);
 
-      redis = await startRedis({ dataDir, ephemeral: true, port });
+      await own.start();
       for (const [i, id] of ids.entries()) {
         const done = await waitForStatus(s, id, 'completed');
         assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: `Echo: during the outage ${i}` }]);
@@ -98,32 +110,18 @@ describe('job pipeline under faults', function () {
   });
 
   describe('Redis restarted with its data (append-only file) during an agent run longer than WORKER_LOCK_MS', () => {
-    let redis: LocalService | undefined;
-    let stack: Stack | undefined;
-    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'faults-redis-kept');
-    let port: number;
-
-    before(async () => {
-      port = await freePort();
-      redis = await startRedis({ dataDir, port });
-      stack = await startStack({ REDIS_URL: redis.url }, { workers: 1 });
-    });
-    after(async () => {
-      await stack?.stop();
-      await redis?.stop();
-    });
+    const own = onOwnRedis('faults-redis-kept', { kept: true });
 
     // The run's lock expired while Redis was away: its job is found stalled and taken again by the
     // worker still running it. That copy's lock must be renewed, or it stalls again every
     // WORKER_LOCK_MS until the task fails ("its worker stopped during it too often").
     it('completes the task once: the job taken again by the same worker keeps its lock', async () => {
-      const s = stack!;
+      const s = own.stack;
       const id = (await s.client.post('/api/task/v1', { message: textMessage('[sleep 8000] through a restart') })).body.task.id;
       await waitFor(async () => (await s.client.get(`/api/task/v1/${id}`)).body.task.status === 'working', 'the agent to be running');
-      await redis!.stop();
-      redis = undefined;
+      await own.stop();
       await sleep(4000);
-      redis = await startRedis({ dataDir, port });
+      await own.start();
 
       const done = await waitFor(async () => {
         const t = (await s.client.get(`/api/task/v1/${id}`)).body;
@@ -179,33 +177,19 @@ describe('job pipeline under faults', function () {
   });
 
   describe('a task canceled while Redis is down (its cancel note lost)', () => {
-    let redis: LocalService | undefined;
-    let stack: Stack | undefined;
-    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'faults-redis-cancel');
     const marker = path.join(requireEnv('TEST_DATA_DIR'), `cancel-marker-${Date.now()}`);
-    let port: number;
-
-    before(async () => {
-      port = await freePort();
-      redis = await startRedis({ dataDir, ephemeral: true, port });
-      stack = await startStack({
-        REDIS_URL: redis.url, AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/signal-agent.ts'), SIGNAL_AGENT_MARKER: marker,
-      }, { workers: 1 });
-    });
-    after(async () => {
-      await stack?.stop();
-      await redis?.stop();
+    const own = onOwnRedis('faults-redis-cancel', {
+      env: { AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/signal-agent.ts'), SIGNAL_AGENT_MARKER: marker },
     });
 
     it("still aborts the running agent's signal within about a second: the worker finds the task ended in Postgres", async () => {
-      const s = stack!;
+      const s = own.stack;
       const rpc = (method: string, params: unknown) => s.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method, params });
       const message = { kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text: 'wait' }] };
       const task = (await rpc('message/send', { message, configuration: { blocking: false } })).body.result;
       await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.message?.parts?.[0]?.text === 'waiting to be canceled', 'the agent to start waiting');
 
-      await redis!.stop();
-      redis = undefined;
+      await own.stop();
       const canceled = await rpc('tasks/cancel', { id: task.id });
       assert.equal(canceled.body.result?.status.state, 'canceled', canceled.text);
       const at = Date.now();
@@ -215,28 +199,17 @@ describe('job pipeline under faults', function () {
       // The worker's log is written buffered: its line may come a moment after the agent's marker.
       await waitFor(async () => s.workers[0].logs.some((l) => l.includes('agent run aborted: task canceled') && l.includes(task.id)), "the worker's log line of the abort", 5000);
 
-      redis = await startRedis({ dataDir, ephemeral: true, port });
+      await own.start();
       assert.equal((await rpc('tasks/get', { id: task.id })).body.result.status.state, 'canceled');
     });
   });
 
   describe('a worker stopped (SIGTERM) while Redis is down', () => {
-    let redis: LocalService | undefined;
-    let stack: Stack | undefined;
-    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'faults-redis-sigterm');
-    before(async () => {
-      redis = await startRedis({ dataDir, ephemeral: true, port: await freePort() });
-      stack = await startStack({ REDIS_URL: redis.url, WORKER_SHUTDOWN_GRACE_MS: '1000' }, { workers: 1 });
-    });
-    after(async () => {
-      await stack?.stop();
-      await redis?.stop();
-    });
+    const own = onOwnRedis('faults-redis-sigterm', { env: { WORKER_SHUTDOWN_GRACE_MS: '1000' } });
 
     it('exits (code 1, saying why) once the grace period and 10 s more are over, instead of waiting for Redis for ever', async () => {
-      const s = stack!;
-      await redis!.stop();
-      redis = undefined;
+      const s = own.stack;
+      await own.stop();
       const worker = s.workers.shift()!;
       const at = Date.now();
       await worker.kill('SIGTERM');
