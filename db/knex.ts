@@ -34,7 +34,18 @@ const readyForQuery = (connection: { readyForQuery?: boolean }) => connection.re
 // attempt. Failures reach callers as errors anyway; these lines only help while debugging.
 export interface DbLog { debug(obj: object, msg: string): void }
 
-export function createDb(url: string, pool = { min: 0, max: 20 }, opts: { queryTimeoutMs?: number; lockTimeoutMs?: number; log?: DbLog } = {}): Knex {
+export interface DbOptions {
+  queryTimeoutMs?: number;
+  lockTimeoutMs?: number;
+  log?: DbLog;
+  /** How long a connection attempt, and a wait for a free pool connection, may take (defaults: 5 s, 10 s). */
+  connectTimeoutMs?: number;
+  acquireTimeoutMs?: number;
+  /** What pg_stat_activity shows for the pool's connections. */
+  applicationName?: string;
+}
+
+export function createDb(url: string, pool = { min: 0, max: 20 }, opts: DbOptions = {}): Knex {
   const timeouts = {
     ...(opts.queryTimeoutMs ? { statement_timeout: opts.queryTimeoutMs, query_timeout: timerMs(opts.queryTimeoutMs + CLIENT_TIMEOUT_GRACE_MS) } : {}),
     ...(opts.lockTimeoutMs ? { lock_timeout: opts.lockTimeoutMs } : {}),
@@ -43,8 +54,13 @@ export function createDb(url: string, pool = { min: 0, max: 20 }, opts: { queryT
   // compileSqlOnError off: a failed query's error names its SQL with placeholders, never the values
   // (which can be ciphertexts, wrapped keys or other tasks' messages in a batched statement).
   return knexFactory({
-    client: 'pg', connection: { connectionString: url, keepAlive: true, connectionTimeoutMillis: CONNECT_TIMEOUT_MS, ...timeouts }, pool: { ...pool, validate: readyForQuery },
-    acquireConnectionTimeout: 10000, compileSqlOnError: false,
+    client: 'pg',
+    connection: {
+      connectionString: url, keepAlive: true, connectionTimeoutMillis: opts.connectTimeoutMs ?? CONNECT_TIMEOUT_MS, ...timeouts,
+      ...(opts.applicationName ? { application_name: opts.applicationName } : {}),
+    },
+    pool: { ...pool, validate: readyForQuery },
+    acquireConnectionTimeout: opts.acquireTimeoutMs ?? 10000, compileSqlOnError: false,
     ...(opts.log ? { log: knexLog(opts.log) } : {}),
   });
 }

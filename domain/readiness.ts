@@ -2,21 +2,35 @@
 // read its local envelope key files. Not one of those readable means this host lacks KEYS_DIR (a
 // deploy mistake), and it alone is kept out of rotation; some missing is reported but stays ready:
 // a lost file is the same on every host, and tasks and A2A do not need it.
+// Postgres is asked on a connection of its own (readinessDb), not one of the request pool's: with
+// that pool taken by requests, a probe waiting its turn would read a busy instance as Postgres
+// down, and a load balancer would pull it out of rotation and overload the rest.
+import type { Knex } from 'knex';
 import type { Services } from './services.ts';
+import type { Config } from './config.ts';
+import { createDb, type DbLog } from '../db/knex.ts';
 import { Unavailable } from './errors.ts';
 import { localKeyFilesHealth } from './keyring.ts';
 import { withTimeout } from './with-timeout.ts';
 
 const PROBE_TIMEOUT_MS = 2000;
 
+/** The readiness probe's pool of one connection: made at the first probe; one that failed is replaced at the next. */
+export function createReadinessDb(cfg: Pick<Config, 'DATABASE_URL'>, log: DbLog): Knex {
+  return createDb(cfg.DATABASE_URL, { min: 0, max: 1 }, {
+    queryTimeoutMs: PROBE_TIMEOUT_MS, connectTimeoutMs: PROBE_TIMEOUT_MS, acquireTimeoutMs: PROBE_TIMEOUT_MS,
+    applicationName: 'taskbridge ready', log,
+  });
+}
+
 export interface Readiness { status: 'ready'; checks: { postgres: 'ok'; redis: 'ok'; keys: string } }
 
 /** The checks when ready; else throws Unavailable naming what failed (`data.failed`). */
-export async function checkReadiness(s: Pick<Services, 'db' | 'redis' | 'cfg'>): Promise<Readiness> {
+export async function checkReadiness(s: Pick<Services, 'readinessDb' | 'redis' | 'cfg'>): Promise<Readiness> {
   const [pg, redis, keys] = await Promise.allSettled([
-    withTimeout(s.db.raw('select 1'), PROBE_TIMEOUT_MS),
+    withTimeout(s.readinessDb.raw('select 1'), PROBE_TIMEOUT_MS),
     withTimeout(s.redis.ping(), PROBE_TIMEOUT_MS),
-    withTimeout(localKeyFilesHealth(s), PROBE_TIMEOUT_MS),
+    withTimeout(localKeyFilesHealth({ db: s.readinessDb, cfg: s.cfg }), PROBE_TIMEOUT_MS),
   ]);
   const unreachable = [...(pg.status === 'rejected' ? ['postgres'] : []), ...(redis.status === 'rejected' ? ['redis'] : [])];
   const files = keys.status === 'fulfilled' ? keys.value : undefined;

@@ -11,11 +11,14 @@ import { EventBus } from '../queues/events.ts';
 import { createQueues, OutboxRelay, type Queues } from '../queues/outbox-relay.ts';
 import { FleetCounts } from '../queues/fleet-counts.ts';
 import { StreamPlaces } from '../queues/stream-places.ts';
+import { createReadinessDb } from './readiness.ts';
 
 export interface Services {
   cfg: Config;
   log: Logger;
   db: Knex;
+  /** GET /_internal/v1/ready's own connection to Postgres (none until the first probe). */
+  readinessDb: Knex;
   redis: Redis;
   queues: Queues;
   outbox: OutboxRelay;
@@ -31,6 +34,7 @@ export interface Services {
 
 export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log: Logger = createLogger(cfg.LOG_LEVEL, role, { buffered: role !== 'cli' })): Services {
   const db = createDb(cfg.DATABASE_URL, { min: 0, max: role === 'cli' ? 2 : 20 }, { queryTimeoutMs: cfg.DB_QUERY_TIMEOUT_MS, log });
+  const readinessDb = createReadinessDb(cfg, log);
   const redis = createRedis(cfg.REDIS_URL, 'producer', cfg.DB_QUERY_TIMEOUT_MS);
   const sub = createRedis(cfg.REDIS_URL, 'subscriber');
   for (const r of [redis, sub]) r.on('error', (err) => log.debug({ err: { message: err.message } }, 'redis connection error'));
@@ -41,7 +45,7 @@ export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log:
   const fleetCounts = new FleetCounts(redis, cfg.QUEUE_PREFIX, log);
   const streamPlaces = new StreamPlaces(redis, cfg.QUEUE_PREFIX, cfg.A2A_STREAM_LEASE_MS, log);
   return {
-    cfg, log, db, redis, queues, outbox, bus, fleetCounts, streamPlaces,
+    cfg, log, db, readinessDb, redis, queues, outbox, bus, fleetCounts, streamPlaces,
     taskStatements: createTaskStatements(db),
     async close() {
       outbox.stop();
@@ -50,7 +54,7 @@ export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log:
       await Promise.allSettled(Object.values(queues).map((q) => q.close()));
       redis.disconnect();
       sub.disconnect();
-      await db.destroy();
+      await Promise.all([db.destroy(), readinessDb.destroy()]);
     },
   };
 }

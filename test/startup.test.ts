@@ -448,6 +448,32 @@ describe('readiness', function () {
     }
     assert.deepEqual((await stack.client.get('/_internal/v1/ready')).body.checks.keys, 'ok');
   });
+
+  // A busy instance is a healthy one: a load balancer that read a full pool as "Postgres down" would
+  // take it out of rotation and push its traffic onto the others, which then fill up in turn.
+  it('answers 200 promptly while every connection of the request pool is taken by requests waiting in Postgres', async () => {
+    const created = await stack.client.post('/api/task/v1', { message: textMessage('pool filler') });
+    assert.equal(created.status, 201, created.text);
+    const locker = await testDb().transaction();
+    try {
+      await locker.raw('lock table tasks in access exclusive mode');
+      // 20 hold the pool's connections, waiting for the lock; the rest wait for a connection.
+      const held = Array.from({ length: 25 }, () => stack.client.get(`/api/task/v1/${created.body.task.id}`));
+      await waitFor(async () => {
+        const { rows } = await testDb().raw(`select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and pid <> pg_backend_pid()`);
+        return rows[0].n >= 20;
+      }, 'the pool\'s 20 connections to wait for the lock');
+      const started = Date.now();
+      const ready = await stack.client.get('/_internal/v1/ready');
+      assert.equal(ready.status, 200, ready.text);
+      assert.deepEqual(ready.body.checks, { postgres: 'ok', redis: 'ok', keys: 'ok' });
+      assert.ok(Date.now() - started < 1500, `answered after ${Date.now() - started} ms`);
+      await locker.rollback();
+      for (const r of await Promise.all(held)) assert.equal(r.status, 200, r.text);
+    } finally {
+      if (!locker.isCompleted()) await locker.rollback();
+    }
+  });
 });
 
 describe('the longest durations allowed (2147483647 ms)', function () {
