@@ -6,6 +6,7 @@ import http from 'node:http';
 import path from 'node:path';
 import { createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes, randomUUID, verify } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { Validator } from '@seriousme/openapi-schema-validator';
 import { Ajv } from 'ajv';
 import { callUpstream } from '../domain/bridge/upstream.ts';
@@ -342,6 +343,37 @@ describe('bridge API', () => {
       assertError(r, 400, 'invalid_request');
       assert.deepEqual(r.body.data.errors, [{ path: 'body.display_name', message: 'must NOT have fewer than 1 characters' }], r.text);
     }
+  });
+
+  // A client polling updated_at for changes must not see one where nothing changed.
+  it('PATCH that changes nothing ({}, or members set to what they are) answers the instance as it was, updated_at kept', async () => {
+    await stripeInstance('stripe-unchanged');
+    const url = `${B}/provider/stripe-unchanged`;
+    const fields = (body: Record<string, unknown>) => Object.fromEntries(Object.entries(body).filter(([k]) => !['controller', 'credential_controller', 'functions', 'resource_server_credential', 'user_credential'].includes(k)));
+    const read = async () => fields((await c.get(url)).body) as { updated_at: string };
+    const unchanged = async (patch: object) => {
+      const before = await read();
+      await sleep(20);
+      const r = await c.patch(url, patch);
+      assert.equal(r.status, 200, r.text);
+      assert.deepEqual(r.body, before, `PATCH ${JSON.stringify(patch)}`);
+      assert.deepEqual(await read(), before, `PATCH ${JSON.stringify(patch)}`);
+    };
+    await unchanged({});
+    await unchanged({ display_name: 'Stripe' });
+    await unchanged({ status: 'active' });
+    await unchanged({ display_name: 'Stripe', status: 'active' });
+    const before = await read();
+    await sleep(20);
+    const disabled = await c.patch(url, { status: 'disabled' });
+    assert.equal(disabled.body.status, 'disabled');
+    assert.ok(disabled.body.updated_at > before.updated_at, 'a change moves updated_at');
+    await unchanged({ status: 'disabled' });
+    await unchanged({});
+    await sleep(20);
+    const renamed = await c.patch(url, { display_name: 'Stripe (paused)', status: 'disabled' });
+    assert.equal(renamed.body.display_name, 'Stripe (paused)');
+    assert.ok(renamed.body.updated_at > disabled.body.updated_at, 'a change moves updated_at');
   });
 
   it('instances share a user credential only with the same resource server credential (its refresh uses that client): else 409, nothing created', async () => {

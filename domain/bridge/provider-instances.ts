@@ -169,7 +169,10 @@ export async function updateProviderInstance(db: Knex, id: string, input: Update
       patch.status = 'active';
     }
     if (input.status === 'active') patch.disabled_by_admin = false;
-    return repo.updateProviderInstance(trx, id, patch);
+    // Only what differs is written: a PATCH that changes nothing ({}, or members as they are)
+    // leaves the row, and its updated_at, which clients poll for changes, as it was.
+    const changes = Object.fromEntries(Object.entries(patch).filter(([k, v]) => current[k as keyof typeof patch] !== v));
+    return Object.keys(changes).length ? repo.updateProviderInstance(trx, id, changes) : current;
   });
   return toProviderInstance(row!);
 }
