@@ -18,6 +18,19 @@ function collect(schema: unknown, components: Record<string, Json>): unknown {
   return out;
 }
 
+// Answered before any route runs, on every operation (api/client-errors.ts): headers over Node's
+// limit (431) and an Expect other than 100-continue (417), both with the Error body.
+const BEFORE_ROUTING = { 417: ErrorBody, 431: ErrorBody };
+
+// The headers an error status always carries, wherever it is listed (domain/errors.ts sets them):
+// 405 the methods the path takes, 429 and 503 when to try again.
+const RETRY_AFTER = { description: 'Seconds to wait before retrying', required: true, schema: { type: 'string', pattern: '^[0-9]+$' } };
+const STATUS_HEADERS: Record<string, Json> = {
+  405: { Allow: { description: 'The methods this path answers, comma-separated', required: true, schema: { type: 'string' } } },
+  429: { 'Retry-After': RETRY_AFTER },
+  503: { 'Retry-After': RETRY_AFTER },
+};
+
 export function buildOpenApi(routes: Route[], info: { version: string; serverUrl: string }): Json {
   const components: Record<string, Json> = {};
   const paths: Record<string, Json> = {};
@@ -38,11 +51,16 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
     // that read their own (ownBody), and refuses one where the route takes none (400 with members, 415
     // not JSON, 413 over the limit), so those three are listed on GETs and DELETEs too. A route that
     // needs a key reads it from Postgres: 503 while Postgres or Redis is unreachable, and 500 for a
-    // fault of ours, as on any route that does real work.
+    // fault of ours, as on any route that does real work. A write can lose a race (a row it refers to
+    // deleted meanwhile, a deadlock): 409 (raceConflict) on every operation that writes, bar the
+    // JSON-RPC endpoints, which answer that in their protocol.
+    const writes = spec.method !== 'get' && !spec.readOnly && !spec.ownBody;
     const implied = {
+      ...BEFORE_ROUTING,
       ...(spec.scope ? { 401: ErrorBody, 403: ErrorBody, 429: ErrorBody, 500: ErrorBody, 503: ErrorBody } : {}),
       ...(spec.params || spec.query || !spec.ownBody ? { 400: ErrorBody } : {}),
       ...(spec.ownBody ? {} : { 413: ErrorBody, 415: ErrorBody }),
+      ...(writes ? { 409: ErrorBody } : {}),
     };
     for (const [status, schema] of Object.entries({ ...implied, ...spec.responses })) {
       const success = status.startsWith('2');
@@ -55,6 +73,7 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
           ? { description: spec.responseDescriptions?.[Number(status)] ?? 'Redirect to Location', headers: { Location: { required: true, schema: { type: 'string', format: 'uri' } } },
             content: { 'text/html': { schema: { type: 'string' } }, 'text/plain': { schema: { type: 'string' } } } }
           : { description: 'No content' };
+      if (STATUS_HEADERS[status]) responses[status] = { ...(responses[status] as Json), headers: STATUS_HEADERS[status] };
     }
     // A body the handler reads itself is always needed (its protocol's errors answer one left out).
     const body = spec.body ?? spec.ownBody;

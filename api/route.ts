@@ -38,6 +38,8 @@ export interface RouteSpec<P extends TObject | undefined, Q extends TObject | un
   moreResponseTypes?: Record<string, TSchema>;
   /** A GET that refuses HEAD (405: fixedPathMethods), which the router would otherwise answer with the GET (a GET with effects, which a link prefetcher's HEAD would have); Allow leaves HEAD out. Fixed paths only: the router matches nothing else to them. */
   noHead?: true;
+  /** A POST that writes nothing, so loses no race: no 409 implied in the OpenAPI document (api/openapi.ts). */
+  readOnly?: true;
 }
 
 type In<T> = T extends TSchema ? Static<T> : undefined;

@@ -7,7 +7,9 @@ import { Validator } from '@seriousme/openapi-schema-validator';
 import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
 import { allRoutes } from '../api/app.ts';
-import { ADMIN_KEY, textMessage, useStack, type Response } from './helpers/stack.ts';
+import fs from 'node:fs';
+import path from 'node:path';
+import { ADMIN_KEY, testDb, textMessage, useStack, waitFor, type Response } from './helpers/stack.ts';
 
 describe('OpenAPI document', () => {
   const stack = useStack({}, { workers: 0 });
@@ -47,13 +49,14 @@ describe('OpenAPI document', () => {
     }
     // Statuses the shared layers answer are listed even where a route does not name them.
     const statuses = (path: string, method: string) => Object.keys(doc.paths[path][method].responses).sort();
-    assert.deepEqual(statuses('/_internal/v1/trigger_codegen', 'post'), ['200', '400', '401', '403', '413', '415', '429', '500', '503']);
+    // 417 and 431 on every operation: they are answered before any route runs.
+    assert.deepEqual(statuses('/_internal/v1/trigger_codegen', 'post'), ['200', '400', '401', '403', '413', '415', '417', '429', '431', '500', '503']);
     assert.deepEqual(statuses('/api/bridge/v1/available-providers/{provider_controller_type_id}/available-credentials/{credential_controller_type_id}/credential/resource-server', 'post'),
-      ['201', '400', '401', '403', '404', '413', '415', '429', '500', '502', '503']);
+      ['201', '400', '401', '403', '404', '409', '413', '415', '417', '429', '431', '500', '502', '503']);
     // A GET refuses a body too (400, 413, 415: its own test below).
-    assert.deepEqual(statuses('/_internal/v1/health', 'get'), ['200', '400', '413', '415']);
+    assert.deepEqual(statuses('/_internal/v1/health', 'get'), ['200', '400', '413', '415', '417', '431']);
     // The seed's list-contexts answers: 500 among its errors; no 404, which a list never answers.
-    assert.deepEqual(statuses('/api/task/v1/context', 'get'), ['200', '400', '401', '403', '413', '415', '429', '500', '503']);
+    assert.deepEqual(statuses('/api/task/v1/context', 'get'), ['200', '400', '401', '403', '413', '415', '417', '429', '431', '500', '503']);
     for (const list of ['/api/task/v1', '/api/task/v1/context/{context_id}/task', '/api/secret/v1', '/api/encryption/v1/envelope']) {
       assert.ok(!statuses(list, 'get').includes('404'), list);
     }
@@ -70,12 +73,26 @@ describe('OpenAPI document', () => {
     assert.deepEqual([params.page_size.required, params.page_size.schema.type, params.page_size.schema.format], [true, 'integer', 'int64']);
     assert.deepEqual([params.next_page_token.required, params.next_page_token.schema.type], [false, 'string']);
     assert.equal(doc.paths['/api/secret/v1'].get.parameters.find((p: any) => p.name === 'page_size').schema.format, 'int64');
-    assert.deepEqual(statuses('/api/bridge/v1/generic-oauth-callback', 'get'), ['200', '303', '400', '404', '405', '410', '413', '415', '500', '502', '503']);
+    assert.deepEqual(statuses('/api/bridge/v1/generic-oauth-callback', 'get'), ['200', '303', '400', '404', '405', '410', '413', '415', '417', '431', '500', '502', '503']);
     // 409s that only races give are listed too: a task naming the context that retention is deleting
-    // (README, Operating), a secret moving between aliases while written, a rotation's job id taken.
+    // (README, Operating), a secret moving between aliases while written, a rotation's job id taken;
+    // any write losing a race (a row it refers to deleted meanwhile): every operation that writes.
     assert.ok(statuses('/api/task/v1', 'post').includes('409'));
     assert.ok(statuses('/api/secret/v1/{secret_id}', 'put').includes('409'));
     assert.ok(statuses('/api/encryption/v1/dek/alias/{alias}/rotate', 'post').includes('409'));
+    for (const { spec } of allRoutes) {
+      const listed = statuses(spec.path.replace(/:([A-Za-z0-9_]+)/g, '{$1}'), spec.method);
+      for (const s of ['417', '431']) assert.ok(listed.includes(s), `${spec.operationId} does not list ${s}`);
+      if (spec.method !== 'get' && !spec.ownBody && !spec.readOnly) assert.ok(listed.includes('409'), `${spec.operationId} writes but does not list 409`);
+    }
+    // The headers those statuses always carry, wherever they are listed.
+    for (const [p, ops] of Object.entries<any>(doc.paths)) {
+      for (const [method, op] of Object.entries<any>(ops)) {
+        for (const [status, header] of [['405', 'Allow'], ['429', 'Retry-After'], ['503', 'Retry-After']]) {
+          if (op.responses[status]) assert.equal(op.responses[status].headers?.[header]?.required, true, `${method} ${p} ${status}: ${header}`);
+        }
+      }
+    }
     // Sending a message has two success codes; each says what it means (a 200 is a retry, README).
     const sent = doc.paths['/api/task/v1/{task_id}/message'].post.responses;
     assert.equal(sent['201'].description, 'The message is stored');
@@ -149,6 +166,9 @@ describe('OpenAPI document', () => {
       const answer = op.responses[String(r.status)];
       assert.ok(answer, `${op.operationId} does not document status ${r.status}: ${r.text.slice(0, 300)}`);
       seen.add(`${op.operationId} ${r.status}`);
+      // The headers it names are there; the ones the shared layers add are named.
+      for (const [name, h] of Object.entries<any>(answer.headers ?? {})) if (h.required) assert.ok(r.headers.get(name), `${op.operationId} ${r.status}: no ${name} header`);
+      for (const name of ['Allow', 'Retry-After', 'Location']) if (r.headers.get(name)) assert.ok(answer.headers?.[name], `${op.operationId} ${r.status}: ${name} is not documented`);
       const type = r.headers.get('content-type')?.split(';')[0] ?? '';
       if (!answer.content) return assert.equal(r.text, '', `${op.operationId} ${r.status}`);
       assert.ok(answer.content[type], `${op.operationId} ${r.status}: content type '${type}' is not among ${Object.keys(answer.content)}`);
@@ -164,6 +184,18 @@ describe('OpenAPI document', () => {
     return { check, call, seen };
   };
 
+  // node:http, for what fetch will not send: a body with a GET, an Expect header.
+  const send = (method: string, url: string, headers: Record<string, string>, body = '') => new Promise<Response>((resolve, reject) => {
+    const req = http.request(new URL(url, stack.api.url), { method: method.toUpperCase(), headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-length': String(Buffer.byteLength(body)), ...headers } }, (res) => {
+      let text = '';
+      res.setEncoding('utf8').on('data', (c) => (text += c)).on('end', () => {
+        const got = new Headers(Object.entries(res.headers).map(([k, v]) => [k, String(v)]));
+        resolve({ status: res.statusCode!, headers: got, text, body: text ? JSON.parse(text) : undefined });
+      });
+    });
+    req.on('error', reject).end(body);
+  });
+
   it('a body where the operation takes none: the 400, 413 and 415 it answers are documented on every operation that reads one', async () => {
     // mount (api/route.ts) reads the body of every route but those that read their own.
     for (const { spec } of allRoutes) {
@@ -173,26 +205,66 @@ describe('OpenAPI document', () => {
     const { check, call } = checker();
     const secret = await call('post', '/api/secret/v1', { key: `doc-${randomUUID()}`, raw_value: 'v' });
     assert.equal(secret.status, 201, secret.text);
-    // fetch sends no body with a GET: node:http does.
-    const send = (method: string, url: string, type: string, body: string) => new Promise<Response>((resolve, reject) => {
-      const req = http.request(new URL(url, stack.api.url), { method: method.toUpperCase(), headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': type, 'content-length': Buffer.byteLength(body) } }, (res) => {
-        let text = '';
-        res.setEncoding('utf8').on('data', (c) => (text += c)).on('end', () => {
-          const headers = new Headers(Object.entries(res.headers).map(([k, v]) => [k, String(v)]));
-          resolve({ status: res.statusCode!, headers, text, body: text ? JSON.parse(text) : undefined });
-        });
-      });
-      req.on('error', reject).end(body);
-    });
     const big = JSON.stringify({ pad: 'x'.repeat(Number(stack.env.BODY_LIMIT_BYTES ?? 1 << 20)) });
     for (const [method, url] of [['get', '/_internal/v1/health'], ['get', '/api/openapi.json'], ['get', '/api/task/v1/context?page_size=1'],
       ['delete', `/api/secret/v1/${secret.body.id}`], ['delete', '/api/encryption/v1/envelope/none.key'], ['get', '/.well-known/agent-card.json']]) {
       for (const [type, body, status] of [['text/plain', 'not json', 415], ['application/json', '{"x":1}', 400], ['application/json', big, 413]] as const) {
-        const r = await send(method, url, type, body);
+        const r = await send(method, url, { 'content-type': type }, body);
         assert.equal(r.status, status, `${method} ${url}: ${r.text}`);
         check(r, method, url);
       }
     }
+  });
+
+  it('answers given before or around the routes are documented with their headers: 431, 417, 405 with Allow, 503 with Retry-After, a race\'s 409', async () => {
+    const { check, call, seen } = checker();
+    // Answered by api/client-errors.ts before any route.
+    const big = await stack.client.request('GET', '/api/task/v1', undefined, { headers: { 'x-pad': 'x'.repeat(20_000) } });
+    assert.equal(big.status, 431, big.text);
+    check(big, 'get', '/api/task/v1');
+    const expect = await send('post', '/api/task/v1', { 'content-type': 'application/json', expect: 'bogus' }, JSON.stringify({ message: textMessage('expect') }));
+    assert.equal(expect.status, 417, expect.text);
+    check(expect, 'post', '/api/task/v1');
+    // The OAuth callback refuses HEAD (it would redeem the state): 405 naming the methods it takes.
+    const head = await stack.client.request('HEAD', '/api/bridge/v1/generic-oauth-callback?state=s&code=c');
+    assert.equal(head.status, 405);
+    assert.equal(head.headers.get('allow'), 'GET');
+    assert.ok(doc.paths['/api/bridge/v1/generic-oauth-callback'].get.responses['405'].headers.Allow, 'the 405 documents Allow');
+    // Not ready: this process can read no local envelope key file.
+    const keysDir = path.join(stack.env.DATA_DIR, 'keys');
+    const files = fs.readdirSync(keysDir);
+    for (const f of files) fs.renameSync(path.join(keysDir, f), path.join(keysDir, `${f}.away`));
+    try {
+      const down = await call('get', '/_internal/v1/ready');
+      assert.equal(down.status, 503, down.text);
+      assert.equal(down.headers.get('retry-after'), '5');
+    } finally {
+      for (const f of files) fs.renameSync(path.join(keysDir, `${f}.away`), path.join(keysDir, f));
+    }
+    // A write losing a race: the DEK an alias is pointed at is deleted while the update waits on it.
+    const E = '/api/encryption/v1';
+    const file = `doc-${randomUUID()}.key`;
+    await call('post', `${E}/envelope`, { type: 'local', file_name: file });
+    const [first, doomed] = [(await call('post', `${E}/envelope/${file}/dek`, {})).body, (await call('post', `${E}/envelope/${file}/dek`, {})).body];
+    const alias = `doc-${randomUUID()}`;
+    await call('post', `${E}/dek/alias`, { dek_id: first.id, alias });
+    const deleter = await testDb().transaction();
+    let raced: Promise<Response>;
+    try {
+      await deleter('deks').where({ id: doomed.id }).delete();
+      raced = stack.client.put(`${E}/dek/alias/${alias}`, { new_dek_id: doomed.id });
+      await waitFor(async () => {
+        const { rows } = await testDb().raw(`select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and pid <> pg_backend_pid()`);
+        return rows[0].n >= 1;
+      }, 'the alias update to wait for the deleted DEK');
+      await deleter.commit();
+    } finally {
+      if (!deleter.isCompleted()) await deleter.rollback();
+    }
+    const lost = await raced!;
+    assert.equal(lost.status, 409, lost.text);
+    check(lost, 'put', `${E}/dek/alias/${alias}`);
+    for (const expected of ['list-tasks 431', 'create-task 417', 'ready 503', 'update-dek-alias 409']) assert.ok(seen.has(expected), `not exercised: ${expected} (${[...seen].join(', ')})`);
   });
 
   it('secret and encryption responses, and their errors, follow the documented schemas', async () => {
@@ -320,5 +392,22 @@ describe('OpenAPI document', () => {
       valid(mcpAnswer, r.body);
       assert.ok(!JSON.stringify(r.body).includes('"error"'), r.text);
     }
+  });
+});
+
+describe('OpenAPI document: a 429 carries the Retry-After it documents', () => {
+  const stack = useStack({ RATE_LIMIT_PER_SECOND: '1' }, { workers: 0 });
+
+  it('a request past RATE_LIMIT_PER_SECOND: 429 with Retry-After, both listed on the operation', async () => {
+    const doc = (await stack.client.as('').get('/api/openapi.json')).body;
+    const answer = await waitFor(async () => {
+      const r = await stack.client.get('/api/task/v1');
+      return r.status === 429 && r;
+    }, 'a 429');
+    const documented = doc.paths['/api/task/v1'].get.responses['429'];
+    assert.ok(documented, 'list-tasks lists 429');
+    assert.equal(documented.headers['Retry-After'].required, true);
+    assert.match(answer.headers.get('retry-after') ?? '', new RegExp(documented.headers['Retry-After'].schema.pattern));
+    assert.equal(answer.body.data.code, 'rate_limited');
   });
 });

@@ -47,7 +47,7 @@ export const internalRoutes = [
   }),
 
   defineRoute({
-    method: 'post', path: '/_internal/v1/trigger_codegen', operationId: 'trigger-codegen', tag, scope: 'internal',
+    method: 'post', path: '/_internal/v1/trigger_codegen', operationId: 'trigger-codegen', tag, scope: 'internal', readOnly: true,
     summary: 'Generate a typed TypeScript client for the enabled bridge function instances (files returned, not written)',
     body: NoInput,
     responses: {
