@@ -210,6 +210,24 @@ describe('agent modules', () => {
     assert.deepEqual(got.artifacts, task.artifacts);
   });
 
+  it("an appended chunk's name, description and metadata merge into the artifact as the SDK's server merges them (tasks/get, send, a stream's snapshot)", async () => {
+    const { state, task } = await finalOf('chunks');
+    assert.equal(state, 'input-required');
+    // Parts appended; a chunk's non-empty name replaces the name, its metadata keys are added; the
+    // extensions stay as first sent. Before, the first chunk's name and metadata were kept.
+    const story = { artifactId: 'story', name: 'story', metadata: { v: 1, keep: 'a', added: true }, extensions: ['urn:ext:a'], parts: ['once', 'upon', 'a time'].map((text) => ({ kind: 'text', text })) };
+    assert.deepEqual(task.artifacts, [story]);
+    assert.deepEqual((await rpc('tasks/get', { id: task.id })).body.result.artifacts, [story]);
+    // The answer's stream starts with the task as it stands, then the last chunk.
+    const streamed = await rpc('message/stream', { message: { ...userMessage('chunks: the end'), taskId: task.id } });
+    const events = streamed.text.split('\n').filter((l) => l.startsWith('data: ')).map((l) => JSON.parse(l.slice(6)).result);
+    assert.equal(events[0].kind, 'task');
+    assert.deepEqual(events[0].artifacts, [story]);
+    assert.equal(events.at(-1).status.state, 'completed');
+    const ended = { ...story, description: 'a short one', metadata: { v: 2, keep: 'a', added: true }, parts: [...story.parts, { kind: 'text', text: 'the end' }] };
+    assert.deepEqual((await rpc('tasks/get', { id: task.id })).body.result.artifacts, [ended]);
+  });
+
   it('a task holds at most TASK_ARTIFACTS_MAX_BYTES of artifacts: the update that would take it over is refused, and the agent may go on', async () => {
     const { state, message, task } = await finalOf('fill artifacts');
     assert.equal(state, 'completed');

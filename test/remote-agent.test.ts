@@ -6,7 +6,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { gzipSync } from 'node:zlib';
 import express from 'express';
 import { pino } from 'pino';
-import type { AgentCard, Message, TaskState } from '@a2a-js/sdk';
+import type { AgentCard, Artifact, Message, TaskState } from '@a2a-js/sdk';
+import { ClientFactory, ClientFactoryOptions, DefaultAgentCardResolver, JsonRpcTransportFactory } from '@a2a-js/sdk/client';
 import { DefaultRequestHandler, InMemoryTaskStore, type AgentExecutor, type ExecutionEventBus, type RequestContext } from '@a2a-js/sdk/server';
 import { agentCardHandler, jsonRpcHandler, UserBuilder } from '@a2a-js/sdk/server/express';
 import { remoteAgent } from '../workers/agents/remote-a2a.ts';
@@ -26,7 +27,9 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 // for the local task, and then work until canceled; "[bigask]" asks for input with a question too
 // large for the local task; "[slowstart]" ("[slowstart <ms>]") makes it say nothing for 1.5 s (ms)
 // after taking the message; "[grow]" makes it write its report in 8 chunks of 1,500 characters, one every
-// 250 ms (12 kB in all, which the local task holds);
+// 250 ms (12 kB in all, which the local task holds); "[chunks]" makes it write its story in chunks
+// that rename it and add metadata, and ask for the end, which a follow-up appends with a description
+// and a changed metadata key;
 // a follow-up turn says which turn it is.
 class RemoteExecutor implements AgentExecutor {
   readonly received: { taskId: string; contextId: string; text: string; continued: boolean; message: Message }[] = [];
@@ -71,6 +74,19 @@ class RemoteExecutor implements AgentExecutor {
     }
     if (text.includes('[ask]')) {
       status('input-required', 'Which colour?', true);
+      bus.finished();
+      return;
+    }
+    if (text.includes('[chunks]')) {
+      const chunk = (append: boolean, artifact: Omit<Artifact, 'artifactId'>) => bus.publish({ kind: 'artifact-update', taskId, contextId, append, artifact: { artifactId: 'story', ...artifact } });
+      if (!task) {
+        chunk(false, { name: 'draft', metadata: { v: 1, keep: 'a' }, parts: [{ kind: 'text', text: 'once' }] });
+        chunk(true, { name: 'story', metadata: { added: true }, parts: [{ kind: 'text', text: 'upon a time' }] });
+        status('input-required', 'How does it end?', true);
+      } else {
+        chunk(true, { description: 'a short one', metadata: { v: 2 }, parts: [{ kind: 'text', text: 'the end' }] });
+        status('completed', 'Told', true);
+      }
       bus.finished();
       return;
     }
@@ -360,6 +376,30 @@ for (const streaming of [true, false]) {
         [['grown', Array.from({ length: 8 }, (_, i) => String(i).repeat(1500))]]);
       const stored = (await timeline(id)).filter((e: any) => e.type === 'artifact-update').flatMap((e: any) => e.artifact.parts);
       assert.equal(stored.length, 8, 'each part stored once');
+    });
+
+    it("holds an artifact the remote wrote in chunks that renamed it and added metadata, across turns, as the remote's own task shows it", async () => {
+      const created = await stack.client.post('/api/task/v1', { message: textMessage('a story [chunks]') });
+      const id = created.body.task.id;
+      await finished(id, 'input-required');
+      assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage('and then [chunks]'))).status, 201);
+      await finished(id, 'completed');
+      // The remote's task, read with the SDK's client.
+      const keyed: typeof fetch = (input, init) => fetch(input, { ...init, headers: { ...Object.fromEntries(new Headers(init?.headers)), authorization: `Bearer ${REMOTE_KEY}` } });
+      const client = await new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
+        transports: [new JsonRpcTransportFactory({ fetchImpl: keyed })], cardResolver: new DefaultAgentCardResolver({ fetchImpl: keyed }),
+      })).createFromUrl(`${remote.url}/`);
+      const theirs = (await client.getTask({ id: executor.received.find((r) => r.text === 'a story [chunks]')!.taskId })).artifacts;
+      assert.deepEqual(theirs, [{
+        artifactId: 'story', name: 'story', description: 'a short one', metadata: { v: 2, keep: 'a', added: true },
+        parts: ['once', 'upon a time', 'the end'].map((text) => ({ kind: 'text', text })),
+      }]);
+      // Before, the local copy kept the first chunk's name and metadata (streamed), or a poll stored
+      // the artifact whole again once its name or metadata had changed.
+      const ours = (await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id } })).body.result.artifacts;
+      assert.deepEqual(ours, theirs);
+      const stored = (await timeline(id)).filter((e: any) => e.type === 'artifact-update').flatMap((e: any) => e.artifact.parts);
+      assert.equal(stored.length, 3, 'each part stored once');
     });
 
     it("cancels the remote task of a local task that failed on the remote's last word (a question too large for it)", async () => {

@@ -30,6 +30,7 @@ import { secretMasker } from '../../domain/secret-mask.ts';
 import { callSignal } from '../../domain/call-signal.ts';
 import { fetchPublicOnly } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
+import { applyArtifactUpdate, chunkBetween } from '../../domain/a2a/artifact-merge.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
 import { sameAsStored } from '../../domain/storable-json.ts';
 import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
@@ -393,10 +394,11 @@ const artifactMembers = ({ artifactId, name, description, parts, metadata, exten
 // their content. Returns the run's result once the remote task has ended or is interrupted.
 class Mirror {
   private readonly seenMessages = new Set<string>();
-  // Each artifact as the local task holds it, as far as this run knows (merged as the local task
-  // merges its updates). A snapshot of the remote task (every poll) shows each artifact whole: one the
-  // remote grew since is extended by its new parts. Stored whole at every poll, an artifact the remote
-  // grew in chunks took the task over TASK_ARTIFACTS_MAX_BYTES at a fraction of that size.
+  // Each artifact as the local task holds it, as far as this run knows (updates merged by the task's
+  // own rule, domain/a2a/artifact-merge.ts). A snapshot of the remote task (every poll) shows each
+  // artifact whole: one the remote grew since is extended by a chunk of its new parts. Stored whole at
+  // every poll, an artifact the remote grew in chunks took the task over TASK_ARTIFACTS_MAX_BYTES at a
+  // fraction of that size.
   private readonly artifacts = new Map<string, Artifact>();
   // The interruption this turn answers. A remote may report it again before it takes up the answer
   // (a stream opened with the task as it stands, as taskbridge's own do): that is not this turn's end.
@@ -439,13 +441,8 @@ class Mirror {
       local.splice(copy, 1);
       this.seenMessages.add(m.messageId);
     }
-    const stored = artifactsFromTimeline(await listArtifactItems(this.db, this.ctx.task.id));
-    for (const a of task.artifacts ?? []) {
-      const held = stored.find((s) => s.artifactId === a.artifactId);
-      // Parts only: the other fields of an artifact sent in chunks are merged differently here. One
-      // the remote grew since the local copy is that copy, to be extended.
-      if (held) this.artifacts.set(a.artifactId, artifactMembers(sameAsStored(held.parts, a.parts) ? a : held));
-    }
+    // The local copies as they are: one the remote changed since is updated by apply.
+    for (const held of artifactsFromTimeline(await listArtifactItems(this.db, this.ctx.task.id))) this.artifacts.set(held.artifactId, held);
   }
 
   // The interruption being answered, reported again: same time stamp or, without those, same status
@@ -505,23 +502,24 @@ class Mirror {
     const known = this.artifacts.get(a.artifactId);
     const own = artifactMembers(a);
     if (!append && known && sameAsStored(known, own)) return;
-    this.artifacts.set(a.artifactId, append && known ? { ...known, parts: [...known.parts, ...own.parts] } : own);
-    this.answering = undefined;
-    await this.ctx.emitArtifact({ ...own, ...(append ? { append } : {}), ...(lastChunk ? { lastChunk } : {}) });
+    await this.store(own, { append, lastChunk });
   }
 
-  // An artifact as a snapshot of the remote task shows it: stored when it changed, by its new parts
-  // alone when it only grew.
+  // An artifact as a snapshot of the remote task shows it: stored when it changed, as a chunk of its
+  // new parts (and changed name, description, metadata) when it grew, else whole.
   private async artifactOf(a: Artifact): Promise<void> {
     const known = this.artifacts.get(a.artifactId);
     const own = artifactMembers(a);
     if (known && sameAsStored(known, own)) return;
-    this.artifacts.set(a.artifactId, own);
+    const chunk = known && chunkBetween(known, own);
+    await this.store(chunk || own, { append: !!chunk });
+  }
+
+  // Stores an artifact update in the local task, noting the artifact as the task then holds it.
+  private async store(artifact: Artifact, { append, lastChunk }: { append?: boolean; lastChunk?: boolean }): Promise<void> {
+    this.artifacts.set(artifact.artifactId, applyArtifactUpdate(this.artifacts.get(artifact.artifactId), artifact, append));
     this.answering = undefined;
-    const { parts: had, ...was } = known ?? { parts: [] };
-    const { parts, ...is } = own;
-    const grown = known && parts.length > had.length && sameAsStored(was, is) && sameAsStored(had, parts.slice(0, had.length));
-    await this.ctx.emitArtifact(grown ? { artifactId: a.artifactId, parts: parts.slice(had.length), append: true } : own);
+    await this.ctx.emitArtifact({ ...artifact, ...(append ? { append } : {}), ...(lastChunk ? { lastChunk } : {}) });
   }
 
   private async status(status: TaskStatus): Promise<AgentResult | undefined> {
