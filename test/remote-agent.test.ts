@@ -29,7 +29,8 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 // after taking the message; "[grow]" makes it write its report in 8 chunks of 1,500 characters, one every
 // 250 ms (12 kB in all, which the local task holds); "[chunks]" makes it write its story in chunks
 // that rename it and add metadata, and ask for the end, which a follow-up appends with a description
-// and a changed metadata key;
+// and a changed metadata key; "[closing]" closes its artifact with a last chunk of no parts (once
+// with metadata);
 // a follow-up turn says which turn it is.
 class RemoteExecutor implements AgentExecutor {
   readonly received: { taskId: string; contextId: string; text: string; continued: boolean; message: Message }[] = [];
@@ -87,6 +88,17 @@ class RemoteExecutor implements AgentExecutor {
         chunk(true, { description: 'a short one', metadata: { v: 2 }, parts: [{ kind: 'text', text: 'the end' }] });
         status('completed', 'Told', true);
       }
+      bus.finished();
+      return;
+    }
+    if (text.includes('[closing]')) {
+      const chunk = (artifactId: string, append: boolean, artifact: Partial<Artifact>, lastChunk = false) =>
+        bus.publish({ kind: 'artifact-update', taskId, contextId, append, lastChunk, artifact: { artifactId, parts: [], ...artifact } });
+      chunk('log', false, { name: 'log', parts: [{ kind: 'text', text: 'line 1' }] });
+      chunk('log', true, {}, true);
+      chunk('notes', false, { parts: [{ kind: 'text', text: 'note 1' }] });
+      chunk('notes', true, { metadata: { complete: true } }, true);
+      status('completed', 'Closed', true);
       bus.finished();
       return;
     }
@@ -400,6 +412,20 @@ for (const streaming of [true, false]) {
       assert.deepEqual(ours, theirs);
       const stored = (await timeline(id)).filter((e: any) => e.type === 'artifact-update').flatMap((e: any) => e.artifact.parts);
       assert.equal(stored.length, 3, 'each part stored once');
+    });
+
+    it("takes a remote's last chunk of no parts, which adds nothing (or only its metadata) to the artifact", async () => {
+      // Before, the streamed one failed the local task ('Invalid artifact: artifact.parts must NOT have
+      // fewer than 1 items') and canceled the remote's.
+      const done = await outcome(stack, 'close it [closing]');
+      assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+      const a2a = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: done.task.id } });
+      assert.deepEqual(a2a.body.result.artifacts, [
+        { artifactId: 'log', name: 'log', parts: [{ kind: 'text', text: 'line 1' }] },
+        { artifactId: 'notes', parts: [{ kind: 'text', text: 'note 1' }], metadata: { complete: true } },
+      ]);
+      const stored = (await timeline(done.task.id)).filter((e: any) => e.type === 'artifact-update').map((e: any) => e.artifact.artifactId);
+      assert.deepEqual(stored.filter((a: string) => a === 'log'), ['log'], 'a chunk that changes nothing is not stored');
     });
 
     it("cancels the remote task of a local task that failed on the remote's last word (a question too large for it)", async () => {

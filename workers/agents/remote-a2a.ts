@@ -30,7 +30,7 @@ import { secretMasker } from '../../domain/secret-mask.ts';
 import { callSignal } from '../../domain/call-signal.ts';
 import { fetchPublicOnly } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
-import { applyArtifactUpdate, chunkBetween } from '../../domain/a2a/artifact-merge.ts';
+import { applyArtifactUpdate, chunkBetween, mergeArtifactChunk } from '../../domain/a2a/artifact-merge.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
 import { sameAsStored } from '../../domain/storable-json.ts';
 import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
@@ -497,12 +497,17 @@ class Mirror {
     await this.ctx.reply(replyOf(m));
   }
 
-  // An artifact-update event: stored as sent, unless it repeats the artifact as it stands.
+  // An artifact-update event: stored as sent, unless it repeats the artifact as it stands. A chunk of
+  // no parts (a remote closing its artifact: the SDK takes it) is no update an agent may store: what it
+  // changes, if anything, is stored as the artifact it makes.
   private async artifactUpdate(a: Artifact, { append, lastChunk }: { append?: boolean; lastChunk?: boolean }): Promise<void> {
     const known = this.artifacts.get(a.artifactId);
     const own = artifactMembers(a);
-    if (!append && known && sameAsStored(known, own)) return;
-    await this.store(own, { append, lastChunk });
+    const whole = append && known && !own.parts.length ? mergeArtifactChunk(known, own) : undefined;
+    const update = whole ?? own;
+    const appends = !!append && !whole;
+    if (!appends && known && sameAsStored(known, update)) return;
+    await this.store(update, { append: appends, lastChunk });
   }
 
   // An artifact as a snapshot of the remote task shows it: stored when it changed, as a chunk of its
