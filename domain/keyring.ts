@@ -227,11 +227,15 @@ export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: str
 }
 
 // Points an alias at another DEK inside `trx`; every process drops its cached view on commit.
+// One already naming that DEK is answered as it is: no write, so updated_at (which clients poll)
+// and every process's cache stay as they are.
 export async function repointAlias(trx: Knex.Transaction, alias: string, dekId: string): Promise<AliasRow> {
   if (!(await getDek(trx, dekId))) throw new NotFound('dek', dekId);
   const before = await getAlias(trx, alias);
+  if (!before) throw new NotFound('dek_alias', alias);
+  if (before.dek_id === dekId) return before;
   const row = await updateAlias(trx, alias, dekId);
-  if (!before || !row) throw new NotFound('dek_alias', alias);
+  if (!row) throw new NotFound('dek_alias', alias);
   invalidateAfterCommit(trx, { dek_ids: [before.dek_id, dekId] });
   return row;
 }

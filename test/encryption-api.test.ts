@@ -172,6 +172,13 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal((await c.put(`${E}/dek/alias/nothing`, { new_dek_id: 'kms-dek' })).status, 404);
     assert.equal((await c.put(`${E}/dek/alias/payments`, { new_dek_id: 'no-such-dek' })).status, 404);
     assert.equal((await c.put(`${E}/dek/alias/payments`, {})).status, 400);
+    // Pointing it where it already points changes nothing: answered as it is, updated_at kept.
+    const again = await c.put(`${E}/dek/alias/payments`, { new_dek_id: 'kms-dek' });
+    assert.equal(again.status, 200);
+    assert.deepEqual(again.body, upd.body);
+    assert.equal((await c.put(`${E}/dek/alias/payments`, { new_dek_id: 'given-dek' })).body.data_encryption_key_id, 'given-dek');
+    const moved = await c.put(`${E}/dek/alias/payments`, { new_dek_id: 'kms-dek' });
+    assert.ok(moved.body.updated_at > upd.body.updated_at, 'a real move stamps updated_at');
 
     assert.equal((await c.delete(`${E}/dek/alias/imported-dek`)).status, 200);
     assert.equal((await c.delete(`${E}/dek/alias/imported-dek`)).status, 404);
