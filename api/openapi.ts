@@ -22,11 +22,19 @@ function collect(schema: unknown, components: Record<string, Json>): unknown {
 // limit (431) and an Expect other than 100-continue (417), both with the Error body.
 const BEFORE_ROUTING = { 417: ErrorBody, 431: ErrorBody };
 
-// The headers an error status always carries, wherever it is listed (domain/errors.ts sets them):
-// 405 the methods the path takes, 429 and 503 when to try again.
+// Sent with every answer, whatever its status (api/middleware/request-id.ts; api/client-errors.ts
+// before routing): the request's own X-Request-Id when sane, else a new one; logs carry it as req_id.
+const ANY_STATUS_HEADERS: Json = {
+  'X-Request-Id': { description: "The request's X-Request-Id echoed (1..128 of A-Z a-z 0-9 . _ : -), else a new UUID; logs name it req_id", required: true, schema: { type: 'string', pattern: '^[A-Za-z0-9._:-]{1,128}$' } },
+};
+
+// The headers an error status carries, wherever it is listed (domain/errors.ts sets them):
+// 405 the methods the path takes, 429 and 503 when to try again, 415 (only for a compressed body,
+// api/middleware/body.ts) the one encoding taken.
 const RETRY_AFTER = { description: 'Seconds to wait before retrying', required: true, schema: { type: 'string', pattern: '^[0-9]+$' } };
 const STATUS_HEADERS: Record<string, Json> = {
   405: { Allow: { description: 'The methods this path answers, comma-separated', required: true, schema: { type: 'string' } } },
+  415: { 'Accept-Encoding': { description: 'identity: sent when the body was refused for its Content-Encoding (send it uncompressed); absent when it was for its type or charset', required: false, schema: { type: 'string', const: 'identity' } } },
   429: { 'Retry-After': RETRY_AFTER },
   503: { 'Retry-After': RETRY_AFTER },
 };
@@ -73,7 +81,8 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
           ? { description: spec.responseDescriptions?.[Number(status)] ?? 'Redirect to Location', headers: { Location: { required: true, schema: { type: 'string', format: 'uri' } } },
             content: { 'text/html': { schema: { type: 'string' } }, 'text/plain': { schema: { type: 'string' } } } }
           : { description: 'No content' };
-      if (STATUS_HEADERS[status]) responses[status] = { ...(responses[status] as Json), headers: STATUS_HEADERS[status] };
+      const answer = responses[status] as Json;
+      responses[status] = { ...answer, headers: { ...(answer.headers as Json | undefined), ...ANY_STATUS_HEADERS, ...STATUS_HEADERS[status] } };
     }
     // A body the handler reads itself is always needed (its protocol's errors answer one left out).
     const body = spec.body ?? spec.ownBody;

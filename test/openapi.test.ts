@@ -168,7 +168,13 @@ describe('OpenAPI document', () => {
       seen.add(`${op.operationId} ${r.status}`);
       // The headers it names are there; the ones the shared layers add are named.
       for (const [name, h] of Object.entries<any>(answer.headers ?? {})) if (h.required) assert.ok(r.headers.get(name), `${op.operationId} ${r.status}: no ${name} header`);
-      for (const name of ['Allow', 'Retry-After', 'Location']) if (r.headers.get(name)) assert.ok(answer.headers?.[name], `${op.operationId} ${r.status}: ${name} is not documented`);
+      for (const name of ['Allow', 'Retry-After', 'Location', 'X-Request-Id', 'Accept-Encoding']) {
+        const value = r.headers.get(name);
+        if (value === null) continue;
+        assert.ok(answer.headers?.[name], `${op.operationId} ${r.status}: ${name} is not documented`);
+        const valid = compile(answer.headers[name].schema);
+        assert.ok(valid(value), `${op.operationId} ${r.status}: ${name} '${value}': ${ajv.errorsText(valid.errors)}`);
+      }
       const type = r.headers.get('content-type')?.split(';')[0] ?? '';
       if (!answer.content) return assert.equal(r.text, '', `${op.operationId} ${r.status}`);
       assert.ok(answer.content[type], `${op.operationId} ${r.status}: content type '${type}' is not among ${Object.keys(answer.content)}`);
@@ -213,6 +219,15 @@ describe('OpenAPI document', () => {
         assert.equal(r.status, status, `${method} ${url}: ${r.text}`);
         check(r, method, url);
       }
+    }
+    // A compressed body is 415 saying what is taken (Accept-Encoding), on a route's body as on a JSON-RPC endpoint's;
+    // a request's own X-Request-Id is echoed.
+    for (const [method, url, body] of [['get', '/api/task/v1/context?page_size=1', '{}'], ['post', '/api/task/v1', JSON.stringify({ message: textMessage('gz') })], ['post', '/api/a2a/v1', '{}'], ['post', '/api/bridge/v1/mcp', '{}']]) {
+      const r = await send(method, url, { 'content-type': 'application/json', 'content-encoding': 'gzip', 'x-request-id': 'doc-gz.1' }, body);
+      assert.equal(r.status, 415, `${method} ${url}: ${r.text}`);
+      assert.equal(r.headers.get('accept-encoding'), 'identity');
+      assert.equal(r.headers.get('x-request-id'), 'doc-gz.1');
+      check(r, method, url);
     }
   });
 
