@@ -29,10 +29,11 @@ const ANY_STATUS_HEADERS: Json = {
 };
 
 // The headers an error status carries, wherever it is listed (domain/errors.ts sets them):
-// 405 the methods the path takes, 429 and 503 when to try again, 415 (only for a compressed body,
-// api/middleware/body.ts) the one encoding taken.
+// 401 the scheme to authenticate with, 405 the methods the path takes, 429 and 503 when to try
+// again, 415 (only for a compressed body, api/middleware/body.ts) the one encoding taken.
 const RETRY_AFTER = { description: 'Seconds to wait before retrying', required: true, schema: { type: 'string', pattern: '^[0-9]+$' } };
 const STATUS_HEADERS: Record<string, Json> = {
+  401: { 'WWW-Authenticate': { description: 'Bearer: send Authorization: Bearer <api key>', required: true, schema: { type: 'string', pattern: '^Bearer' } } },
   405: { Allow: { description: 'The methods this path answers, comma-separated', required: true, schema: { type: 'string' } } },
   415: { 'Accept-Encoding': { description: 'identity: sent when the body was refused for its Content-Encoding (send it uncompressed); absent when it was for its type or charset', required: false, schema: { type: 'string', const: 'identity' } } },
   429: { 'Retry-After': RETRY_AFTER },

@@ -168,7 +168,7 @@ describe('OpenAPI document', () => {
       seen.add(`${op.operationId} ${r.status}`);
       // The headers it names are there; the ones the shared layers add are named.
       for (const [name, h] of Object.entries<any>(answer.headers ?? {})) if (h.required) assert.ok(r.headers.get(name), `${op.operationId} ${r.status}: no ${name} header`);
-      for (const name of ['Allow', 'Retry-After', 'Location', 'X-Request-Id', 'Accept-Encoding']) {
+      for (const name of ['Allow', 'Retry-After', 'Location', 'X-Request-Id', 'Accept-Encoding', 'WWW-Authenticate']) {
         const value = r.headers.get(name);
         if (value === null) continue;
         assert.ok(answer.headers?.[name], `${op.operationId} ${r.status}: ${name} is not documented`);
