@@ -1,5 +1,7 @@
+import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
 import { deleteUnusedDek } from './deks.ts';
+import { invalidateAfterCommit } from '../domain/keyring.ts';
 import { isOpenKeyJob, KEY_JOB_ENDED, KEY_JOB_OPEN, MIGRATE_DEKS, ROTATE_ALIAS, type KeyJobStatus } from '../domain/key-job-states.ts';
 
 const MAX_ERRORS = 1000;
@@ -37,7 +39,7 @@ export async function getKeyJob(db: Tx, id: string): Promise<KeyJobRow | undefin
 // Locks a job's row for the rest of `db` (a transaction), which every step of a job does first. A
 // cancel asked meanwhile (requestKeyJobCancel) is applied here, so the step finds the job canceled.
 // `skipLocked`: undefined, rather than a wait, while another transaction holds the row (a batch).
-export async function lockKeyJob(db: Tx, id: string, opts: { skipLocked?: boolean } = {}): Promise<KeyJobRow | undefined> {
+export async function lockKeyJob(db: Knex.Transaction, id: string, opts: { skipLocked?: boolean } = {}): Promise<KeyJobRow | undefined> {
   const q = db('key_jobs').where({ id }).forUpdate();
   if (opts.skipLocked) q.skipLocked();
   const job: KeyJobRow | undefined = await q.first();
@@ -113,8 +115,9 @@ export async function lockMigrationStarts(db: Tx): Promise<void> {
 // its alias moved) may leave the DEK it made for itself referred to by nothing but the job's params:
 // ended before its walk began, or before a batch moved a value to it. It is deleted with the job's
 // end unless something refers to it (deleteUnusedDek): the values the walk moved, the alias once
-// repointed, or an alias someone pointed at it.
-export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<void> {
+// repointed, or an alias someone pointed at it. Deleted, it leaves every process's DEK cache once
+// this commits: the worker that made it holds it, and its id, free again, may be given to another.
+export async function finishKeyJob(db: Knex.Transaction, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<void> {
   await withdrawKeyJobCancel(db, id);
   const [ended] = await db('key_jobs').where({ id }).update({
     status,
@@ -123,7 +126,7 @@ export async function finishKeyJob(db: Tx, id: string, status: 'completed' | 'fa
   }).returning(['kind', 'params']) as Pick<KeyJobRow, 'kind' | 'params'>[];
   const { prepared_dek_id: prepared, new_dek_id: started } = (ended?.params ?? {}) as { prepared_dek_id?: string; new_dek_id?: string };
   const made = started ?? prepared;
-  if (ended?.kind === ROTATE_ALIAS && status !== 'completed' && made) await deleteUnusedDek(db, made);
+  if (ended?.kind === ROTATE_ALIAS && status !== 'completed' && made && await deleteUnusedDek(db, made)) invalidateAfterCommit(db, { dek_ids: [made] });
 }
 
 // Queued or running jobs created at least `olderThanMs` ago: candidates for recovery.

@@ -1,6 +1,6 @@
 // The keyring: envelope keys, DEKs and aliases as the rest of the service uses them. Unwrapped
-// DEKs are cached per process for DEK_CACHE_TTL_MS; alias changes and DEK migrations invalidate
-// the caches of every process through the event bus.
+// DEKs are cached per process for DEK_CACHE_TTL_MS; alias changes, DEK migrations and the deletion of
+// a rotation's unused DEK invalidate the caches of every process through the event bus.
 import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
 import type { Services } from './services.ts';

@@ -250,10 +250,10 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     assert.equal((await testDb()('secrets').where({ dek_alias: ALIAS }).whereNot({ dek_id: done.params.new_dek_id })).length, 0);
   });
 
-  it('a cancel while the rotation makes its new DEK is 202 and ends the job before its walk, deleting that DEK', async () => {
-    const deks = async () => Number((await testDb()('deks').count({ n: '*' }))[0].n);
-    const before = await deks();
-    const oldDek = await aliasDek(ALIAS);
+  // A rotation of ALIAS canceled while it makes its new DEK: requested with the workers held off, then
+  // the alias held, so the rotation's first step (which holds the job) waits for it, its DEK not yet
+  // made, and the cancel is 202. Resolves to the job once it has ended.
+  async function canceledWhileMakingDek() {
     const jobHeld = async (id: string) => {
       try {
         await testDb().transaction((t) => t.raw('select 1 from key_jobs where id = ? for update nowait', [id]));
@@ -263,8 +263,6 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
         throw err;
       }
     };
-    // Requested with the workers held off, then the alias held: the rotation's first step (which holds
-    // the job) waits for it, its DEK not yet made.
     const id = await withQueue(stack.env, 'key-jobs', queuedRotation);
     const held = await testDb().transaction();
     try {
@@ -280,6 +278,14 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     const ended = await waitFor(async () => { const j = await job(id); return j.status !== 'queued' && j.status !== 'running' && j; }, 'the rotation to end');
     assert.equal(ended.status, 'canceled', JSON.stringify(ended));
     assert.ok(ended.params.prepared_dek_id, 'its new DEK had been made');
+    return ended;
+  }
+
+  it('a cancel while the rotation makes its new DEK is 202 and ends the job before its walk, deleting that DEK', async () => {
+    const deks = async () => Number((await testDb()('deks').count({ n: '*' }))[0].n);
+    const before = await deks();
+    const oldDek = await aliasDek(ALIAS);
+    const ended = await canceledWhileMakingDek();
     assert.equal(ended.params.new_dek_id, undefined, 'its walk never began');
     assert.equal(await testDb()('deks').where({ id: ended.params.prepared_dek_id }).first(), undefined, 'the DEK made for it is deleted');
     assert.equal(await deks(), before);
@@ -303,6 +309,51 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
       }
     });
     assert.equal(await deks(), before);
+  });
+
+  it('a DEK created under the id of the DEK a canceled rotation made and deleted is that new DEK in the worker too, not the one it had cached', async () => {
+    const envelope = (await c.get(`${E}/dek/alias/${ALIAS}`)).body.envelope_encryption_key_id.id;
+    // DEK ids are the client's to choose: a deleted DEK's id is free again. The worker that made the
+    // deleted DEK then opens secrets under the new one to move them (a rotation of their alias).
+    const reuse = async (id: string, alias: string) => {
+      assert.equal((await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, { id })).status, 201);
+      assert.equal((await c.post(`${E}/dek/alias`, { dek_id: id, alias })).status, 201);
+      const keys = [`${alias}/0`, `${alias}/1`];
+      for (const k of keys) await createSecret(k, alias);
+      const r = await c.post(`${E}/dek/alias/${alias}/rotate`);
+      assert.equal(r.status, 202, r.text);
+      const done = await waitJob(r.body.id);
+      assert.deepEqual([done.status, done.done, done.failed], ['completed', 2, 0], JSON.stringify(done.errors));
+      const all = await decryptedAll();
+      for (const k of keys) assert.equal(all.get(k), expected.get(k), k);
+    };
+    // Deleted by the worker itself, whose step applied the cancel.
+    await reuse((await canceledWhileMakingDek()).params.prepared_dek_id, 'rot-reused-1');
+
+    // Deleted by the API, which applied the cancel at once (200) while the job waited for its retry:
+    // its start failed (its connection ended) after it had made its DEK, with the queue paused.
+    const id = await withQueue(stack.env, 'key-jobs', queuedRotation);
+    const write = await testDb().transaction();
+    try {
+      await write('dek_aliases').where({ alias: ALIAS }).forShare().first();
+      await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
+        await keyJobs.resume();
+        await waitFor(async () => (await testDb()('key_jobs').where({ id }).first()).params.prepared_dek_id, 'the rotation to make its DEK', 20000, 20);
+        const waiting = async () => (await testDb().raw(`select pid from pg_stat_activity where wait_event_type = 'Lock' and query ilike '%dek_aliases%'`)).rows[0]?.pid;
+        const pid = await waitFor(waiting, 'the start to wait for the write', 20000, 20);
+        await keyJobs.pause();
+        await testDb().raw('select pg_terminate_backend(?)', [pid]);
+      });
+      await waitFor(async () => stack.workers[0].logs.some((l) => l.includes(id) && l.includes('step failed; will retry')), 'the start to fail', 20000, 20);
+    } finally {
+      await write.rollback();
+    }
+    const canceled = await c.post(`${E}/job/${id}/cancel`);
+    assert.deepEqual([canceled.status, canceled.body.status], [200, 'canceled'], canceled.text);
+    const made: string = canceled.body.params.prepared_dek_id;
+    assert.equal(await testDb()('deks').where({ id: made }).first(), undefined, 'the DEK made for it is deleted');
+    await withQueue(stack.env, 'key-jobs', (keyJobs) => keyJobs.resume());
+    await reuse(made, 'rot-reused-2');
   });
 
   it('a cancel that ends a rotation which moved nothing yet (202 while it starts its walk) deletes its new DEK, which nothing refers to', async () => {

@@ -11,7 +11,7 @@
 // running one is moving (two opposite ones would move the same DEKs back and forth).
 import { randomBytes, randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
-import type { Tx } from '../../db/knex.ts';
+import type { Knex } from 'knex';
 import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import { inTransaction } from '../unit-of-work.ts';
 import { countDeksUnder, deksUnder, rewrapDeks, type DekFilter } from '../../db/deks.ts';
@@ -159,7 +159,7 @@ export async function migrateNextBatch(s: Pick<Services, 'db' | 'cfg'>, jobId: s
 
 // The current pass has nothing left. DEK writes under the source wait (their foreign key checks)
 // while the job counts what the walk or an earlier sweep passed by; another sweep takes those.
-async function endPass(trx: Tx, job: KeyJobRow): Promise<{ job: KeyJobRow; finished: boolean }> {
+async function endPass(trx: Knex.Transaction, job: KeyJobRow): Promise<{ job: KeyJobRow; finished: boolean }> {
   const source = job.source_envelope_key_id!;
   const params = paramsOf(job);
   await lockEnvelopeKeyExclusive(trx, source);
