@@ -40,14 +40,20 @@ export async function getKeyJob(db: Tx, id: string): Promise<KeyJobRow | undefin
 // cancel asked meanwhile (requestKeyJobCancel) is applied here, so the step finds the job canceled.
 // `skipLocked`: undefined, rather than a wait, while another transaction holds the row (a batch).
 export async function lockKeyJob(db: Knex.Transaction, id: string, opts: { skipLocked?: boolean } = {}): Promise<KeyJobRow | undefined> {
+  return (await lockKeyJobNotingCancel(db, id, opts)).job;
+}
+
+// lockKeyJob, saying too whether it applied a cancel (`canceledHere`): the job was open as the
+// caller's step took it, and that step ended it.
+export async function lockKeyJobNotingCancel(db: Knex.Transaction, id: string, opts: { skipLocked?: boolean } = {}): Promise<{ job: KeyJobRow | undefined; canceledHere: boolean }> {
   const q = db('key_jobs').where({ id }).forUpdate();
   if (opts.skipLocked) q.skipLocked();
   const job: KeyJobRow | undefined = await q.first();
-  if (!job || !isOpenKeyJob(job.status)) return job;
+  if (!job || !isOpenKeyJob(job.status)) return { job, canceledHere: false };
   const [asked] = await db('key_job_cancels').where({ job_id: id }).delete().returning('job_id');
-  if (!asked) return job;
+  if (!asked) return { job, canceledHere: false };
   await finishKeyJob(db, id, 'canceled');
-  return getKeyJob(db, id);
+  return { job: await getKeyJob(db, id), canceledHere: true };
 }
 
 // Asks for a job's cancel without its row (which a batch in flight holds): the next lockKeyJob applies it.

@@ -23,7 +23,7 @@ import { createDek, checkDekOpens, decryptWithDek, DecryptError, encryptWithDek,
 import { KeyUnusable } from './crypto/envelope-keys.ts';
 import { aliasDekForWrite, getDek, lockAlias } from '../db/deks.ts';
 import {
-  addKeyJobTotal, findActiveRotation, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, markKeyJobRunning, recordKeyJobProgress, setRotationState, settleKeyJobTotal,
+  addKeyJobTotal, findActiveRotation, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, lockKeyJobNotingCancel, markKeyJobRunning, recordKeyJobProgress, setRotationState, settleKeyJobTotal,
   type KeyJobError, type KeyJobRow,
 } from '../db/key-jobs.ts';
 import { countSecretsToRotate, reencryptSecrets, secretsToRotate, type RotationCandidate } from '../db/secrets.ts';
@@ -59,15 +59,16 @@ export async function startAliasRotation(s: Pick<Services, 'db' | 'outbox' | 'bu
 const isActive = (job: KeyJobRow | undefined): job is KeyJobRow => !!job && isOpenKeyJob(job.status);
 
 // Creates the new DEK once (its id is stored in the job in the same transaction) and marks the
-// job running. Undefined when the job is already finished. The DEK is made first, with the alias
+// job running. Undefined when the job had ended before this start took it; the job ended (canceled)
+// when a cancel asked meanwhile ended it during this start. The DEK is made first, with the alias
 // held shared as writes hold it: made under the FOR UPDATE below, its KMS call (15 s when KMS is
 // slow) held up every write under the alias, each holding an API connection. The FOR UPDATE itself
 // is brief: it makes every write stamped before started_at (this transaction's now()) commit before
 // the walk begins (see the header).
 export async function beginAliasRotation(s: KeyringServices, jobId: string): Promise<KeyJobRow | undefined> {
   const prepared = await s.db.transaction(async (trx) => {
-    const job = await lockKeyJob(trx, jobId);
-    if (!isActive(job)) return undefined;
+    const { job, canceledHere } = await lockKeyJobNotingCancel(trx, jobId);
+    if (!isActive(job)) return canceledHere ? job : undefined;
     const params = job.params as unknown as RotationParams;
     if (params.new_dek_id || params.prepared_dek_id) return job;
     const fromId = await aliasDekForWrite(trx, params.alias);
@@ -78,10 +79,11 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
     await setRotationState(trx, jobId, { ...params, prepared_dek_id: dek.id, prepared_from_dek_id: from.id });
     return job;
   });
-  if (!prepared) return undefined;
+  if (!isActive(prepared)) return prepared;
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
-    if (!isActive(job)) return undefined;
+    // Open as the step above took it: ended since (a cancel, applied here or at once between the two).
+    if (!isActive(job)) return job;
     const params = job.params as unknown as RotationParams;
     if (params.new_dek_id) return job;
     const alias = await lockAlias(trx, params.alias);

@@ -27,6 +27,17 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     return v;
   };
   const job = async (id: string) => (await c.get(`${E}/job/${id}`)).body;
+  // The log lines in which workers say a rotation ended: 'finished' with its status, or 'failed'.
+  const endLines = (id: string) => [...new Set([...allProcs, ...stack.workers])].flatMap((w) => w.logs)
+    .filter((l) => l.includes(id) && /"msg":"alias rotation (finished|failed)"/.test(l));
+  // The one end line the worker logs for a job it ended canceled.
+  const loggedCanceled = async (id: string) => {
+    await waitFor(async () => endLines(id).length > 0, 'the worker to log the end', 10000, 20);
+    await sleep(200);
+    assert.equal(endLines(id).length, 1, endLines(id).join('\n'));
+    const line = JSON.parse(endLines(id)[0]);
+    assert.deepEqual([line.msg, line.status], ['alias rotation finished', 'canceled']);
+  };
   const waitJob = (id: string, what = 'the rotation job to complete') =>
     waitFor(async () => { const j = await job(id); return ['completed', 'failed'].includes(j.status) && j; }, what, 60000, 100);
   const aliasDek = async (alias: string) => (await testDb()('dek_aliases').where({ alias }).first()).dek_id as string;
@@ -286,6 +297,7 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     const before = await deks();
     const oldDek = await aliasDek(ALIAS);
     const ended = await canceledWhileMakingDek();
+    await loggedCanceled(ended.id);
     assert.equal(ended.params.new_dek_id, undefined, 'its walk never began');
     assert.equal(await testDb()('deks').where({ id: ended.params.prepared_dek_id }).first(), undefined, 'the DEK made for it is deleted');
     assert.equal(await deks(), before);
@@ -309,6 +321,29 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
       }
     });
     assert.equal(await deks(), before);
+  });
+
+  it('a cancel recorded (202) while the job waits in the queue is applied by the worker\'s start, which logs that end', async () => {
+    let id!: string;
+    await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
+      try {
+        id = await queuedRotation(keyJobs);
+        // Its row held, as a batch of an earlier worker would hold it.
+        const batch = await testDb().transaction();
+        try {
+          await batch('key_jobs').where({ id }).forUpdate().first();
+          const canceled = await c.post(`${E}/job/${id}/cancel`);
+          assert.deepEqual([canceled.status, canceled.body.status], [202, 'queued'], canceled.text);
+        } finally {
+          await batch.rollback();
+        }
+      } finally {
+        await keyJobs.resume();
+      }
+    });
+    await loggedCanceled(id);
+    const ended = await job(id);
+    assert.deepEqual([ended.status, ended.params.prepared_dek_id], ['canceled', undefined], JSON.stringify(ended));
   });
 
   it('a DEK created under the id of the DEK a canceled rotation made and deleted is that new DEK in the worker too, not the one it had cached', async () => {

@@ -290,6 +290,32 @@ describe('bulk DEK migration', () => {
         await keyJobs.resume();
       }
     });
+    // One whose row is held as it waits (a batch of an earlier worker, say) is answered 202; the
+    // worker's start applies the cancel and logs that end, once, as every step that ends a job does.
+    let held!: string;
+    await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
+      await keyJobs.pause();
+      try {
+        const queued = await c.post(`${E}/envelope/stop-src.key/migrate`, { to_envelope_encryption_key_id: 'stop-dst.key' });
+        assert.equal(queued.status, 202, queued.text);
+        held = queued.body.id;
+        const batch = await testDb().transaction();
+        try {
+          await batch('key_jobs').where({ id: held }).forUpdate().first();
+          const later = await c.post(`${E}/job/${held}/cancel`);
+          assert.deepEqual([later.status, later.body.status], [202, 'queued'], later.text);
+        } finally {
+          await batch.rollback();
+        }
+      } finally {
+        await keyJobs.resume();
+      }
+    });
+    const endLines = () => stack.workers.flatMap((w) => w.logs).filter((l) => l.includes(held) && /"msg":"DEK migration (finished|failed)"/.test(l));
+    await waitFor(async () => endLines().length > 0, 'the worker to end the job', 10000, 20);
+    await setTimeout(200);
+    assert.equal(endLines().length, 1, endLines().join('\n'));
+    assert.deepEqual([JSON.parse(endLines()[0]).status, (await c.get(`${E}/job/${held}`)).body.status], ['canceled', 'canceled']);
     // The source is free again: a new migration takes the rest, and once it completed it is no longer cancelable.
     const rest = await c.post(`${E}/envelope/stop-src.key/migrate`, { to_envelope_encryption_key_id: 'stop-dst.key' });
     assert.equal(rest.status, 202, rest.text);

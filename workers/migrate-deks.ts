@@ -9,6 +9,7 @@ import { failOrRetryKeyJob } from './key-job-failure.ts';
 import { beginMigrateAll, migrateNextBatch } from '../domain/crypto/dek-migration.ts';
 import { invalidateKeyring } from '../domain/keyring.ts';
 import { betweenBatches } from './key-job-hand-back.ts';
+import { isOpenKeyJob } from '../domain/key-job-states.ts';
 
 export function createMigrateDeksProcessor(services: Services, handBack: AbortSignal) {
   const { log, cfg } = services;
@@ -17,16 +18,19 @@ export function createMigrateDeksProcessor(services: Services, handBack: AbortSi
     try {
       const started = await beginMigrateAll(services, jobId);
       if (!started) return;
-      log.info({ job_id: jobId, total: started.total, done: started.done }, 'DEK migration running');
-      for (;;) {
-        const { job: row, finished } = await migrateNextBatch(services, jobId, cfg.DEK_MIGRATION_BATCH);
-        await job.updateProgress({ total: row.total, done: row.done, failed: row.failed });
-        if (finished) {
-          log.info({ job_id: jobId, status: row.status, done: row.done, failed: row.failed }, 'DEK migration finished');
-          break;
+      let row = started;
+      // Not ended by its start (a cancel asked while an earlier worker's batch held it): run.
+      if (isOpenKeyJob(started.status)) {
+        log.info({ job_id: jobId, total: started.total, done: started.done }, 'DEK migration running');
+        for (;;) {
+          const next = await migrateNextBatch(services, jobId, cfg.DEK_MIGRATION_BATCH);
+          row = next.job;
+          await job.updateProgress({ total: row.total, done: row.done, failed: row.failed });
+          if (next.finished) break;
+          await betweenBatches(services, job, token, handBack, cfg.DEK_MIGRATION_PAUSE_MS);
         }
-        await betweenBatches(services, job, token, handBack, cfg.DEK_MIGRATION_PAUSE_MS);
       }
+      log.info({ job_id: jobId, status: row.status, done: row.done, failed: row.failed }, 'DEK migration finished');
       await invalidateKeyring(services.bus, { all: true });
     } catch (err) {
       if (err instanceof WaitingError) throw err;

@@ -7,6 +7,7 @@ import type { Services } from '../domain/services.ts';
 import { failOrRetryKeyJob } from './key-job-failure.ts';
 import { betweenBatches } from './key-job-hand-back.ts';
 import type { JobPayloads } from '../queues/names.ts';
+import { isOpenKeyJob } from '../domain/key-job-states.ts';
 import { beginAliasRotation, finishAliasRotation, isPermanentRotationError, nextRotationPhase, repointRotatedAlias, rotateNextBatch, type Phase } from '../domain/alias-rotation.ts';
 
 export function createRotateAliasProcessor(services: Services, handBack: AbortSignal) {
@@ -25,14 +26,18 @@ export function createRotateAliasProcessor(services: Services, handBack: AbortSi
     try {
       const started = await beginAliasRotation(services, jobId);
       if (!started) return;
-      log.info({ job_id: jobId, alias: started.params.alias, new_dek_id: started.params.new_dek_id, total: started.total, done: started.done }, 'alias rotation running');
-      let finished = await runPhase();
-      if (finished === 'walk') {
-        await repointRotatedAlias(services, jobId);
-        finished = await runPhase();
+      let done = started;
+      // Not ended by its start (a cancel while it made its new DEK): run.
+      if (isOpenKeyJob(started.status)) {
+        log.info({ job_id: jobId, alias: started.params.alias, new_dek_id: started.params.new_dek_id, total: started.total, done: started.done }, 'alias rotation running');
+        let finished = await runPhase();
+        if (finished === 'walk') {
+          await repointRotatedAlias(services, jobId);
+          finished = await runPhase();
+        }
+        while (await nextRotationPhase(services, jobId, finished)) finished = await runPhase();
+        done = await finishAliasRotation(services, jobId);
       }
-      while (await nextRotationPhase(services, jobId, finished)) finished = await runPhase();
-      const done = await finishAliasRotation(services, jobId);
       log.info({ job_id: jobId, status: done.status, done: done.done, failed: done.failed }, 'alias rotation finished');
     } catch (err) {
       if (err instanceof WaitingError) throw err;

@@ -17,7 +17,7 @@ import { inTransaction } from '../unit-of-work.ts';
 import { countDeksUnder, deksUnder, rewrapDeks, type DekFilter } from '../../db/deks.ts';
 import { lockEnvelopeKeyExclusive, lockEnvelopeKeyShared } from '../../db/envelope-keys.ts';
 import {
-  findActiveMigration, findCrossingMigration, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, lockMigrationStarts, markKeyJobRunning,
+  findActiveMigration, findCrossingMigration, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, lockKeyJobNotingCancel, lockMigrationStarts, markKeyJobRunning,
   recordKeyJobProgress, restartKeyJobPass, settleKeyJobTotal, type KeyJobError, type KeyJobRow,
 } from '../../db/key-jobs.ts';
 import { DecryptError, KEY_BYTES } from './aes-gcm.ts';
@@ -123,10 +123,12 @@ export async function rewrapAll(from: KeyWrapper, to: KeyWrapper, rows: { id: st
 }
 
 // Marks the job running and recounts what is left, so a resumed job reports a true total.
+// Undefined when the job had ended before this start took it; the job ended (canceled) when this
+// start applied a cancel asked meanwhile.
 export async function beginMigrateAll(s: Pick<Services, 'db'>, jobId: string): Promise<KeyJobRow | undefined> {
   return s.db.transaction(async (trx) => {
-    const job = await lockKeyJob(trx, jobId);
-    if (!job || !isOpenKeyJob(job.status)) return undefined;
+    const { job, canceledHere } = await lockKeyJobNotingCancel(trx, jobId);
+    if (!job || !isOpenKeyJob(job.status)) return canceledHere ? job : undefined;
     const left = await countDeksUnder(trx, job.source_envelope_key_id!, passFilter(job));
     await markKeyJobRunning(trx, jobId, job.done + job.failed + left);
     return getKeyJob(trx, jobId);
