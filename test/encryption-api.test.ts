@@ -395,16 +395,20 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     await waitFor(async () => (await c.get(`${E}/job/${next.body.id}`)).body.status === 'completed', 'the next migration to complete');
   });
 
-  it('drops a cached DEK in the API process when another process invalidates it', async function () {
-    const invalidateFromAnotherProcess = async (dekId: string) => {
-      const s = createServices(loadConfig({ ...stack.env, LOG_LEVEL: 'silent' }), 'cli');
-      try {
-        if (s.redis.status !== 'ready') await once(s.redis, 'ready');
-        await invalidateKeyring(s.bus, { dek_ids: [dekId] });
-      } finally {
-        await s.close();
-      }
-    };
+  const invalidateFromAnotherProcess = async (dekId: string) => {
+    const s = createServices(loadConfig({ ...stack.env, LOG_LEVEL: 'silent' }), 'cli');
+    try {
+      if (s.redis.status !== 'ready') await once(s.redis, 'ready');
+      await invalidateKeyring(s.bus, { dek_ids: [dekId] });
+    } finally {
+      await s.close();
+    }
+  };
+
+  // Has the API cache the DEK aliased `default` (a write), then swaps its stored key behind the
+  // service's back, so that only its cache still knows the old one; runs `use` with a probe that
+  // writes under `default` and says whether the API used the DEK as stored now (its cache dropped).
+  async function withSwappedDefaultDek(use: (ctx: { dekId: string; oldPlain: Buffer; usesStored(): Promise<boolean>; valueOf(key: string, plain: Buffer): Promise<string | undefined> }) => Promise<void>) {
     const c = stack.client;
     const probe = await c.post('/api/secret/v1', { key: 'cache-probe-1', raw_value: 'one', dek_alias: 'default' });
     assert.equal(probe.status, 201);
@@ -413,26 +417,48 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     const oldRow = await testDb()('deks').where({ id: dekId }).first();
     const oldPlain = openByHand(kek(kekName), oldRow.encrypted_dek);
     const newPlain = randomBytes(32);
-    // Swap the stored key behind the service's back: only its cache still knows the old one.
     await testDb()('deks').where({ id: dekId }).update({ encrypted_dek: sealByHand(kek(kekName), newPlain) });
     const valueOf = async (key: string, plain: Buffer) => {
       const row = await testDb()('secrets').where({ key }).first();
       try { return openByHand(plain, row.encrypted_secret).toString(); } catch { return undefined; }
     };
+    const usesStored = async () => {
+      const key = `cache-probe-${randomBytes(4).toString('hex')}`;
+      assert.equal((await c.post('/api/secret/v1', { key, raw_value: 'three', dek_alias: 'default' })).status, 201);
+      return (await valueOf(key, newPlain)) === 'three';
+    };
     try {
-      assert.equal((await c.post('/api/secret/v1', { key: 'cache-probe-2', raw_value: 'two', dek_alias: 'default' })).status, 201);
-      assert.equal(await valueOf('cache-probe-2', oldPlain), 'two', 'the API used its cached DEK');
-      await invalidateFromAnotherProcess(dekId);
-      await waitFor(async () => {
-        const key = `cache-probe-${randomBytes(4).toString('hex')}`;
-        assert.equal((await c.post('/api/secret/v1', { key, raw_value: 'three', dek_alias: 'default' })).status, 201);
-        return (await valueOf(key, newPlain)) === 'three';
-      }, 'the API to drop its cached DEK', 10000, 100);
+      await use({ dekId, oldPlain, usesStored, valueOf });
     } finally {
       await testDb()('secrets').where('key', 'like', 'cache-probe-%').delete();
       await testDb()('deks').where({ id: dekId }).update({ encrypted_dek: oldRow.encrypted_dek });
       await invalidateFromAnotherProcess(dekId);
     }
+  }
+
+  it('drops a cached DEK in the API process when another process invalidates it', async function () {
+    await withSwappedDefaultDek(async ({ dekId, oldPlain, usesStored, valueOf }) => {
+      assert.equal((await stack.client.post('/api/secret/v1', { key: 'cache-probe-2', raw_value: 'two', dek_alias: 'default' })).status, 201);
+      assert.equal(await valueOf('cache-probe-2', oldPlain), 'two', 'the API used its cached DEK');
+      await invalidateFromAnotherProcess(dekId);
+      await waitFor(usesStored, 'the API to drop its cached DEK', 10000, 100);
+    });
+  });
+
+  it('drops the cached DEKs of every process when a migration fails, as when one completes or is canceled', async () => {
+    const c = stack.client;
+    await withSwappedDefaultDek(async ({ usesStored }) => {
+      assert.equal(await usesStored(), false, 'the API used its cached DEK');
+      // It fails at its first batch: its source key file is gone.
+      assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: 'fail-drop.key' })).status, 201);
+      assert.equal((await c.post(`${E}/envelope/fail-drop.key/dek`, { id: 'fail-drop-dek' })).status, 201);
+      fs.rmSync(path.join(keysDir, 'fail-drop.key'));
+      const started = await c.post(`${E}/envelope/fail-drop.key/migrate`, { to_envelope_encryption_key_id: 'mixed.key' });
+      assert.equal(started.status, 202, started.text);
+      const failed = await waitFor(async () => { const j = (await c.get(`${E}/job/${started.body.id}`)).body; return j.status !== 'queued' && j.status !== 'running' && j; }, 'the migration to end');
+      assert.equal(failed.status, 'failed', JSON.stringify(failed));
+      await waitFor(usesStored, 'the API to drop its cached DEK', 5000, 100);
+    });
   });
 
   it('needs encryption:read to read and encryption:write to change', async () => {

@@ -1,11 +1,11 @@
 // Processor of 'migrate-deks' jobs on the key-jobs queue: re-wraps every DEK of an envelope key
 // in batches (domain/crypto/dek-migration.ts), reporting progress in the key_jobs row and the
 // BullMQ job. Safe to run again after a crash: the job row's cursor says where to go on.
-import { WaitingError, type Job } from 'bullmq';
+import { UnrecoverableError, WaitingError, type Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import { AppError } from '../domain/errors.ts';
-import { failOrRetryKeyJob } from './key-job-failure.ts';
+import { cancelFailOrRetryKeyJob } from './key-job-failure.ts';
 import { beginMigrateAll, migrateNextBatch } from '../domain/crypto/dek-migration.ts';
 import { invalidateKeyring } from '../domain/keyring.ts';
 import { betweenBatches } from './key-job-hand-back.ts';
@@ -15,6 +15,10 @@ export function createMigrateDeksProcessor(services: Services, handBack: AbortSi
   const { log, cfg } = services;
   return async (job: Job<JobPayloads['key-jobs']>, token?: string): Promise<void> => {
     const jobId = job.data.job_id;
+    // Set once the job has ended here (its last batch, a cancel, a failure); not when it goes back to
+    // the queue (a retry, a hand-back): a key service down would then have every process unwrap its
+    // DEKs anew from that service.
+    let ended = false;
     try {
       const started = await beginMigrateAll(services, jobId);
       if (!started) return;
@@ -30,14 +34,18 @@ export function createMigrateDeksProcessor(services: Services, handBack: AbortSi
           await betweenBatches(services, job, token, handBack, cfg.DEK_MIGRATION_PAUSE_MS);
         }
       }
+      ended = true;
       log.info({ job_id: jobId, status: row.status, done: row.done, failed: row.failed }, 'DEK migration finished');
-      await invalidateKeyring(services.bus, { all: true });
     } catch (err) {
       if (err instanceof WaitingError) throw err;
+      // Canceled (resolves) or failed (UnrecoverableError) ends it; any other rejection is a retry.
+      ended = true;
       // A missing envelope key or an unusable key file does not heal by retrying.
-      await failOrRetryKeyJob(services, job, err, err instanceof AppError && (err.status === 404 || err.status === 500), 'DEK migration');
-      // Returned: canceled as that batch failed. The DEKs earlier batches moved are read anew, as after the last batch.
-      await invalidateKeyring(services.bus, { all: true });
+      await cancelFailOrRetryKeyJob(services, job, err, err instanceof AppError && (err.status === 404 || err.status === 500), 'DEK migration')
+        .catch((thrown: unknown) => { ended = thrown instanceof UnrecoverableError; throw thrown; });
+    } finally {
+      // The DEKs its batches moved (earlier workers' too) are read anew.
+      if (ended) await invalidateKeyring(services.bus, { all: true });
     }
   };
 }

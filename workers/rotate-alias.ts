@@ -4,7 +4,7 @@
 // Safe to run again after a crash: every step is committed with the job row's state.
 import { WaitingError, type Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
-import { failOrRetryKeyJob } from './key-job-failure.ts';
+import { cancelFailOrRetryKeyJob } from './key-job-failure.ts';
 import { betweenBatches } from './key-job-hand-back.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import { isOpenKeyJob } from '../domain/key-job-states.ts';
@@ -41,7 +41,7 @@ export function createRotateAliasProcessor(services: Services, handBack: AbortSi
       log.info({ job_id: jobId, status: done.status, done: done.done, failed: done.failed }, 'alias rotation finished');
     } catch (err) {
       if (err instanceof WaitingError) throw err;
-      await failOrRetryKeyJob(services, job, err, isPermanentRotationError(err), 'alias rotation');
+      await cancelFailOrRetryKeyJob(services, job, err, isPermanentRotationError(err), 'alias rotation');
     }
   };
 }
