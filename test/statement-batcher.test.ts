@@ -25,9 +25,12 @@ describe('statement batcher (task intake)', () => {
   before(resetDb);
 
   it('writes bundles queued behind a running statement together, each with its own timeline seqs in order', async () => {
-    const writer = new StatementBatcher((b: TaskBundle[]) => insertTaskBundles(testDb(), b), { maxInFlight: 1 });
+    const statements: number[] = [];
+    const writer = new StatementBatcher((b: TaskBundle[]) => { statements.push(b.length); return insertTaskBundles(testDb(), b); }, { maxInFlight: 1 });
     const bundles = Array.from({ length: 20 }, (_, i) => bundle(`b${i}`));
     const seqs = await Promise.all(bundles.map((b) => writer.execute(b)));
+    // The first runs at once; the 19 queued behind it share the next statement.
+    assert.deepEqual(statements, [1, 19]);
     for (const [i, b] of bundles.entries()) {
       assert.ok(seqs[i]);
       assert.equal(seqs[i].length, 2);
@@ -39,15 +42,24 @@ describe('statement batcher (task intake)', () => {
   });
 
   it('fails only the bad bundle of a batch: the others are written', async () => {
-    const writer = new StatementBatcher((b: TaskBundle[]) => insertTaskBundles(testDb(), b), { maxInFlight: 1 });
+    const statements: string[][] = [];
+    const writer = new StatementBatcher((b: TaskBundle[]) => {
+      statements.push(b.map((x) => (x.message.parts[0] as { text: string }).text));
+      return insertTaskBundles(testDb(), b);
+    }, { maxInFlight: 1 });
     const first = bundle('first');
     await writer.execute(first);
     const blocker = writer.execute(bundle('runs alone'));
-    // Queued behind `blocker`, these three go into one statement, which the duplicate task id fails.
+    // Queued while the first statement still counts as running, these three go into one statement
+    // (with `blocker`), which the duplicate task id fails.
     const results = await Promise.allSettled([writer.execute(bundle('ok 1')), writer.execute(bundle('duplicate', first.task.id)), writer.execute(bundle('ok 2'))]);
     await blocker;
     assert.deepEqual(results.map((r) => r.status), ['fulfilled', 'rejected', 'fulfilled']);
     assert.match(String((results[1] as PromiseRejectedResult).reason), /duplicate key/);
+    // The three did share a statement, which failed; then each was written alone.
+    const shared = statements.findIndex((st) => ['ok 1', 'duplicate', 'ok 2'].every((t) => st.includes(t)));
+    assert.ok(shared >= 0, JSON.stringify(statements));
+    assert.deepEqual(statements.slice(shared + 1), statements[shared].map((t) => [t]), JSON.stringify(statements));
     const texts = (await testDb()('messages').select('parts')).map((r) => r.parts[0].text).sort();
     assert.deepEqual(texts, ['first', 'ok 1', 'ok 2', 'runs alone'].concat(Array.from({ length: 20 }, (_, i) => `b${i}`)).sort());
   });
