@@ -8,6 +8,8 @@ import { freePort, startRedis, type LocalService } from '../scripts/local-servic
 import { startOwnPostgres, type OwnPostgres } from './helpers/own-postgres.ts';
 import { ADMIN_KEY, requireEnv, startStack, startWorker, textMessage, useStack, waitFor, withQueue, type Stack } from './helpers/stack.ts';
 
+const LOADED_AT = Date.now();
+
 // The value of one sample (labels written as in the exposition), or undefined when it is absent.
 const sample = (text: string, name: string, labels = '') => {
   const m = new RegExp(`^${name}${labels ? `\\{${labels}\\}` : ''} (\\S+)$`, 'm').exec(text);
@@ -68,7 +70,9 @@ describe('GET /metrics', () => {
     ac.abort();
     // No worker runs here: the queues have none, and the tasks' jobs wait.
     assert.equal(sample(text, 'taskbridge_queue_workers', 'queue="agent-tasks"'), 0, text);
-    assert.ok(sample(text, 'taskbridge_queue_oldest_waiting_seconds', 'queue="agent-tasks"')! >= 0);
+    // The tasks' jobs wait from the time they were made (this file's first ones), in seconds: never 0.
+    const age = await waitFor(async () => sample((await stack.client.get('/metrics')).text, 'taskbridge_queue_oldest_waiting_seconds', 'queue="agent-tasks"'), 'a backlog age');
+    assert.ok(age > 0 && age < (Date.now() - LOADED_AT) / 1000, `oldest waiting ${age} s, ${(Date.now() - LOADED_AT) / 1000} s since this file was loaded`);
     assert.equal(sample(text, 'taskbridge_queue_oldest_waiting_seconds', 'queue="key-jobs"'), 0, 'none waits');
     assert.equal(sample(text, 'taskbridge_db_pool_connections', 'state="max"'), 20);
     assert.ok(sample(text, 'taskbridge_db_pool_connections', 'state="used"')! + sample(text, 'taskbridge_db_pool_connections', 'state="free"')! <= 20);
