@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
-import { ADMIN_KEY, assertError, requestLogsThrough, testDb, textMessage, useStack, waitFor, type Response } from './helpers/stack.ts';
+import { ADMIN_KEY, assertError, Client, requestLogsThrough, startApi, testDb, textMessage, useStack, waitFor, type Response } from './helpers/stack.ts';
 import { TASK_STATES } from '../domain/task-states.ts';
 
 const LIMIT = 4096;
@@ -430,6 +430,18 @@ describe('HTTP conventions', () => {
     const last = await requestLogsThrough(stack, refused);
     assert.ok(last.some((l: string) => l.includes(`"req_id":"${refused.headers.get('x-request-id')}"`)), 'the refused scrape is logged');
     for (const [i, r] of polled.entries()) assert.ok(!stack.api.logs.some((l) => l.includes(`"req_id":"${r.headers.get('x-request-id')}"`)), `${paths[i]}: no request line at info`);
+    // At LOG_LEVEL=debug each of them has its request line, at debug (20).
+    const debug = await startApi({ ...stack.env, LOG_LEVEL: 'debug' });
+    try {
+      for (const p of paths) {
+        const r = await new Client(debug.url).get(p);
+        assert.equal(r.status, 200, `${p}: ${r.text}`);
+        const line = await waitFor(async () => debug.logs.find((l) => l.includes(`"req_id":"${r.headers.get('x-request-id')}"`) && l.includes('"msg":"request"')), `the request line of ${p} at debug`, 5000);
+        assert.equal(JSON.parse(line).level, 20, line);
+      }
+    } finally {
+      await debug.stop();
+    }
   });
 
   it('refuses a query parameter the operation does not take (a misspelt filter would list everything)', async () => {
