@@ -8,8 +8,12 @@ import { loadConfig } from '../domain/config.ts';
 import { createServices, type Services } from '../domain/services.ts';
 import { DecryptError, openBase64, sealBase64 } from '../domain/crypto/aes-gcm.ts';
 import { checkKmsArn, createLocalKeyFile, KeyUnusable, kmsWrapper, localWrapper, readLocalKeyFile } from '../domain/crypto/envelope-keys.ts';
+import { UnrecoverableError, type Job } from 'bullmq';
 import { createEnvelopeKey, bootstrapKeys } from '../domain/crypto/key-management.ts';
-import { createDek, decryptWithDek, encryptWithDek, repointAlias, resolveAlias, startKeyringInvalidation } from '../domain/keyring.ts';
+import { startMigrateAll } from '../domain/crypto/dek-migration.ts';
+import { createDek, decryptWithDek, encryptWithDek, forgetWrapper, repointAlias, resolveAlias, startKeyringInvalidation } from '../domain/keyring.ts';
+import { createMigrateDeksProcessor } from '../workers/migrate-deks.ts';
+import type { JobPayloads } from '../queues/names.ts';
 import { insertAlias } from '../db/deks.ts';
 import { AppError, InvalidRequest, NotFound, Upstream } from '../domain/errors.ts';
 import { resetDb, testEnv } from './helpers/stack.ts';
@@ -112,6 +116,32 @@ describe('keyring: DEKs, aliases and value encryption against Postgres', () => {
     assert.notEqual(imported.id, a.id);
     await assert.rejects(createDek(s, kek.id, undefined, { encryptedDek: sealBase64(randomBytes(32), randomBytes(32)) }), InvalidRequest);
     await assert.rejects(createDek(s, kek.id, undefined, { id: 'dek-b' }), (e: unknown) => e instanceof AppError && e.status === 409);
+  });
+
+  // The migration worker drops every process's cached DEKs as a migration ends (its last batch, a
+  // cancel, a failure). That note going nowhere (Redis away) must not change how the job ends for
+  // BullMQ: a failed one still rejects with UnrecoverableError (no retry), a completed one resolves.
+  it('ends a DEK migration as it ended when the cache invalidation cannot be published', async () => {
+    const job = (jobId: string) => ({ data: { job_id: jobId }, name: 'migrate-deks', attemptsMade: 0, opts: { attempts: 5 }, updateProgress: async () => undefined }) as unknown as Job<JobPayloads['key-jobs']>;
+    const run = createMigrateDeksProcessor(s, new AbortController().signal);
+    for (const f of ['mig-src.key', 'mig-dst.key', 'mig-gone.key']) await createEnvelopeKey(s, { type: 'local', file_name: f });
+    await createDek(s, 'mig-src.key');
+    await createDek(s, 'mig-gone.key');
+    const done = await startMigrateAll(s, 'mig-src.key', 'mig-dst.key');
+    const failing = await startMigrateAll(s, 'mig-gone.key', 'mig-dst.key');
+    // Its source key file gone (and not cached here): its first batch fails for good.
+    fs.rmSync(path.join(s.cfg.KEYS_DIR, 'mig-gone.key'));
+    forgetWrapper('mig-gone.key');
+    const publish = s.bus.publish;
+    s.bus.publish = async () => { throw new Error('Redis is away'); };
+    try {
+      await run(job(done.job.id));
+      assert.equal((await s.db('key_jobs').where({ id: done.job.id }).first()).status, 'completed');
+      await assert.rejects(run(job(failing.job.id)), UnrecoverableError);
+      assert.equal((await s.db('key_jobs').where({ id: failing.job.id }).first()).status, 'failed');
+    } finally {
+      s.bus.publish = publish;
+    }
   });
 });
 
