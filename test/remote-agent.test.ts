@@ -98,6 +98,9 @@ class RemoteExecutor implements AgentExecutor {
       chunk('log', true, {}, true);
       chunk('notes', false, { parts: [{ kind: 'text', text: 'note 1' }] });
       chunk('notes', true, { metadata: { complete: true } }, true);
+      // Artifacts of no parts, which a task cannot hold: an empty first chunk, an empty new artifact.
+      chunk('ghost', true, {}, true);
+      chunk('blank', false, { name: 'blank' });
       status('completed', 'Closed', true);
       bus.finished();
       return;
@@ -414,7 +417,7 @@ for (const streaming of [true, false]) {
       assert.equal(stored.length, 3, 'each part stored once');
     });
 
-    it("takes a remote's last chunk of no parts, which adds nothing (or only its metadata) to the artifact", async () => {
+    it("takes a remote's last chunk of no parts, which adds nothing (or only its metadata) to the artifact, and leaves out artifacts of no parts", async () => {
       // Before, the streamed one failed the local task ('Invalid artifact: artifact.parts must NOT have
       // fewer than 1 items') and canceled the remote's.
       const done = await outcome(stack, 'close it [closing]');

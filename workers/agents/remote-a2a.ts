@@ -521,7 +521,10 @@ class Mirror {
   }
 
   // Stores an artifact update in the local task, noting the artifact as the task then holds it.
+  // An update of no parts is left out: a task holds no artifact without parts, and a remote may still
+  // send one (its first chunk empty, an artifact emptied), which would otherwise fail the whole run.
   private async store(artifact: Artifact, { append, lastChunk }: { append?: boolean; lastChunk?: boolean }): Promise<void> {
+    if (!artifact.parts.length) return;
     this.artifacts.set(artifact.artifactId, applyArtifactUpdate(this.artifacts.get(artifact.artifactId), artifact, append));
     this.answering = undefined;
     await this.ctx.emitArtifact({ ...artifact, ...(append ? { append } : {}), ...(lastChunk ? { lastChunk } : {}) });
