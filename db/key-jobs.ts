@@ -1,8 +1,6 @@
 import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
-import { deleteUnusedDek } from './deks.ts';
-import { invalidateAfterCommit } from '../domain/keyring.ts';
-import { isOpenKeyJob, KEY_JOB_ENDED, KEY_JOB_OPEN, MIGRATE_DEKS, ROTATE_ALIAS, type KeyJobStatus } from '../domain/key-job-states.ts';
+import { KEY_JOB_ENDED, KEY_JOB_OPEN, MIGRATE_DEKS, ROTATE_ALIAS, type KeyJobStatus } from '../domain/key-job-states.ts';
 
 const MAX_ERRORS = 1000;
 
@@ -36,27 +34,22 @@ export async function getKeyJob(db: Tx, id: string): Promise<KeyJobRow | undefin
   return db('key_jobs').where({ id }).first();
 }
 
-// Locks a job's row for the rest of `db` (a transaction), which every step of a job does first. A
-// cancel asked meanwhile (requestKeyJobCancel) is applied here, so the step finds the job canceled.
-// `skipLocked`: undefined, rather than a wait, while another transaction holds the row (a batch).
-export async function lockKeyJob(db: Knex.Transaction, id: string, opts: { skipLocked?: boolean } = {}): Promise<KeyJobRow | undefined> {
-  return (await lockKeyJobNotingCancel(db, id, opts)).job;
-}
-
-// lockKeyJob, saying too whether it applied a cancel (`canceledHere`): the job was open as the
-// caller's step took it, and that step ended it.
-export async function lockKeyJobNotingCancel(db: Knex.Transaction, id: string, opts: { skipLocked?: boolean } = {}): Promise<{ job: KeyJobRow | undefined; canceledHere: boolean }> {
+// Locks a job's row for the rest of `db` (a transaction). `skipLocked`: undefined, rather than a
+// wait, while another transaction holds the row (a batch).
+export async function selectKeyJobForUpdate(db: Knex.Transaction, id: string, opts: { skipLocked?: boolean } = {}): Promise<KeyJobRow | undefined> {
   const q = db('key_jobs').where({ id }).forUpdate();
   if (opts.skipLocked) q.skipLocked();
-  const job: KeyJobRow | undefined = await q.first();
-  if (!job || !isOpenKeyJob(job.status)) return { job, canceledHere: false };
-  const [asked] = await db('key_job_cancels').where({ job_id: id }).delete().returning('job_id');
-  if (!asked) return { job, canceledHere: false };
-  await finishKeyJob(db, id, 'canceled');
-  return { job: await getKeyJob(db, id), canceledHere: true };
+  return q.first();
 }
 
-// Asks for a job's cancel without its row (which a batch in flight holds): the next lockKeyJob applies it.
+// Takes the cancel asked for a job, if one was: whether there was one.
+export async function takeKeyJobCancel(db: Tx, id: string): Promise<boolean> {
+  const [asked] = await db('key_job_cancels').where({ job_id: id }).delete().returning('job_id');
+  return !!asked;
+}
+
+// Asks for a job's cancel without its row (which a batch in flight holds): the next lockKeyJob
+// (domain/crypto/key-jobs.ts) applies it.
 export async function requestKeyJobCancel(db: Tx, id: string): Promise<void> {
   await db('key_job_cancels').insert({ job_id: id }).onConflict('job_id').ignore();
 }
@@ -117,22 +110,15 @@ export async function lockMigrationStarts(db: Tx): Promise<void> {
   await db.raw(`select pg_advisory_xact_lock(hashtext('taskbridge:migrate-deks:start'))`);
 }
 
-// Ends a job (its row locked). A rotation that ends otherwise than completed (canceled, or failed as
-// its alias moved) may leave the DEK it made for itself referred to by nothing but the job's params:
-// ended before its walk began, or before a batch moved a value to it. It is deleted with the job's
-// end unless something refers to it (deleteUnusedDek): the values the walk moved, the alias once
-// repointed, or an alias someone pointed at it. Deleted, it leaves every process's DEK cache once
-// this commits: the worker that made it holds it, and its id, free again, may be given to another.
-export async function finishKeyJob(db: Knex.Transaction, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<void> {
+// Ends a job (its row locked), withdrawing any cancel asked for it; its kind and params as they were.
+export async function endKeyJob(db: Tx, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<Pick<KeyJobRow, 'kind' | 'params'> | undefined> {
   await withdrawKeyJobCancel(db, id);
   const [ended] = await db('key_jobs').where({ id }).update({
     status,
     finished_at: db.fn.now(),
     ...(error ? { errors: db.raw(`errors || ?::jsonb`, [JSON.stringify([error])]) } : {}),
   }).returning(['kind', 'params']) as Pick<KeyJobRow, 'kind' | 'params'>[];
-  const { prepared_dek_id: prepared, new_dek_id: started } = (ended?.params ?? {}) as { prepared_dek_id?: string; new_dek_id?: string };
-  const made = started ?? prepared;
-  if (ended?.kind === ROTATE_ALIAS && status !== 'completed' && made && await deleteUnusedDek(db, made)) invalidateAfterCommit(db, { dek_ids: [made] });
+  return ended;
 }
 
 // Queued or running jobs created at least `olderThanMs` ago: candidates for recovery.

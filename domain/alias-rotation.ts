@@ -23,9 +23,10 @@ import { createDek, checkDekOpens, decryptWithDek, DecryptError, encryptWithDek,
 import { KeyUnusable } from './crypto/envelope-keys.ts';
 import { aliasDekForWrite, getDek, lockAlias } from '../db/deks.ts';
 import {
-  addKeyJobTotal, findActiveRotation, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, lockKeyJobNotingCancel, markKeyJobRunning, recordKeyJobProgress, setRotationState, settleKeyJobTotal,
+  addKeyJobTotal, findActiveRotation, getKeyJob, insertKeyJob, markKeyJobRunning, recordKeyJobProgress, setRotationState, settleKeyJobTotal,
   type KeyJobError, type KeyJobRow,
 } from '../db/key-jobs.ts';
+import { finishKeyJob, lockKeyJob, lockKeyJobNotingCancel } from './crypto/key-jobs.ts';
 import { countSecretsToRotate, reencryptSecrets, secretsToRotate, type RotationCandidate } from '../db/secrets.ts';
 import { countCredentialsToRotate, credentialsToRotate, reencryptCredentials, type CredentialToRotate } from '../db/bridge.ts';
 import type { Budget } from '../db/pagination.ts';

@@ -17,9 +17,10 @@ import { inTransaction } from '../unit-of-work.ts';
 import { countDeksUnder, deksUnder, rewrapDeks, type DekFilter } from '../../db/deks.ts';
 import { lockEnvelopeKeyExclusive, lockEnvelopeKeyShared } from '../../db/envelope-keys.ts';
 import {
-  findActiveMigration, findCrossingMigration, finishKeyJob, getKeyJob, insertKeyJob, lockKeyJob, lockKeyJobNotingCancel, lockMigrationStarts, markKeyJobRunning,
+  findActiveMigration, findCrossingMigration, getKeyJob, insertKeyJob, lockMigrationStarts, markKeyJobRunning,
   recordKeyJobProgress, restartKeyJobPass, settleKeyJobTotal, type KeyJobError, type KeyJobRow,
 } from '../../db/key-jobs.ts';
+import { finishKeyJob, lockKeyJob, lockKeyJobNotingCancel } from './key-jobs.ts';
 import { DecryptError, KEY_BYTES } from './aes-gcm.ts';
 import { envelopeKeyRow, freshWrapperFor, wrapperFor } from '../keyring.ts';
 import type { KeyWrapper } from './envelope-keys.ts';

@@ -3,11 +3,45 @@
 // ended here stops at the batch in flight; every batch leaves a consistent state (a DEK under one
 // envelope key or the other, a secret under one DEK or the other), so a stopped job leaves nothing
 // unreadable.
+import type { Knex } from 'knex';
 import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
 import { Conflict, NotFound } from '../errors.ts';
-import { finishKeyJob, getKeyJob, lockKeyJob, requestKeyJobCancel, withdrawKeyJobCancel, type KeyJobRow } from '../../db/key-jobs.ts';
-import { isOpenKeyJob } from '../key-job-states.ts';
+import {
+  endKeyJob, getKeyJob, requestKeyJobCancel, selectKeyJobForUpdate, takeKeyJobCancel, withdrawKeyJobCancel, type KeyJobError, type KeyJobRow,
+} from '../../db/key-jobs.ts';
+import { deleteUnusedDek } from '../../db/deks.ts';
+import { invalidateAfterCommit } from '../keyring.ts';
+import { isOpenKeyJob, ROTATE_ALIAS } from '../key-job-states.ts';
+
+// Locks a job's row for the rest of `trx`, which every step of a job does first. A cancel asked
+// meanwhile (requestKeyJobCancel) is applied here, so the step finds the job canceled.
+// `skipLocked`: undefined, rather than a wait, while another transaction holds the row (a batch).
+export async function lockKeyJob(trx: Knex.Transaction, id: string, opts: { skipLocked?: boolean } = {}): Promise<KeyJobRow | undefined> {
+  return (await lockKeyJobNotingCancel(trx, id, opts)).job;
+}
+
+// lockKeyJob, saying too whether it applied a cancel (`canceledHere`): the job was open as the
+// caller's step took it, and that step ended it.
+export async function lockKeyJobNotingCancel(trx: Knex.Transaction, id: string, opts: { skipLocked?: boolean } = {}): Promise<{ job: KeyJobRow | undefined; canceledHere: boolean }> {
+  const job = await selectKeyJobForUpdate(trx, id, opts);
+  if (!job || !isOpenKeyJob(job.status) || !(await takeKeyJobCancel(trx, id))) return { job, canceledHere: false };
+  await finishKeyJob(trx, id, 'canceled');
+  return { job: await getKeyJob(trx, id), canceledHere: true };
+}
+
+// Ends a job (its row locked). A rotation that ends otherwise than completed (canceled, or failed as
+// its alias moved) may leave the DEK it made for itself referred to by nothing but the job's params:
+// ended before its walk began, or before a batch moved a value to it. It is deleted with the job's
+// end unless something refers to it (deleteUnusedDek): the values the walk moved, the alias once
+// repointed, or an alias someone pointed at it. Deleted, it leaves every process's DEK cache once
+// this commits: the worker that made it holds it, and its id, free again, may be given to another.
+export async function finishKeyJob(trx: Knex.Transaction, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<void> {
+  const ended = await endKeyJob(trx, id, status, error);
+  const { prepared_dek_id: prepared, new_dek_id: started } = (ended?.params ?? {}) as { prepared_dek_id?: string; new_dek_id?: string };
+  const made = started ?? prepared;
+  if (ended?.kind === ROTATE_ALIAS && status !== 'completed' && made && await deleteUnusedDek(trx, made)) invalidateAfterCommit(trx, { dek_ids: [made] });
+}
 
 export async function getJob(db: Tx, id: string): Promise<KeyJobRow> {
   const job = await getKeyJob(db, id);
