@@ -65,6 +65,28 @@ describe('statement batcher (task intake)', () => {
   });
 });
 
+describe('task intake and contexts', () => {
+  it('lists a context with its first task\'s time when a later task of it was written first (two statements racing)', async () => {
+    const first = bundle('first');
+    const later = bundle('later');
+    later.task.context_id = first.task.context_id;
+    for (const [b, ms] of [[first, 0], [later, 50]] as const) {
+      const at = new Date(Date.parse('2026-01-01T00:00:00Z') + ms);
+      Object.assign(b.task, { created_at: at, status_timestamp: at, updated_at: at });
+    }
+    // The later-stamped statement commits first, as it may when two intakes open one context.
+    await insertTaskBundles(testDb(), [later]);
+    await insertTaskBundles(testDb(), [first]);
+    const row = await testDb()('contexts').where({ id: first.task.context_id }).first();
+    assert.equal(row.created_at.toISOString(), '2026-01-01T00:00:00.000Z');
+    // A task written after the context's first never moves it forward.
+    const last = bundle('last');
+    last.task.context_id = first.task.context_id;
+    await insertTaskBundles(testDb(), [last]);
+    assert.equal((await testDb()('contexts').where({ id: first.task.context_id }).first()).created_at.toISOString(), '2026-01-01T00:00:00.000Z');
+  });
+});
+
 describe('batched task statements', () => {
   const statusItem = (taskId: string, status: 'working' | 'canceled' | 'input-required') =>
     ({ id: randomUUID(), task_id: taskId, created_at: new Date().toISOString(), event_payload: { type: 'task-status-update' as const, status } });
