@@ -17,10 +17,26 @@ export function queueJobCounts(queue: Queue): Promise<Record<string, number>> {
   return queue.getJobCounts('waiting', 'active', 'delayed', 'completed', 'failed');
 }
 
-// How long the job next in line has waited since it was added; null when none waits.
+// How long the longest-waiting job has waited; null when none waits. BullMQ records no time of a
+// job's return to the wait list (a retry, a run handed back at shutdown, a stalled run taken back),
+// only when it was added (timestamp, plus opts.delay) and when a worker last took it (processedOn):
+// its wait began no earlier than the latest of these, so it counts from there (a fresh job: from its
+// add), not from its first add. A job coming back that way goes to the front of the line, new and
+// promoted ones to the back, so the longest wait is among the jobs from the front up to the first
+// that never ran (at most OLDEST_SCAN_MAX of them are read).
+const OLDEST_SCAN_PAGE = 50;
+const OLDEST_SCAN_MAX = 1000;
 export async function oldestWaitingAgeMs(queue: Queue): Promise<number | null> {
-  const [oldest] = await queue.getJobs(['waiting'], 0, 0, true);
-  return oldest ? Date.now() - oldest.timestamp : null;
+  let since = Infinity;
+  for (let at = 0; at < OLDEST_SCAN_MAX; at += OLDEST_SCAN_PAGE) {
+    const jobs = await queue.getJobs(['waiting'], at, at + OLDEST_SCAN_PAGE - 1, true);
+    for (const job of jobs) {
+      since = Math.min(since, Math.max(job.timestamp + (job.opts.delay ?? 0), job.processedOn ?? 0));
+      if (!job.processedOn) return Date.now() - since;
+    }
+    if (jobs.length < OLDEST_SCAN_PAGE) break;
+  }
+  return since === Infinity ? null : Date.now() - since;
 }
 
 // Jobs each worker process runs at once, per queue.

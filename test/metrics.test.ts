@@ -204,6 +204,68 @@ describe('GET /metrics: stalled jobs', () => {
   });
 });
 
+describe('GET /metrics and /_internal/v1/queues: the wait of a job that came back to the queue', () => {
+  // One run at a time, handed back soon after SIGTERM.
+  const stack = useStack({ AGENT_CONCURRENCY: '1', AGENT_ATTEMPTS: '1', WORKER_SHUTDOWN_GRACE_MS: '1000' }, { workers: 0 });
+  const sleeper = { id: '', created: 0 };
+
+  const ages = async () => {
+    const from = Date.now();
+    const gauge = sample((await stack.client.get('/metrics')).text, 'taskbridge_queue_oldest_waiting_seconds', 'queue="agent-tasks"')!;
+    const queues = (await stack.client.get('/_internal/v1/queues')).body.queues['agent-tasks'];
+    return { from, to: Date.now(), gauge, internal: queues.oldest_waiting_age_ms / 1000, waiting: queues.waiting, active: queues.active };
+  };
+  // Stops a worker with SIGTERM: past the grace period it hands its run back to the queue.
+  const handBack = async (worker: Awaited<ReturnType<typeof startWorker>>) => {
+    await worker.kill('SIGTERM');
+    stack.workers = stack.workers.filter((w) => w !== worker);
+    assert.ok(worker.logs.some((l) => l.includes('agent runs handed back to the queue')), worker.logs.slice(-10).join('\n'));
+  };
+
+  it('counts a run handed back from when that run started, not from when its task was made', async () => {
+    const created = await stack.client.post('/api/task/v1', { message: textMessage('[sleep 20000] handed back') });
+    Object.assign(sleeper, { id: created.body.task.id, created: Date.parse(created.body.task.created_at) });
+    // It waits a while first: no worker runs.
+    await waitFor(async () => (await ages()).waiting === 1, 'the job in the queue');
+    await new Promise((r) => setTimeout(r, 3000));
+    const worker = await startWorker(stack.env);
+    stack.workers.push(worker);
+    await waitFor(async () => (await stack.client.get(`/api/task/v1/${sleeper.id}`)).body.status_message?.parts[0].text === 'Working for 20000 ms', 'the run to start');
+    await handBack(worker);
+    const tl = await stack.client.get(`/api/task/v1/${sleeper.id}/timeline?order=asc`);
+    const started = Date.parse(tl.body.items.find((i: any) => i.event_payload.status === 'working').created_at);
+    const a = await ages();
+    assert.equal(a.waiting, 1);
+    for (const age of [a.gauge, a.internal]) {
+      // BullMQ notes when the run was taken (a moment before it wrote working), not when it came back.
+      assert.ok(age >= (a.from - started) / 1000 - 1 && age <= (a.to - started) / 1000 + 1, `${age} s; run started ${(a.to - started) / 1000} s ago`);
+      assert.ok(age < (a.from - sleeper.created) / 1000 - 2, `${age} s; task made ${(a.from - sleeper.created) / 1000} s ago`);
+    }
+  });
+
+  it('still counts a job that has waited behind it since before that run started', async () => {
+    // The run handed back waits at the front of the line; this task waits behind it, and keeps waiting
+    // while the run is taken and handed back again.
+    const behind = await stack.client.post('/api/task/v1', { message: textMessage('waits behind') });
+    const behindCreated = Date.parse(behind.body.task.created_at);
+    await waitFor(async () => (await ages()).waiting === 2, 'both jobs in the queue');
+    await new Promise((r) => setTimeout(r, 3000));
+    const worker = await startWorker(stack.env);
+    stack.workers.push(worker);
+    await waitFor(async () => { const a = await ages(); return a.active === 1 && a.waiting === 1; }, 'the handed-back run taken again');
+    const taken = Date.now();
+    await handBack(worker);
+    const a = await ages();
+    assert.equal(a.waiting, 2);
+    assert.equal((await stack.client.get(`/api/task/v1/${behind.body.task.id}`)).body.task.status, 'submitted');
+    for (const age of [a.gauge, a.internal]) {
+      // Since the job behind was added (a moment after its task was made), not since the run at the front was taken.
+      assert.ok(age <= (a.to - behindCreated) / 1000 && age >= (a.from - behindCreated) / 1000 - 1.5, `${age} s; task behind made ${(a.to - behindCreated) / 1000} s ago`);
+      assert.ok(age > (a.to - taken) / 1000 + 1.5, `${age} s; run at the front taken ${(a.to - taken) / 1000} s ago`);
+    }
+  });
+});
+
 describe('GET /metrics while Postgres or Redis is down', function () {
   this.timeout(60_000);
   // An API (ADMIN_API_KEY needs no key lookup) on a Postgres and a Redis of its own, which the tests stop.
