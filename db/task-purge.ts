@@ -29,6 +29,7 @@ export async function purgeEndedTasks(db: Knex, before: Date, limit: number): Pr
     const { rows: gone } = await trx.raw(`delete from tasks where id in (${ENDED_BEFORE}) returning context_id`, endedBefore(before, limit));
     if (!gone.length) return { tasks: 0, contexts: 0 };
     const contextIds = [...new Set((gone as { context_id: string }[]).map((r) => r.context_id))];
+    await lockContexts(trx, contextIds);
     const contexts = await deleteEmptyContexts(trx, contextIds);
     await restampContexts(trx, contextIds);
     return { tasks: gone.length, contexts };
@@ -58,17 +59,27 @@ export async function thinNextEndedTask(db: Knex, before: Date, chunk: number): 
   return deleted;
 }
 
+// The contexts the purge may delete or restamp, locked before either, in id order. An intake locks
+// each existing context it writes to until it commits (insertTaskBundles: its on conflict update),
+// in id order: locked one statement at a time (the emptied ones deleted, then the kept ones
+// restamped), the purge could hold a context an intake still needs while waiting for one that intake
+// holds, a deadlock (40P01). An intake into one of them now waits for the purge's commit, or the
+// purge for the intake's.
+async function lockContexts(trx: Knex.Transaction, ids: string[]): Promise<void> {
+  await trx.raw(`select id from contexts where id = any(?::uuid[]) order by id for update`, [ids]);
+}
+
 // A context is listed with the created_at of its first task: one that kept tasks takes that of its
-// first task left. The purge's last statement: an intake into such a context waits for its commit
-// (its insert of the context finds the updated row), not for the whole purge.
+// first task left. The purge's last statement.
 async function restampContexts(trx: Knex.Transaction, ids: string[]): Promise<void> {
   await trx.raw(`update contexts c set created_at = f.first from (
       select t.context_id, min(t.created_at) as first from tasks t where t.context_id = any(?::uuid[]) group by t.context_id) f
     where c.id = f.context_id and c.created_at < f.first`, [ids]);
 }
 
-// A client may start a task in one of these contexts meanwhile: its foreign key check then makes
-// this delete fail (23503). Run again, the statement sees that task and keeps its context.
+// A task written in one of these contexts meanwhile by a writer that does not lock the context
+// (the intake does: lockContexts makes it wait) makes this delete fail its foreign key check
+// (23503). Run again, the statement sees that task and keeps its context.
 async function deleteEmptyContexts(trx: Knex.Transaction, ids: string[]): Promise<number> {
   const attempt = () => trx.transaction((sp) => sp('contexts').whereIn('id', ids)
     .whereNotExists((q) => q.select(trx.raw('1')).from('tasks').whereRaw('tasks.context_id = contexts.id')).delete());

@@ -38,12 +38,12 @@ describe('purge of ended tasks vs concurrent writers', function () {
   this.timeout(30_000);
   beforeEach(resetDb);
 
-  it('an intake into the context, committed while the purge waits on it, keeps the context (the 23503 retry)', async () => {
+  it('an intake into the context, committed while the purge waits on it, keeps the context', async () => {
     const db = testDb();
     const old = await oldTask();
     const trx = await db.transaction();
     const fresh = bundle(old.context_id);
-    await insertTaskBundles(trx, [fresh]); // holds KEY SHARE on the context until commit
+    await insertTaskBundles(trx, [fresh]); // holds the context's row (its on conflict update) until commit
     const purge = purgeEndedTasks(db, before(), 1000);
     await waitFor(async () => (await waitingOnLock()) === 1, 'the purge to wait for the intake');
     await trx.commit();
@@ -77,6 +77,34 @@ describe('purge of ended tasks vs concurrent writers', function () {
     await purge.commit();
     await intake;
     assert.equal(await exists('contexts', old.context_id), true);
+  });
+
+  it('an intake holding a context the purge restamps, and needing one it empties, waits without a deadlock', async () => {
+    // An intake locks the existing contexts it writes to in id order, each until it commits; here one
+    // transaction's two intakes stand for one statement's (which takes c1, then c2). Before, the purge
+    // deleted c2 (emptied) and then waited at its restamp of c1 for the intake, which waited for c2:
+    // 40P01 for one of them.
+    const db = testDb();
+    const [c1, c2] = [randomUUID(), randomUUID()].sort();
+    await oldTask(c1);
+    await oldTask(c2);
+    const kept = bundle(c1);
+    await insertTaskBundles(db, [kept]); // c1 keeps a task, and is restamped to it
+    const intake = await db.transaction();
+    const late = bundle(c2);
+    try {
+      await insertTaskBundles(intake, [bundle(c1)]);
+      const purge = purgeEndedTasks(db, before(), 1000).then((r) => r, (e) => e.code as string);
+      await waitFor(async () => (await waitingOnLock()) === 1, 'the purge to wait for the intake');
+      assert.equal(await insertTaskBundles(intake, [late]).then(() => 'ok', (e) => e.code as string), 'ok');
+      await intake.commit();
+      assert.deepEqual(await purge, { tasks: 2, contexts: 0 });
+    } finally {
+      if (!intake.isCompleted()) await intake.rollback();
+    }
+    assert.equal(await exists('contexts', c2), true);
+    assert.equal(await exists('tasks', late.task.id), true);
+    assert.equal((await db('contexts').where({ id: c1 }).first()).created_at.getTime(), kept.task.created_at.getTime());
   });
 
   it('a locked expired task is skipped, not waited for; a second purger gets null while one runs', async () => {
