@@ -101,6 +101,12 @@ class RemoteExecutor implements AgentExecutor {
       // Artifacts of no parts, which a task cannot hold: an empty first chunk, an empty new artifact.
       chunk('ghost', true, {}, true);
       chunk('blank', false, { name: 'blank' });
+      // An empty first chunk that names the artifact, then its parts; an artifact emptied, then grown again.
+      chunk('late', false, { name: 'late', metadata: { opened: true } });
+      chunk('late', true, { parts: [{ kind: 'text', text: 'late 1' }] }, true);
+      chunk('redo', false, { name: 'redo', parts: [{ kind: 'text', text: 'draft' }] });
+      chunk('redo', false, { name: 'redone' });
+      chunk('redo', true, { parts: [{ kind: 'text', text: 'final' }] }, true);
       status('completed', 'Closed', true);
       bus.finished();
       return;
@@ -426,6 +432,10 @@ for (const streaming of [true, false]) {
       assert.deepEqual(a2a.body.result.artifacts, [
         { artifactId: 'log', name: 'log', parts: [{ kind: 'text', text: 'line 1' }] },
         { artifactId: 'notes', parts: [{ kind: 'text', text: 'note 1' }], metadata: { complete: true } },
+        // Before, streamed: 'late' without the name and metadata of its empty first chunk, 'redo' with
+        // the parts it was emptied of ('draft', then 'final'), as the remote's task does not hold them.
+        { artifactId: 'late', name: 'late', metadata: { opened: true }, parts: [{ kind: 'text', text: 'late 1' }] },
+        { artifactId: 'redo', name: 'redone', parts: [{ kind: 'text', text: 'final' }] },
       ]);
       const stored = (await timeline(done.task.id)).filter((e: any) => e.type === 'artifact-update').map((e: any) => e.artifact.artifactId);
       assert.deepEqual(stored.filter((a: string) => a === 'log'), ['log'], 'a chunk that changes nothing is not stored');

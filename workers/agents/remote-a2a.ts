@@ -521,13 +521,20 @@ class Mirror {
   }
 
   // Stores an artifact update in the local task, noting the artifact as the task then holds it.
-  // An update of no parts is left out: a task holds no artifact without parts, and a remote may still
-  // send one (its first chunk empty, an artifact emptied), which would otherwise fail the whole run.
+  // An artifact of no parts is not stored: a task holds none without parts, and a remote may still
+  // make one (its first chunk empty, an artifact emptied), which would otherwise fail the whole run.
+  // It is noted as the remote holds it (no parts), so that parts the remote adds to it later are
+  // stored as the artifact they make, whole: with the name, description and metadata it came with,
+  // and without the parts it was emptied of.
   private async store(artifact: Artifact, { append, lastChunk }: { append?: boolean; lastChunk?: boolean }): Promise<void> {
-    if (!artifact.parts.length) return;
-    this.artifacts.set(artifact.artifactId, applyArtifactUpdate(this.artifacts.get(artifact.artifactId), artifact, append));
+    const held = this.artifacts.get(artifact.artifactId);
+    const made = applyArtifactUpdate(held, artifact, append);
+    this.artifacts.set(artifact.artifactId, made);
+    if (!made.parts.length) return;
+    // Held with no parts: the task holds it not, or as it was before the remote emptied it.
+    const [update, appends] = held && !held.parts.length ? [made, false] : [artifact, append];
     this.answering = undefined;
-    await this.ctx.emitArtifact({ ...artifact, ...(append ? { append } : {}), ...(lastChunk ? { lastChunk } : {}) });
+    await this.ctx.emitArtifact({ ...update, ...(appends ? { append: appends } : {}), ...(lastChunk ? { lastChunk } : {}) });
   }
 
   private async status(status: TaskStatus): Promise<AgentResult | undefined> {
