@@ -203,7 +203,8 @@ export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]):
       -- A context is listed with its first task's time. Two statements opening one context race, and
       -- the later-stamped may commit first: an earlier time moves the context back. (The update locks an
       -- existing context's row until commit even when it changes nothing; statements take contexts in
-      -- id order, after their messages, so they wait for each other without a cycle.)
+      -- id order, after their messages, so they wait for each other without a cycle; the purge locks
+      -- its contexts in id order too, db/task-purge.ts lockContexts.)
       c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from s order by context_id, at
             on conflict (id) do update set created_at = excluded.created_at where contexts.created_at > excluded.created_at),
       t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at, run_due_message_id, message_bytes)

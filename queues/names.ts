@@ -21,9 +21,11 @@ export function queueJobCounts(queue: Queue): Promise<Record<string, number>> {
 // job's return to the wait list (a retry, a run handed back at shutdown, a stalled run taken back),
 // only when it was added (timestamp, plus opts.delay) and when a worker last took it (processedOn):
 // its wait began no earlier than the latest of these, so it counts from there (a fresh job: from its
-// add), not from its first add. A job coming back that way goes to the front of the line, new and
-// promoted ones to the back, so the longest wait is among the jobs from the front up to the first
-// that never ran (at most OLDEST_SCAN_MAX of them are read).
+// add), not from its first add. A run handed back at shutdown or taken back after stalling goes to
+// the front of the line (moveJobFromActiveToWait, moveStalledJobsToWait: RPUSH); new jobs and retries
+// (promoted once their backoff is over, or retryJob without lifo) to the back (LPUSH), in the order
+// they came. So the longest wait is among the jobs from the front up to the first that never ran:
+// those behind it came later (at most OLDEST_SCAN_MAX of them are read).
 const OLDEST_SCAN_PAGE = 50;
 const OLDEST_SCAN_MAX = 1000;
 export async function oldestWaitingAgeMs(queue: Queue): Promise<number | null> {
