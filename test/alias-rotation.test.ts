@@ -5,7 +5,7 @@ import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import type { Queue } from 'bullmq';
-import { startWorker, testDb, useStack, waitFor, withQueue, type Client, type Proc } from './helpers/stack.ts';
+import { cancelWhileRowHeld, startWorker, testDb, useStack, waitFor, withQueue, type Client, type Proc } from './helpers/stack.ts';
 
 const S = '/api/secret/v1';
 const E = '/api/encryption/v1';
@@ -329,14 +329,7 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
       try {
         id = await queuedRotation(keyJobs);
         // Its row held, as a batch of an earlier worker would hold it.
-        const batch = await testDb().transaction();
-        try {
-          await batch('key_jobs').where({ id }).forUpdate().first();
-          const canceled = await c.post(`${E}/job/${id}/cancel`);
-          assert.deepEqual([canceled.status, canceled.body.status], [202, 'queued'], canceled.text);
-        } finally {
-          await batch.rollback();
-        }
+        await cancelWhileRowHeld(c, id);
       } finally {
         await keyJobs.resume();
       }

@@ -4,7 +4,7 @@ import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { setTimeout } from 'node:timers/promises';
 import { Redis } from 'ioredis';
-import { startStack, startWorker, testDb, useStack, waitFor, type Client, type Stack, withQueue } from './helpers/stack.ts';
+import { cancelWhileRowHeld, startStack, startWorker, testDb, useStack, waitFor, type Client, type Stack, withQueue } from './helpers/stack.ts';
 import { insertDeks } from '../db/deks.ts';
 import { openByHand, sealByHand } from './helpers/aes-gcm-by-hand.ts';
 
@@ -249,23 +249,14 @@ describe('bulk DEK migration', () => {
 
     // A batch holds the job's row while it runs: a cancel then is recorded and answered 202 at once,
     // the job still running, and the job's next step applies it (held here as a long batch would).
-    const batch = await testDb().transaction();
-    let requested;
-    try {
-      await batch('key_jobs').where({ id }).forUpdate().first();
-      requested = await c.post(`${E}/job/${id}/cancel`);
-      assert.equal(requested.status, 202, requested.text);
-      assert.equal(requested.body.status, 'running');
-    } finally {
-      await batch.rollback();
-    }
-    assert.ok(requested.body.done < count, `canceled before the end (done ${requested.body.done})`);
+    const requested = await cancelWhileRowHeld(c, id, 'running');
+    assert.ok(requested.done < count, `canceled before the end (done ${requested.done})`);
     // The worker stops at its next step: the job row and its log line say so.
     await waitFor(async () => stack.workers.some((w) => w.logs.some((l) => l.includes(id) && l.includes('DEK migration finished') && l.includes('"status":"canceled"'))), 'the worker to stop', 30000, 20);
     const stopped = await testDb()('key_jobs').where({ id }).first();
     assert.equal(stopped.status, 'canceled');
     assert.ok(stopped.finished_at, 'it ended');
-    assert.equal(stopped.done, requested.body.done, 'no batch ran after the cancel');
+    assert.equal(stopped.done, requested.done, 'no batch ran after the cancel');
     assert.equal(await testDb()('key_job_cancels').where({ job_id: id }).first(), undefined, 'the request was applied');
     await setTimeout(300);
     const deks = await testDb()('deks').whereIn('envelope_key_id', Object.keys(keks));
@@ -299,14 +290,7 @@ describe('bulk DEK migration', () => {
         const queued = await c.post(`${E}/envelope/stop-src.key/migrate`, { to_envelope_encryption_key_id: 'stop-dst.key' });
         assert.equal(queued.status, 202, queued.text);
         held = queued.body.id;
-        const batch = await testDb().transaction();
-        try {
-          await batch('key_jobs').where({ id: held }).forUpdate().first();
-          const later = await c.post(`${E}/job/${held}/cancel`);
-          assert.deepEqual([later.status, later.body.status], [202, 'queued'], later.text);
-        } finally {
-          await batch.rollback();
-        }
+        await cancelWhileRowHeld(c, held);
       } finally {
         await keyJobs.resume();
       }

@@ -143,6 +143,21 @@ export async function withQueue<T>(env: Record<string, string>, name: string, us
   }
 }
 
+// Asks a key job's cancel while its row is held, as a batch of a worker holds it: answered 202 with
+// the job still as it was (queued or running), the cancel left for the job's next step to apply.
+// The job as that answer shows it.
+export async function cancelWhileRowHeld(client: Client, jobId: string, status: 'queued' | 'running' = 'queued'): Promise<any> {
+  const batch = await testDb().transaction();
+  try {
+    await batch('key_jobs').where({ id: jobId }).forUpdate().first();
+    const asked = await client.post(`/api/encryption/v1/job/${jobId}/cancel`);
+    assert.deepEqual([asked.status, asked.body.status], [202, status], asked.text);
+    return asked.body;
+  } finally {
+    await batch.rollback();
+  }
+}
+
 export class Client {
   constructor(readonly baseUrl: string, public key: string | undefined = ADMIN_KEY) {}
 
