@@ -30,7 +30,7 @@ import { secretMasker } from '../../domain/secret-mask.ts';
 import { callSignal } from '../../domain/call-signal.ts';
 import { fetchPublicOnly } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
-import { applyArtifactUpdate, chunkBetween, mergeArtifactChunk } from '../../domain/a2a/artifact-merge.ts';
+import { applyArtifactUpdate, chunkBetween } from '../../domain/a2a/artifact-merge.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
 import { sameAsStored } from '../../domain/storable-json.ts';
 import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
@@ -497,44 +497,38 @@ class Mirror {
     await this.ctx.reply(replyOf(m));
   }
 
-  // An artifact-update event: stored as sent, unless it repeats the artifact as it stands. A chunk of
-  // no parts (a remote closing its artifact: the SDK takes it) is no update an agent may store: what it
-  // changes, if anything, is stored as the artifact it makes.
+  // An artifact-update event, stored as sent (store() says when it is not).
   private async artifactUpdate(a: Artifact, { append, lastChunk }: { append?: boolean; lastChunk?: boolean }): Promise<void> {
-    const known = this.artifacts.get(a.artifactId);
-    const own = artifactMembers(a);
-    const whole = append && known && !own.parts.length ? mergeArtifactChunk(known, own) : undefined;
-    const update = whole ?? own;
-    const appends = !!append && !whole;
-    if (!appends && known && sameAsStored(known, update)) return;
-    await this.store(update, { append: appends, lastChunk });
+    await this.store(artifactMembers(a), { append, lastChunk });
   }
 
-  // An artifact as a snapshot of the remote task shows it: stored when it changed, as a chunk of its
-  // new parts (and changed name, description, metadata) when it grew, else whole.
+  // An artifact as a snapshot of the remote task shows it: stored as a chunk of its new parts (and
+  // changed name, description, metadata) when it grew, else whole.
   private async artifactOf(a: Artifact): Promise<void> {
     const known = this.artifacts.get(a.artifactId);
     const own = artifactMembers(a);
-    if (known && sameAsStored(known, own)) return;
     const chunk = known && chunkBetween(known, own);
     await this.store(chunk || own, { append: !!chunk });
   }
 
-  // Stores an artifact update in the local task, noting the artifact as the task then holds it.
-  // An artifact of no parts is not stored: a task holds none without parts, and a remote may still
-  // make one (its first chunk empty, an artifact emptied), which would otherwise fail the whole run.
-  // It is noted as the remote holds it (no parts), so that parts the remote adds to it later are
+  // Stores an artifact update in the local task, noting the artifact as the task then holds it; one
+  // that leaves the artifact as it stands (sent again, a chunk of no parts adding nothing) is not
+  // stored. An artifact of no parts is not stored either: a task holds none without parts, and a
+  // remote may still make one (its first chunk empty, an artifact emptied), which would otherwise
+  // fail the whole run. It is noted as the remote holds it, so that parts the remote adds later are
   // stored as the artifact they make, whole: with the name, description and metadata it came with,
-  // and without the parts it was emptied of.
+  // and without the parts it was emptied of. A chunk of no parts (a remote closing its artifact: the
+  // SDK takes it) is no update an agent may store either: what it changes is stored as the artifact
+  // it makes.
   private async store(artifact: Artifact, { append, lastChunk }: { append?: boolean; lastChunk?: boolean }): Promise<void> {
     const held = this.artifacts.get(artifact.artifactId);
     const made = applyArtifactUpdate(held, artifact, append);
+    if (held && sameAsStored(held, made)) return;
     this.artifacts.set(artifact.artifactId, made);
     if (!made.parts.length) return;
-    // Held with no parts: the task holds it not, or as it was before the remote emptied it.
-    const [update, appends] = held && !held.parts.length ? [made, false] : [artifact, append];
+    const whole = (held && !held.parts.length) || !artifact.parts.length;
     this.answering = undefined;
-    await this.ctx.emitArtifact({ ...update, ...(appends ? { append: appends } : {}), ...(lastChunk ? { lastChunk } : {}) });
+    await this.ctx.emitArtifact({ ...(whole ? made : artifact), ...(append && !whole ? { append } : {}), ...(lastChunk ? { lastChunk } : {}) });
   }
 
   private async status(status: TaskStatus): Promise<AgentResult | undefined> {
