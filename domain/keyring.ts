@@ -5,7 +5,6 @@ import { randomUUID } from 'node:crypto';
 import type { Knex } from 'knex';
 import type { Services } from './services.ts';
 import type { Tx } from '../db/knex.ts';
-import type { EventBus } from '../queues/events.ts';
 import { Conflict, InvalidRequest, NotFound } from './errors.ts';
 import { getEnvelopeKey, localKeyFileNames, type EnvelopeKeyRow } from '../db/envelope-keys.ts';
 import { aliasDekForWrite, getAlias, getDek, insertDek, updateAlias, type AliasRow, type DekRow } from '../db/deks.ts';
@@ -20,7 +19,8 @@ const KEYRING_INVALIDATE = 'keyring-invalidate';
 let ttlMs = 300_000;
 const dekCache = new TtlCache<Buffer>(() => ttlMs);
 const wrapperCache = new TtlCache<KeyWrapper>(() => ttlMs, 1000);
-let processBus: EventBus | undefined;
+type Notifier = Pick<Services, 'bus' | 'log'>;
+let processNotifier: Notifier | undefined;
 
 // What a note may say: drop these DEKs, or drop everything (envelope keys changed).
 export interface Invalidation { dek_ids?: string[]; all?: boolean }
@@ -36,20 +36,29 @@ function applyInvalidation(msg: Invalidation): void {
 
 // Called once per process at start: takes the cache lifetime from config and listens for
 // invalidations from other processes.
-export async function startKeyringInvalidation(s: Pick<Services, 'bus' | 'cfg'>): Promise<void> {
+export async function startKeyringInvalidation(s: Pick<Services, 'bus' | 'cfg' | 'log'>): Promise<void> {
   ttlMs = s.cfg.DEK_CACHE_TTL_MS;
-  processBus = s.bus;
+  processNotifier = s;
   await s.bus.subscribe(KEYRING_INVALIDATE, (msg) => applyInvalidation(msg as Invalidation));
 }
 
-export async function invalidateKeyring(bus: EventBus | undefined, msg: Invalidation): Promise<void> {
+// Drops this process's cached copies, then tells the others (through `s`, else the bus the process
+// started with). Never throws: the change it follows has committed, so a note that cannot go out
+// (Redis away) is logged, not reported as that change failing; the others' copies expire within
+// DEK_CACHE_TTL_MS. `context`: fields for that log line.
+export async function invalidateKeyring(s: Notifier | undefined, msg: Invalidation, context: Record<string, unknown> = {}): Promise<void> {
   applyInvalidation(msg);
-  await (bus ?? processBus)?.publish(KEYRING_INVALIDATE, msg as Record<string, unknown>);
+  const to = s ?? processNotifier;
+  try {
+    await to?.bus.publish(KEYRING_INVALIDATE, msg as Record<string, unknown>);
+  } catch (err) {
+    to!.log.warn({ ...context, err: { message: err instanceof Error ? err.message : String(err) } }, 'other processes could not be told to drop their cached DEKs (they expire within DEK_CACHE_TTL_MS)');
+  }
 }
 
 // Invalidates once `trx` has committed (nothing to do if it rolls back).
-export function invalidateAfterCommit(trx: Knex.Transaction, msg: Invalidation, bus?: EventBus): void {
-  trx.executionPromise.then(() => invalidateKeyring(bus, msg), () => undefined).catch(() => undefined);
+export function invalidateAfterCommit(trx: Knex.Transaction, msg: Invalidation, s?: Notifier): void {
+  trx.executionPromise.then(() => invalidateKeyring(s, msg), () => undefined);
 }
 
 export async function envelopeKeyRow(db: Tx, envelopeId: string): Promise<EnvelopeKeyRow> {

@@ -399,7 +399,7 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     const s = createServices(loadConfig({ ...stack.env, LOG_LEVEL: 'silent' }), 'cli');
     try {
       if (s.redis.status !== 'ready') await once(s.redis, 'ready');
-      await invalidateKeyring(s.bus, { dek_ids: [dekId] });
+      await invalidateKeyring(s, { dek_ids: [dekId] });
     } finally {
       await s.close();
     }

@@ -107,6 +107,25 @@ describe('job pipeline under faults', function () {
       const left = await testDb()('outbox').whereRaw(`payload->>'task_id' = any(?)`, [ids]).count({ n: '*' });
       assert.equal(left[0].n, 0);
     });
+
+    // The delete commits in Postgres; only the note telling other processes to drop their cached
+    // DEKs cannot go out. The client is told what happened (200), not an error for a change made.
+    it('deletes an unused envelope key while Redis is down: 200, gone, and a warn line about the other caches', async () => {
+      const s = own.stack;
+      const E = '/api/encryption/v1';
+      assert.equal((await s.client.post(`${E}/envelope`, { type: 'local', file_name: 'outage.key' })).status, 201);
+      await own.stop();
+      try {
+        const deleted = await s.client.delete(`${E}/envelope/outage.key`);
+        assert.equal(deleted.status, 200, deleted.text);
+        assert.equal((await s.client.get(`${E}/envelope/outage.key`)).status, 404);
+        const warned = await waitFor(async () => s.api.logs.find((l) => l.includes('could not be told to drop their cached DEKs')), 'the warn line');
+        assert.equal(JSON.parse(warned).level, 40, warned);
+        assert.equal((await s.client.delete(`${E}/envelope/outage.key`)).status, 404);
+      } finally {
+        await own.start();
+      }
+    });
   });
 
   describe('Redis restarted with its data (append-only file) during an agent run longer than WORKER_LOCK_MS', () => {

@@ -44,14 +44,10 @@ export function createMigrateDeksProcessor(services: Services, handBack: AbortSi
       await cancelFailOrRetryKeyJob(services, job, err, err instanceof AppError && (err.status === 404 || err.status === 500), 'DEK migration')
         .catch((thrown: unknown) => { ended = thrown instanceof UnrecoverableError; throw thrown; });
     } finally {
-      // The DEKs its batches moved (earlier workers' too) are read anew. This process's cache is
-      // dropped first; a note the others cannot be sent (Redis away) is logged, not thrown: thrown
-      // here it would replace how the job ended (an UnrecoverableError, the job resolved) and have
-      // BullMQ retry a job that has ended.
-      if (ended) {
-        await invalidateKeyring(services.bus, { all: true }).catch((err: unknown) =>
-          log.warn({ job_id: jobId, err: { message: err instanceof Error ? err.message : String(err) } }, 'DEK migration ended; other processes could not be told to drop their cached DEKs (they expire within DEK_CACHE_TTL_MS)'));
-      }
+      // The DEKs its batches moved (earlier workers' too) are read anew. invalidateKeyring does not
+      // throw (a note Redis cannot take is logged): thrown here, it would replace how the job ended
+      // (an UnrecoverableError, the job resolved) and have BullMQ retry a job that has ended.
+      if (ended) await invalidateKeyring(services, { all: true }, { job_id: jobId, job: 'DEK migration' });
     }
   };
 }

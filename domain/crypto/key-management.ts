@@ -14,7 +14,7 @@ import { findActiveRotation } from '../../db/key-jobs.ts';
 import { createDek, envelopeKeyRow, forgetWrapper, freshWrapperFor, invalidateAfterCommit, invalidateKeyring, repointAlias, unwrapDek } from '../keyring.ts';
 
 export interface EnvelopeKeyInput { type: 'local' | 'aws_kms'; file_name?: string; arn?: string; region?: string }
-type S = Pick<Services, 'db' | 'cfg' | 'bus'>;
+type S = Pick<Services, 'db' | 'cfg' | 'bus' | 'log'>;
 
 export const DEFAULT_ALIAS = 'default';
 const BOOTSTRAP_KEY_FILE = 'default-envelope.key';
@@ -62,7 +62,7 @@ export async function deleteEnvelopeKey(s: S, id: string): Promise<void> {
   if (outcome === 'in_use') throw new Conflict(`envelope key '${id}' still wraps DEKs; migrate them first`, { resource: 'envelope_key', id });
   if (outcome === 'migration_target') throw new Conflict(`envelope key '${id}' is the target of a running DEK migration`, { resource: 'envelope_key', id });
   forgetWrapper(id);
-  await invalidateKeyring(s.bus, { all: true });
+  await invalidateKeyring(s, { all: true });
 }
 
 export async function createDekUnder(s: S, envelopeId: string, opts: { id?: string; encryptedDek?: string; encryptedDekField?: string }): Promise<DekRow> {
@@ -86,7 +86,7 @@ export async function migrateDek(s: S, envelopeId: string, dekId: string, target
     const wrapped = await (await freshWrapperFor(s, targetId, trx)).wrap(plain);
     const out = await rewrapDek(trx, dekId, envelopeId, targetId, wrapped);
     if (!out) throw new Conflict(`DEK '${dekId}' was migrated concurrently`, { resource: 'dek', id: dekId });
-    invalidateAfterCommit(trx, { dek_ids: [dekId] }, s.bus);
+    invalidateAfterCommit(trx, { dek_ids: [dekId] }, s);
     return out;
   });
 }
@@ -122,7 +122,7 @@ export async function removeAlias(s: S, alias: string): Promise<void> {
     const rotation = await findActiveRotation(trx, alias);
     if (rotation) throw new Conflict(`alias '${alias}' is being rotated (job ${rotation.id}); delete it once the job has ended`, { resource: 'job', id: rotation.id });
     await deleteAlias(trx, alias);
-    invalidateAfterCommit(trx, { dek_ids: [row.dek_id] }, s.bus);
+    invalidateAfterCommit(trx, { dek_ids: [row.dek_id] }, s);
   });
 }
 
