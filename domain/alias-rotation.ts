@@ -26,7 +26,7 @@ import {
   addKeyJobTotal, findActiveRotation, getKeyJob, insertKeyJob, markKeyJobRunning, recordKeyJobProgress, setRotationState, settleKeyJobTotal,
   type KeyJobError, type KeyJobRow,
 } from '../db/key-jobs.ts';
-import { finishKeyJob, lockKeyJob, lockKeyJobNotingCancel } from './crypto/key-jobs.ts';
+import { finishKeyJob, lockKeyJob, lockKeyJobNotingCancel, startedAs, type KeyJobStart } from './crypto/key-jobs.ts';
 import { countSecretsToRotate, reencryptSecrets, secretsToRotate, type RotationCandidate } from '../db/secrets.ts';
 import { countCredentialsToRotate, credentialsToRotate, reencryptCredentials, type CredentialToRotate } from '../db/bridge.ts';
 import type { Budget } from '../db/pagination.ts';
@@ -60,33 +60,32 @@ export async function startAliasRotation(s: Pick<Services, 'db' | 'outbox' | 'bu
 const isActive = (job: KeyJobRow | undefined): job is KeyJobRow => !!job && isOpenKeyJob(job.status);
 
 // Creates the new DEK once (its id is stored in the job in the same transaction) and marks the
-// job running. Undefined when the job had ended before this start took it; the job ended (canceled)
-// when a cancel asked meanwhile ended it during this start. The DEK is made first, with the alias
-// held shared as writes hold it: made under the FOR UPDATE below, its KMS call (15 s when KMS is
-// slow) held up every write under the alias, each holding an API connection. The FOR UPDATE itself
-// is brief: it makes every write stamped before started_at (this transaction's now()) commit before
-// the walk begins (see the header).
-export async function beginAliasRotation(s: KeyringServices, jobId: string): Promise<KeyJobRow | undefined> {
-  const prepared = await s.db.transaction(async (trx) => {
+// job running. The DEK is made first, with the alias held shared as writes hold it: made under the
+// FOR UPDATE below, its KMS call (15 s when KMS is slow) held up every write under the alias, each
+// holding an API connection. The FOR UPDATE itself is brief: it makes every write stamped before
+// started_at (this transaction's now()) commit before the walk begins (see the header).
+export async function beginAliasRotation(s: KeyringServices, jobId: string): Promise<KeyJobStart> {
+  const prepared = await s.db.transaction(async (trx): Promise<KeyJobStart> => {
     const { job, canceledHere } = await lockKeyJobNotingCancel(trx, jobId);
-    if (!isActive(job)) return canceledHere ? job : undefined;
-    const params = job.params as unknown as RotationParams;
-    if (params.new_dek_id || params.prepared_dek_id) return job;
+    const start = startedAs(job, canceledHere);
+    if (start.state !== 'running') return start;
+    const params = start.job.params as unknown as RotationParams;
+    if (params.new_dek_id || params.prepared_dek_id) return start;
     const fromId = await aliasDekForWrite(trx, params.alias);
     if (!fromId) throw new NotFound('dek_alias', params.alias);
     const from = await getDek(trx, fromId);
     if (!from) throw new NotFound('dek', fromId);
     const dek = await createDek(s, from.envelope_key_id, trx);
     await setRotationState(trx, jobId, { ...params, prepared_dek_id: dek.id, prepared_from_dek_id: from.id });
-    return job;
+    return start;
   });
-  if (!isActive(prepared)) return prepared;
+  if (prepared.state !== 'running') return prepared;
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
     // Open as the step above took it: ended since (a cancel, applied here or at once between the two).
-    if (!isActive(job)) return job;
+    if (!isActive(job)) return startedAs(job, true);
     const params = job.params as unknown as RotationParams;
-    if (params.new_dek_id) return job;
+    if (params.new_dek_id) return startedAs(job);
     const alias = await lockAlias(trx, params.alias);
     if (!alias) throw new NotFound('dek_alias', params.alias);
     // Moved since the new DEK was made (a PUT that came in between): the operator's choice stands, as
@@ -95,7 +94,7 @@ export async function beginAliasRotation(s: KeyringServices, jobId: string): Pro
     const next: RotationParams = { ...params, from_dek_id: alias.dek_id, new_dek_id: params.prepared_dek_id, phase: 'walk' };
     await setRotationState(trx, jobId, { ...next });
     await markKeyJobRunning(trx, jobId, await countSecretsToRotate(trx, params.alias, params.prepared_dek_id!));
-    return getKeyJob(trx, jobId);
+    return startedAs(await getKeyJob(trx, jobId));
   });
 }
 

@@ -9,7 +9,6 @@ import { cancelFailOrRetryKeyJob } from './key-job-failure.ts';
 import { beginMigrateAll, migrateNextBatch } from '../domain/crypto/dek-migration.ts';
 import { invalidateKeyring } from '../domain/keyring.ts';
 import { betweenBatches } from './key-job-hand-back.ts';
-import { isOpenKeyJob } from '../domain/key-job-states.ts';
 
 export function createMigrateDeksProcessor(services: Services, handBack: AbortSignal) {
   const { log, cfg } = services;
@@ -20,12 +19,12 @@ export function createMigrateDeksProcessor(services: Services, handBack: AbortSi
     // DEKs anew from that service.
     let ended = false;
     try {
-      const started = await beginMigrateAll(services, jobId);
-      if (!started) return;
-      let row = started;
+      const start = await beginMigrateAll(services, jobId);
+      if (start.state === 'ended-before') return;
+      let row = start.job;
       // Not ended by its start (a cancel asked while an earlier worker's batch held it): run.
-      if (isOpenKeyJob(started.status)) {
-        log.info({ job_id: jobId, total: started.total, done: started.done }, 'DEK migration running');
+      if (start.state === 'running') {
+        log.info({ job_id: jobId, total: row.total, done: row.done }, 'DEK migration running');
         for (;;) {
           const next = await migrateNextBatch(services, jobId, cfg.DEK_MIGRATION_BATCH);
           row = next.job;

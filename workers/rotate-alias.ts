@@ -7,7 +7,6 @@ import type { Services } from '../domain/services.ts';
 import { cancelFailOrRetryKeyJob } from './key-job-failure.ts';
 import { betweenBatches } from './key-job-hand-back.ts';
 import type { JobPayloads } from '../queues/names.ts';
-import { isOpenKeyJob } from '../domain/key-job-states.ts';
 import { beginAliasRotation, finishAliasRotation, isPermanentRotationError, nextRotationPhase, repointRotatedAlias, rotateNextBatch, type Phase } from '../domain/alias-rotation.ts';
 
 export function createRotateAliasProcessor(services: Services, handBack: AbortSignal) {
@@ -24,11 +23,12 @@ export function createRotateAliasProcessor(services: Services, handBack: AbortSi
       }
     };
     try {
-      const started = await beginAliasRotation(services, jobId);
-      if (!started) return;
-      let done = started;
+      const start = await beginAliasRotation(services, jobId);
+      if (start.state === 'ended-before') return;
+      let done = start.job;
       // Not ended by its start (a cancel while it made its new DEK): run.
-      if (isOpenKeyJob(started.status)) {
+      if (start.state === 'running') {
+        const started = start.job;
         log.info({ job_id: jobId, alias: started.params.alias, new_dek_id: started.params.new_dek_id, total: started.total, done: started.done }, 'alias rotation running');
         let finished = await runPhase();
         if (finished === 'walk') {

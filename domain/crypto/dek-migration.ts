@@ -20,11 +20,11 @@ import {
   findActiveMigration, findCrossingMigration, getKeyJob, insertKeyJob, lockMigrationStarts, markKeyJobRunning,
   recordKeyJobProgress, restartKeyJobPass, settleKeyJobTotal, type KeyJobError, type KeyJobRow,
 } from '../../db/key-jobs.ts';
-import { finishKeyJob, lockKeyJob, lockKeyJobNotingCancel } from './key-jobs.ts';
+import { finishKeyJob, lockKeyJob, lockKeyJobNotingCancel, startedAs, type KeyJobStart } from './key-jobs.ts';
 import { DecryptError, KEY_BYTES } from './aes-gcm.ts';
 import { envelopeKeyRow, freshWrapperFor, wrapperFor } from '../keyring.ts';
 import type { KeyWrapper } from './envelope-keys.ts';
-import { isOpenKeyJob, MIGRATE_DEKS } from '../key-job-states.ts';
+import { MIGRATE_DEKS } from '../key-job-states.ts';
 
 const KMS_PARALLEL = 16;
 // A DEK written by a transaction that began before the job did carries that earlier time.
@@ -124,15 +124,14 @@ export async function rewrapAll(from: KeyWrapper, to: KeyWrapper, rows: { id: st
 }
 
 // Marks the job running and recounts what is left, so a resumed job reports a true total.
-// Undefined when the job had ended before this start took it; the job ended (canceled) when this
-// start applied a cancel asked meanwhile.
-export async function beginMigrateAll(s: Pick<Services, 'db'>, jobId: string): Promise<KeyJobRow | undefined> {
+export async function beginMigrateAll(s: Pick<Services, 'db'>, jobId: string): Promise<KeyJobStart> {
   return s.db.transaction(async (trx) => {
     const { job, canceledHere } = await lockKeyJobNotingCancel(trx, jobId);
-    if (!job || !isOpenKeyJob(job.status)) return canceledHere ? job : undefined;
-    const left = await countDeksUnder(trx, job.source_envelope_key_id!, passFilter(job));
-    await markKeyJobRunning(trx, jobId, job.done + job.failed + left);
-    return getKeyJob(trx, jobId);
+    const start = startedAs(job, canceledHere);
+    if (start.state !== 'running') return start;
+    const left = await countDeksUnder(trx, start.job.source_envelope_key_id!, passFilter(start.job));
+    await markKeyJobRunning(trx, jobId, start.job.done + start.job.failed + left);
+    return startedAs(await getKeyJob(trx, jobId));
   });
 }
 

@@ -30,6 +30,17 @@ export async function lockKeyJobNotingCancel(trx: Knex.Transaction, id: string, 
   return { job: await getKeyJob(trx, id), canceledHere: true };
 }
 
+// How a worker's start of a key job went: the job had ended before it (nothing to do or say), it
+// ended during the start (a cancel asked meanwhile, applied there: the worker reports that end), or
+// it runs.
+export type KeyJobStart = { state: 'ended-before' } | { state: 'ended-during-start' | 'running'; job: KeyJobRow };
+
+// The start's outcome for a job as a step of it found the job, and whether that step ended it.
+export function startedAs(job: KeyJobRow | undefined, endedHere = false): KeyJobStart {
+  if (job && isOpenKeyJob(job.status)) return { state: 'running', job };
+  return job && endedHere ? { state: 'ended-during-start', job } : { state: 'ended-before' };
+}
+
 // Ends a job (its row locked). A rotation that ends otherwise than completed (canceled, or failed as
 // its alias moved) may leave the DEK it made for itself referred to by nothing but the job's params:
 // ended before its walk began, or before a batch moved a value to it. It is deleted with the job's
