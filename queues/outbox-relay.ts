@@ -3,6 +3,7 @@ import type { Redis } from 'ioredis';
 import type { Knex } from 'knex';
 import type { Config } from '../domain/config.ts';
 import type { Logger } from '../domain/logger.ts';
+import { throttledWarn } from '../domain/throttled-warn.ts';
 import { deleteOutbox, insertOutbox, lockStaleOutbox, type OutboxRow } from '../db/outbox.ts';
 import { defaultJobOptions, QUEUE_NAMES, type QueueName } from './names.ts';
 
@@ -32,8 +33,14 @@ export class OutboxRelay {
   private stopped = false;
   private pending: { row: OutboxRow; stored: boolean }[] = [];
   private flushScheduled = false;
+  // While Redis is away every send is deferred and every sweep with rows fails.
+  private readonly warnDeferred: (fields: Record<string, unknown>) => void;
+  private readonly warnSweepFailed: (fields: Record<string, unknown>) => void;
 
-  constructor(private readonly db: Knex, private readonly queues: Queues, private readonly log: Logger, private readonly sweepMs: number) {}
+  constructor(private readonly db: Knex, private readonly queues: Queues, private readonly log: Logger, private readonly sweepMs: number) {
+    this.warnDeferred = throttledWarn(log, 'outbox relay deferred to sweeper');
+    this.warnSweepFailed = throttledWarn(log, 'outbox sweep failed; will retry');
+  }
 
   private async addJobs(rows: OutboxRow[]): Promise<void> {
     const byQueue = new Map<QueueName, OutboxRow[]>();
@@ -66,7 +73,7 @@ export class OutboxRelay {
         .then(
           () => deleteOutbox(this.db, rowsOf(true).map((r) => r.id)),
           (err) => {
-            this.log.warn({ err: { message: (err as Error).message }, count: batch.length }, 'outbox relay deferred to sweeper');
+            this.warnDeferred({ err: { message: (err as Error).message }, count: batch.length });
             return insertOutbox(this.db, rowsOf(false));
           },
         )
@@ -90,7 +97,7 @@ export class OutboxRelay {
         if (count < SWEEP_BATCH) break;
       }
     } catch (err) {
-      this.log.warn({ err: { message: (err as Error).message }, sent }, 'outbox sweep failed; will retry');
+      this.warnSweepFailed({ err: { message: (err as Error).message }, sent });
     } finally {
       this.sweeping = false;
     }

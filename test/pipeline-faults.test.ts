@@ -97,6 +97,14 @@ describe('job pipeline under faults', function () {
       await sleep(3000);
       const during = errorLines().slice(before).map((l) => JSON.parse(l));
       assert.ok(during.length <= 4 && during.every((l) => l.level === 40), `warn lines of worker errors in 3 s of outage: ${during.length}`);
+      // Likewise the outbox: each send deferred to the sweeper, and each sweep (every OUTBOX_SWEEP_MS)
+      // failing while the jobs wait, is one warn line a minute at most, not one a request or a tick.
+      for (const [msg, procs] of [['outbox relay deferred to sweeper', [s.api]], ['outbox sweep failed; will retry', [s.api, s.workers[0]]]] as const) {
+        for (const p of procs) {
+          const lines = p.logs.filter((l) => l.includes(`"msg":"${msg}"`)).map((l) => JSON.parse(l));
+          assert.ok(lines.filter((l) => l.level === 40).length <= 1, `${msg}: ${lines.length} lines, ${lines.filter((l) => l.level === 40).length} at warn`);
+        }
+      }
 
       await own.start();
       for (const [i, id] of ids.entries()) {

@@ -24,7 +24,7 @@ import { queueConcurrency, type JobPayloads } from '../queues/names.ts';
 import { stalledTooOften } from '../queues/stalled.ts';
 import { onStop } from '../domain/stop-signals.ts';
 import { renewingRetakenLocks } from './renew-retaken-lock.ts';
-import { workerErrorLog } from './worker-error-log.ts';
+import { throttledWarn } from '../domain/throttled-warn.ts';
 
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'worker');
@@ -104,7 +104,8 @@ for (const w of [pushWorker, refreshWorker] as Worker[]) {
 
 const workers = [agentWorker, keyJobsWorker, pushWorker, refreshWorker];
 for (const w of workers) {
-  w.on('error', workerErrorLog(log, w.name));
+  const warn = throttledWarn(log, 'worker error');
+  w.on('error', (err) => warn({ err: { message: err.message }, queue: w.name }));
   w.on('stalled', (jobId) => log.warn({ queue: w.name, job_id: jobId }, 'job stalled: its worker died or was blocked past WORKER_LOCK_MS; moved back to wait'));
 }
 const metrics = new WorkerMetrics(services.redis, cfg.QUEUE_PREFIX);

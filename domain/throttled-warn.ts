@@ -1,0 +1,20 @@
+// A failure that repeats while a backing service is away is logged at warn once a minute at most:
+// unthrottled, BullMQ's workers report every failed Redis command (some 50,000 warn lines an hour a
+// process, found by an ops audit), and the outbox a line per deferred send and per sweep. The
+// others are logged at debug, and the next warn line counts them (`errors_since_last_line`).
+import type { Logger } from './logger.ts';
+
+export function throttledWarn(log: Logger, msg: string, everyMs = 60_000): (fields: Record<string, unknown>) => void {
+  let warnedAt = -Infinity;
+  let quieted = 0;
+  return (fields) => {
+    if (Date.now() - warnedAt < everyMs) {
+      quieted += 1;
+      log.debug(fields, msg);
+      return;
+    }
+    warnedAt = Date.now();
+    log.warn({ ...fields, ...(quieted ? { errors_since_last_line: quieted } : {}) }, msg);
+    quieted = 0;
+  };
+}
