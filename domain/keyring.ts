@@ -11,6 +11,7 @@ import { aliasDekForWrite, getAlias, getDek, insertDek, updateAlias, type AliasR
 import { DecryptError, KEY_BYTES, openBase64, sealBase64 } from './crypto/aes-gcm.ts';
 import { KeyUnusable, readLocalKeyFile, wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
 import { TtlCache } from './crypto/ttl-cache.ts';
+import { withTimeout } from './with-timeout.ts';
 
 export { DecryptError };
 export type KeyringServices = Pick<Services, 'db' | 'cfg' | 'bus'>;
@@ -44,15 +45,18 @@ export async function startKeyringInvalidation(s: Pick<Services, 'bus' | 'cfg' |
 
 // Drops this process's cached copies, then tells the others (through `s`, else the bus the process
 // started with). Never throws: the change it follows has committed, so a note that cannot go out
-// (Redis away) is logged, not reported as that change failing; the others' copies expire within
-// DEK_CACHE_TTL_MS. `context`: fields for that log line.
+// (Redis away, or silent past NOTE_WAIT_MS: a request waiting on it would wait DB_QUERY_TIMEOUT_MS)
+// is logged, not reported as that change failing; the others' copies expire within DEK_CACHE_TTL_MS.
+// `context`: fields for that log line.
+const NOTE_WAIT_MS = 2000;
 export async function invalidateKeyring(s: Notifier | undefined, msg: Invalidation, context: Record<string, unknown> = {}): Promise<void> {
   applyInvalidation(msg);
   const to = s ?? processNotifier;
+  if (!to) return;
   try {
-    await to?.bus.publish(KEYRING_INVALIDATE, msg as Record<string, unknown>);
+    await withTimeout(to.bus.publish(KEYRING_INVALIDATE, msg as Record<string, unknown>), NOTE_WAIT_MS);
   } catch (err) {
-    to!.log.warn({ ...context, err: { message: err instanceof Error ? err.message : String(err) } }, 'other processes could not be told to drop their cached DEKs (they expire within DEK_CACHE_TTL_MS)');
+    to.log.warn({ ...context, err: { message: err instanceof Error ? err.message : String(err) } }, 'other processes could not be told to drop their cached DEKs (they expire within DEK_CACHE_TTL_MS)');
   }
 }
 

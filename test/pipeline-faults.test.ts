@@ -397,6 +397,29 @@ describe('job pipeline under faults', function () {
     });
   });
 
+  describe('Redis gone silent, with a long DB_QUERY_TIMEOUT_MS', () => {
+    const own = behindServiceProxy('REDIS_URL', { DB_QUERY_TIMEOUT_MS: '30000' });
+
+    // Only the note to other processes' DEK caches needs Redis, and it is not worth a request's
+    // DB_QUERY_TIMEOUT_MS: it is given 2 s, then logged as not sent.
+    it('deletes an unused envelope key (200) without waiting DB_QUERY_TIMEOUT_MS for the cache note', async () => {
+      const s = own.stack;
+      const E = '/api/encryption/v1';
+      assert.equal((await s.client.post(`${E}/envelope`, { type: 'local', file_name: 'silent.key' })).status, 201);
+      own.proxy.swallow();
+      try {
+        const started = Date.now();
+        const deleted = await s.client.delete(`${E}/envelope/silent.key`);
+        assert.equal(deleted.status, 200, deleted.text);
+        assert.ok(Date.now() - started < 15_000, `answered after ${Date.now() - started} ms`);
+        await waitFor(async () => s.api.logs.some((l) => l.includes('could not be told to drop their cached DEKs') && l.includes('no answer in 2000 ms')), 'the warn line');
+        assert.equal((await s.client.get(`${E}/envelope/silent.key`)).status, 404);
+      } finally {
+        own.proxy.forward();
+      }
+    });
+  });
+
   describe('Postgres connections reset under statements (a server killed, a proxy dropping them)', () => {
     const own = behindServiceProxy('DATABASE_URL');
 
