@@ -34,21 +34,22 @@ export class AgentRunRecovery {
     const queue = queues['agent-tasks'];
     const pending = await pendingOutboxIds(db, page.map((r) => r.message_id));
     const unsent = page.filter((r) => !pending.has(r.message_id));
-    // A job of any state has its hash at toKey(id); a failed one is in the failed set. The queues share this Redis connection.
+    // A job of any state has its hash at toKey(id); a failed one is in the failed set. The queues share this
+    // Redis connection. Its reason is read here too: asked for after the task's failure has committed, a
+    // Redis gone meanwhile would fail the pass and lose the line.
     const pipeline = redis.pipeline();
-    for (const r of unsent) pipeline.exists(queue.toKey(r.message_id)).zscore(queue.keys.failed, r.message_id);
+    for (const r of unsent) pipeline.exists(queue.toKey(r.message_id)).zscore(queue.keys.failed, r.message_id).hget(queue.toKey(r.message_id), 'failedReason');
     const replies = (await pipeline.exec()) ?? [];
     const handled: string[] = [];
     for (const [i, r] of unsent.entries()) {
-      const [exists, failedAt] = [replies[2 * i]?.[1], replies[2 * i + 1]?.[1]];
+      const [exists, failedAt, reason] = [replies[3 * i]?.[1], replies[3 * i + 1]?.[1], replies[3 * i + 2]?.[1]];
       if (exists === 0 && r.resumable) {
         await queue.add('run', { task_id: r.task_id, message_id: r.message_id }, { jobId: r.message_id });
         log.warn({ task_id: r.task_id, message_id: r.message_id }, 'agent run had no queue job: enqueued again');
         handled.push(r.task_id);
       } else if (typeof failedAt === 'string') {
         if (await failLostRun(this.services, r.task_id, r.message_id, 'its queue job failed without ending the task')) {
-          const job = await queue.getJob(r.message_id);
-          log.warn({ task_id: r.task_id, message_id: r.message_id, reason: job?.failedReason }, 'agent run job had failed with its task unfinished: task failed');
+          log.warn({ task_id: r.task_id, message_id: r.message_id, reason: reason ?? undefined }, 'agent run job had failed with its task unfinished: task failed');
           handled.push(r.task_id);
         }
       }
