@@ -43,7 +43,8 @@ const listDigest = (list: unknown) => createHash('sha256').update(JSON.stringify
 
 // `shapes`: the kinds of the values a token of this list may hold, told apart by their number.
 function decodeToken(token: string, shapes: KeyKind[][], list: string): unknown[] {
-  const bad = () => new InvalidRequest('next_page_token is not a valid page token', [{ path: 'next_page_token', message: 'not a token returned by this list' }]);
+  // Worded as a refused query parameter is (domain/schema-check.ts), as an over-long token is.
+  const bad = () => new InvalidRequest('Invalid query: query.next_page_token is not a token returned by this list', [{ path: 'query.next_page_token', message: 'is not a token returned by this list' }]);
   let decoded: unknown;
   try {
     decoded = JSON.parse(Buffer.from(token, 'base64url').toString('utf8'));

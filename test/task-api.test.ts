@@ -727,7 +727,13 @@ describe('task API', () => {
         for (const token of foreign) {
           const r = await stack.client.get(`${list}?page_size=5&next_page_token=${encodeURIComponent(token)}`);
           assertError(r, 400, 'invalid_request');
+          // Named as every other refused query parameter is (an over-long token among them).
+          assert.deepEqual(r.body.data.errors, [{ path: 'query.next_page_token', message: 'is not a token returned by this list' }], r.text);
+          assert.equal(r.body.message, 'Invalid query: query.next_page_token is not a token returned by this list');
         }
+        const long = await stack.client.get(`${list}?page_size=5&next_page_token=${'A'.repeat(2049)}`);
+        assertError(long, 400, 'invalid_request');
+        assert.equal(long.body.data.errors[0].path, 'query.next_page_token');
       });
     }
 
@@ -756,7 +762,7 @@ describe('task API', () => {
       const refused = async (url: string) => {
         const r = await stack.client.get(url);
         assertError(r, 400, 'invalid_request');
-        assert.equal(r.body.data.errors[0].path, 'next_page_token', url);
+        assert.equal(r.body.data.errors[0].path, 'query.next_page_token', url);
       };
 
       const tasksToken = await tokenOf('/api/task/v1?page_size=1');
