@@ -36,13 +36,16 @@ export async function createSecret(s: KeyringServices, input: { key: string; raw
 export async function importSecret(
   s: KeyringServices, input: { id?: string; key: string; encrypted_value: string; dek_alias: string; data_encryption_key_id?: string },
 ): Promise<Secret> {
+  // As Postgres answers it, so a refusal names the id as reads do.
+  const id = input.id?.toLowerCase();
   const row = await writeUnderAlias(s, input.dek_alias, async (trx, dekId) => {
     const sealedWith = input.data_encryption_key_id ?? dekId;
     const plain = await decryptImported(s, sealedWith, input.encrypted_value, 'body.encrypted_value', trx);
     const encrypted = sealedWith === dekId ? input.encrypted_value : await encryptWithDek(s, dekId, plain, trx);
-    return repo.insertSecret(trx, { id: input.id ?? randomUUID(), key: input.key, encrypted_secret: encrypted, dek_id: dekId, dek_alias: input.dek_alias });
+    return repo.insertSecret(trx, { id: id ?? randomUUID(), key: input.key, encrypted_secret: encrypted, dek_id: dekId, dek_alias: input.dek_alias });
   });
-  if (!row) throw input.id ? new Conflict(`A secret with key '${input.key}' or id '${input.id}' already exists`, { resource: 'secret', key: input.key, id: input.id }) : duplicate(input.key);
+  // Either may be taken: the client is told which (the id when both are).
+  if (!row) throw id !== undefined && await repo.getSecret(s.db, id) ? new Conflict(`A secret with id '${id}' already exists`, { resource: 'secret', id }) : duplicate(input.key);
   return toSecret(row);
 }
 

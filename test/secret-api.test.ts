@@ -369,6 +369,18 @@ describe('secret API', () => {
     assert.equal(dup.status, 409, 'the id is taken');
   });
 
+  it('says which of id and key an import found taken (409), the id in the lower case it is read in, storing nothing', async () => {
+    const taken = (await c.post(S, { key: 'import.taken', raw_value: value() })).body;
+    const sealed = (await c.post(S, { key: 'import.source', raw_value: value() })).body.encrypted_secret;
+    const count = async () => Number((await testDb()('secrets').count({ n: '*' }))[0].n);
+    const before = await count();
+    const byId = await c.post(`${S}/import`, { id: taken.id.toUpperCase(), key: 'import.fresh', encrypted_value: sealed, dek_alias: 'default' });
+    assert.deepEqual(byId.body, { message: `A secret with id '${taken.id}' already exists`, data: { code: 'conflict', resource: 'secret', id: taken.id } });
+    const byKey = await c.post(`${S}/import`, { id: randomUUID(), key: 'import.taken', encrypted_value: sealed, dek_alias: 'default' });
+    assert.deepEqual(byKey.body, { message: "A secret with key 'import.taken' already exists", data: { code: 'conflict', resource: 'secret', key: 'import.taken' } });
+    assert.equal(await count(), before);
+  });
+
   it('an alias in use by secrets cannot be deleted (409)', async () => {
     const r = await c.delete(`${E}/dek/alias/known`);
     assert.equal(r.status, 409);
