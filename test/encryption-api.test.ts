@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import { once } from 'node:events';
 import path from 'node:path';
 import { randomBytes, randomUUID } from 'node:crypto';
-import { Client, resetDb, startApi, startStack, testDb, testEnv, waitFor, withQueue, type Stack, type Response, assertError } from './helpers/stack.ts';
+import { Client, resetDb, startApi, startStack, testDb, testEnv, waitFor, withQueue, type Stack, type Response, assertError, assertNotFound } from './helpers/stack.ts';
 import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
 import { openByHand, sealByHand } from './helpers/aes-gcm-by-hand.ts';
 import { kmsWrapper } from '../domain/crypto/envelope-keys.ts';
@@ -258,6 +258,20 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     const final = (await c.get(`${E}/dek/alias/given-dek`)).body;
     const plain = final.envelope_encryption_key_id.id === ARN ? await w.unwrap(final.encrypted_data_encryption_key) : openByHand(kek('restored.key'), final.encrypted_data_encryption_key);
     assert.deepEqual(plain, before);
+  });
+
+  it('a DEK migration names what it did not find: the envelope key in its path, else the DEK under it, moving nothing', async () => {
+    const c = stack.client;
+    for (const name of ['nf-a.key', 'nf-b.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: name })).status, 201);
+    const dek = await c.post(`${E}/envelope/nf-a.key/dek`, { id: 'nf-dek' });
+    assert.equal(dek.status, 201);
+    // Before, both answered "dek 'nf-dek' not found", a DEK that exists.
+    assertNotFound(await c.post(`${E}/envelope/nf-gone.key/dek/nf-dek/migrate`, { to_envelope_encryption_key_id: 'nf-b.key' }), 'envelope_key', 'nf-gone.key');
+    const elsewhere = await c.post(`${E}/envelope/nf-b.key/dek/nf-dek/migrate`, { to_envelope_encryption_key_id: 'nf-a.key' });
+    assertNotFound(elsewhere, 'dek', 'nf-dek');
+    assert.equal(elsewhere.body.message, "dek 'nf-dek' not found under envelope key 'nf-b.key'");
+    const row = await testDb()('deks').where({ id: 'nf-dek' }).first();
+    assert.deepEqual([row.envelope_key_id, row.encrypted_dek], ['nf-a.key', dek.body.encrypted_data_encryption_key]);
   });
 
   it('runs migrate-all as a job and reports it; deletes envelope keys only when unused', async () => {

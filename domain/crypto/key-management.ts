@@ -78,7 +78,11 @@ export async function listDeks(db: Tx, envelopeId: string, pageSize: number, tok
 export async function migrateDek(s: S, envelopeId: string, dekId: string, targetId: string): Promise<DekRow> {
   return s.db.transaction(async (trx) => {
     const dek = await getDek(trx, dekId);
-    if (!dek || dek.envelope_key_id !== envelopeId) throw new NotFound('dek', dekId);
+    if (!dek || dek.envelope_key_id !== envelopeId) {
+      // The path's envelope key first, as every route under it answers: a DEK under another key is not "not found" alone.
+      await envelopeKeyRow(trx, envelopeId);
+      throw new NotFound('dek', dekId, `under envelope key '${envelopeId}'`);
+    }
     // Held until commit: a delete of the target waits and then finds the DEK under it (409).
     if (!(await lockEnvelopeKeyShared(trx, targetId))) throw new NotFound('envelope_key', targetId);
     if (targetId === envelopeId) throw new InvalidRequest('the DEK is already under this envelope key', [{ path: 'body.to_envelope_encryption_key_id', message: 'must differ from the current envelope key' }]);
