@@ -243,9 +243,9 @@ export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: str
 // One already naming that DEK is answered as it is: no write, so updated_at (which clients poll)
 // and every process's cache stay as they are.
 export async function repointAlias(trx: Knex.Transaction, alias: string, dekId: string): Promise<AliasRow> {
-  if (!(await getDek(trx, dekId))) throw new NotFound('dek', dekId);
   const before = await getAlias(trx, alias);
   if (!before) throw new NotFound('dek_alias', alias);
+  if (!(await getDek(trx, dekId))) throw new NotFound('dek', dekId);
   if (before.dek_id === dekId) return before;
   const row = await updateAlias(trx, alias, dekId);
   if (!row) throw new NotFound('dek_alias', alias);

@@ -172,6 +172,9 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal((await c.put(`${E}/dek/alias/nothing`, { new_dek_id: 'kms-dek' })).status, 404);
     assert.equal((await c.put(`${E}/dek/alias/payments`, { new_dek_id: 'no-such-dek' })).status, 404);
     assert.equal((await c.put(`${E}/dek/alias/payments`, {})).status, 400);
+    // The alias of the path is looked for first, as every route looks for its path's resource first.
+    assertNotFound(await c.put(`${E}/dek/alias/nothing`, { new_dek_id: 'no-such-dek' }), 'dek_alias', 'nothing');
+    assertNotFound(await c.put(`${E}/dek/alias/payments`, { new_dek_id: 'no-such-dek' }), 'dek', 'no-such-dek');
     // Pointing it where it already points changes nothing: answered as it is, updated_at kept.
     const again = await c.put(`${E}/dek/alias/payments`, { new_dek_id: 'kms-dek' });
     assert.equal(again.status, 200);
