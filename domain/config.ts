@@ -305,18 +305,20 @@ export function maskUrlCredentials(value: string): string {
   if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(value.trim())) return value;
   try {
     const u = new URL(value.trim());
-    return u.username || u.password || u.search ? redactUrl(value.trim(), { strict: true }) : value;
+    return u.username || u.password || u.search || u.hash ? redactUrl(value.trim(), { strict: true }) : value;
   } catch {
     return value;
   }
 }
 
 // What /_internal/v1/runtime_config may show: nothing that grants access. URL settings may carry
-// credentials (user info, a key as a parameter): those parts are masked, and always in the service
-// URLs, which show where the process connects.
+// credentials (user info, a key as a parameter or fragment): those parts are masked, and always in
+// the service URLs, which show where the process connects. Each value is masked whole: a comma is
+// as good a character of a password or token as any (the one list of URLs, AGENT_REMOTE_KEY_ORIGINS,
+// holds only origins).
 export function publicConfig(cfg: Config): Record<string, unknown> {
   const hidden = new Set(['ADMIN_API_KEY', 'AGENT_REMOTE_API_KEY']);
   const serviceUrls = new Set(['DATABASE_URL', 'REDIS_URL']);
-  const shown = (k: string, v: unknown) => (typeof v !== 'string' ? v : serviceUrls.has(k) ? redactUrl(v, { strict: true }) : v.split(',').map(maskUrlCredentials).join(','));
+  const shown = (k: string, v: unknown) => (typeof v !== 'string' ? v : serviceUrls.has(k) ? redactUrl(v, { strict: true }) : maskUrlCredentials(v));
   return Object.fromEntries(Object.entries(cfg).filter(([k]) => !hidden.has(k)).map(([k, v]) => [k, shown(k, v)]));
 }

@@ -48,13 +48,19 @@ export function createLogger(level: string, name: string, opts: { buffered?: boo
 }
 
 // A service URL as it may be logged: without a password, in the user part or as a parameter.
-// `strict`: without the user name and every parameter's value too (a token may be either).
+// `strict`: without the user name, every parameter's value (a parameter without one, `?<token>`,
+// whole) and the fragment too (a token may be any of them).
 export function redactUrl(url: string, opts: { strict?: boolean } = {}): string {
   try {
     const u = new URL(url);
     if (u.password) u.password = '***';
     if (opts.strict && u.username) u.username = '***';
-    for (const key of [...u.searchParams.keys()]) if (opts.strict || /pass/i.test(key)) u.searchParams.set(key, '***');
+    if (opts.strict) {
+      if (u.search) u.search = u.search.slice(1).split('&').map((p) => (p.includes('=') ? `${p.slice(0, p.indexOf('='))}=***` : p && '***')).join('&');
+      if (u.hash) u.hash = '***';
+    } else {
+      for (const key of [...u.searchParams.keys()]) if (/pass/i.test(key)) u.searchParams.set(key, '***');
+    }
     return u.toString();
   } catch {
     return '(unparsable URL)';

@@ -40,11 +40,16 @@ function assertAuthError(r: Response, status: 401 | 403, what: string) {
 
 // Credentials in a URL setting, which runtime_config must not show.
 const [URL_USER, URL_PASSWORD, URL_PARAM] = ['stripe-user-5e1d', 'stripe-password-9c2a', 'stripe-param-71b0'];
+// Credentials in odd places: a comma in a password and in a parameter's value, a parameter without a
+// value (a bare token), a fragment.
+const ODD_SECRETS = ['comma-pass-3f0e', 'comma-param-a6d1', 'bare-token-c47b', 'fragment-token-0e92'];
 
 describe('authentication and scopes', () => {
   const stack = useStack({
     STRIPE_API_BASE_URL: `https://${URL_USER}:${URL_PASSWORD}@api.stripe.example/v1?key=${URL_PARAM}`,
     AGENT_REMOTE_KEY_ORIGINS: 'https://a.example,https://b.example:8443',
+    GOOGLE_MAIL_API_BASE_URL: `https://gm-user:pw,${ODD_SECRETS[0]}@gmail.example/?key=k,${ODD_SECRETS[1]}`,
+    AWS_KMS_ENDPOINT: `https://kms.example/?${ODD_SECRETS[2]}#token=${ODD_SECRETS[3]}`,
     // The route matrix below presents a wrong key to every route.
     AUTH_FAILURES_PER_MINUTE: '0',
   }, { workers: 0 });
@@ -131,7 +136,10 @@ describe('authentication and scopes', () => {
       { name: 'agent-tasks', concurrency: 200 }, { name: 'key-jobs', concurrency: 2 },
       { name: 'credential-refresh', concurrency: 5 }, { name: 'push-notifications', concurrency: 10 },
     ]);
-    for (const secret of [ADMIN_KEY, URL_USER, URL_PASSWORD, URL_PARAM]) assert.ok(!r.text.includes(secret), 'a secret in runtime_config');
+    for (const secret of [ADMIN_KEY, URL_USER, URL_PASSWORD, URL_PARAM, ...ODD_SECRETS]) assert.ok(!r.text.includes(secret), `a secret in runtime_config: ${r.text}`);
+    assert.equal(r.body.config.GOOGLE_MAIL_API_BASE_URL, 'https://***:***@gmail.example/?key=***');
+    assert.equal(r.body.config.AWS_KMS_ENDPOINT, 'https://kms.example/?***#***');
+    assert.equal(r.body.config.AGENT_REMOTE_KEY_ORIGINS, 'https://a.example,https://b.example:8443');
     // Where the process connects, without the user or the password (the test servers ask for one).
     const masked = (url: string) => url.replace(/\/\/[^@/]*@/, (userinfo) => userinfo.replace(/[^/:@]+/g, '***'));
     assert.equal(r.body.config.DATABASE_URL, masked(stack.env.DATABASE_URL));
