@@ -56,6 +56,10 @@ answerClientErrors(server, allRoutes.map((r) => r.spec.method), services.log);
 
 // How long after the signal idle keep-alive connections are left open, for requests already sent on them to be read.
 const IDLE_CLOSE_DELAY_MS = 1000;
+// How long after the grace period the API waits for its Postgres and Redis connections to close.
+// The pool closes only once its statements have ended (the sweeper's, a cut request's), which with
+// Postgres silent and no DB_QUERY_TIMEOUT_MS is never: past this, it exits.
+const CLOSE_MS = 5000;
 async function shutdown(signal: string) {
   if (stopping) return;
   stopping = true;
@@ -80,6 +84,10 @@ async function shutdown(signal: string) {
     services.log.warn({ grace_ms: cfg.API_SHUTDOWN_GRACE_MS }, 'grace period over: connections still open (streams, blocking sends) are closed');
     server.closeAllConnections();
   }
+  setTimeout(() => {
+    services.log.error({ after_ms: CLOSE_MS }, 'api could not close its connections in time (Postgres or Redis unreachable, a statement still running); exiting');
+    process.exit(1);
+  }, CLOSE_MS).unref();
   await keyRevocations.close();
   await services.close();
   process.exit(0);

@@ -10,6 +10,7 @@ import { freePort } from '../scripts/local-services.ts';
 import { ROOT, startApi, testDb, testEnv, textMessage, useStack, waitFor } from './helpers/stack.ts';
 import { migrationConfig } from '../db/knex.ts';
 import { scratchDatabase } from './helpers/scratch-database.ts';
+import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
 
 interface Run { code: number | null; output: string }
 
@@ -413,6 +414,24 @@ describe('stopping the API (SIGTERM) under load', function () {
     await Promise.all(clients);
     assert.equal(stack.api.child.exitCode, 0);
     assert.deepEqual(Object.keys(outcomes).sort(), ['201', 'ECONNREFUSED'], JSON.stringify(outcomes));
+  });
+});
+
+describe('stopping the API (SIGTERM) while Postgres is silent (a partition)', function () {
+  this.timeout(60_000);
+  // No statement limit: the sweeper's statement in flight never ends by itself.
+  const own = behindServiceProxy('DATABASE_URL', { API_SHUTDOWN_GRACE_MS: '1000', DB_QUERY_TIMEOUT_MS: '0' });
+
+  it('exits 1 within seconds of its grace period, saying it could not close its connections, rather than waiting for ever', async () => {
+    assert.equal((await own.stack.client.get('/_internal/v1/health')).status, 200);
+    own.proxy.swallow();
+    const signalled = Date.now();
+    const exited = own.stack.api.kill('SIGTERM');
+    const outcome = await Promise.race([exited.then(() => 'exited'), new Promise((resolve) => setTimeout(() => resolve('still running'), 20_000))]);
+    assert.equal(outcome, 'exited', `after ${Date.now() - signalled} ms:\n${own.stack.api.logs.slice(-5).join('\n')}`);
+    assert.ok(Date.now() - signalled < 1000 + 5000 + 3000, `exited after ${Date.now() - signalled} ms`);
+    assert.equal(own.stack.api.child.exitCode, 1);
+    assert.ok(own.stack.api.logs.some((l) => l.includes('api could not close its connections in time')), own.stack.api.logs.slice(-5).join('\n'));
   });
 });
 
