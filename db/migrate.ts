@@ -2,7 +2,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { loadDatabaseConfigOrExit } from '../domain/config.ts';
 import { createLogger, redactUrl } from '../domain/logger.ts';
-import { connectionFailed } from '../domain/errors.ts';
+import { connectionFailed, connectionRefused } from '../domain/errors.ts';
 import { createDb, migrateLatest, migrationState } from './knex.ts';
 
 // Tries at a lock held by a long transaction, a pause of MIGRATION_LOCK_TIMEOUT_MS apart: the API
@@ -41,11 +41,13 @@ try {
     }
   }
 } catch (err) {
-  // Postgres out of reach: one line naming where (a release step's log is read by people). A
-  // migration that fails on its own SQL is logged whole.
+  // Postgres out of reach, or refusing this login (a wrong password, no such database): one line
+  // naming where (a release step's log is read by people). A migration that fails on its own SQL is
+  // logged whole.
   const e = err as { message?: string; code?: string };
   const where = redactUrl(cfg.DATABASE_URL);
   if (connectionFailed(err)) log.fatal({ code: e.code, url: where }, `migration failed: Postgres at ${where} (DATABASE_URL) cannot be reached: ${e.message}`);
+  else if (connectionRefused(err)) log.fatal({ code: e.code, url: where }, `migration failed: Postgres at ${where} (DATABASE_URL) refused the connection: ${e.message}`);
   else log.fatal({ err }, 'migration failed');
   process.exitCode = 1;
 } finally {

@@ -6,7 +6,7 @@ import { parseArgs } from 'node:util';
 import { loadDatabaseConfig, ConfigError } from '../domain/config.ts';
 import { createDb } from '../db/knex.ts';
 import { listActive } from '../db/api-keys.ts';
-import { AppError, connectionFailed, statementTimedOut } from '../domain/errors.ts';
+import { AppError, connectionFailed, connectionRefused, statementTimedOut } from '../domain/errors.ts';
 import { redactUrl } from '../domain/logger.ts';
 import { createApiKey, revokeApiKey, SCOPES, type Scope } from '../domain/api-keys.ts';
 import { listEndedJobs, listJobs, watchJob } from './watch-job.ts';
@@ -159,12 +159,8 @@ async function applyCommand(args: Extract<Args, { command: 'definition-apply' }>
   }
 }
 
-// Failing to reach or log in to Postgres: no connection made (connectionFailed), or refused
-// (SQLSTATE classes 08 connection, 28 authorization, 3D000 no such database).
-const cannotConnect = (e: unknown) => {
-  const code = String((e as { code?: unknown })?.code);
-  return connectionFailed(e) || /^(08|28)/.test(code) || code === '3D000';
-};
+// Failing to reach or log in to Postgres: no connection made, or refused.
+const cannotConnect = (e: unknown) => connectionFailed(e) || connectionRefused(e);
 
 const iso = (d: Date | null) => (d ? d.toISOString() : '-');
 

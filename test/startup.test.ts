@@ -294,6 +294,21 @@ describe('process start-up', function () {
     noStack(r);
   });
 
+  it('the release step refused by Postgres (a wrong password, a database that does not exist): exit 1 with one line naming DATABASE_URL and why, no stack, no password', async () => {
+    const url = new URL(testEnv().DATABASE_URL);
+    url.password = 'pw-wrong-release';
+    const wrongPassword = await run('db/migrate.ts', testEnv({ DATABASE_URL: url.toString(), REDIS_URL: undefined }));
+    const noDatabase = await run('db/migrate.ts', testEnv({ DATABASE_URL: Object.assign(new URL(testEnv().DATABASE_URL), { pathname: '/no_such_db' }).toString(), REDIS_URL: undefined }));
+    for (const [r, why] of [[wrongPassword, /password authentication failed/], [noDatabase, /database \\"no_such_db\\" does not exist/]] as const) {
+      assert.equal(r.code, 1, r.output);
+      assert.match(r.output, /migration failed: Postgres at postgres:\/\/postgres:\*\*\*@127\.0\.0\.1:\d+\/\w+ \(DATABASE_URL\) refused the connection: /, r.output);
+      assert.match(r.output, why);
+      assert.equal(r.output.trim().split('\n').length, 1, r.output);
+      assert.doesNotMatch(r.output, /pw-wrong-release/);
+      noStack(r);
+    }
+  });
+
   it('waits for an unreachable Redis, saying where and which variable, then exits 1 after STARTUP_TIMEOUT_MS', async () => {
     const port = await freePort();
     const r = await run('api/main.ts', testEnv({ REDIS_URL: `redis://:hunter2@127.0.0.1:${port}`, STARTUP_TIMEOUT_MS: '7000' }));
