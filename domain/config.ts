@@ -33,8 +33,8 @@ const ConfigSchema = Type.Object({
   PORT: Type.Integer({ minimum: 0, maximum: 65535, default: 3000 }),
   HOST: Type.String({ default: '127.0.0.1' }),
   PUBLIC_URL: Type.Optional(HttpUrlSetting()),
-  DATABASE_URL: Type.String({ pattern: '^postgres(ql)?://' }),
-  REDIS_URL: Type.String({ pattern: '^rediss?://' }),
+  DATABASE_URL: Type.String({ pattern: worded('^postgres(ql)?://', 'must be a postgres:// or postgresql:// URL') }),
+  REDIS_URL: Type.String({ pattern: worded('^rediss?://', 'must be a redis:// or rediss:// URL') }),
   DATA_DIR: Type.String({ default: '.data', minLength: 1 }),
   KEYS_DIR: Type.Optional(Type.String({ minLength: 1 })),
   // Sent as a bearer token: a key with a space (or a secret file's trailing newline) could never be.

@@ -137,6 +137,15 @@ describe('process start-up', function () {
     noStack(r);
   });
 
+  it('refuses service URLs without their scheme, saying in words which schemes it takes, without showing them', async () => {
+    const r = await run('api/main.ts', testEnv({ DATABASE_URL: 'u:pw-db@db.internal:5432/x', REDIS_URL: 'pw-redis@127.0.0.1:6379' }));
+    assert.equal(r.code, 2, r.output);
+    assert.match(r.output, /^ {2}DATABASE_URL: must be a postgres:\/\/ or postgresql:\/\/ URL$/m);
+    assert.match(r.output, /^ {2}REDIS_URL: must be a redis:\/\/ or rediss:\/\/ URL$/m);
+    assert.doesNotMatch(r.output, /pw-db|pw-redis/);
+    noStack(r);
+  });
+
   it('refuses service URLs that do not parse, or a Redis database that is not a number, with exit code 2 and without showing them', async () => {
     const r = await run('workers/main.ts', testEnv({ DATABASE_URL: 'postgres://u:pw-db@db.internal:notaport/x', REDIS_URL: 'redis://:pw-redis@127.0.0.1:6379/abc' }));
     assert.equal(r.code, 2, r.output);
