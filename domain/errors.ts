@@ -133,12 +133,17 @@ export function connectionFailed(err: unknown): boolean {
   return unreachable(err) || /^E[A-Z]+$/.test(String((err as { code?: unknown })?.code));
 }
 
-// Postgres refusing the connection it was reached on: a class 08 (connection exception) or 28
-// (a wrong password, pg_hba.conf) SQLSTATE, or a database that does not exist (3D000). As the
-// release step and the CLI tell their operator, beside connectionFailed.
-export function connectionRefused(err: unknown): boolean {
+// Postgres refusing the login itself: a class 28 SQLSTATE (a wrong password, no pg_hba.conf entry)
+// or a database that does not exist (3D000). No wait mends it.
+export function loginRefused(err: unknown): boolean {
   const code = String((err as { code?: unknown })?.code);
-  return /^(08|28)/.test(code) || code === '3D000';
+  return code.startsWith('28') || code === '3D000';
+}
+
+// Postgres refusing the connection it was reached on: the login, or a class 08 (connection
+// exception) SQLSTATE. As the release step and the CLI tell their operator, beside connectionFailed.
+export function connectionRefused(err: unknown): boolean {
+  return loginRefused(err) || String((err as { code?: unknown })?.code).startsWith('08');
 }
 
 // A statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on.

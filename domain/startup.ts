@@ -2,8 +2,9 @@
 // have this release's migrations (a process started before the release step would fail its
 // statements on missing columns), saying so every few seconds with the address and the variable that
 // names it, and give up after STARTUP_TIMEOUT_MS (0: never) with one line saying why, instead of a
-// silent hang (Redis) or a stack trace (Postgres). A Redis database Redis does not have is a bad
-// configuration, which no wait mends: a ConfigError.
+// silent hang (Redis) or a stack trace (Postgres). A Redis database Redis does not have, or a login
+// Postgres refuses (a wrong password, a database it does not have), is a bad configuration, which no
+// wait mends: a ConfigError.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ReplyError } from 'ioredis';
 import type { Services } from './services.ts';
@@ -11,6 +12,7 @@ import { withTimeout } from './with-timeout.ts';
 import { redactUrl } from './logger.ts';
 import { ConfigError } from './config.ts';
 import { migrationState } from '../db/knex.ts';
+import { loginRefused } from './errors.ts';
 
 const PROBE_TIMEOUT_MS = 2000;
 const WARN_EVERY_MS = 5000;
@@ -35,12 +37,15 @@ export async function waitForBackingServices(s: Pick<Services, 'cfg' | 'db' | 'r
       });
     }
   };
+  const postgresReady = () => s.db.raw('select 1').catch((err: unknown) => {
+    throw loginRefused(err) ? new ConfigError([['DATABASE_URL', `Postgres at ${redactUrl(s.cfg.DATABASE_URL)} refuses this login: ${(err as Error).message}`]]) : err;
+  });
   const schemaCurrent = async () => {
     const missing = (await migrationState(s.db)).unapplied;
     if (missing.length) throw new Error(`migrations not applied: ${missing.join(', ')} (the release step, npm run migrate, applies them)`);
   };
   const services = [
-    { name: 'Postgres', variable: 'DATABASE_URL', url: s.cfg.DATABASE_URL, probe: () => s.db.raw('select 1'), unready: 'unreachable', ready: 'reached' },
+    { name: 'Postgres', variable: 'DATABASE_URL', url: s.cfg.DATABASE_URL, probe: postgresReady, unready: 'unreachable', ready: 'reached' },
     { name: 'Redis', variable: 'REDIS_URL', url: s.cfg.REDIS_URL, probe: redisReady, unready: 'unreachable', ready: 'reached' },
     { name: 'the schema', variable: 'DATABASE_URL', url: s.cfg.DATABASE_URL, probe: schemaCurrent, unready: 'behind this release', ready: 'up to date' },
   ];

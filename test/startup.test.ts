@@ -318,6 +318,22 @@ describe('process start-up', function () {
     }
   });
 
+  // No wait mends a wrong password or a missing database: said at once, as a bad setting is.
+  it('refuses a DATABASE_URL Postgres refuses (a wrong password, a database that does not exist): exit 2 naming DATABASE_URL and why, without waiting STARTUP_TIMEOUT_MS', async () => {
+    const wrongPassword = Object.assign(new URL(testEnv().DATABASE_URL), { password: 'pw-wrong-start' }).toString();
+    const noDatabase = Object.assign(new URL(testEnv().DATABASE_URL), { pathname: '/no_such_db' }).toString();
+    for (const file of ['api/main.ts', 'workers/main.ts']) {
+      for (const [url, why] of [[wrongPassword, /password authentication failed/], [noDatabase, /database "no_such_db" does not exist/]] as const) {
+        const r = await run(file, testEnv({ DATABASE_URL: url, STARTUP_TIMEOUT_MS: '7000' }));
+        assert.equal(r.code, 2, r.output);
+        assert.match(r.output, /^ {2}DATABASE_URL: Postgres at postgres:\/\/postgres:\*\*\*@127\.0\.0\.1:\d+\/\w+ refuses this login: /m);
+        assert.match(r.output, why);
+        assert.doesNotMatch(r.output, /pw-wrong-start|giving up/);
+        noStack(r);
+      }
+    }
+  });
+
   it('waits for an unreachable Redis, saying where and which variable, then exits 1 after STARTUP_TIMEOUT_MS', async () => {
     const port = await freePort();
     const r = await run('api/main.ts', testEnv({ REDIS_URL: `redis://:hunter2@127.0.0.1:${port}`, STARTUP_TIMEOUT_MS: '7000' }));
