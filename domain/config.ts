@@ -68,7 +68,7 @@ const ConfigSchema = Type.Object({
   AGENT_REMOTE_URL: Type.Optional(HttpUrlSetting()),
   // Sent as `Authorization: Bearer <key>` to the remote A2A agent (card and calls), at
   // AGENT_REMOTE_URL's origin or one of AGENT_REMOTE_KEY_ORIGINS (comma-separated origins).
-  AGENT_REMOTE_API_KEY: Type.Optional(Type.String({ minLength: 1 })),
+  AGENT_REMOTE_API_KEY: Type.Optional(Type.String({ minLength: 1, pattern: PRINTABLE })),
   AGENT_REMOTE_KEY_ORIGINS: Type.Optional(Type.String()),
   // Whether other origins a remote agent's card names may be internal addresses (AGENT_REMOTE_URL's
   // own origin and AGENT_REMOTE_KEY_ORIGINS may always be: the operator named them).

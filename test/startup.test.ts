@@ -66,13 +66,15 @@ describe('process start-up', function () {
     noStack(r);
   });
 
-  it('refuses an ADMIN_API_KEY no Authorization header can carry (a space, a trailing newline from a secret file), without showing it', async () => {
-    for (const key of ['my admin key with spaces 123', 'admin-key-from-a-secret-file-0123\n']) {
-      const r = await run('api/main.ts', testEnv({ ADMIN_API_KEY: key }));
-      assert.equal(r.code, 2, r.output);
-      assert.match(r.output, /^ {2}ADMIN_API_KEY: must be printable ASCII characters, without spaces or line breaks$/m);
-      assert.ok(!r.output.includes(key.trim()), r.output);
-      noStack(r);
+  it('refuses an ADMIN_API_KEY or AGENT_REMOTE_API_KEY no Authorization header can carry (a space, a trailing newline from a secret file), without showing it', async () => {
+    for (const [name, file] of [['ADMIN_API_KEY', 'api/main.ts'], ['AGENT_REMOTE_API_KEY', 'workers/main.ts']]) {
+      for (const key of ['my admin key with spaces 123', 'admin-key-from-a-secret-file-0123\n']) {
+        const r = await run(file, testEnv({ [name]: key }));
+        assert.equal(r.code, 2, r.output);
+        assert.match(r.output, new RegExp(`^ {2}${name}: must be printable ASCII characters, without spaces or line breaks$`, 'm'));
+        assert.ok(!r.output.includes(key.trim()), r.output);
+        noStack(r);
+      }
     }
   });
 
