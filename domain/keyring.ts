@@ -221,7 +221,7 @@ export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: str
     try {
       plain = await wrapper.unwrap(wrapped);
     } catch (err) {
-      if (err instanceof DecryptError) throw new InvalidRequest(`encrypted DEK does not unwrap with envelope key '${envelopeId}'`, [{ path: `body.${opts.encryptedDekField ?? 'encrypted_dek'}`, message: 'does not unwrap with this envelope key' }]);
+      if (err instanceof DecryptError) throw new InvalidRequest(`encrypted DEK does not unwrap with envelope key '${envelopeId}' (${err.message})`, [{ path: `body.${opts.encryptedDekField ?? 'encrypted_dek'}`, message: `does not unwrap with this envelope key: ${err.message}` }]);
       throw err;
     }
     if (plain.length !== KEY_BYTES) throw new InvalidRequest(`encrypted DEK is not a ${KEY_BYTES}-byte key`);

@@ -134,6 +134,11 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     const w = kmsWrapper(ARN, 'eu-west-1', kms.url);
     assert.equal((await w.unwrap(viaKms.body.encrypted_data_encryption_key)).length, 32);
     assert.equal((await c.post(`${E}/envelope/${enc(ARN)}/dek/import`, { encrypted_data_encryption_key: Buffer.from('junk').toString('base64') })).status, 400);
+    // Within our own bound (16,384 characters) but longer than KMS takes: the client's bad value, not KMS failing.
+    const tooLong = await c.post(`${E}/envelope/${enc(ARN)}/dek/import`, { encrypted_data_encryption_key: randomBytes(7000).toString('base64') });
+    assert.equal(tooLong.status, 400, tooLong.text);
+    assert.deepEqual(tooLong.body.data.errors.map((e: { path: string }) => e.path), ['body.encrypted_data_encryption_key']);
+    assert.match(tooLong.body.data.errors[0].message, /6144 bytes/);
 
     const page = await c.get(`${E}/envelope/alpha.key/dek?page_size=2`);
     assert.equal(page.status, 200);

@@ -151,6 +151,7 @@ function kmsError(err: unknown, op: string): Error {
 // A whole KMS call, retries included: the SDK sets no timeout, so an endpoint that accepts and never
 // answers would hold the API request, or the key job, that waits on it for ever.
 const KMS_TIMEOUT_MS = 15_000;
+const KMS_CIPHERTEXT_MAX_BYTES = 6144;
 
 export function kmsWrapper(arn: string, region: string, endpoint: string | undefined, timeoutMs = KMS_TIMEOUT_MS): KeyWrapper {
   const client = kmsClient(region, endpoint);
@@ -176,6 +177,8 @@ export function kmsWrapper(arn: string, region: string, endpoint: string | undef
     async unwrap(wrapped) {
       const blob = fromBase64(wrapped, 'encrypted DEK');
       if (!blob.length) throw new DecryptError('encrypted DEK is empty');
+      // KMS refuses a longer CiphertextBlob as a ValidationException, which would read as KMS failing (502).
+      if (blob.length > KMS_CIPHERTEXT_MAX_BYTES) throw new DecryptError(`encrypted DEK is ${blob.length} bytes, more than the ${KMS_CIPHERTEXT_MAX_BYTES} bytes of ciphertext AWS KMS takes`);
       const out = await send('Decrypt', (o) => client.send(new DecryptCommand({ KeyId: arn, CiphertextBlob: blob }), o));
       if (!out.Plaintext || out.Plaintext.length !== KEY_BYTES) throw new DecryptError(`encrypted DEK does not unwrap to a ${KEY_BYTES}-byte key`);
       return Buffer.from(out.Plaintext);

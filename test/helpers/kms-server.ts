@@ -73,7 +73,10 @@ export async function startKmsServer(keyArns: string[]): Promise<KmsServer> {
       return reply(200, op === 'Encrypt' ? out : { ...out, Plaintext: plain.toString('base64') });
     }
     if (op === 'Decrypt') {
-      const opened = open(Buffer.from(body.CiphertextBlob ?? '', 'base64'));
+      const blob = Buffer.from(body.CiphertextBlob ?? '', 'base64');
+      // KMS's own length constraint on CiphertextBlob (1 to 6,144 bytes): a validation error, not a ciphertext one.
+      if (!blob.length || blob.length > 6144) return fail('ValidationException', "1 validation error detected: Value at 'ciphertextBlob' failed to satisfy constraint: Member must have length less than or equal to 6144");
+      const opened = open(blob);
       if (!opened) return fail('InvalidCiphertextException', 'ciphertext does not decrypt');
       if (body.KeyId && body.KeyId !== opened.arn) return fail('IncorrectKeyException', 'ciphertext was made under another key');
       return reply(200, { Plaintext: opened.plain.toString('base64'), KeyId: opened.arn, EncryptionAlgorithm: 'SYMMETRIC_DEFAULT' });
