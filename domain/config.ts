@@ -147,7 +147,7 @@ const ConfigSchema = Type.Object({
   DEK_CACHE_TTL_MS: Ms({ minimum: 0, default: 300000 }),
   AWS_KMS_ENDPOINT: Type.Optional(HttpUrlSetting()),
   // AWS accounts whose KMS keys may become envelope keys (comma-separated ids); unset: any account.
-  AWS_KMS_ACCOUNTS: Type.Optional(Type.String({ pattern: '^\\d{12}(,\\d{12})*$' })),
+  AWS_KMS_ACCOUNTS: Type.Optional(Type.String({ pattern: worded('^\\d{12}(,\\d{12})*$', 'must be comma-separated 12-digit AWS account ids') })),
   AGENT_NAME: Type.String({ default: 'taskbridge' }),
   AGENT_DESCRIPTION: Type.String({ default: 'Runs agent tasks and manages the secrets, keys and providers they need.' }),
   AGENT_SKILLS_JSON: Type.Optional(Type.String()),

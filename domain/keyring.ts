@@ -56,7 +56,7 @@ export async function invalidateKeyring(s: Notifier | undefined, msg: Invalidati
   try {
     await withTimeout(to.bus.publish(KEYRING_INVALIDATE, msg as Record<string, unknown>), NOTE_WAIT_MS);
   } catch (err) {
-    to.log.warn({ ...context, err: { message: err instanceof Error ? err.message : String(err) } }, 'other processes could not be told to drop their cached DEKs (they expire within DEK_CACHE_TTL_MS)');
+    to.log.warn({ ...context, invalidation: msg, err: { message: err instanceof Error ? err.message : String(err) } }, 'other processes could not be told to drop their cached DEKs (they expire within DEK_CACHE_TTL_MS)');
   }
 }
 

@@ -4,16 +4,17 @@
 // others are logged at debug, and the next warn line counts them (`errors_since_last_line`).
 import type { Logger } from './logger.ts';
 
+// The monotonic clock: a wall clock stepped back (NTP) would keep every line at debug meanwhile.
 export function throttledWarn(log: Logger, msg: string, everyMs = 60_000): (fields: Record<string, unknown>) => void {
   let warnedAt = -Infinity;
   let quieted = 0;
   return (fields) => {
-    if (Date.now() - warnedAt < everyMs) {
+    if (performance.now() - warnedAt < everyMs) {
       quieted += 1;
       log.debug(fields, msg);
       return;
     }
-    warnedAt = Date.now();
+    warnedAt = performance.now();
     log.warn({ ...fields, ...(quieted ? { errors_since_last_line: quieted } : {}) }, msg);
     quieted = 0;
   };

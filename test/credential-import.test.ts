@@ -52,6 +52,11 @@ describe('credential import: credentials from the definition export are re-appli
     // The same id again is a conflict.
     const again = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, { id: exported.id, value: exported.value });
     assert.equal(again.status, 409);
+    // Named as reads name it, in lower case, whatever case it was sent in.
+    const shouted = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, { id: exported.id.toUpperCase(), value: exported.value });
+    assert.equal(shouted.status, 409, shouted.text);
+    assert.equal(shouted.body.message, `Credential '${exported.id}' already exists`);
+    assert.equal(shouted.body.data.id, exported.id);
   });
 
   it('imports user credentials too (a new id when none is given)', async () => {

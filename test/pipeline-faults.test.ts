@@ -99,12 +99,10 @@ describe('job pipeline under faults', function () {
       assert.ok(during.length <= 4 && during.every((l) => l.level === 40), `warn lines of worker errors in 3 s of outage: ${during.length}`);
       // Likewise the outbox: each send deferred to the sweeper, and each sweep (every OUTBOX_SWEEP_MS)
       // failing while the jobs wait, is one warn line a minute at most, not one a request or a tick.
-      for (const [msg, procs] of [['outbox relay deferred to sweeper', [s.api]], ['outbox sweep failed; will retry', [s.api, s.workers[0]]]] as const) {
-        for (const p of procs) {
-          const lines = p.logs.filter((l) => l.includes(`"msg":"${msg}"`)).map((l) => JSON.parse(l));
-          assert.ok(lines.filter((l) => l.level === 40).length <= 1, `${msg}: ${lines.length} lines, ${lines.filter((l) => l.level === 40).length} at warn`);
-        }
-      }
+      const warnLines = (p: Proc, msg: string) => p.logs.filter((l) => l.includes(`"msg":"${msg}"`) && JSON.parse(l).level === 40).length;
+      assert.equal(warnLines(s.api, 'outbox relay deferred to sweeper'), 1);
+      const sweeps = [s.api, s.workers[0]].map((p) => warnLines(p, 'outbox sweep failed; will retry'));
+      assert.ok(sweeps.every((n) => n <= 1) && sweeps.some((n) => n === 1), `warn lines of failed sweeps (API, worker): ${sweeps}`);
 
       await own.start();
       for (const [i, id] of ids.entries()) {
@@ -411,7 +409,7 @@ describe('job pipeline under faults', function () {
         const started = Date.now();
         const deleted = await s.client.delete(`${E}/envelope/silent.key`);
         assert.equal(deleted.status, 200, deleted.text);
-        assert.ok(Date.now() - started < 15_000, `answered after ${Date.now() - started} ms`);
+        assert.ok(Date.now() - started < 6000, `answered after ${Date.now() - started} ms`);
         await waitFor(async () => s.api.logs.some((l) => l.includes('could not be told to drop their cached DEKs') && l.includes('no answer in 2000 ms')), 'the warn line');
         assert.equal((await s.client.get(`${E}/envelope/silent.key`)).status, 404);
       } finally {

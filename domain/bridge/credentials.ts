@@ -92,7 +92,8 @@ export async function importCredential(
   // Checked (which may resolve names) before the alias is held: holding it blocks a rotation's repoint.
   const checked = await checkedValue(s, cc, kind, plain);
   const row = await writeUnderAlias(s, alias, (trx, dekId) =>
-    storeCredential(s, trx, { id: input.id, kind, providerTypeId, cc, plain: checked, metadata: input.metadata ?? {}, dekId, alias }));
+    // As Postgres answers it, so a 409 names the id as reads do.
+    storeCredential(s, trx, { id: input.id?.toLowerCase(), kind, providerTypeId, cc, plain: checked, metadata: input.metadata ?? {}, dekId, alias }));
   return toCredential(row);
 }
 

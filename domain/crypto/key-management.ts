@@ -62,7 +62,7 @@ export async function deleteEnvelopeKey(s: S, id: string): Promise<void> {
   if (outcome === 'in_use') throw new Conflict(`envelope key '${id}' still wraps DEKs; migrate them first`, { resource: 'envelope_key', id });
   if (outcome === 'migration_target') throw new Conflict(`envelope key '${id}' is the target of a running DEK migration`, { resource: 'envelope_key', id });
   forgetWrapper(id);
-  await invalidateKeyring(s, { all: true });
+  await invalidateKeyring(s, { all: true }, { envelope_key_id: id });
 }
 
 export async function createDekUnder(s: S, envelopeId: string, opts: { id?: string; encryptedDek?: string; encryptedDekField?: string }): Promise<DekRow> {
