@@ -10,7 +10,7 @@ import { allRoutes, createApp } from './app.ts';
 import { answerClientErrors } from './client-errors.ts';
 import { API_KEY_REVOKED, catchUpOnRevocations, forgetApiKey } from './middleware/auth.ts';
 import { listenPg } from '../db/pg-listener.ts';
-import { onStop } from '../domain/stop-signals.ts';
+import { exitIfNotStoppedWithin, onStop } from '../domain/stop-signals.ts';
 
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'api');
@@ -84,10 +84,7 @@ async function shutdown(signal: string) {
     services.log.warn({ grace_ms: cfg.API_SHUTDOWN_GRACE_MS }, 'grace period over: connections still open (streams, blocking sends) are closed');
     server.closeAllConnections();
   }
-  setTimeout(() => {
-    services.log.error({ after_ms: CLOSE_MS }, 'api could not close its connections in time (Postgres or Redis unreachable, a statement still running); exiting');
-    process.exit(1);
-  }, CLOSE_MS).unref();
+  exitIfNotStoppedWithin(CLOSE_MS, () => services.log.error({ after_ms: CLOSE_MS }, 'api could not close its connections in time (Postgres or Redis unreachable, a statement still running); exiting'));
   await keyRevocations.close();
   await services.close();
   process.exit(0);

@@ -18,3 +18,12 @@ export function onStop(stop: (why: string) => void): void {
   for (const signal of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) process.on(signal, () => stop(signal));
   stopping = stop;
 }
+
+// A stop that cannot finish (Postgres or Redis unreachable while connections close) still ends: past
+// `ms` the process says why (`say`) and exits 1. The timer does not keep a process that finished alive.
+export function exitIfNotStoppedWithin(ms: number, say: () => void): void {
+  setTimeout(() => {
+    say();
+    process.exit(1);
+  }, ms).unref();
+}

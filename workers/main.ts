@@ -22,7 +22,7 @@ import { failedForGood, recordJobMetrics } from './record-job-metrics.ts';
 import { WorkerMetrics } from '../queues/worker-metrics.ts';
 import { queueConcurrency, type JobPayloads } from '../queues/names.ts';
 import { stalledTooOften } from '../queues/stalled.ts';
-import { onStop } from '../domain/stop-signals.ts';
+import { exitIfNotStoppedWithin, onStop } from '../domain/stop-signals.ts';
 import { renewingRetakenLocks } from './renew-retaken-lock.ts';
 import { throttledWarn } from '../domain/throttled-warn.ts';
 
@@ -133,11 +133,7 @@ async function shutdown(signal: string) {
   // stop would wait for ever. Past this, it exits; the jobs it held are taken over once their locks
   // expire (WORKER_LOCK_MS).
   const closeWithinMs = timerMs(cfg.WORKER_SHUTDOWN_GRACE_MS + SHUTDOWN_CLOSE_MS);
-  const deadline = setTimeout(() => {
-    log.error({ after_ms: closeWithinMs }, 'worker could not close its queues in time (Redis unreachable?); exiting: its jobs are taken over once their locks expire');
-    process.exit(1);
-  }, closeWithinMs);
-  deadline.unref();
+  exitIfNotStoppedWithin(closeWithinMs, () => log.error({ after_ms: closeWithinMs }, 'worker could not close its queues in time (Redis unreachable?); exiting: its jobs are taken over once their locks expire'));
   stopHousekeeping();
   stopRefreshScheduler();
   await Promise.allSettled(workers.map((w) => w.close()));
