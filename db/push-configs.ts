@@ -122,6 +122,12 @@ export async function setDeliveredSeq(db: Tx, taskId: string, id: string, seq: n
   return row;
 }
 
+// Passes over a config's updates up to `seq` without posting them (push notifications off), whichever
+// run leases it: delivered_seq only moves forward.
+export async function skipUpdatesUpTo(db: Tx, taskId: string, id: string, seq: number): Promise<void> {
+  await db('push_configs').where({ task_id: taskId, id }).where('delivered_seq', '<', seq).update({ delivered_seq: seq, failed_posts: 0 });
+}
+
 // Status updates of a task after a timeline position, oldest first: what a webhook has not seen.
 export async function statusItemsAfter(db: Tx, taskId: string, afterSeq: number, limit: number): Promise<TimelineRow[]> {
   return db('timeline_items')

@@ -188,7 +188,7 @@ export interface DeliveryJob { task_id: string; config_id: string; timeline_seq:
 // 'held', a failed post's backoff or a webhook's Retry-After holds it; 'slow origin', the origin's slots are all in use; 'more',
 // the run stopped at its budget (or its config moved to another origin) before reaching its own update.
 export interface Later { later: 'busy' | 'held' | 'slow origin' | 'more'; ms: number }
-export type DeliveryOutcome = 'delivered' | 'nothing to deliver' | 'config gone' | Later;
+export type DeliveryOutcome = 'delivered' | 'nothing to deliver' | 'config gone' | 'skipped: push notifications off' | Later;
 
 interface DeliveryDeps { db: Knex; cfg: Config; log: Logger }
 
@@ -215,6 +215,12 @@ export async function deliverPending(deps: DeliveryDeps, slots: OriginSlots, job
   const exists = await repo.getPushConfig(deps.db, job.task_id, job.config_id);
   if (!exists) return 'config gone';
   if (exists.delivered_seq >= job.timeline_seq) return 'nothing to deliver';
+  // Off (A2A_PUSH_NOTIFICATIONS=false, say without webhook egress): configs stored while it was on
+  // are kept, and their updates until then passed over, not held back for a burst of stale ones later.
+  if (!deps.cfg.A2A_PUSH_NOTIFICATIONS) {
+    await repo.skipUpdatesUpTo(deps.db, job.task_id, job.config_id, job.timeline_seq);
+    return 'skipped: push notifications off';
+  }
   const slotOrigin = origin(exists.url);
   const release = slots.take(slotOrigin);
   if (!release) return { later: 'slow origin', ms: slowOriginDelayMs(deps.cfg) };

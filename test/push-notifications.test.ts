@@ -6,7 +6,7 @@ import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Queue } from 'bullmq';
-import { testDb, useStack, waitFor, textMessage, withQueue } from './helpers/stack.ts';
+import { startWorker, testDb, useStack, waitFor, textMessage, withQueue } from './helpers/stack.ts';
 import { deletePushConfig, getPushConfig, listPushConfigs, MAX_CONFIGS_PER_TASK, setPushConfig } from '../domain/push-config.ts';
 import { AppError } from '../domain/errors.ts';
 import { loadConfig, type Config } from '../domain/config.ts';
@@ -118,6 +118,37 @@ describe('push notifications', () => {
     assert.equal(rx.all[1].body.status.message.parts[0].text, 'need more');
   });
 
+
+  it('with A2A_PUSH_NOTIFICATIONS off in the worker, posts nothing and passes the updates over; back on, posts the next update only', async () => {
+    const rx = await startReceiver();
+    receivers.push(rx);
+    const id = await idleTask();
+    await setConfig(id, { url: rx.url, token: 'tok-switched-123' });
+    await setStatus(id, 'working');
+    await waitFor(async () => rx.all.length >= 1, 'the update while on');
+    const caughtUp = async () => {
+      const row = await testDb()('push_configs').where({ task_id: id }).first();
+      return row.delivered_seq === row.status_seq;
+    };
+    const swap = async (env: Record<string, string>) => {
+      await stack.workers[0].stop();
+      stack.workers[0] = await startWorker(env);
+    };
+    await swap({ ...stack.env, A2A_PUSH_NOTIFICATIONS: 'false' });
+    try {
+      await setStatus(id, 'input-required', 'need more');
+      await setStatus(id, 'working');
+      await waitFor(caughtUp, 'the updates passed over');
+      await sleep(300);
+    } finally {
+      await swap(stack.env);
+    }
+    assert.deepEqual(states(rx.all, id), ['working']);
+    await setStatus(id, 'completed', 'all done');
+    await waitFor(async () => rx.all.length >= 2, 'the update once on again');
+    await waitFor(caughtUp, 'the config caught up');
+    assert.deepEqual(states(rx.all, id), ['working', 'completed']);
+  });
 
   it('takes an inline push config with a message to an existing task, checked before anything is stored; a retry of the message sets none', async () => {
     const rx = await startReceiver();
