@@ -36,11 +36,11 @@ const cannotListen = (err: NodeJS.ErrnoException) => {
 server.once('error', cannotListen);
 server.once('listening', () => server.off('error', cannotListen));
 server.keepAliveTimeout = 65_000;
-// Answers given while stopping say `Connection: close`, so a keep-alive client (a load balancer)
-// sends its next request on a new connection, which is refused, rather than on this one, which is
-// closed once idle: a request written onto a connection being closed is reset, and the client
-// cannot tell whether it was taken. Those in flight when the signal comes are told too.
-let stopping = false;
+// Answers given once closing (after the signal and API_SHUTDOWN_DELAY_MS) say `Connection: close`,
+// so a keep-alive client (a load balancer) sends its next request on a new connection, which is
+// refused, rather than on this one, which is closed once idle: a request written onto a connection
+// being closed is reset, and the client cannot tell whether it was taken. Those in flight then are told too.
+let closing = false;
 const answering = new Set<ServerResponse>();
 // A client that stops reading pins its answer in memory (a task's history and artifacts: tens of
 // MiB each) and, on a stream, its A2A_STREAMS_PER_KEY place, for as long as it keeps the connection.
@@ -48,7 +48,7 @@ const answering = new Set<ServerResponse>();
 const stalled = (res: ServerResponse) => { if (res.socket && res.socket.writableLength > 0) res.socket.destroy(); };
 server.on('request', (_req, res: ServerResponse) => {
   if (cfg.API_WRITE_STALL_MS) res.setTimeout(cfg.API_WRITE_STALL_MS, () => stalled(res));
-  if (stopping) return void res.setHeader('Connection', 'close');
+  if (closing) return void res.setHeader('Connection', 'close');
   answering.add(res);
   res.once('close', () => answering.delete(res));
 });
@@ -61,8 +61,13 @@ const IDLE_CLOSE_DELAY_MS = 1000;
 // Postgres silent and no DB_QUERY_TIMEOUT_MS is never: past this, it exits.
 const CLOSE_MS = 5000;
 async function shutdown(signal: string) {
-  if (stopping) return;
-  stopping = true;
+  if (services.stopping) return;
+  services.stopping = true;
+  if (cfg.API_SHUTDOWN_DELAY_MS) {
+    services.log.info({ signal, delay_ms: cfg.API_SHUTDOWN_DELAY_MS }, 'api stopping: not ready, serving on until the delay ends');
+    await new Promise((resolve) => setTimeout(resolve, cfg.API_SHUTDOWN_DELAY_MS));
+  }
+  closing = true;
   services.log.info({ signal, grace_ms: cfg.API_SHUTDOWN_GRACE_MS }, 'api shutting down: finishing requests in flight');
   for (const res of answering) if (!res.headersSent) res.setHeader('Connection', 'close');
   // No new connections; requests in flight finish (their connections close once answered) for up

@@ -107,7 +107,10 @@ const ConfigSchema = Type.Object({
   WORKER_LOCK_MS: Ms({ minimum: 500, default: 30000 }),
   // After SIGTERM, how long a worker lets running jobs finish before it hands agent runs back.
   WORKER_SHUTDOWN_GRACE_MS: Ms({ minimum: 0, default: 10000 }),
-  // After SIGTERM, how long an API process lets requests in flight finish before it closes what is open.
+  // After SIGTERM, how long an API process goes on serving as usual, its readiness 503, so that a
+  // router polling it stops sending it new connections before it stops listening.
+  API_SHUTDOWN_DELAY_MS: Ms({ minimum: 0, default: 0 }),
+  // After SIGTERM (and API_SHUTDOWN_DELAY_MS), how long an API process lets requests in flight finish before it closes what is open.
   API_SHUTDOWN_GRACE_MS: Ms({ minimum: 0, default: 10000 }),
   API_WRITE_STALL_MS: Ms({ minimum: 0, default: 60000 }),
   // Longest a definition export (GET /api/a2a/v1/definition) may take to be read whole: it holds a

@@ -26,7 +26,8 @@ export function createReadinessDb(cfg: Pick<Config, 'DATABASE_URL'>, log: DbLog)
 export interface Readiness { status: 'ready'; checks: { postgres: 'ok'; redis: 'ok'; keys: string } }
 
 /** The checks when ready; else throws Unavailable naming what failed (`data.failed`). */
-export async function checkReadiness(s: Pick<Services, 'readinessDb' | 'redis' | 'cfg'>): Promise<Readiness> {
+export async function checkReadiness(s: Pick<Services, 'readinessDb' | 'redis' | 'cfg' | 'stopping'>): Promise<Readiness> {
+  if (s.stopping) throw new Unavailable('Not ready: shutting down', { failed: ['stopping'] });
   const [pg, redis, keys] = await Promise.allSettled([
     withTimeout(s.readinessDb.raw('select 1'), PROBE_TIMEOUT_MS),
     withTimeout(s.redis.ping(), PROBE_TIMEOUT_MS),

@@ -29,6 +29,8 @@ export interface Services {
   fleetCounts: FleetCounts;
   /** A2A stream places per API key, counted across the API processes (A2A_STREAMS_PER_KEY). */
   streamPlaces: StreamPlaces;
+  /** Set by the API process on SIGTERM: its readiness answers 503 from then on. */
+  stopping: boolean;
   close(): Promise<void>;
 }
 
@@ -45,7 +47,7 @@ export function createServices(cfg: Config, role: 'api' | 'worker' | 'cli', log:
   const fleetCounts = new FleetCounts(redis, cfg.QUEUE_PREFIX, log);
   const streamPlaces = new StreamPlaces(redis, cfg.QUEUE_PREFIX, cfg.A2A_STREAM_LEASE_MS, log);
   return {
-    cfg, log, db, readinessDb, redis, queues, outbox, bus, fleetCounts, streamPlaces,
+    cfg, log, db, readinessDb, redis, queues, outbox, bus, fleetCounts, streamPlaces, stopping: false,
     taskStatements: createTaskStatements(db),
     async close() {
       outbox.stop();

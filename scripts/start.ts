@@ -30,7 +30,7 @@ let ownsDataDir = false;
 let startup: Promise<void> = Promise.resolve();
 const abandon = new AbortController();
 // The children's own shutdown grace periods (API, worker) and a margin: within it they stop by themselves.
-const KILL_AFTER_MS = timerMs(Math.max(cfg.API_SHUTDOWN_GRACE_MS, cfg.WORKER_SHUTDOWN_GRACE_MS) + 15_000);
+const KILL_AFTER_MS = timerMs(Math.max(cfg.API_SHUTDOWN_DELAY_MS + cfg.API_SHUTDOWN_GRACE_MS, cfg.WORKER_SHUTDOWN_GRACE_MS) + 15_000);
 
 // A second signal (kill twice, npm passing on the Ctrl-C its group got too) waits for the stop under
 // way: exiting then would leave the servers running.

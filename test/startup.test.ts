@@ -6,7 +6,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { Pool } from 'undici';
+import { Client, Pool } from 'undici';
 import { freePort } from '../scripts/local-services.ts';
 import { ROOT, startApi, testDb, testEnv, textMessage, useStack, waitFor } from './helpers/stack.ts';
 import { migrationConfig } from '../db/knex.ts';
@@ -477,6 +477,38 @@ describe('stopping the API (SIGTERM) under load', function () {
     }
     assert.equal(stack.api.child.exitCode, 0);
     assert.deepEqual(Object.keys(outcomes).sort(), ['201', 'ECONNREFUSED'], JSON.stringify(outcomes));
+  });
+});
+
+describe('stopping the API (SIGTERM) after API_SHUTDOWN_DELAY_MS', function () {
+  this.timeout(60_000);
+  const stack = useStack({ API_SHUTDOWN_DELAY_MS: '2000' }, { workers: 0 });
+
+  it('answers readiness 503 and serves the rest as usual, new connections too, until the delay ends; then stops as without it', async () => {
+    assert.equal((await stack.client.get('/_internal/v1/ready')).status, 200);
+    const exited = stack.api.kill('SIGTERM');
+    await waitFor(async () => stack.api.logs.some((l) => l.includes('api stopping: not ready')), 'the delay to begin');
+    // A connection of its own for each request: a router's new connections are still taken.
+    const fresh = async (method: 'GET' | 'POST', path: string, body?: unknown) => {
+      const client = new Client(stack.api.url);
+      try {
+        const res = await client.request({ method, path, headers: { authorization: `Bearer ${stack.client.key}`, 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) });
+        return { status: res.statusCode, connection: res.headers.connection, body: await res.body.json() as any };
+      } finally {
+        await client.close();
+      }
+    };
+    const ready = await fresh('GET', '/_internal/v1/ready');
+    assert.equal(ready.status, 503);
+    assert.equal(ready.body.message, 'Not ready: shutting down');
+    assert.deepEqual(ready.body.data.failed, ['stopping']);
+    const created = await fresh('POST', '/api/task/v1', { message: textMessage('during the delay') });
+    assert.equal(created.status, 201);
+    assert.equal(created.connection, 'keep-alive');
+    await exited;
+    assert.equal(stack.api.child.exitCode, 0);
+    const at = (words: string) => JSON.parse(stack.api.logs.find((l) => l.includes(words))!).time as number;
+    assert.ok(at('api shutting down') - at('api stopping: not ready') >= 1990, 'requests in flight are finished after the delay, not before');
   });
 });
 

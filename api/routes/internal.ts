@@ -18,7 +18,7 @@ export const internalRoutes = [
 
   defineRoute({
     method: 'get', path: '/_internal/v1/ready', operationId: 'ready', tag, scope: null,
-    summary: 'Readiness: 200 when Postgres and Redis answer and this process can read its local envelope key files, else 503 naming what failed',
+    summary: 'Readiness: 200 when Postgres and Redis answer and this process can read its local envelope key files, else 503 naming what failed (or that it is shutting down)',
     responses: { 200: Type.Object({ status: Type.Literal('ready'), checks: FreeObject }), 503: ErrorBody },
   }, async ({ services }) => checkReadiness(services)),
 
