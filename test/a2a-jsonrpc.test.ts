@@ -127,6 +127,8 @@ describe('A2A JSON-RPC endpoint', () => {
         ['tasks/get', { id: 5 }, /params\.id/],
         ['tasks/get', { id: randomUUID(), historyLength: 'all' }, /historyLength/],
         ['tasks/cancel', null, /params/],
+        // Its params may be left out, null or an object: said once, not as each branch of a union and ajv's anyOf.
+        ['agent/getAuthenticatedExtendedCard', [], /^Invalid params: params must be object or null$/],
         ['tasks/pushNotificationConfig/set', { taskId: randomUUID() }, /pushNotificationConfig is required/],
         // A webhook host no resolver takes (over 255 characters) is the caller's to mend: it was -32603 "retry shortly".
         ['message/send', { message: userMessage('x'), configuration: { blocking: false, pushNotificationConfig: { url: `https://x.${'a'.repeat(300)}.com/hook` } } }, /^Push notification URL host 'x\.a+\.com' cannot be resolved \(EINVAL\)$/],
@@ -141,6 +143,7 @@ describe('A2A JSON-RPC endpoint', () => {
         assert.equal(r.body.error?.code, -32602, `${method} ${JSON.stringify(params)}: ${JSON.stringify(r.body)}`);
         assert.match(r.body.error.message, pattern);
       }
+      assert.deepEqual((await rpc('agent/getAuthenticatedExtendedCard', 5)).body.error.data, { errors: [{ path: 'params', message: 'must be object or null' }] });
       assert.equal(await tasks(), before, 'no refused message made a task');
     });
 

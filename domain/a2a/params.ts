@@ -79,7 +79,9 @@ export const GetPushConfigParams = Type.Object({ id: TaskId, pushNotificationCon
 export type GetPushConfigParams = Static<typeof GetPushConfigParams>;
 export const DeletePushConfigParams = Type.Object({ id: TaskId, pushNotificationConfigId: Type.String({ minLength: 1, maxLength: 256 }), ...meta });
 export type DeletePushConfigParams = Static<typeof DeletePushConfigParams>;
-export const NoParams = Type.Union([Type.Object({}), Type.Null()]);
+// One type check, not a union: a wrong value is told once what it may be, where a union also reported
+// each branch's failure and ajv's anyOf.
+export const NoParams = Type.Unsafe<Record<string, unknown> | null>({ type: ['object', 'null'] });
 
 // A request id an answer can echo as sent (isId, jsonrpc.ts): JSON.parse rounds a number past 2^53.
 export const RequestId = Type.Union([Type.String(), Type.Number({ minimum: -Number.MAX_SAFE_INTEGER, maximum: Number.MAX_SAFE_INTEGER }), Type.Null()]);
@@ -96,6 +98,7 @@ function describe(e: ErrorObject): string {
     case 'required': return 'is required';
     case 'discriminator': return 'kind must be one of text, data, file';
     case 'const': return `must be ${JSON.stringify((e.params as { allowedValue: unknown }).allowedValue)}`;
+    case 'type': return `must be ${[(e.params as { type: string | string[] }).type].flat().join(' or ')}`;
     case 'oneOf': return choiceText(e) ?? 'matches none of the allowed shapes';
     default: return errorText(e);
   }
