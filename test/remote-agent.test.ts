@@ -777,7 +777,9 @@ describe('remote A2A agent that answers without end, or about another task', () 
   // Unlike REMOTE_KEY, no message of these tests ends with a start of it ("remote-a"), which would be masked as a key cut short.
   const QUOTED_KEY = `qk-${randomUUID()}`;
   let stack: Stack;
-  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' = 'trickle-card';
+  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' = 'trickle-card';
+  // What the remote answers, in 'garbled' mode, after the task: an event of a known kind with a member of another shape.
+  let garbled: unknown;
   let streamClosed = false;
   let trickledCards = 0;
   const server = http.createServer((req, res) => {
@@ -796,15 +798,26 @@ describe('remote A2A agent that answers without end, or about another task', () 
         name: 'endless', description: 'streams one endless line', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc`, preferredTransport: 'JSONRPC',
         capabilities: { streaming: true }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
       }));
-    } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting') {
+    } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting' || mode === 'garbled' || mode === 'garbled-get') {
       let body = '';
       req.on('data', (b) => { body += b; });
       req.on('end', () => {
-        const { id } = JSON.parse(body) as { id: string | number };
+        const { id, method } = JSON.parse(body) as { id: string | number; method: string };
         const event = (result: unknown) => `data: ${JSON.stringify({ jsonrpc: '2.0', id, result })}\n\n`;
+        // A later turn reads the remote task first: its history is garbled.
+        if (method === 'tasks/get') {
+          res.writeHead(200, { 'content-type': 'application/json' });
+          res.end(JSON.stringify({ jsonrpc: '2.0', id, result: { kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'input-required' }, history: [null] } }));
+          return;
+        }
         res.writeHead(200, { 'content-type': 'text/event-stream' });
+        if (mode === 'garbled-get') {
+          res.end(event({ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'input-required', message: { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text: 'which one?' }] } } }));
+          return;
+        }
         res.write(event({ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'working' } }));
-        if (mode === 'shapeless') res.end(event({ kind: 'status-update', taskId: 'remote-a', contextId: 'remote-ctx', status: null, final: true }));
+        if (mode === 'garbled') res.end(event(garbled));
+        else if (mode === 'shapeless') res.end(event({ kind: 'status-update', taskId: 'remote-a', contextId: 'remote-ctx', status: null, final: true }));
         // Padded so that the key starts 10 characters before the 200 of the event a failure quotes.
         else if (mode === 'shapeless-quoting') {
           const start = JSON.stringify({ kind: 'status-update', taskId: 'remote-a', contextId: 'remote-ctx', status: null, final: true, note: '' }).length - 2;
@@ -867,7 +880,44 @@ describe('remote A2A agent that answers without end, or about another task', () 
 
   it('fails the run whose stream sends an event of no known shape, saying what it sent', async () => {
     mode = 'shapeless';
-    assert.match(await failureOf('shapeless'), /^The agent failed after 1 attempt\(s\): the remote agent answered an event where a task, message, status-update or artifact-update belongs: \{"kind":"status-update","taskId":"remote-a","contextId":"remote-ctx","status":null,"final":true\}$/);
+    assert.match(await failureOf('shapeless'), /^The agent failed after 1 attempt\(s\): the remote agent answered a status-update whose status is no status: \{"kind":"status-update","taskId":"remote-a","contextId":"remote-ctx","status":null,"final":true\}$/);
+  });
+
+  it('fails the run whose event of a known kind holds a member of another shape, saying where', async () => {
+    mode = 'garbled';
+    const ids = { taskId: 'remote-a', contextId: 'remote-ctx' };
+    const message = (parts: unknown) => ({ kind: 'message', role: 'agent', messageId: 'remote-m', parts });
+    const cases: [unknown, string][] = [
+      [{ kind: 'reply', ...ids }, 'an event where a task, message, status-update or artifact-update belongs'],
+      [message([null]), 'a message whose parts.0 is no part'],
+      [message([{ kind: 'file', file: null }]), 'a message whose parts.0.file is no object'],
+      [{ kind: 'message', role: 'agent', parts: [] }, 'a message whose messageId is no string'],
+      [{ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'working' }, history: {} }, 'a task whose history is no list'],
+      [{ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'working' }, artifacts: [null] }, 'a task whose artifacts.0 is no artifact'],
+      [{ kind: 'status-update', ...ids, status: { state: 'working', message: 'thinking' } }, 'a status-update whose status.message is no message'],
+      // Before: followed as a task still running, for ever.
+      [{ kind: 'status-update', ...ids, status: { state: 'finished' }, final: true }, 'a status-update whose status.state is no A2A task state'],
+      [{ kind: 'artifact-update', ...ids, artifact: { parts: [{ kind: 'text', text: 'x' }] } }, 'an artifact-update whose artifact.artifactId is no string'],
+    ];
+    for (const [event, where] of cases) {
+      garbled = event;
+      const failure = await failureOf('garbled');
+      // Before: a TypeError ("Cannot read properties of null", "is not iterable"), or garbage stored.
+      assert.equal(failure, `The agent failed after 1 attempt(s): the remote agent answered ${where}: ${JSON.stringify(event)}`);
+    }
+  });
+
+  it('fails the later turn whose remote task, read first, holds a member of another shape', async () => {
+    mode = 'garbled-get';
+    const created = await stack.client.post('/api/task/v1', { message: textMessage('garbled later') });
+    const id = created.body.task.id as string;
+    await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'input-required' || undefined, 'the task to ask for input');
+    await stack.client.post(`/api/task/v1/${id}/message`, textMessage('this one'));
+    const failed = await waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${id}`);
+      return r.body.task.status === 'failed' && r.body;
+    }, 'the task to fail');
+    assert.match(failed.status_message.parts[0].text, /^The agent failed after 1 attempt\(s\): the remote agent answered a task whose history\.0 is no message: /);
   });
 
   it('masks the part of the key left where the quote of such an event is cut short', async () => {

@@ -33,6 +33,7 @@ import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/
 import { applyArtifactUpdate, chunkBetween } from '../../domain/a2a/artifact-merge.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
 import { sameAsStored } from '../../domain/storable-json.ts';
+import { TASK_STATES, type TaskState } from '../../domain/task-states.ts';
 import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
 
 const FINAL_STATES: Partial<Record<A2AState, NonNullable<AgentResult['status']>>> = {
@@ -234,7 +235,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       // A later turn: what the remote task already shows was mirrored by earlier runs. A remote task
       // still running on this run's message means this run is a retry after the send: follow it. One
       // running on an earlier message (a client answered while that run was going) is sent this one.
-      const current = known ? await remote.getTask({ id: known.remote_task_id, historyLength: SEEN_HISTORY }, { signal: link.signal }) : undefined;
+      const current = known ? await readTask(remote, known.remote_task_id, link.signal) : undefined;
       const running = current && (current.status.state === 'submitted' || current.status.state === 'working');
       // The remote's history says best whether it has this message, whatever its state since (a
       // crash between the send and the remote's first answer leaves last_message_id behind); without
@@ -266,8 +267,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       if (!mirror.remoteTaskId) throw new Error('the remote agent answered without a message or a task');
       for (let wait = POLL_MIN_MS; ; wait = Math.min(wait * 2, POLL_MAX_MS)) {
         await sleep(wait, undefined, { signal: link.signal });
-        // With its history: messages the remote added and moved past between two polls are mirrored too.
-        const done = await mirror.apply(await remote.getTask({ id: mirror.remoteTaskId, historyLength: SEEN_HISTORY }, { signal: link.signal }));
+        const done = await mirror.apply(await readTask(remote, mirror.remoteTaskId, link.signal));
         if (done) return done;
       }
     } catch (err) {
@@ -357,6 +357,14 @@ async function send(
   }
 }
 
+// The remote task, checked as the events of a stream are. With its history: messages the remote
+// added and moved past between two polls are mirrored too.
+async function readTask(remote: Client, id: string, signal: AbortSignal): Promise<A2ATask> {
+  const task: unknown = await remote.getTask({ id, historyLength: SEEN_HISTORY }, { signal });
+  checkEvent(task, ['task']);
+  return task as A2ATask;
+}
+
 // Cancels a remote task; true once it is done with (canceled, or ended or unknown on the remote),
 // false when it should be tried again (the housekeeping pass does: cancelLeftRemoteTasks).
 async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, canceled: string, withoutKey: (text: string) => string): Promise<boolean> {
@@ -374,16 +382,47 @@ async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, c
 type StreamEvent = A2AMessage | A2ATask | TaskStatusUpdateEvent | TaskArtifactUpdateEvent;
 
 // The SDK passes the remote's results on as they came: one of another shape (null, a status without
-// a state) would fail deep in the mirror as a TypeError that does not say what the remote did.
+// a state, a history entry or a part that is null) would fail deep in the mirror as a TypeError that
+// does not say what the remote did, and a state A2A does not have (our task states are A2A's) was
+// followed as one still running, for ever. What the mirror reads is checked here; what it hands on (a
+// part's text, an artifact's parts) is checked where the runtime stores it.
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
-function checkEvent(event: unknown): asserts event is StreamEvent {
-  const e = isObject(event) ? event : {};
-  const ok = e.kind === 'message' ? Array.isArray(e.parts)
-    : e.kind === 'task' || e.kind === 'status-update' ? isObject(e.status) && typeof e.status.state === 'string'
-      : e.kind === 'artifact-update' ? isObject(e.artifact) && Array.isArray(e.artifact.parts)
-        : false;
+// Where a value is not of the shape the mirror reads, and what belongs there; undefined when it is.
+type Misshapen = [where: string, what: string] | undefined;
+const at = (where: string, member: string | number) => (where ? `${where}.${member}` : String(member));
+function listMisshapen(v: unknown, where: string, item: (x: unknown, where: string) => Misshapen): Misshapen {
+  if (!Array.isArray(v)) return [where, 'no list'];
+  for (const [i, x] of v.entries()) {
+    const wrong = item(x, at(where, i));
+    if (wrong) return wrong;
+  }
+  return undefined;
+}
+const partMisshapen = (p: unknown, where: string): Misshapen => (!isObject(p) ? [where, 'no part']
+  : p.kind === 'file' && !isObject(p.file) ? [at(where, 'file'), 'no object'] : undefined);
+const messageMisshapen = (m: unknown, where: string): Misshapen => (!isObject(m) ? [where, 'no message']
+  : typeof m.messageId !== 'string' ? [at(where, 'messageId'), 'no string'] : listMisshapen(m.parts, at(where, 'parts'), partMisshapen));
+const artifactMisshapen = (a: unknown, where: string): Misshapen => (!isObject(a) ? [where, 'no artifact']
+  : typeof a.artifactId !== 'string' ? [at(where, 'artifactId'), 'no string'] : !Array.isArray(a.parts) ? [at(where, 'parts'), 'no list'] : undefined);
+const statusMisshapen = (s: unknown, where: string): Misshapen => (!isObject(s) ? [where, 'no status']
+  : !TASK_STATES.includes(s.state as TaskState) ? [at(where, 'state'), 'no A2A task state'] : s.message === undefined ? undefined : messageMisshapen(s.message, at(where, 'message')));
+const optional = (v: unknown, misshapen: () => Misshapen): Misshapen => (v === undefined ? undefined : misshapen());
+const EVENTS: Record<StreamEvent['kind'], (e: Record<string, unknown>) => Misshapen> = {
+  message: (e) => messageMisshapen(e, ''),
+  task: (e) => statusMisshapen(e.status, 'status')
+    ?? optional(e.history, () => listMisshapen(e.history, 'history', messageMisshapen))
+    ?? optional(e.artifacts, () => listMisshapen(e.artifacts, 'artifacts', artifactMisshapen)),
+  'status-update': (e) => statusMisshapen(e.status, 'status'),
+  'artifact-update': (e) => artifactMisshapen(e.artifact, 'artifact'),
+};
+/** Asserts the remote answered an event the mirror can read (of the kinds given: a read of its task must answer a task). */
+function checkEvent(event: unknown, kinds: readonly StreamEvent['kind'][] = Object.keys(EVENTS) as StreamEvent['kind'][]): asserts event is StreamEvent {
+  const kind = isObject(event) && kinds.find((k) => k === event.kind);
   // The quote ends the message: cut short inside the key, what is left of it is masked there (see secretMasker).
-  if (!ok) throw new Error(`the remote agent answered an event where a task, message, status-update or artifact-update belongs: ${JSON.stringify(event)?.slice(0, 200)}`);
+  const quote = JSON.stringify(event)?.slice(0, 200);
+  if (!kind) throw new Error(`the remote agent answered an event where ${kinds.length > 1 ? 'a task, message, status-update or artifact-update' : `a ${kinds[0]}`} belongs: ${quote}`);
+  const wrong = EVENTS[kind](event as Record<string, unknown>);
+  if (wrong) throw new Error(`the remote agent answered ${kind === 'artifact-update' ? 'an' : 'a'} ${kind} whose ${wrong[0]} is ${wrong[1]}: ${quote}`);
 }
 
 // An artifact with A2A's members only: what else a remote sends is not ours to store (nor accepted).
