@@ -777,7 +777,7 @@ describe('remote A2A agent that answers without end, or about another task', () 
   // Unlike REMOTE_KEY, no message of these tests ends with a start of it ("remote-a"), which would be masked as a key cut short.
   const QUOTED_KEY = `qk-${randomUUID()}`;
   let stack: Stack;
-  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' = 'trickle-card';
+  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' = 'trickle-card';
   // What the remote answers, in 'garbled' mode, after the task: an event of a known kind with a member of another shape.
   let garbled: unknown;
   let streamClosed = false;
@@ -798,7 +798,7 @@ describe('remote A2A agent that answers without end, or about another task', () 
         name: 'endless', description: 'streams one endless line', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc`, preferredTransport: 'JSONRPC',
         capabilities: { streaming: true }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
       }));
-    } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting' || mode === 'garbled' || mode === 'garbled-get') {
+    } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting' || mode === 'garbled' || mode === 'garbled-get' || mode === 'rpc-error') {
       let body = '';
       req.on('data', (b) => { body += b; });
       req.on('end', () => {
@@ -811,6 +811,10 @@ describe('remote A2A agent that answers without end, or about another task', () 
           return;
         }
         res.writeHead(200, { 'content-type': 'text/event-stream' });
+        if (mode === 'rpc-error') {
+          res.end(`data: ${JSON.stringify({ jsonrpc: '2.0', id, error: { code: -32603, message: 'the model provider answered 403 Forbidden' } })}\n\n`);
+          return;
+        }
         if (mode === 'garbled-get') {
           res.end(event({ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'input-required', message: { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text: 'which one?' }] } } }));
           return;
@@ -918,6 +922,12 @@ describe('remote A2A agent that answers without end, or about another task', () 
       return r.body.task.status === 'failed' && r.body;
     }, 'the task to fail');
     assert.match(failed.status_message.parts[0].text, /^The agent failed after 1 attempt\(s\): the remote agent answered a task whose history\.0 is no message: /);
+  });
+
+  it("takes a remote's error that quotes a 401 or 403 of its own for an agent failure, not for a refusal of this worker's key", async () => {
+    mode = 'rpc-error';
+    // Before: "The remote agent refused this worker's credentials (not retried; check AGENT_REMOTE_API_KEY): ...".
+    assert.equal(await failureOf('rpc error'), 'The agent failed after 1 attempt(s): SSE event contained an error: the model provider answered 403 Forbidden (Code: -32603) Data: {}');
   });
 
   it('masks the part of the key left where the quote of such an event is cut short', async () => {

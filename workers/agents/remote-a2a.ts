@@ -120,8 +120,12 @@ async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init
   return new Response(counted, { status: res.status, statusText: res.statusText, headers: res.headers });
 }
 
-// The SDK reports an HTTP refusal only in its error's text (of the card read, a call or a stream).
-const credentialsRefused = (err: unknown): err is Error => err instanceof Error && !refusedByRuntime(err) && /\b40[13]\b/.test(err.message);
+// The SDK reports an HTTP refusal only in its error's text (of the card read, a call or a stream), as
+// the status its call was answered with, where its text starts. A 401 or 403 elsewhere is the
+// remote's own words (its error message, an answer quoted): taken for a refusal of our key, such a
+// failure was not retried, and its reason told the operator to check AGENT_REMOTE_API_KEY.
+const REFUSED_STATUS = /^(?:the remote agent card at \S+ could not be read: )?(?:Failed to fetch Agent Card from \S+: |HTTP error for \S+! Status: |HTTP error establishing stream for \S+: )40[13]\b/;
+const credentialsRefused = (err: unknown): err is Error => err instanceof Error && !refusedByRuntime(err) && REFUSED_STATUS.test(err.message);
 const isEnd = (state: A2AState) => state in FINAL_STATES || state === 'unknown';
 const partsOf = (parts: Part[] | undefined): MessagePart[] => (parts ?? []).map(fromA2APart);
 // A remote message as the local task stores it, with its metadata.
