@@ -8,15 +8,31 @@ import { guardedLookup } from '../webhook-url.ts';
 import { secretMasker } from '../secret-mask.ts';
 import { callSignal } from '../call-signal.ts';
 
-// For URLs a client chose (a service account's token_uri): checked when stored and before each call,
-// and refused once more at connect time, when the name is looked up again and may now name an internal
-// address (DNS rebinding).
-let publicOnlyAgent: Agent | undefined;
-const publicOnly = () => (publicOnlyAgent ??= new Agent({ connect: { lookup: guardedLookup(false) } }));
+// `publicOnly`: for URLs a client chose (a service account's token_uri): checked when stored and
+// before each call, and refused once more at connect time, when the name is looked up again and may
+// now name an internal address (DNS rebinding).
+// `untimed`: without undici's own limits on an answer (300 s for its headers, and between two chunks
+// of its body), for callers that bound their calls themselves and may wait longer in silence (the
+// remote agent: its stream lasts as long as its remote task).
+const dispatchers = new Map<string, Agent>();
+function dispatcher(publicOnly: boolean, untimed: boolean): Agent {
+  const key = `${publicOnly}/${untimed}`;
+  let agent = dispatchers.get(key);
+  if (!agent) {
+    agent = new Agent({ ...(publicOnly ? { connect: { lookup: guardedLookup(false) } } : {}), ...(untimed ? { headersTimeout: 0, bodyTimeout: 0 } : {}) });
+    dispatchers.set(key, agent);
+  }
+  return agent;
+}
+const fetchWith = (agent: Agent, url: string, init: RequestInit): Promise<Response> =>
+  undiciFetch(url, { ...init, dispatcher: agent } as Parameters<typeof undiciFetch>[1]) as unknown as Promise<Response>;
 
 /** fetch that connects to public addresses only and follows no redirect (one could lead inside). */
-export const fetchPublicOnly = (url: string, init: RequestInit): Promise<Response> =>
-  undiciFetch(url, { ...init, redirect: 'manual', dispatcher: publicOnly() } as Parameters<typeof undiciFetch>[1]) as unknown as Promise<Response>;
+export const fetchPublicOnly = (url: string, init: RequestInit, { untimed = false } = {}): Promise<Response> =>
+  fetchWith(dispatcher(true, untimed), url, { ...init, redirect: 'manual' });
+
+/** fetch without undici's limits on an answer's headers and body (see `untimed` above). */
+export const fetchUntimed = (url: string, init: RequestInit): Promise<Response> => fetchWith(dispatcher(false, true), url, init);
 
 /** `sent`: the credentials the request carried, which its refusal's words must not repeat (see sentCredentials). */
 export interface UpstreamAnswer { status: number; body: unknown; sent?: string[] }

@@ -28,7 +28,7 @@ import { assertOutboundUrl } from '../../domain/webhook-url.ts';
 import { maskUrlCredentials } from '../../domain/config.ts';
 import { secretMasker } from '../../domain/secret-mask.ts';
 import { callSignal } from '../../domain/call-signal.ts';
-import { fetchPublicOnly } from '../../domain/bridge/upstream.ts';
+import { fetchPublicOnly, fetchUntimed } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import { applyArtifactUpdate, chunkBetween } from '../../domain/a2a/artifact-merge.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
@@ -157,20 +157,24 @@ function cardLocation(url: string): [string, string | undefined] {
 // `withheld` collects the origins the key was kept from.
 function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>, allowPrivate: boolean, timeoutMs: number, log: Logger, withheld: Set<string>): ClientFactory {
   const fetchImpl: typeof fetch = (input, init) => boundedFetch((bounded) => unbounded(input, bounded), init, timeoutMs);
+  // Each call goes without undici's own limits on an answer (300 s, see fetchUntimed), boundedFetch's
+  // instead: with them, a stream silent for 5 minutes while its remote task worked broke ("terminated",
+  // a failed attempt), and a message/send answered that late failed too, to be sent again.
+
   const unbounded = async (input: Parameters<typeof fetch>[0], init: RequestInit): Promise<Response> => {
     const target = new URL(input instanceof Request ? input.url : input);
     const headers = new Headers(init?.headers);
     if (trusted.has(target.origin)) {
       if (apiKey) headers.set('authorization', `Bearer ${apiKey}`);
-      return fetch(input, { ...init, headers });
+      return fetchUntimed(target.href, { ...init, headers });
     }
     if (apiKey && !withheld.has(target.origin)) {
       withheld.add(target.origin);
       log.warn({ origin: target.origin }, 'AGENT_REMOTE_API_KEY withheld from a remote agent endpoint outside the trusted origins (AGENT_REMOTE_URL and AGENT_REMOTE_KEY_ORIGINS)');
     }
-    if (allowPrivate) return fetch(input, { ...init, headers });
+    if (allowPrivate) return fetchUntimed(target.href, { ...init, headers });
     await assertOutboundUrl(target.href, false, `The remote agent endpoint ${target.origin} that its card names`, 'AGENT_REMOTE_ALLOW_PRIVATE');
-    return fetchPublicOnly(target.href, { ...init, headers });
+    return fetchPublicOnly(target.href, { ...init, headers }, { untimed: true });
   };
   return new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
     transports: [new JsonRpcTransportFactory({ fetchImpl }), new RestTransportFactory({ fetchImpl })],

@@ -1,0 +1,61 @@
+// A remote A2A agent whose task works longer than five minutes without a word: its stream is
+// followed to the end. Node's fetch (undici) gives up on an answer silent for 300 s (its
+// bodyTimeout), which broke the stream: the run's attempt failed with the reason "terminated". Slow
+// by nature (the silence must outlast undici's 300 s), hence a file of its own.
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { resetDb, startStack, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+
+const SILENCE_MS = 310_000;
+
+describe('remote A2A agent whose task is silent for more than five minutes', function () {
+  this.timeout(SILENCE_MS + 120_000);
+  let stack: Stack;
+  const server = http.createServer((req, res) => {
+    const origin = `http://${req.headers.host}`;
+    if (req.method === 'GET') {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({
+        name: 'slow', description: 'works in silence', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc`, preferredTransport: 'JSONRPC',
+        capabilities: { streaming: true }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
+      }));
+      return;
+    }
+    let body = '';
+    req.on('data', (b) => { body += b; });
+    req.on('end', () => {
+      const { id } = JSON.parse(body) as { id: string | number };
+      const event = (result: unknown) => `data: ${JSON.stringify({ jsonrpc: '2.0', id, result })}\n\n`;
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(event({ kind: 'task', id: 'remote-slow', contextId: 'remote-ctx', status: { state: 'working' } }));
+      const done = setTimeout(() => res.end(event({
+        kind: 'status-update', taskId: 'remote-slow', contextId: 'remote-ctx', final: true,
+        status: { state: 'completed', message: { kind: 'message', role: 'agent', messageId: 'remote-done', parts: [{ kind: 'text', text: 'done at last' }] } },
+      })), SILENCE_MS);
+      res.on('close', () => clearTimeout(done));
+    });
+  });
+
+  before(async () => {
+    await resetDb();
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: `http://127.0.0.1:${(server.address() as AddressInfo).port}/agent`, AGENT_ATTEMPTS: '1' });
+  });
+  after(async () => {
+    await stack?.stop();
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+  });
+
+  it('follows its stream to the end', async () => {
+    const created = await stack.client.post('/api/task/v1', { message: textMessage('take your time') });
+    const ended = await waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${created.body.task.id}`);
+      return ['completed', 'failed'].includes(r.body.task.status) && r.body;
+    }, 'the task to end', SILENCE_MS + 60_000, 1000);
+    // Before: failed, "The agent failed after 1 attempt(s): terminated", 300 s in.
+    assert.equal(ended.task.status, 'completed', ended.status_message?.parts?.[0]?.text);
+    assert.equal(ended.status_message.parts[0].text, 'done at last');
+  });
+});
