@@ -782,6 +782,8 @@ describe('remote A2A agent that answers without end, or about another task', () 
   let garbled: unknown;
   let streamClosed = false;
   let trickledCards = 0;
+  // The gzip bomb, compressed before the run reads it: compressing 64 MiB takes longer than AGENT_REMOTE_TIMEOUT_MS on a busy machine.
+  let bomb = Buffer.alloc(0);
   const server = http.createServer((req, res) => {
     const origin = `http://${req.headers.host}`;
     if (req.method === 'GET' && mode === 'trickle-card') {
@@ -791,7 +793,7 @@ describe('remote A2A agent that answers without end, or about another task', () 
       res.on('close', () => clearInterval(tick));
     } else if (req.method === 'GET' && mode === 'bomb-card') {
       res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': 'gzip' });
-      res.end(gzipSync(Buffer.alloc(64 * 1024 * 1024, ' ')));
+      res.end(bomb);
     } else if (req.method === 'GET') {
       res.writeHead(200, { 'content-type': 'application/json' });
       res.end(JSON.stringify({
@@ -864,6 +866,7 @@ describe('remote A2A agent that answers without end, or about another task', () 
   });
 
   it('fails the run whose card decodes to more than it holds (a gzip bomb)', async () => {
+    bomb = gzipSync(Buffer.alloc(64 * 1024 * 1024, ' '));
     mode = 'bomb-card';
     assert.match(await failureOf('bomb'), /card at .* could not be read: the remote agent answered a body longer than 16777216 bytes/);
   });

@@ -160,7 +160,6 @@ function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>,
   // Each call goes without undici's own limits on an answer (300 s, see fetchUntimed), boundedFetch's
   // instead: with them, a stream silent for 5 minutes while its remote task worked broke ("terminated",
   // a failed attempt), and a message/send answered that late failed too, to be sent again.
-
   const unbounded = async (input: Parameters<typeof fetch>[0], init: RequestInit): Promise<Response> => {
     const target = new URL(input instanceof Request ? input.url : input);
     const headers = new Headers(init?.headers);
