@@ -93,6 +93,9 @@ const ConfigSchema = Type.Object({
   // OAuth user credentials: how often workers look for those due for refresh, refresh attempts
   // (exponential backoff) before the instance becomes refresh_failed, refreshes in flight per worker.
   CREDENTIAL_REFRESH_SCAN_MS: Ms({ minimum: 100, default: 30000 }),
+  // Longest wait before a retry (agent runs, credential refreshes, push posts): their exponential
+  // backoff stops doubling there, so many attempts are spread over hours, not years.
+  RETRY_BACKOFF_MAX_MS: Ms({ minimum: 0, default: 3_600_000 }),
   CREDENTIAL_REFRESH_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 5 }),
   CREDENTIAL_REFRESH_BACKOFF_MS: Ms({ minimum: 0, default: 2000 }),
   CREDENTIAL_REFRESH_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 100, default: 5 }),

@@ -23,6 +23,7 @@ import { artifactsFromTimeline, toA2ATask } from './a2a/mapping.ts';
 import { guardedLookup, isPrivateAddress } from './webhook-url.ts';
 import { pushSecrets } from './push-config.ts';
 import { retryAfterMs } from './retry-after.ts';
+import { cappedBackoffMs } from '../queues/names.ts';
 
 // A notification's history: its newest messages up to then, within both (PUSH_CONCURRENCY bodies are
 // built at once, and a task may hold TASK_MESSAGES_MAX_BYTES of messages).
@@ -194,8 +195,8 @@ interface DeliveryDeps { db: Knex; cfg: Config; log: Logger }
 
 const origin = (url: string) => new URL(url).origin;
 
-// The hold after an update's n-th failed post: BullMQ's exponential backoff.
-export const retryBackoffMs = (cfg: Pick<Config, 'PUSH_BACKOFF_MS'>, failedPosts: number) => cfg.PUSH_BACKOFF_MS * 2 ** (failedPosts - 1);
+// The hold after an update's n-th failed post: the queue's backoff.
+export const retryBackoffMs = (cfg: Pick<Config, 'PUSH_BACKOFF_MS' | 'RETRY_BACKOFF_MAX_MS'>, failedPosts: number) => cappedBackoffMs(cfg, cfg.PUSH_BACKOFF_MS, failedPosts);
 
 /**
  * Delivers the pending status updates of one config, oldest first, under a lease so runs for the

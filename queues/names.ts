@@ -1,4 +1,4 @@
-import type { JobsOptions, Queue } from 'bullmq';
+import type { BackoffStrategy, JobsOptions, Queue } from 'bullmq';
 import type { Config } from '../domain/config.ts';
 
 export const QUEUE_NAMES = ['agent-tasks', 'key-jobs', 'credential-refresh', 'push-notifications'] as const;
@@ -51,18 +51,29 @@ export function queueConcurrency(cfg: Config): Record<QueueName, number> {
   };
 }
 
+// Retries wait `delay`, doubled for each attempt before, up to RETRY_BACKOFF_MAX_MS: BullMQ's own
+// exponential backoff has no ceiling (AGENT_ATTEMPTS=20 at 1 s would wait six days before the last).
+export const CAPPED_EXPONENTIAL = 'capped-exponential';
+export const cappedBackoffMs = (cfg: Pick<Config, 'RETRY_BACKOFF_MAX_MS'>, delay: number, attemptsMade: number) =>
+  Math.min(delay * 2 ** (attemptsMade - 1), cfg.RETRY_BACKOFF_MAX_MS);
+/** Every worker's backoffStrategy (BullMQ calls it for backoff types of its own it does not know). */
+export const backoffStrategy = (cfg: Config): BackoffStrategy => (attemptsMade, type, _err, job) => {
+  if (type !== CAPPED_EXPONENTIAL) throw new Error(`unknown backoff type ${type}`);
+  return cappedBackoffMs(cfg, job?.opts.backoff && typeof job.opts.backoff === 'object' ? job.opts.backoff.delay ?? 0 : 0, attemptsMade);
+};
+
 export function defaultJobOptions(cfg: Config, queue: QueueName): JobsOptions {
   const common: JobsOptions = { removeOnComplete: { count: 1000, age: 3600 }, removeOnFail: { count: 10000, age: 7 * 86400 } };
   switch (queue) {
     case 'agent-tasks':
-      return { ...common, attempts: cfg.AGENT_ATTEMPTS, backoff: { type: 'exponential', delay: cfg.AGENT_BACKOFF_MS } };
+      return { ...common, attempts: cfg.AGENT_ATTEMPTS, backoff: { type: CAPPED_EXPONENTIAL, delay: cfg.AGENT_BACKOFF_MS } };
     case 'key-jobs':
       // Ten attempts ride out about eight minutes of a key service's outage, then the job fails visibly.
       return { ...common, attempts: 10, backoff: { type: 'exponential', delay: 1000 } };
     case 'credential-refresh':
       // Removed when they end: the job id is the credential's, free again for its next due time.
-      return { removeOnComplete: true, removeOnFail: true, attempts: cfg.CREDENTIAL_REFRESH_ATTEMPTS, backoff: { type: 'exponential', delay: cfg.CREDENTIAL_REFRESH_BACKOFF_MS } };
+      return { removeOnComplete: true, removeOnFail: true, attempts: cfg.CREDENTIAL_REFRESH_ATTEMPTS, backoff: { type: CAPPED_EXPONENTIAL, delay: cfg.CREDENTIAL_REFRESH_BACKOFF_MS } };
     case 'push-notifications':
-      return { ...common, attempts: cfg.PUSH_ATTEMPTS, backoff: { type: 'exponential', delay: cfg.PUSH_BACKOFF_MS } };
+      return { ...common, attempts: cfg.PUSH_ATTEMPTS, backoff: { type: CAPPED_EXPONENTIAL, delay: cfg.PUSH_BACKOFF_MS } };
   }
 }

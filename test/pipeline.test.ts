@@ -183,6 +183,30 @@ describe('job pipeline: task execution through a real worker', function () {
     assert.deepEqual(await statusesOf(stack.client, id), ['submitted', 'working', 'working', 'input-required', 'working']);
   });
 
+  it('doubles the wait before each retry up to RETRY_BACKOFF_MAX_MS, then waits that long', async () => {
+    const other = await startStack({ AGENT_ATTEMPTS: '4', AGENT_BACKOFF_MS: '60000', RETRY_BACKOFF_MAX_MS: '90000' });
+    try {
+      const id = (await other.client.post('/api/task/v1', { message: textMessage('[fail] capped') })).body.task.id;
+      const waits: number[] = [];
+      for (let failed = 1; failed < 4; failed++) {
+        // The job waits in the delayed set for its retry; promoted, it is retried at once.
+        const wait = await waitFor(() => withQueue(other.env, 'agent-tasks', async (queue) => {
+          const job = (await queue.getJobs(['delayed'])).find((j) => j?.data.task_id === id && j.attemptsMade === failed);
+          const wait = job?.delay;
+          await job?.promote();
+          return wait;
+        }), `attempt ${failed} to fail`);
+        waits.push(wait);
+      }
+      // Uncapped: 60, 120 and 240 s.
+      assert.deepEqual(waits, [60000, 90000, 90000]);
+      const t = await waitFor(async () => { const r = (await other.client.get(`/api/task/v1/${id}`)).body; return r.task.status === 'failed' && r; }, 'the last attempt to fail the task');
+      assert.match(t.status_message.parts[0].text, /failed after 4 attempt\(s\)/);
+    } finally {
+      await other.stop();
+    }
+  });
+
   it('a retry of a failed attempt does not take back a task a client took meanwhile (set waiting, then working): no attempt fails it', async () => {
     const other = await startStack({ AGENT_ATTEMPTS: '2', AGENT_BACKOFF_MS: '5000' });
     try {

@@ -20,7 +20,7 @@ import { createRefreshCredentialProcessor, recordRefreshOutcomes, startRefreshSc
 import { AgentConfigError, resolveAgent } from './agents/resolve-agent.ts';
 import { failedForGood, recordJobMetrics } from './record-job-metrics.ts';
 import { WorkerMetrics } from '../queues/worker-metrics.ts';
-import { queueConcurrency, type JobPayloads } from '../queues/names.ts';
+import { backoffStrategy, queueConcurrency, type JobPayloads } from '../queues/names.ts';
 import { stalledTooOften } from '../queues/stalled.ts';
 import { exitIfNotStoppedWithin, onStop } from '../domain/stop-signals.ts';
 import { renewingRetakenLocks } from './renew-retaken-lock.ts';
@@ -54,7 +54,10 @@ connection.on('error', (err) => log.debug({ err: { message: err.message } }, 're
 const concurrency = queueConcurrency(cfg);
 // Each processor is wrapped so that a job taken again after it stalled keeps its lock (renew-retaken-lock.ts).
 const locked = <D, R>(processor: Processor<D, R>) => renewingRetakenLocks(processor, cfg.WORKER_LOCK_MS);
-const common = { connection, prefix: cfg.QUEUE_PREFIX, lockDuration: cfg.WORKER_LOCK_MS, stalledInterval: cfg.WORKER_STALLED_CHECK_MS, maxStalledCount: 5 };
+const common = {
+  connection, prefix: cfg.QUEUE_PREFIX, lockDuration: cfg.WORKER_LOCK_MS, stalledInterval: cfg.WORKER_STALLED_CHECK_MS, maxStalledCount: 5,
+  settings: { backoffStrategy: backoffStrategy(cfg) },
+};
 
 const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', locked(createAgentTaskProcessor(services, agent.handler, cancels)), {
   ...common,
