@@ -279,6 +279,10 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
       ['other.json', '{"format": "something-else/v2"}', /its format is "something-else\/v2", not "taskbridge-definition\/v1"/],
       ['partial.json', '{"format": "taskbridge-definition/v1", "secrets": []}', /partial\.json is not a valid definition export: Invalid file: file\.\S+ is required/],
       ['absent.json', undefined, /cannot read \S+absent\.json: ENOENT/],
+      // Found on the target, the credential was compared member by member: the run died mid-way on it
+      // ('Cannot convert undefined or null to object', exit 1, no summary).
+      ['null-value.json', JSON.stringify({ ...source, providers: source.providers.map((p: any) => ({ ...p, resource_server_credential: { ...p.resource_server_credential, value: null } })) }),
+        /null-value\.json is not a valid definition export: Invalid file: file\.providers\.0\.resource_server_credential\.value must be object/],
     ];
     for (const [name, text, message] of cases) {
       if (text !== undefined) fs.writeFileSync(path.join(dir, name), text);

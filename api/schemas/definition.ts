@@ -26,7 +26,8 @@ export const DefinitionSecret = Type.Object({
   updated_at: Timestamp,
 });
 
-export const DefinitionCredential = Type.Object({ ...credentialFields, data_encryption_key_id: Type.String() },
+// value: an object, as every credential's is and its import takes (apply compares it member by member).
+export const DefinitionCredential = Type.Object({ ...credentialFields, value: FreeObject, data_encryption_key_id: Type.String() },
   { description: 'sensitive members of value only as ciphertext under data_encryption_key_id' });
 
 const { id, display_name, provider_controller_type_id, credential_controller_type_id, status, return_on_successful_brokering } = providerInstanceFields;
