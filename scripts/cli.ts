@@ -13,6 +13,7 @@ import { listEndedJobs, listJobs, watchJob } from './watch-job.ts';
 import { cancelKeyJob } from '../domain/crypto/key-jobs.ts';
 import { localPostgresUrl } from './local-services.ts';
 import { NoControlChars } from '../api/schemas/common.ts';
+import { isHttpUrl } from '../domain/schema-check.ts';
 import { applyDefinition, ApplyAborted, DefinitionFileError, readDefinition } from './apply-definition.ts';
 
 const USAGE = `Usage: npm run cli -- <command>
@@ -126,7 +127,12 @@ function parseDefinition(command: string | undefined, rest: string[], values: { 
     if (values[opt] !== undefined && values[opt] !== false) throw new UsageError(`definition apply does not take --${opt}`);
   }
   if (rest.length !== 1) throw new UsageError('definition apply needs exactly one file');
-  if (values.url !== undefined && !/^https?:\/\//.test(values.url)) throw new UsageError(`--url '${values.url}' is not an http(s) URL`);
+  if (values.url !== undefined) {
+    if (!isHttpUrl(values.url)) throw new UsageError(`--url '${values.url}' is not an http(s) URL`);
+    // fetch refuses such a URL with an error quoting it whole, password and all.
+    const { username, password } = new URL(values.url);
+    if (username || password) throw new UsageError('--url must not hold a user name or password (not shown): the API key goes in TASKBRIDGE_API_KEY');
+  }
   return { command: 'definition-apply', file: rest[0], url: values.url, dryRun: values['dry-run'] };
 }
 

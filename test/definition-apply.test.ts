@@ -309,6 +309,14 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
     const usage = await cli(['definition', 'apply']);
     assert.equal(usage.code, 2);
     assert.match(usage.stderr, /definition apply needs exactly one file/);
+    // A --url that does not parse, or holds a password (which fetch's refusal quoted), is a bad command line.
+    for (const [url, message] of [['http://[bad', /--url 'http:\/\/\[bad' is not an http\(s\) URL/], ['http://', /--url 'http:\/\/' is not an http\(s\) URL/],
+      [`http://ops:pw-${STRIPE_KEY}@127.0.0.1:1`, /--url must not hold a user name or password \(not shown\)/]] as const) {
+      const r = await cli(['definition', 'apply', file, '--url', url]);
+      assert.equal(r.code, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, message);
+      assert.ok(!r.stderr.includes(STRIPE_KEY), r.stderr);
+    }
     const elsewhere = await cli(['keys', 'list', '--url', b.api.url]);
     assert.equal(elsewhere.code, 2);
     assert.match(elsewhere.stderr, /--url is only for definition apply/);
