@@ -353,8 +353,12 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
         tally.functions.failed += 1;
         continue;
       }
-      await item('functions', `function ${f} of provider ${p.id}`, async () => (enabled.has(f) ? present : absent),
-        async () => created(await call('POST', `/api/bridge/v1/provider/${p.id}/function/${f}/enable`, {})));
+      // Enabled, it is there for a copy of it further on in the file's list.
+      await item('functions', `function ${f} of provider ${p.id}`, async () => (enabled.has(f) ? present : absent), async () => {
+        const done = created(await call('POST', `/api/bridge/v1/provider/${p.id}/function/${f}/enable`, {}));
+        enabled.add(f);
+        return done;
+      });
     }
   }
 

@@ -540,18 +540,22 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     }
   });
 
-  it('applies a secret the file lists more than once as one secret (exit 0)', async () => {
+  it('applies a secret or a provider\'s function the file lists more than once as one (exit 0)', async () => {
     const t = await freshTarget();
     const def = structuredClone(source);
     const [first] = def.secrets;
     // Applied 8 at a time: the copies are looked up and imported at once.
     def.secrets.splice(1, 0, structuredClone(first), structuredClone(first));
+    // The second enable was refused (409 already enabled): failed, exit 1.
+    def.providers[0].functions.push(...def.providers[0].functions);
     const r = await applyTo(t.stack.api.url, write('twice.json', def));
     assert.equal(r.code, 0, r.stdout + r.stderr);
     assert.equal(r.stderr, '');
     assert.match(r.stdout, /secrets: 3 created, 2 already there, 0 conflicts, 0 failed/);
+    assert.match(r.stdout, /functions: 1 created, 1 already there, 0 conflicts, 0 failed/);
     const secrets = await ok(t.stack.client.get('/api/secret/v1?page_size=100'), 200);
     assert.deepEqual(secrets.secrets.map((s: any) => s.key).sort(), source.secrets.map((s: any) => s.key).sort());
+    assert.deepEqual((await ok(t.stack.client.get(`${B}/provider/off`), 200)).functions.map((f: any) => f.function_controller_type_id), ['stripe_process_refund']);
   });
 
   it('waits out a 429 (the target\'s RATE_LIMIT_PER_SECOND) or 503 (busy a moment) for its Retry-After, the check before any write too, applying everything (exit 0)', async () => {
