@@ -271,10 +271,20 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     }
     return created(a);
   });
+  // A run stopped by one of them (the API out of reach) is stopped for all: the others take no more
+  // secrets, and the run says so once those they are writing are done, not while they go on.
   let next = 0;
-  await Promise.all(Array.from({ length: Math.min(SECRETS_AT_ONCE, def.secrets.length) }, async () => {
-    while (next < def.secrets.length) await applySecret(def.secrets[next++]);
+  let stopped = false;
+  const applying = await Promise.allSettled(Array.from({ length: Math.min(SECRETS_AT_ONCE, def.secrets.length) }, async () => {
+    try {
+      while (!stopped && next < def.secrets.length) await applySecret(def.secrets[next++]);
+    } catch (e) {
+      stopped = true;
+      throw e;
+    }
   }));
+  const stop = applying.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (stop) throw stop.reason;
   out(line('secrets'));
 
   const seenCredentials = new Set<string>();

@@ -608,4 +608,32 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.equal(again.code, 0, again.stdout + again.stderr);
     assert.match(again.stdout, /Nothing to do/);
   });
+
+  it('stops taking secrets once one of those applied at once finds the API out of reach, and says so once those under way are done (exit 1)', async () => {
+    const c = a.client;
+    for (let i = 0; i < 40; i++) await ok(c.post('/api/secret/v1', { key: `many/${i}`, raw_value: `v-${i}` }));
+    const file = write('many.json', await exported(c));
+    const t = await freshTarget();
+    // The fifth secret import's connection cut, as a load balancer may: the others went on importing
+    // every secret left in the file after the run had said it stopped.
+    let imports = 0;
+    const cut = await proxy(t.stack.api.url, (req) => {
+      if (req.method !== 'POST' || req.url !== '/api/secret/v1/import' || ++imports !== 5) return false;
+      req.socket.destroy();
+      return true;
+    });
+    try {
+      const r = await applyTo(cut.url, file);
+      assert.equal(r.code, 1, r.stdout + r.stderr);
+      assert.match(r.stderr.trim().split('\n').at(-1)!, /^Error: cannot reach the API at \S+: .*; stopped \(what was applied so far stays/);
+      assert.doesNotMatch(r.stdout, /^secrets:/m);
+      // Those under way at the cut (8 at a time) finish; no other is begun.
+      assert.ok(imports <= 5 + 7, `${imports} secret imports, of ${JSON.parse(fs.readFileSync(file, 'utf8')).secrets.length}`);
+    } finally {
+      cut.close();
+    }
+    const r = await applyTo(t.stack.api.url, file);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, /secrets: \d+ created, \d+ already there, 0 conflicts, 0 failed/);
+  });
 });
