@@ -6,6 +6,7 @@
 // left as it is (domain/definition-match.ts), so applying twice, or after a run cut short, writes
 // only what is missing. Prints ids, keys and names, never a
 // value, token or key material (the file holds those only sealed anyway).
+import { constants } from 'node:buffer';
 import fs from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Definition } from '../api/schemas/definition.ts';
@@ -55,6 +56,8 @@ export async function readDefinition(file: string): Promise<Definition> {
   try {
     text = await fs.readFile(file, 'utf8');
   } catch (e) {
+    // Past the longest string Node.js holds: its own message, 'Invalid string length', says nothing of what to do.
+    if (e instanceof RangeError) throw new DefinitionFileError(`${file} is too large to read whole (over ${Math.floor(constants.MAX_STRING_LENGTH / 2 ** 20)} MiB): apply it in parts, each the file with fewer items: first with its envelope_keys only (secrets and providers empty), then with no envelope_keys and some of its secrets or providers`);
     throw new DefinitionFileError(`cannot read ${file}: ${(e as Error).message}`);
   }
   let doc: unknown;

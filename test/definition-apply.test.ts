@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { runCli, type CliRun } from './helpers/cli.ts';
 import { randomUUID } from 'node:crypto';
+import { constants } from 'node:buffer';
 import fs from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -607,6 +608,30 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     const again = await applyTo(t.stack.api.url, file);
     assert.equal(again.code, 0, again.stdout + again.stderr);
     assert.match(again.stdout, /Nothing to do/);
+  });
+
+  it('refuses a file too large to read whole, saying how to apply it in parts; applied so, the whole is there (exit 2, then 0)', async () => {
+    // Sparse: past the longest string Node.js holds (512 MiB) without writing it. Before, 'cannot read …: Invalid string length'.
+    const large = path.join(dir, 'large.json');
+    fs.closeSync(fs.openSync(large, 'w'));
+    fs.truncateSync(large, constants.MAX_STRING_LENGTH + 1);
+    try {
+      const r = await applyTo('http://127.0.0.1:9', large);
+      assert.equal(r.code, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, /large\.json is too large to read whole \(over 511 MiB\): apply it in parts, each the file with fewer items: first with its envelope_keys only \(secrets and providers empty\), then with no envelope_keys and some of its secrets or providers/);
+    } finally {
+      fs.rmSync(large);
+    }
+    // The parts as the message has them: the keys, then the secrets, then the providers.
+    const t = await freshTarget();
+    const parts = [{ secrets: [], providers: [] }, { envelope_keys: [], providers: [] }, { envelope_keys: [], secrets: [] }];
+    for (const [i, part] of parts.entries()) {
+      const r = await applyTo(t.stack.api.url, write(`part-${i}.json`, { ...source, ...part }));
+      assert.equal(r.code, 0, r.stdout + r.stderr);
+    }
+    const whole = await applyTo(t.stack.api.url);
+    assert.equal(whole.code, 0, whole.stdout + whole.stderr);
+    assert.match(whole.stdout, /Nothing to do/);
   });
 
   it('stops taking secrets once one of those applied at once finds the API out of reach, and says so once those under way are done (exit 1)', async () => {
