@@ -57,13 +57,17 @@ export async function watchJob(db: Knex, id: string, opts: { intervalMs?: number
   }
 }
 
+// The bar's line cut to the terminal's width: a longer one wraps, and \r goes back only to its last
+// row, so each redraw would leave a row more. What matters most comes first, the job's id last.
+const fitted = (line: string, columns: number | undefined) => (columns ? line.slice(0, columns - 1) : line);
+
 async function follow(db: Knex, id: string, out: NodeJS.WriteStream, intervalMs: number): Promise<number> {
   let last = '';
   for (;;) {
     const job = await getKeyJob(db, id);
     if (!job) throw new NotFound('job', id);
     const line = `${job.kind} ${job.id} ${job.status} ${counts(job)}`;
-    if (out.isTTY) out.write(`\r${bar(job)} ${line}\x1b[K`);
+    if (out.isTTY) out.write(`\r${fitted(`${bar(job)} ${job.status} ${counts(job)} ${job.kind} ${job.id}`, out.columns)}\x1b[K`);
     else if (line !== last) out.write(`${line}\n`);
     last = line;
     if (!isOpenKeyJob(job.status)) {

@@ -93,12 +93,13 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     });
   }
 
-  it('draws a bar on a terminal, and on Ctrl-C ends its line and exits 130', async () => {
+  // `jobs watch` of a running job on a terminal (script(1)), `columns` wide when given, until a ^C typed into it.
+  async function watchOnTerminal(columns?: number) {
     const id = randomUUID();
     await testDb()('key_jobs').insert({ id, kind: 'migrate-deks', status: 'running', total: 10, done: 4 });
-    // script(1) gives the CLI a terminal; a ^C typed into it interrupts the CLI as a shell's would.
     const env = { ...process.env, DATABASE_URL: requireEnv('DATABASE_URL'), REDIS_URL: undefined };
-    const child = spawn('script', ['-qec', `npm run --silent cli -- jobs watch ${id}`, '/dev/null'], { cwd: ROOT, env: env as NodeJS.ProcessEnv, stdio: ['pipe', 'pipe', 'inherit'] });
+    const command = `${columns ? `stty cols ${columns}; ` : ''}npm run --silent cli -- jobs watch ${id}`;
+    const child = spawn('script', ['-qec', command, '/dev/null'], { cwd: ROOT, env: env as NodeJS.ProcessEnv, stdio: ['pipe', 'pipe', 'inherit'] });
     let out = '';
     child.stdout.on('data', (b) => {
       out += b;
@@ -106,9 +107,26 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     });
     const [code] = await once(child, 'exit');
     await testDb()('key_jobs').where({ id }).delete();
+    return { id, code, out };
+  }
+
+  it('draws a bar on a terminal, and on Ctrl-C ends its line and exits 130', async () => {
+    const { id, code, out } = await watchOnTerminal();
     assert.equal(code, 130, JSON.stringify(out));
-    assert.match(out, new RegExp(`^\\r\\[#{12}\\.{18}\\]  40% migrate-deks ${id} running 4/10 \\(4 done, 0 failed\\)`));
+    assert.match(out, new RegExp(`^\\r\\[#{12}\\.{18}\\]  40% running 4/10 \\(4 done, 0 failed\\) migrate-deks ${id}`));
     assert.match(out, /\^C\r?\n$/, `the bar's line is ended: ${JSON.stringify(out)}`);
+  });
+
+  it('cuts the bar\'s line to a narrow terminal\'s width, the job id last, so that each redraw stays on one row', async () => {
+    // Before, the line (some 110 characters) wrapped, and each redraw added a row.
+    const { code, out } = await watchOnTerminal(60);
+    assert.equal(code, 130, JSON.stringify(out));
+    const drawn = out.split('\r').filter((l) => l.startsWith('['));
+    assert.ok(drawn.length, JSON.stringify(out));
+    for (const l of drawn) {
+      assert.match(l, /^\[#{12}\.{18}\]  40% running 4\/10 \(4 done,/);
+      assert.ok(l.replace('\x1b[K', '').replace(/\^C\n?$/, '').length <= 59, JSON.stringify(l));
+    }
   });
 
   it('says how to point it at a database when DATABASE_URL is unset and no local Postgres runs (exit 2)', async () => {
