@@ -253,6 +253,13 @@ async function main(argv: string[]): Promise<number> {
   }
 }
 
+// Its reader gone (`jobs watch <id> | head -1`): nothing more can be shown, and Node would throw the
+// write's EPIPE as an unhandled 'error' event, a stack on stderr. The command ends quietly instead.
+process.stdout.on('error', (e: NodeJS.ErrnoException) => {
+  if (e.code !== 'EPIPE') throw e;
+  process.exit(1);
+});
+
 try {
   process.exitCode = await main(process.argv.slice(2));
 } catch (e) {

@@ -117,6 +117,26 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     assert.match(out, /\^C\r?\n$/, `the bar's line is ended: ${JSON.stringify(out)}`);
   });
 
+  it('ends quietly when the reader of its output goes away (jobs watch | head -1), with no stack (exit 1)', async () => {
+    const id = randomUUID();
+    await testDb()('key_jobs').insert({ id, kind: 'migrate-deks', status: 'running', total: 10, done: 4 });
+    const env = { ...process.env, DATABASE_URL: requireEnv('DATABASE_URL'), REDIS_URL: undefined };
+    const child = spawn('bash', ['-c', `set -o pipefail; npm run --silent cli -- jobs watch ${id} | head -1`], { cwd: ROOT, env: env as NodeJS.ProcessEnv });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (b) => {
+      out += b;
+      // head has its line and is gone: the next change is written to no one.
+      setTimeout(() => testDb()('key_jobs').where({ id }).update({ done: 5 }).then(() => undefined), 300);
+    });
+    child.stderr.on('data', (b) => { err += b; });
+    const [code] = await once(child, 'exit');
+    await testDb()('key_jobs').where({ id }).delete();
+    assert.equal(out, `migrate-deks ${id} running 4/10 (4 done, 0 failed)\n`);
+    assert.equal(err, '', 'nothing on stderr (before: Unhandled \'error\' event, write EPIPE and its stack)');
+    assert.equal(code, 1);
+  });
+
   it('cuts the bar\'s line to a narrow terminal\'s width, the job id last, so that each redraw stays on one row', async () => {
     // Before, the line (some 110 characters) wrapped, and each redraw added a row.
     const { code, out } = await watchOnTerminal(60);
