@@ -54,18 +54,28 @@ server.on('request', (_req, res: ServerResponse) => {
 });
 answerClientErrors(server, allRoutes.map((r) => r.spec.method), services.log);
 
-// How long after the signal idle keep-alive connections are left open, for requests already sent on them to be read.
+// How long after the signal (and API_SHUTDOWN_DELAY_MS) idle keep-alive connections are left open, for requests already sent on them to be read.
 const IDLE_CLOSE_DELAY_MS = 1000;
 // How long after the grace period the API waits for its Postgres and Redis connections to close.
 // The pool closes only once its statements have ended (the sweeper's, a cut request's), which with
 // Postgres silent and no DB_QUERY_TIMEOUT_MS is never: past this, it exits.
 const CLOSE_MS = 5000;
+// Ends API_SHUTDOWN_DELAY_MS early: a second signal (Ctrl-C again, an operator in a hurry) is not kept waiting.
+let endDelay: (() => void) | undefined;
 async function shutdown(signal: string) {
-  if (services.stopping) return;
+  if (services.stopping) {
+    if (endDelay) services.log.info({ signal }, 'api stopping: signalled again, the delay ends now');
+    endDelay?.();
+    return;
+  }
   services.stopping = true;
   if (cfg.API_SHUTDOWN_DELAY_MS) {
     services.log.info({ signal, delay_ms: cfg.API_SHUTDOWN_DELAY_MS }, 'api stopping: not ready, serving on until the delay ends');
-    await new Promise((resolve) => setTimeout(resolve, cfg.API_SHUTDOWN_DELAY_MS));
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, cfg.API_SHUTDOWN_DELAY_MS);
+      endDelay = () => { clearTimeout(timer); resolve(); };
+    });
+    endDelay = undefined;
   }
   closing = true;
   services.log.info({ signal, grace_ms: cfg.API_SHUTDOWN_GRACE_MS }, 'api shutting down: finishing requests in flight');

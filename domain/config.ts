@@ -95,7 +95,7 @@ const ConfigSchema = Type.Object({
   CREDENTIAL_REFRESH_SCAN_MS: Ms({ minimum: 100, default: 30000 }),
   // Longest wait before a retry (agent runs, credential refreshes, push posts): their exponential
   // backoff stops doubling there, so many attempts are spread over hours, not years.
-  RETRY_BACKOFF_MAX_MS: Ms({ minimum: 0, default: 3_600_000 }),
+  RETRY_BACKOFF_MAX_MS: Ms({ minimum: 1000, default: 3_600_000 }),
   CREDENTIAL_REFRESH_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 5 }),
   CREDENTIAL_REFRESH_BACKOFF_MS: Ms({ minimum: 0, default: 2000 }),
   CREDENTIAL_REFRESH_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 100, default: 5 }),

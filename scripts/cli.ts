@@ -128,7 +128,8 @@ function parseDefinition(command: string | undefined, rest: string[], values: { 
   }
   if (rest.length !== 1) throw new UsageError('definition apply needs exactly one file');
   if (values.url !== undefined) {
-    if (!isHttpUrl(values.url)) throw new UsageError(`--url '${values.url}' is not an http(s) URL`);
+    // One that does not parse is not quoted when it may hold a user name and password.
+    if (!isHttpUrl(values.url)) throw new UsageError(`--url ${values.url.includes('@') ? '(not shown: it holds an @)' : `'${values.url}'`} is not an http(s) URL`);
     // fetch refuses such a URL with an error quoting it whole, password and all.
     const { username, password } = new URL(values.url);
     if (username || password) throw new UsageError('--url must not hold a user name or password (not shown): the API key goes in TASKBRIDGE_API_KEY');

@@ -312,7 +312,8 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
     assert.match(usage.stderr, /definition apply needs exactly one file/);
     // A --url that does not parse, or holds a password (which fetch's refusal quoted), is a bad command line.
     for (const [url, message] of [['http://[bad', /--url 'http:\/\/\[bad' is not an http\(s\) URL/], ['http://', /--url 'http:\/\/' is not an http\(s\) URL/],
-      [`http://ops:pw-${STRIPE_KEY}@127.0.0.1:1`, /--url must not hold a user name or password \(not shown\)/]] as const) {
+      [`http://ops:pw-${STRIPE_KEY}@127.0.0.1:1`, /--url must not hold a user name or password \(not shown\)/],
+      [`http://ops:pw-${STRIPE_KEY}@127.0.0.1:99999`, /--url \(not shown: it holds an @\) is not an http\(s\) URL/]] as const) {
       const r = await cli(['definition', 'apply', file, '--url', url]);
       assert.equal(r.code, 2, r.stdout + r.stderr);
       assert.match(r.stderr, message);

@@ -482,7 +482,8 @@ describe('stopping the API (SIGTERM) under load', function () {
 
 describe('stopping the API (SIGTERM) after API_SHUTDOWN_DELAY_MS', function () {
   this.timeout(60_000);
-  const stack = useStack({ API_SHUTDOWN_DELAY_MS: '2000' }, { workers: 0 });
+  // Long enough for the requests below on a loaded machine: each is on a connection of its own.
+  const stack = useStack({ API_SHUTDOWN_DELAY_MS: '8000' }, { workers: 0 });
 
   it('answers readiness 503 and serves the rest as usual, new connections too, until the delay ends; then stops as without it', async () => {
     assert.equal((await stack.client.get('/_internal/v1/ready')).status, 200);
@@ -508,7 +509,23 @@ describe('stopping the API (SIGTERM) after API_SHUTDOWN_DELAY_MS', function () {
     await exited;
     assert.equal(stack.api.child.exitCode, 0);
     const at = (words: string) => JSON.parse(stack.api.logs.find((l) => l.includes(words))!).time as number;
-    assert.ok(at('api shutting down') - at('api stopping: not ready') >= 1990, 'requests in flight are finished after the delay, not before');
+    assert.ok(at('api shutting down') - at('api stopping: not ready') >= 7990, 'requests in flight are finished after the delay, not before');
+  });
+});
+
+describe('stopping the API (SIGTERM) during API_SHUTDOWN_DELAY_MS, signalled again', function () {
+  this.timeout(60_000);
+  const stack = useStack({ API_SHUTDOWN_DELAY_MS: '8000' }, { workers: 0 });
+
+  it('ends the delay at the second signal', async () => {
+    const signalled = Date.now();
+    stack.api.child.kill('SIGTERM');
+    await waitFor(async () => stack.api.logs.some((l) => l.includes('api stopping: not ready')), 'the delay to begin');
+    const exited = stack.api.kill('SIGINT');
+    await exited;
+    assert.equal(stack.api.child.exitCode, 0);
+    assert.ok(stack.api.logs.some((l) => l.includes('signalled again, the delay ends now')), stack.api.logs.slice(-5).join('\n'));
+    assert.ok(Date.now() - signalled < 8000, `stopped ${Date.now() - signalled} ms after the first signal, not after the 8 s delay`);
   });
 });
 

@@ -1,6 +1,6 @@
 // Processor of the push-notifications queue: delivers a config's pending status updates in order
 // (domain/push-delivery.ts), which holds the config for a failed post's backoff and comes back when the
-// hold ends; BullMQ retries only faults of ours (exponential backoff). Also the
+// hold ends; BullMQ retries only faults of ours (exponential backoff, capped). Also the
 // listener that relays the delivery jobs the fan-out trigger writes to the outbox as soon as
 // their transaction commits (the outbox sweeper still covers any notification missed).
 import { DelayedError, type Job } from 'bullmq';
