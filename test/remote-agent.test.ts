@@ -777,7 +777,7 @@ describe('remote A2A agent that answers without end, or about another task', () 
   // Unlike REMOTE_KEY, no message of these tests ends with a start of it ("remote-a"), which would be masked as a key cut short.
   const QUOTED_KEY = `qk-${randomUUID()}`;
   let stack: Stack;
-  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' = 'trickle-card';
+  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' = 'trickle-card';
   // What the remote answers, in 'garbled' mode, after the task: an event of a known kind with a member of another shape.
   let garbled: unknown;
   let streamClosed = false;
@@ -800,6 +800,11 @@ describe('remote A2A agent that answers without end, or about another task', () 
         name: 'endless', description: 'streams one endless line', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc`, preferredTransport: 'JSONRPC',
         capabilities: { streaming: true }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
       }));
+    } else if (mode === 'refused-rpc') {
+      // Refused by its HTTP status, its body a JSON-RPC error: the SDK reports the error's code, not the status.
+      req.resume();
+      res.writeHead(401, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ jsonrpc: '2.0', id: 1, error: { code: -32001, message: 'Unauthorized' } }));
     } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting' || mode === 'garbled' || mode === 'garbled-get' || mode === 'rpc-error') {
       let body = '';
       req.on('data', (b) => { body += b; });
@@ -931,6 +936,21 @@ describe('remote A2A agent that answers without end, or about another task', () 
     mode = 'rpc-error';
     // Before: "The remote agent refused this worker's credentials (not retried; check AGENT_REMOTE_API_KEY): ...".
     assert.equal(await failureOf('rpc error'), 'The agent failed after 1 attempt(s): SSE event contained an error: the model provider answered 403 Forbidden (Code: -32603) Data: {}');
+  });
+
+  it("takes a call answered 401 with a JSON-RPC error as its body for a refusal of this worker's key", async () => {
+    // A later turn reads the remote task first (tasks/get, a JSON-RPC call): refused by its status.
+    mode = 'garbled-get';
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('refused later') })).body.task.id as string;
+    await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'input-required' || undefined, 'the task to ask for input');
+    mode = 'refused-rpc';
+    await stack.client.post(`/api/task/v1/${id}/message`, textMessage('and now?'));
+    const failed = await waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${id}`);
+      return r.body.task.status === 'failed' && r.body;
+    }, 'the task to fail');
+    // Before: "The agent failed after 1 attempt(s): Task not found" (the SDK's word for the error's code), retried had there been attempts left.
+    assert.match(failed.status_message.parts[0].text, /^The remote agent refused this worker's credentials \(not retried; check AGENT_REMOTE_API_KEY\): the remote agent answered HTTP 401\b/);
   });
 
   it('masks the part of the key left where the quote of such an event is cut short', async () => {

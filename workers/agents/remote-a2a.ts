@@ -98,6 +98,13 @@ async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init
     over();
     throw timedOut ? late : err;
   }
+  // Refused by its status (credentialsRefused): the SDK would report it in its words, and not at all
+  // when the body is a JSON-RPC error.
+  if (res.status === 401 || res.status === 403) {
+    over();
+    await res.body?.cancel().catch(() => undefined);
+    throw new Error(`the remote agent answered HTTP ${res.status}${res.statusText ? ` ${res.statusText}` : ''}`);
+  }
   const stream = /^text\/event-stream/i.test(res.headers.get('content-type') ?? '');
   if (stream) clearTimeout(timer);
   if (!res.body) {
@@ -120,11 +127,11 @@ async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init
   return new Response(counted, { status: res.status, statusText: res.statusText, headers: res.headers });
 }
 
-// The SDK reports an HTTP refusal only in its error's text (of the card read, a call or a stream), as
-// the status its call was answered with, where its text starts. A 401 or 403 elsewhere is the
-// remote's own words (its error message, an answer quoted): taken for a refusal of our key, such a
-// failure was not retried, and its reason told the operator to check AGENT_REMOTE_API_KEY.
-const REFUSED_STATUS = /^(?:the remote agent card at \S+ could not be read: )?(?:Failed to fetch Agent Card from \S+: |HTTP error for \S+! Status: |HTTP error establishing stream for \S+: )40[13]\b/;
+// An answer's 401 or 403 status, as boundedFetch reports it (for the card read, a call or a stream).
+// A 401 or 403 elsewhere in a failure's text is the remote's own words (its error message, an answer
+// quoted): taken for a refusal of our key, such a failure was not retried, and its reason told the
+// operator to check AGENT_REMOTE_API_KEY.
+const REFUSED_STATUS = /^(?:the remote agent card at \S+ could not be read: )?the remote agent answered HTTP 40[13]\b/;
 const credentialsRefused = (err: unknown): err is Error => err instanceof Error && !refusedByRuntime(err) && REFUSED_STATUS.test(err.message);
 const isEnd = (state: A2AState) => state in FINAL_STATES || state === 'unknown';
 const partsOf = (parts: Part[] | undefined): MessagePart[] => (parts ?? []).map(fromA2APart);
