@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { resetDb, startStack, textMessage, waitFor, type Stack } from './helpers/stack.ts';
+import { answerAgentCard } from './helpers/raw-agent-card.ts';
 
 const SILENCE_MS = 310_000;
 
@@ -15,11 +16,7 @@ describe('remote A2A agent whose task is silent for more than five minutes', fun
   const server = http.createServer((req, res) => {
     const origin = `http://${req.headers.host}`;
     if (req.method === 'GET') {
-      res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({
-        name: 'slow', description: 'works in silence', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc`, preferredTransport: 'JSONRPC',
-        capabilities: { streaming: true }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
-      }));
+      answerAgentCard(res, { name: 'slow', description: 'works in silence', url: `${origin}/rpc`, streaming: true });
       return;
     }
     let body = '';

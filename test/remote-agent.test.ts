@@ -13,6 +13,7 @@ import { agentCardHandler, jsonRpcHandler, UserBuilder } from '@a2a-js/sdk/serve
 import { remoteAgent } from '../workers/agents/remote-a2a.ts';
 import type { AgentContext } from '../workers/agents/types.ts';
 import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, withQueue, type Stack } from './helpers/stack.ts';
+import { answerAgentCard } from './helpers/raw-agent-card.ts';
 
 const textOf = (m: Message) => m.parts.map((p) => (p.kind === 'text' ? p.text : '')).join('');
 // Its messages carry metadata, which the local task keeps.
@@ -610,8 +611,7 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
     const quoting = http.createServer((req, res) => {
       const origin = `http://127.0.0.1:${(quoting.address() as AddressInfo).port}`;
       if (req.url === '/rpc-fails/.well-known/agent-card.json') {
-        const card = { name: 'q', description: 'q', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc-fails/rpc`, preferredTransport: 'JSONRPC', capabilities: { streaming: false }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [] };
-        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(card));
+        answerAgentCard(res, { name: 'q', description: 'q', url: `${origin}/rpc-fails/rpc`, streaming: false });
         return;
       }
       res.writeHead(500, { 'content-type': 'application/json' }).end(JSON.stringify({
@@ -795,11 +795,7 @@ describe('remote A2A agent that answers without end, or about another task', () 
       res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': 'gzip' });
       res.end(bomb);
     } else if (req.method === 'GET') {
-      res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({
-        name: 'endless', description: 'streams one endless line', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc`, preferredTransport: 'JSONRPC',
-        capabilities: { streaming: true }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
-      }));
+      answerAgentCard(res, { name: 'endless', description: 'streams one endless line', url: `${origin}/rpc`, streaming: true });
     } else if (mode === 'refused-rpc') {
       // Refused by its HTTP status, its body a JSON-RPC error: the SDK reports the error's code, not the status.
       req.resume();
@@ -967,11 +963,7 @@ describe('remote A2A agent that cannot stream and answers message/send only when
   const server = http.createServer((req, res) => {
     const origin = `http://${req.headers.host}`;
     if (req.method === 'GET') {
-      res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({
-        name: 'slow', description: 'answers late', version: '1', protocolVersion: '0.3.0', url: `${origin}/rpc`, preferredTransport: 'JSONRPC',
-        capabilities: { streaming: false }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
-      }));
+      answerAgentCard(res, { name: 'slow', description: 'answers late', url: `${origin}/rpc`, streaming: false });
       return;
     }
     let body = '';
