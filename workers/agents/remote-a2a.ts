@@ -98,12 +98,12 @@ async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init
     over();
     throw timedOut ? late : err;
   }
-  // Refused by its status (credentialsRefused): the SDK would report it in its words, and not at all
+  // Refused by its status (RemoteRefused): the SDK would report it in its words, and not at all
   // when the body is a JSON-RPC error.
   if (res.status === 401 || res.status === 403) {
     over();
     await res.body?.cancel().catch(() => undefined);
-    throw new Error(`the remote agent answered HTTP ${res.status}${res.statusText ? ` ${res.statusText}` : ''}`);
+    throw new RemoteRefused(`the remote agent answered HTTP ${res.status}${res.statusText ? ` ${res.statusText}` : ''}`);
   }
   const stream = /^text\/event-stream/i.test(res.headers.get('content-type') ?? '');
   if (stream) clearTimeout(timer);
@@ -127,12 +127,12 @@ async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init
   return new Response(counted, { status: res.status, statusText: res.statusText, headers: res.headers });
 }
 
-// An answer's 401 or 403 status, as boundedFetch reports it (for the card read, a call or a stream).
-// A 401 or 403 elsewhere in a failure's text is the remote's own words (its error message, an answer
-// quoted): taken for a refusal of our key, such a failure was not retried, and its reason told the
-// operator to check AGENT_REMOTE_API_KEY.
-const REFUSED_STATUS = /^(?:the remote agent card at \S+ could not be read: )?the remote agent answered HTTP 40[13]\b/;
-const credentialsRefused = (err: unknown): err is Error => err instanceof Error && !refusedByRuntime(err) && REFUSED_STATUS.test(err.message);
+// An answer's 401 or 403 status, as boundedFetch reports it (for the card read, a call or a stream):
+// the remote refused this worker's key, or its lack of one. Told apart by its class, not its text: a
+// 401 or 403 in the remote's own words (its error message, an answer quoted) is no refusal of our key.
+// The SDK passes a fetch's error on as it is; where we reword one, `reworded` keeps its class.
+class RemoteRefused extends Error {}
+const reworded = (err: unknown, message: string): Error => (err instanceof RemoteRefused ? new RemoteRefused(message) : new Error(message));
 const isEnd = (state: A2AState) => state in FINAL_STATES || state === 'unknown';
 const partsOf = (parts: Part[] | undefined): MessagePart[] => (parts ?? []).map(fromA2APart);
 // A remote message as the local task stores it, with its metadata.
@@ -207,13 +207,13 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
   const trusted = new Set([new URL(url).origin, ...keyOrigins]);
   const withheld = new Set<string>();
   // A refusal by an endpoint the key was kept from says why: the failure reason is all a client sees.
-  const explained = <T,>(err: T): T | Error => (withheld.size && credentialsRefused(err)
-    ? new Error(`${err.message} (AGENT_REMOTE_API_KEY was withheld from ${[...withheld].join(', ')}: neither AGENT_REMOTE_URL's origin nor in AGENT_REMOTE_KEY_ORIGINS)`)
+  const explained = <T,>(err: T): T | Error => (withheld.size && err instanceof RemoteRefused
+    ? reworded(err, `${err.message} (AGENT_REMOTE_API_KEY was withheld from ${[...withheld].join(', ')}: neither AGENT_REMOTE_URL's origin nor in AGENT_REMOTE_KEY_ORIGINS)`)
     : err);
   // The SDK's errors quote the remote's error answer, which may quote the request it refused,
   // Authorization header and all, in any encoding; their text reaches the task's status message, the log and the job.
   const withoutKey = secretMasker(apiKey ? [`Bearer ${apiKey}`, apiKey] : []);
-  const keyless = <T,>(err: T): T | Error => (err instanceof Error && withoutKey(err.message) !== err.message ? new Error(withoutKey(err.message)) : err);
+  const keyless = <T,>(err: T): T | Error => (err instanceof Error && withoutKey(err.message) !== err.message ? reworded(err, withoutKey(err.message)) : err);
   let client: Promise<Client> | undefined;
   const connect = () => {
     client ??= clientFactory(apiKey, trusted, allowPrivate, timeoutMs, log, withheld).createFromUrl(base, cardPath).catch((err: Error) => {
@@ -222,7 +222,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       // the task's status message and the log: it shows the URL as runtime_config does, in the
       // client's own words (which may quote it) too.
       const masked = (text: string) => text.replace(/\bhttps?:\/\/[^\s'"<>]+/gi, maskUrlCredentials);
-      throw new Error(`the remote agent card at ${masked(url)} could not be read: ${withoutKey(masked(err.message))}`);
+      throw reworded(err, `the remote agent card at ${masked(url)} could not be read: ${withoutKey(masked(err.message))}`);
     });
     return client;
   };
@@ -231,7 +231,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
   // the configuration.
   const handler = (ctx: AgentContext): Promise<AgentResult> => follow(ctx).catch((thrown: unknown) => {
     const err = keyless(thrown);
-    if (!ctx.signal.aborted && credentialsRefused(err)) {
+    if (!ctx.signal.aborted && err instanceof RemoteRefused) {
       return { status: 'failed', message: `The remote agent refused this worker's credentials (not retried; check AGENT_REMOTE_API_KEY): ${explained(err).message}` };
     }
     throw explained(err);
@@ -291,7 +291,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       // refusing what the remote sent, or the remote refusing the key (the run fails at once: nothing
       // would follow the remote task).
       const reason = ctx.signal.reason as { shutdown?: boolean; superseded?: boolean } | undefined;
-      const over = (!ctx.signal.aborted && credentialsRefused(err)) || refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded);
+      const over = (!ctx.signal.aborted && err instanceof RemoteRefused) || refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded);
       if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled', withoutKey)) {
         await forgetRemoteAgentTask(db, ctx.task.id).catch(() => undefined);
       }
