@@ -134,6 +134,15 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     return `${kind}: ${t.created} ${dryRun ? 'to create' : 'created'}, ${t.present} already there, ${t.conflict} conflicts, ${t.failed} failed`;
   };
 
+  // A dry run writes nothing, so a copy of an item further on in the file (a secret or a function
+  // listed twice) is found absent again: it is counted as the run would find it, there.
+  const toCreate = new Set<string>();
+  const wouldWrite = (kind: Kind, name: string) => {
+    const key = `${kind} ${name}`;
+    if (toCreate.has(key)) return 'present';
+    toCreate.add(key);
+    return 'created';
+  };
   // One item: looked up, then written when absent (not in a dry run). `write` may find it there after all.
   // `write` may find, as it writes, the item there otherwise than the look-up could tell (a conflict).
   const item = async (kind: Kind, name: string, look: () => Promise<Found>, write: () => Promise<'created' | 'present' | { conflict: string }>): Promise<Outcome> => {
@@ -141,7 +150,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     try {
       const found = await look();
       if (found.state === 'conflict') err(`conflict: ${name}: ${found.why}; left as it is`);
-      const written = found.state === 'absent' || found.state === 'unfinished' ? (dryRun ? 'created' : await write()) : found.state;
+      const written = found.state === 'absent' || found.state === 'unfinished' ? (dryRun ? wouldWrite(kind, name) : await write()) : found.state;
       if (typeof written === 'object') err(`conflict: ${name}: ${written.conflict}; left as it is`);
       outcome = typeof written === 'object' ? 'conflict' : written;
     } catch (e) {

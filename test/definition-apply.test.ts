@@ -284,6 +284,12 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
       // ('Cannot convert undefined or null to object', exit 1, no summary).
       ['null-value.json', JSON.stringify({ ...source, providers: source.providers.map((p: any) => ({ ...p, resource_server_credential: { ...p.resource_server_credential, value: null } })) }),
         /null-value\.json is not a valid definition export: Invalid file: file\.providers\.0\.resource_server_credential\.value must be object/],
+      // Names the import endpoints refuse: a 200,000-character id was printed whole in a 'failed:' line,
+      // and an alias of the wrong shape failed at its write, after the DEKs were written.
+      ['long-id.json', JSON.stringify({ ...source, secrets: source.secrets.map((s: any, i: number) => (i ? s : { ...s, id: 'x'.repeat(200_000) })) }),
+        /^Error: \S+long-id\.json is not a valid definition export: Invalid file: file\.secrets\.0\.id must be a UUID\n$/],
+      ['bad-alias.json', JSON.stringify({ ...source, envelope_keys: source.envelope_keys.map((k: any) => ({ ...k, data_encryption_keys: k.data_encryption_keys.map((d: any) => ({ ...d, aliases: [...d.aliases, 'no spaces allowed'] })) })) }),
+        /bad-alias\.json is not a valid definition export: Invalid file: file\.envelope_keys\.0\.data_encryption_keys\.0\.aliases\.\d+ must be 1 to 128 of A-Z a-z 0-9 _ \. : -/],
     ];
     for (const [name, text, message] of cases) {
       if (text !== undefined) fs.writeFileSync(path.join(dir, name), text);
@@ -550,7 +556,13 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     def.secrets.splice(1, 0, structuredClone(first), structuredClone(first));
     // The second enable was refused (409 already enabled): failed, exit 1.
     def.providers[0].functions.push(...def.providers[0].functions);
-    const r = await applyTo(t.stack.api.url, write('twice.json', def));
+    const f = write('twice.json', def);
+    // A dry run counts the copies as the run finds them (before: all 5 secrets and 2 functions 'to create').
+    const dry = await cli(['definition', 'apply', f, '--url', t.stack.api.url, '--dry-run']);
+    assert.equal(dry.code, 0, dry.stdout + dry.stderr);
+    assert.match(dry.stdout, /secrets: 3 to create, 2 already there, 0 conflicts, 0 failed/);
+    assert.match(dry.stdout, /functions: 1 to create, 1 already there, 0 conflicts, 0 failed/);
+    const r = await applyTo(t.stack.api.url, f);
     assert.equal(r.code, 0, r.stdout + r.stderr);
     assert.equal(r.stderr, '');
     assert.match(r.stdout, /secrets: 3 created, 2 already there, 0 conflicts, 0 failed/);

@@ -1,15 +1,17 @@
 import { Type, type Static } from '@sinclair/typebox';
-import { FreeObject, Timestamp } from './common.ts';
-import { credentialFields, providerInstanceFields } from './bridge.ts';
-import { EnvelopeKey } from './encryption.ts';
+import { FreeObject, Timestamp, Uuid } from './common.ts';
+import { ControllerTypeId, credentialFields, providerInstanceFields } from './bridge.ts';
+import { AliasName, DekId, EnvelopeKey, NewAliasName, NewDekId } from './encryption.ts';
+import { SecretKey } from './secret.ts';
 
 // GET /api/a2a/v1/definition. Key material appears only wrapped (DEKs under their envelope key)
 // and secret values only encrypted (with the DEK named by data_encryption_key_id); each part
-// maps onto an import endpoint of a fresh installation.
+// maps onto an import endpoint of a fresh installation. Names are of the shapes those endpoints take,
+// so that the CLI refuses a hand-edited file whole before writing anything (scripts/apply-definition.ts).
 export const DefinitionDek = Type.Object({
-  id: Type.String(),
+  id: NewDekId,
   encrypted_data_encryption_key: Type.String({ description: 'base64, wrapped by the envelope key' }),
-  aliases: Type.Array(Type.String()),
+  aliases: Type.Array(NewAliasName),
   created_at: Timestamp,
   updated_at: Timestamp,
 });
@@ -17,25 +19,25 @@ export const DefinitionDek = Type.Object({
 export const DefinitionEnvelopeKey = Type.Composite([EnvelopeKey, Type.Object({ data_encryption_keys: Type.Array(DefinitionDek) })]);
 
 export const DefinitionSecret = Type.Object({
-  id: Type.String(),
-  key: Type.String(),
+  id: Uuid,
+  key: SecretKey,
   encrypted_value: Type.String({ description: 'base64 AES-256-GCM, encrypted with data_encryption_key_id' }),
-  dek_alias: Type.String(),
-  data_encryption_key_id: Type.String(),
+  dek_alias: AliasName,
+  data_encryption_key_id: DekId,
   created_at: Timestamp,
   updated_at: Timestamp,
 });
 
 // value: an object, as every credential's is and its import takes (apply compares it member by member).
-export const DefinitionCredential = Type.Object({ ...credentialFields, value: FreeObject, data_encryption_key_id: Type.String() },
+export const DefinitionCredential = Type.Object({ ...credentialFields, type_id: ControllerTypeId, value: FreeObject, data_encryption_key_id: DekId },
   { description: 'sensitive members of value only as ciphertext under data_encryption_key_id' });
 
-const { id, display_name, provider_controller_type_id, credential_controller_type_id, status, return_on_successful_brokering } = providerInstanceFields;
+const { id, display_name, status, return_on_successful_brokering } = providerInstanceFields;
 export const DefinitionProvider = Type.Object({
-  id, display_name, provider_controller_type_id, credential_controller_type_id, status, return_on_successful_brokering,
+  id, display_name, provider_controller_type_id: ControllerTypeId, credential_controller_type_id: ControllerTypeId, status, return_on_successful_brokering,
   resource_server_credential: Type.Optional(DefinitionCredential),
   user_credential: Type.Optional(DefinitionCredential),
-  functions: Type.Array(Type.String(), { description: 'enabled function controller type ids' }),
+  functions: Type.Array(ControllerTypeId, { description: 'enabled function controller type ids' }),
 });
 
 export const Definition = Type.Object({
