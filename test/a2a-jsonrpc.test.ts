@@ -144,6 +144,11 @@ describe('A2A JSON-RPC endpoint', () => {
         assert.match(r.body.error.message, pattern);
       }
       assert.deepEqual((await rpc('agent/getAuthenticatedExtendedCard', 5)).body.error.data, { errors: [{ path: 'params', message: 'must be object or null' }] });
+      // A part without a kind is one error (it was two: the kind required, and the part's kind not one of the three).
+      const kindless = await rpc('message/send', { message: { ...userMessage('x'), parts: [{ text: 'x' }] } });
+      assert.deepEqual(kindless.body.error.data, { errors: [{ path: 'params.message.parts[0].kind', message: 'is required' }] });
+      const unknownKind = await rpc('message/send', { message: { ...userMessage('x'), parts: [{ kind: 'video', text: 'x' }] } });
+      assert.deepEqual(unknownKind.body.error.data, { errors: [{ path: 'params.message.parts[0].kind', message: 'must be one of text, data, file' }] });
       assert.equal(await tasks(), before, 'no refused message made a task');
     });
 

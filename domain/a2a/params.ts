@@ -90,13 +90,14 @@ function where(e: ErrorObject): string {
   const segs = e.instancePath.split('/').slice(1).map((s) => (/^\d+$/.test(s) ? `[${s}]` : `.${s}`));
   const base = `params${segs.join('')}`;
   if (e.keyword === 'required') return `${base}.${(e.params as { missingProperty: string }).missingProperty}`;
+  if (e.keyword === 'discriminator') return `${base}.kind`;
   return base;
 }
 
 function describe(e: ErrorObject): string {
   switch (e.keyword) {
     case 'required': return 'is required';
-    case 'discriminator': return 'kind must be one of text, data, file';
+    case 'discriminator': return 'must be one of text, data, file';
     case 'const': return `must be ${JSON.stringify((e.params as { allowedValue: unknown }).allowedValue)}`;
     case 'type': return `must be ${[(e.params as { type: string | string[] }).type].flat().join(' or ')}`;
     case 'oneOf': return choiceText(e) ?? 'matches none of the allowed shapes';
@@ -111,8 +112,11 @@ export function validator<T extends TSchema>(schema: T): Validator<Static<T>> {
   const validate = compileSchema(schema);
   return (value) => {
     if (validate(value)) return value as Static<T>;
-    // A file with neither or both of bytes/uri is said once, as that choice.
-    const errors = withoutChoiceBranches(validate.errors ?? []);
+    // A file with neither or both of bytes/uri is said once, as that choice; a part without a kind
+    // once, as its kind required (ajv also reports the discriminator it cannot read).
+    const reported = withoutChoiceBranches(validate.errors ?? []);
+    const kindless = new Set(reported.filter((e) => e.keyword === 'required' && (e.params as { missingProperty: string }).missingProperty === 'kind').map((e) => e.instancePath));
+    const errors = reported.filter((e) => !(e.keyword === 'discriminator' && kindless.has(e.instancePath)));
     const list = [...new Map(errors.map((e) => [`${where(e)} ${describe(e)}`, { path: where(e), message: describe(e) }])).values()];
     throw new A2AError(JSONRPC.INVALID_PARAMS, `Invalid params: ${list[0].path} ${list[0].message}`, { errors: list });
   };
