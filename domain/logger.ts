@@ -51,20 +51,48 @@ export function createLogger(level: string, name: string, opts: { buffered?: boo
 // `strict`: without the user name, every parameter's value (a parameter without one, `?<token>`,
 // whole) and the fragment too (a token may be any of them).
 export function redactUrl(url: string, opts: { strict?: boolean } = {}): string {
+  const strict = !!opts.strict;
+  let u: URL;
   try {
-    const u = new URL(url);
-    if (u.password) u.password = '***';
-    if (opts.strict && u.username) u.username = '***';
-    if (opts.strict) {
-      if (u.search) u.search = u.search.slice(1).split('&').map((p) => (p.includes('=') ? `${p.slice(0, p.indexOf('='))}=***` : p && '***')).join('&');
-      if (u.hash) u.hash = '***';
-    } else {
-      for (const key of [...u.searchParams.keys()]) if (/pass/i.test(key)) u.searchParams.set(key, '***');
-    }
-    return u.toString();
+    u = new URL(url);
   } catch {
-    return '(unparsable URL)';
+    return redactUnparsed(url, strict);
   }
+  if (u.password) u.password = '***';
+  if (strict && u.username) u.username = '***';
+  if (u.search) u.search = maskQuery(u.search.slice(1), strict);
+  if (strict && u.hash) u.hash = '***';
+  return u.toString();
+}
+
+function maskQuery(query: string, strict: boolean): string {
+  const secret = (key: string) => strict || /pass/i.test(safeDecode(key));
+  return query.split('&').map((p) => {
+    const eq = p.indexOf('=');
+    if (eq < 0) return p && strict ? '***' : p;
+    return secret(p.slice(0, eq)) ? `${p.slice(0, eq)}=***` : p;
+  }).join('&');
+}
+const safeDecode = (text: string) => {
+  try {
+    return decodeURIComponent(text);
+  } catch {
+    return text;
+  }
+};
+
+// A URL that WHATWG cannot parse and its driver takes: pg reads `postgresql://user:pw@/db?host=/dir`
+// (a Unix socket: no host after the user info). Masked by its text: the user info ends at the last
+// '@' before the query (a password may hold an '@' of its own).
+function redactUnparsed(url: string, strict: boolean): string {
+  const m = /^([a-z][a-z0-9+.-]*:\/\/)([^?#]*)(?:\?([^#]*))?(#.*)?$/is.exec(url);
+  if (!m) return '(unparsable URL)';
+  const [, scheme, rest, query, hash] = m;
+  const at = rest.lastIndexOf('@');
+  const user = rest.slice(0, Math.max(at, 0));
+  const colon = user.indexOf(':');
+  const shownUser = strict ? user.replace(/[^:]+/g, '***') : colon < 0 ? user : `${user.slice(0, colon)}:***`;
+  return `${scheme}${at < 0 ? '' : `${shownUser}@`}${rest.slice(at + 1)}${query === undefined ? '' : `?${maskQuery(query, strict)}`}${hash === undefined ? '' : strict ? '#***' : hash}`;
 }
 
 export type { Logger };

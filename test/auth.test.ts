@@ -151,6 +151,24 @@ describe('authentication and scopes', () => {
     assert.equal(r.body.config.AGENT_REMOTE_KEY_ORIGINS, 'https://a.example,https://b.example:8443');
   });
 
+  it('runtime_config shows a DATABASE_URL over a Unix socket (no host after the user info) masked, and the API serves on it', async () => {
+    const [dir] = (await testDb().raw('show unix_socket_directories')).rows[0].unix_socket_directories.split(',');
+    const tcp = new URL(stack.env.DATABASE_URL);
+    // pg takes this form, which is no WHATWG URL: it was shown as '(unparsable URL)'.
+    const socketUrl = `postgresql://${tcp.username}:${tcp.password}@${tcp.pathname}?host=${dir.trim()}&port=${tcp.port}`;
+    const api = await startApi({ ...stack.env, DATABASE_URL: socketUrl });
+    try {
+      const c = new Client(api.url, ADMIN_KEY);
+      const r = await c.get('/_internal/v1/runtime_config');
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.body.config.DATABASE_URL, 'postgresql://***:***@/taskbridge?host=***&port=***');
+      assert.ok(!r.text.includes(tcp.password), r.text);
+      assert.equal((await c.get('/api/task/v1')).status, 200);
+    } finally {
+      await api.stop();
+    }
+  });
+
   describe('key management', () => {
     it('creates a key: 201 {id, name, scopes, key, created_at}, the key only here, random and usable', async () => {
       const r = await admin.post('/api/auth/v1/api-key', { name: 'reader', scopes: ['task:read', 'task:read', 'a2a'] });
