@@ -129,6 +129,19 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
   });
 
+  it('checks the arguments as sent: a "__proto__" member is refused as REST refuses it, not dropped and the call run', async () => {
+    const calls = stripe.seen.length;
+    const args = `{"payment_intent": "pi_proto", "__proto__": {"amount": 5}}`;
+    const call = (id: number) => `{"jsonrpc": "2.0", "id": ${id}, "method": "tools/call", "params": {"name": "${REFUND}", "arguments": ${args}}}`;
+    const refusal = 'Invalid arguments: arguments.__proto__ is not an allowed member';
+    const single = (await (await rawPost(call(1))).json()) as { result: { isError?: boolean; content: { text: string }[] } };
+    assert.deepEqual([single.result.isError, single.result.content[0].text], [true, refusal]);
+    const batch = (await (await rawPost(`[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, ${call(2)}]`)).json()) as { id: number; result: { isError?: boolean; content?: { text: string }[] } }[];
+    const member = batch.find((a) => a.id === 2)!;
+    assert.deepEqual([member.result.isError, member.result.content![0].text], [true, refusal]);
+    assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
+  });
+
   // The request's log lines, once its own "request" line is written.
   async function linesOf(reqId: string): Promise<{ level: number; msg: string; req_id?: string }[]> {
     await waitFor(async () => stack.api.logs.some((l) => l.includes(`"req_id":"${reqId}"`) && l.includes('"msg":"request"')), 'the request line');

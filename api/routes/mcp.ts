@@ -51,7 +51,7 @@ export const mcpRoutes = [
       if (gone.aborted) resolve(undefined);
       else gone.addEventListener('abort', () => resolve(undefined), { once: true });
     });
-    const server = createMcpServer(services, gone, log);
+    const server = createMcpServer(services, gone, log, body);
     try {
       await server.connect(transport);
       const sdk = await Promise.race([transport.handleRequest(new Request(`http://mcp.invalid${ctx.originalUrl}`, { method: 'POST', headers }), { parsedBody: body }), left]);

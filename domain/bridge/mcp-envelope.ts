@@ -133,6 +133,15 @@ export function unstorableRefusal(body: unknown, problem: FieldError): { status:
   return { status: 400, answer: invalidRequest(`${where}: ${problem.message}`, id) };
 }
 
+// The arguments of tools/call request `id` as the body (one message or a batch) holds them. The SDK
+// rebuilds them as it checks the request, and a member named "__proto__" does not survive that: it
+// was dropped, so a call the function's schema refuses (as REST's invoke does) ran without it.
+export function sentArguments(body: unknown, id: string | number): unknown {
+  const sent = (Array.isArray(body) ? body : [body]).find((m) => typeof m === 'object' && m !== null
+    && (m as { method?: unknown }).method === 'tools/call' && (m as { id?: unknown }).id === id) as { params?: { arguments?: unknown } } | undefined;
+  return sent?.params?.arguments;
+}
+
 function errorCodeOf(text: string): number {
   try {
     return Number((JSON.parse(text) as { error?: { code?: unknown } }).error?.code);

@@ -13,6 +13,7 @@ import { AppError, InvalidRequest, logFailure, NotFound, unavailability, type Fi
 import { functionInstancesByIdPrefix, getFunctionInstance, getProviderInstance, listFunctionInstances, type FunctionInstanceRow } from '../../db/bridge.ts';
 import { describedPage, PROVIDERS } from './catalog.ts';
 import { invokeFunction } from './functions.ts';
+import { sentArguments } from './mcp-envelope.ts';
 import { SERVICE_VERSION } from '../version.ts';
 import type { Logger } from '../logger.ts';
 
@@ -149,14 +150,17 @@ async function guarded<T>(log: Logger, what: string, fn: () => Promise<T>): Prom
   }
 }
 
-// `signal`: the HTTP client is gone (a tool call in flight abandons its provider call); `log`: the request's.
-export function createMcpServer(services: Services, signal?: AbortSignal, log = services.log): Server {
+// `signal`: the HTTP client is gone (a tool call in flight abandons its provider call); `log`: the
+// request's; `body`: the request as sent, whose tool arguments are the ones checked (sentArguments).
+export function createMcpServer(services: Services, signal?: AbortSignal, log = services.log, body?: unknown): Server {
   const server = new Server({ name: 'taskbridge-bridge', version: SERVICE_VERSION }, { capabilities: { tools: {} } });
   // notifications/cancelled stops nothing (README): the SDK's own handler would abort a request of the
   // same batch and then drop its answer, leaving the batch unanswered though the call ran.
   server.setNotificationHandler(CancelledNotificationSchema, () => {});
   server.setRequestHandler(ListToolsRequestSchema, async ({ params }) => guarded(log, 'tools/list', () => listTools(services.db, log, params?.cursor)));
-  server.setRequestHandler(CallToolRequestSchema, async ({ params }) =>
-    guarded(log, 'tools/call', () => callTool(services, params.name, params.arguments ?? {}, { signal, log })));
+  server.setRequestHandler(CallToolRequestSchema, async ({ params }, { requestId }) => {
+    const args = (sentArguments(body, requestId) ?? params.arguments ?? {}) as Record<string, unknown>;
+    return guarded(log, 'tools/call', () => callTool(services, params.name, args, { signal, log }));
+  });
   return server;
 }
