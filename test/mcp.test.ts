@@ -319,6 +319,10 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     const brokenBody = (await broken.json()) as { id: unknown; error: { code: number } };
     assert.equal(brokenBody.error.code, -32700);
     assert.equal(brokenBody.id, null);
+    // No JSON at all is unreadable JSON too (it was -32600 'a message must be a JSON object').
+    const empty = await rawPost('');
+    assert.equal(empty.status, 400);
+    assert.deepEqual(await empty.json(), { jsonrpc: '2.0', id: null, error: { code: -32700, message: 'Parse error: Request body is empty' } });
 
     const notAccepting = await rawPost(init('2025-11-25'), { accept: 'text/html' });
     assert.equal(notAccepting.status, 406);

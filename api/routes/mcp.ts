@@ -31,7 +31,11 @@ export const mcpRoutes = [
     responses: { 200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null, 400: FreeObject, 401: ErrorBody, 403: ErrorBody, 406: FreeObject, 413: ErrorBody, 415: FreeObject },
   }, async ({ ctx, services, log }) => {
     const read = await readJsonRpcBody(ctx, services.cfg.BODY_LIMIT_BYTES);
-    if ('parseError' in read) return answer(ctx, 400, { jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${read.parseError}` } });
+    // An empty body (read as undefined) is no JSON either, not a message that is no object.
+    if ('parseError' in read || read.body === undefined) {
+      const why = 'parseError' in read ? read.parseError : 'Request body is empty';
+      return answer(ctx, 400, { jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${why}` } });
+    }
     const { body } = read;
     const problem = findUnstorable(body);
     if (problem) {
