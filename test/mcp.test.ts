@@ -480,6 +480,14 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.equal(twenty.status, 200);
     assert.equal(((await twenty.json()) as unknown[]).length, 20);
     assert.equal(stripe.seen.length, calls + 1, 'the call of the batch of twenty ran');
+
+    // MCP 2025-03-26: initialize MUST NOT be part of a batch, alone or not.
+    const initialize = { jsonrpc: '2.0', id: 'i', method: 'initialize', params: { protocolVersion: '2025-03-26', capabilities: {}, clientInfo: { name: 'raw', version: '0' } } };
+    for (const members of [[initialize], [{ jsonrpc: '2.0', method: 'notifications/initialized' }, initialize]]) {
+      const batched = await rawPost(JSON.stringify(members));
+      assert.equal(batched.status, 400);
+      assert.deepEqual(await batched.json(), { jsonrpc: '2.0', id: null, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: batch member ${members.length - 1}: initialize is sent alone, never in a batch` } });
+    }
   });
 
   it('answers every request of a batch that also cancels it: notifications/cancelled stops nothing, in a batch too', async () => {

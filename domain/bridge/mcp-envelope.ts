@@ -66,6 +66,8 @@ export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: str
 // says it speaks (MCP-Protocol-Version). A batch from a client on a revision without batches is
 // refused before any member runs. Without the header the client is taken to speak 2025-03-26, which
 // has them; a version the SDK does not support is left to its own 400.
+// MCP 2025-03-26 says initialize MUST NOT be in a batch; the SDK answered one alone in a batch, and
+// one beside others with 'Only one initialization request is allowed'.
 // Two requests with one id would both run and only one be answered (the SDK keys answers by id).
 // A batch holds at most BATCH_MAX messages: the SDK holds every answer until the last and answers them
 // as one text, so 20,000 tools/list in one 1 MiB body were gigabytes of heap in one request.
@@ -79,6 +81,7 @@ export function batchRefusal(body: unknown, protocolVersion: string | undefined)
   const requests = new Map<string, number>();
   for (const [i, m] of body.entries()) {
     const { id, method } = (typeof m === 'object' && m !== null ? m : {}) as { id?: unknown; method?: unknown };
+    if (method === 'initialize') return invalidRequest(`batch member ${i}: initialize is sent alone, never in a batch`);
     if (typeof method !== 'string' || (typeof id !== 'string' && typeof id !== 'number')) continue;
     const key = `${typeof id}:${id}`;
     const first = requests.get(key);
@@ -104,7 +107,7 @@ const McpMessage = Type.Union([
     params: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
   }, { description: 'a notification (no id; answered 202 with no body)' }),
 ]);
-export const McpRequest = Type.Union([McpMessage, Type.Array(McpMessage, { minItems: 1, maxItems: BATCH_MAX, description: 'a batch, with distinct request ids, from a client on MCP 2025-03-26 (or sending no MCP-Protocol-Version)' })], { $id: 'McpRequest' });
+export const McpRequest = Type.Union([McpMessage, Type.Array(McpMessage, { minItems: 1, maxItems: BATCH_MAX, description: 'a batch, with distinct request ids and no initialize, from a client on MCP 2025-03-26 (or sending no MCP-Protocol-Version)' })], { $id: 'McpRequest' });
 
 // The SDK answers a batch of one request with that answer alone, not an array of one as JSON-RPC
 // says, and a member's params that do not fit with -32603 (see paramsRefusal). Given the batch and
