@@ -326,6 +326,10 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
 
     const notAccepting = await rawPost(init('2025-11-25'), { accept: 'text/html' });
     assert.equal(notAccepting.status, 406);
+    // Media types are case-insensitive (RFC 9110).
+    const capitals = await rawPost(init('2025-11-25'), { accept: 'Application/JSON, Text/Event-Stream' });
+    assert.equal(capitals.status, 200, await capitals.clone().text());
+    assert.equal(((await capitals.json()) as { result: { protocolVersion: string } }).result.protocolVersion, '2025-11-25');
 
     const get = await fetch(mcpUrl, { headers: { authorization: `Bearer ${ADMIN_KEY}`, accept: 'text/event-stream' } });
     assert.equal(get.status, 405);

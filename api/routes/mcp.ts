@@ -46,7 +46,8 @@ export const mcpRoutes = [
     if (batchRefused) return answer(ctx, 400, batchRefused);
     const headers = new Headers();
     for (const [name, value] of Object.entries(ctx.req.headers)) {
-      if (typeof value === 'string') headers.set(name, value);
+      // Media types are case-insensitive (RFC 9110); the SDK looks for them in Accept as written in lower case.
+      if (typeof value === 'string') headers.set(name, name === 'accept' ? value.toLowerCase() : value);
     }
     const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
     const gone = clientGone(ctx);
