@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { createHash, randomUUID } from 'node:crypto';
+import http from 'node:http';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { ErrorCode, LATEST_PROTOCOL_VERSION, McpError } from '@modelcontextprotocol/sdk/types.js';
@@ -326,14 +327,35 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
 
     const notAccepting = await rawPost(init('2025-11-25'), { accept: 'text/html' });
     assert.equal(notAccepting.status, 406);
-    // Media types are case-insensitive (RFC 9110).
-    const capitals = await rawPost(init('2025-11-25'), { accept: 'Application/JSON, Text/Event-Stream' });
-    assert.equal(capitals.status, 200, await capitals.clone().text());
-    assert.equal(((await capitals.json()) as { result: { protocolVersion: string } }).result.protocolVersion, '2025-11-25');
 
     const get = await fetch(mcpUrl, { headers: { authorization: `Bearer ${ADMIN_KEY}`, accept: 'text/event-stream' } });
     assert.equal(get.status, 405);
     assert.equal((await fetch(mcpUrl, { method: 'DELETE', headers: { authorization: `Bearer ${ADMIN_KEY}` } })).status, 405);
+  });
+
+  it('answers any Accept that admits application/json (the one type it answers in), or none, and 406 only when JSON is refused', async () => {
+    const ping = JSON.stringify({ jsonrpc: '2.0', id: 'a', method: 'ping' });
+    // fetch always sends an Accept (*/* unless told): a request without one goes through node:http.
+    const post = (accept: string | undefined) => new Promise<{ status: number; body: unknown }>((resolve, reject) => {
+      const req = http.request(mcpUrl, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', 'content-length': Buffer.byteLength(ping), ...(accept === undefined ? {} : { accept }) },
+      }, (res) => {
+        let text = '';
+        res.on('data', (chunk) => (text += chunk));
+        res.on('end', () => resolve({ status: res.statusCode!, body: JSON.parse(text) }));
+      });
+      req.on('error', reject);
+      req.end(ping);
+    });
+    for (const accept of [undefined, 'application/json', '*/*', 'application/*', 'text/html, application/json;q=0.5', 'Application/JSON, Text/Event-Stream', 'application/json, text/event-stream']) {
+      assert.deepEqual(await post(accept), { status: 200, body: { jsonrpc: '2.0', id: 'a', result: {} } }, String(accept));
+    }
+    for (const accept of ['text/html', 'text/event-stream', 'application/json;q=0', '*/*, application/json;q=0', 'application/xml, text/*']) {
+      assert.deepEqual(await post(accept), {
+        status: 406, body: { jsonrpc: '2.0', id: null, error: { code: -32000, message: 'Not Acceptable: this server answers in application/json, which the Accept header does not allow' } },
+      }, accept);
+    }
   });
 
   it('answers JSON that is not a JSON-RPC message with -32600 saying why, echoing an id it can read', async () => {

@@ -11,13 +11,14 @@ import { JsonRpcResponse } from '../schemas/jsonrpc.ts';
 import { readJsonRpcBody } from '../middleware/body.ts';
 import type { Context } from 'koa';
 import { createMcpServer } from '../../domain/bridge/mcp.ts';
-import { batchAnswer, batchRefusal, envelopeRefusal, McpRequest, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp-envelope.ts';
+import { acceptsJson, batchAnswer, batchRefusal, envelopeRefusal, McpRequest, NOT_ACCEPTABLE, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp-envelope.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 
 export const MCP_PATH = '/api/bridge/v1/mcp';
 
-// A JSON-RPC answer of ours in place of the SDK's: 400 for a message that is no valid request, 200 otherwise.
-function answer(ctx: Context, status: 200 | 400, body: unknown): void {
+// A JSON-RPC answer of ours in place of the SDK's: 400 for a message that is no valid request, 406
+// for an Accept that refuses JSON, 200 otherwise.
+function answer(ctx: Context, status: 200 | 400 | 406, body: unknown): void {
   ctx.status = status;
   ctx.body = body;
 }
@@ -30,6 +31,7 @@ export const mcpRoutes = [
     responseDescriptions: { 200: 'MCP server running' },
     responses: { 200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null, 400: FreeObject, 401: ErrorBody, 403: ErrorBody, 406: FreeObject, 413: ErrorBody, 415: FreeObject },
   }, async ({ ctx, services, log }) => {
+    if (!acceptsJson(ctx.req.headers.accept)) return answer(ctx, 406, NOT_ACCEPTABLE);
     const read = await readJsonRpcBody(ctx, services.cfg.BODY_LIMIT_BYTES);
     // An empty body (read as undefined) is no JSON either, not a message that is no object.
     if ('parseError' in read || read.body === undefined) {
@@ -46,9 +48,10 @@ export const mcpRoutes = [
     if (batchRefused) return answer(ctx, 400, batchRefused);
     const headers = new Headers();
     for (const [name, value] of Object.entries(ctx.req.headers)) {
-      // Media types are case-insensitive (RFC 9110); the SDK looks for them in Accept as written in lower case.
-      if (typeof value === 'string') headers.set(name, name === 'accept' ? value.toLowerCase() : value);
+      if (typeof value === 'string') headers.set(name, value);
     }
+    // Accept was checked above (acceptsJson): the SDK is given the one it takes.
+    headers.set('accept', 'application/json, text/event-stream');
     const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
     const gone = clientGone(ctx);
     // Should the SDK ever hold an answer back, the wait ends with the connection (nobody to answer then).

@@ -33,6 +33,28 @@ const invalidRequest = (why: string, id?: unknown): EnvelopeRefusal => ({
   jsonrpc: '2.0', id: readableId(id), error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${why}` },
 });
 
+// The server answers in application/json only (the transport's JSON mode: no SSE stream). The SDK
+// wants Accept to name both that and text/event-stream, in lower case, so it refused
+// 'application/json' alone (modelcontextprotocol/typescript-sdk#1944), '*/*' (fetch's and curl's
+// default) and capitals. RFC 9110 instead: the most specific range that matches decides, q=0 refuses
+// it, and a request without Accept takes any type.
+export function acceptsJson(accept: string | undefined): boolean {
+  if (accept === undefined) return true;
+  let best: { specificity: number; q: number } | undefined;
+  for (const range of accept.split(',')) {
+    const [type, ...params] = range.split(';').map((p) => p.trim().toLowerCase());
+    const specificity = ['*/*', 'application/*', 'application/json'].indexOf(type);
+    if (specificity < 0 || (best && best.specificity > specificity)) continue;
+    const q = params.find((p) => p.startsWith('q='));
+    best = { specificity, q: q === undefined ? 1 : Number(q.slice(2)) };
+  }
+  return best !== undefined && best.q > 0;
+}
+// The SDK's code for it (the transport's own errors are -32000).
+export const NOT_ACCEPTABLE: EnvelopeRefusal = {
+  jsonrpc: '2.0', id: null, error: { code: -32000, message: 'Not Acceptable: this server answers in application/json, which the Accept header does not allow' },
+};
+
 // The SDK answers JSON that is not a JSON-RPC message with a parse error (-32700), and an empty
 // batch with 202 as if it were notifications. JSON-RPC says both are invalid requests (-32600), and
 // MCP that an id is a string or an integer, never null. Given the body (read as JSON) and the SDK's
