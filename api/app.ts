@@ -47,6 +47,17 @@ const requireHost: Koa.Middleware = async (ctx, next) => {
   await next();
 };
 
+// An absolute-form request target Node's parser passes but that is no URL (`POST http://[::1/x`):
+// Koa's ctx.path throws wherever it is read, and every route answered a bare 500.
+const requireReadableTarget: Koa.Middleware = async (ctx, next) => {
+  try {
+    void ctx.path;
+  } catch {
+    throw new InvalidRequest('The request target is not a valid URL (send a path, /api/...)', [{ path: 'target', message: 'is not a valid URL' }]);
+  }
+  await next();
+};
+
 export function createApp(services: Services): Koa {
   // Behind N proxies the client's address is the Nth entry of X-Forwarded-For from the right: those
   // before it are the client's own, whatever it chose to send.
@@ -61,6 +72,7 @@ export function createApp(services: Services): Koa {
   app.use(metricsMiddleware(services));
   app.use(errorHandler());
   app.use(requireHost);
+  app.use(requireReadableTarget);
   app.use(queueDashboard(services));
   app.use(fixedPathMethods(allRoutes));
   app.use(router.routes());

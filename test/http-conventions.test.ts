@@ -456,10 +456,12 @@ describe('HTTP conventions', () => {
 
   it('never answers 500 to odd requests: undecodable paths, repeated or odd query parameters', async () => {
     const auth = { authorization: `Bearer ${stack.client.key}` };
-    for (const path of ['/api/task/v1/%E0%A4%A', '/api/task/v1/%ZZ/timeline', '/%']) {
+    // An absolute-form target that is no URL: Koa's ctx.path threw, and every route answered a bare 500.
+    for (const path of ['/api/task/v1/%E0%A4%A', '/api/task/v1/%ZZ/timeline', '/%', 'http://[::1/api/task/v1', 'http://[::1/api/bridge/v1/mcp']) {
       const r = await raw(stack.api.url, { method: 'GET', path, headers: auth });
       assert.ok(r.status >= 400 && r.status < 500, `${path}: ${r.status}`);
       assert.equal(typeof r.body?.data?.code, 'string', path);
+      if (path.startsWith('http:')) assert.equal(r.body.message, 'The request target is not a valid URL (send a path, /api/...)');
     }
     for (const q of ['page_size=1&page_size=2', 'next_page_token=a&next_page_token=b', 'status=submitted&status=failed', `next_page_token=${'A'.repeat(5000)}`]) {
       const r = await stack.client.get(`/api/task/v1?${q}`);

@@ -11,6 +11,16 @@ export function prefixMatchedRoute(ctx: Context, base: string): void {
   if (typeof route._matchedRoute === 'string' && !route._matchedRoute.startsWith(base)) route._matchedRoute = `${base}${route._matchedRoute}`;
 }
 
+// The request's path; of a target that is no URL (refused: api/app.ts), its text up to the query
+// (a query may carry a token).
+function pathOf(ctx: Context): string {
+  try {
+    return ctx.path;
+  } catch {
+    return ctx.originalUrl.split('?')[0];
+  }
+}
+
 // Load balancers' probes and Prometheus' scrapes come every few seconds to every process: answered
 // well, their request lines are debug, or a fleet's log is mostly them. A failed one stays info.
 const POLLED = new Set(['/_internal/v1/health', '/_internal/v1/ready', '/metrics']);
@@ -24,7 +34,7 @@ export function accessLog(): Middleware {
       await next();
     } finally {
       const level = ctx.status < 400 && POLLED.has(matchedRoute(ctx)) ? 'debug' : 'info';
-      ctx.state.log[level]({ method: ctx.method, path: ctx.path, route: matchedRoute(ctx), status: ctx.status, ms: Math.round((performance.now() - started) * 10) / 10 }, 'request');
+      ctx.state.log[level]({ method: ctx.method, path: pathOf(ctx), route: matchedRoute(ctx), status: ctx.status, ms: Math.round((performance.now() - started) * 10) / 10 }, 'request');
     }
   };
 }
