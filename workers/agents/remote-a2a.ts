@@ -13,7 +13,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Knex } from 'knex';
 import type {
-  Artifact, Message as A2AMessage, Part, Task as A2ATask, TaskArtifactUpdateEvent, TaskState as A2AState, TaskStatus, TaskStatusUpdateEvent,
+  Artifact, Message as A2AMessage, Part, Task as A2ATask, TaskState as A2AState, TaskStatus,
 } from '@a2a-js/sdk';
 import {
   ClientFactory, ClientFactoryOptions, DefaultAgentCardResolver, JsonRpcTransportFactory, RestTransportFactory, TaskNotCancelableError, TaskNotFoundError, type Client,
@@ -33,8 +33,8 @@ import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/
 import { applyArtifactUpdate, chunkBetween } from '../../domain/a2a/artifact-merge.ts';
 import type { Message, MessagePart } from '../../api/schemas/task.ts';
 import { sameAsStored } from '../../domain/storable-json.ts';
-import { TASK_STATES, type TaskState } from '../../domain/task-states.ts';
 import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
+import { checkEvent, type StreamEvent } from './remote-answers.ts';
 
 const FINAL_STATES: Partial<Record<A2AState, NonNullable<AgentResult['status']>>> = {
   completed: 'completed',
@@ -391,52 +391,6 @@ async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, c
     log.warn({ remote_task_id: remoteTaskId, reason: withoutKey((err as Error).message) }, 'remote task could not be canceled; will retry');
     return false;
   }
-}
-
-type StreamEvent = A2AMessage | A2ATask | TaskStatusUpdateEvent | TaskArtifactUpdateEvent;
-
-// The SDK passes the remote's results on as they came: one of another shape (null, a status without
-// a state, a history entry or a part that is null) would fail deep in the mirror as a TypeError that
-// does not say what the remote did, and a state A2A does not have (our task states are A2A's) was
-// followed as one still running, for ever. What the mirror reads is checked here; what it hands on (a
-// part's text, an artifact's parts) is checked where the runtime stores it.
-const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
-// Where a value is not of the shape the mirror reads, and what belongs there; undefined when it is.
-type Misshapen = [where: string, what: string] | undefined;
-const at = (where: string, member: string | number) => (where ? `${where}.${member}` : String(member));
-function listMisshapen(v: unknown, where: string, item: (x: unknown, where: string) => Misshapen): Misshapen {
-  if (!Array.isArray(v)) return [where, 'no list'];
-  for (const [i, x] of v.entries()) {
-    const wrong = item(x, at(where, i));
-    if (wrong) return wrong;
-  }
-  return undefined;
-}
-const partMisshapen = (p: unknown, where: string): Misshapen => (!isObject(p) ? [where, 'no part']
-  : p.kind === 'file' && !isObject(p.file) ? [at(where, 'file'), 'no object'] : undefined);
-const messageMisshapen = (m: unknown, where: string): Misshapen => (!isObject(m) ? [where, 'no message']
-  : typeof m.messageId !== 'string' ? [at(where, 'messageId'), 'no string'] : listMisshapen(m.parts, at(where, 'parts'), partMisshapen));
-const artifactMisshapen = (a: unknown, where: string): Misshapen => (!isObject(a) ? [where, 'no artifact']
-  : typeof a.artifactId !== 'string' ? [at(where, 'artifactId'), 'no string'] : !Array.isArray(a.parts) ? [at(where, 'parts'), 'no list'] : undefined);
-const statusMisshapen = (s: unknown, where: string): Misshapen => (!isObject(s) ? [where, 'no status']
-  : !TASK_STATES.includes(s.state as TaskState) ? [at(where, 'state'), 'no A2A task state'] : s.message === undefined ? undefined : messageMisshapen(s.message, at(where, 'message')));
-const optional = (v: unknown, misshapen: () => Misshapen): Misshapen => (v === undefined ? undefined : misshapen());
-const EVENTS: Record<StreamEvent['kind'], (e: Record<string, unknown>) => Misshapen> = {
-  message: (e) => messageMisshapen(e, ''),
-  task: (e) => statusMisshapen(e.status, 'status')
-    ?? optional(e.history, () => listMisshapen(e.history, 'history', messageMisshapen))
-    ?? optional(e.artifacts, () => listMisshapen(e.artifacts, 'artifacts', artifactMisshapen)),
-  'status-update': (e) => statusMisshapen(e.status, 'status'),
-  'artifact-update': (e) => artifactMisshapen(e.artifact, 'artifact'),
-};
-/** Asserts the remote answered an event the mirror can read (of the kinds given: a read of its task must answer a task). */
-function checkEvent(event: unknown, kinds: readonly StreamEvent['kind'][] = Object.keys(EVENTS) as StreamEvent['kind'][]): asserts event is StreamEvent {
-  const kind = isObject(event) && kinds.find((k) => k === event.kind);
-  // The quote ends the message: cut short inside the key, what is left of it is masked there (see secretMasker).
-  const quote = JSON.stringify(event)?.slice(0, 200);
-  if (!kind) throw new Error(`the remote agent answered an event where ${kinds.length > 1 ? 'a task, message, status-update or artifact-update' : `a ${kinds[0]}`} belongs: ${quote}`);
-  const wrong = EVENTS[kind](event as Record<string, unknown>);
-  if (wrong) throw new Error(`the remote agent answered ${kind === 'artifact-update' ? 'an' : 'a'} ${kind} whose ${wrong[0]} is ${wrong[1]}: ${quote}`);
 }
 
 // An artifact with A2A's members only: what else a remote sends is not ours to store (nor accepted).
