@@ -70,11 +70,14 @@ async function lockContexts(trx: Knex.Transaction, ids: string[]): Promise<void>
 }
 
 // A context is listed with the created_at of its first task: one that kept tasks takes that of its
-// first task left. The purge's last statement.
+// first task left. The purge's last statement. Each context's first task is one probe of the
+// (context_id, created_at, id) index: a min() grouped by context read every task of the context (a
+// table scan for a context holding most tasks), which outlasted DB_QUERY_TIMEOUT_MS at every pass.
 async function restampContexts(trx: Knex.Transaction, ids: string[]): Promise<void> {
   await trx.raw(`update contexts c set created_at = f.first from (
-      select t.context_id, min(t.created_at) as first from tasks t where t.context_id = any(?::uuid[]) group by t.context_id) f
-    where c.id = f.context_id and c.created_at < f.first`, [ids]);
+      select k.id, (select t.created_at from tasks t where t.context_id = k.id order by t.created_at limit 1) as first
+        from unnest(?::uuid[]) as k(id)) f
+    where c.id = f.id and c.created_at < f.first`, [ids]);
 }
 
 // A task written in one of these contexts meanwhile by a writer that does not lock the context

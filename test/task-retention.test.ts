@@ -142,6 +142,27 @@ describe('task retention with tasks that hold many rows', function () {
     await waitFor(async () => worker.logs.some((l) => l.includes('a task too large to delete at once was thinned first')), 'the thinning log line', 5_000)
       .catch((err: Error) => assert.fail(`${err.message}\n${worker.logs.filter((l) => l.includes('retention') || l.includes('housekeeping')).slice(-20).join('\n')}`));
   });
+
+  it('deletes an ended task whose context holds many tasks still kept, and restamps the context within DB_QUERY_TIMEOUT_MS', async () => {
+    // The same worker (100 ms statements): a context whose first task ended 10 days ago, followed
+    // by 500,000 tasks that ended a day ago (a client that sends all its tasks in one context).
+    const db = testDb();
+    const { old, contextId } = await db.transaction(async (trx) => {
+      const { rows: [c] } = await trx.raw(`insert into contexts (id, created_at) values (gen_random_uuid(), now() - interval '20 days') returning id`);
+      const { rows: [o] } = await trx.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+        values (gen_random_uuid(), ?, 'completed', now() - interval '10 days', '{}', now() - interval '20 days', now() - interval '10 days') returning id`, [c.id]);
+      await trx.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+        select gen_random_uuid(), ?, 'completed', now() - interval '1 day', '{}', now() - interval '2 days' + g * interval '1 ms', now() - interval '1 day'
+          from generate_series(1, 500000) g`, [c.id]);
+      return { old: o.id as string, contextId: c.id as string };
+    });
+    await db.raw('analyze tasks');
+    const worker = stack.workers.at(-1)!;
+    await waitFor(async () => !(await db('tasks').where({ id: old }).first()), 'the old task to be deleted', 20_000, 200)
+      .catch((err: Error) => assert.fail(`${err.message}\n${worker.logs.filter((l) => l.includes('retention') || l.includes('housekeeping')).slice(-5).join('\n')}`));
+    const [{ first }] = await db('tasks').where({ context_id: contextId }).min({ first: 'created_at' });
+    assert.equal((await db('contexts').where({ id: contextId }).first()).created_at.getTime(), first.getTime());
+  });
 });
 
 describe('task retention off (TASK_RETENTION_DAYS=0, the default)', function () {
