@@ -286,7 +286,13 @@ describe('GET /metrics while Postgres or Redis is down', function () {
 
   it('still answers with what it can read (HTTP latency, process metrics, the outbox backlog while Redis is down), leaving out what it cannot', async () => {
     const s = stack!;
-    const up = await s.client.get('/metrics');
+    // Prometheus scrapes with a key of scope internal, looked up in Postgres (ADMIN_API_KEY is not).
+    const scraper = s.client.as((await s.client.post('/api/auth/v1/api-key', { name: 'prometheus', scopes: ['internal'] })).body.key);
+    const revoked = await s.client.post('/api/auth/v1/api-key', { name: 'revoked', scopes: ['internal'] });
+    assert.equal((await s.client.as(revoked.body.key).get('/metrics')).status, 200);
+    assert.equal((await s.client.delete(`/api/auth/v1/api-key/${revoked.body.id}`)).status, 200);
+    const up = await scraper.get('/metrics');
+    const lookedUp = Date.now();
     assert.equal(up.status, 200);
     assert.match(up.text, /^taskbridge_queue_jobs\{queue="agent-tasks",state="waiting"\} 0$/m);
 
@@ -316,7 +322,15 @@ describe('GET /metrics while Postgres or Redis is down', function () {
     assert.equal(neither.status, 200, neither.text);
     assert.doesNotMatch(neither.text, /^taskbridge_outbox_pending /m, 'no backlog it could not read (not 0)');
     assert.doesNotMatch(neither.text, /^taskbridge_outbox_oldest_seconds /m, 'no backlog age it could not read (not 0)');
-    assert.match(neither.text, /^taskbridge_http_request_duration_seconds_count\{method="GET",route="\/metrics",status="200"\} 2$/m);
+    assert.match(neither.text, /^taskbridge_http_request_duration_seconds_count\{method="GET",route="\/metrics",status="200"\} 3$/m);
+    // The scraper's key is still taken once its cache entry has expired: Postgres cannot be asked, and
+    // a revocation (a write to Postgres) cannot have happened meanwhile without its notice reaching us.
+    await new Promise((resolve) => setTimeout(resolve, Math.max(0, lookedUp + 10_500 - Date.now())));
+    const scraped = await scraper.get('/metrics');
+    assert.equal(scraped.status, 200, scraped.text);
+    assert.match(scraped.text, /^taskbridge_http_request_duration_seconds_count\{method="GET",route="\/metrics",status="200"\} 4$/m);
+    // A key revoked before the outage is not: its notice removed it.
+    assert.equal((await s.client.as(revoked.body.key).get('/metrics')).status, 503);
     // Logs are written asynchronously: the line may come after the answer.
     await waitFor(async () => s.api.logs.some((l) => l.includes('metric left out of the scrape') && l.includes('taskbridge_queue_jobs')), 'the left-out metric log line', 5000);
   });

@@ -1,5 +1,5 @@
 import type { Middleware } from 'koa';
-import { Forbidden, Unauthenticated } from '../../domain/errors.ts';
+import { Forbidden, Unauthenticated, unavailability } from '../../domain/errors.ts';
 import { hasScope, resolveApiKey, type Principal, type Scope } from '../../domain/api-keys.ts';
 import { activeIds, revokedWithin, touchLastUsed } from '../../db/api-keys.ts';
 import type { Services } from '../../domain/services.ts';
@@ -17,8 +17,9 @@ const lastTouched = new Map<string, number>();
 export const API_KEY_REVOKED = 'api_key_revoked';
 const CACHE_TTL_MS = 10_000;
 const CACHE_MAX = 10_000;
-// served: when this process last answered a request with it.
-const cache = new Map<string, { principal: Principal; expires: number; served: number }>();
+// served: when this process last answered a request with it. doubted: a revocation notice may have
+// been lost since it was looked up (the listener was away).
+const cache = new Map<string, { principal: Principal; expires: number; served: number; doubted?: true }>();
 
 let revocations = 0;
 
@@ -35,7 +36,7 @@ export function forgetApiKey(id: string): void {
 // before may still open a stream) and for stream holders whose key is gone.
 export async function catchUpOnRevocations(services: Services): Promise<void> {
   revocations++;
-  for (const entry of cache.values()) entry.expires = 0;
+  for (const entry of cache.values()) Object.assign(entry, { expires: 0, doubted: true });
   for (const id of await revokedWithin(services.db, REVOKED_KEPT_MS)) forgetApiKey(id);
   const holders = streamHolders().filter((id) => !id.startsWith('env:'));
   if (!holders.length) return;
@@ -53,7 +54,17 @@ function cached(token: string): Principal | undefined {
 
 async function lookUp(services: Services, token: string): Promise<Principal | null> {
   const generation = revocations;
-  const principal = await resolveApiKey(services.db, token, services.cfg.ADMIN_API_KEY);
+  let principal: Principal | null;
+  try {
+    principal = await resolveApiKey(services.db, token, services.cfg.ADMIN_API_KEY);
+  } catch (err) {
+    // Postgres out of reach: a key taken before, whose entry only expired, is taken still (revoking
+    // it is a write to Postgres, whose notice removes the entry), so that what needs no Postgres
+    // (/metrics, the queue dashboard) keeps answering through the outage rather than 503.
+    const known = cache.get(token);
+    if (known && !known.doubted && unavailability(err)) return known.principal;
+    throw err;
+  }
   // A revocation that arrived during the lookup may concern this key: do not cache that answer.
   if (principal && generation === revocations) {
     if (cache.size >= CACHE_MAX) cache.clear();
