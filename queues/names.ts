@@ -12,9 +12,11 @@ export interface JobPayloads {
   'push-notifications': { task_id: string; config_id: string; timeline_seq: number };
 }
 
-// A queue's jobs by state, as metrics and the internal queue stats show them.
-export function queueJobCounts(queue: Queue): Promise<Record<string, number>> {
-  return queue.getJobCounts('waiting', 'active', 'delayed', 'completed', 'failed');
+// A queue's jobs by state, as metrics and the internal queue stats show them. A job given a priority
+// (from the queue dashboard) waits in a set of its own, BullMQ's `prioritized`: it is waiting all the same.
+export async function queueJobCounts(queue: Queue): Promise<Record<string, number>> {
+  const { prioritized, ...counts } = await queue.getJobCounts('waiting', 'prioritized', 'active', 'delayed', 'completed', 'failed');
+  return { ...counts, waiting: counts.waiting + prioritized };
 }
 
 // How long the longest-waiting job has waited; null when none waits. BullMQ records no time of a
@@ -25,18 +27,21 @@ export function queueJobCounts(queue: Queue): Promise<Record<string, number>> {
 // the front of the line (moveJobFromActiveToWait, moveStalledJobsToWait: RPUSH); new jobs and retries
 // (promoted once their backoff is over, or retryJob without lifo) to the back (LPUSH), in the order
 // they came. So the longest wait is among the jobs from the front up to the first that never ran:
-// those behind it came later (at most OLDEST_SCAN_MAX of them are read).
+// those behind it came later (at most OLDEST_SCAN_MAX of them are read). Jobs with a priority are
+// ordered by it, not by age: each is read (up to OLDEST_SCAN_MAX).
 const OLDEST_SCAN_PAGE = 50;
 const OLDEST_SCAN_MAX = 1000;
 export async function oldestWaitingAgeMs(queue: Queue): Promise<number | null> {
   let since = Infinity;
-  for (let at = 0; at < OLDEST_SCAN_MAX; at += OLDEST_SCAN_PAGE) {
-    const jobs = await queue.getJobs(['waiting'], at, at + OLDEST_SCAN_PAGE - 1, true);
-    for (const job of jobs) {
-      since = Math.min(since, Math.max(job.timestamp + (job.opts.delay ?? 0), job.processedOn ?? 0));
-      if (!job.processedOn) return Date.now() - since;
+  for (const state of ['waiting', 'prioritized'] as const) {
+    scan: for (let at = 0; at < OLDEST_SCAN_MAX; at += OLDEST_SCAN_PAGE) {
+      const jobs = await queue.getJobs([state], at, at + OLDEST_SCAN_PAGE - 1, true);
+      for (const job of jobs) {
+        since = Math.min(since, Math.max(job.timestamp + (job.opts.delay ?? 0), job.processedOn ?? 0));
+        if (state === 'waiting' && !job.processedOn) break scan;
+      }
+      if (jobs.length < OLDEST_SCAN_PAGE) break;
     }
-    if (jobs.length < OLDEST_SCAN_PAGE) break;
   }
   return since === Infinity ? null : Date.now() - since;
 }

@@ -55,6 +55,29 @@ describe('GET /metrics', () => {
     assert.equal(paused((await stack.client.get('/metrics')).text, 'credential-refresh'), '0');
   });
 
+  it('counts a job given a priority from the queue dashboard as waiting, in the depths and the backlog age', async () => {
+    await withQueue(stack.env, 'push-notifications', async (queue) => {
+      const job = await queue.add('deliver', { task_id: randomUUID(), config_id: randomUUID(), timeline_seq: 1 });
+      try {
+        // BullMQ moves a job with a priority from its wait list to a set of its own (prioritized).
+        const bumped = await fetch(`${stack.api.url}/admin/queues/api/queues/push-notifications/${job.id}/priority`, {
+          method: 'PATCH', headers: { authorization: `Basic ${Buffer.from(`ops:${ADMIN_KEY}`).toString('base64')}`, 'content-type': 'application/json' }, body: '{"priority":1}',
+        });
+        assert.equal(bumped.status, 200, await bumped.text());
+        assert.equal(await job.getState(), 'prioritized');
+        await new Promise((resolve) => setTimeout(resolve, 50));
+        const text = (await stack.client.get('/metrics')).text;
+        assert.equal(sample(text, 'taskbridge_queue_jobs', 'queue="push-notifications",state="waiting"'), 1, text);
+        assert.ok(sample(text, 'taskbridge_queue_oldest_waiting_seconds', 'queue="push-notifications"')! > 0, text);
+        const stats = (await stack.client.get('/_internal/v1/queues')).body.queues['push-notifications'];
+        assert.equal(stats.waiting, 1);
+        assert.ok(stats.oldest_waiting_age_ms > 0, JSON.stringify(stats));
+      } finally {
+        await job.remove();
+      }
+    });
+  });
+
   it('reports backlog age and workers per queue, the Postgres pool and open A2A streams', async () => {
     assert.equal((await stack.client.post('/api/task/v1', { message: textMessage('waits') })).status, 201);
     // A stream on a task no worker runs stays open until the client leaves.
