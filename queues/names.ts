@@ -28,7 +28,9 @@ export async function queueJobCounts(queue: Queue): Promise<Record<string, numbe
 // (promoted once their backoff is over, or retryJob without lifo) to the back (LPUSH), in the order
 // they came. So the longest wait is among the jobs from the front up to the first that never ran:
 // those behind it came later (at most OLDEST_SCAN_MAX of them are read). Jobs with a priority are
-// ordered by it, not by age: each is read (up to OLDEST_SCAN_MAX).
+// ordered by it, not by age: each is read (up to OLDEST_SCAN_MAX). A delayed job (a new one with a
+// delay, a retry in its backoff) waits once its time has come, yet stays in BullMQ's delayed set
+// until a worker comes for jobs: the earliest due there waits since its time, its score (ms * 0x1000).
 const OLDEST_SCAN_PAGE = 50;
 const OLDEST_SCAN_MAX = 1000;
 export async function oldestWaitingAgeMs(queue: Queue): Promise<number | null> {
@@ -43,6 +45,9 @@ export async function oldestWaitingAgeMs(queue: Queue): Promise<number | null> {
       if (jobs.length < OLDEST_SCAN_PAGE) break;
     }
   }
+  const [, score] = await (await queue.getBackend().client).zrange(queue.keys.delayed, 0, 0, { WITHSCORES: true });
+  const due = score === undefined ? Infinity : Math.floor(Number(score) / 0x1000);
+  if (due <= Date.now()) since = Math.min(since, due);
   return since === Infinity ? null : Date.now() - since;
 }
 

@@ -78,6 +78,26 @@ describe('GET /metrics', () => {
     });
   });
 
+  it('counts a delayed job from the end of its delay in the backlog age, while no worker takes it', async () => {
+    // BullMQ leaves a delayed job in its delayed set past its time until a worker comes for jobs.
+    await withQueue(stack.env, 'credential-refresh', async (queue) => {
+      const job = await queue.add('refresh', { credential_id: randomUUID() }, { delay: 200 });
+      try {
+        await new Promise((resolve) => setTimeout(resolve, 1500));
+        assert.equal(await job.getState(), 'delayed');
+        const from = Date.now();
+        const age = sample((await stack.client.get('/metrics')).text, 'taskbridge_queue_oldest_waiting_seconds', 'queue="credential-refresh"')!;
+        const stats = (await stack.client.get('/_internal/v1/queues')).body.queues['credential-refresh'];
+        const due = (job.timestamp + 200) / 1000;
+        for (const seconds of [age, stats.oldest_waiting_age_ms / 1000]) {
+          assert.ok(seconds >= from / 1000 - due - 0.05 && seconds <= Date.now() / 1000 - due + 0.05, `${seconds} s; due ${from / 1000 - due} s ago`);
+        }
+      } finally {
+        await job.remove();
+      }
+    });
+  });
+
   it('reports backlog age and workers per queue, the Postgres pool and open A2A streams', async () => {
     assert.equal((await stack.client.post('/api/task/v1', { message: textMessage('waits') })).status, 201);
     // A stream on a task no worker runs stays open until the client leaves.
