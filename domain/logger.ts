@@ -56,7 +56,7 @@ export function redactUrl(url: string, opts: { strict?: boolean } = {}): string 
   try {
     u = new URL(url);
   } catch {
-    return redactUnparsed(url, strict);
+    return redactSocketForm(url, strict);
   }
   if (u.password) u.password = '***';
   if (strict && u.username) u.username = '***';
@@ -66,33 +66,29 @@ export function redactUrl(url: string, opts: { strict?: boolean } = {}): string 
 }
 
 function maskQuery(query: string, strict: boolean): string {
-  const secret = (key: string) => strict || /pass/i.test(safeDecode(key));
   return query.split('&').map((p) => {
     const eq = p.indexOf('=');
     if (eq < 0) return p && strict ? '***' : p;
-    return secret(p.slice(0, eq)) ? `${p.slice(0, eq)}=***` : p;
+    // The key as URLSearchParams reads it (leniently: a malformed escape stays as it is).
+    const key = p.slice(0, eq);
+    return strict || /pass/i.test([...new URLSearchParams(`${key}=`).keys()][0] ?? key) ? `${key}=***` : p;
   }).join('&');
 }
-const safeDecode = (text: string) => {
-  try {
-    return decodeURIComponent(text);
-  } catch {
-    return text;
-  }
-};
 
-// A URL that WHATWG cannot parse and its driver takes: pg reads `postgresql://user:pw@/db?host=/dir`
-// (a Unix socket: no host after the user info). Masked by its text: the user info ends at the last
-// '@' before the query (a password may hold an '@' of its own).
-function redactUnparsed(url: string, strict: boolean): string {
-  const m = /^([a-z][a-z0-9+.-]*:\/\/)([^?#]*)(?:\?([^#]*))?(#.*)?$/is.exec(url);
+// pg reads `postgresql://user:pw@/db?host=/dir` (a Unix socket: no host after the user info), which
+// is no WHATWG URL. Such a URL is masked as one with a stand-in host, which is then taken out again;
+// anything else that does not parse is not shown at all (its user info cannot be told apart).
+const STAND_IN = 'socket.invalid';
+function redactSocketForm(url: string, strict: boolean): string {
+  const m = /^([a-z][a-z0-9+.-]*:\/\/[^/?#@]*@)(\/.*)$/is.exec(url);
   if (!m) return '(unparsable URL)';
-  const [, scheme, rest, query, hash] = m;
-  const at = rest.lastIndexOf('@');
-  const user = rest.slice(0, Math.max(at, 0));
-  const colon = user.indexOf(':');
-  const shownUser = strict ? user.replace(/[^:]+/g, '***') : colon < 0 ? user : `${user.slice(0, colon)}:***`;
-  return `${scheme}${at < 0 ? '' : `${shownUser}@`}${rest.slice(at + 1)}${query === undefined ? '' : `?${maskQuery(query, strict)}`}${hash === undefined ? '' : strict ? '#***' : hash}`;
+  let masked: string;
+  try {
+    masked = redactUrl(`${m[1]}${STAND_IN}${m[2]}`, { strict });
+  } catch {
+    return '(unparsable URL)';
+  }
+  return masked.includes(`@${STAND_IN}/`) ? masked.replace(`@${STAND_IN}/`, '@/') : '(unparsable URL)';
 }
 
 export type { Logger };

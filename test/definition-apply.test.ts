@@ -288,6 +288,8 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
       // and an alias of the wrong shape failed at its write, after the DEKs were written.
       ['long-id.json', JSON.stringify({ ...source, secrets: source.secrets.map((s: any, i: number) => (i ? s : { ...s, id: 'x'.repeat(200_000) })) }),
         /^Error: \S+long-id\.json is not a valid definition export: Invalid file: file\.secrets\.0\.id must be a UUID\n$/],
+      ['dot-key.json', JSON.stringify({ ...source, secrets: source.secrets.map((s: any, i: number) => (i ? s : { ...s, key: 'a/../b' })) }),
+        /dot-key\.json is not a valid definition export: Invalid file: file\.secrets\.0\.key must not be "\." or "\.\.", nor have such a part between slashes/],
       ['bad-alias.json', JSON.stringify({ ...source, envelope_keys: source.envelope_keys.map((k: any) => ({ ...k, data_encryption_keys: k.data_encryption_keys.map((d: any) => ({ ...d, aliases: [...d.aliases, 'no spaces allowed'] })) })) }),
         /bad-alias\.json is not a valid definition export: Invalid file: file\.envelope_keys\.0\.data_encryption_keys\.0\.aliases\.\d+ must be 1 to 128 of A-Z a-z 0-9 _ \. : -/],
     ];

@@ -457,12 +457,15 @@ describe('HTTP conventions', () => {
   it('never answers 500 to odd requests: undecodable paths, repeated or odd query parameters', async () => {
     const auth = { authorization: `Bearer ${stack.client.key}` };
     // An absolute-form target that is no URL: Koa's ctx.path threw, and every route answered a bare 500.
-    for (const path of ['/api/task/v1/%E0%A4%A', '/api/task/v1/%ZZ/timeline', '/%', 'http://[::1/api/task/v1', 'http://[::1/api/bridge/v1/mcp']) {
+    for (const path of ['/api/task/v1/%E0%A4%A', '/api/task/v1/%ZZ/timeline', '/%', 'http://[::1/api/task/v1', 'http://[::1/api/bridge/v1/mcp', 'http://u:target-secret-5c1a@[::1/api/task/v1?token=target-secret-7e0b']) {
       const r = await raw(stack.api.url, { method: 'GET', path, headers: auth });
       assert.ok(r.status >= 400 && r.status < 500, `${path}: ${r.status}`);
       assert.equal(typeof r.body?.data?.code, 'string', path);
       if (path.startsWith('http:')) assert.equal(r.body.message, 'The request target is not a valid URL (send a path, /api/...)');
     }
+    // The request line names such a target without its user info or query.
+    await waitFor(async () => stack.api.logs.some((l) => l.includes('"path":"http://[::1/api/task/v1"') && l.includes('"status":400')), 'the refused target\'s request line');
+    assert.ok(!stack.api.logs.some((l) => l.includes('target-secret')), 'a credential of a refused target in the log');
     for (const q of ['page_size=1&page_size=2', 'next_page_token=a&next_page_token=b', 'status=submitted&status=failed', `next_page_token=${'A'.repeat(5000)}`]) {
       const r = await stack.client.get(`/api/task/v1?${q}`);
       assertError(r, 400, 'invalid_request');

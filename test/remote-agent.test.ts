@@ -902,6 +902,8 @@ describe('remote A2A agent that answers without end, or about another task', () 
       [message([{ kind: 'text', text: 'x' }, { kind: 'file' }]), 'a message whose parts.1.file is no object'],
       [{ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', history: [] }, 'a task whose status is no status'],
       [{ kind: 'status-update', ...ids, status: {} }, 'a status-update whose status.state is no A2A task state'],
+      // Two faults: the missing member is named (ajv's order; the hand-written checks named the messageId).
+      [{ kind: 'message', role: 'agent', messageId: 5 }, 'a message whose parts is no list'],
       [{ kind: 'message', role: 'agent', parts: [] }, 'a message whose messageId is no string'],
       [{ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'working' }, history: {} }, 'a task whose history is no list'],
       [{ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'working' }, artifacts: [null] }, 'a task whose artifacts.0 is no artifact'],

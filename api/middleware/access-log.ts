@@ -11,13 +11,13 @@ export function prefixMatchedRoute(ctx: Context, base: string): void {
   if (typeof route._matchedRoute === 'string' && !route._matchedRoute.startsWith(base)) route._matchedRoute = `${base}${route._matchedRoute}`;
 }
 
-// The request's path; of a target that is no URL (refused: api/app.ts), its text up to the query
-// (a query may carry a token).
+// The request's path; of a target that is no URL (refused: api/app.ts), its text without the user
+// info, query and fragment (each may carry a credential).
 function pathOf(ctx: Context): string {
   try {
     return ctx.path;
   } catch {
-    return ctx.originalUrl.split('?')[0];
+    return ctx.originalUrl.split(/[?#]/)[0].replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/]*@/i, '$1');
   }
 }
 

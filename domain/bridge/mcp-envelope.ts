@@ -38,6 +38,7 @@ const invalidRequest = (why: string, id?: unknown): EnvelopeRefusal => ({
 // 'application/json' alone (modelcontextprotocol/typescript-sdk#1944), '*/*' (fetch's and curl's
 // default) and capitals. RFC 9110 instead: the most specific range that matches decides, q=0 refuses
 // it, and a request without Accept takes any type.
+const QVALUE = /^(?:0(?:\.\d{0,3})?|1(?:\.0{0,3})?)$/;
 export function acceptsJson(accept: string | undefined): boolean {
   if (accept === undefined) return true;
   let best: { specificity: number; q: number } | undefined;
@@ -45,8 +46,10 @@ export function acceptsJson(accept: string | undefined): boolean {
     const [type, ...params] = range.split(';').map((p) => p.trim().toLowerCase());
     const specificity = ['*/*', 'application/*', 'application/json'].indexOf(type);
     if (specificity < 0 || (best && best.specificity > specificity)) continue;
-    const q = params.find((p) => p.startsWith('q='));
-    best = { specificity, q: q === undefined ? 1 : Number(q.slice(2)) };
+    const q = params.find((p) => p.startsWith('q='))?.slice(2);
+    // A weight out of RFC 9110's grammar (q=abc, q=0x1) makes the range no range.
+    if (q !== undefined && !QVALUE.test(q)) continue;
+    best = { specificity, q: q === undefined ? 1 : Number(q) };
   }
   return best !== undefined && best.q > 0;
 }

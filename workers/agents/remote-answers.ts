@@ -40,7 +40,9 @@ const EVENTS: Record<Kind, ReturnType<typeof compileSchema>> = {
 };
 const ALL_KINDS = Object.keys(EVENTS) as Kind[];
 
-// Where the first error is (`history.0`, `status.state`) and the title of what belongs there.
+// Where the first error is (`history.0`, `status.state`) and the title of what belongs there. ajv
+// reports missing members before members of the wrong shape: a message without parts whose messageId
+// is no string is said to have no parts.
 function misshapen(errors: readonly ErrorObject[]): [where: string, what: string] {
   // An if/then's own error ("must match then") adds nothing to its branch's.
   const e = errors.find((x) => x.keyword !== 'if') ?? errors[0];
@@ -58,11 +60,19 @@ const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'obj
 /** Asserts the remote answered an event the mirror can read (of the kinds given: a read of its task must answer a task). */
 export function checkEvent(event: unknown, kinds: readonly Kind[] = ALL_KINDS): asserts event is StreamEvent {
   const kind = isObject(event) ? kinds.find((k) => k === event.kind) : undefined;
-  // The quote ends the message: cut short inside the key, what is left of it is masked there (see secretMasker).
-  const quote = JSON.stringify(event)?.slice(0, 200);
-  if (!kind) throw new Error(`the remote agent answered an event where ${kinds.length > 1 ? 'a task, message, status-update or artifact-update' : `a ${kinds[0]}`} belongs: ${quote}`);
+  if (!kind) throw new Error(`the remote agent answered an event where ${kinds.length > 1 ? 'a task, message, status-update or artifact-update' : `a ${kinds[0]}`} belongs: ${quoted(event)}`);
   const validate = EVENTS[kind];
   if (validate(event)) return;
   const [where, what] = misshapen(validate.errors ?? []);
-  throw new Error(`the remote agent answered ${kind === 'artifact-update' ? 'an' : 'a'} ${kind} whose ${where} is ${what}: ${quote}`);
+  throw new Error(`the remote agent answered ${kind === 'artifact-update' ? 'an' : 'a'} ${kind} whose ${where} is ${what}: ${quoted(event)}`);
+}
+
+// The quote ends a failure's message: cut short inside the key, what is left of it is masked there
+// (see secretMasker). Only a refused event is quoted (a valid one may nest too deep to stringify).
+function quoted(event: unknown): string {
+  try {
+    return String(JSON.stringify(event)).slice(0, 200);
+  } catch {
+    return '(too deeply nested to quote)';
+  }
 }
