@@ -5,7 +5,7 @@ import path from 'node:path';
 import type { Services } from './services.ts';
 import { anyKeys } from '../db/api-keys.ts';
 import { createApiKey } from './api-keys.ts';
-import { bootstrapKeys } from './crypto/key-management.ts';
+import { BOOTSTRAP_KEY_FILE, bootstrapKeys } from './crypto/key-management.ts';
 import { ConfigError } from './config.ts';
 
 const BOOTSTRAP_LOCK = 7_311_201;
@@ -27,7 +27,7 @@ export async function writingTo<T>(setting: 'DATA_DIR' | 'KEYS_DIR', dir: string
 export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promise<void> {
   await s.db.transaction(async (trx) => {
     await trx.raw('select pg_advisory_xact_lock(?)', [BOOTSTRAP_LOCK]);
-    const keysMade = await writingTo('KEYS_DIR', s.cfg.KEYS_DIR, () => bootstrapKeys(s, trx));
+    const keys = await writingTo('KEYS_DIR', s.cfg.KEYS_DIR, () => bootstrapKeys(s, trx));
     // Only on a fresh installation: revoking every key must not mint a new one at the next start.
     if (!s.cfg.ADMIN_API_KEY && !(await anyKeys(trx))) {
       const created = await createApiKey(trx, 'bootstrap admin', ['admin']);
@@ -45,6 +45,7 @@ export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promis
       });
       s.log.warn({ file }, 'created the first admin API key; it is stored in this file, readable only by its owner');
     }
-    if (keysMade) s.log.info({ keys_dir: s.cfg.KEYS_DIR }, 'created the first local envelope key and the DEK aliased "default"');
+    if (keys === 'created') s.log.info({ keys_dir: s.cfg.KEYS_DIR }, 'created the first local envelope key and the DEK aliased "default"');
+    if (keys === 'adopted') s.log.info({ keys_dir: s.cfg.KEYS_DIR, file: BOOTSTRAP_KEY_FILE }, 'adopted the key file found in KEYS_DIR as the first local envelope key, and created the DEK aliased "default"');
   });
 }

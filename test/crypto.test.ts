@@ -87,8 +87,8 @@ describe('keyring: DEKs, aliases and value encryption against Postgres', () => {
   };
 
   it('bootstraps a local envelope key and the default alias once', async () => {
-    assert.equal(await s.db.transaction((trx) => bootstrapKeys(s, trx)), true);
-    assert.equal(await s.db.transaction((trx) => bootstrapKeys(s, trx)), false);
+    assert.equal(await s.db.transaction((trx) => bootstrapKeys(s, trx)), 'created');
+    assert.equal(await s.db.transaction((trx) => bootstrapKeys(s, trx)), undefined);
     const { dekId, ciphertext } = await encryptUnder('default', 'first secret');
     assert.equal(await resolveAlias(s.db, 'default'), dekId);
     assert.equal(await decryptWithDek(s, dekId, ciphertext), 'first secret');

@@ -565,6 +565,8 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.match(dry.stdout, /secrets: 3 to create, 2 already there, 0 conflicts, 0 failed/);
     assert.match(dry.stdout, /functions: 1 to create, 1 already there, 0 conflicts, 0 failed/);
     const r = await applyTo(t.stack.api.url, f);
+    // The target's first start took the copied key file as its own, and says so (it said 'created').
+    assert.ok(t.stack.api.logs.some((l) => l.includes('adopted the key file found in KEYS_DIR as the first local envelope key')), t.stack.api.logs.join('\n'));
     assert.equal(r.code, 0, r.stdout + r.stderr);
     assert.equal(r.stderr, '');
     assert.match(r.stdout, /secrets: 3 created, 2 already there, 0 conflicts, 0 failed/);

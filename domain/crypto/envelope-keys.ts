@@ -37,6 +37,9 @@ function keyPath(keysDir: string, name: string): string {
   return path.join(keysDir, name);
 }
 
+// Whether a key file of that name is there (one copied in before a first start is adopted).
+export const localKeyFileExists = (keysDir: string, name: string): boolean => fs.existsSync(keyPath(keysDir, name));
+
 // Creates the key file (0600) or adopts an existing one of the right size, e.g. a restored key,
 // made 0600 if others could read it. The key is written to a temporary file and linked into
 // place, so a key file is never seen half-written and two creators cannot both win.

@@ -9,7 +9,7 @@ import {
 import {
   aliasInUse, deleteAlias, getAlias, getDek, insertAlias, listDeksOf, lockAlias, rewrapDek, type AliasRow, type DekRow,
 } from '../../db/deks.ts';
-import { checkFileName, checkKmsArn, createLocalKeyFile } from './envelope-keys.ts';
+import { checkFileName, checkKmsArn, createLocalKeyFile, localKeyFileExists } from './envelope-keys.ts';
 import { findActiveRotation } from '../../db/key-jobs.ts';
 import { createDek, envelopeKeyRow, forgetWrapper, freshWrapperFor, invalidateAfterCommit, invalidateKeyring, repointAlias, unwrapDek } from '../keyring.ts';
 
@@ -17,7 +17,7 @@ export interface EnvelopeKeyInput { type: 'local' | 'aws_kms'; file_name?: strin
 type S = Pick<Services, 'db' | 'cfg' | 'bus' | 'log'>;
 
 export const DEFAULT_ALIAS = 'default';
-const BOOTSTRAP_KEY_FILE = 'default-envelope.key';
+export const BOOTSTRAP_KEY_FILE = 'default-envelope.key';
 
 // Which members each kind takes: local keys a file name, KMS keys an ARN and its region.
 function checkMembers(input: EnvelopeKeyInput): void {
@@ -131,11 +131,14 @@ export async function removeAlias(s: S, alias: string): Promise<void> {
 }
 
 // First start of a fresh installation: a local envelope key and a DEK aliased `default`, so
-// secrets work with no other step. Runs inside bootstrap's locked transaction.
-export async function bootstrapKeys(s: Pick<Services, 'db' | 'cfg'>, trx: Knex.Transaction): Promise<boolean> {
-  if (await anyEnvelopeKeys(trx)) return false;
+// secrets work with no other step. Runs inside bootstrap's locked transaction. Whether the key file
+// was made or adopted (copied into KEYS_DIR before the start, when moving an installation: the
+// operator reads which in the log); undefined when there are envelope keys already.
+export async function bootstrapKeys(s: Pick<Services, 'db' | 'cfg'>, trx: Knex.Transaction): Promise<'created' | 'adopted' | undefined> {
+  if (await anyEnvelopeKeys(trx)) return undefined;
+  const adopted = localKeyFileExists(s.cfg.KEYS_DIR, BOOTSTRAP_KEY_FILE);
   const kek = await createEnvelopeKey(s, { type: 'local', file_name: BOOTSTRAP_KEY_FILE }, trx);
   const dek = await createDek(s, kek.id, trx);
   await insertAlias(trx, DEFAULT_ALIAS, dek.id);
-  return true;
+  return adopted ? 'adopted' : 'created';
 }
