@@ -11,7 +11,7 @@ import { JsonRpcResponse } from '../schemas/jsonrpc.ts';
 import { readJsonRpcBody } from '../middleware/body.ts';
 import type { Context } from 'koa';
 import { createMcpServer } from '../../domain/bridge/mcp.ts';
-import { acceptsJson, batchAnswer, batchRefusal, envelopeRefusal, McpRequest, NOT_ACCEPTABLE, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp-envelope.ts';
+import { batchAnswer, batchRefusal, envelopeRefusal, McpRequest, NOT_ACCEPTABLE, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp-envelope.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 
 export const MCP_PATH = '/api/bridge/v1/mcp';
@@ -31,7 +31,11 @@ export const mcpRoutes = [
     responseDescriptions: { 200: 'MCP server running' },
     responses: { 200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null, 400: FreeObject, 401: ErrorBody, 403: ErrorBody, 406: FreeObject, 413: ErrorBody, 415: FreeObject },
   }, async ({ ctx, services, log }) => {
-    if (!acceptsJson(ctx.req.headers.accept)) return answer(ctx, 406, NOT_ACCEPTABLE);
+    // The server answers in application/json only (the transport's JSON mode: no SSE stream). The SDK
+    // wants Accept to name both that and text/event-stream, in lower case, so it refused
+    // 'application/json' alone (modelcontextprotocol/typescript-sdk#1944), '*/*' (fetch's and curl's
+    // default) and capitals. Koa's negotiation (RFC 9110) decides instead.
+    if (!ctx.accepts('application/json')) return answer(ctx, 406, NOT_ACCEPTABLE);
     const read = await readJsonRpcBody(ctx, services.cfg.BODY_LIMIT_BYTES);
     // An empty body (read as undefined) is no JSON either, not a message that is no object.
     if ('parseError' in read || read.body === undefined) {
@@ -50,7 +54,7 @@ export const mcpRoutes = [
     for (const [name, value] of Object.entries(ctx.req.headers)) {
       if (typeof value === 'string') headers.set(name, value);
     }
-    // Accept was checked above (acceptsJson): the SDK is given the one it takes.
+    // Accept was negotiated above: the SDK is given the one it takes.
     headers.set('accept', 'application/json, text/event-stream');
     const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
     const gone = clientGone(ctx);

@@ -33,27 +33,7 @@ const invalidRequest = (why: string, id?: unknown): EnvelopeRefusal => ({
   jsonrpc: '2.0', id: readableId(id), error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${why}` },
 });
 
-// The server answers in application/json only (the transport's JSON mode: no SSE stream). The SDK
-// wants Accept to name both that and text/event-stream, in lower case, so it refused
-// 'application/json' alone (modelcontextprotocol/typescript-sdk#1944), '*/*' (fetch's and curl's
-// default) and capitals. RFC 9110 instead: the most specific range that matches decides, q=0 refuses
-// it, and a request without Accept takes any type.
-const QVALUE = /^(?:0(?:\.\d{0,3})?|1(?:\.0{0,3})?)$/;
-export function acceptsJson(accept: string | undefined): boolean {
-  if (accept === undefined) return true;
-  let best: { specificity: number; q: number } | undefined;
-  for (const range of accept.split(',')) {
-    const [type, ...params] = range.split(';').map((p) => p.trim().toLowerCase());
-    const specificity = ['*/*', 'application/*', 'application/json'].indexOf(type);
-    if (specificity < 0 || (best && best.specificity > specificity)) continue;
-    const q = params.find((p) => p.startsWith('q='))?.slice(2);
-    // A weight out of RFC 9110's grammar (q=abc, q=0x1) makes the range no range.
-    if (q !== undefined && !QVALUE.test(q)) continue;
-    best = { specificity, q: q === undefined ? 1 : Number(q) };
-  }
-  return best !== undefined && best.q > 0;
-}
-// The SDK's code for it (the transport's own errors are -32000).
+// The answer to an Accept that refuses JSON, in the SDK's code for it (the transport's own errors are -32000).
 export const NOT_ACCEPTABLE: EnvelopeRefusal = {
   jsonrpc: '2.0', id: null, error: { code: -32000, message: 'Not Acceptable: this server answers in application/json, which the Accept header does not allow' },
 };
