@@ -82,12 +82,8 @@ const STAND_IN = 'socket.invalid';
 function redactSocketForm(url: string, strict: boolean): string {
   const m = /^([a-z][a-z0-9+.-]*:\/\/[^/?#@]*@)(\/.*)$/is.exec(url);
   if (!m) return '(unparsable URL)';
-  let masked: string;
-  try {
-    masked = redactUrl(`${m[1]}${STAND_IN}${m[2]}`, { strict });
-  } catch {
-    return '(unparsable URL)';
-  }
+  // redactUrl does not recurse here: with the stand-in host the URL parses, or it fails this regex.
+  const masked = redactUrl(`${m[1]}${STAND_IN}${m[2]}`, { strict });
   return masked.includes(`@${STAND_IN}/`) ? masked.replace(`@${STAND_IN}/`, '@/') : '(unparsable URL)';
 }
 
