@@ -4,15 +4,13 @@
 // by nature (the silence must outlast undici's 300 s), hence a file of its own.
 import assert from 'node:assert/strict';
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
-import { resetDb, startStack, textMessage, waitFor, type Stack } from './helpers/stack.ts';
-import { answerAgentCard } from './helpers/raw-agent-card.ts';
+import { textMessage, waitFor } from './helpers/stack.ts';
+import { answerAgentCard, useStackOnRawAgent } from './helpers/raw-agent-card.ts';
 
 const SILENCE_MS = 310_000;
 
 describe('remote A2A agent whose task is silent for more than five minutes', function () {
   this.timeout(SILENCE_MS + 120_000);
-  let stack: Stack;
   const server = http.createServer((req, res) => {
     const origin = `http://${req.headers.host}`;
     if (req.method === 'GET') {
@@ -34,16 +32,7 @@ describe('remote A2A agent whose task is silent for more than five minutes', fun
     });
   });
 
-  before(async () => {
-    await resetDb();
-    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: `http://127.0.0.1:${(server.address() as AddressInfo).port}/agent`, AGENT_ATTEMPTS: '1' });
-  });
-  after(async () => {
-    await stack?.stop();
-    server.closeAllConnections();
-    await new Promise((resolve) => server.close(resolve));
-  });
+  const stack = useStackOnRawAgent(server, { AGENT_ATTEMPTS: '1' });
 
   it('follows its stream to the end', async () => {
     const created = await stack.client.post('/api/task/v1', { message: textMessage('take your time') });

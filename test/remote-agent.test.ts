@@ -13,7 +13,7 @@ import { agentCardHandler, jsonRpcHandler, UserBuilder } from '@a2a-js/sdk/serve
 import { remoteAgent } from '../workers/agents/remote-a2a.ts';
 import type { AgentContext } from '../workers/agents/types.ts';
 import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, withQueue, type Stack } from './helpers/stack.ts';
-import { answerAgentCard } from './helpers/raw-agent-card.ts';
+import { answerAgentCard, useStackOnRawAgent } from './helpers/raw-agent-card.ts';
 
 const textOf = (m: Message) => m.parts.map((p) => (p.kind === 'text' ? p.text : '')).join('');
 // Its messages carry metadata, which the local task keeps.
@@ -776,7 +776,6 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
 describe('remote A2A agent that answers without end, or about another task', () => {
   // Unlike REMOTE_KEY, no message of these tests ends with a start of it ("remote-a"), which would be masked as a key cut short.
   const QUOTED_KEY = `qk-${randomUUID()}`;
-  let stack: Stack;
   let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' = 'trickle-card';
   // What the remote answers, in 'garbled' mode, after the task: an event of a known kind with a member of another shape.
   let garbled: unknown;
@@ -844,17 +843,7 @@ describe('remote A2A agent that answers without end, or about another task', () 
       pump();
     }
   });
-  before(async () => {
-    await resetDb();
-    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/agent`;
-    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: url, AGENT_REMOTE_API_KEY: QUOTED_KEY, AGENT_ATTEMPTS: '1', AGENT_REMOTE_TIMEOUT_MS: '1000' });
-  });
-  after(async () => {
-    await stack?.stop();
-    server.closeAllConnections();
-    await new Promise((resolve) => server.close(resolve));
-  });
+  const stack = useStackOnRawAgent(server, { AGENT_REMOTE_API_KEY: QUOTED_KEY, AGENT_ATTEMPTS: '1', AGENT_REMOTE_TIMEOUT_MS: '1000' });
 
   const failureOf = async (text: string) => (await failedTaskOn(stack, text)).status_message.parts[0].text as string;
 
@@ -963,7 +952,6 @@ describe('remote A2A agent that answers without end, or about another task', () 
 });
 
 describe('remote A2A agent that cannot stream and answers message/send only when its task ends', () => {
-  let stack: Stack;
   let sends = 0;
   const server = http.createServer((req, res) => {
     const origin = `http://${req.headers.host}`;
@@ -984,16 +972,7 @@ describe('remote A2A agent that cannot stream and answers message/send only when
       }, 2000);
     });
   });
-  before(async () => {
-    await resetDb();
-    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: `http://127.0.0.1:${(server.address() as AddressInfo).port}/agent`, AGENT_REMOTE_TIMEOUT_MS: '1000' });
-  });
-  after(async () => {
-    await stack?.stop();
-    server.closeAllConnections();
-    await new Promise((resolve) => server.close(resolve));
-  });
+  const stack = useStackOnRawAgent(server, { AGENT_REMOTE_TIMEOUT_MS: '1000' });
 
   it('waits for the answer past AGENT_REMOTE_TIMEOUT_MS, sending the message once', async () => {
     const done = await outcome(stack, 'take your time');

@@ -231,12 +231,18 @@ export async function tableRowCounts(except: string[] = [], db: Db = testDb()): 
 // as they would the stack itself. Mocha runs hooks in the order they are registered: a before hook
 // registered after this call may use the stack, an after hook runs once it has stopped.
 export function useStack(...args: Parameters<typeof startStack>): Stack {
+  return useStarted(() => startStack(...args), async (stack) => stack?.stop());
+}
+
+// Mocha hooks: `start` runs on a reset database before the describe's tests, `stop` after them (given
+// no stack when the start failed). The stack answered stands for the one started, once it has started.
+export function useStarted(start: () => Promise<Stack>, stop: (stack: Stack | undefined) => Promise<void>): Stack {
   let started: Stack | undefined;
   before(async () => {
     await resetDb();
-    started = await startStack(...args);
+    started = await start();
   });
-  after(async () => started?.stop());
+  after(async () => stop(started));
   const stack = () => {
     assert.ok(started, 'the stack starts in a before hook: use it in hooks and tests, not while describing');
     return started;
