@@ -222,7 +222,7 @@ describe('A2A JSON-RPC endpoint', () => {
     it('is served the same at all three paths, without a key, with the required fields', async () => {
       const paths = [`${A2A}/.well-known/agent.json`, `${A2A}/.well-known/agent-card.json`, '/.well-known/agent-card.json'];
       const cards = await Promise.all(paths.map((p) => stack.client.as(undefined).get(p)));
-      for (const c of cards) assert.equal(c.status, 200);
+      for (const c of cards) assert.deepEqual([c.status, c.headers.get('access-control-allow-origin')], [200, '*']);
       assert.deepEqual(cards[1].body, cards[0].body);
       assert.deepEqual(cards[2].body, cards[0].body);
       const card = cards[0].body;
@@ -248,6 +248,8 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.equal(http.body.name, 'test-agent');
       const r = await rpc('agent/getAuthenticatedExtendedCard');
       assert.deepEqual(r.body.result, http.body);
+      // What takes a key is not opened to other origins, as the public card is.
+      assert.deepEqual([http.headers.get('access-control-allow-origin'), r.headers.get('access-control-allow-origin')], [null, null]);
     });
   });
 

@@ -23,11 +23,16 @@ const waiterOf = (s: Services) => {
   return w;
 };
 
+// Public, without credentials: a browser page on any origin (an A2A client or inspector running in
+// it) may read it. The JSON-RPC endpoint sends no such header: it takes a key.
 const cardRoute = (path: string, operationId: string) => defineRoute({
   method: 'get', path, operationId, tag, scope: null,
-  summary: 'The A2A agent card (public)',
+  summary: 'The A2A agent card (public; readable from any origin)',
   responses: { 200: FreeObject },
-}, async ({ services }) => agentCard(services.cfg));
+}, async ({ ctx, services }) => {
+  ctx.set('Access-Control-Allow-Origin', '*');
+  return agentCard(services.cfg);
+});
 
 export const a2aRoutes = [
   defineRoute({
