@@ -9,16 +9,20 @@ import { statementTimedOut } from '../domain/errors.ts';
 // a part of, and leave such a context behind with no task to bring it up again.
 const PURGE_LOCK = 'taskbridge:purge-ended-tasks';
 
-// The next `limit` tasks that ended (a terminal status) before `before`. created_at < before is
-// implied by the status time: each status's range of the (status, created_at, id) index is read
-// from its oldest (a condition on the status list as a whole let the planner scan the table
-// whenever it misjudged how many have ended). Locked tasks are skipped: a request holding one is
-// reading or refusing a change.
-const ENDED_BEFORE = `select e.id from unnest(?::text[]) as s(status) cross join lateral (
-    select id from tasks t where t.status = s.status and t.created_at < ? and t.status_timestamp < ?
-     order by t.created_at limit ? for update skip locked) e
-   limit ?`;
-const endedBefore = (before: Date, limit: number) => [[...TERMINAL_STATES], before, before, limit, limit];
+// The next `limit` tasks that ended (a terminal status) before `before`, the earliest ended first: a
+// range of the partial index of ended tasks by their status time (migration 0034), read in its order
+// up to `limit`, which reaches neither tasks that have not ended nor tasks that ended after `before`,
+// however long ago those were created. (Read by created_at, each batch passed over every task created
+// before `before` that ended after it, and the batch with nothing due that ends a pass read them all.)
+// The status list is the index's predicate: the planner uses a partial index only for a query that
+// names the same list, as constants (test/task-purge.test.ts checks what a batch reads). The condition
+// on created_at, which the status time implies, only filters what the index finds. Locked tasks are
+// skipped: a request holding one is reading or refusing a change.
+const ENDED = TERMINAL_STATES.map((s) => `'${s}'`).join(', ');
+const ENDED_BEFORE = `select id from tasks t where t.status in (${ENDED}) and t.status_timestamp < ? and t.created_at < ?
+   order by t.status_timestamp limit ? for update skip locked`;
+const endedBefore = (before: Date, limit: number) => [before, before, limit];
+const DELETE_ENDED = `delete from tasks where id in (${ENDED_BEFORE}) returning context_id`;
 
 // Deletes those tasks with the contexts left without tasks; the number of tasks deleted, or null
 // when another worker is purging.
@@ -26,7 +30,7 @@ export async function purgeEndedTasks(db: Knex, before: Date, limit: number): Pr
   return db.transaction(async (trx) => {
     const { rows: [lock] } = await trx.raw(`select pg_try_advisory_xact_lock(hashtext(?)) as held`, [PURGE_LOCK]);
     if (!lock.held) return null;
-    const { rows: gone } = await trx.raw(`delete from tasks where id in (${ENDED_BEFORE}) returning context_id`, endedBefore(before, limit));
+    const { rows: gone } = await trx.raw(DELETE_ENDED, endedBefore(before, limit));
     if (!gone.length) return { tasks: 0, contexts: 0 };
     const contextIds = [...new Set((gone as { context_id: string }[]).map((r) => r.context_id))];
     await lockContexts(trx, contextIds);

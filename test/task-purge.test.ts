@@ -1,10 +1,11 @@
 // The purge of ended tasks (db/task-purge.ts) against concurrent writers, driven statement by
 // statement on real connections: intakes into the contexts it empties (db/tasks.ts
-// insertTaskBundles, the intake statement), tasks a request holds, and a second purger.
+// insertTaskBundles, the intake statement), tasks a request holds, and a second purger; and what its
+// statements read when many tasks created before the cutoff ended after it.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { resetDb, testDb, waitFor } from './helpers/stack.ts';
-import { purgeEndedTasks } from '../db/task-purge.ts';
+import { purgeEndedTasks, thinNextEndedTask } from '../db/task-purge.ts';
 import { insertTaskBundles, type TaskBundle } from '../db/tasks.ts';
 
 const DAY = 86400_000;
@@ -120,5 +121,87 @@ describe('purge of ended tasks vs concurrent writers', function () {
     assert.equal(await purgeEndedTasks(db, before(), 1000), null);
     await holder.rollback();
     assert.deepEqual(await purgeEndedTasks(db, before(), 1000), { tasks: 1, contexts: 1 });
+  });
+});
+
+// The rows of `tasks` a statement read to find the tasks it takes (EXPLAIN ANALYZE, in a transaction
+// rolled back): those the scans under its row locking (FOR UPDATE) returned and those their filters
+// dropped, over all their loops. Not the delete's own read of the tasks found, by their ids: a
+// statement that expects up to its limit of them may as well read the table then, if it is small.
+async function tasksRead(sql: string, bindings: unknown[]): Promise<number> {
+  const trx = await testDb().transaction();
+  try {
+    const { rows: [row] } = await trx.raw(`explain (analyze, format json) ${sql.replace(/\$\d+/g, '?')}`, bindings as never[]);
+    let read = 0;
+    const walk = (node: Record<string, unknown>, locking: boolean) => {
+      if (locking && node['Relation Name'] === 'tasks') {
+        const n = (k: string) => Number(node[k] ?? 0);
+        read += (n('Actual Rows') + n('Rows Removed by Filter') + n('Rows Removed by Index Recheck')) * n('Actual Loops');
+      }
+      for (const child of (node.Plans ?? []) as Record<string, unknown>[]) walk(child, locking || node['Node Type'] === 'LockRows');
+    };
+    walk(row['QUERY PLAN'][0].Plan, false);
+    return read;
+  } finally {
+    await trx.rollback();
+  }
+}
+
+// The statements sent through the test database while `run` runs (knex's query events).
+async function statementsOf(run: () => Promise<unknown>): Promise<{ sql: string; bindings: unknown[] }[]> {
+  const seen: { sql: string; bindings: unknown[] }[] = [];
+  const listen = (q: { sql: string; bindings?: unknown[] }) => seen.push({ sql: q.sql, bindings: q.bindings ?? [] });
+  testDb().on('query', listen);
+  try {
+    await run();
+  } finally {
+    testDb().off('query', listen);
+  }
+  return seen;
+}
+
+describe('purge of ended tasks: what a batch reads', function () {
+  this.timeout(60_000);
+  beforeEach(resetDb);
+
+  it('reaches the tasks due directly, past those created before the cutoff that ended after it or have not ended', async () => {
+    // 20,000 tasks created 30 days ago that ended a day ago (long runs), 5,000 created as long ago that
+    // have not ended, then 10 created 20 days ago that ended 10 days ago, the only ones due. Read by
+    // created_at, a batch and the thinning's look-up read all 20,000 with nothing due, and those of a
+    // status before its due ones otherwise; the counts are the plans' rows, not times.
+    const db = testDb();
+    const late = 20_000;
+    const due = 10;
+    const { rows: [c] } = await db.raw(`insert into contexts (id, created_at) values (gen_random_uuid(), now() - interval '30 days') returning id`);
+    await db.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+      select gen_random_uuid(), ?, (array['completed', 'canceled', 'failed', 'rejected'])[1 + g % 4], now() - interval '1 day', '{}',
+             now() - interval '30 days' + g * interval '1 ms', now() - interval '1 day'
+        from generate_series(1, ?::int) g`, [c.id, late]);
+    await db.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+      select gen_random_uuid(), ?, (array['submitted', 'working', 'input-required'])[1 + g % 3], now() - interval '30 days', '{}',
+             now() - interval '30 days' + g * interval '1 ms', now() - interval '30 days'
+        from generate_series(1, 5000) g`, [c.id]);
+    const seedDue = () => db.raw(`with c as (insert into contexts (id, created_at) select gen_random_uuid(), now() - interval '20 days' from generate_series(1, ?::int) returning id)
+      insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+      select gen_random_uuid(), c.id, 'completed', now() - interval '10 days', '{}', now() - interval '20 days', now() - interval '10 days' from c`, [due]);
+    await seedDue();
+    await db.raw('analyze tasks');
+
+    const purged = await statementsOf(async () => assert.deepEqual(await purgeEndedTasks(db, before(), 1000), { tasks: due, contexts: due }));
+    const batch = purged.find((q) => /^\s*delete from tasks\b/i.test(q.sql));
+    assert.ok(batch, purged.map((q) => q.sql).join('\n'));
+    const thinned = await statementsOf(async () => assert.equal(await thinNextEndedTask(db, before(), 2000), 0));
+    const next = thinned.find((q) => /for update skip locked/i.test(q.sql));
+    assert.ok(next, thinned.map((q) => q.sql).join('\n'));
+    assert.equal(Number((await db('tasks').count({ n: '*' }))[0].n), late + 5000);
+
+    // Nothing due: the batch and the thinning's look-up read (next to) nothing.
+    const idle = { batch: await tasksRead(batch.sql, batch.bindings), next: await tasksRead(next.sql, next.bindings) };
+    assert.ok(idle.batch < 100 && idle.next < 100, `tasks read with nothing due: ${JSON.stringify(idle)}`);
+    // Due tasks again: a batch reads them, not the others.
+    await seedDue();
+    await db.raw('analyze tasks');
+    const busy = { batch: await tasksRead(batch.sql, batch.bindings), next: await tasksRead(next.sql, next.bindings) };
+    assert.ok(busy.batch >= due && busy.batch < 100 && busy.next < 100, `tasks read with ${due} due: ${JSON.stringify(busy)}`);
   });
 });
