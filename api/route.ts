@@ -40,6 +40,11 @@ export interface RouteSpec<P extends TObject | undefined, Q extends TObject | un
   noHead?: true;
   /** A POST that writes nothing, so loses no race: no 409 implied in the OpenAPI document (api/openapi.ts). */
   readOnly?: true;
+  /**
+   * A check run first, before authentication and the rate limit (the MCP endpoint's Origin check):
+   * it answers itself (its status listed in `responses`) to refuse, or calls next.
+   */
+  guard?: (services: Services) => Middleware;
 }
 
 type In<T> = T extends TSchema ? Static<T> : undefined;
@@ -137,7 +142,7 @@ export function mount(router: Router, routes: Route[], services: Services): void
     const vBody = spec.body && compileSchema(spec.body);
     const bodyOptional = spec.body !== undefined && !bodyRequired(spec.body);
     const okStatus = Number(Object.keys(spec.responses).find((s) => s.startsWith('2')) ?? 200);
-    const stack: RouterMiddleware[] = [];
+    const stack: RouterMiddleware[] = spec.guard ? [spec.guard(services)] : [];
     if (spec.scope) stack.push(authenticate(services), rateLimit(services), requireScope(spec.scope));
     stack.push(async (ctx: Context) => {
       const params = { ...ctx.params };

@@ -4,6 +4,7 @@ import { Ajv } from 'ajv';
 import { parse as parsePgUrl } from 'pg-connection-string';
 import { parseSkills } from './a2a/skills.ts';
 import { redactUrl } from './logger.ts';
+import { normalOrigin } from './origin.ts';
 import { errorText, isHttpUrl, worded } from './schema-check.ts';
 import { MAX_TIMER_MS } from './with-timeout.ts';
 
@@ -150,6 +151,9 @@ const ConfigSchema = Type.Object({
   GOOGLE_OAUTH_TOKEN_URL: HttpUrlSetting({ default: 'https://oauth2.googleapis.com/token' }),
   BRIDGE_TIMEOUT_MS: Ms({ minimum: 100, default: 15000 }),
   BRIDGE_ALLOW_PRIVATE: Type.Boolean({ default: false }),
+  // Browser origins whose pages may call the MCP endpoint besides PUBLIC_URL's (comma-separated; `*`:
+  // any), checked against the Origin header a browser sends: mcpAllowedOrigins.
+  MCP_ALLOWED_ORIGINS: Type.Optional(Type.String()),
   DEK_CACHE_TTL_MS: Ms({ minimum: 0, default: 300000 }),
   AWS_KMS_ENDPOINT: Type.Optional(HttpUrlSetting()),
   // AWS accounts whose KMS keys may become envelope keys (comma-separated ids); unset: any account.
@@ -255,6 +259,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (passed('AGENT_REMOTE_KEY_ORIGINS')) {
     try { remoteKeyOrigins(cfg); } catch (e) { if (!(e instanceof ConfigError)) throw e; problems.push(...e.problems); }
   }
+  if (passed('MCP_ALLOWED_ORIGINS')) {
+    try { mcpOriginEntries(cfg.MCP_ALLOWED_ORIGINS); } catch (e) { if (!(e instanceof ConfigError)) throw e; problems.push(...e.problems); }
+  }
   if (passed('AGENT_SKILLS_JSON')) {
     try { parseSkills(cfg.AGENT_SKILLS_JSON); } catch (e) { problems.push(['AGENT_SKILLS_JSON', (e as Error).message]); }
   }
@@ -280,6 +287,28 @@ export function remoteKeyOrigins(cfg: Pick<Config, 'AGENT_REMOTE_KEY_ORIGINS'>):
     }
     return url.origin;
   });
+}
+
+// The origins whose pages may call the MCP endpoint (domain/bridge/mcp-envelope.ts originRefusal),
+// normalised (domain/origin.ts): PUBLIC_URL's and MCP_ALLOWED_ORIGINS; 'any' when that holds `*`.
+// Not the origin of the Host a request names: under DNS rebinding a page of another site reaches the
+// server under that site's name, its Origin and Host alike.
+export function mcpAllowedOrigins(cfg: Pick<Config, 'MCP_ALLOWED_ORIGINS' | 'PUBLIC_URL'>): ReadonlySet<string> | 'any' {
+  const entries = mcpOriginEntries(cfg.MCP_ALLOWED_ORIGINS);
+  return entries === 'any' ? 'any' : new Set([normalOrigin(new URL(cfg.PUBLIC_URL).origin)!, ...entries]);
+}
+
+// MCP_ALLOWED_ORIGINS's entries, normalised, or 'any' for `*`; a ConfigError naming each entry that is
+// no origin (by its number, and its text unless it holds an `@`, `?` or `#`: user info, a query or a
+// fragment may carry a secret). Blank entries (a trailing comma) are none.
+function mcpOriginEntries(value: string | undefined): string[] | 'any' {
+  const entries = (value?.split(',') ?? []).map((entry, i) => [entry.trim(), i + 1] as const).filter(([raw]) => raw);
+  const origins = entries.filter(([raw]) => raw !== '*').map(([raw, n]) => [raw, n, normalOrigin(raw)] as const);
+  const bad = origins.filter(([, , origin]) => origin === undefined);
+  if (bad.length) {
+    throw new ConfigError(bad.map(([raw, n]) => ['MCP_ALLOWED_ORIGINS', `entry ${n}${/[@?#]/.test(raw) ? '' : ` (${raw})`} is not an origin: a scheme and a host, and a port unless the scheme's default (such as https://app.example.com or http://localhost:5173), without a path; or * for any origin`]));
+  }
+  return entries.some(([raw]) => raw === '*') ? 'any' : origins.map(([, , origin]) => origin!);
 }
 
 // Process entry points: a bad configuration ends the process with the list of problems.
@@ -320,8 +349,8 @@ export function maskUrlCredentials(value: string): string {
 // What /_internal/v1/runtime_config may show: nothing that grants access. URL settings may carry
 // credentials (user info, a key as a parameter or fragment): those parts are masked, and always in
 // the service URLs, which show where the process connects. Each value is masked whole: a comma is
-// as good a character of a password or token as any (the one list of URLs, AGENT_REMOTE_KEY_ORIGINS,
-// holds only origins).
+// as good a character of a password or token as any (the lists of URLs, AGENT_REMOTE_KEY_ORIGINS and
+// MCP_ALLOWED_ORIGINS, hold only origins).
 export function publicConfig(cfg: Config): Record<string, unknown> {
   const hidden = new Set(['ADMIN_API_KEY', 'AGENT_REMOTE_API_KEY']);
   const serviceUrls = new Set(['DATABASE_URL', 'REDIS_URL']);

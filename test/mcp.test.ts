@@ -4,7 +4,7 @@ import http from 'node:http';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { ErrorCode, LATEST_PROTOCOL_VERSION, McpError } from '@modelcontextprotocol/sdk/types.js';
-import { ADMIN_KEY, resetDb, startStack, testDb, waitFor, type Client as HttpClient, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, resetDb, startStack, testDb, useStack, waitFor, type Client as HttpClient, type Stack } from './helpers/stack.ts';
 import { TOOLS_PAGE } from '../domain/bridge/mcp.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
@@ -16,6 +16,8 @@ const REFUND = 'stripe__stripe_process_refund__stripe-main';
 const DOTTED_REFUND = 'stripe.stripe_process_refund.stripe-main';
 // What the Anthropic and OpenAI APIs take as a tool name.
 const HOST_NAME = /^[a-zA-Z0-9_-]{1,64}$/;
+// The stack's PUBLIC_URL: its origin may call the MCP endpoint from a browser.
+const PUBLIC_URL = 'https://bridge.example.com/taskbridge';
 
 describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotocol/sdk client', () => {
   let stack: Stack;
@@ -40,7 +42,11 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
   before(async () => {
     await resetDb();
     stripe = await startFakeProviders({ stripeKey: STRIPE_KEY });
-    stack = await startStack({ STRIPE_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true', BRIDGE_TIMEOUT_MS: '1500' }, { workers: 0 });
+    stack = await startStack({
+      STRIPE_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true', BRIDGE_TIMEOUT_MS: '1500',
+      // Browser pages of these origins may call the MCP endpoint; of any other, not.
+      PUBLIC_URL: PUBLIC_URL, MCP_ALLOWED_ORIGINS: ' https://App.Example.com:443, http://localhost:5173/,',
+    }, { workers: 0 });
     c = stack.client;
     mcpUrl = new URL(`${stack.api.url}${B}/mcp`);
     for (const id of ['stripe-main', 'stripe-off']) {
@@ -305,6 +311,85 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.equal((await client.listTools()).tools.length, 2);
   });
 
+  // A refund as one POST, from a page of `origin` (undefined: no Origin, as the SDK's Node client sends).
+  const refundFrom = (origin: string | undefined, pi: string, headers: Record<string, string> = {}) =>
+    rawPost(JSON.stringify({ jsonrpc: '2.0', id: 'o', method: 'tools/call', params: { name: REFUND, arguments: { payment_intent: pi } } }), { ...(origin === undefined ? {} : { origin }), ...headers });
+  const forbidden = (named: string) => ({ jsonrpc: '2.0', id: null, error: { code: -32000, message: `Forbidden: ${named} is not allowed` } });
+
+  it('refuses a request whose Origin is not allowed (DNS rebinding) with 403 and a JSON-RPC error without an id, running nothing', async () => {
+    const calls = stripe.seen.length;
+    for (const origin of [
+      'https://evil.example',
+      // Close to an allowed one: another scheme, port or host, a suffix; not an origin at all (a path, a list).
+      'http://bridge.example.com', 'https://bridge.example.com:8443', 'https://app.example.com.evil.example', 'http://localhost:5174', 'https://evil.example/https://app.example.com',
+      'https://app.example.com, https://evil.example',
+      // The opaque origin of a sandboxed iframe or a file:// page.
+      'null',
+      // The Host it was sent to: under DNS rebinding a foreign page's Origin names the Host it reached.
+      new URL(stack.api.url).origin,
+    ]) {
+      const r = await refundFrom(origin, 'pi_foreign');
+      assert.equal(r.status, 403, origin);
+      assert.match(r.headers.get('content-type') ?? '', /^application\/json/);
+      assert.deepEqual(await r.json(), forbidden(`Origin ${origin}`), origin);
+    }
+    // A batch, and a notification (else 202), are refused all the same.
+    for (const body of [[{ jsonrpc: '2.0', id: 1, method: 'ping' }, { jsonrpc: '2.0', method: 'notifications/initialized' }], { jsonrpc: '2.0', method: 'notifications/initialized' }]) {
+      const r = await rawPost(JSON.stringify(body), { origin: 'https://evil.example' });
+      assert.deepEqual([r.status, await r.json()], [403, forbidden('Origin https://evil.example')], JSON.stringify(body));
+    }
+    // Said without quoting what cannot be: an empty Origin, a long one only by its length.
+    const empty = await new Promise<{ status: number; body: unknown }>((resolve, reject) => {
+      const ping = '{"jsonrpc": "2.0", "id": 1, "method": "ping"}';
+      http.request(mcpUrl, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', 'content-length': Buffer.byteLength(ping), origin: '' } }, (res) => {
+        let text = '';
+        res.on('data', (chunk) => (text += chunk)).on('end', () => resolve({ status: res.statusCode!, body: JSON.parse(text) }));
+      }).on('error', reject).end(ping);
+    });
+    assert.deepEqual(empty, { status: 403, body: forbidden('An empty Origin') });
+    const long = `https://${'a'.repeat(300)}.example`;
+    assert.deepEqual(await (await refundFrom(long, 'pi_foreign')).json(), forbidden(`An Origin of ${long.length} characters`));
+    assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
+    // The operator can tell why from the log.
+    const refused = await refundFrom('https://evil.example', 'pi_foreign');
+    const lines = await linesOf(refused.headers.get('x-request-id')!);
+    assert.ok(lines.some((l) => l.msg === 'mcp request refused: Origin not allowed' && (l as { origin?: string }).origin === 'https://evil.example'), JSON.stringify(lines));
+  });
+
+  it("takes a request from PUBLIC_URL's origin and from MCP_ALLOWED_ORIGINS, however the origin is spelt, and one without Origin", async () => {
+    let calls = stripe.seen.length;
+    for (const origin of ['https://bridge.example.com', 'HTTPS://Bridge.EXAMPLE.com:443', 'https://app.example.com', 'https://APP.example.com', 'http://localhost:5173', 'http://LOCALHOST:5173/', undefined]) {
+      const r = await refundFrom(origin, 'pi_origin');
+      assert.equal(r.status, 200, String(origin));
+      const answer = (await r.json()) as { result: { isError?: boolean; structuredContent: { payment_intent: string } } };
+      assert.equal(answer.result.isError, undefined, String(origin));
+      assert.equal(stripe.seen.length, ++calls, `${origin}: the call ran`);
+    }
+    // The SDK's Node client sends no Origin: it connects and calls.
+    const client = await connect();
+    assert.equal((await client.callTool({ name: REFUND, arguments: { payment_intent: 'pi_sdk' } })).isError, undefined);
+  });
+
+  it('checks the Origin before the API key: a foreign page gets the same 403 whatever key it sends, an allowed one the usual 401 and 403', async () => {
+    const readOnly = (await c.post('/api/auth/v1/api-key', { name: 'mcp origin reader', scopes: ['bridge:read'] })).body.key;
+    const calls = stripe.seen.length;
+    for (const authorization of [undefined, 'Bearer not-a-key', `Bearer ${readOnly}`, `Bearer ${ADMIN_KEY}`]) {
+      const r = await fetch(mcpUrl, {
+        method: 'POST', body: '{"jsonrpc": "2.0", "id": 1, "method": "ping"}',
+        headers: { 'content-type': 'application/json', origin: 'https://evil.example', ...(authorization ? { authorization } : {}) },
+      });
+      assert.deepEqual([r.status, await r.json()], [403, forbidden('Origin https://evil.example')], String(authorization));
+    }
+    assert.equal(stripe.seen.length, calls);
+    const noKey = await fetch(mcpUrl, { method: 'POST', body: '{"jsonrpc": "2.0", "id": 1, "method": "ping"}', headers: { 'content-type': 'application/json', origin: 'https://app.example.com' } });
+    assert.equal(noKey.status, 401);
+    assert.equal(((await noKey.json()) as { data: { code: string } }).data.code, 'unauthenticated');
+    const scope = await refundFrom('https://app.example.com', 'pi_scope', { authorization: `Bearer ${readOnly}` });
+    assert.equal(scope.status, 403);
+    assert.equal(((await scope.json()) as { data: { code: string } }).data.code, 'forbidden');
+    assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
+  });
+
   it('speaks HTTP as the transport specifies: earlier protocol revisions, parse errors, no GET stream, no sessions', async () => {
     const init = (version: string) => JSON.stringify({
       jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: version, capabilities: {}, clientInfo: { name: 'raw', version: '0' } },
@@ -560,6 +645,20 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
         err instanceof McpError && err.code === ErrorCode.InvalidParams && /params\.cursor/.test(err.message));
     } finally {
       await testDb()('provider_instances').where('id', 'like', 'stripe-many-%').delete();
+    }
+  });
+});
+
+describe('MCP server with MCP_ALLOWED_ORIGINS=*', () => {
+  const stack = useStack({ MCP_ALLOWED_ORIGINS: 'https://app.example.com,*' }, { workers: 0 });
+
+  it('takes a request from any Origin, null too (the behaviour before Origins were checked)', async () => {
+    for (const origin of ['https://evil.example', 'null', 'not an origin', 'http://localhost:5173']) {
+      const r = await fetch(`${stack.api.url}/api/bridge/v1/mcp`, {
+        method: 'POST', body: '{"jsonrpc": "2.0", "id": 1, "method": "ping"}',
+        headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', origin },
+      });
+      assert.deepEqual([r.status, await r.json()], [200, { jsonrpc: '2.0', id: 1, result: {} }], origin);
     }
   });
 });

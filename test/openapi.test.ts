@@ -407,6 +407,16 @@ describe('OpenAPI document', () => {
       valid(mcpAnswer, r.body);
       assert.ok(!JSON.stringify(r.body).includes('"error"'), r.text);
     }
+    // Its 403s: an Origin not allowed (a JSON-RPC error, before the key is read), a key without the scope (Error).
+    const { call } = checker();
+    assert.match(mcp.responses['403'].description, /Origin is not allowed/);
+    for (const client of [stack.client, stack.client.as('')]) {
+      const foreign = await call('post', '/api/bridge/v1/mcp', list, { headers: { origin: 'https://evil.example' } }, client);
+      assert.deepEqual([foreign.status, foreign.body.error?.code, foreign.body.id], [403, -32000, null], foreign.text);
+    }
+    const reader = (await stack.client.post('/api/auth/v1/api-key', { name: 'doc mcp', scopes: ['bridge:read'] })).body.key;
+    const scope = await call('post', '/api/bridge/v1/mcp', list, {}, stack.client.as(reader));
+    assert.deepEqual([scope.status, scope.body.data?.code], [403, 'forbidden'], scope.text);
   });
 });
 

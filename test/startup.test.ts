@@ -88,10 +88,10 @@ describe('process start-up', function () {
     }
   });
 
-  it('names each bad variable in one message, those checked against others (AGENT_MODULE) and parsed (AGENT_SKILLS_JSON, AGENT_REMOTE_KEY_ORIGINS) too', async () => {
-    const r = await run('api/main.ts', testEnv({ PORT: 'abc', AGENT_SKILLS_JSON: 'not json', AGENT_KIND: 'module', AGENT_REMOTE_KEY_ORIGINS: 'nope' }));
+  it('names each bad variable in one message, those checked against others (AGENT_MODULE) and parsed (AGENT_SKILLS_JSON, AGENT_REMOTE_KEY_ORIGINS, MCP_ALLOWED_ORIGINS) too', async () => {
+    const r = await run('api/main.ts', testEnv({ PORT: 'abc', AGENT_SKILLS_JSON: 'not json', AGENT_KIND: 'module', AGENT_REMOTE_KEY_ORIGINS: 'nope', MCP_ALLOWED_ORIGINS: 'nope' }));
     assert.equal(r.code, 2, r.output);
-    for (const name of ['PORT', 'AGENT_SKILLS_JSON', 'AGENT_MODULE', 'AGENT_REMOTE_KEY_ORIGINS']) assert.match(r.output, new RegExp(`^ {2}${name}: `, 'm'), r.output);
+    for (const name of ['PORT', 'AGENT_SKILLS_JSON', 'AGENT_MODULE', 'AGENT_REMOTE_KEY_ORIGINS', 'MCP_ALLOWED_ORIGINS']) assert.match(r.output, new RegExp(`^ {2}${name}: `, 'm'), r.output);
     assert.equal(r.output.match(/^Invalid configuration:$/gm)?.length, 1, r.output);
     // A check that reads a value the schema refused is not made: AGENT_KIND wrong, AGENT_MODULE is not said to be missing.
     const kind = await run('api/main.ts', testEnv({ AGENT_KIND: 'robot', AGENT_REMOTE_URL: 'not a url', AGENT_SKILLS_JSON: '[]' }));
@@ -129,6 +129,23 @@ describe('process start-up', function () {
     assert.equal(r.code, 2, r.output);
     assert.match(r.output, /^ {2}PORT: must be a whole number in decimal digits$/m);
     assert.deepEqual(fs.readdirSync(dataDir), [], 'nothing started under DATA_DIR');
+    noStack(r);
+  });
+
+  it('refuses MCP_ALLOWED_ORIGINS entries that are not origins (a path, no scheme, a wildcard host, null), naming each, one with user info only by its number', async () => {
+    const origins = [
+      'https://app.example.com', 'app.example.com', 'https://app.example.com/mcp', 'https://*.example.com', 'null', '*',
+      'https://user:pw-mcp@app.example.com', 'http://localhost:5173/', 'HTTPS://App.Example.com:443',
+    ].join(', ');
+    const r = await run('api/main.ts', testEnv({ MCP_ALLOWED_ORIGINS: origins }));
+    assert.equal(r.code, 2, r.output);
+    const named = r.output.split('\n').filter((l) => l.startsWith('  MCP_ALLOWED_ORIGINS: '));
+    assert.deepEqual(named.map((l) => l.replace(/ is not an origin: .*/, '')), [
+      '  MCP_ALLOWED_ORIGINS: entry 2 (app.example.com)', '  MCP_ALLOWED_ORIGINS: entry 3 (https://app.example.com/mcp)',
+      '  MCP_ALLOWED_ORIGINS: entry 4 (https://*.example.com)', '  MCP_ALLOWED_ORIGINS: entry 5 (null)', '  MCP_ALLOWED_ORIGINS: entry 7',
+    ], r.output);
+    assert.match(named[0], /is not an origin: a scheme and a host, and a port unless the scheme's default \(such as https:\/\/app\.example\.com or http:\/\/localhost:5173\), without a path; or \* for any origin$/);
+    assert.doesNotMatch(r.output, /pw-mcp/);
     noStack(r);
   });
 

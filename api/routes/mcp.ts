@@ -2,6 +2,7 @@
 // id; GET and DELETE answer 405). The SDK's web-standard transport speaks the protocol; this
 // handler hands it the request and copies its answer into Koa, or answers itself where the SDK would
 // answer otherwise than JSON-RPC and MCP say (domain/bridge/mcp-envelope.ts). Tools: domain/bridge/mcp.ts.
+// A request whose Origin is not allowed is refused before anything else (guard).
 import { Type } from '@sinclair/typebox';
 import { WebStandardStreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/webStandardStreamableHttp.js';
 import { defineRoute } from '../route.ts';
@@ -11,25 +12,46 @@ import { JsonRpcResponse } from '../schemas/jsonrpc.ts';
 import { readJsonRpcBody } from '../middleware/body.ts';
 import type { Context } from 'koa';
 import { createMcpServer } from '../../domain/bridge/mcp.ts';
-import { batchAnswer, batchRefusal, envelopeRefusal, McpRequest, NOT_ACCEPTABLE, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp-envelope.ts';
+import { batchAnswer, batchRefusal, envelopeRefusal, McpRequest, NOT_ACCEPTABLE, originRefusal, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp-envelope.ts';
+import { mcpAllowedOrigins } from '../../domain/config.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 
 export const MCP_PATH = '/api/bridge/v1/mcp';
 
-// A JSON-RPC answer of ours in place of the SDK's: 400 for a message that is no valid request, 406
-// for an Accept that refuses JSON, 200 otherwise.
-function answer(ctx: Context, status: 200 | 400 | 406, body: unknown): void {
+// A JSON-RPC answer of ours in place of the SDK's: 400 for a message that is no valid request, 403
+// for an Origin not allowed, 406 for an Accept that refuses JSON, 200 otherwise.
+function answer(ctx: Context, status: 200 | 400 | 403 | 406, body: unknown): void {
   ctx.status = status;
   ctx.body = body;
 }
+
+// The 403 of an Origin not allowed (domain/bridge/mcp-envelope.ts originRefusal).
+const OriginRefused = Type.Object({
+  jsonrpc: Type.Literal('2.0'), id: Type.Null(), error: Type.Object({ code: Type.Literal(-32000), message: Type.String() }),
+}, { description: "the request's Origin is not allowed (MCP_ALLOWED_ORIGINS): a JSON-RPC error without an id" });
 
 export const mcpRoutes = [
   defineRoute({
     method: 'post', path: MCP_PATH, operationId: 'bridge-mcp', tag: 'bridge', scope: 'bridge:invoke', ownBody: McpRequest,
     summary: 'Model Context Protocol (Streamable HTTP, stateless): tools/list and tools/call over the enabled function instances',
     // The seed describes this 200 so.
-    responseDescriptions: { 200: 'MCP server running' },
-    responses: { 200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null, 400: FreeObject, 401: ErrorBody, 403: ErrorBody, 406: FreeObject, 413: ErrorBody, 415: FreeObject },
+    responseDescriptions: { 200: 'MCP server running', 403: "The request's Origin is not allowed (a JSON-RPC error, answered before the API key is read), or the API key lacks the scope (Error)" },
+    responses: {
+      200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null, 400: FreeObject, 401: ErrorBody,
+      403: Type.Union([OriginRefused, ErrorBody]), 406: FreeObject, 413: ErrorBody, 415: FreeObject,
+    },
+    // The Origin is checked before the API key: a page of a foreign origin (a DNS rebinding) gets 403
+    // whatever key it sends, learning nothing of it (401 or 403 for its scope), and costs no key
+    // lookup, AUTH_FAILURES_PER_MINUTE or RATE_LIMIT_PER_SECOND.
+    guard: (services) => {
+      const allowed = mcpAllowedOrigins(services.cfg);
+      return async (ctx, next) => {
+        const refused = originRefusal(allowed, ctx.req.headers.origin);
+        if (!refused) return next();
+        (ctx.state.log ?? services.log).info({ origin: ctx.req.headers.origin?.slice(0, 200) }, 'mcp request refused: Origin not allowed');
+        answer(ctx, 403, refused);
+      };
+    },
   }, async ({ ctx, services, log }) => {
     // The server answers in application/json only (the transport's JSON mode: no SSE stream). The SDK
     // wants Accept to name both that and text/event-stream, in lower case, so it refused

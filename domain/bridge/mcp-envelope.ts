@@ -7,6 +7,7 @@ import {
   JSONRPCResultResponseSchema, ListToolsRequestSchema, PingRequestSchema, SUPPORTED_PROTOCOL_VERSIONS, type JSONRPCErrorResponse,
 } from '@modelcontextprotocol/sdk/types.js';
 import type { FieldError } from '../errors.ts';
+import { normalOrigin } from '../origin.ts';
 
 // The requests the server answers, with the SDK's schemas for them.
 const REQUESTS = { initialize: InitializeRequestSchema, ping: PingRequestSchema, 'tools/list': ListToolsRequestSchema, 'tools/call': CallToolRequestSchema } as const;
@@ -37,6 +38,23 @@ const invalidRequest = (why: string, id?: unknown): EnvelopeRefusal => ({
 export const NOT_ACCEPTABLE: EnvelopeRefusal = {
   jsonrpc: '2.0', id: null, error: { code: -32000, message: 'Not Acceptable: this server answers in application/json, which the Accept header does not allow' },
 };
+
+// MCP's Streamable HTTP transport: the server MUST validate the Origin header of every request, and
+// answer one that is present and invalid with 403, whose body may be a JSON-RPC error without an id:
+// else a page of another site whose name was made to resolve to this server's address (DNS
+// rebinding) could call it from inside the network, a browser sending that site's Origin. Given the
+// origins allowed (config.ts mcpAllowedOrigins) and the request's Origin, that refusal (the code the
+// SDK's own Origin check answers), or undefined. A request without Origin, from a client that is no
+// browser page (the SDK's Node client, curl), passes; so does any with 'any' (MCP_ALLOWED_ORIGINS=*).
+// An Origin no origin at all (`null`, unparsable, two of them) is refused as a foreign one is.
+export function originRefusal(allowed: ReadonlySet<string> | 'any', origin: string | undefined): EnvelopeRefusal | undefined {
+  if (origin === undefined || allowed === 'any') return undefined;
+  const normal = normalOrigin(origin);
+  if (normal !== undefined && allowed.has(normal)) return undefined;
+  // As sent, but a long one only by its length (what a header may hold is up to some 16 KiB).
+  const named = !origin ? 'An empty Origin' : origin.length > 200 ? `An Origin of ${origin.length} characters` : `Origin ${origin}`;
+  return { jsonrpc: '2.0', id: null, error: { code: -32000, message: `Forbidden: ${named} is not allowed` } };
+}
 
 // The SDK answers JSON that is not a JSON-RPC message with a parse error (-32700), and an empty
 // batch with 202 as if it were notifications. JSON-RPC says both are invalid requests (-32600), and
