@@ -260,7 +260,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     try { remoteKeyOrigins(cfg); } catch (e) { if (!(e instanceof ConfigError)) throw e; problems.push(...e.problems); }
   }
   if (passed('MCP_ALLOWED_ORIGINS')) {
-    try { mcpOriginEntries(cfg.MCP_ALLOWED_ORIGINS); } catch (e) { if (!(e instanceof ConfigError)) throw e; problems.push(...e.problems); }
+    try { originList('MCP_ALLOWED_ORIGINS', cfg.MCP_ALLOWED_ORIGINS, MCP_ORIGINS); } catch (e) { if (!(e instanceof ConfigError)) throw e; problems.push(...e.problems); }
   }
   if (passed('AGENT_SKILLS_JSON')) {
     try { parseSkills(cfg.AGENT_SKILLS_JSON); } catch (e) { problems.push(['AGENT_SKILLS_JSON', (e as Error).message]); }
@@ -278,15 +278,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
 
 // AGENT_REMOTE_KEY_ORIGINS as origins comparable with URL.origin (https://Host:443 is https://host).
 export function remoteKeyOrigins(cfg: Pick<Config, 'AGENT_REMOTE_KEY_ORIGINS'>): string[] {
-  // Blank entries (a trailing comma) are no origins to trust, not mistakes.
-  return (cfg.AGENT_REMOTE_KEY_ORIGINS?.split(',') ?? []).map((entry, i) => [entry.trim(), i] as const).filter(([raw]) => raw).map(([raw, i]) => {
-    let url: URL | undefined;
-    try { url = new URL(raw); } catch { /* said below */ }
-    if (!url || !/^https?:$/.test(url.protocol) || url.href !== `${url.origin}/` || url.username || url.password) {
-      throw new ConfigError([['AGENT_REMOTE_KEY_ORIGINS', `entry ${i + 1} is not an origin (scheme, host and port, such as https://agent.example.com:8443)`]]);
-    }
-    return url.origin;
-  });
+  return originList('AGENT_REMOTE_KEY_ORIGINS', cfg.AGENT_REMOTE_KEY_ORIGINS, { webOnly: true, example: 'https://agent.example.com:8443' }).origins;
 }
 
 // The origins whose pages may call the MCP endpoint (domain/bridge/mcp-envelope.ts originRefusal),
@@ -294,21 +286,28 @@ export function remoteKeyOrigins(cfg: Pick<Config, 'AGENT_REMOTE_KEY_ORIGINS'>):
 // Not the origin of the Host a request names: under DNS rebinding a page of another site reaches the
 // server under that site's name, its Origin and Host alike.
 export function mcpAllowedOrigins(cfg: Pick<Config, 'MCP_ALLOWED_ORIGINS' | 'PUBLIC_URL'>): ReadonlySet<string> | 'any' {
-  const entries = mcpOriginEntries(cfg.MCP_ALLOWED_ORIGINS);
-  return entries === 'any' ? 'any' : new Set([normalOrigin(new URL(cfg.PUBLIC_URL).origin)!, ...entries]);
+  const { origins, any } = originList('MCP_ALLOWED_ORIGINS', cfg.MCP_ALLOWED_ORIGINS, MCP_ORIGINS);
+  return any ? 'any' : new Set([normalOrigin(new URL(cfg.PUBLIC_URL).origin)!, ...origins]);
 }
+const MCP_ORIGINS = { anyOrigin: true, example: 'https://app.example.com or http://localhost:5173' };
 
-// MCP_ALLOWED_ORIGINS's entries, normalised, or 'any' for `*`; a ConfigError naming each entry that is
-// no origin (by its number, and its text unless it holds an `@`, `?` or `#`: user info, a query or a
-// fragment may carry a secret). Blank entries (a trailing comma) are none.
-function mcpOriginEntries(value: string | undefined): string[] | 'any' {
+// A setting's comma-separated origins, normalised (domain/origin.ts); `webOnly`: http(s) only;
+// `anyOrigin`: an entry `*` stands for any origin. Blank entries (a trailing comma) are none. A
+// ConfigError names each entry that is no origin by its number, and by its text unless it holds an
+// `@`, `?` or `#` (user info, a query or a fragment may carry a secret).
+function originList(name: string, value: string | undefined, opts: { webOnly?: boolean; anyOrigin?: boolean; example: string }): { origins: string[]; any: boolean } {
   const entries = (value?.split(',') ?? []).map((entry, i) => [entry.trim(), i + 1] as const).filter(([raw]) => raw);
-  const origins = entries.filter(([raw]) => raw !== '*').map(([raw, n]) => [raw, n, normalOrigin(raw)] as const);
-  const bad = origins.filter(([, , origin]) => origin === undefined);
+  const any = opts.anyOrigin === true && entries.some(([raw]) => raw === '*');
+  const read = entries.filter(([raw]) => !(opts.anyOrigin && raw === '*')).map(([raw, n]) => {
+    const origin = normalOrigin(raw);
+    return [raw, n, origin && (!opts.webOnly || /^https?:/.test(origin)) ? origin : undefined] as const;
+  });
+  const bad = read.filter(([, , origin]) => origin === undefined);
   if (bad.length) {
-    throw new ConfigError(bad.map(([raw, n]) => ['MCP_ALLOWED_ORIGINS', `entry ${n}${/[@?#]/.test(raw) ? '' : ` (${raw})`} is not an origin: a scheme and a host, and a port unless the scheme's default (such as https://app.example.com or http://localhost:5173), without a path; or * for any origin`]));
+    const shape = `${opts.webOnly ? 'an http(s) scheme' : 'a scheme'} and a host, and a port unless the scheme's default (such as ${opts.example}), without a path${opts.anyOrigin ? '; or * for any origin' : ''}`;
+    throw new ConfigError(bad.map(([raw, n]) => [name, `entry ${n}${/[@?#]/.test(raw) ? '' : ` (${raw})`} is not an origin: ${shape}`]));
   }
-  return entries.some(([raw]) => raw === '*') ? 'any' : origins.map(([, , origin]) => origin!);
+  return { origins: read.map(([, , origin]) => origin!), any };
 }
 
 // Process entry points: a bad configuration ends the process with the list of problems.
