@@ -8,6 +8,7 @@ import { waitForBackingServices } from '../domain/startup.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { allRoutes, createApp } from './app.ts';
 import { answerClientErrors } from './client-errors.ts';
+import { countHttpAnswer } from './metrics.ts';
 import { API_KEY_REVOKED, catchUpOnRevocations, forgetApiKey } from './middleware/auth.ts';
 import { listenPg } from '../db/pg-listener.ts';
 import { exitIfNotStoppedWithin, onStop } from '../domain/stop-signals.ts';
@@ -23,7 +24,12 @@ const keyRevocations = await listenPg(cfg.DATABASE_URL, { [API_KEY_REVOKED]: for
 services.outbox.startSweeper();
 const app = createApp(services);
 // A missing Host is refused in Koa (api/app.ts), with the Error body: Node's own check answers 400 bare.
-const server = http.createServer({ requireHostHeader: false }, app.callback()).listen(cfg.PORT, cfg.HOST, () => {
+// A request not received whole within API_REQUEST_TIMEOUT_MS (its headers within the least of that
+// and 60 s: Node's headersTimeout) is answered 408 (api/client-errors.ts). Node looks for those every
+// 30 s; a shorter timeout is looked for more often, or it would be overrun by up to 30 s.
+const requestTimeout = cfg.API_REQUEST_TIMEOUT_MS;
+const connectionsCheckingInterval = requestTimeout ? Math.min(30_000, Math.max(100, Math.floor(requestTimeout / 4))) : 30_000;
+const server = http.createServer({ requireHostHeader: false, requestTimeout, connectionsCheckingInterval }, app.callback()).listen(cfg.PORT, cfg.HOST, () => {
   const addr = server.address();
   const port = typeof addr === 'object' && addr ? addr.port : cfg.PORT;
   services.log.info({ port, url: `http://${cfg.HOST}:${port}` }, 'api listening');
@@ -52,7 +58,7 @@ server.on('request', (_req, res: ServerResponse) => {
   answering.add(res);
   res.once('close', () => answering.delete(res));
 });
-answerClientErrors(server, allRoutes.map((r) => r.spec.method), services.log);
+answerClientErrors(server, allRoutes.map((r) => r.spec.method), services.log, countHttpAnswer(services));
 
 // How long after the signal (and API_SHUTDOWN_DELAY_MS) idle keep-alive connections are left open, for requests already sent on them to be read.
 const IDLE_CLOSE_DELAY_MS = 1000;

@@ -18,7 +18,7 @@ import { countProviderInstancesByStatus } from '../db/bridge.ts';
 import { countOutbox, oldestOutboxAgeSeconds } from '../db/outbox.ts';
 import { registerWorkerMetrics } from '../queues/worker-metrics.ts';
 import { withTimeout } from '../domain/with-timeout.ts';
-import { matchedRoute } from './middleware/access-log.ts';
+import { matchedRoute, statusSent } from './middleware/access-log.ts';
 
 const SOURCE_TIMEOUT_MS = 2000;
 
@@ -153,10 +153,10 @@ function createMetrics(services: Services) {
     try {
       await next();
     } finally {
-      end({ method: ctx.method, route: matchedRoute(ctx), status: String(ctx.status) });
+      end({ method: ctx.method, route: matchedRoute(ctx), status: String(statusSent(ctx)) });
     }
   };
-  return { registry, middleware };
+  return { registry, middleware, http };
 }
 
 // One registry per process (per Services), shared by the middleware and the route.
@@ -168,6 +168,12 @@ function metricsOf(services: Services) {
 }
 
 export const metricsMiddleware = (services: Services): Middleware => metricsOf(services).middleware;
+
+// An answer written on the socket by api/client-errors.ts, for a request that never reached Koa: the
+// labels are bounded there (a fixed route, a method Node's parser knows or a fixed one), never the path.
+export type HttpAnswer = { method: string; route: string; status: number; seconds: number };
+export const countHttpAnswer = (services: Services) => ({ method, route, status, seconds }: HttpAnswer): void =>
+  metricsOf(services).http.observe({ method, route, status: String(status) }, seconds);
 
 export const metricsRoutes = [
   defineRoute({

@@ -19,8 +19,9 @@ function collect(schema: unknown, components: Record<string, Json>): unknown {
 }
 
 // Answered before any route runs, on every operation (api/client-errors.ts): headers over Node's
-// limit (431) and an Expect other than 100-continue (417), both with the Error body.
-const BEFORE_ROUTING = { 417: ErrorBody, 431: ErrorBody };
+// limit (431), an Expect other than 100-continue (417) and a request not arrived whole within
+// API_REQUEST_TIMEOUT_MS (408: its headers, or its body while it is read), all with the Error body.
+const BEFORE_ROUTING = { 408: ErrorBody, 417: ErrorBody, 431: ErrorBody };
 
 // Sent with every answer, whatever its status (api/middleware/request-id.ts; api/client-errors.ts
 // before routing): the request's own X-Request-Id when sane, else a new one; logs carry it as req_id.

@@ -117,6 +117,9 @@ const ConfigSchema = Type.Object({
   // After SIGTERM (and API_SHUTDOWN_DELAY_MS), how long an API process lets requests in flight finish before it closes what is open.
   API_SHUTDOWN_GRACE_MS: Ms({ minimum: 0, default: 10000 }),
   API_WRITE_STALL_MS: Ms({ minimum: 0, default: 60000 }),
+  // How long a client has to send a whole request (headers and body) before it is answered 408; its
+  // headers alone get at most 60 s of it. Node's requestTimeout and headersTimeout (api/main.ts); 0: no limit.
+  API_REQUEST_TIMEOUT_MS: Ms({ minimum: 0, default: 300000 }),
   // Longest a definition export (GET /api/a2a/v1/definition) may take to be read whole: it holds a
   // database connection in an open transaction meanwhile, so a client reading it slowly is cut then.
   DEFINITION_EXPORT_TIMEOUT_MS: Ms({ minimum: 1000, default: 300000 }),

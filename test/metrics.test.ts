@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
+import net from 'node:net';
 import path from 'node:path';
 import { Redis } from 'ioredis';
 import { Registry } from 'prom-client';
@@ -132,6 +133,83 @@ describe('GET /metrics', () => {
     assert.equal(job.status, 202);
     const res = await stack.client.get('/metrics');
     assert.match(res.text, new RegExp(`taskbridge_key_job_items\\{job_id="${job.body.id}",kind="migrate-deks",count="done"\\} 0`));
+  });
+});
+
+// Answers written on the socket outside Koa (api/client-errors.ts): what Node's parser refuses, a request
+// not arrived within API_REQUEST_TIMEOUT_MS, CONNECT, an unknown Expect. Each counts once in the HTTP
+// latencies, labelled with nothing the client chose.
+describe('GET /metrics: answers given before a request reaches Koa', function () {
+  this.timeout(30_000);
+  const stack = useStack({ API_REQUEST_TIMEOUT_MS: '1000' }, { workers: 0 });
+  const MARK = 'kept-out-of-labels-and-logs';
+  // The answer to bytes written on a raw socket (nothing more once they are sent), read until the server closes it.
+  const exchange = (text: string): Promise<string> => new Promise((resolve, reject) => {
+    const socket = net.connect(Number(new URL(stack.api.url).port), '127.0.0.1', () => socket.write(text));
+    const chunks: Buffer[] = [];
+    socket.on('data', (b: Buffer) => chunks.push(b));
+    socket.on('close', () => resolve(Buffer.concat(chunks).toString('latin1')));
+    socket.on('error', reject);
+  });
+  // The HTTP request counts, by labels, of one scrape.
+  const counts = async () => {
+    const text = (await stack.client.get('/metrics')).text;
+    return new Map([...text.matchAll(/^taskbridge_http_request_duration_seconds_count\{(.*)\} (\S+)$/gm)].map((m) => [m[1], Number(m[2])]));
+  };
+  // What `send` added to the counts: one series up by exactly one, and no other (the scrapes' own aside).
+  const counted = async (send: () => Promise<unknown>, labels: string) => {
+    const before = await counts();
+    await send();
+    const after = await waitFor(async () => { const c = await counts(); return (c.get(labels) ?? 0) > (before.get(labels) ?? 0) && c; }, `a count of ${labels}`);
+    const changed = [...after].filter(([l, n]) => n !== (before.get(l) ?? 0) && !l.includes('route="/metrics"'));
+    assert.deepEqual(changed, [[labels, (before.get(labels) ?? 0) + 1]]);
+  };
+  const unparsed = (status: number) => `method="unparsed",route="unparsed",status="${status}"`;
+
+  it('counts a malformed request line as a 400 of route unparsed', async () => {
+    await counted(async () => assert.match(await exchange(`NOT HTTP ${MARK}\r\n\r\n`), /^HTTP\/1\.1 400 /), unparsed(400));
+  });
+
+  it('counts headers over the limit as a 431 of route unparsed', async () => {
+    await counted(async () => assert.match(await exchange(`GET /${MARK} HTTP/1.1\r\nHost: x\r\nX-Pad: ${'a'.repeat(20_000)}\r\n\r\n`), /^HTTP\/1\.1 431 /), unparsed(431));
+  });
+
+  it('counts headers not arrived within API_REQUEST_TIMEOUT_MS as a 408 of route unparsed, taking that long', async () => {
+    const sum = async () => sample((await stack.client.get('/metrics')).text, 'taskbridge_http_request_duration_seconds_sum', unparsed(408)) ?? 0;
+    const before = await sum();
+    const started = Date.now();
+    await counted(async () => assert.match(await exchange(`GET /${MARK} HTTP/1.1\r\nHost: x\r\nX-Mark: ${MARK}\r\n`), /^HTTP\/1\.1 408 /), unparsed(408));
+    assert.ok(Date.now() - started >= 1000, `answered after ${Date.now() - started} ms`);
+    // Its latency is the headers' timeout (the least of API_REQUEST_TIMEOUT_MS and 60 s), which ran out.
+    assert.equal(await sum() - before, 1);
+  });
+
+  it('counts a body not arrived within API_REQUEST_TIMEOUT_MS once, as a 408 of its route, and logs it so', async () => {
+    const requestId = `slow-body-${randomUUID()}`;
+    let answer = '';
+    await counted(async () => {
+      answer = await exchange(`POST /api/task/v1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nContent-Type: application/json\r\nContent-Length: 100\r\nX-Request-Id: ${requestId}\r\n\r\n{"message":`);
+    }, 'method="POST",route="/api/task/v1",status="408"');
+    assert.match(answer, /^HTTP\/1\.1 408 /);
+    assert.match(answer, new RegExp(`\r\nX-Request-Id: ${requestId}\r\n`));
+    const lines = stack.api.logs.filter((l) => l.includes(requestId));
+    assert.equal(lines.length, 1, lines.join('\n'));
+    assert.deepEqual((({ msg, status, route }) => ({ msg, status, route }))(JSON.parse(lines[0])), { msg: 'request', status: 408, route: '/api/task/v1' });
+  });
+
+  it('counts CONNECT (405) and an Expect other than 100-continue (417) with their method and route unmatched', async () => {
+    await counted(async () => assert.match(await exchange(`CONNECT ${MARK}.example:443 HTTP/1.1\r\nHost: ${MARK}.example:443\r\n\r\n`), /^HTTP\/1\.1 405 /),
+      'method="CONNECT",route="unmatched",status="405"');
+    await counted(async () => assert.match(await exchange(`POST /api/task/v1/${MARK} HTTP/1.1\r\nHost: x\r\nExpect: ${MARK}\r\nContent-Length: 2\r\n\r\n`), /^HTTP\/1\.1 417 /),
+      'method="POST",route="unmatched",status="417"');
+  });
+
+  it('puts nothing of those requests in the labels, and logs none of the ones Node could not read', async () => {
+    assert.ok(!(await stack.client.get('/metrics')).text.includes(MARK));
+    // Only the Expect's line names its path, as it always did; CONNECT's names no target.
+    const logged = stack.api.logs.filter((l) => l.includes(MARK));
+    assert.equal(logged.length, 1, logged.join('\n'));
+    assert.match(logged[0], /"status":417/);
   });
 });
 

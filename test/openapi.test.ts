@@ -12,7 +12,8 @@ import path from 'node:path';
 import { ADMIN_KEY, testDb, textMessage, useStack, waitFor, type Response } from './helpers/stack.ts';
 
 describe('OpenAPI document', () => {
-  const stack = useStack({}, { workers: 0 });
+  // A request timeout short enough to see its 408 (the default is 5 minutes).
+  const stack = useStack({ API_REQUEST_TIMEOUT_MS: '2000' }, { workers: 0 });
   let doc: any;
   before(async () => {
     const r = await stack.client.as('').get('/api/openapi.json');
@@ -49,14 +50,14 @@ describe('OpenAPI document', () => {
     }
     // Statuses the shared layers answer are listed even where a route does not name them.
     const statuses = (path: string, method: string) => Object.keys(doc.paths[path][method].responses).sort();
-    // 417 and 431 on every operation: they are answered before any route runs.
-    assert.deepEqual(statuses('/_internal/v1/trigger_codegen', 'post'), ['200', '400', '401', '403', '413', '415', '417', '429', '431', '500', '503']);
+    // 408, 417 and 431 on every operation: they are answered before any route runs (408 also while a body is read).
+    assert.deepEqual(statuses('/_internal/v1/trigger_codegen', 'post'), ['200', '400', '401', '403', '408', '413', '415', '417', '429', '431', '500', '503']);
     assert.deepEqual(statuses('/api/bridge/v1/available-providers/{provider_controller_type_id}/available-credentials/{credential_controller_type_id}/credential/resource-server', 'post'),
-      ['201', '400', '401', '403', '404', '409', '413', '415', '417', '429', '431', '500', '502', '503']);
+      ['201', '400', '401', '403', '404', '408', '409', '413', '415', '417', '429', '431', '500', '502', '503']);
     // A GET refuses a body too (400, 413, 415: its own test below).
-    assert.deepEqual(statuses('/_internal/v1/health', 'get'), ['200', '400', '413', '415', '417', '431']);
+    assert.deepEqual(statuses('/_internal/v1/health', 'get'), ['200', '400', '408', '413', '415', '417', '431']);
     // The seed's list-contexts answers: 500 among its errors; no 404, which a list never answers.
-    assert.deepEqual(statuses('/api/task/v1/context', 'get'), ['200', '400', '401', '403', '413', '415', '417', '429', '431', '500', '503']);
+    assert.deepEqual(statuses('/api/task/v1/context', 'get'), ['200', '400', '401', '403', '408', '413', '415', '417', '429', '431', '500', '503']);
     for (const list of ['/api/task/v1', '/api/task/v1/context/{context_id}/task', '/api/secret/v1', '/api/encryption/v1/envelope']) {
       assert.ok(!statuses(list, 'get').includes('404'), list);
     }
@@ -73,7 +74,7 @@ describe('OpenAPI document', () => {
     assert.deepEqual([params.page_size.required, params.page_size.schema.type, params.page_size.schema.format], [true, 'integer', 'int64']);
     assert.deepEqual([params.next_page_token.required, params.next_page_token.schema.type], [false, 'string']);
     assert.equal(doc.paths['/api/secret/v1'].get.parameters.find((p: any) => p.name === 'page_size').schema.format, 'int64');
-    assert.deepEqual(statuses('/api/bridge/v1/generic-oauth-callback', 'get'), ['200', '303', '400', '404', '405', '410', '413', '415', '417', '431', '500', '502', '503']);
+    assert.deepEqual(statuses('/api/bridge/v1/generic-oauth-callback', 'get'), ['200', '303', '400', '404', '405', '408', '410', '413', '415', '417', '431', '500', '502', '503']);
     // 409s that only races give are listed too: a task naming the context that retention is deleting
     // (README, Operating), a secret moving between aliases while written, a rotation's job id taken;
     // any write losing a race (a row it refers to deleted meanwhile): every operation that writes.
@@ -82,7 +83,7 @@ describe('OpenAPI document', () => {
     assert.ok(statuses('/api/encryption/v1/dek/alias/{alias}/rotate', 'post').includes('409'));
     for (const { spec } of allRoutes) {
       const listed = statuses(spec.path.replace(/:([A-Za-z0-9_]+)/g, '{$1}'), spec.method);
-      for (const s of ['417', '431']) assert.ok(listed.includes(s), `${spec.operationId} does not list ${s}`);
+      for (const s of ['408', '417', '431']) assert.ok(listed.includes(s), `${spec.operationId} does not list ${s}`);
       if (spec.method !== 'get' && !spec.ownBody && !spec.readOnly) assert.ok(listed.includes('409'), `${spec.operationId} writes but does not list 409`);
     }
     // The headers those statuses always carry, wherever they are listed.
@@ -190,8 +191,9 @@ describe('OpenAPI document', () => {
     return { check, call, seen };
   };
 
-  // node:http, for what fetch will not send: a body with a GET, an Expect header.
-  const send = (method: string, url: string, headers: Record<string, string>, body = '') => new Promise<Response>((resolve, reject) => {
+  // node:http, for what fetch will not send: a body with a GET, an Expect header; with `unfinished`, a
+  // body whose end never comes (send a Content-Length over it).
+  const send = (method: string, url: string, headers: Record<string, string>, body = '', { unfinished = false } = {}) => new Promise<Response>((resolve, reject) => {
     const req = http.request(new URL(url, stack.api.url), { method: method.toUpperCase(), headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-length': String(Buffer.byteLength(body)), ...headers } }, (res) => {
       let text = '';
       res.setEncoding('utf8').on('data', (c) => (text += c)).on('end', () => {
@@ -199,7 +201,9 @@ describe('OpenAPI document', () => {
         resolve({ status: res.statusCode!, headers: got, text, body: text ? JSON.parse(text) : undefined });
       });
     });
-    req.on('error', reject).end(body);
+    req.on('error', reject);
+    if (unfinished) req.write(body);
+    else req.end(body);
   });
 
   it('a body where the operation takes none: the 400, 413 and 415 it answers are documented on every operation that reads one', async () => {
@@ -231,7 +235,7 @@ describe('OpenAPI document', () => {
     }
   });
 
-  it('answers given before or around the routes are documented with their headers: 431, 417, 405 with Allow, 503 with Retry-After, a race\'s 409', async () => {
+  it('answers given before or around the routes are documented with their headers: 431, 417, 408, 405 with Allow, 503 with Retry-After, a race\'s 409', async () => {
     const { check, call, seen } = checker();
     // Answered by api/client-errors.ts before any route.
     const big = await stack.client.request('GET', '/api/task/v1', undefined, { headers: { 'x-pad': 'x'.repeat(20_000) } });
@@ -240,6 +244,11 @@ describe('OpenAPI document', () => {
     const expect = await send('post', '/api/task/v1', { 'content-type': 'application/json', expect: 'bogus' }, JSON.stringify({ message: textMessage('expect') }));
     assert.equal(expect.status, 417, expect.text);
     check(expect, 'post', '/api/task/v1');
+    // A body not arrived within API_REQUEST_TIMEOUT_MS: 408, with the request's own X-Request-Id.
+    const slow = await send('post', '/api/task/v1', { 'content-type': 'application/json', 'content-length': '100', 'x-request-id': 'doc-slow.1' }, '{"message":', { unfinished: true });
+    assert.equal(slow.status, 408, slow.text);
+    assert.equal(slow.headers.get('x-request-id'), 'doc-slow.1');
+    check(slow, 'post', '/api/task/v1');
     // The OAuth callback refuses HEAD (it would redeem the state): 405 naming the methods it takes.
     const head = await stack.client.request('HEAD', '/api/bridge/v1/generic-oauth-callback?state=s&code=c');
     assert.equal(head.status, 405);
@@ -279,7 +288,7 @@ describe('OpenAPI document', () => {
     const lost = await raced!;
     assert.equal(lost.status, 409, lost.text);
     check(lost, 'put', `${E}/dek/alias/${alias}`);
-    for (const expected of ['list-tasks 431', 'create-task 417', 'ready 503', 'update-dek-alias 409']) assert.ok(seen.has(expected), `not exercised: ${expected} (${[...seen].join(', ')})`);
+    for (const expected of ['list-tasks 431', 'create-task 417', 'create-task 408', 'ready 503', 'update-dek-alias 409']) assert.ok(seen.has(expected), `not exercised: ${expected} (${[...seen].join(', ')})`);
   });
 
   it('secret and encryption responses, and their errors, follow the documented schemas', async () => {

@@ -1,8 +1,17 @@
+import type { ServerResponse } from 'node:http';
 import type { Context, Middleware } from 'koa';
 
 // The route pattern a request matched (`/api/task/v1/:task_id`), else `unmatched`: the request
 // line's `route` and the /metrics label (bounded, unlike paths, which carry ids).
-export const matchedRoute = (ctx: Context): string => String((ctx as { _matchedRoute?: string | RegExp })._matchedRoute ?? 'unmatched');
+export const UNMATCHED = 'unmatched';
+export const matchedRoute = (ctx: Context): string => String((ctx as { _matchedRoute?: string | RegExp })._matchedRoute ?? UNMATCHED);
+
+// Answers written on the socket outside Koa while a request was in it (api/client-errors.ts: its body
+// not arrived within API_REQUEST_TIMEOUT_MS, 408, or not valid HTTP, 400): what the client got, which
+// its request line and /metrics give as its status rather than what Koa made of the closed connection.
+const answeredOutsideKoa = new WeakMap<ServerResponse, number>();
+export const markAnsweredOutsideKoa = (res: ServerResponse, status: number): void => void answeredOutsideKoa.set(res, status);
+export const statusSent = (ctx: Context): number => answeredOutsideKoa.get(ctx.res) ?? ctx.status;
 
 // For a router mounted below a base path (bull-board's), which matches its patterns without it:
 // the route is named in full, so that it does not read as one of the API's.
@@ -33,8 +42,9 @@ export function accessLog(): Middleware {
     try {
       await next();
     } finally {
-      const level = ctx.status < 400 && POLLED.has(matchedRoute(ctx)) ? 'debug' : 'info';
-      ctx.state.log[level]({ method: ctx.method, path: pathOf(ctx), route: matchedRoute(ctx), status: ctx.status, ms: Math.round((performance.now() - started) * 10) / 10 }, 'request');
+      const status = statusSent(ctx);
+      const level = status < 400 && POLLED.has(matchedRoute(ctx)) ? 'debug' : 'info';
+      ctx.state.log[level]({ method: ctx.method, path: pathOf(ctx), route: matchedRoute(ctx), status, ms: Math.round((performance.now() - started) * 10) / 10 }, 'request');
     }
   };
 }
