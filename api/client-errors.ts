@@ -51,12 +51,18 @@ export function answerClientErrors(server: Server, methods: readonly string[], l
     // Its body is not read: the connection closes after the answer.
     res.writeHead(e.status, { 'Content-Type': 'application/json', 'X-Request-Id': requestId, Connection: 'close' });
     res.end(JSON.stringify(errorBody(e)));
-    count({ method: req.method ?? UNPARSED, route: UNMATCHED, status: e.status, seconds: 0 });
+    count({ method: req.method!, route: UNMATCHED, status: e.status, seconds: 0 });
   });
+  // The last request each connection brought: one answered before its body was read (a 401, 413 or
+  // 415) leaves Node reading that body, and a body that never ends times out with no response on the
+  // connection. The client has its answer: the connection is closed, nothing more written or counted.
+  const lastRequest = new WeakMap<Duplex, IncomingMessage>();
+  server.on('request', (req: IncomingMessage) => lastRequest.set(req.socket, req));
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
     // As Node's own handler: nothing is written once a response has begun on the connection.
     const response = (socket as Duplex & { _httpMessage?: ServerResponse | null })._httpMessage;
-    if (err.code === 'ECONNRESET' || !socket.writable || response?.headersSent) {
+    const answeredBeforeItsBody = !response && lastRequest.get(socket)?.complete === false;
+    if (err.code === 'ECONNRESET' || !socket.writable || response?.headersSent || answeredBeforeItsBody) {
       socket.destroy();
       return;
     }

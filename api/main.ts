@@ -25,11 +25,13 @@ services.outbox.startSweeper();
 const app = createApp(services);
 // A missing Host is refused in Koa (api/app.ts), with the Error body: Node's own check answers 400 bare.
 // A request not received whole within API_REQUEST_TIMEOUT_MS (its headers within the least of that
-// and 60 s: Node's headersTimeout) is answered 408 (api/client-errors.ts). Node looks for those every
-// 30 s; a shorter timeout is looked for more often, or it would be overrun by up to 30 s.
+// and 60 s, and within 60 s when it is 0: Node would then wait for headers for ever) is answered 408
+// (api/client-errors.ts). Node looks for those every 30 s; a shorter timeout is looked for more often,
+// or it would be overrun by up to 30 s.
 const requestTimeout = cfg.API_REQUEST_TIMEOUT_MS;
+const headersTimeout = requestTimeout ? Math.min(60_000, requestTimeout) : 60_000;
 const connectionsCheckingInterval = requestTimeout ? Math.min(30_000, Math.max(100, Math.floor(requestTimeout / 4))) : 30_000;
-const server = http.createServer({ requireHostHeader: false, requestTimeout, connectionsCheckingInterval }, app.callback()).listen(cfg.PORT, cfg.HOST, () => {
+const server = http.createServer({ requireHostHeader: false, requestTimeout, headersTimeout, connectionsCheckingInterval }, app.callback()).listen(cfg.PORT, cfg.HOST, () => {
   const addr = server.address();
   const port = typeof addr === 'object' && addr ? addr.port : cfg.PORT;
   services.log.info({ port, url: `http://${cfg.HOST}:${port}` }, 'api listening');

@@ -297,7 +297,8 @@ const MCP_ORIGINS = { anyOrigin: true, example: 'https://app.example.com or http
 // A setting's comma-separated origins, normalised (domain/origin.ts); `webOnly`: http(s) only;
 // `anyOrigin`: an entry `*` stands for any origin. Blank entries (a trailing comma) are none. A
 // ConfigError names each entry that is no origin by its number, and by its text unless it holds an
-// `@`, `?` or `#` (user info, a query or a fragment may carry a secret).
+// `@`, `?`, `#` or a path (user info, a query, a fragment or a webhook's path may carry a secret).
+const mayHoldSecret = (entry: string) => /[@?#]|[/\\]./.test(entry.replace(/^[a-z][a-z0-9+.-]*:[/\\]{2}/i, ''));
 function originList(name: string, value: string | undefined, opts: { webOnly?: boolean; anyOrigin?: boolean; example: string }): { origins: string[]; any: boolean } {
   const entries = (value?.split(',') ?? []).map((entry, i) => [entry.trim(), i + 1] as const).filter(([raw]) => raw);
   const any = opts.anyOrigin === true && entries.some(([raw]) => raw === '*');
@@ -308,7 +309,7 @@ function originList(name: string, value: string | undefined, opts: { webOnly?: b
   const bad = read.filter(([, , origin]) => origin === undefined);
   if (bad.length) {
     const shape = `${opts.webOnly ? 'an http(s) scheme' : 'a scheme'} and a host, and a port unless the scheme's default (such as ${opts.example}), without a path${opts.anyOrigin ? '; or * for any origin' : ''}`;
-    throw new ConfigError(bad.map(([raw, n]) => [name, `entry ${n}${/[@?#]/.test(raw) ? '' : ` (${raw})`} is not an origin: ${shape}`]));
+    throw new ConfigError(bad.map(([raw, n]) => [name, `entry ${n}${mayHoldSecret(raw) ? '' : ` (${raw})`} is not an origin: ${shape}`]));
   }
   return { origins: read.map(([, , origin]) => origin!), any };
 }

@@ -2,9 +2,9 @@
 // setting: a scheme and a host, and a port unless it is the scheme's default. Normalised so that two
 // spellings of one origin compare equal: scheme and host in lower case (a non-ASCII host in punycode),
 // a default port dropped (https://App.Example.com:443 is https://app.example.com). A trailing `/` is
-// taken; a path, query, fragment, user info, wildcard or list is not, nor `null` (the opaque origin of
+// taken; a path (after `/`, or `\`, which URL reads as one), query, fragment, user info, wildcard or list is not, nor `null` (the opaque origin of
 // a sandboxed iframe or a file:// page): undefined.
-const ORIGIN_TEXT = /^[a-z][a-z0-9+.-]*:\/\/[^/?#@\s*,]+\/?$/i;
+const ORIGIN_TEXT = /^[a-z][a-z0-9+.-]*:\/\/[^/\\?#@\s*,]+\/?$/i;
 
 export function normalOrigin(text: string): string | undefined {
   if (!ORIGIN_TEXT.test(text)) return undefined;

@@ -197,6 +197,16 @@ describe('GET /metrics: answers given before a request reaches Koa', function ()
     assert.deepEqual((({ msg, status, route }) => ({ msg, status, route }))(JSON.parse(lines[0])), { msg: 'request', status: 408, route: '/api/task/v1' });
   });
 
+  it('counts a request answered without its body once, however long the body then takes, and answers it once', async () => {
+    // Koa answers 401 before reading the body; Node keeps the connection to read the rest, which never
+    // comes. That timeout is no answer of its own: the connection closes with nothing more said.
+    let answer = '';
+    await counted(async () => {
+      answer = await exchange(`POST /api/task/v1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"message":`);
+    }, 'method="POST",route="/api/task/v1",status="401"');
+    assert.deepEqual(answer.match(/^HTTP\/1\.1 \d+/gm), ['HTTP/1.1 401']);
+  });
+
   it('counts CONNECT (405) and an Expect other than 100-continue (417) with their method and route unmatched', async () => {
     await counted(async () => assert.match(await exchange(`CONNECT ${MARK}.example:443 HTTP/1.1\r\nHost: ${MARK}.example:443\r\n\r\n`), /^HTTP\/1\.1 405 /),
       'method="CONNECT",route="unmatched",status="405"');

@@ -132,20 +132,21 @@ describe('process start-up', function () {
     noStack(r);
   });
 
-  it('refuses MCP_ALLOWED_ORIGINS entries that are not origins (a path, no scheme, a wildcard host, null), naming each, one with user info only by its number', async () => {
+  it('refuses MCP_ALLOWED_ORIGINS entries that are not origins (a path, no scheme, a wildcard host, null), naming each, one with user info or a path only by its number', async () => {
     const origins = [
-      'https://app.example.com', 'app.example.com', 'https://app.example.com/mcp', 'https://*.example.com', 'null', '*',
-      'https://user:pw-mcp@app.example.com', 'http://localhost:5173/', 'HTTPS://App.Example.com:443',
+      'https://app.example.com', 'app.example.com', 'https://hooks.example.com/t/pw-path', 'https://*.example.com', 'null', '*',
+      'https://user:pw-mcp@app.example.com', 'http://localhost:5173/', 'HTTPS://App.Example.com:443', 'https://app.example.com\\pw-slash',
     ].join(', ');
     const r = await run('api/main.ts', testEnv({ MCP_ALLOWED_ORIGINS: origins }));
     assert.equal(r.code, 2, r.output);
     const named = r.output.split('\n').filter((l) => l.startsWith('  MCP_ALLOWED_ORIGINS: '));
     assert.deepEqual(named.map((l) => l.replace(/ is not an origin: .*/, '')), [
-      '  MCP_ALLOWED_ORIGINS: entry 2 (app.example.com)', '  MCP_ALLOWED_ORIGINS: entry 3 (https://app.example.com/mcp)',
+      '  MCP_ALLOWED_ORIGINS: entry 2 (app.example.com)', '  MCP_ALLOWED_ORIGINS: entry 3',
       '  MCP_ALLOWED_ORIGINS: entry 4 (https://*.example.com)', '  MCP_ALLOWED_ORIGINS: entry 5 (null)', '  MCP_ALLOWED_ORIGINS: entry 7',
+      '  MCP_ALLOWED_ORIGINS: entry 10',
     ], r.output);
     assert.match(named[0], /is not an origin: a scheme and a host, and a port unless the scheme's default \(such as https:\/\/app\.example\.com or http:\/\/localhost:5173\), without a path; or \* for any origin$/);
-    assert.doesNotMatch(r.output, /pw-mcp/);
+    assert.doesNotMatch(r.output, /pw-mcp|pw-path|pw-slash/);
     noStack(r);
   });
 
