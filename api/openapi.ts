@@ -1,4 +1,4 @@
-import type { TSchema } from '@sinclair/typebox';
+import { Type, type TSchema } from '@sinclair/typebox';
 import { bodyRequired, type Route } from './route.ts';
 import { ErrorBody } from './schemas/common.ts';
 
@@ -18,10 +18,16 @@ function collect(schema: unknown, components: Record<string, Json>): unknown {
   return out;
 }
 
-// Answered before any route runs, on every operation (api/client-errors.ts): headers over Node's
-// limit (431), an Expect other than 100-continue (417) and a request not arrived whole within
-// API_REQUEST_TIMEOUT_MS (408: its headers, or its body while it is read), all with the Error body.
-const BEFORE_ROUTING = { 408: ErrorBody, 417: ErrorBody, 431: ErrorBody };
+// Answered before any route runs, on every operation (api/client-errors.ts): a request that is not
+// valid HTTP (400), chunk extensions over Node's limit (413), headers over it (431), an Expect other
+// than 100-continue (417) and a request not arrived whole within API_REQUEST_TIMEOUT_MS (408: its
+// headers, or its body while it is read), all with the Error body, whatever the route answers itself
+// with those statuses (the JSON-RPC endpoints' own 400 and 413 included).
+const BEFORE_ROUTING = { 400: ErrorBody, 408: ErrorBody, 413: ErrorBody, 417: ErrorBody, 431: ErrorBody };
+const orBeforeRouting = (status: string, schema: TSchema | null): TSchema | null => {
+  const before = (BEFORE_ROUTING as Record<string, TSchema>)[status];
+  return before && schema && schema !== before ? Type.Union([schema, before]) : schema;
+};
 
 // Sent with every answer, whatever its status (api/middleware/request-id.ts; api/client-errors.ts
 // before routing): the request's own X-Request-Id when sane, else a new one; logs carry it as req_id.
@@ -57,22 +63,22 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
     const responses: Json = {};
     // What the shared layers answer on any route they run for (api/route.ts, api/middleware/), listed
     // whether or not the route names them: authentication, scope and rate limit; bad path or query
-    // parameters; a body too large, not JSON or invalid. mount reads a body on every route but those
-    // that read their own (ownBody), and refuses one where the route takes none (400 with members, 415
-    // not JSON, 413 over the limit), so those three are listed on GETs and DELETEs too. A route that
-    // needs a key reads it from Postgres: 503 while Postgres or Redis is unreachable, and 500 for a
-    // fault of ours, as on any route that does real work. A write can lose a race (a row it refers to
+    // parameters (400); a body too large (413), not JSON (415) or invalid (400). mount reads a body on
+    // every route but those that read their own (ownBody), and refuses one where the route takes none,
+    // so 415 is listed on GETs and DELETEs too. A route that needs a key reads it from Postgres: 503
+    // while Postgres or Redis is unreachable, and 500 for a fault of ours, as on any route that does
+    // real work. A write can lose a race (a row it refers to
     // deleted meanwhile, a deadlock): 409 (raceConflict) on every operation that writes, bar the
     // JSON-RPC endpoints, which answer that in their protocol.
     const writes = spec.method !== 'get' && !spec.readOnly && !spec.ownBody;
     const implied = {
       ...BEFORE_ROUTING,
       ...(spec.scope ? { 401: ErrorBody, 403: ErrorBody, 429: ErrorBody, 500: ErrorBody, 503: ErrorBody } : {}),
-      ...(spec.params || spec.query || !spec.ownBody ? { 400: ErrorBody } : {}),
-      ...(spec.ownBody ? {} : { 413: ErrorBody, 415: ErrorBody }),
+      ...(spec.ownBody ? {} : { 415: ErrorBody }),
       ...(writes ? { 409: ErrorBody } : {}),
     };
-    for (const [status, schema] of Object.entries({ ...implied, ...spec.responses })) {
+    const own = Object.fromEntries(Object.entries(spec.responses).map(([status, schema]) => [status, orBeforeRouting(status, schema)]));
+    for (const [status, schema] of Object.entries({ ...implied, ...own })) {
       const success = status.startsWith('2');
       const types = success ? { [spec.responseType ?? 'application/json']: schema, ...spec.moreResponseTypes } : { 'application/json': schema };
       responses[status] = schema

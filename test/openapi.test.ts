@@ -3,6 +3,7 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import http from 'node:http';
+import net from 'node:net';
 import { Validator } from '@seriousme/openapi-schema-validator';
 import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
@@ -50,7 +51,7 @@ describe('OpenAPI document', () => {
     }
     // Statuses the shared layers answer are listed even where a route does not name them.
     const statuses = (path: string, method: string) => Object.keys(doc.paths[path][method].responses).sort();
-    // 408, 417 and 431 on every operation: they are answered before any route runs (408 also while a body is read).
+    // 400, 408, 413, 417 and 431 on every operation: they are answered before any route runs (408 and 413 also while a body is read).
     assert.deepEqual(statuses('/_internal/v1/trigger_codegen', 'post'), ['200', '400', '401', '403', '408', '413', '415', '417', '429', '431', '500', '503']);
     assert.deepEqual(statuses('/api/bridge/v1/available-providers/{provider_controller_type_id}/available-credentials/{credential_controller_type_id}/credential/resource-server', 'post'),
       ['201', '400', '401', '403', '404', '408', '409', '413', '415', '417', '429', '431', '500', '502', '503']);
@@ -83,7 +84,7 @@ describe('OpenAPI document', () => {
     assert.ok(statuses('/api/encryption/v1/dek/alias/{alias}/rotate', 'post').includes('409'));
     for (const { spec } of allRoutes) {
       const listed = statuses(spec.path.replace(/:([A-Za-z0-9_]+)/g, '{$1}'), spec.method);
-      for (const s of ['408', '417', '431']) assert.ok(listed.includes(s), `${spec.operationId} does not list ${s}`);
+      for (const s of ['400', '408', '413', '417', '431']) assert.ok(listed.includes(s), `${spec.operationId} does not list ${s}`);
       if (spec.method !== 'get' && !spec.ownBody && !spec.readOnly) assert.ok(listed.includes('409'), `${spec.operationId} writes but does not list 409`);
     }
     // The headers those statuses always carry, wherever they are listed.
@@ -206,6 +207,22 @@ describe('OpenAPI document', () => {
     else req.end(body);
   });
 
+  // The answer to bytes written on a raw socket (for what no HTTP client sends: malformed HTTP), read
+  // until the server closes the connection.
+  const raw = (text: string) => new Promise<Response>((resolve, reject) => {
+    const socket = net.connect(Number(new URL(stack.api.url).port), '127.0.0.1', () => socket.write(text));
+    const chunks: Buffer[] = [];
+    socket.on('data', (b: Buffer) => chunks.push(b));
+    socket.on('error', reject);
+    socket.on('close', () => {
+      const answer = Buffer.concat(chunks).toString('utf8');
+      const [head, body = ''] = answer.split('\r\n\r\n');
+      const [statusLine, ...lines] = head.split('\r\n');
+      const headers = new Headers(lines.map((l) => [l.slice(0, l.indexOf(':')), l.slice(l.indexOf(':') + 1).trim()]));
+      resolve({ status: Number(statusLine.split(' ')[1]), headers, text: body, body: body ? JSON.parse(body) : undefined });
+    });
+  });
+
   it('a body where the operation takes none: the 400, 413 and 415 it answers are documented on every operation that reads one', async () => {
     // mount (api/route.ts) reads the body of every route but those that read their own.
     for (const { spec } of allRoutes) {
@@ -244,6 +261,14 @@ describe('OpenAPI document', () => {
     const expect = await send('post', '/api/task/v1', { 'content-type': 'application/json', expect: 'bogus' }, JSON.stringify({ message: textMessage('expect') }));
     assert.equal(expect.status, 417, expect.text);
     check(expect, 'post', '/api/task/v1');
+    // Not valid HTTP (a header name with a space), on an endpoint whose own errors are JSON-RPC's: 400.
+    const malformed = await raw(`POST /api/a2a/v1 HTTP/1.1\r\nHost: x\r\nBad Header: v\r\nContent-Length: 2\r\n\r\n{}`);
+    assert.equal(malformed.status, 400, malformed.text);
+    check(malformed, 'post', '/api/a2a/v1');
+    // Chunk extensions over Node's limit, while the MCP endpoint reads its body: 413.
+    const extended = await raw(`POST /api/bridge/v1/mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1;x=${'a'.repeat(20_000)}\r\n{\r\n`);
+    assert.equal(extended.status, 413, extended.text);
+    check(extended, 'post', '/api/bridge/v1/mcp');
     // A body not arrived within API_REQUEST_TIMEOUT_MS: 408, with the request's own X-Request-Id.
     const slow = await send('post', '/api/task/v1', { 'content-type': 'application/json', 'content-length': '100', 'x-request-id': 'doc-slow.1' }, '{"message":', { unfinished: true });
     assert.equal(slow.status, 408, slow.text);
@@ -288,7 +313,7 @@ describe('OpenAPI document', () => {
     const lost = await raced!;
     assert.equal(lost.status, 409, lost.text);
     check(lost, 'put', `${E}/dek/alias/${alias}`);
-    for (const expected of ['list-tasks 431', 'create-task 417', 'create-task 408', 'ready 503', 'update-dek-alias 409']) assert.ok(seen.has(expected), `not exercised: ${expected} (${[...seen].join(', ')})`);
+    for (const expected of ['list-tasks 431', 'a2a-jsonrpc 400', 'bridge-mcp 413', 'create-task 417', 'create-task 408', 'ready 503', 'update-dek-alias 409']) assert.ok(seen.has(expected), `not exercised: ${expected} (${[...seen].join(', ')})`);
   });
 
   it('secret and encryption responses, and their errors, follow the documented schemas', async () => {
@@ -359,8 +384,8 @@ describe('OpenAPI document', () => {
       assert.deepEqual(Object.keys(op.requestBody?.content ?? {}), ['application/json'], op.operationId);
       assert.equal(op.requestBody.required, true, op.operationId);
     }
-    // A2A refuses a body with JSON-RPC errors, HTTP 200: the body it documents implies no 400.
-    assert.ok(!a2a.responses['400']);
+    // A2A refuses a body with JSON-RPC errors, HTTP 200: its only 400 is Node's, to a request that is not valid HTTP.
+    assert.deepEqual(a2a.responses['400'].content['application/json'].schema, { $ref: '#/components/schemas/Error' });
     assert.deepEqual(Object.keys(a2a.responses['200'].content), ['application/json', 'text/event-stream']);
     assert.equal(a2a.responses['200'].content['text/event-stream'].schema.type, 'string');
     // Every method dispatch serves, each with its params.
