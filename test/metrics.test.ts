@@ -248,7 +248,9 @@ function checkExposition(text: string): void {
     const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
     assert.ok(m, `malformed line: ${line}`);
     const [, name, rawLabels = '', value] = m;
-    assert.ok(!Number.isNaN(Number(value)) || /^[+-]Inf$|^NaN$/.test(value), line);
+    // Prometheus reads NaN and Inf in any case (Go's ParseFloat); prom-client writes NaN as 'Nan'
+    // (the event loop's lag before its first sample).
+    assert.ok(!Number.isNaN(Number(value)) || /^[+-]?Inf$|^NaN$/i.test(value), line);
     const labels: Record<string, string> = {};
     label.lastIndex = 0;
     while (label.lastIndex < rawLabels.length) {
