@@ -70,8 +70,11 @@ export async function secretsToRotate(
   return batchWithinBytes(db, q, ['id'], 'octet_length(encrypted_secret)', batch);
 }
 
-export async function countSecretsToRotate(db: Tx, alias: string, newDekId: string): Promise<number> {
-  const [{ n }] = await db('secrets').where({ dek_alias: alias }).whereNot({ dek_id: newDekId }).count({ n: '*' });
+// Without `newDekId` (a rotation not started yet, with no new DEK): every secret of the alias.
+export async function countSecretsToRotate(db: Tx, alias: string, newDekId?: string): Promise<number> {
+  const q = db('secrets').where({ dek_alias: alias });
+  if (newDekId) q.whereNot({ dek_id: newDekId });
+  const [{ n }] = await q.count({ n: '*' });
   return Number(n);
 }
 

@@ -50,7 +50,9 @@ export async function startAliasRotation(s: Pick<Services, 'db' | 'outbox' | 'bu
     const running = await findActiveRotation(uow.trx, alias);
     if (running) return { job: running, created: false };
     const params: RotationParams = { alias };
-    const job = await insertKeyJob(uow.trx, { id: randomUUID(), kind: ROTATE_ALIAS, params: { ...params } });
+    // Counted now, as the start will count them, so a job still queued does not read as nothing to do.
+    const total = await countSecretsToRotate(uow.trx, alias);
+    const job = await insertKeyJob(uow.trx, { id: randomUUID(), kind: ROTATE_ALIAS, params: { ...params }, total });
     if (!job) throw new Conflict(`a key job for alias '${alias}' could not be created`);
     await uow.enqueue('key-jobs', ROTATE_ALIAS, { job_id: job.id });
     return { job, created: true };

@@ -108,9 +108,14 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     assert.equal(r.body.status, 'queued');
     assert.deepEqual(r.body.params, { alias: ALIAS });
     jobId = r.body.id;
+    // No worker runs yet: the total is already the alias's secrets, not 0 (nothing to do).
+    assert.deepEqual([r.body.total, r.body.done, r.body.failed], [READ_KEYS + WRITE_KEYS, 0, 0]);
+    const polled = await job(jobId);
+    assert.deepEqual([polled.status, polled.total, polled.done], ['queued', READ_KEYS + WRITE_KEYS, 0]);
     const again = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
     assert.equal(again.status, 200);
     assert.equal(again.body.id, jobId);
+    assert.equal(again.body.total, READ_KEYS + WRITE_KEYS);
   });
 
   it('re-encrypts every secret of the alias while reads and writes go on, then repoints the alias', async () => {
