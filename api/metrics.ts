@@ -50,7 +50,7 @@ function createMetrics(services: Services) {
     async collect() {
       this.reset();
       const all = await readSource(services, 'taskbridge_queue_jobs', () =>
-        Promise.all(QUEUE_NAMES.map(async (name) => [name, await queueJobCounts(services.queues[name])] as const)));
+        Promise.all(QUEUE_NAMES.map(async (name) => [name, await queueJobCounts(services.queues[name], services.redis)] as const)));
       for (const [name, counts] of all ?? []) for (const [state, n] of Object.entries(counts)) this.set({ queue: name, state }, n);
     },
   });

@@ -1,4 +1,5 @@
 import type { BackoffStrategy, JobsOptions, Queue } from 'bullmq';
+import type { Redis } from 'ioredis';
 import type { Config } from '../domain/config.ts';
 
 export const QUEUE_NAMES = ['agent-tasks', 'key-jobs', 'credential-refresh', 'push-notifications'] as const;
@@ -14,10 +15,19 @@ export interface JobPayloads {
 
 // A queue's jobs by state, as metrics and the internal queue stats show them. A job given a priority
 // (from the queue dashboard) waits in a set of its own, BullMQ's `prioritized`: it is waiting all the same.
-export async function queueJobCounts(queue: Queue): Promise<Record<string, number>> {
+// So does a delayed job whose time has come, left in BullMQ's delayed set until a worker comes for
+// jobs: `delayed` is only those whose time is still to come. They are counted by score (ZCOUNT), not
+// read, and after the other counts: one promoted in between stays `delayed`, never counted twice.
+// `redis`: the queue's connection (BullMQ's own client type has no ZCOUNT).
+export async function queueJobCounts(queue: Queue, redis: Pick<Redis, 'zcount'>): Promise<Record<string, number>> {
   const { prioritized, ...counts } = await queue.getJobCounts('waiting', 'prioritized', 'active', 'delayed', 'completed', 'failed');
-  return { ...counts, waiting: counts.waiting + prioritized };
+  const due = Math.min(counts.delayed, await redis.zcount(queue.keys.delayed, 0, dueScoreMax(Date.now())));
+  return { ...counts, waiting: counts.waiting + prioritized + due, delayed: counts.delayed - due };
 }
+
+// The highest delayed-set score of a job due by `now` (ms): BullMQ scores a delayed job by its time,
+// ms * 0x1000, plus a counter below 0x1000.
+const dueScoreMax = (now: number) => (now + 1) * 0x1000 - 1;
 
 // How long the longest-waiting job has waited; null when none waits. BullMQ records no time of a
 // job's return to the wait list (a retry, a run handed back at shutdown, a stalled run taken back),

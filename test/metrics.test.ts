@@ -99,6 +99,26 @@ describe('GET /metrics', () => {
     });
   });
 
+  it('counts a delayed job whose time has come as waiting, not delayed, while no worker promotes it', async () => {
+    await withQueue(stack.env, 'credential-refresh', async (queue) => {
+      // Added a minute ago with a second's delay: due at once, yet left in BullMQ's delayed set (no worker).
+      const due = await queue.add('refresh', { credential_id: randomUUID() }, { delay: 1000, timestamp: Date.now() - 60_000 });
+      const later = await queue.add('refresh', { credential_id: randomUUID() }, { delay: 3_600_000 });
+      try {
+        assert.equal(await due.getState(), 'delayed');
+        const text = (await stack.client.get('/metrics')).text;
+        const stats = (await stack.client.get('/_internal/v1/queues')).body.queues['credential-refresh'];
+        assert.deepEqual(
+          [sample(text, 'taskbridge_queue_jobs', 'queue="credential-refresh",state="waiting"'), sample(text, 'taskbridge_queue_jobs', 'queue="credential-refresh",state="delayed"')],
+          [1, 1], text);
+        assert.deepEqual([stats.waiting, stats.delayed], [1, 1], JSON.stringify(stats));
+      } finally {
+        await due.remove();
+        await later.remove();
+      }
+    });
+  });
+
   it('reports backlog age and workers per queue, the Postgres pool and open A2A streams', async () => {
     assert.equal((await stack.client.post('/api/task/v1', { message: textMessage('waits') })).status, 201);
     // A stream on a task no worker runs stays open until the client leaves.

@@ -40,7 +40,7 @@ export const internalRoutes = [
     const out: Record<string, unknown> = {};
     for (const name of QUEUE_NAMES) {
       const q = services.queues[name];
-      const counts = await queueJobCounts(q);
+      const counts = await queueJobCounts(q, services.redis);
       out[name] = { ...counts, oldest_waiting_age_ms: await oldestWaitingAgeMs(q) };
     }
     return { queues: out };
