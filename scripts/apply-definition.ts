@@ -25,12 +25,15 @@ import {
 const FORMAT = 'taskbridge-definition/v1';
 const KINDS = ['deks', 'aliases', 'secrets', 'credentials', 'providers', 'functions'] as const;
 type Kind = (typeof KINDS)[number];
-type Outcome = 'created' | 'present' | 'conflict' | 'failed';
+type Outcome = 'created' | 'updated' | 'present' | 'conflict' | 'failed';
 // unfinished: there, but not yet as the file has it, in a way only an earlier apply leaves (written as absent is).
-type Found = { state: 'absent' } | { state: 'unfinished' } | { state: 'present' } | { state: 'conflict'; why: string };
+// outdated: there otherwise than the file has it, and made as the file has it (`default` only): its write is an update.
+type Found = { state: 'absent' } | { state: 'unfinished' } | { state: 'outdated' } | { state: 'present' } | { state: 'conflict'; why: string };
 const absent: Found = { state: 'absent' };
 const present: Found = { state: 'present' };
 const differing = (why: string | undefined): Found => (why === undefined ? present : { state: 'conflict', why });
+// The kinds of which an item can be outdated: their lines count updates.
+const UPDATED_KINDS: readonly Kind[] = ['aliases'];
 
 // Secrets are independent of one another: a few requests at once keep a large export from taking a
 // round trip after another.
@@ -119,7 +122,7 @@ export interface ApplyOptions { url: string; apiKey: string; dryRun: boolean; ou
 export async function applyDefinition(def: Definition, opts: ApplyOptions): Promise<number> {
   const call = api(opts.url.replace(/\/+$/, ''), opts.apiKey);
   const { out, err, dryRun } = opts;
-  const tally = Object.fromEntries(KINDS.map((k) => [k, { created: 0, present: 0, conflict: 0, failed: 0 }])) as Record<Kind, Record<Outcome, number>>;
+  const tally = Object.fromEntries(KINDS.map((k) => [k, { created: 0, updated: 0, present: 0, conflict: 0, failed: 0 }])) as Record<Kind, Record<Outcome, number>>;
   const totals = {
     deks: def.envelope_keys.reduce((n, k) => n + k.data_encryption_keys.length, 0),
     aliases: def.envelope_keys.reduce((n, k) => n + k.data_encryption_keys.reduce((m, d) => m + d.aliases.length, 0), 0),
@@ -131,7 +134,8 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   const counted = (kind: Kind) => Object.values(tally[kind]).reduce((a, b) => a + b, 0);
   const line = (kind: Kind) => {
     const t = tally[kind];
-    return `${kind}: ${t.created} ${dryRun ? 'to create' : 'created'}, ${t.present} already there, ${t.conflict} conflicts, ${t.failed} failed`;
+    const updated = UPDATED_KINDS.includes(kind) ? ` ${t.updated} ${dryRun ? 'to update' : 'updated'},` : '';
+    return `${kind}: ${t.created} ${dryRun ? 'to create' : 'created'},${updated} ${t.present} already there, ${t.conflict} conflicts, ${t.failed} failed`;
   };
 
   // A dry run writes nothing, so a copy of an item further on in the file (a secret or a function
@@ -143,16 +147,17 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     toCreate.add(key);
     return 'created';
   };
-  // One item: looked up, then written when absent (not in a dry run). `write` may find it there after all.
+  // One item: looked up, then written when absent or outdated (not in a dry run). `write` may find it there after all.
   // `write` may find, as it writes, the item there otherwise than the look-up could tell (a conflict).
   const item = async (kind: Kind, name: string, look: () => Promise<Found>, write: () => Promise<'created' | 'present' | { conflict: string }>): Promise<Outcome> => {
     let outcome: Outcome;
     try {
       const found = await look();
       if (found.state === 'conflict') err(`conflict: ${name}: ${found.why}; left as it is`);
-      const written = found.state === 'absent' || found.state === 'unfinished' ? (dryRun ? wouldWrite(kind, name) : await write()) : found.state;
+      const writes = found.state === 'absent' || found.state === 'unfinished' || found.state === 'outdated';
+      const written = writes ? (dryRun ? wouldWrite(kind, name) : await write()) : found.state;
       if (typeof written === 'object') err(`conflict: ${name}: ${written.conflict}; left as it is`);
-      outcome = typeof written === 'object' ? 'conflict' : written;
+      outcome = typeof written === 'object' ? 'conflict' : written === 'created' && found.state === 'outdated' ? 'updated' : written;
     } catch (e) {
       // NotFound: a controller the comparison needs (domain/bridge/catalog.ts) that this command's release lacks.
       if (!(e instanceof Refused || e instanceof NotFound)) throw e;
@@ -248,7 +253,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       before = there.body.id;
       if (before === dekId) return present;
       // Every installation has a `default` from its first start, pointing at a DEK of its own.
-      if (alias === DEFAULT_ALIAS) return absent;
+      if (alias === DEFAULT_ALIAS) return { state: 'outdated' };
       return differing(`it names DEK ${before}, not ${dekId}`);
     }, async () => {
       if (before === undefined) {
@@ -384,7 +389,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     }
   }
 
-  const changed = KINDS.some((k) => tally[k].created > 0);
+  const changed = KINDS.some((k) => tally[k].created + tally[k].updated > 0);
   const troubles = KINDS.reduce((n, k) => n + tally[k].conflict + tally[k].failed, 0);
   out(`\nSummary${dryRun ? ' (dry run: nothing was written)' : ''}:`);
   for (const k of KINDS) out(`  ${line(k)}`);

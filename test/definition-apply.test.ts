@@ -158,7 +158,8 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
     assertNoValues(r);
     const deks = dekIds(source).size;
     assert.match(r.stdout, new RegExp(`deks: ${deks} created, 0 already there, 0 conflicts, 0 failed`));
-    assert.match(r.stdout, /aliases: 2 created, 0 already there/);
+    // The target's own `default`, pointed at the file's DEK: updated, not created.
+    assert.match(r.stdout, /aliases: 1 created, 1 updated, 0 already there, 0 conflicts, 0 failed/);
     assert.match(r.stdout, /alias default: pointed at DEK \S+ \(it named \S+\)/);
     assert.match(r.stdout, /secrets: 5 created, 0 already there, 0 conflicts, 0 failed/);
     assert.match(r.stdout, /credentials: 3 created/);
@@ -191,13 +192,30 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
     assert.equal(r.code, 0, r.stdout + r.stderr);
     assertNoValues(r);
     for (const [kind, n] of [['deks', dekIds(source).size], ['aliases', 2], ['secrets', 5], ['credentials', 3], ['providers', 2], ['functions', 2]] as const) {
-      assert.match(r.stdout, new RegExp(`${kind}: 0 created, ${n} already there, 0 conflicts, 0 failed`));
+      assert.match(r.stdout, new RegExp(`${kind}: 0 created, ${kind === 'aliases' ? '0 updated, ' : ''}${n} already there, 0 conflicts, 0 failed`));
     }
     assert.match(r.stdout, /Nothing to do: everything in the file is already on the target/);
     assert.deepEqual(await tableRowCounts([], scratch.db), before.rows);
     const { exported_at: _, ...after } = await exported(b.client);
     const { exported_at: __, ...was } = before.def;
     assert.deepEqual(after, was);
+  });
+
+  it('applied again after the target moved `default`, points it back and counts it updated, not created (exit 0)', async () => {
+    const fileDek = (await ok(b.client.get(`${E}/dek/alias/default`), 200)).id;
+    const moved = await ok(b.client.post(`${E}/envelope/default-envelope.key/dek`, {}));
+    await ok(b.client.put(`${E}/dek/alias/default`, { new_dek_id: moved.id }), 200);
+    const dry = await apply('--dry-run');
+    assert.equal(dry.code, 0, dry.stdout + dry.stderr);
+    assert.match(dry.stdout, /aliases: 0 to create, 1 to update, 1 already there, 0 conflicts, 0 failed/);
+    assert.equal((await ok(b.client.get(`${E}/dek/alias/default`), 200)).id, moved.id);
+
+    const r = await apply();
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, new RegExp(`alias default: pointed at DEK ${fileDek} \\(it named ${moved.id}\\)`));
+    assert.match(r.stdout, /aliases: 0 created, 1 updated, 1 already there, 0 conflicts, 0 failed/);
+    assert.doesNotMatch(r.stdout, /Nothing to do/);
+    assert.equal((await ok(b.client.get(`${E}/dek/alias/default`), 200)).id, fileDek);
   });
 
   it('with --dry-run says what a partly applied target lacks and writes nothing; applied then, fills it in', async () => {
