@@ -418,6 +418,25 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.equal((await fetch(mcpUrl, { method: 'DELETE', headers: { authorization: `Bearer ${ADMIN_KEY}` } })).status, 405);
   });
 
+  it('refuses a body it cannot read with 415 in the Error body, as every endpoint does, never the transport\'s JSON-RPC 415; takes the JSON types the API takes', async () => {
+    const ping = JSON.stringify({ jsonrpc: '2.0', id: 'a', method: 'ping' });
+    for (const [headers, message] of [
+      [{ 'content-type': 'text/plain' }, "Content-Type must be application/json, got 'text/plain'"],
+      [{ 'content-type': 'application/json, text/plain' }, "Content-Type must be application/json, got 'application/json, text/plain'"],
+      [{ 'content-type': 'application/json; charset=latin1' }, "Content-Type charset must be utf-8 (JSON is UTF-8), got 'latin1'"],
+      [{ 'content-type': 'application/json', 'content-encoding': 'gzip' }, "Content-Encoding 'gzip' is not supported: send the body uncompressed"],
+    ] as const) {
+      const r = await rawPost(ping, headers);
+      assert.deepEqual([r.status, await r.json()], [415, { message, data: { code: 'unsupported_media_type' } }], JSON.stringify(headers));
+    }
+    // JSON under a structured-syntax type, or with parameters the transport reads as two headers joined:
+    // JSON to every other endpoint (api/middleware/body.ts), and so here; the SDK refused them with its own 415.
+    for (const type of ['application/vnd.api+json', 'application/merge-patch+json', 'application/json; a=b, c']) {
+      const r = await rawPost(ping, { 'content-type': type });
+      assert.deepEqual([r.status, await r.json()], [200, { jsonrpc: '2.0', id: 'a', result: {} }], type);
+    }
+  });
+
   it('answers any Accept that admits application/json (the one type it answers in), or none, and 406 only when JSON is refused', async () => {
     const ping = JSON.stringify({ jsonrpc: '2.0', id: 'a', method: 'ping' });
     // fetch always sends an Accept (*/* unless told): a request without one goes through node:http.

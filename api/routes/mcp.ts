@@ -38,7 +38,7 @@ export const mcpRoutes = [
     responseDescriptions: { 200: 'MCP server running', 403: "The request's Origin is not allowed (a JSON-RPC error, answered before the API key is read), or the API key lacks the scope (Error)" },
     responses: {
       200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null, 400: FreeObject, 401: ErrorBody,
-      403: Type.Union([OriginRefused, ErrorBody]), 406: FreeObject, 413: ErrorBody, 415: FreeObject,
+      403: Type.Union([OriginRefused, ErrorBody]), 406: FreeObject, 413: ErrorBody, 415: ErrorBody,
     },
     // The Origin is checked before the API key: a page of a foreign origin (a DNS rebinding) gets 403
     // whatever key it sends, learning nothing of it (401 or 403 for its scope), and costs no key
@@ -76,8 +76,11 @@ export const mcpRoutes = [
     for (const [name, value] of Object.entries(ctx.req.headers)) {
       if (typeof value === 'string') headers.set(name, value);
     }
-    // Accept was negotiated above: the SDK is given the one it takes.
+    // Accept was negotiated above, and the body read as JSON under a type the API takes (a +json type,
+    // parameters with a comma): the SDK is given the headers it takes, not left to answer 415 in a
+    // shape of its own (every 415 here is the API's Error body).
     headers.set('accept', 'application/json, text/event-stream');
+    headers.set('content-type', 'application/json');
     const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
     const gone = clientGone(ctx);
     // Should the SDK ever hold an answer back, the wait ends with the connection (nobody to answer then).
