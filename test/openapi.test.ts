@@ -398,13 +398,13 @@ describe('OpenAPI document', () => {
     const a2aAnswer = compile(a2a.responses['200'].content['application/json'].schema);
     const valid = (validate: ReturnType<typeof compile>, value: unknown) => assert.ok(validate(value), `${ajv.errorsText(validate.errors)}\n${JSON.stringify(value)}`);
     const message = { kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text: 'documented' }] };
-    const send = { jsonrpc: '2.0', id: 'doc-1', method: 'message/send', params: { message, configuration: { blocking: false } } };
-    valid(a2aRequest, send);
-    assert.ok(!a2aRequest({ ...send, method: 'message/sned' }), 'an unknown method');
-    assert.ok(!a2aRequest({ ...send, params: { message: { ...message, parts: [] } } }), 'params the method refuses');
-    assert.ok(!a2aRequest({ ...send, id: 2 ** 53 }), 'an id that cannot be echoed');
+    const sendMessage = { jsonrpc: '2.0', id: 'doc-1', method: 'message/send', params: { message, configuration: { blocking: false } } };
+    valid(a2aRequest, sendMessage);
+    assert.ok(!a2aRequest({ ...sendMessage, method: 'message/sned' }), 'an unknown method');
+    assert.ok(!a2aRequest({ ...sendMessage, params: { message: { ...message, parts: [] } } }), 'params the method refuses');
+    assert.ok(!a2aRequest({ ...sendMessage, id: 2 ** 53 }), 'an id that cannot be echoed');
     valid(a2aRequest, { jsonrpc: '2.0', id: 3, method: 'agent/getAuthenticatedExtendedCard' });
-    const sent = await stack.client.post('/api/a2a/v1', send);
+    const sent = await stack.client.post('/api/a2a/v1', sendMessage);
     assert.equal(sent.status, 200, sent.text);
     assert.match(sent.headers.get('content-type') ?? '', /^application\/json/);
     valid(a2aAnswer, sent.body);
@@ -451,6 +451,24 @@ describe('OpenAPI document', () => {
     const reader = (await stack.client.post('/api/auth/v1/api-key', { name: 'doc mcp', scopes: ['bridge:read'] })).body.key;
     const scope = await call('post', '/api/bridge/v1/mcp', list, {}, stack.client.as(reader));
     assert.deepEqual([scope.status, scope.body.data?.code], [403, 'forbidden'], scope.text);
+
+    // Its refusals, each of the shape listed for its status: no free-form object (one takes {}).
+    const { check } = checker();
+    for (const status of ['400', '403', '406', '415']) {
+      assert.ok(!compile(mcp.responses[status].content['application/json'].schema)({}), `MCP ${status} is documented as a free-form object`);
+    }
+    const refusals: [number, number | string, Record<string, string>, string][] = [
+      [400, -32700, {}, '{"jsonrpc": "2.0", "id": 1, "method": '],
+      [400, -32600, {}, '{"jsonrpc": "1.0", "id": 7, "method": "ping"}'],
+      [400, -32000, { 'mcp-protocol-version': '1999-01-01' }, JSON.stringify(list)],
+      [406, -32000, { accept: 'text/html' }, JSON.stringify(list)],
+      [415, 'unsupported_media_type', { 'content-type': 'text/plain' }, JSON.stringify(list)],
+    ];
+    for (const [status, code, headers, body] of refusals) {
+      const r = await send('post', '/api/bridge/v1/mcp', { 'content-type': 'application/json', accept: 'application/json', ...headers }, body);
+      assert.deepEqual([r.status, r.body.error?.code ?? r.body.data?.code], [status, code], r.text);
+      check(r, 'post', '/api/bridge/v1/mcp');
+    }
   });
 });
 

@@ -7,12 +7,14 @@ import { Type } from '@sinclair/typebox';
 import { WebStandardStreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/webStandardStreamableHttp.js';
 import { defineRoute } from '../route.ts';
 import { clientGone } from '../client-gone.ts';
-import { ErrorBody, FreeObject } from '../schemas/common.ts';
+import { ErrorBody } from '../schemas/common.ts';
 import { JsonRpcResponse } from '../schemas/jsonrpc.ts';
 import { readJsonRpcBody } from '../middleware/body.ts';
 import type { Context } from 'koa';
 import { createMcpServer } from '../../domain/bridge/mcp.ts';
-import { batchAnswer, batchRefusal, envelopeRefusal, McpRequest, NOT_ACCEPTABLE, originRefusal, paramsRefusal, unstorableRefusal } from '../../domain/bridge/mcp-envelope.ts';
+import {
+  batchAnswer, batchRefusal, EnvelopeRefusal, envelopeRefusal, HeaderRefusal, McpRequest, NOT_ACCEPTABLE, originRefusal, paramsRefusal, parseError, unstorableRefusal,
+} from '../../domain/bridge/mcp-envelope.ts';
 import { mcpAllowedOrigins } from '../../domain/config.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 
@@ -25,20 +27,20 @@ function answer(ctx: Context, status: 200 | 400 | 403 | 406, body: unknown): voi
   ctx.body = body;
 }
 
-// The 403 of an Origin not allowed (domain/bridge/mcp-envelope.ts originRefusal).
-const OriginRefused = Type.Object({
-  jsonrpc: Type.Literal('2.0'), id: Type.Null(), error: Type.Object({ code: Type.Literal(-32000), message: Type.String() }),
-}, { description: "the request's Origin is not allowed (MCP_ALLOWED_ORIGINS): a JSON-RPC error without an id" });
-
 export const mcpRoutes = [
   defineRoute({
     method: 'post', path: MCP_PATH, operationId: 'bridge-mcp', tag: 'bridge', scope: 'bridge:invoke', ownBody: McpRequest,
     summary: 'Model Context Protocol (Streamable HTTP, stateless): tools/list and tools/call over the enabled function instances',
     // The seed describes this 200 so.
-    responseDescriptions: { 200: 'MCP server running', 403: "The request's Origin is not allowed (a JSON-RPC error, answered before the API key is read), or the API key lacks the scope (Error)" },
+    responseDescriptions: {
+      200: 'MCP server running',
+      400: 'The body is no JSON (-32700) or no valid JSON-RPC message (-32600), or MCP-Protocol-Version names a revision the server does not speak (-32000)',
+      403: "The request's Origin is not allowed (a JSON-RPC error, answered before the API key is read), or the API key lacks the scope (Error)",
+      406: 'The Accept header refuses application/json, the one type the server answers in',
+    },
     responses: {
-      200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null, 400: FreeObject, 401: ErrorBody,
-      403: Type.Union([OriginRefused, ErrorBody]), 406: FreeObject, 413: ErrorBody, 415: ErrorBody,
+      200: Type.Union([JsonRpcResponse, Type.Array(JsonRpcResponse, { description: 'the answers to a batch' })]), 202: null,
+      400: Type.Union([EnvelopeRefusal, HeaderRefusal]), 401: ErrorBody, 403: Type.Union([HeaderRefusal, ErrorBody]), 406: HeaderRefusal, 413: ErrorBody, 415: ErrorBody,
     },
     // The Origin is checked before the API key: a page of a foreign origin (a DNS rebinding) gets 403
     // whatever key it sends, learning nothing of it (401 or 403 for its scope), and costs no key
@@ -61,8 +63,7 @@ export const mcpRoutes = [
     const read = await readJsonRpcBody(ctx, services.cfg.BODY_LIMIT_BYTES);
     // An empty body (read as undefined) is no JSON either, not a message that is no object.
     if ('parseError' in read || read.body === undefined) {
-      const why = 'parseError' in read ? read.parseError : 'Request body is empty';
-      return answer(ctx, 400, { jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${why}` } });
+      return answer(ctx, 400, parseError('parseError' in read ? read.parseError : 'Request body is empty'));
     }
     const { body } = read;
     const problem = findUnstorable(body);

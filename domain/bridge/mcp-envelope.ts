@@ -1,7 +1,7 @@
 // The JSON-RPC envelope of MCP requests, where the SDK's transport answers otherwise than JSON-RPC
 // and MCP say (api/routes/mcp.ts asks these before and after the SDK): invalid messages and params,
 // batches, and values refused before the SDK reads them. The tools themselves: mcp.ts.
-import { Type } from '@sinclair/typebox';
+import { Type, type Static } from '@sinclair/typebox';
 import {
   CallToolRequestSchema, ErrorCode, InitializeRequestSchema, JSONRPCErrorResponseSchema, JSONRPCNotificationSchema, JSONRPCRequestSchema,
   JSONRPCResultResponseSchema, ListToolsRequestSchema, PingRequestSchema, SUPPORTED_PROTOCOL_VERSIONS, type JSONRPCErrorResponse,
@@ -25,17 +25,35 @@ export function paramsRefusal(body: unknown, sdkAnswer: string): JSONRPCErrorRes
 // The codes the SDK answers params that do not fit with (and a tools/call sent as a task).
 const mayBeParams = (sdkCode: unknown) => sdkCode === ErrorCode.InternalError || sdkCode === ErrorCode.ParseError;
 
-// JSON-RPC's answer to a message whose id cannot be read: id null.
-type EnvelopeRefusal = Omit<JSONRPCErrorResponse, 'id'> & { id: string | number | null };
+// The shapes of the refusals answered with an HTTP error status, for their builders here and the
+// route's OpenAPI responses (api/routes/mcp.ts).
+// A message that is no JSON (-32700) or no valid JSON-RPC request (-32600): HTTP 400, its id echoed
+// when it can be read (MCP: a string or an integer), else null.
+export const EnvelopeRefusal = Type.Object({
+  jsonrpc: Type.Literal('2.0'),
+  id: Type.Union([Type.String(), Type.Integer(), Type.Null()]),
+  error: Type.Object({ code: Type.Union([Type.Literal(-32700), Type.Literal(-32600)]), message: Type.String() }),
+}, { $id: 'McpEnvelopeRefusal', description: 'the body is no JSON (-32700) or no valid JSON-RPC message (-32600), saying why; id echoed when it can be read' });
+export type EnvelopeRefusal = Static<typeof EnvelopeRefusal>;
+// A request refused for its headers, before any message is read, in the code and form the SDK's
+// transport answers them in (id null, -32000): an Origin not allowed (403), an Accept that refuses
+// JSON (406), and the SDK's own 400 for an MCP-Protocol-Version it does not speak.
+export const HeaderRefusal = Type.Object({
+  jsonrpc: Type.Literal('2.0'), id: Type.Null(), error: Type.Object({ code: Type.Literal(-32000), message: Type.String() }),
+}, { $id: 'McpHeaderRefusal', description: 'a header refused (Origin, Accept, MCP-Protocol-Version): a JSON-RPC error without an id, saying which' });
+export type HeaderRefusal = Static<typeof HeaderRefusal>;
+
 // An id an answer can echo (MCP: a string or an integer), else null.
 const readableId = (id: unknown): string | number | null => (typeof id === 'string' || Number.isSafeInteger(id) ? id as string | number : null);
 // -32600 saying why, echoing `id` when it can be read.
 const invalidRequest = (why: string, id?: unknown): EnvelopeRefusal => ({
-  jsonrpc: '2.0', id: readableId(id), error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: ${why}` },
+  jsonrpc: '2.0', id: readableId(id), error: { code: -32600, message: `Invalid Request: ${why}` },
 });
+// -32700: the body is no JSON (or empty).
+export const parseError = (why: string): EnvelopeRefusal => ({ jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${why}` } });
 
 // The answer to an Accept that refuses JSON, in the SDK's code for it (the transport's own errors are -32000).
-export const NOT_ACCEPTABLE: EnvelopeRefusal = {
+export const NOT_ACCEPTABLE: HeaderRefusal = {
   jsonrpc: '2.0', id: null, error: { code: -32000, message: 'Not Acceptable: this server answers in application/json, which the Accept header does not allow' },
 };
 
@@ -47,7 +65,7 @@ export const NOT_ACCEPTABLE: EnvelopeRefusal = {
 // SDK's own Origin check answers), or undefined. A request without Origin, from a client that is no
 // browser page (the SDK's Node client, curl), passes; so does any with 'any' (MCP_ALLOWED_ORIGINS=*).
 // An Origin no origin at all (`null`, unparsable, two of them) is refused as a foreign one is.
-export function originRefusal(allowed: ReadonlySet<string> | 'any', origin: string | undefined): EnvelopeRefusal | undefined {
+export function originRefusal(allowed: ReadonlySet<string> | 'any', origin: string | undefined): HeaderRefusal | undefined {
   if (origin === undefined || allowed === 'any') return undefined;
   const normal = normalOrigin(origin);
   if (normal !== undefined && allowed.has(normal)) return undefined;
@@ -149,7 +167,7 @@ export function batchAnswer(body: unknown[], sdkAnswer: string): unknown[] {
 // levels, a number past the double range: domain/storable-json.ts) is no parse error: inside a
 // request's params it is -32602 with the id echoed (HTTP 200, as the SDK answers bad params),
 // elsewhere -32600 (HTTP 400, as envelopeRefusal).
-export function unstorableRefusal(body: unknown, problem: FieldError): { status: 200 | 400; answer: EnvelopeRefusal } {
+export function unstorableRefusal(body: unknown, problem: FieldError): { status: 200; answer: JSONRPCErrorResponse } | { status: 400; answer: EnvelopeRefusal } {
   const single = typeof body === 'object' && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : undefined;
   const id = readableId(single?.id);
   const where = problem.path.replace(/^body\.?/, '') || 'the message';
