@@ -1,7 +1,7 @@
 // Bridge tables: credentials, provider instances and their enabled functions.
 import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
-import { firstWithinBytes, keysetPage, PAGE_MAX_BYTES, batchWithinBytes, type Page, type Budget } from './pagination.ts';
+import { firstWithinBytes, keysetPage, PAGE_MAX_BYTES, batchWithinBytes, type Keyset, type Page, type Budget } from './pagination.ts';
 import { textWeightBound } from './messages.ts';
 import type { ProviderStatus } from '../domain/bridge/types.ts';
 
@@ -214,13 +214,32 @@ export async function functionInstancesOf(db: Tx, providerInstanceIds: string[])
   return db('function_instances').whereIn('provider_instance_id', providerInstanceIds).orderBy(['provider_instance_id', 'function_controller_type_id']);
 }
 
+// Enabled functions newest first; `table` names function_instances' columns where a join makes them ambiguous.
+const newestFunctionInstances = (table?: string): Keyset<FunctionInstanceRow> => ({
+  columns: ['created_at', 'provider_instance_id', 'function_controller_type_id'].map((c) => (table ? `${table}.${c}` : c)), kinds: ['timestamp', 'text', 'text'], direction: 'desc',
+  cursorOf: (r) => [r.created_at, r.provider_instance_id, r.function_controller_type_id],
+});
+
 export async function listFunctionInstances(db: Tx, filter: { provider_instance_id?: string }, pageSize: number, token?: string): Promise<Page<FunctionInstanceRow>> {
   const q = db('function_instances').select('*');
   if (filter.provider_instance_id) q.where({ provider_instance_id: filter.provider_instance_id });
-  return keysetPage<FunctionInstanceRow>(q, {
-    columns: ['created_at', 'provider_instance_id', 'function_controller_type_id'], kinds: ['timestamp', 'text', 'text'], direction: 'desc',
-    cursorOf: (r) => [r.created_at, r.provider_instance_id, r.function_controller_type_id],
-  }, pageSize, token);
+  return keysetPage<FunctionInstanceRow>(q, newestFunctionInstances(), pageSize, token);
+}
+
+// The (provider, function) and (provider, credential controller) type id pairs a release's catalog has.
+export interface CatalogPairs { functions: [string, string][]; credentials: [string, string][] }
+
+// The enabled functions a call can run, paged as listFunctionInstances: of an active provider
+// instance (its credentials ready) of the same provider, whose function and credential controller
+// the catalog has. Left out here, not from a page read, so that a page is never short for them.
+export async function listRunnableFunctionInstances(db: Tx, catalog: CatalogPairs, pageSize: number, token?: string): Promise<Page<FunctionInstanceRow>> {
+  const q = db('function_instances').select('function_instances.*')
+    .join('provider_instances', (on) => on.on('provider_instances.id', 'function_instances.provider_instance_id')
+      .andOn('provider_instances.provider_controller_type_id', 'function_instances.provider_controller_type_id'))
+    .where('provider_instances.status', 'active')
+    .whereIn(['function_instances.provider_controller_type_id', 'function_instances.function_controller_type_id'], catalog.functions)
+    .whereIn(['provider_instances.provider_controller_type_id', 'provider_instances.credential_controller_type_id'], catalog.credentials);
+  return keysetPage<FunctionInstanceRow>(q, newestFunctionInstances('function_instances'), pageSize, token);
 }
 
 // The (provider, function) pairs the enabled functions name, each with its number of instances, in

@@ -66,14 +66,15 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     stripe?.close();
   });
 
-  it('negotiates the latest protocol and lists one tool per enabled function instance, with its schema', async () => {
+  it('negotiates the latest protocol and lists one tool per function instance a call can run, with its schema', async () => {
     const client = await connect();
     assert.equal(LATEST_PROTOCOL_VERSION, '2025-11-25');
     assert.equal(lastTransport.protocolVersion, LATEST_PROTOCOL_VERSION);
     assert.equal(client.getServerVersion()?.name, 'taskbridge-bridge');
     assert.ok(client.getServerCapabilities()?.tools);
     const { tools } = await client.listTools();
-    assert.deepEqual(tools.map((t) => t.name).sort(), [REFUND, 'stripe__stripe_process_refund__stripe-off']);
+    // Not stripe-off's: a call is refused while its provider instance is disabled (a tool error, below).
+    assert.deepEqual(tools.map((t) => t.name), [REFUND]);
     const refund = tools.find((t) => t.name === REFUND)!;
     // The same schema and documentation as the function's invoke operation in the instances document.
     const fn = (await c.get(`${B}/function-instances/openapi.json`)).body.paths[`${B}/provider/stripe-main/function/stripe_process_refund/invoke`].post;
@@ -215,7 +216,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
       const names = tools.map((t) => t.name);
       for (const name of names) assert.match(name, HOST_NAME);
       assert.equal(new Set(names).size, names.length, 'no two tools share a name');
-      assert.equal(names.length, 2 + longIds.length);
+      assert.equal(names.length, 1 + longIds.length);
       // Under 64 characters the name is the identity itself; at 64 or more it is cut to 47, `_` and
       // 16 hex of SHA-256 of the identity, so it is the same on every call and every release.
       const expected = (id: string) => {
@@ -308,7 +309,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     await assert.rejects(connect(readOnly), /403|forbidden/i);
     const invoker = (await c.post('/api/auth/v1/api-key', { name: 'bridge invoker', scopes: ['bridge:invoke'] })).body.key;
     const client = await connect(invoker);
-    assert.equal((await client.listTools()).tools.length, 2);
+    assert.deepEqual((await client.listTools()).tools.map((t) => t.name), [REFUND]);
   });
 
   // A refund as one POST, from a page of `origin` (undefined: no Origin, as the SDK's Node client sends).
@@ -641,12 +642,13 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.deepEqual(await ping.json(), [{ jsonrpc: '2.0', id: 1, result: {} }]);
   });
 
-  it('lists tools in pages, following nextCursor, and refuses a cursor it did not give with -32602', async () => {
-    // More enabled function instances than a page holds, written straight to the tables: clones of stripe-main.
+  it('lists tools in pages, following nextCursor, full pages whatever is left out, and refuses a cursor it did not give with -32602', async () => {
+    // More enabled function instances than a page holds, written straight to the tables: clones of
+    // stripe-main, each beside a disabled clone (no tool) of the same time, next to it in key order.
     const extra = TOOLS_PAGE + 20;
     await testDb().raw(`insert into provider_instances (id, display_name, provider_controller_type_id, credential_controller_type_id, status, resource_server_credential_id)
-      select 'stripe-many-' || g, 'many', provider_controller_type_id, credential_controller_type_id, status, resource_server_credential_id
-        from provider_instances, generate_series(1, ?) g where id = 'stripe-main'`, [extra]);
+      select 'stripe-many-' || g || s, 'many', provider_controller_type_id, credential_controller_type_id, case s when '' then status else 'disabled' end, resource_server_credential_id
+        from provider_instances, generate_series(1, ?) g, unnest(array['', '-off']) s where id = 'stripe-main'`, [extra]);
     await testDb().raw(`insert into function_instances (provider_instance_id, function_controller_type_id, provider_controller_type_id)
       select id, 'stripe_process_refund', 'stripe' from provider_instances where id like 'stripe-many-%'`);
     try {
@@ -657,7 +659,8 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
       const second = await client.listTools({ cursor: first.nextCursor });
       assert.equal(second.nextCursor, undefined);
       const names = [...first.tools, ...second.tools].map((t) => t.name);
-      assert.equal(names.length, extra + 2);
+      assert.equal(names.length, extra + 1);
+      assert.ok(!names.some((n) => n.endsWith('-off')), 'no disabled instance');
       assert.equal(new Set(names).size, names.length, 'no tool twice');
       assert.ok(names.includes(REFUND));
       await assert.rejects(client.listTools({ cursor: 'not-a-cursor' }), (err: unknown) =>

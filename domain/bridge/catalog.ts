@@ -7,7 +7,7 @@ import { listPage, type Page } from '../../db/pagination.ts';
 import { checkValid, compileSchema } from '../schema-check.ts';
 import type { CredentialController, FunctionController, ProviderController } from '../../api/schemas/bridge.ts';
 import type { CredentialControllerDef, FunctionControllerDef, ProviderControllerDef } from './types.ts';
-import type { FunctionInstanceRow } from '../../db/bridge.ts';
+import type { CatalogPairs, FunctionInstanceRow } from '../../db/bridge.ts';
 import type { Logger } from '../logger.ts';
 import { googleMail } from './providers/google-mail.ts';
 import { stripe } from './providers/stripe.ts';
@@ -21,6 +21,12 @@ export const storedFunctionDef = (providerTypeId: string, functionTypeId: string
   storedProviderDef(providerTypeId)?.functions.find((d) => d.type_id === functionTypeId);
 export const storedCredentialDef = (providerTypeId: string, credentialTypeId: string): CredentialControllerDef | undefined =>
   storedProviderDef(providerTypeId)?.credentialControllers.find((d) => d.type_id === credentialTypeId);
+
+// What the catalog has, as the type id pairs stored rows name (db/bridge.ts listRunnableFunctionInstances).
+export const CATALOG_PAIRS: CatalogPairs = {
+  functions: PROVIDERS.flatMap((p) => p.functions.map((f): [string, string] => [p.type_id, f.type_id])),
+  credentials: PROVIDERS.flatMap((p) => p.credentialControllers.map((c): [string, string] => [p.type_id, c.type_id])),
+};
 
 export function providerDef(typeId: string): ProviderControllerDef {
   const p = storedProviderDef(typeId);

@@ -1,4 +1,4 @@
-// The bridge as a Model Context Protocol server: every enabled function instance is a tool named
+// The bridge as a Model Context Protocol server: every enabled function instance a call can run is a tool named
 // `<provider_controller_type_id>__<function_controller_type_id>__<provider_instance_id>` (see
 // toolName), with the function's parameter schema as its input schema; calling it invokes the function.
 // One server per HTTP request (stateless Streamable HTTP): tools are read from Postgres each time,
@@ -10,8 +10,8 @@ import {
 } from '@modelcontextprotocol/sdk/types.js';
 import type { Services } from '../services.ts';
 import { AppError, InvalidRequest, logFailure, NotFound, unavailability, type FieldError } from '../errors.ts';
-import { functionInstancesByIdPrefix, getFunctionInstance, getProviderInstance, listFunctionInstances, type FunctionInstanceRow } from '../../db/bridge.ts';
-import { describedPage, PROVIDERS } from './catalog.ts';
+import { functionInstancesByIdPrefix, getFunctionInstance, getProviderInstance, listRunnableFunctionInstances, type FunctionInstanceRow } from '../../db/bridge.ts';
+import { CATALOG_PAIRS, describedPage, PROVIDERS } from './catalog.ts';
 import { invokeFunction } from './functions.ts';
 import { sentArguments } from './mcp-envelope.ts';
 import { SERVICE_VERSION } from '../version.ts';
@@ -86,12 +86,14 @@ function advertisedInputSchema(parameters: Record<string, unknown>): Tool['input
   return rest as Tool['inputSchema'];
 }
 
-// A function the catalog no longer has is no tool (logged); the cursor is that of the rows read, so a
-// page may hold fewer tools than TOOLS_PAGE, even none, and its cursor still leads to the rest.
+// A client lists tools to call them: only the instances a call would not refuse for what is known now
+// (callTool, invokeFunction): not those of a provider instance that is not active (disabled, its user
+// credential awaiting brokering or its refresh failed), nor those whose function or credential
+// controller this release's catalog no longer has.
 export async function listTools(db: Services['db'], log: Logger, cursor?: string): Promise<{ tools: Tool[]; nextCursor?: string }> {
   let page;
   try {
-    page = await listFunctionInstances(db, {}, TOOLS_PAGE, cursor);
+    page = await listRunnableFunctionInstances(db, CATALOG_PAIRS, TOOLS_PAGE, cursor);
   } catch (err) {
     if (err instanceof InvalidRequest) throw new McpRefusal(ErrorCode.InvalidParams, 'Invalid params: params.cursor: is not a cursor this server gave');
     throw err;
@@ -129,7 +131,7 @@ export async function callTool(services: Services, name: string, args: Record<st
     return { structuredContent: output, content: [{ type: 'text', text: JSON.stringify(output) }] };
   } catch (err) {
     // Not enabled (or deleted meanwhile): no such tool. A credential controller the catalog no longer
-    // has is this listed tool's failure, not its absence.
+    // has (a tool no longer listed, called by a name kept from before) is this tool's failure, not its absence.
     if (err instanceof NotFound && err.data.resource !== 'credential_controller') throw unknown();
     if (!(err instanceof AppError) || (err.status >= 500 && err.status !== 502 && err.status !== 503)) throw err;
     logFailure(log, err, err, 'mcp tool call failed', { tool: name });
