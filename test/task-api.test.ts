@@ -394,6 +394,11 @@ describe('task API', () => {
       assert.equal(rest.status, 200);
       assert.deepEqual(rest.body.items.map((m: any) => m.parts[0].text), ['m100', 'm101']);
       noToken(rest);
+      // Sent back to GET /{id} itself, the token would answer the first 100 again, and a client
+      // following it would loop: refused, naming it, as the lists refuse what they do not take.
+      const again = await stack.client.get(`/api/task/v1/${task.id}?next_page_token=${r.body.messages_next_page_token}`);
+      assertError(again, 400, 'invalid_request');
+      assert.deepEqual(again.body.data.errors, [{ path: 'query.next_page_token', message: 'is not an allowed member' }]);
     });
 
     it('has no messages_next_page_token with exactly 100 messages', async () => {

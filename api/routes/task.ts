@@ -65,6 +65,9 @@ export const taskRoutes = [
     method: 'get', path: '/api/task/v1/:task_id', operationId: 'get-task', tag, scope: 'task:read',
     summary: 'Get a task with its first messages and its status message',
     params: TaskId,
+    // It takes no parameter: its messages_next_page_token continues at GET …/message. Refused here,
+    // that token (or a page_size) would answer the same first page again, and a client would loop.
+    query: Type.Object({}),
     responses: { 200: GetTaskResponse, ...resourceErrors },
   }, async ({ params, services }) => taskDomain.getTaskWithMessages(services.db, params.task_id)),
 
