@@ -331,6 +331,8 @@ describe('push notifications', () => {
     assert.deepEqual((await rpc('tasks/pushNotificationConfig/list', { id })).result, []);
     const gone = await rpc('tasks/pushNotificationConfig/get', { id, pushNotificationConfigId: 'hook' });
     assert.deepEqual(gone.error, { code: -32602, message: "push notification config 'hook' not found", data: { resource: 'push_notification_config', id: 'hook' } });
+    const none = await rpc('tasks/pushNotificationConfig/get', { id });
+    assert.deepEqual(none.error, { code: -32602, message: `task '${id}' has no push notification config`, data: { resource: 'push_notification_config', task_id: id } });
     const bad = await rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { url: 'gopher://example.com/' } });
     assert.equal(bad.error.code, -32602);
     assert.match(bad.error.message, /must use http or https, not 'gopher'/);

@@ -47,7 +47,7 @@ export function toJsonRpcError(err: unknown): JsonRpcErrorObject {
   if (known) {
     if (known.status === 404 && known.data.resource === 'task') return new TaskNotFoundError(String(known.data.id)).toJSON();
     // Anything else a client named that does not exist (a push config id) is a bad parameter.
-    if (known.status === 404) return invalidParams(known.message, { resource: known.data.resource, id: known.data.id }).toJSON();
+    if (known.status === 404) return invalidParams(known.message, known.data).toJSON();
     if (known.status === 400) return invalidParams(known.message, known.data.errors ? { errors: known.data.errors } : undefined).toJSON();
     if (known.status === 409) return invalidRequest(known.message, known.data).toJSON();
     if (known.status === 413) return invalidParams(known.message, known.data).toJSON();
