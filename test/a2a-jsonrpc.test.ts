@@ -99,7 +99,7 @@ describe('A2A JSON-RPC endpoint', () => {
 
     it('bad params are -32602 naming the field', async () => {
       const cases: [string, unknown, RegExp][] = [
-        ['message/send', undefined, /params must be object/],
+        ['message/send', undefined, /^Invalid params: params is required$/],
         ['message/send', [], /params/],
         ['message/send', {}, /params\.message is required/],
         ['message/send', { message: { ...userMessage('x'), parts: [] } }, /params\.message\.parts/],

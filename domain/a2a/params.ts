@@ -112,6 +112,8 @@ export function validator<T extends TSchema>(schema: T): Validator<Static<T>> {
   const validate = compileSchema(schema);
   return (value) => {
     if (validate(value)) return value as Static<T>;
+    // Left out (a request without params), not params of the wrong type.
+    if (value === undefined) throw new A2AError(JSONRPC.INVALID_PARAMS, 'Invalid params: params is required', { errors: [{ path: 'params', message: 'is required' }] });
     // A file with neither or both of bytes/uri is said once, as that choice; a part without a kind
     // once, as its kind required (ajv also reports the discriminator it cannot read).
     const reported = withoutChoiceBranches(validate.errors ?? []);
