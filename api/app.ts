@@ -4,7 +4,7 @@ import type { Services } from '../domain/services.ts';
 import { errorHandler } from './middleware/errors.ts';
 import { requestId } from './middleware/request-id.ts';
 import { accessLog } from './middleware/access-log.ts';
-import { fixedPathMethods, mount, type Route } from './route.ts';
+import { fixedPathMethods, mount, slashedParameter, type Route } from './route.ts';
 import { buildOpenApi } from './openapi.ts';
 import { taskRoutes } from './routes/task.ts';
 import { authRoutes } from './routes/auth.ts';
@@ -70,7 +70,7 @@ export function createApp(services: Services): Koa {
   app.use(requestId(services.log));
   app.use(accessLog());
   app.use(metricsMiddleware(services));
-  app.use(errorHandler());
+  app.use(errorHandler(slashedParameter(allRoutes)));
   app.use(requireHost);
   app.use(requireReadableTarget);
   app.use(queueDashboard(services));

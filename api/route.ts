@@ -106,6 +106,24 @@ export function fixedPathMethods(routes: Route[]): Middleware {
   };
 }
 
+// A path no route matches because a parameter's value holds '/' sent as it is: the router splits the
+// path there ('/api/secret/v1/key/team/db' is no route, 'team%2Fdb' the key 'team/db'). Given the
+// routes, a function naming such a parameter for a method and path, if one of a route's parameters
+// whose schema takes '/' would match the rest; else undefined (a UUID's parameter never does).
+export function slashedParameter(routes: Route[]): (method: string, path: string) => string | undefined {
+  const escape = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  const candidates = routes.flatMap(({ spec }) => {
+    const props = (spec.params as { properties?: Record<string, TSchema> } | undefined)?.properties ?? {};
+    const names = Object.keys(props).filter((name) => compileSchema(props[name])('a/b'));
+    const methods = spec.method === 'get' ? ['GET', 'HEAD'] : [spec.method.toUpperCase()];
+    return names.map((name) => ({
+      name, methods,
+      re: new RegExp(`^${spec.path.split(/(:[A-Za-z0-9_]+)/).map((part) => (part === `:${name}` ? '.+/.+' : part.startsWith(':') ? '[^/]+' : escape(part))).join('')}$`),
+    }));
+  });
+  return (method, path) => candidates.find((c) => c.methods.includes(method) && c.re.test(path))?.name;
+}
+
 // ajv's coercion reads a string as Number() does, so '0x10', '1e2' and ' 1' would pass as integers.
 const DECIMAL = /^-?[0-9]+$/;
 function decimalCheck(schema: TObject | undefined, where: string): (values: Record<string, unknown>) => void {

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { randomBytes, randomUUID } from 'node:crypto';
-import { ROOT, testDb, textMessage, useStack, waitFor, type Client } from './helpers/stack.ts';
+import { assertError, ROOT, testDb, textMessage, useStack, waitFor, type Client } from './helpers/stack.ts';
 import { sealByHand } from './helpers/aes-gcm-by-hand.ts';
 
 const S = '/api/secret/v1';
@@ -79,6 +79,13 @@ describe('secret API', () => {
     assert.deepEqual(byId.body, created.body);
 
     assert.equal((await c.get(`${S}/key/missing.key`)).status, 404);
+    // Its slash sent as it is, the key is no route: the answer says how to send it.
+    const unencoded = await c.get(`${S}/key/team/stripe.api-key_live`);
+    assertError(unencoded, 404, 'not_found');
+    assert.equal(unencoded.body.message, `No route for GET ${S}/key/team/stripe.api-key_live: a key holding '/' is sent with it percent-encoded (%2F)`);
+    // A parameter that never holds '/' (a UUID) gets no such word.
+    const unknown = await c.get(`${S}/${created.body.id}/nothing`);
+    assert.equal(unknown.body.message, `No route for GET ${S}/${created.body.id}/nothing`);
     assert.equal((await c.get(`${S}/key/${'k'.repeat(257)}`)).status, 400);
     assert.equal((await c.get(`${S}/key/bad%20key`)).status, 400);
     assert.equal((await c.get(`${S}/${randomUUID()}`)).status, 404);

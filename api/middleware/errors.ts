@@ -1,8 +1,9 @@
 import type { Middleware } from 'koa';
 import { AppError, logFailure, MethodNotAllowed, raceConflict, unavailability } from '../../domain/errors.ts';
 
-// The one place where errors become HTTP responses with the Error body.
-export function errorHandler(): Middleware {
+// The one place where errors become HTTP responses with the Error body. `slashed`: the parameter a
+// path no route matches would fill had its '/' been percent-encoded (api/route.ts slashedParameter).
+export function errorHandler(slashed: (method: string, path: string) => string | undefined = () => undefined): Middleware {
   return async (ctx, next) => {
     try {
       await next();
@@ -11,7 +12,11 @@ export function errorHandler(): Middleware {
       if ((ctx.status === 405 || ctx.status === 501) && !ctx.body && ctx.response.get('Allow')) {
         throw new MethodNotAllowed(`Method ${ctx.method} is not allowed on ${ctx.path}`, ctx.response.get('Allow'));
       }
-      if ((ctx.status === 404 || ctx.status === 501) && !ctx.body) throw new AppError(404, 'not_found', `No route for ${ctx.method} ${ctx.path}`, { resource: 'route', id: ctx.path });
+      if ((ctx.status === 404 || ctx.status === 501) && !ctx.body) {
+        const param = slashed(ctx.method, ctx.path);
+        const hint = param ? `: a ${param} holding '/' is sent with it percent-encoded (%2F)` : '';
+        throw new AppError(404, 'not_found', `No route for ${ctx.method} ${ctx.path}${hint}`, { resource: 'route', id: ctx.path });
+      }
     } catch (err) {
       const e = toAppError(err);
       logFailure(ctx.state.log, err, e, 'request failed');
