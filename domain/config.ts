@@ -222,6 +222,12 @@ function readEnv<S extends TObject>(schema: S, env: NodeJS.ProcessEnv): Static<S
 function serviceUrlProblems(raw: Record<string, unknown>): ConfigProblem[] {
   const invalid = (name: string): ConfigProblem => [name, 'is not a valid URL (check the port, and that special characters in the password are percent-encoded)'];
   const problems: ConfigProblem[] = [];
+  // Neither driver reads a fragment: a # there is a password's, unencoded, after an unencoded @ (the
+  // URL then parses with the text before that @ as its host), and the rest of the password would be
+  // shown wherever the URL is, masked, in a log line.
+  for (const name of ['DATABASE_URL', 'REDIS_URL']) {
+    if (typeof raw[name] === 'string' && raw[name].includes('#')) problems.push([name, 'must not have a fragment (#): percent-encode a # in the password as %23']);
+  }
   if (typeof raw.DATABASE_URL === 'string') {
     try {
       parsePgUrl(raw.DATABASE_URL);

@@ -193,6 +193,21 @@ describe('process start-up', function () {
     assert.doesNotMatch(socket.output, /Invalid configuration|pw-socket/);
   });
 
+  it('refuses service URLs with a # (a password holding @ and # unencoded parses as a host and a fragment holding the rest of it), exit 2 without showing them', async () => {
+    // It was read as host `ss`: the process waited for it, logging the fragment (`#word-…`) in every
+    // line, the release step too.
+    const db = 'postgres://u:p@ss#word-db@127.0.0.1:5432/x';
+    const redis = 'redis://:p@ss#word-redis@127.0.0.1:6379';
+    for (const file of ['api/main.ts', 'workers/main.ts', 'db/migrate.ts']) {
+      const r = await run(file, testEnv({ DATABASE_URL: db, REDIS_URL: redis, STARTUP_TIMEOUT_MS: '3000' }));
+      assert.equal(r.code, 2, r.output);
+      assert.match(r.output, /^ {2}DATABASE_URL: must not have a fragment \(#\): percent-encode a # in the password as %23$/m);
+      if (file !== 'db/migrate.ts') assert.match(r.output, /^ {2}REDIS_URL: must not have a fragment \(#\): percent-encode a # in the password as %23$/m);
+      assert.doesNotMatch(r.output, /word-db|word-redis/);
+      noStack(r);
+    }
+  });
+
   it('refuses http(s) URL settings that do not parse (a port out of range, no host, a space), without showing them', async () => {
     const r = await run('workers/main.ts', testEnv({
       AGENT_KIND: 'remote', AGENT_REMOTE_URL: 'https://agentuser:pw-remote@agent.example.com:99999/a2a',
