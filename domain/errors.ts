@@ -140,6 +140,12 @@ export function loginRefused(err: unknown): boolean {
   return code.startsWith('28') || code === '3D000';
 }
 
+// Redis refusing this login: a wrong password or user (WRONGPASS), or none where it asks for one
+// (NOAUTH; ioredis's ready check wraps it as "Ready check failed: NOAUTH …").
+export function redisLoginRefused(err: unknown): boolean {
+  return /\b(WRONGPASS|NOAUTH)\b/.test(String((err as { message?: unknown })?.message));
+}
+
 // Postgres refusing the connection it was reached on: the login, or a class 08 (connection
 // exception) SQLSTATE. As the release step and the CLI tell their operator, beside connectionFailed.
 export function connectionRefused(err: unknown): boolean {

@@ -3,8 +3,8 @@
 // statements on missing columns), saying so every few seconds with the address and the variable that
 // names it, and give up after STARTUP_TIMEOUT_MS (0: never) with one line saying why, instead of a
 // silent hang (Redis) or a stack trace (Postgres). A Redis database Redis does not have, or a login
-// Postgres refuses (a wrong password, a database it does not have), is a bad configuration, which no
-// wait mends: a ConfigError.
+// Postgres or Redis refuses (a wrong password, a database it does not have), is a bad configuration,
+// which no wait mends: a ConfigError.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ReplyError } from 'ioredis';
 import type { Services } from './services.ts';
@@ -12,7 +12,7 @@ import { withTimeout } from './with-timeout.ts';
 import { redactUrl } from './logger.ts';
 import { ConfigError } from './config.ts';
 import { migrationState } from '../db/knex.ts';
-import { loginRefused } from './errors.ts';
+import { loginRefused, redisLoginRefused } from './errors.ts';
 
 const PROBE_TIMEOUT_MS = 2000;
 const WARN_EVERY_MS = 5000;
@@ -26,8 +26,8 @@ export async function waitForBackingServices(s: Pick<Services, 'cfg' | 'db' | 'r
   const onRedisError = (err: Error) => { redisError = err; };
   s.redis.on('error', onRedisError);
   const redisReady = async () => {
-    if (s.redis.status !== 'ready') throw redisError ?? new Error(`connection ${s.redis.status}`);
-    await s.redis.ping();
+    if (s.redis.status !== 'ready') throw redisLoginRefusal(redisError) ?? redisError ?? new Error(`connection ${s.redis.status}`);
+    await s.redis.ping().catch((err: unknown) => { throw redisLoginRefusal(err) ?? err; });
     // ioredis selects REDIS_URL's database on connecting, yet becomes ready when Redis refuses it (an
     // index past its `databases`, cluster mode) and works in database 0: selected again here, a refusal ends the start.
     const db = s.redis.options.db ?? 0;
@@ -37,6 +37,9 @@ export async function waitForBackingServices(s: Pick<Services, 'cfg' | 'db' | 'r
       });
     }
   };
+  const redisLoginRefusal = (err: unknown) => (redisLoginRefused(err)
+    ? new ConfigError([['REDIS_URL', `Redis at ${redactUrl(s.cfg.REDIS_URL)} refuses this login: ${(err as Error).message}`]])
+    : undefined);
   const postgresReady = () => s.db.raw('select 1').catch((err: unknown) => {
     throw loginRefused(err) ? new ConfigError([['DATABASE_URL', `Postgres at ${redactUrl(s.cfg.DATABASE_URL)} refuses this login: ${(err as Error).message}`]]) : err;
   });

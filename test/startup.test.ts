@@ -370,6 +370,21 @@ describe('process start-up', function () {
     }
   });
 
+  it('refuses a REDIS_URL Redis refuses the login of (a wrong password, none where Redis asks for one): exit 2 naming REDIS_URL and why, without waiting STARTUP_TIMEOUT_MS', async () => {
+    const wrongPassword = Object.assign(new URL(testEnv().REDIS_URL), { password: 'pw-wrong-redis' }).toString();
+    const noPassword = Object.assign(new URL(testEnv().REDIS_URL), { password: '' }).toString();
+    for (const file of ['api/main.ts', 'workers/main.ts']) {
+      for (const [url, why] of [[wrongPassword, /WRONGPASS/], [noPassword, /NOAUTH/]] as const) {
+        const r = await run(file, testEnv({ REDIS_URL: url, STARTUP_TIMEOUT_MS: '7000' }));
+        assert.equal(r.code, 2, r.output);
+        assert.match(r.output, /^ {2}REDIS_URL: Redis at redis:\/\/(:\*\*\*)?@?127\.0\.0\.1:\d+\/? refuses this login: /m);
+        assert.match(r.output, why);
+        assert.doesNotMatch(r.output, /pw-wrong-redis|giving up|waiting for/);
+        noStack(r);
+      }
+    }
+  });
+
   it('waits for an unreachable Redis, saying where and which variable, then exits 1 after STARTUP_TIMEOUT_MS', async () => {
     const port = await freePort();
     const r = await run('api/main.ts', testEnv({ REDIS_URL: `redis://:hunter2@127.0.0.1:${port}`, STARTUP_TIMEOUT_MS: '7000' }));
