@@ -103,6 +103,9 @@ describe('job pipeline under faults', function () {
       assert.equal(warnLines(s.api, 'outbox relay deferred to sweeper'), 1);
       const sweeps = [s.api, s.workers[0]].map((p) => warnLines(p, 'outbox sweep failed; will retry'));
       assert.ok(sweeps.every((n) => n <= 1) && sweeps.some((n) => n === 1), `warn lines of failed sweeps (API, worker): ${sweeps}`);
+      // And the worker's metrics, flushed to Redis every second: one warn line, not one a second.
+      const flushes = warnLines(s.workers[0], 'worker metrics not flushed; will retry');
+      assert.equal(flushes, 1, `warn lines of failed metric flushes: ${flushes}`);
 
       await own.start();
       for (const [i, id] of ids.entries()) {

@@ -114,7 +114,9 @@ for (const w of workers) {
 const metrics = new WorkerMetrics(services.redis, cfg.QUEUE_PREFIX);
 for (const w of workers) recordJobMetrics(w, metrics);
 recordRefreshOutcomes(refreshWorker, metrics);
-metrics.start((err) => log.warn({ err: { message: err.message } }, 'worker metrics not flushed; will retry'));
+// Flushed every second: a warn line a minute while Redis is away, as the queues' errors are.
+const warnFlush = throttledWarn(log, 'worker metrics not flushed; will retry');
+metrics.start((err) => warnFlush({ err: { message: err.message } }));
 log.info({ queues: workers.map((w) => w.name), agent: cfg.AGENT_KIND }, 'worker started');
 
 // How long after the grace period a worker still waits for its queues to close (runs it aborted
