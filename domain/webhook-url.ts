@@ -57,7 +57,8 @@ export async function assertOutboundUrl(raw: string, allowPrivate: boolean, what
   if (url.username || url.password) {
     throw new InvalidRequest(`${what} must not contain credentials: pass them as the token or authentication instead`);
   }
-  if (allowPrivate) return url;
+  // Resolved whether or not internal targets are allowed: the switch allows internal hosts, not
+  // missing ones, which would only fail every post (or call) later.
   const host = hostOf(url);
   let addresses: string[];
   try {
@@ -69,6 +70,7 @@ export async function assertOutboundUrl(raw: string, allowPrivate: boolean, what
     if (NAME_REFUSED.includes(code)) throw new InvalidRequest(`${what} host '${host}' cannot be resolved (${code})`);
     throw new Unavailable(`${what} host '${host}' could not be looked up just now (${code}); retry shortly`);
   }
+  if (allowPrivate) return url;
   const internal = addresses.find(isPrivateAddress);
   if (internal !== undefined) {
     // The address is named only when the caller wrote it: what a name resolves to inside stays inside.

@@ -780,7 +780,7 @@ describe('push notifications', () => {
 
   it('leases a config to one delivery run at a time; a run whose lease ran out records nothing more', async () => {
     const id = await idleTask();
-    await setConfig(id, { id: 'leased', url: 'https://hooks.example.com/x' });
+    await setConfig(id, { id: 'leased', url: 'http://127.0.0.1:9/x' });
     const db = testDb();
     const base = (await db('push_configs').where({ task_id: id, id: 'leased' }).first()).delivered_seq;
     assert.ok(await leasePushConfig(db, id, 'leased', 'a0000000-0000-4000-8000-000000000001', 60_000));
@@ -880,6 +880,16 @@ describe('push notifications', () => {
     } finally {
       dns.promises.lookup = lookup;
     }
+    assert.deepEqual(await listPushConfigs(testDb(), id), []);
+  });
+
+  it('refuses a host that does not exist with PUSH_ALLOW_PRIVATE on too (it allows internal hosts, not missing ones)', async () => {
+    const id = await idleTask();
+    const set = await rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { url: 'http://no-such-host.invalid/hook' } });
+    assert.equal(set.error?.code, -32602, JSON.stringify(set));
+    assert.equal(set.error.message, "Push notification URL host 'no-such-host.invalid' cannot be resolved (ENOTFOUND)");
+    const sent = await rpc('message/send', { message: { kind: 'message', role: 'user', messageId: randomUUID(), parts: [{ kind: 'text', text: 'hi' }] }, configuration: { blocking: false, pushNotificationConfig: { url: 'http://no-such-host.invalid/hook' } } });
+    assert.equal(sent.error?.code, -32602, JSON.stringify(sent));
     assert.deepEqual(await listPushConfigs(testDb(), id), []);
   });
 });
