@@ -49,7 +49,10 @@ export async function assertOutboundUrl(raw: string, allowPrivate: boolean, what
   try {
     url = new URL(raw);
   } catch {
-    throw new InvalidRequest(`${what} '${raw.slice(0, 200)}' is not an absolute URL`);
+    // One that parses against a base is relative; one that still does not is malformed (a port
+    // past 65535, a space in the host), and calling it not absolute would send the caller astray.
+    const relative = URL.canParse(raw, 'http://base.invalid/');
+    throw new InvalidRequest(`${what} '${raw.slice(0, 200)}' is not ${relative ? 'an absolute' : 'a valid'} URL`);
   }
   if (url.protocol !== 'http:' && url.protocol !== 'https:') {
     throw new InvalidRequest(`${what} must use http or https, not '${url.protocol.replace(/:$/, '')}'`);

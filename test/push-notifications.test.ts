@@ -892,6 +892,18 @@ describe('push notifications', () => {
     assert.equal(sent.error?.code, -32602, JSON.stringify(sent));
     assert.deepEqual(await listPushConfigs(testDb(), id), []);
   });
+
+  it('says an absolute URL that does not parse (a port past 65535, a space in the host) is not a valid URL, not that it is not absolute', async () => {
+    const id = await idleTask();
+    for (const url of ['http://127.0.0.1:99999/hook', 'http://exa mple.com/hook']) {
+      const set = await rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { url } });
+      assert.equal(set.error?.code, -32602, JSON.stringify(set));
+      assert.equal(set.error.message, `Push notification URL '${url}' is not a valid URL`);
+    }
+    const relative = await rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { url: '/hook' } });
+    assert.equal(relative.error?.message, "Push notification URL '/hook' is not an absolute URL");
+    assert.deepEqual(await listPushConfigs(testDb(), id), []);
+  });
 });
 
 describe('push notifications whose queue jobs were lost or failed', function () {
