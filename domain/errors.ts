@@ -55,7 +55,7 @@ export type ResourceName =
 const RESOURCE_WORDS: Partial<Record<ResourceName, string>> = {
   push_notification_config: 'push notification config', provider_controller: 'provider controller',
   credential_controller: 'credential controller', user_credential: 'user credential',
-  resource_server_credential: 'resource server credential', broker_state: 'broker state',
+  resource_server_credential: 'resource server credential',
 };
 export class NotFound extends AppError {
   /** `resource`: what was looked for, data.resource (the ids go in `id` and `within`);

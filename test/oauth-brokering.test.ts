@@ -187,8 +187,8 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
 
     const unknown = await callback(`${callbackUrl}?state=${'A'.repeat(43)}&code=x`);
     assert.equal(unknown.status, 404);
-    // The state itself is not echoed: data.id says which one in words.
-    assert.deepEqual(await unknown.json(), { message: "broker state '(the given state)' not found", data: { code: 'not_found', resource: 'broker_state', id: '(the given state)' } });
+    // The state itself is not echoed, and no made-up text stands in data.id for it: there is no id to name.
+    assert.deepEqual(await unknown.json(), { message: 'No brokering flow waits for this state: it is unknown, was used already, or its callback is under way', data: { code: 'not_found', resource: 'broker_state' } });
     const missing = await callback(`${callbackUrl}?code=x`);
     assert.equal(missing.status, 400);
     assert.match(((await missing.json()) as { message: string }).message, /state/);

@@ -5,7 +5,7 @@
 // makes the instance active. A token endpoint that gives no answer leaves the state for a retry.
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
-import { Gone, InvalidRequest, NoAnswer, NotFound, Upstream } from '../errors.ts';
+import { AppError, Gone, InvalidRequest, NoAnswer, NotFound, Upstream } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
 import { deleteBrokerStatesExpiredBefore, insertBrokerState, takeBrokerState, type BrokerStateRow } from '../../db/broker-states.ts';
 import type { BrokerState, Credential } from '../../api/schemas/bridge.ts';
@@ -79,7 +79,10 @@ export async function completeBrokering(
   const reply: { error: string } | { code: string } | undefined = error ? { error } : code ? { code } : undefined;
   if (!reply) throw new InvalidRequest('The callback has neither a code nor an error', [{ path: 'query.code', message: 'is required' }]);
   const state = await takeBrokerState(s.db, sha256(query.state));
-  if (!state) throw new NotFound('broker_state', '(the given state)');
+  if (!state) {
+    // The state is not echoed (it is the flow's proof) and has no other id: data names no id.
+    throw new AppError(404, 'not_found', 'No brokering flow waits for this state: it is unknown, was used already, or its callback is under way', { resource: 'broker_state' });
+  }
   if (state.expires_at.getTime() < Date.now()) throw new Gone('The brokering state expired: start the flow again');
   if ('error' in reply) {
     const detail = query.error_description ? `: ${query.error_description}` : '';
