@@ -108,20 +108,32 @@ export function fixedPathMethods(routes: Route[]): Middleware {
 
 // A path no route matches because a parameter's value holds '/' sent as it is: the router splits the
 // path there ('/api/secret/v1/key/team/db' is no route, 'team%2Fdb' the key 'team/db'). Given the
-// routes, a function naming such a parameter for a method and path, if one of a route's parameters
-// whose schema takes '/' would match the rest; else undefined (a UUID's parameter never does).
+// routes, a function naming, for a method and path, the parameter that would take the path's extra
+// segments, if one of a route's parameters whose schema takes '/' can (a UUID's never does); else
+// undefined. Segments are compared one by one (no regular expression: a path of thousands of
+// slashes must cost no more than its length), and only for paths of a length a URL may have.
+const HINTED_PATH_MAX = 4096;
 export function slashedParameter(routes: Route[]): (method: string, path: string) => string | undefined {
-  const escape = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
   const candidates = routes.flatMap(({ spec }) => {
     const props = (spec.params as { properties?: Record<string, TSchema> } | undefined)?.properties ?? {};
-    const names = Object.keys(props).filter((name) => compileSchema(props[name])('a/b'));
+    const segments = spec.path.split('/');
     const methods = spec.method === 'get' ? ['GET', 'HEAD'] : [spec.method.toUpperCase()];
-    return names.map((name) => ({
-      name, methods,
-      re: new RegExp(`^${spec.path.split(/(:[A-Za-z0-9_]+)/).map((part) => (part === `:${name}` ? '.+/.+' : part.startsWith(':') ? '[^/]+' : escape(part))).join('')}$`),
-    }));
+    return Object.keys(props).filter((name) => compileSchema(props[name])('a/b')).map((name) => {
+      const at = segments.indexOf(`:${name}`);
+      return { name, methods, before: segments.slice(0, at), after: segments.slice(at + 1) };
+    });
   });
-  return (method, path) => candidates.find((c) => c.methods.includes(method) && c.re.test(path))?.name;
+  // A route's segment against the path's: a parameter takes any non-empty one, a fixed one itself.
+  const fits = (route: string, given: string) => (route.startsWith(':') ? given !== '' : route === given);
+  return (method, path) => {
+    if (path.length > HINTED_PATH_MAX) return undefined;
+    const given = path.split('/');
+    return candidates.find(({ methods, before, after }) => methods.includes(method)
+      // The parameter's own share: two segments or more (one would have matched the route).
+      && given.length >= before.length + after.length + 2
+      && before.every((seg, i) => fits(seg, given[i]))
+      && after.every((seg, i) => fits(seg, given[given.length - after.length + i])))?.name;
+  };
 }
 
 // ajv's coercion reads a string as Number() does, so '0x10', '1e2' and ' 1' would pass as integers.

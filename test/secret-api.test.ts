@@ -82,7 +82,9 @@ describe('secret API', () => {
     // Its slash sent as it is, the key is no route: the answer says how to send it.
     const unencoded = await c.get(`${S}/key/team/stripe.api-key_live`);
     assertError(unencoded, 404, 'not_found');
-    assert.equal(unencoded.body.message, `No route for GET ${S}/key/team/stripe.api-key_live: a key holding '/' is sent with it percent-encoded (%2F)`);
+    assert.equal(unencoded.body.message, `No route for GET ${S}/key/team/stripe.api-key_live (if the key holds '/', send it percent-encoded: %2F)`);
+    // However many slashes (compared segment by segment, not by a backtracking pattern).
+    assert.match((await c.get(`${S}/key/${'a/'.repeat(1500)}b`)).body.message, /\(if the key holds '\/', send it percent-encoded: %2F\)$/);
     // A parameter that never holds '/' (a UUID) gets no such word.
     const unknown = await c.get(`${S}/${created.body.id}/nothing`);
     assert.equal(unknown.body.message, `No route for GET ${S}/${created.body.id}/nothing`);

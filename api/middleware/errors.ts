@@ -14,7 +14,7 @@ export function errorHandler(slashed: (method: string, path: string) => string |
       }
       if ((ctx.status === 404 || ctx.status === 501) && !ctx.body) {
         const param = slashed(ctx.method, ctx.path);
-        const hint = param ? `: a ${param} holding '/' is sent with it percent-encoded (%2F)` : '';
+        const hint = param ? ` (if the ${param.replace(/_/g, ' ')} holds '/', send it percent-encoded: %2F)` : '';
         throw new AppError(404, 'not_found', `No route for ${ctx.method} ${ctx.path}${hint}`, { resource: 'route', id: ctx.path });
       }
     } catch (err) {
