@@ -45,13 +45,17 @@ interface RotationParams { alias: string; prepared_dek_id?: string; prepared_fro
 // Starts a rotation, or returns the one already queued or running for the alias.
 export async function startAliasRotation(s: Pick<Services, 'db' | 'outbox' | 'bus' | 'log'>, alias: string): Promise<{ job: KeyJobRow; created: boolean }> {
   return inTransaction(s, async (uow) => {
+    // Counted now, as the start will count them, so a job still queued does not read as nothing to do;
+    // before the alias lock, which every write under the alias waits for (a count of millions of
+    // secrets takes a while), and not for a request that finds its rotation already there.
+    const already = await findActiveRotation(uow.trx, alias);
+    if (already) return { job: already, created: false };
+    const total = await countSecretsToRotate(uow.trx, alias);
     // The alias row lock serialises concurrent requests for one alias.
     if (!(await lockAlias(uow.trx, alias))) throw new NotFound('dek_alias', alias);
     const running = await findActiveRotation(uow.trx, alias);
     if (running) return { job: running, created: false };
     const params: RotationParams = { alias };
-    // Counted now, as the start will count them, so a job still queued does not read as nothing to do.
-    const total = await countSecretsToRotate(uow.trx, alias);
     const job = await insertKeyJob(uow.trx, { id: randomUUID(), kind: ROTATE_ALIAS, params: { ...params }, total });
     if (!job) throw new Conflict(`a key job for alias '${alias}' could not be created`);
     await uow.enqueue('key-jobs', ROTATE_ALIAS, { job_id: job.id });
