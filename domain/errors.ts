@@ -59,9 +59,15 @@ const RESOURCE_WORDS: Partial<Record<ResourceName, string>> = {
 };
 export class NotFound extends AppError {
   /** `resource`: what was looked for, data.resource (the ids go in `id` and `within`);
-   * `within`: what the resource was looked for in, e.g. "for provider 'stripe'". */
-  constructor(resource: ResourceName, id: string, within?: string) {
-    super(404, 'not_found', `${RESOURCE_WORDS[resource] ?? resource} '${id}' not found${within ? ` ${within}` : ''}`, { resource, id });
+   * `within`: what the resource was looked for in, e.g. "for provider 'stripe'".
+   * Or, for one looked for by something other than an id of its own (a task's only push config, a
+   * brokering flow's state), `described`: the message saying what is missing, and data beside
+   * `resource` (no made-up `id`). */
+  constructor(resource: ResourceName, id: string, within?: string);
+  constructor(resource: ResourceName, described: { message: string; data?: Record<string, unknown> });
+  constructor(resource: ResourceName, id: string | { message: string; data?: Record<string, unknown> }, within?: string) {
+    if (typeof id === 'string') super(404, 'not_found', `${RESOURCE_WORDS[resource] ?? resource} '${id}' not found${within ? ` ${within}` : ''}`, { resource, id });
+    else super(404, 'not_found', id.message, { resource, ...id.data });
   }
 }
 export class Conflict extends AppError {

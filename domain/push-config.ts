@@ -6,7 +6,7 @@ import type { Tx } from '../db/knex.ts';
 import * as repo from '../db/push-configs.ts';
 import * as tasks from '../db/tasks.ts';
 import type { Config } from './config.ts';
-import { AppError, InvalidRequest, NotFound } from './errors.ts';
+import { InvalidRequest, NotFound } from './errors.ts';
 import { assertOutboundUrl } from './webhook-url.ts';
 import { decryptWithDek, encryptWithDek, holdAliasDek } from './keyring.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
@@ -157,7 +157,7 @@ export async function getPushConfig(db: Tx, taskId: string, configId?: string): 
   if (row) return shown(row);
   if (configId) throw new NotFound('push_notification_config', configId);
   // Asked for whichever config the task has: there is no config id to name, only the task.
-  throw new AppError(404, 'not_found', `task '${taskId}' has no push notification config`, { resource: 'push_notification_config', task_id: taskId });
+  throw new NotFound('push_notification_config', { message: `task '${taskId}' has no push notification config`, data: { task_id: taskId } });
 }
 
 export async function listPushConfigs(db: Tx, taskId: string): Promise<PushConfig[]> {

@@ -37,11 +37,12 @@ export async function waitForBackingServices(s: Pick<Services, 'cfg' | 'db' | 'r
       });
     }
   };
-  const redisLoginRefusal = (err: unknown) => (redisLoginRefused(err)
-    ? new ConfigError([['REDIS_URL', `Redis at ${redactUrl(s.cfg.REDIS_URL)} refuses this login: ${(err as Error).message}`]])
-    : undefined);
+  // A login the server refuses, as the setting naming it (its password masked) and the server's reason.
+  const refusedLogin = (name: 'DATABASE_URL' | 'REDIS_URL', server: string, err: unknown) =>
+    new ConfigError([[name, `${server} at ${redactUrl(s.cfg[name])} refuses this login: ${(err as Error).message}`]]);
+  const redisLoginRefusal = (err: unknown) => (redisLoginRefused(err) ? refusedLogin('REDIS_URL', 'Redis', err) : undefined);
   const postgresReady = () => s.db.raw('select 1').catch((err: unknown) => {
-    throw loginRefused(err) ? new ConfigError([['DATABASE_URL', `Postgres at ${redactUrl(s.cfg.DATABASE_URL)} refuses this login: ${(err as Error).message}`]]) : err;
+    throw loginRefused(err) ? refusedLogin('DATABASE_URL', 'Postgres', err) : err;
   });
   const schemaCurrent = async () => {
     const missing = (await migrationState(s.db)).unapplied;

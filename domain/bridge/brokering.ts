@@ -5,7 +5,7 @@
 // makes the instance active. A token endpoint that gives no answer leaves the state for a retry.
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
-import { AppError, Gone, InvalidRequest, NoAnswer, NotFound, Upstream } from '../errors.ts';
+import { Gone, InvalidRequest, NoAnswer, NotFound, Upstream } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
 import { deleteBrokerStatesExpiredBefore, insertBrokerState, takeBrokerState, type BrokerStateRow } from '../../db/broker-states.ts';
 import type { BrokerState, Credential } from '../../api/schemas/bridge.ts';
@@ -81,7 +81,7 @@ export async function completeBrokering(
   const state = await takeBrokerState(s.db, sha256(query.state));
   if (!state) {
     // The state is not echoed (it is the flow's proof) and has no other id: data names no id.
-    throw new AppError(404, 'not_found', 'No brokering flow waits for this state: it is unknown, was used already, or its callback is under way', { resource: 'broker_state' });
+    throw new NotFound('broker_state', { message: 'No brokering flow waits for this state: it is unknown, was used already, or its callback is under way' });
   }
   if (state.expires_at.getTime() < Date.now()) throw new Gone('The brokering state expired: start the flow again');
   if ('error' in reply) {
