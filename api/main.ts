@@ -109,6 +109,7 @@ async function shutdown(signal: string) {
   }
   exitIfNotStoppedWithin(CLOSE_MS, () => services.log.error({ after_ms: CLOSE_MS }, 'api could not close its connections in time (Postgres or Redis unreachable, a statement still running); exiting'));
   await keyRevocations.close();
+  services.log.info('api stopped');
   await services.close();
   process.exit(0);
 }

@@ -449,6 +449,8 @@ describe('stopping the API (SIGTERM)', function () {
     assert.equal(stack.api.child.exitCode, 0);
     assert.ok(stack.api.logs.some((l) => l.includes('api shutting down: finishing requests in flight')));
     assert.ok(!stack.api.logs.some((l) => l.includes('grace period over')), 'nothing was cut');
+    // An operator reading the log sees the process end as it meant to, not merely go quiet.
+    assert.ok(stack.api.logs.some((l) => l.includes('"msg":"api stopped"')), stack.api.logs.slice(-5).join('\n'));
   });
 });
 
