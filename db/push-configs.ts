@@ -2,6 +2,7 @@ import type { Tx } from './knex.ts';
 import type { TimelineRow } from './timeline.ts';
 import { itemWeightSql } from './messages.ts';
 import { batchWithinBytes, type Budget } from './pagination.ts';
+import { addOutbox } from './outbox.ts';
 
 // Channel of the NOTIFY sent for each delivery job the fan-out trigger writes to the outbox.
 export const PUSH_DELIVERIES_CHANNEL = 'push_deliveries';
@@ -15,23 +16,32 @@ export interface PushConfigRow {
   lease_id?: string | null; lease_until?: Date | null;
 }
 
-// Creates or replaces a task's config. A new config starts after the task's current timeline, so
-// only later updates are pushed, unless `fromStart` (a config that comes with the task's creation
-// gets its first update too); replacing one keeps its delivery position, and gives the pending
+// Where a new config's deliveries start: 'beginning', every update of the task (a config that comes
+// with the task's creation); 'now', only later updates; 'current status', the task's newest status
+// update and the later ones. Replacing a config keeps its delivery position, and gives the pending
 // update fresh attempts without the old target's hold (a webhook fixed by setting it again).
 // The fan-out trigger keeps status_seq from then on; a new config starts at the task's newest status update.
+export type DeliveryStart = 'beginning' | 'now' | 'current status';
+
 export async function upsertPushConfig(
   db: Tx,
   row: Pick<PushConfigRow, 'task_id' | 'id' | 'url' | 'authentication' | 'encrypted_secrets' | 'secrets_dek_id'>,
-  fromStart = false,
+  start: DeliveryStart = 'now',
 ): Promise<PushConfigRow> {
   const now = new Date();
+  const statusSeq = db.raw(`coalesce((select max(seq) from timeline_items where task_id = ? and event_payload->>'type' = 'task-status-update'), 0)`, [row.task_id]);
+  const deliveredSeq = {
+    beginning: 0,
+    now: db.raw('coalesce((select max(seq) from timeline_items where task_id = ?), 0)', [row.task_id]),
+    // Just before the newest status update: that one is undelivered, nothing earlier is.
+    'current status': db.raw(`greatest(?::bigint - 1, 0)`, [statusSeq]),
+  }[start];
   const [out] = await db('push_configs')
     .insert({
       ...row,
       authentication: row.authentication === null ? null : JSON.stringify(row.authentication),
-      delivered_seq: fromStart ? 0 : db.raw('coalesce((select max(seq) from timeline_items where task_id = ?), 0)', [row.task_id]),
-      status_seq: db.raw(`coalesce((select max(seq) from timeline_items where task_id = ? and event_payload->>'type' = 'task-status-update'), 0)`, [row.task_id]),
+      delivered_seq: deliveredSeq,
+      status_seq: statusSeq,
       created_at: now,
       updated_at: now,
     })
@@ -44,6 +54,14 @@ export async function upsertPushConfig(
     })
     .returning('*');
   return out;
+}
+
+// A delivery job for a config's updates up to `seq`, relayed once the transaction commits as the
+// fan-out trigger's are (an outbox row, and a NOTIFY the workers listen for).
+export async function enqueueDelivery(db: Tx, taskId: string, configId: string, seq: number): Promise<void> {
+  const payload = { task_id: taskId, config_id: configId, timeline_seq: seq };
+  const row = await addOutbox(db, 'push-notifications', 'deliver', payload);
+  await db.raw('select pg_notify(?, ?)', [PUSH_DELIVERIES_CHANNEL, JSON.stringify({ id: row.id, payload })]);
 }
 
 export async function getPushConfig(db: Tx, taskId: string, id?: string): Promise<PushConfigRow | undefined> {

@@ -11,6 +11,7 @@ import { assertOutboundUrl } from './webhook-url.ts';
 import { decryptWithDek, encryptWithDek, holdAliasDek } from './keyring.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
 import type { UnitOfWork } from './unit-of-work.ts';
+import { isInterrupted, isTerminal } from './task-states.ts';
 
 // The alias whose DEK seals every config's secrets.
 export const PUSH_ALIAS = DEFAULT_ALIAS;
@@ -72,26 +73,32 @@ function checkInput(input: PushConfigInput): void {
   }
 }
 
-async function requireTask(db: Tx, taskId: string, lock: boolean): Promise<void> {
-  if (!(await tasks.getTask(db, taskId, lock))) throw new NotFound('task', taskId);
+async function requireTask(db: Tx, taskId: string, lock: boolean): Promise<tasks.TaskRow> {
+  const task = await tasks.getTask(db, taskId, lock);
+  if (!task) throw new NotFound('task', taskId);
+  return task;
 }
 
 const inTrx = <T>(db: Tx, fn: (trx: Knex.Transaction) => Promise<T>): Promise<T> =>
   (db as Knex.Transaction).isTransaction ? fn(db as Knex.Transaction) : (db as Knex).transaction(fn);
 
 // Creates a config (or replaces the one with the same id). The task row is locked so the new
-// config's starting point is consistent with concurrent status changes.
+// config's starting point is consistent with concurrent status changes. A new config gets the
+// updates from then on; on a task that has ended or waits for input, whose next update may never
+// come, its current status first: a client that set one just after its task got there (a
+// non-blocking send answered while the agent ran) hears of it.
 export async function setPushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config): Promise<PushConfig> {
   // An unknown task is the answer before the URL's host is looked up (the SDK's server checks the task first).
   await requireTask(db, taskId, false);
-  return storePushConfig(db, taskId, input, cfg, false);
+  await checkPushConfig(input, cfg);
+  return writePushConfig(db, taskId, input, cfg, 'current status if settled');
 }
 
 // A config checkPushConfig passed that comes with a task's creation, in the same transaction: the
 // task's first updates were written before the config existed, so it starts at the task's beginning
 // and their delivery (through `throughSeq`) is enqueued here; the fan-out trigger takes the later ones.
 export async function storeCheckedPushConfigOfNewTask(uow: UnitOfWork, taskId: string, input: PushConfigInput, cfg: Config, throughSeq: number): Promise<PushConfig> {
-  const config = await writePushConfig(uow.trx, taskId, input, cfg, true);
+  const config = await writePushConfig(uow.trx, taskId, input, cfg, 'beginning');
   await uow.enqueue('push-notifications', 'deliver', { task_id: taskId, config_id: config.id, timeline_seq: throughSeq });
   return config;
 }
@@ -105,16 +112,14 @@ export async function checkPushConfig(input: PushConfigInput, cfg: Config): Prom
 }
 
 // Stores a config checkPushConfig passed, for a task this transaction has locked.
+// Its message brings the task's next update.
 export async function storeCheckedPushConfig(trx: Knex.Transaction, taskId: string, input: PushConfigInput, cfg: Config): Promise<PushConfig> {
-  return writePushConfig(trx, taskId, input, cfg, false);
+  return writePushConfig(trx, taskId, input, cfg, 'now');
 }
 
-async function storePushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, fromStart: boolean): Promise<PushConfig> {
-  await checkPushConfig(input, cfg);
-  return writePushConfig(db, taskId, input, cfg, fromStart);
-}
+type Start = Exclude<repo.DeliveryStart, 'current status'> | 'current status if settled';
 
-async function writePushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, fromStart: boolean): Promise<PushConfig> {
+async function writePushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, start: Start): Promise<PushConfig> {
   const secrets: PushSecrets = {
     ...(input.token ? { token: input.token } : {}),
     ...(input.authentication?.credentials ? { credentials: input.authentication.credentials } : {}),
@@ -122,10 +127,10 @@ async function writePushConfig(db: Tx, taskId: string, input: PushConfigInput, c
   // Without an id a config is the task's own (the SDK's server does the same): setting it again replaces it.
   const id = input.id ?? taskId;
   return inTrx(db, async (trx) => {
-    await requireTask(trx, taskId, true);
+    const task = await requireTask(trx, taskId, true);
     // Counted under the task's lock, so concurrent sets cannot pass the bound together. A task being
     // created has none yet: A2A intake with an inline config skips the count.
-    if (!fromStart && await repo.countOtherPushConfigs(trx, taskId, id) >= MAX_CONFIGS_PER_TASK) {
+    if (start !== 'beginning' && await repo.countOtherPushConfigs(trx, taskId, id) >= MAX_CONFIGS_PER_TASK) {
       throw new InvalidRequest(`A task has at most ${MAX_CONFIGS_PER_TASK} push notification configs: delete one, or set one of its ids again to replace it`);
     }
     // The alias is held to commit, so a rotation of it re-encrypts this config too (domain/alias-rotation.ts).
@@ -137,7 +142,11 @@ async function writePushConfig(db: Tx, taskId: string, input: PushConfigInput, c
       authentication: input.authentication ? { schemes: input.authentication.schemes } : null,
       encrypted_secrets: dekId ? await encryptWithDek({ db: trx, cfg }, dekId, JSON.stringify(secrets), trx) : null,
       secrets_dek_id: dekId,
-    }, fromStart);
+    }, start !== 'current status if settled' ? start : isTerminal(task.status) || isInterrupted(task.status) ? 'current status' : 'now');
+    // Undelivered on a task that may not change again: no status change will enqueue its delivery.
+    if (start === 'current status if settled' && Number(row.delivered_seq) < Number(row.status_seq)) {
+      await repo.enqueueDelivery(trx, taskId, row.id, Number(row.status_seq));
+    }
     return shown(row);
   });
 }

@@ -119,6 +119,41 @@ describe('push notifications', () => {
   });
 
 
+  it('posts the current status at once to a config set on a task that has ended or waits for input (no other update may come), then every later one', async () => {
+    const rx = await startReceiver();
+    receivers.push(rx);
+    // A client that sent a message without blocking and set its config once the answer came: the
+    // task may have ended (or stopped for input) meanwhile. Before, nothing was ever posted.
+    const ended = await idleTask();
+    await setStatus(ended, 'working');
+    await setStatus(ended, 'completed', 'done before the config');
+    const waiting = await idleTask();
+    await setStatus(waiting, 'working');
+    await setStatus(waiting, 'input-required', 'which one?');
+    const going = await idleTask();
+    await setStatus(going, 'working');
+    await setConfig(ended, { url: rx.url, token: 'tok-late-ended' });
+    await setConfig(waiting, { url: rx.url, token: 'tok-late-waiting' });
+    await setConfig(going, { url: rx.url });
+    await waitFor(async () => states(rx.all, ended).length > 0 && states(rx.all, waiting).length > 0, 'the two current statuses posted');
+    const endedPost = rx.all.find((r) => r.body.id === ended)!;
+    assert.equal(endedPost.token, 'tok-late-ended');
+    assert.equal(endedPost.body.status.state, 'completed');
+    assert.equal(endedPost.body.status.message.parts[0].text, 'done before the config');
+    assert.equal(rx.all.find((r) => r.body.id === waiting)!.token, 'tok-late-waiting');
+    // The waiting task goes on; a task still going gets its next update only; setting the ended
+    // task's config again posts nothing more.
+    await setStatus(waiting, 'working');
+    await setStatus(waiting, 'completed');
+    await setStatus(going, 'completed');
+    await setConfig(ended, { url: rx.url, token: 'tok-late-again' });
+    await waitFor(async () => states(rx.all, waiting).length >= 3 && states(rx.all, going).length >= 1, 'the later updates');
+    await sleep(300);
+    assert.deepEqual(states(rx.all, waiting), ['input-required', 'working', 'completed']);
+    assert.deepEqual(states(rx.all, going), ['completed']);
+    assert.deepEqual(states(rx.all, ended), ['completed']);
+  });
+
   it('with A2A_PUSH_NOTIFICATIONS off in the worker, posts nothing and passes the updates over; back on, posts the next update only', async () => {
     const rx = await startReceiver();
     receivers.push(rx);
