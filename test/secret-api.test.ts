@@ -65,6 +65,24 @@ describe('secret API', () => {
     assert.equal(await count(), before);
   });
 
+  it('does not quote a body that is not JSON back in its 400: a raw value sent unquoted stays out of the answer', async () => {
+    const raw = value();
+    for (const text of [`{"key": "k", "raw_value": ${raw}}`, `${raw}`, `{"key": "k", "raw_value": "${raw}"} ${raw}`]) {
+      const r = await c.request('POST', S, undefined, { raw: text, headers: { 'content-type': 'application/json' } });
+      assertError(r, 400, 'invalid_request');
+      assert.match(r.body.message, /^Request body is not valid JSON/);
+      assert.ok(!r.text.includes(raw.slice(0, 6)), `the answer quotes the body: ${r.text}`);
+    }
+    // MCP reads its body the same way and answers -32700 with that message.
+    const mcp = await c.request('POST', '/api/bridge/v1/mcp', undefined, {
+      raw: `{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"arguments": {"api_key": ${raw}}}}`,
+      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+    });
+    assert.equal(mcp.status, 400);
+    assert.equal(mcp.body.error.code, -32700);
+    assert.ok(!mcp.text.includes(raw.slice(0, 6)), `the answer quotes the body: ${mcp.text}`);
+  });
+
   it('accepts keys of 256 chars with / . - _ and gets them by key (slash encoded as %2F) and by id', async () => {
     const long = 'k'.repeat(256);
     assert.equal((await c.post(S, { key: long, raw_value: value() })).status, 201);
