@@ -26,6 +26,11 @@ export class AppError extends Error {
 
 export interface FieldError { path: string; message: string }
 
+// A member's path below `parent`: `parent.name`, or `parent["name"]` for a name that would read as
+// the parent itself (empty) or as other members (a dot, a bracket, a quote, white space).
+export const memberPath = (parent: string, name: string): string =>
+  (/^[^\s.[\]"\u0000-\u001f\u007f]+$/.test(name) ? `${parent}.${name}` : `${parent}[${JSON.stringify(name)}]`);
+
 export class InvalidRequest extends AppError {
   constructor(message: string, errors?: FieldError[]) {
     super(400, 'invalid_request', message, errors ? { errors } : {});

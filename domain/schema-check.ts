@@ -2,7 +2,7 @@
 // member once, in words (request bodies, path and query parameters, credential values, function params).
 import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
 import addFormats from 'ajv-formats';
-import { InvalidRequest, type FieldError } from './errors.ts';
+import { InvalidRequest, memberPath, type FieldError } from './errors.ts';
 
 // The one compiler of what is checked as sent (request bodies, A2A params, provider function
 // params, agent output): all errors, discriminated unions, formats; no coercion.
@@ -78,8 +78,10 @@ export function withoutChoiceBranches(reported: readonly ErrorObject[]): ErrorOb
 const isNullable = (e: ErrorObject) => e.keyword === 'anyOf' && Array.isArray(e.schema) && e.schema.length === 2
   && (e.schema as { type?: unknown }[]).some((b) => b.type === 'null');
 
+// The member names of a JSON Pointer (ajv's instancePath), unescaped.
+const pointerNames = (instancePath: string): string[] => instancePath.split('/').slice(1).map((k) => k.replace(/~1/g, '/').replace(/~0/g, '~'));
 const valueAt = (value: unknown, instancePath: string): unknown =>
-  instancePath.split('/').slice(1).reduce<unknown>((v, k) => (v && typeof v === 'object' ? (v as Record<string, unknown>)[k.replace(/~1/g, '/').replace(/~0/g, '~')] : undefined), value);
+  pointerNames(instancePath).reduce<unknown>((v, k) => (v && typeof v === 'object' ? (v as Record<string, unknown>)[k] : undefined), value);
 
 function describe(e: ErrorObject, value: unknown, where: string, choices: Map<string, unknown[]>, orNull: Set<ErrorObject>): (FieldError & { key: string }) | undefined {
   const d = describeOne(e, value, where, choices);
@@ -87,8 +89,8 @@ function describe(e: ErrorObject, value: unknown, where: string, choices: Map<st
 }
 
 function describeOne(e: ErrorObject, value: unknown, where: string, choices: Map<string, unknown[]>): (FieldError & { key: string }) | undefined {
-  const base = e.instancePath.split('/').slice(1).join('.');
-  const join = (p: string) => (base ? `${base}.${p}` : p);
+  const base = pointerNames(e.instancePath).reduce(memberPath, where);
+  const join = (name: string) => memberPath(base, name);
   // Koa reads a query parameter given twice as a list of its values.
   const twice = where === 'query' && Array.isArray(valueAt(value, e.instancePath));
   if (twice && ['type', 'anyOf', 'const'].includes(e.keyword)) return { key: `${base}:twice`, path: base, message: 'must be given once' };
@@ -159,8 +161,7 @@ export function checkValid(validate: ValidateFunction, value: unknown, where: st
       more = true;
       break;
     }
-    const path = d.path ? `${where}.${d.path}` : where;
-    errors.push({ path, message: d.message });
+    errors.push({ path: d.path, message: d.message });
   }
   if (more) errors.push({ path: where, message: `has more errors than the ${errors.length} listed` });
   const first = errors[0];

@@ -3,7 +3,7 @@
 // JSON.stringify (a response, a job, a statement parameter): each would end as a 500. Numbers past
 // the double range (1e999) parse as Infinity, which JSON.stringify writes as null.
 import { isDeepStrictEqual } from 'node:util';
-import type { FieldError } from './errors.ts';
+import { memberPath, type FieldError } from './errors.ts';
 
 /**
  * Whether two JSON values are equal as Postgres gives them back: jsonb keeps no key order, no
@@ -42,7 +42,7 @@ export function findUnstorable(value: unknown, root = 'body', opts: { depthOnly?
       if (depth >= MAX_JSON_DEPTH) return { path, message: `nests deeper than ${MAX_JSON_DEPTH} levels` };
       for (const [k, child] of Object.entries(v)) {
         if (!opts.depthOnly && UNSTORABLE.test(k)) return { path, message: 'has a member name with a NUL character or an unpaired surrogate' };
-        stack.push([child, `${path}.${k}`, depth + 1]);
+        stack.push([child, memberPath(path, k), depth + 1]);
       }
     } else if (typeof v === 'bigint') {
       // Only values built in this process (an agent's) can hold one: JSON.stringify throws on it.

@@ -256,6 +256,26 @@ describe('HTTP conventions', () => {
     }
   });
 
+  it('names a member whose name is empty or holds a dot, bracket, quote or space in brackets as a JSON string, not as the body itself or a nested member', async () => {
+    const c = stack.client;
+    const json = { headers: { 'content-type': 'application/json' } };
+    const message = '"message":{"role":"user","parts":[{"type":"text-part","text":"x"}]}';
+    const cases: [Promise<Response>, string, string][] = [
+      [c.request('POST', '/api/task/v1', undefined, { ...json, raw: `{"":1,${message}}` }), 'body[""]', 'is not an allowed member'],
+      [c.request('POST', '/api/task/v1', undefined, { ...json, raw: `{"a.b":1,${message}}` }), 'body["a.b"]', 'is not an allowed member'],
+      [c.request('POST', '/api/task/v1', undefined, { ...json, raw: `{"message":{"role":"user","parts":[{"type":"text-part","text":"x"}],"x]":1}}` }), 'body.message["x]"]', 'is not an allowed member'],
+      [c.get('/api/task/v1?=1'), 'query[""]', 'is not an allowed member'],
+      [c.get('/api/task/v1?a%20b=1'), 'query["a b"]', 'is not an allowed member'],
+      [c.request('POST', '/api/task/v1', undefined, { ...json, raw: `{${message},"metadata":{"x.y":"\\u0000"}}` }), 'body.metadata["x.y"]', 'contains a NUL character or an unpaired surrogate'],
+    ];
+    for (const [call, path, words] of cases) {
+      const r = await call;
+      assertError(r, 400, 'invalid_request');
+      assert.deepEqual(r.body.data.errors, [{ path, message: words }], r.text);
+      assert.equal(r.body.message, `Invalid ${path.split(/[.[]/)[0]}: ${path} ${words}`);
+    }
+  });
+
   it('lists the first 100 errors of a body with more, then says there are more (300 unknown members), storing nothing', async () => {
     const before = (await stack.client.get('/api/secret/v1')).body.secrets.length;
     const body: Record<string, unknown> = { key: 'many-errors', raw_value: 'v' };
