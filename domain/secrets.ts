@@ -75,8 +75,14 @@ export async function getSecret(db: Services['db'], id: string): Promise<Secret>
 
 export async function getSecretByKey(db: Services['db'], key: string): Promise<Secret> {
   const row = await repo.getSecretByKey(db, key);
-  if (!row) throw new NotFound('secret', key);
+  if (!row) throw noSecretWithKey(key);
   return toSecret(row);
+}
+
+// A key is not a secret's id: named as `key`, as the 409 on a taken key names it, so a client
+// reading data.id never takes a key for an id.
+function noSecretWithKey(key: string): NotFound {
+  return new NotFound('secret', { message: `secret with key '${key}' not found`, data: { key } });
 }
 
 // A new value, encrypted under the given alias or else the one the secret already uses.
@@ -118,7 +124,7 @@ export async function deleteSecret(db: Services['db'], id: string): Promise<void
 // What an agent's ctx.readSecret returns: the plaintext of the secret stored under `key`.
 export async function readSecretValue(s: ReadServices, key: string): Promise<string> {
   const row = await repo.getSecretByKey(s.db, key);
-  if (!row) throw new NotFound('secret', key);
+  if (!row) throw noSecretWithKey(key);
   return decryptStored(s, row);
 }
 

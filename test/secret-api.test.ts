@@ -96,7 +96,11 @@ describe('secret API', () => {
     assert.equal(byId.status, 200);
     assert.deepEqual(byId.body, created.body);
 
-    assert.equal((await c.get(`${S}/key/missing.key`)).status, 404);
+    // Looked up by key, the 404 names the key as `key` (as a 409 on a taken key does), not as an id.
+    const missing = await c.get(`${S}/key/missing.key`);
+    assertError(missing, 404, 'not_found');
+    assert.equal(missing.body.message, "secret with key 'missing.key' not found");
+    assert.deepEqual(missing.body.data, { code: 'not_found', resource: 'secret', key: 'missing.key' });
     // Its slash sent as it is, the key is no route: the answer says how to send it.
     const unencoded = await c.get(`${S}/key/team/stripe.api-key_live`);
     assertError(unencoded, 404, 'not_found');
@@ -453,7 +457,7 @@ describe('secrets for agents: ctx.readSecret in an agent module', () => {
     assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: `secret agents/openai.key has ${raw.length} characters` }]);
     const missing = await runTask('agents/missing.key');
     assert.equal(missing.task.status, 'failed');
-    assert.match(missing.status_message.parts[0].text, /secret 'agents\/missing.key' not found/);
+    assert.match(missing.status_message.parts[0].text, /secret with key 'agents\/missing.key' not found/);
     for (const p of [stack.api, ...stack.workers]) assert.ok(!p.logs.join('\n').includes(raw));
   });
 });
