@@ -81,7 +81,7 @@ export async function getSecretByKey(db: Services['db'], key: string): Promise<S
 
 // A key is not a secret's id: named as `key`, as the 409 on a taken key names it, so a client
 // reading data.id never takes a key for an id.
-function noSecretWithKey(key: string): NotFound {
+export function noSecretWithKey(key: string): NotFound {
   return new NotFound('secret', { message: `secret with key '${key}' not found`, data: { key } });
 }
 

@@ -175,7 +175,7 @@ describe('agent modules', () => {
     // message after 3 attempts; a NUL failed in Postgres, retried, then 'a database error (SQLSTATE 22021)'.
     await assertFailures(1, [
       ['secret undefined', 'ctx.readSecret: the key must be a string, not undefined'],
-      ['secret nul', "secret 'api\ufffdkey' not found"],
+      ['secret nul', "secret with key 'api\ufffdkey' not found"],
       ['invoke undefined', 'ctx.invokeFunction: the provider instance id must be a string, not undefined'],
       ['invoke nul', "provider_instance 'stripe\ufffdheld' not found"],
     ]);

@@ -15,7 +15,7 @@ import type { AgentContext, AgentHandler, AgentResult } from './agents/types.ts'
 import { agentMessage, checkArtifact } from './agents/agent-output.ts';
 import { failRun } from './fail-run.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
-import { readSecretValue } from '../domain/secrets.ts';
+import { noSecretWithKey, readSecretValue } from '../domain/secrets.ts';
 import { invokeFunction } from '../domain/bridge/functions.ts';
 import { checkAgainst } from '../domain/bridge/catalog.ts';
 import { AgentInvokeOptions } from '../api/schemas/bridge.ts';
@@ -77,11 +77,12 @@ function readable(thrown: unknown): unknown {
 // undefined reached the query builder, whose error quoted our SQL as the task's status message after
 // every retry, and a NUL character Postgres (SQLSTATE 22021, retried): the first is a wrong call, the
 // second names nothing that can be stored.
-function lookupName(value: unknown, what: string, resource: ResourceName): string {
+function lookupName(value: unknown, what: string, notFound: (name: string) => NotFound): string {
   if (typeof value !== 'string') throw new InvalidRequest(`${what} must be a string, not ${value === null ? 'null' : typeof value}`);
-  if (findUnstorable(value)) throw new NotFound(resource, storableText(value));
+  if (findUnstorable(value)) throw notFound(storableText(value));
   return value;
 }
+const notFoundAs = (resource: ResourceName) => (name: string) => new NotFound(resource, name);
 
 // Settles when the run is aborted (task canceled, worker shutting down), whether or not the agent
 // stops: a run that ignores its signal must not hold the job, or the worker, past a cancel or the
@@ -139,13 +140,13 @@ function agentContext(
       await whileActive((uow, locked) => appendArtifact(uow, locked, { ...artifact, artifactId }, services.cfg.TASK_ARTIFACTS_MAX_BYTES));
       return artifactId;
     }),
-    readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', 'secret')))),
+    readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', noSecretWithKey)))),
     invokeFunction: (providerInstanceId, functionTypeId, params, options = {}) =>
       whileRunning(() => ours(async () => {
         checkAgainst(AgentInvokeOptions, options, 'options');
         return invokeFunction(
-          services, lookupName(providerInstanceId, 'ctx.invokeFunction: the provider instance id', 'provider_instance'),
-          lookupName(functionTypeId, 'ctx.invokeFunction: the function type id', 'function_controller'), params,
+          services, lookupName(providerInstanceId, 'ctx.invokeFunction: the provider instance id', notFoundAs('provider_instance')),
+          lookupName(functionTypeId, 'ctx.invokeFunction: the function type id', notFoundAs('function_controller')), params,
           { paramsPath: 'params', signal, log: runLog, idempotencyKey: options.idempotencyKey },
         );
       })),
