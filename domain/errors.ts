@@ -24,6 +24,12 @@ export class AppError extends Error {
   }
 }
 
+// V8's JSON.parse message quotes up to some 20 characters of the text around an unexpected token
+// (`Unexpected token 's', ..."w_value": sv-1d8f"... is not valid JSON`): a secret's value, a token or
+// a key sent unquoted would come back in the 400, and into whatever logs the answer. Its own words
+// (and the position, where V8 gives one) are kept.
+export const jsonErrorWithoutExcerpt = (message: string) => message.replace(/, (?:\.\.\.)?".*"(?:\.\.\.)? is not valid JSON$/s, '');
+
 export interface FieldError { path: string; message: string }
 
 // A member's path below `parent`: `parent.name`, or `parent["name"]` for a name that would read as

@@ -67,6 +67,12 @@ describe('queue dashboard at /admin/queues', () => {
     const r = await fetch(`${stack.api.url}/admin/queues/api/queues/agent-tasks/add`, { method: 'POST', headers: { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' }, body: '{' });
     assert.equal(r.status, 400, await r.clone().text());
     assert.equal(((await r.json()) as { data: { code: string } }).data.code, 'invalid_request');
+    // A value sent unquoted is not quoted back (V8's parse message holds some 20 characters around it).
+    const quoted = await fetch(`${stack.api.url}/admin/queues/api/queues/agent-tasks/add`, { method: 'POST', headers: { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' }, body: '{"name":"x","data":{"api_key":sk-live-dashboard-9f2}}' });
+    assert.equal(quoted.status, 400);
+    const text = await quoted.text();
+    assert.ok(!text.includes('sk-live') && !text.includes('dashboard-9f2'), text);
+    assert.match(text, /Unexpected token/);
   });
 });
 

@@ -1,5 +1,5 @@
 import type { Context } from 'koa';
-import { InvalidRequest, PayloadTooLarge, UnsupportedMediaType } from '../../domain/errors.ts';
+import { InvalidRequest, jsonErrorWithoutExcerpt, PayloadTooLarge, UnsupportedMediaType } from '../../domain/errors.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 
 const JSON_TYPE = /^application\/([a-z0-9.+-]*\+)?json\s*(;|$)/i;
@@ -9,12 +9,6 @@ const CHARSET = /;\s*charset\s*=\s*(?:"([^"]*)"|([^;\s]*))/i;
 const UTF8_NAMES = new Set(['utf-8', 'utf8']);
 // JSON is UTF-8 (RFC 8259): other bytes are refused, not turned into U+FFFD.
 const UTF8 = new TextDecoder('utf-8', { fatal: true });
-
-// V8's JSON.parse message quotes up to some 20 characters of the text around an unexpected token
-// (`Unexpected token 's', ..."w_value": sv-1d8f"... is not valid JSON`): a secret's value, a token or
-// a key sent unquoted would come back in the 400, and into whatever logs the answer. Its own words
-// (and the position, where V8 gives one) are kept.
-const withoutExcerpt = (message: string) => message.replace(/, (?:\.\.\.)?".*"(?:\.\.\.)? is not valid JSON$/s, '');
 
 const tooLarge = (limit: number) => new PayloadTooLarge(`Request body exceeds the limit of ${limit} bytes`, { limit });
 
@@ -62,7 +56,7 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
   try {
     value = JSON.parse(text);
   } catch (e) {
-    throw new InvalidRequest(`Request body is not valid JSON: ${withoutExcerpt((e as Error).message)}`, [{ path: 'body', message: 'is not valid JSON' }]);
+    throw new InvalidRequest(`Request body is not valid JSON: ${jsonErrorWithoutExcerpt((e as Error).message)}`, [{ path: 'body', message: 'is not valid JSON' }]);
   }
   const problem = opts.checkStorable === false ? undefined : findUnstorable(value);
   if (problem) throw new InvalidRequest(`Invalid body: ${problem.path} ${problem.message}`, [problem]);

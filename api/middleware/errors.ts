@@ -1,5 +1,5 @@
 import type { Middleware } from 'koa';
-import { AppError, logFailure, MethodNotAllowed, raceConflict, unavailability } from '../../domain/errors.ts';
+import { AppError, jsonErrorWithoutExcerpt, logFailure, MethodNotAllowed, raceConflict, unavailability } from '../../domain/errors.ts';
 
 // The one place where errors become HTTP responses with the Error body. `slashed`: the parameter a
 // path no route matches would fill had its '/' been percent-encoded (api/route.ts slashedParameter).
@@ -40,7 +40,8 @@ function toAppError(err: unknown): AppError {
   if (known) return known;
   // Client errors of libraries (koa's, and co-body's unparsable JSON in the queue dashboard).
   if (typeof e?.status === 'number' && e.status >= 400 && e.status < 500 && (e.expose || err instanceof SyntaxError)) {
-    return new AppError(e.status, e.status === 413 ? 'payload_too_large' : 'invalid_request', e.message ?? 'Bad request');
+    const message = err instanceof SyntaxError ? jsonErrorWithoutExcerpt(err.message) : e.message;
+    return new AppError(e.status, e.status === 413 ? 'payload_too_large' : 'invalid_request', message ?? 'Bad request');
   }
   return new AppError(500, 'internal', 'Internal server error');
 }
