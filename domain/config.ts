@@ -225,17 +225,19 @@ function serviceUrlProblems(raw: Record<string, unknown>): ConfigProblem[] {
   // Neither driver reads a fragment: a # there is a password's, unencoded, after an unencoded @ (the
   // URL then parses with the text before that @ as its host), and the rest of the password would be
   // shown wherever the URL is, masked, in a log line.
+  // A URL refused for its # is not read further: that is what breaks it.
+  const hashed = (name: string) => typeof raw[name] === 'string' && (raw[name] as string).includes('#');
   for (const name of ['DATABASE_URL', 'REDIS_URL']) {
-    if (typeof raw[name] === 'string' && raw[name].includes('#')) problems.push([name, 'must not have a fragment (#): percent-encode a # in the password as %23']);
+    if (hashed(name)) problems.push([name, 'must not have a fragment (#): percent-encode a # in the password as %23']);
   }
-  if (typeof raw.DATABASE_URL === 'string') {
+  if (typeof raw.DATABASE_URL === 'string' && !hashed('DATABASE_URL')) {
     try {
       parsePgUrl(raw.DATABASE_URL);
     } catch {
       problems.push(invalid('DATABASE_URL'));
     }
   }
-  if (typeof raw.REDIS_URL === 'string') {
+  if (typeof raw.REDIS_URL === 'string' && !hashed('REDIS_URL')) {
     let url: URL | undefined;
     try {
       url = new URL(raw.REDIS_URL);

@@ -206,6 +206,12 @@ describe('process start-up', function () {
       assert.doesNotMatch(r.output, /word-db|word-redis/);
       noStack(r);
     }
+    // One that fails to parse too (a port that is no number before the #) is told once, by its #.
+    const r = await run('workers/main.ts', testEnv({ DATABASE_URL: 'postgres://u:p@h:x#y@127.0.0.1/x', REDIS_URL: 'redis://:p@h:x#y@127.0.0.1:6379' }));
+    assert.equal(r.code, 2, r.output);
+    for (const name of ['DATABASE_URL', 'REDIS_URL']) {
+      assert.deepEqual(r.output.split('\n').filter((l) => l.startsWith(`  ${name}:`)), [`  ${name}: must not have a fragment (#): percent-encode a # in the password as %23`], r.output);
+    }
   });
 
   it('refuses http(s) URL settings that do not parse (a port out of range, no host, a space), without showing them', async () => {
