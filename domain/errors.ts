@@ -137,11 +137,15 @@ export function raceConflict(err: unknown): Conflict | undefined {
 // ioredis producers fail fast without a code ("Stream isn't writeable ...", "Connection is
 // closed.", or "Command timed out" when silent past DB_QUERY_TIMEOUT_MS); a Postgres shutting down,
 // restarting or full (57P01-57P03, 53300); no pool connection to be had.
-const UNREACHABLE_CODES = ['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', '57P01', '57P02', '57P03', '53300'];
-const UNREACHABLE_MESSAGE = /Knex: Timeout acquiring a connection|Stream isn't writeable|^Connection is closed|Connection terminated unexpectedly|^timeout expired$|is not queryable$|^Command timed out$/;
+const POSTGRES_CODES = ['57P01', '57P02', '57P03', '53300'];
+const UNREACHABLE_CODES = ['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', ...POSTGRES_CODES];
+// ioredis's messages, and pg's and knex's.
+const REDIS_MESSAGE = /Stream isn't writeable|^Connection is closed|^Command timed out$/;
+const POSTGRES_MESSAGE = /Knex: Timeout acquiring a connection|Connection terminated unexpectedly|^timeout expired$|is not queryable$/;
 export function unreachable(err: unknown): boolean {
   const e = err as { code?: unknown; name?: unknown; message?: unknown };
-  return UNREACHABLE_CODES.includes(String(e?.code)) || e?.name === 'MaxRetriesPerRequestError' || UNREACHABLE_MESSAGE.test(String(e?.message ?? ''));
+  const message = String(e?.message ?? '');
+  return UNREACHABLE_CODES.includes(String(e?.code)) || e?.name === 'MaxRetriesPerRequestError' || REDIS_MESSAGE.test(message) || POSTGRES_MESSAGE.test(message);
 }
 
 // A connection that could not be made at all: out of reach, or a system error on the way (a host that
@@ -197,7 +201,18 @@ export function publicReason(err: unknown): string {
 // ours (500) at error with its stack; Postgres or Redis unavailable (503) or an upstream failing
 // (502: a provider, a token endpoint, KMS), which clients can cause at will, at warn with the reason
 // and `msg: <code>`; a client's error not at all.
+// Which backing service an outage came from, where the error's form tells (a refused or reset
+// socket says neither).
+export function outageOf(err: unknown): 'redis' | 'postgres' | undefined {
+  const e = err as { code?: unknown; name?: unknown; message?: unknown };
+  const message = String(e?.message ?? '');
+  if (e?.name === 'MaxRetriesPerRequestError' || REDIS_MESSAGE.test(message)) return 'redis';
+  if (POSTGRES_CODES.includes(String(e?.code)) || POSTGRES_MESSAGE.test(message) || statementTimedOut(err)) return 'postgres';
+  return undefined;
+}
+
 export function logFailure(log: Logger | undefined, err: unknown, e: Pick<AppError, 'status' | 'code'>, msg: string, fields: Record<string, unknown> = {}): void {
-  if (e.status === 502 || e.status === 503) log?.warn({ ...fields, reason: (err as Error)?.message, code: (err as { code?: unknown })?.code }, `${msg}: ${e.code}`);
+  // An operator reading `Stream isn't writeable` learns from `service` that Redis is the one out of reach.
+  if (e.status === 502 || e.status === 503) log?.warn({ ...fields, reason: (err as Error)?.message, code: (err as { code?: unknown })?.code, service: outageOf(err) }, `${msg}: ${e.code}`);
   else if (e.status >= 500) log?.error({ ...fields, err }, msg);
 }

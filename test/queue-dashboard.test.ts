@@ -114,6 +114,8 @@ describe('queue dashboard while Redis is out of reach', () => {
         own.proxy.forward();
       }
       for (const id of ids) await waitFor(async () => own.stack.api.logs.some((l) => l.includes(`"req_id":"${id}"`) && l.includes('"level":40') && l.includes('request failed: unavailable')), `the warn line of ${id}`);
+      // The silent Redis's line names it ("Command timed out" is ioredis's words).
+      assert.ok(own.stack.api.logs.some((l) => l.includes(`"req_id":"${ids[0]}"`) && l.includes('"service":"redis"')), own.stack.api.logs.filter((l) => l.includes(ids[0])).join('\n'));
     } finally {
       own.proxy.forward();
     }
