@@ -22,9 +22,11 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
   let all: OAuthStack;
   let callbackUrl: string;
 
-  async function instance(id: string, opts: { secret?: string; returnUrl?: string } = {}) {
+  // `scopes: []` stores a resource server credential that names none.
+  async function instance(id: string, opts: { secret?: string; returnUrl?: string; scopes?: string[] } = {}) {
+    const scopes = opts.scopes ?? [SCOPE];
     const cred = await c.post(`${avail('google_mail', 'oauth_auth_flow')}/credential/resource-server`, {
-      value: { client_id: 'taskbridge-test-client', client_secret: opts.secret ?? CLIENT_SECRET, redirect_uri: callbackUrl, scopes: [SCOPE] },
+      value: { client_id: 'taskbridge-test-client', client_secret: opts.secret ?? CLIENT_SECRET, redirect_uri: callbackUrl, ...(scopes.length ? { scopes } : {}) },
     });
     assert.equal(cred.status, 201, cred.text);
     const inst = await c.post(avail('google_mail', 'oauth_auth_flow'), {
@@ -72,6 +74,14 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.equal(rows.length, 1);
     assert.ok(!JSON.stringify(rows).includes(q.state), 'the state is not stored as it was sent');
     assert.ok(!JSON.stringify(state).includes(CLIENT_SECRET));
+  });
+
+  it('asks for the scope send_email needs when the resource server credential names none (Google refuses an authorize URL without one)', async () => {
+    await instance('mail-no-scopes', { scopes: [] });
+    const q = new URL((await broker('mail-no-scopes')).action.Redirect.url).searchParams;
+    assert.equal(q.get('scope'), SCOPE);
+    await instance('mail-own-scopes', { scopes: ['openid', 'email'] });
+    assert.equal(new URL((await broker('mail-own-scopes')).action.Redirect.url).searchParams.get('scope'), 'openid email', 'scopes named are asked for as they are');
   });
 
   it('the callback exchanges the code, stores the tokens encrypted, activates the instance, and functions call with the token', async () => {

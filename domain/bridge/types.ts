@@ -56,6 +56,7 @@ export interface ProviderControllerDef {
   functions: FunctionControllerDef[];
   /** The configuration setting that holds the provider's API base URL. */
   apiBaseSetting: 'STRIPE_API_BASE_URL' | 'GOOGLE_MAIL_API_BASE_URL';
-  /** The provider's OAuth endpoints (settings), for brokering and refreshing user credentials. */
-  oauth?: { authorizeUrlSetting: 'GOOGLE_OAUTH_AUTHORIZE_URL'; tokenUrlSetting: 'GOOGLE_OAUTH_TOKEN_URL'; authorizeParams: Record<string, string> };
+  /** The provider's OAuth endpoints (settings), for brokering and refreshing user credentials, and
+   * the scopes asked for when the resource server credential names none. */
+  oauth?: { authorizeUrlSetting: 'GOOGLE_OAUTH_AUTHORIZE_URL'; tokenUrlSetting: 'GOOGLE_OAUTH_TOKEN_URL'; authorizeParams: Record<string, string>; defaultScopes: string[] };
 }

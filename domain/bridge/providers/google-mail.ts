@@ -21,8 +21,12 @@ export const googleMail: ProviderControllerDef = {
   categories: ['email'],
   credentialControllers: [oauthAuthFlow, oauthJwtBearer],
   apiBaseSetting: 'GOOGLE_MAIL_API_BASE_URL',
-  // offline + consent: Google returns a refresh token (again) on every grant.
-  oauth: { authorizeUrlSetting: 'GOOGLE_OAUTH_AUTHORIZE_URL', tokenUrlSetting: 'GOOGLE_OAUTH_TOKEN_URL', authorizeParams: { access_type: 'offline', prompt: 'consent' } },
+  // offline + consent: Google returns a refresh token (again) on every grant. Google refuses an
+  // authorize URL without a scope; gmail.send is what send_email needs.
+  oauth: {
+    authorizeUrlSetting: 'GOOGLE_OAUTH_AUTHORIZE_URL', tokenUrlSetting: 'GOOGLE_OAUTH_TOKEN_URL', authorizeParams: { access_type: 'offline', prompt: 'consent' },
+    defaultScopes: ['https://www.googleapis.com/auth/gmail.send'],
+  },
   functions: [{
     type_id: 'google_mail_send_email',
     name: 'Send email',
