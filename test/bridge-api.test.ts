@@ -400,7 +400,9 @@ describe('bridge API', () => {
     assert.equal(pending.body.status, 'brokering_initiated');
     await c.post(`${B}/provider/gmail-pending/function/google_mail_send_email/enable`, {});
     const params = { to: 'a@example.com', subject: 'Hello', body: 'Hi there' };
-    assert.equal((await invoke('gmail-pending', 'google_mail_send_email', params)).status, 409);
+    const pendingInvoke = await invoke('gmail-pending', 'google_mail_send_email', params);
+    assert.equal(pendingInvoke.status, 409);
+    assert.equal(pendingInvoke.body.message, "Provider instance 'gmail-pending' is brokering_initiated, not active: broker its user credential first");
     assert.equal((await c.patch(`${B}/provider/gmail-pending`, { status: 'active' })).status, 409);
 
     const expiry = new Date(Date.now() + 3600_000).toISOString();

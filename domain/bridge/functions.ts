@@ -44,6 +44,13 @@ export async function listFunctionInstances(
 // usable (409). A provider's refusal is an `error` result; an unreachable provider a 502.
 // `paramsPath` names the params in errors: where the caller sent them; `signal` abandons the call
 // to the provider (an agent run canceled); `log` is the caller's (an agent run's names its task).
+// What a client refused for an instance's status is told to do about it (a host's model too, through MCP).
+const WHAT_ACTIVATES: Record<Exclude<repo.ProviderInstanceRow['status'], 'active'>, string> = {
+  brokering_initiated: 'broker its user credential first',
+  refresh_failed: 'its credential refresh gave up; broker its user credential again',
+  disabled: 'an admin disabled it (PATCH status active enables it)',
+};
+
 export async function invokeFunction(
   s: InvokeServices, providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>,
   { paramsPath = 'body.params', signal, log = s.log, idempotencyKey }: { paramsPath?: string; signal?: AbortSignal; log?: Services['log']; idempotencyKey?: string } = {},
@@ -62,7 +69,7 @@ export async function invokeFunction(
     throw new NotFound('function_instance', functionTypeId, `on provider instance '${providerInstanceId}'`);
   }
   if (instance.status !== 'active') {
-    throw new Conflict(`Provider instance '${providerInstanceId}' is ${instance.status}, not active`, { resource: 'provider_instance', id: providerInstanceId, status: instance.status });
+    throw new Conflict(`Provider instance '${providerInstanceId}' is ${instance.status}, not active: ${WHAT_ACTIVATES[instance.status]}`, { resource: 'provider_instance', id: providerInstanceId, status: instance.status });
   }
   const cc = credentialDef(provider, instance.credential_controller_type_id);
   const plain = async (id: string | null) => {
