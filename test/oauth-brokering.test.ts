@@ -80,6 +80,10 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     await instance('mail-no-scopes', { scopes: [] });
     const q = new URL((await broker('mail-no-scopes')).action.Redirect.url).searchParams;
     assert.equal(q.get('scope'), SCOPE);
+    // A token endpoint that names no scope granted those asked for (RFC 6749 5.1): the credential names them.
+    const done = await oauth.inMode('no-scope', async () => callback(await consent((await broker('mail-no-scopes')).action.Redirect.url)));
+    assert.equal(done.status, 200);
+    assert.deepEqual(((await done.json()) as Record<string, any>).value.scopes, [SCOPE]);
     await instance('mail-own-scopes', { scopes: ['openid', 'email'] });
     assert.equal(new URL((await broker('mail-own-scopes')).action.Redirect.url).searchParams.get('scope'), 'openid email', 'scopes named are asked for as they are');
   });

@@ -13,7 +13,7 @@ import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
 import { resourceServerCredential, storeCredential, toCredential, unsealCredential } from './credentials.ts';
 import type { CredentialControllerDef, Plain } from './types.ts';
-import { oauthOf, refusal, requestToken, withTokens } from './oauth-token.ts';
+import { oauthOf, refusal, requestedScopes, requestToken, withTokens } from './oauth-token.ts';
 
 const STATE_TTL_MS = 10 * 60 * 1000;
 // Expired states are kept this long, so a late callback learns its state expired (410), not that it never existed.
@@ -49,8 +49,7 @@ export async function startBrokering(s: BrokerServices, providerTypeId: string, 
   const state = base64url(randomBytes(32));
   const verifier = base64url(randomBytes(32));
   const url = new URL(s.cfg[oauth.authorizeUrlSetting]);
-  const named = rs.scopes as string[] | undefined;
-  const scopes = named?.length ? named : oauth.defaultScopes;
+  const scopes = requestedScopes(provider, rs);
   for (const [k, v] of Object.entries({
     response_type: 'code', client_id: String(rs.client_id), redirect_uri: String(rs.redirect_uri), state,
     code_challenge: base64url(createHash('sha256').update(verifier).digest()), code_challenge_method: 'S256',
@@ -100,7 +99,7 @@ export async function completeBrokering(
     throw err instanceof NoAnswer ? await keptForRetry(s, state, err) : err;
   });
   if (answer.status >= 400) throw refusal('code', answer);
-  const plain = await keepingRefreshToken(s, cc, instance, withTokens(answer, { code: reply.code }, rs));
+  const plain = await keepingRefreshToken(s, cc, instance, withTokens(answer, { code: reply.code }, requestedScopes(provider, rs)));
   if (!plain.refresh_token) s.log.warn({ provider_instance_id: instance.id }, 'the token endpoint sent no refresh token: the instance becomes refresh_failed when its tokens expire');
   // The tokens are sealed under the alias of the instance's resource server credential.
   const credential = await writeUnderAlias(s, rsRow.dek_alias, async (trx, dekId) => {

@@ -10,7 +10,7 @@ import * as repo from '../../db/bridge.ts';
 import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
 import { nextRotationTime, resourceServerCredential, sealCredential, unsealCredential } from './credentials.ts';
-import { isInvalidGrant, refusal, requestToken, withTokens } from './oauth-token.ts';
+import { isInvalidGrant, refusal, requestedScopes, requestToken, withTokens } from './oauth-token.ts';
 import type { JobPayloads } from '../../queues/names.ts';
 
 type RefreshServices = Pick<Services, 'db' | 'cfg' | 'log' | 'bus'>;
@@ -62,7 +62,7 @@ async function refresh(s: RefreshServices, credentialId: string): Promise<Refres
   const answer = await requestToken(s.cfg, provider, rs, { grant_type: 'refresh_token', refresh_token: user.refresh_token });
   if (answer.status >= 400 && isInvalidGrant(answer)) return giveUp(s, credentialId, 'the provider answered invalid_grant');
   if (answer.status >= 400) throw refusal('refresh token', answer);
-  const fresh = withTokens(answer, user, rs);
+  const fresh = withTokens(answer, user, requestedScopes(provider, rs));
   const rotation = nextRotationTime(cc, 'user', fresh);
   const next = rotation && new Date(Math.max(rotation.getTime(), Date.now() + MIN_REFRESH_INTERVAL_MS));
   // The tokens just obtained must not be lost: the value may have been sealed anew meanwhile (an

@@ -19,6 +19,12 @@ export function oauthOf(provider: ProviderControllerDef): NonNullable<ProviderCo
   return provider.oauth;
 }
 
+// The scopes a grant asks for: the resource server credential's, or the provider's default.
+export function requestedScopes(provider: ProviderControllerDef, rs: Plain): string[] {
+  const named = rs.scopes as string[] | undefined;
+  return named?.length ? named : oauthOf(provider).defaultScopes;
+}
+
 export async function requestToken(cfg: Config, provider: ProviderControllerDef, rs: Plain, grant: Record<string, string>): Promise<UpstreamAnswer> {
   return callUpstream('token endpoint', cfg[oauthOf(provider).tokenUrlSetting], {
     method: 'POST',
@@ -33,12 +39,13 @@ export const refusal = (what: string, answer: UpstreamAnswer) =>
   new Upstream(`token endpoint refused the ${what}: ${refusalMessage(answer)}`, { upstream: 'token endpoint', upstream_status: answer.status });
 
 // The user credential after a token answer: `previous` with the new access token and expiry, the
-// new refresh token if one came (else the previous one) and the granted scopes if named.
-export function withTokens(answer: UpstreamAnswer, previous: Plain, rs: Plain): Plain {
+// new refresh token if one came (else the previous one) and the granted scopes if named (else
+// those granted before, or for a first grant those `requested`: RFC 6749 5.1).
+export function withTokens(answer: UpstreamAnswer, previous: Plain, requested: string[]): Plain {
   const body = successObject('token endpoint', answer);
   if (typeof body.access_token !== 'string' || !body.access_token) throw new Upstream('token endpoint: answered without an access_token', { upstream: 'token endpoint' });
   assertHeaderToken(body.access_token);
-  const scopes = typeof body.scope === 'string' ? body.scope.split(' ').filter(Boolean) : (previous.scopes ?? rs.scopes) as string[] | undefined;
+  const scopes = typeof body.scope === 'string' ? body.scope.split(' ').filter(Boolean) : (previous.scopes as string[] | undefined) ?? requested;
   const refresh = typeof body.refresh_token === 'string' && body.refresh_token ? body.refresh_token : previous.refresh_token;
   const sub = idTokenSubject(body.id_token) ?? previous.sub;
   return storable({
