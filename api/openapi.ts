@@ -1,5 +1,5 @@
 import { Type, type TSchema } from '@sinclair/typebox';
-import { bodyRequired, type Route } from './route.ts';
+import { bodyRequired, TAGS, type Route } from './route.ts';
 import { ErrorBody } from './schemas/common.ts';
 
 type Json = Record<string, unknown>;
@@ -110,6 +110,7 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
     // The interface is labelled v1 (the seed's Versioning), as its paths are; the release that serves it rides along.
     info: { title: 'taskbridge', version: 'v1', description: 'Agent tasks, secrets, encryption keys, provider bridge and A2A.', 'x-service-version': info.version },
     servers: [{ url: info.serverUrl }],
+    tags: Object.entries(TAGS).map(([name, description]) => ({ name, description })),
     paths,
     components: { schemas: components, securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'API key' } } },
   };

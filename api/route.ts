@@ -15,11 +15,25 @@ import { rateLimit } from './middleware/rate-limit.ts';
 
 export type Method = 'get' | 'post' | 'put' | 'patch' | 'delete';
 
+// The groups operations are tagged with and what each is for (the seed's "What the service does"),
+// declared in the OpenAPI document so a client's generator can name and describe them.
+export const TAGS = {
+  task: 'Create, list and read tasks and their messages. Tasks are grouped by context and each task has a timeline of events.',
+  secret: 'Store secrets, keyed by a key name. Values are kept encrypted. A raw value is accepted on create and update, and only the encrypted value is returned (the decrypted list needs secret:decrypt).',
+  encryption: 'Manage envelope encryption keys, data encryption keys (DEKs) and DEK aliases. Includes migrating DEKs to a different envelope key and rotating an alias to a new DEK.',
+  bridge: 'Manage providers (provider instances, credentials, functions). Completes the OAuth flow that brokers user credentials. Carries MCP (model context protocol) JSON-RPC messages.',
+  a2a: 'Agent-to-agent communication: agent cards, definitions and JSON-RPC requests for tasks and messages.',
+  auth: 'Manage API keys (admin scope).',
+  _internal: 'Health checks, runtime configuration and SDK code generation; also readiness, queue counts, metrics and this document.',
+  v1: 'Marks the version-1 endpoints.',
+} as const;
+export type Tag = Exclude<keyof typeof TAGS, 'v1'>;
+
 export interface RouteSpec<P extends TObject | undefined, Q extends TObject | undefined, B extends TSchema | undefined> {
   method: Method;
   path: string; // Koa style, e.g. /api/task/v1/:task_id
   operationId: string;
-  tag: string;
+  tag: Tag;
   summary: string;
   scope: Scope | readonly Scope[] | null; // null: public route; several: all of them are needed
   params?: P;

@@ -107,6 +107,18 @@ describe('OpenAPI document', () => {
     assert.equal(documented, allRoutes.length, 'no operation the API does not mount');
   });
 
+  it("declares the seed's tags with their purposes, and every tag an operation carries", () => {
+    const declared = new Map<string, string>(doc.tags?.map((t: any) => [t.name, t.description]));
+    // The seed's "What the service does" table.
+    for (const [name, purpose] of [['task', /tasks and their messages/], ['secret', /secrets/], ['encryption', /envelope encryption keys/],
+      ['bridge', /providers/], ['a2a', /Agent-to-agent/], ['_internal', /Health checks/], ['v1', /version-1 endpoints/]] as const) {
+      assert.match(declared.get(name) ?? '', purpose, name);
+    }
+    for (const [p, ops] of Object.entries<any>(doc.paths)) {
+      for (const [method, op] of Object.entries<any>(ops)) for (const t of op.tags) assert.ok(declared.has(t), `${method} ${p}: tag ${t} not declared`);
+    }
+  });
+
   it('every $ref points at a component that exists', () => {
     const refs = JSON.stringify(doc).match(/"\$ref":"[^"]+"/g) ?? [];
     assert.ok(refs.length > 0);
