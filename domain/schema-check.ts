@@ -29,6 +29,8 @@ export function errorText(e: ErrorObject): string {
   if (e.keyword === 'pattern') return PATTERN_WORDS.get((e.params as { pattern: string }).pattern) ?? e.message ?? 'is invalid';
   if (e.keyword === 'format') return FORMAT_WORDS[(e.params as { format: string }).format] ?? e.message ?? 'is invalid';
   if (e.keyword === 'enum') return oneOf((e.params as { allowedValues: unknown[] }).allowedValues);
+  // ajv says only "must be equal to constant": name the one value taken.
+  if (e.keyword === 'const') return `must be ${JSON.stringify((e.params as { allowedValue: unknown }).allowedValue)}`;
   return e.message ?? 'is invalid';
 }
 

@@ -174,6 +174,13 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
       message: 'Invalid body: body.return_on_successful_brokering.url must be an http(s) URL',
       data: { code: 'invalid_request', errors: [{ path: 'body.return_on_successful_brokering.url', message: 'must be an http(s) URL' }] },
     });
+    // The seed's constant type `url`: the answer names it, not just that some constant was missed.
+    const badType = await c.post(avail('google_mail', 'oauth_auth_flow'), {
+      provider_instance_id: 'mail-bad-return', display_name: 'x', resource_server_credential_id: cred.body.id,
+      return_on_successful_brokering: { type: 'uri', url: 'https://app.example.com/connected' },
+    });
+    assert.equal(badType.status, 400, badType.text);
+    assert.deepEqual(badType.body.data.errors, [{ path: 'body.return_on_successful_brokering.type', message: 'must be "url"' }]);
     assert.equal(await instances(), before);
 
     // As if stored before creation checked it: the callback used to store the credential, then answer 500.
