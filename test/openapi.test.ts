@@ -119,6 +119,15 @@ describe('OpenAPI document', () => {
     }
   });
 
+  it("names the seed's resources as components, where operations refer to them", () => {
+    for (const name of ['Error', 'ContextInfo', 'ContextInfoPaginatedResponse', 'Secret', 'Task', 'Message', 'MessagePart', 'TimelineItem', 'ProviderInstance',
+      'FunctionInstance', 'FunctionController', 'CredentialController', 'ProviderController', 'Credential', 'BrokerState']) {
+      assert.ok(doc.components.schemas[name], `components.schemas.${name}`);
+    }
+    assert.deepEqual(doc.paths['/api/task/v1/context'].get.responses['200'].content['application/json'].schema, { $ref: '#/components/schemas/ContextInfoPaginatedResponse' });
+    assert.deepEqual(doc.components.schemas.Message.properties.parts.items, { $ref: '#/components/schemas/MessagePart' });
+  });
+
   it('every $ref points at a component that exists', () => {
     const refs = JSON.stringify(doc).match(/"\$ref":"[^"]+"/g) ?? [];
     assert.ok(refs.length > 0);

@@ -1,7 +1,7 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
 import { ErrorBody, PageQuery, Paginated, RequiredPageQuery, requestErrors, resourceErrors, Uuid } from '../schemas/common.ts';
-import { ContextInfo, CreateMessageRequest, CreateTaskRequest, GetTaskResponse, Message, Task, TaskStatus, TimelineItem, UpdateTaskRequest } from '../schemas/task.ts';
+import { ContextInfoPaginatedResponse, CreateMessageRequest, CreateTaskRequest, GetTaskResponse, Message, Task, TaskStatus, TimelineItem, UpdateTaskRequest } from '../schemas/task.ts';
 import * as taskDomain from '../../domain/tasks.ts';
 import * as taskRepo from '../../db/tasks.ts';
 import { listMessages } from '../../db/messages.ts';
@@ -17,7 +17,7 @@ export const taskRoutes = [
     method: 'get', path: '/api/task/v1/context', operationId: 'list-contexts', tag, scope: 'task:read',
     summary: 'List task contexts, each once, newest first',
     query: Type.Object(RequiredPageQuery),
-    responses: { 200: Paginated(ContextInfo), ...requestErrors },
+    responses: { 200: ContextInfoPaginatedResponse, ...requestErrors },
   }, async ({ query, services }) => {
     const page = await taskRepo.listContexts(services.db, query.page_size, query.next_page_token);
     return page;

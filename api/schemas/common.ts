@@ -1,4 +1,4 @@
-import { Type, type TSchema } from '@sinclair/typebox';
+import { Type, type ObjectOptions, type TSchema } from '@sinclair/typebox';
 import { worded } from '../../domain/schema-check.ts';
 
 // The pattern too: ajv-formats' uuid format also accepts 'urn:uuid:...', which Postgres refuses.
@@ -46,8 +46,8 @@ export const RequiredPageQuery = {
   next_page_token: PageToken,
 };
 
-export function Paginated<T extends TSchema>(item: T, member = 'items') {
-  return Type.Object({ [member]: Type.Array(item), next_page_token: Type.Optional(Type.String()) });
+export function Paginated<T extends TSchema>(item: T, member = 'items', options: ObjectOptions = {}) {
+  return Type.Object({ [member]: Type.Array(item), next_page_token: Type.Optional(Type.String()) }, options);
 }
 
 export const Body = <T extends Parameters<typeof Type.Object>[0]>(props: T) => Type.Object(props, { additionalProperties: false });

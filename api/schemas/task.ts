@@ -1,5 +1,5 @@
 import { Type, type Static } from '@sinclair/typebox';
-import { Base64, Body, FreeObject, NoControlChars, Timestamp, Uuid } from './common.ts';
+import { Base64, Body, FreeObject, NoControlChars, Paginated, Timestamp, Uuid } from './common.ts';
 import { TASK_STATES } from '../../domain/task-states.ts';
 
 const meta = { metadata: Type.Optional(FreeObject) };
@@ -18,6 +18,7 @@ export const MessagePart = Type.Unsafe<Static<typeof TextPart> | Static<typeof D
   discriminator: { propertyName: 'type' },
   required: ['type'],
   type: 'object',
+  $id: 'MessagePart',
 });
 export type MessagePart = Static<typeof MessagePart>;
 
@@ -84,6 +85,8 @@ export type TimelineItem = Static<typeof TimelineItem>;
 
 export const ContextInfo = Type.Object({ context_id: Uuid, created_at: Timestamp }, { $id: 'ContextInfo' });
 export type ContextInfo = Static<typeof ContextInfo>;
+// list-contexts' answer, under the name the seed gives it.
+export const ContextInfoPaginatedResponse = Paginated(ContextInfo, 'items', { $id: 'ContextInfoPaginatedResponse' });
 
 export const CreateTaskRequest = Body({
   context_id: Type.Optional(Uuid),
