@@ -20,7 +20,7 @@ const Ms = (opts: { minimum: number; default: number }) => Type.Integer({ ...opt
 
 // A size in bytes: at most 1 GiB, more than a process can hold of one body, task or history (and
 // what goes to Postgres as a bigint stays far within it).
-const Bytes = (opts: { minimum: number; default: number }) => Type.Integer({ ...opts, maximum: 1024 ** 3 });
+const Bytes = (opts: { minimum: number; default: number; maximum?: number }) => Type.Integer({ maximum: 1024 ** 3, ...opts });
 
 // A limit per API key or client address (0 turns it off): at most a million, more than any client needs.
 const Limit = (opts: { default: number }) => Type.Integer({ ...opts, minimum: 0, maximum: 1_000_000 });
@@ -41,7 +41,9 @@ const ConfigSchema = Type.Object({
   // Sent as a bearer token: a key with a space (or a secret file's trailing newline) could never be.
   ADMIN_API_KEY: Type.Optional(Type.String({ minLength: 16, pattern: PRINTABLE })),
   LOG_LEVEL: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], { default: 'info' }),
-  BODY_LIMIT_BYTES: Bytes({ minimum: 1024, default: 1024 * 1024 }),
+  // At most 64 MiB: a message goes to Postgres twice in one jsonb parameter (db/tasks.ts
+  // insertTaskBundles), and a jsonb value holds at most 256 MiB; a 140 MiB message was answered 500.
+  BODY_LIMIT_BYTES: Bytes({ minimum: 1024, default: 1024 * 1024, maximum: 64 * 1024 ** 2 }),
   TASK_MESSAGES_MAX_BYTES: Bytes({ minimum: 1024, default: 16 * 1024 * 1024 }),
   TASK_ARTIFACTS_MAX_BYTES: Bytes({ minimum: 1024, default: 16 * 1024 * 1024 }),
   // Requests per API key per second, counted across the API processes (queues/fleet-counts.ts); 0 turns it off.

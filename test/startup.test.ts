@@ -62,8 +62,18 @@ describe('process start-up', function () {
       BODY_LIMIT_BYTES: '1073741825', RATE_LIMIT_PER_SECOND: '1000001', AUTH_FAILURES_PER_MINUTE: '9007199254740993', A2A_STREAMS_PER_KEY: '1000001',
     }));
     assert.equal(r.code, 2, r.output);
-    for (const name of ['TASK_MESSAGES_MAX_BYTES', 'AGENT_HISTORY_MAX_BYTES', 'TASK_ARTIFACTS_MAX_BYTES', 'BODY_LIMIT_BYTES']) assert.match(r.output, new RegExp(`^ {2}${name}: must be <= 1073741824$`, 'm'));
+    for (const name of ['TASK_MESSAGES_MAX_BYTES', 'AGENT_HISTORY_MAX_BYTES', 'TASK_ARTIFACTS_MAX_BYTES']) assert.match(r.output, new RegExp(`^ {2}${name}: must be <= 1073741824$`, 'm'));
+    assert.match(r.output, /^ {2}BODY_LIMIT_BYTES: must be <= 67108864$/m);
     for (const name of ['RATE_LIMIT_PER_SECOND', 'AUTH_FAILURES_PER_MINUTE', 'A2A_STREAMS_PER_KEY']) assert.match(r.output, new RegExp(`^ {2}${name}: must be <= 1000000$`, 'm'));
+    noStack(r);
+  });
+
+  it('refuses a BODY_LIMIT_BYTES whose largest message Postgres could not store (a 128 MiB one was answered 500)', async () => {
+    // A message goes to Postgres twice in one jsonb parameter (db/tasks.ts insertTaskBundles), and a
+    // jsonb value holds at most 256 MiB: measured, a 140 MiB message was a 500, a 100 MiB one stored.
+    const r = await run('api/main.ts', testEnv({ BODY_LIMIT_BYTES: String(128 * 2 ** 20) }));
+    assert.equal(r.code, 2, r.output);
+    assert.match(r.output, /^ {2}BODY_LIMIT_BYTES: must be <= 67108864$/m);
     noStack(r);
   });
 
