@@ -11,7 +11,7 @@ import { Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Queue } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import { PROVIDER_STATUSES } from '../domain/bridge/types.ts';
-import { QUEUE_NAMES, oldestWaitingAgeMs, queueJobCounts } from '../queues/names.ts';
+import { QUEUE_NAMES, oldestWaitingAgeMs, queueJobCounts, queueWorkerCount } from '../queues/names.ts';
 import { streamCounts } from './a2a-stream-quota.ts';
 import { listActiveKeyJobs } from '../db/key-jobs.ts';
 import { countProviderInstancesByStatus } from '../db/bridge.ts';
@@ -68,7 +68,7 @@ function createMetrics(services: Services) {
   queueGauge('taskbridge_queue_oldest_waiting_seconds', 'Age of the oldest job waiting per queue (0: none waits); grows when workers fall behind or are gone',
     async (q) => ((await oldestWaitingAgeMs(q)) ?? 0) / 1000);
   queueGauge('taskbridge_queue_workers', 'Worker connections taking jobs per queue (each worker process holds one per queue; 0: none runs)',
-    (q) => q.getWorkersCount());
+    (q) => queueWorkerCount(q, services.redis.options.db ?? 0));
   // One value read at scrape time; absent (not 0) while its source cannot answer, so that an unknown
   // backlog is not read as none.
   const sourcedGauge = (name: string, help: string, read: () => Promise<number>) => new Gauge({

@@ -61,6 +61,16 @@ export async function oldestWaitingAgeMs(queue: Queue): Promise<number | null> {
   return since === Infinity ? null : Date.now() - since;
 }
 
+// Worker connections taking `queue`'s jobs on Redis database `db` (the queue's). BullMQ finds them by
+// name in CLIENT LIST, which lists every client of the Redis server: the workers of another
+// installation on another database of it, under the same QUEUE_PREFIX, counted as this one's.
+// A Redis without CLIENT LIST gets one made-up entry from BullMQ (no `db`): no count rather than a wrong one.
+export async function queueWorkerCount(queue: Queue, db: number): Promise<number> {
+  const clients = await queue.getWorkers();
+  if (clients.some((c) => c.db === undefined)) throw new Error('Redis does not list its clients (CLIENT LIST)');
+  return clients.filter((c) => c.db === String(db)).length;
+}
+
 // Jobs each worker process runs at once, per queue.
 export function queueConcurrency(cfg: Config): Record<QueueName, number> {
   return {

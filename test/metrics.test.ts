@@ -336,6 +336,23 @@ describe('GET /metrics: what the workers record', () => {
   });
 });
 
+describe('GET /metrics: workers of another installation on the same Redis server', () => {
+  const stack = useStack({}, { workers: 0 });
+
+  it('counts only the workers on its own Redis database, not those of another database with the same QUEUE_PREFIX', async () => {
+    const url = new URL(stack.env.REDIS_URL);
+    url.pathname = `/${Number(url.pathname.slice(1) || 0) === 7 ? 8 : 7}`;
+    stack.workers.push(await startWorker({ ...stack.env, REDIS_URL: url.toString() }));
+    const counts = async () => {
+      const text = (await stack.client.get('/metrics')).text;
+      return ['agent-tasks', 'key-jobs', 'credential-refresh', 'push-notifications'].map((queue) => sample(text, 'taskbridge_queue_workers', `queue="${queue}"`));
+    };
+    assert.deepEqual(await counts(), [0, 0, 0, 0], 'a worker of another database runs none of these queues');
+    stack.workers.push(await startWorker(stack.env));
+    assert.deepEqual(await counts(), [1, 1, 1, 1]);
+  });
+});
+
 describe('GET /metrics: stalled jobs', () => {
   const stack = useStack({}, { workers: 0 });
 
