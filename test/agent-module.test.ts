@@ -281,6 +281,28 @@ describe('agent modules', () => {
     assert.ok(Number(row.message_bytes) <= 8192 + 200, `held ${row.message_bytes}`);
   });
 
+  it("a run's calls made all at once wait their turn in the run rather than for the worker's Postgres connections: 1,000 artifacts behind a locked task", async () => {
+    const task = (await rpc('message/send', { message: userMessage('flood artifacts'), configuration: { blocking: false } })).body.result;
+    await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.message?.parts?.[0]?.text === 'ready to flood', 'the agent to be ready');
+    // The task's row held locked past the pool's 10 s acquire timeout: each call that took a
+    // connection waits for the lock; the others waited for a connection, and those that waited that
+    // long were refused as if Postgres were out of reach (a run that let one through was handed back
+    // to the queue, to flood it again, for ever).
+    await testDb().transaction(async (trx) => {
+      await trx('tasks').where({ id: task.id }).forUpdate().first();
+      fs.writeFileSync(`${marker}.flood`, '');
+      await new Promise((resolve) => setTimeout(resolve, 11_000));
+    });
+    const done = await waitFor(async () => {
+      const r = (await rpc('tasks/get', { id: task.id })).body.result;
+      return r.status.state === 'completed' && r;
+    }, 'the run to complete');
+    const { stored, reasons } = done.status.message.parts[0].data;
+    // The task holds 8,192 bytes of artifacts: the calls past that are refused for it, and for nothing else.
+    assert.deepEqual(reasons, ["Task 'ID' holds N bytes of artifacts; this artifact update (N bytes) would take it over the N a task may hold (TASK_ARTIFACTS_MAX_BYTES)"]);
+    assert.equal(done.artifacts.length, stored);
+  });
+
   it('a write of a run whose task was deleted meanwhile (TASK_RETENTION_DAYS) is refused as for an ended task', async () => {
     fs.rmSync(marker, { force: true });
     const task = (await rpc('message/send', { message: userMessage('reply when told'), configuration: { blocking: false } })).body.result;

@@ -21,8 +21,16 @@ import { checkAgainst } from '../domain/bridge/catalog.ts';
 import { AgentInvokeOptions } from '../api/schemas/bridge.ts';
 import { withTimeout } from '../domain/with-timeout.ts';
 import { findUnstorable, storableText } from '../domain/storable-json.ts';
+import { callLimit } from '../domain/call-limit.ts';
 
 const HISTORY = 200;
+// The most of one run's calls (reply, setStatus, emitArtifact, readSecret, invokeFunction) that are
+// in flight at once; more wait their turn in the run. Each holds one of the worker's 20 Postgres
+// connections (writes wait for the task's row lock on it), so an agent that emitted 10,000 artifacts
+// at once took them all: the calls that waited 10 s for one were refused as Postgres out of reach,
+// and the run went back to the queue, to do it again, for ever, while every other run and the
+// worker's housekeeping waited too.
+const CALLS_PER_RUN = 4;
 // How long agent runs pause, on every worker, once one meets Postgres or Redis unavailable.
 const OUTAGE_PAUSE_MS = 1000;
 // How long a run aborted by a shutdown may take to stop before its job goes back to the queue: what
@@ -100,6 +108,7 @@ function agentContext(
   run: { taskId: string; messageId: string; state: RunState; trigger: NonNullable<RunState['trigger']>; signal: AbortSignal; log: Logger },
 ): AgentContext {
   const { taskId, messageId, state, trigger, signal, log: runLog } = run;
+  const inTurn = callLimit(CALLS_PER_RUN);
   const history = state.history.map(({ seq: _s, ...m }) => m);
   const { seq: _seq, ...message } = trigger;
 
@@ -124,32 +133,32 @@ function agentContext(
     history,
     message,
     signal,
-    reply: (r) => ours(async () => {
+    reply: (r) => inTurn(() => ours(async () => {
       const reply = agentMessage(r, 'reply');
       return (await whileActive((uow, locked) => appendMessage(uow, locked, reply, maxMessageBytes))).message;
-    }),
-    setStatus: (status, r) => ours(async () => {
+    })),
+    setStatus: (status, r) => inTurn(() => ours(async () => {
       // The run's end (input-required, completed, ...) is its return value, which a status set here would pre-empt.
       if (status !== 'working') throw new InvalidRequest(`ctx.setStatus takes 'working' only, not '${String(status)}'; a run ends with its return value {status, message}`);
       const progress = r === undefined ? undefined : agentMessage(r, 'message');
       await whileActive((uow, locked) => changeStatus(uow, locked, status, maxMessageBytes, progress, messageId));
-    }),
-    emitArtifact: (input) => ours(async () => {
+    })),
+    emitArtifact: (input) => inTurn(() => ours(async () => {
       const artifact = checkArtifact(input);
       const artifactId = artifact.artifactId ?? randomUUID();
       await whileActive((uow, locked) => appendArtifact(uow, locked, { ...artifact, artifactId }, services.cfg.TASK_ARTIFACTS_MAX_BYTES));
       return artifactId;
-    }),
-    readSecret: (key) => whileRunning(() => ours(() => readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', noSecretWithKey)))),
+    })),
+    readSecret: (key) => inTurn(() => whileRunning(() => ours(() => readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', noSecretWithKey))))),
     invokeFunction: (providerInstanceId, functionTypeId, params, options = {}) =>
-      whileRunning(() => ours(async () => {
+      inTurn(() => whileRunning(() => ours(async () => {
         checkAgainst(AgentInvokeOptions, options, 'options');
         return invokeFunction(
           services, lookupName(providerInstanceId, 'ctx.invokeFunction: the provider instance id', notFoundAs('provider_instance')),
           lookupName(functionTypeId, 'ctx.invokeFunction: the function type id', notFoundAs('function_controller')), params,
           { paramsPath: 'params', signal, log: runLog, idempotencyKey: options.idempotencyKey },
         );
-      })),
+      }))),
     log: runLog,
   };
 }
