@@ -521,11 +521,17 @@ for (const streaming of [true, false]) {
       await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('remote task canceled: its local task was canceled between runs') && l.includes(remoteTask)), 'the log line');
     });
 
-    if (streaming) it('fails the local task with the reason when the remote agent is unreachable', async () => {
-      const other = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: 'http://127.0.0.1:9', AGENT_ATTEMPTS: '2' });
+    if (streaming) it('fails the local task with the reason when the remote agent is unreachable, saying why', async () => {
+      // A port nothing listens on (fetch refuses port 9 itself, as a "bad port").
+      const closed = http.createServer();
+      await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+      const { port } = closed.address() as AddressInfo;
+      await new Promise((resolve) => closed.close(resolve));
+      const other = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: `http://127.0.0.1:${port}`, AGENT_ATTEMPTS: '2' });
       try {
         const failed = await failedTaskOn(other);
-        assert.match(failed.status_message.parts[0].text, /remote agent card at http:\/\/127\.0\.0\.1:9 could not be read/);
+        // Why: undici's own words, "fetch failed", said nothing of it.
+        assert.equal(failed.status_message.parts[0].text, `The agent failed after 2 attempt(s): the remote agent card at http://127.0.0.1:${port} could not be read: the remote agent could not be reached: connect ECONNREFUSED 127.0.0.1:${port}`);
       } finally {
         await other.stop();
       }

@@ -79,6 +79,14 @@ function methodOf(init: RequestInit | undefined): unknown {
 // must start within it, and its lines are bounded instead. A message/send (to a remote that cannot
 // stream) is not timed: a remote may answer it only once its task ends, blocking: false being a
 // hint, and a retry would send the message again; the run's cancel still ends it.
+// fetch's own error says only "fetch failed"; why (a refused connection, a name that does not
+// resolve, a reset, a certificate) is in its cause, which the failure reason would otherwise leave out.
+function unreached(err: unknown): unknown {
+  const cause = (err as { cause?: { message?: unknown; code?: unknown } }).cause;
+  const why = cause?.message || cause?.code;
+  return err instanceof TypeError && typeof why === 'string' ? new Error(`the remote agent could not be reached: ${why}`) : err;
+}
+
 async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init: RequestInit | undefined, timeoutMs: number): Promise<Response> {
   // Linked to the run's signal until the answer is read whole (or the stream ends): each poll of a
   // remote task is a call, and a run may poll for hours (domain/call-signal.ts).
@@ -96,7 +104,7 @@ async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init
     res = await call({ ...init, signal: linked.signal });
   } catch (err) {
     over();
-    throw timedOut ? late : err;
+    throw timedOut ? late : unreached(err);
   }
   // Refused by its status (RemoteRefused): the SDK would report it in its words, and not at all
   // when the body is a JSON-RPC error.
