@@ -782,7 +782,7 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
 describe('remote A2A agent that answers without end, or about another task', () => {
   // Unlike REMOTE_KEY, no message of these tests ends with a start of it ("remote-a"), which would be masked as a key cut short.
   const QUOTED_KEY = `qk-${randomUUID()}`;
-  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' = 'trickle-card';
+  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' | 'not-json' = 'trickle-card';
   // What the remote answers, in 'garbled' mode, after the task: an event of a known kind with a member of another shape.
   let garbled: unknown;
   let streamClosed = false;
@@ -801,6 +801,10 @@ describe('remote A2A agent that answers without end, or about another task', () 
       res.end(bomb);
     } else if (req.method === 'GET') {
       answerAgentCard(res, { name: 'endless', description: 'streams one endless line', url: `${origin}/rpc`, streaming: true });
+    } else if (mode === 'not-json') {
+      req.resume();
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end('this is not json');
     } else if (mode === 'refused-rpc') {
       // Refused by its HTTP status, its body a JSON-RPC error: the SDK reports the error's code, not the status.
       req.resume();
@@ -932,6 +936,20 @@ describe('remote A2A agent that answers without end, or about another task', () 
     mode = 'rpc-error';
     // Before: "The remote agent refused this worker's credentials (not retried; check AGENT_REMOTE_API_KEY): ...".
     assert.equal(await failureOf('rpc error'), 'The agent failed after 1 attempt(s): SSE event contained an error: the model provider answered 403 Forbidden (Code: -32603) Data: {}');
+  });
+
+  it('fails the later turn whose call the remote answers with what is not JSON, saying the remote did', async () => {
+    mode = 'garbled-get';
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('not json later') })).body.task.id as string;
+    await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'input-required' || undefined, 'the task to ask for input');
+    mode = 'not-json';
+    await stack.client.post(`/api/task/v1/${id}/message`, textMessage('and now?'));
+    const failed = await waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${id}`);
+      return r.body.task.status === 'failed' && r.body;
+    }, 'the task to fail');
+    // Before: the parser's words alone, which named no party.
+    assert.equal(failed.status_message.parts[0].text, 'The agent failed after 1 attempt(s): the remote agent answered what is not JSON: Unexpected token \'h\', "this is not json" is not valid JSON');
   });
 
   it("takes a call answered 401 with a JSON-RPC error as its body for a refusal of this worker's key", async () => {

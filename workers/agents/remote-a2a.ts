@@ -87,6 +87,10 @@ function unreached(err: unknown): unknown {
   return err instanceof TypeError && typeof why === 'string' ? new Error(`the remote agent could not be reached: ${why}`) : err;
 }
 
+// The SDK parses a call's answer with Response.json(), whose error is the parser's words alone: a
+// failure reason that names no party.
+const notJson = (err: unknown) => (err instanceof SyntaxError ? new Error(`the remote agent answered what is not JSON: ${err.message}`) : err);
+
 async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init: RequestInit | undefined, timeoutMs: number): Promise<Response> {
   // Linked to the run's signal until the answer is read whole (or the stream ends): each poll of a
   // remote task is a call, and a run may poll for hours (domain/call-signal.ts).
@@ -238,7 +242,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
   // A refused key fails the run at once: every retry would be refused alike until an operator mends
   // the configuration.
   const handler = (ctx: AgentContext): Promise<AgentResult> => follow(ctx).catch((thrown: unknown) => {
-    const err = keyless(thrown);
+    const err = keyless(notJson(thrown));
     if (!ctx.signal.aborted && err instanceof RemoteRefused) {
       return { status: 'failed', message: `The remote agent refused this worker's credentials (not retried; check AGENT_REMOTE_API_KEY): ${explained(err).message}` };
     }
