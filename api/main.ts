@@ -109,8 +109,9 @@ async function shutdown(signal: string) {
   }
   exitIfNotStoppedWithin(CLOSE_MS, () => services.log.error({ after_ms: CLOSE_MS }, 'api could not close its connections in time (Postgres or Redis unreachable, a statement still running); exiting'));
   await keyRevocations.close();
-  services.log.info('api stopped');
   await services.close();
+  // Last, once everything closed: a process whose close timed out exits 1 without it.
+  services.log.info('api stopped');
   process.exit(0);
 }
 onStop((why) => void shutdown(why));

@@ -148,8 +148,9 @@ async function shutdown(signal: string) {
   await metrics.stop().catch(() => undefined);
   await pushListener.close();
   connection.disconnect();
-  log.info('worker stopped');
   await services.close();
+  // Last, once everything closed: a process whose close timed out exits 1 without it.
+  log.info('worker stopped');
   process.exit(0);
 }
 onStop((why) => void shutdown(why));
