@@ -352,6 +352,16 @@ describe('agent modules', () => {
     assert.doesNotMatch(bad.message, /body/);
   });
 
+  it("a run's provider calls that wait do not hold up its replies (each kind goes 4 at a time apart)", async () => {
+    // stripe-held (the test above) holds every call until its caller hangs up.
+    const before = held.length;
+    const task = (await rpc('message/send', { message: userMessage('refunds then reply'), configuration: { blocking: false } })).body.result;
+    await waitFor(async () => held.length === before + 4, 'the 4 refunds to reach Stripe');
+    // Before, the reply waited for one of the 4 calls in flight, which the provider held for ever.
+    await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.history.some((m: any) => m.role === 'agent' && m.parts[0].text === 'replied while 4 refunds wait'), 'the reply');
+    await rpc('tasks/cancel', { id: task.id });
+  });
+
   it('a worker shutting down hands back a run that ignores its signal once the grace period is over', async () => {
     const [worker] = stack.workers;
     const task = (await rpc('message/send', { message: userMessage('ignore'), configuration: { blocking: false } })).body.result;

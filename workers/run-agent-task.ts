@@ -24,12 +24,11 @@ import { findUnstorable, storableText } from '../domain/storable-json.ts';
 import { callLimit } from '../domain/call-limit.ts';
 
 const HISTORY = 200;
-// The most of one run's calls (reply, setStatus, emitArtifact, readSecret, invokeFunction) that are
-// in flight at once; more wait their turn in the run. Each holds one of the worker's 20 Postgres
-// connections (writes wait for the task's row lock on it), so an agent that emitted 10,000 artifacts
-// at once took them all: the calls that waited 10 s for one were refused as Postgres out of reach,
-// and the run went back to the queue, to do it again, for ever, while every other run and the
-// worker's housekeeping waited too.
+// The most of one run's calls to Postgres (reply, setStatus, emitArtifact, readSecret) in flight at
+// once, and apart from them of its invokeFunction calls (a provider's answer may take
+// BRIDGE_TIMEOUT_MS): each holds one of the worker's 20 Postgres connections while it reads or writes
+// (a write waits there for the task's row lock). 10,000 artifacts emitted at once used to wait on the
+// pool until they timed out as Postgres out of reach, and the run was tried again, for ever.
 const CALLS_PER_RUN = 4;
 // How long agent runs pause, on every worker, once one meets Postgres or Redis unavailable.
 const OUTAGE_PAUSE_MS = 1000;
@@ -109,6 +108,7 @@ function agentContext(
 ): AgentContext {
   const { taskId, messageId, state, trigger, signal, log: runLog } = run;
   const inTurn = callLimit(CALLS_PER_RUN);
+  const invokeInTurn = callLimit(CALLS_PER_RUN);
   const history = state.history.map(({ seq: _s, ...m }) => m);
   const { seq: _seq, ...message } = trigger;
 
@@ -151,7 +151,7 @@ function agentContext(
     })),
     readSecret: (key) => inTurn(() => whileRunning(() => ours(() => readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', noSecretWithKey))))),
     invokeFunction: (providerInstanceId, functionTypeId, params, options = {}) =>
-      inTurn(() => whileRunning(() => ours(async () => {
+      invokeInTurn(() => whileRunning(() => ours(async () => {
         checkAgainst(AgentInvokeOptions, options, 'options');
         return invokeFunction(
           services, lookupName(providerInstanceId, 'ctx.invokeFunction: the provider instance id', notFoundAs('provider_instance')),
