@@ -197,10 +197,6 @@ export function publicReason(err: unknown): string {
   return typeof e?.message === 'string' ? e.message : String(err);
 }
 
-// How a request's failure is logged, by the status it is answered with (or maps to): a fault of
-// ours (500) at error with its stack; Postgres or Redis unavailable (503) or an upstream failing
-// (502: a provider, a token endpoint, KMS), which clients can cause at will, at warn with the reason
-// and `msg: <code>`; a client's error not at all.
 // Which backing service an outage came from, where the error's form tells (a refused or reset
 // socket says neither).
 export function outageOf(err: unknown): 'redis' | 'postgres' | undefined {
@@ -211,6 +207,10 @@ export function outageOf(err: unknown): 'redis' | 'postgres' | undefined {
   return undefined;
 }
 
+// How a request's failure is logged, by the status it is answered with (or maps to): a fault of
+// ours (500) at error with its stack; Postgres or Redis unavailable (503) or an upstream failing
+// (502: a provider, a token endpoint, KMS), which clients can cause at will, at warn with the reason
+// and `msg: <code>`; a client's error not at all.
 export function logFailure(log: Logger | undefined, err: unknown, e: Pick<AppError, 'status' | 'code'>, msg: string, fields: Record<string, unknown> = {}): void {
   // An operator reading `Stream isn't writeable` learns from `service` that Redis is the one out of reach.
   if (e.status === 502 || e.status === 503) log?.warn({ ...fields, reason: (err as Error)?.message, code: (err as { code?: unknown })?.code, service: outageOf(err) }, `${msg}: ${e.code}`);

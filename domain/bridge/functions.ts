@@ -40,10 +40,6 @@ export async function listFunctionInstances(
   return { ...page, items: describedPage(page.items, log, 'function instances list').map(toFunctionInstance) };
 }
 
-// Params are checked first (400), then that the function is enabled (404) and the instance
-// usable (409). A provider's refusal is an `error` result; an unreachable provider a 502.
-// `paramsPath` names the params in errors: where the caller sent them; `signal` abandons the call
-// to the provider (an agent run canceled); `log` is the caller's (an agent run's names its task).
 // What a client refused for an instance's status is told to do about it (a host's model too, through MCP).
 const WHAT_ACTIVATES: Record<Exclude<repo.ProviderInstanceRow['status'], 'active'>, string> = {
   brokering_initiated: 'broker its user credential first',
@@ -51,6 +47,10 @@ const WHAT_ACTIVATES: Record<Exclude<repo.ProviderInstanceRow['status'], 'active
   disabled: 'an admin disabled it (PATCH status active enables it)',
 };
 
+// Params are checked first (400), then that the function is enabled (404) and the instance
+// usable (409). A provider's refusal is an `error` result; an unreachable provider a 502.
+// `paramsPath` names the params in errors: where the caller sent them; `signal` abandons the call
+// to the provider (an agent run canceled); `log` is the caller's (an agent run's names its task).
 export async function invokeFunction(
   s: InvokeServices, providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>,
   { paramsPath = 'body.params', signal, log = s.log, idempotencyKey }: { paramsPath?: string; signal?: AbortSignal; log?: Services['log']; idempotencyKey?: string } = {},

@@ -73,24 +73,24 @@ function methodOf(init: RequestInit | undefined): unknown {
   }
 }
 
+// fetch's own error says only "fetch failed"; why (a refused connection, a name that does not
+// resolve, a reset, a certificate) is in its cause, which the failure reason would otherwise leave out.
+function unreached(err: unknown): unknown {
+  const cause = (err as { cause?: { message?: unknown; code?: unknown } }).cause;
+  const why = cause?.message || cause?.code;
+  return err instanceof TypeError && typeof why === 'string' ? new Error(`the remote agent could not be reached: ${why}`, { cause: err }) : err;
+}
+
+// The SDK parses a call's answer with Response.json(), whose error is the parser's words alone: a
+// failure reason that names no party.
+const notJson = (err: unknown) => (err instanceof SyntaxError ? new Error(`the remote agent answered what is not JSON: ${err.message}`, { cause: err }) : err);
+
 // The SDK sets no timeout, and reads the card without any signal: a remote that trickles an answer
 // would hold the run, and every later run waiting on the same card read, for ever. A card or call
 // answer must arrive whole within `timeoutMs`; a stream, which lasts as long as its remote task,
 // must start within it, and its lines are bounded instead. A message/send (to a remote that cannot
 // stream) is not timed: a remote may answer it only once its task ends, blocking: false being a
 // hint, and a retry would send the message again; the run's cancel still ends it.
-// fetch's own error says only "fetch failed"; why (a refused connection, a name that does not
-// resolve, a reset, a certificate) is in its cause, which the failure reason would otherwise leave out.
-function unreached(err: unknown): unknown {
-  const cause = (err as { cause?: { message?: unknown; code?: unknown } }).cause;
-  const why = cause?.message || cause?.code;
-  return err instanceof TypeError && typeof why === 'string' ? new Error(`the remote agent could not be reached: ${why}`) : err;
-}
-
-// The SDK parses a call's answer with Response.json(), whose error is the parser's words alone: a
-// failure reason that names no party.
-const notJson = (err: unknown) => (err instanceof SyntaxError ? new Error(`the remote agent answered what is not JSON: ${err.message}`) : err);
-
 async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init: RequestInit | undefined, timeoutMs: number): Promise<Response> {
   // Linked to the run's signal until the answer is read whole (or the stream ends): each poll of a
   // remote task is a call, and a run may poll for hours (domain/call-signal.ts).
