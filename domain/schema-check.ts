@@ -81,7 +81,7 @@ const isNullable = (e: ErrorObject) => e.keyword === 'anyOf' && Array.isArray(e.
   && (e.schema as { type?: unknown }[]).some((b) => b.type === 'null');
 
 // The member names of a JSON Pointer (ajv's instancePath), unescaped.
-const pointerNames = (instancePath: string): string[] => instancePath.split('/').slice(1).map((k) => k.replace(/~1/g, '/').replace(/~0/g, '~'));
+export const pointerNames = (instancePath: string): string[] => instancePath.split('/').slice(1).map((k) => k.replace(/~1/g, '/').replace(/~0/g, '~'));
 const valueAt = (value: unknown, instancePath: string): unknown =>
   pointerNames(instancePath).reduce<unknown>((v, k) => (v && typeof v === 'object' ? (v as Record<string, unknown>)[k] : undefined), value);
 

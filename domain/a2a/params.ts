@@ -5,7 +5,8 @@
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import type { ErrorObject } from 'ajv';
 import { A2AError, JSONRPC } from './errors.ts';
-import { choiceText, compileSchema, errorText, withoutChoiceBranches } from '../schema-check.ts';
+import { choiceText, compileSchema, errorText, pointerNames, withoutChoiceBranches } from '../schema-check.ts';
+import { memberPath } from '../errors.ts';
 import { Base64, Uuid } from '../../api/schemas/common.ts';
 import { AcceptedOutputModes, MessageExtensions } from '../../api/schemas/task.ts';
 
@@ -86,10 +87,11 @@ export const NoParams = Type.Unsafe<Record<string, unknown> | null>({ type: ['ob
 // A request id an answer can echo as sent (isId, jsonrpc.ts): JSON.parse rounds a number past 2^53.
 export const RequestId = Type.Union([Type.String(), Type.Number({ minimum: -Number.MAX_SAFE_INTEGER, maximum: Number.MAX_SAFE_INTEGER }), Type.Null()]);
 
+// A2A's paths index lists as JSON-RPC clients write them (`parts[0]`); names as the REST errors do.
+const step = (path: string, name: string) => (/^\d+$/.test(name) ? `${path}[${name}]` : memberPath(path, name));
 function where(e: ErrorObject): string {
-  const segs = e.instancePath.split('/').slice(1).map((s) => (/^\d+$/.test(s) ? `[${s}]` : `.${s}`));
-  const base = `params${segs.join('')}`;
-  if (e.keyword === 'required') return `${base}.${(e.params as { missingProperty: string }).missingProperty}`;
+  const base = pointerNames(e.instancePath).reduce(step, 'params');
+  if (e.keyword === 'required') return memberPath(base, (e.params as { missingProperty: string }).missingProperty);
   if (e.keyword === 'discriminator') return `${base}.kind`;
   return base;
 }
@@ -98,7 +100,6 @@ function describe(e: ErrorObject): string {
   switch (e.keyword) {
     case 'required': return 'is required';
     case 'discriminator': return 'must be one of text, data, file';
-    case 'const': return `must be ${JSON.stringify((e.params as { allowedValue: unknown }).allowedValue)}`;
     case 'type': return `must be ${[(e.params as { type: string | string[] }).type].flat().join(' or ')}`;
     case 'oneOf': return choiceText(e) ?? 'matches none of the allowed shapes';
     default: return errorText(e);
