@@ -11,7 +11,7 @@ import { assertOutboundUrl } from './webhook-url.ts';
 import { decryptWithDek, encryptWithDek, holdAliasDek } from './keyring.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
 import type { UnitOfWork } from './unit-of-work.ts';
-import { isInterrupted, isTerminal } from './task-states.ts';
+import { isInterrupted, isTerminal, type TaskState } from './task-states.ts';
 
 // The alias whose DEK seals every config's secrets.
 export const PUSH_ALIAS = DEFAULT_ALIAS;
@@ -118,6 +118,9 @@ export async function storeCheckedPushConfig(trx: Knex.Transaction, taskId: stri
 }
 
 type Start = Exclude<repo.DeliveryStart, 'current status'> | 'current status if settled';
+// A task that has ended or waits for input may never have another update: a config set then starts at its current status.
+const deliveryStart = (start: Start, status: TaskState): repo.DeliveryStart =>
+  (start !== 'current status if settled' ? start : isTerminal(status) || isInterrupted(status) ? 'current status' : 'now');
 
 async function writePushConfig(db: Tx, taskId: string, input: PushConfigInput, cfg: Config, start: Start): Promise<PushConfig> {
   const secrets: PushSecrets = {
@@ -142,9 +145,11 @@ async function writePushConfig(db: Tx, taskId: string, input: PushConfigInput, c
       authentication: input.authentication ? { schemes: input.authentication.schemes } : null,
       encrypted_secrets: dekId ? await encryptWithDek({ db: trx, cfg }, dekId, JSON.stringify(secrets), trx) : null,
       secrets_dek_id: dekId,
-    }, start !== 'current status if settled' ? start : isTerminal(task.status) || isInterrupted(task.status) ? 'current status' : 'now');
-    // Undelivered on a task that may not change again: no status change will enqueue its delivery.
-    if (start === 'current status if settled' && Number(row.delivered_seq) < Number(row.status_seq)) {
+    }, deliveryStart(start, task.status));
+    // A new config's current status, on a task that may not change again: no status change will
+    // enqueue its delivery. (A config set again keeps its position, and its pending update's job.)
+    const created = row.created_at.getTime() === row.updated_at.getTime();
+    if (start === 'current status if settled' && created && Number(row.delivered_seq) < Number(row.status_seq)) {
       await repo.enqueueDelivery(trx, taskId, row.id, Number(row.status_seq));
     }
     return shown(row);
