@@ -133,7 +133,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     }
     const off = await client.callTool({ name: 'stripe__stripe_process_refund__stripe-off', arguments: { payment_intent: 'pi_1' } });
     assert.equal(off.isError, true);
-    assert.match(text(off), /stripe-off' is disabled, not active/);
+    assert.match(text(off), /stripe-off' is disabled, not active: an admin disabled it \(PATCH status active enables it\)/);
     assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
   });
 

@@ -53,7 +53,7 @@ export async function startBrokering(s: BrokerServices, providerTypeId: string, 
   for (const [k, v] of Object.entries({
     response_type: 'code', client_id: String(rs.client_id), redirect_uri: String(rs.redirect_uri), state,
     code_challenge: base64url(createHash('sha256').update(verifier).digest()), code_challenge_method: 'S256',
-    scope: scopes.join(' '), ...oauth.authorizeParams,
+    ...(scopes.length ? { scope: scopes.join(' ') } : {}), ...oauth.authorizeParams,
   })) url.searchParams.set(k, v);
   const row = await insertBrokerState(s.db, {
     id: randomUUID(), state_hash: sha256(state), provider_instance_id: instance.id, code_verifier: verifier,
