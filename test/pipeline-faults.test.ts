@@ -375,8 +375,11 @@ describe('job pipeline under faults', function () {
         const r = await s.client.get(`/api/task/v1/${created.body.task.id}`);
         assert.equal(r.status, 200, `request ${i + 1} after the partition: ${r.text}`);
       }
-      const logged = await requestLogsThrough(s, await s.client.get(`/api/task/v1/${created.body.task.id}`));
+      const logged = await requestLogsThrough(s, await s.client.get(`/api/task/v1/${created.body.task.id}`), { all: true });
       assert.ok(!logged.some((l) => l.includes('"status":500')), 'no 500');
+      // The outage's warn lines name Postgres (the reason is the driver's "Query read timeout").
+      const outage = logged.filter((l) => l.includes('request failed: unavailable'));
+      assert.ok(outage.some((l) => l.includes('"service":"postgres"')), outage.join('\n'));
     });
   });
 
