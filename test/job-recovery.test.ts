@@ -345,3 +345,31 @@ describe('a run whose job failed without ending its task', () => {
     assert.ok(logged.some((l) => l.includes(working) && l.includes('stalled more than allowable limit')), 'the job\'s reason is logged');
   });
 });
+
+describe('a migration taken over from a worker that stalled', () => {
+  // A 2 s pause between batches: the first worker is frozen in it, past its lock, while the second
+  // takes the job over and ends it.
+  const stack = useStack({ WORKER_LOCK_MS: '1000', WORKER_STALLED_CHECK_MS: '500', DEK_MIGRATION_BATCH: '2', DEK_MIGRATION_PAUSE_MS: '2000' }, { workers: 0 });
+
+  it('is logged finished once, by the worker that finished it; the stalled one says another ended it', async () => {
+    const c = stack.client;
+    for (const f of ['stall-src.key', 'stall-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    for (let i = 0; i < 6; i++) assert.equal((await c.post(`${E}/envelope/stall-src.key/dek`, {})).status, 201);
+    const first = await startWorker(stack.env);
+    stack.workers.push(first);
+    const started = await c.post(`${E}/envelope/stall-src.key/migrate`, { to_envelope_encryption_key_id: 'stall-dst.key' });
+    assert.equal(started.status, 202, started.text);
+    const jobId = started.body.id;
+    await waitFor(async () => (await c.get(`${E}/job/${jobId}`)).body.done >= 2, 'first batch committed', 20000, 20);
+    first.child.kill('SIGSTOP');
+    const second = await startWorker(stack.env);
+    stack.workers.push(second);
+    await waitFor(async () => (await c.get(`${E}/job/${jobId}`)).body.status === 'completed', 'completed by the second worker', 30000, 100);
+    first.child.kill('SIGCONT');
+    const about = (p: Proc) => p.logs.filter((l) => l.includes(jobId) && /DEK migration (finished|ended by another worker)/.test(l));
+    await waitFor(async () => about(first).length > 0, 'the first worker meets the ended job', 20000, 50);
+    assert.deepEqual(about(second).map((l) => JSON.parse(l).msg), ['DEK migration finished']);
+    assert.deepEqual(about(first).map((l) => JSON.parse(l).msg), ['DEK migration ended by another worker'], about(first).join('\n'));
+    assert.equal(JSON.parse(about(first)[0]).status, 'completed');
+  });
+});

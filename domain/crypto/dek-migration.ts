@@ -135,12 +135,14 @@ export async function beginMigrateAll(s: Pick<Services, 'db'>, jobId: string): P
   });
 }
 
-// One batch of a running job; returns the job row after it, with `finished` once nothing is left.
-export async function migrateNextBatch(s: Pick<Services, 'db' | 'cfg'>, jobId: string, batchSize: number): Promise<{ job: KeyJobRow; finished: boolean }> {
+// One batch of a running job; returns the job row after it, with `finished` once nothing is left,
+// and `endedBefore` when the job had ended before this batch (a cancel, or another worker that
+// took it over while this one stalled past its lock and then finished it).
+export async function migrateNextBatch(s: Pick<Services, 'db' | 'cfg'>, jobId: string, batchSize: number): Promise<{ job: KeyJobRow; finished: boolean; endedBefore?: boolean }> {
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
     if (!job) throw new NotFound('job', jobId);
-    if (job.status !== 'running') return { job, finished: true };
+    if (job.status !== 'running') return { job, finished: true, endedBefore: true };
     const source = job.source_envelope_key_id!;
     const target = paramsOf(job).to_envelope_encryption_key_id;
     const rows = await deksUnder(trx, source, passFilter(job), batchSize);
