@@ -292,17 +292,20 @@ export async function repointRotatedAlias(s: KeyringServices, jobId: string): Pr
   });
 }
 
-export async function finishAliasRotation(s: Pick<Services, 'db'>, jobId: string): Promise<KeyJobRow> {
+// Completes the job; `endedBefore` when it had ended already (a cancel, or another worker that took
+// it over while the caller stalled past its lock and then finished it).
+export async function finishAliasRotation(s: Pick<Services, 'db'>, jobId: string): Promise<{ job: KeyJobRow; endedBefore: boolean }> {
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
     if (!job) throw new NotFound('job', jobId);
-    if (isActive(job)) {
+    const endedBefore = !isActive(job);
+    if (!endedBefore) {
       // Totals are counted as phases begin; rows deleted or rewritten by others before a pass
       // reached them left the selection. What was handled is the final count.
       await settleKeyJobTotal(trx, jobId);
       await finishKeyJob(trx, jobId, 'completed');
     }
-    return (await getKeyJob(trx, jobId))!;
+    return { job: (await getKeyJob(trx, jobId))!, endedBefore };
   });
 }
 

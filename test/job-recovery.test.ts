@@ -373,3 +373,30 @@ describe('a migration taken over from a worker that stalled', () => {
     assert.equal(JSON.parse(about(first)[0]).status, 'completed');
   });
 });
+
+describe('an alias rotation taken over from a worker that stalled', () => {
+  const stack = useStack({ WORKER_LOCK_MS: '1000', WORKER_STALLED_CHECK_MS: '500', ALIAS_ROTATION_BATCH: '2', ALIAS_ROTATION_PAUSE_MS: '2000' }, { workers: 0 });
+
+  it('is logged finished once, by the worker that finished it; the stalled one says another ended it', async () => {
+    const c = stack.client;
+    for (let i = 0; i < 6; i++) assert.equal((await c.post('/api/secret/v1', { key: `stall/s${i}`, raw_value: `v${i}` })).status, 201);
+    const first = await startWorker(stack.env);
+    stack.workers.push(first);
+    const started = await c.post(`${E}/dek/alias/default/rotate`, {});
+    assert.equal(started.status, 202, started.text);
+    const jobId = started.body.id;
+    await waitFor(async () => (await c.get(`${E}/job/${jobId}`)).body.done >= 2, 'first batch committed', 20000, 20);
+    first.child.kill('SIGSTOP');
+    const second = await startWorker(stack.env);
+    stack.workers.push(second);
+    await waitFor(async () => (await c.get(`${E}/job/${jobId}`)).body.status === 'completed', 'completed by the second worker', 30000, 100);
+    first.child.kill('SIGCONT');
+    const about = (p: Proc) => p.logs.filter((l) => l.includes(jobId) && /alias rotation (finished|ended by another worker)/.test(l));
+    await waitFor(async () => about(first).length > 0, 'the first worker meets the ended job', 20000, 50);
+    assert.deepEqual(about(second).map((l) => JSON.parse(l).msg), ['alias rotation finished']);
+    assert.deepEqual(about(first).map((l) => JSON.parse(l).msg), ['alias rotation ended by another worker'], about(first).join('\n'));
+    assert.equal(JSON.parse(about(first)[0]).status, 'completed');
+    const read = await c.get('/api/secret/v1/list-decrypted?page_size=100');
+    assert.deepEqual(read.body.secrets.map((s: any) => s.decrypted_value).sort(), ['v0', 'v1', 'v2', 'v3', 'v4', 'v5']);
+  });
+});
