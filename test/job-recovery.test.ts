@@ -346,6 +346,27 @@ describe('a run whose job failed without ending its task', () => {
   });
 });
 
+// A key job started (`start` answers its id) with one worker, which is frozen past its lock once a
+// batch is done while a second worker takes the job over and ends it, then woken: each must log the
+// job's end once, the second as `<what> finished`, the first as `<what> ended by another worker`.
+async function stalledTakeover(stack: ReturnType<typeof useStack>, start: () => Promise<string>, what: string): Promise<void> {
+  const c = stack.client;
+  const first = await startWorker(stack.env);
+  stack.workers.push(first);
+  const jobId = await start();
+  await waitFor(async () => (await c.get(`${E}/job/${jobId}`)).body.done >= 2, 'first batch committed', 20000, 20);
+  first.child.kill('SIGSTOP');
+  const second = await startWorker(stack.env);
+  stack.workers.push(second);
+  await waitFor(async () => (await c.get(`${E}/job/${jobId}`)).body.status === 'completed', 'completed by the second worker', 30000, 100);
+  first.child.kill('SIGCONT');
+  const about = (p: Proc) => p.logs.filter((l) => l.includes(jobId) && new RegExp(`${what} (finished|ended by another worker)`).test(l));
+  await waitFor(async () => about(first).length > 0, 'the first worker meets the ended job', 20000, 50);
+  assert.deepEqual(about(second).map((l) => JSON.parse(l).msg), [`${what} finished`]);
+  assert.deepEqual(about(first).map((l) => JSON.parse(l).msg), [`${what} ended by another worker`], about(first).join('\n'));
+  assert.equal(JSON.parse(about(first)[0]).status, 'completed');
+}
+
 describe('a migration taken over from a worker that stalled', () => {
   // A 2 s pause between batches: the first worker is frozen in it, past its lock, while the second
   // takes the job over and ends it.
@@ -355,22 +376,11 @@ describe('a migration taken over from a worker that stalled', () => {
     const c = stack.client;
     for (const f of ['stall-src.key', 'stall-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
     for (let i = 0; i < 6; i++) assert.equal((await c.post(`${E}/envelope/stall-src.key/dek`, {})).status, 201);
-    const first = await startWorker(stack.env);
-    stack.workers.push(first);
-    const started = await c.post(`${E}/envelope/stall-src.key/migrate`, { to_envelope_encryption_key_id: 'stall-dst.key' });
-    assert.equal(started.status, 202, started.text);
-    const jobId = started.body.id;
-    await waitFor(async () => (await c.get(`${E}/job/${jobId}`)).body.done >= 2, 'first batch committed', 20000, 20);
-    first.child.kill('SIGSTOP');
-    const second = await startWorker(stack.env);
-    stack.workers.push(second);
-    await waitFor(async () => (await c.get(`${E}/job/${jobId}`)).body.status === 'completed', 'completed by the second worker', 30000, 100);
-    first.child.kill('SIGCONT');
-    const about = (p: Proc) => p.logs.filter((l) => l.includes(jobId) && /DEK migration (finished|ended by another worker)/.test(l));
-    await waitFor(async () => about(first).length > 0, 'the first worker meets the ended job', 20000, 50);
-    assert.deepEqual(about(second).map((l) => JSON.parse(l).msg), ['DEK migration finished']);
-    assert.deepEqual(about(first).map((l) => JSON.parse(l).msg), ['DEK migration ended by another worker'], about(first).join('\n'));
-    assert.equal(JSON.parse(about(first)[0]).status, 'completed');
+    await stalledTakeover(stack, async () => {
+      const started = await c.post(`${E}/envelope/stall-src.key/migrate`, { to_envelope_encryption_key_id: 'stall-dst.key' });
+      assert.equal(started.status, 202, started.text);
+      return started.body.id;
+    }, 'DEK migration');
   });
 });
 
@@ -380,22 +390,11 @@ describe('an alias rotation taken over from a worker that stalled', () => {
   it('is logged finished once, by the worker that finished it; the stalled one says another ended it', async () => {
     const c = stack.client;
     for (let i = 0; i < 6; i++) assert.equal((await c.post('/api/secret/v1', { key: `stall/s${i}`, raw_value: `v${i}` })).status, 201);
-    const first = await startWorker(stack.env);
-    stack.workers.push(first);
-    const started = await c.post(`${E}/dek/alias/default/rotate`, {});
-    assert.equal(started.status, 202, started.text);
-    const jobId = started.body.id;
-    await waitFor(async () => (await c.get(`${E}/job/${jobId}`)).body.done >= 2, 'first batch committed', 20000, 20);
-    first.child.kill('SIGSTOP');
-    const second = await startWorker(stack.env);
-    stack.workers.push(second);
-    await waitFor(async () => (await c.get(`${E}/job/${jobId}`)).body.status === 'completed', 'completed by the second worker', 30000, 100);
-    first.child.kill('SIGCONT');
-    const about = (p: Proc) => p.logs.filter((l) => l.includes(jobId) && /alias rotation (finished|ended by another worker)/.test(l));
-    await waitFor(async () => about(first).length > 0, 'the first worker meets the ended job', 20000, 50);
-    assert.deepEqual(about(second).map((l) => JSON.parse(l).msg), ['alias rotation finished']);
-    assert.deepEqual(about(first).map((l) => JSON.parse(l).msg), ['alias rotation ended by another worker'], about(first).join('\n'));
-    assert.equal(JSON.parse(about(first)[0]).status, 'completed');
+    await stalledTakeover(stack, async () => {
+      const started = await c.post(`${E}/dek/alias/default/rotate`, {});
+      assert.equal(started.status, 202, started.text);
+      return started.body.id;
+    }, 'alias rotation');
     const read = await c.get('/api/secret/v1/list-decrypted?page_size=100');
     assert.deepEqual(read.body.secrets.map((s: any) => s.decrypted_value).sort(), ['v0', 'v1', 'v2', 'v3', 'v4', 'v5']);
   });
