@@ -34,7 +34,7 @@ import { countPushConfigsToRotate, pushConfigsToRotate, reencryptPushConfigs } f
 import { storedCredentialDef } from './bridge/catalog.ts';
 import { openCredential, sealCredential } from './bridge/credentials.ts';
 import { PUSH_ALIAS } from './push-config.ts';
-import { isOpenKeyJob, ROTATE_ALIAS } from './key-job-states.ts';
+import { endedElsewhere, isOpenKeyJob, ROTATE_ALIAS } from './key-job-states.ts';
 
 
 export type Phase = 'walk' | 'sweep' | 'credentials' | 'push-configs';
@@ -292,20 +292,19 @@ export async function repointRotatedAlias(s: KeyringServices, jobId: string): Pr
   });
 }
 
-// Completes the job; `endedBefore` when it had ended already (a cancel, or another worker that took
-// it over while the caller stalled past its lock and then finished it).
-export async function finishAliasRotation(s: Pick<Services, 'db'>, jobId: string): Promise<{ job: KeyJobRow; endedBefore: boolean }> {
+// Completes the job; `endedElsewhere` when another worker had ended it (key-job-states.ts).
+export async function finishAliasRotation(s: Pick<Services, 'db'>, jobId: string): Promise<{ job: KeyJobRow; endedElsewhere: boolean }> {
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
     if (!job) throw new NotFound('job', jobId);
-    const endedBefore = !isActive(job);
-    if (!endedBefore) {
+    const elsewhere = endedElsewhere(job.status);
+    if (isActive(job)) {
       // Totals are counted as phases begin; rows deleted or rewritten by others before a pass
       // reached them left the selection. What was handled is the final count.
       await settleKeyJobTotal(trx, jobId);
       await finishKeyJob(trx, jobId, 'completed');
     }
-    return { job: (await getKeyJob(trx, jobId))!, endedBefore };
+    return { job: (await getKeyJob(trx, jobId))!, endedElsewhere: elsewhere };
   });
 }
 

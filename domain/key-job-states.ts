@@ -7,4 +7,8 @@ export const KEY_JOB_OPEN = ['queued', 'running'] as const;
 export const KEY_JOB_ENDED = ['completed', 'failed', 'canceled'] as const;
 export type KeyJobStatus = (typeof KEY_JOB_OPEN)[number] | (typeof KEY_JOB_ENDED)[number];
 
+// A job its worker finds ended, not by a cancel: another worker took it over (this one stalled past
+// its lock) and ended it, and said so.
+export const endedElsewhere = (status: KeyJobStatus): boolean => status === 'completed' || status === 'failed';
+
 export const isOpenKeyJob = (status: KeyJobStatus): boolean => (KEY_JOB_OPEN as readonly string[]).includes(status);

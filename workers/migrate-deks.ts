@@ -28,9 +28,7 @@ export function createMigrateDeksProcessor(services: Services, handBack: AbortSi
         for (;;) {
           const next = await migrateNextBatch(services, jobId, cfg.DEK_MIGRATION_BATCH);
           row = next.job;
-          // Only workers complete or fail a job: this one stalled past its lock (frozen, a long GC)
-          // and the worker that took the job over ended it, and logged it finished.
-          if (next.endedBefore && row.status !== 'canceled') {
+          if (next.endedElsewhere) {
             ended = true;
             log.info({ job_id: jobId, status: row.status, done: row.done, failed: row.failed }, 'DEK migration ended by another worker');
             return;

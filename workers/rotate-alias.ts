@@ -38,9 +38,7 @@ export function createRotateAliasProcessor(services: Services, handBack: AbortSi
         while (await nextRotationPhase(services, jobId, finished)) finished = await runPhase();
         const end = await finishAliasRotation(services, jobId);
         done = end.job;
-        // Only workers complete or fail a job: this one stalled past its lock (frozen, a long GC)
-        // and the worker that took the job over ended it, and logged it finished.
-        if (end.endedBefore && done.status !== 'canceled') {
+        if (end.endedElsewhere) {
           log.info({ job_id: jobId, status: done.status, done: done.done, failed: done.failed }, 'alias rotation ended by another worker');
           return;
         }

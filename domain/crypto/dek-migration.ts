@@ -24,7 +24,7 @@ import { finishKeyJob, lockKeyJob, lockKeyJobNotingCancel, startedAs, type KeyJo
 import { DecryptError, KEY_BYTES } from './aes-gcm.ts';
 import { envelopeKeyRow, freshWrapperFor, wrapperFor } from '../keyring.ts';
 import type { KeyWrapper } from './envelope-keys.ts';
-import { MIGRATE_DEKS } from '../key-job-states.ts';
+import { endedElsewhere, MIGRATE_DEKS } from '../key-job-states.ts';
 
 const KMS_PARALLEL = 16;
 // A DEK written by a transaction that began before the job did carries that earlier time.
@@ -136,13 +136,12 @@ export async function beginMigrateAll(s: Pick<Services, 'db'>, jobId: string): P
 }
 
 // One batch of a running job; returns the job row after it, with `finished` once nothing is left,
-// and `endedBefore` when the job had ended before this batch (a cancel, or another worker that
-// took it over while this one stalled past its lock and then finished it).
-export async function migrateNextBatch(s: Pick<Services, 'db' | 'cfg'>, jobId: string, batchSize: number): Promise<{ job: KeyJobRow; finished: boolean; endedBefore?: boolean }> {
+// and `endedElsewhere` when another worker had ended it before this batch (key-job-states.ts).
+export async function migrateNextBatch(s: Pick<Services, 'db' | 'cfg'>, jobId: string, batchSize: number): Promise<{ job: KeyJobRow; finished: boolean; endedElsewhere?: boolean }> {
   return s.db.transaction(async (trx) => {
     const job = await lockKeyJob(trx, jobId);
     if (!job) throw new NotFound('job', jobId);
-    if (job.status !== 'running') return { job, finished: true, endedBefore: true };
+    if (job.status !== 'running') return { job, finished: true, endedElsewhere: endedElsewhere(job.status) };
     const source = job.source_envelope_key_id!;
     const target = paramsOf(job).to_envelope_encryption_key_id;
     const rows = await deksUnder(trx, source, passFilter(job), batchSize);
