@@ -938,31 +938,28 @@ describe('remote A2A agent that answers without end, or about another task', () 
     assert.equal(await failureOf('rpc error'), 'The agent failed after 1 attempt(s): SSE event contained an error: the model provider answered 403 Forbidden (Code: -32603) Data: {}');
   });
 
-  it('fails the later turn whose call the remote answers with what is not JSON, saying the remote did', async () => {
+  // A task the remote asks for input (mode garbled-get), whose next turn meets the remote in `later`: the task as it failed.
+  async function laterTurnFailing(text: string, later: typeof mode) {
     mode = 'garbled-get';
-    const id = (await stack.client.post('/api/task/v1', { message: textMessage('not json later') })).body.task.id as string;
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id as string;
     await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'input-required' || undefined, 'the task to ask for input');
-    mode = 'not-json';
+    mode = later;
     await stack.client.post(`/api/task/v1/${id}/message`, textMessage('and now?'));
-    const failed = await waitFor(async () => {
+    return waitFor(async () => {
       const r = await stack.client.get(`/api/task/v1/${id}`);
       return r.body.task.status === 'failed' && r.body;
     }, 'the task to fail');
+  }
+
+  it('fails the later turn whose call the remote answers with what is not JSON, saying the remote did', async () => {
+    const failed = await laterTurnFailing('not json later', 'not-json');
     // Before: the parser's words alone, which named no party.
     assert.equal(failed.status_message.parts[0].text, 'The agent failed after 1 attempt(s): the remote agent answered what is not JSON: Unexpected token \'h\', "this is not json" is not valid JSON');
   });
 
   it("takes a call answered 401 with a JSON-RPC error as its body for a refusal of this worker's key", async () => {
     // A later turn reads the remote task first (tasks/get, a JSON-RPC call): refused by its status.
-    mode = 'garbled-get';
-    const id = (await stack.client.post('/api/task/v1', { message: textMessage('refused later') })).body.task.id as string;
-    await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'input-required' || undefined, 'the task to ask for input');
-    mode = 'refused-rpc';
-    await stack.client.post(`/api/task/v1/${id}/message`, textMessage('and now?'));
-    const failed = await waitFor(async () => {
-      const r = await stack.client.get(`/api/task/v1/${id}`);
-      return r.body.task.status === 'failed' && r.body;
-    }, 'the task to fail');
+    const failed = await laterTurnFailing('refused later', 'refused-rpc');
     // Before: "The agent failed after 1 attempt(s): Task not found" (the SDK's word for the error's code), retried had there been attempts left.
     assert.match(failed.status_message.parts[0].text, /^The remote agent refused this worker's credentials \(not retried; check AGENT_REMOTE_API_KEY\): the remote agent answered HTTP 401\b/);
   });
