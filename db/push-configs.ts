@@ -27,7 +27,7 @@ export async function upsertPushConfig(
   db: Tx,
   row: Pick<PushConfigRow, 'task_id' | 'id' | 'url' | 'authentication' | 'encrypted_secrets' | 'secrets_dek_id'>,
   start: DeliveryStart = 'now',
-): Promise<PushConfigRow> {
+): Promise<{ row: PushConfigRow; created: boolean }> {
   const now = new Date();
   const statusSeq = db.raw(`coalesce((select max(seq) from timeline_items where task_id = ? and event_payload->>'type' = 'task-status-update'), 0)`, [row.task_id]);
   const deliveredSeq = {
@@ -52,8 +52,10 @@ export async function upsertPushConfig(
       // A hold has no lease id; a run's lease is left to it.
       lease_until: db.raw('case when push_configs.lease_id is null then null else push_configs.lease_until end'),
     })
-    .returning('*');
-  return out;
+    // xmax is 0 only on a row this statement inserted (a merged one carries this transaction's id).
+    .returning(['*', db.raw('(xmax = 0) as created')]);
+  const { created, ...config } = out as PushConfigRow & { created: boolean };
+  return { row: config, created };
 }
 
 // A delivery job for a config's updates up to `seq`, relayed once the transaction commits as the

@@ -138,7 +138,7 @@ async function writePushConfig(db: Tx, taskId: string, input: PushConfigInput, c
     }
     // The alias is held to commit, so a rotation of it re-encrypts this config too (domain/alias-rotation.ts).
     const dekId = Object.keys(secrets).length ? await holdAliasDek(trx, PUSH_ALIAS) : null;
-    const row = await repo.upsertPushConfig(trx, {
+    const { row, created } = await repo.upsertPushConfig(trx, {
       task_id: taskId,
       id,
       url: input.url,
@@ -148,7 +148,6 @@ async function writePushConfig(db: Tx, taskId: string, input: PushConfigInput, c
     }, deliveryStart(start, task.status));
     // A new config's current status, on a task that may not change again: no status change will
     // enqueue its delivery. (A config set again keeps its position, and its pending update's job.)
-    const created = row.created_at.getTime() === row.updated_at.getTime();
     if (start === 'current status if settled' && created && Number(row.delivered_seq) < Number(row.status_seq)) {
       await repo.enqueueDelivery(trx, taskId, row.id, Number(row.status_seq));
     }
