@@ -1,0 +1,100 @@
+// What the reads of one task's timeline cost on a long task: the rows of timeline_items their plans
+// read (EXPLAIN ANALYZE of the statements db/ sends), not times. A task may hold any number of
+// progress status updates, so a read of a few of its items must not walk all of them.
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
+import { resetDb, testDb } from './helpers/stack.ts';
+import { getTaskView } from '../db/tasks.ts';
+import { listArtifactItems } from '../db/timeline-views.ts';
+import { timelineAt } from '../db/push-configs.ts';
+
+interface Sent { text: string; values: unknown[] }
+
+// The statements that name timeline_items sent through any pg client while `run` runs (knex's and
+// the prepared reads of db/knex.ts pgQuery alike).
+async function statementsOf(run: () => Promise<unknown>): Promise<Sent[]> {
+  const seen: Sent[] = [];
+  const proto = pg.Client.prototype as unknown as { query: (...args: unknown[]) => unknown };
+  const original = proto.query;
+  proto.query = function (this: unknown, ...args: unknown[]) {
+    const [config, values] = args;
+    const text = typeof config === 'string' ? config : (config as { text?: string })?.text;
+    if (text?.includes('timeline_items')) seen.push({ text, values: (typeof config === 'string' ? values : (config as { values?: unknown[] }).values) as unknown[] ?? [] });
+    return original.apply(this, args);
+  };
+  try {
+    await run();
+  } finally {
+    proto.query = original;
+  }
+  return seen;
+}
+
+// The timeline_items rows each statement's plan read: those its scans returned and those their
+// filters dropped, over all their loops.
+async function timelineRowsRead(statements: Sent[]): Promise<number> {
+  let read = 0;
+  const client = testDb().client as { acquireConnection(): Promise<pg.Client>; releaseConnection(c: pg.Client): Promise<void> };
+  const connection = await client.acquireConnection();
+  try {
+    for (const s of statements) {
+      const { rows: [row] } = await connection.query(`explain (analyze, format json) ${s.text}`, s.values);
+      const walk = (node: Record<string, unknown>) => {
+        if (node['Relation Name'] === 'timeline_items') {
+          const n = (k: string) => Number(node[k] ?? 0);
+          read += (n('Actual Rows') + n('Rows Removed by Filter') + n('Rows Removed by Index Recheck')) * n('Actual Loops');
+        }
+        for (const child of (node.Plans ?? []) as Record<string, unknown>[]) walk(child);
+      };
+      walk(row['QUERY PLAN'][0].Plan);
+    }
+  } finally {
+    await client.releaseConnection(connection);
+  }
+  return read;
+}
+
+describe('reads of a long task\'s timeline', function () {
+  this.timeout(60_000);
+  const taskId = randomUUID();
+  const progress = 5_000;
+  const artifacts = 3;
+
+  before(async () => {
+    await resetDb();
+    const db = testDb();
+    const contextId = randomUUID();
+    await db.raw(`insert into contexts (id, created_at) values (?, now())`, [contextId]);
+    await db.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+                  values (?, ?, 'working', now(), '{}', now(), now())`, [taskId, contextId]);
+    await db.raw(`insert into messages (id, task_id, role, parts, created_at) values (gen_random_uuid(), ?, 'user', '[{"type":"text-part","text":"go"}]', now())`, [taskId]);
+    // An artifact first, then the progress updates, the other artifacts among them near the end.
+    await db.raw(`insert into timeline_items (id, task_id, event_payload, created_at)
+                  select gen_random_uuid(), ?, case when g in (1, ${progress - 10}, ${progress - 5})
+                    then jsonb_build_object('type', 'artifact-update', 'artifact', jsonb_build_object('artifactId', 'a' || g, 'parts', '[]'::jsonb))
+                    else '{"type":"task-status-update","status":"working"}'::jsonb end, now()
+                    from generate_series(1, ${progress}) g`, [taskId]);
+    await db.raw('analyze timeline_items');
+  });
+
+  it('A2A tasks/get (getTaskView) reads the task\'s artifact updates, not its progress updates', async () => {
+    let view: Awaited<ReturnType<typeof getTaskView>>;
+    const sent = await statementsOf(async () => { view = await getTaskView(testDb(), taskId, 10); });
+    assert.equal(view!.artifactItems.length, artifacts);
+    assert.equal(await timelineRowsRead(sent), artifacts);
+  });
+
+  it('a remote agent run (listArtifactItems) and a push snapshot (timelineAt) read the artifact updates alone', async () => {
+    let items: unknown[] = [];
+    const listed = await statementsOf(async () => { items = await listArtifactItems(testDb(), taskId); });
+    assert.equal(items.length, artifacts);
+    assert.equal(await timelineRowsRead(listed), artifacts);
+    let at: Awaited<ReturnType<typeof timelineAt>>;
+    const pushed = await statementsOf(async () => { at = await timelineAt(testDb(), taskId, progress, { limit: 100, maxBytes: 1 << 20 }); });
+    assert.equal(at!.artifacts.length, artifacts);
+    const artifactStatement = pushed.filter((s) => s.text.includes('artifact-update'));
+    assert.equal(artifactStatement.length, 1);
+    assert.equal(await timelineRowsRead(artifactStatement), artifacts);
+  });
+});
