@@ -37,9 +37,10 @@ export async function messageItem(db: Tx, taskId: string, message: { id: string;
     .whereRaw(`event_payload->>'type' = 'message' and event_payload->'message'->>'id' = ?`, [message.id]).first();
 }
 
-// Whether a task's status changed after timeline seq `seq`.
+// Whether a task's status changed after timeline seq `seq`. Read in seq order: unordered, the
+// planner took a status update of a task with many items to be near anywhere and scanned the table.
 export async function statusChangedAfter(db: Tx, taskId: string, seq: number): Promise<boolean> {
   const row = await db('timeline_items').where({ task_id: taskId }).where('seq', '>', seq)
-    .whereRaw(`event_payload->>'type' = 'task-status-update'`).select(db.raw('1')).first();
+    .whereRaw(`event_payload->>'type' = 'task-status-update'`).orderBy('seq').select(db.raw('1')).first();
   return row !== undefined;
 }

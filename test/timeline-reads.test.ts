@@ -7,6 +7,7 @@ import pg from 'pg';
 import { resetDb, testDb } from './helpers/stack.ts';
 import { getTaskView } from '../db/tasks.ts';
 import { listArtifactItems } from '../db/timeline-views.ts';
+import { statusChangedAfter } from '../db/timeline.ts';
 import { timelineAt } from '../db/push-configs.ts';
 
 interface Sent { text: string; values: unknown[] }
@@ -31,20 +32,25 @@ async function statementsOf(run: () => Promise<unknown>): Promise<Sent[]> {
   return seen;
 }
 
-// The timeline_items rows each statement's plan read: those its scans returned and those their
+// The timeline_items rows the statements' plans read: those their scans returned and those their
 // filters dropped, over all their loops.
 async function timelineRowsRead(statements: Sent[]): Promise<number> {
-  let read = 0;
+  return (await timelinePlans(statements)).reduce((sum, node) => {
+    const n = (k: string) => Number(node[k] ?? 0);
+    return sum + (n('Actual Rows') + n('Rows Removed by Filter') + n('Rows Removed by Index Recheck')) * n('Actual Loops');
+  }, 0);
+}
+
+// The plan nodes of each statement that read timeline_items.
+async function timelinePlans(statements: Sent[]): Promise<Record<string, unknown>[]> {
+  const nodes: Record<string, unknown>[] = [];
   const client = testDb().client as { acquireConnection(): Promise<pg.Client>; releaseConnection(c: pg.Client): Promise<void> };
   const connection = await client.acquireConnection();
   try {
     for (const s of statements) {
       const { rows: [row] } = await connection.query(`explain (analyze, format json) ${s.text}`, s.values);
       const walk = (node: Record<string, unknown>) => {
-        if (node['Relation Name'] === 'timeline_items') {
-          const n = (k: string) => Number(node[k] ?? 0);
-          read += (n('Actual Rows') + n('Rows Removed by Filter') + n('Rows Removed by Index Recheck')) * n('Actual Loops');
-        }
+        if (node['Relation Name'] === 'timeline_items') nodes.push(node);
         for (const child of (node.Plans ?? []) as Record<string, unknown>[]) walk(child);
       };
       walk(row['QUERY PLAN'][0].Plan);
@@ -52,7 +58,7 @@ async function timelineRowsRead(statements: Sent[]): Promise<number> {
   } finally {
     await client.releaseConnection(connection);
   }
-  return read;
+  return nodes;
 }
 
 describe('reads of a long task\'s timeline', function () {
@@ -96,5 +102,34 @@ describe('reads of a long task\'s timeline', function () {
     const artifactStatement = pushed.filter((s) => s.text.includes('artifact-update'));
     assert.equal(artifactStatement.length, 1);
     assert.equal(await timelineRowsRead(artifactStatement), artifacts);
+  });
+});
+
+describe('whether a long task\'s status changed after a timeline position (a retried A2A send)', function () {
+  this.timeout(60_000);
+
+  it('reads the task\'s items from that position, not the whole table', async () => {
+    // 300 one-turn tasks, then one of 20,000 progress updates: the planner, counting that task's many
+    // items and few of any one type, took the first status update anywhere in the table as near and
+    // scanned the table for it (every item of every other task first).
+    await resetDb();
+    const db = testDb();
+    const contextId = randomUUID();
+    await db.raw(`insert into contexts (id, created_at) values (?, now())`, [contextId]);
+    await db.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+                  select gen_random_uuid(), ?, 'completed', now(), '{}', now(), now() from generate_series(1, 301)`, [contextId]);
+    const [first, ...others] = (await db('tasks').select('id')).map((r: { id: string }) => r.id);
+    await db.raw(`insert into timeline_items (id, task_id, event_payload, created_at)
+                  select gen_random_uuid(), t, jsonb_build_object('type', 'message', 'n', g), now() from unnest(?::uuid[]) t, generate_series(1, 100) g`, [others]);
+    await db.raw(`insert into timeline_items (id, task_id, event_payload, created_at)
+                  select gen_random_uuid(), ?, '{"type":"task-status-update","status":"working"}'::jsonb, now() from generate_series(1, 20000)`, [first]);
+    await db.raw('analyze timeline_items');
+    const [{ seq }] = await db('timeline_items').where({ task_id: first }).min({ seq: 'seq' });
+    let changed = false;
+    const sent = await statementsOf(async () => { changed = await statusChangedAfter(db, first, Number(seq)); });
+    assert.equal(changed, true);
+    const nodes = await timelinePlans(sent);
+    assert.deepEqual(nodes.map((n) => n['Node Type']).filter((t) => t === 'Seq Scan'), []);
+    assert.equal(await timelineRowsRead(sent), 1);
   });
 });
