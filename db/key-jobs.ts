@@ -104,6 +104,12 @@ export async function restartKeyJobPass(db: Tx, id: string, params: Record<strin
   await db('key_jobs').where({ id }).update({ params, cursor: null, total: db.raw('done + failed + ?', [more]) });
 }
 
+// Serializes the cancels of one job: one that found the job's row held by another cancel would take
+// it for a batch in flight and answer 202 for a job that other cancel ends at once.
+export async function lockKeyJobCancels(db: Tx, id: string): Promise<void> {
+  await db.raw(`select pg_advisory_xact_lock(hashtext('taskbridge:key-job-cancel:' || ?))`, [id]);
+}
+
 // Serializes the start of bulk migrations: crossing ones (into a running one's source, out of its
 // target) are refused by a read that two concurrent starts would otherwise both pass.
 export async function lockMigrationStarts(db: Tx): Promise<void> {

@@ -344,6 +344,23 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     assert.deepEqual([ended.status, ended.params.prepared_dek_id], ['canceled', undefined], JSON.stringify(ended));
   });
 
+  it('cancels sent at once to a queued job no batch holds are each answered 200 with it canceled, and leave no cancel request behind', async () => {
+    for (let round = 0; round < 3; round++) {
+      let id!: string;
+      const answers = await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
+        try {
+          id = await queuedRotation(keyJobs);
+          return await Promise.all(Array.from({ length: 20 }, () => c.post(`${E}/job/${id}/cancel`)));
+        } finally {
+          await keyJobs.resume();
+        }
+      });
+      // As one after the other: the first cancels it at once, the rest find it canceled already.
+      assert.deepEqual(answers.map((a) => [a.status, a.body.status]), answers.map(() => [200, 'canceled']), answers.map((a) => a.text).join('\n'));
+      assert.equal(await testDb()('key_job_cancels').where({ job_id: id }).first(), undefined, 'no cancel request is left for the ended job');
+    }
+  });
+
   it('a DEK created under the id of the DEK a canceled rotation made and deleted is that new DEK in the worker too, not the one it had cached', async () => {
     const envelope = (await c.get(`${E}/dek/alias/${ALIAS}`)).body.envelope_encryption_key_id.id;
     // DEK ids are the client's to choose: a deleted DEK's id is free again. The worker that made the

@@ -8,7 +8,7 @@ import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
 import { Conflict, NotFound } from '../errors.ts';
 import {
-  endKeyJob, getKeyJob, requestKeyJobCancel, selectKeyJobForUpdate, takeKeyJobCancel, withdrawKeyJobCancel, type KeyJobError, type KeyJobRow,
+  endKeyJob, getKeyJob, lockKeyJobCancels, requestKeyJobCancel, selectKeyJobForUpdate, takeKeyJobCancel, withdrawKeyJobCancel, type KeyJobError, type KeyJobRow,
 } from '../../db/key-jobs.ts';
 import { deleteUnusedDek } from '../../db/deks.ts';
 import { invalidateAfterCommit } from '../keyring.ts';
@@ -82,19 +82,25 @@ const ended = (job: KeyJobRow) => new Conflict(`Job '${job.id}' already ended ($
 // that batch moves stays moved. A batch holds the job's row for as long as it runs (a KMS batch:
 // seconds), so the cancel is recorded without the row: applied at once when no batch holds it
 // ('canceled'), else by the job's next step ('requested': the job as it stands, still running).
-// One canceled already is answered as it is ('already').
+// One canceled already is answered as it is ('already'). Cancels of one job take turns, so the row
+// a cancel finds held is a batch's, never another cancel's.
 export async function cancelKeyJob(s: Pick<Services, 'db'>, jobId: string): Promise<{ job: KeyJobRow; outcome: CancelOutcome }> {
   const seen = await getJob(s.db, jobId);
   if (seen.status === 'canceled') return { job: seen, outcome: 'already' };
   if (!isOpenKeyJob(seen.status)) throw ended(seen);
+  // Committed before the row is tried, so that a step taking the row meanwhile finds it.
   await requestKeyJobCancel(s.db, jobId);
   const out = await s.db.transaction(async (trx) => {
-    const locked = await lockKeyJob(trx, jobId, { skipLocked: true });
-    if (!locked) return { job: (await getKeyJob(trx, jobId))!, outcome: 'requested' as const };
-    return { job: locked, outcome: locked.status === 'canceled' ? 'canceled' as const : undefined };
+    await lockKeyJobCancels(trx, jobId);
+    const { job: locked, canceledHere } = await lockKeyJobNotingCancel(trx, jobId, { skipLocked: true });
+    if (canceledHere) return { job: locked!, outcome: 'canceled' as const };
+    const job = locked ?? (await getKeyJob(trx, jobId))!;
+    if (isOpenKeyJob(job.status)) return { job, outcome: 'requested' as const };
+    // It ended before this cancel took effect (by another cancel, or with the batch that was in
+    // flight): nothing is left to apply the request to.
+    await withdrawKeyJobCancel(trx, jobId);
+    return { job, outcome: job.status === 'canceled' ? 'already' as const : undefined };
   });
   if (out.outcome) return { job: out.job, outcome: out.outcome };
-  // It ended otherwise with the batch that was in flight when it was read.
-  await withdrawKeyJobCancel(s.db, jobId);
   throw ended(out.job);
 }
