@@ -7,7 +7,7 @@ import type { Services } from './services.ts';
 import type { Tx } from '../db/knex.ts';
 import { Conflict, InvalidRequest, NotFound } from './errors.ts';
 import { getEnvelopeKey, localKeyFileNames, type EnvelopeKeyRow } from '../db/envelope-keys.ts';
-import { aliasDekForWrite, getAlias, getDek, insertDek, updateAlias, type AliasRow, type DekRow } from '../db/deks.ts';
+import { aliasDekForWrite, getAlias, getDek, insertDek, lockAlias, updateAlias, type AliasRow, type DekRow } from '../db/deks.ts';
 import { DecryptError, KEY_BYTES, openBase64, sealBase64 } from './crypto/aes-gcm.ts';
 import { KeyUnusable, readLocalKeyFile, wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
 import { TtlCache } from './crypto/ttl-cache.ts';
@@ -243,12 +243,13 @@ export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: str
 // One already naming that DEK is answered as it is: no write, so updated_at (which clients poll)
 // and every process's cache stay as they are.
 export async function repointAlias(trx: Knex.Transaction, alias: string, dekId: string): Promise<AliasRow> {
-  const before = await getAlias(trx, alias);
+  // Locked before it is compared: moves sent at once then take turns, and those after the first find
+  // the alias there already and change nothing (updated_at kept, no cache dropped).
+  const before = await lockAlias(trx, alias);
   if (!before) throw new NotFound('dek_alias', alias);
   if (!(await getDek(trx, dekId))) throw new NotFound('dek', dekId);
   if (before.dek_id === dekId) return before;
-  const row = await updateAlias(trx, alias, dekId);
-  if (!row) throw new NotFound('dek_alias', alias);
+  const row = (await updateAlias(trx, alias, dekId))!; // there: its row is locked
   invalidateAfterCommit(trx, { dek_ids: [before.dek_id, dekId] });
   return row;
 }

@@ -193,6 +193,22 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal((await c.get(`${E}/dek/alias/imported-dek`)).body.id, 'imported-dek');
   });
 
+  it('moves an alias once when the same move is sent many times at once: the rest change nothing, answering it as moved', async () => {
+    const c = stack.client;
+    const envelope = (await c.get(`${E}/dek/alias/default`)).body.envelope_encryption_key_id.id;
+    for (let round = 0; round < 3; round++) {
+      const [from, to] = ['from', 'to'].map((n) => `repoint-${n}-${round}`);
+      for (const id of [from, to]) assert.equal((await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, { id })).status, 201);
+      assert.equal((await c.post(`${E}/dek/alias`, { alias: `repoint-${round}`, dek_id: from })).status, 201);
+      const answers = await Promise.all(Array.from({ length: 20 }, () => c.put(`${E}/dek/alias/repoint-${round}`, { new_dek_id: to })));
+      const now = (await c.get(`${E}/dek/alias/repoint-${round}`)).body;
+      const row = await testDb()('dek_aliases').where({ alias: `repoint-${round}` }).first();
+      // As one after the other: one move stamps updated_at, and every answer shows the alias as it now is.
+      assert.deepEqual(answers.map((a) => [a.status, a.body.data_encryption_key_id, a.body.updated_at]), answers.map(() => [200, to, row.updated_at.toISOString()]), answers.map((a) => a.text).join('\n'));
+      assert.equal(now.id, to);
+    }
+  });
+
   it('refuses (400, saying why) a new DEK id or alias that is "." or "..", which a URL cannot address, storing nothing', async () => {
     const c = stack.client;
     const why = 'must not be "." or ".." (a URL cannot address it)';
