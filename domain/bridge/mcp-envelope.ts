@@ -45,6 +45,10 @@ export type HeaderRefusal = Static<typeof HeaderRefusal>;
 
 // An id an answer can echo (MCP: a string or an integer), else null.
 const readableId = (id: unknown): string | number | null => (typeof id === 'string' || Number.isSafeInteger(id) ? id as string | number : null);
+// Why an id cannot be echoed. An integer past 2^53 is one, but JSON.parse has already rounded it.
+const idProblem = (id: unknown) => (Number.isInteger(id)
+  ? 'id is an integer past ±(2^53 - 1), which cannot be echoed exactly; send it as a string'
+  : 'id must be a string or an integer');
 // -32600 saying why, echoing `id` when it can be read.
 const invalidRequest = (why: string, id?: unknown): EnvelopeRefusal => ({
   jsonrpc: '2.0', id: readableId(id), error: { code: -32600, message: `Invalid Request: ${why}` },
@@ -87,7 +91,7 @@ export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: str
     if (typeof m !== 'object' || m === null || Array.isArray(m)) return invalidRequest(`${at}a message must be a JSON object`);
     const { jsonrpc, id, method } = m as Record<string, unknown>;
     if (jsonrpc !== '2.0') return invalidRequest(`${at}jsonrpc must be "2.0"`, id);
-    if ('id' in m && readableId(id) === null) return invalidRequest(`${at}id must be a string or an integer`);
+    if ('id' in m && readableId(id) === null) return invalidRequest(`${at}${idProblem(id)}`);
     if ('method' in m && typeof method !== 'string') return invalidRequest(`${at}method must be a string`, id);
     if (!('method' in m) && !('result' in m) && !('error' in m)) return invalidRequest(`${at}a message needs a method (a request or notification), or a result or an error (a response)`, id);
     // The rest of what the SDK calls a parse error (a stray member, a result or error of the wrong
