@@ -70,7 +70,17 @@ function knexLog(log: DbLog) {
   return { warn: line('warn'), error: line('error'), deprecate: line('deprecate'), debug: line('debug') };
 }
 
+// knex makes its own tables (knex_migrations, knex_migrations_lock and the lock's one row) before it
+// takes its lock, a statement at a time: two releases at once on a database without them both
+// create them, and one fails on a duplicate catalog row, or the lock table gets two rows, which no
+// later release can lock. So they are made first in a transaction of their own, one release at a time.
+const MIGRATION_TABLES_LOCK = 'taskbridge:migration-tables';
+
 export async function migrateLatest(db: Knex): Promise<string[]> {
+  await db.transaction(async (trx) => {
+    await trx.raw('select pg_advisory_xact_lock(hashtext(?))', [MIGRATION_TABLES_LOCK]);
+    await trx.migrate.list(migrationConfig);
+  });
   const [, applied] = await db.migrate.latest(migrationConfig);
   return applied as string[];
 }

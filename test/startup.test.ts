@@ -290,6 +290,28 @@ describe('process start-up', function () {
     assert.match(r.output, /schema up to date|migrations applied/);
   });
 
+  it('two release steps at once on an empty database both succeed, one applying the migrations, and knex\'s lock table gets one row', async () => {
+    const scratch = await scratchDatabase('twice', 3);
+    const { db, url } = scratch;
+    try {
+      // knex's own table, uncommitted: both releases find no such table and then wait at its
+      // creation together, which they race to once it is rolled back.
+      const holder = await db.transaction();
+      await holder.raw('create table knex_migrations (id serial primary key)');
+      const env = testEnv({ DATABASE_URL: url, REDIS_URL: undefined, MIGRATION_LOCK_TIMEOUT_MS: '20000' });
+      const releases = [run('db/migrate.ts', env), run('db/migrate.ts', env)];
+      await waitFor(async () => (await db.raw('select count(*)::int as n from pg_locks where not granted and pid in (select pid from pg_stat_activity where datname = current_database())')).rows[0].n === 2, 'both releases waiting');
+      await holder.rollback();
+      const runs = await Promise.all(releases);
+      for (const r of runs) assert.equal(r.code, 0, r.output);
+      assert.deepEqual(runs.map((r) => /migrations applied|schema up to date/.exec(r.output)?.[0]).sort(), ['migrations applied', 'schema up to date'], runs.map((r) => r.output).join('\n'));
+      assert.deepEqual(await db('knex_migrations_lock').select('is_locked'), [{ is_locked: 0 }]);
+      assert.equal(Number((await db('knex_migrations').count({ n: '*' }))[0].n), fs.readdirSync(migrationConfig.directory).filter((f) => f.endsWith('.ts')).length);
+    } finally {
+      await scratch.drop();
+    }
+  });
+
   it('the release step behind a long transaction gives up its table lock request at MIGRATION_LOCK_TIMEOUT_MS, so reads of the table go on, and fails after its tries', async () => {
     const scratch = await scratchDatabase('lock', 3);
     const { db, url } = scratch;
