@@ -1,6 +1,6 @@
 // `npm run migrate` / Procfile `release`: bring the schema up to date, then exit.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { loadDatabaseConfigOrExit } from '../domain/config.ts';
+import { loadDatabaseConfigOrExit, refuseArguments } from '../domain/config.ts';
 import { createLogger, redactUrl } from '../domain/logger.ts';
 import { connectionFailed, connectionRefused } from '../domain/errors.ts';
 import { createDb, migrateLatest, migrationState } from './knex.ts';
@@ -17,6 +17,12 @@ const lockTimedOut = (err: unknown) => {
   return e.code === '55P03' || /lock timeout/.test(String(e.message));
 };
 
+refuseArguments(`Usage: npm run migrate   (Procfile: release)
+
+Applies the pending schema migrations to the database DATABASE_URL names, all in one transaction,
+then exits: 0 applied or nothing to do, 1 failed (the schema unchanged). Two at once take turns.
+Environment: DATABASE_URL (required), MIGRATION_LOCK_TIMEOUT_MS (default 3000), LOG_LEVEL.
+See README.md, Deploying.`);
 const cfg = loadDatabaseConfigOrExit();
 const log = createLogger(cfg.LOG_LEVEL, 'migrate');
 const db = createDb(cfg.DATABASE_URL, { min: 0, max: 2 }, { log, lockTimeoutMs: cfg.MIGRATION_LOCK_TIMEOUT_MS });

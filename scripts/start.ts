@@ -6,11 +6,17 @@ import { fileURLToPath } from 'node:url';
 import fs from 'node:fs';
 import { runningProgram, startPostgres, startRedis, stopLeftovers, type LocalService } from './local-services.ts';
 import { redactUrl } from '../domain/logger.ts';
-import { ConfigError, loadConfigOrExit } from '../domain/config.ts';
+import { ConfigError, loadConfigOrExit, refuseArguments } from '../domain/config.ts';
 import { writingTo } from '../domain/bootstrap.ts';
 import { timerMs } from '../domain/with-timeout.ts';
 import { onStop } from '../domain/stop-signals.ts';
 
+refuseArguments(`Usage: npm start
+
+Runs the API and a worker, with a local Postgres and Redis under DATA_DIR unless DATABASE_URL and
+REDIS_URL name servers of yours; Ctrl-C or SIGTERM stops them all.
+Environment: DATA_DIR (default .data), PORT (default 3000), DATABASE_URL, REDIS_URL, and the rest
+in README.md, Configuration.`);
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const dataDir = path.resolve(process.env.DATA_DIR || '.data');
 const say = (msg: string) => console.error(`[start] ${msg}`);

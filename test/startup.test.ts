@@ -8,10 +8,11 @@ import net from 'node:net';
 import path from 'node:path';
 import { Client, Pool } from 'undici';
 import { freePort } from '../scripts/local-services.ts';
-import { ROOT, startApi, testDb, testEnv, textMessage, useStack, waitFor } from './helpers/stack.ts';
+import { ROOT, requireEnv, startApi, testDb, testEnv, textMessage, useStack, waitFor } from './helpers/stack.ts';
 import { migrationConfig } from '../db/knex.ts';
 import { scratchDatabase } from './helpers/scratch-database.ts';
 import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
+import { runNpm } from './helpers/cli.ts';
 
 interface Run { code: number | null; output: string }
 
@@ -288,6 +289,24 @@ describe('process start-up', function () {
     const r = await run('db/migrate.ts', testEnv({ REDIS_URL: undefined }));
     assert.equal(r.code, 0, r.output);
     assert.match(r.output, /schema up to date|migrations applied/);
+  });
+
+  it('npm start and npm run migrate print their usage for --help and refuse any other argument (exit 2, unquoted), doing nothing', async () => {
+    // Servers nowhere: a command that went on instead would fail otherwise, or hang until the timeout.
+    const env = { DATABASE_URL: 'postgres://u:pw@127.0.0.1:1/x', REDIS_URL: 'redis://127.0.0.1:1', STARTUP_TIMEOUT_MS: '3000', DATA_DIR: path.join(requireEnv('TEST_DATA_DIR'), 'no-start-here') };
+    for (const [command, usage] of [[['start'], /^Usage: npm start$/m], [['run', 'migrate'], /^Usage: npm run migrate/m]] as const) {
+      for (const help of ['--help', '-h']) {
+        const r = await runNpm([...command], [help], env);
+        assert.deepEqual([r.code, r.stderr], [0, ''], r.stdout + r.stderr);
+        assert.match(r.stdout, usage);
+      }
+      const r = await runNpm([...command], ['--port', 'postgres://u:secret@host/db'], env);
+      assert.equal(r.code, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, /^Error: this command takes no arguments \(2 given, not shown\): its settings are environment variables$/m);
+      assert.match(r.stderr, usage);
+      assert.doesNotMatch(r.stderr, /secret/);
+    }
+    assert.equal(fs.existsSync(env.DATA_DIR), false, 'npm start made no DATA_DIR');
   });
 
   it('two release steps at once on an empty database both succeed, one applying the migrations, and knex\'s lock table gets one row', async () => {
