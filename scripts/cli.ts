@@ -2,6 +2,7 @@
 // jobs' progress (scripts/watch-job.ts), from the command line. They only need Postgres, so they work while
 // Redis (or the whole service) is down. `definition apply` (scripts/apply-definition.ts) talks to a
 // running installation's API instead.
+import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { loadDatabaseConfig, ConfigError } from '../domain/config.ts';
 import { createDb } from '../db/knex.ts';
@@ -39,6 +40,12 @@ API (definition): --url, default http://127.0.0.1:$PORT (PORT default 3000); the
 (an admin key; never an argument, which other users can read in ps).`;
 
 class UsageError extends Error {}
+
+// A bad command line or configuration: exit 2, the usage following the error.
+function refuse(message: string): number {
+  console.error(`${message}\n\n${USAGE}`);
+  return 2;
+}
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
@@ -139,16 +146,10 @@ function parseDefinition(command: string | undefined, rest: string[], values: { 
 
 async function applyCommand(args: Extract<Args, { command: 'definition-apply' }>): Promise<number> {
   const apiKey = process.env.TASKBRIDGE_API_KEY?.trim();
-  if (!apiKey) {
-    console.error('Error: TASKBRIDGE_API_KEY is not set: set it to an admin API key of the target installation');
-    return 2;
-  }
+  if (!apiKey) return refuse('Error: TASKBRIDGE_API_KEY is not set: set it to an admin API key of the target installation');
   // A bearer token is printable ASCII without spaces: fetch refuses a header with another character
   // (a line break inside) with a message that quotes it, the key shown as though the API were out of reach.
-  if (!/^[!-~]+$/.test(apiKey)) {
-    console.error('Error: TASKBRIDGE_API_KEY is not an API key: it holds a space, line break or character that is not printable ASCII (not shown)');
-    return 2;
-  }
+  if (!/^[!-~]+$/.test(apiKey)) return refuse('Error: TASKBRIDGE_API_KEY is not an API key: it holds a space, line break or character that is not printable ASCII (not shown)');
   try {
     const def = await readDefinition(args.file);
     const url = args.url ?? `http://127.0.0.1:${process.env.PORT || 3000}`;
@@ -177,8 +178,7 @@ async function main(argv: string[]): Promise<number> {
     args = parse(argv);
   } catch (e) {
     if (!(e instanceof UsageError)) throw e;
-    console.error(`Error: ${e.message}\n\n${USAGE}`);
-    return 2;
+    return refuse(`Error: ${e.message}`);
   }
   if ('help' in args) {
     console.log(USAGE);
@@ -189,10 +189,8 @@ async function main(argv: string[]): Promise<number> {
   // Named in a failure to connect, so the operator knows which setting to correct.
   const source = env.DATABASE_URL ? 'DATABASE_URL' : `DATABASE_URL unset: npm start's under DATA_DIR=${env.DATA_DIR || '.data'}`;
   env.DATABASE_URL ||= localPostgresUrl(env.DATA_DIR || '.data');
-  if (!env.DATABASE_URL) {
-    console.error('Error: DATABASE_URL is not set and no local Postgres from `npm start` is running under DATA_DIR.');
-    return 2;
-  }
+  // The folder looked in, resolved: a DATA_DIR given to npm start and not to this command is the usual miss.
+  if (!env.DATABASE_URL) return refuse(`Error: DATABASE_URL is not set and no local Postgres from \`npm start\` is running under DATA_DIR (${path.resolve(env.DATA_DIR || '.data')}).`);
   const cfg = loadDatabaseConfig(env);
   // knex's own connection warnings (with stacks) stay out of a command's output: the failure is its one line.
   // A statement limit: behind a lock (a revoke behind a transaction holding the key's row) it would wait without end.
@@ -265,8 +263,7 @@ try {
   process.exitCode = await main(process.argv.slice(2));
 } catch (e) {
   if (e instanceof ConfigError) {
-    console.error(e.message);
-    process.exitCode = 2;
+    process.exitCode = refuse(e.message);
   } else {
     console.error(`Error: ${(e as Error).message}`);
     process.exitCode = 1;

