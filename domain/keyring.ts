@@ -243,11 +243,15 @@ export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: str
 // One already naming that DEK is answered as it is: no write, so updated_at (which clients poll)
 // and every process's cache stay as they are.
 export async function repointAlias(trx: Knex.Transaction, alias: string, dekId: string): Promise<AliasRow> {
-  // Locked before it is compared: moves sent at once then take turns, and those after the first find
-  // the alias there already and change nothing (updated_at kept, no cache dropped).
-  const before = await lockAlias(trx, alias);
-  if (!before) throw new NotFound('dek_alias', alias);
+  // An alias already there is answered without its lock, which a rotation batch may hold (FOR SHARE)
+  // for seconds. A move locks it and compares again: moves sent at once take turns, and those after
+  // the first find the alias moved and change nothing (updated_at kept, no cache dropped).
+  const seen = await getAlias(trx, alias);
+  if (!seen) throw new NotFound('dek_alias', alias);
   if (!(await getDek(trx, dekId))) throw new NotFound('dek', dekId);
+  if (seen.dek_id === dekId) return seen;
+  const before = await lockAlias(trx, alias);
+  if (!before) throw new NotFound('dek_alias', alias); // deleted meanwhile
   if (before.dek_id === dekId) return before;
   const row = (await updateAlias(trx, alias, dekId))!; // there: its row is locked
   invalidateAfterCommit(trx, { dek_ids: [before.dek_id, dekId] });
