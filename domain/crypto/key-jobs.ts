@@ -16,13 +16,13 @@ import { isOpenKeyJob, ROTATE_ALIAS } from '../key-job-states.ts';
 
 // Locks a job's row for the rest of `trx`, which every step of a job does first. A cancel asked
 // meanwhile (requestKeyJobCancel) is applied here, so the step finds the job canceled.
-// `skipLocked`: undefined, rather than a wait, while another transaction holds the row (a batch).
-export async function lockKeyJob(trx: Knex.Transaction, id: string, opts: { skipLocked?: boolean } = {}): Promise<KeyJobRow | undefined> {
-  return (await lockKeyJobNotingCancel(trx, id, opts)).job;
+export async function lockKeyJob(trx: Knex.Transaction, id: string): Promise<KeyJobRow | undefined> {
+  return (await lockKeyJobNotingCancel(trx, id)).job;
 }
 
 // lockKeyJob, saying too whether it applied a cancel (`canceledHere`): the job was open as the
-// caller's step took it, and that step ended it.
+// caller's step took it, and that step ended it. `skipLocked` (a cancel): no job, rather than a
+// wait, while another transaction holds the row.
 export async function lockKeyJobNotingCancel(trx: Knex.Transaction, id: string, opts: { skipLocked?: boolean } = {}): Promise<{ job: KeyJobRow | undefined; canceledHere: boolean }> {
   const job = await selectKeyJobForUpdate(trx, id, opts);
   if (!job || !isOpenKeyJob(job.status) || !(await takeKeyJobCancel(trx, id))) return { job, canceledHere: false };
@@ -83,7 +83,8 @@ const ended = (job: KeyJobRow) => new Conflict(`Job '${job.id}' already ended ($
 // seconds), so the cancel is recorded without the row: applied at once when no batch holds it
 // ('canceled'), else by the job's next step ('requested': the job as it stands, still running).
 // One canceled already is answered as it is ('already'). Cancels of one job take turns, so the row
-// a cancel finds held is a batch's, never another cancel's.
+// a cancel finds held is held by a step of the job's (a batch, its start, a failure being recorded),
+// never by another cancel.
 export async function cancelKeyJob(s: Pick<Services, 'db'>, jobId: string): Promise<{ job: KeyJobRow; outcome: CancelOutcome }> {
   const seen = await getJob(s.db, jobId);
   if (seen.status === 'canceled') return { job: seen, outcome: 'already' };
