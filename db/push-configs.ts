@@ -52,7 +52,8 @@ export async function upsertPushConfig(
       // A hold has no lease id; a run's lease is left to it.
       lease_until: db.raw('case when push_configs.lease_id is null then null else push_configs.lease_until end'),
     })
-    // xmax is 0 only on a row this statement inserted (a merged one carries this transaction's id).
+    // xmax is 0 only on a row this statement inserted (a merged one carries this transaction's id):
+    // not documented by Postgres, but the usual way to tell an upsert's insert from its update.
     .returning(['*', db.raw('(xmax = 0) as created')]);
   const { created, ...config } = out as PushConfigRow & { created: boolean };
   return { row: config, created };

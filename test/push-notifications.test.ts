@@ -11,7 +11,7 @@ import { deletePushConfig, getPushConfig, listPushConfigs, MAX_CONFIGS_PER_TASK,
 import { AppError } from '../domain/errors.ts';
 import { loadConfig, type Config } from '../domain/config.ts';
 import { postNotification } from '../domain/push-delivery.ts';
-import { leasePushConfig, listStalledDeliveries, releasePushConfig, setDeliveredSeq } from '../db/push-configs.ts';
+import { leasePushConfig, listStalledDeliveries, releasePushConfig, setDeliveredSeq, upsertPushConfig } from '../db/push-configs.ts';
 import { applyStatusChanges, type StatusChange } from '../db/tasks.ts';
 import type { TaskState } from '../domain/task-states.ts';
 import type { TimelineItem } from '../api/schemas/task.ts';
@@ -152,6 +152,17 @@ describe('push notifications', () => {
     assert.deepEqual(states(rx.all, waiting), ['input-required', 'working', 'completed']);
     assert.deepEqual(states(rx.all, going), ['completed']);
     assert.deepEqual(states(rx.all, ended), ['completed']);
+  });
+
+  it('tells a config a set created from one it replaced (the catch-up delivery is for new ones only)', async () => {
+    const id = await idleTask();
+    const row = { task_id: id, id: 'set-twice', url: 'http://127.0.0.1:9/hook', authentication: null, encrypted_secrets: null, secrets_dek_id: null };
+    const first = await upsertPushConfig(testDb(), row);
+    const again = await upsertPushConfig(testDb(), { ...row, url: 'http://127.0.0.1:9/other' });
+    assert.equal(first.created, true);
+    assert.equal(again.created, false);
+    assert.equal(again.row.url, 'http://127.0.0.1:9/other');
+    assert.equal('created' in again.row, false);
   });
 
   it('with A2A_PUSH_NOTIFICATIONS off in the worker, posts nothing and passes the updates over; back on, posts the next update only', async () => {
