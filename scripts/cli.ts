@@ -186,11 +186,12 @@ async function main(argv: string[]): Promise<number> {
   }
   if (args.command === 'definition-apply') return applyCommand(args);
   const env = { ...process.env };
-  // Named in a failure to connect, so the operator knows which setting to correct.
-  const source = env.DATABASE_URL ? 'DATABASE_URL' : `DATABASE_URL unset: npm start's under DATA_DIR=${env.DATA_DIR || '.data'}`;
-  env.DATABASE_URL ||= localPostgresUrl(env.DATA_DIR || '.data');
-  // The folder looked in, resolved: a DATA_DIR given to npm start and not to this command is the usual miss.
-  if (!env.DATABASE_URL) return refuse(`Error: DATABASE_URL is not set and no local Postgres from \`npm start\` is running under DATA_DIR (${path.resolve(env.DATA_DIR || '.data')}).`);
+  // The folder looked in, resolved (a DATA_DIR given to npm start and not to this command is the usual
+  // miss), and named in a failure to connect, so the operator knows which setting to correct.
+  const dataDir = path.resolve(env.DATA_DIR || '.data');
+  const source = env.DATABASE_URL ? 'DATABASE_URL' : `DATABASE_URL unset: npm start's under DATA_DIR=${dataDir}`;
+  env.DATABASE_URL ||= localPostgresUrl(dataDir);
+  if (!env.DATABASE_URL) return refuse(`Error: DATABASE_URL is not set and no local Postgres from \`npm start\` is running under DATA_DIR (${dataDir}).`);
   const cfg = loadDatabaseConfig(env);
   // knex's own connection warnings (with stacks) stay out of a command's output: the failure is its one line.
   // A statement limit: behind a lock (a revoke behind a transaction holding the key's row) it would wait without end.

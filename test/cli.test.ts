@@ -151,10 +151,11 @@ describe('key management CLI (npm run cli -- keys ...)', () => {
   });
 
   it('says how to point it at a database when DATABASE_URL is unset and no local Postgres runs (exit 2)', async () => {
+    // Given relative, as an operator types it: the message names the folder it resolved to.
     const dataDir = path.join(requireEnv('TEST_DATA_DIR'), 'no-postgres-here');
-    const r = await cli(['keys', 'list'], { DATABASE_URL: undefined, DATA_DIR: dataDir });
+    const r = await cli(['keys', 'list'], { DATABASE_URL: undefined, DATA_DIR: path.relative(ROOT, dataDir) });
     assert.equal(r.code, 2);
-    // Which DATA_DIR was looked in (a relative one resolved), and the usage, as for every exit 2.
+    // Which DATA_DIR was looked in, and the usage, as for every exit 2.
     assert.ok(r.stderr.startsWith(`Error: DATABASE_URL is not set and no local Postgres from \`npm start\` is running under DATA_DIR (${dataDir}).\n\nUsage: npm run cli -- <command>\n`), r.stderr);
   });
 
