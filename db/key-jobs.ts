@@ -1,5 +1,6 @@
 import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
+import { advisoryXactLock } from './advisory-locks.ts';
 import { KEY_JOB_ENDED, KEY_JOB_OPEN, MIGRATE_DEKS, ROTATE_ALIAS, type KeyJobStatus } from '../domain/key-job-states.ts';
 
 const MAX_ERRORS = 1000;
@@ -107,13 +108,13 @@ export async function restartKeyJobPass(db: Tx, id: string, params: Record<strin
 // Serializes the cancels of one job: one that found the job's row held by another cancel would take
 // it for a batch in flight and answer 202 for a job that other cancel ends at once.
 export async function lockKeyJobCancels(db: Tx, id: string): Promise<void> {
-  await db.raw(`select pg_advisory_xact_lock(hashtext('taskbridge:key-job-cancel:' || ?))`, [id]);
+  await advisoryXactLock(db, `taskbridge:key-job-cancel:${id}`);
 }
 
 // Serializes the start of bulk migrations: crossing ones (into a running one's source, out of its
 // target) are refused by a read that two concurrent starts would otherwise both pass.
 export async function lockMigrationStarts(db: Tx): Promise<void> {
-  await db.raw(`select pg_advisory_xact_lock(hashtext('taskbridge:migrate-deks:start'))`);
+  await advisoryXactLock(db, 'taskbridge:migrate-deks:start');
 }
 
 // Ends a job (its row locked), withdrawing any cancel asked for it; its kind and params as they were.

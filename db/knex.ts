@@ -4,6 +4,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { timerMs } from '../domain/with-timeout.ts';
+import { advisoryXactLock } from './advisory-locks.ts';
 
 // int8 counts come back as numbers, not strings; counts here stay far below 2^53.
 pg.types.setTypeParser(pg.types.builtins.INT8, (v: string) => Number(v));
@@ -78,7 +79,7 @@ const MIGRATION_TABLES_LOCK = 'taskbridge:migration-tables';
 
 export async function migrateLatest(db: Knex): Promise<string[]> {
   await db.transaction(async (trx) => {
-    await trx.raw('select pg_advisory_xact_lock(hashtext(?))', [MIGRATION_TABLES_LOCK]);
+    await advisoryXactLock(trx, MIGRATION_TABLES_LOCK);
     await trx.migrate.list(migrationConfig);
   });
   const [, applied] = await db.migrate.latest(migrationConfig);

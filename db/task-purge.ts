@@ -4,6 +4,7 @@
 import type { Knex } from 'knex';
 import { TERMINAL_STATES } from '../domain/task-states.ts';
 import { statementTimedOut } from '../domain/errors.ts';
+import { tryAdvisoryXactLock } from './advisory-locks.ts';
 
 // Only one purger at a time across workers: two would race over contexts whose tasks each deletes
 // a part of, and leave such a context behind with no task to bring it up again.
@@ -28,8 +29,7 @@ const DELETE_ENDED = `delete from tasks where id in (${ENDED_BEFORE}) returning 
 // when another worker is purging.
 export async function purgeEndedTasks(db: Knex, before: Date, limit: number): Promise<{ tasks: number; contexts: number } | null> {
   return db.transaction(async (trx) => {
-    const { rows: [lock] } = await trx.raw(`select pg_try_advisory_xact_lock(hashtext(?)) as held`, [PURGE_LOCK]);
-    if (!lock.held) return null;
+    if (!(await tryAdvisoryXactLock(trx, PURGE_LOCK))) return null;
     const { rows: gone } = await trx.raw(DELETE_ENDED, endedBefore(before, limit));
     if (!gone.length) return { tasks: 0, contexts: 0 };
     const contextIds = [...new Set((gone as { context_id: string }[]).map((r) => r.context_id))];

@@ -4,11 +4,12 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { Services } from './services.ts';
 import { anyKeys } from '../db/api-keys.ts';
+import { advisoryXactLock } from '../db/advisory-locks.ts';
 import { createApiKey } from './api-keys.ts';
 import { BOOTSTRAP_KEY_FILE, bootstrapKeys } from './crypto/key-management.ts';
 import { ConfigError } from './config.ts';
 
-const BOOTSTRAP_LOCK = 7_311_201;
+const BOOTSTRAP_LOCK = 'taskbridge:bootstrap';
 
 // A directory this process cannot create or write (a read-only or wrongly owned volume, a file in
 // the way) is said as the setting to fix, as a bad configuration is, not as the file system's stack.
@@ -26,7 +27,7 @@ export async function writingTo<T>(setting: 'DATA_DIR' | 'KEYS_DIR', dir: string
 // the rolled-back transaction never stored. (A key file left by a failure after it is adopted next time.)
 export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promise<void> {
   await s.db.transaction(async (trx) => {
-    await trx.raw('select pg_advisory_xact_lock(?)', [BOOTSTRAP_LOCK]);
+    await advisoryXactLock(trx, BOOTSTRAP_LOCK);
     const keys = await writingTo('KEYS_DIR', s.cfg.KEYS_DIR, () => bootstrapKeys(s, trx));
     // Only on a fresh installation: revoking every key must not mint a new one at the next start.
     if (!s.cfg.ADMIN_API_KEY && !(await anyKeys(trx))) {
