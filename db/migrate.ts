@@ -1,6 +1,7 @@
 // `npm run migrate` / Procfile `release`: bring the schema up to date, then exit.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { loadDatabaseConfigOrExit, refuseArguments } from '../domain/config.ts';
+import { loadDatabaseConfigOrExit } from '../domain/config.ts';
+import { refuseArguments } from '../scripts/usage.ts';
 import { createLogger, redactUrl } from '../domain/logger.ts';
 import { connectionFailed, connectionRefused } from '../domain/errors.ts';
 import { createDb, migrateLatest, migrationState } from './knex.ts';

@@ -348,19 +348,6 @@ const DatabaseConfigSchema = Type.Pick(ConfigSchema, ['DATABASE_URL', 'LOG_LEVEL
 export const loadDatabaseConfig = (env: NodeJS.ProcessEnv = process.env) => readEnv(DatabaseConfigSchema, env);
 export const loadDatabaseConfigOrExit = () => orExit(() => loadDatabaseConfig());
 
-// npm start and the release step take their settings from the environment only. An argument is not
-// ignored (`npm run migrate -- --help` migrated, `npm start -- --port 4000` started on 3000): --help
-// prints the usage, anything else is refused, unquoted (a URL with its password given by mistake).
-export function refuseArguments(usage: string, argv = process.argv.slice(2)): void {
-  if (!argv.length) return;
-  if (argv.length === 1 && (argv[0] === '--help' || argv[0] === '-h')) {
-    console.log(usage);
-    process.exit(0);
-  }
-  console.error(`Error: this command takes no arguments (${argv.length} given, not shown): its settings are environment variables\n\n${usage}`);
-  process.exit(2);
-}
-
 // A URL's user info and parameter values masked; anything else (not a URL, a URL without them) as it is.
 export function maskUrlCredentials(value: string): string {
   if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(value.trim())) return value;

@@ -11,6 +11,7 @@ import { AppError, connectionFailed, connectionRefused, statementTimedOut } from
 import { redactUrl } from '../domain/logger.ts';
 import { createApiKey, revokeApiKey, SCOPES, type Scope } from '../domain/api-keys.ts';
 import { listEndedJobs, listJobs, watchJob } from './watch-job.ts';
+import { usageError } from './usage.ts';
 import { cancelKeyJob } from '../domain/crypto/key-jobs.ts';
 import { localPostgresUrl } from './local-services.ts';
 import { NoControlChars } from '../api/schemas/common.ts';
@@ -42,10 +43,7 @@ API (definition): --url, default http://127.0.0.1:$PORT (PORT default 3000); the
 class UsageError extends Error {}
 
 // A bad command line or configuration: exit 2, the usage following the error.
-function refuse(message: string): number {
-  console.error(`${message}\n\n${USAGE}`);
-  return 2;
-}
+const refuse = (message: string): number => usageError(message, USAGE);
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
