@@ -7,7 +7,7 @@ import pg from 'pg';
 import { resetDb, testDb } from './helpers/stack.ts';
 import { getTaskView } from '../db/tasks.ts';
 import { listArtifactItems } from '../db/timeline-views.ts';
-import { statusChangedAfter } from '../db/timeline.ts';
+import { messageItem, statusChangedAfter } from '../db/timeline.ts';
 import { timelineAt } from '../db/push-configs.ts';
 
 interface Sent { text: string; values: unknown[] }
@@ -81,6 +81,10 @@ describe('reads of a long task\'s timeline', function () {
                     then jsonb_build_object('type', 'artifact-update', 'artifact', jsonb_build_object('artifactId', 'a' || g, 'parts', '[]'::jsonb))
                     else '{"type":"task-status-update","status":"working"}'::jsonb end, now()
                     from generate_series(1, ${progress}) g`, [taskId]);
+    // The message's item is stored last and numbered first, so no scan finds it by luck of order.
+    await db.raw(`insert into timeline_items (id, seq, task_id, event_payload, created_at)
+                  select gen_random_uuid(), min(seq) - 1, ?, '{"type":"message","message":{"id":"m1","role":"user","parts":[]}}', now()
+                    from timeline_items where task_id = ?`, [taskId, taskId]);
     await db.raw('analyze timeline_items');
   });
 
@@ -104,6 +108,24 @@ describe('reads of a long task\'s timeline', function () {
     const artifactStatement = pushed.filter((s) => s.text.includes('artifact-update'));
     assert.equal(artifactStatement.length, 1);
     assert.equal(await timelineRowsRead(artifactStatement), artifacts);
+  });
+
+  it('a push snapshot (timelineAt) reads the task\'s message items alone, not the progress updates after them', async () => {
+    const [{ newest }] = await testDb()('timeline_items').where({ task_id: taskId }).max({ newest: 'seq' });
+    let at: Awaited<ReturnType<typeof timelineAt>>;
+    const pushed = await statementsOf(async () => { at = await timelineAt(testDb(), taskId, Number(newest), { limit: 100, maxBytes: 1 << 20 }); });
+    assert.deepEqual(at!.messages.map((m) => (m.event_payload as { message: { id: string } }).message.id), ['m1']);
+    const messageStatement = pushed.filter((s) => s.text.includes(`'message'`));
+    assert.equal(messageStatement.length, 1);
+    assert.equal(await timelineRowsRead(messageStatement), 1);
+  });
+
+  it('a retried send finding its message\'s item (messageItem) reads the task\'s message items alone', async () => {
+    const [{ created_at }] = await testDb()('timeline_items').where({ task_id: taskId }).whereRaw(`event_payload->>'type' = 'message'`).select('created_at');
+    let item: Awaited<ReturnType<typeof messageItem>>;
+    const sent = await statementsOf(async () => { item = await messageItem(testDb(), taskId, { id: 'm1', created_at }); });
+    assert.equal((item!.event_payload as { message: { id: string } }).message.id, 'm1');
+    assert.equal(await timelineRowsRead(sent), 1);
   });
 });
 
