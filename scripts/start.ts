@@ -123,7 +123,7 @@ startup = (async () => {
   await stopLeftovers(dataDir, say);
   if (stopping) return;
   if (!env.DATABASE_URL) {
-    const pg = await startPostgres({ dataDir, readyMs: cfg.STARTUP_TIMEOUT_MS, abandon: abandon.signal, log: say });
+    const pg = await startPostgres({ dataDir, embedded: cfg.LOCAL_POSTGRES === 'embedded', readyMs: cfg.STARTUP_TIMEOUT_MS, abandon: abandon.signal, log: say });
     services.push(pg);
     env.DATABASE_URL = pg.url;
     say(`local Postgres on ${redactUrl(pg.url)} (data in ${pg.dir})`);

