@@ -40,11 +40,12 @@ const abandon = new AbortController();
 const KILL_AFTER_MS = timerMs(Math.max(cfg.API_SHUTDOWN_DELAY_MS + cfg.API_SHUTDOWN_GRACE_MS, cfg.WORKER_SHUTDOWN_GRACE_MS) + 15_000);
 
 // A second signal (kill twice, npm passing on the Ctrl-C its group got too) waits for the stop under
-// way: exiting then would leave the servers running.
-async function stopAll(code: number): Promise<never> {
+// way: exiting then would leave the servers running. `nothingStarted`: a start refused before it
+// started a server (another npm start on DATA_DIR, a bad setting) has no stop to tell of.
+async function stopAll(code: number, nothingStarted = false): Promise<never> {
   if (stopping) say('already stopping; waiting for the API, the worker and the servers to stop');
   stopping ??= (async () => {
-    say('stopping...');
+    if (!nothingStarted) say('stopping...');
     // A signal during startup: let the step under way finish so what it started is stopped too; a
     // server still getting ready (a long recovery) is not waited for.
     abandon.abort();
@@ -57,7 +58,7 @@ async function stopAll(code: number): Promise<never> {
     })));
     for (const s of services.reverse()) await s.stop().catch(() => undefined);
     if (ownsDataDir) fs.rmSync(launcherPidFile, { force: true });
-    say('stopped');
+    if (!nothingStarted) say('stopped');
   })();
   await stopping;
   process.exit(code);
@@ -145,5 +146,5 @@ startup = (async () => {
 startup.catch(async (err) => {
   say((err as Error).message);
   if (/did not become ready in \d+ ms/.test((err as Error).message)) say('a server that takes longer to get ready (a crash recovery, a large append-only file) needs a larger STARTUP_TIMEOUT_MS, or 0 for no limit');
-  if (!stopping) await stopAll(err instanceof ConfigError ? 2 : 1);
+  if (!stopping) await stopAll(err instanceof ConfigError ? 2 : 1, !services.length && !children.length);
 });

@@ -298,6 +298,8 @@ describe('npm start on its DATA_DIR', function () {
       const second = launch(link, await freePort());
       assert.equal(await second.exited, 1, second.output());
       assert.match(second.output(), new RegExp(`another npm start \\(pid ${other.child.pid}\\) is running on ${link}`));
+      // It started nothing, so it tells of no stop.
+      assert.doesNotMatch(second.output(), /\[start\] stopp/, second.output());
       assert.equal(other.child.exitCode, null, 'the first still runs');
       assert.equal((await other.client.get('/api/task/v1?page_size=1')).status, 200, 'and its servers still answer');
     } finally {
