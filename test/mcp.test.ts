@@ -543,6 +543,18 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
   });
 
+  it('answers a method it does not serve with -32601 naming the method, alone and in a batch, as A2A does', async () => {
+    for (const method of ['resources/list', 'prompts/get', 'logging/setLevel', 'no/such', '__proto__', 'toString']) {
+      const r = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 4, method, params: {} }));
+      assert.equal(r.status, 200);
+      assert.deepEqual(await r.json(), { jsonrpc: '2.0', id: 4, error: { code: ErrorCode.MethodNotFound, message: `Method not found: ${method}` } });
+    }
+    const long = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 4, method: 'm'.repeat(5000) }));
+    assert.deepEqual(await long.json(), { jsonrpc: '2.0', id: 4, error: { code: ErrorCode.MethodNotFound, message: 'Method not found: a method name of 5000 characters' } });
+    const batch = await rawPost('[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"uri": "x"}}]');
+    assert.deepEqual(await batch.json(), [{ jsonrpc: '2.0', id: 1, result: {} }, { jsonrpc: '2.0', id: 2, error: { code: ErrorCode.MethodNotFound, message: 'Method not found: resources/read' } }]);
+  });
+
   it('words protocol errors once: no "MCP error <code>:" prefix on the wire for SDK clients to repeat', async () => {
     const r = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 5, method: 'tools/call', params: { name: 'stripe.stripe_process_refund.no-such', arguments: {} } }));
     assert.deepEqual(await r.json(), { jsonrpc: '2.0', id: 5, error: { code: ErrorCode.InvalidParams, message: 'Unknown tool: stripe.stripe_process_refund.no-such' } });

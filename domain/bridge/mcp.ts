@@ -159,6 +159,10 @@ export function createMcpServer(services: Services, signal?: AbortSignal, log = 
   // notifications/cancelled stops nothing (README): the SDK's own handler would abort a request of the
   // same batch and then drop its answer, leaving the batch unanswered though the call ran.
   server.setNotificationHandler(CancelledNotificationSchema, () => {});
+  // The SDK's own answer to a method it has no handler for says only "Method not found", not which.
+  server.fallbackRequestHandler = async ({ method }) => {
+    throw new McpRefusal(ErrorCode.MethodNotFound, `Method not found: ${method.length <= 200 ? method : `a method name of ${method.length} characters`}`);
+  };
   server.setRequestHandler(ListToolsRequestSchema, async ({ params }) => guarded(log, 'tools/list', () => listTools(services.db, log, params?.cursor)));
   server.setRequestHandler(CallToolRequestSchema, async ({ params }, { requestId }) => {
     const args = (sentArguments(body, requestId) ?? params.arguments ?? {}) as Record<string, unknown>;
