@@ -7,8 +7,9 @@ import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { KoaAdapter } from '@bull-board/koa';
 import type { Services } from '../domain/services.ts';
 import { hasScope } from '../domain/api-keys.ts';
-import { AppError, Forbidden, Unauthenticated } from '../domain/errors.ts';
+import { AppError, Forbidden, InvalidRequest, Unauthenticated } from '../domain/errors.ts';
 import { verifyKey } from './middleware/auth.ts';
+import { readJsonBody } from './middleware/body.ts';
 import { rateLimit } from './middleware/rate-limit.ts';
 import { prefixMatchedRoute } from './middleware/access-log.ts';
 
@@ -43,6 +44,13 @@ function sentFromElsewhere(ctx: Context, publicHost: string): boolean {
   }
 }
 
+// BullMQ checks a job's options as it adds one (a job id with ':', a float priority, options that
+// exclude each other) and throws a plain Error: the sender's mistake, not a fault of ours.
+function jobRefusal(err: unknown): InvalidRequest | undefined {
+  if (!(err instanceof Error) || !err.stack?.includes('at Job.validateOptions')) return undefined;
+  return new InvalidRequest(`The queue refused the job: ${err.message}`, [{ path: 'body.options', message: err.message }]);
+}
+
 export function queueDashboard(services: Services): Middleware {
   const adapter = new KoaAdapter();
   adapter.setBasePath(DASHBOARD_PATH);
@@ -67,8 +75,13 @@ export function queueDashboard(services: Services): Middleware {
       if (sentFromElsewhere(ctx, publicHost)) {
         throw new AppError(403, 'forbidden', 'The queue dashboard takes changes only from its own pages (same origin, JSON or no body)');
       }
+      // Read as the API reads bodies (nesting, NUL, size), so bull-board's own parser is skipped: a job
+      // nested thousands deep overflowed the stack when BullMQ wrote it, a 500.
+      if (!['GET', 'HEAD', 'OPTIONS'].includes(ctx.method)) (ctx.request as { body?: unknown }).body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES) ?? {};
       try {
         await board(ctx, next);
+      } catch (err) {
+        throw jobRefusal(err) ?? err;
       } finally {
         prefixMatchedRoute(ctx, DASHBOARD_PATH);
       }

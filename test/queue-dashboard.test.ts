@@ -74,6 +74,27 @@ describe('queue dashboard at /admin/queues', () => {
     assert.ok(!text.includes('sk-live') && !text.includes('dashboard-9f2'), text);
     assert.match(text, /Unexpected token/);
   });
+
+  it('answers 400 naming the problem, not 500, to a job the API would refuse (nested too deep, a NUL) or BullMQ does (a job id with ":"), adding nothing', async () => {
+    const add = `${stack.api.url}/admin/queues/api/queues/credential-refresh/add`;
+    const waiting = async () => (await stack.client.get('/_internal/v1/queues')).body.queues['credential-refresh'].waiting as number;
+    const before = await waiting();
+    const post = (body: string) => fetch(add, { method: 'POST', headers: { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' }, body });
+    const cases: [string, string][] = [
+      [`{"name":"refresh","data":${'['.repeat(5000)}${']'.repeat(5000)}}`, `Invalid body: body.data${'.0'.repeat(63)} nests deeper than 64 levels`],
+      ['{"name":"refresh","data":{"credential_id":"a\\u0000b"}}', 'Invalid body: body.data.credential_id contains a NUL character or an unpaired surrogate'],
+      ['{"name":"refresh","data":{},"options":{"jobId":"1:2"}}', 'The queue refused the job: Custom Id cannot contain :'],
+    ];
+    for (const [body, message] of cases) {
+      const r = await post(body);
+      assert.equal(r.status, 400, await r.clone().text());
+      const refusal = (await r.json()) as { message: string; data: { code: string } };
+      assert.equal(refusal.message, message);
+      assert.equal(refusal.data.code, 'invalid_request');
+    }
+    assert.equal(await waiting(), before);
+    assert.ok(!stack.api.logs.some((l) => l.includes('"level":50')), 'nothing logged at error');
+  });
 });
 
 describe('queue dashboard and RATE_LIMIT_PER_SECOND', () => {
