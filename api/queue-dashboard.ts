@@ -10,6 +10,10 @@ import { hasScope } from '../domain/api-keys.ts';
 import { AppError, Forbidden, InvalidRequest, Unauthenticated } from '../domain/errors.ts';
 import { verifyKey } from './middleware/auth.ts';
 import { readJsonBody } from './middleware/body.ts';
+import { JOB_PAYLOAD_SCHEMAS, QUEUE_NAMES, type QueueName } from '../queues/names.ts';
+import { checkValid, compileSchema } from '../domain/schema-check.ts';
+import type { ValidateFunction } from 'ajv';
+import { Type } from '@sinclair/typebox';
 import { rateLimit } from './middleware/rate-limit.ts';
 import { prefixMatchedRoute } from './middleware/access-log.ts';
 
@@ -51,10 +55,24 @@ function jobRefusal(err: unknown): InvalidRequest | undefined {
   return new InvalidRequest(`The queue refused the job: ${err.message}`, [{ path: 'body.options', message: err.message }]);
 }
 
+// The bodies of bull-board's add (`data`) and edit (`jobData`) of a job, by queue.
+const bodyChecks = (member: string) => Object.fromEntries(QUEUE_NAMES.map((q) => [q, compileSchema(Type.Object({ [member]: JOB_PAYLOAD_SCHEMAS[q] }))])) as Record<QueueName, ValidateFunction>;
+const ADD_JOB = { method: 'POST', path: new RegExp(`^${DASHBOARD_PATH}/api/queues/([^/]+)/add$`), check: bodyChecks('data') };
+const EDIT_JOB = { method: 'PATCH', path: new RegExp(`^${DASHBOARD_PATH}/api/queues/([^/]+)/[^/]+/update-data$`), check: bodyChecks('jobData') };
+
+// A job added or edited by hand holds what its queue's worker reads: one that does not (data null, a
+// task id that is no UUID) would fail in the worker, where no one who sent it sees why.
+function checkJobData(ctx: Context): void {
+  for (const route of [ADD_JOB, EDIT_JOB]) {
+    const queue = ctx.method === route.method ? route.path.exec(ctx.path)?.[1] : undefined;
+    if (queue && (QUEUE_NAMES as readonly string[]).includes(queue)) checkValid(route.check[queue as QueueName], (ctx.request as { body?: unknown }).body, 'body');
+  }
+}
+
 export function queueDashboard(services: Services): Middleware {
   const adapter = new KoaAdapter();
   adapter.setBasePath(DASHBOARD_PATH);
-  createBullBoard({ queues: Object.values(services.queues).map((q) => new BullMQAdapter(q)), serverAdapter: adapter });
+  createBullBoard({ queues: QUEUE_NAMES.map((q) => new BullMQAdapter(services.queues[q], { jobDataSchema: JOB_PAYLOAD_SCHEMAS[q] })), serverAdapter: adapter });
   // bull-board's own handler answers every failure 500, unlogged: passed on instead to the API's
   // (api/middleware/errors.ts), Redis out of reach is 503 with Retry-After at warn, a fault 500 at error.
   adapter.setErrorHandler((err) => { throw err; });
@@ -78,6 +96,7 @@ export function queueDashboard(services: Services): Middleware {
       // Read as the API reads bodies (nesting, NUL, size), so bull-board's own parser is skipped: a job
       // nested thousands deep overflowed the stack when BullMQ wrote it, a 500.
       if (!['GET', 'HEAD', 'OPTIONS'].includes(ctx.method)) (ctx.request as { body?: unknown }).body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES) ?? {};
+      checkJobData(ctx);
       try {
         await board(ctx, next);
       } catch (err) {

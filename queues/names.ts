@@ -1,17 +1,21 @@
 import type { BackoffStrategy, JobsOptions, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from '../domain/config.ts';
+import { Type, type Static, type TSchema } from '@sinclair/typebox';
+import { Uuid } from '../api/schemas/common.ts';
 
 export const QUEUE_NAMES = ['agent-tasks', 'key-jobs', 'credential-refresh', 'push-notifications'] as const;
 export type QueueName = (typeof QUEUE_NAMES)[number];
 
-// Job payloads carry ids only: never secrets, tokens or key material.
-export interface JobPayloads {
-  'agent-tasks': { task_id: string; message_id: string };
-  'key-jobs': { job_id: string };
-  'credential-refresh': { credential_id: string };
-  'push-notifications': { task_id: string; config_id: string; timeline_seq: number };
-}
+// Job payloads carry ids only: never secrets, tokens or key material. The outbox writes them; a
+// job added by hand (the queue dashboard) is checked against its queue's schema before it is queued.
+export const JOB_PAYLOAD_SCHEMAS = {
+  'agent-tasks': Type.Object({ task_id: Uuid, message_id: Uuid }),
+  'key-jobs': Type.Object({ job_id: Uuid }),
+  'credential-refresh': Type.Object({ credential_id: Uuid }),
+  'push-notifications': Type.Object({ task_id: Uuid, config_id: Type.String({ minLength: 1 }), timeline_seq: Type.Integer({ minimum: 1 }) }),
+} satisfies Record<QueueName, TSchema>;
+export type JobPayloads = { [Q in QueueName]: Static<(typeof JOB_PAYLOAD_SCHEMAS)[Q]> };
 
 // A queue's jobs by state, as metrics and the internal queue stats show them. A job given a priority
 // (from the queue dashboard) waits in a set of its own, BullMQ's `prioritized`: it is waiting all the same.

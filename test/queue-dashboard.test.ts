@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { ADMIN_KEY, useStack, waitFor } from './helpers/stack.ts';
+import { ADMIN_KEY, useStack, waitFor, withQueue } from './helpers/stack.ts';
 import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
 
 const PUBLIC_URL = 'https://taskbridge.example';
@@ -83,7 +83,7 @@ describe('queue dashboard at /admin/queues', () => {
     const cases: [string, string][] = [
       [`{"name":"refresh","data":${'['.repeat(5000)}${']'.repeat(5000)}}`, `Invalid body: body.data${'.0'.repeat(63)} nests deeper than 64 levels`],
       ['{"name":"refresh","data":{"credential_id":"a\\u0000b"}}', 'Invalid body: body.data.credential_id contains a NUL character or an unpaired surrogate'],
-      ['{"name":"refresh","data":{},"options":{"jobId":"1:2"}}', 'The queue refused the job: Custom Id cannot contain :'],
+      ['{"name":"refresh","data":{"credential_id":"00000000-0000-4000-8000-000000000002"},"options":{"jobId":"1:2"}}', 'The queue refused the job: Custom Id cannot contain :'],
     ];
     for (const [body, message] of cases) {
       const r = await post(body);
@@ -94,6 +94,38 @@ describe('queue dashboard at /admin/queues', () => {
     }
     assert.equal(await waiting(), before);
     assert.ok(!stack.api.logs.some((l) => l.includes('"level":50')), 'nothing logged at error');
+  });
+
+  it('answers 400 to a job whose data is not what its queue\'s worker reads (added or edited), queueing and changing nothing', async () => {
+    const headers = { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' };
+    const queues = `${stack.api.url}/admin/queues/api/queues`;
+    const waiting = async () => (await stack.client.get('/_internal/v1/queues')).body.queues['agent-tasks'].waiting as number;
+    const before = await waiting();
+    const cases: [string, string][] = [
+      ['{"name":"run","data":null}', 'Invalid body: body.data must be object'],
+      ['{"name":"run"}', 'Invalid body: body.data is required'],
+      ['{"name":"run","data":{"task_id":"x","message_id":"00000000-0000-4000-8000-000000000000"}}', 'Invalid body: body.data.task_id must be a UUID'],
+      ['{"name":"run","data":{"task_id":"00000000-0000-4000-8000-000000000000"}}', 'Invalid body: body.data.message_id is required'],
+    ];
+    for (const [body, message] of cases) {
+      const r = await fetch(`${queues}/agent-tasks/add`, { method: 'POST', headers, body });
+      assert.equal(r.status, 400, await r.clone().text());
+      assert.equal(((await r.json()) as { message: string }).message, message);
+    }
+    assert.equal(await waiting(), before);
+
+    const data = { task_id: '00000000-0000-4000-8000-000000000000', message_id: '00000000-0000-4000-8000-000000000001' };
+    const added = await fetch(`${queues}/agent-tasks/add`, { method: 'POST', headers, body: JSON.stringify({ name: 'run', data }) });
+    assert.equal(added.status, 200, await added.clone().text());
+    const { job } = (await added.json()) as { job: { id: string } };
+    const edit = await fetch(`${queues}/agent-tasks/${job.id}/update-data`, { method: 'PATCH', headers, body: '{"jobData":{"task_id":7,"message_id":"00000000-0000-4000-8000-000000000001"}}' });
+    assert.equal(edit.status, 400, await edit.clone().text());
+    assert.match(((await edit.json()) as { message: string }).message, /^Invalid body: body\.jobData\.task_id must be string/);
+    assert.deepEqual(await withQueue(stack.env, 'agent-tasks', async (q) => (await q.getJob(job.id))?.data), data, 'the job\'s data unchanged');
+    // The dashboard's add form shows what a job of the queue holds.
+    const schema = await fetch(`${queues}/agent-tasks/job-data-schema`, { headers: { authorization: basic(ADMIN_KEY) } });
+    assert.deepEqual(((await schema.json()) as { required: string[] }).required, ['task_id', 'message_id']);
+    await withQueue(stack.env, 'agent-tasks', (q) => q.remove(job.id));
   });
 });
 
