@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { resetDb, testDb, waitFor } from './helpers/stack.ts';
 import { purgeEndedTasks, thinNextEndedTask } from '../db/task-purge.ts';
+import { advisoryXactLock } from '../db/advisory-locks.ts';
 import { insertTaskBundles, type TaskBundle } from '../db/tasks.ts';
 
 const DAY = 86400_000;
@@ -117,7 +118,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     assert.deepEqual(await purgeEndedTasks(db, before(), 1000), { tasks: 1, contexts: 1 });
     assert.equal(await exists('tasks', a.id), true);
     assert.equal(await exists('tasks', b.id), false);
-    await holder.raw(`select pg_advisory_xact_lock(hashtext('taskbridge:purge-ended-tasks'))`);
+    await advisoryXactLock(holder, 'taskbridge:purge-ended-tasks');
     assert.equal(await purgeEndedTasks(db, before(), 1000), null);
     await holder.rollback();
     assert.deepEqual(await purgeEndedTasks(db, before(), 1000), { tasks: 1, contexts: 1 });

@@ -75,16 +75,18 @@ describe('reads of a long task\'s timeline', function () {
     await db.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
                   values (?, ?, 'working', now(), '{}', now(), now())`, [taskId, contextId]);
     await db.raw(`insert into messages (id, task_id, role, parts, created_at) values (gen_random_uuid(), ?, 'user', '[{"type":"text-part","text":"go"}]', now())`, [taskId]);
-    // An artifact first, then the progress updates, the other artifacts among them near the end.
-    await db.raw(`insert into timeline_items (id, task_id, event_payload, created_at)
+    // An artifact first, then the progress updates, the other artifacts among them near the end, and
+    // the task's one message halfway: neither a scan of the table nor one of the task's items in seq
+    // order comes on it without reading half the progress updates first.
+    const items = (from: number, to: number) => db.raw(`insert into timeline_items (id, task_id, event_payload, created_at)
                   select gen_random_uuid(), ?, case when g in (1, ${progress - 10}, ${progress - 5})
                     then jsonb_build_object('type', 'artifact-update', 'artifact', jsonb_build_object('artifactId', 'a' || g, 'parts', '[]'::jsonb))
                     else '{"type":"task-status-update","status":"working"}'::jsonb end, now()
-                    from generate_series(1, ${progress}) g`, [taskId]);
-    // The message's item is stored last and numbered first, so no scan finds it by luck of order.
-    await db.raw(`insert into timeline_items (id, seq, task_id, event_payload, created_at)
-                  select gen_random_uuid(), min(seq) - 1, ?, '{"type":"message","message":{"id":"m1","role":"user","parts":[]}}', now()
-                    from timeline_items where task_id = ?`, [taskId, taskId]);
+                    from generate_series(?::int, ?::int) g`, [taskId, from, to]);
+    await items(1, progress / 2);
+    await db.raw(`insert into timeline_items (id, task_id, event_payload, created_at)
+                  values (gen_random_uuid(), ?, '{"type":"message","message":{"id":"m1","role":"user","parts":[]}}', now())`, [taskId]);
+    await items(progress / 2 + 1, progress);
     await db.raw('analyze timeline_items');
   });
 
