@@ -11,9 +11,9 @@ import { AppError, Forbidden, InvalidRequest, Unauthenticated } from '../domain/
 import { verifyKey } from './middleware/auth.ts';
 import { readJsonBody } from './middleware/body.ts';
 import { JOB_PAYLOAD_SCHEMAS, QUEUE_NAMES, type QueueName } from '../queues/names.ts';
-import { checkValid, compileSchema } from '../domain/schema-check.ts';
+import { checkValid, compileSchema, worded } from '../domain/schema-check.ts';
 import type { ValidateFunction } from 'ajv';
-import { Type } from '@sinclair/typebox';
+import { Type, type TSchema } from '@sinclair/typebox';
 import { rateLimit } from './middleware/rate-limit.ts';
 import { prefixMatchedRoute } from './middleware/access-log.ts';
 
@@ -55,16 +55,27 @@ function jobRefusal(err: unknown): InvalidRequest | undefined {
   return new InvalidRequest(`The queue refused the job: ${err.message}`, [{ path: 'body.options', message: err.message }]);
 }
 
-// The bodies of bull-board's add (`data`) and edit (`jobData`) of a job, by queue.
-const bodyChecks = (member: string) => Object.fromEntries(QUEUE_NAMES.map((q) => [q, compileSchema(Type.Object({ [member]: JOB_PAYLOAD_SCHEMAS[q] }))])) as Record<QueueName, ValidateFunction>;
-const ADD_JOB = { method: 'POST', path: new RegExp(`^${DASHBOARD_PATH}/api/queues/([^/]+)/add$`), check: bodyChecks('data') };
-const EDIT_JOB = { method: 'PATCH', path: new RegExp(`^${DASHBOARD_PATH}/api/queues/([^/]+)/[^/]+/update-data$`), check: bodyChecks('jobData') };
+// A job id BullMQ takes: it refuses a number, `0`, and (outside validateOptions, as a plain Error) one with ':'.
+const JobId = Type.String({ minLength: 1, pattern: worded('^(?!0$)[^:]+$', "must be a job id: not 0, and without ':'") });
+// The bodies of bull-board's add (`data`, `options.jobId`) and edit (`jobData`) of a job, by queue.
+const bodyChecks = (body: (payload: TSchema) => TSchema) => Object.fromEntries(QUEUE_NAMES.map((q) => [q, compileSchema(body(JOB_PAYLOAD_SCHEMAS[q]))])) as Record<QueueName, ValidateFunction>;
+// Matched as bull-board's router matches them: any case, a trailing slash, the queue name decoded.
+const ADD_JOB = {
+  method: 'POST', path: new RegExp(`^${DASHBOARD_PATH}/api/queues/([^/]+)/add/?$`, 'i'),
+  check: bodyChecks((data) => Type.Object({ data, options: Type.Optional(Type.Object({ jobId: Type.Optional(JobId) })) })),
+};
+const EDIT_JOB = {
+  method: 'PATCH', path: new RegExp(`^${DASHBOARD_PATH}/api/queues/([^/]+)/[^/]+/update-data/?$`, 'i'),
+  check: bodyChecks((jobData) => Type.Object({ jobData })),
+};
+const decoded = (segment: string) => { try { return decodeURIComponent(segment); } catch { return segment; } };
 
 // A job added or edited by hand holds what its queue's worker reads: one that does not (data null, a
 // task id that is no UUID) would fail in the worker, where no one who sent it sees why.
 function checkJobData(ctx: Context): void {
   for (const route of [ADD_JOB, EDIT_JOB]) {
-    const queue = ctx.method === route.method ? route.path.exec(ctx.path)?.[1] : undefined;
+    const match = ctx.method === route.method ? route.path.exec(ctx.path) : null;
+    const queue = match && decoded(match[1]);
     if (queue && (QUEUE_NAMES as readonly string[]).includes(queue)) checkValid(route.check[queue as QueueName], (ctx.request as { body?: unknown }).body, 'body');
   }
 }

@@ -83,7 +83,7 @@ describe('queue dashboard at /admin/queues', () => {
     const cases: [string, string][] = [
       [`{"name":"refresh","data":${'['.repeat(5000)}${']'.repeat(5000)}}`, `Invalid body: body.data${'.0'.repeat(63)} nests deeper than 64 levels`],
       ['{"name":"refresh","data":{"credential_id":"a\\u0000b"}}', 'Invalid body: body.data.credential_id contains a NUL character or an unpaired surrogate'],
-      ['{"name":"refresh","data":{"credential_id":"00000000-0000-4000-8000-000000000002"},"options":{"jobId":"1:2"}}', 'The queue refused the job: Custom Id cannot contain :'],
+      ['{"name":"refresh","data":{"credential_id":"00000000-0000-4000-8000-000000000002"},"options":{"priority":1.5}}', 'The queue refused the job: Priority should not be float'],
     ];
     for (const [body, message] of cases) {
       const r = await post(body);
@@ -96,7 +96,7 @@ describe('queue dashboard at /admin/queues', () => {
     assert.ok(!stack.api.logs.some((l) => l.includes('"level":50')), 'nothing logged at error');
   });
 
-  it('answers 400 to a job whose data is not what its queue\'s worker reads (added or edited), queueing and changing nothing', async () => {
+  it('answers 400 to a job whose data is not what its queue\'s worker reads, or whose id BullMQ refuses (added or edited, however its path is spelled), queueing and changing nothing', async () => {
     const headers = { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' };
     const queues = `${stack.api.url}/admin/queues/api/queues`;
     const waiting = async () => (await stack.client.get('/_internal/v1/queues')).body.queues['agent-tasks'].waiting as number;
@@ -107,8 +107,16 @@ describe('queue dashboard at /admin/queues', () => {
       ['{"name":"run","data":{"task_id":"x","message_id":"00000000-0000-4000-8000-000000000000"}}', 'Invalid body: body.data.task_id must be a UUID'],
       ['{"name":"run","data":{"task_id":"00000000-0000-4000-8000-000000000000"}}', 'Invalid body: body.data.message_id is required'],
     ];
-    for (const [body, message] of cases) {
-      const r = await fetch(`${queues}/agent-tasks/add`, { method: 'POST', headers, body });
+    const withJobId = (jobId: unknown) => JSON.stringify({ name: 'run', data: { task_id: '00000000-0000-4000-8000-000000000000', message_id: '00000000-0000-4000-8000-000000000001' }, options: { jobId } });
+    cases.push(
+      [withJobId(5), 'Invalid body: body.options.jobId must be string'],
+      [withJobId('0'), "Invalid body: body.options.jobId must be a job id: not 0, and without ':'"],
+      [withJobId('0:x'), "Invalid body: body.options.jobId must be a job id: not 0, and without ':'"],
+      [withJobId('1:2'), "Invalid body: body.options.jobId must be a job id: not 0, and without ':'"],
+    );
+    // Each as bull-board's router would take it too: the queue name encoded, the path in capitals, a trailing slash.
+    for (const [body, message] of cases) for (const add of ['agent-tasks/add', 'agent%2Dtasks/add', 'agent-tasks/ADD', 'agent-tasks/add/']) {
+      const r = await fetch(`${queues}/${add}`, { method: 'POST', headers, body });
       assert.equal(r.status, 400, await r.clone().text());
       assert.equal(((await r.json()) as { message: string }).message, message);
     }
@@ -118,7 +126,7 @@ describe('queue dashboard at /admin/queues', () => {
     const added = await fetch(`${queues}/agent-tasks/add`, { method: 'POST', headers, body: JSON.stringify({ name: 'run', data }) });
     assert.equal(added.status, 200, await added.clone().text());
     const { job } = (await added.json()) as { job: { id: string } };
-    const edit = await fetch(`${queues}/agent-tasks/${job.id}/update-data`, { method: 'PATCH', headers, body: '{"jobData":{"task_id":7,"message_id":"00000000-0000-4000-8000-000000000001"}}' });
+    const edit = await fetch(`${queues}/agent-tasks/${job.id}/UPDATE-DATA`, { method: 'PATCH', headers, body: '{"jobData":{"task_id":7,"message_id":"00000000-0000-4000-8000-000000000001"}}' });
     assert.equal(edit.status, 400, await edit.clone().text());
     assert.match(((await edit.json()) as { message: string }).message, /^Invalid body: body\.jobData\.task_id must be string/);
     assert.deepEqual(await withQueue(stack.env, 'agent-tasks', async (q) => (await q.getJob(job.id))?.data), data, 'the job\'s data unchanged');
