@@ -39,7 +39,6 @@ const UPDATED_KINDS: readonly Kind[] = ['aliases'];
 // round trip after another.
 const SECRETS_AT_ONCE = 8;
 const PROGRESS_EVERY = 500;
-const REQUEST_TIMEOUT_MS = 60_000;
 // Answers that ask to come back later (over the target's RATE_LIMIT_PER_SECOND; busy, or its database
 // out of reach a moment): asked again after their Retry-After (or a backoff without one), this many times.
 const AGAIN_LATER = [429, 503];
@@ -82,17 +81,18 @@ export async function readDefinition(file: string): Promise<Definition> {
 
 interface Answer { status: number; body: any }
 
-function api(base: string, key: string) {
+function api(base: string, key: string, timeoutMs: number) {
   return async (method: string, path: string, body?: unknown): Promise<Answer> => {
     let res: Response;
     for (let tried = 0; ; tried++) {
       try {
         res = await fetch(base + path, {
-          method, signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+          method, signal: AbortSignal.timeout(timeoutMs),
           headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
           body: body === undefined ? undefined : JSON.stringify(body),
         });
       } catch (e) {
+        if ((e as Error).name === 'TimeoutError') throw new ApplyAborted(`the API at ${base} did not answer ${method} ${path.split('?')[0]} within ${timeoutMs / 1000} s (--timeout)`);
         throw new ApplyAborted(`cannot reach the API at ${base}: ${((e as Error).cause as Error | undefined)?.message ?? (e as Error).message}`);
       }
       if (!AGAIN_LATER.includes(res.status) || tried === RETRIES) break;
@@ -117,10 +117,10 @@ const expect = (a: Answer, ...ok: number[]): Answer => {
 const lookup = (a: Answer): Answer | undefined => (expect(a, 200, 404).status === 200 ? a : undefined);
 const enc = encodeURIComponent;
 
-export interface ApplyOptions { url: string; apiKey: string; dryRun: boolean; out(line: string): void; err(line: string): void }
+export interface ApplyOptions { url: string; apiKey: string; dryRun: boolean; timeoutMs: number; out(line: string): void; err(line: string): void }
 
 export async function applyDefinition(def: Definition, opts: ApplyOptions): Promise<number> {
-  const call = api(opts.url.replace(/\/+$/, ''), opts.apiKey);
+  const call = api(opts.url.replace(/\/+$/, ''), opts.apiKey, opts.timeoutMs);
   const { out, err, dryRun } = opts;
   const tally = Object.fromEntries(KINDS.map((k) => [k, { created: 0, updated: 0, present: 0, conflict: 0, failed: 0 }])) as Record<Kind, Record<Outcome, number>>;
   const totals = {

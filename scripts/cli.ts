@@ -30,10 +30,11 @@ Commands:
                           key jobs ended in the last 24 hours, newest first, with each one's first error
   jobs watch <job id>     a key job's progress until it ends (exit 0 when it completed with no item failed, 1 otherwise)
   jobs cancel <job id>    cancel a queued or running key job: it stops after the batch in flight, what it moved staying moved
-  definition apply <file> [--url <api base>] [--dry-run]
+  definition apply <file> [--url <api base>] [--dry-run] [--timeout <seconds>]
                           apply a definition export (GET /api/a2a/v1/definition) to a running installation
                           through its API: what is there already is skipped, what is there otherwise is a
-                          conflict, left as it is (exit 1); --dry-run says what it would write, writing nothing
+                          conflict, left as it is (exit 1); --dry-run says what it would write, writing nothing;
+                          --timeout: how long a request may wait for its answer (1 to 3600, default 60)
 
 Scopes: ${SCOPES.join(', ')}
 Database (keys, jobs): DATABASE_URL, or else the local Postgres that \`npm start\` runs under DATA_DIR (default .data).
@@ -54,7 +55,7 @@ type Args =
   | { command: 'revoke'; id: string }
   | { command: 'jobs-list'; json: boolean; ended: boolean }
   | { command: 'jobs-watch' | 'jobs-cancel'; id: string }
-  | { command: 'definition-apply'; file: string; url?: string; dryRun: boolean };
+  | { command: 'definition-apply'; file: string; url?: string; dryRun: boolean; timeoutMs: number };
 
 function parse(argv: string[]): Args {
   let parsed;
@@ -66,21 +67,21 @@ function parse(argv: string[]): Args {
       // (`--scopes a2a --scopes task:read` made a task:read key).
       options: {
         name: { type: 'string', multiple: true }, scopes: { type: 'string', multiple: true }, json: { type: 'boolean', default: false }, ended: { type: 'boolean', default: false },
-        url: { type: 'string', multiple: true }, 'dry-run': { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false },
+        url: { type: 'string', multiple: true }, 'dry-run': { type: 'boolean', default: false }, timeout: { type: 'string', multiple: true }, help: { type: 'boolean', short: 'h', default: false },
       },
     });
   } catch (e) {
     throw new UsageError((e as Error).message);
   }
   const { positionals } = parsed;
-  for (const opt of ['name', 'scopes', 'url'] as const) {
+  for (const opt of ['name', 'scopes', 'url', 'timeout'] as const) {
     if ((parsed.values[opt]?.length ?? 0) > 1) throw new UsageError(`--${opt} given more than once${opt === 'scopes' ? ': list the scopes in one, comma-separated' : ''}`);
   }
-  const values = { ...parsed.values, name: parsed.values.name?.[0], scopes: parsed.values.scopes?.[0], url: parsed.values.url?.[0] };
+  const values = { ...parsed.values, name: parsed.values.name?.[0], scopes: parsed.values.scopes?.[0], url: parsed.values.url?.[0], timeout: parsed.values.timeout?.[0] };
   const [group, command, ...rest] = positionals;
   if (values.help) return { help: true };
   if (group === 'definition') return parseDefinition(command, rest, values);
-  for (const opt of ['url', 'dry-run'] as const) {
+  for (const opt of ['url', 'dry-run', 'timeout'] as const) {
     if (values[opt] !== undefined && values[opt] !== false) throw new UsageError(`--${opt} is only for definition apply`);
   }
   if (group === 'jobs') return parseJobs(command, rest, values);
@@ -126,7 +127,7 @@ function parseJobs(command: string | undefined, rest: string[], values: { name?:
   return { command: command === 'watch' ? 'jobs-watch' : 'jobs-cancel', id: rest[0] };
 }
 
-function parseDefinition(command: string | undefined, rest: string[], values: { name?: string; scopes?: string; json: boolean; ended: boolean; url?: string; 'dry-run': boolean }): Args {
+function parseDefinition(command: string | undefined, rest: string[], values: { name?: string; scopes?: string; json: boolean; ended: boolean; url?: string; 'dry-run': boolean; timeout?: string }): Args {
   if (command !== 'apply') throw new UsageError(command ? `Unknown definition command '${command}'` : 'definition needs a command: apply');
   for (const opt of ['name', 'scopes', 'json', 'ended'] as const) {
     if (values[opt] !== undefined && values[opt] !== false) throw new UsageError(`definition apply does not take --${opt}`);
@@ -139,7 +140,9 @@ function parseDefinition(command: string | undefined, rest: string[], values: { 
     const { username, password } = new URL(values.url);
     if (username || password) throw new UsageError('--url must not hold a user name or password (not shown): the API key goes in TASKBRIDGE_API_KEY');
   }
-  return { command: 'definition-apply', file: rest[0], url: values.url, dryRun: values['dry-run'] };
+  const seconds = values.timeout ?? '60';
+  if (!/^[0-9]{1,4}$/.test(seconds) || Number(seconds) < 1 || Number(seconds) > 3600) throw new UsageError(`--timeout '${seconds}' is not a whole number of seconds from 1 to 3600`);
+  return { command: 'definition-apply', file: rest[0], url: values.url, dryRun: values['dry-run'], timeoutMs: Number(seconds) * 1000 };
 }
 
 async function applyCommand(args: Extract<Args, { command: 'definition-apply' }>): Promise<number> {
@@ -151,7 +154,7 @@ async function applyCommand(args: Extract<Args, { command: 'definition-apply' }>
   try {
     const def = await readDefinition(args.file);
     const url = args.url ?? `http://127.0.0.1:${process.env.PORT || 3000}`;
-    return await applyDefinition(def, { url, apiKey, dryRun: args.dryRun, out: (l) => console.log(l), err: (l) => console.error(l) });
+    return await applyDefinition(def, { url, apiKey, dryRun: args.dryRun, timeoutMs: args.timeoutMs, out: (l) => console.log(l), err: (l) => console.error(l) });
   } catch (e) {
     if (e instanceof DefinitionFileError) {
       console.error(`Error: ${e.message}`);

@@ -35,15 +35,18 @@ const children: ChildProcess[] = [];
 let stopping: Promise<void> | undefined;
 let ownsDataDir = false;
 let startup: Promise<void> = Promise.resolve();
+let startupEnded = false;
 const abandon = new AbortController();
 // The children's own shutdown grace periods (API, worker) and a margin: within it they stop by themselves.
 const KILL_AFTER_MS = timerMs(Math.max(cfg.API_SHUTDOWN_DELAY_MS + cfg.API_SHUTDOWN_GRACE_MS, cfg.WORKER_SHUTDOWN_GRACE_MS) + 15_000);
 
 // A second signal (kill twice, npm passing on the Ctrl-C its group got too) waits for the stop under
-// way: exiting then would leave the servers running. `nothingStarted`: a start refused before it
-// started a server (another npm start on DATA_DIR, a bad setting) has no stop to tell of.
-async function stopAll(code: number, nothingStarted = false): Promise<never> {
+// way: exiting then would leave the servers running. A start refused before it started a server
+// (another npm start on DATA_DIR, a bad setting) has no stop to tell of; a signal during start-up,
+// while a server may be getting ready, has.
+async function stopAll(code: number): Promise<never> {
   if (stopping) say('already stopping; waiting for the API, the worker and the servers to stop');
+  const nothingStarted = startupEnded && !services.length && !children.length;
   stopping ??= (async () => {
     if (!nothingStarted) say('stopping...');
     // A signal during startup: let the step under way finish so what it started is stopped too; a
@@ -118,8 +121,16 @@ async function takeDataDir(): Promise<void> {
   ownsDataDir = true;
 }
 
-// Each step checks `stopping`, so a signal during startup starts nothing more.
 startup = (async () => {
+  try {
+    await startServices();
+  } finally {
+    startupEnded = true;
+  }
+})();
+
+// Each step checks `stopping`, so a signal during startup starts nothing more.
+async function startServices(): Promise<void> {
   await takeDataDir();
   await stopLeftovers(dataDir, say);
   if (stopping) return;
@@ -142,9 +153,9 @@ startup = (async () => {
   if (stopping) return;
   run('api', 'api/main.ts');
   run('worker', 'workers/main.ts');
-})();
+}
 startup.catch(async (err) => {
   say((err as Error).message);
   if (/did not become ready in \d+ ms/.test((err as Error).message)) say('a server that takes longer to get ready (a crash recovery, a large append-only file) needs a larger STARTUP_TIMEOUT_MS, or 0 for no limit');
-  if (!stopping) await stopAll(err instanceof ConfigError ? 2 : 1, !services.length && !children.length);
+  if (!stopping) await stopAll(err instanceof ConfigError ? 2 : 1);
 });

@@ -345,9 +345,18 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
       assert.match(r.stderr, message);
       assert.ok(!r.stderr.includes(STRIPE_KEY), r.stderr);
     }
-    const elsewhere = await cli(['keys', 'list', '--url', b.api.url]);
-    assert.equal(elsewhere.code, 2);
-    assert.match(elsewhere.stderr, /--url is only for definition apply/);
+    for (const [args, message] of [[['--timeout', '0'], /--timeout '0' is not a whole number of seconds from 1 to 3600/],
+      [['--timeout', '1.5'], /--timeout '1\.5' is not a whole number/], [['--timeout', '3601'], /--timeout '3601' is not a whole number/],
+      [['--timeout', '5', '--timeout', '6'], /--timeout given more than once/]] as const) {
+      const r = await cli(['definition', 'apply', file, '--url', b.api.url, ...args]);
+      assert.equal(r.code, 2, r.stdout + r.stderr);
+      assert.match(r.stderr, message);
+    }
+    for (const opt of ['--url', '--timeout']) {
+      const elsewhere = await cli(['keys', 'list', opt, opt === '--url' ? b.api.url : '5']);
+      assert.equal(elsewhere.code, 2);
+      assert.match(elsewhere.stderr, new RegExp(`${opt} is only for definition apply`));
+    }
   });
 });
 
@@ -667,6 +676,33 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     const whole = await applyTo(t.stack.api.url);
     assert.equal(whole.code, 0, whole.stdout + whole.stderr);
     assert.match(whole.stdout, /Nothing to do/);
+  });
+
+  it('stops at a request the target does not answer within --timeout, naming it; run again, goes on from there (exit 1, then 0)', async () => {
+    const c = a.client;
+    await ok(c.post('/api/secret/v1', { key: 'slow/1', raw_value: 'v-slow' }));
+    const file = write('slow.json', await exported(c));
+    const t = await freshTarget();
+    // The first secret import held unanswered, as a target stuck behind a lock would hold it: the run
+    // said 'cannot reach the API' after 60 s, though the API had been reached.
+    const held: http.ServerResponse[] = [];
+    const stuck = await proxy(t.stack.api.url, (req, res) => {
+      if (req.method !== 'POST' || req.url !== '/api/secret/v1/import' || held.length) return false;
+      held.push(res);
+      return true;
+    });
+    try {
+      const r = await cli(['definition', 'apply', file, '--url', stuck.url, '--timeout', '1']);
+      assert.equal(r.code, 1, r.stdout + r.stderr);
+      assert.match(r.stderr.trim().split('\n').at(-1)!, /^Error: the API at \S+ did not answer POST \/api\/secret\/v1\/import within 1 s \(--timeout\); stopped \(what was applied so far stays/);
+      assert.equal(held.length, 1);
+    } finally {
+      for (const res of held) res.destroy();
+      stuck.close();
+    }
+    const r = await applyTo(t.stack.api.url, file);
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, /secrets: \d+ created, \d+ already there, 0 conflicts, 0 failed/);
   });
 
   it('stops taking secrets once one of those applied at once finds the API out of reach, and says so once those under way are done (exit 1)', async () => {
