@@ -19,10 +19,12 @@ export interface TaskRow {
   artifact_bytes?: string | number | null;
   /** Internal (migration 0020): when the task's run started or a worker last said it is still going; null once the task leaves working. */
   run_seen_at?: Date | null;
+  /** Internal (migration 0037): which take of the run's job holds the task, counted up by each (beginRuns, claimRun). */
+  run_attempt?: number;
 }
 
 // Dates serialise to RFC 3339 with milliseconds in JSON responses.
-export const toTask = ({ run_message_id: _run, run_due_message_id: _due, message_bytes: _m, artifact_bytes: _a, run_seen_at: _seen, ...r }: TaskRow) => r as unknown as Task;
+export const toTask = ({ run_message_id: _run, run_due_message_id: _due, message_bytes: _m, artifact_bytes: _a, run_seen_at: _seen, run_attempt: _attempt, ...r }: TaskRow) => r as unknown as Task;
 
 export async function getTask(db: Tx, id: string, lock = false): Promise<TaskRow | undefined> {
   const q = db('tasks').where({ id }).first();
@@ -151,9 +153,9 @@ export async function clearStaleRunDue(db: Tx, limit = 1000): Promise<number> {
 }
 
 // Who holds each task: its status and the message of the run that took it last.
-export async function runHolders(db: Tx, ids: readonly string[]): Promise<Pick<TaskRow, 'id' | 'status' | 'run_message_id'>[]> {
+export async function runHolders(db: Tx, ids: readonly string[]): Promise<Pick<TaskRow, 'id' | 'status' | 'run_message_id' | 'run_attempt'>[]> {
   if (!ids.length) return [];
-  return db('tasks').select('id', 'status', 'run_message_id').whereIn('id', ids);
+  return db('tasks').select('id', 'status', 'run_message_id', 'run_attempt').whereIn('id', ids);
 }
 
 export async function listTasks(db: Tx, filter: { status?: string; context_id?: string }, pageSize: number, token?: string): Promise<Page<TaskRow>> {
@@ -237,6 +239,8 @@ export interface StatusChange {
   taskId: string; to: TaskState; from: readonly TaskState[]; at: Date; message?: Message; timeline: TimelineItem[];
   /** A running run's own change (its message): applied only while the task is working under it. */
   run?: string;
+  /** With `run`: applied only while the task is still held by this take of the run's job (run_attempt). */
+  runAttempt?: number;
   /** The change for a run whose job ended without its own handling: applied only while the task is working under that run or still owed it. */
   lostRun?: string;
   /** Applied only if its message keeps the task within this many bytes of messages (TASK_MESSAGES_MAX_BYTES). */
@@ -252,7 +256,7 @@ export interface StatusChangeResult { task?: TaskRow; timelineSeqs: number[] }
 // The changes travel as one jsonb parameter (see insertTaskBundles). No two may name one task.
 export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[]): Promise<StatusChangeResult[]> {
   const input = changes.map((c, i) => ({
-    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, mb: c.message ? messageBytes(c.message) : 0, mw: c.message ? messageWeight(c.message) : null, max: c.maxMessageBytes ?? null, run: c.run ?? null, lost_run: c.lostRun ?? null,
+    i, task_id: c.taskId, to: c.to, from: c.from, at: c.at, msg: c.message ?? null, mb: c.message ? messageBytes(c.message) : 0, mw: c.message ? messageWeight(c.message) : null, max: c.maxMessageBytes ?? null, run: c.run ?? null, attempt: c.runAttempt ?? null, lost_run: c.lostRun ?? null,
     tl: c.timeline.map((item) => ({ id: item.id, p: item.event_payload, c: item.created_at, w: parsedWeight(item.event_payload) })),
   }))
     .sort(byTaskId);
@@ -260,7 +264,7 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
   // call until the table is next analysed; planned each time, it sees the table's size and probes the
   // primary key. (Prepared, it measured no cheaper under the A2A bench.)
   const { rows } = await pgQuery<{ task: Record<string, unknown> | null; seqs: (string | number)[] | null }>(db,
-    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, mb bigint, mw bigint, max bigint, tl jsonb, run uuid, lost_run uuid)),
+    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, task_id uuid, "to" text, "from" text[], at timestamptz, msg jsonb, mb bigint, mw bigint, max bigint, tl jsonb, run uuid, attempt int, lost_run uuid)),
       u as (update tasks t set status = b."to", status_message_id = (b.msg->>'id')::uuid, status_timestamp = b.at,
                                -- never back: content another process added may carry a later time (clocks differ)
                                updated_at = greatest(t.updated_at, b.at),
@@ -276,6 +280,7 @@ export async function applyStatusChanges(db: Tx, changes: readonly StatusChange[
              where t.id = any($2::uuid[]) and t.id = b.task_id and t.status = any(b."from")
                -- tasks from before migration 0009 name no run
                and (b.run is null or (t.status = 'working' and (t.run_message_id is null or t.run_message_id = b.run)))
+               and (b.attempt is null or t.run_attempt = b.attempt)
                -- a lost run's failure: of the run the task is working under, or of the run it is owed
                and (b.lost_run is null or t.status = 'submitted' or t.run_due_message_id = b.lost_run
                     or (t.status = 'working' and (t.run_message_id is null or t.run_message_id = b.lost_run)))
@@ -337,7 +342,7 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
               -- the ids as a parameter keep both reads of tasks on the primary key (see applyStatusChanges)
               left join (select * from tasks where id = any($2::uuid[])) t on t.id = b.task_id),
       u as (update tasks t set status = 'working', status_message_id = null, status_timestamp = s.at, updated_at = greatest(t.updated_at, s.at),
-                               run_message_id = s.message_id, run_due_message_id = null, run_seen_at = s.at
+                               run_message_id = s.message_id, run_due_message_id = null, run_seen_at = s.at, run_attempt = t.run_attempt + 1
               from s
              where t.id = any($2::uuid[]) and t.id = s.task_id
                and s.status = any(s."from") and s.trigger is not null and not s.answered
@@ -381,6 +386,14 @@ export async function beginRuns(db: Tx, runs: readonly RunStart[]): Promise<(Run
       trigger: r.trigger ? toMessage(r.trigger) : undefined, answered: r.answered, history: r.history.map(toMessage),
     }
     : undefined));
+}
+
+/** Takes a task working under `messageId` for a new take of that run's job; its run_attempt, or undefined when the task is not working under that run. */
+export async function claimRun(db: Tx, taskId: string, messageId: string): Promise<number | undefined> {
+  const [row] = await db('tasks').where({ id: taskId, status: 'working' })
+    .andWhere((q) => q.whereNull('run_message_id').orWhere('run_message_id', messageId))
+    .increment('run_attempt', 1).returning('run_attempt');
+  return row?.run_attempt;
 }
 
 export interface RunToCheck {

@@ -112,7 +112,7 @@ export async function enqueueRun(uow: UnitOfWork, taskId: string, messageId: str
 // (nothing was written).
 export async function changeStatusIf(
   uow: UnitOfWork, taskId: string, to: TaskState, from: readonly TaskState[], message?: CreateMessageRequest,
-  only?: Pick<StatusChange, 'run' | 'lostRun' | 'maxMessageBytes'>,
+  only?: Pick<StatusChange, 'run' | 'runAttempt' | 'lostRun' | 'maxMessageBytes'>,
 ): Promise<Task | null> {
   const at = new Date();
   const iso = at.toISOString();

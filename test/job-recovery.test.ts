@@ -4,8 +4,10 @@ import assert from 'node:assert/strict';
 import { Redis } from 'ioredis';
 import { Queue, UnrecoverableError, Worker } from 'bullmq';
 import { randomUUID } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
 import { applyStatusChanges } from '../db/tasks.ts';
-import { openQueue, startWorker, statusesOf, testDb, textMessage, useStack, waitFor, withQueue, type Proc, type Stack } from './helpers/stack.ts';
+import { openQueue, ROOT, startWorker, statusesOf, testDb, textMessage, useStack, waitFor, withQueue, type Proc, type Stack } from './helpers/stack.ts';
 
 const E = '/api/encryption/v1';
 
@@ -397,5 +399,38 @@ describe('an alias rotation taken over from a worker that stalled', () => {
     }, 'alias rotation');
     const read = await c.get('/api/secret/v1/list-decrypted?page_size=100');
     assert.deepEqual(read.body.secrets.map((s: any) => s.decrypted_value).sort(), ['v0', 'v1', 'v2', 'v3', 'v4', 'v5']);
+  });
+});
+
+describe('an agent run taken over from a worker that stalled', () => {
+  const marker = path.join(process.env.TEST_DATA_DIR!, `takeover-${randomUUID()}.marker`);
+  const stack = useStack({
+    AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/signal-agent.ts'), SIGNAL_AGENT_MARKER: marker,
+    WORKER_LOCK_MS: '1000', WORKER_STALLED_CHECK_MS: '500',
+  }, { workers: 0 });
+  after(() => fs.rmSync(`${marker}.reply`, { force: true }));
+
+  it('is aborted once it wakes, and only the copy that took the task over replies: one reply, not two', async () => {
+    const c = stack.client;
+    const first = await startWorker(stack.env);
+    stack.workers.push(first);
+    const id = (await c.post('/api/task/v1', { message: textMessage('reply when told') })).body.task.id;
+    const progress = async () => (await c.get(`/api/task/v1/${id}/timeline?page_size=100`)).body.items
+      .filter((i: any) => i.event_payload.type === 'task-status-update' && i.event_payload.status === 'working').length;
+    await waitFor(async () => (await progress()) >= 2, 'the first worker\'s run waiting to reply', 20000, 50);
+    // Frozen past its lock: the second worker takes the job again and its run waits to reply too.
+    first.child.kill('SIGSTOP');
+    const second = await startWorker(stack.env);
+    stack.workers.push(second);
+    await waitFor(async () => (await progress()) >= 3, 'the second worker\'s run waiting to reply', 20000, 50);
+    first.child.kill('SIGCONT');
+    // Both were working under the same message: the first, woken, went on to reply as well.
+    await waitFor(async () => first.logs.some((l) => l.includes(id) && l.includes('agent run aborted: its job taken again elsewhere')), 'the first copy aborted', 10000, 50);
+    fs.writeFileSync(`${marker}.reply`, '');
+    await waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.task.status === 'completed', 'the task completed', 20000, 50);
+    const history = (await c.get(`/api/task/v1/${id}`)).body.messages;
+    const replies = history.filter((m: any) => m.role === 'agent' && m.parts.some((p: any) => p.text === 'after the wait'));
+    assert.equal(replies.length, 1, JSON.stringify(history));
+    assert.equal(fs.readFileSync(marker, 'utf8'), 'reply done');
   });
 });

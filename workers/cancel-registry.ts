@@ -1,13 +1,14 @@
 // Abort controllers of the agent runs in this process, fired when their task ends elsewhere or
-// another run takes it (workers/watch-cancels.ts). A run is its task and trigger message.
-export interface RunningRun { taskId: string; messageId: string }
+// another run takes it (workers/watch-cancels.ts). A run is its task and trigger message, and the
+// take of its job (the task's run_attempt) it holds the task under.
+export interface RunningRun { taskId: string; messageId: string; attempt: number }
 
 export class CancelRegistry {
-  private runs = new Map<string, { controller: AbortController; messageId: string; since: number }>();
+  private runs = new Map<string, { controller: AbortController; messageId: string; attempt: number; since: number }>();
 
-  register(taskId: string, messageId: string): AbortController {
+  register(taskId: string, messageId: string, attempt: number): AbortController {
     const controller = new AbortController();
-    this.runs.set(taskId, { controller, messageId, since: Date.now() });
+    this.runs.set(taskId, { controller, messageId, attempt, since: Date.now() });
     return controller;
   }
 
@@ -16,13 +17,13 @@ export class CancelRegistry {
   }
 
   /**
-   * Aborts the task's run (only the one for `messageId`, given one); false when there is none.
+   * Aborts the task's run (only the one for `messageId`, and `attempt`, given them); false when there is none.
    * `superseded`: the task was taken from the run (by a client or another run), not ended: an agent
    * may leave what it started elsewhere going for the run that took over (the remote agent does).
    */
-  cancel(taskId: string, reason = 'task canceled', opts: { messageId?: string; superseded?: boolean } = {}): boolean {
+  cancel(taskId: string, reason = 'task canceled', opts: { messageId?: string; attempt?: number; superseded?: boolean } = {}): boolean {
     const run = this.runs.get(taskId);
-    if (!run || (opts.messageId !== undefined && run.messageId !== opts.messageId)) return false;
+    if (!run || (opts.messageId !== undefined && run.messageId !== opts.messageId) || (opts.attempt !== undefined && run.attempt !== opts.attempt)) return false;
     run.controller.abort(Object.assign(new Error(reason), opts.superseded ? { superseded: true } : {}));
     return true;
   }
@@ -35,7 +36,7 @@ export class CancelRegistry {
   /** Runs that have gone on for at least `ms`. */
   runningFor(ms: number): RunningRun[] {
     const before = Date.now() - ms;
-    return [...this.runs].filter(([, r]) => r.since <= before && !r.controller.signal.aborted).map(([taskId, r]) => ({ taskId, messageId: r.messageId }));
+    return [...this.runs].filter(([, r]) => r.since <= before && !r.controller.signal.aborted).map(([taskId, r]) => ({ taskId, messageId: r.messageId, attempt: r.attempt }));
   }
 
   // Shutdown aborts are marked so the run is handed back for retry instead of counted as canceled.

@@ -15,7 +15,7 @@ const storableWhy = (why: string) =>
   storableText(why.length > FAILURE_REASON_MAX_CHARS ? `${why.slice(0, FAILURE_REASON_MAX_CHARS)}…` : why);
 
 /** Fails the task, if it has not ended (nor been taken from the run, as `run` asks), with an agent status message saying why; null when it had. */
-export const failRun = (uow: UnitOfWork, taskId: string, why: string, run?: Pick<StatusChange, 'run' | 'lostRun'>) =>
+export const failRun = (uow: UnitOfWork, taskId: string, why: string, run?: Pick<StatusChange, 'run' | 'runAttempt' | 'lostRun'>) =>
   changeStatusIf(uow, taskId, 'failed', runEndsFrom('failed'), agentMessage(storableWhy(why), 'message'), run);
 
 /** Fails the task of a run (its message) whose job ended without the run's own final handling; false when the task had ended already or another run has it. */

@@ -104,9 +104,9 @@ const abortedBy = (signal: AbortSignal) => new Promise<never>((_, reject) => {
 // refused once the run is aborted; writes apply only while the task is still working under this run.
 function agentContext(
   services: Services, ours: <T>(call: () => Promise<T>) => Promise<T>,
-  run: { taskId: string; messageId: string; state: RunState; trigger: NonNullable<RunState['trigger']>; signal: AbortSignal; log: Logger },
+  run: { taskId: string; messageId: string; attempt: number; state: RunState; trigger: NonNullable<RunState['trigger']>; signal: AbortSignal; log: Logger },
 ): AgentContext {
-  const { taskId, messageId, state, trigger, signal, log: runLog } = run;
+  const { taskId, messageId, attempt, state, trigger, signal, log: runLog } = run;
   const inTurn = callLimit(CALLS_PER_RUN);
   const invokeInTurn = callLimit(CALLS_PER_RUN);
   const history = state.history.map(({ seq: _s, ...m }) => m);
@@ -116,14 +116,15 @@ function agentContext(
   // Reads and calls from inside a run are refused once the run is aborted.
   const whileRunning = <T>(fn: () => Promise<T>) => (signal.aborted ? Promise.reject(ended('canceled or handed back')) : fn());
   // Writes from inside a run are skipped once the task is no longer working under it: ended (e.g.
-  // canceled meanwhile), set waiting by a client, or taken by another run. Its callers (reply,
+  // canceled meanwhile), set waiting by a client, or taken by another run or by another take of this
+  // run's job (a copy started elsewhere while this one stalled). Its callers (reply,
   // setStatus, emitArtifact) pass its errors through `ours`.
   const whileActive = <T>(fn: (uow: UnitOfWork, task: tasks.TaskRow) => Promise<T>) =>
     inTransaction(services, async (uow) => {
       const locked = await tasks.getTask(uow.trx, taskId, true);
       // Deleted meanwhile (TASK_RETENTION_DAYS, a context purge): ended too.
       if (!locked) throw ended('deleted');
-      if (!workingUnder(locked, messageId)) throw ended(locked.status === 'working' ? 'under another run' : locked.status);
+      if (!workingUnder(locked, messageId) || locked.run_attempt !== attempt) throw ended(locked.status === 'working' ? 'under another run' : locked.status);
       return fn(uow, locked);
     });
 
@@ -212,6 +213,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     const { task_id: taskId, message_id: messageId } = job.data;
     const state = await ours(() => beginRun(services, taskId, messageId, { limit: HISTORY, maxBytes: services.cfg.AGENT_HISTORY_MAX_BYTES }));
     if (!state) return 'task gone';
+    let attempt = state.task.run_attempt ?? 0;
     if (!state.started) {
       if (isTerminal(state.task.status)) return `task already ${state.task.status}`;
       if (state.answered) return 'already answered';
@@ -219,6 +221,11 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       // another message of the task ends.
       if (state.task.status !== 'working') return 'task changed before start';
       if (!workingUnder(state.task, messageId)) return 'another run has the task';
+      if (!state.trigger) return 'message gone';
+      // Taken from the copy that may still run where the job stalled: its writes and end are refused from now on.
+      const claimed = await ours(() => tasks.claimRun(services.db, taskId, messageId));
+      if (claimed === undefined) return 'task changed before start';
+      attempt = claimed;
     }
     if (!state.trigger) return 'message gone';
 
@@ -228,7 +235,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     if (previous !== undefined && cancels.cancel(taskId, 'task taken by another run', { superseded: true })) {
       log.info({ task_id: taskId }, previous === messageId ? 'agent run aborted: its job started again' : 'agent run aborted: task taken by another run');
     }
-    const controller = cancels.register(taskId, messageId);
+    const controller = cancels.register(taskId, messageId, attempt);
     // A run past AGENT_RUN_TIMEOUT_MS is aborted as a cancel aborts it, and fails the task at once:
     // another attempt would only hold a slot as long again.
     const limit = services.cfg.AGENT_RUN_TIMEOUT_MS;
@@ -238,7 +245,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     const timedOut = () => controller.signal.aborted && !!(controller.signal.reason as { timedOut?: boolean } | undefined)?.timedOut;
     const runLog = log.child({ task_id: taskId });
     const maxMessageBytes = services.cfg.TASK_MESSAGES_MAX_BYTES;
-    const ctx = agentContext(services, ours, { taskId, messageId, state, trigger: state.trigger, signal: controller.signal, log: runLog });
+    const ctx = agentContext(services, ours, { taskId, messageId, attempt, state, trigger: state.trigger, signal: controller.signal, log: runLog });
 
     let running: Promise<AgentResult | void> | undefined;
     try {
@@ -255,7 +262,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       // Done running: from here the final write's compare-and-set decides, and a check that sees the
       // task leave working by this write does not take it for a client's doing.
       cancels.release(taskId, controller);
-      const done = await ours(() => inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, runEndsFrom(final.status), final.message, { run: messageId, maxMessageBytes })));
+      const done = await ours(() => inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, runEndsFrom(final.status), final.message, { run: messageId, runAttempt: attempt, maxMessageBytes })));
       if (done) return final.status;
       // Not written: the task ended or was taken meanwhile, or the message would take it over what it
       // may hold (the statement checks without a read; this read, on a miss only, tells which).
@@ -287,7 +294,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         retried.add(thrown);
         throw thrown;
       }
-      await ours(() => inStatement(services, (uow) => failRun(uow, taskId, `The agent failed after ${attempts} attempt(s): ${reason}`, { run: messageId })));
+      await ours(() => inStatement(services, (uow) => failRun(uow, taskId, `The agent failed after ${attempts} attempt(s): ${reason}`, { run: messageId, runAttempt: attempt })));
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');
       return 'failed';
     } finally {

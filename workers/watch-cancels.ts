@@ -3,7 +3,8 @@
 // notes that never came (Redis down or reconnecting when the task ended, an API process gone between
 // its commit and the note), so a run learns of its task's end within about a second either way. The
 // check also aborts a run whose task is no longer working under it: a client set it waiting for
-// input (and may have answered, so that another run, on any worker, has it).
+// input (and may have answered, so that another run, on any worker, has it), and a run whose job was
+// taken again (its worker stalled past the job's lock) by another worker, which holds the task now.
 import type { Services } from '../domain/services.ts';
 import { TASK_CANCELED } from '../domain/tasks.ts';
 import { CLIENT_RUN, isTerminal, workingUnder } from '../domain/task-states.ts';
@@ -28,13 +29,15 @@ export async function watchCancels(services: Pick<Services, 'db' | 'bus' | 'log'
     if (checking || !runs.length) return;
     checking = true;
     try {
-      const runOf = new Map(runs.map((r) => [r.taskId, r.messageId]));
+      const runOf = new Map(runs.map((r) => [r.taskId, r]));
       for (const task of await runHolders(db, [...runOf.keys()])) {
-        const messageId = runOf.get(task.id);
+        const { messageId, attempt } = runOf.get(task.id)!;
         if (isTerminal(task.status)) abort(task.id, task.status);
-        else if (!workingUnder(task, messageId!)) {
-          const why = task.status !== 'working' ? `task set ${task.status}` : task.run_message_id === CLIENT_RUN ? 'task taken by a client' : 'task taken by another run';
-          if (cancels.cancel(task.id, why, { messageId, superseded: true })) log.info({ task_id: task.id, status: task.status }, `agent run aborted: ${why}`);
+        else if (!workingUnder(task, messageId) || task.run_attempt !== attempt) {
+          const why = task.status !== 'working' ? `task set ${task.status}`
+            : task.run_message_id === CLIENT_RUN ? 'task taken by a client'
+              : workingUnder(task, messageId) ? 'its job taken again elsewhere' : 'task taken by another run';
+          if (cancels.cancel(task.id, why, { messageId, attempt, superseded: true })) log.info({ task_id: task.id, status: task.status }, `agent run aborted: ${why}`);
         }
       }
     } catch (err) {
