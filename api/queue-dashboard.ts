@@ -59,21 +59,40 @@ function jobRefusal(err: unknown): InvalidRequest | undefined {
 const JobId = Type.String({ minLength: 1, pattern: worded('^(?!0$)[^:]+$', "must be a job id: not 0, and without ':'") });
 // The bodies of bull-board's add (`data`, `options.jobId`) and edit (`jobData`) of a job, by queue.
 const bodyChecks = (body: (payload: TSchema) => TSchema) => Object.fromEntries(QUEUE_NAMES.map((q) => [q, compileSchema(body(JOB_PAYLOAD_SCHEMAS[q]))])) as Record<QueueName, ValidateFunction>;
+// A body checked alike on every queue.
+const everyQueue = (body: TSchema) => bodyChecks(() => body);
 // Matched as bull-board's router matches them: any case, a trailing slash, the queue name decoded.
-const ADD_JOB = {
-  method: 'POST', path: new RegExp(`^${DASHBOARD_PATH}/api/queues/([^/]+)/add/?$`, 'i'),
-  check: bodyChecks((data) => Type.Object({ data, options: Type.Optional(Type.Object({ jobId: Type.Optional(JobId) })) })),
-};
-const EDIT_JOB = {
-  method: 'PATCH', path: new RegExp(`^${DASHBOARD_PATH}/api/queues/([^/]+)/[^/]+/update-data/?$`, 'i'),
-  check: bodyChecks((jobData) => Type.Object({ jobData })),
-};
+const queueRoute = (rest: string) => new RegExp(`^${DASHBOARD_PATH}/api/queues/([^/]+)/${rest}/?$`, 'i');
+const Integer = (minimum: number, maximum: number) => Type.Integer({ minimum, maximum });
+// bull-board takes any integer from 0 up (1e308 is one) and BullMQ stores it as written: 309 digits
+// of concurrency, or a rate limit's duration that Redis's PEXPIRE refuses each time a worker takes a
+// job, the job then stuck in active. 0 removes the limit: the dashboard's form sends it for an empty field.
+const MAX_GLOBAL_CONCURRENCY = 100_000;
+const MAX_RATE_LIMIT_JOBS = 1_000_000;
+const MAX_RATE_LIMIT_MS = 86_400_000;
+const BODY_CHECKS = [
+  {
+    method: 'POST', path: queueRoute('add'),
+    check: bodyChecks((data) => Type.Object({ data, options: Type.Optional(Type.Object({ jobId: Type.Optional(JobId) })) })),
+  },
+  { method: 'PATCH', path: queueRoute('[^/]+/update-data'), check: bodyChecks((jobData) => Type.Object({ jobData })) },
+  { method: 'PUT', path: queueRoute('concurrency'), check: everyQueue(Type.Object({ concurrency: Integer(0, MAX_GLOBAL_CONCURRENCY) })) },
+  {
+    // {} or a null max removes the limit (the form's empty fields); a duration alone would remove it too.
+    method: 'PUT', path: queueRoute('rate-limit'),
+    check: everyQueue(Type.Object(
+      { max: Type.Optional(Type.Union([Integer(1, MAX_RATE_LIMIT_JOBS), Type.Null()])), duration: Type.Optional(Integer(1, MAX_RATE_LIMIT_MS)) },
+      { dependencies: { duration: ['max'] }, if: { required: ['max'], properties: { max: { type: 'integer' } } }, then: { required: ['duration'] } },
+    )),
+  },
+];
 const decoded = (segment: string) => { try { return decodeURIComponent(segment); } catch { return segment; } };
 
 // A job added or edited by hand holds what its queue's worker reads: one that does not (data null, a
-// task id that is no UUID) would fail in the worker, where no one who sent it sees why.
-function checkJobData(ctx: Context): void {
-  for (const route of [ADD_JOB, EDIT_JOB]) {
+// task id that is no UUID) would fail in the worker, where no one who sent it sees why. A queue's
+// settings are held to what its workers can run with.
+function checkBody(ctx: Context): void {
+  for (const route of BODY_CHECKS) {
     const match = ctx.method === route.method ? route.path.exec(ctx.path) : null;
     const queue = match && decoded(match[1]);
     if (queue && (QUEUE_NAMES as readonly string[]).includes(queue)) checkValid(route.check[queue as QueueName], (ctx.request as { body?: unknown }).body, 'body');
@@ -107,7 +126,7 @@ export function queueDashboard(services: Services): Middleware {
       // Read as the API reads bodies (nesting, NUL, size), so bull-board's own parser is skipped: a job
       // nested thousands deep overflowed the stack when BullMQ wrote it, a 500.
       if (!['GET', 'HEAD', 'OPTIONS'].includes(ctx.method)) (ctx.request as { body?: unknown }).body = await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES) ?? {};
-      checkJobData(ctx);
+      checkBody(ctx);
       try {
         await board(ctx, next);
       } catch (err) {

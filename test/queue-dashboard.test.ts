@@ -135,6 +135,44 @@ describe('queue dashboard at /admin/queues', () => {
     assert.deepEqual(((await schema.json()) as { required: string[] }).required, ['task_id', 'message_id']);
     await withQueue(stack.env, 'agent-tasks', (q) => q.remove(job.id));
   });
+
+  it('answers 400 to a global concurrency or rate limit that makes no sense (however its path is spelled), keeping the one Redis holds', async () => {
+    const headers = { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' };
+    const queues = `${stack.api.url}/admin/queues/api/queues`;
+    const held = () => withQueue(stack.env, 'key-jobs', async (q) => [await q.getGlobalConcurrency(), await q.getGlobalRateLimit()]);
+    await withQueue(stack.env, 'key-jobs', async (q) => { await q.setGlobalConcurrency(7); await q.setGlobalRateLimit(5, 1000); });
+    const cases: [string, string, string][] = [
+      ['concurrency', '{"concurrency":1e308}', 'Invalid body: body.concurrency must be <= 100000'],
+      ['concurrency', '{"concurrency":-1}', 'Invalid body: body.concurrency must be >= 0'],
+      ['concurrency', '{"concurrency":2.5}', 'Invalid body: body.concurrency must be integer'],
+      ['concurrency', '{"concurrency":"NaN"}', 'Invalid body: body.concurrency must be integer'],
+      ['concurrency', '{}', 'Invalid body: body.concurrency is required'],
+      ['rate-limit', '{"max":5,"duration":1e308}', 'Invalid body: body.duration must be <= 86400000'],
+      ['rate-limit', '{"max":1e308,"duration":1000}', 'Invalid body: body.max must be <= 1000000 or null'],
+      ['rate-limit', '{"max":0,"duration":1000}', 'Invalid body: body.max must be >= 1 or null'],
+      ['rate-limit', '{"max":5,"duration":-1}', 'Invalid body: body.duration must be >= 1'],
+      ['rate-limit', '{"max":5,"duration":0.5}', 'Invalid body: body.duration must be integer'],
+      ['rate-limit', '{"max":"NaN","duration":1000}', 'Invalid body: body.max must be integer or null'],
+      ['rate-limit', '{"max":5}', 'Invalid body: body.duration is required'],
+      ['rate-limit', '{"duration":1000}', 'Invalid body: body must have property max when property duration is present'],
+    ];
+    for (const [setting, body, message] of cases) for (const path of [`key-jobs/${setting}`, `key%2Djobs/${setting}`, `key-jobs/${setting.toUpperCase()}/`]) {
+      const r = await fetch(`${queues}/${path}`, { method: 'PUT', headers, body });
+      assert.equal(r.status, 400, `${path} ${body}: ${await r.clone().text()}`);
+      const refusal = (await r.json()) as { message: string; data: { code: string } };
+      assert.equal(refusal.message, message, `${path} ${body}`);
+      assert.equal(refusal.data.code, 'invalid_request');
+    }
+    assert.deepEqual(await held(), [7, { max: 5, duration: 1000 }], 'the settings Redis held before');
+    // Sensible ones are taken; 0 (the form's empty field) removes the concurrency limit, {} the rate limit.
+    const put = (setting: string, body: string) => fetch(`${queues}/key-jobs/${setting}`, { method: 'PUT', headers, body });
+    assert.equal((await put('concurrency', '{"concurrency":100000}')).status, 200);
+    assert.equal((await put('rate-limit', '{"max":1000000,"duration":86400000}')).status, 200);
+    assert.deepEqual(await held(), [100000, { max: 1000000, duration: 86400000 }]);
+    assert.equal((await put('concurrency', '{"concurrency":0}')).status, 200);
+    assert.equal((await put('rate-limit', '{}')).status, 200);
+    assert.deepEqual(await held(), [null, null]);
+  });
 });
 
 describe('queue dashboard and RATE_LIMIT_PER_SECOND', () => {
