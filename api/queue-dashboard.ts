@@ -70,12 +70,16 @@ const Integer = (minimum: number, maximum: number) => Type.Integer({ minimum, ma
 const MAX_GLOBAL_CONCURRENCY = 100_000;
 const MAX_RATE_LIMIT_JOBS = 1_000_000;
 const MAX_RATE_LIMIT_MS = 86_400_000;
+// A delayed job's new run time (ms since 1970) up to the end of the year 9999: bull-board took any
+// finite number, and 1e308 put the job in the delayed set at score inf, never to run.
+const LAST_RUN_AT = Date.UTC(9999, 11, 31, 23, 59, 59, 999);
 const BODY_CHECKS = [
   {
     method: 'POST', path: queueRoute('add'),
     check: bodyChecks((data) => Type.Object({ data, options: Type.Optional(Type.Object({ jobId: Type.Optional(JobId) })) })),
   },
   { method: 'PATCH', path: queueRoute('[^/]+/update-data'), check: bodyChecks((jobData) => Type.Object({ jobData })) },
+  { method: 'PATCH', path: queueRoute('[^/]+/delay'), check: everyQueue(Type.Object({ runAt: Integer(0, LAST_RUN_AT) })) },
   { method: 'PUT', path: queueRoute('concurrency'), check: everyQueue(Type.Object({ concurrency: Integer(0, MAX_GLOBAL_CONCURRENCY) })) },
   {
     // {} or a null max removes the limit (the form's empty fields); a duration alone would remove it too.

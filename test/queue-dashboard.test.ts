@@ -173,6 +173,34 @@ describe('queue dashboard at /admin/queues', () => {
     assert.equal((await put('rate-limit', '{}')).status, 200);
     assert.deepEqual(await held(), [null, null]);
   });
+
+  it('answers 400 to a delayed job\'s new run time that makes no sense (however its path is spelled), the job left as it was', async () => {
+    const headers = { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' };
+    const queues = `${stack.api.url}/admin/queues/api/queues`;
+    const job = await withQueue(stack.env, 'key-jobs', (q) => q.add('run', { job_id: '00000000-0000-4000-8000-000000000000' }, { delay: 60_000 }));
+    const held = () => withQueue(stack.env, 'key-jobs', async (q) => { const j = await q.getJob(job.id!); return [await j?.getState(), j?.delay]; });
+    const cases: [string, string][] = [
+      ['{"runAt":1e308}', 'Invalid body: body.runAt must be <= 253402300799999'],
+      ['{"runAt":-1}', 'Invalid body: body.runAt must be >= 0'],
+      [`{"runAt":${Date.now() + 0.5}}`, 'Invalid body: body.runAt must be integer'],
+      ['{"runAt":"NaN"}', 'Invalid body: body.runAt must be integer'],
+      ['{}', 'Invalid body: body.runAt is required'],
+    ];
+    for (const [body, message] of cases) for (const path of [`key-jobs/${job.id}/delay`, `key%2Djobs/${job.id}/delay`, `key-jobs/${job.id}/DELAY/`]) {
+      const r = await fetch(`${queues}/${path}`, { method: 'PATCH', headers, body });
+      assert.equal(r.status, 400, `${path} ${body}: ${await r.clone().text()}`);
+      const refusal = (await r.json()) as { message: string; data: { code: string } };
+      assert.equal(refusal.message, message, `${path} ${body}`);
+      assert.equal(refusal.data.code, 'invalid_request');
+    }
+    assert.deepEqual(await held(), ['delayed', 60_000], 'the job as it was');
+    const later = await fetch(`${queues}/key-jobs/${job.id}/delay`, { method: 'PATCH', headers, body: JSON.stringify({ runAt: Date.now() + 3_600_000 }) });
+    assert.equal(later.status, 200, await later.clone().text());
+    const [state, delay] = await held();
+    assert.equal(state, 'delayed');
+    assert.ok((delay as number) > 3_500_000, String(delay));
+    await withQueue(stack.env, 'key-jobs', (q) => q.remove(job.id!));
+  });
 });
 
 describe('queue dashboard and RATE_LIMIT_PER_SECOND', () => {
