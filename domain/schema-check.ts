@@ -142,8 +142,9 @@ function firstErrors(reported: readonly ErrorObject[]): readonly ErrorObject[] {
   return reported.slice(0, end);
 }
 
-export function checkValid(validate: ValidateFunction, value: unknown, where: string): void {
-  if (validate(value)) return;
+/** What is wrong with `value` (none when it is valid), each offending member once, in words. */
+export function fieldErrors(validate: ValidateFunction, value: unknown, where: string): FieldError[] {
+  if (validate(value)) return [];
   const reported = firstErrors(validate.errors ?? []);
   let more = reported.length < validate.errors!.length;
   const nullables = reported.filter(isNullable);
@@ -166,6 +167,12 @@ export function checkValid(validate: ValidateFunction, value: unknown, where: st
     errors.push({ path: d.path, message: d.message });
   }
   if (more) errors.push({ path: where, message: `has more errors than the ${errors.length} listed` });
+  return errors;
+}
+
+export function checkValid(validate: ValidateFunction, value: unknown, where: string): void {
+  const errors = fieldErrors(validate, value, where);
+  if (!errors.length) return;
   const first = errors[0];
   throw new InvalidRequest(`Invalid ${where}: ${first.path} ${first.message}`, errors);
 }

@@ -8,7 +8,8 @@ export const QUEUE_NAMES = ['agent-tasks', 'key-jobs', 'credential-refresh', 'pu
 export type QueueName = (typeof QUEUE_NAMES)[number];
 
 // Job payloads carry ids only: never secrets, tokens or key material. The outbox writes them; a
-// job added by hand (the queue dashboard) is checked against its queue's schema before it is queued.
+// job added by hand (the queue dashboard) is checked against its queue's schema before it is queued,
+// and every job by its worker before it runs (job-payloads.ts).
 export const JOB_PAYLOAD_SCHEMAS = {
   'agent-tasks': Type.Object({ task_id: Uuid, message_id: Uuid }),
   'key-jobs': Type.Object({ job_id: Uuid }),

@@ -20,7 +20,8 @@ import { createRefreshCredentialProcessor, recordRefreshOutcomes, startRefreshSc
 import { AgentConfigError, resolveAgent } from './agents/resolve-agent.ts';
 import { failedForGood, recordJobMetrics } from './record-job-metrics.ts';
 import { WorkerMetrics } from '../queues/worker-metrics.ts';
-import { backoffStrategy, queueConcurrency, type JobPayloads } from '../queues/names.ts';
+import { backoffStrategy, queueConcurrency, type JobPayloads, type QueueName } from '../queues/names.ts';
+import { checkingPayload, JobPayloadMismatch } from '../queues/job-payloads.ts';
 import { stalledTooOften } from '../queues/stalled.ts';
 import { exitIfNotStoppedWithin, onStop } from '../domain/stop-signals.ts';
 import { renewingRetakenLocks } from './renew-retaken-lock.ts';
@@ -52,14 +53,16 @@ const agent = await resolveAgent(services).catch((err: unknown) => {
 const connection = createRedis(cfg.REDIS_URL, 'worker');
 connection.on('error', (err) => log.debug({ err: { message: err.message } }, 'redis connection error'));
 const concurrency = queueConcurrency(cfg);
-// Each processor is wrapped so that a job taken again after it stalled keeps its lock (renew-retaken-lock.ts).
-const locked = <D, R>(processor: Processor<D, R>) => renewingRetakenLocks(processor, cfg.WORKER_LOCK_MS);
+// Each processor is wrapped: it runs only jobs whose data is its queue's payload (queues/job-payloads.ts),
+// and a job taken again after it stalled keeps its lock (renew-retaken-lock.ts).
+const wrapped = <Q extends QueueName, R>(queue: Q, processor: Processor<JobPayloads[Q], R>) =>
+  checkingPayload(queue, renewingRetakenLocks(processor, cfg.WORKER_LOCK_MS), log);
 const common = {
   connection, prefix: cfg.QUEUE_PREFIX, lockDuration: cfg.WORKER_LOCK_MS, stalledInterval: cfg.WORKER_STALLED_CHECK_MS, maxStalledCount: 5,
   settings: { backoffStrategy: backoffStrategy(cfg) },
 };
 
-const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', locked(createAgentTaskProcessor(services, agent.handler, cancels)), {
+const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', wrapped('agent-tasks', createAgentTaskProcessor(services, agent.handler, cancels)), {
   ...common,
   concurrency: concurrency['agent-tasks'],
   // Never reached: BullMQ honours a queue's manual rate limit (the pause of runs during a Postgres
@@ -75,20 +78,20 @@ agentWorker.on('failed', (job: Job<JobPayloads['agent-tasks']> | undefined, err)
 
 // Fired when a shutdown's grace period is over: key jobs go back to the queue after their batch.
 const keyJobsHandBack = new AbortController();
-const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', locked(createKeyJobsProcessor(services, keyJobsHandBack.signal)), {
+const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', wrapped('key-jobs', createKeyJobsProcessor(services, keyJobsHandBack.signal)), {
   ...common,
   concurrency: concurrency['key-jobs'],
 });
 keyJobsWorker.on('failed', onKeyJobFailed(services));
 const stopHousekeeping = startHousekeeping(services, agent.housekeeping);
 
-const pushWorker = new Worker<JobPayloads['push-notifications']>('push-notifications', locked(createPushDeliveryProcessor(services)), {
+const pushWorker = new Worker<JobPayloads['push-notifications']>('push-notifications', wrapped('push-notifications', createPushDeliveryProcessor(services)), {
   ...common,
   concurrency: concurrency['push-notifications'],
 });
 const pushListener = await listenForPushDeliveries(services);
 
-const refreshWorker = new Worker<JobPayloads['credential-refresh']>('credential-refresh', locked(createRefreshCredentialProcessor(services)), {
+const refreshWorker = new Worker<JobPayloads['credential-refresh']>('credential-refresh', wrapped('credential-refresh', createRefreshCredentialProcessor(services)), {
   ...common,
   concurrency: concurrency['credential-refresh'],
 });
@@ -96,9 +99,10 @@ const stopRefreshScheduler = startRefreshScheduler(services);
 
 // These processors leave their failures to BullMQ's retries, saying nothing of them: each is logged
 // here with the job's ids (payloads hold ids only), and one that failed for good with its stack.
+// A job whose data is not a payload was logged, without its data, as it was failed.
 for (const w of [pushWorker, refreshWorker] as Worker[]) {
   w.on('failed', (job: Job | undefined, err) => {
-    if (!job) return;
+    if (!job || err instanceof JobPayloadMismatch) return;
     const where = { queue: w.name, job_id: job.id, ...job.data, attempt: job.attemptsMade, attempts: job.opts.attempts };
     if (failedForGood(job)) log.error({ ...where, err }, 'job failed for good');
     else log.warn({ ...where, reason: publicReason(err) }, 'job attempt failed; it will be retried');
