@@ -1,6 +1,7 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, PageQuery, Paginated, requestErrors, Success, Uuid } from '../schemas/common.ts';
+import { ErrorBody, PageQuery, Paginated, requestErrors, Success } from '../schemas/common.ts';
+import { Uuid } from '../../domain/schemas.ts';
 import { ApiKey, CreateApiKeyRequest, CreatedApiKey } from '../schemas/auth.ts';
 import { createApiKey, revokeApiKey } from '../../domain/api-keys.ts';
 import { listActive } from '../../db/api-keys.ts';

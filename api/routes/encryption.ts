@@ -1,6 +1,7 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, kmsErrors, NoControlChars, PageQuery, Paginated, requestErrors, resourceErrors, Success, Uuid } from '../schemas/common.ts';
+import { ErrorBody, kmsErrors, NoControlChars, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
+import { Uuid } from '../../domain/schemas.ts';
 import {
   Alias, AliasName, CreateAliasRequest, CreateDekRequest, CreateEnvelopeKeyRequest, DataEncryptionKey, DekId, DekListItem,
   EnvelopeId, EnvelopeKey, EnvelopeKeyWithCount, ImportDekRequest, KeyJob, MigrateRequest, UpdateAliasRequest,

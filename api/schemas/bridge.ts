@@ -1,6 +1,7 @@
 // Bridge shapes (seed: ProviderInstance, FunctionInstance, *Controller, Credential; SPEC.md section 7).
 import { Type, type Static } from '@sinclair/typebox';
-import { Body, FreeObject, HttpUrl, NoControlChars, Timestamp, Uuid } from './common.ts';
+import { Body, FreeObject, HttpUrl, NoControlChars, Timestamp } from './common.ts';
+import { Uuid } from '../../domain/schemas.ts';
 import { AliasName } from './encryption.ts';
 import { worded } from '../../domain/schema-check.ts';
 import { HEADER_TOKEN_OR_EMPTY_PATTERN } from '../../domain/bridge/credential-controllers.ts';

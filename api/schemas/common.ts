@@ -1,8 +1,6 @@
 import { Type, type ObjectOptions, type TSchema } from '@sinclair/typebox';
 import { worded } from '../../domain/schema-check.ts';
 
-// The pattern too: ajv-formats' uuid format also accepts 'urn:uuid:...', which Postgres refuses.
-export const Uuid = Type.String({ format: 'uuid', pattern: worded('^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$', 'must be a UUID'), description: 'UUID' });
 // A pattern for free-form strings that reach SQL or paths: no control characters (Postgres refuses NUL).
 // `*`: an empty string breaks only its minLength, so it is told only that.
 export const NoControlChars = worded('^[^\\u0000-\\u001f\\u007f]*$', 'must not contain control characters');

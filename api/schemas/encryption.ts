@@ -1,5 +1,6 @@
 import { Type } from '@sinclair/typebox';
-import { Body, FreeObject, NoControlChars, NotDotSegment, Timestamp, Uuid } from './common.ts';
+import { Body, FreeObject, NoControlChars, NotDotSegment, Timestamp } from './common.ts';
+import { Uuid } from '../../domain/schemas.ts';
 import type { EnvelopeKeyRow } from '../../db/envelope-keys.ts';
 import type { AliasRow, DekListRow, DekRow } from '../../db/deks.ts';
 import type { KeyJobRow } from '../../db/key-jobs.ts';

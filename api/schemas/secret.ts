@@ -1,5 +1,6 @@
 import { Type, type Static } from '@sinclair/typebox';
-import { Body, Timestamp, Uuid } from './common.ts';
+import { Body, Timestamp } from './common.ts';
+import { Uuid } from '../../domain/schemas.ts';
 import { AliasName, DekId } from './encryption.ts';
 import { worded } from '../../domain/schema-check.ts';
 

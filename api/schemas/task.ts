@@ -1,5 +1,6 @@
 import { Type, type Static } from '@sinclair/typebox';
-import { Base64, Body, FreeObject, NoControlChars, Paginated, Timestamp, Uuid } from './common.ts';
+import { Base64, Body, FreeObject, NoControlChars, Paginated, Timestamp } from './common.ts';
+import { Uuid } from '../../domain/schemas.ts';
 import { TASK_STATES } from '../../domain/task-states.ts';
 
 const meta = { metadata: Type.Optional(FreeObject) };

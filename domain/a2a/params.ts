@@ -7,7 +7,8 @@ import type { ErrorObject } from 'ajv';
 import { A2AError, JSONRPC } from './errors.ts';
 import { choiceText, compileSchema, errorText, pointerNames, withoutChoiceBranches } from '../schema-check.ts';
 import { memberPath } from '../errors.ts';
-import { Base64, Uuid } from '../../api/schemas/common.ts';
+import { Base64 } from '../../api/schemas/common.ts';
+import { Uuid } from '../schemas.ts';
 import { AcceptedOutputModes, MessageExtensions } from '../../api/schemas/task.ts';
 
 const Metadata = Type.Record(Type.String(), Type.Unknown());
