@@ -30,6 +30,23 @@ export class AppError extends Error {
 // (and the position, where V8 gives one) are kept.
 export const jsonErrorWithoutExcerpt = (message: string) => message.replace(/, (?:\.\.\.)?".*"(?:\.\.\.)? is not valid JSON$/s, '');
 
+// What a client sent (a method or tool name, a header) as an error quotes it back: in full up to
+// ECHO_MAX characters, else its first ECHO_START and its length, so that a name of a megabyte does
+// not come back whole. Control characters (and U+2028/9) are escaped, so that it reads on one line,
+// never as lines of its own, wherever the message is shown or logged.
+const ECHO_MAX = 100;
+const ECHO_START = 60;
+const ESCAPES: Record<string, string> = { '\n': '\\n', '\r': '\\r', '\t': '\\t' };
+export function echoed(text: string): string {
+  let shown = text;
+  if (text.length > ECHO_MAX) {
+    // Not cut inside a surrogate pair.
+    const end = /[\ud800-\udbff]/.test(text[ECHO_START - 1]) ? ECHO_START - 1 : ECHO_START;
+    shown = `${text.slice(0, end)}… (${text.length} characters)`;
+  }
+  return shown.replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => ESCAPES[c] ?? `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+}
+
 export interface FieldError { path: string; message: string }
 
 // A member's path below `parent`: `parent.name`, or `parent["name"]` for a name that would read as

@@ -76,6 +76,19 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.equal(proto.body.error.code, -32601);
     });
 
+    it('an unknown method is named as MCP names it: in full when short, a long one by its start and length, control characters escaped', async () => {
+      for (const [method, message] of [
+        ['tasks/explode', 'Method not found: tasks/explode'],
+        ['m'.repeat(5000), `Method not found: ${'m'.repeat(60)}… (5000 characters)`],
+        // Not cut inside a surrogate pair.
+        [`a${'\u{1F600}'.repeat(3000)}`, `Method not found: a${'\u{1F600}'.repeat(29)}… (6001 characters)`],
+        ['tasks/get\nX-Forged: 1\u0007', 'Method not found: tasks/get\\nX-Forged: 1\\u0007'],
+      ]) {
+        const r = await rpc(method, {});
+        assert.deepEqual([r.status, r.body.error], [200, { code: -32601, message }], method.slice(0, 60));
+      }
+    });
+
     it('a request without an id is told an unknown method (-32601) or bad params (-32602) first, else -32600, and runs nothing', async () => {
       const tasks = async () => Number((await testDb()('tasks').count({ n: '*' }))[0].n);
       const before = await tasks();

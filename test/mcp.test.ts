@@ -260,11 +260,11 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
   it('answers any other name a client sends (huge, unicode, NUL, empty) with -32602, never a 500', async () => {
     const calls = stripe.seen.length;
     for (const [name, message] of [
-      ['x'.repeat(100_000), 'Unknown tool: a name of 100000 characters (tool names have at most 64)'],
+      ['x'.repeat(100_000), `Unknown tool: ${'x'.repeat(60)}… (100000 characters); tool names have at most 64 characters`],
       ['stripe__stripe_process_refund__stripé', 'Unknown tool: stripe__stripe_process_refund__stripé'],
       ['stripe__stripe_process_refund__\u{1F600}', 'Unknown tool: stripe__stripe_process_refund__\u{1F600}'],
       ['', 'Unknown tool: '],
-      ['stripe.stripe_process_refund.stripe-main\n', 'Unknown tool: stripe.stripe_process_refund.stripe-main\n'],
+      ['stripe.stripe_process_refund.stripe-main\n', 'Unknown tool: stripe.stripe_process_refund.stripe-main\\n'],
       [`${REFUND}\u0000`, 'Invalid params: params.name: contains a NUL character or an unpaired surrogate'],
     ] as const) {
       const r = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 3, method: 'tools/call', params: { name, arguments: { payment_intent: 'pi_1' } } }));
@@ -349,7 +349,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     });
     assert.deepEqual(empty, { status: 403, body: forbidden('An empty Origin') });
     const long = `https://${'a'.repeat(300)}.example`;
-    assert.deepEqual(await (await refundFrom(long, 'pi_foreign')).json(), forbidden(`An Origin of ${long.length} characters`));
+    assert.deepEqual(await (await refundFrom(long, 'pi_foreign')).json(), forbidden(`Origin ${long.slice(0, 60)}… (${long.length} characters)`));
     assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
     // The operator can tell why from the log.
     const refused = await refundFrom('https://evil.example', 'pi_foreign');
@@ -550,7 +550,9 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
       assert.deepEqual(await r.json(), { jsonrpc: '2.0', id: 4, error: { code: ErrorCode.MethodNotFound, message: `Method not found: ${method}` } });
     }
     const long = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 4, method: 'm'.repeat(5000) }));
-    assert.deepEqual(await long.json(), { jsonrpc: '2.0', id: 4, error: { code: ErrorCode.MethodNotFound, message: 'Method not found: a method name of 5000 characters' } });
+    assert.deepEqual(await long.json(), { jsonrpc: '2.0', id: 4, error: { code: ErrorCode.MethodNotFound, message: `Method not found: ${'m'.repeat(60)}… (5000 characters)` } });
+    const forged = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 4, method: 'no/such\r\nX-Forged: 1' }));
+    assert.deepEqual(await forged.json(), { jsonrpc: '2.0', id: 4, error: { code: ErrorCode.MethodNotFound, message: 'Method not found: no/such\\r\\nX-Forged: 1' } });
     const batch = await rawPost('[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"uri": "x"}}]');
     assert.deepEqual(await batch.json(), [{ jsonrpc: '2.0', id: 1, result: {} }, { jsonrpc: '2.0', id: 2, error: { code: ErrorCode.MethodNotFound, message: 'Method not found: resources/read' } }]);
   });

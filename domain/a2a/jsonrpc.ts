@@ -2,7 +2,7 @@
 // every failure as an error object with the request id echoed (null only when unreadable).
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import type { Config } from '../config.ts';
-import type { FieldError } from '../errors.ts';
+import { echoed, type FieldError } from '../errors.ts';
 import type { Logger } from '../logger.ts';
 import { A2AError, JSONRPC, logRpcError, toJsonRpcError, type JsonRpcErrorObject } from './errors.ts';
 import * as m from './methods.ts';
@@ -101,7 +101,7 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, unst
     if ('id' in req && !isId(req.id)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id must be a string, a number of at most 2^53 - 1 in magnitude, or null');
     if (typeof req.method !== 'string') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');
     const target = Object.hasOwn(METHODS, req.method) ? METHODS[req.method] : undefined;
-    if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${req.method.slice(0, 100)}`);
+    if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${echoed(req.method)}`);
     const params = req.params === undefined && target.paramsOptional ? null : req.params;
     const validated = (value: unknown) => {
       if (refusal) throw refusal;

@@ -6,7 +6,7 @@ import {
   CallToolRequestSchema, ErrorCode, InitializeRequestSchema, JSONRPCErrorResponseSchema, JSONRPCNotificationSchema, JSONRPCRequestSchema,
   JSONRPCResultResponseSchema, ListToolsRequestSchema, PingRequestSchema, SUPPORTED_PROTOCOL_VERSIONS, type JSONRPCErrorResponse,
 } from '@modelcontextprotocol/sdk/types.js';
-import type { FieldError } from '../errors.ts';
+import { echoed, type FieldError } from '../errors.ts';
 import { normalOrigin } from '../origin.ts';
 
 // The requests the server answers, with the SDK's schemas for them.
@@ -73,8 +73,8 @@ export function originRefusal(allowed: ReadonlySet<string> | 'any', origin: stri
   if (origin === undefined || allowed === 'any') return undefined;
   const normal = normalOrigin(origin);
   if (normal !== undefined && allowed.has(normal)) return undefined;
-  // As sent, but a long one only by its length (what a header may hold is up to some 16 KiB).
-  const named = !origin ? 'An empty Origin' : origin.length > 200 ? `An Origin of ${origin.length} characters` : `Origin ${origin}`;
+  // A header may hold some 16 KiB: echoed says a long one by its start.
+  const named = origin ? `Origin ${echoed(origin)}` : 'An empty Origin';
   return { jsonrpc: '2.0', id: null, error: { code: -32000, message: `Forbidden: ${named} is not allowed` } };
 }
 

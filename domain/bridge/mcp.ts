@@ -9,7 +9,7 @@ import {
   CallToolRequestSchema, CancelledNotificationSchema, ErrorCode, ListToolsRequestSchema, type CallToolResult, type Tool,
 } from '@modelcontextprotocol/sdk/types.js';
 import type { Services } from '../services.ts';
-import { AppError, InvalidRequest, logFailure, NotFound, unavailability, type FieldError } from '../errors.ts';
+import { AppError, echoed, InvalidRequest, logFailure, NotFound, unavailability, type FieldError } from '../errors.ts';
 import { functionInstancesByIdPrefix, getFunctionInstance, getProviderInstance, listRunnableFunctionInstances, type FunctionInstanceRow } from '../../db/bridge.ts';
 import { CATALOG_PAIRS, describedPage, PROVIDERS } from './catalog.ts';
 import { invokeFunction } from './functions.ts';
@@ -70,9 +70,6 @@ async function resolveTool(db: Services['db'], name: string): Promise<ToolIdenti
   return undefined;
 }
 
-// What an unknown tool's error quotes: the name, unless it is far longer than any tool's.
-const quoted = (name: string) => (name.length <= 200 ? name : `a name of ${name.length} characters (tool names have at most ${NAME_MAX})`);
-
 // Tools come in pages (MCP's cursor pagination): each carries its parameter schema, and thousands
 // of function instances would otherwise make one answer of tens of megabytes.
 export const TOOLS_PAGE = 500;
@@ -117,7 +114,7 @@ function refusalText(err: AppError): string {
 // error. A fault of ours (a credential that does not decrypt, say) is neither: guarded logs it and
 // answers -32603, as REST answers 500, rather than show the model its internals.
 export async function callTool(services: Services, name: string, args: Record<string, unknown>, { signal, log = services.log }: { signal?: AbortSignal; log?: Logger } = {}): Promise<CallToolResult> {
-  const unknown = () => new McpRefusal(ErrorCode.InvalidParams, `Unknown tool: ${quoted(name)}`);
+  const unknown = () => new McpRefusal(ErrorCode.InvalidParams, `Unknown tool: ${echoed(name)}${name.length > NAME_MAX ? `; tool names have at most ${NAME_MAX} characters` : ''}`);
   // Checked before the arguments: an unknown tool is that, whatever it was sent.
   const tool = await resolveTool(services.db, name);
   if (!tool) throw unknown();
@@ -161,7 +158,7 @@ export function createMcpServer(services: Services, signal?: AbortSignal, log = 
   server.setNotificationHandler(CancelledNotificationSchema, () => {});
   // The SDK's own answer to a method it has no handler for says only "Method not found", not which.
   server.fallbackRequestHandler = async ({ method }) => {
-    throw new McpRefusal(ErrorCode.MethodNotFound, `Method not found: ${method.length <= 200 ? method : `a method name of ${method.length} characters`}`);
+    throw new McpRefusal(ErrorCode.MethodNotFound, `Method not found: ${echoed(method)}`);
   };
   server.setRequestHandler(ListToolsRequestSchema, async ({ params }) => guarded(log, 'tools/list', () => listTools(services.db, log, params?.cursor)));
   server.setRequestHandler(CallToolRequestSchema, async ({ params }, { requestId }) => {
