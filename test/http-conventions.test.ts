@@ -47,8 +47,16 @@ describe('HTTP conventions', () => {
       const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': type }, raw: body });
       assertError(r, 415, 'unsupported_media_type');
     }
-    const none = await raw(stack.api.url, { method: 'POST', path: '/api/task/v1', headers: { authorization: `Bearer ${stack.client.key}`, 'content-length': String(body.length) }, chunks: [body] });
-    assert.equal(none.status, 415);
+    // Without the header, or with it empty, the message says so (it said "got 'none'").
+    const auth = { authorization: `Bearer ${stack.client.key}`, 'content-length': String(body.length) };
+    for (const [headers, message] of [
+      [auth, 'Content-Type must be application/json; the request has no Content-Type header'],
+      [{ ...auth, 'content-type': '' }, 'Content-Type must be application/json; the request\'s Content-Type header is empty'],
+      [{ ...auth, 'content-type': `text/${'x'.repeat(300)}` }, `Content-Type must be application/json, got 'text/${'x'.repeat(55)}… (305 characters)'`],
+    ] as const) {
+      const r = await raw(stack.api.url, { method: 'POST', path: '/api/task/v1', headers, chunks: [body] });
+      assert.deepEqual([r.status, r.body], [415, { message, data: { code: 'unsupported_media_type' } }], JSON.stringify(headers).slice(0, 100));
+    }
     assert.equal(await taskCount(), before);
   });
 

@@ -1,5 +1,5 @@
 import type { Context } from 'koa';
-import { InvalidRequest, jsonErrorWithoutExcerpt, PayloadTooLarge, UnsupportedMediaType } from '../../domain/errors.ts';
+import { echoed, InvalidRequest, jsonErrorWithoutExcerpt, PayloadTooLarge, UnsupportedMediaType } from '../../domain/errors.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 
 const JSON_TYPE = /^application\/([a-z0-9.+-]*\+)?json\s*(;|$)/i;
@@ -28,7 +28,8 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
     req.resume();
     throw new UnsupportedMediaType(`Content-Encoding '${encoding.slice(0, 100)}' is not supported: send the body uncompressed`, { 'Accept-Encoding': 'identity' });
   }
-  const type = req.headers['content-type'] ?? '';
+  const sentType = req.headers['content-type'];
+  const type = sentType ?? '';
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const chunk of req) {
@@ -40,7 +41,10 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
     chunks.push(chunk as Buffer);
   }
   if (size === 0) return undefined;
-  if (!JSON_TYPE.test(type)) throw new UnsupportedMediaType(`Content-Type must be application/json, got '${type || 'none'}'`);
+  if (!JSON_TYPE.test(type)) {
+    const got = sentType === undefined ? '; the request has no Content-Type header' : !type ? '; the request\'s Content-Type header is empty' : `, got '${echoed(type)}'`;
+    throw new UnsupportedMediaType(`Content-Type must be application/json${got}`);
+  }
   const charset = CHARSET.exec(type);
   if (charset) {
     const name = charset[1] ?? charset[2];
