@@ -276,13 +276,17 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
 
   it('answers params of the wrong shape with -32602 naming the field, for every method it serves, and a call as a task with -32601, not an internal or parse error', async () => {
     const cases: [string, unknown, RegExp][] = [
-      ['tools/call', { name: 5 }, /^Invalid params: params\.name: /],
-      ['tools/call', { name: 'stripe.stripe_process_refund.stripe-main', arguments: 'notobj' }, /^Invalid params: params\.arguments: /],
-      ['tools/call', {}, /^Invalid params: params\.name: /],
-      ['tools/call', 5, /^Invalid params: params: /],
-      ['tools/list', { cursor: 5 }, /^Invalid params: params\.cursor: /],
-      ['initialize', { protocolVersion: 5, capabilities: {}, clientInfo: { name: 'x', version: '1' } }, /^Invalid params: params\.protocolVersion: /],
-      ['ping', { _meta: 'x' }, /^Invalid params: params\._meta: /],
+      // Worded as the rest of the API words a member missing or of the wrong type, not in the SDK's zod words
+      // ("Invalid input: expected string, received undefined").
+      ['tools/call', { name: 5 }, /^Invalid params: params\.name must be a string$/],
+      ['tools/call', { name: 'stripe.stripe_process_refund.stripe-main', arguments: 'notobj' }, /^Invalid params: params\.arguments must be an object$/],
+      ['tools/call', {}, /^Invalid params: params\.name is required$/],
+      ['tools/call', undefined, /^Invalid params: params is required$/],
+      ['tools/call', 5, /^Invalid params: params must be an object$/],
+      ['tools/list', { cursor: 5 }, /^Invalid params: params\.cursor must be a string$/],
+      ['initialize', { protocolVersion: 5, capabilities: {}, clientInfo: { name: 'x', version: '1' } }, /^Invalid params: params\.protocolVersion must be a string$/],
+      ['initialize', { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x' } }, /^Invalid params: params\.clientInfo\.version is required$/],
+      ['ping', { _meta: 'x' }, /^Invalid params: params\._meta must be an object$/],
     ];
     for (const [method, params, pattern] of cases) {
       const r = await rawPost(JSON.stringify({ jsonrpc: '2.0', id: 7, method, params }));
@@ -496,15 +500,15 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
 
   it('answers JSON-RPC-shaped JSON that MCP does not accept (a stray member, a result or error of the wrong shape, params that are no object) with -32600 naming the member, not -32700', async () => {
     const cases: [string, string | number | null, RegExp][] = [
-      ['{"jsonrpc": "2.0", "id": 1, "method": "ping", "extra": 1}', 1, /^Invalid Request: the message: Unrecognized key: "extra"$/],
-      ['{"jsonrpc": "2.0", "id": 2, "method": "ping", "result": {}}', 2, /^Invalid Request: the message: Unrecognized key: "result"$/],
-      ['{"jsonrpc": "2.0", "id": 3, "result": 5}', 3, /^Invalid Request: result: /],
-      ['{"jsonrpc": "2.0", "id": 4, "error": {"code": "x", "message": "m"}}', 4, /^Invalid Request: error\.code: /],
-      ['{"jsonrpc": "2.0", "id": 5, "error": 5}', 5, /^Invalid Request: error: /],
-      ['{"jsonrpc": "2.0", "id": 6, "method": "foo/bar", "params": 5}', 6, /^Invalid Request: params: /],
-      ['{"jsonrpc": "2.0", "method": "notifications/initialized", "params": 5}', null, /^Invalid Request: params: /],
-      ['{"jsonrpc": "2.0", "id": "m", "method": "foo/bar", "params": {"_meta": 5}}', 'm', /^Invalid Request: params\._meta: /],
-      ['[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": 5}]', 2, /^Invalid Request: batch member 1: params: /],
+      ['{"jsonrpc": "2.0", "id": 1, "method": "ping", "extra": 1}', 1, /^Invalid Request: extra is not an allowed member$/],
+      ['{"jsonrpc": "2.0", "id": 2, "method": "ping", "result": {}}', 2, /^Invalid Request: result is not an allowed member$/],
+      ['{"jsonrpc": "2.0", "id": 3, "result": 5}', 3, /^Invalid Request: result must be an object$/],
+      ['{"jsonrpc": "2.0", "id": 4, "error": {"code": "x", "message": "m"}}', 4, /^Invalid Request: error\.code must be a number$/],
+      ['{"jsonrpc": "2.0", "id": 5, "error": 5}', 5, /^Invalid Request: error must be an object$/],
+      ['{"jsonrpc": "2.0", "id": 6, "method": "foo/bar", "params": 5}', 6, /^Invalid Request: params must be an object$/],
+      ['{"jsonrpc": "2.0", "method": "notifications/initialized", "params": 5}', null, /^Invalid Request: params must be an object$/],
+      ['{"jsonrpc": "2.0", "id": "m", "method": "foo/bar", "params": {"_meta": 5}}', 'm', /^Invalid Request: params\._meta must be an object$/],
+      ['[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": 5}]', 2, /^Invalid Request: batch member 1: params must be an object$/],
     ];
     for (const [body, id, pattern] of cases) {
       const r = await rawPost(body);
@@ -606,7 +610,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.equal(more.length, 0);
     assert.equal(list.id, 1);
     assert.equal(list.error?.code, ErrorCode.InvalidParams);
-    assert.match(list.error!.message, /^Invalid params: params\.cursor: /);
+    assert.equal(list.error!.message, 'Invalid params: params.cursor must be a string');
     assert.deepEqual(task, { jsonrpc: '2.0', id: 2, error: { code: ErrorCode.MethodNotFound, message: 'Method not found: tools/call as a task; this server runs tools as plain calls only (it declares no tasks capability)' } });
     assert.deepEqual(ping, { jsonrpc: '2.0', id: 3, result: {} });
 

@@ -6,7 +6,7 @@ import {
   CallToolRequestSchema, ErrorCode, InitializeRequestSchema, JSONRPCErrorResponseSchema, JSONRPCNotificationSchema, JSONRPCRequestSchema,
   JSONRPCResultResponseSchema, ListToolsRequestSchema, PingRequestSchema, SUPPORTED_PROTOCOL_VERSIONS, type JSONRPCErrorResponse,
 } from '@modelcontextprotocol/sdk/types.js';
-import { echoed, type FieldError } from '../errors.ts';
+import { echoed, memberPath, type FieldError } from '../errors.ts';
 import { normalOrigin } from '../origin.ts';
 
 // The requests the server answers, with the SDK's schemas for them.
@@ -102,7 +102,7 @@ export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: str
     const issue = parsed.error.issues[0];
     // A request to a method this server serves, with params of the wrong shape: paramsRefusal's -32602.
     if (!Array.isArray(body) && issue.path[0] === 'params' && refusalOf(body)) return undefined;
-    return invalidRequest(`${at}${issue.path.join('.') || 'the message'}: ${issue.message}`, id);
+    return invalidRequest(`${at}${issueText(issue, m, 'the message')}`, id);
   }
   return undefined;
 }
@@ -190,6 +190,23 @@ export function sentArguments(body: unknown, id: string | number): unknown {
   return sent?.params?.arguments;
 }
 
+// The first thing the SDK's schema found wrong with `message` (a JSON-RPC message), worded as the rest
+// of the API words it ("params.name is required", "params.cursor must be a string"), not in zod's
+// words ("Invalid input: expected string, received undefined"); what else zod finds, in its words
+// after the member's path. `root`: what an empty path names.
+type Issue = { code: string; path: PropertyKey[]; message: string; expected?: string; keys?: string[] };
+const TYPE_WORDS: Record<string, string> = {
+  string: 'a string', number: 'a number', int: 'an integer', boolean: 'a boolean', object: 'an object', record: 'an object', array: 'an array',
+};
+const pathOf = (names: PropertyKey[]) => names.reduce<string>((p, k) => (typeof k === 'number' ? `${p}[${k}]` : memberPath(p, String(k))), '').replace(/^\./, '');
+function issueText(issue: Issue, message: unknown, root: string): string {
+  const path = pathOf(issue.path) || root;
+  if (issue.code === 'unrecognized_keys' && issue.keys?.length) return `${echoed(pathOf([...issue.path, issue.keys[0]]))} is not an allowed member`;
+  if (issue.code !== 'invalid_type' || !issue.expected) return `${path}: ${issue.message}`;
+  const value = issue.path.reduce<unknown>((v, k) => (typeof v === 'object' && v !== null ? (v as Record<PropertyKey, unknown>)[k] : undefined), message);
+  return value === undefined ? `${path} is required` : `${path} must be ${TYPE_WORDS[issue.expected] ?? issue.expected}`;
+}
+
 function errorCodeOf(text: string): number {
   try {
     return Number((JSON.parse(text) as { error?: { code?: unknown } }).error?.code);
@@ -208,5 +225,5 @@ function refusalOf(body: unknown): JSONRPCErrorResponse | undefined {
     return { jsonrpc: '2.0', id, error: { code: ErrorCode.MethodNotFound, message: 'Method not found: tools/call as a task; this server runs tools as plain calls only (it declares no tasks capability)' } };
   }
   const issue = parsed.error.issues[0];
-  return { jsonrpc: '2.0', id, error: { code: ErrorCode.InvalidParams, message: `Invalid params: ${issue.path.join('.') || 'params'}: ${issue.message}` } };
+  return { jsonrpc: '2.0', id, error: { code: ErrorCode.InvalidParams, message: `Invalid params: ${issueText(issue, body, 'params')}` } };
 }
