@@ -378,6 +378,34 @@ describe('agent modules', () => {
     assert.ok(waiting.some((j) => j?.data.task_id === task.id), 'the run is back in the queue');
   });
 
+  it('a worker shutting down hands back a run that starts only after the grace period is over (its start held behind a lock)', async () => {
+    // No worker runs now (the test before stopped the stack's): the run waits in the queue.
+    const task = (await rpc('message/send', { message: userMessage('ignore'), configuration: { blocking: false } })).body.result;
+    const trx = await testDb().transaction();
+    try {
+      await trx('tasks').where({ id: task.id }).forUpdate().first();
+      const worker = await startWorker(stack.env);
+      stack.workers.push(worker);
+      // Its start is the one statement waiting for a lock (the text shown is cut before its update).
+      await waitFor(async () => (await testDb().raw(`select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and query like 'with b as%'`)).rows[0].n > 0, 'the run\'s start to wait for the row', 20000, 50);
+      worker.child.kill('SIGTERM');
+      await waitFor(async () => worker.logs.some((l) => l.includes('worker shutting down')), 'the shutdown to begin', 10000, 20);
+      // Past the grace period (1 s) with no run registered: nothing was aborted then.
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      await trx.rollback();
+      // The run starting now ignores its signal and sleeps a minute: before, the worker waited for it
+      // until its queues could not close in time and exited 1 (or was killed), the job left locked.
+      await worker.stop();
+      assert.equal(worker.child.signalCode, null, 'exited by itself');
+      assert.equal(worker.child.exitCode, 0, worker.logs.slice(-5).join('\n'));
+      assert.ok(worker.logs.some((l) => l.includes('"msg":"worker stopped"')));
+    } finally {
+      if (!trx.isCompleted()) await trx.rollback();
+    }
+    const waiting = await withQueue(stack.env, 'agent-tasks', (queue) => queue.getJobs(['wait']));
+    assert.ok(waiting.some((j) => j?.data.task_id === task.id), 'the run is back in the queue');
+  });
+
   it('a worker starts with a CommonJS module that exports a handler by name', async () => {
     const worker = await startWorker(testEnv({ AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/cjs-agent.cjs') }));
     await worker.stop();

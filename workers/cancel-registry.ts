@@ -5,9 +5,13 @@ export interface RunningRun { taskId: string; messageId: string; attempt: number
 
 export class CancelRegistry {
   private runs = new Map<string, { controller: AbortController; messageId: string; attempt: number; since: number }>();
+  // Set by abortAll: a run that registers later (its start was still waiting on Postgres when the
+  // shutdown's grace period ended) is handed back at once too, not left running past the shutdown.
+  private shutdown?: Error;
 
   register(taskId: string, messageId: string, attempt: number): AbortController {
     const controller = new AbortController();
+    if (this.shutdown) controller.abort(this.shutdown);
     this.runs.set(taskId, { controller, messageId, attempt, since: Date.now() });
     return controller;
   }
@@ -40,9 +44,10 @@ export class CancelRegistry {
   }
 
   // Shutdown aborts are marked so the run is handed back for retry instead of counted as canceled.
-  /** Aborts every run; returns how many there were. */
+  /** Aborts every run, and every run registered from now on; returns how many there were. */
   abortAll(reason: string): number {
-    for (const { controller } of this.runs.values()) controller.abort(Object.assign(new Error(reason), { shutdown: true }));
+    this.shutdown = Object.assign(new Error(reason), { shutdown: true });
+    for (const { controller } of this.runs.values()) controller.abort(this.shutdown);
     return this.runs.size;
   }
 }
