@@ -105,6 +105,8 @@ const ConfigSchema = Type.Object({
   CREDENTIAL_REFRESH_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 5 }),
   CREDENTIAL_REFRESH_BACKOFF_MS: Ms({ minimum: 0, default: 2000 }),
   CREDENTIAL_REFRESH_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 100, default: 5 }),
+  // How long a refresh keeps writing the new tokens while Postgres is out of reach or times out.
+  CREDENTIAL_REFRESH_STORE_RETRY_MS: Ms({ minimum: 0, default: 30000 }),
   DEK_MIGRATION_BATCH: Type.Integer({ minimum: 1, maximum: 100000, default: 2000 }),
   // Pause between bulk DEK migration batches, to bound the load a migration puts on Postgres.
   DEK_MIGRATION_PAUSE_MS: Type.Integer({ minimum: 0, maximum: 60000, default: 0 }),

@@ -11,51 +11,51 @@ const CLIENT_SECRET = `cs-${randomUUID()}`;
 const ATTEMPTS = 3;
 
 
-describe('credential refresh: OAuth user credentials renewed by workers before they expire', () => {
-  let stack: Stack;
-  let c: Client;
-  let oauth: OAuthServer;
-  let gmail: FakeProviders;
-  let all: OAuthStack;
+// The stack the tests of each describe use, and how they act on it.
+let stack: Stack;
+let c: Client;
+let oauth: OAuthServer;
+let gmail: FakeProviders;
+let all: OAuthStack | undefined;
+async function start(env: Record<string, string>, workers: number) {
+  await resetDb();
+  all = await startOAuthStack(CLIENT_SECRET, { CREDENTIAL_REFRESH_SCAN_MS: '200', CREDENTIAL_REFRESH_ATTEMPTS: String(ATTEMPTS), CREDENTIAL_REFRESH_BACKOFF_MS: '50', ...env }, { workers });
+  ({ stack, oauth, providers: gmail } = all);
+  c = stack.client;
+}
 
-  // An instance whose user credential was brokered through the OAuth server, with send_email enabled.
-  async function brokered(id: string) {
-    const cred = await c.post(`${avail}/credential/resource-server`, {
-      value: { client_id: 'refresh-test', client_secret: CLIENT_SECRET, redirect_uri: `${stack.api.url}${B}/generic-oauth-callback` },
-    });
-    assert.equal(cred.status, 201, cred.text);
-    assert.equal((await c.post(avail, { provider_instance_id: id, display_name: id, resource_server_credential_id: cred.body.id })).status, 201);
-    await rebroker(id);
-    assert.equal((await c.post(`${B}/provider/${id}/function/google_mail_send_email/enable`, {})).status, 201);
-  }
-  async function rebroker(id: string) {
-    const state = await c.post(`${avail}/credential/user-credential/broker`, { provider_instance_id: id });
-    assert.equal(state.status, 200, state.text);
-    const done = await fetch(await consent(state.body.action.Redirect.url), { redirect: 'manual' });
-    assert.equal(done.status, 200);
-  }
-  const instance = async (id: string) => (await c.get(`${B}/provider/${id}`)).body;
-  const userCredential = async (id: string) => testDb()('bridge_credentials').where({ id: (await instance(id)).user_credential_id }).first();
-  const makeDue = async (id: string) => testDb()('bridge_credentials').where({ id: (await instance(id)).user_credential_id }).update({ next_rotation_time: new Date(Date.now() - 1000) });
-  // Brokers `id`, then makes its refresh due with the OAuth server answering in `mode` until the refresh gives up.
-  async function refreshFailing(id: string, mode: Parameters<OAuthServer['setMode']>[0]) {
-    await brokered(id);
-    await oauth.inMode(mode, async () => {
-      await makeDue(id);
-      await waitFor(async () => (await instance(id)).status === 'refresh_failed', 'the instance to be refresh_failed');
-    });
-  }
-  const send = (id: string) => c.post(`${B}/provider/${id}/function/google_mail_send_email/invoke`, { params: { to: 'a@example.com', subject: 's', body: 'b' } });
-
-  before(async () => {
-    await resetDb();
-    // Two workers scan every 200 ms: a due credential must still be refreshed once.
-    all = await startOAuthStack(CLIENT_SECRET, {
-      CREDENTIAL_REFRESH_SCAN_MS: '200', CREDENTIAL_REFRESH_ATTEMPTS: String(ATTEMPTS), CREDENTIAL_REFRESH_BACKOFF_MS: '50',
-    }, { workers: 2 });
-    ({ stack, oauth, providers: gmail } = all);
-    c = stack.client;
+// An instance whose user credential was brokered through the OAuth server, with send_email enabled.
+async function brokered(id: string) {
+  const cred = await c.post(`${avail}/credential/resource-server`, {
+    value: { client_id: 'refresh-test', client_secret: CLIENT_SECRET, redirect_uri: `${stack.api.url}${B}/generic-oauth-callback` },
   });
+  assert.equal(cred.status, 201, cred.text);
+  assert.equal((await c.post(avail, { provider_instance_id: id, display_name: id, resource_server_credential_id: cred.body.id })).status, 201);
+  await rebroker(id);
+  assert.equal((await c.post(`${B}/provider/${id}/function/google_mail_send_email/enable`, {})).status, 201);
+}
+async function rebroker(id: string) {
+  const state = await c.post(`${avail}/credential/user-credential/broker`, { provider_instance_id: id });
+  assert.equal(state.status, 200, state.text);
+  const done = await fetch(await consent(state.body.action.Redirect.url), { redirect: 'manual' });
+  assert.equal(done.status, 200);
+}
+const instance = async (id: string) => (await c.get(`${B}/provider/${id}`)).body;
+const userCredential = async (id: string) => testDb()('bridge_credentials').where({ id: (await instance(id)).user_credential_id }).first();
+const makeDue = async (id: string) => testDb()('bridge_credentials').where({ id: (await instance(id)).user_credential_id }).update({ next_rotation_time: new Date(Date.now() - 1000) });
+// Brokers `id`, then makes its refresh due with the OAuth server answering in `mode` until the refresh gives up.
+async function refreshFailing(id: string, mode: Parameters<OAuthServer['setMode']>[0]) {
+  await brokered(id);
+  await oauth.inMode(mode, async () => {
+    await makeDue(id);
+    await waitFor(async () => (await instance(id)).status === 'refresh_failed', 'the instance to be refresh_failed');
+  });
+}
+const send = (id: string) => c.post(`${B}/provider/${id}/function/google_mail_send_email/invoke`, { params: { to: 'a@example.com', subject: 's', body: 'b' } });
+
+describe('credential refresh: OAuth user credentials renewed by workers before they expire', () => {
+  // Two workers scan every 200 ms: a due credential must still be refreshed once.
+  before(() => start({}, 2));
   after(async () => all?.stop());
 
   it('refreshes a credential once its next_rotation_time passes: new tokens, a new due time, one refresh for two scanning workers', async () => {
@@ -213,5 +213,62 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     await makeDue('mail-k');
     await waitFor(async () => (await instance('mail-k')).status === 'refresh_failed', 'the instance to be refresh_failed');
     assert.equal(await oauth.refreshes(), refreshes + 1, 'nothing to refresh with');
+  });
+});
+
+describe('credential refresh: new tokens whose write fails for a while are kept, not exchanged again', () => {
+  // Statements time out after 1 s, so a write held up longer fails as it would behind a long lock.
+  before(() => start({ DB_QUERY_TIMEOUT_MS: '1000', CREDENTIAL_REFRESH_STORE_RETRY_MS: '8000' }, 1));
+  after(async () => all?.stop());
+
+  const workerLogs = () => stack.workers.flatMap((w) => w.logs);
+  // Makes the refresh of `id` due at a provider that rotates refresh tokens while its writes are held
+  // up until `until` resolves, then waits for the refresh to end. The alias the write holds is locked,
+  // as unlike the credential row it can be locked before the refresh is made due: it is sure to meet it.
+  async function refreshHeldUp(id: string, until: () => Promise<unknown>) {
+    const cred = await userCredential(id);
+    await oauth.inMode('rotating', async () => {
+      const trx = await testDb().transaction();
+      try {
+        await trx('dek_aliases').where({ alias: cred.dek_alias }).forUpdate().first();
+        await makeDue(id);
+        await until();
+      } finally {
+        await trx.commit();
+      }
+      await waitFor(async () => (await userCredential(id)).next_rotation_time.getTime() > Date.now() || (await instance(id)).status === 'refresh_failed', 'the refresh to end');
+    });
+    return cred;
+  }
+  // No log line quotes a token: the access tokens are JWTs, refresh tokens appear in forms only.
+  const assertNoTokenLogged = (token?: string) => {
+    for (const text of workerLogs()) assert.ok(!/eyJ[\w-]+\.eyJ/.test(text) && !(token && text.includes(token)) && !/refresh_token=(?!\*\*\*)/.test(text), text.slice(0, 500));
+  };
+
+  it('retries the write of tokens a rotating provider issued until it goes through: the instance stays active with them, after one exchange', async () => {
+    await brokered('mail-w');
+    const start = await oauth.refreshes();
+    const before = await refreshHeldUp('mail-w', async () => {
+      await waitFor(async () => (await oauth.refreshes()) > start, 'the refresh exchange');
+      // Past several statement timeouts of the write (and the job's backoff, were the job retried).
+      await new Promise((r) => setTimeout(r, 3000));
+    });
+    assert.equal((await instance('mail-w')).status, 'active');
+    assert.equal(await oauth.refreshes() - start, 1, 'the refresh token was exchanged once');
+    assert.notEqual((await userCredential('mail-w')).value.refresh_token, before.value.refresh_token);
+    assert.equal((await send('mail-w')).status, 200, 'the new access token works');
+    assert.ok(workerLogs().some((l) => l.includes('"level":40') && l.includes('could not store the refreshed tokens; retrying for up to 8 s') && l.includes(before.id)), 'the failed write is logged');
+    assertNoTokenLogged(gmail.seen.at(-1)!.authorization!.replace(/^Bearer /, ''));
+  });
+
+  it('says at error level what to do when the new tokens still cannot be stored: the next attempt exchanges the spent refresh token and the instance is refresh_failed', async () => {
+    await brokered('mail-lost');
+    const start = await oauth.refreshes();
+    const lost = (id: string) => workerLogs().find((l) => l.includes('"level":50') && l.includes(id));
+    const cred = await refreshHeldUp('mail-lost', async () => waitFor(async () => lost((await userCredential('mail-lost')).id), 'the error line', 30000));
+    assert.match(lost(cred.id)!, /the refreshed tokens could not be stored within 8 s and are lost: .*once Postgres answers again, broker its user credential again/);
+    assert.equal((await instance('mail-lost')).status, 'refresh_failed');
+    assert.equal(await oauth.refreshes() - start, 2, 'the next attempt exchanged the spent refresh token');
+    assertNoTokenLogged();
   });
 });

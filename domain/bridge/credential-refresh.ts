@@ -3,7 +3,11 @@
 // so a credential is never refreshed twice at once; the job exchanges the refresh
 // token at the provider's token endpoint and writes the new tokens over the old ones. When the
 // provider answers invalid_grant, the credential has no refresh token, or the last attempt fails,
-// the instance becomes refresh_failed: only brokering again revives it.
+// the instance becomes refresh_failed: only brokering again revives it. New tokens whose write fails
+// for a transient reason are written again for CREDENTIAL_REFRESH_STORE_RETRY_MS: most providers
+// rotate refresh tokens, so a job retried after they are lost would exchange a spent one and end
+// refresh_failed.
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Queue } from 'bullmq';
 import type { Services } from '../services.ts';
 import * as repo from '../../db/bridge.ts';
@@ -12,6 +16,7 @@ import { credentialDef, providerDef } from './catalog.ts';
 import { nextRotationTime, resourceServerCredential, sealCredential, unsealCredential } from './credentials.ts';
 import { isInvalidGrant, refusal, requestedScopes, requestToken, withTokens } from './oauth-token.ts';
 import type { JobPayloads } from '../../queues/names.ts';
+import { outageOf, unavailability } from '../errors.ts';
 
 type RefreshServices = Pick<Services, 'db' | 'cfg' | 'log' | 'bus'>;
 export type RefreshOutcome = 'refreshed' | 'not due' | 'gone' | 'refresh_failed';
@@ -20,6 +25,10 @@ const PAGE = 500;
 // However short a lifetime the provider announces (expires_in 0: expired already), a credential just
 // refreshed is not due again sooner: a refresh a minute at most, not one each scan.
 const MIN_REFRESH_INTERVAL_MS = 60_000;
+// New tokens whose write fails are kept in memory, not stored elsewhere first: when Postgres is out
+// of reach, nothing could be stored there either. The job's lock is renewed meanwhile (BullMQ,
+// renew-retaken-lock.ts).
+const STORE_BACKOFF_MS = { first: 250, max: 4000 };
 
 // A job per due credential, its id the credential's: while one waits or runs, workers scanning
 // together add no other (jobs of this queue are removed when they end, so the next due time can
@@ -67,19 +76,49 @@ async function refresh(s: RefreshServices, credentialId: string): Promise<Refres
   const next = rotation && new Date(Math.max(rotation.getTime(), Date.now() + MIN_REFRESH_INTERVAL_MS));
   // The tokens just obtained must not be lost: the value may have been sealed anew meanwhile (an
   // alias rotation), so the write is retried over what is there now, as long as it is still this
-  // instance's credential (brokering again replaces it with another).
+  // instance's credential (brokering again replaces it with another); and a write that fails for a
+  // transient reason is tried again.
+  const storing = storeRetrier(s, { credential_id: credentialId, provider_instance_id: instance.id });
   let current: repo.CredentialRow | undefined = row;
   for (let tries = 0; tries < 3; tries++) {
     if (!current) return 'gone';
     const base: repo.CredentialRow = current;
-    const written = await writeUnderAlias(s, base.dek_alias, async (trx, dekId) => repo.replaceCredentialValue(trx, base.id, base.value, {
+    const written = await storing(() => writeUnderAlias(s, base.dek_alias, async (trx, dekId) => repo.replaceCredentialValue(trx, base.id, base.value, {
       value: await sealCredential(s, cc, 'user', fresh, dekId, trx), dek_id: dekId, next_rotation_time: next,
-    }));
+    })));
     if (written) {
       s.log.info({ credential_id: credentialId, provider_instance_id: instance.id }, 'credential refreshed');
       return 'refreshed';
     }
-    current = (await repo.credentialDueForRefresh(s.db, credentialId))?.row;
+    current = (await storing(() => repo.credentialDueForRefresh(s.db, credentialId)))?.row;
   }
   throw new Error('the credential kept changing while it was being refreshed');
+}
+
+// Runs the steps that store refreshed tokens, each tried again with backoff while Postgres is out of
+// reach or its statements time out (a lock held long), until CREDENTIAL_REFRESH_STORE_RETRY_MS after
+// the first such failure. Logged once when retrying starts, and at error when the tokens are lost
+// (never the tokens: the errors of pg and knex name no values).
+function storeRetrier(s: RefreshServices, ids: Record<string, string>) {
+  const seconds = s.cfg.CREDENTIAL_REFRESH_STORE_RETRY_MS / 1000;
+  let deadline: number | undefined;
+  return async <T>(step: () => Promise<T>): Promise<T> => {
+    for (let wait = STORE_BACKOFF_MS.first; ; wait = Math.min(wait * 2, STORE_BACKOFF_MS.max)) {
+      try {
+        return await step();
+      } catch (err) {
+        if (!unavailability(err)) throw err;
+        const failure = { ...ids, reason: (err as Error).message, service: outageOf(err) };
+        if (deadline === undefined) {
+          deadline = Date.now() + s.cfg.CREDENTIAL_REFRESH_STORE_RETRY_MS;
+          s.log.warn(failure, `could not store the refreshed tokens; retrying for up to ${seconds} s`);
+        }
+        if (Date.now() >= deadline) {
+          s.log.error(failure, `the refreshed tokens could not be stored within ${seconds} s and are lost: a provider that rotates refresh tokens refuses the old one at the next attempt, which makes the instance refresh_failed; once Postgres answers again, broker its user credential again`);
+          throw err;
+        }
+        await sleep(Math.min(wait, deadline - Date.now()));
+      }
+    }
+  };
 }
