@@ -7,10 +7,11 @@ import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { KoaAdapter } from '@bull-board/koa';
 import type { Services } from '../domain/services.ts';
 import { hasScope } from '../domain/api-keys.ts';
-import { AppError, Forbidden, InvalidRequest, Unauthenticated } from '../domain/errors.ts';
+import { AppError, Forbidden, Unauthenticated } from '../domain/errors.ts';
 import { verifyKey } from './middleware/auth.ts';
 import { readJsonBody } from './middleware/body.ts';
-import { JOB_PAYLOAD_SCHEMAS, QUEUE_NAMES, type QueueName } from '../queues/names.ts';
+import { BACKOFF_TYPES, JOB_PAYLOAD_SCHEMAS, QUEUE_NAMES, type QueueName } from '../queues/names.ts';
+import { MAX_TIMER_MS } from '../domain/with-timeout.ts';
 import { checkValid, compileSchema, worded } from '../domain/schema-check.ts';
 import type { ValidateFunction } from 'ajv';
 import { Type, type TSchema } from '@sinclair/typebox';
@@ -48,22 +49,38 @@ function sentFromElsewhere(ctx: Context, publicHost: string): boolean {
   }
 }
 
-// BullMQ checks a job's options as it adds one (a job id with ':', a float priority, options that
-// exclude each other) and throws a plain Error: the sender's mistake, not a fault of ours.
-function jobRefusal(err: unknown): InvalidRequest | undefined {
-  if (!(err instanceof Error) || !err.stack?.includes('at Job.validateOptions')) return undefined;
-  return new InvalidRequest(`The queue refused the job: ${err.message}`, [{ path: 'body.options', message: err.message }]);
-}
-
-// A job id BullMQ takes: it refuses a number, `0`, and (outside validateOptions, as a plain Error) one with ':'.
-const JobId = Type.String({ minLength: 1, pattern: worded('^(?!0$)[^:]+$', "must be a job id: not 0, and without ':'") });
-// The bodies of bull-board's add (`data`, `options.jobId`) and edit (`jobData`) of a job, by queue.
+// A job id BullMQ takes: it refuses a number, and a string that reads as an integer (`0`, `12`) or NaN or holds ':'.
+const JobId = Type.String({ minLength: 1, pattern: worded('^(?!-?\\d+$|NaN$)[^:]+$', "must be a job id: not an integer or NaN, and without ':'") });
+// The bodies of bull-board's add (`data`, `options`) and edit (`jobData`) of a job, by queue.
 const bodyChecks = (body: (payload: TSchema) => TSchema) => Object.fromEntries(QUEUE_NAMES.map((q) => [q, compileSchema(body(JOB_PAYLOAD_SCHEMAS[q]))])) as Record<QueueName, ValidateFunction>;
 // A body checked alike on every queue.
 const everyQueue = (body: TSchema) => bodyChecks(() => body);
 // Matched as bull-board's router matches them: any case, a trailing slash, the queue name decoded.
 const queueRoute = (rest: string) => new RegExp(`^${DASHBOARD_PATH}/api/queues/([^/]+)/${rest}/?$`, 'i');
 const Integer = (minimum: number, maximum: number) => Type.Integer({ minimum, maximum });
+// A job added by hand takes the options an operator sets on one, bounded: BullMQ took any it knows
+// as sent (a delay of 1e308 put the job at score inf, never to run; a parent, a repeat, a
+// deduplication or a size limit of its own, a made-up timestamp). The add form's duplicate of a job
+// sends that job's options, which hold its queue's defaults (attempts, backoff, removeOn*).
+const MAX_DELAY_MS = 365 * 86_400_000;
+const MAX_PRIORITY = 2_097_151; // BullMQ's PRIORITY_LIMIT
+const MAX_ATTEMPTS = 100; // as the *_ATTEMPTS settings
+const MAX_KEPT_JOBS = 1_000_000;
+const MAX_KEPT_AGE_S = 365 * 86_400;
+// true or false, else how many finished jobs to keep and for how long (s).
+const KeepJobs = Type.Unsafe<boolean | { count?: number; age?: number }>({
+  type: ['boolean', 'object'], properties: { count: Integer(0, MAX_KEPT_JOBS), age: Integer(1, MAX_KEPT_AGE_S) }, additionalProperties: false,
+});
+const JobOptions = Type.Object({
+  jobId: Type.Optional(JobId),
+  delay: Type.Optional(Integer(0, MAX_DELAY_MS)),
+  priority: Type.Optional(Integer(0, MAX_PRIORITY)),
+  lifo: Type.Optional(Type.Boolean()),
+  attempts: Type.Optional(Integer(1, MAX_ATTEMPTS)),
+  backoff: Type.Optional(Type.Object({ type: Type.Union(BACKOFF_TYPES.map((t) => Type.Literal(t))), delay: Integer(0, MAX_TIMER_MS) }, { additionalProperties: false })),
+  removeOnComplete: Type.Optional(KeepJobs),
+  removeOnFail: Type.Optional(KeepJobs),
+}, { additionalProperties: false });
 // bull-board takes any integer from 0 up (1e308 is one) and BullMQ stores it as written: 309 digits
 // of concurrency, or a rate limit's duration that Redis's PEXPIRE refuses each time a worker takes a
 // job, the job then stuck in active. 0 removes the limit: the dashboard's form sends it for an empty field.
@@ -76,7 +93,7 @@ const LAST_RUN_AT = Date.UTC(9999, 11, 31, 23, 59, 59, 999);
 const BODY_CHECKS = [
   {
     method: 'POST', path: queueRoute('add'),
-    check: bodyChecks((data) => Type.Object({ data, options: Type.Optional(Type.Object({ jobId: Type.Optional(JobId) })) })),
+    check: bodyChecks((data) => Type.Object({ data, options: Type.Optional(JobOptions) })),
   },
   { method: 'PATCH', path: queueRoute('[^/]+/update-data'), check: bodyChecks((jobData) => Type.Object({ jobData })) },
   { method: 'PATCH', path: queueRoute('[^/]+/delay'), check: everyQueue(Type.Object({ runAt: Integer(0, LAST_RUN_AT) })) },
@@ -133,8 +150,6 @@ export function queueDashboard(services: Services): Middleware {
       checkBody(ctx);
       try {
         await board(ctx, next);
-      } catch (err) {
-        throw jobRefusal(err) ?? err;
       } finally {
         prefixMatchedRoute(ctx, DASHBOARD_PATH);
       }

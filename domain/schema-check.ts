@@ -28,6 +28,8 @@ const FORMAT_WORDS: Record<string, string> = { uuid: 'must be a UUID', 'date-tim
 export function errorText(e: ErrorObject): string {
   if (e.keyword === 'pattern') return PATTERN_WORDS.get((e.params as { pattern: string }).pattern) ?? e.message ?? 'is invalid';
   if (e.keyword === 'format') return FORMAT_WORDS[(e.params as { format: string }).format] ?? e.message ?? 'is invalid';
+  // A choice of types (['boolean', 'object']) is in ajv's words "must be boolean,object".
+  if (e.keyword === 'type') return `must be ${[(e.params as { type: string | string[] }).type].flat().join(' or ')}`;
   if (e.keyword === 'enum') return oneOf((e.params as { allowedValues: unknown[] }).allowedValues);
   // ajv says only "must be equal to constant": name the one value taken.
   if (e.keyword === 'const') return `must be ${JSON.stringify((e.params as { allowedValue: unknown }).allowedValue)}`;

@@ -89,6 +89,8 @@ export function queueConcurrency(cfg: Config): Record<QueueName, number> {
 // Retries wait `delay`, doubled for each attempt before, up to RETRY_BACKOFF_MAX_MS: BullMQ's own
 // exponential backoff has no ceiling (AGENT_ATTEMPTS=20 at 1 s would wait six days before the last).
 export const CAPPED_EXPONENTIAL = 'capped-exponential';
+/** The backoff types a job of ours may name: BullMQ's own two, and ours (backoffStrategy). */
+export const BACKOFF_TYPES = [CAPPED_EXPONENTIAL, 'exponential', 'fixed'] as const;
 export const cappedBackoffMs = (cfg: Pick<Config, 'RETRY_BACKOFF_MAX_MS'>, delay: number, attemptsMade: number) =>
   Math.min(delay * 2 ** (attemptsMade - 1), cfg.RETRY_BACKOFF_MAX_MS);
 /** Every worker's backoffStrategy (BullMQ calls it for backoff types of its own it does not know). */

@@ -75,7 +75,7 @@ describe('queue dashboard at /admin/queues', () => {
     assert.match(text, /Unexpected token/);
   });
 
-  it('answers 400 naming the problem, not 500, to a job the API would refuse (nested too deep, a NUL) or BullMQ does (a job id with ":"), adding nothing', async () => {
+  it('answers 400 naming the problem, not 500, to a job the API would refuse (nested too deep, a NUL) or BullMQ does (a float priority), adding nothing', async () => {
     const add = `${stack.api.url}/admin/queues/api/queues/credential-refresh/add`;
     const waiting = async () => (await stack.client.get('/_internal/v1/queues')).body.queues['credential-refresh'].waiting as number;
     const before = await waiting();
@@ -83,7 +83,7 @@ describe('queue dashboard at /admin/queues', () => {
     const cases: [string, string][] = [
       [`{"name":"refresh","data":${'['.repeat(5000)}${']'.repeat(5000)}}`, `Invalid body: body.data${'.0'.repeat(63)} nests deeper than 64 levels`],
       ['{"name":"refresh","data":{"credential_id":"a\\u0000b"}}', 'Invalid body: body.data.credential_id contains a NUL character or an unpaired surrogate'],
-      ['{"name":"refresh","data":{"credential_id":"00000000-0000-4000-8000-000000000002"},"options":{"priority":1.5}}', 'The queue refused the job: Priority should not be float'],
+      ['{"name":"refresh","data":{"credential_id":"00000000-0000-4000-8000-000000000002"},"options":{"priority":1.5}}', 'Invalid body: body.options.priority must be integer'],
     ];
     for (const [body, message] of cases) {
       const r = await post(body);
@@ -110,9 +110,9 @@ describe('queue dashboard at /admin/queues', () => {
     const withJobId = (jobId: unknown) => JSON.stringify({ name: 'run', data: { task_id: '00000000-0000-4000-8000-000000000000', message_id: '00000000-0000-4000-8000-000000000001' }, options: { jobId } });
     cases.push(
       [withJobId(5), 'Invalid body: body.options.jobId must be string'],
-      [withJobId('0'), "Invalid body: body.options.jobId must be a job id: not 0, and without ':'"],
-      [withJobId('0:x'), "Invalid body: body.options.jobId must be a job id: not 0, and without ':'"],
-      [withJobId('1:2'), "Invalid body: body.options.jobId must be a job id: not 0, and without ':'"],
+      [withJobId('0'), "Invalid body: body.options.jobId must be a job id: not an integer or NaN, and without ':'"],
+      [withJobId('0:x'), "Invalid body: body.options.jobId must be a job id: not an integer or NaN, and without ':'"],
+      [withJobId('1:2'), "Invalid body: body.options.jobId must be a job id: not an integer or NaN, and without ':'"],
     );
     // Each as bull-board's router would take it too: the queue name encoded, the path in capitals, a trailing slash.
     for (const [body, message] of cases) for (const add of ['agent-tasks/add', 'agent%2Dtasks/add', 'agent-tasks/ADD', 'agent-tasks/add/']) {
@@ -134,6 +134,64 @@ describe('queue dashboard at /admin/queues', () => {
     const schema = await fetch(`${queues}/agent-tasks/job-data-schema`, { headers: { authorization: basic(ADMIN_KEY) } });
     assert.deepEqual(((await schema.json()) as { required: string[] }).required, ['task_id', 'message_id']);
     await withQueue(stack.env, 'agent-tasks', (q) => q.remove(job.id));
+  });
+
+  it('answers 400 naming the option to job options an operator would not set by hand, or set out of bounds, queueing nothing; takes the add form\'s and its duplicate\'s', async () => {
+    const headers = { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' };
+    const queues = `${stack.api.url}/admin/queues/api/queues`;
+    const jobs = () => withQueue(stack.env, 'agent-tasks', async (q) => Object.values(await q.getJobCounts()).reduce((a, b) => a + b, 0));
+    const before = await jobs();
+    const data = { task_id: '00000000-0000-4000-8000-000000000000', message_id: '00000000-0000-4000-8000-000000000001' };
+    const add = (options: unknown) => fetch(`${queues}/agent-tasks/add`, { method: 'POST', headers, body: JSON.stringify({ name: 'run', data, options }) });
+    const jobId = "must be a job id: not an integer or NaN, and without ':'";
+    const cases: [Record<string, unknown>, string][] = [
+      [{ delay: 1e308 }, 'body.options.delay must be <= 31536000000'],
+      [{ delay: -1 }, 'body.options.delay must be >= 0'],
+      [{ priority: 1.5 }, 'body.options.priority must be integer'],
+      [{ priority: 2097152 }, 'body.options.priority must be <= 2097151'],
+      [{ attempts: 0 }, 'body.options.attempts must be >= 1'],
+      [{ attempts: 1e9 }, 'body.options.attempts must be <= 100'],
+      [{ lifo: 'yes' }, 'body.options.lifo must be boolean'],
+      [{ backoff: { type: 'linear', delay: 1000 } }, 'body.options.backoff.type must be one of capped-exponential, exponential, fixed'],
+      [{ backoff: { type: 'fixed', delay: 1e308 } }, 'body.options.backoff.delay must be <= 2147483647'],
+      [{ backoff: { type: 'fixed', delay: 1000, jitter: 2 } }, 'body.options.backoff.jitter is not an allowed member'],
+      [{ backoff: 1000 }, 'body.options.backoff must be object'],
+      [{ removeOnComplete: { count: -1 } }, 'body.options.removeOnComplete.count must be >= 0'],
+      [{ removeOnComplete: { age: 1e308 } }, 'body.options.removeOnComplete.age must be <= 31536000'],
+      [{ removeOnFail: 'yes' }, 'body.options.removeOnFail must be boolean or object'],
+      [{ removeOnFail: { limit: 5 } }, 'body.options.removeOnFail.limit is not an allowed member'],
+      // BullMQ refuses an id that reads as an integer (or NaN) as it adds the job.
+      [{ jobId: '12' }, `body.options.jobId ${jobId}`],
+      [{ jobId: '-3' }, `body.options.jobId ${jobId}`],
+      [{ jobId: 'NaN' }, `body.options.jobId ${jobId}`],
+    ];
+    const refused: Record<string, unknown> = {
+      parent: { id: 'x', queue: 'bull:agent-tasks' }, repeat: { every: 1000 }, timestamp: 0, stackTraceLimit: 0, keepLogs: 1e308, sizeLimit: 1,
+      deduplication: { id: 'x' }, prevMillis: 1, repeatJobKey: 'x', failParentOnFailure: true, removeDependencyOnFailure: true, debounce: { id: 'x' }, telemetry: { omitContext: true },
+    };
+    for (const [name, value] of Object.entries(refused)) cases.push([{ [name]: value }, `body.options.${name} is not an allowed member`]);
+    for (const [options, message] of cases) {
+      const r = await add(options);
+      assert.equal(r.status, 400, `${JSON.stringify(options)}: ${await r.clone().text()}`);
+      const refusal = (await r.json()) as { message: string; data: { code: string } };
+      assert.equal(refusal.message, `Invalid body: ${message}`, JSON.stringify(options));
+      assert.equal(refusal.data.code, 'invalid_request');
+    }
+    assert.equal(await jobs(), before, 'nothing queued');
+
+    // The form's own bodies: its empty options field, and a duplicate of a job (its options as the
+    // dashboard shows them: the queue's defaults), an operator's choices added.
+    const plain = await add({});
+    assert.equal(plain.status, 200, await plain.clone().text());
+    const { job } = (await plain.json()) as { job: { id: string } };
+    const shown = (await (await fetch(`${queues}/agent-tasks/${job.id}`, { headers })).json()) as { job: { opts: Record<string, unknown> } };
+    assert.deepEqual(Object.keys(shown.job.opts).sort(), ['attempts', 'backoff', 'removeOnComplete', 'removeOnFail']);
+    const duplicate = await add({ ...shown.job.opts, jobId: 'by-hand-1', delay: 31_536_000_000, priority: 2_097_151, lifo: true });
+    assert.equal(duplicate.status, 200, await duplicate.clone().text());
+    const taken = await add({ attempts: 100, backoff: { type: 'fixed', delay: 2_147_483_647 }, removeOnComplete: true, removeOnFail: { count: 0 }, jobId: '007x' });
+    assert.equal(taken.status, 200, await taken.clone().text());
+    assert.equal(await jobs(), before + 3);
+    await withQueue(stack.env, 'agent-tasks', async (q) => { for (const id of [job.id, 'by-hand-1', '007x']) await q.remove(id); });
   });
 
   it('answers 400 to a global concurrency or rate limit that makes no sense (however its path is spelled), keeping the one Redis holds', async () => {

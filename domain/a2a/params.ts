@@ -101,7 +101,6 @@ function describe(e: ErrorObject): string {
   switch (e.keyword) {
     case 'required': return 'is required';
     case 'discriminator': return 'must be one of text, data, file';
-    case 'type': return `must be ${[(e.params as { type: string | string[] }).type].flat().join(' or ')}`;
     case 'oneOf': return choiceText(e) ?? 'matches none of the allowed shapes';
     default: return errorText(e);
   }
