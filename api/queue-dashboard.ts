@@ -57,6 +57,9 @@ const bodyChecks = (body: (payload: TSchema) => TSchema) => Object.fromEntries(Q
 const everyQueue = (body: TSchema) => bodyChecks(() => body);
 // Matched as bull-board's router matches them: any case, a trailing slash, the queue name decoded.
 const queueRoute = (rest: string) => new RegExp(`^${DASHBOARD_PATH}/api/queues/([^/]+)/${rest}/?$`, 'i');
+// An edit of one job: bull-board routes `job-schedulers/<id>` to its scheduler edit first, so a
+// scheduler named `delay` or `update-data` is not a job of id job-schedulers.
+const jobRoute = (action: string) => queueRoute(`(?!job-schedulers/)[^/]+/${action}`);
 const Integer = (minimum: number, maximum: number) => Type.Integer({ minimum, maximum });
 // A job added by hand takes the options an operator sets on one, bounded: BullMQ took any it knows
 // as sent (a delay of 1e308 put the job at score inf, never to run; a parent, a repeat, a
@@ -95,8 +98,8 @@ const BODY_CHECKS = [
     method: 'POST', path: queueRoute('add'),
     check: bodyChecks((data) => Type.Object({ data, options: Type.Optional(JobOptions) })),
   },
-  { method: 'PATCH', path: queueRoute('[^/]+/update-data'), check: bodyChecks((jobData) => Type.Object({ jobData })) },
-  { method: 'PATCH', path: queueRoute('[^/]+/delay'), check: everyQueue(Type.Object({ runAt: Integer(0, LAST_RUN_AT) })) },
+  { method: 'PATCH', path: jobRoute('update-data'), check: bodyChecks((jobData) => Type.Object({ jobData })) },
+  { method: 'PATCH', path: jobRoute('delay'), check: everyQueue(Type.Object({ runAt: Integer(0, LAST_RUN_AT) })) },
   { method: 'PUT', path: queueRoute('concurrency'), check: everyQueue(Type.Object({ concurrency: Integer(0, MAX_GLOBAL_CONCURRENCY) })) },
   {
     // {} or a null max removes the limit (the form's empty fields); a duration alone would remove it too.

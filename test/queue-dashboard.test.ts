@@ -259,6 +259,22 @@ describe('queue dashboard at /admin/queues', () => {
     assert.ok((delay as number) > 3_500_000, String(delay));
     await withQueue(stack.env, 'key-jobs', (q) => q.remove(job.id!));
   });
+  it('leaves a job scheduler named delay or update-data to bull-board\'s scheduler edit, not held to the job edits\' bodies', async () => {
+    const headers = { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' };
+    const queues = `${stack.api.url}/admin/queues/api/queues`;
+    const template = { name: 'run', data: { job_id: '00000000-0000-4000-8000-000000000000' } };
+    const every = (id: string) => withQueue(stack.env, 'key-jobs', async (q) => (await q.getJobScheduler(id))?.every);
+    await withQueue(stack.env, 'key-jobs', async (q) => { for (const id of ['delay', 'update-data']) await q.upsertJobScheduler(id, { every: 3_600_000 }, template); });
+    try {
+      for (const [path, ms] of [['job-schedulers/delay', 7_200_000], ['JOB-SCHEDULERS/update-data', 10_800_000]] as const) {
+        const r = await fetch(`${queues}/key-jobs/${path}`, { method: 'PATCH', headers, body: JSON.stringify({ every: ms }) });
+        assert.equal(r.status, 204, `${path}: ${await r.clone().text()}`);
+      }
+      assert.deepEqual([await every('delay'), await every('update-data')], [7_200_000, 10_800_000]);
+    } finally {
+      await withQueue(stack.env, 'key-jobs', async (q) => { for (const id of ['delay', 'update-data']) await q.removeJobScheduler(id); });
+    }
+  });
 });
 
 describe('queue dashboard and RATE_LIMIT_PER_SECOND', () => {
