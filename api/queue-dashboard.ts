@@ -100,6 +100,7 @@ const BODY_CHECKS = [
   },
   { method: 'PATCH', path: jobRoute('update-data'), check: bodyChecks((jobData) => Type.Object({ jobData })) },
   { method: 'PATCH', path: jobRoute('delay'), check: everyQueue(Type.Object({ runAt: Integer(0, LAST_RUN_AT) })) },
+  { method: 'PATCH', path: jobRoute('priority'), check: everyQueue(Type.Object({ priority: Integer(0, MAX_PRIORITY) })) },
   { method: 'PUT', path: queueRoute('concurrency'), check: everyQueue(Type.Object({ concurrency: Integer(0, MAX_GLOBAL_CONCURRENCY) })) },
   {
     // {} or a null max removes the limit (the form's empty fields); a duration alone would remove it too.

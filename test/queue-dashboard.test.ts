@@ -259,6 +259,25 @@ describe('queue dashboard at /admin/queues', () => {
     assert.ok((delay as number) > 3_500_000, String(delay));
     await withQueue(stack.env, 'key-jobs', (q) => q.remove(job.id!));
   });
+  it('answers 400 to a job\'s new priority that makes no sense, the job left as it was', async () => {
+    const headers = { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' };
+    const queues = `${stack.api.url}/admin/queues/api/queues`;
+    const job = await withQueue(stack.env, 'key-jobs', (q) => q.add('run', { job_id: '00000000-0000-4000-8000-000000000001' }, { delay: 60_000, priority: 5 }));
+    const priority = () => withQueue(stack.env, 'key-jobs', async (q) => (await q.getJob(job.id!))?.priority);
+    // BullMQ took these as sent: 1e308 and 2.5 were stored as the job's priority.
+    for (const [body, message] of [['{"priority":1e308}', 'Invalid body: body.priority must be <= 2097151'], ['{"priority":2.5}', 'Invalid body: body.priority must be integer'],
+      ['{"priority":-1}', 'Invalid body: body.priority must be >= 0'], ['{}', 'Invalid body: body.priority is required']]) {
+      const r = await fetch(`${queues}/key-jobs/${job.id}/priority`, { method: 'PATCH', headers, body });
+      assert.equal(r.status, 400, `${body}: ${await r.clone().text()}`);
+      assert.equal(((await r.json()) as { message: string }).message, message);
+    }
+    assert.equal(await priority(), 5, 'the job as it was');
+    const changed = await fetch(`${queues}/key-jobs/${job.id}/priority`, { method: 'PATCH', headers, body: '{"priority":7}' });
+    assert.equal(changed.status, 200, await changed.clone().text());
+    assert.equal(await priority(), 7);
+    await withQueue(stack.env, 'key-jobs', (q) => q.remove(job.id!));
+  });
+
   it('leaves a job scheduler named delay or update-data to bull-board\'s scheduler edit, not held to the job edits\' bodies', async () => {
     const headers = { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' };
     const queues = `${stack.api.url}/admin/queues/api/queues`;
