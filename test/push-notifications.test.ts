@@ -561,12 +561,14 @@ describe('push notifications', () => {
     assert.deepEqual(failed.map((l) => [l.status, l.reason]), [[101, 'webhook answered HTTP 101']]);
   });
   it('logs a delivery job that fails for good for a fault of ours at error, with its stack, once', async () => {
-    // A payload no config can have: Postgres refuses the id on every attempt.
+    // A payload of the queue's shape that no config can have: Postgres refuses the NUL in the config
+    // id on every attempt (one not of the queue's shape fails at once: job-payloads.test.ts).
     const jobId = `broken-${randomUUID()}`;
-    await withQueue(stack.env, 'push-notifications', (q) => q.add('deliver', { task_id: 'not-a-uuid', config_id: 'x', timeline_seq: 1 }, { jobId, attempts: 2 }));
+    const taskId = randomUUID();
+    await withQueue(stack.env, 'push-notifications', (q) => q.add('deliver', { task_id: taskId, config_id: 'x\u0000y', timeline_seq: 1 }, { jobId, attempts: 2 }));
     const line = await waitFor(async () => stack.workers[0].logs.find((l) => l.includes('job failed for good') && l.includes(jobId)), 'the failed-for-good log line');
     const parsed = JSON.parse(line);
-    assert.deepEqual([parsed.level, parsed.queue, parsed.task_id, parsed.attempt, parsed.attempts], [50, 'push-notifications', 'not-a-uuid', 2, 2]);
+    assert.deepEqual([parsed.level, parsed.queue, parsed.task_id, parsed.attempt, parsed.attempts], [50, 'push-notifications', taskId, 2, 2]);
     assert.match(parsed.err.stack, /\n\s+at /);
     assert.equal(stack.workers[0].logs.filter((l) => l.includes(jobId) && l.includes('"level":50')).length, 1);
   });
