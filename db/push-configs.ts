@@ -106,6 +106,12 @@ export async function releasePushConfig(db: Tx, taskId: string, id: string, leas
   await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId }).update({ lease_id: null, lease_until: null });
 }
 
+// Extends a run's lease by `ms` from now; false when the lease is no longer the run's (another run
+// took the config after it ran out, or the config was deleted).
+export async function renewPushConfigLease(db: Tx, taskId: string, id: string, leaseId: string, ms: number): Promise<boolean> {
+  return (await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId }).update({ lease_until: leaseEnd(db, ms) })) > 0;
+}
+
 // Holds a run's config for `ms` from now (a webhook's Retry-After): no run's lease any more
 // (lease_id null), yet leasePushConfig refuses it until then.
 export async function holdPushConfig(db: Tx, taskId: string, id: string, leaseId: string, ms: number): Promise<void> {

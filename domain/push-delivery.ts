@@ -34,6 +34,9 @@ const HISTORY_IN_NOTIFICATION = { limit: 100, maxBytes: 1024 * 1024 };
 const ITEMS_PER_RUN = 20;
 const RUN_BUDGET_MS = 15_000;
 const LEASE_MARGIN_MS = 10_000;
+// A post starts only while the lease surely outlasts it by this much (timers may fire late); reads
+// slower than the rest of the margin (up to DB_QUERY_TIMEOUT_MS each) get the lease renewed first.
+const POST_SLACK_MS = 1_000;
 
 // The task as it stood right after one status update.
 export async function notificationBody(db: Knex | Knex.Transaction, task: tasks.TaskRow, item: TimelineRow): Promise<A2ATask> {
@@ -238,6 +241,9 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
   const leaseId = randomUUID();
   const leaseMs = cfg.PUSH_TIMEOUT_MS + LEASE_MARGIN_MS;
   const started = Date.now();
+  // A lease statement sets lease_until from its own start, after it was sent: the lease surely holds
+  // until leaseMs after leaseSentAt (a monotonic clock, unlike Date.now()).
+  let leaseSentAt = performance.now();
   const config = await repo.leasePushConfig(db, job.task_id, job.config_id, leaseId, leaseMs);
   if (!config) {
     const holdMs = await repo.pushConfigHoldMs(db, job.task_id, job.config_id);
@@ -247,6 +253,18 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
   // A failed post's backoff or the webhook's Retry-After: the config is held that long once the run
   // ends, so that no run of it (a later update's job included) posts to it sooner.
   let holdMs = 0;
+  const leaseOutlastsPost = () => performance.now() - leaseSentAt <= LEASE_MARGIN_MS - POST_SLACK_MS;
+  // Whether the run may post now: only while no other run can have taken the config, so that a
+  // webhook never gets an update twice from overlapping runs, or a later one before it. The lease is
+  // renewed (one UPDATE) only after reads slow enough to eat into its margin.
+  const mayPost = async () => {
+    if (leaseOutlastsPost()) return true;
+    const sent = performance.now();
+    if (!(await repo.renewPushConfigLease(db, job.task_id, job.config_id, leaseId, leaseMs))) return false;
+    leaseSentAt = sent;
+    // A renewal that itself took most of the margin leaves too little for a post: the run ends.
+    return leaseOutlastsPost();
+  };
   try {
     if (config.delivered_seq >= job.timeline_seq) return 'nothing to deliver';
     const task = await tasks.getTask(db, job.task_id);
@@ -265,6 +283,7 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
       }
       try {
         const body = await notificationBody(db, task, item);
+        if (!(await mayPost())) return busy();
         await slots.timed(slotOrigin, () => postNotification(target.url, body, headers, { allowPrivate: cfg.PUSH_ALLOW_PRIVATE, timeoutMs: cfg.PUSH_TIMEOUT_MS }));
       } catch (err) {
         if (!(err instanceof DeliveryError)) throw err;
@@ -282,7 +301,8 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
         }
         log.warn(where, 'push notification given up');
       }
-      // A lease lost meanwhile (a post or a read slower than the margin) belongs to another run now.
+      // A lease lost since the post (statements slower than the slack it had left) belongs to another run now.
+      leaseSentAt = performance.now();
       const now = await repo.setDeliveredSeq(db, job.task_id, job.config_id, item.seq, leaseId, leaseMs);
       if (!now) return busy();
       reached = item.seq;

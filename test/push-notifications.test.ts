@@ -1067,3 +1067,48 @@ describe('push notifications whose queue jobs were lost or failed', function () 
     }
   });
 });
+
+describe('push delivery runs whose reads outlast their lease', function () {
+  this.timeout(60_000);
+  // A run's lease lasts PUSH_TIMEOUT_MS + 10 s: 11 s here.
+  const stack = useStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_TIMEOUT_MS: '1000' });
+
+  it('posts nothing once another run took the lease: the webhook gets each update once, in order', async () => {
+    const rx = await startReceiver();
+    const db = testDb();
+    const lock = await db.transaction();
+    try {
+      await withQueue(stack.env, 'push-notifications', async (queue) => {
+        await queue.pause();
+        const created = await stack.client.post('/api/task/v1', { message: textMessage('driven by the test', 'agent') });
+        assert.equal(created.status, 201);
+        const id: string = created.body.task.id;
+        await setPushConfig(db, id, { id: 'slow-reads', url: rx.url }, loadConfig(stack.env));
+        for (const status of ['working', 'input-required', 'working']) {
+          const r = await stack.client.put(`/api/task/v1/${id}`, { status });
+          assert.equal(r.status, 200, r.text);
+        }
+        await waitFor(async () => (await queue.getJobCounts('wait')).wait >= 3, 'the three delivery jobs', 10_000, 50);
+        // The reads a run makes once it holds the lease wait on the task table until the lease has
+        // run out and another run has taken the config.
+        await lock.raw('lock table tasks in access exclusive mode');
+        await queue.resume();
+        const config = () => db('push_configs').where({ task_id: id, id: 'slow-reads' }).first();
+        const first = await waitFor(async () => (await config())?.lease_id, 'the first run leasing the config', 10_000);
+        await waitFor(async () => (await db.raw(`select lease_until < now() as out from push_configs where task_id = ? and id = 'slow-reads'`, [id])).rows[0].out,
+          "the first run's lease running out", 20_000, 100);
+        await queue.add('deliver', { task_id: id, config_id: 'slow-reads', timeline_seq: (await config()).status_seq });
+        await waitFor(async () => {
+          const leased = (await config())?.lease_id;
+          return leased && leased !== first;
+        }, 'a second run leasing the config', 10_000);
+        await lock.commit();
+        await waitFor(async () => (await queue.getJobs(['completed'], 0, -1)).filter((j) => j.data.task_id === id).length === 4, 'every delivery job completed', 30_000, 100);
+        assert.deepEqual(rx.all.filter((r) => r.body.id === id).map((r) => r.body.status.state), ['working', 'input-required', 'working']);
+      });
+    } finally {
+      if (!lock.isCompleted()) await lock.rollback();
+      await rx.close();
+    }
+  });
+});
