@@ -1002,3 +1002,175 @@ describe('remote A2A agent that cannot stream and answers message/send only when
     assert.equal(sends, 1);
   });
 });
+
+// A remote whose stream breaks (the connection closed mid-answer) after its first artifact, which
+// fails the run's attempt: the retry finds the remote task as the remote left it meanwhile ('after':
+// ended, asking for input, or still working and ending at the next read), with a history of no
+// messages or of its own (agent) messages only. A follow-up ends the remote task, unless it says
+// "[break]": it then breaks as the first turn did ("[break] [unread]": before the remote takes it up).
+describe('remote A2A agent whose stream breaks after an artifact: the retry', () => {
+  type Shown = 'no history' | 'agent messages only';
+  type After = 'completed' | 'input-required' | 'working';
+  let shown: Shown = 'no history';
+  let after: After = 'completed';
+  // The message ids each remote task was sent, in order.
+  const sent = new Map<string, string[]>();
+  type RemoteTask = { id: string; contextId: string; status: any; artifacts: any[]; agentMessages: any[]; reads: number; turn: number };
+  const remoteTasks = new Map<string, RemoteTask>();
+  const agentSays = (taskId: string, text: string) => ({ kind: 'message', role: 'agent', messageId: randomUUID(), taskId, contextId: 'remote-ctx', parts: [{ kind: 'text', text }] });
+  const artifact = (artifactId: string, text: string) => ({ artifactId, name: artifactId, parts: [{ kind: 'text', text }] });
+  const snapshot = (t: RemoteTask) => ({
+    kind: 'task', id: t.id, contextId: t.contextId, status: t.status, artifacts: [...t.artifacts], history: shown === 'no history' ? [] : [...t.agentMessages],
+  });
+  const setStatus = (t: RemoteTask, state: string, text?: string) => {
+    const message = text ? agentSays(t.id, text) : undefined;
+    if (message) t.agentMessages.push(message);
+    t.status = { state, timestamp: new Date().toISOString(), ...(message ? { message } : {}) };
+  };
+  // What the remote does after the break: ends the turn as `after` says, with a second artifact (x1 on the first turn).
+  const endTurn = (t: RemoteTask, state: After) => {
+    t.artifacts.push(artifact(`x${t.turn}`, 'written after the break'));
+    setStatus(t, state, state === 'input-required' ? 'Which colour?' : 'done after the break');
+  };
+  const server = http.createServer((req, res) => {
+    const origin = `http://${req.headers.host}`;
+    if (req.method === 'GET') {
+      answerAgentCard(res, { name: 'breaking', description: 'breaks its stream once', url: `${origin}/rpc`, streaming: true });
+      return;
+    }
+    let body = '';
+    req.on('data', (b) => { body += b; });
+    req.on('end', () => {
+      const { id, method, params } = JSON.parse(body) as { id: string | number; method: string; params: any };
+      const event = (result: unknown) => `data: ${JSON.stringify({ jsonrpc: '2.0', id, result })}\n\n`;
+      if (method === 'tasks/get') {
+        const t = remoteTasks.get(params.id)!;
+        const shows = snapshot(t);
+        // Still working (or, "[unread]", asking) when the retry first reads it, done at the next read.
+        if (++t.reads > 1 && (t.status.state === 'working' || (t.status.state === 'input-required' && sent.get(t.id)!.length > t.turn))) {
+          t.turn = sent.get(t.id)!.length;
+          endTurn(t, 'completed');
+        }
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id, result: shows }));
+        return;
+      }
+      if (method !== 'message/stream') {
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id, error: { code: -32601, message: `no ${method} here` } }));
+        return;
+      }
+      const message = params.message;
+      const text = textOf(message);
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      let t: RemoteTask | undefined = message.taskId && remoteTasks.get(message.taskId);
+      if (t) {
+        // A later send to the task: it is answered, and the task ends; one saying "[break]" breaks as the first did.
+        sent.get(t.id)!.push(message.messageId);
+        res.write(event(snapshot(t)));
+        if (!text.includes('[break]')) {
+          setStatus(t, 'completed', `answered: ${text}`);
+          res.end(event({ kind: 'status-update', taskId: t.id, contextId: t.contextId, final: true, status: t.status }));
+          return;
+        }
+        t.reads = 0;
+        // "[unread]": the break comes before the remote takes the message up; it still shows its question at the next read.
+        if (text.includes('[unread]')) {
+          res.write('', () => res.socket?.destroy());
+          return;
+        }
+        t.turn++;
+      } else {
+        t = { id: `remote-${randomUUID()}`, contextId: 'remote-ctx', status: { state: 'submitted' }, artifacts: [], agentMessages: [], reads: 0, turn: 1 };
+        remoteTasks.set(t.id, t);
+        sent.set(t.id, [message.messageId]);
+        res.write(event(snapshot(t)));
+      }
+      const task = t;
+      task.artifacts.push(artifact(`a${task.turn}`, 'written before the break'));
+      setStatus(task, 'working', `thinking about ${text}`);
+      res.write(event({ kind: 'status-update', taskId: task.id, contextId: task.contextId, final: false, status: task.status }));
+      // The break, once what came before it is on its way; the remote goes on without the stream.
+      res.write(event({ kind: 'artifact-update', taskId: task.id, contextId: task.contextId, artifact: task.artifacts.at(-1) }), () => {
+        res.socket?.destroy();
+        if (after !== 'working') endTurn(task, after);
+      });
+    });
+  });
+  const stack = useStackOnRawAgent(server, { AGENT_BACKOFF_MS: '200' });
+
+  // The task once its status is none of `passing`.
+  const settled = (id: string, passing = ['submitted', 'working']) => waitFor(async () => {
+    const r = await stack.client.get(`/api/task/v1/${id}`);
+    return !passing.includes(r.body.task.status) && r.body;
+  }, 'the task to settle', 30000);
+  const agentTexts = async (id: string) =>
+    (await stack.client.get(`/api/task/v1/${id}/message?page_size=100`)).body.items.filter((m: any) => m.role === 'agent').map((m: any) => m.parts[0].text);
+  const artifactsOf = async (id: string) =>
+    (await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id } })).body.result.artifacts.map((a: any) => [a.artifactId, a.parts.map((p: any) => p.text).join('')]);
+  const storedArtifacts = async (id: string) =>
+    (await stack.client.get(`/api/task/v1/${id}/timeline?order=asc&page_size=100`)).body.items.filter((i: any) => i.event_payload.type === 'artifact-update').length;
+
+  for (const history of ['no history', 'agent messages only'] as const) {
+    for (const state of ['completed', 'input-required', 'working'] as const) {
+      it(`(${history}, ${state} at the retry) follows the remote task the message went to, sending it once, and mirrors what the remote did after the break`, async () => {
+        shown = history;
+        after = state;
+        const text = `break ${history} ${state}`;
+        const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
+        const id = created.body.task.id as string;
+        const ended = await settled(id);
+        const remoteTask = [...remoteTasks.values()].find((t) => t.agentMessages[0].parts[0].text === `thinking about ${text}`)!;
+        // Before: sent again (the remote took it for its answer), or ended without what the remote did after the break.
+        assert.equal(sent.get(remoteTask.id)!.length, 1, 'the message was sent once');
+        assert.equal(ended.task.status, state === 'input-required' ? 'input-required' : 'completed', JSON.stringify(ended.status_message));
+        const last = state === 'input-required' ? 'Which colour?' : 'done after the break';
+        assert.equal(ended.status_message.parts[0].text, last);
+        assert.deepEqual(await agentTexts(id), [`thinking about ${text}`, last]);
+        assert.deepEqual(await artifactsOf(id), [['a1', 'written before the break'], ['x1', 'written after the break']]);
+        assert.equal(await storedArtifacts(id), 2, 'each artifact stored once');
+        if (state !== 'input-required') return;
+        // The answer goes to the remote task, which has not been sent it before.
+        assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage('blue'))).status, 201);
+        const done = await settled(id, ['input-required', 'working']);
+        assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+        assert.equal(done.status_message.parts[0].text, 'answered: blue');
+        assert.equal(sent.get(remoteTask.id)!.length, 2, 'the question was answered once');
+      });
+    }
+    for (const state of ['completed', 'working'] as const) {
+      it(`(${history}, ${state} at the retry) follows a later turn's remote task the same way, mirroring none of the earlier turn's messages again`, async () => {
+        shown = history;
+        after = 'input-required';
+        const text = `ask then break ${history} ${state}`;
+        const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id as string;
+        assert.equal((await settled(id)).task.status, 'input-required');
+        after = state;
+        const answer = `green [break] ${state}`;
+        assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage(answer))).status, 201);
+        const done = await settled(id, ['input-required', 'working']);
+        const remoteTask = [...remoteTasks.values()].find((t) => t.agentMessages[0].parts[0].text === `thinking about ${text}`)!;
+        assert.equal(sent.get(remoteTask.id)!.length, 2, 'the answer was sent once');
+        assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+        assert.equal(done.status_message.parts[0].text, 'done after the break');
+        // Before (agent messages only): the first turn's messages, which that history holds, mirrored again.
+        assert.deepEqual(await agentTexts(id), [`thinking about ${text}`, 'Which colour?', `thinking about ${answer}`, 'done after the break']);
+        assert.deepEqual((await artifactsOf(id)).map(([artifactId]: string[]) => artifactId), ['a1', 'x1', 'a2', 'x2']);
+        assert.equal(await storedArtifacts(id), 4, 'each artifact stored once');
+      });
+    }
+  }
+
+  it('(agent messages only) follows a later turn whose stream broke before the remote took it up, past the question it answers, to its end', async () => {
+    shown = 'agent messages only';
+    after = 'input-required';
+    const text = 'ask then break unread';
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id as string;
+    assert.equal((await settled(id)).task.status, 'input-required');
+    const answer = 'green [break] [unread]';
+    assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage(answer))).status, 201);
+    const done = await settled(id, ['input-required', 'working']);
+    const remoteTask = [...remoteTasks.values()].find((t) => t.agentMessages[0].parts[0].text === `thinking about ${text}`)!;
+    assert.equal(sent.get(remoteTask.id)!.length, 2, 'the answer was sent once');
+    assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+    assert.deepEqual(await agentTexts(id), [`thinking about ${text}`, 'Which colour?', 'done after the break']);
+  });
+});

@@ -31,7 +31,7 @@ import { callSignal } from '../../domain/call-signal.ts';
 import { fetchPublicOnly, fetchUntimed } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import { applyArtifactUpdate, chunkBetween } from '../../domain/a2a/artifact-merge.ts';
-import type { Message, MessagePart } from '../../api/schemas/task.ts';
+import type { MessagePart } from '../../api/schemas/task.ts';
 import { sameAsStored } from '../../domain/storable-json.ts';
 import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
 import { checkEvent, type StreamEvent } from './remote-answers.ts';
@@ -263,12 +263,13 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       // running on an earlier message (a client answered while that run was going) is sent this one.
       const current = known ? await readTask(remote, known.remote_task_id, link.signal) : undefined;
       const running = current && (current.status.state === 'submitted' || current.status.state === 'working');
-      // The remote's history says best whether it has this message, whatever its state since (a
-      // crash between the send and the remote's first answer leaves last_message_id behind); without
-      // one, the row does (rows from before migration 0015 name no message: running is all there is
-      // to go by).
+      // The message went out if the remote's history shows it (a crash between the send and the
+      // remote's first answer leaves last_message_id behind), or if the row names it: it is written
+      // once the remote has answered the send, so it holds whatever the remote's history shows (none,
+      // its own messages only, cut short) and whatever state the remote task is in since. Rows from
+      // before migration 0015 name no message: a history decides, or else the task still running.
       const inHistory = current?.history?.length ? current.history.some((m) => m.messageId === ctx.message.id) : undefined;
-      const sent = inHistory ?? (running && (known?.last_message_id === ctx.message.id || known?.last_message_id == null));
+      const sent = inHistory || known?.last_message_id === ctx.message.id || (inHistory === undefined && running && known?.last_message_id == null);
       if (current && sent) {
         // A retry (the worker before stopped or died): what the remote did since is mirrored now
         // unless the local task has it, and the turn may have ended meanwhile.
@@ -439,26 +440,32 @@ class Mirror {
    * For a retry of this turn: marks as mirrored what of the remote task the local task has, by
    * content (the local copies have ids of their own): the remote's history up to this run's message,
    * the agent messages since that match the local task's since, and artifacts stored as they are.
+   * A history without this run's message (the remote keeps its own messages only, or cut it short)
+   * may start before this turn: its messages are matched against the earlier turns' copies too.
    * A remote that keeps no history shows its status message and artifacts only: those are matched.
    */
   async resume(task: A2ATask): Promise<void> {
     const history = task.history ?? [];
     const at = history.findIndex((m) => m.messageId === this.ctx.message.id);
     for (const m of history.slice(0, at + 1)) this.seenMessages.add(m.messageId);
+    const status = task.status.message;
+    const asked = status ? history.findIndex((m) => m.messageId === status.messageId) : -1;
     // Still showing the question this run's message answers (asked before it): not taken up yet.
-    const asked = task.status.message ? history.findIndex((m) => m.messageId === task.status.message!.messageId) : -1;
     if (task.status.state in INTERRUPTED && asked >= 0 && asked < at) this.answering = task.status;
     const since = this.ctx.history.findIndex((m) => m.id === this.ctx.message.id);
-    const local: Message[] = this.ctx.history.slice(since + 1).filter((m) => m.role === 'agent');
-    const status = task.status.message;
-    const theirs = history.slice(at + 1).filter((m) => m.role === 'agent' && m.messageId !== status?.messageId);
-    // The status message is this turn's unless the remote's history has it before this run's message.
-    if (status && (asked < 0 || asked > at)) theirs.push(status);
+    const local = this.ctx.history.flatMap((m, i) => (m.role === 'agent' && (at < 0 || i > since) ? [{ parts: m.parts, earlier: i < since }] : []));
+    const theirs = history.slice(at + 1).filter((m) => m.role === 'agent');
+    // A status message the remote's history does not place is this turn's.
+    if (status && asked < 0) theirs.push(status);
+    // In order, each local copy matched once: a message the remote repeated is a copy only if the local task repeated it too.
     for (const m of theirs) {
-      const copy = local.findIndex((l) => sameAsStored(l.parts, partsOf(m.parts)));
+      const isStatus = m.messageId === status?.messageId;
+      const copy = local.findIndex((l) => (asked >= 0 || !isStatus || !l.earlier) && sameAsStored(l.parts, partsOf(m.parts)));
       if (copy < 0) continue;
-      local.splice(copy, 1);
       this.seenMessages.add(m.messageId);
+      // A question from before this run's message, still shown: the one it answers, not taken up yet.
+      if (isStatus && local[copy].earlier && task.status.state in INTERRUPTED) this.answering = task.status;
+      local.splice(copy, 1);
     }
     // The local copies as they are: one the remote changed since is updated by apply.
     for (const held of artifactsFromTimeline(await listArtifactItems(this.db, this.ctx.task.id))) this.artifacts.set(held.artifactId, held);
