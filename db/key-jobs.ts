@@ -78,8 +78,9 @@ export async function addKeyJobTotal(db: Tx, id: string, more: number): Promise<
   if (more) await db('key_jobs').where({ id }).update({ total: db.raw('total + ?', [more]) });
 }
 
-export async function settleKeyJobTotal(db: Tx, id: string): Promise<void> {
-  await db('key_jobs').where({ id }).update({ total: db.raw('done + failed') });
+// The total as what was handled and the `left` items still to do.
+export async function settleKeyJobTotal(db: Tx, id: string, left = 0): Promise<void> {
+  await db('key_jobs').where({ id }).update({ total: db.raw('done + failed + ?', [left]) });
 }
 
 export async function recordKeyJobProgress(db: Tx, id: string, p: { done: number; failed: number; total: number; cursor: string | null; errors: KeyJobError[] }): Promise<void> {

@@ -1,3 +1,4 @@
+import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
 import { keysetPage, PAGE_MAX_BYTES, batchWithinBytes, type Page, type Budget } from './pagination.ts';
 
@@ -57,23 +58,29 @@ export async function deleteSecret(db: Tx, id: string): Promise<boolean> {
 
 export interface RotationCandidate { id: string; dek_id: string; encrypted_secret: string }
 
-// The next secrets of `alias` not yet under `newDekId`, after `afterId` in id order, last
-// written before or since a time (a rotation's walk and its final sweep).
-export async function secretsToRotate(
-  db: Tx, alias: string, newDekId: string, afterId: string | null, batch: Budget, written: { before: Date } | { since: Date },
-): Promise<RotationCandidate[]> {
-  const q = db('secrets').select('id', 'dek_id', 'encrypted_secret')
-    .where({ dek_alias: alias }).whereNot({ dek_id: newDekId }).orderBy('id');
-  if (afterId !== null) q.where('id', '>', afterId);
-  if ('before' in written) q.where('updated_at', '<', written.before);
-  else q.where('updated_at', '>=', written.since);
+// Which secrets of `alias` a rotation pass takes: those after `afterId` in id order, last written
+// before or since a time (a rotation's walk and its final sweep).
+export interface RotationPass { afterId: string | null; written: { before: Date } | { since: Date } }
+
+function inPass(q: Knex.QueryBuilder, pass: RotationPass): Knex.QueryBuilder {
+  if (pass.afterId !== null) q.where('id', '>', pass.afterId);
+  if ('before' in pass.written) q.where('updated_at', '<', pass.written.before);
+  else q.where('updated_at', '>=', pass.written.since);
+  return q;
+}
+
+// The next secrets of `alias` not yet under `newDekId` in a pass, in id order.
+export async function secretsToRotate(db: Tx, alias: string, newDekId: string, pass: RotationPass, batch: Budget): Promise<RotationCandidate[]> {
+  const q = inPass(db('secrets').select('id', 'dek_id', 'encrypted_secret').where({ dek_alias: alias }).whereNot({ dek_id: newDekId }).orderBy('id'), pass);
   return batchWithinBytes(db, q, ['id'], 'octet_length(encrypted_secret)', batch);
 }
 
-// Without `newDekId` (a rotation not started yet, with no new DEK): every secret of the alias.
-export async function countSecretsToRotate(db: Tx, alias: string, newDekId?: string): Promise<number> {
+// Without `newDekId` (a rotation not started yet, with no new DEK): every secret of the alias;
+// with `pass`, only those the pass has still to take.
+export async function countSecretsToRotate(db: Tx, alias: string, newDekId?: string, pass?: RotationPass): Promise<number> {
   const q = db('secrets').where({ dek_alias: alias });
   if (newDekId) q.whereNot({ dek_id: newDekId });
+  if (pass) inPass(q, pass);
   const [{ n }] = await q.count({ n: '*' });
   return Number(n);
 }

@@ -23,11 +23,12 @@ import { createDek, checkDekOpens, decryptWithDek, DecryptError, encryptWithDek,
 import { KeyUnusable } from './crypto/envelope-keys.ts';
 import { aliasDekForWrite, getDek, lockAlias } from '../db/deks.ts';
 import {
-  addKeyJobTotal, findActiveRotation, getKeyJob, insertKeyJob, markKeyJobRunning, recordKeyJobProgress, setRotationState, settleKeyJobTotal,
+  addKeyJobTotal, findActiveRotation, getKeyJob, insertKeyJob, markKeyJobRunning, recordKeyJobProgress, restartKeyJobPass, setRotationState, settleKeyJobTotal,
   type KeyJobError, type KeyJobRow,
 } from '../db/key-jobs.ts';
 import { finishKeyJob, lockKeyJob, lockKeyJobNotingCancel, startedAs, type KeyJobStart } from './crypto/key-jobs.ts';
 import { countSecretsToRotate, reencryptSecrets, secretsToRotate, type RotationCandidate } from '../db/secrets.ts';
+import { secretPass } from './alias-rotation-passes.ts';
 import { countCredentialsToRotate, credentialsToRotate, reencryptCredentials, type CredentialToRotate } from '../db/bridge.ts';
 import type { Budget } from '../db/pagination.ts';
 import { countPushConfigsToRotate, pushConfigsToRotate, reencryptPushConfigs } from '../db/push-configs.ts';
@@ -145,7 +146,7 @@ const reencrypt = async (s: KeyringServices, fromDek: string, ciphertext: string
 
 const secretStore: RotationStore<RotationCandidate, Parameters<typeof reencryptSecrets>[3][number]> = {
   next: (trx, job, p, cursor, batch) =>
-    secretsToRotate(trx, p.alias, p.new_dek_id, cursor, batch, p.phase === 'sweep' ? { since: job.started_at! } : { before: job.started_at! }),
+    secretsToRotate(trx, p.alias, p.new_dek_id, secretPass(p.phase === 'sweep' ? 'sweep' : 'walk', job.started_at!, cursor), batch),
   count: (trx, p) => countSecretsToRotate(trx, p.alias, p.new_dek_id),
   key: (r) => r.id,
   what: (r) => `secret does not decrypt with DEK '${r.dek_id}'`,
@@ -234,9 +235,9 @@ export async function rotateNextBatch(s: KeyringServices, jobId: string, batchSi
     await recordKeyJobProgress(trx, jobId, {
       done: updated,
       failed: errors.length,
-      // A phase's rows were counted when it began: rows it lost to concurrent writes leave the
-      // total. The sweep's were not (they are written after the start): what it finds is added.
-      total: params.phase === 'sweep' ? updated + errors.length : updated - rewritten.length,
+      // A phase's rows were counted when it began (the sweep's at the repoint): rows it lost to
+      // concurrent writes leave the total.
+      total: updated - rewritten.length,
       cursor: store.key(rows[rows.length - 1]),
       errors,
     });
@@ -288,7 +289,11 @@ export async function repointRotatedAlias(s: KeyringServices, jobId: string): Pr
       if (alias.dek_id !== params.from_dek_id) throw movedDuringRotation(params.alias, alias.dek_id);
       await repointAlias(trx, params.alias, params.new_dek_id);
     }
-    await setRotationState(trx, jobId, { ...params, phase: 'sweep' }, true);
+    // The total from here: what the walk moved or failed and what the sweep will take (written since
+    // the start). Secrets deleted or rewritten before the walk reached them, still in the total
+    // counted at the start, so leave it, and the sweep's are counted once.
+    const sweep = await countSecretsToRotate(trx, params.alias, params.new_dek_id, secretPass('sweep', job.started_at!, null));
+    await restartKeyJobPass(trx, jobId, { ...params, phase: 'sweep' }, sweep);
   });
 }
 

@@ -8,11 +8,12 @@ import type { Services } from '../services.ts';
 import type { Tx } from '../../db/knex.ts';
 import { Conflict, NotFound } from '../errors.ts';
 import {
-  endKeyJob, getKeyJob, lockKeyJobCancels, requestKeyJobCancel, selectKeyJobForUpdate, takeKeyJobCancel, withdrawKeyJobCancel, type KeyJobError, type KeyJobRow,
+  endKeyJob, getKeyJob, lockKeyJobCancels, requestKeyJobCancel, selectKeyJobForUpdate, settleKeyJobTotal, takeKeyJobCancel, withdrawKeyJobCancel, type KeyJobError, type KeyJobRow,
 } from '../../db/key-jobs.ts';
 import { deleteUnusedDek } from '../../db/deks.ts';
 import { invalidateAfterCommit } from '../keyring.ts';
 import { isOpenKeyJob, ROTATE_ALIAS } from '../key-job-states.ts';
+import { secretsLeftToRotate } from '../alias-rotation-passes.ts';
 
 // Locks a job's row for the rest of `trx`, which every step of a job does first. A cancel asked
 // meanwhile (requestKeyJobCancel) is applied here, so the step finds the job canceled.
@@ -51,7 +52,12 @@ export async function finishKeyJob(trx: Knex.Transaction, id: string, status: 'c
   const ended = await endKeyJob(trx, id, status, error);
   const { prepared_dek_id: prepared, new_dek_id: started } = (ended?.params ?? {}) as { prepared_dek_id?: string; new_dek_id?: string };
   const made = started ?? prepared;
-  if (ended?.kind === ROTATE_ALIAS && status !== 'completed' && made && await deleteUnusedDek(trx, made)) invalidateAfterCommit(trx, { dek_ids: [made] });
+  if (ended?.kind !== ROTATE_ALIAS || status === 'completed') return;
+  if (made && await deleteUnusedDek(trx, made)) invalidateAfterCommit(trx, { dek_ids: [made] });
+  // Its total was counted as its walk began: secrets deleted or rewritten since, before it reached
+  // them, are still in it. It is what it moved or failed and the secrets it left.
+  const left = await secretsLeftToRotate(trx, (await getKeyJob(trx, id))!);
+  if (left !== undefined) await settleKeyJobTotal(trx, id, left);
 }
 
 export async function getJob(db: Tx, id: string): Promise<KeyJobRow> {
