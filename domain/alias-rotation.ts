@@ -64,6 +64,17 @@ export async function startAliasRotation(s: Pick<Services, 'db' | 'outbox' | 'bu
   });
 }
 
+// The DEK a new value of a secret staying under `alias` is encrypted with, the alias naming
+// `aliasDekId` and the secret under `currentDekId`: a secret the alias's rotation has moved during its
+// walk stays under the rotation's new DEK, so a write does not move it back for the sweep to move (and
+// count) again. Any other goes under the alias's DEK, as every write does.
+export async function dekForRewrite(db: Knex.Transaction, alias: string, aliasDekId: string, currentDekId: string): Promise<string> {
+  if (currentDekId === aliasDekId) return aliasDekId;
+  const rotation = (await findActiveRotation(db, alias))?.params as RotationParams | undefined;
+  const moved = rotation?.phase === 'walk' && rotation.new_dek_id === currentDekId && rotation.from_dek_id === aliasDekId;
+  return moved ? currentDekId : aliasDekId;
+}
+
 const isActive = (job: KeyJobRow | undefined): job is KeyJobRow => !!job && isOpenKeyJob(job.status);
 
 // Creates the new DEK once (its id is stored in the job in the same transaction) and marks the

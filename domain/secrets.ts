@@ -5,6 +5,7 @@ import type { Services } from './services.ts';
 import { AppError, Conflict, NotFound } from './errors.ts';
 import { DecryptError, decryptImported, decryptWithDek, encryptWithDek, writeUnderAlias, type KeyringServices } from './keyring.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
+import { dekForRewrite } from './alias-rotation.ts';
 import * as repo from '../db/secrets.ts';
 import type { SecretRow } from '../db/secrets.ts';
 import type { Page } from '../db/pagination.ts';
@@ -101,8 +102,9 @@ export async function updateSecret(s: KeyringServices, id: string, input: { raw_
       const current = await repo.getSecret(trx, id, true);
       if (!current) return undefined;
       if (input.dek_alias === undefined && current.dek_alias !== alias) return MOVED;
-      const ciphertext = await encryptWithDek(s, dekId, input.raw_value, trx);
-      return repo.updateSecret(trx, id, { encrypted_secret: ciphertext, dek_id: dekId, dek_alias: alias });
+      const writeDekId = current.dek_alias === alias ? await dekForRewrite(trx, alias, dekId, current.dek_id) : dekId;
+      const ciphertext = await encryptWithDek(s, writeDekId, input.raw_value, trx);
+      return repo.updateSecret(trx, id, { encrypted_secret: ciphertext, dek_id: writeDekId, dek_alias: alias });
     }).catch(async (err): Promise<typeof MOVED> => {
       // The alias read first is gone: the secret may have moved off it meanwhile.
       if (input.dek_alias === undefined && err instanceof NotFound && (await repo.getSecret(s.db, id))?.dek_alias !== alias) return MOVED;

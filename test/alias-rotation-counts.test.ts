@@ -93,6 +93,32 @@ describe('alias rotation counts: total is the distinct secrets moved or failed p
     assert.equal((await testDb()('secrets').where({ dek_alias: alias }).whereNot({ dek_id: ended.params.new_dek_id })).length, 0);
   });
 
+  it('secrets the walk moved and that are written again before the repoint are moved and counted once', async function () {
+    this.timeout(120000);
+    const alias = 'cnt-again';
+    await aliasWithSecrets(alias);
+    const r = await c.post(`${E}/dek/alias/${alias}/rotate`);
+    assert.equal(r.status, 202, r.text);
+    const walking = await waitDone(r.body.id, 10);
+    const moved = await testDb()('secrets').where({ dek_alias: alias, dek_id: walking.params.new_dek_id }).orderBy('id').limit(3);
+    assert.equal(moved.length, 3);
+    const values = new Map<string, string>();
+    for (const m of moved) {
+      const raw = randomUUID();
+      assert.equal((await c.put(`${S}/${m.id}`, { raw_value: raw })).status, 200);
+      values.set(m.key, raw);
+    }
+    assert.equal((await poll(r.body.id)).params.phase, 'walk', 'written again before the repoint');
+
+    const { ended } = await followToEnd(r.body.id, alias);
+    assert.deepEqual(wrong, []);
+    assert.deepEqual([ended.status, ended.total, ended.done, ended.failed], ['completed', SECRETS, SECRETS, 0]);
+    assert.equal((await testDb()('secrets').where({ dek_alias: alias }).whereNot({ dek_id: ended.params.new_dek_id })).length, 0);
+    const read = await c.get(`${S}/list-decrypted?page_size=300`);
+    assert.equal(read.status, 200, read.text);
+    for (const [key, raw] of values) assert.equal(read.body.secrets.find((x: { key: string }) => x.key === key)?.decrypted_value, raw, key);
+  });
+
   it('a rotation canceled mid-walk, after secrets it had not reached were deleted, counts what it moved and what it left', async function () {
     this.timeout(120000);
     const alias = 'cnt-cancel';
