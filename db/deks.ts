@@ -28,6 +28,11 @@ export async function insertDeks(db: Tx, rows: { id: string; envelope_key_id: st
   );
 }
 
+// When the DEK of this id was deleted; undefined if none was.
+export async function dekDeletedAt(db: Tx, id: string): Promise<Date | undefined> {
+  return (await db('deleted_deks').where({ id }).first('deleted_at'))?.deleted_at;
+}
+
 export async function getDek(db: Tx, id: string): Promise<DekRow | undefined> {
   return db('deks').where({ id }).first();
 }
@@ -86,10 +91,15 @@ export async function rewrapDeks(db: Tx, fromEnvelope: string, toEnvelope: strin
 }
 
 // Deletes a DEK if nothing refers to it (an alias, a secret, a credential, a push config: their
-// foreign keys refuse the delete, 23503, and the DEK stays); whether it was deleted.
+// foreign keys refuse the delete, 23503, and the DEK stays); whether it was deleted. Its id is
+// recorded as deleted with it, in the same transaction, and is never given to a DEK again.
 export async function deleteUnusedDek(trx: Tx, id: string): Promise<boolean> {
   try {
-    return (await trx.transaction((sp) => sp('deks').where({ id }).delete())) > 0;
+    return await trx.transaction(async (sp) => {
+      if (!(await sp('deks').where({ id }).delete())) return false;
+      await sp('deleted_deks').insert({ id });
+      return true;
+    });
   } catch (err) {
     if ((err as { code?: string }).code === '23503') return false;
     throw err;

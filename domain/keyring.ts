@@ -7,7 +7,7 @@ import type { Services } from './services.ts';
 import type { Tx } from '../db/knex.ts';
 import { Conflict, InvalidRequest, NotFound } from './errors.ts';
 import { getEnvelopeKey, localKeyFileNames, type EnvelopeKeyRow } from '../db/envelope-keys.ts';
-import { aliasDekForWrite, getAlias, getDek, insertDek, lockAlias, updateAlias, type AliasRow, type DekRow } from '../db/deks.ts';
+import { aliasDekForWrite, dekDeletedAt, getAlias, getDek, insertDek, lockAlias, updateAlias, type AliasRow, type DekRow } from '../db/deks.ts';
 import { DecryptError, KEY_BYTES, openBase64, sealBase64 } from './crypto/aes-gcm.ts';
 import { KeyUnusable, readLocalKeyFile, wrapperForRow, type KeyWrapper } from './crypto/envelope-keys.ts';
 import { TtlCache } from './crypto/ttl-cache.ts';
@@ -229,12 +229,21 @@ export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: str
     ({ plain, wrapped } = await wrapper.generate());
   }
   const id = opts.id ?? randomUUID();
-  const row = await insertDek(db, { id, envelope_key_id: envelopeId, encrypted_dek: wrapped });
-  if (!row) {
-    // Deleted since it was read above, or the id is taken.
-    if (!(await getEnvelopeKey(db, envelopeId))) throw new NotFound('envelope_key', envelopeId);
-    throw new Conflict(`DEK '${id}' already exists`, { resource: 'dek', id });
-  }
+  // In a transaction (a savepoint inside the caller's), so that a refused id leaves no DEK behind.
+  const row = await db.transaction(async (t) => {
+    const inserted = await insertDek(t, { id, envelope_key_id: envelopeId, encrypted_dek: wrapped });
+    if (!inserted) {
+      // Deleted since it was read above, or the id is taken.
+      if (!(await getEnvelopeKey(t, envelopeId))) throw new NotFound('envelope_key', envelopeId);
+      throw new Conflict(`DEK '${id}' already exists`, { resource: 'dek', id });
+    }
+    // A deleted DEK's key may still be cached under its id by a process that missed the note to drop
+    // it: that process would seal values with the old key as this DEK's. Checked after the insert,
+    // which waits for a delete of the id under way: its record has committed by then.
+    const deletedAt = await dekDeletedAt(t, id);
+    if (deletedAt) throw new Conflict(`DEK id '${id}' was used by a DEK deleted at ${deletedAt.toISOString()}; the id of a deleted DEK is never used again: choose another`, { resource: 'dek', id, deleted_at: deletedAt.toISOString() });
+    return inserted;
+  });
   dekCache.set(id, plain);
   return row;
 }

@@ -231,8 +231,9 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
         return differing(there.body.encrypted_data_encryption_key === d.encrypted_data_encryption_key ? undefined : 'it is wrapped otherwise');
       }, async () => {
         const a = await call('POST', `/api/encryption/v1/envelope/${enc(k.id)}/dek/import`, { id: d.id, encrypted_data_encryption_key: d.encrypted_data_encryption_key });
-        // Hidden by an alias named like it: there, but its wrapping cannot be read to compare.
-        if (a.status === 409 && a.body?.data?.resource === 'dek') return 'present';
+        // Hidden by an alias named like it: there, but its wrapping cannot be read to compare. A 409
+        // with deleted_at is an id the target's deleted DEK had, never used again: failed, as it says.
+        if (a.status === 409 && a.body?.data?.resource === 'dek' && a.body.data.deleted_at === undefined) return 'present';
         if (a.status === 400 && /does not unwrap/.test(a.body?.message)) {
           throw new Refused(`400 ${a.body.message}: is the target's key ${k.id} the source's? An installation started before the key files were copied made its own`);
         }

@@ -5,7 +5,7 @@ import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import type { Queue } from 'bullmq';
-import { cancelWhileRowHeld, startWorker, testDb, useStack, waitFor, withQueue, type Client, type Proc } from './helpers/stack.ts';
+import { assertError, cancelWhileRowHeld, startWorker, testDb, useStack, waitFor, withQueue, type Client, type Proc } from './helpers/stack.ts';
 
 const S = '/api/secret/v1';
 const E = '/api/encryption/v1';
@@ -361,49 +361,42 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     }
   });
 
-  it('a DEK created under the id of the DEK a canceled rotation made and deleted is that new DEK in the worker too, not the one it had cached', async () => {
+  it('never gives the id of a DEK a canceled rotation deleted to another DEK: creating or importing one under it is 409 naming why, storing nothing', async () => {
     const envelope = (await c.get(`${E}/dek/alias/${ALIAS}`)).body.envelope_encryption_key_id.id;
-    // DEK ids are the client's to choose: a deleted DEK's id is free again. The worker that made the
-    // deleted DEK then opens secrets under the new one to move them (a rotation of their alias).
-    const reuse = async (id: string, alias: string) => {
-      assert.equal((await c.post(`${E}/envelope/${encodeURIComponent(envelope)}/dek`, { id })).status, 201);
-      assert.equal((await c.post(`${E}/dek/alias`, { dek_id: id, alias })).status, 201);
-      const keys = [`${alias}/0`, `${alias}/1`];
-      for (const k of keys) await createSecret(k, alias);
-      const r = await c.post(`${E}/dek/alias/${alias}/rotate`);
-      assert.equal(r.status, 202, r.text);
-      const done = await waitJob(r.body.id);
-      assert.deepEqual([done.status, done.done, done.failed], ['completed', 2, 0], JSON.stringify(done.errors));
-      const all = await decryptedAll();
-      for (const k of keys) assert.equal(all.get(k), expected.get(k), k);
+    const under = `${E}/envelope/${encodeURIComponent(envelope)}`;
+    // Key material that unwraps under that envelope key, so that only the id can be refused.
+    const wrapped = (await c.get(`${E}/dek/alias/${ALIAS}`)).body.encrypted_data_encryption_key;
+    // A process that missed the note to drop the deleted DEK from its cache would seal values under
+    // the id with the old key: a new DEK there would have them unreadable.
+    const refused = async (id: string) => {
+      for (const [path, body] of [['dek', { id }], ['dek/import', { id, encrypted_data_encryption_key: wrapped }]] as const) {
+        const r = await c.post(`${under}/${path}`, body);
+        assertError(r, 409, 'conflict');
+        assert.match(r.body.message, new RegExp(`^DEK id '${id}' was used by a DEK deleted at \\d{4}-\\d\\d-\\d\\dT[\\d:.]+Z; the id of a deleted DEK is never used again: choose another$`), r.text);
+        assert.deepEqual([r.body.data.resource, r.body.data.id, typeof r.body.data.deleted_at], ['dek', id, 'string'], r.text);
+      }
+      assert.equal(await testDb()('deks').where({ id }).first(), undefined, 'no DEK is stored under it');
     };
-    // Deleted by the worker itself, whose step applied the cancel.
-    await reuse((await canceledWhileMakingDek()).params.prepared_dek_id, 'rot-reused-1');
 
-    // Deleted by the API, which applied the cancel at once (200) while the job waited for its retry:
-    // its start failed (its connection ended) after it had made its DEK, with the queue paused.
-    const id = await withQueue(stack.env, 'key-jobs', queuedRotation);
-    const write = await testDb().transaction();
-    try {
-      await write('dek_aliases').where({ alias: ALIAS }).forShare().first();
-      await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
+    // A DEK a client created under an id of its choosing, then made a queued rotation's new DEK (as a
+    // worker that died after making it leaves it), deleted by the API as it applies the cancel at once.
+    const chosen = `chosen-${randomUUID()}`;
+    await withQueue(stack.env, 'key-jobs', async (keyJobs) => {
+      try {
+        const queued = await queuedRotation(keyJobs);
+        assert.equal((await c.post(`${under}/dek`, { id: chosen })).status, 201);
+        await testDb()('key_jobs').where({ id: queued }).update({ params: JSON.stringify({ alias: ALIAS, prepared_dek_id: chosen, prepared_from_dek_id: await aliasDek(ALIAS) }) });
+        const canceled = await c.post(`${E}/job/${queued}/cancel`);
+        assert.deepEqual([canceled.status, canceled.body.status], [200, 'canceled'], canceled.text);
+      } finally {
         await keyJobs.resume();
-        await waitFor(async () => (await testDb()('key_jobs').where({ id }).first()).params.prepared_dek_id, 'the rotation to make its DEK', 20000, 20);
-        const waiting = async () => (await testDb().raw(`select pid from pg_stat_activity where wait_event_type = 'Lock' and query ilike '%dek_aliases%'`)).rows[0]?.pid;
-        const pid = await waitFor(waiting, 'the start to wait for the write', 20000, 20);
-        await keyJobs.pause();
-        await testDb().raw('select pg_terminate_backend(?)', [pid]);
-      });
-      await waitFor(async () => stack.workers[0].logs.some((l) => l.includes(id) && l.includes('step failed; will retry')), 'the start to fail', 20000, 20);
-    } finally {
-      await write.rollback();
-    }
-    const canceled = await c.post(`${E}/job/${id}/cancel`);
-    assert.deepEqual([canceled.status, canceled.body.status], [200, 'canceled'], canceled.text);
-    const made: string = canceled.body.params.prepared_dek_id;
-    assert.equal(await testDb()('deks').where({ id: made }).first(), undefined, 'the DEK made for it is deleted');
-    await withQueue(stack.env, 'key-jobs', (keyJobs) => keyJobs.resume());
-    await reuse(made, 'rot-reused-2');
+      }
+    });
+    assert.equal(await testDb()('deks').where({ id: chosen }).first(), undefined, 'the cancel deleted it');
+    await refused(chosen);
+
+    // Deleted by the worker itself, whose step applied the cancel.
+    await refused((await canceledWhileMakingDek()).params.prepared_dek_id);
   });
 
   it('a cancel that ends a rotation which moved nothing yet (202 while it starts its walk) deletes its new DEK, which nothing refers to', async () => {

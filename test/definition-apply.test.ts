@@ -536,6 +536,26 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.deepEqual(await tableRowCounts([], t.scratch.db), before);
   });
 
+  it('reports a DEK of the file whose id a DEK deleted on the target had as failed, naming why, not as there (exit 1)', async () => {
+    const t = await freshTarget();
+    const tc = t.stack.client;
+    const payments = source.envelope_keys.flatMap((k: any) => k.data_encryption_keys).find((d: any) => d.aliases.includes('payments'));
+    // On the target, the DEK of that id made a queued rotation's new DEK (as a worker that died after
+    // making it leaves it), deleted as the cancel is applied at once: no worker runs there.
+    await ok(tc.post(`${E}/envelope/default-envelope.key/dek/import`, { id: payments.id, encrypted_data_encryption_key: payments.encrypted_data_encryption_key }));
+    const rotation = await ok(tc.post(`${E}/dek/alias/default/rotate`), 202);
+    const from = (await ok(tc.get(`${E}/dek/alias/default`), 200)).id;
+    await t.scratch.db('key_jobs').where({ id: rotation.id }).update({ params: JSON.stringify({ alias: 'default', prepared_dek_id: payments.id, prepared_from_dek_id: from }) });
+    assert.equal((await ok(tc.post(`${E}/job/${rotation.id}/cancel`), 200)).status, 'canceled');
+    assert.equal(await t.scratch.db('deks').where({ id: payments.id }).first(), undefined, 'the cancel deleted it');
+
+    const r = await applyTo(t.stack.api.url);
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assert.match(r.stderr, new RegExp(`failed: DEK ${payments.id}: 409 DEK id '${payments.id}' was used by a DEK deleted at \\S+; the id of a deleted DEK is never used again: choose another`), r.stderr);
+    assert.match(r.stdout, /deks: 1 created, 0 already there, 0 conflicts, 1 failed/, r.stdout);
+    assert.equal(await t.scratch.db('deks').where({ id: payments.id }).first(), undefined);
+  });
+
   it('goes on past a provider whose controller this command does not know, to the summary (exit 1)', async () => {
     const t = await freshTarget();
     assert.equal((await applyTo(t.stack.api.url)).code, 0);

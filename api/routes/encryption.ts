@@ -56,7 +56,7 @@ export const encryptionRoutes = [
 
   defineRoute({
     method: 'post', path: `${base}/envelope/:envelope_id/dek`, operationId: 'create-dek', tag, scope: 'encryption:write',
-    summary: 'Create a DEK under an envelope key (generated, or from an encrypted_dek that must unwrap)',
+    summary: 'Create a DEK under an envelope key (generated, or from an encrypted_dek that must unwrap); an id taken, or once a deleted DEK\'s, is 409',
     params: Envelope,
     body: CreateDekRequest,
     responses: { 201: DataEncryptionKey, ...resourceErrors, 409: ErrorBody, ...kmsErrors },
@@ -67,7 +67,7 @@ export const encryptionRoutes = [
 
   defineRoute({
     method: 'post', path: `${base}/envelope/:envelope_id/dek/import`, operationId: 'import-dek', tag, scope: 'encryption:write',
-    summary: 'Import a wrapped DEK; it must unwrap with the envelope key',
+    summary: 'Import a wrapped DEK; it must unwrap with the envelope key; an id taken, or once a deleted DEK\'s, is 409',
     params: Envelope,
     body: ImportDekRequest,
     responses: { 201: DataEncryptionKey, ...resourceErrors, 409: ErrorBody, ...kmsErrors },

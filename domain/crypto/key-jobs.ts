@@ -47,7 +47,8 @@ export function startedAs(job: KeyJobRow | undefined, endedHere = false): KeyJob
 // ended before its walk began, or before a batch moved a value to it. It is deleted with the job's
 // end unless something refers to it (deleteUnusedDek): the values the walk moved, the alias once
 // repointed, or an alias someone pointed at it. Deleted, it leaves every process's DEK cache once
-// this commits: the worker that made it holds it, and its id, free again, may be given to another.
+// this commits (the worker that made it holds it); its id, public in the params, is never given to
+// another DEK, as a process that missed that note still holds the key under it.
 export async function finishKeyJob(trx: Knex.Transaction, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<void> {
   const ended = await endKeyJob(trx, id, status, error);
   const { prepared_dek_id: prepared, new_dek_id: started } = (ended?.params ?? {}) as { prepared_dek_id?: string; new_dek_id?: string };
