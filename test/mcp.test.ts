@@ -111,6 +111,33 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.ok(!JSON.stringify(r).includes(STRIPE_KEY));
   });
 
+  it('tools/call takes an idempotency key in params._meta["io.taskbridge/idempotency-key"]: sent to Stripe as Idempotency-Key; a bad one is -32602 and nothing is called', async () => {
+    const client = await connect();
+    const KEY = 'io.taskbridge/idempotency-key';
+    assert.match(client.getInstructions() ?? '', /params\._meta\["io\.taskbridge\/idempotency-key"\]/, 'the server says so to the host');
+    const plain = await client.callTool({ name: REFUND, arguments: { payment_intent: 'pi_unkeyed' } });
+    assert.equal(plain.isError, undefined);
+    assert.equal(stripe.seen.at(-1)!.idempotencyKey, undefined, 'none unless the client gives one');
+    // Another member of _meta (the SDK's progressToken) is no key and is let be.
+    const keyed = await client.callTool({ name: REFUND, arguments: { payment_intent: 'pi_keyed' }, _meta: { [KEY]: 'order 42 refund', progressToken: 1 } });
+    assert.equal(keyed.isError, undefined);
+    assert.deepEqual([stripe.seen.at(-1)!.body, stripe.seen.at(-1)!.idempotencyKey], ['payment_intent=pi_keyed', 'order 42 refund']);
+
+    const calls = stripe.seen.length;
+    // The REST invoke's idempotency_key rules (1 to 255 visible ASCII, inner spaces allowed).
+    const ascii = 'must be visible ASCII (inner spaces allowed)';
+    for (const [key, why] of [['', 'must NOT have fewer than 1 characters'], [' lead', ascii], ['trail ', ascii], ['x'.repeat(256), 'must NOT have more than 255 characters'],
+      ['tab\there', ascii], ['caf\u00e9', ascii], [42, 'must be string'], [null, 'must be string']] as const) {
+      await assert.rejects(client.callTool({ name: REFUND, arguments: { payment_intent: 'pi_1' }, _meta: { [KEY]: key } }), (err: unknown) => {
+        assert.ok(err instanceof McpError, String(err));
+        assert.equal(err.code, ErrorCode.InvalidParams, JSON.stringify(key));
+        assert.equal(err.message, `MCP error -32602: Invalid params: params._meta["${KEY}"] ${why}`, JSON.stringify(key));
+        return true;
+      });
+    }
+    assert.equal(stripe.seen.length, calls, 'nothing reached the provider');
+  });
+
   it('reports a refusal, bad arguments and an inactive instance as tool errors (isError) the model can read', async () => {
     const client = await connect();
     const text = (r: Awaited<ReturnType<Client['callTool']>>) => (r.content as { text: string }[])[0].text;

@@ -4,6 +4,7 @@
 // One server per HTTP request (stateless Streamable HTTP): tools are read from Postgres each time,
 // so every API process sees the same list.
 import { createHash } from 'node:crypto';
+import { Type } from '@sinclair/typebox';
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import {
   CallToolRequestSchema, CancelledNotificationSchema, ErrorCode, ListToolsRequestSchema, type CallToolResult, type Tool,
@@ -11,10 +12,11 @@ import {
 import type { Services } from '../services.ts';
 import { AppError, echoed, InvalidRequest, logFailure, NotFound, unavailability, type FieldError } from '../errors.ts';
 import { functionInstancesByIdPrefix, getFunctionInstance, getProviderInstance, listRunnableFunctionInstances, type FunctionInstanceRow } from '../../db/bridge.ts';
-import { CATALOG_PAIRS, describedPage, PROVIDERS } from './catalog.ts';
+import { CATALOG_PAIRS, checkAgainst, describedPage, PROVIDERS } from './catalog.ts';
 import { invokeFunction } from './functions.ts';
 import { sentArguments } from './mcp-envelope.ts';
 import { SERVICE_VERSION } from '../version.ts';
+import { IdempotencyKey } from '../../api/schemas/bridge.ts';
 import type { Logger } from '../logger.ts';
 
 // A protocol error as the client should read it. The SDK sends an error's message as it is, and its
@@ -100,6 +102,26 @@ export async function listTools(db: Services['db'], log: Logger, cursor?: string
   return { tools, ...(page.next_page_token ? { nextCursor: page.next_page_token } : {}) };
 }
 
+// MCP leaves a request's params._meta to extensions, each key under its owner's reverse-DNS prefix.
+// A host that retries a tools/call (after a timeout or a dropped connection) sends the same key, as a
+// REST caller sends the invoke's idempotency_key, so that Stripe refunds once.
+export const IDEMPOTENCY_META = 'io.taskbridge/idempotency-key';
+// Other members (the SDK's progressToken, other extensions') are not ours to refuse.
+const CallMeta = Type.Object({ [IDEMPOTENCY_META]: Type.Optional(IdempotencyKey) });
+
+// The key a tools/call's _meta carries, checked as the REST invoke's; a bad one is the host's fault,
+// not the model's: -32602, not a tool error.
+function idempotencyKeyOf(meta: Record<string, unknown> | undefined): string | undefined {
+  try {
+    checkAgainst(CallMeta, meta ?? {}, 'params._meta');
+  } catch (err) {
+    if (!(err instanceof InvalidRequest)) throw err;
+    const [first] = err.data.errors as FieldError[];
+    throw new McpRefusal(ErrorCode.InvalidParams, `Invalid params: ${first.path} ${first.message}`);
+  }
+  return meta?.[IDEMPOTENCY_META] as string | undefined;
+}
+
 const failure = (text: string): CallToolResult => ({ isError: true, content: [{ type: 'text', text }] });
 
 // Every member the arguments got wrong, a line each, so that the model can mend them in one go.
@@ -113,7 +135,11 @@ function refusalText(err: AppError): string {
 // that does (bad arguments, instance not active, provider refusal, or unreachable: 502/503) is a tool
 // error. A fault of ours (a credential that does not decrypt, say) is neither: guarded logs it and
 // answers -32603, as REST answers 500, rather than show the model its internals.
-export async function callTool(services: Services, name: string, args: Record<string, unknown>, { signal, log = services.log }: { signal?: AbortSignal; log?: Logger } = {}): Promise<CallToolResult> {
+// `meta`: the request's params._meta (IDEMPOTENCY_META).
+export async function callTool(
+  services: Services, name: string, args: Record<string, unknown>,
+  { signal, log = services.log, meta }: { signal?: AbortSignal; log?: Logger; meta?: Record<string, unknown> } = {},
+): Promise<CallToolResult> {
   const unknown = () => new McpRefusal(ErrorCode.InvalidParams, `Unknown tool: ${echoed(name)}${name.length > NAME_MAX ? `; tool names have at most ${NAME_MAX} characters` : ''}`);
   // Checked before the arguments: an unknown tool is that, whatever it was sent.
   const tool = await resolveTool(services.db, name);
@@ -121,8 +147,9 @@ export async function callTool(services: Services, name: string, args: Record<st
   const { provider_controller_type_id: providerType, function_controller_type_id: functionType, provider_instance_id: instanceId } = tool;
   const instance = await getProviderInstance(services.db, instanceId);
   if (instance?.provider_controller_type_id !== providerType || !(await getFunctionInstance(services.db, instanceId, functionType))) throw unknown();
+  const idempotencyKey = idempotencyKeyOf(meta);
   try {
-    const result = await invokeFunction(services, instanceId, functionType, args, { paramsPath: 'arguments', signal, log });
+    const result = await invokeFunction(services, instanceId, functionType, args, { paramsPath: 'arguments', signal, log, idempotencyKey });
     if (result.type === 'error') return failure(String(result.message));
     const { type: _type, ...output } = result as Record<string, unknown>;
     return { structuredContent: output, content: [{ type: 'text', text: JSON.stringify(output) }] };
@@ -152,7 +179,10 @@ async function guarded<T>(log: Logger, what: string, fn: () => Promise<T>): Prom
 // `signal`: the HTTP client is gone (a tool call in flight abandons its provider call); `log`: the
 // request's; `body`: the request as sent, whose tool arguments are the ones checked (sentArguments).
 export function createMcpServer(services: Services, signal?: AbortSignal, log = services.log, body?: unknown): Server {
-  const server = new Server({ name: 'taskbridge-bridge', version: SERVICE_VERSION }, { capabilities: { tools: {} } });
+  const server = new Server({ name: 'taskbridge-bridge', version: SERVICE_VERSION }, {
+    capabilities: { tools: {} },
+    instructions: `A tools/call that may act twice if retried (a Stripe refund) takes an idempotency key in params._meta["${IDEMPOTENCY_META}"] (1 to 255 visible ASCII characters, inner spaces allowed): send the same key when retrying it, and the provider answers the repeat with the first call's answer instead of acting again.`,
+  });
   // notifications/cancelled stops nothing (README): the SDK's own handler would abort a request of the
   // same batch and then drop its answer, leaving the batch unanswered though the call ran.
   server.setNotificationHandler(CancelledNotificationSchema, () => {});
@@ -163,7 +193,7 @@ export function createMcpServer(services: Services, signal?: AbortSignal, log = 
   server.setRequestHandler(ListToolsRequestSchema, async ({ params }) => guarded(log, 'tools/list', () => listTools(services.db, log, params?.cursor)));
   server.setRequestHandler(CallToolRequestSchema, async ({ params }, { requestId }) => {
     const args = (sentArguments(body, requestId) ?? params.arguments ?? {}) as Record<string, unknown>;
-    return guarded(log, 'tools/call', () => callTool(services, params.name, args, { signal, log }));
+    return guarded(log, 'tools/call', () => callTool(services, params.name, args, { signal, log, meta: params._meta }));
   });
   return server;
 }
