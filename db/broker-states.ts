@@ -26,6 +26,13 @@ export async function takeBrokerState(db: Tx, stateHash: string): Promise<Broker
   return out;
 }
 
+// Every state of the instance, in the transaction that stores a brokered credential (its own state
+// is taken already): a flow begun before would otherwise still complete, replacing that credential
+// with whichever account consented there.
+export async function deleteBrokerStatesOf(db: Tx, providerInstanceId: string): Promise<number> {
+  return db('broker_states').where({ provider_instance_id: providerInstanceId }).delete();
+}
+
 // States whose flows were abandoned long ago (kept a while so a late callback still learns it expired).
 export async function deleteBrokerStatesExpiredBefore(db: Tx, before: Date): Promise<number> {
   return db('broker_states').where('expires_at', '<', before).delete();

@@ -145,6 +145,28 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.equal((await c.patch(`${B}/provider/mail-b`, { status: 'active' })).status, 200);
   });
 
+  it('a completed brokering voids the instance\'s other flows: their callbacks answer 404 as a used state, the credential unchanged; another instance\'s flow is untouched', async () => {
+    await instance('mail-two');
+    await instance('mail-other');
+    // Consent is given at the authorize URL; the callback is what the user's browser brings back.
+    const first = await consent((await broker('mail-two')).action.Redirect.url);
+    const second = await consent((await broker('mail-two')).action.Redirect.url);
+    const other = await consent((await broker('mail-other')).action.Redirect.url);
+    const done = await callback(first);
+    assert.equal(done.status, 200, await done.clone().text());
+    const credential = ((await done.json()) as { id: string }).id;
+    const stored = await userCredentials();
+
+    const late = await callback(second);
+    assert.equal(late.status, 404);
+    assert.deepEqual(await late.json(), { message: 'No brokering flow waits for this state: it is unknown, was used already, or its callback is under way', data: { code: 'not_found', resource: 'broker_state' } });
+    const inst = (await c.get(`${B}/provider/mail-two`)).body;
+    assert.deepEqual([inst.status, inst.user_credential_id], ['active', credential]);
+    assert.equal(await userCredentials(), stored, 'nothing stored');
+    assert.equal(Number((await testDb()('broker_states').where({ provider_instance_id: 'mail-two' }).count({ n: '*' }))[0].n), 0);
+    assert.equal((await callback(other)).status, 200, "another instance's flow still completes");
+  });
+
   it('redirects (303) to return_on_successful_brokering when the instance has one', async () => {
     await instance('mail-c', { returnUrl: 'https://app.example.com/connected?x=1' });
     const r = await callback(await consent((await broker('mail-c')).action.Redirect.url));

@@ -7,7 +7,7 @@ import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
 import { Gone, InvalidRequest, NoAnswer, NotFound, Upstream } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
-import { deleteBrokerStatesExpiredBefore, insertBrokerState, takeBrokerState, type BrokerStateRow } from '../../db/broker-states.ts';
+import { deleteBrokerStatesExpiredBefore, deleteBrokerStatesOf, insertBrokerState, takeBrokerState, type BrokerStateRow } from '../../db/broker-states.ts';
 import type { BrokerState, Credential } from '../../api/schemas/bridge.ts';
 import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
@@ -108,6 +108,8 @@ export async function completeBrokering(
     const stored = await storeCredential(s, trx, { kind: 'user', providerTypeId: provider.type_id, cc, plain, metadata: {}, dekId, alias: rsRow.dek_alias });
     await repo.setUserCredential(trx, instance.id, stored.id);
     if (current.user_credential_id) await repo.deleteOrphanCredentials(trx, [current.user_credential_id]);
+    // The instance's other flows end with this one: their callbacks answer as a used state's.
+    await deleteBrokerStatesOf(trx, instance.id);
     return stored;
   });
   s.log.info({ provider_instance_id: instance.id, broker_state_id: state.id }, 'oauth brokering completed');
