@@ -83,6 +83,10 @@ interface Answer { status: number; body: any }
 
 function api(base: string, key: string, timeoutMs: number) {
   return async (method: string, path: string, body?: unknown): Promise<Answer> => {
+    const request = `${method} ${path.split('?')[0]}`;
+    // The timeout is the whole answer's, its body too: one that stops halfway is one not answered in time.
+    const timedOut = () => new ApplyAborted(`the API at ${base} did not answer ${request} within ${timeoutMs / 1000} s (--timeout)`);
+    const why = (e: unknown) => ((e as Error).cause as Error | undefined)?.message ?? (e as Error).message;
     let res: Response;
     for (let tried = 0; ; tried++) {
       try {
@@ -92,20 +96,26 @@ function api(base: string, key: string, timeoutMs: number) {
           body: body === undefined ? undefined : JSON.stringify(body),
         });
       } catch (e) {
-        if ((e as Error).name === 'TimeoutError') throw new ApplyAborted(`the API at ${base} did not answer ${method} ${path.split('?')[0]} within ${timeoutMs / 1000} s (--timeout)`);
-        throw new ApplyAborted(`cannot reach the API at ${base}: ${((e as Error).cause as Error | undefined)?.message ?? (e as Error).message}`);
+        if ((e as Error).name === 'TimeoutError') throw timedOut();
+        throw new ApplyAborted(`cannot reach the API at ${base}: ${why(e)}`);
       }
       if (!AGAIN_LATER.includes(res.status) || tried === RETRIES) break;
       await res.body?.cancel();
       await sleep(retryAfterMs(res.headers.get('retry-after') ?? undefined) ?? Math.min(1000 * 2 ** tried, 30_000));
     }
-    const text = await res.text();
+    let text: string;
+    try {
+      text = await res.text();
+    } catch (e) {
+      if ((e as Error).name === 'TimeoutError') throw timedOut();
+      throw new ApplyAborted(`the API at ${base} broke off its answer to ${request}: ${why(e)}`);
+    }
     let parsed: unknown;
     try { parsed = text ? JSON.parse(text) : undefined; } catch { parsed = undefined; }
     // Every answer a step goes on with is JSON: anything else is some other server than the API.
-    if (res.ok && parsed === undefined) throw new ApplyAborted(notTheApi(base, `${method} ${path.split('?')[0]}`, `${res.status} ${res.headers.get('content-type') ?? 'with no content-type'}, not JSON`));
+    if (res.ok && parsed === undefined) throw new ApplyAborted(notTheApi(base, request, `${res.status} ${res.headers.get('content-type') ?? 'with no content-type'}, not JSON`));
     if (res.status === 401) throw new ApplyAborted(`the API at ${base} refused TASKBRIDGE_API_KEY (401)`);
-    if (res.status === 403) throw new ApplyAborted(`TASKBRIDGE_API_KEY may not ${method} ${path.split('?')[0]} (403): use an admin key`);
+    if (res.status === 403) throw new ApplyAborted(`TASKBRIDGE_API_KEY may not ${request} (403): use an admin key`);
     return { status: res.status, body: parsed };
   };
 }

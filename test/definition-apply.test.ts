@@ -698,7 +698,7 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.match(whole.stdout, /Nothing to do/);
   });
 
-  it('stops at a request the target does not answer within --timeout, naming it; run again, goes on from there (exit 1, then 0)', async () => {
+  it('stops at a request the target does not answer within --timeout (headers or body), naming it; run again, goes on from there (exit 1, then 0)', async () => {
     const c = a.client;
     await ok(c.post('/api/secret/v1', { key: 'slow/1', raw_value: 'v-slow' }));
     const file = write('slow.json', await exported(c));
@@ -719,6 +719,23 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     } finally {
       for (const res of held) res.destroy();
       stuck.close();
+    }
+    // An answer whose headers came and whose body stops halfway: a stack trace (an uncaught
+    // DOMException) before, as the timeout covered the headers only.
+    const halfway = await proxy(t.stack.api.url, (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('{"items": [');
+      held.push(res);
+      return true;
+    });
+    try {
+      const r = await cli(['definition', 'apply', file, '--url', halfway.url, '--timeout', '1']);
+      assert.equal(r.code, 1, r.stdout + r.stderr);
+      assert.match(r.stderr.trim().split('\n').at(-1)!, /^Error: the API at \S+ did not answer (GET|POST) \S+ within 1 s \(--timeout\); stopped \(what was applied so far stays/);
+      assert.doesNotMatch(r.stderr, /\n\s+at /);
+    } finally {
+      for (const res of held) res.destroy();
+      halfway.close();
     }
     const r = await applyTo(t.stack.api.url, file);
     assert.equal(r.code, 0, r.stdout + r.stderr);
