@@ -402,6 +402,8 @@ describe('agent modules', () => {
     } finally {
       if (!trx.isCompleted()) await trx.rollback();
     }
+    // Handed back before its agent started: the agent's first step (its progress message) never came.
+    assert.equal((await rpc('tasks/get', { id: task.id })).body.result.status.message, undefined);
     const waiting = await withQueue(stack.env, 'agent-tasks', (queue) => queue.getJobs(['wait']));
     assert.ok(waiting.some((j) => j?.data.task_id === task.id), 'the run is back in the queue');
   });

@@ -236,6 +236,13 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       log.info({ task_id: taskId }, previous === messageId ? 'agent run aborted: its job started again' : 'agent run aborted: task taken by another run');
     }
     const controller = cancels.register(taskId, messageId, attempt);
+    // Registered after a shutdown aborted every run (its start waited on Postgres meanwhile): handed
+    // back before its agent starts, not started only to be waited for.
+    if (controller.signal.aborted) {
+      cancels.release(taskId, controller);
+      await job.moveToWait(token);
+      throw new WaitingError();
+    }
     // A run past AGENT_RUN_TIMEOUT_MS is aborted as a cancel aborts it, and fails the task at once:
     // another attempt would only hold a slot as long again.
     const limit = services.cfg.AGENT_RUN_TIMEOUT_MS;
