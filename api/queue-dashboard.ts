@@ -93,6 +93,25 @@ const MAX_RATE_LIMIT_MS = 86_400_000;
 // A delayed job's new run time (ms since 1970) up to the end of the year 9999: bull-board took any
 // finite number, and 1e308 put the job in the delayed set at score inf, never to run.
 const LAST_RUN_AT = Date.UTC(9999, 11, 31, 23, 59, 59, 999);
+// A job scheduler's schedule as bull-board's edit form sends it: a cron pattern (with its time zone)
+// or an interval, a limit of runs, an end date; null a limit or end date of none. bull-board and
+// BullMQ took an interval or limit of 1e308 (stored as 1: a run every millisecond), a fraction, a
+// time zone for an interval, members they then ignore. bull-board keeps the template (name, data,
+// options) as stored, so one sent is refused rather than dropped unsaid. A past end date is
+// bull-board's 400.
+const MIN_EVERY_MS = 1000;
+const MAX_SCHEDULER_RUNS = 1_000_000_000;
+const CRON_FIELD = '[0-9A-Za-z*,/?#-]+';
+const SchedulerEdit = Type.Object({
+  pattern: Type.Optional(Type.String({
+    maxLength: 128,
+    pattern: worded(`^(@[a-z]+|${CRON_FIELD}( ${CRON_FIELD}){4,5})$`, 'must be a cron pattern: 5 or 6 fields (digits, letters, * , - / ? # ) or an @ alias such as @daily'),
+  })),
+  tz: Type.Optional(Type.String({ maxLength: 64, format: 'time-zone' })),
+  every: Type.Optional(Integer(MIN_EVERY_MS, MAX_DELAY_MS)),
+  limit: Type.Optional(Type.Union([Integer(1, MAX_SCHEDULER_RUNS), Type.Null()])),
+  endDate: Type.Optional(Type.Union([Integer(0, LAST_RUN_AT), Type.Null()])),
+}, { additionalProperties: false, oneOf: [{ required: ['pattern'] }, { required: ['every'] }], dependencies: { tz: ['pattern'] } });
 const BODY_CHECKS = [
   {
     method: 'POST', path: queueRoute('add'),
@@ -101,6 +120,7 @@ const BODY_CHECKS = [
   { method: 'PATCH', path: jobRoute('update-data'), check: bodyChecks((jobData) => Type.Object({ jobData })) },
   { method: 'PATCH', path: jobRoute('delay'), check: everyQueue(Type.Object({ runAt: Integer(0, LAST_RUN_AT) })) },
   { method: 'PATCH', path: jobRoute('priority'), check: everyQueue(Type.Object({ priority: Integer(0, MAX_PRIORITY) })) },
+  { method: 'PATCH', path: queueRoute('job-schedulers/[^/]+'), check: everyQueue(SchedulerEdit) },
   { method: 'PUT', path: queueRoute('concurrency'), check: everyQueue(Type.Object({ concurrency: Integer(0, MAX_GLOBAL_CONCURRENCY) })) },
   {
     // {} or a null max removes the limit (the form's empty fields); a duration alone would remove it too.

@@ -13,6 +13,9 @@ const ajv = addFormats.default(new Ajv({ allErrors: true, discriminator: true, s
 // newlines inside a URL, so control characters are refused before it reads one.
 export const isHttpUrl = (v: string) => /^https?:\/\//i.test(v) && !/[\u0000-\u0020\u007f]/.test(v) && URL.canParse(v);
 ajv.addFormat('http-url', { type: 'string', validate: isHttpUrl });
+// A time zone as the runtime's Intl knows it (IANA names, UTC), which cron-parser reads a job scheduler's tz with.
+const isTimeZone = (v: string) => { try { new Intl.DateTimeFormat('en-US', { timeZone: v }); return true; } catch { return false; } };
+ajv.addFormat('time-zone', { type: 'string', validate: isTimeZone });
 export const compileSchema = (schema: object): ValidateFunction => ajv.compile(schema);
 
 // ajv words a failed pattern as the regular expression itself: a schema names its pattern's words
@@ -23,7 +26,7 @@ export function worded(pattern: string, words: string): string {
   return pattern;
 }
 const oneOf = (values: readonly unknown[]) => `must be one of ${values.map(String).join(', ')}`;
-const FORMAT_WORDS: Record<string, string> = { uuid: 'must be a UUID', 'date-time': 'must be an RFC 3339 date-time', uri: 'must be a URI', 'http-url': 'must be an http(s) URL' };
+const FORMAT_WORDS: Record<string, string> = { uuid: 'must be a UUID', 'date-time': 'must be an RFC 3339 date-time', uri: 'must be a URI', 'http-url': 'must be an http(s) URL', 'time-zone': 'must be a time zone name such as Europe/Warsaw or UTC' };
 
 export function errorText(e: ErrorObject): string {
   if (e.keyword === 'pattern') return PATTERN_WORDS.get((e.params as { pattern: string }).pattern) ?? e.message ?? 'is invalid';

@@ -294,6 +294,61 @@ describe('queue dashboard at /admin/queues', () => {
       await withQueue(stack.env, 'key-jobs', async (q) => { for (const id of ['delay', 'update-data']) await q.removeJobScheduler(id); });
     }
   });
+
+  it('answers 400 to a job scheduler edit that makes no sense (however its path is spelled), the scheduler left as it was', async () => {
+    const headers = { authorization: basic(ADMIN_KEY), 'content-type': 'application/json' };
+    const queues = `${stack.api.url}/admin/queues/api/queues`;
+    const template = { name: 'run', data: { job_id: '00000000-0000-4000-8000-000000000000' }, opts: { attempts: 3 } };
+    const held = () => withQueue(stack.env, 'key-jobs', async (q) => {
+      const s = await q.getJobScheduler('nightly');
+      return s && { pattern: s.pattern, every: s.every, tz: s.tz, limit: s.limit, endDate: s.endDate, data: s.template?.data, attempts: s.template?.opts?.attempts };
+    });
+    await withQueue(stack.env, 'key-jobs', (q) => q.upsertJobScheduler('nightly', { pattern: '0 3 * * *', tz: 'Europe/Warsaw' }, template));
+    const before = await held();
+    try {
+      // BullMQ stored the first of each as sent (an interval of 1e308 ms, a limit of 1e308, an end
+      // date it reads as NaN, a time zone for an interval, a pattern of 10,000 characters).
+      const cases: [string, string][] = [
+        ['{"every":1e308}', 'Invalid body: body.every must be <= 31536000000'],
+        ['{"every":999}', 'Invalid body: body.every must be >= 1000'],
+        ['{"every":1500.5}', 'Invalid body: body.every must be integer'],
+        ['{"every":"60000"}', 'Invalid body: body.every must be integer'],
+        ['{"pattern":"0 3 * * *","limit":1e308}', 'Invalid body: body.limit must be <= 1000000000 or null'],
+        ['{"pattern":"0 3 * * *","limit":0}', 'Invalid body: body.limit must be >= 1 or null'],
+        ['{"pattern":"0 3 * * *","limit":2.5}', 'Invalid body: body.limit must be integer or null'],
+        ['{"pattern":"0 3 * * *","endDate":1e308}', 'Invalid body: body.endDate must be <= 253402300799999 or null'],
+        ['{"pattern":"0 3 * * *","endDate":"tomorrow"}', 'Invalid body: body.endDate must be integer or null'],
+        [JSON.stringify({ pattern: `0 3 * * ${'1,'.repeat(5000)}2` }), 'Invalid body: body.pattern must NOT have more than 128 characters'],
+        ['{"pattern":"DROP TABLE"}', 'Invalid body: body.pattern must be a cron pattern: 5 or 6 fields (digits, letters, * , - / ? # ) or an @ alias such as @daily'],
+        ['{"pattern":"0 3 * * *","tz":"Not/AZone"}', 'Invalid body: body.tz must be a time zone name such as Europe/Warsaw or UTC'],
+        [JSON.stringify({ pattern: '0 3 * * *', tz: 'Europe/'.repeat(20) }), 'Invalid body: body.tz must NOT have more than 64 characters'],
+        ['{"every":60000,"tz":"UTC"}', 'Invalid body: body must have property pattern when property tz is present'],
+        ['{}', 'Invalid body: body must have exactly one of pattern or every'],
+        ['{"pattern":"0 3 * * *","every":60000}', 'Invalid body: body must have exactly one of pattern or every'],
+        ['{"every":60000,"immediately":true}', 'Invalid body: body.immediately is not an allowed member'],
+        ['{"every":60000,"template":{"data":{"job_id":"x"},"opts":{"delay":1e308}}}', 'Invalid body: body.template is not an allowed member'],
+      ];
+      for (const [body, message] of cases) for (const path of ['key-jobs/job-schedulers/nightly', 'key%2Djobs/job-schedulers/nightly', 'key-jobs/JOB-SCHEDULERS/nightly/']) {
+        const r = await fetch(`${queues}/${path}`, { method: 'PATCH', headers, body });
+        assert.equal(r.status, 400, `${path} ${body}: ${await r.clone().text()}`);
+        const refusal = (await r.json()) as { message: string; data: { code: string } };
+        assert.equal(refusal.message, message, `${path} ${body.slice(0, 80)}`);
+        assert.equal(refusal.data.code, 'invalid_request');
+      }
+      assert.deepEqual(await held(), before, 'the scheduler as it was');
+      // The form's bodies: a cron pattern with its time zone, limit and end date; an interval alone.
+      const endDate = Date.now() + 30 * 86_400_000;
+      const edit = (body: object) => fetch(`${queues}/key-jobs/job-schedulers/nightly`, { method: 'PATCH', headers, body: JSON.stringify(body) });
+      const cron = await edit({ pattern: '30 4 * * 1-5', tz: 'America/New_York', limit: 1_000_000_000, endDate });
+      assert.equal(cron.status, 204, await cron.clone().text());
+      assert.deepEqual(await held(), { ...before, pattern: '30 4 * * 1-5', tz: 'America/New_York', limit: 1_000_000_000, endDate });
+      const interval = await edit({ every: 31_536_000_000 });
+      assert.equal(interval.status, 204, await interval.clone().text());
+      assert.deepEqual(await held(), { ...before, pattern: undefined, tz: undefined, every: 31_536_000_000 });
+    } finally {
+      await withQueue(stack.env, 'key-jobs', (q) => q.removeJobScheduler('nightly'));
+    }
+  });
 });
 
 describe('queue dashboard and RATE_LIMIT_PER_SECOND', () => {
