@@ -167,6 +167,56 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.equal((await callback(other)).status, 200, "another instance's flow still completes");
   });
 
+  // Flow `b`'s callback is sent and its token request held at the token endpoint; `during` runs then.
+  // Its answer, once the token endpoint answers it (released after `during`) or not (BRIDGE_TIMEOUT_MS).
+  async function heldWhile(b: string, during: () => Promise<void>, opts: { release: boolean }): Promise<Response> {
+    await oauth.setMode('hold-next');
+    const late = callback(b);
+    try {
+      await waitFor(async () => (await oauth.held()) === 1, 'the token request to be held');
+      await during();
+      if (opts.release) await oauth.release();
+      return await late;
+    } finally {
+      await oauth.release();
+      await oauth.setMode('ok');
+    }
+  }
+
+  it('a flow whose code exchange is under way when another flow of the instance completes is refused when its tokens come: 404 as a used state (no redirect), the credential the completed flow\'s', async () => {
+    await instance('mail-held', { returnUrl: 'https://app.example.com/connected' });
+    const first = await consent((await broker('mail-held')).action.Redirect.url);
+    const second = await consent((await broker('mail-held')).action.Redirect.url);
+    const stored = await userCredentials();
+    let credential = '';
+    const late = await heldWhile(second, async () => {
+      assert.equal((await callback(first)).status, 303);
+      credential = (await c.get(`${B}/provider/mail-held`)).body.user_credential_id;
+    }, { release: true });
+    assert.equal(late.status, 404, await late.clone().text());
+    assert.deepEqual(await late.json(), { message: 'No brokering flow waits for this state: it is unknown, was used already, or its callback is under way', data: { code: 'not_found', resource: 'broker_state' } });
+    const inst = (await c.get(`${B}/provider/mail-held`)).body;
+    assert.deepEqual([inst.status, inst.user_credential_id], ['active', credential]);
+    assert.equal(await userCredentials(), stored + 1, "only the completed flow's credential is stored");
+  });
+
+  it('a flow whose token request gets no answer after another flow of the instance completed is not kept for a retry: 404 as a used state, and so is the retry', async () => {
+    await instance('mail-held-t');
+    const first = await consent((await broker('mail-held-t')).action.Redirect.url);
+    const second = await consent((await broker('mail-held-t')).action.Redirect.url);
+    let credential = '';
+    const late = await heldWhile(second, async () => {
+      const done = await callback(first);
+      assert.equal(done.status, 200);
+      credential = ((await done.json()) as { id: string }).id;
+    }, { release: false });
+    assert.equal(late.status, 404, await late.clone().text());
+    assert.deepEqual(await late.json(), { message: 'No brokering flow waits for this state: it is unknown, was used already, or its callback is under way', data: { code: 'not_found', resource: 'broker_state' } });
+    assert.equal(Number((await testDb()('broker_states').where({ provider_instance_id: 'mail-held-t' }).count({ n: '*' }))[0].n), 0, 'the state is not put back');
+    assert.equal((await callback(second)).status, 404);
+    assert.equal((await c.get(`${B}/provider/mail-held-t`)).body.user_credential_id, credential);
+  });
+
   it('redirects (303) to return_on_successful_brokering when the instance has one', async () => {
     await instance('mail-c', { returnUrl: 'https://app.example.com/connected?x=1' });
     const r = await callback(await consent((await broker('mail-c')).action.Redirect.url));

@@ -3,11 +3,12 @@
 // S256); the provider sends the user back to the generic callback, which exchanges the code at the
 // provider's token endpoint, stores the tokens as the instance's user credential (encrypted) and
 // makes the instance active. A token endpoint that gives no answer leaves the state for a retry.
+// The first flow of an instance to complete ends its others, their code exchanges under way included.
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
 import { Gone, InvalidRequest, NoAnswer, NotFound, Upstream } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
-import { deleteBrokerStatesExpiredBefore, deleteBrokerStatesOf, insertBrokerState, takeBrokerState, type BrokerStateRow } from '../../db/broker-states.ts';
+import { deleteBrokerStatesExpiredBefore, deleteBrokerStatesOf, insertBrokerState, putBackBrokerState, takeBrokerState, type BrokerStateRow, type TakenBrokerState } from '../../db/broker-states.ts';
 import type { BrokerState, Credential } from '../../api/schemas/bridge.ts';
 import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
@@ -79,10 +80,7 @@ export async function completeBrokering(
   const reply: { error: string } | { code: string } | undefined = error ? { error } : code ? { code } : undefined;
   if (!reply) throw new InvalidRequest('The callback has neither a code nor an error', [{ path: 'query.code', message: 'is required' }]);
   const state = await takeBrokerState(s.db, sha256(query.state));
-  if (!state) {
-    // The state is not echoed (it is the flow's proof) and has no other id: data names no id.
-    throw new NotFound('broker_state', { message: 'No brokering flow waits for this state: it is unknown, was used already, or its callback is under way' });
-  }
+  if (!state) throw noFlowWaits();
   if (state.expires_at.getTime() < Date.now()) throw new Gone('The brokering state expired: start the flow again');
   if ('error' in reply) {
     const detail = query.error_description ? `: ${query.error_description}` : '';
@@ -105,6 +103,9 @@ export async function completeBrokering(
   const credential = await writeUnderAlias(s, rsRow.dek_alias, async (trx, dekId) => {
     const current = await repo.getProviderInstance(trx, instance.id, 'update');
     if (!current) throw new NotFound('provider_instance', instance.id);
+    // Another flow of the instance completed during this one's code exchange, when this state was
+    // taken already and so escaped its delete: that flow stands, as if the delete had reached this one.
+    if (current.user_credential_id !== state.instance_user_credential_id) throw voided(s, state);
     const stored = await storeCredential(s, trx, { kind: 'user', providerTypeId: provider.type_id, cc, plain, metadata: {}, dekId, alias: rsRow.dek_alias });
     await repo.setUserCredential(trx, instance.id, stored.id);
     if (current.user_credential_id) await repo.deleteOrphanCredentials(trx, [current.user_credential_id]);
@@ -134,12 +135,25 @@ async function keepingRefreshToken(s: BrokerServices, cc: CredentialControllerDe
   return previous?.sub === plain.sub && typeof previous.refresh_token === 'string' ? { ...plain, refresh_token: previous.refresh_token } : plain;
 }
 
+// The state is not echoed (it is the flow's proof) and has no other id: data names no id.
+function noFlowWaits(): NotFound {
+  return new NotFound('broker_state', { message: 'No brokering flow waits for this state: it is unknown, was used already, or its callback is under way' });
+}
+
+// A flow another one of its instance ended while its code was exchanged answers as a used state.
+function voided(s: BrokerServices, state: TakenBrokerState): NotFound {
+  s.log.info({ provider_instance_id: state.provider_instance_id, broker_state_id: state.id }, 'oauth brokering voided: another flow of the instance completed during its code exchange');
+  return noFlowWaits();
+}
+
 // The token endpoint gave no answer, so the code may never have been redeemed: the state goes back
 // (same id and expiry) for the same callback to be tried again. Taken meanwhile, it made a
 // concurrent callback a 404: one exchange at a time. Any answer of the provider's uses it up.
-async function keptForRetry(s: BrokerServices, state: BrokerStateRow, err: NoAnswer): Promise<Upstream> {
-  // Undefined when the instance was deleted meanwhile: nothing to retry.
-  if (!(await insertBrokerState(s.db, state))) return err;
+async function keptForRetry(s: BrokerServices, state: TakenBrokerState, err: NoAnswer): Promise<Upstream | NotFound> {
+  if (!(await putBackBrokerState(s.db, state))) {
+    // Another flow completed meanwhile, or the instance was deleted: nothing to retry either way.
+    return (await repo.getProviderInstance(s.db, state.provider_instance_id)) ? voided(s, state) : err;
+  }
   s.log.warn({ provider_instance_id: state.provider_instance_id, broker_state_id: state.id }, 'token endpoint gave no answer: broker state kept for a retry');
   return new Upstream(`${err.message}; the state is kept: the same callback may be retried until it expires`, err.data);
 }

@@ -8,7 +8,11 @@ import { startFakeProviders, type FakeProviders } from './fake-providers.ts';
 import type { Mode } from '../fixtures/oauth-server.ts';
 
 // `inMode`: runs `use` with the server in `mode`, and puts it back to 'ok' after, however `use` ends.
-export interface OAuthServer { url: string; setMode(mode: Mode): Promise<void>; inMode<T>(mode: Mode, use: () => Promise<T>): Promise<T>; refreshes(): Promise<number>; stop(): void }
+// `held`: token requests the server holds ('hold-next'); `release` lets them through.
+export interface OAuthServer {
+  url: string; setMode(mode: Mode): Promise<void>; inMode<T>(mode: Mode, use: () => Promise<T>): Promise<T>; refreshes(): Promise<number>;
+  held(): Promise<number>; release(): Promise<void>; stop(): void;
+}
 
 export function startOAuthServer(clientSecret: string): Promise<OAuthServer> {
   const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'test/fixtures/oauth-server.ts')], {
@@ -29,6 +33,7 @@ export function startOAuthServer(clientSecret: string): Promise<OAuthServer> {
         const r = await fetch(`${url}/admin/mode`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ mode }) });
         if (r.status !== 204) throw new Error(`mode answered ${r.status}`);
       };
+      const stats = async () => (await (await fetch(`${url}/admin/stats`)).json()) as { refreshes: number; held: number };
       resolve({
         url,
         setMode,
@@ -40,8 +45,11 @@ export function startOAuthServer(clientSecret: string): Promise<OAuthServer> {
             await setMode('ok');
           }
         },
-        async refreshes() {
-          return ((await (await fetch(`${url}/admin/stats`)).json()) as { refreshes: number }).refreshes;
+        refreshes: async () => (await stats()).refreshes,
+        held: async () => (await stats()).held,
+        async release() {
+          const r = await fetch(`${url}/admin/release`, { method: 'POST' });
+          if (r.status !== 204) throw new Error(`release answered ${r.status}`);
         },
         stop: () => { child.kill('SIGTERM'); },
       });
