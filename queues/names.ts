@@ -2,7 +2,7 @@ import type { BackoffStrategy, JobsOptions, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from '../domain/config.ts';
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
-import { Uuid } from '../domain/schemas.ts';
+import { PushConfigId, Uuid } from '../domain/schemas.ts';
 
 export const QUEUE_NAMES = ['agent-tasks', 'key-jobs', 'credential-refresh', 'push-notifications'] as const;
 export type QueueName = (typeof QUEUE_NAMES)[number];
@@ -14,7 +14,7 @@ export const JOB_PAYLOAD_SCHEMAS = {
   'agent-tasks': Type.Object({ task_id: Uuid, message_id: Uuid }),
   'key-jobs': Type.Object({ job_id: Uuid }),
   'credential-refresh': Type.Object({ credential_id: Uuid }),
-  'push-notifications': Type.Object({ task_id: Uuid, config_id: Type.String({ minLength: 1 }), timeline_seq: Type.Integer({ minimum: 1 }) }),
+  'push-notifications': Type.Object({ task_id: Uuid, config_id: PushConfigId, timeline_seq: Type.Integer({ minimum: 1 }) }),
 } satisfies Record<QueueName, TSchema>;
 export type JobPayloads = { [Q in QueueName]: Static<(typeof JOB_PAYLOAD_SCHEMAS)[Q]> };
 

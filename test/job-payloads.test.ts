@@ -14,6 +14,9 @@ const BAD_JOBS = [
   { queue: 'key-jobs', name: 'migrate-deks', data: null, reason: 'data must be object' },
   { queue: 'credential-refresh', name: 'refresh', data: { credential: MARK }, reason: 'data.credential_id is required' },
   { queue: 'push-notifications', name: 'deliver', data: { task_id: randomUUID(), config_id: MARK, timeline_seq: 0 }, reason: 'data.timeline_seq must be >= 1' },
+  // Config ids as the A2A API takes them: Postgres refuses a NUL, so such a job would fail every attempt.
+  { queue: 'push-notifications', name: 'deliver', data: { task_id: randomUUID(), config_id: `${MARK}\u0000`, timeline_seq: 1 }, reason: 'data.config_id must not contain NUL' },
+  { queue: 'push-notifications', name: 'deliver', data: { task_id: randomUUID(), config_id: MARK.padEnd(257, 'x'), timeline_seq: 1 }, reason: 'data.config_id must NOT have more than 256 characters' },
 ] as const;
 
 // Well-formed jobs of rows that do not exist: each processor finds nothing to do and completes.
@@ -37,7 +40,7 @@ describe('workers check each job against its queue payload before running it', f
   const stack = useStack();
 
   for (const bad of BAD_JOBS) {
-    it(`fails a job of ${bad.queue} whose data does not match, at once and saying where, and logs it once without the data`, async () => {
+    it(`fails a job of ${bad.queue} whose data does not match (${bad.reason}), at once and saying where, and logs it once without the data`, async () => {
       await withQueue(stack.env, bad.queue, async (queue) => {
         const added = await queue.add(bad.name, bad.data, { attempts: 3 });
         const { job, state } = await ended(queue, added.id!);

@@ -62,6 +62,15 @@ function change(taskId: string, to: TaskState, from: TaskState, text?: string): 
   };
 }
 
+// Spoils a task's push config token as stored, so that it no longer decrypts (a fault of ours: every
+// delivery run fails before posting); resolves to the sealed token, to put back.
+async function spoilSecrets(taskId: string): Promise<string> {
+  const [{ encrypted_secrets: sealed }] = await testDb()('push_configs').where({ task_id: taskId }).select('encrypted_secrets');
+  const broken = `${sealed.slice(0, -8)}${sealed.slice(-8) === 'AAAAAAAA' ? 'BBBBBBBB' : 'AAAAAAAA'}`;
+  await testDb()('push_configs').where({ task_id: taskId }).update({ encrypted_secrets: broken });
+  return sealed;
+}
+
 describe('push notifications', () => {
   const stack = useStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_ATTEMPTS: '4', PUSH_BACKOFF_MS: '100' });
   let allowPrivate: Config;
@@ -561,14 +570,19 @@ describe('push notifications', () => {
     assert.deepEqual(failed.map((l) => [l.status, l.reason]), [[101, 'webhook answered HTTP 101']]);
   });
   it('logs a delivery job that fails for good for a fault of ours at error, with its stack, once', async () => {
-    // A payload of the queue's shape that no config can have: Postgres refuses the NUL in the config
-    // id on every attempt (one not of the queue's shape fails at once: job-payloads.test.ts).
+    // A config whose stored token cannot be decrypted: every run fails on our side, before posting.
     const jobId = `broken-${randomUUID()}`;
-    const taskId = randomUUID();
-    await withQueue(stack.env, 'push-notifications', (q) => q.add('deliver', { task_id: taskId, config_id: 'x\u0000y', timeline_seq: 1 }, { jobId, attempts: 2 }));
+    const taskId = await idleTask();
+    await setConfig(taskId, { id: 'undecryptable', url: 'http://127.0.0.1:9/hook', token: 'tok-undecryptable' });
+    await spoilSecrets(taskId);
+    // The update's own job (from the outbox) fails too, as a job of its own.
+    await setStatus(taskId, 'working');
+    const [{ seq }] = await testDb()('timeline_items').where({ task_id: taskId }).max({ seq: 'seq' });
+    await withQueue(stack.env, 'push-notifications', (q) => q.add('deliver', { task_id: taskId, config_id: 'undecryptable', timeline_seq: Number(seq) }, { jobId, attempts: 2 }));
     const line = await waitFor(async () => stack.workers[0].logs.find((l) => l.includes('job failed for good') && l.includes(jobId)), 'the failed-for-good log line');
     const parsed = JSON.parse(line);
     assert.deepEqual([parsed.level, parsed.queue, parsed.task_id, parsed.attempt, parsed.attempts], [50, 'push-notifications', taskId, 2, 2]);
+    assert.equal(parsed.err.type, 'DecryptError');
     assert.match(parsed.err.stack, /\n\s+at /);
     assert.equal(stack.workers[0].logs.filter((l) => l.includes(jobId) && l.includes('"level":50')).length, 1);
   });
@@ -1050,9 +1064,7 @@ describe('push notifications whose queue jobs were lost or failed', function () 
       await withQueue(stack.env, 'push-notifications', async (queue) => {
         const id = await sendWhilePaused(queue, rx.url, 'a fault of ours', 'tok-fault');
         // The token cannot be decrypted: every delivery fails on our side, before posting, on its only attempt.
-        const [{ encrypted_secrets: sealed }] = await testDb()('push_configs').where({ task_id: id }).select('encrypted_secrets');
-        const broken = `${sealed.slice(0, -8)}${sealed.slice(-8) === 'AAAAAAAA' ? 'BBBBBBBB' : 'AAAAAAAA'}`;
-        await testDb()('push_configs').where({ task_id: id }).update({ encrypted_secrets: broken });
+        const sealed = await spoilSecrets(id);
         await queue.resume();
         await waitFor(async () => workerLogged('push delivery had no queue job: enqueued again') && (await queue.getJobCounts('failed')).failed >= 4,
           'the three jobs and the recovery job failed', 20_000, 100);

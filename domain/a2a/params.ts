@@ -8,7 +8,7 @@ import { A2AError, JSONRPC } from './errors.ts';
 import { choiceText, compileSchema, errorText, pointerNames, withoutChoiceBranches } from '../schema-check.ts';
 import { memberPath } from '../errors.ts';
 import { Base64 } from '../../api/schemas/common.ts';
-import { Uuid } from '../schemas.ts';
+import { PushConfigId, Uuid } from '../schemas.ts';
 import { AcceptedOutputModes, MessageExtensions } from '../../api/schemas/task.ts';
 
 const Metadata = Type.Record(Type.String(), Type.Unknown());
@@ -50,7 +50,7 @@ const Message = Type.Object({
 
 export const PushNotificationConfig = Type.Object({
   url: Type.String({ minLength: 1 }),
-  id: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
+  id: Type.Optional(PushConfigId),
   token: Type.Optional(Type.String()),
   authentication: Type.Optional(Type.Object({ schemes: Type.Array(Type.String(), { minItems: 1 }), credentials: Type.Optional(Type.String()) })),
 });
@@ -77,9 +77,9 @@ export const TaskIdParams = Type.Object({ id: TaskId, ...meta });
 export type TaskIdParams = Static<typeof TaskIdParams>;
 export const SetPushConfigParams = Type.Object({ taskId: TaskId, pushNotificationConfig: PushNotificationConfig });
 export type SetPushConfigParams = Static<typeof SetPushConfigParams>;
-export const GetPushConfigParams = Type.Object({ id: TaskId, pushNotificationConfigId: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })), ...meta });
+export const GetPushConfigParams = Type.Object({ id: TaskId, pushNotificationConfigId: Type.Optional(PushConfigId), ...meta });
 export type GetPushConfigParams = Static<typeof GetPushConfigParams>;
-export const DeletePushConfigParams = Type.Object({ id: TaskId, pushNotificationConfigId: Type.String({ minLength: 1, maxLength: 256 }), ...meta });
+export const DeletePushConfigParams = Type.Object({ id: TaskId, pushNotificationConfigId: PushConfigId, ...meta });
 export type DeletePushConfigParams = Static<typeof DeletePushConfigParams>;
 // One type check, not a union: a wrong value is told once what it may be, where a union also reported
 // each branch's failure and ajv's anyOf.
