@@ -115,6 +115,7 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     const client = await connect();
     const KEY = 'io.taskbridge/idempotency-key';
     assert.match(client.getInstructions() ?? '', /params\._meta\["io\.taskbridge\/idempotency-key"\]/, 'the server says so to the host');
+    assert.match(client.getInstructions() ?? '', /\(1 to 255 characters, which must be visible ASCII \(inner spaces allowed\)\)/, "and the key's rules, as its schema has them");
     const plain = await client.callTool({ name: REFUND, arguments: { payment_intent: 'pi_unkeyed' } });
     assert.equal(plain.isError, undefined);
     assert.equal(stripe.seen.at(-1)!.idempotencyKey, undefined, 'none unless the client gives one');

@@ -1,7 +1,7 @@
 // Bridge shapes (seed: ProviderInstance, FunctionInstance, *Controller, Credential; SPEC.md section 7).
 import { Type, type Static } from '@sinclair/typebox';
 import { Body, FreeObject, HttpUrl, NoControlChars, Timestamp } from './common.ts';
-import { Uuid } from '../../domain/schemas.ts';
+import { IdempotencyKey, Uuid } from '../../domain/schemas.ts';
 import { AliasName } from './encryption.ts';
 import { worded } from '../../domain/schema-check.ts';
 import { HEADER_TOKEN_OR_EMPTY_PATTERN } from '../../domain/bridge/credential-controllers.ts';
@@ -174,13 +174,6 @@ export const UpdateProviderInstanceRequest = Body({
 });
 export type UpdateProviderInstanceRequest = Static<typeof UpdateProviderInstanceRequest>;
 
-// Sent to the provider as its Idempotency-Key header (Stripe keeps a key's answer 24 hours and
-// answers a repeat with it), so a client that retries after a 502 or a hang-up refunds once. A
-// header value: visible ASCII with inner spaces, at most Stripe's 255.
-export const IdempotencyKey = Type.String({
-  minLength: 1, maxLength: 255, pattern: worded('^[!-~](?:[ -~]*[!-~])?$', 'must be visible ASCII (inner spaces allowed)'),
-  description: "sent to providers that honour one (Stripe) as the Idempotency-Key header: a repeat of the call with the same key gets the first call's answer instead of acting again; other providers ignore it",
-});
 export const InvokeFunctionRequest = Body({ params: FreeObject, idempotency_key: Type.Optional(IdempotencyKey) });
 export const AgentInvokeOptions = Type.Object({ idempotencyKey: Type.Optional(IdempotencyKey) }, { additionalProperties: false });
 

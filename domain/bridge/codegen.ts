@@ -15,6 +15,7 @@ import { holdSnapshot, type HeldSnapshot } from '../../db/snapshot.ts';
 import type { FunctionController } from '../../api/schemas/bridge.ts';
 import { describedInstances, describeFunction, storedFunctionDef, type DescribedInstance } from './catalog.ts';
 import { SERVICE_VERSION } from '../version.ts';
+import { IDEMPOTENCY_KEY_RULES } from '../schemas.ts';
 import type { Logger } from '../logger.ts';
 import { inString, opened, separated, snapshotStreams } from '../json-stream.ts';
 
@@ -79,7 +80,7 @@ export interface InvokeOptions {
    * Sent to a provider that honours one as its Idempotency-Key (Google Mail has none and ignores it):
    * Stripe answers a call repeated with the same key (for 24 hours) with the first call's answer
    * instead of refunding again, so give one to a call you may retry after a 502 or a hang-up.
-   * 1 to 255 visible ASCII characters, inner spaces allowed.
+   * ${IDEMPOTENCY_KEY_RULES}.
    */
   idempotencyKey?: string;
 }

@@ -16,7 +16,7 @@ import { CATALOG_PAIRS, checkAgainst, describedPage, PROVIDERS } from './catalog
 import { invokeFunction } from './functions.ts';
 import { sentArguments } from './mcp-envelope.ts';
 import { SERVICE_VERSION } from '../version.ts';
-import { IdempotencyKey } from '../../api/schemas/bridge.ts';
+import { IDEMPOTENCY_KEY_RULES, IdempotencyKey } from '../schemas.ts';
 import type { Logger } from '../logger.ts';
 
 // A protocol error as the client should read it. The SDK sends an error's message as it is, and its
@@ -181,7 +181,7 @@ async function guarded<T>(log: Logger, what: string, fn: () => Promise<T>): Prom
 export function createMcpServer(services: Services, signal?: AbortSignal, log = services.log, body?: unknown): Server {
   const server = new Server({ name: 'taskbridge-bridge', version: SERVICE_VERSION }, {
     capabilities: { tools: {} },
-    instructions: `A tools/call that may act twice if retried (a Stripe refund) takes an idempotency key in params._meta["${IDEMPOTENCY_META}"] (1 to 255 visible ASCII characters, inner spaces allowed): send the same key when retrying it, and the provider answers the repeat with the first call's answer instead of acting again.`,
+    instructions: `A tools/call that may act twice if retried (a Stripe refund) takes an idempotency key in params._meta["${IDEMPOTENCY_META}"] (${IDEMPOTENCY_KEY_RULES}): send the same key when retrying it, and the provider answers the repeat with the first call's answer instead of acting again.`,
   });
   // notifications/cancelled stops nothing (README): the SDK's own handler would abort a request of the
   // same batch and then drop its answer, leaving the batch unanswered though the call ran.
