@@ -7,7 +7,7 @@
 // CONNECT and an unknown Expect have their method (one Node's parser knows) and route `unmatched`.
 import { STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
-import { AppError, InvalidRequest, MethodNotAllowed, PayloadTooLarge } from '../domain/errors.ts';
+import { AppError, echoed, InvalidRequest, MethodNotAllowed, PayloadTooLarge } from '../domain/errors.ts';
 import { errorBody } from './middleware/errors.ts';
 import { requestIdFor } from './middleware/request-id.ts';
 import { markAnsweredOutsideKoa, UNMATCHED } from './middleware/access-log.ts';
@@ -46,7 +46,7 @@ export function answerClientErrors(server: Server, methods: readonly string[], l
   // An Expect other than 100-continue: Node answers 417 itself, without a body, unless told here.
   server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
     const requestId = requestIdFor(req.headers['x-request-id']);
-    const e = new AppError(417, 'invalid_request', `Expect '${String(req.headers.expect).slice(0, 100)}' is not supported: only 100-continue is`);
+    const e = new AppError(417, 'invalid_request', `Expect '${echoed(String(req.headers.expect))}' is not supported: only 100-continue is`);
     log.info({ req_id: requestId, method: req.method, path: req.url?.split('?')[0], status: e.status, code: e.code }, 'request refused before routing');
     // Its body is not read: the connection closes after the answer.
     res.writeHead(e.status, { 'Content-Type': 'application/json', 'X-Request-Id': requestId, Connection: 'close' });

@@ -4,7 +4,7 @@
 // internal address (DNS rebinding) is still refused.
 import dns from 'node:dns';
 import net from 'node:net';
-import { InvalidRequest, Unavailable } from './errors.ts';
+import { echoed, InvalidRequest, Unavailable } from './errors.ts';
 
 const blocked = new net.BlockList();
 // IPv4: IANA's special-purpose ranges that are not global (this network, private, shared, loopback,
@@ -52,7 +52,7 @@ export async function assertOutboundUrl(raw: string, allowPrivate: boolean, what
     // One that parses against a base is relative; one that still does not is malformed (a port
     // past 65535, a space in the host), and calling it not absolute would send the caller astray.
     const relative = URL.canParse(raw, 'http://base.invalid/');
-    throw new InvalidRequest(`${what} '${raw.slice(0, 200)}' is not ${relative ? 'an absolute' : 'a valid'} URL`);
+    throw new InvalidRequest(`${what} '${echoed(raw)}' is not ${relative ? 'an absolute' : 'a valid'} URL`);
   }
   if (url.protocol !== 'http:' && url.protocol !== 'https:') {
     throw new InvalidRequest(`${what} must use http or https, not '${url.protocol.replace(/:$/, '')}'`);

@@ -85,6 +85,11 @@ describe('HTTP conventions', () => {
       assertError(r, 415, 'unsupported_media_type');
       assert.match(r.body.message, /^Content-Type charset must be utf-8 \(JSON is UTF-8\), got '(iso-8859-1|Windows-1252|utf-16)'$/);
     }
+    for (const [type, shown] of [['application/json; charset="latin\t1"', 'latin\\t1'], [`application/json; charset=${'c'.repeat(300)}`, `${'c'.repeat(60)}… (300 characters)`]]) {
+      const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': type }, raw: JSON.stringify({ message: textMessage('x') }) });
+      assertError(r, 415, 'unsupported_media_type');
+      assert.equal(r.body.message, `Content-Type charset must be utf-8 (JSON is UTF-8), got '${shown}'`);
+    }
     const secret = await stack.client.request('POST', '/api/secret/v1', undefined, { headers: { 'content-type': 'application/json; charset=latin1' }, raw: Buffer.from('{"key":"latin1","raw_value":"p\u00c3\u00a9ss"}', 'latin1') });
     assertError(secret, 415, 'unsupported_media_type');
     assert.equal((await stack.client.get('/api/secret/v1/key/latin1')).status, 404);
@@ -208,10 +213,13 @@ describe('HTTP conventions', () => {
   it('answers 415 for a compressed body (Content-Encoding), storing nothing', async () => {
     const before = await taskCount();
     const body = JSON.stringify({ message: textMessage('x') });
-    for (const encoding of ['gzip', 'br', 'identity, gzip']) {
+    // The encoding quoted as every error quotes what a client sent (echoed): control characters
+    // escaped, a long one by its start and its length.
+    for (const [encoding, shown] of [['gzip', 'gzip'], ['br', 'br'], ['identity, gzip', 'identity, gzip'], ['gzip,\tbr', 'gzip,\\tbr'],
+      [`x-${'z'.repeat(300)}`, `x-${'z'.repeat(58)}… (302 characters)`]]) {
       const r = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': 'application/json', 'content-encoding': encoding }, raw: body });
       assertError(r, 415, 'unsupported_media_type');
-      assert.match(r.body.message, /Content-Encoding/);
+      assert.equal(r.body.message, `Content-Encoding '${shown}' is not supported: send the body uncompressed`);
       assert.equal(r.headers.get('accept-encoding'), 'identity');
     }
     const plain = await stack.client.request('POST', '/api/task/v1', undefined, { headers: { 'content-type': 'application/json', 'content-encoding': 'identity' }, raw: body });
@@ -378,6 +386,13 @@ describe('HTTP conventions', () => {
     assert.match(String(r.headers['content-type']), /^application\/json/);
     assert.deepEqual(r.body, { message: "Expect 'bogus' is not supported: only 100-continue is", data: { code: 'invalid_request' } });
     await waitFor(async () => stack.api.logs.some((l) => l.includes('"req_id":"expect-417"')), 'the refused request in the API log');
+    for (const [expect, shown] of [['bogus\tthing', 'bogus\\tthing'], ['e'.repeat(300), `${'e'.repeat(60)}… (300 characters)`]]) {
+      const quoted = await raw(stack.api.url, {
+        method: 'POST', path: '/api/task/v1', chunks: [JSON.stringify({ message: textMessage('expect') })],
+        headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', expect },
+      });
+      assert.deepEqual([quoted.status, quoted.body.message], [417, `Expect '${shown}' is not supported: only 100-continue is`]);
+    }
     assert.equal(await taskCount(), before);
   });
 

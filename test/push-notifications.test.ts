@@ -964,6 +964,12 @@ describe('push notifications', () => {
     }
     const relative = await rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { url: '/hook' } });
     assert.equal(relative.error?.message, "Push notification URL '/hook' is not an absolute URL");
+    // Quoted as every error quotes what a client sent (echoed): control characters escaped, a long one by its start and its length.
+    const long = `http://exa mple.com/${'p'.repeat(300)}`;
+    for (const [url, shown] of [['http://exa\u0001mple.com/hook', 'http://exa\\u0001mple.com/hook'], [long, `${long.slice(0, 60)}… (${long.length} characters)`]]) {
+      const set = await rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { url } });
+      assert.equal(set.error?.message, `Push notification URL '${shown}' is not a valid URL`);
+    }
     assert.deepEqual(await listPushConfigs(testDb(), id), []);
   });
 });

@@ -26,7 +26,7 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
   const encoding = req.headers['content-encoding'];
   if (encoding !== undefined && encoding.trim().toLowerCase() !== 'identity') {
     req.resume();
-    throw new UnsupportedMediaType(`Content-Encoding '${encoding.slice(0, 100)}' is not supported: send the body uncompressed`, { 'Accept-Encoding': 'identity' });
+    throw new UnsupportedMediaType(`Content-Encoding '${echoed(encoding)}' is not supported: send the body uncompressed`, { 'Accept-Encoding': 'identity' });
   }
   const sentType = req.headers['content-type'];
   const type = sentType ?? '';
@@ -48,7 +48,7 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
   const charset = CHARSET.exec(type);
   if (charset) {
     const name = charset[1] ?? charset[2];
-    if (!UTF8_NAMES.has(name.toLowerCase())) throw new UnsupportedMediaType(`Content-Type charset must be utf-8 (JSON is UTF-8), got '${name.slice(0, 100)}'`);
+    if (!UTF8_NAMES.has(name.toLowerCase())) throw new UnsupportedMediaType(`Content-Type charset must be utf-8 (JSON is UTF-8), got '${echoed(name)}'`);
   }
   let text: string;
   try {
