@@ -1087,7 +1087,7 @@ describe('push notifications whose queue jobs were lost or failed', function () 
 });
 
 describe('push delivery runs whose reads outlast their lease', function () {
-  this.timeout(60_000);
+  this.timeout(150_000);
   // A run's lease lasts PUSH_TIMEOUT_MS + 10 s: 11 s here.
   const stack = useStack({ PUSH_ALLOW_PRIVATE: 'true', PUSH_TIMEOUT_MS: '1000' });
 
@@ -1121,7 +1121,7 @@ describe('push delivery runs whose reads outlast their lease', function () {
           return leased && leased !== first;
         }, 'a second run leasing the config', 10_000);
         await lock.commit();
-        await waitFor(async () => (await queue.getJobs(['completed'], 0, -1)).filter((j) => j.data.task_id === id).length === 4, 'every delivery job completed', 30_000, 100);
+        await waitFor(async () => (await queue.getJobs(['completed'], 0, -1)).filter((j) => j.data.task_id === id).length === 4, 'every delivery job completed', 90_000, 100);
         assert.deepEqual(rx.all.filter((r) => r.body.id === id).map((r) => r.body.status.state), ['working', 'input-required', 'working']);
       });
     } finally {
