@@ -3,33 +3,21 @@
 // bodyTimeout), which broke the stream: the run's attempt failed with the reason "terminated". Slow
 // by nature (the silence must outlast undici's 300 s), hence a file of its own.
 import assert from 'node:assert/strict';
-import http from 'node:http';
 import { textMessage, waitFor } from './helpers/stack.ts';
-import { answerAgentCard, useStackOnRawAgent } from './helpers/raw-agent-card.ts';
+import { rawA2ARemote, useStackOnRawAgent } from './helpers/raw-agent-card.ts';
 
 const SILENCE_MS = 310_000;
 
 describe('remote A2A agent whose task is silent for more than five minutes', function () {
   this.timeout(SILENCE_MS + 120_000);
-  const server = http.createServer((req, res) => {
-    const origin = `http://${req.headers.host}`;
-    if (req.method === 'GET') {
-      answerAgentCard(res, { name: 'slow', description: 'works in silence', url: `${origin}/rpc`, streaming: true });
-      return;
-    }
-    let body = '';
-    req.on('data', (b) => { body += b; });
-    req.on('end', () => {
-      const { id } = JSON.parse(body) as { id: string | number };
-      const event = (result: unknown) => `data: ${JSON.stringify({ jsonrpc: '2.0', id, result })}\n\n`;
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(event({ kind: 'task', id: 'remote-slow', contextId: 'remote-ctx', status: { state: 'working' } }));
-      const done = setTimeout(() => res.end(event({
-        kind: 'status-update', taskId: 'remote-slow', contextId: 'remote-ctx', final: true,
-        status: { state: 'completed', message: { kind: 'message', role: 'agent', messageId: 'remote-done', parts: [{ kind: 'text', text: 'done at last' }] } },
-      })), SILENCE_MS);
-      res.on('close', () => clearTimeout(done));
-    });
+  const server = rawA2ARemote({ name: 'slow', description: 'works in silence', streaming: true }, ({ event }, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write(event({ kind: 'task', id: 'remote-slow', contextId: 'remote-ctx', status: { state: 'working' } }));
+    const done = setTimeout(() => res.end(event({
+      kind: 'status-update', taskId: 'remote-slow', contextId: 'remote-ctx', final: true,
+      status: { state: 'completed', message: { kind: 'message', role: 'agent', messageId: 'remote-done', parts: [{ kind: 'text', text: 'done at last' }] } },
+    })), SILENCE_MS);
+    res.on('close', () => clearTimeout(done));
   });
 
   const stack = useStackOnRawAgent(server, { AGENT_ATTEMPTS: '1' });

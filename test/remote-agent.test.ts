@@ -13,7 +13,7 @@ import { agentCardHandler, jsonRpcHandler, UserBuilder } from '@a2a-js/sdk/serve
 import { remoteAgent } from '../workers/agents/remote-a2a.ts';
 import type { AgentContext } from '../workers/agents/types.ts';
 import { resetDb, startStack, startWorker, testDb, textMessage, waitFor, withQueue, type Stack } from './helpers/stack.ts';
-import { answerAgentCard, useStackOnRawAgent } from './helpers/raw-agent-card.ts';
+import { answerAgentCard, rawA2ARemote, useStackOnRawAgent } from './helpers/raw-agent-card.ts';
 
 const textOf = (m: Message) => m.parts.map((p) => (p.kind === 'text' ? p.text : '')).join('');
 // Its messages carry metadata, which the local task keeps.
@@ -974,24 +974,14 @@ describe('remote A2A agent that answers without end, or about another task', () 
 
 describe('remote A2A agent that cannot stream and answers message/send only when its task ends', () => {
   let sends = 0;
-  const server = http.createServer((req, res) => {
-    const origin = `http://${req.headers.host}`;
-    if (req.method === 'GET') {
-      answerAgentCard(res, { name: 'slow', description: 'answers late', url: `${origin}/rpc`, streaming: false });
-      return;
-    }
-    let body = '';
-    req.on('data', (b) => { body += b; });
-    req.on('end', () => {
-      const { id, method } = JSON.parse(body) as { id: string | number; method: string };
-      if (method === 'message/send') sends++;
-      const message = { kind: 'message', role: 'agent', messageId: 'slow-reply', parts: [{ kind: 'text', text: 'done, slowly' }] };
-      // Twice AGENT_REMOTE_TIMEOUT_MS: blocking: false is only a hint to a remote.
-      setTimeout(() => {
-        res.writeHead(200, { 'content-type': 'application/json' });
-        res.end(JSON.stringify({ jsonrpc: '2.0', id, result: { kind: 'task', id: 'remote-slow', contextId: 'remote-ctx', status: { state: 'completed', message } } }));
-      }, 2000);
-    });
+  const server = rawA2ARemote({ name: 'slow', description: 'answers late', streaming: false }, ({ id, method }, res) => {
+    if (method === 'message/send') sends++;
+    const message = { kind: 'message', role: 'agent', messageId: 'slow-reply', parts: [{ kind: 'text', text: 'done, slowly' }] };
+    // Twice AGENT_REMOTE_TIMEOUT_MS: blocking: false is only a hint to a remote.
+    setTimeout(() => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ jsonrpc: '2.0', id, result: { kind: 'task', id: 'remote-slow', contextId: 'remote-ctx', status: { state: 'completed', message } } }));
+    }, 2000);
   });
   const stack = useStackOnRawAgent(server, { AGENT_REMOTE_TIMEOUT_MS: '1000' });
 
@@ -1032,67 +1022,56 @@ describe('remote A2A agent whose stream breaks after an artifact: the retry', ()
     t.artifacts.push(artifact(`x${t.turn}`, 'written after the break'));
     setStatus(t, state, state === 'input-required' ? 'Which colour?' : 'done after the break');
   };
-  const server = http.createServer((req, res) => {
-    const origin = `http://${req.headers.host}`;
-    if (req.method === 'GET') {
-      answerAgentCard(res, { name: 'breaking', description: 'breaks its stream once', url: `${origin}/rpc`, streaming: true });
+  const server = rawA2ARemote({ name: 'breaking', description: 'breaks its stream once', streaming: true }, ({ id, method, params, event }, res) => {
+    if (method === 'tasks/get') {
+      const t = remoteTasks.get(params.id)!;
+      const shows = snapshot(t);
+      // Still working (or, "[unread]", asking) when the retry first reads it, done at the next read.
+      if (++t.reads > 1 && (t.status.state === 'working' || (t.status.state === 'input-required' && sent.get(t.id)!.length > t.turn))) {
+        t.turn = sent.get(t.id)!.length;
+        endTurn(t, 'completed');
+      }
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id, result: shows }));
       return;
     }
-    let body = '';
-    req.on('data', (b) => { body += b; });
-    req.on('end', () => {
-      const { id, method, params } = JSON.parse(body) as { id: string | number; method: string; params: any };
-      const event = (result: unknown) => `data: ${JSON.stringify({ jsonrpc: '2.0', id, result })}\n\n`;
-      if (method === 'tasks/get') {
-        const t = remoteTasks.get(params.id)!;
-        const shows = snapshot(t);
-        // Still working (or, "[unread]", asking) when the retry first reads it, done at the next read.
-        if (++t.reads > 1 && (t.status.state === 'working' || (t.status.state === 'input-required' && sent.get(t.id)!.length > t.turn))) {
-          t.turn = sent.get(t.id)!.length;
-          endTurn(t, 'completed');
-        }
-        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id, result: shows }));
+    if (method !== 'message/stream') {
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id, error: { code: -32601, message: `no ${method} here` } }));
+      return;
+    }
+    const message = params.message;
+    const text = textOf(message);
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    let t: RemoteTask | undefined = message.taskId && remoteTasks.get(message.taskId);
+    if (t) {
+      // A later send to the task: it is answered, and the task ends; one saying "[break]" breaks as the first did.
+      sent.get(t.id)!.push(message.messageId);
+      res.write(event(snapshot(t)));
+      if (!text.includes('[break]')) {
+        setStatus(t, 'completed', `answered: ${text}`);
+        res.end(event({ kind: 'status-update', taskId: t.id, contextId: t.contextId, final: true, status: t.status }));
         return;
       }
-      if (method !== 'message/stream') {
-        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id, error: { code: -32601, message: `no ${method} here` } }));
+      t.reads = 0;
+      // "[unread]": the break comes before the remote takes the message up; it still shows its question at the next read.
+      if (text.includes('[unread]')) {
+        res.write('', () => res.socket?.destroy());
         return;
       }
-      const message = params.message;
-      const text = textOf(message);
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      let t: RemoteTask | undefined = message.taskId && remoteTasks.get(message.taskId);
-      if (t) {
-        // A later send to the task: it is answered, and the task ends; one saying "[break]" breaks as the first did.
-        sent.get(t.id)!.push(message.messageId);
-        res.write(event(snapshot(t)));
-        if (!text.includes('[break]')) {
-          setStatus(t, 'completed', `answered: ${text}`);
-          res.end(event({ kind: 'status-update', taskId: t.id, contextId: t.contextId, final: true, status: t.status }));
-          return;
-        }
-        t.reads = 0;
-        // "[unread]": the break comes before the remote takes the message up; it still shows its question at the next read.
-        if (text.includes('[unread]')) {
-          res.write('', () => res.socket?.destroy());
-          return;
-        }
-        t.turn++;
-      } else {
-        t = { id: `remote-${randomUUID()}`, contextId: 'remote-ctx', status: { state: 'submitted' }, artifacts: [], agentMessages: [], reads: 0, turn: 1 };
-        remoteTasks.set(t.id, t);
-        sent.set(t.id, [message.messageId]);
-        res.write(event(snapshot(t)));
-      }
-      const task = t;
-      task.artifacts.push(artifact(`a${task.turn}`, 'written before the break'));
-      setStatus(task, 'working', `thinking about ${text}`);
-      res.write(event({ kind: 'status-update', taskId: task.id, contextId: task.contextId, final: false, status: task.status }));
-      // The break, once what came before it is on its way; the remote goes on without the stream.
-      res.write(event({ kind: 'artifact-update', taskId: task.id, contextId: task.contextId, artifact: task.artifacts.at(-1) }), () => {
-        res.socket?.destroy();
-        if (after !== 'working') endTurn(task, after);
-      });
+      t.turn++;
+    } else {
+      t = { id: `remote-${randomUUID()}`, contextId: 'remote-ctx', status: { state: 'submitted' }, artifacts: [], agentMessages: [], reads: 0, turn: 1 };
+      remoteTasks.set(t.id, t);
+      sent.set(t.id, [message.messageId]);
+      res.write(event(snapshot(t)));
+    }
+    const task = t;
+    task.artifacts.push(artifact(`a${task.turn}`, 'written before the break'));
+    setStatus(task, 'working', `thinking about ${text}`);
+    res.write(event({ kind: 'status-update', taskId: task.id, contextId: task.contextId, final: false, status: task.status }));
+    // The break, once what came before it is on its way; the remote goes on without the stream.
+    res.write(event({ kind: 'artifact-update', taskId: task.id, contextId: task.contextId, artifact: task.artifacts.at(-1) }), () => {
+      res.socket?.destroy();
+      if (after !== 'working') endTurn(task, after);
     });
   });
   const stack = useStackOnRawAgent(server, { AGENT_BACKOFF_MS: '200' });

@@ -1,6 +1,6 @@
 // The card of a hand-written remote A2A agent (a bare http server that answers what a test needs, where
 // the SDK's server would answer correctly): the members a client reads, its endpoint at `url`.
-import type { Server, ServerResponse } from 'node:http';
+import http, { type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { startStack, useStarted, type Stack } from './stack.ts';
 
@@ -9,6 +9,24 @@ export function answerAgentCard(res: ServerResponse, card: { name: string; descr
     name: card.name, description: card.description, version: '1', protocolVersion: '0.3.0', url: card.url, preferredTransport: 'JSONRPC',
     capabilities: { streaming: card.streaming }, defaultInputModes: ['text'], defaultOutputModes: ['text'], skills: [],
   }));
+}
+
+// A bare A2A remote for tests: its card (url <origin>/rpc) on GET, and each JSON-RPC POST read whole
+// and handed to `answer`. `event`: one SSE line answering that call.
+export interface RawCall { id: string | number; method: string; params: any; event(result: unknown): string }
+export function rawA2ARemote(card: { name: string; description: string; streaming: boolean }, answer: (call: RawCall, res: ServerResponse) => void): Server {
+  return http.createServer((req, res) => {
+    if (req.method === 'GET') {
+      answerAgentCard(res, { ...card, url: `http://${req.headers.host}/rpc` });
+      return;
+    }
+    let body = '';
+    req.on('data', (b) => { body += b; });
+    req.on('end', () => {
+      const { id, method, params } = JSON.parse(body) as { id: string | number; method: string; params: unknown };
+      answer({ id, method, params, event: (result) => `data: ${JSON.stringify({ jsonrpc: '2.0', id, result })}\n\n` }, res);
+    });
+  });
 }
 
 // Mocha hooks for a describe whose remote agent is `server`: it listens, and a stack with
