@@ -47,6 +47,11 @@ export const CLIENT_RUN = '00000000-0000-0000-0000-000000000000';
 export const workingUnder = (task: { status: TaskState; run_message_id?: string | null }, messageId: string) =>
   task.status === 'working' && (!task.run_message_id || task.run_message_id === messageId);
 
+// Whether a task is still held by this take of the run's job (migration 0037's run_attempt): working
+// under the run, and not taken again since by another take (a copy started where this one stalled).
+export const heldByTake = (task: { status: TaskState; run_message_id?: string | null; run_attempt?: number }, run: { messageId: string; attempt: number }) =>
+  workingUnder(task, run.messageId) && task.run_attempt === run.attempt;
+
 export function assertTransition(from: TaskState, to: TaskState): void {
   if (!ALLOWED[from].includes(to)) {
     const why = isTerminal(from) ? `the task is already ${from}` : `'${to}' cannot follow '${from}'`;

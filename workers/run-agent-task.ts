@@ -10,7 +10,7 @@ import type { RunState } from '../db/tasks.ts';
 import type { Logger } from '../domain/logger.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf, checkRoom } from '../domain/tasks.ts';
 import { inStatement, inTransaction, type UnitOfWork } from '../domain/unit-of-work.ts';
-import { isTerminal, RUN_RESULTS, runEndsFrom, workingUnder } from '../domain/task-states.ts';
+import { heldByTake, isTerminal, RUN_RESULTS, runEndsFrom, workingUnder } from '../domain/task-states.ts';
 import type { AgentContext, AgentHandler, AgentResult } from './agents/types.ts';
 import { agentMessage, checkArtifact } from './agents/agent-output.ts';
 import { failRun } from './fail-run.ts';
@@ -124,7 +124,7 @@ function agentContext(
       const locked = await tasks.getTask(uow.trx, taskId, true);
       // Deleted meanwhile (TASK_RETENTION_DAYS, a context purge): ended too.
       if (!locked) throw ended('deleted');
-      if (!workingUnder(locked, messageId) || locked.run_attempt !== attempt) throw ended(locked.status === 'working' ? 'under another run' : locked.status);
+      if (!heldByTake(locked, { messageId, attempt })) throw ended(locked.status === 'working' ? 'under another run' : locked.status);
       return fn(uow, locked);
     });
 
@@ -213,7 +213,6 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     const { task_id: taskId, message_id: messageId } = job.data;
     const state = await ours(() => beginRun(services, taskId, messageId, { limit: HISTORY, maxBytes: services.cfg.AGENT_HISTORY_MAX_BYTES }));
     if (!state) return 'task gone';
-    let attempt = state.task.run_attempt ?? 0;
     if (!state.started) {
       if (isTerminal(state.task.status)) return `task already ${state.task.status}`;
       if (state.answered) return 'already answered';
@@ -221,13 +220,12 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       // another message of the task ends.
       if (state.task.status !== 'working') return 'task changed before start';
       if (!workingUnder(state.task, messageId)) return 'another run has the task';
-      if (!state.trigger) return 'message gone';
-      // Taken from the copy that may still run where the job stalled: its writes and end are refused from now on.
-      const claimed = await ours(() => tasks.claimRun(services.db, taskId, messageId));
-      if (claimed === undefined) return 'task changed before start';
-      attempt = claimed;
     }
     if (!state.trigger) return 'message gone';
+    // A re-run takes the task from the copy that may still run where the job stalled: that copy's
+    // writes and end are refused from now on.
+    const attempt = state.started ? state.task.run_attempt ?? 0 : await ours(() => tasks.claimRun(services.db, taskId, messageId));
+    if (attempt === undefined) return 'task changed before start';
 
     // A task has one run at a time: one of its runs still going here lost it to this one (or, for the
     // same message, is a stalled copy of this job that BullMQ gave up on).

@@ -7,7 +7,7 @@
 // taken again (its worker stalled past the job's lock) by another worker, which holds the task now.
 import type { Services } from '../domain/services.ts';
 import { TASK_CANCELED } from '../domain/tasks.ts';
-import { CLIENT_RUN, isTerminal, workingUnder } from '../domain/task-states.ts';
+import { CLIENT_RUN, heldByTake, isTerminal, workingUnder } from '../domain/task-states.ts';
 import { runHolders } from '../db/tasks.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 
@@ -33,7 +33,7 @@ export async function watchCancels(services: Pick<Services, 'db' | 'bus' | 'log'
       for (const task of await runHolders(db, [...runOf.keys()])) {
         const { messageId, attempt } = runOf.get(task.id)!;
         if (isTerminal(task.status)) abort(task.id, task.status);
-        else if (!workingUnder(task, messageId) || task.run_attempt !== attempt) {
+        else if (!heldByTake(task, { messageId, attempt })) {
           const why = task.status !== 'working' ? `task set ${task.status}`
             : task.run_message_id === CLIENT_RUN ? 'task taken by a client'
               : workingUnder(task, messageId) ? 'its job taken again elsewhere' : 'task taken by another run';
