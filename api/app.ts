@@ -17,7 +17,7 @@ import { a2aDefinitionRoutes } from './routes/a2a-definition.ts';
 import { bridgeRoutes } from './routes/bridge.ts';
 import { mcpRoutes } from './routes/mcp.ts';
 import { defineRoute } from './route.ts';
-import { FreeObject } from './schemas/common.ts';
+import { FreeObject } from '../domain/shapes/common.ts';
 import { metricsMiddleware, metricsRoutes } from './metrics.ts';
 import { queueDashboard } from './queue-dashboard.ts';
 import { SERVICE_VERSION } from '../domain/version.ts';

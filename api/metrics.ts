@@ -6,7 +6,7 @@
 import type { Middleware } from 'koa';
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from './route.ts';
-import { ErrorBody } from './schemas/common.ts';
+import { ErrorBody } from '../domain/shapes/common.ts';
 import { Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Queue } from 'bullmq';
 import type { Services } from '../domain/services.ts';

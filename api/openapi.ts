@@ -1,6 +1,6 @@
 import { Type, type TSchema } from '@sinclair/typebox';
 import { bodyRequired, TAGS, type Route } from './route.ts';
-import { ErrorBody } from './schemas/common.ts';
+import { ErrorBody } from '../domain/shapes/common.ts';
 
 type Json = Record<string, unknown>;
 

@@ -1,6 +1,6 @@
 import type { Tx } from './knex.ts';
 import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
-import type { Message } from '../api/schemas/task.ts';
+import type { Message } from '../domain/shapes/task.ts';
 import { parsedWeight } from '../domain/storable-json.ts';
 
 export interface MessageRow extends Message { seq: number }

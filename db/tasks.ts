@@ -4,7 +4,7 @@ import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
 import { COLUMNS as MESSAGE_COLUMNS, messageFromJson, messageFromRow, messageWeight, messageWeightSql, textWeightBound } from './messages.ts';
 import { parsedWeight } from '../domain/storable-json.ts';
-import { Task, type ContextInfo, type Message, type TimelineItem } from '../api/schemas/task.ts';
+import { Task, type ContextInfo, type Message, type TimelineItem } from '../domain/shapes/task.ts';
 import { CLIENT_RUN, RUN_STARTS_FROM, type TaskState } from '../domain/task-states.ts';
 
 export interface TaskRow {

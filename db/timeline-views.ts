@@ -1,6 +1,6 @@
 // Narrow reads of the timeline for the A2A views of a task.
 import type { Tx } from './knex.ts';
-import type { TimelineItem } from '../api/schemas/task.ts';
+import type { TimelineItem } from '../domain/shapes/task.ts';
 
 // The artifact-update items of a task, oldest first: the source of A2A Task.artifacts.
 export async function listArtifactItems(db: Tx, taskId: string): Promise<Pick<TimelineItem, 'event_payload'>[]> {

@@ -2,7 +2,7 @@ import type { Tx } from './knex.ts';
 import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
 import { itemWeightSql } from './messages.ts';
 import { parsedWeight } from '../domain/storable-json.ts';
-import type { TimelineItem } from '../api/schemas/task.ts';
+import type { TimelineItem } from '../domain/shapes/task.ts';
 
 export interface TimelineRow extends TimelineItem { seq: number }
 const COLUMNS = ['id', 'seq', 'task_id', 'event_payload', 'created_at'];

@@ -4,8 +4,8 @@
 // is refused as a whole rather than applied in part. What only a write can reveal (a value that does
 // not decrypt, a credential its controller's schema refuses) stays a failure of that item.
 import { isDeepStrictEqual } from 'node:util';
-import type { Definition } from '../api/schemas/definition.ts';
-import type { ProviderController } from '../api/schemas/bridge.ts';
+import type { Definition } from './shapes/definition.ts';
+import type { ProviderController } from './shapes/bridge.ts';
 import { aliasTargets, type DefinitionCredential } from './definition-match.ts';
 
 // What the target has that the file may name: its aliases and DEK ids among those the file names

@@ -11,9 +11,9 @@
 // updated_at: an insert stamps both alike); one written since (a PUT, an alias rotation, a token
 // refresh) differs.
 import { isDeepStrictEqual } from 'node:util';
-import type { Definition } from '../api/schemas/definition.ts';
-import type { Secret } from '../api/schemas/secret.ts';
-import type { Credential, ProviderInstanceDetail } from '../api/schemas/bridge.ts';
+import type { Definition } from './shapes/definition.ts';
+import type { Secret } from './shapes/secret.ts';
+import type { Credential, ProviderInstanceDetail } from './shapes/bridge.ts';
 import type { CredentialKind } from '../db/bridge.ts';
 import { credentialDef, providerDef } from './bridge/catalog.ts';
 import { sensitiveOf } from './bridge/credentials.ts';

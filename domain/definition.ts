@@ -10,7 +10,7 @@
 import type { Readable } from 'node:stream';
 import type { Knex } from 'knex';
 import { openDefinitionReader, type CredentialExportRow, type DefinitionReader, type DekExportRow, type EnvelopeKeyExportRow, type ProviderExportRow, type SecretExportRow } from '../db/definition.ts';
-import type { Definition } from '../api/schemas/definition.ts';
+import type { Definition } from './shapes/definition.ts';
 import type { Config } from './config.ts';
 import type { Logger } from './logger.ts';
 import { agentCard } from './a2a/agent-card.ts';

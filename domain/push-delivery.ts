@@ -16,7 +16,7 @@ import type { Knex } from 'knex';
 import * as repo from '../db/push-configs.ts';
 import * as tasks from '../db/tasks.ts';
 import type { TimelineRow } from '../db/timeline.ts';
-import type { Message } from '../api/schemas/task.ts';
+import type { Message } from './shapes/task.ts';
 import type { Config } from './config.ts';
 import type { Logger } from './logger.ts';
 import { artifactsFromTimeline, toA2ATask } from './a2a/mapping.ts';

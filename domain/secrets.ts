@@ -9,7 +9,7 @@ import { dekForRewrite } from './alias-rotation.ts';
 import * as repo from '../db/secrets.ts';
 import type { SecretRow } from '../db/secrets.ts';
 import type { Page } from '../db/pagination.ts';
-import type { DecryptedSecret, Secret } from '../api/schemas/secret.ts';
+import type { DecryptedSecret, Secret } from './shapes/secret.ts';
 
 type ReadServices = Pick<Services, 'db' | 'cfg'>;
 

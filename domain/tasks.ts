@@ -7,7 +7,7 @@ import type { StatusChange } from '../db/tasks.ts';
 import * as messages from '../db/messages.ts';
 import * as timeline from '../db/timeline.ts';
 import { artifactBytes, lastTimelineSeq } from '../db/timeline-views.ts';
-import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineItem } from '../api/schemas/task.ts';
+import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineItem } from './shapes/task.ts';
 import { Conflict, NotFound, PayloadTooLarge } from './errors.ts';
 import { assertTransition, isInterrupted, isTerminal, RUN_STARTS_FROM, type TaskState } from './task-states.ts';
 import { afterCommit, inTransaction, type UnitOfWork, type UowServices } from './unit-of-work.ts';

@@ -2,7 +2,7 @@ import type { BackoffStrategy, JobsOptions, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from '../domain/config.ts';
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
-import { PushConfigId, Uuid } from '../domain/schemas.ts';
+import { PushConfigId, Uuid } from '../domain/shapes/common.ts';
 
 export const QUEUE_NAMES = ['agent-tasks', 'key-jobs', 'credential-refresh', 'push-notifications'] as const;
 export type QueueName = (typeof QUEUE_NAMES)[number];

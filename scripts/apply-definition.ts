@@ -9,9 +9,9 @@
 import { constants } from 'node:buffer';
 import fs from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Definition } from '../api/schemas/definition.ts';
+import { Definition } from '../domain/shapes/definition.ts';
 import type { CredentialKind } from '../db/bridge.ts';
-import type { ListedCredential } from '../api/schemas/bridge.ts';
+import type { ListedCredential } from '../domain/shapes/bridge.ts';
 import { InvalidRequest, NotFound } from '../domain/errors.ts';
 import { checkValid, compileSchema } from '../domain/schema-check.ts';
 import { DEFAULT_ALIAS } from '../domain/crypto/key-management.ts';

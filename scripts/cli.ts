@@ -14,7 +14,7 @@ import { listEndedJobs, listJobs, watchJob } from './watch-job.ts';
 import { usageError } from './usage.ts';
 import { cancelKeyJob } from '../domain/crypto/key-jobs.ts';
 import { localPostgresUrl } from './local-services.ts';
-import { NoControlChars } from '../api/schemas/common.ts';
+import { NoControlChars } from '../domain/shapes/common.ts';
 import { isHttpUrl } from '../domain/schema-check.ts';
 import { applyDefinition, ApplyAborted, DefinitionFileError, readDefinition } from './apply-definition.ts';
 

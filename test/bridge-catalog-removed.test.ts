@@ -10,8 +10,8 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import { ErrorCode, McpError } from '@modelcontextprotocol/sdk/types.js';
 import { ADMIN_KEY, assertNotFound, resetDb, startStack, testDb, waitFor, type Client, type Response, type Stack } from './helpers/stack.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
-import { FunctionInstance, ProviderInstanceDetail } from '../api/schemas/bridge.ts';
-import { Paginated } from '../api/schemas/common.ts';
+import { FunctionInstance, ProviderInstanceDetail } from '../domain/shapes/bridge.ts';
+import { Paginated } from '../domain/shapes/common.ts';
 import { TOOLS_PAGE } from '../domain/bridge/mcp.ts';
 import { compileSchema } from '../domain/schema-check.ts';
 

@@ -14,7 +14,7 @@ import { postNotification } from '../domain/push-delivery.ts';
 import { leasePushConfig, listStalledDeliveries, releasePushConfig, setDeliveredSeq, upsertPushConfig } from '../db/push-configs.ts';
 import { applyStatusChanges, type StatusChange } from '../db/tasks.ts';
 import type { TaskState } from '../domain/task-states.ts';
-import type { TimelineItem } from '../api/schemas/task.ts';
+import type { TimelineItem } from '../domain/shapes/task.ts';
 
 interface Received { token: string | undefined; authorization: string | undefined; body: any; at: number }
 type Answer = number | { status: number; headers: Record<string, string> };

@@ -18,7 +18,7 @@ import type { CancelRegistry } from './cancel-registry.ts';
 import { noSecretWithKey, readSecretValue } from '../domain/secrets.ts';
 import { invokeFunction } from '../domain/bridge/functions.ts';
 import { checkAgainst } from '../domain/bridge/catalog.ts';
-import { AgentInvokeOptions } from '../api/schemas/bridge.ts';
+import { AgentInvokeOptions } from '../domain/shapes/bridge.ts';
 import { withTimeout } from '../domain/with-timeout.ts';
 import { findUnstorable, storableText } from '../domain/storable-json.ts';
 import { callLimit } from '../domain/call-limit.ts';

@@ -1,6 +1,6 @@
 import { defineRoute } from '../route.ts';
-import { ErrorBody } from '../schemas/common.ts';
-import { Definition } from '../schemas/definition.ts';
+import { ErrorBody } from '../../domain/shapes/common.ts';
+import { Definition } from '../../domain/shapes/definition.ts';
 import { exportDefinition } from '../../domain/definition.ts';
 
 export const a2aDefinitionRoutes = [

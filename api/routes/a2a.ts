@@ -1,7 +1,7 @@
 // A2A v0.3: the JSON-RPC endpoint and the agent card. Method logic lives in domain/a2a/.
 import { defineRoute } from '../route.ts';
-import { ErrorBody, FreeObject } from '../schemas/common.ts';
-import { JsonRpcEventStream, JsonRpcResponse } from '../schemas/jsonrpc.ts';
+import { ErrorBody, FreeObject } from '../../domain/shapes/common.ts';
+import { JsonRpcEventStream, JsonRpcResponse } from '../../domain/shapes/jsonrpc.ts';
 import { readJsonRpcBody } from '../middleware/body.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
 import type { Principal } from '../middleware/auth.ts';

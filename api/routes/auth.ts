@@ -1,8 +1,7 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, PageQuery, Paginated, requestErrors, Success } from '../schemas/common.ts';
-import { Uuid } from '../../domain/schemas.ts';
-import { ApiKey, CreateApiKeyRequest, CreatedApiKey } from '../schemas/auth.ts';
+import { ErrorBody, PageQuery, Paginated, requestErrors, Success, Uuid } from '../../domain/shapes/common.ts';
+import { ApiKey, CreateApiKeyRequest, CreatedApiKey } from '../../domain/shapes/auth.ts';
 import { createApiKey, revokeApiKey } from '../../domain/api-keys.ts';
 import { listActive } from '../../db/api-keys.ts';
 import { forgetApiKey } from '../middleware/auth.ts';

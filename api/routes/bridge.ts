@@ -1,12 +1,12 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
 import { clientGone } from '../client-gone.ts';
-import { ErrorBody, FreeObject, kmsErrors, NoInput, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
+import { ErrorBody, FreeObject, kmsErrors, NoInput, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../../domain/shapes/common.ts';
 import {
   BrokeredUserCredential, BrokerRequest, BrokerState, ControllerParams, CreateCredentialRequest, CreateProviderInstanceRequest, Credential, CredentialListQuery, CredentialParams,
   FunctionInstance, FunctionParams, GroupedByFunction, GroupedListQuery, ImportCredentialRequest, InvokeFunctionRequest, InvokeResult, ListedCredential, ProviderController, ProviderInstance, ProviderInstanceDetail,
   OAuthCallbackQuery, ProviderInstanceId, ProviderListQuery, ProviderParams, UpdateProviderInstanceRequest,
-} from '../schemas/bridge.ts';
+} from '../../domain/shapes/bridge.ts';
 import { completeBrokering, startBrokering } from '../../domain/bridge/brokering.ts';
 import { listProviders } from '../../domain/bridge/catalog.ts';
 import { createCredential, deleteCredential, getCredential, importCredential, listCredentials } from '../../domain/bridge/credentials.ts';

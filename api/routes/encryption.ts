@@ -1,12 +1,11 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, kmsErrors, NoControlChars, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
-import { Uuid } from '../../domain/schemas.ts';
+import { ErrorBody, kmsErrors, NoControlChars, PageQuery, Paginated, requestErrors, resourceErrors, Success, Uuid } from '../../domain/shapes/common.ts';
 import {
   Alias, AliasName, CreateAliasRequest, CreateDekRequest, CreateEnvelopeKeyRequest, DataEncryptionKey, DekId, DekListItem,
   EnvelopeId, EnvelopeKey, EnvelopeKeyWithCount, ImportDekRequest, KeyJob, MigrateRequest, UpdateAliasRequest,
   toAlias, toDek, toDekListItem, toEnvelopeKey, toKeyJob,
-} from '../schemas/encryption.ts';
+} from '../../domain/shapes/encryption.ts';
 import * as keys from '../../domain/crypto/key-management.ts';
 import { startMigrateAll } from '../../domain/crypto/dek-migration.ts';
 import { cancelKeyJob, getJob } from '../../domain/crypto/key-jobs.ts';

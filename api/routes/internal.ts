@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, FreeObject, NoInput } from '../schemas/common.ts';
+import { ErrorBody, FreeObject, NoInput } from '../../domain/shapes/common.ts';
 import { publicConfig } from '../../domain/config.ts';
 import { QUEUE_NAMES, oldestWaitingAgeMs, queueConcurrency, queueJobCounts } from '../../queues/names.ts';
 import { SERVICE_VERSION } from '../../domain/version.ts';

@@ -1,7 +1,7 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, NoInput } from '../schemas/common.ts';
-import { AliasName, KeyJob, toKeyJob } from '../schemas/encryption.ts';
+import { ErrorBody, NoInput } from '../../domain/shapes/common.ts';
+import { AliasName, KeyJob, toKeyJob } from '../../domain/shapes/encryption.ts';
 import { startAliasRotation } from '../../domain/alias-rotation.ts';
 
 export const rotationRoutes = [

@@ -1,7 +1,7 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, kmsErrors, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../schemas/common.ts';
-import { CreateSecretRequest, DecryptedSecret, ImportSecretRequest, Secret, SecretIdParams, SecretKeyParams, UpdateSecretRequest } from '../schemas/secret.ts';
+import { ErrorBody, kmsErrors, PageQuery, Paginated, requestErrors, resourceErrors, Success } from '../../domain/shapes/common.ts';
+import { CreateSecretRequest, DecryptedSecret, ImportSecretRequest, Secret, SecretIdParams, SecretKeyParams, UpdateSecretRequest } from '../../domain/shapes/secret.ts';
 import * as secrets from '../../domain/secrets.ts';
 
 const tag = 'secret';

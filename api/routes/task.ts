@@ -1,8 +1,7 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, PageQuery, Paginated, RequiredPageQuery, requestErrors, resourceErrors } from '../schemas/common.ts';
-import { Uuid } from '../../domain/schemas.ts';
-import { ContextInfoPaginatedResponse, CreateMessageRequest, CreateTaskRequest, GetTaskResponse, Message, Task, TaskStatus, TimelineItem, UpdateTaskRequest } from '../schemas/task.ts';
+import { ErrorBody, PageQuery, Paginated, RequiredPageQuery, requestErrors, resourceErrors, Uuid } from '../../domain/shapes/common.ts';
+import { ContextInfoPaginatedResponse, CreateMessageRequest, CreateTaskRequest, GetTaskResponse, Message, Task, TaskStatus, TimelineItem, UpdateTaskRequest } from '../../domain/shapes/task.ts';
 import * as taskDomain from '../../domain/tasks.ts';
 import * as taskRepo from '../../db/tasks.ts';
 import { listMessages } from '../../db/messages.ts';

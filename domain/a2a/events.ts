@@ -6,7 +6,7 @@ import type { Tx } from '../../db/knex.ts';
 import { timelineSince, type TimelineRow } from '../../db/timeline.ts';
 import * as messages from '../../db/messages.ts';
 import { getTask } from '../../db/tasks.ts';
-import type { Message } from '../../api/schemas/task.ts';
+import type { Message } from '../shapes/task.ts';
 import { isInterrupted, isTerminal, type TaskState } from '../task-states.ts';
 import type { TaskFollow } from '../task-waiter.ts';
 import { toA2AArtifact, toA2AMessage } from './mapping.ts';

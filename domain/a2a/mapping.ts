@@ -1,8 +1,8 @@
-// Mapping between our stored shapes (api/schemas/task.ts: snake_case, `type`-tagged parts) and
+// Mapping between our stored shapes (domain/shapes/task.ts: snake_case, `type`-tagged parts) and
 // A2A v0.3 objects (camelCase, `kind`-tagged). Field for field, nothing invented.
 import type { Artifact, Message as A2AMessage, Part, Task as A2ATask, TaskStatus } from '@a2a-js/sdk';
-import type { CreateMessageRequest, Message, MessagePart, Task } from '../../api/schemas/task.ts';
-import type { TimelineItem } from '../../api/schemas/task.ts';
+import type { CreateMessageRequest, Message, MessagePart, Task } from '../shapes/task.ts';
+import type { TimelineItem } from '../shapes/task.ts';
 import type { TaskRow } from '../../db/tasks.ts';
 import { applyArtifactUpdate } from './artifact-merge.ts';
 

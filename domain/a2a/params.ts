@@ -1,15 +1,14 @@
 // Schemas of each A2A v0.3 method's params, compiled once with ajv (and of the request id, for the
 // OpenAPI document's request body: jsonrpc.ts).
 // Objects allow unknown members (A2A is extended by adding fields), but every known member is
-// checked as strictly as the REST API checks the same data (api/schemas/task.ts).
+// checked as strictly as the REST API checks the same data (domain/shapes/task.ts).
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import type { ErrorObject } from 'ajv';
 import { A2AError, JSONRPC } from './errors.ts';
 import { choiceText, compileSchema, errorText, pointerNames, withoutChoiceBranches } from '../schema-check.ts';
 import { memberPath } from '../errors.ts';
-import { Base64 } from '../../api/schemas/common.ts';
-import { PushConfigId, Uuid } from '../schemas.ts';
-import { AcceptedOutputModes, MessageExtensions } from '../../api/schemas/task.ts';
+import { Base64, PushConfigId, Uuid } from '../shapes/common.ts';
+import { AcceptedOutputModes, MessageExtensions } from '../shapes/task.ts';
 
 const Metadata = Type.Record(Type.String(), Type.Unknown());
 const meta = { metadata: Type.Optional(Metadata) };

@@ -9,7 +9,7 @@ import type { Services } from '../services.ts';
 import { Gone, InvalidRequest, NoAnswer, NotFound, Upstream } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
 import { deleteBrokerStatesExpiredBefore, deleteBrokerStatesOf, insertBrokerState, putBackBrokerState, takeBrokerState, type BrokerStateRow, type TakenBrokerState } from '../../db/broker-states.ts';
-import type { BrokerState, Credential } from '../../api/schemas/bridge.ts';
+import type { BrokerState, Credential } from '../shapes/bridge.ts';
 import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
 import { resourceServerCredential, storeCredential, toCredential, unsealCredential } from './credentials.ts';

@@ -5,7 +5,7 @@ import type { TObject } from '@sinclair/typebox';
 import { NotFound } from '../errors.ts';
 import { listPage, type Page } from '../../db/pagination.ts';
 import { checkValid, compileSchema } from '../schema-check.ts';
-import type { CredentialController, FunctionController, ProviderController } from '../../api/schemas/bridge.ts';
+import type { CredentialController, FunctionController, ProviderController } from '../shapes/bridge.ts';
 import type { CredentialControllerDef, FunctionControllerDef, ProviderControllerDef } from './types.ts';
 import type { CatalogPairs, FunctionInstanceRow } from '../../db/bridge.ts';
 import type { Logger } from '../logger.ts';

@@ -12,10 +12,10 @@ import {
   type FunctionInstanceRow, type FunctionTypeInUse,
 } from '../../db/bridge.ts';
 import { holdSnapshot, type HeldSnapshot } from '../../db/snapshot.ts';
-import type { FunctionController } from '../../api/schemas/bridge.ts';
+import type { FunctionController } from '../shapes/bridge.ts';
 import { describedInstances, describeFunction, storedFunctionDef, type DescribedInstance } from './catalog.ts';
 import { SERVICE_VERSION } from '../version.ts';
-import { IDEMPOTENCY_KEY_RULES } from '../schemas.ts';
+import { IDEMPOTENCY_KEY_RULES } from '../shapes/common.ts';
 import type { Logger } from '../logger.ts';
 import { inString, opened, separated, snapshotStreams } from '../json-stream.ts';
 

@@ -6,7 +6,7 @@ import { assertOutboundUrl } from '../webhook-url.ts';
 import { callUpstream, refusalMessage } from './upstream.ts';
 import type { CredentialControllerDef, Plain, UpstreamOptions } from './types.ts';
 import { worded } from '../schema-check.ts';
-import { HttpUrl } from '../../api/schemas/common.ts';
+import { HttpUrl } from '../shapes/common.ts';
 
 const Str = (description: string) => Type.String({ minLength: 1, maxLength: 8192, description });
 // Values sent in an Authorization header: printable ASCII, or every call would fail.

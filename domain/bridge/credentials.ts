@@ -8,7 +8,7 @@ import { DEFAULT_ALIAS } from '../crypto/key-management.ts';
 import * as repo from '../../db/bridge.ts';
 import type { CredentialKind, CredentialRow, ListedCredentialRow } from '../../db/bridge.ts';
 import type { Page } from '../../db/pagination.ts';
-import type { Credential, CreateCredentialRequest, ListedCredential } from '../../api/schemas/bridge.ts';
+import type { Credential, CreateCredentialRequest, ListedCredential } from '../shapes/bridge.ts';
 import { checkAgainst, credentialDef, providerDef } from './catalog.ts';
 import type { CredentialControllerDef, Plain } from './types.ts';
 

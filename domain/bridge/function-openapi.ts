@@ -11,8 +11,7 @@ import { describedInstances, type DescribedInstance } from './catalog.ts';
 import { SERVICE_VERSION } from '../version.ts';
 import type { Logger } from '../logger.ts';
 import { jsonStream, members, opened } from '../json-stream.ts';
-import { ErrorBody } from '../../api/schemas/common.ts';
-import { IdempotencyKey } from '../schemas.ts';
+import { ErrorBody, IdempotencyKey } from '../shapes/common.ts';
 
 // The service's own Error body, as plain JSON Schema (without its $id: this document has no components).
 const { $id: _id, ...errorSchema } = JSON.parse(JSON.stringify(ErrorBody)) as Record<string, unknown>;

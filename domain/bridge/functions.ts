@@ -4,7 +4,7 @@ import { Conflict, NotFound } from '../errors.ts';
 import type { Services } from '../services.ts';
 import { PAGE_MAX_BYTES, pageTokens } from '../../db/pagination.ts';
 import * as repo from '../../db/bridge.ts';
-import type { FunctionInstance, InvokeResult } from '../../api/schemas/bridge.ts';
+import type { FunctionInstance, InvokeResult } from '../shapes/bridge.ts';
 import { PROVIDERS, checkAgainst, credentialDef, describedPage, describeFunction, describeProvider, functionDef, providerDef } from './catalog.ts';
 import { unsealCredential } from './credentials.ts';
 import { credentialAttacher, credentialIds, toFunctionInstance, toProviderInstance } from './provider-instances.ts';

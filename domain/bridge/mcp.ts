@@ -16,7 +16,7 @@ import { CATALOG_PAIRS, checkAgainst, describedPage, PROVIDERS } from './catalog
 import { invokeFunction } from './functions.ts';
 import { sentArguments } from './mcp-envelope.ts';
 import { SERVICE_VERSION } from '../version.ts';
-import { IDEMPOTENCY_KEY_RULES, IdempotencyKey } from '../schemas.ts';
+import { IDEMPOTENCY_KEY_RULES, IdempotencyKey } from '../shapes/common.ts';
 import type { Logger } from '../logger.ts';
 
 // A protocol error as the client should read it. The SDK sends an error's message as it is, and its

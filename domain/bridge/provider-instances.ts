@@ -7,7 +7,7 @@ import type { CredentialKind, ProviderInstanceRow } from '../../db/bridge.ts';
 import type { Tx } from '../../db/knex.ts';
 import type {
   CreateProviderInstanceRequest, FunctionInstance, ProviderInstance, ProviderInstanceDetail, UpdateProviderInstanceRequest,
-} from '../../api/schemas/bridge.ts';
+} from '../shapes/bridge.ts';
 import { credentialDef, describedPage, describeStoredCredential, describeStoredProvider, providerDef, type DescribedInstance } from './catalog.ts';
 import { toCredential } from './credentials.ts';
 import type { CredentialControllerDef } from './types.ts';

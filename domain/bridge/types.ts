@@ -1,7 +1,7 @@
 // What a credential controller, a function controller and a provider controller are to the
 // bridge: descriptions (served by the catalog) plus the code that authorizes and invokes.
 import type { TObject } from '@sinclair/typebox';
-import type { InvokeResult } from '../../api/schemas/bridge.ts';
+import type { InvokeResult } from '../shapes/bridge.ts';
 
 // A provider instance's statuses (refresh_failed: a credential refresh gave up; it needs brokering again).
 export const PROVIDER_STATUSES = ['brokering_initiated', 'active', 'disabled', 'refresh_failed'] as const;

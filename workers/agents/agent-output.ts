@@ -1,7 +1,7 @@
 // What an agent hands the runtime, checked before it is stored: messages in the task API's part
 // shape, artifacts in A2A's. Stored unchecked, a wrong shape reached A2A clients as `parts: [null]`.
 import { Type, type Static } from '@sinclair/typebox';
-import { MessagePart } from '../../api/schemas/task.ts';
+import { MessagePart } from '../../domain/shapes/task.ts';
 import { Part } from '../../domain/a2a/params.ts';
 import { checkValid, compileSchema } from '../../domain/schema-check.ts';
 import { InvalidRequest } from '../../domain/errors.ts';

@@ -31,7 +31,7 @@ import { callSignal } from '../../domain/call-signal.ts';
 import { fetchPublicOnly, fetchUntimed } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import { applyArtifactUpdate, chunkBetween } from '../../domain/a2a/artifact-merge.ts';
-import type { MessagePart } from '../../api/schemas/task.ts';
+import type { MessagePart } from '../../domain/shapes/task.ts';
 import { sameAsStored } from '../../domain/storable-json.ts';
 import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
 import { checkEvent, type StreamEvent } from './remote-answers.ts';

@@ -1,7 +1,7 @@
 // The contract between the agent runtime and an agent: the built-in demo agent, an agent module
 // named by AGENT_MODULE, or the remote A2A bridge all implement AgentHandler.
-import type { Message, MessagePart, Task } from '../../api/schemas/task.ts';
-import type { InvokeResult } from '../../api/schemas/bridge.ts';
+import type { Message, MessagePart, Task } from '../../domain/shapes/task.ts';
+import type { InvokeResult } from '../../domain/shapes/bridge.ts';
 import type { Logger } from '../../domain/logger.ts';
 import type { Artifact } from './agent-output.ts';
 

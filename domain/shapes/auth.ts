@@ -1,7 +1,6 @@
 import { Type } from '@sinclair/typebox';
-import { Body, NoControlChars, Timestamp } from './common.ts';
-import { Uuid } from '../../domain/schemas.ts';
-import { SCOPES } from '../../domain/api-keys.ts';
+import { Body, NoControlChars, Timestamp, Uuid } from './common.ts';
+import { SCOPES } from '../api-keys.ts';
 
 export const Scope = Type.Union(SCOPES.map((s) => Type.Literal(s)));
 

@@ -1,7 +1,6 @@
 import { Type, type Static } from '@sinclair/typebox';
-import { Base64, Body, FreeObject, NoControlChars, Paginated, Timestamp } from './common.ts';
-import { Uuid } from '../../domain/schemas.ts';
-import { TASK_STATES } from '../../domain/task-states.ts';
+import { Base64, Body, FreeObject, NoControlChars, Paginated, Timestamp, Uuid } from './common.ts';
+import { TASK_STATES } from '../task-states.ts';
 
 const meta = { metadata: Type.Optional(FreeObject) };
 export const TextPart = Type.Object({ type: Type.Literal('text-part'), text: Type.String(), ...meta }, { additionalProperties: false });

@@ -1,12 +1,11 @@
 // Bridge shapes (seed: ProviderInstance, FunctionInstance, *Controller, Credential; SPEC.md section 7).
 import { Type, type Static } from '@sinclair/typebox';
-import { Body, FreeObject, HttpUrl, NoControlChars, Timestamp } from './common.ts';
-import { IdempotencyKey, Uuid } from '../../domain/schemas.ts';
+import { Body, FreeObject, HttpUrl, NoControlChars, Timestamp, IdempotencyKey, Uuid } from './common.ts';
 import { AliasName } from './encryption.ts';
-import { worded } from '../../domain/schema-check.ts';
-import { HEADER_TOKEN_OR_EMPTY_PATTERN } from '../../domain/bridge/credential-controllers.ts';
+import { worded } from '../schema-check.ts';
+import { HEADER_TOKEN_OR_EMPTY_PATTERN } from '../bridge/credential-controllers.ts';
 import { CREDENTIAL_USERS_SHOWN } from '../../db/bridge.ts';
-import { PROVIDER_STATUSES } from '../../domain/bridge/types.ts';
+import { PROVIDER_STATUSES } from '../bridge/types.ts';
 
 export const ProviderInstanceId = Type.String({ pattern: worded('^[A-Za-z0-9_-]{1,64}$', 'must be 1 to 64 of A-Z a-z 0-9 _ -'), description: '1..64 of A-Z a-z 0-9 _ -' });
 export const ControllerTypeId = Type.String({ pattern: worded('^[a-z0-9_]{1,64}$', 'must be 1 to 64 of a-z 0-9 _') });
@@ -52,7 +51,7 @@ export const ProviderController = Type.Object({
 }, { $id: 'ProviderController' });
 export type ProviderController = Static<typeof ProviderController>;
 
-// Also the definition export's credential and provider shapes (api/schemas/definition.ts).
+// Also the definition export's credential and provider shapes (definition.ts).
 export const credentialFields = {
   id: Uuid,
   type_id: Type.String({ description: 'the credential controller' }),

@@ -1,6 +1,5 @@
 import { Type, type Static } from '@sinclair/typebox';
-import { FreeObject, Timestamp } from './common.ts';
-import { Uuid } from '../../domain/schemas.ts';
+import { FreeObject, Timestamp, Uuid } from './common.ts';
 import { ControllerTypeId, credentialFields, providerInstanceFields } from './bridge.ts';
 import { AliasName, DekId, EnvelopeKey, NewAliasName, NewDekId } from './encryption.ts';
 import { NewSecretKey } from './secret.ts';

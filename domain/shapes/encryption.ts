@@ -1,11 +1,10 @@
 import { Type } from '@sinclair/typebox';
-import { Body, FreeObject, NoControlChars, NotDotSegment, Timestamp } from './common.ts';
-import { Uuid } from '../../domain/schemas.ts';
+import { Body, FreeObject, NoControlChars, NotDotSegment, Timestamp, Uuid } from './common.ts';
 import type { EnvelopeKeyRow } from '../../db/envelope-keys.ts';
 import type { AliasRow, DekListRow, DekRow } from '../../db/deks.ts';
 import type { KeyJobRow } from '../../db/key-jobs.ts';
-import { worded } from '../../domain/schema-check.ts';
-import { KEY_JOB_ENDED, KEY_JOB_OPEN } from '../../domain/key-job-states.ts';
+import { worded } from '../schema-check.ts';
+import { KEY_JOB_ENDED, KEY_JOB_OPEN } from '../key-job-states.ts';
 
 export const FileName = Type.String({ pattern: worded('^[A-Za-z0-9_.-]{1,255}$', 'must be a file name: 1 to 255 of A-Z a-z 0-9 _ . -'), description: 'plain file name under KEYS_DIR (no separators, no "..")' });
 const dekId = { pattern: worded('^[A-Za-z0-9_.:-]{1,200}$', 'must be 1 to 200 of A-Z a-z 0-9 _ . : -'), description: 'DEK id: a UUID unless given at creation' };

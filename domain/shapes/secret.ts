@@ -1,8 +1,7 @@
 import { Type, type Static } from '@sinclair/typebox';
-import { Body, Timestamp } from './common.ts';
-import { Uuid } from '../../domain/schemas.ts';
+import { Body, Timestamp, Uuid } from './common.ts';
 import { AliasName, DekId } from './encryption.ts';
-import { worded } from '../../domain/schema-check.ts';
+import { worded } from '../schema-check.ts';
 
 const secretKey = {
   minLength: 1, maxLength: 256, pattern: worded('^[A-Za-z0-9_./-]+$', 'must be made of A-Z a-z 0-9 _ . / -'),
