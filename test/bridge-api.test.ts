@@ -26,9 +26,13 @@ const NO_HEADER_TOKENS: Record<string, string> = { 'unicode@example.iam': 'at\u0
 // Answers like the provider APIs: refunds (pi_refused is refused, pi_boom fails on Stripe's
 // side, pi_slow answers after 3 s, pi_deep nests 5,000 levels deep), Gmail send, and an RFC 7523 token endpoint that checks the assertion's signature
 // (bar NO_HEADER_TOKENS' issuers).
+// Refunds honour an Idempotency-Key as Stripe does: a repeat of a key gets the first answer (a
+// refusal too) without refunding again, or 400 when its params differ; `made.refunds` counts refunds made.
 // Refusals that quote the credential they got: refund pi_echo, a mail with subject "echo", an assertion from echo@example.iam.
-function startProviders(): Promise<{ server: http.Server; url: string; seen: Seen[] }> {
+function startProviders(): Promise<{ server: http.Server; url: string; seen: Seen[]; made: { refunds: number } }> {
   const seen: Seen[] = [];
+  const made = { refunds: 0 };
+  const byKey = new Map<string, { body: string; status: number; json: unknown }>();
   const server = http.createServer((req, res) => {
     let body = '';
     req.on('data', (c) => (body += c));
@@ -37,8 +41,18 @@ function startProviders(): Promise<{ server: http.Server; url: string; seen: See
       const send = (status: number, json: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(json));
       if (req.url === '/v1/refunds') {
         if (req.headers.authorization !== `Bearer ${STRIPE_KEY}`) return send(401, { error: { message: 'Invalid API Key provided' } });
+        const key = req.headers['idempotency-key'] as string | undefined;
+        const first = key === undefined ? undefined : byKey.get(key);
+        if (first) {
+          return first.body === body ? send(first.status, first.json)
+            : send(400, { error: { type: 'idempotency_error', message: 'Keys for idempotent requests can only be used with the same parameters they were first used with.' } });
+        }
+        const answer = (status: number, json: unknown) => {
+          if (key !== undefined) byKey.set(key, { body, status, json });
+          send(status, json);
+        };
         const form = new URLSearchParams(body);
-        if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
+        if (form.get('payment_intent') === 'pi_refused') return answer(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
         if (form.get('payment_intent') === 'pi_echo') return send(400, { error: { message: `No such payment_intent for key ${STRIPE_KEY} (${req.headers.authorization})` } });
         if (form.get('payment_intent') === 'pi_boom') return send(500, { error: { message: 'internal' } });
         if (form.get('payment_intent') === 'pi_slow') return void setTimeout(() => send(200, { id: 're_late', object: 'refund' }), 3000);
@@ -47,7 +61,8 @@ function startProviders(): Promise<{ server: http.Server; url: string; seen: See
           res.writeHead(200, { 'content-type': 'application/json' }).write('{"id": "re_');
           return void setTimeout(() => res.destroy(), 50);
         }
-        return send(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
+        made.refunds++;
+        return answer(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
       }
       if (req.url === '/gmail/v1/users/me/messages/send') {
         if (!['Bearer jwt-access', `Bearer ${ACCESS_TOKEN}`].includes(req.headers.authorization ?? '')) return send(401, { error: { message: 'Request had invalid authentication credentials.' } });
@@ -68,7 +83,7 @@ function startProviders(): Promise<{ server: http.Server; url: string; seen: See
       return send(404, { error: { message: 'no such route' } });
     });
   });
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen })));
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen, made })));
 }
 
 describe('bridge API', () => {
@@ -553,7 +568,8 @@ describe('bridge API', () => {
     assert.equal(done.status.state, 'completed');
     assert.deepEqual(done.status.message.parts, [{ kind: 'data', data: { result: { type: 'success', id: 're_1', object: 'refund', amount: 250, status: 'succeeded', payment_intent: null } } }]);
     assert.equal(lastSeen('/v1/refunds').body, 'charge=ch_9&amount=250');
-    assert.equal(lastSeen('/v1/refunds').headers['idempotency-key'], undefined);
+    const asked = await testDb()('messages').where({ task_id: done.id, role: 'user' }).first();
+    assert.equal(lastSeen('/v1/refunds').headers['idempotency-key'], `taskbridge-run:${done.id}:${asked.id}:1`, "the run's first call's key when the agent gives none");
     // A key of the agent's (one a retried run sends again) goes to Stripe; one that could not is refused.
     const keyed = (await send({ provider_instance_id: 'stripe-agent', function_type_id: 'stripe_process_refund', params: { charge: 'ch_9' }, options: { idempotencyKey: 'task-1:refund' } })).body.result;
     assert.equal(keyed.status.state, 'completed');
@@ -567,6 +583,27 @@ describe('bridge API', () => {
     const refused = (await send({ provider_instance_id: 'stripe-agent', function_type_id: 'stripe_process_refund', params: { amount: -1 } })).body.result;
     assert.equal(refused.status.state, 'failed');
     assert.equal(refused.status.message.parts[0].text, 'invoke refused: Invalid params: params must have exactly one of payment_intent or charge');
+  });
+
+  it("an agent run tried again sends its bridge calls with the first try's keys: Stripe answers them with the first refunds, made once", async () => {
+    // stripe-agent: enabled by the test above. Before, an agent's calls carried no key unless it gave
+    // one, and the run tried again refunded again (4 refunds made for 2).
+    const refunds = providers.made.refunds;
+    const seen = providers.seen.length;
+    const sent = await c.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'message/send', params: { message: { kind: 'message', messageId: randomUUID(), role: 'user',
+      parts: [{ kind: 'text', text: JSON.stringify({ provider_instance_id: 'stripe-agent', function_type_id: 'stripe_process_refund', params: { charge: 'ch_twice' }, calls: 2, retry: true }) }] } } });
+    const task = sent.body.result;
+    assert.equal(task.status.state, 'completed', sent.text);
+    assert.equal(providers.made.refunds, refunds + 2, 'each call refunded once');
+    const asked = await testDb()('messages').where({ task_id: task.id, role: 'user' }).first();
+    const keys = providers.seen.slice(seen).filter((s) => s.url === '/v1/refunds').map((s) => s.headers['idempotency-key']);
+    // Numbered by the call's place in the run, the same on each try.
+    const key = (n: number) => `taskbridge-run:${task.id}:${asked.id}:${n}`;
+    assert.deepEqual(keys, [key(1), key(2), key(1), key(2)]);
+    const tried = (await c.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: task.id } })).body.result;
+    const firstTry = tried.history.find((m: any) => m.role === 'agent').parts[0].data;
+    assert.equal(firstTry.results.length, 2);
+    assert.deepEqual(task.status.message.parts[0].data, firstTry, 'the second try got the first refunds');
   });
 
   it('deletes an instance with its function instances and the credentials only it used', async () => {

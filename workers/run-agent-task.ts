@@ -16,7 +16,7 @@ import { agentMessage, checkArtifact } from './agents/agent-output.ts';
 import { failRun } from './fail-run.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 import { noSecretWithKey, readSecretValue } from '../domain/secrets.ts';
-import { invokeFunction } from '../domain/bridge/functions.ts';
+import { agentCallKey, invokeFunction } from '../domain/bridge/functions.ts';
 import { checkAgainst } from '../domain/bridge/catalog.ts';
 import { AgentInvokeOptions } from '../domain/shapes/bridge.ts';
 import { withTimeout } from '../domain/with-timeout.ts';
@@ -109,6 +109,7 @@ function agentContext(
   const { taskId, messageId, attempt, state, trigger, signal, log: runLog } = run;
   const inTurn = callLimit(CALLS_PER_RUN);
   const invokeInTurn = callLimit(CALLS_PER_RUN);
+  let invocations = 0;
   const history = state.history.map(({ seq: _s, ...m }) => m);
   const { seq: _seq, ...message } = trigger;
 
@@ -151,15 +152,19 @@ function agentContext(
       return artifactId;
     })),
     readSecret: (key) => inTurn(() => whileRunning(() => ours(() => readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', noSecretWithKey))))),
-    invokeFunction: (providerInstanceId, functionTypeId, params, options = {}) =>
-      invokeInTurn(() => whileRunning(() => ours(async () => {
+    invokeFunction: (providerInstanceId, functionTypeId, params, options = {}) => {
+      // Numbered as the agent makes its calls, not as they get their turn: a try of the run again
+      // numbers them alike.
+      const ordinal = ++invocations;
+      return invokeInTurn(() => whileRunning(() => ours(async () => {
         checkAgainst(AgentInvokeOptions, options, 'options');
         return invokeFunction(
           services, lookupName(providerInstanceId, 'ctx.invokeFunction: the provider instance id', notFoundAs('provider_instance')),
           lookupName(functionTypeId, 'ctx.invokeFunction: the function type id', notFoundAs('function_controller')), params,
-          { paramsPath: 'params', signal, log: runLog, idempotencyKey: options.idempotencyKey },
+          { paramsPath: 'params', signal, log: runLog, idempotencyKey: options.idempotencyKey ?? agentCallKey(taskId, messageId, ordinal) },
         );
-      }))),
+      })));
+    },
     log: runLog,
   };
 }

@@ -47,6 +47,12 @@ const WHAT_ACTIVATES: Record<Exclude<repo.ProviderInstanceRow['status'], 'active
   disabled: 'an admin disabled it (PATCH status active enables it)',
 };
 
+// The idempotency key of an agent run's nth bridge call when the agent gives none: the same on every
+// try of the run (a retry, a takeover after its worker died), so a provider that honours keys
+// (Stripe) answers the repeat with the first call's answer; another for the task's next message.
+// Ids, not the client's messageId (up to 256 characters), keep it within the key's 255.
+export const agentCallKey = (taskId: string, messageId: string, ordinal: number) => `taskbridge-run:${taskId}:${messageId}:${ordinal}`;
+
 // Params are checked first (400), then that the function is enabled (404) and the instance
 // usable (409). A provider's refusal is an `error` result; an unreachable provider a 502.
 // `paramsPath` names the params in errors: where the caller sent them; `signal` abandons the call

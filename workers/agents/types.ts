@@ -28,8 +28,9 @@ export interface AgentContext {
    * Invokes a function enabled on a bridge provider instance, as POST .../invoke does: resolves to
    * `{type: 'success', ...output}` or `{type: 'error', message}` (the provider refused); throws for
    * bad params, a function not enabled, an instance not active or an unreachable provider.
-   * `idempotencyKey`: sent to providers that honour one (Stripe), so that a retried run (say, one
-   * keyed by the task id) does not act twice.
+   * `idempotencyKey`: sent to providers that honour one (Stripe), so that a retried run does not act
+   * twice; without one, the call's key is `taskbridge-run:<task id>:<message.id>:<n>` for the run's
+   * nth call, the same on every try of the run.
    */
   invokeFunction(providerInstanceId: string, functionTypeId: string, params: Record<string, unknown>, options?: { idempotencyKey?: string }): Promise<InvokeResult>;
   /** A logger tagged with the task id (pino). */
