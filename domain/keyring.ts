@@ -170,14 +170,24 @@ const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 // is a bad request naming the field, not damage on our side. So is a plaintext a write could not
 // send: bytes that are not UTF-8 (decoding would replace them, storing another value than was sealed)
 // or a NUL character (refused in every request body).
-export async function decryptImported(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, path: string, trx?: Tx, purposes?: readonly (string | undefined)[]): Promise<string> {
+// `purpose`: what it must have been sealed for, and what to answer when it was sealed for none, as a
+// secret's value is (undefined: sealed for none). Never a fallback to none: such a value could be a
+// secret's ciphertext, which secret:read shows.
+export async function decryptImported(s: Pick<Services, 'db' | 'cfg'>, dekId: string, ciphertext: string, path: string, trx?: Tx, purpose?: { aad: string; unbound: string }): Promise<string> {
   // `detail`: the field's message, where the summary names more than the field can (the DEK).
   const refuse = (why: string, detail = why) => new InvalidRequest(`${path.replace(/^body\./, '')} ${why}`, [{ path, message: detail }]);
-  let plain: Buffer;
-  try {
-    plain = await openWithDek(s, dekId, ciphertext, trx, purposes);
-  } catch (err) {
-    if (!(err instanceof DecryptError)) throw err;
+  const opens = async (aad?: string) => {
+    try {
+      return await openWithDek(s, dekId, ciphertext, trx, [aad]);
+    } catch (err) {
+      if (err instanceof DecryptError) return undefined;
+      throw err;
+    }
+  };
+  const plain = await opens(purpose?.aad);
+  if (!plain) {
+    // Opened only to say why it is refused; its plaintext is dropped.
+    if (purpose && await opens()) throw refuse(purpose.unbound);
     throw refuse(`does not decrypt with DEK '${dekId}'`, 'does not decrypt with this DEK');
   }
   let text: string;

@@ -107,17 +107,29 @@ describe('credential import: credentials from the definition export are re-appli
     assert.equal((await c.get('/api/secret/v1/key/smuggled')).status, 404);
     const listed = await c.get('/api/secret/v1/list-decrypted?page_size=1000');
     assert.ok(!listed.text.includes(STRIPE_KEY));
+  });
 
-    // A value sealed without a purpose (as credentials were before they had one) still imports as a
-    // credential, and is sealed for its purpose from then on.
-    const older = `sk_test_${randomUUID().replace(/-/g, '')}`;
-    assert.equal((await c.post('/api/secret/v1', { key: 'older-credential', raw_value: older, dek_alias: 'default' })).status, 201);
-    const sealedBefore = (await c.get('/api/a2a/v1/definition')).body.secrets.find((x: { key: string }) => x.key === 'older-credential');
-    const imported = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, { value: { api_key: sealedBefore.encrypted_value }, data_encryption_key_id: sealedBefore.data_encryption_key_id });
-    assert.equal(imported.status, 201, imported.text);
-    const stored = await testDb()('bridge_credentials').where({ id: imported.body.id }).first();
-    const again = await c.post('/api/secret/v1/import', { key: 'smuggled', encrypted_value: stored.value.api_key, dek_alias: 'default', data_encryption_key_id: stored.dek_id });
-    assert.equal(again.status, 400, again.text);
+  it("a secret's ciphertext does not import as a credential member: refused naming the member, nothing stored", async () => {
+    const secretValue = `sk_test_${randomUUID().replace(/-/g, '')}`;
+    const created = await c.post('/api/secret/v1', { key: 'not-a-credential', raw_value: secretValue, dek_alias: 'default' });
+    assert.equal(created.status, 201, created.text);
+    // Read as a client with secret:read reads it: its stored ciphertext, under the DEK its alias names.
+    const reader = (await c.post('/api/auth/v1/api-key', { name: 'secret-reader', scopes: ['secret:read'] })).body.key;
+    const secret = (await c.as(reader).get(`/api/secret/v1/${created.body.id}`)).body;
+    const importer = (await c.post('/api/auth/v1/api-key', { name: 'smuggler', scopes: ['bridge:write', 'secret:decrypt'] })).body.key;
+    const before = await credentials();
+    const dek = (await c.get('/api/encryption/v1/dek/alias/default')).body.id;
+    for (const body of [
+      { value: { api_key: secret.encrypted_secret }, dek_alias: secret.dek_alias },
+      { value: { api_key: secret.encrypted_secret }, data_encryption_key_id: dek },
+    ]) {
+      const r = await c.as(importer).post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, body);
+      assert.equal(r.status, 400, r.text);
+      assert.match(r.body.message, /^value\.api_key is sealed without the associated data 'taskbridge:credential:api_key' of a credential member, as a secret's value is: not imported/);
+      assert.deepEqual(r.body.data.errors.map((e: { path: string }) => e.path), ['body.value.api_key']);
+      assert.ok(!r.text.includes(secretValue));
+    }
+    assert.equal(await credentials(), before);
   });
 
   it('a credential stored before purposes were bound still works, and an alias rotation seals it for its purpose', async () => {
@@ -136,6 +148,17 @@ describe('credential import: credentials from the definition export are re-appli
     const invoke = () => c.post(`${B}/provider/legacy/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_legacy' } });
     assert.equal((await invoke()).status, 200);
     assert.equal(stripe.seen.at(-1)!.authorization, `Bearer ${legacyKey}`);
+    // Its export carries the member as stored, sealed for no purpose: refused, as a secret's ciphertext is.
+    const importUrl = `${avail('stripe', 'api_key')}/credential/resource-server/import`;
+    const exportedLegacy = async () => {
+      const { id: _id, ...body } = (await c.get('/api/a2a/v1/definition')).body.providers.find((p: { id: string }) => p.id === 'legacy').resource_server_credential;
+      return body;
+    };
+    const count = await credentials();
+    const refused = await c.post(importUrl, await exportedLegacy());
+    assert.equal(refused.status, 400, refused.text);
+    assert.match(refused.body.message, /^value\.api_key is sealed without the associated data .*rotated or it is written again/);
+    assert.equal(await credentials(), count);
 
     const worker = await startWorker(stack.env);
     try {
@@ -152,6 +175,9 @@ describe('credential import: credentials from the definition export are re-appli
     assert.match(smuggle.body.message, /encrypted_value does not decrypt with DEK/);
     assert.equal((await invoke()).status, 200);
     assert.equal(stripe.seen.at(-1)!.authorization, `Bearer ${legacyKey}`);
+    // Rotated, it exports sealed for its purpose, and imports.
+    const imported = await c.post(importUrl, await exportedLegacy());
+    assert.equal(imported.status, 201, imported.text);
   });
 
   it('refuses values that do not decrypt, fail the schema, or name an unknown alias, storing nothing', async () => {

@@ -29,7 +29,7 @@ const credentialRoute = (kind: 'resource_server' | 'user', path: string, operati
 // secret:decrypt too: an import puts a ciphertext's plaintext to use.
 const importRoute = (kind: 'resource_server' | 'user', path: string, operationId: string, what: string) => defineRoute({
   method: 'post', path, operationId, tag, scope: ['bridge:write', 'secret:decrypt'],
-  summary: `Import a ${what} as GET /api/a2a/v1/definition exports it: its sensitive members must decrypt with data_encryption_key_id, or the DEK of dek_alias (default: default); `
+  summary: `Import a ${what} as GET /api/a2a/v1/definition exports it: its sensitive members must decrypt with data_encryption_key_id, or the DEK of dek_alias (default: default), sealed as credential members (400 for one sealed as a secret is, without associated data); `
     + 'keeps the exported id when given',
   params: ControllerParams, body: ImportCredentialRequest,
   responses: { 201: Credential, ...resourceErrors, 409: ErrorBody, ...kmsErrors },

@@ -88,7 +88,7 @@ export async function importCredential(
   if (notText) throw new InvalidRequest(`body.value.${notText} must be a string (its ciphertext, as exported)`, [{ path: `body.value.${notText}`, message: 'must be a string' }]);
   const alias = input.dek_alias ?? DEFAULT_ALIAS;
   const sealedWith = input.data_encryption_key_id ?? await resolveAlias(s.db, alias);
-  const plain = await mapSensitive(cc, kind, input.value, (member, v) => decryptImported(s, sealedWith, v, `body.value.${member}`, undefined, openableAs(member)));
+  const plain = await mapSensitive(cc, kind, input.value, (member, v) => decryptImported(s, sealedWith, v, `body.value.${member}`, undefined, importableAs(member)));
   // Checked (which may resolve names) before the alias is held: holding it blocks a rotation's repoint.
   const checked = await checkedValue(s, cc, kind, plain);
   const row = await writeUnderAlias(s, alias, (trx, dekId) =>
@@ -141,9 +141,15 @@ async function mapSensitive(cc: CredentialControllerDef, kind: CredentialKind, v
 // which definition exports show, then do not open as secrets, which secret import would decrypt
 // for a client, and credential values are never to be returned (SPEC section 7).
 const sealedFor = (member: string) => `taskbridge:credential:${member}`;
-// Members sealed before purposes were bound open without one, until their alias is rotated or the
-// credential written again (both seal them bound).
+// Members stored before purposes were bound open without one, until their alias is rotated or the
+// credential written again (both seal them bound). Not so an import's: a member sealed for no purpose
+// may be a secret's ciphertext, whose plaintext the credential would then send upstream.
 const openableAs = (member: string) => [sealedFor(member), undefined];
+const importableAs = (member: string) => ({
+  aad: sealedFor(member),
+  unbound: `is sealed without the associated data '${sealedFor(member)}' of a credential member, as a secret's value is: `
+    + 'not imported. A credential stored before 2026-11-24 is exported so until its alias is rotated or it is written again: do that on the source and export it again',
+});
 
 // A credential value with its sensitive members encrypted under `dekId`.
 export function sealCredential(s: KeyringServices, cc: CredentialControllerDef, kind: CredentialKind, plain: Plain, dekId: string, trx: Knex.Transaction): Promise<Plain> {
