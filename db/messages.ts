@@ -71,7 +71,8 @@ export async function taskOpenedBy(db: Tx, clientMessageId: string): Promise<str
 
 // The first message of a task with `m`'s sender id, role and content (parts, metadata, extensions,
 // reference ids as stored), if it holds one: a retried send (domain/tasks.ts). jsonb and array
-// equality, so key order does not matter. Read through messages (task_id, seq): that task's rows only.
+// equality, so key order does not matter. Read through the index of sender ids (migration 0039): that
+// task's messages with that id only (callers hold the task's row lock while it runs).
 // `opening`: only the message that opened the task (a retried first send); a later message of the
 // task that reuses the sender id did not create it.
 export async function findSameMessage(db: Tx, m: Message, opening = false): Promise<MessageRow | undefined> {

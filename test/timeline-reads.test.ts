@@ -3,63 +3,16 @@
 // progress status updates, so a read of a few of its items must not walk all of them.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import pg from 'pg';
 import { resetDb, testDb } from './helpers/stack.ts';
 import { getTaskView } from '../db/tasks.ts';
 import { listArtifactItems } from '../db/timeline-views.ts';
 import { messageItem, statusChangedAfter } from '../db/timeline.ts';
 import { timelineAt } from '../db/push-configs.ts';
+import { plansOn, rowsRead, statementsOn, type Sent } from './helpers/plans.ts';
 
-interface Sent { text: string; values: unknown[] }
-
-// The statements that name timeline_items sent through any pg client while `run` runs (knex's and
-// the prepared reads of db/knex.ts pgQuery alike).
-async function statementsOf(run: () => Promise<unknown>): Promise<Sent[]> {
-  const seen: Sent[] = [];
-  const proto = pg.Client.prototype as unknown as { query: (...args: unknown[]) => unknown };
-  const original = proto.query;
-  proto.query = function (this: unknown, ...args: unknown[]) {
-    const [config, values] = args;
-    const text = typeof config === 'string' ? config : (config as { text?: string })?.text;
-    if (text?.includes('timeline_items')) seen.push({ text, values: (typeof config === 'string' ? values : (config as { values?: unknown[] }).values) as unknown[] ?? [] });
-    return original.apply(this, args);
-  };
-  try {
-    await run();
-  } finally {
-    proto.query = original;
-  }
-  return seen;
-}
-
-// The timeline_items rows the statements' plans read: those their scans returned and those their
-// filters dropped, over all their loops.
-async function timelineRowsRead(statements: Sent[]): Promise<number> {
-  return (await timelinePlans(statements)).reduce((sum, node) => {
-    const n = (k: string) => Number(node[k] ?? 0);
-    return sum + (n('Actual Rows') + n('Rows Removed by Filter') + n('Rows Removed by Index Recheck')) * n('Actual Loops');
-  }, 0);
-}
-
-// The plan nodes of each statement that read timeline_items.
-async function timelinePlans(statements: Sent[]): Promise<Record<string, unknown>[]> {
-  const nodes: Record<string, unknown>[] = [];
-  const client = testDb().client as { acquireConnection(): Promise<pg.Client>; releaseConnection(c: pg.Client): Promise<void> };
-  const connection = await client.acquireConnection();
-  try {
-    for (const s of statements) {
-      const { rows: [row] } = await connection.query(`explain (analyze, format json) ${s.text}`, s.values);
-      const walk = (node: Record<string, unknown>) => {
-        if (node['Relation Name'] === 'timeline_items') nodes.push(node);
-        for (const child of (node.Plans ?? []) as Record<string, unknown>[]) walk(child);
-      };
-      walk(row['QUERY PLAN'][0].Plan);
-    }
-  } finally {
-    await client.releaseConnection(connection);
-  }
-  return nodes;
-}
+const statementsOf = (run: () => Promise<unknown>) => statementsOn('timeline_items', run);
+const timelineRowsRead = (statements: Sent[]) => rowsRead('timeline_items', statements);
+const timelinePlans = (statements: Sent[]) => plansOn('timeline_items', statements);
 
 describe('reads of a long task\'s timeline', function () {
   this.timeout(60_000);
