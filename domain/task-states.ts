@@ -58,3 +58,12 @@ export function assertTransition(from: TaskState, to: TaskState): void {
     throw new Conflict(`Illegal status transition from '${from}' to '${to}': ${why}`, { from, to });
   }
 }
+
+// A client's working -> working is a progress update: its message is the update (SPEC section 3).
+// Without one it would say nothing, yet append a timeline item (which no byte cap counts) and drop
+// the task's status message. (An agent run's progress may go without one: ctx.setStatus.)
+export function assertProgressMessage(from: TaskState, to: TaskState, withMessage: boolean): void {
+  if (from === 'working' && to === 'working' && !withMessage) {
+    throw new Conflict(`Status 'working' of a working task is a progress update: it needs its progress message ('message')`, { from, to });
+  }
+}

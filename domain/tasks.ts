@@ -9,7 +9,7 @@ import * as timeline from '../db/timeline.ts';
 import { artifactBytes, lastTimelineSeq } from '../db/timeline-views.ts';
 import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineItem } from './shapes/task.ts';
 import { Conflict, NotFound, PayloadTooLarge } from './errors.ts';
-import { assertTransition, isInterrupted, isTerminal, RUN_STARTS_FROM, type TaskState } from './task-states.ts';
+import { assertProgressMessage, assertTransition, isInterrupted, isTerminal, RUN_STARTS_FROM, type TaskState } from './task-states.ts';
 import { afterCommit, inTransaction, type UnitOfWork, type UowServices } from './unit-of-work.ts';
 import { newOutboxRow, type OutboxRow } from '../db/outbox.ts';
 import { sameAsStored } from './storable-json.ts';
@@ -334,6 +334,7 @@ export async function addMessage(s: UowServices & Pick<Services, 'cfg'>, taskId:
 export async function updateStatus(s: UowServices & Pick<Services, 'cfg'>, taskId: string, to: TaskState, message?: CreateMessageRequest): Promise<Task> {
   return inTransaction(s, async (uow) => {
     const task = await lockTask(uow.trx, taskId);
+    assertProgressMessage(task.status, to, message !== undefined);
     return changeStatus(uow, task, to, s.cfg.TASK_MESSAGES_MAX_BYTES, message);
   });
 }

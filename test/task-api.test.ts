@@ -466,8 +466,10 @@ describe('task API', () => {
       ];
       for (const steps of paths) {
         const { task } = await create();
-        for (const status of steps) {
-          const r = await put(task.id, { status });
+        for (const [i, status] of steps.entries()) {
+          // working -> working is a progress update, with its message
+          const progress = steps[i - 1] === 'working' && status === 'working' ? { message: textMessage('halfway', 'agent') } : {};
+          const r = await put(task.id, { status, ...progress });
           assert.equal(r.status, 200, `${steps.join('>')} at ${status}: ${r.text}`);
           assert.equal(r.body.status, status);
         }
@@ -495,6 +497,22 @@ describe('task API', () => {
         assert.deepEqual(await counts(), beforeCounts);
       });
     }
+
+    it('answers 409 to working -> working without a progress message, and changes nothing', async () => {
+      const { task } = await create();
+      assert.equal((await put(task.id, { status: 'working', message: textMessage('started', 'agent') })).status, 200);
+      const before = await stack.client.get(`/api/task/v1/${task.id}`);
+      const beforeCounts = await counts();
+      const r = await put(task.id, { status: 'working' });
+      assertError(r, 409, 'conflict');
+      assert.equal(r.body.message, `Status 'working' of a working task is a progress update: it needs its progress message ('message')`);
+      assert.deepEqual(r.body.data, { code: 'conflict', from: 'working', to: 'working' });
+      assert.deepEqual((await stack.client.get(`/api/task/v1/${task.id}`)).body, before.body);
+      assert.deepEqual(await counts(), beforeCounts);
+      const progress = await put(task.id, { status: 'working', message: textMessage('halfway', 'agent') });
+      assert.equal(progress.status, 200);
+      assert.notEqual(progress.body.status_message_id, before.body.task.status_message_id);
+    });
 
     it('answers 404 for an unknown task, 400 for a bad status, unknown member or non-UUID id', async () => {
       assertError(await put(randomUUID(), { status: 'working' }), 404, 'not_found');
