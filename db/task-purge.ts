@@ -1,6 +1,7 @@
 // Deletes ended tasks past their retention (TASK_RETENTION_DAYS; domain/task-retention.ts).
 // A task's messages, timeline, push configs and remote-task link go with it (ON DELETE CASCADE);
-// a context goes when its last task does, and one that stays is listed with its first task left's time.
+// a context goes when its last task does, and one that stays keeps its created_at (the time it was
+// made with its first task): list-contexts pages on it.
 import type { Knex } from 'knex';
 import { TERMINAL_STATES } from '../domain/task-states.ts';
 import { statementTimedOut } from '../domain/errors.ts';
@@ -35,7 +36,6 @@ export async function purgeEndedTasks(db: Knex, before: Date, limit: number): Pr
     const contextIds = [...new Set((gone as { context_id: string }[]).map((r) => r.context_id))];
     await lockContexts(trx, contextIds);
     const contexts = await deleteEmptyContexts(trx, contextIds);
-    await restampContexts(trx, contextIds);
     return { tasks: gone.length, contexts };
   });
 }
@@ -63,25 +63,13 @@ export async function thinNextEndedTask(db: Knex, before: Date, chunk: number): 
   return deleted;
 }
 
-// The contexts the purge may delete or restamp, locked before either, in id order. An intake locks
-// each existing context it writes to until it commits (insertTaskBundles: its on conflict update),
-// in id order: locked one statement at a time (the emptied ones deleted, then the kept ones
-// restamped), the purge could hold a context an intake still needs while waiting for one that intake
-// holds, a deadlock (40P01). An intake into one of them now waits for the purge's commit, or the
-// purge for the intake's.
+// The contexts the purge may delete, locked before, in id order. An intake's foreign key checks lock
+// the existing contexts it writes to (KEY SHARE) until it commits, in id order (insertTaskBundles):
+// locked as the delete comes on them, the purge could hold a context an intake still needs while
+// waiting for one that intake holds, a deadlock (40P01). An intake into one of them now waits for the
+// purge's commit, or the purge for the intake's.
 async function lockContexts(trx: Knex.Transaction, ids: string[]): Promise<void> {
   await trx.raw(`select id from contexts where id = any(?::uuid[]) order by id for update`, [ids]);
-}
-
-// A context is listed with the created_at of its first task: one that kept tasks takes that of its
-// first task left. The purge's last statement. Each context's first task is one probe of the
-// (context_id, created_at, id) index: a min() grouped by context read every task of the context (a
-// table scan for a context holding most tasks), which outlasted DB_QUERY_TIMEOUT_MS at every pass.
-async function restampContexts(trx: Knex.Transaction, ids: string[]): Promise<void> {
-  await trx.raw(`update contexts c set created_at = f.first from (
-      select k.id, (select t.created_at from tasks t where t.context_id = k.id order by t.created_at limit 1) as first
-        from unnest(?::uuid[]) as k(id)) f
-    where c.id = f.id and c.created_at < f.first`, [ids]);
 }
 
 // A task written in one of these contexts meanwhile by a writer that does not lock the context

@@ -66,7 +66,7 @@ describe('statement batcher (task intake)', () => {
 });
 
 describe('task intake and contexts', () => {
-  it('lists a context with its first task\'s time when a later task of it was written first (two statements racing)', async () => {
+  it('a context keeps the time it was made with: a task of it stamped earlier (another API\'s clock) and written later does not move it', async () => {
     const first = bundle('first');
     const later = bundle('later');
     later.task.context_id = first.task.context_id;
@@ -74,16 +74,16 @@ describe('task intake and contexts', () => {
       const at = new Date(Date.parse('2026-01-01T00:00:00Z') + ms);
       Object.assign(b.task, { created_at: at, status_timestamp: at, updated_at: at });
     }
-    // The later-stamped statement commits first, as it may when two intakes open one context.
+    // The later-stamped statement commits first, as it may when two intakes open one context: it made
+    // the context. list-contexts pages on that time, so it never moves (back, or forward).
     await insertTaskBundles(testDb(), [later]);
     await insertTaskBundles(testDb(), [first]);
     const row = await testDb()('contexts').where({ id: first.task.context_id }).first();
-    assert.equal(row.created_at.toISOString(), '2026-01-01T00:00:00.000Z');
-    // A task written after the context's first never moves it forward.
+    assert.equal(row.created_at.toISOString(), '2026-01-01T00:00:00.050Z');
     const last = bundle('last');
     last.task.context_id = first.task.context_id;
     await insertTaskBundles(testDb(), [last]);
-    assert.equal((await testDb()('contexts').where({ id: first.task.context_id }).first()).created_at.toISOString(), '2026-01-01T00:00:00.000Z');
+    assert.equal((await testDb()('contexts').where({ id: first.task.context_id }).first()).created_at.toISOString(), '2026-01-01T00:00:00.050Z');
   });
 });
 

@@ -45,7 +45,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     const old = await oldTask();
     const trx = await db.transaction();
     const fresh = bundle(old.context_id);
-    await insertTaskBundles(trx, [fresh]); // holds the context's row (its on conflict update) until commit
+    await insertTaskBundles(trx, [fresh]); // holds the context's row (its foreign key check) until commit
     const purge = purgeEndedTasks(db, before(), 1000);
     await waitFor(async () => (await waitingOnLock()) === 1, 'the purge to wait for the intake');
     await trx.commit();
@@ -81,17 +81,18 @@ describe('purge of ended tasks vs concurrent writers', function () {
     assert.equal(await exists('contexts', old.context_id), true);
   });
 
-  it('an intake holding a context the purge restamps, and needing one it empties, waits without a deadlock', async () => {
+  it('an intake holding a context the purge keeps, and needing one it empties, waits without a deadlock', async () => {
     // An intake locks the existing contexts it writes to in id order, each until it commits; here one
-    // transaction's two intakes stand for one statement's (which takes c1, then c2). Before, the purge
-    // deleted c2 (emptied) and then waited at its restamp of c1 for the intake, which waited for c2:
-    // 40P01 for one of them.
+    // transaction's two intakes stand for one statement's (which takes c1, then c2). The purge takes
+    // them in id order too: it waits for c1 before it holds c2. (Before db/task-purge.ts lockContexts,
+    // it deleted c2 (emptied) and then waited for c1 for the intake, which waited for c2: 40P01.)
     const db = testDb();
     const [c1, c2] = [randomUUID(), randomUUID()].sort();
     await oldTask(c1);
     await oldTask(c2);
     const kept = bundle(c1);
-    await insertTaskBundles(db, [kept]); // c1 keeps a task, and is restamped to it
+    await insertTaskBundles(db, [kept]); // c1 keeps a task
+    const c1MadeAt = (await db('contexts').where({ id: c1 }).first()).created_at.getTime();
     const intake = await db.transaction();
     const late = bundle(c2);
     try {
@@ -106,7 +107,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     }
     assert.equal(await exists('contexts', c2), true);
     assert.equal(await exists('tasks', late.task.id), true);
-    assert.equal((await db('contexts').where({ id: c1 }).first()).created_at.getTime(), kept.task.created_at.getTime());
+    assert.equal((await db('contexts').where({ id: c1 }).first()).created_at.getTime(), c1MadeAt);
   });
 
   it('a locked expired task is skipped, not waited for; a second purger gets null while one runs', async () => {
