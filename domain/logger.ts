@@ -18,8 +18,8 @@ const DROP_REPORT_MS = 1000;
 // flushed when the process exits (not on SIGKILL, which may cut the last few milliseconds of lines).
 export function createLogger(level: string, name: string, opts: { buffered?: boolean } = {}): Logger {
   const options = { level, name, redact: { paths: REDACT, censor: '[redacted]' }, base: { pid: process.pid } };
-  if (!opts.buffered) return pino(options);
-  const dest = pino.destination({ dest: 1, sync: false, maxLength: LOG_BUFFER_MAX_BYTES });
+  if (!opts.buffered) return pino(options, quietOnWriteError(pino.destination({ dest: 1, sync: true })));
+  const dest = quietOnWriteError(pino.destination({ dest: 1, sync: false, maxLength: LOG_BUFFER_MAX_BYTES }));
   const log = pino(options, dest);
   let dropped = 0;
   let reporting = false;
@@ -45,6 +45,17 @@ export function createLogger(level: string, name: string, opts: { buffered?: boo
     report ??= setTimeout(sendReport, DROP_REPORT_MS).unref();
   });
   return log;
+}
+
+// stdout that can no longer be written (EIO: the terminal it ran in closed, which also sends the
+// SIGHUP that stops it) ends the logging, as pino does for EPIPE only: an error thrown from a log
+// line would crash the shutdown, and the flush at exit would retry the write for ever.
+function quietOnWriteError(dest: ReturnType<typeof pino.destination>): ReturnType<typeof pino.destination> {
+  dest.on('error', () => {
+    const none = () => undefined;
+    Object.assign(dest, { write: () => true, flushSync: none, end: none, destroy: none });
+  });
+  return dest;
 }
 
 // A service URL as it may be logged: without a password, in the user part or as a parameter.

@@ -654,6 +654,29 @@ describe('stopping the API (SIGTERM) while Postgres is silent (a partition)', fu
   });
 });
 
+describe('stopping after the terminal it logs to closed (SIGHUP)', function () {
+  this.timeout(60_000);
+  for (const [file, started] of [['api/main.ts', '"msg":"api listening"'], ['workers/main.ts', '"msg":"worker started"']]) {
+    it(`${file} still stops, with exit code 0, though its log lines can no longer be written (EIO)`, async () => {
+      const child = spawn(process.execPath, ['--import', 'tsx', '--import', path.join(ROOT, 'test/fixtures/stdout-hung-up.ts'), path.join(ROOT, file)], {
+        cwd: ROOT, env: testEnv(), stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let output = '';
+      child.stdout.on('data', (b) => (output += b));
+      child.stderr.on('data', (b) => (output += b));
+      try {
+        await waitFor(async () => output.includes(started), `${file} to start`, 30_000);
+        child.kill('SIGHUP');
+        await waitFor(async () => child.exitCode !== null || child.signalCode !== null, `${file} to exit`);
+        assert.equal(child.exitCode, 0, output);
+      } finally {
+        // One that did not stop would go on retrying its write for ever.
+        if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+      }
+    });
+  }
+});
+
 describe('readiness', function () {
   this.timeout(60_000);
   const stack = useStack({}, { workers: 0 });
