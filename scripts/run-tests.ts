@@ -3,19 +3,17 @@
 // `npm test -- test/task-api.test.ts`, which skips the typecheck to keep a single file's loop quick).
 // A run in which no test starts or ends for TEST_STALL_MS (default 20 minutes, above the longest
 // test's own timeout) is ended by the watchdog, which prints where it was stuck.
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { redactUrl } from '../domain/logger.ts';
-import { startPostgres, startRedis } from './local-services.ts';
+import { startPostgres, startRedis, type LocalService } from './local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
 import { watchProgress } from './test-watchdog.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-test-'));
-fs.chmodSync(dataDir, 0o755);
 const say = (m: string) => console.error(`[test] ${m}`);
 
 const stallMs = Number(process.env.TEST_STALL_MS ?? 20 * 60_000);
@@ -26,47 +24,79 @@ if (!Number.isInteger(stallMs) || stallMs < 1000) {
 
 const args = process.argv.slice(2);
 const hasSpec = args.some((a) => !a.startsWith('-'));
-// tsx strips types without checking them, so a type error in a test or module would otherwise pass.
-const typecheck: Promise<number> = hasSpec ? Promise.resolve(0) : new Promise((resolve) => {
-  const tsc = spawn(process.execPath, [path.join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '--noEmit', '-p', path.join(root, 'tsconfig.json')], { cwd: root, stdio: 'inherit' });
-  tsc.on('exit', (c) => resolve(c ?? 1));
-});
-
-const pg = await startPostgres({ dataDir, ephemeral: true, log: say });
-const redis = await startRedis({ dataDir, ephemeral: true, log: say });
-say(`Postgres ${redactUrl(pg.url)}, Redis ${redactUrl(redis.url)}, data in ${dataDir}`);
-const db = createDb(pg.url, { min: 0, max: 1 });
-await migrateLatest(db);
-await db.destroy();
-
-const stopServers = async () => {
-  await redis.stop();
-  await pg.stop();
-  fs.rmSync(dataDir, { recursive: true, force: true });
-};
-if (await typecheck !== 0) {
-  say('typecheck failed (tsc --noEmit): not running the tests');
-  await stopServers();
-  process.exit(1);
+const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-test-'));
+fs.chmodSync(dataDir, 0o755);
+const services: LocalService[] = [];
+const abandon = new AbortController();
+let tsc: ChildProcess | undefined;
+let mocha: ChildProcess | undefined;
+// From before anything starts: Ctrl-C while Postgres starts or the typecheck runs must still stop
+// what was started (the servers run in sessions of their own, so the Ctrl-C does not reach them).
+let signalled: NodeJS.Signals | undefined;
+for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+  process.on(signal, () => {
+    signalled ??= signal;
+    abandon.abort();
+    tsc?.kill('SIGTERM');
+    mocha?.kill('SIGTERM');
+  });
 }
 
-const mocha = path.join(root, 'node_modules', 'mocha', 'bin', 'mocha.js');
-const progressFile = path.join(dataDir, 'progress');
-const child = spawn(process.execPath, [mocha, ...args, ...(hasSpec ? [] : ['test/**/*.test.ts'])], {
-  cwd: root,
-  stdio: 'inherit',
-  env: { ...process.env, DATABASE_URL: pg.url, REDIS_URL: redis.url, REDIS_PORT: String(redis.port), TEST_DATA_DIR: dataDir, TEST_PROGRESS_FILE: progressFile, NODE_ENV: 'test' },
-});
-let stalled = false;
-const unwatch = watchProgress(child.pid!, progressFile, stallMs, (description) => {
-  stalled = true;
-  say(description);
-});
-const stop = () => child.kill('SIGTERM');
-process.on('SIGINT', stop);
-process.on('SIGTERM', stop);
-const code: number = await new Promise((resolve) => child.on('exit', (c, sig) => resolve(c ?? (sig ? 1 : 0))));
-unwatch();
-await stopServers();
-if (stalled) say('ended the stuck run: it fails');
-process.exit(stalled ? 1 : code);
+let code = 1;
+try {
+  code = await run();
+} catch (err) {
+  say(signalled ? `stopped (${signalled}) before the tests started` : (err as Error).message);
+} finally {
+  tsc?.kill('SIGTERM');
+  for (const s of services.reverse()) await s.stop().catch(() => undefined);
+  fs.rmSync(dataDir, { recursive: true, force: true });
+}
+process.exit(code);
+
+async function run(): Promise<number> {
+  // tsx strips types without checking them, so a type error in a test or module would otherwise pass.
+  const typecheck: Promise<number> = hasSpec ? Promise.resolve(0) : new Promise((resolve) => {
+    tsc = spawn(process.execPath, [path.join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '--noEmit', '-p', path.join(root, 'tsconfig.json')], { cwd: root, stdio: 'inherit' });
+    tsc.on('exit', (c) => resolve(c ?? 1));
+  });
+  const stopped = () => {
+    if (signalled) throw new Error(`stopped by ${signalled}`);
+  };
+  const pg = await startPostgres({ dataDir, ephemeral: true, abandon: abandon.signal, log: say });
+  services.push(pg);
+  stopped();
+  const redis = await startRedis({ dataDir, ephemeral: true, abandon: abandon.signal, log: say });
+  services.push(redis);
+  stopped();
+  say(`Postgres ${redactUrl(pg.url)}, Redis ${redactUrl(redis.url)}, data in ${dataDir}`);
+  const db = createDb(pg.url, { min: 0, max: 1 });
+  try {
+    await migrateLatest(db);
+  } finally {
+    await db.destroy();
+  }
+  const typechecked = await typecheck;
+  stopped();
+  if (typechecked !== 0) {
+    say('typecheck failed (tsc --noEmit): not running the tests');
+    return 1;
+  }
+
+  const progressFile = path.join(dataDir, 'progress');
+  const child = spawn(process.execPath, [path.join(root, 'node_modules', 'mocha', 'bin', 'mocha.js'), ...args, ...(hasSpec ? [] : ['test/**/*.test.ts'])], {
+    cwd: root,
+    stdio: 'inherit',
+    env: { ...process.env, DATABASE_URL: pg.url, REDIS_URL: redis.url, REDIS_PORT: String(redis.port), TEST_DATA_DIR: dataDir, TEST_PROGRESS_FILE: progressFile, NODE_ENV: 'test' },
+  });
+  mocha = child;
+  let stalled = false;
+  const unwatch = watchProgress(child.pid!, progressFile, stallMs, (description) => {
+    stalled = true;
+    say(description);
+  });
+  const exit: number = await new Promise((resolve) => child.on('exit', (c, sig) => resolve(c ?? (sig ? 1 : 0))));
+  unwatch();
+  if (stalled) say('ended the stuck run: it fails');
+  return stalled ? 1 : exit;
+}

@@ -447,3 +447,61 @@ describe('npm start on its DATA_DIR', function () {
     }
   });
 });
+
+describe('npm test whose start fails or is stopped before the tests run', function () {
+  this.timeout(5 * 60_000);
+  // Its data directory is made under a TMPDIR of this test's own, where anything left is seen.
+  const tmp = path.join(requireEnv('TEST_DATA_DIR'), 'npm-test-tmp');
+
+  // The servers still running from a data directory npm test left under `tmp`.
+  const runDirs = () => fs.readdirSync(tmp).filter((d) => d.startsWith('taskbridge-test-'));
+  const leftServers = () => runDirs().flatMap((d) => [path.join(tmp, d, 'postgres', 'postmaster.pid'), path.join(tmp, d, 'redis', 'redis.pid')])
+    .filter((f) => fs.existsSync(f)).map((f) => Number(fs.readFileSync(f, 'utf8').split('\n')[0])).filter(alive);
+
+  async function npmTest(env: Record<string, string>, whileRunning?: (child: ChildProcess) => Promise<void>): Promise<{ code: number | null; output: string }> {
+    fs.mkdirSync(tmp, { recursive: true, mode: 0o755 });
+    fs.chmodSync(tmp, 0o755);
+    // A spec: no typecheck, and a short run should the start succeed after all.
+    const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'scripts/run-tests.ts'), 'test/layers.test.ts'], {
+      cwd: ROOT, env: { ...process.env, TMPDIR: tmp, ...env }, stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let output = '';
+    child.stdout.on('data', (b) => (output += b));
+    child.stderr.on('data', (b) => (output += b));
+    const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+    await whileRunning?.(child);
+    return { code: await exited, output };
+  }
+
+  afterEach(() => {
+    for (const pid of leftServers()) process.kill(pid, 'SIGTERM');
+    fs.rmSync(tmp, { recursive: true, force: true });
+  });
+
+  it('without redis-server, says so and stops the Postgres it had started', async () => {
+    // PATH: every program of the usual one but redis-server (and apt-get, which would install it as root).
+    const bin = path.join(requireEnv('TEST_DATA_DIR'), 'path-without-redis');
+    fs.mkdirSync(bin, { recursive: true });
+    for (const dir of (process.env.PATH ?? '').split(':').filter((d) => fs.existsSync(d))) {
+      for (const name of fs.readdirSync(dir)) {
+        if (name !== 'redis-server' && name !== 'apt-get' && !fs.existsSync(path.join(bin, name))) fs.symlinkSync(path.join(dir, name), path.join(bin, name));
+      }
+    }
+    const r = await npmTest({ PATH: bin });
+    assert.equal(r.code, 1, r.output);
+    assert.match(r.output, /redis-server not found/);
+    assert.deepEqual(leftServers(), [], r.output);
+    assert.deepEqual(runDirs(), [], 'its data directory is removed');
+  });
+
+  it('stopped (SIGINT) while its Postgres starts, stops that Postgres', async () => {
+    const r = await npmTest({}, async (child) => {
+      await waitFor(async () => runDirs().some((d) => fs.existsSync(path.join(tmp, d, 'postgres', 'postmaster.pid'))), 'Postgres to start', 60_000, 20);
+      child.kill('SIGINT');
+    });
+    assert.notEqual(r.code, 0, r.output);
+    assert.match(r.output, /\[test\] stopped \(SIGINT\) before the tests started/, r.output);
+    assert.deepEqual(leftServers(), [], r.output);
+    assert.deepEqual(runDirs(), [], 'its data directory is removed');
+  });
+});
