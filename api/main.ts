@@ -11,7 +11,7 @@ import { answerClientErrors } from './client-errors.ts';
 import { countHttpAnswer } from './metrics.ts';
 import { API_KEY_REVOKED, catchUpOnRevocations, forgetApiKey } from './middleware/auth.ts';
 import { listenPg } from '../db/pg-listener.ts';
-import { exitIfNotStoppedWithin, onStop } from '../domain/stop-signals.ts';
+import { API_CLOSE_MS, exitIfNotStoppedWithin, onStop } from '../domain/stop-signals.ts';
 
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'api');
@@ -64,10 +64,6 @@ answerClientErrors(server, allRoutes.map((r) => r.spec.method), services.log, co
 
 // How long after the signal (and API_SHUTDOWN_DELAY_MS) idle keep-alive connections are left open, for requests already sent on them to be read.
 const IDLE_CLOSE_DELAY_MS = 1000;
-// How long after the grace period the API waits for its Postgres and Redis connections to close.
-// The pool closes only once its statements have ended (the sweeper's, a cut request's), which with
-// Postgres silent and no DB_QUERY_TIMEOUT_MS is never: past this, it exits.
-const CLOSE_MS = 5000;
 // Ends API_SHUTDOWN_DELAY_MS early: a second signal (Ctrl-C again, an operator in a hurry) is not kept waiting.
 let endDelay: (() => void) | undefined;
 async function shutdown(signal: string) {
@@ -107,7 +103,7 @@ async function shutdown(signal: string) {
     services.log.warn({ grace_ms: cfg.API_SHUTDOWN_GRACE_MS }, 'grace period over: connections still open (streams, blocking sends) are closed');
     server.closeAllConnections();
   }
-  exitIfNotStoppedWithin(CLOSE_MS, () => services.log.error({ after_ms: CLOSE_MS }, 'api could not close its connections in time (Postgres or Redis unreachable, a statement still running); exiting'));
+  exitIfNotStoppedWithin(API_CLOSE_MS, () => services.log.error({ after_ms: API_CLOSE_MS }, 'api could not close its connections in time (Postgres or Redis unreachable, a statement still running); exiting'));
   await keyRevocations.close();
   await services.close();
   // Last, once everything closed: a process whose close timed out exits 1 without it.

@@ -10,7 +10,7 @@ import { ConfigError, loadConfigOrExit } from '../domain/config.ts';
 import { refuseArguments } from './usage.ts';
 import { writingTo } from '../domain/bootstrap.ts';
 import { timerMs } from '../domain/with-timeout.ts';
-import { onStop } from '../domain/stop-signals.ts';
+import { apiStopWithinMs, onStop, workerStopWithinMs } from '../domain/stop-signals.ts';
 
 refuseArguments(`Usage: npm start
 
@@ -37,8 +37,9 @@ let ownsDataDir = false;
 let startup: Promise<void> = Promise.resolve();
 let startupEnded = false;
 const abandon = new AbortController();
-// The children's own shutdown grace periods (API, worker) and a margin: within it they stop by themselves.
-const KILL_AFTER_MS = timerMs(Math.max(cfg.API_SHUTDOWN_DELAY_MS + cfg.API_SHUTDOWN_GRACE_MS, cfg.WORKER_SHUTDOWN_GRACE_MS) + 15_000);
+// Past the longest the API and worker take to stop (each exits by itself by then, its close timed
+// out), with a little more for that exit: only a child stuck past its own limit is killed.
+const KILL_AFTER_MS = timerMs(Math.max(apiStopWithinMs(cfg), workerStopWithinMs(cfg)) + 2_000);
 
 // A second signal (kill twice, npm passing on the Ctrl-C its group got too) waits for the stop under
 // way: exiting then would leave the servers running. A start refused before it started a server
@@ -68,10 +69,10 @@ async function stopAll(code: number): Promise<never> {
 }
 onStop(() => void stopAll(0));
 
-function run(name: string, file: string, wait = false): Promise<number> | ChildProcess {
+function run(name: string, file: string, wait = false): Promise<number | NodeJS.Signals> | ChildProcess {
   // The API and worker hold an IPC channel to this launcher: killed without stopping them, it closes and they stop.
   const child = spawn(process.execPath, ['--import', 'tsx', path.join(root, file)], { env, stdio: wait ? 'inherit' : ['inherit', 'inherit', 'inherit', 'ipc'] });
-  if (wait) return new Promise((resolve) => child.on('exit', (code) => resolve(code ?? 1)));
+  if (wait) return new Promise((resolve) => child.on('exit', (code, signal) => resolve(signal ?? code ?? 1)));
   children.push(child);
   child.on('exit', (code, signal) => {
     if (stopping) return;
@@ -148,9 +149,13 @@ async function startServices(): Promise<void> {
     say(`local Redis on ${redactUrl(redis.url)} (data in ${redis.dir})`);
   }
   if (stopping) return;
-  const code = await run('migrate', 'db/migrate.ts', true);
-  if (code !== 0) throw new Error(`migrations failed (exit ${code})`);
-  if (stopping) return;
+  const exit = await run('migrate', 'db/migrate.ts', true);
+  // A Ctrl-C reaches the migration too (the terminal's process group): it was stopped, not failed.
+  if (stopping) {
+    if (exit !== 0) say(`migrations stopped (${exit}); the schema is unchanged, and the next start runs them`);
+    return;
+  }
+  if (exit !== 0) throw new Error(`migrations failed (exit ${exit})`);
   run('api', 'api/main.ts');
   run('worker', 'workers/main.ts');
 }

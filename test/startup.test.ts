@@ -11,7 +11,7 @@ import { freePort } from '../scripts/local-services.ts';
 import { ROOT, requireEnv, startApi, testDb, testEnv, textMessage, useStack, waitFor } from './helpers/stack.ts';
 import { migrationConfig } from '../db/knex.ts';
 import { scratchDatabase } from './helpers/scratch-database.ts';
-import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
+import { behindProxy, behindServiceProxy } from './helpers/black-hole-proxy.ts';
 import { runNpm } from './helpers/cli.ts';
 
 interface Run { code: number | null; output: string }
@@ -767,6 +767,56 @@ describe('the longest durations allowed (2147483647 ms)', function () {
     } finally {
       // The API and worker stop with it (their IPC channel closes).
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    }
+  });
+});
+
+describe('npm start stopping', function () {
+  this.timeout(90_000);
+
+  // npm start, in a process group of its own (as a shell runs it), with its output.
+  function npmStart(env: Record<string, string>) {
+    const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'scripts/start.ts')], { cwd: ROOT, env, detached: true });
+    let output = '';
+    child.stdout.on('data', (b) => (output += b));
+    child.stderr.on('data', (b) => (output += b));
+    const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+    const kill = () => {
+      if (child.exitCode === null && child.signalCode === null) process.kill(-child.pid!, 'SIGKILL');
+    };
+    return { child, output: () => output, exited, kill };
+  }
+
+  it('lets a worker whose queues cannot close (Redis silent) exit by itself, at its own limit, before killing it', async () => {
+    const { proxy, url } = await behindProxy(requireEnv('REDIS_URL'));
+    const l = npmStart(testEnv({ REDIS_URL: url, WORKER_SHUTDOWN_GRACE_MS: '1000', API_SHUTDOWN_GRACE_MS: '1000', API_SHUTDOWN_DELAY_MS: '0' }));
+    try {
+      await waitFor(async () => l.output().includes('"msg":"worker started"') && l.output().includes('"msg":"api listening"'), 'npm start to start its API and worker', 30_000);
+      proxy.swallow();
+      l.child.kill('SIGTERM');
+      assert.equal(await l.exited, 0, l.output());
+      // Before, npm start killed it (SIGKILL) a second before its own limit: nothing said why it ended.
+      assert.match(l.output(), /"msg":"worker could not close its queues in time/, l.output());
+    } finally {
+      l.kill();
+      await proxy.close();
+    }
+  });
+
+  it('Ctrl-C while the migrations run says they were stopped, not that they failed', async () => {
+    // The migration waits for this lock, and tries again, until the Ctrl-C.
+    const locker = await testDb().transaction();
+    const l = npmStart(testEnv({ MIGRATION_LOCK_TIMEOUT_MS: '500' }));
+    try {
+      await locker.raw('lock table knex_migrations in access exclusive mode');
+      await waitFor(async () => l.output().includes('trying again'), 'the migration to wait for the lock', 30_000);
+      process.kill(-l.child.pid!, 'SIGINT');
+      await l.exited;
+      assert.match(l.output(), /\[start\] migrations stopped \(SIGINT\); the schema is unchanged/, l.output());
+      assert.doesNotMatch(l.output(), /migrations failed/, l.output());
+    } finally {
+      await locker.rollback();
+      l.kill();
     }
   });
 });

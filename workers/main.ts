@@ -1,14 +1,13 @@
 // The `worker` process: BullMQ workers for every queue, with graceful shutdown.
 import { Worker, type Job, type Processor } from 'bullmq';
 import { exitOnConfigError, loadConfigOrExit } from '../domain/config.ts';
-import { timerMs } from '../domain/with-timeout.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
 import { waitForBackingServices } from '../domain/startup.ts';
 import { startKeyringInvalidation } from '../domain/keyring.ts';
 import { createRedis } from '../queues/connection.ts';
 import { publicReason } from '../domain/errors.ts';
-import { createAgentTaskProcessor, SHUTDOWN_WIND_DOWN_MS } from './run-agent-task.ts';
+import { createAgentTaskProcessor } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
 import { startHousekeeping } from './housekeeping.ts';
 import { failLostRun } from './fail-run.ts';
@@ -23,7 +22,7 @@ import { WorkerMetrics } from '../queues/worker-metrics.ts';
 import { backoffStrategy, queueConcurrency, type JobPayloads, type QueueName } from '../queues/names.ts';
 import { checkingPayload, JobPayloadMismatch } from '../queues/job-payloads.ts';
 import { stalledTooOften } from '../queues/stalled.ts';
-import { exitIfNotStoppedWithin, onStop } from '../domain/stop-signals.ts';
+import { exitIfNotStoppedWithin, onStop, workerStopWithinMs } from '../domain/stop-signals.ts';
 import { renewingRetakenLocks } from './renew-retaken-lock.ts';
 import { throttledWarn } from '../domain/throttled-warn.ts';
 
@@ -123,9 +122,6 @@ const warnFlush = throttledWarn(log, 'worker metrics not flushed; will retry');
 metrics.start((err) => warnFlush({ err: { message: err.message } }));
 log.info({ queues: workers.map((w) => w.name), agent: cfg.AGENT_KIND }, 'worker started');
 
-// How long after the grace period a worker still waits for its queues to close (runs it aborted
-// first wind down).
-const SHUTDOWN_CLOSE_MS = SHUTDOWN_WIND_DOWN_MS + 10_000;
 let stopping = false;
 async function shutdown(signal: string) {
   if (stopping) return;
@@ -141,7 +137,7 @@ async function shutdown(signal: string) {
   // Closing the queues needs Redis (jobs handed back, locks released): without it a worker asked to
   // stop would wait for ever. Past this, it exits; the jobs it held are taken over once their locks
   // expire (WORKER_LOCK_MS).
-  const closeWithinMs = timerMs(cfg.WORKER_SHUTDOWN_GRACE_MS + SHUTDOWN_CLOSE_MS);
+  const closeWithinMs = workerStopWithinMs(cfg);
   exitIfNotStoppedWithin(closeWithinMs, () => log.error({ after_ms: closeWithinMs }, 'worker could not close its queues in time (Redis unreachable?); exiting: its jobs are taken over once their locks expire'));
   stopHousekeeping();
   stopRefreshScheduler();

@@ -20,6 +20,7 @@ import { agentCallKey, invokeFunction } from '../domain/bridge/functions.ts';
 import { checkAgainst } from '../domain/bridge/catalog.ts';
 import { AgentInvokeOptions } from '../domain/shapes/bridge.ts';
 import { withTimeout } from '../domain/with-timeout.ts';
+import { SHUTDOWN_WIND_DOWN_MS } from '../domain/stop-signals.ts';
 import { findUnstorable, storableText } from '../domain/storable-json.ts';
 import { callLimit } from '../domain/call-limit.ts';
 
@@ -32,10 +33,6 @@ const HISTORY = 200;
 const CALLS_PER_RUN = 4;
 // How long agent runs pause, on every worker, once one meets Postgres or Redis unavailable.
 const OUTAGE_PAUSE_MS = 1000;
-// How long a run aborted by a shutdown may take to stop before its job goes back to the queue: what
-// the agent records on its way out (the remote agent: the remote task it sent to, which it reads on
-// for up to 5 s) must be there for the next run, or that run repeats the work.
-export const SHUTDOWN_WIND_DOWN_MS = 6000;
 
 function finalOf(result: AgentResult | void) {
   // A string returned for its message, or a misspelt member (`mesage`), completed the task with
