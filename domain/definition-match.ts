@@ -29,8 +29,9 @@ export function aliasTargets(def: Pick<Definition, 'envelope_keys'>): Map<string
   return new Map(def.envelope_keys.flatMap((k) => k.data_encryption_keys.flatMap((d) => d.aliases.map((a) => [a, d.id] as const))));
 }
 
-// `aliasDek`: the DEK the secret's alias names in the export. Only a value sealed with that DEK is
-// stored as exported, and so comparable as ciphertext.
+// `aliasDek`: the DEK the secret's alias names on the target (once the export's aliases are applied).
+// An import seals a value sealed with another DEK afresh with that one: only a value sealed with it
+// is stored as exported, and so comparable as ciphertext.
 export function secretDifference(file: DefinitionSecret, target: Secret, aliasDek: string | undefined): string | undefined {
   if (target.key !== file.key) return `it has key '${target.key}'`;
   if (target.dek_alias !== file.dek_alias) return `it is under alias '${target.dek_alias}', not '${file.dek_alias}'`;

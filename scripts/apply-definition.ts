@@ -215,10 +215,16 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   // Then the whole file against itself and the target: one that cannot be applied whole is not applied in part.
   const refs = definitionReferences(def);
   const names: TargetNames = { aliases: new Set(), deks: new Set(), catalog };
+  // The DEK each alias the file's secrets and credentials use names on the target (the file's aliases
+  // once applied): an import seals a value with it.
+  const aliasDeks = new Map<string, string>();
   // The look-up answers a DEK by alias, else by id: a name answered as a DEK of that id is no alias.
   for (const alias of refs.aliases) {
     const there = await check(`/api/encryption/v1/dek/alias/${enc(alias)}`);
-    if (there && there.body.id !== alias) names.aliases.add(alias);
+    if (there && there.body.id !== alias) {
+      names.aliases.add(alias);
+      aliasDeks.set(alias, there.body.id);
+    }
   }
   for (const id of refs.deks) {
     if ((await check(`/api/encryption/v1/dek/alias/${enc(id)}`))?.body.id === id) names.deks.add(id);
@@ -253,10 +259,12 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   }
   out(line('deks'));
 
-  const aliases = aliasTargets(def);
-  for (const [alias, dekId] of aliases) {
+  // Aliases of the file left otherwise on the target (a conflict, or failed), and why: nothing is
+  // imported under them, as its value would be sealed with a DEK other than the file's of that name.
+  const unusableAliases = new Map<string, string>();
+  for (const [alias, dekId] of aliasTargets(def)) {
     let before: string | undefined;
-    await item('aliases', `alias ${alias}`, async () => {
+    const outcome = await item('aliases', `alias ${alias}`, async () => {
       const there = lookup(await call('GET', `/api/encryption/v1/dek/alias/${enc(alias)}`));
       // Answered by the DEK of that id, the name may be no alias at all (the look-up falls back to DEK
       // ids): only its create tells.
@@ -276,18 +284,30 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       out(`alias ${alias}: pointed at DEK ${dekId} (it named ${before})`);
       return created(await call('PUT', `/api/encryption/v1/dek/alias/${enc(alias)}`, { new_dek_id: dekId }));
     });
+    if (outcome === 'conflict' || outcome === 'failed') {
+      unusableAliases.set(alias, outcome === 'conflict' ? 'is a conflict' : 'failed');
+      if (before !== undefined) aliasDeks.set(alias, before);
+    } else {
+      aliasDeks.set(alias, dekId);
+    }
   }
   out(line('aliases'));
+  // A secret or credential not on the target: absent, unless its alias cannot take it.
+  const importable = (s: { dek_alias: string }): Found => {
+    const why = unusableAliases.get(s.dek_alias);
+    if (why !== undefined) throw new Refused(`its alias '${s.dek_alias}' ${why} (above): not imported`);
+    return absent;
+  };
 
   // Found by key after not by id, it may be this secret all the same: imported in between by another
   // run, or by this one where the file lists it twice (alike: domain/definition-check.ts).
   const secretThere = async (s: DefinitionSecret) =>
     lookup(await call('GET', `/api/secret/v1/${enc(s.id)}`)) ?? lookup(await call('GET', `/api/secret/v1/key/${enc(s.key)}`));
   const sameSecret = (s: DefinitionSecret, there: Answer) =>
-    (there.body.id === s.id ? differing(secretDifference(s, there.body, aliases.get(s.dek_alias))) : differing(`its key is taken by secret ${there.body.id}`));
+    (there.body.id === s.id ? differing(secretDifference(s, there.body, aliasDeks.get(s.dek_alias))) : differing(`its key is taken by secret ${there.body.id}`));
   const applySecret = (s: DefinitionSecret) => item('secrets', `secret ${s.key} (${s.id})`, async () => {
     const there = await secretThere(s);
-    return there ? sameSecret(s, there) : absent;
+    return there ? sameSecret(s, there) : importable(s);
   }, async () => {
     const a = await call('POST', '/api/secret/v1/import', {
       id: s.id, key: s.key, encrypted_value: s.encrypted_value, dek_alias: s.dek_alias, data_encryption_key_id: s.data_encryption_key_id,
@@ -340,7 +360,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       seenCredentials.add(c.id);
       const theirs = there?.body[kind === 'user' ? 'user_credential' : 'resource_server_credential'];
       await item('credentials', `${kind.replace('_', ' ')} credential ${c.id} of provider ${p.id}`, async () => {
-        if (!there) return absent;
+        if (!there) return importable(c);
         if (theirs?.id !== c.id) return differing(`provider ${p.id} has ${theirs ? `credential ${theirs.id}` : 'none'} in its place`);
         const why = credentialDifference(c, theirs, p.provider_controller_type_id, kind);
         // Another provider of the file that shares it is not made on it either.

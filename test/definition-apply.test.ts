@@ -536,6 +536,34 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.deepEqual(await tableRowCounts([], t.scratch.db), before);
   });
 
+  it('imports nothing under an alias the target has on a DEK of its own (a conflict), and compares what is there with the DEK the alias names on the target (exit 1)', async () => {
+    const t = await freshTarget();
+    const tc = t.stack.client;
+    const own = await ok(tc.post(`${E}/envelope/default-envelope.key/dek`, {}));
+    await ok(tc.post(`${E}/dek/alias`, { alias: 'payments', dek_id: own.id }));
+    const def = structuredClone(source);
+    const p1 = def.secrets.find((s: any) => s.dek_alias === 'payments');
+    const card = def.providers[0].resource_server_credential;
+    card.dek_alias = 'payments';
+    // Before, the secret was imported under the target's `payments`, re-sealed with its DEK, and counted created.
+    const r = await applyTo(t.stack.api.url, write('alias-clash.json', def));
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assert.match(r.stderr, new RegExp(`conflict: alias payments: it names DEK ${own.id}, not \\S+; left as it is`));
+    assert.match(r.stderr, new RegExp(`failed: secret p1 \\(${p1.id}\\): its alias 'payments' is a conflict \\(above\\): not imported`));
+    assert.match(r.stderr, new RegExp(`failed: resource server credential ${card.id} of provider off: its alias 'payments' is a conflict \\(above\\): not imported`));
+    assert.match(r.stdout, /secrets: 2 created, 0 already there, 0 conflicts, 1 failed/);
+    assert.equal((await tc.get(`/api/secret/v1/${p1.id}`)).status, 404);
+    assert.equal((await tc.get(`${B}/provider/off`)).status, 404);
+
+    // As an earlier release imported it: re-sealed with the target's DEK of that alias. Still the
+    // file's value: there (it was 'conflict: its value differs', on every run).
+    await ok(tc.post('/api/secret/v1/import', { id: p1.id, key: p1.key, encrypted_value: p1.encrypted_value, dek_alias: 'payments', data_encryption_key_id: p1.data_encryption_key_id }));
+    const again = await applyTo(t.stack.api.url, write('alias-clash.json', def));
+    assert.equal(again.code, 1, again.stdout + again.stderr);
+    assert.doesNotMatch(again.stderr, /conflict: secret/);
+    assert.match(again.stdout, /secrets: 0 created, 3 already there, 0 conflicts, 0 failed/);
+  });
+
   it('reports a DEK of the file whose id a DEK deleted on the target had as failed, naming why, not as there (exit 1)', async () => {
     const t = await freshTarget();
     const tc = t.stack.client;
