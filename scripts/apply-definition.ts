@@ -336,8 +336,9 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   out(line('secrets'));
 
   const seenCredentials = new Set<string>();
-  // Credentials found on the target unlike the file's as they were imported.
-  const unlike = new Set<string>();
+  // Credentials of the file not on the target as the file has them (a conflict, or failed), and why:
+  // no provider of the file is made on them, whichever provider's step found it.
+  const unusable = new Map<string, string>();
   for (const p of def.providers) await applyProvider(p);
   out(line('credentials'));
   out(line('providers'));
@@ -359,29 +360,25 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       if (!c || seenCredentials.has(c.id)) continue;
       seenCredentials.add(c.id);
       const theirs = there?.body[kind === 'user' ? 'user_credential' : 'resource_server_credential'];
-      await item('credentials', `${kind.replace('_', ' ')} credential ${c.id} of provider ${p.id}`, async () => {
+      const outcome = await item('credentials', `${kind.replace('_', ' ')} credential ${c.id} of provider ${p.id}`, async () => {
         if (!there) return importable(c);
         if (theirs?.id !== c.id) return differing(`provider ${p.id} has ${theirs ? `credential ${theirs.id}` : 'none'} in its place`);
-        const why = credentialDifference(c, theirs, p.provider_controller_type_id, kind);
-        // Another provider of the file that shares it is not made on it either.
-        if (why !== undefined) unlike.add(c.id);
-        return differing(why);
+        return differing(credentialDifference(c, theirs, p.provider_controller_type_id, kind));
       }, async () => {
         const a = await call('POST', `${base}/credential/${kind === 'user' ? 'user-credential' : 'resource-server'}/import`, c);
         if (a.status !== 409 || a.body?.data?.resource !== 'credential') return created(a);
         // There without an instance (imported by an earlier run whose instance was not made, or by
-        // hand): compared as GET /credential/{id} shows it. One that differs, or could not be read, is left, and no instance
-        // is made on it.
-        unlike.add(c.id);
+        // hand): compared as GET /credential/{id} shows it. One that differs, or could not be read, is left.
         const listed: ListedCredential | undefined = lookup(await call('GET', `/api/bridge/v1/credential/${enc(c.id)}`))?.body;
         const why = !listed ? 'it was deleted meanwhile'
           : listed.kind !== kind ? `it is a ${listed.kind.replace('_', ' ')} credential`
             : listed.provider_controller_type_id !== p.provider_controller_type_id ? `it is a credential of provider controller '${listed.provider_controller_type_id}'`
               : credentialDifference(c, listed, p.provider_controller_type_id, kind);
         if (why !== undefined) return { conflict: why };
-        unlike.delete(c.id);
         return 'present';
       });
+      if (outcome === 'conflict') unusable.set(c.id, 'on the target is not the file\'s (the conflict above)');
+      if (outcome === 'failed') unusable.set(c.id, 'failed (above)');
     }
     const made = await item('providers', `provider ${p.id}`, async () => {
       if (!there) return absent;
@@ -389,8 +386,8 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       return why === undefined && disableUnfinished(p, there.body) ? { state: 'unfinished' } : differing(why);
     }, async () => {
       if (!there) {
-        const taken = [p.resource_server_credential?.id, p.user_credential?.id].find((id) => id !== undefined && unlike.has(id));
-        if (taken) throw new Refused(`its credential ${taken} on the target is not the file's (the conflict above): not made`);
+        const taken = [p.resource_server_credential?.id, p.user_credential?.id].find((id) => id !== undefined && unusable.has(id));
+        if (taken) throw new Refused(`its credential ${taken} ${unusable.get(taken)}: not made`);
         created(await call('POST', base, {
           provider_instance_id: p.id, display_name: p.display_name,
           ...(p.resource_server_credential ? { resource_server_credential_id: p.resource_server_credential.id } : {}),

@@ -551,6 +551,7 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.match(r.stderr, new RegExp(`conflict: alias payments: it names DEK ${own.id}, not \\S+; left as it is`));
     assert.match(r.stderr, new RegExp(`failed: secret p1 \\(${p1.id}\\): its alias 'payments' is a conflict \\(above\\): not imported`));
     assert.match(r.stderr, new RegExp(`failed: resource server credential ${card.id} of provider off: its alias 'payments' is a conflict \\(above\\): not imported`));
+    assert.match(r.stderr, new RegExp(`failed: provider off: its credential ${card.id} failed \\(above\\): not made`));
     assert.match(r.stdout, /secrets: 2 created, 0 already there, 0 conflicts, 1 failed/);
     assert.equal((await tc.get(`/api/secret/v1/${p1.id}`)).status, 404);
     assert.equal((await tc.get(`${B}/provider/off`)).status, 404);
@@ -562,6 +563,26 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.equal(again.code, 1, again.stdout + again.stderr);
     assert.doesNotMatch(again.stderr, /conflict: secret/);
     assert.match(again.stdout, /secrets: 0 created, 3 already there, 0 conflicts, 0 failed/);
+  });
+
+  it('makes no provider on a credential found a conflict at another provider that shares it (exit 1)', async () => {
+    const t = await freshTarget();
+    const tc = t.stack.client;
+    const def = structuredClone(source);
+    const off = def.providers[0];
+    const card = off.resource_server_credential;
+    def.providers.push({ ...structuredClone(off), id: 'off-too', status: 'active', functions: [] });
+    // On the target: the file's DEKs, `off` on a credential of its own, and one with the file's credential's id, unlike it.
+    assert.equal((await applyTo(t.stack.api.url, write('keys-only.json', { ...source, secrets: [], providers: [] }))).code, 0);
+    const mine = await ok(tc.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY }, metadata: {} }));
+    await ok(tc.post(avail('stripe', 'api_key'), { provider_instance_id: 'off', display_name: off.display_name, resource_server_credential_id: mine.id }));
+    await ok(tc.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, { ...card, metadata: { team: 'someone else' } }));
+    // Before, `off-too` was made on the target's unlike credential of that id.
+    const r = await applyTo(t.stack.api.url, write('shared-conflict.json', def));
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assert.match(r.stderr, new RegExp(`conflict: resource server credential ${card.id} of provider off: provider off has credential ${mine.id} in its place; left as it is`));
+    assert.match(r.stderr, new RegExp(`failed: provider off-too: its credential ${card.id} on the target is not the file's \\(the conflict above\\): not made`));
+    assert.equal((await tc.get(`${B}/provider/off-too`)).status, 404);
   });
 
   it('reports a DEK of the file whose id a DEK deleted on the target had as failed, naming why, not as there (exit 1)', async () => {
