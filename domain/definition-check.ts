@@ -2,15 +2,19 @@
 // every name it uses resolvable, in the file or on the target, and nothing listed twice otherwise.
 // scripts/apply-definition.ts checks this before writing anything, so a hand-edited or malformed file
 // is refused as a whole rather than applied in part. What only a write can reveal (a value that does
-// not decrypt, a credential its controller's schema refuses) stays a failure of that item.
+// not decrypt, a credential its controller's schema refuses) stays a failure of that item, as does a
+// controller or function the target's catalog lacks (targetCannotMake): no fault of the file, but of
+// the target's release (older than the source's, or one that removed it).
 import { isDeepStrictEqual } from 'node:util';
 import type { Definition } from './shapes/definition.ts';
 import type { ProviderController } from './shapes/bridge.ts';
-import { aliasTargets, type DefinitionCredential } from './definition-match.ts';
+import { aliasTargets, type DefinitionCredential, type DefinitionProvider } from './definition-match.ts';
 
 // What the target has that the file may name: its aliases and DEK ids among those the file names
-// without listing them (definitionReferences), and its catalog.
-export interface TargetNames { aliases: Set<string>; deks: Set<string>; catalog: Pick<ProviderController, 'type_id' | 'credential_controllers' | 'functions'>[] }
+// without listing them (definitionReferences).
+export interface TargetNames { aliases: Set<string>; deks: Set<string> }
+// The target's catalog (GET /api/bridge/v1/available-providers), by provider controller type id.
+export type TargetCatalog = Map<string, Pick<ProviderController, 'type_id' | 'credential_controllers' | 'functions'>>;
 
 // Names a problem is about, then the items that use it: a problem shared by many items is one line.
 const NAMED_AT_MOST = 3;
@@ -68,23 +72,10 @@ export function definitionProblems(def: Definition, target: TargetNames): string
     sealedWith(name, s);
   }
 
-  const catalog = new Map(target.catalog.map((c) => [c.type_id, c]));
   const providerIds = new Set<string>();
   for (const p of def.providers) {
-    const name = `provider ${p.id}`;
-    if (providerIds.has(p.id)) problems.push(`${name} is listed twice`);
+    if (providerIds.has(p.id)) problems.push(`provider ${p.id} is listed twice`);
     providerIds.add(p.id);
-    const controller = catalog.get(p.provider_controller_type_id);
-    if (!controller) {
-      note(`provider_controller_type_id '${p.provider_controller_type_id}' is not in the target's catalog`, name);
-      continue;
-    }
-    if (!controller.credential_controllers.some((c) => c.type_id === p.credential_controller_type_id)) {
-      note(`credential_controller_type_id '${p.credential_controller_type_id}' is not one of provider controller '${controller.type_id}' in the target's catalog`, name);
-    }
-    for (const f of p.functions) {
-      if (!controller.functions.some((c) => c.type_id === f)) note(`function '${f}' is not one of provider controller '${controller.type_id}' in the target's catalog`, name);
-    }
   }
 
   const credentialById = new Map<string, DefinitionCredential>();
@@ -110,4 +101,16 @@ export function definitionProblems(def: Definition, target: TargetNames): string
 
   for (const [problem, users] of grouped) problems.push(`${problem} (${naming(users)})`);
   return problems;
+}
+
+// Why the target cannot make a provider of the file (nor import its credentials), or, given `fn`, enable
+// that function of it: what it names is not in the target's catalog. Undefined when it can.
+export function targetCannotMake(p: Pick<DefinitionProvider, 'provider_controller_type_id' | 'credential_controller_type_id'>, catalog: TargetCatalog, fn?: string): string | undefined {
+  const controller = catalog.get(p.provider_controller_type_id);
+  if (!controller) return `provider_controller_type_id '${p.provider_controller_type_id}' is not in the target's catalog`;
+  if (!controller.credential_controllers.some((c) => c.type_id === p.credential_controller_type_id)) {
+    return `credential_controller_type_id '${p.credential_controller_type_id}' is not one of provider controller '${controller.type_id}' in the target's catalog`;
+  }
+  if (fn !== undefined && !controller.functions.some((c) => c.type_id === fn)) return `function '${fn}' is not one of provider controller '${controller.type_id}' in the target's catalog`;
+  return undefined;
 }

@@ -14,6 +14,7 @@ import type { Definition } from './shapes/definition.ts';
 import type { Config } from './config.ts';
 import type { Logger } from './logger.ts';
 import { agentCard } from './a2a/agent-card.ts';
+import { storedFunctionDef } from './bridge/catalog.ts';
 import { elements, opened, snapshotStreams, StreamCut } from './json-stream.ts';
 
 type Item<K extends keyof Definition> = Definition[K] extends (infer T)[] ? T : never;
@@ -43,7 +44,11 @@ const secret = (s: SecretExportRow): Item<'secrets'> => ({
   created_at: iso(s.created_at), updated_at: iso(s.updated_at),
 });
 
-const provider = (p: ProviderExportRow, credentialById: Map<string, ReturnType<typeof credential>>): Item<'providers'> => ({
+// A function instance whose function (or provider) this release's catalog no longer has is left out, as
+// the API's lists leave it out: no installation of this release could enable it, so no apply could make it.
+const cataloguedFunctions = (p: ProviderExportRow) => p.functions.filter((f) => storedFunctionDef(p.provider_controller_type_id, f) !== undefined);
+
+const provider = (p: ProviderExportRow, credentialById: Map<string, ReturnType<typeof credential>>, functions: string[]): Item<'providers'> => ({
   id: p.id, display_name: p.display_name, provider_controller_type_id: p.provider_controller_type_id,
   // An admin's disable is what a definition holds, over a refresh_failed it outlives (applied
   // elsewhere, the instance is to stay disabled, not become active).
@@ -51,11 +56,11 @@ const provider = (p: ProviderExportRow, credentialById: Map<string, ReturnType<t
   ...(p.return_on_successful_brokering ? { return_on_successful_brokering: p.return_on_successful_brokering } : {}),
   ...(p.resource_server_credential_id ? { resource_server_credential: credentialById.get(p.resource_server_credential_id) } : {}),
   ...(p.user_credential_id ? { user_credential: credentialById.get(p.user_credential_id) } : {}),
-  functions: p.functions,
+  functions,
 });
 
 // The Definition document as JSON text, its members in the schema's order, as JSON.stringify would write it whole.
-async function* definitionText(reader: DefinitionReader, cfg: Config): AsyncGenerator<string> {
+async function* definitionText(reader: DefinitionReader, cfg: Config, log: Logger): AsyncGenerator<string> {
   yield `${opened({ format: 'taskbridge-definition/v1', exported_at: new Date().toISOString(), agent_card: agentCard(cfg) })},"envelope_keys":[`;
   let comma = '';
   for await (const keys of reader.envelopeKeys()) {
@@ -69,11 +74,17 @@ async function* definitionText(reader: DefinitionReader, cfg: Config): AsyncGene
   yield '],"secrets":[';
   yield* elements(reader.secrets(), (secrets) => secrets.map(secret));
   yield '],"providers":[';
+  let leftOut = 0;
   yield* elements(reader.providers(), ({ providers, credentials }) => {
     const credentialById = new Map(credentials.map((c) => [c.id, credential(c)]));
-    return providers.map((p) => provider(p, credentialById));
+    return providers.map((p) => {
+      const functions = cataloguedFunctions(p);
+      leftOut += p.functions.length - functions.length;
+      return provider(p, credentialById, functions);
+    });
   });
   yield ']}';
+  if (leftOut) log.warn({ left_out: leftOut }, `definition export: ${leftOut} function instance(s) left out: their provider or function is not in this release's catalog`);
 }
 
 // Exports this process writes at once (DEFINITION_EXPORTS_AT_ONCE): each holds a database connection
@@ -85,7 +96,7 @@ const definitionExports = snapshotStreams('definition export');
 // its client went away, or cut at DEFINITION_EXPORT_TIMEOUT_MS, which bounds how long a client reading
 // slowly holds the connection (one that stops reading is cut sooner, at API_WRITE_STALL_MS).
 export async function exportDefinition(db: Knex, cfg: Config, log: Logger): Promise<Readable> {
-  const body = await definitionExports({ most: cfg.DEFINITION_EXPORTS_AT_ONCE, setting: 'DEFINITION_EXPORTS_AT_ONCE' }, () => openDefinitionReader(db), (reader) => definitionText(reader, cfg), log);
+  const body = await definitionExports({ most: cfg.DEFINITION_EXPORTS_AT_ONCE, setting: 'DEFINITION_EXPORTS_AT_ONCE' }, () => openDefinitionReader(db), (reader) => definitionText(reader, cfg, log), log);
   const timeUp = new StreamCut('the definition export was not read whole within DEFINITION_EXPORT_TIMEOUT_MS');
   const timer = setTimeout(() => body.destroy(timeUp), cfg.DEFINITION_EXPORT_TIMEOUT_MS);
   body.once('close', () => {

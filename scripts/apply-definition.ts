@@ -16,7 +16,7 @@ import { InvalidRequest, NotFound } from '../domain/errors.ts';
 import { checkValid, compileSchema } from '../domain/schema-check.ts';
 import { DEFAULT_ALIAS } from '../domain/crypto/key-management.ts';
 import { retryAfterMs } from '../domain/retry-after.ts';
-import { definitionProblems, definitionReferences, type TargetNames } from '../domain/definition-check.ts';
+import { definitionProblems, definitionReferences, targetCannotMake, type TargetCatalog, type TargetNames } from '../domain/definition-check.ts';
 import {
   aliasTargets, credentialDifference, disableUnfinished, providerDifference, secretDifference, settableStatus,
   type DefinitionCredential, type DefinitionProvider, type DefinitionSecret,
@@ -194,12 +194,12 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     }
   };
   // The target's catalog, not this command's: the target's release decides what it can make.
-  const catalog: TargetNames['catalog'] = [];
+  const catalog: TargetCatalog = new Map();
   let token: string | undefined;
   do {
     const page = await check(`/api/bridge/v1/available-providers?page_size=1000${token ? `&next_page_token=${enc(token)}` : ''}`);
     if (!Array.isArray(page?.body?.items)) throw new ApplyAborted(notTheApi(opts.url, 'GET /api/bridge/v1/available-providers', page ? 'no list of provider controllers' : '404'));
-    catalog.push(...page.body.items);
+    for (const c of page.body.items) catalog.set(c.type_id, c);
     token = page.body.next_page_token;
   } while (token);
 
@@ -214,7 +214,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   }
   // Then the whole file against itself and the target: one that cannot be applied whole is not applied in part.
   const refs = definitionReferences(def);
-  const names: TargetNames = { aliases: new Set(), deks: new Set(), catalog };
+  const names: TargetNames = { aliases: new Set(), deks: new Set() };
   // The DEK each alias the file's secrets and credentials use names on the target (the file's aliases
   // once applied): an import seals a value with it.
   const aliasDeks = new Map<string, string>();
@@ -345,6 +345,12 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   out(line('functions'));
 
   async function applyProvider(p: DefinitionProvider): Promise<void> {
+    // A provider (or function) the target cannot make fails on its own, the rest of the file applied.
+    const unmakeable = targetCannotMake(p, catalog);
+    const refuseUnmakeable = (not: string, fn?: string) => {
+      const why = fn === undefined ? unmakeable : targetCannotMake(p, catalog, fn);
+      if (why !== undefined) throw new Refused(`${why}: ${not}`);
+    };
     const base = `/api/bridge/v1/available-providers/${p.provider_controller_type_id}/available-credentials/${p.credential_controller_type_id}`;
     const credentials: [CredentialKind, DefinitionCredential | undefined][] = [['resource_server', p.resource_server_credential], ['user', p.user_credential]];
     let there: Answer | undefined;
@@ -361,7 +367,10 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       seenCredentials.add(c.id);
       const theirs = there?.body[kind === 'user' ? 'user_credential' : 'resource_server_credential'];
       const outcome = await item('credentials', `${kind.replace('_', ' ')} credential ${c.id} of provider ${p.id}`, async () => {
-        if (!there) return importable(c);
+        if (!there) {
+          refuseUnmakeable('not imported');
+          return importable(c);
+        }
         if (theirs?.id !== c.id) return differing(`provider ${p.id} has ${theirs ? `credential ${theirs.id}` : 'none'} in its place`);
         return differing(credentialDifference(c, theirs, p.provider_controller_type_id, kind));
       }, async () => {
@@ -381,7 +390,10 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       if (outcome === 'failed') unusable.set(c.id, 'failed (above)');
     }
     const made = await item('providers', `provider ${p.id}`, async () => {
-      if (!there) return absent;
+      if (!there) {
+        refuseUnmakeable('not made');
+        return absent;
+      }
       const why = providerDifference(p, there.body);
       return why === undefined && disableUnfinished(p, there.body) ? { state: 'unfinished' } : differing(why);
     }, async () => {
@@ -409,7 +421,11 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
         continue;
       }
       // Enabled, it is there for a copy of it further on in the file's list.
-      await item('functions', `function ${f} of provider ${p.id}`, async () => (enabled.has(f) ? present : absent), async () => {
+      await item('functions', `function ${f} of provider ${p.id}`, async () => {
+        if (enabled.has(f)) return present;
+        refuseUnmakeable('not enabled', f);
+        return absent;
+      }, async () => {
         const done = created(await call('POST', `/api/bridge/v1/provider/${p.id}/function/${f}/enable`, {}));
         enabled.add(f);
         return done;

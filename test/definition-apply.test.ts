@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import path from 'node:path';
-import { ADMIN_KEY, requireEnv, resetDb, startStack, tableRowCounts, type Client, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, requireEnv, resetDb, startStack, tableRowCounts, testDb, type Client, type Stack } from './helpers/stack.ts';
 import { scratchDatabase, type ScratchDatabase } from './helpers/scratch-database.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 import { migrateLatest } from '../db/knex.ts';
@@ -518,9 +518,7 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     const [s1, s2] = def.secrets;
     s1.dek_alias = 'ghost';
     s2.data_encryption_key_id = 'no-such-dek';
-    // A second instance of the stripe provider, with a function stripe does not have.
-    def.providers.push({ ...structuredClone(def.providers[0]), id: 'other', functions: ['no_such_function'] });
-    def.providers[0].provider_controller_type_id = 'nope';
+    def.providers.push(structuredClone(def.providers[0]));
     const before = await tableRowCounts([], t.scratch.db);
     const r = await applyTo(t.stack.api.url, write('unresolved.json', def));
     assert.equal(r.code, 1, r.stdout + r.stderr);
@@ -529,8 +527,7 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.deepEqual(lines.slice(1).sort(), [
       `  data_encryption_key_id 'no-such-dek' is neither a DEK of the file nor one on the target (secret ${s2.key} (${s2.id}))`,
       `  dek_alias 'ghost' is neither an alias of the file's DEKs nor one on the target (secret ${s1.key} (${s1.id}))`,
-      "  function 'no_such_function' is not one of provider controller 'stripe' in the target's catalog (provider other)",
-      "  provider_controller_type_id 'nope' is not in the target's catalog (provider off)",
+      '  provider off is listed twice',
     ]);
     assert.doesNotMatch(r.stdout, /created/);
     assert.deepEqual(await tableRowCounts([], t.scratch.db), before);
@@ -583,6 +580,41 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.match(r.stderr, new RegExp(`conflict: resource server credential ${card.id} of provider off: provider off has credential ${mine.id} in its place; left as it is`));
     assert.match(r.stderr, new RegExp(`failed: provider off-too: its credential ${card.id} on the target is not the file's \\(the conflict above\\): not made`));
     assert.equal((await tc.get(`${B}/provider/off-too`)).status, 404);
+  });
+
+  it('applies an export of a source with rows its catalog no longer has: a retired function left out, a provider of a retired controller failed on its own, the rest applied (exit 1)', async () => {
+    const db = testDb();
+    // As a release that removed them leaves the rows (test/bridge-catalog-removed.test.ts).
+    const c = a.client;
+    const cred = await ok(c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY } }));
+    await ok(c.post(avail('stripe', 'api_key'), { provider_instance_id: 'legacy', display_name: 'Legacy', resource_server_credential_id: cred.id }));
+    await db('provider_instances').where({ id: 'legacy' }).update({ provider_controller_type_id: 'retired_provider' });
+    await db('bridge_credentials').where({ id: cred.id }).update({ provider_controller_type_id: 'retired_provider' });
+    await db('function_instances').insert({ provider_instance_id: 'off', function_controller_type_id: 'retired_function', provider_controller_type_id: 'stripe' });
+    let def: any;
+    try {
+      def = await exported(c);
+    } finally {
+      await db('function_instances').where({ function_controller_type_id: 'retired_function' }).delete();
+      await db('provider_instances').where({ id: 'legacy' }).delete();
+      await db('bridge_credentials').where({ id: cred.id }).delete();
+    }
+    // Left out, as the API's lists leave it out: the target's catalog has it no more than the source's.
+    assert.deepEqual(def.providers.find((p: any) => p.id === 'off').functions, ['stripe_process_refund']);
+    // A hand-edited function the target's catalog lacks, on an instance it can make.
+    def.providers.push({ ...structuredClone(def.providers.find((p: any) => p.id === 'off')), id: 'other', status: 'active', functions: ['no_such_function'] });
+    const t = await freshTarget();
+    // Before, the whole file was refused: "is not in the target's catalog ...; nothing was written".
+    const r = await applyTo(t.stack.api.url, write('retired.json', def));
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assert.match(r.stderr, new RegExp(`failed: resource server credential ${cred.id} of provider legacy: provider_controller_type_id 'retired_provider' is not in the target's catalog: not imported`));
+    assert.match(r.stderr, /failed: provider legacy: provider_controller_type_id 'retired_provider' is not in the target's catalog: not made/);
+    assert.match(r.stderr, /failed: function no_such_function of provider other: function 'no_such_function' is not one of provider controller 'stripe' in the target's catalog: not enabled/);
+    assert.match(r.stdout, /secrets: 3 created, 0 already there, 0 conflicts, 0 failed/);
+    assert.match(r.stdout, /providers: 2 created, 0 already there, 0 conflicts, 1 failed/);
+    assert.match(r.stdout, /functions: 1 created, 0 already there, 0 conflicts, 1 failed/);
+    assert.deepEqual((await provider(t.stack.client, 'off')).functions, ['stripe_process_refund']);
+    assert.equal((await t.stack.client.get(`${B}/provider/legacy`)).status, 404);
   });
 
   it('reports a DEK of the file whose id a DEK deleted on the target had as failed, naming why, not as there (exit 1)', async () => {
