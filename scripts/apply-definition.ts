@@ -26,14 +26,14 @@ const FORMAT = 'taskbridge-definition/v1';
 const KINDS = ['deks', 'aliases', 'secrets', 'credentials', 'providers', 'functions'] as const;
 type Kind = (typeof KINDS)[number];
 type Outcome = 'created' | 'updated' | 'present' | 'conflict' | 'failed';
-// unfinished: there, but not yet as the file has it, in a way only an earlier apply leaves (written as absent is).
-// outdated: there otherwise than the file has it, and made as the file has it (`default` only): its write is an update.
-type Found = { state: 'absent' } | { state: 'unfinished' } | { state: 'outdated' } | { state: 'present' } | { state: 'conflict'; why: string };
+// outdated: there otherwise than the file has it, and made as the file has it (`default`; a provider an
+// earlier apply left undisabled): its write is an update.
+type Found = { state: 'absent' } | { state: 'outdated' } | { state: 'present' } | { state: 'conflict'; why: string };
 const absent: Found = { state: 'absent' };
 const present: Found = { state: 'present' };
 const differing = (why: string | undefined): Found => (why === undefined ? present : { state: 'conflict', why });
 // The kinds of which an item can be outdated: their lines count updates.
-const UPDATED_KINDS: readonly Kind[] = ['aliases'];
+const UPDATED_KINDS: readonly Kind[] = ['aliases', 'providers'];
 
 // Secrets are independent of one another: a few requests at once keep a large export from taking a
 // round trip after another.
@@ -164,7 +164,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     try {
       const found = await look();
       if (found.state === 'conflict') err(`conflict: ${name}: ${found.why}; left as it is`);
-      const writes = found.state === 'absent' || found.state === 'unfinished' || found.state === 'outdated';
+      const writes = found.state === 'absent' || found.state === 'outdated';
       const written = writes ? (dryRun ? wouldWrite(kind, name) : await write()) : found.state;
       if (typeof written === 'object') err(`conflict: ${name}: ${written.conflict}; left as it is`);
       outcome = typeof written === 'object' ? 'conflict' : written === 'created' && found.state === 'outdated' ? 'updated' : written;
@@ -395,7 +395,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
         return absent;
       }
       const why = providerDifference(p, there.body);
-      return why === undefined && disableUnfinished(p, there.body) ? { state: 'unfinished' } : differing(why);
+      return why === undefined && disableUnfinished(p, there.body) ? { state: 'outdated' } : differing(why);
     }, async () => {
       if (!there) {
         const taken = [p.resource_server_credential?.id, p.user_credential?.id].find((id) => id !== undefined && unusable.has(id));

@@ -192,7 +192,7 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
     assert.equal(r.code, 0, r.stdout + r.stderr);
     assertNoValues(r);
     for (const [kind, n] of [['deks', dekIds(source).size], ['aliases', 2], ['secrets', 5], ['credentials', 3], ['providers', 2], ['functions', 2]] as const) {
-      assert.match(r.stdout, new RegExp(`${kind}: 0 created, ${kind === 'aliases' ? '0 updated, ' : ''}${n} already there, 0 conflicts, 0 failed`));
+      assert.match(r.stdout, new RegExp(`${kind}: 0 created, ${kind === 'aliases' || kind === 'providers' ? '0 updated, ' : ''}${n} already there, 0 conflicts, 0 failed`));
     }
     assert.match(r.stdout, /Nothing to do: everything in the file is already on the target/);
     assert.deepEqual(await tableRowCounts([], scratch.db), before.rows);
@@ -274,7 +274,7 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
     const again = await apply();
     assert.equal(again.code, 0, again.stdout + again.stderr);
     assert.match(again.stdout, /credentials: 0 created, 3 already there, 0 conflicts, 0 failed/);
-    assert.match(again.stdout, /providers: 1 created, 1 already there/);
+    assert.match(again.stdout, /providers: 1 created, 0 updated, 1 already there/);
     assert.equal((await b.client.get(`${B}/provider/pay`)).body.resource_server_credential.id, card.id);
 
     // Its id taken by a credential of another provider controller: a conflict saying so (before, the
@@ -448,10 +448,14 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     // Made active by its create and left so, but with nothing enabled on it.
     assert.deepEqual(await provider(t.stack.client, 'off').then((p) => [p.status, p.functions]), ['active', []]);
 
+    // Only disabled: updated, not created (before, counted created, and 'to create' by --dry-run).
+    const dry = await cli(['definition', 'apply', path.join(dir, 'def.json'), '--url', t.stack.api.url, '--dry-run']);
+    assert.equal(dry.code, 0, dry.stdout + dry.stderr);
+    assert.match(dry.stdout, /providers: 0 to create, 1 to update, 0 already there, 0 conflicts, 0 failed/);
     const again = await applyTo(t.stack.api.url);
     assert.equal(again.code, 0, again.stdout + again.stderr);
     assert.match(again.stdout, /provider off: disabled \(an earlier run made it active and was cut before disabling it\)/);
-    assert.match(again.stdout, /providers: 1 created, 0 already there, 0 conflicts, 0 failed/);
+    assert.match(again.stdout, /providers: 0 created, 1 updated, 0 already there, 0 conflicts, 0 failed/);
     assert.match(again.stdout, /functions: 1 created/);
     assert.deepEqual(await provider(t.stack.client, 'off').then((p) => [p.status, p.functions]), ['disabled', ['stripe_process_refund']]);
     const third = await applyTo(t.stack.api.url);
@@ -611,7 +615,7 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.match(r.stderr, /failed: provider legacy: provider_controller_type_id 'retired_provider' is not in the target's catalog: not made/);
     assert.match(r.stderr, /failed: function no_such_function of provider other: function 'no_such_function' is not one of provider controller 'stripe' in the target's catalog: not enabled/);
     assert.match(r.stdout, /secrets: 3 created, 0 already there, 0 conflicts, 0 failed/);
-    assert.match(r.stdout, /providers: 2 created, 0 already there, 0 conflicts, 1 failed/);
+    assert.match(r.stdout, /providers: 2 created, 0 updated, 0 already there, 0 conflicts, 1 failed/);
     assert.match(r.stdout, /functions: 1 created, 0 already there, 0 conflicts, 1 failed/);
     assert.deepEqual((await provider(t.stack.client, 'off')).functions, ['stripe_process_refund']);
     assert.equal((await t.stack.client.get(`${B}/provider/legacy`)).status, 404);
@@ -656,7 +660,7 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
       assert.match(r.stderr, new RegExp(`failed: resource server credential ${def.providers[0].resource_server_credential.id} of provider off: provider controller 'nope' not found`));
       assert.match(r.stderr, /conflict: provider off: its provider_controller_type_id differs; left as it is/);
       assert.match(r.stdout, /Summary:\n {2}deks: 0 created, 2 already there/);
-      assert.match(r.stdout, / {2}credentials: 0 created, 0 already there, 0 conflicts, 1 failed\n {2}providers: 0 created, 0 already there, 1 conflicts, 0 failed\n {2}functions: 0 created, 1 already there/);
+      assert.match(r.stdout, / {2}credentials: 0 created, 0 already there, 0 conflicts, 1 failed\n {2}providers: 0 created, 0 updated, 0 already there, 1 conflicts, 0 failed\n {2}functions: 0 created, 1 already there/);
     } finally {
       newer.close();
     }
