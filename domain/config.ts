@@ -52,8 +52,8 @@ const ConfigSchema = Type.Object({
   AUTH_FAILURES_PER_MINUTE: Limit({ default: 60 }),
   // The reverse proxies in front (true: one). Each appends the address it got the request from to
   // X-Forwarded-For, after whatever the client sent there: the client's address is the entry the
-  // first of them appended, the Nth from the right. false: X-Forwarded-For is not read.
-  TRUST_PROXY: Type.String({ default: 'false', pattern: worded('^(false|true|[1-9]|10)$', 'must be true, false or the number of proxies in front, 1 to 10') }),
+  // first of them appended, the Nth from the right. false (or 0, no proxies): X-Forwarded-For is not read.
+  TRUST_PROXY: Type.String({ default: 'false', pattern: worded('^(false|true|[0-9]|10)$', 'must be true, false or the number of proxies in front, 0 to 10') }),
   // Longest a statement of the API or a worker may run (Postgres cancels it; the client gives up
   // shortly after, should the server not answer at all): the request then gets 503. 0: no limit.
   DB_QUERY_TIMEOUT_MS: Ms({ minimum: 0, default: 30000 }),

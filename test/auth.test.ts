@@ -325,7 +325,8 @@ describe('authentication and scopes', () => {
   });
 });
 
-for (const trustProxy of ['false', 'true', '2']) describe(`failed authentication limit per client address${trustProxy !== 'false' ? ` (TRUST_PROXY=${trustProxy}: X-Forwarded-For names it)` : ''}`, () => {
+// TRUST_PROXY=0 means no proxies, as false does.
+for (const trustProxy of ['false', '0', 'true', '2']) describe(`failed authentication limit per client address (TRUST_PROXY=${trustProxy}${['false', '0'].includes(trustProxy) ? '' : ': X-Forwarded-For names it'})`, () => {
   const stack = useStack({ AUTH_FAILURES_PER_MINUTE: '5', TRUST_PROXY: trustProxy }, { workers: 0 });
   const hops = trustProxy === 'true' ? 1 : Number(trustProxy) || 0;
   // GET /api/task/v1 with `key` ('' sends none), saying it comes from `address`.

@@ -52,7 +52,7 @@ describe('process start-up', function () {
       assert.match(r.output, new RegExp(`^ {2}${name}: must be a whole number in decimal digits$`, 'm'));
     }
     assert.match(r.output, /^ {2}A2A_STREAMING: must be true or false$/m);
-    assert.match(r.output, /^ {2}TRUST_PROXY: must be true, false or the number of proxies in front, 1 to 10$/m);
+    assert.match(r.output, /^ {2}TRUST_PROXY: must be true, false or the number of proxies in front, 0 to 10$/m);
     assert.match(r.output, /^ {2}DATABASE_URL: is required$/m);
     noStack(r);
   });
