@@ -375,6 +375,23 @@ for (const trustProxy of ['false', '0', 'true', '2']) describe(`failed authentic
     // ...and a new made-up address each time does not let the guesser guess on.
     for (let i = 0; i < 3; i++) assert.equal((await list(guess(), forwarded([`10.0.${i}.1`], guesser))).status, 429);
   });
+
+  if (hops) it('counts IPv6 addresses by their /64 (one host picks any address in it) and an IPv4-mapped one as its IPv4 address', async () => {
+    await inAFreshMinute();
+    const fresh = await stack.client.post('/api/auth/v1/api-key', { name: 'next /64', scopes: ['task:read'] });
+    // A new address in one /64 for each wrong key, written in the forms an address takes.
+    const inOne64 = ['2001:db8:7:1::1', '2001:DB8:7:1::2', '2001:0db8:0007:0001:0000:0000:0000:0003', '2001:db8:7:1:ffff:ffff:ffff:fffe', '2001:db8:7:1:0:5efe:192.0.2.1'];
+    for (const [i, address] of inOne64.entries()) assertAuthError(await list(guess(), address), 401, `wrong key ${i + 1}`);
+    const refused = await list(guess(), '2001:db8:7:1:abcd::99');
+    assert.equal(refused.status, 429, refused.text);
+    assert.equal((await list(fresh.body.key, '2001:db8:7:1::100')).status, 429);
+    // The next /64 is another client.
+    assert.equal((await list(fresh.body.key, '2001:db8:7:2::1')).status, 200);
+    // An IPv4 client seen through an IPv6 socket or proxy is the same client as over IPv4.
+    for (let i = 0; i < 5; i++) assertAuthError(await list(guess(), i % 2 ? '198.51.100.60' : `::ffff:198.51.100.60`), 401, `wrong key ${i + 1}`);
+    assert.equal((await list(guess(), '::FFFF:198.51.100.60')).status, 429);
+    assert.equal((await list(guess(), '198.51.100.60')).status, 429);
+  });
 });
 
 describe('failed authentication limit per client address: keys sent at once, keys in use', () => {
