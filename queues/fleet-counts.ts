@@ -50,11 +50,11 @@ export class WindowCounts {
     return this.windowMs - (now % this.windowMs);
   }
 
-  /** Counts one for the subject unless its count in this window has reached `limit`: 0 if counted, else the ms until the window ends. */
-  take(subject: string, limit: number, now = Date.now()): number {
+  /** Counts `n` for the subject unless that would take its count in this window past `limit`: 0 if counted, else the ms until the window ends. */
+  take(subject: string, limit: number, n = 1, now = Date.now()): number {
     const slot = this.slot(subject, now, true)!;
-    if (slot.unsynced + slot.fleet >= limit) return this.msLeft(now);
-    slot.unsynced++;
+    if (slot.unsynced + slot.fleet + n > limit) return this.msLeft(now);
+    slot.unsynced += n;
     slot.counted = now;
     return 0;
   }

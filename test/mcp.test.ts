@@ -4,7 +4,7 @@ import http from 'node:http';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { ErrorCode, LATEST_PROTOCOL_VERSION, McpError } from '@modelcontextprotocol/sdk/types.js';
-import { ADMIN_KEY, resetDb, startStack, testDb, useStack, waitFor, type Client as HttpClient, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, resetDb, startStack, testDb, useStack, useStarted, waitFor, type Client as HttpClient, type Stack } from './helpers/stack.ts';
 import { TOOLS_PAGE } from '../domain/bridge/mcp.ts';
 import { startFakeProviders, type FakeProviders } from './helpers/fake-providers.ts';
 
@@ -730,5 +730,55 @@ describe('MCP server with MCP_ALLOWED_ORIGINS=*', () => {
       });
       assert.deepEqual([r.status, await r.json()], [200, { jsonrpc: '2.0', id: 1, result: {} }], origin);
     }
+  });
+});
+
+describe('MCP batches and RATE_LIMIT_PER_SECOND', () => {
+  const limit = 10;
+  let stripe: FakeProviders;
+  let key: string;
+  const stack = useStarted(async () => {
+    stripe = await startFakeProviders({ stripeKey: STRIPE_KEY });
+    return startStack({ RATE_LIMIT_PER_SECOND: String(limit), STRIPE_API_BASE_URL: stripe.url, BRIDGE_ALLOW_PRIVATE: 'true' }, { workers: 0 });
+  }, async (started) => {
+    await started?.stop();
+    stripe?.close();
+  });
+  const post = (body: unknown) => fetch(`${stack.api.url}${B}/mcp`, {
+    method: 'POST', body: JSON.stringify(body),
+    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', accept: 'application/json' },
+  });
+  const refunds = (n: number, batch: string) => Array.from({ length: n }, (_, i) => ({ jsonrpc: '2.0', id: i, method: 'tools/call', params: { name: REFUND, arguments: { payment_intent: `pi_${batch}_${i}` } } }));
+
+  before(async () => {
+    const c = stack.client;
+    const cred = await c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY } });
+    assert.equal(cred.status, 201, cred.text);
+    assert.equal((await c.post(avail('stripe', 'api_key'), { provider_instance_id: 'stripe-main', display_name: 'main', resource_server_credential_id: cred.body.id })).status, 201);
+    assert.equal((await c.post(`${B}/provider/stripe-main/function/stripe_process_refund/enable`, {})).status, 201);
+    // A key of its own: the set-up above took the admin key's requests.
+    const created = await c.post('/api/auth/v1/api-key', { name: 'mcp batches', scopes: ['bridge:invoke'] });
+    assert.equal(created.status, 201, created.text);
+    key = created.body.key;
+  });
+
+  it('counts each member of a batch as a request: a batch past what is left this second is 429 with Retry-After and runs nothing; one larger than the limit is -32600', async () => {
+    const before = stripe.seen.length;
+    const tooMany = await post(refunds(20, 'many'));
+    assert.equal(tooMany.status, 400);
+    assert.deepEqual(await tooMany.json(), { jsonrpc: '2.0', id: null, error: { code: ErrorCode.InvalidRequest, message: `Invalid Request: a batch holds at most ${limit} messages, not 20 (RATE_LIMIT_PER_SECOND); send the rest in another POST` } });
+    assert.equal(stripe.seen.length, before, 'nothing reached the provider');
+    // Four batches of six at once: one fits in a second's ten requests, the second one's six do not.
+    const answers = await Promise.all(['a', 'b', 'c', 'd'].map((b) => post(refunds(6, b))));
+    const passed = answers.filter((r) => r.status === 200);
+    const limited = answers.filter((r) => r.status === 429);
+    assert.equal(passed.length + limited.length, 4, answers.map((r) => r.status).join(','));
+    assert.ok(passed.length >= 1 && passed.length <= 2, `at most two one-second windows' worth pass: ${passed.length} passed`);
+    for (const r of limited) {
+      assert.match(r.headers.get('retry-after') ?? '', /^[1-9]\d*$/);
+      const body = await r.json() as { data: { code: string } };
+      assert.equal(body.data.code, 'rate_limited');
+    }
+    assert.equal(stripe.seen.length, before + 6 * passed.length, 'a refused batch called nothing');
   });
 });

@@ -10,6 +10,8 @@ import { clientGone } from '../client-gone.ts';
 import { ErrorBody } from '../../domain/shapes/common.ts';
 import { JsonRpcResponse } from '../../domain/shapes/jsonrpc.ts';
 import { readJsonRpcBody } from '../middleware/body.ts';
+import { takeRequests } from '../middleware/rate-limit.ts';
+import type { Principal } from '../middleware/auth.ts';
 import type { Context } from 'koa';
 import { createMcpServer } from '../../domain/bridge/mcp.ts';
 import {
@@ -71,8 +73,11 @@ export const mcpRoutes = [
       const refused = unstorableRefusal(body, problem);
       return answer(ctx, refused.status, refused.answer);
     }
-    const batchRefused = batchRefusal(body, ctx.get('mcp-protocol-version') || undefined);
+    const batchRefused = batchRefusal(body, ctx.get('mcp-protocol-version') || undefined, services.cfg.RATE_LIMIT_PER_SECOND);
     if (batchRefused) return answer(ctx, 400, batchRefused);
+    // Each member of a batch is a request (twenty tools/call are twenty provider calls); the rate
+    // limit took the first. None runs unless all fit.
+    if (Array.isArray(body)) takeRequests(services, ctx.state.principal as Principal, body.length - 1);
     const headers = new Headers();
     for (const [name, value] of Object.entries(ctx.req.headers)) {
       if (typeof value === 'string') headers.set(name, value);

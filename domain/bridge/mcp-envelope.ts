@@ -116,13 +116,16 @@ export function envelopeRefusal(body: unknown, sdkStatus: number, sdkAnswer: str
 // Two requests with one id would both run and only one be answered (the SDK keys answers by id).
 // A batch holds at most BATCH_MAX messages: the SDK holds every answer until the last and answers them
 // as one text, so 20,000 tools/list in one 1 MiB body were gigabytes of heap in one request.
+// Each member counts as a request against RATE_LIMIT_PER_SECOND (`perSecond`, 0: none): a batch larger
+// than it could never pass, and is refused as one larger than BATCH_MAX is, not 429 for ever.
 export const BATCH_MAX = 20;
-export function batchRefusal(body: unknown, protocolVersion: string | undefined): EnvelopeRefusal | undefined {
+export function batchRefusal(body: unknown, protocolVersion: string | undefined, perSecond: number): EnvelopeRefusal | undefined {
   if (!Array.isArray(body)) return undefined;
   if (protocolVersion && SUPPORTED_PROTOCOL_VERSIONS.includes(protocolVersion) && protocolVersion >= '2025-06-18') {
     return invalidRequest(`MCP ${protocolVersion} has no JSON-RPC batches; send one message per POST`);
   }
   if (body.length > BATCH_MAX) return invalidRequest(`a batch holds at most ${BATCH_MAX} messages, not ${body.length}; send the rest in another POST`);
+  if (perSecond && body.length > perSecond) return invalidRequest(`a batch holds at most ${perSecond} messages, not ${body.length} (RATE_LIMIT_PER_SECOND); send the rest in another POST`);
   const requests = new Map<string, number>();
   for (const [i, m] of body.entries()) {
     const { id, method } = (typeof m === 'object' && m !== null ? m : {}) as { id?: unknown; method?: unknown };
