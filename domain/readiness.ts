@@ -25,9 +25,25 @@ export function createReadinessDb(cfg: Pick<Config, 'DATABASE_URL'>, log: DbLog)
 
 export interface Readiness { status: 'ready'; checks: { postgres: 'ok'; redis: 'ok'; keys: string } }
 
-/** The checks when ready; else throws Unavailable naming what failed (`data.failed`). */
+// Probes share a check: those that come while one runs get its outcome, and so do those in the
+// REUSE_MS after it ended. A check each, queued on the one connection, ran past PROBE_TIMEOUT_MS
+// once load balancers and keep-alive clients probed by the hundred, and every instance answered 503.
+const REUSE_MS = 1000;
+const lastChecks = new WeakMap<Knex, { outcome: Promise<Readiness>; endedAt?: number }>();
+
+/** The checks when ready; else throws Unavailable naming what failed (`data.failed`). Shutting down is told at once, never a check's outcome. */
 export async function checkReadiness(s: Pick<Services, 'readinessDb' | 'redis' | 'cfg' | 'stopping'>): Promise<Readiness> {
   if (s.stopping) throw new Unavailable('Not ready: shutting down', { failed: ['stopping'] });
+  const last = lastChecks.get(s.readinessDb);
+  if (last && (last.endedAt === undefined || Date.now() - last.endedAt < REUSE_MS)) return last.outcome;
+  const check = { outcome: runChecks(s), endedAt: undefined as number | undefined };
+  const ended = () => { check.endedAt = Date.now(); };
+  check.outcome.then(ended, ended);
+  lastChecks.set(s.readinessDb, check);
+  return check.outcome;
+}
+
+async function runChecks(s: Pick<Services, 'readinessDb' | 'redis' | 'cfg'>): Promise<Readiness> {
   const [pg, redis, keys] = await Promise.allSettled([
     withTimeout(s.readinessDb.raw('select 1'), PROBE_TIMEOUT_MS),
     withTimeout(s.redis.ping(), PROBE_TIMEOUT_MS),

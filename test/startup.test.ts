@@ -8,7 +8,8 @@ import net from 'node:net';
 import path from 'node:path';
 import { Client, Pool } from 'undici';
 import { freePort } from '../scripts/local-services.ts';
-import { ROOT, requireEnv, startApi, testDb, testEnv, textMessage, useStack, waitFor } from './helpers/stack.ts';
+import { ROOT, requireEnv, startApi, startStack, testDb, testEnv, textMessage, useStack, useStarted, waitFor, type Response } from './helpers/stack.ts';
+import { startStatementCountingProxy, type StatementCountingProxy } from './helpers/statement-counting-proxy.ts';
 import { migrationConfig } from '../db/knex.ts';
 import { scratchDatabase } from './helpers/scratch-database.ts';
 import { behindProxy, behindServiceProxy } from './helpers/black-hole-proxy.ts';
@@ -690,14 +691,19 @@ describe('readiness', function () {
     assert.equal((await stack.client.post('/api/encryption/v1/envelope', { type: 'local', file_name: 'second.key' })).status, 201);
     const away = (name: string) => fs.renameSync(path.join(keysDir, name), path.join(keysDir, `${name}.away`));
     const back = (name: string) => fs.renameSync(path.join(keysDir, `${name}.away`), path.join(keysDir, name));
+    // A check's outcome is reused for a second: the probes wait for one made after each change.
+    const probeUntil = (changed: (r: Response) => boolean, what: string) => waitFor(async () => {
+      const r = await stack.client.get('/_internal/v1/ready');
+      return changed(r) && r;
+    }, what);
     away('second.key');
     try {
-      const one = await stack.client.get('/_internal/v1/ready');
+      const one = await probeUntil((r) => r.body.checks?.keys !== 'ok', 'a check without second.key');
       assert.equal(one.status, 200, one.text);
       assert.equal(one.body.checks.keys, '1 of 2 local envelope key files unreadable');
       away('default-envelope.key');
       try {
-        const none = await stack.client.get('/_internal/v1/ready');
+        const none = await probeUntil((r) => r.status !== 200, 'a check without either key file');
         assert.equal(none.status, 503);
         assert.deepEqual(none.body.data.failed, ['keys']);
         assert.equal(none.body.message, 'Not ready: no local envelope key file in KEYS_DIR can be read');
@@ -707,7 +713,7 @@ describe('readiness', function () {
     } finally {
       back('second.key');
     }
-    assert.deepEqual((await stack.client.get('/_internal/v1/ready')).body.checks.keys, 'ok');
+    assert.deepEqual((await probeUntil((r) => r.body.checks?.keys === 'ok', 'a check with both key files back')).body.checks.keys, 'ok');
   });
 
   // A busy instance is a healthy one: a load balancer that read a full pool as "Postgres down" would
@@ -733,6 +739,41 @@ describe('readiness', function () {
       for (const r of await Promise.all(held)) assert.equal(r.status, 200, r.text);
     } finally {
       if (!locker.isCompleted()) await locker.rollback();
+    }
+  });
+});
+
+describe('readiness probed by many at once', function () {
+  this.timeout(60_000);
+  let postgres: StatementCountingProxy;
+  const stack = useStarted(async () => {
+    postgres = await startStatementCountingProxy(requireEnv('DATABASE_URL'));
+    return startStack({ DATABASE_URL: postgres.url }, { workers: 0 });
+  }, async (started) => {
+    await started?.stop();
+    await postgres?.close();
+  });
+
+  // Load balancers and keep-alive clients probe every instance: a check each, queued on the probe's
+  // one connection, ran past its 2 s, and every instance answered 503 at once.
+  it('shares one check among probes sent at once: 300 probes all 200, and far fewer statements reach Postgres than probes', async () => {
+    const pool = new Pool(stack.api.url, { connections: 300 });
+    try {
+      const probe = async () => {
+        const r = await pool.request({ method: 'GET', path: '/_internal/v1/ready' });
+        return { status: r.statusCode, body: await r.body.json() as { checks?: unknown } };
+      };
+      assert.equal((await probe()).status, 200);
+      const before = postgres.statements('taskbridge ready');
+      assert.ok(before > 0, 'the probe\'s statements are counted');
+      const answers = await Promise.all(Array.from({ length: 300 }, probe));
+      const statuses = answers.reduce<Record<number, number>>((t, a) => ({ ...t, [a.status]: (t[a.status] ?? 0) + 1 }), {});
+      assert.deepEqual(statuses, { 200: 300 }, JSON.stringify(answers.find((a) => a.status !== 200)?.body));
+      // A check is two statements; one each was 600. One check a second is a few for a burst this long.
+      const statements = postgres.statements('taskbridge ready') - before;
+      assert.ok(statements < 60, `${statements} statements for 300 probes`);
+    } finally {
+      await pool.close();
     }
   });
 });
