@@ -39,11 +39,15 @@ const dueScoreMax = (now: number) => (now + 1) * 0x1000 - 1;
 // only when it was added (timestamp, plus opts.delay) and when a worker last took it (processedOn):
 // its wait began no earlier than the latest of these, so it counts from there (a fresh job: from its
 // add), not from its first add. A run handed back at shutdown or taken back after stalling goes to
-// the front of the line (moveJobFromActiveToWait, moveStalledJobsToWait: RPUSH); new jobs and retries
-// (promoted once their backoff is over, or retryJob without lifo) to the back (LPUSH), in the order
-// they came. So the longest wait is among the jobs from the front up to the first that never ran:
-// those behind it came later (at most OLDEST_SCAN_MAX of them are read). Jobs with a priority are
-// ordered by it, not by age: each is read (up to OLDEST_SCAN_MAX). A delayed job (a new one with a
+// the front of the line (moveJobFromActiveToWait, moveStalledJobsToWait: RPUSH), as does a new job
+// added lifo (the queue dashboard allows it); other new jobs and retries (promoted once their backoff
+// is over, or retryJob without lifo) go to the back (LPUSH), in the order they came. Every job pushed
+// to the front lies ahead of every job pushed to the back. So the longest wait is among the jobs from
+// the front up to the first that never ran and was not added lifo: those behind it came later. A lifo
+// job does not end the scan, as it may be newer than those behind it. The scan still reads at most
+// OLDEST_SCAN_MAX jobs per list: past that many lifo jobs and returned runs at the front, an older
+// job behind them goes unseen. Jobs with a priority are ordered by it, not by age: each is read
+// (up to OLDEST_SCAN_MAX). A delayed job (a new one with a
 // delay, a retry in its backoff) waits once its time has come, yet stays in BullMQ's delayed set
 // until a worker comes for jobs: the earliest due there waits since its time, its score (ms * 0x1000).
 const OLDEST_SCAN_PAGE = 50;
@@ -55,7 +59,7 @@ export async function oldestWaitingAgeMs(queue: Queue): Promise<number | null> {
       const jobs = await queue.getJobs([state], at, at + OLDEST_SCAN_PAGE - 1, true);
       for (const job of jobs) {
         since = Math.min(since, Math.max(job.timestamp + (job.opts.delay ?? 0), job.processedOn ?? 0));
-        if (state === 'waiting' && !job.processedOn) break scan;
+        if (state === 'waiting' && !job.processedOn && !job.opts.lifo) break scan;
       }
       if (jobs.length < OLDEST_SCAN_PAGE) break;
     }

@@ -119,6 +119,29 @@ describe('GET /metrics', () => {
     });
   });
 
+  it('reports the age of the oldest waiting job, not of a newer one added lifo from the queue dashboard ahead of it', async () => {
+    await withQueue(stack.env, 'credential-refresh', async (queue) => {
+      const old = await queue.add('refresh', { credential_id: randomUUID() }, { timestamp: Date.now() - 60_000 });
+      try {
+        // lifo puts the new job at the front of the wait list, ahead of the older one.
+        const added = await fetch(`${stack.api.url}/admin/queues/api/queues/credential-refresh/add`, {
+          method: 'POST', headers: { authorization: `Basic ${Buffer.from(`ops:${ADMIN_KEY}`).toString('base64')}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ name: 'refresh', data: { credential_id: randomUUID() }, options: { jobId: 'lifo-by-hand', lifo: true } }),
+        });
+        assert.equal(added.status, 200, await added.text());
+        assert.deepEqual((await queue.getWaiting(0, 1)).map((j) => j.id).sort(), [old.id, 'lifo-by-hand'].sort());
+        const text = (await stack.client.get('/metrics')).text;
+        const stats = (await stack.client.get('/_internal/v1/queues')).body.queues['credential-refresh'];
+        assert.equal(stats.waiting, 2, JSON.stringify(stats));
+        assert.ok(sample(text, 'taskbridge_queue_oldest_waiting_seconds', 'queue="credential-refresh"')! >= 60, text);
+        assert.ok(stats.oldest_waiting_age_ms >= 60_000, JSON.stringify(stats));
+      } finally {
+        await old.remove();
+        await queue.remove('lifo-by-hand');
+      }
+    });
+  });
+
   it('reports backlog age and workers per queue, the Postgres pool and open A2A streams', async () => {
     assert.equal((await stack.client.post('/api/task/v1', { message: textMessage('waits') })).status, 201);
     // A stream on a task no worker runs stays open until the client leaves.
