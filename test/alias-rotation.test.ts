@@ -5,7 +5,7 @@ import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import type { Queue } from 'bullmq';
-import { assertError, cancelWhileRowHeld, startWorker, testDb, useStack, waitFor, withQueue, type Client, type Proc } from './helpers/stack.ts';
+import { assertError, cancelWhileRowHeld, lockWaits, startWorker, testDb, useStack, waitFor, withQueue, type Client, type Proc } from './helpers/stack.ts';
 
 const S = '/api/secret/v1';
 const E = '/api/encryption/v1';
@@ -449,9 +449,9 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
       stack.workers[0] = worker;
       allProcs.push(worker);
       await waitFor(async () => (await jobRow(r.body.id)).params.phase === 'sweep', 'the sweep', 30000, 20);
-      await sleep(300);
+      await waitFor(async () => (await lockWaits()) >= 1, 'the sweep to wait on the held secret', 30000, 20);
       const moved = c.put(`${E}/dek/alias/${ALIAS}`, { new_dek_id: elsewhere });
-      await sleep(300);
+      await waitFor(async () => (await lockWaits()) >= 2, 'the move to wait on the alias the sweep holds', 30000, 20);
       await held.rollback();
       assert.equal((await moved).status, 200);
     } finally {

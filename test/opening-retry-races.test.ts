@@ -3,10 +3,9 @@
 // retry while the task changes (an update is written at the moment the retry looks for its original).
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import type { Task } from '@a2a-js/sdk';
-import { resetDb, testDb, testEnv } from './helpers/stack.ts';
+import { lockWaits, resetDb, testDb, testEnv, waitFor } from './helpers/stack.ts';
 import { insertTaskBundles, type TaskBundle } from '../db/tasks.ts';
 import { loadConfig } from '../domain/config.ts';
 import { createServices, type Services } from '../domain/services.ts';
@@ -43,7 +42,7 @@ describe('retried first sends: races', () => {
     await insertTaskBundles(trx, [opening(w)]); // holds w until it ends
     const a = insertTaskBundles(db, [opening(x), opening(w), opening(y)]).then(() => 'ok', (e) => e.code);
     const b = insertTaskBundles(db, [opening(y), opening(w), opening(x)]).then(() => 'ok', (e) => e.code);
-    await sleep(500); // both have taken their first id and wait for w
+    await waitFor(async () => (await lockWaits()) === 2, 'both to have taken their first id and to wait for w');
     await trx.commit();
     assert.deepEqual(await Promise.all([a, b]), ['ok', 'ok']);
   });

@@ -205,6 +205,14 @@ export function testDb(): Db {
   return sharedDb;
 }
 
+// How many statements on the test database wait for a lock another transaction holds (of those whose
+// text is like `like`): what a test waits for before it lets the holder go, rather than a sleep.
+export async function lockWaits(like = '%'): Promise<number> {
+  const { rows } = await testDb().raw(`select count(*)::int as n from pg_stat_activity
+                                       where datname = current_database() and wait_event_type = 'Lock' and query like ?`, [like]);
+  return rows[0].n;
+}
+
 // The schema's tables, but the migrations'.
 async function appTables(db: Db): Promise<string[]> {
   const { rows } = await db.raw(`select tablename from pg_tables where schemaname = 'public' and tablename not like 'knex_migrations%' order by 1`);
