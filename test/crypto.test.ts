@@ -16,7 +16,7 @@ import { createMigrateDeksProcessor } from '../workers/migrate-deks.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import { insertAlias } from '../db/deks.ts';
 import { AppError, InvalidRequest, NotFound, Upstream } from '../domain/errors.ts';
-import { resetDb, testEnv } from './helpers/stack.ts';
+import { resetDb, testEnv, useProcessEnv } from './helpers/stack.ts';
 import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
 import { openByHand, sealByHand } from './helpers/aes-gcm-by-hand.ts';
 
@@ -149,9 +149,8 @@ describe('crypto: AWS KMS envelope keys through the real SDK against a local KMS
   const arn = 'arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab';
   const other = 'arn:aws:kms:eu-west-1:123456789012:alias/other';
   let kms: KmsServer;
+  useProcessEnv({ AWS_ACCESS_KEY_ID: 'AKIDLOCALTEST', AWS_SECRET_ACCESS_KEY: 'local-test-secret' });
   before(async () => {
-    process.env.AWS_ACCESS_KEY_ID = 'AKIDLOCALTEST';
-    process.env.AWS_SECRET_ACCESS_KEY = 'local-test-secret';
     kms = await startKmsServer([arn, other]);
   });
   after(async () => kms?.close());

@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import { once } from 'node:events';
 import path from 'node:path';
 import { randomBytes, randomUUID } from 'node:crypto';
-import { Client, resetDb, startApi, startStack, testDb, testEnv, waitFor, withQueue, type Stack, type Response, assertError, assertNotFound } from './helpers/stack.ts';
+import { Client, resetDb, startApi, startStack, testDb, testEnv, useProcessEnv, waitFor, withQueue, type Stack, type Response, assertError, assertNotFound } from './helpers/stack.ts';
 import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
 import { openByHand, sealByHand } from './helpers/aes-gcm-by-hand.ts';
 import { kmsWrapper } from '../domain/crypto/envelope-keys.ts';
@@ -21,10 +21,9 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
   let keysDir: string;
   const kek = (name: string) => fs.readFileSync(path.join(keysDir, name));
 
+  useProcessEnv({ AWS_ACCESS_KEY_ID: 'AKIDLOCALTEST', AWS_SECRET_ACCESS_KEY: 'local-test-secret' });
   before(async () => {
     await resetDb();
-    process.env.AWS_ACCESS_KEY_ID = 'AKIDLOCALTEST';
-    process.env.AWS_SECRET_ACCESS_KEY = 'local-test-secret';
     kms = await startKmsServer([ARN]);
     stack = await startStack({ AWS_KMS_ENDPOINT: kms.url, AWS_ACCESS_KEY_ID: 'AKIDLOCALTEST', AWS_SECRET_ACCESS_KEY: 'local-test-secret' });
     keysDir = path.join(stack.env.DATA_DIR, 'keys');

@@ -191,7 +191,15 @@ export interface Stack { env: Record<string, string>; api: Proc & { url: string 
 
 export async function startStack(overrides: Record<string, string | undefined> = {}, opts: { workers?: number } = {}): Promise<Stack> {
   const env = testEnv(overrides);
-  const [api, ...workers] = await Promise.all([startApi(env), ...Array.from({ length: opts.workers ?? 1 }, () => startWorker(env))]);
+  const starting = [startApi(env), ...Array.from({ length: opts.workers ?? 1 }, () => startWorker(env))];
+  const outcomes = await Promise.allSettled(starting);
+  const failed = outcomes.find((o) => o.status === 'rejected');
+  if (failed) {
+    // The processes that did start would otherwise outlive the test run.
+    await Promise.all(outcomes.map((o) => (o.status === 'fulfilled' ? o.value.stop() : undefined)));
+    throw failed.reason;
+  }
+  const [api, ...workers] = outcomes.map((o) => (o as PromiseFulfilledResult<Proc>).value) as [Proc & { url: string }, ...Proc[]];
   const stack: Stack = {
     env, api, workers, client: new Client(api.url),
     async stop() { await Promise.all([api.stop(), ...stack.workers.map((w) => w.stop())]); },
@@ -232,6 +240,24 @@ export async function tableRowCounts(except: string[] = [], db: Db = testDb()): 
   const tables = (await appTables(db)).filter((t) => !except.includes(t));
   const { rows } = await db.raw(tables.map((t) => `select '${t}' as t, count(*)::int as n from "${t}"`).join(' union all '));
   return Object.fromEntries(rows.map((r: { t: string; n: number }) => [r.t, r.n]));
+}
+
+// Mocha hooks: `vars` set in process.env for the describe's tests, and put back as they were after
+// them, since every later stack takes its environment from process.env (testEnv).
+export function useProcessEnv(vars: Record<string, string>): void {
+  const saved = new Map<string, string | undefined>();
+  before(() => {
+    for (const [name, value] of Object.entries(vars)) {
+      saved.set(name, process.env[name]);
+      process.env[name] = value;
+    }
+  });
+  after(() => {
+    for (const [name, value] of saved) {
+      if (value === undefined) delete process.env[name];
+      else process.env[name] = value;
+    }
+  });
 }
 
 // The stack of the calling describe: a before hook empties the database and starts it, an after hook
