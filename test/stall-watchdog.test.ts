@@ -29,7 +29,8 @@ describe('npm test watchdog', function () {
 
   it('ends a run stuck past TEST_STALL_MS, naming the test and its processes, and kills what it started', async () => {
     const pidFile = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'stall-')), 'child.pid');
-    const r = await runTests(['test/fixtures/stalling-suite.ts'], { TEST_STALL_MS: '3000', STALL_CHILD_PID_FILE: pidFile });
+    // Long enough for the nested mocha and tsx to start on a loaded machine before the watchdog counts them stuck.
+    const r = await runTests(['test/fixtures/stalling-suite.ts'], { TEST_STALL_MS: '10000', STALL_CHILD_PID_FILE: pidFile });
     assert.equal(r.code, 1, r.stderr);
     assert.match(r.stdout, /✔ passes first/);
     assert.match(r.stderr, /no test started or ended for \d+ s \(TEST_STALL_MS\); the run is stuck in:\n {2}in test stalling suite blocks its event loop\n {2}\(.*test\/fixtures\/stalling-suite\.ts\)/);
