@@ -152,7 +152,8 @@ describe('a working task whose run job was lost', () => {
     const started = (id: string) => waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.status_message?.parts[0].text?.startsWith('Working for'), `the run of ${id} to start`);
     const first = await startWorker(ctx.stack.env);
     ctx.stack.workers.push(first);
-    const died = (await c.post('/api/task/v1', { message: textMessage('[sleep 1500] its worker dies') })).body.task.id;
+    // Long enough to be still running when the kill comes on a loaded machine; its run again sleeps as long.
+    const died = (await c.post('/api/task/v1', { message: textMessage('[sleep 10000] its worker dies') })).body.task.id;
     await started(died);
     await first.kill('SIGKILL');
     // A task whose run asked for input, then set working by a client: it drives the task, not a run.
@@ -167,7 +168,7 @@ describe('a working task whose run job was lost', () => {
     await ctx.loseJobs('agent-tasks');
 
     for (const id of [died, going]) {
-      await waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.task.status === 'completed', `task ${id} to complete`, 20000, 100);
+      await waitFor(async () => (await c.get(`/api/task/v1/${id}`)).body.task.status === 'completed', `task ${id} to complete`, 30000, 100);
       assert.deepEqual(await statusesOf(c, id), ['submitted', 'working', 'working', 'completed'], 'one run, its progress once');
     }
     // Passes every 300 ms over 1.5 s more: the client's working task keeps its state and gets no run.

@@ -146,8 +146,9 @@ describe('job pipeline: task execution through a real worker', function () {
     it(`a run whose task a client interrupted and answered meanwhile is aborted and cannot end it (${workers} worker${workers > 1 ? 's' : ''}${concurrency ? `, concurrency ${concurrency}` : ''})`, async () => {
       const other = workers === 1 && !concurrency ? stack : await startStack({ AGENT_ATTEMPTS: String(ATTEMPTS), ...(concurrency ? { AGENT_CONCURRENCY: String(concurrency) } : {}) }, { workers });
       try {
-        const id = (await other.client.post('/api/task/v1', { message: textMessage('[sleep 1500] first') })).body.task.id;
-        await waitFor(async () => (await other.client.get(`/api/task/v1/${id}`)).body.status_message?.parts[0].text === 'Working for 1500 ms', 'the first run to work');
+        // Long enough to be still sleeping when the client acts, however loaded the machine: the abort ends it.
+        const id = (await other.client.post('/api/task/v1', { message: textMessage('[sleep 30000] first') })).body.task.id;
+        await waitFor(async () => (await other.client.get(`/api/task/v1/${id}`)).body.status_message?.parts[0].text === 'Working for 30000 ms', 'the first run to work');
         // The client takes the task from its run (a transition the API allows) and answers it.
         assert.equal((await other.client.put(`/api/task/v1/${id}`, { status: 'input-required' })).status, 200);
         assert.equal((await other.client.post(`/api/task/v1/${id}/message`, textMessage('[sleep 2500] second'))).status, 201);
@@ -158,7 +159,7 @@ describe('job pipeline: task execution through a real worker', function () {
         // The second run ends the task; the first, still sleeping when the second began, wrote nothing more.
         assert.equal(done.task.status, 'completed');
         assert.equal(done.status_message.parts[0].text, 'Echo (turn 2): [sleep 2500] second');
-        assert.ok(!done.messages.some((m: any) => m.parts[0].text === 'Echo: [sleep 1500] first'), done.messages.map((m: any) => m.parts[0].text).join(' | '));
+        assert.ok(!done.messages.some((m: any) => m.parts[0].text === 'Echo: [sleep 30000] first'), done.messages.map((m: any) => m.parts[0].text).join(' | '));
         assert.deepEqual(await statusesOf(other.client, id), ['submitted', 'working', 'working', 'input-required', 'working', 'working', 'completed']);
         await waitFor(async () => other.workers.some((w) => w.logs.some((l) => /agent run aborted: task (taken by another run|set input-required)/.test(l) && l.includes(id))), 'the first run to be aborted');
       } finally {
