@@ -106,7 +106,9 @@ describe('bridge API', () => {
     await resetDb();
     providers = await startProviders();
     stack = await startStack({
-      STRIPE_API_BASE_URL: providers.url, GOOGLE_MAIL_API_BASE_URL: `${providers.url}/`, BRIDGE_ALLOW_PRIVATE: 'true', BRIDGE_TIMEOUT_MS: '1000',
+      STRIPE_API_BASE_URL: providers.url, GOOGLE_MAIL_API_BASE_URL: `${providers.url}/`, BRIDGE_ALLOW_PRIVATE: 'true',
+      // The fake providers answer from this busy test process: a short timeout would turn a slow answer into a 502.
+      BRIDGE_TIMEOUT_MS: '10000',
       AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/bridge-agent.ts'),
     });
     c = stack.client;
@@ -763,9 +765,16 @@ describe('bridge API', () => {
   it('answers 502 when a provider does not answer within BRIDGE_TIMEOUT_MS', async () => {
     await stripeInstance('stripe-slow');
     await c.post(`${B}/provider/stripe-slow/function/stripe_process_refund/enable`, {});
-    const r = await invoke('stripe-slow', 'stripe_process_refund', { payment_intent: 'pi_slow' });
-    assert.equal(r.status, 502, r.text);
-    assert.match(r.body.message, /stripe: no answer within 1000 ms/);
+    // Through an API of its own with a timeout well short of pi_slow's 3 s.
+    const api = await startApi({ ...stack.env, BRIDGE_TIMEOUT_MS: '1000' });
+    try {
+      const r = await new Client(api.url).post(`${B}/provider/stripe-slow/function/stripe_process_refund/invoke`, { params: { payment_intent: 'pi_slow' } });
+      answers.push(`POST stripe-slow invoke ${r.status}: ${r.text}`);
+      assert.equal(r.status, 502, r.text);
+      assert.match(r.body.message, /stripe: no answer within 1000 ms/);
+    } finally {
+      await api.stop();
+    }
   });
 
   it('answers 502 naming the token endpoint when it refuses the assertion, and sends nothing', async () => {
