@@ -7,7 +7,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
-import { ADMIN_KEY, Client, denseMessage, requestLogsThrough, resetDb, startApi, startStack, testDb, textMessage, useStack, waitFor, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, apiEndClosed, Client, denseMessage, requestLogsThrough, resetDb, startApi, startStack, testDb, textMessage, useStack, waitFor, type Stack } from './helpers/stack.ts';
 
 const A2A = '/api/a2a/v1';
 const userMessage = (text: string, extra: Record<string, unknown> = {}) => ({ kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text }], ...extra });
@@ -288,7 +288,7 @@ describe('A2A streaming (SSE)', () => {
     // As an operator deletes a task: its messages and timeline go with it (ON DELETE CASCADE).
     await testDb()('tasks').whereIn('id', [task.id, other.id]).delete();
     const [s, b] = await Promise.all([streamed, blocking]);
-    assert.ok(Date.now() - at < 6000, `ended ${Date.now() - at} ms after the delete`);
+    assert.ok(Date.now() - at < 18_000, `ended ${Date.now() - at} ms after the delete`);
     assert.ok(s.ended, 'the server closed the stream');
     assert.deepEqual([s.events[0].result.kind, s.events.at(-1).id, s.events.at(-1).error?.code], ['task', 'gone', -32001]);
     assert.deepEqual([b.body.id, b.body.error?.code], ['b', -32001]);
@@ -332,7 +332,9 @@ async function openStream(apiUrl: string, taskId: string, key = ADMIN_KEY) {
 }
 
 describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
-  const LEASE_MS = 1500;
+  // Long enough that renewals every third of it keep up on a loaded machine, and that a dead
+  // process's places are still held when the next request comes.
+  const LEASE_MS = 6000;
   const stack = useStack({ A2A_STREAMS_PER_KEY: '2', A2A_STREAM_LEASE_MS: String(LEASE_MS) }, { workers: 0 });
 
   const open = (taskId: string, key = ADMIN_KEY, apiUrl = stack.api.url) => openStream(apiUrl, taskId, key);
@@ -382,8 +384,8 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
       const there = await open(task, ADMIN_KEY, second.url);
       for (const s of [here, there]) assert.equal(s.res.status, 200);
       // Each process holds one of the key's two places: both refuse a third, here and there, and
-      // still do after several leases (the processes renew them).
-      for (const wait of [0, 3 * LEASE_MS]) {
+      // still do two leases later (the processes renew them).
+      for (const wait of [0, 2 * LEASE_MS]) {
         await new Promise((resolve) => setTimeout(resolve, wait));
         for (const url of [stack.api.url, second.url]) {
           const refused = await open(task, ADMIN_KEY, url);
@@ -488,7 +490,7 @@ describe('clients that stop reading (API_WRITE_STALL_MS)', function () {
       socket.resume();
       return Promise.race([ended, new Promise<string>((resolve) => setTimeout(() => { socket.destroy(); resolve('still open'); }, 20_000))]);
     };
-    return { readRest };
+    return { socket, readRest };
   };
 
   it('cuts an answer the client takes nothing of (a stream or tasks/get of a large task), freeing its stream place; an idle stream stays', async () => {
@@ -499,7 +501,8 @@ describe('clients that stop reading (API_WRITE_STALL_MS)', function () {
     const stream = unread('tasks/resubscribe', { id: task });
     const get = unread('tasks/get', { id: task });
     const whole = Buffer.byteLength(JSON.stringify((await stack.client.post(A2A, { jsonrpc: '2.0', id: 1, method: 'tasks/get', params: { id: task } })).body));
-    await new Promise((resolve) => setTimeout(resolve, 4000));
+    // Read only once the API has cut both: reading earlier would let the answers through whole.
+    await waitFor(async () => apiEndClosed(stack.api.url, stream.socket) && apiEndClosed(stack.api.url, get.socket), 'the API to cut both connections');
     for (const r of [await stream.readRest(), await get.readRest()]) {
       assert.equal(typeof r, 'number', 'the API closed the connection');
       assert.ok((r as number) < whole, `cut short: ${r} of ${whole} bytes`);

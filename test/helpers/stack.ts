@@ -312,6 +312,19 @@ export function unreadAnswer(api: string, method: 'GET' | 'POST', url: string): 
   return socket;
 }
 
+// Whether the API has closed its end of such a socket's connection (the test API listens on
+// 127.0.0.1), which the client cannot see while it reads nothing: the FIN waits behind the unread
+// answer. Linux's TCP table shows the API's end in FIN_WAIT1 (04) from its close for as long as it
+// still has bytes to send, then FIN_WAIT2, TIME_WAIT or CLOSING once the client has read them.
+export function apiEndClosed(api: string, socket: net.Socket): boolean {
+  const address = (port: number) => `0100007F:${port.toString(16).toUpperCase().padStart(4, '0')}`;
+  const [local, remote] = [address(Number(new URL(api).port)), socket.localPort ? address(socket.localPort) : ''];
+  return fs.readFileSync('/proc/net/tcp', 'utf8').split('\n').some((line) => {
+    const [, from, to, state] = line.trim().split(/\s+/);
+    return from === local && to === remote && ['04', '05', '06', '0B'].includes(state);
+  });
+}
+
 // What such a socket receives from now until the connection closes, as latin1 text.
 export function readUntilClosed(socket: net.Socket): Promise<string> {
   return new Promise((resolve) => {
