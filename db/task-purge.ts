@@ -63,11 +63,11 @@ export async function thinNextEndedTask(db: Knex, before: Date, chunk: number): 
   return deleted;
 }
 
-// The contexts the purge may delete, locked before, in id order. An intake's foreign key checks lock
-// the existing contexts it writes to (KEY SHARE) until it commits, in id order (insertTaskBundles):
+// The contexts the purge may delete, locked before, in id order. An intake locks each existing
+// context it writes to until it commits (insertTaskBundles: its on conflict update), in id order:
 // locked as the delete comes on them, the purge could hold a context an intake still needs while
 // waiting for one that intake holds, a deadlock (40P01). An intake into one of them now waits for the
-// purge's commit, or the purge for the intake's.
+// purge's commit (and makes again a context it deleted), or the purge for the intake's.
 async function lockContexts(trx: Knex.Transaction, ids: string[]): Promise<void> {
   await trx.raw(`select id from contexts where id = any(?::uuid[]) order by id for update`, [ids]);
 }

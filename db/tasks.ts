@@ -204,14 +204,15 @@ export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]):
       s as (select b.* from b join m on m.task_id = b.id),
       -- A context is made with its first task, and keeps that task's time: list-contexts pages on it, so
       -- a context whose time moved would be listed twice or never to a client paging meanwhile. (A
-      -- later task stamped earlier, by another API's clock, does not move it.) Statements take contexts
-      -- in id order, after their messages, so they wait for each other without a cycle.
+      -- later task stamped earlier, by another API's clock, does not move it.) The update that changes
+      -- nothing locks an existing context until commit (do nothing would not): a purge holding it
+      -- (db/task-purge.ts lockContexts) is waited for, and a context it deleted is inserted again,
+      -- where the tasks' foreign key check would otherwise fail. Statements take contexts in id order,
+      -- after their messages, so they wait for each other without a cycle.
       c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from s order by context_id, at
-            on conflict (id) do nothing),
-      -- In context order: each task's foreign key check locks its context (KEY SHARE) until commit, so
-      -- these locks too are taken in id order, as the purge takes its own (db/task-purge.ts lockContexts).
+            on conflict (id) do update set created_at = contexts.created_at where false),
       t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at, run_due_message_id, message_bytes)
-            select id, context_id, status, at, null, metadata, at, at, case when role = 'user' then m_id end, mb from s order by context_id, i),
+            select id, context_id, status, at, null, metadata, at, at, case when role = 'user' then m_id end, mb from s),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at, weight)
              select (e.item->>'id')::uuid, s.id, e.item->'p', s.at, (e.item->>'w')::bigint
                from s cross join lateral jsonb_array_elements(s.tl) with ordinality as e(item, n)

@@ -81,6 +81,25 @@ describe('purge of ended tasks vs concurrent writers', function () {
     assert.equal(await exists('contexts', old.context_id), true);
   });
 
+  it('an intake that arrives while the purge holds the context, before its delete, waits, then recreates it', async () => {
+    const db = testDb();
+    const old = await oldTask();
+    // The purge's own steps: its ended task deleted and its contexts locked (lockContexts), the delete of
+    // the emptied ones still to come. (An intake that did not lock the context wrote its task, then
+    // failed its foreign key check once the purge deleted the context: 23503.)
+    const purge = await db.transaction();
+    await purge.raw(`delete from tasks where id = ?`, [old.id]);
+    await purge.raw(`select id from contexts where id = ? for update`, [old.context_id]);
+    const fresh = bundle(old.context_id);
+    const intake = insertTaskBundles(db, [fresh]).then(() => 'ok', (e) => e.code as string);
+    await waitFor(async () => (await waitingOnLock()) === 1, 'the intake to wait for the purge');
+    assert.equal(await purge('contexts').where({ id: old.context_id }).delete(), 1);
+    await purge.commit();
+    assert.equal(await intake, 'ok');
+    assert.equal(await exists('contexts', old.context_id), true);
+    assert.equal(await exists('tasks', fresh.task.id), true);
+  });
+
   it('an intake holding a context the purge keeps, and needing one it empties, waits without a deadlock', async () => {
     // An intake locks the existing contexts it writes to in id order, each until it commits; here one
     // transaction's two intakes stand for one statement's (which takes c1, then c2). The purge takes
