@@ -1,3 +1,4 @@
+import { writeSync } from 'node:fs';
 import { pino, type Logger } from 'pino';
 
 // Field names that may carry secrets anywhere in a log object are censored, as a backstop to
@@ -48,12 +49,24 @@ export function createLogger(level: string, name: string, opts: { buffered?: boo
 }
 
 // stdout that can no longer be written (EIO: the terminal it ran in closed, which also sends the
-// SIGHUP that stops it) ends the logging, as pino does for EPIPE only: an error thrown from a log
-// line would crash the shutdown, and the flush at exit would retry the write for ever.
+// SIGHUP that stops it; ENOSPC: the disk it is redirected to is full) ends the logging, as pino does
+// for EPIPE only: an error thrown from a log line would crash the process mid-request or mid-shutdown,
+// and the flush at exit would retry the write for ever. It says so once on stderr, which may still be
+// read.
 function quietOnWriteError(dest: ReturnType<typeof pino.destination>): ReturnType<typeof pino.destination> {
-  dest.on('error', () => {
+  // `on`, not `once`: pino's own listener passes on every error that is not EPIPE, which would crash
+  // the process with no listener left.
+  let stopped = false;
+  dest.on('error', (err: NodeJS.ErrnoException) => {
+    if (stopped) return;
+    stopped = true;
     const none = () => undefined;
     Object.assign(dest, { write: () => true, flushSync: none, end: none, destroy: none });
+    try {
+      writeSync(2, `${JSON.stringify({ level: 50, time: Date.now(), pid: process.pid, msg: `logging stopped: stdout cannot be written (${err.code ?? err.message})` })}\n`);
+    } catch {
+      // stderr is gone too: nothing is left to tell.
+    }
   });
   return dest;
 }

@@ -670,6 +670,8 @@ describe('stopping after the terminal it logs to closed (SIGHUP)', function () {
         child.kill('SIGHUP');
         await waitFor(async () => child.exitCode !== null || child.signalCode !== null, `${file} to exit`);
         assert.equal(child.exitCode, 0, output);
+        assert.match(output, /"msg":"logging stopped: stdout cannot be written \(EIO\)"/, 'said once on stderr');
+        assert.equal(output.split('logging stopped').length, 2, output);
       } finally {
         // One that did not stop would go on retrying its write for ever.
         if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
