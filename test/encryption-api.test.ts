@@ -98,6 +98,30 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal((await c.get(`${E}/envelope/nope.key`)).status, 404);
   });
 
+  it('takes KMS ARNs of the real partitions only, none so long that the list cannot be paged past it', async () => {
+    const c = stack.client;
+    const region = `eu-${'a'.repeat(59)}-1`;
+    const longest = `arn:aws-iso-b:kms:${region}:111122223333:alias/${'a'.repeat(250)}`;
+    const huge = await c.post(`${E}/envelope`, { type: 'aws_kms', arn: `arn:aws-${'a'.repeat(1500)}:kms:eu-west-1:111122223333:key/1b2c3d4e`, region: 'eu-west-1' });
+    assertError(huge, 400, 'invalid_request');
+    assert.match(huge.body.message, /body\.arn must NOT have more than \d+ characters/);
+    for (const [arn, r] of [[longest, region], ['arn:aws-eusc:kms:eusc-de-east-1:111122223333:key/1b2c3d4e', 'eusc-de-east-1']]) {
+      assert.equal((await c.post(`${E}/envelope`, { type: 'aws_kms', arn, region: r })).status, 201, arn);
+    }
+    const unknown = await c.post(`${E}/envelope`, { type: 'aws_kms', arn: 'arn:aws-mars:kms:eu-west-1:111122223333:key/1b2c3d4e', region: 'eu-west-1' });
+    assertError(unknown, 400, 'invalid_request');
+    assert.match(unknown.body.message, /is not a KMS key or alias ARN/);
+    let token: string | undefined;
+    const seen: string[] = [];
+    do {
+      const page: Response = await c.get(`${E}/envelope?page_size=1${token ? `&next_page_token=${token}` : ''}`);
+      assert.equal(page.status, 200, page.body.message);
+      seen.push(...page.body.items.map((e: any) => e.id));
+      token = page.body.next_page_token;
+    } while (token);
+    assert.ok(seen.includes(longest));
+  });
+
   it('creates, imports and lists DEKs; a wrapped DEK must unwrap', async () => {
     const c = stack.client;
     const gen = await c.post(`${E}/envelope/alpha.key/dek`, {});

@@ -119,7 +119,9 @@ export function localWrapper(kek: Buffer): KeyWrapper & { wrapSync(dek: Buffer):
   };
 }
 
-const KMS_ARN = /^arn:aws(?:-[a-z]+)*:kms:([a-z]{2}(?:-[a-z]+)+-\d+):(\d{12}):(?:key\/[A-Za-z0-9-]{1,128}|alias\/[A-Za-z0-9/_-]{1,250})$/;
+// The partitions AWS has (aws-eusc's regions start eusc-); any other is no KMS key, and letting one
+// be any length let an id outgrow the page tokens that carry it (KMS_ARN_MAX_LENGTH).
+const KMS_ARN = /^arn:(?:aws|aws-cn|aws-us-gov|aws-iso|aws-iso-b|aws-iso-e|aws-iso-f|aws-eusc):kms:([a-z]{2,4}(?:-[a-z]+)+-\d+):(\d{12}):(?:key\/[A-Za-z0-9-]{1,128}|alias\/[A-Za-z0-9/_-]{1,250})$/;
 
 // `accounts` (AWS_KMS_ACCOUNTS): the accounts whose keys may be used. A key in an account someone
 // else controls would give them every DEK wrapped under it (a migration to it sends them the DEKs).

@@ -13,6 +13,7 @@ export const NewDekId = Type.String({ ...dekId, ...NotDotSegment, description: `
 const aliasName = { pattern: worded('^[A-Za-z0-9_.:-]{1,128}$', 'must be 1 to 128 of A-Z a-z 0-9 _ . : -') };
 export const AliasName = Type.String(aliasName);
 export const NewAliasName = Type.String({ ...aliasName, ...NotDotSegment, description: 'not "." or ".."' });
+// 2048, not KMS_ARN_MAX_LENGTH: ids of keys stored before that cap stay addressable.
 export const EnvelopeId = Type.String({ minLength: 1, maxLength: 2048, pattern: NoControlChars, description: 'file_name of a local key, ARN of a KMS key (URL-encoded in paths)' });
 const WrappedDek = Type.String({ minLength: 1, maxLength: 16384, description: 'base64 wrapped DEK' });
 
@@ -26,11 +27,16 @@ export const EnvelopeKey = Type.Object({
 }, { $id: 'EnvelopeEncryptionKey' });
 export const EnvelopeKeyWithCount = Type.Intersect([EnvelopeKey, Type.Object({ dek_count: Type.Integer() })]);
 
+// The longest KMS alias ARN (alias names are at most 256 characters, a region at most 64 here) with
+// room to spare; the id of a key is its ARN, and a list's page token carries the last id of a page, so
+// an id this long still leaves its token within the 2048 characters a token may have.
+const KMS_ARN_MAX_LENGTH = 512;
+
 // One shape for both kinds; which members a kind needs is checked by the domain.
 export const CreateEnvelopeKeyRequest = Body({
   type: Type.Union([Type.Literal('local'), Type.Literal('aws_kms')]),
   file_name: Type.Optional(FileName),
-  arn: Type.Optional(Type.String({ minLength: 1, maxLength: 2048 })),
+  arn: Type.Optional(Type.String({ minLength: 1, maxLength: KMS_ARN_MAX_LENGTH, description: `KMS key or alias ARN, at most ${KMS_ARN_MAX_LENGTH} characters` })),
   region: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
 });
 
