@@ -143,6 +143,31 @@ describe('secret API', () => {
     assert.equal(read.body.id, old.body.id);
   });
 
+  it('refuses (400, saying why) a new key with an empty part between slashes, storing nothing; one stored before still reads', async () => {
+    const { encrypted_secret: encrypted } = (await c.post(S, { key: 'slashes.source', raw_value: value() })).body;
+    const count = async () => Number((await testDb()('secrets').count({ n: '*' }))[0].n);
+    const before = await count();
+    const why = 'must not begin or end with "/" nor hold "//" (a proxy that merges slashes, or a router that ignores a trailing one, reads it as another key)';
+    // Before, these were 201: behind such a proxy GET .../key/a%2F reads the secret 'a'.
+    for (const key of ['/', '//', 'a/', '/a', 'a//b', 'a/b/']) {
+      const created = await c.post(S, { key, raw_value: value() });
+      const imported = await c.post(`${S}/import`, { key, encrypted_value: encrypted, dek_alias: 'default' });
+      for (const r of [created, imported]) {
+        assert.equal(r.status, 400, `${key}: ${r.text}`);
+        assert.deepEqual(r.body.data.errors, [{ path: 'body.key', message: why }], key);
+        assert.equal(r.body.message, `Invalid body: body.key ${why}`);
+      }
+    }
+    assert.equal(await count(), before);
+    assert.equal((await c.post(S, { key: 'a/b/c', raw_value: value() })).status, 201);
+
+    const old = await c.post(S, { key: 'slash.stored.before', raw_value: value() });
+    await testDb()('secrets').where({ id: old.body.id }).update({ key: 'trailing/' });
+    const read = await c.get(`${S}/key/${encodeURIComponent('trailing/')}`);
+    assert.equal(read.status, 200, read.text);
+    assert.equal(read.body.id, old.body.id);
+  });
+
   it('lists secrets in the `secrets` member with keyset pagination, encrypted only', async () => {
     for (let i = 0; i < 5; i++) assert.equal((await c.post(S, { key: `page.${i}`, raw_value: value() })).status, 201);
     const total = Number((await testDb()('secrets').count({ n: '*' }))[0].n);

@@ -9,11 +9,16 @@ const secretKey = {
 };
 export const SecretKey = Type.String(secretKey);
 // A new key (common.ts NotDotSegment), between its slashes too: a proxy that decodes %2F (nginx's
-// proxy_pass with a path does) resolves 'a/../b' to 'b'.
+// proxy_pass with a path does) resolves 'a/../b' to 'b', and one that merges slashes, or a router
+// that ignores a trailing slash, reads 'a//b' or 'a/' as another key. Patterns of their own, so that
+// a refused key is told which rule it breaks.
 export const NewSecretKey = Type.String({
   ...secretKey,
-  allOf: [{ pattern: worded('^(?!(?:.*/)?\\.\\.?(?:/|$))', 'must not be "." or "..", nor have such a part between slashes (a URL cannot address it)') }],
-  description: `${secretKey.description} Not "." or "..", nor with such a part between slashes.`,
+  allOf: [
+    { pattern: worded('^(?!(?:.*/)?\\.\\.?(?:/|$))', 'must not be "." or "..", nor have such a part between slashes (a URL cannot address it)') },
+    { pattern: worded('^(?!/|.*//|.*/$)', 'must not begin or end with "/" nor hold "//" (a proxy that merges slashes, or a router that ignores a trailing one, reads it as another key)') },
+  ],
+  description: `${secretKey.description} Not "." or "..", nor with such a part between slashes; no empty part (no leading, trailing or double "/").`,
 });
 
 const common = {
