@@ -217,6 +217,7 @@ describe('bulk DEK migration', () => {
     const moved = await testDb()('deks').where({ envelope_key_id: 'gone-dst.key' });
     assert.equal(moved.length, finished.done);
     assert.equal((await c.get(`${E}/envelope/gone-src.key`)).body.dek_count, count - finished.done);
+    assert.equal(finished.total, finished.done + finished.failed + (count - finished.done), 'total = done + failed + the DEKs it had still to move');
     for (const d of moved) assert.ok(openByHand(target, d.encrypted_dek).equals(keys.get(d.id)!), d.id);
   });
 
@@ -313,6 +314,32 @@ describe('bulk DEK migration', () => {
     assert.equal((await c.get(`${E}/envelope/stop-dst.key`)).body.dek_count, count + 1);
   });
 
+  it('canceled mid-way, ends with total = done + failed + the DEKs it had still to move, counting those written or moved out since its pass began', async () => {
+    const c = stack.client;
+    for (const f of ['late-src.key', 'late-dst.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
+    const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'late-src.key'));
+    const count = 1000;
+    await insertDeks(testDb(), Array.from({ length: count }, (_, i) => ({ id: `late-${String(i).padStart(5, '0')}`, envelope_key_id: 'late-src.key', encrypted_dek: sealByHand(kek, randomBytes(32)) })));
+    const started = await c.post(`${E}/envelope/late-src.key/migrate`, { to_envelope_encryption_key_id: 'late-dst.key' });
+    assert.equal(started.status, 202);
+    const id = started.body.id;
+    await waitFor(async () => (await c.get(`${E}/job/${id}`)).body.done >= 40, 'migration under way', 30000, 5);
+    // Two DEKs behind its cursor (for a sweep to take) and one moved out ahead of it: the walk's
+    // count, taken as it began, is off by one.
+    for (const dek of ['0-late-a', '0-late-b']) assert.equal((await c.post(`${E}/envelope/late-src.key/dek`, { id: dek })).status, 201);
+    assert.equal((await c.post(`${E}/envelope/late-src.key/dek/late-00999/migrate`, { to_envelope_encryption_key_id: 'late-dst.key' })).status, 200);
+    const asked = await c.post(`${E}/job/${id}/cancel`);
+    assert.ok([200, 202].includes(asked.status), asked.text);
+    const job = await waitFor(async () => {
+      const r = await c.get(`${E}/job/${id}`);
+      return r.body.status === 'canceled' && r.body;
+    }, 'the job to be canceled', 30000, 20);
+    const left = (await c.get(`${E}/envelope/late-src.key`)).body.dek_count;
+    assert.ok(job.done < count && left > 2, `canceled before the end (done ${job.done}, ${left} left)`);
+    assert.deepEqual([job.failed, job.total], [0, job.done + left], JSON.stringify(job));
+    assert.deepEqual(job.errors, []);
+  });
+
   it('lets only one of two opposite migrations started at the same instant run', async () => {
     const c = stack.client;
     for (const f of ['x.key', 'y.key']) assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: f })).status, 201);
@@ -366,8 +393,11 @@ describe('bulk DEK migration while DEKs keep coming', () => {
     assert.equal(finished.status, 'failed');
     assert.equal(finished.params.sweep, 5);
     assert.match(finished.errors.at(-1).message, /^\d+ DEKs written under 'busy-src.key' while the job ran are still there after 5 sweeps: migrate it again$/);
+    // The job's own reason, under its own id (as every key job failure's), not a DEK's: not counted in failed.
     assert.equal(finished.errors.at(-1).id, started.body.id);
-    assert.equal(finished.total, finished.done + finished.failed);
+    assert.equal(finished.failed, 0);
+    const left = Number(/^(\d+) DEKs/.exec(finished.errors.at(-1).message)![1]);
+    assert.equal(finished.total, finished.done + finished.failed + left, 'total = done + failed + the DEKs it left');
   });
 });
 

@@ -171,10 +171,11 @@ async function endPass(trx: Knex.Transaction, job: KeyJobRow): Promise<{ job: Ke
     await restartKeyJobPass(trx, job.id, { ...params, sweep: (params.sweep ?? 0) + 1 }, missed);
     return { job: (await getKeyJob(trx, job.id))!, finished: false };
   }
-  await settleKeyJobTotal(trx, job.id);
   if (missed) {
+    // The job's reason, under its own id as every key job failure's (failKeyJob): not a DEK's error.
     await finishKeyJob(trx, job.id, 'failed', { id: job.id, message: `${missed} DEKs written under '${source}' while the job ran are still there after ${MAX_SWEEPS} sweeps: migrate it again` });
   } else {
+    await settleKeyJobTotal(trx, job.id);
     await finishKeyJob(trx, job.id, 'completed');
   }
   return { job: (await getKeyJob(trx, job.id))!, finished: true };

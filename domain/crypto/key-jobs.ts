@@ -10,9 +10,9 @@ import { Conflict, NotFound } from '../errors.ts';
 import {
   endKeyJob, getKeyJob, lockKeyJobCancels, requestKeyJobCancel, selectKeyJobForUpdate, settleKeyJobTotal, takeKeyJobCancel, withdrawKeyJobCancel, type KeyJobError, type KeyJobRow,
 } from '../../db/key-jobs.ts';
-import { deleteUnusedDek } from '../../db/deks.ts';
+import { countDeksUnder, deleteUnusedDek } from '../../db/deks.ts';
 import { invalidateAfterCommit } from '../keyring.ts';
-import { isOpenKeyJob, ROTATE_ALIAS } from '../key-job-states.ts';
+import { isOpenKeyJob, MIGRATE_DEKS, ROTATE_ALIAS } from '../key-job-states.ts';
 import { secretsLeftToRotate } from '../alias-rotation-passes.ts';
 
 // Locks a job's row for the rest of `trx`, which every step of a job does first. A cancel asked
@@ -49,16 +49,27 @@ export function startedAs(job: KeyJobRow | undefined, endedHere = false): KeyJob
 // repointed, or an alias someone pointed at it. Deleted, it leaves every process's DEK cache once
 // this commits (the worker that made it holds it); its id, public in the params, is never given to
 // another DEK, as a process that missed that note still holds the key under it.
+// Either kind ended so has its total settled: counted as its pass began, it still holds items deleted
+// or moved out since and not those written since. It is what it moved or failed and the items it left.
 export async function finishKeyJob(trx: Knex.Transaction, id: string, status: 'completed' | 'failed' | 'canceled', error?: KeyJobError): Promise<void> {
   const ended = await endKeyJob(trx, id, status, error);
-  const { prepared_dek_id: prepared, new_dek_id: started } = (ended?.params ?? {}) as { prepared_dek_id?: string; new_dek_id?: string };
-  const made = started ?? prepared;
-  if (ended?.kind !== ROTATE_ALIAS || status === 'completed') return;
-  if (made && await deleteUnusedDek(trx, made)) invalidateAfterCommit(trx, { dek_ids: [made] });
-  // Its total was counted as its walk began: secrets deleted or rewritten since, before it reached
-  // them, are still in it. It is what it moved or failed and the secrets it left.
-  const left = await secretsLeftToRotate(trx, (await getKeyJob(trx, id))!);
+  if (!ended || status === 'completed') return;
+  if (ended.kind === ROTATE_ALIAS) {
+    const { prepared_dek_id: prepared, new_dek_id: started } = ended.params as { prepared_dek_id?: string; new_dek_id?: string };
+    const made = started ?? prepared;
+    if (made && await deleteUnusedDek(trx, made)) invalidateAfterCommit(trx, { dek_ids: [made] });
+  }
+  const left = await leftToDo(trx, (await getKeyJob(trx, id))!);
   if (left !== undefined) await settleKeyJobTotal(trx, id, left);
+}
+
+// What a job had still to do as it ends: a rotation's secrets still to move (undefined outside its
+// walk and sweep); a migration's DEKs still under its source, less those it failed on (they stay
+// there, counted in `failed`), whichever pass would have taken them.
+async function leftToDo(trx: Knex.Transaction, job: KeyJobRow): Promise<number | undefined> {
+  if (job.kind === ROTATE_ALIAS) return secretsLeftToRotate(trx, job);
+  if (job.kind === MIGRATE_DEKS) return countDeksUnder(trx, job.source_envelope_key_id!, { notFailedIn: job.id });
+  return undefined;
 }
 
 export async function getJob(db: Tx, id: string): Promise<KeyJobRow> {

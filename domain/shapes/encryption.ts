@@ -69,7 +69,7 @@ export const KeyJob = Type.Object({
   total: Type.Integer(),
   done: Type.Integer(),
   failed: Type.Integer(),
-  errors: Type.Array(Type.Object({ id: Type.String(), message: Type.String() })),
+  errors: Type.Array(Type.Object({ id: Type.String(), message: Type.String() }), { description: 'items that failed (id: a DEK or secret, counted in failed) and, last, the reason the job failed (id: the job\'s own)' }),
   params: FreeObject,
   created_at: Timestamp,
   started_at: Type.Optional(Timestamp),
