@@ -118,55 +118,46 @@ describe('secret API', () => {
     assert.equal(notUuid.body.data.errors[0].path, 'path.secret_id');
   });
 
-  it('refuses (400, saying why) a new key that is "." or "..", or has such a part between slashes, storing nothing; one stored before still reads', async () => {
-    const { encrypted_secret: encrypted } = (await c.post(S, { key: 'dots.source', raw_value: value() })).body;
-    const count = async () => Number((await testDb()('secrets').count({ n: '*' }))[0].n);
-    const before = await count();
-    const why = 'must not be "." or "..", nor have such a part between slashes (a URL cannot address it)';
-    // fetch sends GET .../key/%2E%2E as GET /api/secret/v1/ (the list): before, these were 201.
-    for (const key of ['..', '.', 'a/../b', 'a/./b', './x', 'x/..']) {
-      const created = await c.post(S, { key, raw_value: value() });
-      const imported = await c.post(`${S}/import`, { key, encrypted_value: encrypted, dek_alias: 'default' });
-      for (const r of [created, imported]) {
-        assert.equal(r.status, 400, `${key}: ${r.text}`);
-        assert.deepEqual(r.body.data.errors, [{ path: 'body.key', message: why }], key);
-        assert.equal(r.body.message, `Invalid body: body.key ${why}`);
+  // A rule for new keys: each refused key is 400 (saying why) on create and import, storing nothing;
+  // the allowed ones are stored; a key stored before the rule still reads.
+  const keyRules = [
+    {
+      what: 'is "." or "..", or has such a part between slashes',
+      why: 'must not be "." or "..", nor have such a part between slashes (a URL cannot address it)',
+      // fetch sends GET .../key/%2E%2E as GET /api/secret/v1/ (the list): before, these were 201.
+      refused: ['..', '.', 'a/../b', 'a/./b', './x', 'x/..'], allowed: ['...', '.hidden', 'a/.b/c..', 'v1..v2'], storedBefore: 'a/../b',
+    },
+    {
+      what: 'has an empty part between slashes',
+      why: 'must not begin or end with "/" nor hold "//" (a proxy that merges slashes, or a router that ignores a trailing one, reads it as another key)',
+      // Before, these were 201: behind such a proxy GET .../key/a%2F reads the secret 'a'.
+      refused: ['/', '//', 'a/', '/a', 'a//b', 'a/b/'], allowed: ['a/b/c'], storedBefore: 'trailing/',
+    },
+  ];
+  for (const [i, rule] of keyRules.entries()) {
+    it(`refuses (400, saying why) a new key that ${rule.what}, storing nothing; one stored before still reads`, async () => {
+      const { encrypted_secret: encrypted } = (await c.post(S, { key: `rule.${i}.source`, raw_value: value() })).body;
+      const count = async () => Number((await testDb()('secrets').count({ n: '*' }))[0].n);
+      const before = await count();
+      for (const key of rule.refused) {
+        const created = await c.post(S, { key, raw_value: value() });
+        const imported = await c.post(`${S}/import`, { key, encrypted_value: encrypted, dek_alias: 'default' });
+        for (const r of [created, imported]) {
+          assert.equal(r.status, 400, `${key}: ${r.text}`);
+          assert.deepEqual(r.body.data.errors, [{ path: 'body.key', message: rule.why }], key);
+          assert.equal(r.body.message, `Invalid body: body.key ${rule.why}`);
+        }
       }
-    }
-    assert.equal(await count(), before);
-    for (const key of ['...', '.hidden', 'a/.b/c..', 'v1..v2']) assert.equal((await c.post(S, { key, raw_value: value() })).status, 201, key);
+      assert.equal(await count(), before);
+      for (const key of rule.allowed) assert.equal((await c.post(S, { key, raw_value: value() })).status, 201, key);
 
-    const old = await c.post(S, { key: 'stored.before', raw_value: value() });
-    await testDb()('secrets').where({ id: old.body.id }).update({ key: 'a/../b' });
-    const read = await c.get(`${S}/key/${encodeURIComponent('a/../b')}`);
-    assert.equal(read.status, 200, read.text);
-    assert.equal(read.body.id, old.body.id);
-  });
-
-  it('refuses (400, saying why) a new key with an empty part between slashes, storing nothing; one stored before still reads', async () => {
-    const { encrypted_secret: encrypted } = (await c.post(S, { key: 'slashes.source', raw_value: value() })).body;
-    const count = async () => Number((await testDb()('secrets').count({ n: '*' }))[0].n);
-    const before = await count();
-    const why = 'must not begin or end with "/" nor hold "//" (a proxy that merges slashes, or a router that ignores a trailing one, reads it as another key)';
-    // Before, these were 201: behind such a proxy GET .../key/a%2F reads the secret 'a'.
-    for (const key of ['/', '//', 'a/', '/a', 'a//b', 'a/b/']) {
-      const created = await c.post(S, { key, raw_value: value() });
-      const imported = await c.post(`${S}/import`, { key, encrypted_value: encrypted, dek_alias: 'default' });
-      for (const r of [created, imported]) {
-        assert.equal(r.status, 400, `${key}: ${r.text}`);
-        assert.deepEqual(r.body.data.errors, [{ path: 'body.key', message: why }], key);
-        assert.equal(r.body.message, `Invalid body: body.key ${why}`);
-      }
-    }
-    assert.equal(await count(), before);
-    assert.equal((await c.post(S, { key: 'a/b/c', raw_value: value() })).status, 201);
-
-    const old = await c.post(S, { key: 'slash.stored.before', raw_value: value() });
-    await testDb()('secrets').where({ id: old.body.id }).update({ key: 'trailing/' });
-    const read = await c.get(`${S}/key/${encodeURIComponent('trailing/')}`);
-    assert.equal(read.status, 200, read.text);
-    assert.equal(read.body.id, old.body.id);
-  });
+      const old = await c.post(S, { key: `rule.${i}.stored.before`, raw_value: value() });
+      await testDb()('secrets').where({ id: old.body.id }).update({ key: rule.storedBefore });
+      const read = await c.get(`${S}/key/${encodeURIComponent(rule.storedBefore)}`);
+      assert.equal(read.status, 200, read.text);
+      assert.equal(read.body.id, old.body.id);
+    });
+  }
 
   it('lists secrets in the `secrets` member with keyset pagination, encrypted only', async () => {
     for (let i = 0; i < 5; i++) assert.equal((await c.post(S, { key: `page.${i}`, raw_value: value() })).status, 201);
