@@ -10,8 +10,7 @@ import { clientGone } from '../client-gone.ts';
 import { ErrorBody } from '../../domain/shapes/common.ts';
 import { JsonRpcResponse } from '../../domain/shapes/jsonrpc.ts';
 import { readJsonRpcBody } from '../middleware/body.ts';
-import { takeRequests } from '../middleware/rate-limit.ts';
-import type { Principal } from '../middleware/auth.ts';
+import { takeBatchRest } from '../middleware/rate-limit.ts';
 import type { Context } from 'koa';
 import { createMcpServer } from '../../domain/bridge/mcp.ts';
 import {
@@ -77,7 +76,7 @@ export const mcpRoutes = [
     if (batchRefused) return answer(ctx, 400, batchRefused);
     // Each member of a batch is a request (twenty tools/call are twenty provider calls); the rate
     // limit took the first. None runs unless all fit.
-    if (Array.isArray(body)) takeRequests(services, ctx.state.principal as Principal, body.length - 1);
+    if (Array.isArray(body)) takeBatchRest(services, ctx, body.length);
     const headers = new Headers();
     for (const [name, value] of Object.entries(ctx.req.headers)) {
       if (typeof value === 'string') headers.set(name, value);
