@@ -174,7 +174,7 @@ export function runningProgram(pid: number, program: RegExp): boolean {
 // their data directory (Postgres chdirs to -D, Redis to --dir). A pid file left by a crash or a reboot
 // can name a pid reused since by anything, another installation's Postgres or Redis too. Without
 // /proc, whether it runs.
-function runningFrom(pidFile: string, program: RegExp, dir: string): number | undefined {
+export function runningFrom(pidFile: string, program: RegExp, dir: string): number | undefined {
   let pid: number;
   try {
     pid = Number(fs.readFileSync(pidFile, 'utf8').split('\n')[0]);

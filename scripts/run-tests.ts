@@ -32,10 +32,19 @@ let tsc: ChildProcess | undefined;
 let mocha: ChildProcess | undefined;
 // From before anything starts: Ctrl-C while Postgres starts or the typecheck runs must still stop
 // what was started (the servers run in sessions of their own, so the Ctrl-C does not reach them).
+// Another signal once that stop is under way exits at once, so a stop that hangs can be interrupted;
+// except one within a second of the last, which is npm passing on the Ctrl-C its group got too.
 let signalled: NodeJS.Signals | undefined;
+let signalledAt = 0;
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   process.on(signal, () => {
-    signalled ??= signal;
+    if (Date.now() - signalledAt < 1000) return;
+    signalledAt = Date.now();
+    if (signalled) {
+      say(`${signal} again: exiting without waiting; Postgres and Redis may still run, their data in ${dataDir}`);
+      process.exit(128 + os.constants.signals[signal]);
+    }
+    signalled = signal;
     abandon.abort();
     tsc?.kill('SIGTERM');
     mocha?.kill('SIGTERM');

@@ -8,7 +8,7 @@ import path from 'node:path';
 import pg from 'pg';
 import { Redis } from 'ioredis';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { freePort, ROOT_FALLBACK_DIR, startPostgres, startRedis } from '../scripts/local-services.ts';
+import { freePort, ROOT_FALLBACK_DIR, runningFrom, startPostgres, startRedis } from '../scripts/local-services.ts';
 import { Client, requireEnv, ROOT, textMessage, waitFor } from './helpers/stack.ts';
 
 const withPassword = (url: string, password: string) => {
@@ -453,10 +453,13 @@ describe('npm test whose start fails or is stopped before the tests run', functi
   // Its data directory is made under a TMPDIR of this test's own, where anything left is seen.
   const tmp = path.join(requireEnv('TEST_DATA_DIR'), 'npm-test-tmp');
 
-  // The servers still running from a data directory npm test left under `tmp`.
+  // The servers still running from a data directory npm test left under `tmp`: a pid file's pid only
+  // if it still runs that server in that directory, so that afterEach never stops a pid reused since.
   const runDirs = () => fs.readdirSync(tmp).filter((d) => d.startsWith('taskbridge-test-'));
-  const leftServers = () => runDirs().flatMap((d) => [path.join(tmp, d, 'postgres', 'postmaster.pid'), path.join(tmp, d, 'redis', 'redis.pid')])
-    .filter((f) => fs.existsSync(f)).map((f) => Number(fs.readFileSync(f, 'utf8').split('\n')[0])).filter(alive);
+  const leftServers = () => runDirs().flatMap((d) => [
+    runningFrom(path.join(tmp, d, 'postgres', 'postmaster.pid'), /postgres/, path.join(tmp, d, 'postgres')),
+    runningFrom(path.join(tmp, d, 'redis', 'redis.pid'), /redis-server/, path.join(tmp, d, 'redis')),
+  ]).filter((pid) => pid !== undefined);
 
   async function npmTest(env: Record<string, string>, whileRunning?: (child: ChildProcess) => Promise<void>): Promise<{ code: number | null; output: string }> {
     fs.mkdirSync(tmp, { recursive: true, mode: 0o755 });
