@@ -366,27 +366,36 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       if (!c || seenCredentials.has(c.id)) continue;
       seenCredentials.add(c.id);
       const theirs = there?.body[kind === 'user' ? 'user_credential' : 'resource_server_credential'];
+      // The target's credential of c's id as GET /credential/{id} shows it, and how it differs from c.
+      const listedCredential = async (): Promise<ListedCredential | undefined> => lookup(await call('GET', `/api/bridge/v1/credential/${enc(c.id)}`))?.body;
+      const listedDifference = (listed: ListedCredential) => (listed.kind !== kind ? `it is a ${listed.kind.replace('_', ' ')} credential`
+        : listed.provider_controller_type_id !== p.provider_controller_type_id ? `it is a credential of provider controller '${listed.provider_controller_type_id}'`
+          : credentialDifference(c, listed, p.provider_controller_type_id, kind));
+      // A conflict at p's place is p's: c itself may be on the target as the file has it (another
+      // provider's, or left without one), and a provider of the file that shares it is made on it.
+      let alikeElsewhere = false;
       const outcome = await item('credentials', `${kind.replace('_', ' ')} credential ${c.id} of provider ${p.id}`, async () => {
         if (!there) {
           refuseUnmakeable('not imported');
           return importable(c);
         }
-        if (theirs?.id !== c.id) return differing(`provider ${p.id} has ${theirs ? `credential ${theirs.id}` : 'none'} in its place`);
+        if (theirs?.id !== c.id) {
+          const listed = await listedCredential();
+          alikeElsewhere = listed !== undefined && listedDifference(listed) === undefined;
+          return differing(`provider ${p.id} has ${theirs ? `credential ${theirs.id}` : 'none'} in its place`);
+        }
         return differing(credentialDifference(c, theirs, p.provider_controller_type_id, kind));
       }, async () => {
         const a = await call('POST', `${base}/credential/${kind === 'user' ? 'user-credential' : 'resource-server'}/import`, c);
         if (a.status !== 409 || a.body?.data?.resource !== 'credential') return created(a);
         // There without an instance (imported by an earlier run whose instance was not made, or by
         // hand): compared as GET /credential/{id} shows it. One that differs, or could not be read, is left.
-        const listed: ListedCredential | undefined = lookup(await call('GET', `/api/bridge/v1/credential/${enc(c.id)}`))?.body;
-        const why = !listed ? 'it was deleted meanwhile'
-          : listed.kind !== kind ? `it is a ${listed.kind.replace('_', ' ')} credential`
-            : listed.provider_controller_type_id !== p.provider_controller_type_id ? `it is a credential of provider controller '${listed.provider_controller_type_id}'`
-              : credentialDifference(c, listed, p.provider_controller_type_id, kind);
+        const listed = await listedCredential();
+        const why = !listed ? 'it was deleted meanwhile' : listedDifference(listed);
         if (why !== undefined) return { conflict: why };
         return 'present';
       });
-      if (outcome === 'conflict') unusable.set(c.id, 'on the target is not the file\'s (the conflict above)');
+      if (outcome === 'conflict' && !alikeElsewhere) unusable.set(c.id, 'on the target is not the file\'s (the conflict above)');
       if (outcome === 'failed') unusable.set(c.id, 'failed (above)');
     }
     const made = await item('providers', `provider ${p.id}`, async () => {

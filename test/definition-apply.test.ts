@@ -586,6 +586,26 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.equal((await tc.get(`${B}/provider/off-too`)).status, 404);
   });
 
+  it('makes a provider on a credential the target has as the file has it, though another provider that shares it has a credential of its own in its place (exit 1)', async () => {
+    const t = await freshTarget();
+    const tc = t.stack.client;
+    const def = structuredClone(source);
+    const off = def.providers[0];
+    const card = off.resource_server_credential;
+    def.providers.push({ ...structuredClone(off), id: 'off-too', status: 'active', functions: [] });
+    // On the target: the file's DEKs, `off` on a credential of its own, and the file's credential as the file has it.
+    assert.equal((await applyTo(t.stack.api.url, write('keys-only.json', { ...source, secrets: [], providers: [] }))).code, 0);
+    const mine = await ok(tc.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY }, metadata: {} }));
+    await ok(tc.post(avail('stripe', 'api_key'), { provider_instance_id: 'off', display_name: off.display_name, resource_server_credential_id: mine.id }));
+    await ok(tc.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, card));
+    const r = await applyTo(t.stack.api.url, write('shared-alike.json', def));
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assert.match(r.stderr, new RegExp(`conflict: resource server credential ${card.id} of provider off: provider off has credential ${mine.id} in its place; left as it is`));
+    assert.doesNotMatch(r.stderr, /off-too/);
+    // Before, `off-too` was refused: its credential was taken for unlike the file's without being looked up.
+    assert.equal((await provider(tc, 'off-too')).resource_server_credential_id, card.id);
+  });
+
   it('applies an export of a source with rows its catalog no longer has: a retired function left out, a provider of a retired controller failed on its own, the rest applied (exit 1)', async () => {
     const db = testDb();
     // As a release that removed them leaves the rows (test/bridge-catalog-removed.test.ts).
