@@ -449,9 +449,9 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
       stack.workers[0] = worker;
       allProcs.push(worker);
       await waitFor(async () => (await jobRow(r.body.id)).params.phase === 'sweep', 'the sweep', 30000, 20);
-      await waitFor(async () => (await lockWaits()) >= 1, 'the sweep to wait on the held secret', 30000, 20);
+      await waitFor(async () => (await lockWaits('update secrets %')) === 1, 'the sweep to wait on the held secret', 30000, 20);
       const moved = c.put(`${E}/dek/alias/${ALIAS}`, { new_dek_id: elsewhere });
-      await waitFor(async () => (await lockWaits()) >= 2, 'the move to wait on the alias the sweep holds', 30000, 20);
+      await waitFor(async () => (await lockWaits('%dek_aliases%')) === 1, 'the move to wait on the alias the sweep holds', 30000, 20);
       await held.rollback();
       assert.equal((await moved).status, 200);
     } finally {
@@ -486,10 +486,7 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
       stack.workers[0] = worker;
       allProcs.push(worker);
       await waitFor(async () => (await deks()) > deksBefore, 'the new DEK to be made', 30000, 20);
-      await waitFor(async () => {
-        const { rows } = await testDb().raw(`select 1 from pg_stat_activity where wait_event_type = 'Lock' and query ilike '%dek_aliases%'`);
-        return rows.length > 0;
-      }, 'the start to wait on the alias', 30000, 20);
+      await waitFor(async () => (await lockWaits('%dek_aliases%')) > 0, 'the start to wait on the alias', 30000, 20);
       const waiting = await jobRow(id);
       assert.deepEqual([waiting.status, waiting.started_at], ['queued', null]);
     } finally {
@@ -507,10 +504,7 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     await stack.workers[0]?.kill('SIGTERM');
     const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
     assert.equal(r.status, 202);
-    const waitingOn = (query: string) => async () => {
-      const { rows } = await testDb().raw(`select 1 from pg_stat_activity where wait_event_type = 'Lock' and query ilike ?`, [`%${query}%`]);
-      return rows.length > 0;
-    };
+    const waitingOn = (query: string) => async () => (await lockWaits(`%${query}%`)) > 0;
     // The envelope key held: the job's new DEK (its insert checks the key) waits, with the alias held shared.
     const held = await testDb().transaction();
     let moved: Promise<{ status: number }> | undefined;

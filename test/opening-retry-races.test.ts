@@ -42,7 +42,7 @@ describe('retried first sends: races', () => {
     await insertTaskBundles(trx, [opening(w)]); // holds w until it ends
     const a = insertTaskBundles(db, [opening(x), opening(w), opening(y)]).then(() => 'ok', (e) => e.code);
     const b = insertTaskBundles(db, [opening(y), opening(w), opening(x)]).then(() => 'ok', (e) => e.code);
-    await waitFor(async () => (await lockWaits()) === 2, 'both to have taken their first id and to wait for w');
+    await waitFor(async () => (await lockWaits('with b as%')) === 2, 'both to have taken their first id and to wait for w');
     await trx.commit();
     assert.deepEqual(await Promise.all([a, b]), ['ok', 'ok']);
   });

@@ -4,7 +4,7 @@
 // statements read when many tasks created before the cutoff ended after it.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import { resetDb, testDb, waitFor } from './helpers/stack.ts';
+import { lockWaits, resetDb, testDb, waitFor } from './helpers/stack.ts';
 import { purgeEndedTasks, thinNextEndedTask } from '../db/task-purge.ts';
 import { advisoryXactLock } from '../db/advisory-locks.ts';
 import { insertTaskBundles, type TaskBundle } from '../db/tasks.ts';
@@ -33,7 +33,9 @@ async function oldTask(contextId = randomUUID()): Promise<{ id: string; context_
   return { id: b.task.id, context_id: contextId };
 }
 
-const waitingOnLock = async () => Number((await testDb().raw(`select count(*) n from pg_stat_activity where wait_event_type = 'Lock'`)).rows[0].n);
+// The purge waits in its lock of the contexts (lockContexts), an intake in its one statement.
+const purgeWaits = () => lockWaits('select id from contexts %');
+const intakeWaits = () => lockWaits('with b as %');
 const exists = async (table: string, id: string) => !!(await testDb()(table).where({ id }).first());
 
 describe('purge of ended tasks vs concurrent writers', function () {
@@ -47,7 +49,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     const fresh = bundle(old.context_id);
     await insertTaskBundles(trx, [fresh]); // holds the context's row (its foreign key check) until commit
     const purge = purgeEndedTasks(db, before(), 1000);
-    await waitFor(async () => (await waitingOnLock()) === 1, 'the purge to wait for the intake');
+    await waitFor(async () => (await purgeWaits()) === 1, 'the purge to wait for the intake');
     await trx.commit();
     assert.deepEqual(await purge, { tasks: 1, contexts: 0 });
     assert.equal(await exists('tasks', old.id), false);
@@ -61,7 +63,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     const trx = await db.transaction();
     await insertTaskBundles(trx, [bundle(old.context_id)]);
     const purge = purgeEndedTasks(db, before(), 1000);
-    await waitFor(async () => (await waitingOnLock()) === 1, 'the purge to wait for the intake');
+    await waitFor(async () => (await purgeWaits()) === 1, 'the purge to wait for the intake');
     await trx.rollback();
     assert.deepEqual(await purge, { tasks: 1, contexts: 1 });
     assert.equal(await exists('contexts', old.context_id), false);
@@ -75,7 +77,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     await purge.raw(`delete from tasks where id = ?`, [old.id]);
     await purge('contexts').where({ id: old.context_id }).delete();
     const intake = insertTaskBundles(db, [bundle(old.context_id)]);
-    await waitFor(async () => (await waitingOnLock()) === 1, 'the intake to wait (ON CONFLICT on a row being deleted)');
+    await waitFor(async () => (await intakeWaits()) === 1, 'the intake to wait (ON CONFLICT on a row being deleted)');
     await purge.commit();
     await intake;
     assert.equal(await exists('contexts', old.context_id), true);
@@ -92,7 +94,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     await purge.raw(`select id from contexts where id = ? for update`, [old.context_id]);
     const fresh = bundle(old.context_id);
     const intake = insertTaskBundles(db, [fresh]).then(() => 'ok', (e) => e.code as string);
-    await waitFor(async () => (await waitingOnLock()) === 1, 'the intake to wait for the purge');
+    await waitFor(async () => (await intakeWaits()) === 1, 'the intake to wait for the purge');
     assert.equal(await purge('contexts').where({ id: old.context_id }).delete(), 1);
     await purge.commit();
     assert.equal(await intake, 'ok');
@@ -117,7 +119,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     try {
       await insertTaskBundles(intake, [bundle(c1)]);
       const purge = purgeEndedTasks(db, before(), 1000).then((r) => r, (e) => e.code as string);
-      await waitFor(async () => (await waitingOnLock()) === 1, 'the purge to wait for the intake');
+      await waitFor(async () => (await purgeWaits()) === 1, 'the purge to wait for the intake');
       assert.equal(await insertTaskBundles(intake, [late]).then(() => 'ok', (e) => e.code as string), 'ok');
       await intake.commit();
       assert.deepEqual(await purge, { tasks: 2, contexts: 0 });

@@ -213,11 +213,12 @@ export function testDb(): Db {
   return sharedDb;
 }
 
-// How many statements on the test database wait for a lock another transaction holds (of those whose
-// text is like `like`): what a test waits for before it lets the holder go, rather than a sleep.
-export async function lockWaits(like = '%'): Promise<number> {
+// How many statements on the test database whose text is like `like` (ignoring case) wait for a lock
+// another transaction holds: what a test waits for before it lets the holder go, rather than a sleep.
+// The statement it means, not any: a stray waiter (a job of an earlier test) must not pass for it.
+export async function lockWaits(like: string): Promise<number> {
   const { rows } = await testDb().raw(`select count(*)::int as n from pg_stat_activity
-                                       where datname = current_database() and wait_event_type = 'Lock' and query like ?`, [like]);
+                                       where datname = current_database() and wait_event_type = 'Lock' and query ilike ?`, [like]);
   return rows[0].n;
 }
 
