@@ -59,12 +59,6 @@ export class WindowCounts {
     return 0;
   }
 
-  /** Takes back `n` counted at `takenAt`, unless that window is over (it no longer limits anything). Unsynced may go below 0: the next sync takes it off the fleet's count. */
-  giveBack(subject: string, n: number, takenAt: number): void {
-    const slot = this.slot(subject, takenAt, false);
-    if (slot) slot.unsynced -= n;
-  }
-
   /** The subject's count in this window. */
   count(subject: string, now = Date.now()): number {
     const slot = this.slot(subject, now, false);
@@ -140,10 +134,9 @@ export class FleetCounts {
           failed ??= err;
           continue;
         }
-        // Counted meanwhile stays unsynced; a total read before another process's sync never lowers what is
-        // known, but one this process lowered (counts given back) is the fleet's count as it now is.
+        // Counted meanwhile stays unsynced; a total read before another process's sync never lowers what is known.
         slot.unsynced -= delta;
-        slot.fleet = delta < 0 ? Number(total) || 0 : Math.max(slot.fleet, Number(total) || 0);
+        slot.fleet = Math.max(slot.fleet, Number(total) || 0);
       }
     } catch (err) {
       failed = err as Error;
