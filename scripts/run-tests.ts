@@ -32,8 +32,9 @@ let tsc: ChildProcess | undefined;
 let mocha: ChildProcess | undefined;
 // From before anything starts: Ctrl-C while Postgres starts or the typecheck runs must still stop
 // what was started (the servers run in sessions of their own, so the Ctrl-C does not reach them).
-// Another signal once that stop is under way exits at once, so a stop that hangs can be interrupted;
-// except one within a second of the last, which is npm passing on the Ctrl-C its group got too.
+// Another signal once that stop is under way kills the servers and exits at once (a CI's cancel sends
+// SIGTERM some seconds after its SIGINT), so a stop that hangs can be interrupted and leaves nothing
+// running; except one within a second of the last, which is npm passing on the Ctrl-C its group got too.
 let signalled: NodeJS.Signals | undefined;
 let signalledAt = 0;
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {
@@ -41,7 +42,10 @@ for (const signal of ['SIGINT', 'SIGTERM'] as const) {
     if (Date.now() - signalledAt < 1000) return;
     signalledAt = Date.now();
     if (signalled) {
-      say(`${signal} again: exiting without waiting; Postgres and Redis may still run, their data in ${dataDir}`);
+      say(`${signal} again: killing Postgres and Redis and exiting without waiting`);
+      for (const s of services) s.kill();
+      // Retried: a server killed a moment ago may still be writing into it.
+      fs.rmSync(dataDir, { recursive: true, force: true, maxRetries: 5 });
       process.exit(128 + os.constants.signals[signal]);
     }
     signalled = signal;
