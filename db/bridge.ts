@@ -358,9 +358,13 @@ export async function replaceCredentialValue(
   return n > 0;
 }
 
-export async function setInstanceStatusOfUserCredential(db: Tx, credentialId: string, status: 'refresh_failed'): Promise<string[]> {
-  const rows = await db('provider_instances').where({ user_credential_id: credentialId }).whereIn('status', ['active', 'disabled'])
-    .update({ status, updated_at: db.fn.now() }).returning('id');
+// Compare-and-set, as replaceCredentialValue, when `value` is given: the instances are marked only
+// while their credential still holds the value whose refresh failed (another refresh may have stored
+// new tokens since).
+export async function setInstanceStatusOfUserCredential(db: Tx, credentialId: string, value: Record<string, unknown> | undefined, status: 'refresh_failed'): Promise<string[]> {
+  const q = db('provider_instances').where({ user_credential_id: credentialId }).whereIn('status', ['active', 'disabled']);
+  if (value) q.whereExists(db('bridge_credentials').where({ id: credentialId }).whereRaw('value = ?::jsonb', [JSON.stringify(value)]));
+  const rows = await q.update({ status, updated_at: db.fn.now() }).returning('id');
   return rows.map((r: { id: string }) => r.id);
 }
 

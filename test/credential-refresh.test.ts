@@ -214,6 +214,34 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     await waitFor(async () => (await instance('mail-k')).status === 'refresh_failed', 'the instance to be refresh_failed');
     assert.equal(await oauth.refreshes(), refreshes + 1, 'nothing to refresh with');
   });
+
+  it('leaves the instance active when the refresh token it exchanged was refused after another refresh stored new tokens (a stalled job run twice)', async () => {
+    // The credential holds R1 again after a refresh stored R2, then the job reads R1 and its exchange
+    // is held; meanwhile R2 is stored back, as the other run of the job would have, and the provider
+    // refuses the spent R1.
+    await brokered('mail-twice');
+    const spent = await userCredential('mail-twice');
+    await makeDue('mail-twice');
+    const fresh = await waitFor(async () => {
+      const row = await userCredential('mail-twice');
+      return row.next_rotation_time.getTime() > Date.now() && row;
+    }, 'the first refresh');
+    await oauth.setMode('hold-next');
+    try {
+      await testDb()('bridge_credentials').where({ id: spent.id }).update({ value: spent.value, next_rotation_time: new Date(Date.now() - 1000) });
+      await waitFor(async () => (await oauth.held()) === 1, 'the exchange of the spent refresh token');
+      await testDb()('bridge_credentials').where({ id: spent.id }).update({ value: fresh.value, next_rotation_time: fresh.next_rotation_time });
+      await oauth.setMode('revoked');
+      await oauth.release();
+      await waitFor(async () => (await instance('mail-twice')).status === 'refresh_failed'
+        || stack.workers.flatMap((w) => w.logs).some((l) => l.includes(spent.id) && l.includes('changed since')), 'the refused refresh to end');
+    } finally {
+      await oauth.setMode('ok');
+    }
+    assert.equal((await instance('mail-twice')).status, 'active');
+    assert.deepEqual((await userCredential('mail-twice')).value, fresh.value, 'the tokens the other refresh stored');
+    assert.equal((await send('mail-twice')).status, 200);
+  });
 });
 
 describe('credential refresh: new tokens whose write fails for a while are kept, not exchanged again', () => {

@@ -3,7 +3,8 @@
 // so a credential is never refreshed twice at once; the job exchanges the refresh
 // token at the provider's token endpoint and writes the new tokens over the old ones. When the
 // provider answers invalid_grant, the credential has no refresh token, or the last attempt fails,
-// the instance becomes refresh_failed: only brokering again revives it. New tokens whose write fails
+// the instance becomes refresh_failed, unless the credential changed since the job read it: only
+// brokering again revives it. New tokens whose write fails
 // for a transient reason are written again for CREDENTIAL_REFRESH_STORE_RETRY_MS: most providers
 // rotate refresh tokens, so a job retried after they are lost would exchange a spent one and end
 // refresh_failed.
@@ -41,35 +42,46 @@ export async function enqueueDueRefreshes(s: Pick<Services, 'db'>, queue: Queue<
   return due.length;
 }
 
-async function giveUp(s: RefreshServices, credentialId: string, reason: string): Promise<RefreshOutcome> {
-  const instances = await repo.setInstanceStatusOfUserCredential(s.db, credentialId, 'refresh_failed');
+// The value the job read, when it got that far: only while the credential still holds it is the
+// instance marked. A stalled job run twice exchanges the same refresh token twice; with a provider
+// that rotates them, one run stores new tokens and the other is refused, and must not undo that.
+type Seen = { value?: Record<string, unknown> };
+
+async function giveUp(s: RefreshServices, credentialId: string, seen: Seen, reason: string): Promise<RefreshOutcome> {
+  const instances = await repo.setInstanceStatusOfUserCredential(s.db, credentialId, seen.value, 'refresh_failed');
+  if (seen.value && !instances.length) {
+    s.log.info({ credential_id: credentialId, reason }, 'credential refresh failed, but the credential changed since this job read it (refreshed or brokered again): the instance is not marked');
+    return 'not due';
+  }
   s.log.warn({ credential_id: credentialId, provider_instance_ids: instances, reason }, 'credential refresh gave up: instance is refresh_failed');
   return 'refresh_failed';
 }
 
 export async function refreshCredential(s: RefreshServices, credentialId: string, finalAttempt: boolean): Promise<RefreshOutcome> {
+  const seen: Seen = {};
   try {
-    return await refresh(s, credentialId);
+    return await refresh(s, credentialId, seen);
   } catch (err) {
     // Whatever failed, the last attempt leaves the instance marked rather than silently stale.
-    if (finalAttempt) return giveUp(s, credentialId, (err as Error).message);
+    if (finalAttempt) return giveUp(s, credentialId, seen, (err as Error).message);
     throw err;
   }
 }
 
-async function refresh(s: RefreshServices, credentialId: string): Promise<RefreshOutcome> {
+async function refresh(s: RefreshServices, credentialId: string, seen: Seen): Promise<RefreshOutcome> {
   // Due by the database's clock, the one the scan used.
   const due = await repo.credentialDueForRefresh(s.db, credentialId);
   if (!due) return 'gone';
   if (!due.due) return 'not due'; // refreshed since the job was queued
   const { row, instance } = due;
+  seen.value = row.value;
   const provider = providerDef(instance.provider_controller_type_id);
   const cc = credentialDef(provider, instance.credential_controller_type_id);
   const user = await unsealCredential(s, cc, row);
-  if (typeof user.refresh_token !== 'string') return giveUp(s, credentialId, 'the credential has no refresh token');
+  if (typeof user.refresh_token !== 'string') return giveUp(s, credentialId, seen, 'the credential has no refresh token');
   const { plain: rs } = await resourceServerCredential(s, cc, instance);
   const answer = await requestToken(s.cfg, provider, rs, { grant_type: 'refresh_token', refresh_token: user.refresh_token });
-  if (answer.status >= 400 && isInvalidGrant(answer)) return giveUp(s, credentialId, 'the provider answered invalid_grant');
+  if (answer.status >= 400 && isInvalidGrant(answer)) return giveUp(s, credentialId, seen, 'the provider answered invalid_grant');
   if (answer.status >= 400) throw refusal('refresh token', answer);
   const fresh = withTokens(answer, user, requestedScopes(provider, rs));
   const rotation = nextRotationTime(cc, 'user', fresh);
