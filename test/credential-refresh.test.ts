@@ -242,6 +242,18 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     assert.deepEqual((await userCredential('mail-twice')).value, fresh.value, 'the tokens the other refresh stored');
     assert.equal((await send('mail-twice')).status, 200);
   });
+
+  it('gives up, as on any malformed answer, when the refresh answers a token_type other than bearer: the DPoP token is not stored', async () => {
+    await brokered('mail-dpop');
+    const before = await userCredential('mail-dpop');
+    const start = await oauth.refreshes();
+    await oauth.inMode('token-type:"DPoP"', async () => {
+      await makeDue('mail-dpop');
+      await waitFor(async () => (await instance('mail-dpop')).status === 'refresh_failed', 'the instance to be refresh_failed');
+    });
+    assert.equal(await oauth.refreshes() - start, ATTEMPTS);
+    assert.deepEqual((await userCredential('mail-dpop')).value, before.value);
+  });
 });
 
 describe('credential refresh: new tokens whose write fails for a while are kept, not exchanged again', () => {

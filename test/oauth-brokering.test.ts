@@ -462,6 +462,22 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     }
   });
 
+  it('answers 502 for a token_type other than bearer (DPoP: it would be sent as a bearer token), storing nothing; bearer in any case is taken', async () => {
+    await instance('mail-ty');
+    for (const value of ['"DPoP"', '"mac"', '5']) {
+      await oauth.inMode(`token-type:${value}`, async () => {
+        const stored = await userCredentials();
+        const r = await callback(await consent((await broker('mail-ty')).action.Redirect.url));
+        assert.equal(r.status, 502, value);
+        assert.equal(((await r.json()) as { message: string }).message, 'token endpoint: answered a token_type that is not bearer: only bearer tokens are supported');
+        assert.equal(await userCredentials(), stored, `${value}: nothing stored`);
+      });
+    }
+    await oauth.inMode('token-type:"bearer"', async () => {
+      assert.equal((await callback(await consent((await broker('mail-ty')).action.Redirect.url))).status, 200);
+    });
+  });
+
   it('answers 502 for tokens it could not store or export again (a NUL in scope, more scopes than a user credential holds), storing nothing', async () => {
     await instance('mail-n');
     for (const [mode, says] of [['nul-scope', /^token endpoint: answered a credential\.scopes\.0 that contains a NUL character/], ['many-scopes', /^token endpoint: answered tokens that do not fit the user credential \(.*scopes must NOT have more than 100 items\)$/]] as const) {
