@@ -312,3 +312,29 @@ describe('credential refresh: new tokens whose write fails for a while are kept,
     assertNoTokenLogged();
   });
 });
+
+describe('credential refresh: the scan queues every due credential', () => {
+  // A held token request is not given up on while the test holds it.
+  before(() => start({ BRIDGE_TIMEOUT_MS: '120000' }, 1));
+  after(async () => all?.stop());
+
+  it('queues every due credential, not only the first 500 rows of the scan: a credential 500 instances share, its refresh under way, does not keep another from being refreshed', async () => {
+    // One credential with 500 instances (as rows: no API shares one) filled a scan that joined on
+    // instances and took 500 rows, and while its refresh is held it stays due.
+    await brokered('mail-s');
+    await brokered('mail-later');
+    const shared = await testDb()('provider_instances').where({ id: 'mail-s' }).first();
+    await testDb()('provider_instances').insert(Array.from({ length: 499 }, (_, i) => ({ ...shared, id: `mail-s-${i}`, display_name: `mail-s-${i}` })));
+    await oauth.setMode('hold-next');
+    try {
+      await makeDue('mail-s');
+      await waitFor(async () => (await oauth.held()) === 1, 'the refresh of the shared credential');
+      await testDb()('bridge_credentials').where({ id: (await instance('mail-later')).user_credential_id }).update({ next_rotation_time: new Date(Date.now() - 500) });
+      await waitFor(async () => (await userCredential('mail-later')).next_rotation_time.getTime() > Date.now(), 'the other credential to be refreshed');
+    } finally {
+      await oauth.release();
+    }
+    await waitFor(async () => (await userCredential('mail-s')).next_rotation_time.getTime() > Date.now(), 'the shared credential to be refreshed');
+    assert.equal((await instance('mail-later')).status, 'active');
+  });
+});
