@@ -329,16 +329,14 @@ export async function reencryptCredentials(
 
 // User credentials due for refresh (next_rotation_time passed) of instances that use them and
 // are usable or merely disabled; a refresh_failed instance waits for brokering. Each once however
-// many instances share it, in id order after `afterId`: the caller pages through all of them, so
-// those whose job is already queued (waiting out a retry delay) do not hide the others.
-export async function dueCredentialRefreshes(db: Tx, afterId: string | null, limit: number): Promise<{ id: string }[]> {
-  const q = db('bridge_credentials as c')
+// many instances share it (a join on instances gave a credential one row each, and a widely shared one
+// filled the scan's page), the earliest due first, on the index of next_rotation_time.
+export async function dueCredentialRefreshes(db: Tx, limit: number): Promise<{ id: string }[]> {
+  return db('bridge_credentials as c')
     .where('c.kind', 'user').where('c.next_rotation_time', '<=', db.fn.now())
     .whereExists(db('provider_instances as p').whereRaw('p.user_credential_id = c.id').whereIn('p.status', ['active', 'disabled']))
-    .orderBy('c.id').limit(limit)
+    .orderBy('c.next_rotation_time').limit(limit)
     .select('c.id');
-  if (afterId !== null) q.where('c.id', '>', afterId);
-  return q;
 }
 
 // A user credential with the instance that uses it (active or disabled), and whether it is due by

@@ -9,7 +9,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 
 // `dir`: where its data lives (for Postgres, not always under DATA_DIR: see postgresDir).
-// kill(): at once (SIGKILL), for a caller that cannot wait for stop().
+// kill(): at once (SIGKILL), with the processes it started (Postgres's backends), for a caller that
+// cannot wait for stop().
 export interface LocalService { url: string; port: number; dir: string; stop(): Promise<void>; kill(): void }
 // readyMs: how long the server may take to accept connections (a Postgres recovering from a crash, a
 // Redis loading a large append-only file take long), 0 for no limit; default 30 s. `abandon`: fired,
@@ -192,6 +193,15 @@ export function runningFrom(pidFile: string, program: RegExp, dir: string): numb
   }
 }
 
+// The server was spawned detached, so it leads a process group of its own, its children in it.
+function killGroup(child: ChildProcess): void {
+  try {
+    if (child.pid) process.kill(-child.pid, 'SIGKILL');
+  } catch {
+    // Gone already.
+  }
+}
+
 async function stopPid(pid: number, signal: NodeJS.Signals, timeoutMs = 30000): Promise<void> {
   process.kill(pid, signal);
   const deadline = Date.now() + timeoutMs;
@@ -342,7 +352,7 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
     }, 'Postgres', child, () => out, opts.readyMs, opts.abandon);
     await setUp(db!, password);
   });
-  return { url: postgresUrl(port, password), port, dir, stop: () => stopChild(child, 'SIGINT'), kill: () => child.kill('SIGKILL') };
+  return { url: postgresUrl(port, password), port, dir, stop: () => stopChild(child, 'SIGINT'), kill: () => killGroup(child) };
 }
 
 function findRedis(log: (l: string) => void): string {
@@ -379,5 +389,5 @@ export async function startRedis(opts: Options): Promise<LocalService> {
   child.stdout!.on('data', collect);
   child.stderr!.on('data', collect);
   await readyOrStopped(child, 'SIGTERM', () => waitFor(() => ready, 'Redis', child, () => out, opts.readyMs, opts.abandon));
-  return { url: `redis://:${password}@127.0.0.1:${port}`, port, dir, stop: () => stopChild(child, 'SIGTERM'), kill: () => child.kill('SIGKILL') };
+  return { url: `redis://:${password}@127.0.0.1:${port}`, port, dir, stop: () => stopChild(child, 'SIGTERM'), kill: () => killGroup(child) };
 }

@@ -44,8 +44,12 @@ for (const signal of ['SIGINT', 'SIGTERM'] as const) {
     if (signalled) {
       say(`${signal} again: killing Postgres and Redis and exiting without waiting`);
       for (const s of services) s.kill();
-      // Retried: a server killed a moment ago may still be writing into it.
-      fs.rmSync(dataDir, { recursive: true, force: true, maxRetries: 5 });
+      try {
+        // Retried: a server killed a moment ago may still be writing into it.
+        fs.rmSync(dataDir, { recursive: true, force: true, maxRetries: 5 });
+      } catch (err) {
+        say(`could not remove ${dataDir}: ${(err as Error).message}`);
+      }
       process.exit(128 + os.constants.signals[signal]);
     }
     signalled = signal;

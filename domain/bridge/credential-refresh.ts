@@ -33,19 +33,13 @@ const STORE_BACKOFF_MS = { first: 250, max: 4000 };
 
 // A job per due credential, its id the credential's: while one waits or runs, workers scanning
 // together add no other (jobs of this queue are removed when they end, so the next due time can
-// have its own). Every due credential is offered, a page at a time: those whose job is already
-// there are skipped by BullMQ, and do not keep the others from being queued.
+// have its own). Each due credential once, however many instances share it, the earliest due first.
 export async function enqueueDueRefreshes(s: Pick<Services, 'db'>, queue: Queue<JobPayloads['credential-refresh']>): Promise<number> {
-  let total = 0;
-  for (let after: string | null = null; ;) {
-    const due = await repo.dueCredentialRefreshes(s.db, after, PAGE);
-    if (due.length) {
-      await queue.addBulk(due.map((c) => ({ name: 'refresh', data: { credential_id: c.id }, opts: { jobId: `refresh_${c.id}` } })));
-    }
-    total += due.length;
-    if (due.length < PAGE) return total;
-    after = due[due.length - 1].id;
+  const due = await repo.dueCredentialRefreshes(s.db, PAGE);
+  if (due.length) {
+    await queue.addBulk(due.map((c) => ({ name: 'refresh', data: { credential_id: c.id }, opts: { jobId: `refresh_${c.id}` } })));
   }
+  return due.length;
 }
 
 // The value the job read, when it got that far: only while the credential still holds it is the
