@@ -566,18 +566,26 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.match(again.stdout, /secrets: 0 created, 3 already there, 0 conflicts, 0 failed/);
   });
 
-  it('makes no provider on a credential found a conflict at another provider that shares it (exit 1)', async () => {
+  // A file whose `off` and a new `off-too` share one credential, and a target with the file's DEKs,
+  // `off` on a credential of its own (`mine`) and the file's credential's id imported as `imported`
+  // makes it of the file's.
+  async function sharedCredentialTarget(imported: (card: any) => unknown) {
     const t = await freshTarget();
     const tc = t.stack.client;
     const def = structuredClone(source);
     const off = def.providers[0];
     const card = off.resource_server_credential;
     def.providers.push({ ...structuredClone(off), id: 'off-too', status: 'active', functions: [] });
-    // On the target: the file's DEKs, `off` on a credential of its own, and one with the file's credential's id, unlike it.
     assert.equal((await applyTo(t.stack.api.url, write('keys-only.json', { ...source, secrets: [], providers: [] }))).code, 0);
     const mine = await ok(tc.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY }, metadata: {} }));
     await ok(tc.post(avail('stripe', 'api_key'), { provider_instance_id: 'off', display_name: off.display_name, resource_server_credential_id: mine.id }));
-    await ok(tc.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, { ...card, metadata: { team: 'someone else' } }));
+    await ok(tc.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, imported(card)));
+    return { t, tc, def, card, mine };
+  }
+
+  it('makes no provider on a credential found a conflict at another provider that shares it (exit 1)', async () => {
+    // The target's credential of the file's credential's id is unlike it.
+    const { t, tc, def, card, mine } = await sharedCredentialTarget((card) => ({ ...card, metadata: { team: 'someone else' } }));
     // Before, `off-too` was made on the target's unlike credential of that id.
     const r = await applyTo(t.stack.api.url, write('shared-conflict.json', def));
     assert.equal(r.code, 1, r.stdout + r.stderr);
@@ -587,17 +595,8 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
   });
 
   it('makes a provider on a credential the target has as the file has it, though another provider that shares it has a credential of its own in its place (exit 1)', async () => {
-    const t = await freshTarget();
-    const tc = t.stack.client;
-    const def = structuredClone(source);
-    const off = def.providers[0];
-    const card = off.resource_server_credential;
-    def.providers.push({ ...structuredClone(off), id: 'off-too', status: 'active', functions: [] });
-    // On the target: the file's DEKs, `off` on a credential of its own, and the file's credential as the file has it.
-    assert.equal((await applyTo(t.stack.api.url, write('keys-only.json', { ...source, secrets: [], providers: [] }))).code, 0);
-    const mine = await ok(tc.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: STRIPE_KEY }, metadata: {} }));
-    await ok(tc.post(avail('stripe', 'api_key'), { provider_instance_id: 'off', display_name: off.display_name, resource_server_credential_id: mine.id }));
-    await ok(tc.post(`${avail('stripe', 'api_key')}/credential/resource-server/import`, card));
+    // The target has the file's credential as the file has it.
+    const { t, tc, def, card, mine } = await sharedCredentialTarget((card) => card);
     const r = await applyTo(t.stack.api.url, write('shared-alike.json', def));
     assert.equal(r.code, 1, r.stdout + r.stderr);
     assert.match(r.stderr, new RegExp(`conflict: resource server credential ${card.id} of provider off: provider off has credential ${mine.id} in its place; left as it is`));

@@ -44,6 +44,19 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
   };
   const callback = (url: string) => fetch(url, { redirect: 'manual' });
   const userCredentials = async () => Number((await testDb()('bridge_credentials').where({ kind: 'user' }).count({ n: '*' }))[0].n);
+  // With the token endpoint answering each value of `mode` in turn, brokering `instanceId` is 502 with
+  // `message` and stores nothing.
+  const refusesTokenAnswers = async (instanceId: string, mode: 'expires-in' | 'token-type', values: string[], message: string) => {
+    for (const value of values) {
+      await oauth.inMode(`${mode}:${value}`, async () => {
+        const stored = await userCredentials();
+        const r = await callback(await consent((await broker(instanceId)).action.Redirect.url));
+        assert.equal(r.status, 502, value);
+        assert.equal(((await r.json()) as { message: string }).message, message);
+        assert.equal(await userCredentials(), stored, `${value}: nothing stored`);
+      });
+    }
+  };
 
   before(async () => {
     await resetDb();
@@ -451,28 +464,12 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
       assert.ok(Date.parse(body.value.expiry_time) <= Date.now(), `expired: ${body.value.expiry_time}`);
       assert.ok(Date.parse(body.next_rotation_time) <= Date.now(), `due now: ${body.next_rotation_time}`);
     });
-    for (const value of ['-1', '"soon"', '""', 'true']) {
-      await oauth.inMode(`expires-in:${value}`, async () => {
-        const stored = await userCredentials();
-        const r = await callback(await consent((await broker('mail-z')).action.Redirect.url));
-        assert.equal(r.status, 502, value);
-        assert.equal(((await r.json()) as { message: string }).message, 'token endpoint: answered an expires_in that is not a number of seconds (0 or more)');
-        assert.equal(await userCredentials(), stored, `${value}: nothing stored`);
-      });
-    }
+    await refusesTokenAnswers('mail-z', 'expires-in', ['-1', '"soon"', '""', 'true'], 'token endpoint: answered an expires_in that is not a number of seconds (0 or more)');
   });
 
   it('answers 502 for a token_type other than bearer (DPoP: it would be sent as a bearer token), storing nothing; bearer in any case is taken', async () => {
     await instance('mail-ty');
-    for (const value of ['"DPoP"', '"mac"', '5']) {
-      await oauth.inMode(`token-type:${value}`, async () => {
-        const stored = await userCredentials();
-        const r = await callback(await consent((await broker('mail-ty')).action.Redirect.url));
-        assert.equal(r.status, 502, value);
-        assert.equal(((await r.json()) as { message: string }).message, 'token endpoint: answered a token_type that is not bearer: only bearer tokens are supported');
-        assert.equal(await userCredentials(), stored, `${value}: nothing stored`);
-      });
-    }
+    await refusesTokenAnswers('mail-ty', 'token-type', ['"DPoP"', '"mac"', '5'], 'token endpoint: answered a token_type that is not bearer: only bearer tokens are supported');
     await oauth.inMode('token-type:"bearer"', async () => {
       assert.equal((await callback(await consent((await broker('mail-ty')).action.Redirect.url))).status, 200);
     });
