@@ -10,8 +10,9 @@ export interface BrokerStateRow {
 
 // A taken state, with the user credential its instance had as it was taken: the callback's own
 // snapshot, so a flow completing after the take changes it, and one completing before it had
-// deleted the state (no state is taken).
-export interface TakenBrokerState extends BrokerStateRow { instance_user_credential_id: string | null }
+// deleted the state (no state is taken). And the instance's created_at: ids are the client's, so an
+// instance deleted during the code exchange and made again under its id is told apart by it.
+export interface TakenBrokerState extends BrokerStateRow { instance_user_credential_id: string | null; instance_created_at: Date }
 
 // Undefined when the instance is gone. Its row is locked as the state goes in: a delete of the
 // instance that runs meanwhile waits and then takes the state with it, and one that ran first
@@ -21,13 +22,14 @@ export async function insertBrokerState(db: Tx, row: Omit<BrokerStateRow, 'creat
 }
 
 // The state back after a code exchange that got no answer: undefined also when the instance's user
-// credential is no longer the one it had as the state was taken (another flow completed meanwhile).
-// A completion storing one meanwhile holds the instance row: this waits, then reads the stored one.
+// credential is no longer the one it had as the state was taken (another flow completed meanwhile),
+// or the instance is another one made under its id. A completion storing one meanwhile holds the
+// instance row: this waits, then reads the stored one.
 export async function putBackBrokerState(db: Tx, row: TakenBrokerState): Promise<BrokerStateRow | undefined> {
-  return insertUnder(db, row, 'and p.user_credential_id is not distinct from ?', [row.instance_user_credential_id]);
+  return insertUnder(db, row, 'and p.created_at = ? and p.user_credential_id is not distinct from ?', [row.instance_created_at, row.instance_user_credential_id]);
 }
 
-async function insertUnder(db: Tx, row: Omit<BrokerStateRow, 'created_at' | 'updated_at'>, condition: string, bindings: (string | null)[]): Promise<BrokerStateRow | undefined> {
+async function insertUnder(db: Tx, row: Omit<BrokerStateRow, 'created_at' | 'updated_at'>, condition: string, bindings: (Date | string | null)[]): Promise<BrokerStateRow | undefined> {
   const res = await db.raw(
     `insert into broker_states (id, state_hash, provider_instance_id, code_verifier, metadata, expires_at)
      select ?, ?, p.id, ?, ?::jsonb, ? from provider_instances p where p.id = ? ${condition} for key share
@@ -41,7 +43,7 @@ async function insertUnder(db: Tx, row: Omit<BrokerStateRow, 'created_at' | 'upd
 export async function takeBrokerState(db: Tx, stateHash: string): Promise<TakenBrokerState | undefined> {
   const res = await db.raw(
     `delete from broker_states s using provider_instances p where s.state_hash = ? and p.id = s.provider_instance_id
-     returning s.*, p.user_credential_id as instance_user_credential_id`,
+     returning s.*, p.user_credential_id as instance_user_credential_id, p.created_at as instance_created_at`,
     [stateHash],
   );
   return res.rows[0] as TakenBrokerState | undefined;

@@ -230,6 +230,51 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     assert.equal((await c.get(`${B}/provider/mail-held-t`)).body.user_credential_id, credential);
   });
 
+  it('a flow whose instance is deleted, or deleted and made again under its id, while its code is exchanged stores nothing: 404 as a used state, the new instance left to be brokered, no state kept for it', async () => {
+    const NO_FLOW = { message: 'No brokering flow waits for this state: it is unknown, was used already, or its callback is under way', data: { code: 'not_found', resource: 'broker_state' } };
+    const id = 'mail-again';
+    const remake = async () => {
+      assert.equal((await c.delete(`${B}/provider/${id}`)).status, 200);
+      await instance(id);
+    };
+    const stillToBroker = async () => {
+      const inst = (await c.get(`${B}/provider/${id}`)).body;
+      assert.deepEqual([inst.status, inst.user_credential_id], ['brokering_initiated', undefined]);
+    };
+    await instance(id);
+    // Deleted before the callback: the delete takes the flow's state with it.
+    const before = await consent((await broker(id)).action.Redirect.url);
+    await remake();
+    const early = await callback(before);
+    assert.equal(early.status, 404);
+    assert.deepEqual(await early.json(), NO_FLOW);
+    const stored = await userCredentials();
+
+    // The tokens come after the new instance is made: they are not its.
+    const answered = await heldWhile(await consent((await broker(id)).action.Redirect.url), remake, { release: true });
+    assert.equal(answered.status, 404, await answered.clone().text());
+    assert.deepEqual(await answered.json(), NO_FLOW);
+    await stillToBroker();
+    assert.equal(await userCredentials(), stored, 'nothing stored');
+
+    // No answer from the token endpoint: the state is not kept for the new instance, so no retry completes there.
+    const unanswered = await consent((await broker(id)).action.Redirect.url);
+    const late = await heldWhile(unanswered, remake, { release: false });
+    assert.equal(late.status, 404, await late.clone().text());
+    assert.deepEqual(await late.json(), NO_FLOW);
+    assert.equal(Number((await testDb()('broker_states').where({ provider_instance_id: id }).count({ n: '*' }))[0].n), 0, 'the state is not put back');
+    assert.equal((await callback(unanswered)).status, 404);
+    await stillToBroker();
+
+    // Deleted and not made again: the same 404.
+    const gone = await heldWhile(await consent((await broker(id)).action.Redirect.url), async () => {
+      assert.equal((await c.delete(`${B}/provider/${id}`)).status, 200);
+    }, { release: true });
+    assert.equal(gone.status, 404, await gone.clone().text());
+    assert.deepEqual(await gone.json(), NO_FLOW);
+    assert.equal(await userCredentials(), stored, 'nothing stored');
+  });
+
   it('redirects (303) to return_on_successful_brokering when the instance has one', async () => {
     await instance('mail-c', { returnUrl: 'https://app.example.com/connected?x=1' });
     const r = await callback(await consent((await broker('mail-c')).action.Redirect.url));

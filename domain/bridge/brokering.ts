@@ -4,6 +4,7 @@
 // provider's token endpoint, stores the tokens as the instance's user credential (encrypted) and
 // makes the instance active. A token endpoint that gives no answer leaves the state for a retry.
 // The first flow of an instance to complete ends its others, their code exchanges under way included.
+// Deleting the instance ends its flows too, even when another is made under its id meanwhile.
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
 import { Gone, InvalidRequest, NoAnswer, NotFound, Upstream } from '../errors.ts';
@@ -86,8 +87,8 @@ export async function completeBrokering(
     const detail = query.error_description ? `: ${query.error_description}` : '';
     throw new InvalidRequest(`The provider refused the authorization: ${reply.error}${detail}`, [{ path: 'query.error', message: reply.error }]);
   }
-  const instance = await repo.getProviderInstance(s.db, state.provider_instance_id);
-  if (!instance) throw new NotFound('provider_instance', state.provider_instance_id);
+  const instance = flowInstance(await repo.getProviderInstance(s.db, state.provider_instance_id), state);
+  if (!instance) throw voided(s, state, 'its instance was deleted');
   const provider = providerDef(instance.provider_controller_type_id);
   const cc = credentialDef(provider, instance.credential_controller_type_id);
   const { row: rsRow, plain: rs } = await resourceServerCredential(s, cc, instance);
@@ -101,11 +102,11 @@ export async function completeBrokering(
   if (!plain.refresh_token) s.log.warn({ provider_instance_id: instance.id }, 'the token endpoint sent no refresh token: the instance becomes refresh_failed when its tokens expire');
   // The tokens are sealed under the alias of the instance's resource server credential.
   const credential = await writeUnderAlias(s, rsRow.dek_alias, async (trx, dekId) => {
-    const current = await repo.getProviderInstance(trx, instance.id, 'update');
-    if (!current) throw new NotFound('provider_instance', instance.id);
+    const current = flowInstance(await repo.getProviderInstance(trx, instance.id, 'update'), state);
+    if (!current) throw voided(s, state, 'its instance was deleted during its code exchange');
     // Another flow of the instance completed during this one's code exchange, when this state was
     // taken already and so escaped its delete: that flow stands, as if the delete had reached this one.
-    if (current.user_credential_id !== state.instance_user_credential_id) throw voided(s, state);
+    if (current.user_credential_id !== state.instance_user_credential_id) throw voided(s, state, 'another flow of the instance completed during its code exchange');
     const stored = await storeCredential(s, trx, { kind: 'user', providerTypeId: provider.type_id, cc, plain, metadata: {}, dekId, alias: rsRow.dek_alias });
     await repo.setUserCredential(trx, instance.id, stored.id);
     if (current.user_credential_id) await repo.deleteOrphanCredentials(trx, [current.user_credential_id]);
@@ -140,9 +141,16 @@ function noFlowWaits(): NotFound {
   return new NotFound('broker_state', { message: 'No brokering flow waits for this state: it is unknown, was used already, or its callback is under way' });
 }
 
-// A flow another one of its instance ended while its code was exchanged answers as a used state.
-function voided(s: BrokerServices, state: TakenBrokerState): NotFound {
-  s.log.info({ provider_instance_id: state.provider_instance_id, broker_state_id: state.id }, 'oauth brokering voided: another flow of the instance completed during its code exchange');
+// The instance the flow was started for, undefined once it is deleted: one made again under its id
+// since (created later) is another, whose user has not consented to this flow.
+function flowInstance(row: repo.ProviderInstanceRow | undefined, state: TakenBrokerState): repo.ProviderInstanceRow | undefined {
+  return row?.created_at.getTime() === state.instance_created_at.getTime() ? row : undefined;
+}
+
+// A flow ended while its code was exchanged (another flow of its instance completed, or the instance
+// was deleted) answers as a used state, as its state's delete would have made it.
+function voided(s: BrokerServices, state: TakenBrokerState, why: string): NotFound {
+  s.log.info({ provider_instance_id: state.provider_instance_id, broker_state_id: state.id }, `oauth brokering voided: ${why}`);
   return noFlowWaits();
 }
 
@@ -151,8 +159,7 @@ function voided(s: BrokerServices, state: TakenBrokerState): NotFound {
 // concurrent callback a 404: one exchange at a time. Any answer of the provider's uses it up.
 async function keptForRetry(s: BrokerServices, state: TakenBrokerState, err: NoAnswer): Promise<Upstream | NotFound> {
   if (!(await putBackBrokerState(s.db, state))) {
-    // Another flow completed meanwhile, or the instance was deleted: nothing to retry either way.
-    return (await repo.getProviderInstance(s.db, state.provider_instance_id)) ? voided(s, state) : err;
+    return voided(s, state, 'another flow of the instance completed, or the instance was deleted, during its code exchange');
   }
   s.log.warn({ provider_instance_id: state.provider_instance_id, broker_state_id: state.id }, 'token endpoint gave no answer: broker state kept for a retry');
   return new Upstream(`${err.message}; the state is kept: the same callback may be retried until it expires`, err.data);
