@@ -3,13 +3,15 @@
 import { randomUUID } from 'node:crypto';
 import type { Services } from './services.ts';
 import { AppError, Conflict, NotFound } from './errors.ts';
-import { DecryptError, decryptImported, decryptWithDek, encryptWithDek, writeUnderAlias, type KeyringServices } from './keyring.ts';
+import { DecryptError, decryptImported, decryptWithDek, DekUnwrapFailed, encryptWithDek, writeUnderAlias, type KeyringServices } from './keyring.ts';
+import { KeyUnusable } from './crypto/envelope-keys.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
 import { dekForRewrite } from './alias-rotation.ts';
 import * as repo from '../db/secrets.ts';
 import type { SecretRow } from '../db/secrets.ts';
 import type { Page } from '../db/pagination.ts';
-import type { DecryptedSecret, Secret } from './shapes/secret.ts';
+import type { Logger } from './logger.ts';
+import type { DecryptedSecret, Secret, SecretDecryptErrorCode } from './shapes/secret.ts';
 
 type ReadServices = Pick<Services, 'db' | 'cfg'>;
 
@@ -55,12 +57,24 @@ export async function listSecrets(db: Services['db'], pageSize: number, token?: 
   return withMember(page, page.items.map(toSecret));
 }
 
-export async function listDecryptedSecrets(s: ReadServices, pageSize: number, token?: string): Promise<{ secrets: DecryptedSecret[]; next_page_token?: string }> {
+// A secret that does not open because of what is stored is listed with decrypt_error instead of its
+// value, so one damaged row does not hide the rest of its page or the pages after it. KMS failing
+// (502) or Postgres (503) fails the whole request, as it fails a read of one secret.
+export async function listDecryptedSecrets(s: ReadServices, log: Logger, pageSize: number, token?: string): Promise<{ secrets: DecryptedSecret[]; next_page_token?: string }> {
   const page = await repo.listSecrets(s.db, pageSize, token);
-  const secrets = await Promise.all(page.items.map(async (r) => {
+  const failed: { secret_id: string; dek_id: string; code: SecretDecryptErrorCode; message: string }[] = [];
+  const secrets = await Promise.all(page.items.map(async (r): Promise<DecryptedSecret> => {
     const { encrypted_secret: _, ...rest } = toSecret(r);
-    return { ...rest, decrypted_value: await decryptStored(s, r) } as DecryptedSecret;
+    try {
+      return { ...rest, decrypted_value: await decryptWithDek(s, r.dek_id, r.encrypted_secret) };
+    } catch (err) {
+      const fault = storedFault(r, err);
+      if (!fault) throw err;
+      failed.push({ secret_id: r.id, dek_id: r.dek_id, ...fault });
+      return { ...rest, decrypt_error: fault };
+    }
   }));
+  if (failed.length) log.error({ secrets: failed }, `list-decrypted: ${failed.length} secret(s) of the page do not decrypt; listed without their values`);
   return withMember(page, secrets);
 }
 
@@ -135,7 +149,18 @@ async function decryptStored(s: ReadServices, row: SecretRow): Promise<string> {
   try {
     return await decryptWithDek(s, row.dek_id, row.encrypted_secret);
   } catch (err) {
-    if (err instanceof DecryptError) throw new AppError(500, 'internal', `secret '${row.key}' does not decrypt with its DEK '${row.dek_id}'`);
+    if (err instanceof DecryptError) throw new AppError(500, 'internal', valueFault(row));
     throw err;
   }
+}
+
+const valueFault = (row: SecretRow) => `secret '${row.key}' does not decrypt with its DEK '${row.dek_id}'`;
+
+// Why a secret does not open when the cause is what is stored (its value, its DEK's wrapped key, its
+// envelope key's file), each a 500 on a read of that secret alone; undefined for anything else.
+function storedFault(row: SecretRow, err: unknown): { code: SecretDecryptErrorCode; message: string } | undefined {
+  if (err instanceof DecryptError) return { code: 'value_does_not_decrypt', message: valueFault(row) };
+  if (err instanceof DekUnwrapFailed) return { code: 'dek_does_not_unwrap', message: err.message };
+  if (err instanceof KeyUnusable) return { code: 'envelope_key_unusable', message: err.message };
+  return undefined;
 }

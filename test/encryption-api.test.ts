@@ -637,6 +637,39 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     for (const id of ids) assert.equal((await c.delete(`/api/secret/v1/${id}`)).status, 200);
   });
 
+  it('fails a list-decrypted page whole (502) while KMS fails, but lists a secret whose DEK KMS refuses (changed in the table) with its decrypt_error, the rest decrypted', async () => {
+    const c = stack.client;
+    assert.ok([201, 409].includes((await c.post(`${E}/envelope`, { type: 'aws_kms', arn: ARN, region: 'eu-west-1' })).status));
+    assert.equal((await c.post(`${E}/envelope/${enc(ARN)}/dek`, { id: 'kms-list-dek' })).status, 201);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'kms-list-dek', alias: 'kms-list' })).status, 201);
+    const onKms = await c.post('/api/secret/v1', { key: 'kms-list/on-kms', raw_value: 'kms-v', dek_alias: 'kms-list' });
+    const onLocal = await c.post('/api/secret/v1', { key: 'kms-list/on-local', raw_value: 'local-v' });
+    assert.deepEqual([onKms.status, onLocal.status], [201, 201]);
+    const decrypts = () => kms.calls.filter((x) => x.op === 'Decrypt').length;
+    const list = () => c.get('/api/secret/v1/list-decrypted?page_size=1000');
+
+    await dropCaches(c);
+    const before = decrypts();
+    const release = kms.hold('Decrypt');
+    const listing = list();
+    await waitFor(async () => decrypts() > before, 'the page to ask KMS for its DEK');
+    release('KMSInternalException');
+    assertError(await listing, 502, 'bad_gateway');
+
+    await testDb()('deks').where({ id: 'kms-list-dek' }).update({ encrypted_dek: randomBytes(100).toString('base64') });
+    await dropCaches(c);
+    const page = await list();
+    assert.equal(page.status, 200, page.text);
+    const item = (id: string) => page.body.secrets.find((x: { id: string }) => x.id === id);
+    assert.deepEqual(item(onKms.body.id).decrypt_error, {
+      code: 'dek_does_not_unwrap',
+      message: `DEK 'kms-list-dek' does not unwrap with envelope key '${ARN}' (encrypted DEK does not unwrap with this KMS key): that key is not the one it was wrapped with`,
+    });
+    assert.equal(item(onKms.body.id).decrypted_value, undefined);
+    assert.equal(item(onLocal.body.id).decrypted_value, 'local-v');
+    for (const r of [onKms, onLocal]) assert.equal((await c.delete(`/api/secret/v1/${r.body.id}`)).status, 200);
+  });
+
   it('keeps writes under an alias going while its rotation waits on KMS for the new DEK', async () => {
     const c = stack.client;
     assert.ok([201, 409].includes((await c.post(`${E}/envelope`, { type: 'aws_kms', arn: ARN, region: 'eu-west-1' })).status));

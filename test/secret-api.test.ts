@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { randomBytes, randomUUID } from 'node:crypto';
-import { assertError, ROOT, testDb, textMessage, useStack, waitFor, type Client } from './helpers/stack.ts';
+import { assertError, requestLogsThrough, ROOT, testDb, textMessage, useStack, waitFor, type Client } from './helpers/stack.ts';
 import { sealByHand } from './helpers/aes-gcm-by-hand.ts';
 
 const S = '/api/secret/v1';
@@ -433,14 +433,83 @@ describe('secret API', () => {
     assert.equal(r.status, 409);
   });
 
-  it('reports a stored value that no longer decrypts as a server fault naming the key, not the value', async () => {
-    const created = await c.post(S, { key: 'damaged', raw_value: value() });
-    await testDb()('secrets').where({ id: created.body.id }).update({ encrypted_secret: sealByHand(randomBytes(32), Buffer.from('x')) });
-    const r = await c.get(`${S}/list-decrypted?page_size=1000`);
-    assert.equal(r.status, 500);
-    assert.equal(r.body.data.code, 'internal');
-    assert.match(r.body.message, /secret 'damaged' does not decrypt/);
-    assert.equal((await c.delete(`${S}/${created.body.id}`)).status, 200);
+  it('answers list-decrypted (200) with a secret that does not open listed without its value, saying why, logged once; the rest decrypted and paged past', async () => {
+    const make = async (key: string, raw: string, dek_alias?: string) => {
+      const r = await c.post(S, { key, raw_value: raw, ...(dek_alias ? { dek_alias } : {}) });
+      assert.equal(r.status, 201, r.text);
+      return r.body.id as string;
+    };
+    const onKey = async (file_name: string, dek: string) => {
+      assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name })).status, 201);
+      assert.equal((await c.post(`${E}/envelope/${file_name}/dek`, { id: dek })).status, 201);
+      assert.equal((await c.post(`${E}/dek/alias`, { dek_id: dek, alias: dek })).status, 201);
+    };
+    // A local key's change reaches the caches of every process (creating and deleting one drops them).
+    const dropCaches = async () => {
+      const name = `drop-${randomUUID()}.key`;
+      assert.equal((await c.post(`${E}/envelope`, { type: 'local', file_name: name })).status, 201);
+      assert.equal((await c.delete(`${E}/envelope/${name}`)).status, 200);
+    };
+    const goodRaw = value();
+    const good = await make('opens/before', goodRaw);
+    // Its ciphertext changed in the table.
+    const damaged = await make('damaged', value());
+    await testDb()('secrets').where({ id: damaged }).update({ encrypted_secret: sealByHand(randomBytes(32), Buffer.from('x')) });
+    // Its DEK's wrapped key changed in the table.
+    await onKey('rewrapped.key', 'rewrapped-dek');
+    const rewrapped = await make('on/rewrapped', value(), 'rewrapped-dek');
+    await testDb()('deks').where({ id: 'rewrapped-dek' }).update({ encrypted_dek: sealByHand(randomBytes(32), randomBytes(32)) });
+    // Its DEK's envelope key file gone.
+    await onKey('gone.key', 'gone-dek');
+    const gone = await make('on/gone', value(), 'gone-dek');
+    const goneFile = path.join(stack.env.DATA_DIR, 'keys', 'gone.key');
+    const goneKek = fs.readFileSync(goneFile);
+    fs.rmSync(goneFile);
+    const lastRaw = value();
+    const last = await make('opens/after', lastRaw);
+    await dropCaches();
+    try {
+      const r = await c.get(`${S}/list-decrypted?page_size=1000`);
+      assert.equal(r.status, 200, r.text);
+      const byId = new Map(r.body.secrets.map((x: { id: string }) => [x.id, x]));
+      for (const [id, raw] of [[good, goodRaw], [last, lastRaw]]) {
+        assert.deepEqual(Object.keys(byId.get(id) as object).sort(), ['created_at', 'decrypted_value', 'dek_alias', 'id', 'key', 'updated_at']);
+        assert.equal((byId.get(id) as { decrypted_value: string }).decrypted_value, raw);
+      }
+      const marked: [string, string, string][] = [
+        [damaged, 'value_does_not_decrypt', `secret 'damaged' does not decrypt with its DEK '${(await testDb()('secrets').where({ id: damaged }).first()).dek_id}'`],
+        [rewrapped, 'dek_does_not_unwrap', "DEK 'rewrapped-dek' does not unwrap with envelope key 'rewrapped.key' (encrypted DEK does not decrypt with the key it names): that key is not the one it was wrapped with"],
+        [gone, 'envelope_key_unusable', "local envelope key 'gone.key' cannot be read (ENOENT)"],
+      ];
+      for (const [id, code, message] of marked) {
+        const item = byId.get(id) as Record<string, unknown>;
+        assert.deepEqual(Object.keys(item).sort(), ['created_at', 'decrypt_error', 'dek_alias', 'id', 'key', 'updated_at'], id);
+        assert.deepEqual(item.decrypt_error, { code, message });
+      }
+      for (const material of [goneKek, fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'rewrapped.key'))]) {
+        assert.ok(!r.text.includes(material.toString('base64')) && !r.text.includes(material.toString('hex')));
+      }
+      // Logged at error once for this request, each secret named by id (never its value).
+      const id = r.headers.get('x-request-id');
+      const errors = (await requestLogsThrough(stack, r, { all: true })).filter((l) => l.includes(`"req_id":"${id}"`) && l.includes('"level":50'));
+      assert.equal(errors.length, 1, errors.join('\n'));
+      for (const [secret] of marked) assert.ok(errors[0].includes(secret), errors[0]);
+
+      // One a page: the tokens go past each of them, the same rows in the same order as GET /.
+      const listed: string[] = [];
+      for (let token: string | undefined; ;) {
+        const page = await c.get(`${S}/list-decrypted?page_size=1${token ? `&next_page_token=${token}` : ''}`);
+        assert.equal(page.status, 200, page.text);
+        listed.push(...page.body.secrets.map((x: { id: string }) => x.id));
+        token = page.body.next_page_token;
+        if (!token) break;
+      }
+      assert.deepEqual(listed, (await c.get(`${S}?page_size=1000`)).body.secrets.map((x: { id: string }) => x.id));
+    } finally {
+      fs.writeFileSync(goneFile, goneKek, { mode: 0o600 });
+      await dropCaches();
+    }
+    for (const id of [damaged, rewrapped, gone]) assert.equal((await c.delete(`${S}/${id}`)).status, 200);
     assert.equal((await c.get(`${S}/list-decrypted?page_size=1000`)).status, 200);
   });
 

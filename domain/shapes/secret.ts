@@ -32,7 +32,19 @@ const common = {
 export const Secret = Type.Object({ ...common, encrypted_secret: Type.String({ description: 'base64(nonce ‖ AES-256-GCM ciphertext ‖ tag) under the DEK' }) }, { $id: 'Secret' });
 export type Secret = Static<typeof Secret>;
 
-export const DecryptedSecret = Type.Object({ ...common, decrypted_value: Type.String() }, { $id: 'DecryptedSecret' });
+// Why list-decrypted could not open a stored secret: its value changed in the table, its DEK not
+// unwrapping with its envelope key, or that key unusable (a local key file gone or of the wrong size).
+export const SECRET_DECRYPT_ERRORS = ['value_does_not_decrypt', 'dek_does_not_unwrap', 'envelope_key_unusable'] as const;
+export type SecretDecryptErrorCode = typeof SECRET_DECRYPT_ERRORS[number];
+
+export const DecryptedSecret = Type.Object({
+  ...common,
+  decrypted_value: Type.Optional(Type.String({ description: 'The raw value; absent when decrypt_error is given' })),
+  decrypt_error: Type.Optional(Type.Object({
+    code: Type.Union(SECRET_DECRYPT_ERRORS.map((c) => Type.Literal(c))),
+    message: Type.String({ description: 'What could not be opened, naming the secret, DEK or envelope key (never key material)' }),
+  }, { description: 'Given instead of decrypted_value when the stored secret cannot be opened; the rest of the page is answered' })),
+}, { $id: 'DecryptedSecret' });
 export type DecryptedSecret = Static<typeof DecryptedSecret>;
 
 export const CreateSecretRequest = Body({
