@@ -20,12 +20,20 @@ const CLIENT_SECRET = `cs-${randomUUID()}`;
 const { privateKey, publicKey } = generateKeyPairSync('rsa', { modulusLength: 2048, privateKeyEncoding: { type: 'pkcs8', format: 'pem' }, publicKeyEncoding: { type: 'spki', format: 'pem' } });
 
 interface Seen { method: string; url: string; headers: http.IncomingHttpHeaders; body: string }
-// Access tokens the token endpoint answers assertions from these issuers with: none can be an Authorization header.
-const NO_HEADER_TOKENS: Record<string, string> = { 'unicode@example.iam': 'at\u00e9\u4e2d', 'crlf@example.iam': 'at\r\nX-Injected: 1' };
+// Token answers to assertions from these issuers that no call could use, and the 502 message each gets:
+// an access token that cannot be an Authorization header, or a token type other than bearer.
+const HEADER_REFUSAL = 'token endpoint: answered an access_token that cannot be sent in an Authorization header (printable ASCII, at most 8192 characters)';
+const TYPE_REFUSAL = 'token endpoint: answered a token_type that is not bearer: only bearer tokens are supported';
+const UNUSABLE_TOKENS: Record<string, { answer: { access_token: string; token_type: unknown }; message: string }> = {
+  'unicode@example.iam': { answer: { access_token: 'at\u00e9\u4e2d', token_type: 'Bearer' }, message: HEADER_REFUSAL },
+  'crlf@example.iam': { answer: { access_token: 'at\r\nX-Injected: 1', token_type: 'Bearer' }, message: HEADER_REFUSAL },
+  'dpop@example.iam': { answer: { access_token: 'dpop-access', token_type: 'DPoP' }, message: TYPE_REFUSAL },
+  'numeric-type@example.iam': { answer: { access_token: 'typed-access', token_type: 5 }, message: TYPE_REFUSAL },
+};
 
 // Answers like the provider APIs: refunds (pi_refused is refused, pi_boom fails on Stripe's
 // side, pi_slow answers after 3 s, pi_deep nests 5,000 levels deep), Gmail send, and an RFC 7523 token endpoint that checks the assertion's signature
-// (bar NO_HEADER_TOKENS' issuers).
+// (bar UNUSABLE_TOKENS' issuers).
 // Refunds honour an Idempotency-Key as Stripe does: a repeat of a key gets the first answer (a
 // refusal too) without refunding again, or 400 when its params differ; `made.refunds` counts refunds made.
 // Refusals that quote the credential they got: refund pi_echo, a mail with subject "echo", an assertion from echo@example.iam.
@@ -74,7 +82,7 @@ function startProviders(): Promise<{ server: http.Server; url: string; seen: See
         const [h, c, sig] = (form.get('assertion') ?? '').split('.');
         const iss = JSON.parse(Buffer.from(c ?? '', 'base64url').toString() || '{}').iss;
         if (iss === 'echo@example.iam') return send(400, { error: 'invalid_grant', error_description: `Invalid JWT: ${form.get('assertion')} (${body})` });
-        if (NO_HEADER_TOKENS[iss]) return send(200, { access_token: NO_HEADER_TOKENS[iss], token_type: 'Bearer', expires_in: 3600 });
+        if (UNUSABLE_TOKENS[iss]) return send(200, { ...UNUSABLE_TOKENS[iss].answer, expires_in: 3600 });
         const ok = form.get('grant_type') === 'urn:ietf:params:oauth:grant-type:jwt-bearer' && sig
           && verify('sha256', Buffer.from(`${h}.${c}`), createPublicKey(publicKey), Buffer.from(sig, 'base64url'));
         if (!ok) return send(400, { error: 'invalid_grant', error_description: 'bad assertion' });
@@ -792,8 +800,8 @@ describe('bridge API', () => {
     assert.equal(providers.seen.filter((x) => x.url === '/gmail/v1/users/me/messages/send').length, sends, 'no mail without a token');
   });
 
-  it('answers 502 naming the token endpoint when it answers an access token that cannot be an Authorization header, and sends nothing', async () => {
-    for (const [i, clientId] of Object.keys(NO_HEADER_TOKENS).entries()) {
+  it('answers 502 naming the token endpoint when it answers an access token that cannot be an Authorization header or a token_type other than bearer, and sends nothing', async () => {
+    for (const [i, [clientId, { message }]] of Object.entries(UNUSABLE_TOKENS).entries()) {
       const rs = await c.post(`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
         { value: { client_id: clientId, private_key: privateKey, token_uri: `${providers.url}/token`, scopes: ['gmail.send'] } });
       assert.equal(rs.status, 201, rs.text);
@@ -803,7 +811,7 @@ describe('bridge API', () => {
       const sends = providers.seen.filter((x) => x.url === '/gmail/v1/users/me/messages/send').length;
       const r = await invoke(`gmail-bad-token-${i}`, 'google_mail_send_email', { to: 'b@example.com', subject: 'S', body: 'B' });
       assert.equal(r.status, 502, r.text);
-      assert.equal(r.body.message, 'token endpoint: answered an access_token that cannot be sent in an Authorization header (printable ASCII, at most 8192 characters)', clientId);
+      assert.equal(r.body.message, message, clientId);
       assert.equal(providers.seen.filter((x) => x.url === '/token').length, tokens + 1, 'the token endpoint was asked');
       assert.equal(providers.seen.filter((x) => x.url === '/gmail/v1/users/me/messages/send').length, sends, 'no mail without a usable token');
     }

@@ -25,6 +25,14 @@ export function assertHeaderToken(token: string): void {
     throw new Upstream(`token endpoint: answered an access_token that cannot be sent in an Authorization header (printable ASCII, at most ${MAX_TOKEN_LENGTH} characters)`, { upstream: 'token endpoint' });
   }
 }
+// Tokens are sent as `Authorization: Bearer`; another type (DPoP, bound to a key we do not hold)
+// would be refused by the provider at each call, so it is refused here instead (RFC 6749 7.1).
+// Absent is taken as bearer.
+export function assertBearerType(tokenType: unknown): void {
+  if (tokenType != null && String(tokenType).toLowerCase() !== 'bearer') {
+    throw new Upstream('token endpoint: answered a token_type that is not bearer: only bearer tokens are supported', { upstream: 'token endpoint' });
+  }
+}
 const Token = (description: string) => Type.String({ minLength: 1, maxLength: MAX_TOKEN_LENGTH, pattern: HEADER_TOKEN_PATTERN, description: `${description} (printable ASCII)` });
 const Scopes = Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { maxItems: 100 }));
 const Strict = { additionalProperties: false };
@@ -121,11 +129,13 @@ async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: Upstream
     body: new URLSearchParams({ grant_type: JWT_BEARER, assertion }).toString(),
     signal: opts.signal,
   }, opts.timeoutMs, { publicOnly: !opts.allowPrivate });
-  const token = (answer.body as { access_token?: unknown } | undefined)?.access_token;
+  const body = answer.body as { access_token?: unknown; token_type?: unknown } | undefined;
+  const token = body?.access_token;
   if (answer.status >= 400 || typeof token !== 'string' || !token) {
     throw new Upstream(`token endpoint refused the assertion: ${refusalMessage(answer)}`, { upstream: 'token endpoint', upstream_status: answer.status });
   }
   assertHeaderToken(token);
+  assertBearerType(body!.token_type);
   return token;
 }
 

@@ -5,7 +5,7 @@ import type { Config } from '../config.ts';
 import { InvalidRequest, Upstream } from '../errors.ts';
 import { callUpstream, refusalMessage, successObject, type UpstreamAnswer } from './upstream.ts';
 import type { Plain, ProviderControllerDef } from './types.ts';
-import { assertHeaderToken, oauthAuthFlow } from './credential-controllers.ts';
+import { assertBearerType, assertHeaderToken, oauthAuthFlow } from './credential-controllers.ts';
 import { checkAgainst } from './catalog.ts';
 import { findUnstorable } from '../storable-json.ts';
 
@@ -45,11 +45,7 @@ export function withTokens(answer: UpstreamAnswer, previous: Plain, requested: s
   const body = successObject('token endpoint', answer);
   if (typeof body.access_token !== 'string' || !body.access_token) throw new Upstream('token endpoint: answered without an access_token', { upstream: 'token endpoint' });
   assertHeaderToken(body.access_token);
-  // Tokens are sent as `Authorization: Bearer`; another type (DPoP, bound to a key we do not hold)
-  // would be refused by the provider at each call, so it is refused here instead (RFC 6749 7.1).
-  if (body.token_type != null && String(body.token_type).toLowerCase() !== 'bearer') {
-    throw new Upstream('token endpoint: answered a token_type that is not bearer: only bearer tokens are supported', { upstream: 'token endpoint' });
-  }
+  assertBearerType(body.token_type);
   const scopes = typeof body.scope === 'string' ? body.scope.split(' ').filter(Boolean) : (previous.scopes as string[] | undefined) ?? requested;
   const refresh = typeof body.refresh_token === 'string' && body.refresh_token ? body.refresh_token : previous.refresh_token;
   const sub = idTokenSubject(body.id_token) ?? previous.sub;
