@@ -133,11 +133,14 @@ export async function deleteCredential(trx: Knex.Transaction, id: string): Promi
   await trx('bridge_credentials').where({ id }).delete();
 }
 
-// A brokered user credential replaces the instance's and makes it usable: active, unless an
-// admin disabled it (that stays their call, through a refresh_failed meanwhile).
+// The status of an instance made usable: active, unless an admin disabled it (that stays their
+// call, through a refresh_failed meanwhile).
+const USABLE_STATUS = `case when disabled_by_admin then 'disabled' else 'active' end`;
+
+// A brokered user credential replaces the instance's and makes it usable.
 export async function setUserCredential(db: Tx, instanceId: string, credentialId: string): Promise<void> {
   await db('provider_instances').where({ id: instanceId }).update({
-    user_credential_id: credentialId, status: db.raw(`case when disabled_by_admin then 'disabled' else 'active' end`), updated_at: db.fn.now(),
+    user_credential_id: credentialId, status: db.raw(USABLE_STATUS), updated_at: db.fn.now(),
   });
 }
 
@@ -362,11 +365,24 @@ export async function replaceCredentialValue(
 
 // Compare-and-set, as replaceCredentialValue, when `value` is given: the instances are marked only
 // while their credential still holds the value whose refresh failed (another refresh may have stored
-// new tokens since).
+// new tokens since). The credential row is locked for the check, as replaceCredentialValue's write
+// locks it: a write under way is waited for and its value compared, not the one before it.
 export async function setInstanceStatusOfUserCredential(db: Tx, credentialId: string, value: Record<string, unknown> | undefined, status: 'refresh_failed'): Promise<string[]> {
   const q = db('provider_instances').where({ user_credential_id: credentialId }).whereIn('status', ['active', 'disabled']);
-  if (value) q.whereExists(db('bridge_credentials').where({ id: credentialId }).whereRaw('value = ?::jsonb', [JSON.stringify(value)]));
+  if (value) {
+    q.with('unchanged', db('bridge_credentials').where({ id: credentialId }).whereRaw('value = ?::jsonb', [JSON.stringify(value)]).forUpdate().select('id'))
+      .whereIn('user_credential_id', db('unchanged').select('id'));
+  }
   const rows = await q.update({ status, updated_at: db.fn.now() }).returning('id');
+  return rows.map((r: { id: string }) => r.id);
+}
+
+// After a refresh stored new tokens, in its transaction: the credential's instances that another run
+// of the same refresh marked refresh_failed meanwhile (refused the refresh token this run spent) are
+// usable again. Returns their ids.
+export async function reviveRefreshFailedInstances(db: Tx, credentialId: string): Promise<string[]> {
+  const rows = await db('provider_instances').where({ user_credential_id: credentialId, status: 'refresh_failed' })
+    .update({ status: db.raw(USABLE_STATUS), updated_at: db.fn.now() }).returning('id');
   return rows.map((r: { id: string }) => r.id);
 }
 

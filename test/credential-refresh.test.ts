@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
-import { resetDb, testDb, waitFor, type Client, type Stack } from './helpers/stack.ts';
+import { lockWaits, resetDb, testDb, waitFor, withQueue, type Client, type Stack } from './helpers/stack.ts';
 import { consent, startOAuthStack, type OAuthServer, type OAuthStack } from './helpers/oauth-server.ts';
 import type { FakeProviders } from './helpers/fake-providers.ts';
 
@@ -215,32 +215,74 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     assert.equal(await oauth.refreshes(), refreshes + 1, 'nothing to refresh with');
   });
 
-  it('leaves the instance active when the refresh token it exchanged was refused after another refresh stored new tokens (a stalled job run twice)', async () => {
-    // The credential holds R1 again after a refresh stored R2, then the job reads R1 and its exchange
-    // is held; meanwhile R2 is stored back, as the other run of the job would have, and the provider
-    // refuses the spent R1.
-    await brokered('mail-twice');
-    const spent = await userCredential('mail-twice');
-    await makeDue('mail-twice');
+  // The credential holds R1 again after a refresh stored R2, then the job reads R1 and its exchange
+  // is held; meanwhile R2 is stored back, as the other run of the job would have (with `underWay`, in a
+  // transaction still open when the refused run checks the credential), and the provider refuses the spent R1.
+  async function refusedAfterAnotherRunStored(id: string, underWay: boolean) {
+    await brokered(id);
+    const spent = await userCredential(id);
+    await makeDue(id);
     const fresh = await waitFor(async () => {
-      const row = await userCredential('mail-twice');
+      const row = await userCredential(id);
       return row.next_rotation_time.getTime() > Date.now() && row;
     }, 'the first refresh');
     await oauth.setMode('hold-next');
+    const write = await testDb().transaction();
     try {
       await testDb()('bridge_credentials').where({ id: spent.id }).update({ value: spent.value, next_rotation_time: new Date(Date.now() - 1000) });
       await waitFor(async () => (await oauth.held()) === 1, 'the exchange of the spent refresh token');
-      await testDb()('bridge_credentials').where({ id: spent.id }).update({ value: fresh.value, next_rotation_time: fresh.next_rotation_time });
+      await write('bridge_credentials').where({ id: spent.id }).update({ value: fresh.value, next_rotation_time: fresh.next_rotation_time });
+      if (!underWay) await write.commit();
       await oauth.setMode('revoked');
       await oauth.release();
-      await waitFor(async () => (await instance('mail-twice')).status === 'refresh_failed'
+      if (underWay) {
+        await waitFor(async () => (await lockWaits('%"unchanged"%for update%')) === 1 || (await instance(id)).status === 'refresh_failed', 'the refused run to check the credential');
+        await write.commit();
+      }
+      await waitFor(async () => (await instance(id)).status === 'refresh_failed'
         || stack.workers.flatMap((w) => w.logs).some((l) => l.includes(spent.id) && l.includes('changed since')), 'the refused refresh to end');
     } finally {
+      if (!write.isCompleted()) await write.rollback();
       await oauth.setMode('ok');
     }
-    assert.equal((await instance('mail-twice')).status, 'active');
-    assert.deepEqual((await userCredential('mail-twice')).value, fresh.value, 'the tokens the other refresh stored');
-    assert.equal((await send('mail-twice')).status, 200);
+    assert.equal((await instance(id)).status, 'active');
+    assert.deepEqual((await userCredential(id)).value, fresh.value, 'the tokens the other refresh stored');
+    assert.equal((await send(id)).status, 200);
+  }
+
+  it('leaves the instance active when the refresh token it exchanged was refused after another refresh stored new tokens (a stalled job run twice)', async () => {
+    await refusedAfterAnotherRunStored('mail-twice', false);
+  });
+
+  it("leaves the instance active when the refresh token it exchanged was refused while another refresh's write of new tokens is under way: the check waits for it", async () => {
+    await refusedAfterAnotherRunStored('mail-under-way', true);
+  });
+
+  it('ends active when a run stores new tokens after another run of the same refresh gave up on the refresh token both exchanged', async () => {
+    // A rotating provider: the first run's exchange spends R1 and its write waits on the alias the
+    // test holds; a second run (a job of its own id, as a stalled job run again) reads R1 still stored,
+    // is refused (invalid_grant) and marks the instance before the first run's tokens land.
+    await brokered('mail-race');
+    const cred = await userCredential('mail-race');
+    const start = await oauth.refreshes();
+    await oauth.inMode('rotating', async () => {
+      const trx = await testDb().transaction();
+      try {
+        await trx('dek_aliases').where({ alias: cred.dek_alias }).forUpdate().first();
+        await makeDue('mail-race');
+        await waitFor(async () => (await lockWaits('%from "dek_aliases"%for share%')) === 1, 'the first run to wait to store its tokens');
+        assert.equal(await oauth.refreshes() - start, 1);
+        await withQueue(stack.env, 'credential-refresh', (q) => q.add('refresh', { credential_id: cred.id }, { jobId: `second-run_${cred.id}` }));
+        await waitFor(async () => (await instance('mail-race')).status === 'refresh_failed', 'the second run to give up');
+      } finally {
+        await trx.commit();
+      }
+      await waitFor(async () => (await userCredential('mail-race')).next_rotation_time.getTime() > Date.now(), 'the first run to store its tokens');
+    });
+    assert.equal(await oauth.refreshes() - start, 2);
+    assert.notEqual((await userCredential('mail-race')).value.refresh_token, cred.value.refresh_token);
+    assert.equal((await instance('mail-race')).status, 'active');
+    assert.equal((await send('mail-race')).status, 200);
   });
 
   it('gives up, as on any malformed answer, when the refresh answers a token_type other than bearer: the DPoP token is not stored', async () => {

@@ -4,7 +4,8 @@
 // token at the provider's token endpoint and writes the new tokens over the old ones. When the
 // provider answers invalid_grant, the credential has no refresh token, or the last attempt fails,
 // the instance becomes refresh_failed, unless the credential changed since the job read it: only
-// brokering again revives it. New tokens whose write fails
+// brokering again revives it (or another run of the same refresh storing the tokens it got for the
+// refresh token this run was refused). New tokens whose write fails
 // for a transient reason are written again for CREDENTIAL_REFRESH_STORE_RETRY_MS: most providers
 // rotate refresh tokens, so a job retried after they are lost would exchange a spent one and end
 // refresh_failed.
@@ -95,11 +96,17 @@ async function refresh(s: RefreshServices, credentialId: string, seen: Seen): Pr
   for (let tries = 0; tries < 3; tries++) {
     if (!current) return 'gone';
     const base: repo.CredentialRow = current;
-    const written = await storing(() => writeUnderAlias(s, base.dek_alias, async (trx, dekId) => repo.replaceCredentialValue(trx, base.id, base.value, {
-      value: await sealCredential(s, cc, 'user', fresh, dekId, trx), dek_id: dekId, next_rotation_time: next,
-    })));
+    // Another run of this refresh that was refused the refresh token this one spent may have given
+    // up before this write (its check holds the credential row as this write does, so it cannot
+    // land after): what it marked is undone with the write.
+    const written = await storing(() => writeUnderAlias(s, base.dek_alias, async (trx, dekId) => {
+      const replaced = await repo.replaceCredentialValue(trx, base.id, base.value, {
+        value: await sealCredential(s, cc, 'user', fresh, dekId, trx), dek_id: dekId, next_rotation_time: next,
+      });
+      return replaced && { revived: await repo.reviveRefreshFailedInstances(trx, base.id) };
+    }));
     if (written) {
-      s.log.info({ credential_id: credentialId, provider_instance_id: instance.id }, 'credential refreshed');
+      s.log.info({ credential_id: credentialId, provider_instance_id: instance.id, ...(written.revived.length ? { revived_provider_instance_ids: written.revived } : {}) }, 'credential refreshed');
       return 'refreshed';
     }
     current = (await storing(() => repo.credentialDueForRefresh(s.db, credentialId)))?.row;
