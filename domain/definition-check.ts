@@ -18,7 +18,7 @@ export type TargetCatalog = Map<string, Pick<ProviderController, 'type_id' | 'cr
 
 // Names a problem is about, then the items that use it: a problem shared by many items is one line.
 const NAMED_AT_MOST = 3;
-const naming = (users: string[]) => users.slice(0, NAMED_AT_MOST).join(', ') + (users.length > NAMED_AT_MOST ? ` and ${users.length - NAMED_AT_MOST} more` : '');
+export const naming = (users: string[]) => users.slice(0, NAMED_AT_MOST).join(', ') + (users.length > NAMED_AT_MOST ? ` and ${users.length - NAMED_AT_MOST} more` : '');
 
 const credentialsOf = (def: Pick<Definition, 'providers'>) => def.providers.flatMap((p) =>
   ([['resource server', p.resource_server_credential], ['user', p.user_credential]] as const)

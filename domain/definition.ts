@@ -14,10 +14,10 @@ import type { Definition } from './shapes/definition.ts';
 import type { Config } from './config.ts';
 import type { Logger } from './logger.ts';
 import { agentCard } from './a2a/agent-card.ts';
-import { storedFunctionDef } from './bridge/catalog.ts';
+import { storedFunctionDef, storedProviderDef } from './bridge/catalog.ts';
 import { elements, opened, snapshotStreams, StreamCut } from './json-stream.ts';
 
-type Item<K extends keyof Definition> = Definition[K] extends (infer T)[] ? T : never;
+type Item<K extends keyof Definition> = NonNullable<Definition[K]> extends (infer T)[] ? T : never;
 
 const iso = (d: Date) => d.toISOString();
 
@@ -46,7 +46,12 @@ const secret = (s: SecretExportRow): Item<'secrets'> => ({
 
 // A function instance whose function (or provider) this release's catalog no longer has is left out, as
 // the API's lists leave it out: no installation of this release could enable it, so no apply could make it.
-const cataloguedFunctions = (p: ProviderExportRow) => p.functions.filter((f) => storedFunctionDef(p.provider_controller_type_id, f) !== undefined);
+// Why, when it is: the document's `omitted` tells its reader the file lacks it.
+const uncatalogued = (p: ProviderExportRow, f: string): string | undefined => {
+  if (!storedProviderDef(p.provider_controller_type_id)) return `provider controller '${p.provider_controller_type_id}' is not in this release's catalog`;
+  if (!storedFunctionDef(p.provider_controller_type_id, f)) return `function '${f}' is not one of provider controller '${p.provider_controller_type_id}' in this release's catalog`;
+  return undefined;
+};
 
 const provider = (p: ProviderExportRow, credentialById: Map<string, ReturnType<typeof credential>>, functions: string[]): Item<'providers'> => ({
   id: p.id, display_name: p.display_name, provider_controller_type_id: p.provider_controller_type_id,
@@ -74,17 +79,21 @@ async function* definitionText(reader: DefinitionReader, cfg: Config, log: Logge
   yield '],"secrets":[';
   yield* elements(reader.secrets(), (secrets) => secrets.map(secret));
   yield '],"providers":[';
-  let leftOut = 0;
+  // Held until the providers are written: few (rows a release removal left), each a few names.
+  const omitted: Item<'omitted'>[] = [];
   yield* elements(reader.providers(), ({ providers, credentials }) => {
     const credentialById = new Map(credentials.map((c) => [c.id, credential(c)]));
     return providers.map((p) => {
-      const functions = cataloguedFunctions(p);
-      leftOut += p.functions.length - functions.length;
+      const functions = p.functions.filter((f) => {
+        const reason = uncatalogued(p, f);
+        if (reason) omitted.push({ kind: 'function_instance', provider_id: p.id, provider_controller_type_id: p.provider_controller_type_id, function_controller_type_id: f, reason });
+        return !reason;
+      });
       return provider(p, credentialById, functions);
     });
   });
-  yield ']}';
-  if (leftOut) log.warn({ left_out: leftOut }, `definition export: ${leftOut} function instance(s) left out: their provider or function is not in this release's catalog`);
+  yield `],"omitted":${JSON.stringify(omitted)}}`;
+  if (omitted.length) log.warn({ left_out: omitted.length }, `definition export: ${omitted.length} function instance(s) left out (listed in its omitted): their provider or function is not in this release's catalog`);
 }
 
 // Exports this process writes at once (DEFINITION_EXPORTS_AT_ONCE): each holds a database connection

@@ -16,7 +16,7 @@ import { InvalidRequest, NotFound } from '../domain/errors.ts';
 import { checkValid, compileSchema } from '../domain/schema-check.ts';
 import { DEFAULT_ALIAS } from '../domain/crypto/key-management.ts';
 import { retryAfterMs } from '../domain/retry-after.ts';
-import { definitionProblems, definitionReferences, targetCannotMake, type TargetCatalog, type TargetNames } from '../domain/definition-check.ts';
+import { definitionProblems, definitionReferences, naming, targetCannotMake, type TargetCatalog, type TargetNames } from '../domain/definition-check.ts';
 import {
   aliasTargets, credentialDifference, disableUnfinished, providerDifference, secretDifference, settableStatus,
   type DefinitionCredential, type DefinitionProvider, type DefinitionSecret,
@@ -448,6 +448,9 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   for (const k of KINDS) out(`  ${line(k)}`);
   if (!changed && !troubles) out('Nothing to do: everything in the file is already on the target.');
   if (troubles) out(`${troubles} item(s) not applied: see the conflict and failure lines above.`);
+  // Not in the file to apply: the exporting installation could not express them (not a failure of this run).
+  const omitted = def.omitted ?? [];
+  if (omitted.length) out(`the export left out ${omitted.length} item${omitted.length === 1 ? '' : 's'} (its omitted list), not applied: ${naming(omitted.map((o) => `function ${o.function_controller_type_id} of provider ${o.provider_id}`))}`);
   return troubles ? 1 : 0;
 }
 

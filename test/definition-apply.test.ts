@@ -613,7 +613,10 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     await ok(c.post(avail('stripe', 'api_key'), { provider_instance_id: 'legacy', display_name: 'Legacy', resource_server_credential_id: cred.id }));
     await db('provider_instances').where({ id: 'legacy' }).update({ provider_controller_type_id: 'retired_provider' });
     await db('bridge_credentials').where({ id: cred.id }).update({ provider_controller_type_id: 'retired_provider' });
-    await db('function_instances').insert({ provider_instance_id: 'off', function_controller_type_id: 'retired_function', provider_controller_type_id: 'stripe' });
+    await db('function_instances').insert([
+      { provider_instance_id: 'off', function_controller_type_id: 'retired_function', provider_controller_type_id: 'stripe' },
+      { provider_instance_id: 'legacy', function_controller_type_id: 'retired_function', provider_controller_type_id: 'retired_provider' },
+    ]);
     let def: any;
     try {
       def = await exported(c);
@@ -624,6 +627,14 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     }
     // Left out, as the API's lists leave it out: the target's catalog has it no more than the source's.
     assert.deepEqual(def.providers.find((p: any) => p.id === 'off').functions, ['stripe_process_refund']);
+    // The exporter is told what was left out and why (before, only the API's log said so).
+    assert.deepEqual(def.omitted, [{
+      kind: 'function_instance', provider_id: 'legacy', provider_controller_type_id: 'retired_provider', function_controller_type_id: 'retired_function',
+      reason: "provider controller 'retired_provider' is not in this release's catalog",
+    }, {
+      kind: 'function_instance', provider_id: 'off', provider_controller_type_id: 'stripe', function_controller_type_id: 'retired_function',
+      reason: "function 'retired_function' is not one of provider controller 'stripe' in this release's catalog",
+    }]);
     // A hand-edited function the target's catalog lacks, on an instance it can make.
     def.providers.push({ ...structuredClone(def.providers.find((p: any) => p.id === 'off')), id: 'other', status: 'active', functions: ['no_such_function'] });
     const t = await freshTarget();
@@ -636,6 +647,7 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.match(r.stdout, /secrets: 3 created, 0 already there, 0 conflicts, 0 failed/);
     assert.match(r.stdout, /providers: 2 created, 0 updated, 0 already there, 0 conflicts, 1 failed/);
     assert.match(r.stdout, /functions: 1 created, 0 already there, 0 conflicts, 1 failed/);
+    assert.match(r.stdout, /the export left out 2 items \(its omitted list\), not applied: function retired_function of provider legacy, function retired_function of provider off/);
     assert.deepEqual((await provider(t.stack.client, 'off')).functions, ['stripe_process_refund']);
     assert.equal((await t.stack.client.get(`${B}/provider/legacy`)).status, 404);
   });

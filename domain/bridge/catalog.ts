@@ -16,7 +16,7 @@ export const PROVIDERS: ProviderControllerDef[] = [googleMail, stripe];
 
 // The controllers stored rows name, or undefined where this release's catalog no longer has them (a
 // release that removed a provider, credential controller or function).
-const storedProviderDef = (typeId: string): ProviderControllerDef | undefined => PROVIDERS.find((d) => d.type_id === typeId);
+export const storedProviderDef = (typeId: string): ProviderControllerDef | undefined => PROVIDERS.find((d) => d.type_id === typeId);
 export const storedFunctionDef = (providerTypeId: string, functionTypeId: string): FunctionControllerDef | undefined =>
   storedProviderDef(providerTypeId)?.functions.find((d) => d.type_id === functionTypeId);
 export const storedCredentialDef = (providerTypeId: string, credentialTypeId: string): CredentialControllerDef | undefined =>

@@ -40,6 +40,17 @@ export const DefinitionProvider = Type.Object({
   functions: Type.Array(ControllerTypeId, { description: 'enabled function controller type ids' }),
 });
 
+// What the export could not express, so its reader knows the file lacks it (apply reports and skips it).
+// Names as stored, of no pattern: a retired controller's may be of a shape today's are not, and an
+// apply must not refuse the file over what it skips.
+export const DefinitionOmission = Type.Object({
+  kind: Type.Literal('function_instance'),
+  provider_id: Type.String(),
+  provider_controller_type_id: Type.String(),
+  function_controller_type_id: Type.String(),
+  reason: Type.String({ description: "why it is left out, e.g. its provider or function is not in this release's catalog" }),
+});
+
 export const Definition = Type.Object({
   format: Type.Literal('taskbridge-definition/v1'),
   exported_at: Timestamp,
@@ -47,6 +58,8 @@ export const Definition = Type.Object({
   envelope_keys: Type.Array(DefinitionEnvelopeKey),
   secrets: Type.Array(DefinitionSecret),
   providers: Type.Array(DefinitionProvider),
+  // Optional: an export of an earlier release has none.
+  omitted: Type.Optional(Type.Array(DefinitionOmission, { description: 'what the export left out, and why; written last, after every provider was read' })),
 }, { $id: 'Definition' });
 
 export type Definition = Static<typeof Definition>;
