@@ -306,8 +306,6 @@ describe('npm run cli -- definition apply: an export re-applied to a fresh insta
       // and an alias of the wrong shape failed at its write, after the DEKs were written.
       ['long-id.json', JSON.stringify({ ...source, secrets: source.secrets.map((s: any, i: number) => (i ? s : { ...s, id: 'x'.repeat(200_000) })) }),
         /^Error: \S+long-id\.json is not a valid definition export: Invalid file: file\.secrets\.0\.id must be a UUID\n$/],
-      ['dot-key.json', JSON.stringify({ ...source, secrets: source.secrets.map((s: any, i: number) => (i ? s : { ...s, key: 'a/../b' })) }),
-        /dot-key\.json is not a valid definition export: Invalid file: file\.secrets\.0\.key must not be "\." or "\.\.", nor have such a part between slashes/],
       ['bad-alias.json', JSON.stringify({ ...source, envelope_keys: source.envelope_keys.map((k: any) => ({ ...k, data_encryption_keys: k.data_encryption_keys.map((d: any) => ({ ...d, aliases: [...d.aliases, 'no spaces allowed'] })) })) }),
         /bad-alias\.json is not a valid definition export: Invalid file: file\.envelope_keys\.0\.data_encryption_keys\.0\.aliases\.\d+ must be 1 to 128 of A-Z a-z 0-9 _ \. : -/],
     ];
@@ -737,6 +735,37 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     const secrets = await ok(t.stack.client.get('/api/secret/v1?page_size=100'), 200);
     assert.deepEqual(secrets.secrets.map((s: any) => s.key).sort(), source.secrets.map((s: any) => s.key).sort());
     assert.deepEqual((await ok(t.stack.client.get(`${B}/provider/off`), 200)).functions.map((f: any) => f.function_controller_type_id), ['stripe_process_refund']);
+  });
+
+  it('applies a file holding secrets whose keys earlier releases stored (`a/`, `a/../b`, before such keys were refused): there, they count as there (exit 0); a target without them refuses their import, naming them, and takes the rest (exit 1)', async () => {
+    const db = testDb();
+    // As earlier releases stored them: keys no secret can be created with now.
+    const stored = await db('secrets').where({ key: 's1' }).first();
+    const ids = { 'a/': randomUUID(), 'a/../b': randomUUID() };
+    await db('secrets').insert(Object.entries(ids).map(([key, id]) => ({ ...stored, id, key })));
+    let f: string;
+    let count: number;
+    try {
+      const def = await exported(a.client);
+      count = def.secrets.length;
+      f = write('old-keys.json', def);
+      // Before, the file was refused whole (exit 2): "file.secrets.3.key must not begin or end with "/" ...".
+      const r = await applyTo(a.api.url, f);
+      assert.equal(r.code, 0, r.stdout + r.stderr);
+      assert.match(r.stdout, new RegExp(`secrets: 0 created, ${count} already there, 0 conflicts, 0 failed`));
+      assert.match(r.stdout, /Nothing to do/);
+    } finally {
+      await db('secrets').whereIn('id', Object.values(ids)).delete();
+    }
+    // Creating them is what the stricter rules refuse.
+    const t = await freshTarget();
+    const r = await applyTo(t.stack.api.url, f);
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assert.match(r.stderr, new RegExp(`failed: secret a/ \\(${ids['a/']}\\): 400 .*must not begin or end with "/"`));
+    assert.match(r.stderr, new RegExp(`failed: secret a/\\.\\./b \\(${ids['a/../b']}\\): 400 .*must not be "\\." or "\\.\\.", nor have such a part between slashes`));
+    assert.match(r.stdout, new RegExp(`secrets: ${count - 2} created, 0 already there, 0 conflicts, 2 failed`));
+    const keys = (await ok(t.stack.client.get('/api/secret/v1?page_size=100'), 200)).secrets.map((s: any) => s.key);
+    assert.deepEqual(keys.filter((k: string) => k.startsWith('a/')), []);
   });
 
   it('waits out a 429 (the target\'s RATE_LIMIT_PER_SECOND) or 503 (busy a moment) for its Retry-After, the check before any write too, applying everything (exit 0)', async () => {

@@ -2,7 +2,7 @@ import { Type, type Static } from '@sinclair/typebox';
 import { FreeObject, Timestamp, Uuid } from './common.ts';
 import { ControllerTypeId, credentialFields, providerInstanceFields } from './bridge.ts';
 import { AliasName, DekId, EnvelopeKey, NewAliasName, NewDekId } from './encryption.ts';
-import { NewSecretKey } from './secret.ts';
+import { SecretKey } from './secret.ts';
 
 // GET /api/a2a/v1/definition. Key material appears only wrapped (DEKs under their envelope key)
 // and secret values only encrypted (with the DEK named by data_encryption_key_id); each part
@@ -20,7 +20,10 @@ export const DefinitionEnvelopeKey = Type.Composite([EnvelopeKey, Type.Object({ 
 
 export const DefinitionSecret = Type.Object({
   id: Uuid,
-  key: NewSecretKey,
+  // Any key a secret may be stored with, an earlier release's too ('a/', before empty parts were
+  // refused): the file lists stored secrets, which a target may have already (found there by id). One
+  // it lacks is created by the import endpoint, whose NewSecretKey refuses such a key (that item fails).
+  key: SecretKey,
   encrypted_value: Type.String({ description: 'base64 AES-256-GCM, encrypted with data_encryption_key_id' }),
   dek_alias: AliasName,
   data_encryption_key_id: DekId,
