@@ -142,6 +142,17 @@ describe('agent modules', () => {
     assert.deepEqual(task.history.filter((m: any) => m.role === 'agent').map((m: any) => m.parts[0].text), ['first attempt', 'second attempt worked']);
   });
 
+  it("the writes a failed attempt left going are refused once it is over: the task holds the next attempt's alone", async () => {
+    fs.rmSync(marker, { force: true });
+    fs.rmSync(`${marker}.late`, { force: true });
+    // Before, the reply and artifact the first attempt made after its failure landed while its retry waited.
+    const { state, message, task } = await finalOf('late writes');
+    assert.deepEqual({ state, message }, { state: 'completed', message: 'the next attempt worked' });
+    assert.match(fs.readFileSync(marker, 'utf8'), /^reply refused: the run is over \(.*\); artifact refused: the run is over \(.*\)$/);
+    assert.deepEqual(task.history.map((m: any) => m.role), ['user', 'agent']);
+    assert.deepEqual(task.artifacts ?? [], []);
+  });
+
   it("a thrown error's message that Postgres cannot store, or of any length, still fails the task, the reason cut to 1,000 characters", async () => {
     // Before, a NUL character made the failure's own write fail (the task stayed working until job
     // recovery failed it saying nothing of why), and 100,000 characters went whole into the task.
@@ -320,7 +331,7 @@ describe('agent modules', () => {
     await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.message?.parts?.[0]?.text === 'floating', 'the agent to start');
     await rpc('tasks/cancel', { id: task.id });
     const said = await waitFor(async () => fs.existsSync(marker) && fs.readFileSync(marker, 'utf8'), 'the agent to write its marker');
-    assert.match(said, /^invoke refused: task is canceled or handed back; read refused: task is canceled or handed back$/);
+    assert.match(said, /^invoke refused: the run is over \(.*\); read refused: the run is over \(.*\)$/);
     await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('unhandled promise rejection')), 'the unawaited refusal to be logged');
     assert.equal(stack.workers[0].child.exitCode, null);
     assert.equal((await finalOf('still here')).state, 'completed');
@@ -405,6 +416,20 @@ describe('agent modules', () => {
     }
     // Handed back before its agent started: the agent's first step (its progress message) never came.
     assert.equal((await rpc('tasks/get', { id: task.id })).body.result.status.message, undefined);
+    const waiting = await withQueue(stack.env, 'agent-tasks', (queue) => queue.getJobs(['wait']));
+    assert.ok(waiting.some((j) => j?.data.task_id === task.id), 'the run is back in the queue');
+  });
+
+  it('a worker shutting down lets the writes of a run it aborts land until it hands the run back', async () => {
+    // No worker runs now (the tests before stopped theirs).
+    const worker = await startWorker(stack.env);
+    stack.workers.push(worker);
+    const task = (await rpc('message/send', { message: userMessage('reply on abort'), configuration: { blocking: false } })).body.result;
+    await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.message?.parts?.[0]?.text === 'replying once aborted', 'the agent to start');
+    await worker.stop();
+    const after = (await rpc('tasks/get', { id: task.id })).body.result;
+    assert.equal(after.status.state, 'working');
+    assert.ok(after.history.some((m: any) => m.role === 'agent' && /^aborted: /.test(m.parts[0]?.text)), 'the reply made on the way out is there');
     const waiting = await withQueue(stack.env, 'agent-tasks', (queue) => queue.getJobs(['wait']));
     assert.ok(waiting.some((j) => j?.data.task_id === task.id), 'the run is back in the queue');
   });

@@ -96,9 +96,14 @@ const abortedBy = (signal: AbortSignal) => new Promise<never>((_, reject) => {
   signal.addEventListener('abort', () => reject(signal.reason), { once: true });
 });
 
+// A run aborted by the worker's shutdown: it is handed back to the queue once its agent stops, and
+// what the agent writes until then still lands, for the next try to find.
+const forShutdown = (signal: AbortSignal) => signal.aborted && !!(signal.reason as { shutdown?: boolean } | undefined)?.shutdown;
+
 // What a run hands its agent: the task, its history and trigger message, the run's abort signal, and
 // the calls it may make, each through `ours` (which marks outages and refusals). Reads and calls are
-// refused once the run is aborted; writes apply only while the task is still working under this run.
+// refused once the run is aborted; writes too, but for a shutdown's abort, and they apply only while
+// the task is still working under this run.
 function agentContext(
   services: Services, ours: <T>(call: () => Promise<T>) => Promise<T>,
   run: { taskId: string; messageId: string; attempt: number; state: RunState; trigger: NonNullable<RunState['trigger']>; signal: AbortSignal; log: Logger },
@@ -111,20 +116,32 @@ function agentContext(
   const { seq: _seq, ...message } = trigger;
 
   const ended = (what: string) => Object.assign(new Error(`task is ${what}`), { taskEnded: true });
+  const over = () => Object.assign(new Error('the run is over (its task canceled or taken, or the attempt failed, timed out or was handed back)'), { taskEnded: true });
   // Reads and calls from inside a run are refused once the run is aborted.
-  const whileRunning = <T>(fn: () => Promise<T>) => (signal.aborted ? Promise.reject(ended('canceled or handed back')) : fn());
+  const whileRunning = <T>(fn: () => Promise<T>) => (signal.aborted ? Promise.reject(over()) : fn());
+  // Writes too, but for a shutdown's: a failed attempt leaves its task working under its take until
+  // its retry claims it, and what its handler left going (a call beside the one that threw, artifacts
+  // queued for their turn) landed meanwhile, then again from the retry.
+  const refuseOnceOver = () => {
+    if (signal.aborted && !forShutdown(signal)) throw over();
+  };
   // Writes from inside a run are skipped once the task is no longer working under it: ended (e.g.
   // canceled meanwhile), set waiting by a client, or taken by another run or by another take of this
   // run's job (a copy started elsewhere while this one stalled). Its callers (reply,
   // setStatus, emitArtifact) pass its errors through `ours`.
-  const whileActive = <T>(fn: (uow: UnitOfWork, task: tasks.TaskRow) => Promise<T>) =>
-    inTransaction(services, async (uow) => {
+  const whileActive = async <T>(fn: (uow: UnitOfWork, task: tasks.TaskRow) => Promise<T>) => {
+    // Before the transaction too: a run's queued calls take no connection once it is over.
+    refuseOnceOver();
+    return inTransaction(services, async (uow) => {
       const locked = await tasks.getTask(uow.trx, taskId, true);
       // Deleted meanwhile (TASK_RETENTION_DAYS, a context purge): ended too.
       if (!locked) throw ended('deleted');
       if (!heldByTake(locked, { messageId, attempt })) throw ended(locked.status === 'working' ? 'under another run' : locked.status);
+      // Checked under the task's lock: a write that passes commits before a retry's claim of the task.
+      refuseOnceOver();
       return fn(uow, locked);
     });
+  };
 
   const maxMessageBytes = services.cfg.TASK_MESSAGES_MAX_BYTES;
   return {
@@ -284,7 +301,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       // A refusal fails the run even when the worker is shutting down (another try would meet it again)
       // or the run was aborted meanwhile (failRun's compare-and-set leaves a task that moved on alone).
       const refused = refusals.has(err as object) || timedOut();
-      if (!refused && controller.signal.aborted && (controller.signal.reason as { shutdown?: boolean })?.shutdown) {
+      if (!refused && forShutdown(controller.signal)) {
         // Handed back to the queue, once the agent has stopped, without using up an attempt: the run did not fail.
         if (running) await withTimeout(running, SHUTDOWN_WIND_DOWN_MS).catch(() => undefined);
         await job.moveToWait(token);
