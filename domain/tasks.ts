@@ -131,10 +131,11 @@ export async function changeStatusIf(
 
 // Starts an agent run for `messageId` (db/tasks.ts beginRuns): the task moves to working if it may,
 // in one statement shared with concurrent starts; the run decides from what comes back.
-export async function beginRun(s: UowServices & Pick<Services, 'taskStatements'>, taskId: string, messageId: string, history: { limit: number; maxBytes: number }) {
+// `start: false` reads what a start reads (the task, trigger, history) and moves nothing.
+export async function beginRun(s: UowServices & Pick<Services, 'taskStatements'>, taskId: string, messageId: string, history: { limit: number; maxBytes: number }, { start = true } = {}) {
   const at = new Date();
   const timelineItem: TimelineItem = { id: randomUUID(), task_id: taskId, created_at: at.toISOString(), event_payload: { type: 'task-status-update', status: 'working' } };
-  const state = await s.taskStatements.beginRun.execute({ taskId, messageId, historyLimit: history.limit, historyMaxBytes: history.maxBytes, at, from: RUN_STARTS_FROM, timelineItem });
+  const state = await s.taskStatements.beginRun.execute({ taskId, messageId, historyLimit: history.limit, historyMaxBytes: history.maxBytes, at, from: start ? RUN_STARTS_FROM : [], timelineItem });
   if (state?.started) afterCommit(s, [], [[TASK_EVENTS, { task_id: taskId, seq: state.seq }]]);
   return state;
 }

@@ -230,21 +230,27 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
 
   async function run(job: Job<JobPayloads['agent-tasks']>, token?: string): Promise<string> {
     const { task_id: taskId, message_id: messageId } = job.data;
-    const state = await ours(() => beginRun(services, taskId, messageId, { limit: HISTORY, maxBytes: services.cfg.AGENT_HISTORY_MAX_BYTES }));
-    if (!state) return 'task gone';
-    if (!state.started) {
-      if (isTerminal(state.task.status)) return `task already ${state.task.status}`;
-      if (state.answered) return 'already answered';
+    const historyLimits = { limit: HISTORY, maxBytes: services.cfg.AGENT_HISTORY_MAX_BYTES };
+    const begun = await ours(() => beginRun(services, taskId, messageId, historyLimits));
+    if (!begun) return 'task gone';
+    if (!begun.started) {
+      if (isTerminal(begun.task.status)) return `task already ${begun.task.status}`;
+      if (begun.answered) return 'already answered';
       // A re-run after a crash finds the task working under its own run and carries on; a run for
       // another message of the task ends.
-      if (state.task.status !== 'working') return 'task changed before start';
-      if (!workingUnder(state.task, messageId)) return 'another run has the task';
+      if (begun.task.status !== 'working') return 'task changed before start';
+      if (!workingUnder(begun.task, messageId)) return 'another run has the task';
     }
-    if (!state.trigger) return 'message gone';
-    // A re-run takes the task from the copy that may still run where the job stalled: that copy's
-    // writes and end are refused from now on.
-    const attempt = state.started ? state.task.run_attempt ?? 0 : await ours(() => tasks.claimRun(services.db, taskId, messageId));
+    if (!begun.trigger) return 'message gone';
+    // A re-run takes the task from the copy that may still run where the job stalled (or from the
+    // attempt before, whose handler may have left writes going): that take's writes and end are
+    // refused from now on.
+    const attempt = begun.started ? begun.task.run_attempt ?? 0 : await ours(() => tasks.claimRun(services.db, taskId, messageId));
     if (attempt === undefined) return 'task changed before start';
+    // A write of that take committed between the read above and the claim would be on the task but
+    // not in the history: read again now that none can land (a start claims in the statement that reads).
+    const state = begun.started ? begun : await ours(() => beginRun(services, taskId, messageId, historyLimits, { start: false }));
+    if (!state?.trigger) return 'task changed before start';
 
     // A task has one run at a time: one of its runs still going here lost it to this one (or, for the
     // same message, is a stalled copy of this job that BullMQ gave up on).
