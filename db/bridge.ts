@@ -330,16 +330,34 @@ export async function reencryptCredentials(
   return res.rowCount ?? 0;
 }
 
-// User credentials due for refresh (next_rotation_time passed) of instances that use them and
-// are usable or merely disabled; a refresh_failed instance waits for brokering. Each once however
-// many instances share it (a join on instances gave a credential one row each, and a widely shared one
-// filled the scan's page), the earliest due first, on the index of next_rotation_time.
-export async function dueCredentialRefreshes(db: Tx, limit: number): Promise<{ id: string }[]> {
-  return db('bridge_credentials as c')
-    .where('c.kind', 'user').where('c.next_rotation_time', '<=', db.fn.now())
+// When the refresh scan takes a user credential: its next_rotation_time, or later while the refresh
+// the scan queued may still be under way (refresh_queued_until; greatest ignores a null). Migration
+// 0040 indexes it for the credentials that have a next_rotation_time.
+const SCAN_DUE = 'greatest(c.next_rotation_time, c.refresh_queued_until)';
+
+// Up to `limit` user credentials due for refresh of instances that use them and are usable or merely
+// disabled (a refresh_failed instance waits for brokering), the earliest first, each marked as queued
+// for `queuedForMs`, until when the scan skips it: credentials whose refreshes wait out a provider's
+// outage stayed the earliest due and, more than `limit` of them, kept every other credential from
+// being queued. Each once however many instances share it (a join on instances gave a credential one
+// row each, and a widely shared one filled the scan). Rows locked by another scan or a refresh's
+// write are left to them. Returned in due order.
+export async function markDueCredentialRefreshes(db: Tx, limit: number, queuedForMs: number): Promise<{ id: string }[]> {
+  const due = db('bridge_credentials as c').select('c.id')
+    .where('c.kind', 'user').whereNotNull('c.next_rotation_time').whereRaw(`${SCAN_DUE} <= now()`)
     .whereExists(db('provider_instances as p').whereRaw('p.user_credential_id = c.id').whereIn('p.status', ['active', 'disabled']))
-    .orderBy('c.next_rotation_time').limit(limit)
-    .select('c.id');
+    .orderByRaw(SCAN_DUE).limit(limit)
+    .forUpdate('c').skipLocked();
+  // An array, not `in`: with `in` the planner joined the marked rows with a read of the whole table.
+  const rows: { id: string; next_rotation_time: Date }[] = await db('bridge_credentials').whereRaw('id = any(array(?))', [due])
+    .update({ refresh_queued_until: db.raw(`now() + ?::float8 * interval '1 millisecond'`, [queuedForMs]) })
+    .returning(['id', 'next_rotation_time']);
+  return rows.sort((a, b) => a.next_rotation_time.getTime() - b.next_rotation_time.getTime()).map(({ id }) => ({ id }));
+}
+
+// The marks markDueCredentialRefreshes set on credentials whose jobs could not be queued after all.
+export async function unmarkCredentialRefreshes(db: Tx, ids: string[]): Promise<void> {
+  if (ids.length) await db('bridge_credentials').whereIn('id', ids).update({ refresh_queued_until: null });
 }
 
 // A user credential with the instance that uses it (active or disabled), and whether it is due by
@@ -354,12 +372,13 @@ export async function credentialDueForRefresh(db: Tx, credentialId: string): Pro
   return { row: credential, instance, due };
 }
 
-// Compare-and-set: the refreshed value is written only over the value it was refreshed from.
+// Compare-and-set: the refreshed value is written only over the value it was refreshed from. Its
+// refresh is over: the scan takes it again at its next due time.
 export async function replaceCredentialValue(
   db: Tx, id: string, oldValue: Record<string, unknown>, next: { value: Record<string, unknown>; dek_id: string; next_rotation_time: Date | null },
 ): Promise<boolean> {
   const n = await db('bridge_credentials').where({ id }).whereRaw('value = ?::jsonb', [JSON.stringify(oldValue)])
-    .update({ value: JSON.stringify(next.value), dek_id: next.dek_id, next_rotation_time: next.next_rotation_time, updated_at: db.fn.now() });
+    .update({ value: JSON.stringify(next.value), dek_id: next.dek_id, next_rotation_time: next.next_rotation_time, refresh_queued_until: null, updated_at: db.fn.now() });
   return n > 0;
 }
 

@@ -99,6 +99,8 @@ const ConfigSchema = Type.Object({
   // OAuth user credentials: how often workers look for those due for refresh, refresh attempts
   // (exponential backoff) before the instance becomes refresh_failed, refreshes in flight per worker.
   CREDENTIAL_REFRESH_SCAN_MS: Ms({ minimum: 100, default: 30000 }),
+  // Credentials a scan queues at most, the earliest due first.
+  CREDENTIAL_REFRESH_SCAN_LIMIT: Type.Integer({ minimum: 1, maximum: 10000, default: 500 }),
   // Longest wait before a retry (agent runs, credential refreshes, push posts): their exponential
   // backoff stops doubling there, so many attempts are spread over hours, not years.
   RETRY_BACKOFF_MAX_MS: Ms({ minimum: 1000, default: 3_600_000 }),

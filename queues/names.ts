@@ -103,6 +103,16 @@ export const backoffStrategy = (cfg: Config): BackoffStrategy => (attemptsMade, 
   return cappedBackoffMs(cfg, job?.opts.backoff && typeof job.opts.backoff === 'object' ? job.opts.backoff.delay ?? 0 : 0, attemptsMade);
 };
 
+// All the waits between the attempts of a job of `queue` that fails each one, as its options below
+// set them (a capped-exponential backoff).
+export function totalBackoffMs(cfg: Config, queue: QueueName): number {
+  const { attempts = 1, backoff } = defaultJobOptions(cfg, queue);
+  if (typeof backoff !== 'object' || backoff.type !== CAPPED_EXPONENTIAL) throw new Error(`the jobs of ${queue} do not back off capped-exponentially`);
+  let total = 0;
+  for (let made = 1; made < attempts; made++) total += cappedBackoffMs(cfg, backoff.delay ?? 0, made);
+  return total;
+}
+
 export function defaultJobOptions(cfg: Config, queue: QueueName): JobsOptions {
   const common: JobsOptions = { removeOnComplete: { count: 1000, age: 3600 }, removeOnFail: { count: 10000, age: 7 * 86400 } };
   switch (queue) {

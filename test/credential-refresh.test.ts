@@ -24,10 +24,11 @@ async function start(env: Record<string, string>, workers: number) {
   c = stack.client;
 }
 
-// An instance whose user credential was brokered through the OAuth server, with send_email enabled.
-async function brokered(id: string) {
+// An instance whose user credential was brokered through the OAuth server (as the OAuth client
+// `clientId`), with send_email enabled.
+async function brokered(id: string, clientId = 'refresh-test') {
   const cred = await c.post(`${avail}/credential/resource-server`, {
-    value: { client_id: 'refresh-test', client_secret: CLIENT_SECRET, redirect_uri: `${stack.api.url}${B}/generic-oauth-callback` },
+    value: { client_id: clientId, client_secret: CLIENT_SECRET, redirect_uri: `${stack.api.url}${B}/generic-oauth-callback` },
   });
   assert.equal(cred.status, 201, cred.text);
   assert.equal((await c.post(avail, { provider_instance_id: id, display_name: id, resource_server_credential_id: cred.body.id })).status, 201);
@@ -378,5 +379,32 @@ describe('credential refresh: the scan takes each due credential once', () => {
     }
     await waitFor(async () => (await userCredential('mail-s')).next_rotation_time.getTime() > Date.now(), 'the shared credential to be refreshed');
     assert.equal((await instance('mail-later')).status, 'active');
+  });
+});
+
+describe('credential refresh: credentials whose refresh is queued do not hold up the others', () => {
+  // A scan takes 2 credentials; a refresh at a provider that is down retries for about 100 s, longer than the test.
+  before(() => start({ CREDENTIAL_REFRESH_SCAN_LIMIT: '2', CREDENTIAL_REFRESH_ATTEMPTS: '100', RETRY_BACKOFF_MAX_MS: '1000' }, 1));
+  after(async () => all?.stop());
+
+  it('refreshes a credential of a working provider that falls due while more credentials than a scan takes wait out the outage of theirs', async () => {
+    const failing = ['mail-down-1', 'mail-down-2', 'mail-down-3'];
+    for (const id of failing) await brokered(id, 'client-down');
+    await brokered('mail-up');
+    const queued = (id: string) => withQueue(stack.env, 'credential-refresh', async (q) => Boolean(await q.getJob(`refresh_${(await instance(id)).user_credential_id}`)));
+    await oauth.inMode('down-for:client-down', async () => {
+      const start = await oauth.refreshes();
+      for (const id of failing) await makeDue(id);
+      await waitFor(async () => (await oauth.refreshes()) - start > failing.length, 'the failing refreshes to be retried');
+      await testDb()('bridge_credentials').where({ id: (await instance('mail-up')).user_credential_id }).update({ next_rotation_time: new Date(Date.now() - 500) });
+      await waitFor(async () => (await userCredential('mail-up')).next_rotation_time.getTime() > Date.now(), 'the working provider\'s credential to be refreshed');
+      for (const id of failing) {
+        assert.equal((await instance(id)).status, 'active', `${id}: its refresh still retrying`);
+        assert.ok(await queued(id), `${id}: its refresh still queued`);
+        assert.ok((await userCredential(id)).next_rotation_time.getTime() <= Date.now(), `${id}: still due`);
+      }
+    });
+    assert.equal((await instance('mail-up')).status, 'active');
+    assert.equal((await send('mail-up')).status, 200);
   });
 });

@@ -17,13 +17,13 @@ import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
 import { nextRotationTime, resourceServerCredential, sealCredential, unsealCredential } from './credentials.ts';
 import { isInvalidGrant, refusal, requestedScopes, requestToken, withTokens } from './oauth-token.ts';
-import type { JobPayloads } from '../../queues/names.ts';
+import { totalBackoffMs, type JobPayloads } from '../../queues/names.ts';
+import type { Config } from '../config.ts';
 import { outageOf, unavailability } from '../errors.ts';
 
 type RefreshServices = Pick<Services, 'db' | 'cfg' | 'log' | 'bus'>;
 export type RefreshOutcome = 'refreshed' | 'not due' | 'gone' | 'refresh_failed';
 
-const PAGE = 500;
 // However short a lifetime the provider announces (expires_in 0: expired already), a credential just
 // refreshed is not due again sooner: a refresh a minute at most, not one each scan.
 const MIN_REFRESH_INTERVAL_MS = 60_000;
@@ -32,13 +32,27 @@ const MIN_REFRESH_INTERVAL_MS = 60_000;
 // renew-retaken-lock.ts).
 const STORE_BACKOFF_MS = { first: 250, max: 4000 };
 
+// How long a queued refresh may take: each attempt its token request (BRIDGE_TIMEOUT_MS), its writes
+// of the new tokens (CREDENTIAL_REFRESH_STORE_RETRY_MS) and, should its worker stop, the wait before
+// another takes the job over (WORKER_LOCK_MS, WORKER_STALLED_CHECK_MS); and the waits between the
+// attempts. The scan skips a credential it queued for this long, then takes it again: a job lost with
+// Redis's data is queued anew, one still there (waiting for a free worker) is not added twice.
+export const queuedRefreshBoundMs = (cfg: Config) => totalBackoffMs(cfg, 'credential-refresh')
+  + cfg.CREDENTIAL_REFRESH_ATTEMPTS * (cfg.BRIDGE_TIMEOUT_MS + cfg.CREDENTIAL_REFRESH_STORE_RETRY_MS + cfg.WORKER_LOCK_MS + cfg.WORKER_STALLED_CHECK_MS);
+
 // A job per due credential, its id the credential's: while one waits or runs, workers scanning
 // together add no other (jobs of this queue are removed when they end, so the next due time can
-// have its own). Each due credential once, however many instances share it, the earliest due first.
-export async function enqueueDueRefreshes(s: Pick<Services, 'db'>, queue: Queue<JobPayloads['credential-refresh']>): Promise<number> {
-  const due = await repo.dueCredentialRefreshes(s.db, PAGE);
-  if (due.length) {
+// have its own). Each due credential once, however many instances share it, the earliest due first,
+// and not again while its refresh may still be under way (it may be retrying at a provider that is down).
+export async function enqueueDueRefreshes(s: Pick<Services, 'db' | 'cfg'>, queue: Queue<JobPayloads['credential-refresh']>): Promise<number> {
+  const due = await repo.markDueCredentialRefreshes(s.db, s.cfg.CREDENTIAL_REFRESH_SCAN_LIMIT, queuedRefreshBoundMs(s.cfg));
+  if (!due.length) return 0;
+  try {
     await queue.addBulk(due.map((c) => ({ name: 'refresh', data: { credential_id: c.id }, opts: { jobId: `refresh_${c.id}` } })));
+  } catch (err) {
+    // Not queued: taken again by the next scan, not once the bound passes (unless this fails too).
+    await repo.unmarkCredentialRefreshes(s.db, due.map((c) => c.id)).catch(() => undefined);
+    throw err;
   }
   return due.length;
 }
