@@ -75,7 +75,10 @@ describe('OpenAPI document', () => {
     assert.deepEqual([params.page_size.required, params.page_size.schema.type, params.page_size.schema.format], [true, 'integer', 'int64']);
     assert.deepEqual([params.next_page_token.required, params.next_page_token.schema.type], [false, 'string']);
     assert.equal(doc.paths['/api/secret/v1'].get.parameters.find((p: any) => p.name === 'page_size').schema.format, 'int64');
-    assert.deepEqual(statuses('/api/bridge/v1/generic-oauth-callback', 'get'), ['200', '303', '400', '404', '405', '408', '410', '413', '415', '417', '431', '500', '502', '503']);
+    // The OAuth callback, a GET, writes (the credential; the instance's states deleted): a lost race is its 409.
+    // Its 200 is only ever the credential stored (or a 303).
+    assert.deepEqual(statuses('/api/bridge/v1/generic-oauth-callback', 'get'), ['200', '303', '400', '404', '405', '408', '409', '410', '413', '415', '417', '431', '500', '502', '503']);
+    assert.deepEqual(doc.paths['/api/bridge/v1/generic-oauth-callback'].get.responses['200'].content['application/json'].schema, { $ref: '#/components/schemas/BrokeredUserCredential' });
     // 409s that only races give are listed too: a task naming the context that retention is deleting
     // (README, Operating), a secret moving between aliases while written, a rotation's job id taken;
     // any write losing a race (a row it refers to deleted meanwhile): every operation that writes.

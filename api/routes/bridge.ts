@@ -87,8 +87,9 @@ export const bridgeRoutes = [
     summary: 'Where the provider sends the user back: exchanges the code, stores the user credential (encrypted), makes the instance active; '
       + 'answers with the credential, or 303 to the instance\'s return_on_successful_brokering URL',
     query: OAuthCallbackQuery,
-    // 500 and 503 too: it reads and writes Postgres without the key check that implies them elsewhere (api/openapi.ts).
-    responses: { 200: Type.Union([BrokerState, BrokeredUserCredential]), 303: null, 400: ErrorBody, 404: ErrorBody, 405: ErrorBody, 410: ErrorBody, 500: ErrorBody, 502: ErrorBody, 503: ErrorBody },
+    // 500 and 503 too: it reads and writes Postgres without the key check that implies them elsewhere (api/openapi.ts);
+    // 409 as on any write, which api/openapi.ts implies only for methods other than GET.
+    responses: { 200: BrokeredUserCredential, 303: null, 400: ErrorBody, 404: ErrorBody, 405: ErrorBody, 409: ErrorBody, 410: ErrorBody, 500: ErrorBody, 502: ErrorBody, 503: ErrorBody },
   }, async ({ query, ctx, services, log }) => {
     const outcome = await completeBrokering({ ...services, log }, query);
     if (outcome.type === 'user_credential') return { type: 'user_credential', ...outcome.credential };
