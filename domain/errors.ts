@@ -1,10 +1,13 @@
 // Typed errors thrown by domain and repository code; api/middleware/errors.ts maps them to HTTP.
 import type { Logger } from './logger.ts';
 
-export type ErrorCode =
-  | 'invalid_request' | 'unauthenticated' | 'forbidden' | 'not_found' | 'method_not_allowed' | 'conflict'
-  | 'gone' | 'payload_too_large' | 'unsupported_media_type' | 'rate_limited' | 'internal' | 'bad_gateway'
-  | 'unavailable';
+// Every data.code an Error body may carry: the OpenAPI document's Error schema lists these.
+export const ERROR_CODES = [
+  'invalid_request', 'unauthenticated', 'forbidden', 'not_found', 'method_not_allowed', 'conflict',
+  'gone', 'payload_too_large', 'unsupported_media_type', 'rate_limited', 'internal', 'bad_gateway',
+  'unavailable',
+] as const;
+export type ErrorCode = typeof ERROR_CODES[number];
 
 // What the agent runtime answers when it refuses what a run handed it or asked for (400: parts of
 // the wrong shape, a status it cannot set or end in, bad function params; 404: an unknown secret, a

@@ -8,6 +8,7 @@ import { Validator } from '@seriousme/openapi-schema-validator';
 import { Ajv } from 'ajv';
 import addFormats from 'ajv-formats';
 import { allRoutes } from '../api/app.ts';
+import { ERROR_CODES } from '../domain/errors.ts';
 import fs from 'node:fs';
 import path from 'node:path';
 import { ADMIN_KEY, testDb, textMessage, useStack, waitFor, type Response } from './helpers/stack.ts';
@@ -129,6 +130,17 @@ describe('OpenAPI document', () => {
     }
     assert.deepEqual(doc.paths['/api/task/v1/context'].get.responses['200'].content['application/json'].schema, { $ref: '#/components/schemas/ContextInfoPaginatedResponse' });
     assert.deepEqual(doc.components.schemas.Message.properties.parts.items, { $ref: '#/components/schemas/MessagePart' });
+  });
+
+  it('the Error body is what the service writes: data always, data.code one of its codes, data.errors its field errors', () => {
+    const { compile } = validators();
+    const error = compile(doc.components.schemas.Error);
+    assert.ok(error({ message: 'm', data: { code: 'not_found', resource: 'task', id: 'x' } }));
+    assert.ok(error({ message: 'm', data: { code: 'invalid_request', errors: [{ path: 'body.name', message: 'must not be blank' }] } }));
+    assert.ok(!error({ message: 'm' }), 'an Error body without data');
+    assert.ok(!error({ message: 'm', data: { code: 'no_such_code' } }), 'a code the service never sends');
+    assert.ok(!error({ message: 'm', data: { code: 'invalid_request', errors: [{ path: 'body.name' }] } }), 'a field error without its message');
+    assert.deepEqual(doc.components.schemas.Error.properties.data.properties.code.enum, [...ERROR_CODES]);
   });
 
   it('every $ref points at a component that exists', () => {

@@ -1,4 +1,5 @@
 import { Type, type ObjectOptions, type TSchema } from '@sinclair/typebox';
+import { ERROR_CODES, type ErrorCode } from '../errors.ts';
 import { worded } from '../schema-check.ts';
 
 // Shapes (TypeBox) that the API's validation and OpenAPI document, the domain, the workers and the
@@ -20,9 +21,17 @@ export const Base64 = Type.String({ contentEncoding: 'base64', pattern: BASE64_P
 export const Timestamp = Type.String({ format: 'date-time', description: 'RFC 3339, UTC, millisecond precision' });
 export const FreeObject = Type.Record(Type.String(), Type.Unknown(), { description: 'free-form object' });
 
+// As api/middleware/errors.ts errorBody writes it, for every error answer (JSON-RPC errors aside):
+// data always, with its code; a 400 about members of the request names each in data.errors.
 export const ErrorBody = Type.Object({
   message: Type.String(),
-  data: Type.Optional(Type.Object({ code: Type.String() }, { additionalProperties: true })),
+  data: Type.Object({
+    code: Type.Unsafe<ErrorCode>({ type: 'string', enum: [...ERROR_CODES] }),
+    errors: Type.Optional(Type.Array(Type.Object({
+      path: Type.String({ description: 'where in the request: path.<name>, query.<name> or body.<member>...' }),
+      message: Type.String({ description: 'what is wrong with it' }),
+    }), { description: 'each member of the request refused (400), first the one the message names' })),
+  }, { additionalProperties: true, description: 'code, and members telling more (a 404 its resource and id, a 403 its required_scope...)' }),
 }, { $id: 'Error' });
 
 // The error answers every authenticated route can give, and those of routes that name a resource.
