@@ -11,7 +11,55 @@ import { allRoutes } from '../api/app.ts';
 import { ERROR_CODES } from '../domain/errors.ts';
 import fs from 'node:fs';
 import path from 'node:path';
-import { ADMIN_KEY, testDb, textMessage, useStack, waitFor, type Response } from './helpers/stack.ts';
+import { ADMIN_KEY, testDb, textMessage, useStack, useStarted, waitFor, type Client, type Response } from './helpers/stack.ts';
+import { consent, startOAuthStack, type OAuthStack } from './helpers/oauth-server.ts';
+
+// A validator of a schema in the served document, its component refs resolved against it.
+const documentValidators = (doc: any) => {
+  const ajv = addFormats.default(new Ajv({ strict: false, discriminator: true }));
+  ajv.addSchema(doc, 'openapi');
+  const compile = (schema: unknown) => ajv.compile(JSON.parse(JSON.stringify(schema).replace(/"#\/components/g, '"openapi#/components')));
+  return { ajv, compile };
+};
+
+// A response against the operation its method and path name: its status listed, its content type
+// one listed for that status, its JSON body valid against that type's schema.
+const responseChecker = (doc: any, client: Client) => {
+  const { ajv, compile } = documentValidators(doc);
+  const templates = Object.keys(doc.paths).map((p) => ({ p, re: new RegExp(`^${p.replace(/\./g, '\\.').replace(/\{[^}]+\}/g, '[^/]+')}$`) }))
+    .sort((a, b) => Number(a.p.includes('{')) - Number(b.p.includes('{'))); // a fixed path before its parameterized sibling
+  const seen = new Set<string>();
+  const check = (r: Response, method: string, url: string) => {
+    const path = new URL(url, 'http://x').pathname;
+    const template = templates.find((t) => t.re.test(path))?.p;
+    const op = template && doc.paths[template][method];
+    assert.ok(op, `${method} ${path} is not documented`);
+    const answer = op.responses[String(r.status)];
+    assert.ok(answer, `${op.operationId} does not document status ${r.status}: ${r.text.slice(0, 300)}`);
+    seen.add(`${op.operationId} ${r.status}`);
+    // The headers it names are there; the ones the shared layers add are named.
+    for (const [name, h] of Object.entries<any>(answer.headers ?? {})) if (h.required) assert.ok(r.headers.get(name), `${op.operationId} ${r.status}: no ${name} header`);
+    for (const name of ['Allow', 'Retry-After', 'Location', 'X-Request-Id', 'Accept-Encoding', 'WWW-Authenticate']) {
+      const value = r.headers.get(name);
+      if (value === null) continue;
+      assert.ok(answer.headers?.[name], `${op.operationId} ${r.status}: ${name} is not documented`);
+      const valid = compile(answer.headers[name].schema);
+      assert.ok(valid(value), `${op.operationId} ${r.status}: ${name} '${value}': ${ajv.errorsText(valid.errors)}`);
+    }
+    const type = r.headers.get('content-type')?.split(';')[0] ?? '';
+    if (!answer.content) return assert.equal(r.text, '', `${op.operationId} ${r.status}`);
+    assert.ok(answer.content[type], `${op.operationId} ${r.status}: content type '${type}' is not among ${Object.keys(answer.content)}`);
+    if (type !== 'application/json') return;
+    const validate = compile(answer.content[type].schema);
+    assert.ok(validate(r.body), `${op.operationId} ${r.status}: ${ajv.errorsText(validate.errors)}\n${r.text.slice(0, 1000)}`);
+  };
+  const call = async (method: string, url: string, body?: unknown, init?: Parameters<Client['request']>[3], as = client) => {
+    const r = await as.request(method.toUpperCase(), url, body, init);
+    check(r, method, url);
+    return r;
+  };
+  return { check, call, seen };
+};
 
 describe('OpenAPI document', () => {
   // A request timeout short enough to see its 408 (the default is 5 minutes).
@@ -152,13 +200,7 @@ describe('OpenAPI document', () => {
     }
   });
 
-  // A validator of a schema in the served document, its component refs resolved against it.
-  const validators = () => {
-    const ajv = addFormats.default(new Ajv({ strict: false, discriminator: true }));
-    ajv.addSchema(doc, 'openapi');
-    const compile = (schema: unknown) => ajv.compile(JSON.parse(JSON.stringify(schema).replace(/"#\/components/g, '"openapi#/components')));
-    return { ajv, compile };
-  };
+  const validators = () => documentValidators(doc);
 
   it('task responses and errors follow the documented schemas', async () => {
     const { ajv, compile } = validators();
@@ -189,44 +231,7 @@ describe('OpenAPI document', () => {
     check(await c.get('/_internal/v1/ready'), '/_internal/v1/ready', 'get');
   });
 
-  // A response against the operation its method and path name: its status listed, its content type
-  // one listed for that status, its JSON body valid against that type's schema.
-  const checker = () => {
-    const { ajv, compile } = validators();
-    const templates = Object.keys(doc.paths).map((p) => ({ p, re: new RegExp(`^${p.replace(/\./g, '\\.').replace(/\{[^}]+\}/g, '[^/]+')}$`) }))
-      .sort((a, b) => Number(a.p.includes('{')) - Number(b.p.includes('{'))); // a fixed path before its parameterized sibling
-    const seen = new Set<string>();
-    const check = (r: Response, method: string, url: string) => {
-      const path = new URL(url, 'http://x').pathname;
-      const template = templates.find((t) => t.re.test(path))?.p;
-      const op = template && doc.paths[template][method];
-      assert.ok(op, `${method} ${path} is not documented`);
-      const answer = op.responses[String(r.status)];
-      assert.ok(answer, `${op.operationId} does not document status ${r.status}: ${r.text.slice(0, 300)}`);
-      seen.add(`${op.operationId} ${r.status}`);
-      // The headers it names are there; the ones the shared layers add are named.
-      for (const [name, h] of Object.entries<any>(answer.headers ?? {})) if (h.required) assert.ok(r.headers.get(name), `${op.operationId} ${r.status}: no ${name} header`);
-      for (const name of ['Allow', 'Retry-After', 'Location', 'X-Request-Id', 'Accept-Encoding', 'WWW-Authenticate']) {
-        const value = r.headers.get(name);
-        if (value === null) continue;
-        assert.ok(answer.headers?.[name], `${op.operationId} ${r.status}: ${name} is not documented`);
-        const valid = compile(answer.headers[name].schema);
-        assert.ok(valid(value), `${op.operationId} ${r.status}: ${name} '${value}': ${ajv.errorsText(valid.errors)}`);
-      }
-      const type = r.headers.get('content-type')?.split(';')[0] ?? '';
-      if (!answer.content) return assert.equal(r.text, '', `${op.operationId} ${r.status}`);
-      assert.ok(answer.content[type], `${op.operationId} ${r.status}: content type '${type}' is not among ${Object.keys(answer.content)}`);
-      if (type !== 'application/json') return;
-      const validate = compile(answer.content[type].schema);
-      assert.ok(validate(r.body), `${op.operationId} ${r.status}: ${ajv.errorsText(validate.errors)}\n${r.text.slice(0, 1000)}`);
-    };
-    const call = async (method: string, url: string, body?: unknown, init?: Parameters<typeof stack.client.request>[3], client = stack.client) => {
-      const r = await client.request(method.toUpperCase(), url, body, init);
-      check(r, method, url);
-      return r;
-    };
-    return { check, call, seen };
-  };
+  const checker = () => responseChecker(doc, stack.client);
 
   // node:http, for what fetch will not send: a body with a GET, an Expect header; with `unfinished`, a
   // body whose end never comes (send a Content-Length over it).
@@ -526,5 +531,117 @@ describe('OpenAPI document: a 429 carries the Retry-After it documents', () => {
     assert.equal(documented.headers['Retry-After'].required, true);
     assert.match(answer.headers.get('retry-after') ?? '', new RegExp(documented.headers['Retry-After'].schema.pattern));
     assert.equal(answer.body.data.code, 'rate_limited');
+  });
+});
+
+describe('OpenAPI document: bridge, encryption, task and internal answers follow the documented schemas', () => {
+  const CLIENT_SECRET = `cs-${randomUUID()}`;
+  let all: OAuthStack | undefined;
+  // A real OAuth server for the callback, a fake Gmail for invoking a function.
+  const stack = useStarted(async () => (all = await startOAuthStack(CLIENT_SECRET, {}, { workers: 0 })).stack, async () => all?.stop());
+  let doc: any;
+  before(async () => {
+    doc = (await stack.client.as('').get('/api/openapi.json')).body;
+  });
+  // The callback as the user's browser follows it, its 303 not followed.
+  const callback = async (url: string): Promise<Response> => {
+    const r = await fetch(url, { redirect: 'manual' });
+    const text = await r.text();
+    return { status: r.status, headers: r.headers, text, body: r.headers.get('content-type')?.startsWith('application/json') ? JSON.parse(text) : text };
+  };
+
+  it('credentials, provider instances, functions and the OAuth callback (200 and 303), lists with items', async () => {
+    const { call, check, seen } = responseChecker(doc, stack.client);
+    const B = '/api/bridge/v1';
+    const mail = `${B}/available-providers/google_mail/available-credentials/oauth_auth_flow`;
+    const callbackUrl = `${stack.api.url}${B}/generic-oauth-callback`;
+    const rs = (await call('post', `${mail}/credential/resource-server`, { value: { client_id: 'doc-client', client_secret: CLIENT_SECRET, redirect_uri: callbackUrl } })).body;
+    const user = (await call('post', `${mail}/credential/user-credential`, { value: { access_token: 'at-doc', refresh_token: 'rt-doc', expiry_time: '2099-01-01T00:00:00Z' } })).body;
+    await call('get', `${B}/credential/${rs.id}`);
+    await call('post', mail, { provider_instance_id: 'doc-mail', display_name: 'Doc mail', resource_server_credential_id: rs.id, user_credential_id: user.id });
+    await call('post', mail, { provider_instance_id: 'doc-back', display_name: 'Doc back', resource_server_credential_id: rs.id, return_on_successful_brokering: { type: 'url', url: 'https://example.com/done' } });
+    await call('get', `${B}/provider/doc-mail`);
+    await call('patch', `${B}/provider/doc-mail`, { display_name: 'Doc mail renamed' });
+    await call('post', `${B}/provider/doc-mail/function/google_mail_send_email/enable`, {});
+    await call('post', `${B}/provider/doc-mail/function/google_mail_send_email/invoke`, { params: { to: 'a@example.com', subject: 'doc', body: 'hello' } });
+    // Lists with an item of each kind.
+    await call('get', `${B}/provider`);
+    await call('get', `${B}/provider/grouped-by-function`);
+    await call('get', `${B}/function-instances`);
+    await call('get', `${B}/function-instances/openapi.json`);
+    await call('get', `${B}/credential`);
+    // Exported as the definition has them, imported again under new ids.
+    const exported = (await call('get', '/api/a2a/v1/definition')).body.providers.find((p: { id: string }) => p.id === 'doc-mail');
+    await call('post', `${mail}/credential/resource-server/import`, { value: exported.resource_server_credential.value });
+    await call('post', `${mail}/credential/user-credential/import`, { value: exported.user_credential.value });
+    await call('post', `${B}/provider/doc-mail/function/google_mail_send_email/disable`, {});
+    // The OAuth callback: the credential (200), then a 303 to return_on_successful_brokering.
+    for (const id of ['doc-mail', 'doc-back']) {
+      const state = (await call('post', `${mail}/credential/user-credential/broker`, { provider_instance_id: id })).body;
+      const back = await consent(state.action.Redirect.url);
+      check(await callback(back), 'get', back);
+    }
+    const unused = (await call('get', `${B}/credential?unused=true`)).body.items;
+    await call('delete', `${B}/credential/${unused[0].id}`);
+    await call('delete', `${B}/provider/doc-back`);
+    for (const expected of ['create-resource-server-credential 201', 'create-user-credential 201', 'import-resource-server-credential 201', 'import-user-credential 201',
+      'get-credential 200', 'delete-credential 200', 'create-provider-instance 201', 'get-provider-instance 200', 'update-provider-instance 200', 'delete-provider-instance 200',
+      'enable-function 201', 'invoke-function 200', 'disable-function 200', 'function-instances-openapi 200', 'broker-user-credential 200',
+      'generic-oauth-callback 200', 'generic-oauth-callback 303']) {
+      assert.ok(seen.has(expected), `not exercised: ${expected} (${[...seen].join(', ')})`);
+    }
+  });
+
+  it('A2A message/stream: an event stream whose every data: line is a documented JSON-RPC response', async () => {
+    const { check } = responseChecker(doc, stack.client);
+    const { ajv, compile } = documentValidators(doc);
+    const answer = compile(doc.paths['/api/a2a/v1'].post.responses['200'].content['application/json'].schema);
+    const message = { kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text: 'streamed' }] };
+    const res = await fetch(`${stack.api.url}/api/a2a/v1`, {
+      method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', accept: 'text/event-stream' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 'doc-stream', method: 'message/stream', params: { message } }),
+    });
+    // No worker runs the task: canceling it, once the first event names it, ends the stream.
+    const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
+    let text = '';
+    while (!text.includes('\n\n')) {
+      const { value, done } = await reader.read();
+      assert.ok(!done, `the stream ended before its first event: ${text}`);
+      text += value;
+    }
+    const taskId = JSON.parse(text.split('\n').find((l) => l.startsWith('data: '))!.slice(6)).result.id;
+    const canceled = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 'doc-cancel', method: 'tasks/cancel', params: { id: taskId } });
+    assert.equal(canceled.body.result?.status.state, 'canceled', canceled.text);
+    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += chunk.value;
+    check({ status: res.status, headers: res.headers, text, body: text }, 'post', '/api/a2a/v1');
+    const events = text.split('\n').filter((l) => l.startsWith('data: ')).map((l) => JSON.parse(l.slice(6)));
+    assert.deepEqual(events.map((e) => e.result?.kind), ['task', 'status-update'], text);
+    for (const e of events) assert.ok(answer(e), `${ajv.errorsText(answer.errors)}\n${JSON.stringify(e)}`);
+  });
+
+  it('keys, tasks by context, code generation, metrics, health, this document and the agent cards', async () => {
+    const { call, seen } = responseChecker(doc, stack.client);
+    const E = '/api/encryption/v1';
+    const file = `doc-${randomUUID()}.key`;
+    await call('post', `${E}/envelope`, { type: 'local', file_name: file });
+    const dek = (await call('post', `${E}/envelope/${file}/dek`, {})).body;
+    await call('post', `${E}/envelope/${file}/dek/import`, { id: `doc-${randomUUID()}`, encrypted_data_encryption_key: dek.encrypted_data_encryption_key });
+    const alias = `doc-${randomUUID()}`;
+    await call('post', `${E}/dek/alias`, { dek_id: dek.id, alias });
+    await call('post', `${E}/dek/alias/${alias}/rotate`);
+    const empty = `doc-${randomUUID()}.key`;
+    await call('post', `${E}/envelope`, { type: 'local', file_name: empty });
+    await call('delete', `${E}/envelope/${empty}`);
+    const task = (await call('post', '/api/task/v1', { message: textMessage('doc') })).body.task;
+    await call('get', `/api/task/v1/context/${task.context_id}/task`);
+    await call('post', '/_internal/v1/trigger_codegen');
+    await call('get', '/metrics');
+    await call('get', '/_internal/v1/health');
+    await call('get', '/api/openapi.json');
+    for (const card of ['/.well-known/agent-card.json', '/api/a2a/v1/.well-known/agent-card.json', '/api/a2a/v1/.well-known/agent.json']) await call('get', card);
+    for (const expected of ['import-dek 201', 'rotate-dek-alias 202', 'delete-envelope-key 200', 'list-tasks-by-context 200', 'trigger-codegen 200', 'metrics 200',
+      'health 200', 'openapi 200', 'agent-card 200', 'a2a-agent-card 200', 'a2a-agent-card-legacy 200']) {
+      assert.ok(seen.has(expected), `not exercised: ${expected} (${[...seen].join(', ')})`);
+    }
   });
 });
