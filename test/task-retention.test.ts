@@ -2,7 +2,8 @@
 // with their messages and timelines, and contexts left without tasks; tasks that have not ended,
 // or ended recently, stay. Tasks are aged by moving their times back in Postgres.
 import assert from 'node:assert/strict';
-import { startWorker, testDb, textMessage, useStack, waitFor, type Stack } from './helpers/stack.ts';
+import { Redis } from 'ioredis';
+import { lockWaits, startWorker, testDb, textMessage, useStack, waitFor, type Stack } from './helpers/stack.ts';
 
 const T = '/api/task/v1';
 const DAY_MS = 24 * 60 * 60 * 1000;
@@ -193,6 +194,45 @@ describe('task retention with tasks that hold many rows', function () {
     await waitFor(async () => !(await db('tasks').where({ id: old }).first()), 'the old task to be deleted', 20_000, 200)
       .catch((err: Error) => assert.fail(`${err.message}\n${worker.logs.filter((l) => l.includes('retention') || l.includes('housekeeping')).slice(-5).join('\n')}`));
     assert.equal((await db('contexts').where({ id: contextId }).first()).created_at.getTime(), madeAt.getTime());
+  });
+});
+
+describe('a worker stopped during a retention pass', function () {
+  this.timeout(60_000);
+  const stack = useStack({}, { workers: 0 });
+
+  it('waits for the pass to end before it closes its connections', async () => {
+    // 1,001 ended tasks, each in its own context: two batches. The test holds the context of the
+    // oldest, which the first batch locks before it commits.
+    const db = testDb();
+    await db.raw(`insert into contexts (id, created_at) select gen_random_uuid(), now() - interval '10 days' from generate_series(1, 1001)`);
+    await db.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+                  select gen_random_uuid(), c.id, 'completed', c.created_at, '{}', c.created_at, c.created_at from contexts c`);
+    const { context_id: held } = await db('tasks').orderBy('status_timestamp').first('context_id');
+    await db('tasks').where({ context_id: held }).update({ status_timestamp: new Date(Date.now() - 20 * DAY_MS) });
+    const holder = await db.transaction();
+    await holder.raw('select id from contexts where id = ? for update', [held]);
+    const redis = new Redis(stack.env.REDIS_URL);
+    try {
+      const subscribers = async () => (await redis.client('LIST') as string).split('\n').filter((l) => l.includes('name=taskbridge:subscriber')).length;
+      const apiSubscribers = await subscribers();
+      // Passes far apart: the one held is the first, and has time for its second batch.
+      const worker = await startWorker({ ...stack.env, TASK_RETENTION_DAYS: '7', JOB_RECOVERY_MS: '10000' });
+      stack.workers.push(worker);
+      await waitFor(async () => (await lockWaits('select id from contexts where id = any%')) === 1, 'the purge to wait on the held context', 30_000, 50);
+      worker.child.kill('SIGTERM');
+      // Until it waits for the pass, or (as it did) went on to close its services, the subscriber first.
+      await waitFor(async () => worker.logs.some((l) => l.includes('waiting for housekeeping passes in flight')) || (await subscribers()) === apiSubscribers,
+        'the worker to wait for the pass or close its services', 20_000, 20);
+      await holder.commit();
+      const code = await new Promise<number | null>((resolve) => (worker.child.exitCode !== null ? resolve(worker.child.exitCode) : worker.child.once('exit', resolve)));
+      assert.equal(code, 0, worker.logs.slice(-10).join('\n'));
+      assert.ok(!worker.logs.some((l) => l.includes('housekeeping pass failed')), worker.logs.filter((l) => l.includes('housekeeping')).join('\n'));
+      assert.equal(Number((await db('tasks').count({ n: '*' }))[0].n), 0, 'the pass ran its second batch');
+    } finally {
+      if (!holder.isCompleted()) await holder.rollback();
+      redis.disconnect();
+    }
   });
 });
 

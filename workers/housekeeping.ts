@@ -9,8 +9,10 @@ import { purgeExpiredBrokerStates } from '../domain/bridge/brokering.ts';
 import { taskRetention } from '../domain/task-retention.ts';
 import { recoverPushDeliveries } from './recover-push-deliveries.ts';
 
-// `extra`: the agent's own passes (workers/agents/types.ts Agent).
-export function startHousekeeping(services: Services, extra: Record<string, () => Promise<unknown>> = {}): () => void {
+// `extra`: the agent's own passes (workers/agents/types.ts Agent). The stop starts no pass and
+// resolves once the passes in flight have ended: closing the services under one (a retention pass
+// runs for up to half of JOB_RECOVERY_MS) would fail it midway.
+export function startHousekeeping(services: Services, extra: Record<string, () => Promise<unknown>> = {}): () => Promise<void> {
   const every = services.cfg.JOB_RECOVERY_MS;
   const agentRuns = new AgentRunRecovery(services);
   const expiredTasks = taskRetention(services);
@@ -22,16 +24,20 @@ export function startHousekeeping(services: Services, extra: Record<string, () =
     'tasks past retention': expiredTasks,
   };
   for (const [name, pass] of Object.entries(extra)) passes[`agent: ${name}`] = pass;
-  const running = new Set<string>();
+  const running = new Map<string, Promise<unknown>>();
   const timer = setInterval(() => {
     for (const [what, pass] of Object.entries(passes)) {
       if (running.has(what)) continue;
-      running.add(what);
-      pass()
+      running.set(what, pass()
         .catch((err) => services.log.warn({ err: { message: (err as Error).message }, what }, 'housekeeping pass failed; will retry'))
-        .finally(() => running.delete(what));
+        .finally(() => running.delete(what)));
     }
   }, every);
   timer.unref();
-  return () => clearInterval(timer);
+  return async () => {
+    clearInterval(timer);
+    if (!running.size) return;
+    services.log.info({ passes: [...running.keys()] }, 'worker shutting down: waiting for housekeeping passes in flight');
+    await Promise.allSettled(running.values());
+  };
 }

@@ -139,7 +139,7 @@ async function shutdown(signal: string) {
   // expire (WORKER_LOCK_MS).
   const closeWithinMs = workerStopWithinMs(cfg);
   exitIfNotStoppedWithin(closeWithinMs, () => log.error({ after_ms: closeWithinMs }, 'worker could not close its queues in time (Redis unreachable?); exiting: its jobs are taken over once their locks expire'));
-  stopHousekeeping();
+  const housekeepingStopped = stopHousekeeping();
   stopRefreshScheduler();
   await Promise.allSettled(workers.map((w) => w.close()));
   clearTimeout(grace);
@@ -148,6 +148,7 @@ async function shutdown(signal: string) {
   await metrics.stop().catch(() => undefined);
   await pushListener.close();
   connection.disconnect();
+  await housekeepingStopped;
   await services.close();
   // Last, once everything closed: a process whose close timed out exits 1 without it.
   log.info('worker stopped');
