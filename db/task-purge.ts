@@ -27,9 +27,11 @@ const endedBefore = (before: Date, limit: number) => [before, before, limit];
 const DELETE_ENDED = `delete from tasks where id in (${ENDED_BEFORE}) returning context_id`;
 
 // Deletes those tasks with the contexts left without tasks; the number of tasks deleted, or null
-// when another worker is purging.
-export async function purgeEndedTasks(db: Knex, before: Date, limit: number): Promise<{ tasks: number; contexts: number } | null> {
+// when another worker is purging. Each statement is canceled past `timeoutMs` (57014), whatever the
+// connection's own statement_timeout (none with DB_QUERY_TIMEOUT_MS=0).
+export async function purgeEndedTasks(db: Knex, before: Date, limit: number, timeoutMs: number): Promise<{ tasks: number; contexts: number } | null> {
   return db.transaction(async (trx) => {
+    await trx.raw(`select set_config('statement_timeout', ?, true)`, [String(timeoutMs)]);
     if (!(await tryAdvisoryXactLock(trx, PURGE_LOCK))) return null;
     const { rows: gone } = await trx.raw(DELETE_ENDED, endedBefore(before, limit));
     if (!gone.length) return { tasks: 0, contexts: 0 };

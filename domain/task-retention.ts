@@ -9,7 +9,7 @@ const DAY_MS = 24 * 60 * 60 * 1000;
 // Tasks per transaction at most: row locks and the cascade's work stay small enough not to hold up intake.
 const MAX_BATCH = 1000;
 // Passes without a timed-out batch before the batch may double again (once a pass): a size that
-// failed is not tried again at every batch, each try costing DB_QUERY_TIMEOUT_MS of rolled-back work.
+// failed is not tried again at every batch, each try costing a batch timeout of rolled-back work.
 const GROW_AFTER_PASSES = 10;
 // Rows per statement when a single task is too large to delete at once: at most, and at least (a
 // chunk that times out halves, down to the least).
@@ -18,10 +18,13 @@ const THIN_CHUNK_MIN = 50;
 
 // The pass: deletes in batches until none are left or half of the housekeeping interval has gone,
 // so that a backlog (retention just turned on) is worked off over several passes. Tasks holding many
-// rows each can make a batch outlast DB_QUERY_TIMEOUT_MS; being the oldest, the same batch would come
-// back every pass and stop the purge for good, so the batch halves until it fits, and a single task
-// that does not fit is thinned first.
+// rows each can make a batch outlast its timeout; being the oldest, the same batch would come back
+// every pass and stop the purge for good, so the batch halves until it fits, and a single task that
+// does not fit is thinned first. The batch timeout is DB_QUERY_TIMEOUT_MS, at most the pass's own
+// time: with no statement timeout (DB_QUERY_TIMEOUT_MS=0) a batch would otherwise never time out, and
+// every one would be 1,000 tasks in one transaction however much they hold.
 export function taskRetention(s: Pick<Services, 'db' | 'cfg' | 'log'>): () => Promise<number> {
+  const batchTimeoutMs = Math.floor(Math.min(s.cfg.DB_QUERY_TIMEOUT_MS || Infinity, s.cfg.JOB_RECOVERY_MS / 2));
   let batch = MAX_BATCH;
   let thinChunk = THIN_CHUNK;
   let calmPasses = 0;
@@ -40,7 +43,7 @@ export function taskRetention(s: Pick<Services, 'db' | 'cfg' | 'log'>): () => Pr
       while (Date.now() < until) {
         let done: Awaited<ReturnType<typeof purgeEndedTasks>>;
         try {
-          done = await purgeEndedTasks(s.db, before, batch);
+          done = await purgeEndedTasks(s.db, before, batch, batchTimeoutMs);
         } catch (err) {
           if (!statementTimedOut(err)) throw err;
           calmPasses = 0;

@@ -11,6 +11,8 @@ import { insertTaskBundles, type TaskBundle } from '../db/tasks.ts';
 
 const DAY = 86400_000;
 const before = () => new Date(Date.now() - 7 * DAY);
+// The batch timeout: far beyond what these batches take, and the locks they wait on are held.
+const BATCH_TIMEOUT_MS = 30_000;
 
 function bundle(contextId: string): TaskBundle {
   const id = randomUUID();
@@ -48,7 +50,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     const trx = await db.transaction();
     const fresh = bundle(old.context_id);
     await insertTaskBundles(trx, [fresh]); // holds the context's row (its foreign key check) until commit
-    const purge = purgeEndedTasks(db, before(), 1000);
+    const purge = purgeEndedTasks(db, before(), 1000, BATCH_TIMEOUT_MS);
     await waitFor(async () => (await purgeWaits()) === 1, 'the purge to wait for the intake');
     await trx.commit();
     assert.deepEqual(await purge, { tasks: 1, contexts: 0 });
@@ -62,7 +64,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     const old = await oldTask();
     const trx = await db.transaction();
     await insertTaskBundles(trx, [bundle(old.context_id)]);
-    const purge = purgeEndedTasks(db, before(), 1000);
+    const purge = purgeEndedTasks(db, before(), 1000, BATCH_TIMEOUT_MS);
     await waitFor(async () => (await purgeWaits()) === 1, 'the purge to wait for the intake');
     await trx.rollback();
     assert.deepEqual(await purge, { tasks: 1, contexts: 1 });
@@ -118,7 +120,7 @@ describe('purge of ended tasks vs concurrent writers', function () {
     const late = bundle(c2);
     try {
       await insertTaskBundles(intake, [bundle(c1)]);
-      const purge = purgeEndedTasks(db, before(), 1000).then((r) => r, (e) => e.code as string);
+      const purge = purgeEndedTasks(db, before(), 1000, BATCH_TIMEOUT_MS).then((r) => r, (e) => e.code as string);
       await waitFor(async () => (await purgeWaits()) === 1, 'the purge to wait for the intake');
       assert.equal(await insertTaskBundles(intake, [late]).then(() => 'ok', (e) => e.code as string), 'ok');
       await intake.commit();
@@ -137,13 +139,13 @@ describe('purge of ended tasks vs concurrent writers', function () {
     const b = await oldTask();
     const holder = await db.transaction();
     await holder('tasks').where({ id: a.id }).forUpdate();
-    assert.deepEqual(await purgeEndedTasks(db, before(), 1000), { tasks: 1, contexts: 1 });
+    assert.deepEqual(await purgeEndedTasks(db, before(), 1000, BATCH_TIMEOUT_MS), { tasks: 1, contexts: 1 });
     assert.equal(await exists('tasks', a.id), true);
     assert.equal(await exists('tasks', b.id), false);
     await advisoryXactLock(holder, 'taskbridge:purge-ended-tasks');
-    assert.equal(await purgeEndedTasks(db, before(), 1000), null);
+    assert.equal(await purgeEndedTasks(db, before(), 1000, BATCH_TIMEOUT_MS), null);
     await holder.rollback();
-    assert.deepEqual(await purgeEndedTasks(db, before(), 1000), { tasks: 1, contexts: 1 });
+    assert.deepEqual(await purgeEndedTasks(db, before(), 1000, BATCH_TIMEOUT_MS), { tasks: 1, contexts: 1 });
   });
 });
 
@@ -210,7 +212,7 @@ describe('purge of ended tasks: what a batch reads', function () {
     await seedDue();
     await db.raw('analyze tasks');
 
-    const purged = await statementsOf(async () => assert.deepEqual(await purgeEndedTasks(db, before(), 1000), { tasks: due, contexts: due }));
+    const purged = await statementsOf(async () => assert.deepEqual(await purgeEndedTasks(db, before(), 1000, BATCH_TIMEOUT_MS), { tasks: due, contexts: due }));
     const batch = purged.find((q) => /^\s*delete from tasks\b/i.test(q.sql));
     assert.ok(batch, purged.map((q) => q.sql).join('\n'));
     const thinned = await statementsOf(async () => assert.equal(await thinNextEndedTask(db, before(), 2000), 0));

@@ -134,25 +134,29 @@ describe('task retention (TASK_RETENTION_DAYS)', function () {
   });
 });
 
+// 1,100 ended tasks of 300 timeline items each, 10 days old: deleting 1,000 of them takes over a
+// second, far beyond the statement timeout of the worker started with `env`.
+async function purgesHeavyTasksInSmallerBatches(stack: Stack, env: Record<string, string>): Promise<void> {
+  const db = testDb();
+  await db.raw(`insert into contexts (id, created_at) select gen_random_uuid(), now() - interval '10 days' from generate_series(1, 1100)`);
+  await db.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
+                select gen_random_uuid(), c.id, 'completed', c.created_at, '{}', c.created_at, c.created_at from contexts c`);
+  await db.raw(`insert into timeline_items (id, task_id, event_payload, created_at)
+                select gen_random_uuid(), t.id, '{"type":"task-status-update","status":"working"}', t.created_at from tasks t, generate_series(1, 300)`);
+  const worker = await startWorker({ ...stack.env, TASK_RETENTION_DAYS: '7', JOB_RECOVERY_MS: '500', ...env });
+  stack.workers.push(worker);
+  await waitFor(async () => Number((await db('tasks').count({ n: '*' }))[0].n) === 0, 'every heavy task to be deleted', 90_000, 500);
+  assert.equal(Number((await db('timeline_items').count({ n: '*' }))[0].n), 0);
+  assert.equal(Number((await db('contexts').count({ n: '*' }))[0].n), 0);
+  assert.ok(worker.logs.some((l) => l.includes('a batch took too long; trying fewer tasks at a time')), worker.logs.slice(-20).join('\n'));
+}
+
 describe('task retention with tasks that hold many rows', function () {
   this.timeout(120_000);
   const stack = useStack({}, { workers: 0 });
 
   it('deletes them in smaller batches when a batch of 1,000 outlasts DB_QUERY_TIMEOUT_MS', async () => {
-    // 1,100 ended tasks of 300 timeline items each, 10 days old: deleting 1,000 of them takes
-    // over a second, far beyond the worker's statement timeout.
-    const db = testDb();
-    await db.raw(`insert into contexts (id, created_at) select gen_random_uuid(), now() - interval '10 days' from generate_series(1, 1100)`);
-    await db.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
-                  select gen_random_uuid(), c.id, 'completed', c.created_at, '{}', c.created_at, c.created_at from contexts c`);
-    await db.raw(`insert into timeline_items (id, task_id, event_payload, created_at)
-                  select gen_random_uuid(), t.id, '{"type":"task-status-update","status":"working"}', t.created_at from tasks t, generate_series(1, 300)`);
-    const worker = await startWorker({ ...stack.env, TASK_RETENTION_DAYS: '7', JOB_RECOVERY_MS: '500', DB_QUERY_TIMEOUT_MS: '100' });
-    stack.workers.push(worker);
-    await waitFor(async () => Number((await db('tasks').count({ n: '*' }))[0].n) === 0, 'every heavy task to be deleted', 90_000, 500);
-    assert.equal(Number((await db('timeline_items').count({ n: '*' }))[0].n), 0);
-    assert.equal(Number((await db('contexts').count({ n: '*' }))[0].n), 0);
-    assert.ok(worker.logs.some((l) => l.includes('a batch took too long; trying fewer tasks at a time')), worker.logs.slice(-20).join('\n'));
+    await purgesHeavyTasksInSmallerBatches(stack, { DB_QUERY_TIMEOUT_MS: '100' });
   });
 
   it('thins first a single task too large to delete within DB_QUERY_TIMEOUT_MS, and goes on past it', async () => {
@@ -194,6 +198,15 @@ describe('task retention with tasks that hold many rows', function () {
     await waitFor(async () => !(await db('tasks').where({ id: old }).first()), 'the old task to be deleted', 20_000, 200)
       .catch((err: Error) => assert.fail(`${err.message}\n${worker.logs.filter((l) => l.includes('retention') || l.includes('housekeeping')).slice(-5).join('\n')}`));
     assert.equal((await db('contexts').where({ id: contextId }).first()).created_at.getTime(), madeAt.getTime());
+  });
+});
+
+describe('task retention with no statement timeout (DB_QUERY_TIMEOUT_MS=0)', function () {
+  this.timeout(120_000);
+  const stack = useStack({}, { workers: 0 });
+
+  it('still deletes in smaller batches when a batch of 1,000 outlasts half of JOB_RECOVERY_MS', async () => {
+    await purgesHeavyTasksInSmallerBatches(stack, { DB_QUERY_TIMEOUT_MS: '0' });
   });
 });
 
