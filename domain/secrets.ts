@@ -10,7 +10,6 @@ import { dekForRewrite } from './alias-rotation.ts';
 import * as repo from '../db/secrets.ts';
 import type { SecretRow } from '../db/secrets.ts';
 import type { Page } from '../db/pagination.ts';
-import type { Logger } from './logger.ts';
 import type { DecryptedSecret, Secret, SecretDecryptErrorCode } from './shapes/secret.ts';
 
 type ReadServices = Pick<Services, 'db' | 'cfg'>;
@@ -60,7 +59,7 @@ export async function listSecrets(db: Services['db'], pageSize: number, token?: 
 // A secret that does not open because of what is stored is listed with decrypt_error instead of its
 // value, so one damaged row does not hide the rest of its page or the pages after it. KMS failing
 // (502) or Postgres (503) fails the whole request, as it fails a read of one secret.
-export async function listDecryptedSecrets(s: ReadServices, log: Logger, pageSize: number, token?: string): Promise<{ secrets: DecryptedSecret[]; next_page_token?: string }> {
+export async function listDecryptedSecrets(s: ReadServices & Pick<Services, 'log'>, pageSize: number, token?: string): Promise<{ secrets: DecryptedSecret[]; next_page_token?: string }> {
   const page = await repo.listSecrets(s.db, pageSize, token);
   const failed: { secret_id: string; dek_id: string; code: SecretDecryptErrorCode; message: string }[] = [];
   const secrets = await Promise.all(page.items.map(async (r): Promise<DecryptedSecret> => {
@@ -74,7 +73,7 @@ export async function listDecryptedSecrets(s: ReadServices, log: Logger, pageSiz
       return { ...rest, decrypt_error: fault };
     }
   }));
-  if (failed.length) log.error({ secrets: failed }, `list-decrypted: ${failed.length} secret(s) of the page do not decrypt; listed without their values`);
+  if (failed.length) s.log.error({ secrets: failed }, `list-decrypted: ${failed.length} secret(s) of the page do not decrypt; listed without their values`);
   return withMember(page, secrets);
 }
 

@@ -34,7 +34,7 @@ export const secretRoutes = [
     summary: 'List secrets, newest first, with their decrypted values (decrypt_error instead for one that cannot be opened)',
     query: Type.Object(PageQuery),
     responses: { 200: Paginated(DecryptedSecret, 'secrets'), ...requestErrors, ...kmsErrors },
-  }, async ({ query, services, log }) => secrets.listDecryptedSecrets(services, log, query.page_size!, query.next_page_token)),
+  }, async ({ query, services, log }) => secrets.listDecryptedSecrets({ ...services, log }, query.page_size!, query.next_page_token)),
 
   defineRoute({
     method: 'get', path: '/api/secret/v1/key/:key', operationId: 'get-secret-by-key', tag, scope: 'secret:read',
