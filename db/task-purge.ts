@@ -28,17 +28,25 @@ const DELETE_ENDED = `delete from tasks where id in (${ENDED_BEFORE}) returning 
 
 // Deletes those tasks with the contexts left without tasks; the number of tasks deleted, or null
 // when another worker is purging. Each statement is canceled past `timeoutMs` (57014), whatever the
-// connection's own statement_timeout (none with DB_QUERY_TIMEOUT_MS=0).
-export async function purgeEndedTasks(db: Knex, before: Date, limit: number, timeoutMs: number): Promise<{ tasks: number; contexts: number } | null> {
+// connection's own statement_timeout (none with DB_QUERY_TIMEOUT_MS=0). `interrupt` (a worker's stop:
+// its pool would wait for the batch's connection before it closes) ends the batch's backend, which
+// rolls the batch back: canceled instead, a statement begun after the cancel came would go on.
+export async function purgeEndedTasks(db: Knex, before: Date, limit: number, timeoutMs: number, interrupt?: AbortSignal): Promise<{ tasks: number; contexts: number } | null> {
   return db.transaction(async (trx) => {
-    await trx.raw(`select set_config('statement_timeout', ?, true)`, [String(timeoutMs)]);
-    if (!(await tryAdvisoryXactLock(trx, PURGE_LOCK))) return null;
-    const { rows: gone } = await trx.raw(DELETE_ENDED, endedBefore(before, limit));
-    if (!gone.length) return { tasks: 0, contexts: 0 };
-    const contextIds = [...new Set((gone as { context_id: string }[]).map((r) => r.context_id))];
-    await lockContexts(trx, contextIds);
-    const contexts = await deleteEmptyContexts(trx, contextIds);
-    return { tasks: gone.length, contexts };
+    const { rows: [{ pid }] } = await trx.raw(`select set_config('statement_timeout', ?, true), pg_backend_pid() as pid`, [String(timeoutMs)]);
+    const end = () => void db.raw('select pg_terminate_backend(?)', [pid]).catch(() => undefined);
+    interrupt?.addEventListener('abort', end, { once: true });
+    try {
+      if (!(await tryAdvisoryXactLock(trx, PURGE_LOCK))) return null;
+      const { rows: gone } = await trx.raw(DELETE_ENDED, endedBefore(before, limit));
+      if (!gone.length) return { tasks: 0, contexts: 0 };
+      const contextIds = [...new Set((gone as { context_id: string }[]).map((r) => r.context_id))];
+      await lockContexts(trx, contextIds);
+      const contexts = await deleteEmptyContexts(trx, contextIds);
+      return { tasks: gone.length, contexts };
+    } finally {
+      interrupt?.removeEventListener('abort', end);
+    }
   });
 }
 

@@ -22,13 +22,16 @@ const THIN_CHUNK_MIN = 50;
 // every pass and stop the purge for good, so the batch halves until it fits, and a single task that
 // does not fit is thinned first. The batch timeout is DB_QUERY_TIMEOUT_MS, at most the pass's own
 // time: with no statement timeout (DB_QUERY_TIMEOUT_MS=0) a batch would otherwise never time out, and
-// every one would be 1,000 tasks in one transaction however much they hold.
-export function taskRetention(s: Pick<Services, 'db' | 'cfg' | 'log'>): () => Promise<number> {
+// every one would be 1,000 tasks in one transaction however much they hold. A worker that stops
+// (`stopping`) gets no further batch, the tasks deleted so far staying deleted; `interrupt` ends the
+// batch in flight, which rolls back.
+export interface RetentionStop { stopping: AbortSignal; interrupt: AbortSignal }
+export function taskRetention(s: Pick<Services, 'db' | 'cfg' | 'log'>): (stop: RetentionStop) => Promise<number> {
   const batchTimeoutMs = Math.floor(Math.min(s.cfg.DB_QUERY_TIMEOUT_MS || Infinity, s.cfg.JOB_RECOVERY_MS / 2));
   let batch = MAX_BATCH;
   let thinChunk = THIN_CHUNK;
   let calmPasses = 0;
-  return async function purgeExpiredTasks() {
+  return async function purgeExpiredTasks(stop: RetentionStop) {
     const days = s.cfg.TASK_RETENTION_DAYS;
     if (days === 0) return 0;
     if (++calmPasses > GROW_AFTER_PASSES) {
@@ -40,10 +43,10 @@ export function taskRetention(s: Pick<Services, 'db' | 'cfg' | 'log'>): () => Pr
     let tasks = 0;
     let contexts = 0;
     try {
-      while (Date.now() < until) {
+      while (Date.now() < until && !stop.stopping.aborted) {
         let done: Awaited<ReturnType<typeof purgeEndedTasks>>;
         try {
-          done = await purgeEndedTasks(s.db, before, batch, batchTimeoutMs);
+          done = await purgeEndedTasks(s.db, before, batch, batchTimeoutMs, stop.interrupt);
         } catch (err) {
           if (!statementTimedOut(err)) throw err;
           calmPasses = 0;

@@ -2,8 +2,7 @@
 // with their messages and timelines, and contexts left without tasks; tasks that have not ended,
 // or ended recently, stay. Tasks are aged by moving their times back in Postgres.
 import assert from 'node:assert/strict';
-import { Redis } from 'ioredis';
-import { lockWaits, startWorker, testDb, textMessage, useStack, waitFor, type Stack } from './helpers/stack.ts';
+import { lockWaits, startWorker, testDb, textMessage, useStack, waitFor, type Proc, type Stack } from './helpers/stack.ts';
 
 const T = '/api/task/v1';
 const DAY_MS = 24 * 60 * 60 * 1000;
@@ -211,13 +210,17 @@ describe('task retention with no statement timeout (DB_QUERY_TIMEOUT_MS=0)', fun
 });
 
 describe('a worker stopped during a retention pass', function () {
-  this.timeout(60_000);
+  this.timeout(90_000);
   const stack = useStack({}, { workers: 0 });
 
-  it('waits for the pass to end before it closes its connections', async () => {
-    // 1,001 ended tasks, each in its own context: two batches. The test holds the context of the
-    // oldest, which the first batch locks before it commits.
+  // 1,001 ended tasks, each in its own context: two batches. The test holds the context of the
+  // oldest, which the first batch locks before it commits, and gives the worker SIGTERM while its
+  // purge waits on it; `releaseOnceWaited`: the test commits once the worker waits for the pass,
+  // otherwise only after the worker has exited. Passes far apart: the one held is the first.
+  async function stopDuringHeldBatch(env: Record<string, string>, releaseOnceWaited: boolean): Promise<{ worker: Proc; code: number | null; left: number }> {
     const db = testDb();
+    await db('tasks').delete();
+    await db('contexts').delete();
     await db.raw(`insert into contexts (id, created_at) select gen_random_uuid(), now() - interval '10 days' from generate_series(1, 1001)`);
     await db.raw(`insert into tasks (id, context_id, status, status_timestamp, metadata, created_at, updated_at)
                   select gen_random_uuid(), c.id, 'completed', c.created_at, '{}', c.created_at, c.created_at from contexts c`);
@@ -225,27 +228,38 @@ describe('a worker stopped during a retention pass', function () {
     await db('tasks').where({ context_id: held }).update({ status_timestamp: new Date(Date.now() - 20 * DAY_MS) });
     const holder = await db.transaction();
     await holder.raw('select id from contexts where id = ? for update', [held]);
-    const redis = new Redis(stack.env.REDIS_URL);
     try {
-      const subscribers = async () => (await redis.client('LIST') as string).split('\n').filter((l) => l.includes('name=taskbridge:subscriber')).length;
-      const apiSubscribers = await subscribers();
-      // Passes far apart: the one held is the first, and has time for its second batch.
-      const worker = await startWorker({ ...stack.env, TASK_RETENTION_DAYS: '7', JOB_RECOVERY_MS: '10000' });
+      const worker = await startWorker({ ...stack.env, TASK_RETENTION_DAYS: '7', ...env });
       stack.workers.push(worker);
-      await waitFor(async () => (await lockWaits('select id from contexts where id = any%')) === 1, 'the purge to wait on the held context', 30_000, 50);
+      await waitFor(async () => (await lockWaits('select id from contexts where id = any%')) === 1, 'the purge to wait on the held context', 60_000, 50);
       worker.child.kill('SIGTERM');
-      // Until it waits for the pass, or (as it did) went on to close its services, the subscriber first.
-      await waitFor(async () => worker.logs.some((l) => l.includes('waiting for housekeeping passes in flight')) || (await subscribers()) === apiSubscribers,
-        'the worker to wait for the pass or close its services', 20_000, 20);
-      await holder.commit();
+      await waitFor(async () => worker.logs.some((l) => l.includes('waiting for housekeeping passes in flight')), 'the worker to wait for the pass', 20_000, 20);
+      if (releaseOnceWaited) await holder.commit();
       const code = await new Promise<number | null>((resolve) => (worker.child.exitCode !== null ? resolve(worker.child.exitCode) : worker.child.once('exit', resolve)));
-      assert.equal(code, 0, worker.logs.slice(-10).join('\n'));
-      assert.ok(!worker.logs.some((l) => l.includes('housekeeping pass failed')), worker.logs.filter((l) => l.includes('housekeeping')).join('\n'));
-      assert.equal(Number((await db('tasks').count({ n: '*' }))[0].n), 0, 'the pass ran its second batch');
+      return { worker, code, left: Number((await db('tasks').count({ n: '*' }))[0].n) };
     } finally {
       if (!holder.isCompleted()) await holder.rollback();
-      redis.disconnect();
     }
+  }
+  const housekeepingLines = (worker: Proc) => worker.logs.filter((l) => l.includes('housekeeping') || l.includes('retention')).join('\n');
+
+  it('commits the batch in flight, starts no further one, and exits 0', async () => {
+    const { worker, code, left } = await stopDuringHeldBatch({ JOB_RECOVERY_MS: '10000' }, true);
+    assert.equal(code, 0, worker.logs.slice(-10).join('\n'));
+    assert.ok(!worker.logs.some((l) => l.includes('housekeeping pass failed') || l.includes('interrupted by the shutdown')), housekeepingLines(worker));
+    assert.equal(left, 1, 'the first batch committed, the second left for a later pass');
+  });
+
+  it('interrupts a batch still held after WORKER_SHUTDOWN_GRACE_MS, rolled back, and exits 0', async () => {
+    // The batch's own timeout (half of JOB_RECOVERY_MS: 10 s) is far past the grace period.
+    const { worker, code, left } = await stopDuringHeldBatch({ JOB_RECOVERY_MS: '20000', WORKER_SHUTDOWN_GRACE_MS: '1000' }, false);
+    assert.equal(code, 0, worker.logs.slice(-10).join('\n'));
+    const interrupted = worker.logs.filter((l) => l.includes('interrupted by the shutdown')).map((l) => JSON.parse(l))[0];
+    assert.ok(interrupted, housekeepingLines(worker));
+    assert.equal(interrupted.level, 30, JSON.stringify(interrupted));
+    assert.equal(interrupted.what, 'tasks past retention');
+    assert.ok(!worker.logs.some((l) => l.includes('housekeeping pass failed') || l.includes('a batch took too long')), housekeepingLines(worker));
+    assert.equal(left, 1001, 'the batch rolled back');
   });
 });
 

@@ -8,36 +8,55 @@ import { AgentRunRecovery } from './recover-agent-runs.ts';
 import { purgeExpiredBrokerStates } from '../domain/bridge/brokering.ts';
 import { taskRetention } from '../domain/task-retention.ts';
 import { recoverPushDeliveries } from './recover-push-deliveries.ts';
+import { setTimeout as delay } from 'node:timers/promises';
+import { timerMs } from '../domain/with-timeout.ts';
+import type { HousekeepingPass } from './agents/types.ts';
 
-// `extra`: the agent's own passes (workers/agents/types.ts Agent). The stop starts no pass and
-// resolves once the passes in flight have ended: closing the services under one (a retention pass
-// runs for up to half of JOB_RECOVERY_MS) would fail it midway.
-export function startHousekeeping(services: Services, extra: Record<string, () => Promise<unknown>> = {}): () => Promise<void> {
+// `extra`: the agent's own passes (workers/agents/types.ts Agent). The stop starts no pass, tells
+// those in flight, and waits for them for up to WORKER_SHUTDOWN_GRACE_MS, as for the jobs: closing the
+// services under one would fail it midway. A pass still running then is interrupted (the task
+// retention batch in flight rolls back) so that the worker closes within its stop budget
+// (workerStopWithinMs, which the wait is started within) rather than exiting 1 at its end.
+export function startHousekeeping(services: Services, extra: Record<string, HousekeepingPass> = {}): () => Promise<void> {
   const every = services.cfg.JOB_RECOVERY_MS;
   const agentRuns = new AgentRunRecovery(services);
   const expiredTasks = taskRetention(services);
-  const passes: Record<string, () => Promise<unknown>> = {
-    'key jobs': () => recoverLostKeyJobs(services, every),
-    'agent runs': () => agentRuns.pass(every),
-    'push deliveries': () => recoverPushDeliveries(services, every),
+  const stopping = new AbortController();
+  const interrupt = new AbortController();
+  const passes: Record<string, HousekeepingPass> = {
+    'key jobs': (signal) => recoverLostKeyJobs(services, every, signal),
+    'agent runs': (signal) => agentRuns.pass(every, signal),
+    'push deliveries': (signal) => recoverPushDeliveries(services, every, signal),
     'expired broker states': () => purgeExpiredBrokerStates(services),
-    'tasks past retention': expiredTasks,
+    'tasks past retention': (signal) => expiredTasks({ stopping: signal, interrupt: interrupt.signal }),
   };
   for (const [name, pass] of Object.entries(extra)) passes[`agent: ${name}`] = pass;
   const running = new Map<string, Promise<unknown>>();
   const timer = setInterval(() => {
     for (const [what, pass] of Object.entries(passes)) {
       if (running.has(what)) continue;
-      running.set(what, pass()
-        .catch((err) => services.log.warn({ err: { message: (err as Error).message }, what }, 'housekeeping pass failed; will retry'))
+      running.set(what, pass(stopping.signal)
+        .catch((err) => {
+          const said = { err: { message: (err as Error).message }, what };
+          if (interrupt.signal.aborted) services.log.info(said, 'housekeeping pass interrupted by the shutdown; what it had not committed rolled back');
+          else services.log.warn(said, 'housekeeping pass failed; will retry');
+        })
         .finally(() => running.delete(what)));
     }
   }, every);
   timer.unref();
   return async () => {
     clearInterval(timer);
+    stopping.abort();
     if (!running.size) return;
-    services.log.info({ passes: [...running.keys()] }, 'worker shutting down: waiting for housekeeping passes in flight');
-    await Promise.allSettled(running.values());
+    const withinMs = services.cfg.WORKER_SHUTDOWN_GRACE_MS;
+    services.log.info({ passes: [...running.keys()], within_ms: withinMs }, 'worker shutting down: waiting for housekeeping passes in flight');
+    const ended = Promise.allSettled(running.values());
+    if (!(await Promise.race([ended.then(() => false), delay(timerMs(withinMs), true, { ref: false })]))) return;
+    services.log.info({ passes: [...running.keys()] }, 'worker shutting down: interrupting housekeeping passes still running');
+    interrupt.abort();
+    // Each now ends with its current statement or call (the retention batch's connection is ended);
+    // the services' close would wait for a statement in flight anyway.
+    await ended;
   };
 }

@@ -23,8 +23,8 @@ export class AgentRunRecovery {
 
   constructor(private readonly services: Services) {}
 
-  /** Checks the next page of candidates at least `olderThanMs` old; returns the task ids whose run was enqueued again or failed. */
-  async pass(olderThanMs: number): Promise<string[]> {
+  /** Checks the next page of candidates at least `olderThanMs` old, until `stopping`; returns the task ids whose run was enqueued again or failed. */
+  async pass(olderThanMs: number, stopping: AbortSignal): Promise<string[]> {
     const { db, queues, redis, log } = this.services;
     if (!this.after) await clearStaleRunDue(db);
     const page = await listRunsToCheck(db, olderThanMs, this.after, PAGE);
@@ -42,6 +42,7 @@ export class AgentRunRecovery {
     const replies = (await pipeline.exec()) ?? [];
     const handled: string[] = [];
     for (const [i, r] of unsent.entries()) {
+      if (stopping.aborted) break;
       const [exists, failedAt, reason] = [replies[3 * i]?.[1], replies[3 * i + 1]?.[1], replies[3 * i + 2]?.[1]];
       if (exists === 0 && r.resumable) {
         await queue.add('run', { task_id: r.task_id, message_id: r.message_id }, { jobId: r.message_id });

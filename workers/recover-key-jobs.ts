@@ -8,8 +8,8 @@ import { pendingOutboxPayloads } from '../db/outbox.ts';
 
 const LIVE_STATES = ['active', 'waiting', 'delayed', 'prioritized', 'waiting-children'] as const;
 
-/** Enqueues again the unfinished key jobs at least `olderThanMs` old that no queue job carries; returns their ids. */
-export async function recoverLostKeyJobs(services: Services, olderThanMs: number): Promise<string[]> {
+/** Enqueues again the unfinished key jobs at least `olderThanMs` old that no queue job carries, until `stopping`; returns their ids. */
+export async function recoverLostKeyJobs(services: Services, olderThanMs: number, stopping: AbortSignal): Promise<string[]> {
   const rows = await listUnfinishedKeyJobs(services.db, olderThanMs);
   if (!rows.length) return [];
   const queue = services.queues['key-jobs'];
@@ -18,7 +18,9 @@ export async function recoverLostKeyJobs(services: Services, olderThanMs: number
   const carried = new Set<unknown>((await pendingOutboxPayloads(services.db, 'key-jobs')).map((p) => p.job_id));
   for (const j of await queue.getJobs([...LIVE_STATES])) carried.add(j?.data?.job_id);
   const lost = rows.filter((r) => !carried.has(r.id));
+  const enqueued: string[] = [];
   for (const r of lost) {
+    if (stopping.aborted) break;
     const jobId = `recovered-${r.id}`;
     // An earlier recovery's job that ended with the row unfinished (its failure could not be
     // recorded) is kept by BullMQ for a while: under its id, the new one would be taken for it and
@@ -26,6 +28,7 @@ export async function recoverLostKeyJobs(services: Services, olderThanMs: number
     await (await queue.getJob(jobId))?.remove().catch(() => undefined);
     await queue.add(r.kind, { job_id: r.id }, { jobId });
     services.log.warn({ job_id: r.id, kind: r.kind }, 'key job had no queue job: enqueued again');
+    enqueued.push(r.id);
   }
-  return lost.map((r) => r.id);
+  return enqueued;
 }

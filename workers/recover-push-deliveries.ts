@@ -28,13 +28,14 @@ export function pushRetryWindowMs(cfg: Services['cfg']): number {
   return backoff + cfg.PUSH_ATTEMPTS * cfg.PUSH_TIMEOUT_MS;
 }
 
-/** Adds a job for each stalled config; returns how many. */
-export async function recoverPushDeliveries(services: Services, olderThanMs: number): Promise<number> {
+/** Adds a job for each stalled config, until `stopping`; returns how many. */
+export async function recoverPushDeliveries(services: Services, olderThanMs: number, stopping: AbortSignal): Promise<number> {
   const { db, queues, log } = services;
   const stalled = await listStalledDeliveries(db, Math.max(olderThanMs, pushRetryWindowMs(services.cfg)), PAGE);
   const queue = queues['push-notifications'];
   let added = 0;
   for (const { task_id, config_id, seq } of stalled) {
+    if (stopping.aborted) break;
     const jobId = recoveryJobId(task_id, config_id, seq);
     const earlier = await queue.getJob(jobId);
     if (earlier) {

@@ -315,15 +315,15 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       link.abort();
     }
   }
-  return { handler, housekeeping: { 'remote tasks of canceled or failed tasks': () => cancelLeftRemoteTasks(connect, db, log, withoutKey) } };
+  return { handler, housekeeping: { 'remote tasks of canceled or failed tasks': (stopping) => cancelLeftRemoteTasks(connect, db, log, withoutKey, stopping) } };
 }
 
 // Cancels the remote tasks of local tasks canceled with no run going, or failed after the remote's
 // last word (its final message refused), then forgets them; one the remote no longer has, or that has
 // ended, is forgotten too. An unreachable remote is tried again a minute later, for a day.
-async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, log: Logger, withoutKey: (text: string) => string): Promise<void> {
+async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, log: Logger, withoutKey: (text: string) => string, stopping: AbortSignal): Promise<void> {
   let remote: Client | undefined;
-  for (let taken = 0; taken < CANCELS_PER_PASS; taken += CANCEL_BATCH) {
+  for (let taken = 0; taken < CANCELS_PER_PASS && !stopping.aborted; taken += CANCEL_BATCH) {
     const rows = await takeRemoteTasksToCancel(db, 24, CANCEL_RETRY_MS, CANCEL_BATCH);
     if (!rows.length) return;
     remote ??= await connect();

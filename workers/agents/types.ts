@@ -46,10 +46,13 @@ export interface AgentResult {
 
 export type AgentHandler = (ctx: AgentContext) => Promise<AgentResult | void>;
 
+/** A housekeeping pass: `stopping` is aborted once the worker stops; a pass that loops returns at its next boundary. */
+export type HousekeepingPass = (stopping: AbortSignal) => Promise<unknown>;
+
 /** What a worker runs: the handler, and passes of its own for the worker's housekeeping (by name). */
 export interface Agent {
   handler: AgentHandler;
-  housekeeping?: Record<string, () => Promise<unknown>>;
+  housekeeping?: Record<string, HousekeepingPass>;
 }
 
 export function textOf(message: Message): string {
