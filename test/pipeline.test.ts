@@ -1,6 +1,9 @@
 // Task execution through the whole pipeline: API -> outbox -> BullMQ -> a real worker process.
 import assert from 'node:assert/strict';
-import { startStack, startWorker, statusesOf, testDb, textMessage, useStack, waitFor, withQueue, type Proc, type Stack } from './helpers/stack.ts';
+import { getTask } from '../db/tasks.ts';
+import { appendMessage } from '../domain/tasks.ts';
+import type { UnitOfWork } from '../domain/unit-of-work.ts';
+import { lockWaits, startStack, startWorker, statusesOf, testDb, textMessage, useStack, waitFor, withQueue, type Proc, type Stack } from './helpers/stack.ts';
 
 const ATTEMPTS = 3;
 
@@ -122,6 +125,34 @@ describe('job pipeline: task execution through a real worker', function () {
       // The newest 200 and its own, the first.
       assert.equal(done.status_message.parts[0].text, 'history: 201; own message in it: true; newest: false');
     } finally {
+      await worker?.stop();
+      await quiet.stop();
+    }
+  });
+
+  it("a run taken again sees the reply its previous take wrote while the new take's claim waited for the task", async () => {
+    const quiet = await startStack({ AGENT_KIND: 'module', AGENT_MODULE: './test/fixtures/history-agent.mjs' }, { workers: 0 });
+    let worker: Proc | undefined;
+    const trx = await testDb().transaction();
+    try {
+      const id = (await quiet.client.post('/api/task/v1', { message: textMessage('taken twice') })).body.task.id;
+      const messageId = (await get(id, quiet.client)).messages[0].id;
+      // A take of the run's job that stalled: the task working under its message, the job back in the queue.
+      await testDb()('tasks').where({ id }).update({ status: 'working', run_message_id: messageId, run_due_message_id: null });
+      // That take's ctx.reply holds the task's row as it writes (whileActive): the new take reads the
+      // task and its history, then its claim waits for the row.
+      const locked = (await getTask(trx, id, true))!;
+      worker = await startWorker(quiet.env);
+      await waitFor(async () => (await lockWaits('update "tasks" set "run_attempt"%')) === 1, 'the new take\'s claim to wait for the row', 30000, 50);
+      const uow = { trx, publish: () => undefined } as unknown as UnitOfWork;
+      const { message: reply } = await appendMessage(uow, locked, { role: 'agent', parts: [{ type: 'text-part', text: 'said by the take before' }] }, 1024 * 1024);
+      await trx.commit();
+      const done = await waitForStatus(id, 'completed', quiet.client);
+      // Before, the new take's history was the one read before its claim: its own message alone.
+      assert.equal(done.status_message.parts[0].text, 'history: 2; own message in it: true; newest: false');
+      assert.deepEqual(done.status_message.parts[1].data, { history: [messageId, reply.id] });
+    } finally {
+      if (!trx.isCompleted()) await trx.rollback();
       await worker?.stop();
       await quiet.stop();
     }
