@@ -1,4 +1,4 @@
-import type { BackoffStrategy, JobsOptions, Queue } from 'bullmq';
+import type { BackoffStrategy, Job, JobsOptions, Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from '../domain/config.ts';
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
@@ -34,11 +34,19 @@ export async function queueJobCounts(queue: Queue, redis: Pick<Redis, 'zcount'>)
 // ms * 0x1000, plus a counter below 0x1000.
 const dueScoreMax = (now: number) => (now + 1) * 0x1000 - 1;
 
+// Whether a job ran before and was sent back to wait by a retry of it once it had finished (Job.retry,
+// the dashboard's Retry and Retry all): BullMQ deletes its processedOn, keeps its add time, and records
+// no time of that retry. Its counts of attempts tell, unless the retry reset them; its stack trace
+// (kept) still tells of a failure. `taken`: a job a worker has just taken, its attempt counted started.
+export const retriedAfterFinishing = (job: Job, taken = false): boolean =>
+  job.attemptsStarted > (taken ? 1 : 0) || job.attemptsMade > 0 || !!job.stacktrace?.length;
+
 // How long the longest-waiting job has waited; null when none waits. BullMQ records no time of a
 // job's return to the wait list (a retry, a run handed back at shutdown, a stalled run taken back),
 // only when it was added (timestamp, plus opts.delay) and when a worker last took it (processedOn):
 // its wait began no earlier than the latest of these, so it counts from there (a fresh job: from its
-// add), not from its first add. A run handed back at shutdown or taken back after stalling goes to
+// add), not from its first add. A job retried once it had finished has no processedOn, and its add
+// time may be days old: it is left out, undated (and does not end the scan below). A run handed back at shutdown or taken back after stalling goes to
 // the front of the line (moveJobFromActiveToWait, moveStalledJobsToWait: RPUSH), as does a new job
 // added lifo (the queue dashboard allows it); other new jobs and retries (promoted once their backoff
 // is over, or retryJob without lifo) go to the back (LPUSH), in the order they came. Every job pushed
@@ -58,6 +66,7 @@ export async function oldestWaitingAgeMs(queue: Queue): Promise<number | null> {
     scan: for (let at = 0; at < OLDEST_SCAN_MAX; at += OLDEST_SCAN_PAGE) {
       const jobs = await queue.getJobs([state], at, at + OLDEST_SCAN_PAGE - 1, true);
       for (const job of jobs) {
+        if (!job.processedOn && retriedAfterFinishing(job)) continue;
         since = Math.min(since, Math.max(job.timestamp + (job.opts.delay ?? 0), job.processedOn ?? 0));
         if (state === 'waiting' && !job.processedOn && !job.opts.lifo) break scan;
       }

@@ -357,6 +357,43 @@ describe('GET /metrics: what the workers record', () => {
     assert.ok(sum >= 0 && sum < 60, `lag sum ${sum}`);
     checkExposition(text);
   });
+
+  it('dates no job retried after it failed from its first add, in the backlog age or the enqueue lag', async () => {
+    await withQueue(stack.env, 'credential-refresh', async (queue) => {
+      // Data not of the queue's payload: the worker fails each on its only attempt.
+      const [byDashboard, byRetry] = await Promise.all([queue.add('refresh', {}), queue.add('refresh', {})]);
+      try {
+        await waitFor(async () => (await byDashboard.isFailed()) && (await byRetry.isFailed()), 'both jobs failed');
+        await queue.pause();
+        // Added three hours ago, as far as BullMQ knows (a fixture: waiting that long is not a test).
+        const redis = await queue.getBackend().client;
+        for (const job of [byDashboard, byRetry]) await redis.hset(queue.toKey(job.id!), { timestamp: Date.now() - 3 * 3600_000 });
+        const retried = await fetch(`${stack.api.url}/admin/queues/api/queues/credential-refresh/${byDashboard.id}/retry`, {
+          method: 'PUT', headers: { authorization: `Basic ${Buffer.from(`ops:${ADMIN_KEY}`).toString('base64')}` },
+        });
+        assert.equal(retried.status, 204, await retried.text());
+        // As a retry with its attempts counted afresh (BullMQ's resets) leaves it: only its stack trace tells.
+        await (await queue.getJob(byRetry.id!))!.retry('failed', { resetAttemptsMade: true, resetAttemptsStarted: true });
+        const text = (await stack.client.get('/metrics')).text;
+        const stats = (await stack.client.get('/_internal/v1/queues')).body.queues['credential-refresh'];
+        assert.equal(sample(text, 'taskbridge_queue_jobs', 'queue="credential-refresh",state="waiting"'), 2, text);
+        assert.equal(sample(text, 'taskbridge_queue_oldest_waiting_seconds', 'queue="credential-refresh"'), 0, text);
+        assert.equal(stats.oldest_waiting_age_ms, null, JSON.stringify(stats));
+        // Run again, each fails again: neither run's wait is counted from three hours ago.
+        await queue.resume();
+        await waitFor(async () => (await byDashboard.isFailed()) && (await byRetry.isFailed()), 'both jobs failed again');
+        const after = await waitFor(async () => {
+          const t = (await stack.client.get('/metrics')).text;
+          return sample(t, 'taskbridge_job_duration_seconds_count', 'queue="credential-refresh",outcome="failed"') === 4 && t;
+        }, 'the four attempts in /metrics');
+        assert.equal(sample(after, 'taskbridge_job_enqueue_lag_seconds_count', 'queue="credential-refresh"'), 2, 'the first attempts only');
+        assert.equal(sample(after, 'taskbridge_job_enqueue_lag_seconds_bucket', 'queue="credential-refresh",le="600"'), 2, after);
+      } finally {
+        await Promise.all([byDashboard.remove(), byRetry.remove()]);
+        await queue.resume();
+      }
+    });
+  });
 });
 
 describe('GET /metrics: workers of another installation on the same Redis server', () => {
