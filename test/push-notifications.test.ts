@@ -6,6 +6,7 @@ import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
 import { startWorker, testDb, useStack, waitFor, textMessage, withQueue } from './helpers/stack.ts';
 import { deletePushConfig, getPushConfig, listPushConfigs, MAX_CONFIGS_PER_TASK, setPushConfig } from '../domain/push-config.ts';
 import { AppError } from '../domain/errors.ts';
@@ -974,6 +975,14 @@ describe('push notifications', () => {
   });
 });
 
+// Sets the add time (ARGV[2]) of every job in a failed set (KEYS[1]) under a queue's key prefix
+// (ARGV[1]), at once; returns how many.
+const AGE_FAILED_JOBS = `local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
+for _, id in ipairs(ids) do redis.call('HSET', ARGV[1] .. id, 'timestamp', ARGV[2]) end
+return #ids`;
+// One sample's value in a /metrics answer (its name and labels as written there); NaN when absent.
+const metric = (text: string, series: string) => Number(text.split('\n').find((l) => l.startsWith(`${series} `))?.slice(series.length + 1));
+
 describe('push notifications whose queue jobs were lost or failed', function () {
   this.timeout(60_000);
   // A job retries for at most PUSH_ATTEMPTS x PUSH_TIMEOUT_MS plus backoff: 1 s here.
@@ -1064,7 +1073,7 @@ describe('push notifications whose queue jobs were lost or failed', function () 
     }
   });
 
-  it('retries a recovery job that failed for good once the fault is gone, and every update arrives', async () => {
+  it('adds again, as a new job, a recovery job that failed for good, and every update arrives once the fault is gone', async () => {
     const rx = await startReceiver();
     try {
       await withQueue(stack.env, 'push-notifications', async (queue) => {
@@ -1074,11 +1083,30 @@ describe('push notifications whose queue jobs were lost or failed', function () 
         await queue.resume();
         await waitFor(async () => workerLogged('push delivery had no queue job: enqueued again') && (await queue.getJobCounts('failed')).failed >= 4,
           'the three jobs and the recovery job failed', 20_000, 100);
-        // Passes meanwhile leave the failed recovery job alone no longer: each retries it, and it fails again.
-        await waitFor(async () => workerLogged('push delivery job had failed for good: retried'), 'a retry of the recovery job', 10_000, 100);
+        // All four added three hours ago, as far as BullMQ knows (a fixture: waiting that long is not a
+        // test), set while all are failed at once: the passes keep taking the recovery job.
+        const added = Date.now() - 3 * 3600_000;
+        const redis = new Redis(stack.env.REDIS_URL);
+        try {
+          await waitFor(async () => Number(await redis.eval(AGE_FAILED_JOBS, 1, queue.keys.failed, queue.toKey(''), added)) >= 4, 'the four jobs failed at once', 10_000, 10);
+        } finally {
+          redis.disconnect();
+        }
+        // Passes meanwhile leave the failed recovery job alone no longer: each adds it again, and it fails again.
+        await waitFor(async () => workerLogged('push delivery job had failed for good'), 'the recovery job added again', 10_000, 100);
         assert.equal(rx.all.length, 0, 'nothing is posted while the token cannot be decrypted');
         await testDb()('push_configs').where({ task_id: id }).update({ encrypted_secrets: sealed });
         await allArrive(rx, id, 'tok-fault');
+        // The job that delivered was added anew, not the failed one retried with its first add time,
+        // and no run of it waited three hours in the enqueue lag (workers add theirs once a second).
+        const delivered = await queue.getCompleted();
+        assert.ok(delivered.length > 0 && delivered.every((j) => j.timestamp > added + 3600_000), JSON.stringify(delivered.map((j) => [j.id, j.timestamp])));
+        const text = await waitFor(async () => {
+          const t = (await stack.client.get('/metrics')).text;
+          return metric(t, 'taskbridge_job_duration_seconds_count{queue="push-notifications",outcome="completed"}') >= 1 && t;
+        }, 'the delivery in /metrics');
+        assert.equal(metric(text, 'taskbridge_job_enqueue_lag_seconds_bucket{queue="push-notifications",le="600"}'),
+          metric(text, 'taskbridge_job_enqueue_lag_seconds_count{queue="push-notifications"}'), text);
       });
     } finally {
       await rx.close();

@@ -5,6 +5,7 @@
 import type { Services } from '../domain/services.ts';
 import { listUnfinishedKeyJobs } from '../db/key-jobs.ts';
 import { pendingOutboxPayloads } from '../db/outbox.ts';
+import { addAgain } from '../queues/add-again.ts';
 
 const LIVE_STATES = ['active', 'waiting', 'delayed', 'prioritized', 'waiting-children'] as const;
 
@@ -21,12 +22,8 @@ export async function recoverLostKeyJobs(services: Services, olderThanMs: number
   const enqueued: string[] = [];
   for (const r of lost) {
     if (stopping.aborted) break;
-    const jobId = `recovered-${r.id}`;
-    // An earlier recovery's job that ended with the row unfinished (its failure could not be
-    // recorded) is kept by BullMQ for a while: under its id, the new one would be taken for it and
-    // never run. One another worker has just taken (locked) stays, and carries the row.
-    await (await queue.getJob(jobId))?.remove().catch(() => undefined);
-    await queue.add(r.kind, { job_id: r.id }, { jobId });
+    // An earlier recovery's job may have ended with the row unfinished (its failure could not be recorded).
+    await addAgain(queue, r.kind, { job_id: r.id }, `recovered-${r.id}`);
     services.log.warn({ job_id: r.id, kind: r.kind }, 'key job had no queue job: enqueued again');
     enqueued.push(r.id);
   }

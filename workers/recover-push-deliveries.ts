@@ -4,12 +4,13 @@
 // never be posted. A config counts as stalled once its newest undelivered update is older than its
 // job could still be retrying (PUSH_ATTEMPTS posts of up to PUSH_TIMEOUT_MS with their backoff or Retry-After);
 // it then gets a job for that update, under an id of its own, so each pass adds it once (or, when that
-// job failed for good, retries it). A job
+// job failed for good, adds it again in its place). A job
 // that was not lost after all (a long backlog) finds nothing to deliver: runs of one config never
 // overlap (domain/push-delivery.ts, the lease), and each posts only what is still undelivered.
 import { createHash } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
 import { listStalledDeliveries } from '../db/push-configs.ts';
+import { addAgain } from '../queues/add-again.ts';
 import { retryBackoffMs } from '../domain/push-delivery.ts';
 import { RETRY_AFTER_MAX_MS } from '../domain/retry-after.ts';
 
@@ -38,25 +39,14 @@ export async function recoverPushDeliveries(services: Services, olderThanMs: num
     if (stopping.aborted) break;
     const jobId = recoveryJobId(task_id, config_id, seq);
     const earlier = await queue.getJob(jobId);
-    if (earlier) {
-      // Added by an earlier pass and still retrying (a receiver that keeps failing): left to its
-      // retries. One that failed for good (a fault of ours outlasting its attempts: an undecryptable
-      // token, a database error) would hold the id, and the update, for the failed jobs' 7 days.
-      if (!(await earlier.isFailed())) continue;
-      try {
-        await earlier.retry('failed', { resetAttemptsMade: true, resetAttemptsStarted: true });
-      } catch (err) {
-        // Another worker's pass retried it first.
-        if (await earlier.isFailed()) throw err;
-        continue;
-      }
-      log.warn({ task_id, config_id, seq }, 'push delivery job had failed for good: retried');
-      added += 1;
-      continue;
-    }
-    // Another worker's pass adding it meanwhile makes this add nothing: the id is taken.
-    await queue.add('deliver', { task_id, config_id, timeline_seq: seq }, { jobId });
-    log.warn({ task_id, config_id, seq }, 'push delivery had no queue job: enqueued again');
+    // Added by an earlier pass and still retrying (a receiver that keeps failing): left to its
+    // retries. One that failed for good (a fault of ours outlasting its attempts: an undecryptable
+    // token, a database error) would hold the id, and the update, for the failed jobs' 7 days.
+    if (earlier && !(await earlier.isFailed())) continue;
+    // Another worker's pass doing the same meanwhile still leaves one job: its add finds the id
+    // taken, or this one replaces its job (whose run, if it had one, posted what was undelivered).
+    await addAgain(queue, 'deliver', { task_id, config_id, timeline_seq: seq }, jobId);
+    log.warn({ task_id, config_id, seq }, earlier ? 'push delivery job had failed for good: enqueued again' : 'push delivery had no queue job: enqueued again');
     added += 1;
   }
   return added;
