@@ -788,18 +788,24 @@ describe('MCP batches and RATE_LIMIT_PER_SECOND', () => {
   });
 
   it('counts a refused batch as its one POST', async () => {
-    // Started at the top of a second (what the test before took falls in an earlier one): the three
-    // come within it unless the machine is loaded, which the assertions allow for.
-    await sleep(1000 - (Date.now() % 1000));
-    const from = Date.now();
-    const before = stripe.seen.length;
-    const first = await post(refunds(6, 'e'));
-    const second = await post(refunds(6, 'f'));
-    // Four left after the first; the refused second took one of them (its POST), so four no longer fit.
-    const third = await post(refunds(4, 'g'));
-    const sameSecond = Math.floor(Date.now() / 1000) === Math.floor(from / 1000);
-    assert.equal(first.status, 200);
-    if (sameSecond) assert.deepEqual([second.status, third.status], [429, 429]);
-    assert.equal(stripe.seen.length, before + 6 + (second.status === 200 ? 6 : 0) + (third.status === 200 ? 4 : 0));
+    // Only three requests in one window (a wall-clock second) show it. Each try starts at the top of a
+    // second (what came before falls in an earlier one); one that ends in the next second tells
+    // nothing and is tried again, and a machine too loaded for any to fit fails the test.
+    const pings = (n: number) => Array.from({ length: n }, (_, i) => ({ jsonrpc: '2.0', id: i, method: 'ping' }));
+    const tries = 5;
+    for (let attempt = 0; attempt < tries; attempt++) {
+      await sleep(1000 - (Date.now() % 1000));
+      const from = Date.now();
+      const before = stripe.seen.length;
+      const first = await post(pings(6));
+      const second = await post(refunds(6, `f${attempt}`));
+      // Four left after the first; the refused second took one of them (its POST), so four no longer fit.
+      const third = await post(refunds(4, `g${attempt}`));
+      if (Math.floor(Date.now() / 1000) !== Math.floor(from / 1000)) continue;
+      assert.deepEqual([first.status, second.status, third.status], [200, 429, 429]);
+      assert.equal(stripe.seen.length, before, 'a refused batch called nothing');
+      return;
+    }
+    assert.fail(`none of ${tries} tries fitted three POSTs in one second: too loaded to tell`);
   });
 });
