@@ -5,6 +5,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { Redis } from 'ioredis';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
@@ -195,6 +196,19 @@ function launch(dataDir: string, port: number, env: Record<string, string> = {},
 }
 
 const alive = (pid: number) => { try { process.kill(pid, 0); return true; } catch { return false; } };
+
+// The parent and the process group of process `pid` (fields after the command's name in /proc/<pid>/stat: state, parent, group).
+const statOf = (pid: number) => fs.readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /s, '').split(' ');
+const parentOf = (pid: number) => Number(statOf(pid)[1]);
+const groupOf = (pid: number) => Number(statOf(pid)[2]);
+// The processes process `pid` started, still running.
+const childrenOf = (pid: number) => fs.readdirSync('/proc').filter((p) => {
+  try {
+    return /^\d+$/.test(p) && parentOf(Number(p)) === pid;
+  } catch {
+    return false; // ended meanwhile
+  }
+}).map(Number);
 
 async function launched(dataDir: string, env: Record<string, string> = {}, detached = false): Promise<Launcher> {
   const l = launch(dataDir, await freePort(), env, detached);
@@ -407,9 +421,6 @@ describe('npm start on its DATA_DIR', function () {
     }
   });
 
-  // The process group of process `pid` (the fields after the command's name in /proc/<pid>/stat: state, parent, group).
-  const groupOf = (pid: number) => Number(fs.readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /s, '').split(' ')[2]);
-
   it('with embedded-postgres (LOCAL_POSTGRES=embedded), Ctrl-C stops as with a system PostgreSQL: Postgres out of the terminal\'s group, stopped after the API and worker', async () => {
     const dataDir = path.join(work, 'embedded');
     const pgDir = path.join(dataDir, 'embedded-postgres');
@@ -461,18 +472,18 @@ describe('npm test whose start fails or is stopped before the tests run', functi
     runningFrom(path.join(tmp, d, 'redis', 'redis.pid'), /redis-server/, path.join(tmp, d, 'redis')),
   ]).filter((pid) => pid !== undefined);
 
-  async function npmTest(env: Record<string, string>, whileRunning?: (child: ChildProcess) => Promise<void>): Promise<{ code: number | null; output: string }> {
+  async function npmTest(env: Record<string, string>, whileRunning?: (child: ChildProcess, output: () => string) => Promise<void>, spec = 'test/layers.test.ts'): Promise<{ code: number | null; output: string }> {
     fs.mkdirSync(tmp, { recursive: true, mode: 0o755 });
     fs.chmodSync(tmp, 0o755);
-    // A spec: no typecheck, and a short run should the start succeed after all.
-    const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'scripts/run-tests.ts'), 'test/layers.test.ts'], {
+    // A spec: no typecheck, and (by default) a short run should the start succeed after all.
+    const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'scripts/run-tests.ts'), spec], {
       cwd: ROOT, env: { ...process.env, TMPDIR: tmp, ...env }, stdio: ['ignore', 'pipe', 'pipe'],
     });
     let output = '';
     child.stdout.on('data', (b) => (output += b));
     child.stderr.on('data', (b) => (output += b));
     const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-    await whileRunning?.(child);
+    await whileRunning?.(child, () => output);
     return { code: await exited, output };
   }
 
@@ -506,5 +517,36 @@ describe('npm test whose start fails or is stopped before the tests run', functi
     assert.match(r.output, /\[test\] stopped \(SIGINT\) before the tests started/, r.output);
     assert.deepEqual(leftServers(), [], r.output);
     assert.deepEqual(runDirs(), [], 'its data directory is removed');
+  });
+
+  it('a second signal while it stops kills Postgres (its backends too) and Redis and exits at once (128 + the signal)', async () => {
+    let servers: number[] = [];
+    let mocha: number | undefined;
+    try {
+      const r = await npmTest({}, async (child, output) => {
+        const held = await waitFor(async () => /\[held\] backend (\d+), mocha (\d+)/.exec(output()), 'the suite to hold a Postgres backend', 120_000, 50);
+        mocha = Number(held[2]);
+        const dir = path.join(tmp, runDirs()[0]);
+        const [postgres, redis] = [path.join(dir, 'postgres', 'postmaster.pid'), path.join(dir, 'redis', 'redis.pid')].map((f) => Number(fs.readFileSync(f, 'utf8').split('\n')[0]));
+        const backends = childrenOf(postgres);
+        assert.ok(backends.includes(Number(held[1])), 'the suite\'s backend is a child of the postmaster');
+        servers = [postgres, ...backends, redis];
+        // Stopped, Postgres and Redis hold up the first signal's stop (each for its 10 s before SIGKILL).
+        for (const pid of [postgres, redis]) process.kill(pid, 'SIGSTOP');
+        child.kill('SIGINT');
+        // npm test's mocha ends on that SIGTERM; the suite, in the process under it, says when. Signals
+        // within a second of the last are taken for one (npm passing on a Ctrl-C): the second comes after.
+        const gone = await waitFor(async () => /\[held\] parent gone at (\d+)/.exec(output()), 'npm test to stop its mocha', 60_000, 20);
+        await sleep(Math.max(0, Number(gone[1]) + 1000 - Date.now()));
+        child.kill('SIGTERM');
+      }, 'test/fixtures/held-backend-suite.ts');
+      assert.equal(r.code, 128 + os.constants.signals.SIGTERM, r.output);
+      assert.match(r.output, /\[test\] SIGTERM again: killing Postgres and Redis and exiting without waiting/);
+      await waitFor(async () => !servers.some(alive), 'every process of Postgres and Redis to end', 30_000, 50)
+        .catch((err) => { throw new Error(`${(err as Error).message}: ${servers.filter(alive).join(', ')} left\n${r.output}`); });
+      assert.deepEqual(runDirs(), [], 'its data directory is removed');
+    } finally {
+      for (const pid of [...servers, mocha ?? 0]) if (pid && alive(pid)) process.kill(pid, 'SIGKILL');
+    }
   });
 });
