@@ -9,8 +9,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 
 // `dir`: where its data lives (for Postgres, not always under DATA_DIR: see postgresDir).
-// kill(): at once (SIGKILL), with the processes it started (Postgres's backends), for a caller that
-// cannot wait for stop().
+// kill(): at once (SIGKILL), for a caller that cannot wait for stop(): the server's process group.
+// Postgres's backends are not in it (each runs in a session of its own); they end once they notice
+// the postmaster gone, at their next wait.
 export interface LocalService { url: string; port: number; dir: string; stop(): Promise<void>; kill(): void }
 // readyMs: how long the server may take to accept connections (a Postgres recovering from a crash, a
 // Redis loading a large append-only file take long), 0 for no limit; default 30 s. `abandon`: fired,
@@ -193,7 +194,8 @@ export function runningFrom(pidFile: string, program: RegExp, dir: string): numb
   }
 }
 
-// The server was spawned detached, so it leads a process group of its own, its children in it.
+// The server was spawned detached, so it leads a process group of its own (Redis's children and
+// Postgres's postmaster; Postgres's backends leave it, see LocalService).
 function killGroup(child: ChildProcess): void {
   try {
     if (child.pid) process.kill(-child.pid, 'SIGKILL');
