@@ -372,27 +372,38 @@ export async function credentialDueForRefresh(db: Tx, credentialId: string): Pro
   return { row: credential, instance, due };
 }
 
+// The instances of a user credential, locked before the credential by the refresh's writes that then
+// change them: brokering locks its instance, then the credential it replaces (deleteOrphanCredentials),
+// and the other way round the two deadlocked (40P01). In id order, as any other taker of several.
+async function lockInstancesOfUserCredential(trx: Knex.Transaction, credentialId: string): Promise<void> {
+  await trx('provider_instances').where({ user_credential_id: credentialId }).orderBy('id').forUpdate().select('id');
+}
+
 // Compare-and-set: the refreshed value is written only over the value it was refreshed from. Its
-// refresh is over: the scan takes it again at its next due time.
+// refresh is over: the scan takes it again at its next due time. The instances are locked first, for
+// reviveRefreshFailedInstances next in `trx`.
 export async function replaceCredentialValue(
-  db: Tx, id: string, oldValue: Record<string, unknown>, next: { value: Record<string, unknown>; dek_id: string; next_rotation_time: Date | null },
+  trx: Knex.Transaction, id: string, oldValue: Record<string, unknown>, next: { value: Record<string, unknown>; dek_id: string; next_rotation_time: Date | null },
 ): Promise<boolean> {
-  const n = await db('bridge_credentials').where({ id }).whereRaw('value = ?::jsonb', [JSON.stringify(oldValue)])
-    .update({ value: JSON.stringify(next.value), dek_id: next.dek_id, next_rotation_time: next.next_rotation_time, refresh_queued_until: null, updated_at: db.fn.now() });
+  await lockInstancesOfUserCredential(trx, id);
+  const n = await trx('bridge_credentials').where({ id }).whereRaw('value = ?::jsonb', [JSON.stringify(oldValue)])
+    .update({ value: JSON.stringify(next.value), dek_id: next.dek_id, next_rotation_time: next.next_rotation_time, refresh_queued_until: null, updated_at: trx.fn.now() });
   return n > 0;
 }
 
 // Compare-and-set, as replaceCredentialValue, when `value` is given: the instances are marked only
 // while their credential still holds the value whose refresh failed (another refresh may have stored
 // new tokens since). The credential row is locked for the check, as replaceCredentialValue's write
-// locks it: a write under way is waited for and its value compared, not the one before it.
-export async function setInstanceStatusOfUserCredential(db: Tx, credentialId: string, value: Record<string, unknown> | undefined, status: 'refresh_failed'): Promise<string[]> {
-  const q = db('provider_instances').where({ user_credential_id: credentialId }).whereIn('status', ['active', 'disabled']);
+// locks it: a write under way is waited for and its value compared, not the one before it. The
+// instances are locked before the credential, as that write and brokering lock them.
+export async function setInstanceStatusOfUserCredential(trx: Knex.Transaction, credentialId: string, value: Record<string, unknown> | undefined, status: 'refresh_failed'): Promise<string[]> {
+  await lockInstancesOfUserCredential(trx, credentialId);
+  const q = trx('provider_instances').where({ user_credential_id: credentialId }).whereIn('status', ['active', 'disabled']);
   if (value) {
-    q.with('unchanged', db('bridge_credentials').where({ id: credentialId }).whereRaw('value = ?::jsonb', [JSON.stringify(value)]).forUpdate().select('id'))
-      .whereIn('user_credential_id', db('unchanged').select('id'));
+    q.with('unchanged', trx('bridge_credentials').where({ id: credentialId }).whereRaw('value = ?::jsonb', [JSON.stringify(value)]).forUpdate().select('id'))
+      .whereIn('user_credential_id', trx('unchanged').select('id'));
   }
-  const rows = await q.update({ status, updated_at: db.fn.now() }).returning('id');
+  const rows = await q.update({ status, updated_at: trx.fn.now() }).returning('id');
   return rows.map((r: { id: string }) => r.id);
 }
 

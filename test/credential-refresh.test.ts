@@ -286,6 +286,28 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     assert.equal((await send('mail-race')).status, 200);
   });
 
+  it('gives up on a credential whose instance a brokering holds without deadlocking it: both lock the instance before the credential', async () => {
+    // Brokering again locks the instance, then the user credential it replaces (to delete it): the
+    // test's transaction does the same around the give-up, which then waits for the instance.
+    await brokered('mail-lock');
+    const cred = await userCredential('mail-lock');
+    const start = await oauth.refreshes();
+    await oauth.inMode('revoked', async () => {
+      const brokering = await testDb().transaction();
+      try {
+        await brokering('provider_instances').where({ id: 'mail-lock' }).forUpdate().first();
+        await makeDue('mail-lock');
+        await waitFor(async () => (await lockWaits('%"provider_instances"%"user_credential_id"%')) === 1, 'the give-up to wait for the instance');
+        await brokering('bridge_credentials').where({ id: cred.id }).forUpdate().select('id');
+        await brokering.commit();
+      } finally {
+        if (!brokering.isCompleted()) await brokering.rollback();
+      }
+      await waitFor(async () => (await instance('mail-lock')).status === 'refresh_failed', 'the instance to be refresh_failed');
+    });
+    assert.equal(await oauth.refreshes() - start, 1, 'one exchange: the give-up was not aborted (40P01) and retried');
+  });
+
   it('gives up, as on any malformed answer, when the refresh answers a token_type other than bearer: the DPoP token is not stored', async () => {
     await brokered('mail-dpop');
     const before = await userCredential('mail-dpop');

@@ -63,7 +63,7 @@ export async function enqueueDueRefreshes(s: Pick<Services, 'db' | 'cfg'>, queue
 type Seen = { value?: Record<string, unknown> };
 
 async function giveUp(s: RefreshServices, credentialId: string, seen: Seen, reason: string): Promise<RefreshOutcome> {
-  const instances = await repo.setInstanceStatusOfUserCredential(s.db, credentialId, seen.value, 'refresh_failed');
+  const instances = await s.db.transaction((trx) => repo.setInstanceStatusOfUserCredential(trx, credentialId, seen.value, 'refresh_failed'));
   if (seen.value && !instances.length) {
     s.log.info({ credential_id: credentialId, reason }, 'credential refresh failed, but the credential changed since this job read it (refreshed or brokered again): the instance is not marked');
     return 'not due';
