@@ -360,16 +360,16 @@ export async function unmarkCredentialRefreshes(db: Tx, ids: string[]): Promise<
   if (ids.length) await db('bridge_credentials').whereIn('id', ids).update({ refresh_queued_until: null });
 }
 
-// A user credential with the instance that uses it (active or disabled), and whether it is due by
-// the database's clock; undefined when there is no such pair.
-export async function credentialDueForRefresh(db: Tx, credentialId: string): Promise<{ row: CredentialRow; instance: ProviderInstanceRow; due: boolean } | undefined> {
-  const row: (CredentialRow & { due: boolean }) | undefined = await db('bridge_credentials').where({ id: credentialId })
-    .first('*', db.raw('coalesce(next_rotation_time <= now(), false) as due'));
+// A user credential with the instance that uses it (active or disabled), whether it is due, and
+// when it was read, by the database's clock; undefined when there is no such pair.
+export async function credentialDueForRefresh(db: Tx, credentialId: string): Promise<{ row: CredentialRow; instance: ProviderInstanceRow; due: boolean; readAt: Date } | undefined> {
+  const row: (CredentialRow & { due: boolean; read_at: Date }) | undefined = await db('bridge_credentials').where({ id: credentialId })
+    .first('*', db.raw('coalesce(next_rotation_time <= now(), false) as due'), db.raw('now() as read_at'));
   if (!row) return undefined;
   const instance = await db('provider_instances').where({ user_credential_id: credentialId }).whereIn('status', ['active', 'disabled']).first();
   if (!instance) return undefined;
-  const { due, ...credential } = row;
-  return { row: credential, instance, due };
+  const { due, read_at: readAt, ...credential } = row;
+  return { row: credential, instance, due, readAt };
 }
 
 // The instances of a user credential, locked before the credential by the refresh's writes that then
@@ -409,9 +409,11 @@ export async function setInstanceStatusOfUserCredential(trx: Knex.Transaction, c
 
 // After a refresh stored new tokens, in its transaction: the credential's instances that another run
 // of the same refresh marked refresh_failed meanwhile (refused the refresh token this run spent) are
-// usable again. Returns their ids.
-export async function reviveRefreshFailedInstances(db: Tx, credentialId: string): Promise<string[]> {
-  const rows = await db('provider_instances').where({ user_credential_id: credentialId, status: 'refresh_failed' })
+// usable again. Meanwhile: marked (updated_at, set by the mark) since `since`, when this run read the
+// credential; one marked before, which shares the credential with an instance created since, waits
+// for brokering. Returns their ids.
+export async function reviveRefreshFailedInstances(db: Tx, credentialId: string, since: Date): Promise<string[]> {
+  const rows = await db('provider_instances').where({ user_credential_id: credentialId, status: 'refresh_failed' }).where('updated_at', '>=', since)
     .update({ status: db.raw(USABLE_STATUS), updated_at: db.fn.now() }).returning('id');
   return rows.map((r: { id: string }) => r.id);
 }

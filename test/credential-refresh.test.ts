@@ -286,6 +286,21 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     assert.equal((await send('mail-race')).status, 200);
   });
 
+  it('a refresh that stores new tokens leaves refresh_failed an instance that shares the credential and was marked before the refresh read it: only brokering revives that', async () => {
+    await refreshFailing('mail-old', 'revoked');
+    const old = await instance('mail-old');
+    const created = await c.post(avail, {
+      provider_instance_id: 'mail-sib', display_name: 'mail-sib', resource_server_credential_id: old.resource_server_credential_id, user_credential_id: old.user_credential_id,
+    });
+    assert.equal(created.status, 201, created.text);
+    assert.equal(created.body.status, 'active');
+    // Due now, without the mark the scan left when it queued the refresh that gave up.
+    await testDb()('bridge_credentials').where({ id: old.user_credential_id }).update({ next_rotation_time: new Date(Date.now() - 1000), refresh_queued_until: null });
+    await waitFor(async () => (await userCredential('mail-sib')).next_rotation_time.getTime() > Date.now(), 'the shared credential to be refreshed');
+    assert.equal((await instance('mail-sib')).status, 'active');
+    assert.equal((await instance('mail-old')).status, 'refresh_failed', 'marked by an earlier refresh, not by a run of this one');
+  });
+
   it('gives up on a credential whose instance a brokering holds without deadlocking it: both lock the instance before the credential', async () => {
     // Brokering again locks the instance, then the user credential it replaces (to delete it): the
     // test's transaction does the same around the give-up, which then waits for the instance.

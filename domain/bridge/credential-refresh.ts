@@ -88,7 +88,7 @@ async function refresh(s: RefreshServices, credentialId: string, seen: Seen): Pr
   const due = await repo.credentialDueForRefresh(s.db, credentialId);
   if (!due) return 'gone';
   if (!due.due) return 'not due'; // refreshed since the job was queued
-  const { row, instance } = due;
+  const { row, instance, readAt } = due;
   seen.value = row.value;
   const provider = providerDef(instance.provider_controller_type_id);
   const cc = credentialDef(provider, instance.credential_controller_type_id);
@@ -112,12 +112,13 @@ async function refresh(s: RefreshServices, credentialId: string, seen: Seen): Pr
     const base: repo.CredentialRow = current;
     // Another run of this refresh that was refused the refresh token this one spent may have given
     // up before this write (its check holds the credential row as this write does, so it cannot
-    // land after): what it marked is undone with the write.
+    // land after), and after this run read the credential (it was refused once this run's exchange
+    // spent the token): what it marked is undone with the write.
     const written = await storing(() => writeUnderAlias(s, base.dek_alias, async (trx, dekId) => {
       const replaced = await repo.replaceCredentialValue(trx, base.id, base.value, {
         value: await sealCredential(s, cc, 'user', fresh, dekId, trx), dek_id: dekId, next_rotation_time: next,
       });
-      return replaced && { revived: await repo.reviveRefreshFailedInstances(trx, base.id) };
+      return replaced && { revived: await repo.reviveRefreshFailedInstances(trx, base.id, readAt) };
     }));
     if (written) {
       s.log.info({ credential_id: credentialId, provider_instance_id: instance.id, ...(written.revived.length ? { revived_provider_instance_ids: written.revived } : {}) }, 'credential refreshed');
