@@ -17,6 +17,8 @@ export interface CredentialRow {
   dek_id: string;
   dek_alias: string;
   next_rotation_time: Date | null;
+  /** Until when the refresh scan skips it: a refresh it queued may be under way (markDueCredentialRefreshes). */
+  refresh_queued_until: Date | null;
   created_at: Date;
   updated_at: Date;
 }
@@ -45,7 +47,7 @@ export interface FunctionInstanceRow {
 }
 
 // Undefined when the id is taken (an imported credential keeps its exported id).
-export async function insertCredential(db: Tx, row: Omit<CredentialRow, 'created_at' | 'updated_at'>): Promise<CredentialRow | undefined> {
+export async function insertCredential(db: Tx, row: Omit<CredentialRow, 'refresh_queued_until' | 'created_at' | 'updated_at'>): Promise<CredentialRow | undefined> {
   const [out] = await db('bridge_credentials').insert({ ...row, value: JSON.stringify(row.value), metadata: JSON.stringify(row.metadata) })
     .onConflict('id').ignore().returning('*');
   return out as CredentialRow | undefined;
@@ -334,14 +336,17 @@ export async function reencryptCredentials(
 // the scan queued may still be under way (refresh_queued_until; greatest ignores a null). Migration
 // 0040 indexes it for the credentials that have a next_rotation_time.
 const SCAN_DUE = 'greatest(c.next_rotation_time, c.refresh_queued_until)';
+// A refresh_queued_until `ms` from now.
+const queuedFor = (db: Tx, ms: number) => db.raw(`now() + ?::float8 * interval '1 millisecond'`, [ms]);
 
 // Up to `limit` user credentials due for refresh of instances that use them and are usable or merely
-// disabled (a refresh_failed instance waits for brokering), the earliest first, each marked as queued
-// for `queuedForMs`, until when the scan skips it: credentials whose refreshes wait out a provider's
-// outage stayed the earliest due and, more than `limit` of them, kept every other credential from
-// being queued. Each once however many instances share it (a join on instances gave a credential one
-// row each, and a widely shared one filled the scan). Rows locked by another scan or a refresh's
-// write are left to them. Returned in due order.
+// disabled (a refresh_failed instance waits for brokering), the first the scan may take (SCAN_DUE)
+// first, each marked as queued for `queuedForMs`, until when the scan skips it: credentials whose
+// refreshes wait out a provider's outage stayed the earliest due and, more than `limit` of them, kept
+// every other credential from being queued. Each once however many instances share it (a join on
+// instances gave a credential one row each, and a widely shared one filled the scan). Rows locked by
+// another scan or a refresh's write are left to them. Returned by next_rotation_time, the most overdue
+// first (one whose mark passed, its job lost, comes before those just due), the order their jobs are queued in.
 export async function markDueCredentialRefreshes(db: Tx, limit: number, queuedForMs: number): Promise<{ id: string }[]> {
   const due = db('bridge_credentials as c').select('c.id')
     .where('c.kind', 'user').whereNotNull('c.next_rotation_time').whereRaw(`${SCAN_DUE} <= now()`)
@@ -350,9 +355,15 @@ export async function markDueCredentialRefreshes(db: Tx, limit: number, queuedFo
     .forUpdate('c').skipLocked();
   // An array, not `in`: with `in` the planner joined the marked rows with a read of the whole table.
   const rows: { id: string; next_rotation_time: Date }[] = await db('bridge_credentials').whereRaw('id = any(array(?))', [due])
-    .update({ refresh_queued_until: db.raw(`now() + ?::float8 * interval '1 millisecond'`, [queuedForMs]) })
+    .update({ refresh_queued_until: queuedFor(db, queuedForMs) })
     .returning(['id', 'next_rotation_time']);
   return rows.sort((a, b) => a.next_rotation_time.getTime() - b.next_rotation_time.getTime()).map(({ id }) => ({ id }));
+}
+
+// A refresh attempt failed and the job is retried: the scan skips the credential for `queuedForMs`
+// from now on (the backoff and the next attempt).
+export async function extendCredentialRefreshMark(db: Tx, id: string, queuedForMs: number): Promise<void> {
+  await db('bridge_credentials').where({ id }).update({ refresh_queued_until: queuedFor(db, queuedForMs) });
 }
 
 // The marks markDueCredentialRefreshes set on credentials whose jobs could not be queued after all.

@@ -1,4 +1,4 @@
-import type { BackoffStrategy, Job, JobsOptions, Queue } from 'bullmq';
+import { Backoffs, type BackoffStrategy, type Job, type JobsOptions, type Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from '../domain/config.ts';
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
@@ -112,14 +112,13 @@ export const backoffStrategy = (cfg: Config): BackoffStrategy => (attemptsMade, 
   return cappedBackoffMs(cfg, job?.opts.backoff && typeof job.opts.backoff === 'object' ? job.opts.backoff.delay ?? 0 : 0, attemptsMade);
 };
 
-// All the waits between the attempts of a job of `queue` that fails each one, as its options below
-// set them (a capped-exponential backoff).
-export function totalBackoffMs(cfg: Config, queue: QueueName): number {
-  const { attempts = 1, backoff } = defaultJobOptions(cfg, queue);
-  if (typeof backoff !== 'object' || backoff.type !== CAPPED_EXPONENTIAL) throw new Error(`the jobs of ${queue} do not back off capped-exponentially`);
-  let total = 0;
-  for (let made = 1; made < attempts; made++) total += cappedBackoffMs(cfg, backoff.delay ?? 0, made);
-  return total;
+// How long BullMQ waits before it runs `job` again once the attempt under way fails with `err`, as a
+// worker computes it (the job's backoff, backoffStrategy for ours); undefined after the last attempt.
+export async function retryDelayMs(cfg: Config, job: Job, err: Error): Promise<number | undefined> {
+  const attemptsMade = job.attemptsMade + 1;
+  if (attemptsMade >= (job.opts.attempts ?? 1)) return undefined;
+  const backoff = job.opts.backoff === undefined ? undefined : Backoffs.normalize(job.opts.backoff);
+  return (backoff && await Backoffs.calculate(backoff, attemptsMade, err, job, backoffStrategy(cfg))) || 0;
 }
 
 export function defaultJobOptions(cfg: Config, queue: QueueName): JobsOptions {

@@ -445,3 +445,36 @@ describe('credential refresh: credentials whose refresh is queued do not hold up
     assert.equal((await send('mail-up')).status, 200);
   });
 });
+
+describe('credential refresh: a queued refresh is marked one attempt at a time', () => {
+  // A held token request is not given up on while the test holds it; the first retry waits 10 min.
+  const BACKOFF_MS = 600_000;
+  before(() => start({ BRIDGE_TIMEOUT_MS: '120000', CREDENTIAL_REFRESH_BACKOFF_MS: String(BACKOFF_MS) }, 1));
+  after(async () => all?.stop());
+
+  // BRIDGE_TIMEOUT_MS + CREDENTIAL_REFRESH_STORE_RETRY_MS + WORKER_LOCK_MS + WORKER_STALLED_CHECK_MS.
+  const attemptMs = () => 120_000 + 30_000 + Number(stack.env.WORKER_LOCK_MS) + Number(stack.env.WORKER_STALLED_CHECK_MS);
+  // How long the scan skips the credential from now on, by the database's clock.
+  const markLeftMs = async (credentialId: string) => Number((await testDb().raw(
+    `select extract(epoch from refresh_queued_until - now()) * 1000 as left from bridge_credentials where id = ?`, [credentialId])).rows[0].left);
+
+  it('marks a queued refresh for one attempt, and a failed attempt for its backoff and the next attempt: a job lost with Redis is queued again before the tokens expire', async () => {
+    await brokered('mail-mark');
+    const cred = await userCredential('mail-mark');
+    const job = () => withQueue(stack.env, 'credential-refresh', async (q) => (await q.getJob(`refresh_${cred.id}`))?.getState());
+    await oauth.setMode('hold-next');
+    try {
+      await makeDue('mail-mark');
+      await waitFor(async () => (await oauth.held()) === 1, 'the first attempt');
+      const first = await markLeftMs(cred.id);
+      assert.ok(first > 0 && first <= attemptMs(), `marked for one attempt (${attemptMs()} ms), not all: ${first} ms`);
+      await oauth.setMode('down');
+      await oauth.release();
+      await waitFor(async () => (await job()) === 'delayed', 'the first attempt to fail and the job to wait for its retry');
+      const retrying = await markLeftMs(cred.id);
+      assert.ok(retrying > BACKOFF_MS && retrying <= BACKOFF_MS + attemptMs(), `marked for the backoff (${BACKOFF_MS} ms) and one attempt: ${retrying} ms`);
+    } finally {
+      await oauth.setMode('ok');
+    }
+  });
+});

@@ -17,7 +17,7 @@ import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
 import { nextRotationTime, resourceServerCredential, sealCredential, unsealCredential } from './credentials.ts';
 import { isInvalidGrant, refusal, requestedScopes, requestToken, withTokens } from './oauth-token.ts';
-import { totalBackoffMs, type JobPayloads } from '../../queues/names.ts';
+import type { JobPayloads } from '../../queues/names.ts';
 import type { Config } from '../config.ts';
 import { outageOf, unavailability } from '../errors.ts';
 
@@ -32,20 +32,21 @@ const MIN_REFRESH_INTERVAL_MS = 60_000;
 // renew-retaken-lock.ts).
 const STORE_BACKOFF_MS = { first: 250, max: 4000 };
 
-// How long a queued refresh may take: each attempt its token request (BRIDGE_TIMEOUT_MS), its writes
-// of the new tokens (CREDENTIAL_REFRESH_STORE_RETRY_MS) and, should its worker stop, the wait before
-// another takes the job over (WORKER_LOCK_MS, WORKER_STALLED_CHECK_MS); and the waits between the
-// attempts. The scan skips a credential it queued for this long, then takes it again: a job lost with
-// Redis's data is queued anew, one still there (waiting for a free worker) is not added twice.
-export const queuedRefreshBoundMs = (cfg: Config) => totalBackoffMs(cfg, 'credential-refresh')
-  + cfg.CREDENTIAL_REFRESH_ATTEMPTS * (cfg.BRIDGE_TIMEOUT_MS + cfg.CREDENTIAL_REFRESH_STORE_RETRY_MS + cfg.WORKER_LOCK_MS + cfg.WORKER_STALLED_CHECK_MS);
+// How long one attempt of a queued refresh may take: its token request (BRIDGE_TIMEOUT_MS), its
+// writes of the new tokens (CREDENTIAL_REFRESH_STORE_RETRY_MS) and, should its worker stop, the wait
+// before another takes the job over (WORKER_LOCK_MS, WORKER_STALLED_CHECK_MS). The scan skips a
+// credential it queued for this long, and an attempt that fails extends that by its backoff
+// (refreshRetrying); then the scan takes it again: a job lost with Redis's data is queued anew within
+// about an attempt and a backoff (with the defaults, well within the 5 minutes its tokens have left,
+// REFRESH_AHEAD_MS), one still there is not added twice (its id).
+const attemptBoundMs = (cfg: Config) => cfg.BRIDGE_TIMEOUT_MS + cfg.CREDENTIAL_REFRESH_STORE_RETRY_MS + cfg.WORKER_LOCK_MS + cfg.WORKER_STALLED_CHECK_MS;
 
 // A job per due credential, its id the credential's: while one waits or runs, workers scanning
 // together add no other (jobs of this queue are removed when they end, so the next due time can
 // have its own). Each due credential once, however many instances share it, the earliest due first,
 // and not again while its refresh may still be under way (it may be retrying at a provider that is down).
 export async function enqueueDueRefreshes(s: Pick<Services, 'db' | 'cfg'>, queue: Queue<JobPayloads['credential-refresh']>): Promise<number> {
-  const due = await repo.markDueCredentialRefreshes(s.db, s.cfg.CREDENTIAL_REFRESH_SCAN_LIMIT, queuedRefreshBoundMs(s.cfg));
+  const due = await repo.markDueCredentialRefreshes(s.db, s.cfg.CREDENTIAL_REFRESH_SCAN_LIMIT, attemptBoundMs(s.cfg));
   if (!due.length) return 0;
   try {
     await queue.addBulk(due.map((c) => ({ name: 'refresh', data: { credential_id: c.id }, opts: { jobId: `refresh_${c.id}` } })));
@@ -55,6 +56,15 @@ export async function enqueueDueRefreshes(s: Pick<Services, 'db' | 'cfg'>, queue
     throw err;
   }
   return due.length;
+}
+
+// An attempt failed and is retried after `backoffMs`: the scan goes on skipping the credential until the
+// next attempt may have ended. Not extended (Postgres out of reach), the mark passes sooner and the scan
+// adds the job again, which is still there under its id: nothing is queued twice.
+export async function refreshRetrying(s: RefreshServices, credentialId: string, backoffMs: number): Promise<void> {
+  await repo.extendCredentialRefreshMark(s.db, credentialId, backoffMs + attemptBoundMs(s.cfg)).catch((err: Error) => {
+    s.log.warn({ credential_id: credentialId, err: { message: err.message } }, 'could not extend the refresh scan\'s skip of a credential whose refresh is retried');
+  });
 }
 
 // The value the job read, when it got that far: only while the credential still holds it is the
