@@ -409,6 +409,8 @@ describe('GET /metrics: workers of another installation on the same Redis server
     };
     assert.deepEqual(await counts(), [0, 0, 0, 0], 'a worker of another database runs none of these queues');
     stack.workers.push(await startWorker(stack.env));
+    // Each of its BullMQ workers names its connection as it connects, which may follow the start line.
+    await waitFor(async () => (await counts()).every((n) => n === 1), 'the worker counted on each queue');
     assert.deepEqual(await counts(), [1, 1, 1, 1]);
   });
 });
