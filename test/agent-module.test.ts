@@ -78,6 +78,20 @@ describe('agent modules', () => {
     assert.equal(after.body.result.status.state, 'canceled');
   });
 
+  it("a cancel whose Redis note is lost still aborts the agent's signal on the worker", async () => {
+    fs.rmSync(marker, { force: true });
+    const task = (await rpc('message/send', { message: userMessage('wait'), configuration: { blocking: false } })).body.result;
+    await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.message?.parts?.[0]?.text === 'waiting to be canceled', 'the module agent to start waiting');
+    // Canceled as the API cancels, but no note published: as when Redis was reconnecting at the time.
+    await testDb().transaction(async (trx) => {
+      await trx('tasks').where({ id: task.id }).update({ status: 'canceled', status_timestamp: new Date(), updated_at: new Date() });
+      await trx('timeline_items').insert({ id: randomUUID(), task_id: task.id, created_at: new Date(), event_payload: { type: 'task-status-update', status: 'canceled' } });
+    });
+    const text = await waitFor(async () => fs.existsSync(marker) && fs.readFileSync(marker, 'utf8'), 'the agent to observe its abort signal');
+    assert.equal(text, `aborted task ${task.id}: task canceled`);
+    assert.equal((await rpc('tasks/get', { id: task.id })).body.result.status.state, 'canceled');
+  });
+
   const finalOf = async (text: string) => {
     const task = (await rpc('message/send', { message: userMessage(text) })).body.result;
     return { state: task.status.state as string, message: task.status.message?.parts?.[0]?.text as string, task };

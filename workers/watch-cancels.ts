@@ -1,7 +1,8 @@
 // Aborts the runs of this process whose task has ended elsewhere (canceled through the API, failed
 // by job recovery). A note on Redis does it at once; a check in Postgres every CHECK_MS catches the
 // notes that never came (Redis down or reconnecting when the task ended, an API process gone between
-// its commit and the note), so a run learns of its task's end within about a second either way. The
+// its commit and the note, or a note that came before the run registered), so a run learns of its
+// task's end within about a second either way. The
 // check also aborts a run whose task is no longer working under it: a client set it waiting for
 // input (and may have answered, so that another run, on any worker, has it), and a run whose job was
 // taken again (its worker stalled past the job's lock) by another worker, which holds the task now.
@@ -9,37 +10,42 @@ import type { Services } from '../domain/services.ts';
 import { TASK_CANCELED } from '../domain/tasks.ts';
 import { CLIENT_RUN, heldByTake, isTerminal, workingUnder } from '../domain/task-states.ts';
 import { runHolders } from '../db/tasks.ts';
-import type { CancelRegistry } from './cancel-registry.ts';
+import type { CancelRegistry, RunningRun } from './cancel-registry.ts';
 
 const CHECK_MS = 500;
 
+/** Aborts those of `runs` whose task has ended, or is no longer working under their take. */
+async function checkRuns(services: Pick<Services, 'db' | 'log'>, cancels: CancelRegistry, runs: readonly RunningRun[]): Promise<void> {
+  const { db, log } = services;
+  const runOf = new Map(runs.map((r) => [r.taskId, r]));
+  for (const task of await runHolders(db, [...runOf.keys()])) {
+    const { messageId, attempt } = runOf.get(task.id)!;
+    if (isTerminal(task.status)) {
+      if (cancels.cancel(task.id, `task ${task.status}`, { messageId, attempt })) log.info({ task_id: task.id, status: task.status }, `agent run aborted: task ${task.status}`);
+    } else if (!heldByTake(task, { messageId, attempt })) {
+      const why = task.status !== 'working' ? `task set ${task.status}`
+        : task.run_message_id === CLIENT_RUN ? 'task taken by a client'
+          : workingUnder(task, messageId) ? 'its job taken again elsewhere' : 'task taken by another run';
+      if (cancels.cancel(task.id, why, { messageId, attempt, superseded: true })) log.info({ task_id: task.id, status: task.status }, `agent run aborted: ${why}`);
+    }
+  }
+}
+
 export async function watchCancels(services: Pick<Services, 'db' | 'bus' | 'log'>, cancels: CancelRegistry): Promise<() => Promise<void>> {
-  const { db, bus, log } = services;
-  const abort = (taskId: string, status = 'canceled') => {
-    if (cancels.cancel(taskId, `task ${status}`)) log.info({ task_id: taskId, status }, `agent run aborted: task ${status}`);
-  };
+  const { bus, log } = services;
   const unsubscribe = await bus.subscribe(TASK_CANCELED, (msg) => {
-    if (typeof msg.task_id === 'string') abort(msg.task_id);
+    if (typeof msg.task_id === 'string' && cancels.cancel(msg.task_id)) log.info({ task_id: msg.task_id, status: 'canceled' }, 'agent run aborted: task canceled');
   });
 
   let checking = false;
-  // Runs younger than CHECK_MS are left to the note: a busy worker's many short runs cost no query.
+  // Every run, however young: one canceled in its first CHECK_MS whose note was lost would otherwise
+  // first be checked at up to twice that. One query by primary key for the runs of this worker.
   const check = async () => {
-    const runs = cancels.runningFor(CHECK_MS);
+    const runs = cancels.runningFor(0);
     if (checking || !runs.length) return;
     checking = true;
     try {
-      const runOf = new Map(runs.map((r) => [r.taskId, r]));
-      for (const task of await runHolders(db, [...runOf.keys()])) {
-        const { messageId, attempt } = runOf.get(task.id)!;
-        if (isTerminal(task.status)) abort(task.id, task.status);
-        else if (!heldByTake(task, { messageId, attempt })) {
-          const why = task.status !== 'working' ? `task set ${task.status}`
-            : task.run_message_id === CLIENT_RUN ? 'task taken by a client'
-              : workingUnder(task, messageId) ? 'its job taken again elsewhere' : 'task taken by another run';
-          if (cancels.cancel(task.id, why, { messageId, attempt, superseded: true })) log.info({ task_id: task.id, status: task.status }, `agent run aborted: ${why}`);
-        }
-      }
+      await checkRuns(services, cancels, runs);
     } catch (err) {
       log.debug({ err: { message: (err as Error).message } }, 'ended tasks not checked; will retry');
     } finally {
