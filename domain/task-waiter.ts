@@ -3,6 +3,7 @@
 // say "look again": followers re-read Postgres, so a lost note costs latency, never an event.
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { EventBus } from '../queues/events.ts';
+import type { Logger } from './logger.ts';
 import { TASK_EVENTS } from './tasks.ts';
 
 const SUBSCRIBE_WAIT_MS = 1000;
@@ -20,8 +21,11 @@ export class TaskWaiter {
   private follows = new Map<string, Set<{ pending: boolean; wake?: () => void }>>();
   private started?: Promise<unknown>;
   private subscribed = false;
+  // Set once a follower waited for the subscription in vain; it never comes down once up (ioredis
+  // subscribes again after a reconnect), so this covers the one outage it can wait for.
+  private waitedInVain = false;
 
-  constructor(private readonly bus: EventBus) {}
+  constructor(private readonly bus: EventBus, private readonly log: Logger) {}
 
   private start(): Promise<unknown> {
     this.started ??= this.bus.subscribe(TASK_EVENTS, (msg) => {
@@ -40,8 +44,18 @@ export class TaskWaiter {
 
   /** Starts following a task; register before reading the timeline so no note is missed. */
   async follow(taskId: string): Promise<TaskFollow> {
-    // With Redis away the subscription waits for it; followers do not: they poll meanwhile.
-    if (!this.subscribed) await Promise.race([this.start().catch(() => undefined), sleep(SUBSCRIBE_WAIT_MS, undefined, { ref: false })]);
+    // With Redis away the subscription waits for it; followers do not: they poll meanwhile. Only the
+    // first waits up to SUBSCRIBE_WAIT_MS for it; the next ones (each still asking for it) go on at once.
+    if (!this.subscribed) {
+      const starting = this.start().catch(() => undefined);
+      if (!this.waitedInVain) {
+        await Promise.race([starting, sleep(SUBSCRIBE_WAIT_MS, undefined, { ref: false })]);
+        if (!this.subscribed) {
+          this.waitedInVain = true;
+          this.log.warn('task notes unavailable (no Redis subscription): A2A streams and blocking sends poll Postgres until it is up');
+        }
+      }
+    }
     const entry: { pending: boolean; wake?: () => void } = { pending: false };
     let set = this.follows.get(taskId);
     if (!set) this.follows.set(taskId, (set = new Set()));

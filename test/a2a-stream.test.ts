@@ -620,18 +620,24 @@ describe('A2A blocking send and streams while Redis is away', function () {
     await redis?.stop();
   });
 
-  it('answers a blocking send after the bounded wait, and a stream opened meanwhile ends once Redis is back', async () => {
+  it('answers blocking sends after the bounded wait, and a stream opened meanwhile ends once Redis is back', async () => {
     await redis!.stop();
     redis = undefined;
     const rpc = (method: string, params: unknown) => stack!.client.post(A2A, { jsonrpc: '2.0', id: 1, method, params });
     const blocked = await rpc('message/send', { message: userMessage('while redis is away') });
     assert.equal(blocked.body.result.status.state, 'submitted');
+    const again = await rpc('message/send', { message: userMessage('again while redis is away') });
+    assert.equal(again.body.result.status.state, 'submitted');
+    // Only the first follower waited for the subscription: the others go straight to polling Postgres.
+    const waited = stack!.api.logs.filter((l) => l.includes('task notes unavailable'));
+    assert.equal(waited.length, 1, waited.join('\n'));
     const streamed = sse(stack!.api.url, 'message/stream', { message: userMessage('stream while redis is away') });
     redis = await startRedis({ dataDir, ephemeral: true, port });
     const s = await streamed;
     assert.ok(s.ended);
     assert.deepEqual([s.events.at(-1).result.status.state, s.events.at(-1).result.final], ['completed', true]);
     await waitFor(async () => (await rpc('tasks/get', { id: blocked.body.result.id })).body.result.status.state === 'completed', 'the first task to complete', 60000);
+    assert.equal(stack!.api.logs.filter((l) => l.includes('task notes unavailable')).length, 1);
   });
 });
 

@@ -55,7 +55,7 @@ describe('retried first sends: races', () => {
 
     before(() => {
       services = createServices(loadConfig({ ...testEnv(), LOG_LEVEL: 'silent' }), 'api');
-      waiter = new TaskWaiter(services.bus);
+      waiter = new TaskWaiter(services.bus, services.log);
       // Runs `hook` once, before the statement findRetried uses to find the original message.
       (pg.Client.prototype as any).query = function (this: unknown, config: any, ...rest: any[]) {
         const text = typeof config === 'string' ? config : config?.text;

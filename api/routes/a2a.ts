@@ -19,7 +19,7 @@ const tag = 'a2a';
 const waiters = new WeakMap<Services, TaskWaiter>();
 const waiterOf = (s: Services) => {
   let w = waiters.get(s);
-  if (!w) waiters.set(s, (w = new TaskWaiter(s.bus)));
+  if (!w) waiters.set(s, (w = new TaskWaiter(s.bus, s.log)));
   return w;
 };
 
