@@ -537,8 +537,9 @@ describe('OpenAPI document: a 429 carries the Retry-After it documents', () => {
 describe('OpenAPI document: bridge, encryption, task and internal answers follow the documented schemas', () => {
   const CLIENT_SECRET = `cs-${randomUUID()}`;
   let all: OAuthStack | undefined;
-  // A real OAuth server for the callback, a fake Gmail for invoking a function.
-  const stack = useStarted(async () => (all = await startOAuthStack(CLIENT_SECRET, {}, { workers: 0 })).stack, async () => all?.stop());
+  // A real OAuth server for the callback, a fake Gmail for invoking a function; one stream per key,
+  // so that a second stream is refused.
+  const stack = useStarted(async () => (all = await startOAuthStack(CLIENT_SECRET, { A2A_STREAMS_PER_KEY: '1' }, { workers: 0 })).stack, async () => all?.stop());
   let doc: any;
   before(async () => {
     doc = (await stack.client.as('').get('/api/openapi.json')).body;
@@ -592,8 +593,8 @@ describe('OpenAPI document: bridge, encryption, task and internal answers follow
     }
   });
 
-  it('A2A message/stream: an event stream whose every data: line is a documented JSON-RPC response', async () => {
-    const { check } = responseChecker(doc, stack.client);
+  it('A2A message/stream: an event stream whose every data: line is a documented JSON-RPC response; one past the key\'s streams a documented 429', async () => {
+    const { call, check } = responseChecker(doc, stack.client);
     const { ajv, compile } = documentValidators(doc);
     const answer = compile(doc.paths['/api/a2a/v1'].post.responses['200'].content['application/json'].schema);
     const message = { kind: 'message', messageId: randomUUID(), role: 'user', parts: [{ kind: 'text', text: 'streamed' }] };
@@ -610,6 +611,10 @@ describe('OpenAPI document: bridge, encryption, task and internal answers follow
       text += value;
     }
     const taskId = JSON.parse(text.split('\n').find((l) => l.startsWith('data: '))!.slice(6)).result.id;
+    // A2A_STREAMS_PER_KEY is 1: a second stream meanwhile is refused with 429 and Retry-After.
+    const refused = await call('post', '/api/a2a/v1', { jsonrpc: '2.0', id: 'doc-stream-2', method: 'message/stream', params: { message: { ...message, messageId: randomUUID() } } });
+    assert.equal(refused.status, 429, refused.text);
+    assert.equal(refused.body.data.code, 'rate_limited');
     const canceled = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 'doc-cancel', method: 'tasks/cancel', params: { id: taskId } });
     assert.equal(canceled.body.result?.status.state, 'canceled', canceled.text);
     for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) text += chunk.value;
