@@ -476,19 +476,31 @@ describe('npm test whose start fails or is stopped before the tests run', functi
     fs.mkdirSync(tmp, { recursive: true, mode: 0o755 });
     fs.chmodSync(tmp, 0o755);
     // A spec: no typecheck, and (by default) a short run should the start succeed after all.
+    // In a process group of its own, so that a test failing midway can end it with all it started
+    // but its servers (detached too; afterEach ends those).
     const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'scripts/run-tests.ts'), spec], {
-      cwd: ROOT, env: { ...process.env, TMPDIR: tmp, ...env }, stdio: ['ignore', 'pipe', 'pipe'],
+      cwd: ROOT, env: { ...process.env, TMPDIR: tmp, ...env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true,
     });
     let output = '';
     child.stdout.on('data', (b) => (output += b));
     child.stderr.on('data', (b) => (output += b));
     const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-    await whileRunning?.(child, () => output);
+    try {
+      await whileRunning?.(child, () => output);
+    } catch (err) {
+      try {
+        process.kill(-child.pid!, 'SIGKILL');
+      } catch {
+        // Gone already.
+      }
+      throw err;
+    }
     return { code: await exited, output };
   }
 
   afterEach(() => {
-    for (const pid of leftServers()) process.kill(pid, 'SIGTERM');
+    // A test may have stopped them (SIGSTOP): they take SIGTERM once continued.
+    for (const pid of leftServers()) for (const signal of ['SIGCONT', 'SIGTERM'] as const) process.kill(pid, signal);
     fs.rmSync(tmp, { recursive: true, force: true });
   });
 
