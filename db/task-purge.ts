@@ -27,23 +27,34 @@ const endedBefore = (before: Date, limit: number) => [before, before, limit];
 const DELETE_ENDED = `delete from tasks where id in (${ENDED_BEFORE}) returning context_id`;
 
 // Deletes those tasks with the contexts left without tasks; the number of tasks deleted, or null
-// when another worker is purging. Each statement is canceled past `timeoutMs` (57014), whatever the
-// connection's own statement_timeout (none with DB_QUERY_TIMEOUT_MS=0). `interrupt` (a worker's stop:
-// its pool would wait for the batch's connection before it closes) ends the batch's backend, which
-// rolls the batch back: canceled instead, a statement begun after the cancel came would go on.
+// when another worker is purging. In one interruptible transaction of `timeoutMs`.
 export async function purgeEndedTasks(db: Knex, before: Date, limit: number, timeoutMs: number, interrupt?: AbortSignal): Promise<{ tasks: number; contexts: number } | null> {
+  return interruptibleTransaction(db, timeoutMs, interrupt, async (trx) => {
+    if (!(await tryAdvisoryXactLock(trx, PURGE_LOCK))) return null;
+    const { rows: gone } = await trx.raw(DELETE_ENDED, endedBefore(before, limit));
+    if (!gone.length) return { tasks: 0, contexts: 0 };
+    const contextIds = [...new Set((gone as { context_id: string }[]).map((r) => r.context_id))];
+    await lockContexts(trx, contextIds);
+    const contexts = await deleteEmptyContexts(trx, contextIds);
+    return { tasks: gone.length, contexts };
+  });
+}
+
+// A transaction whose statements are canceled past `timeoutMs` (57014), whatever the connection's
+// own statement_timeout (none with DB_QUERY_TIMEOUT_MS=0), and whose backend `interrupt` (a worker's
+// stop: its pool would wait for the connection before it closes) ends, which rolls it back: canceled
+// instead, a statement begun after the cancel came would go on. The end runs on another connection of
+// the pool, maybe only once this transaction has committed and its connection serves another caller:
+// so it ends the backend only while it is still in this transaction (its start, xact_start).
+async function interruptibleTransaction<T>(db: Knex, timeoutMs: number, interrupt: AbortSignal | undefined, work: (trx: Knex.Transaction) => Promise<T>): Promise<T> {
   return db.transaction(async (trx) => {
-    const { rows: [{ pid }] } = await trx.raw(`select set_config('statement_timeout', ?, true), pg_backend_pid() as pid`, [String(timeoutMs)]);
-    const end = () => void db.raw('select pg_terminate_backend(?)', [pid]).catch(() => undefined);
+    const { rows: [self] } = await trx.raw(`select set_config('statement_timeout', ?, true), pg_backend_pid() as pid, transaction_timestamp()::text as began`, [String(timeoutMs)]);
+    const end = () => void db.raw('select pg_terminate_backend(pid) from pg_stat_activity where pid = ? and xact_start = ?::timestamptz', [self.pid, self.began]).catch(() => undefined);
     interrupt?.addEventListener('abort', end, { once: true });
     try {
-      if (!(await tryAdvisoryXactLock(trx, PURGE_LOCK))) return null;
-      const { rows: gone } = await trx.raw(DELETE_ENDED, endedBefore(before, limit));
-      if (!gone.length) return { tasks: 0, contexts: 0 };
-      const contextIds = [...new Set((gone as { context_id: string }[]).map((r) => r.context_id))];
-      await lockContexts(trx, contextIds);
-      const contexts = await deleteEmptyContexts(trx, contextIds);
-      return { tasks: gone.length, contexts };
+      // A signal that fired before the listener was added never calls it.
+      interrupt?.throwIfAborted();
+      return await work(trx);
     } finally {
       interrupt?.removeEventListener('abort', end);
     }

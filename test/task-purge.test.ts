@@ -7,6 +7,8 @@ import { randomUUID } from 'node:crypto';
 import { lockWaits, resetDb, testDb, waitFor } from './helpers/stack.ts';
 import { purgeEndedTasks, thinNextEndedTask } from '../db/task-purge.ts';
 import { advisoryXactLock } from '../db/advisory-locks.ts';
+import type { Knex } from 'knex';
+import { createDb } from '../db/knex.ts';
 import { insertTaskBundles, type TaskBundle } from '../db/tasks.ts';
 
 const DAY = 86400_000;
@@ -146,6 +148,57 @@ describe('purge of ended tasks vs concurrent writers', function () {
     assert.equal(await purgeEndedTasks(db, before(), 1000, BATCH_TIMEOUT_MS), null);
     await holder.rollback();
     assert.deepEqual(await purgeEndedTasks(db, before(), 1000, BATCH_TIMEOUT_MS), { tasks: 1, contexts: 1 });
+  });
+});
+
+// A pool's own counts (tarn): what a test waits on to order the acquires of a pool of its own.
+type PoolCounts = { numPendingAcquires(): number; numUsed(): number };
+const poolOf = (db: ReturnType<typeof createDb>) => (db.client as unknown as { pool: PoolCounts }).pool;
+
+describe('purge of ended tasks: a worker\'s stop', function () {
+  this.timeout(30_000);
+  beforeEach(resetDb);
+
+  it('an interrupt whose end runs after the batch committed leaves the batch\'s connection, serving another caller by then, alone', async () => {
+    // A pool of two: the end (pg_terminate_backend) waits for a connection behind another caller,
+    // which gets the batch's once it commits. Ending the backend by its pid alone, it killed that caller.
+    const pool = createDb(process.env.DATABASE_URL!, { min: 0, max: 2 });
+    const counts = poolOf(pool);
+    const lock = await testDb().transaction();
+    let other: Knex.Transaction | undefined;
+    let held: Knex.Transaction | undefined;
+    try {
+      const old = await oldTask();
+      await lock.raw('select id from contexts where id = ? for update', [old.context_id]);
+      const interrupt = new AbortController();
+      const purge = purgeEndedTasks(pool, before(), 1000, BATCH_TIMEOUT_MS, interrupt.signal);
+      await waitFor(async () => (await purgeWaits()) === 1, 'the purge to wait on the held context');
+      other = await pool.transaction();
+      const heldNext = pool.transaction();
+      await waitFor(async () => counts.numPendingAcquires() === 1, 'the caller to wait for a connection');
+      interrupt.abort();
+      await waitFor(async () => counts.numPendingAcquires() === 2, 'the end to wait for a connection');
+      await lock.commit();
+      assert.deepEqual(await purge, { tasks: 1, contexts: 1 });
+      held = await heldNext;
+      await other.commit();
+      await waitFor(async () => counts.numPendingAcquires() === 0 && counts.numUsed() === 1, 'the end to run');
+      assert.deepEqual((await held.raw('select 1 as one')).rows, [{ one: 1 }]);
+      await held.commit();
+    } finally {
+      if (!lock.isCompleted()) await lock.rollback();
+      if (other && !other.isCompleted()) await other.rollback();
+      if (held && !held.isCompleted()) await held.rollback().catch(() => undefined);
+      await pool.destroy();
+    }
+  });
+
+  it('an interrupt that fired before the batch began: the batch deletes nothing and fails', async () => {
+    const old = await oldTask();
+    const interrupt = new AbortController();
+    interrupt.abort();
+    await assert.rejects(purgeEndedTasks(testDb(), before(), 1000, BATCH_TIMEOUT_MS, interrupt.signal), { name: 'AbortError' });
+    assert.equal(await exists('tasks', old.id), true);
   });
 });
 
