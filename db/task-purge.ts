@@ -62,18 +62,21 @@ async function interruptibleTransaction<T>(db: Knex, timeoutMs: number, interrup
 }
 
 // The next such task alone holding too many rows to be deleted in one statement: its timeline items
-// and messages are deleted `chunk` rows a statement first, each committed by itself (the task is
-// going, so losing its history early loses nothing). The number of rows deleted; a statement that
-// times out after others deleted rows ends the call with those (the next call goes on), and one
-// that times out first is thrown.
-export async function thinNextEndedTask(db: Knex, before: Date, chunk: number): Promise<number> {
-  const next = await db.transaction(async (trx) => (await trx.raw(ENDED_BEFORE, endedBefore(before, 1))).rows[0] as { id: string } | undefined);
+// and messages are deleted `chunk` rows a statement first, each in an interruptible transaction of
+// `timeoutMs` committed by itself (the task is going, so losing its history early loses nothing).
+// The number of rows deleted; a statement that times out after others deleted rows ends the call
+// with those (the next call goes on), and one that times out first is thrown. A worker that stops
+// (`stop.stopping`) gets no further chunk; `stop.interrupt` ends the chunk in flight.
+export async function thinNextEndedTask(db: Knex, before: Date, chunk: number, timeoutMs: number, stop?: { stopping: AbortSignal; interrupt: AbortSignal }): Promise<number> {
+  const within = <T>(work: (trx: Knex.Transaction) => Promise<T>) => interruptibleTransaction(db, timeoutMs, stop?.interrupt, work);
+  const next = await within(async (trx) => (await trx.raw(ENDED_BEFORE, endedBefore(before, 1))).rows[0] as { id: string } | undefined);
   if (!next) return 0;
   let deleted = 0;
   try {
     for (const table of ['timeline_items', 'messages']) {
       for (;;) {
-        const n = await db(table).whereIn('id', db(table).select('id').where({ task_id: next.id }).limit(chunk)).delete();
+        if (stop?.stopping.aborted) return deleted;
+        const n = await within((trx) => trx(table).whereIn('id', trx(table).select('id').where({ task_id: next.id }).limit(chunk)).delete());
         deleted += n;
         if (n < chunk) break;
       }

@@ -22,9 +22,9 @@ const THIN_CHUNK_MIN = 50;
 // every pass and stop the purge for good, so the batch halves until it fits, and a single task that
 // does not fit is thinned first. The batch timeout is DB_QUERY_TIMEOUT_MS, at most the pass's own
 // time: with no statement timeout (DB_QUERY_TIMEOUT_MS=0) a batch would otherwise never time out, and
-// every one would be 1,000 tasks in one transaction however much they hold. A worker that stops
-// (`stopping`) gets no further batch, the tasks deleted so far staying deleted; `interrupt` ends the
-// batch in flight, which rolls back.
+// every one would be 1,000 tasks in one transaction however much they hold; the thinning's statements
+// have the same timeout. A worker that stops (`stopping`) gets no further batch nor thinning chunk,
+// what was deleted so far staying deleted; `interrupt` ends the batch or chunk in flight, which rolls back.
 export interface RetentionStop { stopping: AbortSignal; interrupt: AbortSignal }
 export function taskRetention(s: Pick<Services, 'db' | 'cfg' | 'log'>): (stop: RetentionStop) => Promise<number> {
   const batchTimeoutMs = Math.floor(Math.min(s.cfg.DB_QUERY_TIMEOUT_MS || Infinity, s.cfg.JOB_RECOVERY_MS / 2));
@@ -57,14 +57,14 @@ export function taskRetention(s: Pick<Services, 'db' | 'cfg' | 'log'>): (stop: R
           }
           let rows: number;
           try {
-            rows = await thinNextEndedTask(s.db, before, thinChunk);
+            rows = await thinNextEndedTask(s.db, before, thinChunk, batchTimeoutMs, stop);
           } catch (thinErr) {
             if (!statementTimedOut(thinErr) || thinChunk <= THIN_CHUNK_MIN) throw thinErr;
             thinChunk = Math.ceil(thinChunk / 2);
             continue;
           }
-          if (!rows) throw err;
-          s.log.info({ rows }, 'task retention: a task too large to delete at once was thinned first');
+          if (rows) s.log.info({ rows }, 'task retention: a task too large to delete at once was thinned first');
+          else if (!stop.stopping.aborted) throw err;
           continue;
         }
         if (!done) break;

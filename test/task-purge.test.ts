@@ -155,6 +155,15 @@ describe('purge of ended tasks vs concurrent writers', function () {
 type PoolCounts = { numPendingAcquires(): number; numUsed(): number };
 const poolOf = (db: ReturnType<typeof createDb>) => (db.client as unknown as { pool: PoolCounts }).pool;
 
+// An ended task holding `rows` timeline items more than its first.
+async function heavyTask(rows: number): Promise<{ id: string; context_id: string }> {
+  const t = await oldTask();
+  await testDb().raw(`insert into timeline_items (id, task_id, event_payload, created_at)
+                      select gen_random_uuid(), ?, '{"type":"task-status-update","status":"working"}', now() from generate_series(1, ?::int)`, [t.id, rows]);
+  return t;
+}
+const itemsOf = async (taskId: string) => Number((await testDb()('timeline_items').where({ task_id: taskId }).count({ n: '*' }))[0].n);
+
 describe('purge of ended tasks: a worker\'s stop', function () {
   this.timeout(30_000);
   beforeEach(resetDb);
@@ -199,6 +208,39 @@ describe('purge of ended tasks: a worker\'s stop', function () {
     interrupt.abort();
     await assert.rejects(purgeEndedTasks(testDb(), before(), 1000, BATCH_TIMEOUT_MS, interrupt.signal), { name: 'AbortError' });
     assert.equal(await exists('tasks', old.id), true);
+  });
+
+  it('the thinning times out at its own timeout, the connection having none', async () => {
+    // The test database's connections have no statement_timeout (as with DB_QUERY_TIMEOUT_MS=0).
+    const t = await heavyTask(50_000);
+    await assert.rejects(thinNextEndedTask(testDb(), before(), 50_000, 1), { code: '57014' });
+    assert.equal(await itemsOf(t.id), 50_001);
+  });
+
+  it('the thinning starts no further chunk once the worker stops', async () => {
+    const t = await heavyTask(300);
+    const stopping = new AbortController();
+    stopping.abort();
+    assert.equal(await thinNextEndedTask(testDb(), before(), 100, BATCH_TIMEOUT_MS, { stopping: stopping.signal, interrupt: new AbortController().signal }), 0);
+    assert.equal(await itemsOf(t.id), 301);
+  });
+
+  it('an interrupt ends the thinning\'s chunk in flight, which rolls back', async () => {
+    const t = await heavyTask(300);
+    const lock = await testDb().transaction();
+    try {
+      await lock.raw('select id from timeline_items where task_id = ? limit 1 for update', [t.id]);
+      const interrupt = new AbortController();
+      const thin = thinNextEndedTask(testDb(), before(), 1000, BATCH_TIMEOUT_MS, { stopping: new AbortController().signal, interrupt: interrupt.signal })
+        .then(() => 'went on', (e: Error) => e.message);
+      await waitFor(async () => (await lockWaits('delete from "timeline_items"%')) === 1, 'the chunk to wait on the held row');
+      interrupt.abort();
+      assert.match(await thin, /Connection terminated unexpectedly/);
+      assert.deepEqual((await lock.raw('select 1 as one')).rows, [{ one: 1 }]);
+    } finally {
+      await lock.rollback();
+    }
+    assert.equal(await itemsOf(t.id), 301);
   });
 });
 
@@ -268,7 +310,7 @@ describe('purge of ended tasks: what a batch reads', function () {
     const purged = await statementsOf(async () => assert.deepEqual(await purgeEndedTasks(db, before(), 1000, BATCH_TIMEOUT_MS), { tasks: due, contexts: due }));
     const batch = purged.find((q) => /^\s*delete from tasks\b/i.test(q.sql));
     assert.ok(batch, purged.map((q) => q.sql).join('\n'));
-    const thinned = await statementsOf(async () => assert.equal(await thinNextEndedTask(db, before(), 2000), 0));
+    const thinned = await statementsOf(async () => assert.equal(await thinNextEndedTask(db, before(), 2000, BATCH_TIMEOUT_MS), 0));
     const next = thinned.find((q) => /for update skip locked/i.test(q.sql));
     assert.ok(next, thinned.map((q) => q.sql).join('\n'));
     assert.equal(Number((await db('tasks').count({ n: '*' }))[0].n), late + 5000);
