@@ -31,6 +31,8 @@ export interface ProviderInstanceRow {
   status: ProviderStatus;
   /** An admin set it disabled (and not active since); outlives a refresh_failed status. */
   disabled_by_admin: boolean;
+  /** When a refresh gave up on it (refresh_failed); null once usable again. */
+  refresh_failed_at: Date | null;
   resource_server_credential_id: string | null;
   user_credential_id: string | null;
   return_on_successful_brokering: { type: 'url'; url: string } | null;
@@ -142,12 +144,12 @@ const USABLE_STATUS = `case when disabled_by_admin then 'disabled' else 'active'
 // A brokered user credential replaces the instance's and makes it usable.
 export async function setUserCredential(db: Tx, instanceId: string, credentialId: string): Promise<void> {
   await db('provider_instances').where({ id: instanceId }).update({
-    user_credential_id: credentialId, status: db.raw(USABLE_STATUS), updated_at: db.fn.now(),
+    user_credential_id: credentialId, status: db.raw(USABLE_STATUS), refresh_failed_at: null, updated_at: db.fn.now(),
   });
 }
 
 // Returns undefined when the id is taken.
-export async function insertProviderInstance(db: Tx, row: Omit<ProviderInstanceRow, 'created_at' | 'updated_at' | 'disabled_by_admin'>): Promise<ProviderInstanceRow | undefined> {
+export async function insertProviderInstance(db: Tx, row: Omit<ProviderInstanceRow, 'created_at' | 'updated_at' | 'disabled_by_admin' | 'refresh_failed_at'>): Promise<ProviderInstanceRow | undefined> {
   const [out] = await db('provider_instances')
     .insert({ ...row, return_on_successful_brokering: row.return_on_successful_brokering ? JSON.stringify(row.return_on_successful_brokering) : null })
     .onConflict('id').ignore().returning('*');
@@ -414,18 +416,18 @@ export async function setInstanceStatusOfUserCredential(trx: Knex.Transaction, c
     q.with('unchanged', trx('bridge_credentials').where({ id: credentialId }).whereRaw('value = ?::jsonb', [JSON.stringify(value)]).forUpdate().select('id'))
       .whereIn('user_credential_id', trx('unchanged').select('id'));
   }
-  const rows = await q.update({ status, updated_at: trx.fn.now() }).returning('id');
+  const rows = await q.update({ status, refresh_failed_at: trx.fn.now(), updated_at: trx.fn.now() }).returning('id');
   return rows.map((r: { id: string }) => r.id);
 }
 
 // After a refresh stored new tokens, in its transaction: the credential's instances that another run
 // of the same refresh marked refresh_failed meanwhile (refused the refresh token this run spent) are
-// usable again. Meanwhile: marked (updated_at, set by the mark) since `since`, when this run read the
-// credential; one marked before, which shares the credential with an instance created since, waits
-// for brokering. Returns their ids.
+// usable again. Meanwhile: marked (refresh_failed_at, which only the mark sets: a PATCH moves
+// updated_at too) since `since`, when this run read the credential; one marked before, which shares
+// the credential with an instance created since, waits for brokering. Returns their ids.
 export async function reviveRefreshFailedInstances(db: Tx, credentialId: string, since: Date): Promise<string[]> {
-  const rows = await db('provider_instances').where({ user_credential_id: credentialId, status: 'refresh_failed' }).where('updated_at', '>=', since)
-    .update({ status: db.raw(USABLE_STATUS), updated_at: db.fn.now() }).returning('id');
+  const rows = await db('provider_instances').where({ user_credential_id: credentialId, status: 'refresh_failed' }).where('refresh_failed_at', '>=', since)
+    .update({ status: db.raw(USABLE_STATUS), refresh_failed_at: null, updated_at: db.fn.now() }).returning('id');
   return rows.map((r: { id: string }) => r.id);
 }
 

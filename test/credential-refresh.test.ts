@@ -301,6 +301,28 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     assert.equal((await instance('mail-old')).status, 'refresh_failed', 'marked by an earlier refresh, not by a run of this one');
   });
 
+  it('a refresh that stores new tokens leaves refresh_failed an instance marked before the refresh read it and PATCHed since: its rename is not a mark', async () => {
+    await refreshFailing('mail-renamed', 'revoked');
+    const old = await instance('mail-renamed');
+    const created = await c.post(avail, {
+      provider_instance_id: 'mail-renamed-sib', display_name: 'mail-renamed-sib', resource_server_credential_id: old.resource_server_credential_id, user_credential_id: old.user_credential_id,
+    });
+    assert.equal(created.status, 201, created.text);
+    await oauth.setMode('hold-next');
+    try {
+      await testDb()('bridge_credentials').where({ id: old.user_credential_id }).update({ next_rotation_time: new Date(Date.now() - 1000), refresh_queued_until: null });
+      await waitFor(async () => (await oauth.held()) === 1, 'the refresh to read the shared credential and exchange its refresh token');
+      const renamed = await c.patch(`${B}/provider/mail-renamed`, { display_name: 'mail-renamed (old)' });
+      assert.equal(renamed.status, 200, renamed.text);
+    } finally {
+      await oauth.release();
+      await oauth.setMode('ok');
+    }
+    await waitFor(async () => (await userCredential('mail-renamed-sib')).next_rotation_time.getTime() > Date.now(), 'the shared credential to be refreshed');
+    assert.equal((await instance('mail-renamed-sib')).status, 'active');
+    assert.equal((await instance('mail-renamed')).status, 'refresh_failed', 'renamed after the read, marked before it');
+  });
+
   it('gives up on a credential whose instance a brokering holds without deadlocking it: both lock the instance before the credential', async () => {
     // Brokering again locks the instance, then the user credential it replaces (to delete it): the
     // test's transaction does the same around the give-up, which then waits for the instance.
