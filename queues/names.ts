@@ -112,11 +112,14 @@ export const backoffStrategy = (cfg: Config): BackoffStrategy => (attemptsMade, 
   return cappedBackoffMs(cfg, job?.opts.backoff && typeof job.opts.backoff === 'object' ? job.opts.backoff.delay ?? 0 : 0, attemptsMade);
 };
 
+// Whether the attempt under way is the job's last: failing, it fails for good.
+export const lastAttempt = (job: Pick<Job, 'attemptsMade' | 'opts'>): boolean => job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
+
 // How long BullMQ waits before it runs `job` again once the attempt under way fails with `err`, as a
 // worker computes it (the job's backoff, backoffStrategy for ours); undefined after the last attempt.
 export async function retryDelayMs(cfg: Config, job: Job, err: Error): Promise<number | undefined> {
+  if (lastAttempt(job)) return undefined;
   const attemptsMade = job.attemptsMade + 1;
-  if (attemptsMade >= (job.opts.attempts ?? 1)) return undefined;
   const backoff = job.opts.backoff === undefined ? undefined : Backoffs.normalize(job.opts.backoff);
   return (backoff && await Backoffs.calculate(backoff, attemptsMade, err, job, backoffStrategy(cfg))) || 0;
 }

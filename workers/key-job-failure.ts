@@ -4,7 +4,7 @@
 // (UnrecoverableError). The log keeps the whole text (SQL without values).
 import { UnrecoverableError, type Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
-import type { JobPayloads } from '../queues/names.ts';
+import { lastAttempt, type JobPayloads } from '../queues/names.ts';
 import { publicReason } from '../domain/errors.ts';
 import { applyRequestedCancel, failKeyJob } from '../domain/crypto/key-jobs.ts';
 
@@ -20,7 +20,7 @@ export async function cancelFailOrRetryKeyJob(services: Services, job: Job<JobPa
   }
   const message = publicReason(err);
   const detail = err instanceof Error ? err.message : String(err);
-  if (permanent || job.attemptsMade + 1 >= (job.opts.attempts ?? 1)) {
+  if (permanent || lastAttempt(job)) {
     await failKeyJob(services, jobId, message);
     services.log.error({ job_id: jobId, err: { message: detail } }, `${what} failed`);
     throw new UnrecoverableError(message);

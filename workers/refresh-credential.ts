@@ -3,14 +3,14 @@
 import type { Job, Worker } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import { enqueueDueRefreshes, refreshCredential, refreshRetrying, type RefreshOutcome } from '../domain/bridge/credential-refresh.ts';
-import { retryDelayMs, type JobPayloads } from '../queues/names.ts';
+import { lastAttempt, retryDelayMs, type JobPayloads } from '../queues/names.ts';
 import type { WorkerMetrics } from '../queues/worker-metrics.ts';
 import { failedForGood } from './record-job-metrics.ts';
 
 export function createRefreshCredentialProcessor(services: Services) {
   return async (job: Job<JobPayloads['credential-refresh']>): Promise<RefreshOutcome> => {
     try {
-      return await refreshCredential(services, job.data.credential_id, job.attemptsMade + 1 >= (job.opts.attempts ?? 1));
+      return await refreshCredential(services, job.data.credential_id, lastAttempt(job));
     } catch (err) {
       const backoff = await retryDelayMs(services.cfg, job, err as Error);
       if (backoff !== undefined) await refreshRetrying(services, job.data.credential_id, backoff);
