@@ -43,7 +43,9 @@ async function rebroker(id: string) {
 }
 const instance = async (id: string) => (await c.get(`${B}/provider/${id}`)).body;
 const userCredential = async (id: string) => testDb()('bridge_credentials').where({ id: (await instance(id)).user_credential_id }).first();
-const makeDue = async (id: string) => testDb()('bridge_credentials').where({ id: (await instance(id)).user_credential_id }).update({ next_rotation_time: new Date(Date.now() - 1000) });
+// Due now, past the scan's mark too (refresh_queued_until) where a refresh it queued left one.
+const makeDue = async (id: string) => testDb()('bridge_credentials').where({ id: (await instance(id)).user_credential_id })
+  .update({ next_rotation_time: new Date(Date.now() - 1000), refresh_queued_until: null });
 // Brokers `id`, then makes its refresh due with the OAuth server answering in `mode` until the refresh gives up.
 async function refreshFailing(id: string, mode: Parameters<OAuthServer['setMode']>[0]) {
   await brokered(id);
@@ -286,31 +288,31 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     assert.equal((await send('mail-race')).status, 200);
   });
 
-  it('a refresh that stores new tokens leaves refresh_failed an instance that shares the credential and was marked before the refresh read it: only brokering revives that', async () => {
-    await refreshFailing('mail-old', 'revoked');
-    const old = await instance('mail-old');
+  // `id` brokered and refresh_failed (the provider revoked its refresh token), then `sibling`, a new
+  // instance on the same credential, active.
+  async function failedWithSibling(id: string, sibling: string): Promise<void> {
+    await refreshFailing(id, 'revoked');
+    const old = await instance(id);
     const created = await c.post(avail, {
-      provider_instance_id: 'mail-sib', display_name: 'mail-sib', resource_server_credential_id: old.resource_server_credential_id, user_credential_id: old.user_credential_id,
+      provider_instance_id: sibling, display_name: sibling, resource_server_credential_id: old.resource_server_credential_id, user_credential_id: old.user_credential_id,
     });
     assert.equal(created.status, 201, created.text);
     assert.equal(created.body.status, 'active');
-    // Due now, without the mark the scan left when it queued the refresh that gave up.
-    await testDb()('bridge_credentials').where({ id: old.user_credential_id }).update({ next_rotation_time: new Date(Date.now() - 1000), refresh_queued_until: null });
+  }
+
+  it('a refresh that stores new tokens leaves refresh_failed an instance that shares the credential and was marked before the refresh read it: only brokering revives that', async () => {
+    await failedWithSibling('mail-old', 'mail-sib');
+    await makeDue('mail-sib');
     await waitFor(async () => (await userCredential('mail-sib')).next_rotation_time.getTime() > Date.now(), 'the shared credential to be refreshed');
     assert.equal((await instance('mail-sib')).status, 'active');
     assert.equal((await instance('mail-old')).status, 'refresh_failed', 'marked by an earlier refresh, not by a run of this one');
   });
 
   it('a refresh that stores new tokens leaves refresh_failed an instance marked before the refresh read it and PATCHed since: its rename is not a mark', async () => {
-    await refreshFailing('mail-renamed', 'revoked');
-    const old = await instance('mail-renamed');
-    const created = await c.post(avail, {
-      provider_instance_id: 'mail-renamed-sib', display_name: 'mail-renamed-sib', resource_server_credential_id: old.resource_server_credential_id, user_credential_id: old.user_credential_id,
-    });
-    assert.equal(created.status, 201, created.text);
+    await failedWithSibling('mail-renamed', 'mail-renamed-sib');
     await oauth.setMode('hold-next');
     try {
-      await testDb()('bridge_credentials').where({ id: old.user_credential_id }).update({ next_rotation_time: new Date(Date.now() - 1000), refresh_queued_until: null });
+      await makeDue('mail-renamed-sib');
       await waitFor(async () => (await oauth.held()) === 1, 'the refresh to read the shared credential and exchange its refresh token');
       const renamed = await c.patch(`${B}/provider/mail-renamed`, { display_name: 'mail-renamed (old)' });
       assert.equal(renamed.status, 200, renamed.text);
