@@ -8,8 +8,7 @@ import { AgentRunRecovery } from './recover-agent-runs.ts';
 import { purgeExpiredBrokerStates } from '../domain/bridge/brokering.ts';
 import { taskRetention } from '../domain/task-retention.ts';
 import { recoverPushDeliveries } from './recover-push-deliveries.ts';
-import { setTimeout as delay } from 'node:timers/promises';
-import { timerMs } from '../domain/with-timeout.ts';
+import { timerMs, withTimeout } from '../domain/with-timeout.ts';
 import type { HousekeepingPass } from './agents/types.ts';
 
 // `extra`: the agent's own passes (workers/agents/types.ts Agent). The stop starts no pass, tells
@@ -52,7 +51,7 @@ export function startHousekeeping(services: Services, extra: Record<string, Hous
     const withinMs = services.cfg.WORKER_SHUTDOWN_GRACE_MS;
     services.log.info({ passes: [...running.keys()], within_ms: withinMs }, 'worker shutting down: waiting for housekeeping passes in flight');
     const ended = Promise.allSettled(running.values());
-    if (!(await Promise.race([ended.then(() => false), delay(timerMs(withinMs), true, { ref: false })]))) return;
+    if (await withTimeout(ended, timerMs(withinMs)).then(() => true, () => false)) return;
     services.log.info({ passes: [...running.keys()] }, 'worker shutting down: interrupting housekeeping passes still running');
     interrupt.abort();
     // Each now ends with its current statement or call (the retention batch's connection is ended);
