@@ -17,7 +17,7 @@ import { a2aDefinitionRoutes } from './routes/a2a-definition.ts';
 import { bridgeRoutes } from './routes/bridge.ts';
 import { mcpRoutes } from './routes/mcp.ts';
 import { defineRoute } from './route.ts';
-import { FreeObject } from '../domain/shapes/common.ts';
+import { AnyQuery, FreeObject } from '../domain/shapes/common.ts';
 import { metricsMiddleware, metricsRoutes } from './metrics.ts';
 import { queueDashboard } from './queue-dashboard.ts';
 import { SERVICE_VERSION } from '../domain/version.ts';
@@ -27,7 +27,7 @@ import { InvalidRequest } from '../domain/errors.ts';
 const openapiDocs = new WeakMap<Services, Record<string, unknown>>();
 const openapiRoute = defineRoute({
   method: 'get', path: '/api/openapi.json', operationId: 'openapi', tag: '_internal', scope: null,
-  summary: 'This OpenAPI 3.1 document', responses: { 200: FreeObject },
+  summary: 'This OpenAPI 3.1 document', query: AnyQuery, responses: { 200: FreeObject },
 }, async ({ services }) => {
   let doc = openapiDocs.get(services);
   if (!doc) openapiDocs.set(services, (doc = buildOpenApi(allRoutes, { version: SERVICE_VERSION, serverUrl: services.cfg.PUBLIC_URL })));

@@ -1,6 +1,6 @@
 // One declaration per endpoint: its schemas validate the request and feed the OpenAPI document.
 import { Readable } from 'node:stream';
-import type { Static, TObject, TSchema } from '@sinclair/typebox';
+import { Type, type Static, type TObject, type TSchema } from '@sinclair/typebox';
 import type { Router, RouterMiddleware } from '@koa/router';
 import type { Context, Middleware } from 'koa';
 import { Ajv } from 'ajv';
@@ -178,8 +178,10 @@ export function mount(router: Router, routes: Route[], services: Services): void
   for (const { spec, handler } of routes) {
     const vParams = spec.params && paramAjv.compile(spec.params);
     // Unknown query parameters are refused as unknown body members are: a misspelt filter
-    // (`?stauts=failed`) would otherwise list everything. A schema may stay open (the OAuth callback).
-    const vQuery = spec.query && paramAjv.compile(spec.query.additionalProperties === true ? spec.query : { ...spec.query, additionalProperties: false });
+    // (`?stauts=failed`) would otherwise list everything, and a route without a query schema takes
+    // none (a filter it ignored would answer everything). A schema may stay open (the OAuth callback).
+    const querySchema = spec.query ?? Type.Object({});
+    const vQuery = paramAjv.compile(querySchema.additionalProperties === true ? querySchema : { ...querySchema, additionalProperties: false });
     const decimalQuery = decimalCheck(spec.query, 'query');
     const lowerParams = uuidsInLowerCase(spec.params);
     const lowerQuery = uuidsInLowerCase(spec.query);
@@ -194,7 +196,7 @@ export function mount(router: Router, routes: Route[], services: Services): void
       lowerParams(params);
       const query = { ...ctx.query } as Record<string, unknown>;
       decimalQuery(query);
-      if (vQuery) checkValid(vQuery, query, 'query');
+      checkValid(vQuery, query, 'query');
       lowerQuery(query);
       let body = spec.ownBody ? undefined : await readJsonBody(ctx, services.cfg.BODY_LIMIT_BYTES);
       if (vBody) {

@@ -497,6 +497,28 @@ describe('HTTP conventions', () => {
     assert.equal((await c.get('/api/task/v1?status=failed&page_size=5')).status, 200, 'the parameters it takes');
   });
 
+  it('refuses a query parameter on an operation that takes none, doing nothing (a filter it ignored answered everything)', async () => {
+    const c = stack.client;
+    const doc = await c.get('/api/bridge/v1/function-instances/openapi.json?provider_instance_id=00000000-0000-4000-8000-000000000000');
+    assertError(doc, 400, 'invalid_request');
+    assert.equal(doc.body.message, 'Invalid query: query.provider_instance_id is not an allowed member');
+    assert.deepEqual(doc.body.data.errors, [{ path: 'query.provider_instance_id', message: 'is not an allowed member' }]);
+    const created = await c.post('/api/secret/v1', { key: 'query.refused', raw_value: 'v' });
+    assert.equal(created.status, 201, created.text);
+    const deleted = await c.delete(`/api/secret/v1/${created.body.id}?force=1`);
+    assertError(deleted, 400, 'invalid_request');
+    assert.deepEqual(deleted.body.data.errors, [{ path: 'query.force', message: 'is not an allowed member' }]);
+    assert.equal((await c.get(`/api/secret/v1/${created.body.id}`)).status, 200, 'nothing was deleted');
+    const mcp = await c.request('POST', '/api/bridge/v1/mcp?sessionId=abc', { jsonrpc: '2.0', id: 1, method: 'tools/list' }, { headers: { accept: 'application/json' } });
+    assertError(mcp, 400, 'invalid_request');
+    assert.deepEqual(mcp.body.data.errors, [{ path: 'query.sessionId', message: 'is not an allowed member' }]);
+    // Published documents take any (a cache buster, a CDN's): there is nothing to filter in them.
+    for (const url of ['/api/openapi.json?v=2', '/.well-known/agent-card.json?v=2', '/api/a2a/v1/.well-known/agent.json?v=2', '/api/a2a/v1/.well-known/agent-card.json?v=2']) {
+      assert.equal((await c.as(undefined).get(url)).status, 200, url);
+    }
+    assert.equal((await c.get('/api/bridge/v1/function-instances/openapi.json')).status, 200);
+  });
+
   it('never answers 500 to odd requests: undecodable paths, repeated or odd query parameters', async () => {
     const auth = { authorization: `Bearer ${stack.client.key}` };
     // An absolute-form target that is no URL: Koa's ctx.path threw, and every route answered a bare 500.

@@ -1,6 +1,6 @@
 // A2A v0.3: the JSON-RPC endpoint and the agent card. Method logic lives in domain/a2a/.
 import { defineRoute } from '../route.ts';
-import { ErrorBody, FreeObject } from '../../domain/shapes/common.ts';
+import { AnyQuery, ErrorBody, FreeObject } from '../../domain/shapes/common.ts';
 import { JsonRpcEventStream, JsonRpcResponse } from '../../domain/shapes/jsonrpc.ts';
 import { readJsonRpcBody } from '../middleware/body.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
@@ -28,6 +28,7 @@ const waiterOf = (s: Services) => {
 const cardRoute = (path: string, operationId: string) => defineRoute({
   method: 'get', path, operationId, tag, scope: null,
   summary: 'The A2A agent card (public; readable from any origin)',
+  query: AnyQuery,
   responses: { 200: FreeObject },
 }, async ({ ctx, services }) => {
   ctx.set('Access-Control-Allow-Origin', '*');

@@ -51,6 +51,10 @@ export const PageQuery = {
   next_page_token: PageToken,
 };
 
+// The query of a fixed public document (the API's OpenAPI document, the agent cards): any parameter is
+// taken and none read. A cache buster or a CDN's own may come with a fetch, and there is nothing to filter.
+export const AnyQuery = Type.Object({}, { additionalProperties: true });
+
 export const RequiredPageQuery = {
   page_size: Type.Integer(PageSize),
   next_page_token: PageToken,
