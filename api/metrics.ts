@@ -6,7 +6,7 @@
 import type { Middleware } from 'koa';
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from './route.ts';
-import { ErrorBody } from '../domain/shapes/common.ts';
+import { AnyQuery, ErrorBody } from '../domain/shapes/common.ts';
 import { Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Queue } from 'bullmq';
 import type { Services } from '../domain/services.ts';
@@ -178,7 +178,7 @@ export const countHttpAnswer = (services: Services) => ({ method, route, status,
 export const metricsRoutes = [
   defineRoute({
     method: 'get', path: '/metrics', operationId: 'metrics', tag: '_internal', scope: 'internal',
-    summary: 'Prometheus metrics', responseType: 'text/plain', responses: { 200: Type.String(), 401: ErrorBody, 403: ErrorBody },
+    summary: 'Prometheus metrics', query: AnyQuery, responseType: 'text/plain', responses: { 200: Type.String(), 401: ErrorBody, 403: ErrorBody },
   }, async ({ ctx, services }) => {
     const { registry } = metricsOf(services);
     ctx.type = registry.contentType;

@@ -512,10 +512,11 @@ describe('HTTP conventions', () => {
     const mcp = await c.request('POST', '/api/bridge/v1/mcp?sessionId=abc', { jsonrpc: '2.0', id: 1, method: 'tools/list' }, { headers: { accept: 'application/json' } });
     assertError(mcp, 400, 'invalid_request');
     assert.deepEqual(mcp.body.data.errors, [{ path: 'query.sessionId', message: 'is not an allowed member' }]);
-    // Published documents take any (a cache buster, a CDN's): there is nothing to filter in them.
-    for (const url of ['/api/openapi.json?v=2', '/.well-known/agent-card.json?v=2', '/api/a2a/v1/.well-known/agent.json?v=2', '/api/a2a/v1/.well-known/agent-card.json?v=2']) {
+    // Published documents and probes take any (a cache buster, a CDN's, a probe's): there is nothing to filter in them.
+    for (const url of ['/api/openapi.json?v=2', '/.well-known/agent-card.json?v=2', '/api/a2a/v1/.well-known/agent.json?v=2', '/api/a2a/v1/.well-known/agent-card.json?v=2', '/_internal/v1/health?probe=1', '/_internal/v1/ready?probe=1']) {
       assert.equal((await c.as(undefined).get(url)).status, 200, url);
     }
+    assert.equal((await c.get('/metrics?format=prometheus')).status, 200, 'a scraper configured with params');
     assert.equal((await c.get('/api/bridge/v1/function-instances/openapi.json')).status, 200);
   });
 

@@ -1,6 +1,6 @@
 import { Type } from '@sinclair/typebox';
 import { defineRoute } from '../route.ts';
-import { ErrorBody, FreeObject, NoInput } from '../../domain/shapes/common.ts';
+import { AnyQuery, ErrorBody, FreeObject, NoInput } from '../../domain/shapes/common.ts';
 import { publicConfig } from '../../domain/config.ts';
 import { QUEUE_NAMES, oldestWaitingAgeMs, queueConcurrency, queueJobCounts } from '../../queues/names.ts';
 import { SERVICE_VERSION } from '../../domain/version.ts';
@@ -13,12 +13,14 @@ export const internalRoutes = [
   defineRoute({
     method: 'get', path: '/_internal/v1/health', operationId: 'health', tag, scope: null,
     summary: 'Liveness: 200 while the process runs',
+    query: AnyQuery,
     responses: { 200: Type.Object({ status: Type.Literal('ok') }) },
   }, async () => ({ status: 'ok' as const })),
 
   defineRoute({
     method: 'get', path: '/_internal/v1/ready', operationId: 'ready', tag, scope: null,
     summary: 'Readiness: 200 when Postgres and Redis answer and this process can read its local envelope key files, else 503 naming what failed (or that it is shutting down)',
+    query: AnyQuery,
     responses: { 200: Type.Object({ status: Type.Literal('ready'), checks: FreeObject }), 503: ErrorBody },
   }, async ({ services }) => checkReadiness(services)),
 

@@ -51,8 +51,9 @@ export const PageQuery = {
   next_page_token: PageToken,
 };
 
-// The query of a fixed public document (the API's OpenAPI document, the agent cards): any parameter is
-// taken and none read. A cache buster or a CDN's own may come with a fetch, and there is nothing to filter.
+// The query of a route that answers the same whatever is asked (the OpenAPI document, the agent cards,
+// health, readiness, metrics): any parameter is taken and none read. A cache buster, a CDN's own, or a
+// probe's or scraper's configured parameters may come with a fetch, and there is nothing to filter.
 export const AnyQuery = Type.Object({}, { additionalProperties: true });
 
 export const RequiredPageQuery = {
