@@ -4,7 +4,7 @@ import { randomUUID } from 'node:crypto';
 import type { Services } from './services.ts';
 import { AppError, Conflict, NotFound } from './errors.ts';
 import { DecryptError, decryptImported, decryptWithDek, DekUnwrapFailed, encryptWithDek, writeUnderAlias, type KeyringServices } from './keyring.ts';
-import { KeyUnusable } from './crypto/envelope-keys.ts';
+import { KeyUnusable, KmsKeyUnusable } from './crypto/envelope-keys.ts';
 import { DEFAULT_ALIAS } from './crypto/key-management.ts';
 import { dekForRewrite } from './alias-rotation.ts';
 import * as repo from '../db/secrets.ts';
@@ -56,8 +56,9 @@ export async function listSecrets(db: Services['db'], pageSize: number, token?: 
   return withMember(page, page.items.map(toSecret));
 }
 
-// A secret that does not open because of what is stored is listed with decrypt_error instead of its
-// value, so one damaged row does not hide the rest of its page or the pages after it. KMS failing
+// A secret that does not open because of what is stored, or because KMS refuses its DEK's key for
+// that key's state (disabled, deleted), is listed with decrypt_error instead of its value, so one
+// damaged row or unusable key does not hide the rest of its page or the pages after it. KMS failing
 // (502) or Postgres (503) fails the whole request, as it fails a read of one secret.
 export async function listDecryptedSecrets(s: ReadServices & Pick<Services, 'log'>, pageSize: number, token?: string): Promise<{ secrets: DecryptedSecret[]; next_page_token?: string }> {
   const page = await repo.listSecrets(s.db, pageSize, token);
@@ -156,10 +157,12 @@ async function decryptStored(s: ReadServices, row: SecretRow): Promise<string> {
 const valueFault = (row: SecretRow) => `secret '${row.key}' does not decrypt with its DEK '${row.dek_id}'`;
 
 // Why a secret does not open when the cause is what is stored (its value, its DEK's wrapped key, its
-// envelope key's file), each a 500 on a read of that secret alone; undefined for anything else.
+// envelope key's file), each a 500 on a read of that secret alone, or its KMS key's state (a 502
+// there); undefined for anything else.
 function storedFault(row: SecretRow, err: unknown): { code: SecretDecryptErrorCode; message: string } | undefined {
   if (err instanceof DecryptError) return { code: 'value_does_not_decrypt', message: valueFault(row) };
   if (err instanceof DekUnwrapFailed) return { code: 'dek_does_not_unwrap', message: err.message };
   if (err instanceof KeyUnusable) return { code: 'envelope_key_unusable', message: err.message };
+  if (err instanceof KmsKeyUnusable) return { code: 'kms_key_unusable', message: `DEK '${row.dek_id}' cannot be unwrapped: ${err.message}` };
   return undefined;
 }

@@ -3,7 +3,8 @@ import fs from 'node:fs';
 import { once } from 'node:events';
 import path from 'node:path';
 import { randomBytes, randomUUID } from 'node:crypto';
-import { Client, resetDb, startApi, startStack, testDb, testEnv, useProcessEnv, waitFor, withQueue, type Stack, type Response, assertError, assertNotFound } from './helpers/stack.ts';
+import { CancelKeyDeletionCommand, DisableKeyCommand, EnableKeyCommand, KMSClient, ScheduleKeyDeletionCommand } from '@aws-sdk/client-kms';
+import { Client, requestLogsThrough, resetDb, startApi, startStack, testDb, testEnv, useProcessEnv, waitFor, withQueue, type Stack, type Response, assertError, assertNotFound } from './helpers/stack.ts';
 import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
 import { openByHand, sealByHand } from './helpers/aes-gcm-by-hand.ts';
 import { kmsWrapper } from '../domain/crypto/envelope-keys.ts';
@@ -13,6 +14,8 @@ import { createServices } from '../domain/services.ts';
 
 const E = '/api/encryption/v1';
 const ARN = 'arn:aws:kms:eu-west-1:111122223333:key/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0';
+// A key a test disables, schedules for deletion and deletes (ARN stays usable for the others).
+const DOOMED_ARN = 'arn:aws:kms:eu-west-1:111122223333:key/0f1e2d3c-4b5a-6978-8796-00000000d00d';
 const enc = encodeURIComponent;
 
 describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () => {
@@ -24,7 +27,7 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
   useProcessEnv({ AWS_ACCESS_KEY_ID: 'AKIDLOCALTEST', AWS_SECRET_ACCESS_KEY: 'local-test-secret' });
   before(async () => {
     await resetDb();
-    kms = await startKmsServer([ARN]);
+    kms = await startKmsServer([ARN, DOOMED_ARN]);
     stack = await startStack({ AWS_KMS_ENDPOINT: kms.url, AWS_ACCESS_KEY_ID: 'AKIDLOCALTEST', AWS_SECRET_ACCESS_KEY: 'local-test-secret' });
     keysDir = path.join(stack.env.DATA_DIR, 'keys');
   });
@@ -668,6 +671,55 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal(item(onKms.body.id).decrypted_value, undefined);
     assert.equal(item(onLocal.body.id).decrypted_value, 'local-v');
     for (const r of [onKms, onLocal]) assert.equal((await c.delete(`/api/secret/v1/${r.body.id}`)).status, 200);
+  });
+
+  it('lists a secret whose KMS key is disabled, pending deletion or deleted with decrypt_error kms_key_unusable, the rest decrypted, and its value again once the key is enabled', async () => {
+    const c = stack.client;
+    assert.equal((await c.post(`${E}/envelope`, { type: 'aws_kms', arn: DOOMED_ARN, region: 'eu-west-1' })).status, 201);
+    assert.equal((await c.post(`${E}/envelope/${enc(DOOMED_ARN)}/dek`, { id: 'kms-doomed-dek' })).status, 201);
+    assert.equal((await c.post(`${E}/dek/alias`, { dek_id: 'kms-doomed-dek', alias: 'kms-doomed' })).status, 201);
+    const onDoomed = await c.post('/api/secret/v1', { key: 'kms-doomed/on-kms', raw_value: 'doomed-v', dek_alias: 'kms-doomed' });
+    const onLocal = await c.post('/api/secret/v1', { key: 'kms-doomed/on-local', raw_value: 'local-v' });
+    assert.deepEqual([onDoomed.status, onLocal.status], [201, 201]);
+    const admin = new KMSClient({ region: 'eu-west-1', endpoint: kms.url });
+    const listed = async () => {
+      await dropCaches(c);
+      const page = await c.get('/api/secret/v1/list-decrypted?page_size=1000');
+      assert.equal(page.status, 200, page.text);
+      const item = (id: string) => page.body.secrets.find((x: { id: string }) => x.id === id);
+      assert.equal(item(onLocal.body.id).decrypted_value, 'local-v');
+      return { page, doomed: item(onDoomed.body.id) };
+    };
+    const refused = async (kmsError: string, state: string) => {
+      const { page, doomed } = await listed();
+      assert.equal(doomed.decrypted_value, undefined);
+      assert.deepEqual(doomed.decrypt_error, {
+        code: 'kms_key_unusable',
+        message: `DEK 'kms-doomed-dek' cannot be unwrapped: AWS KMS Decrypt failed: ${kmsError} (KMS key '${DOOMED_ARN}' ${state})`,
+      });
+      const id = page.headers.get('x-request-id');
+      const errors = (await requestLogsThrough(stack, page, { all: true })).filter((l) => l.includes(`"req_id":"${id}"`) && l.includes('"level":50'));
+      assert.equal(errors.length, 1, errors.join('\n'));
+      assert.ok(errors[0].includes(onDoomed.body.id) && errors[0].includes('kms_key_unusable'), errors[0]);
+    };
+    const opens = async () => assert.equal((await listed()).doomed.decrypted_value, 'doomed-v');
+    try {
+      await opens();
+      await admin.send(new DisableKeyCommand({ KeyId: DOOMED_ARN }));
+      await refused('DisabledException', 'is disabled');
+      await admin.send(new EnableKeyCommand({ KeyId: DOOMED_ARN }));
+      await opens();
+      await admin.send(new ScheduleKeyDeletionCommand({ KeyId: DOOMED_ARN, PendingWindowInDays: 7 }));
+      await refused('KMSInvalidStateException', 'is in a state that cannot be used, such as pending deletion');
+      await admin.send(new CancelKeyDeletionCommand({ KeyId: DOOMED_ARN }));
+      await admin.send(new EnableKeyCommand({ KeyId: DOOMED_ARN }));
+      await opens();
+      kms.deleteKey(DOOMED_ARN);
+      await refused('NotFoundException', 'does not exist');
+    } finally {
+      admin.destroy();
+    }
+    for (const r of [onDoomed, onLocal]) assert.equal((await c.delete(`/api/secret/v1/${r.body.id}`)).status, 200);
   });
 
   it('keeps writes under an alias going while its rotation waits on KMS for the new DEK', async () => {

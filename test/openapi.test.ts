@@ -191,6 +191,11 @@ describe('OpenAPI document', () => {
     assert.deepEqual(doc.components.schemas.Error.properties.data.properties.code.enum, [...ERROR_CODES]);
   });
 
+  it('lists every decrypt_error code list-decrypted answers, kms_key_unusable (a disabled or deleted KMS key) among them', () => {
+    assert.deepEqual(doc.components.schemas.DecryptedSecret.properties.decrypt_error.properties.code,
+      { anyOf: ['value_does_not_decrypt', 'dek_does_not_unwrap', 'envelope_key_unusable', 'kms_key_unusable'].map((c) => ({ type: 'string', const: c })) });
+  });
+
   it('every $ref points at a component that exists', () => {
     const refs = JSON.stringify(doc).match(/"\$ref":"[^"]+"/g) ?? [];
     assert.ok(refs.length > 0);

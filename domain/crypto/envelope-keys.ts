@@ -146,10 +146,24 @@ function kmsClient(region: string, endpoint: string | undefined): KMSClient {
   return c;
 }
 
+// KMS refusing a key for its state, which lasts until someone changes it (KMS's error, the key's state).
+const KMS_KEY_STATES = new Map([
+  ['DisabledException', 'is disabled'],
+  ['KMSInvalidStateException', 'is in a state that cannot be used, such as pending deletion'],
+  ['NotFoundException', 'does not exist'],
+]);
+
+// A KMS key that KMS refuses as it stands (disabled, pending deletion, deleted): a 502 as any KMS
+// refusal, but a state of that one key rather than KMS failing, so list-decrypted lists the values
+// under it and answers the rest.
+export class KmsKeyUnusable extends Upstream {}
+
 // KMS failures: a ciphertext KMS rejects is the caller's bad value; anything else is upstream.
-function kmsError(err: unknown, op: string): Error {
+function kmsError(err: unknown, op: string, arn: string): Error {
   const e = err as { name?: string; message?: string };
   if (e.name === 'InvalidCiphertextException' || e.name === 'IncorrectKeyException') return new DecryptError('encrypted DEK does not unwrap with this KMS key');
+  const state = KMS_KEY_STATES.get(e.name ?? '');
+  if (state) return new KmsKeyUnusable(`AWS KMS ${op} failed: ${e.name} (KMS key '${arn}' ${state})`, { upstream: 'aws_kms' });
   return new Upstream(`AWS KMS ${op} failed: ${e.name ?? 'error'}`, { upstream: 'aws_kms' });
 }
 
@@ -168,7 +182,7 @@ export function kmsWrapper(arn: string, region: string, endpoint: string | undef
       return await call({ abortSignal: timeout.signal });
     } catch (err) {
       if (timeout.signal.aborted) throw new Upstream(`AWS KMS ${op} failed: no answer within ${timeoutMs} ms`, { upstream: 'aws_kms' });
-      throw kmsError(err, op);
+      throw kmsError(err, op, arn);
     } finally {
       clearTimeout(timer);
     }

@@ -33,8 +33,9 @@ export const Secret = Type.Object({ ...common, encrypted_secret: Type.String({ d
 export type Secret = Static<typeof Secret>;
 
 // Why list-decrypted could not open a stored secret: its value changed in the table, its DEK not
-// unwrapping with its envelope key, or that key unusable (a local key file gone or of the wrong size).
-export const SECRET_DECRYPT_ERRORS = ['value_does_not_decrypt', 'dek_does_not_unwrap', 'envelope_key_unusable'] as const;
+// unwrapping with its envelope key, that key unusable (a local key file gone or of the wrong size), or
+// KMS refusing its KMS key (disabled, pending deletion, deleted).
+export const SECRET_DECRYPT_ERRORS = ['value_does_not_decrypt', 'dek_does_not_unwrap', 'envelope_key_unusable', 'kms_key_unusable'] as const;
 export type SecretDecryptErrorCode = typeof SECRET_DECRYPT_ERRORS[number];
 
 export const DecryptedSecret = Type.Object({

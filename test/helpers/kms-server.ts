@@ -1,6 +1,9 @@
 // A local AWS KMS stand-in speaking the KMS JSON protocol (POST /, X-Amz-Target:
 // TrentService.<Op>, application/x-amz-json-1.1) for the calls the real SDK makes: Encrypt,
-// Decrypt, GenerateDataKey. Ciphertext blobs name their key, as real KMS blobs do.
+// Decrypt, GenerateDataKey, and the key state changes a test makes through the SDK: DisableKey,
+// EnableKey, ScheduleKeyDeletion, CancelKeyDeletion. A key not enabled is refused as KMS refuses it
+// (DisabledException, KMSInvalidStateException, NotFoundException once deleted). Ciphertext blobs
+// name their key, as real KMS blobs do.
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
@@ -10,11 +13,14 @@ export interface KmsServer {
   calls: { op: string; keyId?: string }[];
   /** Holds the answers to calls of `op` (recorded in `calls` as they arrive) until the function it returns is called; given an error type, they are answered with that error. */
   hold(op: string): (fail?: string) => void;
+  /** Ends a key's deletion waiting period (KMS has no call for it): the key is deleted. */
+  deleteKey(arn: string): void;
   close(): Promise<void>;
 }
 
 export async function startKmsServer(keyArns: string[]): Promise<KmsServer> {
   const keys = new Map(keyArns.map((arn) => [arn, randomBytes(32)]));
+  const states = new Map<string, 'Enabled' | 'Disabled' | 'PendingDeletion' | 'Deleted'>(keyArns.map((arn) => [arn, 'Enabled']));
   const calls: { op: string; keyId?: string }[] = [];
   const held = new Map<string, Promise<string | undefined>>();
 
@@ -65,9 +71,39 @@ export async function startKmsServer(keyArns: string[]): Promise<KmsServer> {
     });
   });
   type Reply = (status: number, body: object) => void;
-  const answer = (op: string, body: Record<string, string>, reply: Reply, fail: (type: string, message: string) => void) => {
+  type Fail = (type: string, message: string) => void;
+  // KMS's refusal of a use of a key that is not enabled: [error type, message]; undefined when it is.
+  const unusable = (arn: string): [string, string] | undefined => {
+    const state = states.get(arn);
+    if (state === 'Disabled') return ['DisabledException', `${arn} is disabled.`];
+    if (state === 'PendingDeletion') return ['KMSInvalidStateException', `${arn} is pending deletion.`];
+    if (state === 'Deleted') return ['NotFoundException', `Key '${arn}' does not exist`];
+    return undefined;
+  };
+  const answer = (op: string, body: Record<string, string>, reply: Reply, fail: Fail) => {
+    if (['DisableKey', 'EnableKey', 'ScheduleKeyDeletion', 'CancelKeyDeletion'].includes(op)) {
+      const state = states.get(body.KeyId);
+      if (!state || state === 'Deleted') return fail('NotFoundException', `Key '${body.KeyId}' does not exist`);
+      const pending = state === 'PendingDeletion';
+      if (op === 'CancelKeyDeletion') {
+        if (!pending) return fail('KMSInvalidStateException', `${body.KeyId} is not pending deletion.`);
+        // As in KMS, a key whose deletion is canceled is disabled.
+        states.set(body.KeyId, 'Disabled');
+        return reply(200, { KeyId: body.KeyId });
+      }
+      if (pending) return fail('KMSInvalidStateException', `${body.KeyId} is pending deletion.`);
+      if (op === 'ScheduleKeyDeletion') {
+        states.set(body.KeyId, 'PendingDeletion');
+        const days = Number(body.PendingWindowInDays ?? 30);
+        return reply(200, { KeyId: body.KeyId, KeyState: 'PendingDeletion', PendingWindowInDays: days, DeletionDate: Date.now() / 1000 + days * 86_400 });
+      }
+      states.set(body.KeyId, op === 'DisableKey' ? 'Disabled' : 'Enabled');
+      return reply(200, {});
+    }
     if (op === 'Encrypt' || op === 'GenerateDataKey') {
       if (!keys.has(body.KeyId)) return fail('NotFoundException', `key ${body.KeyId} not found`);
+      const refused = unusable(body.KeyId);
+      if (refused) return fail(...refused);
       const plain = op === 'Encrypt' ? Buffer.from(body.Plaintext, 'base64') : randomBytes(body.KeySpec === 'AES_128' ? 16 : 32);
       const out = { CiphertextBlob: seal(body.KeyId, plain).toString('base64'), KeyId: body.KeyId, EncryptionAlgorithm: 'SYMMETRIC_DEFAULT' };
       return reply(200, op === 'Encrypt' ? out : { ...out, Plaintext: plain.toString('base64') });
@@ -79,6 +115,8 @@ export async function startKmsServer(keyArns: string[]): Promise<KmsServer> {
       const opened = open(blob);
       if (!opened) return fail('InvalidCiphertextException', 'ciphertext does not decrypt');
       if (body.KeyId && body.KeyId !== opened.arn) return fail('IncorrectKeyException', 'ciphertext was made under another key');
+      const refused = unusable(opened.arn);
+      if (refused) return fail(...refused);
       return reply(200, { Plaintext: opened.plain.toString('base64'), KeyId: opened.arn, EncryptionAlgorithm: 'SYMMETRIC_DEFAULT' });
     }
     return fail('UnknownOperationException', `operation ${op} not implemented here`);
@@ -92,6 +130,9 @@ export async function startKmsServer(keyArns: string[]): Promise<KmsServer> {
       let release!: (error?: string) => void;
       held.set(op, new Promise<string | undefined>((resolve) => { release = resolve; }));
       return (error?: string) => { held.delete(op); release(error); };
+    },
+    deleteKey(arn) {
+      states.set(arn, 'Deleted');
     },
     close: () => new Promise<void>((resolve) => { server.closeAllConnections(); server.close(() => resolve()); }),
   };
