@@ -368,7 +368,8 @@ export async function extendCredentialRefreshMark(db: Tx, id: string, queuedForM
   await db('bridge_credentials').where({ id }).update({ refresh_queued_until: queuedFor(db, queuedForMs) });
 }
 
-// The marks markDueCredentialRefreshes set on credentials whose jobs could not be queued after all.
+// The marks markDueCredentialRefreshes set, on credentials whose jobs could not be queued after all or
+// whose refresh gave up.
 export async function unmarkCredentialRefreshes(db: Tx, ids: string[]): Promise<void> {
   if (ids.length) await db('bridge_credentials').whereIn('id', ids).update({ refresh_queued_until: null });
 }

@@ -292,6 +292,10 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
   // instance on the same credential, active.
   async function failedWithSibling(id: string, sibling: string): Promise<void> {
     await refreshFailing(id, 'revoked');
+    await addSibling(id, sibling);
+  }
+  // `sibling`, a new instance on the user credential of `id`, active.
+  async function addSibling(id: string, sibling: string): Promise<void> {
     const old = await instance(id);
     const created = await c.post(avail, {
       provider_instance_id: sibling, display_name: sibling, resource_server_credential_id: old.resource_server_credential_id, user_credential_id: old.user_credential_id,
@@ -306,6 +310,16 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     await waitFor(async () => (await userCredential('mail-sib')).next_rotation_time.getTime() > Date.now(), 'the shared credential to be refreshed');
     assert.equal((await instance('mail-sib')).status, 'active');
     assert.equal((await instance('mail-old')).status, 'refresh_failed', 'marked by an earlier refresh, not by a run of this one');
+  });
+
+  it('a refresh that gives up ends the scan\'s mark with it: a new instance on the credential, still due, is refreshed at the next scan', async () => {
+    await refreshFailing('mail-given-up', 'revoked');
+    // Read before an instance the scan takes shares the credential: then the scan marks it again.
+    assert.equal((await userCredential('mail-given-up')).refresh_queued_until, null, 'the mark cleared with the give-up');
+    await addSibling('mail-given-up', 'mail-given-up-sib');
+    // Not made due again: it still is since the refresh that gave up.
+    await waitFor(async () => (await userCredential('mail-given-up-sib')).next_rotation_time.getTime() > Date.now(), 'the shared credential to be refreshed');
+    assert.equal((await instance('mail-given-up-sib')).status, 'active');
   });
 
   it('a refresh that stores new tokens leaves refresh_failed an instance marked before the refresh read it and PATCHed since: its rename is not a mark', async () => {

@@ -73,7 +73,13 @@ export async function refreshRetrying(s: RefreshServices, credentialId: string, 
 type Seen = { value?: Record<string, unknown> };
 
 async function giveUp(s: RefreshServices, credentialId: string, seen: Seen, reason: string): Promise<RefreshOutcome> {
-  const instances = await s.db.transaction((trx) => repo.setInstanceStatusOfUserCredential(trx, credentialId, seen.value, 'refresh_failed'));
+  // The refresh is over, whether or not the credential changed since: the scan's mark goes with it,
+  // or an instance that shares the credential later (or a revived one) waited for the mark to lapse.
+  const instances = await s.db.transaction(async (trx) => {
+    const marked = await repo.setInstanceStatusOfUserCredential(trx, credentialId, seen.value, 'refresh_failed');
+    await repo.unmarkCredentialRefreshes(trx, [credentialId]);
+    return marked;
+  });
   if (seen.value && !instances.length) {
     s.log.info({ credential_id: credentialId, reason }, 'credential refresh failed, but the credential changed since this job read it (refreshed or brokered again): the instance is not marked');
     return 'not due';
