@@ -1,4 +1,4 @@
-import { Backoffs, type BackoffStrategy, type Job, type JobsOptions, type Queue } from 'bullmq';
+import { Backoffs, UnrecoverableError, type BackoffStrategy, type Job, type JobsOptions, type Queue } from 'bullmq';
 import type { Redis } from 'ioredis';
 import type { Config } from '../domain/config.ts';
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
@@ -116,12 +116,15 @@ export const backoffStrategy = (cfg: Config): BackoffStrategy => (attemptsMade, 
 export const lastAttempt = (job: Pick<Job, 'attemptsMade' | 'opts'>): boolean => job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
 
 // How long BullMQ waits before it runs `job` again once the attempt under way fails with `err`, as a
-// worker computes it (the job's backoff, backoffStrategy for ours); undefined after the last attempt.
+// worker decides it (Job.shouldRetryJob, not exported; the job's backoff, backoffStrategy for ours).
+// Undefined when BullMQ does not run it again: after the last attempt, for an UnrecoverableError
+// (known by its name too, as BullMQ does), or when the backoff answers -1. BullMQ also stops at a
+// worker's maxStartedAttempts, which none of ours sets (workers/main.ts).
 export async function retryDelayMs(cfg: Config, job: Job, err: Error): Promise<number | undefined> {
-  if (lastAttempt(job)) return undefined;
-  const attemptsMade = job.attemptsMade + 1;
+  if (lastAttempt(job) || err instanceof UnrecoverableError || err.name === 'UnrecoverableError') return undefined;
   const backoff = job.opts.backoff === undefined ? undefined : Backoffs.normalize(job.opts.backoff);
-  return (backoff && await Backoffs.calculate(backoff, attemptsMade, err, job, backoffStrategy(cfg))) || 0;
+  const delay = backoff && await Backoffs.calculate(backoff, job.attemptsMade + 1, err, job, backoffStrategy(cfg));
+  return delay === -1 ? undefined : delay || 0;
 }
 
 export function defaultJobOptions(cfg: Config, queue: QueueName): JobsOptions {

@@ -1,7 +1,10 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
-import { lockWaits, resetDb, testDb, waitFor, withQueue, type Client, type Stack } from './helpers/stack.ts';
+import { UnrecoverableError, type Job } from 'bullmq';
+import { loadConfig } from '../domain/config.ts';
+import { retryDelayMs } from '../queues/names.ts';
+import { lockWaits, resetDb, testDb, testEnv, waitFor, withQueue, type Client, type Stack } from './helpers/stack.ts';
 import { consent, startOAuthStack, type OAuthServer, type OAuthStack } from './helpers/oauth-server.ts';
 import type { FakeProviders } from './helpers/fake-providers.ts';
 
@@ -514,5 +517,21 @@ describe('credential refresh: a queued refresh is marked one attempt at a time',
     } finally {
       await oauth.setMode('ok');
     }
+  });
+});
+
+// The processor marks a failed attempt for its backoff only when retryDelayMs says BullMQ retries it
+// (workers/refresh-credential.ts): a mark for a retry that never comes made the scan wait for nothing.
+describe('credential refresh: a failed attempt BullMQ does not retry is not marked for a retry', () => {
+  const job = (backoff: { type: string; delay: number }) => ({ attemptsMade: 0, opts: { attempts: ATTEMPTS, backoff } }) as unknown as Job;
+  const capped = { type: 'capped-exponential', delay: 50 };
+
+  it('has no retry delay for an UnrecoverableError (also known by its name alone) or a backoff answering -1; an ordinary failure waits its backoff', async () => {
+    const cfg = loadConfig(testEnv({ LOG_LEVEL: 'silent' }));
+    assert.equal(await retryDelayMs(cfg, job(capped), new Error('provider down')), 50);
+    assert.equal(await retryDelayMs(cfg, job(capped), new UnrecoverableError('no retry mends it')), undefined);
+    assert.equal(await retryDelayMs(cfg, job(capped), Object.assign(new Error('no retry mends it'), { name: 'UnrecoverableError' })), undefined);
+    assert.equal(await retryDelayMs(cfg, job({ type: 'fixed', delay: -1 }), new Error('provider down')), undefined);
+    assert.equal(await retryDelayMs(cfg, { ...job(capped), attemptsMade: ATTEMPTS - 1 } as Job, new Error('provider down')), undefined, 'after the last attempt');
   });
 });
