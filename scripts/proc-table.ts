@@ -6,6 +6,8 @@ import fs from 'node:fs';
 export interface ProcEntry {
   pid: number;
   ppid: number;
+  /** Its process group. */
+  pgrp: number;
   /** R running, S sleeping, D in I/O, T stopped, Z ended and not reaped, … */
   state: string;
   /** User and system time, its reaped children's included. */
@@ -26,13 +28,26 @@ export function readProcTable(): Map<number, ProcEntry> | undefined {
     } catch {
       continue; // ended meanwhile
     }
-    // "pid (comm) state ppid …": comm may hold spaces and parentheses, so split after the last ')'.
+    // "pid (comm) state ppid pgrp …": comm may hold spaces and parentheses, so split after the last ')'.
     // Then utime, stime, cutime, cstime are fields 14 to 17.
     const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
     const pid = Number(name);
-    table.set(pid, { pid, ppid: Number(f[1]), state: f[0], cpuMs: (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) * TICK_MS });
+    table.set(pid, { pid, ppid: Number(f[1]), pgrp: Number(f[2]), state: f[0], cpuMs: (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) * TICK_MS });
   }
   return table;
+}
+
+// Whether a process of group `group` runs: with /proc, one that has not ended (an ended one may wait
+// long to be reaped by an init that reaps lazily); without, whether the group can be signalled.
+export function groupRuns(group: number): boolean {
+  const table = readProcTable();
+  if (table) return [...table.values()].some((p) => p.pgrp === group && p.state !== 'Z');
+  try {
+    process.kill(-group, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
 }
 
 // `root` and every process it started, parents before their children.

@@ -8,10 +8,12 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { redactUrl } from '../domain/logger.ts';
 import { startPostgres, startRedis, type LocalService } from './local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
 import { watchProgress } from './test-watchdog.ts';
+import { groupRuns } from './proc-table.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const say = (m: string) => console.error(`[test] ${m}`);
@@ -30,6 +32,18 @@ const services: LocalService[] = [];
 const abandon = new AbortController();
 let tsc: ChildProcess | undefined;
 let mocha: ChildProcess | undefined;
+// mocha runs in a process group of its own, which a signal for the run reaches whole: mocha's
+// wrapper (bin/mocha.js) dies of a SIGTERM without passing it on, leaving the process that runs the
+// tests to finish them with nothing above it. What does not end within the grace period is killed.
+const MOCHA_GRACE_MS = 10_000;
+let mochaGrace: NodeJS.Timeout | undefined;
+const signalMocha = (signal: NodeJS.Signals) => {
+  try {
+    if (mocha?.pid) process.kill(-mocha.pid, signal);
+  } catch {
+    // Gone already.
+  }
+};
 // From before anything starts: Ctrl-C while Postgres starts or the typecheck runs must still stop
 // what was started (the servers run in sessions of their own, so the Ctrl-C does not reach them).
 // Another signal once that stop is under way kills the servers and exits at once (a CI's cancel sends
@@ -42,7 +56,8 @@ for (const signal of ['SIGINT', 'SIGTERM'] as const) {
     if (Date.now() - signalledAt < 1000) return;
     signalledAt = Date.now();
     if (signalled) {
-      say(`${signal} again: killing Postgres and Redis and exiting without waiting`);
+      say(`${signal} again: killing mocha, Postgres and Redis and exiting without waiting`);
+      signalMocha('SIGKILL');
       for (const s of services) s.kill();
       try {
         // Retried: a server killed a moment ago may still be writing into it.
@@ -55,7 +70,12 @@ for (const signal of ['SIGINT', 'SIGTERM'] as const) {
     signalled = signal;
     abandon.abort();
     tsc?.kill('SIGTERM');
-    mocha?.kill('SIGTERM');
+    if (!mocha) return;
+    signalMocha(signal);
+    mochaGrace = setTimeout(() => {
+      say(`mocha still ran ${MOCHA_GRACE_MS / 1000} s after the ${signal}: killed it`);
+      signalMocha('SIGKILL');
+    }, MOCHA_GRACE_MS);
   });
 }
 
@@ -103,6 +123,7 @@ async function run(): Promise<number> {
   const progressFile = path.join(dataDir, 'progress');
   const child = spawn(process.execPath, [path.join(root, 'node_modules', 'mocha', 'bin', 'mocha.js'), ...args, ...(hasSpec ? [] : ['test/**/*.test.ts'])], {
     cwd: root,
+    detached: true,
     stdio: 'inherit',
     env: { ...process.env, DATABASE_URL: pg.url, REDIS_URL: redis.url, REDIS_PORT: String(redis.port), TEST_DATA_DIR: dataDir, TEST_PROGRESS_FILE: progressFile, NODE_ENV: 'test' },
   });
@@ -113,6 +134,10 @@ async function run(): Promise<number> {
     say(description);
   });
   const exit: number = await new Promise((resolve) => child.on('exit', (c, sig) => resolve(c ?? (sig ? 1 : 0))));
+  // Stopped, the tests' process and what they started may outlive the wrapper: Postgres and Redis
+  // stop once they have ended (or been killed).
+  while (signalled && groupRuns(child.pid!)) await sleep(50);
+  clearTimeout(mochaGrace);
   unwatch();
   if (stalled) say('ended the stuck run: it fails');
   return stalled ? 1 : exit;

@@ -459,7 +459,7 @@ describe('npm start on its DATA_DIR', function () {
   });
 });
 
-describe('npm test whose start fails or is stopped before the tests run', function () {
+describe('npm test whose start fails or which is stopped', function () {
   this.timeout(5 * 60_000);
   // Its data directory is made under a TMPDIR of this test's own, where anything left is seen.
   const tmp = path.join(requireEnv('TEST_DATA_DIR'), 'npm-test-tmp');
@@ -531,6 +531,45 @@ describe('npm test whose start fails or is stopped before the tests run', functi
     assert.deepEqual(runDirs(), [], 'its data directory is removed');
   });
 
+  // What runs (not ended and waiting to be reaped) in process group `group`.
+  const runningIn = (group: number) => fs.readdirSync('/proc').filter((p) => {
+    try {
+      const [state, , pgrp] = statOf(Number(p));
+      return Number(pgrp) === group && state !== 'Z';
+    } catch {
+      return false; // not a process, or ended meanwhile
+    }
+  }).map(Number);
+  const running = (pid: number) => {
+    try {
+      return statOf(pid)[0] !== 'Z';
+    } catch {
+      return false;
+    }
+  };
+
+  for (const { signal, ignored } of [{ signal: 'SIGTERM', ignored: false }, { signal: 'SIGINT', ignored: true }] as const) {
+    it(`stopped (${signal} to its pid only) while a test runs${ignored ? ' that ignores it' : ''}: ends mocha and what it started${ignored ? ' (SIGKILL after the grace period)' : ''}, then stops Postgres and Redis`, async () => {
+      let run: number[] = [];
+      try {
+        const r = await npmTest(ignored ? { SLOW_SUITE_IGNORE_SIGNALS: '1' } : {}, async (child, output) => {
+          const started = await waitFor(async () => /\[slow\] mocha (\d+), child (\d+)/.exec(output()), 'the suite to start', 120_000, 50);
+          const [mocha, sub] = [Number(started[1]), Number(started[2])];
+          run = [...new Set([mocha, sub, ...runningIn(groupOf(mocha))])];
+          child.kill(signal);
+        }, 'test/fixtures/slow-suite.ts');
+        assert.equal(r.code, 1, r.output);
+        assert.deepEqual(run.filter(running), [], `processes of its mocha left running:\n${r.output}`);
+        if (ignored) assert.match(r.output, /\[test\] mocha still ran 10 s after the SIGINT: killed it/);
+        else assert.doesNotMatch(r.output, /killed it/);
+        assert.deepEqual(leftServers(), [], r.output);
+        assert.deepEqual(runDirs(), [], 'its data directory is removed');
+      } finally {
+        for (const pid of run) if (running(pid)) process.kill(pid, 'SIGKILL');
+      }
+    });
+  }
+
   it('a second signal while it stops kills Postgres (its backends too) and Redis and exits at once (128 + the signal)', async () => {
     let servers: number[] = [];
     let mocha: number | undefined;
@@ -546,19 +585,19 @@ describe('npm test whose start fails or is stopped before the tests run', functi
         // Stopped, Postgres and Redis hold up the first signal's stop (each for its 10 s before SIGKILL).
         for (const pid of [postgres, redis]) process.kill(pid, 'SIGSTOP');
         child.kill('SIGINT');
-        // npm test's mocha ends on that SIGTERM; the suite, in the process under it, says when. Signals
+        // npm test passes the signal on to its mocha, whose process running the suite ends on it. Signals
         // within a second of the last are taken for one (npm passing on a Ctrl-C): the second comes after.
-        const gone = await waitFor(async () => /\[held\] parent gone at (\d+)/.exec(output()), 'npm test to stop its mocha', 60_000, 20);
-        await sleep(Math.max(0, Number(gone[1]) + 1000 - Date.now()));
+        await waitFor(async () => !running(mocha!), 'npm test to stop its mocha', 60_000, 20);
+        await sleep(1000);
         child.kill('SIGTERM');
       }, 'test/fixtures/held-backend-suite.ts');
       assert.equal(r.code, 128 + os.constants.signals.SIGTERM, r.output);
-      assert.match(r.output, /\[test\] SIGTERM again: killing Postgres and Redis and exiting without waiting/);
-      await waitFor(async () => !servers.some(alive), 'every process of Postgres and Redis to end', 30_000, 50)
-        .catch((err) => { throw new Error(`${(err as Error).message}: ${servers.filter(alive).join(', ')} left\n${r.output}`); });
+      assert.match(r.output, /\[test\] SIGTERM again: killing mocha, Postgres and Redis and exiting without waiting/);
+      await waitFor(async () => !servers.some(running), 'every process of Postgres and Redis to end', 30_000, 50)
+        .catch((err) => { throw new Error(`${(err as Error).message}: ${servers.filter(running).join(', ')} left\n${r.output}`); });
       assert.deepEqual(runDirs(), [], 'its data directory is removed');
     } finally {
-      for (const pid of [...servers, mocha ?? 0]) if (pid && alive(pid)) process.kill(pid, 'SIGKILL');
+      for (const pid of [...servers, mocha ?? 0]) if (pid && running(pid)) process.kill(pid, 'SIGKILL');
     }
   });
 });
