@@ -9,6 +9,7 @@ import { SCOPES, type Scope } from '../domain/api-keys.ts';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
+import { assertPerSecondLimit } from './helpers/rate-limit.ts';
 import { ADMIN_KEY, assertError, Client, resetDb, startApi, startStack, testDb, useStack, waitFor, type Proc, type Response, type Stack } from './helpers/stack.ts';
 
 const DUMMY = '00000000-0000-4000-8000-000000000000';
@@ -24,16 +25,6 @@ const guess = () => `tb_${randomUUID()}`;
 async function inAFreshMinute(needMs = 20_000) {
   const left = 60_000 - (Date.now() % 60_000);
   if (left < needMs) await sleep(left + 50);
-}
-
-// The rate limit's windows are this machine's wall-clock seconds: at most `limit` of a burst pass in
-// each second it spans, however long a loaded machine takes over it. A burst spread over so many
-// seconds that all of it could pass shows nothing, and fails rather than passing unchecked. Called as
-// the burst's answers are in.
-function assertPerSecondLimit(from: number, passed: number, burst: number, limit: number) {
-  const windows = Math.floor(Date.now() / 1000) - Math.floor(from / 1000) + 1;
-  assert.ok(limit * windows < burst, `the burst of ${burst} spanned ${windows} seconds: too long to tell whether ${limit} a second held`);
-  assert.ok(passed <= limit * windows, `at most ${limit} pass in each of the ${windows} seconds spanned: ${passed} passed`);
 }
 
 function call(client: Client, method: string, url: string, headers: Record<string, string> = {}): Promise<Response> {
