@@ -78,7 +78,10 @@ describe('agent modules', () => {
     assert.equal(after.body.result.status.state, 'canceled');
   });
 
-  it("a cancel whose Redis note is lost still aborts the agent's signal on the worker", async () => {
+  // What it guards is the path without the note: only the worker's check in Postgres can abort the run,
+  // so with that check gone (or its interval past waitFor's 20 s) it fails. Not the check's 500 ms, the
+  // README's "within about a second": that is a duration, which only a timed assertion could hold to.
+  it("a cancel whose Redis note is lost still aborts the agent's signal on the worker, through the worker's check in Postgres", async () => {
     fs.rmSync(marker, { force: true });
     const task = (await rpc('message/send', { message: userMessage('wait'), configuration: { blocking: false } })).body.result;
     await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.message?.parts?.[0]?.text === 'waiting to be canceled', 'the module agent to start waiting');
