@@ -4,6 +4,7 @@ import { spawn, spawnSync, execFileSync, type ChildProcess } from 'node:child_pr
 import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
+import os from 'node:os';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
@@ -160,8 +161,8 @@ function readPassword(file: string): string {
 }
 
 // Written on every start, so clusters made before passwords (initdb --auth=trust) ask for one too.
-// The socket lives in the cluster's own directory (mode 0700): only the user Postgres runs as, and
-// root, reach it; it is how the launcher sets the password.
+// The socket lives in a folder of its own (mode 0700, see socketDir): only the user Postgres runs as,
+// and root, reach it; it is how the launcher sets the password.
 const PG_HBA = [
   '# Written by taskbridge on every start (scripts/local-services.ts): edits are replaced.',
   'local all all trust',
@@ -316,6 +317,17 @@ function ensurePostgresUser(log: (line: string) => void): void {
   execFileSync('useradd', ['--system', ...group, 'postgres'], { stdio: 'pipe' });
 }
 
+// A private folder (mode 0700) for the server's socket, under the temp folder: beside the cluster, a long
+// DATA_DIR makes its path (<dir>/.s.PGSQL.<port>) longer than the 107 bytes a Unix socket path may have,
+// and Postgres exits. /tmp when the temp folder is itself too long or, as root, the postgres user cannot
+// enter it.
+function socketDir(): string {
+  const base = [os.tmpdir(), '/tmp'].find((d) => path.join(d, 'taskbridge-pg-XXXXXX', '.s.PGSQL.65535').length <= 107 && !blockedForPostgres(d)) ?? '/tmp';
+  const dir = fs.mkdtempSync(path.join(base, 'taskbridge-pg-'));
+  if (isRoot) execFileSync('chown', ['postgres:postgres', dir]);
+  return dir;
+}
+
 // A client of the superuser over the cluster's socket (trust): the embedded binaries have no psql or
 // pg_isready. The timeout keeps a server that takes connections and does not answer them (one still
 // recovering) from holding a ready check past its deadline.
@@ -357,7 +369,9 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
   fs.writeFileSync(hba, PG_HBA, { mode: 0o600 });
   if (isRoot) execFileSync('chown', ['postgres:postgres', hba]);
   const port = opts.port ?? await freePort();
-  const settings = ['-c', 'listen_addresses=127.0.0.1', '-c', `unix_socket_directories=${dir}`, '-c', 'max_connections=200'];
+  const sockets = socketDir();
+  const removeSockets = () => fs.rmSync(sockets, { recursive: true, force: true });
+  const settings = ['-c', 'listen_addresses=127.0.0.1', '-c', `unix_socket_directories=${sockets}`, '-c', 'max_connections=200'];
   if (opts.ephemeral) settings.push('-c', 'fsync=off', '-c', 'synchronous_commit=off', '-c', 'full_page_writes=off');
   const [cmd, args] = asPostgresUser(path.join(bin, 'postgres'), ['-D', dir, '-p', String(port), ...settings]);
   // In a session of its own (still watched, not unref'd): a Ctrl-C in the terminal goes to the whole
@@ -371,7 +385,7 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
   await readyOrStopped(child, 'SIGINT', async () => {
     let db: pg.Client | undefined;
     await waitFor(async () => {
-      const c = superuser(dir, port);
+      const c = superuser(sockets, port);
       try {
         await c.connect();
         db = c;
@@ -382,8 +396,21 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
       }
     }, 'Postgres', child, () => out, opts.readyMs, opts.abandon);
     await setUp(db!, password);
+  }).catch((err: unknown) => {
+    removeSockets();
+    throw err;
   });
-  return { url: postgresUrl(port, password), port, dir, stop: () => stopChild(child, 'SIGINT'), kill: () => killGroup(child) };
+  return {
+    url: postgresUrl(port, password), port, dir,
+    stop: async () => {
+      await stopChild(child, 'SIGINT');
+      removeSockets();
+    },
+    kill: () => {
+      killGroup(child);
+      removeSockets();
+    },
+  };
 }
 
 function findRedis(log: (l: string) => void): string {

