@@ -347,17 +347,33 @@ async function setUp(db: pg.Client, password: string): Promise<void> {
   }
 }
 
+// initdb works in a sibling folder, renamed into place once it has succeeded: a start interrupted
+// meanwhile leaves no folder taken for a cluster (initdb writes PG_VERSION among its first files), and
+// the next start removes what it left. Synced to disk but for a cluster thrown away after (tests).
+function makeCluster(bin: string, dir: string, ephemeral: boolean | undefined): void {
+  if (fs.existsSync(dir) && fs.readdirSync(dir).length) throw new Error(`${dir} holds files but no Postgres cluster (no PG_VERSION): move it away to have a new cluster made there.`);
+  const making = `${dir}.initdb`;
+  fs.rmSync(making, { recursive: true, force: true });
+  fs.mkdirSync(making, { mode: 0o700 });
+  if (isRoot) execFileSync('chown', ['postgres:postgres', making]);
+  const [cmd, args] = asPostgresUser(path.join(bin, 'initdb'), ['-D', making, '-U', 'postgres', '--auth=trust', '-E', 'UTF8', ...(ephemeral ? ['--no-sync'] : [])]);
+  execFileSync(cmd, args, { stdio: 'pipe' });
+  fs.renameSync(making, dir);
+  if (ephemeral) return;
+  const parent = fs.openSync(path.dirname(dir), 'r');
+  try {
+    fs.fsyncSync(parent);
+  } finally {
+    fs.closeSync(parent);
+  }
+}
+
 export async function startPostgres(opts: Options): Promise<LocalService> {
   ensurePostgresUser(opts.log ?? console.error);
   // Before the binaries are chosen: postgresDir asks whether the postgres user can enter it.
   fs.mkdirSync(opts.dataDir, { recursive: true });
   const { bin, dir } = await postgresBinaries(opts);
-  if (!fs.existsSync(path.join(dir, 'PG_VERSION'))) {
-    fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
-    if (isRoot) execFileSync('chown', ['-R', 'postgres:postgres', dir]);
-    const [cmd, args] = asPostgresUser(path.join(bin, 'initdb'), ['-D', dir, '-U', 'postgres', '--auth=trust', '-E', 'UTF8', '--no-sync']);
-    execFileSync(cmd, args, { stdio: 'pipe' });
-  }
+  if (clusterVersion(dir) === undefined) makeCluster(bin, dir, opts.ephemeral);
   // A crashed earlier run can leave a stale pid file behind.
   const pidFile = path.join(dir, 'postmaster.pid');
   const running = runningFrom(pidFile, /postgres/, dir);

