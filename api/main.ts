@@ -1,7 +1,7 @@
 // The `web` process: the HTTP API.
 import http, { type ServerResponse } from 'node:http';
 import net from 'node:net';
-import { exitOnConfigError, loadConfigOrExit } from '../domain/config.ts';
+import { exitOnConfigError, loadConfigOrExit, warnOfLookalikeVariables } from '../domain/config.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
 import { waitForBackingServices } from '../domain/startup.ts';
@@ -15,6 +15,7 @@ import { API_CLOSE_MS, exitIfNotStoppedWithin, onStop } from '../domain/stop-sig
 
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'api');
+warnOfLookalikeVariables(services.log);
 await waitForBackingServices(services).catch(exitOnConfigError);
 await bootstrap(services).catch(exitOnConfigError);
 await startKeyringInvalidation(services);

@@ -1,6 +1,6 @@
 // `npm run migrate` / Procfile `release`: bring the schema up to date, then exit.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { loadDatabaseConfigOrExit } from '../domain/config.ts';
+import { loadDatabaseConfigOrExit, warnOfLookalikeVariables } from '../domain/config.ts';
 import { refuseArguments } from '../scripts/usage.ts';
 import { createLogger, redactUrl } from '../domain/logger.ts';
 import { connectionFailed, connectionRefused } from '../domain/errors.ts';
@@ -26,6 +26,7 @@ Environment: DATABASE_URL (required), MIGRATION_LOCK_TIMEOUT_MS (default 3000), 
 See README.md, Deploying.`);
 const cfg = loadDatabaseConfigOrExit();
 const log = createLogger(cfg.LOG_LEVEL, 'migrate');
+warnOfLookalikeVariables(log);
 const db = createDb(cfg.DATABASE_URL, { min: 0, max: 2 }, { log, lockTimeoutMs: cfg.MIGRATION_LOCK_TIMEOUT_MS });
 try {
   for (let attempt = 1; ; attempt++) {

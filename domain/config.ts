@@ -355,6 +355,53 @@ const DatabaseConfigSchema = Type.Pick(ConfigSchema, ['DATABASE_URL', 'LOG_LEVEL
 export const loadDatabaseConfig = (env: NodeJS.ProcessEnv = process.env) => readEnv(DatabaseConfigSchema, env);
 export const loadDatabaseConfigOrExit = () => orExit(() => loadDatabaseConfig());
 
+// Environment variables that look like settings but are none: the schema reads only the names it
+// knows, so a typo (AWS_KMS_ACCOUNT for AWS_KMS_ACCOUNTS, which leaves KMS open to any account) would
+// be ignored without a word. A name counts as one when it begins as a family of settings does or is
+// within an edit or two of a setting's name (one for short names: POD is not PORT); the platform's
+// own variables are left out. Only a warning: platforms set variables of their own.
+const SETTING_NAMES = [...Object.keys(ConfigSchema.properties), 'TASKBRIDGE_API_KEY'];
+const SETTING_FAMILIES = ['DB_', 'DATABASE_', 'REDIS_', 'WORKER_', 'API_', 'AGENT_', 'AWS_KMS_', 'A2A_', 'MCP_', 'PUSH_', 'TASK_', 'CREDENTIAL_REFRESH_',
+  'DEK_', 'ALIAS_ROTATION_', 'BRIDGE_', 'GOOGLE_OAUTH_', 'DEFINITION_EXPORT', 'MIGRATION_', 'QUEUE_', 'KEY_JOB_', 'JOB_RECOVERY_', 'OUTBOX_', 'TASKBRIDGE_'];
+const PLATFORM_VARIABLES = new Set(['PATH', 'HOME', 'HOSTNAME', 'PWD', 'OLDPWD', 'SHELL', 'USER', 'LANG', 'TERM', 'TZ', 'TMPDIR', '_']);
+const PLATFORM_PREFIXES = ['NODE_', 'NPM_'];
+// Kubernetes service links and Docker's legacy links: REDIS_PORT, REDIS_SERVICE_HOST, REDIS_PORT_6379_TCP_ADDR.
+const SERVICE_LINK = /_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?)$/;
+
+// Edits (insertions, deletions, substitutions, swaps of neighbours) that turn a into b.
+function editDistance(a: string, b: string): number {
+  const d = Array.from({ length: a.length + 1 }, (_, i) => Array.from({ length: b.length + 1 }, (_, j) => (i === 0 ? j : j === 0 ? i : 0)));
+  for (let i = 1; i <= a.length; i++) {
+    for (let j = 1; j <= b.length; j++) {
+      d[i][j] = Math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) d[i][j] = Math.min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.length][b.length];
+}
+
+// The variables of `env` that look like settings but are none, each with the setting it is nearest
+// to when that is an edit or two away. Names only: values may be secrets.
+export function lookalikeVariables(env: NodeJS.ProcessEnv): { name: string; meant?: string }[] {
+  const known = new Set(SETTING_NAMES);
+  return Object.keys(env).filter((name) => !known.has(name)).flatMap((name) => {
+    const upper = name.toUpperCase();
+    if (PLATFORM_VARIABLES.has(upper) || PLATFORM_PREFIXES.some((p) => upper.startsWith(p)) || SERVICE_LINK.test(upper)) return [];
+    const near = SETTING_NAMES.map((setting) => ({ setting, edits: editDistance(upper, setting) }))
+      .filter(({ setting, edits }) => edits <= (setting.length < 8 ? 1 : 2)).sort((a, b) => a.edits - b.edits)[0];
+    if (near) return [{ name, meant: near.setting }];
+    return SETTING_FAMILIES.some((family) => upper.startsWith(family)) ? [{ name }] : [];
+  });
+}
+
+// One warning line at a process's start naming the lookalikes of `env`, if any (never their values).
+export function warnOfLookalikeVariables(log: { warn(obj: object, msg: string): void }, env: NodeJS.ProcessEnv = process.env): void {
+  const found = lookalikeVariables(env);
+  if (!found.length) return;
+  const named = found.map(({ name, meant }) => (meant ? `${name} (${meant}?)` : name)).join(', ');
+  log.warn({ variables: found.map(({ name }) => name) }, `environment variables that look like settings but are none, so are not read (a typo?): ${named}; the settings are listed in README.md, Configuration`);
+}
+
 // A URL's user info and parameter values masked; anything else (not a URL, a URL without them) as it is.
 export function maskUrlCredentials(value: string): string {
   if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(value.trim())) return value;

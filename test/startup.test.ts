@@ -8,7 +8,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { Client, Pool } from 'undici';
 import { freePort } from '../scripts/local-services.ts';
-import { ROOT, requireEnv, startApi, startStack, testDb, testEnv, textMessage, useStack, useStarted, waitFor, type Response } from './helpers/stack.ts';
+import { ROOT, requireEnv, startApi, startStack, startWorker, testDb, testEnv, textMessage, useStack, useStarted, waitFor, type Response } from './helpers/stack.ts';
 import { startStatementCountingProxy, type StatementCountingProxy } from './helpers/statement-counting-proxy.ts';
 import { migrationConfig } from '../db/knex.ts';
 import { scratchDatabase } from './helpers/scratch-database.ts';
@@ -89,6 +89,28 @@ describe('process start-up', function () {
         noStack(r);
       }
     }
+  });
+
+  it('warns once at the start of the api, the worker and the release about variables that look like settings but are none (AWS_KMS_ACCOUNT, which left KMS open), naming them, never their values', async () => {
+    const value = '210987654321';
+    const env = testEnv({ AWS_KMS_ACCOUNT: value, DB_QUERY_TIMEOUT: '30' });
+    const warning = /"level":40,.*"msg":"environment variables that look like settings but are none, so are not read \(a typo\?\): AWS_KMS_ACCOUNT \(AWS_KMS_ACCOUNTS\?\), DB_QUERY_TIMEOUT; the settings are listed in README.md, Configuration"/;
+    const checkLines = (lines: string[]) => {
+      assert.equal(lines.filter((l) => warning.test(l)).length, 1, lines.join('\n'));
+      assert.equal(lines.filter((l) => l.includes('look like settings')).length, 1, lines.join('\n'));
+      assert.ok(!lines.some((l) => l.includes(value)), lines.join('\n'));
+    };
+    for (const start of [startApi, startWorker]) {
+      const p = await start(env);
+      try { checkLines(p.logs); } finally { await p.stop(); }
+    }
+    const release = await run('db/migrate.ts', env);
+    assert.equal(release.code, 0, release.output);
+    checkLines(release.output.split('\n'));
+    // The test runner's own variables (REDIS_PORT, a service link; TEST_DATA_DIR) are none of them.
+    const plain = await run('db/migrate.ts', testEnv());
+    assert.equal(plain.code, 0, plain.output);
+    assert.doesNotMatch(plain.output, /look like settings/);
   });
 
   it('refuses a QUEUE_PREFIX with a space (Redis refuses it in the client names that count workers), naming it', async () => {

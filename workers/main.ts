@@ -1,6 +1,6 @@
 // The `worker` process: BullMQ workers for every queue, with graceful shutdown.
 import { Worker, type Job, type Processor } from 'bullmq';
-import { exitOnConfigError, loadConfigOrExit } from '../domain/config.ts';
+import { exitOnConfigError, loadConfigOrExit, warnOfLookalikeVariables } from '../domain/config.ts';
 import { createServices } from '../domain/services.ts';
 import { bootstrap } from '../domain/bootstrap.ts';
 import { waitForBackingServices } from '../domain/startup.ts';
@@ -29,6 +29,7 @@ import { throttledWarn } from '../domain/throttled-warn.ts';
 const cfg = loadConfigOrExit();
 const services = createServices(cfg, 'worker');
 const { log } = services;
+warnOfLookalikeVariables(log);
 await waitForBackingServices(services).catch(exitOnConfigError);
 await bootstrap(services).catch(exitOnConfigError);
 await startKeyringInvalidation(services);
