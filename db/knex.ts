@@ -66,6 +66,14 @@ export function createDb(url: string, pool = { min: 0, max: 20 }, opts: DbOption
   });
 }
 
+// The statement_timeout Postgres applies to db's statements, in milliseconds (0: none): not
+// DB_QUERY_TIMEOUT_MS when something between drops the startup parameter (PgBouncer's
+// ignore_startup_parameters) or, with it 0, the role, database or URL's options set one.
+export async function statementTimeoutMs(db: Knex): Promise<number> {
+  const { rows: [{ ms }] } = await db.raw(`select setting::int as ms from pg_settings where name = 'statement_timeout'`);
+  return ms as number;
+}
+
 function knexLog(log: DbLog) {
   const line = (level: string) => (message: unknown) => log.debug({ knex: level }, String(message).split('\n')[0]);
   return { warn: line('warn'), error: line('error'), deprecate: line('deprecate'), debug: line('debug') };

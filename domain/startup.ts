@@ -4,14 +4,15 @@
 // names it, and give up after STARTUP_TIMEOUT_MS (0: never) with one line saying why, instead of a
 // silent hang (Redis) or a stack trace (Postgres). A Redis database Redis does not have, or a login
 // Postgres or Redis refuses (a wrong password, a database it does not have), is a bad configuration,
-// which no wait mends: a ConfigError.
+// which no wait mends: a ConfigError. Once up, they say if Postgres applies another statement_timeout
+// than DB_QUERY_TIMEOUT_MS (a pooler dropping the startup parameter).
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ReplyError } from 'ioredis';
 import type { Services } from './services.ts';
 import { withTimeout } from './with-timeout.ts';
 import { redactUrl } from './logger.ts';
 import { ConfigError } from './config.ts';
-import { migrationState } from '../db/knex.ts';
+import { migrationState, statementTimeoutMs } from '../db/knex.ts';
 import { loginRefused, redisLoginRefused } from './errors.ts';
 
 const PROBE_TIMEOUT_MS = 2000;
@@ -83,4 +84,20 @@ export async function waitForBackingServices(s: Pick<Services, 'cfg' | 'db' | 'r
   } finally {
     s.redis.off('error', onRedisError);
   }
+  await warnOfStatementTimeout(s);
+}
+
+// Said once at start, as nothing else shows it: a statement_timeout the connections do not get
+// leaves statements running without bound (or cut at another bound) with no error anywhere.
+async function warnOfStatementTimeout(s: Pick<Services, 'cfg' | 'db' | 'log'>): Promise<void> {
+  // A diagnosis only: Postgres gone again since it was reached does not stop the start here.
+  const applied = await withTimeout(statementTimeoutMs(s.db), PROBE_TIMEOUT_MS).catch((err: Error) => {
+    s.log.debug({ err: { message: err.message } }, 'could not read the statement_timeout Postgres applies');
+    return undefined;
+  });
+  if (applied === undefined) return;
+  const configured = s.cfg.DB_QUERY_TIMEOUT_MS;
+  if (applied === configured) return;
+  s.log.warn({ statement_timeout_ms: applied, db_query_timeout_ms: configured },
+    `Postgres applies statement_timeout ${applied} ms (0: none) to this process's statements, not DB_QUERY_TIMEOUT_MS (${configured} ms): a pooler between (PgBouncer's ignore_startup_parameters) drops it, or the role, the database or DATABASE_URL's options set another; set it on the role too (ALTER ROLE ... SET statement_timeout), see README.md, Deploying`);
 }

@@ -140,6 +140,21 @@ describe('process start-up', function () {
     assert.doesNotMatch(plain.output, /look like settings/);
   });
 
+  it('warns once at start when Postgres applies another statement_timeout than DB_QUERY_TIMEOUT_MS (as behind PgBouncer ignoring the startup parameter), naming both; not when they agree', async () => {
+    const said = (lines: string[]) => lines.filter((l) => l.includes('Postgres applies statement_timeout'));
+    const agreed = await startApi(testEnv({ DB_QUERY_TIMEOUT_MS: '4321' }));
+    try { assert.deepEqual(said(agreed.logs), [], agreed.logs.join('\n')); } finally { await agreed.stop(); }
+    // No pooler here: with DB_QUERY_TIMEOUT_MS at 0 none is sent, and the URL's options set another,
+    // as a role's setting does where PgBouncer drops the parameter.
+    const url = `${requireEnv('DATABASE_URL')}?options=${encodeURIComponent('-c statement_timeout=4321')}`;
+    const other = await startApi(testEnv({ DATABASE_URL: url, DB_QUERY_TIMEOUT_MS: '0' }));
+    try {
+      const lines = said(other.logs);
+      assert.equal(lines.length, 1, other.logs.join('\n'));
+      assert.match(lines[0], /"level":40,.*"msg":"Postgres applies statement_timeout 4321 ms \(0: none\) to this process's statements, not DB_QUERY_TIMEOUT_MS \(0 ms\): a pooler between \(PgBouncer's ignore_startup_parameters\) drops it/);
+    } finally { await other.stop(); }
+  });
+
   it('refuses a QUEUE_PREFIX with a space (Redis refuses it in the client names that count workers), naming it', async () => {
     for (const file of ['api/main.ts', 'workers/main.ts']) {
       const r = await run(file, testEnv({ QUEUE_PREFIX: '{tb prefix}' }));
