@@ -4,9 +4,8 @@
 import { UnrecoverableError, WaitingError, type Job } from 'bullmq';
 import type { Services } from '../domain/services.ts';
 import type { JobPayloads } from '../queues/names.ts';
-import { AppError } from '../domain/errors.ts';
 import { cancelFailOrRetryKeyJob } from './key-job-failure.ts';
-import { beginMigrateAll, migrateNextBatch } from '../domain/crypto/dek-migration.ts';
+import { beginMigrateAll, isPermanentMigrationError, migrateNextBatch } from '../domain/crypto/dek-migration.ts';
 import { invalidateKeyring } from '../domain/keyring.ts';
 import { betweenBatches } from './key-job-hand-back.ts';
 
@@ -44,8 +43,7 @@ export function createMigrateDeksProcessor(services: Services, handBack: AbortSi
       if (err instanceof WaitingError) throw err;
       // Canceled (resolves) or failed (UnrecoverableError) ends it; any other rejection is a retry.
       ended = true;
-      // A missing envelope key or an unusable key file does not heal by retrying.
-      await cancelFailOrRetryKeyJob(services, job, err, err instanceof AppError && (err.status === 404 || err.status === 500), 'DEK migration')
+      await cancelFailOrRetryKeyJob(services, job, err, isPermanentMigrationError(err), 'DEK migration')
         .catch((thrown: unknown) => { ended = thrown instanceof UnrecoverableError; throw thrown; });
     } finally {
       // The DEKs its batches moved (earlier workers' too) are read anew. invalidateKeyring does not

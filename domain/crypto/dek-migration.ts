@@ -12,7 +12,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import type { Services } from '../services.ts';
 import type { Knex } from 'knex';
-import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
+import { AppError, Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import { inTransaction } from '../unit-of-work.ts';
 import { countDeksUnder, deksUnder, rewrapDeks, type DekFilter } from '../../db/deks.ts';
 import { lockEnvelopeKeyExclusive, lockEnvelopeKeyShared } from '../../db/envelope-keys.ts';
@@ -23,7 +23,7 @@ import {
 import { finishKeyJob, lockKeyJob, lockKeyJobNotingCancel, startedAs, type KeyJobStart } from './key-jobs.ts';
 import { DecryptError, KEY_BYTES } from './aes-gcm.ts';
 import { envelopeKeyRow, freshWrapperFor, wrapperFor } from '../keyring.ts';
-import type { KeyWrapper } from './envelope-keys.ts';
+import { KmsKeyUnusable, type KeyWrapper } from './envelope-keys.ts';
 import { endedElsewhere, MIGRATE_DEKS } from '../key-job-states.ts';
 
 const KMS_PARALLEL = 16;
@@ -85,7 +85,8 @@ export async function startMigrateAll(
 export interface RewrapResult { ids: string[]; wrapped: string[]; errors: KeyJobError[] }
 
 // Unwraps under `from` and wraps under `to`. A DEK that does not unwrap is an error of that DEK;
-// any other failure (KMS down, key file gone) fails the whole batch so it is retried.
+// any other failure (KMS down, key file gone, a KMS key disabled) fails the whole batch, the job
+// retried or failed as isPermanentMigrationError says: every DEK under one envelope key shares it.
 export async function rewrapAll(from: KeyWrapper, to: KeyWrapper, rows: { id: string; encrypted_dek: string }[]): Promise<RewrapResult> {
   const out: RewrapResult = { ids: [], wrapped: [], errors: [] };
   const one = async (r: { id: string; encrypted_dek: string }) => {
@@ -134,6 +135,12 @@ export async function beginMigrateAll(s: Pick<Services, 'db'>, jobId: string): P
     return startedAs(await getKeyJob(trx, jobId));
   });
 }
+
+// Whether retrying cannot help: an envelope key gone (404), a key file that cannot be read (500), or
+// a KMS key KMS refuses for its state (disabled, pending deletion, deleted), which lasts until
+// someone changes it: retried, it would take the attempts budget's minutes to fail the same way.
+export const isPermanentMigrationError = (err: unknown): boolean =>
+  err instanceof KmsKeyUnusable || (err instanceof AppError && (err.status === 404 || err.status === 500));
 
 // One batch of a running job; returns the job row after it, with `finished` once nothing is left,
 // and `endedElsewhere` when another worker had ended it before this batch (key-job-states.ts).

@@ -1,0 +1,169 @@
+// Key jobs (bulk DEK migration, alias rotation) meeting a KMS key that KMS refuses for its state
+// (disabled): a lasting state, not KMS failing, so the job is not retried for its attempts budget.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { randomBytes, randomUUID } from 'node:crypto';
+import { DisableKeyCommand, EnableKeyCommand, KMSClient } from '@aws-sdk/client-kms';
+import { assertError, resetDb, startStack, testDb, useProcessEnv, waitFor, withQueue, type Stack } from './helpers/stack.ts';
+import { startKmsServer, type KmsServer } from './helpers/kms-server.ts';
+import { sealByHand } from './helpers/aes-gcm-by-hand.ts';
+import { insertDeks } from '../db/deks.ts';
+import { kmsWrapper } from '../domain/crypto/envelope-keys.ts';
+
+const E = '/api/encryption/v1';
+const arn = (n: string) => `arn:aws:kms:eu-west-1:111122223333:key/0f1e2d3c-4b5a-6978-8796-0000000000${n}`;
+const SRC = arn('01');
+const DST = arn('02');
+const ROT_OLD = arn('03');
+const ROT_NEW = arn('04');
+const enc = encodeURIComponent;
+const disabled = (op: string, key: string) => `AWS KMS ${op} failed: DisabledException (KMS key '${key}' is disabled)`;
+
+describe('key jobs when a KMS key they use is disabled', () => {
+  let stack: Stack;
+  let kms: KmsServer;
+  let admin: KMSClient;
+  const c = () => stack.client;
+  const job = async (id: string) => (await c().get(`${E}/job/${id}`)).body;
+  // Ended: no backoff to wait out, so well within the first retry's minutes.
+  const ended = (id: string) => waitFor(async () => {
+    const j = await job(id);
+    return ['completed', 'failed'].includes(j.status) && j;
+  }, `job ${id} to end`, 30_000);
+  // How its BullMQ job went: one attempt, and the worker never said it would retry.
+  const triedOnce = async (id: string) => {
+    const q = await withQueue(stack.env, 'key-jobs', async (keyJobs) => (await keyJobs.getJobs(['failed', 'completed'])).find((j) => j?.data.job_id === id));
+    assert.ok(q, `the queue job of ${id}`);
+    assert.equal(q.attemptsMade, 1, `attempts of ${id}`);
+    const retries = stack.workers[0].logs.filter((l) => l.includes(id) && l.includes('will retry'));
+    assert.deepEqual(retries, []);
+  };
+  const setKey = (key: string, on: boolean) => admin.send(on ? new EnableKeyCommand({ KeyId: key }) : new DisableKeyCommand({ KeyId: key }));
+  const dropCaches = async () => {
+    const name = `drop-${randomUUID().slice(0, 8)}.key`;
+    assert.equal((await c().post(`${E}/envelope`, { type: 'local', file_name: name })).status, 201);
+    assert.equal((await c().delete(`${E}/envelope/${name}`)).status, 200);
+  };
+  const decrypted = async () => {
+    const page = await c().get('/api/secret/v1/list-decrypted?page_size=1000');
+    assert.equal(page.status, 200, page.text);
+    return new Map<string, string | undefined>(page.body.secrets.map((s: { key: string; decrypted_value?: string }) => [s.key, s.decrypted_value]));
+  };
+  const createSecrets = async (prefix: string, n: number, alias: string) => {
+    const values = new Map<string, string>();
+    for (let i = 0; i < n; i++) {
+      const key = `${prefix}/${i}`;
+      values.set(key, `v-${key}-${randomBytes(4).toString('hex')}`);
+      const r = await c().post('/api/secret/v1', { key, raw_value: values.get(key), dek_alias: alias });
+      assert.equal(r.status, 201, r.text);
+    }
+    return values;
+  };
+
+  useProcessEnv({ AWS_ACCESS_KEY_ID: 'AKIDLOCALTEST', AWS_SECRET_ACCESS_KEY: 'local-test-secret' });
+  before(async () => {
+    await resetDb();
+    kms = await startKmsServer([SRC, DST, ROT_OLD, ROT_NEW]);
+    stack = await startStack({
+      AWS_KMS_ENDPOINT: kms.url, AWS_ACCESS_KEY_ID: 'AKIDLOCALTEST', AWS_SECRET_ACCESS_KEY: 'local-test-secret',
+      DEK_MIGRATION_BATCH: '20', DEK_MIGRATION_PAUSE_MS: '20', ALIAS_ROTATION_BATCH: '10', ALIAS_ROTATION_PAUSE_MS: '20',
+    });
+    admin = new KMSClient({ region: 'eu-west-1', endpoint: kms.url });
+    for (const key of [SRC, DST, ROT_OLD, ROT_NEW]) assert.equal((await c().post(`${E}/envelope`, { type: 'aws_kms', arn: key, region: 'eu-west-1' })).status, 201);
+  });
+  after(async () => {
+    admin?.destroy();
+    await stack?.stop();
+    await kms?.close();
+  });
+
+  it('a migration whose source KMS key is disabled fails at once naming the key and its state, moving nothing; re-run once enabled, it moves them all', async () => {
+    assert.equal((await c().post(`${E}/envelope`, { type: 'local', file_name: 'from-kms.key' })).status, 201);
+    const count = 30;
+    for (let i = 0; i < count; i++) assert.equal((await c().post(`${E}/envelope/${enc(SRC)}/dek`, { id: `src-${i}` })).status, 201);
+    assert.equal((await c().post(`${E}/dek/alias`, { dek_id: 'src-0', alias: 'src-alias' })).status, 201);
+    const values = await createSecrets('src', 3, 'src-alias');
+    const before = await testDb()('deks').where({ envelope_key_id: SRC }).orderBy('id');
+    await setKey(SRC, false);
+    try {
+      const started = await c().post(`${E}/envelope/${enc(SRC)}/migrate`, { to_envelope_encryption_key_id: 'from-kms.key' });
+      assert.equal(started.status, 202, started.text);
+      const failed = await ended(started.body.id);
+      assert.equal(failed.status, 'failed', JSON.stringify(failed));
+      assert.deepEqual(failed.errors, [{ id: started.body.id, message: disabled('Decrypt', SRC) }]);
+      assert.deepEqual([failed.total, failed.done, failed.failed], [count, 0, 0]);
+      await triedOnce(started.body.id);
+      assert.deepEqual(await testDb()('deks').where({ envelope_key_id: SRC }).orderBy('id'), before, 'nothing moved or rewritten');
+    } finally {
+      await setKey(SRC, true);
+    }
+    const again = await c().post(`${E}/envelope/${enc(SRC)}/migrate`, { to_envelope_encryption_key_id: 'from-kms.key' });
+    assert.equal(again.status, 202, again.text);
+    const done = await ended(again.body.id);
+    assert.deepEqual([done.status, done.total, done.done, done.failed], ['completed', count, count, 0], JSON.stringify(done));
+    assert.equal((await testDb()('deks').where({ envelope_key_id: 'from-kms.key' }).whereLike('id', 'src-%')).length, count);
+    await dropCaches();
+    const all = await decrypted();
+    for (const [k, v] of values) assert.equal(all.get(k), v, k);
+  });
+
+  it('a migration to a KMS key disabled before the request is refused (502) naming the key and its state, starting no job', async () => {
+    assert.equal((await c().post(`${E}/envelope`, { type: 'local', file_name: 'refused.key' })).status, 201);
+    assert.equal((await c().post(`${E}/envelope/refused.key/dek`, { id: 'refused-dek' })).status, 201);
+    const jobs = async () => Number((await testDb()('key_jobs').count({ n: '*' }))[0].n);
+    const before = await jobs();
+    await setKey(DST, false);
+    try {
+      const refused = await c().post(`${E}/envelope/refused.key/migrate`, { to_envelope_encryption_key_id: DST });
+      assertError(refused, 502, 'bad_gateway');
+      assert.equal(refused.body.message, disabled('Encrypt', DST));
+    } finally {
+      await setKey(DST, true);
+    }
+    assert.equal(await jobs(), before);
+  });
+
+  it('a migration whose target KMS key is disabled mid-job fails at its next batch, the DEKs moved staying moved; re-run once enabled, it moves the rest', async () => {
+    assert.equal((await c().post(`${E}/envelope`, { type: 'local', file_name: 'to-kms.key' })).status, 201);
+    const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'to-kms.key'));
+    const count = 400;
+    const plains = new Map<string, Buffer>();
+    await insertDeks(testDb(), Array.from({ length: count }, (_, i) => {
+      const id = `dst-${String(i).padStart(4, '0')}`;
+      plains.set(id, randomBytes(32));
+      return { id, envelope_key_id: 'to-kms.key', encrypted_dek: sealByHand(kek, plains.get(id)!) };
+    }));
+    const started = await c().post(`${E}/envelope/to-kms.key/migrate`, { to_envelope_encryption_key_id: DST });
+    assert.equal(started.status, 202, started.text);
+    await waitFor(async () => (await job(started.body.id)).done >= 20, 'a first batch', 30_000, 5);
+    // The next batch's Encrypt calls wait while the key is disabled, then are answered as KMS then would.
+    const release = kms.hold('Encrypt');
+    let failed: any;
+    try {
+      const calls = kms.calls.length;
+      await waitFor(async () => kms.calls.length > calls, 'the next batch to call KMS');
+      await setKey(DST, false);
+      release();
+      failed = await ended(started.body.id);
+    } finally {
+      release();
+      await setKey(DST, true);
+    }
+    assert.equal(failed.status, 'failed', JSON.stringify(failed));
+    assert.deepEqual(failed.errors, [{ id: started.body.id, message: disabled('Encrypt', DST) }]);
+    assert.ok(failed.done >= 20 && failed.done < count, `done ${failed.done}`);
+    assert.deepEqual([failed.total, failed.failed], [count, 0], 'total = done + the DEKs it had still to move');
+    await triedOnce(started.body.id);
+    const moved = await testDb()('deks').where({ envelope_key_id: DST }).whereLike('id', 'dst-%');
+    assert.equal(moved.length, failed.done);
+    const w = kmsWrapper(DST, 'eu-west-1', kms.url);
+    for (const d of moved) assert.ok((await w.unwrap(d.encrypted_dek)).equals(plains.get(d.id)!), d.id);
+
+    const again = await c().post(`${E}/envelope/to-kms.key/migrate`, { to_envelope_encryption_key_id: DST });
+    assert.equal(again.status, 202, again.text);
+    const done = await ended(again.body.id);
+    assert.deepEqual([done.status, done.total, done.done, done.failed], ['completed', count - failed.done, count - failed.done, 0], JSON.stringify(done));
+    assert.equal((await testDb()('deks').where({ envelope_key_id: 'to-kms.key' })).length, 0);
+  });
+});
