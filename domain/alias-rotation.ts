@@ -20,7 +20,7 @@ import type { Services } from './services.ts';
 import { AppError, Conflict, NotFound } from './errors.ts';
 import { inTransaction } from './unit-of-work.ts';
 import { createDek, checkDekOpens, decryptWithDek, DecryptError, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
-import { KeyUnusable } from './crypto/envelope-keys.ts';
+import { KeyUnusable, KmsKeyUnusable } from './crypto/envelope-keys.ts';
 import { aliasDekForWrite, getDek, lockAlias } from '../db/deks.ts';
 import {
   addKeyJobTotal, findActiveRotation, getKeyJob, insertKeyJob, markKeyJobRunning, recordKeyJobProgress, restartKeyJobPass, setRotationState, settleKeyJobTotal,
@@ -135,7 +135,7 @@ interface RotationStore<R, W> {
 class Unrotatable extends Error {}
 
 // A row whose value does not open under its old DEK: the value damaged, or that DEK not unwrapping or
-// its envelope key unreadable (a key file replaced or lost). The row's error, not the job's: the others
+// its envelope key unusable (a key file replaced or lost, a KMS key disabled or deleted). The row's error, not the job's: the others
 // are still moved. Only the old side: the new DEK is checked before each batch (checkDekOpens), and
 // failing there fails the batch.
 class NotOpened extends Error {
@@ -147,7 +147,7 @@ async function openOld<T>(opening: Promise<T>): Promise<T> {
     return await opening;
   } catch (err) {
     if (err instanceof DecryptError) throw new NotOpened();
-    if (err instanceof KeyUnusable) throw new NotOpened(err.message);
+    if (err instanceof KeyUnusable || err instanceof KmsKeyUnusable) throw new NotOpened(err.message);
     throw err;
   }
 }
@@ -324,5 +324,6 @@ export async function finishAliasRotation(s: Pick<Services, 'db'>, jobId: string
   });
 }
 
-// Whether retrying cannot help: the alias or a DEK is gone, or the alias was moved meanwhile.
-export const isPermanentRotationError = (err: unknown): boolean => err instanceof AppError && [404, 409, 500].includes(err.status);
+// Whether retrying cannot help: the alias or a DEK is gone, the alias was moved meanwhile, or the
+// new DEK's key is unusable (a key file lost, a KMS key KMS refuses for its state until someone changes it).
+export const isPermanentRotationError = (err: unknown): boolean => err instanceof KmsKeyUnusable || (err instanceof AppError && [404, 409, 500].includes(err.status));

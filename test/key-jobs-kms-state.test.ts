@@ -39,6 +39,7 @@ describe('key jobs when a KMS key they use is disabled', () => {
     const retries = stack.workers[0].logs.filter((l) => l.includes(id) && l.includes('will retry'));
     assert.deepEqual(retries, []);
   };
+  const aliasDek = async (alias: string) => (await testDb()('dek_aliases').where({ alias }).first()).dek_id as string;
   const setKey = (key: string, on: boolean) => admin.send(on ? new EnableKeyCommand({ KeyId: key }) : new DisableKeyCommand({ KeyId: key }));
   const dropCaches = async () => {
     const name = `drop-${randomUUID().slice(0, 8)}.key`;
@@ -165,5 +166,97 @@ describe('key jobs when a KMS key they use is disabled', () => {
     const done = await ended(again.body.id);
     assert.deepEqual([done.status, done.total, done.done, done.failed], ['completed', count - failed.done, count - failed.done, 0], JSON.stringify(done));
     assert.equal((await testDb()('deks').where({ envelope_key_id: 'to-kms.key' })).length, 0);
+  });
+
+  it('an alias rotation moves what it can read and lists, as not moved, the secrets under an older DEK whose KMS key is disabled; re-run once enabled, it moves them', async () => {
+    const alias = 'rot-kms';
+    assert.equal((await c().post(`${E}/envelope/${enc(ROT_OLD)}/dek`, { id: 'rot-old' })).status, 201);
+    assert.equal((await c().post(`${E}/dek/alias`, { dek_id: 'rot-old', alias })).status, 201);
+    const oldValues = await createSecrets('rot-old', 15, alias);
+    assert.equal((await c().post(`${E}/envelope`, { type: 'local', file_name: 'rot-current.key' })).status, 201);
+    assert.equal((await c().post(`${E}/envelope/rot-current.key/dek`, { id: 'rot-current' })).status, 201);
+    assert.equal((await c().put(`${E}/dek/alias/${alias}`, { new_dek_id: 'rot-current' })).status, 200);
+    const newValues = await createSecrets('rot-new', 5, alias);
+    const oldRows = await testDb()('secrets').where({ dek_id: 'rot-old' }).orderBy('id');
+    await setKey(ROT_OLD, false);
+    try {
+      await dropCaches();
+      const started = await c().post(`${E}/dek/alias/${alias}/rotate`);
+      assert.equal(started.status, 202, started.text);
+      const done = await ended(started.body.id);
+      assert.equal(done.status, 'completed', JSON.stringify(done));
+      assert.deepEqual([done.total, done.done, done.failed], [20, 5, 15]);
+      assert.deepEqual(done.errors.map((e: { id: string }) => e.id).sort(), oldRows.map((r) => r.id).sort());
+      for (const e of done.errors) assert.equal(e.message, `secret does not decrypt with DEK 'rot-old': ${disabled('Decrypt', ROT_OLD)}`);
+      assert.equal(await aliasDek(alias), done.params.new_dek_id);
+      assert.deepEqual(await testDb()('secrets').where({ dek_id: 'rot-old' }).orderBy('id'), oldRows, 'left as they were');
+      await triedOnce(started.body.id);
+    } finally {
+      await setKey(ROT_OLD, true);
+    }
+    const again = await c().post(`${E}/dek/alias/${alias}/rotate`);
+    assert.equal(again.status, 202, again.text);
+    const done = await ended(again.body.id);
+    assert.deepEqual([done.status, done.total, done.done, done.failed], ['completed', 20, 20, 0], JSON.stringify(done));
+    assert.equal((await testDb()('secrets').where({ dek_alias: alias }).whereNot({ dek_id: done.params.new_dek_id })).length, 0);
+    await dropCaches();
+    const all = await decrypted();
+    for (const [k, v] of [...oldValues, ...newValues]) assert.equal(all.get(k), v, k);
+  });
+
+  it('an alias rotation whose new DEK\'s KMS key is disabled fails naming it: at its start making no DEK, mid-walk leaving the alias where it was; re-run once enabled, it completes', async () => {
+    const alias = 'rot-off';
+    assert.equal((await c().post(`${E}/envelope/${enc(ROT_NEW)}/dek`, { id: 'rot-off-old' })).status, 201);
+    assert.equal((await c().post(`${E}/dek/alias`, { dek_id: 'rot-off-old', alias })).status, 201);
+    const values = await createSecrets('rot-off', 60, alias);
+    const deks = async () => (await testDb()('deks').where({ envelope_key_id: ROT_NEW })).length;
+    const deksBefore = await deks();
+
+    await setKey(ROT_NEW, false);
+    try {
+      const atStart = await c().post(`${E}/dek/alias/${alias}/rotate`);
+      assert.equal(atStart.status, 202, atStart.text);
+      const failed = await ended(atStart.body.id);
+      assert.equal(failed.status, 'failed', JSON.stringify(failed));
+      assert.deepEqual(failed.errors, [{ id: atStart.body.id, message: disabled('GenerateDataKey', ROT_NEW) }]);
+      assert.deepEqual([failed.done, failed.failed, failed.params.prepared_dek_id], [0, 0, undefined]);
+      await triedOnce(atStart.body.id);
+      assert.equal(await deks(), deksBefore, 'no DEK made');
+    } finally {
+      await setKey(ROT_NEW, true);
+    }
+
+    const midWalk = await c().post(`${E}/dek/alias/${alias}/rotate`);
+    assert.equal(midWalk.status, 202, midWalk.text);
+    await waitFor(async () => (await job(midWalk.body.id)).done >= 10, 'a first batch', 30_000, 5);
+    // The next batch checks its new DEK opens (a Decrypt), answered once the key is disabled.
+    const release = kms.hold('Decrypt');
+    let failed: any;
+    try {
+      const calls = kms.calls.length;
+      await waitFor(async () => kms.calls.length > calls, 'the next batch to call KMS');
+      await setKey(ROT_NEW, false);
+      release();
+      failed = await ended(midWalk.body.id);
+    } finally {
+      release();
+      await setKey(ROT_NEW, true);
+    }
+    assert.equal(failed.status, 'failed', JSON.stringify(failed));
+    assert.deepEqual(failed.errors, [{ id: midWalk.body.id, message: disabled('Decrypt', ROT_NEW) }]);
+    assert.ok(failed.done >= 10 && failed.done < values.size && failed.failed === 0, JSON.stringify([failed.done, failed.failed]));
+    assert.equal(failed.total, values.size, 'total = done + the secrets it had still to move');
+    await triedOnce(midWalk.body.id);
+    assert.equal(await aliasDek(alias), 'rot-off-old');
+    assert.equal((await testDb()('secrets').where({ dek_alias: alias, dek_id: failed.params.new_dek_id })).length, failed.done, 'the secrets moved stay moved');
+
+    const again = await c().post(`${E}/dek/alias/${alias}/rotate`);
+    assert.equal(again.status, 202, again.text);
+    const done = await ended(again.body.id);
+    assert.deepEqual([done.status, done.total, done.done, done.failed], ['completed', values.size, values.size, 0], JSON.stringify(done));
+    assert.equal(await aliasDek(alias), done.params.new_dek_id);
+    await dropCaches();
+    const all = await decrypted();
+    for (const [k, v] of values) assert.equal(all.get(k), v, k);
   });
 });
