@@ -375,8 +375,12 @@ const SETTING_FAMILIES = ['DB_', 'DATABASE_', 'REDIS_', 'WORKER_', 'API_', 'AGEN
   'DEK_', 'ALIAS_ROTATION_', 'BRIDGE_', 'GOOGLE_OAUTH_', 'DEFINITION_EXPORT', 'MIGRATION_', 'QUEUE_', 'KEY_JOB_', 'JOB_RECOVERY_', 'OUTBOX_', 'TASKBRIDGE_'];
 const PLATFORM_VARIABLES = new Set(['PATH', 'HOME', 'HOSTNAME', 'PWD', 'OLDPWD', 'SHELL', 'USER', 'LANG', 'TERM', 'TZ', 'TMPDIR', '_']);
 const PLATFORM_PREFIXES = ['NODE_', 'NPM_'];
-// Kubernetes service links and Docker's legacy links: REDIS_PORT, REDIS_SERVICE_HOST, REDIS_PORT_6379_TCP_ADDR.
-const SERVICE_LINK = /_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?)$/;
+// Kubernetes service links and Docker's legacy links: REDIS_PORT, REDIS_SERVICE_HOST, REDIS_PORT_6379_TCP_ADDR;
+// Marathon's ports (PORT0, PORTS), one edit from PORT.
+const SERVICE_LINK = /_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?)$|^PORT(S|\d+)$/;
+// A URL a platform's add-on attaches beside ours (Heroku: DATABASE_CONNECTION_POOL_URL, REDIS_TLS_URL):
+// of a family by its start only, it is no typo of ours, and would warn at every start.
+const ADD_ON_URL = /_URL$/;
 
 // Edits (insertions, deletions, substitutions, swaps of neighbours) that turn a into b.
 function editDistance(a: string, b: string): number {
@@ -400,7 +404,7 @@ export function lookalikeVariables(env: NodeJS.ProcessEnv): { name: string; mean
     const near = SETTING_NAMES.map((setting) => ({ setting, edits: editDistance(upper, setting) }))
       .filter(({ setting, edits }) => edits <= (setting.length < 8 ? 1 : 2)).sort((a, b) => a.edits - b.edits)[0];
     if (near) return [{ name, meant: near.setting }];
-    return SETTING_FAMILIES.some((family) => upper.startsWith(family)) ? [{ name }] : [];
+    return !ADD_ON_URL.test(upper) && SETTING_FAMILIES.some((family) => upper.startsWith(family)) ? [{ name }] : [];
   });
 }
 

@@ -134,8 +134,9 @@ describe('process start-up', function () {
     const release = await run('db/migrate.ts', env);
     assert.equal(release.code, 0, release.output);
     checkLines(release.output.split('\n'));
-    // The test runner's own variables (REDIS_PORT, a service link; TEST_DATA_DIR) are none of them.
-    const plain = await run('db/migrate.ts', testEnv());
+    // The test runner's own variables (REDIS_PORT, a service link; TEST_DATA_DIR) are none of them, nor
+    // a platform's: Heroku's add-on URLs beside ours, Marathon's ports.
+    const plain = await run('db/migrate.ts', testEnv({ DATABASE_CONNECTION_POOL_URL: 'postgres://pool.invalid/db', REDIS_TLS_URL: 'rediss://redis.invalid', PORT0: '31000', PORTS: '31000' }));
     assert.equal(plain.code, 0, plain.output);
     assert.doesNotMatch(plain.output, /look like settings/);
   });
