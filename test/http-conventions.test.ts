@@ -517,6 +517,7 @@ describe('HTTP conventions', () => {
       assert.equal((await c.as(undefined).get(url)).status, 200, url);
     }
     assert.equal((await c.get('/metrics?format=prometheus')).status, 200, 'a scraper configured with params');
+    assert.equal((await c.get('/api/a2a/v1/agent/authenticatedExtendedCard?v=2')).status, 200, 'the extended card, as the public ones');
     assert.equal((await c.get('/api/bridge/v1/function-instances/openapi.json')).status, 200);
   });
 

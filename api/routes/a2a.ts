@@ -75,6 +75,7 @@ export const a2aRoutes = [
   defineRoute({
     method: 'get', path: `${A2A_PATH}/agent/authenticatedExtendedCard`, operationId: 'a2a-extended-agent-card', tag, scope: 'a2a',
     summary: 'The extended A2A agent card, for authenticated callers',
+    query: AnyQuery,
     responses: { 200: FreeObject, 401: ErrorBody, 403: ErrorBody },
   }, async ({ services }) => agentCard(services.cfg, { extended: true })),
 ];
