@@ -1,11 +1,15 @@
 // Masks secrets in text an upstream wrote (a provider's refusal, a remote agent's error), which may
 // quote the request it refused in any encoding: as sent, percent-encoded (either hex case, UTF-8
 // bytes, `+` for a space), JSON-escaped (`\/`, `\uXXXX`, surrogate pairs), as HTML entities, or mixed;
-// and cut short at the text's end, leaving a prefix of the secret.
+// and cut short, leaving a prefix of the secret: at the text's end, or inside it before an ellipsis
+// (a quote cut short within a longer message).
 
 // Secrets shorter than this are not masked: matching them would mask ordinary words.
 const MIN_SECRET_LENGTH = 4;
 const MASK = '***';
+// A prefix of a secret inside a text, before an ellipsis, is masked from this length on: shorter ones
+// would mask ordinary words that happen to start a secret.
+const MIN_CUT_INSIDE = 8;
 
 const NAMED_ENTITIES: Record<string, string[]> = {
   '&': ['amp'], '<': ['lt'], '>': ['gt'], '"': ['quot'], "'": ['apos'], '/': ['sol'], '=': ['equals'], '+': ['plus'], ':': ['colon'],
@@ -32,6 +36,15 @@ function unitPattern(ch: string): string {
 // encoding (`%c3%a`, `\ud83d\ude`, `&#23`, half a surrogate pair), then an ellipsis.
 const PARTIAL_UNIT = String.raw`(?:(?:%[0-9a-fA-F]{2})*%[0-9a-fA-F]?|(?:%[0-9a-fA-F]{2})+|\\u[0-9a-fA-F]{4}(?:\\(?:u[0-9a-fA-F]{0,3})?)?|\\(?:u[0-9a-fA-F]{0,3})?|&#?[xX]?[0-9a-fA-F]*|&[a-zA-Z]*|[\uD800-\uDBFF])?`;
 const CUT_END = new RegExp(String.raw`${PARTIAL_UNIT}(?:\.\.\.|…)?\s*$`, 'y');
+const ELLIPSIS = String.raw`(?:\.\.\.|…)`;
+
+// The secret's first MIN_CUT_INSIDE units or more, then an ellipsis: one pattern, nested so that a
+// match tries each unit once at each place (no scan of every prefix at every ellipsis).
+function cutInside(units: string[]): RegExp | undefined {
+  if (units.length <= MIN_CUT_INSIDE) return undefined;
+  const rest = units.slice(MIN_CUT_INSIDE).reduceRight((inner, unit) => `(?:${unit}${inner})?`, '');
+  return new RegExp(`${units.slice(0, MIN_CUT_INSIDE).join('')}${rest}${PARTIAL_UNIT}${ELLIPSIS}`, 'g');
+}
 
 /** A function masking every occurrence of `secrets`, in any encoding above, in a text. */
 export function secretMasker(secrets: readonly string[]): (text: string) => string {
@@ -42,10 +55,11 @@ export function secretMasker(secrets: readonly string[]): (text: string) => stri
     // A secret ending with another (a header, `Bearer <token>`) is not looked for cut short: its start
     // is no secret ("must be Bearer"), and the other is looked for itself.
     const wrapsAnother = kept.some((other) => other !== secret && secret.endsWith(other));
-    return { whole: new RegExp(units.join(''), 'g'), units: wrapsAnother ? [] : units.map((u) => new RegExp(u, 'y')) };
+    return { whole: new RegExp(units.join(''), 'g'), inside: wrapsAnother ? undefined : cutInside(units), units: wrapsAnother ? [] : units.map((u) => new RegExp(u, 'y')) };
   });
   return (text) => {
     for (const { whole } of masks) text = text.replace(whole, MASK);
+    for (const { inside } of masks) if (inside) text = text.replace(inside, MASK);
     for (const { units } of masks) text = maskCutEnd(text, units);
     return text;
   };

@@ -611,41 +611,65 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
     }
   });
 
-  it('masks the key where a remote quotes it in an error answer: in the status message, the worker log and the job in Redis', async () => {
-    // A remote whose endpoint's errors (500) quote the request's Authorization header, as sent and
-    // percent-encoded in lowercase.
-    const quoting = http.createServer((req, res) => {
-      const origin = `http://127.0.0.1:${(quoting.address() as AddressInfo).port}`;
-      if (req.url === '/rpc-fails/.well-known/agent-card.json') {
-        answerAgentCard(res, { name: 'q', description: 'q', url: `${origin}/rpc-fails/rpc`, streaming: false });
-        return;
-      }
-      res.writeHead(500, { 'content-type': 'application/json' }).end(JSON.stringify({
-        error: `cannot serve ${req.method} with authorization ${req.headers.authorization} (${[...Buffer.from(req.headers.authorization ?? '')].map((b) => `%${b.toString(16).padStart(2, '0')}`).join('')})`,
-      }));
+  // A run (two attempts) on a remote (`streaming` or not) whose card names an endpoint that answers
+  // every call with `answer`: the task as it failed, its job in Redis and the worker's output (stdout and stderr).
+  // Its key: found nowhere else (a start of REMOTE_KEY, "remote-a", is in this worker's file names).
+  const QUOTED_KEY = `tbk-${randomUUID()}`;
+  async function failedOnRemote(streaming: boolean, answer: (req: http.IncomingMessage, res: http.ServerResponse) => void) {
+    const remote = http.createServer((req, res) => {
+      const origin = `http://127.0.0.1:${(remote.address() as AddressInfo).port}`;
+      if (req.url === '/rpc-fails/.well-known/agent-card.json') answerAgentCard(res, { name: 'q', description: 'q', url: `${origin}/rpc-fails/rpc`, streaming });
+      else answer(req, res);
     });
-    await new Promise<void>((resolve) => quoting.listen(0, '127.0.0.1', resolve));
-    const origin = `http://127.0.0.1:${(quoting.address() as AddressInfo).port}`;
+    await new Promise<void>((resolve) => remote.listen(0, '127.0.0.1', resolve));
+    const origin = `http://127.0.0.1:${(remote.address() as AddressInfo).port}`;
     try {
-      const stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: `${origin}/rpc-fails`, AGENT_REMOTE_API_KEY: REMOTE_KEY, AGENT_ATTEMPTS: '2' });
+      const stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: `${origin}/rpc-fails`, AGENT_REMOTE_API_KEY: QUOTED_KEY, AGENT_ATTEMPTS: '2' });
       try {
         const done = await outcome(stack, 'who sees the key?');
         assert.equal(done.task.status, 'failed');
-        assert.match(done.status_message.parts[0].text, /500.*authorization \*\*\* \(\*\*\*\)/);
         // The task reads failed before the worker has logged the last attempt and its job has ended.
         await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('agent run failed for good')), 'the final failure in the worker log');
         const jobs = await waitFor(() => withQueue(stack.env, 'agent-tasks', async (q) => {
           const ended = await q.getJobs(['failed', 'completed']);
           return ended.length > 0 && JSON.stringify(ended);
         }), 'the job to end in Redis');
-        assert.match(jobs, /authorization \*\*\* \(\*\*\*\)/, 'the job holds the masked reason');
-        for (const text of [JSON.stringify(done), jobs, ...stack.workers[0].logs]) assert.ok(!text.includes(REMOTE_KEY), text.slice(0, 400));
+        return { done, jobs, logs: [...stack.workers[0].logs] };
       } finally {
         await stack.stop();
       }
     } finally {
-      quoting.closeAllConnections();
-      quoting.close();
+      remote.closeAllConnections();
+      remote.close();
+    }
+  }
+
+  it('masks the key where a remote quotes it in an error answer: in the status message, the worker log and the job in Redis', async () => {
+    // A remote whose endpoint's errors (500) quote the request's Authorization header, as sent and
+    // percent-encoded in lowercase.
+    const { done, jobs, logs } = await failedOnRemote(false, (req, res) => {
+      res.writeHead(500, { 'content-type': 'application/json' }).end(JSON.stringify({
+        error: `cannot serve ${req.method} with authorization ${req.headers.authorization} (${[...Buffer.from(req.headers.authorization ?? '')].map((b) => `%${b.toString(16).padStart(2, '0')}`).join('')})`,
+      }));
+    });
+    assert.match(done.status_message.parts[0].text, /500.*authorization \*\*\* \(\*\*\*\)/);
+    assert.match(jobs, /authorization \*\*\* \(\*\*\*\)/, 'the job holds the masked reason');
+    for (const text of [JSON.stringify(done), jobs, ...logs]) assert.ok(!text.includes(QUOTED_KEY), text.slice(0, 400));
+  });
+
+  it('quotes no part of the key from a stream line that is not JSON, where the SDK cuts its quote of the line at character 100', async () => {
+    // The line echoes the Authorization header, the key across character 100.
+    const { done, jobs, logs } = await failedOnRemote(true, (req, res) => {
+      req.resume();
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(`data: ${'.'.repeat(90 - 'Bearer '.length)}${req.headers.authorization} is what you sent\n\n`);
+    });
+    // Before: 'Failed to parse SSE event data: "....Bearer remote-api-key..."...', the key's start unmasked.
+    assert.equal(done.status_message.parts[0].text, "The agent failed after 2 attempt(s): the remote agent answered what is not JSON: Unexpected token '.'");
+    assert.match(jobs, /the remote agent answered what is not JSON: Unexpected token '\.'/, 'the retried attempt\'s reason in the job');
+    // No 8 characters of the key together (the masker lets a start of it shorter than that before an ellipsis pass).
+    for (const text of [JSON.stringify(done), jobs, ...logs]) {
+      for (let i = 0; i + 8 <= QUOTED_KEY.length; i++) assert.ok(!text.includes(QUOTED_KEY.slice(i, i + 8)), text.slice(0, 400));
     }
   });
 
@@ -782,7 +806,7 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
 describe('remote A2A agent that answers without end, or about another task', () => {
   // Unlike REMOTE_KEY, no message of these tests ends with a start of it ("remote-a"), which would be masked as a key cut short.
   const QUOTED_KEY = `qk-${randomUUID()}`;
-  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' | 'not-json' = 'trickle-card';
+  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' | 'not-json' | 'rpc-error-cut' = 'trickle-card';
   // What the remote answers, in 'garbled' mode, after the task: an event of a known kind with a member of another shape.
   let garbled: unknown;
   let streamClosed = false;
@@ -810,7 +834,7 @@ describe('remote A2A agent that answers without end, or about another task', () 
       req.resume();
       res.writeHead(401, { 'content-type': 'application/json' });
       res.end(JSON.stringify({ jsonrpc: '2.0', id: 1, error: { code: -32001, message: 'Unauthorized' } }));
-    } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting' || mode === 'garbled' || mode === 'garbled-get' || mode === 'rpc-error') {
+    } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting' || mode === 'garbled' || mode === 'garbled-get' || mode === 'rpc-error' || mode === 'rpc-error-cut') {
       let body = '';
       req.on('data', (b) => { body += b; });
       req.on('end', () => {
@@ -823,8 +847,10 @@ describe('remote A2A agent that answers without end, or about another task', () 
           return;
         }
         res.writeHead(200, { 'content-type': 'text/event-stream' });
-        if (mode === 'rpc-error') {
-          res.end(`data: ${JSON.stringify({ jsonrpc: '2.0', id, error: { code: -32603, message: 'the model provider answered 403 Forbidden' } })}\n\n`);
+        if (mode === 'rpc-error' || mode === 'rpc-error-cut') {
+          // "rpc-error-cut": the error quotes the request's Authorization header cut short, inside its message.
+          const message = mode === 'rpc-error' ? 'the model provider answered 403 Forbidden' : `the token "${req.headers.authorization?.slice(0, 'Bearer '.length + 12)}..." has expired`;
+          res.end(`data: ${JSON.stringify({ jsonrpc: '2.0', id, error: { code: -32603, message } })}\n\n`);
           return;
         }
         if (mode === 'garbled-get') {
@@ -954,7 +980,8 @@ describe('remote A2A agent that answers without end, or about another task', () 
   it('fails the later turn whose call the remote answers with what is not JSON, saying the remote did', async () => {
     const failed = await laterTurnFailing('not json later', 'not-json');
     // Before: the parser's words alone, which named no party.
-    assert.equal(failed.status_message.parts[0].text, 'The agent failed after 1 attempt(s): the remote agent answered what is not JSON: Unexpected token \'h\', "this is not json" is not valid JSON');
+    // Its words without the parser's quote of the answer, which may echo the request, key and all.
+    assert.equal(failed.status_message.parts[0].text, 'The agent failed after 1 attempt(s): the remote agent answered what is not JSON: Unexpected token \'h\'');
   });
 
   it("takes a call answered 401 with a JSON-RPC error as its body for a refusal of this worker's key", async () => {
@@ -962,6 +989,12 @@ describe('remote A2A agent that answers without end, or about another task', () 
     const failed = await laterTurnFailing('refused later', 'refused-rpc');
     // Before: "The agent failed after 1 attempt(s): Task not found" (the SDK's word for the error's code), retried had there been attempts left.
     assert.match(failed.status_message.parts[0].text, /^The remote agent refused this worker's credentials \(not retried; check AGENT_REMOTE_API_KEY\): the remote agent answered HTTP 401\b/);
+  });
+
+  it("masks the start of the key a remote's error quotes cut short, inside its message", async () => {
+    mode = 'rpc-error-cut';
+    // Before: the key's first 12 characters, as the remote quoted them (only a cut at the text's end was masked).
+    assert.equal(await failureOf('rpc error cut'), 'The agent failed after 1 attempt(s): SSE event contained an error: the token "Bearer ***" has expired (Code: -32603) Data: {}');
   });
 
   it('masks the part of the key left where the quote of such an event is cut short', async () => {

@@ -16,14 +16,14 @@ import type {
   Artifact, Message as A2AMessage, Part, Task as A2ATask, TaskState as A2AState, TaskStatus,
 } from '@a2a-js/sdk';
 import {
-  ClientFactory, ClientFactoryOptions, DefaultAgentCardResolver, JsonRpcTransportFactory, RestTransportFactory, TaskNotCancelableError, TaskNotFoundError, type Client,
+  ClientFactory, DefaultAgentCardResolver, JsonRpcTransportFactory, TaskNotCancelableError, TaskNotFoundError, type Client,
 } from '@a2a-js/sdk/client';
 import {
   forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTaskIdsOf, takeRemoteTasksToCancel, saveRemoteAgentTask, type RemoteAgentTaskRow,
 } from '../../db/remote-agent-tasks.ts';
 import { listArtifactItems } from '../../db/timeline-views.ts';
 import type { Logger } from '../../domain/logger.ts';
-import { refusedByRuntime } from '../../domain/errors.ts';
+import { jsonErrorWithoutExcerpt, refusedByRuntime } from '../../domain/errors.ts';
 import { assertOutboundUrl } from '../../domain/webhook-url.ts';
 import { maskUrlCredentials } from '../../domain/config.ts';
 import { secretMasker } from '../../domain/secret-mask.ts';
@@ -81,9 +81,16 @@ function unreached(err: unknown): unknown {
   return err instanceof TypeError && typeof why === 'string' ? new Error(`the remote agent could not be reached: ${why}`, { cause: err }) : err;
 }
 
-// The SDK parses a call's answer with Response.json(), whose error is the parser's words alone: a
-// failure reason that names no party.
-const notJson = (err: unknown) => (err instanceof SyntaxError ? new Error(`the remote agent answered what is not JSON: ${err.message}`, { cause: err }) : err);
+// The SDK parses a call's answer with Response.json(), whose error is the parser's words alone (a
+// failure reason that names no party), and a stream's line with JSON.parse, its error quoting the
+// line's first 100 characters (the parser's error its cause). Both quote what the remote sent, which
+// may echo the request, Authorization header and all, cut anywhere: said in our words and the
+// parser's, without its excerpt, and without the SDK's error as the cause (a logged error's cause is
+// printed with it).
+function notJson(err: unknown): unknown {
+  const parse = err instanceof SyntaxError ? err : err instanceof Error && err.cause instanceof SyntaxError ? err.cause : undefined;
+  return parse ? new Error(`the remote agent answered what is not JSON: ${jsonErrorWithoutExcerpt(parse.message)}`) : err;
+}
 
 // The SDK sets no timeout, and reads the card without any signal: a remote that trickles an answer
 // would hold the run, and every later run waiting on the same card read, for ever. A card or call
@@ -194,10 +201,9 @@ function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>,
     await assertOutboundUrl(target.href, false, `The remote agent endpoint ${target.origin} that its card names`, 'AGENT_REMOTE_ALLOW_PRIVATE');
     return fetchPublicOnly(target.href, { ...init, headers }, { untimed: true });
   };
-  return new ClientFactory(ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
-    transports: [new JsonRpcTransportFactory({ fetchImpl }), new RestTransportFactory({ fetchImpl })],
-    cardResolver: new DefaultAgentCardResolver({ fetchImpl }),
-  }));
+  // JSON-RPC only (the SDK's defaults add HTTP+JSON): its REST transport writes a stream line it
+  // cannot parse to stderr whole, key and all if the remote echoes it, past the log's masking.
+  return new ClientFactory({ transports: [new JsonRpcTransportFactory({ fetchImpl })], cardResolver: new DefaultAgentCardResolver({ fetchImpl }) });
 }
 
 export interface RemoteAgentOptions {
@@ -234,7 +240,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       // the task's status message and the log: it shows the URL as runtime_config does, in the
       // client's own words (which may quote it) too.
       const masked = (text: string) => text.replace(/\bhttps?:\/\/[^\s'"<>]+/gi, maskUrlCredentials);
-      throw reworded(err, `the remote agent card at ${masked(url)} could not be read: ${withoutKey(masked(err.message))}`);
+      throw reworded(err, `the remote agent card at ${masked(url)} could not be read: ${withoutKey(masked((notJson(err) as Error).message))}`);
     });
     return client;
   };
