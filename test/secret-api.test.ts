@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { randomBytes, randomUUID } from 'node:crypto';
-import { assertError, requestLogsThrough, ROOT, testDb, textMessage, useStack, waitFor, type Client } from './helpers/stack.ts';
+import { assertError, requestLogsThrough, ROOT, testDb, textMessage, useStack, waitFor, withQueue, type Client } from './helpers/stack.ts';
 import { sealByHand } from './helpers/aes-gcm-by-hand.ts';
 
 const S = '/api/secret/v1';
@@ -544,5 +544,20 @@ describe('secrets for agents: ctx.readSecret in an agent module', () => {
     assert.equal(missing.task.status, 'failed');
     assert.match(missing.status_message.parts[0].text, /secret with key 'agents\/missing.key' not found/);
     for (const p of [stack.api, ...stack.workers]) assert.ok(!p.logs.join('\n').includes(raw));
+  });
+
+  it("masks a secret the agent read where its failure quotes it: the status message, the timeline, the job's failed attempts and the log", async () => {
+    const raw = `agent-quoted-${randomUUID()}`;
+    assert.equal((await stack.client.post(S, { key: 'agents/quoted.key', raw_value: raw })).status, 201);
+    const done = await runTask('throw agents/quoted.key');
+    assert.equal(done.task.status, 'failed');
+    // Before: the value itself, in each of them.
+    assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'The agent failed after 3 attempt(s): the provider refused the key ***' }]);
+    const timeline = await stack.client.get(`/api/task/v1/${done.task.id}/timeline?page_size=100`);
+    assert.ok(JSON.stringify(timeline.body).includes('the provider refused the key ***'));
+    await waitFor(async () => stack.workers[0].logs.some((l) => l.includes('agent run failed for good')), 'the final failure in the worker log');
+    const jobs = await withQueue(stack.env, 'agent-tasks', async (q) => JSON.stringify(await q.getJobs(['failed', 'completed'])));
+    assert.match(jobs, /the provider refused the key \*\*\*/, "the failed attempts' reason in the job");
+    for (const text of [JSON.stringify(done), JSON.stringify(timeline.body), jobs, ...stack.workers[0].logs]) assert.ok(!text.includes(raw), text.slice(0, 400));
   });
 });

@@ -23,6 +23,7 @@ import { withTimeout } from '../domain/with-timeout.ts';
 import { SHUTDOWN_WIND_DOWN_MS } from '../domain/stop-signals.ts';
 import { findUnstorable, storableText } from '../domain/storable-json.ts';
 import { callLimit } from '../domain/call-limit.ts';
+import { secretMasker } from '../domain/secret-mask.ts';
 
 const HISTORY = 200;
 // The most of one run's calls to Postgres (reply, setStatus, emitArtifact, readSecret) in flight at
@@ -106,9 +107,9 @@ const forShutdown = (signal: AbortSignal) => signal.aborted && !!(signal.reason 
 // the task is still working under this run.
 function agentContext(
   services: Services, ours: <T>(call: () => Promise<T>) => Promise<T>,
-  run: { taskId: string; messageId: string; attempt: number; state: RunState; trigger: NonNullable<RunState['trigger']>; signal: AbortSignal; log: Logger },
+  run: { taskId: string; messageId: string; attempt: number; state: RunState; trigger: NonNullable<RunState['trigger']>; signal: AbortSignal; log: Logger; secretsRead: Set<string> },
 ): AgentContext {
-  const { taskId, messageId, attempt, state, trigger, signal, log: runLog } = run;
+  const { taskId, messageId, attempt, state, trigger, signal, log: runLog, secretsRead } = run;
   const inTurn = callLimit(CALLS_PER_RUN);
   const invokeInTurn = callLimit(CALLS_PER_RUN);
   let invocations = 0;
@@ -165,7 +166,11 @@ function agentContext(
       await whileActive((uow, locked) => appendArtifact(uow, locked, { ...artifact, artifactId }, services.cfg.TASK_ARTIFACTS_MAX_BYTES));
       return artifactId;
     })),
-    readSecret: (key) => inTurn(() => whileRunning(() => ours(() => readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', noSecretWithKey))))),
+    readSecret: (key) => inTurn(() => whileRunning(() => ours(async () => {
+      const value = await readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', noSecretWithKey));
+      secretsRead.add(value);
+      return value;
+    }))),
     invokeFunction: (providerInstanceId, functionTypeId, params, options = {}) => {
       // Numbered as the agent makes its calls, not as they get their turn: a try of the run again
       // numbers them alike.
@@ -275,7 +280,9 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     const timedOut = () => controller.signal.aborted && !!(controller.signal.reason as { timedOut?: boolean } | undefined)?.timedOut;
     const runLog = log.child({ task_id: taskId });
     const maxMessageBytes = services.cfg.TASK_MESSAGES_MAX_BYTES;
-    const ctx = agentContext(services, ours, { taskId, messageId, attempt, state, trigger: state.trigger, signal: controller.signal, log: runLog });
+    // The values the agent read: masked in its failure's reason, which its error may quote.
+    const secretsRead = new Set<string>();
+    const ctx = agentContext(services, ours, { taskId, messageId, attempt, state, trigger: state.trigger, signal: controller.signal, log: runLog, secretsRead });
 
     let running: Promise<AgentResult | void> | undefined;
     try {
@@ -317,10 +324,12 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       if (!refused && (controller.signal.aborted || (err as { taskEnded?: boolean } | null | undefined)?.taskEnded)) return 'aborted: task ended';
       const attempts = refused ? job.attemptsMade + 1 : (job.opts.attempts ?? 1);
       // A run that timed out failed for that, whatever its agent threw on the way out.
-      const reason = failureReason(timedOut() ? controller.signal.reason : err);
+      const unmasked = failureReason(timedOut() ? controller.signal.reason : err);
+      const reason = secretMasker([...secretsRead])(unmasked);
       if (job.attemptsMade + 1 < attempts) {
         log.warn({ task_id: taskId, attempt: job.attemptsMade + 1, attempts, reason }, 'agent run failed; it will be retried');
-        const thrown = err instanceof Error ? err : new Error(reason);
+        // BullMQ keeps the error's message and stack: one that quotes a secret is not handed on.
+        const thrown = err instanceof Error && reason === unmasked ? err : new Error(reason);
         retried.add(thrown);
         throw thrown;
       }
