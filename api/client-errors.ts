@@ -10,7 +10,7 @@ import type { Duplex } from 'node:stream';
 import { AppError, echoed, InvalidRequest, MethodNotAllowed, PayloadTooLarge } from '../domain/errors.ts';
 import { errorBody } from './middleware/errors.ts';
 import { requestIdFor } from './middleware/request-id.ts';
-import { markAnsweredOutsideKoa, UNMATCHED } from './middleware/access-log.ts';
+import { loggedTarget, markAnsweredOutsideKoa, UNMATCHED } from './middleware/access-log.ts';
 import type { HttpAnswer } from './metrics.ts';
 import type { Logger } from '../domain/logger.ts';
 
@@ -47,7 +47,7 @@ export function answerClientErrors(server: Server, methods: readonly string[], l
   server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
     const requestId = requestIdFor(req.headers['x-request-id']);
     const e = new AppError(417, 'invalid_request', `Expect '${echoed(String(req.headers.expect))}' is not supported: only 100-continue is`);
-    log.info({ req_id: requestId, method: req.method, path: req.url?.split('?')[0], status: e.status, code: e.code }, 'request refused before routing');
+    log.info({ req_id: requestId, method: req.method, path: loggedTarget(req.url ?? ''), status: e.status, code: e.code }, 'request refused before routing');
     // Its body is not read: the connection closes after the answer.
     res.writeHead(e.status, { 'Content-Type': 'application/json', 'X-Request-Id': requestId, Connection: 'close' });
     res.end(JSON.stringify(errorBody(e)));

@@ -396,6 +396,15 @@ describe('HTTP conventions', () => {
     assert.equal(await taskCount(), before);
   });
 
+  it('logs a refused Expect\'s target without its user info, query and fragment', async () => {
+    const answer = await rawExchange(stack.api.url, 'GET http://u:expect-secret-1@h/x?token=expect-secret-2#expect-secret-3 HTTP/1.1\r\nHost: h\r\nExpect: x\r\nX-Request-Id: expect-target\r\n\r\n');
+    assert.match(answer, /^HTTP\/1\.1 417 /);
+    const line = await waitFor(async () => stack.api.logs.find((l) => l.includes('"req_id":"expect-target"')), 'the refused request in the API log');
+    // Before: "path":"http://u:expect-secret-1@h/x" (and, without a query, the fragment).
+    assert.match(line, /"path":"http:\/\/h\/x"/);
+    assert.ok(!stack.api.logs.some((l) => l.includes('expect-secret')), line);
+  });
+
   it('answers an HTTP/1.1 request without a Host header with 400 and the Error body, storing nothing', async () => {
     const before = await taskCount();
     const body = JSON.stringify({ message: textMessage('no host') });

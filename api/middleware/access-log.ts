@@ -20,13 +20,16 @@ export function prefixMatchedRoute(ctx: Context, base: string): void {
   if (typeof route._matchedRoute === 'string' && !route._matchedRoute.startsWith(base)) route._matchedRoute = `${base}${route._matchedRoute}`;
 }
 
-// The request's path; of a target that is no URL (refused: api/app.ts), its text without the user
-// info, query and fragment (each may carry a credential).
+// A request target as logged where it is not parsed: without the user info, query and fragment
+// (each may carry a credential). The user info goes first: it may hold a `?` or `#` itself.
+export const loggedTarget = (target: string): string => target.replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/]*@/i, '$1').split(/[?#]/)[0];
+
+// The request's path; of a target that is no URL (refused: api/app.ts), loggedTarget.
 function pathOf(ctx: Context): string {
   try {
     return ctx.path;
   } catch {
-    return ctx.originalUrl.split(/[?#]/)[0].replace(/^([a-z][a-z0-9+.-]*:\/\/)[^/]*@/i, '$1');
+    return loggedTarget(ctx.originalUrl);
   }
 }
 
