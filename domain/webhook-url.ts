@@ -52,7 +52,11 @@ export async function assertOutboundUrl(raw: string, allowPrivate: boolean, what
     // One that parses against a base is relative; one that still does not is malformed (a port
     // past 65535, a space in the host), and calling it not absolute would send the caller astray.
     const relative = URL.canParse(raw, 'http://base.invalid/');
-    throw new InvalidRequest(`${what} '${echoed(raw)}' is not ${relative ? 'an absolute' : 'a valid'} URL`);
+    // Not quoted when it holds an '@': what comes before may be credentials (`http://user:pw@...`),
+    // and a URL that does not parse cannot be told apart into its parts.
+    const quoted = raw.includes('@') ? '' : ` '${echoed(raw)}'`;
+    const unquoted = quoted ? '' : " (not quoted: it holds an '@', which may follow credentials)";
+    throw new InvalidRequest(`${what}${quoted} is not ${relative ? 'an absolute' : 'a valid'} URL${unquoted}`);
   }
   if (url.protocol !== 'http:' && url.protocol !== 'https:') {
     throw new InvalidRequest(`${what} must use http or https, not '${url.protocol.replace(/:$/, '')}'`);

@@ -963,6 +963,12 @@ describe('push notifications', () => {
       assert.equal(set.error?.code, -32602, JSON.stringify(set));
       assert.equal(set.error.message, `Push notification URL '${url}' is not a valid URL`);
     }
+    // One with user info is not quoted (before: it was, password and all).
+    for (const [url, kind] of [['http://hook-user:hook-secret-1@exa mple.com/hook', 'a valid'], ['//hook-user:hook-secret-2@example.com/hook', 'an absolute']]) {
+      const set = await rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { url } });
+      assert.equal(set.error?.message, `Push notification URL is not ${kind} URL (not quoted: it holds an '@', which may follow credentials)`);
+      assert.ok(!JSON.stringify(set).includes('hook-secret'), JSON.stringify(set));
+    }
     const relative = await rpc('tasks/pushNotificationConfig/set', { taskId: id, pushNotificationConfig: { url: '/hook' } });
     assert.equal(relative.error?.message, "Push notification URL '/hook' is not an absolute URL");
     // Quoted as every error quotes what a client sent (echoed): control characters escaped, a long one by its start and its length.
