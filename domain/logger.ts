@@ -1,10 +1,16 @@
 import { writeSync } from 'node:fs';
 import { pino, type Logger } from 'pino';
 
+// Headers that carry credentials, as Node's incoming headers name them and as callers write them.
+const CREDENTIAL_HEADERS = ['authorization', 'Authorization', 'proxy-authorization', 'Proxy-Authorization', 'cookie', 'Cookie', 'set-cookie', 'Set-Cookie'];
+// Paths are case sensitive, and a wildcard stands for one level: each header is looked for alone
+// and in a headers object at the top, one or two levels down (`err.response.headers`).
+const HEADER_PATHS = CREDENTIAL_HEADERS.flatMap((h) => [`["${h}"]`, `*["${h}"]`, `headers["${h}"]`, `*.headers["${h}"]`, `*.*.headers["${h}"]`]);
+
 // Field names that may carry secrets anywhere in a log object are censored, as a backstop to
 // never logging them in the first place.
 const REDACT = [
-  'authorization', 'req.headers.authorization', '*.authorization', 'key', '*.key', 'raw_value', '*.raw_value',
+  ...HEADER_PATHS, 'key', '*.key', 'raw_value', '*.raw_value',
   'token', '*.token', 'access_token', '*.access_token', 'refresh_token', '*.refresh_token', 'client_secret',
   '*.client_secret', 'api_key', '*.api_key', 'private_key', '*.private_key', 'assertion', '*.assertion', 'password', '*.password', 'decrypted_value', '*.decrypted_value', 'plaintext', '*.plaintext',
 ];
