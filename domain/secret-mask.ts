@@ -3,6 +3,17 @@
 // bytes, `+` for a space), JSON-escaped (`\/`, `\uXXXX`, surrogate pairs), as HTML entities, or mixed;
 // and cut short, leaving a prefix of the secret: at the text's end, or inside it before an ellipsis
 // (a quote cut short within a longer message).
+//
+// Each secret is looked for through a regular expression spelling its characters out, one pattern of
+// ~70 characters per character; its cost (V8 compiles it on its first use, tens of ms for a 64-character
+// secret, 100-250 ms about 256) grows with the secret, and past some thousands of characters the
+// expression is too large to compile at all. So only a secret's first FULL_PATTERN_CHARS characters get
+// such patterns. A longer secret is masked, whole, by a literal search of it as sent, percent-encoded
+// and JSON-escaped; and in any other encoding, or cut short, from where its first FULL_PATTERN_CHARS
+// characters are found (in any encoding) through as many of the characters after them as follow there
+// (each looked for by one character's pattern), then a cut character and an ellipsis or the text's end.
+// The masker never throws: a secret whose patterns cannot be built, or a text they fail on, leaves
+// nothing of the text but MASK.
 
 // Secrets shorter than this are not masked: matching them would mask ordinary words.
 const MIN_SECRET_LENGTH = 4;
@@ -10,6 +21,8 @@ const MASK = '***';
 // A prefix of a secret inside a text, before an ellipsis, is masked from this length on: shorter ones
 // would mask ordinary words that happen to start a secret.
 const MIN_CUT_INSIDE = 8;
+// A secret's characters from which on it is looked for by the patterns of its first ones only (above).
+export const FULL_PATTERN_CHARS = 256;
 
 const NAMED_ENTITIES: Record<string, string[]> = {
   '&': ['amp'], '<': ['lt'], '>': ['gt'], '"': ['quot'], "'": ['apos'], '/': ['sol'], '=': ['equals'], '+': ['plus'], ':': ['colon'],
@@ -50,19 +63,90 @@ function cutInside(units: string[]): RegExp | undefined {
 export function secretMasker(secrets: readonly string[]): (text: string) => string {
   // Longest first, so a whole header is masked before the token inside it.
   const kept = [...new Set(secrets.filter((s) => s.length >= MIN_SECRET_LENGTH))].sort((a, b) => b.length - a.length);
-  const masks = kept.map((secret) => {
-    const units = [...secret].map(unitPattern);
-    // A secret ending with another (a header, `Bearer <token>`) is not looked for cut short: its start
-    // is no secret ("must be Bearer"), and the other is looked for itself.
-    const wrapsAnother = kept.some((other) => other !== secret && secret.endsWith(other));
-    return { whole: new RegExp(units.join(''), 'g'), inside: wrapsAnother ? undefined : cutInside(units), units: wrapsAnother ? [] : units.map((u) => new RegExp(u, 'y')) };
-  });
+  let masks: Mask[];
+  try {
+    masks = kept.map((secret) => {
+      // A secret ending with another (a header, `Bearer <token>`) is not looked for cut short: its start
+      // is no secret ("must be Bearer"), and the other is looked for itself.
+      const wrapsAnother = kept.some((other) => other !== secret && secret.endsWith(other));
+      return maskOf(secret, wrapsAnother);
+    });
+  } catch {
+    return () => MASK;
+  }
   return (text) => {
-    for (const { whole } of masks) text = text.replace(whole, MASK);
-    for (const { inside } of masks) if (inside) text = text.replace(inside, MASK);
-    for (const { units } of masks) text = maskCutEnd(text, units);
-    return text;
+    try {
+      for (const { literals } of masks) for (const form of literals) text = text.split(form).join(MASK);
+      for (const { whole, rest, cut } of masks) text = rest.length > 0 ? maskWithRest(text, whole, rest, cut) : text.replace(whole, MASK);
+      for (const { inside } of masks) if (inside) text = text.replace(inside, MASK);
+      for (const { units } of masks) text = maskCutEnd(text, units);
+      return text;
+    } catch {
+      return MASK;
+    }
   };
+}
+
+interface Mask {
+  // Forms of a long secret searched for as they are.
+  literals: string[];
+  // Its first FULL_PATTERN_CHARS characters (all of a shorter one), in any encoding.
+  whole: RegExp;
+  // The characters of a long secret after those.
+  rest: string[];
+  // Whether a quote of it cut short is masked.
+  cut: boolean;
+  inside: RegExp | undefined;
+  units: RegExp[];
+}
+
+function maskOf(secret: string, wrapsAnother: boolean): Mask {
+  const chars = [...secret];
+  const units = chars.slice(0, FULL_PATTERN_CHARS).map(unitPattern);
+  const rest = chars.slice(FULL_PATTERN_CHARS);
+  const percent = encodeURIComponent(secret);
+  const literals = rest.length === 0 ? [] : [...new Set([secret, percent, percent.replace(/%[0-9A-F]{2}/g, (h) => h.toLowerCase()), JSON.stringify(secret).slice(1, -1)])];
+  return {
+    literals, rest, cut: !wrapsAnother,
+    whole: new RegExp(units.join(''), 'g'),
+    inside: wrapsAnother ? undefined : cutInside(units),
+    units: wrapsAnother ? [] : units.map((u) => new RegExp(u, 'y')),
+  };
+}
+
+const CUT_INSIDE_TAIL = new RegExp(`${PARTIAL_UNIT}${ELLIPSIS}`, 'y');
+
+// Each match of a long secret's first characters, with as many of its `rest` as follow there, and, for
+// a secret looked for cut short, a cut character then an ellipsis or the text's end.
+function maskWithRest(text: string, whole: RegExp, rest: string[], cut: boolean): string {
+  const unitOf = new Map<string, RegExp>();
+  const unit = (ch: string) => unitOf.get(ch) ?? unitOf.set(ch, new RegExp(unitPattern(ch), 'y')).get(ch)!;
+  let out = '';
+  let from = 0;
+  whole.lastIndex = 0;
+  for (let m = whole.exec(text); m; m = whole.exec(text)) {
+    let at = whole.lastIndex;
+    let matched = 0;
+    for (const ch of rest) {
+      const re = unit(ch);
+      re.lastIndex = at;
+      if (!re.test(text)) break;
+      at = re.lastIndex;
+      matched++;
+    }
+    if (cut && matched < rest.length) {
+      for (const tail of [CUT_INSIDE_TAIL, CUT_END]) {
+        tail.lastIndex = at;
+        if (tail.test(text)) {
+          at = tail.lastIndex;
+          break;
+        }
+      }
+    }
+    out += `${text.slice(from, m.index)}${MASK}`;
+    from = whole.lastIndex = Math.max(at, m.index + 1);
+  }
+  return out + text.slice(from);
 }
 
 // The longest one character's encoding above, for where a cut secret may start.

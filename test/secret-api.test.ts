@@ -560,4 +560,20 @@ describe('secrets for agents: ctx.readSecret in an agent module', () => {
     assert.match(jobs, /the provider refused the key \*\*\*/, "the failed attempts' reason in the job");
     for (const text of [JSON.stringify(done), JSON.stringify(timeline.body), jobs, ...stack.workers[0].logs]) assert.ok(!text.includes(raw), text.slice(0, 400));
   });
+
+  it('masks a long secret (20,000 characters) the agent read where its failure quotes it, without the masker failing in its place', async () => {
+    // Before: the masker threw (its regular expression too large), and the run failed with that
+    // error's message, the secret spelled out character by character.
+    const raw = `long-${randomUUID()}-${'0123456789abcdef'.repeat(1250)}`.slice(0, 20_000);
+    assert.equal((await stack.client.post(S, { key: 'agents/long.key', raw_value: raw })).status, 201);
+    const done = await runTask('throw agents/long.key');
+    assert.equal(done.task.status, 'failed');
+    assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'The agent failed after 3 attempt(s): the provider refused the key ***' }]);
+    const jobs = await withQueue(stack.env, 'agent-tasks', async (q) => JSON.stringify(await q.getJobs(['failed', 'completed'])));
+    for (const text of [JSON.stringify(done), jobs, ...stack.workers[0].logs]) {
+      assert.ok(!text.includes('Invalid regular expression'), text.slice(0, 400));
+      // Every 64-character run of it holds one of these.
+      for (let i = 0; i + 48 <= raw.length; i += 16) assert.ok(!text.includes(raw.slice(i, i + 48)), `a run of the secret from ${i}`);
+    }
+  });
 });
