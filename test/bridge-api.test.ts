@@ -33,10 +33,12 @@ const UNUSABLE_TOKENS: Record<string, { answer: { access_token: string; token_ty
 
 // Answers like the provider APIs: refunds (pi_refused is refused, pi_boom fails on Stripe's
 // side, pi_slow answers after 3 s, pi_deep nests 5,000 levels deep), Gmail send, and an RFC 7523 token endpoint that checks the assertion's signature
-// (bar UNUSABLE_TOKENS' issuers).
+// (bar UNUSABLE_TOKENS' issuers); /token/hold never answers, and /token/slow answers after
+// SLOW_TOKEN_MS with a token whose mails are never answered.
 // Refunds honour an Idempotency-Key as Stripe does: a repeat of a key gets the first answer (a
 // refusal too) without refunding again, or 400 when its params differ; `made.refunds` counts refunds made.
 // Refusals that quote the credential they got: refund pi_echo, a mail with subject "echo", an assertion from echo@example.iam.
+const SLOW_TOKEN_MS = 2500;
 function startProviders(): Promise<{ server: http.Server; url: string; seen: Seen[]; made: { refunds: number } }> {
   const seen: Seen[] = [];
   const made = { refunds: 0 };
@@ -72,7 +74,10 @@ function startProviders(): Promise<{ server: http.Server; url: string; seen: See
         made.refunds++;
         return answer(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
       }
+      if (req.url === '/token/hold') return;
+      if (req.url === '/token/slow') return void setTimeout(() => send(200, { access_token: 'slow-access', token_type: 'Bearer' }), SLOW_TOKEN_MS);
       if (req.url === '/gmail/v1/users/me/messages/send') {
+        if (req.headers.authorization === 'Bearer slow-access') return;
         if (!['Bearer jwt-access', `Bearer ${ACCESS_TOKEN}`].includes(req.headers.authorization ?? '')) return send(401, { error: { message: 'Request had invalid authentication credentials.' } });
         if (/\r\nSubject: echo\r\n/.test(Buffer.from(JSON.parse(body).raw, 'base64url').toString())) return send(403, { error: { message: `Token ${req.headers.authorization} may not send this` } });
         return send(200, { id: `msg-${seen.length}`, threadId: 't1' });
@@ -785,6 +790,43 @@ describe('bridge API', () => {
     }
   });
 
+  it('keeps a service-account invocation, token exchange and provider call together, to one BRIDGE_TIMEOUT_MS', async () => {
+    const instance = async (id: string, tokenPath: string) => {
+      const rs = await c.post(`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
+        { value: { client_id: 'svc@example.iam', private_key: privateKey, token_uri: `${providers.url}${tokenPath}`, scopes: ['gmail.send'] } });
+      assert.equal(rs.status, 201, rs.text);
+      assert.equal((await c.post(avail('google_mail', 'oauth2_jwt_bearer_assertion_flow'), { provider_instance_id: id, display_name: id, resource_server_credential_id: rs.body.id })).status, 201);
+      assert.equal((await c.post(`${B}/provider/${id}/function/google_mail_send_email/enable`, {})).status, 201);
+    };
+    await instance('gmail-token-hold', '/token/hold');
+    await instance('gmail-token-slow', '/token/slow');
+    const limitMs = 3000;
+    const api = await startApi({ ...stack.env, BRIDGE_TIMEOUT_MS: String(limitMs) });
+    const sends = () => providers.seen.filter((x) => x.url === '/gmail/v1/users/me/messages/send').length;
+    try {
+      const call = (id: string) => new Client(api.url).post(`${B}/provider/${id}/function/google_mail_send_email/invoke`, { params: { to: 'b@example.com', subject: 'S', body: 'B' } });
+      const before = sends();
+      const held = await call('gmail-token-hold');
+      answers.push(`POST gmail-token-hold invoke ${held.status}: ${held.text}`);
+      assert.equal(held.status, 502, held.text);
+      assert.equal(held.body.message, `token endpoint: no answer within ${limitMs} ms`);
+      assert.equal(sends(), before, 'no mail without a token');
+
+      // The token comes SLOW_TOKEN_MS into the call and the mail is never answered: the call ends when
+      // its limit does, not a whole limit after the token came (which it could not before SLOW_TOKEN_MS + limitMs).
+      const started = Date.now();
+      const slow = await call('gmail-token-slow');
+      const tookMs = Date.now() - started;
+      answers.push(`POST gmail-token-slow invoke ${slow.status}: ${slow.text}`);
+      assert.equal(slow.status, 502, slow.text);
+      assert.equal(slow.body.message, `google_mail: no answer within ${limitMs} ms`);
+      assert.equal(sends(), before + 1, 'the mail was sent with the token');
+      assert.ok(tookMs < SLOW_TOKEN_MS + limitMs, `answered after ${tookMs} ms`);
+    } finally {
+      await api.stop();
+    }
+  });
+
   it('answers 502 naming the token endpoint when it refuses the assertion, and sends nothing', async () => {
     const other = generateKeyPairSync('rsa', { modulusLength: 2048, privateKeyEncoding: { type: 'pkcs8', format: 'pem' }, publicKeyEncoding: { type: 'spki', format: 'pem' } });
     const rs = await c.post(`${avail('google_mail', 'oauth2_jwt_bearer_assertion_flow')}/credential/resource-server`,
@@ -929,6 +971,8 @@ describe('bridge API without BRIDGE_ALLOW_PRIVATE', () => {
         (err: Error & { status?: number }) => err.status === 502 && /token endpoint: host 'localhost' resolves to an internal address/.test(err.message));
       assert.deepEqual(hits, [], 'nothing reached the internal server');
       assert.equal((await callUpstream('token endpoint', url, { method: 'POST' }, 5000)).status, 200, 'allowed when private addresses are');
+      await assert.rejects(callUpstream('token endpoint', 'https://no-such-host.invalid/token', { method: 'POST' }, 5000, { publicOnly: true }),
+        (err: Error & { status?: number }) => err.status === 502 && err.message === "token endpoint: host 'no-such-host.invalid' cannot be resolved (ENOTFOUND)");
     } finally {
       server.close();
     }

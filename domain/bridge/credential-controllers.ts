@@ -103,11 +103,6 @@ function signsAndVerifies(key: KeyObject): boolean {
 // RFC 7523: a JWT signed with the client's private key, exchanged at token_uri for an access token.
 async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: UpstreamOptions): Promise<string> {
   const tokenUri = String(rs.token_uri);
-  // Checked again at each call (the name may resolve elsewhere now); a refusal here is the
-  // upstream's problem, not the caller's request.
-  await assertOutboundUrl(tokenUri, opts.allowPrivate, 'token_uri', 'BRIDGE_ALLOW_PRIVATE').catch((err: Error) => {
-    throw new Upstream(`token endpoint: ${err.message}`, { upstream: 'token endpoint' });
-  });
   const now = Math.floor(Date.now() / 1000);
   const claims: Plain = { iss: rs.client_id, aud: tokenUri, iat: now, exp: now + 3600 };
   const scopes = rs.scopes as string[] | undefined;
@@ -123,12 +118,15 @@ async function jwtBearerToken(rs: Plain, user: Plain | undefined, opts: Upstream
     throw new Conflict("The credential's private_key cannot sign (its RSA components do not fit together); store a new credential");
   }
   const assertion = `${unsigned}.${signature.toString('base64url')}`;
+  // token_uri's name is looked up once, when connecting, within the invocation's limit; unless
+  // private targets are allowed, the address it resolves to now is checked there (it may have
+  // changed since the credential was stored).
   const answer = await callUpstream('token endpoint', tokenUri, {
     method: 'POST',
     headers: { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' },
     body: new URLSearchParams({ grant_type: JWT_BEARER, assertion }).toString(),
     signal: opts.signal,
-  }, opts.timeoutMs, { publicOnly: !opts.allowPrivate });
+  }, opts.timeoutMs, { publicOnly: !opts.allowPrivate, deadline: opts.deadline });
   const body = answer.body as { access_token?: unknown; token_type?: unknown } | undefined;
   const token = body?.access_token;
   if (answer.status >= 400 || typeof token !== 'string' || !token) {

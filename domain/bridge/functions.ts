@@ -82,9 +82,11 @@ export async function invokeFunction(
     if (id === null) return undefined;
     return unsealCredential(s, cc, creds.find((c) => c.id === id)!);
   };
-  const opts = { timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS, allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, signal };
+  // One limit for the whole call: a token exchange (service account) and the provider call share it.
+  const deadline = Date.now() + s.cfg.BRIDGE_TIMEOUT_MS;
+  const opts = { timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS, deadline, allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, signal };
   const authorization = await cc.authorization(await plain(instance.resource_server_credential_id), await plain(instance.user_credential_id), opts);
-  const result = await f.invoke({ params, authorization, apiBase: s.cfg[provider.apiBaseSetting].replace(/\/+$/, ''), timeoutMs: opts.timeoutMs, signal, idempotencyKey });
+  const result = await f.invoke({ params, authorization, apiBase: s.cfg[provider.apiBaseSetting].replace(/\/+$/, ''), timeoutMs: opts.timeoutMs, deadline, signal, idempotencyKey });
   log.info({ provider_instance_id: providerInstanceId, function: functionTypeId, result: result.type }, 'bridge function invoked');
   return result;
 }

@@ -11,7 +11,8 @@ export type ProviderStatus = (typeof PROVIDER_STATUSES)[number];
 export type Plain = Record<string, unknown>;
 
 // `signal`: the caller gave up (an agent run canceled, an HTTP client gone): the call is abandoned.
-export interface UpstreamOptions { timeoutMs: number; allowPrivate: boolean; signal?: AbortSignal }
+// `deadline` (epoch ms): when the invocation's `timeoutMs` runs out, for every call it makes.
+export interface UpstreamOptions { timeoutMs: number; allowPrivate: boolean; signal?: AbortSignal; deadline?: number }
 
 export interface CredentialControllerDef {
   type_id: string;
@@ -32,7 +33,7 @@ export interface CredentialControllerDef {
 }
 
 export interface InvokeCall {
-  params: Record<string, unknown>; authorization: string | undefined; apiBase: string; timeoutMs: number; signal?: AbortSignal;
+  params: Record<string, unknown>; authorization: string | undefined; apiBase: string; timeoutMs: number; deadline: number; signal?: AbortSignal;
   /** For providers that honour one (IdempotencyKey); others ignore it. */
   idempotencyKey?: string;
 }

@@ -85,12 +85,16 @@ async function readBody(res: Response, what: string): Promise<string> {
 }
 
 // `init.signal` (the caller's: an agent run's, or an HTTP client's that hung up) abandons the call too, answer unread. `publicOnly`:
-// connect to public addresses only (see publicOnlyAgent).
-export async function callUpstream(what: string, url: string, init: RequestInit, timeoutMs: number, opts: { publicOnly?: boolean } = {}): Promise<UpstreamAnswer> {
+// connect to public addresses only (see publicOnlyAgent). `deadline` (epoch ms): the end of the
+// invocation this call is part of (a token exchange and the provider call share one `timeoutMs`);
+// none left, the call is not made.
+export async function callUpstream(what: string, url: string, init: RequestInit, timeoutMs: number, opts: { publicOnly?: boolean; deadline?: number } = {}): Promise<UpstreamAnswer> {
   // An explicit timer: on Node 20 an AbortSignal.timeout can be garbage-collected and never fire
   // (nodejs/node#57736).
   const call = callSignal(init.signal ?? undefined);
-  const timer = setTimeout(() => call.abort(), timeoutMs);
+  const waitMs = opts.deadline === undefined ? timeoutMs : Math.min(timeoutMs, opts.deadline - Date.now());
+  if (waitMs <= 0) call.abort();
+  const timer = setTimeout(() => call.abort(), Math.max(0, waitMs));
   const abandoned = () => new Upstream(`${what}: call abandoned by its caller`, { upstream: what });
   let text: string;
   let res: Response;
@@ -101,6 +105,7 @@ export async function callUpstream(what: string, url: string, init: RequestInit,
       if (init.signal?.aborted) throw abandoned();
       const refused = (err as { cause?: { code?: string; message?: string } }).cause;
       if (refused?.code === 'EPRIVATE') throw new Upstream(`${what}: ${refused.message}`, { upstream: what });
+      if (refused?.code === 'ENOTFOUND') throw new NoAnswer(`${what}: host '${new URL(url).hostname}' cannot be resolved (ENOTFOUND)`, { upstream: what });
       throw new NoAnswer(`${what}: ${call.signal.aborted ? `no answer within ${timeoutMs} ms` : 'unreachable'}`, { upstream: what });
     }
     text = await readBody(res, what).catch((err: unknown) => { throw init.signal?.aborted ? abandoned() : err; });

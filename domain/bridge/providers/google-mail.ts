@@ -38,14 +38,14 @@ export const googleMail: ProviderControllerDef = {
       body: Type.String({ maxLength: 1_000_000, description: 'plain-text body' }),
     }, { additionalProperties: false }),
     output: Type.Object({ message_id: Type.String() }),
-    async invoke({ params, authorization, apiBase, timeoutMs, signal }) {
+    async invoke({ params, authorization, apiBase, timeoutMs, deadline, signal }) {
       const raw = Buffer.from(rfc2822(String(params.to), String(params.subject), String(params.body))).toString('base64url');
       const answer = await callUpstream('google_mail', `${apiBase}/gmail/v1/users/me/messages/send`, {
         method: 'POST',
         headers: { authorization: authorization!, 'content-type': 'application/json', accept: 'application/json' },
         body: JSON.stringify({ raw }),
         signal,
-      }, timeoutMs);
+      }, timeoutMs, { deadline });
       if (answer.status >= 400) return { type: 'error', message: refusalMessage(answer) };
       const { id } = successObject('google_mail', answer);
       if (typeof id !== 'string' || !id) throw new Upstream(`google_mail: answered HTTP ${answer.status} without a message id`, { upstream: 'google_mail' });

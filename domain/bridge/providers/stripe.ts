@@ -26,7 +26,7 @@ export const stripe: ProviderControllerDef = {
       reason: Type.Optional(Type.Union(['duplicate', 'fraudulent', 'requested_by_customer'].map((r) => Type.Literal(r)))),
     }, { additionalProperties: false, oneOf: [{ required: ['payment_intent'] }, { required: ['charge'] }], description: 'payment_intent or charge, not both' }),
     output: Type.Object({ id: Type.String(), object: Type.Literal('refund'), amount: Type.Integer(), status: Type.String() }, { additionalProperties: true }),
-    async invoke({ params, authorization, apiBase, timeoutMs, signal, idempotencyKey }) {
+    async invoke({ params, authorization, apiBase, timeoutMs, deadline, signal, idempotencyKey }) {
       const form = new URLSearchParams();
       for (const k of ['payment_intent', 'charge', 'amount', 'reason']) if (params[k] !== undefined) form.set(k, String(params[k]));
       const answer = await callUpstream('stripe', `${apiBase}/v1/refunds`, {
@@ -37,7 +37,7 @@ export const stripe: ProviderControllerDef = {
         },
         body: form.toString(),
         signal,
-      }, timeoutMs);
+      }, timeoutMs, { deadline });
       if (answer.status >= 400) return { type: 'error', message: refusalMessage(answer) };
       return { ...successObject('stripe', answer), type: 'success' };
     },
