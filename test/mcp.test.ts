@@ -112,6 +112,18 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.ok(!JSON.stringify(r).includes(STRIPE_KEY));
   });
 
+  it("tools/call answers a refund that does not fit the function's output as a tool error, and sends only the output's members", async () => {
+    const client = await connect();
+    const odd = await client.callTool({ name: REFUND, arguments: { payment_intent: 'pi_odd' } });
+    assert.equal(odd.isError, true);
+    assert.equal(odd.structuredContent, undefined);
+    assert.equal((odd.content as { text: string }[])[0].text, "stripe: answered a success that does not fit the function's output (answer.amount must be integer)");
+    const extra = await client.callTool({ name: REFUND, arguments: { payment_intent: 'pi_extra' } });
+    assert.equal(extra.isError, undefined);
+    assert.deepEqual(extra.structuredContent, { id: 're_extra', object: 'refund', amount: 1000, status: 'succeeded', currency: 'eur' });
+    assert.deepEqual(JSON.parse((extra.content as { text: string }[])[0].text), extra.structuredContent);
+  });
+
   it('tools/call takes an idempotency key in params._meta["io.taskbridge/idempotency-key"]: sent to Stripe as Idempotency-Key; a bad one is -32602 and nothing is called', async () => {
     const client = await connect();
     const KEY = 'io.taskbridge/idempotency-key';

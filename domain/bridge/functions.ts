@@ -1,6 +1,6 @@
 // Function instances: a provider function enabled on a provider instance, and invoking it.
 import type { Knex } from 'knex';
-import { Conflict, NotFound } from '../errors.ts';
+import { Conflict, InvalidRequest, NotFound, Upstream, type FieldError } from '../errors.ts';
 import type { Services } from '../services.ts';
 import { PAGE_MAX_BYTES, pageTokens } from '../../db/pagination.ts';
 import * as repo from '../../db/bridge.ts';
@@ -10,6 +10,7 @@ import { unsealCredential } from './credentials.ts';
 import { credentialAttacher, credentialIds, toFunctionInstance, toProviderInstance } from './provider-instances.ts';
 import { inSnapshot } from '../../db/snapshot.ts';
 import type { Logger } from '../logger.ts';
+import type { FunctionControllerDef } from './types.ts';
 
 type InvokeServices = Pick<Services, 'db' | 'cfg' | 'log'>;
 
@@ -86,9 +87,25 @@ export async function invokeFunction(
   const deadline = Date.now() + s.cfg.BRIDGE_TIMEOUT_MS;
   const opts = { timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS, deadline, allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, signal };
   const authorization = await cc.authorization(await plain(instance.resource_server_credential_id), await plain(instance.user_credential_id), opts);
-  const result = await f.invoke({ params, authorization, apiBase: s.cfg[provider.apiBaseSetting].replace(/\/+$/, ''), timeoutMs: opts.timeoutMs, deadline, signal, idempotencyKey });
+  const result = declaredOutput(provider.type_id, f, await f.invoke({ params, authorization, apiBase: s.cfg[provider.apiBaseSetting].replace(/\/+$/, ''), timeoutMs: opts.timeoutMs, deadline, signal, idempotencyKey }));
   log.info({ provider_instance_id: providerInstanceId, function: functionTypeId, result: result.type }, 'bridge function invoked');
   return result;
+}
+
+// A success is what the function declares it answers: its output's members only (a provider's
+// answer may carry any others, up to 1 MiB, which MCP would then send twice), checked against the
+// output schema. One that does not fit is the provider's fault (502), not a success.
+function declaredOutput(what: string, f: FunctionControllerDef, result: InvokeResult): InvokeResult {
+  if (result.type !== 'success') return result;
+  const output = Object.fromEntries(Object.keys(f.output.properties).filter((k) => result[k] !== undefined).map((k) => [k, result[k]]));
+  try {
+    checkAgainst(f.output, output, 'answer');
+  } catch (err) {
+    if (!(err instanceof InvalidRequest)) throw err;
+    const [first] = err.data.errors as FieldError[];
+    throw new Upstream(`${what}: answered a success that does not fit the function's output (${first.path} ${first.message})`, { upstream: what });
+  }
+  return { type: 'success', ...output };
 }
 
 // The instances a page of the grouped list shows at most, over all its items: page_size counts

@@ -1,7 +1,8 @@
 // Provider APIs and webhook receivers as one local server, recording every request:
 //   POST /v1/refunds                        Stripe: 401 unless the bearer is `stripeKey` (when given);
 //                                           payment_intent pi_refused is refused (400), pi_hold is never
-//                                           answered (see nextHold); else the refund object
+//                                           answered (see nextHold), pi_odd answers a refund whose amount
+//                                           is a string, pi_extra one with a 200 kB member; else the refund object
 //   POST /gmail/v1/users/me/messages/send   Gmail: {id: msg-<n>}
 //   POST /token/hold                        a token endpoint that never answers (see nextHold)
 //   anything else                           200 {} (webhooks)
@@ -37,6 +38,8 @@ export function startFakeProviders(opts: { stripeKey?: string } = {}): Promise<F
         const form = new URLSearchParams(body);
         if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
         if (form.get('payment_intent') === 'pi_hold') return hold();
+        if (form.get('payment_intent') === 'pi_odd') return send(200, { id: 're_odd', object: 'refund', amount: 'ten', status: 'succeeded' });
+        if (form.get('payment_intent') === 'pi_extra') return send(200, { id: 're_extra', object: 'refund', amount: 1000, status: 'succeeded', currency: 'eur', padding: 'x'.repeat(200_000) });
         return send(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
       }
       if (req.url === '/gmail/v1/users/me/messages/send') return send(200, { id: `msg-${seen.length}`, threadId: 't' });
