@@ -147,7 +147,8 @@ async function openOld<T>(opening: Promise<T>): Promise<T> {
     return await opening;
   } catch (err) {
     if (err instanceof DecryptError) throw new NotOpened();
-    if (err instanceof KeyUnusable || err instanceof KmsKeyUnusable) throw new NotOpened(err.message);
+    // A KMS key store that is only disconnected for a while is KMS failing: the batch is retried.
+    if (err instanceof KeyUnusable || (err instanceof KmsKeyUnusable && err.lasting)) throw new NotOpened(err.message);
     throw err;
   }
 }
@@ -325,5 +326,7 @@ export async function finishAliasRotation(s: Pick<Services, 'db'>, jobId: string
 }
 
 // Whether retrying cannot help: the alias or a DEK is gone, the alias was moved meanwhile, or the
-// new DEK's key is unusable (a key file lost, a KMS key KMS refuses for its state until someone changes it).
-export const isPermanentRotationError = (err: unknown): boolean => err instanceof KmsKeyUnusable || (err instanceof AppError && [404, 409, 500].includes(err.status));
+// new DEK's key is unusable (a key file lost, a KMS key KMS refuses for a state that lasts until
+// someone changes it).
+export const isPermanentRotationError = (err: unknown): boolean =>
+  (err instanceof KmsKeyUnusable && err.lasting) || (err instanceof AppError && [404, 409, 500].includes(err.status));

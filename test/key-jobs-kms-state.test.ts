@@ -168,6 +168,31 @@ describe('key jobs when a KMS key they use is disabled', () => {
     assert.equal((await testDb()('deks').where({ envelope_key_id: 'to-kms.key' })).length, 0);
   });
 
+  it('a migration whose KMS calls meet a KMSInvalidStateException other than pending deletion (a custom key store disconnected for a while) retries that batch and completes', async () => {
+    assert.equal((await c().post(`${E}/envelope`, { type: 'local', file_name: 'to-kms-blip.key' })).status, 201);
+    const kek = fs.readFileSync(path.join(stack.env.DATA_DIR, 'keys', 'to-kms-blip.key'));
+    const count = 400;
+    await insertDeks(testDb(), Array.from({ length: count }, (_, i) => ({ id: `blip-${String(i).padStart(4, '0')}`, envelope_key_id: 'to-kms-blip.key', encrypted_dek: sealByHand(kek, randomBytes(32)) })));
+    const started = await c().post(`${E}/envelope/to-kms-blip.key/migrate`, { to_envelope_encryption_key_id: DST });
+    assert.equal(started.status, 202, started.text);
+    await waitFor(async () => (await job(started.body.id)).done >= 20, 'a first batch', 30_000, 5);
+    // The next batch's Encrypt calls are answered as KMS answers for a custom key store that is not connected.
+    const release = kms.hold('Encrypt');
+    let done: any;
+    try {
+      const calls = kms.calls.length;
+      await waitFor(async () => kms.calls.length > calls, 'the next batch to call KMS');
+      release('KMSInvalidStateException');
+      done = await ended(started.body.id);
+    } finally {
+      release();
+    }
+    assert.deepEqual([done.status, done.total, done.done, done.failed], ['completed', count, count, 0], JSON.stringify(done));
+    const q = await withQueue(stack.env, 'key-jobs', async (keyJobs) => (await keyJobs.getJobs(['completed'])).find((j) => j?.data.job_id === started.body.id));
+    assert.ok(q && q.attemptsMade >= 1 && stack.workers[0].logs.some((l) => l.includes(started.body.id) && l.includes('will retry')), 'the batch was retried');
+    assert.equal((await testDb()('deks').where({ envelope_key_id: DST }).whereLike('id', 'blip-%')).length, count);
+  });
+
   it('an alias rotation moves what it can read and lists, as not moved, the secrets under an older DEK whose KMS key is disabled; re-run once enabled, it moves them', async () => {
     const alias = 'rot-kms';
     assert.equal((await c().post(`${E}/envelope/${enc(ROT_OLD)}/dek`, { id: 'rot-old' })).status, 201);

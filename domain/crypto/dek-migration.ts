@@ -137,10 +137,10 @@ export async function beginMigrateAll(s: Pick<Services, 'db'>, jobId: string): P
 }
 
 // Whether retrying cannot help: an envelope key gone (404), a key file that cannot be read (500), or
-// a KMS key KMS refuses for its state (disabled, pending deletion, deleted), which lasts until
-// someone changes it: retried, it would take the attempts budget's minutes to fail the same way.
+// a KMS key KMS refuses for a state that lasts until someone changes it (disabled, pending deletion,
+// deleted): retried, it would take the attempts budget's minutes to fail the same way.
 export const isPermanentMigrationError = (err: unknown): boolean =>
-  err instanceof KmsKeyUnusable || (err instanceof AppError && (err.status === 404 || err.status === 500));
+  (err instanceof KmsKeyUnusable && err.lasting) || (err instanceof AppError && (err.status === 404 || err.status === 500));
 
 // One batch of a running job; returns the job row after it, with `finished` once nothing is left,
 // and `endedElsewhere` when another worker had ended it before this batch (key-job-states.ts).

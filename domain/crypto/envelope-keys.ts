@@ -155,15 +155,24 @@ const KMS_KEY_STATES = new Map([
 
 // A KMS key that KMS refuses as it stands (disabled, pending deletion, deleted): a 502 as any KMS
 // refusal, but a state of that one key rather than KMS failing, so list-decrypted lists the values
-// under it and answers the rest.
-export class KmsKeyUnusable extends Upstream {}
+// under it and answers the rest. `lasting` when the state stays until someone changes it, which key
+// jobs do not retry: KMSInvalidStateException also stands for a custom key store (CloudHSM, external)
+// that is disconnected for a while, so it lasts only when KMS says the key is pending deletion.
+export class KmsKeyUnusable extends Upstream {
+  constructor(message: string, readonly lasting: boolean) {
+    super(message, { upstream: 'aws_kms' });
+  }
+}
 
 // KMS failures: a ciphertext KMS rejects is the caller's bad value; anything else is upstream.
 function kmsError(err: unknown, op: string, arn: string): Error {
   const e = err as { name?: string; message?: string };
   if (e.name === 'InvalidCiphertextException' || e.name === 'IncorrectKeyException') return new DecryptError('encrypted DEK does not unwrap with this KMS key');
   const state = KMS_KEY_STATES.get(e.name ?? '');
-  if (state) return new KmsKeyUnusable(`AWS KMS ${op} failed: ${e.name} (KMS key '${arn}' ${state})`, { upstream: 'aws_kms' });
+  if (state) {
+    const lasting = e.name !== 'KMSInvalidStateException' || /pending deletion/i.test(e.message ?? '');
+    return new KmsKeyUnusable(`AWS KMS ${op} failed: ${e.name} (KMS key '${arn}' ${state})`, lasting);
+  }
   return new Upstream(`AWS KMS ${op} failed: ${e.name ?? 'error'}`, { upstream: 'aws_kms' });
 }
 
