@@ -673,6 +673,16 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
     }
   });
 
+  it('says the HTTP status of a remote (or its proxy) that answers an error page that is not JSON, its quote of the key masked', async () => {
+    const { done, jobs, logs } = await failedOnRemote(false, (req, res) => {
+      req.resume();
+      res.writeHead(502, { 'content-type': 'text/html' }).end(`<html>Bad Gateway for ${req.headers.authorization}</html>`);
+    });
+    // Before: "the remote agent answered what is not JSON: Unexpected token '<'", the status lost.
+    assert.match(done.status_message.parts[0].text, /^The agent failed after 2 attempt\(s\): HTTP error for message\/send! Status: 502 Bad Gateway\. Response: <html>Bad Gateway for (Bearer )?\*\*\*<\/html>/);
+    for (const text of [JSON.stringify(done), jobs, ...logs]) assert.ok(!text.includes(QUOTED_KEY), text.slice(0, 400));
+  });
+
   it('sends it to an origin AGENT_REMOTE_KEY_ORIGINS trusts', async () => {
     const stack = await startStack({
       AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, AGENT_ATTEMPTS: '1',

@@ -86,9 +86,13 @@ function unreached(err: unknown): unknown {
 // line's first 100 characters (the parser's error its cause). Both quote what the remote sent, which
 // may echo the request, Authorization header and all, cut anywhere: said in our words and the
 // parser's, without its excerpt, and without the SDK's error as the cause (a logged error's cause is
-// printed with it).
+// printed with it). The SDK's HTTP errors (a proxy's 502 page) also carry a parse error as their
+// cause, but their own message says the status, which is kept (its quote of the body is masked as
+// every failure reason is).
+const SSE_LINE_NOT_JSON = 'Failed to parse SSE event data';
 function notJson(err: unknown): unknown {
-  const parse = err instanceof SyntaxError ? err : err instanceof Error && err.cause instanceof SyntaxError ? err.cause : undefined;
+  const parse = err instanceof SyntaxError ? err
+    : err instanceof Error && err.message.startsWith(SSE_LINE_NOT_JSON) && err.cause instanceof SyntaxError ? err.cause : undefined;
   return parse ? new Error(`the remote agent answered what is not JSON: ${jsonErrorWithoutExcerpt(parse.message)}`) : err;
 }
 
