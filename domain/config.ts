@@ -379,8 +379,9 @@ const PLATFORM_PREFIXES = ['NODE_', 'NPM_'];
 // Marathon's ports (PORT0, PORTS), one edit from PORT.
 const SERVICE_LINK = /_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?)$|^PORT(S|\d+)$/;
 // A URL a platform's add-on attaches beside ours (Heroku: DATABASE_CONNECTION_POOL_URL, REDIS_TLS_URL):
-// of a family by its start only, it is no typo of ours, and would warn at every start.
-const ADD_ON_URL = /_URL$/;
+// no typo of ours, and would warn at every start. Only beside DATABASE_URL and REDIS_URL: another
+// family's *_URL (AWS_KMS_ENDPOINT_URL for AWS_KMS_ENDPOINT) is as likely a typo as any name.
+const ADD_ON_URL = /^(DATABASE|REDIS)_.+_URL$/;
 
 // Edits (insertions, deletions, substitutions, swaps of neighbours) that turn a into b.
 function editDistance(a: string, b: string): number {
