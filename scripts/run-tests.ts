@@ -51,7 +51,8 @@ const signalMocha = (signal: NodeJS.Signals) => {
 // running; except one within a second of the last, which is npm passing on the Ctrl-C its group got too.
 let signalled: NodeJS.Signals | undefined;
 let signalledAt = 0;
-for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+// SIGHUP too (its terminal closed, an SSH session dropped): its default would end this process alone.
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
   process.on(signal, () => {
     if (Date.now() - signalledAt < 1000) return;
     signalledAt = Date.now();

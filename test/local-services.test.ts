@@ -650,7 +650,8 @@ describe('npm test whose start fails or which is stopped', function () {
     }
   };
 
-  for (const { signal, ignored } of [{ signal: 'SIGTERM', ignored: false }, { signal: 'SIGINT', ignored: true }] as const) {
+  // SIGHUP: the terminal closed, or the SSH session dropped.
+  for (const { signal, ignored } of [{ signal: 'SIGTERM', ignored: false }, { signal: 'SIGHUP', ignored: false }, { signal: 'SIGINT', ignored: true }] as const) {
     it(`stopped (${signal} to its pid only) while a test runs${ignored ? ' that ignores it' : ''}: ends mocha and what it started${ignored ? ' (SIGKILL after the grace period)' : ''}, then stops Postgres and Redis`, async () => {
       let run: number[] = [];
       try {
