@@ -8,6 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
+import { registerGroup } from './test-groups.ts';
 
 // `dir`: where its data lives (for Postgres, not always under DATA_DIR: see postgresDir).
 // kill(): at once (SIGKILL), for a caller that cannot wait for stop(): the server's process group.
@@ -394,6 +395,7 @@ export async function startPostgres(opts: Options): Promise<LocalService> {
   // foreground process group, and would stop it at once, under the API and worker finishing their
   // requests and runs. Its starter stops it, after them.
   const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  registerGroup(child);
   let out = '';
   const collect = (b: Buffer) => { out = (out + b.toString()).slice(-4000); };
   child.stdout!.on('data', collect);
@@ -457,6 +459,7 @@ export async function startRedis(opts: Options): Promise<LocalService> {
   const persistence = opts.ephemeral ? ['--save', '', '--appendonly', 'no'] : ['--appendonly', 'yes'];
   // In a session of its own, as Postgres.
   const child = spawn(bin, [conf, '--port', String(port), '--bind', '127.0.0.1', '--dir', dir, '--pidfile', path.join(dir, REDIS_PID_FILE), '--maxmemory-policy', 'noeviction', ...persistence], { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  registerGroup(child);
   let out = '';
   let ready = false;
   const collect = (b: Buffer) => { out = (out + b.toString()).slice(-4000); if (out.includes('Ready to accept connections')) ready = true; };

@@ -63,3 +63,14 @@ export function subtree(table: Map<number, ProcEntry>, root: number): ProcEntry[
   visit(root);
   return out;
 }
+
+// When process `pid` started (clock ticks after boot), which tells it from a later one given its pid;
+// undefined when it does not exist or there is no /proc.
+export function startTimeOf(pid: number): string | undefined {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
+  } catch {
+    return undefined;
+  }
+}

@@ -14,6 +14,7 @@ import { startPostgres, startRedis, type LocalService } from './local-services.t
 import { createDb, migrateLatest } from '../db/knex.ts';
 import { watchProgress } from './test-watchdog.ts';
 import { groupRuns } from './proc-table.ts';
+import { endGroups, killGroups } from './test-groups.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const say = (m: string) => console.error(`[test] ${m}`);
@@ -28,6 +29,7 @@ const args = process.argv.slice(2);
 const hasSpec = args.some((a) => !a.startsWith('-'));
 const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-test-'));
 fs.chmodSync(dataDir, 0o755);
+const groupsFile = path.join(dataDir, 'test-groups');
 const services: LocalService[] = [];
 const abandon = new AbortController();
 let tsc: ChildProcess | undefined;
@@ -57,8 +59,9 @@ for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
     if (Date.now() - signalledAt < 1000) return;
     signalledAt = Date.now();
     if (signalled) {
-      say(`${signal} again: killing mocha, Postgres and Redis and exiting without waiting`);
+      say(`${signal} again: killing mocha, what the tests started, Postgres and Redis and exiting without waiting`);
       signalMocha('SIGKILL');
+      killGroups(groupsFile);
       for (const s of services) s.kill();
       try {
         // Retried: a server killed a moment ago may still be writing into it.
@@ -126,7 +129,7 @@ async function run(): Promise<number> {
     cwd: root,
     detached: true,
     stdio: 'inherit',
-    env: { ...process.env, DATABASE_URL: pg.url, REDIS_URL: redis.url, REDIS_PORT: String(redis.port), TEST_DATA_DIR: dataDir, TEST_PROGRESS_FILE: progressFile, NODE_ENV: 'test' },
+    env: { ...process.env, DATABASE_URL: pg.url, REDIS_URL: redis.url, REDIS_PORT: String(redis.port), TEST_DATA_DIR: dataDir, TEST_PROGRESS_FILE: progressFile, TEST_GROUPS_FILE: groupsFile, NODE_ENV: 'test' },
   });
   mocha = child;
   let stalled = false;
@@ -136,9 +139,13 @@ async function run(): Promise<number> {
   });
   const exit: number = await new Promise((resolve) => child.on('exit', (c, sig) => resolve(c ?? (sig ? 1 : 0))));
   // Stopped, the tests' process and what they started may outlive the wrapper: Postgres and Redis
-  // stop once they have ended (or been killed).
+  // stop once they have ended (or been killed), and the process groups of their own the tests started.
   while (signalled && groupRuns(child.pid!)) await sleep(50);
   clearTimeout(mochaGrace);
+  if (signalled) {
+    const ended = await endGroups(groupsFile, MOCHA_GRACE_MS);
+    if (ended.length) say(`stopped ${ended.length} process group(s) the tests had started (${ended.join(', ')})`);
+  }
   unwatch();
   if (stalled) say('ended the stuck run: it fails');
   return stalled ? 1 : exit;

@@ -10,6 +10,7 @@ import pg from 'pg';
 import { Redis } from 'ioredis';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { freePort, ROOT_FALLBACK_DIR, runningFrom, startPostgres, startRedis } from '../scripts/local-services.ts';
+import { registerGroup } from '../scripts/test-groups.ts';
 import { Client, requireEnv, ROOT, textMessage, waitFor } from './helpers/stack.ts';
 
 const withPassword = (url: string, password: string) => {
@@ -261,6 +262,7 @@ function launch(dataDir: string, port: number, env: Record<string, string> = {},
     cwd: ROOT, detached, stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, DATA_DIR: dataDir, PORT: String(port), DATABASE_URL: '', REDIS_URL: '', ADMIN_API_KEY: '', LOG_LEVEL: 'info', ...env },
   });
+  if (detached) registerGroup(child);
   let output = '';
   child.stdout!.on('data', (b) => (output += b));
   child.stderr!.on('data', (b) => (output += b));
@@ -583,6 +585,7 @@ describe('npm test whose start fails or which is stopped', function () {
     const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'scripts/run-tests.ts'), spec], {
       cwd: ROOT, env: { ...process.env, TMPDIR: tmp, ...env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true,
     });
+    registerGroup(child);
     let output = '';
     child.stdout.on('data', (b) => (output += b));
     child.stderr.on('data', (b) => (output += b));
@@ -654,14 +657,18 @@ describe('npm test whose start fails or which is stopped', function () {
   for (const { signal, ignored } of [{ signal: 'SIGTERM', ignored: false }, { signal: 'SIGHUP', ignored: false }, { signal: 'SIGINT', ignored: true }] as const) {
     it(`stopped (${signal} to its pid only) while a test runs${ignored ? ' that ignores it' : ''}: ends mocha and what it started${ignored ? ' (SIGKILL after the grace period)' : ''}, then stops Postgres and Redis`, async () => {
       let run: number[] = [];
+      let detached = 0;
       try {
         const r = await npmTest(ignored ? { SLOW_SUITE_IGNORE_SIGNALS: '1' } : {}, async (child, output) => {
-          const started = await waitFor(async () => /\[slow\] mocha (\d+), child (\d+)/.exec(output()), 'the suite to start', 120_000, 50);
+          const started = await waitFor(async () => /\[slow\] mocha (\d+), child (\d+), detached (\d+)/.exec(output()), 'the suite to start', 120_000, 50);
           const [mocha, sub] = [Number(started[1]), Number(started[2])];
-          run = [...new Set([mocha, sub, ...runningIn(groupOf(mocha))])];
+          detached = Number(started[3]);
+          run = [...new Set([mocha, sub, detached, ...runningIn(groupOf(mocha))])];
           child.kill(signal);
         }, 'test/fixtures/slow-suite.ts');
         assert.equal(r.code, 1, r.output);
+        assert.deepEqual(runningIn(detached), [], `the process group a test started left running:\n${r.output}`);
+        assert.match(r.output, new RegExp(`\\[test\\] stopped 1 process group\\(s\\) the tests had started \\(${detached}\\)`));
         assert.deepEqual(run.filter(running), [], `processes of its mocha left running:\n${r.output}`);
         if (ignored) assert.match(r.output, /\[test\] mocha still ran 10 s after the SIGINT: killed it/);
         else assert.doesNotMatch(r.output, /killed it/);
@@ -695,7 +702,7 @@ describe('npm test whose start fails or which is stopped', function () {
         child.kill('SIGTERM');
       }, 'test/fixtures/held-backend-suite.ts');
       assert.equal(r.code, 128 + os.constants.signals.SIGTERM, r.output);
-      assert.match(r.output, /\[test\] SIGTERM again: killing mocha, Postgres and Redis and exiting without waiting/);
+      assert.match(r.output, /\[test\] SIGTERM again: killing mocha, what the tests started, Postgres and Redis and exiting without waiting/);
       await waitFor(async () => !servers.some(running), 'every process of Postgres and Redis to end', 30_000, 50)
         .catch((err) => { throw new Error(`${(err as Error).message}: ${servers.filter(running).join(', ')} left\n${r.output}`); });
       assert.deepEqual(runDirs(), [], 'its data directory is removed');

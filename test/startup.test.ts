@@ -14,6 +14,7 @@ import { migrationConfig } from '../db/knex.ts';
 import { scratchDatabase } from './helpers/scratch-database.ts';
 import { behindProxy, behindServiceProxy } from './helpers/black-hole-proxy.ts';
 import { runNpm } from './helpers/cli.ts';
+import { registerGroup } from '../scripts/test-groups.ts';
 
 interface Run { code: number | null; output: string }
 
@@ -885,6 +886,7 @@ describe('npm start stopping', function () {
   // npm start, in a process group of its own (as a shell runs it), with its output.
   function npmStart(env: Record<string, string>) {
     const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'scripts/start.ts')], { cwd: ROOT, env, detached: true });
+    registerGroup(child);
     let output = '';
     child.stdout.on('data', (b) => (output += b));
     child.stderr.on('data', (b) => (output += b));
