@@ -266,10 +266,38 @@ export async function stopLeftovers(dataDir: string, log: (line: string) => void
     ['Redis', path.resolve(dataDir, 'redis'), REDIS_PID_FILE, /redis-server/, 'SIGTERM'],
   ];
   for (const [what, dir, pidFile, program, signal] of leftovers) {
+    // Read first: a Postgres stopped removes its pid file.
+    const sockets = what === 'Postgres' ? leftSocketDir(path.join(dir, pidFile)) : undefined;
     const pid = runningFrom(path.join(dir, pidFile), program, dir);
-    if (pid === undefined) continue;
-    log(`stopping the ${what} (pid ${pid}) an earlier npm start on this DATA_DIR left running`);
-    await stopPid(pid, signal);
+    if (pid !== undefined) {
+      log(`stopping the ${what} (pid ${pid}) an earlier npm start on this DATA_DIR left running`);
+      await stopPid(pid, signal);
+    }
+    if (sockets && !socketsInUse(sockets)) fs.rmSync(sockets, { recursive: true, force: true });
+  }
+}
+
+// The socket folder (see socketDir) a killed npm start's Postgres had: its pid file's 5th line.
+function leftSocketDir(pidFile: string): string | undefined {
+  let dir: string | undefined;
+  try {
+    dir = fs.readFileSync(pidFile, 'utf8').split('\n')[4];
+  } catch {
+    return undefined;
+  }
+  return dir && path.isAbsolute(dir) && /^taskbridge-pg-[^/]+$/.test(path.basename(dir)) ? dir : undefined;
+}
+
+// Whether a Postgres runs with its socket in `dir`: its lock file there (.s.PGSQL.<port>.lock) names
+// it on its first line. A stale pid file may name another DATA_DIR's folder (its pid reused since).
+function socketsInUse(dir: string): boolean {
+  try {
+    return fs.readdirSync(dir).filter((f) => f.endsWith('.lock')).some((f) => {
+      const pid = Number(fs.readFileSync(path.join(dir, f), 'utf8').split('\n')[0]);
+      return pid > 0 && runningProgram(pid, /postgres/);
+    });
+  } catch {
+    return false; // gone already
   }
 }
 

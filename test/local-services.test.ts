@@ -9,7 +9,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { Redis } from 'ioredis';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { freePort, ROOT_FALLBACK_DIR, runningFrom, startPostgres, startRedis } from '../scripts/local-services.ts';
+import { freePort, ROOT_FALLBACK_DIR, runningFrom, startPostgres, startRedis, stopLeftovers } from '../scripts/local-services.ts';
 import { registerGroup } from '../scripts/test-groups.ts';
 import { Client, requireEnv, ROOT, textMessage, waitFor } from './helpers/stack.ts';
 
@@ -326,6 +326,7 @@ describe('npm start on its DATA_DIR', function () {
       l = await launched(ours);
       assert.doesNotMatch(l.output(), /stopping the (Postgres|Redis)/, l.output());
       assert.equal(await pgConnects(pg.url), true, 'the other Postgres still runs');
+      assert.ok(fs.existsSync(pgPid[4]), 'the other Postgres keeps its socket folder, which the stale pid file names');
       assert.equal(await redisAnswers(redis.url), true, 'the other Redis still runs');
       assert.equal((await l.client.get('/_internal/v1/ready')).status, 200);
       await stopped(l);
@@ -336,6 +337,33 @@ describe('npm start on its DATA_DIR', function () {
       await redis.stop();
       await pg.stop();
     }
+  });
+
+  it('stopping the Postgres a killed npm start left, removes its socket folder; also when that Postgres is gone, its pid file stale', async () => {
+    const dataDir = path.join(work, 'left-sockets');
+    const pidFile = path.join(dataDir, 'postgres', 'postmaster.pid');
+    // Line 1: the postmaster's pid; line 5: its socket folder.
+    const started = async () => {
+      await startPostgres({ dataDir, ephemeral: true, log: () => undefined });
+      const lines = fs.readFileSync(pidFile, 'utf8').split('\n');
+      assert.match(path.basename(lines[4]), /^taskbridge-pg-/);
+      assert.ok(fs.existsSync(lines[4]));
+      return { postmaster: Number(lines[0]), sockets: lines[4] };
+    };
+    const said: string[] = [];
+    const left = await started();
+    await stopLeftovers(dataDir, (line) => said.push(line));
+    assert.match(said.join('\n'), new RegExp(`stopping the Postgres \\(pid ${left.postmaster}\\)`));
+    assert.ok(!alive(left.postmaster), 'that Postgres stopped');
+    assert.ok(!fs.existsSync(left.sockets), `its socket folder ${left.sockets} is left`);
+
+    const killed = await started();
+    process.kill(killed.postmaster, 'SIGKILL');
+    await waitFor(async () => !alive(killed.postmaster), 'Postgres to end', 30_000, 20);
+    said.length = 0;
+    await stopLeftovers(dataDir, (line) => said.push(line));
+    assert.deepEqual(said, [], 'nothing to stop');
+    assert.ok(!fs.existsSync(killed.sockets), `its socket folder ${killed.sockets} is left`);
   });
 
   it('a DATA_DIR it cannot create, or on a fresh installation a KEYS_DIR it cannot write, ends it with exit 2 naming the setting', async () => {
