@@ -378,22 +378,33 @@ async function setUp(db: pg.Client, password: string): Promise<void> {
 
 // initdb works in a sibling folder, renamed into place once it has succeeded: a start interrupted
 // meanwhile leaves no folder taken for a cluster (initdb writes PG_VERSION among its first files), and
-// the next start removes what it left. Synced to disk but for a cluster thrown away after (tests).
+// the next start removes what it left. A folder already there (empty: a mount point, or a symlink to a
+// folder on another disk) cannot be renamed onto (EBUSY, EXDEV; a symlink is not a folder): initdb works
+// in a folder inside it, whose files are moved up, PG_VERSION last. Synced to disk but for a cluster
+// thrown away after (tests).
 function makeCluster(bin: string, dir: string, ephemeral: boolean | undefined): void {
-  if (fs.existsSync(dir) && fs.readdirSync(dir).length) throw new Error(`${dir} holds files but no Postgres cluster (no PG_VERSION): move it away to have a new cluster made there.`);
-  const making = `${dir}.initdb`;
-  fs.rmSync(making, { recursive: true, force: true });
+  const inside = fs.existsSync(dir);
+  const making = inside ? path.join(dir, '.initdb') : `${dir}.initdb`;
+  for (const leftover of [`${dir}.initdb`, making]) fs.rmSync(leftover, { recursive: true, force: true });
+  if (inside && fs.readdirSync(dir).length) throw new Error(`${dir} holds files but no Postgres cluster (no PG_VERSION): move it away to have a new cluster made there.`);
   fs.mkdirSync(making, { mode: 0o700 });
-  if (isRoot) execFileSync('chown', ['postgres:postgres', making]);
+  // Postgres refuses a data directory others can enter.
+  if (inside) fs.chmodSync(dir, 0o700);
+  if (isRoot) execFileSync('chown', ['postgres:postgres', making, ...(inside ? [dir] : [])]);
   const [cmd, args] = asPostgresUser(path.join(bin, 'initdb'), ['-D', making, '-U', 'postgres', '--auth=trust', '-E', 'UTF8', ...(ephemeral ? ['--no-sync'] : [])]);
   execFileSync(cmd, args, { stdio: 'pipe' });
-  fs.renameSync(making, dir);
+  if (inside) {
+    for (const name of [...fs.readdirSync(making).filter((n) => n !== 'PG_VERSION'), 'PG_VERSION']) fs.renameSync(path.join(making, name), path.join(dir, name));
+    fs.rmdirSync(making);
+  } else {
+    fs.renameSync(making, dir);
+  }
   if (ephemeral) return;
-  const parent = fs.openSync(path.dirname(dir), 'r');
+  const renamedIn = fs.openSync(inside ? dir : path.dirname(dir), 'r');
   try {
-    fs.fsyncSync(parent);
+    fs.fsyncSync(renamedIn);
   } finally {
-    fs.closeSync(parent);
+    fs.closeSync(renamedIn);
   }
 }
 

