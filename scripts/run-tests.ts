@@ -137,12 +137,18 @@ async function run(): Promise<number> {
     stalled = true;
     say(description);
   });
-  const exit: number = await new Promise((resolve) => child.on('exit', (c, sig) => resolve(c ?? (sig ? 1 : 0))));
+  let died: NodeJS.Signals | null = null;
+  const exit: number = await new Promise((resolve) => child.on('exit', (c, sig) => {
+    died = sig;
+    resolve(c ?? (sig ? 1 : 0));
+  }));
   // Stopped, the tests' process and what they started may outlive the wrapper: Postgres and Redis
   // stop once they have ended (or been killed), and the process groups of their own the tests started.
   while (signalled && groupRuns(child.pid!)) await sleep(50);
   clearTimeout(mochaGrace);
-  if (signalled) {
+  // Killed by a signal not from us (the OOM killer, a kill -9), mocha ran no after-hook either.
+  if (signalled || died) {
+    if (died && !signalled) say(`mocha died of ${died as NodeJS.Signals}`);
     const ended = await endGroups(groupsFile, MOCHA_GRACE_MS);
     if (ended.length) say(`stopped ${ended.length} process group(s) the tests had started (${ended.join(', ')})`);
   }

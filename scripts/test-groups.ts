@@ -4,7 +4,7 @@
 import type { ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { groupRuns, startTimeOf } from './proc-table.ts';
+import { groupRuns, leaderStart, startTimeOf } from './proc-table.ts';
 
 // For a process just spawned detached (it leads its own group); nothing outside npm test.
 export function registerGroup(child: ChildProcess): void {
@@ -13,9 +13,11 @@ export function registerGroup(child: ChildProcess): void {
 }
 
 // The listed groups still running: led by the process listed (its start time tells it from a later
-// one given its pid), or by none (its leader ended, others of the group run on; while they do, the
-// kernel gives no new process that pid).
-function runningGroups(file: string): number[] {
+// one given its pid), or by none as /proc shows (its leader ended, others of the group run on; while
+// they do, the kernel gives no new process that pid). One whose start time was not recorded, or whose
+// leader's cannot be read now (no /proc), is left alone: it may be someone else's by now.
+// `startOf` for the tests only.
+export function runningGroups(file: string, startOf: (pid: number) => string | null | undefined = leaderStart): number[] {
   let lines: string[];
   try {
     lines = fs.readFileSync(file, 'utf8').split('\n').filter(Boolean);
@@ -23,8 +25,9 @@ function runningGroups(file: string): number[] {
     return []; // none listed
   }
   return [...new Set(lines)].map((l) => l.split(' ')).filter(([group, start]) => {
-    const now = startTimeOf(Number(group));
-    return (now === undefined || now === start) && groupRuns(Number(group));
+    if (!start) return false;
+    const now = startOf(Number(group));
+    return (now === null || now === start) && groupRuns(Number(group));
   }).map(([group]) => Number(group));
 }
 

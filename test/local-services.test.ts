@@ -10,7 +10,7 @@ import pg from 'pg';
 import { Redis } from 'ioredis';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { freePort, ROOT_FALLBACK_DIR, runningFrom, startPostgres, startRedis, stopLeftovers } from '../scripts/local-services.ts';
-import { registerGroup } from '../scripts/test-groups.ts';
+import { registerGroup, runningGroups } from '../scripts/test-groups.ts';
 import { Client, requireEnv, ROOT, textMessage, waitFor } from './helpers/stack.ts';
 
 const withPassword = (url: string, password: string) => {
@@ -735,6 +735,50 @@ describe('npm test whose start fails or which is stopped', function () {
       }
     });
   }
+
+  it('mocha killed (SIGKILL to its test process, not to npm test): ends the process groups the tests started', async () => {
+    let run: number[] = [];
+    let detached = 0;
+    try {
+      const r = await npmTest({}, async (_child, output) => {
+        const started = await waitFor(async () => /\[slow\] mocha (\d+), child (\d+), detached (\d+)/.exec(output()), 'the suite to start', 120_000, 50);
+        const [mocha, sub] = [Number(started[1]), Number(started[2])];
+        detached = Number(started[3]);
+        run = [mocha, sub, detached];
+        process.kill(mocha, 'SIGKILL');
+      }, 'test/fixtures/slow-suite.ts');
+      assert.equal(r.code, 1, r.output);
+      assert.deepEqual(runningIn(detached), [], `the process group a test started left running:\n${r.output}`);
+      assert.match(r.output, new RegExp(`\\[test\\] stopped 1 process group\\(s\\) the tests had started \\(${detached}\\)`));
+      assert.deepEqual(leftServers(), [], r.output);
+    } finally {
+      for (const pid of run) if (running(pid)) process.kill(pid, 'SIGKILL');
+    }
+  });
+
+  it('a listed group is signalled only when it is provably the one listed (start time recorded and matching, or leader gone as /proc shows)', async () => {
+    fs.mkdirSync(tmp, { recursive: true });
+    const file = path.join(tmp, 'groups');
+    // Its leader ends at once; the sleep runs on in its group.
+    const leaderless = spawn('sh', ['-c', 'sleep 60 & echo $!'], { stdio: ['ignore', 'pipe', 'ignore'], detached: true });
+    const sleeper = Number(await new Promise<string>((resolve) => leaderless.stdout!.once('data', (b) => resolve(String(b)))));
+    await new Promise((resolve) => (leaderless.exitCode === null ? leaderless.once('exit', resolve) : resolve(null)));
+    await waitFor(async () => !running(leaderless.pid!), 'the leader to be reaped', 10_000, 20);
+    const led = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1000)'], { stdio: 'ignore', detached: true });
+    try {
+      const start = statOf(led.pid!)[19];
+      // No start time recorded (none could be read): left alone, led or not.
+      fs.writeFileSync(file, `${leaderless.pid} \n${led.pid} \n`);
+      assert.deepEqual(runningGroups(file), []);
+      fs.writeFileSync(file, `${leaderless.pid} 1\n${led.pid} ${start}\n`);
+      assert.deepEqual(runningGroups(file), [leaderless.pid, led.pid]);
+      // No /proc now: nothing can be told, nothing signalled.
+      assert.deepEqual(runningGroups(file, () => undefined), []);
+      assert.ok(running(sleeper) && running(led.pid!));
+    } finally {
+      for (const pid of [sleeper, led.pid!]) if (running(pid)) process.kill(pid, 'SIGKILL');
+    }
+  });
 
   it('a second signal while it stops kills Postgres (its backends too) and Redis and exits at once (128 + the signal)', async () => {
     let servers: number[] = [];
