@@ -974,8 +974,16 @@ describe('bridge API without BRIDGE_ALLOW_PRIVATE', () => {
       const url = `http://localhost:${(server.address() as AddressInfo).port}/token`;
       await assert.rejects(callUpstream('token endpoint', url, { method: 'POST' }, 5000, { publicOnly: true }),
         (err: Error & { status?: number }) => err.status === 502 && /token endpoint: host 'localhost' resolves to an internal address/.test(err.message));
+      // An IP literal is never looked up (net.connect skips `lookup` for one), so it is checked before
+      // the call: a token_uri stored while BRIDGE_ALLOW_PRIVATE was on, or restored from a backup.
+      const port = (server.address() as AddressInfo).port;
+      for (const [literal, host] of [[`127.0.0.1:${port}`, '127.0.0.1'], [`[::ffff:127.0.0.1]:${port}`, '::ffff:7f00:1'], ['169.254.169.254', '169.254.169.254']]) {
+        await assert.rejects(callUpstream('token endpoint', `http://${literal}/token`, { method: 'POST' }, 5000, { publicOnly: true }),
+          (err: Error & { status?: number }) => err.status === 502 && err.message === `token endpoint: host '${host}' is an internal address`);
+      }
       assert.deepEqual(hits, [], 'nothing reached the internal server');
       assert.equal((await callUpstream('token endpoint', url, { method: 'POST' }, 5000)).status, 200, 'allowed when private addresses are');
+      assert.equal((await callUpstream('token endpoint', `http://127.0.0.1:${port}/token`, { method: 'POST' }, 5000)).status, 200, 'an IP literal too');
       await assert.rejects(callUpstream('token endpoint', 'https://no-such-host.invalid/token', { method: 'POST' }, 5000, { publicOnly: true }),
         (err: Error & { status?: number }) => err.status === 502 && err.message === "token endpoint: host 'no-such-host.invalid' cannot be resolved (ENOTFOUND)");
     } finally {

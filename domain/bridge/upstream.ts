@@ -1,16 +1,17 @@
 // HTTP calls to provider APIs and token endpoints. An upstream that cannot be reached, times out
 // or fails on its side is a 502 (NoAnswer when no answer came); what it answers with a 4xx is its
 // refusal, for the caller to map.
+import net from 'node:net';
 import { Agent, fetch as undiciFetch } from 'undici';
 import { NoAnswer, Upstream } from '../errors.ts';
 import { findUnstorable } from '../storable-json.ts';
-import { guardedLookup } from '../webhook-url.ts';
+import { guardedLookup, isPrivateAddress } from '../webhook-url.ts';
 import { secretMasker } from '../secret-mask.ts';
 import { callSignal } from '../call-signal.ts';
 
-// `publicOnly`: for URLs a client chose (a service account's token_uri): checked when stored and
-// before each call, and refused once more at connect time, when the name is looked up again and may
-// now name an internal address (DNS rebinding).
+// `publicOnly`: for URLs a client chose (a service account's token_uri): checked when stored, and at
+// each call when connecting, when the name is looked up again and may now name an internal address
+// (DNS rebinding); an IP literal, which connecting never looks up, is checked before the call instead.
 // `untimed`: without undici's own limits on an answer (300 s for its headers, and between two chunks
 // of its body), for callers that bound their calls themselves and may wait longer in silence (the
 // remote agent: its stream lasts as long as its remote task).
@@ -28,8 +29,17 @@ const fetchWith = (agent: Agent, url: string, init: RequestInit): Promise<Respon
   undiciFetch(url, { ...init, dispatcher: agent } as Parameters<typeof undiciFetch>[1]) as unknown as Promise<Response>;
 
 /** fetch that connects to public addresses only and follows no redirect (one could lead inside). */
-export const fetchPublicOnly = (url: string, init: RequestInit, { untimed = false } = {}): Promise<Response> =>
-  fetchWith(dispatcher(true, untimed), url, { ...init, redirect: 'manual' });
+export const fetchPublicOnly = (url: string, init: RequestInit, { untimed = false } = {}): Promise<Response> => {
+  // net.connect (undici's too) skips `lookup` for an IP literal, so guardedLookup never sees one:
+  // a URL stored while private targets were allowed, or restored from a backup, would be fetched.
+  // Refused as a failed fetch whose cause is EPRIVATE, like the lookup's refusal.
+  const host = new URL(url).hostname.replace(/^\[(.*)\]$/, '$1');
+  if (net.isIP(host) && isPrivateAddress(host)) {
+    const cause = Object.assign(new Error(`host '${host}' is an internal address`), { code: 'EPRIVATE' });
+    return Promise.reject(new TypeError('fetch failed', { cause }));
+  }
+  return fetchWith(dispatcher(true, untimed), url, { ...init, redirect: 'manual' });
+};
 
 /** fetch without undici's limits on an answer's headers and body (see `untimed` above). */
 export const fetchUntimed = (url: string, init: RequestInit): Promise<Response> => fetchWith(dispatcher(false, true), url, init);
