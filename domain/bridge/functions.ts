@@ -1,6 +1,7 @@
 // Function instances: a provider function enabled on a provider instance, and invoking it.
 import type { Knex } from 'knex';
-import { Conflict, InvalidRequest, NotFound, Upstream, type FieldError } from '../errors.ts';
+import { Type, type TObject } from '@sinclair/typebox';
+import { Conflict, InvalidRequest, NotFound } from '../errors.ts';
 import type { Services } from '../services.ts';
 import { PAGE_MAX_BYTES, pageTokens } from '../../db/pagination.ts';
 import * as repo from '../../db/bridge.ts';
@@ -87,25 +88,49 @@ export async function invokeFunction(
   const deadline = Date.now() + s.cfg.BRIDGE_TIMEOUT_MS;
   const opts = { timeoutMs: s.cfg.BRIDGE_TIMEOUT_MS, deadline, allowPrivate: s.cfg.BRIDGE_ALLOW_PRIVATE, signal };
   const authorization = await cc.authorization(await plain(instance.resource_server_credential_id), await plain(instance.user_credential_id), opts);
-  const result = declaredOutput(provider.type_id, f, await f.invoke({ params, authorization, apiBase: s.cfg[provider.apiBaseSetting].replace(/\/+$/, ''), timeoutMs: opts.timeoutMs, deadline, signal, idempotencyKey }));
-  log.info({ provider_instance_id: providerInstanceId, function: functionTypeId, result: result.type }, 'bridge function invoked');
+  const logged = { provider_instance_id: providerInstanceId, function: functionTypeId };
+  const answer = await f.invoke({ params, authorization, apiBase: s.cfg[provider.apiBaseSetting].replace(/\/+$/, ''), timeoutMs: opts.timeoutMs, deadline, signal, idempotencyKey });
+  const result = declaredOutput(f, answer, log, logged);
+  log.info({ ...logged, result: result.type }, 'bridge function invoked');
   return result;
 }
 
 // A success is what the function declares it answers: its output's members only (a provider's
-// answer may carry any others, up to 1 MiB, which MCP would then send twice), checked against the
-// output schema. One that does not fit is the provider's fault (502), not a success.
-function declaredOutput(what: string, f: FunctionControllerDef, result: InvokeResult): InvokeResult {
+// answer may carry any others, up to 1 MiB, which MCP would then send twice), each checked against
+// the output schema. One that does not fit is left out and named in a warning (never its value), and
+// the rest answered: the provider acted (a refund went through), and a 502 would tell the caller it
+// failed, as would a retry with the same idempotency key, answered the same.
+function declaredOutput(f: FunctionControllerDef, result: InvokeResult, log: Logger, logged: Record<string, unknown>): InvokeResult {
   if (result.type !== 'success') return result;
-  const output = Object.fromEntries(Object.keys(f.output.properties).filter((k) => result[k] !== undefined).map((k) => [k, result[k]]));
-  try {
-    checkAgainst(f.output, output, 'answer');
-  } catch (err) {
-    if (!(err instanceof InvalidRequest)) throw err;
-    const [first] = err.data.errors as FieldError[];
-    throw new Upstream(`${what}: answered a success that does not fit the function's output (${first.path} ${first.message})`, { upstream: what });
+  const members = memberSchemas(f.output);
+  const output: Record<string, unknown> = {};
+  const leftOut: string[] = [];
+  for (const [k, schema] of members) {
+    if (result[k] === undefined) continue;
+    try {
+      checkAgainst(schema, { [k]: result[k] }, 'answer');
+      output[k] = result[k];
+    } catch (err) {
+      if (!(err instanceof InvalidRequest)) throw err;
+      leftOut.push(k);
+    }
+  }
+  const missing = (f.output.required ?? []).filter((k) => output[k] === undefined && !leftOut.includes(k));
+  if (leftOut.length || missing.length) {
+    log.warn({ ...logged, unfit_members: leftOut, missing_members: missing }, "bridge function answered a success that does not fit its output: answered without those members");
   }
   return { type: 'success', ...output };
+}
+
+// Each member of an output schema as an object schema of its own (compiled once, by checkAgainst).
+const memberSchemaCache = new WeakMap<TObject, [string, TObject][]>();
+function memberSchemas(output: TObject): [string, TObject][] {
+  let members = memberSchemaCache.get(output);
+  if (!members) {
+    members = Object.entries(output.properties).map(([k, schema]) => [k, Type.Object({ [k]: schema })]);
+    memberSchemaCache.set(output, members);
+  }
+  return members;
 }
 
 // The instances a page of the grouped list shows at most, over all its items: page_size counts

@@ -2,7 +2,8 @@
 //   POST /v1/refunds                        Stripe: 401 unless the bearer is `stripeKey` (when given);
 //                                           payment_intent pi_refused is refused (400), pi_hold is never
 //                                           answered (see nextHold), pi_odd answers a refund whose amount
-//                                           is a string, pi_extra one with a 200 kB member; else the refund object
+//                                           is a string, pi_extra one with a 200 kB member, pi_null one with the
+//                                           members Stripe declares nullable null; else the refund object
 //   POST /gmail/v1/users/me/messages/send   Gmail: {id: msg-<n>}
 //   POST /token/hold                        a token endpoint that never answers (see nextHold)
 //   anything else                           200 {} (webhooks)
@@ -39,6 +40,9 @@ export function startFakeProviders(opts: { stripeKey?: string } = {}): Promise<F
         if (form.get('payment_intent') === 'pi_refused') return send(400, { error: { type: 'invalid_request_error', message: "No such payment_intent: 'pi_refused'" } });
         if (form.get('payment_intent') === 'pi_hold') return hold();
         if (form.get('payment_intent') === 'pi_odd') return send(200, { id: 're_odd', object: 'refund', amount: 'ten', status: 'succeeded' });
+        if (form.get('payment_intent') === 'pi_null') {
+          return send(200, { id: 're_null', object: 'refund', amount: 1000, status: null, currency: 'eur', created: 1700000000, charge: null, payment_intent: null, reason: null, balance_transaction: null, metadata: {} });
+        }
         if (form.get('payment_intent') === 'pi_extra') return send(200, { id: 're_extra', object: 'refund', amount: 1000, status: 'succeeded', currency: 'eur', padding: 'x'.repeat(200_000) });
         return send(200, { id: 're_1', object: 'refund', amount: Number(form.get('amount') ?? 1000), status: 'succeeded', payment_intent: form.get('payment_intent') });
       }

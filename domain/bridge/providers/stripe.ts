@@ -28,11 +28,12 @@ export const stripe: ProviderControllerDef = {
       reason: Type.Optional(Type.Union(['duplicate', 'fraudulent', 'requested_by_customer'].map((r) => Type.Literal(r)))),
     }, { additionalProperties: false, oneOf: [{ required: ['payment_intent'] }, { required: ['charge'] }], description: 'payment_intent or charge, not both' }),
     // Stripe's refund object, the members a caller acts on; the others (and any Stripe adds) are left out.
+    // Null where Stripe's API reference declares the member nullable (status too).
     output: Type.Object({
       id: Short('refund id (re_...)'),
       object: Type.Literal('refund'),
       amount: Type.Integer({ description: 'amount refunded, in the smallest currency unit' }),
-      status: Short('pending, requires_action, succeeded, failed or canceled'),
+      status: OrNull(Short('pending, requires_action, succeeded, failed or canceled')),
       currency: Type.Optional(Short('three-letter ISO currency code')),
       created: Type.Optional(Type.Integer({ description: 'Unix time the refund was created' })),
       charge: Type.Optional(OrNull(Short('charge refunded (ch_...)'))),
@@ -40,6 +41,7 @@ export const stripe: ProviderControllerDef = {
       reason: Type.Optional(OrNull(Short('reason given for the refund'))),
       failure_reason: Type.Optional(OrNull(Short('why a failed refund failed'))),
       balance_transaction: Type.Optional(OrNull(Short('balance transaction (txn_...)'))),
+      metadata: Type.Optional(OrNull(Type.Record(Type.String(), Type.String(), { description: 'key-value pairs set on the refund' }))),
     }, { additionalProperties: false }),
     async invoke({ params, authorization, apiBase, timeoutMs, deadline, signal, idempotencyKey }) {
       const form = new URLSearchParams();
