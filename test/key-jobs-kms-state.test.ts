@@ -41,6 +41,23 @@ describe('key jobs when a KMS key they use is disabled', () => {
   };
   const aliasDek = async (alias: string) => (await testDb()('dek_aliases').where({ alias }).first()).dek_id as string;
   const setKey = (key: string, on: boolean) => admin.send(on ? new EnableKeyCommand({ KeyId: key }) : new DisableKeyCommand({ KeyId: key }));
+  // Job `id` once `firstDone` items are done: its next batch's `op` calls to KMS wait while `disable` (a
+  // key) is disabled, then are answered as KMS then would (or with `error`); the job as it ended. The key
+  // is enabled again after.
+  const endedAfterNextBatch = async (id: string, firstDone: number, op: string, { disable, error }: { disable?: string; error?: string }) => {
+    await waitFor(async () => (await job(id)).done >= firstDone, 'a first batch', 30_000, 5);
+    const release = kms.hold(op);
+    try {
+      const calls = kms.calls.length;
+      await waitFor(async () => kms.calls.length > calls, 'the next batch to call KMS');
+      if (disable) await setKey(disable, false);
+      release(error);
+      return await ended(id);
+    } finally {
+      release();
+      if (disable) await setKey(disable, true);
+    }
+  };
   const dropCaches = async () => {
     const name = `drop-${randomUUID().slice(0, 8)}.key`;
     assert.equal((await c().post(`${E}/envelope`, { type: 'local', file_name: name })).status, 201);
@@ -137,20 +154,7 @@ describe('key jobs when a KMS key they use is disabled', () => {
     }));
     const started = await c().post(`${E}/envelope/to-kms.key/migrate`, { to_envelope_encryption_key_id: DST });
     assert.equal(started.status, 202, started.text);
-    await waitFor(async () => (await job(started.body.id)).done >= 20, 'a first batch', 30_000, 5);
-    // The next batch's Encrypt calls wait while the key is disabled, then are answered as KMS then would.
-    const release = kms.hold('Encrypt');
-    let failed: any;
-    try {
-      const calls = kms.calls.length;
-      await waitFor(async () => kms.calls.length > calls, 'the next batch to call KMS');
-      await setKey(DST, false);
-      release();
-      failed = await ended(started.body.id);
-    } finally {
-      release();
-      await setKey(DST, true);
-    }
+    const failed = await endedAfterNextBatch(started.body.id, 20, 'Encrypt', { disable: DST });
     assert.equal(failed.status, 'failed', JSON.stringify(failed));
     assert.deepEqual(failed.errors, [{ id: started.body.id, message: disabled('Encrypt', DST) }]);
     assert.ok(failed.done >= 20 && failed.done < count, `done ${failed.done}`);
@@ -175,18 +179,8 @@ describe('key jobs when a KMS key they use is disabled', () => {
     await insertDeks(testDb(), Array.from({ length: count }, (_, i) => ({ id: `blip-${String(i).padStart(4, '0')}`, envelope_key_id: 'to-kms-blip.key', encrypted_dek: sealByHand(kek, randomBytes(32)) })));
     const started = await c().post(`${E}/envelope/to-kms-blip.key/migrate`, { to_envelope_encryption_key_id: DST });
     assert.equal(started.status, 202, started.text);
-    await waitFor(async () => (await job(started.body.id)).done >= 20, 'a first batch', 30_000, 5);
     // The next batch's Encrypt calls are answered as KMS answers for a custom key store that is not connected.
-    const release = kms.hold('Encrypt');
-    let done: any;
-    try {
-      const calls = kms.calls.length;
-      await waitFor(async () => kms.calls.length > calls, 'the next batch to call KMS');
-      release('KMSInvalidStateException');
-      done = await ended(started.body.id);
-    } finally {
-      release();
-    }
+    const done = await endedAfterNextBatch(started.body.id, 20, 'Encrypt', { error: 'KMSInvalidStateException' });
     assert.deepEqual([done.status, done.total, done.done, done.failed], ['completed', count, count, 0], JSON.stringify(done));
     const q = await withQueue(stack.env, 'key-jobs', async (keyJobs) => (await keyJobs.getJobs(['completed'])).find((j) => j?.data.job_id === started.body.id));
     assert.ok(q && q.attemptsMade >= 1 && stack.workers[0].logs.some((l) => l.includes(started.body.id) && l.includes('will retry')), 'the batch was retried');
@@ -253,20 +247,8 @@ describe('key jobs when a KMS key they use is disabled', () => {
 
     const midWalk = await c().post(`${E}/dek/alias/${alias}/rotate`);
     assert.equal(midWalk.status, 202, midWalk.text);
-    await waitFor(async () => (await job(midWalk.body.id)).done >= 10, 'a first batch', 30_000, 5);
     // The next batch checks its new DEK opens (a Decrypt), answered once the key is disabled.
-    const release = kms.hold('Decrypt');
-    let failed: any;
-    try {
-      const calls = kms.calls.length;
-      await waitFor(async () => kms.calls.length > calls, 'the next batch to call KMS');
-      await setKey(ROT_NEW, false);
-      release();
-      failed = await ended(midWalk.body.id);
-    } finally {
-      release();
-      await setKey(ROT_NEW, true);
-    }
+    const failed = await endedAfterNextBatch(midWalk.body.id, 10, 'Decrypt', { disable: ROT_NEW });
     assert.equal(failed.status, 'failed', JSON.stringify(failed));
     assert.deepEqual(failed.errors, [{ id: midWalk.body.id, message: disabled('Decrypt', ROT_NEW) }]);
     assert.ok(failed.done >= 10 && failed.done < values.size && failed.failed === 0, JSON.stringify([failed.done, failed.failed]));
