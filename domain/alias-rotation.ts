@@ -20,7 +20,7 @@ import type { Services } from './services.ts';
 import { AppError, Conflict, NotFound } from './errors.ts';
 import { inTransaction } from './unit-of-work.ts';
 import { createDek, checkDekOpens, decryptWithDek, DecryptError, encryptWithDek, repointAlias, type KeyringServices } from './keyring.ts';
-import { KeyUnusable, KmsKeyUnusable } from './crypto/envelope-keys.ts';
+import { isLastingKmsRefusal, KeyUnusable } from './crypto/envelope-keys.ts';
 import { aliasDekForWrite, getDek, lockAlias } from '../db/deks.ts';
 import {
   addKeyJobTotal, findActiveRotation, getKeyJob, insertKeyJob, markKeyJobRunning, recordKeyJobProgress, restartKeyJobPass, setRotationState, settleKeyJobTotal,
@@ -148,7 +148,7 @@ async function openOld<T>(opening: Promise<T>): Promise<T> {
   } catch (err) {
     if (err instanceof DecryptError) throw new NotOpened();
     // A KMS key store that is only disconnected for a while is KMS failing: the batch is retried.
-    if (err instanceof KeyUnusable || (err instanceof KmsKeyUnusable && err.lasting)) throw new NotOpened(err.message);
+    if (err instanceof KeyUnusable || isLastingKmsRefusal(err)) throw new NotOpened(err.message);
     throw err;
   }
 }
@@ -329,4 +329,4 @@ export async function finishAliasRotation(s: Pick<Services, 'db'>, jobId: string
 // new DEK's key is unusable (a key file lost, a KMS key KMS refuses for a state that lasts until
 // someone changes it).
 export const isPermanentRotationError = (err: unknown): boolean =>
-  (err instanceof KmsKeyUnusable && err.lasting) || (err instanceof AppError && [404, 409, 500].includes(err.status));
+  isLastingKmsRefusal(err) || (err instanceof AppError && [404, 409, 500].includes(err.status));

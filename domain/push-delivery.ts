@@ -20,7 +20,7 @@ import type { Message } from './shapes/task.ts';
 import type { Config } from './config.ts';
 import type { Logger } from './logger.ts';
 import { artifactsFromTimeline, toA2ATask } from './a2a/mapping.ts';
-import { guardedLookup, isPrivateAddress } from './webhook-url.ts';
+import { guardedLookup, privateLiteralHost } from './webhook-url.ts';
 import { pushSecrets } from './push-config.ts';
 import { retryAfterMs } from './retry-after.ts';
 import { cappedBackoffMs } from '../queues/names.ts';
@@ -66,8 +66,8 @@ export function postNotification(
   opts: { allowPrivate: boolean; timeoutMs: number },
 ): Promise<number> {
   const target = new URL(url);
-  const host = target.hostname.replace(/^\[(.*)\]$/, '$1');
-  if (!opts.allowPrivate && net.isIP(host) && isPrivateAddress(host)) {
+  const host = opts.allowPrivate ? undefined : privateLiteralHost(target);
+  if (host) {
     return Promise.reject(new DeliveryError(`webhook address ${host} is internal and PUSH_ALLOW_PRIVATE is off`));
   }
   const payload = Buffer.from(JSON.stringify(body));

@@ -37,6 +37,13 @@ const NAME_REFUSED = ['ENOTFOUND', 'ENODATA', 'EINVAL'];
 
 const hostOf = (url: URL) => url.hostname.replace(/^\[(.*)\]$/, '$1');
 
+// The host of `url` when it is an internal IP literal, which connecting never looks up (so
+// guardedLookup never sees it): each caller refuses it before connecting.
+export function privateLiteralHost(url: URL): string | undefined {
+  const host = hostOf(url);
+  return net.isIP(host) && isPrivateAddress(host) ? host : undefined;
+}
+
 async function resolve(host: string): Promise<string[]> {
   if (net.isIP(host)) return [host];
   const found = await dns.promises.lookup(host, { all: true, verbatim: true });

@@ -1,11 +1,10 @@
 // HTTP calls to provider APIs and token endpoints. An upstream that cannot be reached, times out
 // or fails on its side is a 502 (NoAnswer when no answer came); what it answers with a 4xx is its
 // refusal, for the caller to map.
-import net from 'node:net';
 import { Agent, fetch as undiciFetch } from 'undici';
 import { NoAnswer, Upstream } from '../errors.ts';
 import { findUnstorable } from '../storable-json.ts';
-import { guardedLookup, isPrivateAddress } from '../webhook-url.ts';
+import { guardedLookup, privateLiteralHost } from '../webhook-url.ts';
 import { secretMasker } from '../secret-mask.ts';
 import { callSignal } from '../call-signal.ts';
 
@@ -33,8 +32,8 @@ export const fetchPublicOnly = (url: string, init: RequestInit, { untimed = fals
   // net.connect (undici's too) skips `lookup` for an IP literal, so guardedLookup never sees one:
   // a URL stored while private targets were allowed, or restored from a backup, would be fetched.
   // Refused as a failed fetch whose cause is EPRIVATE, like the lookup's refusal.
-  const host = new URL(url).hostname.replace(/^\[(.*)\]$/, '$1');
-  if (net.isIP(host) && isPrivateAddress(host)) {
+  const host = privateLiteralHost(new URL(url));
+  if (host) {
     const cause = Object.assign(new Error(`host '${host}' is an internal address`), { code: 'EPRIVATE' });
     return Promise.reject(new TypeError('fetch failed', { cause }));
   }

@@ -23,7 +23,7 @@ import {
 import { finishKeyJob, lockKeyJob, lockKeyJobNotingCancel, startedAs, type KeyJobStart } from './key-jobs.ts';
 import { DecryptError, KEY_BYTES } from './aes-gcm.ts';
 import { envelopeKeyRow, freshWrapperFor, wrapperFor } from '../keyring.ts';
-import { KmsKeyUnusable, type KeyWrapper } from './envelope-keys.ts';
+import { isLastingKmsRefusal, type KeyWrapper } from './envelope-keys.ts';
 import { endedElsewhere, MIGRATE_DEKS } from '../key-job-states.ts';
 
 const KMS_PARALLEL = 16;
@@ -140,7 +140,7 @@ export async function beginMigrateAll(s: Pick<Services, 'db'>, jobId: string): P
 // a KMS key KMS refuses for a state that lasts until someone changes it (disabled, pending deletion,
 // deleted): retried, it would take the attempts budget's minutes to fail the same way.
 export const isPermanentMigrationError = (err: unknown): boolean =>
-  (err instanceof KmsKeyUnusable && err.lasting) || (err instanceof AppError && (err.status === 404 || err.status === 500));
+  isLastingKmsRefusal(err) || (err instanceof AppError && (err.status === 404 || err.status === 500));
 
 // One batch of a running job; returns the job row after it, with `finished` once nothing is left,
 // and `endedElsewhere` when another worker had ended it before this batch (key-job-states.ts).

@@ -164,6 +164,9 @@ export class KmsKeyUnusable extends Upstream {
   }
 }
 
+// A refusal of a KMS key for a state that lasts until someone changes it: key jobs do not retry it.
+export const isLastingKmsRefusal = (err: unknown): err is KmsKeyUnusable => err instanceof KmsKeyUnusable && err.lasting;
+
 // KMS failures: a ciphertext KMS rejects is the caller's bad value; anything else is upstream.
 function kmsError(err: unknown, op: string, arn: string): Error {
   const e = err as { name?: string; message?: string };
