@@ -9,6 +9,7 @@ import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { registerGroup } from './test-groups.ts';
+import { signalGroup } from './proc-table.ts';
 
 // `dir`: where its data lives (for Postgres, not always under DATA_DIR: see postgresDir).
 // kill(): at once (SIGKILL), for a caller that cannot wait for stop(): the server's process group.
@@ -211,11 +212,7 @@ export function runningFrom(pidFile: string, program: RegExp, dir: string): numb
 // The server was spawned detached, so it leads a process group of its own (Redis's children and
 // Postgres's postmaster; Postgres's backends leave it, see LocalService).
 function killGroup(child: ChildProcess): void {
-  try {
-    if (child.pid) process.kill(-child.pid, 'SIGKILL');
-  } catch {
-    // Gone already.
-  }
+  if (child.pid) signalGroup(child.pid, 'SIGKILL');
 }
 
 async function stopPid(pid: number, signal: NodeJS.Signals, timeoutMs = 30000): Promise<void> {

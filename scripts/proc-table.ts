@@ -64,20 +64,22 @@ export function subtree(table: Map<number, ProcEntry>, root: number): ProcEntry[
   return out;
 }
 
-// When process `pid` started (clock ticks after boot), which tells it from a later one given its pid;
-// undefined when it does not exist or there is no /proc.
-export function startTimeOf(pid: number): string | undefined {
-  const start = leaderStart(pid);
-  return start === null ? undefined : start;
-}
-
-// startTimeOf, but null when /proc shows there is no such process, undefined when it cannot be told
-// (no /proc, unreadable).
+// When process `pid` started (clock ticks after boot), which tells it from a later one given its pid:
+// null when /proc shows there is no such process, undefined when it cannot be told (no /proc, unreadable).
 export function leaderStart(pid: number): string | null | undefined {
   try {
     const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
     return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19] || undefined;
   } catch (err) {
     return (err as NodeJS.ErrnoException).code === 'ENOENT' && fs.existsSync('/proc/self/stat') ? null : undefined;
+  }
+}
+
+// Sends `signal` to process group `group`; a group that has ended meanwhile is no error.
+export function signalGroup(group: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(-group, signal);
+  } catch {
+    // Ended meanwhile.
   }
 }

@@ -13,7 +13,7 @@ import { redactUrl } from '../domain/logger.ts';
 import { startPostgres, startRedis, type LocalService } from './local-services.ts';
 import { createDb, migrateLatest } from '../db/knex.ts';
 import { watchProgress } from './test-watchdog.ts';
-import { groupRuns } from './proc-table.ts';
+import { groupRuns, signalGroup } from './proc-table.ts';
 import { endGroups, killGroups } from './test-groups.ts';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
@@ -40,11 +40,7 @@ let mocha: ChildProcess | undefined;
 const MOCHA_GRACE_MS = 10_000;
 let mochaGrace: NodeJS.Timeout | undefined;
 const signalMocha = (signal: NodeJS.Signals) => {
-  try {
-    if (mocha?.pid) process.kill(-mocha.pid, signal);
-  } catch {
-    // Gone already.
-  }
+  if (mocha?.pid) signalGroup(mocha.pid, signal);
 };
 // From before anything starts: Ctrl-C while Postgres starts or the typecheck runs must still stop
 // what was started (the servers run in sessions of their own, so the Ctrl-C does not reach them).

@@ -4,12 +4,12 @@
 import type { ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { groupRuns, leaderStart, startTimeOf } from './proc-table.ts';
+import { groupRuns, leaderStart, signalGroup } from './proc-table.ts';
 
 // For a process just spawned detached (it leads its own group); nothing outside npm test.
 export function registerGroup(child: ChildProcess): void {
   const file = process.env.TEST_GROUPS_FILE;
-  if (file && child.pid) fs.appendFileSync(file, `${child.pid} ${startTimeOf(child.pid) ?? ''}\n`);
+  if (file && child.pid) fs.appendFileSync(file, `${child.pid} ${leaderStart(child.pid) ?? ''}\n`);
 }
 
 // The listed groups still running: led by the process listed (its start time tells it from a later
@@ -32,13 +32,7 @@ export function runningGroups(file: string, startOf: (pid: number) => string | n
 }
 
 function signalGroups(groups: number[], signal: NodeJS.Signals): void {
-  for (const group of groups) {
-    try {
-      process.kill(-group, signal);
-    } catch {
-      // Ended meanwhile.
-    }
-  }
+  for (const group of groups) signalGroup(group, signal);
 }
 
 export function killGroups(file: string): void {
