@@ -23,6 +23,37 @@ export async function writingTo<T>(setting: 'DATA_DIR' | 'KEYS_DIR', dir: string
   }
 }
 
+// An admin key file found where a fresh database's key is to go (DATA_DIR kept for a new database,
+// or shared by two installations) holds no key of this database, but perhaps the only copy of
+// another's: it is moved to the first free `<file>.previous-N`, made owner-only, and that name
+// returned. A hard link then an unlink, as rename would replace an earlier such file; neither
+// follows a symlink, and opening it (to chmod it) is refused for one.
+function setAside(file: string): string | undefined {
+  let fd: number;
+  try {
+    fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw err;
+  }
+  try {
+    fs.fchmodSync(fd, 0o600);
+  } finally {
+    fs.closeSync(fd);
+  }
+  for (let n = 1; ; n++) {
+    const previous = `${file}.previous-${n}`;
+    try {
+      fs.linkSync(file, previous);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'EEXIST') continue;
+      throw err;
+    }
+    fs.unlinkSync(file);
+    return previous;
+  }
+}
+
 // The envelope key first: a KEYS_DIR that fails then leaves no admin key file behind naming a key
 // the rolled-back transaction never stored. (A key file left by a failure after it is adopted next time.)
 export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promise<void> {
@@ -35,8 +66,10 @@ export async function bootstrap(s: Pick<Services, 'db' | 'cfg' | 'log'>): Promis
       const file = path.join(s.cfg.DATA_DIR, 'admin-api-key');
       await writingTo('DATA_DIR', s.cfg.DATA_DIR, () => {
         fs.mkdirSync(s.cfg.DATA_DIR, { recursive: true, mode: 0o700 });
-        // Never through a symlink; an existing file is made owner-only too.
-        const fd = fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_TRUNC | fs.constants.O_NOFOLLOW, 0o600);
+        const previous = setAside(file);
+        if (previous) s.log.warn({ file, previous }, 'this database has no API keys, yet DATA_DIR held an admin API key file: it was moved aside, not overwritten, as it may be the only copy of another database\'s admin key');
+        // Never through a symlink, nor into a file that appeared since.
+        const fd = fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);
         try {
           fs.fchmodSync(fd, 0o600);
           fs.writeSync(fd, created.key + '\n');

@@ -323,6 +323,27 @@ describe('authentication and scopes', () => {
       assert.equal(Number((await testDb()('api_keys').count({ n: '*' }))[0].n), 1);
       assert.equal((await boot.client.as(key).get('/api/task/v1')).status, 401);
     });
+
+    it('on a fresh database, moves an admin key file already in DATA_DIR aside (owner-only, past any earlier one) rather than overwriting it, and says so without the keys', async () => {
+      await resetDb();
+      const dataDir = fs.mkdtempSync(path.join(process.env.TEST_DATA_DIR!, 'boot-kept-'));
+      const file = path.join(dataDir, 'admin-api-key');
+      // Another database's key, the only copy of it, and a file an earlier such start moved aside.
+      fs.writeFileSync(file, 'tb-key-of-another-database\n', { mode: 0o644 });
+      fs.writeFileSync(`${file}.previous-1`, 'tb-key-moved-aside-before\n', { mode: 0o600 });
+      boot = await startStack({ ADMIN_API_KEY: undefined, DATA_DIR: dataDir }, { workers: 0 });
+      const moved = `${file}.previous-2`;
+      assert.equal(fs.readFileSync(moved, 'utf8'), 'tb-key-of-another-database\n');
+      assert.equal(fs.statSync(moved).mode & 0o777, 0o600);
+      assert.equal(fs.readFileSync(`${file}.previous-1`, 'utf8'), 'tb-key-moved-aside-before\n');
+      const key = fs.readFileSync(file, 'utf8').trim();
+      assert.equal(fs.statSync(file).mode & 0o777, 0o600);
+      assert.equal((await boot.client.as(key).get('/api/auth/v1/api-key')).status, 200);
+      assert.ok(boot.api.logs.some((l) => l.includes('"level":40') && l.includes(file) && l.includes(moved)), `a warning names both files:\n${boot.api.logs.join('\n')}`);
+      assert.ok(!boot.api.logs.some((l) => l.includes(key) || l.includes('tb-key-')), 'no key is logged');
+      await boot.stop();
+      boot = undefined;
+    });
   });
 });
 
