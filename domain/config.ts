@@ -1,3 +1,4 @@
+import fs from 'node:fs';
 import path from 'node:path';
 import { Type, type Static, type TObject } from '@sinclair/typebox';
 import { Ajv, type SchemaValidateFunction } from 'ajv';
@@ -252,8 +253,8 @@ function serviceUrlProblems(raw: Record<string, unknown>): ConfigProblem[] {
   if (typeof raw.DATABASE_URL === 'string' && !hashed('DATABASE_URL')) {
     try {
       parsePgUrl(raw.DATABASE_URL);
-    } catch {
-      problems.push(invalid('DATABASE_URL'));
+    } catch (err) {
+      problems.push(unreadablePgFile(raw.DATABASE_URL, err) ?? invalid('DATABASE_URL'));
     }
   }
   if (typeof raw.REDIS_URL === 'string' && !hashed('REDIS_URL')) {
@@ -277,6 +278,27 @@ function serviceUrlProblems(raw: Record<string, unknown>): ConfigProblem[] {
     if (/[?#]/.test(raw.PUBLIC_URL) || authority.includes('@')) problems.push(['PUBLIC_URL', 'must be a base URL without user info, query or fragment']);
   }
   return problems;
+}
+
+// pg's parser reads the files a DATABASE_URL's sslcert, sslkey and sslrootcert name: one it cannot
+// read (missing, not permitted, a directory) is said as that, by its parameter, not as a URL that does
+// not parse. Its error may not say the file (EISDIR does not), so on a system error they are read
+// again, in pg's order, each the last value given as pg takes it. Only the path is shown.
+function unreadablePgFile(url: string, err: unknown): ConfigProblem | undefined {
+  const { code, syscall } = (err ?? {}) as NodeJS.ErrnoException;
+  if (typeof code !== 'string' || typeof syscall !== 'string' || !url.includes('?')) return undefined;
+  const query = new URLSearchParams(url.slice(url.indexOf('?') + 1));
+  for (const name of ['sslcert', 'sslkey', 'sslrootcert']) {
+    const file = query.getAll(name).at(-1);
+    if (!file) continue;
+    try {
+      fs.readFileSync(file);
+    } catch (e) {
+      const { code, syscall } = e as NodeJS.ErrnoException;
+      return ['DATABASE_URL', `the ${name} file ${file} cannot be read (${code} on ${syscall}): it must name a file this process can read`];
+    }
+  }
+  return undefined;
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {

@@ -271,6 +271,28 @@ describe('process start-up', function () {
     assert.doesNotMatch(socket.output, /Invalid configuration|pw-socket/);
   });
 
+  it('refuses a DATABASE_URL whose sslrootcert, sslcert or sslkey file cannot be read, naming the parameter, the file and why, not the URL', async () => {
+    const dir = fs.mkdtempSync(path.join(requireEnv('TEST_DATA_DIR'), 'ssl-files-'));
+    const missing = path.join(dir, 'no-such-ca.pem');
+    const base = 'postgres://u:pw-db@db.internal:5432/x?sslmode=verify-full';
+    for (const file of ['api/main.ts', 'db/migrate.ts']) {
+      const r = await run(file, testEnv({ DATABASE_URL: `${base}&sslrootcert=${missing}` }));
+      assert.equal(r.code, 2, r.output);
+      assert.deepEqual(r.output.split('\n').filter((l) => l.startsWith('  DATABASE_URL:')),
+        [`  DATABASE_URL: the sslrootcert file ${missing} cannot be read (ENOENT on open): it must name a file this process can read`], r.output);
+      assert.doesNotMatch(r.output, /pw-db|not a valid URL/);
+      noStack(r);
+    }
+    // A readable sslcert and an sslkey that is a directory (unreadable even to root): the sslkey is named.
+    const cert = path.join(dir, 'client.pem');
+    fs.writeFileSync(cert, 'not checked here\n');
+    const r = await run('api/main.ts', testEnv({ DATABASE_URL: `${base}&sslcert=${cert}&sslkey=${dir}` }));
+    assert.equal(r.code, 2, r.output);
+    assert.match(r.output, new RegExp(`^ {2}DATABASE_URL: the sslkey file ${dir} cannot be read \\(EISDIR on read\\): it must name a file this process can read$`, 'm'));
+    assert.doesNotMatch(r.output, /pw-db/);
+    noStack(r);
+  });
+
   it('refuses service URLs with a # (a password holding @ and # unencoded parses as a host and a fragment holding the rest of it), exit 2 without showing them', async () => {
     // It was read as host `ss`: the process waited for it, logging the fragment (`#word-…`) in every
     // line, the release step too.
