@@ -254,7 +254,7 @@ function serviceUrlProblems(raw: Record<string, unknown>): ConfigProblem[] {
     try {
       parsePgUrl(raw.DATABASE_URL);
     } catch (err) {
-      problems.push(unreadablePgFile(raw.DATABASE_URL, err) ?? invalid('DATABASE_URL'));
+      problems.push(unreadablePgFile(raw.DATABASE_URL, err) ?? libpqCompatRefusal(err) ?? invalid('DATABASE_URL'));
     }
   }
   if (typeof raw.REDIS_URL === 'string' && !hashed('REDIS_URL')) {
@@ -299,6 +299,13 @@ function unreadablePgFile(url: string, err: unknown): ConfigProblem | undefined 
     }
   }
   return undefined;
+}
+
+// pg's parser refuses libpq's verify-ca without a CA file in a security lecture of its own: said as
+// what to change, not as a URL that does not parse.
+function libpqCompatRefusal(err: unknown): ConfigProblem | undefined {
+  if (!(err instanceof Error && err.message.startsWith('SECURITY WARNING: Using sslmode=verify-ca requires'))) return undefined;
+  return ['DATABASE_URL', 'with uselibpqcompat=true, sslmode=verify-ca needs sslrootcert, the CA file to verify the server against (or use sslmode=verify-full)'];
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {

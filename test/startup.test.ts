@@ -293,6 +293,15 @@ describe('process start-up', function () {
     noStack(r);
   });
 
+  it('refuses a DATABASE_URL asking libpq\'s verify-ca without an sslrootcert, saying so rather than "not a valid URL"', async () => {
+    const r = await run('api/main.ts', testEnv({ DATABASE_URL: 'postgres://u:pw-db@db.internal:5432/x?uselibpqcompat=true&sslmode=verify-ca' }));
+    assert.equal(r.code, 2, r.output);
+    assert.deepEqual(r.output.split('\n').filter((l) => l.startsWith('  DATABASE_URL:')),
+      ['  DATABASE_URL: with uselibpqcompat=true, sslmode=verify-ca needs sslrootcert, the CA file to verify the server against (or use sslmode=verify-full)'], r.output);
+    assert.doesNotMatch(r.output, /pw-db/);
+    noStack(r);
+  });
+
   it('refuses service URLs with a # (a password holding @ and # unencoded parses as a host and a fragment holding the rest of it), exit 2 without showing them', async () => {
     // It was read as host `ss`: the process waited for it, logging the fragment (`#word-…`) in every
     // line, the release step too.
