@@ -264,33 +264,6 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     await refusedAfterAnotherRunStored('mail-under-way', true);
   });
 
-  it('ends active when a run stores new tokens after another run of the same refresh gave up on the refresh token both exchanged', async () => {
-    // A rotating provider: the first run's exchange spends R1 and its write waits on the alias the
-    // test holds; a second run (a job of its own id, as a stalled job run again) reads R1 still stored,
-    // is refused (invalid_grant) and marks the instance before the first run's tokens land.
-    await brokered('mail-race');
-    const cred = await userCredential('mail-race');
-    const start = await oauth.refreshes();
-    await oauth.inMode('rotating', async () => {
-      const trx = await testDb().transaction();
-      try {
-        await trx('dek_aliases').where({ alias: cred.dek_alias }).forUpdate().first();
-        await makeDue('mail-race');
-        await waitFor(async () => (await lockWaits('%from "dek_aliases"%for share%')) === 1, 'the first run to wait to store its tokens');
-        assert.equal(await oauth.refreshes() - start, 1);
-        await withQueue(stack.env, 'credential-refresh', (q) => q.add('refresh', { credential_id: cred.id }, { jobId: `second-run_${cred.id}` }));
-        await waitFor(async () => (await instance('mail-race')).status === 'refresh_failed', 'the second run to give up');
-      } finally {
-        await trx.commit();
-      }
-      await waitFor(async () => (await userCredential('mail-race')).next_rotation_time.getTime() > Date.now(), 'the first run to store its tokens');
-    });
-    assert.equal(await oauth.refreshes() - start, 2);
-    assert.notEqual((await userCredential('mail-race')).value.refresh_token, cred.value.refresh_token);
-    assert.equal((await instance('mail-race')).status, 'active');
-    assert.equal((await send('mail-race')).status, 200);
-  });
-
   // `id` brokered and refresh_failed (the provider revoked its refresh token), then `sibling`, a new
   // instance on the same credential, active.
   async function failedWithSibling(id: string, sibling: string): Promise<void> {
@@ -377,6 +350,40 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
   });
 });
 
+describe('credential refresh: two runs of one refresh on two workers', () => {
+  before(() => start({ CREDENTIAL_REFRESH_CONCURRENCY: '1' }, 2));
+  after(async () => all?.stop());
+
+  it('ends active when a run stores new tokens after another run of the same refresh gave up on the refresh token both exchanged', async () => {
+    // A rotating provider: the first run's exchange spends R1 and its write waits on the alias the
+    // test holds; a second run (a job of its own id, as a stalled job run again) reads R1 still stored,
+    // is refused (invalid_grant) and marks the instance before the first run's tokens land. It runs on
+    // the other worker: the first run's, one refresh at a time, is busy (on its own worker it would
+    // store the first run's tokens, kept in memory, rather than exchange R1 again).
+    await brokered('mail-race');
+    const cred = await userCredential('mail-race');
+    const start = await oauth.refreshes();
+    await oauth.inMode('rotating', async () => {
+      const trx = await testDb().transaction();
+      try {
+        await trx('dek_aliases').where({ alias: cred.dek_alias }).forUpdate().first();
+        await makeDue('mail-race');
+        await waitFor(async () => (await lockWaits('%from "dek_aliases"%for share%')) === 1, 'the first run to wait to store its tokens');
+        assert.equal(await oauth.refreshes() - start, 1);
+        await withQueue(stack.env, 'credential-refresh', (q) => q.add('refresh', { credential_id: cred.id }, { jobId: `second-run_${cred.id}` }));
+        await waitFor(async () => (await instance('mail-race')).status === 'refresh_failed', 'the second run to give up');
+      } finally {
+        await trx.commit();
+      }
+      await waitFor(async () => (await userCredential('mail-race')).next_rotation_time.getTime() > Date.now(), 'the first run to store its tokens');
+    });
+    assert.equal(await oauth.refreshes() - start, 2);
+    assert.notEqual((await userCredential('mail-race')).value.refresh_token, cred.value.refresh_token);
+    assert.equal((await instance('mail-race')).status, 'active');
+    assert.equal((await send('mail-race')).status, 200);
+  });
+});
+
 describe('credential refresh: new tokens whose write fails for a while are kept, not exchanged again', () => {
   // Statements time out after 1 s, so a write held up longer fails as it would behind a long lock.
   before(() => start({ DB_QUERY_TIMEOUT_MS: '1000', CREDENTIAL_REFRESH_STORE_RETRY_MS: '8000' }, 1));
@@ -422,15 +429,31 @@ describe('credential refresh: new tokens whose write fails for a while are kept,
     assertNoTokenLogged(gmail.seen.at(-1)!.authorization!.replace(/^Bearer /, ''));
   });
 
-  it('says at error level what to do when the new tokens still cannot be stored: the next attempt exchanges the spent refresh token and the instance is refresh_failed', async () => {
+  it('keeps tokens it could not store in time for the job\'s next attempt, which stores them instead of exchanging the spent refresh token: active after one exchange', async () => {
     await brokered('mail-lost');
     const start = await oauth.refreshes();
-    const lost = (id: string) => workerLogs().find((l) => l.includes('"level":50') && l.includes(id));
-    const cred = await refreshHeldUp('mail-lost', async () => waitFor(async () => lost((await userCredential('mail-lost')).id), 'the error line', 30000));
-    assert.match(lost(cred.id)!, /the refreshed tokens could not be stored within 8 s and are lost: .*once Postgres answers again, broker its user credential again/);
-    assert.equal((await instance('mail-lost')).status, 'refresh_failed');
-    assert.equal(await oauth.refreshes() - start, 2, 'the next attempt exchanged the spent refresh token');
+    const kept = (id: string) => workerLogs().find((l) => l.includes('"level":50') && l.includes(id));
+    const cred = await refreshHeldUp('mail-lost', async () => waitFor(async () => kept((await userCredential('mail-lost')).id), 'the error line', 30000));
+    assert.equal((await instance('mail-lost')).status, 'active');
+    assert.equal(await oauth.refreshes() - start, 1, 'the spent refresh token was not exchanged again');
+    assert.notEqual((await userCredential('mail-lost')).value.refresh_token, cred.value.refresh_token, 'the new refresh token is stored');
+    assert.equal((await send('mail-lost')).status, 200, 'the new access token works');
+    assert.match(kept(cred.id)!, /the refreshed tokens could not be stored within 8 s: kept for the job's next attempt on this worker/);
     assertNoTokenLogged();
+  });
+  it('a second run of the refresh on the worker that holds the tokens it has not stored yet stores those instead of exchanging the spent refresh token', async () => {
+    await brokered('mail-again');
+    const start = await oauth.refreshes();
+    const before = await refreshHeldUp('mail-again', async () => {
+      await waitFor(async () => (await oauth.refreshes()) > start, 'the refresh exchange');
+      const credentialId = (await userCredential('mail-again')).id;
+      await withQueue(stack.env, 'credential-refresh', (q) => q.add('refresh', { credential_id: credentialId }, { jobId: `second-run_${credentialId}` }));
+      await waitFor(async () => (await lockWaits('%from "dek_aliases"%for share%')) === 2, 'both runs to wait to store the tokens');
+    });
+    assert.equal(await oauth.refreshes() - start, 1, 'the refresh token was exchanged once');
+    assert.equal((await instance('mail-again')).status, 'active');
+    assert.notEqual((await userCredential('mail-again')).value.refresh_token, before.value.refresh_token);
+    assert.equal((await send('mail-again')).status, 200);
   });
 });
 

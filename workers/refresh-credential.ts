@@ -2,15 +2,15 @@
 // pass of every worker that enqueues the credentials due for refresh.
 import type { Job, Worker } from 'bullmq';
 import type { Services } from '../domain/services.ts';
-import { enqueueDueRefreshes, refreshCredential, refreshRetrying, type RefreshOutcome } from '../domain/bridge/credential-refresh.ts';
+import { enqueueDueRefreshes, refreshCredential, refreshRetrying, type RefreshOutcome, type UnstoredTokens } from '../domain/bridge/credential-refresh.ts';
 import { lastAttempt, retryDelayMs, type JobPayloads } from '../queues/names.ts';
 import type { WorkerMetrics } from '../queues/worker-metrics.ts';
 import { failedForGood } from './record-job-metrics.ts';
 
-export function createRefreshCredentialProcessor(services: Services) {
+export function createRefreshCredentialProcessor(services: Services, unstored: UnstoredTokens) {
   return async (job: Job<JobPayloads['credential-refresh']>): Promise<RefreshOutcome> => {
     try {
-      return await refreshCredential(services, job.data.credential_id, lastAttempt(job));
+      return await refreshCredential(services, job.data.credential_id, lastAttempt(job), unstored);
     } catch (err) {
       const backoff = await retryDelayMs(services.cfg, job, err as Error);
       if (backoff !== undefined) await refreshRetrying(services, job.data.credential_id, backoff);

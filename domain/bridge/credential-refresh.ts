@@ -6,9 +6,9 @@
 // the instance becomes refresh_failed, unless the credential changed since the job read it: only
 // brokering again revives it (or another run of the same refresh storing the tokens it got for the
 // refresh token this run was refused). New tokens whose write fails
-// for a transient reason are written again for CREDENTIAL_REFRESH_STORE_RETRY_MS: most providers
-// rotate refresh tokens, so a job retried after they are lost would exchange a spent one and end
-// refresh_failed.
+// for a transient reason are written again for CREDENTIAL_REFRESH_STORE_RETRY_MS, and tokens still
+// not stored are kept for the job's next attempt on the same worker (UnstoredTokens): most providers
+// rotate refresh tokens, so an attempt that exchanged the spent one again would end refresh_failed.
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Queue } from 'bullmq';
 import type { Services } from '../services.ts';
@@ -19,16 +19,24 @@ import { nextRotationTime, resourceServerCredential, sealCredential, unsealCrede
 import { isInvalidGrant, refusal, requestedScopes, requestToken, withTokens } from './oauth-token.ts';
 import type { JobPayloads } from '../../queues/names.ts';
 import type { Config } from '../config.ts';
+import type { Plain } from './types.ts';
 import { outageOf, unavailability } from '../errors.ts';
 
 type RefreshServices = Pick<Services, 'db' | 'cfg' | 'log' | 'bus'>;
 export type RefreshOutcome = 'refreshed' | 'not due' | 'gone' | 'refresh_failed';
 
+// Tokens a worker process obtained and has not stored, by credential id: from the token endpoint's
+// answer, the refresh token they replace (`spent`) is spent, so while the credential still holds it the
+// job's next attempt on this process stores these rather than exchange it again. This only narrows the
+// window in which they are lost: they live in this process's memory alone (while Postgres is out of
+// reach nothing durable can hold them), so an attempt taken by another worker, or this process exiting
+// (killed, or a stop that outlasts the store's retries) before the commit, still loses them.
+export type UnstoredTokens = Map<string, { spent: string; fresh: Plain; next: Date | null; readAt: Date }>;
+
 // However short a lifetime the provider announces (expires_in 0: expired already), a credential just
 // refreshed is not due again sooner: a refresh a minute at most, not one each scan.
 const MIN_REFRESH_INTERVAL_MS = 60_000;
-// New tokens whose write fails are kept in memory, not stored elsewhere first: when Postgres is out
-// of reach, nothing could be stored there either. The job's lock is renewed meanwhile (BullMQ,
+// The writes of new tokens back off so; the job's lock is renewed meanwhile (BullMQ,
 // renew-retaken-lock.ts).
 const STORE_BACKOFF_MS = { first: 250, max: 4000 };
 
@@ -88,18 +96,22 @@ async function giveUp(s: RefreshServices, credentialId: string, seen: Seen, reas
   return 'refresh_failed';
 }
 
-export async function refreshCredential(s: RefreshServices, credentialId: string, finalAttempt: boolean): Promise<RefreshOutcome> {
+export async function refreshCredential(s: RefreshServices, credentialId: string, finalAttempt: boolean, unstored: UnstoredTokens): Promise<RefreshOutcome> {
   const seen: Seen = {};
   try {
-    return await refresh(s, credentialId, seen);
+    const outcome = await refresh(s, credentialId, seen, unstored);
+    unstored.delete(credentialId);
+    return outcome;
   } catch (err) {
+    // Tokens not stored stay for the next attempt.
+    if (!finalAttempt) throw err;
     // Whatever failed, the last attempt leaves the instance marked rather than silently stale.
-    if (finalAttempt) return giveUp(s, credentialId, seen, (err as Error).message);
-    throw err;
+    unstored.delete(credentialId);
+    return giveUp(s, credentialId, seen, (err as Error).message);
   }
 }
 
-async function refresh(s: RefreshServices, credentialId: string, seen: Seen): Promise<RefreshOutcome> {
+async function refresh(s: RefreshServices, credentialId: string, seen: Seen, unstored: UnstoredTokens): Promise<RefreshOutcome> {
   // Due by the database's clock, the one the scan used.
   const due = await repo.credentialDueForRefresh(s.db, credentialId);
   if (!due) return 'gone';
@@ -110,13 +122,20 @@ async function refresh(s: RefreshServices, credentialId: string, seen: Seen): Pr
   const cc = credentialDef(provider, instance.credential_controller_type_id);
   const user = await unsealCredential(s, cc, row);
   if (typeof user.refresh_token !== 'string') return giveUp(s, credentialId, seen, 'the credential has no refresh token');
-  const { plain: rs } = await resourceServerCredential(s, cc, instance);
-  const answer = await requestToken(s.cfg, provider, rs, { grant_type: 'refresh_token', refresh_token: user.refresh_token });
-  if (answer.status >= 400 && isInvalidGrant(answer)) return giveUp(s, credentialId, seen, 'the provider answered invalid_grant');
-  if (answer.status >= 400) throw refusal('refresh token', answer);
-  const fresh = withTokens(answer, user, requestedScopes(provider, rs));
-  const rotation = nextRotationTime(cc, 'user', fresh);
-  const next = rotation && new Date(Math.max(rotation.getTime(), Date.now() + MIN_REFRESH_INTERVAL_MS));
+  // Kept tokens for another refresh token than the credential's are stale (stored since, or replaced).
+  let tokens = unstored.get(credentialId);
+  if (tokens?.spent !== user.refresh_token) {
+    const { plain: rs } = await resourceServerCredential(s, cc, instance);
+    const answer = await requestToken(s.cfg, provider, rs, { grant_type: 'refresh_token', refresh_token: user.refresh_token });
+    if (answer.status >= 400 && isInvalidGrant(answer)) return giveUp(s, credentialId, seen, 'the provider answered invalid_grant');
+    if (answer.status >= 400) throw refusal('refresh token', answer);
+    const fresh = withTokens(answer, user, requestedScopes(provider, rs));
+    const rotation = nextRotationTime(cc, 'user', fresh);
+    tokens = { spent: user.refresh_token, fresh, next: rotation && new Date(Math.max(rotation.getTime(), Date.now() + MIN_REFRESH_INTERVAL_MS)), readAt };
+    // Kept before anything else can fail.
+    unstored.set(credentialId, tokens);
+  }
+  const { fresh, next, readAt: exchangedAfter } = tokens;
   // The tokens just obtained must not be lost: the value may have been sealed anew meanwhile (an
   // alias rotation), so the write is retried over what is there now, as long as it is still this
   // instance's credential (brokering again replaces it with another); and a write that fails for a
@@ -134,7 +153,7 @@ async function refresh(s: RefreshServices, credentialId: string, seen: Seen): Pr
       const replaced = await repo.replaceCredentialValue(trx, base.id, base.value, {
         value: await sealCredential(s, cc, 'user', fresh, dekId, trx), dek_id: dekId, next_rotation_time: next,
       });
-      return replaced && { revived: await repo.reviveRefreshFailedInstances(trx, base.id, readAt) };
+      return replaced && { revived: await repo.reviveRefreshFailedInstances(trx, base.id, exchangedAfter) };
     }));
     if (written) {
       s.log.info({ credential_id: credentialId, provider_instance_id: instance.id, ...(written.revived.length ? { revived_provider_instance_ids: written.revived } : {}) }, 'credential refreshed');
@@ -147,8 +166,8 @@ async function refresh(s: RefreshServices, credentialId: string, seen: Seen): Pr
 
 // Runs the steps that store refreshed tokens, each tried again with backoff while Postgres is out of
 // reach or its statements time out (a lock held long), until CREDENTIAL_REFRESH_STORE_RETRY_MS after
-// the first such failure. Logged once when retrying starts, and at error when the tokens are lost
-// (never the tokens: the errors of pg and knex name no values).
+// the first such failure. Logged once when retrying starts, and at error when the attempt gives up on
+// them (never the tokens: the errors of pg and knex name no values).
 function storeRetrier(s: RefreshServices, ids: Record<string, string>) {
   const seconds = s.cfg.CREDENTIAL_REFRESH_STORE_RETRY_MS / 1000;
   let deadline: number | undefined;
@@ -164,7 +183,7 @@ function storeRetrier(s: RefreshServices, ids: Record<string, string>) {
           s.log.warn(failure, `could not store the refreshed tokens; retrying for up to ${seconds} s`);
         }
         if (Date.now() >= deadline) {
-          s.log.error(failure, `the refreshed tokens could not be stored within ${seconds} s and are lost: a provider that rotates refresh tokens refuses the old one at the next attempt, which makes the instance refresh_failed; once Postgres answers again, broker its user credential again`);
+          s.log.error(failure, `the refreshed tokens could not be stored within ${seconds} s: kept for the job's next attempt on this worker; should another worker take that attempt, or this one stop first, they are lost, and a provider that rotates refresh tokens refuses the old one, which makes the instance refresh_failed: then, once Postgres answers again, broker its user credential again`);
           throw err;
         }
         await sleep(Math.min(wait, deadline - Date.now()));
