@@ -348,6 +348,22 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     assert.equal(await oauth.refreshes() - start, ATTEMPTS);
     assert.deepEqual((await userCredential('mail-dpop')).value, before.value);
   });
+  it('gives up on a refresh whose job fails for good before its last attempt (its backoff answers -1, as one set from the queue dashboard may): refresh_failed, its mark ended', async () => {
+    await brokered('mail-no-retry');
+    const cred = await userCredential('mail-no-retry');
+    const start = await oauth.refreshes();
+    await oauth.inMode('down', async () => {
+      // Due, and marked as queued: the scan leaves it to the test's job.
+      await testDb()('bridge_credentials').where({ id: cred.id }).update({ next_rotation_time: new Date(Date.now() - 1000), refresh_queued_until: new Date(Date.now() + 600_000) });
+      await withQueue(stack.env, 'credential-refresh', (q) => q.add('refresh', { credential_id: cred.id }, {
+        jobId: `refresh_${cred.id}`, attempts: ATTEMPTS, backoff: { type: 'fixed', delay: -1 }, removeOnComplete: true, removeOnFail: true,
+      }));
+      await waitFor(async () => (await instance('mail-no-retry')).status === 'refresh_failed', 'the instance to be refresh_failed');
+    });
+    assert.equal(await oauth.refreshes() - start, 1, 'one attempt, not retried');
+    assert.equal((await userCredential('mail-no-retry')).refresh_queued_until, null, 'the scan\'s mark ended with the refresh');
+    assert.equal((await send('mail-no-retry')).status, 409);
+  });
 });
 
 describe('credential refresh: two runs of one refresh on two workers', () => {

@@ -15,7 +15,7 @@ import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-
 import { CancelRegistry } from './cancel-registry.ts';
 import { watchCancels } from './watch-cancels.ts';
 import { startRunHeartbeat } from './run-heartbeat.ts';
-import { createRefreshCredentialProcessor, recordRefreshOutcomes, startRefreshScheduler } from './refresh-credential.ts';
+import { createRefreshCredentialProcessor, giveUpOnRefreshesFailedForGood, recordRefreshOutcomes, startRefreshScheduler } from './refresh-credential.ts';
 import type { UnstoredTokens } from '../domain/bridge/credential-refresh.ts';
 import { AgentConfigError, resolveAgent } from './agents/resolve-agent.ts';
 import { failedForGood, recordJobMetrics } from './record-job-metrics.ts';
@@ -98,6 +98,7 @@ const refreshWorker = new Worker<JobPayloads['credential-refresh']>('credential-
   ...common,
   concurrency: concurrency['credential-refresh'],
 });
+giveUpOnRefreshesFailedForGood(refreshWorker, services, unstoredTokens);
 const stopRefreshScheduler = startRefreshScheduler(services);
 
 // These processors leave their failures to BullMQ's retries, saying nothing of them: each is logged

@@ -2,10 +2,11 @@
 // pass of every worker that enqueues the credentials due for refresh.
 import type { Job, Worker } from 'bullmq';
 import type { Services } from '../domain/services.ts';
-import { enqueueDueRefreshes, refreshCredential, refreshRetrying, type RefreshOutcome, type UnstoredTokens } from '../domain/bridge/credential-refresh.ts';
+import { abandonRefresh, enqueueDueRefreshes, refreshCredential, refreshRetrying, type RefreshOutcome, type UnstoredTokens } from '../domain/bridge/credential-refresh.ts';
 import { lastAttempt, retryDelayMs, type JobPayloads } from '../queues/names.ts';
 import type { WorkerMetrics } from '../queues/worker-metrics.ts';
 import { failedForGood } from './record-job-metrics.ts';
+import { JobPayloadMismatch } from '../queues/job-payloads.ts';
 
 export function createRefreshCredentialProcessor(services: Services, unstored: UnstoredTokens) {
   return async (job: Job<JobPayloads['credential-refresh']>): Promise<RefreshOutcome> => {
@@ -17,6 +18,18 @@ export function createRefreshCredentialProcessor(services: Services, unstored: U
       throw err;
     }
   };
+}
+
+// Every way a refresh job ends for good gives up on it, not only a last attempt that fails in the
+// processor (refreshCredential): else the instance stayed active, its credential marked as queued.
+export function giveUpOnRefreshesFailedForGood(worker: Worker<JobPayloads['credential-refresh'], RefreshOutcome>, services: Services, unstored: UnstoredTokens): void {
+  worker.on('failed', (job, err) => {
+    if (!job || !failedForGood(job) || err instanceof JobPayloadMismatch) return;
+    const credentialId = job.data.credential_id;
+    unstored.delete(credentialId);
+    abandonRefresh(services, credentialId, err.message).catch((e: Error) => services.log.warn({ credential_id: credentialId, err: { message: e.message } },
+      'could not mark the instance of a credential refresh that failed for good; the scan queues the refresh again once its mark lapses'));
+  });
 }
 
 // Counts refreshes by outcome: what the job returned (`not due` as not_due), `retrying` for an

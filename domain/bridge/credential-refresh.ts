@@ -111,6 +111,18 @@ export async function refreshCredential(s: RefreshServices, credentialId: string
   }
 }
 
+// A refresh job that ended for good without the last attempt's give-up above: one failed before its
+// last attempt (an UnrecoverableError, a backoff answering -1, stalled too often) or whose give-up
+// failed. The instance is marked as that give-up would have, while the credential is still due and
+// holds the value read here: a run of the job still going that stores new tokens later revives it, as
+// after another run's give-up. Run again, it marks nothing more.
+export async function abandonRefresh(s: RefreshServices, credentialId: string, reason: string): Promise<RefreshOutcome> {
+  const due = await repo.credentialDueForRefresh(s.db, credentialId);
+  if (!due) return 'gone';
+  if (!due.due) return 'not due';
+  return giveUp(s, credentialId, { value: due.row.value }, reason);
+}
+
 async function refresh(s: RefreshServices, credentialId: string, seen: Seen, unstored: UnstoredTokens): Promise<RefreshOutcome> {
   // Due by the database's clock, the one the scan used.
   const due = await repo.credentialDueForRefresh(s.db, credentialId);
