@@ -4,7 +4,7 @@
 // update of its config in timeline order, so a webhook sees the task's states in the order they
 // happened; a failed update holds back later ones until it succeeds or is given up after
 // PUSH_ATTEMPTS posts, counted per update whichever job made them. An answer that retrying cannot
-// change (most 4xx) gives the update up at once. After a failed post the config is held for its
+// change (most 4xx, any 3xx) gives the update up at once. After a failed post the config is held for its
 // backoff (or a longer Retry-After), so no job posts to it sooner. Webhook origins seen slow get
 // only a few of a worker's delivery slots.
 import { randomUUID } from 'node:crypto';
@@ -54,9 +54,11 @@ export class DeliveryError extends Error {
   }
 }
 
-// A 4xx says the request itself is refused (gone, unauthorized, too large): sending it again gets the
-// same answer, so it is not retried. Timeouts (408), too early (425) and rate limits (429) pass.
-export const isPermanentRefusal = (status: number | undefined) => status !== undefined && status >= 400 && status < 500 && ![408, 425, 429].includes(status);
+// A 4xx says the request itself is refused (gone, unauthorized, too large), and a 3xx, never followed
+// (it would carry the token elsewhere), is answered again whatever the retry: neither is retried.
+// Timeouts (408), too early (425) and rate limits (429) pass.
+const isRedirect = (status: number) => status >= 300 && status < 400;
+export const isPermanentRefusal = (status: number | undefined) => status !== undefined && (isRedirect(status) || (status >= 400 && status < 500 && ![408, 425, 429].includes(status)));
 
 // One POST of a notification. Internal targets are refused at connect time (see webhook-url.ts).
 export function postNotification(
@@ -84,6 +86,8 @@ export function postNotification(
       const wait = code === 429 || code === 503 ? retryAfterMs(res.headers['retry-after']) : undefined;
       res.destroy();
       if (code >= 200 && code < 300) resolve(code);
+      // Location is not quoted: it may carry a signature or credentials of the receiver's.
+      else if (isRedirect(code)) reject(new DeliveryError(`webhook answered HTTP ${code}: redirects are not followed; set the push config's url to the final address`, code));
       else reject(new DeliveryError(`webhook answered HTTP ${code}${wait ? ` (retry after ${wait} ms)` : ''}`, code, wait));
     });
     // The socket timeout fires only after that long idle; this bounds the whole post, however the

@@ -621,6 +621,25 @@ describe('push notifications', () => {
     assert.ok(!stack.workers[0].logs.some((l) => l.includes('job attempt failed') && l.includes(id)), 'no attempt was spent on a retry');
   });
 
+  it('gives up at once an update the webhook answers with a redirect (not followed), saying so without the token', async () => {
+    const rx = await startReceiver(() => ({ status: 301, headers: { location: 'http://127.0.0.1:9/moved?sig=location-secret' } }));
+    receivers.push(rx);
+    const id = await idleTask();
+    await setConfig(id, { url: rx.url, token: 'redirected-token-secret' });
+    await setStatus(id, 'working');
+    await setStatus(id, 'completed');
+    const gaveUp = await waitFor(async () => {
+      const lines = stack.workers[0].logs.filter((l) => l.includes('push notification given up') && l.includes(id));
+      return lines.length === 2 ? lines.map((l) => JSON.parse(l)) : undefined;
+    }, 'both updates given up');
+    assert.deepEqual(states(rx.all, id), ['working', 'completed'], 'each update posted once, not PUSH_ATTEMPTS times');
+    for (const l of gaveUp) {
+      assert.equal(l.status, 301);
+      assert.equal(l.reason, "webhook answered HTTP 301: redirects are not followed; set the push config's url to the final address");
+    }
+    assert.ok(!stack.workers[0].logs.some((l) => l.includes('redirected-token-secret') || l.includes('location-secret')), 'no token or Location in the logs');
+  });
+
   it("waits at least a 429's Retry-After before posting to that webhook again, the later updates included", async () => {
     const rx = await startReceiver((_r, all) => (all.length === 1 ? { status: 429, headers: { 'retry-after': '2' } } : 200));
     receivers.push(rx);
