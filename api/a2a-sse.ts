@@ -10,8 +10,9 @@ import type { TaskStream } from '../domain/a2a/methods.ts';
 const KEEPALIVE_MS = 15_000;
 
 // `gone`: the call's signal, aborted when the client goes (also before this is called) or the
-// stream must end (its key revoked); writing stops then.
-export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log: Logger, gone: AbortSignal): Promise<void> {
+// stream must end (its key revoked); writing stops then. `revoked`: aborted (its reason the error
+// the key's next call gets) when the key is revoked, which the client is told, as a last event.
+export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log: Logger, gone: AbortSignal, revoked?: AbortSignal): Promise<void> {
   const res = ctx.res;
   ctx.respond = false;
   ctx.status = 200;
@@ -19,9 +20,10 @@ export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log:
   // set it to close (api/main.ts), which a stream answered then must say too.
   res.writeHead(200, { 'Content-Type': 'text/event-stream', 'Cache-Control': 'no-cache', 'X-Accel-Buffering': 'no' });
   const keepalive = setInterval(() => { if (!gone.aborted) res.write(': keep-alive\n\n'); }, KEEPALIVE_MS);
+  const write = (payload: unknown) => res.write(`data: ${JSON.stringify(payload)}\n\n`);
   const send = async (payload: unknown) => {
     if (gone.aborted) return;
-    if (!res.write(`data: ${JSON.stringify(payload)}\n\n`)) {
+    if (!write(payload)) {
       await new Promise<void>((resolve) => {
         const done = () => { res.off('drain', done); gone.removeEventListener('abort', done); resolve(); };
         res.on('drain', done);
@@ -29,17 +31,24 @@ export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log:
       });
     }
   };
+  // A stream that has sent its final event or an error has told its client all there is to tell.
+  let told = false;
   try {
     for await (const result of stream) {
       if (gone.aborted) break;
       await send({ jsonrpc: '2.0', id, result });
+      told = 'final' in result && result.final === true;
     }
   } catch (err) {
     const error = toJsonRpcError(err);
     logRpcError(log, err, error, {}, 'a2a stream failed');
+    told = !gone.aborted;
     await send({ jsonrpc: '2.0', id, error });
   } finally {
     clearInterval(keepalive);
+    // Cut short by its key's revocation, a stream says so rather than just ending, which a client
+    // takes for a dropped connection and resubscribes after. A client already gone is told nothing.
+    if (revoked?.aborted && !told && !res.destroyed) write({ jsonrpc: '2.0', id, error: toJsonRpcError(revoked.reason) });
     res.end();
   }
 }

@@ -14,16 +14,18 @@ const openStreams = new Map<string, Set<AbortController>>();
 // is remembered for twice that: older ones are dropped when the next revocation comes.
 const revoked = new Map<string, number>();
 export const REVOKED_KEPT_MS = 10 * 60_000;
+// As the key's next request is refused (api/middleware/auth.ts).
+const revokedKey = () => new Unauthenticated('Unknown or revoked API key');
 
 export interface HeldStream {
-  /** Aborts when the key is revoked. */
+  /** Aborts when the key is revoked, its reason the Unauthenticated error the key's next call gets. */
   signal: AbortSignal;
   release(): void;
 }
 
 /** Takes one of the key's stream places (429 when it has none left here or across the API processes). */
 export async function holdStream(services: Services, keyId: string): Promise<HeldStream> {
-  if (revoked.has(keyId)) throw new Unauthenticated('Unknown or revoked API key');
+  if (revoked.has(keyId)) throw revokedKey();
   const held = openStreams.get(keyId) ?? new Set<AbortController>();
   const limit = services.cfg.A2A_STREAMS_PER_KEY;
   const refuse = (open: number) => new RateLimited(RETRY_AFTER_MS, `This API key holds ${open} A2A streams open, the most A2A_STREAMS_PER_KEY allows; close one, or retry later`, { open, limit });
@@ -46,7 +48,7 @@ export async function holdStream(services: Services, keyId: string): Promise<Hel
   if (stream.signal.aborted) {
     releaseHere();
     place?.release();
-    throw new Unauthenticated('Unknown or revoked API key');
+    throw revokedKey();
   }
   return {
     signal: stream.signal,
@@ -82,5 +84,5 @@ export function endStreamsOf(keyId: string): void {
   }
   revoked.delete(keyId);
   revoked.set(keyId, now);
-  for (const stream of openStreams.get(keyId) ?? []) stream.abort(new Error('API key revoked'));
+  for (const stream of openStreams.get(keyId) ?? []) stream.abort(revokedKey());
 }

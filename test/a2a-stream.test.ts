@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import net from 'node:net';
 import path from 'node:path';
+import * as v03 from '@a2a-js/sdk/client';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
 import { ADMIN_KEY, apiEndClosed, Client, denseMessage, requestLogsThrough, resetDb, startApi, startStack, testDb, textMessage, useStack, waitFor, type Stack } from './helpers/stack.ts';
@@ -443,27 +444,33 @@ describe('A2A streams per API key (A2A_STREAMS_PER_KEY)', () => {
     for (const s of streams) s.close();
   });
 
-  it("ends a revoked key's open streams, on every API process, and no other key's", async () => {
+  it("ends a revoked key's open streams, on every API process, and no other key's, telling their clients why", async () => {
     const task = await quietTask(stack.client);
     const created = (await stack.client.post('/api/auth/v1/api-key', { name: 'to be revoked', scopes: ['a2a'] })).body;
     const kept = (await stack.client.post('/api/auth/v1/api-key', { name: 'kept', scopes: ['a2a'] })).body.key;
-    // The revoked key's stream is on a second API process: it learns of the revocation from Postgres.
+    // The revoked key's streams are on a second API process: it learns of the revocation from Postgres.
     const second = await startApi(stack.env);
     try {
       const doomed = await open(task, created.key, second.url);
+      // The same key's stream as the SDK client reads it, open (its snapshot read) before the revocation.
+      const withKey: typeof fetch = (input, init) => fetch(input, { ...init, headers: { ...init?.headers as Record<string, string>, authorization: `Bearer ${created.key}` } });
+      const sdkStream = new v03.JsonRpcTransport({ endpoint: second.url + A2A, fetchImpl: withKey }).resubscribeTask({ id: task });
+      assert.equal(((await sdkStream.next()).value as { kind: string }).kind, 'task');
       const stays = await open(task, kept);
-      const readToEnd = async (s: { res: Response }) => {
-        for await (const _ of s.res.body as unknown as AsyncIterable<Uint8Array>) { /* the snapshot, keep-alives */ }
-        return 'ended';
-      };
-      const doomedEnd = readToEnd(doomed).catch((e) => (e as Error).name);
+      const doomedEnd = doomed.read();
       let staysEnded = false;
-      void readToEnd(stays).then(() => { staysEnded = true; }, () => undefined);
+      void stays.read().then(() => { staysEnded = true; }, () => undefined);
       assert.equal((await stack.client.delete(`/api/auth/v1/api-key/${created.id}`)).status, 200);
-      assert.equal(await Promise.race([doomedEnd, new Promise((resolve) => setTimeout(() => resolve('still open'), 10_000))]), 'ended');
+      const ended = await Promise.race([doomedEnd, new Promise<string>((resolve) => setTimeout(() => resolve('still open'), 10_000))]);
+      assert.notEqual(ended, 'still open');
+      // Not a bare end, which a client takes for a dropped connection and resubscribes after: the
+      // snapshot, then the error the key's next call would get.
+      const { events } = ended as Sse;
+      assert.equal(events[0].result.kind, 'task');
+      assert.deepEqual(events.slice(1), [{ jsonrpc: '2.0', id: 1, error: { code: -32603, message: 'Unknown or revoked API key', data: { code: 'unauthenticated' } } }]);
+      await assert.rejects(sdkStream.next(), /SSE event contained an error: Unknown or revoked API key \(Code: -32603\)/);
       assert.equal(staysEnded, false, "the other key's stream stays open");
       stays.close();
-      doomed.close();
     } finally {
       await second.stop();
     }

@@ -62,7 +62,7 @@ export const a2aRoutes = [
       const call = { services, waiter: waiterOf(services), get signal() { return signalOf(); } };
       const outcome = await dispatch(call, body, log, unstorable);
       if ('response' in outcome) ctx.body = outcome.response;
-      else await writeSse(ctx, outcome.id, outcome.stream, log, signalOf());
+      else await writeSse(ctx, outcome.id, outcome.stream, log, signalOf(), held?.signal);
     } finally {
       held?.release();
     }

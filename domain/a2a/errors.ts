@@ -51,7 +51,9 @@ export function toJsonRpcError(err: unknown): JsonRpcErrorObject {
     if (known.status === 400) return invalidParams(known.message, known.data.errors ? { errors: known.data.errors } : undefined).toJSON();
     if (known.status === 409) return invalidRequest(known.message, known.data).toJSON();
     if (known.status === 413) return invalidParams(known.message, known.data).toJSON();
-    if (known.status === 503) return { code: JSONRPC.INTERNAL, message: known.message, data: { code: known.code } };
+    // Said as REST says it, with no JSON-RPC code of its own: a key revoked while its stream was open
+    // (api/a2a-sse.ts), Postgres or Redis out of reach.
+    if (known.status === 401 || known.status === 503) return { code: JSONRPC.INTERNAL, message: known.message, data: { code: known.code } };
     // An upstream that failed (KMS sealing a push token) is no bug of ours: said as REST says it (502).
     if (known.status === 502) return { code: JSONRPC.INTERNAL, message: known.message, data: { code: known.code, ...known.data } };
   }
