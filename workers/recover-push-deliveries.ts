@@ -42,6 +42,8 @@ export async function recoverPushDeliveries(services: Services, olderThanMs: num
     // Added by an earlier pass and still retrying (a receiver that keeps failing): left to its
     // retries. One that failed for good (a fault of ours outlasting its attempts: an undecryptable
     // token, a database error) would hold the id, and the update, for the failed jobs' 7 days.
+    // A completed one carried this update (delivered or given up) after the list was read, unless
+    // the config was deleted and set again under its id since: that waits for BullMQ to drop the job (within the hour).
     if (earlier && !(await earlier.isFailed())) continue;
     // Another worker's pass doing the same meanwhile still leaves one job: its add finds the id
     // taken, or this one replaces its job (whose run, if it had one, posted what was undelivered).

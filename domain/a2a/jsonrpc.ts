@@ -59,12 +59,11 @@ function unstorableError(problem: FieldError): A2AError {
 }
 
 /**
- * Whether a request body calls a method answered with a stream (before it is dispatched). With
- * streaming switched off none is: those methods answer -32004 (requireStreaming). Nor is one whose
- * envelope cannot be stored: it is answered -32600 at once.
+ * Whether dispatch answers this body with a stream (told before it is dispatched, to hold a stream
+ * place). With streaming switched off none is: those methods answer -32004 (requireStreaming). Nor
+ * is one whose envelope dispatch refuses, unstorable included: its -32600 must not wait for, or be
+ * refused for, a stream place.
  */
-// Whether dispatch answers this body with a stream: a request whose envelope it takes (else the
-// answer is a -32600 that must not wait for, or be refused for, a stream place).
 export const callsStream = (body: unknown, cfg: Pick<Config, 'A2A_STREAMING'>, unstorable?: FieldError): boolean => {
   const req = body as { jsonrpc?: unknown; id?: unknown; method?: unknown } | null;
   const name = req?.method;
@@ -120,7 +119,7 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, unst
       // what goes wrong from there (params that do not fit, an unknown or terminal task) is its one
       // event: 0.3 clients read no other answer to these methods.
       const stream = await Promise.resolve()
-        .then(() => target.run(call, validated(req.params)))
+        .then(() => target.run(call, validated(params)))
         .catch((err: unknown) => failed(err));
       return { id, stream: stream as m.TaskStream };
     }
