@@ -15,7 +15,7 @@ export async function findActiveByHash(db: Tx, hash: Buffer): Promise<ApiKeyRow 
 
 export async function listActive(db: Tx, pageSize: number, token?: string): Promise<Page<Omit<ApiKeyRow, 'key_hash' | 'revoked_at'>>> {
   return keysetPage(db('api_keys').select(PUBLIC_COLUMNS).whereNull('revoked_at'),
-    { columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r: ApiKeyRow) => [r.created_at, r.id] }, pageSize, token);
+    { list: ['api-keys'], columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r: ApiKeyRow) => [r.created_at, r.id] }, pageSize, token);
 }
 
 export async function revokeApiKey(db: Tx, id: string): Promise<boolean> {

@@ -117,7 +117,7 @@ export async function listCredentials(
   if (filter.unused !== undefined) q.where('u.provider_instance_count', filter.unused ? '=' : '>', 0);
   if (filter.provider_controller_type_id) q.where({ 'bridge_credentials.provider_controller_type_id': filter.provider_controller_type_id });
   return keysetPage<ListedCredentialRow>(q, {
-    columns: ['bridge_credentials.created_at', 'bridge_credentials.id'], kinds: ['timestamp', 'uuid'], direction: 'desc',
+    list: ['credentials', filter.unused, filter.provider_controller_type_id], columns: ['bridge_credentials.created_at', 'bridge_credentials.id'], kinds: ['timestamp', 'uuid'], direction: 'desc',
     cursorOf: (r) => [r.created_at, r.id],
     bytes: { db, size: `bridge_credentials.weight + ${textWeightBound('array_to_json(u.provider_instance_ids)::text')}`, max: PAGE_MAX_BYTES },
   }, pageSize, token);
@@ -180,7 +180,7 @@ export async function listProviderInstances(
   if (filter.status) q.where({ status: filter.status });
   if (filter.provider_controller_type_id) q.where({ provider_controller_type_id: filter.provider_controller_type_id });
   return keysetPage<ProviderInstanceRow>(q, {
-    columns: ['created_at', 'id'], kinds: ['timestamp', 'text'], direction: 'desc',
+    list: ['provider-instances', filter.status, filter.provider_controller_type_id], columns: ['created_at', 'id'], kinds: ['timestamp', 'text'], direction: 'desc',
     cursorOf: (r) => [r.created_at, r.id], bytes: { db, size: instanceWeightSql('provider_instances'), max: PAGE_MAX_BYTES },
   }, pageSize, token);
 }
@@ -221,16 +221,16 @@ export async function functionInstancesOf(db: Tx, providerInstanceIds: string[])
   return db('function_instances').whereIn('provider_instance_id', providerInstanceIds).orderBy(['provider_instance_id', 'function_controller_type_id']);
 }
 
-// Enabled functions newest first; `table` names function_instances' columns where a join makes them ambiguous.
-const newestFunctionInstances = (table?: string): Keyset<FunctionInstanceRow> => ({
-  columns: ['created_at', 'provider_instance_id', 'function_controller_type_id'].map((c) => (table ? `${table}.${c}` : c)), kinds: ['timestamp', 'text', 'text'], direction: 'desc',
+// Enabled functions newest first; `list` as Keyset.list; `table` names function_instances' columns where a join makes them ambiguous.
+const newestFunctionInstances = (list: unknown[], table?: string): Keyset<FunctionInstanceRow> => ({
+  list, columns: ['created_at', 'provider_instance_id', 'function_controller_type_id'].map((c) => (table ? `${table}.${c}` : c)), kinds: ['timestamp', 'text', 'text'], direction: 'desc',
   cursorOf: (r) => [r.created_at, r.provider_instance_id, r.function_controller_type_id],
 });
 
 export async function listFunctionInstances(db: Tx, filter: { provider_instance_id?: string }, pageSize: number, token?: string): Promise<Page<FunctionInstanceRow>> {
   const q = db('function_instances').select('*');
   if (filter.provider_instance_id) q.where({ provider_instance_id: filter.provider_instance_id });
-  return keysetPage<FunctionInstanceRow>(q, newestFunctionInstances(), pageSize, token);
+  return keysetPage<FunctionInstanceRow>(q, newestFunctionInstances(['function-instances', filter.provider_instance_id]), pageSize, token);
 }
 
 // The (provider, function) and (provider, credential controller) type id pairs a release's catalog has.
@@ -246,7 +246,8 @@ export async function listRunnableFunctionInstances(db: Tx, catalog: CatalogPair
     .where('provider_instances.status', 'active')
     .whereIn(['function_instances.provider_controller_type_id', 'function_instances.function_controller_type_id'], catalog.functions)
     .whereIn(['provider_instances.provider_controller_type_id', 'provider_instances.credential_controller_type_id'], catalog.credentials);
-  return keysetPage<FunctionInstanceRow>(q, newestFunctionInstances('function_instances'), pageSize, token);
+  // Its catalog is the release's, not a filter of the caller's: a cursor holds across a release that changes it.
+  return keysetPage<FunctionInstanceRow>(q, newestFunctionInstances(['runnable-function-instances'], 'function_instances'), pageSize, token);
 }
 
 // The (provider, function) pairs the enabled functions name, each with its number of instances, in

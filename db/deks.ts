@@ -40,7 +40,7 @@ export async function getDek(db: Tx, id: string): Promise<DekRow | undefined> {
 export async function listDeksOf(db: Tx, envelopeKeyId: string, pageSize: number, token?: string): Promise<Page<DekListRow>> {
   const q = db('deks').select('id', 'envelope_key_id', 'created_at', 'updated_at').where({ envelope_key_id: envelopeKeyId });
   return keysetPage<DekListRow>(q, {
-    columns: ['created_at', 'id'], kinds: ['timestamp', 'text'], direction: 'desc',
+    list: ['deks', envelopeKeyId], columns: ['created_at', 'id'], kinds: ['timestamp', 'text'], direction: 'desc',
     cursorOf: (r) => [r.created_at, r.id],
   }, pageSize, token);
 }

@@ -31,7 +31,7 @@ export async function anyEnvelopeKeys(db: Tx): Promise<boolean> {
 
 export async function listEnvelopeKeys(db: Tx, pageSize: number, token?: string): Promise<Page<EnvelopeKeyRow>> {
   return keysetPage<EnvelopeKeyRow>(db('envelope_keys'), {
-    columns: ['created_at', 'id'], kinds: ['timestamp', 'text'], direction: 'desc',
+    list: ['envelope-keys'], columns: ['created_at', 'id'], kinds: ['timestamp', 'text'], direction: 'desc',
     cursorOf: (r) => [r.created_at, r.id],
   }, pageSize, token);
 }

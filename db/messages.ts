@@ -48,7 +48,7 @@ export async function getMessage(db: Tx, id: string): Promise<Message | undefine
 export async function listMessages(db: Tx, taskId: string, pageSize: number, token?: string): Promise<Page<Message>> {
   const q = db('messages').select(COLUMNS).where({ task_id: taskId });
   const page = await keysetPage<MessageRow>(q, {
-    columns: ['seq'], kinds: ['int'], direction: 'asc', cursorOf: (r) => [r.seq], bytes: { db, size: messageWeightSql('messages'), max: PAGE_MAX_BYTES },
+    list: ['messages', taskId], columns: ['seq'], kinds: ['int'], direction: 'asc', cursorOf: (r) => [r.seq], bytes: { db, size: messageWeightSql('messages'), max: PAGE_MAX_BYTES },
   }, pageSize, token);
   return { ...page, items: page.items.map(strip) };
 }

@@ -12,6 +12,10 @@ export const PAGE_MAX_BYTES = 8 * 1024 * 1024;
 
 type KeyKind = 'timestamp' | 'uuid' | 'int' | 'text';
 export interface Keyset<Row> {
+  // What the list is, as its tokens carry it (with `columns` and `direction`): a name of its own and
+  // the values of its filters. Not the query's text: a release that selects a column more would
+  // refuse every token the one before handed out (a client paging across a rolling deploy).
+  list: unknown[];
   columns: string[]; // qualified column names, all ordered in `direction`
   kinds: KeyKind[];
   direction: 'asc' | 'desc';
@@ -36,9 +40,9 @@ function checkKind(kind: KeyKind, v: unknown): boolean {
   }
 }
 
-// A token carries the list it came from: a digest of the list's query without the cursor (table,
-// filters and their values) and its order. A token of another list, another filter or the other
-// order is refused rather than read as a position in this one.
+// A token carries the list it came from: a digest of the list's name, its filters' values and its
+// order. A token of another list, another filter or the other order is refused rather than read as
+// a position in this one.
 const listDigest = (list: unknown) => createHash('sha256').update(JSON.stringify(list)).digest('base64url').slice(0, 12);
 
 // `shapes`: the kinds of the values a token of this list may hold, told apart by their number.
@@ -72,8 +76,7 @@ export async function keysetPage<Row>(
   token: string | undefined,
 ): Promise<Page<Row>> {
   const { columns, direction } = keyset;
-  const { sql, bindings } = query.toSQL();
-  const list = listDigest([sql, bindings, columns, direction]);
+  const list = listDigest([keyset.list, columns, direction]);
   if (token !== undefined) {
     const values = decodeToken(token, [keyset.kinds], list);
     const op = direction === 'desc' ? '<' : '>';
@@ -122,7 +125,7 @@ export async function batchWithinBytes<Row>(db: Tx, query: Knex.QueryBuilder, co
 }
 
 // Tokens of a list paged by hand, whose position takes one of several `shapes` (told apart by their
-// number of values). `list` tells the list apart from others, as for listPage.
+// number of values). `list` tells the list apart from others, as Keyset.list does.
 export function pageTokens(list: unknown, shapes: KeyKind[][]) {
   const digest = listDigest(list);
   return {

@@ -40,7 +40,7 @@ export async function getSecretByKey(db: Tx, key: string): Promise<SecretRow | u
 
 export async function listSecrets(db: Tx, pageSize: number, token?: string): Promise<Page<SecretRow>> {
   return keysetPage<SecretRow>(db('secrets').select('*'), {
-    columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc',
+    list: ['secrets'], columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc',
     cursorOf: (r) => [r.created_at, r.id], bytes: { db, size: 'octet_length(encrypted_secret)', max: PAGE_MAX_BYTES },
   }, pageSize, token);
 }

@@ -163,7 +163,7 @@ export async function listTasks(db: Tx, filter: { status?: string; context_id?: 
   if (filter.status) q.where('status', filter.status);
   if (filter.context_id) q.where('context_id', filter.context_id);
   return keysetPage<TaskRow>(q, {
-    columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r) => [r.created_at, r.id],
+    list: ['tasks', filter.status, filter.context_id], columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r) => [r.created_at, r.id],
     // Counted at the most its text can weigh parsed (db/messages.ts): a page of such tasks' metadata
     // is rarely large, and dense metadata (100,000 '{}') is ten times its text in memory.
     bytes: { db, size: textWeightBound('metadata::text'), max: PAGE_MAX_BYTES },
@@ -172,7 +172,7 @@ export async function listTasks(db: Tx, filter: { status?: string; context_id?: 
 
 export async function listContexts(db: Tx, pageSize: number, token?: string): Promise<Page<ContextInfo>> {
   const q = db('contexts').select({ context_id: 'id', created_at: 'created_at' });
-  return keysetPage<ContextInfo>(q, { columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r) => [r.created_at, r.context_id] }, pageSize, token);
+  return keysetPage<ContextInfo>(q, { list: ['contexts'], columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r) => [r.created_at, r.context_id] }, pageSize, token);
 }
 
 // `opening`: its message's sender id marks it as the one that opened the task (migration 0024).

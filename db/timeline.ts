@@ -1,5 +1,5 @@
 import type { Tx } from './knex.ts';
-import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
+import { keysetPage, PAGE_MAX_BYTES, type Keyset, type Page } from './pagination.ts';
 import { itemWeightSql } from './messages.ts';
 import { parsedWeight } from '../domain/storable-json.ts';
 import type { TimelineItem } from '../domain/shapes/task.ts';
@@ -13,11 +13,14 @@ export async function insertTimelineItem(db: Tx, item: TimelineItem): Promise<Ti
   return out;
 }
 
+// A task's timeline in seq order, pages within PAGE_MAX_BYTES as parsed.
+const timelineKeyset = (db: Tx, taskId: string, order: 'asc' | 'desc'): Keyset<TimelineRow> => ({
+  list: ['timeline', taskId], columns: ['seq'], kinds: ['int'], direction: order, cursorOf: (r) => [r.seq], bytes: { db, size: itemWeightSql('timeline_items'), max: PAGE_MAX_BYTES },
+});
+
 export async function listTimeline(db: Tx, taskId: string, order: 'asc' | 'desc', pageSize: number, token?: string): Promise<Page<TimelineItem>> {
   const q = db('timeline_items').select(COLUMNS).where({ task_id: taskId });
-  const page = await keysetPage<TimelineRow>(q, {
-    columns: ['seq'], kinds: ['int'], direction: order, cursorOf: (r) => [r.seq], bytes: { db, size: itemWeightSql('timeline_items'), max: PAGE_MAX_BYTES },
-  }, pageSize, token);
+  const page = await keysetPage<TimelineRow>(q, timelineKeyset(db, taskId, order), pageSize, token);
   return { ...page, items: page.items.map(strip) };
 }
 
@@ -25,7 +28,7 @@ export async function listTimeline(db: Tx, taskId: string, order: 'asc' | 'desc'
 // `limit` of them and PAGE_MAX_BYTES as parsed (always the first); `more` when items were left.
 export async function timelineSince(db: Tx, taskId: string, afterSeq: number, limit: number): Promise<{ rows: TimelineRow[]; more: boolean }> {
   const q = db('timeline_items').select(COLUMNS).where({ task_id: taskId }).where('seq', '>', afterSeq);
-  const page = await keysetPage<TimelineRow>(q, { columns: ['seq'], kinds: ['int'], direction: 'asc', cursorOf: (r) => [r.seq], bytes: { db, size: itemWeightSql('timeline_items'), max: PAGE_MAX_BYTES } }, limit, undefined);
+  const page = await keysetPage<TimelineRow>(q, timelineKeyset(db, taskId, 'asc'), limit, undefined);
   return { rows: page.items, more: page.next_page_token !== undefined };
 }
 

@@ -4,6 +4,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { assertError, resetDb, testDb, textMessage, useStack, waitFor, withQueue, type Response } from './helpers/stack.ts';
+import { COLUMNS as MESSAGE_COLUMNS, listMessages } from '../db/messages.ts';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 const ISO_MS = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
@@ -804,6 +805,26 @@ describe('task API', () => {
       const next = await stack.client.get(`/api/task/v1/${a.id}/message?page_size=1&next_page_token=${messagesToken}`);
       assert.deepEqual(next.body.items.map((m: any) => m.parts[0].text), ['more']);
       await refused(`/api/task/v1/${b.id}/message?page_size=1&next_page_token=${messagesToken}`);
+      // The same keyset shape, (seq), as the timeline in ascending order.
+      await refused(`/api/task/v1/${a.id}/timeline?order=asc&page_size=1&next_page_token=${messagesToken}`);
+      const contextToken = await tokenOf(`/api/task/v1?context_id=${contextId}&page_size=1`);
+      await refused(`/api/task/v1?context_id=${randomUUID()}&page_size=1&next_page_token=${contextToken}`);
+    });
+
+    it('a page token holds across a release that selects more columns of the list (a rolling deploy)', async () => {
+      const { task } = await create();
+      for (const text of ['two', 'three']) assert.equal((await stack.client.post(`/api/task/v1/${task.id}/message`, textMessage(text))).status, 201);
+      const first = await stack.client.get(`/api/task/v1/${task.id}/message?page_size=1`);
+      assert.equal(typeof first.body.next_page_token, 'string', first.text);
+      // The next release's process, here this one with a column more in the list's select, as
+      // releases have added them; the API process that issued the token runs the current columns.
+      MESSAGE_COLUMNS.push('weight');
+      try {
+        const next = await listMessages(testDb(), task.id, 1, first.body.next_page_token);
+        assert.deepEqual(next.items.map((m: any) => m.parts[0].text), ['two']);
+      } finally {
+        MESSAGE_COLUMNS.pop();
+      }
     });
 
     it('a page token holds on its list whatever the letter case of the UUIDs in its path or filters', async () => {
