@@ -7,12 +7,13 @@ export interface MessageRow extends Message { seq: number }
 
 // SQL for the most a JSON text weighs once parsed: 12 bytes a byte ('0, ' is 3 bytes, the number 35).
 export const textWeightBound = (text: string) => `12::bigint * octet_length(${text})`;
-// SQL for what a stored message (row `m`) or timeline item (row `i`) weighs once parsed: the weight
-// its writer stored (migration 0025), or for a row from before, the bound from its text. Reads that
-// hand out a budget of rows (a run's history, a notification's, a page, a task's A2A view) count with it.
-const storedWeight = (row: string, text: string) => `coalesce(${row}.weight, ${textWeightBound(text)})`;
-export const messageWeightSql = (m: string) => storedWeight(m, `concat(${m}.parts, ${m}.metadata, ${m}.extensions, ${m}.accepted_output_modes, ${m}.reference_task_ids)`);
-export const itemWeightSql = (i: string) => storedWeight(i, `${i}.event_payload::text`);
+// SQL for what a stored message (row `m`), timeline item (row `i`) or task's metadata weighs once
+// parsed: the weight its writer stored in `column` (migrations 0025, 0042), or for a row from before,
+// the bound from its text. Reads that hand out a budget of rows (a run's history, a notification's, a
+// page, a task's A2A view) count with it.
+export const storedWeight = (column: string, text: string) => `coalesce(${column}, ${textWeightBound(text)})`;
+export const messageWeightSql = (m: string) => storedWeight(`${m}.weight`, `concat(${m}.parts, ${m}.metadata, ${m}.extensions, ${m}.accepted_output_modes, ${m}.reference_task_ids)`);
+export const itemWeightSql = (i: string) => storedWeight(`${i}.weight`, `${i}.event_payload::text`);
 
 // What a message weighs once parsed, as its writer stores it: its parts, metadata and lists.
 export const messageWeight = (m: Pick<Message, 'parts' | 'metadata' | 'extensions' | 'accepted_output_modes' | 'reference_task_ids'>) =>

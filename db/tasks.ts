@@ -2,7 +2,7 @@ import type { Knex } from 'knex';
 import { pgQuery, type Tx } from './knex.ts';
 import { StatementBatcher } from './statement-batcher.ts';
 import { keysetPage, PAGE_MAX_BYTES, type Page } from './pagination.ts';
-import { COLUMNS as MESSAGE_COLUMNS, messageFromJson, messageFromRow, messageWeight, messageWeightSql, textWeightBound } from './messages.ts';
+import { COLUMNS as MESSAGE_COLUMNS, messageFromJson, messageFromRow, messageWeight, messageWeightSql, storedWeight } from './messages.ts';
 import { parsedWeight } from '../domain/storable-json.ts';
 import { Task, type ContextInfo, type Message, type TimelineItem } from '../domain/shapes/task.ts';
 import { CLIENT_RUN, RUN_STARTS_FROM, type TaskState } from '../domain/task-states.ts';
@@ -21,10 +21,12 @@ export interface TaskRow {
   run_seen_at?: Date | null;
   /** Internal (migration 0037): which take of the run's job holds the task, counted up by each (beginRuns, claimRun). */
   run_attempt?: number;
+  /** Internal (migration 0042): what its metadata weighs once parsed; null for tasks from before. */
+  metadata_weight?: string | number | null;
 }
 
 // Dates serialise to RFC 3339 with milliseconds in JSON responses.
-export const toTask = ({ run_message_id: _run, run_due_message_id: _due, message_bytes: _m, artifact_bytes: _a, run_seen_at: _seen, run_attempt: _attempt, ...r }: TaskRow) => r as unknown as Task;
+export const toTask = ({ run_message_id: _run, run_due_message_id: _due, message_bytes: _m, artifact_bytes: _a, run_seen_at: _seen, run_attempt: _attempt, metadata_weight: _w, ...r }: TaskRow) => r as unknown as Task;
 
 export async function getTask(db: Tx, id: string, lock = false): Promise<TaskRow | undefined> {
   const q = db('tasks').where({ id }).first();
@@ -164,9 +166,8 @@ export async function listTasks(db: Tx, filter: { status?: string; context_id?: 
   if (filter.context_id) q.where('context_id', filter.context_id);
   return keysetPage<TaskRow>(q, {
     list: ['tasks', filter.status, filter.context_id], columns: ['created_at', 'id'], kinds: ['timestamp', 'uuid'], direction: 'desc', cursorOf: (r) => [r.created_at, r.id],
-    // Counted at the most its text can weigh parsed (db/messages.ts): a page of such tasks' metadata
-    // is rarely large, and dense metadata (100,000 '{}') is ten times its text in memory.
-    bytes: { db, size: textWeightBound('metadata::text'), max: PAGE_MAX_BYTES },
+    // Its metadata as parsed (dense metadata, 100,000 '{}', is ten times its text in memory).
+    bytes: { db, size: storedWeight('metadata_weight', 'metadata::text'), max: PAGE_MAX_BYTES },
   }, pageSize, token);
 }
 
@@ -190,12 +191,12 @@ export interface TaskBundle { task: TaskRow; message: Message; timeline: Timelin
 // for a bundle not stored.
 export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]): Promise<(number[] | undefined)[]> {
   const input = bundles.map(({ task: t, message: m, timeline, opening }, i) => ({
-    i, id: t.id, context_id: t.context_id, status: t.status, at: t.created_at, metadata: t.metadata,
+    i, id: t.id, context_id: t.context_id, status: t.status, at: t.created_at, metadata: t.metadata, mdw: parsedWeight(t.metadata),
     m_id: m.id, cm_id: m.client_message_id ?? null, role: m.role, parts: m.parts, mb: messageBytes(m), mw: messageWeight(m), refs: m.reference_task_ids, ext: m.extensions ?? null, aom: m.accepted_output_modes ?? null, m_metadata: m.metadata, op: opening,
     tl: timeline.map((item) => ({ id: item.id, p: item.event_payload, w: parsedWeight(item.event_payload) })),
   }));
   const { rows } = await pgQuery<{ seqs: (string | number)[] | null; stored: boolean }>(db,
-    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb,
+    `with b as (select * from jsonb_to_recordset($1::jsonb) as x(i int, id uuid, context_id uuid, status text, at timestamptz, metadata jsonb, mdw bigint,
                    m_id uuid, cm_id text, role text, parts jsonb, mb bigint, mw bigint, refs uuid[], ext text[], aom text[], m_metadata jsonb, op boolean, tl jsonb)),
       m as (insert into messages (id, client_message_id, task_id, role, parts, reference_task_ids, extensions, accepted_output_modes, metadata, created_at, opens_task, weight)
             select m_id, cm_id, id, role, parts, refs, ext, aom, m_metadata, at, op, mw from b order by cm_id, i
@@ -211,8 +212,8 @@ export async function insertTaskBundles(db: Tx, bundles: readonly TaskBundle[]):
       -- after their messages, so they wait for each other without a cycle.
       c as (insert into contexts (id, created_at) select distinct on (context_id) context_id, at from s order by context_id, at
             on conflict (id) do update set created_at = contexts.created_at where false),
-      t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, created_at, updated_at, run_due_message_id, message_bytes)
-            select id, context_id, status, at, null, metadata, at, at, case when role = 'user' then m_id end, mb from s),
+      t as (insert into tasks (id, context_id, status, status_timestamp, status_message_id, metadata, metadata_weight, created_at, updated_at, run_due_message_id, message_bytes)
+            select id, context_id, status, at, null, metadata, mdw, at, at, case when role = 'user' then m_id end, mb from s),
       tl as (insert into timeline_items (id, task_id, event_payload, created_at, weight)
              select (e.item->>'id')::uuid, s.id, e.item->'p', s.at, (e.item->>'w')::bigint
                from s cross join lateral jsonb_array_elements(s.tl) with ordinality as e(item, n)

@@ -715,6 +715,8 @@ describe('task API', () => {
           assert.ok(r.body.items.length < made.size && r.body.items.length >= 1, `${r.body.items.length} tasks on one page`);
           const bytes = r.body.items.map((t: { metadata: unknown }) => Buffer.byteLength(JSON.stringify(t.metadata)));
           assert.ok(bytes.slice(0, -1).reduce((a: number, b: number) => a + b, 0) < 8 * 1024 * 1024, `${bytes}`);
+          // Cut at the budget, not well before it: with one task more it would be past 8 MiB.
+          if (r.body.next_page_token) assert.ok(bytes.reduce((a: number, b: number) => a + b, 0) + 900_100 > 8 * 1024 * 1024, `${bytes}`);
           seen.push(...r.body.items.map((t: { id: string }) => t.id));
           token = r.body.next_page_token;
           if (!token) break;
@@ -722,6 +724,28 @@ describe('task API', () => {
         assert.deepEqual(new Set(seen), made, list);
         assert.equal(seen.length, made.size, `${list}: a task listed twice`);
       }
+    });
+
+    it('counts large string metadata at its weight as parsed: ten tasks of 200 kB each fit one page', async () => {
+      const contextId = randomUUID();
+      const made: string[] = [];
+      for (let i = 0; i < 10; i++) {
+        const r = await stack.client.post('/api/task/v1', { context_id: contextId, message: textMessage(`t${i}`), metadata: { blob: 'm'.repeat(200_000), i } });
+        assert.equal(r.status, 201, r.text);
+        made.unshift(r.body.task.id);
+      }
+      // Before, each counted at 12 times its text (2.4 MB), and a page ended after four of them.
+      for (const list of [`/api/task/v1?context_id=${contextId}&page_size=50`, `/api/task/v1/context/${contextId}/task?page_size=50`]) {
+        const r = await stack.client.get(list);
+        assert.equal(r.status, 200, r.text);
+        assert.deepEqual(r.body.items.map((t: { id: string }) => t.id), made, list);
+        assert.equal(r.body.next_page_token, undefined, list);
+      }
+      // Tasks from before migration 0042 have no stored weight: still bounded, at the most their text can weigh.
+      await testDb()('tasks').whereIn('id', made).update({ metadata_weight: null });
+      const legacy = await stack.client.get(`/api/task/v1?context_id=${contextId}&page_size=50`);
+      assert.deepEqual(legacy.body.items.map((t: { id: string }) => t.id), made.slice(0, 4));
+      assert.equal(typeof legacy.body.next_page_token, 'string');
     });
 
     it('list-contexts requires page_size', async () => {
