@@ -27,7 +27,8 @@ const endedBefore = (before: Date, limit: number) => [before, before, limit];
 const DELETE_ENDED = `delete from tasks where id in (${ENDED_BEFORE}) returning context_id`;
 
 // Deletes those tasks with the contexts left without tasks; the number of tasks deleted, or null
-// when another worker is purging. In one interruptible transaction of `timeoutMs`.
+// when another worker is purging. In one interruptible transaction whose statements are each
+// canceled past `timeoutMs` (statement_timeout): the batch as a whole may take longer.
 export async function purgeEndedTasks(db: Knex, before: Date, limit: number, timeoutMs: number, interrupt?: AbortSignal): Promise<{ tasks: number; contexts: number } | null> {
   return interruptibleTransaction(db, timeoutMs, interrupt, async (trx) => {
     if (!(await tryAdvisoryXactLock(trx, PURGE_LOCK))) return null;

@@ -48,7 +48,9 @@ export const taskRoutes = [
     method: 'post', path: '/api/task/v1', operationId: 'create-task', tag, scope: 'task:write',
     summary: 'Create a task with its first message and enqueue its execution',
     body: CreateTaskRequest,
-    // 409: the context named was being deleted by task retention meanwhile (a retry succeeds).
+    // 409: the write lost a race, as any write may (a deadlock: raceConflict); a retry succeeds. Not
+    // for a context task retention is deleting meanwhile: the intake waits for the purge and makes the
+    // context again (db/tasks.ts insertTaskBundles).
     // 200: a retry of the send that created a task (domain/tasks.ts), answered with that task.
     responses: { 201: CreatedTask, 200: CreatedTask, ...resourceErrors, 409: ErrorBody },
     responseDescriptions: {
