@@ -264,12 +264,13 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   const unusableAliases = new Map<string, string>();
   for (const [alias, dekId] of aliasTargets(def)) {
     let before: string | undefined;
+    const named = async (): Promise<string | undefined> => lookup(await call('GET', `/api/encryption/v1/dek/alias/${enc(alias)}`))?.body.id;
     const outcome = await item('aliases', `alias ${alias}`, async () => {
-      const there = lookup(await call('GET', `/api/encryption/v1/dek/alias/${enc(alias)}`));
+      const there = await named();
       // Answered by the DEK of that id, the name may be no alias at all (the look-up falls back to DEK
       // ids): only its create tells.
-      if (!there || there.body.id === alias) return absent;
-      before = there.body.id;
+      if (there === undefined || there === alias) return absent;
+      before = there;
       if (before === dekId) return present;
       // Every installation has a `default` from its first start, pointing at a DEK of its own.
       if (alias === DEFAULT_ALIAS) return { state: 'outdated' };
@@ -277,8 +278,16 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     }, async () => {
       if (before === undefined) {
         const a = await call('POST', '/api/encryption/v1/dek/alias', { alias, dek_id: dekId });
-        // Taken: the alias is there, and names the DEK the look-up answered, the one of its name.
-        if (a.status === 409 && a.body?.data?.resource === 'dek_alias' && dekId === alias) return 'present';
+        // Taken: the alias is there (named like the DEK the look-up answered, or made meanwhile by
+        // another run of this file), so the look-up now answers the DEK it names.
+        if (a.status === 409 && a.body?.data?.resource === 'dek_alias') {
+          const there = await named();
+          if (there === dekId) return 'present';
+          if (there !== undefined) {
+            before = there;
+            return { conflict: `it names DEK ${there}, not ${dekId}` };
+          }
+        }
         return created(a);
       }
       out(`alias ${alias}: pointed at DEK ${dekId} (it named ${before})`);
@@ -406,18 +415,30 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       const why = providerDifference(p, there.body);
       return why === undefined && disableUnfinished(p, there.body) ? { state: 'outdated' } : differing(why);
     }, async () => {
+      let madeMeanwhile = false;
       if (!there) {
         const taken = [p.resource_server_credential?.id, p.user_credential?.id].find((id) => id !== undefined && unusable.has(id));
         if (taken) throw new Refused(`its credential ${taken} ${unusable.get(taken)}: not made`);
-        created(await call('POST', base, {
+        const a = await call('POST', base, {
           provider_instance_id: p.id, display_name: p.display_name,
           ...(p.resource_server_credential ? { resource_server_credential_id: p.resource_server_credential.id } : {}),
           ...(p.user_credential ? { user_credential_id: p.user_credential.id } : {}),
           ...(p.return_on_successful_brokering ? { return_on_successful_brokering: p.return_on_successful_brokering } : {}),
-        }));
+        });
+        // Made between the look-up and the create (another run of this file): compared as the look-up would.
+        if (a.status === 409 && a.body?.data?.resource === 'provider_instance' && a.body.data.id === p.id) {
+          const now = lookup(await call('GET', `/api/bridge/v1/provider/${p.id}`));
+          const why = now ? providerDifference(p, now.body) : 'it was deleted meanwhile';
+          if (why !== undefined) return { conflict: why };
+          madeMeanwhile = true;
+        } else {
+          created(a);
+        }
       }
       // Before any function is enabled on it: nothing can be invoked through it while it is active.
+      // One made meanwhile may not be disabled yet by the run that made it; disabling again changes nothing.
       if (p.status === 'disabled') created(await call('PATCH', `/api/bridge/v1/provider/${p.id}`, { status: 'disabled' }));
+      if (madeMeanwhile) return 'present';
       if (there) out(`provider ${p.id}: disabled (an earlier run made it ${there.body.status} and was cut before disabling it)`);
       if (settableStatus(p.status) !== p.status) out(`provider ${p.id}: made active; it was ${p.status}, which only a failed token refresh sets`);
       return 'created';
@@ -435,7 +456,10 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
         refuseUnmakeable('not enabled', f);
         return absent;
       }, async () => {
-        const done = created(await call('POST', `/api/bridge/v1/provider/${p.id}/function/${f}/enable`, {}));
+        const a = await call('POST', `/api/bridge/v1/provider/${p.id}/function/${f}/enable`, {});
+        // Enabled meanwhile (another run of this file): a function instance has nothing but its name
+        // and provider to differ in, which the 409 names, so it is there as the file has it.
+        const done = a.status === 409 && a.body?.data?.resource === 'function_instance' ? 'present' : created(a);
         enabled.add(f);
         return done;
       });

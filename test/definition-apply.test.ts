@@ -914,4 +914,44 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.equal(r.code, 0, r.stdout + r.stderr);
     assert.match(r.stdout, /secrets: \d+ created, \d+ already there, 0 conflicts, 0 failed/);
   });
+  it('applies an export twice at once, each item made by one run and found there by the other (both exit 0)', async () => {
+    const c = a.client;
+    for (let i = 0; i < 6; i++) {
+      const dek = await ok(c.post(`${E}/envelope/default-envelope.key/dek`, {}));
+      for (let j = 0; j < 5; j++) await ok(c.post(`${E}/dek/alias`, { alias: `race-${i}-${j}`, dek_id: dek.id }));
+      for (let j = 0; j < 3; j++) await ok(c.post('/api/secret/v1', { key: `race/${i}-${j}`, raw_value: 'v', dek_alias: `race-${i}-${j}` }));
+    }
+    for (let i = 0; i < 15; i++) {
+      const card = await ok(c.post(`${avail('stripe', 'api_key')}/credential/resource-server`, { value: { api_key: `${STRIPE_KEY}${i}` } }));
+      await ok(c.post(avail('stripe', 'api_key'), { provider_instance_id: `race-${i}`, display_name: `Race ${i}`, resource_server_credential_id: card.id }));
+      await ok(c.post(`${B}/provider/race-${i}/function/stripe_process_refund/enable`, {}));
+      if (i % 3 === 0) await ok(c.patch(`${B}/provider/race-${i}`, { status: 'disabled' }), 200);
+    }
+    const def = await exported(c);
+    const file = write('race.json', def);
+    const t = await freshTarget();
+    // Before, a 409 of an alias, provider or function made meanwhile by the other run was a failure: both exit 1.
+    const runs = await Promise.all([applyTo(t.stack.api.url, file), applyTo(t.stack.api.url, file)]);
+    for (const r of runs) assert.equal(r.code, 0, r.stdout + r.stderr);
+    const summary = (r: CliRun, kind: string) => {
+      const m = r.stdout.match(new RegExp(`^  ${kind}: (\\d+) created, (?:\\d+ updated, )?(\\d+) already there, 0 conflicts, 0 failed$`, 'm'));
+      assert.ok(m, `${kind}: ${r.stdout}`);
+      return { created: Number(m[1]), present: Number(m[2]) };
+    };
+    // Every alias of the file but `default`, which the target has from its first start (both runs may point it).
+    const totals = {
+      deks: dekIds(def).size, aliases: aliasTargets(def).size - 1, secrets: def.secrets.length,
+      credentials: new Set(def.providers.flatMap((p: any) => [p.resource_server_credential?.id, p.user_credential?.id].filter(Boolean))).size, providers: def.providers.length, functions: def.providers.reduce((n: number, p: any) => n + p.functions.length, 0),
+    };
+    for (const [kind, total] of Object.entries(totals)) {
+      const [one, other] = runs.map((r) => summary(r, kind));
+      assert.equal(one.created + other.created, total, kind);
+    }
+    const again = await applyTo(t.stack.api.url, file);
+    assert.equal(again.code, 0, again.stdout + again.stderr);
+    assert.match(again.stdout, /Nothing to do/);
+    const onTarget = await exported(t.stack.client);
+    assert.deepEqual(onTarget.providers.map((p: any) => [p.id, p.status, p.functions]), def.providers.map((p: any) => [p.id, p.status, p.functions]));
+    assert.deepEqual(onTarget.secrets.map((s: any) => s.id).sort(), def.secrets.map((s: any) => s.id).sort());
+  });
 });
