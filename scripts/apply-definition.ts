@@ -16,6 +16,7 @@ import { InvalidRequest, NotFound } from '../domain/errors.ts';
 import { checkValid, compileSchema } from '../domain/schema-check.ts';
 import { DEFAULT_ALIAS } from '../domain/crypto/key-management.ts';
 import { retryAfterMs } from '../domain/retry-after.ts';
+import { findUnstorable } from '../domain/storable-json.ts';
 import { definitionProblems, definitionReferences, naming, targetCannotMake, type TargetCatalog, type TargetNames } from '../domain/definition-check.ts';
 import {
   aliasTargets, credentialDifference, disableUnfinished, providerDifference, secretDifference, settableStatus,
@@ -76,7 +77,18 @@ export async function readDefinition(file: string): Promise<Definition> {
     if (e instanceof InvalidRequest) throw new DefinitionFileError(`${file} is not a valid definition export: ${e.message}`);
     throw e;
   }
-  return doc as Definition;
+  const def = doc as Definition;
+  // A credential is sent as its import's body, whose free-form value and metadata the schema leaves
+  // unbounded: one the API would refuse (nested past its limit, which also overflows JSON.stringify
+  // here) is refused with the file, before anything is written, not after what comes before it.
+  for (const [i, p] of def.providers.entries()) {
+    for (const member of ['resource_server_credential', 'user_credential'] as const) {
+      const c = p[member];
+      const problem = c && findUnstorable(c, `file.providers.${i}.${member}`);
+      if (problem) throw new DefinitionFileError(`${file} cannot be applied: ${member.replace(/_/g, ' ')} ${c.id} of provider ${p.id}: ${problem.path} ${problem.message}, as the API refuses a body; nothing was written`);
+    }
+  }
+  return def;
 }
 
 interface Answer { status: number; body: any }
@@ -87,13 +99,20 @@ function api(base: string, key: string, timeoutMs: number) {
     // The timeout is the whole answer's, its body too: one that stops halfway is one not answered in time.
     const timedOut = () => new ApplyAborted(`the API at ${base} did not answer ${request} within ${timeoutMs / 1000} s (--timeout)`);
     const why = (e: unknown) => ((e as Error).cause as Error | undefined)?.message ?? (e as Error).message;
+    // Written before the request is sent: a body that cannot be written is this process's fault, not the API out of reach.
+    let payload: string | undefined;
+    try {
+      payload = body === undefined ? undefined : JSON.stringify(body);
+    } catch (e) {
+      throw new ApplyAborted(`cannot write the body of ${request}: ${(e as Error).message}`);
+    }
     let res: Response;
     for (let tried = 0; ; tried++) {
       try {
         res = await fetch(base + path, {
           method, signal: AbortSignal.timeout(timeoutMs),
-          headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-          body: body === undefined ? undefined : JSON.stringify(body),
+          headers: { authorization: `Bearer ${key}`, ...(payload === undefined ? {} : { 'content-type': 'application/json' }) },
+          body: payload,
         });
       } catch (e) {
         if ((e as Error).name === 'TimeoutError') throw timedOut();

@@ -514,6 +514,23 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.deepEqual(await tableRowCounts([], fresh.scratch.db), before);
   });
 
+  it('refuses a file with a credential nested deeper than the API takes a body, naming it, writing nothing (exit 2)', async () => {
+    const t = await freshTarget();
+    const def = structuredClone(source);
+    const card = def.providers[0].resource_server_credential;
+    card.metadata = { deep: '__DEEP__' };
+    // Written as text: JSON.stringify of 10,000 levels overflows this process's stack as it did the CLI's.
+    const f = path.join(dir, 'deep.json');
+    fs.writeFileSync(f, JSON.stringify(def).replace('"__DEEP__"', `${'{"a":'.repeat(10_000)}1${'}'.repeat(10_000)}`));
+    const before = await tableRowCounts([], t.scratch.db);
+    // Before, its DEKs, aliases and secrets were written, then 'cannot reach the API at …: Maximum call stack size exceeded' (exit 1).
+    const r = await applyTo(t.stack.api.url, f);
+    assert.equal(r.code, 2, r.stdout + r.stderr);
+    assert.equal(r.stdout, '');
+    assert.match(r.stderr, new RegExp(`^Error: ${f} cannot be applied: resource server credential ${card.id} of provider off: file\\.providers\\.0\\.resource_server_credential\\.metadata\\.deep(\\.a){62} nests deeper than 64 levels, as the API refuses a body; nothing was written\n$`));
+    assert.deepEqual(await tableRowCounts([], t.scratch.db), before);
+  });
+
   it('refuses a file whose names do not all resolve, in the file or on the target, one line per problem, writing nothing (exit 1)', async () => {
     const t = await freshTarget();
     const def = structuredClone(source);
