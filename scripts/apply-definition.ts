@@ -145,6 +145,11 @@ const expect = (a: Answer, ...ok: number[]): Answer => {
 };
 const lookup = (a: Answer): Answer | undefined => (expect(a, 200, 404).status === 200 ? a : undefined);
 const enc = encodeURIComponent;
+// The DEK the alias look-up answers for a name: an alias's, else the DEK of that id. '.' and '..',
+// names earlier releases stored, fetch drops from a URL's path (%2E too), so no look-up can name
+// them: they are not looked up, and their import or create tells (a target refuses such a new name).
+const dekNamed = async (name: string, get: (path: string) => Promise<Answer | undefined>) =>
+  (name === '.' || name === '..' ? undefined : (await get(`/api/encryption/v1/dek/alias/${enc(name)}`))?.body);
 
 export interface ApplyOptions { url: string; apiKey: string; dryRun: boolean; timeoutMs: number; out(line: string): void; err(line: string): void }
 
@@ -198,6 +203,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     if (n % PROGRESS_EVERY === 0 && n < totals[kind]) out(`${kind}: ${n}/${totals[kind]}`);
     return outcome;
   };
+  const look = async (path: string) => lookup(await call('GET', path));
   const created = (a: Answer) => {
     expect(a, 201, 200);
     return 'created' as const;
@@ -239,14 +245,14 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   const aliasDeks = new Map<string, string>();
   // The look-up answers a DEK by alias, else by id: a name answered as a DEK of that id is no alias.
   for (const alias of refs.aliases) {
-    const there = await check(`/api/encryption/v1/dek/alias/${enc(alias)}`);
-    if (there && there.body.id !== alias) {
+    const there = await dekNamed(alias, check);
+    if (there && there.id !== alias) {
       names.aliases.add(alias);
-      aliasDeks.set(alias, there.body.id);
+      aliasDeks.set(alias, there.id);
     }
   }
   for (const id of refs.deks) {
-    if ((await check(`/api/encryption/v1/dek/alias/${enc(id)}`))?.body.id === id) names.deks.add(id);
+    if ((await dekNamed(id, check))?.id === id) names.deks.add(id);
   }
   const problems = definitionProblems(def, names);
   if (problems.length) {
@@ -260,10 +266,10 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       await item('deks', `DEK ${d.id}`, async () => {
         // Looked up by alias first, then by id: another DEK's alias of that name hides this DEK, which
         // only its import then finds (taken: 409).
-        const there = lookup(await call('GET', `/api/encryption/v1/dek/alias/${enc(d.id)}`));
-        if (!there || there.body.id !== d.id) return absent;
-        if (there.body.envelope_encryption_key_id.id !== k.id) return differing(`it is under envelope key ${there.body.envelope_encryption_key_id.id}, not ${k.id}`);
-        return differing(there.body.encrypted_data_encryption_key === d.encrypted_data_encryption_key ? undefined : 'it is wrapped otherwise');
+        const there = await dekNamed(d.id, look);
+        if (!there || there.id !== d.id) return absent;
+        if (there.envelope_encryption_key_id.id !== k.id) return differing(`it is under envelope key ${there.envelope_encryption_key_id.id}, not ${k.id}`);
+        return differing(there.encrypted_data_encryption_key === d.encrypted_data_encryption_key ? undefined : 'it is wrapped otherwise');
       }, async () => {
         const a = await call('POST', `/api/encryption/v1/envelope/${enc(k.id)}/dek/import`, { id: d.id, encrypted_data_encryption_key: d.encrypted_data_encryption_key });
         // Hidden by an alias named like it: there, but its wrapping cannot be read to compare. A 409
@@ -283,7 +289,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   const unusableAliases = new Map<string, string>();
   for (const [alias, dekId] of aliasTargets(def)) {
     let before: string | undefined;
-    const named = async (): Promise<string | undefined> => lookup(await call('GET', `/api/encryption/v1/dek/alias/${enc(alias)}`))?.body.id;
+    const named = async (): Promise<string | undefined> => (await dekNamed(alias, look))?.id;
     const outcome = await item('aliases', `alias ${alias}`, async () => {
       const there = await named();
       // Answered by the DEK of that id, the name may be no alias at all (the look-up falls back to DEK

@@ -785,6 +785,32 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.deepEqual(keys.filter((k: string) => k.startsWith('a/')), []);
   });
 
+  it('applies a file holding a DEK id and an alias earlier releases stored (`.`, `..`, before such names were refused): a target without them refuses their import, naming them, and takes the rest (exit 1)', async () => {
+    const db = testDb();
+    // As earlier releases stored them: names no DEK or alias can be created with now.
+    const payments = await db('dek_aliases').where({ alias: 'payments' }).first();
+    const stored = await db('deks').where({ id: payments.dek_id }).first();
+    await db('deks').insert({ ...stored, id: '.' });
+    await db('dek_aliases').insert({ ...payments, alias: '..', dek_id: '.' });
+    let def: any;
+    try {
+      def = await exported(a.client);
+    } finally {
+      await db('dek_aliases').where({ alias: '..' }).delete();
+      await db('deks').where({ id: '.' }).delete();
+    }
+    const t = await freshTarget();
+    // Before, the file was refused whole (exit 2): "file.envelope_keys.0.data_encryption_keys.….id must not be "." or ".."".
+    const r = await applyTo(t.stack.api.url, write('old-names.json', def));
+    assert.equal(r.code, 1, r.stdout + r.stderr);
+    assert.match(r.stderr, /^failed: DEK \.: 400 .*must not be "\." or "\.\."/m);
+    assert.match(r.stderr, /^failed: alias \.\.: 400 .*must not be "\." or "\.\."/m);
+    assert.match(r.stdout, new RegExp(`deks: ${dekIds(def).size - 1} created, 0 already there, 0 conflicts, 1 failed`));
+    assert.match(r.stdout, new RegExp(`secrets: ${def.secrets.length} created, 0 already there, 0 conflicts, 0 failed`));
+    assert.match(r.stdout, /providers: 1 created, 0 updated, 0 already there, 0 conflicts, 0 failed/);
+    assert.equal((await t.stack.client.get(`${E}/dek/alias/payments`)).status, 200);
+  });
+
   it('waits out a 429 (the target\'s RATE_LIMIT_PER_SECOND) or 503 (busy a moment) for its Retry-After, the check before any write too, applying everything (exit 0)', async () => {
     const t = await freshTarget({ RATE_LIMIT_PER_SECOND: '5' });
     // The target busy at the first request, the catalog's.

@@ -1,17 +1,20 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { FreeObject, Timestamp, Uuid } from './common.ts';
 import { ControllerTypeId, credentialFields, providerInstanceFields } from './bridge.ts';
-import { AliasName, DekId, EnvelopeKey, NewAliasName, NewDekId } from './encryption.ts';
+import { AliasName, DekId, EnvelopeKey } from './encryption.ts';
 import { SecretKey } from './secret.ts';
 
 // GET /api/a2a/v1/definition. Key material appears only wrapped (DEKs under their envelope key)
 // and secret values only encrypted (with the DEK named by data_encryption_key_id); each part
 // maps onto an import endpoint of a fresh installation. Names are of the shapes those endpoints take,
 // so that the CLI refuses a hand-edited file whole before writing anything (scripts/apply-definition.ts).
+// Ids and aliases as stored, an earlier release's too ('.', before such names were refused), as a
+// secret's key: a target that has them finds them there; one that lacks them refuses their import
+// or create (NewDekId, NewAliasName), and that item fails.
 export const DefinitionDek = Type.Object({
-  id: NewDekId,
+  id: DekId,
   encrypted_data_encryption_key: Type.String({ description: 'base64, wrapped by the envelope key' }),
-  aliases: Type.Array(NewAliasName),
+  aliases: Type.Array(AliasName),
   created_at: Timestamp,
   updated_at: Timestamp,
 });
