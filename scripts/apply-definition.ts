@@ -8,11 +8,12 @@
 // value, token or key material (the file holds those only sealed anyway).
 import { constants } from 'node:buffer';
 import fs from 'node:fs/promises';
+import type { TSchema } from '@sinclair/typebox';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Definition } from '../domain/shapes/definition.ts';
 import type { CredentialKind } from '../db/bridge.ts';
 import type { ListedCredential } from '../domain/shapes/bridge.ts';
-import { InvalidRequest, NotFound } from '../domain/errors.ts';
+import { InvalidRequest, memberPath, NotFound } from '../domain/errors.ts';
 import { checkValid, compileSchema } from '../domain/schema-check.ts';
 import { DEFAULT_ALIAS } from '../domain/crypto/key-management.ts';
 import { retryAfterMs } from '../domain/retry-after.ts';
@@ -52,9 +53,13 @@ export class ApplyAborted extends Error {}
 // An answer the step did not expect: the item failed.
 class Refused extends Error {}
 
+// Unknown members warned of one a line; a newer release's export may add one to every item.
+const UNKNOWN_SHOWN = 20;
+
 // Read whole: no streaming JSON parser is among the dependencies, so an export takes its size
-// several times over in memory while it is parsed.
-export async function readDefinition(file: string): Promise<Definition> {
+// several times over in memory while it is parsed. `warn` is told of members the file has that this
+// command does not know: ignored, not refused, so that a newer release's export still applies.
+export async function readDefinition(file: string, warn: (line: string) => void): Promise<Definition> {
   let text: string;
   try {
     text = await fs.readFile(file, 'utf8');
@@ -88,7 +93,25 @@ export async function readDefinition(file: string): Promise<Definition> {
       if (problem) throw new DefinitionFileError(`${file} cannot be applied: ${member.replace(/_/g, ' ')} ${c.id} of provider ${p.id}: ${problem.path} ${problem.message}, as the API refuses a body; nothing was written`);
     }
   }
+  const unknown: string[] = [];
+  unknownMembers(Definition, doc, 'file', unknown);
+  for (const path of unknown.slice(0, UNKNOWN_SHOWN)) warn(`warning: ${path} is not a member of a definition export this command knows: ignored (misspelt, or of a newer release's export)`);
+  if (unknown.length > UNKNOWN_SHOWN) warn(`warning: and ${unknown.length - UNKNOWN_SHOWN} more members this command does not know: ignored`);
   return def;
+}
+
+// The members of `value` its schema names none of, in file order: the schema check lets them
+// through, so a misspelt optional member would be dropped unsaid. Only objects whose members the
+// schema lists are looked into (a free-form one, FreeObject, holds any).
+function unknownMembers(schema: TSchema, value: unknown, path: string, found: string[]): void {
+  if (Array.isArray(value)) {
+    if (schema.items) for (const [i, v] of value.entries()) unknownMembers(schema.items, v, `${path}.${i}`, found);
+  } else if (value !== null && typeof value === 'object' && schema.properties && schema.additionalProperties === undefined) {
+    for (const [k, v] of Object.entries(value)) {
+      if (Object.hasOwn(schema.properties, k)) unknownMembers(schema.properties[k], v, memberPath(path, k), found);
+      else found.push(memberPath(path, k));
+    }
+  }
 }
 
 interface Answer { status: number; body: any }

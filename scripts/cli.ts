@@ -152,7 +152,7 @@ async function applyCommand(args: Extract<Args, { command: 'definition-apply' }>
   // (a line break inside) with a message that quotes it, the key shown as though the API were out of reach.
   if (!/^[!-~]+$/.test(apiKey)) return refuse('Error: TASKBRIDGE_API_KEY is not an API key: it holds a space, line break or character that is not printable ASCII (not shown)');
   try {
-    const def = await readDefinition(args.file);
+    const def = await readDefinition(args.file, (l) => console.error(l));
     const url = args.url ?? `http://127.0.0.1:${process.env.PORT || 3000}`;
     return await applyDefinition(def, { url, apiKey, dryRun: args.dryRun, timeoutMs: args.timeoutMs, out: (l) => console.log(l), err: (l) => console.error(l) });
   } catch (e) {

@@ -811,6 +811,23 @@ describe('npm run cli -- definition apply: runs cut short, files that cannot be 
     assert.equal((await t.stack.client.get(`${E}/dek/alias/payments`)).status, 200);
   });
 
+  it('warns of each member of the file it does not know, naming its path, and applies the rest as it is (exit 0)', async () => {
+    const def = await exported(a.client);
+    def.providers[0].return_on_sucessful_brokering = { type: 'url', url: 'https://app.example/done' };
+    def.envelope_keys[0].data_encryption_keys[0].rotates_at = null;
+    def.comment = 'hand-edited';
+    // Before, dropped without a word: the misspelt member's return address was not made, exit 0.
+    const r = await applyTo(a.api.url, write('unknown-members.json', def));
+    assert.equal(r.code, 0, r.stdout + r.stderr);
+    assert.equal(r.stderr, [
+      'warning: file.envelope_keys.0.data_encryption_keys.0.rotates_at is not a member of a definition export this command knows: ignored (misspelt, or of a newer release\'s export)',
+      'warning: file.providers.0.return_on_sucessful_brokering is not a member of a definition export this command knows: ignored (misspelt, or of a newer release\'s export)',
+      'warning: file.comment is not a member of a definition export this command knows: ignored (misspelt, or of a newer release\'s export)',
+      '',
+    ].join('\n'));
+    assert.match(r.stdout, /Nothing to do/);
+  });
+
   it('waits out a 429 (the target\'s RATE_LIMIT_PER_SECOND) or 503 (busy a moment) for its Retry-After, the check before any write too, applying everything (exit 0)', async () => {
     const t = await freshTarget({ RATE_LIMIT_PER_SECOND: '5' });
     // The target busy at the first request, the catalog's.
