@@ -92,6 +92,16 @@ export async function deleteOrphanCredentials(db: Tx, ids: string[]): Promise<vo
     .delete();
 }
 
+// The user credential `id`, locked FOR UPDATE, when no provider instance but `instanceId` uses it;
+// undefined when another does, or it is gone. Locked before its use is read, as deleteOrphanCredentials
+// does: an instance being created with it holds it until it commits, and is then seen.
+export async function lockedUserCredentialOnlyOf(trx: Knex.Transaction, id: string, instanceId: string): Promise<CredentialRow | undefined> {
+  const row: CredentialRow | undefined = await trx('bridge_credentials').where({ id }).forUpdate().first();
+  if (!row) return undefined;
+  const other = await trx('provider_instances').whereRaw(usesCredential('provider_instances', '?'), [id, id]).whereNot({ id: instanceId }).first('id');
+  return other ? undefined : row;
+}
+
 // What a credential list or a refused delete names of the instances that use a credential: any
 // number may share one, so the first this many in id order, and how many there are.
 export const CREDENTIAL_USERS_SHOWN = 100;

@@ -337,6 +337,32 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     assert.equal(await oauth.refreshes() - start, 1, 'one exchange: the give-up was not aborted (40P01) and retried');
   });
 
+  it('brokering again without a refresh token copies none from a user credential another instance keeps: at a provider that rotates them, each instance\'s refresh spends no token of the other\'s', async () => {
+    await brokered('mail-sh1');
+    const shared = (await instance('mail-sh1')).user_credential_id;
+    await addSibling('mail-sh1', 'mail-sh2');
+    assert.equal((await c.post(`${B}/provider/mail-sh2/function/google_mail_send_email/enable`, {})).status, 201);
+    await oauth.inMode('no-refresh-as:johndoe', () => rebroker('mail-sh1'));
+    const own = (await instance('mail-sh1')).user_credential_id;
+    const credential = async (id: string) => (await c.get(`${B}/credential/${id}`)).body;
+    assert.notEqual(own, shared);
+    assert.deepEqual((await credential(shared)).provider_instance_ids, ['mail-sh2'], 'the shared credential stays with mail-sh2');
+    assert.equal(typeof (await credential(shared)).value.refresh_token, 'string');
+    assert.ok(!('refresh_token' in (await credential(own)).value), 'no copy of the refresh token mail-sh2 keeps');
+    // The brokered instance's refresh first: with a copy, it would spend the token mail-sh2 then exchanges.
+    await oauth.inMode('rotating', async () => {
+      await makeDue('mail-sh1');
+      await waitFor(async () => (await instance('mail-sh1')).status === 'refresh_failed'
+        || (await userCredential('mail-sh1')).next_rotation_time.getTime() > Date.now(), 'the refresh of mail-sh1 to end');
+      await makeDue('mail-sh2');
+      await waitFor(async () => (await instance('mail-sh2')).status === 'refresh_failed'
+        || (await userCredential('mail-sh2')).next_rotation_time.getTime() > Date.now(), 'the refresh of mail-sh2 to end');
+    });
+    assert.equal((await instance('mail-sh2')).status, 'active', 'its refresh token was not spent by mail-sh1');
+    assert.equal((await send('mail-sh2')).status, 200);
+    assert.equal((await instance('mail-sh1')).status, 'refresh_failed', 'no refresh token: broker it again, as when none comes back');
+  });
+
   it('gives up, as on any malformed answer, when the refresh answers a token_type other than bearer: the DPoP token is not stored', async () => {
     await brokered('mail-dpop');
     const before = await userCredential('mail-dpop');

@@ -6,6 +6,7 @@
 // The first flow of an instance to complete ends its others, their code exchanges under way included.
 // Deleting the instance ends its flows too, even when another is made under its id meanwhile.
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
+import type { Knex } from 'knex';
 import type { Services } from '../services.ts';
 import { Gone, InvalidRequest, NoAnswer, NotFound, Upstream } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
@@ -98,22 +99,23 @@ export async function completeBrokering(
     throw err instanceof NoAnswer ? await keptForRetry(s, state, err) : err;
   });
   if (answer.status >= 400) throw refusal('code', answer);
-  const plain = await keepingRefreshToken(s, cc, instance, withTokens(answer, { code: reply.code }, requestedScopes(provider, rs)));
-  if (!plain.refresh_token) s.log.warn({ provider_instance_id: instance.id }, 'the token endpoint sent no refresh token: the instance becomes refresh_failed when its tokens expire');
+  const tokens = withTokens(answer, { code: reply.code }, requestedScopes(provider, rs));
   // The tokens are sealed under the alias of the instance's resource server credential.
-  const credential = await writeUnderAlias(s, rsRow.dek_alias, async (trx, dekId) => {
+  const { credential, refreshable } = await writeUnderAlias(s, rsRow.dek_alias, async (trx, dekId) => {
     const current = flowInstance(await repo.getProviderInstance(trx, instance.id, 'update'), state);
     if (!current) throw voided(s, state, 'its instance was deleted during its code exchange');
     // Another flow of the instance completed during this one's code exchange, when this state was
     // taken already and so escaped its delete: that flow stands, as if the delete had reached this one.
     if (current.user_credential_id !== state.instance_user_credential_id) throw voided(s, state, 'another flow of the instance completed during its code exchange');
+    const plain = await keepingRefreshToken(s, trx, cc, current, tokens);
     const stored = await storeCredential(s, trx, { kind: 'user', providerTypeId: provider.type_id, cc, plain, metadata: {}, dekId, alias: rsRow.dek_alias });
     await repo.setUserCredential(trx, instance.id, stored.id);
     if (current.user_credential_id) await repo.deleteOrphanCredentials(trx, [current.user_credential_id]);
     // The instance's other flows end with this one: their callbacks answer as a used state's.
     await deleteBrokerStatesOf(trx, instance.id);
-    return stored;
+    return { credential: stored, refreshable: Boolean(plain.refresh_token) };
   });
+  if (!refreshable) s.log.warn({ provider_instance_id: instance.id }, 'the token endpoint sent no refresh token: the instance becomes refresh_failed when its tokens expire');
   s.log.info({ provider_instance_id: instance.id, broker_state_id: state.id }, 'oauth brokering completed');
   const back = instance.return_on_successful_brokering;
   if (back && URL.canParse(back.url)) return { type: 'redirect', url: back.url };
@@ -124,12 +126,19 @@ export async function completeBrokering(
 
 // Providers often send a refresh token only at the first consent. Brokered again by the same user (the
 // ID tokens name the same `sub`), the instance keeps the refresh token it had. For another user, or one
-// no ID token names, that token would act for someone else: the new credential has none.
-async function keepingRefreshToken(s: BrokerServices, cc: CredentialControllerDef, instance: repo.ProviderInstanceRow, plain: Plain): Promise<Plain> {
+// no ID token names, that token would act for someone else: the new credential has none. It is kept
+// only from a credential this brokering deletes (no other instance uses it): were it copied from one
+// another instance keeps, two credentials would hold one refresh token, and at a provider that rotates
+// them the first refresh of either spends the other's. Read in the storing transaction, the instance
+// locked and then the credential (in that order, as a refresh's writes take them): a refresh that
+// stored new tokens meanwhile is waited for and its token kept, and an instance being created with
+// the credential is waited for and then counted.
+async function keepingRefreshToken(s: BrokerServices, trx: Knex.Transaction, cc: CredentialControllerDef, instance: repo.ProviderInstanceRow, plain: Plain): Promise<Plain> {
   if (plain.refresh_token || !plain.sub || !instance.user_credential_id) return plain;
-  const [row] = await repo.getCredentials(s.db, [instance.user_credential_id]);
+  const row = await repo.lockedUserCredentialOnlyOf(trx, instance.user_credential_id, instance.id);
+  if (!row) return plain;
   // The code is redeemed: a previous credential that does not open costs its refresh token, not the new tokens.
-  const previous = row && await unsealCredential(s, cc, row).catch((err: Error) => {
+  const previous = await unsealCredential(s, cc, row, trx).catch((err: Error) => {
     s.log.warn({ provider_instance_id: instance.id, err: err.message }, 'the previous user credential does not open: its refresh token is not kept');
     return undefined;
   });
