@@ -52,6 +52,8 @@ export interface RouteSpec<P extends TObject | undefined, Q extends TObject | un
   moreResponseTypes?: Record<string, TSchema>;
   /** A GET that refuses HEAD (405: fixedPathMethods), which the router would otherwise answer with the GET (a GET with effects, which a link prefetcher's HEAD would have); Allow leaves HEAD out. Fixed paths only: the router matches nothing else to them. */
   noHead?: true;
+  /** Every answer (errors and the 405s of fixedPathMethods included) carries Cache-Control: no-store: it may hold what no cache should keep (the OAuth callback's new credential). */
+  noStore?: true;
   /** A POST that writes nothing, so loses no race: no 409 implied in the OpenAPI document (api/openapi.ts). */
   readOnly?: true;
   /**
@@ -97,8 +99,10 @@ export const bodyRequired = (schema: TSchema): boolean => !compileSchema(schema)
 // GET route that refuses it: noHead).
 export function fixedPathMethods(routes: Route[]): Middleware {
   const methods = new Map<string, Set<string>>();
+  const noStore = new Set<string>();
   for (const { spec } of routes) {
     if (spec.path.includes(':')) continue;
+    if (spec.noStore) noStore.add(spec.path);
     const set = methods.get(spec.path) ?? new Set<string>();
     // In the router's order (HEAD before GET), so Allow reads the same as on its own 405s.
     if (spec.method === 'get' && !spec.noHead) set.add('HEAD');
@@ -107,8 +111,10 @@ export function fixedPathMethods(routes: Route[]): Middleware {
   }
   return async (ctx, next) => {
     // The router takes '/import/' for '/import' (one slash, not two).
-    const allowed = methods.get(ctx.path.length > 1 ? ctx.path.replace(/\/$/, '') : ctx.path);
+    const path = ctx.path.length > 1 ? ctx.path.replace(/\/$/, '') : ctx.path;
+    const allowed = methods.get(path);
     if (!allowed || allowed.has(ctx.method)) return next();
+    if (noStore.has(path)) ctx.set('Cache-Control', 'no-store');
     const allow = [...allowed].join(', ');
     if (ctx.method === 'OPTIONS') {
       ctx.set('Allow', allow);
@@ -188,7 +194,10 @@ export function mount(router: Router, routes: Route[], services: Services): void
     const vBody = spec.body && compileSchema(spec.body);
     const bodyOptional = spec.body !== undefined && !bodyRequired(spec.body);
     const okStatus = Number(Object.keys(spec.responses).find((s) => s.startsWith('2')) ?? 200);
-    const stack: RouterMiddleware[] = spec.guard ? [spec.guard(services)] : [];
+    const stack: RouterMiddleware[] = [];
+    // First: the error handler keeps headers set before a throw, so errors carry it too.
+    if (spec.noStore) stack.push(async (ctx, next) => { ctx.set('Cache-Control', 'no-store'); await next(); });
+    if (spec.guard) stack.push(spec.guard(services));
     if (spec.scope) stack.push(authenticate(services), rateLimit(services), requireScope(spec.scope));
     stack.push(async (ctx: Context) => {
       const params = { ...ctx.params };

@@ -109,6 +109,7 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     // Providers add members of their own (Google: scope, authuser, prompt): the callback takes them.
     const r = await callback(`${back}&authuser=0&prompt=consent`);
     assert.equal(r.status, 200);
+    assert.equal(r.headers.get('cache-control'), 'no-store', 'the new credential is kept by no cache (the route is public)');
     const body = (await r.json()) as Record<string, any>;
     assert.equal(body.type, 'user_credential');
     assert.equal(body.type_id, 'oauth_auth_flow');
@@ -280,6 +281,7 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     const r = await callback(await consent((await broker('mail-c')).action.Redirect.url));
     assert.equal(r.status, 303);
     assert.equal(r.headers.get('location'), 'https://app.example.com/connected?x=1');
+    assert.equal(r.headers.get('cache-control'), 'no-store');
     // As documented: the Location header, and a body of a type listed (Koa's note, not no content).
     const documented = (await c.get('/api/openapi.json')).body.paths[`${B}/generic-oauth-callback`].get.responses['303'];
     assert.equal(documented.headers?.Location?.required, true);
@@ -333,21 +335,25 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     denied.searchParams.set('error_description', 'The user denied access');
     const d = await callback(denied.toString());
     assert.equal(d.status, 400);
+    assert.equal(d.headers.get('cache-control'), 'no-store', 'errors too');
     const dBody = (await d.json()) as { message: string };
     assert.match(dBody.message, /access_denied: The user denied access/);
 
     const unknown = await callback(`${callbackUrl}?state=${'A'.repeat(43)}&code=x`);
     assert.equal(unknown.status, 404);
+    assert.equal(unknown.headers.get('cache-control'), 'no-store');
     // The state itself is not echoed, and no made-up text stands in data.id for it: there is no id to name.
     assert.deepEqual(await unknown.json(), { message: 'No brokering flow waits for this state: it is unknown, was used already, or its callback is under way', data: { code: 'not_found', resource: 'broker_state' } });
     const missing = await callback(`${callbackUrl}?code=x`);
     assert.equal(missing.status, 400);
+    assert.equal(missing.headers.get('cache-control'), 'no-store', 'a query refused before the handler runs too');
     assert.match(((await missing.json()) as { message: string }).message, /state/);
 
     const back = await consent((await broker('mail-d')).action.Redirect.url);
     await testDb()('broker_states').where({ provider_instance_id: 'mail-d' }).update({ expires_at: new Date(Date.now() - 1000) });
     const expired = await callback(back);
     assert.equal(expired.status, 410);
+    assert.equal(expired.headers.get('cache-control'), 'no-store');
     assert.equal((await callback(back)).status, 404, 'an expired state is used up too');
 
     // Neither a code nor an error is not the provider's answer: the state stays usable.
@@ -540,6 +546,7 @@ describe('OAuth brokering of user credentials against a real OAuth server proces
     const head = await fetch(back, { method: 'HEAD', redirect: 'manual' });
     assert.equal(head.status, 405);
     assert.equal(head.headers.get('allow'), 'GET');
+    assert.equal(head.headers.get('cache-control'), 'no-store');
     // The router also takes the path with a trailing slash: refused alike.
     const slashed = new URL(back);
     slashed.pathname += '/';

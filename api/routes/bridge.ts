@@ -83,7 +83,7 @@ export const bridgeRoutes = [
 
   defineRoute({
     // No HEAD: the router would answer it with this GET, and redeem the single-use state (link prefetchers send HEAD).
-    method: 'get', path: '/api/bridge/v1/generic-oauth-callback', operationId: 'generic-oauth-callback', tag, scope: null, noHead: true,
+    method: 'get', path: '/api/bridge/v1/generic-oauth-callback', operationId: 'generic-oauth-callback', tag, scope: null, noHead: true, noStore: true,
     summary: 'Where the provider sends the user back: exchanges the code, stores the user credential (encrypted), makes the instance active; '
       + 'answers with the credential, or 303 to the instance\'s return_on_successful_brokering URL',
     query: OAuthCallbackQuery,
