@@ -23,20 +23,39 @@ export async function writingTo<T>(setting: 'DATA_DIR' | 'KEYS_DIR', dir: string
   }
 }
 
+// What a path is, said for one that is not a regular file.
+function kindOf(st: fs.Stats): string {
+  if (st.isDirectory()) return 'a directory';
+  if (st.isFIFO()) return 'a FIFO';
+  if (st.isSocket()) return 'a socket';
+  if (st.isSymbolicLink()) return 'a symbolic link';
+  if (st.isCharacterDevice()) return 'a character device';
+  if (st.isBlockDevice()) return 'a block device';
+  return 'something other than a regular file';
+}
+
+const notAKeyFile = (file: string, st: fs.Stats) =>
+  new ConfigError([['DATA_DIR', `${file} is ${kindOf(st)}, not an admin API key file: move it out of the way`]]);
+
+// link() failing for these, of a regular file to a name in its own directory, says the file system
+// has no hard links (SMB/Azure Files, some FUSE).
+const NO_HARD_LINKS = ['EPERM', 'ENOTSUP', 'ENOSYS', 'EXDEV'];
+
 // An admin key file found where a fresh database's key is to go (DATA_DIR kept for a new database,
 // or shared by two installations) holds no key of this database, but perhaps the only copy of
 // another's: it is moved to the first free `<file>.previous-N`, made owner-only, and that name
 // returned. A hard link then an unlink, as rename would replace an earlier such file; neither
-// follows a symlink, and opening it (to chmod it) is refused for one.
+// follows a symlink. Anything there but a regular file (a directory, a FIFO, a symlink) is refused
+// untouched: it holds no key, and opening a FIFO would wait for a writer (O_NONBLOCK, should one
+// appear between the lstat and the open; fstat then checks what was opened).
 function setAside(file: string): string | undefined {
-  let fd: number;
+  const seen = fs.lstatSync(file, { throwIfNoEntry: false });
+  if (!seen) return undefined;
+  if (!seen.isFile()) throw notAKeyFile(file, seen);
+  const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK);
   try {
-    fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw err;
-  }
-  try {
+    const opened = fs.fstatSync(fd);
+    if (!opened.isFile()) throw notAKeyFile(file, opened);
     fs.fchmodSync(fd, 0o600);
   } finally {
     fs.closeSync(fd);
@@ -46,8 +65,15 @@ function setAside(file: string): string | undefined {
     try {
       fs.linkSync(file, previous);
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'EEXIST') continue;
-      throw err;
+      const { code } = err as NodeJS.ErrnoException;
+      if (code === 'EEXIST') continue;
+      if (!NO_HARD_LINKS.includes(code ?? '')) throw err;
+      // No hard links: a rename onto a name seen free just before. A file made at that name in
+      // between (only by another installation sharing DATA_DIR, setting its own key aside at that
+      // instant: the advisory lock serialises this database's processes) would be replaced.
+      if (fs.lstatSync(previous, { throwIfNoEntry: false })) continue;
+      fs.renameSync(file, previous);
+      return previous;
     }
     fs.unlinkSync(file);
     return previous;

@@ -2,6 +2,7 @@
 // so routes added later are checked without touching this file.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
+import { execFileSync } from 'node:child_process';
 import path from 'node:path';
 import { randomUUID } from 'node:crypto';
 import { allRoutes } from '../api/app.ts';
@@ -10,7 +11,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
 import { assertPerSecondLimit } from './helpers/rate-limit.ts';
-import { ADMIN_KEY, assertError, Client, resetDb, startApi, startStack, testDb, useStack, waitFor, type Proc, type Response, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, assertError, Client, resetDb, startApi, startStack, testDb, testEnv, useStack, waitFor, type Proc, type Response, type Stack } from './helpers/stack.ts';
 
 const DUMMY = '00000000-0000-4000-8000-000000000000';
 const urlOf = (p: string) => p.replace(/:([A-Za-z0-9_]+)/g, DUMMY);
@@ -344,6 +345,26 @@ describe('authentication and scopes', () => {
       await boot.stop();
       boot = undefined;
     });
+
+    // Not a key file: nothing to move aside, and nothing of it changed (a FIFO is opened without
+    // waiting for a writer, so the start ends rather than hangs).
+    for (const [what, make] of [['a directory', (p: string) => fs.mkdirSync(p, { mode: 0o755 })], ['a FIFO', (p: string) => execFileSync('mkfifo', ['-m', '0644', p])]] as const) {
+      it(`on a fresh database, refuses ${what} at DATA_DIR/admin-api-key: exit 2 naming the path and what it is, its mode unchanged`, async () => {
+        await resetDb();
+        const dataDir = fs.mkdtempSync(path.join(process.env.TEST_DATA_DIR!, 'boot-odd-'));
+        const file = path.join(dataDir, 'admin-api-key');
+        make(file);
+        const mode = fs.statSync(file).mode;
+        await assert.rejects(startApi(testEnv({ ADMIN_API_KEY: undefined, DATA_DIR: dataDir })), (err: Error) => {
+          assert.match(err.message, /exited with 2 before it was ready/);
+          assert.ok(err.message.includes(`  DATA_DIR: ${file} is ${what}, not an admin API key file: move it out of the way`), err.message);
+          return true;
+        });
+        assert.equal(fs.statSync(file).mode, mode);
+        assert.deepEqual(fs.readdirSync(dataDir).filter((f) => f.startsWith('admin-api-key')), ['admin-api-key'], 'nothing moved aside or written');
+        assert.equal(Number((await testDb()('api_keys').count({ n: '*' }))[0].n), 0, 'no key stored for a file never written');
+      });
+    }
   });
 });
 
