@@ -5,6 +5,7 @@ import type { Logger } from '../domain/logger.ts';
 import type { RpcId } from '../domain/a2a/jsonrpc.ts';
 import { logRpcError, toJsonRpcError } from '../domain/a2a/errors.ts';
 import type { TaskStream } from '../domain/a2a/methods.ts';
+import { isTerminal } from '../domain/task-states.ts';
 
 // Comment lines keep idle proxies from closing a stream that waits on a slow agent.
 const KEEPALIVE_MS = 15_000;
@@ -31,13 +32,14 @@ export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log:
       });
     }
   };
-  // A stream that has sent its final event or an error has told its client all there is to tell.
+  // A stream that has sent its final event, its task in an ended state, or an error has told its
+  // client all there is to tell. (Not a message: the timeline's messages come mid-stream here.)
   let told = false;
   try {
     for await (const result of stream) {
       if (gone.aborted) break;
       await send({ jsonrpc: '2.0', id, result });
-      told = 'final' in result && result.final === true;
+      told = result.kind === 'task' ? isTerminal(result.status.state) : 'final' in result && result.final === true;
     }
   } catch (err) {
     const error = toJsonRpcError(err);

@@ -3,6 +3,7 @@
 // all get every event; a closed stream does not cancel the task.
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
+import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import * as v03 from '@a2a-js/sdk/client';
@@ -606,6 +607,39 @@ describe("A2A streams of keys revoked by other paths", () => {
     await testDb()('api_keys').where({ id: s.id }).update({ revoked_at: new Date() });
     assert.equal(await s.within(10_000), 'ended');
     assert.ok(stack.api.logs.some((l) => l.includes('Postgres listener lost its connection')));
+  });
+
+  it('tells nothing more, on revocation, to a stream that has sent its task in an ended state: the task is all there is to tell', async () => {
+    // 15 MB of history, more than the loopback socket buffers hold: the snapshot's write waits on a
+    // client that reads nothing, until the revocation ends the stream right after it.
+    const task = await quietTask(stack.client);
+    const big = 'y'.repeat(1_000_000);
+    for (let i = 0; i < 15; i++) assert.equal((await stack.client.post(`/api/task/v1/${task}/message`, { role: 'agent', parts: [{ type: 'text-part', text: big }] })).status, 201);
+    for (const status of ['working', 'completed']) assert.equal((await stack.client.put(`/api/task/v1/${task}`, { status })).status, 200);
+    const key = (await stack.client.post('/api/auth/v1/api-key', { name: 'revoked mid-snapshot', scopes: ['a2a'] })).body;
+    const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tasks/resubscribe', params: { id: task } });
+    const socket = net.connect(Number(new URL(stack.api.url).port), '127.0.0.1', () => {
+      socket.write(`POST ${A2A} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer ${key.key}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    });
+    socket.pause();
+    socket.on('error', () => undefined);
+    // More than 64 kB waiting to be read on the client's end: only the snapshot is that long.
+    const received = () => fs.readFileSync('/proc/net/tcp', 'utf8').split('\n').some((line) => {
+      const [, from, , , queues] = line.trim().split(/\s+/);
+      return from === `0100007F:${socket.localPort?.toString(16).toUpperCase().padStart(4, '0')}` && parseInt(queues.split(':')[1], 16) > 65536;
+    });
+    await waitFor(async () => received(), 'the snapshot to be under way');
+    assert.equal((await stack.client.delete(`/api/auth/v1/api-key/${key.id}`)).status, 200);
+    const streamsOpen = async () => Number(/^taskbridge_a2a_streams_open (\S+)$/m.exec((await stack.client.get('/metrics')).text)?.[1]);
+    await waitFor(async () => (await streamsOpen()) === 0, 'the stream to end');
+    const answer = await new Promise<string>((resolve) => {
+      const chunks: Buffer[] = [];
+      socket.on('data', (b: Buffer) => chunks.push(b));
+      socket.once('close', () => resolve(Buffer.concat(chunks).toString('utf8')));
+      socket.resume();
+    });
+    const events = answer.split('\r\n\r\n').slice(1).join('\r\n\r\n').split('\n').filter((l) => l.startsWith('data: ')).map((l) => JSON.parse(l.slice(6)));
+    assert.deepEqual(events.map((e) => e.result ? `${e.result.kind} ${e.result.status?.state}` : `error ${e.error.message}`), ['task completed']);
   });
 });
 
