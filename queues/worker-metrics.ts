@@ -1,5 +1,5 @@
 // Metrics of the work the worker processes do (job durations and outcomes, enqueue lag, stalled
-// jobs, credential refreshes), reported by any API process's /metrics. Each worker adds what it observed to
+// jobs, agent runs' ends, credential refreshes), reported by any API process's /metrics. Each worker adds what it observed to
 // counters in Redis, one hash per metric, once a second; a scrape reads the totals of all workers.
 // They are Prometheus counters and histograms: they only grow, whichever process answers.
 import type { Redis } from 'ioredis';
@@ -20,6 +20,11 @@ export const WORKER_METRICS = {
   taskbridge_jobs_stalled_total: {
     type: 'counter', labels: ['queue'],
     help: 'Jobs found stalled (their worker died or was blocked past WORKER_LOCK_MS) and moved back to wait, by queue',
+  },
+  // A job's outcome is not its task's: a run that fails its task on the last attempt completes its job.
+  taskbridge_agent_runs_total: {
+    type: 'counter', labels: ['outcome'],
+    help: 'Agent runs by the status they ended their task in (completed, failed, canceled, rejected, input-required, auth-required), counted when that status is written',
   },
   taskbridge_credential_refreshes_total: {
     type: 'counter', labels: ['outcome'],

@@ -331,7 +331,7 @@ describe('GET /metrics: what the workers record', () => {
     }
   });
 
-  it('reports job durations by queue and outcome, with retried attempts, and the enqueue lag of first attempts', async () => {
+  it('reports job durations by queue and outcome, with retried attempts, the enqueue lag of first attempts, and agent runs by how they ended their task', async () => {
     const ok = await stack.client.post('/api/task/v1', { message: textMessage('measured') });
     const failing = await stack.client.post('/api/task/v1', { message: textMessage('[fail] measured') });
     for (const r of [ok, failing]) assert.equal(r.status, 201);
@@ -346,6 +346,9 @@ describe('GET /metrics: what the workers record', () => {
     // The failing task's first attempt failed and was retried; its last attempt ended the task as failed.
     assert.equal(sample(text, 'taskbridge_job_duration_seconds_count', 'queue="agent-tasks",outcome="retrying"'), 1);
     assert.equal(sample(text, 'taskbridge_job_enqueue_lag_seconds_count', 'queue="agent-tasks"'), 2, 'first attempts only');
+    // Both jobs completed, but one task failed: the agent runs tell them apart.
+    assert.equal(sample(text, 'taskbridge_agent_runs_total', 'outcome="completed"'), 1, text);
+    assert.equal(sample(text, 'taskbridge_agent_runs_total', 'outcome="failed"'), 1, text);
     assert.match(text, /# TYPE taskbridge_job_duration_seconds histogram/);
     assert.match(text, /# TYPE taskbridge_job_enqueue_lag_seconds histogram/);
     // Cumulative buckets: never decreasing, the last one (+Inf) equal to the count.

@@ -63,7 +63,8 @@ const common = {
   settings: { backoffStrategy: backoffStrategy(cfg) },
 };
 
-const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', wrapped('agent-tasks', createAgentTaskProcessor(services, agent.handler, cancels)), {
+const metrics = new WorkerMetrics(services.redis, cfg.QUEUE_PREFIX);
+const agentWorker = new Worker<JobPayloads['agent-tasks'], string>('agent-tasks', wrapped('agent-tasks', createAgentTaskProcessor(services, agent.handler, cancels, metrics)), {
   ...common,
   concurrency: concurrency['agent-tasks'],
   // Never reached: BullMQ honours a queue's manual rate limit (the pause of runs during a Postgres
@@ -119,7 +120,6 @@ for (const w of workers) {
   w.on('error', (err) => warn({ err: { message: err.message }, queue: w.name }));
   w.on('stalled', (jobId) => log.warn({ queue: w.name, job_id: jobId }, 'job stalled: its worker died or was blocked past WORKER_LOCK_MS; moved back to wait'));
 }
-const metrics = new WorkerMetrics(services.redis, cfg.QUEUE_PREFIX);
 for (const w of workers) recordJobMetrics(w, metrics);
 recordRefreshOutcomes(refreshWorker, metrics);
 // Flushed every second: a warn line a minute while Redis is away, as the queues' errors are.

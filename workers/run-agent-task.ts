@@ -15,6 +15,7 @@ import type { AgentContext, AgentHandler, AgentResult } from './agents/types.ts'
 import { agentMessage, checkArtifact } from './agents/agent-output.ts';
 import { failRun } from './fail-run.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
+import type { WorkerMetrics } from '../queues/worker-metrics.ts';
 import { noSecretWithKey, readSecretValue } from '../domain/secrets.ts';
 import { agentCallKey, invokeFunction } from '../domain/bridge/functions.ts';
 import { checkAgainst } from '../domain/bridge/catalog.ts';
@@ -188,7 +189,7 @@ function agentContext(
   };
 }
 
-export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry) {
+export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry, metrics: WorkerMetrics) {
   const { log } = services;
   // Errors of the run's own calls saying Postgres or Redis is out of reach. A run that meets one
   // has not failed: it goes back to the queue without using up an attempt, or every run of an
@@ -300,7 +301,10 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       // task leave working by this write does not take it for a client's doing.
       cancels.release(taskId, controller);
       const done = await ours(() => inStatement(services, (uow) => changeStatusIf(uow, taskId, final.status, runEndsFrom(final.status), final.message, { run: messageId, runAttempt: attempt, maxMessageBytes })));
-      if (done) return final.status;
+      if (done) {
+        metrics.count('taskbridge_agent_runs_total', { outcome: final.status });
+        return final.status;
+      }
       // Not written: the task ended or was taken meanwhile, or the message would take it over what it
       // may hold (the statement checks without a read; this read, on a miss only, tells which).
       await ours(async () => {
@@ -333,7 +337,9 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
         retried.add(thrown);
         throw thrown;
       }
-      await ours(() => inStatement(services, (uow) => failRun(uow, taskId, `The agent failed after ${attempts} attempt(s): ${reason}`, { run: messageId, runAttempt: attempt })));
+      const failed = await ours(() => inStatement(services, (uow) => failRun(uow, taskId, `The agent failed after ${attempts} attempt(s): ${reason}`, { run: messageId, runAttempt: attempt })));
+      // Not written (null): the task had ended or was taken meanwhile; this run did not end it.
+      if (failed) metrics.count('taskbridge_agent_runs_total', { outcome: 'failed' });
       log.warn({ task_id: taskId, attempts, reason }, 'agent run failed for good');
       return 'failed';
     } finally {
