@@ -130,6 +130,9 @@ export class Unavailable extends AppError {
     super(503, 'unavailable', message, data, { 'Retry-After': '5' });
   }
 }
+// The readiness probe's 503 (domain/readiness.ts): its answer that this process should get no
+// traffic now (draining, a backing service out of reach), not a request failing.
+export class NotReady extends Unavailable {}
 export class PayloadTooLarge extends AppError {
   constructor(message: string, data: Record<string, unknown> = {}) {
     super(413, 'payload_too_large', message, data);
@@ -230,9 +233,11 @@ export function outageOf(err: unknown): 'redis' | 'postgres' | undefined {
 // How a request's failure is logged, by the status it is answered with (or maps to): a fault of
 // ours (500) at error with its stack; Postgres or Redis unavailable (503) or an upstream failing
 // (502: a provider, a token endpoint, KMS), which clients can cause at will, at warn with the reason
-// and `msg: <code>`; a client's error not at all.
+// and `msg: <code>`; a client's error not at all. A readiness probe's 503 (NotReady) at debug: load
+// balancers probe every few seconds, so a routine drain or an outage gave a warn line per probe, and
+// its request line (info, with the status) records each, and its body names what failed.
 export function logFailure(log: Logger | undefined, err: unknown, e: Pick<AppError, 'status' | 'code'>, msg: string, fields: Record<string, unknown> = {}): void {
   // An operator reading `Stream isn't writeable` learns from `service` that Redis is the one out of reach.
-  if (e.status === 502 || e.status === 503) log?.warn({ ...fields, reason: (err as Error)?.message, code: (err as { code?: unknown })?.code, service: outageOf(err) }, `${msg}: ${e.code}`);
+  if (e.status === 502 || e.status === 503) log?.[err instanceof NotReady ? 'debug' : 'warn']({ ...fields, reason: (err as Error)?.message, code: (err as { code?: unknown })?.code, service: outageOf(err) }, `${msg}: ${e.code}`);
   else if (e.status >= 500) log?.error({ ...fields, err }, msg);
 }

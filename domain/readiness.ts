@@ -9,7 +9,7 @@ import type { Knex } from 'knex';
 import type { Services } from './services.ts';
 import type { Config } from './config.ts';
 import { createDb, type DbLog } from '../db/knex.ts';
-import { Unavailable } from './errors.ts';
+import { NotReady } from './errors.ts';
 import { localKeyFilesHealth } from './keyring.ts';
 import { withTimeout } from './with-timeout.ts';
 
@@ -31,9 +31,9 @@ export interface Readiness { status: 'ready'; checks: { postgres: 'ok'; redis: '
 const REUSE_MS = 1000;
 const lastChecks = new WeakMap<Knex, { outcome: Promise<Readiness>; endedAt?: number }>();
 
-/** The checks when ready; else throws Unavailable naming what failed (`data.failed`). Shutting down is told at once, never a check's outcome. */
+/** The checks when ready; else throws NotReady (a 503) naming what failed (`data.failed`). Shutting down is told at once, never a check's outcome. */
 export async function checkReadiness(s: Pick<Services, 'readinessDb' | 'redis' | 'cfg' | 'stopping'>): Promise<Readiness> {
-  if (s.stopping) throw new Unavailable('Not ready: shutting down', { failed: ['stopping'] });
+  if (s.stopping) throw new NotReady('Not ready: shutting down', { failed: ['stopping'] });
   const last = lastChecks.get(s.readinessDb);
   if (last && (last.endedAt === undefined || Date.now() - last.endedAt < REUSE_MS)) return last.outcome;
   const check = { outcome: runChecks(s), endedAt: undefined as number | undefined };
@@ -54,7 +54,7 @@ async function runChecks(s: Pick<Services, 'readinessDb' | 'redis' | 'cfg'>): Pr
   const noKeys = files !== undefined && files.total > 0 && files.unreadable === files.total;
   if (unreachable.length || noKeys) {
     const why = [...(unreachable.length ? [`${unreachable.join(' and ')} unreachable`] : []), ...(noKeys ? ['no local envelope key file in KEYS_DIR can be read'] : [])];
-    throw new Unavailable(`Not ready: ${why.join('; ')}`, { failed: [...unreachable, ...(noKeys ? ['keys'] : [])] });
+    throw new NotReady(`Not ready: ${why.join('; ')}`, { failed: [...unreachable, ...(noKeys ? ['keys'] : [])] });
   }
   const keyCheck = !files ? 'unknown' : files.unreadable ? `${files.unreadable} of ${files.total} local envelope key files unreadable` : 'ok';
   return { status: 'ready', checks: { postgres: 'ok', redis: 'ok', keys: keyCheck } };

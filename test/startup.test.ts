@@ -715,6 +715,14 @@ describe('stopping the API (SIGTERM) after API_SHUTDOWN_DELAY_MS', function () {
     assert.equal(stack.api.child.exitCode, 0);
     const at = (words: string) => JSON.parse(stack.api.logs.find((l) => l.includes(words))!).time as number;
     assert.ok(at('api shutting down') - at('api stopping: not ready') >= 7990, 'requests in flight are finished after the delay, not before');
+    // Each probe's 503 is logged by its request line (info), not again at warn as a request failing:
+    // load balancers probe every few seconds, and a drain is routine.
+    const lines = stack.api.logs.map((l) => JSON.parse(l));
+    const probes = lines.filter((l) => l.msg === 'request' && l.route === '/_internal/v1/ready' && l.status === 503);
+    assert.equal(probes.length, 1, JSON.stringify(probes));
+    assert.equal(probes[0].level, 30);
+    const warned = lines.filter((l) => l.req_id === probes[0].req_id && l.level >= 40);
+    assert.deepEqual(warned, []);
   });
 });
 
