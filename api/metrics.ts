@@ -18,21 +18,31 @@ import { countProviderInstancesByStatus } from '../db/bridge.ts';
 import { countOutbox, oldestOutboxAgeSeconds } from '../db/outbox.ts';
 import { registerWorkerMetrics } from '../queues/worker-metrics.ts';
 import { withTimeout } from '../domain/with-timeout.ts';
+import { throttledWarn } from '../domain/throttled-warn.ts';
 import { matchedRoute, statusSent } from './middleware/access-log.ts';
 
 const SOURCE_TIMEOUT_MS = 2000;
 
+type Source = 'postgres' | 'redis';
+
 // What `read` gives for a scrape, or undefined (logged) when its source cannot answer in time.
-async function readSource<T>(services: Services, metric: string, read: () => Promise<T>): Promise<T | undefined> {
-  try {
-    return await withTimeout(read(), SOURCE_TIMEOUT_MS);
-  } catch (err) {
-    services.log.warn({ metric, reason: (err as Error).message }, 'metric left out of the scrape: its source did not answer');
-    return undefined;
-  }
+// Logged at warn once a minute at most per source (throttledWarn): an outage left out all of a
+// source's metrics (8 of Redis) at every scrape, a warn line each.
+function sourceReader(services: Services) {
+  const msg = 'metric left out of the scrape: its source did not answer';
+  const warn = { postgres: throttledWarn(services.log, msg), redis: throttledWarn(services.log, msg) };
+  return async <T>(service: Source, metric: string, read: () => Promise<T>): Promise<T | undefined> => {
+    try {
+      return await withTimeout(read(), SOURCE_TIMEOUT_MS);
+    } catch (err) {
+      warn[service]({ metric, service, reason: (err as Error).message });
+      return undefined;
+    }
+  };
 }
 
 function createMetrics(services: Services) {
+  const readSource = sourceReader(services);
   const registry = new Registry();
   collectDefaultMetrics({ register: registry });
   const http = new Histogram({
@@ -49,7 +59,7 @@ function createMetrics(services: Services) {
     registers: [registry],
     async collect() {
       this.reset();
-      const all = await readSource(services, 'taskbridge_queue_jobs', () =>
+      const all = await readSource('redis', 'taskbridge_queue_jobs', () =>
         Promise.all(QUEUE_NAMES.map(async (name) => [name, await queueJobCounts(services.queues[name], services.redis)] as const)));
       for (const [name, counts] of all ?? []) for (const [state, n] of Object.entries(counts)) this.set({ queue: name, state }, n);
     },
@@ -59,7 +69,7 @@ function createMetrics(services: Services) {
     name, help, labelNames: ['queue'], registers: [registry],
     async collect() {
       this.reset();
-      const all = await readSource(services, name, () => Promise.all(QUEUE_NAMES.map(async (q) => [q, await read(services.queues[q])] as const)));
+      const all = await readSource('redis', name, () => Promise.all(QUEUE_NAMES.map(async (q) => [q, await read(services.queues[q])] as const)));
       for (const [queue, n] of all ?? []) this.set({ queue }, n);
     },
   });
@@ -69,12 +79,12 @@ function createMetrics(services: Services) {
     async (q) => ((await oldestWaitingAgeMs(q)) ?? 0) / 1000);
   queueGauge('taskbridge_queue_workers', 'Worker connections taking jobs per queue (each worker process holds one per queue; 0: none runs)',
     (q) => queueWorkerCount(q, services.redis.options.db ?? 0));
-  // One value read at scrape time; absent (not 0) while its source cannot answer, so that an unknown
-  // backlog is not read as none.
+  // One value read from Postgres at scrape time; absent (not 0) while it cannot answer, so that an
+  // unknown backlog is not read as none.
   const sourcedGauge = (name: string, help: string, read: () => Promise<number>) => new Gauge({
     name, help, registers: [registry],
     async collect() {
-      const n = await readSource(services, name, read);
+      const n = await readSource('postgres', name, read);
       if (n !== undefined) this.set(n);
       else this.remove();
     },
@@ -90,7 +100,7 @@ function createMetrics(services: Services) {
     registers: [registry],
     async collect() {
       this.reset();
-      for (const j of await readSource(services, 'taskbridge_key_job_items', () => listActiveKeyJobs(services.db)) ?? []) {
+      for (const j of await readSource('postgres', 'taskbridge_key_job_items', () => listActiveKeyJobs(services.db)) ?? []) {
         for (const count of ['total', 'done', 'failed'] as const) this.set({ job_id: j.id, kind: j.kind, count }, j[count]);
       }
     },
@@ -103,7 +113,7 @@ function createMetrics(services: Services) {
     registers: [registry],
     async collect() {
       this.reset();
-      const rows = await readSource(services, 'taskbridge_provider_instances', () => countProviderInstancesByStatus(services.db));
+      const rows = await readSource('postgres', 'taskbridge_provider_instances', () => countProviderInstancesByStatus(services.db));
       if (!rows) return;
       for (const status of PROVIDER_STATUSES) this.set({ status }, rows[status] ?? 0);
     },
@@ -146,7 +156,7 @@ function createMetrics(services: Services) {
     collect() { this.set(streamCounts().mostPerKey); },
   });
 
-  registerWorkerMetrics(registry, services.redis, services.cfg.QUEUE_PREFIX, (name, read) => readSource(services, name, read));
+  registerWorkerMetrics(registry, services.redis, services.cfg.QUEUE_PREFIX, (name, read) => readSource('redis', name, read));
 
   const middleware: Middleware = async (ctx, next) => {
     const end = http.startTimer();

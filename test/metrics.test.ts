@@ -7,7 +7,7 @@ import { Registry } from 'prom-client';
 import { registerWorkerMetrics, WorkerMetrics } from '../queues/worker-metrics.ts';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { startOwnPostgres, type OwnPostgres } from './helpers/own-postgres.ts';
-import { ADMIN_KEY, requireEnv, startStack, startWorker, textMessage, useStack, waitFor, withQueue, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, requestLogsThrough, requireEnv, startStack, startWorker, textMessage, useStack, waitFor, withQueue, type Stack } from './helpers/stack.ts';
 
 const LOADED_AT = Date.now();
 
@@ -503,6 +503,7 @@ describe('GET /metrics and /_internal/v1/queues: the wait of a job that came bac
 
 describe('GET /metrics while Postgres or Redis is down', function () {
   this.timeout(60_000);
+  const leftOutWarnings = (lines: string[]) => lines.map((l) => JSON.parse(l)).filter((l) => l.level === 40 && l.msg === 'metric left out of the scrape: its source did not answer');
   // An API (ADMIN_API_KEY needs no key lookup) on a Postgres and a Redis of its own, which the tests stop.
   const dataDir = () => path.join(requireEnv('TEST_DATA_DIR'), 'metrics-outage');
   let pg: OwnPostgres | undefined;
@@ -551,6 +552,10 @@ describe('GET /metrics while Postgres or Redis is down', function () {
     assert.doesNotMatch(noRedis.text, /^taskbridge_queue_paused\{/m, 'no paused flags it could not read');
     assert.doesNotMatch(noRedis.text, /^taskbridge_queue_workers\{/m, 'no worker counts it could not read (not 0)');
     assert.doesNotMatch(noRedis.text, /^taskbridge_queue_oldest_waiting_seconds\{/m, 'no backlog ages it could not read');
+    // The outage is logged at warn once, not once per metric left out at every scrape.
+    assert.equal((await s.client.get('/metrics')).status, 200);
+    const redisDown = leftOutWarnings(await requestLogsThrough(s, await s.client.get(`/api/task/v1/${randomUUID()}`), { all: true }));
+    assert.deepEqual(redisDown.map((l) => l.service), ['redis'], JSON.stringify(redisDown));
 
     await pg!.stop();
     pg = undefined;
@@ -558,17 +563,20 @@ describe('GET /metrics while Postgres or Redis is down', function () {
     assert.equal(neither.status, 200, neither.text);
     assert.doesNotMatch(neither.text, /^taskbridge_outbox_pending /m, 'no backlog it could not read (not 0)');
     assert.doesNotMatch(neither.text, /^taskbridge_outbox_oldest_seconds /m, 'no backlog age it could not read (not 0)');
-    assert.match(neither.text, /^taskbridge_http_request_duration_seconds_count\{method="GET",route="\/metrics",status="200"\} 3$/m);
+    assert.match(neither.text, /^taskbridge_http_request_duration_seconds_count\{method="GET",route="\/metrics",status="200"\} 4$/m);
     // The scraper's key is still taken once its cache entry has expired: Postgres cannot be asked, and
     // a revocation (a write to Postgres) cannot have happened meanwhile without its notice reaching us.
     await new Promise((resolve) => setTimeout(resolve, Math.max(0, lookedUp + 10_500 - Date.now())));
     const scraped = await scraper.get('/metrics');
     assert.equal(scraped.status, 200, scraped.text);
-    assert.match(scraped.text, /^taskbridge_http_request_duration_seconds_count\{method="GET",route="\/metrics",status="200"\} 4$/m);
+    assert.match(scraped.text, /^taskbridge_http_request_duration_seconds_count\{method="GET",route="\/metrics",status="200"\} 5$/m);
     // A key revoked before the outage is not: its notice removed it.
-    assert.equal((await s.client.as(revoked.body.key).get('/metrics')).status, 503);
-    // Logs are written asynchronously: the line may come after the answer.
-    await waitFor(async () => s.api.logs.some((l) => l.includes('metric left out of the scrape') && l.includes('taskbridge_queue_jobs')), 'the left-out metric log line', 5000);
+    const refused = await s.client.as(revoked.body.key).get('/metrics');
+    assert.equal(refused.status, 503);
+    // Postgres's outage too is logged once, for all of its metrics and scrapes.
+    const bothDown = leftOutWarnings(await requestLogsThrough(s, refused, { all: true }));
+    assert.deepEqual(bothDown.map((l) => l.service), ['redis', 'postgres'], JSON.stringify(bothDown));
+    assert.match(bothDown[1].metric, /^taskbridge_(outbox|key_job|provider)/);
   });
 });
 
