@@ -4,7 +4,7 @@ import { Redis } from 'ioredis';
 import { UnrecoverableError, type Job } from 'bullmq';
 import { loadConfig } from '../domain/config.ts';
 import { retryDelayMs } from '../queues/names.ts';
-import { lockWaits, resetDb, testDb, testEnv, waitFor, withQueue, type Client, type Stack } from './helpers/stack.ts';
+import { lockWaits, resetDb, testDb, testEnv, waitFor, withQueue, type Client, type Proc, type Stack } from './helpers/stack.ts';
 import { consent, startOAuthStack, type OAuthServer, type OAuthStack } from './helpers/oauth-server.ts';
 import type { FakeProviders } from './helpers/fake-providers.ts';
 
@@ -496,6 +496,63 @@ describe('credential refresh: new tokens whose write fails for a while are kept,
     assert.equal((await instance('mail-again')).status, 'active');
     assert.notEqual((await userCredential('mail-again')).value.refresh_token, before.value.refresh_token);
     assert.equal((await send('mail-again')).status, 200);
+  });
+});
+
+describe('credential refresh: tokens a worker could not store, after another worker refreshed the credential', () => {
+  // Statements time out after 1 s and a write is retried for 2 s: a write the test holds up fails the
+  // attempt soon; its retry waits 5 s, while the test freezes the worker whose attempt failed.
+  before(() => start({ DB_QUERY_TIMEOUT_MS: '1000', CREDENTIAL_REFRESH_STORE_RETRY_MS: '2000', CREDENTIAL_REFRESH_BACKOFF_MS: '5000', CREDENTIAL_REFRESH_CONCURRENCY: '1' }, 2));
+  after(async () => all?.stop());
+
+  const refreshed = (id: string) => waitFor(async () => {
+    const row = await userCredential(id);
+    return row.next_rotation_time.getTime() > Date.now() && row;
+  }, 'the credential to be refreshed');
+  // Frozen (SIGSTOP), a worker takes no job until `use` ends.
+  async function frozen<T>(worker: Proc, use: () => Promise<T>): Promise<T> {
+    worker.child.kill('SIGSTOP');
+    try {
+      return await use();
+    } finally {
+      worker.child.kill('SIGCONT');
+    }
+  }
+
+  it('does not store the tokens a worker kept once the credential holds others, at a provider that sends no new refresh token: it exchanges again, and the newest tokens stay', async () => {
+    // Worker A exchanges the refresh token, and its write is held past its retries: A keeps the
+    // tokens. Frozen, A leaves the job's next run to B, which exchanges and stores; then the
+    // credential is due again and runs on A (B frozen). The refresh token is the same throughout.
+    await brokered('mail-stale');
+    const cred = await userCredential('mail-stale');
+    const start = await oauth.refreshes();
+    let byB: any;
+    await oauth.inMode('no-refresh-as:johndoe', async () => {
+      const kept = (w: Proc) => w.logs.some((l) => l.includes('"level":50') && l.includes(cred.id));
+      const trx = await testDb().transaction();
+      let a: Proc;
+      try {
+        await trx('dek_aliases').where({ alias: cred.dek_alias }).forUpdate().first();
+        await makeDue('mail-stale');
+        a = await waitFor(async () => stack.workers.find(kept), 'a worker to keep the tokens it could not store');
+      } finally {
+        await trx.commit();
+      }
+      const b = stack.workers.find((w) => w !== a)!;
+      byB = await frozen(a, () => refreshed('mail-stale'));
+      assert.equal(await oauth.refreshes() - start, 2, 'B exchanged the refresh token again');
+      assert.ok(!kept(b));
+      await frozen(b, async () => {
+        await makeDue('mail-stale');
+        await refreshed('mail-stale');
+      });
+    });
+    const after = await userCredential('mail-stale');
+    assert.equal(await oauth.refreshes() - start, 3, 'A exchanged, not stored the tokens it kept');
+    assert.ok(Date.parse(after.value.expiry_time) > Date.parse(byB.value.expiry_time), `newer than B's tokens: ${after.value.expiry_time} after ${byB.value.expiry_time}`);
+    assert.ok(after.next_rotation_time.getTime() > byB.next_rotation_time.getTime(), 'the due time did not go back');
+    assert.equal((await instance('mail-stale')).status, 'active');
+    assert.equal((await send('mail-stale')).status, 200);
   });
 });
 

@@ -16,7 +16,7 @@ import { CancelRegistry } from './cancel-registry.ts';
 import { watchCancels } from './watch-cancels.ts';
 import { startRunHeartbeat } from './run-heartbeat.ts';
 import { createRefreshCredentialProcessor, giveUpOnRefreshesFailedForGood, recordRefreshOutcomes, startRefreshScheduler } from './refresh-credential.ts';
-import type { UnstoredTokens } from '../domain/bridge/credential-refresh.ts';
+import { UnstoredTokens } from '../domain/bridge/credential-refresh.ts';
 import { AgentConfigError, resolveAgent } from './agents/resolve-agent.ts';
 import { failedForGood, recordJobMetrics } from './record-job-metrics.ts';
 import { WorkerMetrics } from '../queues/worker-metrics.ts';
@@ -94,7 +94,7 @@ const pushWorker = new Worker<JobPayloads['push-notifications']>('push-notificat
 const pushListener = await listenForPushDeliveries(services);
 
 // Refreshed tokens this process could not store yet, for the next attempts of their jobs.
-const unstoredTokens: UnstoredTokens = new Map();
+const unstoredTokens = new UnstoredTokens(cfg);
 const refreshWorker = new Worker<JobPayloads['credential-refresh']>('credential-refresh', wrapped('credential-refresh', createRefreshCredentialProcessor(services, unstoredTokens)), {
   ...common,
   concurrency: concurrency['credential-refresh'],

@@ -9,6 +9,7 @@
 // for a transient reason are written again for CREDENTIAL_REFRESH_STORE_RETRY_MS, and tokens still
 // not stored are kept for the job's next attempt on the same worker (UnstoredTokens): most providers
 // rotate refresh tokens, so an attempt that exchanged the spent one again would end refresh_failed.
+import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Queue } from 'bullmq';
 import type { Services } from '../services.ts';
@@ -17,7 +18,7 @@ import { writeUnderAlias } from '../keyring.ts';
 import { credentialDef, providerDef } from './catalog.ts';
 import { nextRotationTime, resourceServerCredential, sealCredential, unsealCredential } from './credentials.ts';
 import { isInvalidGrant, refusal, requestedScopes, requestToken, withTokens } from './oauth-token.ts';
-import type { JobPayloads } from '../../queues/names.ts';
+import { cappedBackoffMs, type JobPayloads } from '../../queues/names.ts';
 import type { Config } from '../config.ts';
 import type { Plain } from './types.ts';
 import { outageOf, unavailability } from '../errors.ts';
@@ -26,12 +27,51 @@ type RefreshServices = Pick<Services, 'db' | 'cfg' | 'log' | 'bus'>;
 export type RefreshOutcome = 'refreshed' | 'not due' | 'gone' | 'refresh_failed';
 
 // Tokens a worker process obtained and has not stored, by credential id: from the token endpoint's
-// answer, the refresh token they replace (`spent`) is spent, so while the credential still holds it the
-// job's next attempt on this process stores these rather than exchange it again. This only narrows the
-// window in which they are lost: they live in this process's memory alone (while Postgres is out of
-// reach nothing durable can hold them), so an attempt taken by another worker, or this process exiting
-// (killed, or a stop that outlasts the store's retries) before the commit, still loses them.
-export type UnstoredTokens = Map<string, { spent: string; fresh: Plain; next: Date | null; readAt: Date }>;
+// answer, the refresh token they were exchanged for is spent, so while the credential still holds the
+// value the exchange started from the job's next attempt on this process stores these rather than
+// exchange it again. That value whole, not its refresh token: a provider that sends no new refresh
+// token leaves it as it was when another worker refreshed the credential since, and these tokens,
+// older than that worker's, would overwrite them. This only narrows the window in which they are
+// lost: they live in this process's memory alone (while Postgres is out of reach nothing durable can
+// hold them), so an attempt taken by another worker, or this process exiting (killed, or a stop that
+// outlasts the store's retries) before the commit, still loses them.
+type Unstored = { from: string; fresh: Plain; next: Date | null; readAt: Date };
+export class UnstoredTokens {
+  readonly #kept = new Map<string, Unstored & { timer: NodeJS.Timeout }>();
+  readonly #keepMs: number;
+
+  // Each is dropped once no attempt of its job can still come for it: else the refresh tokens of
+  // credentials whose later jobs ran on other workers, or that were deleted, stayed here for good.
+  // Three times an attempt and the longest backoff before the next, from when one last took them.
+  constructor(cfg: Config) {
+    this.#keepMs = 3 * (attemptBoundMs(cfg) + cappedBackoffMs(cfg, cfg.CREDENTIAL_REFRESH_BACKOFF_MS, Math.max(cfg.CREDENTIAL_REFRESH_ATTEMPTS - 1, 1)));
+  }
+
+  // The tokens kept for the credential if `value` (its decrypted value, as the job read it) is the one
+  // their exchange started from; kept for another bound from now, for the attempt that takes them.
+  take(credentialId: string, value: Plain): Unstored | undefined {
+    const kept = this.#kept.get(credentialId);
+    if (!kept || kept.from !== digest(value)) return undefined;
+    this.keep(credentialId, kept);
+    return kept;
+  }
+
+  keep(credentialId: string, tokens: Unstored): void {
+    this.delete(credentialId);
+    const timer = setTimeout(() => this.#kept.delete(credentialId), this.#keepMs).unref();
+    this.#kept.set(credentialId, { ...tokens, timer });
+  }
+
+  delete(credentialId: string): void {
+    clearTimeout(this.#kept.get(credentialId)?.timer);
+    this.#kept.delete(credentialId);
+  }
+}
+
+// A credential's decrypted value as a digest, its members in one order whatever the object's: kept
+// rather than the value, which holds tokens.
+const digest = (value: Plain): string => createHash('sha256').update(JSON.stringify(value, (_key, v: unknown) => (
+  v && typeof v === 'object' && !Array.isArray(v) ? Object.fromEntries(Object.entries(v).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) : v))).digest('base64url');
 
 // However short a lifetime the provider announces (expires_in 0: expired already), a credential just
 // refreshed is not due again sooner: a refresh a minute at most, not one each scan.
@@ -134,18 +174,19 @@ async function refresh(s: RefreshServices, credentialId: string, seen: Seen, uns
   const cc = credentialDef(provider, instance.credential_controller_type_id);
   const user = await unsealCredential(s, cc, row);
   if (typeof user.refresh_token !== 'string') return giveUp(s, credentialId, seen, 'the credential has no refresh token');
-  // Kept tokens for another refresh token than the credential's are stale (stored since, or replaced).
-  let tokens = unstored.get(credentialId);
-  if (tokens?.spent !== user.refresh_token) {
+  // Kept tokens whose exchange started from another value than the credential's are stale (tokens
+  // stored since, or brokered again).
+  let tokens = unstored.take(credentialId, user);
+  if (!tokens) {
     const { plain: rs } = await resourceServerCredential(s, cc, instance);
     const answer = await requestToken(s.cfg, provider, rs, { grant_type: 'refresh_token', refresh_token: user.refresh_token });
     if (answer.status >= 400 && isInvalidGrant(answer)) return giveUp(s, credentialId, seen, 'the provider answered invalid_grant');
     if (answer.status >= 400) throw refusal('refresh token', answer);
     const fresh = withTokens(answer, user, requestedScopes(provider, rs));
     const rotation = nextRotationTime(cc, 'user', fresh);
-    tokens = { spent: user.refresh_token, fresh, next: rotation && new Date(Math.max(rotation.getTime(), Date.now() + MIN_REFRESH_INTERVAL_MS)), readAt };
+    tokens = { from: digest(user), fresh, next: rotation && new Date(Math.max(rotation.getTime(), Date.now() + MIN_REFRESH_INTERVAL_MS)), readAt };
     // Kept before anything else can fail.
-    unstored.set(credentialId, tokens);
+    unstored.keep(credentialId, tokens);
   }
   const { fresh, next, readAt: exchangedAfter } = tokens;
   // The tokens just obtained must not be lost: the value may have been sealed anew meanwhile (an
