@@ -554,6 +554,25 @@ describe('credential refresh: tokens a worker could not store, after another wor
     assert.equal((await instance('mail-stale')).status, 'active');
     assert.equal((await send('mail-stale')).status, 200);
   });
+
+  it('says, when the tokens it could not store go with the job\'s last attempt, that they are dropped and the refresh gives up, not that they are kept', async () => {
+    await brokered('mail-last');
+    const cred = await userCredential('mail-last');
+    const trx = await testDb().transaction();
+    try {
+      await trx('dek_aliases').where({ alias: cred.dek_alias }).forUpdate().first();
+      // Due, and marked as queued: the scan leaves it to the test's job, of one attempt.
+      await testDb()('bridge_credentials').where({ id: cred.id }).update({ next_rotation_time: new Date(Date.now() - 1000), refresh_queued_until: new Date(Date.now() + 600_000) });
+      await withQueue(stack.env, 'credential-refresh', (q) => q.add('refresh', { credential_id: cred.id }, { jobId: `refresh_${cred.id}`, attempts: 1, removeOnComplete: true, removeOnFail: true }));
+      await waitFor(async () => (await instance('mail-last')).status === 'refresh_failed', 'the last attempt to give up');
+    } finally {
+      await trx.commit();
+    }
+    const lines = stack.workers.flatMap((w) => w.logs).filter((l) => l.includes('"level":50') && l.includes(cred.id));
+    assert.equal(lines.length, 1, lines.join('\n'));
+    assert.match(lines[0], /the refreshed tokens could not be stored within 2 s, and this was the job's last attempt: they are dropped and the refresh gives up/);
+    assert.doesNotMatch(lines[0], /kept for the job's next attempt/);
+  });
 });
 
 describe('credential refresh: the scan takes each due credential once', () => {

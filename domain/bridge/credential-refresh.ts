@@ -139,7 +139,7 @@ async function giveUp(s: RefreshServices, credentialId: string, seen: Seen, reas
 export async function refreshCredential(s: RefreshServices, credentialId: string, finalAttempt: boolean, unstored: UnstoredTokens): Promise<RefreshOutcome> {
   const seen: Seen = {};
   try {
-    const outcome = await refresh(s, credentialId, seen, unstored);
+    const outcome = await refresh(s, credentialId, seen, unstored, finalAttempt);
     unstored.delete(credentialId);
     return outcome;
   } catch (err) {
@@ -163,7 +163,7 @@ export async function abandonRefresh(s: RefreshServices, credentialId: string, r
   return giveUp(s, credentialId, { value: due.row.value }, reason);
 }
 
-async function refresh(s: RefreshServices, credentialId: string, seen: Seen, unstored: UnstoredTokens): Promise<RefreshOutcome> {
+async function refresh(s: RefreshServices, credentialId: string, seen: Seen, unstored: UnstoredTokens, finalAttempt: boolean): Promise<RefreshOutcome> {
   // Due by the database's clock, the one the scan used.
   const due = await repo.credentialDueForRefresh(s.db, credentialId);
   if (!due) return 'gone';
@@ -193,7 +193,7 @@ async function refresh(s: RefreshServices, credentialId: string, seen: Seen, uns
   // alias rotation), so the write is retried over what is there now, as long as it is still this
   // instance's credential (brokering again replaces it with another); and a write that fails for a
   // transient reason is tried again.
-  const storing = storeRetrier(s, { credential_id: credentialId, provider_instance_id: instance.id });
+  const storing = storeRetrier(s, { credential_id: credentialId, provider_instance_id: instance.id }, finalAttempt);
   let current: repo.CredentialRow | undefined = row;
   for (let tries = 0; tries < 3; tries++) {
     if (!current) return 'gone';
@@ -220,8 +220,9 @@ async function refresh(s: RefreshServices, credentialId: string, seen: Seen, uns
 // Runs the steps that store refreshed tokens, each tried again with backoff while Postgres is out of
 // reach or its statements time out (a lock held long), until CREDENTIAL_REFRESH_STORE_RETRY_MS after
 // the first such failure. Logged once when retrying starts, and at error when the attempt gives up on
-// them (never the tokens: the errors of pg and knex name no values).
-function storeRetrier(s: RefreshServices, ids: Record<string, string>) {
+// them, saying what becomes of them: kept for the next attempt, or dropped with the last (never the
+// tokens: the errors of pg and knex name no values).
+function storeRetrier(s: RefreshServices, ids: Record<string, string>, finalAttempt: boolean) {
   const seconds = s.cfg.CREDENTIAL_REFRESH_STORE_RETRY_MS / 1000;
   let deadline: number | undefined;
   return async <T>(step: () => Promise<T>): Promise<T> => {
@@ -236,7 +237,9 @@ function storeRetrier(s: RefreshServices, ids: Record<string, string>) {
           s.log.warn(failure, `could not store the refreshed tokens; retrying for up to ${seconds} s`);
         }
         if (Date.now() >= deadline) {
-          s.log.error(failure, `the refreshed tokens could not be stored within ${seconds} s: kept for the job's next attempt on this worker; should another worker take that attempt, or this one stop first, they are lost, and a provider that rotates refresh tokens refuses the old one, which makes the instance refresh_failed: then, once Postgres answers again, broker its user credential again`);
+          s.log.error(failure, finalAttempt
+            ? `the refreshed tokens could not be stored within ${seconds} s, and this was the job's last attempt: they are dropped and the refresh gives up, which makes the instance refresh_failed unless the credential changed since: then, once Postgres answers again, broker its user credential again`
+            : `the refreshed tokens could not be stored within ${seconds} s: kept for the job's next attempt on this worker; should another worker take that attempt, or this one stop first, they are lost, and a provider that rotates refresh tokens refuses the old one, which makes the instance refresh_failed: then, once Postgres answers again, broker its user credential again`);
           throw err;
         }
         await sleep(Math.min(wait, deadline - Date.now()));
