@@ -1,10 +1,10 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
-import { UnrecoverableError, type Job } from 'bullmq';
+import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import { loadConfig } from '../domain/config.ts';
 import { retryDelayMs } from '../queues/names.ts';
-import { lockWaits, resetDb, testDb, testEnv, waitFor, withQueue, type Client, type Proc, type Stack } from './helpers/stack.ts';
+import { lockWaits, openQueue, resetDb, startWorker, testDb, testEnv, waitFor, withQueue, type Client, type Proc, type Stack } from './helpers/stack.ts';
 import { consent, startOAuthStack, type OAuthServer, type OAuthStack } from './helpers/oauth-server.ts';
 import type { FakeProviders } from './helpers/fake-providers.ts';
 
@@ -572,6 +572,46 @@ describe('credential refresh: tokens a worker could not store, after another wor
     assert.equal(lines.length, 1, lines.join('\n'));
     assert.match(lines[0], /the refreshed tokens could not be stored within 2 s, and this was the job's last attempt: they are dropped and the refresh gives up/);
     assert.doesNotMatch(lines[0], /kept for the job's next attempt/);
+  });
+});
+
+describe('credential refresh: a refresh job that stalled too often', () => {
+  before(() => start({}, 1));
+  after(async () => all?.stop());
+
+  it('is not given up on, as a stall says nothing of the credential: the instance stays active, and the next scan queues the refresh again, which stores new tokens', async () => {
+    await brokered('mail-stalled');
+    const cred = await userCredential('mail-stalled');
+    const jobId = `refresh_${cred.id}`;
+    const [first] = stack.workers;
+    const handle = openQueue(stack.env, 'credential-refresh');
+    // A stalled-job check that allows no stall (maxStalledCount 0): BullMQ's check on the worker's
+    // sixth death during the job, in one. It takes no jobs (autorun off).
+    const checker = new Worker('credential-refresh', undefined, { ...handle.queue.opts, autorun: false, stalledInterval: 300, maxStalledCount: 0 });
+    try {
+      await oauth.setMode('hold-next');
+      await makeDue('mail-stalled');
+      await waitFor(async () => (await oauth.held()) === 1, 'the refresh to be under way');
+      await first.kill('SIGKILL');
+      await checker.startStalledCheckTimer();
+      await waitFor(async () => (await handle.queue.getJob(jobId))?.deferredFailure, 'the job to be marked as stalled too often');
+    } finally {
+      await checker.close();
+      await handle.close();
+      await oauth.release();
+      await oauth.setMode('ok');
+    }
+    // The worker that takes the job next fails it for good.
+    const second = await startWorker(stack.env);
+    stack.workers.push(second);
+    const after = await waitFor(async () => {
+      const row = await userCredential('mail-stalled');
+      return (row.next_rotation_time.getTime() > Date.now() || (await instance('mail-stalled')).status === 'refresh_failed') && row;
+    }, 'the refresh to end');
+    assert.equal((await instance('mail-stalled')).status, 'active');
+    assert.ok(after.next_rotation_time.getTime() > cred.next_rotation_time.getTime(), 'refreshed: due later than before');
+    assert.ok(second.logs.some((l) => l.includes('"level":40') && l.includes(cred.id) && l.includes('stalled more than allowable limit')), 'the stall is logged');
+    assert.equal((await send('mail-stalled')).status, 200);
   });
 });
 

@@ -152,15 +152,23 @@ export async function refreshCredential(s: RefreshServices, credentialId: string
 }
 
 // A refresh job that ended for good without the last attempt's give-up above: one failed before its
-// last attempt (an UnrecoverableError, a backoff answering -1, stalled too often) or whose give-up
-// failed. The instance is marked as that give-up would have, while the credential is still due and
-// holds the value read here: a run of the job still going that stores new tokens later revives it, as
-// after another run's give-up. Run again, it marks nothing more.
+// last attempt (an UnrecoverableError, a backoff answering -1) or whose give-up failed. The instance
+// is marked as that give-up would have, while the credential is still due and holds the value read
+// here: a run of the job still going that stores new tokens later revives it, as after another run's
+// give-up. Run again, it marks nothing more. Not for a job that stalled too often (requeueRefresh).
 export async function abandonRefresh(s: RefreshServices, credentialId: string, reason: string): Promise<RefreshOutcome> {
   const due = await repo.credentialDueForRefresh(s.db, credentialId);
   if (!due) return 'gone';
   if (!due.due) return 'not due';
   return giveUp(s, credentialId, { value: due.row.value }, reason);
+}
+
+// A refresh job that stalled too often (its workers killed or blocked during it) says nothing of the
+// credential, and refresh_failed would hold until the user consents again: only the scan's mark ends,
+// so the next scan queues the refresh again if the credential is still due.
+export async function requeueRefresh(s: RefreshServices, credentialId: string, reason: string): Promise<void> {
+  await repo.unmarkCredentialRefreshes(s.db, [credentialId]);
+  s.log.warn({ credential_id: credentialId, reason }, 'credential refresh job stalled too often (its workers stopped during it): not given up, the instance is left as it is; the next scan queues the refresh again');
 }
 
 async function refresh(s: RefreshServices, credentialId: string, seen: Seen, unstored: UnstoredTokens, finalAttempt: boolean): Promise<RefreshOutcome> {
