@@ -2,7 +2,7 @@
 // once when fewer than `maxInFlight` statements are running, so a lone call waits for nothing;
 // under load, items that arrive while statements run go together into the next one. Postgres then
 // pays one execution, one commit and one round trip per batch instead of per item.
-import { Unavailable } from '../domain/errors.ts';
+import { DatabaseBusy } from '../domain/errors.ts';
 
 export interface BatcherOptions<I> {
   maxBatch?: number;
@@ -39,7 +39,7 @@ export class StatementBatcher<I, O> {
 
   /** Resolves with the item's result once its statement has committed. */
   execute(item: I): Promise<O> {
-    if (this.queue.length >= this.opts.maxQueued) return Promise.reject(new Unavailable('Too many writes are waiting for the database; retry shortly'));
+    if (this.queue.length >= this.opts.maxQueued) return Promise.reject(new DatabaseBusy('Too many writes are waiting for the database; retry shortly'));
     return new Promise((resolve, reject) => {
       this.queue.push({ item, at: Date.now(), resolve, reject });
       this.drain();
@@ -70,7 +70,7 @@ export class StatementBatcher<I, O> {
     for (; i < this.queue.length && batch.length < maxBatch; i++) {
       const p = this.queue[i];
       if (now - p.at > queueTimeoutMs) {
-        p.reject(new Unavailable('The database is too busy to take this write; retry shortly'));
+        p.reject(new DatabaseBusy('The database is too busy to take this write; retry shortly'));
         continue;
       }
       const k = key?.(p.item);

@@ -133,6 +133,9 @@ export class Unavailable extends AppError {
 // The readiness probe's 503 (domain/readiness.ts): its answer that this process should get no
 // traffic now (draining, a backing service out of reach), not a request failing.
 export class NotReady extends Unavailable {}
+// Postgres too busy for a write: it waited too long, or behind too many others, for a statement
+// (db/statement-batcher.ts), as a request waiting for a pool connection would.
+export class DatabaseBusy extends Unavailable {}
 export class PayloadTooLarge extends AppError {
   constructor(message: string, data: Record<string, unknown> = {}) {
     super(413, 'payload_too_large', message, data);
@@ -159,7 +162,8 @@ export function raceConflict(err: unknown): Conflict | undefined {
 // connection reset or cut under a statement (a server killed or restarted, a proxy dropping it);
 // ioredis producers fail fast without a code ("Stream isn't writeable ...", "Connection is
 // closed.", or "Command timed out" when silent past DB_QUERY_TIMEOUT_MS); a Postgres shutting down,
-// restarting or full (57P01-57P03, 53300); no pool connection to be had.
+// restarting or full (57P01-57P03, 53300); no pool connection to be had, or no turn for a write
+// (DatabaseBusy).
 const POSTGRES_CODES = ['57P01', '57P02', '57P03', '53300'];
 const UNREACHABLE_CODES = ['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', ...POSTGRES_CODES];
 // ioredis's messages, and pg's and knex's.
@@ -168,7 +172,7 @@ const POSTGRES_MESSAGE = /Knex: Timeout acquiring a connection|Connection termin
 export function unreachable(err: unknown): boolean {
   const e = err as { code?: unknown; name?: unknown; message?: unknown };
   const message = String(e?.message ?? '');
-  return UNREACHABLE_CODES.includes(String(e?.code)) || e?.name === 'MaxRetriesPerRequestError' || REDIS_MESSAGE.test(message) || POSTGRES_MESSAGE.test(message);
+  return UNREACHABLE_CODES.includes(String(e?.code)) || e?.name === 'MaxRetriesPerRequestError' || REDIS_MESSAGE.test(message) || POSTGRES_MESSAGE.test(message) || err instanceof DatabaseBusy;
 }
 
 // A connection that could not be made at all: out of reach, or a system error on the way (a host that
@@ -196,10 +200,15 @@ export function connectionRefused(err: unknown): boolean {
   return loginRefused(err) || String((err as { code?: unknown })?.code).startsWith('08');
 }
 
+// A statement the client gave up on: no answer at all, past DB_QUERY_TIMEOUT_MS and a grace
+// (db/knex.ts), by when a Postgres that answers would have canceled it itself (57014). Postgres is silent.
+export function unanswered(err: unknown): boolean {
+  return /Query read timeout$/.test(String((err as { message?: unknown })?.message ?? ''));
+}
+
 // A statement Postgres canceled (57014: DB_QUERY_TIMEOUT_MS) or the client gave up on.
 export function statementTimedOut(err: unknown): boolean {
-  const e = err as { code?: unknown; message?: unknown };
-  return e?.code === '57014' || /Query read timeout$/.test(String(e?.message ?? ''));
+  return (err as { code?: unknown })?.code === '57014' || unanswered(err);
 }
 
 // A failure of Postgres or Redis to answer: the service is unavailable, not broken. Out of reach, or
@@ -226,7 +235,7 @@ export function outageOf(err: unknown): 'redis' | 'postgres' | undefined {
   const e = err as { code?: unknown; name?: unknown; message?: unknown };
   const message = String(e?.message ?? '');
   if (e?.name === 'MaxRetriesPerRequestError' || REDIS_MESSAGE.test(message)) return 'redis';
-  if (POSTGRES_CODES.includes(String(e?.code)) || POSTGRES_MESSAGE.test(message) || statementTimedOut(err)) return 'postgres';
+  if (POSTGRES_CODES.includes(String(e?.code)) || POSTGRES_MESSAGE.test(message) || statementTimedOut(err) || err instanceof DatabaseBusy) return 'postgres';
   return undefined;
 }
 

@@ -7,7 +7,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pgClient from 'pg';
 import { Queue } from 'bullmq';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
-import { behindServiceProxy } from './helpers/black-hole-proxy.ts';
+import { behindProxy, behindServiceProxy } from './helpers/black-hole-proxy.ts';
 import { startOwnPostgres, type OwnPostgres } from './helpers/own-postgres.ts';
 import { openQueue, requestLogsThrough, requireEnv, ROOT, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Proc, type Response, type Stack } from './helpers/stack.ts';
 
@@ -380,6 +380,52 @@ describe('job pipeline under faults', function () {
       // The outage's warn lines name Postgres (the reason is the driver's "Query read timeout").
       const outage = logged.filter((l) => l.includes('request failed: unavailable'));
       assert.ok(outage.some((l) => l.includes('"service":"postgres"')), outage.join('\n'));
+    });
+  });
+
+  describe('Postgres gone silent while agent runs are in flight', () => {
+    let stack: Stack | undefined;
+    let proxy: Awaited<ReturnType<typeof behindProxy>>['proxy'] | undefined;
+    // One attempt only: a run that meets the silence must go back to the queue, never fail its task.
+    before(async () => {
+      const via = await behindProxy(requireEnv('DATABASE_URL'));
+      proxy = via.proxy;
+      stack = await startStack({ DATABASE_URL: via.url, DB_QUERY_TIMEOUT_MS: '12000', AGENT_ATTEMPTS: '1' }, { workers: 1 });
+    });
+    after(async () => {
+      await stack?.stop();
+      await proxy?.close();
+    });
+
+    it('uses up no attempt: runs whose writes time out, wait for a connection or are refused as too busy all complete once it answers', async () => {
+      const s = stack!;
+      const texts = Array.from({ length: 10 }, (_, i) => `[sleep 5000] run ${i}`);
+      const ids: string[] = [];
+      for (const text of texts) ids.push((await s.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id);
+      await waitFor(async () => {
+        for (const id of ids) if ((await s.client.get(`/api/task/v1/${id}`)).body.status_message?.parts[0].text !== 'Working for 5000 ms') return false;
+        return true;
+      }, 'every run to be working');
+      // Silent past the write batcher's wait (10 s) and the client's read timeout (14 s): the runs'
+      // ends that reach an open connection go unanswered, and those queued behind them are refused.
+      proxy!.swallow();
+      try {
+        for (const reason of ['The database is too busy to take this write', 'Query read timeout']) {
+          await waitFor(async () => s.workers[0].logs.some((l) => l.includes(reason) && l.includes('task_id')), `a run to meet "${reason}"`, 40_000, 200);
+        }
+      } finally {
+        proxy!.forward();
+      }
+      for (const [i, id] of ids.entries()) {
+        const done = await waitForStatus(s, id, 'completed');
+        assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: `Echo: ${texts[i]}` }]);
+      }
+      const logs = s.workers[0].logs;
+      assert.ok(!logs.some((l) => l.includes('agent run failed')), logs.filter((l) => l.includes('agent run failed')).join('\n'));
+      const back = logs.filter((l) => l.includes('the run goes back to the queue'));
+      for (const reason of ['Query read timeout', 'The database is too busy to take this write']) {
+        assert.ok(back.some((l) => l.includes(reason)), `a run went back to the queue on "${reason}": ${back.join('\n')}`);
+      }
     });
   });
 

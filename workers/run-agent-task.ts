@@ -3,7 +3,7 @@
 import { RateLimitError, WaitingError, type Job } from 'bullmq';
 import { randomUUID } from 'node:crypto';
 import type { Services } from '../domain/services.ts';
-import { InvalidRequest, NotFound, publicReason, type ResourceName, refusedByRuntime, unreachable } from '../domain/errors.ts';
+import { InvalidRequest, NotFound, publicReason, type ResourceName, refusedByRuntime, unanswered, unreachable } from '../domain/errors.ts';
 import type { JobPayloads } from '../queues/names.ts';
 import * as tasks from '../db/tasks.ts';
 import type { RunState } from '../db/tasks.ts';
@@ -191,11 +191,12 @@ function agentContext(
 
 export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry, metrics: WorkerMetrics) {
   const { log } = services;
-  // Errors of the run's own calls saying Postgres or Redis is out of reach. A run that meets one
-  // has not failed: it goes back to the queue without using up an attempt, or every run of an
-  // outage would fail for good. The agent's own errors (a remote agent refusing connections) are
-  // not marked: those are its failures. Nor are statements that timed out: that may be about this
-  // run alone, which would otherwise come back first after every pause, for ever.
+  // Errors of the run's own calls saying Postgres or Redis is out of reach, too busy to take a
+  // write, or silent (a statement never answered). A run that meets one has not failed: it goes
+  // back to the queue without using up an attempt, or every run of an outage would fail for good.
+  // The agent's own errors (a remote agent refusing connections) are not marked: those are its
+  // failures. Nor are statements Postgres canceled (57014): that may be about this run alone, which
+  // would otherwise come back first after every pause, for ever.
   const outages = new WeakSet<object>();
   // The runtime refusing what a run handed it or asked for (refusedByRuntime):
   // no retry can mend that, so the run fails at once instead of repeating its work, and its replies.
@@ -207,7 +208,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       return await call();
     } catch (err) {
       if (typeof err === 'object' && err) {
-        if (unreachable(err)) outages.add(err);
+        if (unreachable(err) || unanswered(err)) outages.add(err);
         else if (refusedByRuntime(err)) refusals.add(err);
       }
       throw err;
