@@ -1015,6 +1015,47 @@ describe('remote A2A agent that answers without end, or about another task', () 
   });
 });
 
+describe('remote A2A agent whose origin answers with a redirect', () => {
+  // An internal service a redirect points at: it records what reached it and answers with a page of its own.
+  const reached: string[] = [];
+  const internal = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (b) => { body += b; });
+    req.on('end', () => {
+      reached.push(`${req.method} ${req.url} ${body}`);
+      res.writeHead(404, { 'content-type': 'text/plain' }).end('INTERNAL-SECRET-PAGE admin console');
+    });
+  });
+  // What the remote redirects: its card read, or its calls.
+  let redirected: 'card' | 'call' = 'card';
+  const server = http.createServer((req, res) => {
+    req.resume();
+    const to = `http://127.0.0.1:${(internal.address() as AddressInfo).port}/internal`;
+    if (req.method === 'GET' && redirected === 'call') answerAgentCard(res, { name: 'moved', description: 'redirects its calls', url: `http://${req.headers.host}/rpc`, streaming: true });
+    else res.writeHead(req.method === 'GET' ? 302 : 307, { location: to }).end();
+  });
+  before(() => new Promise<void>((resolve) => internal.listen(0, '127.0.0.1', resolve)));
+  after(async () => {
+    internal.closeAllConnections();
+    await new Promise((resolve) => internal.close(resolve));
+  });
+  const stack = useStackOnRawAgent(server, { AGENT_ATTEMPTS: '1' });
+
+  for (const what of ['card', 'call'] as const) {
+    it(`fails the run whose ${what === 'card' ? 'card read' : 'message/stream call'} is redirected, following it nowhere`, async () => {
+      redirected = what;
+      reached.length = 0;
+      const failed = await failedTaskOn(stack, `for the ${what}`);
+      const reason = failed.status_message.parts[0].text as string;
+      // Before: the redirect was followed (the message re-sent there, a POST) and the internal page quoted in the reason.
+      assert.deepEqual(reached, []);
+      assert.ok(!JSON.stringify(failed).includes('INTERNAL-SECRET-PAGE'), reason);
+      assert.match(reason, new RegExp(`${what === 'card' ? 'card at .* could not be read: ' : ''}the remote agent answered HTTP ${what === 'card' ? '302 Found' : '307 Temporary Redirect'}: redirects are not followed \\(set AGENT_REMOTE_URL to the final address\\)`));
+      assert.ok(!reason.includes('/internal'), 'the redirect\'s Location is not quoted');
+    });
+  }
+});
+
 describe('remote A2A agent that cannot stream and answers message/send only when its task ends', () => {
   let sends = 0;
   const server = rawA2ARemote({ name: 'slow', description: 'answers late', streaming: false }, ({ id, method }, res) => {

@@ -128,6 +128,14 @@ async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init
     await res.body?.cancel().catch(() => undefined);
     throw new RemoteRefused(`the remote agent answered HTTP ${res.status}${res.statusText ? ` ${res.statusText}` : ''}`);
   }
+  // Requests go with redirect: 'manual' (clientFactory): a followed redirect re-sent the user's
+  // message, or read a card, wherever its Location pointed, internal addresses too, and the SDK then
+  // quoted that page. The Location is not quoted: it names whatever the remote chose.
+  if (res.status >= 300 && res.status < 400) {
+    over();
+    await res.body?.cancel().catch(() => undefined);
+    throw new Error(`the remote agent answered HTTP ${res.status}${res.statusText ? ` ${res.statusText}` : ''}: redirects are not followed (set AGENT_REMOTE_URL to the final address)`);
+  }
   const stream = /^text\/event-stream/i.test(res.headers.get('content-type') ?? '');
   if (stream) clearTimeout(timer);
   if (!res.body) {
@@ -182,8 +190,8 @@ function cardLocation(url: string): [string, string | undefined] {
 // A card is the remote's own word on where its endpoint is; without this, a card pointing elsewhere
 // would hand the key to whoever it names. For the same reason another origin the card names must be
 // on a public address (unless AGENT_REMOTE_ALLOW_PRIVATE): checked before each call and again when
-// connecting (DNS rebinding), without following redirects, or a card could aim the worker's calls
-// at internal services.
+// connecting (DNS rebinding), or a card could aim the worker's calls at internal services. No
+// request follows a redirect (boundedFetch fails it), AGENT_REMOTE_URL's origin's neither.
 // `withheld` collects the origins the key was kept from.
 function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>, allowPrivate: boolean, timeoutMs: number, log: Logger, withheld: Set<string>): ClientFactory {
   const fetchImpl: typeof fetch = (input, init) => boundedFetch((bounded) => unbounded(input, bounded), init, timeoutMs);
@@ -195,13 +203,13 @@ function clientFactory(apiKey: string | undefined, trusted: ReadonlySet<string>,
     const headers = new Headers(init?.headers);
     if (trusted.has(target.origin)) {
       if (apiKey) headers.set('authorization', `Bearer ${apiKey}`);
-      return fetchUntimed(target.href, { ...init, headers });
+      return fetchUntimed(target.href, { ...init, headers, redirect: 'manual' });
     }
     if (apiKey && !withheld.has(target.origin)) {
       withheld.add(target.origin);
       log.warn({ origin: target.origin }, 'AGENT_REMOTE_API_KEY withheld from a remote agent endpoint outside the trusted origins (AGENT_REMOTE_URL and AGENT_REMOTE_KEY_ORIGINS)');
     }
-    if (allowPrivate) return fetchUntimed(target.href, { ...init, headers });
+    if (allowPrivate) return fetchUntimed(target.href, { ...init, headers, redirect: 'manual' });
     await assertOutboundUrl(target.href, false, `The remote agent endpoint ${target.origin} that its card names`, 'AGENT_REMOTE_ALLOW_PRIVATE');
     return fetchPublicOnly(target.href, { ...init, headers }, { untimed: true });
   };
