@@ -683,6 +683,22 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
     for (const text of [JSON.stringify(done), jobs, ...logs]) assert.ok(!text.includes(QUOTED_KEY), text.slice(0, 400));
   });
 
+  it("bounds a remote's error answer of megabytes, which the failure reason quotes, in the worker log and the job in Redis", async () => {
+    const page = 'x'.repeat(4 * 1024 * 1024);
+    const { done, jobs, logs } = await failedOnRemote(false, (req, res) => {
+      req.resume();
+      res.writeHead(500, { 'content-type': 'text/plain' }).end(`${req.headers.authorization} ${page}`);
+    });
+    assert.match(done.status_message.parts[0].text, /^The agent failed after 2 attempt\(s\): HTTP error for message\/send! Status: 500 Internal Server Error\. Response: (Bearer )?\*\*\* xxx/);
+    // Before: the whole page in the two failures' log lines, and in the retried attempt's failedReason and stack in Redis.
+    for (const line of logs) assert.ok(line.length < 4096, `a log line of ${line.length} characters: ${line.slice(0, 200)}`);
+    const [job] = JSON.parse(jobs) as { failedReason?: string; stacktrace?: string[] }[];
+    assert.match(job.failedReason ?? '', /Status: 500 Internal Server Error\. Response: (Bearer )?\*\*\* xxx/);
+    assert.ok(job.failedReason!.length < 4096, `a failedReason of ${job.failedReason!.length} characters`);
+    assert.ok(job.stacktrace?.length && job.stacktrace.every((s) => s.length < 4096), `stacks of ${job.stacktrace?.map((s) => s.length).join(', ')} characters`);
+    for (const text of [JSON.stringify(done), jobs, ...logs]) assert.ok(!text.includes(QUOTED_KEY), text.slice(0, 400));
+  });
+
   it('sends it to an origin AGENT_REMOTE_KEY_ORIGINS trusts', async () => {
     const stack = await startStack({
       AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, AGENT_ATTEMPTS: '1',

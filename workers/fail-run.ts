@@ -11,8 +11,9 @@ import { storableText } from '../domain/storable-json.ts';
 // Why a run failed often carries an agent's error message: one with a NUL character made the write
 // fail (the task stayed working), one of megabytes went whole into a task's status message.
 const FAILURE_REASON_MAX_CHARS = 1000;
-const storableWhy = (why: string) =>
-  storableText(why.length > FAILURE_REASON_MAX_CHARS ? `${why.slice(0, FAILURE_REASON_MAX_CHARS)}…` : why);
+/** `why` cut to FAILURE_REASON_MAX_CHARS, an ellipsis marking the cut; secrets are masked before, as a cut may split one. */
+export const cutReason = (why: string): string => (why.length > FAILURE_REASON_MAX_CHARS ? `${why.slice(0, FAILURE_REASON_MAX_CHARS)}…` : why);
+const storableWhy = (why: string) => storableText(cutReason(why));
 
 /** Fails the task, if it has not ended (nor been taken from the run, as `run` asks), with an agent status message saying why; null when it had. */
 export const failRun = (uow: UnitOfWork, taskId: string, why: string, run?: Pick<StatusChange, 'run' | 'runAttempt' | 'lostRun'>) =>

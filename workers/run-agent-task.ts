@@ -13,7 +13,7 @@ import { inStatement, inTransaction, type UnitOfWork } from '../domain/unit-of-w
 import { heldByTake, isTerminal, RUN_RESULTS, runEndsFrom, workingUnder } from '../domain/task-states.ts';
 import type { AgentContext, AgentHandler, AgentResult } from './agents/types.ts';
 import { agentMessage, checkArtifact } from './agents/agent-output.ts';
-import { failRun } from './fail-run.ts';
+import { cutReason, failRun } from './fail-run.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 import type { WorkerMetrics } from '../queues/worker-metrics.ts';
 import { noSecretWithKey, readSecretValue } from '../domain/secrets.ts';
@@ -330,10 +330,12 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       const attempts = refused ? job.attemptsMade + 1 : (job.opts.attempts ?? 1);
       // A run that timed out failed for that, whatever its agent threw on the way out.
       const unmasked = failureReason(timedOut() ? controller.signal.reason : err);
-      const reason = secretMasker([...secretsRead])(unmasked);
+      // Cut as the task's status message is: an agent's error may quote megabytes (a remote agent's
+      // error page), which went whole into each attempt's log line and the job's failedReason and stack.
+      const reason = cutReason(secretMasker([...secretsRead])(unmasked));
       if (job.attemptsMade + 1 < attempts) {
         log.warn({ task_id: taskId, attempt: job.attemptsMade + 1, attempts, reason }, 'agent run failed; it will be retried');
-        // BullMQ keeps the error's message and stack: one that quotes a secret is not handed on.
+        // BullMQ keeps the error's message and stack: one that quotes a secret, or was cut, is not handed on.
         const thrown = err instanceof Error && reason === unmasked ? err : new Error(reason);
         retried.add(thrown);
         throw thrown;
