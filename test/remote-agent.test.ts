@@ -660,9 +660,21 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
   it('quotes no part of the key from a stream line that is not JSON, where the SDK cuts its quote of the line at character 100', async () => {
     // The line echoes the Authorization header, the key across character 100.
     const { done, jobs, logs } = await failedOnRemote(true, (req, res) => {
-      req.resume();
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.end(`data: ${'.'.repeat(90 - 'Bearer '.length)}${req.headers.authorization} is what you sent\n\n`);
+      let body = '';
+      req.on('data', (b) => { body += b; });
+      req.on('end', () => {
+        const { id, method } = JSON.parse(body) as { id: number; method: string };
+        const echo = `${'.'.repeat(90 - 'Bearer '.length)}${req.headers.authorization} is what you sent`;
+        // The retry reads the remote task the stream named: answered alike.
+        if (method === 'tasks/get') {
+          res.writeHead(200, { 'content-type': 'application/json' }).end(echo);
+          return;
+        }
+        // The task named first: a stream that fails before it names one fails the task at once, unretried.
+        const task = { kind: 'task', id: 'remote-q', contextId: 'remote-ctx', status: { state: 'working' } };
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(`data: ${JSON.stringify({ jsonrpc: '2.0', id, result: task })}\n\ndata: ${echo}\n\n`);
+      });
     });
     // Before: 'Failed to parse SSE event data: "....Bearer remote-api-key..."...', the key's start unmasked.
     assert.equal(done.status_message.parts[0].text, "The agent failed after 2 attempt(s): the remote agent answered what is not JSON: Unexpected token '.'");
@@ -1251,5 +1263,28 @@ describe('remote A2A agent whose stream breaks after an artifact: the retry', ()
     assert.equal(sent.get(remoteTask.id)!.length, 2, 'the answer was sent once');
     assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
     assert.deepEqual(await agentTexts(id), [`thinking about ${text}`, 'Which colour?', 'done after the break']);
+  });
+});
+
+describe('remote A2A agent whose stream fails before it names a task', () => {
+  // The message ids the remote was sent, and the tasks it made for them (one per message/stream).
+  const received: string[] = [];
+  const server = rawA2ARemote({ name: 'string ids', description: 'echoes the request id as a string', streaming: true }, (call, res) => {
+    if (call.method !== 'message/stream') {
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: call.id, error: { code: -32001, message: 'Task not found' } }));
+      return;
+    }
+    received.push(call.params.message.messageId);
+    const task = { kind: 'task', id: `remote-${received.length}`, contextId: 'remote-ctx', status: { state: 'working' } };
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write(`data: ${JSON.stringify({ jsonrpc: '2.0', id: String(call.id), result: task })}\n\n`);
+  });
+  const stack = useStackOnRawAgent(server, { AGENT_ATTEMPTS: '3' });
+
+  it('sends the message once and fails the task at once, saying why, when the remote answers its first event under an id of another type', async () => {
+    const failed = await failedTaskOn(stack, 'string id');
+    // Before: sent on each of the 3 attempts (3 remote tasks, none known, none canceled), failing with "Expected 3, got 3.".
+    assert.equal(received.length, 1, `the remote was sent the message ${received.length} times`);
+    assert.match(failed.status_message.parts[0].text, /^The remote agent's stream failed before it named a task for the message, which may have reached it \(not retried, so that the remote does not get it again\): the remote agent answered with JSON-RPC id \d+ of another JSON type than the request's \(a string for a number\)$/);
   });
 });

@@ -63,6 +63,10 @@ const CANCELS_PER_PASS = 100;
 const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
 const REMOTE_TIMEOUT_MS = 30_000;
 
+// The signals of message/stream calls the remote took (HTTP 200, an event stream): from then on the
+// message may have reached it. The SDK hands a call's signal to fetch as it was given.
+const streamsTaken = new WeakSet<AbortSignal>();
+
 // The JSON-RPC method a call sends, if its body names one.
 function methodOf(init: RequestInit | undefined): unknown {
   if (typeof init?.body !== 'string') return undefined;
@@ -138,6 +142,7 @@ async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init
   }
   const stream = /^text\/event-stream/i.test(res.headers.get('content-type') ?? '');
   if (stream) clearTimeout(timer);
+  if (stream && res.ok && init?.signal) streamsTaken.add(init.signal);
   if (!res.body) {
     over();
     return res;
@@ -156,6 +161,24 @@ async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init
     flush: over,
   }));
   return new Response(counted, { status: res.status, statusText: res.statusText, headers: res.headers });
+}
+
+// The SDK's error for a stream event that is a JSON-RPC error.
+const SSE_EVENT_ERROR = 'SSE event contained an error';
+
+// A stream the remote took that failed before it named a task for the message (see send): the run
+// fails at once, `cause` saying why, rather than sending the message again.
+class SentUnnamed extends Error {
+  constructor(readonly why: unknown) {
+    super('the remote agent named no task');
+  }
+}
+
+// The SDK's "Expected 3, got 3." for an answer whose JSON-RPC id is the request's in another JSON
+// type (the string "3" for the number 3) reads as no mismatch at all.
+function idMismatch(err: unknown): unknown {
+  const ids = err instanceof Error ? /^JSON-RPC response ID mismatch.*\. Expected (.*), got (.*)\.$/s.exec(err.message) : null;
+  return ids && ids[1] === ids[2] ? new Error(`the remote agent answered with JSON-RPC id ${ids[2]} of another JSON type than the request's (a string for a number)`) : err;
 }
 
 // An answer's 401 or 403 status, as boundedFetch reports it (for the card read, a call or a stream):
@@ -303,7 +326,11 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
         const remoteContext = known ? known.remote_context_id : await remoteContextOf(db, ctx.task.context_id, ctx.task.id);
         // Tasks the message refers to are named to the remote by their remote ids: ours mean nothing there.
         const references = await remoteTaskIdsOf(db, ctx.message.reference_task_ids);
-        const done = await send(remote, mirror, ctx, known, { contextId: remoteContext ?? undefined, referenceTaskIds: references }, link.signal);
+        const done = await send(remote, mirror, ctx, known, { contextId: remoteContext ?? undefined, referenceTaskIds: references }, link.signal).catch((err: unknown) => {
+          if (!(err instanceof SentUnnamed)) throw err;
+          const why = keyless(notJson(idMismatch(err.why)));
+          return { status: 'failed' as const, message: `The remote agent's stream failed before it named a task for the message, which may have reached it (not retried, so that the remote does not get it again): ${why instanceof Error ? why.message : String(why)}` };
+        });
         if (done) return done;
       }
       // The stream ended before the remote task did, or the remote cannot stream: the client then
@@ -395,6 +422,14 @@ async function send(
       if (done) return done;
     }
     return undefined;
+  } catch (err) {
+    // The remote took the stream, but it failed before an event named the remote task (one refused,
+    // a line not JSON or too long): the message may have made a task there that no run knows. A retry
+    // would send it again, each try making a task nobody cancels. A JSON-RPC error is the remote's
+    // word that the request failed, and a stopped run ends as its stop says: both as before.
+    const remoteError = err instanceof Error && err.message.startsWith(SSE_EVENT_ERROR);
+    if (streamsTaken.has(forward.signal) && !mirror.remoteTaskId && !link.aborted && !remoteError) throw new SentUnnamed(err);
+    throw err;
   } finally {
     link.removeEventListener('abort', onStop);
     clearTimeout(giveUp);
