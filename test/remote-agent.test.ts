@@ -1288,3 +1288,24 @@ describe('remote A2A agent whose stream fails before it names a task', () => {
     assert.match(failed.status_message.parts[0].text, /^The remote agent's stream failed before it named a task for the message, which may have reached it \(not retried, so that the remote does not get it again\): the remote agent answered with JSON-RPC id \d+ of another JSON type than the request's \(a string for a number\)$/);
   });
 });
+
+describe('remote A2A agent whose events change nothing the local task holds', () => {
+  const server = rawA2ARemote({ name: 'noise', description: 'sends fresh status messages and empty artifacts without end', streaming: true }, (call, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    const ids = { taskId: 'remote-noise', contextId: 'remote-ctx' };
+    res.write(call.event({ kind: 'task', id: ids.taskId, contextId: ids.contextId, status: { state: 'working' } }));
+    // Each with an id never seen: a status message of a state other than working, an artifact of no parts.
+    // 600 in all, past the 500 a run notes; the stream then stays open, as the remote's task would.
+    for (let i = 0; i < 300; i++) {
+      res.write(call.event({ kind: 'status-update', ...ids, final: false, status: { state: 'submitted', message: { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [] } } }));
+      res.write(call.event({ kind: 'artifact-update', ...ids, artifact: { artifactId: randomUUID(), parts: [] } }));
+    }
+  });
+  const stack = useStackOnRawAgent(server, { AGENT_ATTEMPTS: '1' });
+
+  it('fails the run once it has noted more of them than it keeps, rather than following the remote task on', async () => {
+    // Before: the task stayed working, the worker keeping every id.
+    const failed = await failedTaskOn(stack, 'noise');
+    assert.equal(failed.status_message.parts[0].text, 'The agent failed after 1 attempt(s): the remote agent sent more than 500 status messages or artifacts the local task does not hold (status messages of another state than working, artifacts of no parts)');
+  });
+});

@@ -56,6 +56,11 @@ const CANCEL_RETRY_MS = 60_000;
 // (CANCEL_TIMEOUT_MS each) is done before CANCEL_RETRY_MS, so no other worker takes its rows again meanwhile.
 const CANCEL_BATCH = 10;
 const CANCELS_PER_PASS = 100;
+// How many status messages and artifacts a run notes without the local task holding them (a status
+// message of another state than working, an artifact of no parts), at most: each is kept to tell a
+// repeat, and nothing stored counts against the task's limits, so a remote sending fresh ones without
+// end would fill the worker's memory. Ids are not forgotten instead: a repeat would then be mirrored again.
+const MAX_UNHELD = 500;
 
 // What the SDK reads whole (a card, a call's answer) and each line of a stream, at most: it buffers
 // both without a bound, so an endless answer or line (or a gzip bomb: this counts decoded bytes)
@@ -476,6 +481,7 @@ class Mirror {
   // The interruption this turn answers. A remote may report it again before it takes up the answer
   // (a stream opened with the task as it stands, as taskbridge's own do): that is not this turn's end.
   private answering?: TaskStatus;
+  private unheld = 0;
 
   constructor(private readonly ctx: AgentContext, private readonly db: Knex, public remoteTaskId: string | undefined) {
     this.seenMessages.add(ctx.message.id);
@@ -604,7 +610,10 @@ class Mirror {
     const made = applyArtifactUpdate(held, artifact, append);
     if (held && sameAsStored(held, made)) return;
     this.artifacts.set(artifact.artifactId, made);
-    if (!made.parts.length) return;
+    if (!made.parts.length) {
+      if (!held) this.noteUnheld();
+      return;
+    }
     const whole = (held && !held.parts.length) || !artifact.parts.length;
     this.answering = undefined;
     await this.ctx.emitArtifact({ ...(whole ? made : artifact), ...(append && !whole ? { append } : {}), ...(lastChunk ? { lastChunk } : {}) });
@@ -618,7 +627,14 @@ class Mirror {
     if (status.message) this.seenMessages.add(status.message.messageId);
     if (isEnd(status.state)) return resultOf(status, fresh);
     if (status.state === 'working' && fresh && status.message?.parts.length) await this.ctx.setStatus('working', replyOf(status.message));
+    else if (fresh) this.noteUnheld();
     return undefined;
+  }
+
+  private noteUnheld(): void {
+    if (++this.unheld > MAX_UNHELD) {
+      throw new Error(`the remote agent sent more than ${MAX_UNHELD} status messages or artifacts the local task does not hold (status messages of another state than working, artifacts of no parts)`);
+    }
   }
 
   async apply(event: StreamEvent): Promise<AgentResult | undefined> {
