@@ -1277,7 +1277,9 @@ describe('remote A2A agent whose stream fails before it names a task', () => {
     received.push(call.params.message.messageId);
     const task = { kind: 'task', id: `remote-${received.length}`, contextId: 'remote-ctx', status: { state: 'working' } };
     res.writeHead(200, { 'content-type': 'text/event-stream' });
-    res.write(`data: ${JSON.stringify({ jsonrpc: '2.0', id: String(call.id), result: task })}\n\n`);
+    // '[long]': a first event with no result and 2 MB of something else, which the SDK's error quotes whole.
+    if (call.params.message.parts[0].text.includes('[long]')) res.write(`data: ${JSON.stringify({ jsonrpc: '2.0', id: call.id, noise: 'n'.repeat(2_000_000) })}\n\n`);
+    else res.write(`data: ${JSON.stringify({ jsonrpc: '2.0', id: String(call.id), result: task })}\n\n`);
   });
   const stack = useStackOnRawAgent(server, { AGENT_ATTEMPTS: '3' });
 
@@ -1286,6 +1288,16 @@ describe('remote A2A agent whose stream fails before it names a task', () => {
     // Before: sent on each of the 3 attempts (3 remote tasks, none known, none canceled), failing with "Expected 3, got 3.".
     assert.equal(received.length, 1, `the remote was sent the message ${received.length} times`);
     assert.match(failed.status_message.parts[0].text, /^The remote agent's stream failed before it named a task for the message, which may have reached it \(not retried, so that the remote does not get it again\): the remote agent answered with JSON-RPC id \d+ of another JSON type than the request's \(a string for a number\)$/);
+  });
+
+  it('cuts what the failure quotes of a first event that is no answer (2 MB of it) to the bound of a failure reason', async () => {
+    const before = received.length;
+    const failed = await failedTaskOn(stack, 'a long one [long]');
+    assert.equal(received.length, before + 1);
+    const text = failed.status_message.parts[0].text as string;
+    assert.match(text, /^The remote agent's stream failed before it named a task for the message, .*: SSE event JSON-RPC response is missing 'result' field\. Data: \{"jsonrpc":"2\.0","id":\d+,"noise":"nnnn/);
+    assert.ok(text.length < 1200, `a status message of ${text.length} characters`);
+    assert.ok(text.endsWith('…'));
   });
 });
 

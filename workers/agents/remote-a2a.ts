@@ -35,6 +35,7 @@ import type { MessagePart } from '../../domain/shapes/task.ts';
 import { sameAsStored } from '../../domain/storable-json.ts';
 import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
 import { checkEvent, type StreamEvent } from './remote-answers.ts';
+import { cutReason } from '../fail-run.ts';
 
 const FINAL_STATES: Partial<Record<A2AState, NonNullable<AgentResult['status']>>> = {
   completed: 'completed',
@@ -334,7 +335,8 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
         const done = await send(remote, mirror, ctx, known, { contextId: remoteContext ?? undefined, referenceTaskIds: references }, link.signal).catch((err: unknown) => {
           if (!(err instanceof SentUnnamed)) throw err;
           const why = keyless(notJson(idMismatch(err.why)));
-          return { status: 'failed' as const, message: `The remote agent's stream failed before it named a task for the message, which may have reached it (not retried, so that the remote does not get it again): ${why instanceof Error ? why.message : String(why)}` };
+          // Cut as a thrown failure's reason is: the SDK's error quotes the event whole (megabytes).
+          return { status: 'failed' as const, message: `The remote agent's stream failed before it named a task for the message, which may have reached it (not retried, so that the remote does not get it again): ${cutReason(why instanceof Error ? why.message : String(why))}` };
         });
         if (done) return done;
       }
