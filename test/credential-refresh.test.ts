@@ -3,6 +3,8 @@ import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { UnrecoverableError, Worker, type Job } from 'bullmq';
 import { loadConfig } from '../domain/config.ts';
+import { openCredential } from '../domain/bridge/credentials.ts';
+import { credentialDef, providerDef } from '../domain/bridge/catalog.ts';
 import { retryDelayMs } from '../queues/names.ts';
 import { lockWaits, openQueue, resetDb, startWorker, testDb, testEnv, waitFor, withQueue, type Client, type Proc, type Stack } from './helpers/stack.ts';
 import { consent, startOAuthStack, type OAuthServer, type OAuthStack } from './helpers/oauth-server.ts';
@@ -57,6 +59,9 @@ async function refreshFailing(id: string, mode: Parameters<OAuthServer['setMode'
     await waitFor(async () => (await instance(id)).status === 'refresh_failed', 'the instance to be refresh_failed');
   });
 }
+// A stored user credential's refresh token, decrypted.
+const refreshTokenOf = async (row: { kind: 'user'; value: Record<string, unknown>; dek_id: string }) =>
+  (await openCredential({ db: testDb(), cfg: loadConfig(stack.env) }, credentialDef(providerDef('google_mail'), 'oauth_auth_flow'), row)).refresh_token;
 const send = (id: string) => c.post(`${B}/provider/${id}/function/google_mail_send_email/invoke`, { params: { to: 'a@example.com', subject: 's', body: 'b' } });
 
 describe('credential refresh: OAuth user credentials renewed by workers before they expire', () => {
@@ -361,6 +366,31 @@ describe('credential refresh: OAuth user credentials renewed by workers before t
     assert.equal((await instance('mail-sh2')).status, 'active', 'its refresh token was not spent by mail-sh1');
     assert.equal((await send('mail-sh2')).status, 200);
     assert.equal((await instance('mail-sh1')).status, 'refresh_failed', 'no refresh token: broker it again, as when none comes back');
+  });
+
+  it('brokering again without a refresh token keeps the one a refresh stored while the previous credential was decrypted, not the one decrypted', async () => {
+    await brokered('mail-mv');
+    // Its tokens stand in for those a refresh of mail-mv's credential stores (sealed for the same members).
+    await brokered('mail-mv2');
+    const before = await userCredential('mail-mv');
+    const refreshed = await userCredential('mail-mv2');
+    // Compared, not shown: a failure prints no token.
+    assert.ok(await refreshTokenOf(refreshed) !== await refreshTokenOf(before));
+    let done: Promise<void> | undefined;
+    const trx = await testDb().transaction();
+    try {
+      await trx('bridge_credentials').where({ id: before.id }).forUpdate().first();
+      done = oauth.inMode('no-refresh-as:johndoe', () => rebroker('mail-mv'));
+      done.catch(() => undefined);
+      await waitFor(async () => (await lockWaits('%from "bridge_credentials"%for update%')) === 1, 'the brokering to wait for the credential it decrypted');
+      await trx('bridge_credentials').where({ id: before.id }).update({ value: refreshed.value, dek_id: refreshed.dek_id });
+    } finally {
+      await trx.commit();
+    }
+    await done;
+    const after = await userCredential('mail-mv');
+    assert.notEqual(after.id, before.id);
+    assert.ok(await refreshTokenOf(after) === await refreshTokenOf(refreshed), 'the refresh token the credential held when brokering stored');
   });
 
   it('gives up, as on any malformed answer, when the refresh answers a token_type other than bearer: the DPoP token is not stored', async () => {

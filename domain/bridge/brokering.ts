@@ -6,9 +6,10 @@
 // The first flow of an instance to complete ends its others, their code exchanges under way included.
 // Deleting the instance ends its flows too, even when another is made under its id meanwhile.
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
+import { isDeepStrictEqual } from 'node:util';
 import type { Knex } from 'knex';
 import type { Services } from '../services.ts';
-import { Gone, InvalidRequest, NoAnswer, NotFound, Upstream } from '../errors.ts';
+import { AppError, Gone, InvalidRequest, NoAnswer, NotFound, Unavailable, Upstream } from '../errors.ts';
 import * as repo from '../../db/bridge.ts';
 import { deleteBrokerStatesExpiredBefore, deleteBrokerStatesOf, insertBrokerState, putBackBrokerState, takeBrokerState, type BrokerStateRow, type TakenBrokerState } from '../../db/broker-states.ts';
 import type { BrokerState, Credential } from '../shapes/bridge.ts';
@@ -101,19 +102,29 @@ export async function completeBrokering(
   if (answer.status >= 400) throw refusal('code', answer);
   const tokens = withTokens(answer, { code: reply.code }, requestedScopes(provider, rs));
   // The tokens are sealed under the alias of the instance's resource server credential.
-  const { credential, refreshable } = await writeUnderAlias(s, rsRow.dek_alias, async (trx, dekId) => {
+  const store = (previous: PreviousToken | undefined, last: boolean) => writeUnderAlias(s, rsRow.dek_alias, async (trx, dekId) => {
     const current = flowInstance(await repo.getProviderInstance(trx, instance.id, 'update'), state);
     if (!current) throw voided(s, state, 'its instance was deleted during its code exchange');
     // Another flow of the instance completed during this one's code exchange, when this state was
     // taken already and so escaped its delete: that flow stands, as if the delete had reached this one.
     if (current.user_credential_id !== state.instance_user_credential_id) throw voided(s, state, 'another flow of the instance completed during its code exchange');
-    const plain = await keepingRefreshToken(s, trx, cc, current, tokens);
+    const plain = await keepingRefreshToken(trx, current, tokens, previous, last);
     const stored = await storeCredential(s, trx, { kind: 'user', providerTypeId: provider.type_id, cc, plain, metadata: {}, dekId, alias: rsRow.dek_alias });
     await repo.setUserCredential(trx, instance.id, stored.id);
     if (current.user_credential_id) await repo.deleteOrphanCredentials(trx, [current.user_credential_id]);
     // The instance's other flows end with this one: their callbacks answer as a used state's.
     await deleteBrokerStatesOf(trx, instance.id);
     return { credential: stored, refreshable: Boolean(plain.refresh_token) };
+  });
+  const previousRow = tokens.refresh_token || !tokens.sub || !state.instance_user_credential_id
+    ? undefined : (await repo.getCredentials(s.db, [state.instance_user_credential_id]))[0];
+  const { credential, refreshable } = await store(await previousToken(s, cc, instance, tokens, previousRow), false).catch(async (err: unknown) => {
+    // A refresh stored new tokens since the previous credential was decrypted: its refresh token is
+    // the one to keep (at a provider that rotates them, the one decrypted is spent), so the credential
+    // as it was then locked is decrypted, outside again, and stored once more. Changed once more, its
+    // refresh token is dropped (the warning below says so) rather than racing refreshes without end.
+    if (!(err instanceof PreviousChanged)) throw err;
+    return store(await previousToken(s, cc, instance, tokens, err.row), true);
   });
   if (!refreshable) s.log.warn({ provider_instance_id: instance.id }, 'the token endpoint sent no refresh token: the instance becomes refresh_failed when its tokens expire');
   s.log.info({ provider_instance_id: instance.id, broker_state_id: state.id }, 'oauth brokering completed');
@@ -126,23 +137,46 @@ export async function completeBrokering(
 
 // Providers often send a refresh token only at the first consent. Brokered again by the same user (the
 // ID tokens name the same `sub`), the instance keeps the refresh token it had. For another user, or one
-// no ID token names, that token would act for someone else: the new credential has none. It is kept
-// only from a credential this brokering deletes (no other instance uses it): were it copied from one
-// another instance keeps, two credentials would hold one refresh token, and at a provider that rotates
-// them the first refresh of either spends the other's. Read in the storing transaction, the instance
-// locked and then the credential (in that order, as a refresh's writes take them): a refresh that
-// stored new tokens meanwhile is waited for and its token kept, and an instance being created with
-// the credential is waited for and then counted.
-async function keepingRefreshToken(s: BrokerServices, trx: Knex.Transaction, cc: CredentialControllerDef, instance: repo.ProviderInstanceRow, plain: Plain): Promise<Plain> {
-  if (plain.refresh_token || !plain.sub || !instance.user_credential_id) return plain;
-  const row = await repo.lockedUserCredentialOnlyOf(trx, instance.user_credential_id, instance.id);
-  if (!row) return plain;
-  // The code is redeemed: a previous credential that does not open costs its refresh token, not the new tokens.
-  const previous = await unsealCredential(s, cc, row, trx).catch((err: Error) => {
+// no ID token names, that token would act for someone else: the new credential has none.
+// The previous credential (`row`) is decrypted before the storing transaction, not in it: a DEK not
+// cached is a KMS call, which would hold the instance and credential locks, and a statement of the
+// decrypt that failed there would abort the transaction, losing the tokens of a code already redeemed.
+type PreviousToken = { row: repo.CredentialRow; refreshToken: string };
+async function previousToken(s: BrokerServices, cc: CredentialControllerDef, instance: repo.ProviderInstanceRow, plain: Plain, row: repo.CredentialRow | undefined): Promise<PreviousToken | undefined> {
+  if (!row) return undefined;
+  // The code is redeemed: a previous credential that does not open (its DEK or envelope key unusable,
+  // KMS failing) costs its refresh token, not the new tokens. Postgres failing is no reason to think so.
+  const previous = await unsealCredential(s, cc, row).catch((err: unknown) => {
+    if (!(err instanceof AppError) || err instanceof Unavailable) throw err;
     s.log.warn({ provider_instance_id: instance.id, err: err.message }, 'the previous user credential does not open: its refresh token is not kept');
     return undefined;
   });
-  return previous?.sub === plain.sub && typeof previous.refresh_token === 'string' ? { ...plain, refresh_token: previous.refresh_token } : plain;
+  if (previous?.sub !== plain.sub || typeof previous?.refresh_token !== 'string') return undefined;
+  return { row, refreshToken: previous.refresh_token };
+}
+
+// The credential changed between its decrypt and the storing transaction: `row` is as then locked.
+class PreviousChanged extends Error {
+  constructor(readonly row: repo.CredentialRow) {
+    super('the previous user credential changed since it was decrypted');
+  }
+}
+
+// The refresh token is kept only from a credential this brokering deletes (no other instance uses it):
+// were it copied from one another instance keeps, two credentials would hold one refresh token, and at
+// a provider that rotates them the first refresh of either spends the other's. Checked in the storing
+// transaction, the instance locked and then the credential (in that order, as a refresh's writes take
+// them): an instance being created with the credential is waited for and then counted, and a refresh
+// that stored new tokens meanwhile is waited for and seen (PreviousChanged; on the `last` try, dropped).
+async function keepingRefreshToken(trx: Knex.Transaction, instance: repo.ProviderInstanceRow, plain: Plain, previous: PreviousToken | undefined, last: boolean): Promise<Plain> {
+  if (!previous) return plain;
+  const row = await repo.lockedUserCredentialOnlyOf(trx, previous.row.id, instance.id);
+  if (!row) return plain;
+  if (row.dek_id !== previous.row.dek_id || !isDeepStrictEqual(row.value, previous.row.value)) {
+    if (last) return plain;
+    throw new PreviousChanged(row);
+  }
+  return { ...plain, refresh_token: previous.refreshToken };
 }
 
 // The state is not echoed (it is the flow's proof) and has no other id: data names no id.
