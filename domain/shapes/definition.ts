@@ -8,9 +8,10 @@ import { SecretKey } from './secret.ts';
 // and secret values only encrypted (with the DEK named by data_encryption_key_id); each part
 // maps onto an import endpoint of a fresh installation. Names are of the shapes those endpoints take,
 // so that the CLI refuses a hand-edited file whole before writing anything (scripts/apply-definition.ts).
-// Ids and aliases as stored, an earlier release's too ('.', before such names were refused), as a
-// secret's key: a target that has them finds them there; one that lacks them refuses their import
-// or create (NewDekId, NewAliasName), and that item fails.
+// Ids and aliases as stored, as a secret's key is, an earlier release's too ('.' and '..', before such
+// names were refused). Those two are never looked up (no URL can name them: dekNamed in
+// scripts/apply-definition.ts) and their import or create is refused (NewDekId, NewAliasName): such an
+// item is reported failed even on a target that has it, the installation the file came from included.
 export const DefinitionDek = Type.Object({
   id: DekId,
   encrypted_data_encryption_key: Type.String({ description: 'base64, wrapped by the envelope key' }),
