@@ -22,6 +22,7 @@ import { cappedBackoffMs, type JobPayloads } from '../../queues/names.ts';
 import type { Config } from '../config.ts';
 import type { Plain } from './types.ts';
 import { outageOf, unavailability } from '../errors.ts';
+import { timerMs } from '../with-timeout.ts';
 
 type RefreshServices = Pick<Services, 'db' | 'cfg' | 'log' | 'bus'>;
 export type RefreshOutcome = 'refreshed' | 'not due' | 'gone' | 'refresh_failed';
@@ -58,7 +59,7 @@ export class UnstoredTokens {
 
   keep(credentialId: string, tokens: Unstored): void {
     this.delete(credentialId);
-    const timer = setTimeout(() => this.#kept.delete(credentialId), this.#keepMs).unref();
+    const timer = setTimeout(() => this.#kept.delete(credentialId), timerMs(this.#keepMs)).unref();
     this.#kept.set(credentialId, { ...tokens, timer });
   }
 
