@@ -21,6 +21,8 @@ export const migrationConfig = { directory: migrationsDir, loadExtensions: [MIGR
 // How much longer than the server's statement_timeout the client waits for an answer: Postgres
 // cancels a slow statement itself; the client's own timeout is for a server that went silent.
 const CLIENT_TIMEOUT_GRACE_MS = 2000;
+/** How long the client waits for a statement's answer (pg's query_timeout) when statement_timeout is `queryTimeoutMs`. */
+export const readTimeoutMs = (queryTimeoutMs: number) => timerMs(queryTimeoutMs + CLIENT_TIMEOUT_GRACE_MS);
 // A connection attempt that gets no answer is abandoned well within the pool's acquire timeout:
 // left pending, it would hold its pool slot, and the requests waiting for it, long after a
 // partition has healed.
@@ -48,7 +50,7 @@ export interface DbOptions {
 
 export function createDb(url: string, pool = { min: 0, max: 20 }, opts: DbOptions = {}): Knex {
   const timeouts = {
-    ...(opts.queryTimeoutMs ? { statement_timeout: opts.queryTimeoutMs, query_timeout: timerMs(opts.queryTimeoutMs + CLIENT_TIMEOUT_GRACE_MS) } : {}),
+    ...(opts.queryTimeoutMs ? { statement_timeout: opts.queryTimeoutMs, query_timeout: readTimeoutMs(opts.queryTimeoutMs) } : {}),
     ...(opts.lockTimeoutMs ? { lock_timeout: opts.lockTimeoutMs } : {}),
   };
   // As an object: knex's own URL parsing cannot read a socket path (?host=/dir), pg's can.

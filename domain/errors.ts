@@ -200,8 +200,10 @@ export function connectionRefused(err: unknown): boolean {
   return loginRefused(err) || String((err as { code?: unknown })?.code).startsWith('08');
 }
 
-// A statement the client gave up on: no answer at all, past DB_QUERY_TIMEOUT_MS and a grace
-// (db/knex.ts), by when a Postgres that answers would have canceled it itself (57014). Postgres is silent.
+// A statement the client gave up on: no answer read past DB_QUERY_TIMEOUT_MS and a grace (db/knex.ts).
+// Not proof that Postgres is silent: its answer may wait unread behind an event loop kept busy that
+// long, or the statement may still run where statement_timeout does not reach Postgres (PgBouncer's
+// ignore_startup_parameters), e.g. waiting on another session's lock.
 export function unanswered(err: unknown): boolean {
   return /Query read timeout$/.test(String((err as { message?: unknown })?.message ?? ''));
 }

@@ -13,7 +13,7 @@ import { NotReady } from './errors.ts';
 import { localKeyFilesHealth } from './keyring.ts';
 import { withTimeout } from './with-timeout.ts';
 
-const PROBE_TIMEOUT_MS = 2000;
+export const PROBE_TIMEOUT_MS = 2000;
 
 /** The readiness probe's pool of one connection: made at the first probe; one that failed is replaced at the next. */
 export function createReadinessDb(cfg: Pick<Config, 'DATABASE_URL'>, log: DbLog): Knex {
@@ -41,6 +41,11 @@ export async function checkReadiness(s: Pick<Services, 'readinessDb' | 'redis' |
   check.outcome.then(ended, ended);
   lastChecks.set(s.readinessDb, check);
   return check.outcome;
+}
+
+/** Whether Postgres answers `select 1` now, within PROBE_TIMEOUT_MS, on the readiness connection. */
+export function postgresAnswers(s: Pick<Services, 'readinessDb'>): Promise<boolean> {
+  return withTimeout(s.readinessDb.raw('select 1'), PROBE_TIMEOUT_MS).then(() => true, () => false);
 }
 
 async function runChecks(s: Pick<Services, 'readinessDb' | 'redis' | 'cfg'>): Promise<Readiness> {

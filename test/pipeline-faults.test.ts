@@ -9,7 +9,7 @@ import { Queue } from 'bullmq';
 import { freePort, startRedis, type LocalService } from '../scripts/local-services.ts';
 import { behindProxy, behindServiceProxy } from './helpers/black-hole-proxy.ts';
 import { startOwnPostgres, type OwnPostgres } from './helpers/own-postgres.ts';
-import { openQueue, requestLogsThrough, requireEnv, ROOT, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Proc, type Response, type Stack } from './helpers/stack.ts';
+import { lockWaits, openQueue, requestLogsThrough, requireEnv, ROOT, resetDb, startStack, startWorker, statusesOf, testDb, textMessage, waitFor, type Proc, type Response, type Stack } from './helpers/stack.ts';
 
 async function waitForStatus(stack: Stack, id: string, status: string, timeoutMs = 60000) {
   return waitFor(async () => {
@@ -426,6 +426,47 @@ describe('job pipeline under faults', function () {
       for (const reason of ['Query read timeout', 'The database is too busy to take this write']) {
         assert.ok(back.some((l) => l.includes(reason)), `a run went back to the queue on "${reason}": ${back.join('\n')}`);
       }
+    });
+  });
+
+  describe('Postgres answering while a run\'s statement times out in the client (its worker\'s event loop blocked)', () => {
+    const marker = path.join(requireEnv('TEST_DATA_DIR'), `blocked-${randomUUID()}`);
+    let stack: Stack | undefined;
+    before(async () => {
+      stack = await startStack({
+        AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/signal-agent.ts'), SIGNAL_AGENT_MARKER: marker,
+        DB_QUERY_TIMEOUT_MS: '2000', AGENT_ATTEMPTS: '1',
+      }, { workers: 1 });
+    });
+    after(async () => {
+      await stack?.stop();
+    });
+
+    it('fails the run as an attempt: the "Query read timeout" is no outage, as Postgres answers a probe', async () => {
+      const s = stack!;
+      const id = (await s.client.post('/api/task/v1', { message: textMessage('block while replying') })).body.task.id;
+      await waitFor(async () => (await s.client.get(`/api/task/v1/${id}`)).body.status_message?.parts[0].text === 'waiting to reply', 'the run to wait');
+      // The task's row held: the reply's statement waits in Postgres, so it is in flight when the agent blocks.
+      const holder = await testDb().transaction();
+      try {
+        await holder('tasks').where({ id }).forUpdate().first();
+        const waiting = () => lockWaits('select * from "tasks" where "id" = %for update');
+        fs.writeFileSync(`${marker}.reply`, '');
+        await waitFor(async () => (await waiting()) > 0, 'the reply to wait for the row', 20_000, 20);
+        fs.writeFileSync(`${marker}.block`, '');
+        // Postgres answers it (57014 at DB_QUERY_TIMEOUT_MS); the worker reads that only after its read timeout.
+        await waitFor(async () => (await waiting()) === 0, 'Postgres to cancel the reply\'s statement', 20_000, 50);
+      } finally {
+        await holder.rollback();
+      }
+      const backToQueue = () => s.workers[0].logs.filter((l) => l.includes('the run goes back to the queue'));
+      const task = await waitFor(async () => {
+        const t = (await s.client.get(`/api/task/v1/${id}`)).body;
+        return (t.task.status === 'failed' || backToQueue().length > 0) && t;
+      }, 'the run to fail or go back to the queue', 60_000, 200);
+      assert.deepEqual(backToQueue(), []);
+      assert.equal(task.task.status, 'failed');
+      assert.match(task.status_message.parts[0].text, /^The agent failed after 1 attempt\(s\): .*Query read timeout$/);
     });
   });
 

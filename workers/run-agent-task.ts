@@ -23,6 +23,8 @@ import { AgentInvokeOptions } from '../domain/shapes/bridge.ts';
 import { withTimeout } from '../domain/with-timeout.ts';
 import { SHUTDOWN_WIND_DOWN_MS } from '../domain/stop-signals.ts';
 import { findUnstorable, storableText } from '../domain/storable-json.ts';
+import { postgresAnswers, PROBE_TIMEOUT_MS } from '../domain/readiness.ts';
+import { readTimeoutMs } from '../db/knex.ts';
 import { callLimit } from '../domain/call-limit.ts';
 import { secretMasker } from '../domain/secret-mask.ts';
 
@@ -192,12 +194,23 @@ function agentContext(
 export function createAgentTaskProcessor(services: Services, agent: AgentHandler, cancels: CancelRegistry, metrics: WorkerMetrics) {
   const { log } = services;
   // Errors of the run's own calls saying Postgres or Redis is out of reach, too busy to take a
-  // write, or silent (a statement never answered). A run that meets one has not failed: it goes
-  // back to the queue without using up an attempt, or every run of an outage would fail for good.
-  // The agent's own errors (a remote agent refusing connections) are not marked: those are its
-  // failures. Nor are statements Postgres canceled (57014): that may be about this run alone, which
-  // would otherwise come back first after every pause, for ever.
+  // write, or silent: a statement left unanswered (unanswered()) while a probe on a connection of
+  // its own gets no answer either, now or since the statement went out. A run that meets one has
+  // not failed: it goes back to the queue without using up an attempt, or every run of an outage
+  // would fail for good. The agent's own errors (a remote agent refusing connections) are not
+  // marked: those are its failures. Nor are statements Postgres canceled (57014), or left unanswered
+  // while Postgres answers probes (an event loop kept busy past the read timeout, a statement stuck
+  // on a lock where statement_timeout does not reach): that may be about this run alone, which would
+  // otherwise come back first after every pause, for ever.
   const outages = new WeakSet<object>();
+  // When a probe last went unanswered. A statement sent into that silence may time out only once
+  // Postgres answers again (its bytes lost on the way): an outage too, while its read timeout spans then.
+  let silentAt = -Infinity;
+  const spanMs = readTimeoutMs(services.cfg.DB_QUERY_TIMEOUT_MS) + PROBE_TIMEOUT_MS;
+  const silent = async () => {
+    if (!(await postgresAnswers(services))) silentAt = Date.now();
+    return Date.now() - silentAt <= spanMs;
+  };
   // The runtime refusing what a run handed it or asked for (refusedByRuntime):
   // no retry can mend that, so the run fails at once instead of repeating its work, and its replies.
   const refusals = new WeakSet<object>();
@@ -208,7 +221,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       return await call();
     } catch (err) {
       if (typeof err === 'object' && err) {
-        if (unreachable(err) || unanswered(err)) outages.add(err);
+        if (unreachable(err) || (unanswered(err) && await silent())) outages.add(err);
         else if (refusedByRuntime(err)) refusals.add(err);
       }
       throw err;
