@@ -1277,8 +1277,12 @@ describe('remote A2A agent whose stream fails before it names a task', () => {
     received.push(call.params.message.messageId);
     const task = { kind: 'task', id: `remote-${received.length}`, contextId: 'remote-ctx', status: { state: 'working' } };
     res.writeHead(200, { 'content-type': 'text/event-stream' });
-    // '[long]': a first event with no result and 2 MB of something else, which the SDK's error quotes whole.
-    if (call.params.message.parts[0].text.includes('[long]')) res.write(`data: ${JSON.stringify({ jsonrpc: '2.0', id: call.id, noise: 'n'.repeat(2_000_000) })}\n\n`);
+    const text: string = call.params.message.parts[0].text;
+    // '[long]': a first event with no result and 2 MB of something else, which the SDK's error quotes
+    // whole; '[nul]': the id echoed back with a NUL in it, which the SDK's error quotes; '[empty]': no event.
+    if (text.includes('[long]')) res.write(`data: ${JSON.stringify({ jsonrpc: '2.0', id: call.id, noise: 'n'.repeat(2_000_000) })}\n\n`);
+    else if (text.includes('[nul]')) res.write(`data: ${JSON.stringify({ jsonrpc: '2.0', id: `${call.id}\u0000`, result: task })}\n\n`);
+    else if (text.includes('[empty]')) res.end();
     else res.write(`data: ${JSON.stringify({ jsonrpc: '2.0', id: String(call.id), result: task })}\n\n`);
   });
   const stack = useStackOnRawAgent(server, { AGENT_ATTEMPTS: '3' });
@@ -1298,6 +1302,17 @@ describe('remote A2A agent whose stream fails before it names a task', () => {
     assert.match(text, /^The remote agent's stream failed before it named a task for the message, .*: SSE event JSON-RPC response is missing 'result' field\. Data: \{"jsonrpc":"2\.0","id":\d+,"noise":"nnnn/);
     assert.ok(text.length < 1200, `a status message of ${text.length} characters`);
     assert.ok(text.endsWith('…'));
+  });
+
+  it('sends the message once and fails the task saying why when the remote ends the stream it took without an event, or echoes an id holding a NUL', async () => {
+    for (const [marker, why] of [['[empty]', /: the remote agent ended its stream before an event named a task$/], ['[nul]', /: JSON-RPC response ID mismatch/]] as const) {
+      const before = received.length;
+      const failed = await failedTaskOn(stack, `one more ${marker}`);
+      // Before: '[empty]' was sent on each of the 3 attempts; '[nul]' failed as an unstorable status message, not saying this.
+      assert.equal(received.length, before + 1, `${marker}: the remote was sent the message ${received.length - before} times`);
+      assert.match(failed.status_message.parts[0].text, /^The remote agent's stream failed before it named a task for the message/);
+      assert.match(failed.status_message.parts[0].text, why);
+    }
   });
 });
 

@@ -32,7 +32,7 @@ import { fetchPublicOnly, fetchUntimed } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
 import { applyArtifactUpdate, chunkBetween } from '../../domain/a2a/artifact-merge.ts';
 import type { MessagePart } from '../../domain/shapes/task.ts';
-import { sameAsStored } from '../../domain/storable-json.ts';
+import { sameAsStored, storableText } from '../../domain/storable-json.ts';
 import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
 import { checkEvent, type StreamEvent } from './remote-answers.ts';
 import { cutReason } from '../fail-run.ts';
@@ -335,8 +335,10 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
         const done = await send(remote, mirror, ctx, known, { contextId: remoteContext ?? undefined, referenceTaskIds: references }, link.signal).catch((err: unknown) => {
           if (!(err instanceof SentUnnamed)) throw err;
           const why = keyless(notJson(idMismatch(err.why)));
-          // Cut as a thrown failure's reason is: the SDK's error quotes the event whole (megabytes).
-          return { status: 'failed' as const, message: `The remote agent's stream failed before it named a task for the message, which may have reached it (not retried, so that the remote does not get it again): ${cutReason(why instanceof Error ? why.message : String(why))}` };
+          // Cut as a thrown failure's reason is (the SDK's error quotes the event whole: megabytes), and
+          // made storable (a cut may split a surrogate pair; an id echoed back may hold a NUL), or the
+          // task's status message would be refused instead of saying this.
+          return { status: 'failed' as const, message: storableText(`The remote agent's stream failed before it named a task for the message, which may have reached it (not retried, so that the remote does not get it again): ${cutReason(why instanceof Error ? why.message : String(why))}`) };
         });
         if (done) return done;
       }
@@ -428,6 +430,8 @@ async function send(
       const done = await mirror.apply(event);
       if (done) return done;
     }
+    // Taken and ended with no event naming a task: as a stream that failed so (below).
+    if (streamsTaken.has(forward.signal) && !mirror.remoteTaskId) throw new Error('the remote agent ended its stream before an event named a task');
     return undefined;
   } catch (err) {
     // The remote took the stream, but it failed before an event named the remote task (one refused,
