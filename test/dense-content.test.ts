@@ -63,7 +63,7 @@ describe('tasks full of dense messages', function () {
     assert.deepEqual(items.slice(2).map((i) => nOf(i.event_payload.message.parts)), Array.from({ length: count }, (_, i) => i + 1));
   });
 
-  it('pages tasks whose metadata is dense at 8 MiB counted as parsed (12 times its text), not as text', async () => {
+  it('pages tasks whose metadata is dense at 8 MiB counted as parsed (its weight stored at intake), not as text', async () => {
     const contextId = randomUUID();
     const ids: string[] = [];
     for (let n = 1; n <= 4; n++) {
@@ -71,12 +71,13 @@ describe('tasks full of dense messages', function () {
       assert.equal(r.status, 201, r.text.slice(0, 300));
       ids.push(r.body.task.id);
     }
-    // 400 kB of text each as Postgres writes it ('{}, '), 4.8 MB counted: two fit in a page; as text, all four did.
+    // 400 kB of text each as Postgres writes it ('{}, '), over 2 MB each as parsed (the weight stored at
+    // intake, migration 0042): three fit in a page; as text, all four did.
     const first = await stack.client.get(`/api/task/v1/context/${contextId}/task?page_size=1000`);
     assert.equal(first.status, 200);
-    assert.deepEqual(first.body.items.map((t: any) => t.id), [ids[3], ids[2]]);
+    assert.deepEqual(first.body.items.map((t: any) => t.id), [ids[3], ids[2], ids[1]]);
     const rest = await stack.client.get(`/api/task/v1/context/${contextId}/task?page_size=1000&next_page_token=${first.body.next_page_token}`);
-    assert.deepEqual(rest.body.items.map((t: any) => t.id), [ids[1], ids[0]]);
+    assert.deepEqual(rest.body.items.map((t: any) => t.id), [ids[0]]);
     assert.equal(rest.body.next_page_token, undefined);
   });
 
