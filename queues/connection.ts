@@ -17,17 +17,10 @@ export function createRedis(url: string, role: 'worker' | 'producer' | 'subscrib
   const redis = new Redis(url, opts);
   if (commandTimeoutMs > 0) {
     const send = redis.sendCommand.bind(redis);
-    // Once per connection: commands that time out together would each close it again (the status
-    // stays ready until it has closed), each adding a listener to the socket.
-    let dropping = false;
-    redis.on('ready', () => { dropping = false; });
     redis.sendCommand = (command, stream) => {
       const answer = send(command, stream);
       command.promise.catch((err: Error) => {
-        if (err.message === 'Command timed out' && redis.status === 'ready' && !dropping) {
-          dropping = true;
-          redis.disconnect(true);
-        }
+        if (err.message === 'Command timed out' && redis.status === 'ready') redis.disconnect(true);
       });
       return answer;
     };
