@@ -235,7 +235,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   // Before anything is written, a failed look-up stops the run: what it would have told is not known.
   const check = async (path: string) => {
     try {
-      return lookup(await call('GET', path));
+      return await look(path);
     } catch (e) {
       if (e instanceof Refused) throw new ApplyAborted(`GET ${path.split('?')[0]} at ${opts.url}: ${e.message}`);
       throw e;
@@ -359,7 +359,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
   // Found by key after not by id, it may be this secret all the same: imported in between by another
   // run, or by this one where the file lists it twice (alike: domain/definition-check.ts).
   const secretThere = async (s: DefinitionSecret) =>
-    lookup(await call('GET', `/api/secret/v1/${enc(s.id)}`)) ?? lookup(await call('GET', `/api/secret/v1/key/${enc(s.key)}`));
+    (await look(`/api/secret/v1/${enc(s.id)}`)) ?? look(`/api/secret/v1/key/${enc(s.key)}`);
   const sameSecret = (s: DefinitionSecret, there: Answer) =>
     (there.body.id === s.id ? differing(secretDifference(s, there.body, aliasDeks.get(s.dek_alias))) : differing(`its key is taken by secret ${there.body.id}`));
   const applySecret = (s: DefinitionSecret) => item('secrets', `secret ${s.key} (${s.id})`, async () => {
@@ -412,7 +412,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
     const credentials: [CredentialKind, DefinitionCredential | undefined][] = [['resource_server', p.resource_server_credential], ['user', p.user_credential]];
     let there: Answer | undefined;
     try {
-      there = lookup(await call('GET', `/api/bridge/v1/provider/${p.id}`));
+      there = await look(`/api/bridge/v1/provider/${p.id}`);
     } catch (e) {
       if (!(e instanceof Refused)) throw e;
       err(`failed: provider ${p.id}: ${e.message}`);
@@ -424,7 +424,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
       seenCredentials.add(c.id);
       const theirs = there?.body[kind === 'user' ? 'user_credential' : 'resource_server_credential'];
       // The target's credential of c's id as GET /credential/{id} shows it, and how it differs from c.
-      const listedCredential = async (): Promise<ListedCredential | undefined> => lookup(await call('GET', `/api/bridge/v1/credential/${enc(c.id)}`))?.body;
+      const listedCredential = async (): Promise<ListedCredential | undefined> => (await look(`/api/bridge/v1/credential/${enc(c.id)}`))?.body;
       const listedDifference = (listed: ListedCredential) => (listed.kind !== kind ? `it is a ${listed.kind.replace('_', ' ')} credential`
         : listed.provider_controller_type_id !== p.provider_controller_type_id ? `it is a credential of provider controller '${listed.provider_controller_type_id}'`
           : credentialDifference(c, listed, p.provider_controller_type_id, kind));
@@ -475,7 +475,7 @@ export async function applyDefinition(def: Definition, opts: ApplyOptions): Prom
         });
         // Made between the look-up and the create (another run of this file): compared as the look-up would.
         if (a.status === 409 && a.body?.data?.resource === 'provider_instance' && a.body.data.id === p.id) {
-          const now = lookup(await call('GET', `/api/bridge/v1/provider/${p.id}`));
+          const now = await look(`/api/bridge/v1/provider/${p.id}`);
           const why = now ? providerDifference(p, now.body) : 'it was deleted meanwhile';
           if (why !== undefined) return { conflict: why };
           madeMeanwhile = true;
