@@ -294,8 +294,13 @@ describe('authentication and scopes', () => {
   });
 
   describe('bootstrap admin key (no ADMIN_API_KEY, no keys yet)', () => {
+    // Each test's last stack is stopped after it: one left running would sweep the shared outbox
+    // into its own queues for the rest of the run (pipeline-faults lost its rows to one).
     let boot: Stack | undefined;
-    after(async () => boot?.stop());
+    afterEach(async () => {
+      await boot?.stop();
+      boot = undefined;
+    });
 
     it('creates one admin key on first start, in an owner-only file under DATA_DIR, and not another on restart', async () => {
       await resetDb();
@@ -342,8 +347,6 @@ describe('authentication and scopes', () => {
       assert.equal((await boot.client.as(key).get('/api/auth/v1/api-key')).status, 200);
       assert.ok(boot.api.logs.some((l) => l.includes('"level":40') && l.includes(file) && l.includes(moved)), `a warning names both files:\n${boot.api.logs.join('\n')}`);
       assert.ok(!boot.api.logs.some((l) => l.includes(key) || l.includes('tb-key-')), 'no key is logged');
-      await boot.stop();
-      boot = undefined;
     });
 
     // Not a key file: nothing to move aside, and nothing of it changed (a FIFO is opened without

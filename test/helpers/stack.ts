@@ -51,8 +51,34 @@ export interface Proc {
   kill(signal?: NodeJS.Signals): Promise<void>;
 }
 
+// API and worker processes running, each with its start's number. One started while a test file
+// ran, and still running (not being stopped) when the next file's first test begins, was left behind:
+// on the shared Postgres its outbox sweeper and job recovery would take rows meant for later stacks.
+// It is killed then, and the run fails at its end naming the file.
+const running = new Map<ChildProcess, number>();
+let spawned = 0;
+let lastEnded: { file: string; spawned: number } | undefined;
+const leaks: string[] = [];
+afterEach(function () {
+  if (this.currentTest?.file) lastEnded = { file: path.relative(ROOT, this.currentTest.file), spawned };
+});
+beforeEach(function () {
+  const file = this.currentTest?.file && path.relative(ROOT, this.currentTest.file);
+  if (!lastEnded || !file || lastEnded.file === file) return;
+  for (const [child, n] of running) {
+    if (child.killed || n > lastEnded.spawned) continue;
+    leaks.push(`${lastEnded.file}: pid ${child.pid} still running when ${file} began`);
+    child.kill('SIGKILL');
+  }
+});
+after(() => {
+  if (leaks.length) throw new Error(`API or worker processes left running by their test files:\n${leaks.join('\n')}`);
+});
+
 function spawnProc(file: string, env: Record<string, string>, readyLine: RegExp, timeoutMs = 30000): Promise<Proc & { ready: string }> {
   const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, file)], { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  running.set(child, ++spawned);
+  child.once('exit', () => running.delete(child));
   const logs: string[] = [];
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
   const kill = async (signal: NodeJS.Signals = 'SIGKILL') => {
