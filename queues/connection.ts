@@ -17,10 +17,18 @@ export function createRedis(url: string, role: 'worker' | 'producer' | 'subscrib
   const redis = new Redis(url, opts);
   if (commandTimeoutMs > 0) {
     const send = redis.sendCommand.bind(redis);
+    // Once per socket: the commands that time out together would each close it again (the status
+    // stays ready until it has closed), each adding a 'close' listener to it. Keyed by the socket the
+    // command went out on, not a flag reset on 'ready', which a Redis that stays away never sends.
+    const dropped = new WeakSet<object>();
     redis.sendCommand = (command, stream) => {
+      const socket = redis.stream;
       const answer = send(command, stream);
       command.promise.catch((err: Error) => {
-        if (err.message === 'Command timed out' && redis.status === 'ready') redis.disconnect(true);
+        if (err.message !== 'Command timed out' || redis.status !== 'ready') return;
+        if (!socket || socket !== redis.stream || dropped.has(socket)) return;
+        dropped.add(socket);
+        redis.disconnect(true);
       });
       return answer;
     };

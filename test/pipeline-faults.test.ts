@@ -488,6 +488,27 @@ describe('job pipeline under faults', function () {
     });
   });
 
+  describe('Redis gone silent under many commands at once', () => {
+    const own = behindServiceProxy('REDIS_URL', { DB_QUERY_TIMEOUT_MS: '1000' });
+
+    it('makes its connection again once, not once per command that timed out: no MaxListenersExceededWarning on stderr', async () => {
+      const s = own.stack;
+      assert.equal((await s.client.get('/_internal/v1/queues')).status, 200);
+      own.proxy.swallow();
+      let during: Response[];
+      try {
+        // Each asks Redis for every queue's counts: some hundred commands go unanswered together.
+        during = await Promise.all(Array.from({ length: 30 }, () => s.client.get('/_internal/v1/queues')));
+      } finally {
+        own.proxy.forward();
+      }
+      for (const r of during) assert.equal(r.status, 503, r.text);
+      await waitFor(async () => (await s.client.get('/_internal/v1/queues')).status === 200, 'the queues again');
+      const warnings = s.api.logs.filter((l) => l.includes('MaxListenersExceededWarning'));
+      assert.deepEqual(warnings, []);
+    });
+  });
+
   describe('Redis gone silent, with a long DB_QUERY_TIMEOUT_MS', () => {
     const own = behindServiceProxy('REDIS_URL', { DB_QUERY_TIMEOUT_MS: '30000' });
 
