@@ -504,11 +504,16 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     await stack.workers[0]?.kill('SIGTERM');
     const r = await c.post(`${E}/dek/alias/${ALIAS}/rotate`);
     assert.equal(r.status, 202);
-    const waitingOn = (query: string) => async () => (await lockWaits(`%${query}%`)) > 0;
+    const waitingOn = (query: string, n = 1) => async () => (await lockWaits(`%${query}%`)) >= n;
     // The envelope key held: the job's new DEK (its insert checks the key) waits, with the alias held shared.
     const held = await testDb().transaction();
+    // The alias held shared too, until the start waits on it behind the move: once the DEK is made, the
+    // move (woken) and the start (new) would both ask for the alias, and on a slow machine the start
+    // could take it first, then walk, and fail only at its repoint.
+    const shared = await testDb().transaction();
     let moved: Promise<{ status: number }> | undefined;
     try {
+      await shared('dek_aliases').where({ alias: ALIAS }).forShare().first();
       await held('envelope_keys').where({ id: envelope }).forUpdate().first();
       const worker = await startWorker(stack.env);
       // The stack's own: stopped with it, also when this test fails.
@@ -517,12 +522,16 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
       await waitFor(waitingOn('insert into deks'), 'the new DEK to wait on its envelope key', 30000, 20);
       moved = c.put(`${E}/dek/alias/${ALIAS}`, { new_dek_id: elsewhere });
       await waitFor(waitingOn('dek_aliases'), 'the move to wait on the alias', 30000, 20);
-    } finally {
       await held.rollback();
+      await waitFor(waitingOn('dek_aliases', 2), 'the start to wait on the alias behind the move', 30000, 20);
+    } finally {
+      if (!held.isCompleted()) await held.rollback();
+      await shared.rollback();
     }
     assert.equal((await moved!).status, 200);
     const done = await waitJob(r.body.id, 'the rotation to fail');
     assert.equal(done.status, 'failed', JSON.stringify(done));
+    assert.equal(done.params.new_dek_id, undefined, 'failed at its start, before its walk');
     assert.match(done.errors.at(-1).message, new RegExp(`was pointed at DEK '${elsewhere}' during the rotation; it was left there`));
     assert.equal(await aliasDek(ALIAS), elsewhere);
     // The DEK it made before its walk was to begin is deleted with it: nothing refers to it.
