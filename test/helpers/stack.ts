@@ -78,9 +78,11 @@ after(() => {
 function spawnProc(file: string, env: Record<string, string>, readyLine: RegExp, timeoutMs = 30000): Promise<Proc & { ready: string }> {
   const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, file)], { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
   running.set(child, ++spawned);
-  child.once('exit', () => running.delete(child));
   const logs: string[] = [];
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  const exited = new Promise<void>((resolve) => child.once('exit', () => {
+    running.delete(child);
+    resolve();
+  }));
   const kill = async (signal: NodeJS.Signals = 'SIGKILL') => {
     if (child.exitCode === null && child.signalCode === null) child.kill(signal);
     await exited;
