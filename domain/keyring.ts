@@ -224,6 +224,12 @@ export async function holdAliasDek(trx: Knex.Transaction, alias: string): Promis
 export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: string, trx?: Tx, opts: { id?: string; encryptedDek?: string; encryptedDekField?: string } = {}): Promise<DekRow> {
   const db = trx ?? s.db;
   const wrapper = await freshWrapperFor(s, envelopeId, db);
+  // A taken id is refused before the key is unwrapped or generated: that may be a KMS call, and a
+  // taken id is the answer (409) whatever the key material. The insert below checks again (races).
+  if (opts.id !== undefined) {
+    if (await getDek(db, opts.id)) throw dekExists(opts.id);
+    await refuseDeletedDekId(db, opts.id);
+  }
   let plain: Buffer;
   let wrapped: string;
   if (opts.encryptedDek !== undefined) {
@@ -245,17 +251,24 @@ export async function createDek(s: Pick<Services, 'db' | 'cfg'>, envelopeId: str
     if (!inserted) {
       // Deleted since it was read above, or the id is taken.
       if (!(await getEnvelopeKey(t, envelopeId))) throw new NotFound('envelope_key', envelopeId);
-      throw new Conflict(`DEK '${id}' already exists`, { resource: 'dek', id });
+      throw dekExists(id);
     }
-    // A deleted DEK's key may still be cached under its id by a process that missed the note to drop
-    // it: that process would seal values with the old key as this DEK's. Checked after the insert,
-    // which waits for a delete of the id under way: its record has committed by then.
-    const deletedAt = await dekDeletedAt(t, id);
-    if (deletedAt) throw new Conflict(`DEK id '${id}' was used by a DEK deleted at ${deletedAt.toISOString()}; the id of a deleted DEK is never used again: choose another`, { resource: 'dek', id, deleted_at: deletedAt.toISOString() });
+    // Checked again after the insert, which waits for a delete of the id under way: its record has
+    // committed by then.
+    await refuseDeletedDekId(t, id);
     return inserted;
   });
   dekCache.set(id, plain);
   return row;
+}
+
+const dekExists = (id: string) => new Conflict(`DEK '${id}' already exists`, { resource: 'dek', id });
+
+// A deleted DEK's key may still be cached under its id by a process that missed the note to drop
+// it: that process would seal values with the old key as a new DEK's.
+async function refuseDeletedDekId(db: Tx, id: string): Promise<void> {
+  const deletedAt = await dekDeletedAt(db, id);
+  if (deletedAt) throw new Conflict(`DEK id '${id}' was used by a DEK deleted at ${deletedAt.toISOString()}; the id of a deleted DEK is never used again: choose another`, { resource: 'dek', id, deleted_at: deletedAt.toISOString() });
 }
 
 // Points an alias at another DEK inside `trx`; every process drops its cached view on commit.

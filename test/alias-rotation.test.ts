@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import type { Queue } from 'bullmq';
@@ -369,7 +369,9 @@ describe('alias rotation: new DEK, secrets re-encrypted, alias repointed, reader
     // A process that missed the note to drop the deleted DEK from its cache would seal values under
     // the id with the old key: a new DEK there would have them unreadable.
     const refused = async (id: string) => {
-      for (const [path, body] of [['dek', { id }], ['dek/import', { id, encrypted_data_encryption_key: wrapped }]] as const) {
+      // And with material that does not unwrap: the id is refused before the key is tried.
+      const foreign = randomBytes(60).toString('base64');
+      for (const [path, body] of [['dek', { id }], ['dek/import', { id, encrypted_data_encryption_key: wrapped }], ['dek/import', { id, encrypted_data_encryption_key: foreign }]] as const) {
         const r = await c.post(`${under}/${path}`, body);
         assertError(r, 409, 'conflict');
         assert.match(r.body.message, new RegExp(`^DEK id '${id}' was used by a DEK deleted at \\d{4}-\\d\\d-\\d\\dT[\\d:.]+Z; the id of a deleted DEK is never used again: choose another$`), r.text);

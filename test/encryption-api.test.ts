@@ -141,6 +141,12 @@ describe('encryption API: envelope keys, DEKs, aliases, migration and jobs', () 
     assert.equal(given.status, 201);
     assert.equal(given.body.id, 'given-dek');
     assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { id: 'given-dek' })).status, 409);
+    // A taken id is the answer whatever the key material: it is checked before the key is unwrapped.
+    for (const [path, member] of [['dek', 'encrypted_dek'], ['dek/import', 'encrypted_data_encryption_key']]) {
+      const taken = await c.post(`${E}/envelope/alpha.key/${path}`, { id: 'given-dek', [member]: sealByHand(randomBytes(32), mine) });
+      assertError(taken, 409, 'conflict');
+      assert.equal(taken.body.message, "DEK 'given-dek' already exists", taken.text);
+    }
     assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { encrypted_dek: sealByHand(randomBytes(32), mine) })).status, 400);
     assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { encrypted_dek: 'not base64!' })).status, 400);
     assert.equal((await c.post(`${E}/envelope/alpha.key/dek`, { encrypted_dek: sealByHand(kek('alpha.key'), randomBytes(16)) })).status, 400);
