@@ -4,6 +4,9 @@
 // They are Prometheus counters and histograms: they only grow, whichever process answers.
 import type { Redis } from 'ioredis';
 import type { MetricValueWithName, Registry } from 'prom-client';
+import { RUN_RESULTS } from '../domain/task-states.ts';
+import type { RefreshOutcome } from '../domain/bridge/credential-refresh.ts';
+import { QUEUE_NAMES } from './names.ts';
 
 const MAX_PENDING_SERIES = 10_000;
 const BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120, 600];
@@ -32,6 +35,19 @@ export const WORKER_METRICS = {
   },
 } as const;
 type Name = keyof typeof WORKER_METRICS;
+
+// Every series a worker can report, shown at 0 until it does: a rate or an alert on one then works
+// from the start, not only once the first such job has run (an absent series reads as no data).
+const perQueue = QUEUE_NAMES.map((queue) => ({ queue }));
+const outcomes = (values: readonly string[]) => values.map((outcome) => ({ outcome: outcome.replaceAll(' ', '_') }));
+const REFRESH_OUTCOMES = Object.keys({ refreshed: 1, 'not due': 1, gone: 1, refresh_failed: 1 } satisfies Record<RefreshOutcome, 1>);
+const KNOWN_SERIES: Record<Name, readonly Record<string, string>[]> = {
+  taskbridge_job_duration_seconds: perQueue.flatMap((q) => ['completed', 'failed', 'retrying'].map((outcome) => ({ ...q, outcome }))),
+  taskbridge_job_enqueue_lag_seconds: perQueue,
+  taskbridge_jobs_stalled_total: perQueue,
+  taskbridge_agent_runs_total: outcomes(RUN_RESULTS),
+  taskbridge_credential_refreshes_total: outcomes([...REFRESH_OUTCOMES, 'retrying', 'error']),
+};
 type Histogram = { [K in Name]: (typeof WORKER_METRICS)[K]['type'] extends 'histogram' ? K : never }[Name];
 type Counter = Exclude<Name, Histogram>;
 type Labels<N extends Name> = Record<(typeof WORKER_METRICS)[N]['labels'][number], string>;
@@ -138,9 +154,11 @@ export function registerWorkerMetrics(
     registry.registerMetric({
       name, help: def.help, type: def.type,
       async get() {
-        const stored = (await guard(name, () => redis.hgetall(hashKey(prefix, name)))) ?? {};
+        const stored = await guard(name, () => redis.hgetall(hashKey(prefix, name)));
         const series = new Map<string, { labels: Record<string, string>; parts: Map<string, number> }>();
-        for (const [f, v] of Object.entries(stored)) {
+        // Redis not answering leaves the metric out rather than showing zeros nobody counted.
+        if (stored) for (const labels of KNOWN_SERIES[name]) series.set(JSON.stringify(labels), { labels, parts: new Map() });
+        for (const [f, v] of Object.entries(stored ?? {})) {
           const [labels, part] = JSON.parse(f) as [Record<string, string>, string];
           const id = JSON.stringify(labels);
           if (!series.has(id)) series.set(id, { labels, parts: new Map() });

@@ -331,6 +331,22 @@ describe('GET /metrics: what the workers record', () => {
     }
   });
 
+  it('shows every series the workers report at 0 before their first job, so that rates and alerts on them work from the start', async () => {
+    const text = (await stack.client.get('/metrics')).text;
+    const zero = (metric: string, labels: string) => assert.equal(sample(text, metric, labels), 0, `${metric}{${labels}}: ${text}`);
+    for (const queue of ['agent-tasks', 'key-jobs', 'credential-refresh', 'push-notifications']) {
+      for (const outcome of ['completed', 'failed', 'retrying']) {
+        zero('taskbridge_job_duration_seconds_count', `queue="${queue}",outcome="${outcome}"`);
+        zero('taskbridge_job_duration_seconds_bucket', `queue="${queue}",outcome="${outcome}",le="\\+Inf"`); // sample() reads labels as a regular expression
+      }
+      zero('taskbridge_job_enqueue_lag_seconds_count', `queue="${queue}"`);
+      zero('taskbridge_jobs_stalled_total', `queue="${queue}"`);
+    }
+    for (const outcome of ['completed', 'input-required', 'auth-required', 'failed', 'rejected', 'canceled']) zero('taskbridge_agent_runs_total', `outcome="${outcome}"`);
+    for (const outcome of ['refreshed', 'not_due', 'gone', 'refresh_failed', 'retrying', 'error']) zero('taskbridge_credential_refreshes_total', `outcome="${outcome}"`);
+    checkExposition(text);
+  });
+
   it('reports job durations by queue and outcome, with retried attempts, the enqueue lag of first attempts, and agent runs by how they ended their task', async () => {
     const ok = await stack.client.post('/api/task/v1', { message: textMessage('measured') });
     const failing = await stack.client.post('/api/task/v1', { message: textMessage('[fail] measured') });
@@ -552,6 +568,9 @@ describe('GET /metrics while Postgres or Redis is down', function () {
     assert.doesNotMatch(noRedis.text, /^taskbridge_queue_paused\{/m, 'no paused flags it could not read');
     assert.doesNotMatch(noRedis.text, /^taskbridge_queue_workers\{/m, 'no worker counts it could not read (not 0)');
     assert.doesNotMatch(noRedis.text, /^taskbridge_queue_oldest_waiting_seconds\{/m, 'no backlog ages it could not read');
+    for (const metric of ['taskbridge_jobs_stalled_total', 'taskbridge_agent_runs_total', 'taskbridge_job_duration_seconds_count']) {
+      assert.doesNotMatch(noRedis.text, new RegExp(`^${metric}\\{`, 'm'), `no ${metric} it could not read (not 0)`);
+    }
     // The outage is logged at warn once, not once per metric left out at every scrape.
     assert.equal((await s.client.get('/metrics')).status, 200);
     const redisDown = leftOutWarnings(await requestLogsThrough(s, await s.client.get(`/api/task/v1/${randomUUID()}`), { all: true }));
