@@ -47,6 +47,12 @@ const STATUS_HEADERS: Record<string, Json> = {
   503: { 'Retry-After': RETRY_AFTER },
 };
 
+// On every answer of a noStore route (api/route.ts): it may hold a credential, which no cache should
+// keep. The answers given before routing (BEFORE_ROUTING) may come without it.
+const noStoreHeader = (status: string): Json => ({
+  'Cache-Control': { description: 'no-store: the answer may hold what no cache should keep (a new credential)', required: !(status in BEFORE_ROUTING), schema: { type: 'string', const: 'no-store' } },
+});
+
 export function buildOpenApi(routes: Route[], info: { version: string; serverUrl: string }): Json {
   const components: Record<string, Json> = {};
   const paths: Record<string, Json> = {};
@@ -90,7 +96,7 @@ export function buildOpenApi(routes: Route[], info: { version: string; serverUrl
             content: { 'text/html': { schema: { type: 'string' } }, 'text/plain': { schema: { type: 'string' } } } }
           : { description: 'No content' };
       const answer = responses[status] as Json;
-      responses[status] = { ...answer, headers: { ...(answer.headers as Json | undefined), ...ANY_STATUS_HEADERS, ...STATUS_HEADERS[status] } };
+      responses[status] = { ...answer, headers: { ...(answer.headers as Json | undefined), ...ANY_STATUS_HEADERS, ...(spec.noStore ? noStoreHeader(status) : {}), ...STATUS_HEADERS[status] } };
     }
     // A body the handler reads itself is always needed (its protocol's errors answer one left out).
     const body = spec.body ?? spec.ownBody;

@@ -128,6 +128,12 @@ describe('OpenAPI document', () => {
     // Its 200 is only ever the credential stored (or a 303).
     assert.deepEqual(statuses('/api/bridge/v1/generic-oauth-callback', 'get'), ['200', '303', '400', '404', '405', '408', '409', '410', '413', '415', '417', '431', '500', '502', '503']);
     assert.deepEqual(doc.paths['/api/bridge/v1/generic-oauth-callback'].get.responses['200'].content['application/json'].schema, { $ref: '#/components/schemas/BrokeredUserCredential' });
+    // Its answers may hold a new credential: Cache-Control: no-store on all it answers itself (the
+    // responses checker asserts a required header is there), optional on those given before routing.
+    for (const [status, answer] of Object.entries<any>(doc.paths['/api/bridge/v1/generic-oauth-callback'].get.responses)) {
+      assert.deepEqual([answer.headers['Cache-Control']?.schema, answer.headers['Cache-Control']?.required], [{ type: 'string', const: 'no-store' }, !['400', '408', '413', '417', '431'].includes(status)], status);
+    }
+    assert.equal(doc.paths['/api/bridge/v1/credential/{credential_id}'].get.responses['200'].headers['Cache-Control'], undefined, 'only where it is sent');
     // 409s that only races give are listed too: a task naming the context that retention is deleting
     // (README, Operating), a secret moving between aliases while written, a rotation's job id taken;
     // any write losing a race (a row it refers to deleted meanwhile): every operation that writes.
@@ -325,6 +331,7 @@ describe('OpenAPI document', () => {
     assert.equal(head.status, 405);
     assert.equal(head.headers.get('allow'), 'GET');
     assert.ok(doc.paths['/api/bridge/v1/generic-oauth-callback'].get.responses['405'].headers.Allow, 'the 405 documents Allow');
+    assert.equal(head.headers.get('cache-control'), 'no-store');
     // Not ready: this process can read no local envelope key file.
     const keysDir = path.join(stack.env.DATA_DIR, 'keys');
     const files = fs.readdirSync(keysDir);
