@@ -65,6 +65,45 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.equal(largest.body.error.code, -32601);
     });
 
+    it('a number id that JSON reads as another number (1e-400 as 0, digits past a double) is -32600 with id null, and runs nothing', async () => {
+      const messageId = randomUUID();
+      for (const [id, readAs] of [['1e-400', '0'], ['123456789.123456789', '123456789.12345679'], ['1.00000000000000001', '1'], ['-1e-400', '0']]) {
+        const send = JSON.stringify({ jsonrpc: '2.0', id: '<id>', method: 'message/send', params: { message: { ...userMessage('never sent'), messageId } } }).replace('"<id>"', id);
+        for (const payload of [send, `{"jsonrpc":"2.0","id":${id},"method":"tasks/explode"}`]) {
+          const r = await raw(payload);
+          assert.equal(r.status, 200);
+          assert.strictEqual(r.body.id, null, payload);
+          assert.equal(r.body.error.code, -32600, payload);
+          assert.equal(r.body.error.message, `Invalid request: id ${id} reads as ${readAs}, another number, so it could not be echoed: send it as a string or an integer`);
+        }
+      }
+      assert.equal(await testDb()('messages').where({ client_message_id: messageId }).first(), undefined, 'no message stored');
+      // Numbers written back as the number sent are echoed, in JSON's shortest spelling; the id a
+      // member of params names is not the request's.
+      for (const [id, echoed] of [['1e3', 1000], ['1.5', 1.5], ['0.1', 0.1], ['-0', 0], ['2.50e-3', 0.0025], ['7', 7]] as const) {
+        const r = await raw(`{"params":{"id":1e-400,"x":{"id":1e-400}},"jsonrpc":"2.0","id":${id},"method":"tasks/explode"}`);
+        assert.deepEqual([r.body.id, r.body.error.code], [echoed, -32601], id);
+      }
+      // JSON.parse keeps the last of two ids: so does the check.
+      const last = await raw('{"jsonrpc":"2.0","id":1e-400,"\\u0069d":5,"method":"tasks/explode"}');
+      assert.deepEqual([last.body.id, last.body.error.code], [5, -32601]);
+    });
+
+    it('a member beside jsonrpc, id, method and params is -32600 naming it, with the id echoed, and runs nothing', async () => {
+      const message = userMessage('never sent');
+      for (const [extra, named] of [['"foo":1', 'foo'], ['"result":{}', 'result'], ['"__proto__":{"x":1}', '__proto__'], ['"Params":{}', 'Params']]) {
+        const r = await raw(`{"jsonrpc":"2.0","id":"x-1",${extra},"method":"message/send","params":${JSON.stringify({ message })}}`);
+        assert.equal(r.status, 200);
+        assert.deepEqual([r.body.id, r.body.error.code], ['x-1', -32600], extra);
+        assert.equal(r.body.error.message, `Invalid request: unknown member '${named}' (a request has jsonrpc, id, method and params)`);
+        // A streaming method is refused the same way, not answered with a stream.
+        const stream = await raw(`{"jsonrpc":"2.0","id":"x-2",${extra},"method":"message/stream","params":${JSON.stringify({ message })}}`);
+        assert.equal(stream.headers.get('content-type')?.split(';')[0], 'application/json', extra);
+        assert.deepEqual([stream.body.id, stream.body.error.code], ['x-2', -32600], extra);
+      }
+      assert.equal(await testDb()('messages').where({ client_message_id: message.messageId }).first(), undefined, 'no message stored');
+    });
+
     it('unknown methods are -32601, with string, number and null ids echoed', async () => {
       for (const id of ['req-1', 42, null, 0, '']) {
         const r = await rpc('tasks/explode', {}, id);

@@ -15,7 +15,12 @@ const tooLarge = (limit: number) => new PayloadTooLarge(`Request body exceeds th
 // Reads and parses a JSON body; undefined when the request has none or an empty one, whatever its
 // content type (fetch sends `content-length: 0` and `text/plain` for a POST with an empty body).
 // Unless told otherwise it also refuses values that could not be stored (domain/storable-json.ts).
-export async function readJsonBody(ctx: Context, limit: number, opts: { checkStorable?: boolean } = {}): Promise<unknown> {
+export async function readJsonBody(ctx: Context, limit: number): Promise<unknown> {
+  return (await readJson(ctx, limit, true))?.value;
+}
+
+// The body's text as well as its value (undefined for no body).
+async function readJson(ctx: Context, limit: number, checkStorable: boolean): Promise<{ value: unknown; text: string } | undefined> {
   const req = ctx.req;
   const length = req.headers['content-length'];
   if ((length === undefined && req.headers['transfer-encoding'] === undefined) || length === '0') return undefined;
@@ -62,17 +67,19 @@ export async function readJsonBody(ctx: Context, limit: number, opts: { checkSto
   } catch (e) {
     throw new InvalidRequest(`Request body is not valid JSON: ${jsonErrorWithoutExcerpt((e as Error).message)}`, [{ path: 'body', message: 'is not valid JSON' }]);
   }
-  const problem = opts.checkStorable === false ? undefined : findUnstorable(value);
+  const problem = checkStorable ? findUnstorable(value) : undefined;
   if (problem) throw new InvalidRequest(`Invalid body: ${problem.path} ${problem.message}`, [problem]);
-  return value;
+  return { value, text };
 }
 
 // A JSON-RPC endpoint's body: unreadable JSON (or bytes) is the protocol's parse error, answered in
 // the protocol, while a body too large or not JSON stays an HTTP error. Values that could not be
-// stored are the caller's to refuse, in the protocol too.
-export async function readJsonRpcBody(ctx: Context, limit: number): Promise<{ body: unknown } | { parseError: string }> {
+// stored are the caller's to refuse, in the protocol too. The text tells what the value cannot (an id
+// JSON.parse rounded).
+export async function readJsonRpcBody(ctx: Context, limit: number): Promise<{ body: unknown; text?: string } | { parseError: string }> {
   try {
-    return { body: await readJsonBody(ctx, limit, { checkStorable: false }) };
+    const read = await readJson(ctx, limit, false);
+    return { body: read?.value, text: read?.text };
   } catch (err) {
     if (!(err instanceof InvalidRequest)) throw err;
     return { parseError: err.message };

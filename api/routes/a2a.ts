@@ -3,12 +3,11 @@ import { defineRoute } from '../route.ts';
 import { AnyQuery, ErrorBody, FreeObject } from '../../domain/shapes/common.ts';
 import { JsonRpcEventStream, JsonRpcResponse } from '../../domain/shapes/jsonrpc.ts';
 import { readJsonRpcBody } from '../middleware/body.ts';
-import { findUnstorable } from '../../domain/storable-json.ts';
 import type { Principal } from '../middleware/auth.ts';
 import type { Services } from '../../domain/services.ts';
 import { TaskWaiter } from '../../domain/task-waiter.ts';
 import { A2A_PATH, agentCard } from '../../domain/a2a/agent-card.ts';
-import { A2ARequest, callsStream, dispatch, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
+import { A2ARequest, callsStream, dispatch, notesOf, PARSE_ERROR } from '../../domain/a2a/jsonrpc.ts';
 import { writeSse } from '../a2a-sse.ts';
 import { holdStream } from '../a2a-stream-quota.ts';
 import { clientGone } from '../client-gone.ts';
@@ -49,10 +48,10 @@ export const a2aRoutes = [
       return;
     }
     const { body } = read;
-    const unstorable = findUnstorable(body);
+    const notes = notesOf(body, read.text!);
     // Held from before the call (message/stream creates a task: a refusal must come first) to the
     // stream's end, which comes early when the client goes or the key is revoked.
-    const held = callsStream(body, services.cfg, unstorable) ? await holdStream(services, (ctx.state.principal as Principal).id) : undefined;
+    const held = callsStream(body, services.cfg, notes) ? await holdStream(services, (ctx.state.principal as Principal).id) : undefined;
     try {
       // Made when first read (blocking sends and streams wait on it): a non-blocking send, the hot
       // path, never does, and an AbortSignal with its 'close' listener is not free. Made late, it
@@ -60,7 +59,7 @@ export const a2aRoutes = [
       let signal: AbortSignal | undefined;
       const signalOf = () => (signal ??= held ? AbortSignal.any([clientGone(ctx), held.signal]) : clientGone(ctx));
       const call = { services, waiter: waiterOf(services), get signal() { return signalOf(); } };
-      const outcome = await dispatch(call, body, log, unstorable);
+      const outcome = await dispatch(call, body, log, notes);
       if ('response' in outcome) ctx.body = outcome.response;
       else await writeSse(ctx, outcome.id, outcome.stream, log, signalOf(), held?.signal);
     } finally {

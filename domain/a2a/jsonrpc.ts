@@ -3,10 +3,12 @@
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import type { Config } from '../config.ts';
 import { echoed, type FieldError } from '../errors.ts';
+import { findUnstorable } from '../storable-json.ts';
 import type { Logger } from '../logger.ts';
 import { A2AError, JSONRPC, logRpcError, toJsonRpcError, type JsonRpcErrorObject } from './errors.ts';
 import * as m from './methods.ts';
 import * as p from './params.ts';
+import { numberEchoes, topLevelNumberLiteral } from './request-id.ts';
 
 export type RpcId = string | number | null;
 export type RpcResponse = { jsonrpc: '2.0'; id: RpcId; result: unknown } | { jsonrpc: '2.0'; id: RpcId; error: JsonRpcErrorObject };
@@ -45,7 +47,7 @@ export const A2ARequest = Type.Union(Object.entries(METHODS).map(([name, { param
   id: p.RequestId,
   method: Type.Literal(name),
   params: paramsOptional ? Type.Optional(params) : params,
-})), { $id: 'A2ARequest', description: 'a JSON-RPC 2.0 request to one of the A2A v0.3 methods this agent serves' });
+}, { additionalProperties: false })), { $id: 'A2ARequest', description: 'a JSON-RPC 2.0 request to one of the A2A v0.3 methods this agent serves' });
 
 // JSON that could not be stored (NUL, lone surrogates, deep nesting: findUnstorable) is refused
 // before any method runs: inside params, -32602 in place of their validation (so a streaming call
@@ -64,11 +66,11 @@ function unstorableError(problem: FieldError): A2AError {
  * is one whose envelope dispatch refuses, unstorable included: its -32600 must not wait for, or be
  * refused for, a stream place.
  */
-export const callsStream = (body: unknown, cfg: Pick<Config, 'A2A_STREAMING'>, unstorable?: FieldError): boolean => {
+export const callsStream = (body: unknown, cfg: Pick<Config, 'A2A_STREAMING'>, { unstorable, inexactId }: BodyNotes): boolean => {
   const req = body as { jsonrpc?: unknown; id?: unknown; method?: unknown } | null;
   const name = req?.method;
   return cfg.A2A_STREAMING && typeof name === 'string' && Object.hasOwn(METHODS, name) && !!METHODS[name].stream
-    && req!.jsonrpc === '2.0' && Object.hasOwn(req!, 'id') && isId(req!.id)
+    && req!.jsonrpc === '2.0' && Object.hasOwn(req!, 'id') && isId(req!.id) && inexactId === undefined && !unknownMember(req!)
     && !(unstorable && !inParams(unstorable));
 };
 
@@ -85,19 +87,35 @@ async function* failed(err: unknown): m.TaskStream {
 // (and 1e400 is Infinity), so answering it would answer another id.
 export const isId = (v: unknown): v is RpcId => typeof v === 'string' || v === null || (typeof v === 'number' && Math.abs(v) <= Number.MAX_SAFE_INTEGER);
 
-// `unstorable`: what in the body cannot be stored (findUnstorable), found while reading it.
-export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, unstorable?: FieldError): Promise<RpcOutcome> {
+const MEMBERS = new Set(['jsonrpc', 'id', 'method', 'params']);
+const unknownMember = (req: object) => Object.keys(req).find((k) => !MEMBERS.has(k));
+
+/** What the request's text tells that its value cannot: members that could not be stored (findUnstorable), and a number id JSON.parse read as another number (its literal). */
+export interface BodyNotes { unstorable?: FieldError; inexactId?: string }
+
+export function notesOf(body: unknown, text: string): BodyNotes {
+  const id = (body as { id?: unknown } | null)?.id;
+  const literal = typeof id === 'number' ? topLevelNumberLiteral(text, 'id') : undefined;
+  return { unstorable: findUnstorable(body), inexactId: literal !== undefined && !numberEchoes(literal, id as number) ? literal : undefined };
+}
+
+export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, { unstorable, inexactId }: BodyNotes = {}): Promise<RpcOutcome> {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) {
     const why = Array.isArray(body) ? 'batch requests are not supported' : 'the request must be a JSON object';
     return { response: errorResponse(null, new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: ${why}`)) };
   }
   const req = body as Record<string, unknown>;
-  const id: RpcId = isId(req.id) ? req.id : null;
+  const id: RpcId = isId(req.id) && inexactId === undefined ? req.id : null;
   const refusal = unstorable && unstorableError(unstorable);
   try {
     if (refusal?.code === JSONRPC.INVALID_REQUEST) throw refusal;
     if (req.jsonrpc !== '2.0') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: jsonrpc must be "2.0"');
     if ('id' in req && !isId(req.id)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id must be a string, a number of at most 2^53 - 1 in magnitude, or null');
+    if (inexactId !== undefined) {
+      throw new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: id ${echoed(inexactId)} reads as ${String(req.id)}, another number, so it could not be echoed: send it as a string or an integer`);
+    }
+    const extra = unknownMember(req);
+    if (extra !== undefined) throw new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: unknown member '${echoed(extra)}' (a request has jsonrpc, id, method and params)`);
     if (typeof req.method !== 'string') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');
     const target = Object.hasOwn(METHODS, req.method) ? METHODS[req.method] : undefined;
     if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${echoed(req.method)}`);
