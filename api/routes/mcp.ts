@@ -14,7 +14,7 @@ import { takeBatchRest } from '../middleware/rate-limit.ts';
 import type { Context } from 'koa';
 import { createMcpServer } from '../../domain/bridge/mcp.ts';
 import {
-  batchAnswer, batchRefusal, EnvelopeRefusal, envelopeRefusal, HeaderRefusal, McpRequest, NOT_ACCEPTABLE, originRefusal, paramsRefusal, parseError, unstorableRefusal,
+  batchAnswer, batchRefusal, EnvelopeRefusal, envelopeRefusal, HeaderRefusal, inexactIdRefusal, McpRequest, NOT_ACCEPTABLE, originRefusal, paramsRefusal, parseError, unstorableRefusal,
 } from '../../domain/bridge/mcp-envelope.ts';
 import { mcpAllowedOrigins } from '../../domain/config.ts';
 import { findUnstorable } from '../../domain/storable-json.ts';
@@ -72,6 +72,8 @@ export const mcpRoutes = [
       const refused = unstorableRefusal(body, problem);
       return answer(ctx, refused.status, refused.answer);
     }
+    const inexact = inexactIdRefusal(body, read.text!);
+    if (inexact) return answer(ctx, 400, inexact);
     const batchRefused = batchRefusal(body, ctx.get('mcp-protocol-version') || undefined, services.cfg.RATE_LIMIT_PER_SECOND);
     if (batchRefused) return answer(ctx, 400, batchRefused);
     // Each member of a batch is a request (twenty tools/call are twenty provider calls); the rate

@@ -8,7 +8,7 @@ import type { Logger } from '../logger.ts';
 import { A2AError, JSONRPC, logRpcError, toJsonRpcError, type JsonRpcErrorObject } from './errors.ts';
 import * as m from './methods.ts';
 import * as p from './params.ts';
-import { numberEchoes, topLevelNumberLiteral } from './request-id.ts';
+import { inexactId } from '../jsonrpc-id.ts';
 
 export type RpcId = string | number | null;
 export type RpcResponse = { jsonrpc: '2.0'; id: RpcId; result: unknown } | { jsonrpc: '2.0'; id: RpcId; error: JsonRpcErrorObject };
@@ -90,13 +90,12 @@ export const isId = (v: unknown): v is RpcId => typeof v === 'string' || v === n
 const MEMBERS = new Set(['jsonrpc', 'id', 'method', 'params']);
 const unknownMember = (req: object) => Object.keys(req).find((k) => !MEMBERS.has(k));
 
-/** What the request's text tells that its value cannot: members that could not be stored (findUnstorable), and a number id JSON.parse read as another number (its literal). */
+/** What reading the request found: members that could not be stored (findUnstorable), and a number id JSON.parse read as another number (what is wrong with it). */
 export interface BodyNotes { unstorable?: FieldError; inexactId?: string }
 
 export function notesOf(body: unknown, text: string): BodyNotes {
-  const id = (body as { id?: unknown } | null)?.id;
-  const literal = typeof id === 'number' ? topLevelNumberLiteral(text, 'id') : undefined;
-  return { unstorable: findUnstorable(body), inexactId: literal !== undefined && !numberEchoes(literal, id as number) ? literal : undefined };
+  // A batch is refused whole: its members' ids are not read.
+  return { unstorable: findUnstorable(body), inexactId: Array.isArray(body) ? undefined : inexactId(body, text)?.problem };
 }
 
 export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, { unstorable, inexactId }: BodyNotes = {}): Promise<RpcOutcome> {
@@ -111,9 +110,7 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, { un
     if (refusal?.code === JSONRPC.INVALID_REQUEST) throw refusal;
     if (req.jsonrpc !== '2.0') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: jsonrpc must be "2.0"');
     if ('id' in req && !isId(req.id)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id must be a string, a number of at most 2^53 - 1 in magnitude, or null');
-    if (inexactId !== undefined) {
-      throw new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: id ${echoed(inexactId)} reads as ${String(req.id)}, another number, so it could not be echoed: send it as a string or an integer`);
-    }
+    if (inexactId !== undefined) throw new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: ${inexactId}`);
     const extra = unknownMember(req);
     if (extra !== undefined) throw new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: unknown member '${echoed(extra)}' (a request has jsonrpc, id, method and params)`);
     if (typeof req.method !== 'string') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');

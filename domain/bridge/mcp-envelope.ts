@@ -8,6 +8,7 @@ import {
 } from '@modelcontextprotocol/sdk/types.js';
 import { echoed, memberPath, type FieldError } from '../errors.ts';
 import { normalOrigin } from '../origin.ts';
+import { inexactId } from '../jsonrpc-id.ts';
 
 // The requests the server answers, with the SDK's schemas for them.
 const REQUESTS = { initialize: InitializeRequestSchema, ping: PingRequestSchema, 'tools/list': ListToolsRequestSchema, 'tools/call': CallToolRequestSchema } as const;
@@ -55,6 +56,13 @@ const invalidRequest = (why: string, id?: unknown): EnvelopeRefusal => ({
 });
 // -32700: the body is no JSON (or empty).
 export const parseError = (why: string): EnvelopeRefusal => ({ jsonrpc: '2.0', id: null, error: { code: -32700, message: `Parse error: ${why}` } });
+
+// A number id JSON.parse read as another number (1e-400 as 0), which the SDK would answer with that
+// other number: told from the request's text.
+export function inexactIdRefusal(body: unknown, text: string): EnvelopeRefusal | undefined {
+  const inexact = inexactId(body, text);
+  return inexact && invalidRequest(`${Array.isArray(body) ? `batch member ${inexact.index}: ` : ''}${inexact.problem}`);
+}
 
 // The answer to an Accept that refuses JSON, in the SDK's code for it (the transport's own errors are -32000).
 export const NOT_ACCEPTABLE: HeaderRefusal = {
