@@ -42,25 +42,30 @@ const atMessage = (open: number[]) => open.at(-1) === 0x7b && (open.length === 1
 
 const MEMBER_VALUE = /\s*:\s*(-?\d[\d.eE+-]*)?/y;
 
-// The index of the quote that closes the string opening at `start` (the text is valid JSON).
+// The index of the quote that closes the string opening at `start` (the text's end if none does).
 function stringEnd(text: string, start: number): number {
-  for (let i = start + 1; ; i++) {
+  for (let i = start + 1; i < text.length; i++) {
     const c = text.charCodeAt(i);
     if (c === 0x5c /* \ */) i++;
     else if (c === 0x22) return i;
   }
+  return text.length;
 }
 
 // A number's decimal value in one spelling (digits without leading or trailing zeros, and an
-// exponent), from a JSON literal or from String(number).
+// exponent), from a JSON literal or from String(number). Zeros are cut by index, not by a regular
+// expression: /0+$/ retries from every zero of a run, quadratic in a literal of a million zeros.
 function decimal(literal: string): string {
   const m = /^(-?)(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?$/.exec(literal);
   if (!m) return literal;
   const fraction = m[3] ?? '';
-  const digits = (m[2] + fraction).replace(/^0+/, '');
-  if (!digits) return '0';
-  const kept = digits.replace(/0+$/, '');
-  return `${m[1]}${kept}e${Number(m[4] ?? 0) - fraction.length + digits.length - kept.length}`;
+  const digits = m[2] + fraction;
+  let from = 0;
+  while (from < digits.length && digits.charCodeAt(from) === 0x30) from++;
+  if (from === digits.length) return '0';
+  let to = digits.length;
+  while (digits.charCodeAt(to - 1) === 0x30) to--;
+  return `${m[1]}${digits.slice(from, to)}e${Number(m[4] ?? 0) - fraction.length + digits.length - to}`;
 }
 
 // Whether `value`, the number JSON.parse read from `literal`, is written back (JSON.stringify) as the
@@ -79,7 +84,7 @@ export function inexactId(body: unknown, text: string): { index: number; problem
     const literal = literals[index];
     // Past 2^53 an integer is refused by each endpoint in its own words before this matters.
     if (typeof id === 'number' && Math.abs(id) <= Number.MAX_SAFE_INTEGER && literal !== undefined && !numberEchoes(literal, id)) {
-      return { index, problem: `id ${echoed(literal)} reads as ${String(id)}, another number, so it could not be echoed: send it as a string or an integer` };
+      return { index, problem: `id ${echoed(literal)} would be echoed as ${String(id)}, another number (JSON numbers are read as doubles): send it as a string or an integer` };
     }
   }
   return undefined;

@@ -74,7 +74,7 @@ describe('A2A JSON-RPC endpoint', () => {
           assert.equal(r.status, 200);
           assert.strictEqual(r.body.id, null, payload);
           assert.equal(r.body.error.code, -32600, payload);
-          assert.equal(r.body.error.message, `Invalid request: id ${id} reads as ${readAs}, another number, so it could not be echoed: send it as a string or an integer`);
+          assert.equal(r.body.error.message, `Invalid request: id ${id} would be echoed as ${readAs}, another number (JSON numbers are read as doubles): send it as a string or an integer`);
         }
       }
       assert.equal(await testDb()('messages').where({ client_message_id: messageId }).first(), undefined, 'no message stored');
@@ -87,6 +87,14 @@ describe('A2A JSON-RPC endpoint', () => {
       // JSON.parse keeps the last of two ids: so does the check.
       const last = await raw('{"jsonrpc":"2.0","id":1e-400,"\\u0069d":5,"method":"tasks/explode"}');
       assert.deepEqual([last.body.id, last.body.error.code], [5, -32601]);
+      // A long literal is read in one pass (a regular expression over its zeros took minutes).
+      const long = await raw(`{"jsonrpc":"2.0","id":1.${'0'.repeat(500_000)}1,"method":"tasks/explode"}`);
+      assert.deepEqual([long.body.id, long.body.error.code], [null, -32600]);
+      assert.match(long.body.error.message, /^Invalid request: id 1\.0+… \(500003 characters\) would be echoed as 1, another number/);
+      // Beside a value in params that cannot be stored (-32602, the id echoed), it is refused first.
+      const both = await raw(`{"jsonrpc":"2.0","id":1e-400,"method":"message/send","params":{"message":${JSON.stringify(userMessage('\u0000'))}}}`);
+      assert.deepEqual([both.body.id, both.body.error.code], [null, -32600], JSON.stringify(both.body));
+      assert.match(both.body.error.message, /^Invalid request: id 1e-400 would be echoed as 0/);
     });
 
     it('a member beside jsonrpc, id, method and params is -32600 naming it, with the id echoed, and runs nothing', async () => {

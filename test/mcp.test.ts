@@ -527,9 +527,11 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
       // An integer all the same, but one JSON.parse has rounded (…993 reads as …992): it cannot be echoed as sent.
       ['{"jsonrpc": "2.0", "id": 9007199254740993, "method": "ping"}', null, 'id is an integer past ±(2^53 - 1), which cannot be echoed exactly; send it as a string'],
       // An integer as JSON.parse reads it, but not the number sent: answered, it would be another id.
-      ['{"jsonrpc": "2.0", "id": 1e-400, "method": "ping"}', null, 'id 1e-400 reads as 0, another number, so it could not be echoed: send it as a string or an integer'],
-      ['{"jsonrpc": "2.0", "id": 1.00000000000000001, "method": "tools/list"}', null, 'id 1.00000000000000001 reads as 1, another number, so it could not be echoed: send it as a string or an integer'],
-      ['[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "\\u0069d": -1e-400, "method": "ping"}]', null, 'batch member 1: id -1e-400 reads as 0, another number, so it could not be echoed: send it as a string or an integer'],
+      ['{"jsonrpc": "2.0", "id": 1e-400, "method": "ping"}', null, 'id 1e-400 would be echoed as 0, another number (JSON numbers are read as doubles): send it as a string or an integer'],
+      ['{"jsonrpc": "2.0", "id": 1.00000000000000001, "method": "tools/list"}', null, 'id 1.00000000000000001 would be echoed as 1, another number (JSON numbers are read as doubles): send it as a string or an integer'],
+      // Refused first: the refusal of a value that cannot be stored would echo it.
+      ['{"jsonrpc": "2.0", "id": 1e-400, "method": "ping", "x": "\\u0000"}', null, 'id 1e-400 would be echoed as 0, another number (JSON numbers are read as doubles): send it as a string or an integer'],
+      ['[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "\\u0069d": -1e-400, "method": "ping"}]', null, 'batch member 1: id -1e-400 would be echoed as 0, another number (JSON numbers are read as doubles): send it as a string or an integer'],
       ['{"id": "a", "method": "ping"}', 'a', 'jsonrpc must be "2.0"'],
       ['{"jsonrpc": "2.0", "id": 3, "method": 7}', 3, 'method must be a string'],
       ['{"jsonrpc": "2.0", "id": 4}', 4, 'a message needs a method (a request or notification), or a result or an error (a response)'],

@@ -67,13 +67,14 @@ export const mcpRoutes = [
       return answer(ctx, 400, parseError('parseError' in read ? read.parseError : 'Request body is empty'));
     }
     const { body } = read;
+    // First: the refusals below echo the id, which for this one would be another number.
+    const inexact = inexactIdRefusal(body, read.text!);
+    if (inexact) return answer(ctx, 400, inexact);
     const problem = findUnstorable(body);
     if (problem) {
       const refused = unstorableRefusal(body, problem);
       return answer(ctx, refused.status, refused.answer);
     }
-    const inexact = inexactIdRefusal(body, read.text!);
-    if (inexact) return answer(ctx, 400, inexact);
     const batchRefused = batchRefusal(body, ctx.get('mcp-protocol-version') || undefined, services.cfg.RATE_LIMIT_PER_SECOND);
     if (batchRefused) return answer(ctx, 400, batchRefused);
     // Each member of a batch is a request (twenty tools/call are twenty provider calls); the rate
