@@ -844,7 +844,7 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
 describe('remote A2A agent that answers without end, or about another task', () => {
   // Unlike REMOTE_KEY, no message of these tests ends with a start of it ("remote-a"), which would be masked as a key cut short.
   const QUOTED_KEY = `qk-${randomUUID()}`;
-  let mode: 'trickle-card' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' | 'not-json' | 'rpc-error-cut' = 'trickle-card';
+  let mode: 'trickle-card' | 'trickle-card-sse' | 'trickle-rpc-sse' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' | 'not-json' | 'rpc-error-cut' = 'trickle-card';
   // What the remote answers, in 'garbled' mode, after the task: an event of a known kind with a member of another shape.
   let garbled: unknown;
   let streamClosed = false;
@@ -857,6 +857,13 @@ describe('remote A2A agent that answers without end, or about another task', () 
       trickledCards++;
       res.writeHead(200, { 'content-type': 'application/json' });
       const tick = setInterval(() => res.write(' '), 100);
+      res.on('close', () => clearInterval(tick));
+    } else if ((req.method === 'GET' && mode === 'trickle-card-sse') || (req.method === 'POST' && mode === 'trickle-rpc-sse')) {
+      // Labelled a stream, and never ending: a line a tick, as a stream's would be.
+      trickledCards++;
+      req.resume();
+      res.writeHead(mode === 'trickle-card-sse' ? 200 : 500, { 'content-type': 'text/event-stream' });
+      const tick = setInterval(() => res.write(': tick\n'), 100);
       res.on('close', () => clearInterval(tick));
     } else if (req.method === 'GET' && mode === 'bomb-card') {
       res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': 'gzip' });
@@ -933,6 +940,15 @@ describe('remote A2A agent that answers without end, or about another task', () 
     bomb = gzipSync(Buffer.alloc(64 * 1024 * 1024, ' '));
     mode = 'bomb-card';
     assert.match(await failureOf('bomb'), /card at .* could not be read: the remote agent answered a body longer than 16777216 bytes/);
+  });
+
+  // After the gzip bomb: the second case leaves the card read (the first fails before any is kept).
+  it('bounds an answer labelled an event stream like any other where no stream was asked for or granted: a card, a refused message/stream', async () => {
+    mode = 'trickle-card-sse';
+    assert.match(await failureOf('card as a stream'), /card at .* could not be read: the remote agent did not answer within 1000 ms/);
+    mode = 'trickle-rpc-sse';
+    // The SDK reads a refused stream's body for its message: cut at the bound, it reads as empty.
+    assert.match(await failureOf('refused as a stream'), /HTTP error establishing stream for message\/stream: 500 Internal Server Error\. Response: \(empty\)$/);
   });
 
   it('fails the run whose stream sends a line that never ends, and hangs up on it', async () => {

@@ -146,9 +146,11 @@ async function boundedFetch(call: (init: RequestInit) => Promise<Response>, init
     await res.body?.cancel().catch(() => undefined);
     throw new Error(`the remote agent answered HTTP ${res.status}${res.statusText ? ` ${res.statusText}` : ''}: redirects are not followed (set AGENT_REMOTE_URL to the final address)`);
   }
-  const stream = /^text\/event-stream/i.test(res.headers.get('content-type') ?? '');
+  // A stream only where one was asked for and granted: the SDK reads any other answer whole (a card,
+  // a call, a refused stream), whatever its type, so that one keeps its time and size bounds.
+  const stream = res.ok && methodOf(init) === 'message/stream' && /^text\/event-stream/i.test(res.headers.get('content-type') ?? '');
   if (stream) clearTimeout(timer);
-  if (stream && res.ok && init?.signal) streamsTaken.add(init.signal);
+  if (stream && init?.signal) streamsTaken.add(init.signal);
   if (!res.body) {
     over();
     return res;
