@@ -983,19 +983,25 @@ describe('remote A2A agent that answers without end, or about another task', () 
       [{ kind: 'status-update', ...ids, status: {} }, 'a status-update whose status.state is no A2A task state'],
       // Two faults: the missing member is named (ajv's order; the hand-written checks named the messageId).
       [{ kind: 'message', role: 'agent', messageId: 5 }, 'a message whose parts is no list'],
-      [{ kind: 'message', role: 'agent', parts: [] }, 'a message whose messageId is no string'],
+      [{ kind: 'message', role: 'agent', parts: [] }, 'a message whose messageId is no string of at most 256 characters without NUL'],
+      // Kept for the run (every message id seen) and in Postgres (the remote task's): a long one held
+      // megabytes a message, and a NUL failed the row's write, which sent the message again.
+      [{ ...message([{ kind: 'text', text: 'x' }]), messageId: 'm'.repeat(257) }, 'a message whose messageId is no string of at most 256 characters without NUL'],
+      [{ kind: 'status-update', taskId: 'remote-a\u0000', contextId: 'remote-ctx', status: { state: 'working' } }, 'a status-update whose taskId is no string of at most 256 characters without NUL'],
+      [{ kind: 'task', id: 'remote-a', contextId: 'c'.repeat(300), status: { state: 'working' } }, 'a task whose contextId is no string of at most 256 characters without NUL'],
+      [{ kind: 'artifact-update', ...ids, artifact: { artifactId: 'a\u0000', parts: [] } }, 'an artifact-update whose artifact.artifactId is no string of at most 256 characters without NUL'],
       [{ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'working' }, history: {} }, 'a task whose history is no list'],
       [{ kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'working' }, artifacts: [null] }, 'a task whose artifacts.0 is no artifact'],
       [{ kind: 'status-update', ...ids, status: { state: 'working', message: 'thinking' } }, 'a status-update whose status.message is no message'],
       // Before: followed as a task still running, for ever.
       [{ kind: 'status-update', ...ids, status: { state: 'finished' }, final: true }, 'a status-update whose status.state is no A2A task state'],
-      [{ kind: 'artifact-update', ...ids, artifact: { parts: [{ kind: 'text', text: 'x' }] } }, 'an artifact-update whose artifact.artifactId is no string'],
+      [{ kind: 'artifact-update', ...ids, artifact: { parts: [{ kind: 'text', text: 'x' }] } }, 'an artifact-update whose artifact.artifactId is no string of at most 256 characters without NUL'],
     ];
     for (const [event, where] of cases) {
       garbled = event;
       const failure = await failureOf('garbled');
       // Before: a TypeError ("Cannot read properties of null", "is not iterable"), or garbage stored.
-      assert.equal(failure, `The agent failed after 1 attempt(s): the remote agent answered ${where}: ${JSON.stringify(event)}`);
+      assert.equal(failure, `The agent failed after 1 attempt(s): the remote agent answered ${where}: ${JSON.stringify(event).slice(0, 200)}`);
     }
   });
 

@@ -14,15 +14,19 @@ import { TASK_STATES } from '../../domain/task-states.ts';
 export type StreamEvent = Message | Task | TaskStatusUpdateEvent | TaskArtifactUpdateEvent;
 type Kind = StreamEvent['kind'];
 
-const RemoteString = Type.String({ title: 'string' });
+// An id the mirror keeps (in memory for the run, in Postgres for a task's): bounded as ours are
+// (domain/a2a/params.ts), and without NUL, which Postgres cannot store.
+const RemoteId = Type.String({ maxLength: 256, pattern: '^[^\\u0000]*$', title: 'string of at most 256 characters without NUL' });
+// The task and context an event names, where it names them.
+const EventIds = { taskId: Type.Optional(RemoteId), contextId: Type.Optional(RemoteId) };
 // A file part's file is read (its bytes or uri); other parts are handed on as they are.
 const RemotePart = Type.Unsafe({
   type: 'object', title: 'part',
   if: { properties: { kind: { const: 'file' } }, required: ['kind'] },
   then: { properties: { file: { type: 'object', title: 'object' } }, required: ['file'] },
 });
-const RemoteMessage = Type.Object({ messageId: RemoteString, parts: Type.Array(RemotePart, { title: 'list' }) }, { title: 'message' });
-const RemoteArtifact = Type.Object({ artifactId: RemoteString, parts: Type.Array(Type.Unknown(), { title: 'list' }) }, { title: 'artifact' });
+const RemoteMessage = Type.Object({ messageId: RemoteId, parts: Type.Array(RemotePart, { title: 'list' }), ...EventIds }, { title: 'message' });
+const RemoteArtifact = Type.Object({ artifactId: RemoteId, parts: Type.Array(Type.Unknown(), { title: 'list' }) }, { title: 'artifact' });
 const RemoteStatus = Type.Object({
   state: Type.Unsafe({ enum: [...TASK_STATES], title: 'A2A task state' }),
   message: Type.Optional(RemoteMessage),
@@ -31,12 +35,14 @@ const RemoteStatus = Type.Object({
 const EVENTS: Record<Kind, ReturnType<typeof compileSchema>> = {
   message: compileSchema(RemoteMessage),
   task: compileSchema(Type.Object({
+    id: Type.Optional(RemoteId),
+    contextId: Type.Optional(RemoteId),
     status: RemoteStatus,
     history: Type.Optional(Type.Array(RemoteMessage, { title: 'list' })),
     artifacts: Type.Optional(Type.Array(RemoteArtifact, { title: 'list' })),
   })),
-  'status-update': compileSchema(Type.Object({ status: RemoteStatus })),
-  'artifact-update': compileSchema(Type.Object({ artifact: RemoteArtifact })),
+  'status-update': compileSchema(Type.Object({ ...EventIds, status: RemoteStatus })),
+  'artifact-update': compileSchema(Type.Object({ ...EventIds, artifact: RemoteArtifact })),
 };
 const ALL_KINDS = Object.keys(EVENTS) as Kind[];
 
