@@ -164,13 +164,16 @@ async function outcome(stack: Stack, text: string) {
 }
 
 // A task created on `stack` with `text`, as GET shows it once it has failed.
-async function failedTaskOn(stack: Stack, text = 'anyone there?') {
+// A task made with `text`, as it stands once `until` its status.
+async function taskOn(stack: Stack, text: string, until: (status: string) => boolean, what: string) {
   const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
   return waitFor(async () => {
     const r = await stack.client.get(`/api/task/v1/${created.body.task.id}`);
-    return r.body.task.status === 'failed' && r.body;
-  }, 'the task to fail', 30000);
+    return until(r.body.task.status) && r.body;
+  }, what, 30000);
 }
+const failedTaskOn = (stack: Stack, text = 'anyone there?') => taskOn(stack, text, (s) => s === 'failed', 'the task to fail');
+const endedTaskOn = (stack: Stack, text: string) => taskOn(stack, text, (s) => s !== 'submitted' && s !== 'working', 'the task to end');
 
 // `first`: handlers every request meets before any other.
 async function startRemoteAgent(executor: AgentExecutor, streaming: boolean, endpointElsewhere = false, keepsHistory = true, first: express.RequestHandler[] = []): Promise<{ url: string; server: Server; refused: string[]; endpointOrigin: string; close: () => Promise<void> }> {
@@ -844,7 +847,7 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
 describe('remote A2A agent that answers without end, or about another task', () => {
   // Unlike REMOTE_KEY, no message of these tests ends with a start of it ("remote-a"), which would be masked as a key cut short.
   const QUOTED_KEY = `qk-${randomUUID()}`;
-  let mode: 'trickle-card' | 'trickle-card-sse' | 'trickle-rpc-sse' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' | 'not-json' | 'rpc-error-cut' = 'trickle-card';
+  let mode: 'trickle-card' | 'trickle-card-sse' | 'trickle-rpc-sse' | 'empty-parts' | 'empty-answer' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' | 'not-json' | 'rpc-error-cut' = 'trickle-card';
   // What the remote answers, in 'garbled' mode, after the task: an event of a known kind with a member of another shape.
   let garbled: unknown;
   let streamClosed = false;
@@ -879,6 +882,25 @@ describe('remote A2A agent that answers without end, or about another task', () 
       req.resume();
       res.writeHead(401, { 'content-type': 'application/json' });
       res.end(JSON.stringify({ jsonrpc: '2.0', id: 1, error: { code: -32001, message: 'Unauthorized' } }));
+    } else if (mode === 'empty-parts' || mode === 'empty-answer') {
+      // Messages of no parts, which A2A allows: as the answer itself, or in a task that then completes.
+      let body = '';
+      req.on('data', (b) => { body += b; });
+      req.on('end', () => {
+        const { id } = JSON.parse(body) as { id: string | number };
+        const event = (result: unknown) => `data: ${JSON.stringify({ jsonrpc: '2.0', id, result })}\n\n`;
+        const empty = (messageId: string) => ({ kind: 'message', role: 'agent', messageId, parts: [] });
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        if (mode === 'empty-answer') {
+          res.end(event(empty('empty-answer')));
+          return;
+        }
+        res.write(event({ kind: 'task', id: 'remote-e', contextId: 'remote-ctx', status: { state: 'working' } }));
+        res.write(event({ ...empty(randomUUID()), taskId: 'remote-e', contextId: 'remote-ctx' }));
+        res.write(event({ kind: 'status-update', taskId: 'remote-e', contextId: 'remote-ctx', status: { state: 'working', message: empty(randomUUID()) } }));
+        res.end(event({ kind: 'status-update', taskId: 'remote-e', contextId: 'remote-ctx', final: true,
+          status: { state: 'completed', message: { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text: 'done, after two empty messages' }] } } }));
+      });
     } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting' || mode === 'garbled' || mode === 'garbled-get' || mode === 'rpc-error' || mode === 'rpc-error-cut') {
       let body = '';
       req.on('data', (b) => { body += b; });
@@ -949,6 +971,17 @@ describe('remote A2A agent that answers without end, or about another task', () 
     mode = 'trickle-rpc-sse';
     // The SDK reads a refused stream's body for its message: cut at the bound, it reads as empty.
     assert.match(await failureOf('refused as a stream'), /HTTP error establishing stream for message\/stream: 500 Internal Server Error\. Response: \(empty\)$/);
+  });
+
+  it('completes the task whose remote sends messages of no parts (which A2A allows), skipping them, or answers with one', async () => {
+    mode = 'empty-parts';
+    const done = await endedTaskOn(stack, 'answer emptily');
+    // Before: the first empty message was refused as a reply, which failed the task.
+    assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+    assert.equal(done.status_message.parts[0].text, 'done, after two empty messages');
+    mode = 'empty-answer';
+    const answered = await endedTaskOn(stack, 'answer with nothing');
+    assert.equal(answered.task.status, 'completed', JSON.stringify(answered.status_message));
   });
 
   it('fails the run whose stream sends a line that never ends, and hangs up on it', async () => {
@@ -1355,6 +1388,6 @@ describe('remote A2A agent whose events change nothing the local task holds', ()
   it('fails the run once it has noted more of them than it keeps, rather than following the remote task on', async () => {
     // Before: the task stayed working, the worker keeping every id.
     const failed = await failedTaskOn(stack, 'noise');
-    assert.equal(failed.status_message.parts[0].text, 'The agent failed after 1 attempt(s): the remote agent sent more than 500 status messages or artifacts the local task does not hold (status messages of another state than working, artifacts of no parts)');
+    assert.equal(failed.status_message.parts[0].text, 'The agent failed after 1 attempt(s): the remote agent sent more than 500 messages, status messages or artifacts the local task does not hold (messages of no parts, status messages of another state than working, artifacts of no parts)');
   });
 });

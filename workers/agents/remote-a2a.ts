@@ -587,6 +587,8 @@ class Mirror {
     if (m.role !== 'agent' || this.seenMessages.has(m.messageId)) return;
     this.seenMessages.add(m.messageId);
     this.answering = undefined;
+    // A2A allows a message of no parts; a local message holds at least one.
+    if (!m.parts.length) return this.noteUnheld();
     await this.ctx.reply(replyOf(m));
   }
 
@@ -641,14 +643,14 @@ class Mirror {
 
   private noteUnheld(): void {
     if (++this.unheld > MAX_UNHELD) {
-      throw new Error(`the remote agent sent more than ${MAX_UNHELD} status messages or artifacts the local task does not hold (status messages of another state than working, artifacts of no parts)`);
+      throw new Error(`the remote agent sent more than ${MAX_UNHELD} messages, status messages or artifacts the local task does not hold (messages of no parts, status messages of another state than working, artifacts of no parts)`);
     }
   }
 
   async apply(event: StreamEvent): Promise<AgentResult | undefined> {
     checkEvent(event);
     const answer = this.answer(event);
-    if (answer) return { status: 'completed', message: replyOf(answer) };
+    if (answer) return { status: 'completed', ...(answer.parts.length ? { message: replyOf(answer) } : {}) };
     await this.named(event);
     switch (event.kind) {
       case 'message':
