@@ -847,7 +847,7 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
 describe('remote A2A agent that answers without end, or about another task', () => {
   // Unlike REMOTE_KEY, no message of these tests ends with a start of it ("remote-a"), which would be masked as a key cut short.
   const QUOTED_KEY = `qk-${randomUUID()}`;
-  let mode: 'trickle-card' | 'trickle-card-sse' | 'trickle-rpc-sse' | 'empty-parts' | 'empty-answer' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' | 'not-json' | 'rpc-error-cut' = 'trickle-card';
+  let mode: 'trickle-card' | 'trickle-card-sse' | 'trickle-rpc-sse' | 'empty-parts' | 'empty-answer' | 'cancel-refused' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' | 'not-json' | 'rpc-error-cut' = 'trickle-card';
   // What the remote answers, in 'garbled' mode, after the task: an event of a known kind with a member of another shape.
   let garbled: unknown;
   let streamClosed = false;
@@ -882,6 +882,20 @@ describe('remote A2A agent that answers without end, or about another task', () 
       req.resume();
       res.writeHead(401, { 'content-type': 'application/json' });
       res.end(JSON.stringify({ jsonrpc: '2.0', id: 1, error: { code: -32001, message: 'Unauthorized' } }));
+    } else if (mode === 'cancel-refused') {
+      // A task that works on, whose cancel is refused with a long answer quoting the key.
+      let body = '';
+      req.on('data', (b) => { body += b; });
+      req.on('end', () => {
+        const { id, method } = JSON.parse(body) as { id: string | number; method: string };
+        if (method === 'tasks/cancel') {
+          res.writeHead(500, { 'content-type': 'text/plain' });
+          res.end(`refused for ${req.headers.authorization}: ${'x'.repeat(5000)}`);
+          return;
+        }
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(`data: ${JSON.stringify({ jsonrpc: '2.0', id, result: { kind: 'task', id: 'remote-w', contextId: 'remote-ctx', status: { state: 'working' } } })}\n\n`);
+      });
     } else if (mode === 'empty-parts' || mode === 'empty-answer') {
       // Messages of no parts, which A2A allows: as the answer itself, or in a task that then completes.
       let body = '';
@@ -982,6 +996,19 @@ describe('remote A2A agent that answers without end, or about another task', () 
     mode = 'empty-answer';
     const answered = await endedTaskOn(stack, 'answer with nothing');
     assert.equal(answered.task.status, 'completed', JSON.stringify(answered.status_message));
+  });
+
+  it('logs a refused cancel of the remote task cut short, the key masked', async () => {
+    mode = 'cancel-refused';
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('work on') })).body.task.id;
+    await waitFor(async () => (await testDb()('remote_agent_tasks').where({ task_id: id }).first())?.remote_task_id === 'remote-w', 'the remote task to be named');
+    assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'canceled' })).status, 200);
+    const line = await waitFor(async () => stack.workers[0].logs.find((l) => l.includes('remote task could not be canceled') && l.includes('remote-w')), 'the warn line');
+    const { reason } = JSON.parse(line) as { reason: string };
+    // Before: the remote's 5,000 characters whole, in every retry's line.
+    assert.ok(reason.length <= 1001 && reason.endsWith('…'), `${reason.length} characters: ${reason.slice(0, 300)}`);
+    assert.match(reason, /^HTTP error for tasks\/cancel! Status: 500 Internal Server Error\. Response: refused for \*\*\*: x/);
+    assert.ok(!line.includes(QUOTED_KEY), 'the key is masked');
   });
 
   it('fails the run whose stream sends a line that never ends, and hangs up on it', async () => {

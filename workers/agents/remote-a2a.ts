@@ -467,7 +467,9 @@ async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, c
     return true;
   } catch (err) {
     if (err instanceof TaskNotCancelableError || err instanceof TaskNotFoundError) return true;
-    log.warn({ remote_task_id: remoteTaskId, reason: withoutKey((err as Error).message) }, 'remote task could not be canceled; will retry');
+    // Cut as a run's failure is: the SDK's message quotes the remote's answer, up to 16 MiB, and this
+    // line comes again each housekeeping pass.
+    log.warn({ remote_task_id: remoteTaskId, reason: cutReason(withoutKey((err as Error).message)) }, 'remote task could not be canceled; will retry');
     return false;
   }
 }
