@@ -620,7 +620,9 @@ class Mirror {
   private async store(artifact: Artifact, { append, lastChunk }: { append?: boolean; lastChunk?: boolean }): Promise<void> {
     const held = this.artifacts.get(artifact.artifactId);
     const made = applyArtifactUpdate(held, artifact, append);
-    if (held && sameAsStored(held, made)) return;
+    // A chunk of parts appended always changes the artifact: not compared, as that reads the whole
+    // artifact so far (a remote streaming a token a chunk made it quadratic).
+    if (held && !(append && artifact.parts.length) && sameAsStored(held, made)) return;
     this.artifacts.set(artifact.artifactId, made);
     if (!made.parts.length) {
       if (!held) this.noteUnheld();
