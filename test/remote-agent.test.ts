@@ -1403,9 +1403,16 @@ describe('remote A2A agent whose events change nothing the local task holds', ()
     res.writeHead(200, { 'content-type': 'text/event-stream' });
     const ids = { taskId: 'remote-noise', contextId: 'remote-ctx' };
     res.write(call.event({ kind: 'task', id: ids.taskId, contextId: ids.contextId, status: { state: 'working' } }));
-    // Each with an id never seen: a status message of a state other than working, an artifact of no parts.
+    const text = JSON.stringify(call.params);
     // 600 in all, past the 500 a run notes; the stream then stays open, as the remote's task would.
     for (let i = 0; i < 300; i++) {
+      if (text.includes('[chunks]')) {
+        // One artifact of no parts, then chunks of no parts each adding a metadata key (and a message of no parts).
+        res.write(call.event({ kind: 'artifact-update', ...ids, append: i > 0, artifact: { artifactId: 'empty', parts: [], metadata: { [`k${i}`]: i } } }));
+        res.write(call.event({ kind: 'message', ...ids, role: 'agent', messageId: randomUUID(), parts: [] }));
+        continue;
+      }
+      // Each with an id never seen: a status message of a state other than working, an artifact of no parts.
       res.write(call.event({ kind: 'status-update', ...ids, final: false, status: { state: 'submitted', message: { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [] } } }));
       res.write(call.event({ kind: 'artifact-update', ...ids, artifact: { artifactId: randomUUID(), parts: [] } }));
     }
@@ -1414,7 +1421,10 @@ describe('remote A2A agent whose events change nothing the local task holds', ()
 
   it('fails the run once it has noted more of them than it keeps, rather than following the remote task on', async () => {
     // Before: the task stayed working, the worker keeping every id.
-    const failed = await failedTaskOn(stack, 'noise');
-    assert.equal(failed.status_message.parts[0].text, 'The agent failed after 1 attempt(s): the remote agent sent more than 500 messages, status messages or artifacts the local task does not hold (messages of no parts, status messages of another state than working, artifacts of no parts)');
+    // Before, with [chunks]: the artifact's metadata grew in the worker for as long as the remote sent them.
+    for (const text of ['noise', 'noise [chunks]']) {
+      const failed = await failedTaskOn(stack, text);
+      assert.equal(failed.status_message.parts[0].text, 'The agent failed after 1 attempt(s): the remote agent sent more than 500 messages, status messages or artifacts the local task does not hold (messages of no parts, status messages of another state than working, artifacts of no parts)', text);
+    }
   });
 });

@@ -624,10 +624,8 @@ class Mirror {
     // artifact so far (a remote streaming a token a chunk made it quadratic).
     if (held && !(append && artifact.parts.length) && sameAsStored(held, made)) return;
     this.artifacts.set(artifact.artifactId, made);
-    if (!made.parts.length) {
-      if (!held) this.noteUnheld();
-      return;
-    }
+    // Each change counts: chunks of no parts that add metadata keys would grow it here without bound.
+    if (!made.parts.length) return this.noteUnheld();
     const whole = (held && !held.parts.length) || !artifact.parts.length;
     this.answering = undefined;
     await this.ctx.emitArtifact({ ...(whole ? made : artifact), ...(append && !whole ? { append } : {}), ...(lastChunk ? { lastChunk } : {}) });
