@@ -14,7 +14,8 @@ const tooLarge = (limit: number) => new PayloadTooLarge(`Request body exceeds th
 
 // Reads and parses a JSON body; undefined when the request has none or an empty one, whatever its
 // content type (fetch sends `content-length: 0` and `text/plain` for a POST with an empty body).
-// Unless told otherwise it also refuses values that could not be stored (domain/storable-json.ts).
+// It also refuses values that could not be stored (domain/storable-json.ts); the JSON-RPC endpoints
+// read with readJsonRpcBody, which leaves that to them.
 export async function readJsonBody(ctx: Context, limit: number): Promise<unknown> {
   return (await readJson(ctx, limit, true))?.value;
 }
