@@ -847,7 +847,7 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
 describe('remote A2A agent that answers without end, or about another task', () => {
   // Unlike REMOTE_KEY, no message of these tests ends with a start of it ("remote-a"), which would be masked as a key cut short.
   const QUOTED_KEY = `qk-${randomUUID()}`;
-  let mode: 'trickle-card' | 'trickle-card-sse' | 'trickle-rpc-sse' | 'empty-parts' | 'empty-answer' | 'cancel-refused' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'rpc-error' | 'refused-rpc' | 'not-json' | 'rpc-error-cut' = 'trickle-card';
+  let mode: 'trickle-card' | 'trickle-card-sse' | 'trickle-rpc-sse' | 'empty-parts' | 'empty-answer' | 'cancel-refused' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'other-get' | 'rpc-error' | 'refused-rpc' | 'not-json' | 'rpc-error-cut' = 'trickle-card';
   // What the remote answers, in 'garbled' mode, after the task: an event of a known kind with a member of another shape.
   let garbled: unknown;
   let streamClosed = false;
@@ -915,16 +915,19 @@ describe('remote A2A agent that answers without end, or about another task', () 
         res.end(event({ kind: 'status-update', taskId: 'remote-e', contextId: 'remote-ctx', final: true,
           status: { state: 'completed', message: { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text: 'done, after two empty messages' }] } } }));
       });
-    } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting' || mode === 'garbled' || mode === 'garbled-get' || mode === 'rpc-error' || mode === 'rpc-error-cut') {
+    } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting' || mode === 'garbled' || mode === 'garbled-get' || mode === 'other-get' || mode === 'rpc-error' || mode === 'rpc-error-cut') {
       let body = '';
       req.on('data', (b) => { body += b; });
       req.on('end', () => {
         const { id, method } = JSON.parse(body) as { id: string | number; method: string };
         const event = (result: unknown) => `data: ${JSON.stringify({ jsonrpc: '2.0', id, result })}\n\n`;
-        // A later turn reads the remote task first: its history is garbled.
+        // A later turn reads the remote task first: its history is garbled ("other-get": it is another task, ended).
         if (method === 'tasks/get') {
           res.writeHead(200, { 'content-type': 'application/json' });
-          res.end(JSON.stringify({ jsonrpc: '2.0', id, result: { kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'input-required' }, history: [null] } }));
+          const task = mode === 'other-get'
+            ? { kind: 'task', id: 'remote-z', contextId: 'remote-ctx', status: { state: 'completed', message: { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text: 'not yours' }] } } }
+            : { kind: 'task', id: 'remote-a', contextId: 'remote-ctx', status: { state: 'input-required' }, history: [null] };
+          res.end(JSON.stringify({ jsonrpc: '2.0', id, result: task }));
           return;
         }
         res.writeHead(200, { 'content-type': 'text/event-stream' });
@@ -1102,6 +1105,13 @@ describe('remote A2A agent that answers without end, or about another task', () 
     // Before: the parser's words alone, which named no party.
     // Its words without the parser's quote of the answer, which may echo the request, key and all.
     assert.equal(failed.status_message.parts[0].text, 'The agent failed after 1 attempt(s): the remote agent answered what is not JSON: Unexpected token \'h\'');
+  });
+
+  it('fails the later turn whose remote answers tasks/get with another task, ending nothing by it', async () => {
+    const failed = await laterTurnFailing('other task later', 'other-get');
+    // Before: the local task completed with the other task's status message, "not yours".
+    assert.equal(failed.status_message.parts[0].text, 'The agent failed after 1 attempt(s): the remote agent answered tasks/get for its task remote-a with task remote-z');
+    assert.ok(!failed.messages.some((m: { parts: { text?: string }[] }) => m.parts.some((p) => p.text === 'not yours')));
   });
 
   it("takes a call answered 401 with a JSON-RPC error as its body for a refusal of this worker's key", async () => {

@@ -450,11 +450,14 @@ async function send(
   }
 }
 
-// The remote task, checked as the events of a stream are. With its history: messages the remote
-// added and moved past between two polls are mirrored too.
+// The remote task, checked as the events of a stream are, and to be the task asked for: another's
+// state would end this turn, its content mirrored here. With its history: messages the remote added
+// and moved past between two polls are mirrored too.
 async function readTask(remote: Client, id: string, signal: AbortSignal): Promise<A2ATask> {
   const task: unknown = await remote.getTask({ id, historyLength: SEEN_HISTORY }, { signal });
   checkEvent(task, ['task']);
+  const answered = (task as A2ATask).id;
+  if (answered !== undefined && answered !== id) throw new Error(`the remote agent answered tasks/get for its task ${id} with task ${answered}`);
   return task as A2ATask;
 }
 
