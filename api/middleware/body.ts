@@ -77,10 +77,12 @@ async function readJson(ctx: Context, limit: number, checkStorable: boolean): Pr
 // the protocol, while a body too large or not JSON stays an HTTP error. Values that could not be
 // stored are the caller's to refuse, in the protocol too. The text tells what the value cannot (an id
 // JSON.parse rounded).
-export async function readJsonRpcBody(ctx: Context, limit: number): Promise<{ body: unknown; text?: string } | { parseError: string }> {
+export type JsonRpcBody = { body: unknown; text: string } | { parseError: string } | { empty: true };
+
+export async function readJsonRpcBody(ctx: Context, limit: number): Promise<JsonRpcBody> {
   try {
     const read = await readJson(ctx, limit, false);
-    return { body: read?.value, text: read?.text };
+    return read ? { body: read.value, text: read.text } : { empty: true };
   } catch (err) {
     if (!(err instanceof InvalidRequest)) throw err;
     return { parseError: err.message };

@@ -43,12 +43,12 @@ export const a2aRoutes = [
   }, async ({ ctx, services, log }) => {
     const read = await readJsonRpcBody(ctx, services.cfg.BODY_LIMIT_BYTES);
     ctx.status = 200;
-    if ('parseError' in read || read.body === undefined) {
+    if (!('body' in read)) {
       ctx.body = PARSE_ERROR;
       return;
     }
     const { body } = read;
-    const notes = notesOf(body, read.text!);
+    const notes = notesOf(body, read.text);
     // Held from before the call (message/stream creates a task: a refusal must come first) to the
     // stream's end, which comes early when the client goes or the key is revoked.
     const held = callsStream(body, services.cfg, notes) ? await holdStream(services, (ctx.state.principal as Principal).id) : undefined;

@@ -62,13 +62,13 @@ export const mcpRoutes = [
     // default) and capitals. Koa's negotiation (RFC 9110) decides instead.
     if (!ctx.accepts('application/json')) return answer(ctx, 406, NOT_ACCEPTABLE);
     const read = await readJsonRpcBody(ctx, services.cfg.BODY_LIMIT_BYTES);
-    // An empty body (read as undefined) is no JSON either, not a message that is no object.
-    if ('parseError' in read || read.body === undefined) {
+    // An empty body is no JSON either, not a message that is no object.
+    if (!('body' in read)) {
       return answer(ctx, 400, parseError('parseError' in read ? read.parseError : 'Request body is empty'));
     }
     const { body } = read;
     // First: the refusals below echo the id, which for this one would be another number.
-    const inexact = inexactIdRefusal(body, read.text!);
+    const inexact = inexactIdRefusal(body, read.text);
     if (inexact) return answer(ctx, 400, inexact);
     const problem = findUnstorable(body);
     if (problem) {

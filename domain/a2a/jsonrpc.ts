@@ -63,15 +63,13 @@ function unstorableError(problem: FieldError): A2AError {
 /**
  * Whether dispatch answers this body with a stream (told before it is dispatched, to hold a stream
  * place). With streaming switched off none is: those methods answer -32004 (requireStreaming). Nor
- * is one whose envelope dispatch refuses, unstorable included: its -32600 must not wait for, or be
- * refused for, a stream place.
+ * is one whose envelope dispatch refuses: its -32600 must not wait for, or be refused for, a stream
+ * place. A streaming call without an id is refused too, after its params are checked (dispatch).
  */
-export const callsStream = (body: unknown, cfg: Pick<Config, 'A2A_STREAMING'>, { unstorable, inexactId }: BodyNotes): boolean => {
-  const req = body as { jsonrpc?: unknown; id?: unknown; method?: unknown } | null;
-  const name = req?.method;
-  return cfg.A2A_STREAMING && typeof name === 'string' && Object.hasOwn(METHODS, name) && !!METHODS[name].stream
-    && req!.jsonrpc === '2.0' && Object.hasOwn(req!, 'id') && isId(req!.id) && inexactId === undefined && !unknownMember(req!)
-    && !(unstorable && !inParams(unstorable));
+export const callsStream = (body: unknown, cfg: Pick<Config, 'A2A_STREAMING'>, notes: BodyNotes): boolean => {
+  if (!cfg.A2A_STREAMING || typeof body !== 'object' || body === null || Array.isArray(body)) return false;
+  const req = body as Record<string, unknown>;
+  return envelopeError(req, notes) === undefined && Object.hasOwn(req, 'id') && !!METHODS[req.method as string].stream;
 };
 
 export const PARSE_ERROR: RpcResponse = { jsonrpc: '2.0', id: null, error: { code: JSONRPC.PARSE_ERROR, message: 'Parse error: the request body is not valid JSON' } };
@@ -98,27 +96,36 @@ export function notesOf(body: unknown, text: string): BodyNotes {
   return { unstorable: findUnstorable(body), inexactId: Array.isArray(body) ? undefined : inexactId(body, text)?.problem };
 }
 
-export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, { unstorable, inexactId }: BodyNotes = {}): Promise<RpcOutcome> {
+// What is wrong with a request's envelope (everything but its params), in the order dispatch tells
+// it: -32600, or -32601 for a method this agent does not serve.
+function envelopeError(req: Record<string, unknown>, { unstorable, inexactId }: BodyNotes): A2AError | undefined {
+  if (unstorable && !inParams(unstorable)) return unstorableError(unstorable);
+  if (req.jsonrpc !== '2.0') return new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: jsonrpc must be "2.0"');
+  if ('id' in req && !isId(req.id)) return new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id must be a string, a number of at most 2^53 - 1 in magnitude, or null');
+  if (inexactId !== undefined) return new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: ${inexactId}`);
+  const extra = unknownMember(req);
+  if (extra !== undefined) return new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: unknown member '${echoed(extra)}' (a request has jsonrpc, id, method and params)`);
+  if (typeof req.method !== 'string') return new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');
+  if (!Object.hasOwn(METHODS, req.method)) return new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${echoed(req.method)}`);
+  return undefined;
+}
+
+export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, notes: BodyNotes = {}): Promise<RpcOutcome> {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) {
     const why = Array.isArray(body) ? 'batch requests are not supported' : 'the request must be a JSON object';
     return { response: errorResponse(null, new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: ${why}`)) };
   }
   const req = body as Record<string, unknown>;
-  const id: RpcId = isId(req.id) && inexactId === undefined ? req.id : null;
-  const refusal = unstorable && unstorableError(unstorable);
+  const id: RpcId = isId(req.id) && notes.inexactId === undefined ? req.id : null;
   try {
-    if (refusal?.code === JSONRPC.INVALID_REQUEST) throw refusal;
-    if (req.jsonrpc !== '2.0') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: jsonrpc must be "2.0"');
-    if ('id' in req && !isId(req.id)) throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id must be a string, a number of at most 2^53 - 1 in magnitude, or null');
-    if (inexactId !== undefined) throw new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: ${inexactId}`);
-    const extra = unknownMember(req);
-    if (extra !== undefined) throw new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: unknown member '${echoed(extra)}' (a request has jsonrpc, id, method and params)`);
-    if (typeof req.method !== 'string') throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: method must be a string');
-    const target = Object.hasOwn(METHODS, req.method) ? METHODS[req.method] : undefined;
-    if (!target) throw new A2AError(JSONRPC.METHOD_NOT_FOUND, `Method not found: ${echoed(req.method)}`);
+    const envelope = envelopeError(req, notes);
+    if (envelope) throw envelope;
+    const method = req.method as string; // a method served: envelopeError
+    const target = METHODS[method];
     const params = req.params === undefined && target.paramsOptional ? null : req.params;
     const validated = (value: unknown) => {
-      if (refusal) throw refusal;
+      // Past the envelope, what could not be stored is in the params (-32602).
+      if (notes.unstorable) throw unstorableError(notes.unstorable);
       return target.validate(value);
     };
     // A request without an id is told what else is wrong with it first (the compatibility kit's
@@ -129,7 +136,7 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, { un
       throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id is required (notifications are not supported)');
     }
     if (target.stream) {
-      m.requireStreaming(call, req.method);
+      m.requireStreaming(call, method);
       // As in the SDK's server: with streaming on, a streaming call is answered with a stream, and
       // what goes wrong from there (params that do not fit, an unknown or terminal task) is its one
       // event: 0.3 clients read no other answer to these methods.

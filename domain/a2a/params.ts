@@ -34,12 +34,15 @@ export const Part = Type.Unsafe<Static<typeof TextPart> | Static<typeof DataPart
   discriminator: { propertyName: 'kind' },
 });
 
+/** The longest message or task id a client may send (a remote agent's are held to it too: workers/agents/remote-answers.ts). */
+export const ID_MAX_LENGTH = 256;
+
 const Message = Type.Object({
   kind: Type.Literal('message'),
-  messageId: Type.String({ minLength: 1, maxLength: 256 }),
+  messageId: Type.String({ minLength: 1, maxLength: ID_MAX_LENGTH }),
   role: Type.Literal('user', { description: 'a client sends user messages' }),
   parts: Type.Array(Part, { minItems: 1, maxItems: 1000 }),
-  taskId: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
+  taskId: Type.Optional(Type.String({ minLength: 1, maxLength: ID_MAX_LENGTH })),
   // Uuid, not format 'uuid' alone: that also takes 'urn:uuid:…', which Postgres refuses (-32603).
   contextId: Type.Optional(Uuid),
   referenceTaskIds: Type.Optional(Type.Array(Uuid, { maxItems: 100 })),
@@ -69,7 +72,7 @@ export const MessageSendParams = Type.Object({
 });
 export type MessageSendParams = Static<typeof MessageSendParams>;
 
-const TaskId = Type.String({ minLength: 1, maxLength: 256 });
+const TaskId = Type.String({ minLength: 1, maxLength: ID_MAX_LENGTH });
 export const TaskQueryParams = Type.Object({ id: TaskId, historyLength: Type.Optional(HistoryLength), ...meta });
 export type TaskQueryParams = Static<typeof TaskQueryParams>;
 export const TaskIdParams = Type.Object({ id: TaskId, ...meta });

@@ -10,13 +10,14 @@ import type { ErrorObject } from 'ajv';
 import type { Message, Task, TaskArtifactUpdateEvent, TaskStatusUpdateEvent } from '@a2a-js/sdk';
 import { compileSchema } from '../../domain/schema-check.ts';
 import { TASK_STATES } from '../../domain/task-states.ts';
+import { ID_MAX_LENGTH } from '../../domain/a2a/params.ts';
 
 export type StreamEvent = Message | Task | TaskStatusUpdateEvent | TaskArtifactUpdateEvent;
 type Kind = StreamEvent['kind'];
 
 // An id the mirror keeps (in memory for the run, in Postgres for a task's): bounded as ours are
 // (domain/a2a/params.ts), and without NUL, which Postgres cannot store.
-const RemoteId = Type.String({ maxLength: 256, pattern: '^[^\\u0000]*$', title: 'string of at most 256 characters without NUL' });
+const RemoteId = Type.String({ maxLength: ID_MAX_LENGTH, pattern: '^[^\\u0000]*$', title: `string of at most ${ID_MAX_LENGTH} characters without NUL` });
 // The task and context an event names, where it names them.
 const EventIds = { taskId: Type.Optional(RemoteId), contextId: Type.Optional(RemoteId) };
 // A file part's file is read (its bytes or uri); other parts are handed on as they are.
