@@ -1408,6 +1408,60 @@ describe('remote A2A agent whose stream fails before it names a task', () => {
   });
 });
 
+// A remote whose first task for a message cannot be recorded: Postgres refuses the row naming it (a
+// trigger stands for a database failure at that moment). The retry cannot know of that task.
+describe('remote A2A agent whose task could not be recorded', () => {
+  const UNRECORDABLE = 'remote-unrecordable';
+  const sends: string[] = [];
+  const canceled: string[] = [];
+  let canceledBeforeRetry: string[] = [];
+  const server = rawA2ARemote({ name: 'unrecordable', description: 'its first task cannot be recorded', streaming: true }, ({ id, method, params, event }, res) => {
+    if (method === 'tasks/cancel') {
+      canceled.push(params.id);
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id, result: { kind: 'task', id: params.id, contextId: 'remote-ctx', status: { state: 'canceled' } } }));
+      return;
+    }
+    sends.push(params.message.messageId);
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    // The first send's task works on (its stream open); the next one's completes.
+    if (sends.length === 1) {
+      res.write(event({ kind: 'task', id: UNRECORDABLE, contextId: 'remote-ctx', status: { state: 'working' } }));
+      return;
+    }
+    const taskId = `remote-${sends.length}`;
+    canceledBeforeRetry = [...canceled];
+    res.write(event({ kind: 'task', id: taskId, contextId: 'remote-ctx', status: { state: 'working' } }));
+    res.end(event({ kind: 'status-update', taskId, contextId: 'remote-ctx', final: true,
+      status: { state: 'completed', message: { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text: 'done' }] } } }));
+  });
+  const stack = useStackOnRawAgent(server, { AGENT_ATTEMPTS: '2', AGENT_BACKOFF_MS: '100' });
+
+  before(async () => {
+    await testDb().raw(`create function refuse_unrecordable() returns trigger language plpgsql as $$
+      begin if new.remote_task_id = '${UNRECORDABLE}' then raise exception 'the database refused the row'; end if; return new; end $$`);
+    await testDb().raw('create trigger refuse_unrecordable before insert or update on remote_agent_tasks for each row execute function refuse_unrecordable()');
+  });
+  after(async () => {
+    await testDb().raw('drop trigger if exists refuse_unrecordable on remote_agent_tasks');
+    await testDb().raw('drop function if exists refuse_unrecordable()');
+  });
+
+  it('cancels that remote task before the retry sends the message again, and the retry completes the task', async () => {
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('record me') })).body.task.id as string;
+    const done = await waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${id}`);
+      return !['submitted', 'working'].includes(r.body.task.status) && r.body;
+    }, 'the task to settle', 30000);
+    assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+    assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'done' }]);
+    assert.equal(sends.length, 2);
+    // Before: left working on the remote, with no row naming it for anything to cancel it by.
+    assert.deepEqual(canceledBeforeRetry, [UNRECORDABLE]);
+    assert.deepEqual(canceled, [UNRECORDABLE]);
+    assert.equal((await testDb()('remote_agent_tasks').where({ task_id: id }).first())?.remote_task_id, 'remote-2');
+  });
+});
+
 describe('remote A2A agent whose events change nothing the local task holds', () => {
   const server = rawA2ARemote({ name: 'noise', description: 'sends fresh status messages and empty artifacts without end', streaming: true }, (call, res) => {
     res.writeHead(200, { 'content-type': 'text/event-stream' });

@@ -194,6 +194,13 @@ function idMismatch(err: unknown): unknown {
 // 401 or 403 in the remote's own words (its error message, an answer quoted) is no refusal of our key.
 // The SDK passes a fetch's error on as it is; where we reword one, `reworded` keeps its class.
 class RemoteRefused extends Error {}
+// The remote named its task, and the row that would let a retry follow it could not be saved (a
+// database failure).
+class RemoteTaskUnrecorded extends Error {
+  constructor(remoteTaskId: string, cause: unknown) {
+    super(`the remote task ${remoteTaskId} could not be recorded: ${(cause as Error).message}`, { cause });
+  }
+}
 const reworded = (err: unknown, message: string): Error => (err instanceof RemoteRefused ? new RemoteRefused(message) : new Error(message));
 const isEnd = (state: A2AState) => state in FINAL_STATES || state === 'unknown';
 const partsOf = (parts: Part[] | undefined): MessagePart[] => (parts ?? []).map(fromA2APart);
@@ -359,8 +366,11 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       // task to the run that takes over. A canceled or ended task cancels it, and so does the runtime
       // refusing what the remote sent, or the remote refusing the key (the run fails at once: nothing
       // would follow the remote task).
+      // So is a first turn's remote task that could not be recorded: a retry, which cannot know of
+      // it, sends the message again. A later turn's is the one the task's row names already.
       const reason = ctx.signal.reason as { shutdown?: boolean; superseded?: boolean } | undefined;
-      const over = (!ctx.signal.aborted && err instanceof RemoteRefused) || refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded);
+      const over = (!ctx.signal.aborted && err instanceof RemoteRefused) || refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded)
+        || (err instanceof RemoteTaskUnrecorded && !known);
       if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled', withoutKey)) {
         await forgetRemoteAgentTask(db, ctx.task.id).catch(() => undefined);
       }
@@ -582,9 +592,14 @@ class Mirror {
 
   private async track(taskId: string, contextId: string | undefined): Promise<void> {
     if (this.remoteTaskId === taskId && this.sentRecorded) return;
+    // Known before the save: a run that fails on it still cancels the remote task (follow's catch).
     this.remoteTaskId = taskId;
+    try {
+      await saveRemoteAgentTask(this.db, { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null, last_message_id: this.ctx.message.id });
+    } catch (err) {
+      throw new RemoteTaskUnrecorded(taskId, err);
+    }
     this.sentRecorded = true;
-    await saveRemoteAgentTask(this.db, { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null, last_message_id: this.ctx.message.id });
   }
 
   // Something new from the remote (a message, an artifact) means it has taken up the answer.
