@@ -561,6 +561,20 @@ describe('secrets for agents: ctx.readSecret in an agent module', () => {
     for (const text of [JSON.stringify(done), JSON.stringify(timeline.body), jobs, ...stack.workers[0].logs]) assert.ok(!text.includes(raw), text.slice(0, 400));
   });
 
+  it("masks a secret the agent read where a call it left unawaited fails quoting it, during the run or after it, in the worker's log", async () => {
+    const raw = `agent-leaked-${randomUUID()}`;
+    assert.equal((await stack.client.post(S, { key: 'agents/leaked.key', raw_value: raw })).status, 201);
+    const done = await runTask('leak agents/leaked.key');
+    assert.equal(done.task.status, 'completed');
+    const rejections = () => stack.workers[0].logs.filter((l) => l.includes('unhandled promise rejection'));
+    await waitFor(async () => rejections().some((l) => l.includes('after the run')), 'the rejection after the run to be logged');
+    const reasons = rejections().map((l) => JSON.parse(l).reason);
+    // Before: the value itself, in both.
+    assert.ok(reasons.includes('during the run, the provider refused the key ***'), reasons.join('\n'));
+    assert.ok(reasons.includes('after the run, the provider refused the key ***'), reasons.join('\n'));
+    assert.ok(!stack.workers[0].logs.join('\n').includes(raw));
+  });
+
   it('masks a long secret (20,000 characters) the agent read where its failure quotes it, without the masker failing in its place', async () => {
     // Before: the masker threw (its regular expression too large), and the run failed with that
     // error's message, the secret spelled out character by character.
@@ -575,5 +589,23 @@ describe('secrets for agents: ctx.readSecret in an agent module', () => {
       // Every 64-character run of it holds one of these.
       for (let i = 0; i + 48 <= raw.length; i += 16) assert.ok(!text.includes(raw.slice(i, i + 48)), `a run of the secret from ${i}`);
     }
+  });
+
+  // Last: the worker exits.
+  it("ends the worker on an exception the agent threw outside its promises, as Node does, logging it with the secret it quotes masked", async () => {
+    const raw = `agent-crashed-${randomUUID()}`;
+    assert.equal((await stack.client.post(S, { key: 'agents/crash.key', raw_value: raw })).status, 201);
+    const worker = stack.workers[0];
+    assert.equal((await runTask('crash agents/crash.key')).task.status, 'completed');
+    await waitFor(async () => worker.child.exitCode !== null || undefined, 'the worker to exit', 10000);
+    assert.equal(worker.child.exitCode, 1);
+    const line = worker.logs.find((l) => l.includes('uncaught exception'));
+    assert.ok(line, worker.logs.slice(-5).join('\n'));
+    const { reason, stack: trace, level } = JSON.parse(line);
+    assert.equal(level, 60);
+    assert.equal(reason, 'the provider refused the key ***');
+    assert.match(trace, /^Error: the provider refused the key \*\*\*\n\s+at /);
+    // Before: Node printed the error on stderr, the value in it.
+    assert.ok(!worker.logs.join('\n').includes(raw));
   });
 });

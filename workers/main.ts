@@ -10,7 +10,8 @@ import { publicReason } from '../domain/errors.ts';
 import { createAgentTaskProcessor } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
 import { startHousekeeping } from './housekeeping.ts';
-import { failLostRun } from './fail-run.ts';
+import { cutReason, failLostRun } from './fail-run.ts';
+import { maskSecretsRead } from './secrets-read.ts';
 import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
 import { CancelRegistry } from './cancel-registry.ts';
 import { watchCancels } from './watch-cancels.ts';
@@ -37,8 +38,16 @@ await startKeyringInvalidation(services);
 services.outbox.startSweeper();
 
 // An agent module's promise left unawaited (a write refused after a cancel, say) must not take down
-// the process and every other run on it, as Node's default for unhandled rejections would.
-process.on('unhandledRejection', (reason) => log.warn({ reason: publicReason(reason) }, 'unhandled promise rejection (an agent call not awaited?)'));
+// the process and every other run on it, as Node's default for unhandled rejections would. Its
+// reason may quote a secret an agent read, and be megabytes long: masked and cut as a run's failure is.
+process.on('unhandledRejection', (reason) => log.warn({ reason: cutReason(maskSecretsRead(publicReason(reason))) }, 'unhandled promise rejection (an agent call not awaited?)'));
+// An exception thrown outside every promise (in a timer an agent module set) still ends the process,
+// as Node's default does, but logged as a rejection is: Node would print it, stack and all, unmasked.
+process.on('uncaughtException', (err) => {
+  const stack = err instanceof Error && err.stack ? cutReason(maskSecretsRead(err.stack)) : undefined;
+  log.fatal({ reason: cutReason(maskSecretsRead(publicReason(err))), stack }, 'uncaught exception: the worker exits (an agent module\'s timer or callback threw?)');
+  process.exit(1);
+});
 
 const cancels = new CancelRegistry();
 const stopWatchingCancels = await watchCancels(services, cancels);

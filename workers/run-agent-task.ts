@@ -27,6 +27,7 @@ import { postgresAnswers, PROBE_TIMEOUT_MS } from '../domain/readiness.ts';
 import { readTimeoutMs } from '../db/knex.ts';
 import { callLimit } from '../domain/call-limit.ts';
 import { secretMasker } from '../domain/secret-mask.ts';
+import { holdSecretsRead } from './secrets-read.ts';
 
 const HISTORY = 200;
 // The most of one run's calls to Postgres (reply, setStatus, emitArtifact, readSecret) in flight at
@@ -297,6 +298,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     const maxMessageBytes = services.cfg.TASK_MESSAGES_MAX_BYTES;
     // The values the agent read: masked in its failure's reason, which its error may quote.
     const secretsRead = new Set<string>();
+    const letGoOfSecretsRead = holdSecretsRead(secretsRead);
     const ctx = agentContext(services, ours, { taskId, messageId, attempt, state, trigger: state.trigger, signal: controller.signal, log: runLog, secretsRead });
 
     let running: Promise<AgentResult | void> | undefined;
@@ -363,6 +365,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       // Whatever the handler left going (a call beside the one that failed) stops with the run.
       if (!controller.signal.aborted) controller.abort(new Error('the run is over'));
       cancels.release(taskId, controller);
+      letGoOfSecretsRead();
     }
   }
 }

@@ -1,0 +1,35 @@
+// The secret values this process's agent runs read: while each run goes, and for LINGER_MS after
+// it. A promise an agent left unawaited may reject once its run is over, with an error quoting one
+// (a provider refusing a key), and the process's unhandled-rejection line (workers/main.ts) is
+// masked with them. Runs that read nothing are not kept past their end.
+import { secretMasker } from '../domain/secret-mask.ts';
+
+const LINGER_MS = 60_000;
+const going = new Set<ReadonlySet<string>>();
+const ended: { until: number; values: ReadonlySet<string> }[] = []; // oldest first
+
+function prune(now: number): void {
+  let expired = 0;
+  while (expired < ended.length && ended[expired].until <= now) expired++;
+  if (expired) ended.splice(0, expired);
+}
+
+/** Registers a run's set of values read (filled as it reads); call what it returns when the run ends. */
+export function holdSecretsRead(read: ReadonlySet<string>): () => void {
+  going.add(read);
+  return () => {
+    going.delete(read);
+    if (!read.size) return;
+    const now = Date.now();
+    prune(now);
+    ended.push({ until: now + LINGER_MS, values: read });
+  };
+}
+
+/** `text` with every value a run going, or ended in the last minute, read masked. */
+export function maskSecretsRead(text: string): string {
+  prune(Date.now());
+  const values = new Set<string>();
+  for (const read of [...going, ...ended.map((e) => e.values)]) for (const v of read) values.add(v);
+  return values.size ? secretMasker([...values])(text) : text;
+}
