@@ -5,17 +5,20 @@
 import type { Logger } from './logger.ts';
 
 // The monotonic clock: a wall clock stepped back (NTP) would keep every line at debug meanwhile.
-export function throttledWarn(log: Logger, msg: string, everyMs = 60_000): (fields: Record<string, unknown>) => void {
+// Fields given as a function are made only for a line that is written (costly ones: masked text).
+type Fields = Record<string, unknown> | (() => Record<string, unknown>);
+export function throttledWarn(log: Logger, msg: string, everyMs = 60_000): (fields: Fields) => void {
   let warnedAt = -Infinity;
   let quieted = 0;
+  const made = (fields: Fields) => (typeof fields === 'function' ? fields() : fields);
   return (fields) => {
     if (performance.now() - warnedAt < everyMs) {
       quieted += 1;
-      log.debug(fields, msg);
+      if (log.isLevelEnabled('debug')) log.debug(made(fields), msg);
       return;
     }
     warnedAt = performance.now();
-    log.warn({ ...fields, ...(quieted ? { errors_since_last_line: quieted } : {}) }, msg);
+    log.warn({ ...made(fields), ...(quieted ? { errors_since_last_line: quieted } : {}) }, msg);
     quieted = 0;
   };
 }

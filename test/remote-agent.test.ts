@@ -1459,6 +1459,9 @@ describe('remote A2A agent whose task could not be recorded', () => {
     assert.deepEqual(canceledBeforeRetry, [UNRECORDABLE]);
     assert.deepEqual(canceled, [UNRECORDABLE]);
     assert.equal((await testDb()('remote_agent_tasks').where({ task_id: id }).first())?.remote_task_id, 'remote-2');
+    // The failed attempt's reason says what failed without the database's text (which quotes our SQL).
+    const retried = stack.workers[0].logs.find((l) => l.includes('agent run failed; it will be retried'));
+    assert.equal(JSON.parse(retried!).reason, `the remote task ${UNRECORDABLE} could not be recorded: a database error (SQLSTATE P0001)`);
   });
 });
 

@@ -591,13 +591,22 @@ describe('secrets for agents: ctx.readSecret in an agent module', () => {
     }
   });
 
+  it('keeps the worker running on rejections whose values cannot be read as errors are (no prototype, a proxy whose traps throw)', async () => {
+    // Before: the rejection handler threw on them, and the worker exited.
+    assert.equal((await runTask('odd rejections')).task.status, 'completed');
+    const after = await runTask('agents/leaked.key');
+    assert.equal(after.task.status, 'completed');
+    assert.equal(stack.workers[0].child.exitCode, null);
+  });
+
   // Last: the worker exits.
   it("ends the worker on an exception the agent threw outside its promises, as Node does, logging it with the secret it quotes masked", async () => {
     const raw = `agent-crashed-${randomUUID()}`;
     assert.equal((await stack.client.post(S, { key: 'agents/crash.key', raw_value: raw })).status, 201);
     const worker = stack.workers[0];
-    assert.equal((await runTask('crash agents/crash.key')).task.status, 'completed');
-    await waitFor(async () => worker.child.exitCode !== null || undefined, 'the worker to exit', 10000);
+    // The task's fate is not asked for: the worker may exit before or after the run's last write.
+    assert.equal((await stack.client.post('/api/task/v1', { message: textMessage('crash agents/crash.key') })).status, 201);
+    await waitFor(async () => worker.child.exitCode !== null || undefined, 'the worker to exit', 20000);
     assert.equal(worker.child.exitCode, 1);
     const line = worker.logs.find((l) => l.includes('uncaught exception'));
     assert.ok(line, worker.logs.slice(-5).join('\n'));

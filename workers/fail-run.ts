@@ -7,6 +7,7 @@ import { inStatement, type UnitOfWork } from '../domain/unit-of-work.ts';
 import type { StatusChange } from '../db/tasks.ts';
 import { agentMessage } from './agents/agent-output.ts';
 import { storableText } from '../domain/storable-json.ts';
+import { publicReason } from '../domain/errors.ts';
 
 // Why a run failed often carries an agent's error message: one with a NUL character made the write
 // fail (the task stayed working), one of megabytes went whole into a task's status message.
@@ -14,6 +15,19 @@ const FAILURE_REASON_MAX_CHARS = 1000;
 /** `why` cut to FAILURE_REASON_MAX_CHARS, an ellipsis marking the cut; secrets are masked before, as a cut may split one. */
 export const cutReason = (why: string): string => (why.length > FAILURE_REASON_MAX_CHARS ? `${why.slice(0, FAILURE_REASON_MAX_CHARS)}…` : why);
 const storableWhy = (why: string) => storableText(cutReason(why));
+
+// What a failed run says went wrong: the error's message, or what the agent threw when that was no
+// Error (a string as it is; null, an object: named, not "[object Object]"); an Error with no message
+// by its name.
+export function failureReason(err: unknown): string {
+  if (typeof err === 'string') return err;
+  if (typeof (err as { message?: unknown })?.message === 'string') {
+    return publicReason(err) || `the agent threw ${(err as Error).name || 'an error'} with no message`;
+  }
+  let shown: string | undefined;
+  try { shown = JSON.stringify(err); } catch { /* a BigInt, a cycle: named by its type below */ }
+  return `the agent threw ${shown ?? (err === undefined ? 'undefined' : Object.prototype.toString.call(err))}`;
+}
 
 /** Fails the task, if it has not ended (nor been taken from the run, as `run` asks), with an agent status message saying why; null when it had. */
 export const failRun = (uow: UnitOfWork, taskId: string, why: string, run?: Pick<StatusChange, 'run' | 'runAttempt' | 'lostRun'>) =>

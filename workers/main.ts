@@ -10,7 +10,7 @@ import { publicReason } from '../domain/errors.ts';
 import { createAgentTaskProcessor } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
 import { startHousekeeping } from './housekeeping.ts';
-import { cutReason, failLostRun } from './fail-run.ts';
+import { cutReason, failLostRun, failureReason } from './fail-run.ts';
 import { maskSecretsRead } from './secrets-read.ts';
 import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
 import { CancelRegistry } from './cancel-registry.ts';
@@ -39,14 +39,27 @@ services.outbox.startSweeper();
 
 // An agent module's promise left unawaited (a write refused after a cancel, say) must not take down
 // the process and every other run on it, as Node's default for unhandled rejections would. Its
-// reason may quote a secret an agent read, and be megabytes long: masked and cut as a run's failure is.
-process.on('unhandledRejection', (reason) => log.warn({ reason: cutReason(maskSecretsRead(publicReason(reason))) }, 'unhandled promise rejection (an agent call not awaited?)'));
+// reason may quote a secret an agent read, and be megabytes long: masked and cut as a run's failure
+// is, at most one line a second (masking is costly, and an agent may leave one such call per run).
+// Nothing may throw from here: that would end the process after all.
+const warnUnhandled = throttledWarn(log, 'unhandled promise rejection (an agent call not awaited?)', 1000);
+const describedSafely = (thrown: unknown): string => {
+  try {
+    return cutReason(maskSecretsRead(failureReason(thrown)));
+  } catch {
+    return 'a value that cannot be read (a getter or proxy trap threw)';
+  }
+};
+process.on('unhandledRejection', (reason) => warnUnhandled(() => ({ reason: describedSafely(reason) })));
 // An exception thrown outside every promise (in a timer an agent module set) still ends the process,
 // as Node's default does, but logged as a rejection is: Node would print it, stack and all, unmasked.
 process.on('uncaughtException', (err) => {
-  const stack = err instanceof Error && err.stack ? cutReason(maskSecretsRead(err.stack)) : undefined;
-  log.fatal({ reason: cutReason(maskSecretsRead(publicReason(err))), stack }, 'uncaught exception: the worker exits (an agent module\'s timer or callback threw?)');
-  process.exit(1);
+  try {
+    const stack = err instanceof Error && typeof err.stack === 'string' ? describedSafely(err.stack) : undefined;
+    log.fatal({ reason: describedSafely(err), stack }, 'uncaught exception: the worker exits (an agent module\'s timer or callback threw?)');
+  } finally {
+    process.exit(1);
+  }
 });
 
 const cancels = new CancelRegistry();

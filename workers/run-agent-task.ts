@@ -13,7 +13,7 @@ import { inStatement, inTransaction, type UnitOfWork } from '../domain/unit-of-w
 import { heldByTake, isTerminal, RUN_RESULTS, runEndsFrom, workingUnder } from '../domain/task-states.ts';
 import type { AgentContext, AgentHandler, AgentResult } from './agents/types.ts';
 import { agentMessage, checkArtifact } from './agents/agent-output.ts';
-import { cutReason, failRun } from './fail-run.ts';
+import { cutReason, failRun, failureReason } from './fail-run.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
 import type { WorkerMetrics } from '../queues/worker-metrics.ts';
 import { noSecretWithKey, readSecretValue } from '../domain/secrets.ts';
@@ -51,19 +51,6 @@ function finalOf(result: AgentResult | void) {
   const status = result?.status ?? 'completed';
   if (!RUN_RESULTS.includes(status)) throw new InvalidRequest(`The agent returned status '${String(status)}'; a run ends in one of ${RUN_RESULTS.join(', ')}`);
   return { status, message: agentMessage(result?.message ?? `Task ${status}`, 'message') };
-}
-
-// What a failed run says went wrong: the error's message, or what the agent threw when that was no
-// Error (a string as it is; null, an object: named, not "[object Object]"); an Error with no message
-// by its name.
-function failureReason(err: unknown): string {
-  if (typeof err === 'string') return err;
-  if (typeof (err as { message?: unknown })?.message === 'string') {
-    return publicReason(err) || `the agent threw ${(err as Error).name || 'an error'} with no message`;
-  }
-  let shown: string | undefined;
-  try { shown = JSON.stringify(err); } catch { /* a BigInt, a cycle: named by its type below */ }
-  return `the agent threw ${shown ?? (err === undefined ? 'undefined' : Object.prototype.toString.call(err))}`;
 }
 
 // What the agent threw, if the runtime can read it as it reads failures (its message, whether it is
@@ -172,6 +159,8 @@ function agentContext(
     })),
     readSecret: (key) => inTurn(() => whileRunning(() => ours(async () => {
       const value = await readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', noSecretWithKey));
+      // Not handed out once the run is over: its values are no longer kept for masking (secrets-read.ts).
+      if (signal.aborted) throw over();
       secretsRead.add(value);
       return value;
     }))),

@@ -1,7 +1,8 @@
 // The secret values this process's agent runs read: while each run goes, and for LINGER_MS after
 // it. A promise an agent left unawaited may reject once its run is over, with an error quoting one
 // (a provider refusing a key), and the process's unhandled-rejection line (workers/main.ts) is
-// masked with them. Runs that read nothing are not kept past their end.
+// masked with them. Runs that read nothing are not kept past their end (a run hands out no value once
+// it is over: workers/run-agent-task.ts).
 import { secretMasker } from '../domain/secret-mask.ts';
 
 const LINGER_MS = 60_000;
@@ -26,10 +27,17 @@ export function holdSecretsRead(read: ReadonlySet<string>): () => void {
   };
 }
 
+// The masker of the values last seen: built again only when they change, as V8 compiles its
+// expressions on their first use (tens to hundreds of milliseconds for a few long secrets).
+let cached: { values: Set<string>; mask: (text: string) => string } | undefined;
+
 /** `text` with every value a run going, or ended in the last minute, read masked. */
 export function maskSecretsRead(text: string): string {
   prune(Date.now());
   const values = new Set<string>();
-  for (const read of [...going, ...ended.map((e) => e.values)]) for (const v of read) values.add(v);
-  return values.size ? secretMasker([...values])(text) : text;
+  for (const read of going) for (const v of read) values.add(v);
+  for (const { values: read } of ended) for (const v of read) values.add(v);
+  if (!values.size) return text;
+  if (!cached || cached.values.size !== values.size || [...values].some((v) => !cached!.values.has(v))) cached = { values, mask: secretMasker([...values]) };
+  return cached.mask(text);
 }

@@ -23,7 +23,7 @@ import {
 } from '../../db/remote-agent-tasks.ts';
 import { listArtifactItems } from '../../db/timeline-views.ts';
 import type { Logger } from '../../domain/logger.ts';
-import { jsonErrorWithoutExcerpt, refusedByRuntime } from '../../domain/errors.ts';
+import { jsonErrorWithoutExcerpt, publicReason, refusedByRuntime } from '../../domain/errors.ts';
 import { assertOutboundUrl } from '../../domain/webhook-url.ts';
 import { maskUrlCredentials } from '../../domain/config.ts';
 import { secretMasker } from '../../domain/secret-mask.ts';
@@ -198,7 +198,8 @@ class RemoteRefused extends Error {}
 // database failure).
 class RemoteTaskUnrecorded extends Error {
   constructor(remoteTaskId: string, cause: unknown) {
-    super(`the remote task ${remoteTaskId} could not be recorded: ${(cause as Error).message}`, { cause });
+    // publicReason: a database error's text quotes our SQL, and this may become the task's status message.
+    super(`the remote task ${remoteTaskId} could not be recorded: ${publicReason(cause)}`, { cause });
   }
 }
 const reworded = (err: unknown, message: string): Error => (err instanceof RemoteRefused ? new RemoteRefused(message) : new Error(message));
@@ -371,7 +372,10 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       const reason = ctx.signal.reason as { shutdown?: boolean; superseded?: boolean } | undefined;
       const over = (!ctx.signal.aborted && err instanceof RemoteRefused) || refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded)
         || (err instanceof RemoteTaskUnrecorded && !known);
-      if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled', withoutKey)) {
+      // An unrecorded task has no row to forget (one there is another run's: this one was superseded),
+      // nor one for the housekeeping pass to try its cancel again from.
+      const unrecorded = err instanceof RemoteTaskUnrecorded;
+      if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled', withoutKey, !unrecorded) && !unrecorded) {
         await forgetRemoteAgentTask(db, ctx.task.id).catch(() => undefined);
       }
       throw err;
@@ -472,8 +476,9 @@ async function readTask(remote: Client, id: string, signal: AbortSignal): Promis
 }
 
 // Cancels a remote task; true once it is done with (canceled, or ended or unknown on the remote),
-// false when it should be tried again (the housekeeping pass does: cancelLeftRemoteTasks).
-async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, canceled: string, withoutKey: (text: string) => string): Promise<boolean> {
+// false when it should be tried again (the housekeeping pass does: cancelLeftRemoteTasks, from the
+// task's row; `triedAgain` false: there is none).
+async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, canceled: string, withoutKey: (text: string) => string, triedAgain = true): Promise<boolean> {
   try {
     await remote.cancelTask({ id: remoteTaskId }, { signal: AbortSignal.timeout(CANCEL_TIMEOUT_MS) });
     log.info({ remote_task_id: remoteTaskId }, canceled);
@@ -482,7 +487,7 @@ async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, c
     if (err instanceof TaskNotCancelableError || err instanceof TaskNotFoundError) return true;
     // Cut as a run's failure is: the SDK's message quotes the remote's answer, up to 16 MiB, and this
     // line comes again each housekeeping pass.
-    log.warn({ remote_task_id: remoteTaskId, reason: cutReason(withoutKey((err as Error).message)) }, 'remote task could not be canceled; will retry');
+    log.warn({ remote_task_id: remoteTaskId, reason: cutReason(withoutKey((err as Error).message)) }, triedAgain ? 'remote task could not be canceled; will retry' : 'remote task could not be canceled, nor recorded: it is not tried again');
     return false;
   }
 }
