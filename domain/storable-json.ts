@@ -24,8 +24,13 @@ export function storableText(text: string): string {
   return text.replace(new RegExp(UNSTORABLE.source, 'g'), '\ufffd');
 }
 
-/** The first member of `value` (named from `root`) that could not be stored, or `root` when it holds more than MAX_JSON_VALUES values; with `depthOnly`, only nesting past MAX_JSON_DEPTH counts. */
-export function findUnstorable(value: unknown, root = 'body', opts: { depthOnly?: boolean } = {}): FieldError | undefined {
+/**
+ * The first member of `value` (named from `root`) that could not be stored, or `root` when it holds
+ * more than MAX_JSON_VALUES values; with `depthOnly`, only nesting past MAX_JSON_DEPTH counts. List
+ * items are named as the REST errors name them (`parts.0`), or with `brackets` as JSON-RPC clients
+ * write them (`parts[0]`).
+ */
+export function findUnstorable(value: unknown, root = 'body', opts: { depthOnly?: boolean; brackets?: boolean } = {}): FieldError | undefined {
   const stack: [unknown, string, number][] = [[value, root, 0]];
   let values = 0;
   while (stack.length) {
@@ -42,7 +47,7 @@ export function findUnstorable(value: unknown, root = 'body', opts: { depthOnly?
       if (depth >= MAX_JSON_DEPTH) return { path, message: `nests deeper than ${MAX_JSON_DEPTH} levels` };
       for (const [k, child] of Object.entries(v)) {
         if (!opts.depthOnly && UNSTORABLE.test(k)) return { path, message: 'has a member name with a NUL character or an unpaired surrogate' };
-        stack.push([child, memberPath(path, k), depth + 1]);
+        stack.push([child, opts.brackets && Array.isArray(v) ? `${path}[${k}]` : memberPath(path, k), depth + 1]);
       }
     } else if (typeof v === 'bigint') {
       // Only values built in this process (an agent's) can hold one: JSON.stringify throws on it.

@@ -233,8 +233,9 @@ describe('A2A JSON-RPC endpoint', () => {
       const send = (part: string, method = 'message/send') => raw(`{"jsonrpc":"2.0","id":"s","method":"${method}","params":{"message":{"kind":"message","messageId":"m","role":"user","parts":[${part}]},"configuration":{"blocking":false}}}`);
       for (const method of ['message/send', 'message/stream']) {
         for (const [part, pattern] of [
-          [`{"kind":"data","data":{"x":${deep}}}`, /^Invalid params: params\.message\.parts\.0\.data\.x.* nests deeper than 64 levels/],
-          ['{"kind":"text","text":"a\\u0000b"}', /^Invalid params: params\.message\.parts\.0\.text contains a NUL character/],
+          // List items named as a params check names them (parts[0]; before: parts.0).
+          [`{"kind":"data","data":{"x":${deep}}}`, /^Invalid params: params\.message\.parts\[0\]\.data\.x\[0\]\[0\].* nests deeper than 64 levels/],
+          ['{"kind":"text","text":"a\\u0000b"}', /^Invalid params: params\.message\.parts\[0\]\.text contains a NUL character/],
           ['{"kind":"data","data":{"k\\u0000":1}}', /NUL character/],
           ['{"kind":"text","text":"\\ud800"}', /unpaired surrogate/],
         ] as const) {
@@ -244,6 +245,9 @@ describe('A2A JSON-RPC endpoint', () => {
           assert.equal(r.headers.get('content-type')?.split(';')[0], method === 'message/stream' ? 'text/event-stream' : 'application/json', `${method} ${part.slice(0, 80)}`);
           assert.deepEqual([r.body.id, r.body.error?.code], ['s', -32602], `${method} ${part.slice(0, 80)}`);
           assert.match(r.body.error.message, pattern);
+          // The field in data too, as for every other -32602 (before: no data).
+          const [field] = r.body.error.data.errors;
+          assert.ok(r.body.error.message.startsWith(`Invalid params: ${field.path} ${field.message}`), JSON.stringify(r.body.error));
         }
       }
       // 100,000 values and the request's own: parsed, each holds tens of bytes in every reader.

@@ -56,8 +56,9 @@ const inParams = (problem: FieldError) => problem.path.startsWith('body.params')
 
 function unstorableError(problem: FieldError): A2AError {
   const code = inParams(problem) ? JSONRPC.INVALID_PARAMS : JSONRPC.INVALID_REQUEST;
-  const where = problem.path.replace(/^body\.?/, '') || 'the request';
-  return new A2AError(code, `Invalid ${code === JSONRPC.INVALID_PARAMS ? 'params' : 'request'}: ${where} ${problem.message}`);
+  const path = problem.path.replace(/^body\.?/, '');
+  // Named as a params check names a field, with the same data (params.ts).
+  return new A2AError(code, `Invalid ${code === JSONRPC.INVALID_PARAMS ? 'params' : 'request'}: ${path || 'the request'} ${problem.message}`, { errors: [{ path: path || 'request', message: problem.message }] });
 }
 
 /**
@@ -93,7 +94,7 @@ export interface BodyNotes { unstorable?: FieldError; inexactId?: string }
 
 export function notesOf(body: unknown, text: string): BodyNotes {
   // A batch is refused whole: its members' ids are not read.
-  return { unstorable: findUnstorable(body), inexactId: Array.isArray(body) ? undefined : inexactId(body, text)?.problem };
+  return { unstorable: findUnstorable(body, 'body', { brackets: true }), inexactId: Array.isArray(body) ? undefined : inexactId(body, text)?.problem };
 }
 
 // What is wrong with a request's envelope (everything but its params), in the order dispatch tells
