@@ -46,6 +46,7 @@ export async function takeRemoteTasksToCancel(db: Tx, withinHours: number, retry
   return rows;
 }
 
-export async function forgetRemoteAgentTask(db: Tx, taskId: string): Promise<void> {
-  await db('remote_agent_tasks').where({ task_id: taskId }).delete();
+// Only while the row names that remote task: a run of the task may have recorded another since.
+export async function forgetRemoteAgentTask(db: Tx, taskId: string, remoteTaskId: string): Promise<void> {
+  await db('remote_agent_tasks').where({ task_id: taskId, remote_task_id: remoteTaskId }).delete();
 }

@@ -17,8 +17,9 @@ export function throttledWarn(log: Logger, msg: string, everyMs = 60_000): (fiel
       if (log.isLevelEnabled('debug')) log.debug(made(fields), msg);
       return;
     }
-    warnedAt = performance.now();
     log.warn({ ...made(fields), ...(quieted ? { errors_since_last_line: quieted } : {}) }, msg);
+    // From the line's end: fields that took long to make (a masker built) do not use up the interval.
+    warnedAt = performance.now();
     quieted = 0;
   };
 }

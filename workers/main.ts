@@ -55,7 +55,11 @@ process.on('unhandledRejection', (reason) => warnUnhandled(() => ({ reason: desc
 // as Node's default does, but logged as a rejection is: Node would print it, stack and all, unmasked.
 process.on('uncaughtException', (err) => {
   try {
-    const stack = err instanceof Error && typeof err.stack === 'string' ? describedSafely(err.stack) : undefined;
+    let stack: string | undefined;
+    try {
+      const s = (err as { stack?: unknown } | null)?.stack;
+      if (typeof s === 'string') stack = describedSafely(s);
+    } catch { /* a getter or proxy trap that throws: the line goes without it */ }
     log.fatal({ reason: describedSafely(err), stack }, 'uncaught exception: the worker exits (an agent module\'s timer or callback threw?)');
   } finally {
     process.exit(1);

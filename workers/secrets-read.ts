@@ -37,7 +37,10 @@ export function maskSecretsRead(text: string): string {
   const values = new Set<string>();
   for (const read of going) for (const v of read) values.add(v);
   for (const { values: read } of ended) for (const v of read) values.add(v);
-  if (!values.size) return text;
+  if (!values.size) {
+    cached = undefined; // no value kept past its minute
+    return text;
+  }
   if (!cached || cached.values.size !== values.size || [...values].some((v) => !cached!.values.has(v))) cached = { values, mask: secretMasker([...values]) };
   return cached.mask(text);
 }

@@ -57,8 +57,9 @@ const inParams = (problem: FieldError) => problem.path.startsWith('body.params')
 function unstorableError(problem: FieldError): A2AError {
   const code = inParams(problem) ? JSONRPC.INVALID_PARAMS : JSONRPC.INVALID_REQUEST;
   const path = problem.path.replace(/^body\.?/, '');
+  if (code === JSONRPC.INVALID_REQUEST) return new A2AError(code, `Invalid request: ${path || 'the request'} ${problem.message}`);
   // Named as a params check names a field, with the same data (params.ts).
-  return new A2AError(code, `Invalid ${code === JSONRPC.INVALID_PARAMS ? 'params' : 'request'}: ${path || 'the request'} ${problem.message}`, { errors: [{ path: path || 'request', message: problem.message }] });
+  return new A2AError(code, `Invalid params: ${path} ${problem.message}`, { errors: [{ path, message: problem.message }] });
 }
 
 /**

@@ -372,11 +372,11 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       const reason = ctx.signal.reason as { shutdown?: boolean; superseded?: boolean } | undefined;
       const over = (!ctx.signal.aborted && err instanceof RemoteRefused) || refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded)
         || (err instanceof RemoteTaskUnrecorded && !known);
-      // An unrecorded task has no row to forget (one there is another run's: this one was superseded),
-      // nor one for the housekeeping pass to try its cancel again from.
-      const unrecorded = err instanceof RemoteTaskUnrecorded;
-      if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled', withoutKey, !unrecorded) && !unrecorded) {
-        await forgetRemoteAgentTask(db, ctx.task.id).catch(() => undefined);
+      // A first turn's unrecorded task has no row for the housekeeping pass to try its cancel again
+      // from (its save may still have landed, unanswered: the row naming it is forgotten all the same).
+      const unrecorded = err instanceof RemoteTaskUnrecorded && !known;
+      if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled', withoutKey, !unrecorded)) {
+        await forgetRemoteAgentTask(db, ctx.task.id, mirror.remoteTaskId).catch(() => undefined);
       }
       throw err;
     } finally {
@@ -400,7 +400,7 @@ async function cancelLeftRemoteTasks(connect: () => Promise<Client>, db: Knex, l
     for (const row of rows) {
       const rowLog = log.child({ task_id: row.task_id });
       const why = row.status === 'canceled' ? 'its local task was canceled between runs' : 'its local task failed';
-      if (await cancelRemote(remote, row.remote_task_id, rowLog, `remote task canceled: ${why}`, withoutKey)) await forgetRemoteAgentTask(db, row.task_id);
+      if (await cancelRemote(remote, row.remote_task_id, rowLog, `remote task canceled: ${why}`, withoutKey)) await forgetRemoteAgentTask(db, row.task_id, row.remote_task_id);
     }
   }
 }
