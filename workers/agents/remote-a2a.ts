@@ -368,13 +368,12 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       // refusing what the remote sent, or the remote refusing the key (the run fails at once: nothing
       // would follow the remote task).
       // So is a first turn's remote task that could not be recorded: a retry, which cannot know of
-      // it, sends the message again. A later turn's is the one the task's row names already.
-      const reason = ctx.signal.reason as { shutdown?: boolean; superseded?: boolean } | undefined;
-      const over = (!ctx.signal.aborted && err instanceof RemoteRefused) || refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded)
-        || (err instanceof RemoteTaskUnrecorded && !known);
-      // A first turn's unrecorded task has no row for the housekeeping pass to try its cancel again
-      // from (its save may still have landed, unanswered: the row naming it is forgotten all the same).
+      // it, sends the message again (a later turn's is the one the task's row names already). No row
+      // lets the housekeeping pass try its cancel again; its save may still have landed, unanswered:
+      // the row naming it is forgotten all the same.
       const unrecorded = err instanceof RemoteTaskUnrecorded && !known;
+      const reason = ctx.signal.reason as { shutdown?: boolean; superseded?: boolean } | undefined;
+      const over = (!ctx.signal.aborted && err instanceof RemoteRefused) || refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded) || unrecorded;
       if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled', withoutKey, !unrecorded)) {
         await forgetRemoteAgentTask(db, ctx.task.id, mirror.remoteTaskId).catch(() => undefined);
       }
