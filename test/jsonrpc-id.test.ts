@@ -50,8 +50,10 @@ describe('jsonrpc-id: inexactId', () => {
 
   it('leaves integers past 2^53 to the endpoints, and reads no text when no id is a number', () => {
     assert.equal(check('{"id":9007199254740993}'), undefined);
-    // The text is not read: a text that does not match the body cannot matter.
-    assert.equal(inexactId({ id: 'a' }, '{"id":0.1000000000000000000001}'), undefined);
+    // The text is not read: scanning this one would throw (a member name JSON cannot read).
+    assert.throws(() => idLiterals('{"\\q":1}'), SyntaxError);
+    assert.equal(inexactId({ id: 'a' }, '{"\\q":1}'), undefined);
+    assert.equal(inexactId({ id: null }, '{"\\q":1}'), undefined);
   });
 
   it('scans a long literal in linear time (no regular expression backtracking over its zeros)', () => {

@@ -10,8 +10,8 @@ import { publicReason } from '../domain/errors.ts';
 import { createAgentTaskProcessor } from './run-agent-task.ts';
 import { createKeyJobsProcessor, onKeyJobFailed } from './key-jobs.ts';
 import { startHousekeeping } from './housekeeping.ts';
-import { cutReason, failLostRun, failureReason } from './fail-run.ts';
-import { maskSecretsRead } from './secrets-read.ts';
+import { failLostRun } from './fail-run.ts';
+import { logCrashesMasked } from './crash-lines.ts';
 import { createPushDeliveryProcessor, listenForPushDeliveries } from './deliver-push.ts';
 import { CancelRegistry } from './cancel-registry.ts';
 import { watchCancels } from './watch-cancels.ts';
@@ -37,34 +37,7 @@ await bootstrap(services).catch(exitOnConfigError);
 await startKeyringInvalidation(services);
 services.outbox.startSweeper();
 
-// An agent module's promise left unawaited (a write refused after a cancel, say) must not take down
-// the process and every other run on it, as Node's default for unhandled rejections would. Its
-// reason may quote a secret an agent read, and be megabytes long: masked and cut as a run's failure
-// is, at most one line a second (masking is costly, and an agent may leave one such call per run).
-// Nothing may throw from here: that would end the process after all.
-const warnUnhandled = throttledWarn(log, 'unhandled promise rejection (an agent call not awaited?)', 1000);
-const describedSafely = (thrown: unknown): string => {
-  try {
-    return cutReason(maskSecretsRead(failureReason(thrown)));
-  } catch {
-    return 'a value that cannot be read (a getter or proxy trap threw)';
-  }
-};
-process.on('unhandledRejection', (reason) => warnUnhandled(() => ({ reason: describedSafely(reason) })));
-// An exception thrown outside every promise (in a timer an agent module set) still ends the process,
-// as Node's default does, but logged as a rejection is: Node would print it, stack and all, unmasked.
-process.on('uncaughtException', (err) => {
-  try {
-    let stack: string | undefined;
-    try {
-      const s = (err as { stack?: unknown } | null)?.stack;
-      if (typeof s === 'string') stack = describedSafely(s);
-    } catch { /* a getter or proxy trap that throws: the line goes without it */ }
-    log.fatal({ reason: describedSafely(err), stack }, 'uncaught exception: the worker exits (an agent module\'s timer or callback threw?)');
-  } finally {
-    process.exit(1);
-  }
-});
+logCrashesMasked(log);
 
 const cancels = new CancelRegistry();
 const stopWatchingCancels = await watchCancels(services, cancels);

@@ -1,6 +1,6 @@
 // The secret values this process's agent runs read: while each run goes, and for LINGER_MS after
 // it. A promise an agent left unawaited may reject once its run is over, with an error quoting one
-// (a provider refusing a key), and the process's unhandled-rejection line (workers/main.ts) is
+// (a provider refusing a key), and the process's unhandled-rejection line (workers/crash-lines.ts) is
 // masked with them. Runs that read nothing are not kept past their end (a run hands out no value once
 // it is over: workers/run-agent-task.ts).
 import { secretMasker } from '../domain/secret-mask.ts';

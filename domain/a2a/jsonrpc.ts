@@ -69,9 +69,8 @@ function unstorableError(problem: FieldError): A2AError {
  * place. A streaming call without an id is refused too, after its params are checked (dispatch).
  */
 export const callsStream = (body: unknown, cfg: Pick<Config, 'A2A_STREAMING'>, notes: BodyNotes): boolean => {
-  if (!cfg.A2A_STREAMING || typeof body !== 'object' || body === null || Array.isArray(body)) return false;
-  const req = body as Record<string, unknown>;
-  return envelopeError(req, notes) === undefined && Object.hasOwn(req, 'id') && !!METHODS[req.method as string].stream;
+  if (!cfg.A2A_STREAMING || !isOneRequest(body)) return false;
+  return envelopeError(body, notes) === undefined && Object.hasOwn(body, 'id') && !!METHODS[body.method as string].stream;
 };
 
 export const PARSE_ERROR: RpcResponse = { jsonrpc: '2.0', id: null, error: { code: JSONRPC.PARSE_ERROR, message: 'Parse error: the request body is not valid JSON' } };
@@ -86,6 +85,9 @@ async function* failed(err: unknown): m.TaskStream {
 // A number id must come back as the client wrote it: beyond 2^53 JSON.parse has already rounded it
 // (and 1e400 is Infinity), so answering it would answer another id.
 export const isId = (v: unknown): v is RpcId => typeof v === 'string' || v === null || (typeof v === 'number' && Math.abs(v) <= Number.MAX_SAFE_INTEGER);
+
+// A request this endpoint reads: one JSON object (a batch, an array, is refused whole).
+const isOneRequest = (body: unknown): body is Record<string, unknown> => typeof body === 'object' && body !== null && !Array.isArray(body);
 
 const MEMBERS = new Set(['jsonrpc', 'id', 'method', 'params']);
 const unknownMember = (req: object) => Object.keys(req).find((k) => !MEMBERS.has(k));
@@ -113,18 +115,17 @@ function envelopeError(req: Record<string, unknown>, { unstorable, inexactId }: 
 }
 
 export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, notes: BodyNotes = {}): Promise<RpcOutcome> {
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
+  if (!isOneRequest(body)) {
     const why = Array.isArray(body) ? 'batch requests are not supported' : 'the request must be a JSON object';
     return { response: errorResponse(null, new A2AError(JSONRPC.INVALID_REQUEST, `Invalid request: ${why}`)) };
   }
-  const req = body as Record<string, unknown>;
-  const id: RpcId = isId(req.id) && notes.inexactId === undefined ? req.id : null;
+  const id: RpcId = isId(body.id) && notes.inexactId === undefined ? body.id : null;
   try {
-    const envelope = envelopeError(req, notes);
+    const envelope = envelopeError(body, notes);
     if (envelope) throw envelope;
-    const method = req.method as string; // a method served: envelopeError
+    const method = body.method as string; // a method served: envelopeError
     const target = METHODS[method];
-    const params = req.params === undefined && target.paramsOptional ? null : req.params;
+    const params = body.params === undefined && target.paramsOptional ? null : body.params;
     const validated = (value: unknown) => {
       // Past the envelope, what could not be stored is in the params (-32602).
       if (notes.unstorable) throw unstorableError(notes.unstorable);
@@ -133,7 +134,7 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, note
     // A request without an id is told what else is wrong with it first (the compatibility kit's
     // mandatory checks send id-less requests and expect -32601 and -32602); only then that
     // notifications are not taken.
-    if (!('id' in req)) {
+    if (!('id' in body)) {
       validated(params);
       throw new A2AError(JSONRPC.INVALID_REQUEST, 'Invalid request: id is required (notifications are not supported)');
     }
@@ -150,7 +151,7 @@ export async function dispatch(call: m.A2ACall, body: unknown, log: Logger, note
     return { response: { jsonrpc: '2.0', id, result: await target.run(call, validated(params)) } };
   } catch (err) {
     const error = toJsonRpcError(err);
-    logRpcError(log, err, error, { method: req.method }, 'a2a method failed');
+    logRpcError(log, err, error, { method: body.method }, 'a2a method failed');
     return { response: { jsonrpc: '2.0', id, error } };
   }
 }
