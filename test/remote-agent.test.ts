@@ -1409,13 +1409,14 @@ describe('remote A2A agent whose stream fails before it names a task', () => {
 });
 
 // A remote whose first task for a message cannot be recorded: Postgres refuses the row naming it (a
-// trigger stands for a database failure at that moment). The retry cannot know of that task.
-describe('remote A2A agent whose task could not be recorded', () => {
-  const UNRECORDABLE = 'remote-unrecordable';
+// trigger raising `errcode` stands for a database failure at that moment). The retry cannot know of
+// that task.
+function unrecordableFirstTask(name: string, errcode: string, env: Record<string, string>) {
+  const UNRECORDABLE = `remote-unrecordable-${name}`;
   const sends: string[] = [];
   const canceled: string[] = [];
-  let canceledBeforeRetry: string[] = [];
-  const server = rawA2ARemote({ name: 'unrecordable', description: 'its first task cannot be recorded', streaming: true }, ({ id, method, params, event }, res) => {
+  const seen = { canceledBeforeRetry: [] as string[] };
+  const server = rawA2ARemote({ name, description: 'its first task cannot be recorded', streaming: true }, ({ id, method, params, event }, res) => {
     if (method === 'tasks/cancel') {
       canceled.push(params.id);
       res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id, result: { kind: 'task', id: params.id, contextId: 'remote-ctx', status: { state: 'canceled' } } }));
@@ -1429,16 +1430,16 @@ describe('remote A2A agent whose task could not be recorded', () => {
       return;
     }
     const taskId = `remote-${sends.length}`;
-    canceledBeforeRetry = [...canceled];
+    seen.canceledBeforeRetry = [...canceled];
     res.write(event({ kind: 'task', id: taskId, contextId: 'remote-ctx', status: { state: 'working' } }));
     res.end(event({ kind: 'status-update', taskId, contextId: 'remote-ctx', final: true,
       status: { state: 'completed', message: { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text: 'done' }] } } }));
   });
-  const stack = useStackOnRawAgent(server, { AGENT_ATTEMPTS: '2', AGENT_BACKOFF_MS: '100' });
+  const stack = useStackOnRawAgent(server, env);
 
   before(async () => {
     await testDb().raw(`create function refuse_unrecordable() returns trigger language plpgsql as $$
-      begin if new.remote_task_id = '${UNRECORDABLE}' then raise exception 'the database refused the row'; end if; return new; end $$`);
+      begin if new.remote_task_id = '${UNRECORDABLE}' then raise exception 'the database refused the row' using errcode = '${errcode}'; end if; return new; end $$`);
     await testDb().raw('create trigger refuse_unrecordable before insert or update on remote_agent_tasks for each row execute function refuse_unrecordable()');
   });
   after(async () => {
@@ -1446,7 +1447,8 @@ describe('remote A2A agent whose task could not be recorded', () => {
     await testDb().raw('drop function if exists refuse_unrecordable()');
   });
 
-  it('cancels that remote task before the retry sends the message again, and the retry completes the task', async () => {
+  // Sends a task, and checks it completed on the retry's remote task after the first was canceled.
+  const completedOnRetry = async () => {
     const id = (await stack.client.post('/api/task/v1', { message: textMessage('record me') })).body.task.id as string;
     const done = await waitFor(async () => {
       const r = await stack.client.get(`/api/task/v1/${id}`);
@@ -1456,12 +1458,35 @@ describe('remote A2A agent whose task could not be recorded', () => {
     assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'done' }]);
     assert.equal(sends.length, 2);
     // Before: left working on the remote, with no row naming it for anything to cancel it by.
-    assert.deepEqual(canceledBeforeRetry, [UNRECORDABLE]);
+    assert.deepEqual(seen.canceledBeforeRetry, [UNRECORDABLE]);
     assert.deepEqual(canceled, [UNRECORDABLE]);
     assert.equal((await testDb()('remote_agent_tasks').where({ task_id: id }).first())?.remote_task_id, 'remote-2');
+  };
+  return { UNRECORDABLE, stack, completedOnRetry };
+}
+
+describe('remote A2A agent whose task could not be recorded', () => {
+  const remote = unrecordableFirstTask('unrecordable', 'P0001', { AGENT_ATTEMPTS: '2', AGENT_BACKOFF_MS: '100' });
+
+  it('cancels that remote task before the retry sends the message again, and the retry completes the task', async () => {
+    await remote.completedOnRetry();
     // The failed attempt's reason says what failed without the database's text (which quotes our SQL).
-    const retried = stack.workers[0].logs.find((l) => l.includes('agent run failed; it will be retried'));
-    assert.equal(JSON.parse(retried!).reason, `the remote task ${UNRECORDABLE} could not be recorded: a database error (SQLSTATE P0001)`);
+    const retried = remote.stack.workers[0].logs.find((l) => l.includes('agent run failed; it will be retried'));
+    assert.equal(JSON.parse(retried!).reason, `the remote task ${remote.UNRECORDABLE} could not be recorded: a database error (SQLSTATE P0001)`);
+  });
+});
+
+describe('remote A2A agent whose task could not be recorded during a Postgres outage', () => {
+  // 57P01 (admin_shutdown): what a Postgres restarting answers. One attempt: none may be used up.
+  const remote = unrecordableFirstTask('unrecordable-outage', '57P01', { AGENT_ATTEMPTS: '1' });
+
+  it('hands the run back to the queue as the runtime does for its own statements, not failing it', async () => {
+    // Before: the task failed, 'The agent failed after 1 attempt(s): the remote task … could not be recorded'.
+    await remote.completedOnRetry();
+    const logs = remote.stack.workers[0].logs;
+    const handedBack = logs.find((l) => l.includes('Postgres or Redis is unavailable: the run goes back to the queue'));
+    assert.equal(JSON.parse(handedBack!).reason, `the remote task ${remote.UNRECORDABLE} could not be recorded: a database error (SQLSTATE 57P01)`);
+    assert.equal(logs.filter((l) => l.includes('agent run failed')).length, 0);
   });
 });
 

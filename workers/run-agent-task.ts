@@ -28,6 +28,7 @@ import { readTimeoutMs } from '../db/knex.ts';
 import { callLimit } from '../domain/call-limit.ts';
 import { secretMasker } from '../domain/secret-mask.ts';
 import { holdSecretsRead } from './secrets-read.ts';
+import { ownStoreFailure } from './agents/own-store.ts';
 
 const HISTORY = 200;
 // The most of one run's calls to Postgres (reply, setStatus, emitArtifact, readSecret) in flight at
@@ -206,12 +207,13 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
   const refusals = new WeakSet<object>();
   // Agent failures the run logged before handing them to BullMQ's retries.
   const retried = new WeakSet<object>();
+  const outage = async (err: object) => unreachable(err) || (unanswered(err) && await silent());
   const ours = async <T>(call: () => Promise<T>): Promise<T> => {
     try {
       return await call();
     } catch (err) {
       if (typeof err === 'object' && err) {
-        if (unreachable(err) || (unanswered(err) && await silent())) outages.add(err);
+        if (await outage(err)) outages.add(err);
         else if (refusedByRuntime(err)) refusals.add(err);
       }
       throw err;
@@ -319,6 +321,9 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       return 'task ended or taken by another run during the run';
     } catch (caught) {
       const err = readable(caught);
+      // A built-in agent's own statements (agents/own-store.ts) meeting an outage: as if ours had.
+      const store = ownStoreFailure(err);
+      if (store && await outage(store)) outages.add(err as object);
       if (outages.has(err as object)) throw err;
       // A refusal fails the run even when the worker is shutting down (another try would meet it again)
       // or the run was aborted meanwhile (failRun's compare-and-set leaves a task that moved on alone).

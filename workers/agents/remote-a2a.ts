@@ -22,6 +22,7 @@ import {
   forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTaskIdsOf, takeRemoteTasksToCancel, saveRemoteAgentTask, type RemoteAgentTaskRow,
 } from '../../db/remote-agent-tasks.ts';
 import { listArtifactItems } from '../../db/timeline-views.ts';
+import { ownStore } from './own-store.ts';
 import type { Logger } from '../../domain/logger.ts';
 import { jsonErrorWithoutExcerpt, publicReason, refusedByRuntime } from '../../domain/errors.ts';
 import { assertOutboundUrl } from '../../domain/webhook-url.ts';
@@ -308,7 +309,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
 
   async function follow(ctx: AgentContext): Promise<AgentResult> {
     const remote = await connect();
-    const known = await getRemoteAgentTask(db, ctx.task.id);
+    const known = await ownStore(() => getRemoteAgentTask(db, ctx.task.id));
     const mirror = new Mirror(ctx, db, known?.remote_task_id);
     const link = new AbortController();
     const onAbort = () => link.abort(ctx.signal.reason);
@@ -339,9 +340,9 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       }
       if (!sent) {
         // A first turn goes to the remote context of the local context's earlier tasks, as A2A groups them.
-        const remoteContext = known ? known.remote_context_id : await remoteContextOf(db, ctx.task.context_id, ctx.task.id);
+        const remoteContext = known ? known.remote_context_id : await ownStore(() => remoteContextOf(db, ctx.task.context_id, ctx.task.id));
         // Tasks the message refers to are named to the remote by their remote ids: ours mean nothing there.
-        const references = await remoteTaskIdsOf(db, ctx.message.reference_task_ids);
+        const references = await ownStore(() => remoteTaskIdsOf(db, ctx.message.reference_task_ids));
         const done = await send(remote, mirror, ctx, known, { contextId: remoteContext ?? undefined, referenceTaskIds: references }, link.signal).catch((err: unknown) => {
           if (!(err instanceof SentUnnamed)) throw err;
           const why = keyless(notJson(idMismatch(err.why)));
@@ -554,7 +555,7 @@ class Mirror {
       local.splice(copy, 1);
     }
     // The local copies as they are: one the remote changed since is updated by apply.
-    for (const held of artifactsFromTimeline(await listArtifactItems(this.db, this.ctx.task.id))) this.artifacts.set(held.artifactId, held);
+    for (const held of artifactsFromTimeline(await ownStore(() => listArtifactItems(this.db, this.ctx.task.id)))) this.artifacts.set(held.artifactId, held);
   }
 
   // The interruption being answered, reported again: same time stamp or, without those, same status
@@ -599,7 +600,7 @@ class Mirror {
     // Known before the save: a run that fails on it still cancels the remote task (follow's catch).
     this.remoteTaskId = taskId;
     try {
-      await saveRemoteAgentTask(this.db, { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null, last_message_id: this.ctx.message.id });
+      await ownStore(() => saveRemoteAgentTask(this.db, { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null, last_message_id: this.ctx.message.id }));
     } catch (err) {
       throw new RemoteTaskUnrecorded(taskId, err);
     }
