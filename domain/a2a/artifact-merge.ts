@@ -13,16 +13,71 @@ import { sameAsStored } from '../storable-json.ts';
 
 /** The artifact `held` extended by an appended chunk of the same artifactId. */
 export function mergeArtifactChunk(held: Artifact, chunk: Artifact): Artifact {
-  const merged: Artifact = { ...held, parts: [...held.parts, ...chunk.parts] };
-  if (chunk.name) merged.name = chunk.name;
-  if (chunk.description) merged.description = chunk.description;
-  if (chunk.metadata) merged.metadata = { ...held.metadata, ...chunk.metadata };
+  const merged: Artifact = { ...held, parts: [...held.parts] };
+  if (held.metadata) merged.metadata = { ...held.metadata };
+  appendInPlace(merged, chunk);
   return merged;
 }
 
-/** The artifact a task holds after an update: the update itself, unless it appends to one held. */
-export function applyArtifactUpdate(held: Artifact | undefined, update: Artifact, append: boolean | undefined): Artifact {
-  return append && held ? mergeArtifactChunk(held, update) : update;
+// As JSON.parse and a spread make members: a key named __proto__ is a member, not the prototype.
+const setMember = (o: Record<string, unknown>, k: string, v: unknown) => Object.defineProperty(o, k, { value: v, writable: true, enumerable: true, configurable: true });
+
+function appendInPlace(held: Artifact, chunk: Artifact): void {
+  for (const part of chunk.parts) held.parts.push(part);
+  if (chunk.name) held.name = chunk.name;
+  if (chunk.description) held.description = chunk.description;
+  if (chunk.metadata) {
+    held.metadata ??= {};
+    for (const [k, v] of Object.entries(chunk.metadata)) setMember(held.metadata, k, v);
+  }
+}
+
+/** Whether appending `chunk` would change `held` (its parts aside: any always do). */
+export function chunkChanges(held: Artifact, chunk: Artifact): boolean {
+  if ((chunk.name && chunk.name !== held.name) || (chunk.description && chunk.description !== held.description)) return true;
+  return Object.entries(chunk.metadata ?? {}).some(([k, v]) => !held.metadata || !Object.hasOwn(held.metadata, k) || !sameAsStored(held.metadata[k], v));
+}
+
+/**
+ * A task's artifacts by artifactId as its updates make them, in the order of each one's first
+ * update. An appended chunk is added in place to a copy made at the artifact's first chunk: a copy
+ * at every chunk was quadratic (40,000 chunks of one part took 16 s, of an API's one event loop at
+ * each read of the task).
+ */
+export class HeldArtifacts {
+  private readonly byId = new Map<string, Artifact>();
+  private readonly copies = new Set<string>(); // artifacts held as copies of this one's own, to add to
+
+  get(artifactId: string): Artifact | undefined {
+    return this.byId.get(artifactId);
+  }
+
+  /** Holds `artifact` as it is (the caller does not change it after). */
+  set(artifact: Artifact): void {
+    this.byId.set(artifact.artifactId, artifact);
+    this.copies.delete(artifact.artifactId);
+  }
+
+  /** Holds what `update` makes of its artifact (appended to the one held when `append`), and returns it. */
+  apply(update: Artifact, append: boolean | undefined): Artifact {
+    const held = this.byId.get(update.artifactId);
+    if (!append || !held) {
+      this.set(update);
+      return update;
+    }
+    if (this.copies.has(update.artifactId)) {
+      appendInPlace(held, update);
+      return held;
+    }
+    const merged = mergeArtifactChunk(held, update);
+    this.byId.set(update.artifactId, merged);
+    this.copies.add(update.artifactId);
+    return merged;
+  }
+
+  values(): Artifact[] {
+    return [...this.byId.values()];
+  }
 }
 
 /**

@@ -4,7 +4,7 @@ import type { Artifact, Message as A2AMessage, Part, Task as A2ATask, TaskStatus
 import type { CreateMessageRequest, Message, MessagePart, Task } from '../shapes/task.ts';
 import type { TimelineItem } from '../shapes/task.ts';
 import type { TaskRow } from '../../db/tasks.ts';
-import { applyArtifactUpdate } from './artifact-merge.ts';
+import { HeldArtifacts } from './artifact-merge.ts';
 
 const iso = (t: Date | string) => (t instanceof Date ? t : new Date(t)).toISOString();
 const nonEmpty = (o: Record<string, unknown> | undefined) => (o && Object.keys(o).length ? o : undefined);
@@ -79,14 +79,13 @@ export function toA2AArtifact(stored: Record<string, unknown>): Artifact {
 // artifactId replaces it, or when it says `append` is merged into it (artifact-merge.ts), where it
 // stands (as the SDK's own server keeps a task's artifacts), so the order is that of each one's first update.
 export function artifactsFromTimeline(items: Pick<TimelineItem, 'event_payload'>[]): Artifact[] {
-  const byId = new Map<string, Artifact>();
+  const held = new HeldArtifacts();
   for (const { event_payload: e } of items) {
     if (e.type !== 'artifact-update') continue;
     const { append, lastChunk: _lastChunk, ...rest } = e.artifact as Record<string, unknown> & { append?: boolean; lastChunk?: boolean };
-    const artifact = toA2AArtifact(rest);
-    byId.set(artifact.artifactId, applyArtifactUpdate(byId.get(artifact.artifactId), artifact, append));
+    held.apply(toA2AArtifact(rest), append);
   }
-  return [...byId.values()];
+  return held.values();
 }
 
 export function toA2AStatus(task: Task | TaskRow, statusMessage?: Message): TaskStatus {

@@ -31,7 +31,7 @@ import { secretMasker } from '../../domain/secret-mask.ts';
 import { callSignal } from '../../domain/call-signal.ts';
 import { fetchPublicOnly, fetchUntimed } from '../../domain/bridge/upstream.ts';
 import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/mapping.ts';
-import { applyArtifactUpdate, chunkBetween } from '../../domain/a2a/artifact-merge.ts';
+import { chunkBetween, chunkChanges, HeldArtifacts } from '../../domain/a2a/artifact-merge.ts';
 import type { MessagePart } from '../../domain/shapes/task.ts';
 import { sameAsStored, storableText } from '../../domain/storable-json.ts';
 import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
@@ -505,7 +505,7 @@ class Mirror {
   // artifact whole: one the remote grew since is extended by a chunk of its new parts. Stored whole at
   // every poll, an artifact the remote grew in chunks took the task over TASK_ARTIFACTS_MAX_BYTES at a
   // fraction of that size.
-  private readonly artifacts = new Map<string, Artifact>();
+  private readonly artifacts = new HeldArtifacts();
   // The interruption this turn answers. A remote may report it again before it takes up the answer
   // (a stream opened with the task as it stands, as taskbridge's own do): that is not this turn's end.
   private answering?: TaskStatus;
@@ -519,7 +519,7 @@ class Mirror {
   seen(task: A2ATask): void {
     for (const m of task.history ?? []) this.seenMessages.add(m.messageId);
     if (task.status.message) this.seenMessages.add(task.status.message.messageId);
-    for (const a of task.artifacts ?? []) this.artifacts.set(a.artifactId, artifactMembers(a));
+    for (const a of task.artifacts ?? []) this.artifacts.set(artifactMembers(a));
     if (task.status.state in INTERRUPTED) this.answering = task.status;
   }
 
@@ -555,7 +555,7 @@ class Mirror {
       local.splice(copy, 1);
     }
     // The local copies as they are: one the remote changed since is updated by apply.
-    for (const held of artifactsFromTimeline(await ownStore(() => listArtifactItems(this.db, this.ctx.task.id)))) this.artifacts.set(held.artifactId, held);
+    for (const held of artifactsFromTimeline(await ownStore(() => listArtifactItems(this.db, this.ctx.task.id)))) this.artifacts.set(held);
   }
 
   // The interruption being answered, reported again: same time stamp or, without those, same status
@@ -642,14 +642,14 @@ class Mirror {
   // it makes.
   private async store(artifact: Artifact, { append, lastChunk }: { append?: boolean; lastChunk?: boolean }): Promise<void> {
     const held = this.artifacts.get(artifact.artifactId);
-    const made = applyArtifactUpdate(held, artifact, append);
     // A chunk of parts appended always changes the artifact: not compared, as that reads the whole
     // artifact so far (a remote streaming a token a chunk made it quadratic).
-    if (held && !(append && artifact.parts.length) && sameAsStored(held, made)) return;
-    this.artifacts.set(artifact.artifactId, made);
+    if (held && (append ? !artifact.parts.length && !chunkChanges(held, artifact) : sameAsStored(held, artifact))) return;
+    // Read before the chunk is applied, which may add to `held` in place.
+    const whole = (held && !held.parts.length) || !artifact.parts.length;
+    const made = this.artifacts.apply(artifact, append);
     // Each change counts: chunks of no parts that add metadata keys would grow it here without bound.
     if (!made.parts.length) return this.noteUnheld();
-    const whole = (held && !held.parts.length) || !artifact.parts.length;
     this.answering = undefined;
     await this.ctx.emitArtifact({ ...(whole ? made : artifact), ...(append && !whole ? { append } : {}), ...(lastChunk ? { lastChunk } : {}) });
   }
