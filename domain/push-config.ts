@@ -43,7 +43,9 @@ const MAX_TOKEN = 4096;
 // read them all: unbounded, 1 MiB requests set 100 configs of 15,000 schemes, listed as 100 MB.
 const MAX_SCHEMES = 32;
 // Empty is none (A2A has both optional strings; clients fill them with "" where they have none).
-const HEADER_SAFE = /^[\x20-\x7e]*$/;
+// No space at either end: HTTP drops those from a header's value, and the receiver, comparing the
+// token it was given, would be sent another.
+const HEADER_SAFE = /^(?:[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?)?$/;
 
 const shown = (r: repo.PushConfigRow): PushConfig => ({
   id: r.id,
@@ -61,14 +63,14 @@ function checkInput(input: PushConfigInput): void {
   }
   if (typeof input.url !== 'string' || input.url.length > MAX_URL) throw new InvalidRequest(`Push notification URL must be a string of at most ${MAX_URL} characters`);
   if (input.token !== undefined && (typeof input.token !== 'string' || input.token.length > MAX_TOKEN || !HEADER_SAFE.test(input.token))) {
-    throw new InvalidRequest(`Push notification token must be at most ${MAX_TOKEN} printable ASCII characters (it is sent as a header)`);
+    throw new InvalidRequest(`Push notification token must be at most ${MAX_TOKEN} printable ASCII characters, with no space at either end (it is sent as a header)`);
   }
   const auth = input.authentication;
   if (auth !== undefined) {
     const schemesOk = Array.isArray(auth?.schemes) && auth.schemes.length > 0 && auth.schemes.length <= MAX_SCHEMES && auth.schemes.every((s) => typeof s === 'string' && /^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$/.test(s));
     if (!schemesOk) throw new InvalidRequest(`Push notification authentication.schemes must be a list of 1 to ${MAX_SCHEMES} HTTP auth scheme names`);
     if (auth.credentials !== undefined && (typeof auth.credentials !== 'string' || auth.credentials.length > MAX_TOKEN || !HEADER_SAFE.test(auth.credentials))) {
-      throw new InvalidRequest('Push notification authentication.credentials must be printable ASCII characters (they are sent as a header)');
+      throw new InvalidRequest('Push notification authentication.credentials must be printable ASCII characters, with no space at either end (they are sent as a header)');
     }
   }
 }

@@ -71,6 +71,8 @@ export async function assertOutboundUrl(raw: string, allowPrivate: boolean, what
   if (url.username || url.password) {
     throw new InvalidRequest(`${what} must not contain credentials: pass them as the token or authentication instead`);
   }
+  // Node's HTTP client takes port 0 for the scheme's default: posts, and a token, would go to port 80 or 443.
+  if (url.port === '0') throw new InvalidRequest(`${what} must not name port 0`);
   // Resolved whether or not internal targets are allowed: the switch allows internal hosts, not
   // missing ones, which would only fail every post (or call) later.
   const host = hostOf(url);

@@ -907,6 +907,9 @@ describe('push notifications', () => {
       ['ftp://example.com/hook', /must use http or https, not 'ftp'/],
       ['file:///etc/passwd', /must use http or https, not 'file'/],
       ['http://user:pw@example.com/hook', /must not contain credentials/],
+      // Node would post to port 80 (a receiver the client never named got every update, token and all).
+      ['http://93.184.216.34:0/hook', /must not name port 0/],
+      ['https://example.com:00/hook', /must not name port 0/],
       ['http://127.0.0.1:8080/hook', /resolves to a private, loopback or link-local address \(127\.0\.0\.1\)/],
       ['http://10.1.2.3/hook', /private, loopback or link-local address \(10\.1\.2\.3\)/],
       ['http://192.168.0.10/hook', /private/],
@@ -938,6 +941,11 @@ describe('push notifications', () => {
       { url: 'http://127.0.0.1/', token: 'tok\u0001' }, { url: 'http://127.0.0.1/', token: 'tok\u{1F4A5}' }, { url: 'http://127.0.0.1/', authentication: { schemes: ['Bearer'], credentials: 'a\u0007b' } }]) {
       assert.equal((await rejection(() => setPushConfig(testDb(), id, input, allowPrivate))).status, 400);
     }
+    // A space at either end would not reach the receiver (HTTP drops it from the header): " " was sent as an empty token.
+    for (const token of [' ', ' tok', 'tok ']) {
+      assert.match((await rejection(() => setPushConfig(testDb(), id, { url: 'http://127.0.0.1/', token }, allowPrivate))).message, /^Push notification token must be .* with no space at either end/, JSON.stringify(token));
+    }
+    assert.match((await rejection(() => setPushConfig(testDb(), id, { url: 'http://127.0.0.1/', authentication: { schemes: ['Bearer'], credentials: ' a ' } }, allowPrivate))).message, /credentials must be printable ASCII characters, with no space at either end/);
     assert.deepEqual(await listPushConfigs(testDb(), id), []);
     // Private targets pass when the configuration allows them.
     const ok = await setPushConfig(testDb(), id, { url: 'http://127.0.0.1:8080/hook' }, allowPrivate);
