@@ -1520,3 +1520,49 @@ describe('remote A2A agent whose events change nothing the local task holds', ()
     }
   });
 });
+
+// A remote whose follow-up stream opens by reporting the question again as a status-update that is
+// not its last (`final: false`), stamped anew, with the question's message ("[same]") or none
+// ("[none]"), then takes up the answer.
+describe('remote A2A agent that reports the question again as it takes up the answer', () => {
+  const remoteTask = 'remote-asking';
+  const question = { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text: 'Which colour?' }] };
+  const asking = () => ({ state: 'input-required', timestamp: new Date().toISOString(), message: question });
+  const server = rawA2ARemote({ name: 'asking again', description: 'reports its question again', streaming: true }, ({ id, method, params, event }, res) => {
+    if (method === 'tasks/get') {
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id, result: { kind: 'task', id: remoteTask, contextId: 'remote-ctx', status: asking() } }));
+      return;
+    }
+    const text = params.message.parts[0].text as string;
+    const ids = { taskId: remoteTask, contextId: 'remote-ctx' };
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    if (!params.message.taskId) {
+      res.end(event({ kind: 'task', id: remoteTask, contextId: 'remote-ctx', status: asking() }));
+      return;
+    }
+    const again = text.includes('[none]') ? { state: 'input-required', timestamp: new Date(Date.now() + 1000).toISOString() } : { ...asking(), timestamp: new Date(Date.now() + 1000).toISOString() };
+    res.write(event({ kind: 'status-update', ...ids, final: false, status: again }));
+    res.write(event({ kind: 'status-update', ...ids, final: false, status: { state: 'working' } }));
+    res.end(event({ kind: 'status-update', ...ids, final: true, status: { state: 'completed', message: { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text: `took ${text}` }] } } }));
+  });
+  const stack = useStackOnRawAgent(server, { AGENT_ATTEMPTS: '1' });
+
+  // The task once it has settled with a status message other than `before` (the question it answers).
+  const settled = (id: string, before?: string) => waitFor(async () => {
+    const r = await stack.client.get(`/api/task/v1/${id}`);
+    return !['submitted', 'working'].includes(r.body.task.status) && r.body.status_message?.id !== before && r.body;
+  }, 'the task to settle', 20000);
+
+  it('does not end the follow-up on that report: the task completes with the remote\'s answer', async () => {
+    for (const answer of ['blue [same]', 'green [none]']) {
+      const id = (await stack.client.post('/api/task/v1', { message: textMessage('paint it') })).body.task.id as string;
+      const asked = await settled(id);
+      assert.equal(asked.task.status, 'input-required');
+      assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage(answer))).status, 201);
+      // Before: the task ended input-required again ('Task input-required'), the answer dropped.
+      const done = await settled(id, asked.status_message.id);
+      assert.equal(done.task.status, 'completed', `${answer}: ${JSON.stringify(done.status_message)}`);
+      assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: `took ${answer}` }]);
+    }
+  });
+});

@@ -560,9 +560,12 @@ class Mirror {
 
   // The interruption being answered, reported again: same time stamp or, without those, same status
   // message. A remote that gives neither cannot be told apart: its interruption ends the turn.
-  private reportedAgain(status: TaskStatus): boolean {
+  private reportedAgain(status: TaskStatus, final?: boolean): boolean {
     const a = this.answering;
     if (!a || status.state !== a.state) return false;
+    // An update the remote says is not its last (`final: false`): a stream opened by replaying the
+    // task as it stands, stamped anew, with its question or without: the answer is yet to be taken up.
+    if (final === false) return true;
     if (status.timestamp && a.timestamp) return status.timestamp === a.timestamp;
     if (status.message && a.message) return status.message.messageId === a.message.messageId;
     return false;
@@ -654,8 +657,8 @@ class Mirror {
     await this.ctx.emitArtifact({ ...(whole ? made : artifact), ...(append && !whole ? { append } : {}), ...(lastChunk ? { lastChunk } : {}) });
   }
 
-  private async status(status: TaskStatus): Promise<AgentResult | undefined> {
-    if (this.reportedAgain(status)) return undefined;
+  private async status(status: TaskStatus, final?: boolean): Promise<AgentResult | undefined> {
+    if (this.reportedAgain(status, final)) return undefined;
     // Once the remote has moved on, an interruption is a new one, whatever it looks like.
     this.answering = undefined;
     const fresh = !!status.message && !this.seenMessages.has(status.message.messageId);
@@ -688,7 +691,7 @@ class Mirror {
         return this.status(event.status);
       }
       case 'status-update':
-        return this.status(event.status);
+        return this.status(event.status, event.final);
       case 'artifact-update':
         await this.artifactUpdate(event.artifact, event);
         return undefined;
