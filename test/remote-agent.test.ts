@@ -1566,3 +1566,44 @@ describe('remote A2A agent that reports the question again as it takes up the an
     }
   });
 });
+
+// A remote whose card named an endpoint that does not answer (404), then, mended, one that does.
+describe('remote A2A agent whose card changes', () => {
+  let endpoint = '/gone';
+  let cardReads = 0;
+  const server = http.createServer((req, res) => {
+    if (req.method === 'GET') {
+      cardReads += 1;
+      answerAgentCard(res, { name: 'moving', description: 'moves its endpoint', streaming: true, url: `http://${req.headers.host}${endpoint}` });
+      return;
+    }
+    let body = '';
+    req.on('data', (b) => { body += b; });
+    req.on('end', () => {
+      if (req.url !== '/rpc') return void res.writeHead(404, { 'content-type': 'text/plain' }).end('no such endpoint');
+      const { id } = JSON.parse(body) as { id: string | number };
+      const event = (result: unknown) => `data: ${JSON.stringify({ jsonrpc: '2.0', id, result })}\n\n`;
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(event({ kind: 'task', id: 'remote-moved', contextId: 'remote-ctx', status: { state: 'working' } }));
+      res.end(event({ kind: 'status-update', taskId: 'remote-moved', contextId: 'remote-ctx', final: true,
+        status: { state: 'completed', message: { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text: 'reached' }] } } }));
+    });
+  });
+  const stack = useStackOnRawAgent(server, { AGENT_ATTEMPTS: '1' });
+
+  it('reads the card again after a run failed, so the next run reaches the endpoint the card names now', async () => {
+    const failed = await failedTaskOn(stack, 'to the old endpoint');
+    assert.match(failed.status_message.parts[0].text, /404/);
+    const reads = cardReads;
+    endpoint = '/rpc';
+    // Before: every later run failed alike, the card read once per worker process.
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('to the new one') })).body.task.id as string;
+    const done = await waitFor(async () => {
+      const r = await stack.client.get(`/api/task/v1/${id}`);
+      return !['submitted', 'working'].includes(r.body.task.status) && r.body;
+    }, 'the task to settle', 20000);
+    assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+    assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'reached' }]);
+    assert.equal(cardReads, reads + 1);
+  });
+});

@@ -69,6 +69,8 @@ const MAX_UNHELD = 500;
 // would fill the worker's memory.
 const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
 const REMOTE_TIMEOUT_MS = 30_000;
+// How long a card read serves the runs that follow it (see connect).
+const CARD_MAX_AGE_MS = 5 * 60_000;
 
 // The signals of message/stream calls the remote took (HTTP 200, an event stream): from then on the
 // message may have reached it. The SDK hands a call's signal to fetch as it was given.
@@ -284,22 +286,29 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
   // Authorization header and all, in any encoding; their text reaches the task's status message, the log and the job.
   const withoutKey = secretMasker(apiKey ? [`Bearer ${apiKey}`, apiKey] : []);
   const keyless = <T,>(err: T): T | Error => (err instanceof Error && withoutKey(err.message) !== err.message ? reworded(err, withoutKey(err.message)) : err);
-  let client: Promise<Client> | undefined;
-  const connect = () => {
-    client ??= clientFactory(apiKey, trusted, allowPrivate, timeoutMs, log, withheld).createFromUrl(base, cardPath).catch((err: Error) => {
-      client = undefined;
+  // The client made from the card, read again once it is CARD_MAX_AGE_MS old and after a run that
+  // failed: a remote that moved its endpoint or changed its capabilities is followed without a
+  // worker restart (a card naming an endpoint refused failed every later run until one).
+  let client: { madeAt: number; made: Promise<Client> } | undefined;
+  const forgetCard = () => { client = undefined; };
+  const connect = (): Promise<Client> => {
+    if (client && performance.now() - client.madeAt < CARD_MAX_AGE_MS) return client.made;
+    const made = clientFactory(apiKey, trusted, allowPrivate, timeoutMs, log, withheld).createFromUrl(base, cardPath).catch((err: Error) => {
+      if (client?.made === made) forgetCard();
       // AGENT_REMOTE_URL may carry credentials (user info, a token parameter), and this reason reaches
       // the task's status message and the log: it shows the URL as runtime_config does, in the
       // client's own words (which may quote it) too.
       const masked = (text: string) => text.replace(/\bhttps?:\/\/[^\s'"<>]+/gi, maskUrlCredentials);
       throw reworded(err, `the remote agent card at ${masked(url)} could not be read: ${withoutKey(masked((notJson(err) as Error).message))}`);
     });
-    return client;
+    client = { madeAt: performance.now(), made };
+    return made;
   };
 
   // A refused key fails the run at once: every retry would be refused alike until an operator mends
   // the configuration.
   const handler = (ctx: AgentContext): Promise<AgentResult> => follow(ctx).catch((thrown: unknown) => {
+    forgetCard();
     const err = keyless(notJson(thrown));
     if (!ctx.signal.aborted && err instanceof RemoteRefused) {
       return { status: 'failed', message: `The remote agent refused this worker's credentials (not retried; check AGENT_REMOTE_API_KEY): ${explained(err).message}` };
