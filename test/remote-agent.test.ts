@@ -847,7 +847,7 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
 describe('remote A2A agent that answers without end, or about another task', () => {
   // Unlike REMOTE_KEY, no message of these tests ends with a start of it ("remote-a"), which would be masked as a key cut short.
   const QUOTED_KEY = `qk-${randomUUID()}`;
-  let mode: 'trickle-card' | 'trickle-card-sse' | 'trickle-rpc-sse' | 'empty-parts' | 'empty-answer' | 'cancel-refused' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'other-get' | 'rpc-error' | 'refused-rpc' | 'not-json' | 'rpc-error-cut' = 'trickle-card';
+  let mode: 'trickle-card' | 'trickle-card-sse' | 'trickle-rpc-sse' | 'empty-parts' | 'empty-answer' | 'cancel-refused' | 'bomb-card' | 'endless-line' | 'other-task' | 'shapeless' | 'shapeless-quoting' | 'garbled' | 'garbled-get' | 'other-get' | 'rpc-error' | 'refused-rpc' | 'not-json' | 'rpc-error-cut' | 'rpc-error-cut-end' = 'trickle-card';
   // What the remote answers, in 'garbled' mode, after the task: an event of a known kind with a member of another shape.
   let garbled: unknown;
   let streamClosed = false;
@@ -915,7 +915,7 @@ describe('remote A2A agent that answers without end, or about another task', () 
         res.end(event({ kind: 'status-update', taskId: 'remote-e', contextId: 'remote-ctx', final: true,
           status: { state: 'completed', message: { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text: 'done, after two empty messages' }] } } }));
       });
-    } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting' || mode === 'garbled' || mode === 'garbled-get' || mode === 'other-get' || mode === 'rpc-error' || mode === 'rpc-error-cut') {
+    } else if (mode === 'other-task' || mode === 'shapeless' || mode === 'shapeless-quoting' || mode === 'garbled' || mode === 'garbled-get' || mode === 'other-get' || mode === 'rpc-error' || mode === 'rpc-error-cut' || mode === 'rpc-error-cut-end') {
       let body = '';
       req.on('data', (b) => { body += b; });
       req.on('end', () => {
@@ -931,9 +931,11 @@ describe('remote A2A agent that answers without end, or about another task', () 
           return;
         }
         res.writeHead(200, { 'content-type': 'text/event-stream' });
-        if (mode === 'rpc-error' || mode === 'rpc-error-cut') {
-          // "rpc-error-cut": the error quotes the request's Authorization header cut short, inside its message.
-          const message = mode === 'rpc-error' ? 'the model provider answered 403 Forbidden' : `the token "${req.headers.authorization?.slice(0, 'Bearer '.length + 12)}..." has expired`;
+        if (mode === 'rpc-error' || mode === 'rpc-error-cut' || mode === 'rpc-error-cut-end') {
+          // "rpc-error-cut": the error quotes the request's Authorization header cut short, inside its
+          // message; "rpc-error-cut-end": at its message's end (which the SDK follows with the code and data).
+          const cut = req.headers.authorization?.slice(0, 'Bearer '.length + 10);
+          const message = mode === 'rpc-error' ? 'the model provider answered 403 Forbidden' : mode === 'rpc-error-cut' ? `the token "${req.headers.authorization?.slice(0, 'Bearer '.length + 12)}..." has expired` : `bad header ${cut}`;
           res.end(`data: ${JSON.stringify({ jsonrpc: '2.0', id, error: { code: -32603, message } })}\n\n`);
           return;
         }
@@ -1125,6 +1127,12 @@ describe('remote A2A agent that answers without end, or about another task', () 
     mode = 'rpc-error-cut';
     // Before: the key's first 12 characters, as the remote quoted them (only a cut at the text's end was masked).
     assert.equal(await failureOf('rpc error cut'), 'The agent failed after 1 attempt(s): SSE event contained an error: the token "Bearer ***" has expired (Code: -32603) Data: {}');
+  });
+
+  it("masks the start of the key a remote's error quotes cut short at its message's end, which the SDK follows with the code", async () => {
+    mode = 'rpc-error-cut-end';
+    // Before: the key's first 10 characters (a cut was masked at the text's end only, and the SDK's ' (Code: …) Data: …' came after it).
+    assert.equal(await failureOf('rpc error cut at the end'), 'The agent failed after 1 attempt(s): SSE event contained an error: bad header Bearer *** (Code: -32603) Data: {}');
   });
 
   it('masks the part of the key left where the quote of such an event is cut short', async () => {

@@ -69,6 +69,8 @@ const MAX_UNHELD = 500;
 // would fill the worker's memory.
 const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
 const REMOTE_TIMEOUT_MS = 30_000;
+// What the SDK writes after a remote's JSON-RPC error message (its one capturing group keeps it in a split).
+const SDK_ERROR_CODE = /( \(Code: -?\d+\)(?: Data: )?)/;
 // How long a card read serves the runs that follow it (see connect).
 const CARD_MAX_AGE_MS = 5 * 60_000;
 
@@ -284,7 +286,11 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
     : err);
   // The SDK's errors quote the remote's error answer, which may quote the request it refused,
   // Authorization header and all, in any encoding; their text reaches the task's status message, the log and the job.
-  const withoutKey = secretMasker(apiKey ? [`Bearer ${apiKey}`, apiKey] : []);
+  const maskKey = secretMasker(apiKey ? [`Bearer ${apiKey}`, apiKey] : []);
+  // The SDK follows the remote's own error message with ` (Code: n)` and its data: a quote of the
+  // key cut short at the message's end would no longer be at the text's end, where the masker looks
+  // for one. Each piece between them is masked as a text of its own.
+  const withoutKey = (text: string) => text.split(SDK_ERROR_CODE).map((piece, i) => (i % 2 ? piece : maskKey(piece))).join('');
   const keyless = <T,>(err: T): T | Error => (err instanceof Error && withoutKey(err.message) !== err.message ? reworded(err, withoutKey(err.message)) : err);
   // The client made from the card, read again once it is CARD_MAX_AGE_MS old and after a run that
   // failed: a remote that moved its endpoint or changed its capabilities is followed without a
