@@ -69,6 +69,10 @@ describe('job pipeline under faults', function () {
       const s = own.stack;
       const warm = await s.client.post('/api/task/v1', { message: textMessage('before the outage') });
       await waitForStatus(s, warm.body.task.id, 'completed');
+      // A run that ends during the outage (its task is in Postgres) leaves metrics to flush: the
+      // warm task's may have been flushed before Redis stopped, and a flush of nothing never fails.
+      const acrossOutage = await s.client.post('/api/task/v1', { message: textMessage('[sleep 1500] across the outage') });
+      await waitForStatus(s, acrossOutage.body.task.id, 'working');
 
       await own.stop();
       const ready = await waitFor(async () => {
@@ -104,6 +108,9 @@ describe('job pipeline under faults', function () {
       const sweeps = [s.api, s.workers[0]].map((p) => warnLines(p, 'outbox sweep failed; will retry'));
       assert.ok(sweeps.every((n) => n <= 1) && sweeps.some((n) => n === 1), `warn lines of failed sweeps (API, worker): ${sweeps}`);
       // And the worker's metrics, flushed to Redis every second: one warn line, not one a second.
+      await waitForStatus(s, acrossOutage.body.task.id, 'completed');
+      await waitFor(async () => warnLines(s.workers[0], 'worker metrics not flushed; will retry') > 0, 'a failed metrics flush');
+      await sleep(2000);
       const flushes = warnLines(s.workers[0], 'worker metrics not flushed; will retry');
       assert.equal(flushes, 1, `warn lines of failed metric flushes: ${flushes}`);
 
