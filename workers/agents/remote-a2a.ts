@@ -70,7 +70,7 @@ const MAX_UNHELD = 500;
 const MAX_ANSWER_BYTES = 16 * 1024 * 1024;
 const REMOTE_TIMEOUT_MS = 30_000;
 // What the SDK writes after a remote's JSON-RPC error message (its one capturing group keeps it in a split).
-const SDK_ERROR_CODE = /( \(Code: -?\d+\)(?: Data: )?)/;
+const SDK_ERROR_CODE = /( \(Code: [^)]*\)(?: Data: )?)/;
 // How long a card read serves the runs that follow it (see connect).
 const CARD_MAX_AGE_MS = 5 * 60_000;
 
@@ -292,14 +292,17 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
   // for one. Each piece between them is masked as a text of its own.
   const withoutKey = (text: string) => text.split(SDK_ERROR_CODE).map((piece, i) => (i % 2 ? piece : maskKey(piece))).join('');
   const keyless = <T,>(err: T): T | Error => (err instanceof Error && withoutKey(err.message) !== err.message ? reworded(err, withoutKey(err.message)) : err);
-  // The client made from the card, read again once it is CARD_MAX_AGE_MS old and after a run that
-  // failed: a remote that moved its endpoint or changed its capabilities is followed without a
-  // worker restart (a card naming an endpoint refused failed every later run until one).
+  // The client made from the card, read again once it is CARD_MAX_AGE_MS old and after an attempt
+  // that ended by an error: a remote that moved its endpoint or changed its capabilities is followed
+  // without a worker restart (a card naming an endpoint refused failed every later run until one).
   let client: { madeAt: number; made: Promise<Client> } | undefined;
   const forgetCard = () => { client = undefined; };
   const connect = (): Promise<Client> => {
     if (client && performance.now() - client.madeAt < CARD_MAX_AGE_MS) return client.made;
+    // Read again for its age only: a read that fails leaves the client before it in use.
+    const aged = client?.made;
     const made = clientFactory(apiKey, trusted, allowPrivate, timeoutMs, log, withheld).createFromUrl(base, cardPath).catch((err: Error) => {
+      if (aged) return aged;
       if (client?.made === made) forgetCard();
       // AGENT_REMOTE_URL may carry credentials (user info, a token parameter), and this reason reaches
       // the task's status message and the log: it shows the URL as runtime_config does, in the
@@ -385,13 +388,20 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       // would follow the remote task).
       // So is a first turn's remote task that could not be recorded: a retry, which cannot know of
       // it, sends the message again (a later turn's is the one the task's row names already). No row
-      // lets the housekeeping pass try its cancel again; its save may still have landed, unanswered:
-      // the row naming it is forgotten all the same.
+      // lets the housekeeping pass try its cancel again. Its save may still have landed, unanswered
+      // (Postgres out of reach): the row naming it is forgotten first, and while that fails it is
+      // left running, for the retry to follow by that row (canceled, it would end the local task canceled).
       const unrecorded = err instanceof RemoteTaskUnrecorded && !known;
       const reason = ctx.signal.reason as { shutdown?: boolean; superseded?: boolean } | undefined;
       const over = (!ctx.signal.aborted && err instanceof RemoteRefused) || refusedByRuntime(err) || (ctx.signal.aborted && !reason?.shutdown && !reason?.superseded) || unrecorded;
-      if (over && mirror.remoteTaskId && await cancelRemote(remote, mirror.remoteTaskId, ctx.log, 'remote task canceled', withoutKey, !unrecorded)) {
-        await forgetRemoteAgentTask(db, ctx.task.id, mirror.remoteTaskId).catch(() => undefined);
+      const remoteTaskId = mirror.remoteTaskId;
+      if (over && remoteTaskId) {
+        const forget = () => forgetRemoteAgentTask(db, ctx.task.id, remoteTaskId).then(() => true, () => false);
+        if (unrecorded && !(await forget())) {
+          ctx.log.warn({ remote_task_id: remoteTaskId }, 'remote task not recorded, and its row could not be checked: left running for the retry, which follows it if the row was saved');
+        } else if (await cancelRemote(remote, remoteTaskId, ctx.log, 'remote task canceled', withoutKey, !unrecorded) && !unrecorded) {
+          await forget();
+        }
       }
       throw err;
     } finally {
@@ -580,7 +590,10 @@ class Mirror {
     if (!a || status.state !== a.state) return false;
     // An update the remote says is not its last (`final: false`): a stream opened by replaying the
     // task as it stands, stamped anew, with its question or without: the answer is yet to be taken up.
-    if (final === false) return true;
+    if (final === false) {
+      this.answering = status; // as it now stands, should the turn go on by polling
+      return true;
+    }
     if (status.timestamp && a.timestamp) return status.timestamp === a.timestamp;
     if (status.message && a.message) return status.message.messageId === a.message.messageId;
     return false;
