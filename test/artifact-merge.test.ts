@@ -62,7 +62,7 @@ describe('artifact-merge: HeldArtifacts', () => {
     assert.deepEqual(snapshot, { artifactId: 'a', parts: [text('1')], metadata: { k: 1 } });
     assert.equal(twice, once);
     assert.deepEqual(held.get('a'), { artifactId: 'a', parts: [text('1'), text('2'), text('3')], metadata: { k: 1, j: 2 } });
-    // Given again whole, it is held as given; a chunk after copies it again.
+    // Given again whole, it is held as given (a copy); a chunk after adds to that copy, not to what was given.
     const whole = { artifactId: 'a', parts: [text('x')] };
     held.set(whole);
     held.apply({ artifactId: 'a', parts: [text('y')] }, true);

@@ -163,7 +163,6 @@ async function outcome(stack: Stack, text: string) {
   }, 'the task to end', 30000);
 }
 
-// A task created on `stack` with `text`, as GET shows it once it has failed.
 // A task made with `text`, as it stands once `until` its status.
 async function taskOn(stack: Stack, text: string, until: (status: string) => boolean, what: string) {
   const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
@@ -1457,11 +1456,8 @@ function unrecordableFirstTask(name: string, errcode: string, env: Record<string
 
   // Sends a task, and checks it completed on the retry's remote task after the first was canceled.
   const completedOnRetry = async () => {
-    const id = (await stack.client.post('/api/task/v1', { message: textMessage('record me') })).body.task.id as string;
-    const done = await waitFor(async () => {
-      const r = await stack.client.get(`/api/task/v1/${id}`);
-      return !['submitted', 'working'].includes(r.body.task.status) && r.body;
-    }, 'the task to settle', 30000);
+    const done = await endedTaskOn(stack, 'record me');
+    const id = done.task.id as string;
     assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
     assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'done' }]);
     assert.equal(sends.length, 2);
@@ -1605,11 +1601,7 @@ describe('remote A2A agent whose card changes', () => {
     const reads = cardReads;
     endpoint = '/rpc';
     // Before: every later run failed alike, the card read once per worker process.
-    const id = (await stack.client.post('/api/task/v1', { message: textMessage('to the new one') })).body.task.id as string;
-    const done = await waitFor(async () => {
-      const r = await stack.client.get(`/api/task/v1/${id}`);
-      return !['submitted', 'working'].includes(r.body.task.status) && r.body;
-    }, 'the task to settle', 20000);
+    const done = await endedTaskOn(stack, 'to the new one');
     assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
     assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'reached' }]);
     assert.equal(cardReads, reads + 1);

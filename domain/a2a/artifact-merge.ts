@@ -13,11 +13,13 @@ import { sameAsStored } from '../storable-json.ts';
 
 /** The artifact `held` extended by an appended chunk of the same artifactId. */
 export function mergeArtifactChunk(held: Artifact, chunk: Artifact): Artifact {
-  const merged: Artifact = { ...held, parts: [...held.parts] };
-  if (held.metadata) merged.metadata = { ...held.metadata };
+  const merged = ownCopy(held);
   appendInPlace(merged, chunk);
   return merged;
 }
+
+// A copy whose parts and metadata chunks may be added to without changing `a`.
+const ownCopy = (a: Artifact): Artifact => ({ ...a, parts: [...a.parts], ...(a.metadata ? { metadata: { ...a.metadata } } : {}) });
 
 // As JSON.parse and a spread make members: a key named __proto__ is a member, not the prototype.
 const setMember = (o: Record<string, unknown>, k: string, v: unknown) => Object.defineProperty(o, k, { value: v, writable: true, enumerable: true, configurable: true });
@@ -40,39 +42,30 @@ export function chunkChanges(held: Artifact, chunk: Artifact): boolean {
 
 /**
  * A task's artifacts by artifactId as its updates make them, in the order of each one's first
- * update. An appended chunk is added in place to a copy made at the artifact's first chunk: a copy
+ * update. Each is held as a copy of its own, to which appended chunks are added in place: a copy
  * at every chunk was quadratic (40,000 chunks of one part took 16 s, of an API's one event loop at
  * each read of the task).
  */
 export class HeldArtifacts {
   private readonly byId = new Map<string, Artifact>();
-  private readonly copies = new Set<string>(); // artifacts held as copies of this one's own, to add to
 
   get(artifactId: string): Artifact | undefined {
     return this.byId.get(artifactId);
   }
 
-  /** Holds `artifact` as it is (the caller does not change it after). */
-  set(artifact: Artifact): void {
-    this.byId.set(artifact.artifactId, artifact);
-    this.copies.delete(artifact.artifactId);
+  /** Holds a copy of `artifact` (what the caller has is never changed), and returns it. */
+  set(artifact: Artifact): Artifact {
+    const own = ownCopy(artifact);
+    this.byId.set(artifact.artifactId, own);
+    return own;
   }
 
   /** Holds what `update` makes of its artifact (appended to the one held when `append`), and returns it. */
   apply(update: Artifact, append: boolean | undefined): Artifact {
     const held = this.byId.get(update.artifactId);
-    if (!append || !held) {
-      this.set(update);
-      return update;
-    }
-    if (this.copies.has(update.artifactId)) {
-      appendInPlace(held, update);
-      return held;
-    }
-    const merged = mergeArtifactChunk(held, update);
-    this.byId.set(update.artifactId, merged);
-    this.copies.add(update.artifactId);
-    return merged;
+    if (!append || !held) return this.set(update);
+    appendInPlace(held, update);
+    return held;
   }
 
   values(): Artifact[] {

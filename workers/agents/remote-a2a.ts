@@ -583,8 +583,9 @@ class Mirror {
     for (const held of artifactsFromTimeline(await ownStore(() => listArtifactItems(this.db, this.ctx.task.id)))) this.artifacts.set(held);
   }
 
-  // The interruption being answered, reported again: same time stamp or, without those, same status
-  // message. A remote that gives neither cannot be told apart: its interruption ends the turn.
+  // The interruption being answered, reported again: in an update the remote says is not its last,
+  // else by the same time stamp or, without those, the same status message. A remote that gives
+  // none of these cannot be told apart: its interruption ends the turn.
   private reportedAgain(status: TaskStatus, final?: boolean): boolean {
     const a = this.answering;
     if (!a || status.state !== a.state) return false;
