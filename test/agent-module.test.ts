@@ -142,6 +142,10 @@ describe('agent modules', () => {
       ['throw getter', 'the agent threw an object that could not be read'],
       ['throw proxy', 'the agent threw an object that could not be read'],
       ['throw empty', 'the agent threw TypeError with no message'],
+      // Before, escaped the run's failure handling as the object forms did, and a cycle was "[object Object]".
+      ['throw function proxy', 'the agent threw a function that could not be read'],
+      ['throw function getter', 'the agent threw a function that could not be read'],
+      ['throw cycle', 'the agent threw an object JSON cannot show (a cycle or a BigInt in it)'],
     ]);
     assert.ok(!stack.workers[0].logs.some((l) => l.includes('agent run failed in the runtime')), 'no failure blamed on the runtime');
   });
@@ -309,6 +313,35 @@ describe('agent modules', () => {
     assert.ok(Number(row.message_bytes) <= 8192 + 200, `held ${row.message_bytes}`);
   });
 
+  it("a reply, artifact or message is checked as JSON.stringify writes it (a toJSON's shape), and one whose JSON cannot be had is refused at the run's first attempt", async () => {
+    // Before, checked by its members and stored as its toJSON wrote it: a part stored as null, a
+    // Date as a string where an object goes, metadata as 1; message/send and every tasks/get of the
+    // task answered -32603 from then on.
+    const cases: [string, string][] = [
+      ['tojson part', 'Invalid reply: reply.0 must be object'],
+      ['date data', 'Invalid reply: reply.0.data must be object'],
+      ['tojson artifact', 'Invalid artifact: artifact.parts.0.kind is required'],
+      ['tojson metadata', 'Invalid message: message.metadata must be object'],
+      ['tojson throws', 'Invalid reply: it could not be read as JSON (no JSON for you)'],
+    ];
+    for (const [text, why] of cases) {
+      const { state, message, task } = await finalOf(text);
+      assert.deepEqual({ state, message }, { state: 'failed', message: `The agent failed after 1 attempt(s): ${why}` }, text);
+      assert.deepEqual(task.history.filter((m: any) => m.role === 'agent').map((m: any) => m.parts[0].text), ['first this', message], text);
+      assert.equal((await rpc('tasks/get', { id: task.id })).body.result?.status.state, 'failed', text);
+    }
+  });
+
+  it("a run's writes made all at once, awaited or not, land in the order made: an artifact then the chunks appended to it, replies", async () => {
+    // Before, 4 went at a time and raced for the task's row: chunks out of order, some lost under
+    // the artifact they were appended to, replies shuffled in the history.
+    const { state, task } = await finalOf('unawaited writes');
+    assert.equal(state, 'completed');
+    assert.deepEqual(task.artifacts.map((a: any) => [a.artifactId, a.parts.map((p: any) => p.text)]), [['log', Array.from({ length: 60 }, (_, i) => `p${i}`)]]);
+    const replies = task.history.filter((m: any) => m.role === 'agent' && /^q\d+$/.test(m.parts[0].text)).map((m: any) => m.parts[0].text);
+    assert.deepEqual(replies, Array.from({ length: 20 }, (_, i) => `q${i}`));
+  });
+
   it("a run's calls made all at once wait their turn in the run rather than for the worker's Postgres connections: 1,000 artifacts behind a locked task", async () => {
     const task = (await rpc('message/send', { message: userMessage('flood artifacts'), configuration: { blocking: false } })).body.result;
     await waitFor(async () => (await rpc('tasks/get', { id: task.id })).body.result.status.message?.parts?.[0]?.text === 'ready to flood', 'the agent to be ready');
@@ -459,6 +492,12 @@ describe('agent modules', () => {
   it('a worker refuses to start with a module that exports no handler', async () => {
     const env = testEnv({ AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/no-handler-agent.ts') });
     await assert.rejects(startWorker(env), /exports no handler function/);
+  });
+
+  it('a worker refuses to start with a module whose top level throws what is no Error, saying what', async () => {
+    // Before, the worker's own reading of the error threw: an uncaught TypeError, not the load failure.
+    const env = testEnv({ AGENT_KIND: 'module', AGENT_MODULE: path.join(ROOT, 'test/fixtures/throw-null-agent.mjs') });
+    await assert.rejects(startWorker(env), /could not be loaded: its top level threw null/);
   });
 });
 

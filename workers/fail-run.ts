@@ -17,16 +17,28 @@ export const cutReason = (why: string): string => (why.length > FAILURE_REASON_M
 const storableWhy = (why: string) => storableText(cutReason(why));
 
 // What a failed run says went wrong: the error's message, or what the agent threw when that was no
-// Error (a string as it is; null, an object: named, not "[object Object]"); an Error with no message
+// Error (a string as it is; null, an object: as JSON, not "[object Object]"); an Error with no message
 // by its name.
 export function failureReason(err: unknown): string {
   if (typeof err === 'string') return err;
   if (typeof (err as { message?: unknown })?.message === 'string') {
     return publicReason(err) || `the agent threw ${(err as Error).name || 'an error'} with no message`;
   }
-  let shown: string | undefined;
-  try { shown = JSON.stringify(err); } catch { /* a BigInt, a cycle: named by its type below */ }
-  return `the agent threw ${shown ?? (err === undefined ? 'undefined' : Object.prototype.toString.call(err))}`;
+  return `the agent threw ${thrownValue(err)}`;
+}
+
+/** A thrown value that is no Error, in words: as JSON where JSON can show it. */
+export function thrownValue(thrown: unknown): string {
+  if (typeof thrown === 'bigint') return `the BigInt ${thrown}`;
+  if (typeof thrown === 'symbol') return `a symbol (${thrown.description ?? 'no description'})`;
+  if (typeof thrown === 'function') return 'a function';
+  if (thrown === undefined) return 'undefined';
+  try {
+    // A toJSON giving undefined writes nothing.
+    return JSON.stringify(thrown) ?? 'an object JSON shows as nothing';
+  } catch {
+    return 'an object JSON cannot show (a cycle or a BigInt in it)';
+  }
 }
 
 /** Fails the task, if it has not ended (nor been taken from the run, as `run` asks), with an agent status message saying why; null when it had. */

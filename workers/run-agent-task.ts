@@ -31,11 +31,13 @@ import { holdSecretsRead } from './secrets-read.ts';
 import { ownStoreFailure } from './agents/own-store.ts';
 
 const HISTORY = 200;
-// The most of one run's calls to Postgres (reply, setStatus, emitArtifact, readSecret) in flight at
-// once, and apart from them of its invokeFunction calls (a provider's answer may take
-// BRIDGE_TIMEOUT_MS): each holds one of the worker's 20 Postgres connections while it reads or writes
-// (a write waits there for the task's row lock). 10,000 artifacts emitted at once used to wait on the
-// pool until they timed out as Postgres out of reach, and the run was tried again, for ever.
+// The most of one run's secret reads in flight at once, and apart from them of its invokeFunction
+// calls (a provider's answer may take BRIDGE_TIMEOUT_MS): each holds one of the worker's 20 Postgres
+// connections while it reads. Its writes (reply, setStatus, emitArtifact) go one at a time, in the
+// order made: they all take the task's row lock, so more at once only raced for it, landing out of
+// order (a replaced artifact over the chunks appended after it); and 10,000 artifacts emitted at
+// once used to wait on the pool until they timed out as Postgres out of reach, and the run was tried
+// again, for ever.
 const CALLS_PER_RUN = 4;
 // How long agent runs pause, on every worker, once one meets Postgres or Redis unavailable.
 const OUTAGE_PAUSE_MS = 1000;
@@ -59,14 +61,15 @@ function finalOf(result: AgentResult | void) {
 // otherwise escape the run's failure handling: the task stayed working until job recovery.
 function readable(thrown: unknown): unknown {
   try {
-    if (typeof thrown === 'object' && thrown !== null) {
+    // A function has members (a message) and may be a proxy too.
+    if ((typeof thrown === 'object' && thrown !== null) || typeof thrown === 'function') {
       failureReason(thrown);
       void (thrown as { taskEnded?: unknown }).taskEnded;
       void (thrown instanceof Error);
     }
     return thrown;
   } catch {
-    return new Error(`the agent threw an ${typeof thrown} that could not be read`);
+    return new Error(`the agent threw ${typeof thrown === 'function' ? 'a function' : 'an object'} that could not be read`);
   }
 }
 
@@ -102,7 +105,8 @@ function agentContext(
   run: { taskId: string; messageId: string; attempt: number; state: RunState; trigger: NonNullable<RunState['trigger']>; signal: AbortSignal; log: Logger; secretsRead: Set<string> },
 ): AgentContext {
   const { taskId, messageId, attempt, state, trigger, signal, log: runLog, secretsRead } = run;
-  const inTurn = callLimit(CALLS_PER_RUN);
+  const writeInTurn = callLimit(1);
+  const readInTurn = callLimit(CALLS_PER_RUN);
   const invokeInTurn = callLimit(CALLS_PER_RUN);
   let invocations = 0;
   const history = state.history.map(({ seq: _s, ...m }) => m);
@@ -142,23 +146,23 @@ function agentContext(
     history,
     message,
     signal,
-    reply: (r) => inTurn(() => ours(async () => {
+    reply: (r) => writeInTurn(() => ours(async () => {
       const reply = agentMessage(r, 'reply');
       return (await whileActive((uow, locked) => appendMessage(uow, locked, reply, maxMessageBytes))).message;
     })),
-    setStatus: (status, r) => inTurn(() => ours(async () => {
+    setStatus: (status, r) => writeInTurn(() => ours(async () => {
       // The run's end (input-required, completed, ...) is its return value, which a status set here would pre-empt.
       if (status !== 'working') throw new InvalidRequest(`ctx.setStatus takes 'working' only, not '${String(status)}'; a run ends with its return value {status, message}`);
       const progress = r === undefined ? undefined : agentMessage(r, 'message');
       await whileActive((uow, locked) => changeStatus(uow, locked, status, maxMessageBytes, progress, messageId));
     })),
-    emitArtifact: (input) => inTurn(() => ours(async () => {
+    emitArtifact: (input) => writeInTurn(() => ours(async () => {
       const artifact = checkArtifact(input);
       const artifactId = artifact.artifactId ?? randomUUID();
       await whileActive((uow, locked) => appendArtifact(uow, locked, { ...artifact, artifactId }, services.cfg.TASK_ARTIFACTS_MAX_BYTES));
       return artifactId;
     })),
-    readSecret: (key) => inTurn(() => whileRunning(() => ours(async () => {
+    readSecret: (key) => readInTurn(() => whileRunning(() => ours(async () => {
       const value = await readSecretValue(services, lookupName(key, 'ctx.readSecret: the key', noSecretWithKey));
       // Not handed out once the run is over: its values are no longer kept for masking (secrets-read.ts).
       if (signal.aborted) throw over();

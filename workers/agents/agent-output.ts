@@ -37,21 +37,50 @@ function checkStorable(value: unknown, where: string): void {
   if (problem) throw new InvalidRequest(`Invalid ${where}: ${problem.path} ${problem.message}`, [problem]);
 }
 
-/** An agent message of a reply (reply, a status message, the run's end); throws naming what is wrong. */
-export function agentMessage(reply: Reply, where: string): { role: 'agent'; parts: Static<typeof ReplyParts>; metadata?: Record<string, unknown> } {
-  if (typeof reply === 'object' && reply !== null && !Array.isArray(reply)) {
-    checkValid(validateReplyMessage, reply, where);
-    checkStorable(reply, where);
-    return { role: 'agent', parts: reply.parts, ...(reply.metadata && Object.keys(reply.metadata).length ? { metadata: reply.metadata } : {}) };
+const readableMessage = (err: unknown): string => {
+  try {
+    return err instanceof Error && err.message ? err.message : 'a getter, proxy trap or toJSON threw';
+  } catch {
+    return 'a getter, proxy trap or toJSON threw';
   }
-  const parts = typeof reply === 'string' ? [{ type: 'text-part' as const, text: reply }] : reply;
-  checkValid(validateReply, parts, where);
-  checkStorable(parts, where);
-  return { role: 'agent', parts };
+};
+
+// What is stored is JSON.stringify's reading of a value, which is checked, not the value: a class
+// instance's toJSON (a Date's, a URL's, one of the agent's own) gives another shape than its members.
+// Checked by its members, a part whose toJSON gave null passed and was stored as null, and every
+// tasks/get of the task answered -32603 from then on.
+function asStored(value: unknown, where: string): unknown {
+  let text: string | undefined;
+  try {
+    checkStorable(value, where);
+    text = JSON.stringify(value);
+  } catch (err) {
+    if (err instanceof InvalidRequest) throw err;
+    // A getter, a proxy trap or a toJSON threw (or a cycle only a toJSON made).
+    throw new InvalidRequest(`Invalid ${where}: it could not be read as JSON (${readableMessage(err)})`);
+  }
+  if (text === undefined) throw new InvalidRequest(`Invalid ${where}: it is written as no JSON at all (a function, a symbol, undefined, or a toJSON giving one)`);
+  const stored: unknown = JSON.parse(text);
+  // A toJSON may give what its members did not have (a NUL character, nesting past 64 levels).
+  checkStorable(stored, where);
+  return stored;
 }
 
+/** An agent message of a reply (reply, a status message, the run's end) as it is stored; throws naming what is wrong. */
+export function agentMessage(reply: Reply, where: string): { role: 'agent'; parts: Static<typeof ReplyParts>; metadata?: Record<string, unknown> } {
+  const stored = asStored(typeof reply === 'string' ? [{ type: 'text-part', text: reply }] : reply, where);
+  if (typeof stored === 'object' && stored !== null && !Array.isArray(stored)) {
+    checkValid(validateReplyMessage, stored, where);
+    const { parts, metadata } = stored as Static<typeof ReplyMessage>;
+    return { role: 'agent', parts, ...(metadata && Object.keys(metadata).length ? { metadata } : {}) };
+  }
+  checkValid(validateReply, stored, where);
+  return { role: 'agent', parts: stored as Static<typeof ReplyParts> };
+}
+
+/** An artifact as it is stored; throws naming what is wrong. */
 export function checkArtifact(artifact: unknown): Artifact {
-  checkValid(validateArtifact, artifact, 'artifact');
-  checkStorable(artifact, 'artifact');
-  return artifact as Artifact;
+  const stored = asStored(artifact, 'artifact');
+  checkValid(validateArtifact, stored, 'artifact');
+  return stored as Artifact;
 }
