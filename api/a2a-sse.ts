@@ -4,7 +4,10 @@ import type { Context } from 'koa';
 import type { Logger } from '../domain/logger.ts';
 import type { RpcId } from '../domain/a2a/jsonrpc.ts';
 import { logRpcError, toJsonRpcError } from '../domain/a2a/errors.ts';
+import type { Task as A2ATask } from '@a2a-js/sdk';
 import type { TaskStream } from '../domain/a2a/methods.ts';
+import type { StreamEvent } from '../domain/a2a/events.ts';
+import { stepper } from '../domain/let-go.ts';
 import { isTerminal } from '../domain/task-states.ts';
 
 // Comment lines keep idle proxies from closing a stream that waits on a slow agent.
@@ -35,11 +38,17 @@ export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log:
   // A stream that has sent its final event, its task in an ended state, or an error has told its
   // client all there is to tell. (Not a message: the timeline's messages come mid-stream here.)
   let told = false;
+  const sendResult = async (result: A2ATask | StreamEvent) => {
+    await send({ jsonrpc: '2.0', id, result });
+    return result.kind === 'task' ? isTerminal(result.status.state) : 'final' in result && result.final === true;
+  };
+  // Stepped through rather than `for await`, which would keep the result it last sent (the
+  // snapshot, say) for as long as it waits for the next.
+  const results = stepper(stream);
   try {
-    for await (const result of stream) {
+    while (await results.more()) {
       if (gone.aborted) break;
-      await send({ jsonrpc: '2.0', id, result });
-      told = result.kind === 'task' ? isTerminal(result.status.state) : 'final' in result && result.final === true;
+      told = await sendResult(results.take());
     }
   } catch (err) {
     const error = toJsonRpcError(err);
@@ -47,6 +56,8 @@ export async function writeSse(ctx: Context, id: RpcId, stream: TaskStream, log:
     told = !gone.aborted;
     await send({ jsonrpc: '2.0', id, error });
   } finally {
+    // A loop left early (the client gone) ends the stream, as `for await` would.
+    await results.done()?.catch(() => undefined);
     clearInterval(keepalive);
     // Cut short by its key's revocation, a stream says so rather than just ending, which a client
     // takes for a dropped connection and resubscribes after. A client already gone is told nothing.

@@ -65,29 +65,41 @@ async function toEvents(db: Tx, taskId: string, contextId: string, rows: Timelin
 export async function* followTimeline(
   db: Tx, follow: TaskFollow, task: { id: string; contextId: string }, afterSeq: number, signal: AbortSignal,
 ): AsyncGenerator<StreamEvent> {
-  let after = afterSeq;
-  // A status message's item and its status-update are written together, one right after the other,
-  // so a read holds both or neither, unless the read was cut between the two (PAGE rows, 8 MiB): a
-  // message that ends a cut read waits for the next read (at once: more is there), which starts with
-  // its status-update if it has one, rather than going out alone and again inside it. A read that was
-  // not cut holds all, so nothing waits on a live stream.
-  let held: TimelineRow[] = [];
+  const cursor: Cursor = { after: afterSeq, held: [] };
+  // Read in a function of its own, and each event let go of once handed over: a stream waits for
+  // its task to move holding no page (up to 8 MiB as parsed) of what it last sent.
+  let page: Page | undefined;
+  let event: StreamEvent | undefined;
   while (!signal.aborted) {
-    const { rows, more } = await timelineSince(db, task.id, after, PAGE);
-    if (rows.length) {
-      after = rows[rows.length - 1].seq;
-      const page = [...held, ...rows];
-      held = more && page[page.length - 1].event_payload.type === 'message' ? page.splice(-1) : [];
-      for (const event of await toEvents(db, task.id, task.contextId, page)) {
-        yield event;
-        if (event.kind === 'status-update' && event.final) return;
-      }
-      if (more) continue;
-    } else if (!(await getTask(db, task.id))) {
-      // Deleted (by hand: the retention purge takes ended tasks only): no final event will come, and nothing
-      // notes a delete, so an empty read looks; the client gets -32001, not an endless stream.
-      throw new TaskNotFoundError(task.id);
+    page = await nextPage(db, task, cursor);
+    while ((event = page.events.shift())) {
+      yield event;
+      if (event.kind === 'status-update' && event.final) return;
     }
+    if (page.more) continue;
+    page = undefined;
     await follow.wait(POLL_MS, signal);
   }
+}
+
+// A status message's item and its status-update are written together, one right after the other,
+// so a read holds both or neither, unless the read was cut between the two (PAGE rows, 8 MiB): a
+// message that ends a cut read waits (`held`) for the next read (at once: more is there), which starts
+// with its status-update if it has one, rather than going out alone and again inside it. A read that
+// was not cut holds all, so nothing waits on a live stream.
+interface Cursor { after: number; held: TimelineRow[] }
+interface Page { events: StreamEvent[]; more: boolean }
+
+async function nextPage(db: Tx, task: { id: string; contextId: string }, cursor: Cursor): Promise<Page> {
+  const { rows, more } = await timelineSince(db, task.id, cursor.after, PAGE);
+  if (!rows.length) {
+    // Deleted (by hand: the retention purge takes ended tasks only): no final event will come, and nothing
+    // notes a delete, so an empty read looks; the client gets -32001, not an endless stream.
+    if (!(await getTask(db, task.id))) throw new TaskNotFoundError(task.id);
+    return { events: [], more: false };
+  }
+  cursor.after = rows[rows.length - 1].seq;
+  const read = [...cursor.held, ...rows];
+  cursor.held = more && read[read.length - 1].event_payload.type === 'message' ? read.splice(-1) : [];
+  return { events: await toEvents(db, task.id, task.contextId, read), more };
 }

@@ -1,6 +1,7 @@
 // The A2A v0.3 methods over our task domain. Params arrive validated (params.ts); everything a
 // client can name is checked here before it reaches SQL, so no input can become a 500.
 import { randomUUID } from 'node:crypto';
+import { stepper } from '../let-go.ts';
 import type { AgentCard, Message as A2AMessage, Task as A2ATask, TaskPushNotificationConfig } from '@a2a-js/sdk';
 import type { Services } from '../services.ts';
 import * as tasksRepo from '../../db/tasks.ts';
@@ -184,7 +185,7 @@ export async function streamMessage(call: A2ACall, params: MessageSendParams): P
     follow = await refollow(call, follow, id, accepted.id);
     // A retry of a send the task has settled since ends as a resubscribe to it would.
     const { retried } = accepted;
-    return taskStream(call, follow, accepted, accepted.snapshot, accepted.seq, retried?.settled ? retried.status : undefined);
+    return taskStream(call, follow, { id: accepted.id, contextId: accepted.contextId }, accepted.snapshot, accepted.seq, retried?.settled ? retried.status : undefined);
   } catch (err) {
     follow.close();
     throw err;
@@ -214,15 +215,30 @@ export async function resubscribe(call: A2ACall, params: TaskIdParams): Promise<
 
 // A task's stream: the task as it stands, then, for one settled in `settledAs`, one final status
 // event; otherwise its timeline followed after `seq`. Closes `follow` when it ends.
+// The snapshot is let go of once handed over: a stream may stay open for as long as its task runs,
+// and each holding its snapshot (up to 8 MiB of history and 16 MiB of artifacts), a key's open
+// streams on a large task could hold gigabytes of the API's memory.
 function taskStream(call: A2ACall, follow: TaskFollow, task: { id: string; contextId: string }, snapshot: A2ATask, seq: number, settledAs?: TaskState): TaskStream {
+  const settled = settledAs && statusEvent(task.id, task.contextId, settledAs, snapshot.status.timestamp!, snapshot.status.message);
+  let first: A2ATask | undefined = snapshot;
+  const handOver = () => {
+    const shown = first!;
+    first = undefined;
+    return shown;
+  };
   return (async function* () {
     try {
-      yield snapshot;
-      if (settledAs) {
-        yield statusEvent(task.id, task.contextId, settledAs, snapshot.status.timestamp!, snapshot.status.message);
+      yield handOver();
+      if (settled) {
+        yield settled;
         return;
       }
-      yield* followTimeline(call.services.db, follow, task, seq, call.signal);
+      const events = stepper(followTimeline(call.services.db, follow, task, seq, call.signal));
+      try {
+        while (await events.more()) yield events.take();
+      } finally {
+        await events.done();
+      }
     } finally {
       follow.close();
     }
