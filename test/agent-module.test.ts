@@ -146,6 +146,7 @@ describe('agent modules', () => {
       ['throw function proxy', 'the agent threw a function that could not be read'],
       ['throw function getter', 'the agent threw a function that could not be read'],
       ['throw cycle', 'the agent threw an object JSON cannot show (a cycle or a BigInt in it)'],
+      ['throw cause getter', 'the agent threw an object that could not be read'],
     ]);
     assert.ok(!stack.workers[0].logs.some((l) => l.includes('agent run failed in the runtime')), 'no failure blamed on the runtime');
   });
@@ -330,6 +331,12 @@ describe('agent modules', () => {
       assert.deepEqual(task.history.filter((m: any) => m.role === 'agent').map((m: any) => m.parts[0].text), ['first this', message], text);
       assert.equal((await rpc('tasks/get', { id: task.id })).body.result?.status.state, 'failed', text);
     }
+  });
+
+  it('a reply or message in the object form is read by its members, however the object has them (a getter of a class)', async () => {
+    const { state, message, task } = await finalOf('getter message');
+    assert.deepEqual({ state, message }, { state: 'completed', message: 'ended by a getter' });
+    assert.deepEqual(task.history.filter((m: any) => m.role === 'agent').map((m: any) => m.parts[0].text), ['said by a getter', 'ended by a getter']);
   });
 
   it("a run's writes made all at once, awaited or not, land in the order made: an artifact then the chunks appended to it, replies", async () => {

@@ -66,6 +66,7 @@ function readable(thrown: unknown): unknown {
       failureReason(thrown);
       void (thrown as { taskEnded?: unknown }).taskEnded;
       void (thrown instanceof Error);
+      ownStoreFailure(thrown);
     }
     return thrown;
   } catch {

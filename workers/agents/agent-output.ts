@@ -45,30 +45,55 @@ const readableMessage = (err: unknown): string => {
   }
 };
 
-// What is stored is JSON.stringify's reading of a value, which is checked, not the value: a class
-// instance's toJSON (a Date's, a URL's, one of the agent's own) gives another shape than its members.
-// Checked by its members, a part whose toJSON gave null passed and was stored as null, and every
-// tasks/get of the task answered -32603 from then on.
+// What is stored is JSON.stringify's reading of a value: where a value holds a toJSON (a Date's, a
+// URL's, a class's own), that reading is what is checked, as it may have another shape than the
+// members. Checked by its members, a part whose toJSON gave null passed and was stored as null, and
+// every tasks/get of the task answered -32603 from then on. Values are checked as they are first
+// (NaN, which JSON writes as null, a BigInt, a cycle, even where a toJSON would hide them), and a
+// value without a toJSON is taken as it is: its JSON is its members.
 function asStored(value: unknown, where: string): unknown {
   let text: string | undefined;
   try {
     checkStorable(value, where);
+    if (!holdsToJson(value)) return value;
     text = JSON.stringify(value);
   } catch (err) {
     if (err instanceof InvalidRequest) throw err;
     // A getter, a proxy trap or a toJSON threw (or a cycle only a toJSON made).
     throw new InvalidRequest(`Invalid ${where}: it could not be read as JSON (${readableMessage(err)})`);
   }
-  if (text === undefined) throw new InvalidRequest(`Invalid ${where}: it is written as no JSON at all (a function, a symbol, undefined, or a toJSON giving one)`);
+  if (text === undefined) throw new InvalidRequest(`Invalid ${where}: it is written as no JSON at all (a toJSON gave undefined, a function or a symbol)`);
   const stored: unknown = JSON.parse(text);
   // A toJSON may give what its members did not have (a NUL character, nesting past 64 levels).
   checkStorable(stored, where);
   return stored;
 }
 
+// Whether JSON.stringify would call a toJSON anywhere in `value` (checkStorable has bounded its size
+// and depth). A getter or trap that throws here is thrown, as JSON.stringify would.
+function holdsToJson(value: unknown): boolean {
+  const stack = [value];
+  while (stack.length) {
+    const v = stack.pop();
+    if (typeof v !== 'object' || v === null) continue;
+    if (typeof (v as { toJSON?: unknown }).toJSON === 'function') return true;
+    for (const child of Object.values(v)) stack.push(child);
+  }
+  return false;
+}
+
+// The object form's parts and metadata read as members, however the object has them (a getter of a
+// class, a prototype, a proxy), as JSON.stringify would not; the other members as JSON has them, to be
+// refused.
+function withMembersRead(reply: unknown): unknown {
+  if (typeof reply !== 'object' || reply === null || Array.isArray(reply)) return reply;
+  const { parts, metadata } = reply as { parts?: unknown; metadata?: unknown };
+  return { ...reply, parts, metadata };
+}
+
 /** An agent message of a reply (reply, a status message, the run's end) as it is stored; throws naming what is wrong. */
 export function agentMessage(reply: Reply, where: string): { role: 'agent'; parts: Static<typeof ReplyParts>; metadata?: Record<string, unknown> } {
-  const stored = asStored(typeof reply === 'string' ? [{ type: 'text-part', text: reply }] : reply, where);
+  const stored = asStored(typeof reply === 'string' ? [{ type: 'text-part', text: reply }] : withMembersRead(reply), where);
   if (typeof stored === 'object' && stored !== null && !Array.isArray(stored)) {
     checkValid(validateReplyMessage, stored, where);
     const { parts, metadata } = stored as Static<typeof ReplyMessage>;
