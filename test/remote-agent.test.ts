@@ -764,6 +764,42 @@ describe('remote A2A agent: a fleet of workers cancels a left remote task', () =
   });
 });
 
+describe('remote A2A agent: a task canceled between runs, long before the next housekeeping pass', () => {
+  let stack: Stack;
+  let remote: Awaited<ReturnType<typeof startRemoteAgent>>;
+  const executor = new RemoteExecutor();
+  const cancels: string[] = [];
+  before(async () => {
+    await resetDb();
+    const recordCancels: express.RequestHandler[] = [express.json(), (req, _res, next) => {
+      if (req.body?.method === 'tasks/cancel') cancels.push(req.body.params?.id);
+      next();
+    }];
+    remote = await startRemoteAgent(executor, true, false, true, recordCancels);
+    // JOB_RECOVERY_MS as by default: the passes come round once a minute.
+    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, JOB_RECOVERY_MS: '60000' }, { workers: 2 });
+  });
+  after(async () => {
+    await stack?.stop();
+    await remote?.close();
+  });
+
+  it('cancels the remote task of a task canceled while it waits for input within seconds, once', async () => {
+    // Before, at the next pass: up to JOB_RECOVERY_MS (a minute) of the remote going on.
+    const text = 'waiting [ask]';
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id;
+    await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'input-required', 'the task to wait for input');
+    const remoteTask = executor.received.find((r) => r.text === text)!.taskId;
+    const canceled = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/cancel', params: { id } });
+    assert.equal(canceled.body.result.status.state, 'canceled');
+    // Its run is over: the remote's server cancels the task itself (its executor is not running).
+    await waitFor(async () => cancels.includes(remoteTask) && !(await testDb()('remote_agent_tasks').where({ task_id: id }).first()), 'the remote task canceled and forgotten', 10000);
+    // Both workers were told of the cancel: one asked the remote.
+    await sleep(2500);
+    assert.deepEqual(cancels, [remoteTask]);
+  });
+});
+
 for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHistory ? '' : ' that shows no task history'}: a worker stopped before the remote named its task`, () => {
   let stack: Stack;
   let remote: Awaited<ReturnType<typeof startRemoteAgent>>;

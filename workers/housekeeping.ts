@@ -16,7 +16,9 @@ import type { HousekeepingPass } from './agents/types.ts';
 // services under one would fail it midway. A pass still running then is interrupted (the task
 // retention batch in flight rolls back) so that the worker closes within its stop budget
 // (workerStopWithinMs, which the wait is started within) rather than exiting 1 at its end.
-export function startHousekeeping(services: Services, extra: Record<string, HousekeepingPass> = {}): () => Promise<void> {
+// `soon(name)` runs one of them SOON_MS from now besides (again once it ends, if it is running), for
+// work that should not wait for the next pass.
+export function startHousekeeping(services: Services, extra: Record<string, HousekeepingPass> = {}): Housekeeping {
   const every = services.cfg.JOB_RECOVERY_MS;
   const agentRuns = new AgentRunRecovery(services);
   const expiredTasks = taskRetention(services);
@@ -31,20 +33,39 @@ export function startHousekeeping(services: Services, extra: Record<string, Hous
   };
   for (const [name, pass] of Object.entries(extra)) passes[`agent: ${name}`] = pass;
   const running = new Map<string, Promise<unknown>>();
-  const timer = setInterval(() => {
-    for (const [what, pass] of Object.entries(passes)) {
-      if (running.has(what)) continue;
-      running.set(what, pass(stopping.signal)
-        .catch((err) => {
-          const said = { err: { message: (err as Error).message }, what };
-          if (interrupt.signal.aborted) services.log.info(said, 'housekeeping pass interrupted by the shutdown; what it had not committed rolled back');
-          else services.log.warn(said, 'housekeeping pass failed; will retry');
-        })
-        .finally(() => running.delete(what)));
+  const again = new Set<string>();
+  const due = new Set<string>();
+  const run = (what: string) => {
+    if (stopping.signal.aborted) return;
+    if (running.has(what)) {
+      again.add(what);
+      return;
     }
+    running.set(what, passes[what](stopping.signal)
+      .catch((err) => {
+        const said = { err: { message: (err as Error).message }, what };
+        if (interrupt.signal.aborted) services.log.info(said, 'housekeeping pass interrupted by the shutdown; what it had not committed rolled back');
+        else services.log.warn(said, 'housekeeping pass failed; will retry');
+      })
+      .finally(() => {
+        running.delete(what);
+        if (again.delete(what)) run(what);
+      }));
+  };
+  const timer = setInterval(() => {
+    for (const what of Object.keys(passes)) if (!running.has(what)) run(what);
   }, every);
   timer.unref();
-  return async () => {
+  const soon = (name: string) => {
+    const what = `agent: ${name}`;
+    if (!passes[what] || due.has(what) || stopping.signal.aborted) return;
+    due.add(what);
+    setTimeout(() => {
+      due.delete(what);
+      run(what);
+    }, SOON_MS).unref();
+  };
+  const stop = async () => {
     clearInterval(timer);
     stopping.abort();
     if (!running.size) return;
@@ -58,4 +79,15 @@ export function startHousekeeping(services: Services, extra: Record<string, Hous
     // the services' close would wait for a statement in flight anyway.
     await ended;
   };
+  return { stop, soon };
 }
+
+export interface Housekeeping {
+  stop(): Promise<void>;
+  /** Runs the agent's pass of that name SOON_MS from now, besides its turns (once however often asked meanwhile). */
+  soon(name: string): void;
+}
+
+// A run of the canceled task going on elsewhere ends its remote task itself, mostly within this; one
+// canceled twice is no harm (the second cancel finds it ended, and its row is forgotten).
+const SOON_MS = 2000;

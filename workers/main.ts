@@ -40,7 +40,10 @@ services.outbox.startSweeper();
 logCrashesMasked(log);
 
 const cancels = new CancelRegistry();
-const stopWatchingCancels = await watchCancels(services, cancels);
+// A task ended with no run of it here: the agent's passes for ended tasks run soon (the remote
+// agent's cancel of the remote task, which a run would have done), not at their next turn.
+let afterCancel = () => {};
+const stopWatchingCancels = await watchCancels(services, cancels, () => afterCancel());
 // Four marks within the age recovery waits for before it takes a working task's run for lost.
 const stopRunHeartbeat = startRunHeartbeat(services, cancels, cfg.JOB_RECOVERY_MS / 4);
 
@@ -84,7 +87,8 @@ const keyJobsWorker = new Worker<JobPayloads['key-jobs']>('key-jobs', wrapped('k
   concurrency: concurrency['key-jobs'],
 });
 keyJobsWorker.on('failed', onKeyJobFailed(services));
-const stopHousekeeping = startHousekeeping(services, agent.housekeeping);
+const housekeeping = startHousekeeping(services, agent.housekeeping);
+afterCancel = () => { for (const name of agent.afterCancel ?? []) housekeeping.soon(name); };
 
 const pushWorker = new Worker<JobPayloads['push-notifications']>('push-notifications', wrapped('push-notifications', createPushDeliveryProcessor(services)), {
   ...common,
@@ -143,7 +147,7 @@ async function shutdown(signal: string) {
   // expire (WORKER_LOCK_MS).
   const closeWithinMs = workerStopWithinMs(cfg);
   exitIfNotStoppedWithin(closeWithinMs, () => log.error({ after_ms: closeWithinMs }, 'worker could not close its queues in time (Redis unreachable?); exiting: its jobs are taken over once their locks expire'));
-  const housekeepingStopped = stopHousekeeping();
+  const housekeepingStopped = housekeeping.stop();
   stopRefreshScheduler();
   await Promise.allSettled(workers.map((w) => w.close()));
   clearTimeout(grace);

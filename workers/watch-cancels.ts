@@ -31,10 +31,13 @@ async function checkRuns(services: Pick<Services, 'db' | 'log'>, cancels: Cancel
   }
 }
 
-export async function watchCancels(services: Pick<Services, 'db' | 'bus' | 'log'>, cancels: CancelRegistry): Promise<() => Promise<void>> {
+/** `elsewhere`: told of a task ended with no run of it in this process (a run elsewhere, or none going). */
+export async function watchCancels(services: Pick<Services, 'db' | 'bus' | 'log'>, cancels: CancelRegistry, elsewhere: () => void): Promise<() => Promise<void>> {
   const { bus, log } = services;
   const unsubscribe = await bus.subscribe(TASK_CANCELED, (msg) => {
-    if (typeof msg.task_id === 'string' && cancels.cancel(msg.task_id)) log.info({ task_id: msg.task_id, status: 'canceled' }, 'agent run aborted: task canceled');
+    if (typeof msg.task_id !== 'string') return;
+    if (cancels.cancel(msg.task_id)) log.info({ task_id: msg.task_id, status: 'canceled' }, 'agent run aborted: task canceled');
+    else elsewhere();
   });
 
   let checking = false;

@@ -410,7 +410,13 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       link.abort();
     }
   }
-  return { handler, housekeeping: { 'remote tasks of canceled or failed tasks': (stopping) => cancelLeftRemoteTasks(connect, db, log, withoutKey, stopping) } };
+  const leftRemoteTasks = 'remote tasks of canceled or failed tasks';
+  return {
+    handler,
+    housekeeping: { [leftRemoteTasks]: (stopping) => cancelLeftRemoteTasks(connect, db, log, withoutKey, stopping) },
+    // A task canceled between runs (waiting for input, or for a retry) has its remote task canceled in seconds.
+    afterCancel: [leftRemoteTasks],
+  };
 }
 
 // Cancels the remote tasks of local tasks canceled with no run going, or failed after the remote's

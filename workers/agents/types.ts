@@ -53,6 +53,8 @@ export type HousekeepingPass = (stopping: AbortSignal) => Promise<unknown>;
 export interface Agent {
   handler: AgentHandler;
   housekeeping?: Record<string, HousekeepingPass>;
+  /** Of those, the ones a worker runs soon after a task ends with no run of it in the worker. */
+  afterCancel?: string[];
 }
 
 export function textOf(message: Message): string {
