@@ -9,7 +9,7 @@ import * as timeline from '../db/timeline.ts';
 import { artifactBytes, lastTimelineSeq } from '../db/timeline-views.ts';
 import type { CreateMessageRequest, CreateTaskRequest, Message, Task, TimelineItem } from './shapes/task.ts';
 import { Conflict, NotFound, PayloadTooLarge } from './errors.ts';
-import { assertProgressMessage, assertTransition, isInterrupted, isTerminal, RUN_STARTS_FROM, type TaskState } from './task-states.ts';
+import { assertProgressMessage, assertTransition, INTERRUPTED_STATES, isInterrupted, isTerminal, RUN_STARTS_FROM, TERMINAL_STATES, type TaskState } from './task-states.ts';
 import { afterCommit, inTransaction, type UnitOfWork, type UowServices } from './unit-of-work.ts';
 import { newOutboxRow, type OutboxRow } from '../db/outbox.ts';
 import { sameAsStored } from './storable-json.ts';
@@ -224,9 +224,11 @@ export interface CreatedTask { task: Task; message: Message; lastSeq: number; re
 // A message to a task that repeats one the task holds (the same sender id, role, parts, metadata,
 // extensions and reference ids) is that send again, from a client whose answer was lost: nothing is
 // stored, it is answered with the original. `settled`: the task is terminal or waits for input again
-// since the original came (nothing more will come of it); else what the original started is still
-// to come. Senders may reuse an id for other content: that is a new message.
-export interface Retried { status: TaskState; settled: boolean }
+// since the original came (nothing more will come of it). `turnEnded`: it has been so at some time
+// since, whatever it is now (a later message may have started another run): what the original
+// started has ended; else it is still to come. Senders may reuse an id for other content: that is a
+// new message.
+export interface Retried { status: TaskState; settled: boolean; turnEnded: boolean }
 
 // How a task stands for a retry of `original`: its item, whether the task has settled since, and
 // the task's newest item (where a follower continues). Read in one view of the task: under its row
@@ -235,7 +237,8 @@ async function retryState(trx: Tx, task: tasks.TaskRow, original: Pick<Message, 
   const item = await timeline.messageItem(trx, task.id, original);
   if (!item) return undefined;
   const settled = (isTerminal(task.status) || isInterrupted(task.status)) && await timeline.statusChangedAfter(trx, task.id, item.seq);
-  const retried: Retried = { status: task.status, settled };
+  const turnEnded = settled || await timeline.statusReachedAfter(trx, task.id, item.seq, [...TERMINAL_STATES, ...INTERRUPTED_STATES]);
+  const retried: Retried = { status: task.status, settled, turnEnded };
   return { item, seq: await lastTimelineSeq(trx, task.id), retried };
 }
 

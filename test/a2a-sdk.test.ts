@@ -9,7 +9,7 @@ import * as v1 from 'a2a-sdk-v1/client';
 import * as v1errors from 'a2a-sdk-v1/errors';
 import { Role, TaskState, type Part as V1Part } from 'a2a-sdk-v1';
 import { freePort } from '../scripts/local-services.ts';
-import { ADMIN_KEY, resetDb, startStack, testDb, type Stack } from './helpers/stack.ts';
+import { ADMIN_KEY, resetDb, startStack, testDb, waitFor, type Stack } from './helpers/stack.ts';
 
 // Both clients take a fetch implementation: this one adds our bearer key.
 const authFetch: typeof fetch = (input, init) => {
@@ -138,6 +138,21 @@ describe('A2A with the real SDK clients', () => {
         assert.deepEqual(await userTexts(first.id), ['[input] retry pending', 'the answer']);
         const runs = await testDb()('timeline_items').where({ task_id: first.id }).whereRaw(`event_payload->>'status' = 'working'`).count({ n: '*' });
         assert.equal(Number(runs[0].n), 2, 'one run for the first message, one for the answer');
+      });
+
+      it('after the task asked for input again and a later message started another run answers at once with the task as it stands', async () => {
+        // Before, a blocking retry waited for the later message's run to end (or A2A_BLOCKING_TIMEOUT_MS):
+        // the task was not settled now, so the original's turn was taken to be still to come.
+        const first = await waiting('retry moved on');
+        const answer = userMessage('[input] once more', { taskId: first.id });
+        assert.equal(((await client.sendMessage({ message: answer })) as Task).status.state, 'input-required');
+        const later = await client.sendMessage({ message: userMessage('[sleep 8000] later', { taskId: first.id }), configuration: { blocking: false } }) as Task;
+        assert.equal(later.id, first.id);
+        await waitFor(async () => (await client.getTask({ id: first.id })).status.state === 'working', 'the later run to start');
+        const retried = await client.sendMessage({ message: answer }) as Task;
+        assert.equal(retried.status.state, 'working');
+        assert.deepEqual(await userTexts(first.id), ['[input] retry moved on', '[input] once more', '[sleep 8000] later']);
+        await client.cancelTask({ id: first.id });
       });
 
       it('after the task ended returns the ended task (blocking or not), not -32600, storing nothing', async () => {

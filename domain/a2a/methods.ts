@@ -164,8 +164,9 @@ export async function sendMessage(call: A2ACall, params: MessageSendParams): Pro
     // A new task is followed from its start: its first rows are read once, nothing is lost.
     const accepted = await accept(call, params, { newId: id, needSeq: false });
     follow = await refollow(call, follow, id, accepted.id);
-    // A retry of a send the task has settled since has nothing more to wait for.
-    if (!accepted.retried?.settled) {
+    // A retry of a send whose turn has ended since (the task settled, and may have moved on to a
+    // later message's run) has nothing more to wait for.
+    if (!accepted.retried?.turnEnded) {
       for await (const _event of followTimeline(services.db, follow, accepted, accepted.seq, deadline)) { /* drain to the final event */ }
     }
     return await loadA2ATask(services.db, accepted.id, historyLength);
