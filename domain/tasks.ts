@@ -237,7 +237,11 @@ async function retryState(trx: Tx, task: tasks.TaskRow, original: Pick<Message, 
   const item = await timeline.messageItem(trx, task.id, original);
   if (!item) return undefined;
   const settled = (isTerminal(task.status) || isInterrupted(task.status)) && await timeline.statusChangedAfter(trx, task.id, item.seq);
-  const turnEnded = settled || await timeline.statusReachedAfter(trx, task.id, item.seq, [...TERMINAL_STATES, ...INTERRUPTED_STATES]);
+  // Read only for a task working under another message's run (or a client's): under the original's
+  // own, or not started, its turn has not ended, and the read would walk the run's items (under the
+  // task's lock).
+  const turnEnded = settled || (task.status === 'working' && task.run_message_id !== original.id
+    && await timeline.statusReachedAfter(trx, task.id, item.seq, [...TERMINAL_STATES, ...INTERRUPTED_STATES]));
   const retried: Retried = { status: task.status, settled, turnEnded };
   return { item, seq: await lastTimelineSeq(trx, task.id), retried };
 }

@@ -324,6 +324,7 @@ describe('agent modules', () => {
       ['tojson artifact', 'Invalid artifact: artifact.parts.0.kind is required'],
       ['tojson metadata', 'Invalid message: message.metadata must be object'],
       ['tojson throws', 'Invalid reply: it could not be read as JSON (no JSON for you)'],
+      ['getter part', 'Invalid reply: reply.0.type is required'],
     ];
     for (const [text, why] of cases) {
       const { state, message, task } = await finalOf(text);

@@ -785,7 +785,7 @@ describe('remote A2A agent: a task canceled between runs, long before the next h
   });
 
   it('cancels the remote task of a task canceled while it waits for input within seconds, once', async () => {
-    // Before, at the next pass: up to JOB_RECOVERY_MS (a minute) of the remote going on.
+    // Before, at the next pass: up to JOB_RECOVERY_MS (a minute) of the remote going on; now 6 s after the cancel.
     const text = 'waiting [ask]';
     const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id;
     await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'input-required', 'the task to wait for input');
@@ -793,9 +793,9 @@ describe('remote A2A agent: a task canceled between runs, long before the next h
     const canceled = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/cancel', params: { id } });
     assert.equal(canceled.body.result.status.state, 'canceled');
     // Its run is over: the remote's server cancels the task itself (its executor is not running).
-    await waitFor(async () => cancels.includes(remoteTask) && !(await testDb()('remote_agent_tasks').where({ task_id: id }).first()), 'the remote task canceled and forgotten', 10000);
+    await waitFor(async () => cancels.includes(remoteTask) && !(await testDb()('remote_agent_tasks').where({ task_id: id }).first()), 'the remote task canceled and forgotten', 20000);
     // Both workers were told of the cancel: one asked the remote.
-    await sleep(2500);
+    await sleep(3000);
     assert.deepEqual(cancels, [remoteTask]);
   });
 });

@@ -88,6 +88,6 @@ export interface Housekeeping {
   soon(name: string): void;
 }
 
-// A run of the canceled task going on elsewhere ends its remote task itself, mostly within this; one
-// canceled twice is no harm (the second cancel finds it ended, and its row is forgotten).
-const SOON_MS = 2000;
+// A run of the canceled task going on elsewhere ends its remote task itself within this (the remote
+// agent's cancel call takes 5 s at most) and forgets its row, so the pass does not ask again.
+const SOON_MS = 6000;

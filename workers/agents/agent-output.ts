@@ -45,17 +45,18 @@ const readableMessage = (err: unknown): string => {
   }
 };
 
-// What is stored is JSON.stringify's reading of a value: where a value holds a toJSON (a Date's, a
-// URL's, a class's own), that reading is what is checked, as it may have another shape than the
-// members. Checked by its members, a part whose toJSON gave null passed and was stored as null, and
-// every tasks/get of the task answered -32603 from then on. Values are checked as they are first
-// (NaN, which JSON writes as null, a BigInt, a cycle, even where a toJSON would hide them), and a
-// value without a toJSON is taken as it is: its JSON is its members.
-function asStored(value: unknown, where: string): unknown {
+// What is stored is JSON.stringify's reading of a value, so that reading is what is checked, not the
+// value: a class instance's toJSON (a Date's, a URL's, one of the agent's own) and its getters (which
+// JSON.stringify does not read on a prototype) give another shape than its members as read. Checked by
+// its members, a part whose toJSON gave null, or whose members were getters, passed and was stored as
+// null or {}, and every tasks/get of the task answered -32603 from then on. Values are checked as they
+// are first (NaN, which JSON writes as null, a BigInt, a cycle, even where a toJSON would hide them).
+// `read` gives the value: reading it may throw too (a getter, a proxy trap).
+function asStored(read: () => unknown, where: string): unknown {
   let text: string | undefined;
   try {
+    const value = read();
     checkStorable(value, where);
-    if (!holdsToJson(value)) return value;
     text = JSON.stringify(value);
   } catch (err) {
     if (err instanceof InvalidRequest) throw err;
@@ -64,22 +65,9 @@ function asStored(value: unknown, where: string): unknown {
   }
   if (text === undefined) throw new InvalidRequest(`Invalid ${where}: it is written as no JSON at all (a toJSON gave undefined, a function or a symbol)`);
   const stored: unknown = JSON.parse(text);
-  // A toJSON may give what its members did not have (a NUL character, nesting past 64 levels).
+  // A toJSON or a getter may give what the first read did not (a NUL character, nesting past 64 levels).
   checkStorable(stored, where);
   return stored;
-}
-
-// Whether JSON.stringify would call a toJSON anywhere in `value` (checkStorable has bounded its size
-// and depth). A getter or trap that throws here is thrown, as JSON.stringify would.
-function holdsToJson(value: unknown): boolean {
-  const stack = [value];
-  while (stack.length) {
-    const v = stack.pop();
-    if (typeof v !== 'object' || v === null) continue;
-    if (typeof (v as { toJSON?: unknown }).toJSON === 'function') return true;
-    for (const child of Object.values(v)) stack.push(child);
-  }
-  return false;
 }
 
 // The object form's parts and metadata read as members, however the object has them (a getter of a
@@ -93,7 +81,7 @@ function withMembersRead(reply: unknown): unknown {
 
 /** An agent message of a reply (reply, a status message, the run's end) as it is stored; throws naming what is wrong. */
 export function agentMessage(reply: Reply, where: string): { role: 'agent'; parts: Static<typeof ReplyParts>; metadata?: Record<string, unknown> } {
-  const stored = asStored(typeof reply === 'string' ? [{ type: 'text-part', text: reply }] : withMembersRead(reply), where);
+  const stored = asStored(() => (typeof reply === 'string' ? [{ type: 'text-part', text: reply }] : withMembersRead(reply)), where);
   if (typeof stored === 'object' && stored !== null && !Array.isArray(stored)) {
     checkValid(validateReplyMessage, stored, where);
     const { parts, metadata } = stored as Static<typeof ReplyMessage>;
@@ -105,7 +93,7 @@ export function agentMessage(reply: Reply, where: string): { role: 'agent'; part
 
 /** An artifact as it is stored; throws naming what is wrong. */
 export function checkArtifact(artifact: unknown): Artifact {
-  const stored = asStored(artifact, 'artifact');
+  const stored = asStored(() => artifact, 'artifact');
   checkValid(validateArtifact, stored, 'artifact');
   return stored as Artifact;
 }
