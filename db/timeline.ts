@@ -40,18 +40,12 @@ export async function messageItem(db: Tx, taskId: string, message: { id: string;
     .whereRaw(`event_payload->>'type' = 'message' and event_payload->'message'->>'id' = ?`, [message.id]).first();
 }
 
-// Whether a task's status became one of `states` after timeline seq `seq`, read as statusChangedAfter reads.
-export async function statusReachedAfter(db: Tx, taskId: string, seq: number, states: readonly string[]): Promise<boolean> {
-  const row = await db('timeline_items').where({ task_id: taskId }).where('seq', '>', seq)
-    .whereRaw(`event_payload->>'type' = 'task-status-update' and event_payload->>'status' in (${states.map(() => '?').join(', ')})`, [...states])
-    .orderBy('seq').select(db.raw('1')).first();
-  return row !== undefined;
-}
-
-// Whether a task's status changed after timeline seq `seq`. Read in seq order: unordered, the
-// planner took a status update of a task with many items to be near anywhere and scanned the table.
-export async function statusChangedAfter(db: Tx, taskId: string, seq: number): Promise<boolean> {
-  const row = await db('timeline_items').where({ task_id: taskId }).where('seq', '>', seq)
-    .whereRaw(`event_payload->>'type' = 'task-status-update'`).orderBy('seq').select(db.raw('1')).first();
+// Whether a task's status changed after timeline seq `seq` (to one of `states`, when given). Read in
+// seq order: unordered, the planner took a status update of a task with many items to be near
+// anywhere and scanned the table.
+export async function statusChangedAfter(db: Tx, taskId: string, seq: number, states?: readonly string[]): Promise<boolean> {
+  const q = db('timeline_items').where({ task_id: taskId }).where('seq', '>', seq).whereRaw(`event_payload->>'type' = 'task-status-update'`);
+  if (states) q.whereRaw(`event_payload->>'status' in (${states.map(() => '?').join(', ')})`, [...states]);
+  const row = await q.orderBy('seq').select(db.raw('1')).first();
   return row !== undefined;
 }

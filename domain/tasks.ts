@@ -241,7 +241,7 @@ async function retryState(trx: Tx, task: tasks.TaskRow, original: Pick<Message, 
   // own, or not started, its turn has not ended, and the read would walk the run's items (under the
   // task's lock).
   const turnEnded = settled || (task.status === 'working' && task.run_message_id !== original.id
-    && await timeline.statusReachedAfter(trx, task.id, item.seq, [...TERMINAL_STATES, ...INTERRUPTED_STATES]));
+    && await timeline.statusChangedAfter(trx, task.id, item.seq, [...TERMINAL_STATES, ...INTERRUPTED_STATES]));
   const retried: Retried = { status: task.status, settled, turnEnded };
   return { item, seq: await lastTimelineSeq(trx, task.id), retried };
 }

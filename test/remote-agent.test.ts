@@ -729,35 +729,49 @@ describe("remote A2A agent: where AGENT_REMOTE_API_KEY is sent", () => {
   });
 });
 
-describe('remote A2A agent: a fleet of workers cancels a left remote task', () => {
-  let stack: Stack;
-  let remote: Awaited<ReturnType<typeof startRemoteAgent>>;
+// A remote agent that notes each task it is asked to cancel (and answers after `delayMs`), and a
+// stack of `workers` on it with `env`; `waitingTaskCanceled` makes a task that waits for input,
+// cancels it with `cancel`, and waits for its remote task to be canceled and forgotten.
+function useCancelCountingRemote(env: Record<string, string>, workers: number, delayMs = 0) {
   const executor = new RemoteExecutor();
   const cancels: string[] = [];
+  const on = {} as { stack: Stack; remote: Awaited<ReturnType<typeof startRemoteAgent>> };
   before(async () => {
     await resetDb();
-    // The remote takes 1.5 s to answer a cancel: the housekeeping pass of every worker (every
-    // 300 ms) comes round while the first cancel is still under way.
-    const slowCancels: express.RequestHandler[] = [express.json(), (req, _res, next) => {
+    const countCancels: express.RequestHandler[] = [express.json(), (req, _res, next) => {
       if (req.body?.method !== 'tasks/cancel') return next();
       cancels.push(req.body.params?.id);
-      setTimeout(next, 1500);
+      setTimeout(next, delayMs);
     }];
-    remote = await startRemoteAgent(executor, true, false, true, slowCancels);
-    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, JOB_RECOVERY_MS: '300' }, { workers: 3 });
+    on.remote = await startRemoteAgent(executor, true, false, true, countCancels);
+    on.stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: on.remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, ...env }, { workers });
   });
   after(async () => {
-    await stack?.stop();
-    await remote?.close();
+    await on.stack?.stop();
+    await on.remote?.close();
   });
-
-  it('asks the remote once, whichever worker takes it', async () => {
-    const text = 'left behind [ask]';
+  const waitingTaskCanceled = async (text: string, cancel: (id: string) => Promise<void>, withinMs: number) => {
+    const { stack } = on;
     const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id;
     await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'input-required', 'the task to wait for input');
     const remoteTask = executor.received.find((r) => r.text === text)!.taskId;
-    assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'canceled' })).status, 200);
-    await waitFor(async () => !(await testDb()('remote_agent_tasks').where({ task_id: id }).first()), 'the remote task to be canceled and forgotten', 15000);
+    await cancel(id);
+    // Its run is over: the remote's server cancels the task itself (its executor is not running).
+    await waitFor(async () => cancels.includes(remoteTask) && !(await testDb()('remote_agent_tasks').where({ task_id: id }).first()), 'the remote task canceled and forgotten', withinMs);
+    return remoteTask;
+  };
+  return { on, cancels, waitingTaskCanceled };
+}
+
+describe('remote A2A agent: a fleet of workers cancels a left remote task', () => {
+  // The remote takes 1.5 s to answer a cancel: the housekeeping pass of every worker (every
+  // 300 ms) comes round while the first cancel is still under way.
+  const { on, cancels, waitingTaskCanceled } = useCancelCountingRemote({ JOB_RECOVERY_MS: '300' }, 3, 1500);
+
+  it('asks the remote once, whichever worker takes it', async () => {
+    const remoteTask = await waitingTaskCanceled('left behind [ask]', async (id) => {
+      assert.equal((await on.stack.client.put(`/api/task/v1/${id}`, { status: 'canceled' })).status, 200);
+    }, 15000);
     // A few more passes of every worker: none asks again.
     await sleep(1000);
     assert.deepEqual(cancels, [remoteTask]);
@@ -765,35 +779,15 @@ describe('remote A2A agent: a fleet of workers cancels a left remote task', () =
 });
 
 describe('remote A2A agent: a task canceled between runs, long before the next housekeeping pass', () => {
-  let stack: Stack;
-  let remote: Awaited<ReturnType<typeof startRemoteAgent>>;
-  const executor = new RemoteExecutor();
-  const cancels: string[] = [];
-  before(async () => {
-    await resetDb();
-    const recordCancels: express.RequestHandler[] = [express.json(), (req, _res, next) => {
-      if (req.body?.method === 'tasks/cancel') cancels.push(req.body.params?.id);
-      next();
-    }];
-    remote = await startRemoteAgent(executor, true, false, true, recordCancels);
-    // JOB_RECOVERY_MS as by default: the passes come round once a minute.
-    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, JOB_RECOVERY_MS: '60000' }, { workers: 2 });
-  });
-  after(async () => {
-    await stack?.stop();
-    await remote?.close();
-  });
+  // JOB_RECOVERY_MS as by default: the passes come round once a minute.
+  const { on, cancels, waitingTaskCanceled } = useCancelCountingRemote({ JOB_RECOVERY_MS: '60000' }, 2);
 
   it('cancels the remote task of a task canceled while it waits for input within seconds, once', async () => {
     // Before, at the next pass: up to JOB_RECOVERY_MS (a minute) of the remote going on; now 6 s after the cancel.
-    const text = 'waiting [ask]';
-    const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id;
-    await waitFor(async () => (await stack.client.get(`/api/task/v1/${id}`)).body.task.status === 'input-required', 'the task to wait for input');
-    const remoteTask = executor.received.find((r) => r.text === text)!.taskId;
-    const canceled = await stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/cancel', params: { id } });
-    assert.equal(canceled.body.result.status.state, 'canceled');
-    // Its run is over: the remote's server cancels the task itself (its executor is not running).
-    await waitFor(async () => cancels.includes(remoteTask) && !(await testDb()('remote_agent_tasks').where({ task_id: id }).first()), 'the remote task canceled and forgotten', 20000);
+    const remoteTask = await waitingTaskCanceled('waiting [ask]', async (id) => {
+      const canceled = await on.stack.client.post('/api/a2a/v1', { jsonrpc: '2.0', id: 1, method: 'tasks/cancel', params: { id } });
+      assert.equal(canceled.body.result.status.state, 'canceled');
+    }, 20000);
     // Both workers were told of the cancel: one asked the remote.
     await sleep(3000);
     assert.deepEqual(cancels, [remoteTask]);
