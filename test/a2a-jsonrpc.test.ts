@@ -123,6 +123,19 @@ describe('A2A JSON-RPC endpoint', () => {
       assert.equal(proto.body.error.code, -32601);
     });
 
+    it('a query string on the endpoint URL (a tracing or cache-busting parameter) changes nothing: JSON-RPC answers, HTTP 200', async () => {
+      const unknown = randomUUID();
+      const res = await fetch(`${stack.api.url}${A2A}?trace=1&v=0.3`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, body: JSON.stringify({ jsonrpc: '2.0', id: 'q-1', method: 'tasks/get', params: { id: unknown } }) });
+      assert.equal(res.status, 200);
+      const body = await res.json() as { id: unknown; error?: { code: number } };
+      assert.deepEqual([body.id, body.error?.code], ['q-1', -32001]);
+      const sent = await fetch(`${stack.api.url}${A2A}?x`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, body: JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'message/send', params: { message: userMessage('hello'), configuration: { blocking: false } } }) });
+      assert.equal(sent.status, 200);
+      const task = ((await sent.json()) as { result: { kind: string; id: string } }).result;
+      assert.equal(task.kind, 'task');
+      assert.ok(await testDb()('tasks').where({ id: task.id }).first());
+    });
+
     it('an unknown method is named as MCP names it: in full when short, a long one by its start and length, control characters escaped', async () => {
       for (const [method, message] of [
         ['tasks/explode', 'Method not found: tasks/explode'],

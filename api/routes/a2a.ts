@@ -37,6 +37,9 @@ const cardRoute = (path: string, operationId: string) => defineRoute({
 export const a2aRoutes = [
   defineRoute({
     method: 'post', path: A2A_PATH, operationId: 'a2a-jsonrpc', tag, scope: 'a2a', ownBody: A2ARequest,
+    // Ignored, not refused: JSON-RPC clients answer only JSON-RPC, and a URL may carry a tracing or
+    // cache-busting parameter (or the card's url one) that a REST 400 would turn into a broken client.
+    query: AnyQuery,
     summary: 'A2A v0.3 JSON-RPC 2.0: message/send, message/stream (SSE), tasks/get, tasks/cancel, tasks/resubscribe (SSE), tasks/pushNotificationConfig/*, agent/getAuthenticatedExtendedCard',
     responses: { 200: JsonRpcResponse, 401: ErrorBody, 403: ErrorBody, 413: ErrorBody, 415: ErrorBody },
     moreResponseTypes: { 'text/event-stream': JsonRpcEventStream },
