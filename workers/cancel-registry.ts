@@ -3,17 +3,44 @@
 // take of its job (the task's run_attempt) it holds the task under.
 export interface RunningRun { taskId: string; messageId: string; attempt: number }
 
+// How long a note of a task's end that found no run here is kept for a run registering late.
+const ENDED_NOTE_MS = 10_000;
+
 export class CancelRegistry {
   private runs = new Map<string, { controller: AbortController; messageId: string; attempt: number; since: number }>();
   // Set by abortAll: a run that registers later (its start was still waiting on Postgres when the
   // shutdown's grace period ended) is handed back at once too, not left running past the shutdown.
   private shutdown?: Error;
+  // Tasks whose end was noted while no run of theirs was here, oldest first. A run that started
+  // just before the end and registers just after it is aborted as it registers, not at the next
+  // check in Postgres (up to half a second of calls its agent should not make). An ended task takes
+  // no new run, so a note can only be about a run that started before it.
+  private endedNotes = new Map<string, number>();
 
   register(taskId: string, messageId: string, attempt: number): AbortController {
     const controller = new AbortController();
     if (this.shutdown) controller.abort(this.shutdown);
+    else if (this.endedLately(taskId)) controller.abort(new Error('task canceled'));
     this.runs.set(taskId, { controller, messageId, attempt, since: Date.now() });
     return controller;
+  }
+
+  /** Aborts the task's run, as `cancel` does, or, with none here yet, the run that registers for it soon; false when there was none. */
+  taskEnded(taskId: string): boolean {
+    if (this.cancel(taskId)) return true;
+    const now = Date.now();
+    for (const [id, at] of this.endedNotes) {
+      if (at > now - ENDED_NOTE_MS) break;
+      this.endedNotes.delete(id);
+    }
+    this.endedNotes.delete(taskId);
+    this.endedNotes.set(taskId, now);
+    return false;
+  }
+
+  private endedLately(taskId: string): boolean {
+    const at = this.endedNotes.get(taskId);
+    return at !== undefined && at > Date.now() - ENDED_NOTE_MS;
   }
 
   release(taskId: string, c: AbortController): void {

@@ -277,9 +277,14 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
     }
     const controller = cancels.register(taskId, messageId, attempt);
     // Registered after a shutdown aborted every run (its start waited on Postgres meanwhile): handed
-    // back before its agent starts, not started only to be waited for.
+    // back before its agent starts, not started only to be waited for. Registered after its task's
+    // end was noted (a cancel committed since the start): its agent is not started.
     if (controller.signal.aborted) {
       cancels.release(taskId, controller);
+      if (!(controller.signal.reason as { shutdown?: boolean }).shutdown) {
+        log.info({ task_id: taskId }, 'agent run aborted before its agent started: task canceled');
+        return 'task changed before start';
+      }
       await job.moveToWait(token);
       throw new WaitingError();
     }

@@ -1,8 +1,8 @@
 // Aborts the runs of this process whose task has ended elsewhere (canceled through the API, failed
 // by job recovery). A note on Redis does it at once; a check in Postgres every CHECK_MS catches the
 // notes that never came (Redis down or reconnecting when the task ended, an API process gone between
-// its commit and the note, or a note that came before the run registered), so a run learns of its
-// task's end within about a second either way. The
+// its commit and the note), so a run learns of its task's end within about a second either way; a
+// note that came before its run registered is kept for it (cancel-registry.ts). The
 // check also aborts a run whose task is no longer working under it: a client set it waiting for
 // input (and may have answered, so that another run, on any worker, has it), and a run whose job was
 // taken again (its worker stalled past the job's lock) by another worker, which holds the task now.
@@ -36,7 +36,7 @@ export async function watchCancels(services: Pick<Services, 'db' | 'bus' | 'log'
   const { bus, log } = services;
   const unsubscribe = await bus.subscribe(TASK_CANCELED, (msg) => {
     if (typeof msg.task_id !== 'string') return;
-    if (cancels.cancel(msg.task_id)) log.info({ task_id: msg.task_id, status: 'canceled' }, 'agent run aborted: task canceled');
+    if (cancels.taskEnded(msg.task_id)) log.info({ task_id: msg.task_id, status: 'canceled' }, 'agent run aborted: task canceled');
     else elsewhere();
   });
 
