@@ -203,6 +203,10 @@ describe('A2A JSON-RPC endpoint', () => {
         // Its params may be left out, null or an object: said once, not as each branch of a union and ajv's anyOf.
         ['agent/getAuthenticatedExtendedCard', [], /^Invalid params: params must be object or null$/],
         ['tasks/pushNotificationConfig/set', { taskId: randomUUID() }, /pushNotificationConfig is required/],
+        // A misspelt token or credentials was dropped in silence: the webhook got posts without them.
+        ['message/send', { message: userMessage('x'), configuration: { blocking: false, pushNotificationConfig: { url: 'https://example.com/hook', tokn: 'secret-1' } } }, /^Invalid params: params\.configuration\.pushNotificationConfig\.tokn is not an allowed member$/],
+        ['tasks/pushNotificationConfig/set', { taskId: randomUUID(), pushNotificationConfig: { url: 'https://example.com/hook', authentcation: { schemes: ['Bearer'], credentials: 'c' } } }, /^Invalid params: params\.pushNotificationConfig\.authentcation is not an allowed member$/],
+        ['tasks/pushNotificationConfig/set', { taskId: randomUUID(), pushNotificationConfig: { url: 'https://example.com/hook', authentication: { schemes: ['Bearer'], credential: 'c' } } }, /^Invalid params: params\.pushNotificationConfig\.authentication\.credential is not an allowed member$/],
         // A webhook host no resolver takes (over 255 characters) is the caller's to mend: it was -32603 "retry shortly".
         ['message/send', { message: userMessage('x'), configuration: { blocking: false, pushNotificationConfig: { url: `https://x.${'a'.repeat(300)}.com/hook` } } }, /^Push notification URL host 'x\.a+\.com' cannot be resolved \(EINVAL\)$/],
       ];

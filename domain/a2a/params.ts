@@ -1,7 +1,9 @@
 // Schemas of each A2A v0.3 method's params, compiled once with ajv (and of the request id, for the
 // OpenAPI document's request body: jsonrpc.ts).
 // Objects allow unknown members (A2A is extended by adding fields), but every known member is
-// checked as strictly as the REST API checks the same data (domain/shapes/task.ts).
+// checked as strictly as the REST API checks the same data (domain/shapes/task.ts). A push config
+// and its authentication are closed: a misspelt `token` or `credentials` would otherwise be dropped
+// in silence, and the webhook posted to without what the client meant it to check.
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import type { ErrorObject } from 'ajv';
 import { A2AError, JSONRPC } from './errors.ts';
@@ -54,8 +56,8 @@ export const PushNotificationConfig = Type.Object({
   url: Type.String({ minLength: 1 }),
   id: Type.Optional(PushConfigId),
   token: Type.Optional(Type.String()),
-  authentication: Type.Optional(Type.Object({ schemes: Type.Array(Type.String(), { minItems: 1 }), credentials: Type.Optional(Type.String()) })),
-});
+  authentication: Type.Optional(Type.Object({ schemes: Type.Array(Type.String(), { minItems: 1 }), credentials: Type.Optional(Type.String()) }, { additionalProperties: false })),
+}, { additionalProperties: false });
 
 // Any count is taken; the view is capped (domain/a2a/task-view.ts HISTORY_CAP).
 const HistoryLength = Type.Integer({ minimum: 0 });
@@ -95,6 +97,7 @@ const step = (path: string, name: string) => (/^\d+$/.test(name) ? `${path}[${na
 function where(e: ErrorObject): string {
   const base = pointerNames(e.instancePath).reduce(step, 'params');
   if (e.keyword === 'required') return memberPath(base, (e.params as { missingProperty: string }).missingProperty);
+  if (e.keyword === 'additionalProperties') return memberPath(base, (e.params as { additionalProperty: string }).additionalProperty);
   if (e.keyword === 'discriminator') return `${base}.kind`;
   return base;
 }
@@ -102,6 +105,7 @@ function where(e: ErrorObject): string {
 function describe(e: ErrorObject): string {
   switch (e.keyword) {
     case 'required': return 'is required';
+    case 'additionalProperties': return 'is not an allowed member';
     case 'discriminator': return 'must be one of text, data, file';
     case 'oneOf': return choiceText(e) ?? 'matches none of the allowed shapes';
     default: return errorText(e);
