@@ -149,8 +149,10 @@ async function writePushConfig(db: Tx, taskId: string, input: PushConfigInput, c
       secrets_dek_id: dekId,
     }, deliveryStart(start, task.status));
     // A new config's current status, on a task that may not change again: no status change will
-    // enqueue its delivery. (A config set again keeps its position, and its pending update's job.)
-    if (start === 'current status if settled' && created && Number(row.delivered_seq) < Number(row.status_seq)) {
+    // enqueue its delivery. A config set again keeps its position, and its pending update's job may
+    // wait out the old URL's backoff or Retry-After (an hour, at most): the hold is lifted, and a
+    // delivery starts now, so the mended URL hears at once (a run posting to the old one goes on).
+    if ((!created || start === 'current status if settled') && Number(row.delivered_seq) < Number(row.status_seq)) {
       await repo.enqueueDelivery(trx, taskId, row.id, Number(row.status_seq));
     }
     return shown(row);

@@ -49,7 +49,8 @@ export async function notificationBody(db: Knex | Knex.Transaction, task: tasks.
 
 export class DeliveryError extends Error {
   // retryAfterMs: how long the webhook asked us to wait (429 or 503 with Retry-After), capped.
-  constructor(message: string, readonly status?: number, readonly retryAfterMs?: number) {
+  // permanent: no retry can pass (an internal address written as such, PUSH_ALLOW_PRIVATE off).
+  constructor(message: string, readonly status?: number, readonly retryAfterMs?: number, readonly permanent = false) {
     super(message);
   }
 }
@@ -70,7 +71,7 @@ export function postNotification(
   const target = new URL(url);
   const host = opts.allowPrivate ? undefined : privateLiteralHost(target);
   if (host) {
-    return Promise.reject(new DeliveryError(`webhook address ${host} is internal and PUSH_ALLOW_PRIVATE is off`));
+    return Promise.reject(new DeliveryError(`webhook address ${host} is internal and PUSH_ALLOW_PRIVATE is off`, undefined, undefined, true));
   }
   const payload = Buffer.from(JSON.stringify(body));
   const send = target.protocol === 'https:' ? https.request : http.request;
@@ -294,7 +295,7 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
         const { status, retryAfterMs: wait, message: reason } = err;
         const where = { task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(target.url).host, status, reason };
         holdMs = wait ?? 0;
-        if (!isPermanentRefusal(status)) {
+        if (!err.permanent && !isPermanentRefusal(status)) {
           const failed = await repo.countFailedPost(db, job.task_id, job.config_id, leaseId);
           if (failed === undefined) return busy();
           if (failed < cfg.PUSH_ATTEMPTS) {

@@ -329,6 +329,24 @@ describe('push notifications', () => {
     assert.ok(!stack.workers[0].logs.some((l) => l.includes('push notification given up') && l.includes(id)), 'nothing given up');
   });
 
+  it("posts the pending update to the new URL at once when a config the old URL holds off (Retry-After) is set again, not when the hold would have ended", async () => {
+    // Retry-After 60 s, the most a webhook is waited for: the pending update's own job comes back only then.
+    const old = await startReceiver(() => ({ status: 503, headers: { 'retry-after': '60' } }));
+    const next = await startReceiver();
+    receivers.push(old, next);
+    const id = await idleTask();
+    await setConfig(id, { id: 'mended', url: old.url, token: 'tok-broken' });
+    await setStatus(id, 'working', 'w1');
+    await waitFor(async () => old.all.length === 1, 'the post the old URL holds off');
+    await setConfig(id, { id: 'mended', url: next.url, token: 'tok-mended' });
+    await waitFor(async () => next.all.length === 1, 'the pending update at the new URL');
+    assert.deepEqual([next.all[0].body.status.message.parts[0].text, next.all[0].token], ['w1', 'tok-mended']);
+    await setStatus(id, 'completed');
+    await waitFor(async () => states(next.all, id).includes('completed'), 'the next update at the new URL');
+    assert.deepEqual(states(next.all, id), ['working', 'completed']);
+    assert.equal(old.all.length, 1);
+  });
+
   it('delivers the updates of a task sent with an inline config over A2A message/send', async () => {
     const rx = await startReceiver();
     receivers.push(rx);
@@ -1015,6 +1033,29 @@ for _, id in ipairs(ids) do redis.call('HSET', ARGV[1] .. id, 'timestamp', ARGV[
 return #ids`;
 // One sample's value in a /metrics answer (its name and labels as written there); NaN when absent.
 const metric = (text: string, series: string) => Number(text.split('\n').find((l) => l.startsWith(`${series} `))?.slice(series.length + 1));
+
+describe('push notifications to a config stored with an internal address, the worker allowing none', () => {
+  const stack = useStack({ PUSH_ALLOW_PRIVATE: 'false', PUSH_ATTEMPTS: '4', PUSH_BACKOFF_MS: '100' });
+
+  // Stored while PUSH_ALLOW_PRIVATE was on (or by an older release): written as an internal address,
+  // no retry can pass, and each update was posted PUSH_ATTEMPTS times with backoff before it was given up.
+  it('gives up each update at once, posting nothing, and says why', async () => {
+    const rx = await startReceiver();
+    try {
+      const created = await stack.client.post('/api/task/v1', { message: textMessage('driven by the test', 'agent') });
+      const id = created.body.task.id as string;
+      await setPushConfig(testDb(), id, { url: rx.url }, { ...loadConfig(stack.env), PUSH_ALLOW_PRIVATE: true });
+      for (const status of ['working', 'completed']) assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status })).status, 200);
+      const lines = (what: string) => stack.workers[0].logs.filter((l) => l.includes(what) && l.includes(id)).map((l) => JSON.parse(l));
+      await waitFor(async () => lines('push notification given up').length === 2, 'both updates given up');
+      assert.deepEqual(lines('push notification post failed'), [], 'retried');
+      assert.match(lines('push notification given up')[0].reason, /webhook address 127\.0\.0\.1 is internal and PUSH_ALLOW_PRIVATE is off/);
+      assert.equal(rx.all.length, 0);
+    } finally {
+      await rx.close();
+    }
+  });
+});
 
 describe('push notifications whose queue jobs were lost or failed', function () {
   this.timeout(60_000);
