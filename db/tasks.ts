@@ -437,11 +437,14 @@ export async function listRunsToCheck(db: Tx, olderThanMs: number, after: { crea
 
 /** Marks runs (task and trigger message) as still going, for those tasks still working under them. */
 export async function markRunsSeen(db: Tx, runs: readonly { taskId: string; messageId: string }[]): Promise<void> {
+  // In task id order, as the batched run and status statements lock tasks: in another order the two
+  // could deadlock (Postgres would abort one after deadlock_timeout).
+  const sorted = runs.map((r) => ({ task_id: r.taskId, message_id: r.messageId })).sort(byTaskId);
   await db.raw(
     `update tasks t set run_seen_at = now() from unnest(?::uuid[], ?::uuid[]) as r(task_id, message_id)
       -- a mark a status change cleared stays cleared: a run about to be aborted cannot bring it back
       where t.id = r.task_id and t.status = 'working' and t.run_message_id = r.message_id and t.run_seen_at is not null`,
-    [runs.map((r) => r.taskId), runs.map((r) => r.messageId)],
+    [sorted.map((r) => r.task_id), sorted.map((r) => r.message_id)],
   );
 }
 

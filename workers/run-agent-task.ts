@@ -326,7 +326,7 @@ export function createAgentTaskProcessor(services: Services, agent: AgentHandler
       // may hold (the statement checks without a read; this read, on a miss only, tells which).
       await ours(async () => {
         const now = await tasks.getTask(services.db, taskId);
-        if (now?.message_bytes != null && workingUnder(now, messageId)) checkRoom(taskId, 'message_bytes', Number(now.message_bytes), tasks.messageBytes(final.message), maxMessageBytes);
+        if (now?.message_bytes != null && heldByTake(now, { messageId, attempt })) checkRoom(taskId, 'message_bytes', Number(now.message_bytes), tasks.messageBytes(final.message), maxMessageBytes);
       });
       return 'task ended or taken by another run during the run';
     } catch (caught) {
