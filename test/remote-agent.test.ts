@@ -31,11 +31,13 @@ const agentMessage = (taskId: string, contextId: string, text: string): Message 
 // 250 ms (12 kB in all, which the local task holds); "[chunks]" makes it write its story in chunks
 // that rename it and add metadata, and ask for the end, which a follow-up appends with a description
 // and a changed metadata key; "[closing]" closes its artifact with a last chunk of no parts (once
-// with metadata);
+// with metadata); "[gatefirst]" makes the first task of its text say nothing until the test opens
+// its gate (gates), the ones after it answer at once;
 // a follow-up turn says which turn it is.
 class RemoteExecutor implements AgentExecutor {
   readonly received: { taskId: string; contextId: string; text: string; continued: boolean; message: Message }[] = [];
   readonly canceled = new Set<string>();
+  readonly gates = new Map<string, () => void>();
   private readonly hanging = new Map<string, () => void>();
 
   async execute(rc: RequestContext, bus: ExecutionEventBus): Promise<void> {
@@ -44,6 +46,7 @@ class RemoteExecutor implements AgentExecutor {
     this.received.push({ taskId, contextId, text, continued: !!task, message: userMessage });
     const slow = /\[slowstart(?: (\d+))?\]/.exec(text);
     if (slow) await new Promise((resolve) => setTimeout(resolve, Number(slow[1] ?? 1500)));
+    if (text.includes('[gatefirst]') && this.received.filter((r) => r.text === text).length === 1) await new Promise<void>((resolve) => this.gates.set(text, resolve));
     const direct = /\[direct( named)?\]/.exec(text);
     if (direct) {
       // A plain message instead of a task: the remote's whole answer. "[direct named]" names the task
@@ -868,6 +871,50 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
     assert.equal(done.status_message.parts[0].text, `Remote turn 2: ${answer}`);
     assert.equal(executor.received.filter((r) => r.text === answer).length, 1, 'the answer was sent once');
     assert.deepEqual(await agentTexts(id), ['thinking about second turn [ask]', 'Which colour?', `thinking about ${answer}`, `Remote turn 2: ${answer}`]);
+  });
+});
+
+describe('remote A2A agent: a first turn taken over from a worker that stalled before the remote named its task', () => {
+  let stack: Stack;
+  let remote: Awaited<ReturnType<typeof startRemoteAgent>>;
+  const executor = new RemoteExecutor();
+  before(async () => {
+    await resetDb();
+    remote = await startRemoteAgent(executor, true);
+    stack = await startStack({ AGENT_KIND: 'remote', AGENT_REMOTE_URL: remote.url, AGENT_REMOTE_API_KEY: REMOTE_KEY, WORKER_LOCK_MS: '1000', WORKER_STALLED_CHECK_MS: '500' }, { workers: 0 });
+  });
+  after(async () => {
+    for (const w of stack?.workers ?? []) w.child.kill('SIGCONT');
+    await stack?.stop();
+    await remote?.close();
+  });
+
+  // The first worker sends the message and is frozen past its job's lock before the remote answers;
+  // the second takes the job again, sends the message again (nothing recorded) and records the remote
+  // task it follows. Woken, the first is aborted, and the remote then names the first task: recorded
+  // over the second's, the task's row named a remote task no run followed, and the first was left
+  // running with nobody to cancel it.
+  it("cancels the remote task the stalled take named late, and keeps the task's row on the one the take that has the task follows", async () => {
+    const first = await startWorker(stack.env);
+    stack.workers.push(first);
+    const text = 'taken over [gatefirst] [hang]';
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id;
+    const stalled = await waitFor(async () => executor.received.find((r) => r.text === text), 'the remote to take the first send');
+    first.child.kill('SIGSTOP');
+    stack.workers.push(await startWorker(stack.env));
+    const row = await waitFor(async () => {
+      const r = await testDb()('remote_agent_tasks').where({ task_id: id }).first();
+      return r?.remote_task_id !== undefined && r.remote_task_id !== stalled.taskId && r;
+    }, 'the second take to record the remote task it follows', 20000);
+    first.child.kill('SIGCONT');
+    await waitFor(async () => first.logs.some((l) => l.includes(id) && l.includes('agent run aborted: its job taken again elsewhere')), 'the first take aborted', 10000);
+    executor.gates.get(text)!();
+    await waitFor(async () => executor.canceled.has(stalled.taskId), "the first take's remote task canceled", 10000);
+    assert.equal((await testDb()('remote_agent_tasks').where({ task_id: id }).first())?.remote_task_id, row.remote_task_id);
+    assert.equal(executor.canceled.has(row.remote_task_id), false);
+    // The task's cancel reaches the remote task that is followed.
+    assert.equal((await stack.client.put(`/api/task/v1/${id}`, { status: 'canceled' })).status, 200);
+    await waitFor(async () => executor.canceled.has(row.remote_task_id), 'the followed remote task canceled', 15000);
   });
 });
 

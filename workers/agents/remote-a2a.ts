@@ -22,6 +22,8 @@ import {
   forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTaskIdsOf, takeRemoteTasksToCancel, saveRemoteAgentTask, type RemoteAgentTaskRow,
 } from '../../db/remote-agent-tasks.ts';
 import { listArtifactItems } from '../../db/timeline-views.ts';
+import { getTask } from '../../db/tasks.ts';
+import { workingUnder } from '../../domain/task-states.ts';
 import { ownStore } from './own-store.ts';
 import type { Logger } from '../../domain/logger.ts';
 import { jsonErrorWithoutExcerpt, publicReason, refusedByRuntime } from '../../domain/errors.ts';
@@ -635,14 +637,27 @@ class Mirror {
 
   private async track(taskId: string, contextId: string | undefined): Promise<void> {
     if (this.remoteTaskId === taskId && this.sentRecorded) return;
+    const firstTurn = this.remoteTaskId === undefined;
     // Known before the save: a run that fails on it still cancels the remote task (follow's catch).
     this.remoteTaskId = taskId;
+    if (firstTurn && (await this.retaken())) throw new RemoteTaskUnrecorded(taskId, new Error('another take of the run has the task'));
     try {
       await ownStore(() => saveRemoteAgentTask(this.db, { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null, last_message_id: this.ctx.message.id }));
     } catch (err) {
       throw new RemoteTaskUnrecorded(taskId, err);
     }
     this.sentRecorded = true;
+  }
+
+  // Whether this run was stopped because another take of its job has the task (its worker stalled
+  // past the job's lock): that take sent the message again, as none was recorded, and records the
+  // remote task it follows. A first turn's remote task named after that is canceled (follow's catch),
+  // not recorded over the other's, which the task's cancel and next turn would then miss. A run a
+  // client took the task from still records it, for the run that takes over to follow.
+  private async retaken(): Promise<boolean> {
+    if (!this.ctx.signal.aborted || !(this.ctx.signal.reason as { superseded?: boolean } | undefined)?.superseded) return false;
+    const now = await ownStore(() => getTask(this.db, this.ctx.task.id));
+    return now !== undefined && workingUnder(now, this.ctx.message.id);
   }
 
   // Something new from the remote (a message, an artifact) means it has taken up the answer.
