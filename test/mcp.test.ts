@@ -472,6 +472,14 @@ describe('MCP server (POST /api/bridge/v1/mcp) with the real @modelcontextprotoc
     assert.equal((await fetch(mcpUrl, { method: 'DELETE', headers: { authorization: `Bearer ${ADMIN_KEY}` } })).status, 405);
   });
 
+  it('takes its URL with a query string (a tracing or cache-busting parameter a host adds) as without: the SDK client connects and lists the tools', async () => {
+    const client = new Client({ name: 'taskbridge-test', version: '1.0.0' });
+    await client.connect(new StreamableHTTPClientTransport(new URL(`${mcpUrl}?trace=1&v=2`), { requestInit: { headers: { authorization: `Bearer ${ADMIN_KEY}` } } }));
+    clients.push(client);
+    const { tools } = await client.listTools();
+    assert.ok(tools.some((t) => t.name === REFUND), JSON.stringify(tools.map((t) => t.name)));
+  });
+
   it('refuses a body it cannot read with 415 in the Error body, as every endpoint does, never the transport\'s JSON-RPC 415; takes the JSON types the API takes', async () => {
     const ping = JSON.stringify({ jsonrpc: '2.0', id: 'a', method: 'ping' });
     for (const [headers, message] of [

@@ -7,7 +7,7 @@ import { Type } from '@sinclair/typebox';
 import { WebStandardStreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/webStandardStreamableHttp.js';
 import { defineRoute } from '../route.ts';
 import { clientGone } from '../client-gone.ts';
-import { ErrorBody } from '../../domain/shapes/common.ts';
+import { AnyQuery, ErrorBody } from '../../domain/shapes/common.ts';
 import { JsonRpcResponse } from '../../domain/shapes/jsonrpc.ts';
 import { readJsonRpcBody } from '../middleware/body.ts';
 import { takeBatchRest } from '../middleware/rate-limit.ts';
@@ -32,6 +32,9 @@ export const mcpRoutes = [
   defineRoute({
     method: 'post', path: MCP_PATH, operationId: 'bridge-mcp', tag: 'bridge', scope: 'bridge:invoke', ownBody: McpRequest,
     summary: 'Model Context Protocol (Streamable HTTP, stateless): tools/list and tools/call over the enabled function instances',
+    // Ignored, not refused: an MCP client reads only JSON-RPC answers, and a host may add a tracing or
+    // cache-busting parameter to the URL it was given.
+    query: AnyQuery,
     // The seed describes this 200 so.
     responseDescriptions: {
       200: 'MCP server running',
