@@ -1,3 +1,4 @@
+import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
 
 export interface RemoteAgentTaskRow { task_id: string; remote_task_id: string; remote_context_id: string | null; last_message_id?: string | null }
@@ -14,6 +15,20 @@ export async function remoteTaskIdsOf(db: Tx, taskIds: readonly string[]): Promi
 
 export async function saveRemoteAgentTask(db: Tx, row: RemoteAgentTaskRow): Promise<void> {
   await db('remote_agent_tasks').insert(row).onConflict('task_id').merge(['remote_task_id', 'remote_context_id', 'last_message_id']);
+}
+
+// A first turn's remote task, saved unless another take of the same run's job holds the task now
+// (false): that take found no row, sent the message again and saves its own. Under the task row's
+// lock, so a take's claim of the task (an update of that row) either came first and is seen here,
+// or waits for this save and then finds the row. A task a client took from the run is saved for, for
+// the run that takes over to follow.
+export async function saveFirstRemoteAgentTask(db: Knex, row: RemoteAgentTaskRow, take: number): Promise<boolean> {
+  return db.transaction(async (trx) => {
+    const task = await trx('tasks').select('status', 'run_message_id', 'run_attempt').where({ id: row.task_id }).forUpdate().first();
+    if (task?.status === 'working' && task.run_message_id === row.last_message_id && task.run_attempt !== take) return false;
+    await saveRemoteAgentTask(trx, row);
+    return true;
+  });
 }
 
 // The remote context of the latest other task of a local context that has one: a new task of the

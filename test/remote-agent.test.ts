@@ -874,7 +874,13 @@ for (const keepsHistory of [true, false]) describe(`remote A2A agent${keepsHisto
   });
 });
 
-describe('remote A2A agent: a first turn taken over from a worker that stalled before the remote named its task', () => {
+// The first worker sends the message and is frozen past its job's lock before the remote answers;
+// the second takes the job again, sends the message again (nothing recorded) and records the remote
+// task it follows. The remote then names the first task to the first worker: once it was woken and
+// aborted, or while it is frozen, so that it reads the event before it learns of the abort. Recorded
+// over the second's, the task's row named a remote task no run followed, and the first was left
+// running with nobody to cancel it.
+for (const named of ['after the stalled take was aborted', 'while the stalled take is frozen']) describe(`remote A2A agent: a first turn taken over from a worker that stalled, the remote naming its task ${named}`, () => {
   let stack: Stack;
   let remote: Awaited<ReturnType<typeof startRemoteAgent>>;
   const executor = new RemoteExecutor();
@@ -889,11 +895,6 @@ describe('remote A2A agent: a first turn taken over from a worker that stalled b
     await remote?.close();
   });
 
-  // The first worker sends the message and is frozen past its job's lock before the remote answers;
-  // the second takes the job again, sends the message again (nothing recorded) and records the remote
-  // task it follows. Woken, the first is aborted, and the remote then names the first task: recorded
-  // over the second's, the task's row named a remote task no run followed, and the first was left
-  // running with nobody to cancel it.
   it("cancels the remote task the stalled take named late, and keeps the task's row on the one the take that has the task follows", async () => {
     const first = await startWorker(stack.env);
     stack.workers.push(first);
@@ -906,9 +907,15 @@ describe('remote A2A agent: a first turn taken over from a worker that stalled b
       const r = await testDb()('remote_agent_tasks').where({ task_id: id }).first();
       return r?.remote_task_id !== undefined && r.remote_task_id !== stalled.taskId && r;
     }, 'the second take to record the remote task it follows', 20000);
-    first.child.kill('SIGCONT');
-    await waitFor(async () => first.logs.some((l) => l.includes(id) && l.includes('agent run aborted: its job taken again elsewhere')), 'the first take aborted', 10000);
-    executor.gates.get(text)!();
+    if (named.startsWith('while')) {
+      executor.gates.get(text)!();
+      await sleep(300);
+      first.child.kill('SIGCONT');
+    } else {
+      first.child.kill('SIGCONT');
+      await waitFor(async () => first.logs.some((l) => l.includes(id) && l.includes('agent run aborted: its job taken again elsewhere')), 'the first take aborted', 10000);
+      executor.gates.get(text)!();
+    }
     await waitFor(async () => executor.canceled.has(stalled.taskId), "the first take's remote task canceled", 10000);
     assert.equal((await testDb()('remote_agent_tasks').where({ task_id: id }).first())?.remote_task_id, row.remote_task_id);
     assert.equal(executor.canceled.has(row.remote_task_id), false);

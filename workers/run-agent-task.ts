@@ -11,7 +11,7 @@ import type { Logger } from '../domain/logger.ts';
 import { appendArtifact, appendMessage, beginRun, changeStatus, changeStatusIf, checkRoom } from '../domain/tasks.ts';
 import { inStatement, inTransaction, type UnitOfWork } from '../domain/unit-of-work.ts';
 import { heldByTake, isTerminal, RUN_RESULTS, runEndsFrom, workingUnder } from '../domain/task-states.ts';
-import type { AgentContext, AgentHandler, AgentResult } from './agents/types.ts';
+import { RUN_TAKE, type AgentContext, type AgentHandler, type AgentResult } from './agents/types.ts';
 import { agentMessage, checkArtifact } from './agents/agent-output.ts';
 import { cutReason, failRun, failureReason } from './fail-run.ts';
 import type { CancelRegistry } from './cancel-registry.ts';
@@ -143,6 +143,7 @@ function agentContext(
 
   const maxMessageBytes = services.cfg.TASK_MESSAGES_MAX_BYTES;
   return {
+    [RUN_TAKE]: attempt,
     task: tasks.toTask(state.task),
     history,
     message,

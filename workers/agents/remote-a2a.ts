@@ -19,11 +19,9 @@ import {
   ClientFactory, DefaultAgentCardResolver, JsonRpcTransportFactory, TaskNotCancelableError, TaskNotFoundError, type Client,
 } from '@a2a-js/sdk/client';
 import {
-  forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTaskIdsOf, takeRemoteTasksToCancel, saveRemoteAgentTask, type RemoteAgentTaskRow,
+  forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTaskIdsOf, takeRemoteTasksToCancel, saveFirstRemoteAgentTask, saveRemoteAgentTask, type RemoteAgentTaskRow,
 } from '../../db/remote-agent-tasks.ts';
 import { listArtifactItems } from '../../db/timeline-views.ts';
-import { getTask } from '../../db/tasks.ts';
-import { workingUnder } from '../../domain/task-states.ts';
 import { ownStore } from './own-store.ts';
 import type { Logger } from '../../domain/logger.ts';
 import { jsonErrorWithoutExcerpt, publicReason, refusedByRuntime } from '../../domain/errors.ts';
@@ -36,7 +34,7 @@ import { artifactsFromTimeline, fromA2APart, toA2APart } from '../../domain/a2a/
 import { chunkBetween, chunkChanges, HeldArtifacts } from '../../domain/a2a/artifact-merge.ts';
 import type { MessagePart } from '../../domain/shapes/task.ts';
 import { sameAsStored, storableText } from '../../domain/storable-json.ts';
-import type { Agent, AgentContext, AgentResult, Reply } from './types.ts';
+import { RUN_TAKE, type Agent, type AgentContext, type AgentResult, type Reply } from './types.ts';
 import { checkEvent, type StreamEvent } from './remote-answers.ts';
 import { cutReason } from '../fail-run.ts';
 
@@ -640,24 +638,21 @@ class Mirror {
     const firstTurn = this.remoteTaskId === undefined;
     // Known before the save: a run that fails on it still cancels the remote task (follow's catch).
     this.remoteTaskId = taskId;
-    if (firstTurn && (await this.retaken())) throw new RemoteTaskUnrecorded(taskId, new Error('another take of the run has the task'));
+    const row = { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null, last_message_id: this.ctx.message.id };
+    const take = this.ctx[RUN_TAKE];
+    let saved: boolean;
     try {
-      await ownStore(() => saveRemoteAgentTask(this.db, { task_id: this.ctx.task.id, remote_task_id: taskId, remote_context_id: contextId ?? null, last_message_id: this.ctx.message.id }));
+      saved = await ownStore(() => (firstTurn && take !== undefined
+        ? saveFirstRemoteAgentTask(this.db, row, take)
+        : saveRemoteAgentTask(this.db, row).then(() => true)));
     } catch (err) {
       throw new RemoteTaskUnrecorded(taskId, err);
     }
+    // Another take of the run's job has the task (this one's worker stalled past the job's lock): it
+    // sent the message again and follows the remote task it records. This one's is canceled (follow's
+    // catch), not recorded over that one, which the task's cancel and next turn would then miss.
+    if (!saved) throw new RemoteTaskUnrecorded(taskId, new Error('another take of the run has the task'));
     this.sentRecorded = true;
-  }
-
-  // Whether this run was stopped because another take of its job has the task (its worker stalled
-  // past the job's lock): that take sent the message again, as none was recorded, and records the
-  // remote task it follows. A first turn's remote task named after that is canceled (follow's catch),
-  // not recorded over the other's, which the task's cancel and next turn would then miss. A run a
-  // client took the task from still records it, for the run that takes over to follow.
-  private async retaken(): Promise<boolean> {
-    if (!this.ctx.signal.aborted || !(this.ctx.signal.reason as { superseded?: boolean } | undefined)?.superseded) return false;
-    const now = await ownStore(() => getTask(this.db, this.ctx.task.id));
-    return now !== undefined && workingUnder(now, this.ctx.message.id);
   }
 
   // Something new from the remote (a message, an artifact) means it has taken up the answer.

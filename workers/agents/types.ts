@@ -8,7 +8,12 @@ import type { Artifact } from './agent-output.ts';
 /** Text, parts, or parts with the message's metadata. */
 export type Reply = string | MessagePart[] | { parts: MessagePart[]; metadata?: Record<string, unknown> };
 
+/** Internal to the built-in agents: which take of the run's job this is (the task's run_attempt while it holds the task). */
+export const RUN_TAKE: unique symbol = Symbol('taskbridge run take');
+
 export interface AgentContext {
+  /** @internal */
+  readonly [RUN_TAKE]?: number;
   task: Task;
   /** Messages of the task, oldest first, including `message`. */
   history: Message[];
