@@ -113,9 +113,11 @@ export async function renewPushConfigLease(db: Tx, taskId: string, id: string, l
 }
 
 // Holds a run's config for `ms` from now (a webhook's Retry-After): no run's lease any more
-// (lease_id null), yet leasePushConfig refuses it until then.
-export async function holdPushConfig(db: Tx, taskId: string, id: string, leaseId: string, ms: number): Promise<void> {
-  await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId }).update({ lease_id: null, lease_until: leaseEnd(db, ms) });
+// (lease_id null), yet leasePushConfig refuses it until then. Only the config as the run posted to it
+// (`postedTo`: its updated_at, which only a set changes): one set again meanwhile is released, not held for the old URL.
+export async function holdPushConfig(db: Tx, taskId: string, id: string, leaseId: string, ms: number, postedTo: Date): Promise<void> {
+  await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId })
+    .update({ lease_id: null, lease_until: db.raw('case when updated_at = ? then ? else null end', [postedTo, leaseEnd(db, ms)]) });
 }
 
 // Of a config leasePushConfig refused: how many ms a hold (holdPushConfig) has left, 0 when a run
@@ -127,9 +129,11 @@ export async function pushConfigHoldMs(db: Tx, taskId: string, id: string): Prom
 }
 
 // Counts a failed post of the config's next update (the one after delivered_seq) by the run holding
-// its lease; returns how many of its posts have failed, undefined when the lease is no longer the run's.
-export async function countFailedPost(db: Tx, taskId: string, id: string, leaseId: string): Promise<number | undefined> {
-  const [row] = await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId })
+// its lease; returns how many of its posts have failed, undefined when the lease is no longer the run's
+// or the config was set again since the post went out (`postedTo`, as holdPushConfig): the new URL's
+// attempts are its own.
+export async function countFailedPost(db: Tx, taskId: string, id: string, leaseId: string, postedTo: Date): Promise<number | undefined> {
+  const [row] = await db('push_configs').where({ task_id: taskId, id, lease_id: leaseId, updated_at: postedTo })
     .update({ failed_posts: db.raw('failed_posts + 1') })
     .returning('failed_posts');
   return row?.failed_posts;

@@ -258,6 +258,8 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
   // A failed post's backoff or the webhook's Retry-After: the config is held that long once the run
   // ends, so that no run of it (a later update's job included) posts to it sooner.
   let holdMs = 0;
+  // The config as the run posts to it: a set seen between two updates moves the rest there.
+  let target = config;
   const leaseOutlastsPost = () => performance.now() - leaseSentAt <= LEASE_MARGIN_MS - POST_SLACK_MS;
   // Whether the run may post now: only while no other run can have taken the config, so that a
   // webhook never gets an update twice from overlapping runs, or a later one before it. The lease is
@@ -277,7 +279,6 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
     // The config moved to another origin since the slot was taken: the run comes back for its slot.
     if (origin(config.url) !== slotOrigin) return { later: 'more', ms: 0 };
     const items = await repo.statusItemsAfter(db, job.task_id, config.delivered_seq, ITEMS_PER_RUN);
-    let target = config;
     let headers = await authHeaders(deps, target);
     let reached = config.delivered_seq;
     let cut = items.length === ITEMS_PER_RUN;
@@ -296,8 +297,12 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
         const where = { task_id: job.task_id, config_id: job.config_id, seq: item.seq, host: new URL(target.url).host, status, reason };
         holdMs = wait ?? 0;
         if (!err.permanent && !isPermanentRefusal(status)) {
-          const failed = await repo.countFailedPost(db, job.task_id, job.config_id, leaseId);
-          if (failed === undefined) return busy();
+          const failed = await repo.countFailedPost(db, job.task_id, job.config_id, leaseId, target.updated_at);
+          // Taken by another run, or set again (its URL mended, say) while the post failed: no hold.
+          if (failed === undefined) {
+            holdMs = 0;
+            return busy();
+          }
           if (failed < cfg.PUSH_ATTEMPTS) {
             holdMs = Math.max(holdMs, retryBackoffMs(cfg, failed));
             log.warn({ ...where, attempt: failed, attempts: cfg.PUSH_ATTEMPTS, retry_in_ms: holdMs }, 'push notification post failed');
@@ -326,7 +331,7 @@ async function deliverLeased(deps: DeliveryDeps, slots: OriginSlots, slotOrigin:
     return cut && reached < job.timeline_seq ? { later: 'more', ms: 0 } : 'delivered';
   } finally {
     // Not released (or held), the lease runs out by itself: the next run waits for it, no more.
-    await (holdMs ? repo.holdPushConfig(db, job.task_id, job.config_id, leaseId, holdMs) : repo.releasePushConfig(db, job.task_id, job.config_id, leaseId))
+    await (holdMs ? repo.holdPushConfig(db, job.task_id, job.config_id, leaseId, holdMs, target.updated_at) : repo.releasePushConfig(db, job.task_id, job.config_id, leaseId))
       .catch((err) => log.warn({ task_id: job.task_id, config_id: job.config_id, reason: (err as Error).message }, 'push config lease not released; it runs out by itself'));
   }
 }

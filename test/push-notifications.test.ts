@@ -347,6 +347,23 @@ describe('push notifications', () => {
     assert.equal(old.all.length, 1);
   });
 
+  it('does not hold a config set again while its failing post was still out: the failure is the old URL\'s, and the new one gets the update at once', async () => {
+    let answer!: () => void;
+    const answered = new Promise<void>((resolve) => (answer = resolve));
+    const old = await startReceiver(async () => { await answered; return { status: 503, headers: { 'retry-after': '60' } }; });
+    const next = await startReceiver();
+    receivers.push(old, next);
+    const id = await idleTask();
+    await setConfig(id, { id: 'mended-mid-post', url: old.url });
+    await setStatus(id, 'working', 'w1');
+    await waitFor(async () => old.all.length === 1, 'the post to the old URL, unanswered');
+    await setConfig(id, { id: 'mended-mid-post', url: next.url });
+    answer();
+    await waitFor(async () => next.all.length === 1, 'the pending update at the new URL');
+    assert.equal(next.all[0].body.status.message.parts[0].text, 'w1');
+    assert.equal(old.all.length, 1);
+  });
+
   it('delivers the updates of a task sent with an inline config over A2A message/send', async () => {
     const rx = await startReceiver();
     receivers.push(rx);
