@@ -1659,9 +1659,11 @@ describe('remote A2A agent that reports the question again as it takes up the an
 describe('remote A2A agent whose card changes', () => {
   let endpoint = '/gone';
   let cardReads = 0;
+  let cardGone = false;
   const server = http.createServer((req, res) => {
     if (req.method === 'GET') {
       cardReads += 1;
+      if (cardGone) return void res.writeHead(404, { 'content-type': 'text/plain' }).end('no card here');
       answerAgentCard(res, { name: 'moving', description: 'moves its endpoint', streaming: true, url: `http://${req.headers.host}${endpoint}` });
       return;
     }
@@ -1669,6 +1671,7 @@ describe('remote A2A agent whose card changes', () => {
     req.on('data', (b) => { body += b; });
     req.on('end', () => {
       if (req.url !== '/rpc') return void res.writeHead(404, { 'content-type': 'text/plain' }).end('no such endpoint');
+      if (body.includes('[fail]')) return void res.writeHead(500, { 'content-type': 'text/plain' }).end('a fault of the remote');
       const { id } = JSON.parse(body) as { id: string | number };
       const event = (result: unknown) => `data: ${JSON.stringify({ jsonrpc: '2.0', id, result })}\n\n`;
       res.writeHead(200, { 'content-type': 'text/event-stream' });
@@ -1689,5 +1692,21 @@ describe('remote A2A agent whose card changes', () => {
     assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
     assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'reached' }]);
     assert.equal(cardReads, reads + 1);
+  });
+
+  it('keeps the card it has when the read after a failed run fails: later runs still reach the endpoint it names', async () => {
+    endpoint = '/rpc';
+    const failed = await failedTaskOn(stack, 'a fault [fail]');
+    assert.match(failed.status_message.parts[0].text, /500/);
+    cardGone = true;
+    try {
+      const reads = cardReads;
+      // Before: the card was dropped after the failed run, and every run failed while it could not be read.
+      const done = await endedTaskOn(stack, 'with the card gone');
+      assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+      assert.equal(cardReads, reads + 1, 'the card was read again, and its read failed');
+    } finally {
+      cardGone = false;
+    }
   });
 });

@@ -297,6 +297,9 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
   // without a worker restart (a card naming an endpoint refused failed every later run until one).
   let client: { madeAt: number; made: Promise<Client> } | undefined;
   const forgetCard = () => { client = undefined; };
+  // Read again at the next run, the client kept should that read fail (the card's URL down while
+  // its endpoint still answers).
+  const ageCard = () => { if (client) client.madeAt = -Infinity; };
   const connect = (): Promise<Client> => {
     if (client && performance.now() - client.madeAt < CARD_MAX_AGE_MS) return client.made;
     // Read again for its age only: a read that fails leaves the client before it in use.
@@ -317,7 +320,7 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
   // A refused key fails the run at once: every retry would be refused alike until an operator mends
   // the configuration.
   const handler = (ctx: AgentContext): Promise<AgentResult> => follow(ctx).catch((thrown: unknown) => {
-    forgetCard();
+    ageCard();
     const err = keyless(notJson(thrown));
     if (!ctx.signal.aborted && err instanceof RemoteRefused) {
       return { status: 'failed', message: `The remote agent refused this worker's credentials (not retried; check AGENT_REMOTE_API_KEY): ${explained(err).message}` };
