@@ -1,5 +1,7 @@
 import type { Knex } from 'knex';
 import type { Tx } from './knex.ts';
+import { getTask } from './tasks.ts';
+import { heldByTake, workingUnder } from '../domain/task-states.ts';
 
 export interface RemoteAgentTaskRow { task_id: string; remote_task_id: string; remote_context_id: string | null; last_message_id?: string | null }
 
@@ -24,8 +26,9 @@ export async function saveRemoteAgentTask(db: Tx, row: RemoteAgentTaskRow): Prom
 // the run that takes over to follow.
 export async function saveFirstRemoteAgentTask(db: Knex, row: RemoteAgentTaskRow, take: number): Promise<boolean> {
   return db.transaction(async (trx) => {
-    const task = await trx('tasks').select('status', 'run_message_id', 'run_attempt').where({ id: row.task_id }).forUpdate().first();
-    if (task?.status === 'working' && task.run_message_id === row.last_message_id && task.run_attempt !== take) return false;
+    const task = await getTask(trx, row.task_id, true);
+    const messageId = row.last_message_id ?? '';
+    if (task && workingUnder(task, messageId) && !heldByTake(task, { messageId, attempt: take })) return false;
     await saveRemoteAgentTask(trx, row);
     return true;
   });
