@@ -3,10 +3,16 @@ import type { Tx } from './knex.ts';
 import { getTask } from './tasks.ts';
 import { heldByTake, workingUnder } from '../domain/task-states.ts';
 
-export interface RemoteAgentTaskRow { task_id: string; remote_task_id: string; remote_context_id: string | null; last_message_id?: string | null }
+/** A remote task's interruption as the remote showed it (migration 0043). */
+export interface RemoteInterruption { state: string; timestamp?: string; messageId?: string }
+
+export interface RemoteAgentTaskRow {
+  task_id: string; remote_task_id: string; remote_context_id: string | null; last_message_id?: string | null;
+  answering?: RemoteInterruption | null;
+}
 
 export async function getRemoteAgentTask(db: Tx, taskId: string): Promise<RemoteAgentTaskRow | undefined> {
-  return db('remote_agent_tasks').select('task_id', 'remote_task_id', 'remote_context_id', 'last_message_id').where({ task_id: taskId }).first();
+  return db('remote_agent_tasks').select('task_id', 'remote_task_id', 'remote_context_id', 'last_message_id', 'answering').where({ task_id: taskId }).first();
 }
 
 // The remote task ids of local tasks (of those that have one).
@@ -15,8 +21,13 @@ export async function remoteTaskIdsOf(db: Tx, taskIds: readonly string[]): Promi
   return db('remote_agent_tasks').whereIn('task_id', taskIds).pluck('remote_task_id');
 }
 
-export async function saveRemoteAgentTask(db: Tx, row: RemoteAgentTaskRow): Promise<void> {
+export async function saveRemoteAgentTask(db: Tx, row: Omit<RemoteAgentTaskRow, 'answering'>): Promise<void> {
   await db('remote_agent_tasks').insert(row).onConflict('task_id').merge(['remote_task_id', 'remote_context_id', 'last_message_id']);
+}
+
+// The interruption a later turn's message answers (null: none), written before it is sent.
+export async function recordAnswering(db: Tx, taskId: string, remoteTaskId: string, answering: RemoteInterruption | null): Promise<void> {
+  await db('remote_agent_tasks').where({ task_id: taskId, remote_task_id: remoteTaskId }).update({ answering: answering && JSON.stringify(answering) });
 }
 
 // A first turn's remote task, saved unless another take of the same run's job holds the task now
@@ -24,7 +35,7 @@ export async function saveRemoteAgentTask(db: Tx, row: RemoteAgentTaskRow): Prom
 // lock, so a take's claim of the task (an update of that row) either came first and is seen here,
 // or waits for this save and then finds the row. A task a client took from the run is saved for, for
 // the run that takes over to follow.
-export async function saveFirstRemoteAgentTask(db: Knex, row: RemoteAgentTaskRow, take: number): Promise<boolean> {
+export async function saveFirstRemoteAgentTask(db: Knex, row: Omit<RemoteAgentTaskRow, 'answering'>, take: number): Promise<boolean> {
   return db.transaction(async (trx) => {
     const task = await getTask(trx, row.task_id, true);
     const messageId = row.last_message_id ?? '';

@@ -1294,22 +1294,26 @@ describe('remote A2A agent that cannot stream and answers message/send only when
 // messages or of its own (agent) messages only. A follow-up ends the remote task, unless it says
 // "[break]": it then breaks as the first turn did ("[break] [unread]": before the remote takes it up).
 describe('remote A2A agent whose stream breaks after an artifact: the retry', () => {
-  type Shown = 'no history' | 'agent messages only';
+  // What the remote's history shows: nothing, its own messages (status messages among them), the
+  // whole exchange, or the user's messages only (its status messages kept out of it).
+  type Shown = 'no history' | 'agent messages only' | 'whole history' | 'user messages only';
   type After = 'completed' | 'input-required' | 'working';
   let shown: Shown = 'no history';
   let after: After = 'completed';
   // The message ids each remote task was sent, in order.
   const sent = new Map<string, string[]>();
-  type RemoteTask = { id: string; contextId: string; status: any; artifacts: any[]; agentMessages: any[]; reads: number; turn: number };
+  type RemoteTask = { id: string; contextId: string; status: any; artifacts: any[]; messages: any[]; reads: number; turn: number };
   const remoteTasks = new Map<string, RemoteTask>();
   const agentSays = (taskId: string, text: string) => ({ kind: 'message', role: 'agent', messageId: randomUUID(), taskId, contextId: 'remote-ctx', parts: [{ kind: 'text', text }] });
   const artifact = (artifactId: string, text: string) => ({ artifactId, name: artifactId, parts: [{ kind: 'text', text }] });
   const snapshot = (t: RemoteTask) => ({
-    kind: 'task', id: t.id, contextId: t.contextId, status: t.status, artifacts: [...t.artifacts], history: shown === 'no history' ? [] : [...t.agentMessages],
+    kind: 'task', id: t.id, contextId: t.contextId, status: t.status, artifacts: [...t.artifacts],
+    history: t.messages.filter((m) => ({ 'no history': false, 'agent messages only': m.role === 'agent', 'whole history': true, 'user messages only': m.role === 'user' })[shown]),
   });
+  const firstSaid = (t: RemoteTask) => t.messages.find((m) => m.role === 'agent')?.parts[0].text;
   const setStatus = (t: RemoteTask, state: string, text?: string) => {
     const message = text ? agentSays(t.id, text) : undefined;
-    if (message) t.agentMessages.push(message);
+    if (message) t.messages.push(message);
     t.status = { state, timestamp: new Date().toISOString(), ...(message ? { message } : {}) };
   };
   // What the remote does after the break: ends the turn as `after` says, with a second artifact (x1 on the first turn).
@@ -1340,6 +1344,13 @@ describe('remote A2A agent whose stream breaks after an artifact: the retry', ()
     if (t) {
       // A later send to the task: it is answered, and the task ends; one saying "[break]" breaks as the first did.
       sent.get(t.id)!.push(message.messageId);
+      t.messages.push(message);
+      // "[silent]": the break comes before any event, the message recorded and not taken up.
+      if (text.includes('[silent]')) {
+        t.reads = 0;
+        res.write('', () => res.socket?.destroy());
+        return;
+      }
       res.write(event(snapshot(t)));
       if (!text.includes('[break]')) {
         setStatus(t, 'completed', `answered: ${text}`);
@@ -1354,7 +1365,7 @@ describe('remote A2A agent whose stream breaks after an artifact: the retry', ()
       }
       t.turn++;
     } else {
-      t = { id: `remote-${randomUUID()}`, contextId: 'remote-ctx', status: { state: 'submitted' }, artifacts: [], agentMessages: [], reads: 0, turn: 1 };
+      t = { id: `remote-${randomUUID()}`, contextId: 'remote-ctx', status: { state: 'submitted' }, artifacts: [], messages: [message], reads: 0, turn: 1 };
       remoteTasks.set(t.id, t);
       sent.set(t.id, [message.messageId]);
       res.write(event(snapshot(t)));
@@ -1383,7 +1394,7 @@ describe('remote A2A agent whose stream breaks after an artifact: the retry', ()
   const storedArtifacts = async (id: string) =>
     (await stack.client.get(`/api/task/v1/${id}/timeline?order=asc&page_size=100`)).body.items.filter((i: any) => i.event_payload.type === 'artifact-update').length;
 
-  for (const history of ['no history', 'agent messages only'] as const) {
+  for (const history of ['no history', 'agent messages only', 'whole history', 'user messages only'] as const) {
     for (const state of ['completed', 'input-required', 'working'] as const) {
       it(`(${history}, ${state} at the retry) follows the remote task the message went to, sending it once, and mirrors what the remote did after the break`, async () => {
         shown = history;
@@ -1392,7 +1403,7 @@ describe('remote A2A agent whose stream breaks after an artifact: the retry', ()
         const created = await stack.client.post('/api/task/v1', { message: textMessage(text) });
         const id = created.body.task.id as string;
         const ended = await settled(id);
-        const remoteTask = [...remoteTasks.values()].find((t) => t.agentMessages[0].parts[0].text === `thinking about ${text}`)!;
+        const remoteTask = [...remoteTasks.values()].find((t) => firstSaid(t) === `thinking about ${text}`)!;
         // Before: sent again (the remote took it for its answer), or ended without what the remote did after the break.
         assert.equal(sent.get(remoteTask.id)!.length, 1, 'the message was sent once');
         assert.equal(ended.task.status, state === 'input-required' ? 'input-required' : 'completed', JSON.stringify(ended.status_message));
@@ -1421,7 +1432,7 @@ describe('remote A2A agent whose stream breaks after an artifact: the retry', ()
         const answer = `green [break] ${state}`;
         assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage(answer))).status, 201);
         const done = await settled(id, ['input-required', 'working']);
-        const remoteTask = [...remoteTasks.values()].find((t) => t.agentMessages[0].parts[0].text === `thinking about ${text}`)!;
+        const remoteTask = [...remoteTasks.values()].find((t) => firstSaid(t) === `thinking about ${text}`)!;
         assert.equal(sent.get(remoteTask.id)!.length, 2, 'the answer was sent once');
         assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
         assert.equal(done.status_message.parts[0].text, 'done after the break');
@@ -1433,20 +1444,40 @@ describe('remote A2A agent whose stream breaks after an artifact: the retry', ()
     }
   }
 
-  it('(agent messages only) follows a later turn whose stream broke before the remote took it up, past the question it answers, to its end', async () => {
-    shown = 'agent messages only';
-    after = 'input-required';
-    const text = 'ask then break unread';
-    const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id as string;
-    assert.equal((await settled(id)).task.status, 'input-required');
-    const answer = 'green [break] [unread]';
-    assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage(answer))).status, 201);
-    const done = await settled(id, ['input-required', 'working']);
-    const remoteTask = [...remoteTasks.values()].find((t) => t.agentMessages[0].parts[0].text === `thinking about ${text}`)!;
-    assert.equal(sent.get(remoteTask.id)!.length, 2, 'the answer was sent once');
-    assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
-    assert.deepEqual(await agentTexts(id), [`thinking about ${text}`, 'Which colour?', 'done after the break']);
-  });
+  for (const history of ['no history', 'agent messages only', 'whole history', 'user messages only'] as const) {
+    it(`(${history}) follows a later turn whose stream broke before the remote took it up, past the question it answers, to its end`, async () => {
+      shown = history;
+      after = 'input-required';
+      const text = `ask then break unread ${history}`;
+      const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id as string;
+      assert.equal((await settled(id)).task.status, 'input-required');
+      const answer = 'green [break] [unread]';
+      assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage(answer))).status, 201);
+      const done = await settled(id, ['input-required', 'working']);
+      const remoteTask = [...remoteTasks.values()].find((t) => firstSaid(t) === `thinking about ${text}`)!;
+      assert.equal(sent.get(remoteTask.id)!.length, 2, 'the answer was sent once');
+      assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+      assert.deepEqual(await agentTexts(id), [`thinking about ${text}`, 'Which colour?', 'done after the break']);
+    });
+  }
+
+  // Before: the retry took the question the remote still showed, its status message not in a history
+  // that shows the answer, for a new one: the question stored twice, the task waiting for input again.
+  for (const history of ['whole history', 'user messages only'] as const) {
+    it(`(${history}) follows a later turn whose stream broke before any event, the remote holding the answer it has not taken up, to its end`, async () => {
+      shown = history;
+      after = 'input-required';
+      const text = `ask then break silent ${history}`;
+      const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id as string;
+      assert.equal((await settled(id)).task.status, 'input-required');
+      assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage('green [silent]'))).status, 201);
+      const done = await settled(id, ['input-required', 'working']);
+      const remoteTask = [...remoteTasks.values()].find((t) => firstSaid(t) === `thinking about ${text}`)!;
+      assert.equal(sent.get(remoteTask.id)!.length, 2, 'the answer was sent once');
+      assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+      assert.deepEqual(await agentTexts(id), [`thinking about ${text}`, 'Which colour?', 'done after the break']);
+    });
+  }
 });
 
 describe('remote A2A agent whose stream fails before it names a task', () => {

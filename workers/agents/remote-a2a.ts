@@ -19,7 +19,8 @@ import {
   ClientFactory, DefaultAgentCardResolver, JsonRpcTransportFactory, TaskNotCancelableError, TaskNotFoundError, type Client,
 } from '@a2a-js/sdk/client';
 import {
-  forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTaskIdsOf, takeRemoteTasksToCancel, saveFirstRemoteAgentTask, saveRemoteAgentTask, type RemoteAgentTaskRow,
+  forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTaskIdsOf, takeRemoteTasksToCancel, saveFirstRemoteAgentTask, saveRemoteAgentTask,
+  recordAnswering, type RemoteAgentTaskRow, type RemoteInterruption,
 } from '../../db/remote-agent-tasks.ts';
 import { listArtifactItems } from '../../db/timeline-views.ts';
 import { ownStore } from './own-store.ts';
@@ -352,12 +353,15 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
       if (current && sent) {
         // A retry (the worker before stopped or died): what the remote did since is mirrored now
         // unless the local task has it, and the turn may have ended meanwhile.
-        await mirror.resume(current);
+        await mirror.resume(current, known?.answering);
         const done = await mirror.apply(current);
         if (done) return done;
-      } else if (current) {
+      } else if (current && known) {
         if (isEnd(current.status.state) && !(current.status.state in INTERRUPTED)) return resultOf(current.status, true);
         mirror.seen(current);
+        // What the message answers, recorded before it goes out: a retry after a send that broke
+        // before the remote took it up tells by this that the remote shows the question still (resume).
+        await ownStore(() => recordAnswering(db, ctx.task.id, known.remote_task_id, current.status.state in INTERRUPTED ? interruptionOf(current.status) : null));
       }
       if (!sent) {
         // A first turn goes to the remote context of the local context's earlier tasks, as A2A groups them.
@@ -526,6 +530,24 @@ async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, c
   }
 }
 
+// An interruption as the task's row records it (RemoteInterruption): made storable, a time stamp
+// longer than any is left out. Compared as recorded, so the same status always records alike.
+function interruptionOf({ state, timestamp, message }: TaskStatus): RemoteInterruption {
+  return {
+    state,
+    ...(typeof timestamp === 'string' && timestamp && timestamp.length <= 100 ? { timestamp: storableText(timestamp) } : {}),
+    ...(message ? { messageId: storableText(message.messageId) } : {}),
+  };
+}
+
+// Whether two reports show the same interruption: by the same time stamp or, without those, the
+// same status message. A remote that gives neither cannot be told to report one again.
+function sameInterruption(a: RemoteInterruption, b: RemoteInterruption): boolean {
+  if (a.state !== b.state) return false;
+  if (a.timestamp !== undefined && b.timestamp !== undefined) return a.timestamp === b.timestamp;
+  return a.messageId !== undefined && a.messageId === b.messageId;
+}
+
 // An artifact with A2A's members only: what else a remote sends is not ours to store (nor accepted).
 const artifactMembers = ({ artifactId, name, description, parts, metadata, extensions }: Artifact): Artifact =>
   Object.fromEntries(Object.entries({ artifactId, name, description, parts, metadata, extensions }).filter(([, v]) => v !== undefined)) as unknown as Artifact;
@@ -564,20 +586,24 @@ class Mirror {
    * A history without this run's message (the remote keeps its own messages only, or cut it short)
    * may start before this turn: its messages are matched against the earlier turns' copies too.
    * A remote that keeps no history shows its status message and artifacts only: those are matched.
+   * The interruption the message answered, as recorded when it went out (`answered`), shown still:
+   * the remote has not taken the answer up, whatever its history shows.
    */
-  async resume(task: A2ATask): Promise<void> {
+  async resume(task: A2ATask, answered: RemoteInterruption | null | undefined): Promise<void> {
     const history = task.history ?? [];
     const at = history.findIndex((m) => m.messageId === this.ctx.message.id);
     for (const m of history.slice(0, at + 1)) this.seenMessages.add(m.messageId);
     const status = task.status.message;
     const asked = status ? history.findIndex((m) => m.messageId === status.messageId) : -1;
+    const unanswered = !!answered && task.status.state in INTERRUPTED && sameInterruption(answered, interruptionOf(task.status));
+    if (unanswered && status) this.seenMessages.add(status.messageId);
     // Still showing the question this run's message answers (asked before it): not taken up yet.
-    if (task.status.state in INTERRUPTED && asked >= 0 && asked < at) this.answering = task.status;
+    if (task.status.state in INTERRUPTED && (unanswered || (asked >= 0 && asked < at))) this.answering = task.status;
     const since = this.ctx.history.findIndex((m) => m.id === this.ctx.message.id);
     const local = this.ctx.history.flatMap((m, i) => (m.role === 'agent' && (at < 0 || i > since) ? [{ parts: m.parts, earlier: i < since }] : []));
     const theirs = history.slice(at + 1).filter((m) => m.role === 'agent');
-    // A status message the remote's history does not place is this turn's.
-    if (status && asked < 0) theirs.push(status);
+    // A status message the remote's history does not place is this turn's, unless it is the question answered.
+    if (status && asked < 0 && !unanswered) theirs.push(status);
     // In order, each local copy matched once: a message the remote repeated is a copy only if the local task repeated it too.
     for (const m of theirs) {
       const isStatus = m.messageId === status?.messageId;
@@ -604,9 +630,7 @@ class Mirror {
       this.answering = status; // as it now stands, should the turn go on by polling
       return true;
     }
-    if (status.timestamp && a.timestamp) return status.timestamp === a.timestamp;
-    if (status.message && a.message) return status.message.messageId === a.message.messageId;
-    return false;
+    return sameInterruption(interruptionOf(a), interruptionOf(status));
   }
 
   // The remote task, and that it was sent this run's message, once the remote answers about it.
