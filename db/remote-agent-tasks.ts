@@ -3,12 +3,14 @@ import type { Tx } from './knex.ts';
 import { getTask } from './tasks.ts';
 import { heldByTake, workingUnder } from '../domain/task-states.ts';
 
-/** A remote task's interruption as the remote showed it (migration 0043). */
+/** A remote task's interruption as the remote showed it. */
 export interface RemoteInterruption { state: string; timestamp?: string; messageId?: string }
+/** The interruption a later turn's message (`answer`, its local id) answers (migration 0043). */
+export type AnsweredInterruption = RemoteInterruption & { answer: string };
 
 export interface RemoteAgentTaskRow {
   task_id: string; remote_task_id: string; remote_context_id: string | null; last_message_id?: string | null;
-  answering?: RemoteInterruption | null;
+  answering?: AnsweredInterruption | null;
 }
 
 export async function getRemoteAgentTask(db: Tx, taskId: string): Promise<RemoteAgentTaskRow | undefined> {
@@ -25,9 +27,11 @@ export async function saveRemoteAgentTask(db: Tx, row: Omit<RemoteAgentTaskRow, 
   await db('remote_agent_tasks').insert(row).onConflict('task_id').merge(['remote_task_id', 'remote_context_id', 'last_message_id']);
 }
 
-// The interruption a later turn's message answers (null: none), written before it is sent.
-export async function recordAnswering(db: Tx, taskId: string, remoteTaskId: string, answering: RemoteInterruption | null): Promise<void> {
-  await db('remote_agent_tasks').where({ task_id: taskId, remote_task_id: remoteTaskId }).update({ answering: answering && JSON.stringify(answering) });
+// The interruption a later turn's message answers, written before it is sent. Named by the message:
+// one written for another (a take of an earlier turn that stalled and wrote late, an older worker's
+// turn that wrote none) is no evidence about this one.
+export async function recordAnswering(db: Tx, taskId: string, remoteTaskId: string, answering: AnsweredInterruption): Promise<void> {
+  await db('remote_agent_tasks').where({ task_id: taskId, remote_task_id: remoteTaskId }).update({ answering: JSON.stringify(answering) });
 }
 
 // A first turn's remote task, saved unless another take of the same run's job holds the task now

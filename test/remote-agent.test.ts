@@ -1304,6 +1304,7 @@ describe('remote A2A agent whose stream breaks after an artifact: the retry', ()
   const sent = new Map<string, string[]>();
   type RemoteTask = { id: string; contextId: string; status: any; artifacts: any[]; messages: any[]; reads: number; turn: number };
   const remoteTasks = new Map<string, RemoteTask>();
+  let lostReads = 0;
   const agentSays = (taskId: string, text: string) => ({ kind: 'message', role: 'agent', messageId: randomUUID(), taskId, contextId: 'remote-ctx', parts: [{ kind: 'text', text }] });
   const artifact = (artifactId: string, text: string) => ({ artifactId, name: artifactId, parts: [{ kind: 'text', text }] });
   const snapshot = (t: RemoteTask) => ({
@@ -1323,7 +1324,13 @@ describe('remote A2A agent whose stream breaks after an artifact: the retry', ()
   };
   const server = rawA2ARemote({ name: 'breaking', description: 'breaks its stream once', streaming: true }, ({ id, method, params, event }, res) => {
     if (method === 'tasks/get') {
-      const t = remoteTasks.get(params.id)!;
+      const t = remoteTasks.get(params.id);
+      // A task the remote lost (it keeps them in memory, and restarted).
+      if (!t) {
+        lostReads++;
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id, error: { code: -32001, message: 'Task not found' } }));
+        return;
+      }
       const shows = snapshot(t);
       // Still working (or, "[unread]", asking) when the retry first reads it, done at the next read.
       if (++t.reads > 1 && (t.status.state === 'working' || (t.status.state === 'input-required' && sent.get(t.id)!.length > t.turn))) {
@@ -1345,6 +1352,16 @@ describe('remote A2A agent whose stream breaks after an artifact: the retry', ()
       // A later send to the task: it is answered, and the task ends; one saying "[break]" breaks as the first did.
       sent.get(t.id)!.push(message.messageId);
       t.messages.push(message);
+      // "[reask]": taken up at once, a new question asked with the old time stamp (a coarse clock),
+      // then the break, before any event.
+      if (text.includes('[reask]')) {
+        const { timestamp } = t.status;
+        setStatus(t, 'input-required', 'Which shade?');
+        t.status.timestamp = timestamp;
+        t.turn = sent.get(t.id)!.length;
+        res.write('', () => res.socket?.destroy());
+        return;
+      }
       // "[silent]": the break comes before any event, the message recorded and not taken up.
       if (text.includes('[silent]')) {
         t.reads = 0;
@@ -1461,8 +1478,45 @@ describe('remote A2A agent whose stream breaks after an artifact: the retry', ()
     });
   }
 
-  // Before: the retry took the question the remote still showed, its status message not in a history
-  // that shows the answer, for a new one: the question stored twice, the task waiting for input again.
+  it('fails a later turn at once, not retried, when the remote no longer has its task', async () => {
+    shown = 'whole history';
+    after = 'input-required';
+    const text = 'ask then forget';
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id as string;
+    assert.equal((await settled(id)).task.status, 'input-required');
+    const remoteTask = [...remoteTasks.values()].find((t) => firstSaid(t) === `thinking about ${text}`)!;
+    remoteTasks.delete(remoteTask.id);
+    lostReads = 0;
+    assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage('green'))).status, 201);
+    const failed = await settled(id, ['input-required', 'working']);
+    assert.equal(failed.task.status, 'failed');
+    // Before: read again by each of the run's attempts, then 'The agent failed after 3 attempt(s): Task not found'.
+    assert.match(failed.status_message.parts[0].text, /^The remote agent no longer has the task this one follows \(not retried: a remote that keeps its tasks in memory loses them as it restarts\): /);
+    assert.equal(lostReads, 1, 'the remote task was looked for once');
+    assert.equal(sent.get(remoteTask.id)!.length, 1, 'nothing was sent to a task the remote does not have');
+  });
+
+  // A new question the remote asked with the old one's time stamp is not the old one shown still:
+  // taken for it, the retry followed the remote task for ever.
+  for (const history of ['whole history', 'user messages only'] as const) {
+    it(`(${history}) ends a later turn whose stream broke before any event on the new question the remote asked, stamped as the old one`, async () => {
+      shown = history;
+      after = 'input-required';
+      const text = `ask then reask ${history}`;
+      const id = (await stack.client.post('/api/task/v1', { message: textMessage(text) })).body.task.id as string;
+      assert.equal((await settled(id)).task.status, 'input-required');
+      assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage('green [reask]'))).status, 201);
+      await waitFor(async () => {
+        const r = await stack.client.get(`/api/task/v1/${id}`);
+        return r.body.task.status === 'input-required' && r.body.status_message?.parts[0].text === 'Which shade?';
+      }, 'the task to wait for the answer to the new question', 30000);
+      assert.deepEqual(await agentTexts(id), [`thinking about ${text}`, 'Which colour?', 'Which shade?']);
+    });
+  }
+
+  // Before (user messages only): the retry took the question the remote still showed, its status
+  // message not in a history that shows the answer, for a new one: the question stored twice, the task
+  // waiting for input again.
   for (const history of ['whole history', 'user messages only'] as const) {
     it(`(${history}) follows a later turn whose stream broke before any event, the remote holding the answer it has not taken up, to its end`, async () => {
       shown = history;
@@ -1645,18 +1699,32 @@ describe('remote A2A agent whose events change nothing the local task holds', ()
 // ("[none]"), then takes up the answer.
 describe('remote A2A agent that reports the question again as it takes up the answer', () => {
   const remoteTask = 'remote-asking';
-  const question = { kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text: 'Which colour?' }] };
-  const asking = () => ({ state: 'input-required', timestamp: new Date().toISOString(), message: question });
+  const questionOf = (text: string) => ({ kind: 'message', role: 'agent', messageId: randomUUID(), parts: [{ kind: 'text', text }] });
+  const question = questionOf('Which colour?');
+  let asked = question;
+  const asking = () => ({ state: 'input-required', timestamp: new Date().toISOString(), message: asked });
+  // The status a read shows where it was stored (a re-asked question), else stamped anew.
+  let standing: ReturnType<typeof asking> | undefined;
   const server = rawA2ARemote({ name: 'asking again', description: 'reports its question again', streaming: true }, ({ id, method, params, event }, res) => {
     if (method === 'tasks/get') {
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id, result: { kind: 'task', id: remoteTask, contextId: 'remote-ctx', status: asking() } }));
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id, result: { kind: 'task', id: remoteTask, contextId: 'remote-ctx', status: standing ?? asking() } }));
       return;
     }
     const text = params.message.parts[0].text as string;
     const ids = { taskId: remoteTask, contextId: 'remote-ctx' };
     res.writeHead(200, { 'content-type': 'text/event-stream' });
+    standing = undefined;
     if (!params.message.taskId) {
+      asked = question;
       res.end(event({ kind: 'task', id: remoteTask, contextId: 'remote-ctx', status: asking() }));
+      return;
+    }
+    // "[reask]": a new question, in an update that says it is not the last (as the Python SDK's
+    // TaskUpdater.requires_input() does by default), and the stream ends.
+    if (text.includes('[reask]')) {
+      asked = questionOf('Which shade?');
+      standing = asking();
+      res.end(event({ kind: 'status-update', ...ids, final: false, status: standing }));
       return;
     }
     const again = text.includes('[none]') ? { state: 'input-required', timestamp: new Date(Date.now() + 1000).toISOString() } : { ...asking(), timestamp: new Date(Date.now() + 1000).toISOString() };
@@ -1683,6 +1751,21 @@ describe('remote A2A agent that reports the question again as it takes up the an
       assert.equal(done.task.status, 'completed', `${answer}: ${JSON.stringify(done.status_message)}`);
       assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: `took ${answer}` }]);
     }
+  });
+
+  it('ends the follow-up on a new question in such a report: the task waits for its answer', async () => {
+    const id = (await stack.client.post('/api/task/v1', { message: textMessage('paint it') })).body.task.id as string;
+    const first = await settled(id);
+    assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage('red [reask]'))).status, 201);
+    // Before: taken for the question reported again, the new one was followed by polling for ever,
+    // the task working, and the client's answer to it never sent.
+    const again = await settled(id, first.status_message.id);
+    assert.equal(again.task.status, 'input-required');
+    assert.deepEqual(again.status_message.parts, [{ type: 'text-part', text: 'Which shade?' }]);
+    assert.equal((await stack.client.post(`/api/task/v1/${id}/message`, textMessage('crimson'))).status, 201);
+    const done = await settled(id, again.status_message.id);
+    assert.equal(done.task.status, 'completed', JSON.stringify(done.status_message));
+    assert.deepEqual(done.status_message.parts, [{ type: 'text-part', text: 'took crimson' }]);
   });
 });
 

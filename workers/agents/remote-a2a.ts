@@ -20,7 +20,7 @@ import {
 } from '@a2a-js/sdk/client';
 import {
   forgetRemoteAgentTask, getRemoteAgentTask, remoteContextOf, remoteTaskIdsOf, takeRemoteTasksToCancel, saveFirstRemoteAgentTask, saveRemoteAgentTask,
-  recordAnswering, type RemoteAgentTaskRow, type RemoteInterruption,
+  recordAnswering, type AnsweredInterruption, type RemoteAgentTaskRow, type RemoteInterruption,
 } from '../../db/remote-agent-tasks.ts';
 import { listArtifactItems } from '../../db/timeline-views.ts';
 import { ownStore } from './own-store.ts';
@@ -326,6 +326,10 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
     if (!ctx.signal.aborted && err instanceof RemoteRefused) {
       return { status: 'failed', message: `The remote agent refused this worker's credentials (not retried; check AGENT_REMOTE_API_KEY): ${explained(err).message}` };
     }
+    // Every retry would look for it alike: the turn cannot go on.
+    if (!ctx.signal.aborted && thrown instanceof TaskNotFoundError) {
+      return { status: 'failed', message: storableText(cutReason(`The remote agent no longer has the task this one follows (not retried: a remote that keeps its tasks in memory loses them as it restarts): ${(err as Error).message}`)) };
+    }
     throw explained(err);
   });
 
@@ -356,12 +360,14 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
         await mirror.resume(current, known?.answering);
         const done = await mirror.apply(current);
         if (done) return done;
-      } else if (current && known) {
+      } else if (current && known) { // (current implies known)
         if (isEnd(current.status.state) && !(current.status.state in INTERRUPTED)) return resultOf(current.status, true);
         mirror.seen(current);
         // What the message answers, recorded before it goes out: a retry after a send that broke
         // before the remote took it up tells by this that the remote shows the question still (resume).
-        await ownStore(() => recordAnswering(db, ctx.task.id, known.remote_task_id, current.status.state in INTERRUPTED ? interruptionOf(current.status) : null));
+        if (current.status.state in INTERRUPTED) {
+          await ownStore(() => recordAnswering(db, ctx.task.id, known.remote_task_id, { ...interruptionOf(current.status), answer: ctx.message.id }));
+        }
       }
       if (!sent) {
         // A first turn goes to the remote context of the local context's earlier tasks, as A2A groups them.
@@ -531,7 +537,9 @@ async function cancelRemote(remote: Client, remoteTaskId: string, log: Logger, c
 }
 
 // An interruption as the task's row records it (RemoteInterruption): made storable, a time stamp
-// longer than any is left out. Compared as recorded, so the same status always records alike.
+// longer than any is left out. Compared as recorded, so the same status always records alike. All
+// of it must be storable: a write Postgres refused would hand the run back to the queue (ownStore)
+// for ever.
 function interruptionOf({ state, timestamp, message }: TaskStatus): RemoteInterruption {
   return {
     state,
@@ -540,10 +548,13 @@ function interruptionOf({ state, timestamp, message }: TaskStatus): RemoteInterr
   };
 }
 
-// Whether two reports show the same interruption: by the same time stamp or, without those, the
-// same status message. A remote that gives neither cannot be told to report one again.
+// Whether two reports show the same interruption: of the same status message where both have one
+// (a new question may come with the old time stamp, from a coarse clock), and by the same time stamp
+// or, without those, the same status message. A remote that gives neither cannot be told to report
+// one again.
 function sameInterruption(a: RemoteInterruption, b: RemoteInterruption): boolean {
   if (a.state !== b.state) return false;
+  if (a.messageId !== undefined && b.messageId !== undefined && a.messageId !== b.messageId) return false;
   if (a.timestamp !== undefined && b.timestamp !== undefined) return a.timestamp === b.timestamp;
   return a.messageId !== undefined && a.messageId === b.messageId;
 }
@@ -586,24 +597,25 @@ class Mirror {
    * A history without this run's message (the remote keeps its own messages only, or cut it short)
    * may start before this turn: its messages are matched against the earlier turns' copies too.
    * A remote that keeps no history shows its status message and artifacts only: those are matched.
-   * The interruption the message answered, as recorded when it went out (`answered`), shown still:
-   * the remote has not taken the answer up, whatever its history shows.
+   * The interruption the message answered, as recorded when it went out, shown still: the remote
+   * has not taken the answer up, unless its history shows an agent message after the answer.
    */
-  async resume(task: A2ATask, answered: RemoteInterruption | null | undefined): Promise<void> {
+  async resume(task: A2ATask, recorded: AnsweredInterruption | null | undefined): Promise<void> {
     const history = task.history ?? [];
     const at = history.findIndex((m) => m.messageId === this.ctx.message.id);
     for (const m of history.slice(0, at + 1)) this.seenMessages.add(m.messageId);
     const status = task.status.message;
     const asked = status ? history.findIndex((m) => m.messageId === status.messageId) : -1;
-    const unanswered = !!answered && task.status.state in INTERRUPTED && sameInterruption(answered, interruptionOf(task.status));
-    if (unanswered && status) this.seenMessages.add(status.messageId);
+    const movedOn = at >= 0 && history.slice(at + 1).some((m) => m.role === 'agent');
+    const stillAsked = recorded?.answer === this.ctx.message.id && !movedOn && sameInterruption(recorded, interruptionOf(task.status));
+    if (stillAsked && status) this.seenMessages.add(status.messageId);
     // Still showing the question this run's message answers (asked before it): not taken up yet.
-    if (task.status.state in INTERRUPTED && (unanswered || (asked >= 0 && asked < at))) this.answering = task.status;
+    if (task.status.state in INTERRUPTED && (stillAsked || (asked >= 0 && asked < at))) this.answering = task.status;
     const since = this.ctx.history.findIndex((m) => m.id === this.ctx.message.id);
     const local = this.ctx.history.flatMap((m, i) => (m.role === 'agent' && (at < 0 || i > since) ? [{ parts: m.parts, earlier: i < since }] : []));
     const theirs = history.slice(at + 1).filter((m) => m.role === 'agent');
     // A status message the remote's history does not place is this turn's, unless it is the question answered.
-    if (status && asked < 0 && !unanswered) theirs.push(status);
+    if (status && asked < 0 && !stillAsked) theirs.push(status);
     // In order, each local copy matched once: a message the remote repeated is a copy only if the local task repeated it too.
     for (const m of theirs) {
       const isStatus = m.messageId === status?.messageId;
@@ -626,7 +638,10 @@ class Mirror {
     if (!a || status.state !== a.state) return false;
     // An update the remote says is not its last (`final: false`): a stream opened by replaying the
     // task as it stands, stamped anew, with its question or without: the answer is yet to be taken up.
+    // One with another status message is a new question (the Python SDK's requires_input() sends
+    // it so by default): taken for the old one, it was followed by polling for ever.
     if (final === false) {
+      if (status.message && a.message && status.message.messageId !== a.message.messageId) return false;
       this.answering = status; // as it now stands, should the turn go on by polling
       return true;
     }
