@@ -326,9 +326,12 @@ export function remoteAgent({ url, apiKey, keyOrigins = [], allowPrivate = false
     if (!ctx.signal.aborted && err instanceof RemoteRefused) {
       return { status: 'failed', message: `The remote agent refused this worker's credentials (not retried; check AGENT_REMOTE_API_KEY): ${explained(err).message}` };
     }
-    // Every retry would look for it alike: the turn cannot go on.
+    // Every retry would look for it alike: the turn cannot go on. The SDK's error of a JSON-RPC
+    // answer has no message of its own: the remote's is quoted.
     if (!ctx.signal.aborted && thrown instanceof TaskNotFoundError) {
-      return { status: 'failed', message: storableText(cutReason(`The remote agent no longer has the task this one follows (not retried: a remote that keeps its tasks in memory loses them as it restarts): ${(err as Error).message}`)) };
+      const said = (thrown as { errorResponse?: { error?: { message?: unknown } } }).errorResponse?.error?.message;
+      const why = typeof said === 'string' && said ? withoutKey(said) : (err as Error).message;
+      return { status: 'failed', message: storableText(cutReason(`The remote agent no longer has the task this one follows (not retried: it may have restarted, losing the tasks it kept in memory, or expired it): ${why}`)) };
     }
     throw explained(err);
   });
@@ -642,7 +645,9 @@ class Mirror {
     // it so by default): taken for the old one, it was followed by polling for ever.
     if (final === false) {
       if (status.message && a.message && status.message.messageId !== a.message.messageId) return false;
-      this.answering = status; // as it now stands, should the turn go on by polling
+      // As it now stands, should the turn go on by polling; a replay without the question keeps it
+      // to tell a new one by.
+      this.answering = { ...status, ...(status.message ?? a.message ? { message: status.message ?? a.message } : {}) };
       return true;
     }
     return sameInterruption(interruptionOf(a), interruptionOf(status));
