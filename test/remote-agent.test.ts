@@ -1290,9 +1290,9 @@ describe('remote A2A agent that cannot stream and answers message/send only when
 
 // A remote whose stream breaks (the connection closed mid-answer) after its first artifact, which
 // fails the run's attempt: the retry finds the remote task as the remote left it meanwhile ('after':
-// ended, asking for input, or still working and ending at the next read), with a history of no
-// messages or of its own (agent) messages only. A follow-up ends the remote task, unless it says
-// "[break]": it then breaks as the first turn did ("[break] [unread]": before the remote takes it up).
+// ended, asking for input, or still working and ending at the next read), with a history as `shown`
+// says. A follow-up ends the remote task, unless it says "[break]": it then breaks as the first turn
+// did ("[break] [unread]": before the remote takes it up); "[silent]" and "[reask]" break before any event.
 describe('remote A2A agent whose stream breaks after an artifact: the retry', () => {
   // What the remote's history shows: nothing, its own messages (status messages among them), the
   // whole exchange, or the user's messages only (its status messages kept out of it).
